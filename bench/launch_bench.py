@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Launch-cost benchmark: the same C++ worker under `dtrain run` and under torchrun.
+
+For N in --nprocs (default 1,2,4) the worker (examples/hello_worker: join a Gloo group via
+env://, all-reduce one number, barrier, exit) runs under
+
+  dtrain run --nproc-per-node N WORKER
+  torchrun --nproc_per_node N --monitor_interval 0.1 --redirects 9:1 --tee 9:1
+           --master_port <free port> --no_python WORKER
+
+plus the worker alone, without any launcher (RANK=0 WORLD_SIZE=1 LOCAL_RANK=0
+MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port>, OMP_NUM_THREADS=1 as dtrain sets it).
+
+Notes on the torchrun flags: Debian's torchrun (torch 1.13, Python 3.11) crashes with its
+default --redirects 0, so a redirect/tee for a local rank that does not exist (9) is given,
+which changes nothing for ranks 0..N-1. Its --monitor_interval default (5 s) is how often it
+polls its workers; it would add up to 5 s to every job, so 0.1 s (dtrain's default) is
+passed. A free --master_port is passed so that concurrent jobs on 29500 do not interfere.
+
+Every configuration runs --repeat times (default 5), interleaved (each round runs every
+configuration once, in an order rotated by one per round), after --warmup untimed rounds.
+Wall time is measured around the launcher process (fork/exec to exit, its output captured
+through pipes); CPU time is the user+sys time of the whole reaped process tree.
+
+A run fails when it exits non-zero, times out, or does not print the expected
+"hello from rank" lines; the script then exits 1 (never because of timings).
+
+Standard library only; it does not need torch itself (torchrun brings its own Python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_torchrun() -> str:
+    if os.path.exists("/usr/bin/torchrun"):
+        return "/usr/bin/torchrun"
+    return "/usr/bin/python3 -m torch.distributed.run"
+
+
+def wait_for_file(path: str, seconds: float) -> None:
+    """A binary may be briefly missing while someone relinks it."""
+    deadline = time.monotonic() + seconds
+    while not os.access(path, os.X_OK):
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"launch_bench: {path} does not exist or is not executable")
+        time.sleep(0.5)
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+    except OSError:
+        return []
+
+
+class Config:
+    def __init__(self, name: str, launcher: str, nproc: int):
+        self.name = name
+        self.launcher = launcher  # "alone", "dtrain" or "torchrun"
+        self.nproc = nproc
+        self.times: list[float] = []
+        self.cpu: list[float] = []
+        self.failures: list[str] = []
+
+    def command(self, a: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ)
+        if self.launcher == "alone":
+            env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            env.setdefault("OMP_NUM_THREADS", "1")  # what dtrain gives its workers
+            return [a.worker] + a.worker_args, env
+        # The launchers set the contract themselves; a parent's must not leak in.
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                  "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
+            env.pop(k, None)
+        if self.launcher == "dtrain":
+            return [a.dtrain, "run", "--nproc-per-node", str(self.nproc), a.worker] + a.worker_args, env
+        cmd = shlex.split(a.torchrun) + [
+            "--nproc_per_node", str(self.nproc), "--monitor_interval", "0.1",
+            "--redirects", "9:1", "--tee", "9:1", "--master_port", str(free_port()),
+            "--no_python", a.worker] + a.worker_args
+        return cmd, env
+
+
+def run_once(cfg: Config, a: argparse.Namespace, record: bool) -> None:
+    for path in (a.worker, a.dtrain):
+        wait_for_file(path, 60)
+    cmd, env = cfg.command(a)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=a.timeout)
+        wall = time.perf_counter() - t0
+        problem = None
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                out, err = p.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                out, err = b"", b""
+        wall = time.perf_counter() - t0
+        problem = f"timed out after {a.timeout} s"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    text = out.decode(errors="replace")
+    if problem is None and p.returncode != 0:
+        problem = f"exit code {p.returncode}"
+    if problem is None and a.expect:
+        found = len(re.findall(a.expect, text))
+        if found != cfg.nproc:
+            problem = f"expected {cfg.nproc} line(s) matching {a.expect!r} in stdout, got {found}"
+    if problem is not None:
+        tail = lambda b: "\n".join("    " + l for l in b.decode(errors="replace").splitlines()[-15:])
+        msg = f"{cfg.name}: {problem}\n  command: {shlex.join(cmd)}\n  stdout:\n{tail(out)}\n  stderr:\n{tail(err)}"
+        print("FAILED " + msg, file=sys.stderr, flush=True)
+        cfg.failures.append(problem)
+        return
+    if record:
+        cfg.times.append(wall)
+        cfg.cpu.append(cpu)
+    if a.verbose:
+        print(f"  {cfg.name:<14} {wall:7.3f} s  cpu {cpu:6.3f} s{'' if record else '  (warm-up)'}",
+              file=sys.stderr, flush=True)
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x: float | None, spec: str = "7.3f") -> str:
+    return format(x, spec) if x is not None else "    n/a"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default="/work/main/build",
+                    help="build tree holding tools/dtrain and examples/hello_worker (default: %(default)s)")
+    ap.add_argument("--dtrain", help="the dtrain binary (default: BUILD_DIR/tools/dtrain)")
+    ap.add_argument("--worker", help="the C++ worker (default: BUILD_DIR/examples/hello_worker)")
+    ap.add_argument("--worker-args", default="", help="arguments for the worker (one shell-quoted string)")
+    ap.add_argument("--torchrun", default=default_torchrun(),
+                    help="torchrun command, shell-split (default: %(default)s)")
+    ap.add_argument("--nprocs", default="1,2,4", help="comma-separated worker counts (default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per configuration (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default: %(default)s)")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds before a run counts as failed")
+    ap.add_argument("--expect", default=r"hello from rank \d+ of \d+",
+                    help="regex each worker prints once to stdout ('' to skip the check)")
+    ap.add_argument("--no-torchrun", action="store_true", help="skip torchrun")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
+    a = ap.parse_args()
+    a.dtrain = a.dtrain or os.path.join(a.build_dir, "tools", "dtrain")
+    a.worker = a.worker or os.path.join(a.build_dir, "examples", "hello_worker")
+    a.worker_args = shlex.split(a.worker_args)
+    nprocs = [int(x) for x in a.nprocs.split(",") if x.strip()]
+
+    configs = [Config("worker alone", "alone", 1)]
+    for n in nprocs:
+        configs.append(Config(f"dtrain N={n}", "dtrain", n))
+        if not a.no_torchrun:
+            configs.append(Config(f"torchrun N={n}", "torchrun", n))
+
+    load_before = loadavg()
+    print(f"launch_bench: {len(configs)} configurations x {a.repeat} runs (+{a.warmup} warm-up), "
+          f"{os.cpu_count()} CPUs, load avg {' '.join(map(str, load_before))}", file=sys.stderr, flush=True)
+    # Interleaved: every round runs each configuration once, the order rotated by one per round
+    # so that no configuration always follows the same one.
+    for r in range(a.warmup + a.repeat):
+        record = r >= a.warmup
+        k = r % len(configs)
+        for cfg in configs[k:] + configs[:k]:
+            run_once(cfg, a, record)
+    load_after = loadavg()
+
+    # Table
+    print(f"\nwall time of one job, {a.repeat} runs each (seconds); worker: {a.worker}")
+    print(f"{'configuration':<16}{'median':>8}{'min':>8}{'max':>8}{'cpu med':>9}  fails")
+    for c in configs:
+        print(f"{c.name:<16}{fmt(median(c.times), '8.3f')}{fmt(min(c.times) if c.times else None, '8.3f')}"
+              f"{fmt(max(c.times) if c.times else None, '8.3f')}{fmt(median(c.cpu), '9.3f')}  {len(c.failures)}")
+    by = {(c.launcher, c.nproc): c for c in configs}
+    ratios = {}
+    if not a.no_torchrun:
+        print(f"\n{'N':>3}{'dtrain':>9}{'torchrun':>10}{'torchrun/dtrain':>17}")
+        for n in nprocs:
+            d, t = median(by[("dtrain", n)].times), median(by[("torchrun", n)].times)
+            ratio = t / d if d and t else None
+            ratios[str(n)] = ratio
+            print(f"{n:>3}{fmt(d, '9.3f')}{fmt(t, '10.3f')}{fmt(ratio, '16.2f')}x")
+    overhead = None
+    alone, d1 = by[("alone", 1)], by.get(("dtrain", 1))
+    if d1 and alone.times and d1.times:
+        diff = median(d1.times) - median(alone.times)
+        paired = median([x - y for x, y in zip(d1.times, alone.times)])
+        overhead = {"median_difference_s": diff, "paired_median_difference_s": paired}
+        print(f"\ndtrain overhead over the worker alone at N=1: {diff * 1000:+.0f} ms "
+              f"(median - median; median of per-round differences {paired * 1000:+.0f} ms)")
+    print(f"load avg before {' '.join(map(str, load_before))}, after {' '.join(map(str, load_after))}")
+
+    if a.json:
+        doc = {
+            "benchmark": "launch",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                     "loadavg_before": load_before, "loadavg_after": load_after},
+            "commands": {"dtrain": a.dtrain, "worker": a.worker, "torchrun": a.torchrun},
+            "repeat": a.repeat, "warmup": a.warmup,
+            "configs": [{"name": c.name, "launcher": c.launcher, "nproc": c.nproc,
+                         "wall_s": c.times, "cpu_s": c.cpu,
+                         "median_s": median(c.times), "min_s": min(c.times) if c.times else None,
+                         "cpu_median_s": median(c.cpu), "failures": c.failures} for c in configs],
+            "torchrun_over_dtrain": ratios,
+            "dtrain_overhead_n1": overhead,
+        }
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    failed = sum(len(c.failures) for c in configs)
+    if failed:
+        print(f"launch_bench: {failed} run(s) failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+// The launcher: what `dtrain run` does, as a library call.
+//
+// One agent per node starts that node's workers with the torchrun environment contract
+// (dtrain/env.h), fans their output in with rank prefixes, watches them, and tears the whole
+// job down on the first failure. Node 0's agent (or, with c10d rendezvous, the agent that
+// binds the endpoint) hosts the job's store for the whole job.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct LaunchOptions {
+  // ---- what to run ----
+  std::string program;             // a binary, a PATH name, a .py script, or (module) a module
+  std::vector<std::string> args;   // its arguments
+  bool module = false;             // -m: run `python -u -m program args`. Default: false.
+  bool no_python = false;          // --no-python: exec program even if it ends in .py.
+  std::string python;              // interpreter for .py/-m. Default: $DTRAIN_PYTHON, else python3.
+
+  // ---- sizes ----
+  int nproc_per_node = 1;          // workers on this node. Default: 1.
+  int nnodes = 1;                  // nodes in the job. Default: 1.
+  int node_rank = -1;              // this node's rank; -1 = assigned in join order (c10d). Default: 0 for static.
+
+  // ---- rendezvous ----
+  std::string rdzv_backend = "static";  // "static" (node ranks given) or "c10d" (joined in order).
+  std::string master_addr = "127.0.0.1";  // store host; workers get it as MASTER_ADDR.
+  int master_port = -1;            // store port; -1 = not given: a free port when nnodes == 1,
+                                   // else 29500 (torchrun's default).
+  std::string rdzv_id = "none";    // job id: agents of one job must agree. Default: "none".
+  std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(900)};  // wait for all nodes.
+  bool standalone = false;         // one node, c10d on a free local port.
+
+  // ---- workers ----
+  int max_restarts = 0;            // restarts of the whole worker group after a failure.
+  std::chrono::milliseconds monitor_interval{100};  // poll tick (deaths are seen at once via SIGCHLD).
+  std::chrono::milliseconds term_timeout{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL grace.
+  std::string role = "default";    // ROLE_NAME, and the log prefix "[<role><rank>]:".
+  std::string log_dir;             // if set: <log_dir>/<run_id>/attempt_K/rank_N/{stdout,stderr}.log
+  // Per local rank (-1 = every rank) bit mask of streams: 1 stdout, 2 stderr.
+  std::map<int, int> redirects;    // these streams go to the log files only (not the console).
+  std::map<int, int> tee;          // these streams go to both (the console always gets output
+                                   // unless redirected; accepted for torchrun compatibility).
+  std::map<std::string, std::string> extra_env;  // added to every worker's environment.
+  int stderr_tail_lines = 20;      // lines of the failing rank's stderr in the failure summary.
+};
+
+// Parses `dtrain run` arguments (torchrun's flags, both spellings). Throws UsageError with a
+// message naming the flag, the value given and the form expected. Does not validate the
+// program; validate_launch_options() does.
+LaunchOptions parse_run_args(const std::vector<std::string>& args);
+
+// Checks the options and resolves the program (PATH lookup, executability, .py existence).
+// Throws UsageError naming the flag, the value and the form expected.
+void validate_launch_options(LaunchOptions& options);
+
+// Runs the job on this node and returns the exit code `dtrain run` exits with:
+// 0 success; a failing worker's exit code (128+N for signal N); 128+N when the agent got
+// signal N (SIGINT, SIGTERM, SIGHUP); 1 for rendezvous or store errors. Throws UsageError
+// for invalid options (exit code 2). Never returns while one of its workers is alive.
+int run_launch(LaunchOptions options);
+
+}  // namespace dtrain

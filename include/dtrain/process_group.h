@@ -1,0 +1,63 @@
+// Process groups: how the workers of a job find each other and talk.
+//
+// init_process_group() is PyTorch's call with PyTorch's names: under `dtrain run` or
+// torchrun the defaults read the worker environment (env://) and join the agent's store
+// under /worker/attempt_<restart>; tcp://HOST:PORT and file:///PATH work without a launcher.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace dtrain {
+
+struct ProcessGroupOptions {
+  // "gloo", "nccl" (needs a CUDA build of libtorch) or "auto" (nccl with CUDA, else gloo).
+  // Default: "gloo".
+  std::string backend = "gloo";
+  // "env://" (the launcher's environment), "tcp://HOST:PORT" (rank 0 hosts the store) or
+  // "file:///PATH" (a file every rank can reach; remove it before reusing it). Default: env://.
+  std::string init_method = "env://";
+  // Required for tcp:// and file://; with env:// they must match the environment if given.
+  // Default: -1 (from the environment).
+  int world_size = -1;
+  int rank = -1;
+  // Timeout of every store wait and collective. Default: 30 minutes (PyTorch's).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+// A joined group. Destroying the last handle leaves the group and closes its sockets.
+class ProcessGroup {
+ public:
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+               std::string backend);
+  int rank() const { return pg_->getRank(); }
+  int world_size() const { return pg_->getSize(); }
+  const std::string& backend_name() const { return backend_; }
+  // The c10d group, for collectives not wrapped here yet.
+  const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // Blocks until every rank has called barrier(), up to the group's timeout.
+  void barrier();
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::string backend_;
+};
+
+// Joins the group described by `options` and makes it the default group.
+// Throws UsageError for a malformed init_method, a missing rank/world size, or "nccl" in a
+// build without CUDA; NetworkError/TimeoutError when peers cannot be reached in time.
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
+
+// The group init_process_group() made last; throws UsageError if there is none.
+std::shared_ptr<ProcessGroup> default_group();
+
+// Leaves the default group (it is destroyed when no other handle holds it).
+void destroy_process_group();
+
+}  // namespace dtrain

@@ -1,0 +1,104 @@
+// A key-value store that speaks PyTorch's TCPStore wire protocol.
+//
+// Why our own: the launcher hosts the job's store for its whole life, and linking
+// libtorch only to get c10d::TCPStore costs every `dtrain run` ~0.6 s of dynamic loading.
+// StoreServer/StoreClient need no libtorch, and any c10d::TCPStore client (C++ or Python,
+// PyTorch 1.13) talks to StoreServer unchanged - so workers use PyTorch's own TCPStore
+// against the agent's server (TORCHELASTIC_USE_AGENT_STORE=True).
+//
+// Wire protocol (PyTorch 1.13, little-endian host byte order, as c10d's tcputil sends it):
+//   request  = u8 query type, then its arguments;
+//   string   = u64 length, bytes;          value = raw bytes of the C++ type.
+//   0 SET         key, data                         -> (nothing)
+//   1 COMPARE_SET key, expected, desired            -> bytes (the value now stored, except: key
+//                                                      absent + expected non-empty -> `expected`)
+//   2 GET         key                               -> bytes (the client WAITs for the key first;
+//                                                      a GET of a missing key drops the connection)
+//   3 ADD         key, i64 delta                    -> i64 new value (stored as decimal text)
+//   4 CHECK       u64 n, n keys                     -> u8 0 READY / 1 NOT_READY
+//   5 WAIT        u64 n, n keys                     -> u8 0 STOP_WAITING once all keys exist
+//   6 GETNUMKEYS                                    -> i64
+//   7 WATCH_KEY   key                               -> u8 3 KEY_CALLBACK_REGISTERED, then per change
+//                                                      u8 type (0 UPDATED 1 CREATED 2 DELETED
+//                                                      4 APPENDED), string key, bytes old, bytes new
+//   8 DELETE_KEY  key                               -> i64 number deleted
+// Newer queries, numbered as the PyTorch 2.x releases that added them (WATCH_KEY still 7).
+// PyTorch 1.13 never sends them: its wait timeout is a socket receive timeout.
+//   9 APPEND      key, data                         -> (nothing)
+//  10 MULTI_GET   u64 n, n keys                     -> n bytes (a missing key drops the connection)
+//  11 MULTI_SET   u64 n, n (key, data)              -> (nothing)
+//  12 CANCEL_WAIT                                   -> u8 1 WAIT_CANCELED (a STOP_WAITING may
+//                                                      precede it if the keys had just arrived)
+// PyTorch's client puts "/" in front of every key; StoreClient does the same, so a key
+// written by a Python worker through TCPStore reads back here under the same name.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::store {
+
+// Serves the protocol above on one background thread (poll loop), until destroyed.
+// Thread-safe: port() may be called from any thread; the data lives on the server thread.
+class StoreServer {
+ public:
+  struct Options {
+    // Address to bind; empty means every interface (IPv6 dual-stack, else IPv4).
+    std::string bind_host = "";
+    // Port to bind; 0 picks a free one (read it back with port()). Default: 0.
+    std::uint16_t port = 0;
+  };
+
+  // Binds, listens and starts serving. The socket is held until destruction, so the port
+  // is never released and re-bound (no bind-release-rebind race).
+  // Throws AddressInUseError if the port is taken, NetworkError for other socket failures.
+  static std::unique_ptr<StoreServer> start(const Options& options);
+
+  virtual ~StoreServer() = default;
+
+  // The bound port (the real one when Options::port was 0).
+  virtual std::uint16_t port() const = 0;
+};
+
+// A blocking client over one connection. Not thread-safe: one caller at a time
+// (use one client per thread).
+class StoreClient {
+ public:
+  struct Options {
+    // How long connect() keeps retrying while the server is not up yet. Default: 60 s.
+    std::chrono::milliseconds connect_timeout{60000};
+    // Default timeout of get() and wait(). Default: 300 s.
+    std::chrono::milliseconds timeout{300000};
+  };
+
+  // Connects, retrying with a short backoff until connect_timeout.
+  // Throws TimeoutError (naming host:port) when the server never answered.
+  static std::unique_ptr<StoreClient> connect(const std::string& host, std::uint16_t port,
+                                              const Options& options);
+
+  virtual ~StoreClient() = default;
+
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Waits for the key up to the default timeout, then returns its value.
+  // Throws TimeoutError naming the key.
+  virtual std::string get(const std::string& key) = 0;
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Atomically: if the stored value equals `expected` (or the key is absent and `expected`
+  // is empty), store `desired`. Returns the value stored afterwards; c10d's quirk, kept for
+  // compatibility: if the key is absent and `expected` is not empty, nothing is stored and
+  // `expected` itself comes back.
+  virtual std::string compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) = 0;
+  // True if every key exists now. Never blocks on the keys.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Blocks until every key exists; false if `timeout` passed first (the connection stays
+  // usable: the wait is cancelled on the server). True if the keys arrived as it timed out.
+  virtual bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  virtual bool delete_key(const std::string& key) = 0;
+  virtual std::int64_t num_keys() = 0;
+};
+
+}  // namespace dtrain::store

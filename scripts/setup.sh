@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what dtrain needs from Debian's registry, then configures and builds.
+# Idempotent: when every package is present it only runs the (incremental) build.
+#   scripts/setup.sh [BUILD_DIR]     (default: build)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$here/build}"
+
+packages=(
+  # toolchain
+  g++ cmake ninja-build pkg-config
+  # libtorch 1.13 (CPU) with c10d and Gloo; OpenBLAS makes its matmuls ~10x faster
+  libtorch-dev libgloo-dev libopenblas0-pthread
+  # libraries we build on
+  libcli11-dev nlohmann-json3-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
+  # data for the examples
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: these packages are missing and installing them needs root: ${missing[*]}" >&2
+    echo "setup: run as root, or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+jobs="$(nproc)"
+if [[ ! -f "$build/build.ninja" ]]; then
+  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build "$build" -j "$jobs"

@@ -1,0 +1,159 @@
+#include "dtrain/process_group.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <mutex>
+
+#include "dtrain/env.h"
+#include "dtrain/error.h"
+
+namespace dtrain {
+
+namespace {
+
+std::mutex g_mutex;
+std::shared_ptr<ProcessGroup> g_default;  // GUARDED_BY(g_mutex)
+
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank;
+  int world_size;
+};
+
+void check_match(const char* what, int given, int from_env) {
+  if (given >= 0 && given != from_env) {
+    throw UsageError(std::string("init_process_group: ") + what + "=" + std::to_string(given) +
+                     " but the launcher's environment says " + std::to_string(from_env) +
+                     "; drop the option or fix the environment");
+  }
+}
+
+Rendezvous env_rendezvous(const ProcessGroupOptions& o) {
+  auto env = WorkerEnv::from_environ();
+  if (!env) {
+    throw UsageError(
+        "init_process_group(env://): RANK and WORLD_SIZE are not set; start this program with "
+        "`dtrain run` (or torchrun), or pass init_method tcp://HOST:PORT with rank and world_size");
+  }
+  check_match("rank", o.rank, env->rank);
+  check_match("world_size", o.world_size, env->world_size);
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(env->master_port);
+  so.timeout = o.timeout;
+  so.numWorkers = env->world_size;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (env->use_agent_store) {
+    // The agent hosts the store; we are clients under this attempt's prefix, exactly as
+    // PyTorch's env:// handler does when TORCHELASTIC_USE_AGENT_STORE=True.
+    so.isServer = false;
+    so.waitWorkers = false;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env->master_addr, so);
+    store = c10::make_intrusive<c10d::PrefixStore>(env->store_prefix(), tcp);
+  } else {
+    so.isServer = env->rank == 0;
+    so.multiTenant = true;
+    store = c10::make_intrusive<c10d::TCPStore>(env->master_addr, so);
+  }
+  return {store, env->rank, env->world_size};
+}
+
+void require_rank(const ProcessGroupOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    throw UsageError("init_process_group(" + o.init_method + "): needs world_size >= 1 and 0 <= rank < world_size, got rank=" +
+                     std::to_string(o.rank) + " world_size=" + std::to_string(o.world_size));
+  }
+}
+
+Rendezvous url_rendezvous(const ProcessGroupOptions& o) {
+  const std::string& url = o.init_method;
+  if (url.rfind("env://", 0) == 0) return env_rendezvous(o);
+  if (url.rfind("tcp://", 0) == 0) {
+    require_rank(o);
+    std::string hostport = url.substr(6);
+    auto colon = hostport.rfind(':');
+    int port = -1;
+    if (colon != std::string::npos) {
+      try {
+        port = std::stoi(hostport.substr(colon + 1));
+      } catch (const std::exception&) {
+      }
+    }
+    if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535) {
+      throw UsageError("init_process_group: init_method '" + url +
+                       "' is malformed; expected tcp://HOST:PORT with PORT in 1-65535");
+    }
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(port);
+    so.isServer = o.rank == 0;
+    so.numWorkers = o.world_size;
+    so.timeout = o.timeout;
+    so.multiTenant = true;
+    auto store = c10::make_intrusive<c10d::TCPStore>(hostport.substr(0, colon), so);
+    return {store, o.rank, o.world_size};
+  }
+  if (url.rfind("file://", 0) == 0) {
+    require_rank(o);
+    std::string path = url.substr(7);
+    if (path.empty()) {
+      throw UsageError("init_process_group: init_method '" + url + "' has no path; expected file:///PATH");
+    }
+    auto store = c10::make_intrusive<c10d::FileStore>(path, o.world_size);
+    store->setTimeout(o.timeout);
+    return {store, o.rank, o.world_size};
+  }
+  throw UsageError("init_process_group: init_method '" + url +
+                   "' is not supported; use env://, tcp://HOST:PORT or file:///PATH");
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
+                           c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string backend)
+    : store_(std::move(store)), pg_(std::move(pg)), backend_(std::move(backend)) {}
+
+void ProcessGroup::barrier() { pg_->barrier()->wait(); }
+
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
+  std::string backend = options.backend;
+  if (backend == "auto") backend = "gloo";  // this build has no CUDA
+  if (backend == "nccl") {
+    throw UsageError(
+        "init_process_group: backend 'nccl' needs a CUDA build of libtorch, and this one is "
+        "CPU-only; use backend \"gloo\" (or \"auto\")");
+  }
+  if (backend != "gloo") {
+    throw UsageError("init_process_group: unknown backend '" + options.backend +
+                     "'; use \"gloo\", \"nccl\" or \"auto\"");
+  }
+  Rendezvous r = url_rendezvous(options);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(r.store, r.rank, r.world_size, gloo_options);
+  auto group = std::make_shared<ProcessGroup>(r.store, pg, backend);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_default = group;
+  return group;
+}
+
+std::shared_ptr<ProcessGroup> default_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_default) {
+    throw UsageError("no process group: call dtrain::init_process_group() first");
+  }
+  return g_default;
+}
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_default.reset();
+}
+
+}  // namespace dtrain

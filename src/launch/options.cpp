@@ -1,0 +1,427 @@
+// `dtrain run` argument parsing and validation.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "dtrain/error.h"
+#include "dtrain/launch.h"
+#include "launch/options_internal.h"
+
+namespace dtrain {
+
+namespace {
+
+int parse_int(const std::string& flag, const std::string& value, const std::string& form) {
+  try {
+    size_t used = 0;
+    long v = std::stol(value, &used);
+    if (used == value.size() && v >= INT32_MIN && v <= INT32_MAX) return static_cast<int>(v);
+  } catch (const std::exception&) {
+  }
+  throw UsageError(flag + ": got '" + value + "', expected " + form);
+}
+
+int count_gpus() {
+  int n = 0;
+  while (std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
+  return n;
+}
+
+int parse_nproc(const std::string& value) {
+  const std::string flag = "--nproc-per-node";
+  if (value == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (value == "gpu" || value == "auto") {
+    int gpus = count_gpus();
+    if (gpus > 0) return gpus;
+    if (value == "auto") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    throw UsageError(flag + ": got 'gpu', but this machine has no CUDA device; use a number or "
+                            "'cpu'");
+  }
+  int n = parse_int(flag, value, "a positive integer, 'cpu', 'gpu' or 'auto'");
+  if (n < 1) {
+    throw UsageError(flag + ": got '" + value +
+                     "', expected a positive integer, 'cpu', 'gpu' or 'auto'");
+  }
+  return n;
+}
+
+int parse_nnodes(const std::string& value) {
+  const std::string flag = "--nnodes";
+  const std::string form = "a positive integer N (or N:N)";
+  auto colon = value.find(':');
+  int lo, hi;
+  if (colon == std::string::npos) {
+    lo = hi = parse_int(flag, value, form);
+  } else {
+    lo = parse_int(flag, value.substr(0, colon), form);
+    hi = parse_int(flag, value.substr(colon + 1), form);
+    if (lo != hi) {
+      throw UsageError(flag + ": got '" + value +
+                       "'; elastic node ranges MIN:MAX are not supported yet, give one number");
+    }
+  }
+  if (lo < 1) throw UsageError(flag + ": got '" + value + "', expected " + form);
+  return lo;
+}
+
+double parse_seconds(const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    double v = std::stod(value, &used);
+    if (used == value.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(flag + ": got '" + value + "', expected a non-negative number of seconds");
+}
+
+}  // namespace
+
+std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value) {
+  const std::string form =
+      "0-3 (1 stdout, 2 stderr, 3 both) or per local rank like '0:3,1:2'";
+  std::map<int, int> out;
+  // Errors quote the whole spec as typed, not just the piece that failed to parse.
+  auto number = [&](const std::string& s) {
+    try {
+      return parse_int(flag, s, form);
+    } catch (const UsageError&) {
+      throw UsageError(flag + ": got '" + value + "', expected " + form);
+    }
+  };
+  auto check = [&](int v) {
+    if (v < 0 || v > 3) throw UsageError(flag + ": got '" + value + "', expected " + form);
+    return v;
+  };
+  if (value.find(':') == std::string::npos) {
+    out[-1] = check(parse_int(flag, value, form));
+    return out;
+  }
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    size_t comma = value.find(',', pos);
+    std::string item = value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    auto colon = item.find(':');
+    if (colon == std::string::npos) throw UsageError(flag + ": got '" + value + "', expected " + form);
+    int rank = number(item.substr(0, colon));
+    if (rank < 0) throw UsageError(flag + ": got '" + value + "', expected " + form);
+    out[rank] = check(number(item.substr(colon + 1)));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::pair<std::string, int> parse_endpoint(const std::string& flag, const std::string& value) {
+  const std::string form = "HOST:PORT (or [IPv6]:PORT), with PORT in 0-65535";
+  std::string host;
+  std::string port;
+  if (!value.empty() && value.front() == '[') {
+    auto close = value.find(']');
+    if (close == std::string::npos || close + 1 >= value.size() || value[close + 1] != ':') {
+      throw UsageError(flag + ": got '" + value + "', expected " + form);
+    }
+    host = value.substr(1, close - 1);
+    port = value.substr(close + 2);
+  } else {
+    auto colon = value.rfind(':');
+    if (colon == std::string::npos) {
+      host = value;  // torchrun allows a bare host; the port then defaults to 29400
+      port = "29400";
+    } else {
+      host = value.substr(0, colon);
+      port = value.substr(colon + 1);
+    }
+  }
+  int p = -1;
+  try {
+    p = parse_int(flag, port, form);
+  } catch (const UsageError&) {
+    // Name the whole endpoint the user typed, not just the part after the colon.
+  }
+  if (host.empty() || p < 0 || p > 65535) {
+    throw UsageError(flag + ": got '" + value + "', expected " + form);
+  }
+  return {host, p};
+}
+
+CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
+  run.description(
+      "Run PROGRAM on --nproc-per-node worker processes on this node (and, with --nnodes,\n"
+      "together with the agents on the other nodes). torchrun's flags, both spellings.\n"
+      "PROGRAM ending in .py runs as `python3 -u PROGRAM ARGS`; -m runs a module; anything\n"
+      "else is executed directly. Exit code: 0, the failing worker's exit code (128+N for\n"
+      "signal N), 128+N when dtrain gets signal N, 2 for bad arguments, 1 for other errors.");
+  run.add_option("--nproc-per-node,--nproc_per_node", a.nproc,
+                 "Workers per node: N, 'cpu' (one per core), 'gpu' (one per CUDA device), "
+                 "'auto' (gpu if any, else cpu)")
+      ->capture_default_str();
+  run.add_option("--nnodes", a.nnodes, "Number of nodes (N, or N:N)")->capture_default_str();
+  run.add_option("--node-rank,--node_rank", a.node_rank,
+                 "This node's rank, 0..nnodes-1 (static rendezvous; default 0; c10d assigns it "
+                 "in join order when not given)");
+  run.add_option("--master-addr,--master_addr", a.master_addr,
+                 "Address of the node that hosts the store (node 0), reachable from every node")
+      ->capture_default_str();
+  run.add_option("--master-port,--master_port", a.master_port,
+                 "Port of the store on the master node (default: a free port when --nnodes is 1, "
+                 "else 29500)");
+  run.add_option("--rdzv-endpoint,--rdzv_endpoint", a.rdzv_endpoint,
+                 "HOST:PORT of the rendezvous store (overrides --master-addr/--master-port)");
+  run.add_option("--rdzv-backend,--rdzv_backend", a.rdzv_backend,
+                 "'static' (each node gives --node-rank) or 'c10d' (nodes join without one "
+                 "and get ranks in join order)")
+      ->capture_default_str();
+  run.add_option("--rdzv-id,--rdzv_id", a.rdzv_id, "Job id shared by the job's agents")
+      ->capture_default_str();
+  run.add_option("--rdzv-timeout,--rdzv_timeout", a.rdzv_timeout,
+                 "Seconds to wait for every node to join")
+      ->capture_default_str();
+  run.add_option("--rdzv-conf,--rdzv_conf", a.rdzv_conf,
+                 "torchrun's KEY=VALUE,... rendezvous config; 'join_timeout=S' and 'timeout=S' "
+                 "set --rdzv-timeout, other keys are accepted and ignored");
+  run.add_flag("--standalone", a.standalone,
+               "Single node: c10d rendezvous on a free local port (no endpoint needed)");
+  run.add_option("--max-restarts,--max_restarts", a.max_restarts,
+                 "Restart all workers at most this many times after a failure")
+      ->capture_default_str();
+  run.add_option("--monitor-interval,--monitor_interval", a.monitor_interval,
+                 "Seconds between health checks (worker deaths are seen at once)")
+      ->capture_default_str();
+  run.add_option("--term-timeout,--term_timeout", a.term_timeout,
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->capture_default_str();
+  run.add_option("--log-dir,--log_dir", a.log_dir,
+                 "Write every rank's full output to LOG_DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log");
+  run.add_option("-r,--redirects", a.redirects,
+                 "Streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or "
+                 "per local rank '0:1,1:2'")
+      ->capture_default_str();
+  run.add_option("-t,--tee", a.tee,
+                 "Streams sent to console and log files (the console gets every stream not "
+                 "redirected anyway); same form as --redirects")
+      ->capture_default_str();
+  run.add_option("--role", a.role, "Worker role name (ROLE_NAME, log prefix)")->capture_default_str();
+  run.add_flag("-m,--module", a.module, "Run PROGRAM as a Python module (python3 -u -m PROGRAM)");
+  run.add_flag("--no-python,--no_python", a.no_python,
+               "Execute PROGRAM directly even if it ends in .py");
+  run.add_option("--start-method,--start_method", a.start_method,
+                 "Accepted for torchrun compatibility; workers are always fork+exec'd")
+      ->capture_default_str();
+  run.add_option("--run-path,--run_path", a.unused_run_path, "Accepted for torchrun compatibility");
+  // One value per --env: a vector option would otherwise swallow PROGRAM and its args.
+  run.add_option("--env", a.env, "Extra KEY=VALUE for every worker (repeatable)")
+      ->allow_extra_args(false);
+  run.footer(
+      "PROGRAM [ARGS...] follow the options: the program to run (a binary, a name on PATH,\n"
+      "a .py script, or with -m a module) and its arguments, passed on unchanged.");
+  run.prefix_command();
+  return run;
+}
+
+LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest) {
+  LaunchOptions o;
+  o.nproc_per_node = parse_nproc(a.nproc);
+  o.nnodes = parse_nnodes(a.nnodes);
+  if (!a.node_rank.empty()) {
+    o.node_rank = parse_int("--node-rank", a.node_rank, "an integer in 0..nnodes-1");
+  }
+  o.rdzv_backend = a.rdzv_backend;
+  if (o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2") {
+    throw UsageError("--rdzv-backend: got '" + a.rdzv_backend +
+                     "'; dtrain hosts its own store: use 'static' or 'c10d'");
+  }
+  if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
+    throw UsageError("--rdzv-backend: got '" + a.rdzv_backend + "', expected 'static' or 'c10d'");
+  }
+  o.master_addr = a.master_addr;
+  if (!a.master_port.empty()) {
+    o.master_port = parse_int("--master-port", a.master_port, "a port number in 0-65535");
+    if (o.master_port < 0 || o.master_port > 65535) {
+      throw UsageError("--master-port: got '" + a.master_port + "', expected a port number in 0-65535");
+    }
+  }
+  if (!a.rdzv_endpoint.empty()) {
+    auto [host, port] = parse_endpoint("--rdzv-endpoint", a.rdzv_endpoint);
+    o.master_addr = host;
+    o.master_port = port;
+  }
+  o.rdzv_id = a.rdzv_id;
+  o.rdzv_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(parse_seconds("--rdzv-timeout", a.rdzv_timeout) * 1000));
+  if (!a.rdzv_conf.empty()) {
+    size_t pos = 0;
+    while (pos < a.rdzv_conf.size()) {
+      size_t comma = a.rdzv_conf.find(',', pos);
+      std::string item = a.rdzv_conf.substr(pos, comma - pos);
+      auto eq = item.find('=');
+      if (eq == std::string::npos) {
+        throw UsageError("--rdzv-conf: got '" + a.rdzv_conf + "', expected KEY=VALUE,...");
+      }
+      std::string key = item.substr(0, eq);
+      if (key == "join_timeout" || key == "timeout") {
+        o.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(
+            parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
+      }
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  o.standalone = a.standalone;
+  if (o.standalone) {
+    if (o.nnodes != 1) {
+      throw UsageError("--standalone: runs a single node, but --nnodes is " +
+                       std::to_string(o.nnodes) + "; drop one of them");
+    }
+    o.rdzv_backend = "c10d";
+    o.master_addr = "127.0.0.1";
+    o.master_port = 0;
+  }
+  o.max_restarts = parse_int("--max-restarts", a.max_restarts, "a non-negative integer");
+  if (o.max_restarts < 0) {
+    throw UsageError("--max-restarts: got '" + a.max_restarts + "', expected a non-negative integer");
+  }
+  o.monitor_interval = std::chrono::milliseconds(std::max<int64_t>(
+      1, static_cast<int64_t>(parse_seconds("--monitor-interval", a.monitor_interval) * 1000)));
+  o.term_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(parse_seconds("--term-timeout", a.term_timeout) * 1000));
+  o.log_dir = a.log_dir;
+  o.redirects = parse_stream_spec("--redirects", a.redirects);
+  o.tee = parse_stream_spec("--tee", a.tee);
+  o.role = a.role;
+  if (o.role.empty()) throw UsageError("--role: got an empty name, expected a role name");
+  o.module = a.module;
+  o.no_python = a.no_python;
+  if (o.module && o.no_python) {
+    throw UsageError("-m/--module and --no-python: choose one (a module needs Python)");
+  }
+  for (const auto& kv : a.env) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw UsageError("--env: got '" + kv + "', expected KEY=VALUE");
+    }
+    o.extra_env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (rest.empty()) {
+    throw UsageError("missing PROGRAM: usage is `dtrain run [options] PROGRAM [ARGS...]`");
+  }
+  size_t first = 0;
+  if (rest[0] == "--") first = 1;
+  if (first >= rest.size()) {
+    throw UsageError("missing PROGRAM after '--': usage is `dtrain run [options] PROGRAM [ARGS...]`");
+  }
+  o.program = rest[first];
+  if (first == 0 && o.program.size() > 1 && o.program[0] == '-') {
+    throw UsageError("unknown option '" + o.program +
+                     "' (a PROGRAM starting with '-' must follow '--')");
+  }
+  o.args.assign(rest.begin() + static_cast<long>(first) + 1, rest.end());
+  return o;
+}
+
+LaunchOptions parse_run_args(const std::vector<std::string>& args) {
+  CLI::App app{"dtrain run"};
+  RunArgs a;
+  add_run_options(app, a);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  return run_args_to_options(a, app.remaining());
+}
+
+namespace {
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::string find_in_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t pos = 0;
+  while (true) {
+    size_t colon = p.find(':', pos);
+    std::string dir = p.substr(pos, colon == std::string::npos ? std::string::npos : colon - pos);
+    if (dir.empty()) dir = ".";
+    std::string candidate = dir + "/" + name;
+    if (is_executable_file(candidate)) return candidate;
+    if (colon == std::string::npos) return "";
+    pos = colon + 1;
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+bool runs_with_python(const LaunchOptions& o) {
+  return o.module || (!o.no_python && ends_with(o.program, ".py"));
+}
+
+void validate_launch_options(LaunchOptions& o) {
+  if (o.nproc_per_node < 1) {
+    throw UsageError("--nproc-per-node: got '" + std::to_string(o.nproc_per_node) +
+                     "', expected a positive integer");
+  }
+  if (o.nnodes < 1) {
+    throw UsageError("--nnodes: got '" + std::to_string(o.nnodes) + "', expected a positive integer");
+  }
+  if (o.rdzv_backend == "static" && o.node_rank < 0) o.node_rank = 0;
+  if (o.node_rank >= o.nnodes) {
+    throw UsageError("--node-rank: got '" + std::to_string(o.node_rank) + "', expected 0.." +
+                     std::to_string(o.nnodes - 1) + " (it must be less than --nnodes " +
+                     std::to_string(o.nnodes) + ")");
+  }
+  if (o.master_port < 0) o.master_port = o.nnodes == 1 ? 0 : 29500;
+  if (o.master_port == 0 && o.nnodes > 1) {
+    throw UsageError("--master-port: port 0 (any free port) only works with one node; with --nnodes " +
+                     std::to_string(o.nnodes) + " every node must know the port: give a number");
+  }
+  if (o.python.empty()) {
+    const char* py = std::getenv("DTRAIN_PYTHON");
+    o.python = (py && *py) ? py : "python3";
+  }
+  if (runs_with_python(o)) {
+    std::string interp = o.python.find('/') == std::string::npos ? find_in_path(o.python) : o.python;
+    if (interp.empty() || !is_executable_file(interp)) {
+      throw UsageError("PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
+                       "' was not found or is not executable; install python3 or set DTRAIN_PYTHON");
+    }
+    o.python = interp;
+    if (!o.module) {
+      struct stat st {};
+      if (::stat(o.program.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        throw UsageError("PROGRAM '" + o.program + "': no such script; give the path of a .py file");
+      }
+    }
+    return;
+  }
+  if (o.program.find('/') != std::string::npos) {
+    struct stat st {};
+    if (::stat(o.program.c_str(), &st) != 0) {
+      throw UsageError("PROGRAM '" + o.program + "': no such file; give the path of an executable");
+    }
+    if (!is_executable_file(o.program)) {
+      throw UsageError("PROGRAM '" + o.program +
+                       "' is not an executable file; chmod +x it, or run a .py script");
+    }
+  } else {
+    std::string found = find_in_path(o.program);
+    if (found.empty()) {
+      throw UsageError("PROGRAM '" + o.program +
+                       "' was not found on PATH; give its path or install it");
+    }
+    o.program = found;
+  }
+}
+
+}  // namespace dtrain

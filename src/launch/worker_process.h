@@ -1,0 +1,34 @@
+// Starting and stopping one worker process.
+//
+// Workers are fork+exec'd (never a bare fork of a process that may run libtorch threads:
+// between fork and exec the child only makes async-signal-safe calls). Each worker leads
+// its own process group, so signalling -pgid reaches the worker and everything it started;
+// PR_SET_PDEATHSIG makes the kernel SIGKILL it if the agent dies first.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace dtrain::launch {
+
+struct SpawnSpec {
+  std::vector<std::string> argv;  // argv[0] is the path executed (absolute or relative to cwd)
+  std::vector<std::string> env;   // the complete environment, "KEY=VALUE"
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;     // also its process group id
+  int stdout_fd = -1;  // read ends of its stdout/stderr pipes (non-blocking, CLOEXEC); caller owns
+  int stderr_fd = -1;
+};
+
+// Starts the process. Throws dtrain::Error when fork fails or the program cannot be
+// executed (the message carries exec's errno text).
+SpawnedProcess spawn_process(const SpawnSpec& spec);
+
+// The environment of this process as "KEY=VALUE" strings.
+std::vector<std::string> current_environment();
+
+}  // namespace dtrain::launch

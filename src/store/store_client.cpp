@@ -1,0 +1,202 @@
+// StoreClient: the requests c10d::TCPStore sends, over one blocking connection.
+#include <string>
+#include <utility>
+
+#include "dtrain/error.h"
+#include "dtrain/store.h"
+#include "store/socket.h"
+
+namespace dtrain::store {
+
+namespace {
+
+// Query types and reply codes of the protocol in store.h (the server has the full table).
+enum class Query : std::uint8_t {
+  SET = 0,
+  COMPARE_SET = 1,
+  GET = 2,
+  ADD = 3,
+  CHECK = 4,
+  WAIT = 5,
+  GETNUMKEYS = 6,
+  DELETE_KEY = 8,
+  CANCEL_WAIT = 12,
+};
+constexpr std::uint8_t kReady = 0, kNotReady = 1;
+constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;
+
+// c10d::TCPStore prefixes every user key with "/" (its keyPrefix_); doing the same makes
+// keys written by PyTorch workers readable here under the names they used.
+std::string wire_key(const std::string& key) { return "/" + key; }
+
+// One request, sent in a single write like c10d's SendBuffer.
+class Request {
+ public:
+  explicit Request(Query q) { value(static_cast<std::uint8_t>(q)); }
+  template <typename T>
+  Request& value(T v) {
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+    return *this;
+  }
+  Request& bytes(const std::string& s) {
+    value<std::uint64_t>(s.size());
+    out_ += s;
+    return *this;
+  }
+  Request& keys(const std::vector<std::string>& keys) {
+    value<std::uint64_t>(keys.size());
+    for (const auto& k : keys) bytes(wire_key(k));
+    return *this;
+  }
+  const std::string& str() const { return out_; }
+
+ private:
+  std::string out_;
+};
+
+std::string ms_text(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
+
+class Client final : public StoreClient {
+ public:
+  Client(const std::string& host, std::uint16_t port, const Options& options, net::Socket socket)
+      : where_(host + ":" + std::to_string(port)), options_(options), socket_(std::move(socket)) {}
+
+  void set(const std::string& key, const std::string& value) override {
+    io("set", [&] { send(Request(Query::SET).bytes(wire_key(key)).bytes(value)); });
+  }
+
+  std::string get(const std::string& key) override {
+    if (!wait({key}, options_.timeout)) {
+      throw TimeoutError("store key '" + key + "' did not appear within " +
+                         ms_text(options_.timeout) + " (store at " + where_ +
+                         "); the process that should set it may have failed or not started");
+    }
+    return io("get", [&] {
+      send(Request(Query::GET).bytes(wire_key(key)));
+      return recv_bytes();
+    });
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    return io("add", [&] {
+      send(Request(Query::ADD).bytes(wire_key(key)).value(delta));
+      return recv_value<std::int64_t>();
+    });
+  }
+
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override {
+    return io("compare_set", [&] {
+      send(Request(Query::COMPARE_SET).bytes(wire_key(key)).bytes(expected).bytes(desired));
+      return recv_bytes();
+    });
+  }
+
+  bool check(const std::vector<std::string>& keys) override {
+    return io("check", [&] {
+      send(Request(Query::CHECK).keys(keys));
+      auto reply = recv_value<std::uint8_t>();
+      if (reply != kReady && reply != kNotReady) unexpected("CHECK", reply);
+      return reply == kReady;
+    });
+  }
+
+  bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    return io("wait", [&] {
+      send(Request(Query::WAIT).keys(keys));
+      if (net::wait_readable(socket_.fd(), net::deadline_after(timeout))) {
+        auto reply = recv_value<std::uint8_t>();
+        if (reply != kStopWaiting) unexpected("WAIT", reply);
+        return true;
+      }
+      // Withdraw the wait so the connection stays in step. The keys may have arrived just
+      // before the server saw the cancel: then STOP_WAITING comes first, and they exist.
+      send(Request(Query::CANCEL_WAIT));
+      auto reply = recv_value<std::uint8_t>();
+      bool arrived = reply == kStopWaiting;
+      if (arrived) reply = recv_value<std::uint8_t>();
+      if (reply != kWaitCanceled) unexpected("CANCEL_WAIT", reply);
+      return arrived;
+    });
+  }
+
+  bool delete_key(const std::string& key) override {
+    return io("delete_key", [&] {
+      send(Request(Query::DELETE_KEY).bytes(wire_key(key)));
+      return recv_value<std::int64_t>() == 1;
+    });
+  }
+
+  std::int64_t num_keys() override {
+    return io("num_keys", [&] {
+      send(Request(Query::GETNUMKEYS));
+      return recv_value<std::int64_t>();
+    });
+  }
+
+ private:
+  // Runs one exchange. Any transport or protocol failure leaves the stream at an unknown
+  // position, so the connection is closed and every later call fails fast.
+  template <typename F>
+  auto io(const char* op, F&& exchange) -> decltype(exchange()) {
+    if (!socket_.valid()) {
+      throw NetworkError("the store connection to " + where_ +
+                         " failed earlier; this client can no longer be used");
+    }
+    try {
+      return exchange();
+    } catch (const TimeoutError& e) {
+      socket_.close();
+      throw TimeoutError("the store at " + where_ + " did not answer " + op + " within " +
+                         ms_text(options_.timeout) + " (" + e.what() + ")");
+    } catch (const NetworkError& e) {
+      socket_.close();
+      throw NetworkError("the store at " + where_ + " went away during " + op + " (" + e.what() +
+                         "); the process hosting it (the agent) probably exited");
+    } catch (const StoreError&) {
+      socket_.close();
+      throw;
+    }
+  }
+
+  [[noreturn]] void unexpected(const char* request, std::uint8_t reply) {
+    throw StoreError("the store at " + where_ + " answered " + request + " with unexpected code " +
+                     std::to_string(reply) + "; is it a PyTorch-compatible TCPStore?");
+  }
+
+  net::Deadline reply_deadline() const { return net::deadline_after(options_.timeout); }
+
+  void send(const Request& r) {
+    net::send_all(socket_.fd(), r.str().data(), r.str().size(), reply_deadline());
+  }
+
+  template <typename T>
+  T recv_value() {
+    T v{};
+    net::recv_all(socket_.fd(), &v, sizeof(v), reply_deadline());
+    return v;
+  }
+
+  std::string recv_bytes() {
+    auto deadline = reply_deadline();
+    std::uint64_t n = 0;
+    net::recv_all(socket_.fd(), &n, sizeof(n), deadline);
+    std::string s(n, '\0');
+    net::recv_all(socket_.fd(), s.data(), s.size(), deadline);
+    return s;
+  }
+
+  std::string where_;
+  Options options_;
+  net::Socket socket_;
+};
+
+}  // namespace
+
+std::unique_ptr<StoreClient> StoreClient::connect(const std::string& host, std::uint16_t port,
+                                                  const Options& options) {
+  auto socket = net::connect(host, port, net::deadline_after(options.connect_timeout));
+  return std::make_unique<Client>(host, port, options, std::move(socket));
+}
+
+}  // namespace dtrain::store

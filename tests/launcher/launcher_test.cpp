@@ -1,0 +1,924 @@
+// `dtrain run` end to end: the real binary, real worker processes (test_worker, no libtorch),
+// real signals, multi-node jobs as several agents on loopback.
+//
+// Every test runs under a hard time limit (SIGALRM kills what it started and fails it), and
+// its fixture kills every process it started or saw (agents by process group, workers and
+// grandchildren by the pids they printed), so a failing test leaves nothing running.
+// Timing bounds are loose on purpose: the suite runs on a loaded 2-core machine. Lower
+// bounds are safe (slowness only makes them hold more easily); upper bounds are several
+// times the expected time.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "launcher/subprocess.h"
+
+namespace dtrain::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+using Clock = std::chrono::steady_clock;
+
+const std::string kDtrain = DTRAIN_BIN;
+const std::string kWorker = TEST_WORKER_BIN;
+
+// Longest any one test may take; its own waits are all shorter, so reaching this means a hang.
+constexpr unsigned kHardLimitSeconds = 90;
+
+// ---------------------------------------------------------------------------------------
+// Output parsing
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> lines;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+struct RankLine {
+  int rank;
+  std::string text;
+};
+
+// The lines of `s` that carry a "[<role><rank>]:" prefix, with the prefix taken off.
+std::vector<RankLine> rank_lines(const std::string& s, const std::string& role = "default") {
+  std::vector<RankLine> out;
+  const std::string open = "[" + role;
+  for (const auto& line : split_lines(s)) {
+    if (line.rfind(open, 0) != 0) continue;
+    size_t close = line.find("]:");
+    if (close == std::string::npos) continue;
+    std::string digits = line.substr(open.size(), close - open.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    out.push_back({std::stoi(digits), line.substr(close + 2)});
+  }
+  return out;
+}
+
+// KEY=VALUE lines per rank (from --print-env / --print-var).
+std::map<int, std::map<std::string, std::string>> env_by_rank(const std::string& out,
+                                                              const std::string& role = "default") {
+  std::map<int, std::map<std::string, std::string>> env;
+  for (const auto& [rank, text] : rank_lines(out, role)) {
+    auto eq = text.find('=');
+    if (eq != std::string::npos) env[rank][text.substr(0, eq)] = text.substr(eq + 1);
+  }
+  return env;
+}
+
+// rank -> the pid its worker printed with --pid ("pid=N").
+std::map<int, pid_t> worker_pids(const std::string& out) {
+  std::map<int, pid_t> pids;
+  for (const auto& [rank, text] : rank_lines(out)) {
+    if (text.rfind("pid=", 0) == 0) pids[rank] = std::stoi(text.substr(4));
+  }
+  return pids;
+}
+
+// The grandchildren started with --spawn-child ("child_pid=N").
+std::vector<pid_t> child_pids(const std::string& out) {
+  std::vector<pid_t> pids;
+  for (const auto& [rank, text] : rank_lines(out)) {
+    if (text.rfind("child_pid=", 0) == 0) pids.push_back(std::stoi(text.substr(10)));
+  }
+  return pids;
+}
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = haystack.find(needle); pos != std::string::npos;
+       pos = haystack.find(needle, pos + 1))
+    ++n;
+  return n;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The worker's own output for --lines N on rank r (what the log files must hold verbatim).
+std::string numbered_lines(const std::string& tag, int rank, int n) {
+  std::string s;
+  for (int j = 0; j < n; ++j)
+    s += tag + " " + std::to_string(rank) + " " + std::to_string(j) + "\n";
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Ports
+
+// A port that was free a moment ago (bound to port 0, then released). Another process could
+// take it before the agent binds it; tolerable for tests, and every multi-node test asks
+// for its own.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// A port held (bound and listening on every IPv4 address) for as long as this object lives.
+class HeldPort {
+ public:
+  HeldPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(fd_, 1) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      throw std::runtime_error(std::string("cannot hold a port: ") + std::strerror(errno));
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~HeldPort() { ::close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Hard time limit
+
+// Process groups of the agents the running test started, for the SIGALRM handler (which may
+// only make async-signal-safe calls, so no containers).
+constexpr int kMaxGroups = 64;
+volatile pid_t g_groups[kMaxGroups];
+volatile sig_atomic_t g_group_count = 0;
+
+extern "C" void on_hard_limit(int) {
+  for (int i = 0; i < g_group_count; ++i) ::kill(-g_groups[i], SIGKILL);
+  const char msg[] = "\nlauncher_test: the test ran past its hard time limit; killed its agents\n";
+  ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)ignored;
+  ::_exit(124);
+}
+
+// ---------------------------------------------------------------------------------------
+// The fixture
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "launcher_test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    tmp_ = tmpl;
+    g_group_count = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_hard_limit;
+    ::sigaction(SIGALRM, &sa, nullptr);
+    ::alarm(kHardLimitSeconds);
+  }
+
+  void TearDown() override {
+    ::alarm(0);
+    // Agents first (their guards then kill what they started), then anything we saw a
+    // pid of that is still running: this must hold even when the launcher under test is
+    // broken.
+    for (auto& p : processes_) {
+      remember_pids(p->out());
+      p->kill_group();
+    }
+    std::vector<pid_t> leftovers;
+    for (pid_t pid : seen_pids_) {
+      if (!process_dead(pid) && is_ours(pid)) {
+        ::kill(-pid, SIGKILL);  // workers lead their own group; harmless for grandchildren
+        ::kill(pid, SIGKILL);
+        leftovers.push_back(pid);
+      }
+    }
+    wait_dead(leftovers, 5s);
+    g_group_count = 0;
+    std::error_code ec;
+    std::filesystem::remove_all(tmp_, ec);
+  }
+
+  // Starts `dtrain run ARGS...` in the background.
+  Process& start(const Args& args, RunOptions options = {}) {
+    Args argv{kDtrain, "run"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    // The parent's OMP_NUM_THREADS would change what workers see; a test that wants one
+    // passes it in options.env, which wins over this.
+    options.unset.push_back("OMP_NUM_THREADS");
+    processes_.push_back(std::make_unique<Process>(Process::start(argv, options)));
+    Process& p = *processes_.back();
+    if (g_group_count < kMaxGroups) {
+      g_groups[g_group_count] = p.pid();
+      g_group_count = g_group_count + 1;
+    }
+    return p;
+  }
+
+  // Runs `dtrain run ARGS...` to completion.
+  RunResult run(const Args& args, std::chrono::milliseconds timeout = 30s,
+                RunOptions options = {}) {
+    Process& p = start(args, std::move(options));
+    RunResult r = p.finish(timeout);
+    remember_pids(r.out);
+    return r;
+  }
+
+  std::vector<RunResult> finish(const std::vector<Process*>& ps,
+                                std::chrono::milliseconds timeout) {
+    auto rs = finish_all(ps, timeout);
+    for (auto& r : rs) remember_pids(r.out);
+    return rs;
+  }
+
+  // Pumps `p` until `needle` occurs `n` times on its stdout; fails the test otherwise.
+  bool wait_for_count(Process& p, const std::string& needle, size_t n,
+                      std::chrono::milliseconds timeout = 20s) {
+    bool ok = p.wait_for(
+        [&](const std::string& out, const std::string&) { return count(out, needle) >= n; },
+        timeout);
+    remember_pids(p.out());
+    if (!ok) {
+      ADD_FAILURE() << "waited " << timeout.count() << " ms for " << n << " x '" << needle
+                    << "' from `" << p.command_line() << "`\n--- stdout ---\n"
+                    << p.out() << "\n--- stderr ---\n"
+                    << p.err();
+    }
+    return ok;
+  }
+
+  void remember_pids(const std::string& out) {
+    for (auto& [rank, pid] : worker_pids(out)) seen_pids_.insert(pid);
+    for (pid_t pid : child_pids(out)) seen_pids_.insert(pid);
+  }
+
+  // Guards against pid reuse: only kill what is recognisably a test worker or its child.
+  static bool is_ours(pid_t pid) {
+    std::string cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    return contains(cmdline, "test_worker") || cmdline.rfind(std::string("sleep\0", 6), 0) == 0;
+  }
+
+  std::string path(const std::string& name) const { return tmp_ + "/" + name; }
+
+  std::string tmp_;
+  std::vector<std::unique_ptr<Process>> processes_;
+  std::set<pid_t> seen_pids_;
+};
+
+// ---------------------------------------------------------------------------------------
+// The worker environment contract
+
+TEST_F(LauncherTest, EnvContractOnTwoProcs) {
+  // A parent launcher's contract must not leak into ours.
+  RunOptions parent_env;
+  parent_env.env = {"RANK=99", "WORLD_SIZE=99", "MASTER_PORT=1", "TORCHELASTIC_RUN_ID=leaked"};
+  RunResult r = run({"--nproc-per-node", "2", kWorker, "--print-env"}, 30s, parent_env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 2u) << r.out;
+  std::set<std::string> error_files;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    auto& e = env[rank];
+    const std::string rs = std::to_string(rank);
+    EXPECT_EQ(e["RANK"], rs);
+    EXPECT_EQ(e["LOCAL_RANK"], rs);
+    EXPECT_EQ(e["WORLD_SIZE"], "2");
+    EXPECT_EQ(e["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(e["GROUP_RANK"], "0");
+    EXPECT_EQ(e["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(e["ROLE_RANK"], rs);
+    EXPECT_EQ(e["ROLE_WORLD_SIZE"], "2");
+    EXPECT_EQ(e["ROLE_NAME"], "default");
+    EXPECT_EQ(e["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "0");
+    EXPECT_EQ(e["TORCHELASTIC_RUN_ID"], "none");
+    EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "True");
+    EXPECT_EQ(e["OMP_NUM_THREADS"], "1");
+    const std::string& ef = e["TORCHELASTIC_ERROR_FILE"];
+    EXPECT_TRUE(ef.size() > 1 && ef[0] == '/') << ef;
+    EXPECT_TRUE(ef.ends_with("/attempt_0/rank_" + rs + "/error.json")) << ef;
+    error_files.insert(ef);
+    const std::string& port = e["MASTER_PORT"];
+    ASSERT_FALSE(port.empty());
+    EXPECT_EQ(port.find_first_not_of("0123456789"), std::string::npos) << port;
+    int p = std::atoi(port.c_str());
+    EXPECT_TRUE(p > 1 && p < 65536) << port;
+  }
+  EXPECT_EQ(env[0]["MASTER_PORT"], env[1]["MASTER_PORT"]);
+  EXPECT_EQ(error_files.size(), 2u) << "each rank needs its own error file";
+}
+
+TEST_F(LauncherTest, EnvFollowsRoleRunIdRestartsAndEnvFlags) {
+  RunResult r = run({"--nproc_per_node", "2", "--role", "trainer", "--rdzv_id", "job7",
+                     "--max_restarts", "3", "--env", "EXTRA=hello world", "--env",
+                     "OMP_NUM_THREADS=8", kWorker, "--print-env", "--print-var", "EXTRA"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out, "trainer");
+  ASSERT_EQ(env.size(), 2u) << r.out;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(env[rank]["ROLE_NAME"], "trainer");
+    EXPECT_EQ(env[rank]["TORCHELASTIC_RUN_ID"], "job7");
+    EXPECT_EQ(env[rank]["TORCHELASTIC_MAX_RESTARTS"], "3");
+    EXPECT_EQ(env[rank]["EXTRA"], "hello world");
+    EXPECT_EQ(env[rank]["OMP_NUM_THREADS"], "8");
+  }
+  EXPECT_TRUE(rank_lines(r.out, "default").empty()) << "the prefix must use the role name";
+}
+
+TEST_F(LauncherTest, OmpNumThreadsFromTheParentIsKept) {
+  RunOptions parent_env;
+  parent_env.env = {"OMP_NUM_THREADS=4"};  // wins over start()'s unset
+  RunResult r = run({kWorker, "--print-env"}, 30s, parent_env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(env_by_rank(r.out)[0]["OMP_NUM_THREADS"], "4");
+}
+
+TEST_F(LauncherTest, StoreBarrierAcrossThreeProcs) {
+  RunResult r = run({"--nproc-per-node", "3", kWorker, "--store-barrier"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string line = "[default" + std::to_string(rank) + "]:store barrier passed on rank " +
+                       std::to_string(rank) + "\n";
+    EXPECT_EQ(count(r.out, line), 1u) << r.out;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Output fan-in
+
+TEST_F(LauncherTest, PrefixesAndPerRankOrderOnTheRightStream) {
+  constexpr int kLines = 200;
+  RunResult r = run({"--nproc-per-node", "3", kWorker, "--lines", std::to_string(kLines)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (auto [stream, tag] :
+       {std::pair{&r.out, std::string("out")}, std::pair{&r.err, std::string("err")}}) {
+    SCOPED_TRACE(tag);
+    std::map<int, std::vector<int>> seen;
+    for (const auto& line : split_lines(*stream)) {
+      auto parsed = rank_lines(line + "\n");
+      ASSERT_EQ(parsed.size(), 1u) << "a line without a rank prefix (or cut): '" << line << "'";
+      const auto& [rank, text] = parsed[0];
+      std::istringstream fields(text);
+      std::string word;
+      int line_rank = -1, index = -1;
+      fields >> word >> line_rank >> index;
+      ASSERT_EQ(word, tag) << "a line on the wrong stream: '" << line << "'";
+      ASSERT_EQ(line_rank, rank) << "a line under another rank's prefix: '" << line << "'";
+      seen[rank].push_back(index);
+    }
+    ASSERT_EQ(seen.size(), 3u);
+    std::vector<int> expected(kLines);
+    for (int j = 0; j < kLines; ++j) expected[j] = j;
+    for (auto& [rank, indices] : seen) EXPECT_EQ(indices, expected) << "rank " << rank;
+  }
+}
+
+TEST_F(LauncherTest, OneMegabyteLineArrivesUncut) {
+  constexpr size_t kLength = 1 << 20;
+  RunResult r = run({"--nproc-per-node", "2", kWorker, "--long-line", std::to_string(kLength)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = split_lines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << "the long lines were split or interleaved";
+  std::set<int> ranks;
+  for (const auto& [rank, text] : rank_lines(r.out)) {
+    ranks.insert(rank);
+    EXPECT_EQ(text.size(), kLength + 4) << "rank " << rank;
+    EXPECT_EQ(text.find_first_not_of('x'), kLength) << "rank " << rank;
+    EXPECT_TRUE(text.ends_with("|end")) << "rank " << rank;
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+}
+
+TEST_F(LauncherTest, FinalLineWithoutNewlineArrives) {
+  RunResult r =
+      run({"--nproc-per-node", "2", kWorker, "--lines", "1", "--no-newline", "last words"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = split_lines(r.out);
+  for (int rank : {0, 1}) {
+    std::string expected = "[default" + std::to_string(rank) + "]:last words";
+    EXPECT_EQ(std::count(lines.begin(), lines.end(), expected), 1) << r.out;
+  }
+  EXPECT_TRUE(r.out.ends_with("\n")) << "the console line must be completed";
+}
+
+TEST_F(LauncherTest, LogDirFilesAreUnprefixedAndComplete) {
+  const std::string dir = path("logs");
+  RunResult r = run({"--log-dir", dir, "--rdzv-id", "logjob", "--nproc-per-node", "2", kWorker,
+                     "--lines", "100", "--no-newline", "tail without newline"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const std::string rank_dir = dir + "/logjob/attempt_0/rank_" + std::to_string(rank);
+    EXPECT_EQ(read_file(rank_dir + "/stdout.log"),
+              numbered_lines("out", rank, 100) + "tail without newline");
+    EXPECT_EQ(read_file(rank_dir + "/stderr.log"), numbered_lines("err", rank, 100));
+  }
+  // The console still gets everything (tee is implied without --redirects).
+  EXPECT_EQ(rank_lines(r.out).size(), 2u * 101);
+  EXPECT_EQ(rank_lines(r.err).size(), 2u * 100);
+}
+
+TEST_F(LauncherTest, Redirects3KeepsTheConsoleClean) {
+  const std::string dir = path("logs");
+  RunResult r = run(
+      {"--redirects", "3", "--log-dir", dir, "--nproc-per-node", "2", kWorker, "--lines", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(rank_lines(r.err).empty()) << r.err;
+  for (int rank : {0, 1}) {
+    const std::string rank_dir = dir + "/none/attempt_0/rank_" + std::to_string(rank);
+    EXPECT_EQ(read_file(rank_dir + "/stdout.log"), numbered_lines("out", rank, 100));
+    EXPECT_EQ(read_file(rank_dir + "/stderr.log"), numbered_lines("err", rank, 100));
+  }
+}
+
+TEST_F(LauncherTest, RedirectsPerLocalRank) {
+  const std::string dir = path("logs");
+  // Rank 0: stdout to the file only; rank 1: stderr to the file only.
+  RunResult r =
+      run({"-r", "0:1,1:2", "--log-dir", dir, "--nproc-per-node", "2", kWorker, "--lines", "5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<int> out_ranks, err_ranks;
+  for (auto& l : rank_lines(r.out)) out_ranks.insert(l.rank);
+  for (auto& l : rank_lines(r.err)) err_ranks.insert(l.rank);
+  EXPECT_EQ(out_ranks, (std::set<int>{1}));
+  EXPECT_EQ(err_ranks, (std::set<int>{0}));
+  EXPECT_EQ(read_file(dir + "/none/attempt_0/rank_0/stdout.log"), numbered_lines("out", 0, 5));
+  EXPECT_EQ(read_file(dir + "/none/attempt_0/rank_1/stderr.log"), numbered_lines("err", 1, 5));
+}
+
+// ---------------------------------------------------------------------------------------
+// Failures and the root-cause summary
+
+TEST_F(LauncherTest, FailingWorkerSetsExitCodeAndSummary) {
+  RunResult r =
+      run({"--nproc-per-node", "3", kWorker, "--exit-on-rank", "1", "7", "--sleep", "30"});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_LT(r.elapsed, 5.0) << "the others sleep 30 s: they must be stopped, not waited for";
+  EXPECT_TRUE(contains(r.err, "dtrain: job failed; root cause")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  rank       : 1 (local rank 1)\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  exit code  : 7\n")) << r.err;
+  EXPECT_TRUE(contains(
+      r.err, "  last 1 line(s) of rank 1's stderr:\n    rank 1 exiting with 7 on purpose\n"))
+      << r.err;
+  // The worker's own line also reached the console, prefixed.
+  EXPECT_TRUE(contains(r.err, "[default1]:rank 1 exiting with 7 on purpose\n")) << r.err;
+}
+
+TEST_F(LauncherTest, WorkerKilledBySignal) {
+  RunResult r =
+      run({"--nproc-per-node", "2", kWorker, "--kill-self-on-rank", "1", "9", "--sleep", "30"});
+  EXPECT_EQ(r.exit_code, 137) << r.err;
+  EXPECT_LT(r.elapsed, 5.0);
+  EXPECT_TRUE(contains(r.err, "  rank       : 1 (local rank 1)\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  signal     : SIGKILL (9), exit code 137\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  stderr     : (empty)\n")) << r.err;
+}
+
+TEST_F(LauncherTest, ExternalKillOfOneWorker) {
+  Process& agent = start({"--nproc-per-node", "3", kWorker, "--pid", "--sleep", "30"});
+  ASSERT_TRUE(wait_for_count(agent, "]:pid=", 3));
+  auto pids = worker_pids(agent.out());
+  ASSERT_EQ(pids.size(), 3u);
+  const auto killed_at = Clock::now();
+  ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
+  RunResult r = finish({&agent}, 20s)[0];
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  EXPECT_EQ(r.exit_code, 137) << r.err;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_TRUE(contains(r.err, "  rank       : 2 (local rank 2)\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  pid        : " + std::to_string(pids[2]) + "\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  signal     : SIGKILL (9), exit code 137\n")) << r.err;
+  EXPECT_TRUE(wait_dead({pids[0], pids[1]}, 2s)) << "the other workers must be stopped";
+}
+
+TEST_F(LauncherTest, ErrorFileContentsInSummary) {
+  RunResult r = run({"--nproc-per-node", "2", kWorker, "--print-env", "--error-file-on-rank", "0",
+                     "disk on fire", "--sleep", "30"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const std::string error_file = env_by_rank(r.out)[0]["TORCHELASTIC_ERROR_FILE"];
+  ASSERT_FALSE(error_file.empty()) << r.out;
+  EXPECT_TRUE(contains(r.err, "  rank       : 0 (local rank 0)\n")) << r.err;
+  // The file holds {"message": "disk on fire"}; the summary shows its message, indented.
+  EXPECT_TRUE(contains(r.err, "  error file : " + error_file + "\n    disk on fire\n")) << r.err;
+}
+
+TEST_F(LauncherTest, StderrTailIsTheLast20Lines) {
+  RunResult r = run({kWorker, "--lines", "50", "--exit-on-rank", "0", "5"});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  auto lines = split_lines(r.err);
+  auto header = std::find(lines.begin(), lines.end(), "  last 20 line(s) of rank 0's stderr:");
+  ASSERT_NE(header, lines.end()) << r.err;
+  std::vector<std::string> tail(header + 1, lines.end());
+  std::vector<std::string> expected;
+  for (int j = 31; j < 50; ++j) expected.push_back("    err 0 " + std::to_string(j));
+  expected.push_back("    rank 0 exiting with 5 on purpose");
+  // Exactly these lines, and the summary ends there.
+  EXPECT_EQ(tail, expected) << r.err;
+}
+
+TEST_F(LauncherTest, WorkerIgnoringSigtermIsKilledAfterTermTimeout) {
+  Process& agent = start({"--nproc-per-node", "2", "--term-timeout", "0.5", kWorker,
+                          "--ignore-term", "--pid", "--sleep", "30"});
+  // "pid=" is printed after --ignore-term took effect on both ranks.
+  ASSERT_TRUE(wait_for_count(agent, "]:pid=", 2));
+  auto pids = worker_pids(agent.out());
+  const auto killed_at = Clock::now();
+  ASSERT_EQ(::kill(pids[0], SIGKILL), 0);
+  RunResult r = finish({&agent}, 20s)[0];
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  EXPECT_EQ(r.exit_code, 137) << r.err;
+  EXPECT_TRUE(contains(r.err, "  rank       : 0 (local rank 0)\n")) << r.err;
+  // Rank 1 shrugged off SIGTERM: the agent waited the grace period, then SIGKILLed it -
+  // well before the 5 s default or the 30 s sleep.
+  EXPECT_GE(seconds, 0.45);
+  EXPECT_LT(seconds, 4.0);
+  EXPECT_TRUE(wait_dead({pids[1]}, 2s));
+}
+
+TEST_F(LauncherTest, MaxRestartsRecovers) {
+  RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "2", kWorker,
+                     "--fail-on-restart-below", "2", "--print-env"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 2u) << r.out;
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(env[rank]["TORCHELASTIC_RESTART_COUNT"], "2") << "rank " << rank;
+    EXPECT_EQ(env[rank]["TORCHELASTIC_MAX_RESTARTS"], "2") << "rank " << rank;
+  }
+  EXPECT_TRUE(contains(r.err, "restarting all workers (restart 1 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting all workers (restart 2 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "failing on restart 0")) << r.err;
+  EXPECT_TRUE(contains(r.err, "failing on restart 1")) << r.err;
+}
+
+TEST_F(LauncherTest, MaxRestartsExhausted) {
+  RunResult r = run({"--nproc-per-node", "2", "--max-restarts", "1", kWorker,
+                     "--fail-on-restart-below", "2", "--print-env"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting all workers (restart 1 of 1)")) << r.err;
+  EXPECT_FALSE(contains(r.err, "restart 2")) << r.err;
+  EXPECT_EQ(count(r.err, "  exit code  : 3\n"), 2u) << "one summary per failed attempt:\n" << r.err;
+  EXPECT_TRUE(rank_lines(r.out).empty()) << "no attempt got past the failure:\n" << r.out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals to the agent
+
+struct AgentSignal {
+  int sig;
+  int exit_code;
+  std::string name;
+};
+
+// Test lists show the name, not a byte dump.
+void PrintTo(const AgentSignal& s, std::ostream* os) { *os << s.name; }
+
+class AgentSignalTest : public LauncherTest, public ::testing::WithParamInterface<AgentSignal> {};
+
+TEST_P(AgentSignalTest, ForwardedAndEverythingDies) {
+  const AgentSignal& s = GetParam();
+  Process& agent =
+      start({"--nproc-per-node", "2", kWorker, "--spawn-child", "--pid", "--sleep", "30"});
+  ASSERT_TRUE(wait_for_count(agent, "]:pid=", 2));
+  std::vector<pid_t> pids = child_pids(agent.out());
+  ASSERT_EQ(pids.size(), 2u);
+  for (auto& [rank, pid] : worker_pids(agent.out())) pids.push_back(pid);
+  const auto signalled_at = Clock::now();
+  agent.signal(s.sig);
+  RunResult r = finish({&agent}, 20s)[0];
+  const double seconds = std::chrono::duration<double>(Clock::now() - signalled_at).count();
+  EXPECT_EQ(r.exit_code, s.exit_code) << r.err;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_TRUE(contains(r.err, "got " + s.name + ", stopping workers")) << r.err;
+  // The agent never returns while a worker lives; grandchildren go with their groups.
+  EXPECT_TRUE(wait_dead(pids, 2s)) << "a worker or grandchild survived the agent";
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, AgentSignalTest,
+                         ::testing::Values(AgentSignal{SIGINT, 130, "SIGINT"},
+                                           AgentSignal{SIGTERM, 143, "SIGTERM"},
+                                           AgentSignal{SIGHUP, 129, "SIGHUP"}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST_F(LauncherTest, SigkillOfTheAgentTakesEverythingDown) {
+  Process& agent =
+      start({"--nproc-per-node", "2", kWorker, "--spawn-child", "--pid", "--sleep", "30"});
+  ASSERT_TRUE(wait_for_count(agent, "]:pid=", 2));
+  std::vector<pid_t> pids = child_pids(agent.out());
+  ASSERT_EQ(pids.size(), 2u);
+  for (auto& [rank, pid] : worker_pids(agent.out())) pids.push_back(pid);
+  agent.signal(SIGKILL);
+  RunResult r = finish({&agent}, 10s)[0];
+  EXPECT_EQ(r.exit_code, 137);
+  // Workers die by PDEATHSIG, grandchildren by the guard killing their groups.
+  EXPECT_TRUE(wait_dead(pids, 2s)) << "a worker or grandchild outlived the SIGKILLed agent";
+}
+
+TEST_F(LauncherTest, NoGrandchildSurvivesASuccessfulRun) {
+  RunResult r = run({"--nproc-per-node", "2", kWorker, "--spawn-child", "--pid"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto children = child_pids(r.out);
+  ASSERT_EQ(children.size(), 2u) << r.out;
+  EXPECT_TRUE(wait_dead(children, 2s)) << "a `sleep 300` started by a worker outlived the job";
+}
+
+// ---------------------------------------------------------------------------------------
+// Multi-node jobs: several agents on loopback
+
+// Arguments of one agent of a static multi-node job.
+Args static_node(int nnodes, int node_rank, int nproc, int port, const std::string& id,
+                 Args program) {
+  Args a{"--nnodes",         std::to_string(nnodes),
+         "--node-rank",      std::to_string(node_rank),
+         "--nproc-per-node", std::to_string(nproc),
+         "--master-port",    std::to_string(port),
+         "--rdzv-id",        id,
+         "--rdzv-timeout",   "30"};
+  a.insert(a.end(), program.begin(), program.end());
+  return a;
+}
+
+// Checks one agent's workers: global ranks offset..offset+nproc-1, laid out by node.
+void expect_node_layout(const RunResult& r, int node_rank, int nnodes, int offset, int nproc,
+                        int world, int port) {
+  SCOPED_TRACE("node " + std::to_string(node_rank));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out);
+  std::set<int> ranks;
+  for (auto& [rank, e] : env) ranks.insert(rank);
+  std::set<int> expected;
+  for (int i = 0; i < nproc; ++i) expected.insert(offset + i);
+  EXPECT_EQ(ranks, expected) << r.out;
+  for (int rank : expected) {
+    auto& e = env[rank];
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(e["RANK"], std::to_string(rank));
+    EXPECT_EQ(e["LOCAL_RANK"], std::to_string(rank - offset));
+    EXPECT_EQ(e["WORLD_SIZE"], std::to_string(world));
+    EXPECT_EQ(e["LOCAL_WORLD_SIZE"], std::to_string(nproc));
+    EXPECT_EQ(e["GROUP_RANK"], std::to_string(node_rank));
+    EXPECT_EQ(e["GROUP_WORLD_SIZE"], std::to_string(nnodes));
+    EXPECT_EQ(e["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(e["MASTER_PORT"], std::to_string(port));
+    EXPECT_TRUE(contains(r.out, "]:store barrier passed on rank " + std::to_string(rank) + "\n"))
+        << r.out;
+  }
+}
+
+TEST_F(LauncherTest, TwoAgentsStatic) {
+  const int port = free_port();
+  const Args program{kWorker, "--print-env", "--store-barrier"};
+  Process& n0 = start(static_node(2, 0, 2, port, "static2", program));
+  Process& n1 = start(static_node(2, 1, 2, port, "static2", program));
+  auto rs = finish({&n0, &n1}, 40s);
+  expect_node_layout(rs[0], 0, 2, 0, 2, 4, port);
+  expect_node_layout(rs[1], 1, 2, 2, 2, 4, port);
+}
+
+TEST_F(LauncherTest, ThreeAgentsStaticWithUnevenNodes) {
+  const int port = free_port();
+  const Args program{kWorker, "--print-env", "--store-barrier"};
+  // Started in reverse: ranks follow node ranks, not start order.
+  Process& n2 = start(static_node(3, 2, 2, port, "static3", program));
+  Process& n1 = start(static_node(3, 1, 1, port, "static3", program));
+  Process& n0 = start(static_node(3, 0, 2, port, "static3", program));
+  auto rs = finish({&n0, &n1, &n2}, 40s);
+  expect_node_layout(rs[0], 0, 3, 0, 2, 5, port);
+  expect_node_layout(rs[1], 1, 3, 2, 1, 5, port);
+  expect_node_layout(rs[2], 2, 3, 3, 2, 5, port);
+}
+
+TEST_F(LauncherTest, ThreeAgentsC10d) {
+  const int port = free_port();
+  std::vector<Process*> agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(&start({"--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                             "127.0.0.1:" + std::to_string(port), "--rdzv-id", "c10d3",
+                             "--rdzv-timeout", "30", kWorker, "--print-env", "--store-barrier"}));
+  }
+  auto rs = finish(agents, 40s);
+  std::set<int> node_ranks;
+  for (auto& r : rs) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    auto env = env_by_rank(r.out);
+    ASSERT_EQ(env.size(), 1u) << r.out;
+    auto& [rank, e] = *env.begin();
+    int node = std::atoi(e["GROUP_RANK"].c_str());
+    node_ranks.insert(node);
+    EXPECT_EQ(rank, node) << "one worker per node: global rank = node rank";
+    EXPECT_EQ(e["WORLD_SIZE"], "3");
+    EXPECT_EQ(e["GROUP_WORLD_SIZE"], "3");
+    EXPECT_EQ(e["MASTER_PORT"], std::to_string(port));
+    EXPECT_TRUE(contains(r.out, "store barrier passed on rank " + std::to_string(rank))) << r.out;
+  }
+  EXPECT_EQ(node_ranks, (std::set<int>{0, 1, 2}));
+}
+
+TEST_F(LauncherTest, FailureOnNode1StopsBothAgents) {
+  const int port = free_port();
+  // Global rank 3 is node 1's local rank 1.
+  const Args program{kWorker, "--exit-on-rank", "3", "9", "--sleep", "30"};
+  Process& n0 = start(static_node(2, 0, 2, port, "fail2", program));
+  Process& n1 = start(static_node(2, 1, 2, port, "fail2", program));
+  auto rs = finish({&n0, &n1}, 40s);
+  for (int node : {0, 1}) {
+    SCOPED_TRACE("agent of node " + std::to_string(node));
+    const RunResult& r = rs[node];
+    EXPECT_EQ(r.exit_code, 9) << r.err;
+    EXPECT_LT(r.elapsed, 15.0) << "the healthy node must not wait for its 30 s sleepers";
+    EXPECT_TRUE(contains(r.err, "dtrain: job failed; root cause")) << r.err;
+    EXPECT_TRUE(contains(r.err, "  node rank  : 1\n")) << r.err;
+    EXPECT_TRUE(contains(r.err, "  rank       : 3 (local rank 1)\n")) << r.err;
+    EXPECT_TRUE(contains(r.err, "  exit code  : 9\n")) << r.err;
+    EXPECT_TRUE(contains(r.err, "    rank 3 exiting with 9 on purpose\n")) << r.err;
+  }
+}
+
+TEST_F(LauncherTest, MissingNodeTimesOutNamingIt) {
+  const int port = free_port();
+  const std::string marker = path("started");
+  RunResult r = run({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(port),
+                     "--rdzv-timeout", "1", kWorker, "--touch", marker});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_GE(r.elapsed, 0.9);
+  EXPECT_LT(r.elapsed, 6.0);
+  EXPECT_TRUE(contains(r.err, "node rank(s) 1 of 2 never joined")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "no worker may start without the whole job";
+}
+
+TEST_F(LauncherTest, DuplicateNodeRankIsRefused) {
+  const int port = free_port();
+  const Args program{kWorker, "--pid", "--sleep", "30"};
+  Process& n0 = start(static_node(2, 0, 1, port, "dup", program));
+  Process& n1 = start(static_node(2, 1, 1, port, "dup", program));
+  // Both ranks are taken once their workers run.
+  ASSERT_TRUE(wait_for_count(n0, "]:pid=", 1));
+  ASSERT_TRUE(wait_for_count(n1, "]:pid=", 1));
+  const std::string marker = path("started");
+  RunResult r = run(static_node(2, 1, 1, port, "dup", {kWorker, "--touch", marker}), 20s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "dtrain run: error: rendezvous: node rank 1 was already taken"))
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // The job itself is unharmed by the refused agent.
+  EXPECT_FALSE(process_dead(n0.pid()));
+  EXPECT_FALSE(process_dead(n1.pid()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: exit 2 at once, a message naming the flag and the value, nothing started.
+
+struct BadInput {
+  std::string name;
+  Args args;                          // {WORKER}, {MARKER}, {TMP}, {PORT} are filled in by the test
+  std::vector<std::string> expected;  // substrings of stderr
+};
+
+void PrintTo(const BadInput& c, std::ostream* os) { *os << c.name; }
+
+class BadInputTest : public LauncherTest, public ::testing::WithParamInterface<BadInput> {};
+
+const Args kMarkedWorker{"{WORKER}", "--touch", "{MARKER}"};
+
+Args with_worker(Args flags) {
+  flags.insert(flags.end(), kMarkedWorker.begin(), kMarkedWorker.end());
+  return flags;
+}
+
+std::vector<BadInput> bad_inputs() {
+  const std::string run_error = "dtrain run: error: ";
+  return {
+      {"NprocZero",
+       with_worker({"--nproc-per-node", "0"}),
+       {run_error + "--nproc-per-node: got '0', expected a positive integer"}},
+      {"NprocNegative",
+       with_worker({"--nproc-per-node", "-1"}),
+       {run_error + "--nproc-per-node: got '-1', expected a positive integer"}},
+      {"NprocNotANumber",
+       with_worker({"--nproc-per-node", "abc"}),
+       {run_error + "--nproc-per-node: got 'abc', expected a positive integer"}},
+      {"NnodesZero",
+       with_worker({"--nnodes", "0"}),
+       {run_error + "--nnodes: got '0', expected a positive integer"}},
+      {"NodeRankNotBelowNnodes",
+       with_worker({"--nnodes", "2", "--node-rank", "2"}),
+       {run_error + "--node-rank: got '2', expected 0..1"}},
+      {"MissingProgram", {"--nproc-per-node", "2"}, {run_error + "missing PROGRAM"}},
+      {"NonExecutableFile",
+       {"{TMP}/data.txt", "--touch", "{MARKER}"},
+       {run_error + "PROGRAM '{TMP}/data.txt' is not an executable file"}},
+      {"Directory",
+       {"{TMP}", "--touch", "{MARKER}"},
+       {run_error + "PROGRAM '{TMP}' is not an executable file"}},
+      {"ProgramNotFound",
+       {"{TMP}/nope", "--touch", "{MARKER}"},
+       {run_error + "PROGRAM '{TMP}/nope': no such file"}},
+      {"EndpointWithoutPortNumber",
+       with_worker({"--rdzv-endpoint", "127.0.0.1:"}),
+       {run_error + "--rdzv-endpoint: got '127.0.0.1:', expected HOST:PORT"}},
+      {"EndpointPortTooLarge",
+       with_worker({"--rdzv-endpoint", "127.0.0.1:70000"}),
+       {run_error + "--rdzv-endpoint: got '127.0.0.1:70000', expected HOST:PORT"}},
+      {"EndpointPortNotANumber",
+       with_worker({"--rdzv-endpoint", "host:abc"}),
+       {run_error + "--rdzv-endpoint: got 'host:abc', expected HOST:PORT"}},
+      {"MasterPortInUse",
+       with_worker({"--master-port", "{PORT}"}),
+       {run_error + "--master-port: port {PORT} is already in use"}},
+      {"MasterPortZeroOnTwoNodes",
+       with_worker({"--nnodes", "2", "--master-port", "0"}),
+       {run_error + "--master-port: port 0"}},
+      {"RdzvBackendEtcd",
+       with_worker({"--rdzv-backend", "etcd"}),
+       {run_error + "--rdzv-backend: got 'etcd'"}},
+      {"RedirectsOutOfRange",
+       with_worker({"--redirects", "4"}),
+       {run_error + "--redirects: got '4', expected 0-3"}},
+      {"TeeBadRank", with_worker({"--tee", "x:1"}), {run_error + "--tee: got 'x:1', expected 0-3"}},
+      {"EnvWithoutEquals",
+       with_worker({"--env", "NOEQUALS"}),
+       {run_error + "--env: got 'NOEQUALS', expected KEY=VALUE"}},
+      {"MaxRestartsNegative",
+       with_worker({"--max-restarts", "-1"}),
+       {run_error + "--max-restarts: got '-1', expected a non-negative integer"}},
+      // Bound as an int, so CLI11 rejects it in its own words; still exit 2, flag and value named.
+      {"MaxRestartsNotANumber", with_worker({"--max-restarts", "abc"}), {"--max-restarts", "abc"}},
+      {"TermTimeoutNotANumber",
+       with_worker({"--term-timeout", "soon"}),
+       {run_error + "--term-timeout: got 'soon', expected a non-negative number of seconds"}},
+      {"RdzvTimeoutNegative",
+       with_worker({"--rdzv-timeout", "-3"}),
+       {run_error + "--rdzv-timeout: got '-3', expected a non-negative number of seconds"}},
+  };
+}
+
+std::string fill(std::string s, const std::map<std::string, std::string>& vars) {
+  for (const auto& [key, value] : vars) {
+    for (size_t pos = s.find(key); pos != std::string::npos;
+         pos = s.find(key, pos + value.size())) {
+      s.replace(pos, key.size(), value);
+    }
+  }
+  return s;
+}
+
+TEST_P(BadInputTest, ExitsTwoNamingFlagAndValueWithoutStarting) {
+  const BadInput& c = GetParam();
+  HeldPort held;  // for MasterPortInUse: a port some other program is listening on
+  std::ofstream(path("data.txt")) << "not a program\n";
+  ::chmod(path("data.txt").c_str(), 0644);
+  const std::string marker = path("started");
+  const std::map<std::string, std::string> vars = {{"{WORKER}", kWorker},
+                                                   {"{MARKER}", marker},
+                                                   {"{TMP}", tmp_},
+                                                   {"{PORT}", std::to_string(held.port())}};
+  Args args;
+  for (const auto& a : c.args) args.push_back(fill(a, vars));
+  RunResult r = run(args, 10s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (const auto& e : c.expected) EXPECT_TRUE(contains(r.err, fill(e, vars))) << r.err;
+  EXPECT_LT(r.elapsed, 1.0) << "bad input must be refused before anything waits";
+  EXPECT_EQ(r.out, "");
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "the program ran despite bad input";
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadInputTest, ::testing::ValuesIn(bad_inputs()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace dtrain::test

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the build tree into a temporary prefix, then configures, builds and runs a separate
+# project that uses find_package(dtrain): the exported CMake package works for users.
+set -euo pipefail
+build="$1"; src="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" > /dev/null
+test -x "$tmp/prefix/bin/dtrain"
+test -f "$tmp/prefix/include/dtrain/launch.h"
+cmake -S "$src/tests/package" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
+cmake --build "$tmp/consumer" > "$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
+"$tmp/consumer/consumer"
+"$tmp/prefix/bin/dtrain" --help > /dev/null

@@ -1,0 +1,747 @@
+// The launcher's in-process pieces: `dtrain run` flag parsing and validation
+// (parse_run_args, validate_launch_options), the output fan-in (launch::OutputStream) and the
+// rank layout and rendezvous (launch/rendezvous.h). The end-to-end behaviour through real
+// processes is in tests/launcher/launcher_test.cpp.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/error.h"
+#include "dtrain/launch.h"
+#include "dtrain/store.h"
+#include "launch/output.h"
+#include "launch/rendezvous.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+
+// parse_run_args with a program appended, so each test only spells the flags it is about.
+LaunchOptions parse(Args flags) {
+  flags.push_back("prog");
+  return parse_run_args(flags);
+}
+
+// The UsageError message of parsing (and, if that passes, validating) `args`; fails the
+// test when nothing throws.
+std::string usage_error(const Args& args) {
+  try {
+    LaunchOptions o = parse_run_args(args);
+    validate_launch_options(o);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no UsageError for: " << ::testing::PrintToString(args);
+  return "";
+}
+
+unsigned cpu_count() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// A scratch directory removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "launch_options_test-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name, mode_t mode, const std::string& content = "") const {
+    std::string p = path_ + "/" + name;
+    std::ofstream(p) << content;
+    ::chmod(p.c_str(), mode);
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+// ---------------------------------------------------------------------------------------
+// parse_run_args: defaults and flags
+
+TEST(ParseRunArgs, DefaultsMatchTorchrun) {
+  LaunchOptions o = parse({});
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_TRUE(o.args.empty());
+  EXPECT_EQ(o.nproc_per_node, 1);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, -1);  // resolved by validate_launch_options
+  EXPECT_EQ(o.rdzv_backend, "static");
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, -1);
+  EXPECT_EQ(o.rdzv_id, "none");
+  EXPECT_EQ(o.rdzv_timeout, 900s);
+  EXPECT_FALSE(o.standalone);
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_EQ(o.monitor_interval, 100ms);
+  EXPECT_EQ(o.term_timeout, 5s);
+  EXPECT_EQ(o.role, "default");
+  EXPECT_EQ(o.log_dir, "");
+  EXPECT_EQ(o.redirects, (std::map<int, int>{{-1, 0}}));
+  EXPECT_EQ(o.tee, (std::map<int, int>{{-1, 0}}));
+  EXPECT_TRUE(o.extra_env.empty());
+  EXPECT_FALSE(o.module);
+  EXPECT_FALSE(o.no_python);
+  EXPECT_EQ(o.stderr_tail_lines, 20);
+}
+
+// One flag, its two spellings, a value, and what it must set.
+struct FlagCase {
+  std::string dashed;
+  std::string underscored;          // empty: the flag has one spelling
+  std::vector<std::string> values;  // empty for boolean flags
+  std::function<void(const LaunchOptions&)> check;
+};
+
+std::vector<FlagCase> flag_cases() {
+  return {
+      {"--nproc-per-node",
+       "--nproc_per_node",
+       {"3"},
+       [](auto& o) { EXPECT_EQ(o.nproc_per_node, 3); }},
+      {"--nnodes", "", {"2"}, [](auto& o) { EXPECT_EQ(o.nnodes, 2); }},
+      {"--node-rank", "--node_rank", {"1"}, [](auto& o) { EXPECT_EQ(o.node_rank, 1); }},
+      {"--master-addr",
+       "--master_addr",
+       {"10.1.2.3"},
+       [](auto& o) { EXPECT_EQ(o.master_addr, "10.1.2.3"); }},
+      {"--master-port",
+       "--master_port",
+       {"29555"},
+       [](auto& o) { EXPECT_EQ(o.master_port, 29555); }},
+      {"--rdzv-endpoint",
+       "--rdzv_endpoint",
+       {"node7:1234"},
+       [](auto& o) {
+         EXPECT_EQ(o.master_addr, "node7");
+         EXPECT_EQ(o.master_port, 1234);
+       }},
+      {"--rdzv-backend",
+       "--rdzv_backend",
+       {"c10d"},
+       [](auto& o) { EXPECT_EQ(o.rdzv_backend, "c10d"); }},
+      {"--rdzv-id", "--rdzv_id", {"job42"}, [](auto& o) { EXPECT_EQ(o.rdzv_id, "job42"); }},
+      {"--rdzv-timeout",
+       "--rdzv_timeout",
+       {"2.5"},
+       [](auto& o) { EXPECT_EQ(o.rdzv_timeout, 2500ms); }},
+      {"--rdzv-conf",
+       "--rdzv_conf",
+       {"join_timeout=7,read_timeout=60"},
+       [](auto& o) { EXPECT_EQ(o.rdzv_timeout, 7s); }},
+      {"--max-restarts", "--max_restarts", {"4"}, [](auto& o) { EXPECT_EQ(o.max_restarts, 4); }},
+      {"--monitor-interval",
+       "--monitor_interval",
+       {"0.25"},
+       [](auto& o) { EXPECT_EQ(o.monitor_interval, 250ms); }},
+      {"--term-timeout",
+       "--term_timeout",
+       {"0.5"},
+       [](auto& o) { EXPECT_EQ(o.term_timeout, 500ms); }},
+      {"--log-dir", "--log_dir", {"/tmp/logs"}, [](auto& o) { EXPECT_EQ(o.log_dir, "/tmp/logs"); }},
+      {"--redirects",
+       "-r",
+       {"3"},
+       [](auto& o) {
+         EXPECT_EQ(o.redirects, (std::map<int, int>{{-1, 3}}));
+       }},
+      {"--tee",
+       "-t",
+       {"2"},
+       [](auto& o) {
+         EXPECT_EQ(o.tee, (std::map<int, int>{{-1, 2}}));
+       }},
+      {"--role", "", {"trainer"}, [](auto& o) { EXPECT_EQ(o.role, "trainer"); }},
+      {"--env", "", {"A=1"}, [](auto& o) { EXPECT_EQ(o.extra_env.at("A"), "1"); }},
+      {"--no-python", "--no_python", {}, [](auto& o) { EXPECT_TRUE(o.no_python); }},
+      {"--module", "-m", {}, [](auto& o) { EXPECT_TRUE(o.module); }},
+      {"--standalone", "", {}, [](auto& o) { EXPECT_TRUE(o.standalone); }},
+      // Accepted for torchrun compatibility; they change nothing we can observe.
+      {"--start-method", "--start_method", {"fork"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
+      {"--run-path", "--run_path", {"x"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
+  };
+}
+
+TEST(ParseRunArgs, EveryFlagInBothSpellingsAndWithEquals) {
+  for (const auto& c : flag_cases()) {
+    for (const auto& name : {c.dashed, c.underscored}) {
+      if (name.empty()) continue;
+      SCOPED_TRACE(name);
+      Args separate{name};
+      separate.insert(separate.end(), c.values.begin(), c.values.end());
+      c.check(parse(separate));
+      // --flag=value is the other form scripts use (long names only; -r=3 is not a form).
+      if (!c.values.empty() && name.rfind("--", 0) == 0) {
+        SCOPED_TRACE("with =");
+        c.check(parse({name + "=" + c.values[0]}));
+      }
+    }
+  }
+}
+
+TEST(ParseRunArgs, NprocCpuIsTheCoreCount) {
+  EXPECT_EQ(parse({"--nproc-per-node", "cpu"}).nproc_per_node, static_cast<int>(cpu_count()));
+}
+
+TEST(ParseRunArgs, NprocGpuAndAutoWithoutCuda) {
+  if (std::filesystem::exists("/dev/nvidia0")) GTEST_SKIP() << "this machine has a CUDA device";
+  // 'auto' falls back to one worker per core; 'gpu' must not silently start CPU workers.
+  EXPECT_EQ(parse({"--nproc-per-node", "auto"}).nproc_per_node, static_cast<int>(cpu_count()));
+  std::string msg = usage_error({"--nproc-per-node", "gpu", "prog"});
+  EXPECT_NE(msg.find("--nproc-per-node"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+}
+
+TEST(ParseRunArgs, NnodesAcceptsEqualRangeOnly) {
+  EXPECT_EQ(parse({"--nnodes", "2:2"}).nnodes, 2);
+  std::string msg = usage_error({"--nnodes", "1:3", "prog"});
+  EXPECT_NE(msg.find("--nnodes: got '1:3'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+}
+
+TEST(ParseRunArgs, StandaloneIsSingleNodeC10dOnAFreeLocalPort) {
+  LaunchOptions o = parse({"--standalone"});
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.rdzv_backend, "c10d");
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 0);
+  // It wins over an endpoint given with it: standalone never talks to another host.
+  LaunchOptions e = parse({"--standalone", "--rdzv-endpoint", "farhost:1234"});
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.master_port, 0);
+  std::string msg = usage_error({"--standalone", "--nnodes", "2", "prog"});
+  EXPECT_NE(msg.find("--standalone"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--nnodes is 2"), std::string::npos) << msg;
+}
+
+TEST(ParseRunArgs, RdzvEndpointForms) {
+  LaunchOptions v4 = parse({"--rdzv-endpoint", "10.0.0.5:29400"});
+  EXPECT_EQ(v4.master_addr, "10.0.0.5");
+  EXPECT_EQ(v4.master_port, 29400);
+  LaunchOptions v6 = parse({"--rdzv-endpoint", "[::1]:1234"});
+  EXPECT_EQ(v6.master_addr, "::1");
+  EXPECT_EQ(v6.master_port, 1234);
+  LaunchOptions name = parse({"--rdzv-endpoint", "head-node:0"});
+  EXPECT_EQ(name.master_addr, "head-node");
+  EXPECT_EQ(name.master_port, 0);
+  // torchrun allows a bare host; the port is then c10d's default.
+  LaunchOptions bare = parse({"--rdzv-endpoint", "head-node"});
+  EXPECT_EQ(bare.master_addr, "head-node");
+  EXPECT_EQ(bare.master_port, 29400);
+  // The endpoint overrides --master-addr/--master-port, whatever the order.
+  LaunchOptions both =
+      parse({"--master-addr", "a", "--master-port", "1", "--rdzv-endpoint", "b:2"});
+  EXPECT_EQ(both.master_addr, "b");
+  EXPECT_EQ(both.master_port, 2);
+}
+
+TEST(ParseRunArgs, BadRdzvEndpointsNameTheWholeValue) {
+  for (std::string bad : {"host:", "host:abc", "host:70000", "host:-1", ":1234", "[::1]",
+                          "[::1]1234", "[::1]:", "[::1]:x", "[::1:5"}) {
+    SCOPED_TRACE(bad);
+    std::string msg = usage_error({"--rdzv-endpoint", bad, "prog"});
+    EXPECT_NE(msg.find("--rdzv-endpoint: got '" + bad + "', expected HOST:PORT"), std::string::npos)
+        << msg;
+  }
+}
+
+TEST(ParseRunArgs, StreamSpecsWholeAndPerRank) {
+  EXPECT_EQ(parse({"--redirects", "1"}).redirects, (std::map<int, int>{{-1, 1}}));
+  EXPECT_EQ(parse({"--redirects", "0:3,1:2"}).redirects, (std::map<int, int>{{0, 3}, {1, 2}}));
+  EXPECT_EQ(parse({"--tee", "0:1"}).tee, (std::map<int, int>{{0, 1}}));
+  EXPECT_EQ(parse({"--tee", "2:3,0:0"}).tee, (std::map<int, int>{{0, 0}, {2, 3}}));
+  for (const char* flag : {"--redirects", "--tee"}) {
+    for (std::string bad : {"4", "-1", "x", "0:4", "a:1", "0:1,", "-1:2", "0:", ":1", "0:1,,1:2"}) {
+      SCOPED_TRACE(std::string(flag) + " " + bad);
+      std::string msg = usage_error({flag, bad, "prog"});
+      EXPECT_NE(msg.find(std::string(flag) + ": got '" + bad + "', expected 0-3"),
+                std::string::npos)
+          << msg;
+    }
+  }
+}
+
+TEST(ParseRunArgs, EnvIsRepeatableAndValuesMayHoldEquals) {
+  LaunchOptions o = parse({"--env", "A=1", "--env", "B=x=y", "--env", "EMPTY="});
+  EXPECT_EQ(o.extra_env,
+            (std::map<std::string, std::string>{{"A", "1"}, {"B", "x=y"}, {"EMPTY", ""}}));
+  for (std::string bad : {"NOEQUALS", "=value"}) {
+    std::string msg = usage_error({"--env", bad, "prog"});
+    EXPECT_NE(msg.find("--env: got '" + bad + "', expected KEY=VALUE"), std::string::npos) << msg;
+  }
+}
+
+TEST(ParseRunArgs, FlagsAfterProgramGoToTheProgram) {
+  LaunchOptions o = parse_run_args({"--nproc-per-node", "2", "prog", "--nproc-per-node", "5", "-m",
+                                    "--help", "--lines", "3", "--", "x"});
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_FALSE(o.module);
+  EXPECT_EQ(o.args, (Args{"--nproc-per-node", "5", "-m", "--help", "--lines", "3", "--", "x"}));
+}
+
+TEST(ParseRunArgs, DoubleDashSeparatesProgram) {
+  LaunchOptions o = parse_run_args({"--nnodes", "1", "--", "prog", "--nnodes", "9"});
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.args, (Args{"--nnodes", "9"}));
+  LaunchOptions dash_prog = parse_run_args({"--", "--weird-name"});
+  EXPECT_EQ(dash_prog.program, "--weird-name");
+}
+
+TEST(ParseRunArgs, MissingProgram) {
+  for (const Args& args : {Args{}, Args{"--nproc-per-node", "2"}, Args{"--"}}) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    std::string msg = usage_error(args);
+    EXPECT_NE(msg.find("missing PROGRAM"), std::string::npos) << msg;
+  }
+}
+
+// Every bad value: the message names the flag, quotes the value and says what is expected.
+TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
+  struct Case {
+    Args args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--nproc-per-node", "0"}, "--nproc-per-node: got '0', expected a positive integer"},
+      {{"--nproc-per-node", "-1"}, "--nproc-per-node: got '-1', expected a positive integer"},
+      {{"--nproc-per-node", "abc"}, "--nproc-per-node: got 'abc', expected a positive integer"},
+      {{"--nproc-per-node", "2x"}, "--nproc-per-node: got '2x', expected a positive integer"},
+      {{"--nproc_per_node", "0"}, "--nproc-per-node: got '0'"},
+      {{"--nnodes", "0"}, "--nnodes: got '0', expected a positive integer"},
+      {{"--nnodes", "two"}, "--nnodes: got 'two', expected a positive integer"},
+      {{"--node-rank", "x"}, "--node-rank: got 'x', expected an integer"},
+      {{"--master-port", "70000"}, "--master-port: got '70000', expected a port number in 0-65535"},
+      {{"--master-port", "-5"}, "--master-port: got '-5', expected a port number"},
+      {{"--master-port", "http"}, "--master-port: got 'http', expected a port number"},
+      {{"--rdzv-backend", "etcd"}, "--rdzv-backend: got 'etcd'; dtrain hosts its own store"},
+      {{"--rdzv-backend", "zookeeper"},
+       "--rdzv-backend: got 'zookeeper', expected 'static' or 'c10d'"},
+      {{"--rdzv-timeout", "-1"},
+       "--rdzv-timeout: got '-1', expected a non-negative number of seconds"},
+      {{"--rdzv-timeout", "soon"}, "--rdzv-timeout: got 'soon', expected a non-negative number"},
+      {{"--rdzv-conf", "join_timeout"}, "--rdzv-conf: got 'join_timeout', expected KEY=VALUE"},
+      {{"--rdzv-conf", "timeout=x"},
+       "--rdzv-conf timeout: got 'x', expected a non-negative number"},
+      {{"--max-restarts", "-1"}, "--max-restarts: got '-1', expected a non-negative integer"},
+      {{"--monitor-interval", "fast"},
+       "--monitor-interval: got 'fast', expected a non-negative number"},
+      {{"--term-timeout", "-0.5"}, "--term-timeout: got '-0.5', expected a non-negative number"},
+      {{"--role", ""}, "--role: got an empty name"},
+      {{"-m", "--no-python"}, "-m/--module and --no-python: choose one"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.args));
+    Args args = c.args;
+    args.push_back("prog");
+    std::string msg = usage_error(args);
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << msg;
+  }
+}
+
+TEST(ParseRunArgs, NonNumericMaxRestartsIsAUsageError) {
+  // Bound as an int, so CLI11 rejects it; it must still surface as a UsageError (exit 2)
+  // that names the flag and the value.
+  std::string msg = usage_error({"--max-restarts", "lots", "prog"});
+  EXPECT_NE(msg.find("--max-restarts"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lots"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------------------
+// validate_launch_options
+
+TEST(ValidateLaunchOptions, ResolvesNodeRankAndPortDefaults) {
+  LaunchOptions single = parse_run_args({"sh"});
+  validate_launch_options(single);
+  EXPECT_EQ(single.node_rank, 0);
+  EXPECT_EQ(single.master_port, 0);  // one node: any free port
+
+  LaunchOptions multi = parse_run_args({"--nnodes", "2", "--node-rank", "1", "sh"});
+  validate_launch_options(multi);
+  EXPECT_EQ(multi.node_rank, 1);
+  EXPECT_EQ(multi.master_port, 29500);  // torchrun's default: every node must agree on it
+
+  // c10d hands out node ranks in join order: no rank is made up here.
+  LaunchOptions c10d = parse_run_args(
+      {"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "sh"});
+  validate_launch_options(c10d);
+  EXPECT_EQ(c10d.node_rank, -1);
+}
+
+TEST(ValidateLaunchOptions, NodeRankMustBeBelowNnodes) {
+  std::string msg = usage_error({"--nnodes", "2", "--node-rank", "2", "sh"});
+  EXPECT_NE(msg.find("--node-rank: got '2', expected 0..1"), std::string::npos) << msg;
+}
+
+TEST(ValidateLaunchOptions, PortZeroNeedsOneNode) {
+  std::string msg = usage_error({"--nnodes", "2", "--node-rank", "0", "--master-port", "0", "sh"});
+  EXPECT_NE(msg.find("--master-port: port 0"), std::string::npos) << msg;
+}
+
+TEST(ValidateLaunchOptions, RejectsBadNumbersSetDirectly) {
+  // run_launch() is a library call too: options built in code get the same checks.
+  LaunchOptions o;
+  o.program = "sh";
+  o.nproc_per_node = 0;
+  EXPECT_THROW(validate_launch_options(o), UsageError);
+  o.nproc_per_node = 1;
+  o.nnodes = 0;
+  EXPECT_THROW(validate_launch_options(o), UsageError);
+}
+
+TEST(ValidateLaunchOptions, FindsProgramOnPath) {
+  LaunchOptions o = parse_run_args({"sh", "-c", "true"});
+  validate_launch_options(o);
+  EXPECT_EQ(o.program.front(), '/') << o.program;
+  EXPECT_EQ(std::filesystem::path(o.program).filename(), "sh");
+  EXPECT_EQ(o.args, (Args{"-c", "true"}));
+
+  std::string msg = usage_error({"no-such-program-dtrain-test"});
+  EXPECT_NE(msg.find("PROGRAM 'no-such-program-dtrain-test' was not found on PATH"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ValidateLaunchOptions, RejectsMissingNonExecutableAndDirectoryPrograms) {
+  TempDir dir;
+  std::string plain = dir.file("data.txt", 0644, "not a program\n");
+  std::string missing = dir.path() + "/nope";
+  std::string msg = usage_error({missing});
+  EXPECT_NE(msg.find("PROGRAM '" + missing + "': no such file"), std::string::npos) << msg;
+  msg = usage_error({plain});
+  EXPECT_NE(msg.find("PROGRAM '" + plain + "' is not an executable file"), std::string::npos)
+      << msg;
+  msg = usage_error({dir.path()});
+  EXPECT_NE(msg.find("PROGRAM '" + dir.path() + "' is not an executable file"), std::string::npos)
+      << msg;
+}
+
+// Runs `body` with an environment variable set, restoring it afterwards.
+void with_env(const char* name, const char* value, const std::function<void()>& body) {
+  const char* old = std::getenv(name);
+  std::string saved = old ? old : "";
+  ::setenv(name, value, 1);
+  body();
+  if (old) {
+    ::setenv(name, saved.c_str(), 1);
+  } else {
+    ::unsetenv(name);
+  }
+}
+
+TEST(ValidateLaunchOptions, PythonScriptsNeedAnInterpreterAndTheScript) {
+  TempDir dir;
+  std::string script = dir.file("train.py", 0644, "print('hi')\n");
+  // The interpreter is taken from DTRAIN_PYTHON; /bin/sh stands in for one that exists.
+  with_env("DTRAIN_PYTHON", "/bin/sh", [&] {
+    LaunchOptions o = parse_run_args({script});
+    validate_launch_options(o);
+    EXPECT_EQ(o.python, "/bin/sh");
+    EXPECT_EQ(o.program, script);  // a script need not be executable
+
+    std::string msg = usage_error({dir.path() + "/missing.py"});
+    EXPECT_NE(msg.find("no such script"), std::string::npos) << msg;
+
+    // -m names a module, not a file.
+    LaunchOptions m = parse_run_args({"-m", "some.module"});
+    EXPECT_NO_THROW(validate_launch_options(m));
+  });
+  with_env("DTRAIN_PYTHON", "/nonexistent/python9", [&] {
+    std::string msg = usage_error({script});
+    EXPECT_NE(msg.find("needs a Python interpreter"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("/nonexistent/python9"), std::string::npos) << msg;
+  });
+  // --no-python: a .py is executed directly, so it must be executable itself.
+  std::string msg = usage_error({"--no-python", script});
+  EXPECT_NE(msg.find("is not an executable file"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------------------
+// launch::OutputStream
+
+// An unlinked temp file as the console: unlike a pipe it never fills up, so a 1 MB line
+// cannot block the writer, and it reads back everything written.
+class CaptureFd {
+ public:
+  CaptureFd() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "output_test-XXXXXX").string();
+    fd_ = ::mkstemp(tmpl.data());
+    if (fd_ < 0) throw std::runtime_error("mkstemp failed");
+    ::unlink(tmpl.c_str());
+  }
+  ~CaptureFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  // A second descriptor for OutputStream to own (it closes its file fd).
+  int dup() const { return ::dup(fd_); }
+  std::string contents() const {
+    struct stat st {};
+    ::fstat(fd_, &st);
+    std::string s(static_cast<size_t>(st.st_size), '\0');
+    size_t got = 0;
+    while (got < s.size()) {
+      ssize_t n = ::pread(fd_, s.data() + got, s.size() - got, static_cast<off_t>(got));
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    s.resize(got);
+    return s;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+using launch::OutputStream;
+
+TEST(OutputStream, PrefixesEveryCompleteLine) {
+  CaptureFd console;
+  OutputStream s("[default3]:", console.fd(), -1, 0);
+  s.write("one\ntwo\n\nthree\n");
+  EXPECT_EQ(console.contents(), "[default3]:one\n[default3]:two\n[default3]:\n[default3]:three\n");
+}
+
+TEST(OutputStream, PartialLinesWaitForTheirNewline) {
+  CaptureFd console;
+  OutputStream s("[r0]:", console.fd(), -1, 0);
+  s.write("hel");
+  EXPECT_EQ(console.contents(), "") << "a partial line must not be printed yet";
+  s.write("lo wor");
+  s.write("ld\nsec");
+  EXPECT_EQ(console.contents(), "[r0]:hello world\n");
+  s.write("ond\n");
+  EXPECT_EQ(console.contents(), "[r0]:hello world\n[r0]:second\n");
+}
+
+TEST(OutputStream, ByteAtATime) {
+  CaptureFd console;
+  OutputStream s("[p]:", console.fd(), -1, 0);
+  for (char c : std::string("ab\ncd\n")) s.write(std::string_view(&c, 1));
+  EXPECT_EQ(console.contents(), "[p]:ab\n[p]:cd\n");
+}
+
+TEST(OutputStream, OneMegabyteLineIsNeverCut) {
+  CaptureFd console;
+  OutputStream s("[default0]:", console.fd(), -1, 2);
+  const std::string line(1 << 20, 'x');
+  // As the agent reads a pipe: in chunks, the newline in a chunk of its own.
+  for (size_t pos = 0; pos < line.size(); pos += 4096)
+    s.write(std::string_view(line).substr(pos, 4096));
+  s.write("\nnext\n");
+  EXPECT_TRUE(console.contents() == "[default0]:" + line + "\n[default0]:next\n")
+      << "console holds " << console.contents().size() << " bytes";
+  ASSERT_EQ(s.tail().size(), 2u);
+  EXPECT_EQ(s.tail()[0].size(), line.size());
+}
+
+TEST(OutputStream, TailKeepsTheLastLinesWithAPartialOne) {
+  OutputStream s("[p]:", -1, -1, 3);
+  for (int i = 0; i < 10; ++i) s.write("line " + std::to_string(i) + "\n");
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"line 7", "line 8", "line 9"}));
+  // A trailing partial line counts as the newest line, and the window stays 3 long.
+  s.write("partial");
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"line 8", "line 9", "partial"}));
+}
+
+TEST(OutputStream, TailOfZeroKeepsNothing) {
+  OutputStream s("[p]:", -1, -1, 0);
+  s.write("a\nb\n");
+  EXPECT_TRUE(s.tail().empty());
+}
+
+TEST(OutputStream, CloseFlushesAPartialLineWithANewline) {
+  CaptureFd console, file;
+  OutputStream s("[default1]:", console.fd(), file.dup(), 5);
+  s.write("done\nno newline at the end");
+  EXPECT_EQ(console.contents(), "[default1]:done\n");
+  s.close();
+  EXPECT_EQ(console.contents(), "[default1]:done\n[default1]:no newline at the end\n");
+  // The log file keeps the raw bytes: no prefix, and no newline made up.
+  EXPECT_EQ(file.contents(), "done\nno newline at the end");
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"done", "no newline at the end"}));
+  s.close();  // twice is harmless and prints nothing more
+  EXPECT_EQ(console.contents(), "[default1]:done\n[default1]:no newline at the end\n");
+}
+
+TEST(OutputStream, FileGetsRawBytesWhenConsoleIsOff) {
+  CaptureFd file;
+  OutputStream s("[default0]:", -1, file.dup(), 2);
+  s.write("a\nb");
+  s.write("c\n");
+  s.close();
+  EXPECT_EQ(file.contents(), "a\nbc\n");
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"a", "bc"}));
+}
+
+TEST(OutputStream, MovedStreamKeepsWriting) {
+  // The agent keeps streams in std::optional inside a vector that may move them.
+  CaptureFd console, file;
+  OutputStream a("[p]:", console.fd(), file.dup(), 1);
+  a.write("x");
+  OutputStream b(std::move(a));
+  b.write("y\n");
+  b.close();
+  EXPECT_EQ(console.contents(), "[p]:xy\n");
+  EXPECT_EQ(file.contents(), "xy\n");
+}
+
+// ---------------------------------------------------------------------------------------
+// launch::layout and launch::rendezvous
+
+TEST(Layout, RanksFollowNodeOrderWithUnevenNodes) {
+  std::vector<launch::NodeInfo> nodes = {{"a", 2, 10}, {"b", 1, 11}, {"c", 3, 12}};
+  const int offsets[] = {0, 2, 3};
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE(k);
+    launch::RendezvousResult r = launch::layout(4, k, nodes);
+    EXPECT_EQ(r.round, 4);
+    EXPECT_EQ(r.node_rank, k);
+    EXPECT_EQ(r.nnodes, 3);
+    EXPECT_EQ(r.world_size, 6);
+    EXPECT_EQ(r.rank_offset, offsets[k]);
+    ASSERT_EQ(r.nodes.size(), 3u);
+    EXPECT_EQ(r.nodes[k].host, nodes[k].host);
+  }
+}
+
+TEST(Layout, SingleNode) {
+  launch::RendezvousResult r = launch::layout(0, 0, {{"h", 4, 1}});
+  EXPECT_EQ(r.rank_offset, 0);
+  EXPECT_EQ(r.world_size, 4);
+  EXPECT_EQ(r.nnodes, 1);
+}
+
+TEST(Layout, NodeRankOutsideTheNodesIsABug) {
+  EXPECT_THROW(launch::layout(0, 2, {{"a", 1, 1}, {"b", 1, 2}}), InternalError);
+  EXPECT_THROW(launch::layout(0, -1, {{"a", 1, 1}}), InternalError);
+}
+
+TEST(Layout, RoundPrefix) { EXPECT_EQ(launch::round_prefix("job", 2), "/dtrain/job/round_2/"); }
+
+class RendezvousTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<store::StoreClient> client() {
+    store::StoreClient::Options o;
+    o.connect_timeout = 5s;
+    o.timeout = 10s;
+    return store::StoreClient::connect("127.0.0.1", server_->port(), o);
+  }
+  // Joins from a thread with its own connection (clients are not thread-safe).
+  std::future<launch::RendezvousResult> join(int node_rank, int nnodes, int nproc,
+                                             const std::string& host,
+                                             std::chrono::milliseconds timeout = 10s) {
+    return std::async(std::launch::async, [=, this] {
+      auto c = client();
+      return launch::rendezvous(*c, "job", 0, node_rank, nnodes, {host, nproc, 100 + nproc},
+                                timeout);
+    });
+  }
+  std::unique_ptr<store::StoreServer> server_ = store::StoreServer::start({"127.0.0.1", 0});
+};
+
+TEST_F(RendezvousTest, StaticRanksLayOutByNodeNotJoinOrder) {
+  auto n2 = join(2, 3, 1, "h2");
+  auto n1 = join(1, 3, 3, "h1");
+  auto n0 = join(0, 3, 2, "h0");
+  launch::RendezvousResult r0 = n0.get(), r1 = n1.get(), r2 = n2.get();
+  EXPECT_EQ(r0.rank_offset, 0);
+  EXPECT_EQ(r1.rank_offset, 2);
+  EXPECT_EQ(r2.rank_offset, 5);
+  for (auto* r : {&r0, &r1, &r2}) {
+    EXPECT_EQ(r->world_size, 6);
+    ASSERT_EQ(r->nodes.size(), 3u);
+    EXPECT_EQ(r->nodes[1].host, "h1");
+    EXPECT_EQ(r->nodes[1].nproc, 3);
+  }
+}
+
+TEST_F(RendezvousTest, C10dHandsOutDistinctRanks) {
+  std::vector<std::future<launch::RendezvousResult>> joins;
+  for (int i = 0; i < 3; ++i)
+    joins.push_back(join(-1, 3, 1,
+                         std::string("h").append(std::to_string(
+                             i))));  // not "h" + ...: GCC 12 -Wrestrict false positive
+  std::set<int> ranks;
+  for (auto& f : joins) ranks.insert(f.get().node_rank);
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+}
+
+TEST_F(RendezvousTest, C10dRefusesOneAgentTooMany) {
+  auto a = join(-1, 1, 1, "a");
+  a.get();
+  auto c = client();
+  try {
+    launch::rendezvous(*c, "job", 0, -1, 1, {"b", 1, 2}, 1s);
+    FAIL() << "a second agent joined a one-node job";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes is 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(RendezvousTest, DuplicateNodeRankNamesTheHolder) {
+  auto first = client();
+  // Claim node 0 of a two-node job; the join itself waits for node 1, so run it aside.
+  auto holder = std::async(std::launch::async, [&] {
+    return launch::rendezvous(*first, "job", 0, 0, 2, {"first-host", 1, 1}, 2s);
+  });
+  auto c = client();
+  // Until the holder's claim lands, our claim could win instead: retry briefly.
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::string msg;
+  while (msg.empty() && std::chrono::steady_clock::now() < deadline) {
+    if (!c->check({launch::round_prefix("job", 0) + "node_0"})) {
+      std::this_thread::sleep_for(5ms);
+      continue;
+    }
+    try {
+      launch::rendezvous(*c, "job", 0, 0, 2, {"second-host", 1, 2}, 1s);
+    } catch (const UsageError& e) {
+      msg = e.what();
+    }
+  }
+  EXPECT_NE(msg.find("node rank 0 was already taken by an agent on first-host"), std::string::npos)
+      << msg;
+  EXPECT_THROW(holder.get(), TimeoutError);  // node 1 never came
+}
+
+TEST_F(RendezvousTest, TimeoutNamesTheMissingNodeRanks) {
+  auto c = client();
+  auto start = std::chrono::steady_clock::now();
+  try {
+    launch::rendezvous(*c, "job", 0, 1, 4, {"h", 1, 1}, 300ms);
+    FAIL() << "rendezvous of 4 nodes completed with one";
+  } catch (const TimeoutError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("node rank(s) 0, 2, 3 of 4 never joined job 'job'"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("after 0.3 s"), std::string::npos) << msg;
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
+}
+
+}  // namespace
+}  // namespace dtrain

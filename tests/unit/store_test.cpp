@@ -1,0 +1,320 @@
+// StoreServer + StoreClient over loopback: threads play the clients.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "dtrain/error.h"
+#include "dtrain/store.h"
+#include "store/socket.h"
+
+namespace dtrain::store {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<StoreServer> start_server() { return StoreServer::start({}); }
+
+std::unique_ptr<StoreClient> connect(const StoreServer& server,
+                                     std::chrono::milliseconds timeout = 10s) {
+  StoreClient::Options options;
+  options.connect_timeout = 5s;
+  options.timeout = timeout;
+  return StoreClient::connect("127.0.0.1", server.port(), options);
+}
+
+// Speaks the wire protocol by hand, to check the bytes themselves (and to misbehave).
+class RawClient {
+ public:
+  explicit RawClient(std::uint16_t port)
+      : socket_(net::connect("127.0.0.1", port, net::deadline_after(5s))) {}
+
+  RawClient& u8(std::uint8_t v) { return put(v); }
+  RawClient& u64(std::uint64_t v) { return put(v); }
+  RawClient& str(const std::string& s) {
+    u64(s.size());
+    out_ += s;
+    return *this;
+  }
+  void send() {
+    net::send_all(socket_.fd(), out_.data(), out_.size(), net::deadline_after(5s));
+    out_.clear();
+  }
+  template <typename T>
+  T recv() {
+    T v{};
+    net::recv_all(socket_.fd(), &v, sizeof(v), net::deadline_after(5s));
+    return v;
+  }
+  std::string recv_str() {
+    std::string s(recv<std::uint64_t>(), '\0');
+    net::recv_all(socket_.fd(), s.data(), s.size(), net::deadline_after(5s));
+    return s;
+  }
+  void close() { socket_.close(); }
+
+ private:
+  template <typename T>
+  RawClient& put(T v) {
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+    return *this;
+  }
+  net::Socket socket_;
+  std::string out_;
+};
+
+TEST(StoreTest, SetThenGetReturnsTheValueIncludingBinaryBytes) {
+  auto server = start_server();
+  auto client = connect(*server);
+  client->set("a", "1");
+  const std::string binary("x\0y\xff", 4);
+  client->set("bin", binary);
+  EXPECT_EQ(client->get("a"), "1");
+  EXPECT_EQ(client->get("bin"), binary);
+  client->set("a", "2");
+  EXPECT_EQ(client->get("a"), "2");
+  // Another connection sees the same data.
+  EXPECT_EQ(connect(*server)->get("a"), "2");
+}
+
+TEST(StoreTest, KeysGoOnTheWireWithPyTorchsSlashPrefix) {
+  auto server = start_server();
+  auto client = connect(*server);
+  client->set("k", "v");
+  RawClient raw(server->port());
+  raw.u8(2 /*GET*/).str("/k").send();
+  EXPECT_EQ(raw.recv_str(), "v");
+  raw.u8(0 /*SET*/).str("/from_raw").str("hello").send();
+  EXPECT_EQ(client->get("from_raw"), "hello");
+}
+
+TEST(StoreTest, AddFromEightThreadsCountsEveryIncrement) {
+  auto server = start_server();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      auto client = connect(*server);
+      for (int i = 0; i < 100; ++i) client->add("counter", 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto client = connect(*server);
+  EXPECT_EQ(client->add("counter", 0), 800);
+  EXPECT_EQ(client->get("counter"), "800");  // stored as decimal text, as c10d does
+  EXPECT_EQ(client->add("counter", -1000), -200);
+}
+
+TEST(StoreTest, CompareSetFollowsC10dSemantics) {
+  auto server = start_server();
+  auto client = connect(*server);
+  // Missing key + non-empty expected: nothing stored, `expected` echoed back.
+  EXPECT_EQ(client->compare_set("k", "old", "new"), "old");
+  EXPECT_FALSE(client->check({"k"}));
+  // Missing key + empty expected: created.
+  EXPECT_EQ(client->compare_set("k", "", "first"), "first");
+  // Mismatch: unchanged, current value returned.
+  EXPECT_EQ(client->compare_set("k", "wrong", "second"), "first");
+  // Match: swapped.
+  EXPECT_EQ(client->compare_set("k", "first", "second"), "second");
+  EXPECT_EQ(client->get("k"), "second");
+}
+
+TEST(StoreTest, CheckNeverBlocksAndNeedsEveryKey) {
+  auto server = start_server();
+  auto client = connect(*server);
+  EXPECT_FALSE(client->check({"x"}));
+  client->set("x", "1");
+  EXPECT_TRUE(client->check({"x"}));
+  EXPECT_FALSE(client->check({"x", "y"}));
+  EXPECT_TRUE(client->check({}));
+}
+
+TEST(StoreTest, WaitWakesWhenAnotherThreadSetsTheKeys) {
+  auto server = start_server();
+  auto waiter = connect(*server);
+  auto done = std::async(std::launch::async, [&] { return waiter->wait({"a", "b"}, 10s); });
+  EXPECT_EQ(done.wait_for(100ms), std::future_status::timeout) << "wait returned before the keys";
+  auto setter = connect(*server);
+  setter->set("a", "1");
+  EXPECT_EQ(done.wait_for(100ms), std::future_status::timeout) << "wait needs both keys";
+  setter->add("b", 1);
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(done.get());
+  EXPECT_TRUE(waiter->wait({"a", "b"}, 0ms));  // already there: immediate
+}
+
+TEST(StoreTest, WaitTimeoutReturnsFalseAndLeavesTheConnectionUsable) {
+  auto server = start_server();
+  auto client = connect(*server);
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(client->wait({"never"}, 200ms));
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, 200ms);
+  EXPECT_LT(elapsed, 2s);
+  // The wait was cancelled on the server: setting the key now must not send this
+  // connection a stray STOP_WAITING that would corrupt the next reply.
+  connect(*server)->set("never", "now");
+  EXPECT_EQ(client->add("n", 5), 5);
+  EXPECT_EQ(client->num_keys(), 2);
+  EXPECT_EQ(client->get("never"), "now");
+}
+
+TEST(StoreTest, GetOfAMissingKeyTimesOutNamingTheKey) {
+  auto server = start_server();
+  auto client = connect(*server, 200ms);
+  try {
+    client->get("missing_key");
+    FAIL() << "get of a missing key returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing_key"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("200 ms"), std::string::npos) << e.what();
+  }
+  client->set("missing_key", "here");
+  EXPECT_EQ(client->get("missing_key"), "here");
+}
+
+TEST(StoreTest, DeleteKeyAndNumKeys) {
+  auto server = start_server();
+  auto client = connect(*server);
+  EXPECT_EQ(client->num_keys(), 0);
+  client->set("a", "1");
+  client->set("b", "2");
+  EXPECT_EQ(client->num_keys(), 2);
+  EXPECT_TRUE(client->delete_key("a"));
+  EXPECT_FALSE(client->delete_key("a"));
+  EXPECT_EQ(client->num_keys(), 1);
+  EXPECT_FALSE(client->check({"a"}));
+}
+
+TEST(StoreTest, WatchKeySendsC10dUpdates) {
+  auto server = start_server();
+  RawClient watcher(server->port());
+  watcher.u8(7 /*WATCH_KEY*/).str("/w").send();
+  EXPECT_EQ(watcher.recv<std::uint8_t>(), 3);  // KEY_CALLBACK_REGISTERED
+  auto client = connect(*server);
+  auto expect_update = [&](std::uint8_t type, const std::string& old_value,
+                           const std::string& new_value) {
+    EXPECT_EQ(watcher.recv<std::uint8_t>(), type);
+    EXPECT_EQ(watcher.recv_str(), "/w");
+    EXPECT_EQ(watcher.recv_str(), old_value);
+    EXPECT_EQ(watcher.recv_str(), new_value);
+  };
+  client->set("w", "v1");
+  expect_update(1 /*KEY_CREATED*/, "", "v1");
+  client->set("w", "v2");
+  expect_update(0 /*KEY_UPDATED*/, "v1", "v2");
+  client->delete_key("w");
+  expect_update(2 /*KEY_DELETED*/, "v2", "");
+  // A watcher that vanishes is forgotten; updates keep working for everyone else.
+  watcher.close();
+  client->set("w", "v3");
+  EXPECT_EQ(client->get("w"), "v3");
+}
+
+TEST(StoreTest, NewerQueriesAppendMultiGetMultiSetAndCancelWait) {
+  auto server = start_server();
+  RawClient raw(server->port());
+  raw.u8(11 /*MULTI_SET*/).u64(2).str("/m1").str("a").str("/m2").str("b").send();
+  raw.u8(9 /*APPEND*/).str("/m1").str("c").send();
+  raw.u8(10 /*MULTI_GET*/).u64(2).str("/m1").str("/m2").send();
+  EXPECT_EQ(raw.recv_str(), "ac");
+  EXPECT_EQ(raw.recv_str(), "b");
+  raw.u8(5 /*WAIT*/).u64(1).str("/absent").send();
+  raw.u8(12 /*CANCEL_WAIT*/).send();
+  EXPECT_EQ(raw.recv<std::uint8_t>(), 1);  // WAIT_CANCELED
+}
+
+TEST(StoreTest, PortZeroBindsARealPort) {
+  auto server = start_server();
+  EXPECT_NE(server->port(), 0);
+  StoreServer::Options options;
+  options.bind_host = "127.0.0.1";
+  auto ipv4 = StoreServer::start(options);
+  EXPECT_NE(ipv4->port(), 0);
+  connect(*ipv4)->set("k", "v");
+  // The dual-stack default also accepts "localhost", whichever family it resolves to.
+  StoreClient::Options client_options;
+  client_options.connect_timeout = 5s;
+  EXPECT_EQ(StoreClient::connect("localhost", server->port(), client_options)->num_keys(), 0);
+}
+
+TEST(StoreTest, BindingAPortAlreadyHeldThrowsAddressInUse) {
+  auto server = start_server();
+  for (std::string host : {"", "127.0.0.1"}) {
+    StoreServer::Options options;
+    options.bind_host = host;
+    options.port = server->port();
+    try {
+      StoreServer::start(options);
+      FAIL() << "second bind of port " << server->port() << " on '" << host << "' succeeded";
+    } catch (const AddressInUseError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(server->port())), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("--master-port"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(StoreTest, ConnectToNothingTimesOutNamingHostAndPort) {
+  std::uint16_t port = start_server()->port();  // released at once: nobody listens there
+  StoreClient::Options options;
+  options.connect_timeout = 200ms;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    StoreClient::connect("127.0.0.1", port, options);
+    FAIL() << "connected to a closed port";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+TEST(StoreTest, GarbageAndHalfRequestsDoNotDisturbOtherClients) {
+  auto server = start_server();
+  auto good = connect(*server);
+  good->set("k", "v");
+  auto waiter = connect(*server);
+  auto woke = std::async(std::launch::async, [&] { return waiter->wait({"later"}, 10s); });
+
+  RawClient garbage(server->port());
+  garbage.u8('G').u8('E').u8('T').u8(' ').u8('/').send();  // unknown query type 71
+  RawClient half(server->port());
+  half.u8(0 /*SET*/).u64(1000).u8('x').send();  // promises 1000 bytes, sends 1, leaves
+  RawClient huge(server->port());
+  huge.u8(0 /*SET*/).u64(~0ull).send();  // absurd length must not be allocated up front
+  RawClient missing(server->port());
+  missing.u8(2 /*GET*/).str("/nope").send();  // c10d drops a GET of a missing key
+  half.close();
+  huge.close();
+
+  EXPECT_EQ(good->get("k"), "v");
+  EXPECT_EQ(connect(*server)->add("c", 2), 2);
+  good->set("later", "1");
+  ASSERT_EQ(woke.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(woke.get());
+  // The server hung up on the misbehaving ones.
+  EXPECT_THROW(garbage.recv<std::uint8_t>(), net::ConnectionClosed);
+  EXPECT_THROW(missing.recv<std::uint8_t>(), net::ConnectionClosed);
+}
+
+TEST(StoreTest, DestroyingTheServerFailsWaitingClientsInsteadOfHanging) {
+  auto server = start_server();
+  auto client = connect(*server, 60s);
+  auto pending = std::async(std::launch::async, [&] { return client->get("never"); });
+  EXPECT_EQ(pending.wait_for(100ms), std::future_status::timeout);
+  server.reset();
+  ASSERT_EQ(pending.wait_for(5s), std::future_status::ready) << "client hung after server exit";
+  try {
+    pending.get();
+    FAIL() << "get returned after the server went away";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find("went away"), std::string::npos) << e.what();
+  }
+  // Later calls fail fast too.
+  EXPECT_THROW(client->num_keys(), NetworkError);
+}
+
+}  // namespace
+}  // namespace dtrain::store
