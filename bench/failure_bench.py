@@ -50,6 +50,12 @@ import threading
 import time
 
 
+# The launcher gets its own process group (so a timeout can signal all of it) but stays in our
+# session: with sched_autogroup, a new session would also be a new scheduling group and the job
+# would not get the CPU share (or nice level) of whoever runs the benchmark.
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -129,7 +135,7 @@ def run_once(cfg: Config, a: argparse.Namespace, delay: float, record: bool) -> 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True)
+                         stderr=subprocess.PIPE, **OWN_GROUP)
     pidfd = os.pidfd_open(p.pid)
     lines: queue.Queue = queue.Queue()
     out_tail: list[str] = []

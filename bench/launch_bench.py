@@ -20,7 +20,10 @@ passed. A free --master_port is passed so that concurrent jobs on 29500 do not i
 Every configuration runs --repeat times (default 5), interleaved (each round runs every
 configuration once, in an order rotated by one per round), after --warmup untimed rounds.
 Wall time is measured around the launcher process (fork/exec to exit, its output captured
-through pipes); CPU time is the user+sys time of the whole reaped process tree.
+through pipes); CPU time is the user+sys time of the whole reaped process tree; "other" is the
+CPU time the rest of the machine used meanwhile (from /proc/stat), which shows when a run was
+disturbed. On a shared machine, --wait-idle S waits (up to S seconds) for an idle moment before
+each run.
 
 A run fails when it exits non-zero, times out, or does not print the expected
 "hello from rank" lines; the script then exits 1 (never because of timings).
@@ -45,6 +48,12 @@ import sys
 import time
 
 
+# The launcher gets its own process group (so a timeout can signal all of it) but stays in our
+# session: with sched_autogroup, a new session would also be a new scheduling group and the job
+# would not get the CPU share (or nice level) of whoever runs the benchmark.
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +75,26 @@ def wait_for_file(path: str, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all CPUs), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(limit: float, window: float = 0.5, busy_fraction: float = 0.05) -> bool:
+    """Waits (at most `limit` seconds) for a `window` in which the machine is nearly idle."""
+    deadline = time.monotonic() + limit
+    ncpu = os.cpu_count() or 1
+    while time.monotonic() < deadline:
+        b0 = busy_cpu_seconds()
+        time.sleep(window)
+        if (busy_cpu_seconds() - b0) / (ncpu * window) < busy_fraction:
+            return True
+    return False
+
+
 def loadavg() -> list[float]:
     try:
         return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
@@ -80,6 +109,7 @@ class Config:
         self.nproc = nproc
         self.times: list[float] = []
         self.cpu: list[float] = []
+        self.other: list[float] = []
         self.failures: list[str] = []
 
     def command(self, a: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -88,13 +118,16 @@ class Config:
             env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             env.setdefault("OMP_NUM_THREADS", "1")  # what dtrain gives its workers
+            env.update(a.worker_env)
             return [a.worker] + a.worker_args, env
         # The launchers set the contract themselves; a parent's must not leak in.
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                   "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
             env.pop(k, None)
         if self.launcher == "dtrain":
-            return [a.dtrain, "run", "--nproc-per-node", str(self.nproc), a.worker] + a.worker_args, env
+            extra = [f"--env={k}={v}" for k, v in a.worker_env.items()]
+            return [a.dtrain, "run", "--nproc-per-node", str(self.nproc)] + extra + [a.worker] + a.worker_args, env
+        env.update(a.worker_env)  # torchrun passes its environment on (its own Python sees it too)
         cmd = shlex.split(a.torchrun) + [
             "--nproc_per_node", str(self.nproc), "--monitor_interval", "0.1",
             "--redirects", "9:1", "--tee", "9:1", "--master_port", str(free_port()),
@@ -105,11 +138,14 @@ class Config:
 def run_once(cfg: Config, a: argparse.Namespace, record: bool) -> None:
     for path in (a.worker, a.dtrain):
         wait_for_file(path, 60)
+    if a.wait_idle > 0:
+        wait_idle(a.wait_idle)
     cmd, env = cfg.command(a)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy0 = busy_cpu_seconds()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True)
+                         stderr=subprocess.PIPE, **OWN_GROUP)
     try:
         out, err = p.communicate(timeout=a.timeout)
         wall = time.perf_counter() - t0
@@ -127,8 +163,10 @@ def run_once(cfg: Config, a: argparse.Namespace, record: bool) -> None:
                 out, err = b"", b""
         wall = time.perf_counter() - t0
         problem = f"timed out after {a.timeout} s"
+    busy1 = busy_cpu_seconds()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    other = max(0.0, (busy1 - busy0) - cpu)  # CPU time the rest of the machine used meanwhile
     text = out.decode(errors="replace")
     if problem is None and p.returncode != 0:
         problem = f"exit code {p.returncode}"
@@ -145,8 +183,10 @@ def run_once(cfg: Config, a: argparse.Namespace, record: bool) -> None:
     if record:
         cfg.times.append(wall)
         cfg.cpu.append(cpu)
+        cfg.other.append(other)
     if a.verbose:
-        print(f"  {cfg.name:<14} {wall:7.3f} s  cpu {cpu:6.3f} s{'' if record else '  (warm-up)'}",
+        print(f"  {cfg.name:<14} {wall:7.3f} s  cpu {cpu:6.3f} s  other {other:6.3f} s"
+              f"{'' if record else '  (warm-up)'}",
               file=sys.stderr, flush=True)
 
 
@@ -166,6 +206,9 @@ def main() -> int:
     ap.add_argument("--dtrain", help="the dtrain binary (default: BUILD_DIR/tools/dtrain)")
     ap.add_argument("--worker", help="the C++ worker (default: BUILD_DIR/examples/hello_worker)")
     ap.add_argument("--worker-args", default="", help="arguments for the worker (one shell-quoted string)")
+    ap.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for every worker (repeatable): dtrain gets --env=KEY=VALUE, "
+                         "torchrun and the lone worker get it in their environment")
     ap.add_argument("--torchrun", default=default_torchrun(),
                     help="torchrun command, shell-split (default: %(default)s)")
     ap.add_argument("--nprocs", default="1,2,4", help="comma-separated worker counts (default: %(default)s)")
@@ -174,6 +217,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120, help="seconds before a run counts as failed")
     ap.add_argument("--expect", default=r"hello from rank \d+ of \d+",
                     help="regex each worker prints once to stdout ('' to skip the check)")
+    ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
+                    help="before each run, wait up to S seconds for the machine to be idle (default: "
+                         "0, don't wait); use it on a shared machine")
     ap.add_argument("--no-torchrun", action="store_true", help="skip torchrun")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
@@ -181,6 +227,10 @@ def main() -> int:
     a.dtrain = a.dtrain or os.path.join(a.build_dir, "tools", "dtrain")
     a.worker = a.worker or os.path.join(a.build_dir, "examples", "hello_worker")
     a.worker_args = shlex.split(a.worker_args)
+    try:
+        a.worker_env = dict(kv.split("=", 1) for kv in a.worker_env)
+    except ValueError:
+        ap.error("--worker-env takes KEY=VALUE")
     nprocs = [int(x) for x in a.nprocs.split(",") if x.strip()]
 
     configs = [Config("worker alone", "alone", 1)]
@@ -203,10 +253,13 @@ def main() -> int:
 
     # Table
     print(f"\nwall time of one job, {a.repeat} runs each (seconds); worker: {a.worker}")
-    print(f"{'configuration':<16}{'median':>8}{'min':>8}{'max':>8}{'cpu med':>9}  fails")
+    print(f"{'configuration':<16}{'median':>8}{'min':>8}{'max':>8}{'cpu med':>9}{'other':>8}  fails")
     for c in configs:
         print(f"{c.name:<16}{fmt(median(c.times), '8.3f')}{fmt(min(c.times) if c.times else None, '8.3f')}"
-              f"{fmt(max(c.times) if c.times else None, '8.3f')}{fmt(median(c.cpu), '9.3f')}  {len(c.failures)}")
+              f"{fmt(max(c.times) if c.times else None, '8.3f')}{fmt(median(c.cpu), '9.3f')}"
+              f"{fmt(median(c.other), '8.3f')}  {len(c.failures)}")
+    print("(cpu: user+sys seconds of the job's processes; other: CPU seconds the rest of the machine "
+          "used meanwhile, median;\n ~0 on an idle machine, large when the job competed with other load)")
     by = {(c.launcher, c.nproc): c for c in configs}
     ratios = {}
     if not a.no_torchrun:
@@ -232,10 +285,11 @@ def main() -> int:
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
                      "loadavg_before": load_before, "loadavg_after": load_after},
-            "commands": {"dtrain": a.dtrain, "worker": a.worker, "torchrun": a.torchrun},
-            "repeat": a.repeat, "warmup": a.warmup,
+            "commands": {"dtrain": a.dtrain, "worker": a.worker, "torchrun": a.torchrun,
+                         "worker_env": a.worker_env},
+            "repeat": a.repeat, "warmup": a.warmup, "wait_idle_s": a.wait_idle,
             "configs": [{"name": c.name, "launcher": c.launcher, "nproc": c.nproc,
-                         "wall_s": c.times, "cpu_s": c.cpu,
+                         "wall_s": c.times, "cpu_s": c.cpu, "other_cpu_s": c.other,
                          "median_s": median(c.times), "min_s": min(c.times) if c.times else None,
                          "cpu_median_s": median(c.cpu), "failures": c.failures} for c in configs],
             "torchrun_over_dtrain": ratios,

@@ -312,12 +312,26 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
   WorkerEnv proto;
   auto contract = proto.to_variables();
   bool has_omp = false;
+  bool has_tunables = false;
   std::vector<std::string> inherited;
   for (auto& e : base) {
     std::string name = e.substr(0, e.find('='));
     if (contract.count(name) || o_.extra_env.count(name)) continue;
     if (name == "OMP_NUM_THREADS") has_omp = true;
+    if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
+      has_tunables = true;
+      e += ":glibc.malloc.hugetlb=1";
+    }
     inherited.push_back(e);
+  }
+  std::map<std::string, std::string> extra_env = o_.extra_env;
+  if (o_.malloc_hugepages && !has_tunables) {
+    auto it = extra_env.find("GLIBC_TUNABLES");
+    if (it == extra_env.end()) {
+      inherited.push_back("GLIBC_TUNABLES=glibc.malloc.hugetlb=1");
+    } else {
+      it->second += ":glibc.malloc.hugetlb=1";
+    }
   }
   std::vector<std::string> argv;
   if (runs_with_python(o_)) {
@@ -358,7 +372,7 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
     spec.argv = argv;
     spec.env = inherited;
     for (auto& [k, v] : env.to_variables()) spec.env.push_back(k + "=" + v);
-    for (auto& [k, v] : o_.extra_env) spec.env.push_back(k + "=" + v);
+    for (auto& [k, v] : extra_env) spec.env.push_back(k + "=" + v);
     if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) spec.env.push_back("OMP_NUM_THREADS=1");
 
     auto open_log = [&](const char* name) {

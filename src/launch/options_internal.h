@@ -39,6 +39,7 @@ struct RunArgs {
   std::string start_method = "spawn";
   std::string unused_run_path;
   std::vector<std::string> env;
+  bool malloc_hugepages = false;
 };
 
 // Declares every `dtrain run` flag on `run`, bound to `a`.

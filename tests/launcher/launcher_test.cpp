@@ -367,6 +367,23 @@ TEST_F(LauncherTest, OmpNumThreadsFromTheParentIsKept) {
   EXPECT_EQ(env_by_rank(r.out)[0]["OMP_NUM_THREADS"], "4");
 }
 
+TEST_F(LauncherTest, MallocHugepagesAddsTheTunableAndKeepsTheParents) {
+  RunResult r = run({"--malloc-hugepages", kWorker, "--print-var", "GLIBC_TUNABLES"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(env_by_rank(r.out)[0]["GLIBC_TUNABLES"], "glibc.malloc.hugetlb=1");
+  RunOptions parent_env;
+  parent_env.env = {"GLIBC_TUNABLES=glibc.malloc.arena_max=2"};
+  r = run({"--malloc-hugepages", "--max-restarts", "1", kWorker, "--print-var", "GLIBC_TUNABLES",
+           "--fail-on-restart-below", "1"}, 30s, parent_env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Both attempts print it; the restart must not append the tunable a second time.
+  EXPECT_EQ(env_by_rank(r.out)[0]["GLIBC_TUNABLES"], "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
+  EXPECT_EQ(r.out.find("hugetlb=1:glibc.malloc.hugetlb=1"), std::string::npos) << r.out;
+  // Without the flag the parent's value passes through untouched.
+  r = run({kWorker, "--print-var", "GLIBC_TUNABLES"}, 30s, parent_env);
+  EXPECT_EQ(env_by_rank(r.out)[0]["GLIBC_TUNABLES"], "glibc.malloc.arena_max=2");
+}
+
 TEST_F(LauncherTest, StoreBarrierAcrossThreeProcs) {
   RunResult r = run({"--nproc-per-node", "3", kWorker, "--store-barrier"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
