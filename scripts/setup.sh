@@ -12,7 +12,7 @@ packages=(
   # libtorch 1.13 (CPU) with c10d and Gloo; OpenBLAS makes its matmuls ~10x faster
   libtorch-dev libgloo-dev libopenblas0-pthread
   # libraries we build on
-  libcli11-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
   # data for the examples

@@ -1,0 +1,11 @@
+// dtrain: distributed training for the libtorch C++ frontend. The umbrella header.
+#pragma once
+
+#include "dtrain/checkpoint.h"
+#include "dtrain/collectives.h"
+#include "dtrain/ddp.h"
+#include "dtrain/env.h"
+#include "dtrain/error.h"
+#include "dtrain/process_group.h"
+#include "dtrain/sampler.h"
+#include "dtrain/sync_batch_norm.h"

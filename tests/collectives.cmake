@@ -1,0 +1,18 @@
+# Collectives (src/comm/collectives.cpp).
+
+# In-process: ranks as threads, each with its own Gloo group over one HashStore.
+dtrain_test(collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH)
+
+# A worker whose --mode picks what it does (see its header comment); the multi-process test
+# runs it under `dtrain run` and as separately started processes.
+add_executable(collective_worker comm/collective_worker.cpp)
+target_link_libraries(collective_worker PRIVATE dtrain)
+target_compile_options(collective_worker PRIVATE ${DTRAIN_WARNINGS})
+
+# Real processes; the test itself does not load libtorch.
+dtrain_test(collectives_mp_test LABELS launcher
+  SOURCES comm/collectives_mp_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(collectives_mp_test PRIVATE
+  COLLECTIVE_WORKER_BIN="$<TARGET_FILE:collective_worker>")
+# The tests execute these; building collectives_mp_test must build them too.
+add_dependencies(collectives_mp_test collective_worker dtrain_cli)

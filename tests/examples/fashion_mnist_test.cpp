@@ -1,0 +1,78 @@
+// The Fashion-MNIST example end to end through `dtrain run`: accuracy targets, exact resume
+// from a mid-epoch checkpoint, and a clear error for a wrong data path.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "launcher/subprocess.h"
+
+namespace {
+
+using dtrain::test::run_command;
+using namespace std::chrono_literals;
+
+// The last JSON line rank 0 printed.
+nlohmann::json result_of(const std::string& out) {
+  std::istringstream in(out);
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) {
+    auto brace = line.find("]:{");
+    if (brace != std::string::npos) last = nlohmann::json::parse(line.substr(brace + 2));
+  }
+  return last;
+}
+
+dtrain::test::RunResult train(const std::vector<std::string>& extra, int nproc = 2) {
+  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), FASHION_MNIST_BIN};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return run_command(argv, {.timeout = 900s});
+}
+
+TEST(FashionMnist, MlpReachesTheTargetAccuracyInThreeEpochsOnTwoProcesses) {
+  auto r = train({"--epochs", "3", "--log-every", "200"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto j = result_of(r.out);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["epochs"], 3);
+  EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+  EXPECT_GE(j["test_accuracy"].get<double>(), 0.87) << r.out;
+  // Progress lines and a per-epoch accuracy line come from rank 0 only.
+  EXPECT_NE(r.out.find("[default0]:epoch 1 step 200/469 loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default0]:epoch 3 test accuracy"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[default1]:epoch"), std::string::npos) << r.out;
+}
+
+TEST(FashionMnist, CnnWithSyncBatchNormReachesTheTargetAccuracy) {
+  auto r = train({"--model", "cnn", "--epochs", "3", "--log-every", "200"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_GE(result_of(r.out)["test_accuracy"].get<double>(), 0.90) << r.out;
+}
+
+TEST(FashionMnist, ResumeFromAMidEpochCheckpointEndsBitwiseEqual) {
+  auto dir = std::filesystem::temp_directory_path() / ("fmnist_resume_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto straight = train({"--max-steps", "80", "--no-eval", "--log-every", "0"});
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  auto first = train({"--max-steps", "40", "--no-eval", "--log-every", "0", "--checkpoint-dir", dir.string()});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(std::filesystem::exists(dir / "ckpt_40.pt"));
+  auto resumed = train({"--max-steps", "80", "--no-eval", "--log-every", "0", "--checkpoint-dir", dir.string(), "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  auto a = result_of(straight.out), b = result_of(resumed.out), c = result_of(first.out);
+  EXPECT_EQ(b["steps"], 80);
+  EXPECT_EQ(a["param_digest"], b["param_digest"]);
+  EXPECT_NE(a["param_digest"], c["param_digest"]);  // the digest does tell models apart
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FashionMnist, AWrongDataPathIsAClearError) {
+  auto r = train({"--data-dir", "/nonexistent/fmnist", "--epochs", "1"}, 1);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("/nonexistent/fmnist/train-images-idx3-ubyte.gz does not exist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("apt-get install dataset-fashion-mnist"), std::string::npos) << r.err;
+}
+
+}  // namespace

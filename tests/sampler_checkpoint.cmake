@@ -1,0 +1,6 @@
+# DistributedSampler (src/parallel/sampler.cpp): hand-computed cases and an exact comparison
+# with python3-torch's torch.utils.data.DistributedSampler (required: the test fails without it).
+dtrain_test(sampler_test LABELS unit SOURCES unit/sampler_test.cpp launcher/subprocess.cpp TORCH)
+# Checkpoints (src/parallel/checkpoint.cpp): round trip, mismatch errors, atomic writes under a
+# failing and a crashing save, and bitwise-exact resume of an Adam + dropout run.
+dtrain_test(checkpoint_test LABELS unit SOURCES unit/checkpoint_test.cpp TORCH)

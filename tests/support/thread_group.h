@@ -1,0 +1,50 @@
+// Ranks as threads: N dtrain::ProcessGroups in one process, each on its own Gloo context over
+// a shared in-memory store, for tests of the logic above the wire (as gloo's own tests do).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/process_group.h"
+
+namespace dtrain::test {
+
+// Runs fn(group) on `world` threads, one rank each, and rethrows the first exception any
+// rank threw (after every thread finished). Groups are created inside the threads because
+// Gloo's rendezvous needs every rank at once.
+inline void run_ranks(int world, const std::function<void(std::shared_ptr<ProcessGroup>)>& fn,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  static int generation = 0;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::string prefix = "run" + std::to_string(generation++);
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank]() {
+      try {
+        auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+        auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, opts);
+        fn(std::make_shared<ProcessGroup>(prefixed, pg, "gloo"));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace dtrain::test

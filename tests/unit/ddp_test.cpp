@@ -1,0 +1,280 @@
+// DistributedDataParallel with ranks as threads: state broadcast, gradient averaging, bucket
+// layout, no_sync, unused parameters, communication hooks, buffer broadcast, model checks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "dtrain/ddp.h"
+#include "dtrain/error.h"
+#include "support/thread_group.h"
+
+namespace {
+
+using dtrain::DDPOptions;
+using dtrain::DistributedDataParallel;
+using dtrain::ProcessGroup;
+using dtrain::test::run_ranks;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(int64_t in = 8, int64_t hidden = 16, int64_t out = 4)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, out))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+// A model with a branch that forward() may skip.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl()
+      : used(register_module("used", torch::nn::Linear(4, 2))),
+        skipped(register_module("skipped", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool use_both) {
+    return use_both ? used(x) + skipped(x) : used(x);
+  }
+  torch::nn::Linear used, skipped;
+};
+TORCH_MODULE(Branchy);
+
+torch::Tensor data_for(int rank, int64_t rows = 6, int64_t cols = 8) {
+  torch::manual_seed(1000 + rank);
+  return torch::randn({rows, cols});
+}
+
+std::vector<torch::Tensor> clone_all(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> out;
+  for (auto& t : ts) out.push_back(t.detach().clone());
+  return out;
+}
+
+std::vector<torch::Tensor> grads_of(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : params) out.push_back(p.grad().detach().clone());
+  return out;
+}
+
+// The gradient each rank would compute alone, for the model state rank 0 broadcast.
+std::vector<torch::Tensor> local_grads(const std::vector<torch::Tensor>& state, int rank) {
+  Net net;
+  torch::NoGradGuard g;
+  auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(state[i]);
+  {
+    torch::AutoGradMode on(true);
+    net->forward(data_for(rank)).pow(2).mean().backward();
+  }
+  return grads_of(net->parameters());
+}
+
+TEST(DDP, ConstructionBroadcastsRankZeroParameters) {
+  const int world = 3;
+  std::vector<std::vector<torch::Tensor>> after(world);
+  run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
+    torch::manual_seed(pg->rank());  // a different initialisation on every rank
+    Net net;
+    DistributedDataParallel ddp(net, DDPOptions{.group = pg});
+    after[pg->rank()] = clone_all(ddp.parameters());
+  });
+  torch::manual_seed(0);
+  Net rank0;
+  auto expected = rank0->parameters();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(after[r].size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(after[r][i], expected[i])) << "rank " << r;
+  }
+}
+
+TEST(DDP, BackwardLeavesTheAverageOfEveryRanksGradient) {
+  for (int world : {2, 3}) {
+    std::vector<std::vector<torch::Tensor>> state(world), grads(world);
+    run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
+      torch::manual_seed(7);
+      Net net;
+      DistributedDataParallel ddp(net, DDPOptions{.group = pg});
+      state[pg->rank()] = clone_all(ddp.parameters());
+      ddp(data_for(pg->rank())).pow(2).mean().backward();
+      grads[pg->rank()] = grads_of(ddp.parameters());
+    });
+    std::vector<torch::Tensor> expected;
+    for (int r = 0; r < world; ++r) {
+      auto g = local_grads(state[0], r);
+      if (expected.empty()) {
+        expected = g;
+      } else {
+        for (size_t i = 0; i < g.size(); ++i) expected[i] += g[i];
+      }
+    }
+    for (auto& e : expected) e /= world;
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < expected.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(grads[r][i], expected[i], 1e-5, 1e-7)) << "world " << world << " rank " << r << " param " << i;
+      }
+    }
+  }
+}
+
+TEST(DDP, BucketsFollowReverseParameterOrderAndCaps) {
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    // fc1.weight 64x64 floats = 16 KB, fc1.bias, fc2.weight 64x64, fc2.bias.
+    Net net(64, 64, 64);
+    DDPOptions o{.group = pg};
+    o.first_bucket_mb = 8.0 / 1024;   // 8 KB: the first bucket closes after fc2.weight
+    o.bucket_cap_mb = 20.0 / 1024;    // 20 KB: then fc1.weight closes the second one
+    DistributedDataParallel ddp(net, o);
+    auto layout = ddp.reducer().bucket_parameter_indices();
+    // Parameters in registration order: 0 fc1.weight, 1 fc1.bias, 2 fc2.weight, 3 fc2.bias.
+    std::vector<std::vector<size_t>> expected{{3, 2}, {1, 0}};
+    EXPECT_EQ(layout, expected);
+  });
+}
+
+TEST(DDP, NoSyncAccumulatesLocallyThenAveragesTheSum) {
+  const int world = 2;
+  std::vector<std::vector<torch::Tensor>> state(world), grads(world);
+  run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
+    torch::manual_seed(3);
+    Net net;
+    DistributedDataParallel ddp(net, DDPOptions{.group = pg});
+    state[pg->rank()] = clone_all(ddp.parameters());
+    {
+      auto guard = ddp.no_sync();
+      ddp(data_for(pg->rank())).pow(2).mean().backward();
+      ddp(data_for(pg->rank())).pow(2).mean().backward();
+    }
+    ddp(data_for(pg->rank())).pow(2).mean().backward();
+    grads[pg->rank()] = grads_of(ddp.parameters());
+  });
+  // Three local backward passes on the same data, summed, averaged over the ranks.
+  std::vector<torch::Tensor> expected;
+  for (int r = 0; r < world; ++r) {
+    auto g = local_grads(state[0], r);
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (expected.size() <= i) expected.push_back(torch::zeros_like(g[i]));
+      expected[i] += 3 * g[i] / world;
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::allclose(grads[r][i], expected[i], 1e-5, 1e-7));
+  }
+}
+
+TEST(DDP, UnusedParameterIsAnErrorNamingIt) {
+  std::atomic<int> errors{0};
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    Branchy model;
+    DistributedDataParallel ddp(model, DDPOptions{.group = pg});
+    try {
+      ddp(torch::randn({3, 4}), false).sum().backward();
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("skipped.weight"), std::string::npos) << what;
+      EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+      ++errors;
+    }
+  });
+  EXPECT_EQ(errors.load(), 2);
+}
+
+TEST(DDP, FindUnusedParametersAveragesWithZerosFromRanksThatSkipped) {
+  std::vector<torch::Tensor> skipped_grad(2), used_grad(2);
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    torch::manual_seed(0);
+    Branchy model;
+    DDPOptions o{.group = pg};
+    o.find_unused_parameters = true;
+    DistributedDataParallel ddp(model, o);
+    // Rank 0 uses the branch, rank 1 does not; both use `used`.
+    ddp(torch::ones({1, 4}), pg->rank() == 0).sum().backward();
+    skipped_grad[pg->rank()] = model->skipped->weight.grad().clone();
+    used_grad[pg->rank()] = model->used->weight.grad().clone();
+  });
+  // d(sum)/dW = ones for the ranks that used the layer; averaged over 2 ranks.
+  EXPECT_TRUE(torch::allclose(skipped_grad[0], torch::full({2, 4}, 0.5)));
+  EXPECT_TRUE(torch::allclose(skipped_grad[1], torch::full({2, 4}, 0.5)));
+  EXPECT_TRUE(torch::allclose(used_grad[0], torch::ones({2, 4})));
+}
+
+TEST(DDP, ModelsThatDifferAcrossRanksAreRejectedNamingTheParameter) {
+  std::atomic<int> errors{0};
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    Net net(8, pg->rank() == 0 ? 16 : 17, 4);
+    try {
+      DistributedDataParallel ddp(net, DDPOptions{.group = pg});
+    } catch (const dtrain::UsageError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("fc1.weight"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+      ++errors;
+    }
+  });
+  EXPECT_EQ(errors.load(), 2);
+}
+
+TEST(DDP, CompressionHooksAverageWithinHalfPrecision) {
+  for (auto hook : {dtrain::fp16_compress_hook(), dtrain::bf16_compress_hook()}) {
+    std::vector<std::vector<torch::Tensor>> state(2), grads(2);
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      torch::manual_seed(5);
+      Net net;
+      DDPOptions o{.group = pg};
+      o.comm_hook = hook;
+      DistributedDataParallel ddp(net, o);
+      state[pg->rank()] = clone_all(ddp.parameters());
+      ddp(data_for(pg->rank())).pow(2).mean().backward();
+      grads[pg->rank()] = grads_of(ddp.parameters());
+    });
+    auto g0 = local_grads(state[0], 0);
+    auto g1 = local_grads(state[0], 1);
+    for (size_t i = 0; i < g0.size(); ++i) {
+      auto expected = (g0[i] + g1[i]) / 2;
+      EXPECT_TRUE(torch::allclose(grads[0][i], expected, 1e-2, 1e-3)) << "param " << i;
+      EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i]));
+    }
+  }
+}
+
+TEST(DDP, UserCommHookRunsOncePerBucket) {
+  std::atomic<int> calls{0};
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    Net net(64, 64, 64);
+    DDPOptions o{.group = pg};
+    o.first_bucket_mb = 8.0 / 1024;
+    o.bucket_cap_mb = 20.0 / 1024;
+    DistributedDataParallel ddp(net, o);
+    auto inner = dtrain::allreduce_hook();
+    ddp.register_comm_hook([&](ProcessGroup& g, dtrain::GradBucket& b) {
+      ++calls;
+      return inner(g, b);
+    });
+    ddp(torch::randn({2, 64})).sum().backward();
+  });
+  EXPECT_EQ(calls.load(), 2 * 2);  // two buckets, two ranks
+}
+
+TEST(DDP, BuffersAreBroadcastFromRankZeroBeforeForward) {
+  std::vector<torch::Tensor> means(2);
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::BatchNorm1d(4));
+    DistributedDataParallel ddp(model, DDPOptions{.group = pg});
+    auto bn = model[1]->as<torch::nn::BatchNorm1d>();
+    {
+      torch::NoGradGuard g;
+      bn->running_mean.fill_(pg->rank() == 0 ? 1.5 : -7.0);
+    }
+    ddp.eval();  // no running-stat update: what is left is exactly what was broadcast
+    ddp(torch::randn({3, 4}));
+    means[pg->rank()] = bn->running_mean.clone();
+  });
+  EXPECT_TRUE(torch::equal(means[0], torch::full({4}, 1.5)));
+  EXPECT_TRUE(torch::equal(means[1], torch::full({4}, 1.5)));
+}
+
+TEST(DDP, ModuleReturnsTheUnwrappedModel) {
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    Net net;
+    DistributedDataParallel ddp(net, DDPOptions{.group = pg});
+    EXPECT_EQ(ddp.module().ptr().get(), net.ptr().get());
+  });
+}
+
+}  // namespace
