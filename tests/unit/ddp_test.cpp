@@ -2,6 +2,8 @@
 // layout, no_sync, unused parameters, communication hooks, buffer broadcast, model checks.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <atomic>
 
 #include "dtrain/ddp.h"
@@ -36,9 +38,9 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// A generator of its own: the global one is shared by the rank threads.
 torch::Tensor data_for(int rank, int64_t rows = 6, int64_t cols = 8) {
-  torch::manual_seed(1000 + rank);
-  return torch::randn({rows, cols});
+  return torch::randn({rows, cols}, at::make_generator<at::CPUGeneratorImpl>(1000 + rank));
 }
 
 std::vector<torch::Tensor> clone_all(const std::vector<torch::Tensor>& ts) {
@@ -68,16 +70,20 @@ std::vector<torch::Tensor> local_grads(const std::vector<torch::Tensor>& state, 
 
 TEST(DDP, ConstructionBroadcastsRankZeroParameters) {
   const int world = 3;
+  // Built here, one seed per rank: torch::manual_seed is process-wide, so seeding inside the
+  // rank threads would race.
+  std::vector<Net> nets;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(r);
+    nets.emplace_back();
+  }
+  auto expected = clone_all(nets[0]->parameters());
+  ASSERT_FALSE(torch::equal(nets[1]->parameters()[0], expected[0])) << "ranks must start different";
   std::vector<std::vector<torch::Tensor>> after(world);
   run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
-    torch::manual_seed(pg->rank());  // a different initialisation on every rank
-    Net net;
-    DistributedDataParallel ddp(net, DDPOptions{.group = pg});
+    DistributedDataParallel ddp(nets[pg->rank()], DDPOptions{.group = pg});
     after[pg->rank()] = clone_all(ddp.parameters());
   });
-  torch::manual_seed(0);
-  Net rank0;
-  auto expected = rank0->parameters();
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(after[r].size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(after[r][i], expected[i])) << "rank " << r;
