@@ -7,6 +7,7 @@ dtrain_test(collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH
 # runs it under `dtrain run` and as separately started processes.
 add_executable(collective_worker comm/collective_worker.cpp)
 target_link_libraries(collective_worker PRIVATE dtrain)
+target_include_directories(collective_worker PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_options(collective_worker PRIVATE ${DTRAIN_WARNINGS})
 
 # Real processes; the test itself does not load libtorch.

@@ -30,6 +30,7 @@
 
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
+#include "support/reference_reduce.h"
 
 namespace {
 
@@ -107,25 +108,9 @@ const char* op_name(ReduceOp op) {
   return "?";
 }
 
-// Rank r's input: small positive integers so that every reduction is exact.
-torch::Tensor input(int rank, int64_t n, torch::Dtype dtype) {
-  auto i = torch::arange(n, torch::kInt64);
-  return ((i % 2) + 1 + ((i + rank) % 3 == 0).to(torch::kInt64)).to(dtype);
-}
-
+torch::Tensor input(int rank, int64_t n, torch::Dtype dtype) { return dtrain::test::reference_input(rank, {n}, dtype); }
 torch::Tensor expected(ReduceOp op, int world, int64_t n, torch::Dtype dtype) {
-  std::vector<torch::Tensor> all;
-  for (int r = 0; r < world; ++r) all.push_back(input(r, n, dtype).to(torch::kFloat64));
-  auto s = torch::stack(all);
-  torch::Tensor out;
-  switch (op) {
-    case ReduceOp::kSum: out = s.sum(0); break;
-    case ReduceOp::kAvg: out = s.mean(0); break;
-    case ReduceOp::kMin: out = std::get<0>(s.min(0)); break;
-    case ReduceOp::kMax: out = std::get<0>(s.max(0)); break;
-    case ReduceOp::kProduct: out = s.prod(0); break;
-  }
-  return out.to(dtype);
+  return dtrain::test::reference_reduce(op, world, {n}, dtype);
 }
 
 int run_all(const std::shared_ptr<dtrain::ProcessGroup>& g) {

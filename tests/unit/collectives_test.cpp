@@ -22,6 +22,7 @@
 
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
+#include "support/reference_reduce.h"
 
 namespace dtrain {
 namespace {
@@ -89,29 +90,11 @@ const char* op_name(ReduceOp op) {
 
 bool is_float(torch::Dtype d) { return d == torch::kFloat32 || d == torch::kFloat64 || d == torch::kFloat16; }
 
-// Rank r's input: small integers (1..3) that differ per rank and per element, so that sums
-// and products over 4 ranks are exact in every dtype (int8 included: 3^4 = 81).
 torch::Tensor input(int rank, torch::IntArrayRef shape, torch::Dtype dtype) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  auto i = torch::arange(n, torch::kInt64);
-  return ((i % 2) + 1 + ((i + rank) % 3 == 0).to(torch::kInt64)).reshape(shape).to(dtype);
+  return test::reference_input(rank, shape, dtype);
 }
-
-// The reduction of every rank's input, computed directly (in float64, then cast).
 torch::Tensor expected(ReduceOp op, int world, torch::IntArrayRef shape, torch::Dtype dtype) {
-  std::vector<torch::Tensor> all;
-  for (int r = 0; r < world; ++r) all.push_back(input(r, shape, dtype).to(torch::kFloat64));
-  auto s = torch::stack(all);
-  torch::Tensor out;
-  switch (op) {
-    case ReduceOp::kSum: out = s.sum(0); break;
-    case ReduceOp::kAvg: out = s.mean(0); break;
-    case ReduceOp::kMin: out = std::get<0>(s.min(0)); break;
-    case ReduceOp::kMax: out = std::get<0>(s.max(0)); break;
-    case ReduceOp::kProduct: out = s.prod(0); break;
-  }
-  return out.to(dtype);
+  return test::reference_reduce(op, world, shape, dtype);
 }
 
 // Exact for integers and exact-valued floats; float averages may round differently.
