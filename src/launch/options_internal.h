@@ -40,6 +40,7 @@ struct RunArgs {
   std::string unused_run_path;
   std::vector<std::string> env;
   bool malloc_hugepages = false;
+  std::string failure_file;
 };
 
 // Declares every `dtrain run` flag on `run`, bound to `a`.
