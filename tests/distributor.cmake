@@ -20,3 +20,10 @@ add_test(NAME distributor.rejects_capturing_lambda_at_compile_time
   COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target distributor_reject_2)
 set_tests_properties(distributor.rejects_capturing_lambda_at_compile_time PROPERTIES
   LABELS unit TIMEOUT 300 PASS_REGULAR_EXPRESSION "must be a plain function or a lambda without captures")
+
+# Whole driver processes: a missing dtrain::init, a driver killed mid-run.
+add_executable(distributor_driver_program distributor/driver_program.cpp)
+target_link_libraries(distributor_driver_program PRIVATE dtrain)
+dtrain_test(distributor_driver_test LABELS distributor SOURCES distributor/driver_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(distributor_driver_test PRIVATE DRIVER_PROGRAM="$<TARGET_FILE:distributor_driver_program>")
+add_dependencies(distributor_driver_test distributor_driver_program dtrain_cli)
