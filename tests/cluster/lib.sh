@@ -6,7 +6,8 @@
 #   on HOST CMD...             runs CMD "on" host n1/n2: its network, its hostname, its /etc/hosts
 #   bg_on HOST LOG CMD...      the same in the background; the PID is recorded for cluster_down
 #   munge_up; slurm_up         munged on a private socket; slurmctld on n1, slurmd on n1 and n2
-#   sshd_up                    sshd on n1 and n2 (port 22 of each), client config $T/ssh/config
+#   sshd_up                    sshd on n1 and n2 (port 2222 of each), client config $SSH_CONFIG,
+#                              key $SSH_KEY, and $SSH_WRAPPER (ssh with all of them)
 #   cluster_down               stops every process started here (by PID, and whatever is left
 #                              in our namespaces), deletes the namespaces and $T
 #
@@ -165,10 +166,11 @@ sshd_up() {
   ssh-keygen -q -t ed25519 -N '' -f "$d/host_key" || fail "ssh-keygen host key"
   ssh-keygen -q -t ed25519 -N '' -f "$d/id" || fail "ssh-keygen client key"
   cp "$d/id.pub" "$d/authorized_keys"
+  # Port and key are not in the config: the tests pass them (--ssh-port, --ssh-identity);
+  # $T/ssh/ssh is a wrapper with everything, for the MPI launchers.
   cat >"$d/config" <<EOF
 Host *
   User root
-  IdentityFile $d/id
   IdentitiesOnly yes
   BatchMode yes
   StrictHostKeyChecking no
@@ -180,7 +182,7 @@ EOF
     local addr=10.200.0.1
     [[ $h == n2 ]] && addr=10.200.0.2
     cat >"$d/sshd_$h.conf" <<EOF
-Port 22
+Port 2222
 ListenAddress $addr
 HostKey $d/host_key
 AuthorizedKeysFile $d/authorized_keys
@@ -194,9 +196,14 @@ EOF
     /usr/sbin/sshd -t -f "$d/sshd_$h.conf" || fail "sshd -t rejected $d/sshd_$h.conf"
     bg_on "$h" "$d/sshd_$h.log" /usr/sbin/sshd -D -e -f "$d/sshd_$h.conf"
   done
-  wait_listen n1 22 10 || fail "sshd on n1 did not listen: $(cat "$d/sshd_n1.log")"
-  wait_listen n2 22 10 || fail "sshd on n2 did not listen: $(cat "$d/sshd_n2.log")"
+  wait_listen n1 2222 10 || fail "sshd on n1 did not listen: $(cat "$d/sshd_n1.log")"
+  wait_listen n2 2222 10 || fail "sshd on n2 did not listen: $(cat "$d/sshd_n2.log")"
   SSH_CONFIG="$d/config"
+  SSH_KEY="$d/id"
+  SSH_PORT=2222
+  printf '#!/bin/sh\nexec ssh -F %s -p 2222 -i %s "$@"\n' "$d/config" "$d/id" >"$d/ssh"
+  chmod 755 "$d/ssh"
+  SSH_WRAPPER="$d/ssh"
 }
 
 # Processes (other than the daemons) still running in a host's namespace whose command line
