@@ -301,7 +301,8 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   if (o.no_python) a.push_back("--no-python");
   if (o.malloc_hugepages) a.push_back("--malloc-hugepages");
   for (const auto& [k, v] : o.extra_env) a.push_back("--env=" + k + "=" + v);
-  a.push_back("--");
+  // No "--" before PROGRAM: `dtrain run -- PROG` is rejected by CLI11 under a subcommand,
+  // and validate_launch_options() made PROGRAM a path (or a module name), never "-...".
   a.push_back(o.program);
   a.insert(a.end(), o.args.begin(), o.args.end());
   return a;

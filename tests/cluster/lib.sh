@@ -68,18 +68,28 @@ ns_of() {
 }
 
 # Not `ip netns exec`: it remounts /sys, and slurmd then fails on the missing cgroup mount.
+# Sets ON to the command prefix that runs a command on HOST (every step execs the next).
+on_prefix() {
+  ON=(nsenter --net="/run/netns/$(ns_of "$1")" unshare --uts --mount
+    sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$T/hosts" "$1")
+}
+
 on() {
   local host="$1"
   shift
-  nsenter --net="/run/netns/$(ns_of "$host")" unshare --uts --mount \
-    sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$T/hosts" "$host" "$@"
+  on_prefix "$host"
+  "${ON[@]}" "$@"
 }
 
+# bg_on HOST LOG CMD...: in the background; $BG_PID is CMD's own PID (the subshell execs
+# nsenter, which execs down to CMD), so a signal to it reaches CMD itself.
 bg_on() {
   local host="$1" log="$2"
   shift 2
-  on "$host" "$@" >"$log" 2>&1 </dev/null &
-  PIDS+=("$!")
+  on_prefix "$host"
+  (exec "${ON[@]}" "$@" >"$log" 2>&1 </dev/null) &
+  BG_PID=$!
+  PIDS+=("$BG_PID")
 }
 
 # wait_listen HOST PORT SECONDS: polls `ss -ltn` inside the host's namespace.
