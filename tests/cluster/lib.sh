@@ -2,7 +2,8 @@
 # Sourced by the tests in this directory (bash, as root). Facts behind it: ../shared/CLUSTERS.md.
 #
 #   cluster_init               temp dir $T, unique names, `trap cluster_down EXIT`
-#   hosts_up                   namespaces $NS1 $NS2 = hosts n1 (10.200.0.1), n2 (10.200.0.2)
+#   hosts_up                   namespaces $NS1 $NS2 = hosts n1 (10.200.0.1), n2 (10.200.0.2),
+#                              each with its end of a veth pair named eth0
 #   on HOST CMD...             runs CMD "on" host n1/n2: its network, its hostname, its /etc/hosts
 #   bg_on HOST LOG CMD...      the same in the background; the PID is recorded for cluster_down
 #   munge_up; slurm_up         munged on a private socket; slurmctld on n1, slurmd on n1 and n2
@@ -48,13 +49,14 @@ hosts_up() {
   local va="vdt${ID}a" vb="vdt${ID}b"
   ip link add "$va" type veth peer name "$vb" || fail "ip link add veth"
   ip link set "$va" netns "$NS1" && ip link set "$vb" netns "$NS2" || fail "moving veth"
-  ip -n "$NS1" addr add 10.200.0.1/24 dev "$va"
-  ip -n "$NS2" addr add 10.200.0.2/24 dev "$vb"
   for ns in "$NS1" "$NS2"; do ip -n "$ns" link set lo up; done
-  ip -n "$NS1" link set "$va" up
-  ip -n "$NS2" link set "$vb" up
-  IF1="$va"
-  IF2="$vb"
+  # Inside its namespace each end is "eth0", as on real hosts, so one --ifname fits both.
+  ip -n "$NS1" link set "$va" name eth0
+  ip -n "$NS2" link set "$vb" name eth0
+  ip -n "$NS1" addr add 10.200.0.1/24 dev eth0
+  ip -n "$NS2" addr add 10.200.0.2/24 dev eth0
+  ip -n "$NS1" link set eth0 up
+  ip -n "$NS2" link set eth0 up
   printf '127.0.0.1 localhost\n10.200.0.1 n1\n10.200.0.2 n2\n' >"$T/hosts"
   chmod 644 "$T/hosts"
 }

@@ -38,6 +38,31 @@ for r in 0 1; do grep -q "^\[default$r\]:cluster_worker rank=$r world=4 .*host=n
 for r in 2 3; do grep -q "^\[default$r\]:cluster_worker rank=$r world=4 .*host=n2 master=n1:" <<<"$out" || fail "srun dtrain run: rank $r: $out"; done
 pass "srun --ntasks-per-node=1 dtrain run --nproc-per-node 2: ranks 0-1 on n1, 2-3 on n2, prefixed ($((SECONDS - t)) s)"
 
+out="$(on n1 timeout 120 srun -N2 --ntasks-per-node=1 "$DTRAIN" run --nproc-per-node 1 --ifname eth0 \
+  "$TW" --print-var GLOO_SOCKET_IFNAME 2>&1)" || fail "srun dtrain run --ifname eth0 exited $?: $out"
+[[ $(count "$out" "GLOO_SOCKET_IFNAME=eth0") -eq 2 ]] || fail "--ifname eth0: workers lack GLOO_SOCKET_IFNAME=eth0: $out"
+out="$(on n1 timeout 120 srun -N2 --ntasks-per-node=1 "$DTRAIN" run --nproc-per-node 1 --ifname wlan9 "$TW" 2>&1)"
+code=$?
+# The agent exits 2 after cancelling the step; srun reports the step's worst end (often an
+# agent killed by the cancel, which may be the failing one itself).
+[[ $code -ne 0 ]] || fail "--ifname wlan9: srun exited 0: $out"
+grep -q "this host (n2) has no network interface 'wlan9'" <<<"$out" || fail "--ifname wlan9: message: $out"
+pass "srun dtrain run --ifname eth0 gives workers GLOO_SOCKET_IFNAME; a missing interface: agent exit 2 naming the host"
+
+# An interface only n1 has: n2's agent fails before it joins; it cancels the step (scancel),
+# so n1's agent does not wait for it until the rendezvous timeout.
+ip -n "$NS1" link add extra0 type veth peer name extra1 || fail "ip link add extra0"
+t=$SECONDS
+out="$(on n1 timeout 120 srun -N2 --ntasks-per-node=1 "$DTRAIN" run --nproc-per-node 1 --ifname extra0 "$TW" --sleep 100 2>&1)"
+code=$?
+took=$((SECONDS - t))
+[[ $code -ne 0 ]] || fail "--ifname extra0 (n1 only): srun exited 0: $out"
+grep -q "this host (n2) has no network interface 'extra0'" <<<"$out" || fail "--ifname extra0: message: $out"
+grep -q "cancelling Slurm step" <<<"$out" || fail "--ifname extra0: the step was not cancelled: $out"
+((took < 30)) || fail "--ifname extra0: the job took $took s to end"
+for h in n1 n2; do wait_gone "$h" "$DTRAIN" 15 || fail "--ifname extra0: agents left on $h: $(leftovers "$h" "$DTRAIN")"; done
+pass "a node that fails before joining cancels the step: srun ended in $took s (exit $code), nothing left"
+
 # 3 -------------------------------------------------------------------------------------
 t=$SECONDS
 cat >"$T/job.sh" <<EOF
