@@ -9,7 +9,9 @@
 #    SIGKILL); no worker is left on either node.
 # 5. scancel of a running dtrain job leaves no process on either node.
 # 6. --dry-run under srun prints the plan; srun -n4 dtrain run (4 agents on 2 nodes) is a clear
-#    error, exit code 2.
+#    error, exit code 2; --ifname reaches the workers, a missing interface is named, and a node
+#    that fails before joining cancels the step.
+# 7. The Fashion-MNIST example on 2 nodes x 2 processes (sbatch, 1 epoch, accuracy >= 0.80).
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" W="$3" TW="$4"
 for f in "$DTRAIN" "$W" "$TW"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -128,5 +130,27 @@ code=$?
 grep -q "needs one task per node" <<<"$out" || fail "srun -n4 dtrain run: message: $out"
 grep -q "4 tasks on 2 node(s)" <<<"$out" || fail "srun -n4 dtrain run: message: $out"
 pass "srun -n4 dtrain run (4 agents on 2 nodes): exit 2 naming the fix"
+
+# 7 -------------------------------------------------------------------------------------
+# The Fashion-MNIST example on 2 nodes x 2 processes, from an sbatch script (1 epoch).
+FM="$B/examples/fashion_mnist"
+[[ -x "$FM" ]] || fail "$FM is not built: run scripts/setup.sh"
+[[ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] || fail "dataset-fashion-mnist is not installed: run scripts/setup.sh"
+t=$SECONDS
+printf '#!/bin/sh\n#SBATCH -N 2\nsrun --ntasks-per-node=1 "%s" run --nproc-per-node 2 "%s" --epochs 1 --log-every 100\n' \
+  "$DTRAIN" "$FM" >"$T/fm.sh"
+on n1 timeout 300 sbatch -W -o "$T/fm.out" "$T/fm.sh" >"$T/sbatch.log" 2>&1 || fail "Fashion-MNIST sbatch exited $?: $(cat "$T/sbatch.log" "$T/fm.out")"
+out="$(cat "$T/fm.out")"
+json="$(grep -o '{.*"test_accuracy".*}' <<<"$out" | tail -1)"
+[[ -n "$json" ]] || fail "Fashion-MNIST: no result line: $out"
+/usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["world_size"] == 4, r
+assert r["test_accuracy"] >= 0.80, r
+print("fashion_mnist on 2 nodes x 2: world_size %d, test accuracy %.4f, %.0f samples/s" % (r["world_size"], r["test_accuracy"], r["samples_per_s"]))
+' "$json" || fail "Fashion-MNIST result: $json"
+grep -q "^\[default0\]:epoch 1 test accuracy" <<<"$out" || fail "Fashion-MNIST: rank 0's progress missing: $out"
+pass "Fashion-MNIST example, 2 nodes x 2 processes under sbatch + srun dtrain run ($((SECONDS - t)) s)"
 
 echo "slurm tests passed in $((SECONDS - start)) s"
