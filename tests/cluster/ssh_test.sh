@@ -10,6 +10,7 @@
 # 5. A worker SIGKILLed on n2: root cause with host n2 and rank 3, exit 137, no process left.
 # 6. SIGTERM to the launching dtrain: the agents on both hosts stop their workers.
 # 7. Bad host files: exit 2 with the line named, nothing started.
+# 8. A master address that a node cannot reach: that node says so, and what to do.
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" W="$3" TW="$4"
 for f in "$DTRAIN" "$W" "$TW"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -119,5 +120,17 @@ check_bad '# only a comment\n' "no hosts in it"
 out="$(on n1 timeout 30 "$DTRAIN" run --hostfile "$T/missing.txt" "$TW" 2>&1)"
 [[ $? -eq 2 ]] && grep -q "cannot read" <<<"$out" || fail "missing host file: $out"
 pass "bad host files: exit 2 naming the line and what is wrong; nothing ran"
+
+# 8 -------------------------------------------------------------------------------------
+# A master address that n2 cannot reach: n2's agent names the address and what to do.
+t=$SECONDS
+out="$(on n1 timeout 60 "$DTRAIN" run --hostfile "$T/hosts.txt" "${SSH_OPTS[@]}" --master-addr 10.200.0.9 \
+  --rdzv-timeout 3 "$TW" 2>&1)"
+code=$?
+[[ $code -ne 0 ]] || fail "unreachable master: exit 0: $out"
+grep -q "node 1 (n2) cannot reach the job's store at 10.200.0.9:29500 on node 0" <<<"$out" || fail "unreachable master: message: $out"
+grep -q "give node 0's address with --master-addr" <<<"$out" || fail "unreachable master: no advice: $out"
+for h in n1 n2; do wait_gone "$h" "$DTRAIN" 15 || fail "unreachable master: agents left on $h: $(leftovers "$h" "$DTRAIN")"; done
+pass "a master address n2 cannot reach: n2 names it and the fix, exit $code, nothing left ($((SECONDS - t)) s)"
 
 echo "ssh tests passed in $((SECONDS - start)) s"
