@@ -17,6 +17,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
   # data for the examples
   dataset-fashion-mnist
+  # cluster engines for the cluster tests (tests/cluster): Slurm with munge, Open MPI's and
+  # MPICH's launchers (we never link MPI), sshd for host files, and what the test scripts use
+  slurmctld slurmd slurm-client munge openmpi-bin mpich openssh-server openssh-client util-linux
 )
 
 missing=()

@@ -1,10 +1,56 @@
 // The `dtrain` command.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <optional>
 
+#include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "launch/options_internal.h"
+
+extern char** environ;
+
+namespace {
+
+// An agent of a multi-node Slurm step that fails before it joins the job (a bad flag, a
+// missing interface on this node) would leave the other nodes' agents waiting for it until
+// the rendezvous timeout. Slurm's own cancel ends the step on every node at once instead.
+void cancel_slurm_step(const dtrain::RunArgs& a) {
+  if (a.no_slurm || !a.hostfile.empty() || !a.host_list.empty() || !a.nnodes.empty()) return;
+  std::optional<dtrain::SlurmStep> step;
+  try {
+    step = dtrain::slurm_step();
+  } catch (const std::exception&) {
+    return;
+  }
+  if (!step || step->nnodes < 2) return;
+  const std::string id = step->job_id + "." + step->step_id;
+  std::cerr << "dtrain run: cancelling Slurm step " << id << " on every node (scancel)\n";
+  std::vector<std::string> args = {"scancel", "--quiet", id};
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawnp(&pid, "scancel", nullptr, nullptr, argv.data(), environ) != 0) {
+    std::cerr << "dtrain run: cannot run scancel; cancel the step yourself: scancel " << id << "\n";
+    return;
+  }
+  // scancel answers within Slurm's MessageTimeout; wait at most 15 s for it.
+  for (int i = 0; i < 1500; ++i) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return;
+    ::usleep(10000);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
@@ -23,14 +69,24 @@ int main(int argc, char** argv) {
     std::cerr << "dtrain: error: " << e.what() << "\nRun 'dtrain --help' or 'dtrain run --help'.\n";
     return 2;
   }
+  dtrain::LaunchOptions options;
   try {
-    dtrain::LaunchOptions options = dtrain::run_args_to_options(run_args, run->remaining());
-    return dtrain::run_launch(std::move(options));
+    // Errors here come from the flags and the Slurm step's variables, the same on every node
+    // of a step: every agent fails alike, and nobody waits for anybody.
+    options = dtrain::run_args_to_options(run_args, run->remaining());
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
     return 2;
+  }
+  try {
+    return dtrain::run_launch(std::move(options));
+  } catch (const dtrain::UsageError& e) {
+    std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
+    cancel_slurm_step(run_args);
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\n";
+    cancel_slurm_step(run_args);
     return 1;
   }
 }

@@ -58,6 +58,27 @@ struct LaunchOptions {
   // signal, reason, stderr_tail (lines), error_file, error_file_contents. Programs that drive
   // dtrain (the Distributor) read it instead of parsing the console. Default: none.
   std::string failure_file;
+
+  // ---- clusters (README "Clusters") ----
+  // Where the sizes and addresses came from: "local" (flags), "slurm" (a Slurm step: srun
+  // --ntasks-per-node=1 dtrain run ...) or "ssh" (a host file). Default: "local".
+  std::string engine = "local";
+  // The job's hosts in node order with their worker counts (Slurm step or host file).
+  std::vector<std::pair<std::string, int>> hosts;
+  // Workers get GLOO_SOCKET_IFNAME=ifname: Gloo's traffic goes over that interface (needed
+  // when a host name resolves to a loopback address, as Debian's 127.0.1.1 entry does).
+  std::string ifname;
+  // Print the plan (engine, hosts, ranks per host, master address and port), check every
+  // host is reachable, start nothing. Default: false.
+  bool dry_run = false;
+  // ssh launch (engine "ssh"): how to reach each host, and the dtrain binary there.
+  int ssh_port = 0;                    // -p PORT; 0 = ssh's default. Default: 0.
+  std::string ssh_identity;            // -i FILE. Default: ssh's default keys.
+  std::vector<std::string> ssh_args;   // extra arguments before the host (e.g. -F cfg, -o K=V).
+  std::string remote_dtrain;           // dtrain on the hosts. Default: this dtrain's own path.
+  // Internal: an agent started over ssh stops its workers and exits when its stdin reaches
+  // EOF (the launching dtrain closed it, or the ssh connection broke). Default: false.
+  bool stop_on_stdin_eof = false;
 };
 
 // Parses `dtrain run` arguments (torchrun's flags, both spellings). Throws UsageError with a

@@ -7,6 +7,7 @@
 
 #include <mutex>
 
+#include "dtrain/engine_env.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 
@@ -33,10 +34,12 @@ void check_match(const char* what, int given, int from_env) {
 
 Rendezvous env_rendezvous(const ProcessGroupOptions& o) {
   auto env = WorkerEnv::from_environ();
+  if (!env) env = engine_worker_env();  // started by srun, mpirun or mpiexec (engine_env.h)
   if (!env) {
     throw UsageError(
         "init_process_group(env://): RANK and WORLD_SIZE are not set; start this program with "
-        "`dtrain run` (or torchrun), or pass init_method tcp://HOST:PORT with rank and world_size");
+        "`dtrain run` (or torchrun, srun, mpirun), or pass init_method tcp://HOST:PORT with rank "
+        "and world_size");
   }
   check_match("rank", o.rank, env->rank);
   check_match("world_size", o.world_size, env->world_size);

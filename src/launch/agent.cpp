@@ -245,6 +245,7 @@ class Agent {
   std::string host_;
   std::unique_ptr<launch::Guard> guard_;
   int signal_fd_ = -1;
+  bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
   std::unique_ptr<store::StoreServer> server_;
   std::unique_ptr<store::StoreClient> store_;
   std::string store_host_;  // what workers get as MASTER_ADDR
@@ -298,8 +299,18 @@ void Agent::setup_store() {
   copts.timeout = o_.rdzv_timeout;
   if (multi_node()) {
     // Our own server is reached over loopback; others at the master address.
-    store_ = store::StoreClient::connect(server_ ? "127.0.0.1" : store_host_,
-                                         static_cast<std::uint16_t>(store_port_), copts);
+    try {
+      store_ = store::StoreClient::connect(server_ ? "127.0.0.1" : store_host_,
+                                           static_cast<std::uint16_t>(store_port_), copts);
+    } catch (const Error& e) {
+      if (server_) throw;
+      // Say which node could not reach which address, and what to do about it.
+      throw NetworkError("node " + std::to_string(o_.node_rank) + " (" + host_ +
+                         ") cannot reach the job's store at " + store_host_ + ":" +
+                         std::to_string(store_port_) + " on node 0: " + e.what() +
+                         ". The master address must be one every node can reach (never a "
+                         "loopback address across hosts): give node 0's address with --master-addr");
+    }
   }
 }
 
@@ -326,6 +337,7 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
     inherited.push_back(e);
   }
   std::map<std::string, std::string> extra_env = o_.extra_env;
+  if (!o_.ifname.empty()) extra_env["GLOO_SOCKET_IFNAME"] = o_.ifname;
   if (o_.malloc_hugepages && !has_tunables) {
     auto it = extra_env.find("GLIBC_TUNABLES");
     if (it == extra_env.end()) {
@@ -462,6 +474,8 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
   std::vector<std::pair<Worker*, bool>> owners;
   fds.push_back({signal_fd_, POLLIN, 0});
   owners.push_back({nullptr, false});
+  const bool watch_stdin = o_.stop_on_stdin_eof && !stdin_closed_;
+  if (watch_stdin) fds.push_back({STDIN_FILENO, POLLIN, 0}), owners.push_back({nullptr, true});
   for (auto& w : workers_) {
     if (w.out_fd >= 0) fds.push_back({w.out_fd, POLLIN, 0}), owners.push_back({&w, false});
     if (w.err_fd >= 0) fds.push_back({w.err_fd, POLLIN, 0}), owners.push_back({&w, true});
@@ -469,7 +483,19 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
   int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
   if (n <= 0) return;
   for (size_t i = 1; i < fds.size(); ++i) {
-    if (fds[i].revents != 0) read_pipe(*owners[i].first, owners[i].second);
+    if (fds[i].revents == 0) continue;
+    if (owners[i].first == nullptr) {
+      // stdin of an agent started over ssh: EOF means the launching dtrain is gone or wants
+      // the job stopped. Treat it as SIGHUP.
+      char buf[256];
+      ssize_t r = ::read(STDIN_FILENO, buf, sizeof buf);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        stdin_closed_ = true;
+        if (signals) signals->push_back(SIGHUP);
+      }
+      continue;
+    }
+    read_pipe(*owners[i].first, owners[i].second);
   }
   if (fds[0].revents & POLLIN) {
     signalfd_siginfo si;
@@ -815,6 +841,14 @@ int Agent::run() {
 }  // namespace
 
 int run_launch(LaunchOptions options) {
+  if (options.dry_run) {
+    validate_launch_options(options);
+    return print_plan(options);
+  }
+  if (options.engine == "ssh") {
+    validate_launch_options(options);
+    return run_ssh_launch(options);
+  }
   Agent agent(std::move(options));
   return agent.run();
 }

@@ -1,12 +1,18 @@
 // `dtrain run` argument parsing and validation.
+#include <net/if.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "launch/options_internal.h"
@@ -157,15 +163,15 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
       "signal N), 128+N when dtrain gets signal N, 2 for bad arguments, 1 for other errors.");
   run.add_option("--nproc-per-node,--nproc_per_node", a.nproc,
                  "Workers per node: N, 'cpu' (one per core), 'gpu' (one per CUDA device), "
-                 "'auto' (gpu if any, else cpu)")
-      ->capture_default_str();
-  run.add_option("--nnodes", a.nnodes, "Number of nodes (N, or N:N)")->capture_default_str();
+                 "'auto' (gpu if any, else cpu). Default: 1; with a host file, each host's slots");
+  run.add_option("--nnodes", a.nnodes,
+                 "Number of nodes (N, or N:N). Default: 1; under srun, the step's node count");
   run.add_option("--node-rank,--node_rank", a.node_rank,
                  "This node's rank, 0..nnodes-1 (static rendezvous; default 0; c10d assigns it "
                  "in join order when not given)");
   run.add_option("--master-addr,--master_addr", a.master_addr,
-                 "Address of the node that hosts the store (node 0), reachable from every node")
-      ->capture_default_str();
+                 "Address of the node that hosts the store (node 0), reachable from every node. "
+                 "Default: 127.0.0.1; under srun or with a host file, the first host");
   run.add_option("--master-port,--master_port", a.master_port,
                  "Port of the store on the master node (default: a free port when --nnodes is 1, "
                  "else 29500)");
@@ -221,6 +227,29 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   // One value per --env: a vector option would otherwise swallow PROGRAM and its args.
   run.add_option("--env", a.env, "Extra KEY=VALUE for every worker (repeatable)")
       ->allow_extra_args(false);
+  // ---- clusters ----
+  run.add_option("--hostfile,--host-file,--hostfile_path", a.hostfile,
+                 "Run on the hosts of FILE (lines 'host slots=N', '#' comments): one agent per "
+                 "host started over ssh; the first host hosts the store");
+  run.add_option("-H,--hosts", a.host_list, "Hosts as 'host1:2,host2:2' (host:slots), like --hostfile");
+  run.add_option("--ssh-port", a.ssh_port, "ssh port on every host (ssh -p)");
+  run.add_option("--ssh-identity,--ssh-key", a.ssh_identity, "ssh private key (ssh -i FILE)");
+  run.add_option("--ssh-arg", a.ssh_args,
+                 "Extra ssh argument, repeatable (e.g. --ssh-arg=-F --ssh-arg=cfg, --ssh-arg=-oKey=Value)")
+      ->allow_extra_args(false);
+  run.add_option("--remote-dtrain", a.remote_dtrain,
+                 "Path of dtrain on the hosts (default: the path of this dtrain)");
+  run.add_option("--ifname,--network-interface", a.ifname,
+                 "Network interface for the workers' traffic (GLOO_SOCKET_IFNAME), e.g. eth0");
+  run.add_flag("--dry-run,--dry_run", a.dry_run,
+               "Print the plan (engine, hosts, ranks per host, master address and port) and "
+               "check that every host is reachable; start nothing");
+  run.add_flag("--no-slurm", a.no_slurm,
+               "Ignore Slurm's variables (by default, under srun the node list, node rank and "
+               "node count come from Slurm)");
+  run.add_flag("--stop-on-stdin-eof", a.stdin_eof,
+               "Internal (set by the host-file launch): stop the workers when stdin reaches EOF")
+      ->group("");
   run.footer(
       "PROGRAM [ARGS...] follow the options: the program to run (a binary, a name on PATH,\n"
       "a .py script, or with -m a module) and its arguments, passed on unchanged.");
@@ -228,10 +257,113 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   return run;
 }
 
+namespace {
+
+// Under srun, with no sizes or addresses given: one agent per node of the step, node 0 (the
+// step's first host) hosts the store. See include/dtrain/engine_env.h.
+void apply_slurm_step(LaunchOptions& o, const RunArgs& a, const SlurmStep& s) {
+  if (s.ntasks != s.nnodes) {
+    throw UsageError(
+        "dtrain run under srun needs one task per node (it starts the node's workers itself), "
+        "but this step has " + std::to_string(s.ntasks) + " tasks on " + std::to_string(s.nnodes) +
+        " node(s): use `srun --ntasks-per-node=1 dtrain run --nproc-per-node N ...`, or run the "
+        "program directly with `srun -n N prog`, or pass --no-slurm");
+  }
+  o.engine = "slurm";
+  o.nnodes = s.nnodes;
+  o.node_rank = s.node_rank;
+  o.rdzv_backend = "static";
+  for (const auto& h : s.hosts) o.hosts.push_back({h, o.nproc_per_node});
+  if (a.master_addr.empty() && a.rdzv_endpoint.empty() && s.nnodes > 1 && !s.hosts.empty()) {
+    o.master_addr = s.hosts.front();
+  }
+  if (a.master_port.empty() && a.rdzv_endpoint.empty() && s.nnodes > 1) {
+    o.master_port = derived_port("slurm-" + s.job_id + "." + s.step_id);
+  }
+  if (a.rdzv_id == "none") o.rdzv_id = "slurm-" + s.job_id + "." + s.step_id;
+}
+
+bool is_loopback_name(const std::string& h) {
+  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0 || h == "ip6-localhost";
+}
+
+void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
+                        const std::function<const char*(const char*)>& env) {
+  o.ifname = a.ifname;
+  o.dry_run = a.dry_run;
+  o.stop_on_stdin_eof = a.stdin_eof;
+  o.ssh_identity = a.ssh_identity;
+  o.ssh_args = a.ssh_args;
+  o.remote_dtrain = a.remote_dtrain;
+  if (!a.ssh_port.empty()) {
+    o.ssh_port = parse_int("--ssh-port", a.ssh_port, "a port number in 1-65535");
+    if (o.ssh_port < 1 || o.ssh_port > 65535) {
+      throw UsageError("--ssh-port: got '" + a.ssh_port + "', expected a port number in 1-65535");
+    }
+  }
+  const bool host_mode = !a.hostfile.empty() || !a.host_list.empty();
+  if (!host_mode) {
+    if (!a.ssh_port.empty() || !a.ssh_identity.empty() || !a.ssh_args.empty() || !a.remote_dtrain.empty()) {
+      throw UsageError("--ssh-port, --ssh-identity, --ssh-arg and --remote-dtrain only apply with "
+                       "--hostfile or -H (hosts reached over ssh)");
+    }
+    const bool sizes_given = !a.nnodes.empty() || !a.node_rank.empty() || !a.master_addr.empty() ||
+                             !a.rdzv_endpoint.empty() || a.standalone;
+    if (!a.no_slurm && !sizes_given) {
+      if (auto step = slurm_step(env)) apply_slurm_step(o, a, *step);
+    }
+    return;
+  }
+  if (!a.hostfile.empty() && !a.host_list.empty()) {
+    throw UsageError("--hostfile and -H/--hosts both given: use one of them");
+  }
+  for (auto [flag, given] : {std::pair{"--nnodes", !a.nnodes.empty()},
+                             std::pair{"--node-rank", !a.node_rank.empty()},
+                             std::pair{"--rdzv-endpoint", !a.rdzv_endpoint.empty()},
+                             std::pair{"--standalone", a.standalone}}) {
+    if (given) {
+      throw UsageError(std::string(flag) + " cannot be combined with --hostfile/-H: the host list "
+                       "gives the nodes (node K is the K-th host; the first hosts the store)");
+    }
+  }
+  if (o.rdzv_backend != "static") {
+    throw UsageError("--rdzv-backend c10d cannot be combined with --hostfile/-H: the host list "
+                     "gives every node its rank");
+  }
+  const int slots_default = 1;
+  auto hosts = !a.hostfile.empty() ? parse_hostfile(a.hostfile, slots_default)
+                                   : parse_host_list(a.host_list, slots_default);
+  if (!a.nproc.empty()) {
+    for (auto& h : hosts) h.second = o.nproc_per_node;  // --nproc-per-node overrides slots
+  }
+  o.engine = "ssh";
+  o.hosts = hosts;
+  o.nnodes = static_cast<int>(hosts.size());
+  if (a.master_addr.empty()) o.master_addr = hosts.front().first;
+  bool distinct = false;
+  for (const auto& h : hosts) distinct = distinct || h.first != hosts.front().first;
+  if (distinct && is_loopback_name(o.master_addr)) {
+    throw UsageError("--master-addr: '" + o.master_addr +
+                     "' is this machine's loopback address, which the other hosts cannot reach; "
+                     "give an address or name of the first host that every host can reach");
+  }
+  if (o.rdzv_id == "none") {
+    o.rdzv_id = "ssh-" + std::to_string(::getpid()) + "-" +
+                std::to_string(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
+  }
+}
+
+}  // namespace
+
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest) {
+  return run_args_to_options(a, rest, process_env());
+}
+
+LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,
+                                  const std::function<const char*(const char*)>& env) {
   LaunchOptions o;
-  o.nproc_per_node = parse_nproc(a.nproc);
-  o.nnodes = parse_nnodes(a.nnodes);
+  o.nproc_per_node = parse_nproc(a.nproc.empty() ? "1" : a.nproc);
+  o.nnodes = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
   if (!a.node_rank.empty()) {
     o.node_rank = parse_int("--node-rank", a.node_rank, "an integer in 0..nnodes-1");
   }
@@ -243,7 +375,7 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d") {
     throw UsageError("--rdzv-backend: got '" + a.rdzv_backend + "', expected 'static' or 'c10d'");
   }
-  o.master_addr = a.master_addr;
+  o.master_addr = a.master_addr.empty() ? "127.0.0.1" : a.master_addr;
   if (!a.master_port.empty()) {
     o.master_port = parse_int("--master-port", a.master_port, "a port number in 0-65535");
     if (o.master_port < 0 || o.master_port > 65535) {
@@ -313,6 +445,7 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
     }
     o.extra_env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  apply_cluster_args(o, a, env);
   if (rest.empty()) {
     throw UsageError("missing PROGRAM: usage is `dtrain run [options] PROGRAM [ARGS...]`");
   }
@@ -328,6 +461,103 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   }
   o.args.assign(rest.begin() + static_cast<long>(first) + 1, rest.end());
   return o;
+}
+
+namespace {
+
+// A host name as ssh and DNS take it: letters, digits, '.', '-', '_', and optionally
+// user@ in front; or an IPv4/IPv6 address.
+bool valid_host(const std::string& h) {
+  if (h.empty() || h.size() > 255 || h.front() == '-') return false;
+  return h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@:") ==
+         std::string::npos;
+}
+
+int parse_slots(const std::string& where, const std::string& text, const std::string& value) {
+  try {
+    size_t used = 0;
+    long v = std::stol(value, &used);
+    if (used == value.size() && v >= 1 && v <= 4096) return static_cast<int>(v);
+  } catch (const std::exception&) {
+  }
+  throw UsageError(where + ": '" + text + "': slots must be a positive integer (like 'node1 slots=2'), got '" +
+                   value + "'");
+}
+
+void check_duplicates(const std::string& what, const std::vector<std::pair<std::string, int>>& hosts) {
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (hosts[i].first == hosts[j].first) {
+        throw UsageError(what + ": host '" + hosts[i].first +
+                         "' appears twice; give each host once, with slots=N for its workers");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path, int default_slots) {
+  std::ifstream in(path);
+  if (!in) {
+    throw UsageError("--hostfile: cannot read '" + path + "': " + std::strerror(errno) +
+                     "; give a file with one 'host slots=N' per line");
+  }
+  std::vector<std::pair<std::string, int>> hosts;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    std::string text = line;
+    auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string host;
+    if (!(words >> host)) continue;  // blank or comment
+    const std::string where = "--hostfile " + path + " line " + std::to_string(n);
+    if (!valid_host(host)) {
+      throw UsageError(where + ": '" + text + "': '" + host + "' is not a host name or address");
+    }
+    int slots = default_slots;
+    for (std::string w; words >> w;) {
+      auto eq = w.find('=');
+      std::string key = w.substr(0, eq);
+      if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots")) {
+        throw UsageError(where + ": '" + text + "': unexpected '" + w +
+                         "'; a line is 'host' or 'host slots=N'");
+      }
+      if (key == "slots") slots = parse_slots(where, text, w.substr(eq + 1));
+    }
+    hosts.push_back({host, slots});
+  }
+  if (hosts.empty()) {
+    throw UsageError("--hostfile " + path + ": no hosts in it; write one 'host slots=N' per line");
+  }
+  check_duplicates("--hostfile " + path, hosts);
+  return hosts;
+}
+
+std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list, int default_slots) {
+  std::vector<std::pair<std::string, int>> hosts;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string host = item;
+    int slots = default_slots;
+    auto colon = item.rfind(':');
+    if (colon != std::string::npos && item.find(':') == colon) {  // one colon: host:slots
+      host = item.substr(0, colon);
+      slots = parse_slots("-H " + list, item, item.substr(colon + 1));
+    }
+    if (!valid_host(host)) {
+      throw UsageError("-H: got '" + list + "': '" + item +
+                       "' is not host or host:slots; expected a list like 'node1:2,node2:2'");
+    }
+    hosts.push_back({host, slots});
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  check_duplicates("-H " + list, hosts);
+  return hosts;
 }
 
 LaunchOptions parse_run_args(const std::vector<std::string>& args) {
@@ -393,6 +623,12 @@ void validate_launch_options(LaunchOptions& o) {
   if (o.master_port == 0 && o.nnodes > 1) {
     throw UsageError("--master-port: port 0 (any free port) only works with one node; with --nnodes " +
                      std::to_string(o.nnodes) + " every node must know the port: give a number");
+  }
+  if (!o.ifname.empty() && o.engine != "ssh" && ::if_nametoindex(o.ifname.c_str()) == 0) {
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    throw UsageError("--ifname: this host (" + std::string(host) + ") has no network interface '" +
+                     o.ifname + "'; list them with `ip -br addr`");
   }
   if (o.python.empty()) {
     const char* py = std::getenv("DTRAIN_PYTHON");

@@ -1,6 +1,7 @@
 // Internals of `dtrain run` parsing shared by the CLI and the tests.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -16,10 +17,10 @@ namespace dtrain {
 
 // Raw flag values as typed; run_args_to_options() checks and converts them.
 struct RunArgs {
-  std::string nproc = "1";
-  std::string nnodes = "1";
+  std::string nproc;        // empty: 1, or each host's slots in a host file
+  std::string nnodes;       // empty: 1, or the Slurm step's node count
   std::string node_rank;
-  std::string master_addr = "127.0.0.1";
+  std::string master_addr;  // empty: 127.0.0.1, or the Slurm step's / host file's first host
   std::string master_port;
   std::string rdzv_endpoint;
   std::string rdzv_backend = "static";
@@ -41,11 +42,38 @@ struct RunArgs {
   std::vector<std::string> env;
   bool malloc_hugepages = false;
   std::string failure_file;
+  // clusters
+  std::string hostfile;
+  std::string host_list;  // -H host1:2,host2:2
+  std::string ssh_port;
+  std::string ssh_identity;
+  std::vector<std::string> ssh_args;
+  std::string remote_dtrain;
+  std::string ifname;
+  bool dry_run = false;
+  bool no_slurm = false;
+  bool stdin_eof = false;  // internal (--stop-on-stdin-eof): set by the ssh launcher
 };
 
 // Declares every `dtrain run` flag on `run`, bound to `a`.
 CLI::App& add_run_options(CLI::App& run, RunArgs& a);
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest);
+// The same, reading Slurm's variables through `env` (tests pass a map).
+LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,
+                                  const std::function<const char*(const char*)>& env);
+
+// A host file (`host slots=N` lines, `#` comments, blank lines) or a -H list
+// (`host1:2,host2`). Hosts without slots get `default_slots`. Throw UsageError naming the
+// file, line and text that is wrong.
+std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path, int default_slots);
+std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list, int default_slots);
+
+// The `dtrain run` arguments that start node `node_rank`'s agent of an ssh launch.
+std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank);
+// Runs a host-file job: one agent per host over ssh (src/launch/ssh_launch.cpp).
+int run_ssh_launch(const LaunchOptions& o);
+// --dry-run: prints the plan and checks the hosts; 0 when every host is reachable, else 1.
+int print_plan(const LaunchOptions& o);
 
 std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value);
 std::pair<std::string, int> parse_endpoint(const std::string& flag, const std::string& value);

@@ -1,0 +1,18 @@
+# Cluster mode (issue #5): the engines' variables and host files as unit tests, and the real
+# engines - Slurm (slurmctld + 2 slurmd), Open MPI, MPICH, sshd - on network namespaces as
+# hosts (tests/cluster/lib.sh). The scripts need root; they fail (never skip) when a component
+# is missing. RUN_SERIAL: each brings up daemons and namespaces of its own, and they share
+# the machine's 2 cores.
+
+dtrain_test(engine_env_test LABELS unit cluster SOURCES cluster/engine_env_test.cpp)
+
+# A libtorch worker: init_process_group() from whatever started it, all-reduce, one line.
+add_executable(cluster_worker cluster/cluster_worker.cpp)
+target_link_libraries(cluster_worker PRIVATE dtrain)
+
+foreach(t slurm mpi ssh)
+  add_test(NAME cluster.${t}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/${t}_test.sh ${PROJECT_BINARY_DIR}
+            $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:cluster_worker> $<TARGET_FILE:test_worker>)
+  set_tests_properties(cluster.${t} PROPERTIES LABELS cluster TIMEOUT 400 RUN_SERIAL TRUE)
+endforeach()

@@ -1,0 +1,298 @@
+// Pure logic of cluster mode: the engines' variables (dtrain/engine_env.h), `dtrain run`
+// under a Slurm step, host files and -H lists, and the arguments of ssh-started agents. The
+// real engines run in the scripts beside this file.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "dtrain/engine_env.h"
+#include "dtrain/error.h"
+#include "dtrain/launch.h"
+#include "launch/options_internal.h"
+
+namespace dtrain {
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+EnvLookup lookup(const Vars& v) {
+  return [v](const char* name) -> const char* {
+    auto it = v.find(name);
+    return it == v.end() ? nullptr : it->second.c_str();
+  };
+}
+
+template <typename F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no UsageError";
+  return "";
+}
+
+TEST(Hostlist, ExpandsRangesListsAndPadding) {
+  EXPECT_EQ(expand_hostlist("n[1-2]"), (std::vector<std::string>{"n1", "n2"}));
+  EXPECT_EQ(expand_hostlist("n[1-3,7],login"),
+            (std::vector<std::string>{"n1", "n2", "n3", "n7", "login"}));
+  EXPECT_EQ(expand_hostlist("gpu[08-10]-a"), (std::vector<std::string>{"gpu08-a", "gpu09-a", "gpu10-a"}));
+  EXPECT_EQ(expand_hostlist("single"), (std::vector<std::string>{"single"}));
+  EXPECT_NE(usage_error([] { expand_hostlist("n[1-2"); }).find("'n[1-2' is malformed"), std::string::npos);
+  EXPECT_NE(usage_error([] { expand_hostlist("n[3-1]"); }).find("runs backwards"), std::string::npos);
+  EXPECT_NE(usage_error([] { expand_hostlist("n[a-b]"); }).find("not a number"), std::string::npos);
+}
+
+TEST(Hostlist, TasksPerNode) {
+  EXPECT_EQ(expand_tasks_per_node("2(x2)"), (std::vector<int>{2, 2}));
+  EXPECT_EQ(expand_tasks_per_node("3,2(x2),1"), (std::vector<int>{3, 2, 2, 1}));
+  EXPECT_NE(usage_error([] { expand_tasks_per_node("2(x"); }).find("'2(x' is malformed"), std::string::npos);
+}
+
+TEST(DerivedPort, StableAndBelowTheEphemeralRange) {
+  EXPECT_EQ(derived_port("slurm-12.0"), derived_port("slurm-12.0"));
+  EXPECT_NE(derived_port("slurm-12.0"), derived_port("slurm-13.0"));
+  for (int j = 0; j < 1000; ++j) {
+    int p = derived_port("job" + std::to_string(j));
+    EXPECT_GE(p, 20000);
+    EXPECT_LT(p, 32000);
+  }
+}
+
+Vars slurm_task_vars() {
+  // What srun -N2 -n4 gave task 3 on the test cluster (tests/cluster/lib.sh).
+  return {{"SLURM_JOB_ID", "7"},          {"SLURM_STEP_ID", "0"},          {"SLURM_PROCID", "3"},
+          {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},           {"SLURM_STEP_NUM_TASKS", "4"},
+          {"SLURM_STEP_NUM_NODES", "2"},  {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+          {"SLURMD_NODENAME", "n2"},      {"SLURM_NTASKS", "4"},           {"SLURM_NNODES", "2"}};
+}
+
+TEST(EngineTask, SlurmTask) {
+  auto t = detect_engine_task(lookup(slurm_task_vars()));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->engine, "slurm");
+  EXPECT_EQ(t->rank, 3);
+  EXPECT_EQ(t->world_size, 4);
+  EXPECT_EQ(t->local_rank, 1);
+  EXPECT_EQ(t->local_world_size, 2);
+  EXPECT_EQ(t->node_rank, 1);
+  EXPECT_EQ(t->nnodes, 2);
+  EXPECT_EQ(t->master_addr, "n1");  // the step's first node, never loopback across nodes
+  EXPECT_EQ(t->master_port, derived_port("slurm-7.0"));
+  auto w = engine_worker_env(lookup(slurm_task_vars()));
+  ASSERT_TRUE(w);
+  EXPECT_FALSE(w->use_agent_store);  // no agent: rank 0 hosts the store
+  EXPECT_EQ(w->rank, 3);
+  EXPECT_EQ(w->group_rank, 1);
+}
+
+TEST(EngineTask, MasterVariablesWin) {
+  Vars v = slurm_task_vars();
+  v["MASTER_ADDR"] = "10.0.0.9";
+  v["MASTER_PORT"] = "23456";
+  auto t = detect_engine_task(lookup(v));
+  EXPECT_EQ(t->master_addr, "10.0.0.9");
+  EXPECT_EQ(t->master_port, 23456);
+  v["MASTER_PORT"] = "99999";
+  EXPECT_NE(usage_error([&] { detect_engine_task(lookup(v)); }).find("MASTER_PORT='99999'"), std::string::npos);
+}
+
+TEST(EngineTask, SlurmSingleNodeUsesLoopback) {
+  Vars v = {{"SLURM_JOB_ID", "8"}, {"SLURM_STEP_ID", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+            {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_STEP_NODELIST", "n1"},
+            {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURMD_NODENAME", "n1"}};
+  auto t = detect_engine_task(lookup(v));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->master_addr, "127.0.0.1");
+  EXPECT_EQ(t->local_world_size, 2);
+}
+
+TEST(EngineTask, BatchScriptIsNotAStep) {
+  // sbatch's shell has SLURM_JOB_ID and SLURM_PROCID=0 but no step: not a task of a job.
+  Vars v = {{"SLURM_JOB_ID", "9"}, {"SLURM_PROCID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}};
+  EXPECT_FALSE(detect_engine_task(lookup(v)));
+  EXPECT_FALSE(slurm_step(lookup(v)));
+}
+
+TEST(EngineTask, OpenMpiOneNode) {
+  Vars v = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_MCA_orte_num_nodes", "1"},
+            {"OMPI_MCA_ess_base_jobid", "1186660353"},
+            {"OMPI_MCA_orte_hnp_uri", "1186660352.0;tcp://192.0.2.2:46941;tcp6://[fd00::2]:50951"}};
+  auto t = detect_engine_task(lookup(v));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->engine, "openmpi");
+  EXPECT_EQ(t->rank, 1);
+  EXPECT_EQ(t->world_size, 4);
+  EXPECT_EQ(t->master_addr, "127.0.0.1");
+  EXPECT_EQ(t->master_port, derived_port("openmpi-1186660353"));
+}
+
+TEST(EngineTask, OpenMpiSeveralNodesUseMpirunsHost) {
+  Vars v = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_MCA_orte_num_nodes", "2"},
+            {"OMPI_MCA_ess_base_jobid", "5"}, {"OMPI_MCA_orte_hnp_uri", "4.0;tcp://10.200.0.1,10.1.1.1:46941"}};
+  auto t = detect_engine_task(lookup(v));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->master_addr, "10.200.0.1");
+  EXPECT_EQ(t->nnodes, 2);
+  // Rank 0 that is not on mpirun's host: a clear error, not a hang.
+  v["OMPI_COMM_WORLD_RANK"] = "0";
+  v["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
+  v["OMPI_MCA_orte_hnp_uri"] = "4.0;tcp://192.0.2.254:46941";
+  std::string msg = usage_error([&] { detect_engine_task(lookup(v)); });
+  EXPECT_NE(msg.find("mpirun runs on 192.0.2.254"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MASTER_ADDR"), std::string::npos) << msg;
+}
+
+TEST(EngineTask, MpichHydra) {
+  Vars v = {{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "3"}};
+  auto t = detect_engine_task(lookup(v));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->engine, "mpich");
+  EXPECT_EQ(t->rank, 2);
+  EXPECT_EQ(t->world_size, 3);
+  EXPECT_EQ(t->master_addr, "127.0.0.1");
+  v["MPI_LOCALNRANKS"] = "1";
+  v["MPI_LOCALRANKID"] = "0";
+  std::string msg = usage_error([&] { detect_engine_task(lookup(v)); });
+  EXPECT_NE(msg.find("set MASTER_ADDR"), std::string::npos) << msg;
+  v["PMI_RANK"] = "x";
+  msg = usage_error([&] { detect_engine_task(lookup(v)); });
+  EXPECT_NE(msg.find("PMI_RANK='x'"), std::string::npos) << msg;
+}
+
+TEST(EngineTask, NoEngine) { EXPECT_FALSE(detect_engine_task(lookup({}))); }
+
+LaunchOptions parse_with(const std::vector<std::string>& flags, const Vars& env) {
+  RunArgs a;
+  std::vector<std::string> rest = {"prog"};
+  // Set the RunArgs fields the way the CLI would for the flags these tests use.
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const std::string& f = flags[i];
+    auto next = [&] { return flags.at(++i); };
+    if (f == "--nproc-per-node") a.nproc = next();
+    else if (f == "--nnodes") a.nnodes = next();
+    else if (f == "--master-addr") a.master_addr = next();
+    else if (f == "--hostfile") a.hostfile = next();
+    else if (f == "-H") a.host_list = next();
+    else if (f == "--no-slurm") a.no_slurm = true;
+    else ADD_FAILURE() << "parse_with does not know " << f;
+  }
+  return run_args_to_options(a, rest, lookup(env));
+}
+
+TEST(RunUnderSlurm, OneAgentPerNodeFromTheStep) {
+  Vars v = slurm_task_vars();
+  v["SLURM_STEP_NUM_TASKS"] = "2";  // srun --ntasks-per-node=1 on 2 nodes
+  v["SLURM_PROCID"] = "1";
+  v["SLURM_LOCALID"] = "0";
+  LaunchOptions o = parse_with({"--nproc-per-node", "2"}, v);
+  EXPECT_EQ(o.engine, "slurm");
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "n1");
+  EXPECT_EQ(o.master_port, derived_port("slurm-7.0"));
+  EXPECT_EQ(o.rdzv_id, "slurm-7.0");
+  ASSERT_EQ(o.hosts.size(), 2u);
+  EXPECT_EQ(o.hosts[1].first, "n2");
+  // Flags win; --no-slurm ignores Slurm.
+  EXPECT_EQ(parse_with({"--nnodes", "1"}, v).engine, "local");
+  EXPECT_EQ(parse_with({"--no-slurm"}, v).nnodes, 1);
+}
+
+TEST(RunUnderSlurm, SeveralTasksPerNodeIsAClearError) {
+  std::string msg = usage_error([] { parse_with({"--nproc-per-node", "2"}, slurm_task_vars()); });
+  EXPECT_NE(msg.find("one task per node"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("4 tasks on 2 node(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--ntasks-per-node=1"), std::string::npos) << msg;
+}
+
+class HostFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("engine_env_test-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& text) {
+    std::string p = (dir_ / "hosts").string();
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(HostFile, SlotsCommentsAndBlankLines) {
+  auto h = parse_hostfile(write("# the job's hosts\nn1 slots=2\n\n  n2   slots=3  # big one\nn3\n"), 1);
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0], (std::pair<std::string, int>{"n1", 2}));
+  EXPECT_EQ(h[1], (std::pair<std::string, int>{"n2", 3}));
+  EXPECT_EQ(h[2], (std::pair<std::string, int>{"n3", 1}));
+}
+
+TEST_F(HostFile, BadFilesNameTheLine) {
+  std::string p = write("n1 slots=2\nn2 slots=two\n");
+  std::string msg = usage_error([&] { parse_hostfile(p, 1); });
+  EXPECT_NE(msg.find("line 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("slots must be a positive integer"), std::string::npos) << msg;
+  msg = usage_error([&] { parse_hostfile(write("n1 slots=0\n"), 1); });
+  EXPECT_NE(msg.find("got '0'"), std::string::npos) << msg;
+  msg = usage_error([&] { parse_hostfile(write("n1 cpus=4\n"), 1); });
+  EXPECT_NE(msg.find("unexpected 'cpus=4'"), std::string::npos) << msg;
+  msg = usage_error([&] { parse_hostfile(write("# nothing\n\n"), 1); });
+  EXPECT_NE(msg.find("no hosts"), std::string::npos) << msg;
+  msg = usage_error([&] { parse_hostfile(write("n1\nn1 slots=2\n"), 1); });
+  EXPECT_NE(msg.find("'n1' appears twice"), std::string::npos) << msg;
+  msg = usage_error([&] { parse_hostfile(write("n1;rm slots=1\n"), 1); });
+  EXPECT_NE(msg.find("not a host name"), std::string::npos) << msg;
+  msg = usage_error([&] { parse_hostfile((dir_ / "missing").string(), 1); });
+  EXPECT_NE(msg.find("cannot read"), std::string::npos) << msg;
+}
+
+TEST(HostList, Forms) {
+  auto h = parse_host_list("n1:2,n2:2,n3", 1);
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[1], (std::pair<std::string, int>{"n2", 2}));
+  EXPECT_EQ(h[2], (std::pair<std::string, int>{"n3", 1}));
+  std::string msg = usage_error([] { parse_host_list("n1:x", 1); });
+  EXPECT_NE(msg.find("slots must be a positive integer"), std::string::npos) << msg;
+  msg = usage_error([] { parse_host_list("n1,,n2", 1); });
+  EXPECT_NE(msg.find("is not host or host:slots"), std::string::npos) << msg;
+}
+
+TEST(HostList, PlanAndAgentArguments) {
+  LaunchOptions o = parse_with({"-H", "n1:2,n2:3"}, {});
+  EXPECT_EQ(o.engine, "ssh");
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.master_addr, "n1");
+  o.program = "/bin/true";
+  validate_launch_options(o);
+  EXPECT_EQ(o.master_port, 29500);
+  auto a = agent_args(o, 1);
+  auto has = [&](const std::string& flag, const std::string& value) {
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (a[i] == flag && a[i + 1] == value) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("--node-rank", "1"));
+  EXPECT_TRUE(has("--nproc-per-node", "3"));
+  EXPECT_TRUE(has("--master-addr", "n1"));
+  EXPECT_TRUE(has("--nnodes", "2"));
+  EXPECT_EQ(a.back(), "/bin/true");
+  // --nproc-per-node overrides the slots; loopback masters across hosts are refused.
+  EXPECT_EQ(parse_with({"-H", "n1:2,n2:3", "--nproc-per-node", "1"}, {}).hosts[1].second, 1);
+  std::string msg = usage_error([] { parse_with({"-H", "n1,n2", "--master-addr", "127.0.0.1"}, {}); });
+  EXPECT_NE(msg.find("loopback"), std::string::npos) << msg;
+  msg = usage_error([] { parse_with({"-H", "n1", "--nnodes", "2"}, {}); });
+  EXPECT_NE(msg.find("--nnodes cannot be combined"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dtrain
