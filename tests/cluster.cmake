@@ -16,3 +16,12 @@ foreach(t slurm mpi ssh)
             $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:cluster_worker> $<TARGET_FILE:test_worker>)
   set_tests_properties(cluster.${t} PROPERTIES LABELS cluster TIMEOUT 400 RUN_SERIAL TRUE)
 endforeach()
+
+# The Distributor with local_mode = false: a driver on n1 running a function over ssh and
+# Slurm, results and exceptions coming back to it.
+add_executable(distributor_cluster_driver cluster/distributor_driver.cpp)
+target_link_libraries(distributor_cluster_driver PRIVATE dtrain)
+add_test(NAME cluster.distributor
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/distributor_test.sh ${PROJECT_BINARY_DIR}
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:distributor_cluster_driver>)
+set_tests_properties(cluster.distributor PROPERTIES LABELS cluster TIMEOUT 400 RUN_SERIAL TRUE)

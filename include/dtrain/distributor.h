@@ -42,9 +42,34 @@ namespace dtrain {
 // returns at once.
 void init(int argc, char** argv);
 
+// Where a cluster job (local_mode = false) runs: the engine the cluster already has.
+struct ClusterOptions {
+  // "ssh": one agent per host of a host file (or list) over ssh, as `dtrain run --hostfile`;
+  // "slurm": `srun -N nodes --ntasks-per-node=1 dtrain run ...` (inside or outside an
+  // allocation: srun makes one when there is none).
+  std::string engine;
+  // ssh: a host file (`host slots=N` lines) or a list "host1:2,host2:2". Each host runs its
+  // slots when they add up to num_processes, else num_processes / hosts each.
+  std::string hostfile;
+  std::string hosts;
+  int ssh_port = 0;                   // 0: ssh's default
+  std::string ssh_identity;           // ssh -i
+  std::vector<std::string> ssh_args;  // extra ssh arguments (-F cfg, -o K=V, ...)
+  std::string remote_dtrain;          // dtrain on the hosts. Default: the launcher's path.
+  // slurm: nodes (num_processes must divide evenly), partition, extra srun arguments.
+  int nodes = 1;
+  std::string partition;
+  std::vector<std::string> srun_args;
+  // The address the nodes reach this driver at (its store for arguments and results).
+  // Default: ssh - the local address that routes to the first host; slurm - this host's
+  // name, resolved (an error if that is a loopback address: set it).
+  std::string driver_addr;
+  std::string ifname;  // Gloo's network interface on the nodes (dtrain run --ifname)
+};
+
 struct DistributorOptions {
   int num_processes = 1;   // workers; must be >= 1. With use_gpu, at most the GPUs present.
-  bool local_mode = true;  // true: this machine. false: a cluster engine (not available yet).
+  bool local_mode = true;  // true: this machine. false: the cluster engine in `cluster`.
   bool use_gpu = false;    // one CUDA device per worker (CUDA_VISIBLE_DEVICES, LOCAL_RANK).
   // Longest a run may take; then its workers are stopped and run() throws TimeoutError.
   // Default: 24 hours.
@@ -60,6 +85,7 @@ struct DistributorOptions {
   // The `dtrain` launcher to use. Default: $DTRAIN_LAUNCHER, else the one built or installed
   // with this library, else `dtrain` on PATH.
   std::string launcher;
+  ClusterOptions cluster;  // used when local_mode is false
 };
 
 // A worker failed: it threw, exited non-zero, or died of a signal. what() says which rank,
@@ -226,8 +252,13 @@ class Distributor {
   std::vector<std::string> run_function(const void* fn, const void* trampoline,
                                         std::string args, bool all_ranks);
 
+  void validate_cluster();
+  std::string driver_address() const;
+
   DistributorOptions options_;
   std::string cuda_visible_devices_;
+  int nproc_per_node_ = 0;  // 0: each host's slots (ssh host file)
+  std::string first_host_;  // ssh: node 0
 };
 
 }  // namespace dtrain

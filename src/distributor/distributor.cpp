@@ -4,7 +4,11 @@
 
 #include <cxxabi.h>
 #include <elf.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <link.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -29,6 +34,7 @@
 #include "dtrain/env.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
+#include "launch/options_internal.h"
 
 namespace dtrain {
 
@@ -162,6 +168,17 @@ void* resolve_code(const detail::CodeRef& ref) {
 
 bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
 
+std::optional<std::string> find_on_path(const std::string& name) {
+  if (const char* path = std::getenv("PATH")) {
+    std::istringstream dirs(path);
+    for (std::string dir; std::getline(dirs, dir, ':');) {
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+      if (executable(candidate)) return candidate;
+    }
+  }
+  return std::nullopt;
+}
+
 std::string find_launcher(const std::string& configured) {
   if (!configured.empty()) {
     if (!executable(configured)) {
@@ -183,13 +200,7 @@ std::string find_launcher(const std::string& configured) {
 #ifdef DTRAIN_LAUNCHER_INSTALL_PATH
   if (executable(DTRAIN_LAUNCHER_INSTALL_PATH)) return DTRAIN_LAUNCHER_INSTALL_PATH;
 #endif
-  if (const char* path = std::getenv("PATH")) {
-    std::istringstream dirs(path);
-    for (std::string dir; std::getline(dirs, dir, ':');) {
-      std::string candidate = (dir.empty() ? "." : dir) + "/dtrain";
-      if (executable(candidate)) return candidate;
-    }
-  }
+  if (auto found = find_on_path("dtrain")) return *found;
   throw UsageError(
       "cannot find the `dtrain` launcher (looked at $DTRAIN_LAUNCHER, where dtrain was built "
       "and installed, and PATH); install dtrain or set DTRAIN_LAUNCHER to its path");
@@ -492,13 +503,9 @@ Distributor::Distributor(DistributorOptions options) : options_(std::move(option
   auto plan = detail::plan_devices(options_.num_processes, options_.local_mode, options_.use_gpu, devices);
   if (!plan.warning.empty()) std::cerr << "dtrain: Distributor: " << plan.warning << std::endl;
   options_.num_processes = plan.num_processes;
+  nproc_per_node_ = plan.num_processes;
   cuda_visible_devices_ = plan.cuda_visible_devices;
-  if (!options_.local_mode) {
-    throw UsageError(
-        "DistributorOptions::local_mode = false sends the job to a cluster engine (Slurm, MPI, "
-        "ssh host files), which the Distributor does not support yet; use local_mode = true, "
-        "or `dtrain run` on the cluster");
-  }
+  if (!options_.local_mode) validate_cluster();
   if (options_.timeout.count() <= 0) {
     throw UsageError("DistributorOptions::timeout must be positive, got " +
                      std::to_string(options_.timeout.count()) + " ms");
@@ -509,15 +516,149 @@ Distributor::Distributor(DistributorOptions options) : options_(std::move(option
   }
 }
 
+void Distributor::validate_cluster() {
+  const ClusterOptions& c = options_.cluster;
+  const int n = options_.num_processes;
+  if (c.engine == "ssh") {
+    if (c.hostfile.empty() == c.hosts.empty()) {
+      throw UsageError("ClusterOptions: engine \"ssh\" needs exactly one of `hostfile` (a file of "
+                       "`host slots=N` lines) and `hosts` (\"host1:2,host2:2\")");
+    }
+    auto hosts = c.hostfile.empty() ? parse_host_list(c.hosts, 1) : parse_hostfile(c.hostfile, 1);
+    int slots = 0;
+    for (const auto& h : hosts) slots += h.second;
+    const int count = static_cast<int>(hosts.size());
+    if (slots == n) {
+      nproc_per_node_ = 0;  // each host its slots
+    } else if (n % count == 0) {
+      nproc_per_node_ = n / count;
+    } else {
+      throw UsageError("DistributorOptions::num_processes is " + std::to_string(n) + ", but the " +
+                       std::to_string(count) + " host(s) have " + std::to_string(slots) +
+                       " slots; set num_processes to " + std::to_string(slots) +
+                       " (every slot) or to a multiple of " + std::to_string(count) +
+                       " (the same on every host)");
+    }
+    first_host_ = hosts.front().first;
+  } else if (c.engine == "slurm") {
+    if (c.nodes < 1) {
+      throw UsageError("ClusterOptions::nodes must be at least 1, got " + std::to_string(c.nodes));
+    }
+    if (n % c.nodes != 0) {
+      throw UsageError("DistributorOptions::num_processes (" + std::to_string(n) +
+                       ") must be a multiple of ClusterOptions::nodes (" + std::to_string(c.nodes) +
+                       "): every node runs the same number of workers");
+    }
+    nproc_per_node_ = n / c.nodes;
+  } else {
+    throw UsageError("ClusterOptions::engine: got '" + c.engine +
+                     "', expected \"ssh\" (a host file or list) or \"slurm\"; with local_mode = "
+                     "false the Distributor needs the cluster's engine");
+  }
+}
+
+namespace {
+
+std::string address_text(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (sa->sa_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof buf);
+  } else if (sa->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof buf);
+  }
+  return buf;
+}
+
+bool is_loopback(const std::string& addr) { return addr.rfind("127.", 0) == 0 || addr == "::1"; }
+
+}  // namespace
+
+std::string Distributor::driver_address() const {
+  const ClusterOptions& c = options_.cluster;
+  if (!c.driver_addr.empty()) return c.driver_addr;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  if (c.engine == "ssh") {
+    // The local address the kernel would use to reach node 0 (a UDP connect sends nothing).
+    addrinfo* res = nullptr;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (::getaddrinfo(first_host_.c_str(), "9", &hints, &res) == 0 && res != nullptr) {
+      int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      sockaddr_storage local{};
+      socklen_t len = sizeof local;
+      std::string addr;
+      if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+          ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+        addr = address_text(reinterpret_cast<sockaddr*>(&local));
+      }
+      if (fd >= 0) ::close(fd);
+      ::freeaddrinfo(res);
+      if (!addr.empty()) return addr;
+    }
+    throw UsageError("cannot find a local address that reaches host '" + first_host_ +
+                     "'; set ClusterOptions::driver_addr to this machine's address as the hosts see it");
+  }
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  addrinfo* res = nullptr;
+  std::string addr;
+  if (::getaddrinfo(name, nullptr, &hints, &res) == 0) {
+    for (addrinfo* a = res; a != nullptr && addr.empty(); a = a->ai_next) {
+      std::string text = address_text(a->ai_addr);
+      if (!is_loopback(text)) addr = text;
+    }
+    ::freeaddrinfo(res);
+  }
+  if (addr.empty()) {
+    throw UsageError(std::string("this host's name '") + name +
+                     "' resolves only to a loopback address, which the cluster's nodes cannot "
+                     "reach; set ClusterOptions::driver_addr to this machine's address as the nodes see it");
+  }
+  return addr;
+}
+
 namespace {
 
 Job base_job(const DistributorOptions& o, const std::string& launcher, const std::string& run_id,
-             const std::string& failure_file, const std::string& cuda_visible_devices) {
+             const std::string& failure_file, const std::string& cuda_visible_devices,
+             int nproc_per_node) {
   Job job;
-  job.argv = {launcher, "run", "--nproc-per-node", std::to_string(o.num_processes),
-              "--rdzv-id", run_id, "--failure-file", failure_file,
-              "--max-restarts", std::to_string(o.max_restarts),
-              "--term-timeout", format_seconds(o.term_timeout)};
+  const ClusterOptions& c = o.cluster;
+  if (!o.local_mode && c.engine == "slurm") {
+    auto srun = find_on_path("srun");
+    if (!srun) {
+      throw UsageError("ClusterOptions::engine \"slurm\" needs Slurm's srun on PATH (Debian: "
+                       "apt-get install slurm-client), run where it can reach the controller");
+    }
+    job.argv = {*srun, "-N", std::to_string(c.nodes), "--ntasks-per-node=1"};
+    if (!c.partition.empty()) job.argv.insert(job.argv.end(), {"-p", c.partition});
+    job.argv.insert(job.argv.end(), c.srun_args.begin(), c.srun_args.end());
+    job.argv.push_back(launcher);
+  } else {
+    job.argv = {launcher};
+  }
+  job.argv.push_back("run");
+  if (nproc_per_node > 0) {
+    job.argv.insert(job.argv.end(), {"--nproc-per-node", std::to_string(nproc_per_node)});
+  }
+  job.argv.insert(job.argv.end(), {"--rdzv-id", run_id, "--failure-file", failure_file,
+                                   "--max-restarts", std::to_string(o.max_restarts),
+                                   "--term-timeout", format_seconds(o.term_timeout)});
+  if (o.local_mode) {
+    job.argv.push_back("--no-slurm");  // a driver inside a Slurm step still runs locally
+  } else {
+    if (c.engine == "ssh") {
+      if (!c.hostfile.empty()) job.argv.insert(job.argv.end(), {"--hostfile", c.hostfile});
+      if (!c.hosts.empty()) job.argv.insert(job.argv.end(), {"-H", c.hosts});
+      if (c.ssh_port > 0) job.argv.insert(job.argv.end(), {"--ssh-port", std::to_string(c.ssh_port)});
+      if (!c.ssh_identity.empty()) job.argv.insert(job.argv.end(), {"--ssh-identity", c.ssh_identity});
+      for (const auto& a : c.ssh_args) job.argv.push_back("--ssh-arg=" + a);
+      if (!c.remote_dtrain.empty()) job.argv.insert(job.argv.end(), {"--remote-dtrain", c.remote_dtrain});
+    }
+    if (!c.ifname.empty()) job.argv.insert(job.argv.end(), {"--ifname", c.ifname});
+    // Remote agents get only what --env passes on.
+    for (const auto& [k, v] : o.env) job.argv.push_back("--env=" + k + "=" + v);
+  }
   if (o.malloc_hugepages) job.argv.push_back("--malloc-hugepages");
   if (!o.log_dir.empty()) {
     job.argv.push_back("--log-dir");
@@ -574,7 +715,8 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   const detail::CodeRef tramp_ref = detail::locate_code(trampoline);
 
   // The call's own store: arguments out, results and exceptions back.
-  auto server = store::StoreServer::start({"127.0.0.1", 0});
+  const std::string addr = options_.local_mode ? "127.0.0.1" : driver_address();
+  auto server = store::StoreServer::start({options_.local_mode ? "127.0.0.1" : "", 0});
   auto client = store::StoreClient::connect("127.0.0.1", server->port(),
                                             {std::chrono::seconds(10), std::chrono::seconds(60)});
   const std::string run_id = unique_id();
@@ -588,11 +730,17 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
   Job job = base_job(options_, find_launcher(options_.launcher), run_id, failure_file,
-                     cuda_visible_devices_);
+                     cuda_visible_devices_, nproc_per_node_);
   job.argv.push_back("--no-python");
   job.argv.push_back(self_executable());
   job.argv.insert(job.argv.end(), self_args.begin() + 1, self_args.end());
-  job.env[kTaskVariable] = "127.0.0.1:" + std::to_string(server->port()) + ":" + run_id;
+  const std::string task = addr + ":" + std::to_string(server->port()) + ":" + run_id;
+  job.env[kTaskVariable] = task;
+  if (!options_.local_mode) {
+    // Before PROGRAM: the launcher's own flag, for the agents on the other hosts.
+    auto program = std::find(job.argv.begin(), job.argv.end(), "--no-python");
+    job.argv.insert(program, "--env=" + std::string(kTaskVariable) + "=" + task);
+  }
 
   Outcome out = run_launcher(job, failure_file, options_);
   if (out.timed_out || out.exit_code != 0) {
@@ -601,6 +749,16 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     if (rank >= 0) {
       const std::string key = prefix + "error/" + std::to_string(rank);
       if (client->check({key})) exception = json::parse(client->get(key));
+    } else if (!out.timed_out) {
+      // No failure file (on a cluster it is written on the failing node): the first rank
+      // that reported an exception.
+      for (int r = 0; r < options_.num_processes && !exception; ++r) {
+        const std::string key = prefix + "error/" + std::to_string(r);
+        if (client->check({key})) {
+          exception = json::parse(client->get(key));
+          out.failure = json{{"rank", r}, {"exit_code", out.exit_code}};
+        }
+      }
     }
     throw_failure(out, options_, exception);
   }
@@ -625,7 +783,7 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
   Job job = base_job(options_, find_launcher(options_.launcher), unique_id(), failure_file,
-                     cuda_visible_devices_);
+                     cuda_visible_devices_, nproc_per_node_);
   if (program[0] == '-') {
     throw UsageError("Distributor::run('" + program + "'): a program name cannot start with '-'; "
                      "use ./" + program);

@@ -1,0 +1,68 @@
+// A Distributor driver for the cluster tests (tests/cluster/distributor_test.sh): runs
+// `where` on a cluster engine with local_mode = false and prints every rank's answer.
+//   distributor_driver --engine ssh|slurm [--hosts LIST] [--hostfile F] [--ssh-port P]
+//                      [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
+//                      [--fail-rank R] [--ifname IF]
+// Prints "result rank=R host=H sum=S" per rank, or "WorkerError rank=R type=T message=M"
+// (exit 1), or "UsageError: ..." (exit 2).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+std::string where(int fail_rank) {
+  auto pg = dtrain::init_process_group();
+  auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
+  dtrain::all_reduce(t);
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  if (pg->rank() == fail_rank) {
+    throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank) + " at " + host);
+  }
+  return "rank=" + std::to_string(pg->rank()) + " host=" + host +
+         " sum=" + std::to_string(static_cast<int>(t.item<double>()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);
+  dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
+  int fail_rank = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--engine") o.cluster.engine = value;
+    else if (flag == "--hosts") o.cluster.hosts = value;
+    else if (flag == "--hostfile") o.cluster.hostfile = value;
+    else if (flag == "--ssh-port") o.cluster.ssh_port = std::stoi(value);
+    else if (flag == "--ssh-identity") o.cluster.ssh_identity = value;
+    else if (flag == "--ssh-arg") o.cluster.ssh_args.push_back(value);
+    else if (flag == "--nodes") o.cluster.nodes = std::stoi(value);
+    else if (flag == "--nproc") o.num_processes = std::stoi(value);
+    else if (flag == "--fail-rank") fail_rank = std::stoi(value);
+    else if (flag == "--ifname") o.cluster.ifname = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    dtrain::Distributor d(o);
+    auto results = d.run_all(where, fail_rank);
+    for (const auto& r : results) std::printf("result %s\n", r.c_str());
+    return 0;
+  } catch (const dtrain::WorkerError& e) {
+    std::printf("WorkerError rank=%d type=%s message=%s\n", e.rank(), e.exception_type().c_str(),
+                e.exception_message().c_str());
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  } catch (const dtrain::UsageError& e) {
+    std::printf("UsageError: %s\n", e.what());
+    return 2;
+  }
+}

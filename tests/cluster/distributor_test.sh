@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The Distributor with local_mode = false on real engines, two hosts (network namespaces n1,
+# n2): the driver runs on n1, hosts its store there, and the nodes connect back to it.
+#   distributor_test.sh BUILD_DIR DTRAIN DISTRIBUTOR_DRIVER
+# 1. ssh host list n1:2,n2:2: every rank's result comes back to the driver (run_all).
+# 2. ssh: rank 3 (on n2) throws: WorkerError with rank 3, the type and message; nothing left.
+# 3. Slurm, 2 nodes x 2 processes: every rank's result.
+# 4. Slurm: rank 2 (on n2) throws: WorkerError; nothing left on either node.
+# 5. num_processes that does not fit the hosts: UsageError (exit 2), nothing started.
+source "$(dirname "$0")/lib.sh"
+B="$1" DTRAIN="$2" D="$3"
+for f in "$DTRAIN" "$D"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
+cluster_init
+start=$SECONDS
+hosts_up
+sshd_up
+slurm_up
+echo "hosts, sshd and slurm up in $((SECONDS - start)) s"
+SSH=(--ssh-port "$SSH_PORT" --ssh-identity "$SSH_KEY" --ssh-arg -F --ssh-arg "$SSH_CONFIG")
+
+check_results() {
+  local what="$1" out="$2"
+  for r in 0 1; do grep -q "^result rank=$r host=n1 sum=10$" <<<"$out" || fail "$what: rank $r on n1: $out"; done
+  for r in 2 3; do grep -q "^result rank=$r host=n2 sum=10$" <<<"$out" || fail "$what: rank $r on n2: $out"; done
+}
+nothing_left() {
+  local what="$1"
+  for h in n1 n2; do
+    wait_gone "$h" "$D" 15 || fail "$what: processes left on $h: $(leftovers "$h" "$D")"
+    wait_gone "$h" "$DTRAIN" 15 || fail "$what: agents left on $h: $(leftovers "$h" "$DTRAIN")"
+  done
+}
+
+# 1 -------------------------------------------------------------------------------------
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" 2>&1)" || fail "ssh: exit $?: $out"
+check_results "ssh" "$out"
+nothing_left "ssh"
+pass "Distributor over ssh (n1:2,n2:2): 4 ranks' results back at the driver on n1 ($((SECONDS - t)) s)"
+
+# 2 -------------------------------------------------------------------------------------
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" --fail-rank 3 2>&1)"
+code=$?
+[[ $code -eq 1 ]] || fail "ssh failure: exit $code, expected 1: $out"
+grep -q "^WorkerError rank=3 type=std::runtime_error message=failing on purpose on rank 3 at n2$" <<<"$out" ||
+  fail "ssh failure: WorkerError: $out"
+nothing_left "ssh failure"
+pass "Distributor over ssh: rank 3 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
+
+# 3 -------------------------------------------------------------------------------------
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine slurm --nodes 2 2>&1)" || fail "slurm: exit $?: $out"
+check_results "slurm" "$out"
+nothing_left "slurm"
+pass "Distributor on Slurm (2 nodes x 2): 4 ranks' results back at the driver ($((SECONDS - t)) s)"
+
+# 4 -------------------------------------------------------------------------------------
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine slurm --nodes 2 --fail-rank 2 2>&1)"
+code=$?
+[[ $code -eq 1 ]] || fail "slurm failure: exit $code, expected 1: $out"
+grep -q "^WorkerError rank=2 type=std::runtime_error message=failing on purpose on rank 2 at n2$" <<<"$out" ||
+  fail "slurm failure: WorkerError: $out"
+nothing_left "slurm failure"
+pass "Distributor on Slurm: rank 2 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
+
+# 5 -------------------------------------------------------------------------------------
+out="$(on n1 timeout 60 "$D" --engine ssh --hosts n1:2,n2:2 --nproc 3 "${SSH[@]}" 2>&1)"
+code=$?
+[[ $code -eq 2 ]] || fail "bad num_processes: exit $code, expected 2: $out"
+grep -q "num_processes is 3, but the 2 host(s) have 4 slots" <<<"$out" || fail "bad num_processes: message: $out"
+[[ -z "$(leftovers n2 "$D")" ]] || fail "bad num_processes: started something on n2"
+pass "num_processes that fits no host layout: UsageError, exit 2, nothing started"
+echo "distributor cluster tests took $((SECONDS - start)) s"
