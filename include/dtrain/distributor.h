@@ -48,6 +48,7 @@ struct ClusterOptions {
   // "slurm": `srun -N nodes --ntasks-per-node=1 dtrain run ...` (inside or outside an
   // allocation: srun makes one when there is none).
   std::string engine;
+  // "mpi": `mpirun -np num_processes ...` (Open MPI or MPICH), no dtrain agent on the nodes.
   // ssh: a host file (`host slots=N` lines) or a list "host1:2,host2:2". Each host runs its
   // slots when they add up to num_processes, else num_processes / hosts each.
   std::string hostfile;
@@ -60,9 +61,14 @@ struct ClusterOptions {
   int nodes = 1;
   std::string partition;
   std::vector<std::string> srun_args;
+  // mpi: the MPI launcher (Open MPI's mpirun, MPICH's mpiexec.hydra, ...) and its arguments
+  // before the program (hosts, MCA options): `MPI_LAUNCHER -np num_processes MPI_ARGS...`.
+  // Workers take their ranks from the MPI launcher's variables (dtrain/engine_env.h).
+  std::string mpi_launcher = "mpirun";
+  std::vector<std::string> mpi_args;
   // The address the nodes reach this driver at (its store for arguments and results).
-  // Default: ssh - the local address that routes to the first host; slurm - this host's
-  // name, resolved (an error if that is a loopback address: set it).
+  // Default: ssh - the local address that routes to the first host; slurm and mpi - this
+  // host's name, resolved (an error if that is a loopback address: set it).
   std::string driver_addr;
   std::string ifname;  // Gloo's network interface on the nodes (dtrain run --ifname)
 };

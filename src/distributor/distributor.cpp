@@ -31,6 +31,7 @@
 #include <sstream>
 #include <torch/cuda.h>
 
+#include "dtrain/engine_env.h"
 #include "dtrain/env.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
@@ -390,10 +391,10 @@ std::string format_seconds(std::chrono::milliseconds d) {
       d.exception_message = f.value("reason", "");
     }
   } else if (out.exit_code > 128) {
-    d.exception_message = "the dtrain launcher was stopped by " + signal_abbrev(out.exit_code - 128);
+    d.exception_message = "the launcher was stopped by " + signal_abbrev(out.exit_code - 128);
   } else {
-    d.exception_message = "the dtrain launcher failed with exit code " + std::to_string(out.exit_code) +
-                          " before any worker failed (its message is above, on stderr)";
+    d.exception_message = "the launcher exited with code " + std::to_string(out.exit_code) +
+                          " and no worker reported an exception (its messages are above, on stderr)";
   }
   if (exception) {
     d.exception_type = exception->value("type", "");
@@ -550,10 +551,15 @@ void Distributor::validate_cluster() {
                        "): every node runs the same number of workers");
     }
     nproc_per_node_ = n / c.nodes;
+  } else if (c.engine == "mpi") {
+    if (c.mpi_launcher.empty()) {
+      throw UsageError("ClusterOptions::mpi_launcher is empty; give the MPI launcher (mpirun, "
+                       "mpiexec.hydra, ...)");
+    }
   } else {
     throw UsageError("ClusterOptions::engine: got '" + c.engine +
-                     "', expected \"ssh\" (a host file or list) or \"slurm\"; with local_mode = "
-                     "false the Distributor needs the cluster's engine");
+                     "', expected \"ssh\" (a host file or list), \"slurm\" or \"mpi\"; with "
+                     "local_mode = false the Distributor needs the cluster's engine");
   }
 }
 
@@ -670,6 +676,44 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
   return job;
 }
 
+// `MPI_LAUNCHER -np N [pass the task variable] MPI_ARGS... PROGRAM`: no dtrain agent, the
+// ranks come from the MPI launcher's variables. Open MPI passes a variable to remote ranks
+// only with -x; MPICH's Hydra passes the whole environment.
+Job mpi_job(const DistributorOptions& o, const std::string& task) {
+  const ClusterOptions& c = o.cluster;
+  std::string launcher = c.mpi_launcher;
+  if (launcher.find('/') == std::string::npos) {
+    auto found = find_on_path(launcher);
+    if (!found) {
+      throw UsageError("ClusterOptions::mpi_launcher '" + launcher +
+                       "' is not on PATH (Debian: apt-get install openmpi-bin, or mpich)");
+    }
+    launcher = *found;
+  } else if (!executable(launcher)) {
+    throw UsageError("ClusterOptions::mpi_launcher '" + launcher + "' is not an executable file");
+  }
+  std::string version;
+  if (FILE* p = ::popen(("'" + launcher + "' --version 2>&1").c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) version += buf;
+    ::pclose(p);
+  }
+  const bool open_mpi = version.find("Open MPI") != std::string::npos ||
+                        version.find("OpenRTE") != std::string::npos;
+  Job job;
+  job.argv = {launcher, "-np", std::to_string(o.num_processes)};
+  if (open_mpi) {
+    if (!task.empty()) job.argv.insert(job.argv.end(), {"-x", std::string(kTaskVariable)});
+    for (const auto& [k, v] : o.env) job.argv.insert(job.argv.end(), {"-x", k});
+  }
+  job.argv.insert(job.argv.end(), c.mpi_args.begin(), c.mpi_args.end());
+  job.env = o.env;
+  if (!c.ifname.empty()) job.env["GLOO_SOCKET_IFNAME"] = c.ifname;
+  if (!task.empty()) job.env[kTaskVariable] = task;
+  else job.unset.push_back(kTaskVariable);
+  return job;
+}
+
 // In a worker whose main() did not call init(): tell the driver why, and stop.
 [[noreturn]] void fail_uninitialised_worker(const char* task) {
   const std::string message =
@@ -729,14 +773,16 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
 
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
-  Job job = base_job(options_, find_launcher(options_.launcher), run_id, failure_file,
-                     cuda_visible_devices_, nproc_per_node_);
-  job.argv.push_back("--no-python");
+  const std::string task = addr + ":" + std::to_string(server->port()) + ":" + run_id;
+  const bool mpi = !options_.local_mode && options_.cluster.engine == "mpi";
+  Job job = mpi ? mpi_job(options_, task)
+                : base_job(options_, find_launcher(options_.launcher), run_id, failure_file,
+                           cuda_visible_devices_, nproc_per_node_);
+  if (!mpi) job.argv.push_back("--no-python");
   job.argv.push_back(self_executable());
   job.argv.insert(job.argv.end(), self_args.begin() + 1, self_args.end());
-  const std::string task = addr + ":" + std::to_string(server->port()) + ":" + run_id;
   job.env[kTaskVariable] = task;
-  if (!options_.local_mode) {
+  if (!options_.local_mode && !mpi) {
     // Before PROGRAM: the launcher's own flag, for the agents on the other hosts.
     auto program = std::find(job.argv.begin(), job.argv.end(), "--no-python");
     job.argv.insert(program, "--env=" + std::string(kTaskVariable) + "=" + task);
@@ -782,8 +828,10 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   if (program.empty()) throw UsageError("Distributor::run: the program is empty; give a path or a name on PATH");
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
-  Job job = base_job(options_, find_launcher(options_.launcher), unique_id(), failure_file,
-                     cuda_visible_devices_, nproc_per_node_);
+  Job job = !options_.local_mode && options_.cluster.engine == "mpi"
+                ? mpi_job(options_, "")
+                : base_job(options_, find_launcher(options_.launcher), unique_id(), failure_file,
+                           cuda_visible_devices_, nproc_per_node_);
   if (program[0] == '-') {
     throw UsageError("Distributor::run('" + program + "'): a program name cannot start with '-'; "
                      "use ./" + program);
@@ -791,7 +839,8 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   job.argv.push_back(program);
   job.argv.insert(job.argv.end(), args.begin(), args.end());
   Outcome out = run_launcher(job, failure_file, options_);
-  if (out.exit_code == 2 && !out.failure && !out.timed_out) {
+  if (out.exit_code == 2 && !out.failure && !out.timed_out &&
+      (options_.local_mode || options_.cluster.engine != "mpi")) {
     throw UsageError("Distributor::run('" + program +
                      "'): the launcher rejected the job (exit code 2; its message is above on "
                      "stderr): is the program path right and executable?");
@@ -815,6 +864,7 @@ int worker_main(const std::string& spec) {
   const int port = std::stoi(spec.substr(c1 + 1, c2 - c1 - 1));
   const std::string prefix = "/distributor/" + spec.substr(c2 + 1) + "/";
   auto env = WorkerEnv::from_environ();
+  if (!env) env = engine_worker_env();  // started by mpirun/srun directly
   const int rank = env ? env->rank : 0;
   auto client = store::StoreClient::connect(host, static_cast<std::uint16_t>(port),
                                             {std::chrono::seconds(60), std::chrono::seconds(60)});

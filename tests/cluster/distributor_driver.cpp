@@ -1,8 +1,8 @@
 // A Distributor driver for the cluster tests (tests/cluster/distributor_test.sh): runs
 // `where` on a cluster engine with local_mode = false and prints every rank's answer.
-//   distributor_driver --engine ssh|slurm [--hosts LIST] [--hostfile F] [--ssh-port P]
+//   distributor_driver --engine ssh|slurm|mpi [--hosts LIST] [--hostfile F] [--ssh-port P]
 //                      [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
-//                      [--fail-rank R] [--ifname IF]
+//                      [--fail-rank R] [--ifname IF] [--mpi-launcher L] [--mpi-arg A]...
 // Prints "result rank=R host=H sum=S" per rank, or "WorkerError rank=R type=T message=M"
 // (exit 1), or "UsageError: ..." (exit 2).
 #include <unistd.h>
@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
     else if (flag == "--nproc") o.num_processes = std::stoi(value);
     else if (flag == "--fail-rank") fail_rank = std::stoi(value);
     else if (flag == "--ifname") o.cluster.ifname = value;
+    else if (flag == "--mpi-launcher") o.cluster.mpi_launcher = value;
+    else if (flag == "--mpi-arg") o.cluster.mpi_args.push_back(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

@@ -7,6 +7,9 @@
 # 3. Slurm, 2 nodes x 2 processes: every rank's result.
 # 4. Slurm: rank 2 (on n2) throws: WorkerError; nothing left on either node.
 # 5. num_processes that does not fit the hosts: UsageError (exit 2), nothing started.
+# 6. Open MPI's mpirun across n1,n2 (its ssh to each host's sshd): every rank's result; rank 3
+#    (on n2) throwing is a WorkerError; nothing left.
+# 7. MPICH's mpiexec.hydra on one host: every rank's result.
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" D="$3"
 for f in "$DTRAIN" "$D"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -72,4 +75,27 @@ code=$?
 grep -q "num_processes is 3, but the 2 host(s) have 4 slots" <<<"$out" || fail "bad num_processes: message: $out"
 [[ -z "$(leftovers n2 "$D")" ]] || fail "bad num_processes: started something on n2"
 pass "num_processes that fits no host layout: UsageError, exit 2, nothing started"
+# 6 -------------------------------------------------------------------------------------
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,tcp
+MPI=(--engine mpi --mpi-launcher mpirun.openmpi --mpi-arg --oversubscribe --mpi-arg --host --mpi-arg n1:2,n2:2
+  --mpi-arg --mca --mpi-arg plm_rsh_agent --mpi-arg "$SSH_WRAPPER"
+  --mpi-arg --mca --mpi-arg oob_tcp_if_include --mpi-arg 10.200.0.0/24)
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" "${MPI[@]}" 2>&1)" || fail "mpirun: exit $?: $out"
+check_results "mpirun" "$out"
+nothing_left "mpirun"
+out="$(on n1 timeout 120 "$D" "${MPI[@]}" --fail-rank 3 2>&1)"
+code=$?
+[[ $code -eq 1 ]] || fail "mpirun failure: exit $code, expected 1: $out"
+grep -q "^WorkerError rank=3 type=std::runtime_error message=failing on purpose on rank 3 at n2$" <<<"$out" ||
+  fail "mpirun failure: WorkerError: $out"
+nothing_left "mpirun failure"
+pass "Distributor on Open MPI (mpirun --host n1:2,n2:2): results of 4 ranks; rank 3 throwing on n2 is a WorkerError ($((SECONDS - t)) s)"
+
+# 7 -------------------------------------------------------------------------------------
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine mpi --mpi-launcher mpiexec.hydra 2>&1)" || fail "mpiexec.hydra: exit $?: $out"
+for r in 0 1 2 3; do grep -q "^result rank=$r host=n1 sum=10$" <<<"$out" || fail "mpiexec.hydra: rank $r: $out"; done
+nothing_left "mpiexec.hydra"
+pass "Distributor on MPICH (mpiexec.hydra -np 4 on n1): results of 4 ranks ($((SECONDS - t)) s)"
 echo "distributor cluster tests took $((SECONDS - start)) s"
