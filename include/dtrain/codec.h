@@ -68,7 +68,7 @@ concept Encodable = requires(Encoder& out, Decoder& in, const T& value) {
 class Encoder {
  public:
   void write(const void* data, std::size_t n) {
-    buffer_.append(static_cast<const char*>(data), n);
+    if (n > 0) buffer_.append(static_cast<const char*>(data), n);
   }
   void write_size(std::uint64_t n) { write(&n, sizeof n); }
   void reserve(std::size_t n) {
@@ -110,7 +110,10 @@ class Decoder {
     pos_ += n;
     return p;
   }
-  void read(void* out, std::size_t n) { std::memcpy(out, take(n), n); }
+  void read(void* out, std::size_t n) {
+    const char* p = take(n);
+    if (n > 0) std::memcpy(out, p, n);
+  }
   std::uint64_t read_size() {
     std::uint64_t n;
     read(&n, sizeof n);
@@ -153,6 +156,20 @@ struct Codec<T> {
     T v;
     in.read(&v, sizeof v);
     return v;
+  }
+};
+
+template <>
+struct Codec<bool> {
+  static void encode(Encoder& out, const bool& v) {
+    const std::uint8_t b = v ? 1 : 0;
+    out.write(&b, 1);
+  }
+  static bool decode(Decoder& in) {
+    std::uint8_t b;
+    in.read(&b, 1);
+    if (b > 1) throw CodecError("dtrain codec: a bool byte is " + std::to_string(b) + ", not 0 or 1; the data was encoded as another type");
+    return b == 1;
   }
 };
 

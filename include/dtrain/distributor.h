@@ -264,7 +264,7 @@ class Distributor {
   DistributorOptions options_;
   std::string cuda_visible_devices_;
   int nproc_per_node_ = 0;  // 0: each host's slots (ssh host file)
-  std::string first_host_;  // ssh: node 0
+  std::vector<std::string> hosts_;  // ssh: the hosts, node 0 first
 };
 
 }  // namespace dtrain

@@ -19,7 +19,8 @@ void Codec<at::Tensor>::encode(Encoder& out, const at::Tensor& t) {
     return;
   }
   flags = kDefined | (t.requires_grad() ? kRequiresGrad : 0);
-  at::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  // Views with a pending conjugate/negation carry it in a bit, not in their bytes.
+  at::Tensor c = t.detach().to(torch::kCPU).resolve_conj().resolve_neg().contiguous();
   out.put<std::uint8_t>(static_cast<std::uint8_t>(c.scalar_type()));
   out.put<std::uint8_t>(flags);
   out.write_size(static_cast<std::uint64_t>(c.dim()));
@@ -39,11 +40,20 @@ at::Tensor Codec<at::Tensor>::decode(Decoder& in) {
   }
   std::size_t ndim = in.read_count(sizeof(int64_t));
   std::vector<int64_t> sizes(ndim);
+  const auto type = static_cast<c10::ScalarType>(dtype);
+  // Check the byte count against what is left before allocating (no overflow either).
+  unsigned __int128 bytes_needed = c10::elementSize(type);
   for (auto& s : sizes) {
     s = in.get<int64_t>();
     if (s < 0) throw CodecError("dtrain codec: tensor with a negative size; the data is corrupt");
+    bytes_needed *= static_cast<std::uint64_t>(s);
+    if (bytes_needed > in.remaining()) bytes_needed = static_cast<unsigned __int128>(in.remaining()) + 1;
   }
-  at::Tensor t = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype)));
+  if (bytes_needed > in.remaining()) {
+    throw CodecError("dtrain codec: a tensor's shape needs more bytes than the " +
+                     std::to_string(in.remaining()) + " left; the data is truncated or corrupt");
+  }
+  at::Tensor t = torch::empty(sizes, torch::TensorOptions().dtype(type));
   const std::size_t bytes = t.numel() * t.element_size();
   detail::advise_huge_pages(t.data_ptr(), bytes);
   in.read(t.data_ptr(), bytes);

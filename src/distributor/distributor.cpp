@@ -45,6 +45,35 @@ namespace {
 
 constexpr const char* kTaskVariable = "DTRAIN_DISTRIBUTOR_TASK";
 
+// DTRAIN_DISTRIBUTOR_TASK = HOST:PORT:RUN_ID, split from the right (HOST may be IPv6).
+struct TaskSpec {
+  std::string host;
+  int port = 0;
+  std::string id;
+  std::string prefix() const { return "/distributor/" + id + "/"; }
+};
+std::optional<TaskSpec> parse_task(const std::string& spec) {
+  auto last = spec.rfind(':');
+  if (last == std::string::npos || last == 0) return std::nullopt;
+  auto mid = spec.rfind(':', last - 1);
+  if (mid == std::string::npos || mid == 0) return std::nullopt;
+  TaskSpec t;
+  t.host = spec.substr(0, mid);
+  t.id = spec.substr(last + 1);
+  try {
+    t.port = std::stoi(spec.substr(mid + 1, last - mid - 1));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (t.port <= 0 || t.port > 65535 || t.id.empty()) return std::nullopt;
+  return t;
+}
+
+// The store keys of one attempt (restart) of a call.
+std::string attempt_prefix(const std::string& prefix, int attempt) {
+  return prefix + "attempt_" + std::to_string(attempt) + "/";
+}
+
 std::mutex g_argv_mutex;
 std::vector<std::string> g_argv;  // set by init(); empty: init() was never called
 bool g_in_worker = false;         // true while a worker runs the user's function
@@ -261,7 +290,9 @@ struct TempDir {
 int wait_exit(pid_t pid, int* status, std::chrono::milliseconds timeout) {
   // pidfd: sleep in poll() until the child exits or the deadline passes.
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  // A "forever" timeout (milliseconds::max()) must not overflow the clock: 10 years is enough.
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 3650));
   for (;;) {
     pid_t r = ::waitpid(pid, status, WNOHANG);
     if (r == pid) {
@@ -462,7 +493,8 @@ DevicePlan plan_devices(int num_processes, bool local_mode, bool use_gpu,
   }
   DevicePlan plan;
   plan.num_processes = num_processes;
-  if (!use_gpu) return plan;
+  // On a cluster the GPUs that count are the nodes', not the driver's: nothing to check here.
+  if (!use_gpu || !local_mode) return plan;
   if (devices.empty()) {
     throw UsageError(
         "DistributorOptions::use_gpu is true but no CUDA device is visible (this libtorch has no "
@@ -477,9 +509,7 @@ DevicePlan plan_devices(int num_processes, bool local_mode, bool use_gpu,
     n = devices.size();
     plan.num_processes = static_cast<int>(n);
   }
-  if (local_mode) {
-    for (size_t i = 0; i < n; ++i) plan.cuda_visible_devices += (i ? "," : "") + devices[i];
-  }
+  for (size_t i = 0; i < n; ++i) plan.cuda_visible_devices += (i ? "," : "") + devices[i];
   return plan;
 }
 
@@ -489,7 +519,7 @@ DevicePlan plan_devices(int num_processes, bool local_mode, bool use_gpu,
 
 Distributor::Distributor(DistributorOptions options) : options_(std::move(options)) {
   std::vector<std::string> devices;
-  if (options_.use_gpu) {
+  if (options_.use_gpu && options_.local_mode) {
     const int count = static_cast<int>(torch::cuda::device_count());
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     if (visible && *visible) {
@@ -540,7 +570,8 @@ void Distributor::validate_cluster() {
                        " (every slot) or to a multiple of " + std::to_string(count) +
                        " (the same on every host)");
     }
-    first_host_ = hosts.front().first;
+    hosts_.clear();
+    for (const auto& h : hosts) hosts_.push_back(h.first.substr(h.first.find('@') + 1));
   } else if (c.engine == "slurm") {
     if (c.nodes < 1) {
       throw UsageError("ClusterOptions::nodes must be at least 1, got " + std::to_string(c.nodes));
@@ -585,10 +616,18 @@ std::string Distributor::driver_address() const {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   if (c.engine == "ssh") {
-    // The local address the kernel would use to reach node 0 (a UDP connect sends nothing).
-    addrinfo* res = nullptr;
-    hints.ai_socktype = SOCK_DGRAM;
-    if (::getaddrinfo(first_host_.c_str(), "9", &hints, &res) == 0 && res != nullptr) {
+    // The local address the kernel uses to reach each host (a UDP connect sends nothing):
+    // the first that is not loopback. Only a job whose hosts are all this machine may use
+    // loopback.
+    std::string loopback;
+    bool all_targets_loopback = true;
+    for (const auto& host : hosts_) {
+      addrinfo* res = nullptr;
+      hints.ai_socktype = SOCK_DGRAM;
+      if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) {
+        all_targets_loopback = false;
+        continue;
+      }
       int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
       sockaddr_storage local{};
       socklen_t len = sizeof local;
@@ -597,12 +636,18 @@ std::string Distributor::driver_address() const {
           ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
         addr = address_text(reinterpret_cast<sockaddr*>(&local));
       }
+      all_targets_loopback = all_targets_loopback && is_loopback(address_text(res->ai_addr));
       if (fd >= 0) ::close(fd);
       ::freeaddrinfo(res);
-      if (!addr.empty()) return addr;
+      if (addr.empty()) continue;
+      if (!is_loopback(addr)) return addr;
+      loopback = addr;
     }
-    throw UsageError("cannot find a local address that reaches host '" + first_host_ +
-                     "'; set ClusterOptions::driver_addr to this machine's address as the hosts see it");
+    // Every host is this machine: loopback reaches it.
+    if (!loopback.empty() && all_targets_loopback) return loopback;
+    throw UsageError("cannot find an address of this machine that the hosts can reach (the "
+                     "host names resolve to loopback here, as Debian's 127.0.1.1 entry does); set "
+                     "ClusterOptions::driver_addr to this machine's address as the hosts see it");
   }
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
@@ -722,14 +767,17 @@ Job mpi_job(const DistributorOptions& o, const std::string& task) {
       "first line of main()";
   std::cerr << "dtrain: " << message << std::endl;
   try {
-    std::string spec(task);
-    auto c1 = spec.find(':'), c2 = spec.find(':', c1 + 1);
-    auto client = store::StoreClient::connect(
-        spec.substr(0, c1), static_cast<std::uint16_t>(std::stoi(spec.substr(c1 + 1, c2 - c1 - 1))),
-        {std::chrono::seconds(10), std::chrono::seconds(10)});
-    auto env = WorkerEnv::from_environ();
-    client->set("/distributor/" + spec.substr(c2 + 1) + "/error/" + std::to_string(env ? env->rank : 0),
-                json{{"type", "dtrain::UsageError"}, {"message", message}}.dump());
+    if (auto t = parse_task(task)) {
+      auto client = store::StoreClient::connect(t->host, static_cast<std::uint16_t>(t->port),
+                                                {std::chrono::seconds(10), std::chrono::seconds(10)});
+      auto env = WorkerEnv::from_environ();
+      if (!env) env = engine_worker_env();
+      const std::string error = json{{"rank", env ? env->rank : 0},
+                                     {"type", "dtrain::UsageError"},
+                                     {"message", message}}.dump();
+      const std::string p = attempt_prefix(t->prefix(), env ? env->restart_count : 0);
+      client->compare_set(p + "first_error", "", error);
+    }
   } catch (const std::exception&) {
   }
   std::fflush(nullptr);
@@ -740,11 +788,11 @@ Job mpi_job(const DistributorOptions& o, const std::string& task) {
 
 std::vector<std::string> Distributor::run_function(const void* fn, const void* trampoline,
                                                    std::string args, bool all_ranks) {
-  if (const char* task = std::getenv(kTaskVariable)) {
-    if (!g_in_worker) fail_uninitialised_worker(task);
+  if (g_in_worker) {
     throw UsageError("Distributor::run was called inside a Distributor worker; nested runs are "
                      "not supported: run the inner work in the same workers instead");
   }
+  if (const char* task = std::getenv(kTaskVariable)) fail_uninitialised_worker(task);
   std::vector<std::string> self_args;
   {
     std::lock_guard<std::mutex> lock(g_argv_mutex);
@@ -790,21 +838,20 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
 
   Outcome out = run_launcher(job, failure_file, options_);
   if (out.timed_out || out.exit_code != 0) {
+    // The last attempt's first exception (peers that fail after it, e.g. in a collective
+    // whose connection it closed, only report second).
+    std::optional<json> first;
+    for (int attempt = options_.max_restarts; attempt >= 0 && !first; --attempt) {
+      const std::string key = attempt_prefix(prefix, attempt) + "first_error";
+      if (client->check({key})) first = json::parse(client->get(key));
+    }
     std::optional<json> exception;
-    int rank = out.failure ? out.failure->value("rank", -1) : -1;
-    if (rank >= 0) {
-      const std::string key = prefix + "error/" + std::to_string(rank);
-      if (client->check({key})) exception = json::parse(client->get(key));
-    } else if (!out.timed_out) {
-      // No failure file (on a cluster it is written on the failing node): the first rank
-      // that reported an exception.
-      for (int r = 0; r < options_.num_processes && !exception; ++r) {
-        const std::string key = prefix + "error/" + std::to_string(r);
-        if (client->check({key})) {
-          exception = json::parse(client->get(key));
-          out.failure = json{{"rank", r}, {"exit_code", out.exit_code}};
-        }
-      }
+    const int rank = out.failure ? out.failure->value("rank", -1) : -1;
+    if (first && (rank < 0 || first->value("rank", -1) == rank)) {
+      exception = first;
+      // No failure file here (on a cluster it is written on the failing node, or MPI has
+      // none): the first rank that threw is the root cause.
+      if (rank < 0 && !out.timed_out) out.failure = json{{"rank", first->value("rank", -1)}, {"exit_code", out.exit_code}};
     }
     throw_failure(out, options_, exception);
   }
@@ -853,26 +900,26 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
 namespace {
 
 int worker_main(const std::string& spec) {
-  auto c1 = spec.find(':');
-  auto c2 = spec.find(':', c1 == std::string::npos ? 0 : c1 + 1);
-  if (c1 == std::string::npos || c2 == std::string::npos) {
+  auto task = parse_task(spec);
+  if (!task) {
     std::cerr << "dtrain: " << kTaskVariable << "='" << spec
               << "' is malformed (expected HOST:PORT:ID); it is set by the Distributor only" << std::endl;
     return 2;
   }
-  const std::string host = spec.substr(0, c1);
-  const int port = std::stoi(spec.substr(c1 + 1, c2 - c1 - 1));
-  const std::string prefix = "/distributor/" + spec.substr(c2 + 1) + "/";
+  const std::string prefix = task->prefix();
   auto env = WorkerEnv::from_environ();
   if (!env) env = engine_worker_env();  // started by mpirun/srun directly
   const int rank = env ? env->rank : 0;
-  auto client = store::StoreClient::connect(host, static_cast<std::uint16_t>(port),
+  const std::string attempt = attempt_prefix(prefix, env ? env->restart_count : 0);
+  auto client = store::StoreClient::connect(task->host, static_cast<std::uint16_t>(task->port),
                                             {std::chrono::seconds(60), std::chrono::seconds(60)});
   auto report = [&](const std::string& type, const std::string& message) {
     std::cerr << "dtrain: rank " << rank << ": the function threw " << type << ": " << message << std::endl;
     try {
-      client->set(prefix + "error/" + std::to_string(rank),
-                  json{{"type", type}, {"message", message}}.dump());
+      // The first report of this attempt wins; compare_set answers, so it has been applied
+      // before this process exits.
+      client->compare_set(attempt + "first_error", "",
+                          json{{"rank", rank}, {"type", type}, {"message", message}}.dump());
     } catch (const std::exception&) {
     }
   };
@@ -908,7 +955,13 @@ int worker_main(const std::string& spec) {
     destroy_process_group();
   } catch (const std::exception&) {
   }
-  if (rank == 0 || all_ranks) client->set(prefix + "result/" + std::to_string(rank), result.take());
+  if (rank == 0 || all_ranks) {
+    const std::string key = prefix + "result/" + std::to_string(rank);
+    client->set(key, result.take());
+    // SET has no reply: a round trip on the same connection makes sure the server applied
+    // it before we exit (and before the driver looks).
+    client->check({key});
+  }
   return 0;
 }
 
@@ -920,8 +973,11 @@ void init(int argc, char** argv) {
     g_argv.assign(argv, argv + argc);
     if (g_argv.empty()) g_argv.emplace_back("program");
   }
-  const char* task = std::getenv(kTaskVariable);
-  if (task == nullptr) return;
+  const char* value = std::getenv(kTaskVariable);
+  if (value == nullptr) return;
+  // Not inherited by anything the function starts (which could take itself for a worker).
+  const std::string task = value;
+  ::unsetenv(kTaskVariable);
   int code = 1;
   try {
     code = worker_main(task);

@@ -17,13 +17,15 @@ namespace {
 
 std::string where(int fail_rank) {
   auto pg = dtrain::init_process_group();
-  auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
-  dtrain::all_reduce(t);
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   if (pg->rank() == fail_rank) {
+    // Before the collective: the other ranks then fail in it too (their peer is gone), and the
+    // driver must still name this rank, the first to fail.
     throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank) + " at " + host);
   }
+  auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
+  dtrain::all_reduce(t);
   return "rank=" + std::to_string(pg->rank()) + " host=" + host +
          " sum=" + std::to_string(static_cast<int>(t.item<double>()));
 }

@@ -78,6 +78,9 @@ TEST(Codec, TensorsKeepDtypeShapeValuesAndRequiresGrad) {
   auto param = torch::ones({2}, torch::requires_grad());
   EXPECT_TRUE(round_trip(param).requires_grad());
   EXPECT_FALSE(round_trip(torch::Tensor()).defined());
+  // A conjugated view travels as the values it shows.
+  auto z = torch::complex(torch::ones({2}), torch::full({2}, 2.0));
+  EXPECT_TRUE(torch::equal(round_trip(z.conj()), z.conj().resolve_conj()));
 }
 
 TEST(Codec, AStateDictRoundTripsInOrder) {
@@ -98,6 +101,16 @@ TEST(Codec, TruncatedOrMistypedBytesThrowCodecError) {
   dtrain::Encoder e;
   e.write_size(uint64_t{1} << 60);
   EXPECT_THROW(dtrain::decode<std::vector<std::string>>(e.take()), dtrain::CodecError);
+  // A tensor header claiming 2^40 floats with 4 bytes behind it: an error, not an allocation.
+  dtrain::Encoder big;
+  big.put<std::uint8_t>(static_cast<std::uint8_t>(c10::ScalarType::Float));
+  big.put<std::uint8_t>(1);
+  big.write_size(2);
+  big.put<int64_t>(int64_t{1} << 20);
+  big.put<int64_t>(int64_t{1} << 20);
+  big.put<float>(1.0f);
+  EXPECT_THROW(dtrain::decode<torch::Tensor>(big.take()), dtrain::CodecError);
+  EXPECT_THROW(dtrain::decode<bool>(std::string(1, '\x07')), dtrain::CodecError);
   try {
     dtrain::decode<std::string>(std::string(4, '\0'));
     FAIL();

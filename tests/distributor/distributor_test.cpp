@@ -411,8 +411,9 @@ TEST(DistributorOptions, DevicePlanGivesEachWorkerItsOwnGpu) {
   EXPECT_EQ(lowered.num_processes, 2);
   EXPECT_EQ(lowered.cuda_visible_devices, "2,5");
   EXPECT_NE(lowered.warning.find("using 2 process"), std::string::npos) << lowered.warning;
-  auto remote = plan_devices(4, false, true, {"0"});
-  EXPECT_EQ(remote.num_processes, 4);  // cluster nodes have their own GPUs
+  auto remote = plan_devices(4, false, true, {});
+  EXPECT_EQ(remote.num_processes, 4);  // cluster nodes have their own GPUs; the driver needs none
+  EXPECT_EQ(remote.cuda_visible_devices, "");
   EXPECT_THROW(plan_devices(2, true, true, {}), dtrain::UsageError);
   EXPECT_THROW(plan_devices(0, true, false, {}), dtrain::UsageError);
 }
