@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -164,6 +166,15 @@ ShmProcessGroup::~ShmProcessGroup() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (const char* v = std::getenv("DTRAIN_SHM_STATS"); v && *v && *v != '0' && ops_ > 0) {
+    const auto& st = segment_->stats();
+    std::fprintf(stderr,
+                 "dtrain shm rank %d: %llu collectives, %.3f ms each (of which %.3f ms waiting for peers in %.2f "
+                 "barriers, %.2f futex sleeps), %.3f ms queued before each\n",
+                 rank_, static_cast<unsigned long long>(ops_), 1e3 * op_seconds_ / ops_,
+                 1e3 * st.wait_seconds / ops_, static_cast<double>(st.barriers) / ops_,
+                 static_cast<double>(st.sleeps) / ops_, 1e3 * queued_seconds_ / ops_);
+  }
   segment_.reset();
 }
 
@@ -184,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type, std::
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace_back(work, std::move(task));
+    queue_.push_back(Item{work, std::move(task), Clock::now()});
   }
   cv_.notify_one();
   return work;
@@ -192,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type, std::
 
 void ShmProcessGroup::run() {
   while (true) {
-    std::pair<c10::intrusive_ptr<ShmWork>, Task> item;
+    Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -205,7 +216,11 @@ void ShmProcessGroup::run() {
       if (!broken_.empty()) throw NetworkError(broken_);
       // As Gloo does, every collective runs under the group's timeout; a shorter per-call
       // timeout only bounds the caller's wait (dtrain::Work::wait).
-      item.second(Clock::now() + timeout_);
+      const auto start = Clock::now();
+      queued_seconds_ += std::chrono::duration<double>(start - item.queued).count();
+      item.task(start + timeout_);
+      ++ops_;
+      op_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
     } catch (const std::exception& e) {
       error = std::current_exception();
       if (broken_.empty()) {
@@ -215,7 +230,7 @@ void ShmProcessGroup::run() {
         segment_->mark_broken();
       }
     }
-    item.first->complete(error);
+    item.work->complete(error);
   }
 }
 

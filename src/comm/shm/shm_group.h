@@ -119,7 +119,12 @@ class ShmProcessGroup : public c10d::ProcessGroup {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<c10::intrusive_ptr<ShmWork>, Task>> queue_;  // GUARDED_BY(mu_)
+  struct Item {
+    c10::intrusive_ptr<ShmWork> work;
+    Task task;
+    Clock::time_point queued;
+  };
+  std::deque<Item> queue_;  // GUARDED_BY(mu_)
   bool stop_ = false;                                                // GUARDED_BY(mu_)
   // Gloo works not known complete, so barrier() can wait for them as Gloo's barrier does.
   std::vector<c10::intrusive_ptr<c10d::Work>> delegated_;  // GUARDED_BY(mu_)
@@ -128,6 +133,9 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   uint64_t seq_ = 0;    // collectives run so far
   uint64_t chunk_ = 0;  // chunks moved so far (picks the buffer parity)
   std::string broken_;  // why the group is unusable, or empty
+  uint64_t ops_ = 0;
+  double op_seconds_ = 0;     // running collectives
+  double queued_seconds_ = 0;  // from enqueue to start (the hand-off to this thread)
   std::thread worker_;
 };
 

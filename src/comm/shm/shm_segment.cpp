@@ -262,6 +262,7 @@ void ShmSegment::wait_for(int k, uint32_t target, Clock::time_point deadline, co
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
     timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     peer.sleepers.fetch_add(1);
+    ++stats_.sleeps;
     uint32_t seen = peer.arrived.load();
     if (!reached(seen, target)) futex(&peer.arrived, FUTEX_WAIT, seen, &ts);
     peer.sleepers.fetch_sub(1);
@@ -275,9 +276,12 @@ void ShmSegment::barrier(Clock::time_point deadline, const char* what) {
   RankSlot& me = slot(rank_);
   me.arrived.store(target);
   if (me.sleepers.load() != 0) futex(&me.arrived, FUTEX_WAKE, INT_MAX, nullptr);
+  const auto t0 = Clock::now();
   for (int k = 0; k < world_; ++k) {
     if (k != rank_) wait_for(k, target, deadline, what);
   }
+  ++stats_.barriers;
+  stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 }  // namespace dtrain::shm

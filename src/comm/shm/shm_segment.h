@@ -113,6 +113,14 @@ class ShmSegment {
   // Marks this rank broken (after an error): peers waiting for it fail at once.
   void mark_broken();
 
+  // Counters for tuning ($DTRAIN_SHM_STATS=1 prints them when the group is destroyed).
+  struct Stats {
+    uint64_t barriers = 0;
+    uint64_t sleeps = 0;      // futex waits
+    double wait_seconds = 0;  // inside barrier(), waiting for peers
+  };
+  const Stats& stats() const { return stats_; }
+
  private:
   ShmSegment(std::string name, int world, void* base, size_t bytes, const SegmentOptions& o);
   void wait_for(int k, uint32_t target, Clock::time_point deadline, const char* what);
@@ -126,6 +134,7 @@ class ShmSegment {
   size_t slot_bytes_;
   std::chrono::microseconds spin_;
   uint32_t epoch_ = 0;  // barriers entered by this rank
+  Stats stats_;
   std::vector<int> pidfds_;
 };
 
