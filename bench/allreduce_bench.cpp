@@ -7,9 +7,12 @@
 // in 5 blocks, each started by a barrier. A block's time per op is the slowest rank's (a
 // collective is done when its last rank is); the figure is the best block, with the
 // median block beside it. Rank 0 prints one JSON line per size:
-//   {"impl":"dtrain","world":2,"bytes":1024,"iters":1000,"time_us":...,"median_us":...,
+//   {"impl":"dtrain-<backend>","world":2,"bytes":1024,"iters":1000,"time_us":...,"median_us":...,
 //    "algbw_gbps":...,"busbw_gbps":...}
 // algbw = bytes / time; busbw = algbw * 2(n-1)/n, what a ring all-reduce moves per rank.
+//
+// --backend auto|shm|gloo (default auto) is init_process_group's backend; "impl" names the
+// one chosen.
 //
 // Iterations per size: --iters if given, else min(1000, max(5, 256 MiB / bytes)), so that
 // each size takes roughly the same time; warm-up is a tenth of that (at least 2).

@@ -331,8 +331,14 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(options.op);
   o.timeout = c.timeout;
+  // The shared-memory backend averages while it reduces (no extra pass); Gloo sums, and
+  // the Work's finish step divides.
+  bool avg = options.op == ReduceOp::kAvg && c.world > 1;
+  if (avg && dynamic_cast<const shm::ShmProcessGroup*>(c.pg.get()) != nullptr) {
+    o.reduceOp = c10d::ReduceOp::AVG;
+    avg = false;
+  }
   auto w = issue(c, [&] { return c.pg->allreduce(v, o); });
-  const bool avg = options.op == ReduceOp::kAvg && c.world > 1;
   const int world = c.world;
   return make_work(c, std::move(w), [s, avg, world] {
     if (avg) s.buf.div_(world);

@@ -104,6 +104,7 @@ torch::Tensor reference(c10d::ReduceOp::RedOpType op, int world, int64_t n, torc
   torch::Tensor out;
   switch (op) {
     case c10d::ReduceOp::SUM: out = s.sum(0); break;
+    case c10d::ReduceOp::AVG: out = s.mean(0); break;
     case c10d::ReduceOp::PRODUCT: out = s.prod(0); break;
     case c10d::ReduceOp::MIN: out = std::get<0>(s.min(0)); break;
     case c10d::ReduceOp::MAX: out = std::get<0>(s.max(0)); break;
@@ -131,8 +132,9 @@ void wait(const c10::intrusive_ptr<c10d::Work>& w) { w->wait(std::chrono::millis
 const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16,
                                            torch::kInt8,    torch::kUInt8,   torch::kInt16,   torch::kInt32,
                                            torch::kInt64};
-const std::vector<c10d::ReduceOp::RedOpType> kOps = {c10d::ReduceOp::SUM, c10d::ReduceOp::PRODUCT,
-                                                     c10d::ReduceOp::MIN, c10d::ReduceOp::MAX};
+const std::vector<c10d::ReduceOp::RedOpType> kOps = {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG,
+                                                     c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MIN,
+                                                     c10d::ReduceOp::MAX};
 
 bool gloo_has(torch::Dtype d) { return d != torch::kBFloat16 && d != torch::kInt16; }
 
@@ -148,6 +150,7 @@ TEST(ShmGroup, AllReduceMatchesGlooAndTheReferenceForEveryDtypeOpAndSize) {
         [&](Rank& rk) {
           for (auto dtype : kDtypes) {
             for (auto op : kOps) {
+              if (op == c10d::ReduceOp::AVG && !torch::isFloatingType(dtype)) continue;  // goes to Gloo
               for (int64_t n : kSizes) {
                 SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rk.rank) + " dtype " +
                              std::string(c10::toString(c10::typeMetaToScalarType(torch::scalarTypeToTypeMeta(dtype)))) +
@@ -161,7 +164,10 @@ TEST(ShmGroup, AllReduceMatchesGlooAndTheReferenceForEveryDtypeOpAndSize) {
                 if (n == 0) continue;
                 if (gloo_has(dtype)) {
                   std::vector<at::Tensor> g{input(rk.rank, n, dtype)};
-                  wait(rk.gloo->allreduce(g, o));
+                  c10d::AllreduceOptions go = o;
+                  if (op == c10d::ReduceOp::AVG) go.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG
+                  wait(rk.gloo->allreduce(g, go));
+                  if (op == c10d::ReduceOp::AVG) g[0].div_(world);
                   EXPECT_TRUE(close(v[0], g[0], tol)) << "differs from Gloo's result";
                 }
                 // Every rank holds bitwise the same result (each slice is reduced once).

@@ -36,15 +36,27 @@ struct Max {
   static A apply(A a, A b) { return std::max(a, b); }
 };
 
-// dst[i] = src[0][i] op src[1][i] op ... op src[n-1][i]. dst may alias one of the sources
-// element for element (it is written only after every source element i was read).
-template <typename T, typename Op>
-void reduce_n(T* dst, const T* const* src, int n, size_t count) {
+// dst[i] = src[0][i] op src[1][i] op ... op src[n-1][i], divided by n for Avg; also into
+// dst2[i] if dst2 is not null (one pass instead of a reduction and a copy). dst and dst2 may
+// alias a source element for element (element i is written after every source element i
+// was read).
+template <typename T, typename Op, bool kAvg>
+void reduce_n(T* dst, T* dst2, const T* const* src, int n, size_t count) {
   using A = Acc<T>;
+  const A div = static_cast<A>(n);
+  auto finish = [div](A v) { return static_cast<T>(kAvg ? v / div : v); };
   if (n == 2) {
     const T* a = src[0];
     const T* b = src[1];
-    for (size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])));
+    if (dst2 == nullptr) {
+      for (size_t i = 0; i < count; ++i) dst[i] = finish(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])));
+    } else {
+      for (size_t i = 0; i < count; ++i) {
+        const T v = finish(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])));
+        dst[i] = v;
+        dst2[i] = v;
+      }
+    }
     return;
   }
   constexpr size_t kBlock = 1024;
@@ -58,7 +70,11 @@ void reduce_n(T* dst, const T* const* src, int n, size_t count) {
       for (size_t i = 0; i < m; ++i) acc[i] = Op::apply(acc[i], static_cast<A>(sk[i]));
     }
     T* d = dst + base;
-    for (size_t i = 0; i < m; ++i) d[i] = static_cast<T>(acc[i]);
+    for (size_t i = 0; i < m; ++i) d[i] = finish(acc[i]);
+    if (dst2 != nullptr) {
+      T* d2 = dst2 + base;
+      for (size_t i = 0; i < m; ++i) d2[i] = finish(acc[i]);
+    }
   }
 }
 
@@ -79,42 +95,50 @@ inline bool reduce_supported(at::ScalarType t) {
   }
 }
 
-inline bool reduce_supported(c10d::ReduceOp::RedOpType op) {
+// AVG (sum, then divide by the number of ranks) only for floating-point dtypes: an integer
+// average would truncate (Gloo has no AVG at all).
+inline bool reduce_supported(at::ScalarType t, c10d::ReduceOp::RedOpType op) {
+  if (!reduce_supported(t)) return false;
+  if (op == c10d::ReduceOp::AVG) return at::isFloatingType(t);
   return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::PRODUCT || op == c10d::ReduceOp::MIN ||
          op == c10d::ReduceOp::MAX;
 }
 
 template <typename T>
-void reduce_typed(void* dst, const void* const* src, int n, size_t count, c10d::ReduceOp::RedOpType op) {
+void reduce_typed(void* dst, void* dst2, const void* const* src, int n, size_t count, c10d::ReduceOp::RedOpType op) {
   auto d = static_cast<T*>(dst);
+  auto d2 = static_cast<T*>(dst2);
   auto s = reinterpret_cast<const T* const*>(src);
   switch (op) {
     case c10d::ReduceOp::SUM:
-      return reduce_n<T, Sum>(d, s, n, count);
+      return reduce_n<T, Sum, false>(d, d2, s, n, count);
+    case c10d::ReduceOp::AVG:
+      if constexpr (std::is_floating_point_v<Acc<T>>) return reduce_n<T, Sum, true>(d, d2, s, n, count);
+      break;
     case c10d::ReduceOp::PRODUCT:
-      return reduce_n<T, Prod>(d, s, n, count);
+      return reduce_n<T, Prod, false>(d, d2, s, n, count);
     case c10d::ReduceOp::MIN:
-      return reduce_n<T, Min>(d, s, n, count);
+      return reduce_n<T, Min, false>(d, d2, s, n, count);
     case c10d::ReduceOp::MAX:
-      return reduce_n<T, Max>(d, s, n, count);
+      return reduce_n<T, Max, false>(d, d2, s, n, count);
     default:
       break;
   }
 }
 
-// REQUIRES: reduce_supported(dtype) and reduce_supported(op).
-inline void reduce_into(at::ScalarType dtype, c10d::ReduceOp::RedOpType op, void* dst, const void* const* src, int n,
-                   size_t count) {
+// REQUIRES: reduce_supported(dtype, op). dst2 may be null.
+inline void reduce_into(at::ScalarType dtype, c10d::ReduceOp::RedOpType op, void* dst, void* dst2,
+                        const void* const* src, int n, size_t count) {
   switch (dtype) {
-    case at::kFloat: return reduce_typed<float>(dst, src, n, count, op);
-    case at::kDouble: return reduce_typed<double>(dst, src, n, count, op);
-    case at::kHalf: return reduce_typed<c10::Half>(dst, src, n, count, op);
-    case at::kBFloat16: return reduce_typed<c10::BFloat16>(dst, src, n, count, op);
-    case at::kChar: return reduce_typed<int8_t>(dst, src, n, count, op);
-    case at::kByte: return reduce_typed<uint8_t>(dst, src, n, count, op);
-    case at::kShort: return reduce_typed<int16_t>(dst, src, n, count, op);
-    case at::kInt: return reduce_typed<int32_t>(dst, src, n, count, op);
-    case at::kLong: return reduce_typed<int64_t>(dst, src, n, count, op);
+    case at::kFloat: return reduce_typed<float>(dst, dst2, src, n, count, op);
+    case at::kDouble: return reduce_typed<double>(dst, dst2, src, n, count, op);
+    case at::kHalf: return reduce_typed<c10::Half>(dst, dst2, src, n, count, op);
+    case at::kBFloat16: return reduce_typed<c10::BFloat16>(dst, dst2, src, n, count, op);
+    case at::kChar: return reduce_typed<int8_t>(dst, dst2, src, n, count, op);
+    case at::kByte: return reduce_typed<uint8_t>(dst, dst2, src, n, count, op);
+    case at::kShort: return reduce_typed<int16_t>(dst, dst2, src, n, count, op);
+    case at::kInt: return reduce_typed<int32_t>(dst, dst2, src, n, count, op);
+    case at::kLong: return reduce_typed<int64_t>(dst, dst2, src, n, count, op);
     default: break;
   }
 }

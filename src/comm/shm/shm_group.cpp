@@ -261,7 +261,7 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
   const size_t es = t.element_size();
   const size_t n = static_cast<size_t>(t.numel());
   const int world = size_;
-  if (world == 1) return;  // the input is the result
+  if (world == 1) return;  // the input is the result (an average of one value too)
   begin({kOpAllreduce, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op.op_), -1, n, 0});
   auto* data = static_cast<unsigned char*>(t.data_ptr());
   const size_t align = std::max<size_t>(1, kSliceAlignBytes / es);
@@ -278,7 +278,7 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
     first = false;
     if (count * es <= kSmallChunkBytes) {
       for (int k = 0; k < world; ++k) src[static_cast<size_t>(k)] = segment_->buffer(p, k);
-      reduce_into(dtype, op.op_, chunk, src.data(), world, count);
+      reduce_into(dtype, op.op_, chunk, nullptr, src.data(), world, count);
     } else {
       // Reduce-scatter: rank k owns elements [k*slice, (k+1)*slice) of the chunk.
       size_t slice = (count + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
@@ -288,9 +288,9 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
       const size_t mlo = lo(rank_), mhi = hi(rank_);
       if (mhi > mlo) {
         for (int k = 0; k < world; ++k) src[static_cast<size_t>(k)] = segment_->buffer(p, k) + mlo * es;
-        unsigned char* mine = segment_->buffer(p, rank_) + mlo * es;
-        reduce_into(dtype, op.op_, mine, src.data(), world, mhi - mlo);
-        std::memcpy(chunk + mlo * es, mine, (mhi - mlo) * es);
+        // Into this rank's slot (for the others) and the caller's tensor, in one pass.
+        reduce_into(dtype, op.op_, segment_->buffer(p, rank_) + mlo * es, chunk + mlo * es, src.data(), world,
+                    mhi - mlo);
       }
       segment_->barrier(deadline, "all_reduce");
       // All-gather: everyone else's reduced slices.
@@ -356,8 +356,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::delegated(c10::intrusive_ptr<c10
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
-  if (tensors.size() != 1 || !plain_cpu(tensors[0]) || !reduce_supported(tensors[0].scalar_type()) ||
-      !reduce_supported(opts.reduceOp.op_)) {
+  if (tensors.size() != 1 || !plain_cpu(tensors[0]) || !reduce_supported(tensors[0].scalar_type(), opts.reduceOp.op_)) {
     return delegated(gloo_->allreduce(tensors, opts));
   }
   at::Tensor t = tensors[0];

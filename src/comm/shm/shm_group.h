@@ -1,7 +1,7 @@
 // The shared-memory backend: a c10d::ProcessGroup for ranks that all run on one host.
 //
 // all_reduce (sum, product, min, max on float32/64, float16, bfloat16, int8/16/32/64,
-// uint8), broadcast, all_gather (equal shapes) and barrier move their data through one
+// uint8; avg on the floating-point ones), broadcast, all_gather (equal shapes) and barrier move their data through one
 // POSIX shared-memory segment (comm/shm/shm_segment.h) instead of loopback TCP. all_reduce
 // is a reduce-scatter then an all-gather inside the segment: every rank copies its input
 // into its own slot, each rank reduces its 1/N slice of the chunk (in rank order 0..N-1, so
