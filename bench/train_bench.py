@@ -71,6 +71,15 @@ def main():
         r1 = med[(side, 1)] / med[("pytorch", 1)]
         r2 = med[(side, 2)] / med[("pytorch", 2)]
         print(f"{'ratio':12} {r1:11.2f}x {r2:11.2f}x   ({side} / PyTorch)")
+    # Per round (each round runs every side back to back): robust to load that drifts
+    # between rounds, which moves the medians above.
+    rounds = range(a.repeat)
+    print(f"per-round medians: dtrain/PyTorch at 2 processes "
+          f"{statistics.median(results[('dtrain', 2)][i] / results[('pytorch', 2)][i] for i in rounds):.2f}x, "
+          f"scaling efficiency dtrain "
+          f"{statistics.median(results[('dtrain', 2)][i] / (2 * results[('dtrain', 1)][i]) for i in rounds):.2f}, "
+          f"PyTorch "
+          f"{statistics.median(results[('pytorch', 2)][i] / (2 * results[('pytorch', 1)][i]) for i in rounds):.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{k[0]}_{k[1]}": v for k, v in results.items()}, f, indent=1)
