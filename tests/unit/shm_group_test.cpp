@@ -320,5 +320,35 @@ TEST(ShmGroup, AutoFallsBackOnEveryRankWhenOneIsElsewhere) {
   EXPECT_TRUE(my_segments().empty());
 }
 
+// A segment /dev/shm cannot hold (here: 1 TiB slots) fails on rank 0 at once, and every rank
+// learns it through the store: "auto" falls back to Gloo on all, "shm" is an error on all.
+TEST(ShmGroup, ASegmentThatCannotBeCreatedFailsOrFallsBackOnEveryRank) {
+  for (bool require : {false, true}) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    int outcomes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        shm::SegmentOptions so;
+        so.slot_bytes = size_t{1} << 40;
+        try {
+          auto g = ShmProcessGroup::join(store, r, 3, c10::intrusive_ptr<c10d::ProcessGroup>(), 20s, require, so);
+          std::lock_guard<std::mutex> lock(mu);
+          outcomes += !require && !g;
+        } catch (const NetworkError& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          outcomes += require && std::string(e.what()).find("rank 0") != std::string::npos;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(outcomes, 3) << (require ? "shm" : "auto");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  }
+  EXPECT_TRUE(my_segments().empty());
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -125,21 +125,43 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
                      "'; use backend \"auto\" (shared memory only when all ranks are local) or \"gloo\"");
   }
 
-  // 2. Rank 0 creates the segment; everyone maps it; the last to map unlinks the name.
+  // 2. Rank 0 creates the segment; everyone maps it; the last to map unlinks the name. A
+  //    rank that fails publishes why (a value starting with '!'), so every rank learns it at
+  //    once and all fail - or, with "auto", all fall back to Gloo - together.
+  auto failed = [&](const std::string& why) -> c10::intrusive_ptr<ShmProcessGroup> {
+    if (require) throw NetworkError("init_process_group(backend \"shm\"): " + why);
+    std::fprintf(stderr, "dtrain: rank %d: shared-memory backend unavailable, using Gloo: %s\n", rank, why.c_str());
+    return {};
+  };
   std::unique_ptr<ShmSegment> seg;
   std::string name;
   if (rank == 0) {
     name = "/dtrain-" + std::to_string(::getpid()) + "-" + random_hex();
-    seg = ShmSegment::create(name, world, options);
+    try {
+      seg = ShmSegment::create(name, world, options);
+    } catch (const Error& e) {
+      const std::string why = std::string("rank 0: ") + e.what();
+      store->set(base + "name", to_bytes("!" + why));
+      return failed(why);
+    }
     store->set(base + "name", to_bytes(name));
   } else {
     store_wait({base + "name"}, "rank 0 to create the shared-memory segment");
     name = to_string(store->get(base + "name"));
-    seg = ShmSegment::open(name, rank, world, options);
+    if (!name.empty() && name[0] == '!') return failed(name.substr(1));
+    try {
+      seg = ShmSegment::open(name, rank, world, options);
+    } catch (const Error& e) {
+      // Tell the others (who wait for "ready") before giving up.
+      const std::string why = "rank " + std::to_string(rank) + ": " + e.what();
+      store->set(base + "ready", to_bytes("!" + why));
+      return failed(why);
+    }
   }
   seg->attach(rank);
   if (store->add(base + "mapped", 1) == world) {
     ShmSegment::unlink(name);
+    // A rank that failed to map never adds, so this and its "!..." never both happen.
     store->set(base + "ready", to_bytes("1"));
   }
   try {
@@ -147,6 +169,10 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
   } catch (...) {
     ShmSegment::unlink(name);  // nobody else will, if a rank never maps it
     throw;
+  }
+  if (std::string ready = to_string(store->get(base + "ready")); ready != "1") {
+    ShmSegment::unlink(name);
+    return failed(ready.substr(1));
   }
   // 3. Watch the peers' processes.
   seg->watch_peers();

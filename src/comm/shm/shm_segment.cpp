@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -102,15 +103,19 @@ ShmSegment::ShmSegment(std::string name, int world, void* base, size_t bytes, co
       pidfds_(static_cast<size_t>(world), -1) {}
 
 std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int world, const SegmentOptions& o) {
-  size_t slot = round_up(o.slot_bytes ? o.slot_bytes : kDefaultSlotBytes, 4096);
+  // Default slot: 4 MiB, smaller for many ranks so the segment stays within ~32 MiB.
+  size_t slot = o.slot_bytes ? o.slot_bytes
+                             : std::max<size_t>(64 << 10, std::min(kDefaultSlotBytes, (size_t{32} << 20) / world));
+  slot = round_up(slot, 4096);
   size_t data_offset = 0;
   size_t bytes = layout_bytes(world, slot, &data_offset);
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw NetworkError("shared-memory transport: shm_open(" + name + ") failed: " + errno_text(errno));
   }
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int e = errno;
+  // posix_fallocate, not ftruncate: it reserves every page now, so a /dev/shm too small for
+  // the segment (containers often have 64 MB) is an error here, not a SIGBUS mid-collective.
+  if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
     ::close(fd);
     ::shm_unlink(name.c_str());
     throw NetworkError("shared-memory transport: cannot size " + name + " to " + std::to_string(bytes) +

@@ -75,7 +75,8 @@ struct Header {
 };
 
 struct SegmentOptions {
-  // Bytes of one rank's buffer in one parity. Default: 4 MiB, or $DTRAIN_SHM_SLOT_BYTES.
+  // Bytes of one rank's buffer in one parity. Default: $DTRAIN_SHM_SLOT_BYTES, else 4 MiB
+  // (32 MiB / world size from 9 ranks up, at least 64 KiB).
   size_t slot_bytes = 0;
   // How long a waiting rank spins before sleeping on a futex. Default: 20 us, or
   // $DTRAIN_SHM_SPIN_US (0 = sleep at once; with fewer cores than ranks spinning only
