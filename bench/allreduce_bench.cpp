@@ -7,9 +7,12 @@
 // in 5 blocks, each started by a barrier. A block's time per op is the slowest rank's (a
 // collective is done when its last rank is); the figure is the best block, with the
 // median block beside it. Rank 0 prints one JSON line per size:
-//   {"impl":"dtrain","world":2,"bytes":1024,"iters":1000,"time_us":...,"median_us":...,
+//   {"impl":"dtrain-<backend>","world":2,"bytes":1024,"iters":1000,"time_us":...,"median_us":...,
 //    "algbw_gbps":...,"busbw_gbps":...}
 // algbw = bytes / time; busbw = algbw * 2(n-1)/n, what a ring all-reduce moves per rank.
+//
+// --backend auto|shm|gloo (default auto) is init_process_group's backend; "impl" names the
+// one chosen.
 //
 // Iterations per size: --iters if given, else min(1000, max(5, 256 MiB / bytes)), so that
 // each size takes roughly the same time; warm-up is a tenth of that (at least 2).
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
   int64_t max_bytes = 64 << 20;
   int64_t factor = 4;
   int iters_override = 0;
+  std::string backend = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (i + 1 >= argc) {
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
     else if (k == "--max-bytes") max_bytes = parse_size(v);
     else if (k == "--factor") factor = std::stoll(v);
     else if (k == "--iters") iters_override = std::stoi(v);
+    else if (k == "--backend") backend = v;
     else {
       std::fprintf(stderr, "allreduce_bench: unknown argument %s\n", k.c_str());
       return 2;
@@ -74,7 +79,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    auto group = dtrain::init_process_group();
+    dtrain::ProcessGroupOptions po;
+    po.backend = backend;
+    auto group = dtrain::init_process_group(po);
     const int rank = group->rank();
     const int world = group->world_size();
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
@@ -105,9 +112,9 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         const double algbw = static_cast<double>(bytes) / best / 1e9;
         std::printf(
-            "{\"impl\":\"dtrain\",\"world\":%d,\"bytes\":%lld,\"iters\":%d,\"time_us\":%.3f,"
+            "{\"impl\":\"dtrain-%s\",\"world\":%d,\"bytes\":%lld,\"iters\":%d,\"time_us\":%.3f,"
             "\"median_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-            world, static_cast<long long>(bytes), per_block * kBlocks, best * 1e6, median * 1e6, algbw,
+            group->backend_name().c_str(), world, static_cast<long long>(bytes), per_block * kBlocks, best * 1e6, median * 1e6, algbw,
             algbw * 2.0 * (world - 1) / world);
         std::fflush(stdout);
       }

@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """All-reduce benchmark: dtrain::all_reduce (C++) against torch.distributed.all_reduce.
 
-Both run on 2 processes (--nproc) of this machine over Gloo on loopback, float32, sum, for
-sizes 1 KiB .. 64 MiB (x4 each step):
+All run on 2 processes (--nproc) of this machine, float32, sum, for sizes 1 KiB .. 64 MiB
+(x4 each step): dtrain on its shared-memory backend ("shm", what "auto" picks when all ranks
+are local) and on Gloo over loopback ("gloo"), and torch.distributed on Gloo over loopback:
 
-  dtrain run --nproc-per-node 2 BUILD_DIR/bench/allreduce_bench
+  dtrain run --nproc-per-node 2 BUILD_DIR/bench/allreduce_bench --backend shm
+  dtrain run --nproc-per-node 2 BUILD_DIR/bench/allreduce_bench --backend gloo
   torchrun --nproc_per_node 2 --redirects 9:1 --tee 9:1 --monitor_interval 0.1
            --master_port <free port> bench/allreduce_bench.py --worker
 
 Both workers use the same rule: iterations = min(1000, max(5, 256 MiB / bytes)), warm-up =
 max(2, iterations / 10), then the timed iterations in 5 blocks, each started by a barrier;
 a block's time per op is the slowest rank's. Each launcher runs --rounds times, alternating
-(dtrain, torch, dtrain, ...). The table shows, per size, the best block over all rounds
+(shm, gloo, torch, shm, ...). The table shows, per size, the best block over all rounds
 (on a shared machine a load spike spoils a block, not the figure; the medians are in the
---json output), and ratio = dtrain time / torch time (below 1: dtrain faster).
-algbw = bytes / time. Both sides run the same Gloo code, so ratios near 1 are expected;
-what differs is the per-call overhead (C++ wrapper against Python binding).
+--json output), and ratios = dtrain time / torch time (below 1: dtrain faster).
+algbw = bytes / time. dtrain-gloo and torch run the same Gloo code, so their ratio is near 1
+(what differs is the per-call overhead: C++ wrapper against Python binding); dtrain-shm's
+ratio is what the shared-memory transport gains.
 
 The torchrun flags: Debian's torchrun (torch 1.13, Python 3.11) crashes with its default
 --redirects 0, so a redirect/tee for a local rank that does not exist (9) is given; its
@@ -179,12 +182,14 @@ def main() -> int:
     if a.iters:
         size_args += ["--iters", str(a.iters)]
     dtrain_cmd = [dtrain, "run", "--nproc-per-node", str(a.nproc), bench] + size_args
-    rows: dict[str, dict[int, list[dict]]] = {"dtrain": {}, "torch": {}}
+    impls = ("dtrain-shm", "dtrain-gloo", "torch")
+    rows: dict[str, dict[int, list[dict]]] = {impl: {} for impl in impls}
     for rnd in range(a.rounds):
         torch_cmd = [a.torchrun, "--nproc_per_node", str(a.nproc), "--redirects", "9:1", "--tee", "9:1",
                      "--monitor_interval", "0.1", "--master_port", str(free_port()),
                      os.path.abspath(__file__), "--worker"] + size_args
-        for impl, cmd in (("dtrain", dtrain_cmd), ("torch", torch_cmd)):
+        for impl, cmd in (("dtrain-shm", dtrain_cmd + ["--backend", "shm"]),
+                          ("dtrain-gloo", dtrain_cmd + ["--backend", "gloo"]), ("torch", torch_cmd)):
             t0 = time.monotonic()
             got = parse_json_lines(run(cmd, a.timeout, impl), impl)
             expected = sizes(a.min_bytes, a.max_bytes, a.factor)
@@ -201,20 +206,22 @@ def main() -> int:
     def med(impl: str, b: int) -> float:
         return statistics.median(r["median_us"] for r in rows[impl][b])
 
-    header = f"{'size':>8} | {'dtrain time':>11} | {'torch time':>11} | {'ratio':>5} | {'dtrain algbw':>12} | {'torch algbw':>11}"
-    print(f"all_reduce sum, float32, {a.nproc} processes, Gloo on loopback; time per op, best of "
+    header = (f"{'size':>8} | {'dtrain shm':>10} | {'dtrain gloo':>11} | {'torch gloo':>10} | {'shm/torch':>9} | "
+              f"{'gloo/torch':>10} | {'shm algbw':>11} | {'torch algbw':>11}")
+    print(f"all_reduce sum, float32, {a.nproc} processes; time per op, best of "
           f"{5 * a.rounds} timed blocks ({a.rounds} runs x 5)")
     print(header)
     print("-" * len(header))
     table = []
     for b in sizes(a.min_bytes, a.max_bytes, a.factor):
-        dt, tt = best("dtrain", b), best("torch", b)
-        dbw, tbw = b / dt / 1e3, b / tt / 1e3  # bytes/us -> GB/s
-        table.append({"bytes": b, "dtrain_time_us": dt, "torch_time_us": tt, "ratio": dt / tt,
-                      "dtrain_median_us": med("dtrain", b), "torch_median_us": med("torch", b),
-                      "dtrain_algbw_gbps": dbw, "torch_algbw_gbps": tbw})
-        print(f"{human(b):>8} | {fmt_time(dt):>11} | {fmt_time(tt):>11} | {dt / tt:5.2f} | "
-              f"{dbw:8.3f} GB/s | {tbw:7.3f} GB/s")
+        st, gt, tt = best("dtrain-shm", b), best("dtrain-gloo", b), best("torch", b)
+        sbw, tbw = b / st / 1e3, b / tt / 1e3  # bytes/us -> GB/s
+        table.append({"bytes": b, "shm_time_us": st, "gloo_time_us": gt, "torch_time_us": tt,
+                      "shm_ratio": st / tt, "gloo_ratio": gt / tt,
+                      "shm_median_us": med("dtrain-shm", b), "gloo_median_us": med("dtrain-gloo", b),
+                      "torch_median_us": med("torch", b), "shm_algbw_gbps": sbw, "torch_algbw_gbps": tbw})
+        print(f"{human(b):>8} | {fmt_time(st):>10} | {fmt_time(gt):>11} | {fmt_time(tt):>10} | {st / tt:9.2f} | "
+              f"{gt / tt:10.2f} | {sbw:6.3f} GB/s | {tbw:6.3f} GB/s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"nproc": a.nproc, "rounds": a.rounds, "table": table, "runs": rows}, f, indent=1)

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Training throughput: examples/fashion_mnist under `dtrain run` against the same model in
 PyTorch's Python DDP under torchrun (bench/pytorch_fashion_mnist.py), at 1 and 2 processes,
-one thread per process, measured in the same run. Prints global samples/s (training loop
-only), the dtrain/PyTorch ratio and each side's scaling efficiency (2-process throughput over
-twice the 1-process). Never fails on timing.
+one thread per process, measured in the same run. dtrain runs on its default backend
+("auto": shared memory, all ranks being local) and, as a second row, on plain Gloo
+(--backend gloo, what PyTorch uses). Prints global samples/s (training loop only), the
+dtrain/PyTorch ratio and each side's scaling efficiency (2-process throughput over twice the
+1-process). Runs are interleaved, so drifting machine load hits every side alike. Never fails
+on timing.
 
     /usr/bin/python3 bench/train_bench.py [--build-dir build] [--repeat 3] [--steps 400] [--json FILE]
 """
@@ -45,13 +48,14 @@ def main():
     dtrain = os.path.join(a.build_dir, "tools", "dtrain")
     example = os.path.join(a.build_dir, "examples", "fashion_mnist")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    results = {("dtrain", n): [] for n in (1, 2)}
-    results.update({("pytorch", n): [] for n in (1, 2)})
-    for _ in range(a.repeat):  # interleaved, so drifting machine load hits both sides alike
+    sides = ("dtrain", "dtrain-gloo", "pytorch")
+    results = {(side, n): [] for side in sides for n in (1, 2)}
+    for _ in range(a.repeat):  # interleaved, so drifting machine load hits every side alike
         for n in (1, 2):
-            results[("dtrain", n)].append(run(
-                [dtrain, "run", "--nproc-per-node", str(n), example, "--epochs", "1", "--max-steps", str(a.steps),
-                 "--no-eval", "--log-every", "0"], env))
+            for side, backend in (("dtrain", "auto"), ("dtrain-gloo", "gloo")):
+                results[(side, n)].append(run(
+                    [dtrain, "run", "--nproc-per-node", str(n), example, "--epochs", "1", "--max-steps", str(a.steps),
+                     "--no-eval", "--log-every", "0", "--backend", backend], env))
             results[("pytorch", n)].append(run(
                 ["/usr/bin/torchrun", "--nproc_per_node", str(n), "--redirects", "9:1", "--tee", "9:1",
                  "--monitor_interval", "0.1", os.path.join(HERE, "pytorch_fashion_mnist.py"), "--max-steps",
@@ -59,13 +63,23 @@ def main():
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"Fashion-MNIST MLP 784-512-256-10, Adam, batch 64/rank, 1 thread/process, {a.steps} steps, "
           f"median of {a.repeat}")
-    print(f"{'':10} {'1 process':>12} {'2 processes':>12} {'scaling eff.':>13}")
-    for side in ("dtrain", "pytorch"):
+    print(f"{'':12} {'1 process':>12} {'2 processes':>12} {'scaling eff.':>13}")
+    for side in sides:
         eff = med[(side, 2)] / (2 * med[(side, 1)])
-        print(f"{side:10} {med[(side, 1)]:12.0f} {med[(side, 2)]:12.0f} {eff:13.2f}")
-    r1 = med[("dtrain", 1)] / med[("pytorch", 1)]
-    r2 = med[("dtrain", 2)] / med[("pytorch", 2)]
-    print(f"{'ratio':10} {r1:11.2f}x {r2:11.2f}x   (dtrain / PyTorch)")
+        print(f"{side:12} {med[(side, 1)]:12.0f} {med[(side, 2)]:12.0f} {eff:13.2f}")
+    for side in ("dtrain", "dtrain-gloo"):
+        r1 = med[(side, 1)] / med[("pytorch", 1)]
+        r2 = med[(side, 2)] / med[("pytorch", 2)]
+        print(f"{'ratio':12} {r1:11.2f}x {r2:11.2f}x   ({side} / PyTorch)")
+    # Per round (each round runs every side back to back): robust to load that drifts
+    # between rounds, which moves the medians above.
+    rounds = range(a.repeat)
+    print(f"per-round medians: dtrain/PyTorch at 2 processes "
+          f"{statistics.median(results[('dtrain', 2)][i] / results[('pytorch', 2)][i] for i in rounds):.2f}x, "
+          f"scaling efficiency dtrain "
+          f"{statistics.median(results[('dtrain', 2)][i] / (2 * results[('dtrain', 1)][i]) for i in rounds):.2f}, "
+          f"PyTorch "
+          f"{statistics.median(results[('pytorch', 2)][i] / (2 * results[('pytorch', 1)][i]) for i in rounds):.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{k[0]}_{k[1]}": v for k, v in results.items()}, f, indent=1)

@@ -2,6 +2,10 @@
 
 # In-process: ranks as threads, each with its own Gloo group over one HashStore.
 dtrain_test(collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH)
+# The same tests on the shared-memory backend (src/comm/shm), and its own unit tests.
+dtrain_test(shm_collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH)
+target_compile_definitions(shm_collectives_test PRIVATE DTRAIN_TEST_SHM)
+dtrain_test(shm_group_test LABELS unit SOURCES unit/shm_group_test.cpp TORCH)
 
 # A worker whose --mode picks what it does (see its header comment); the multi-process test
 # runs it under `dtrain run` and as separately started processes.

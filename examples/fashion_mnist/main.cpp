@@ -36,6 +36,7 @@ struct Config {
   uint64_t seed = 0;
   bool no_eval = false;
   std::string schedule = "cosine";  // learning rate over the run: cosine decay to 0, or constant
+  std::string backend = "auto";      // init_process_group's backend
 };
 
 torch::nn::Sequential make_model(const std::string& kind) {
@@ -78,7 +79,7 @@ double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, 
 }
 
 int train(const Config& cfg) {
-  auto pg = dtrain::init_process_group();
+  auto pg = dtrain::init_process_group({.backend = cfg.backend});
   const int rank = pg->rank(), world = pg->world_size();
   auto train_set = fashion_mnist::load_split(cfg.data_dir, true);
   auto test_set = fashion_mnist::load_split(cfg.data_dir, false);
@@ -184,7 +185,8 @@ int train(const Config& cfg) {
                        {"lr", cfg.lr},
                        {"schedule", cfg.schedule},
                        {"seconds", train_seconds},
-                       {"param_digest", param_digest(*model)}};
+                       {"param_digest", param_digest(*model)},
+                       {"backend", pg->backend_name()}};
     std::printf("%s\n", out.dump().c_str());
   }
   dtrain::destroy_process_group();
@@ -211,6 +213,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-eval", cfg.no_eval, "Skip test-set evaluation");
   app.add_option("--schedule", cfg.schedule, "Learning rate: 'cosine' (from --lr down to 0 over the epochs) or 'constant'")
       ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option("--backend", cfg.backend, "Process group backend: auto (shared memory when all ranks are local), shm or gloo")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "shm", "gloo"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -52,7 +52,7 @@ struct GradBucket {
 // returns, bucket.buffer must hold the gradients averaged over the group.
 using CommHook = std::function<Work(ProcessGroup& group, GradBucket& bucket)>;
 
-// The default: all_reduce(sum) of the buffer divided by the world size.
+// The default: all_reduce(avg) of the buffer (on Gloo: a sum, then a division by the world size).
 CommHook allreduce_hook();
 // Compress to float16 / bfloat16 for the wire, average, decompress: half the bytes sent,
 // at the cost of 16-bit precision in the averaged gradients.

@@ -15,9 +15,15 @@
 namespace dtrain {
 
 struct ProcessGroupOptions {
-  // "gloo", "nccl" (needs a CUDA build of libtorch) or "auto" (nccl with CUDA, else gloo).
-  // Default: "gloo".
-  std::string backend = "gloo";
+  // "auto": the shared-memory backend when every rank runs on this host (same hostname,
+  //   boot and /dev/shm), else Gloo; every rank decides alike through the store.
+  // "shm": the shared-memory backend, an error (UsageError) if some rank is on another host.
+  //   all_reduce, broadcast, all_gather and barrier go through one POSIX shared-memory
+  //   segment; every other collective through a Gloo group it wraps.
+  // "gloo": c10d's Gloo over TCP only (what PyTorch's init_process_group("gloo") gives).
+  // "nccl": needs a CUDA build of libtorch (this one is CPU-only: UsageError).
+  // Default: "auto".
+  std::string backend = "auto";
   // "env://" (the launcher's environment), "tcp://HOST:PORT" (rank 0 hosts the store) or
   // "file:///PATH" (a file every rank can reach; remove it before reusing it). Default: env://.
   std::string init_method = "env://";
@@ -36,6 +42,7 @@ class ProcessGroup {
                std::string backend);
   int rank() const { return pg_->getRank(); }
   int world_size() const { return pg_->getSize(); }
+  // "shm" or "gloo": the backend init_process_group chose.
   const std::string& backend_name() const { return backend_; }
   // The c10d group, for collectives not wrapped here yet.
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }

@@ -14,6 +14,7 @@
 #include <exception>
 #include <sstream>
 
+#include "comm/shm/shm_group.h"
 #include "dtrain/error.h"
 
 namespace dtrain {
@@ -47,6 +48,7 @@ std::chrono::milliseconds group_timeout(const c10d::ProcessGroup& pg) {
     // getOptions() is not const in 1.13, but only reads.
     return const_cast<c10d::ProcessGroupGloo*>(gloo)->getOptions()->timeout;
   }
+  if (auto* shm = dynamic_cast<const shm::ShmProcessGroup*>(&pg)) return shm->timeout();
   return std::chrono::minutes(30);  // PyTorch's default
 }
 
@@ -193,6 +195,9 @@ bool is_io_error(const std::exception_ptr& e) {
     std::rethrow_exception(e);
   } catch (const ::gloo::IoException&) {
     return true;
+  } catch (const NetworkError& x) {
+    // The shared-memory backend's "a peer exited / left" errors.
+    return std::string(x.what()).rfind("lost the connection to a peer rank", 0) == 0;
   } catch (...) {
     return false;
   }
@@ -260,6 +265,11 @@ void Work::wait() {
     // c10d's Work::wait throws "Operation timed out!" and leaves the work pending; Gloo's own
     // timeouts (the group's, and send/recv's waits) complete it with "Timed out waiting ...".
     const bool pending = !work_->isCompleted();
+    if (!pending && detail.rfind("an earlier collective of this group", 0) == 0) {
+      // The shared-memory backend after an earlier failure (which may have been a timeout),
+      // like Gloo's closed pairs below.
+      throw NetworkError(where + " failed: " + detail);
+    }
     if (pending || contains_ci(detail, "timed out")) {
       if (pending) {
         // Gloo's thread is still blocked in this collective (until the group's timeout) and
@@ -288,6 +298,7 @@ void Work::wait() {
       throw NetworkError(where + " failed: lost the connection to a peer rank (it may have died) [" +
                          detail + "]");
     }
+
     throw Error(where + " failed: " + detail);
   }
   waited_ = true;
@@ -320,8 +331,14 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(options.op);
   o.timeout = c.timeout;
+  // The shared-memory backend averages while it reduces (no extra pass); Gloo sums, and
+  // the Work's finish step divides.
+  bool avg = options.op == ReduceOp::kAvg && c.world > 1;
+  if (avg && dynamic_cast<const shm::ShmProcessGroup*>(c.pg.get()) != nullptr) {
+    o.reduceOp = c10d::ReduceOp::AVG;
+    avg = false;
+  }
   auto w = issue(c, [&] { return c.pg->allreduce(v, o); });
-  const bool avg = options.op == ReduceOp::kAvg && c.world > 1;
   const int world = c.world;
   return make_work(c, std::move(w), [s, avg, world] {
     if (avg) s.buf.div_(world);

@@ -7,6 +7,7 @@
 
 #include <mutex>
 
+#include "comm/shm/shm_group.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
@@ -120,16 +121,15 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
 void ProcessGroup::barrier() { pg_->barrier()->wait(); }
 
 std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
-  std::string backend = options.backend;
-  if (backend == "auto") backend = "gloo";  // this build has no CUDA
+  const std::string& backend = options.backend;
   if (backend == "nccl") {
     throw UsageError(
         "init_process_group: backend 'nccl' needs a CUDA build of libtorch, and this one is "
-        "CPU-only; use backend \"gloo\" (or \"auto\")");
+        "CPU-only; use backend \"auto\", \"shm\" or \"gloo\"");
   }
-  if (backend != "gloo") {
+  if (backend != "gloo" && backend != "shm" && backend != "auto") {
     throw UsageError("init_process_group: unknown backend '" + options.backend +
-                     "'; use \"gloo\", \"nccl\" or \"auto\"");
+                     "'; use \"auto\" (the default), \"shm\", \"gloo\" or \"nccl\"");
   }
   Rendezvous r = url_rendezvous(options);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -139,8 +139,20 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   } else {
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(r.store, r.rank, r.world_size, gloo_options);
-  auto group = std::make_shared<ProcessGroup>(r.store, pg, backend);
+  c10::intrusive_ptr<c10d::ProcessGroup> pg =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(r.store, r.rank, r.world_size, gloo_options);
+  std::string chosen = "gloo";
+  if (backend != "gloo") {
+    // The shared-memory backend wraps the Gloo group (which keeps everything it does not
+    // implement). "auto" falls back to plain Gloo, on every rank alike, when the ranks are
+    // not all on one host.
+    if (auto shm = shm::ShmProcessGroup::join(r.store, r.rank, r.world_size, pg, options.timeout,
+                                              /*require=*/backend == "shm")) {
+      pg = shm;
+      chosen = "shm";
+    }
+  }
+  auto group = std::make_shared<ProcessGroup>(r.store, pg, chosen);
   std::lock_guard<std::mutex> lock(g_mutex);
   g_default = group;
   return group;

@@ -70,9 +70,11 @@ Work compress_hook(ProcessGroup& group, GradBucket& bucket, torch::ScalarType wi
 
 CommHook allreduce_hook() {
   return [](ProcessGroup& group, GradBucket& bucket) {
-    bucket.buffer.div_(group.world_size());
+    // kAvg: the shared-memory backend divides while it reduces; on Gloo it is a sum and a
+    // division when the Work is waited for (the same passes as dividing first).
     AllReduceOptions o;
     o.group = non_owning(group);
+    o.op = ReduceOp::kAvg;
     return all_reduce_async(bucket.buffer, o);
   };
 }

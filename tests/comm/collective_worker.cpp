@@ -13,6 +13,9 @@
 //     "collective_worker rank R: <ErrorType> after <ms> ms: <message>" and exit 3; exit 4 if
 //     the all_reduce succeeded.
 //
+//   --backend auto|shm|gloo (default auto) picks init_process_group's backend; every mode
+//   prints "collective_worker rank R: backend B" first.
+//
 //   collective_worker --mode stall ... (same flags)
 //     As die, but rank D stays alive and connected without calling the all_reduce (it
 //     sleeps 60 s): the others must time out, and exit at once although Gloo's thread is
@@ -43,6 +46,7 @@ struct Args {
   int world_size = -1;
   int timeout_ms = 3000;
   int die_rank = 1;
+  std::string backend = "auto";
 };
 
 Args parse(int argc, char** argv) {
@@ -58,6 +62,7 @@ Args parse(int argc, char** argv) {
     };
     if (k == "--mode") a.mode = value();
     else if (k == "--init") a.init = value();
+    else if (k == "--backend") a.backend = value();
     else if (k == "--rank") a.rank = std::stoi(value());
     else if (k == "--world-size") a.world_size = std::stoi(value());
     else if (k == "--timeout-ms") a.timeout_ms = std::stoi(value());
@@ -287,11 +292,13 @@ int main(int argc, char** argv) {
   try {
     dtrain::ProcessGroupOptions po;
     po.init_method = args.init;
+    po.backend = args.backend;
     po.rank = args.rank;
     po.world_size = args.world_size;
     po.timeout = std::chrono::seconds(30);
     auto g = dtrain::init_process_group(po);
     g_rank = g->rank();
+    std::printf("collective_worker rank %d: backend %s\n", g->rank(), g->backend_name().c_str());
     int rc;
     if (args.mode == "all") {
       rc = run_all(g);

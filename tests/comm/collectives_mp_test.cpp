@@ -1,10 +1,12 @@
 // Collectives across real processes (tests/comm/collective_worker.cpp): under the real
 // `dtrain run`, with tcp:// and file:// init and no launcher, and with a rank that SIGKILLs
-// itself in the middle of a job. The worker checks the results itself; this test checks
+// itself in the middle of a job; on the default backend ("auto": shared memory, since all
+// ranks are local) and on plain Gloo. The worker checks the results itself; this test checks
 // exit codes and what the workers printed. It does not load libtorch.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <regex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,6 +52,18 @@ int free_port() {
 std::string describe(const RunResult& r) {
   return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " (timed out)" : "") + " after " +
          std::to_string(r.elapsed) + " s\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
+// Segment names in /dev/shm (the shared-memory backend's are "dtrain-<pid>-<random>").
+std::set<std::string> shm_names() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind("dtrain-", 0) == 0) out.insert(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
 }
 
 // Starts `world` workers with the given init method and extra arguments, without a launcher.
@@ -102,9 +117,11 @@ void expect_all_passed(const std::vector<RunResult>& results) {
   }
 }
 
-TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3Processes) {
-  auto res = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "3", kWorker, "--mode", "all"},
-                                       RunOptions{{}, {}, 45s});
+void expect_every_collective_under_dtrain_run(const std::string& backend) {
+  const auto shm_before = shm_names();
+  auto res = dtrain::test::run_command(
+      {DTRAIN_BIN, "run", "--nproc-per-node", "3", kWorker, "--mode", "all", "--backend", backend},
+      RunOptions{{}, {}, 45s});
   ASSERT_EQ(res.exit_code, 0) << describe(res);
   // The launcher prefixes each rank's lines; every rank must report its checks passed.
   for (int r = 0; r < 3; ++r) {
@@ -113,7 +130,19 @@ TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3Processes) {
     ASSERT_TRUE(std::regex_search(res.out, m, passed)) << "rank " << r << ": " << describe(res);
     // About 80 at 3 ranks; far fewer would mean the worker skipped parts.
     EXPECT_GE(std::stoi(m[1]), 60) << "suspiciously few checks on rank " << r;
+    const std::string chosen = backend == "gloo" ? "gloo" : "shm";  // auto: all ranks are local
+    EXPECT_NE(res.out.find("collective_worker rank " + std::to_string(r) + ": backend " + chosen), std::string::npos)
+        << describe(res);
   }
+  for (const auto& name : shm_names()) EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
+}
+
+TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3Processes) {
+  expect_every_collective_under_dtrain_run("auto");
+}
+
+TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3ProcessesOnGloo) {
+  expect_every_collective_under_dtrain_run("gloo");
 }
 
 TEST(CollectivesMultiProcess, TcpInitWithoutLauncher) {
@@ -128,32 +157,56 @@ TEST(CollectivesMultiProcess, FileInitWithoutLauncher) {
   std::remove(path.c_str());
 }
 
-// Rank 1 SIGKILLs itself just before an all_reduce that ranks 0 and 2 enter with a 3 s
+// Rank `die` SIGKILLs itself just before an all_reduce that the others enter with a 3 s
 // timeout. Nobody tears the survivors down (no launcher): they must fail by themselves with
-// a dtrain error naming the all_reduce, and exit non-zero within ~2x the timeout.
-TEST(CollectivesMultiProcess, RankKilledMidCollectiveMakesTheOthersFailNotHang) {
+// a dtrain error naming the all_reduce, and exit non-zero within ~2x the timeout. Nothing
+// may be left in /dev/shm.
+void expect_survivors_fail(const std::string& backend, int die) {
   const int timeout_ms = 3000;
+  const auto shm_before = shm_names();
   const std::string init = "tcp://127.0.0.1:" + std::to_string(free_port());
-  auto results = run_without_launcher(3, init, {"--mode", "die", "--timeout-ms", std::to_string(timeout_ms)}, 40s);
+  auto results = run_without_launcher(3, init,
+                                      {"--mode", "die", "--timeout-ms", std::to_string(timeout_ms), "--die-rank",
+                                       std::to_string(die), "--backend", backend},
+                                      40s);
   ASSERT_EQ(results.size(), 3u);
-  const auto& dead = results[1];
-  EXPECT_EQ(dead.exit_code, 128 + 9) << "rank 1: " << describe(dead);
+  const auto& dead = results[static_cast<size_t>(die)];
+  EXPECT_EQ(dead.exit_code, 128 + 9) << "rank " << die << ": " << describe(dead);
   EXPECT_NE(dead.out.find("SIGKILLing myself"), std::string::npos) << describe(dead);
-  for (int r : {0, 2}) {
+  for (int r = 0; r < 3; ++r) {
+    if (r == die) continue;
     const auto& res = results[static_cast<size_t>(r)];
     SCOPED_TRACE("rank " + std::to_string(r) + ": " + describe(res));
+    EXPECT_NE(res.out.find("backend " + backend), std::string::npos);
     EXPECT_FALSE(res.timed_out);
     EXPECT_EQ(res.exit_code, 3);
     Failure f = survivor_failure(res, r);
     ASSERT_NE(f.ms, -1) << "no dtrain error naming the all_reduce was printed";
     EXPECT_LE(f.ms, 2 * timeout_ms) << "the all_reduce took too long to fail";
-    // And the process itself is gone soon after (no hang while leaving the group). Both
-    // were started at the same moment as rank 1, which died right after the barrier.
+    // And the process itself is gone soon after (no hang while leaving the group). All
+    // were started at the same moment as the dead rank, which died right after the barrier.
     EXPECT_LE(res.elapsed - dead.elapsed, 2.0 * timeout_ms / 1000.0)
-        << "exited " << res.elapsed - dead.elapsed << " s after rank 1 died";
-    std::printf("rank %d: %s after %d ms; exited %.2f s after rank 1 died\n", r, f.type.c_str(), f.ms,
-                res.elapsed - dead.elapsed);
+        << "exited " << res.elapsed - dead.elapsed << " s after rank " << die << " died";
+    std::printf("%s, rank %d: %s after %d ms; exited %.2f s after rank %d died\n", backend.c_str(), r,
+                f.type.c_str(), f.ms, res.elapsed - dead.elapsed, die);
   }
+  for (const auto& name : shm_names()) {
+    EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
+  }
+}
+
+TEST(CollectivesMultiProcess, RankKilledMidCollectiveMakesTheOthersFailNotHang) {
+  expect_survivors_fail("gloo", 1);
+}
+
+// The shared-memory backend notices a dead peer through its pidfd (within ~50 ms), not
+// by a timeout; rank 0 created the segment, so both the creator and a mapper die here.
+TEST(CollectivesMultiProcess, ShmRankKilledMidCollectiveMakesTheOthersFailFast) {
+  expect_survivors_fail("shm", 1);
+}
+
+TEST(CollectivesMultiProcess, ShmSegmentCreatorKilledMidCollective) {
+  expect_survivors_fail("shm", 0);
 }
 
 // Rank 1 stays alive and connected but never calls the all_reduce: ranks 0 and 2 time out

@@ -1,6 +1,7 @@
 // Collectives (src/comm/collectives.cpp) with ranks as threads of this process: each thread
 // makes its own c10d::ProcessGroupGloo over one shared HashStore on loopback, wraps it in a
-// dtrain::ProcessGroup and passes it through options.group. Every result is compared with
+// dtrain::ProcessGroup and passes it through options.group. Built twice: collectives_test
+// on Gloo, shm_collectives_test (DTRAIN_TEST_SHM) on the shared-memory backend wrapping it. Every result is compared with
 // the value computed directly from every rank's input.
 //
 // Each TEST covers world sizes 1-4 in one process, since loading libtorch costs more than
@@ -23,6 +24,9 @@
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
 #include "support/reference_reduce.h"
+#ifdef DTRAIN_TEST_SHM
+#include "comm/shm/shm_group.h"
+#endif
 
 namespace dtrain {
 namespace {
@@ -51,8 +55,15 @@ void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
       try {
         auto options = c10d::ProcessGroupGloo::Options::create(group_timeout);
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
+        c10::intrusive_ptr<c10d::ProcessGroup> pg =
+            c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
+#ifdef DTRAIN_TEST_SHM
+        // shm_collectives_test: the same tests on the shared-memory backend around Gloo.
+        pg = shm::ShmProcessGroup::join(store, r, world, pg, group_timeout, /*require=*/true);
+        auto group = std::make_shared<ProcessGroup>(store, pg, "shm");
+#else
         auto group = std::make_shared<ProcessGroup>(store, pg, "gloo");
+#endif
         pg.reset();
         fn(r, std::move(group));
       } catch (const std::exception& e) {

@@ -1,0 +1,354 @@
+// The shared-memory backend (src/comm/shm) with ranks as threads: results against Gloo's
+// and against values computed directly, chunking (small slots), every dtype and reduce op,
+// many collectives in flight, mismatched calls, the "auto" fallback, and no segment left in
+// /dev/shm. (shm_collectives_test runs the whole collectives suite on this backend too; the
+// multi-process tests, with a rank SIGKILLed, are in tests/comm/collectives_mp_test.cpp.)
+#include <gtest/gtest.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/shm/shm_group.h"
+#include "dtrain/collectives.h"
+#include "dtrain/error.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using shm::ShmProcessGroup;
+
+struct Rank {
+  int rank;
+  int world;
+  c10::intrusive_ptr<ShmProcessGroup> shm;
+  c10::intrusive_ptr<c10d::ProcessGroup> gloo;
+};
+
+// Segments this process created that are still named in /dev/shm.
+std::vector<std::string> my_segments() {
+  std::vector<std::string> out;
+  const std::string prefix = "dtrain-" + std::to_string(::getpid()) + "-";
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Runs fn on `world` threads, each with a Gloo group and the shm group around it. A rank
+// that throws fails the test; a rank still running after `deadline` aborts the process.
+void run_ranks(int world, const std::function<void(Rank&)>& fn, shm::SegmentOptions so = {},
+               std::chrono::milliseconds group_timeout = 10s,
+               std::function<std::string(int)> host_id = nullptr) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::promise<void>> done(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto options = c10d::ProcessGroupGloo::Options::create(group_timeout);
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        c10::intrusive_ptr<c10d::ProcessGroup> gloo =
+            c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
+        shm::SegmentOptions mine = so;
+        if (host_id) mine.host_id = host_id(r);
+        auto g = ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true, mine);
+        // The name is unlinked once every rank mapped it: nothing to leak from here on.
+        EXPECT_TRUE(my_segments().empty()) << "a segment is still named in /dev/shm: " << my_segments()[0];
+        Rank rk{r, world, g, gloo};
+        fn(rk);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "world " << world << " rank " << r << " threw: " << e.what();
+      }
+      done[static_cast<size_t>(r)].set_value();
+    });
+  }
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  for (auto& d : done) {
+    if (d.get_future().wait_until(until) != std::future_status::ready) {
+      std::fprintf(stderr, "shm_group_test: a rank is still running after 60 s; aborting\n");
+      std::abort();
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(my_segments().empty());
+}
+
+// Rank r's input: small integers for integer dtypes (exact sums and products), values of
+// both signs for floating ones.
+torch::Tensor input(int rank, int64_t n, torch::Dtype dtype) {
+  auto i = torch::arange(n, torch::kFloat64);
+  if (torch::isFloatingType(dtype)) return (torch::sin(i * 0.37 + rank) * (rank + 1) * 0.9).to(dtype);
+  return ((i.remainder(2)) + 1 + ((i + rank).remainder(3) == 0).to(torch::kFloat64)).to(dtype);
+}
+
+torch::Tensor reference(c10d::ReduceOp::RedOpType op, int world, int64_t n, torch::Dtype dtype) {
+  std::vector<torch::Tensor> all;
+  for (int r = 0; r < world; ++r) all.push_back(input(r, n, dtype).to(torch::kFloat64));
+  auto s = torch::stack(all);
+  torch::Tensor out;
+  switch (op) {
+    case c10d::ReduceOp::SUM: out = s.sum(0); break;
+    case c10d::ReduceOp::AVG: out = s.mean(0); break;
+    case c10d::ReduceOp::PRODUCT: out = s.prod(0); break;
+    case c10d::ReduceOp::MIN: out = std::get<0>(s.min(0)); break;
+    case c10d::ReduceOp::MAX: out = std::get<0>(s.max(0)); break;
+    default: break;
+  }
+  return out.to(dtype);
+}
+
+::testing::AssertionResult close(const torch::Tensor& got, const torch::Tensor& want, double tol) {
+  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+    return ::testing::AssertionFailure() << "shape/dtype differ";
+  }
+  bool ok = torch::isFloatingType(want.scalar_type())
+                ? torch::allclose(got.to(torch::kFloat64), want.to(torch::kFloat64), tol, tol)
+                : torch::equal(got, want);
+  if (ok) return ::testing::AssertionSuccess();
+  auto diff = (got.to(torch::kFloat64) - want.to(torch::kFloat64)).abs();
+  auto at = diff.argmax().item<int64_t>();
+  return ::testing::AssertionFailure() << "max difference " << diff.max().item<double>() << " at element " << at
+                                       << ": got " << got[at].item<double>() << ", want " << want[at].item<double>();
+}
+
+void wait(const c10::intrusive_ptr<c10d::Work>& w) { w->wait(std::chrono::milliseconds(30000)); }
+
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16,
+                                           torch::kInt8,    torch::kUInt8,   torch::kInt16,   torch::kInt32,
+                                           torch::kInt64};
+const std::vector<c10d::ReduceOp::RedOpType> kOps = {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG,
+                                                     c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MIN,
+                                                     c10d::ReduceOp::MAX};
+
+bool gloo_has(torch::Dtype d) { return d != torch::kBFloat16 && d != torch::kInt16; }
+
+// Sizes around the small-chunk limit (16 KiB) and across several 64 KiB slots.
+const std::vector<int64_t> kSizes = {0, 1, 7, 1000, 4095, 4096, 4097, 16411, 100003};
+
+TEST(ShmGroup, AllReduceMatchesGlooAndTheReferenceForEveryDtypeOpAndSize) {
+  shm::SegmentOptions so;
+  so.slot_bytes = 64 << 10;  // forces several chunks from 64 KiB up
+  for (int world : {2, 3}) {
+    run_ranks(
+        world,
+        [&](Rank& rk) {
+          for (auto dtype : kDtypes) {
+            for (auto op : kOps) {
+              if (op == c10d::ReduceOp::AVG && !torch::isFloatingType(dtype)) continue;  // goes to Gloo
+              for (int64_t n : kSizes) {
+                SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rk.rank) + " dtype " +
+                             std::string(c10::toString(c10::typeMetaToScalarType(torch::scalarTypeToTypeMeta(dtype)))) +
+                             " op " + std::to_string(static_cast<int>(op)) + " n " + std::to_string(n));
+                c10d::AllreduceOptions o;
+                o.reduceOp = op;
+                std::vector<at::Tensor> v{input(rk.rank, n, dtype)};
+                wait(rk.shm->allreduce(v, o));
+                const double tol = (dtype == torch::kFloat16 || dtype == torch::kBFloat16) ? 2e-2 : 1e-5;
+                EXPECT_TRUE(close(v[0], reference(op, world, n, dtype), tol));
+                if (n == 0) continue;
+                if (gloo_has(dtype)) {
+                  std::vector<at::Tensor> g{input(rk.rank, n, dtype)};
+                  c10d::AllreduceOptions go = o;
+                  if (op == c10d::ReduceOp::AVG) go.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG
+                  wait(rk.gloo->allreduce(g, go));
+                  if (op == c10d::ReduceOp::AVG) g[0].div_(world);
+                  EXPECT_TRUE(close(v[0], g[0], tol)) << "differs from Gloo's result";
+                }
+                // Every rank holds bitwise the same result (each slice is reduced once).
+                std::vector<std::vector<at::Tensor>> all(1);
+                for (int k = 0; k < world; ++k) all[0].push_back(torch::empty_like(v[0]));
+                wait(rk.shm->allgather(all, v));  // (Gloo has no bfloat16/int16 all_gather)
+                for (int k = 0; k < world; ++k) EXPECT_TRUE(torch::equal(all[0][static_cast<size_t>(k)], v[0]));
+              }
+            }
+          }
+        },
+        so);
+  }
+}
+
+TEST(ShmGroup, BroadcastAllGatherAndBarrierAcrossChunks) {
+  shm::SegmentOptions so;
+  so.slot_bytes = 64 << 10;
+  for (int world : {2, 3, 4}) {
+    run_ranks(
+        world,
+        [&](Rank& rk) {
+          for (int64_t n : {int64_t{0}, int64_t{5}, int64_t{40000}}) {
+            for (int root = 0; root < world; ++root) {
+              auto t = rk.rank == root ? input(root, n, torch::kFloat32) : torch::zeros({n});
+              std::vector<at::Tensor> v{t};
+              c10d::BroadcastOptions bo;
+              bo.rootRank = root;
+              wait(rk.shm->broadcast(v, bo));
+              EXPECT_TRUE(torch::equal(t, input(root, n, torch::kFloat32))) << "root " << root << " n " << n;
+            }
+            std::vector<at::Tensor> in{input(rk.rank, n, torch::kFloat64)};
+            std::vector<std::vector<at::Tensor>> out(1);
+            for (int k = 0; k < world; ++k) out[0].push_back(torch::full({n}, -1.0, torch::kFloat64));
+            wait(rk.shm->allgather(out, in));
+            for (int k = 0; k < world; ++k) {
+              EXPECT_TRUE(torch::equal(out[0][static_cast<size_t>(k)], input(k, n, torch::kFloat64))) << "from " << k;
+            }
+            wait(rk.shm->barrier());
+          }
+        },
+        so);
+  }
+}
+
+TEST(ShmGroup, ManyCollectivesInFlightCompleteInOrder) {
+  run_ranks(3, [&](Rank& rk) {
+    std::vector<std::vector<at::Tensor>> tensors;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int i = 0; i < 40; ++i) {
+      const int64_t n = (i % 4 == 0) ? 300000 : 10 + i;  // 1.2 MB every fourth
+      tensors.push_back({input(rk.rank, n, torch::kFloat32)});
+      works.push_back(rk.shm->allreduce(tensors.back()));
+      if (i % 10 == 9) works.push_back(rk.shm->barrier());
+    }
+    for (auto& w : works) wait(w);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_TRUE(close(tensors[i][0], reference(c10d::ReduceOp::SUM, 3, tensors[i][0].numel(), torch::kFloat32), 1e-5))
+          << "collective " << i;
+    }
+  });
+}
+
+TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {
+  run_ranks(2, [&](Rank& rk) {
+    // Bitwise AND on integers and a list of two tensors: Gloo's.
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::BAND;
+    std::vector<at::Tensor> v{torch::full({4}, rk.rank == 0 ? 6 : 3, torch::kInt32)};
+    wait(rk.shm->allreduce(v, o));
+    EXPECT_TRUE(torch::equal(v[0], torch::full({4}, 2, torch::kInt32)));
+    std::vector<at::Tensor> two{torch::ones({3}), torch::ones({3})};
+    wait(rk.shm->allreduce(two));
+    EXPECT_TRUE(torch::equal(two[0], torch::full({3}, 4.0)));  // Gloo sums the list too
+    // reduce to rank 1, through Gloo; then a barrier waits for it.
+    std::vector<at::Tensor> r{torch::full({2}, rk.rank + 1.0)};
+    c10d::ReduceOptions ro;
+    ro.rootRank = 1;
+    auto rw = rk.shm->reduce(r, ro);
+    wait(rk.shm->barrier());
+    EXPECT_TRUE(rw->isCompleted());
+    if (rk.rank == 1) {
+      EXPECT_TRUE(torch::equal(r[0], torch::full({2}, 3.0)));
+    }
+  });
+}
+
+TEST(ShmGroup, RanksCallingDifferentCollectivesFailWithBothCallsNamed) {
+  run_ranks(2, [&](Rank& rk) {
+    ProcessGroup group(c10::intrusive_ptr<c10d::Store>(), rk.shm, "shm");
+    AllReduceOptions o;
+    o.group = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    auto t = torch::ones({rk.rank == 0 ? 10 : 20});
+    try {
+      all_reduce(t, o);
+      ADD_FAILURE() << "all_reduce of different sizes succeeded";
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("differs across ranks"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("all_reduce of 10 Float elements"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("all_reduce of 20 Float elements"), std::string::npos) << msg;
+    }
+    // The group is unusable afterwards, and says so at once.
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      all_reduce(t, o);
+      ADD_FAILURE() << "a broken group ran a collective";
+    } catch (const NetworkError& e) {
+      EXPECT_NE(std::string(e.what()).find("an earlier collective of this group failed"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  });
+}
+
+TEST(ShmGroup, AutoFallsBackOnEveryRankWhenOneIsElsewhere) {
+  for (int world : {2, 3}) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    int nulls = 0;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        shm::SegmentOptions so;
+        so.host_id = r == world - 1 ? "other-host" : "this-host";
+        auto g = ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<c10d::ProcessGroup>(), 10s, /*require=*/false, so);
+        std::lock_guard<std::mutex> lock(mu);
+        nulls += g ? 0 : 1;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(nulls, world);
+    // Required: a UsageError on every rank, naming the other host.
+    threads.clear();
+    int errors = 0;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        shm::SegmentOptions so;
+        so.host_id = r == 0 ? "other-host" : "this-host";
+        try {
+          ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<c10d::ProcessGroup>(), 10s, /*require=*/true, so);
+        } catch (const UsageError& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors += std::string(e.what()).find("other-host") != std::string::npos;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(errors, world);
+  }
+  EXPECT_TRUE(my_segments().empty());
+}
+
+// A segment /dev/shm cannot hold (here: 1 TiB slots) fails on rank 0 at once, and every rank
+// learns it through the store: "auto" falls back to Gloo on all, "shm" is an error on all.
+TEST(ShmGroup, ASegmentThatCannotBeCreatedFailsOrFallsBackOnEveryRank) {
+  for (bool require : {false, true}) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    int outcomes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        shm::SegmentOptions so;
+        so.slot_bytes = size_t{1} << 40;
+        try {
+          auto g = ShmProcessGroup::join(store, r, 3, c10::intrusive_ptr<c10d::ProcessGroup>(), 20s, require, so);
+          std::lock_guard<std::mutex> lock(mu);
+          outcomes += !require && !g;
+        } catch (const NetworkError& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          outcomes += require && std::string(e.what()).find("rank 0") != std::string::npos;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(outcomes, 3) << (require ? "shm" : "auto");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  }
+  EXPECT_TRUE(my_segments().empty());
+}
+
+}  // namespace
+}  // namespace dtrain
