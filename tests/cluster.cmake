@@ -4,7 +4,7 @@
 # is missing. RUN_SERIAL: each brings up daemons and namespaces of its own, and they share
 # the machine's 2 cores.
 
-dtrain_test(engine_env_test LABELS unit cluster SOURCES cluster/engine_env_test.cpp)
+dtrain_test(engine_env_test LABELS unit SOURCES cluster/engine_env_test.cpp)
 
 # A libtorch worker: init_process_group() from whatever started it, all-reduce, one line.
 add_executable(cluster_worker cluster/cluster_worker.cpp)
