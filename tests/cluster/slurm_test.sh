@@ -85,6 +85,8 @@ out="$(on n1 timeout 120 srun -N2 --ntasks-per-node=1 "$DTRAIN" run --nproc-per-
 code=$?
 took=$((SECONDS - t))
 [[ $code -eq 137 ]] || fail "killed worker: srun exited $code, expected 137 (128 + SIGKILL): $out"
+[[ $(count "$out" "root cause (first failure)") -eq 1 ]] || fail "killed worker: the root cause should be printed once (by node 0): $out"
+grep -q "dtrain: job failed: rank 3 on n2 (node 1) died of SIGKILL, exit code 137" <<<"$out" || fail "killed worker: node 1's one-line summary missing: $out"
 grep -q "host       : n2" <<<"$out" || fail "killed worker: root cause does not name host n2: $out"
 grep -q "rank       : 3 (local rank 1)" <<<"$out" || fail "killed worker: root cause does not name rank 3: $out"
 grep -q "signal     : SIGKILL" <<<"$out" || fail "killed worker: root cause does not name SIGKILL: $out"

@@ -69,6 +69,8 @@ out="$(on n1 timeout 120 "$DTRAIN" run --hostfile "$T/hosts.txt" "${SSH_OPTS[@]}
 code=$?
 took=$((SECONDS - t))
 [[ $code -eq 137 ]] || fail "killed worker: exit $code, expected 137: $out"
+[[ $(count "$out" "root cause (first failure)") -eq 1 ]] || fail "killed worker: the root cause should be printed once (by node 0): $out"
+grep -q "dtrain: job failed: rank 3 on n2 (node 1) died of SIGKILL, exit code 137" <<<"$out" || fail "killed worker: node 1's one-line summary missing: $out"
 grep -q "host       : n2" <<<"$out" || fail "killed worker: root cause does not name n2: $out"
 grep -q "rank       : 3 (local rank 1)" <<<"$out" || fail "killed worker: rank 3 not named: $out"
 grep -q "signal     : SIGKILL" <<<"$out" || fail "killed worker: SIGKILL not named: $out"
