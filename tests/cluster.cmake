@@ -16,3 +16,8 @@ foreach(t slurm mpi ssh)
             $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:cluster_worker> $<TARGET_FILE:test_worker>)
   set_tests_properties(cluster.${t} PROPERTIES LABELS cluster TIMEOUT 400 RUN_SERIAL TRUE)
 endforeach()
+
+# The cluster flags through the real binary, without engines or root (label launcher).
+dtrain_test(cluster_cli_test LABELS launcher SOURCES cluster/cluster_cli_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(cluster_cli_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+add_dependencies(cluster_cli_test test_worker dtrain_cli)
