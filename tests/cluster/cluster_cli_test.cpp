@@ -87,5 +87,19 @@ TEST_F(ClusterCli, IfnameReachesTheWorkers) {
   EXPECT_NE(r.out.find("[default0]:GLOO_SOCKET_IFNAME=lo"), std::string::npos) << r.out;
 }
 
+// `dtrain run -- PROG` (documented; CLI11 alone rejected it under the subcommand), and "--"
+// after PROGRAM stays one of PROGRAM's arguments.
+TEST_F(ClusterCli, DoubleDashBeforeAndAfterProgram) {
+  RunResult r = run_command({kDtrain, "run", "--nproc-per-node", "2", "--", kWorker, "--print-var", "RANK"}, {});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[default1]:RANK=1"), std::string::npos) << r.out;
+  r = run_command({kDtrain, "run", "/bin/echo", "a", "--", "b"}, {});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[default0]:a -- b"), std::string::npos) << r.out;
+  r = run_command({kDtrain, "run", "--"}, {});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("missing PROGRAM after '--'"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace dtrain::test
