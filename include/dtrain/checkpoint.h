@@ -51,6 +51,17 @@ struct LoadOptions {
 TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 
+// A model's state dict, as PyTorch's module.state_dict(): its parameters and buffers by
+// dotted name (parameters first, undefined ones left out), detached, sharing storage with
+// the model (clone() it to keep a copy). What the Distributor returns for a trained model.
+using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
+StateDict state_dict(const torch::nn::Module& model);
+
+// Copies `dict` into the model's parameters and buffers (no autograd). Throws UsageError
+// naming the first entry that is missing, unexpected or of another shape. strict = false
+// ignores missing and unexpected names (shapes must still agree).
+void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool strict = true);
+
 // The newest checkpoint file in `dir` matching `prefix*.pt` by step number in its name
 // (PREFIX<step>.pt), or nullopt if none.
 std::optional<std::string> latest_checkpoint(const std::string& dir, const std::string& prefix = "ckpt_");

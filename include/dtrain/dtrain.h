@@ -3,7 +3,9 @@
 
 #include "dtrain/checkpoint.h"
 #include "dtrain/collectives.h"
+#include "dtrain/codec.h"
 #include "dtrain/ddp.h"
+#include "dtrain/distributor.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"

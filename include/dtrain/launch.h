@@ -53,6 +53,11 @@ struct LaunchOptions {
   // worker's start-up (~40 MB of heap touched while loading) by ~20% where page faults are
   // costly, as on VMs. glibc >= 2.35 (older ones ignore it). Default: false.
   bool malloc_hugepages = false;
+  // If set: when the job fails, its root cause is written there (atomically) as one JSON
+  // object: time, host, node_rank, rank (-1: not a worker), local_rank, pid, exit_code,
+  // signal, reason, stderr_tail (lines), error_file, error_file_contents. Programs that drive
+  // dtrain (the Distributor) read it instead of parsing the console. Default: none.
+  std::string failure_file;
 
   // ---- clusters (README "Clusters") ----
   // Where the sizes and addresses came from: "local" (flags), "slurm" (a Slurm step: srun

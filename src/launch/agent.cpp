@@ -246,6 +246,7 @@ class Agent {
   std::optional<Failure> remote_failure();
   void heartbeat_and_check(Clock::time_point now);
   void finish_job(int round);
+  void write_failure_file(const Failure& f) const;
   bool multi_node() const { return o_.nnodes > 1; }
   // Every agent's output reaches one console (srun's, or the host-file launcher's).
   bool shared_console() const { return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof); }
@@ -759,6 +760,24 @@ void Agent::finish_job(int round) {
   }
 }
 
+void Agent::write_failure_file(const Failure& f) const {
+  if (o_.failure_file.empty()) return;
+  // Temporary file + rename: a reader never sees half a report.
+  const std::string tmp = o_.failure_file + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << f.to_json().dump() << "\n";
+    if (!out) {
+      say("cannot write --failure-file " + o_.failure_file + ": " + std::strerror(errno));
+      return;
+    }
+  }
+  if (::rename(tmp.c_str(), o_.failure_file.c_str()) != 0) {
+    say("cannot write --failure-file " + o_.failure_file + ": " + std::strerror(errno));
+    ::unlink(tmp.c_str());
+  }
+}
+
 int Agent::run() {
   validate_launch_options(o_);
   guard_ = std::make_unique<launch::Guard>();
@@ -826,6 +845,7 @@ int Agent::run() {
     } else {
       launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
     }
+    write_failure_file(r.failure);
     code = r.failure.exit_code;
     if (r.failure.final || round >= o_.max_restarts) break;
     say("restarting all workers (restart " + std::to_string(round + 1) + " of " +

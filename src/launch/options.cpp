@@ -217,6 +217,9 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_flag("--malloc-hugepages,--malloc_hugepages", a.malloc_hugepages,
                "Workers get GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (added to any existing): huge "
                "pages for malloc, ~20% faster libtorch start-up on VMs (glibc >= 2.35)");
+  run.add_option("--failure-file,--failure_file", a.failure_file,
+                 "When the job fails, write its root cause there as one JSON object (rank, "
+                 "exit_code, signal, host, stderr_tail, ...), for programs that drive dtrain");
   run.add_option("--start-method,--start_method", a.start_method,
                  "Accepted for torchrun compatibility; workers are always fork+exec'd")
       ->capture_default_str();
@@ -432,6 +435,7 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   o.role = a.role;
   if (o.role.empty()) throw UsageError("--role: got an empty name, expected a role name");
   o.malloc_hugepages = a.malloc_hugepages;
+  o.failure_file = a.failure_file;
   o.module = a.module;
   o.no_python = a.no_python;
   if (o.module && o.no_python) {

@@ -41,6 +41,7 @@ struct RunArgs {
   std::string unused_run_path;
   std::vector<std::string> env;
   bool malloc_hugepages = false;
+  std::string failure_file;
   // clusters
   std::string hostfile;
   std::string host_list;  // -H host1:2,host2:2

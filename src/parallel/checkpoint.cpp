@@ -377,4 +377,56 @@ std::optional<std::string> latest_checkpoint(const std::string& dir, const std::
   return best;
 }
 
+StateDict state_dict(const torch::nn::Module& model) {
+  StateDict out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (item.value().defined()) out.insert(item.key(), item.value().detach());
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) out.insert(item.key(), item.value().detach());
+  }
+  return out;
+}
+
+void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool strict) {
+  std::vector<std::pair<std::string, torch::Tensor>> targets;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (item.value().defined()) targets.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) targets.emplace_back(item.key(), item.value());
+  }
+  size_t matched = 0;
+  for (auto& [name, target] : targets) {
+    const torch::Tensor* source = dict.find(name);
+    if (source == nullptr) {
+      if (strict) {
+        throw UsageError("load_state_dict: the state dict has no entry '" + name +
+                         "' that the model has; pass strict = false to load a subset");
+      }
+      continue;
+    }
+    if (!source->defined() || source->sizes() != target.sizes()) {
+      std::ostringstream msg;
+      msg << "load_state_dict: '" << name << "' has shape "
+          << (source->defined() ? source->sizes() : c10::IntArrayRef{}) << " in the state dict but "
+          << target.sizes() << " in the model";
+      throw UsageError(msg.str());
+    }
+    torch::NoGradGuard no_grad;
+    target.copy_(*source);
+    ++matched;
+  }
+  if (strict && matched != dict.size()) {
+    for (const auto& item : dict) {
+      bool known = false;
+      for (const auto& t : targets) known = known || t.first == item.key();
+      if (!known) {
+        throw UsageError("load_state_dict: the state dict has an entry '" + item.key() +
+                         "' that the model does not; pass strict = false to ignore it");
+      }
+    }
+  }
+}
+
 }  // namespace dtrain

@@ -4,6 +4,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "core/memory.h"
 #include "store/socket.h"
 
 namespace dtrain::store {
@@ -40,6 +41,10 @@ class Request {
   }
   Request& bytes(const std::string& s) {
     value<std::uint64_t>(s.size());
+    if (s.size() >= (std::size_t{4} << 20)) {
+      out_.reserve(out_.size() + s.size());
+      detail::advise_huge_pages(out_.data(), out_.capacity());
+    }
     out_ += s;
     return *this;
   }
@@ -181,7 +186,7 @@ class Client final : public StoreClient {
     auto deadline = reply_deadline();
     std::uint64_t n = 0;
     net::recv_all(socket_.fd(), &n, sizeof(n), deadline);
-    std::string s(n, '\0');
+    std::string s = detail::large_string(n);
     net::recv_all(socket_.fd(), s.data(), s.size(), deadline);
     return s;
   }

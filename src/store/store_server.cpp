@@ -18,6 +18,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "core/memory.h"
 #include "store/socket.h"
 
 namespace dtrain::store {
@@ -68,8 +69,14 @@ class Reader {
     auto n = value<std::uint64_t>();
     std::string s;
     while (s.size() < n) {
-      std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - s.size(), 1 << 16));
+      // Chunks grow with what has arrived (64 KiB, then doubling): few calls for big values.
+      std::size_t chunk = static_cast<std::size_t>(
+          std::min<std::uint64_t>(n - s.size(), std::max<std::size_t>(1 << 16, s.size())));
       std::size_t at = s.size();
+      if (s.capacity() < at + chunk) {
+        s.reserve(std::max(2 * s.capacity(), at + chunk));
+        detail::advise_huge_pages(s.data(), s.capacity());
+      }
       s.resize(at + chunk);
       net::recv_all(fd_, s.data() + at, chunk, deadline_);
     }
@@ -98,6 +105,10 @@ class Writer {
   }
   Writer& bytes(const std::string& s) {
     value<std::uint64_t>(s.size());
+    if (s.size() >= (std::size_t{4} << 20)) {
+      out_.reserve(out_.size() + s.size());
+      detail::advise_huge_pages(out_.data(), out_.capacity());
+    }
     out_ += s;
     return *this;
   }

@@ -1,0 +1,54 @@
+// Tensor codec: u8 dtype, u8 flags (1 defined, 2 requires_grad), u64 ndim, i64 sizes, then the
+// contiguous CPU bytes.
+#include <torch/torch.h>
+
+#include "dtrain/codec.h"
+
+namespace dtrain {
+
+namespace {
+constexpr std::uint8_t kDefined = 1;
+constexpr std::uint8_t kRequiresGrad = 2;
+}  // namespace
+
+void Codec<at::Tensor>::encode(Encoder& out, const at::Tensor& t) {
+  std::uint8_t flags = 0;
+  if (!t.defined()) {
+    out.put<std::uint8_t>(0);
+    out.put<std::uint8_t>(flags);
+    return;
+  }
+  flags = kDefined | (t.requires_grad() ? kRequiresGrad : 0);
+  at::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  out.put<std::uint8_t>(static_cast<std::uint8_t>(c.scalar_type()));
+  out.put<std::uint8_t>(flags);
+  out.write_size(static_cast<std::uint64_t>(c.dim()));
+  for (int64_t s : c.sizes()) out.put<int64_t>(s);
+  const std::size_t bytes = c.numel() * c.element_size();
+  out.reserve(bytes);
+  out.write(c.data_ptr(), bytes);
+}
+
+at::Tensor Codec<at::Tensor>::decode(Decoder& in) {
+  auto dtype = in.get<std::uint8_t>();
+  auto flags = in.get<std::uint8_t>();
+  if ((flags & kDefined) == 0) return {};
+  if (dtype >= static_cast<std::uint8_t>(c10::ScalarType::NumOptions)) {
+    throw CodecError("dtrain codec: tensor dtype code " + std::to_string(dtype) +
+                     " is not a torch dtype; the data is corrupt");
+  }
+  std::size_t ndim = in.read_count(sizeof(int64_t));
+  std::vector<int64_t> sizes(ndim);
+  for (auto& s : sizes) {
+    s = in.get<int64_t>();
+    if (s < 0) throw CodecError("dtrain codec: tensor with a negative size; the data is corrupt");
+  }
+  at::Tensor t = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype)));
+  const std::size_t bytes = t.numel() * t.element_size();
+  detail::advise_huge_pages(t.data_ptr(), bytes);
+  in.read(t.data_ptr(), bytes);
+  if (flags & kRequiresGrad) t.set_requires_grad(true);
+  return t;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,29 @@
+# The Distributor: codec units, end-to-end runs (the test binary is its own worker), and
+# compile-time rejection of what cannot cross a process boundary.
+dtrain_test(codec_test LABELS unit SOURCES distributor/codec_test.cpp TORCH)
+
+dtrain_test(distributor_test LABELS distributor SOURCES distributor/distributor_test.cpp TORCH)
+target_compile_definitions(distributor_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+add_dependencies(distributor_test dtrain_cli test_worker)
+
+# Unsupported types and capturing lambdas fail to compile, with dtrain's message.
+foreach(case 1 2)
+  add_executable(distributor_reject_${case} EXCLUDE_FROM_ALL distributor/reject_types.cpp)
+  target_link_libraries(distributor_reject_${case} PRIVATE dtrain)
+  target_compile_definitions(distributor_reject_${case} PRIVATE REJECT_CASE=${case})
+endforeach()
+add_test(NAME distributor.rejects_unencodable_argument_at_compile_time
+  COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target distributor_reject_1)
+set_tests_properties(distributor.rejects_unencodable_argument_at_compile_time PROPERTIES
+  LABELS unit TIMEOUT 300 PASS_REGULAR_EXPRESSION "a parameter type of the function is not encodable")
+add_test(NAME distributor.rejects_capturing_lambda_at_compile_time
+  COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target distributor_reject_2)
+set_tests_properties(distributor.rejects_capturing_lambda_at_compile_time PROPERTIES
+  LABELS unit TIMEOUT 300 PASS_REGULAR_EXPRESSION "must be a plain function or a lambda without captures")
+
+# Whole driver processes: a missing dtrain::init, a driver killed mid-run.
+add_executable(distributor_driver_program distributor/driver_program.cpp)
+target_link_libraries(distributor_driver_program PRIVATE dtrain)
+dtrain_test(distributor_driver_test LABELS distributor SOURCES distributor/driver_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(distributor_driver_test PRIVATE DRIVER_PROGRAM="$<TARGET_FILE:distributor_driver_program>")
+add_dependencies(distributor_driver_test distributor_driver_program dtrain_cli)

@@ -1,0 +1,426 @@
+// The Distributor end to end: this test binary is the driver, and (re-executed by the
+// launcher) its own workers: main() calls dtrain::init first, as a user's program does.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// Pids of live processes whose environment holds a Distributor task: its workers.
+std::vector<int> distributor_workers() {
+  std::vector<int> pids;
+  DIR* d = ::opendir("/proc");
+  if (!d) return pids;
+  while (dirent* e = ::readdir(d)) {
+    int pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), {});
+    if (env.find("DTRAIN_DISTRIBUTOR_TASK=") == std::string::npos) continue;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    auto rp = line.rfind(')');
+    if (rp != std::string::npos && rp + 2 < line.size() && line[rp + 2] == 'Z') continue;
+    pids.push_back(pid);
+  }
+  ::closedir(d);
+  return pids;
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+// ---- functions run by the workers -------------------------------------------------------
+
+int my_rank() { return env_int("RANK"); }
+
+std::map<std::string, int> worker_identity() {
+  return {{"rank", env_int("RANK")},
+          {"world_size", env_int("WORLD_SIZE")},
+          {"local_rank", env_int("LOCAL_RANK")},
+          {"pid", static_cast<int>(::getpid())}};
+}
+
+double all_reduce_sum(double scale) {
+  auto pg = dtrain::init_process_group();
+  auto t = torch::full({4}, scale * (pg->rank() + 1), torch::kFloat64);
+  dtrain::all_reduce(t);
+  return t[0].item<double>();
+}
+
+struct Report {
+  std::string text;
+  std::vector<double> values;
+  void serialize(dtrain::Encoder& out) const {
+    out.put(text);
+    out.put(values);
+  }
+  static Report deserialize(dtrain::Decoder& in) {
+    Report r;
+    r.text = in.get<std::string>();
+    r.values = in.get<std::vector<double>>();
+    return r;
+  }
+};
+
+Report echo_everything(double lr, bool flag, const std::string& name, std::vector<int> ints,
+                       const std::map<std::string, double>& table, torch::Tensor tensor,
+                       Report in) {
+  Report out;
+  out.text = name + (flag ? ":yes:" : ":no:") + in.text;
+  out.values.push_back(lr);
+  for (int i : ints) out.values.push_back(i);
+  for (const auto& [k, v] : table) out.values.push_back(v);
+  out.values.push_back(tensor.sum().item<double>());
+  out.values.push_back(static_cast<double>(tensor.numel()));
+  for (double v : in.values) out.values.push_back(v);
+  return out;
+}
+
+torch::Tensor big_tensor(int64_t mib) {
+  // mib MiB of distinct float32 values: the bit patterns 0, 1, 2, ... (no NaN below 2^31).
+  return torch::arange(mib * 1024 * 1024 / 4, torch::kInt32).view(torch::kFloat32);
+}
+
+dtrain::StateDict train_one_step(double lr) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+  torch::optim::SGD opt(model->parameters(), lr);
+  auto loss = model->forward(torch::ones({8, 4})).pow(2).sum();
+  loss.backward();
+  opt.step();
+  return dtrain::state_dict(*model);
+}
+
+int throws_on_rank_one(int) {
+  if (my_rank() == 1) throw std::invalid_argument("bad batch size 0 on rank 1");
+  std::this_thread::sleep_for(30s);  // the failure of rank 1 must stop this rank
+  return 0;
+}
+
+int aborts_on_rank_one() {
+  if (my_rank() == 1) {
+    std::fprintf(stderr, "about to abort\n");
+    std::abort();
+  }
+  std::this_thread::sleep_for(30s);
+  return 0;
+}
+
+int exits_three() {
+  std::fflush(nullptr);
+  std::exit(3);
+}
+
+int sleeps(int seconds) {
+  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  return 1;
+}
+
+void returns_nothing() {}
+
+int nested_run() {
+  dtrain::Distributor inner({.num_processes = 1});
+  return inner.run(my_rank);
+}
+
+// ---- tests -----------------------------------------------------------------------------
+
+TEST(Distributor, ReturnsRankZerosResultWithTheWorkerEnvironment) {
+  dtrain::Distributor d({.num_processes = 2});
+  auto id = d.run(worker_identity);
+  EXPECT_EQ(id.at("rank"), 0);
+  EXPECT_EQ(id.at("world_size"), 2);
+  EXPECT_EQ(id.at("local_rank"), 0);
+  EXPECT_NE(id.at("pid"), static_cast<int>(::getpid()));
+  EXPECT_TRUE(distributor_workers().empty());
+}
+
+TEST(Distributor, RunAllReturnsEveryRanksResultInRankOrder) {
+  dtrain::Distributor d({.num_processes = 3});
+  auto ids = d.run_all(worker_identity);
+  ASSERT_EQ(ids.size(), 3u);
+  std::set<int> pids;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ids[r].at("rank"), r);
+    EXPECT_EQ(ids[r].at("world_size"), 3);
+    pids.insert(ids[r].at("pid"));
+  }
+  EXPECT_EQ(pids.size(), 3u);
+}
+
+TEST(Distributor, ProcessGroupJustWorksInsideTheFunction) {
+  dtrain::Distributor d({.num_processes = 2});
+  // (1 + 2) * 1.5: both ranks' contributions, summed by a real Gloo all_reduce.
+  EXPECT_DOUBLE_EQ(d.run(all_reduce_sum, 1.5), 4.5);
+  // A capture-less lambda works too, and arguments convert to the parameter types.
+  EXPECT_EQ(d.run([](int a, long b) { return a * b + my_rank(); }, 6, 7), 42);
+  d.run(returns_nothing);
+}
+
+TEST(Distributor, ArgumentsAndResultsOfEverySupportedKindRoundTrip) {
+  dtrain::Distributor d({.num_processes = 2});
+  auto tensor = torch::arange(1000, torch::kFloat64);
+  Report r = d.run(echo_everything, 1e-3, true, std::string("mlp"), std::vector<int>{1, 2, 3},
+                   std::map<std::string, double>{{"a", 0.5}, {"b", 0.25}}, tensor,
+                   Report{"in", {7.0, 8.0}});
+  EXPECT_EQ(r.text, "mlp:yes:in");
+  std::vector<double> expected{1e-3, 1, 2, 3, 0.5, 0.25, 499500.0, 1000.0, 7.0, 8.0};
+  EXPECT_EQ(r.values, expected);
+}
+
+TEST(Distributor, A256MegabyteTensorComesBack) {
+  dtrain::Distributor d({.num_processes = 2});
+  auto t = d.run(big_tensor, int64_t{256});
+  ASSERT_EQ(t.numel() * t.element_size(), 256LL * 1024 * 1024);
+  EXPECT_TRUE(torch::equal(t.view(torch::kInt32), big_tensor(256).view(torch::kInt32)));
+}
+
+TEST(Distributor, AStateDictComesBackAndLoadsIntoAFreshModel) {
+  dtrain::Distributor d({.num_processes = 2});
+  dtrain::StateDict sd = d.run(train_one_step, 0.1);
+  EXPECT_TRUE(sd.contains("0.weight"));
+  EXPECT_TRUE(sd.contains("1.running_mean"));
+  torch::nn::Sequential fresh(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+  dtrain::load_state_dict(*fresh, sd);
+  auto here = train_one_step(0.1);
+  for (const auto& item : here) {
+    EXPECT_TRUE(torch::equal(item.value(), dtrain::state_dict(*fresh)[item.key()])) << item.key();
+  }
+}
+
+TEST(Distributor, AWorkerExceptionBecomesWorkerErrorWithRankTypeMessageAndStderr) {
+  dtrain::Distributor d({.num_processes = 2});
+  auto start = std::chrono::steady_clock::now();
+  try {
+    d.run(throws_on_rank_one, 0);
+    FAIL() << "run returned";
+  } catch (const dtrain::WorkerError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.exception_type(), "std::invalid_argument");
+    EXPECT_EQ(e.exception_message(), "bad batch size 0 on rank 1");
+    EXPECT_EQ(e.exit_code(), 1);
+    std::string tail;
+    for (const auto& l : e.stderr_tail()) tail += l + "\n";
+    EXPECT_NE(tail.find("bad batch size 0 on rank 1"), std::string::npos) << tail;
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+  // Rank 0 was sleeping 30 s: it was stopped, not waited for.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  EXPECT_TRUE(distributor_workers().empty());
+}
+
+TEST(Distributor, ACrashingWorkerGivesItsSignal) {
+  dtrain::Distributor d({.num_processes = 2});
+  try {
+    d.run(aborts_on_rank_one);
+    FAIL() << "run returned";
+  } catch (const dtrain::WorkerError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.signal(), SIGABRT);
+    EXPECT_EQ(e.exit_code(), 128 + SIGABRT);
+    EXPECT_TRUE(e.exception_type().empty());
+    EXPECT_NE(std::string(e.what()).find("SIGABRT"), std::string::npos) << e.what();
+    ASSERT_FALSE(e.stderr_tail().empty());
+    EXPECT_NE(e.stderr_tail().front().find("about to abort"), std::string::npos);
+  }
+  EXPECT_TRUE(distributor_workers().empty());
+}
+
+TEST(Distributor, AFunctionThatExitsGivesItsExitCode) {
+  dtrain::Distributor d({.num_processes = 1});
+  try {
+    d.run(exits_three);
+    FAIL() << "run returned";
+  } catch (const dtrain::WorkerError& e) {
+    EXPECT_EQ(e.rank(), 0);
+    EXPECT_EQ(e.exit_code(), 3);
+  }
+}
+
+TEST(Distributor, ATimeoutStopsTheWorkersAndThrowsTimeoutError) {
+  dtrain::Distributor d({.num_processes = 2, .timeout = 1500ms, .term_timeout = 1s});
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(d.run(sleeps, 60), dtrain::TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  EXPECT_TRUE(distributor_workers().empty());
+}
+
+TEST(Distributor, RunsInTurnAndConcurrentlyFromTwoThreadsDoNotInterfere) {
+  dtrain::Distributor a({.num_processes = 2});
+  dtrain::Distributor b({.num_processes = 2});
+  EXPECT_DOUBLE_EQ(a.run(all_reduce_sum, 1.0), 3.0);
+  EXPECT_DOUBLE_EQ(b.run(all_reduce_sum, 2.0), 6.0);
+  double ra = 0, rb = 0;
+  std::string ea, eb;
+  std::thread ta([&] {
+    try {
+      ra = a.run(all_reduce_sum, 10.0);
+    } catch (const std::exception& e) {
+      ea = e.what();
+    }
+  });
+  std::thread tb([&] {
+    try {
+      rb = b.run(all_reduce_sum, 100.0);
+    } catch (const std::exception& e) {
+      eb = e.what();
+    }
+  });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(ea, "");
+  EXPECT_EQ(eb, "");
+  EXPECT_DOUBLE_EQ(ra, 30.0);
+  EXPECT_DOUBLE_EQ(rb, 300.0);
+  EXPECT_TRUE(distributor_workers().empty());
+}
+
+TEST(Distributor, NestedRunInsideAWorkerIsAClearError) {
+  dtrain::Distributor d({.num_processes = 1});
+  try {
+    d.run(nested_run);
+    FAIL() << "run returned";
+  } catch (const dtrain::WorkerError& e) {
+    EXPECT_EQ(e.exception_type(), "dtrain::UsageError");
+    EXPECT_NE(e.exception_message().find("nested"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Distributor, ExtraEnvironmentAndLogDirReachTheWorkers) {
+  char tmpl[] = "/tmp/dtrain-distributor-logs-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  dtrain::Distributor d({.num_processes = 2, .log_dir = tmpl, .env = {{"MY_SETTING", "42"}}});
+  auto got = d.run_all(+[] {
+    std::printf("hello from the worker\n");
+    return env_int("MY_SETTING");
+  });
+  EXPECT_EQ(got, (std::vector<int>{42, 42}));
+  // LOG_DIR/<run id>/attempt_0/rank_1/stdout.log
+  bool found = false;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(tmpl)) {
+    if (e.path().filename() == "stdout.log" && e.path().parent_path().filename() == "rank_1") {
+      std::ifstream in(e.path());
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      found = text.find("hello from the worker") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(found);
+  std::filesystem::remove_all(tmpl);
+}
+
+// ---- program mode ----------------------------------------------------------------------
+
+TEST(DistributorProgram, ACppBinaryRunsWithTheLauncherContract) {
+  char tmpl[] = "/tmp/dtrain-distributor-touch-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  dtrain::Distributor d({.num_processes = 2});
+  d.run(TEST_WORKER_BIN, {"--store-barrier", "--touch", std::string(tmpl) + "/ran"});
+  EXPECT_TRUE(std::filesystem::exists(std::string(tmpl) + "/ran"));
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(DistributorProgram, AFailingProgramThrowsWithRankExitCodeAndStderrTail) {
+  dtrain::Distributor d({.num_processes = 2});
+  try {
+    d.run(TEST_WORKER_BIN, {"--lines", "3", "--exit-on-rank", "1", "7", "--sleep", "30"});
+    FAIL() << "run returned";
+  } catch (const dtrain::WorkerError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.exit_code(), 7);
+    ASSERT_EQ(e.stderr_tail().size(), 4u);
+    EXPECT_EQ(e.stderr_tail().back(), "rank 1 exiting with 7 on purpose");
+  }
+  EXPECT_THROW(d.run("/nonexistent/program"), dtrain::UsageError);
+}
+
+TEST(DistributorProgram, APythonScriptRunsThroughPython) {
+  char tmpl[] = "/tmp/dtrain-distributor-py-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string script = std::string(tmpl) + "/train.py";
+  {
+    std::ofstream out(script);
+    out << "import os, sys\n"
+           "import torch.distributed as dist\n"
+           "dist.init_process_group('gloo')\n"
+           "t = __import__('torch').ones(1) * (dist.get_rank() + 1)\n"
+           "dist.all_reduce(t)\n"
+           "assert t.item() == 3, t\n"
+           "if sys.argv[1:] == ['--fail'] and dist.get_rank() == 1:\n"
+           "    raise SystemExit('rank 1 refuses: ' + os.environ['LOCAL_RANK'])\n"
+           "open(os.path.join(os.path.dirname(__file__), 'done_%d' % dist.get_rank()), 'w')\n";
+  }
+  dtrain::Distributor d({.num_processes = 2, .env = {{"DTRAIN_PYTHON", "/usr/bin/python3"}}});
+  d.run(script);
+  EXPECT_TRUE(std::filesystem::exists(std::string(tmpl) + "/done_0"));
+  EXPECT_TRUE(std::filesystem::exists(std::string(tmpl) + "/done_1"));
+  try {
+    d.run(script, {"--fail"});
+    FAIL() << "run returned";
+  } catch (const dtrain::WorkerError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.exit_code(), 1);
+    ASSERT_FALSE(e.stderr_tail().empty());
+    EXPECT_NE(e.stderr_tail().back().find("rank 1 refuses: 1"), std::string::npos);
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
+// ---- options ----------------------------------------------------------------------------
+
+TEST(DistributorOptions, InvalidOptionsAreClearErrors) {
+  EXPECT_THROW(dtrain::Distributor({.num_processes = 0}), dtrain::UsageError);
+  EXPECT_THROW(dtrain::Distributor({.num_processes = -2}), dtrain::UsageError);
+  try {
+    dtrain::Distributor({.num_processes = 2, .use_gpu = true});
+    FAIL();
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("use_gpu"), std::string::npos);
+  }
+  EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .local_mode = false}), dtrain::UsageError);
+  EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .timeout = 0ms}), dtrain::UsageError);
+  EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .launcher = "/nonexistent/dtrain"}).run(my_rank),
+               dtrain::UsageError);
+}
+
+TEST(DistributorOptions, DevicePlanGivesEachWorkerItsOwnGpu) {
+  using dtrain::detail::plan_devices;
+  auto cpu = plan_devices(4, true, false, {});
+  EXPECT_EQ(cpu.num_processes, 4);
+  EXPECT_EQ(cpu.cuda_visible_devices, "");
+  auto fits = plan_devices(2, true, true, {"0", "1", "2"});
+  EXPECT_EQ(fits.num_processes, 2);
+  EXPECT_EQ(fits.cuda_visible_devices, "0,1");
+  EXPECT_EQ(fits.warning, "");
+  auto lowered = plan_devices(4, true, true, {"2", "5"});
+  EXPECT_EQ(lowered.num_processes, 2);
+  EXPECT_EQ(lowered.cuda_visible_devices, "2,5");
+  EXPECT_NE(lowered.warning.find("using 2 process"), std::string::npos) << lowered.warning;
+  auto remote = plan_devices(4, false, true, {"0"});
+  EXPECT_EQ(remote.num_processes, 4);  // cluster nodes have their own GPUs
+  EXPECT_THROW(plan_devices(2, true, true, {}), dtrain::UsageError);
+  EXPECT_THROW(plan_devices(0, true, false, {}), dtrain::UsageError);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);  // a worker runs its function here and exits
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
