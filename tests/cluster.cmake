@@ -4,7 +4,7 @@
 # is missing. RUN_SERIAL: each brings up daemons and namespaces of its own, and they share
 # the machine's 2 cores.
 
-dtrain_test(engine_env_test LABELS unit cluster SOURCES cluster/engine_env_test.cpp)
+dtrain_test(engine_env_test LABELS unit SOURCES cluster/engine_env_test.cpp)
 
 # A libtorch worker: init_process_group() from whatever started it, all-reduce, one line.
 add_executable(cluster_worker cluster/cluster_worker.cpp)
@@ -17,8 +17,13 @@ foreach(t slurm mpi ssh)
   set_tests_properties(cluster.${t} PROPERTIES LABELS cluster TIMEOUT 400 RUN_SERIAL TRUE)
 endforeach()
 
-# The Distributor with local_mode = false: a driver on n1 running a function over ssh and
-# Slurm, results and exceptions coming back to it.
+# The cluster flags through the real binary, without engines or root (label launcher).
+dtrain_test(cluster_cli_test LABELS launcher SOURCES cluster/cluster_cli_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(cluster_cli_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+add_dependencies(cluster_cli_test test_worker dtrain_cli)
+
+# The Distributor with local_mode = false: a driver on n1 running a function over ssh, Slurm
+# and MPI, results and exceptions coming back to it.
 add_executable(distributor_cluster_driver cluster/distributor_driver.cpp)
 target_link_libraries(distributor_cluster_driver PRIVATE dtrain)
 add_test(NAME cluster.distributor

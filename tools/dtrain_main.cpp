@@ -57,9 +57,23 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Run 'dtrain run --help' for the launcher's flags.");
   dtrain::RunArgs run_args;
+  bool had_dashes = false;
+  std::vector<std::string> after_dashes;
   CLI::App* run = app.add_subcommand("run", "Launch PROGRAM on N worker processes (torchrun-compatible)");
   dtrain::add_run_options(*run, run_args);
   try {
+    // CLI11 rejects a "--" before PROGRAM under a subcommand (`dtrain run -- prog`), so
+    // parse only what precedes the first "--". Options end at PROGRAM (prefix_command), so
+    // this parses the same options; what follows "--" is PROGRAM and its arguments, or, when
+    // PROGRAM came before it, more of PROGRAM's arguments.
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "--") {
+        had_dashes = true;
+        after_dashes.assign(argv + i + 1, argv + argc);
+        argc = i;
+        break;
+      }
+    }
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
@@ -73,7 +87,13 @@ int main(int argc, char** argv) {
   try {
     // Errors here come from the flags and the Slurm step's variables, the same on every node
     // of a step: every agent fails alike, and nobody waits for anybody.
-    options = dtrain::run_args_to_options(run_args, run->remaining());
+    std::vector<std::string> rest = run->remaining();
+    if (had_dashes) {
+      // Before PROGRAM (rest empty) run_args_to_options skips it; after, it is an argument.
+      rest.push_back("--");
+      rest.insert(rest.end(), after_dashes.begin(), after_dashes.end());
+    }
+    options = dtrain::run_args_to_options(run_args, rest);
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
     return 2;

@@ -140,6 +140,15 @@ struct Failure {
     return f;
   }
 
+  std::string one_line() const {
+    std::string s = rank >= 0 ? "rank " + std::to_string(rank) + " on " + host : "the agent on " + host;
+    s += " (node " + std::to_string(node_rank) + ")";
+    if (rank >= 0 && signal > 0) s += " died of " + signal_name(signal);
+    if (rank >= 0 && signal == 0) s += " exited";
+    if (!reason.empty()) s += ": " + reason;
+    return s + ", exit code " + std::to_string(exit_code);
+  }
+
   std::string summary(int stderr_lines) const {
     std::ostringstream s;
     s << "dtrain: job failed; root cause (first failure):\n";
@@ -239,6 +248,8 @@ class Agent {
   void finish_job(int round);
   void write_failure_file(const Failure& f) const;
   bool multi_node() const { return o_.nnodes > 1; }
+  // Every agent's output reaches one console (srun's, or the host-file launcher's).
+  bool shared_console() const { return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof); }
   std::string attempt_dir(int round) const;
 
   LaunchOptions o_;
@@ -827,7 +838,13 @@ int Agent::run() {
       code = 128 + r.signal;
       break;
     }
-    launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
+    if (shared_console() && node_rank_ != 0) {
+      // srun and the host-file launcher merge every agent's output on one console: node 0
+      // prints the full root cause; the others, one line (enough if node 0 is gone).
+      say("job failed: " + r.failure.one_line() + "; node 0's agent prints the root cause");
+    } else {
+      launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
+    }
     write_failure_file(r.failure);
     code = r.failure.exit_code;
     if (r.failure.final || round >= o_.max_restarts) break;

@@ -339,7 +339,10 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
   o.engine = "ssh";
   o.hosts = hosts;
   o.nnodes = static_cast<int>(hosts.size());
-  if (a.master_addr.empty()) o.master_addr = hosts.front().first;
+  if (a.master_addr.empty()) {
+    const std::string& first = hosts.front().first;  // "user@host": ssh's login, not the address
+    o.master_addr = first.substr(first.find('@') + 1);
+  }
   bool distinct = false;
   for (const auto& h : hosts) distinct = distinct || h.first != hosts.front().first;
   if (distinct && is_loopback_name(o.master_addr)) {

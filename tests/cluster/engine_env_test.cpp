@@ -290,6 +290,7 @@ TEST(HostList, PlanAndAgentArguments) {
   EXPECT_EQ(parse_with({"-H", "n1:2,n2:3", "--nproc-per-node", "1"}, {}).hosts[1].second, 1);
   std::string msg = usage_error([] { parse_with({"-H", "n1,n2", "--master-addr", "127.0.0.1"}, {}); });
   EXPECT_NE(msg.find("loopback"), std::string::npos) << msg;
+  EXPECT_EQ(parse_with({"-H", "alice@n1:2,n2"}, {}).master_addr, "n1");  // ssh login stripped
   msg = usage_error([] { parse_with({"-H", "n1", "--nnodes", "2"}, {}); });
   EXPECT_NE(msg.find("--nnodes cannot be combined"), std::string::npos) << msg;
 }

@@ -5,6 +5,7 @@
 # 2. Open MPI across two hosts (namespaces n1, n2, mpirun's ssh to each host's sshd): ranks
 #    2-3 on n2 reach rank 0's store at mpirun's address.
 # 3. A rank SIGKILLed on n2: mpirun tears the job down and exits non-zero; no rank is left.
+#    Rank 0 placed away from mpirun's host: a clear error, and mpirun ends the job.
 # 4. MPICH's mpiexec.hydra -n 4 on one host: PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS.
 # 5. MPICH across two hosts with MASTER_ADDR (Hydra does not say where rank 0 is), and without
 #    it: a clear error.
@@ -54,6 +55,19 @@ grep -qi "signal 9\|Killed" <<<"$out" || fail "killed rank: mpirun does not repo
 ((took < 60)) || fail "killed rank: the job took $took s to end (the others sleep 120 s)"
 for h in n1 n2; do wait_gone "$h" "$W" 15 || fail "killed rank: left on $h: $(leftovers "$h" "$W")"; done
 pass "a rank SIGKILLed on n2: mpirun exited $code in $took s, no rank left on n1 or n2"
+
+# 3b: rank 0 placed on n2 while mpirun runs on n1: rank 0 says where it is and what to set,
+# and mpirun's teardown ends the others.
+t=$SECONDS
+printf 'rank 0=n2 slot=0\nrank 1=n2 slot=1\nrank 2=n1 slot=0\nrank 3=n1 slot=1\n' >"$T/rankfile"
+out="$(on n1 timeout 120 mpirun.openmpi --oversubscribe -np 4 --host n1:2,n2:2 --rankfile "$T/rankfile" \
+  --mca plm_rsh_agent "$SSH_WRAPPER" --mca oob_tcp_if_include 10.200.0.0/24 \
+  --mca btl_tcp_if_include 10.200.0.0/24 "$W" 2>&1)"
+code=$?
+[[ $code -ne 0 ]] || fail "rank 0 off mpirun's host: mpirun exited 0: $out"
+grep -q "Open MPI: rank 0 runs on n2, but mpirun runs on 10.200.0.1" <<<"$out" || fail "rank 0 off mpirun's host: no clear error: $out"
+for h in n1 n2; do wait_gone "$h" "$W" 15 || fail "rank 0 off mpirun's host: left on $h: $(leftovers "$h" "$W")"; done
+pass "rank 0 not on mpirun's host: a clear error naming both hosts and MASTER_ADDR, mpirun exited $code ($((SECONDS - t)) s)"
 
 # 4 -------------------------------------------------------------------------------------
 t=$SECONDS

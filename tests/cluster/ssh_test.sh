@@ -11,6 +11,7 @@
 # 6. SIGTERM to the launching dtrain: the agents on both hosts stop their workers.
 # 7. Bad host files: exit 2 with the line named, nothing started.
 # 8. A master address that a node cannot reach: that node says so, and what to do.
+# 9. The launching dtrain SIGKILLed: the agents see their stdin close and stop everything.
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" W="$3" TW="$4"
 for f in "$DTRAIN" "$W" "$TW"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -69,6 +70,8 @@ out="$(on n1 timeout 120 "$DTRAIN" run --hostfile "$T/hosts.txt" "${SSH_OPTS[@]}
 code=$?
 took=$((SECONDS - t))
 [[ $code -eq 137 ]] || fail "killed worker: exit $code, expected 137: $out"
+[[ $(count "$out" "root cause (first failure)") -eq 1 ]] || fail "killed worker: the root cause should be printed once (by node 0): $out"
+grep -q "dtrain: job failed: rank 3 on n2 (node 1) died of SIGKILL, exit code 137" <<<"$out" || fail "killed worker: node 1's one-line summary missing: $out"
 grep -q "host       : n2" <<<"$out" || fail "killed worker: root cause does not name n2: $out"
 grep -q "rank       : 3 (local rank 1)" <<<"$out" || fail "killed worker: rank 3 not named: $out"
 grep -q "signal     : SIGKILL" <<<"$out" || fail "killed worker: SIGKILL not named: $out"
@@ -132,5 +135,25 @@ grep -q "node 1 (n2) cannot reach the job's store at 10.200.0.9:29500 on node 0"
 grep -q "give node 0's address with --master-addr" <<<"$out" || fail "unreachable master: no advice: $out"
 for h in n1 n2; do wait_gone "$h" "$DTRAIN" 15 || fail "unreachable master: agents left on $h: $(leftovers "$h" "$DTRAIN")"; done
 pass "a master address n2 cannot reach: n2 names it and the fix, exit $code, nothing left ($((SECONDS - t)) s)"
+
+# 9 -------------------------------------------------------------------------------------
+# The launching dtrain SIGKILLed: its end of every ssh's stdin closes, each agent sees EOF
+# and stops its workers; nothing is left on either host.
+t=$SECONDS
+bg_on n1 "$T/kill.out" "$DTRAIN" run --hostfile "$T/hosts.txt" "${SSH_OPTS[@]}" "$W" --sleep 300
+driver=$BG_PID
+deadline=$((SECONDS + 60))
+until [[ $(count "$(cat "$T/kill.out")" "sum=10") -eq 4 ]]; do
+  ((SECONDS < deadline)) || fail "SIGKILL: the 4 workers did not start in 60 s: $(cat "$T/kill.out")"
+  sleep 0.2
+done
+kill -KILL "$driver"
+wait "$driver" 2>/dev/null
+for h in n1 n2; do
+  wait_gone "$h" "$W" 30 || fail "SIGKILL of the launcher: workers left on $h: $(leftovers "$h" "$W")"
+  wait_gone "$h" "$DTRAIN" 30 || fail "SIGKILL of the launcher: agents left on $h: $(leftovers "$h" "$DTRAIN")"
+  wait_gone "$h" "ssh -F" 30 || fail "SIGKILL of the launcher: ssh clients left on $h: $(leftovers "$h" "ssh -F")"
+done
+pass "the launching dtrain SIGKILLed: agents, workers and ssh clients on n1 and n2 all gone ($((SECONDS - t)) s)"
 
 echo "ssh tests passed in $((SECONDS - start)) s"
