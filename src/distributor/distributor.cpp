@@ -199,14 +199,9 @@ void* resolve_code(const detail::CodeRef& ref) {
 bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
 
 std::optional<std::string> find_on_path(const std::string& name) {
-  if (const char* path = std::getenv("PATH")) {
-    std::istringstream dirs(path);
-    for (std::string dir; std::getline(dirs, dir, ':');) {
-      std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-      if (executable(candidate)) return candidate;
-    }
-  }
-  return std::nullopt;
+  std::string found = find_in_path(name);
+  if (found.empty()) return std::nullopt;
+  return found;
 }
 
 std::string find_launcher(const std::string& configured) {

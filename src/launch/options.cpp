@@ -583,6 +583,8 @@ bool is_executable_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
+}  // namespace
+
 std::string find_in_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
@@ -597,6 +599,8 @@ std::string find_in_path(const std::string& name) {
     pos = colon + 1;
   }
 }
+
+namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

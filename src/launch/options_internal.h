@@ -78,5 +78,7 @@ int print_plan(const LaunchOptions& o);
 std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value);
 std::pair<std::string, int> parse_endpoint(const std::string& flag, const std::string& value);
 bool runs_with_python(const LaunchOptions& o);
+// The first executable NAME in $PATH (empty PATH entries mean "."), or "" when there is none.
+std::string find_in_path(const std::string& name);
 
 }  // namespace dtrain

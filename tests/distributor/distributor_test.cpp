@@ -1,6 +1,5 @@
 // The Distributor end to end: this test binary is the driver, and (re-executed by the
 // launcher) its own workers: main() calls dtrain::init first, as a user's program does.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -13,32 +12,13 @@
 #include <thread>
 
 #include "dtrain/dtrain.h"
+#include "support/distributor_processes.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-// Pids of live processes whose environment holds a Distributor task: its workers.
-std::vector<int> distributor_workers() {
-  std::vector<int> pids;
-  DIR* d = ::opendir("/proc");
-  if (!d) return pids;
-  while (dirent* e = ::readdir(d)) {
-    int pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == ::getpid()) continue;
-    std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(in)), {});
-    if (env.find("DTRAIN_DISTRIBUTOR_TASK=") == std::string::npos) continue;
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    auto rp = line.rfind(')');
-    if (rp != std::string::npos && rp + 2 < line.size() && line[rp + 2] == 'Z') continue;
-    pids.push_back(pid);
-  }
-  ::closedir(d);
-  return pids;
-}
+std::vector<int> distributor_workers() { return dtrain::test::distributor_processes(); }
 
 int env_int(const char* name) {
   const char* v = std::getenv(name);

@@ -1,6 +1,5 @@
 // The Distributor from a whole driver process: forgetting dtrain::init, and a driver killed
 // mid-run (its workers must not outlive it).
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -8,30 +7,13 @@
 #include <thread>
 
 #include "launcher/subprocess.h"
+#include "support/distributor_processes.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-// Live processes carrying a Distributor task in their environment: workers and their launcher.
-int workers_alive() {
-  int n = 0;
-  DIR* d = ::opendir("/proc");
-  while (dirent* e = d ? ::readdir(d) : nullptr) {
-    int pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(in)), {});
-    if (env.find("DTRAIN_DISTRIBUTOR_TASK=") == std::string::npos) continue;
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    auto rp = line.rfind(')');
-    if (rp != std::string::npos && rp + 2 < line.size() && line[rp + 2] != 'Z') ++n;
-  }
-  if (d) ::closedir(d);
-  return n;
-}
+int workers_alive() { return static_cast<int>(dtrain::test::distributor_processes().size()); }
 
 TEST(DistributorDriver, ForgettingInitIsAClearErrorAndStartsNothing) {
   auto r = dtrain::test::run_command({DRIVER_PROGRAM, "--no-init"}, {.timeout = 60s});
