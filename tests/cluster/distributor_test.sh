@@ -26,6 +26,13 @@ check_results() {
   for r in 0 1; do grep -q "^result rank=$r host=n1 sum=10$" <<<"$out" || fail "$what: rank $r on n1: $out"; done
   for r in 2 3; do grep -q "^result rank=$r host=n2 sum=10$" <<<"$out" || fail "$what: rank $r on n2: $out"; done
 }
+# worker_error WHAT RANK OUT CODE: the driver exited 1 naming RANK (on n2) and its exception.
+worker_error() {
+  local what="$1" rank="$2" out="$3" code="$4"
+  [[ $code -eq 1 ]] || fail "$what: exit $code, expected 1: $out"
+  grep -q "^WorkerError rank=$rank type=std::runtime_error message=failing on purpose on rank $rank at n2$" <<<"$out" ||
+    fail "$what: WorkerError: $out"
+}
 nothing_left() {
   local what="$1"
   for h in n1 n2; do
@@ -44,10 +51,7 @@ pass "Distributor over ssh (n1:2,n2:2): 4 ranks' results back at the driver on n
 # 2 -------------------------------------------------------------------------------------
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" --fail-rank 3 2>&1)"
-code=$?
-[[ $code -eq 1 ]] || fail "ssh failure: exit $code, expected 1: $out"
-grep -q "^WorkerError rank=3 type=std::runtime_error message=failing on purpose on rank 3 at n2$" <<<"$out" ||
-  fail "ssh failure: WorkerError: $out"
+worker_error "ssh failure" 3 "$out" $?
 nothing_left "ssh failure"
 pass "Distributor over ssh: rank 3 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
 
@@ -61,10 +65,7 @@ pass "Distributor on Slurm (2 nodes x 2): 4 ranks' results back at the driver ($
 # 4 -------------------------------------------------------------------------------------
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine slurm --nodes 2 --fail-rank 2 2>&1)"
-code=$?
-[[ $code -eq 1 ]] || fail "slurm failure: exit $code, expected 1: $out"
-grep -q "^WorkerError rank=2 type=std::runtime_error message=failing on purpose on rank 2 at n2$" <<<"$out" ||
-  fail "slurm failure: WorkerError: $out"
+worker_error "slurm failure" 2 "$out" $?
 nothing_left "slurm failure"
 pass "Distributor on Slurm: rank 2 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
 
@@ -85,10 +86,7 @@ out="$(on n1 timeout 120 "$D" "${MPI[@]}" 2>&1)" || fail "mpirun: exit $?: $out"
 check_results "mpirun" "$out"
 nothing_left "mpirun"
 out="$(on n1 timeout 120 "$D" "${MPI[@]}" --fail-rank 3 2>&1)"
-code=$?
-[[ $code -eq 1 ]] || fail "mpirun failure: exit $code, expected 1: $out"
-grep -q "^WorkerError rank=3 type=std::runtime_error message=failing on purpose on rank 3 at n2$" <<<"$out" ||
-  fail "mpirun failure: WorkerError: $out"
+worker_error "mpirun failure" 3 "$out" $?
 nothing_left "mpirun failure"
 pass "Distributor on Open MPI (mpirun --host n1:2,n2:2): results of 4 ranks; rank 3 throwing on n2 is a WorkerError ($((SECONDS - t)) s)"
 
