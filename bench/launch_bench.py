@@ -5,8 +5,14 @@ For N in --nprocs (default 1,2,4) the worker (examples/hello_worker: join a Gloo
 env://, all-reduce one number, barrier, exit) runs under
 
   dtrain run --nproc-per-node N WORKER
+  dtrain run --nproc-per-node N --start-method spawn WORKER      (N >= 2; --no-spawn skips it)
   torchrun --nproc_per_node N --monitor_interval 0.1 --redirects 9:1 --tee 9:1
            --master_port <free port> --no_python WORKER
+
+dtrain's default start method at N >= 2 for this worker (it links libtorch) is the fork server:
+the worker program is started once, its shared libraries load and initialise once, and the N
+workers are forked from it just before main(). "spawn" starts each worker afresh, as torchrun
+does; it shows what the fork server saves.
 
 plus the worker alone, without any launcher (RANK=0 WORLD_SIZE=1 LOCAL_RANK=0
 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port>, OMP_NUM_THREADS=1 as dtrain sets it).
@@ -124,8 +130,10 @@ class Config:
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                   "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
             env.pop(k, None)
-        if self.launcher == "dtrain":
+        if self.launcher in ("dtrain", "dtrain-spawn"):
             extra = [f"--env={k}={v}" for k, v in a.worker_env.items()]
+            if self.launcher == "dtrain-spawn":
+                extra.append("--start-method=spawn")
             return [a.dtrain, "run", "--nproc-per-node", str(self.nproc)] + extra + [a.worker] + a.worker_args, env
         env.update(a.worker_env)  # torchrun passes its environment on (its own Python sees it too)
         cmd = shlex.split(a.torchrun) + [
@@ -221,6 +229,9 @@ def main() -> int:
                     help="before each run, wait up to S seconds for the machine to be idle (default: "
                          "0, don't wait); use it on a shared machine")
     ap.add_argument("--no-torchrun", action="store_true", help="skip torchrun")
+    ap.add_argument("--no-spawn", action="store_true",
+                    help="skip `dtrain run --start-method spawn` (each worker loads its libraries itself; "
+                         "measured by default at N >= 2, where dtrain's default forks workers from a fork server)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
     a = ap.parse_args()
@@ -236,6 +247,8 @@ def main() -> int:
     configs = [Config("worker alone", "alone", 1)]
     for n in nprocs:
         configs.append(Config(f"dtrain N={n}", "dtrain", n))
+        if n > 1 and not a.no_spawn:
+            configs.append(Config(f"dtrain spawn N={n}", "dtrain-spawn", n))
         if not a.no_torchrun:
             configs.append(Config(f"torchrun N={n}", "torchrun", n))
 
@@ -261,14 +274,22 @@ def main() -> int:
     print("(cpu: user+sys seconds of the job's processes; other: CPU seconds the rest of the machine "
           "used meanwhile, median;\n ~0 on an idle machine, large when the job competed with other load)")
     by = {(c.launcher, c.nproc): c for c in configs}
-    ratios = {}
+    ratios, spawn_ratios = {}, {}
     if not a.no_torchrun:
-        print(f"\n{'N':>3}{'dtrain':>9}{'torchrun':>10}{'torchrun/dtrain':>17}")
+        print(f"\n{'N':>3}{'dtrain':>9}{'spawn':>9}{'torchrun':>10}{'torchrun/dtrain':>17}{'torchrun/spawn':>16}")
         for n in nprocs:
             d, t = median(by[("dtrain", n)].times), median(by[("torchrun", n)].times)
+            sp = median(by[("dtrain-spawn", n)].times) if ("dtrain-spawn", n) in by else None
             ratio = t / d if d and t else None
             ratios[str(n)] = ratio
-            print(f"{n:>3}{fmt(d, '9.3f')}{fmt(t, '10.3f')}{fmt(ratio, '16.2f')}x")
+            sratio = t / sp if sp and t else None
+            if sratio:
+                spawn_ratios[str(n)] = sratio
+            times = lambda x, spec: fmt(x, spec) + ("x" if x else " ")
+            print(f"{n:>3}{fmt(d, '9.3f')}{fmt(sp, '9.3f')}{fmt(t, '10.3f')}{times(ratio, '16.2f')}"
+                  f"{times(sratio, '15.2f')}")
+        print("(dtrain: the default start method - a fork server at N >= 2 for this libtorch worker; "
+              "spawn: --start-method spawn)")
     overhead = None
     alone, d1 = by[("alone", 1)], by.get(("dtrain", 1))
     if d1 and alone.times and d1.times:
@@ -293,6 +314,7 @@ def main() -> int:
                          "median_s": median(c.times), "min_s": min(c.times) if c.times else None,
                          "cpu_median_s": median(c.cpu), "failures": c.failures} for c in configs],
             "torchrun_over_dtrain": ratios,
+            "torchrun_over_dtrain_spawn": spawn_ratios,
             "dtrain_overhead_n1": overhead,
         }
         with open(a.json, "w") as f:

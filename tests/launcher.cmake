@@ -1,8 +1,9 @@
 # The launcher (`dtrain run`, src/launch).
 
 # A worker without libtorch whose flags are behaviours (see its header comment).
+add_library(preload_probe SHARED launcher/preload_probe.cpp)
 add_executable(test_worker launcher/test_worker.cpp)
-target_link_libraries(test_worker PRIVATE dtrain_core)
+target_link_libraries(test_worker PRIVATE dtrain_core preload_probe)
 
 # In-process: flag parsing and validation, output fan-in, rank layout, rendezvous.
 dtrain_test(launch_options_test LABELS unit SOURCES unit/launch_options_test.cpp)
@@ -10,6 +11,11 @@ dtrain_test(launch_options_test LABELS unit SOURCES unit/launch_options_test.cpp
 # Real processes through the real `dtrain` binary on loopback.
 dtrain_test(launcher_test LABELS launcher
   SOURCES launcher/launcher_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(launcher_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+target_compile_definitions(launcher_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>"
+  PRELOAD_PROBE_LIB="$<TARGET_FILE:preload_probe>")
 # The tests execute these; building launcher_test must build them too.
-add_dependencies(launcher_test test_worker dtrain_cli)
+add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver)
+# Every launcher test again with the workers forked from a fork server (test_worker does
+# not link libtorch, so "auto" spawns it).
+gtest_discover_tests(launcher_test TEST_PREFIX "forkserver."
+  PROPERTIES LABELS launcher ENVIRONMENT "DTRAIN_TEST_START_METHOD=forkserver" DISCOVERY_TIMEOUT 60)

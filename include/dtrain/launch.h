@@ -53,6 +53,16 @@ struct LaunchOptions {
   // worker's start-up (~40 MB of heap touched while loading) by ~20% where page faults are
   // costly, as on VMs. glibc >= 2.35 (older ones ignore it). Default: false.
   bool malloc_hugepages = false;
+  // How workers start (--start-method). "spawn": each is fork+exec'd and loads its libraries
+  // itself. "forkserver": the program is started once with libdtrain_forkserver.so preloaded;
+  // once its shared libraries are loaded and initialised, the workers are forked from it
+  // (each runs the program's own constructors and main() with its rank's environment, and
+  // skips the destructors of those libraries at exit). For dynamically linked programs only.
+  // "auto": forkserver when the program links libtorch/libc10/libdtrain directly and there
+  // are two or more workers per node, else spawn. Python programs always spawn (torchrun's
+  // start method, too, only applies to functions). torchrun's "fork" means forkserver.
+  // Default: "auto".
+  std::string start_method = "auto";
   // If set: when the job fails, its root cause is written there (atomically) as one JSON
   // object: time, host, node_rank, rank (-1: not a worker), local_rank, pid, exit_code,
   // signal, reason, stderr_tail (lines), error_file, error_file_contents. Programs that drive
@@ -89,6 +99,9 @@ LaunchOptions parse_run_args(const std::vector<std::string>& args);
 // Checks the options and resolves the program (PATH lookup, executability, .py existence).
 // Throws UsageError naming the flag, the value and the form expected.
 void validate_launch_options(LaunchOptions& options);
+
+// Whether this node's workers start from a fork server (start_method, resolved as above).
+bool uses_fork_server(const LaunchOptions& options);
 
 // Runs the job on this node and returns the exit code `dtrain run` exits with:
 // 0 success; a failing worker's exit code (128+N for signal N); 128+N when the agent got

@@ -41,6 +41,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
+#include "launch/fork_server.h"
 #include "launch/guard.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
@@ -230,6 +231,9 @@ class Agent {
   void setup_store();
   AttemptResult run_attempt(const launch::RendezvousResult& rdzv);
   void spawn_workers(const launch::RendezvousResult& rdzv);
+  // Learns the pids the fork server reports; once it has exited, the workers it never
+  // started are marked dead with its wait status.
+  void read_fork_server();
   void poll_once(std::chrono::milliseconds timeout, std::vector<int>* signals);
   void read_pipe(Worker& w, bool is_err);
   void drain_and_close(Worker& w);
@@ -255,6 +259,8 @@ class Agent {
   LaunchOptions o_;
   std::string host_;
   std::unique_ptr<launch::Guard> guard_;
+  std::string fork_server_lib_;  // non-empty: workers start from a fork server
+  std::unique_ptr<launch::ForkServer> fork_server_;  // this attempt's, until it is reaped
   int signal_fd_ = -1;
   bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
   std::unique_ptr<store::StoreServer> server_;
@@ -365,9 +371,18 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
   argv.push_back(o_.program);
   argv.insert(argv.end(), o_.args.begin(), o_.args.end());
 
+  // A worker's environment: inherited, then the contract, then ours. The fork server gets
+  // the same without the contract (what differs between workers).
+  std::vector<std::string> tail;
+  for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
+  if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) tail.push_back("OMP_NUM_THREADS=1");
+  std::vector<std::string> common = inherited;
+  common.insert(common.end(), tail.begin(), tail.end());
+
   const std::string dir = attempt_dir(rdzv.round);
   workers_.clear();
   workers_.resize(o_.nproc_per_node);
+  std::vector<std::vector<std::string>> envs(workers_.size());
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     Worker& w = workers_[lr];
     w.local_rank = lr;
@@ -392,12 +407,9 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
     env.run_id = o_.rdzv_id;
     env.use_agent_store = true;
     env.error_file = w.error_file;
-    launch::SpawnSpec spec;
-    spec.argv = argv;
-    spec.env = inherited;
-    for (auto& [k, v] : env.to_variables()) spec.env.push_back(k + "=" + v);
-    for (auto& [k, v] : extra_env) spec.env.push_back(k + "=" + v);
-    if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) spec.env.push_back("OMP_NUM_THREADS=1");
+    envs[lr] = inherited;
+    for (auto& [k, v] : env.to_variables()) envs[lr].push_back(k + "=" + v);
+    envs[lr].insert(envs[lr].end(), tail.begin(), tail.end());
 
     auto open_log = [&](const char* name) {
       if (o_.log_dir.empty()) return -1;
@@ -410,13 +422,54 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
     w.out.emplace(prefix, mask_has(o_.redirects, lr, 1) ? -1 : STDOUT_FILENO, open_log("stdout.log"), 0);
     w.err.emplace(prefix, mask_has(o_.redirects, lr, 2) ? -1 : STDERR_FILENO, open_log("stderr.log"),
                   o_.stderr_tail_lines);
-    auto p = launch::spawn_process(spec);
+  }
+  if (!fork_server_lib_.empty()) {
+    // One process loads the program's libraries; the workers are forked from it. Their pids
+    // arrive on the server's reply pipe (read_fork_server).
+    std::vector<int> outs, errs;
+    fork_server_ = std::make_unique<launch::ForkServer>(
+        launch::ForkServerLaunch{argv, common, envs, fork_server_lib_}, outs, errs);
+    guard_->watch(fork_server_->pid());
+    for (size_t lr = 0; lr < workers_.size(); ++lr) {
+      workers_[lr].out_fd = outs[lr];
+      workers_[lr].err_fd = errs[lr];
+      workers_[lr].alive = true;
+    }
+    return;
+  }
+  for (size_t lr = 0; lr < workers_.size(); ++lr) {
+    Worker& w = workers_[lr];
+    auto p = launch::spawn_process({argv, envs[lr], {}});
     guard_->watch(p.pid);
     w.pid = p.pid;
     w.out_fd = p.stdout_fd;
     w.err_fd = p.stderr_fd;
     w.alive = true;
   }
+}
+
+void Agent::read_fork_server() {
+  if (!fork_server_) return;
+  for (auto [index, pid] : fork_server_->read_reply()) {
+    if (index < 0 || index >= static_cast<int>(workers_.size())) continue;
+    guard_->watch(pid);
+    workers_[index].pid = pid;
+  }
+  if (fork_server_->reply_fd() >= 0) return;
+  // The server is gone (it exits as soon as every worker is forked, or it failed while the
+  // program's libraries loaded): reap it; any worker it did not start fails with its status.
+  fork_server_->reap(true);
+  for (auto& w : workers_) {
+    if (w.alive && w.pid < 0) {
+      w.alive = false;
+      int st = fork_server_->status();
+      w.wait_status = (WIFEXITED(st) && WEXITSTATUS(st) == 0) ? (127 << 8) : st;
+      read_pipe(w, false);
+      read_pipe(w, true);
+    }
+  }
+  guard_->forget(fork_server_->pid());
+  fork_server_.reset();
 }
 
 void Agent::read_pipe(Worker& w, bool is_err) {
@@ -453,8 +506,10 @@ void Agent::drain_and_close(Worker& w) {
 }
 
 void Agent::reap() {
+  // Every pid the fork server reported is in its pipe before any of its workers can be ours.
+  read_fork_server();
   for (auto& w : workers_) {
-    if (!w.alive) continue;
+    if (!w.alive || w.pid < 0) continue;
     int st = 0;
     pid_t r;
     do {
@@ -474,6 +529,7 @@ void Agent::reap() {
     info.si_pid = 0;
     if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) break;
     bool ours = guard_ && info.si_pid == guard_->pid();
+    ours = ours || (fork_server_ && info.si_pid == fork_server_->pid());
     for (auto& w : workers_) ours = ours || (w.alive && w.pid == info.si_pid);
     if (ours) break;  // a worker that exited between the loop above and now: next round
     ::waitpid(info.si_pid, &st, WNOHANG);
@@ -491,10 +547,18 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
     if (w.out_fd >= 0) fds.push_back({w.out_fd, POLLIN, 0}), owners.push_back({&w, false});
     if (w.err_fd >= 0) fds.push_back({w.err_fd, POLLIN, 0}), owners.push_back({&w, true});
   }
+  const size_t fork_server_slot = fds.size();
+  if (fork_server_ && fork_server_->reply_fd() >= 0) {
+    fds.push_back({fork_server_->reply_fd(), POLLIN, 0}), owners.push_back({nullptr, false});
+  }
   int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
   if (n <= 0) return;
   for (size_t i = 1; i < fds.size(); ++i) {
     if (fds[i].revents == 0) continue;
+    if (i == fork_server_slot) {
+      read_fork_server();
+      continue;
+    }
     if (owners[i].first == nullptr) {
       // stdin of an agent started over ssh: EOF means the launching dtrain is gone or wants
       // the job stopped. Treat it as SIGHUP.
@@ -596,8 +660,10 @@ void Agent::heartbeat_and_check(Clock::time_point now) {
 
 void Agent::stop_workers(int sig) {
   for (auto& w : workers_) {
-    if (w.alive) ::kill(-w.pid, sig);
+    if (w.alive && w.pid > 0) ::kill(-w.pid, sig);
   }
+  // A fork server still loading the program: its workers do not exist yet.
+  if (fork_server_) ::kill(-fork_server_->pid(), sig);
   auto deadline = Clock::now() + o_.term_timeout;
   bool killed = false;
   while (true) {
@@ -606,8 +672,9 @@ void Agent::stop_workers(int sig) {
     auto now = Clock::now();
     if (!killed && now >= deadline) {
       for (auto& w : workers_) {
-        if (w.alive) ::kill(-w.pid, SIGKILL);
+        if (w.alive && w.pid > 0) ::kill(-w.pid, SIGKILL);
       }
+      if (fork_server_) ::kill(-fork_server_->pid(), SIGKILL);
       killed = true;
       deadline = now + std::chrono::seconds(10);  // SIGKILL cannot be caught; this is for D state
     } else if (killed && now >= deadline) {
@@ -623,6 +690,16 @@ void Agent::stop_workers(int sig) {
 }
 
 void Agent::release_workers() {
+  if (fork_server_) {  // only after stop_workers gave up on it
+    ::kill(-fork_server_->pid(), SIGKILL);
+    fork_server_->reap(true);
+    for (int i = 0; fork_server_ && i < 100; ++i) {  // EOF follows its death at once
+      pollfd p{fork_server_->reply_fd(), POLLIN, 0};
+      ::poll(&p, 1, 10);
+      read_fork_server();  // marks the workers it never started
+    }
+    fork_server_.reset();
+  }
   for (auto& w : workers_) {
     if (w.pid < 0) continue;
     drain_and_close(w);
@@ -780,6 +857,7 @@ void Agent::write_failure_file(const Failure& f) const {
 
 int Agent::run() {
   validate_launch_options(o_);
+  if (uses_fork_server(o_)) fork_server_lib_ = launch::fork_server_library();
   guard_ = std::make_unique<launch::Guard>();
   setup_signals();
   setup_store();

@@ -15,6 +15,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "launch/fork_server.h"
 #include "launch/options_internal.h"
 
 namespace dtrain {
@@ -221,7 +222,12 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "When the job fails, write its root cause there as one JSON object (rank, "
                  "exit_code, signal, host, stderr_tail, ...), for programs that drive dtrain");
   run.add_option("--start-method,--start_method", a.start_method,
-                 "Accepted for torchrun compatibility; workers are always fork+exec'd")
+                 "How workers start: spawn (each fork+exec'd, loads its libraries itself), "
+                 "forkserver or fork (the program starts once, loads and initialises its shared "
+                 "libraries, and the workers are forked from it: a libtorch program starts "
+                 "~0.6 s and ~0.9 CPU-s faster per worker), auto (forkserver for a program that "
+                 "links libtorch, libc10 or libdtrain with 2+ workers per node, else spawn). "
+                 "Python scripts always spawn")
       ->capture_default_str();
   run.add_option("--run-path,--run_path", a.unused_run_path, "Accepted for torchrun compatibility");
   // One value per --env: a vector option would otherwise swallow PROGRAM and its args.
@@ -435,6 +441,14 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   o.role = a.role;
   if (o.role.empty()) throw UsageError("--role: got an empty name, expected a role name");
   o.malloc_hugepages = a.malloc_hugepages;
+  if (a.start_method == "spawn" || a.start_method == "auto" || a.start_method == "forkserver") {
+    o.start_method = a.start_method;
+  } else if (a.start_method == "fork") {
+    o.start_method = "forkserver";
+  } else {
+    throw UsageError("--start-method: got '" + a.start_method +
+                     "', expected auto, spawn, forkserver or fork");
+  }
   o.failure_file = a.failure_file;
   o.module = a.module;
   o.no_python = a.no_python;
@@ -673,6 +687,27 @@ void validate_launch_options(LaunchOptions& o) {
     }
     o.program = found;
   }
+  if (o.start_method == "forkserver") {
+    const auto info = launch::inspect_program(o.program);
+    if (!launch::fork_server_can_start(info)) {
+      throw UsageError("--start-method forkserver: PROGRAM '" + o.program + "' is " +
+                       (info.set_id ? std::string("set-user/group-ID (the loader ignores LD_PRELOAD for it)")
+                                    : std::string("not a dynamically linked ELF program (a script or a static binary)")) +
+                       "; the fork server needs one; use --start-method spawn");
+    }
+    if (launch::fork_server_library().empty()) {
+      throw UsageError("--start-method forkserver: libdtrain_forkserver.so was not found (looked at "
+                       "$DTRAIN_FORKSERVER_LIB, the build tree and the install prefix); reinstall "
+                       "dtrain, set DTRAIN_FORKSERVER_LIB, or use --start-method spawn");
+    }
+  }
+}
+
+bool uses_fork_server(const LaunchOptions& o) {
+  if (o.start_method == "spawn" || runs_with_python(o)) return false;
+  const auto info = launch::inspect_program(o.program);
+  if (!launch::fork_server_can_start(info)) return false;
+  return o.start_method == "forkserver" || (o.nproc_per_node > 1 && launch::fork_server_pays_off(info));
 }
 
 }  // namespace dtrain

@@ -37,7 +37,7 @@ struct RunArgs {
   std::string role = "default";
   bool module = false;
   bool no_python = false;
-  std::string start_method = "spawn";
+  std::string start_method = "auto";
   std::string unused_run_path;
   std::vector<std::string> env;
   bool malloc_hugepages = false;

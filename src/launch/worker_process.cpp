@@ -59,6 +59,7 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
+    for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
     // Undo the agent's signal set-up: the worker starts with defaults and nothing blocked.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;

@@ -16,6 +16,7 @@ namespace dtrain::launch {
 struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0] is the path executed (absolute or relative to cwd)
   std::vector<std::string> env;   // the complete environment, "KEY=VALUE"
+  std::vector<int> inherit_fds;   // these stay open (same numbers) in the new process
 };
 
 struct SpawnedProcess {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <thread>
 
@@ -41,6 +42,21 @@ double all_reduce_sum(double scale) {
   auto t = torch::full({4}, scale * (pg->rank() + 1), torch::kFloat64);
   dtrain::all_reduce(t);
   return t[0].item<double>();
+}
+
+// Whether this worker was forked from the launcher's fork server: /proc/self/environ is the
+// environment the process was exec'd with - the server's, which names the server - while
+// getenv() sees the worker's own.
+bool forked_from_a_fork_server() {
+  std::ifstream in("/proc/self/environ", std::ios::binary);
+  std::string env((std::istreambuf_iterator<char>(in)), {});
+  return env.find("DTRAIN_FORKSERVER=") != std::string::npos && std::getenv("DTRAIN_FORKSERVER") == nullptr;
+}
+
+// A BLAS product big enough for OpenBLAS to use its threads.
+std::pair<bool, double> matmul_in_worker() {
+  auto a = torch::ones({512, 512}, torch::kFloat64);
+  return {forked_from_a_fork_server(), torch::mm(a, a).sum().item<double>()};
 }
 
 struct Report {
@@ -181,6 +197,21 @@ TEST(Distributor, AStateDictComesBackAndLoadsIntoAFreshModel) {
   auto here = train_one_step(0.1);
   for (const auto& item : here) {
     EXPECT_TRUE(torch::equal(item.value(), dtrain::state_dict(*fresh)[item.key()])) << item.key();
+  }
+}
+
+TEST(Distributor, WorkersAreForkedFromAForkServerAndOpenBlasThreadsSurviveIt) {
+  // With OMP_NUM_THREADS=2 OpenBLAS starts a thread pool while libtorch loads, in the fork
+  // server; it stops the pool for fork() and each worker starts its own on first use.
+  for (const char* threads : {"1", "2"}) {
+    SCOPED_TRACE(std::string("OMP_NUM_THREADS=") + threads);
+    dtrain::Distributor d({.num_processes = 2, .env = {{"OMP_NUM_THREADS", threads}}});
+    auto results = d.run_all(matmul_in_worker);
+    ASSERT_EQ(results.size(), 2u);
+    for (const auto& [forked, sum] : results) {
+      EXPECT_TRUE(forked) << "a libtorch worker with 2 processes per node starts from the fork server";
+      EXPECT_EQ(sum, 512.0 * 512.0 * 512.0);
+    }
   }
 }
 

@@ -26,6 +26,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "launcher/subprocess.h"
@@ -233,6 +234,11 @@ class LauncherTest : public ::testing::Test {
   // Starts `dtrain run ARGS...` in the background.
   Process& start(const Args& args, RunOptions options = {}) {
     Args argv{kDtrain, "run"};
+    // The suite runs twice: as is, and with every worker started by the fork server.
+    const char* method = std::getenv("DTRAIN_TEST_START_METHOD");
+    if (method && std::find(args.begin(), args.end(), "--start-method") == args.end()) {
+      argv.insert(argv.end(), {"--start-method", method});
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     // The parent's OMP_NUM_THREADS would change what workers see; a test that wants one
     // passes it in options.env, which wins over this.
@@ -675,6 +681,158 @@ TEST_F(LauncherTest, NoGrandchildSurvivesASuccessfulRun) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The fork server (--start-method forkserver; the whole suite also runs under it)
+
+struct Start {
+  pid_t constructor_pid = 0;  // where test_worker's shared library was initialised
+  pid_t pid = 0;              // the worker
+};
+
+// "[default<r>]:constructor_pid=A pid=B" lines by rank.
+std::map<int, Start> starts(const std::string& out) {
+  std::map<int, Start> m;
+  for (const auto& l : rank_lines(out)) {
+    Start s;
+    if (std::sscanf(l.text.c_str(), "constructor_pid=%d pid=%d", &s.constructor_pid, &s.pid) == 2) {
+      m[l.rank] = s;
+    }
+  }
+  return m;
+}
+
+TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "3", kWorker, "--print-start",
+                     "--print-env", "--print-var", "LD_PRELOAD", "--print-var", "DTRAIN_FORKSERVER"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto s = starts(r.out);
+  ASSERT_EQ(s.size(), 3u) << r.out;
+  for (auto& [rank, st] : s) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_NE(st.constructor_pid, st.pid) << "the library was initialised in the worker itself";
+    EXPECT_EQ(st.constructor_pid, s[0].constructor_pid) << "one fork server loads for all workers";
+  }
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 3u);
+  for (int rank : {0, 1, 2}) {
+    EXPECT_EQ(env[rank]["RANK"], std::to_string(rank));
+    EXPECT_EQ(env[rank]["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env[rank]["OMP_NUM_THREADS"], "1");
+    EXPECT_TRUE(env[rank]["TORCHELASTIC_ERROR_FILE"].ends_with("/rank_" + std::to_string(rank) + "/error.json"));
+  }
+  // Nothing of the fork server's own set-up reaches the program.
+  EXPECT_EQ(count(r.out, "]:LD_PRELOAD=<unset>\n"), 3u) << r.out;
+  EXPECT_EQ(count(r.out, "]:DTRAIN_FORKSERVER=<unset>\n"), 3u) << r.out;
+}
+
+TEST_F(LauncherTest, ForkServerKeepsTheUsersLdPreload) {
+  RunOptions o;
+  o.env = {std::string("LD_PRELOAD=") + PRELOAD_PROBE_LIB};
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-start",
+                     "--print-var", "LD_PRELOAD"},
+                    30s, o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, std::string("]:LD_PRELOAD=") + PRELOAD_PROBE_LIB + "\n"), 2u) << r.out;
+  for (auto& [rank, st] : starts(r.out)) EXPECT_NE(st.constructor_pid, st.pid);
+}
+
+TEST_F(LauncherTest, SpawnAndAutoForAProgramWithoutLibtorchStartEachWorkerAfresh) {
+  for (const char* method : {"spawn", "auto"}) {
+    SCOPED_TRACE(method);
+    RunResult r = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--print-start"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto s = starts(r.out);
+    ASSERT_EQ(s.size(), 2u) << r.out;
+    for (auto& [rank, st] : s) EXPECT_EQ(st.constructor_pid, st.pid);
+  }
+}
+
+TEST_F(LauncherTest, ForkServerFallsBackToExecWhenALibraryStartedAThread) {
+  // fork() copies only the calling thread: the server must not fork a half-copied process.
+  RunOptions o;
+  o.env = {"PROBE_START_THREAD=1"};
+  RunResult r =
+      run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-start", "--print-env"},
+          30s, o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto s = starts(r.out);
+  ASSERT_EQ(s.size(), 2u) << r.out;
+  for (auto& [rank, st] : s) EXPECT_EQ(st.constructor_pid, st.pid) << "rank " << rank << " was forked";
+  auto env = env_by_rank(r.out);
+  EXPECT_EQ(env[1]["RANK"], "1");
+}
+
+TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
+  for (const char* method : {"spawn", "forkserver"}) {
+    SCOPED_TRACE(method);
+    RunResult ok = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--exit-hooks", "0"});
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    for (int rank : {0, 1}) {
+      const std::string p = "[default" + std::to_string(rank) + "]:";
+      EXPECT_TRUE(contains(ok.out, p + "exiting with 0\n" + p + "static destructor ran\n" + p +
+                                       "atexit handler ran\n" + p + "destructor function ran\n"))
+          << ok.out;
+    }
+    RunResult bad = run({"--start-method", method, kWorker, "--exit-hooks", "5"});
+    EXPECT_EQ(bad.exit_code, 5) << bad.err;
+    EXPECT_TRUE(contains(bad.out, "[default0]:destructor function ran\n")) << bad.out;
+    EXPECT_TRUE(contains(bad.err, "  exit code  : 5\n")) << bad.err;
+  }
+}
+
+TEST_F(LauncherTest, ForkServerThatFailsWhileLoadingFailsTheJob) {
+  RunOptions o;
+  o.env = {"PROBE_EXIT=9"};
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--touch", path("ran")},
+                    30s, o);
+  EXPECT_EQ(r.exit_code, 9) << r.err;
+  EXPECT_LT(r.elapsed, 5.0);
+  EXPECT_TRUE(contains(r.err, "  rank       : 0 (local rank 0)\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  exit code  : 9\n")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("ran"))) << "a worker ran main()";
+}
+
+// The agent's children that run test_worker (the fork server while it loads).
+std::vector<pid_t> test_worker_children(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = read_file("/proc/" + name + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    // argv[0]: the agent's guard has test_worker among its arguments too.
+    if (ppid == parent && read_file("/proc/" + name + "/cmdline").starts_with(kWorker + '\0')) {
+      out.push_back(std::atoi(name.c_str()));
+    }
+  }
+  return out;
+}
+
+TEST_F(LauncherTest, SignalsWhileTheForkServerLoadsStopIt) {
+  for (int sig : {SIGTERM, SIGKILL}) {
+    SCOPED_TRACE(sig);
+    RunOptions o;
+    o.env = {"PROBE_SLEEP=60"};
+    Process& agent = start({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker}, o);
+    std::vector<pid_t> server;
+    for (int i = 0; i < 100 && server.empty(); ++i) {
+      std::this_thread::sleep_for(50ms);
+      server = test_worker_children(agent.pid());
+    }
+    ASSERT_EQ(server.size(), 1u) << "no fork server under the agent";
+    agent.signal(sig);
+    RunResult r = finish({&agent}, 10s)[0];
+    EXPECT_EQ(r.exit_code, 128 + sig) << r.err;
+    EXPECT_LT(r.elapsed, 5.0);
+    EXPECT_TRUE(wait_dead(server, 2s)) << "the fork server outlived the agent";
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Multi-node jobs: several agents on loopback
 
 // Arguments of one agent of a static multi-node job.
@@ -898,6 +1056,13 @@ std::vector<BadInput> bad_inputs() {
       {"TermTimeoutNotANumber",
        with_worker({"--term-timeout", "soon"}),
        {run_error + "--term-timeout: got 'soon', expected a non-negative number of seconds"}},
+      {"StartMethodUnknown",
+       with_worker({"--start-method", "threads"}),
+       {run_error + "--start-method: got 'threads', expected auto, spawn, forkserver or fork"}},
+      {"StartMethodForkserverForAScript",
+       {"--start-method", "forkserver", "{TMP}/script.sh", "{MARKER}"},
+       {run_error + "--start-method forkserver: PROGRAM '{TMP}/script.sh' is not a dynamically "
+                    "linked ELF program"}},
       {"RdzvTimeoutNegative",
        with_worker({"--rdzv-timeout", "-3"}),
        {run_error + "--rdzv-timeout: got '-3', expected a non-negative number of seconds"}},
@@ -919,6 +1084,8 @@ TEST_P(BadInputTest, ExitsTwoNamingFlagAndValueWithoutStarting) {
   HeldPort held;  // for MasterPortInUse: a port some other program is listening on
   std::ofstream(path("data.txt")) << "not a program\n";
   ::chmod(path("data.txt").c_str(), 0644);
+  std::ofstream(path("script.sh")) << "#!/bin/sh\ntouch \"$1\"\n";
+  ::chmod(path("script.sh").c_str(), 0755);
   const std::string marker = path("started");
   const std::map<std::string, std::string> vars = {{"{WORKER}", kWorker},
                                                    {"{MARKER}", marker},

@@ -17,6 +17,10 @@
 //   --ignore-term            ignore SIGTERM (so only SIGKILL stops it)
 //   --print-var NAME         print NAME=VALUE (or NAME=<unset>)
 //   --touch PATH             create the file PATH (lets a test prove the program never ran)
+//   --print-start            print "constructor_pid=A pid=B": where the constructor of a
+//                            shared library (preload_probe) ran, and this process
+//   --exit-hooks CODE        register an atexit handler and a static object, then exit(CODE):
+//                            each prints a line as it runs, as does a destructor function
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +33,21 @@
 #include <thread>
 
 #include "dtrain/store.h"
+
+pid_t probe_constructor_pid();  // tests/launcher/preload_probe.cpp
+
+namespace {
+bool g_exit_hooks = false;
+
+struct PrintsOnDestruction {
+  ~PrintsOnDestruction() { std::printf("static destructor ran\n"); }
+};
+}  // namespace
+
+// Runs from the program's DT_FINI_ARRAY, after static destructors and atexit handlers.
+__attribute__((destructor)) static void destructor_function() {
+  if (g_exit_hooks) std::printf("destructor function ran\n");
+}
 
 static int env_int(const char* name) {
   const char* v = std::getenv(name);
@@ -149,6 +168,15 @@ int main(int argc, char** argv) {
         return 65;
       }
       std::fclose(f);
+    } else if (a == "--print-start") {
+      std::printf("constructor_pid=%d pid=%d\n", probe_constructor_pid(), ::getpid());
+    } else if (a == "--exit-hooks") {
+      int code = std::stoi(next());
+      g_exit_hooks = true;
+      std::atexit([] { std::printf("atexit handler ran\n"); });
+      static PrintsOnDestruction printer;
+      std::printf("exiting with %d\n", code);  // buffered (stdout is a pipe): exit must flush it
+      std::exit(code);
     } else {
       std::fprintf(stderr, "test_worker: unknown flag %s\n", a.c_str());
       return 64;

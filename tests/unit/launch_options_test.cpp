@@ -23,6 +23,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
+#include "launch/fork_server.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
 
@@ -105,6 +106,7 @@ TEST(ParseRunArgs, DefaultsMatchTorchrun) {
   EXPECT_FALSE(o.module);
   EXPECT_FALSE(o.no_python);
   EXPECT_EQ(o.stderr_tail_lines, 20);
+  EXPECT_EQ(o.start_method, "auto");
 }
 
 // One flag, its two spellings, a value, and what it must set.
@@ -178,8 +180,11 @@ std::vector<FlagCase> flag_cases() {
       {"--no-python", "--no_python", {}, [](auto& o) { EXPECT_TRUE(o.no_python); }},
       {"--module", "-m", {}, [](auto& o) { EXPECT_TRUE(o.module); }},
       {"--standalone", "", {}, [](auto& o) { EXPECT_TRUE(o.standalone); }},
-      // Accepted for torchrun compatibility; they change nothing we can observe.
-      {"--start-method", "--start_method", {"fork"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
+      // torchrun's "fork" is the fork server here.
+      {"--start-method", "--start_method", {"fork"}, [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
+      {"--start-method", "", {"spawn"}, [](auto& o) { EXPECT_EQ(o.start_method, "spawn"); }},
+      {"--start-method", "", {"forkserver"}, [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
+      // Accepted for torchrun compatibility; it changes nothing we can observe.
       {"--run-path", "--run_path", {"x"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
   };
 }
@@ -343,6 +348,7 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--rdzv-timeout", "-1"},
        "--rdzv-timeout: got '-1', expected a non-negative number of seconds"},
       {{"--rdzv-timeout", "soon"}, "--rdzv-timeout: got 'soon', expected a non-negative number"},
+      {{"--start-method", "threads"}, "--start-method: got 'threads', expected auto, spawn, forkserver or fork"},
       {{"--rdzv-conf", "join_timeout"}, "--rdzv-conf: got 'join_timeout', expected KEY=VALUE"},
       {{"--rdzv-conf", "timeout=x"},
        "--rdzv-conf timeout: got 'x', expected a non-negative number"},
@@ -423,6 +429,41 @@ TEST(ValidateLaunchOptions, FindsProgramOnPath) {
   EXPECT_NE(msg.find("PROGRAM 'no-such-program-dtrain-test' was not found on PATH"),
             std::string::npos)
       << msg;
+}
+
+TEST(ForkServer, InspectsProgramsForItsPreconditions) {
+  // This test binary: dynamically linked, without libtorch.
+  auto self = launch::inspect_program("/proc/self/exe");
+  EXPECT_TRUE(self.dynamic_elf);
+  EXPECT_FALSE(self.set_id);
+  EXPECT_NE(std::find(self.needed.begin(), self.needed.end(), "libc.so.6"), self.needed.end());
+  EXPECT_TRUE(launch::fork_server_can_start(self));
+  EXPECT_FALSE(launch::fork_server_pays_off(self));
+  // Debian's ldconfig is static-pie: no loader, so no LD_PRELOAD.
+  EXPECT_FALSE(launch::inspect_program("/sbin/ldconfig").dynamic_elf);
+  // A shared library is not a program; scripts and missing files are not ELF programs.
+  EXPECT_FALSE(launch::inspect_program(DTRAIN_BUILD_DIR "/libdtrain_forkserver.so").dynamic_elf);
+  TempDir dir;
+  EXPECT_FALSE(launch::inspect_program(dir.file("s.sh", 0755, "#!/bin/sh\n")).dynamic_elf);
+  EXPECT_FALSE(launch::inspect_program(dir.path() + "/missing").dynamic_elf);
+
+  launch::ProgramInfo torch{true, false, {"libtorch.so.1.13", "libc.so.6"}};
+  EXPECT_TRUE(launch::fork_server_pays_off(torch));
+  EXPECT_TRUE(launch::fork_server_pays_off({true, false, {"libdtrain.so"}}));
+  EXPECT_TRUE(launch::fork_server_pays_off({true, false, {"libc10.so"}}));
+  EXPECT_FALSE(launch::fork_server_can_start({true, true, {"libtorch.so.1.13"}})) << "set-ID";
+}
+
+TEST(ForkServer, AutoPicksItForTwoOrMoreWorkersOfALibtorchProgramOnly) {
+  LaunchOptions o = parse_run_args({"--nproc-per-node", "2", "/proc/self/exe"});
+  validate_launch_options(o);
+  EXPECT_FALSE(uses_fork_server(o)) << "auto: this program does not link libtorch";
+  o.start_method = "forkserver";
+  EXPECT_TRUE(uses_fork_server(o));
+  o.start_method = "spawn";
+  EXPECT_FALSE(uses_fork_server(o));
+  LaunchOptions py = parse_run_args({"--start-method", "forkserver", "--nproc-per-node", "2", "train.py"});
+  EXPECT_FALSE(uses_fork_server(py)) << "Python scripts always spawn";
 }
 
 TEST(ValidateLaunchOptions, RejectsMissingNonExecutableAndDirectoryPrograms) {

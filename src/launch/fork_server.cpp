@@ -1,0 +1,244 @@
+#include "launch/fork_server.h"
+
+#include <elf.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/error.h"
+#include "launch/forkserver/protocol.h"
+#include "launch/worker_process.h"
+
+namespace dtrain::launch {
+
+namespace {
+
+bool read_at(std::ifstream& in, uint64_t offset, void* out, size_t n) {
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+  return static_cast<size_t>(in.gcount()) == n;
+}
+
+void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
+
+void close_all(const std::vector<int>& fds) {
+  for (int fd : fds) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+}  // namespace
+
+ProgramInfo inspect_program(const std::string& path) {
+  ProgramInfo info;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return info;
+  info.set_id = (st.st_mode & (S_ISUID | S_ISGID)) != 0;
+  std::ifstream in(path, std::ios::binary);
+  Elf64_Ehdr eh{};
+  if (!in || !read_at(in, 0, &eh, sizeof eh)) return info;
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      (eh.e_type != ET_EXEC && eh.e_type != ET_DYN) || eh.e_phentsize != sizeof(Elf64_Phdr) ||
+      eh.e_phnum > 4096) {
+    return info;
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  if (!read_at(in, eh.e_phoff, ph.data(), ph.size() * sizeof(Elf64_Phdr))) return info;
+  const Elf64_Phdr* dynamic = nullptr;
+  for (const auto& p : ph) {
+    if (p.p_type == PT_INTERP) info.dynamic_elf = true;
+    if (p.p_type == PT_DYNAMIC) dynamic = &p;
+  }
+  if (!info.dynamic_elf || dynamic == nullptr || dynamic->p_filesz > (1u << 20)) return info;
+  std::vector<Elf64_Dyn> dyn(dynamic->p_filesz / sizeof(Elf64_Dyn));
+  if (!read_at(in, dynamic->p_offset, dyn.data(), dyn.size() * sizeof(Elf64_Dyn))) return info;
+  uint64_t strtab = 0;
+  std::vector<uint64_t> needed;
+  for (const auto& d : dyn) {
+    if (d.d_tag == DT_NULL) break;
+    if (d.d_tag == DT_STRTAB) strtab = d.d_un.d_ptr;
+    if (d.d_tag == DT_NEEDED) needed.push_back(d.d_un.d_val);
+  }
+  // DT_STRTAB is an address: find the file offset through the segment that loads it.
+  uint64_t strtab_offset = 0;
+  bool found = false;
+  for (const auto& p : ph) {
+    if (p.p_type == PT_LOAD && strtab >= p.p_vaddr && strtab < p.p_vaddr + p.p_filesz) {
+      strtab_offset = strtab - p.p_vaddr + p.p_offset;
+      found = true;
+    }
+  }
+  if (!found) return info;
+  for (uint64_t off : needed) {
+    char name[256] = {0};
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(strtab_offset + off));
+    in.read(name, sizeof name - 1);
+    info.needed.emplace_back(name);
+  }
+  return info;
+}
+
+bool fork_server_can_start(const ProgramInfo& info) { return info.dynamic_elf && !info.set_id; }
+
+bool fork_server_pays_off(const ProgramInfo& info) {
+  for (const auto& n : info.needed) {
+    if (n.starts_with("libtorch") || n.starts_with("libc10") || n.starts_with("libdtrain")) return true;
+  }
+  return false;
+}
+
+std::string fork_server_library() {
+  auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; };
+  if (const char* env = std::getenv("DTRAIN_FORKSERVER_LIB"); env && *env) return usable(env) ? env : "";
+#if defined(DTRAIN_FORKSERVER_BUILD_PATH) && defined(DTRAIN_BUILD_DIR)
+  std::error_code ec;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (!ec && self.starts_with(DTRAIN_BUILD_DIR "/") && usable(DTRAIN_FORKSERVER_BUILD_PATH)) {
+    return DTRAIN_FORKSERVER_BUILD_PATH;
+  }
+#endif
+#ifdef DTRAIN_FORKSERVER_INSTALL_PATH
+  if (usable(DTRAIN_FORKSERVER_INSTALL_PATH)) return DTRAIN_FORKSERVER_INSTALL_PATH;
+#endif
+  return "";
+}
+
+ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds) {
+  const size_t n = l.envs.size();
+  DTRAIN_ASSERT(n >= 1, "a fork server needs a worker");
+  // Worker 0 writes to the server's own stdout/stderr (what the libraries print while
+  // loading goes there too); the others get pipes the server hands on.
+  std::vector<int> ours, theirs;  // read ends kept here, write ends for the server
+  auto fail = [&](const std::string& what) {
+    int e = errno;
+    close_all(ours);
+    close_all(theirs);
+    throw Error(what + ": " + std::strerror(e));
+  };
+  std::vector<std::pair<int, int>> write_ends(n, {STDOUT_FILENO, STDERR_FILENO});
+  out_fds.assign(n, -1);
+  err_fds.assign(n, -1);
+  for (size_t r = 1; r < n; ++r) {
+    int o[2], e[2];
+    if (::pipe2(o, O_CLOEXEC) != 0) fail("pipe");
+    ours.push_back(o[0]), theirs.push_back(o[1]);
+    if (::pipe2(e, O_CLOEXEC) != 0) fail("pipe");
+    ours.push_back(e[0]), theirs.push_back(e[1]);
+    out_fds[r] = o[0];
+    err_fds[r] = e[0];
+    write_ends[r] = {o[1], e[1]};
+  }
+  int reply[2];
+  if (::pipe2(reply, O_CLOEXEC) != 0) fail("pipe");
+  ours.push_back(reply[0]), theirs.push_back(reply[1]);
+
+  std::string spec;
+  put_u32(spec, dtrain_forkserver::kMagic);
+  put_u32(spec, static_cast<uint32_t>(n));
+  put_u32(spec, static_cast<uint32_t>(::getpid()));
+  for (size_t r = 0; r < n; ++r) {
+    put_u32(spec, static_cast<uint32_t>(write_ends[r].first));
+    put_u32(spec, static_cast<uint32_t>(write_ends[r].second));
+    put_u32(spec, static_cast<uint32_t>(l.envs[r].size()));
+    for (const auto& e : l.envs[r]) {
+      put_u32(spec, static_cast<uint32_t>(e.size()));
+      spec += e;
+    }
+  }
+  int spec_fd = ::memfd_create("dtrain-forkserver-spec", MFD_CLOEXEC);
+  if (spec_fd < 0) fail("memfd_create");
+  theirs.push_back(spec_fd);
+  for (size_t done = 0; done < spec.size();) {
+    ssize_t w = ::write(spec_fd, spec.data() + done, spec.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("writing the fork server's spec");
+    done += static_cast<size_t>(w);
+  }
+
+  SpawnSpec s;
+  s.argv = l.argv;
+  s.env = l.common_env;
+  std::string preload = "LD_PRELOAD=" + l.library;
+  for (const auto& e : l.common_env) {
+    if (e.starts_with("LD_PRELOAD=") && e.size() > 11) preload += ":" + e.substr(11);
+  }
+  std::erase_if(s.env, [](const std::string& e) { return e.starts_with("LD_PRELOAD="); });
+  s.env.push_back(preload);
+  s.env.push_back("DTRAIN_FORKSERVER=" + std::to_string(spec_fd) + ":" + std::to_string(reply[1]));
+  s.inherit_fds = theirs;
+  SpawnedProcess p;
+  try {
+    p = spawn_process(s);
+  } catch (...) {
+    close_all(ours);
+    close_all(theirs);
+    throw;
+  }
+  close_all(theirs);
+  pid_ = p.pid;
+  out_fds[0] = p.stdout_fd;
+  err_fds[0] = p.stderr_fd;
+  reply_fd_ = reply[0];
+  ::fcntl(reply_fd_, F_SETFL, ::fcntl(reply_fd_, F_GETFL) | O_NONBLOCK);
+  for (size_t r = 1; r < n; ++r) {
+    for (int fd : {out_fds[r], err_fds[r]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+}
+
+ForkServer::~ForkServer() {
+  if (reply_fd_ >= 0) ::close(reply_fd_);
+  if (pid_ > 0 && !reaped_) {
+    ::kill(-pid_, SIGKILL);
+    reap(true);
+  }
+}
+
+std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
+  std::vector<std::pair<int, pid_t>> forked;
+  char buf[4096];
+  while (reply_fd_ >= 0) {
+    ssize_t got = ::read(reply_fd_, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && errno == EAGAIN) break;
+    if (got <= 0) {  // EOF: the server has exited (its workers closed their copies at once)
+      ::close(reply_fd_);
+      reply_fd_ = -1;
+      break;
+    }
+    pending_.append(buf, static_cast<size_t>(got));
+    while (pending_.size() >= sizeof(dtrain_forkserver::Record)) {
+      dtrain_forkserver::Record r;
+      std::memcpy(&r, pending_.data(), sizeof r);
+      pending_.erase(0, sizeof r);
+      if (r.index == dtrain_forkserver::kMode) exec_mode_ = r.value == dtrain_forkserver::kModeExec;
+      if (r.index >= 0 && r.value > 0) forked.emplace_back(r.index, static_cast<pid_t>(r.value));
+    }
+  }
+  return forked;
+}
+
+bool ForkServer::reap(bool block) {
+  if (reaped_ || pid_ <= 0) return reaped_;
+  int st = 0;
+  pid_t r;
+  do {
+    r = ::waitpid(pid_, &st, block ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == pid_ || (r < 0 && errno == ECHILD)) {
+    reaped_ = true;
+    status_ = r == pid_ ? st : 0;
+  }
+  return reaped_;
+}
+
+}  // namespace dtrain::launch

@@ -1,0 +1,76 @@
+// The agent's side of the fork server (--start-method forkserver; see forkserver/preload.cpp).
+//
+// A libtorch program spends ~0.6 s (and ~0.9 CPU-s) loading and initialising its shared
+// libraries before main(). With N workers per node that is paid N times on the same cores.
+// The fork server pays it once: the agent starts the program with libdtrain_forkserver.so
+// preloaded, the program's libraries load and initialise, and just before the program's own
+// constructors and main() the process forks one worker per local rank. Each worker gets its
+// rank's environment and stdout/stderr pipes, leads its own process group, and becomes the
+// agent's child (the agent is a child subreaper) once the server exits - from there on the
+// agent watches, signals and reaps it exactly like a fork+exec'd worker.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain::launch {
+
+// What the launcher needs to know about a program file.
+struct ProgramInfo {
+  bool dynamic_elf = false;           // an ELF executable with an interpreter (ld.so)
+  bool set_id = false;                // set-user/group-ID: LD_PRELOAD is ignored for it
+  std::vector<std::string> needed;    // its DT_NEEDED libraries, in order
+};
+ProgramInfo inspect_program(const std::string& path);
+
+// Whether the fork server can start `path` (a dynamic, non-set-ID ELF), and whether it pays
+// off there: the program links libtorch, libc10 or libdtrain directly.
+bool fork_server_can_start(const ProgramInfo& info);
+bool fork_server_pays_off(const ProgramInfo& info);
+
+// libdtrain_forkserver.so: $DTRAIN_FORKSERVER_LIB, else the one built beside this dtrain (when
+// it runs from its build tree), else the installed one; "" when there is none.
+std::string fork_server_library();
+
+struct ForkServerLaunch {
+  std::vector<std::string> argv;               // the program and its arguments
+  std::vector<std::string> common_env;         // what every worker has in common
+  std::vector<std::vector<std::string>> envs;  // each worker's whole environment
+  std::string library;                         // fork_server_library()
+};
+
+class ForkServer {
+ public:
+  // Starts the server. out_fds/err_fds get each worker's read ends (non-blocking, CLOEXEC;
+  // the caller owns them). Throws dtrain::Error when the program cannot be executed.
+  ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds);
+  ~ForkServer();
+  ForkServer(const ForkServer&) = delete;
+  ForkServer& operator=(const ForkServer&) = delete;
+
+  pid_t pid() const { return pid_; }
+  int reply_fd() const { return reply_fd_; }  // -1 once the server has said all it will
+  bool exec_mode() const { return exec_mode_; }
+
+  // Reads what the server has written so far: the (worker index, pid) pairs it forked.
+  std::vector<std::pair<int, pid_t>> read_reply();
+
+  // Reaps the server if it has exited (or, with block, waits for it). True once reaped;
+  // status() is then its wait status.
+  bool reap(bool block);
+  bool reaped() const { return reaped_; }
+  int status() const { return status_; }
+
+ private:
+  pid_t pid_ = -1;
+  int reply_fd_ = -1;
+  bool exec_mode_ = false;
+  bool reaped_ = false;
+  int status_ = 0;
+  std::string pending_;  // a partial record
+};
+
+}  // namespace dtrain::launch

@@ -1,0 +1,312 @@
+// libdtrain_forkserver.so: the fork server of `dtrain run --start-method forkserver`.
+//
+// The agent starts the worker program once, with this library in LD_PRELOAD and
+// DTRAIN_FORKSERVER=<spec fd>:<reply fd> in its environment. The dynamic loader maps and
+// initialises every shared library the program needs (libtorch: ~0.6 s and ~0.9 CPU-s on
+// this project's machines) and then calls __libc_start_main, which this library
+// interposes. Here, with the libraries ready and before the program's own constructors
+// and main, the process - the fork server - forks one child per local worker. Each child
+// takes its rank's stdout/stderr and environment from the spec, waits until the agent
+// (a child subreaper) has adopted it, arms PR_SET_PDEATHSIG, and continues into the real
+// __libc_start_main: the program's constructors, then main, exactly as a fresh process
+// would run them. The server reports each child's pid and exits.
+//
+// Safety rules:
+//  - A child is only forked from a single-threaded server (fork copies the calling thread
+//    only). If a library started a thread while loading, the server falls back to fork +
+//    execve of the program for each worker - the plain start - and says so to the agent.
+//  - At exit a forked child runs its atexit handlers, its program's static destructors and
+//    the program's destructor functions, flushes stdio and ends with the exit status, but
+//    does not run the destructors of the libraries the server initialised: freeing
+//    libtorch's registries would copy-on-write ~12k pages (~0.5 CPU-s) per worker for
+//    nothing, as Android's zygote children skip them.
+//  - Without DTRAIN_FORKSERVER (a program the worker starts, say) the library does nothing.
+//
+// The library uses only libc (no C++ runtime): it is loaded into programs before anything
+// else is.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+
+#include "launch/forkserver/protocol.h"
+
+extern char** environ;
+
+namespace {
+
+using MainFn = int (*)(int, char**, char**);
+using StartFn = int (*)(MainFn, int, char**, void (*)(), void (*)(), void (*)(), void*);
+
+MainFn g_main = nullptr;
+void (*g_rtld_fini)() = nullptr;
+volatile int g_status = 0;
+volatile bool g_status_known = false;
+
+void write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void report(int fd, int32_t index, int32_t value) {
+  dtrain_forkserver::Record r{index, value};
+  write_all(fd, &r, sizeof r);
+}
+
+[[noreturn]] void fail(int reply_fd, const char* what) {
+  dprintf(STDERR_FILENO, "dtrain fork server: %s\n", what);
+  report(reply_fd, dtrain_forkserver::kError, errno);
+  ::_exit(127);
+}
+
+int thread_count() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+// --- exit of a forked child -------------------------------------------------
+
+void record_status(int status, void*) {
+  g_status = status;
+  g_status_known = true;
+}
+
+// The program's own destructor functions (DT_FINI_ARRAY, DT_FINI), as _dl_fini would run them.
+int run_program_fini(dl_phdr_info* info, size_t, void*) {
+  ElfW(Addr) fini_array = 0, fini = 0;
+  size_t fini_size = 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
+    auto* dyn = reinterpret_cast<ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    for (; dyn->d_tag != DT_NULL; ++dyn) {
+      if (dyn->d_tag == DT_FINI_ARRAY) fini_array = dyn->d_un.d_ptr;
+      if (dyn->d_tag == DT_FINI_ARRAYSZ) fini_size = dyn->d_un.d_val;
+      if (dyn->d_tag == DT_FINI) fini = dyn->d_un.d_ptr;
+    }
+  }
+  // The loader leaves these two unrelocated (it adjusts only the tables it uses itself).
+  if (fini_array) {
+    auto* fns = reinterpret_cast<void (**)()>(info->dlpi_addr + fini_array);
+    for (size_t i = fini_size / sizeof(void*); i-- > 0;) {
+      if (fns[i] != nullptr && fns[i] != reinterpret_cast<void (*)()>(-1)) fns[i]();
+    }
+  }
+  if (fini) reinterpret_cast<void (*)()>(info->dlpi_addr + fini)();
+  return 1;  // the first object is the program itself: stop there
+}
+
+// Takes the place of the dynamic loader's destructor hook (_dl_fini) in a forked child: it
+// runs after the program's static destructors and atexit handlers.
+void child_fini() {
+  if (!g_status_known) {  // exit() before main: do everything the usual way
+    if (g_rtld_fini) g_rtld_fini();
+    return;
+  }
+  ::dl_iterate_phdr(run_program_fini, nullptr);
+  ::fflush(nullptr);
+  ::_exit(g_status);
+}
+
+int child_main(int argc, char** argv, char** envp) {
+  ::on_exit(record_status, nullptr);
+  return g_main(argc, argv, envp);
+}
+
+// --- the spec ---------------------------------------------------------------
+
+struct RankSpec {
+  int out_fd;
+  int err_fd;
+  char** envp;
+};
+
+uint32_t take_u32(const char*& p, const char* end, bool& ok) {
+  uint32_t v = 0;
+  if (end - p < 4) {
+    ok = false;
+    return 0;
+  }
+  memcpy(&v, p, 4);
+  p += 4;
+  return v;
+}
+
+// Reads the spec from its memfd; returns the number of ranks, or -1.
+int read_spec(int fd, RankSpec** out, int* agent_pid) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size <= 0) return -1;
+  char* buf = static_cast<char*>(::malloc(static_cast<size_t>(st.st_size)));
+  if (!buf) return -1;
+  size_t got = 0;
+  while (got < static_cast<size_t>(st.st_size)) {
+    ssize_t n = ::pread(fd, buf + got, static_cast<size_t>(st.st_size) - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    got += static_cast<size_t>(n);
+  }
+  const char* p = buf;
+  const char* end = buf + got;
+  bool ok = true;
+  if (take_u32(p, end, ok) != dtrain_forkserver::kMagic) return -1;
+  int n = static_cast<int>(take_u32(p, end, ok));
+  *agent_pid = static_cast<int>(take_u32(p, end, ok));
+  if (!ok || n <= 0 || n > 65536) return -1;
+  auto* ranks = static_cast<RankSpec*>(::calloc(static_cast<size_t>(n), sizeof(RankSpec)));
+  if (!ranks) return -1;
+  for (int r = 0; r < n && ok; ++r) {
+    ranks[r].out_fd = static_cast<int>(take_u32(p, end, ok));
+    ranks[r].err_fd = static_cast<int>(take_u32(p, end, ok));
+    uint32_t nenv = take_u32(p, end, ok);
+    if (!ok || nenv > (1u << 20)) return -1;
+    ranks[r].envp = static_cast<char**>(::calloc(nenv + 1, sizeof(char*)));
+    if (!ranks[r].envp) return -1;
+    for (uint32_t i = 0; i < nenv && ok; ++i) {
+      uint32_t len = take_u32(p, end, ok);
+      if (!ok || static_cast<size_t>(end - p) < len) return -1;
+      char* s = static_cast<char*>(::malloc(len + 1));
+      if (!s) return -1;
+      memcpy(s, p, len);
+      s[len] = '\0';
+      p += len;
+      ranks[r].envp[i] = s;
+    }
+  }
+  if (!ok) return -1;
+  *out = ranks;
+  return n;
+}
+
+// --- the server -------------------------------------------------------------
+
+[[noreturn]] void serve(const char* config, StartFn real, int argc, char** argv, void (*init)(),
+                        void (*fini)(), void (*rtld_fini)(), void* stack_end) {
+  int spec_fd = -1, reply_fd = -1;
+  if (sscanf(config, "%d:%d", &spec_fd, &reply_fd) != 2 || spec_fd < 0 || reply_fd < 0) {
+    dprintf(STDERR_FILENO, "dtrain fork server: malformed DTRAIN_FORKSERVER='%s'\n", config);
+    ::_exit(127);
+  }
+  RankSpec* ranks = nullptr;
+  int agent_pid = 0;
+  const int n = read_spec(spec_fd, &ranks, &agent_pid);
+  ::close(spec_fd);
+  if (n <= 0) fail(reply_fd, "cannot read the workers' spec from the agent");
+
+  // Forking copies only this thread: with more, each worker starts afresh (fork + exec, only
+  // async-signal-safe calls in between). Libraries may stop their threads for a fork in
+  // pthread_atfork handlers (OpenBLAS does with its pool, which it starts while loading when
+  // OMP_NUM_THREADS > 1, and restarts on its next call): one throwaway fork runs those
+  // handlers; then count again.
+  int threads = thread_count();
+  if (threads > 1) {
+    const pid_t probe = ::fork();
+    if (probe == 0) ::_exit(0);
+    if (probe > 0) {
+      while (::waitpid(probe, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    // A joined thread leaves /proc/self/task a moment after pthread_join returns.
+    const struct timespec tick = {0, 1000 * 1000};
+    for (int i = 0; i < 20 && (threads = thread_count()) > 1; ++i) ::nanosleep(&tick, nullptr);
+  }
+  const bool exec_mode = threads != 1;
+  char self_path[4096];
+  ssize_t len = ::readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+  if (len <= 0) fail(reply_fd, "cannot read /proc/self/exe");
+  self_path[len] = '\0';
+  report(reply_fd, dtrain_forkserver::kMode, exec_mode ? dtrain_forkserver::kModeExec : dtrain_forkserver::kModeFork);
+  ::fflush(nullptr);  // nothing buffered may be written twice
+
+  // Each worker waits for a byte from here before it goes on: the server writes them once it
+  // has reported every pid. If the server dies first, the workers read EOF and exit - the
+  // agent never has a worker it does not know.
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) fail(reply_fd, "pipe failed");
+  const pid_t server = ::getpid();
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) fail(reply_fd, "fork failed");
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      if (ranks[r].out_fd != STDOUT_FILENO) ::dup2(ranks[r].out_fd, STDOUT_FILENO);
+      if (ranks[r].err_fd != STDERR_FILENO) ::dup2(ranks[r].err_fd, STDERR_FILENO);
+      for (int k = 0; k < n; ++k) {
+        if (ranks[k].out_fd > STDERR_FILENO) ::close(ranks[k].out_fd);
+        if (ranks[k].err_fd > STDERR_FILENO) ::close(ranks[k].err_fd);
+      }
+      ::close(reply_fd);
+      ::close(go[1]);
+      char c;
+      ssize_t got;
+      do {
+        got = ::read(go[0], &c, 1);
+      } while (got < 0 && errno == EINTR);
+      if (got != 1) ::_exit(127);
+      ::close(go[0]);
+      // The server exits once every worker is forked; the agent, a child subreaper, adopts
+      // us. Only then does PR_SET_PDEATHSIG refer to the agent.
+      const struct timespec pause = {0, 50 * 1000};
+      for (int spins = 0; ::getppid() == server; ++spins) {
+        if (spins > 200000) ::_exit(127);  // 10 s: the server is stuck
+        ::nanosleep(&pause, nullptr);
+      }
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != agent_pid) ::_exit(127);  // the agent is gone
+      if (exec_mode) {
+        ::execve(self_path, argv, ranks[r].envp);
+        dprintf(STDERR_FILENO, "dtrain fork server: cannot execute %s: %s\n", self_path, strerror(errno));
+        ::_exit(127);
+      }
+      environ = ranks[r].envp;
+      g_rtld_fini = rtld_fini;
+      // Continues as the program: constructors, main(), exit().
+      ::_exit(real(child_main, argc, argv, init, fini, child_fini, stack_end));
+    }
+    ::setpgid(pid, pid);  // before the agent learns the pid, so -pid reaches the worker
+    report(reply_fd, r, pid);
+  }
+  report(reply_fd, dtrain_forkserver::kDone, 0);
+  ::close(go[0]);
+  for (int r = 0; r < n; ++r) write_all(go[1], "g", 1);
+  ::_exit(0);
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int __libc_start_main(
+    MainFn main, int argc, char** argv, void (*init)(), void (*fini)(), void (*rtld_fini)(),
+    void* stack_end) {
+  auto real = reinterpret_cast<StartFn>(::dlvsym(RTLD_NEXT, "__libc_start_main", "GLIBC_2.34"));
+  if (!real) real = reinterpret_cast<StartFn>(::dlsym(RTLD_NEXT, "__libc_start_main"));
+  if (!real) {
+    dprintf(STDERR_FILENO, "dtrain fork server: cannot find __libc_start_main\n");
+    ::_exit(127);
+  }
+  const char* config = ::getenv("DTRAIN_FORKSERVER");
+  if (config == nullptr) return real(main, argc, argv, init, fini, rtld_fini, stack_end);
+  g_main = main;
+  serve(config, real, argc, argv, init, fini, rtld_fini, stack_end);
+}

@@ -1,0 +1,30 @@
+// What the agent and the fork server (libdtrain_forkserver.so) say to each other.
+//
+// Agent -> server: a sealed memfd, named by DTRAIN_FORKSERVER=<spec fd>:<reply fd>, holding
+// little-endian u32s:
+//   kMagic, number of workers, the agent's pid,
+//   then per worker: its stdout fd, its stderr fd (in the server), the number of
+//   environment strings, and each string as (length, bytes) - the worker's whole environment.
+// Server -> agent: Records on the reply pipe: {kMode, kModeFork|kModeExec} first, then
+// {worker index, pid} as each worker is forked, then {kDone, 0}; {kError, errno} on failure
+// (the server exits 127 after it).
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain_forkserver {
+
+constexpr uint32_t kMagic = 0x31465444;  // "DTF1"
+
+struct Record {
+  int32_t index;
+  int32_t value;
+};
+
+constexpr int32_t kMode = -1;
+constexpr int32_t kDone = -2;
+constexpr int32_t kError = -3;
+constexpr int32_t kModeFork = 0;  // workers are forked from the loaded program
+constexpr int32_t kModeExec = 1;  // a library started a thread: workers are fork+exec'd
+
+}  // namespace dtrain_forkserver
