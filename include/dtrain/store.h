@@ -50,6 +50,11 @@ class StoreServer {
     std::string bind_host = "";
     // Port to bind; 0 picks a free one (read it back with port()). Default: 0.
     std::uint16_t port = 0;
+    // A client that starts a request, or is being sent a reply, and then moves no byte for
+    // this long is dropped (the server serves one request at a time, so this bounds how long
+    // a stalled client holds up the others). A large value over a slow link is fine as long
+    // as bytes keep moving. Default: 10 s.
+    std::chrono::milliseconds stall_timeout{10000};
   };
 
   // Binds, listens and starts serving. The socket is held until destruction, so the port

@@ -228,7 +228,14 @@ Socket connect(const std::string& host, std::uint16_t port, Deadline deadline) {
 
 bool wait_readable(int fd, Deadline deadline) { return poll_one(fd, POLLIN, deadline); }
 
-void send_all(int fd, const void* data, std::size_t n, Deadline deadline) {
+namespace {
+
+// The deadline of the next wait: fixed, or `limit` from now (so it moves with progress).
+Deadline next_deadline(Deadline d) { return d; }
+Deadline next_deadline(Stall s) { return deadline_after(s.limit); }
+
+template <typename Limit>
+void send_loop(int fd, const void* data, std::size_t n, Limit limit) {
   auto* p = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t sent = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -239,7 +246,7 @@ void send_all(int fd, const void* data, std::size_t n, Deadline deadline) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!poll_one(fd, POLLOUT, deadline)) throw TimeoutError("send: peer is not reading");
+      if (!poll_one(fd, POLLOUT, next_deadline(limit))) throw TimeoutError("send: peer is not reading");
       continue;
     }
     if (is_closed_errno(errno)) throw ConnectionClosed(errno_text("send", errno));
@@ -247,7 +254,8 @@ void send_all(int fd, const void* data, std::size_t n, Deadline deadline) {
   }
 }
 
-void recv_all(int fd, void* data, std::size_t n, Deadline deadline) {
+template <typename Limit>
+void recv_loop(int fd, void* data, std::size_t n, Limit limit) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
     ssize_t got = ::recv(fd, p, n, MSG_DONTWAIT);
@@ -259,12 +267,19 @@ void recv_all(int fd, void* data, std::size_t n, Deadline deadline) {
     if (got == 0) throw ConnectionClosed("connection closed by peer");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!poll_one(fd, POLLIN, deadline)) throw TimeoutError("recv: no data before the deadline");
+      if (!poll_one(fd, POLLIN, next_deadline(limit))) throw TimeoutError("recv: no data before the deadline");
       continue;
     }
     if (is_closed_errno(errno)) throw ConnectionClosed(errno_text("recv", errno));
     throw NetworkError(errno_text("recv", errno));
   }
 }
+
+}  // namespace
+
+void send_all(int fd, const void* data, std::size_t n, Deadline deadline) { send_loop(fd, data, n, deadline); }
+void send_all(int fd, const void* data, std::size_t n, Stall stall) { send_loop(fd, data, n, stall); }
+void recv_all(int fd, void* data, std::size_t n, Deadline deadline) { recv_loop(fd, data, n, deadline); }
+void recv_all(int fd, void* data, std::size_t n, Stall stall) { recv_loop(fd, data, n, stall); }
 
 }  // namespace dtrain::net

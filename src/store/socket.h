@@ -70,13 +70,22 @@ Socket connect(const std::string& host, std::uint16_t port, Deadline deadline);
 // Waits until fd is readable (or at EOF/error). False if the deadline passed first.
 bool wait_readable(int fd, Deadline deadline);
 
+// A timeout on progress rather than on the whole transfer: it passes only when no byte
+// moves for `limit`. A gigabyte over a slow link takes as long as it takes; a peer that
+// stops sending (or reading) is still given up on.
+struct Stall {
+  std::chrono::milliseconds limit;
+};
+
 // Sends all n bytes (retrying on EINTR and short writes, without SIGPIPE).
-// Throws ConnectionClosed if the peer went away, TimeoutError past the deadline.
+// Throws ConnectionClosed if the peer went away, TimeoutError past the deadline (or stall).
 void send_all(int fd, const void* data, std::size_t n, Deadline deadline);
+void send_all(int fd, const void* data, std::size_t n, Stall stall);
 
 // Receives exactly n bytes. Throws ConnectionClosed on EOF or reset, TimeoutError past
-// the deadline, NetworkError for other errors.
+// the deadline (or stall), NetworkError for other errors.
 void recv_all(int fd, void* data, std::size_t n, Deadline deadline);
+void recv_all(int fd, void* data, std::size_t n, Stall stall);
 
 // errno's text, prefixed with what was being done: "connect: Connection refused".
 std::string errno_text(const char* what, int err);

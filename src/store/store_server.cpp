@@ -46,20 +46,17 @@ constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;    // WAIT, CANCEL_W
 constexpr std::uint8_t kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2,
                        kCallbackRegistered = 3, kKeyAppended = 4;  // WATCH_KEY
 
-// A client gets this long to deliver the rest of a request once its first byte arrived,
-// and to accept a reply; past it the connection is dropped. While a request is being read
-// the loop serves nobody else, so this bounds how long one stalled client can stall all.
-constexpr std::chrono::seconds kIoTimeout{10};
-
-// Reads one request's fields from a client, all under one deadline.
+// Reads one request's fields from a client. Once its first byte arrived, the client must
+// keep bytes moving (Options::stall_timeout) or be dropped: while a request is being read
+// the loop serves nobody else.
 class Reader {
  public:
-  Reader(int fd, net::Deadline deadline) : fd_(fd), deadline_(deadline) {}
+  Reader(int fd, net::Stall stall) : fd_(fd), stall_(stall) {}
 
   template <typename T>
   T value() {
     T v{};
-    net::recv_all(fd_, &v, sizeof(v), deadline_);
+    net::recv_all(fd_, &v, sizeof(v), stall_);
     return v;
   }
 
@@ -78,7 +75,7 @@ class Reader {
         detail::advise_huge_pages(s.data(), s.capacity());
       }
       s.resize(at + chunk);
-      net::recv_all(fd_, s.data() + at, chunk, deadline_);
+      net::recv_all(fd_, s.data() + at, chunk, stall_);
     }
     return s;
   }
@@ -92,7 +89,7 @@ class Reader {
 
  private:
   int fd_;
-  net::Deadline deadline_;
+  net::Stall stall_;
 };
 
 // Builds one reply (or one watch update) so it goes out in a single send.
@@ -120,7 +117,8 @@ class Writer {
 
 class Server final : public StoreServer {
  public:
-  explicit Server(net::Socket listener) : listener_(std::move(listener)) {
+  Server(net::Socket listener, std::chrono::milliseconds stall_timeout)
+      : listener_(std::move(listener)), stall_timeout_(stall_timeout) {
     port_ = net::local_port(listener_.fd());
     if (::pipe2(stop_pipe_, O_CLOEXEC) != 0) throw NetworkError(net::errno_text("pipe2", errno));
     thread_ = std::thread([this] { run(); });
@@ -154,6 +152,7 @@ class Server final : public StoreServer {
   }
 
   net::Socket listener_;
+  std::chrono::milliseconds stall_timeout_;
   std::uint16_t port_ = 0;
   int stop_pipe_[2] = {-1, -1};
   std::thread thread_;
@@ -232,7 +231,7 @@ void Server::drop(int fd) {
 void Server::send_to(int fd, const Writer& w) {
   if (dead_.count(fd) != 0) return;
   try {
-    net::send_all(fd, w.str().data(), w.str().size(), net::deadline_after(kIoTimeout));
+    net::send_all(fd, w.str().data(), w.str().size(), net::Stall{stall_timeout_});
   } catch (const Error&) {
     dead_.insert(fd);
   }
@@ -274,7 +273,7 @@ void Server::do_set(const std::string& key, std::string value) {
 
 // Reads one request from fd and answers it. Throws when the client must be dropped.
 void Server::handle(int fd) {
-  Reader in(fd, net::deadline_after(kIoTimeout));
+  Reader in(fd, net::Stall{stall_timeout_});
   auto type = in.value<std::uint8_t>();
   switch (static_cast<Query>(type)) {
     case Query::SET: {
@@ -421,7 +420,7 @@ void Server::handle(int fd) {
 }  // namespace
 
 std::unique_ptr<StoreServer> StoreServer::start(const Options& options) {
-  return std::make_unique<Server>(net::listen(options.bind_host, options.port));
+  return std::make_unique<Server>(net::listen(options.bind_host, options.port), options.stall_timeout);
 }
 
 }  // namespace dtrain::store

@@ -38,6 +38,10 @@ class RawClient {
     out_ += s;
     return *this;
   }
+  RawClient& raw(const std::string& bytes) {
+    out_ += bytes;
+    return *this;
+  }
   void send() {
     net::send_all(socket_.fd(), out_.data(), out_.size(), net::deadline_after(5s));
     out_.clear();
@@ -297,6 +301,30 @@ TEST(StoreTest, GarbageAndHalfRequestsDoNotDisturbOtherClients) {
   // The server hung up on the misbehaving ones.
   EXPECT_THROW(garbage.recv<std::uint8_t>(), net::ConnectionClosed);
   EXPECT_THROW(missing.recv<std::uint8_t>(), net::ConnectionClosed);
+}
+
+TEST(StoreTest, ASlowButMovingRequestIsServedAndAStalledOneIsDropped) {
+  StoreServer::Options options;
+  options.stall_timeout = 400ms;
+  auto server = StoreServer::start(options);
+  // 256 KiB in 8 pieces, 200 ms apart: 1.4 s in all, far past the stall timeout, but bytes
+  // never stop moving for longer than 200 ms.
+  const std::string value(256 << 10, 'v');
+  RawClient slow(server->port());
+  slow.u8(0 /*SET*/).str("/big").u64(value.size()).send();
+  for (size_t i = 0; i < 8; ++i) {
+    std::this_thread::sleep_for(200ms);
+    slow.raw(value.substr(i * value.size() / 8, value.size() / 8)).send();
+  }
+  EXPECT_EQ(connect(*server)->get("big"), value);
+
+  RawClient stalled(server->port());
+  stalled.u8(0 /*SET*/).str("/k").u64(1000).u8('x').send();  // then nothing for 1 s
+  std::this_thread::sleep_for(1s);
+  EXPECT_THROW(stalled.recv<std::uint8_t>(), net::ConnectionClosed);
+  auto other = connect(*server);
+  other->set("k", "fine");
+  EXPECT_EQ(other->get("k"), "fine");
 }
 
 TEST(StoreTest, DestroyingTheServerFailsWaitingClientsInsteadOfHanging) {
