@@ -335,8 +335,15 @@ int run_ssh_launch(const LaunchOptions& o) {
   std::vector<Child> agents(o.hosts.size());
   for (size_t k = 0; k < o.hosts.size(); ++k) {
     agents[k].host = o.hosts[k].first;
-    std::string cmd = "cd " + quote(cwd) + " 2>/dev/null; exec " + quote(dtrain);
-    for (const auto& a : agent_args(o, static_cast<int>(k))) cmd += " " + quote(a);
+    // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "lit" + string.
+    std::string cmd = "cd ";
+    cmd += quote(cwd);
+    cmd += " 2>/dev/null; exec ";
+    cmd += quote(dtrain);
+    for (const auto& a : agent_args(o, static_cast<int>(k))) {
+      cmd += ' ';
+      cmd += quote(a);
+    }
     auto argv = ssh_command(o, o.hosts[k].first);
     argv.push_back(cmd);
     start_child(agents[k], argv, true);
@@ -344,8 +351,11 @@ int run_ssh_launch(const LaunchOptions& o) {
 
   int got_signal = 0;
   int first_failure = -1;  // index of the first agent that exited non-zero
-  std::optional<Clock::time_point> stop_at;      // close every stdin then
-  std::optional<Clock::time_point> kill_at;      // SIGTERM the ssh clients then
+  // kNever: not scheduled (a sentinel rather than std::optional, which GCC 12 misreads as
+  // maybe-uninitialized here).
+  constexpr auto kNever = Clock::time_point::max();
+  Clock::time_point stop_at = kNever;  // close every stdin then
+  Clock::time_point kill_at = kNever;  // SIGTERM the ssh clients then
   // After one agent failed, the others learn it from the store within a tick and stop their
   // workers (term_timeout); give them that long before cutting their connections.
   const auto grace = o.term_timeout + std::chrono::seconds(5);
@@ -371,18 +381,18 @@ int run_ssh_launch(const LaunchOptions& o) {
           launch::write_all(STDERR_FILENO, "dtrain: the ssh connection to " + agents[k].host +
                                                " failed (exit code 255); stopping the job\n");
           stop_at = Clock::now();
-        } else if (!stop_at) {
+        } else if (stop_at == kNever) {
           stop_at = Clock::now() + grace;
         }
       }
     }
     auto now = Clock::now();
-    if (stop_at && now >= *stop_at) {
+    if (now >= stop_at) {
       for (auto& a : agents) close_stdin(a);
-      if (!kill_at) kill_at = now + grace;
-      stop_at.reset();
+      if (kill_at == kNever) kill_at = now + grace;
+      stop_at = kNever;
     }
-    if (kill_at && now >= *kill_at) {
+    if (now >= kill_at) {
       kill_all(agents, ++kill_rounds > 1 ? SIGKILL : SIGTERM);
       kill_at = now + std::chrono::seconds(5);
     }
