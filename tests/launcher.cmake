@@ -2,6 +2,7 @@
 
 # A worker without libtorch whose flags are behaviours (see its header comment).
 add_library(preload_probe SHARED launcher/preload_probe.cpp)
+add_library(dlopen_probe MODULE launcher/dlopen_probe.cpp)
 add_executable(test_worker launcher/test_worker.cpp)
 target_link_libraries(test_worker PRIVATE dtrain_core preload_probe)
 
@@ -12,9 +13,9 @@ dtrain_test(launch_options_test LABELS unit SOURCES unit/launch_options_test.cpp
 dtrain_test(launcher_test LABELS launcher
   SOURCES launcher/launcher_test.cpp launcher/subprocess.cpp)
 target_compile_definitions(launcher_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>"
-  PRELOAD_PROBE_LIB="$<TARGET_FILE:preload_probe>")
+  PRELOAD_PROBE_LIB="$<TARGET_FILE:preload_probe>" DLOPEN_PROBE_LIB="$<TARGET_FILE:dlopen_probe>")
 # The tests execute these; building launcher_test must build them too.
-add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver)
+add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver dlopen_probe)
 # Every launcher test again with the workers forked from a fork server (test_worker does
 # not link libtorch, so "auto" spawns it).
 gtest_discover_tests(launcher_test TEST_PREFIX "forkserver."

@@ -68,6 +68,13 @@ struct LaunchOptions {
   // signal, reason, stderr_tail (lines), error_file, error_file_contents. Programs that drive
   // dtrain (the Distributor) read it instead of parsing the console. Default: none.
   std::string failure_file;
+  // If set (--failure-store HOST:PORT/KEY): the same JSON is also stored under KEY on the
+  // TCPStore at HOST:PORT by every agent that reports it, for programs that drive dtrain on
+  // several hosts, where a file on one host is out of their reach (the Distributor in
+  // cluster mode). Each failed attempt overwrites the previous one. Default: none.
+  std::string failure_store_host;
+  int failure_store_port = 0;
+  std::string failure_store_key;
 
   // ---- clusters (README "Clusters") ----
   // Where the sizes and addresses came from: "local" (flags), "slurm" (a Slurm step: srun

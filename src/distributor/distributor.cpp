@@ -826,12 +826,23 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   job.argv.insert(job.argv.end(), self_args.begin() + 1, self_args.end());
   job.env[kTaskVariable] = task;
   if (!options_.local_mode && !mpi) {
-    // Before PROGRAM: the launcher's own flag, for the agents on the other hosts.
+    // Before PROGRAM: the launcher's own flags, for the agents on the other hosts. The
+    // failure file is written on whichever host reports the failure; the root cause also
+    // comes back through the call's store.
     auto program = std::find(job.argv.begin(), job.argv.end(), "--no-python");
-    job.argv.insert(program, "--env=" + std::string(kTaskVariable) + "=" + task);
+    program = job.argv.insert(program, "--env=" + std::string(kTaskVariable) + "=" + task) + 1;
+    const std::string host = addr.find(':') != std::string::npos ? "[" + addr + "]" : addr;
+    job.argv.insert(program, "--failure-store=" + host + ":" + std::to_string(server->port()) + "/" +
+                                 prefix + "failure");
   }
 
   Outcome out = run_launcher(job, failure_file, options_);
+  if (!out.failure && client->check({prefix + "failure"})) {
+    try {
+      out.failure = json::parse(client->get(prefix + "failure"));
+    } catch (const json::exception&) {
+    }
+  }
   if (out.timed_out || out.exit_code != 0) {
     // The last attempt's first exception (peers that fail after it, e.g. in a collective
     // whose connection it closed, only report second).
@@ -844,8 +855,7 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     const int rank = out.failure ? out.failure->value("rank", -1) : -1;
     if (first && (rank < 0 || first->value("rank", -1) == rank)) {
       exception = first;
-      // No failure file here (on a cluster it is written on the failing node, or MPI has
-      // none): the first rank that threw is the root cause.
+      // No root cause from the launcher (MPI has no agent): the first rank that threw is it.
       if (rank < 0 && !out.timed_out) out.failure = json{{"rank", first->value("rank", -1)}, {"exit_code", out.exit_code}};
     }
     throw_failure(out, options_, exception);

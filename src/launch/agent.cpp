@@ -196,6 +196,9 @@ struct Worker {
   std::optional<OutputStream> out;
   std::optional<OutputStream> err;
   std::string error_file;
+  // The fork server ended before it had started every worker: this worker's end is the
+  // server's (its status, its pid), whatever the worker itself did after.
+  bool start_failed = false;
 };
 
 enum class Outcome { kSucceeded, kFailed, kInterrupted };
@@ -251,6 +254,7 @@ class Agent {
   void heartbeat_and_check(Clock::time_point now);
   void finish_job(int round);
   void write_failure_file(const Failure& f) const;
+  void publish_to_failure_store(const Failure& f) const;
   bool multi_node() const { return o_.nnodes > 1; }
   // Every agent's output reaches one console (srun's, or the host-file launcher's).
   bool shared_console() const { return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof); }
@@ -261,6 +265,10 @@ class Agent {
   std::unique_ptr<launch::Guard> guard_;
   std::string fork_server_lib_;  // non-empty: workers start from a fork server
   std::unique_ptr<launch::ForkServer> fork_server_;  // this attempt's, until it is reaped
+  pid_t fork_server_pid_ = -1;   // this attempt's server (kept for failure reports)
+  int fork_server_status_ = 0;   // its wait status, once it failed
+  bool said_exec_mode_ = false;
+  int stop_signal_ = 0;          // sent to workers whose pids arrive after stop_workers began
   int signal_fd_ = -1;
   bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
   std::unique_ptr<store::StoreServer> server_;
@@ -423,12 +431,14 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
     w.err.emplace(prefix, mask_has(o_.redirects, lr, 2) ? -1 : STDERR_FILENO, open_log("stderr.log"),
                   o_.stderr_tail_lines);
   }
+  stop_signal_ = 0;
   if (!fork_server_lib_.empty()) {
     // One process loads the program's libraries; the workers are forked from it. Their pids
     // arrive on the server's reply pipe (read_fork_server).
     std::vector<int> outs, errs;
     fork_server_ = std::make_unique<launch::ForkServer>(
         launch::ForkServerLaunch{argv, common, envs, fork_server_lib_}, outs, errs);
+    fork_server_pid_ = fork_server_->pid();
     guard_->watch(fork_server_->pid());
     for (size_t lr = 0; lr < workers_.size(); ++lr) {
       workers_[lr].out_fd = outs[lr];
@@ -451,21 +461,37 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
 void Agent::read_fork_server() {
   if (!fork_server_) return;
   for (auto [index, pid] : fork_server_->read_reply()) {
-    if (index < 0 || index >= static_cast<int>(workers_.size())) continue;
+    if (index < 0 || index >= static_cast<int>(workers_.size()) || workers_[index].pid > 0) continue;
     guard_->watch(pid);
     workers_[index].pid = pid;
+    if (stop_signal_ != 0) ::kill(-pid, stop_signal_);  // stopping already: it missed the signal
   }
-  if (fork_server_->reply_fd() >= 0) return;
-  // The server is gone (it exits as soon as every worker is forked, or it failed while the
-  // program's libraries loaded): reap it; any worker it did not start fails with its status.
-  fork_server_->reap(true);
-  for (auto& w : workers_) {
-    if (w.alive && w.pid < 0) {
-      w.alive = false;
-      int st = fork_server_->status();
-      w.wait_status = (WIFEXITED(st) && WEXITSTATUS(st) == 0) ? (127 << 8) : st;
-      read_pipe(w, false);
-      read_pipe(w, true);
+  if (fork_server_->exec_mode() && !said_exec_mode_) {
+    said_exec_mode_ = true;
+    say("a library of " + o_.program + " keeps a thread running after loading, so the fork server "
+        "cannot fork it safely: each worker is fork+exec'd from it instead (--start-method spawn "
+        "saves the server's own start)");
+  }
+  if (fork_server_->done()) {
+    // Every worker is known; the server exits right after saying so.
+    fork_server_->reap(true);
+  } else if (fork_server_->reply_fd() >= 0) {
+    return;
+  } else {
+    // The server ended before it had started every worker (it failed while the program's
+    // libraries loaded, or was killed). Every worker of the attempt fails with its status:
+    // the ones it did start stop on their own (they never get the go-ahead).
+    fork_server_->reap(true);
+    int st = fork_server_->status();
+    fork_server_status_ = (WIFEXITED(st) && WEXITSTATUS(st) == 0) ? (127 << 8) : st;
+    for (auto& w : workers_) {
+      w.start_failed = true;
+      if (w.alive && w.pid < 0) {
+        w.alive = false;
+        w.wait_status = fork_server_status_;
+        read_pipe(w, false);
+        read_pipe(w, true);
+      }
     }
   }
   guard_->forget(fork_server_->pid());
@@ -517,7 +543,7 @@ void Agent::reap() {
     } while (r < 0 && errno == EINTR);
     if (r == w.pid) {
       w.alive = false;
-      w.wait_status = st;
+      w.wait_status = w.start_failed ? fork_server_status_ : st;
       read_pipe(w, false);
       read_pipe(w, true);
     }
@@ -528,9 +554,19 @@ void Agent::reap() {
   while (true) {
     info.si_pid = 0;
     if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) break;
-    bool ours = guard_ && info.si_pid == guard_->pid();
-    ours = ours || (fork_server_ && info.si_pid == fork_server_->pid());
-    for (auto& w : workers_) ours = ours || (w.alive && w.pid == info.si_pid);
+    auto known = [&] {
+      bool ours = guard_ && info.si_pid == guard_->pid();
+      ours = ours || (fork_server_ && info.si_pid == fork_server_->pid());
+      for (auto& w : workers_) ours = ours || (w.alive && w.pid == info.si_pid);
+      return ours;
+    };
+    bool ours = known();
+    if (!ours && fork_server_) {
+      // A worker adopted since the pipe was read: its pid is in the pipe by now (the server
+      // reports every pid before it exits, and only then are its workers ours).
+      read_fork_server();
+      ours = known();
+    }
     if (ours) break;  // a worker that exited between the loop above and now: next round
     ::waitpid(info.si_pid, &st, WNOHANG);
   }
@@ -602,6 +638,11 @@ Failure Agent::worker_failure(Worker& w) {
   f.rank = w.rank;
   f.local_rank = w.local_rank;
   f.pid = w.pid;
+  if (w.start_failed) {
+    f.pid = fork_server_pid_;
+    f.reason = "the fork server (pid " + std::to_string(fork_server_pid_) +
+               ") ended before it had started the workers; its status is reported";
+  }
   if (WIFSIGNALED(w.wait_status)) {
     f.signal = WTERMSIG(w.wait_status);
     f.exit_code = 128 + f.signal;
@@ -659,6 +700,8 @@ void Agent::heartbeat_and_check(Clock::time_point now) {
 }
 
 void Agent::stop_workers(int sig) {
+  read_fork_server();
+  stop_signal_ = sig;
   for (auto& w : workers_) {
     if (w.alive && w.pid > 0) ::kill(-w.pid, sig);
   }
@@ -671,6 +714,7 @@ void Agent::stop_workers(int sig) {
     if (!any) break;
     auto now = Clock::now();
     if (!killed && now >= deadline) {
+      stop_signal_ = SIGKILL;
       for (auto& w : workers_) {
         if (w.alive && w.pid > 0) ::kill(-w.pid, SIGKILL);
       }
@@ -855,6 +899,21 @@ void Agent::write_failure_file(const Failure& f) const {
   }
 }
 
+void Agent::publish_to_failure_store(const Failure& f) const {
+  if (o_.failure_store_key.empty()) return;
+  const std::string where = o_.failure_store_host + ":" + std::to_string(o_.failure_store_port);
+  try {
+    store::StoreClient::Options copts;
+    copts.connect_timeout = std::chrono::seconds(5);
+    copts.timeout = std::chrono::seconds(10);
+    auto client = store::StoreClient::connect(o_.failure_store_host,
+                                              static_cast<std::uint16_t>(o_.failure_store_port), copts);
+    client->set(o_.failure_store_key, f.to_json().dump());
+  } catch (const Error& e) {
+    say("cannot publish the failure to --failure-store " + where + ": " + e.what());
+  }
+}
+
 int Agent::run() {
   validate_launch_options(o_);
   if (uses_fork_server(o_)) fork_server_lib_ = launch::fork_server_library();
@@ -924,6 +983,7 @@ int Agent::run() {
       launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
     }
     write_failure_file(r.failure);
+    publish_to_failure_store(r.failure);
     code = r.failure.exit_code;
     if (r.failure.final || round >= o_.max_restarts) break;
     say("restarting all workers (restart " + std::to_string(round + 1) + " of " +

@@ -88,7 +88,17 @@ ProgramInfo inspect_program(const std::string& path) {
   return info;
 }
 
-bool fork_server_can_start(const ProgramInfo& info) { return info.dynamic_elf && !info.set_id; }
+bool fork_server_can_start(const ProgramInfo& info) {
+  if (!info.dynamic_elf || info.set_id) return false;
+  // A sanitizer runtime must be the first object loaded and intercepts fork: leave it alone.
+  for (const auto& n : info.needed) {
+    if (n.starts_with("libasan") || n.starts_with("libtsan") || n.starts_with("libhwasan") ||
+        n.starts_with("liblsan") || n.starts_with("libmsan")) {
+      return false;
+    }
+  }
+  return true;
+}
 
 bool fork_server_pays_off(const ProgramInfo& info) {
   for (const auto& n : info.needed) {
@@ -168,13 +178,17 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std
   SpawnSpec s;
   s.argv = l.argv;
   s.env = l.common_env;
-  std::string preload = "LD_PRELOAD=" + l.library;
+  // Ours last: a sanitizer runtime the user preloads must stay first.
+  std::string preload = "LD_PRELOAD=";
   for (const auto& e : l.common_env) {
-    if (e.starts_with("LD_PRELOAD=") && e.size() > 11) preload += ":" + e.substr(11);
+    if (e.starts_with("LD_PRELOAD=") && e.size() > 11) preload += e.substr(11) + ":";
   }
+  preload += l.library;
   std::erase_if(s.env, [](const std::string& e) { return e.starts_with("LD_PRELOAD="); });
   s.env.push_back(preload);
-  s.env.push_back("DTRAIN_FORKSERVER=" + std::to_string(spec_fd) + ":" + std::to_string(reply[1]));
+  // The server's own pid goes in the first ten characters (written by the child before exec).
+  s.own_pid_env = static_cast<int>(s.env.size());
+  s.env.push_back("DTRAIN_FORKSERVER=0000000000:" + std::to_string(spec_fd) + ":" + std::to_string(reply[1]));
   s.inherit_fds = theirs;
   SpawnedProcess p;
   try {
@@ -221,6 +235,7 @@ std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
       std::memcpy(&r, pending_.data(), sizeof r);
       pending_.erase(0, sizeof r);
       if (r.index == dtrain_forkserver::kMode) exec_mode_ = r.value == dtrain_forkserver::kModeExec;
+      if (r.index == dtrain_forkserver::kDone) done_ = true;
       if (r.index >= 0 && r.value > 0) forked.emplace_back(r.index, static_cast<pid_t>(r.value));
     }
   }

@@ -26,8 +26,9 @@ struct ProgramInfo {
 };
 ProgramInfo inspect_program(const std::string& path);
 
-// Whether the fork server can start `path` (a dynamic, non-set-ID ELF), and whether it pays
-// off there: the program links libtorch, libc10 or libdtrain directly.
+// Whether the fork server can start `path` (a dynamic, non-set-ID ELF without a sanitizer
+// runtime), and whether it pays off there: the program links libtorch, libc10 or libdtrain
+// directly.
 bool fork_server_can_start(const ProgramInfo& info);
 bool fork_server_pays_off(const ProgramInfo& info);
 
@@ -54,6 +55,7 @@ class ForkServer {
   pid_t pid() const { return pid_; }
   int reply_fd() const { return reply_fd_; }  // -1 once the server has said all it will
   bool exec_mode() const { return exec_mode_; }
+  bool done() const { return done_; }  // it reported every worker (and exits now)
 
   // Reads what the server has written so far: the (worker index, pid) pairs it forked.
   std::vector<std::pair<int, pid_t>> read_reply();
@@ -68,6 +70,7 @@ class ForkServer {
   pid_t pid_ = -1;
   int reply_fd_ = -1;
   bool exec_mode_ = false;
+  bool done_ = false;
   bool reaped_ = false;
   int status_ = 0;
   std::string pending_;  // a partial record

@@ -221,6 +221,10 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_option("--failure-file,--failure_file", a.failure_file,
                  "When the job fails, write its root cause there as one JSON object (rank, "
                  "exit_code, signal, host, stderr_tail, ...), for programs that drive dtrain");
+  run.add_option("--failure-store,--failure_store", a.failure_store,
+                 "HOST:PORT/KEY: when the job fails, every agent that reports it also stores the "
+                 "root cause (--failure-file's JSON) under KEY on the TCPStore at HOST:PORT, for "
+                 "programs that drive dtrain on several hosts");
   run.add_option("--start-method,--start_method", a.start_method,
                  "How workers start: spawn (each fork+exec'd, loads its libraries itself), "
                  "forkserver or fork (the program starts once, loads and initialises its shared "
@@ -450,6 +454,17 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
                      "', expected auto, spawn, forkserver or fork");
   }
   o.failure_file = a.failure_file;
+  if (!a.failure_store.empty()) {
+    const auto slash = a.failure_store.find('/');
+    if (slash == std::string::npos || slash + 1 == a.failure_store.size()) {
+      throw UsageError("--failure-store: got '" + a.failure_store + "', expected HOST:PORT/KEY");
+    }
+    auto [host, port] = parse_endpoint("--failure-store", a.failure_store.substr(0, slash));
+    if (port == 0) throw UsageError("--failure-store: got '" + a.failure_store + "', expected HOST:PORT/KEY with a port above 0");
+    o.failure_store_host = host;
+    o.failure_store_port = port;
+    o.failure_store_key = a.failure_store.substr(slash + 1);
+  }
   o.module = a.module;
   o.no_python = a.no_python;
   if (o.module && o.no_python) {
@@ -692,7 +707,9 @@ void validate_launch_options(LaunchOptions& o) {
     if (!launch::fork_server_can_start(info)) {
       throw UsageError("--start-method forkserver: PROGRAM '" + o.program + "' is " +
                        (info.set_id ? std::string("set-user/group-ID (the loader ignores LD_PRELOAD for it)")
-                                    : std::string("not a dynamically linked ELF program (a script or a static binary)")) +
+                        : info.dynamic_elf
+                            ? std::string("built with a sanitizer, whose runtime must load first")
+                            : std::string("not a dynamically linked ELF program (a script or a static binary)")) +
                        "; the fork server needs one; use --start-method spawn");
     }
     if (launch::fork_server_library().empty()) {

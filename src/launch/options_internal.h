@@ -42,6 +42,7 @@ struct RunArgs {
   std::vector<std::string> env;
   bool malloc_hugepages = false;
   std::string failure_file;
+  std::string failure_store;
   // clusters
   std::string hostfile;
   std::string host_list;  // -H host1:2,host2:2

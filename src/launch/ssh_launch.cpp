@@ -301,6 +301,11 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   if (o.no_python) a.push_back("--no-python");
   if (o.malloc_hugepages) a.push_back("--malloc-hugepages");
   if (o.start_method != "auto") a.insert(a.end(), {"--start-method", o.start_method});
+  if (!o.failure_store_key.empty()) {
+    const bool v6 = o.failure_store_host.find(':') != std::string::npos;
+    a.push_back("--failure-store=" + (v6 ? "[" + o.failure_store_host + "]" : o.failure_store_host) + ":" +
+                std::to_string(o.failure_store_port) + "/" + o.failure_store_key);
+  }
   for (const auto& [k, v] : o.extra_env) a.push_back("--env=" + k + "=" + v);
   // No "--" before PROGRAM: `dtrain run -- PROG` is rejected by CLI11 under a subcommand,
   // and validate_launch_options() made PROGRAM a path (or a module name), never "-...".

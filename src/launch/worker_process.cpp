@@ -60,6 +60,11 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
+    if (spec.own_pid_env >= 0) {
+      char* digits = std::strchr(envp[static_cast<size_t>(spec.own_pid_env)], '=') + 1;
+      long v = ::getpid();
+      for (int i = 9; i >= 0; --i, v /= 10) digits[i] = static_cast<char>('0' + v % 10);
+    }
     // Undo the agent's signal set-up: the worker starts with defaults and nothing blocked.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;

@@ -17,6 +17,9 @@ struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0] is the path executed (absolute or relative to cwd)
   std::vector<std::string> env;   // the complete environment, "KEY=VALUE"
   std::vector<int> inherit_fds;   // these stay open (same numbers) in the new process
+  // If >= 0: env[own_pid_env] is "NAME=" followed by 10 characters, which the new process
+  // overwrites with its own pid (zero-padded) before exec.
+  int own_pid_env = -1;
 };
 
 struct SpawnedProcess {

@@ -29,6 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "dtrain/store.h"
 #include "launcher/subprocess.h"
 
 namespace dtrain::test {
@@ -522,6 +525,22 @@ TEST_F(LauncherTest, FailingWorkerSetsExitCodeAndSummary) {
   EXPECT_TRUE(contains(r.err, "[default1]:rank 1 exiting with 7 on purpose\n")) << r.err;
 }
 
+TEST_F(LauncherTest, FailureStoreGetsTheRootCause) {
+  // What the Distributor uses in cluster mode: the root cause in its own store.
+  auto server = store::StoreServer::start({"127.0.0.1", 0});
+  const std::string port = std::to_string(server->port());
+  RunResult r = run({"--nproc-per-node", "2", "--failure-store", "127.0.0.1:" + port + "/job/failure",
+                     kWorker, "--kill-self-on-rank", "1", "11", "--sleep", "30"});
+  EXPECT_EQ(r.exit_code, 139) << r.err;
+  auto client = store::StoreClient::connect("127.0.0.1", server->port(), {5s, 5s});
+  ASSERT_TRUE(client->check({"job/failure"})) << r.err;
+  auto f = nlohmann::json::parse(client->get("job/failure"));
+  EXPECT_EQ(f.value("rank", -1), 1) << f.dump();
+  EXPECT_EQ(f.value("signal", 0), 11) << f.dump();
+  EXPECT_EQ(f.value("exit_code", 0), 139) << f.dump();
+  EXPECT_FALSE(f.value("host", "").empty()) << f.dump();
+}
+
 TEST_F(LauncherTest, WorkerKilledBySignal) {
   RunResult r =
       run({"--nproc-per-node", "2", kWorker, "--kill-self-on-rank", "1", "9", "--sleep", "30"});
@@ -759,6 +778,34 @@ TEST_F(LauncherTest, ForkServerFallsBackToExecWhenALibraryStartedAThread) {
   for (auto& [rank, st] : s) EXPECT_EQ(st.constructor_pid, st.pid) << "rank " << rank << " was forked";
   auto env = env_by_rank(r.out);
   EXPECT_EQ(env[1]["RANK"], "1");
+  EXPECT_TRUE(contains(r.err, "keeps a thread running after loading")) << r.err;
+}
+
+TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {
+  // It inherits the server's environment (LD_PRELOAD, DTRAIN_FORKSERVER) and must just run.
+  RunOptions o;
+  o.env = {"PROBE_SPAWN=echo started while loading"};
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-env"}, 30s, o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "started while loading\n"), 1u) << r.out;
+  auto env = env_by_rank(r.out);
+  EXPECT_EQ(env[0]["RANK"], "0");
+  EXPECT_EQ(env[1]["RANK"], "1");
+  // One left running in the background holds the server's pipes: the job still ends with
+  // its workers, with their exit code.
+  o.env = {"PROBE_SPAWN=sleep 20 &"};
+  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--exit-on-rank", "0", "5"}, 30s, o);
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_LT(r.elapsed, 10.0);
+}
+
+TEST_F(LauncherTest, UnsyncedCoutOfAForkedWorkerIsFlushedAtExit) {
+  for (const char* method : {"spawn", "forkserver"}) {
+    SCOPED_TRACE(method);
+    RunResult r = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--unsynced-cout", "buffered"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(count(r.out, "]:buffered\n"), 2u) << r.out;
+  }
 }
 
 TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
@@ -772,6 +819,9 @@ TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
                                        "atexit handler ran\n" + p + "destructor function ran\n"))
           << ok.out;
     }
+    RunResult dl = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--dlopen", DLOPEN_PROBE_LIB});
+    EXPECT_EQ(dl.exit_code, 0) << dl.err;
+    EXPECT_EQ(count(dl.out, "]:dlopened library destructor ran\n"), 2u) << dl.out;
     RunResult bad = run({"--start-method", method, kWorker, "--exit-hooks", "5"});
     EXPECT_EQ(bad.exit_code, 5) << bad.err;
     EXPECT_TRUE(contains(bad.out, "[default0]:destructor function ran\n")) << bad.out;

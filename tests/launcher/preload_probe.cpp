@@ -6,10 +6,14 @@
 //                         then fall back to fork + exec)
 //   PROBE_EXIT=CODE       exit with CODE before main (a program that fails while loading)
 //   PROBE_SLEEP=S         sleep S seconds (a slow-loading program)
+//   PROBE_SPAWN=COMMAND   run COMMAND with system() (a library that starts a program while
+//                         loading: it inherits the fork server's environment)
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <iostream>  // a std::ios_base::Init of its own, as libtorch has: the last one
+                     // destroyed flushes std::cout (see --unsynced-cout in test_worker)
 #include <thread>
 
 namespace {
@@ -22,6 +26,9 @@ __attribute__((constructor)) static void probe_init() {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(s)));
   }
   if (const char* e = std::getenv("PROBE_EXIT")) ::_exit(std::atoi(e));
+  if (const char* c = std::getenv("PROBE_SPAWN")) {
+    if (std::system(c) != 0) ::_exit(99);
+  }
   if (const char* t = std::getenv("PROBE_START_THREAD"); t && t[0] == '1') {
     std::thread([] {
       while (true) std::this_thread::sleep_for(std::chrono::hours(1));

@@ -21,6 +21,9 @@
 //                            shared library (preload_probe) ran, and this process
 //   --exit-hooks CODE        register an atexit handler and a static object, then exit(CODE):
 //                            each prints a line as it runs, as does a destructor function
+//   --dlopen PATH            dlopen the library PATH (kept open until exit)
+//   --unsynced-cout TEXT     std::ios::sync_with_stdio(false), then TEXT to std::cout, unflushed
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <thread>
 
@@ -170,6 +174,16 @@ int main(int argc, char** argv) {
       std::fclose(f);
     } else if (a == "--print-start") {
       std::printf("constructor_pid=%d pid=%d\n", probe_constructor_pid(), ::getpid());
+    } else if (a == "--dlopen") {
+      std::string path = next();
+      if (::dlopen(path.c_str(), RTLD_NOW) == nullptr) {
+        std::fprintf(stderr, "test_worker: %s\n", ::dlerror());
+        return 66;
+      }
+    } else if (a == "--unsynced-cout") {
+      std::string text = next();
+      std::ios::sync_with_stdio(false);
+      std::cout << text << '\n';  // stays in cout's own buffer until exit flushes it
     } else if (a == "--exit-hooks") {
       int code = std::stoi(next());
       g_exit_hooks = true;

@@ -183,6 +183,14 @@ std::vector<FlagCase> flag_cases() {
       // torchrun's "fork" is the fork server here.
       {"--start-method", "--start_method", {"fork"}, [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
       {"--start-method", "", {"spawn"}, [](auto& o) { EXPECT_EQ(o.start_method, "spawn"); }},
+      {"--failure-store",
+       "--failure_store",
+       {"10.0.0.1:4000//distributor/x/failure"},
+       [](auto& o) {
+         EXPECT_EQ(o.failure_store_host, "10.0.0.1");
+         EXPECT_EQ(o.failure_store_port, 4000);
+         EXPECT_EQ(o.failure_store_key, "/distributor/x/failure");
+       }},
       {"--start-method", "", {"forkserver"}, [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
       // Accepted for torchrun compatibility; it changes nothing we can observe.
       {"--run-path", "--run_path", {"x"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
@@ -349,6 +357,9 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
        "--rdzv-timeout: got '-1', expected a non-negative number of seconds"},
       {{"--rdzv-timeout", "soon"}, "--rdzv-timeout: got 'soon', expected a non-negative number"},
       {{"--start-method", "threads"}, "--start-method: got 'threads', expected auto, spawn, forkserver or fork"},
+      {{"--failure-store", "host:4000"}, "--failure-store: got 'host:4000', expected HOST:PORT/KEY"},
+      {{"--failure-store", "host:x/key"}, "--failure-store: got 'host:x'"},
+      {{"--failure-store", "host:0/key"}, "expected HOST:PORT/KEY with a port above 0"},
       {{"--rdzv-conf", "join_timeout"}, "--rdzv-conf: got 'join_timeout', expected KEY=VALUE"},
       {{"--rdzv-conf", "timeout=x"},
        "--rdzv-conf timeout: got 'x', expected a non-negative number"},
@@ -452,6 +463,8 @@ TEST(ForkServer, InspectsProgramsForItsPreconditions) {
   EXPECT_TRUE(launch::fork_server_pays_off({true, false, {"libdtrain.so"}}));
   EXPECT_TRUE(launch::fork_server_pays_off({true, false, {"libc10.so"}}));
   EXPECT_FALSE(launch::fork_server_can_start({true, true, {"libtorch.so.1.13"}})) << "set-ID";
+  EXPECT_FALSE(launch::fork_server_can_start({true, false, {"libasan.so.8", "libtorch.so.1.13"}}));
+  EXPECT_FALSE(launch::fork_server_can_start({true, false, {"libtsan.so.2"}}));
 }
 
 TEST(ForkServer, AutoPicksItForTwoOrMoreWorkersOfALibtorchProgramOnly) {

@@ -1,7 +1,7 @@
 // libdtrain_forkserver.so: the fork server of `dtrain run --start-method forkserver`.
 //
 // The agent starts the worker program once, with this library in LD_PRELOAD and
-// DTRAIN_FORKSERVER=<spec fd>:<reply fd> in its environment. The dynamic loader maps and
+// DTRAIN_FORKSERVER=<its pid>:<spec fd>:<reply fd> in its environment. The dynamic loader maps and
 // initialises every shared library the program needs (libtorch: ~0.6 s and ~0.9 CPU-s on
 // this project's machines) and then calls __libc_start_main, which this library
 // interposes. Here, with the libraries ready and before the program's own constructors
@@ -13,17 +13,19 @@
 //
 // Safety rules:
 //  - A child is only forked from a single-threaded server (fork copies the calling thread
-//    only). If a library started a thread while loading, the server falls back to fork +
-//    execve of the program for each worker - the plain start - and says so to the agent.
-//  - At exit a forked child runs its atexit handlers, its program's static destructors and
-//    the program's destructor functions, flushes stdio and ends with the exit status, but
-//    does not run the destructors of the libraries the server initialised: freeing
-//    libtorch's registries would copy-on-write ~12k pages (~0.5 CPU-s) per worker for
-//    nothing, as Android's zygote children skip them.
-//  - Without DTRAIN_FORKSERVER (a program the worker starts, say) the library does nothing.
+//    only). If a library still has a thread after its pthread_atfork handlers ran, the
+//    server fork+execs the program for each worker instead - the plain start - and says so
+//    to the agent.
+//  - At exit a forked child runs its atexit handlers, its program's static destructors, the
+//    destructor functions of the program and of what it dlopen'ed, flushes stdio and the C++
+//    streams, and ends with the exit status; it does not run the destructors of the
+//    libraries the server initialised: freeing libtorch's registries would copy-on-write
+//    ~12k pages (~0.5 CPU-s) per worker for nothing (Android's zygote children skip them too).
+//  - Only the process DTRAIN_FORKSERVER names serves: a program started while the libraries
+//    load inherits the variable and this library, and runs as it would without them.
 //
-// The library uses only libc (no C++ runtime): it is loaded into programs before anything
-// else is.
+// The library uses only libc (no C++ runtime): it is loaded into programs that may not have
+// one.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -74,8 +76,9 @@ void report(int fd, int32_t index, int32_t value) {
 }
 
 [[noreturn]] void fail(int reply_fd, const char* what) {
-  dprintf(STDERR_FILENO, "dtrain fork server: %s\n", what);
-  report(reply_fd, dtrain_forkserver::kError, errno);
+  const int err = errno;
+  dprintf(STDERR_FILENO, "dtrain fork server: %s: %s\n", what, strerror(err));
+  report(reply_fd, dtrain_forkserver::kError, err);
   ::_exit(127);
 }
 
@@ -95,13 +98,26 @@ void record_status(int status, void*) {
   g_status_known = true;
 }
 
-// The program's own destructor functions (DT_FINI_ARRAY, DT_FINI), as _dl_fini would run them.
-int run_program_fini(dl_phdr_info* info, size_t, void*) {
+// The loaded objects in load order (the program first), as dl_iterate_phdr lists them.
+struct Objects {
+  dl_phdr_info items[1024];
+  size_t count = 0;
+};
+size_t g_server_objects = 0;  // how many were loaded when the server forked
+
+int collect(dl_phdr_info* info, size_t, void* data) {
+  auto* o = static_cast<Objects*>(data);
+  if (o->count < sizeof o->items / sizeof o->items[0]) o->items[o->count++] = *info;
+  return 0;
+}
+
+// One object's destructor functions (DT_FINI_ARRAY, then DT_FINI), as _dl_fini runs them.
+void run_fini(const dl_phdr_info& info) {
   ElfW(Addr) fini_array = 0, fini = 0;
   size_t fini_size = 0;
-  for (int i = 0; i < info->dlpi_phnum; ++i) {
-    if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
-    auto* dyn = reinterpret_cast<ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+  for (int i = 0; i < info.dlpi_phnum; ++i) {
+    if (info.dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
+    auto* dyn = reinterpret_cast<ElfW(Dyn)*>(info.dlpi_addr + info.dlpi_phdr[i].p_vaddr);
     for (; dyn->d_tag != DT_NULL; ++dyn) {
       if (dyn->d_tag == DT_FINI_ARRAY) fini_array = dyn->d_un.d_ptr;
       if (dyn->d_tag == DT_FINI_ARRAYSZ) fini_size = dyn->d_un.d_val;
@@ -110,23 +126,51 @@ int run_program_fini(dl_phdr_info* info, size_t, void*) {
   }
   // The loader leaves these two unrelocated (it adjusts only the tables it uses itself).
   if (fini_array) {
-    auto* fns = reinterpret_cast<void (**)()>(info->dlpi_addr + fini_array);
+    auto* fns = reinterpret_cast<void (**)()>(info.dlpi_addr + fini_array);
     for (size_t i = fini_size / sizeof(void*); i-- > 0;) {
       if (fns[i] != nullptr && fns[i] != reinterpret_cast<void (*)()>(-1)) fns[i]();
     }
   }
-  if (fini) reinterpret_cast<void (*)()>(info->dlpi_addr + fini)();
-  return 1;  // the first object is the program itself: stop there
+  if (fini) reinterpret_cast<void (*)()>(info.dlpi_addr + fini)();
+}
+
+// What the skipped libstdc++ destructor (the last std::ios_base::Init) would do: flush the
+// standard C++ streams - which keep their own buffers after sync_with_stdio(false). Only
+// streams that were constructed: their storage is zero (no vtable pointer) until then.
+void flush_streams(const char* flush_symbol, const char* const* names, size_t count) {
+  using Flush = void* (*)(void*);
+  auto flush = reinterpret_cast<Flush>(::dlsym(RTLD_DEFAULT, flush_symbol));
+  if (flush == nullptr) return;  // no libstdc++
+  for (size_t i = 0; i < count; ++i) {
+    void* stream = ::dlsym(RTLD_DEFAULT, names[i]);
+    void* vptr = nullptr;
+    if (stream != nullptr) memcpy(&vptr, stream, sizeof vptr);
+    if (vptr != nullptr) flush(stream);
+  }
+}
+
+void flush_cxx_streams() {
+  static const char* const narrow[] = {"_ZSt4cout", "_ZSt4cerr", "_ZSt4clog"};
+  static const char* const wide[] = {"_ZSt5wcout", "_ZSt5wcerr", "_ZSt5wclog"};
+  flush_streams("_ZNSo5flushEv", narrow, 3);
+  flush_streams("_ZNSt13basic_ostreamIwSt11char_traitsIwEE5flushEv", wide, 3);
 }
 
 // Takes the place of the dynamic loader's destructor hook (_dl_fini) in a forked child: it
-// runs after the program's static destructors and atexit handlers.
+// runs after the program's static destructors and atexit handlers. It runs the destructor
+// functions of the objects the worker loaded itself (dlopen), newest first, and the
+// program's, but not those of the libraries the server had loaded.
 void child_fini() {
   if (!g_status_known) {  // exit() before main: do everything the usual way
     if (g_rtld_fini) g_rtld_fini();
     return;
   }
-  ::dl_iterate_phdr(run_program_fini, nullptr);
+  static Objects objects;
+  objects.count = 0;
+  ::dl_iterate_phdr(collect, &objects);
+  for (size_t i = objects.count; i-- > g_server_objects && i > 0;) run_fini(objects.items[i]);
+  if (objects.count > 0) run_fini(objects.items[0]);
+  flush_cxx_streams();
   ::fflush(nullptr);
   ::_exit(g_status);
 }
@@ -204,8 +248,8 @@ int read_spec(int fd, RankSpec** out, int* agent_pid) {
 
 [[noreturn]] void serve(const char* config, StartFn real, int argc, char** argv, void (*init)(),
                         void (*fini)(), void (*rtld_fini)(), void* stack_end) {
-  int spec_fd = -1, reply_fd = -1;
-  if (sscanf(config, "%d:%d", &spec_fd, &reply_fd) != 2 || spec_fd < 0 || reply_fd < 0) {
+  int pid = 0, spec_fd = -1, reply_fd = -1;
+  if (sscanf(config, "%d:%d:%d", &pid, &spec_fd, &reply_fd) != 3 || spec_fd < 0 || reply_fd < 0) {
     dprintf(STDERR_FILENO, "dtrain fork server: malformed DTRAIN_FORKSERVER='%s'\n", config);
     ::_exit(127);
   }
@@ -214,6 +258,17 @@ int read_spec(int fd, RankSpec** out, int* agent_pid) {
   const int n = read_spec(spec_fd, &ranks, &agent_pid);
   ::close(spec_fd);
   if (n <= 0) fail(reply_fd, "cannot read the workers' spec from the agent");
+  // Nothing the program starts may inherit the agent's pipes.
+  ::fcntl(reply_fd, F_SETFD, FD_CLOEXEC);
+  for (int r = 0; r < n; ++r) {
+    if (ranks[r].out_fd > STDERR_FILENO) ::fcntl(ranks[r].out_fd, F_SETFD, FD_CLOEXEC);
+    if (ranks[r].err_fd > STDERR_FILENO) ::fcntl(ranks[r].err_fd, F_SETFD, FD_CLOEXEC);
+  }
+  {
+    static Objects objects;
+    ::dl_iterate_phdr(collect, &objects);
+    g_server_objects = objects.count;
+  }
 
   // Forking copies only this thread: with more, each worker starts afresh (fork + exec, only
   // async-signal-safe calls in between). Libraries may stop their threads for a fork in
@@ -277,7 +332,8 @@ int read_spec(int fd, RankSpec** out, int* agent_pid) {
       if (::getppid() != agent_pid) ::_exit(127);  // the agent is gone
       if (exec_mode) {
         ::execve(self_path, argv, ranks[r].envp);
-        dprintf(STDERR_FILENO, "dtrain fork server: cannot execute %s: %s\n", self_path, strerror(errno));
+        static const char msg[] = "dtrain fork server: cannot execute the program again\n";
+        write_all(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe: threads exist
         ::_exit(127);
       }
       environ = ranks[r].envp;
@@ -305,8 +361,12 @@ extern "C" __attribute__((visibility("default"))) int __libc_start_main(
     dprintf(STDERR_FILENO, "dtrain fork server: cannot find __libc_start_main\n");
     ::_exit(127);
   }
+  // The agent names the server by pid: a program that one of the libraries starts while
+  // loading inherits the variable (and this library), and must just run.
   const char* config = ::getenv("DTRAIN_FORKSERVER");
-  if (config == nullptr) return real(main, argc, argv, init, fini, rtld_fini, stack_end);
+  if (config == nullptr || std::atoi(config) != ::getpid()) {
+    return real(main, argc, argv, init, fini, rtld_fini, stack_end);
+  }
   g_main = main;
   serve(config, real, argc, argv, init, fini, rtld_fini, stack_end);
 }

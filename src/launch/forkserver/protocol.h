@@ -1,6 +1,7 @@
 // What the agent and the fork server (libdtrain_forkserver.so) say to each other.
 //
-// Agent -> server: a sealed memfd, named by DTRAIN_FORKSERVER=<spec fd>:<reply fd>, holding
+// Agent -> server: a memfd, named by DTRAIN_FORKSERVER=<server pid>:<spec fd>:<reply fd>
+// (the pid: only that process serves; anything it starts while loading just runs), holding
 // little-endian u32s:
 //   kMagic, number of workers, the agent's pid,
 //   then per worker: its stdout fd, its stderr fd (in the server), the number of
