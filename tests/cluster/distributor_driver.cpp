@@ -2,10 +2,13 @@
 // `where` on a cluster engine with local_mode = false and prints every rank's answer.
 //   distributor_driver --engine ssh|slurm|mpi [--hosts LIST] [--hostfile F] [--ssh-port P]
 //                      [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
-//                      [--fail-rank R] [--ifname IF] [--mpi-launcher L] [--mpi-arg A]...
+//                      [--fail-rank R] [--crash-rank R] [--ifname IF] [--mpi-launcher L]
+//                      [--mpi-arg A]...
 // Prints "result rank=R host=H sum=S" per rank, or "WorkerError rank=R type=T message=M"
-// (exit 1), or "UsageError: ..." (exit 2).
+// (an exception) / "WorkerCrash rank=R signal=S host=H" (exit 1), or "UsageError: ..." (exit 2).
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <cstring>
@@ -15,7 +18,7 @@
 
 namespace {
 
-std::string where(int fail_rank) {
+std::string where(int fail_rank, int crash_rank) {
   auto pg = dtrain::init_process_group();
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
@@ -26,6 +29,8 @@ std::string where(int fail_rank) {
   }
   auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
   dtrain::all_reduce(t);
+  // After the collective: the others finish normally, this rank's crash is the only failure.
+  if (pg->rank() == crash_rank) std::raise(SIGSEGV);
   return "rank=" + std::to_string(pg->rank()) + " host=" + host +
          " sum=" + std::to_string(static_cast<int>(t.item<double>()));
 }
@@ -36,6 +41,7 @@ int main(int argc, char** argv) {
   dtrain::init(argc, argv);
   dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
   int fail_rank = -1;
+  int crash_rank = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--engine") o.cluster.engine = value;
@@ -47,6 +53,7 @@ int main(int argc, char** argv) {
     else if (flag == "--nodes") o.cluster.nodes = std::stoi(value);
     else if (flag == "--nproc") o.num_processes = std::stoi(value);
     else if (flag == "--fail-rank") fail_rank = std::stoi(value);
+    else if (flag == "--crash-rank") crash_rank = std::stoi(value);
     else if (flag == "--ifname") o.cluster.ifname = value;
     else if (flag == "--mpi-launcher") o.cluster.mpi_launcher = value;
     else if (flag == "--mpi-arg") o.cluster.mpi_args.push_back(value);
@@ -57,10 +64,15 @@ int main(int argc, char** argv) {
   }
   try {
     dtrain::Distributor d(o);
-    auto results = d.run_all(where, fail_rank);
+    auto results = d.run_all(where, fail_rank, crash_rank);
     for (const auto& r : results) std::printf("result %s\n", r.c_str());
     return 0;
   } catch (const dtrain::WorkerError& e) {
+    if (e.signal() > 0) {
+      std::printf("WorkerCrash rank=%d signal=%d host=%s\n", e.rank(), e.signal(), e.details().host.c_str());
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
     std::printf("WorkerError rank=%d type=%s message=%s\n", e.rank(), e.exception_type().c_str(),
                 e.exception_message().c_str());
     std::fprintf(stderr, "%s\n", e.what());

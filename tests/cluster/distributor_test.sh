@@ -4,6 +4,8 @@
 #   distributor_test.sh BUILD_DIR DTRAIN DISTRIBUTOR_DRIVER
 # 1. ssh host list n1:2,n2:2: every rank's result comes back to the driver (run_all).
 # 2. ssh: rank 3 (on n2) throws: WorkerError with rank 3, the type and message; nothing left.
+#    Rank 3 crashing (SIGSEGV): WorkerError with rank 3, the signal and host n2 (the root cause
+#    comes back through --failure-store: the failure file is written on n2).
 # 3. Slurm, 2 nodes x 2 processes: every rank's result.
 # 4. Slurm: rank 2 (on n2) throws: WorkerError; nothing left on either node.
 # 5. num_processes that does not fit the hosts: UsageError (exit 2), nothing started.
@@ -54,6 +56,13 @@ out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" --fail-
 worker_error "ssh failure" 3 "$out" $?
 nothing_left "ssh failure"
 pass "Distributor over ssh: rank 3 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" --crash-rank 3 2>&1)"
+code=$?
+[[ $code -eq 1 ]] || fail "ssh crash: exit $code, expected 1: $out"
+grep -q "^WorkerCrash rank=3 signal=11 host=n2$" <<<"$out" || fail "ssh crash: $out"
+nothing_left "ssh crash"
+pass "Distributor over ssh: rank 3 crashing on n2 comes back with its rank, SIGSEGV and host ($((SECONDS - t)) s)"
 
 # 3 -------------------------------------------------------------------------------------
 t=$SECONDS
