@@ -582,6 +582,17 @@ void Distributor::validate_cluster() {
       throw UsageError("ClusterOptions::mpi_launcher is empty; give the MPI launcher (mpirun, "
                        "mpiexec.hydra, ...)");
     }
+    // The MPI launcher starts the workers itself: no dtrain agent restarts them or keeps logs.
+    if (options_.max_restarts > 0) {
+      throw UsageError("DistributorOptions::max_restarts is " + std::to_string(options_.max_restarts) +
+                       ", but engine \"mpi\" has no dtrain agent to restart workers (the MPI "
+                       "launcher starts them once); use engine \"ssh\" or \"slurm\", or 0");
+    }
+    if (!options_.log_dir.empty()) {
+      throw UsageError("DistributorOptions::log_dir needs a dtrain agent, which engine \"mpi\" "
+                       "does not run; use the MPI launcher's own option in ClusterOptions::mpi_args "
+                       "(Open MPI: --output-filename DIR), or engine \"ssh\" or \"slurm\"");
+    }
   } else {
     throw UsageError("ClusterOptions::engine: got '" + c.engine +
                      "', expected \"ssh\" (a host file or list), \"slurm\" or \"mpi\"; with "
@@ -887,6 +898,12 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   if (program[0] == '-') {
     throw UsageError("Distributor::run('" + program + "'): a program name cannot start with '-'; "
                      "use ./" + program);
+  }
+  if (!options_.local_mode && options_.cluster.engine == "mpi" && program.size() > 3 &&
+      program.ends_with(".py")) {
+    // What the launcher does for a .py: the MPI launcher would execute the script itself.
+    const char* python = std::getenv("DTRAIN_PYTHON");
+    job.argv.insert(job.argv.end(), {python && *python ? python : "python3", "-u"});
   }
   job.argv.push_back(program);
   job.argv.insert(job.argv.end(), args.begin(), args.end());

@@ -3,7 +3,8 @@
 //   distributor_driver --engine ssh|slurm|mpi [--hosts LIST] [--hostfile F] [--ssh-port P]
 //                      [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
 //                      [--fail-rank R] [--crash-rank R] [--ifname IF] [--mpi-launcher L]
-//                      [--mpi-arg A]...
+//                      [--mpi-arg A]... [--program PATH]
+// --program runs PATH in program mode (Distributor::run(PATH, {})) and prints "program ok".
 // Prints "result rank=R host=H sum=S" per rank, or "WorkerError rank=R type=T message=M"
 // (an exception) / "WorkerCrash rank=R signal=S host=H" (exit 1), or "UsageError: ..." (exit 2).
 #include <unistd.h>
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
   int fail_rank = -1;
   int crash_rank = -1;
+  std::string program;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--engine") o.cluster.engine = value;
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
     else if (flag == "--nproc") o.num_processes = std::stoi(value);
     else if (flag == "--fail-rank") fail_rank = std::stoi(value);
     else if (flag == "--crash-rank") crash_rank = std::stoi(value);
+    else if (flag == "--program") program = value;
     else if (flag == "--ifname") o.cluster.ifname = value;
     else if (flag == "--mpi-launcher") o.cluster.mpi_launcher = value;
     else if (flag == "--mpi-arg") o.cluster.mpi_args.push_back(value);
@@ -64,6 +67,11 @@ int main(int argc, char** argv) {
   }
   try {
     dtrain::Distributor d(o);
+    if (!program.empty()) {
+      d.run(program, {});
+      std::printf("program ok\n");
+      return 0;
+    }
     auto results = d.run_all(where, fail_rank, crash_rank);
     for (const auto& r : results) std::printf("result %s\n", r.c_str());
     return 0;

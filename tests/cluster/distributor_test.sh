@@ -11,7 +11,8 @@
 # 5. num_processes that does not fit the hosts: UsageError (exit 2), nothing started.
 # 6. Open MPI's mpirun across n1,n2 (its ssh to each host's sshd): every rank's result; rank 3
 #    (on n2) throwing is a WorkerError; nothing left.
-# 7. MPICH's mpiexec.hydra on one host: every rank's result.
+# 7. MPICH's mpiexec.hydra on one host: every rank's result; a .py in program mode runs
+#    through python3.
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" D="$3"
 for f in "$DTRAIN" "$D"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -105,4 +106,10 @@ out="$(on n1 timeout 120 "$D" --engine mpi --mpi-launcher mpiexec.hydra 2>&1)" |
 for r in 0 1 2 3; do grep -q "^result rank=$r host=n1 sum=10$" <<<"$out" || fail "mpiexec.hydra: rank $r: $out"; done
 nothing_left "mpiexec.hydra"
 pass "Distributor on MPICH (mpiexec.hydra -np 4 on n1): results of 4 ranks ($((SECONDS - t)) s)"
+t=$SECONDS
+py="$(dirname "$0")/mpi_rank.py"
+out="$(on n1 timeout 120 "$D" --engine mpi --mpi-launcher mpiexec.hydra --program "$py" 2>&1)" || fail "mpiexec.hydra .py: exit $?: $out"
+for r in 0 1 2 3; do grep -q "^py rank=$r python=3$" <<<"$out" || fail "mpiexec.hydra .py: rank $r: $out"; done
+grep -q "^program ok$" <<<"$out" || fail "mpiexec.hydra .py: $out"
+pass "Distributor program mode on MPICH: a .py (not executable) runs through python3 on 4 ranks ($((SECONDS - t)) s)"
 echo "distributor cluster tests took $((SECONDS - start)) s"

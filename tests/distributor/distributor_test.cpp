@@ -404,6 +404,23 @@ TEST(DistributorOptions, InvalidOptionsAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("use_gpu"), std::string::npos);
   }
   EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .local_mode = false}), dtrain::UsageError);
+  // The MPI launcher starts the workers: nothing of dtrain's restarts them or keeps their logs.
+  dtrain::DistributorOptions mpi{.num_processes = 2, .local_mode = false, .max_restarts = 1};
+  mpi.cluster.engine = "mpi";
+  try {
+    dtrain::Distributor d(mpi);
+    FAIL() << "max_restarts with engine mpi";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_restarts is 1, but engine \"mpi\""), std::string::npos) << e.what();
+  }
+  mpi.max_restarts = 0;
+  mpi.log_dir = "/tmp/logs";
+  try {
+    dtrain::Distributor d(mpi);
+    FAIL() << "log_dir with engine mpi";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("log_dir needs a dtrain agent"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .timeout = 0ms}), dtrain::UsageError);
   EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .launcher = "/nonexistent/dtrain"}).run(my_rank),
                dtrain::UsageError);
