@@ -51,9 +51,9 @@ class StoreServer {
     // Port to bind; 0 picks a free one (read it back with port()). Default: 0.
     std::uint16_t port = 0;
     // A client that starts a request, or is being sent a reply, and then moves no byte for
-    // this long is dropped (the server serves one request at a time, so this bounds how long
-    // a stalled client holds up the others). A large value over a slow link is fine as long
-    // as bytes keep moving. Default: 10 s.
+    // this long is dropped. A large value over a slow link is fine as long as bytes keep
+    // moving - but the server serves one request at a time, so the others wait meanwhile:
+    // keep values that take seconds to send out of a job's store. Default: 10 s.
     std::chrono::milliseconds stall_timeout{10000};
   };
 

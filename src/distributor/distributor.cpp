@@ -384,6 +384,9 @@ Outcome run_launcher(const Job& job, const std::string& failure_file, const Dist
   if (in) {
     try {
       out.failure = json::parse(in);
+      // Written for each failed attempt: an earlier attempt's, when the last one ended
+      // otherwise (the launcher was stopped by a signal).
+      if (out.failure->value("exit_code", -1) != out.exit_code) out.failure.reset();
     } catch (const json::exception&) {
     }
   }
@@ -851,6 +854,8 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   if (!out.failure && client->check({prefix + "failure"})) {
     try {
       out.failure = json::parse(client->get(prefix + "failure"));
+      // An earlier attempt's, when the last one ended otherwise (stopped by a signal).
+      if (out.failure->value("exit_code", -1) != out.exit_code) out.failure.reset();
     } catch (const json::exception&) {
     }
   }

@@ -475,9 +475,10 @@ void Agent::read_fork_server() {
   if (fork_server_->done()) {
     // Every worker is known; the server exits right after saying so.
     fork_server_->reap(true);
-  } else if (fork_server_->reply_fd() >= 0) {
-    return;
+  } else if (fork_server_->reply_fd() >= 0 && !fork_server_->failed() && !fork_server_->reap(false)) {
+    return;  // still loading (a program a library started may hold the pipe: EOF is no proof)
   } else {
+    fork_server_->read_reply();  // what it wrote before it went
     // The server ended before it had started every worker (it failed while the program's
     // libraries loaded, or was killed). Every worker of the attempt fails with its status:
     // the ones it did start stop on their own (they never get the go-ahead).

@@ -93,7 +93,7 @@ bool fork_server_can_start(const ProgramInfo& info) {
   // A sanitizer runtime must be the first object loaded and intercepts fork: leave it alone.
   for (const auto& n : info.needed) {
     if (n.starts_with("libasan") || n.starts_with("libtsan") || n.starts_with("libhwasan") ||
-        n.starts_with("liblsan") || n.starts_with("libmsan")) {
+        n.starts_with("liblsan") || n.starts_with("libmsan") || n.starts_with("libclang_rt.")) {
       return false;
     }
   }
@@ -184,7 +184,9 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std
     if (e.starts_with("LD_PRELOAD=") && e.size() > 11) preload += e.substr(11) + ":";
   }
   preload += l.library;
-  std::erase_if(s.env, [](const std::string& e) { return e.starts_with("LD_PRELOAD="); });
+  std::erase_if(s.env, [](const std::string& e) {
+    return e.starts_with("LD_PRELOAD=") || e.starts_with("DTRAIN_FORKSERVER=");
+  });
   s.env.push_back(preload);
   // The server's own pid goes in the first ten characters (written by the child before exec).
   s.own_pid_env = static_cast<int>(s.env.size());
@@ -236,6 +238,7 @@ std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
       pending_.erase(0, sizeof r);
       if (r.index == dtrain_forkserver::kMode) exec_mode_ = r.value == dtrain_forkserver::kModeExec;
       if (r.index == dtrain_forkserver::kDone) done_ = true;
+      if (r.index == dtrain_forkserver::kError) failed_ = true;
       if (r.index >= 0 && r.value > 0) forked.emplace_back(r.index, static_cast<pid_t>(r.value));
     }
   }

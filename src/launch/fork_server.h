@@ -56,6 +56,7 @@ class ForkServer {
   int reply_fd() const { return reply_fd_; }  // -1 once the server has said all it will
   bool exec_mode() const { return exec_mode_; }
   bool done() const { return done_; }  // it reported every worker (and exits now)
+  bool failed() const { return failed_; }  // it reported an error (and exits now)
 
   // Reads what the server has written so far: the (worker index, pid) pairs it forked.
   std::vector<std::pair<int, pid_t>> read_reply();
@@ -71,6 +72,7 @@ class ForkServer {
   int reply_fd_ = -1;
   bool exec_mode_ = false;
   bool done_ = false;
+  bool failed_ = false;
   bool reaped_ = false;
   int status_ = 0;
   std::string pending_;  // a partial record

@@ -459,7 +459,15 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
     if (slash == std::string::npos || slash + 1 == a.failure_store.size()) {
       throw UsageError("--failure-store: got '" + a.failure_store + "', expected HOST:PORT/KEY");
     }
-    auto [host, port] = parse_endpoint("--failure-store", a.failure_store.substr(0, slash));
+    const std::string endpoint = a.failure_store.substr(0, slash);
+    const bool bracketed = !endpoint.empty() && endpoint.front() == '[';
+    const auto colon = endpoint.rfind(':');
+    // An explicit port; an IPv6 address in brackets.
+    if (colon == std::string::npos || (!bracketed && endpoint.find(':') != colon)) {
+      throw UsageError("--failure-store: got '" + a.failure_store +
+                       "', expected HOST:PORT/KEY (an IPv6 host in brackets: [::1]:PORT/KEY)");
+    }
+    auto [host, port] = parse_endpoint("--failure-store", endpoint);
     if (port == 0) throw UsageError("--failure-store: got '" + a.failure_store + "', expected HOST:PORT/KEY with a port above 0");
     o.failure_store_host = host;
     o.failure_store_port = port;

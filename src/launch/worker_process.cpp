@@ -44,6 +44,14 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     throw Error(std::string("pipe: ") + std::strerror(errno));
   }
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // Where the child writes its pid (SpawnSpec::own_pid_env): found now, not after fork.
+  char* pid_digits = nullptr;
+  if (spec.own_pid_env >= 0) {
+    char* entry = envp[static_cast<size_t>(spec.own_pid_env)];
+    char* eq = std::strchr(entry, '=');
+    DTRAIN_ASSERT(eq != nullptr && std::strlen(eq + 1) >= 10, "own_pid_env needs NAME= and 10 characters");
+    pid_digits = eq + 1;
+  }
   const pid_t parent = ::getpid();
 
   pid_t pid = ::fork();
@@ -60,10 +68,9 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
-    if (spec.own_pid_env >= 0) {
-      char* digits = std::strchr(envp[static_cast<size_t>(spec.own_pid_env)], '=') + 1;
+    if (pid_digits != nullptr) {
       long v = ::getpid();
-      for (int i = 9; i >= 0; --i, v /= 10) digits[i] = static_cast<char>('0' + v % 10);
+      for (int i = 9; i >= 0; --i, v /= 10) pid_digits[i] = static_cast<char>('0' + v % 10);
     }
     // Undo the agent's signal set-up: the worker starts with defaults and nothing blocked.
     struct sigaction dfl {};

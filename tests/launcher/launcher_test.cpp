@@ -797,6 +797,13 @@ TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {
   r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--exit-on-rank", "0", "5"}, 30s, o);
   EXPECT_EQ(r.exit_code, 5) << r.err;
   EXPECT_LT(r.elapsed, 10.0);
+  // ... and when the server dies while loading, its end is seen without the pipe's EOF.
+  o.env = {"PROBE_SPAWN=sleep 20 & kill -KILL $PPID"};
+  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--touch", path("ran")}, 30s, o);
+  EXPECT_EQ(r.exit_code, 137) << r.err;
+  EXPECT_LT(r.elapsed, 10.0);
+  EXPECT_TRUE(contains(r.err, "the fork server (pid ")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("ran")));
 }
 
 TEST_F(LauncherTest, UnsyncedCoutOfAForkedWorkerIsFlushedAtExit) {

@@ -360,6 +360,8 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--failure-store", "host:4000"}, "--failure-store: got 'host:4000', expected HOST:PORT/KEY"},
       {{"--failure-store", "host:x/key"}, "--failure-store: got 'host:x'"},
       {{"--failure-store", "host:0/key"}, "expected HOST:PORT/KEY with a port above 0"},
+      {{"--failure-store", "host/key"}, "--failure-store: got 'host/key', expected HOST:PORT/KEY"},
+      {{"--failure-store", "fe80::1/key"}, "(an IPv6 host in brackets: [::1]:PORT/KEY)"},
       {{"--rdzv-conf", "join_timeout"}, "--rdzv-conf: got 'join_timeout', expected KEY=VALUE"},
       {{"--rdzv-conf", "timeout=x"},
        "--rdzv-conf timeout: got 'x', expected a non-negative number"},

@@ -103,7 +103,15 @@ struct Objects {
   dl_phdr_info items[1024];
   size_t count = 0;
 };
-size_t g_server_objects = 0;  // how many were loaded when the server forked
+Objects g_server_objects;  // what was loaded when the server forked
+
+bool loaded_by_server(const dl_phdr_info& info) {
+  for (size_t i = 0; i < g_server_objects.count; ++i) {
+    const dl_phdr_info& s = g_server_objects.items[i];
+    if (s.dlpi_addr == info.dlpi_addr && s.dlpi_phdr == info.dlpi_phdr) return true;
+  }
+  return false;
+}
 
 int collect(dl_phdr_info* info, size_t, void* data) {
   auto* o = static_cast<Objects*>(data);
@@ -168,7 +176,9 @@ void child_fini() {
   static Objects objects;
   objects.count = 0;
   ::dl_iterate_phdr(collect, &objects);
-  for (size_t i = objects.count; i-- > g_server_objects && i > 0;) run_fini(objects.items[i]);
+  for (size_t i = objects.count; i-- > 1;) {
+    if (!loaded_by_server(objects.items[i])) run_fini(objects.items[i]);
+  }
   if (objects.count > 0) run_fini(objects.items[0]);
   flush_cxx_streams();
   ::fflush(nullptr);
@@ -246,6 +256,18 @@ int read_spec(int fd, RankSpec** out, int* agent_pid) {
 
 // --- the server -------------------------------------------------------------
 
+// Whether the spec fd named in DTRAIN_FORKSERVER (<pid>:<spec fd>:<reply fd>) is the agent's
+// memfd.
+bool is_spec_memfd(const char* config) {
+  int pid = 0, spec_fd = -1, reply_fd = -1;
+  if (sscanf(config, "%d:%d:%d", &pid, &spec_fd, &reply_fd) != 3 || spec_fd < 0) return false;
+  char link[64], target[256] = {0};
+  snprintf(link, sizeof link, "/proc/self/fd/%d", spec_fd);
+  ssize_t n = ::readlink(link, target, sizeof target - 1);
+  static const char expected[] = "/memfd:dtrain-forkserver-spec";
+  return n > 0 && strncmp(target, expected, sizeof expected - 1) == 0;
+}
+
 [[noreturn]] void serve(const char* config, StartFn real, int argc, char** argv, void (*init)(),
                         void (*fini)(), void (*rtld_fini)(), void* stack_end) {
   int pid = 0, spec_fd = -1, reply_fd = -1;
@@ -264,11 +286,7 @@ int read_spec(int fd, RankSpec** out, int* agent_pid) {
     if (ranks[r].out_fd > STDERR_FILENO) ::fcntl(ranks[r].out_fd, F_SETFD, FD_CLOEXEC);
     if (ranks[r].err_fd > STDERR_FILENO) ::fcntl(ranks[r].err_fd, F_SETFD, FD_CLOEXEC);
   }
-  {
-    static Objects objects;
-    ::dl_iterate_phdr(collect, &objects);
-    g_server_objects = objects.count;
-  }
+  ::dl_iterate_phdr(collect, &g_server_objects);
 
   // Forking copies only this thread: with more, each worker starts afresh (fork + exec, only
   // async-signal-safe calls in between). Libraries may stop their threads for a fork in
@@ -361,10 +379,11 @@ extern "C" __attribute__((visibility("default"))) int __libc_start_main(
     dprintf(STDERR_FILENO, "dtrain fork server: cannot find __libc_start_main\n");
     ::_exit(127);
   }
-  // The agent names the server by pid: a program that one of the libraries starts while
-  // loading inherits the variable (and this library), and must just run.
+  // The agent names the server by pid and hands it the spec memfd: a program that one of the
+  // libraries starts while loading inherits the variable (and this library), and must just
+  // run - as must a later process that happens to get the same pid.
   const char* config = ::getenv("DTRAIN_FORKSERVER");
-  if (config == nullptr || std::atoi(config) != ::getpid()) {
+  if (config == nullptr || std::atoi(config) != ::getpid() || !is_spec_memfd(config)) {
     return real(main, argc, argv, init, fini, rtld_fini, stack_end);
   }
   g_main = main;
