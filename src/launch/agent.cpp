@@ -460,11 +460,20 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
 
 void Agent::read_fork_server() {
   if (!fork_server_) return;
-  for (auto [index, pid] : fork_server_->read_reply()) {
-    if (index < 0 || index >= static_cast<int>(workers_.size()) || workers_[index].pid > 0) continue;
-    guard_->watch(pid);
-    workers_[index].pid = pid;
-    if (stop_signal_ != 0) ::kill(-pid, stop_signal_);  // stopping already: it missed the signal
+  auto learn = [&](const std::vector<std::pair<int, pid_t>>& forked) {
+    for (auto [index, pid] : forked) {
+      if (index < 0 || index >= static_cast<int>(workers_.size()) || workers_[index].pid > 0) continue;
+      guard_->watch(pid);
+      workers_[index].pid = pid;
+      if (stop_signal_ != 0) ::kill(-pid, stop_signal_);  // stopping already: it missed the signal
+    }
+  };
+  learn(fork_server_->read_reply());
+  if (!fork_server_->done() && !fork_server_->failed() && fork_server_->reply_fd() >= 0) {
+    // Still going - unless it has exited: a program it started may hold the pipe open, so
+    // EOF is no proof. Once it has exited, all it wrote is in the pipe.
+    if (!fork_server_->reap(false)) return;
+    learn(fork_server_->read_reply());
   }
   if (fork_server_->exec_mode() && !said_exec_mode_) {
     said_exec_mode_ = true;
@@ -472,17 +481,11 @@ void Agent::read_fork_server() {
         "cannot fork it safely: each worker is fork+exec'd from it instead (--start-method spawn "
         "saves the server's own start)");
   }
-  if (fork_server_->done()) {
-    // Every worker is known; the server exits right after saying so.
-    fork_server_->reap(true);
-  } else if (fork_server_->reply_fd() >= 0 && !fork_server_->failed() && !fork_server_->reap(false)) {
-    return;  // still loading (a program a library started may hold the pipe: EOF is no proof)
-  } else {
-    fork_server_->read_reply();  // what it wrote before it went
+  fork_server_->reap(true);  // it exits right after its last word
+  if (!fork_server_->done()) {
     // The server ended before it had started every worker (it failed while the program's
     // libraries loaded, or was killed). Every worker of the attempt fails with its status:
     // the ones it did start stop on their own (they never get the go-ahead).
-    fork_server_->reap(true);
     int st = fork_server_->status();
     fork_server_status_ = (WIFEXITED(st) && WEXITSTATUS(st) == 0) ? (127 << 8) : st;
     for (auto& w : workers_) {
