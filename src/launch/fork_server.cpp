@@ -110,11 +110,17 @@ bool fork_server_pays_off(const ProgramInfo& info) {
 std::string fork_server_library() {
   auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; };
   if (const char* env = std::getenv("DTRAIN_FORKSERVER_LIB"); env && *env) return usable(env) ? env : "";
-#if defined(DTRAIN_FORKSERVER_BUILD_PATH) && defined(DTRAIN_BUILD_DIR)
   std::error_code ec;
-  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (!ec && self.starts_with(DTRAIN_BUILD_DIR "/") && usable(DTRAIN_FORKSERVER_BUILD_PATH)) {
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+#if defined(DTRAIN_FORKSERVER_BUILD_PATH) && defined(DTRAIN_BUILD_DIR)
+  if (!ec && self.string().starts_with(DTRAIN_BUILD_DIR "/") && usable(DTRAIN_FORKSERVER_BUILD_PATH)) {
     return DTRAIN_FORKSERVER_BUILD_PATH;
+  }
+#endif
+#ifdef DTRAIN_FORKSERVER_FROM_BIN
+  if (!ec) {
+    const std::string beside = (self.parent_path() / DTRAIN_FORKSERVER_FROM_BIN).lexically_normal().string();
+    if (usable(beside)) return beside;
   }
 #endif
 #ifdef DTRAIN_FORKSERVER_INSTALL_PATH

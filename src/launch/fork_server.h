@@ -33,7 +33,8 @@ bool fork_server_can_start(const ProgramInfo& info);
 bool fork_server_pays_off(const ProgramInfo& info);
 
 // libdtrain_forkserver.so: $DTRAIN_FORKSERVER_LIB, else the one built beside this dtrain (when
-// it runs from its build tree), else the installed one; "" when there is none.
+// it runs from its build tree), else the one installed with it (found from its own path, so
+// an install moved by --prefix works), else the install prefix's; "" when there is none.
 std::string fork_server_library();
 
 struct ForkServerLaunch {

@@ -13,3 +13,7 @@ cmake -S "$src/tests/package" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Rel
 cmake --build "$tmp/consumer" > "$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
 "$tmp/consumer/consumer"
 "$tmp/prefix/bin/dtrain" --help > /dev/null
+# The installed dtrain finds the installed fork server (an explicit forkserver without it is a
+# usage error, exit 2) and starts the consumer's workers from it.
+out="$("$tmp/prefix/bin/dtrain" run --start-method forkserver --nproc-per-node 2 "$tmp/consumer/consumer")"
+[[ "$(grep -c 'consumer: ok' <<<"$out")" -eq 2 ]] || { echo "fork server run: $out"; exit 1; }
