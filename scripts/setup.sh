@@ -15,6 +15,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
+  # the venv of PyPI peers (scripts/python_env.sh): PyTorch 2.x, ...
+  python3-venv python3-pip
   # data for the examples
   dataset-fashion-mnist
   # cluster engines for the cluster tests (tests/cluster): Slurm with munge, Open MPI's and
@@ -38,8 +40,13 @@ if ((${#missing[@]})); then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# PyPI peers (PyTorch 2.x, ...), pinned in scripts/requirements.txt, into the project's venv.
+venv_python="$("$here/scripts/python_env.sh" | tail -n 1)"
+
 jobs="$(nproc)"
 if [[ ! -f "$build/build.ninja" ]]; then
-  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_VENV_PYTHON="$venv_python"
+else
+  cmake "$build" -DDTRAIN_VENV_PYTHON="$venv_python" >/dev/null
 fi
 cmake --build "$build" -j "$jobs"
