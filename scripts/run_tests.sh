@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# Quick start, command 2: set up, build, and run every test (ctest prints what ran).
-set -euo pipefail
+# Quick start, command 2: set up, build, and run every test (ctest prints what ran) - against
+# both libtorch versions dtrain supports: PyPI's libtorch 2.x (build-torch2/) first, then
+# Debian's libtorch 1.13 (build/). Extra arguments go to both ctest runs (e.g. -L unit).
+set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+set -e
 "$here/scripts/setup.sh"
-cd "$here/build"
-ctest --output-on-failure --timeout 600 "$@"
+DTRAIN_LIBTORCH=pypi "$here/scripts/setup.sh" "$here/build-torch2"
+set +e
+
+echo "=== tests against libtorch 2.x (PyPI's torch wheel): build-torch2/ ==="
+(cd "$here/build-torch2" && ctest --output-on-failure --timeout 600 -LE cluster "$@")
+torch2=$?
+echo "=== tests against libtorch 1.13 (Debian): build/ ==="
+(cd "$here/build" && ctest --output-on-failure --timeout 600 "$@")
+torch1=$?
+echo "run_tests: libtorch 2.x: $([[ $torch2 -eq 0 ]] && echo passed || echo FAILED)," \
+     "libtorch 1.13: $([[ $torch1 -eq 0 ]] && echo passed || echo FAILED)"
+[[ $torch2 -eq 0 && $torch1 -eq 0 ]]

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Installs what dtrain needs from Debian's registry, then configures and builds.
-# Idempotent: when every package is present it only runs the (incremental) build.
+# Installs what dtrain needs from Debian's registry and PyPI (the venv of peers), then
+# configures and builds. Idempotent: when everything is present it only runs the
+# (incremental) build.
 #   scripts/setup.sh [BUILD_DIR]     (default: build)
+# With DTRAIN_LIBTORCH=pypi the build uses the libtorch 2.x of the venv's PyTorch wheel
+# (default BUILD_DIR: build-torch2); without it, Debian's libtorch 1.13; any other value is
+# a libtorch directory.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${1:-$here/build}"
+libtorch="${DTRAIN_LIBTORCH:-}"
+if [[ "$libtorch" == pypi ]]; then
+  build="${1:-$here/build-torch2}"
+else
+  build="${1:-$here/build}"
+fi
 
 packages=(
   # toolchain
@@ -43,10 +52,17 @@ fi
 # PyPI peers (PyTorch 2.x, ...), pinned in scripts/requirements.txt, into the project's venv.
 venv_python="$("$here/scripts/python_env.sh" | tail -n 1)"
 
+if [[ "$libtorch" == pypi ]]; then
+  libtorch="$("$venv_python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
+fi
+
 jobs="$(nproc)"
+config=(-DDTRAIN_VENV_PYTHON="$venv_python" -DDTRAIN_LIBTORCH="$libtorch")
+# A developer's ccache (not installed by this script) makes rebuilds of both trees cheap.
+command -v ccache >/dev/null && config+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [[ ! -f "$build/build.ninja" ]]; then
-  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_VENV_PYTHON="$venv_python"
+  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${config[@]}"
 else
-  cmake "$build" -DDTRAIN_VENV_PYTHON="$venv_python" >/dev/null
+  cmake "$build" "${config[@]}" >/dev/null
 fi
 cmake --build "$build" -j "$jobs"

@@ -1,4 +1,4 @@
-// Collectives on c10d::ProcessGroupGloo (libtorch 1.13).
+// Collectives on c10d process groups (Gloo or the shared-memory backend; libtorch 1.13 or 2.x).
 //
 // Each collective validates its arguments locally first (so a UsageError never leaves a
 // rank half-way into a collective the others are waiting in), stages non-contiguous
@@ -7,13 +7,12 @@
 // into dtrain errors that name the collective, the rank and the timeout.
 #include "dtrain/collectives.h"
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <exception>
 #include <sstream>
 
+#include "comm/c10d_compat.h"
 #include "comm/shm/shm_group.h"
 #include "dtrain/error.h"
 
@@ -43,12 +42,11 @@ std::string prefix(const Call& c) {
   return std::string(c.name) + " (rank " + std::to_string(c.rank) + " of " + std::to_string(c.world) + "): ";
 }
 
-std::chrono::milliseconds group_timeout(const c10d::ProcessGroup& pg) {
-  if (auto* gloo = dynamic_cast<const c10d::ProcessGroupGloo*>(&pg)) {
-    // getOptions() is not const in 1.13, but only reads.
-    return const_cast<c10d::ProcessGroupGloo*>(gloo)->getOptions()->timeout;
+std::chrono::milliseconds group_timeout(c10d::ProcessGroup& pg) {
+  if (comm::Backend* backend = comm::cpu_backend(pg)) {
+    if (auto t = comm::gloo_timeout(*backend)) return *t;
+    if (auto* shm = dynamic_cast<const shm::ShmProcessGroup*>(backend)) return shm->timeout();
   }
-  if (auto* shm = dynamic_cast<const shm::ShmProcessGroup*>(&pg)) return shm->timeout();
   return std::chrono::minutes(30);  // PyTorch's default
 }
 
@@ -193,13 +191,11 @@ std::string exception_text(const std::exception_ptr& e) {
 bool is_io_error(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const ::gloo::IoException&) {
-    return true;
   } catch (const NetworkError& x) {
     // The shared-memory backend's "a peer exited / left" errors.
     return std::string(x.what()).rfind("lost the connection to a peer rank", 0) == 0;
   } catch (...) {
-    return false;
+    return comm::is_gloo_io_error(e);
   }
 }
 
@@ -334,7 +330,7 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
   // The shared-memory backend averages while it reduces (no extra pass); Gloo sums, and
   // the Work's finish step divides.
   bool avg = options.op == ReduceOp::kAvg && c.world > 1;
-  if (avg && dynamic_cast<const shm::ShmProcessGroup*>(c.pg.get()) != nullptr) {
+  if (avg && dynamic_cast<const shm::ShmProcessGroup*>(comm::cpu_backend(*c.pg)) != nullptr) {
     o.reduceOp = c10d::ReduceOp::AVG;
     avg = false;
   }

@@ -2,11 +2,11 @@
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <mutex>
 
+#include "comm/c10d_compat.h"
 #include "comm/shm/shm_group.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/env.h"
@@ -132,26 +132,20 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
                      "'; use \"auto\" (the default), \"shm\", \"gloo\" or \"nccl\"");
   }
   Rendezvous r = url_rendezvous(options);
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  if (ifname && *ifname) {
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  } else {
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  }
-  c10::intrusive_ptr<c10d::ProcessGroup> pg =
-      c10::make_intrusive<c10d::ProcessGroupGloo>(r.store, r.rank, r.world_size, gloo_options);
+  c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(r.store, r.rank, r.world_size, options.timeout);
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::string chosen = "gloo";
   if (backend != "gloo") {
-    // The shared-memory backend wraps the Gloo group (which keeps everything it does not
+    // The shared-memory backend wraps the Gloo backend (which keeps everything it does not
     // implement). "auto" falls back to plain Gloo, on every rank alike, when the ranks are
     // not all on one host.
-    if (auto shm = shm::ShmProcessGroup::join(r.store, r.rank, r.world_size, pg, options.timeout,
+    if (auto shm = shm::ShmProcessGroup::join(r.store, r.rank, r.world_size, gloo, options.timeout,
                                               /*require=*/backend == "shm")) {
-      pg = shm;
+      pg = comm::as_group(shm, r.store, r.rank, r.world_size, /*is_gloo=*/false);
       chosen = "shm";
     }
   }
+  if (!pg) pg = comm::as_group(gloo, r.store, r.rank, r.world_size, /*is_gloo=*/true);
   auto group = std::make_shared<ProcessGroup>(r.store, pg, chosen);
   std::lock_guard<std::mutex> lock(g_mutex);
   g_default = group;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <cstring>
 #include <filesystem>

@@ -81,11 +81,14 @@ TEST(LauncherInterop, RecordErrorFileOfAFailingPythonWorkerIsInTheSummary) {
   EXPECT_LT(r.elapsed, 25.0);
 }
 
+// Under the torchrun of the PyTorch whose libtorch this build links (Debian's 1.13, or the
+// venv's 2.x): each version's TCPStore client speaks its own torchrun's protocol.
 TEST(LauncherInterop, DtrainCppWorkerRunsUnderTorchrun) {
-  require_python_torch();
-  ASSERT_EQ(::access("/usr/bin/torchrun", X_OK), 0) << "torchrun (python3-torch) is required";
+  ASSERT_EQ(::access(DTRAIN_NATIVE_TORCHRUN, X_OK), 0)
+      << "torchrun of PyTorch " << DTRAIN_TORCH_VERSION << " is required at " << DTRAIN_NATIVE_TORCHRUN
+      << " (scripts/setup.sh installs it: python3-torch for 1.13, the venv for 2.x)";
   // Debian's torchrun on Python 3.11 crashes with its default --redirects 0 (IntFlag change).
-  auto r = run_command({"/usr/bin/torchrun", "--nproc_per_node", "2", "--redirects", "9:1", "--tee",
+  auto r = run_command({DTRAIN_NATIVE_TORCHRUN, "--nproc_per_node", "2", "--redirects", "9:1", "--tee",
                         "9:1", "--monitor_interval", "0.1", "--no_python", HELLO_WORKER_BIN},
                        {.timeout = 180s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

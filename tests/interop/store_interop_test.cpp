@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
@@ -15,6 +14,7 @@
 #include <future>
 #include <thread>
 
+#include "comm/c10d_compat.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "store/socket.h"
@@ -128,9 +128,8 @@ TEST(StoreInteropTest, ProcessGroupGlooAllreducesOverOurStore) {
   for (int rank = 0; rank < kWorldSize; ++rank) {
     ranks.push_back(std::async(std::launch::async, [&, rank] {
       auto store = c10::make_intrusive<c10d::PrefixStore>("/pg", torch_client(server->port()));
-      auto options = c10d::ProcessGroupGloo::Options::create(30s);
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      c10d::ProcessGroupGloo pg(store, rank, kWorldSize, options);
+      auto gloo = comm::make_gloo(store, rank, kWorldSize, 30s, "127.0.0.1");
+      auto& pg = *gloo;
       std::vector<at::Tensor> tensors{at::full({4}, static_cast<float>(rank + 1))};
       pg.allreduce(tensors)->wait();
       return tensors[0];

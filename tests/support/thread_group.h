@@ -4,7 +4,6 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <exception>
 #include <functional>
@@ -14,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/c10d_compat.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain::test {
@@ -32,10 +32,9 @@ inline void run_ranks(int world, const std::function<void(std::shared_ptr<Proces
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank]() {
       try {
-        auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-        auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, opts);
+        auto gloo = comm::make_gloo(prefixed, rank, world, timeout, "127.0.0.1");
+        auto pg = comm::as_group(gloo, prefixed, rank, world, /*is_gloo=*/true);
         fn(std::make_shared<ProcessGroup>(prefixed, pg, "gloo"));
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);

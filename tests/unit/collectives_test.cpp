@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +20,7 @@
 
 #include <unistd.h>
 
+#include "comm/c10d_compat.h"
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
 #include "support/reference_reduce.h"
@@ -53,18 +53,17 @@ void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto options = c10d::ProcessGroupGloo::Options::create(group_timeout);
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        c10::intrusive_ptr<c10d::ProcessGroup> pg =
-            c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
+        c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
 #ifdef DTRAIN_TEST_SHM
         // shm_collectives_test: the same tests on the shared-memory backend around Gloo.
-        pg = shm::ShmProcessGroup::join(store, r, world, pg, group_timeout, /*require=*/true);
-        auto group = std::make_shared<ProcessGroup>(store, pg, "shm");
+        c10::intrusive_ptr<comm::Backend> shm =
+            shm::ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true);
+        auto group = std::make_shared<ProcessGroup>(store, comm::as_group(shm, store, r, world, false), "shm");
+        shm.reset();
 #else
-        auto group = std::make_shared<ProcessGroup>(store, pg, "gloo");
+        auto group = std::make_shared<ProcessGroup>(store, comm::as_group(gloo, store, r, world, true), "gloo");
 #endif
-        pg.reset();
+        gloo.reset();
         fn(r, std::move(group));
       } catch (const std::exception& e) {
         ADD_FAILURE() << "world " << world << " rank " << r << " threw: " << e.what();

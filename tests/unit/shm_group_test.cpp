@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
 #include <dirent.h>
@@ -34,7 +33,7 @@ struct Rank {
   int rank;
   int world;
   c10::intrusive_ptr<ShmProcessGroup> shm;
-  c10::intrusive_ptr<c10d::ProcessGroup> gloo;
+  c10::intrusive_ptr<comm::Backend> gloo;
 };
 
 // Segments this process created that are still named in /dev/shm.
@@ -61,10 +60,7 @@ void run_ranks(int world, const std::function<void(Rank&)>& fn, shm::SegmentOpti
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto options = c10d::ProcessGroupGloo::Options::create(group_timeout);
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        c10::intrusive_ptr<c10d::ProcessGroup> gloo =
-            c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
+        c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
         shm::SegmentOptions mine = so;
         if (host_id) mine.host_id = host_id(r);
         auto g = ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true, mine);
@@ -292,7 +288,7 @@ TEST(ShmGroup, AutoFallsBackOnEveryRankWhenOneIsElsewhere) {
       threads.emplace_back([&, r] {
         shm::SegmentOptions so;
         so.host_id = r == world - 1 ? "other-host" : "this-host";
-        auto g = ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<c10d::ProcessGroup>(), 10s, /*require=*/false, so);
+        auto g = ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<comm::Backend>(), 10s, /*require=*/false, so);
         std::lock_guard<std::mutex> lock(mu);
         nulls += g ? 0 : 1;
       });
@@ -307,7 +303,7 @@ TEST(ShmGroup, AutoFallsBackOnEveryRankWhenOneIsElsewhere) {
         shm::SegmentOptions so;
         so.host_id = r == 0 ? "other-host" : "this-host";
         try {
-          ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<c10d::ProcessGroup>(), 10s, /*require=*/true, so);
+          ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<comm::Backend>(), 10s, /*require=*/true, so);
         } catch (const UsageError& e) {
           std::lock_guard<std::mutex> lock(mu);
           errors += std::string(e.what()).find("other-host") != std::string::npos;
@@ -334,7 +330,7 @@ TEST(ShmGroup, ASegmentThatCannotBeCreatedFailsOrFallsBackOnEveryRank) {
         shm::SegmentOptions so;
         so.slot_bytes = size_t{1} << 40;
         try {
-          auto g = ShmProcessGroup::join(store, r, 3, c10::intrusive_ptr<c10d::ProcessGroup>(), 20s, require, so);
+          auto g = ShmProcessGroup::join(store, r, 3, c10::intrusive_ptr<comm::Backend>(), 20s, require, so);
           std::lock_guard<std::mutex> lock(mu);
           outcomes += !require && !g;
         } catch (const NetworkError& e) {

@@ -11,7 +11,6 @@
 #include <torch/torch.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
 #include <exception>
@@ -22,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/c10d_compat.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/sync_batch_norm.h"
@@ -39,10 +39,8 @@ void run_ranks(int world_size, const std::function<void(int, std::shared_ptr<Pro
       try {
         // Short timeout: a rank left waiting in a collective fails the test instead of
         // hanging ctest.
-        auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(10));
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
-        fn(rank, std::make_shared<ProcessGroup>(store, pg, "gloo"));
+        auto gloo = comm::make_gloo(store, rank, world_size, std::chrono::seconds(10), "127.0.0.1");
+        fn(rank, std::make_shared<ProcessGroup>(store, comm::as_group(gloo, store, rank, world_size, true), "gloo"));
       } catch (...) {
         errors[static_cast<size_t>(rank)] = std::current_exception();
       }

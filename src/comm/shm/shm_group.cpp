@@ -92,7 +92,7 @@ class ShmProcessGroup::ShmWork : public c10d::Work {
 // --- set-up ---------------------------------------------------------------------
 
 c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                          int world, c10::intrusive_ptr<c10d::ProcessGroup> gloo,
+                                                          int world, c10::intrusive_ptr<comm::Backend> gloo,
                                                           std::chrono::milliseconds timeout, bool require,
                                                           const SegmentOptions& options) {
   // Groups made over one store in turn get generations 0, 1, ...: every rank of generation
@@ -179,9 +179,9 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
   return c10::make_intrusive<ShmProcessGroup>(rank, world, std::move(gloo), std::move(seg), timeout);
 }
 
-ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<c10d::ProcessGroup> gloo,
+ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::Backend> gloo,
                                  std::unique_ptr<ShmSegment> segment, std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank, world), gloo_(std::move(gloo)), segment_(std::move(segment)), timeout_(timeout) {
+    : comm::Backend(rank, world), gloo_(std::move(gloo)), segment_(std::move(segment)), timeout_(timeout) {
   worker_ = std::thread([this] { run(); });
 }
 

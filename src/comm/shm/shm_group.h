@@ -1,4 +1,4 @@
-// The shared-memory backend: a c10d::ProcessGroup for ranks that all run on one host.
+// The shared-memory backend: a c10d backend (comm::Backend) for ranks that all run on one host.
 //
 // all_reduce (sum, product, min, max on float32/64, float16, bfloat16, int8/16/32/64,
 // uint8; avg on the floating-point ones), broadcast, all_gather (equal shapes) and barrier move their data through one
@@ -19,7 +19,6 @@
 // both calls.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
@@ -31,6 +30,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/c10d_compat.h"
 #include "comm/shm/shm_segment.h"
 
 namespace dtrain::shm {
@@ -41,7 +41,7 @@ enum ShmOp : uint32_t { kOpBarrier = 1, kOpAllreduce = 2, kOpBroadcast = 3, kOpA
 // hostname, boot id, and the identity of the /dev/shm mount this process sees.
 std::string host_identity();
 
-class ShmProcessGroup : public c10d::ProcessGroup {
+class ShmProcessGroup : public comm::Backend {
  public:
   // Joins the shared-memory segment of the group over `store` (the same prefixed store the
   // Gloo group uses). REQUIRES: every rank calls it at the same point, with the same
@@ -50,18 +50,18 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   // host (so every rank falls back to Gloo together); with `require` true, that throws
   // UsageError. Throws NetworkError/TimeoutError when the segment cannot be set up.
   static c10::intrusive_ptr<ShmProcessGroup> join(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                                  c10::intrusive_ptr<c10d::ProcessGroup> gloo,
+                                                  c10::intrusive_ptr<comm::Backend> gloo,
                                                   std::chrono::milliseconds timeout, bool require,
                                                   const SegmentOptions& options = segment_options_from_env());
 
-  ShmProcessGroup(int rank, int world, c10::intrusive_ptr<c10d::ProcessGroup> gloo, std::unique_ptr<ShmSegment> segment,
+  ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::Backend> gloo, std::unique_ptr<ShmSegment> segment,
                   std::chrono::milliseconds timeout);
   // Finishes the queued collectives (each bounded by its timeout), then leaves the segment.
   ~ShmProcessGroup() override;
 
   const std::string getBackendName() const override { return "shm"; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  const c10::intrusive_ptr<c10d::ProcessGroup>& gloo() const { return gloo_; }
+  const c10::intrusive_ptr<comm::Backend>& gloo() const { return gloo_; }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
@@ -113,7 +113,7 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   void do_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input, Clock::time_point deadline);
   int next_parity() { return static_cast<int>(chunk_++ & 1u); }
 
-  c10::intrusive_ptr<c10d::ProcessGroup> gloo_;
+  c10::intrusive_ptr<comm::Backend> gloo_;
   std::unique_ptr<ShmSegment> segment_;
   std::chrono::milliseconds timeout_;
 
