@@ -3,10 +3,29 @@
 // Why our own: the launcher hosts the job's store for its whole life, and linking
 // libtorch only to get c10d::TCPStore costs every `dtrain run` ~0.6 s of dynamic loading.
 // StoreServer/StoreClient need no libtorch, and any c10d::TCPStore client (C++ or Python,
-// PyTorch 1.13) talks to StoreServer unchanged - so workers use PyTorch's own TCPStore
+// PyTorch 1.x or 2.x) talks to StoreServer unchanged - so workers use PyTorch's own TCPStore
 // against the agent's server (TORCHELASTIC_USE_AGENT_STORE=True).
 //
-// Wire protocol (PyTorch 1.13, little-endian host byte order, as c10d's tcputil sends it):
+// Two wire protocols, told apart per connection by its first request:
+//
+// v2 (PyTorch 2.x; tested with 2.11): the client opens with
+//   0 VALIDATE    u32 0x3C85F7CE                    -> (nothing)
+// and then uses this numbering (arguments and replies as in v1 below):
+//   1 SET  2 COMPARE_SET  3 GET  4 ADD  5 CHECK  6 WAIT  7 GETNUMKEYS  8 DELETE_KEY  9 APPEND
+//   10 MULTI_GET  11 MULTI_SET  12 CANCEL_WAIT, and
+//   13 PING       u32 nonce                         -> u32 the same nonce
+//   14 QUEUE_PUSH key, data                         -> (nothing; wakes one WAIT on key)
+//   15 QUEUE_POP  key                               -> i64 queue length, then bytes if it was > 0
+//   16 QUEUE_LEN  key                               -> i64
+//   17 LIST_KEYS                                    -> i64 n, n keys
+// A v2 GET or MULTI_GET of a missing key answers an empty value; CHECK and WAIT count a
+// non-empty queue as an existing key. There is no WATCH_KEY.
+//
+// v1 (PyTorch 1.x; tested with 1.13): no handshake. A connection whose first request is
+// neither (a byte v1 does not know) is closed at once and named on stderr, or given to
+// StoreServer::Options::on_protocol_error.
+//
+// v1 wire protocol (little-endian host byte order, as c10d's tcputil sends it):
 //   request  = u8 query type, then its arguments;
 //   string   = u64 length, bytes;          value = raw bytes of the C++ type.
 //   0 SET         key, data                         -> (nothing)
@@ -35,6 +54,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +75,9 @@ class StoreServer {
     // moving - but the server serves one request at a time, so the others wait meanwhile:
     // keep values that take seconds to send out of a job's store. Default: 10 s.
     std::chrono::milliseconds stall_timeout{10000};
+    // Told (one line: the peer and what it sent) when a client speaks neither protocol and
+    // its connection is closed. Default (empty): the line goes to stderr.
+    std::function<void(const std::string&)> on_protocol_error;
   };
 
   // Binds, listens and starts serving. The socket is held until destruction, so the port
@@ -77,6 +100,10 @@ class StoreClient {
     std::chrono::milliseconds connect_timeout{60000};
     // Default timeout of get() and wait(). Default: 300 s.
     std::chrono::milliseconds timeout{300000};
+    // The protocol to speak. automatic: v2's VALIDATE + PING first; a server that drops
+    // that or does not answer it within 2 s is reconnected to in v1.
+    enum class Protocol { automatic, v1, v2 };
+    Protocol protocol = Protocol::automatic;
   };
 
   // Connects, retrying with a short backoff until connect_timeout.
@@ -104,6 +131,8 @@ class StoreClient {
   virtual bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   virtual bool delete_key(const std::string& key) = 0;
   virtual std::int64_t num_keys() = 0;
+  // The protocol this connection speaks (v1 or v2, never automatic).
+  virtual Options::Protocol protocol() const = 0;
 };
 
 }  // namespace dtrain::store

@@ -1,4 +1,6 @@
 // StoreClient: the requests c10d::TCPStore sends, over one blocking connection.
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 
@@ -11,18 +13,25 @@ namespace dtrain::store {
 
 namespace {
 
-// Query types and reply codes of the protocol in store.h (the server has the full table).
-enum class Query : std::uint8_t {
-  SET = 0,
-  COMPARE_SET = 1,
-  GET = 2,
-  ADD = 3,
-  CHECK = 4,
-  WAIT = 5,
-  GETNUMKEYS = 6,
-  DELETE_KEY = 8,
-  CANCEL_WAIT = 12,
-};
+using Protocol = StoreClient::Options::Protocol;
+
+// The requests this client sends, numbered per protocol (store.h has both tables).
+enum class Query { SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, CANCEL_WAIT };
+
+std::uint8_t wire_code(Protocol p, Query q) {
+  switch (q) {
+    case Query::DELETE_KEY: return 8;
+    case Query::CANCEL_WAIT: return 12;
+    default: {
+      // SET..GETNUMKEYS are 0..6 in v1 and 1..7 in v2 (VALIDATE took 0).
+      auto n = static_cast<std::uint8_t>(q);
+      return p == Protocol::v2 ? n + 1 : n;
+    }
+  }
+}
+
+constexpr std::uint8_t kValidate = 0, kPing = 13;
+constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
 constexpr std::uint8_t kReady = 0, kNotReady = 1;
 constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;
 
@@ -33,7 +42,8 @@ std::string wire_key(const std::string& key) { return "/" + key; }
 // One request, sent in a single write like c10d's SendBuffer.
 class Request {
  public:
-  explicit Request(Query q) { value(static_cast<std::uint8_t>(q)); }
+  Request(Protocol p, Query q) { value(wire_code(p, q)); }
+  Request() = default;
   template <typename T>
   Request& value(T v) {
     out_.append(reinterpret_cast<const char*>(&v), sizeof(v));
@@ -63,11 +73,17 @@ std::string ms_text(std::chrono::milliseconds ms) { return std::to_string(ms.cou
 
 class Client final : public StoreClient {
  public:
-  Client(const std::string& host, std::uint16_t port, const Options& options, net::Socket socket)
-      : where_(host + ":" + std::to_string(port)), options_(options), socket_(std::move(socket)) {}
+  Client(const std::string& host, std::uint16_t port, const Options& options, net::Socket socket,
+         Protocol protocol)
+      : where_(host + ":" + std::to_string(port)),
+        options_(options),
+        socket_(std::move(socket)),
+        protocol_(protocol) {}
+
+  Protocol protocol() const override { return protocol_; }
 
   void set(const std::string& key, const std::string& value) override {
-    io("set", [&] { send(Request(Query::SET).bytes(wire_key(key)).bytes(value)); });
+    io("set", [&] { send(Request(protocol_, Query::SET).bytes(wire_key(key)).bytes(value)); });
   }
 
   std::string get(const std::string& key) override {
@@ -77,14 +93,14 @@ class Client final : public StoreClient {
                          "); the process that should set it may have failed or not started");
     }
     return io("get", [&] {
-      send(Request(Query::GET).bytes(wire_key(key)));
+      send(Request(protocol_, Query::GET).bytes(wire_key(key)));
       return recv_bytes();
     });
   }
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
     return io("add", [&] {
-      send(Request(Query::ADD).bytes(wire_key(key)).value(delta));
+      send(Request(protocol_, Query::ADD).bytes(wire_key(key)).value(delta));
       return recv_value<std::int64_t>();
     });
   }
@@ -92,14 +108,14 @@ class Client final : public StoreClient {
   std::string compare_set(const std::string& key, const std::string& expected,
                           const std::string& desired) override {
     return io("compare_set", [&] {
-      send(Request(Query::COMPARE_SET).bytes(wire_key(key)).bytes(expected).bytes(desired));
+      send(Request(protocol_, Query::COMPARE_SET).bytes(wire_key(key)).bytes(expected).bytes(desired));
       return recv_bytes();
     });
   }
 
   bool check(const std::vector<std::string>& keys) override {
     return io("check", [&] {
-      send(Request(Query::CHECK).keys(keys));
+      send(Request(protocol_, Query::CHECK).keys(keys));
       auto reply = recv_value<std::uint8_t>();
       if (reply != kReady && reply != kNotReady) unexpected("CHECK", reply);
       return reply == kReady;
@@ -108,7 +124,7 @@ class Client final : public StoreClient {
 
   bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     return io("wait", [&] {
-      send(Request(Query::WAIT).keys(keys));
+      send(Request(protocol_, Query::WAIT).keys(keys));
       if (net::wait_readable(socket_.fd(), net::deadline_after(timeout))) {
         auto reply = recv_value<std::uint8_t>();
         if (reply != kStopWaiting) unexpected("WAIT", reply);
@@ -116,7 +132,7 @@ class Client final : public StoreClient {
       }
       // Withdraw the wait so the connection stays in step. The keys may have arrived just
       // before the server saw the cancel: then STOP_WAITING comes first, and they exist.
-      send(Request(Query::CANCEL_WAIT));
+      send(Request(protocol_, Query::CANCEL_WAIT));
       auto reply = recv_value<std::uint8_t>();
       bool arrived = reply == kStopWaiting;
       if (arrived) reply = recv_value<std::uint8_t>();
@@ -127,14 +143,14 @@ class Client final : public StoreClient {
 
   bool delete_key(const std::string& key) override {
     return io("delete_key", [&] {
-      send(Request(Query::DELETE_KEY).bytes(wire_key(key)));
+      send(Request(protocol_, Query::DELETE_KEY).bytes(wire_key(key)));
       return recv_value<std::int64_t>() == 1;
     });
   }
 
   std::int64_t num_keys() override {
     return io("num_keys", [&] {
-      send(Request(Query::GETNUMKEYS));
+      send(Request(protocol_, Query::GETNUMKEYS));
       return recv_value<std::int64_t>();
     });
   }
@@ -195,14 +211,50 @@ class Client final : public StoreClient {
   std::string where_;
   Options options_;
   net::Socket socket_;
+  Protocol protocol_;
 };
+
+// v2's opening: VALIDATE, then PING with a nonce the server must echo. True if it did within
+// `limit`; false if the server closed the connection or stayed silent (a v1 server reads the
+// bytes as the start of a SET with an absurd key length and drops or waits).
+bool handshake_v2(int fd, std::chrono::milliseconds limit) {
+  auto nonce = static_cast<std::uint32_t>(::getpid());
+  Request hello;
+  hello.value(kValidate).value(kValidationMagic).value(kPing).value(nonce);
+  auto deadline = net::deadline_after(limit);
+  try {
+    net::send_all(fd, hello.str().data(), hello.str().size(), deadline);
+    std::uint32_t echo = 0;
+    net::recv_all(fd, &echo, sizeof(echo), deadline);
+    return echo == nonce;
+  } catch (const TimeoutError&) {
+    return false;
+  } catch (const NetworkError&) {
+    return false;
+  }
+}
 
 }  // namespace
 
 std::unique_ptr<StoreClient> StoreClient::connect(const std::string& host, std::uint16_t port,
                                                   const Options& options) {
-  auto socket = net::connect(host, port, net::deadline_after(options.connect_timeout));
-  return std::make_unique<Client>(host, port, options, std::move(socket));
+  auto deadline = net::deadline_after(options.connect_timeout);
+  auto socket = net::connect(host, port, deadline);
+  if (options.protocol == Protocol::v1) {
+    return std::make_unique<Client>(host, port, options, std::move(socket), Protocol::v1);
+  }
+  auto limit = options.protocol == Protocol::v2 ? options.connect_timeout : std::chrono::milliseconds(2000);
+  if (handshake_v2(socket.fd(), limit)) {
+    return std::make_unique<Client>(host, port, options, std::move(socket), Protocol::v2);
+  }
+  std::string where = host + ":" + std::to_string(port);
+  if (options.protocol == Protocol::v2) {
+    throw StoreError("the store at " + where + " did not answer the TCPStore v2 handshake "
+                     "(VALIDATE + PING); is it a PyTorch 2.x-compatible TCPStore?");
+  }
+  socket.close();
+  socket = net::connect(host, port, deadline);
+  return std::make_unique<Client>(host, port, options, std::move(socket), Protocol::v1);
 }
 
 }  // namespace dtrain::store

@@ -5,12 +5,17 @@
 // Handlers mirror c10d's (torch/csrc/distributed/c10d/TCPStore.cpp) query for query,
 // including its quirks, because PyTorch clients depend on them.
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <iterator>
 #include <utility>
 #include <thread>
 #include <unordered_map>
@@ -25,20 +30,36 @@ namespace dtrain::store {
 
 namespace {
 
-enum class Query : std::uint8_t {
-  SET = 0,
-  COMPARE_SET = 1,
-  GET = 2,
-  ADD = 3,
-  CHECK = 4,
-  WAIT = 5,
-  GETNUMKEYS = 6,
-  WATCH_KEY = 7,
-  DELETE_KEY = 8,
-  APPEND = 9,
-  MULTI_GET = 10,
-  MULTI_SET = 11,
-  CANCEL_WAIT = 12,
+// What a request asks for, whichever protocol numbered it on the wire.
+enum class Op {
+  SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, WATCH_KEY, DELETE_KEY, APPEND,
+  MULTI_GET, MULTI_SET, CANCEL_WAIT, VALIDATE, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN,
+  LIST_KEYS, UNKNOWN,
+};
+
+// Each connection speaks one protocol, told by its first request: v2 clients (PyTorch 2.x)
+// open with VALIDATE + the magic number; v1 clients (PyTorch 1.x, dtrain before 2.x
+// support) start with a query.
+enum class Protocol { UNKNOWN, V1, V2 };
+
+constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
+
+Op decode(Protocol p, std::uint8_t type) {
+  static constexpr Op v1[] = {Op::SET, Op::COMPARE_SET, Op::GET, Op::ADD, Op::CHECK, Op::WAIT,
+                              Op::GETNUMKEYS, Op::WATCH_KEY, Op::DELETE_KEY, Op::APPEND,
+                              Op::MULTI_GET, Op::MULTI_SET, Op::CANCEL_WAIT};
+  static constexpr Op v2[] = {Op::VALIDATE, Op::SET, Op::COMPARE_SET, Op::GET, Op::ADD,
+                              Op::CHECK, Op::WAIT, Op::GETNUMKEYS, Op::DELETE_KEY, Op::APPEND,
+                              Op::MULTI_GET, Op::MULTI_SET, Op::CANCEL_WAIT, Op::PING,
+                              Op::QUEUE_PUSH, Op::QUEUE_POP, Op::QUEUE_LEN, Op::LIST_KEYS};
+  if (p == Protocol::V2) return type < std::size(v2) ? v2[type] : Op::UNKNOWN;
+  return type < std::size(v1) ? v1[type] : Op::UNKNOWN;
+}
+
+// A client that speaks neither protocol: the message names it and what it sent.
+class ProtocolError : public StoreError {
+ public:
+  using StoreError::StoreError;
 };
 
 constexpr std::uint8_t kReady = 0, kNotReady = 1;              // CHECK
@@ -62,8 +83,9 @@ class Reader {
 
   // u64 length + bytes. Grown chunk by chunk as data arrives, so a garbage length from a
   // confused client costs nothing until the bytes actually show up.
-  std::string bytes() {
-    auto n = value<std::uint64_t>();
+  std::string bytes() { return bytes(value<std::uint64_t>()); }
+
+  std::string bytes(std::uint64_t n) {
     std::string s;
     while (s.size() < n) {
       // Chunks grow with what has arrived (64 KiB, then doubling): few calls for big values.
@@ -117,8 +139,10 @@ class Writer {
 
 class Server final : public StoreServer {
  public:
-  Server(net::Socket listener, std::chrono::milliseconds stall_timeout)
-      : listener_(std::move(listener)), stall_timeout_(stall_timeout) {
+  Server(net::Socket listener, const Options& options)
+      : listener_(std::move(listener)),
+        stall_timeout_(options.stall_timeout),
+        on_protocol_error_(options.on_protocol_error) {
     port_ = net::local_port(listener_.fd());
     if (::pipe2(stop_pipe_, O_CLOEXEC) != 0) throw NetworkError(net::errno_text("pipe2", errno));
     thread_ = std::thread([this] { run(); });
@@ -141,25 +165,38 @@ class Server final : public StoreServer {
  private:
   void run();
   void handle(int fd);
+  void serve(int fd, Protocol protocol, Op op, Reader& in);
+  void protocol_error(int fd, const std::string& what);
   void drop(int fd);
   void send_to(int fd, const Writer& w);
   void do_set(const std::string& key, std::string value);
   void wake_waiters(const std::string& key);
+  void wake_one_waiter(const std::string& key);
   void notify_watchers(const std::string& key, std::uint8_t type, const std::string& old_value,
                        const std::string& new_value);
+  // A key exists when it holds a value or names a non-empty queue (v2's QUEUE_POP waits on
+  // the queue's name).
+  bool exists(const std::string& key) const {
+    if (data_.count(key) > 0) return true;
+    auto q = queues_.find(key);
+    return q != queues_.end() && !q->second.empty();
+  }
   bool all_exist(const std::vector<std::string>& keys) const {
-    return std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return data_.count(k) > 0; });
+    return std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return exists(k); });
   }
 
   net::Socket listener_;
   std::chrono::milliseconds stall_timeout_;
+  std::function<void(const std::string&)> on_protocol_error_;
   std::uint16_t port_ = 0;
   int stop_pipe_[2] = {-1, -1};
   std::thread thread_;
 
   // Everything below is touched only by the server thread.
   std::unordered_map<int, net::Socket> clients_;
+  std::unordered_map<int, Protocol> protocol_;  // per connection, once its first request came
   std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;  // v2 QUEUE_PUSH/POP
   std::unordered_map<std::string, std::vector<int>> waiting_;  // key -> sockets waiting for it
   std::unordered_map<int, std::size_t> keys_awaited_;          // socket -> keys still missing
   std::unordered_map<std::string, std::vector<int>> watchers_;  // key -> sockets watching it
@@ -189,6 +226,9 @@ void Server::run() {
       if (fds[i].revents == 0 || clients_.count(fd) == 0) continue;
       try {
         handle(fd);
+      } catch (const ProtocolError& e) {
+        protocol_error(fd, e.what());
+        dead_.insert(fd);
       } catch (const std::exception&) {
         // EOF, reset, garbage, a stalled request, a GET of a missing key (c10d does the
         // same): this client is done; the others are unaffected.
@@ -224,8 +264,32 @@ void Server::drop(int fd) {
   forget(waiting_, fd);
   forget(watchers_, fd);
   keys_awaited_.erase(fd);
+  protocol_.erase(fd);
   dead_.erase(fd);
   clients_.erase(fd);  // closes the socket
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) return "(unknown peer)";
+  char host[NI_MAXHOST] = "", port[NI_MAXSERV] = "";
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof(host), port,
+                    sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "(unknown peer)";
+  }
+  std::string name = host;
+  if (name.rfind("::ffff:", 0) == 0) name.erase(0, 7);  // IPv4 on the dual-stack socket
+  return (name.find(':') != std::string::npos ? "[" + name + "]" : name) + ":" + port;
+}
+
+void Server::protocol_error(int fd, const std::string& what) {
+  std::string message = "dtrain store: closed the connection of " + peer_name(fd) + ": " + what;
+  if (on_protocol_error_) {
+    on_protocol_error_(message);
+  } else {
+    std::fprintf(stderr, "%s\n", message.c_str());
+  }
 }
 
 void Server::send_to(int fd, const Writer& w) {
@@ -252,6 +316,23 @@ void Server::wake_waiters(const std::string& key) {
   }
 }
 
+// A queue item goes to one waiter: the first whose last awaited key this was.
+void Server::wake_one_waiter(const std::string& key) {
+  auto it = waiting_.find(key);
+  if (it == waiting_.end()) return;
+  auto& sockets = it->second;
+  for (auto fd_it = sockets.begin(); fd_it != sockets.end(); ++fd_it) {
+    auto awaited = keys_awaited_.find(*fd_it);
+    if (awaited == keys_awaited_.end() || awaited->second != 1) continue;
+    int fd = *fd_it;
+    keys_awaited_.erase(awaited);
+    sockets.erase(fd_it);
+    if (sockets.empty()) waiting_.erase(it);
+    send_to(fd, Writer().value(kStopWaiting));
+    return;
+  }
+}
+
 void Server::notify_watchers(const std::string& key, std::uint8_t type,
                              const std::string& old_value, const std::string& new_value) {
   auto it = watchers_.find(key);
@@ -271,17 +352,56 @@ void Server::do_set(const std::string& key, std::string value) {
   notify_watchers(key, created ? kKeyCreated : kKeyUpdated, old_value, slot);
 }
 
-// Reads one request from fd and answers it. Throws when the client must be dropped.
+// Reads one request from fd and answers it. Throws when the client must be dropped
+// (ProtocolError when it speaks neither protocol).
 void Server::handle(int fd) {
   Reader in(fd, net::Stall{stall_timeout_});
   auto type = in.value<std::uint8_t>();
-  switch (static_cast<Query>(type)) {
-    case Query::SET: {
+  Protocol& protocol = protocol_[fd];
+  if (protocol == Protocol::UNKNOWN) {
+    if (type != 0) {
+      // Only v1 starts with a query other than byte 0; a byte v1 does not know either is
+      // neither protocol (an HTTP probe, a newer PyTorch, ...).
+      if (decode(Protocol::V1, type) == Op::UNKNOWN) {
+        throw ProtocolError("its first request has type " + std::to_string(type) +
+                            ", which is neither a PyTorch 1.x (v1) nor a PyTorch 2.x (v2) "
+                            "TCPStore request; is it a TCPStore client of a PyTorch version this "
+                            "dtrain does not support, or not a TCPStore client at all?");
+      }
+      protocol = Protocol::V1;
+    } else {
+      // Byte 0 is v2's VALIDATE or v1's SET. VALIDATE carries the magic number; as the low
+      // half of a SET's key length it would mean a ~1 GB key, which no store client sends.
+      auto magic = in.value<std::uint32_t>();
+      if (magic == kValidationMagic) {
+        protocol = Protocol::V2;
+        return;  // VALIDATE has no reply
+      }
+      protocol = Protocol::V1;
+      auto high = in.value<std::uint32_t>();
+      auto key = in.bytes(static_cast<std::uint64_t>(high) << 32 | magic);
+      do_set(key, in.bytes());
+      return;
+    }
+  }
+  Op op = decode(protocol, type);
+  if (op == Op::UNKNOWN) {
+    throw ProtocolError(std::string("it sent request type ") + std::to_string(type) +
+                        ", unknown in the " +
+                        (protocol == Protocol::V2 ? "PyTorch 2.x (v2)" : "PyTorch 1.x (v1)") +
+                        " TCPStore protocol it spoke so far");
+  }
+  serve(fd, protocol, op, in);
+}
+
+void Server::serve(int fd, Protocol protocol, Op op, Reader& in) {
+  switch (op) {
+    case Op::SET: {
       auto key = in.bytes();
       do_set(key, in.bytes());
       return;
     }
-    case Query::COMPARE_SET: {
+    case Op::COMPARE_SET: {
       auto key = in.bytes();
       auto expected = in.bytes();
       auto desired = in.bytes();
@@ -308,15 +428,20 @@ void Server::handle(int fd) {
       send_to(fd, Writer().bytes(it->second));
       return;
     }
-    case Query::GET: {
+    case Op::GET: {
       auto key = in.bytes();
       auto it = data_.find(key);
-      // Clients WAIT before GET; a missing key here is a protocol error (c10d drops too).
+      // Clients WAIT before GET. A missing key anyway: PyTorch 1.x's daemon drops the
+      // client, 2.x's answers an empty value; each client gets what its PyTorch does.
+      if (it == data_.end() && protocol == Protocol::V2) {
+        send_to(fd, Writer().bytes(std::string()));
+        return;
+      }
       if (it == data_.end()) throw StoreError("GET of missing key " + key);
       send_to(fd, Writer().bytes(it->second));
       return;
     }
-    case Query::ADD: {
+    case Op::ADD: {
       auto key = in.bytes();
       auto value = in.value<std::int64_t>();
       auto it = data_.find(key);
@@ -331,12 +456,12 @@ void Server::handle(int fd) {
       notify_watchers(key, created ? kKeyCreated : kKeyUpdated, old_value, slot);
       return;
     }
-    case Query::CHECK: {
+    case Op::CHECK: {
       auto keys = in.keys();
       send_to(fd, Writer().value(all_exist(keys) ? kReady : kNotReady));
       return;
     }
-    case Query::WAIT: {
+    case Op::WAIT: {
       auto keys = in.keys();
       if (all_exist(keys)) {
         send_to(fd, Writer().value(kStopWaiting));
@@ -344,7 +469,7 @@ void Server::handle(int fd) {
       }
       std::size_t missing = 0;
       for (const auto& key : keys) {
-        if (data_.count(key) == 0) {
+        if (!exists(key)) {
           waiting_[key].push_back(fd);
           ++missing;
         }
@@ -352,15 +477,15 @@ void Server::handle(int fd) {
       keys_awaited_[fd] = missing;
       return;
     }
-    case Query::GETNUMKEYS:
+    case Op::GETNUMKEYS:
       send_to(fd, Writer().value(static_cast<std::int64_t>(data_.size())));
       return;
-    case Query::WATCH_KEY: {
+    case Op::WATCH_KEY: {
       watchers_[in.bytes()].push_back(fd);
       send_to(fd, Writer().value(kCallbackRegistered));
       return;
     }
-    case Query::DELETE_KEY: {
+    case Op::DELETE_KEY: {
       auto key = in.bytes();
       auto it = data_.find(key);
       std::int64_t deleted = 0;
@@ -373,7 +498,7 @@ void Server::handle(int fd) {
       send_to(fd, Writer().value(deleted));
       return;
     }
-    case Query::APPEND: {
+    case Op::APPEND: {
       auto key = in.bytes();
       auto value = in.bytes();
       auto it = data_.find(key);
@@ -388,18 +513,20 @@ void Server::handle(int fd) {
       notify_watchers(key, created ? kKeyCreated : kKeyAppended, std::string(), value);
       return;
     }
-    case Query::MULTI_GET: {
+    case Op::MULTI_GET: {
       auto keys = in.keys();
       Writer reply;
       for (const auto& key : keys) {
         auto it = data_.find(key);
-        if (it == data_.end()) throw StoreError("MULTI_GET of missing key " + key);
-        reply.bytes(it->second);
+        if (it == data_.end() && protocol == Protocol::V1) {
+          throw StoreError("MULTI_GET of missing key " + key);
+        }
+        reply.bytes(it == data_.end() ? std::string() : it->second);
       }
       send_to(fd, reply);
       return;
     }
-    case Query::MULTI_SET: {
+    case Op::MULTI_SET: {
       auto n = in.value<std::uint64_t>();
       for (std::uint64_t i = 0; i < n; ++i) {
         auto key = in.bytes();
@@ -407,20 +534,63 @@ void Server::handle(int fd) {
       }
       return;
     }
-    case Query::CANCEL_WAIT: {
+    case Op::CANCEL_WAIT: {
       forget(waiting_, fd);
       keys_awaited_.erase(fd);
       send_to(fd, Writer().value(kWaitCanceled));
       return;
     }
+    case Op::VALIDATE: {
+      // Once more after the opening one: harmless if it still carries the magic number.
+      if (in.value<std::uint32_t>() != kValidationMagic) {
+        throw ProtocolError("it sent VALIDATE with a wrong magic number");
+      }
+      return;
+    }
+    case Op::PING:
+      // The client checks that its nonce comes back.
+      send_to(fd, Writer().value(in.value<std::uint32_t>()));
+      return;
+    case Op::QUEUE_PUSH: {
+      auto key = in.bytes();
+      queues_[key].push_back(in.bytes());
+      wake_one_waiter(key);
+      return;
+    }
+    case Op::QUEUE_POP: {
+      // The length before the pop, then the item if there was one (clients WAIT first).
+      auto& queue = queues_[in.bytes()];
+      Writer reply;
+      reply.value(static_cast<std::int64_t>(queue.size()));
+      if (!queue.empty()) {
+        reply.bytes(queue.front());
+        queue.pop_front();
+      }
+      send_to(fd, reply);
+      return;
+    }
+    case Op::QUEUE_LEN: {
+      auto it = queues_.find(in.bytes());
+      send_to(fd, Writer().value(static_cast<std::int64_t>(it == queues_.end() ? 0 : it->second.size())));
+      return;
+    }
+    case Op::LIST_KEYS: {
+      Writer reply;
+      reply.value(static_cast<std::int64_t>(data_.size()));
+      for (const auto& [key, value] : data_) reply.bytes(key);
+      send_to(fd, reply);
+      return;
+    }
+    case Op::UNKNOWN:
+      break;
   }
-  throw StoreError("unknown query type " + std::to_string(type));
+  throw ProtocolError("unhandled request");
 }
 
 }  // namespace
 
 std::unique_ptr<StoreServer> StoreServer::start(const Options& options) {
-  return std::make_unique<Server>(net::listen(options.bind_host, options.port), options.stall_timeout);
+  return std::make_unique<Server>(net::listen(options.bind_host, options.port), options);
 }
 
 }  // namespace dtrain::store

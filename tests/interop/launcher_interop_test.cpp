@@ -1,6 +1,8 @@
 // The launcher against real clients nobody here wrote: an unchanged PyTorch DDP script under
 // `dtrain run`, PyTorch's @record error files, and a dtrain C++ worker under PyTorch's own
-// torchrun. python3-torch is a required component: without it these tests fail.
+// torchrun. The Python tests run with Debian's PyTorch 1.13 and the venv's PyTorch 2.x (each
+// TCPStore client speaks its own protocol to the launcher's store); both are required
+// components: without them these tests fail.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,18 +18,27 @@ using dtrain::test::run_command;
 using dtrain::test::RunOptions;
 using namespace std::chrono_literals;
 
-const std::string kPython = "/usr/bin/python3";
 const std::string kInterop = std::string(DTRAIN_SOURCE_DIR) + "/tests/interop";
 
-void require_python_torch() {
-  auto r = run_command({kPython, "-c", "import torch, torch.distributed; print(torch.__version__)"},
+void require_python_torch(const std::string& python) {
+  auto r = run_command({python, "-c", "import torch, torch.distributed; print(torch.__version__)"},
                        {.timeout = 60s});
-  ASSERT_EQ(r.exit_code, 0) << "Debian's python3-torch is required at " << kPython
-                            << " (apt-get install python3-torch; scripts/setup.sh does it): "
-                            << r.err;
+  ASSERT_EQ(r.exit_code, 0) << "PyTorch is required at " << python
+                            << " (scripts/setup.sh installs python3-torch and the venv): " << r.err;
 }
 
-RunOptions python_env() { return {.env = {"DTRAIN_PYTHON=" + kPython}, .timeout = 180s}; }
+RunOptions python_env(const std::string& python) {
+  return {.env = {"DTRAIN_PYTHON=" + python}, .timeout = 180s};
+}
+
+// Debian's python3 (PyTorch 1.13) and the venv's (PyTorch 2.x).
+class PythonLauncherInterop : public ::testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(Versions, PythonLauncherInterop,
+                         ::testing::Values("/usr/bin/python3", DTRAIN_VENV_PYTHON),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "Debian_torch1" : "Venv_torch2");
+                         });
 
 // Lines "[defaultN]:{json}" -> json by rank.
 std::map<int, nlohmann::json> json_lines(const std::string& out) {
@@ -42,10 +53,10 @@ std::map<int, nlohmann::json> json_lines(const std::string& out) {
   return by_rank;
 }
 
-TEST(LauncherInterop, UnchangedPytorchDdpScriptTrainsUnderDtrainRun) {
-  require_python_torch();
+TEST_P(PythonLauncherInterop, UnchangedPytorchDdpScriptTrainsUnderDtrainRun) {
+  require_python_torch(GetParam());
   auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", kInterop + "/ddp_train.py"},
-                       python_env());
+                       python_env(GetParam()));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto ranks = json_lines(r.out);
   ASSERT_EQ(ranks.size(), 2u) << r.out;
@@ -55,9 +66,9 @@ TEST(LauncherInterop, UnchangedPytorchDdpScriptTrainsUnderDtrainRun) {
   EXPECT_EQ(ranks[0]["digest"], ranks[1]["digest"]);
 }
 
-TEST(LauncherInterop, PythonModuleModeRunsTheSameScript) {
-  require_python_torch();
-  auto opts = python_env();
+TEST_P(PythonLauncherInterop, PythonModuleModeRunsTheSameScript) {
+  require_python_torch(GetParam());
+  auto opts = python_env(GetParam());
   opts.env.push_back("PYTHONPATH=" + kInterop);
   auto r = run_command({DTRAIN_BIN, "run", "--nproc_per_node", "2", "-m", "ddp_train"}, opts);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -66,10 +77,10 @@ TEST(LauncherInterop, PythonModuleModeRunsTheSameScript) {
   EXPECT_EQ(ranks[0]["digest"], ranks[1]["digest"]);
 }
 
-TEST(LauncherInterop, RecordErrorFileOfAFailingPythonWorkerIsInTheSummary) {
-  require_python_torch();
+TEST_P(PythonLauncherInterop, RecordErrorFileOfAFailingPythonWorkerIsInTheSummary) {
+  require_python_torch(GetParam());
   auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", kInterop + "/record_fail.py"},
-                       python_env());
+                       python_env(GetParam()));
   EXPECT_EQ(r.exit_code, 1) << r.err;
   auto summary = r.err.find("root cause");
   ASSERT_NE(summary, std::string::npos) << r.err;

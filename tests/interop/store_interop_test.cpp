@@ -1,5 +1,7 @@
-// Our StoreServer against PyTorch 1.13's own clients: c10d::TCPStore from C++, a real
-// ProcessGroupGloo rendezvousing through it, and torch.distributed.TCPStore from Python.
+// Our StoreServer against PyTorch's own clients: c10d::TCPStore from C++ (the libtorch this
+// build links: 1.13 speaks protocol v1, 2.x v2), a real ProcessGroupGloo rendezvousing
+// through it, and torch.distributed.TCPStore from Python - Debian's PyTorch 1.13 and the
+// venv's PyTorch 2.x, in every build (the server needs no libtorch).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -142,12 +144,12 @@ TEST(StoreInteropTest, ProcessGroupGlooAllreducesOverOurStore) {
   }
 }
 
-constexpr const char* kPython = "/usr/bin/python3";
 
 constexpr const char* kPythonScript = R"PY(
 import sys
 from datetime import timedelta
 try:
+    import torch
     import torch.distributed as dist
 except Exception as e:
     print("IMPORT_FAILED", repr(e))
@@ -174,7 +176,30 @@ s.wait(["cpp_key", "py_key"], timedelta(seconds=5))
 s.set("py_ready", "1")
 s.wait(["cpp_late"])  # set by the C++ side only after it saw py_ready
 check(s.get("cpp_late") == b"late", "get cpp_late")
-print("PY_OK")
+if int(torch.__version__.split(".")[0]) >= 2:
+    # Requests only PyTorch 2.x sends (protocol v2's queues and key listing among them).
+    s.append("py_log", "a")
+    s.append("py_log", "b")
+    check(s.get("py_log") == b"ab", "append")
+    s.multi_set(["py_m1", "py_m2"], ["1", "2"])
+    check(s.multi_get(["py_m1", "py_m2"]) == [b"1", b"2"], "multi_set/multi_get")
+    s.queue_push("py_q", "first")
+    s.queue_push("py_q", "second")
+    check(s.queue_len("py_q") == 2, "queue_len")
+    check(s.queue_pop("py_q") == b"first", "queue_pop first")
+    check(s.queue_pop("py_q") == b"second", "queue_pop second")
+    check(s.queue_len("py_q") == 0, "queue_len after pops")
+    keys = s.list_keys()
+    check("/py_m1" in keys or "py_m1" in keys, "list_keys: %r" % (keys,))
+    check(s.check(["py_m1"]) and not s.check(["py_never"]), "check")
+    try:
+        s.wait(["py_never"], timedelta(milliseconds=200))
+        check(False, "wait on a missing key returned")
+    except Exception:
+        pass
+    check(s.get("py_key") == b"py_value", "connection usable after a timed-out wait")
+    print("PY_V2_OK")
+print("PY_OK", torch.__version__)
 )PY";
 
 struct Result {
@@ -182,7 +207,7 @@ struct Result {
   std::string output;
 };
 
-Result run_python(std::uint16_t port) {
+Result run_python(const std::string& python, std::uint16_t port) {
   char path[] = "/tmp/dtrain_store_interop_XXXXXX";
   int fd = ::mkstemp(path);
   if (fd < 0) return {-1, "mkstemp failed"};
@@ -190,7 +215,7 @@ Result run_python(std::uint16_t port) {
   std::ofstream(path) << kPythonScript;
   // `timeout` bounds a wedged interpreter; the script's own store timeouts are 30 s.
   std::string command =
-      "timeout 60 " + std::string(kPython) + " " + path + " " + std::to_string(port) + " 2>&1";
+      "timeout 60 " + python + " " + path + " " + std::to_string(port) + " 2>&1";
   Result result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return {-1, "popen failed"};
@@ -202,33 +227,75 @@ Result run_python(std::uint16_t port) {
   return result;
 }
 
-TEST(StoreInteropTest, PythonTcpStoreWorksAgainstOurServer) {
-  ASSERT_EQ(::access(kPython, X_OK), 0)
-      << kPython << " is missing: install python3 and python3-torch (Debian) to run this test";
+// Debian's PyTorch 1.13 (protocol v1) and the venv's PyTorch 2.x (v2), both in every build.
+class PythonStoreInterop : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PythonStoreInterop, PythonTcpStoreWorksAgainstOurServer) {
+  const std::string python = GetParam();
+  ASSERT_EQ(::access(python.c_str(), X_OK), 0)
+      << python << " is missing: run scripts/setup.sh (it installs python3-torch and the venv)";
 
   auto server = StoreServer::start({});
   auto ours = our_client(*server);
   ours->set("cpp_key", "cpp_value");
 
-  auto python = std::async(std::launch::async, [&] { return run_python(server->port()); });
+  auto result_future =
+      std::async(std::launch::async, [&] { return run_python(python, server->port()); });
   // Poll instead of one long get(): if Python dies early we fail now, not in 30 s.
   bool ready = false;
-  while (!ready && python.wait_for(0ms) == std::future_status::timeout) {
+  while (!ready && result_future.wait_for(0ms) == std::future_status::timeout) {
     ready = ours->wait({"py_ready"}, 100ms);
   }
   if (ready) ours->set("cpp_late", "late");
-  ASSERT_EQ(python.wait_for(60s), std::future_status::ready);
-  Result result = python.get();
-  ASSERT_NE(result.status, 3) << kPython << " cannot import torch (install python3-torch): "
-                              << result.output;
+  ASSERT_EQ(result_future.wait_for(60s), std::future_status::ready);
+  Result result = result_future.get();
+  ASSERT_NE(result.status, 3) << python << " cannot import torch: " << result.output;
   ASSERT_EQ(result.status, 0) << "python TCPStore client failed:\n" << result.output;
   EXPECT_NE(result.output.find("PY_OK"), std::string::npos) << result.output;
+  if (python != "/usr/bin/python3") {
+    EXPECT_NE(result.output.find("PY_V2_OK"), std::string::npos) << result.output;
+  }
   EXPECT_TRUE(ready);
 
   EXPECT_EQ(ours->get("py_key"), "py_value");
   EXPECT_EQ(ours->get("py_counter"), "8");
   EXPECT_EQ(ours->get("py_cas"), "second");
   EXPECT_FALSE(ours->check({"py_tmp"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, PythonStoreInterop,
+                         ::testing::Values("/usr/bin/python3", DTRAIN_VENV_PYTHON),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "Debian_torch1" : "Venv_torch2");
+                         });
+
+// StoreClient against PyTorch's own TCPStore server (the libtorch this build links): it
+// negotiates v2 with 2.x's daemon and falls back to v1 with 1.13's.
+TEST(StoreInteropTest, OurClientSpeaksTheProtocolOfTorchsServer) {
+  c10d::TCPStoreOptions options;
+  options.port = 0;
+  options.isServer = true;
+  options.waitWorkers = false;
+  options.timeout = 30s;
+  auto master = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  master->set("from_torch", bytes("hello"));
+  StoreClient::Options client_options;
+  client_options.connect_timeout = 10s;
+  client_options.timeout = 10s;
+  auto client = StoreClient::connect("127.0.0.1", master->getPort(), client_options);
+  const bool torch2 = std::string(DTRAIN_TORCH_VERSION).rfind("1.", 0) != 0;
+  EXPECT_EQ(client->protocol(),
+            torch2 ? StoreClient::Options::Protocol::v2 : StoreClient::Options::Protocol::v1);
+  EXPECT_EQ(client->get("from_torch"), "hello");
+  client->set("from_dtrain", "hi");
+  EXPECT_EQ(text(master->get("from_dtrain")), "hi");
+  EXPECT_EQ(client->add("n", 2), 2);
+  if (torch2) {
+    // 1.13's daemon has no CANCEL_WAIT (its clients time out on the socket): a timed-out
+    // wait() is for 2.x's daemon and ours.
+    EXPECT_FALSE(client->wait({"never"}, 100ms));
+  }
+  EXPECT_EQ(client->get("from_dtrain"), "hi");
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "dtrain/error.h"
@@ -32,6 +34,7 @@ class RawClient {
       : socket_(net::connect("127.0.0.1", port, net::deadline_after(5s))) {}
 
   RawClient& u8(std::uint8_t v) { return put(v); }
+  RawClient& u32(std::uint32_t v) { return put(v); }
   RawClient& u64(std::uint64_t v) { return put(v); }
   RawClient& str(const std::string& s) {
     u64(s.size());
@@ -228,6 +231,98 @@ TEST(StoreTest, NewerQueriesAppendMultiGetMultiSetAndCancelWait) {
   raw.u8(5 /*WAIT*/).u64(1).str("/absent").send();
   raw.u8(12 /*CANCEL_WAIT*/).send();
   EXPECT_EQ(raw.recv<std::uint8_t>(), 1);  // WAIT_CANCELED
+}
+
+// PyTorch 2.x's protocol (v2), byte for byte as its client sends it: VALIDATE + magic, PING,
+// the renumbered queries, queues and LIST_KEYS.
+TEST(StoreTest, ProtocolV2HandshakeRenumberedQueriesAndQueues) {
+  auto server = start_server();
+  RawClient v2(server->port());
+  v2.u8(0 /*VALIDATE*/).u32(0x3C85F7CE).u8(13 /*PING*/).u32(0xABCD1234).send();
+  EXPECT_EQ(v2.recv<std::uint32_t>(), 0xABCD1234u);
+  v2.u8(1 /*SET*/).str("/k").str("v").send();
+  v2.u8(3 /*GET*/).str("/k").send();
+  EXPECT_EQ(v2.recv_str(), "v");
+  v2.u8(3 /*GET*/).str("/missing").send();  // 2.x's daemon answers an empty value
+  EXPECT_EQ(v2.recv_str(), "");
+  v2.u8(4 /*ADD*/).str("/n").u64(5).send();
+  EXPECT_EQ(v2.recv<std::int64_t>(), 5);
+  v2.u8(2 /*COMPARE_SET*/).str("/k").str("v").str("w").send();
+  EXPECT_EQ(v2.recv_str(), "w");
+  v2.u8(5 /*CHECK*/).u64(2).str("/k").str("/n").send();
+  EXPECT_EQ(v2.recv<std::uint8_t>(), 0);  // READY
+  v2.u8(7 /*GETNUMKEYS*/).send();
+  EXPECT_EQ(v2.recv<std::int64_t>(), 2);
+  v2.u8(17 /*LIST_KEYS*/).send();
+  ASSERT_EQ(v2.recv<std::int64_t>(), 2);
+  std::set<std::string> keys{v2.recv_str(), v2.recv_str()};
+  EXPECT_EQ(keys, (std::set<std::string>{"/k", "/n"}));
+
+  // A WAIT on a queue's name is woken by QUEUE_PUSH (one waiter per item); QUEUE_POP answers
+  // the length before the pop, then the item.
+  RawClient waiter(server->port());
+  waiter.u8(0).u32(0x3C85F7CE).u8(6 /*WAIT*/).u64(1).str("/q").send();
+  v2.u8(16 /*QUEUE_LEN*/).str("/q").send();
+  EXPECT_EQ(v2.recv<std::int64_t>(), 0);
+  v2.u8(14 /*QUEUE_PUSH*/).str("/q").str("item1").u8(14).str("/q").str("item2").send();
+  EXPECT_EQ(waiter.recv<std::uint8_t>(), 0);  // STOP_WAITING
+  waiter.u8(15 /*QUEUE_POP*/).str("/q").send();
+  EXPECT_EQ(waiter.recv<std::int64_t>(), 2);
+  EXPECT_EQ(waiter.recv_str(), "item1");
+  v2.u8(16 /*QUEUE_LEN*/).str("/q").send();
+  EXPECT_EQ(v2.recv<std::int64_t>(), 1);
+  v2.u8(8 /*DELETE_KEY*/).str("/k").send();
+  EXPECT_EQ(v2.recv<std::int64_t>(), 1);
+}
+
+// StoreClient negotiates v2 with our server; a v1 client (forced, as PyTorch 1.x speaks)
+// shares the same keys.
+TEST(StoreTest, V1AndV2ClientsShareOneStore) {
+  auto server = start_server();
+  auto v2 = connect(*server);
+  EXPECT_EQ(v2->protocol(), StoreClient::Options::Protocol::v2);
+  StoreClient::Options options;
+  options.connect_timeout = 5s;
+  options.timeout = 5s;
+  options.protocol = StoreClient::Options::Protocol::v1;
+  auto v1 = StoreClient::connect("127.0.0.1", server->port(), options);
+  EXPECT_EQ(v1->protocol(), StoreClient::Options::Protocol::v1);
+  v1->set("from_v1", "a");
+  v2->set("from_v2", "b");
+  EXPECT_EQ(v2->get("from_v1"), "a");
+  EXPECT_EQ(v1->get("from_v2"), "b");
+  EXPECT_EQ(v1->add("n", 1) + v2->add("n", 1), 3);
+  EXPECT_FALSE(v2->wait({"never"}, 50ms));
+  EXPECT_EQ(v1->num_keys(), v2->num_keys());
+}
+
+// A client speaking neither protocol is closed at once (it fails now, not after its retry
+// budget) and the server names it and what it sent.
+TEST(StoreTest, AClientOfAnUnknownProtocolIsClosedAtOnceAndNamed) {
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  StoreServer::Options options;
+  options.on_protocol_error = [&](const std::string& line) {
+    std::lock_guard lock(mutex);
+    errors.push_back(line);
+  };
+  auto server = StoreServer::start(options);
+  RawClient stranger(server->port());
+  stranger.u8(0xEE).u64(0).send();
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(stranger.recv<std::uint8_t>(), net::ConnectionClosed);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  RawClient newer(server->port());
+  newer.u8(0).u32(0x3C85F7CE).u8(99).send();  // validated v2, then a request v2 lacks
+  EXPECT_THROW(newer.recv<std::uint8_t>(), net::ConnectionClosed);
+  EXPECT_EQ(connect(*server)->add("still_serving", 1), 1);
+  std::lock_guard lock(mutex);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[0].find("127.0.0.1:"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("type 238"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("neither"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("type 99"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("PyTorch 2.x (v2)"), std::string::npos) << errors[1];
 }
 
 TEST(StoreTest, PortZeroBindsARealPort) {
