@@ -94,6 +94,10 @@ torch::Tensor big_tensor(int64_t mib) {
 }
 
 dtrain::StateDict train_one_step(double lr) {
+  // One intra-op thread on both sides (the test and the workers, which the launcher gives
+  // OMP_NUM_THREADS=1): libtorch 2.x's CPU kernels sum in thread-count-dependent order, and
+  // the comparison below is bitwise.
+  at::set_num_threads(1);
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
   torch::optim::SGD opt(model->parameters(), lr);

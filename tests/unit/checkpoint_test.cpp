@@ -4,6 +4,9 @@
 #include "dtrain/checkpoint.h"
 
 #include <gtest/gtest.h>
+
+#include <sstream>
+#include <type_traits>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -103,9 +106,19 @@ void train(Net& net, torch::optim::Optimizer& opt, int steps) {
   return check(a.named_buffers(), b.named_buffers());
 }
 
-torch::optim::AdamParamState& adam_state(torch::optim::Adam& opt, const torch::Tensor& param) {
-  auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
-  return static_cast<torch::optim::AdamParamState&>(*opt.state().at(key));
+// A template, so that only the branch of this libtorch's key type is compiled.
+template <typename Optimizer>
+torch::optim::AdamParamState& adam_state(Optimizer& opt, const torch::Tensor& param) {
+  // The state's key is the parameter's TensorImpl: as text in libtorch 1.13, the pointer in 2.x.
+  auto& state = opt.state();
+  using Key = typename std::decay_t<decltype(state)>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return static_cast<torch::optim::AdamParamState&>(*state.at(key.str()));
+  } else {
+    return static_cast<torch::optim::AdamParamState&>(*state.at(param.unsafeGetTensorImpl()));
+  }
 }
 
 SaveOptions single_process() {

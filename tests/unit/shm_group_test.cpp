@@ -253,7 +253,9 @@ TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {
 
 TEST(ShmGroup, RanksCallingDifferentCollectivesFailWithBothCallsNamed) {
   run_ranks(2, [&](Rank& rk) {
-    ProcessGroup group(c10::intrusive_ptr<c10d::Store>(), rk.shm, "shm");
+    ProcessGroup group(c10::intrusive_ptr<c10d::Store>(),
+                       comm::as_group(rk.shm, c10::intrusive_ptr<c10d::Store>(), rk.rank, rk.world, false),
+                       "shm");
     AllReduceOptions o;
     o.group = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
     auto t = torch::ones({rk.rank == 0 ? 10 : 20});
