@@ -73,3 +73,8 @@ foreach(header IN ITEMS torch/headeronly/version.h torch/version.h)  # 2.9+ / be
 endforeach()
 string(REGEX REPLACE ".*MAJOR ([0-9]+).*MINOR ([0-9]+).*PATCH ([0-9]+).*" "\\1.\\2.\\3" DTRAIN_TORCH_VERSION "${_dtrain_tv}")
 message(STATUS "dtrain: libtorch ${DTRAIN_TORCH_VERSION} (${DTRAIN_TORCH_MODE}); Gloo headers: ${DTRAIN_GLOO_HEADERS}")
+# What this build can run collectives on. NCCL and the `gpu` test label need a CUDA-enabled
+# libtorch linked through its own config (a CUDA toolkit present); this tree has no GPU path
+# yet, so every build says so rather than leaving it to be discovered at run time.
+message(STATUS "dtrain: collective backends built: gloo, shm (shared memory); nccl: no "
+  "(not implemented yet); gpu tests: not registered")
