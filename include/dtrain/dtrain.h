@@ -11,3 +11,4 @@
 #include "dtrain/process_group.h"
 #include "dtrain/sampler.h"
 #include "dtrain/sync_batch_norm.h"
+#include "dtrain/zero.h"

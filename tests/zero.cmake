@@ -1,0 +1,12 @@
+# ZeRO (#11): the config (no libtorch), the engine's rules with ranks as threads, and parity
+# with DDP over real processes through the launcher.
+dtrain_test(zero_config_test LABELS zero SOURCES zero/config_test.cpp launcher/subprocess.cpp)
+add_dependencies(zero_config_test dtrain_cli)
+dtrain_test(zero_engine_test LABELS zero SOURCES zero/engine_test.cpp TORCH)
+target_compile_definitions(zero_engine_test PRIVATE DTRAIN_ZERO_HELPER="$<TARGET_FILE:dtrain_zero_tool>")
+add_dependencies(zero_engine_test dtrain_zero_tool dtrain_cli)
+add_executable(zero_worker zero/zero_worker.cpp)
+target_link_libraries(zero_worker PRIVATE dtrain CLI11::CLI11)
+dtrain_test(zero_parity_test LABELS zero SOURCES zero/parity_test.cpp launcher/subprocess.cpp TORCH)
+target_compile_definitions(zero_parity_test PRIVATE ZERO_WORKER_BIN="$<TARGET_FILE:zero_worker>")
+add_dependencies(zero_parity_test zero_worker dtrain_cli)
