@@ -2,7 +2,7 @@
 # with DDP over real processes through the launcher.
 dtrain_test(zero_config_test LABELS zero SOURCES zero/config_test.cpp launcher/subprocess.cpp)
 add_dependencies(zero_config_test dtrain_cli)
-dtrain_test(zero_engine_test LABELS zero SOURCES zero/engine_test.cpp TORCH)
+dtrain_test(zero_engine_test LABELS zero SOURCES zero/engine_test.cpp launcher/subprocess.cpp TORCH)
 target_compile_definitions(zero_engine_test PRIVATE DTRAIN_ZERO_HELPER="$<TARGET_FILE:dtrain_zero_tool>")
 add_dependencies(zero_engine_test dtrain_zero_tool dtrain_cli)
 add_executable(zero_worker zero/zero_worker.cpp)

@@ -14,6 +14,10 @@ namespace {
 
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
+// Gloo moves no bfloat16: send its bits as float16 (a gather only copies them).
+torch::Tensor wire(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t; }
+torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) { return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t; }
+
 std::string describe_tensor(const torch::Tensor& t) {
   std::ostringstream s;
   s << t.scalar_type() << " on " << t.device();
@@ -181,7 +185,7 @@ void EngineCore::gather_parameters() {
   if (world_ > 1) {
     CollectiveOptions o;
     o.group = group_;
-    flat = torch::cat(all_gather(local, o));
+    flat = unwire(torch::cat(all_gather(wire(local), o)), model_dtype_);
     count(nbytes(flat) * (world_ - 1) / world_);
   } else {
     flat = local.clone();
@@ -370,12 +374,12 @@ void EngineCore::step() {
 }
 
 void EngineCore::all_gather_params() {
-  auto own = own_slice(flat_params_).clone();
+  auto own = wire(own_slice(flat_params_).clone());
   CollectiveOptions o;
   o.group = group_;
   auto parts = all_gather(own, o);
   for (int r = 0; r < world_; ++r)
-    if (r != rank_) flat_params_.narrow(0, r * part_, part_).copy_(parts[r]);
+    if (r != rank_) flat_params_.narrow(0, r * part_, part_).copy_(unwire(parts[r], model_dtype_));
   count(nbytes(flat_params_) * (world_ - 1) / world_);
 }
 
