@@ -4,6 +4,7 @@
 #include "dtrain/checkpoint.h"
 #include "dtrain/collectives.h"
 #include "dtrain/codec.h"
+#include "dtrain/deepspeed_distributor.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributor.h"
 #include "dtrain/env.h"

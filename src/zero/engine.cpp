@@ -291,6 +291,9 @@ double EngineCore::lr() const { return scheduler_.enabled() ? scheduler_.lr() : 
 void EngineCore::step() {
   if (!is_gradient_accumulation_boundary() || micro_steps_ / config_.gradient_accumulation_steps <= global_steps_) return;
   torch::NoGradGuard ng;
+  // Stage 3: a forward without backward (evaluation) left the module gathered; the update
+  // below changes the partitions, so the next forward must gather again.
+  if (stage_ == 3 && gathered_) release_parameters();
   const auto master_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   // 1. This rank's averaged gradients, in the master dtype, where the master lives.
   torch::Tensor g;
