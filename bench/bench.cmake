@@ -15,3 +15,9 @@ target_link_libraries(distributor_bench PRIVATE dtrain)
 target_compile_options(distributor_bench PRIVATE ${DTRAIN_WARNINGS})
 target_compile_definitions(distributor_bench PRIVATE DTRAIN_LAUNCHER_BIN="$<TARGET_FILE:dtrain_cli>")
 set_target_properties(distributor_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+
+# ZeRO: CPU Adam vs torch::optim::Adam and memcpy; memory and throughput by stage (bench/zero_bench.cpp).
+add_executable(zero_bench ${PROJECT_SOURCE_DIR}/bench/zero_bench.cpp)
+target_link_libraries(zero_bench PRIVATE dtrain)
+target_compile_options(zero_bench PRIVATE ${DTRAIN_WARNINGS})
+set_target_properties(zero_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)

@@ -11,6 +11,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "dtrain/zero_config.h"
 #include "launch/options_internal.h"
 
 extern char** environ;
@@ -53,9 +54,11 @@ void cancel_slurm_step(const dtrain::RunArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `dtrain zero ...`: ZeRO config checks and checkpoint tools (src/zero/cli.cpp).
+  if (argc >= 2 && std::string(argv[1]) == "zero") return dtrain::zero::zero_main({argv + 2, argv + argc});
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
   app.require_subcommand(1);
-  app.footer("Run 'dtrain run --help' for the launcher's flags.");
+  app.footer("Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and checkpoints.");
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data.h"
+#include "deepspeed_train.h"
 #include "dtrain/dtrain.h"
 
 namespace {
@@ -39,8 +40,13 @@ struct Config {
   std::string backend = "auto";      // init_process_group's backend
 };
 
-torch::nn::Sequential make_model(const std::string& kind) {
+}  // namespace
+
+torch::nn::Sequential fashion_mnist::make_model(const std::string& kind) {
   using namespace torch::nn;
+  if (kind == "wide") {  // ~20M parameters: where ZeRO's memory drop shows
+    return Sequential(Flatten(), Linear(784, 4096), ReLU(), Linear(4096, 4096), ReLU(), Linear(4096, 10));
+  }
   if (kind == "mlp") {
     return Sequential(Flatten(), Linear(784, 512), ReLU(), Linear(512, 256), ReLU(), Linear(256, 10));
   }
@@ -48,6 +54,10 @@ torch::nn::Sequential make_model(const std::string& kind) {
                     MaxPool2d(2), Conv2d(Conv2dOptions(32, 64, 3).padding(1)), dtrain::SyncBatchNorm(64),
                     ReLU(), MaxPool2d(2), Flatten(), Linear(64 * 7 * 7, 128), ReLU(), Linear(128, 10));
 }
+
+namespace {
+
+using fashion_mnist::make_model;
 
 std::string param_digest(torch::nn::Module& m) {
   uint64_t h = 1469598103934665603ull;
@@ -201,8 +211,13 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", cfg.epochs, "Epochs")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch-size,--batch_size", cfg.batch_size, "Batch size per rank")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr", cfg.lr, "Adam learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--model", cfg.model, "mlp (784-512-256-10) or cnn (2 conv + SyncBatchNorm + pooling)")
-      ->capture_default_str()->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--model", cfg.model, "mlp (784-512-256-10), cnn (2 conv + SyncBatchNorm + pooling) or wide (784-4096-4096-10)")
+      ->capture_default_str()->check(CLI::IsMember({"mlp", "cnn", "wide"}));
+  // DeepSpeed's flags: `--deepspeed CONFIG`, or `--deepspeed --deepspeed_config CONFIG` (what
+  // the DeepSpeedDistributor passes). Batch size, optimizer and precision then come from CONFIG.
+  std::string ds_config, ds_config2;
+  app.add_option("--deepspeed", ds_config, "Train with the ZeRO engine and this DeepSpeed JSON config")->expected(0, 1);
+  app.add_option("--deepspeed_config", ds_config2, "DeepSpeed JSON config (with a bare --deepspeed)");
   app.add_option("--data-dir,--data_dir", cfg.data_dir, "Directory of the *-ubyte.gz files")->capture_default_str();
   app.add_option("--checkpoint-dir,--checkpoint_dir", cfg.checkpoint_dir, "Save ckpt_<step>.pt here (rank 0)");
   app.add_flag("--resume", cfg.resume, "Resume from the newest checkpoint in --checkpoint-dir");
@@ -221,6 +236,14 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    if (app.count("--deepspeed") || !ds_config2.empty()) {
+      fashion_mnist::DeepSpeedRun run{.config = ds_config.empty() ? ds_config2 : ds_config, .epochs = cfg.epochs,
+                                      .model = cfg.model, .data_dir = cfg.data_dir, .seed = cfg.seed,
+                                      .max_steps = cfg.max_steps, .no_eval = cfg.no_eval, .log_every = cfg.log_every,
+                                      .backend = cfg.backend};
+      if (run.config.empty()) throw dtrain::UsageError("--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
+      return fashion_mnist::train_deepspeed(run);
+    }
     return train(cfg);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());

@@ -4,6 +4,7 @@
 #include "dtrain/checkpoint.h"
 #include "dtrain/collectives.h"
 #include "dtrain/codec.h"
+#include "dtrain/deepspeed_distributor.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributor.h"
 #include "dtrain/env.h"
@@ -11,3 +12,4 @@
 #include "dtrain/process_group.h"
 #include "dtrain/sampler.h"
 #include "dtrain/sync_batch_norm.h"
+#include "dtrain/zero.h"

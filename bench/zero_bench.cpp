@@ -1,0 +1,217 @@
+// ZeRO benchmarks (issue #11). Three modes:
+//
+//   zero_bench adam [--params 100000000] [--reps 5]
+//     One process: dtrain's CPU Adam (zero::cpu_adam_step) vs torch::optim::Adam on one tensor
+//     of the same size, and both against memcpy bandwidth measured in the same run (a
+//     parallel memcpy over the same threads). Bytes/s of Adam = 28 bytes per element (reads
+//     param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq); of memcpy = 2 x size.
+//
+//   dtrain run --nproc-per-node N zero_bench memory
+//     A ~100M-parameter model (6 x Linear(4096, 4096)), one training step per stage 0-3 (and
+//     stage 3 with offload); rank 0 prints engine.memory() next to the ZeRO formulas (fp32:
+//     4 + 4 + 8 bytes per parameter: K = 8, Adam's two moments; the parameters are the master).
+//
+//   dtrain run --nproc-per-node 2 zero_bench throughput [--steps 20] [--rounds 3]
+//     Samples/s of an ~8.4M-parameter MLP under dtrain DDP + torch::optim::Adam and under ZeRO
+//     stages 0-3, interleaved in rounds (best round counts); ratios against DDP.
+//
+// Every mode prints the machine (CPU model, cores) and JSON lines.
+#include <ATen/Parallel.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string machine() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  return model + ", " + std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) + " cores, libtorch " + TORCH_VERSION +
+         ", " + std::to_string(at::get_num_threads()) + " intra-op threads";
+}
+
+std::string arg(int argc, char** argv, const std::string& name, const std::string& def) {
+  for (int i = 2; i + 1 < argc; ++i)
+    if (name == argv[i]) return argv[i + 1];
+  return def;
+}
+
+int adam_bench(int64_t n, int reps) {
+  std::printf("machine: %s\n", machine().c_str());
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+  auto p = torch::randn({n}, opts), g = torch::randn({n}, opts) * 1e-3;
+  auto m = torch::zeros({n}, opts), v = torch::zeros({n}, opts);
+  // dtrain's CPU Adam.
+  std::vector<double> ours;
+  for (int r = 0; r <= reps; ++r) {
+    auto t = Clock::now();
+    dtrain::zero::cpu_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n,
+                                r + 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, false);
+    if (r > 0) ours.push_back(seconds_since(t));  // the first pass faults the pages in
+  }
+  m = torch::Tensor(), v = torch::Tensor();
+  // torch::optim::Adam over one tensor of n elements.
+  auto tp = p.clone().requires_grad_(true);
+  tp.mutable_grad() = g;
+  torch::optim::Adam opt({tp}, torch::optim::AdamOptions(1e-3));
+  std::vector<double> theirs;
+  for (int r = 0; r <= reps; ++r) {
+    auto t = Clock::now();
+    opt.step();
+    if (r > 0) theirs.push_back(seconds_since(t));
+  }
+  opt.zero_grad();
+  tp = torch::Tensor();
+  // memcpy bandwidth, split over the same threads.
+  auto src = torch::randn({n}, opts), dst = torch::empty({n}, opts);
+  std::vector<double> copy;
+  for (int r = 0; r <= reps; ++r) {
+    auto t = Clock::now();
+    const float* s = src.data_ptr<float>();
+    float* d = dst.data_ptr<float>();
+    at::parallel_for(0, n, std::max<int64_t>(65536, n / at::get_num_threads()), [&](int64_t lo, int64_t hi) {
+      std::memcpy(d + lo, s + lo, (hi - lo) * sizeof(float));
+    });
+    if (r > 0) copy.push_back(seconds_since(t));
+  }
+  auto best = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  const double o = best(ours), t = best(theirs), c = best(copy);
+  const double adam_bw = 28.0 * n / o, copy_bw = 8.0 * n / c;
+  std::printf("{\"bench\":\"cpu_adam\",\"params\":%lld,\"dtrain_s\":%.4f,\"torch_optim_adam_s\":%.4f,\"memcpy_s\":%.4f,"
+              "\"speedup_vs_torch\":%.2f,\"dtrain_gbps\":%.2f,\"memcpy_gbps\":%.2f,\"fraction_of_memcpy\":%.2f}\n",
+              static_cast<long long>(n), o, t, c, t / o, adam_bw / 1e9, copy_bw / 1e9, adam_bw / copy_bw);
+  std::printf("CPU Adam over %lld params: dtrain %.3f s, torch::optim::Adam %.3f s (%.2fx); %.1f GB/s = %.0f%% of "
+              "memcpy's %.1f GB/s\n",
+              static_cast<long long>(n), o, t, t / o, adam_bw / 1e9, 100 * adam_bw / copy_bw, copy_bw / 1e9);
+  return 0;
+}
+
+nlohmann::json zero_config(int stage, int micro, bool offload = false) {
+  nlohmann::json c = {{"train_micro_batch_size_per_gpu", micro},
+                      {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
+                      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 25000000}}}};
+  if (offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, c["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  return c;
+}
+
+int memory_bench() {
+  auto pg = dtrain::init_process_group();
+  const int N = pg->world_size();
+  if (pg->rank() == 0) std::printf("machine: %s\n", machine().c_str());
+  using namespace torch::nn;
+  for (std::string v : {"stage0", "stage1", "stage2", "stage3", "stage3_offload"}) {
+    torch::manual_seed(0);
+    Sequential model;
+    for (int i = 0; i < 6; ++i) model->push_back(Linear(4096, 4096));
+    const int stage = v[5] - '0';
+    auto cfg = zero_config(stage, 2, v == "stage3_offload");
+    auto e = dtrain::zero::initialize(model, cfg);
+    auto x = torch::randn({2, 4096});
+    e.backward(e(x).pow(2).mean());
+    e.step();
+    auto m = e.memory();
+    const int64_t n = e.core().num_parameters();
+    auto est = dtrain::zero::estimate_memory(e.config(), n);
+    struct rusage ru {};
+    ::getrusage(RUSAGE_SELF, &ru);
+    if (pg->rank() == 0) {
+      auto mib = [](int64_t b) { return b / 1048576.0; };
+      std::printf("{\"bench\":\"zero_memory\",\"world\":%d,\"variant\":\"%s\",\"params\":%lld,"
+                  "\"measured_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},"
+                  "\"formula_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},\"peak_rss_mib\":%.0f}\n",
+                  N, v.c_str(), static_cast<long long>(n), mib(m.params_device), mib(m.grads_device),
+                  mib(m.optimizer_device), mib(m.params_cpu + m.grads_cpu + m.optimizer_cpu), mib(est.params),
+                  mib(est.grads), mib(est.optimizer), mib(est.offloaded), ru.ru_maxrss / 1024.0);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+int throughput_bench(int steps, int rounds) {
+  auto pg = dtrain::init_process_group();
+  const int r = pg->rank(), N = pg->world_size();
+  if (r == 0) std::printf("machine: %s, %d processes\n", machine().c_str(), N);
+  using namespace torch::nn;
+  const int batch = 64;
+  auto make = [] {
+    torch::manual_seed(0);
+    return Sequential(Linear(1024, 2048), ReLU(), Linear(2048, 2048), ReLU(), Linear(2048, 1024), ReLU(), Linear(1024, 10));
+  };
+  auto x = torch::randn({batch, 1024});
+  auto y = torch::randint(0, 10, {batch}, torch::kLong);
+  std::map<std::string, double> best;
+  const std::vector<std::string> variants = {"ddp", "stage0", "stage1", "stage2", "stage3"};
+  for (int round = 0; round < rounds; ++round) {
+    for (const auto& v : variants) {
+      auto model = make();
+      double secs = 0;
+      if (v == "ddp") {
+        dtrain::DistributedDataParallel ddp(model);
+        torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
+        for (int s = -2; s < steps; ++s) {
+          if (s == 0) pg->barrier();
+          auto t = Clock::now();
+          opt.zero_grad();
+          functional::cross_entropy(ddp(x), y).backward();
+          opt.step();
+          if (s >= 0) secs += seconds_since(t);
+        }
+      } else {
+        auto e = dtrain::zero::initialize(model, zero_config(v[5] - '0', batch));
+        for (int s = -2; s < steps; ++s) {
+          if (s == 0) pg->barrier();
+          auto t = Clock::now();
+          e.backward(functional::cross_entropy(e(x), y));
+          e.step();
+          if (s >= 0) secs += seconds_since(t);
+        }
+      }
+      // A step is done when its slowest rank is.
+      auto t = torch::tensor({secs}, torch::kFloat64);
+      dtrain::AllReduceOptions o;
+      o.op = dtrain::ReduceOp::kMax;
+      dtrain::all_reduce(t, o);
+      double sps = double(steps) * batch * N / t.item<double>();
+      best[v] = std::max(best[v], sps);
+    }
+  }
+  if (r == 0) {
+    for (const auto& v : variants)
+      std::printf("{\"bench\":\"zero_throughput\",\"world\":%d,\"variant\":\"%s\",\"samples_per_s\":%.1f,\"vs_ddp\":%.3f}\n", N,
+                  v.c_str(), best[v], best[v] / best["ddp"]);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "adam") return adam_bench(std::stoll(arg(argc, argv, "--params", "100000000")), std::stoi(arg(argc, argv, "--reps", "5")));
+    if (mode == "memory") return memory_bench();
+    if (mode == "throughput")
+      return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")), std::stoi(arg(argc, argv, "--rounds", "3")));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_bench: %s\n", e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: zero_bench adam [--params N] [--reps R] | memory | throughput [--steps S] [--rounds R]\n");
+  return 2;
+}

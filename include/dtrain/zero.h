@@ -1,0 +1,282 @@
+// ZeRO: data parallelism that partitions optimizer state (stage 1), gradients (stage 2) and
+// parameters (stage 3) across the ranks, driven by DeepSpeed's JSON config.
+//
+//   auto engine = dtrain::zero::initialize(model, "ds_config.json");   // or JSON text / nlohmann::json
+//   for (auto& batch : loader) {
+//     auto loss = loss_fn(engine(batch.data), batch.target);
+//     engine.backward(loss);       // scaled by 1/gradient_accumulation_steps (and the fp16 loss scale)
+//     engine.step();               // updates only at the accumulation boundary
+//   }
+//   engine.save_checkpoint("ckpt", "global_step100");   // DeepSpeed's layout, every rank calls it
+//
+// How it works (src/zero/engine.cpp). The trainable parameters (one dtype, one device: the
+// module's) are laid out in one flat buffer, padded to a multiple of the world size N; rank r
+// owns elements [r*P, (r+1)*P), P = padded/N.
+//   stage 0: every rank holds everything; gradients are all-reduced (averaged), every rank steps.
+//   stage 1: gradients are reduce-scattered at the boundary; each rank steps its partition of
+//            the optimizer state (1/N of it), then the parameters are all-gathered.
+//   stage 2: as 1, and gradients are partitioned during backward: hooks collect finished
+//            gradients into buckets of reduce_bucket_size elements (reverse registration order,
+//            roughly backward's) and reduce each bucket's pieces to the ranks that own them;
+//            a rank keeps only its own partition's gradients (the full .grad is released).
+//   stage 3: as 2, and the parameters themselves are partitioned: between steps a rank holds
+//            only its 1/N; the whole module is all-gathered before forward and released after
+//            backward (whole-module gathering, not DeepSpeed's per-submodule fetch/prefetch).
+// Optimizers (Adam, AdamW, SGD, Lamb) run on the flat partitions; with fp16/bf16 the
+// module holds 16-bit parameters and the optimizer an fp32 master partition. With
+// offload_optimizer {device: cpu} the master partition, the optimizer state and the step live
+// in CPU memory, and Adam runs as a vectorised, multi-threaded loop (cpu_adam_step below).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/process_group.h"
+#include "dtrain/zero_config.h"
+
+namespace dtrain::zero {
+
+// Bytes this rank holds of each kind of model state.
+struct MemoryUsage {
+  int64_t params_device = 0, grads_device = 0, optimizer_device = 0;
+  int64_t params_cpu = 0, grads_cpu = 0, optimizer_cpu = 0;
+  int64_t params() const { return params_device + params_cpu; }
+  int64_t grads() const { return grads_device + grads_cpu; }
+  int64_t optimizer() const { return optimizer_device + optimizer_cpu; }
+};
+
+struct LoadCheckpointOptions {
+  bool load_optimizer_states = true;
+  bool load_lr_scheduler_states = true;
+};
+
+struct InitOptions {
+  std::shared_ptr<ProcessGroup> group;  // Default: the default group (a group of 1 if there is none).
+};
+
+// DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py): scale = 2^initial_scale_power;
+// an overflow lowers the hysteresis counter, and once it is used up halves the scale (not
+// below min_loss_scale); loss_scale_window steps without overflow since the last one double it.
+class LossScaler {
+ public:
+  explicit LossScaler(const Fp16Config& c);
+  double scale() const { return scale_; }
+  void update(bool overflow);
+  bool dynamic() const { return dynamic_; }
+  // State for checkpoints: scale, iteration, last overflow iteration, hysteresis.
+  std::vector<double> state() const { return {scale_, double(iter_), double(last_overflow_), double(hysteresis_)}; }
+  void set_state(const std::vector<double>& s);
+
+ private:
+  Fp16Config c_;
+  bool dynamic_;
+  double scale_;
+  int64_t iter_ = 0, last_overflow_ = -1;
+  int hysteresis_;
+};
+
+// DeepSpeed's schedulers (runtime/lr_schedules.py) as pure functions of the iteration.
+// step() advances one optimizer step; lr() is the rate for the next update.
+class LRScheduler {
+ public:
+  LRScheduler(const SchedulerConfig& c, double base_lr, double base_beta1);
+  bool enabled() const { return !c_.type.empty(); }
+  void step() { ++iteration_; }
+  int64_t iteration() const { return iteration_; }
+  void set_iteration(int64_t i) { iteration_ = i; }
+  double lr() const;
+  double momentum() const;  // OneCycle with cycle_momentum: beta1 / momentum; else the base one
+
+ private:
+  double warmup_gamma() const;
+  double cycle_scale() const;
+  SchedulerConfig c_;
+  double base_lr_, base_beta1_;
+  int64_t iteration_ = 0;
+};
+
+// Adam/AdamW on flat CPU arrays (PyTorch's formulas), vectorised by the compiler and split over
+// `threads` threads (0: libtorch's intra-op thread count). step >= 1.
+void cpu_adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int64_t step,
+                   double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw, int threads = 0);
+void cpu_adam_step(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n, int64_t step,
+                   double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw, int threads = 0);
+
+// Reads a ZeRO checkpoint (DIR with `latest`, or DIR/TAG) and returns one consolidated state
+// dict of the unwrapped model: full-precision parameters (from the optimizer's master copies)
+// and buffers. `tag` "" reads DIR/latest.
+torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir, const std::string& tag = "");
+// Writes a state dict as a pickled {name: tensor} dict (torch.load() reads it in Python).
+void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict, const std::string& path);
+torch::OrderedDict<std::string, torch::Tensor> load_state_dict_file(const std::string& path);
+
+namespace detail {
+
+// The non-template engine shared by every Engine<M>.
+class EngineCore {
+ public:
+  EngineCore(torch::nn::Module& module, Config config, InitOptions options);
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  void before_forward();
+  void backward(const torch::Tensor& loss);
+  void step();
+  bool is_gradient_accumulation_boundary() const;
+  int64_t global_steps() const { return global_steps_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t micro_steps() const { return micro_steps_; }
+  double loss_scale() const { return scaler_.scale(); }
+  double lr() const;
+  double last_grad_norm() const { return last_grad_norm_; }
+  MemoryUsage memory() const;
+  // Bytes this rank sent in the engine's collectives during the last optimizer step (from the
+  // first backward after the previous boundary through the parameter all-gather), counted
+  // from the collectives issued with the volume a ring algorithm sends: all_reduce
+  // 2(N-1)/N*B, reduce_scatter/all_gather/reduce (N-1)/N*B (B: the full tensor's bytes).
+  int64_t bytes_sent_last_step() const { return bytes_last_step_; }
+  const Config& config() const { return config_; }
+  ProcessGroup& group() { return *group_; }
+  // Test hook: the next step's gradients are treated as overflowed (fp16), as if one were inf.
+  void inject_overflow() { inject_overflow_ = true; }
+  void save_checkpoint(const std::string& dir, const std::string& tag);
+  // Returns the tag loaded ("" when DIR/latest does not exist and no tag was given).
+  std::string load_checkpoint(const std::string& dir, const std::string& tag, const LoadCheckpointOptions& o);
+  int64_t num_parameters() const { return numel_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    int64_t begin = 0, end = 0;  // flat range
+    size_t pending = 0;
+    bool launched = false;
+  };
+  void gather_parameters();   // stage 3: partitions -> full module
+  void release_parameters();  // stage 3: module -> empty views
+  void point_params_at(const torch::Tensor& flat);
+  void install_hooks();
+  void on_grad_ready(size_t i);
+  void launch_ready_buckets();
+  void reduce_bucket(Bucket& b);
+  void finish_backward();
+  void reduce_dense_grads();  // stages 0/1
+  void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
+  void lamb_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
+  void all_gather_params();
+  void count(int64_t bytes) { bytes_this_step_ += bytes; }
+  torch::Tensor own_slice(const torch::Tensor& full) const { return full.narrow(0, rank_ * part_, part_); }
+
+  torch::nn::Module& module_;
+  Config config_;
+  std::shared_ptr<ProcessGroup> group_;
+  int rank_ = 0, world_ = 1, stage_ = 0;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> offsets_, numels_;
+  int64_t numel_ = 0, padded_ = 0, part_ = 0;
+  torch::Dtype model_dtype_, master_dtype_;
+  torch::Device device_{torch::kCPU};
+  bool mixed_ = false, offload_opt_ = false, offload_param_ = false, gathered_ = false;
+  torch::Tensor flat_params_;    // stages 0-2: the module's parameters are views of it
+  torch::Tensor param_part_;     // stage 3: this rank's partition (model dtype)
+  torch::Tensor flat_grads_;     // stages 0-1: the parameters' .grad are views of it
+  torch::Tensor grad_part_;      // stages 2-3: this rank's reduced gradients (sum over ranks)
+  torch::Tensor master_;         // fp32 master (stage 0: all, else the partition); undefined = the params
+  std::vector<torch::Tensor> state_;  // optimizer state, each like master
+  int64_t opt_step_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<bool> ready_;
+  size_t next_bucket_ = 0;
+  bool in_backward_ = false;
+  int64_t bucket_peak_bytes_ = 0;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  LossScaler scaler_;
+  LRScheduler scheduler_;
+  int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
+  int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
+  double last_grad_norm_ = 0;
+  bool inject_overflow_ = false;
+};
+
+torch::nn::Module& module_ref(torch::nn::Module& m);
+template <typename T>
+torch::nn::Module& module_ref(const std::shared_ptr<T>& m) {
+  return *m;
+}
+template <typename T>
+torch::nn::Module& module_ref(const torch::nn::ModuleHolder<T>& m) {
+  return *m.ptr();
+}
+
+}  // namespace detail
+
+// Wraps a module holder (torch::nn::Linear, a TORCH_MODULE type, nn::Sequential) or a
+// std::shared_ptr to a module. Movable, not copyable. Every rank of the group must construct
+// it with the same module architecture; rank 0's parameters are broadcast.
+template <typename ModuleType>
+class Engine {
+ public:
+  Engine(ModuleType module, Config config, InitOptions options = {})
+      : module_(std::move(module)),
+        core_(std::make_unique<detail::EngineCore>(detail::module_ref(module_), std::move(config), std::move(options))) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    core_->before_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  void backward(const torch::Tensor& loss) { core_->backward(loss); }
+  void step() { core_->step(); }
+  bool is_gradient_accumulation_boundary() const { return core_->is_gradient_accumulation_boundary(); }
+  ModuleType& module() { return module_; }
+  int64_t global_steps() const { return core_->global_steps(); }
+  int64_t skipped_steps() const { return core_->skipped_steps(); }
+  MemoryUsage memory() const { return core_->memory(); }
+  int64_t bytes_sent_last_step() const { return core_->bytes_sent_last_step(); }
+  double loss_scale() const { return core_->loss_scale(); }
+  double get_lr() const { return core_->lr(); }
+  const Config& config() const { return core_->config(); }
+  void save_checkpoint(const std::string& dir, const std::string& tag = "") {
+    core_->save_checkpoint(dir, tag.empty() ? "global_step" + std::to_string(global_steps()) : tag);
+  }
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "", LoadCheckpointOptions o = {}) {
+    return core_->load_checkpoint(dir, tag, o);
+  }
+  detail::EngineCore& core() { return *core_; }
+
+ private:
+  ModuleType module_;
+  std::unique_ptr<detail::EngineCore> core_;
+};
+
+// The world size the config is resolved for: the group's.
+template <typename ModuleType>
+Engine<ModuleType> initialize(ModuleType module, const nlohmann::json& config, InitOptions options = {}) {
+  if (!options.group) options.group = default_group();
+  int world = options.group->world_size();
+  return Engine<ModuleType>(std::move(module), parse_config(config, world), std::move(options));
+}
+// `config`: a path to a JSON file, or JSON text.
+template <typename ModuleType>
+Engine<ModuleType> initialize(ModuleType module, const std::string& config, InitOptions options = {}) {
+  if (!options.group) options.group = default_group();
+  int world = options.group->world_size();
+  return Engine<ModuleType>(std::move(module), parse_config_text(config, world), std::move(options));
+}
+template <typename ModuleType>
+Engine<ModuleType> initialize(ModuleType module, const char* config, InitOptions options = {}) {
+  return initialize(std::move(module), std::string(config), std::move(options));
+}
+
+}  // namespace dtrain::zero

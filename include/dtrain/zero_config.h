@@ -1,0 +1,148 @@
+// DeepSpeed's JSON config, parsed and validated (no libtorch: the `dtrain` CLI uses it).
+//
+//   auto cfg = dtrain::zero::parse_config(json, /*world_size=*/4);
+//   cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
+//
+// The keys and their meaning are DeepSpeed's (docs: deepspeed.ai/docs/config-json), with one
+// deliberate difference: DeepSpeed silently drops a mistyped key in most sections
+// ("gradient_clipp1ng" is simply ignored); here every unknown key, in every section, is a
+// ConfigError naming its path and the closest valid key, and a value of the wrong type or out
+// of range is named the same way.
+//
+// Batch sizes follow DeepSpeed's rules (runtime/config.py, _set_batch_related_parameters):
+// train_batch_size = micro_batch_per_gpu * gradient_accumulation_steps * world_size; any two
+// given determine the third; train_batch_size alone means gas = 1; micro alone means gas = 1;
+// all three must agree. "auto" for a batch key counts as "not given" (DeepSpeed's HF
+// integration fills it in; standalone, the remaining keys decide), and "auto" for a
+// zero_optimization size takes DeepSpeed's default.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "dtrain/error.h"
+
+namespace dtrain::zero {
+
+// A config that is not valid: what() names the key path and what is wrong.
+class ConfigError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
+struct OptimizerConfig {
+  std::string type = "Adam";  // Adam, AdamW, SGD, Lamb (case-insensitive on input)
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = false;  // Adam: false (L2 into the gradient); AdamW: true (decoupled)
+  double momentum = 0.0;     // SGD
+  double dampening = 0.0;
+  bool nesterov = false;
+  double max_coeff = 10.0, min_coeff = 0.01;  // Lamb's trust-ratio clamp (DeepSpeed's defaults)
+  bool given = false;  // the config had an "optimizer" section
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (none), WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest
+  // WarmupLR / WarmupDecayLR
+  double warmup_min_lr = 0.0, warmup_max_lr = 0.001;
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // log | linear
+  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
+  // WarmupCosineLR
+  double warmup_min_ratio = 0.0, cos_min_ratio = 0.0001;
+  // OneCycle
+  double cycle_min_lr = 0.0, cycle_max_lr = 0.0, decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  int64_t cycle_second_step_size = -1;  // -1: = first
+  int64_t cycle_first_stair_count = 0, cycle_second_stair_count = -1, decay_step_size = 0;
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8, cycle_max_mom = 0.9, decay_mom_rate = 0.0;
+  // LRRangeTest
+  double lr_range_test_min_lr = 0.001;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
+struct OffloadConfig {
+  std::string device = "none";  // none | cpu ("nvme" is refused: not supported here)
+  bool pin_memory = false;
+  bool enabled() const { return device == "cpu"; }
+};
+
+struct ZeroOptimizationConfig {
+  int stage = 0;
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;     // elements (DeepSpeed's default 5e8)
+  int64_t allgather_bucket_size = 500000000;  // elements
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  int64_t sub_group_size = 1000000000;
+  OffloadConfig offload_optimizer, offload_param;
+};
+
+struct Config {
+  int world_size = 1;
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 1;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Fp16Config fp16;
+  bool bf16 = false;
+  double gradient_clipping = 0.0;  // 0: off
+  ZeroOptimizationConfig zero;
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  nlohmann::json raw;  // the config as given (saved in checkpoints)
+};
+
+// Parses and validates `config` for a data-parallel world of `world_size` ranks.
+// Throws ConfigError (path + what is wrong + the closest valid key for unknown keys).
+Config parse_config(const nlohmann::json& config, int world_size);
+// `text` is JSON text, or a path to a file holding it (when it does not start with '{').
+Config parse_config_text(const std::string& text_or_path, int world_size);
+
+// The closest of `candidates` to `word` by edit distance ("" when none is reasonably close).
+std::string closest_key(const std::string& word, const std::vector<std::string>& candidates);
+
+// Per-rank bytes of model states for `params` parameters (ZeRO paper's model: 2 bytes of
+// 16-bit parameters + 2 of gradients + K = 12 of fp32 master, momentum and variance with
+// mixed precision; 4 + 4 + 8 (K = 8) in plain fp32 where the parameters are the master copy).
+struct MemoryEstimate {
+  int64_t params = 0, grads = 0, optimizer = 0;  // bytes on this rank (device)
+  int64_t offloaded = 0;                         // bytes moved to CPU memory by offload
+  int64_t total() const { return params + grads + optimizer; }
+};
+MemoryEstimate estimate_memory(const Config& config, int64_t params);
+
+// The report `dtrain zero check` prints.
+std::string describe(const Config& config, std::optional<int64_t> params);
+
+// `dtrain zero ...` (the CLI hook): args after "zero". Returns the exit code.
+int zero_main(const std::vector<std::string>& args);
+
+}  // namespace dtrain::zero

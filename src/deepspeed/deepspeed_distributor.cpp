@@ -1,0 +1,101 @@
+// DeepSpeedDistributor: validate the config, write it to a temporary file, run the Distributor.
+#include "dtrain/deepspeed_distributor.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/zero_config.h"
+
+namespace dtrain {
+namespace {
+
+constexpr const char* kEnv = "DTRAIN_DEEPSPEED_CONFIG";
+
+nlohmann::json resolve(const nlohmann::json& c) {
+  if (c.is_object()) return c;
+  if (c.is_string()) {
+    // A path or JSON text: parse_config_text reads either; keep the JSON itself.
+    const std::string s = c.get<std::string>();
+    auto first = s.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && s[first] == '{') {
+      try {
+        return nlohmann::json::parse(s);
+      } catch (const nlohmann::json::parse_error& e) {
+        throw zero::ConfigError(std::string("deepspeed_config: not valid JSON: ") + e.what());
+      }
+    }
+    std::ifstream in(s);
+    if (!in) throw zero::ConfigError(s + ": cannot read the DeepSpeed config file");
+    try {
+      return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw zero::ConfigError(s + ": not valid JSON: " + e.what());
+    }
+  }
+  throw UsageError("DeepSpeedDistributor: deepspeed_config must be a JSON object, a path or JSON text");
+}
+
+}  // namespace
+
+std::string deepspeed_config_path() {
+  const char* p = std::getenv(kEnv);
+  if (!p || !*p)
+    throw UsageError(std::string("deepspeed_config_path(): $") + kEnv +
+                     " is not set; call it in a function a DeepSpeedDistributor runs");
+  return p;
+}
+
+nlohmann::json deepspeed_config() { return resolve(nlohmann::json(deepspeed_config_path())); }
+
+DistributorOptions DeepSpeedDistributor::make_options(DeepSpeedDistributorOptions& o, const std::string& path) {
+  if (o.num_gpus < 1) throw UsageError("DeepSpeedDistributor: num_gpus must be >= 1, got " + std::to_string(o.num_gpus));
+  if (o.nnodes < 1) throw UsageError("DeepSpeedDistributor: nnodes must be >= 1, got " + std::to_string(o.nnodes));
+  if (o.local_mode && o.nnodes > 1)
+    throw UsageError("DeepSpeedDistributor: nnodes = " + std::to_string(o.nnodes) +
+                     " needs local_mode = false (a cluster engine); local mode runs on this machine only");
+  DistributorOptions d = o.distributor;
+  d.num_processes = o.num_gpus * o.nnodes;
+  d.local_mode = o.local_mode;
+  d.use_gpu = o.use_gpu;
+  if (!o.local_mode) d.cluster.nodes = o.nnodes;
+  d.env[kEnv] = path;
+  return d;
+}
+
+DeepSpeedDistributor::DeepSpeedDistributor(DeepSpeedDistributorOptions o)
+    : config_(resolve(o.deepspeed_config)),
+      dir_([] {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain-deepspeed-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) throw Error("DeepSpeedDistributor: cannot create a temporary directory under " + tmpl);
+        return tmpl;
+      }()),
+      config_path_(dir_ + "/ds_config.json"),
+      distributor_(make_options(o, config_path_)) {
+  try {
+    // Fails here, naming the key, rather than in every worker.
+    zero::parse_config(config_, o.num_gpus * o.nnodes);
+    std::ofstream out(config_path_);
+    out << config_.dump(2) << "\n";
+    if (!out) throw Error("DeepSpeedDistributor: cannot write " + config_path_);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    throw;
+  }
+}
+
+DeepSpeedDistributor::~DeepSpeedDistributor() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void DeepSpeedDistributor::run(const std::string& program, const std::vector<std::string>& args) {
+  std::vector<std::string> all{"--deepspeed", "--deepspeed_config", config_path_};
+  all.insert(all.end(), args.begin(), args.end());
+  distributor_.run(program, all);
+}
+
+}  // namespace dtrain

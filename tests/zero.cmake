@@ -1,0 +1,18 @@
+# ZeRO (#11): the config (no libtorch), the engine's rules with ranks as threads, and parity
+# with DDP over real processes through the launcher.
+dtrain_test(zero_config_test LABELS zero SOURCES zero/config_test.cpp launcher/subprocess.cpp)
+add_dependencies(zero_config_test dtrain_cli)
+dtrain_test(zero_engine_test LABELS zero SOURCES zero/engine_test.cpp launcher/subprocess.cpp TORCH)
+target_compile_definitions(zero_engine_test PRIVATE DTRAIN_ZERO_HELPER="$<TARGET_FILE:dtrain_zero_tool>")
+add_dependencies(zero_engine_test dtrain_zero_tool dtrain_cli)
+add_executable(zero_worker zero/zero_worker.cpp)
+target_link_libraries(zero_worker PRIVATE dtrain CLI11::CLI11)
+dtrain_test(zero_parity_test LABELS zero SOURCES zero/parity_test.cpp launcher/subprocess.cpp TORCH)
+target_compile_definitions(zero_parity_test PRIVATE ZERO_WORKER_BIN="$<TARGET_FILE:zero_worker>")
+add_dependencies(zero_parity_test zero_worker dtrain_cli)
+# The DeepSpeedDistributor: the test binary is its own worker; ds_program is a program-mode target.
+add_executable(ds_program zero/ds_program.cpp)
+target_link_libraries(ds_program PRIVATE dtrain CLI11::CLI11)
+dtrain_test(deepspeed_distributor_test LABELS zero SOURCES zero/deepspeed_distributor_test.cpp launcher/subprocess.cpp TORCH)
+target_compile_definitions(deepspeed_distributor_test PRIVATE DS_PROGRAM_BIN="$<TARGET_FILE:ds_program>")
+add_dependencies(deepspeed_distributor_test ds_program dtrain_cli)

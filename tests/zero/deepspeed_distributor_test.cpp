@@ -1,0 +1,96 @@
+// DeepSpeedDistributor end to end: this test binary is the driver and (re-executed by the
+// launcher) its own workers; a program gets --deepspeed --deepspeed_config PATH.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/dtrain.h"
+#include "launcher/subprocess.h"
+
+namespace {
+
+nlohmann::json ds_config(int stage) {
+  return {{"train_micro_batch_size_per_gpu", 4},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+          {"zero_optimization", {{"stage", stage}}}};
+}
+
+// Runs in the workers: trains with the config the distributor wrote; returns what it saw.
+std::map<std::string, double> train_with_config() {
+  auto path = dtrain::deepspeed_config_path();
+  auto pg = dtrain::init_process_group();
+  torch::manual_seed(5);
+  auto model = torch::nn::Sequential(torch::nn::Linear(10, 7), torch::nn::Tanh(), torch::nn::Linear(7, 2));
+  auto engine = dtrain::zero::initialize(model, path);
+  torch::manual_seed(6);
+  auto x = torch::randn({64, 10});
+  auto y = (x.sum(1) > 0).to(torch::kLong);
+  double first = 0, last = 0;
+  for (int s = 0; s < 30; ++s) {
+    auto rows = x.narrow(0, (s % 8) * 8 + pg->rank() * 4, 4);
+    auto loss = torch::nn::functional::cross_entropy(engine(rows), y.narrow(0, (s % 8) * 8 + pg->rank() * 4, 4));
+    engine.backward(loss);
+    engine.step();
+    if (s == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  return {{"world", double(pg->world_size())},
+          {"stage", double(engine.config().zero.stage)},
+          {"steps", double(engine.global_steps())},
+          {"first_loss", first},
+          {"last_loss", last}};
+}
+
+TEST(DeepSpeedDistributor, FunctionGetsTheConfigAndTrainsWithZero) {
+  dtrain::DeepSpeedDistributor d({.num_gpus = 2, .deepspeed_config = ds_config(2)});
+  auto path = d.config_path();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  auto r = d.run(train_with_config);
+  EXPECT_EQ(r["world"], 2);
+  EXPECT_EQ(r["stage"], 2);
+  EXPECT_EQ(r["steps"], 30);
+  EXPECT_LT(r["last_loss"], r["first_loss"]);
+}
+
+TEST(DeepSpeedDistributor, ProgramGetsDeepSpeedFlags) {
+  auto out = std::filesystem::temp_directory_path() / ("ds_program_" + std::to_string(::getpid()) + ".txt");
+  std::string path;
+  {
+    dtrain::DeepSpeedDistributor d({.num_gpus = 2, .deepspeed_config = ds_config(3).dump()});
+    path = d.config_path();
+    d.run(DS_PROGRAM_BIN, {"--out", out.string()});
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));  // the temporary config went with the distributor
+  std::ifstream in(out);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "deepspeed=1 stage=3 world=2 steps=10") << line;
+  std::filesystem::remove(out);
+}
+
+TEST(DeepSpeedDistributor, BadConfigFailsOnTheDriverNamingTheKey) {
+  auto bad = ds_config(2);
+  bad["zero_optimization"]["stage3_prefetch_bucket_sise"] = 1;
+  try {
+    dtrain::DeepSpeedDistributor d({.num_gpus = 2, .deepspeed_config = bad});
+    ADD_FAILURE() << "no error";
+  } catch (const dtrain::zero::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean stage3_prefetch_bucket_size?");
+  }
+  // train_batch_size checked against num_gpus * nnodes.
+  auto wrong = ds_config(1);
+  wrong["train_batch_size"] = 12;
+  EXPECT_THROW(dtrain::DeepSpeedDistributor({.num_gpus = 2, .deepspeed_config = wrong}), dtrain::zero::ConfigError);
+  EXPECT_THROW(dtrain::DeepSpeedDistributor({.num_gpus = 2, .nnodes = 2, .deepspeed_config = ds_config(1)}), dtrain::UsageError);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);  // a worker runs its function here and exits
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,528 @@
+// The ZeRO engine's rules, with ranks as threads (tests/support/thread_group.h): schedulers,
+// the loss scaler, CPU Adam, fp16 overflow handling, clipping, accumulation, memory, bytes
+// sent, checkpoints (layout, bitwise resume, another world size, to-fp32), Lamb and SGD.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "dtrain/checkpoint.h"
+#include "dtrain/ddp.h"
+#include "dtrain/zero.h"
+#include "launcher/subprocess.h"
+#include "support/thread_group.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dtrain::ProcessGroup;
+using dtrain::test::run_ranks;
+using nlohmann::json;
+using namespace torch::nn;
+using Params = std::vector<torch::Tensor>;
+
+// The same initial parameters in every run (ranks are threads: one seeds at a time).
+Sequential make_model(torch::Dtype dt = torch::kFloat64) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  torch::manual_seed(1234);
+  Sequential m(Linear(20, 33), Tanh(), Linear(33, 3));
+  m->to(dt);
+  return m;
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+Data make_data(int64_t rows, torch::Dtype dt = torch::kFloat64) {
+  torch::manual_seed(7);
+  auto x = torch::randn({rows, 20}).to(dt);
+  return {x, torch::randint(0, 3, {rows}, torch::kLong)};
+}
+
+json config(int stage, int micro, int gas = 1, json extra = json::object()) {
+  json c = {{"train_micro_batch_size_per_gpu", micro},
+            {"gradient_accumulation_steps", gas},
+            {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
+            {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 300}}}};
+  c.merge_patch(extra);
+  return c;
+}
+
+// Steps [first, first + steps): rank r's micro-batch j of step s reads rows
+// s*G + r*gas*micro + j*micro, G = world*gas*micro: the same rows for any split of G.
+template <class E>
+std::vector<double> train(E& e, const Data& d, int rank, int world, int micro, int gas, int first, int steps) {
+  std::vector<double> losses;
+  const int64_t G = int64_t(world) * gas * micro;
+  for (int s = first; s < first + steps; ++s) {
+    for (int j = 0; j < gas; ++j) {
+      int64_t row = s * G + int64_t(rank) * gas * micro + int64_t(j) * micro;
+      auto loss = functional::cross_entropy(e(d.x.narrow(0, row, micro)), d.y.narrow(0, row, micro));
+      e.backward(loss);
+      e.step();
+      losses.push_back(loss.template item<double>());
+    }
+  }
+  return losses;
+}
+
+template <class E>
+Params params_of(E& e) {
+  if (e.config().zero.stage == 3) e.core().before_forward();  // gathers (a collective)
+  Params out;
+  for (auto& p : e.module()->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double max_rel(const Params& a, const Params& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    auto bd = b[i].to(torch::kFloat64);
+    double diff = (a[i].to(torch::kFloat64) - bd).abs().max().item<double>();
+    worst = std::max(worst, diff / std::max(bd.abs().max().item<double>(), 1e-12));
+  }
+  return worst;
+}
+
+// Trains a fresh model on `world` thread-ranks and returns rank 0's final parameters.
+Params run_zero(int world, const json& cfg, const Data& d, int micro, int gas, int steps) {
+  Params result;
+  std::mutex mu;
+  run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(make_model(d.x.scalar_type()), cfg, {pg});
+    train(e, d, pg->rank(), world, micro, gas, 0, steps);
+    auto p = params_of(e);
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg->rank() == 0) result = p;
+  });
+  return result;
+}
+
+TEST(ZeroScheduler, FollowsDeepSpeedsFormulas) {
+  dtrain::zero::SchedulerConfig c;
+  c.type = "WarmupLR";
+  c.warmup_min_lr = 0;
+  c.warmup_max_lr = 0.1;
+  c.warmup_num_steps = 10;
+  dtrain::zero::LRScheduler s(c, 1.0, 0.9);
+  EXPECT_DOUBLE_EQ(s.lr(), 0.0);  // log(1)
+  s.set_iteration(4);
+  EXPECT_DOUBLE_EQ(s.lr(), 0.1 * std::log(5.0) / std::log(10.0));
+  s.set_iteration(50);
+  EXPECT_DOUBLE_EQ(s.lr(), 0.1);
+  c.warmup_type = "linear";
+  c.type = "WarmupDecayLR";
+  c.total_num_steps = 20;
+  dtrain::zero::LRScheduler d(c, 1.0, 0.9);
+  d.set_iteration(5);
+  EXPECT_DOUBLE_EQ(d.lr(), 0.05);
+  d.set_iteration(15);
+  EXPECT_DOUBLE_EQ(d.lr(), 0.1 * 5 / 10);
+  d.set_iteration(25);
+  EXPECT_DOUBLE_EQ(d.lr(), 0.0);
+  c.type = "WarmupCosineLR";
+  dtrain::zero::LRScheduler cosine(c, 0.2, 0.9);
+  cosine.set_iteration(5);
+  EXPECT_DOUBLE_EQ(cosine.lr(), 0.2 * 0.5);
+  cosine.set_iteration(12);
+  EXPECT_NEAR(cosine.lr(), 0.2 * (1e-4 + (1 - 1e-4) * (1 + std::cos(M_PI * 3 / 10)) / 2), 1e-15);
+  dtrain::zero::SchedulerConfig oc;
+  oc.type = "OneCycle";
+  oc.cycle_min_lr = 0.01;
+  oc.cycle_max_lr = 0.1;
+  oc.cycle_first_step_size = 10;
+  oc.decay_step_size = 5;
+  oc.decay_lr_rate = 0.5;
+  dtrain::zero::LRScheduler one(oc, 1.0, 0.9);
+  one.set_iteration(5);
+  EXPECT_NEAR(one.lr(), 0.055, 1e-15);
+  one.set_iteration(10);
+  EXPECT_NEAR(one.lr(), 0.1, 1e-15);
+  EXPECT_NEAR(one.momentum(), 0.8, 1e-15);  // momentum cycles inversely
+  one.set_iteration(20);
+  EXPECT_NEAR(one.lr(), 0.01, 1e-15);
+  one.set_iteration(30);  // 2 decay intervals after the cycle
+  EXPECT_NEAR(one.lr(), 0.01 / (1 + 0.5 * 2), 1e-15);
+  dtrain::zero::SchedulerConfig rt;
+  rt.type = "LRRangeTest";
+  rt.lr_range_test_min_lr = 0.001;
+  rt.lr_range_test_step_size = 10;
+  dtrain::zero::LRScheduler range(rt, 1.0, 0.9);
+  EXPECT_DOUBLE_EQ(range.lr(), 0.001 * 1.1);
+  rt.lr_range_test_staircase = true;
+  dtrain::zero::LRScheduler stairs(rt, 1.0, 0.9);
+  EXPECT_DOUBLE_EQ(stairs.lr(), 0.001);
+  stairs.set_iteration(18);  // floor(19 / 10) = 1
+  EXPECT_DOUBLE_EQ(stairs.lr(), 0.002);
+}
+
+TEST(ZeroLossScaler, FollowsDeepSpeedsDynamicRules) {
+  dtrain::zero::Fp16Config c;
+  c.enabled = true;
+  c.initial_scale_power = 4;
+  c.hysteresis = 2;
+  c.loss_scale_window = 3;
+  c.min_loss_scale = 4;
+  dtrain::zero::LossScaler s(c);
+  EXPECT_EQ(s.scale(), 16);
+  s.update(true);  // hysteresis absorbs the first overflow
+  EXPECT_EQ(s.scale(), 16);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 8);
+  s.update(false);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 8);
+  s.update(false);  // loss_scale_window clean steps since the last overflow
+  EXPECT_EQ(s.scale(), 16);
+  s.update(true);
+  s.update(true);
+  s.update(true);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 4);  // not below min_loss_scale
+  c.loss_scale = 128;  // static
+  dtrain::zero::LossScaler fixed(c);
+  fixed.update(true);
+  EXPECT_EQ(fixed.scale(), 128);
+}
+
+TEST(ZeroCpuAdam, MatchesTorchOptimAdamAndAdamW) {
+  for (bool adamw : {false, true}) {
+    torch::manual_seed(3);
+    const int64_t n = 1 << 20;
+    auto w = torch::randn({n});
+    auto ref = w.clone().requires_grad_(true);
+    auto m = torch::zeros({n}), v = torch::zeros({n});
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (adamw) opt = std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{ref}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    else opt = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{ref}, torch::optim::AdamOptions(1e-3).weight_decay(0.01));
+    for (int step = 1; step <= 3; ++step) {
+      auto g = torch::randn({n});
+      ref.mutable_grad() = g.clone();
+      opt->step();
+      dtrain::zero::cpu_adam_step(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, step,
+                                  1e-3, 0.9, 0.999, 1e-8, 0.01, adamw);
+    }
+    double rel = (w - ref.detach()).abs().max().item<double>() / ref.detach().abs().max().item<double>();
+    EXPECT_LE(rel, 1e-6) << (adamw ? "AdamW" : "Adam");
+  }
+}
+
+// A Linear whose 16-bit weights are used in float32 (CPU matmuls have no float16 kernel in
+// libtorch 1.13); the gradient flows back into the 16-bit parameters.
+struct HalfLinearImpl : Module {
+  Linear inner{nullptr};
+  HalfLinearImpl(int in, int out) { inner = register_module("inner", Linear(in, out)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return functional::linear(x.to(torch::kFloat32), inner->weight.to(torch::kFloat32), inner->bias.to(torch::kFloat32));
+  }
+};
+TORCH_MODULE(HalfLinear);
+
+TEST(ZeroFp16, OverflowSkipsTheStepAndTheSchedulerAndLowersTheScale) {
+  auto d = make_data(64, torch::kFloat32);
+  json cfg = {{"train_micro_batch_size_per_gpu", 4},
+              {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
+              {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 100}, {"warmup_type", "linear"}, {"warmup_max_lr", 0.01}}}}},
+              {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}, {"loss_scale_window", 1000}}},
+              {"zero_optimization", {{"stage", 2}}}};
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(HalfLinear(20, 3), cfg, {pg});
+    EXPECT_EQ(e.module()->inner->weight.scalar_type(), torch::kHalf);
+    const int r = pg->rank();
+    auto one_step = [&](int s, double factor) {
+      auto x = d.x.narrow(0, s * 8 + r * 4, 4);
+      auto loss = functional::cross_entropy(e(x), d.y.narrow(0, s * 8 + r * 4, 4)) * factor;
+      e.backward(loss);
+      e.step();
+    };
+    one_step(0, 1);
+    one_step(1, 1);
+    EXPECT_EQ(e.loss_scale(), 256);
+    const double lr_before = e.get_lr();
+    auto before = e.module()->inner->weight.detach().clone();
+    e.core().inject_overflow();  // an injected overflow on every rank
+    one_step(2, 1);
+    EXPECT_TRUE(torch::equal(before, e.module()->inner->weight.detach()));
+    EXPECT_EQ(e.skipped_steps(), 1);
+    EXPECT_EQ(e.global_steps(), 3);
+    EXPECT_EQ(e.loss_scale(), 128);
+    EXPECT_EQ(e.get_lr(), lr_before);  // the scheduler did not step
+    // A real overflow, on rank 1 only: every rank skips.
+    before = e.module()->inner->weight.detach().clone();
+    one_step(3, r == 1 ? 1e6 : 1);
+    EXPECT_TRUE(torch::equal(before, e.module()->inner->weight.detach()));
+    EXPECT_EQ(e.skipped_steps(), 2);
+    EXPECT_EQ(e.loss_scale(), 64);
+    one_step(4, 1);
+    EXPECT_FALSE(torch::equal(before, e.module()->inner->weight.detach()));
+    EXPECT_GT(e.get_lr(), lr_before);
+  });
+}
+
+TEST(ZeroBf16, TrainsAToyTask) {
+  // Two well separated classes: bf16 parameters with an fp32 master reach ~100% accuracy.
+  torch::manual_seed(11);
+  auto y = torch::randint(0, 2, {512}, torch::kLong);
+  auto x = torch::randn({512, 20}) * 0.5 + (y.to(torch::kFloat32) * 2 - 1).unsqueeze(1);
+  json cfg = {{"train_micro_batch_size_per_gpu", 16},
+              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+              {"bf16", {{"enabled", true}}},
+              {"zero_optimization", {{"stage", 2}}}};
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = Sequential(Linear(20, 16), ReLU(), Linear(16, 2));
+    auto e = dtrain::zero::initialize(model, cfg, {pg});
+    for (int s = 0; s < 16; ++s) {
+      int64_t row = s * 32 + pg->rank() * 16;
+      auto out = e(x.narrow(0, row, 16).to(torch::kBFloat16));
+      e.backward(functional::cross_entropy(out.to(torch::kFloat32), y.narrow(0, row, 16)));
+      e.step();
+    }
+    torch::NoGradGuard ng;
+    auto pred = e(x.to(torch::kBFloat16)).to(torch::kFloat32).argmax(1);
+    double acc = pred.eq(y).to(torch::kFloat64).mean().item<double>();
+    EXPECT_GE(acc, 0.97);
+    EXPECT_EQ(model->parameters()[0].scalar_type(), torch::kBFloat16);
+  });
+}
+
+TEST(ZeroEngine, AccumulationOfKMicroBatchesEqualsOneBatchKTimesLarger) {
+  auto d = make_data(2 * 8 * 6);
+  for (int stage : {0, 1, 2, 3}) {
+    auto acc = run_zero(2, config(stage, 2, 4), d, 2, 4, 6);
+    auto big = run_zero(2, config(stage, 8, 1), d, 8, 1, 6);
+    EXPECT_LE(max_rel(acc, big), 1e-9) << "stage " << stage;
+  }
+}
+
+TEST(ZeroEngine, ClippingUsesTheGlobalNormOfThePartitionedGradients) {
+  auto d = make_data(2 * 4 * 8);
+  for (int stage : {1, 2, 3}) {
+    json cfg = config(stage, 4, 1, {{"gradient_clipping", 0.05}, {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.5}}}}}});
+    Params zero, ddp;
+    std::mutex mu;
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(), cfg, {pg});
+      // The reference: DDP, clip_grad_norm_ over the full averaged gradients, SGD.
+      auto model = make_model();
+      dtrain::DistributedDataParallel dp(model, {.group = pg});
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.5));
+      {
+        torch::NoGradGuard ng;  // start from the engine's (rank 0's) parameters
+        auto src = params_of(e);
+        for (size_t i = 0; i < src.size(); ++i) model->parameters()[i].copy_(src[i]);
+      }
+      for (int s = 0; s < 8; ++s) {
+        int64_t row = s * 8 + pg->rank() * 4;
+        auto loss = functional::cross_entropy(e(d.x.narrow(0, row, 4)), d.y.narrow(0, row, 4));
+        e.backward(loss);
+        e.step();
+        EXPECT_GT(e.core().last_grad_norm(), 0.05);  // clipping is active
+        opt.zero_grad();
+        functional::cross_entropy(dp(d.x.narrow(0, row, 4)), d.y.narrow(0, row, 4)).backward();
+        utils::clip_grad_norm_(model->parameters(), 0.05);
+        opt.step();
+      }
+      auto z = params_of(e);
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() == 0) {
+        zero = z;
+        for (auto& p : model->parameters()) ddp.push_back(p.detach().clone());
+      }
+    });
+    EXPECT_LE(max_rel(zero, ddp), 1e-9) << "stage " << stage;
+  }
+}
+
+TEST(ZeroEngine, LambAndSgdOnPartitionsEqualOneRank) {
+  auto d = make_data(2 * 4 * 6);
+  for (const char* opt : {"Lamb", "SGD"}) {
+    json o = {{"optimizer", {{"type", opt}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.01}}}}}};
+    if (std::string(opt) == "SGD") o["optimizer"]["params"]["momentum"] = 0.9;
+    for (int stage : {1, 3}) {
+      auto two = run_zero(2, config(stage, 4, 1, o), d, 4, 1, 6);
+      auto one = run_zero(1, config(0, 8, 1, o), d, 8, 1, 6);
+      EXPECT_LE(max_rel(two, one), 1e-9) << opt << " stage " << stage;
+    }
+  }
+}
+
+TEST(ZeroEngine, MemoryIsPartitionedByStage) {
+  const int N = 4;
+  auto d = make_data(N * 4 * 2, torch::kFloat32);
+  std::map<std::string, dtrain::zero::MemoryUsage> mem;
+  std::map<std::string, int64_t> bytes;
+  std::mutex mu;
+  for (std::string v : {"0", "1", "2", "3", "3off"}) {
+    json extra = {{"zero_optimization", {{"reduce_bucket_size", 64}}}};
+    if (v == "3off") extra["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, extra["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+    run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), config(v[0] - '0', 4, 1, extra), {pg});
+      train(e, d, pg->rank(), N, 4, 1, 0, 2);
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() == 1) mem[v] = e.memory(), bytes[v] = e.bytes_sent_last_step();
+    });
+  }
+  const int64_t n = 795, padded = 796, part = padded / N;
+  EXPECT_EQ(mem["0"].params(), padded * 4);
+  EXPECT_EQ(mem["0"].grads(), padded * 4);
+  EXPECT_EQ(mem["0"].optimizer(), 2 * padded * 4);
+  EXPECT_EQ(mem["1"].optimizer() * N, mem["0"].optimizer());  // 1/N (padding included)
+  EXPECT_EQ(mem["1"].grads(), padded * 4);
+  EXPECT_EQ(mem["2"].optimizer(), 2 * part * 4);
+  // 1/N + one bucket (a bucket closes at the parameter that fills it: at most cap + the
+  // largest parameter, 660 elements here).
+  EXPECT_GT(mem["2"].grads(), part * 4);
+  EXPECT_LE(mem["2"].grads(), part * 4 + (64 + 660) * 4);
+  EXPECT_EQ(mem["3"].params(), part * 4);  // between steps: only the partition
+  EXPECT_EQ(mem["3"].optimizer(), 2 * part * 4);
+  EXPECT_EQ(mem["3off"].optimizer_device, 0);
+  EXPECT_EQ(mem["3off"].optimizer_cpu, 3 * part * 4);  // fp32 master + exp_avg + exp_avg_sq
+  EXPECT_EQ(mem["3off"].params_device, 0);
+  EXPECT_EQ(mem["3off"].params_cpu, part * 4);
+  // Bytes sent per step (ring volumes): stage 0 all-reduces; stages 1-2 reduce-scatter (or
+  // reduce to owners) + all-gather: what DDP's all-reduce sends. Stage 3 gathers the whole
+  // module once per step (forward and backward share it), so it sends the same.
+  const int64_t ddp = 2 * (N - 1) * padded * 4 / N;
+  EXPECT_EQ(bytes["0"], ddp);
+  EXPECT_EQ(bytes["1"], ddp);
+  EXPECT_NEAR(double(bytes["2"]), double(ddp), 4.0 * (N - 1));  // the reduce skips the padding
+  EXPECT_NEAR(double(bytes["3"]), double(ddp), 4.0 * (N - 1));
+  (void)n;
+}
+
+// Checkpoints: layout, bitwise resume, another world size, consolidation.
+fs::path temp_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("zero_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+TEST(ZeroCheckpoint, DeepSpeedLayoutAndBitwiseResume) {
+  auto d = make_data(2 * 4 * 10, torch::kFloat32);
+  for (std::string v : {"1", "2", "3", "2off"}) {
+    json extra = json::object();
+    if (v == "2off") extra = {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}};
+    json cfg = config(v[0] - '0', 4, 1, extra);
+    auto dir = temp_dir("resume" + v);
+    auto straight = run_zero(2, cfg, d, 4, 1, 10);
+    Params resumed;
+    std::mutex mu;
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 5);
+      e.save_checkpoint(dir.string());
+    });
+    EXPECT_TRUE(fs::exists(dir / "global_step5" / "mp_rank_00_model_states.pt"));
+    EXPECT_TRUE(fs::exists(dir / "global_step5" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+    EXPECT_TRUE(fs::exists(dir / "global_step5" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"));
+    std::ifstream latest(dir / "latest");
+    std::string tag;
+    latest >> tag;
+    EXPECT_EQ(tag, "global_step5");
+    for (auto& entry : fs::directory_iterator(dir))  // nothing half-written left behind
+      EXPECT_TRUE(entry.path().filename() == "latest" || entry.path().filename() == "global_step5") << entry.path();
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
+      EXPECT_EQ(e.load_checkpoint(dir.string()), "global_step5");
+      EXPECT_EQ(e.global_steps(), 5);
+      train(e, d, pg->rank(), 2, 4, 1, 5, 5);
+      auto p = params_of(e);
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() == 0) resumed = p;
+    });
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (size_t i = 0; i < resumed.size(); ++i) EXPECT_TRUE(torch::equal(resumed[i], straight[i])) << "stage " << v << " tensor " << i;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(ZeroCheckpoint, SavedOnTwoRanksLoadsOnFourWithOptimizerState) {
+  // 2 ranks x batch 4 and 4 ranks x batch 2 read the same 8 rows per step.
+  auto d = make_data(8 * 10);
+  for (int stage : {1, 3}) {
+    auto dir = temp_dir("reshard" + std::to_string(stage));
+    auto straight = run_zero(2, config(stage, 4), d, 4, 1, 10);
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(), config(stage, 4), {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 5);
+      e.save_checkpoint(dir.string());
+    });
+    Params resumed;
+    std::mutex mu;
+    run_ranks(4, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(), config(stage, 2), {pg});
+      e.load_checkpoint(dir.string());
+      train(e, d, pg->rank(), 4, 2, 1, 5, 5);
+      auto p = params_of(e);
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() == 0) resumed = p;
+    });
+    // Adam's state came along: without it the 5 later steps would differ at ~1e-2.
+    EXPECT_LE(max_rel(resumed, straight), 1e-9) << "stage " << stage;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
+  auto d = make_data(2 * 4 * 3, torch::kFloat32);
+  auto dir = temp_dir("tofp32");
+  Params trained;
+  std::mutex mu;
+  json cfg = config(3, 4, 1, {{"bf16", {{"enabled", true}}}});
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto model = Sequential(Linear(20, 33), Tanh(), Linear(33, 3));
+    auto e = dtrain::zero::initialize(model, cfg, {pg});
+    for (int s = 0; s < 3; ++s) {
+      int64_t row = s * 8 + pg->rank() * 4;
+      e.backward(functional::cross_entropy(e(d.x.narrow(0, row, 4).to(torch::kBFloat16)).to(torch::kFloat32), d.y.narrow(0, row, 4)));
+      e.step();
+    }
+    e.save_checkpoint(dir.string());
+    auto p = params_of(e);
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg->rank() == 0) trained = p;
+  });
+  auto out = dir / "consolidated.pt";
+  auto r = dtrain::test::run_command({DTRAIN_BIN, "zero", "to-fp32", dir.string(), out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto sd = dtrain::zero::load_state_dict_file(out.string());
+  auto plain = make_model(torch::kFloat32);
+  dtrain::load_state_dict(*plain, sd);  // strict: every name and shape matches
+  auto params = plain->parameters();
+  ASSERT_EQ(params.size(), trained.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].scalar_type(), torch::kFloat32);
+    // The fp32 master rounds to the bf16 parameters the model trained with.
+    EXPECT_TRUE(torch::equal(params[i].to(torch::kBFloat16), trained[i])) << i;
+  }
+  r = dtrain::test::run_command({DTRAIN_BIN, "zero", "to-fp32", (dir / "nothing").string(), out.string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("latest does not exist"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+TEST(ZeroEngine, BadSetupsAreClearErrors) {
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    json no_opt = {{"train_batch_size", 4}};
+    try {
+      dtrain::zero::initialize(make_model(), no_opt, {pg});
+      ADD_FAILURE() << "no error";
+    } catch (const dtrain::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("no \"optimizer\" section"), std::string::npos) << e.what();
+    }
+    auto mixed = make_model();
+    mixed[0]->to(torch::kFloat32);
+    try {
+      dtrain::zero::initialize(mixed, config(1, 4), {pg});
+      ADD_FAILURE() << "no error";
+    } catch (const dtrain::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("one dtype and device"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
