@@ -22,6 +22,8 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread
   # libraries we build on
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  # the MLflow client (src/tracking); headless Chromium for the MLflow UI screenshot test
+  libcurl4-openssl-dev chromium
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
   # the venv of PyPI peers (scripts/python_env.sh): PyTorch 2.x, ...

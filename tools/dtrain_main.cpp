@@ -13,6 +13,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/zero_config.h"
 #include "launch/options_internal.h"
+#include "tracking/job_outcome.h"
 
 extern char** environ;
 
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> after_dashes;
   CLI::App* run = app.add_subcommand("run", "Launch PROGRAM on N worker processes (torchrun-compatible)");
   dtrain::add_run_options(*run, run_args);
+  std::string mlflow_run_id;
+  run->add_option("--mlflow-run-id", mlflow_run_id,
+                  "MLflow run (at MLFLOW_TRACKING_URI) to continue and tag with the job's outcome; default: "
+                  "MLFLOW_RUN_ID when set");
   try {
     // CLI11 rejects a "--" before PROGRAM under a subcommand (`dtrain run -- prog`), so
     // parse only what precedes the first "--". Options end at PROGRAM (prefix_command), so
@@ -102,7 +107,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return dtrain::run_launch(std::move(options));
+    dtrain::tracking::JobOutcome outcome(options, mlflow_run_id);  // MLflow: the run gets the job's outcome
+    int rc = dtrain::run_launch(std::move(options));
+    outcome.report(rc);
+    return rc;
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
     cancel_slurm_step(run_args);

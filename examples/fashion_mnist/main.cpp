@@ -9,6 +9,10 @@
 // object: world_size, epochs, steps, samples_per_s (global, training loop only),
 // test_accuracy, model, batch_size, lr, seconds, param_digest (FNV-1a of the final
 // parameters' bytes: equal digests mean bitwise-equal models).
+//
+// With MLFLOW_TRACKING_URI set, rank 0 logs an MLflow run (dtrain::mlflow): the parameters
+// (world_size, effective_batch_size, ...), per-step loss and samples/s, per-epoch test
+// accuracy, and the final model. With DTRAIN_TIMELINE=FILE every rank records a timeline.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -38,6 +42,8 @@ struct Config {
   bool no_eval = false;
   std::string schedule = "cosine";  // learning rate over the run: cosine decay to 0, or constant
   std::string backend = "auto";      // init_process_group's backend
+  int64_t crash_at_step = 0;         // failure drills: exit(3) after this step on crash_rank
+  int crash_rank = 1;
 };
 
 }  // namespace
@@ -88,9 +94,19 @@ double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, 
   return static_cast<double>(counts[0].item<int64_t>()) / static_cast<double>(counts[1].item<int64_t>());
 }
 
-int train(const Config& cfg) {
+int train(const Config& cfg, dtrain::mlflow::Run& run) {
   auto pg = dtrain::init_process_group({.backend = cfg.backend});
   const int rank = pg->rank(), world = pg->world_size();
+  run = dtrain::mlflow::Run::start({.run_name = "fashion-mnist-" + cfg.model});  // rank 0 only
+  run.log_params({{"world_size", std::to_string(world)},
+                  {"batch_size", std::to_string(cfg.batch_size)},
+                  {"effective_batch_size", std::to_string(cfg.batch_size * world)},
+                  {"lr", std::to_string(cfg.lr)},
+                  {"epochs", std::to_string(cfg.epochs)},
+                  {"model", cfg.model},
+                  {"schedule", cfg.schedule},
+                  {"seed", std::to_string(cfg.seed)},
+                  {"backend", pg->backend_name()}});
   auto train_set = fashion_mnist::load_split(cfg.data_dir, true);
   auto test_set = fashion_mnist::load_split(cfg.data_dir, false);
 
@@ -117,6 +133,8 @@ int train(const Config& cfg) {
   };
 
   const int64_t steps_per_epoch = (sampler.num_samples() + cfg.batch_size - 1) / cfg.batch_size;
+  dtrain::Progress progress({.epochs = cfg.epochs, .steps_per_epoch = steps_per_epoch,
+                             .every_steps = cfg.log_every > 0 ? cfg.log_every : 1 << 30, .out = stdout});
   double train_seconds = 0;
   int64_t samples_seen = 0;  // by this rank, in the timed loop
   double accuracy = -1;
@@ -126,12 +144,15 @@ int train(const Config& cfg) {
     auto indices = torch::tensor(sampler.indices(), torch::kLong);
     int64_t first_batch = epoch == state.epoch ? state.batch_in_epoch : 0;
     auto t0 = std::chrono::steady_clock::now();
-    auto window_start = t0;
-    int64_t window_samples = 0;
     for (int64_t b = first_batch; b < steps_per_epoch; ++b) {
-      auto idx = indices.narrow(0, b * cfg.batch_size, std::min<int64_t>(cfg.batch_size, indices.size(0) - b * cfg.batch_size));
-      auto x = train_set.images.index_select(0, idx);
-      auto y = train_set.labels.index_select(0, idx);
+      auto step_start = std::chrono::steady_clock::now();
+      torch::Tensor idx, x, y;
+      {
+        dtrain::timeline::Span span("data");
+        idx = indices.narrow(0, b * cfg.batch_size, std::min<int64_t>(cfg.batch_size, indices.size(0) - b * cfg.batch_size));
+        x = train_set.images.index_select(0, idx);
+        y = train_set.labels.index_select(0, idx);
+      }
       if (cfg.schedule == "cosine") {
         // Depends on the step alone, so a resumed run follows the same schedule.
         double progress = static_cast<double>(state.step) / static_cast<double>(cfg.epochs * steps_per_epoch);
@@ -139,21 +160,33 @@ int train(const Config& cfg) {
         for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
       }
       optimizer.zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(ddp(x), y);
-      loss.backward();
-      optimizer.step();
+      torch::Tensor loss;
+      {
+        dtrain::timeline::Span span("forward", "compute");
+        loss = torch::nn::functional::cross_entropy(ddp(x), y);
+      }
+      {
+        dtrain::timeline::Span span("backward", "compute");
+        loss.backward();
+      }
+      {
+        dtrain::timeline::Span span("optimizer step", "compute");
+        optimizer.step();
+      }
       ++state.step;
       samples_seen += idx.size(0);
-      window_samples += idx.size(0);
-      if (rank == 0 && cfg.log_every > 0 && state.step % cfg.log_every == 0) {
-        auto now = std::chrono::steady_clock::now();
-        double secs = std::chrono::duration<double>(now - window_start).count();
-        std::printf("epoch %lld step %lld/%lld loss %.4f samples/s %.0f\n", static_cast<long long>(epoch + 1),
-                    static_cast<long long>(b + 1), static_cast<long long>(steps_per_epoch), loss.item<double>(),
-                    window_samples * world / std::max(secs, 1e-9));
-        std::fflush(stdout);
-        window_start = now;
-        window_samples = 0;
+      if (cfg.crash_at_step > 0 && state.step == cfg.crash_at_step && rank == cfg.crash_rank) {
+        std::fprintf(stderr, "fashion_mnist: crashing on purpose on rank %d at step %lld (--crash-at-step)\n", rank,
+                     static_cast<long long>(state.step));
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      if (rank == 0) {
+        double loss_value = loss.item<double>();
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+        progress.step(epoch, b + 1, idx.size(0) * world, loss_value);
+        run.log_metric("loss", loss_value, state.step);
+        run.log_metric("samples_per_s", static_cast<double>(idx.size(0) * world) / std::max(secs, 1e-9), state.step);
       }
       bool at_limit = cfg.max_steps > 0 && state.step >= cfg.max_steps;
       bool last_in_epoch = b + 1 == steps_per_epoch;
@@ -178,12 +211,18 @@ int train(const Config& cfg) {
     state.sampler_epoch = epoch + 1;
     if (!cfg.no_eval) {
       accuracy = evaluate(model, test_set, rank, world);
-      if (rank == 0) std::printf("epoch %lld test accuracy %.4f\n", static_cast<long long>(epoch + 1), accuracy);
+      if (rank == 0) {
+        char line[64];
+        std::snprintf(line, sizeof line, "epoch %lld test accuracy %.4f", static_cast<long long>(epoch + 1), accuracy);
+        progress.message(line);
+        run.log_metric("test_accuracy", accuracy, epoch + 1);
+      }
     }
     save(state);
     if (cfg.max_steps > 0 && state.step >= cfg.max_steps) break;
   }
   if (accuracy < 0 && !cfg.no_eval) accuracy = evaluate(model, test_set, rank, world);
+  progress.finish();
   if (rank == 0) {
     nlohmann::json out{{"world_size", world},
                        {"epochs", cfg.epochs},
@@ -198,6 +237,12 @@ int train(const Config& cfg) {
                        {"param_digest", param_digest(*model)},
                        {"backend", pg->backend_name()}};
     std::printf("%s\n", out.dump().c_str());
+    std::fflush(stdout);
+    if (run.active()) {
+      run.log_metrics({{"final_test_accuracy", accuracy}, {"train_seconds", train_seconds}}, state.step);
+      dtrain::mlflow::log_model(run, *model);  // the unwrapped module, not the DDP wrapper
+      run.end(dtrain::mlflow::RunStatus::Finished);
+    }
   }
   dtrain::destroy_process_group();
   return 0;
@@ -230,23 +275,28 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
   app.add_option("--backend", cfg.backend, "Process group backend: auto (shared memory when all ranks are local), shm or gloo")
       ->capture_default_str()->check(CLI::IsMember({"auto", "shm", "gloo"}));
+  app.add_option("--crash-at-step", cfg.crash_at_step, "Failure drill: exit with code 3 after step N on --crash-rank");
+  app.add_option("--crash-rank", cfg.crash_rank, "Rank that --crash-at-step crashes")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  dtrain::mlflow::Run run;
   try {
     if (app.count("--deepspeed") || !ds_config2.empty()) {
-      fashion_mnist::DeepSpeedRun run{.config = ds_config.empty() ? ds_config2 : ds_config, .epochs = cfg.epochs,
+      fashion_mnist::DeepSpeedRun ds_run{.config = ds_config.empty() ? ds_config2 : ds_config, .epochs = cfg.epochs,
                                       .model = cfg.model, .data_dir = cfg.data_dir, .seed = cfg.seed,
                                       .max_steps = cfg.max_steps, .no_eval = cfg.no_eval, .log_every = cfg.log_every,
                                       .backend = cfg.backend};
-      if (run.config.empty()) throw dtrain::UsageError("--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
-      return fashion_mnist::train_deepspeed(run);
+      if (ds_run.config.empty()) throw dtrain::UsageError("--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
+      return fashion_mnist::train_deepspeed(ds_run);
     }
-    return train(cfg);
+    return train(cfg, run);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    run.set_tag("error", e.what());
+    run.end(dtrain::mlflow::RunStatus::Failed);
     return 1;
   }
 }

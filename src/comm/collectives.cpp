@@ -15,6 +15,7 @@
 #include "comm/c10d_compat.h"
 #include "comm/shm/shm_group.h"
 #include "dtrain/error.h"
+#include "dtrain/timeline.h"
 
 namespace dtrain {
 
@@ -250,6 +251,7 @@ void Work::wait() {
   if (timeout.count() <= 0) timeout = group_ ? group_timeout(*group_) : std::chrono::minutes(30);
   std::exception_ptr error;
   try {
+    timeline::Span span("collective wait", "comm");  // timeline hook
     work_->wait(timeout);
   } catch (...) {
     error = std::current_exception();
@@ -343,6 +345,7 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
 }
 
 void all_reduce(torch::Tensor& tensor, const AllReduceOptions& options) {
+  timeline::Span span("all_reduce", "comm", static_cast<int64_t>(tensor.nbytes()));  // timeline hook
   all_reduce_async(tensor, options).wait();
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dtrain/error.h"
+#include "dtrain/timeline.h"
 
 namespace dtrain {
 
@@ -215,6 +216,7 @@ void Reducer::install_hooks() {
 
 void Reducer::before_forward() {
   if (options_.broadcast_buffers && !buffers_.empty() && group_->world_size() > 1) {
+    timeline::Span span("ddp broadcast buffers", "comm");  // timeline hook
     broadcast_state(buffers_);
   }
 }
@@ -261,6 +263,8 @@ void Reducer::launch(Bucket& bucket, size_t index) {
   gb.buffer = bucket.buffer;
   for (size_t i : bucket.params) gb.parameters.push_back(params_[i]);
   gb.is_last = index + 1 == buckets_.size();
+  timeline::Span span("ddp bucket all_reduce launch", "comm", static_cast<int64_t>(bucket.buffer.nbytes()),  // timeline hook
+                      static_cast<int64_t>(index));
   bucket.work = options_.comm_hook(*group_, gb);
   bucket.launched = true;
 }
@@ -293,7 +297,12 @@ void Reducer::finalize() {
   }
   launch_ready_buckets();
   DTRAIN_ASSERT(next_bucket_ == buckets_.size(), "every bucket must be launched at the end of backward");
-  for (auto& bucket : buckets_) bucket.work.wait();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    timeline::Span span("ddp bucket wait", "comm", static_cast<int64_t>(buckets_[b].buffer.nbytes()),  // timeline hook
+                        static_cast<int64_t>(b));
+    buckets_[b].work.wait();
+  }
+  timeline::Span span("ddp copy gradients", "compute");  // timeline hook
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     for (size_t s = 0; s < bucket.params.size(); ++s) {

@@ -1,0 +1,98 @@
+// Where an MLflow run's data goes: the REST API of a tracking server, or MLflow's file-store
+// layout on disk. Internal to src/tracking.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/error.h"
+#include "dtrain/mlflow.h"
+
+namespace dtrain::mlflow::detail {
+
+// runs/log-batch limits of MLflow's REST API.
+constexpr size_t kMaxMetrics = 1000;  // also the limit on entries of all kinds together
+constexpr size_t kMaxParams = 100;
+constexpr size_t kMaxTags = 100;
+
+int64_t now_ms();
+
+struct Entry {
+  enum Kind { Metric = 0, Param = 1, Tag = 2 } kind;
+  std::string key;
+  std::string text;  // param or tag value
+  double number = 0;  // metric value
+  int64_t timestamp = 0;
+  int64_t step = 0;
+};
+
+struct RunInfo {
+  std::string run_id;
+  std::string experiment_id;
+  std::string artifact_uri;
+};
+
+// The server answered with a client error (4xx): retrying the same request cannot help.
+class RejectedError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual RunInfo create_run(const std::string& experiment, const std::string& run_name,
+                             const std::map<std::string, std::string>& tags) = 0;
+  virtual RunInfo get_run(const std::string& run_id) = 0;
+  virtual void log_batch(const std::string& run_id, const std::vector<Entry>& entries) = 0;
+  virtual void update_run(const std::string& run_id, RunStatus status) = 0;
+  virtual void upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) = 0;
+};
+
+class RestStore : public Store {
+ public:
+  RestStore(std::string base_url, std::chrono::milliseconds timeout);
+  RunInfo create_run(const std::string& experiment, const std::string& run_name,
+                     const std::map<std::string, std::string>& tags) override;
+  RunInfo get_run(const std::string& run_id) override;
+  void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
+  void update_run(const std::string& run_id, RunStatus status) override;
+  void upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) override;
+
+ private:
+  std::string call(const std::string& method, const std::string& endpoint, const std::string& body,
+                   bool allow_not_found = false, long* status = nullptr);
+  std::string base_;
+  std::chrono::milliseconds timeout_;
+};
+
+// MLflow's file store: ROOT/<experiment id>/{meta.yaml, <run id>/{meta.yaml, metrics/, params/,
+// tags/, artifacts/}}; readable by MLflow's own client and `mlflow ui --backend-store-uri ROOT`.
+class FileStore : public Store {
+ public:
+  explicit FileStore(std::string root);
+  RunInfo create_run(const std::string& experiment, const std::string& run_name,
+                     const std::map<std::string, std::string>& tags) override;
+  RunInfo get_run(const std::string& run_id) override;
+  void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
+  void update_run(const std::string& run_id, RunStatus status) override;
+  void upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) override;
+  // Writes the directory of a run that was started elsewhere (same ids) if it is missing.
+  void adopt_run(const RunInfo& run, RunStatus status);
+
+ private:
+  std::string experiment_id_for(const std::string& name);
+  std::string run_dir(const std::string& run_id);
+  void write_run_meta(const std::string& dir, const RunInfo& run, const std::string& run_name, int status,
+                      int64_t start, int64_t end);
+  std::string root_;
+};
+
+// "http(s)://..." -> RestStore; "file:/path", "file:///path" or a path -> FileStore.
+std::unique_ptr<Store> make_store(const std::string& uri, std::chrono::milliseconds timeout);
+
+}  // namespace dtrain::mlflow::detail

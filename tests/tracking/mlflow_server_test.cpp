@@ -1,0 +1,173 @@
+// dtrain::mlflow against a real `mlflow server` (PyPI's mlflow, pinned in
+// scripts/requirements.txt), started once for this binary on a free loopback port with a
+// sqlite backend in a temporary directory, and stopped at the end. Runs are read back with
+// MLflow's own Python client. CTest runs this binary as one test (one server for all cases).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "dtrain/mlflow.h"
+#include "tracking/support.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using dtrain::test::MlflowServer;
+using dtrain::test::read_runs;
+using dtrain::test::run_command;
+
+namespace {
+
+fs::path g_dir;
+MlflowServer* g_server = nullptr;
+
+class ServerEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    g_dir = fs::temp_directory_path() / ("dtrain_mlflow_" + std::to_string(::getpid()));
+    fs::remove_all(g_dir);
+    g_server = new MlflowServer(g_dir / "server", dtrain::test::free_port());
+    std::string error = g_server->start();
+    ASSERT_TRUE(error.empty()) << error;
+  }
+  void TearDown() override {
+    delete g_server;
+    g_server = nullptr;
+    fs::remove_all(g_dir);
+  }
+};
+const auto* const g_env = ::testing::AddGlobalTestEnvironment(new ServerEnvironment);
+
+std::vector<std::string> train_argv(const std::vector<std::string>& extra) {
+  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", "2", FASHION_MNIST_BIN};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+std::vector<int64_t> steps_of(const nlohmann::json& history) {
+  std::vector<int64_t> out;
+  for (const auto& p : history) out.push_back(p[0].get<int64_t>());
+  return out;
+}
+
+std::vector<int64_t> range(int64_t from, int64_t to) {  // [from, to]
+  std::vector<int64_t> out;
+  for (int64_t i = from; i <= to; ++i) out.push_back(i);
+  return out;
+}
+
+TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel) {
+  // 60000 / 2 ranks / 512 = 59 steps in the epoch.
+  auto r = run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "20"}),
+                       {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=two_process"},
+                        .timeout = 300s});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[default0]:epoch 1 step 40/59 loss"), std::string::npos) << r.out;  // the progress API
+  auto runs = read_runs(g_server->url(), "two_process")["runs"];
+  ASSERT_EQ(runs.size(), 1u) << runs.dump(1);  // rank 1 logged nothing
+  const auto& run = runs[0];
+  EXPECT_EQ(run["status"], "FINISHED");
+  EXPECT_EQ(run["params"]["world_size"], "2");
+  EXPECT_EQ(run["params"]["batch_size"], "512");
+  EXPECT_EQ(run["params"]["effective_batch_size"], "1024");
+  EXPECT_EQ(run["params"]["model"], "mlp");
+  EXPECT_EQ(steps_of(run["metrics"]["loss"]), range(1, 59));
+  EXPECT_EQ(steps_of(run["metrics"]["samples_per_s"]), range(1, 59));
+  for (const auto& p : run["metrics"]["samples_per_s"]) EXPECT_GT(p[1].get<double>(), 0);
+  // The loss falls over the epoch.
+  EXPECT_LT(run["metrics"]["loss"][58][1].get<double>(), run["metrics"]["loss"][0][1].get<double>());
+  ASSERT_EQ(run["metrics"]["test_accuracy"].size(), 1u);
+  EXPECT_EQ(run["metrics"]["test_accuracy"][0][0], 1);
+  EXPECT_GT(run["metrics"]["test_accuracy"][0][1].get<double>(), 0.7);
+  std::set<std::string> artifacts(run["artifacts"].begin(), run["artifacts"].end());
+  EXPECT_TRUE(artifacts.count("model/MLmodel")) << run["artifacts"];
+  EXPECT_TRUE(artifacts.count("model/data/model.pt")) << run["artifacts"];
+}
+
+TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+                                         .experiment = "restart",
+                                         .run_name = "outage",
+                                         .fallback_dir = (g_dir / "fallback").string(),
+                                         .flush_interval = 100ms,
+                                         .flush_timeout = 120s,
+                                         .request_timeout = 2s});
+  ASSERT_TRUE(run.active());
+  for (int s = 0; s < 100; ++s) run.log_metric("loss", 1.0 / (s + 1), s);
+  ASSERT_TRUE(run.flush(30s));
+  g_server->stop();
+  // Logged while the server is down: queued and spooled to disk; the calls return at once.
+  auto t0 = std::chrono::steady_clock::now();
+  for (int s = 100; s < 2500; ++s) run.log_metric("loss", 1.0 / (s + 1), s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (run.stats().spooled == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  auto down = run.stats();
+  EXPECT_GT(down.failed_requests, 0);
+  EXPECT_GT(down.spooled, 0);
+  EXPECT_GT(down.pending, 0);
+  std::string error = g_server->start();
+  ASSERT_TRUE(error.empty()) << error;
+  run.end(dtrain::mlflow::RunStatus::Finished);
+  EXPECT_EQ(run.stats().pending, 0);
+  EXPECT_EQ(run.stats().metrics_sent, 2500);
+  auto runs = read_runs(g_server->url(), "restart")["runs"];
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0]["status"], "FINISHED");
+  const auto& loss = runs[0]["metrics"]["loss"];
+  ASSERT_EQ(steps_of(loss), range(0, 2499));
+  for (int s = 0; s < 2500; ++s) EXPECT_DOUBLE_EQ(loss[s][1].get<double>(), 1.0 / (s + 1)) << s;
+  EXPECT_FALSE(fs::exists(g_dir / "fallback")) << "everything reached the server; nothing should be in the fallback";
+}
+
+TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
+  int dead_port = dtrain::test::free_port();  // nothing listens there
+  fs::path fallback = g_dir / "offline_mlruns";
+  auto r = run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--max-steps", "20", "--log-every", "0"}),
+                       {.env = {"MLFLOW_TRACKING_URI=http://127.0.0.1:" + std::to_string(dead_port),
+                                "MLFLOW_EXPERIMENT_NAME=offline", "DTRAIN_MLFLOW_FALLBACK_DIR=" + fallback.string()},
+                        .timeout = 300s});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("dtrain mlflow: warning: cannot start a run at http://127.0.0.1:" + std::to_string(dead_port)),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("training goes on"), std::string::npos) << r.err;
+  // The offline run, read back with MLflow's client from the file store.
+  auto runs = read_runs("file:" + fallback.string(), "offline")["runs"];
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0]["status"], "FINISHED");
+  EXPECT_EQ(runs[0]["params"]["world_size"], "2");
+  EXPECT_EQ(steps_of(runs[0]["metrics"]["loss"]), range(1, 20));
+  std::set<std::string> artifacts(runs[0]["artifacts"].begin(), runs[0]["artifacts"].end());
+  EXPECT_TRUE(artifacts.count("model/MLmodel")) << runs[0]["artifacts"];
+}
+
+TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
+  // The run exists before the job (as a scheduler or the Distributor would open it).
+  auto made = run_command({DTRAIN_VENV_PYTHON, "-c",
+                           "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
+                           "print(c.create_run(c.create_experiment('failed')).info.run_id)",
+                           g_server->url()},
+                          {.timeout = 120s});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  std::string run_id = made.out.substr(0, made.out.find_last_not_of("\n") + 1);
+  run_id = run_id.substr(run_id.find_last_of('\n') + 1);
+  auto r = run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "0", "--crash-at-step", "5",
+                                   "--crash-rank", "1"}),
+                       {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_RUN_ID=" + run_id}, .timeout = 300s});
+  ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  auto runs = read_runs(g_server->url(), "failed")["runs"];
+  ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
+  const auto& run = runs[0];
+  EXPECT_EQ(run["run_id"], run_id);
+  EXPECT_EQ(run["status"], "FAILED");
+  EXPECT_EQ(run["tags"]["dtrain.failed_rank"], "1") << run["tags"];
+  EXPECT_EQ(run["tags"]["dtrain.failed_exit_code"], "3") << run["tags"];
+  EXPECT_NE(run["tags"]["dtrain.stderr_tail"].get<std::string>().find("crashing on purpose on rank 1 at step 5"),
+            std::string::npos)
+      << run["tags"];
+  // Rank 0 logged into the same run (MLFLOW_RUN_ID) before the job failed.
+  EXPECT_EQ(run["params"]["world_size"], "2");
+}
+
+}  // namespace

@@ -1,0 +1,108 @@
+// Shared by the tracking tests: a real `mlflow server`, free ports, and reading runs back with
+// MLflow's own Python client (tests/tracking/read_runs.py, in the venv of pinned peers).
+#pragma once
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "launcher/subprocess.h"
+
+namespace dtrain::test {
+
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline bool port_open(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// `mlflow server` on 127.0.0.1:port with a sqlite backend and proxied artifacts under dir.
+class MlflowServer {
+ public:
+  MlflowServer(std::filesystem::path dir, int port) : dir_(std::move(dir)), port_(port) {}
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+
+  // Returns an error text, empty when the server answers.
+  std::string start() {
+    std::filesystem::create_directories(dir_);
+    proc_.emplace(Process::start(
+        {DTRAIN_VENV_PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", std::to_string(port_),
+         "--backend-store-uri", "sqlite:///" + (dir_ / "mlflow.db").string(), "--artifacts-destination",
+         (dir_ / "artifacts").string(), "--workers", "1"},
+        {.env = {"PYTHONUNBUFFERED=1"}, .timeout = std::chrono::seconds(600)}));
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
+      proc_->pump(std::chrono::milliseconds(200));
+      if (proc_->exited()) {
+        return "mlflow server exited at start (is mlflow installed in the venv? scripts/requirements.txt): " +
+               proc_->err().substr(proc_->err().size() > 3000 ? proc_->err().size() - 3000 : 0);
+      }
+      if (port_open(port_)) {
+        auto r = run_command({"curl", "-sf", url() + "/health"}, {.timeout = std::chrono::seconds(10)});
+        if (r.exit_code == 0) return "";
+      }
+    }
+    return "mlflow server did not answer on " + url() + " within 120 s: " + proc_->err();
+  }
+
+  void stop() {
+    if (!proc_) return;
+    ::kill(-proc_->pid(), SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (!proc_->exited() && std::chrono::steady_clock::now() < deadline) proc_->pump(std::chrono::milliseconds(100));
+    proc_->kill_group();
+    // uvicorn's workers are in the group too; wait until nothing listens.
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (port_open(port_) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    proc_.reset();
+  }
+
+  ~MlflowServer() { stop(); }
+
+ private:
+  std::filesystem::path dir_;
+  int port_;
+  std::optional<Process> proc_;
+};
+
+// Runs read_runs.py; fails the test (and returns {"runs": []}) when it fails.
+inline nlohmann::json read_runs(const std::string& uri, const std::string& experiment) {
+  auto r = run_command({DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/read_runs.py", uri, experiment},
+                       {.timeout = std::chrono::seconds(120)});
+  if (r.exit_code != 0) {
+    ADD_FAILURE() << "read_runs.py failed (" << r.exit_code << "): " << r.err;
+    return {{"runs", nlohmann::json::array()}};
+  }
+  auto last_brace = r.out.rfind("{\"runs\"");
+  return nlohmann::json::parse(r.out.substr(last_brace));
+}
+
+}  // namespace dtrain::test
