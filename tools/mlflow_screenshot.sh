@@ -17,7 +17,7 @@ profile="$(mktemp -d)"
 trap 'rm -rf "$profile"' EXIT
 rm -f "$out"
 timeout 120 "$browser" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
-  --no-first-run --user-data-dir="$profile" --window-size="${size/x/,}" --virtual-time-budget=20000 \
+  --no-first-run --user-data-dir="$profile" --window-size="${size/x/,}" --virtual-time-budget=60000 \
   --screenshot="$out" "$url" >/dev/null 2>"$profile/stderr" || {
   echo "mlflow_screenshot: chromium failed:" >&2
   tail -20 "$profile/stderr" >&2

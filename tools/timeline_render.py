@@ -3,7 +3,7 @@
 one lane per rank and thread, a bar per span (nested spans drawn thinner on top), coloured
 by name. An offline stand-in for Perfetto's UI, which needs the network.
 
-    python tools/timeline_render.py TIMELINE.json OUT.png [--from-ms 0] [--window-ms 200]
+    python tools/timeline_render.py TIMELINE.json OUT.png [--from-ms MS] [--window-ms MS]
 """
 import argparse
 import json
@@ -20,7 +20,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("out")
     ap.add_argument("--from-ms", type=float, default=None, help="start of the window (default: the 5th forward)")
-    ap.add_argument("--window-ms", type=float, default=150.0)
+    ap.add_argument("--window-ms", type=float, default=None, help="length of the window (default: two steps)")
     a = ap.parse_args()
     with open(a.trace) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
@@ -30,7 +30,12 @@ def main():
         start = (fwd[min(4, len(fwd) - 1)] - t0) / 1000.0 if fwd else 0.0
     else:
         start = a.from_ms
-    end = start + a.window_ms
+    window = a.window_ms
+    if window is None:
+        fwd = sorted(e["ts"] for e in events if e["name"] == "forward" and e["pid"] == 0)
+        window = (fwd[min(6, len(fwd) - 1)] - fwd[min(4, len(fwd) - 1)]) / 1000.0 if len(fwd) > 1 else 150.0
+        window = window if window > 0 else 150.0
+    end = start + window
     lanes = sorted({(e["pid"], e["tid"]) for e in events})
     names = sorted({e["name"] for e in events})
     cmap = plt.get_cmap("tab10")
@@ -58,7 +63,7 @@ def main():
     ax.set_xlabel("ms since the first span")
     ax.set_title(f"dtrain timeline: {a.trace.split('/')[-1]} ({len(events)} spans, {len(lanes)} lanes)")
     ax.legend(handles=[Patch(color=color[n], label=n) for n in names], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25), ncol=min(5, len(names)), fontsize=8)
+              bbox_to_anchor=(0.5, -0.45), ncol=min(5, len(names)), fontsize=8)
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     print(a.out)

@@ -204,7 +204,7 @@ TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
   // The rendered page (after the UI's scripts ran) names the run and the metric.
   auto dom = run_command({"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
                           "--disable-dev-shm-usage", "--user-data-dir=" + (g_dir / "chromium-dom").string(),
-                          "--virtual-time-budget=20000", "--dump-dom", page},
+                          "--virtual-time-budget=60000", "--dump-dom", page},
                          {.timeout = 120s});
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   EXPECT_NE(dom.out.find("ui-check"), std::string::npos) << dom.out.substr(0, 3000);
