@@ -32,6 +32,10 @@ dtrain::StateDict train(double lr, int epochs, int batch_size, uint64_t seed, st
   dtrain::DistributedSampler sampler(data.labels.size(0), {.shuffle = true, .seed = seed});
   const int64_t steps_per_epoch = (sampler.num_samples() + batch_size - 1) / batch_size;
   int64_t step = 0;
+  // With MLFLOW_TRACKING_URI set: rank 0's run, nested under the Distributor's driver run.
+  auto run = dtrain::mlflow::Run::start({.run_name = "distributor-train"});
+  run.log_params({{"world_size", std::to_string(pg->world_size())},
+                  {"effective_batch_size", std::to_string(batch_size * pg->world_size())}});
   for (int epoch = 0; epoch < epochs; ++epoch) {
     sampler.set_epoch(epoch);
     auto indices = torch::tensor(sampler.indices(), torch::kLong);
@@ -50,6 +54,7 @@ dtrain::StateDict train(double lr, int epochs, int batch_size, uint64_t seed, st
       optimizer.step();
     }
     if (pg->rank() == 0) std::printf("epoch %d loss %.4f\n", epoch + 1, loss.item<double>());
+    run.log_metric("loss", loss.item<double>(), epoch + 1);
   }
   return dtrain::state_dict(*model);
 }

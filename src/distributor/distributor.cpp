@@ -36,6 +36,7 @@
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
 #include "launch/options_internal.h"
+#include "tracking/driver_run.h"
 
 namespace dtrain {
 
@@ -325,6 +326,7 @@ Outcome run_launcher(const Job& job, const std::string& failure_file, const Dist
   }
   for (const auto& name : job.unset) env_map.erase(name);
   for (const auto& [k, v] : job.env) env_map[k] = v;
+  tracking::DriverRun driver_run(env_map);  // MLflow: the driver's run; rank 0's run nests under it
   for (const auto& [k, v] : env_map) env_strings.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
@@ -390,6 +392,7 @@ Outcome run_launcher(const Job& job, const std::string& failure_file, const Dist
     } catch (const json::exception&) {
     }
   }
+  driver_run.end(out.exit_code, out.timed_out);
   return out;
 }
 

@@ -52,7 +52,10 @@ std::string Progress::status() const {
   int n = std::snprintf(buf, sizeof buf, "epoch %lld step %lld", static_cast<long long>(epoch_ + 1),
                         static_cast<long long>(step_));
   std::string s(buf, static_cast<size_t>(n));
-  if (o_.steps_per_epoch > 0) s += "/" + std::to_string(o_.steps_per_epoch);
+  if (o_.steps_per_epoch > 0) {
+    n = std::snprintf(buf, sizeof buf, "/%lld", static_cast<long long>(o_.steps_per_epoch));
+    s.append(buf, static_cast<size_t>(n));
+  }
   n = std::snprintf(buf, sizeof buf, " loss %.4f samples/s %.0f (epoch %lld/%lld", loss_, rate_,
                     static_cast<long long>(epoch_ + 1), static_cast<long long>(o_.epochs));
   s.append(buf, static_cast<size_t>(n));

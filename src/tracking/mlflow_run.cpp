@@ -236,7 +236,7 @@ Run Run::start(StartOptions o) {
     throw;
   } catch (const std::exception& e) {
     warn("cannot start a run at " + o.tracking_uri + " (" + e.what() + "); logging to the local file store " +
-         fs::absolute(o.fallback_dir).string() + " instead (open it with `mlflow ui --backend-store-uri " +
+         fs::absolute(o.fallback_dir).string() + " instead (open it with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " +
          fs::absolute(o.fallback_dir).string() + "`); training goes on");
     impl->store = std::make_unique<detail::FileStore>(o.fallback_dir);
     impl->info = impl->store->create_run(o.experiment, o.run_name, tags);

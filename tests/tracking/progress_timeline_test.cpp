@@ -169,6 +169,17 @@ TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
   EXPECT_GE(count["ddp bucket all_reduce launch"], 20);
   EXPECT_EQ(count["ddp bucket all_reduce launch"], count["ddp bucket wait"]);
   EXPECT_EQ(check_nesting(trace["traceEvents"]), "");
+  // The picture of it (tools/timeline_render.py, matplotlib from the venv): written, not blank.
+  std::string png = (dir / "timeline.png").string();
+  auto render = dtrain::test::run_command(
+      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tools/timeline_render.py", path, png}, {.timeout = 120s});
+  ASSERT_EQ(render.exit_code, 0) << render.err;
+  auto stats = dtrain::test::run_command(
+      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py", png}, {.timeout = 60s});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  json img = json::parse(stats.out);
+  EXPECT_GT(img["colors"].get<int>(), 20) << img;
+  EXPECT_GT(img["non_white"].get<double>(), 0.02) << img;
   fs::remove_all(dir);
 }
 

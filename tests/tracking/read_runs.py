@@ -6,9 +6,13 @@
            "artifacts": [path, ...]}]}  ({"runs": []} when the experiment does not exist)
 """
 import json
+import os
 import sys
 
-from mlflow.tracking import MlflowClient
+# MLflow 3.17 keeps the file store (dtrain's offline runs) in maintenance mode behind this switch.
+os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
 
 
 def artifacts(client, run_id, path=None):

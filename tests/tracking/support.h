@@ -3,6 +3,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <sys/time.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -41,6 +42,29 @@ inline bool port_open(int port) {
   return ok;
 }
 
+// The HTTP status of GET path on 127.0.0.1:port (0 when nothing answers within 5 s).
+inline int http_get_status(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  int status = 0;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[64] = {};
+      ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+      if (n > 12 && std::string(buf, 5) == "HTTP/") status = std::atoi(buf + 9);
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
 // `mlflow server` on 127.0.0.1:port with a sqlite backend and proxied artifacts under dir.
 class MlflowServer {
  public:
@@ -63,10 +87,7 @@ class MlflowServer {
         return "mlflow server exited at start (is mlflow installed in the venv? scripts/requirements.txt): " +
                proc_->err().substr(proc_->err().size() > 3000 ? proc_->err().size() - 3000 : 0);
       }
-      if (port_open(port_)) {
-        auto r = run_command({"curl", "-sf", url() + "/health"}, {.timeout = std::chrono::seconds(10)});
-        if (r.exit_code == 0) return "";
-      }
+      if (http_get_status(port_, "/health") == 200) return "";
     }
     return "mlflow server did not answer on " + url() + " within 120 s: " + proc_->err();
   }

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Timeline overhead: examples/fashion_mnist (MLP, 2 processes under `dtrain run`) with the
+timeline off and on (DTRAIN_TIMELINE=FILE), interleaved in the same run so machine load hits
+both alike. Prints global samples/s (training loop only) per side and the on/off ratio of
+step time (the issue's target: on costs < 3%). Never fails on timing.
+
+    python3 bench/timeline_bench.py [--build-dir build] [--repeat 5] [--steps 300] [--batch-size 64]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        brace = line.find("{")
+        if brace >= 0:
+            try:
+                return json.loads(line[brace:])
+            except json.JSONDecodeError:
+                continue
+    raise RuntimeError("no JSON result in:\n" + text)
+
+
+def run(build, steps, batch, timeline):
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    with tempfile.TemporaryDirectory() as d:
+        if timeline:
+            env["DTRAIN_TIMELINE"] = os.path.join(d, "timeline.json")
+        cmd = [os.path.join(build, "tools", "dtrain"), "run", "--nproc-per-node", "2",
+               os.path.join(build, "examples", "fashion_mnist"), "--epochs", "1", "--max-steps", str(steps),
+               "--batch-size", str(batch), "--no-eval", "--log-every", "0"]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cmd} failed ({r.returncode}):\n{r.stderr}")
+        if timeline and not os.path.exists(env["DTRAIN_TIMELINE"]):
+            raise RuntimeError("no merged timeline was written")
+        return last_json(r.stdout)["samples_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch-size", type=int, default=64)
+    a = ap.parse_args()
+    off, on = [], []
+    for i in range(a.repeat):
+        for timeline, out in ((False, off), (True, on)) if i % 2 == 0 else ((True, on), (False, off)):
+            out.append(run(a.build_dir, a.steps, a.batch_size, timeline))
+    m_off, m_on = statistics.median(off), statistics.median(on)
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores; "
+          f"fashion_mnist MLP, 2 processes, batch {a.batch_size}/rank, {a.steps} steps, {a.repeat} runs each (median)")
+    print(f"timeline off: {m_off:8.0f} samples/s   runs: {', '.join(f'{x:.0f}' for x in off)}")
+    print(f"timeline on : {m_on:8.0f} samples/s   runs: {', '.join(f'{x:.0f}' for x in on)}")
+    print(f"step time on/off: {m_off / m_on:.3f} (overhead {100 * (m_off / m_on - 1):+.1f}%; target < 3%)")
+
+
+if __name__ == "__main__":
+    main()
