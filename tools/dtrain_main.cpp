@@ -11,6 +11,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "dtrain/spark.h"
 #include "launch/options_internal.h"
 
 extern char** environ;
@@ -53,6 +54,12 @@ void cancel_slurm_step(const dtrain::RunArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  try {
+    dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
+  } catch (const dtrain::UsageError& e) {
+    std::cerr << "dtrain run: " << e.what() << "\n";
+    return 2;
+  }
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
   app.require_subcommand(1);
   app.footer("Run 'dtrain run --help' for the launcher's flags.");
