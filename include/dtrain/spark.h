@@ -11,6 +11,7 @@
 // through the Distributor's store, as with every engine. See python/dtrain/spark.py.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,10 @@ Command submit_command(const SubmitOptions& options, const Plan& plan);
 // Whether a spark://HOST:PORT master's host is a loopback address (127.x, localhost, ::1):
 // then the nodes reach the driver at 127.0.0.1 too.
 bool master_is_loopback(const std::string& master);
+
+// What an exit status of the PySpark driver means when no worker reported a failure: too
+// few task slots (76), a retried barrier stage refused (75); nullopt for others.
+std::optional<std::string> explain_exit(int exit_code);
 
 // The PySpark driver script (python/dtrain/spark.py): $DTRAIN_SPARK_SCRIPT, else the source
 // tree's, else the installed one (PREFIX/share/dtrain/python/dtrain/spark.py).

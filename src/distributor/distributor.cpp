@@ -420,6 +420,8 @@ std::string format_seconds(std::chrono::milliseconds d) {
     if (d.rank < 0) {
       d.exception_message = f.value("reason", "");
     }
+  } else if (auto why = o.local_mode || o.cluster.engine != "spark" ? std::nullopt : spark::explain_exit(out.exit_code)) {
+    d.exception_message = *why;
   } else if (out.exit_code > 128) {
     d.exception_message = "the launcher was stopped by " + signal_abbrev(out.exit_code - 128);
   } else {

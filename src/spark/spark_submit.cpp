@@ -86,6 +86,20 @@ Plan plan(int num_processes, bool use_gpu, int processes_per_task,
   return p;
 }
 
+std::optional<std::string> explain_exit(int exit_code) {
+  // The statuses python/dtrain/spark.py exits with (REFUSED_RETRY, NO_SLOTS).
+  if (exit_code == 76) {
+    return "the Spark cluster has too few free task slots for the barrier stage (one task per "
+           "node of processes; the count is above, on stderr): add workers or cores, lower "
+           "spark.task.cpus or num_processes, or raise ClusterOptions::spark_slot_timeout";
+  }
+  if (exit_code == 75) {
+    return "Spark retried the barrier stage after a failure; dtrain refused to train a second "
+           "time (its messages are above, on stderr): run the job again";
+  }
+  return std::nullopt;
+}
+
 bool master_is_loopback(const std::string& master) {
   const std::string scheme = "spark://";
   if (master.rfind(scheme, 0) != 0) return master.rfind("local", 0) == 0;
