@@ -204,6 +204,11 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None):
             % (slots, slot_timeout, tasks))
         srv.close()
         return NO_SLOTS
+    if __name__ != "__main__":
+        # Imported (dtrain.spark): the executors' Python has no dtrain module; ship the task
+        # function by value.
+        from pyspark import cloudpickle
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
     rdd = sc.parallelize(range(tasks), tasks).barrier()
     try:
         results = rdd.mapPartitions(_task_fn(list(agent_argv), tasks, log_addr, env or {})).collect()

@@ -706,7 +706,7 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
         {c.master, c.spark_submit, c.driver_addr, static_cast<double>(c.spark_slot_timeout.count())},
         spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf));
     job.argv = std::move(submit.argv);
-    job.argv.push_back(launcher);
+    job.argv.push_back(std::filesystem::absolute(launcher).string());  // tasks run in Spark's work dirs
     spark_env = std::move(submit.env);
   } else {
     job.argv = {launcher};

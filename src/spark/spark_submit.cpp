@@ -155,7 +155,10 @@ Command submit_command(const SubmitOptions& o, const Plan& plan) {
   Command c;
   c.argv = {submit, "--master", o.master};
   for (const auto& [k, v] : plan.conf) c.argv.insert(c.argv.end(), {"--conf", k + "=" + v});
-  if (!o.driver_host.empty()) c.argv.insert(c.argv.end(), {"--conf", "spark.driver.host=" + o.driver_host});
+  // A loopback master: the executors are on this machine and reach the driver on loopback.
+  const std::string driver_host = !o.driver_host.empty() ? o.driver_host
+                                  : master_is_loopback(o.master) ? "127.0.0.1" : "";
+  if (!driver_host.empty()) c.argv.insert(c.argv.end(), {"--conf", "spark.driver.host=" + driver_host});
   char timeout[32];
   std::snprintf(timeout, sizeof timeout, "%g", o.slot_timeout_s);
   c.argv.insert(c.argv.end(), {driver_script(), "--tasks", std::to_string(plan.tasks),

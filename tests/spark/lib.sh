@@ -28,6 +28,8 @@ spark_init() {
   export SPARK_CONF_DIR="$T/conf" SPARK_PID_DIR="$T/pids" SPARK_LOCAL_IP=127.0.0.1
   mkdir -p "$SPARK_LOG_DIR" "$SPARK_LOCAL_DIRS" "$SPARK_WORKER_DIR" "$SPARK_CONF_DIR" "$SPARK_PID_DIR"
   printf 'rootLogger.level = warn\nrootLogger.appenderRef.stdout.ref = console\nappender.console.type = Console\nappender.console.name = console\nappender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\nappender.console.layout.pattern = %%d{HH:mm:ss} %%p %%c{1}: %%m%%n\nlogger.master.name = org.apache.spark.deploy.master.Master\nlogger.master.level = info\n' >"$SPARK_CONF_DIR/log4j2.properties"
+  # Applications here: no web UI (a second or two of JVM start-up each), driver on loopback.
+  printf 'spark.ui.enabled false\nspark.driver.host 127.0.0.1\n' >"$SPARK_CONF_DIR/spark-defaults.conf"
   SPARK_PIDS=()
   trap spark_down EXIT
   trap 'exit 130' INT TERM
