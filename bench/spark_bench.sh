@@ -4,6 +4,8 @@
 # run: time from run() to the result for a trivial all-reduce job (2 processes), and what
 # each reports for a worker that exits with code 7. Ratios in the same run; names the machine.
 #   bench/spark_bench.sh BUILD_DIR [REPEATS]
+# (TorchDistributor's failure case is cancelled after 60 s; a torchrun it leaves behind is
+# reported and killed by spark_down, which then exits 1.)
 source "$(dirname "$0")/../tests/spark/lib.sh"
 BUILD="$(realpath "${1:-build}")"
 REPS="${2:-3}"
@@ -43,6 +45,10 @@ d, p = (statistics.median(v) for v in rows.values())
 print("round trip ratio dtrain / TorchDistributor: %.2f" % (d / p))
 t, rc = timed(lambda: Distributor(2, local_mode=False, dtrain="$BUILD/tools/dtrain").run("/bin/sh", "-c", 'exit \$((RANK == 1 ? 7 : 0))'))
 print("failure: dtrain.spark returned exit status %d after %.2f s (root cause with rank, host, exit code printed above)" % (rc, t))
+# TorchDistributor's node 0 keeps waiting after node 1 failed: cancel the job after 60 s.
+import threading
+timer = threading.Timer(60, spark.sparkContext.cancelAllJobs)
+timer.start()
 t0 = time.perf_counter()
 try:
     TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run("$T/peer.py", "1")
@@ -50,6 +56,7 @@ try:
 except Exception as e:
     msg = str(e).strip().splitlines()
     print("failure: TorchDistributor raised %s after %.2f s: %s" % (type(e).__name__, time.perf_counter() - t0, (msg[-1] if msg else "")[:300]))
+timer.cancel()
 spark.stop()
 PY
-PYTHONPATH="$SRC/python" "$PY" "$T/bench.py" 2>&1 | grep -v "WARN\|^WARNING\|Stage [0-9]"
+PYTHONPATH="$SRC/python" "$PY" -u "$T/bench.py" 2>&1 | grep -v "WARN\|^WARNING\|Stage [0-9]"
