@@ -67,15 +67,15 @@ spark = SparkSession.builder.master("$SPARK_MASTER_URL").appName("dtrain-test") 
     .config("spark.task.maxFailures", "1").config("spark.driver.host", "127.0.0.1").getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 ok = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo module rank \$RANK")
-bad = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "exit \$((3 + RANK))")
+bad = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "exit \$((RANK == 1 ? 5 : 0))")
 local = Distributor(num_processes=2, local_mode=True, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo local rank \$RANK")
 spark.stop()
 print("statuses", ok, bad, local, flush=True)
 PY
 PYTHONPATH="$PYDIR" "$PY" "$T/module.py" >"$CONF" 2>"$T/driver.err" || { cat "$CONF" "$T/driver.err" >&2; fail "module: python failed"; }
-grep -qx "statuses 0 3 0" "$CONF" && grep -q "module rank 1" "$CONF" && grep -q "local rank 1" "$CONF" ||
-  { cat "$CONF" "$T/driver.err" >&2; fail "module: expected statuses 0 3 0 and both ranks' output"; }
-pass "dtrain.spark.Distributor(...).run(program): 0, a failing rank's 3, local mode 0 ($((SECONDS - t1)) s)"
+grep -qx "statuses 0 5 0" "$CONF" && grep -q "module rank 1" "$CONF" && grep -q "local rank 1" "$CONF" ||
+  { cat "$CONF" "$T/driver.err" >&2; fail "module: expected statuses 0 5 0 and both ranks' output"; }
+pass "dtrain.spark.Distributor(...).run(program): 0, the failing rank 1's 5, local mode 0 ($((SECONDS - t1)) s)"
 
 # 6. The driver SIGKILLed while training runs: no dtrain agent or worker is left on the workers.
 t1=$SECONDS
