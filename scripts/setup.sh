@@ -33,6 +33,8 @@ packages=(
   # cluster engines for the cluster tests (tests/cluster): Slurm with munge, Open MPI's and
   # MPICH's launchers (we never link MPI), sshd for host files, and what the test scripts use
   slurmctld slurmd slurm-client munge openmpi-bin mpich openssh-server openssh-client util-linux
+  # Spark (pip's pyspark in the venv) runs on Java 17
+  openjdk-17-jre-headless
 )
 
 missing=()

@@ -12,6 +12,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/zero_config.h"
+#include "dtrain/spark.h"
 #include "launch/options_internal.h"
 #include "tracking/job_outcome.h"
 
@@ -57,6 +58,12 @@ void cancel_slurm_step(const dtrain::RunArgs& a) {
 int main(int argc, char** argv) {
   // `dtrain zero ...`: ZeRO config checks and checkpoint tools (src/zero/cli.cpp).
   if (argc >= 2 && std::string(argv[1]) == "zero") return dtrain::zero::zero_main({argv + 2, argv + argc});
+  try {
+    dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
+  } catch (const dtrain::UsageError& e) {
+    std::cerr << "dtrain run: " << e.what() << "\n";
+    return 2;
+  }
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
   app.require_subcommand(1);
   app.footer("Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and checkpoints.");

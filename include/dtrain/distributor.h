@@ -66,9 +66,19 @@ struct ClusterOptions {
   // Workers take their ranks from the MPI launcher's variables (dtrain/engine_env.h).
   std::string mpi_launcher = "mpirun";
   std::vector<std::string> mpi_args;
+  // spark: the master URL ("spark://HOST:7077"); one barrier task per
+  // spark_processes_per_task workers (0: as TorchDistributor: 1, or with use_gpu the task's
+  // spark.task.resource.gpu.amount), each running a dtrain agent (dtrain/spark.h). Extra
+  // spark-submit settings as "K=V"; spark-submit's path (default: $SPARK_HOME/bin, PATH);
+  // how long to wait for enough free task slots before failing.
+  std::string master;
+  std::vector<std::string> spark_conf;
+  int spark_processes_per_task = 0;
+  std::string spark_submit;
+  std::chrono::seconds spark_slot_timeout{60};
   // The address the nodes reach this driver at (its store for arguments and results).
-  // Default: ssh - the local address that routes to the first host; slurm and mpi - this
-  // host's name, resolved (an error if that is a loopback address: set it).
+  // Default: ssh - the local address that routes to the first host; spark with a loopback
+  // master - 127.0.0.1; slurm, mpi and spark - this host's name, resolved (an error if that is a loopback address: set it).
   std::string driver_addr;
   std::string ifname;  // Gloo's network interface on the nodes (dtrain run --ifname)
 };

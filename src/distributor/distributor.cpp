@@ -32,6 +32,7 @@
 #include <torch/cuda.h>
 
 #include "dtrain/engine_env.h"
+#include "dtrain/spark.h"
 #include "dtrain/env.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
@@ -422,6 +423,8 @@ std::string format_seconds(std::chrono::milliseconds d) {
     if (d.rank < 0) {
       d.exception_message = f.value("reason", "");
     }
+  } else if (auto why = o.local_mode || o.cluster.engine != "spark" ? std::nullopt : spark::explain_exit(out.exit_code)) {
+    d.exception_message = *why;
   } else if (out.exit_code > 128) {
     d.exception_message = "the launcher was stopped by " + signal_abbrev(out.exit_code - 128);
   } else {
@@ -599,9 +602,11 @@ void Distributor::validate_cluster() {
                        "does not run; use the MPI launcher's own option in ClusterOptions::mpi_args "
                        "(Open MPI: --output-filename DIR), or engine \"ssh\" or \"slurm\"");
     }
+  } else if (c.engine == "spark") {
+    nproc_per_node_ = spark::plan(n, options_.use_gpu, c.spark_processes_per_task, c.spark_conf).processes_per_task;
   } else {
     throw UsageError("ClusterOptions::engine: got '" + c.engine +
-                     "', expected \"ssh\" (a host file or list), \"slurm\" or \"mpi\"; with "
+                     "', expected \"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"; with "
                      "local_mode = false the Distributor needs the cluster's engine");
   }
 }
@@ -661,6 +666,7 @@ std::string Distributor::driver_address() const {
                      "host names resolve to loopback here, as Debian's 127.0.1.1 entry does); set "
                      "ClusterOptions::driver_addr to this machine's address as the hosts see it");
   }
+  if (c.engine == "spark" && spark::master_is_loopback(c.master)) return "127.0.0.1";
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
   addrinfo* res = nullptr;
@@ -687,6 +693,7 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
              int nproc_per_node) {
   Job job;
   const ClusterOptions& c = o.cluster;
+  std::vector<std::pair<std::string, std::string>> spark_env;
   if (!o.local_mode && c.engine == "slurm") {
     auto srun = find_on_path("srun");
     if (!srun) {
@@ -697,6 +704,13 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
     if (!c.partition.empty()) job.argv.insert(job.argv.end(), {"-p", c.partition});
     job.argv.insert(job.argv.end(), c.srun_args.begin(), c.srun_args.end());
     job.argv.push_back(launcher);
+  } else if (!o.local_mode && c.engine == "spark") {
+    auto submit = spark::submit_command(
+        {c.master, c.spark_submit, c.driver_addr, static_cast<double>(c.spark_slot_timeout.count())},
+        spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf));
+    job.argv = std::move(submit.argv);
+    job.argv.push_back(std::filesystem::absolute(launcher).string());  // tasks run in Spark's work dirs
+    spark_env = std::move(submit.env);
   } else {
     job.argv = {launcher};
   }
@@ -728,6 +742,7 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
     job.argv.push_back(o.log_dir);
   }
   job.env = o.env;
+  for (auto& [k, v] : spark_env) job.env.emplace(k, v);
   if (!cuda_visible_devices.empty()) job.env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices;
   job.unset.push_back(kTaskVariable);
   return job;

@@ -1,0 +1,1 @@
+"""dtrain's Python side: dtrain.spark runs dtrain programs on a Spark cluster."""

@@ -1,0 +1,342 @@
+"""dtrain on Spark: run a dtrain program (a libtorch C++ training binary, or a .py) on a Spark
+cluster's workers, placed by one barrier stage, as PySpark's TorchDistributor does.
+
+From PySpark (a notebook with a SparkSession, or plain Python):
+
+    from dtrain.spark import Distributor
+    rc = Distributor(num_processes=4, local_mode=False).run("/path/to/train", "--epochs", "1")
+
+From the shell (what the C++ Distributor runs too):
+
+    spark-submit --master spark://HOST:7077 dtrain/spark.py --tasks 2 -- dtrain run \
+        --nproc-per-node 2 /path/to/train ...
+    dtrain run --spark-master spark://HOST:7077 --nnodes 2 --nproc-per-node 2 /path/to/train
+
+How it works. The driver runs one barrier stage of T tasks (T = --tasks). Task i runs a dtrain
+agent, `dtrain run --nnodes T --node-rank i --master-addr <task 0's host> --master-port <a
+free port task 0 picked, shared with allGather> ...`, with its output sent line by line to
+the driver over a socket (the driver prints it: the agents' rank-prefixed logs on the driver's
+console). A task never raises for a failed agent (Spark would retry the barrier stage and
+train twice): it returns the agent's exit code, and the driver exits with the first failing
+one. A task of a retried attempt refuses to start training. A task whose driver goes away
+(socket closed) or whose Python worker dies (PR_SET_PDEATHSIG) stops its agent, and the
+agent stops its workers.
+"""
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+REFUSED_RETRY = 75  # exit status: Spark retried the stage; training was not run again
+NO_SLOTS = 76       # exit status: the cluster has too few task slots
+
+
+def plan_tasks(num_processes, use_gpu, task_gpu_amount=None, processes_per_task=None):
+    """(tasks, processes per task), as TorchDistributor sizes a cluster run: one process per
+    task on CPUs, spark.task.resource.gpu.amount processes (one per GPU) per task with GPUs."""
+    if num_processes < 1:
+        raise ValueError("num_processes must be at least 1, got %d" % num_processes)
+    per = processes_per_task or (int(task_gpu_amount or 1) if use_gpu else 1)
+    if per < 1 or num_processes % per:
+        raise ValueError("num_processes (%d) must be a multiple of the processes per task (%d)"
+                         % (num_processes, per))
+    return num_processes // per, per
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _stop(proc, grace=5.0):
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _task_fn(agent_argv, tasks, log_addr, env):
+    """The barrier task: runs one dtrain agent, returns [(partition, exit code, host)]."""
+
+    def run(_):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        part = ctx.partitionId()
+        host = socket.gethostname()
+        if ctx.attemptNumber() > 0:
+            return [(part, REFUSED_RETRY, host)]
+        # The driver says whether this node may start: once per partition per run, so a
+        # retried barrier stage (a new stage attempt, its tasks again at attempt 0) does not
+        # train a second time.
+        log = socket.create_connection(log_addr, timeout=60)
+        log.sendall(b"START %d\n" % part)
+        answer = log.makefile("rb").readline()
+        if answer != b"GO\n":
+            log.close()
+            return [(part, REFUSED_RETRY, host)]
+        log.settimeout(None)
+        infos = ctx.getTaskInfos()
+        master = infos[0].address.rsplit(":", 1)[0]
+        port = ""
+        if part == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = str(s.getsockname()[1])
+        port = ctx.allGather(port)[0]
+        i = agent_argv.index("run") + 1
+        argv = (agent_argv[:i] + ["--nnodes", str(tasks), "--node-rank", str(part),
+                                  "--master-addr", master, "--master-port", port]
+                + agent_argv[i:])
+        child_env = dict(os.environ)
+        child_env.update(env)
+        gpus = ctx.resources().get("gpu")
+        if gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
+            child_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=child_env,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        # The driver closing its end (it was killed) stops the agent.
+        def watch():
+            try:
+                while log.recv(1):
+                    pass
+            except OSError:
+                pass
+            _stop(proc)
+        threading.Thread(target=watch, daemon=True).start()
+        try:
+            for line in proc.stdout:
+                try:
+                    log.sendall(line)
+                except OSError:
+                    _stop(proc)
+            rc = proc.wait()
+        finally:
+            _stop(proc)
+            try:
+                log.close()
+            except OSError:
+                pass
+        return [(part, rc, host)]
+
+    return run
+
+
+def _log_server(out):
+    """A socket the tasks send their agents' output to; printed here as it comes."""
+    srv = socket.socket()
+    srv.bind(("", 0))
+    srv.listen(64)
+    conns = []
+
+    started = set()
+    lock = threading.Lock()
+
+    def serve(conn):
+        with conn:
+            f = conn.makefile("rb")
+            hello = f.readline().split()
+            with lock:
+                go = len(hello) == 2 and hello[0] == b"START" and hello[1] not in started
+                if go:
+                    started.add(hello[1])
+            conn.sendall(b"GO\n" if go else b"NO\n")
+            if not go:
+                return
+            for line in f:
+                out.write(line)
+                out.flush()
+
+    def accept():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, conns
+
+
+def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None):
+    """Runs `agent_argv` (a `dtrain run ...` command line) as T barrier tasks of `sc`; returns
+    the exit status: 0, the first failing agent's code, NO_SLOTS or REFUSED_RETRY."""
+    out = out or sys.stdout.buffer
+    srv, conns = _log_server(out)
+    driver_host = sc.getConf().get("spark.driver.host", socket.gethostname())
+    log_addr = (driver_host, srv.getsockname()[1])
+    # Wait for executors with T slots (they register after the application starts); Spark's
+    # own check would otherwise fail at once, or retry for 40 x 15 s.
+    jsc = sc._jsc.sc()
+    deadline = time.monotonic() + slot_timeout
+    slots = 0
+    while True:
+        try:
+            slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        except Exception:  # older Spark: no such call; let the barrier check decide
+            slots = tasks
+        if slots >= tasks or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if slots < tasks:
+        sys.stderr.write(
+            "dtrain.spark: the cluster has %d free task slot(s) for this job after %.0f s, but the "
+            "barrier stage needs %d (one per node: num_processes / processes per task); add workers "
+            "or cores (SPARK_WORKER_CORES), lower spark.task.cpus, or lower num_processes\n"
+            % (slots, slot_timeout, tasks))
+        srv.close()
+        return NO_SLOTS
+    if __name__ != "__main__":
+        # Imported (dtrain.spark): the executors' Python has no dtrain module; ship the task
+        # function by value.
+        from pyspark import cloudpickle
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    rdd = sc.parallelize(range(tasks), tasks).barrier()
+    try:
+        results = rdd.mapPartitions(_task_fn(list(agent_argv), tasks, log_addr, env or {})).collect()
+    except Exception as e:  # the stage failed in Spark itself (a Python worker died, ...)
+        msg = str(e)
+        if "SPARK-24819" in msg or "more slots than the total number" in msg:
+            sys.stderr.write("dtrain.spark: the barrier stage needs %d slots; the cluster has fewer\n" % tasks)
+            return NO_SLOTS
+        # The cause is in the Python traceback of the task, inside Spark's message.
+        lines = [l for l in msg.splitlines() if l.strip()]
+        cause = [l for l in lines if "Error" in l and not l.startswith("\tat ")]
+        sys.stderr.write("dtrain.spark: the Spark job failed: %s\n" % (cause[-1] if cause else lines[0] if lines else repr(e)))
+        if os.environ.get("DTRAIN_SPARK_DEBUG"):
+            sys.stderr.write(msg + "\n")
+        return 1
+    finally:
+        srv.close()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    results.sort()
+    failed = [r for r in results if r[1] != 0]
+    if any(r[1] == REFUSED_RETRY for r in failed):
+        sys.stderr.write("dtrain.spark: Spark retried the barrier stage; dtrain does not train twice "
+                         "silently (spark.task.maxFailures=1): run the job again\n")
+        return REFUSED_RETRY
+    if failed:
+        part, rc, host = failed[0]
+        sys.stderr.write("dtrain.spark: node %d (Spark task on %s) exited with code %d\n" % (part, host, rc))
+        return rc if rc > 0 else 128 - rc
+    return 0
+
+
+def spark_conf(num_tasks, per_task, use_gpu):
+    """The settings the barrier stage needs (the caller's own --conf wins)."""
+    conf = {"spark.task.maxFailures": "1",
+            "spark.stage.maxConsecutiveAttempts": "1",
+            "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+            "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "5",
+            "spark.python.worker.reuse": "false"}
+    if use_gpu:
+        conf["spark.task.resource.gpu.amount"] = str(per_task)
+    else:
+        conf["spark.task.cpus"] = str(per_task)
+    return conf
+
+
+class Distributor:
+    """TorchDistributor's shape for dtrain programs.
+
+    Distributor(num_processes, local_mode, use_gpu).run(program, *args) -> exit status.
+    local_mode=True runs `dtrain run --nproc-per-node N` here; False runs on the active
+    SparkSession's cluster (or `master`), one barrier task per node of processes."""
+
+    def __init__(self, num_processes=1, local_mode=True, use_gpu=False, master=None,
+                 dtrain="dtrain", spark=None, slot_timeout=60.0, env=None):
+        self.num_processes = num_processes
+        self.local_mode = local_mode
+        self.use_gpu = use_gpu
+        self.master = master
+        self.dtrain = dtrain
+        self.spark = spark
+        self.slot_timeout = slot_timeout
+        self.env = dict(env or {})
+
+    def _session(self):
+        from pyspark.sql import SparkSession
+        if self.spark is not None:
+            return self.spark, False
+        active = SparkSession.getActiveSession()
+        if active is not None and self.master is None:
+            return active, False
+        b = SparkSession.builder.appName("dtrain")
+        if self.master:
+            b = b.master(self.master)
+        tasks, per = plan_tasks(self.num_processes, self.use_gpu)
+        for k, v in spark_conf(tasks, per, self.use_gpu).items():
+            b = b.config(k, v)
+        return b.getOrCreate(), True
+
+    def run(self, program, *args):
+        args = [str(a) for a in args]
+        if self.local_mode:
+            return subprocess.call([self.dtrain, "run", "--nproc-per-node", str(self.num_processes),
+                                    program] + args, env={**os.environ, **self.env})
+        session, own = self._session()
+        conf = session.sparkContext.getConf()
+        tasks, per = plan_tasks(self.num_processes, self.use_gpu,
+                                conf.get("spark.task.resource.gpu.amount", None))
+        argv = [self.dtrain, "run", "--nproc-per-node", str(per), program] + args
+        try:
+            return run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout)
+        finally:
+            if own:
+                session.stop()
+
+
+def main(argv):
+    """spark-submit entry: spark.py --tasks T [--slot-timeout S] -- DTRAIN run ..."""
+    if "--" not in argv:
+        sys.stderr.write("usage: spark-submit dtrain/spark.py --tasks T [--slot-timeout S] -- dtrain run ...\n")
+        return 2
+    cut = argv.index("--")
+    opts, agent = argv[:cut], argv[cut + 1:]
+    tasks, slot_timeout = 0, 60.0
+    i = 0
+    while i < len(opts):
+        if opts[i] == "--tasks":
+            tasks = int(opts[i + 1])
+        elif opts[i] == "--slot-timeout":
+            slot_timeout = float(opts[i + 1])
+        else:
+            sys.stderr.write("dtrain.spark: unknown option %s\n" % opts[i])
+            return 2
+        i += 2
+    if tasks < 1 or "run" not in agent:
+        sys.stderr.write("dtrain.spark: need --tasks T (>= 1) and a `dtrain run ...` command after --\n")
+        return 2
+    from pyspark import SparkContext
+    sc = SparkContext.getOrCreate()
+    sc.setLogLevel("ERROR")
+    try:
+        return run_on_spark(sc, tasks, agent, {}, slot_timeout)
+    finally:
+        sc.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,80 @@
+// A Distributor driver on the Spark engine for tests/spark/spark_test.sh.
+//   spark_driver --master URL [--nproc N] [--per-task K] [--fail-rank R] [--crash-rank R]
+//                [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R]
+// Prints "result rank=R sum=S" per rank, "program ok", "WorkerError rank=R host=H exit=E
+// signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+std::string where(int fail_rank, int crash_rank, int sleep_rank) {
+  auto pg = dtrain::init_process_group();
+  if (pg->rank() == fail_rank) throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank));
+  auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
+  dtrain::all_reduce(t);
+  if (pg->rank() == crash_rank) std::raise(SIGSEGV);
+  if (pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+  return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);
+  dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
+  o.cluster.engine = "spark";
+  int fail_rank = -1, crash_rank = -1, sleep_rank = -1;
+  std::string program;
+  std::vector<std::string> program_args;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (!program.empty()) {
+      program_args.push_back(flag);
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "flag %s needs a value\n", flag.c_str());
+      return 2;
+    }
+    std::string value = argv[++i];
+    if (flag == "--master") o.cluster.master = value;
+    else if (flag == "--nproc") o.num_processes = std::stoi(value);
+    else if (flag == "--per-task") o.cluster.spark_processes_per_task = std::stoi(value);
+    else if (flag == "--fail-rank") fail_rank = std::stoi(value);
+    else if (flag == "--crash-rank") crash_rank = std::stoi(value);
+    else if (flag == "--sleep-rank") sleep_rank = std::stoi(value);
+    else if (flag == "--slot-timeout") o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
+    else if (flag == "--program") program = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    dtrain::Distributor d(o);
+    if (!program.empty()) {
+      d.run(program, program_args);
+      std::printf("program ok\n");
+      return 0;
+    }
+    for (const auto& r : d.run_all(where, fail_rank, crash_rank, sleep_rank)) std::printf("result %s\n", r.c_str());
+    return 0;
+  } catch (const dtrain::WorkerError& e) {
+    std::printf("WorkerError rank=%d host=%s exit=%d signal=%d type=%s message=%s\n", e.rank(),
+                e.details().host.c_str(), e.exit_code(), e.signal(), e.exception_type().c_str(),
+                e.exception_message().c_str());
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  } catch (const dtrain::UsageError& e) {
+    std::printf("UsageError: %s\n", e.what());
+    return 2;
+  }
+}
