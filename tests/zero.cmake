@@ -16,3 +16,7 @@ target_link_libraries(ds_program PRIVATE dtrain CLI11::CLI11)
 dtrain_test(deepspeed_distributor_test LABELS zero SOURCES zero/deepspeed_distributor_test.cpp launcher/subprocess.cpp TORCH)
 target_compile_definitions(deepspeed_distributor_test PRIVATE DS_PROGRAM_BIN="$<TARGET_FILE:ds_program>")
 add_dependencies(deepspeed_distributor_test ds_program dtrain_cli)
+# The Fashion-MNIST example with --deepspeed (real data, real processes).
+dtrain_test(zero_example_test LABELS zero SOURCES zero/example_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(zero_example_test PRIVATE FASHION_MNIST_BIN="$<TARGET_FILE:fashion_mnist>")
+add_dependencies(zero_example_test fashion_mnist dtrain_cli)

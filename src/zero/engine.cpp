@@ -133,6 +133,11 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
     Bucket open;
     int64_t open_elems = 0;
     for (size_t k = params_.size(); k-- > 0;) {
+      if (numels_[k] >= cap && !open.params.empty()) {  // a big parameter gets a bucket of its own
+        buckets_.push_back(std::move(open));
+        open = Bucket();
+        open_elems = 0;
+      }
       open.params.push_back(k);
       open_elems += numels_[k];
       if (open_elems >= cap) {
@@ -247,15 +252,23 @@ void EngineCore::launch_ready_buckets() {
 
 void EngineCore::reduce_bucket(Bucket& b) {
   torch::NoGradGuard ng;
-  auto staging = torch::empty({b.end - b.begin}, torch::TensorOptions().dtype(master_dtype_).device(device_));
-  for (auto j : b.params) {
-    auto view = staging.narrow(0, offsets_[j] - b.begin, numels_[j]);
-    const auto& g = params_[j].grad();
-    if (g.defined()) view.copy_(g.reshape({-1}));
-    else view.zero_();
-    params_[j].mutable_grad() = torch::Tensor();  // only this rank's partition is kept
+  torch::Tensor staging;
+  const auto& g0 = params_[b.params[0]].grad();
+  if (b.params.size() == 1 && g0.defined() && g0.is_contiguous() && g0.scalar_type() == master_dtype_) {
+    // A parameter that fills a bucket on its own is reduced where autograd put its gradient.
+    staging = g0.view({-1});
+    params_[b.params[0]].mutable_grad() = torch::Tensor();
+  } else {
+    staging = torch::empty({b.end - b.begin}, torch::TensorOptions().dtype(master_dtype_).device(device_));
+    for (auto j : b.params) {
+      auto view = staging.narrow(0, offsets_[j] - b.begin, numels_[j]);
+      const auto& g = params_[j].grad();
+      if (g.defined()) view.copy_(g.reshape({-1}));
+      else view.zero_();
+      params_[j].mutable_grad() = torch::Tensor();  // only this rank's partition is kept
+    }
+    bucket_peak_bytes_ = std::max(bucket_peak_bytes_, nbytes(staging));
   }
-  bucket_peak_bytes_ = std::max(bucket_peak_bytes_, nbytes(staging));
   for (int r = 0; r < world_; ++r) {
     int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
     if (lo >= hi) continue;
