@@ -345,7 +345,7 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
 }
 
 void all_reduce(torch::Tensor& tensor, const AllReduceOptions& options) {
-  timeline::Span span("all_reduce", "comm", static_cast<int64_t>(tensor.nbytes()));  // timeline hook
+  timeline::Span span("all_reduce", "comm", tensor.defined() ? static_cast<int64_t>(tensor.nbytes()) : 0);  // timeline hook
   all_reduce_async(tensor, options).wait();
 }
 

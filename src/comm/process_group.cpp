@@ -1,5 +1,7 @@
 #include "dtrain/process_group.h"
 
+#include <signal.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -132,6 +134,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
                      "'; use \"auto\" (the default), \"shm\", \"gloo\" or \"nccl\"");
   }
   Rendezvous r = url_rendezvous(options);
+  // A peer that dies mid-collective must surface as a NetworkError, not kill this rank:
+  // libtorch 2.x's Gloo writes to sockets without MSG_NOSIGNAL on some paths, so a write to a
+  // dead peer raises SIGPIPE (exit 141). Python ignores SIGPIPE; so do we, unless the program
+  // installed a handler of its own.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
   c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(r.store, r.rank, r.world_size, options.timeout);
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::string chosen = "gloo";

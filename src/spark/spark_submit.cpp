@@ -180,6 +180,7 @@ void exec_cli_if_requested(int argc, char** argv) {
   SubmitOptions o;
   std::vector<std::string> conf;
   int nnodes = 1;
+  std::string nnodes_text;  // checked only for a Spark run: the launcher checks its own
   bool spark = false;
   int i = 2;
   auto value = [&](const std::string& flag) -> std::string {
@@ -212,19 +213,21 @@ void exec_cli_if_requested(int argc, char** argv) {
     } else if (is("--spark-slot-timeout")) {
       o.slot_timeout_s = std::atof(value("--spark-slot-timeout").c_str());
     } else if (is("--nnodes")) {
-      const std::string v = value("--nnodes");
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (*end != '\0' || n < 1) {
-        throw UsageError("dtrain run --spark-master: --nnodes must be a whole number >= 1 (the "
-                         "Spark tasks, one agent each), got '" + v + "'");
-      }
-      nnodes = static_cast<int>(n);
+      nnodes_text = value("--nnodes");
     } else {
       rest.push_back(a);
     }
   }
   if (!spark) return;
+  if (!nnodes_text.empty()) {
+    char* end = nullptr;
+    const long n = std::strtol(nnodes_text.c_str(), &end, 10);
+    if (*end != '\0' || n < 1) {
+      throw UsageError("dtrain run --spark-master: --nnodes must be a whole number >= 1 (the "
+                       "Spark tasks, one agent each), got '" + nnodes_text + "'");
+    }
+    nnodes = static_cast<int>(n);
+  }
   // T tasks of one agent each; the agent's processes are --nproc-per-node.
   Plan p = plan(nnodes, false, 1, conf);
   Command c = submit_command(o, p);

@@ -43,10 +43,11 @@ grep -q "too few free task slots" "$CONF" && grep -q "barrier stage needs 8" "$C
 pass "8 tasks on 4 slots: a clear error after $((SECONDS - t1)) s, not a hang"
 
 # 4. `dtrain run --spark-master` from a shell: rank-prefixed output on this console, the
-#    failing rank's exit code (7) as dtrain's.
+#    failing rank's exit code (7) as dtrain's. Rank 2 fails 3 s after printing, so that the
+#    others have printed before its failure stops them.
 t1=$SECONDS
 "$DTRAIN" run --spark-master "$SPARK_MASTER_URL" --nnodes 2 --nproc-per-node 2 \
-  /bin/sh -c 'echo "hello from $RANK of $WORLD_SIZE"; exit $((RANK == 2 ? 7 : 0))' >"$CONF" 2>"$T/driver.err"
+  /bin/sh -c 'echo "hello from $RANK of $WORLD_SIZE"; [ "$RANK" = 2 ] && sleep 3; exit $((RANK == 2 ? 7 : 0))' >"$CONF" 2>"$T/driver.err"
 rc=$?
 [[ $rc -eq 7 ]] || { cat "$CONF" "$T/driver.err" >&2; fail "cli: exit $rc, expected 7"; }
 for r in 0 1 2 3; do
