@@ -1,23 +1,41 @@
-# Benchmarks. The all-reduce benchmark worker (bench/allreduce_bench.cpp); bench/allreduce_bench.py runs
-# it under `dtrain run` and compares with torch.distributed under torchrun.
+# Benchmarks, each built as build/bench/<name> (wherever this file is included from); the
+# Python drivers beside them run them and their peers and print the ratios.
 # Included from the root CMakeLists.txt; include_guard makes a second include harmless.
 include_guard(GLOBAL)
 
-add_executable(allreduce_bench ${PROJECT_SOURCE_DIR}/bench/allreduce_bench.cpp)
-target_link_libraries(allreduce_bench PRIVATE dtrain)
-target_compile_options(allreduce_bench PRIVATE ${DTRAIN_WARNINGS})
-# Always build/bench/allreduce_bench, wherever this file is included from.
-set_target_properties(allreduce_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+# dtrain_bench(NAME SOURCE [LIBS ...]): an executable linked with dtrain (and LIBS).
+function(dtrain_bench name source)
+  add_executable(${name} ${PROJECT_SOURCE_DIR}/bench/${source})
+  target_link_libraries(${name} PRIVATE dtrain ${ARGN})
+  target_compile_options(${name} PRIVATE ${DTRAIN_WARNINGS})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+endfunction()
 
-# Distributor round trip vs `dtrain run` of the same work (bench/distributor_bench.cpp).
-add_executable(distributor_bench ${PROJECT_SOURCE_DIR}/bench/distributor_bench.cpp)
-target_link_libraries(distributor_bench PRIVATE dtrain)
-target_compile_options(distributor_bench PRIVATE ${DTRAIN_WARNINGS})
+# The all-reduce worker; bench/allreduce_bench.py runs it under `dtrain run` and compares with
+# torch.distributed under torchrun.
+dtrain_bench(allreduce_bench allreduce_bench.cpp)
+
+# Distributor round trip vs `dtrain run` of the same work.
+dtrain_bench(distributor_bench distributor_bench.cpp)
 target_compile_definitions(distributor_bench PRIVATE DTRAIN_LAUNCHER_BIN="$<TARGET_FILE:dtrain_cli>")
-set_target_properties(distributor_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 
-# ZeRO: CPU Adam vs torch::optim::Adam and memcpy; memory and throughput by stage (bench/zero_bench.cpp).
-add_executable(zero_bench ${PROJECT_SOURCE_DIR}/bench/zero_bench.cpp)
-target_link_libraries(zero_bench PRIVATE dtrain)
-target_compile_options(zero_bench PRIVATE ${DTRAIN_WARNINGS})
-set_target_properties(zero_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+# ZeRO: CPU Adam vs torch::optim::Adam and memcpy; memory and throughput by stage.
+dtrain_bench(zero_bench zero_bench.cpp)
+
+# The cost of one timeline span, off and on (Google Benchmark); bench/timeline_bench.py turns
+# it into the overhead per training step.
+find_package(benchmark REQUIRED)
+dtrain_bench(timeline_span_bench timeline_span_bench.cpp benchmark::benchmark)
+
+# Model parallelism: pipeline bubble vs (P-1)/(M+P-1), tensor-parallel memory per rank.
+dtrain_bench(model_parallel_bench model_parallel_bench.cpp)
+
+# hvd's DistributedOptimizer vs DDP, and fusion on vs off (run under dtrain run).
+dtrain_bench(horovod_bench horovod_bench.cpp)
+
+# Collective diagnosis: flight recorder + stall watchdog (info) and DETAIL vs off.
+dtrain_bench(diagnosis_bench diagnosis_bench.cpp)
+
+# dtrain::tune scheduling overhead per trial with a trivial trainable; bench/tune_bench.py
+# runs it beside Ray Tune's and prints the ratio.
+dtrain_bench(tune_overhead_bench tune_overhead.cpp)

@@ -13,6 +13,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/zero_config.h"
 #include "dtrain/spark.h"
+#include "horovod/horovodrun.h"
 #include "launch/options_internal.h"
 #include "tracking/job_outcome.h"
 
@@ -58,6 +59,9 @@ void cancel_slurm_step(const dtrain::RunArgs& a) {
 int main(int argc, char** argv) {
   // `dtrain zero ...`: ZeRO config checks and checkpoint tools (src/zero/cli.cpp).
   if (argc >= 2 && std::string(argv[1]) == "zero") return dtrain::zero::zero_main({argv + 2, argv + argc});
+  // `dtrain horovodrun ...` and its worker shim (src/horovod/horovodrun.cpp).
+  if (argc >= 2 && std::string(argv[1]) == "horovodrun") return dtrain::hvd::horovodrun_main({argv + 2, argv + argc});
+  if (argc >= 2 && std::string(argv[1]) == "horovod-exec") return dtrain::hvd::horovod_exec_main({argv + 2, argv + argc});
   try {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
   } catch (const dtrain::UsageError& e) {

@@ -26,6 +26,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -36,6 +37,10 @@
 #include "dtrain/process_group.h"
 
 namespace dtrain {
+
+namespace diagnosis {
+class GroupMonitor;
+}
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct };
 
@@ -58,10 +63,14 @@ class Work {
   // `group` (the c10d group that runs it) names the rank in error messages, and is kept
   // alive for good if the collective times out: Gloo's thread is still blocked in it, and
   // destroying the group would wait for that thread (up to the group's timeout).
+  // `monitor` and `seq` (from GroupMonitor::enter) are the flight recorder's record of this
+  // collective, settled by wait() (dtrain/flight_recorder.h); none for a Work made elsewhere.
   Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout, std::string what,
-       std::function<void()> finish = {}, c10::intrusive_ptr<c10d::ProcessGroup> group = {});
+       std::function<void()> finish = {}, c10::intrusive_ptr<c10d::ProcessGroup> group = {},
+       std::shared_ptr<diagnosis::GroupMonitor> monitor = {}, std::uint64_t seq = 0);
   Work(Work&&) noexcept = default;
   Work& operator=(Work&&) noexcept = default;
+  ~Work();
 
   // Blocks until the collective is done. Throws TimeoutError after the timeout, or
   // NetworkError / Error when a peer failed; the message names the collective.
@@ -87,6 +96,8 @@ class Work {
   std::string what_;
   std::function<void()> finish_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::shared_ptr<diagnosis::GroupMonitor> monitor_;
+  std::uint64_t seq_ = 0;
   bool waited_ = false;
 };
 

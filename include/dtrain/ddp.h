@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "dtrain/collectives.h"
+#include "dtrain/module_ref.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain {
@@ -122,16 +123,6 @@ class Reducer {
   bool sync_enabled_ = true;
   bool callback_queued_ = false;
 };
-
-torch::nn::Module& module_ref(torch::nn::Module& m);
-template <typename T>
-torch::nn::Module& module_ref(const std::shared_ptr<T>& m) {
-  return *m;
-}
-template <typename T>
-torch::nn::Module& module_ref(const torch::nn::ModuleHolder<T>& m) {
-  return *m.ptr();
-}
 
 }  // namespace detail
 

@@ -24,7 +24,12 @@ struct LaunchOptions {
 
   // ---- sizes ----
   int nproc_per_node = 1;          // workers on this node. Default: 1.
-  int nnodes = 1;                  // nodes in the job. Default: 1.
+  int nnodes = 1;                  // nodes in the job (elastic: the most, MAX). Default: 1.
+  // Elastic (--nnodes MIN:MAX with MIN < MAX, c10d rendezvous; src/launch/elastic_rendezvous.h):
+  // the fewest nodes the job runs on. 0 = not elastic. Default: 0.
+  int min_nodes = 0;
+  std::chrono::milliseconds last_call{std::chrono::seconds(30)};  // elastic: wait for more after MIN.
+  std::chrono::milliseconds heartbeat_timeout{0};  // a silent agent is lost after this; 0 = max(10 s, 50 ticks).
   int node_rank = -1;              // this node's rank; -1 = assigned in join order (c10d). Default: 0 for static.
 
   // ---- rendezvous ----

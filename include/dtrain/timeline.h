@@ -8,6 +8,12 @@
 // into FILE: one track (pid) per rank, one row (tid) per thread. Perfetto
 // (ui.perfetto.dev) and chrome://tracing open it.
 //
+// Collectives on the shared-memory backend are split into time waiting for peers (spans
+// named kWaitForPeers inside the op's span, on the backend's thread) and time transferring
+// (copies and reductions: the rest of the op); each op's span carries both as args
+// (wait_for_peers_us, transfer_us). Gloo's ops are one span each (Gloo does not expose the
+// split).
+//
 // Off, a span costs one relaxed atomic load.
 #pragma once
 
@@ -24,6 +30,9 @@ int64_t now_us() noexcept;
 void record(const char* name, const char* category, int64_t begin_us, int64_t end_us, int64_t bytes,
             int64_t index) noexcept;
 }  // namespace detail
+
+// The name of the spans that time a wait for peer ranks inside a collective.
+inline constexpr const char kWaitForPeers[] = "wait for peers";
 
 inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order_relaxed); }
 

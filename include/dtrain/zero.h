@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/module_ref.h"
 #include "dtrain/process_group.h"
 #include "dtrain/zero_config.h"
 
@@ -207,16 +208,6 @@ class EngineCore {
   bool inject_overflow_ = false;
 };
 
-torch::nn::Module& module_ref(torch::nn::Module& m);
-template <typename T>
-torch::nn::Module& module_ref(const std::shared_ptr<T>& m) {
-  return *m;
-}
-template <typename T>
-torch::nn::Module& module_ref(const torch::nn::ModuleHolder<T>& m) {
-  return *m.ptr();
-}
-
 }  // namespace detail
 
 // Wraps a module holder (torch::nn::Linear, a TORCH_MODULE type, nn::Sequential) or a
@@ -227,7 +218,7 @@ class Engine {
  public:
   Engine(ModuleType module, Config config, InitOptions options = {})
       : module_(std::move(module)),
-        core_(std::make_unique<detail::EngineCore>(detail::module_ref(module_), std::move(config), std::move(options))) {}
+        core_(std::make_unique<detail::EngineCore>(dtrain::detail::module_ref(module_), std::move(config), std::move(options))) {}
 
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {

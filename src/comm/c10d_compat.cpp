@@ -23,6 +23,15 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& sto
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
 }
 
+c10::intrusive_ptr<Backend> make_gloo_like(Backend* like, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int world, std::chrono::milliseconds timeout) {
+  auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(like);
+  if (!gloo) return make_gloo(store, rank, world, timeout);
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices = gloo->getOptions()->devices;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> as_group(const c10::intrusive_ptr<Backend>& backend,
                                                const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                                                bool is_gloo) {

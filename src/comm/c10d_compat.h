@@ -41,6 +41,12 @@ using Backend = c10d::ProcessGroup;
 c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                                       std::chrono::milliseconds timeout, const std::string& hostname = "");
 
+// A Gloo backend on the same network device(s) as the Gloo backend `like` (a sub-group of
+// `like`'s group, torch.distributed.new_group's way); Gloo's default device when `like` is
+// not a Gloo backend.
+c10::intrusive_ptr<Backend> make_gloo_like(Backend* like, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int world, std::chrono::milliseconds timeout);
+
 // The c10d group whose collectives on CPU tensors run on `backend`. `store`, `rank` and
 // `world` are the backend's. 1.13: the backend itself. 2.x: a c10d::ProcessGroup with
 // `backend` registered for the CPU (as GLOO when `is_gloo`, else as a custom backend).

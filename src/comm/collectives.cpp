@@ -14,7 +14,9 @@
 
 #include "comm/c10d_compat.h"
 #include "comm/shm/shm_group.h"
+#include "diagnosis/monitor.h"
 #include "dtrain/error.h"
+#include "dtrain/flight_recorder.h"
 #include "dtrain/timeline.h"
 
 namespace dtrain {
@@ -29,6 +31,9 @@ struct Call {
   std::chrono::milliseconds timeout;
   int rank;
   int world;
+  // The flight recorder's record of this collective (diagnosis/monitor.h), set by issue().
+  std::shared_ptr<diagnosis::GroupMonitor> monitor = {};
+  std::uint64_t seq = 0;
 };
 
 std::string shape_str(at::IntArrayRef sizes) {
@@ -155,8 +160,26 @@ Staged stage(const at::Tensor& t) {
 
 // Issues the c10d call; c10d's own argument checks throw c10::Error at call time, which can
 // only be about the arguments (our checks should have caught them first).
+// First the flight recorder records it (and, with DTRAIN_DEBUG=detail, checks that every rank
+// issues the same collective): `fingerprint` are the tensors whose dtype and shapes are the
+// same on every rank (collective hook, dtrain/debug.h).
 template <typename F>
-c10::intrusive_ptr<c10d::Work> issue(const Call& c, F&& f) {
+c10::intrusive_ptr<c10d::Work> issue(Call& c, at::TensorList fingerprint, F&& f) {
+  c.monitor = c.group->monitor();
+  if (c.monitor) c.seq = c.monitor->enter(c.name, fingerprint, c.timeout);
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    if (c.seq) c.monitor->fail(c.seq, "rejected by Gloo");
+    throw UsageError(prefix(c) + "rejected by Gloo: " + e.what_without_backtrace());
+  } catch (...) {
+    if (c.seq) c.monitor->fail(c.seq, "could not be issued");
+    throw;
+  }
+}
+
+template <typename F>
+c10::intrusive_ptr<c10d::Work> issue_p2p(const Call& c, F&& f) {
   try {
     return f();
   } catch (const c10::Error& e) {
@@ -165,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> issue(const Call& c, F&& f) {
 }
 
 Work make_work(const Call& c, c10::intrusive_ptr<c10d::Work> w, std::function<void()> finish = {}) {
-  return Work(std::move(w), c.timeout, c.name, std::move(finish), c.pg);
+  return Work(std::move(w), c.timeout, c.name, std::move(finish), c.pg, c.monitor, c.seq);
 }
 
 bool contains_ci(std::string hay, std::string needle) {
@@ -211,7 +234,7 @@ Work broadcast_impl(const char* name, at::Tensor& tensor, const BroadcastOptions
   o.rootRank = options.src;
   o.rootTensor = 0;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->broadcast(v, o); });
+  auto w = issue(c, v, [&] { return c.pg->broadcast(v, o); });
   return make_work(c, std::move(w), [s] { s.copy_back(); });
 }
 
@@ -224,7 +247,7 @@ std::vector<at::Tensor> all_gather_impl(const char* name, const at::Tensor& tens
   for (int r = 0; r < c.world; ++r) out[0].push_back(at::empty_like(in[0]));
   c10d::AllgatherOptions o;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->allgather(out, in, o); });
+  auto w = issue(c, in, [&] { return c.pg->allgather(out, in, o); });
   make_work(c, std::move(w)).wait();
   return out[0];
 }
@@ -234,12 +257,19 @@ std::vector<at::Tensor> all_gather_impl(const char* name, const at::Tensor& tens
 // --- Work ---------------------------------------------------------------------
 
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout, std::string what,
-           std::function<void()> finish, c10::intrusive_ptr<c10d::ProcessGroup> group)
+           std::function<void()> finish, c10::intrusive_ptr<c10d::ProcessGroup> group,
+           std::shared_ptr<diagnosis::GroupMonitor> monitor, std::uint64_t seq)
     : work_(std::move(work)),
       timeout_(timeout),
       what_(std::move(what)),
       finish_(std::move(finish)),
-      group_(std::move(group)) {}
+      group_(std::move(group)),
+      monitor_(std::move(monitor)),
+      seq_(seq) {}
+
+Work::~Work() {
+  if (monitor_ && seq_ && !waited_) monitor_->abandon(seq_);  // no-op if wait() failed it
+}
 
 void Work::wait() {
   if (!work_) {
@@ -260,13 +290,25 @@ void Work::wait() {
     std::string where = what_;
     if (group_) where += " (rank " + std::to_string(group_->getRank()) + " of " + std::to_string(group_->getSize()) + ")";
     std::string detail = exception_text(error);
+    // The flight recorder: settle the record, publish it for the launcher's failure summary,
+    // and end the message with this rank's recent collectives.
+    std::string recorder;
+    if (monitor_ && seq_) {
+      monitor_->fail(seq_, detail);
+      monitor_->publish_now();
+      recorder = "\nrecent collectives of this rank (flight recorder, oldest first):";
+      auto recent = monitor_->recent();
+      for (size_t i = recent.size() > 16 ? recent.size() - 16 : 0; i < recent.size(); ++i) {
+        recorder += "\n  " + format_record(recent[i]);
+      }
+    }
     // c10d's Work::wait throws "Operation timed out!" and leaves the work pending; Gloo's own
     // timeouts (the group's, and send/recv's waits) complete it with "Timed out waiting ...".
     const bool pending = !work_->isCompleted();
     if (!pending && detail.rfind("an earlier collective of this group", 0) == 0) {
       // The shared-memory backend after an earlier failure (which may have been a timeout),
       // like Gloo's closed pairs below.
-      throw NetworkError(where + " failed: " + detail);
+      throw NetworkError(where + " failed: " + detail + recorder);
     }
     if (pending || contains_ci(detail, "timed out")) {
       if (pending) {
@@ -284,22 +326,24 @@ void Work::wait() {
       throw TimeoutError(where + " timed out after " + std::to_string(timeout.count()) +
                          " ms: a peer rank may have died or not called " + what_ +
                          " (every rank must call the same collectives in the same order); this "
-                         "group is unusable now [" + detail + "]");
+                         "group is unusable now [" + detail + "]" + recorder);
     }
     if (contains_ci(detail, "Application timeout caused pair closure")) {
       // Gloo closes a group's connections when one of its operations times out; every later
       // collective of the group fails at once with this.
       throw NetworkError(where + " failed: an earlier collective of this group timed out and Gloo closed "
-                         "the group's connections; the group is unusable, make a new one [" + detail + "]");
+                         "the group's connections; the group is unusable, make a new one [" + detail + "]" +
+                         recorder);
     }
     if (is_io_error(error)) {
       throw NetworkError(where + " failed: lost the connection to a peer rank (it may have died) [" +
-                         detail + "]");
+                         detail + "]" + recorder);
     }
 
-    throw Error(where + " failed: " + detail);
+    throw Error(where + " failed: " + detail + recorder);
   }
   waited_ = true;
+  if (monitor_) monitor_->complete(seq_);
   if (finish_) {
     auto finish = std::move(finish_);
     finish_ = nullptr;
@@ -336,7 +380,7 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
     o.reduceOp = c10d::ReduceOp::AVG;
     avg = false;
   }
-  auto w = issue(c, [&] { return c.pg->allreduce(v, o); });
+  auto w = issue(c, v, [&] { return c.pg->allreduce(v, o); });
   const int world = c.world;
   return make_work(c, std::move(w), [s, avg, world] {
     if (avg) s.buf.div_(world);
@@ -369,7 +413,7 @@ Work reduce_async(torch::Tensor& tensor, const ReduceOptions& options) {
   o.rootRank = options.dst;
   o.rootTensor = 0;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->reduce(v, o); });
+  auto w = issue(c, v, [&] { return c.pg->reduce(v, o); });
   const bool is_dst = c.rank == options.dst;
   const bool avg = options.op == ReduceOp::kAvg && c.world > 1;
   const int world = c.world;
@@ -400,7 +444,7 @@ std::vector<torch::Tensor> gather(const torch::Tensor& tensor, const GatherOptio
   c10d::GatherOptions o;
   o.rootRank = options.dst;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->gather(out, in, o); });
+  auto w = issue(c, in, [&] { return c.pg->gather(out, in, o); });
   make_work(c, std::move(w)).wait();
   return out.empty() ? std::vector<torch::Tensor>{} : out[0];
 }
@@ -428,7 +472,7 @@ void scatter(torch::Tensor& out, const std::vector<torch::Tensor>& chunks, const
   c10d::ScatterOptions o;
   o.rootRank = options.src;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->scatter(v, in, o); });
+  auto w = issue(c, v, [&] { return c.pg->scatter(v, in, o); });
   make_work(c, std::move(w), [s] { s.copy_back(); }).wait();
 }
 
@@ -463,7 +507,7 @@ void reduce_scatter(torch::Tensor& out, const torch::Tensor& input, const Reduce
   std::vector<int64_t> counts;  // empty: equal split
   c10d::AllToAllOptions o;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->alltoall_base(recv, send, counts, counts, o); });
+  auto w = issue(c, send, [&] { return c.pg->alltoall_base(recv, send, counts, counts, o); });
   make_work(c, std::move(w)).wait();
   auto parts = recv.chunk(c.world, 0);
   at::Tensor acc = parts[0].clone();
@@ -502,7 +546,7 @@ void all_to_all(torch::Tensor& out, const torch::Tensor& input, const Collective
   std::vector<int64_t> counts;  // empty: equal split
   c10d::AllToAllOptions o;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->alltoall_base(s.buf, send, counts, counts, o); });
+  auto w = issue(c, send, [&] { return c.pg->alltoall_base(s.buf, send, counts, counts, o); });
   make_work(c, std::move(w), [s] { s.copy_back(); }).wait();
 }
 
@@ -510,7 +554,7 @@ void barrier(const CollectiveOptions& options) {
   Call c = begin("barrier", options);
   c10d::BarrierOptions o;
   o.timeout = c.timeout;
-  auto w = issue(c, [&] { return c.pg->barrier(o); });
+  auto w = issue(c, {}, [&] { return c.pg->barrier(o); });
   make_work(c, std::move(w)).wait();
 }
 
@@ -535,7 +579,8 @@ Work send_async(const torch::Tensor& tensor, int dst, const PointToPointOptions&
   check_peer(c, dst, "dst", options.tag);
   // c10d's SendWork keeps this (possibly copied) tensor alive until the send is done.
   std::vector<at::Tensor> v{tensor.contiguous()};
-  auto w = issue(c, [&] { return c.pg->send(v, dst, options.tag); });
+  // Point to point: not recorded (two ranks take part, so no group-wide sequence number).
+  auto w = issue_p2p(c, [&] { return c.pg->send(v, dst, options.tag); });
   return make_work(c, std::move(w));
 }
 
@@ -545,7 +590,7 @@ Work recv_async(torch::Tensor& tensor, int src, const PointToPointOptions& optio
   check_peer(c, src, "src", options.tag);
   Staged s = stage(tensor);
   std::vector<at::Tensor> v{s.buf};
-  auto w = issue(c, [&] { return c.pg->recv(v, src, options.tag); });
+  auto w = issue_p2p(c, [&] { return c.pg->recv(v, src, options.tag); });
   return make_work(c, std::move(w), [s] { s.copy_back(); });
 }
 

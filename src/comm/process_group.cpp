@@ -6,10 +6,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "comm/c10d_compat.h"
 #include "comm/shm/shm_group.h"
+#include "diagnosis/monitor.h"
+#include "dtrain/debug.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
@@ -118,7 +122,9 @@ Rendezvous url_rendezvous(const ProcessGroupOptions& o) {
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string backend)
-    : store_(std::move(store)), pg_(std::move(pg)), backend_(std::move(backend)) {}
+    : store_(std::move(store)), pg_(std::move(pg)), backend_(std::move(backend)) {
+  monitor_ = std::make_shared<diagnosis::GroupMonitor>(store_, pg_->getRank(), pg_->getSize());
+}
 
 void ProcessGroup::barrier() { pg_->barrier()->wait(); }
 
@@ -132,6 +138,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   if (backend != "gloo" && backend != "shm" && backend != "auto") {
     throw UsageError("init_process_group: unknown backend '" + options.backend +
                      "'; use \"auto\" (the default), \"shm\", \"gloo\" or \"nccl\"");
+  }
+  // Bad diagnosis options fail here, before this rank joins (and its peers wait for it).
+  diagnosis::check_environment();
+  std::optional<DebugLevel> debug;
+  if (!options.debug.empty()) debug = parse_debug_level(options.debug, "ProcessGroupOptions::debug");
+  if (options.stall_timeout.count() < 0) {
+    throw UsageError("init_process_group: stall_timeout must be > 0 ms (0 = DTRAIN_STALL_TIMEOUT or 60 s), got " +
+                     std::to_string(options.stall_timeout.count()) + " ms");
   }
   Rendezvous r = url_rendezvous(options);
   // A peer that dies mid-collective must surface as a NetworkError, not kill this rank:
@@ -157,9 +171,49 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   }
   if (!pg) pg = comm::as_group(gloo, r.store, r.rank, r.world_size, /*is_gloo=*/true);
   auto group = std::make_shared<ProcessGroup>(r.store, pg, chosen);
+  if (debug) set_debug_level(*group, *debug);
+  if (options.stall_timeout.count() != 0) set_stall_timeout(*group, options.stall_timeout);
   std::lock_guard<std::mutex> lock(g_mutex);
   g_default = group;
   return group;
+}
+
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const NewGroupOptions& options) {
+  auto parent = options.parent ? options.parent : default_group();
+  const int world = parent->world_size();
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty()) throw UsageError("new_group: the rank list is empty; give at least one rank of the parent group");
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= world) {
+      throw UsageError("new_group: rank " + std::to_string(sorted[i]) + " is outside the parent group (ranks 0-" +
+                       std::to_string(world - 1) + ")");
+    }
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      throw UsageError("new_group: rank " + std::to_string(sorted[i]) + " is listed twice");
+    }
+  }
+  // Every parent rank counts every call, members or not, so the n-th sub-group has the same
+  // store prefix everywhere; members then rendezvous there as a fresh Gloo group would.
+  const int id = parent->subgroups_created_++;
+  auto me = std::find(sorted.begin(), sorted.end(), parent->rank());
+  if (me == sorted.end()) return nullptr;
+  const int rank = static_cast<int>(me - sorted.begin());
+  const int size = static_cast<int>(sorted.size());
+  // The parent's Gloo backend (under the shared-memory one when that wraps it) gives the
+  // device and the default timeout.
+  comm::Backend* like = comm::cpu_backend(*parent->c10d());
+  std::chrono::milliseconds timeout = options.timeout;
+  if (auto* shm = dynamic_cast<shm::ShmProcessGroup*>(like)) {
+    like = shm->gloo().get();
+    if (timeout.count() == 0) timeout = shm->timeout();
+  }
+  if (timeout.count() == 0 && like) timeout = comm::gloo_timeout(*like).value_or(std::chrono::minutes(30));
+  if (timeout.count() <= 0) timeout = std::chrono::minutes(30);
+  auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain_subgroup_" + std::to_string(id), parent->store());
+  auto gloo = comm::make_gloo_like(like, store, rank, size, timeout);
+  auto pg = comm::as_group(gloo, store, rank, size, /*is_gloo=*/true);
+  return std::make_shared<ProcessGroup>(store, pg, "gloo");
 }
 
 std::shared_ptr<ProcessGroup> default_group() {

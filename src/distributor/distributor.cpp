@@ -886,7 +886,20 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
       if (client->check({key})) first = json::parse(client->get(key));
     }
     std::optional<json> exception;
-    const int rank = out.failure ? out.failure->value("rank", -1) : -1;
+    int rank = out.failure ? out.failure->value("rank", -1) : -1;
+    if (first && rank >= 0 && first->value("rank", -1) != rank && out.failure->value("signal", 0) == 0 &&
+        !out.timed_out) {
+      // The launcher orders failures by when it saw processes exit, which can put a peer that
+      // failed because of the first thrower (its collective lost the connection) ahead of it;
+      // the store orders the exceptions themselves (the first compare_set wins). So a first
+      // exception that is not itself a lost peer or a timeout is the root cause. A rank killed
+      // by a signal threw nothing: the launcher's pick stands then.
+      const std::string type = first->value("type", "");
+      if (type != "dtrain::NetworkError" && type != "dtrain::TimeoutError") {
+        rank = first->value("rank", -1);
+        out.failure = json{{"rank", rank}, {"exit_code", out.exit_code}};
+      }
+    }
     if (first && (rank < 0 || first->value("rank", -1) == rank)) {
       exception = first;
       // No root cause from the launcher (MPI has no agent): the first rank that threw is it.

@@ -38,6 +38,7 @@
 #include <optional>
 #include <sstream>
 
+#include "diagnosis/records.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
@@ -46,6 +47,7 @@
 #include "launch/guard.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
+#include "launch/elastic_rendezvous.h"
 #include "launch/rendezvous.h"
 #include "launch/worker_process.h"
 
@@ -116,13 +118,18 @@ struct Failure {
   std::string error_file;
   std::string error_file_contents;
   bool final = false;  // no restart: the agent itself was told to stop
+  // Not a failure: an elastic job restarts its workers to admit a waiting node.
+  bool membership = false;
+  // What the ranks last published from their collective flight recorders (diagnosis/records.h).
+  std::vector<std::string> collectives;
 
   json to_json() const {
     return {{"time", time},         {"host", host},         {"node_rank", node_rank},
             {"rank", rank},         {"local_rank", local_rank}, {"pid", pid},
             {"exit_code", exit_code}, {"signal", signal},   {"reason", reason},
             {"stderr_tail", stderr_tail}, {"error_file", error_file},
-            {"error_file_contents", error_file_contents}, {"final", final}};
+            {"error_file_contents", error_file_contents}, {"final", final}, {"collectives", collectives},
+            {"membership", membership}};
   }
   static Failure from_json(const json& j) {
     Failure f;
@@ -139,6 +146,8 @@ struct Failure {
     f.error_file = j.value("error_file", "");
     f.error_file_contents = j.value("error_file_contents", "");
     f.final = j.value("final", false);
+    f.membership = j.value("membership", false);
+    f.collectives = j.value("collectives", std::vector<std::string>{});
     return f;
   }
 
@@ -181,6 +190,10 @@ struct Failure {
           << rank << "'s stderr:\n";
         for (const auto& l : stderr_tail) s << "    " << l << "\n";
       }
+    }
+    if (!collectives.empty()) {
+      s << "  recent collectives (each rank's flight recorder, as it last published it):\n";
+      for (const auto& l : collectives) s << "    " << l << "\n";
     }
     return s.str();
   }
@@ -234,6 +247,9 @@ class Agent {
   void setup_signals();
   void setup_store();
   AttemptResult run_attempt(const launch::RendezvousResult& rdzv);
+  // The failure summary's "recent collectives": what the workers of attempt `round` published
+  // to the job's store (empty when the store is not ours to read, or nothing was published).
+  std::vector<std::string> published_collectives(int round, int world_size);
   void spawn_workers(const launch::RendezvousResult& rdzv);
   // Learns the pids the fork server reports; once it has exited, the workers it never
   // started are marked dead with its wait status.
@@ -257,6 +273,7 @@ class Agent {
   void write_failure_file(const Failure& f) const;
   void publish_to_failure_store(const Failure& f) const;
   bool multi_node() const { return o_.nnodes > 1; }
+  bool elastic() const { return o_.min_nodes > 0; }
   // Every agent's output reaches one console (srun's, or the host-file launcher's).
   bool shared_console() const { return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof); }
   std::string attempt_dir(int round) const;
@@ -337,6 +354,30 @@ void Agent::setup_store() {
                          ". The master address must be one every node can reach (never a "
                          "loopback address across hosts): give node 0's address with --master-addr");
     }
+  }
+}
+
+std::vector<std::string> Agent::published_collectives(int round, int world_size) {
+  try {
+    std::unique_ptr<store::StoreClient> own;
+    store::StoreClient* client = store_.get();
+    if (!client) {
+      if (!server_) return {};
+      store::StoreClient::Options copts;
+      copts.connect_timeout = std::chrono::seconds(2);
+      copts.timeout = std::chrono::seconds(2);
+      own = store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(store_port_), copts);
+      client = own.get();
+    }
+    WorkerEnv env;
+    env.restart_count = round;
+    auto get = [&](const std::string& key) -> std::optional<std::string> {
+      if (!client->check({key})) return std::nullopt;
+      return client->get(key);
+    };
+    return diagnosis::describe_published(get, env.store_prefix() + "/", world_size);
+  } catch (const std::exception& e) {
+    return {std::string("(could not read them from the job's store: ") + e.what() + ")"};
   }
 }
 
@@ -827,14 +868,24 @@ AttemptResult Agent::run_attempt(const launch::RendezvousResult& rdzv) {
           stop_workers(SIGTERM);
           return result;
         }
+        // Elastic: a node waits to join and there is room; restart everyone with it.
+        if (!local_done && elastic() && nnodes_ < o_.nnodes &&
+            launch::late_agents(*store_, o_.rdzv_id, rdzv.round) > 0) {
+          failure = agent_failure("a new node is waiting to join the job; restarting the workers to admit it",
+                                  0, false);
+          failure->membership = true;
+          break;
+        }
         if (local_done) {
           std::vector<std::string> done;
           for (int k = 0; k < nnodes_; ++k) done.push_back(prefix_ + "done_" + std::to_string(k));
           if (store_->check(done)) return result;
         }
       } catch (const NetworkError& e) {
-        // The store or a peer agent is gone: nobody is left to coordinate with.
-        failure = agent_failure(e.what(), 1, true);
+        // The store or a peer agent is gone: nobody is left to coordinate with - unless the
+        // job is elastic, where the survivors meet again in the next round (which fails with
+        // the reason if the store itself is gone).
+        failure = agent_failure(e.what(), 1, !elastic());
         break;
       } catch (const StoreError& e) {
         failure = agent_failure(e.what(), 1, true);
@@ -926,7 +977,9 @@ int Agent::run() {
   setup_signals();
   setup_store();
   nnodes_ = o_.nnodes;
-  heartbeat_timeout_ = std::max(std::chrono::milliseconds(10000), 50 * o_.monitor_interval);
+  heartbeat_timeout_ = o_.heartbeat_timeout.count() > 0
+                           ? o_.heartbeat_timeout
+                           : std::max(std::chrono::milliseconds(10000), 50 * o_.monitor_interval);
 
   if (!o_.log_dir.empty()) {
     run_dir_ = o_.log_dir + "/" + o_.rdzv_id;
@@ -951,14 +1004,22 @@ int Agent::run() {
 
   int code = 1;
   int round = 0;
+  int failures = 0;  // attempts that failed (an elastic membership change is not one)
   int node_rank = o_.node_rank;
   for (;; ++round) {
     launch::RendezvousResult rdzv;
     launch::NodeInfo self{host_, o_.nproc_per_node, static_cast<int>(::getpid())};
     if (multi_node()) {
       try {
-        rdzv = launch::rendezvous(*store_, o_.rdzv_id, round, node_rank, o_.nnodes, self,
-                                  o_.rdzv_timeout);
+        if (elastic()) {
+          // A late agent may be admitted to a later round than ours; go on from there.
+          rdzv = launch::elastic_rendezvous(*store_, o_.rdzv_id, round, self,
+                                            {o_.min_nodes, o_.nnodes, o_.last_call, o_.rdzv_timeout});
+          round = rdzv.round;
+        } else {
+          rdzv = launch::rendezvous(*store_, o_.rdzv_id, round, node_rank, o_.nnodes, self,
+                                    o_.rdzv_timeout);
+        }
       } catch (const TimeoutError& e) {
         say(e.what());
         return 1;
@@ -966,7 +1027,13 @@ int Agent::run() {
         say(std::string("rendezvous failed: ") + e.what());
         return 1;
       }
-      node_rank = rdzv.node_rank;  // keep the rank we got for later rounds
+      if (!elastic()) node_rank = rdzv.node_rank;  // keep the rank we got for later rounds
+      nnodes_ = rdzv.nnodes;
+      if (elastic()) {
+        say("round " + std::to_string(round) + ": " + std::to_string(rdzv.nnodes) + " node(s) (--nnodes " +
+            std::to_string(o_.min_nodes) + ":" + std::to_string(o_.nnodes) + "), world size " +
+            std::to_string(rdzv.world_size) + ", this node is node " + std::to_string(rdzv.node_rank));
+      }
     } else {
       rdzv = launch::layout(round, 0, {self});
     }
@@ -980,18 +1047,24 @@ int Agent::run() {
       code = 128 + r.signal;
       break;
     }
+    if (r.failure.membership) {
+      say("restarting the workers for a membership change: " + r.failure.reason);
+      continue;
+    }
+    ++failures;
     if (shared_console() && node_rank_ != 0) {
       // srun and the host-file launcher merge every agent's output on one console: node 0
       // prints the full root cause; the others, one line (enough if node 0 is gone).
       say("job failed: " + r.failure.one_line() + "; node 0's agent prints the root cause");
     } else {
+      if (r.failure.collectives.empty()) r.failure.collectives = published_collectives(round, rdzv.world_size);
       launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
     }
     write_failure_file(r.failure);
     publish_to_failure_store(r.failure);
     code = r.failure.exit_code;
-    if (r.failure.final || round >= o_.max_restarts) break;
-    say("restarting all workers (restart " + std::to_string(round + 1) + " of " +
+    if (r.failure.final || failures > o_.max_restarts) break;
+    say("restarting all workers (restart " + std::to_string(failures) + " of " +
         std::to_string(o_.max_restarts) + ")");
   }
   finish_job(round);

@@ -57,9 +57,10 @@ int parse_nproc(const std::string& value) {
   return n;
 }
 
-int parse_nnodes(const std::string& value) {
+// "N" or "N:N" -> {N, N}; "MIN:MAX" -> {MIN, MAX} (elastic).
+std::pair<int, int> parse_nnodes(const std::string& value) {
   const std::string flag = "--nnodes";
-  const std::string form = "a positive integer N (or N:N)";
+  const std::string form = "a positive integer N, or MIN:MAX with 1 <= MIN <= MAX";
   auto colon = value.find(':');
   int lo, hi;
   if (colon == std::string::npos) {
@@ -67,13 +68,9 @@ int parse_nnodes(const std::string& value) {
   } else {
     lo = parse_int(flag, value.substr(0, colon), form);
     hi = parse_int(flag, value.substr(colon + 1), form);
-    if (lo != hi) {
-      throw UsageError(flag + ": got '" + value +
-                       "'; elastic node ranges MIN:MAX are not supported yet, give one number");
-    }
   }
-  if (lo < 1) throw UsageError(flag + ": got '" + value + "', expected " + form);
-  return lo;
+  if (lo < 1 || hi < lo) throw UsageError(flag + ": got '" + value + "', expected " + form);
+  return {lo, hi};
 }
 
 double parse_seconds(const std::string& flag, const std::string& value) {
@@ -167,7 +164,9 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "Workers per node: N, 'cpu' (one per core), 'gpu' (one per CUDA device), "
                  "'auto' (gpu if any, else cpu). Default: 1; with a host file, each host's slots");
   run.add_option("--nnodes", a.nnodes,
-                 "Number of nodes (N, or N:N). Default: 1; under srun, the step's node count");
+                 "Number of nodes: N, or MIN:MAX for an elastic job (needs --rdzv-backend c10d; "
+                 "restarts at the new size when nodes fail or join). Default: 1; under srun, the "
+                 "step's node count");
   run.add_option("--node-rank,--node_rank", a.node_rank,
                  "This node's rank, 0..nnodes-1 (static rendezvous; default 0; c10d assigns it "
                  "in join order when not given)");
@@ -190,7 +189,9 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
       ->capture_default_str();
   run.add_option("--rdzv-conf,--rdzv_conf", a.rdzv_conf,
                  "torchrun's KEY=VALUE,... rendezvous config; 'join_timeout=S' and 'timeout=S' "
-                 "set --rdzv-timeout, other keys are accepted and ignored");
+                 "set --rdzv-timeout, 'last_call_timeout=S' the elastic last call (default 30), "
+                 "'heartbeat_timeout=S' when a silent agent counts as lost; other keys are "
+                 "accepted and ignored");
   run.add_flag("--standalone", a.standalone,
                "Single node: c10d rendezvous on a free local port (no endpoint needed)");
   run.add_option("--max-restarts,--max_restarts", a.max_restarts,
@@ -377,7 +378,9 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
                                   const std::function<const char*(const char*)>& env) {
   LaunchOptions o;
   o.nproc_per_node = parse_nproc(a.nproc.empty() ? "1" : a.nproc);
-  o.nnodes = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
+  auto [min_nodes, max_nodes] = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
+  o.nnodes = max_nodes;
+  if (min_nodes < max_nodes) o.min_nodes = min_nodes;
   if (!a.node_rank.empty()) {
     o.node_rank = parse_int("--node-rank", a.node_rank, "an integer in 0..nnodes-1");
   }
@@ -416,6 +419,15 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
       std::string key = item.substr(0, eq);
       if (key == "join_timeout" || key == "timeout") {
         o.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(
+            parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
+      }
+      // Elastic rendezvous (torchrun's key), and how soon a silent agent counts as lost.
+      if (key == "last_call_timeout") {
+        o.last_call = std::chrono::milliseconds(static_cast<int64_t>(
+            parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
+      }
+      if (key == "heartbeat_timeout") {
+        o.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(
             parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
       }
       if (comma == std::string::npos) break;
@@ -657,6 +669,22 @@ void validate_launch_options(LaunchOptions& o) {
   }
   if (o.nnodes < 1) {
     throw UsageError("--nnodes: got '" + std::to_string(o.nnodes) + "', expected a positive integer");
+  }
+  if (o.min_nodes > 0) {
+    // Elastic: nodes come and go, so ranks are given out per round in join order.
+    if (o.rdzv_backend != "c10d") {
+      throw UsageError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                       " (elastic) needs --rdzv-backend c10d: node ranks are given out in join order each "
+                       "round; add --rdzv-backend c10d --rdzv-endpoint HOST:PORT");
+    }
+    if (o.node_rank >= 0) {
+      throw UsageError("--node-rank: an elastic job (--nnodes MIN:MAX) gives node ranks out in join order "
+                       "each round; drop --node-rank");
+    }
+    if (o.engine != "local") {
+      throw UsageError("--nnodes MIN:MAX (elastic) works with agents started by hand (or by your "
+                       "scheduler), not with the " + o.engine + " engine, which fixes the node count");
+    }
   }
   if (o.rdzv_backend == "static" && o.node_rank < 0) o.node_rank = 0;
   if (o.node_rank >= o.nnodes) {

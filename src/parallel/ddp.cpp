@@ -108,8 +108,6 @@ CommHook bf16_compress_hook() {
 
 namespace detail {
 
-torch::nn::Module& module_ref(torch::nn::Module& m) { return m; }
-
 Reducer::Reducer(torch::nn::Module& module, DDPOptions options)
     : module_(module), options_(std::move(options)) {
   group_ = options_.group ? options_.group : default_group();

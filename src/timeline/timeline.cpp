@@ -3,9 +3,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -60,6 +62,35 @@ int thread_tid() {
 
 std::string rank_file(const std::string& path, int rank) { return path + ".rank" + std::to_string(rank) + ".json"; }
 
+// For every span that directly encloses kWaitForPeers spans on its thread (a collective on
+// the shared-memory backend), the microseconds of those waits; -1 for every other span.
+std::vector<int64_t> waits_for_peers(const std::vector<Event>& events) {
+  std::vector<int64_t> waited(events.size(), -1);
+  // Spans of one thread nest (a Span is scoped), so ordered by begin (the longer first on a
+  // tie) a stack of open spans finds each wait's parent.
+  std::vector<size_t> order(events.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Event &x = events[a], &y = events[b];
+    if (x.tid != y.tid) return x.tid < y.tid;
+    if (x.begin != y.begin) return x.begin < y.begin;
+    if (x.end != y.end) return x.end > y.end;
+    // Equal to the microsecond: the wait is the inner one.
+    return std::strcmp(x.name, kWaitForPeers) != 0 && std::strcmp(y.name, kWaitForPeers) == 0;
+  });
+  std::vector<size_t> open;
+  for (size_t i : order) {
+    const Event& e = events[i];
+    while (!open.empty() && (events[open.back()].tid != e.tid || events[open.back()].end <= e.begin)) open.pop_back();
+    if (std::strcmp(e.name, kWaitForPeers) == 0 && !open.empty()) {
+      int64_t& w = waited[open.back()];
+      w = std::max<int64_t>(w, 0) + (e.end - e.begin);
+    }
+    open.push_back(i);
+  }
+  return waited;
+}
+
 void write_rank_file(const std::string& file, int rank, const std::vector<Event>& events) {
   json ev = json::array();
   ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
@@ -70,13 +101,19 @@ void write_rank_file(const std::string& file, int rank, const std::vector<Event>
     ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t},
                   {"args", {{"name", t == 0 ? std::string("main") : "thread " + std::to_string(t)}}}});
   }
-  for (const auto& e : events) {
+  const std::vector<int64_t> waited = waits_for_peers(events);
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
     json j{{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", rank}, {"tid", e.tid},
            {"ts", e.begin}, {"dur", e.end - e.begin}};
-    if (e.bytes >= 0 || e.index >= 0) {
+    if (e.bytes >= 0 || e.index >= 0 || waited[i] >= 0) {
       j["args"] = json::object();
       if (e.bytes >= 0) j["args"]["bytes"] = e.bytes;
       if (e.index >= 0) j["args"]["index"] = e.index;
+      if (waited[i] >= 0) {
+        j["args"]["wait_for_peers_us"] = waited[i];
+        j["args"]["transfer_us"] = std::max<int64_t>(0, e.end - e.begin - waited[i]);
+      }
     }
     ev.push_back(std::move(j));
   }

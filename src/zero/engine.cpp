@@ -26,8 +26,6 @@ std::string describe_tensor(const torch::Tensor& t) {
 
 }  // namespace
 
-torch::nn::Module& module_ref(torch::nn::Module& m) { return m; }
-
 EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions options)
     : module_(module),
       config_(std::move(config)),

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "launcher/subprocess.h"
+#include "support/free_port.h"
 
 namespace {
 
@@ -35,19 +36,7 @@ const std::string kWorker = COLLECTIVE_WORKER_BIN;
 
 // A port that was free a moment ago (bound to port 0, then released); rank 0's TCPStore
 // binds it again.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+int free_port() { return dtrain::test::free_port(INADDR_LOOPBACK); }
 
 std::string describe(const RunResult& r) {
   return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " (timed out)" : "") + " after " +

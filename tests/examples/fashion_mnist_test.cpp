@@ -7,22 +7,14 @@
 #include <sstream>
 
 #include "launcher/subprocess.h"
+#include "support/json_lines.h"
 
 namespace {
 
 using dtrain::test::run_command;
 using namespace std::chrono_literals;
 
-// The last JSON line rank 0 printed.
-nlohmann::json result_of(const std::string& out) {
-  std::istringstream in(out);
-  nlohmann::json last;
-  for (std::string line; std::getline(in, line);) {
-    auto brace = line.find("]:{");
-    if (brace != std::string::npos) last = nlohmann::json::parse(line.substr(brace + 2));
-  }
-  return last;
-}
+nlohmann::json result_of(const std::string& out) { return dtrain::test::last_json_line(out); }
 
 dtrain::test::RunResult train(const std::vector<std::string>& extra, int nproc = 2) {
   std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), FASHION_MNIST_BIN};

@@ -33,6 +33,7 @@
 
 #include "dtrain/store.h"
 #include "launcher/subprocess.h"
+#include "support/free_port.h"
 
 namespace dtrain::test {
 namespace {
@@ -139,20 +140,7 @@ std::string numbered_lines(const std::string& tag, int rank, int n) {
 // A port that was free a moment ago (bound to port 0, then released). Another process could
 // take it before the agent binds it; tolerable for tests, and every multi-node test asks
 // for its own.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+int free_port() { return dtrain::test::free_port(INADDR_ANY); }
 
 // A port held (bound and listening on every IPv4 address) for as long as this object lives.
 class HeldPort {

@@ -136,6 +136,40 @@ TEST(Timeline, SpansOnTwoThreadsNestAndLandInTheFile) {
   fs::remove_all(dir);
 }
 
+TEST(Timeline, AnOpsWaitsForPeersSplitItIntoWaitingAndTransferring) {
+  fs::path dir = fs::temp_directory_path() / ("dtrain_timeline_split_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string path = (dir / "trace.json").string();
+  dtrain::timeline::start(path, 0, 1);
+  {
+    dtrain::timeline::Span op("shm all_reduce", "comm", 1 << 20);
+    std::this_thread::sleep_for(2ms);  // "transfer"
+    { dtrain::timeline::Span wait(dtrain::timeline::kWaitForPeers, "comm"); std::this_thread::sleep_for(3ms); }
+    std::this_thread::sleep_for(2ms);
+    { dtrain::timeline::Span wait(dtrain::timeline::kWaitForPeers, "comm"); std::this_thread::sleep_for(3ms); }
+  }
+  { dtrain::timeline::Span plain("forward"); }
+  dtrain::timeline::stop();
+  std::ifstream in(path);
+  json trace = json::parse(in);
+  int64_t waits = 0;
+  json op, plain;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["name"] == dtrain::timeline::kWaitForPeers) waits += e["dur"].get<int64_t>();
+    if (e["name"] == "shm all_reduce") op = e;
+    if (e["name"] == "forward") plain = e;
+  }
+  ASSERT_TRUE(op.is_object()) << trace.dump(1);
+  const int64_t wait_us = op["args"]["wait_for_peers_us"], transfer_us = op["args"]["transfer_us"];
+  EXPECT_EQ(wait_us, waits);
+  EXPECT_GE(wait_us, 6000);
+  EXPECT_GE(transfer_us, 4000);
+  EXPECT_EQ(wait_us + transfer_us, op["dur"].get<int64_t>());
+  EXPECT_FALSE(plain.contains("args")) << plain;  // no waits inside: no split
+  fs::remove_all(dir);
+}
+
 TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
   fs::path dir = fs::temp_directory_path() / ("dtrain_timeline_run_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -152,12 +186,22 @@ TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
   std::set<int> pids;
   std::map<std::string, int> count;  // rank 1's spans by name
   std::set<std::string> process_names;
+  std::map<int, int> shm_all_reduces;  // by rank
   for (const auto& e : trace["traceEvents"]) {
     pids.insert(e["pid"].get<int>());
     if (e["ph"] == "M" && e["name"] == "process_name") process_names.insert(e["args"]["name"]);
     if (e["ph"] == "X" && e["pid"] == 1) ++count[e["name"]];
     if (e["ph"] == "X" && e["name"] == "ddp bucket all_reduce launch") {
       EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
+    }
+    // The shared-memory backend's ops (its own thread): waiting for peers vs transferring.
+    if (e["ph"] == "X" && e["name"] == "shm all_reduce") {
+      ++shm_all_reduces[e["pid"].get<int>()];
+      const int64_t wait_us = e["args"]["wait_for_peers_us"], transfer_us = e["args"]["transfer_us"];
+      EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
+      EXPECT_GE(wait_us, 0);
+      EXPECT_GE(transfer_us, 0);
+      EXPECT_EQ(wait_us + transfer_us, e["dur"].get<int64_t>());
     }
   }
   EXPECT_EQ(pids, (std::set<int>{0, 1}));
@@ -168,6 +212,8 @@ TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
   EXPECT_EQ(count["data"], 20);
   EXPECT_GE(count["ddp bucket all_reduce launch"], 20);
   EXPECT_EQ(count["ddp bucket all_reduce launch"], count["ddp bucket wait"]);
+  EXPECT_GE(shm_all_reduces[0], 20);  // every bucket, on the backend's thread of each rank
+  EXPECT_GE(shm_all_reduces[1], 20);
   EXPECT_EQ(check_nesting(trace["traceEvents"]), "");
   // The picture of it (tools/timeline_render.py, matplotlib from the venv): written, not blank.
   std::string png = (dir / "timeline.png").string();

@@ -227,11 +227,22 @@ TEST(ParseRunArgs, NprocGpuAndAutoWithoutCuda) {
   EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
 }
 
-TEST(ParseRunArgs, NnodesAcceptsEqualRangeOnly) {
+TEST(ParseRunArgs, NnodesTakesNOrAnElasticRange) {
   EXPECT_EQ(parse({"--nnodes", "2:2"}).nnodes, 2);
-  std::string msg = usage_error({"--nnodes", "1:3", "prog"});
-  EXPECT_NE(msg.find("--nnodes: got '1:3'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+  EXPECT_EQ(parse({"--nnodes", "2:2"}).min_nodes, 0);  // N:N is not elastic
+  LaunchOptions e = parse({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=2.5"});
+  EXPECT_EQ(e.nnodes, 3);
+  EXPECT_EQ(e.min_nodes, 1);
+  EXPECT_EQ(e.last_call, std::chrono::milliseconds(2500));
+  std::string msg = usage_error({"--nnodes", "3:1", "prog"});
+  EXPECT_NE(msg.find("--nnodes: got '3:1', expected a positive integer N, or MIN:MAX with 1 <= MIN <= MAX"),
+            std::string::npos)
+      << msg;
+  // Elastic needs the c10d rendezvous (ranks in join order) and takes no --node-rank.
+  msg = usage_error({"--nnodes", "1:3", "prog"});
+  EXPECT_NE(msg.find("(elastic) needs --rdzv-backend c10d"), std::string::npos) << msg;
+  msg = usage_error({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--node-rank", "0", "prog"});
+  EXPECT_NE(msg.find("drop --node-rank"), std::string::npos) << msg;
 }
 
 TEST(ParseRunArgs, StandaloneIsSingleNodeC10dOnAFreeLocalPort) {

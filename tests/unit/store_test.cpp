@@ -266,6 +266,10 @@ TEST(StoreTest, ProtocolV2HandshakeRenumberedQueriesAndQueues) {
   EXPECT_EQ(v2.recv<std::int64_t>(), 0);
   v2.u8(14 /*QUEUE_PUSH*/).str("/q").str("item1").u8(14).str("/q").str("item2").send();
   EXPECT_EQ(waiter.recv<std::uint8_t>(), 0);  // STOP_WAITING
+  // The waiter wakes on item1 and runs on its own connection: wait until item2 is in as well
+  // (QUEUE_PUSH has no reply; a QUEUE_LEN on the pushing connection orders after both).
+  v2.u8(16 /*QUEUE_LEN*/).str("/q").send();
+  EXPECT_EQ(v2.recv<std::int64_t>(), 2);
   waiter.u8(15 /*QUEUE_POP*/).str("/q").send();
   EXPECT_EQ(waiter.recv<std::int64_t>(), 2);
   EXPECT_EQ(waiter.recv_str(), "item1");

@@ -12,6 +12,7 @@
 
 #include "comm/shm/reduce.h"
 #include "dtrain/error.h"
+#include "dtrain/timeline.h"
 
 namespace dtrain::shm {
 
@@ -207,6 +208,13 @@ ShmProcessGroup::~ShmProcessGroup() {
 // --- the worker thread ------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> keep, Task task) {
+  int64_t bytes = 0;
+  for (const auto& t : keep) bytes += static_cast<int64_t>(t.nbytes());
+  const char* span = type == c10d::OpType::ALLREDUCE   ? "shm all_reduce"
+                     : type == c10d::OpType::BROADCAST ? "shm broadcast"
+                     : type == c10d::OpType::ALLGATHER ? "shm all_gather"
+                     : type == c10d::OpType::BARRIER   ? "shm barrier"
+                                                       : "shm collective";
   auto work = c10::make_intrusive<ShmWork>(rank_, type, std::move(keep));
   if (size_ == 1) {
     // A world of one: nothing to wait for, so no hand-off to the worker thread either.
@@ -221,7 +229,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type, std::
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Item{work, std::move(task), Clock::now()});
+    queue_.push_back(Item{work, std::move(task), Clock::now(), span, bytes});
   }
   cv_.notify_one();
   return work;
@@ -244,6 +252,9 @@ void ShmProcessGroup::run() {
       // timeout only bounds the caller's wait (dtrain::Work::wait).
       const auto start = Clock::now();
       queued_seconds_ += std::chrono::duration<double>(start - item.queued).count();
+      // The op on the timeline; the segment's barriers inside it record the waits for peers,
+      // so the trace splits the op into waiting and transferring (copies and reductions).
+      timeline::Span span(item.span, "comm", item.bytes);  // timeline hook
       item.task(start + timeout_);
       ++ops_;
       op_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();

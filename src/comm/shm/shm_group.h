@@ -123,6 +123,8 @@ class ShmProcessGroup : public comm::Backend {
     c10::intrusive_ptr<ShmWork> work;
     Task task;
     Clock::time_point queued;
+    const char* span = "shm collective";  // the timeline's name of the op (a literal)
+    int64_t bytes = -1;                   // the bytes it moves per rank, for the timeline
   };
   std::deque<Item> queue_;  // GUARDED_BY(mu_)
   bool stop_ = false;                                                // GUARDED_BY(mu_)

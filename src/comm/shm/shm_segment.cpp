@@ -18,6 +18,7 @@
 #include <new>
 
 #include "dtrain/error.h"
+#include "dtrain/timeline.h"
 
 namespace dtrain::shm {
 
@@ -282,8 +283,11 @@ void ShmSegment::barrier(Clock::time_point deadline, const char* what) {
   me.arrived.store(target);
   if (me.sleepers.load() != 0) futex(&me.arrived, FUTEX_WAKE, INT_MAX, nullptr);
   const auto t0 = Clock::now();
-  for (int k = 0; k < world_; ++k) {
-    if (k != rank_) wait_for(k, target, deadline, what);
+  {
+    timeline::Span span(timeline::kWaitForPeers, "comm");  // timeline hook
+    for (int k = 0; k < world_; ++k) {
+      if (k != rank_) wait_for(k, target, deadline, what);
+    }
   }
   ++stats_.barriers;
   stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

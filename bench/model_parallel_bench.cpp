@@ -1,0 +1,179 @@
+// Model parallelism benchmarks (#16), ranks as threads of this process over loopback Gloo.
+//
+// 1. Pipeline bubble. Every stage is a synthetic layer that sleeps tf ms forward and tb ms
+//    backward (a custom autograd function), so a stage's busy time is known exactly and the
+//    figure measures the schedule and its send/recv, not how many cores the machine has. For
+//    P stages and M micro-batches GPipe and 1F1B ideally take (M + P - 1)(tf + tb) per step,
+//    a bubble fraction of (P - 1)/(M + P - 1); interleaved 1F1B with V chunks per rank
+//    (each chunk tf/V, tb/V) ideally M(tf + tb) + (P - 1)(tf + tb)/V. Printed: measured step
+//    time, ideal, their ratio, and the measured bubble fraction next to the ideal one.
+// 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
+//    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
+//
+//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS]
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/pipeline.h"
+#include "dtrain/process_group.h"
+#include "dtrain/tensor_parallel.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+int g_port = 29650;
+
+// Runs fn(group) on `world` threads, each rank joining a Gloo group through tcp://.
+void run_ranks(int world, const std::function<void(std::shared_ptr<dtrain::ProcessGroup>)>& fn) {
+  const int port = g_port++;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      dtrain::ProcessGroupOptions o;
+      o.backend = "gloo";
+      o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+      o.rank = r;
+      o.world_size = world;
+      o.timeout = std::chrono::seconds(60);
+      fn(dtrain::init_process_group(o));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+struct Sleep : torch::autograd::Function<Sleep> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double f_ms, double b_ms) {
+    ctx->saved_data["b"] = b_ms;
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(f_ms));
+    return x.clone();
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list g) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ctx->saved_data["b"].toDouble()));
+    return {g[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class SleepStageImpl : public torch::nn::Module {
+ public:
+  SleepStageImpl(double f, double b) : f_(f), b_(b) { w = register_parameter("w", torch::ones({1})); }
+  // x * w first: stage 0's input needs no gradient, and autograd skips the backward of a
+  // function none of whose inputs needs one.
+  torch::Tensor forward(const torch::Tensor& x) { return Sleep::apply(x * w, f_, b_); }
+  torch::Tensor w;
+
+ private:
+  double f_, b_;
+};
+TORCH_MODULE(SleepStage);
+
+void bubble(int steps, double tf, double tb) {
+  std::printf("# pipeline bubble: synthetic stages (forward %.0f ms, backward %.0f ms per micro-batch and rank), median of %d steps\n",
+              tf, tb, steps);
+  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms", "ratio",
+              "bubble_meas", "bubble_ideal");
+  struct Case {
+    dtrain::Schedule s;
+    int P, M, V;
+  };
+  std::vector<Case> cases;
+  for (int P : {2, 4}) {
+    for (int M : {1, 4, 8, 16}) {
+      cases.push_back({dtrain::Schedule::kGPipe, P, M, 1});
+      cases.push_back({dtrain::Schedule::kOneFOneB, P, M, 1});
+      if (M % P == 0) cases.push_back({dtrain::Schedule::kInterleavedOneFOneB, P, M, 2});
+    }
+  }
+  for (const Case& c : cases) {
+    std::vector<double> times;
+    std::mutex mu;
+    run_ranks(c.P, [&](std::shared_ptr<dtrain::ProcessGroup> g) {
+      std::vector<torch::nn::Sequential> stages;
+      for (int i = 0; i < c.P * c.V; ++i) stages.push_back(torch::nn::Sequential(SleepStage(tf / c.V, tb / c.V)));
+      dtrain::Pipeline pipe(stages, g, {c.s, c.M, c.V});
+      auto loss = [](const torch::Tensor& out, const torch::Tensor&) { return out.sum(); };
+      torch::Tensor x = torch::ones({c.M, 4});
+      for (int s = 0; s < steps + 1; ++s) {
+        g->barrier();
+        auto t0 = Clock::now();
+        pipe.train_step(x, x, loss);
+        g->barrier();
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (s > 0 && g->rank() == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          times.push_back(ms);
+        }
+      }
+    });
+    std::sort(times.begin(), times.end());
+    const double step = times[times.size() / 2];
+    const double work = c.M * (tf + tb);
+    const double ideal = work + (c.P - 1) * (tf + tb) / c.V;
+    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f\n", dtrain::schedule_name(c.s).c_str(), c.P, c.M, c.V, step,
+                ideal, step / ideal, 1.0 - work / step, 1.0 - work / ideal);
+    std::fflush(stdout);
+  }
+}
+
+void memory() {
+  const int64_t d = 512;
+  std::printf("# tensor-parallel memory per rank: one transformer MLP + attention projections, d_model %lld, Adam\n",
+              static_cast<long long>(d));
+  std::printf("%2s %14s %14s %12s\n", "T", "params_per_rank", "bytes_per_rank", "vs_T1");
+  double t1 = 0;
+  for (int T : {1, 2, 4}) {
+    int64_t bytes = 0, params = 0;
+    run_ranks(T, [&](std::shared_ptr<dtrain::ProcessGroup> g) {
+      torch::nn::Sequential block;
+      block->push_back(std::string("qkv"), dtrain::ColumnParallelLinear(d, 3 * d, g, true, false));
+      block->push_back(std::string("proj"), dtrain::RowParallelLinear(3 * d, d, g, true, true));
+      block->push_back(std::string("fc1"), dtrain::ColumnParallelLinear(d, 4 * d, g, true, false));
+      block->push_back(std::string("act"), torch::nn::GELU());
+      block->push_back(std::string("fc2"), dtrain::RowParallelLinear(4 * d, d, g, true, true));
+      torch::optim::Adam opt(block->parameters(), 1e-3);
+      torch::Tensor x = torch::randn({8, d});
+      block->forward(x).sum().backward();
+      opt.step();
+      if (g->rank() != 0) return;
+      int64_t b = 0, n = 0;
+      for (const auto& p : block->parameters()) {
+        n += p.numel();
+        b += p.numel() * 4 + p.grad().numel() * 4;
+      }
+      for (const auto& st : opt.state()) {
+        auto& s = static_cast<torch::optim::AdamParamState&>(*st.second);
+        b += s.exp_avg().numel() * 4 + s.exp_avg_sq().numel() * 4;
+      }
+      bytes = b;
+      params = n;
+    });
+    if (T == 1) t1 = static_cast<double>(bytes);
+    std::printf("%2d %14lld %14lld %12.3f\n", T, static_cast<long long>(params), static_cast<long long>(bytes), bytes / t1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 5;
+  double tf = 10, tb = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--tf")) tf = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--tb")) tb = std::atof(argv[i + 1]);
+  }
+  torch::set_num_threads(1);
+  std::printf("# machine: 2-core Debian 12 VM, shared; ranks are threads of one process, Gloo over loopback\n");
+  bubble(steps, tf, tb);
+  memory();
+  return 0;
+}

@@ -1,0 +1,187 @@
+// dtrain::tune: hyperparameter search over distributed trials (Ray Tune for C++ users).
+//
+//     void train(dtrain::tune::Config config) {             // runs on every process of a trial
+//       auto pg = dtrain::init_process_group();              // the trial's own group
+//       int start = 0;
+//       if (auto ckpt = dtrain::tune::get_checkpoint()) start = load(*ckpt);  // a directory
+//       for (int epoch = start; epoch < 10; ++epoch) {
+//         double acc = train_epoch(config["lr"].get<double>(), ...);
+//         save(tmp_dir);
+//         dtrain::tune::report({{"accuracy", acc}}, tmp_dir);  // all ranks; rank 0's counts
+//       }
+//     }
+//     int main(int argc, char** argv) {
+//       dtrain::init(argc, argv);   // trial workers run train() here and exit
+//       using namespace dtrain::tune;
+//       Tuner tuner(train, {{"lr", loguniform(1e-4, 1e-1)}, {"hidden", grid_search({64, 128})}},
+//                   {.metric = "accuracy", .mode = "max", .num_samples = 4,
+//                    .scheduler = std::make_shared<AshaScheduler>(AshaOptions{.max_t = 10}),
+//                    .trial_resources = {.processes = 2}, .storage_path = "/tmp/search"});
+//       ResultGrid results = tuner.fit();
+//       std::cout << results.best_result().config << "\n";
+//     }
+//
+// How it works. fit() generates the trials (dtrain/tune_search_space.h), then runs them, as
+// many at once as fit in the machine's cores (processes per trial) and max_concurrent_trials.
+// Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
+// `processes` worker processes under the `dtrain` launcher, so a trial is itself
+// data-parallel. The driver hosts a small store (dtrain/store.h); report() on rank 0 puts
+// the result there, the driver's scheduler (dtrain/tune_schedulers.h) decides, and report()
+// returns (continue) or throws TrialStopped (stop, or pause for PBT) on every rank that calls
+// it. A trial that fails is started again from its latest checkpoint up to max_failures
+// times. Everything the search knows is written to storage_path/<name>/tuner_state.json
+// after every event; with `resume`, a search whose driver was killed continues from there
+// and runs no finished trial again.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/codec.h"
+#include "dtrain/distributor.h"
+#include "dtrain/error.h"
+#include "dtrain/tune_schedulers.h"
+#include "dtrain/tune_search_space.h"
+
+namespace dtrain {
+
+// A Config crosses to the trial's workers as its JSON text.
+template <>
+struct Codec<tune::Config> {
+  static void encode(Encoder& out, const tune::Config& c) { out.put(c.dump()); }
+  static tune::Config decode(Decoder& in) { return tune::Config::parse(in.get<std::string>()); }
+};
+
+namespace tune {
+
+// ---- in a trial (worker side) ----------------------------------------------------------
+
+// Thrown by report() when the scheduler stopped (or paused) this trial: let it propagate
+// out of the trainable. The driver knows why the trial ended; this is not a failure.
+class TrialStopped : public Error {
+ public:
+  using Error::Error;
+};
+
+// Reports one result (a flat object of numbers: {"accuracy", 0.91}, ...) and, optionally, a
+// checkpoint directory (or file) that is copied into the trial's storage. Call it on every
+// rank once per iteration (epoch): rank 0's metrics and checkpoint count; every caller blocks
+// until the driver decided, and throws TrialStopped if the trial is to end here. Only rank 0
+// calling it also works (the other ranks are stopped with it). The driver adds
+// "training_iteration" (1, 2, ... continuing after a restore) and "time_total_s".
+// UsageError: called outside a trial, or metrics not an object of numbers.
+// TimeoutError: the driver did not answer within the report timeout (it is gone).
+void report(const Result& metrics, const std::string& checkpoint = "");
+
+// The checkpoint directory this trial should start from (its own latest after a failure or
+// a pause; a better trial's after a PBT exploit), or nothing for a fresh start.
+std::optional<std::string> get_checkpoint();
+
+// True inside a trial's worker; the trial's id and its own directory (for files).
+bool in_trial();
+std::string trial_id();
+std::string trial_dir();
+
+// ---- the search (driver side) ----------------------------------------------------------
+
+struct TrialResources {
+  int processes = 1;  // worker processes per trial (the Distributor's num_processes)
+  int gpus = 0;       // GPUs per trial: not supported yet (UsageError if > 0)
+};
+
+struct TuneOptions {
+  std::string metric;  // the result key to optimise; required with a scheduler but FIFO
+  std::string mode;    // "min" | "max"
+  int num_samples = 1;  // repeats of the grid (random domains drawn anew each time)
+  // Default: FIFO (every trial runs to its end).
+  std::shared_ptr<TrialScheduler> scheduler;
+  // Trials running at once. 0: as many as the cores allow (cores / processes, at least 1).
+  int max_concurrent_trials = 0;
+  TrialResources trial_resources;
+  int max_failures = 0;  // a failed trial is started again (from its checkpoint) this often
+  // Where trials, checkpoints, tuner_state.json and results.csv go: storage_path/name/.
+  // Default: ./dtrain_tune_results.
+  std::string storage_path;
+  std::string name = "tune";
+  bool resume = false;     // continue the search saved there instead of starting anew
+  std::uint64_t seed = 0;  // variants and the schedulers' random choices
+  // A trial (one run of it) that takes longer is stopped and counts as a failure.
+  std::chrono::milliseconds trial_timeout{std::chrono::hours(24)};
+  // How long report() in a worker waits for the driver's decision.
+  std::chrono::milliseconds report_timeout{std::chrono::minutes(10)};
+  std::map<std::string, std::string> env;  // extra environment for every trial's workers
+  bool verbose = true;  // one line per trial start/end on stderr
+};
+
+// One trial as fit() ended it.
+struct TrialResult {
+  std::string id;
+  Config config;
+  TrialStatus status = TrialStatus::Pending;
+  Result last_result;            // empty if it never reported
+  Result best_result;            // the best report by metric/mode
+  std::vector<Result> history;   // every report, in order
+  std::string checkpoint;        // its latest checkpoint directory, "" if none
+  int num_failures = 0;
+  std::string error;             // why it ended in Error
+  std::string dir;               // its directory under storage_path/name
+};
+
+class ResultGrid {
+ public:
+  ResultGrid() = default;
+  ResultGrid(std::vector<TrialResult> trials, std::string metric, std::string mode, std::string dir)
+      : trials_(std::move(trials)), metric_(std::move(metric)), mode_(std::move(mode)), dir_(std::move(dir)) {}
+  const std::vector<TrialResult>& trials() const { return trials_; }
+  std::size_t size() const { return trials_.size(); }
+  const TrialResult& operator[](std::size_t i) const { return trials_.at(i); }
+  int num_errors() const;
+  // The trial whose last result (scope "last", Ray's default) or best result (scope "all")
+  // is best by metric/mode (default: the Tuner's). UsageError: no trial reported the metric.
+  const TrialResult& best_result(const std::string& metric = "", const std::string& mode = "",
+                                 const std::string& scope = "last") const;
+  // One row per trial: id, status, failures, the config (nested keys joined by "/"), the
+  // last result's metrics, iterations. Also written to storage_path/name/results.csv.
+  void write_csv(const std::string& path) const;
+  const std::string& experiment_dir() const { return dir_; }
+
+ private:
+  std::vector<TrialResult> trials_;
+  std::string metric_, mode_, dir_;
+};
+
+class Tuner {
+ public:
+  using Runner = std::function<void(Distributor&, const Config&)>;
+
+  // `trainable`: void(Config), a plain function or a capture-less lambda (it runs in the
+  // trial's worker processes, see dtrain/distributor.h). dtrain::init() must be called first
+  // thing in main(). UsageError for bad options (what is wrong and what to set).
+  template <class F>
+  Tuner(F trainable, Config param_space, TuneOptions options)
+      : Tuner(make_runner(+trainable), std::move(param_space), std::move(options), 0) {}
+
+  // Runs the search to its end. Returns every trial's outcome; a trial that failed for good
+  // is in the grid with status Error (fit() throws only for the search itself: bad options,
+  // storage that cannot be written).
+  ResultGrid fit();
+
+ private:
+  Tuner(Runner runner, Config param_space, TuneOptions options, int);
+  static Runner make_runner(void (*fn)(Config)) {
+    return [fn](Distributor& d, const Config& c) { d.run(fn, c); };
+  }
+
+  Runner runner_;
+  Config param_space_;
+  TuneOptions options_;
+};
+
+}  // namespace tune
+}  // namespace dtrain

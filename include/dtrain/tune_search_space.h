@@ -1,0 +1,103 @@
+// Search spaces for dtrain::tune, with Ray Tune's semantics (ray/tune/search/sample.py and
+// variant_generator.py, Ray 2.60).
+//
+//     using namespace dtrain::tune;
+//     Config space = {
+//         {"lr", loguniform(1e-4, 1e-1)},          // exp(uniform(log lo, log hi))
+//         {"batch_size", choice({32, 64, 128})},
+//         {"hidden", grid_search({64, 128, 256})},  // every value, crossed with other grids
+//         {"optim", {{"momentum", uniform(0.8, 0.99)}, {"nesterov", true}}},  // nested
+//     };
+//     auto configs = generate_variants(space, /*num_samples=*/2, /*seed=*/7);  // 6 configs
+//
+// A space is JSON (insertion-ordered, like a Python dict): plain values are constants,
+// `{"grid_search": [...]}` is a grid (Ray's own spelling), and the functions below return
+// domain objects `{"__domain__": kind, ...}`. Being JSON, a space is saved with a search and
+// read back on resume unchanged.
+//
+// Semantics kept from Ray:
+//   - uniform(lo, hi): float in [lo, hi). loguniform(lo, hi): exp(uniform(log lo, log hi)).
+//   - quniform(lo, hi, q): the bounds snapped inwards onto multiples of q, a uniform draw
+//     between them, rounded half-to-even to a multiple of q.
+//   - randint(lo, hi): integer in [lo, hi) (upper bound exclusive, as numpy's).
+//   - choice(values): one of the values, each equally likely.
+//   - grid_search(values): the grids are crossed, the lexicographically first parameter path
+//     varying fastest (Ray sorts grid paths, then counts like an odometer from the first);
+//     the whole grid is repeated num_samples times, random parameters drawn anew for every
+//     variant.
+// Draws come from a RandomSource: seeded (reproducible) or recorded draws (the Ray parity
+// tests feed the same draws to Ray and to dtrain).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dtrain::tune {
+
+// A trial's configuration and a search space: insertion-ordered JSON, as Python dicts are.
+using Config = nlohmann::ordered_json;
+
+// Where random draws come from. Every random decision in dtrain::tune (sampling a domain,
+// PBT's explore and exploit, ASHA's bracket) is made from uniform draws in [0, 1), mapped
+// the same documented way, so a recorded list of draws replays a search exactly.
+class RandomSource {
+ public:
+  virtual ~RandomSource() = default;
+  virtual double uniform01() = 0;  // in [0, 1)
+  // floor(u * n), clamped to n - 1: an index into n items.
+  std::size_t index(std::size_t n);
+};
+
+// Seeded: the same seed gives the same draws on every machine (mt19937_64 and our own
+// mapping to [0, 1), not std::uniform_real_distribution, whose output is not specified).
+class SeededRandom : public RandomSource {
+ public:
+  explicit SeededRandom(std::uint64_t seed) : engine_(seed) {}
+  double uniform01() override;
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+// Replays a fixed list of draws; throws dtrain::UsageError when they run out.
+class RecordedRandom : public RandomSource {
+ public:
+  explicit RecordedRandom(std::vector<double> draws) : draws_(std::move(draws)) {}
+  double uniform01() override;
+  std::size_t used() const { return next_; }
+
+ private:
+  std::vector<double> draws_;
+  std::size_t next_ = 0;
+};
+
+// Domains. Bounds are checked here (UsageError with the offending values).
+Config uniform(double lower, double upper);
+Config loguniform(double lower, double upper);
+Config quniform(double lower, double upper, double q);
+Config randint(std::int64_t lower, std::int64_t upper);
+Config choice(const std::vector<Config>& categories);
+Config grid_search(const std::vector<Config>& values);
+
+// True if `value` is one of the domain objects above (not a grid).
+bool is_domain(const Config& value);
+bool is_grid(const Config& value);
+
+// One draw from a domain object (UsageError if `domain` is not one).
+Config sample(const Config& domain, RandomSource& random);
+
+// Every configuration of a search: the grid crossed, repeated num_samples times, random
+// domains drawn for each variant; in Ray's order. UsageError: num_samples < 1, malformed
+// domain.
+std::vector<Config> generate_variants(const Config& space, int num_samples, RandomSource& random);
+std::vector<Config> generate_variants(const Config& space, int num_samples, std::uint64_t seed);
+
+// The number of variants generate_variants returns (grid size x num_samples).
+std::size_t count_variants(const Config& space, int num_samples);
+
+}  // namespace dtrain::tune

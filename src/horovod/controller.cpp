@@ -1,0 +1,738 @@
+#include "horovod/controller.h"
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "dtrain/collectives.h"
+#include "dtrain/error.h"
+
+namespace dtrain::hvd::detail {
+
+namespace {
+
+// The request line: fields separated by '\t', requests by '\n'. Names may hold neither.
+struct Sig {
+  int64_t seq = 0;
+  Kind kind = Kind::kAllreduce;
+  std::string name;
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  int op = 0;
+  double prescale = 1, postscale = 1;
+  int compression = 0;
+  int root = 0;
+  std::vector<int64_t> splits;
+};
+
+std::string join_ints(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s;
+}
+
+std::vector<int64_t> split_ints(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) v.push_back(std::stoll(item));
+  }
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (true) {
+    size_t next = s.find(sep, pos);
+    out.push_back(s.substr(pos, next - pos));
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  return out;
+}
+
+Sig parse_sig(const std::string& line) {
+  auto f = split(line, '\t');
+  DTRAIN_ASSERT(f.size() == 11, "malformed hvd request line '" + line + "'");
+  Sig s;
+  s.seq = std::stoll(f[0]);
+  s.kind = static_cast<Kind>(std::stoi(f[1]));
+  s.name = f[2];
+  s.dtype = std::stoi(f[3]);
+  s.shape = split_ints(f[4]);
+  s.op = std::stoi(f[5]);
+  s.prescale = std::stod(f[6]);
+  s.postscale = std::stod(f[7]);
+  s.compression = std::stoi(f[8]);
+  s.root = std::stoi(f[9]);
+  s.splits = split_ints(f[10]);
+  return s;
+}
+
+// The line without its submission number: what must agree across ranks (for the kinds
+// where shapes must be equal).
+std::string strip_seq(const std::string& line) { return line.substr(line.find('\t') + 1); }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  s += join_ints(shape);
+  s += ']';
+  return s;
+}
+
+double env_double(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  double d = std::strtod(v, &end);
+  if (end == v || *end != '\0' || d < 0) {
+    throw UsageError(std::string(name) + "='" + v + "' is not a non-negative number; fix or unset it");
+  }
+  return d;
+}
+
+
+}  // namespace
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kAllreduce: return "allreduce";
+    case Kind::kAllgather: return "allgather";
+    case Kind::kBroadcast: return "broadcast";
+    case Kind::kAlltoall: return "alltoall";
+    case Kind::kReducescatter: return "reducescatter";
+    case Kind::kJoin: return "join";
+    case Kind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+void Pending::finish(torch::Tensor out, std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    result = std::move(out);
+    error = std::move(err);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+ControllerOptions ControllerOptions::from_env() {
+  ControllerOptions o;
+  o.fusion_threshold = static_cast<int64_t>(env_double("HOROVOD_FUSION_THRESHOLD", static_cast<double>(o.fusion_threshold)));
+  o.cycle_time = std::chrono::microseconds(static_cast<int64_t>(env_double("HOROVOD_CYCLE_TIME", 5.0) * 1000));
+  o.stall_check_seconds = env_double("HOROVOD_STALL_CHECK_TIME_SECONDS", 60);
+  o.stall_shutdown_seconds = env_double("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
+  const char* off = std::getenv("HOROVOD_STALL_CHECK_DISABLE");
+  o.stall_check = !(off && std::string(off) == "1");
+  return o;
+}
+
+Controller::Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions options)
+    : group_(std::move(group)),
+      options_(options),
+      rank_(group_->rank()),
+      size_(group_->world_size()),
+      joined_(static_cast<size_t>(size_), false),
+      shutting_down_(static_cast<size_t>(size_), false) {
+  last_stall_check_ = Clock::now();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Controller::~Controller() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Controller::submit(Request request) {
+  if (request.name.find_first_of("\t\n") != std::string::npos) {
+    throw UsageError("hvd: the name '" + request.name + "' contains a tab or newline; use another name");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!fatal_.empty()) throw Error("hvd: " + fatal_);
+  if (stop_requested_ || stopped_) {
+    throw UsageError("hvd: " + std::string(kind_name(request.kind)) + " '" + request.name +
+                     "' after hvd::shutdown(); call hvd::init() again first");
+  }
+  queue_.push_back(std::move(request));
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void Controller::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Controller::signature(const Request& r) const {
+  std::ostringstream s;
+  s.precision(17);
+  std::vector<int64_t> shape = r.tensor.defined() ? r.tensor.sizes().vec() : std::vector<int64_t>{};
+  int dtype = r.tensor.defined() ? static_cast<int>(r.tensor.scalar_type()) : -1;
+  s << static_cast<int>(r.kind) << '\t' << r.name << '\t' << dtype << '\t' << join_ints(shape) << '\t'
+    << static_cast<int>(r.reduce.op) << '\t' << r.reduce.prescale_factor << '\t' << r.reduce.postscale_factor
+    << '\t' << static_cast<int>(r.reduce.compression) << '\t' << r.root << '\t' << join_ints(r.splits);
+  return s.str();
+}
+
+void Controller::loop() {
+  // Requests write into parameters and their gradients (leaves that require grad): no autograd
+  // here, and the guard is per thread.
+  torch::NoGradGuard no_grad;
+  Clock::time_point cycle_start = Clock::now();
+  while (true) {
+    {
+      // Wait out the cycle so the requests of a backward pass arrive together (fusion);
+      // after a long idle spell wait longer, but wake for new work.
+      std::unique_lock<std::mutex> lock(mu_);
+      const bool idle = idle_cycles_ > 200;
+      const auto period = idle ? std::max<std::chrono::microseconds>(options_.cycle_time, std::chrono::milliseconds(10))
+                               : options_.cycle_time;
+      cv_.wait_until(lock, cycle_start + period, [&] { return idle && (!queue_.empty() || stop_requested_); });
+    }
+    cycle_start = Clock::now();
+    try {
+      negotiate_and_run();
+    } catch (const std::exception& e) {
+      // A collective failed: the group is unusable (ranks no longer agree on what comes next).
+      fail_all(std::string("hvd's background thread stopped: ") + e.what(), false);
+      break;
+    }
+    if (std::all_of(shutting_down_.begin(), shutting_down_.end(), [](bool b) { return b; })) {
+      fail_all("hvd was shut down before this operation ran (it was not submitted by every rank)", false);
+      break;
+    }
+    if (stall_flag_) break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+}
+
+void Controller::negotiate_and_run() {
+  // 1. What this rank has to say.
+  std::deque<Request> fresh;
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(queue_);
+    stopping = stop_requested_;
+  }
+  std::string msg;
+  const bool stall_now = rank_ == 0 && !stall_flag_ && options_.stall_check && options_.stall_shutdown_seconds > 0 &&
+                         !stall_report(true).empty();
+  if (stopping || stall_now) msg = std::string("F\t") + (stopping ? "1" : "0") + "\t" + (stall_now ? "1" : "0") + "\n";
+  for (auto& r : fresh) {
+    if (mine_.count(r.name)) {
+      r.pending->finish({}, std::make_exception_ptr(UsageError(
+                                "hvd: " + std::string(kind_name(r.kind)) + " '" + r.name +
+                                "' was submitted again before the first one finished; every request in "
+                                "flight needs its own name")));
+      continue;
+    }
+    msg += std::to_string(next_seq_++) + "\t" + signature(r) + "\n";
+    std::string name = r.name;
+    mine_.emplace(std::move(name), std::move(r));
+  }
+
+  // 2. Everyone's messages, folded into the table in rank order.
+  std::vector<std::string> all = exchange(msg);
+  std::vector<std::string> completed;
+  bool any = false;
+  for (int r = 0; r < size_; ++r) {
+    any = any || !all[static_cast<size_t>(r)].empty();
+    parse_rank_message(r, all[static_cast<size_t>(r)], completed);
+  }
+  // A rank joining can complete names other ranks submitted earlier.
+  for (auto& [name, e] : table_) {
+    if (std::find(completed.begin(), completed.end(), name) != completed.end()) continue;
+    int have = e.count;
+    for (int r = 0; r < size_; ++r) {
+      if (e.sig[static_cast<size_t>(r)].empty() && joined_[static_cast<size_t>(r)]) ++have;
+    }
+    if (have == size_ && name != "join" && e.count > 0) completed.push_back(name);
+  }
+  idle_cycles_ = (!any && table_.empty()) ? idle_cycles_ + 1 : 0;
+
+  if (stall_flag_) {
+    std::string report = stall_report(true);
+    std::fprintf(stderr, "[hvd rank %d] stall shutdown (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%g): %s\n", rank_,
+                 options_.stall_shutdown_seconds, report.c_str());
+    std::fflush(stderr);
+    std::ostringstream why;
+    why << "stall shutdown after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" << options_.stall_shutdown_seconds << ": "
+        << report;
+    fail_all(why.str(), true);
+    return;
+  }
+
+  // 3. The ready names in the order every rank derives alike.
+  if (!completed.empty()) execute(std::move(completed));
+  if (rank_ == 0 && options_.stall_check) stall_check();
+}
+
+std::vector<std::string> Controller::exchange(const std::string& msg) {
+  // One all-gather of a fixed-size slot per rank (length + text) in the usual case: half the
+  // collectives of all_gather_object's lengths-then-bytes, and each one wakes every rank.
+  // A message too long for the slot marks its length; every rank sees that and all fall
+  // back to all_gather_object together.
+  constexpr int64_t kSlot = 4096;
+  constexpr int64_t kText = kSlot - static_cast<int64_t>(sizeof(int64_t));
+  CollectiveOptions co;
+  co.group = group_;
+  auto slot = torch::zeros({kSlot}, torch::kUInt8);
+  const int64_t len = static_cast<int64_t>(msg.size());
+  std::memcpy(slot.data_ptr<uint8_t>(), &len, sizeof len);
+  if (len <= kText) std::memcpy(slot.data_ptr<uint8_t>() + sizeof len, msg.data(), msg.size());
+  auto parts = dtrain::all_gather(slot, co);
+  std::vector<std::string> all(parts.size());
+  bool overflow = false;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    int64_t n = 0;
+    std::memcpy(&n, parts[r].data_ptr<uint8_t>(), sizeof n);
+    if (n > kText) {
+      overflow = true;
+      continue;
+    }
+    all[r].assign(reinterpret_cast<const char*>(parts[r].data_ptr<uint8_t>()) + sizeof n, static_cast<size_t>(n));
+  }
+  if (overflow) all = dtrain::all_gather_object(msg, co);
+  return all;
+}
+
+void Controller::parse_rank_message(int rank, const std::string& msg, std::vector<std::string>& completed) {
+  if (msg.empty()) return;
+  const size_t ri = static_cast<size_t>(rank);
+  std::stringstream in(msg);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line[0] == 'F') {
+      auto f = split(line, '\t');
+      if (f.size() >= 3) {
+        if (f[1] == "1") shutting_down_[ri] = true;
+        if (f[2] == "1") stall_flag_ = true;
+      }
+      continue;
+    }
+    const std::string name = split(line, '\t').at(2);  // fields: seq, kind, name, ...
+    Entry& e = table_[name];
+    if (e.sig.empty()) {
+      e.sig.assign(static_cast<size_t>(size_), "");
+      e.seq.assign(static_cast<size_t>(size_), -1);
+      e.first_seen = Clock::now();
+    }
+    if (!e.sig[ri].empty()) continue;  // a duplicate; the rank itself rejected it already
+    e.sig[ri] = line;
+    e.seq[ri] = std::stoll(line.substr(0, line.find('\t')));
+    ++e.count;
+    Sig s = parse_sig(line);
+    if (s.kind == Kind::kJoin) {
+      joined_[ri] = true;
+      last_joined_ = rank;  // ranks are folded in order, cycles in time: the last one wins
+    }
+    int have = e.count;
+    for (int r = 0; r < size_; ++r) {
+      if (e.sig[static_cast<size_t>(r)].empty() && joined_[static_cast<size_t>(r)] && s.kind != Kind::kJoin) ++have;
+    }
+    if (have == size_) completed.push_back(name);
+  }
+}
+
+void Controller::check_agreement(const std::string& name, const Entry& e) {
+  // First submitter as the reference.
+  int ref = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (!e.sig[static_cast<size_t>(r)].empty()) {
+      ref = r;
+      break;
+    }
+  }
+  Sig a = parse_sig(e.sig[static_cast<size_t>(ref)]);
+  for (int r = 0; r < size_; ++r) {
+    const std::string& line = e.sig[static_cast<size_t>(r)];
+    if (line.empty() || r == ref) continue;
+    Sig b = parse_sig(line);
+    auto mismatch = [&](const std::string& what, const std::string& va, const std::string& vb) {
+      throw UsageError("hvd: mismatched " + std::string(kind_name(a.kind)) + " '" + name + "': rank " +
+                       std::to_string(ref) + " has " + what + " " + va + " where rank " + std::to_string(r) +
+                       " has " + vb + "; every rank must submit the same request under one name");
+    };
+    if (a.kind != b.kind) mismatch("operation", kind_name(a.kind), kind_name(b.kind));
+    if (a.dtype != b.dtype) {
+      mismatch("dtype", std::string(c10::toString(static_cast<c10::ScalarType>(a.dtype))),
+               std::string(c10::toString(static_cast<c10::ScalarType>(b.dtype))));
+    }
+    const bool same_rank = a.shape.size() == b.shape.size();
+    const bool tail_equal = same_rank && std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
+                                                    b.shape.begin() + (b.shape.empty() ? 0 : 1));
+    switch (a.kind) {
+      case Kind::kAllreduce:
+      case Kind::kReducescatter:
+      case Kind::kBroadcast:
+        if (a.shape != b.shape) mismatch("shape", shape_str(a.shape), shape_str(b.shape));
+        if (a.kind == Kind::kBroadcast && a.root != b.root) {
+          mismatch("root rank", std::to_string(a.root), std::to_string(b.root));
+        }
+        if (a.kind != Kind::kBroadcast && (a.op != b.op || a.prescale != b.prescale || a.postscale != b.postscale ||
+                                           a.compression != b.compression)) {
+          mismatch("options (op, scale factors, compression)", strip_seq(e.sig[static_cast<size_t>(ref)]),
+                   strip_seq(line));
+        }
+        break;
+      case Kind::kAllgather:
+      case Kind::kAlltoall:
+        if (!tail_equal || a.shape.empty()) {
+          mismatch("shape", shape_str(a.shape), shape_str(b.shape) + " (all but the first dimension must match)");
+        }
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+void Controller::execute(std::vector<std::string> names) {
+  // Order: the submission number on the lowest rank that submitted each name.
+  auto key = [&](const std::string& n) {
+    const Entry& e = table_.at(n);
+    for (int r = 0; r < size_; ++r) {
+      if (e.seq[static_cast<size_t>(r)] >= 0) return std::pair<int, int64_t>(r, e.seq[static_cast<size_t>(r)]);
+    }
+    return std::pair<int, int64_t>(size_, 0);
+  };
+  std::sort(names.begin(), names.end(), [&](const auto& x, const auto& y) { return key(x) < key(y); });
+
+  // Requests that fail validation fail on every rank alike and are dropped from the run.
+  std::vector<std::string> runnable;
+  for (auto& n : names) {
+    Entry& e = table_.at(n);
+    try {
+      check_agreement(n, e);
+      int ref = key(n).first;
+      Sig s = parse_sig(e.sig[static_cast<size_t>(ref)]);
+      bool some_joined = false;
+      for (int r = 0; r < size_; ++r) some_joined = some_joined || (e.sig[static_cast<size_t>(r)].empty());
+      if (some_joined && s.kind != Kind::kAllreduce && s.kind != Kind::kAllgather && s.kind != Kind::kBarrier) {
+        throw UsageError("hvd: " + std::string(kind_name(s.kind)) + " '" + n +
+                         "' while some ranks have joined; only allreduce, allgather and barrier run with "
+                         "joined ranks");
+      }
+      runnable.push_back(n);
+    } catch (const Error&) {
+      auto it = mine_.find(n);
+      if (it != mine_.end()) {
+        it->second.pending->finish({}, std::current_exception());
+        mine_.erase(it);
+      }
+      table_.erase(n);
+    }
+  }
+
+  // Build this rank's request for each name (a joined rank contributes zeros).
+  std::vector<Request> reqs;
+  std::vector<Entry> entries;
+  for (auto& n : runnable) {
+    Entry e = std::move(table_.at(n));
+    table_.erase(n);
+    auto it = mine_.find(n);
+    Request r;
+    if (it != mine_.end()) {
+      r = std::move(it->second);
+      mine_.erase(it);
+    } else {
+      int ref = 0;
+      while (e.sig[static_cast<size_t>(ref)].empty()) ++ref;
+      Sig s = parse_sig(e.sig[static_cast<size_t>(ref)]);
+      r.kind = s.kind;
+      r.name = n;
+      auto shape = s.shape;
+      if (s.kind == Kind::kAllgather && !shape.empty()) shape[0] = 0;
+      r.tensor = torch::zeros(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(s.dtype)));
+      r.reduce.op = static_cast<ReduceOp>(s.op);
+      r.reduce.prescale_factor = s.prescale;
+      r.reduce.postscale_factor = s.postscale;
+      r.reduce.compression = static_cast<Compression>(s.compression);
+    }
+    reqs.push_back(std::move(r));
+    entries.push_back(std::move(e));
+  }
+
+  // Join completes on its own (not in `names` while ranks are still missing).
+  for (size_t i = 0; i < reqs.size();) {
+    if (reqs[i].kind == Kind::kJoin) {
+      // Every rank joined: the one whose join line was folded in last joined last.
+      const int last = last_joined_;
+      std::fill(joined_.begin(), joined_.end(), false);
+      if (reqs[i].pending) {
+        reqs[i].pending->join_last_rank = last;
+        reqs[i].pending->finish(torch::tensor(static_cast<int64_t>(last)));
+      }
+      ++i;
+      continue;
+    }
+    if (reqs[i].kind == Kind::kAllreduce) {
+      // Fuse the run of compatible allreduces starting here.
+      std::vector<Request*> group{&reqs[i]};
+      int64_t bytes = reqs[i].tensor.numel() * static_cast<int64_t>(reqs[i].tensor.element_size());
+      size_t j = i + 1;
+      auto compatible = [&](const Request& a, const Request& b) {
+        return b.kind == Kind::kAllreduce && a.tensor.scalar_type() == b.tensor.scalar_type() &&
+               a.reduce.op == b.reduce.op && a.reduce.prescale_factor == b.reduce.prescale_factor &&
+               a.reduce.postscale_factor == b.reduce.postscale_factor && a.reduce.compression == b.reduce.compression;
+      };
+      while (j < reqs.size() && compatible(reqs[i], reqs[j])) {
+        int64_t b = reqs[j].tensor.numel() * static_cast<int64_t>(reqs[j].tensor.element_size());
+        if (bytes + b > options_.fusion_threshold) break;
+        bytes += b;
+        group.push_back(&reqs[j]);
+        ++j;
+      }
+      run_allreduce_group(group);
+      i = j;
+      continue;
+    }
+    run_one(reqs[i], entries[i]);
+    ++i;
+  }
+}
+
+void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
+  const Request& first = *reqs.front();
+  const auto dtype = first.tensor.scalar_type();
+  const bool floating = at::isFloatingType(dtype);
+  const auto wire = (first.reduce.compression == Compression::fp16 && floating) ? torch::kHalf : dtype;
+  AllReduceOptions ao;
+  ao.group = group_;
+  switch (first.reduce.op) {
+    case ReduceOp::Min: ao.op = dtrain::ReduceOp::kMin; break;
+    case ReduceOp::Max: ao.op = dtrain::ReduceOp::kMax; break;
+    case ReduceOp::Product: ao.op = dtrain::ReduceOp::kProduct; break;
+    default: ao.op = dtrain::ReduceOp::kSum; break;
+  }
+  const double pre = first.reduce.prescale_factor;
+  double post = first.reduce.postscale_factor;
+  if (first.reduce.op == ReduceOp::Average) post /= size_;
+  try {
+    torch::Tensor buffer;
+    if (reqs.size() == 1 && wire == dtype && pre == 1.0) {
+      // One tensor, nothing to convert: reduce it (or a copy) directly.
+      Request& r = *reqs.front();
+      buffer = (r.in_place && r.tensor.is_contiguous()) ? r.tensor : r.tensor.contiguous().clone();
+      dtrain::all_reduce(buffer, ao);
+      if (post != 1.0) buffer.mul_(post);
+      if (r.in_place && !buffer.is_same(r.tensor)) r.tensor.copy_(buffer);
+      if (r.pending) r.pending->finish(r.in_place ? r.tensor : buffer);
+      return;
+    }
+    int64_t total = 0;
+    for (auto* r : reqs) total += r->tensor.numel();
+    buffer = torch::empty({total}, torch::TensorOptions().dtype(wire));
+    int64_t off = 0;
+    for (auto* r : reqs) {
+      auto slot = buffer.narrow(0, off, r->tensor.numel());
+      if (pre != 1.0) {
+        slot.copy_(r->tensor.reshape({-1}).mul(pre));
+      } else {
+        slot.copy_(r->tensor.reshape({-1}));
+      }
+      off += r->tensor.numel();
+    }
+    dtrain::all_reduce(buffer, ao);
+    off = 0;
+    for (auto* r : reqs) {
+      auto slot = buffer.narrow(0, off, r->tensor.numel()).view(r->tensor.sizes());
+      off += r->tensor.numel();
+      torch::Tensor out;
+      if (r->in_place) {
+        r->tensor.copy_(slot);
+        if (post != 1.0) r->tensor.mul_(post);
+        out = r->tensor;
+      } else {
+        out = slot.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+        if (post != 1.0) out.mul_(post);
+      }
+      if (r->pending) r->pending->finish(out);
+    }
+  } catch (...) {
+    for (auto* r : reqs) {
+      if (r->pending) r->pending->finish({}, std::current_exception());
+    }
+    throw;
+  }
+}
+
+void Controller::run_one(Request& req, Entry& entry) {
+  try {
+    torch::Tensor out;
+    std::vector<Sig> sigs(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      if (!entry.sig[static_cast<size_t>(r)].empty()) sigs[static_cast<size_t>(r)] = parse_sig(entry.sig[static_cast<size_t>(r)]);
+    }
+    switch (req.kind) {
+      case Kind::kBarrier:
+        break;  // every rank submitted it: the negotiation was the barrier
+      case Kind::kBroadcast: {
+        BroadcastOptions bo;
+        bo.group = group_;
+        bo.src = req.root;
+        out = req.in_place && req.tensor.is_contiguous() ? req.tensor : req.tensor.contiguous().clone();
+        dtrain::broadcast(out, bo);
+        if (req.in_place && !out.is_same(req.tensor)) req.tensor.copy_(out);
+        if (req.in_place) out = req.tensor;
+        break;
+      }
+      case Kind::kAllgather: {
+        std::vector<int64_t> rows(static_cast<size_t>(size_), 0);
+        int64_t most = 0;
+        for (int r = 0; r < size_; ++r) {
+          const auto& s = sigs[static_cast<size_t>(r)];
+          rows[static_cast<size_t>(r)] = entry.sig[static_cast<size_t>(r)].empty() || s.shape.empty() ? 0 : s.shape[0];
+          most = std::max(most, rows[static_cast<size_t>(r)]);
+        }
+        auto tail = req.tensor.sizes().vec();
+        if (tail.empty()) tail.push_back(1);
+        tail[0] = most;
+        auto padded = torch::zeros(tail, req.tensor.options());
+        auto mine = req.tensor.dim() == 0 ? req.tensor.reshape({1}) : req.tensor;
+        if (mine.size(0) > 0) padded.narrow(0, 0, mine.size(0)).copy_(mine);
+        CollectiveOptions co;
+        co.group = group_;
+        auto parts = dtrain::all_gather(padded, co);
+        std::vector<torch::Tensor> pieces;
+        for (int r = 0; r < size_; ++r) pieces.push_back(parts[static_cast<size_t>(r)].narrow(0, 0, rows[static_cast<size_t>(r)]));
+        out = torch::cat(pieces, 0);
+        break;
+      }
+      case Kind::kAlltoall: {
+        // Pad every (sender, receiver) chunk to the largest one, exchange equal chunks.
+        int64_t most = 0;
+        for (const auto& s : sigs) {
+          for (auto v : s.splits) most = std::max(most, v);
+        }
+        auto shape = req.tensor.sizes().vec();
+        shape[0] = most * size_;
+        auto send = torch::zeros(shape, req.tensor.options());
+        int64_t off = 0;
+        for (int j = 0; j < size_; ++j) {
+          int64_t n = req.splits[static_cast<size_t>(j)];
+          if (n > 0) send.narrow(0, j * most, n).copy_(req.tensor.narrow(0, off, n));
+          off += n;
+        }
+        auto recv = torch::empty_like(send);
+        CollectiveOptions co;
+        co.group = group_;
+        dtrain::all_to_all(recv, send, co);
+        std::vector<torch::Tensor> pieces;
+        std::vector<int64_t> received;
+        for (int r = 0; r < size_; ++r) {
+          int64_t n = sigs[static_cast<size_t>(r)].splits[static_cast<size_t>(rank_)];
+          received.push_back(n);
+          pieces.push_back(recv.narrow(0, r * most, n));
+        }
+        out = torch::cat(pieces, 0);
+        if (req.pending) req.pending->extra = torch::tensor(received, torch::kInt64);
+        break;
+      }
+      case Kind::kReducescatter: {
+        auto sum = req.tensor.contiguous().clone();
+        AllReduceOptions ao;
+        ao.group = group_;
+        dtrain::all_reduce(sum, ao);
+        if (req.reduce.op == ReduceOp::Average) sum.div_(size_);
+        const int64_t n = sum.size(0), base = n / size_, extra = n % size_;
+        const int64_t start = rank_ * base + std::min<int64_t>(rank_, extra);
+        out = sum.narrow(0, start, base + (rank_ < extra ? 1 : 0)).clone();
+        break;
+      }
+      default:
+        DTRAIN_ASSERT(false, "unexpected request kind in run_one");
+    }
+    if (req.pending) req.pending->finish(out);
+  } catch (...) {
+    if (req.pending) req.pending->finish({}, std::current_exception());
+    throw;
+  }
+}
+
+void Controller::fail_all(const std::string& why, bool timeout) {
+  std::deque<Request> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fatal_.empty()) fatal_ = why;
+    queued.swap(queue_);
+  }
+  auto err = [&](const std::string& name) {
+    return timeout ? std::make_exception_ptr(TimeoutError("hvd: '" + name + "': " + why))
+                   : std::make_exception_ptr(Error("hvd: '" + name + "': " + why));
+  };
+  for (auto& [name, r] : mine_) {
+    if (r.pending) r.pending->finish({}, err(name));
+  }
+  mine_.clear();
+  for (auto& r : queued) {
+    if (r.pending) r.pending->finish({}, err(r.name));
+  }
+}
+
+std::string Controller::stall_report(bool for_shutdown) {
+  const double limit = for_shutdown ? options_.stall_shutdown_seconds : options_.stall_check_seconds;
+  const auto now = Clock::now();
+  std::map<int, std::vector<std::string>> missing;  // rank -> names it has not submitted
+  for (auto& [name, e] : table_) {
+    if (e.count == 0 || e.count == size_) continue;
+    if (std::chrono::duration<double>(now - e.first_seen).count() < limit) continue;
+    if (!for_shutdown && e.warned) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (e.sig[static_cast<size_t>(r)].empty() && !joined_[static_cast<size_t>(r)]) missing[r].push_back(name);
+    }
+  }
+  if (missing.empty()) return "";
+  std::ostringstream m;
+  m << "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are "
+       "waiting for remainder of ranks for more than "
+    << limit << " seconds. This may indicate that different ranks are trying to submit different tensors or "
+                "that only subset of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:";
+  for (auto& [r, names] : missing) {
+    m << "\n" << r << ": [";
+    for (size_t i = 0; i < names.size() && i < 5; ++i) m << (i ? ", " : "") << names[i];
+    if (names.size() > 5) m << " ...";
+    m << "]";
+  }
+  return m.str();
+}
+
+void Controller::stall_check() {
+  const auto now = Clock::now();
+  if (now - last_stall_check_ < std::chrono::milliseconds(100)) return;
+  last_stall_check_ = now;
+  std::string report = stall_report(false);
+  if (report.empty()) return;
+  for (auto& [name, e] : table_) {
+    if (e.count > 0 && e.count < size_ &&
+        std::chrono::duration<double>(now - e.first_seen).count() >= options_.stall_check_seconds) {
+      e.warned = true;
+    }
+  }
+  std::fprintf(stderr, "[hvd rank 0] WARNING: %s\n", report.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace dtrain::hvd::detail

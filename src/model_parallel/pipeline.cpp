@@ -1,0 +1,319 @@
+#include "dtrain/pipeline.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "dtrain/collectives.h"
+#include "dtrain/error.h"
+
+namespace dtrain {
+
+// ---- splitting ----
+
+std::vector<torch::nn::Sequential> split_sequential(const torch::nn::Sequential& model, int parts, SplitBy by) {
+  const int n = static_cast<int>(model->size());
+  if (parts < 1 || parts > n) {
+    throw UsageError("split_sequential: cannot split " + std::to_string(n) + " layers into " + std::to_string(parts) +
+                     " stages; use 1 to " + std::to_string(n) + " stages");
+  }
+  std::vector<int64_t> weight(n, 1);
+  if (by == SplitBy::kParameters) {
+    for (int i = 0; i < n; ++i) {
+      int64_t count = 0;
+      for (const auto& p : model->ptr(i)->parameters()) count += p.numel();
+      weight[i] = count;
+    }
+  }
+  // Greedy cut: stage k takes layers until the running total reaches (k+1)/parts of the
+  // whole, taking at least one and leaving at least one for each later stage.
+  int64_t total = 0;
+  for (auto w : weight) total += w;
+  std::vector<int> ends;
+  int64_t running = 0;
+  int i = 0;
+  for (int k = 0; k < parts - 1; ++k) {
+    const int limit = n - (parts - k - 1);
+    running += weight[i++];
+    while (i < limit && static_cast<long double>(running) * parts < static_cast<long double>(total) * (k + 1)) {
+      running += weight[i++];
+    }
+    ends.push_back(i);
+  }
+  ends.push_back(n);
+  std::vector<torch::nn::Sequential> stages;
+  auto any = model->begin();
+  auto names = model->named_children();
+  int begin = 0;
+  for (int end : ends) {
+    torch::nn::Sequential stage;
+    for (int j = begin; j < end; ++j) stage->push_back(std::string(names[j].key()), torch::nn::AnyModule(*(any + j)));
+    stages.push_back(stage);
+    begin = end;
+  }
+  return stages;
+}
+
+// ---- schedules ----
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "gpipe") return Schedule::kGPipe;
+  if (name == "1f1b" || name == "one_f_one_b") return Schedule::kOneFOneB;
+  if (name == "interleaved_1f1b" || name == "interleaved_one_f_one_b") return Schedule::kInterleavedOneFOneB;
+  throw UsageError("unknown pipeline schedule '" + name + "'; use gpipe, 1f1b or interleaved_1f1b");
+}
+
+std::string schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGPipe:
+      return "gpipe";
+    case Schedule::kOneFOneB:
+      return "1f1b";
+    case Schedule::kInterleavedOneFOneB:
+      return "interleaved_1f1b";
+  }
+  return "?";
+}
+
+std::string to_string(const PipelineOp& op) {
+  std::string s = (op.kind == PipelineOp::kForward ? "F" : "B") + std::to_string(op.micro_batch);
+  if (op.chunk > 0) s += "." + std::to_string(op.chunk);
+  return s;
+}
+
+std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, int micro_batches, int virtual_stages) {
+  const int P = stages, p = stage, M = micro_batches, V = virtual_stages;
+  if (P < 1 || p < 0 || p >= P || M < 1 || V < 1) {
+    throw UsageError("pipeline schedule: need stages >= 1, 0 <= stage < stages, micro_batches >= 1 and virtual_stages >= 1; got stages=" +
+                     std::to_string(P) + " stage=" + std::to_string(p) + " micro_batches=" + std::to_string(M) +
+                     " virtual_stages=" + std::to_string(V));
+  }
+  if (V > 1 && schedule != Schedule::kInterleavedOneFOneB) {
+    throw UsageError("pipeline schedule: virtual_stages=" + std::to_string(V) + " needs the interleaved_1f1b schedule (" +
+                     schedule_name(schedule) + " runs one stage per rank)");
+  }
+  std::vector<PipelineOp> ops;
+  auto F = [&](int mb, int c = 0) { ops.push_back({PipelineOp::kForward, mb, c}); };
+  auto B = [&](int mb, int c = 0) { ops.push_back({PipelineOp::kBackward, mb, c}); };
+  if (schedule == Schedule::kGPipe) {
+    for (int m = 0; m < M; ++m) F(m);
+    for (int m = 0; m < M; ++m) B(m);
+    return ops;
+  }
+  if (schedule == Schedule::kOneFOneB) {
+    // Rank p starts P-1-p forwards ahead, so the last stage's first backward can start as
+    // soon as its first forward is done; then each backward frees what a forward holds.
+    const int warmup = std::min(P - 1 - p, M);
+    for (int m = 0; m < warmup; ++m) F(m);
+    for (int i = 0; i < M - warmup; ++i) {
+      F(warmup + i);
+      B(i);
+    }
+    for (int m = M - warmup; m < M; ++m) B(m);
+    return ops;
+  }
+  // Interleaved (Megatron-LM): the k-th forward of this rank runs chunk (k / P) % V of
+  // micro-batch (k / (P V)) P + k % P, i.e. groups of P micro-batches go through chunk 0,
+  // then chunk 1, ...; backwards walk the chunks in reverse.
+  if (M % P != 0) {
+    throw UsageError("interleaved_1f1b: micro_batches=" + std::to_string(M) + " must be a multiple of the pipeline size " +
+                     std::to_string(P));
+  }
+  const int total = M * V;
+  auto mb_of = [&](int k) { return (k / (P * V)) * P + k % P; };
+  auto chunk_f = [&](int k) { return (k % (P * V)) / P; };
+  auto chunk_b = [&](int k) { return V - 1 - (k % (P * V)) / P; };
+  int warmup = (M == P) ? total : std::min(total, (P - p - 1) * 2 + (V - 1) * P);
+  for (int k = 0; k < warmup; ++k) F(mb_of(k), chunk_f(k));
+  for (int i = 0; i < total - warmup; ++i) {
+    F(mb_of(warmup + i), chunk_f(warmup + i));
+    B(mb_of(i), chunk_b(i));
+  }
+  for (int k = total - warmup; k < total; ++k) B(mb_of(k), chunk_b(k));
+  return ops;
+}
+
+// ---- point to point with shapes ----
+
+namespace {
+
+constexpr int kMaxDims = 8;
+
+// Tags make every message of a step distinct: (micro-batch, receiving global stage,
+// activation or gradient, header or payload).
+int tag_of(int mb, int stage, int num_stages, bool grad, bool header) {
+  return (((mb * num_stages + stage) * 2 + (grad ? 1 : 0)) * 2) + (header ? 1 : 0);
+}
+
+struct Outbox {
+  std::vector<torch::Tensor> keep;  // sent tensors stay alive until their sends complete
+  std::vector<Work> works;
+};
+
+void send_with_shape(const torch::Tensor& t, int dst, int tag_header, int tag_data, const std::shared_ptr<ProcessGroup>& g,
+                     Outbox& out) {
+  if (t.dim() > kMaxDims) {
+    throw UsageError("Pipeline: a stage output has " + std::to_string(t.dim()) + " dimensions; at most " +
+                     std::to_string(kMaxDims) + " are supported");
+  }
+  torch::Tensor header = torch::zeros({kMaxDims + 2}, torch::kInt64);
+  header[0] = static_cast<int64_t>(t.scalar_type());
+  header[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) header[d + 2] = t.size(d);
+  torch::Tensor data = t.detach().contiguous();
+  PointToPointOptions o;
+  o.group = g;
+  o.tag = tag_header;
+  out.works.push_back(send_async(header, dst, o));
+  o.tag = tag_data;
+  out.works.push_back(send_async(data, dst, o));
+  out.keep.push_back(header);
+  out.keep.push_back(data);
+}
+
+torch::Tensor recv_with_shape(int src, int tag_header, int tag_data, const std::shared_ptr<ProcessGroup>& g) {
+  torch::Tensor header = torch::empty({kMaxDims + 2}, torch::kInt64);
+  PointToPointOptions o;
+  o.group = g;
+  o.tag = tag_header;
+  recv(header, src, o);
+  auto h = header.accessor<int64_t, 1>();
+  std::vector<int64_t> shape(h[1]);
+  for (int64_t d = 0; d < h[1]; ++d) shape[d] = h[d + 2];
+  torch::Tensor data = torch::empty(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0])));
+  o.tag = tag_data;
+  recv(data, src, o);
+  return data;
+}
+
+}  // namespace
+
+// ---- Pipeline ----
+
+Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<ProcessGroup> group, PipelineOptions options)
+    : group_(std::move(group)), options_(options) {
+  rank_ = group_ ? group_->rank() : 0;
+  size_ = group_ ? group_->world_size() : 1;
+  const int V = options_.virtual_stages;
+  // Validates the options once, here, rather than at the first step.
+  schedule_ops(options_.schedule, size_, rank_, options_.micro_batches, V);
+  if (V > 1 && size_ == 1) {
+    throw UsageError("Pipeline: virtual_stages=" + std::to_string(V) +
+                     " on a pipeline of one rank; interleaving needs at least 2 ranks (use virtual_stages=1)");
+  }
+  const int n = static_cast<int>(stages.size());
+  if (n == size_ * V) {
+    for (int c = 0; c < V; ++c) local_.push_back(stages[c * size_ + rank_]);
+  } else if (n == V) {
+    local_ = std::move(stages);
+  } else {
+    throw UsageError("Pipeline: got " + std::to_string(n) + " stages for " + std::to_string(size_) + " ranks x " +
+                     std::to_string(V) + " virtual stages; pass all " + std::to_string(size_ * V) +
+                     " stages (split_sequential(model, " + std::to_string(size_ * V) + ")) or this rank's " +
+                     std::to_string(V));
+  }
+}
+
+Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, const DeviceMesh& mesh, PipelineOptions options)
+    : Pipeline(std::move(stages), mesh.group("pp"), options) {}
+
+std::vector<torch::Tensor> Pipeline::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& s : local_) {
+    for (auto& p : s->parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Tensor& targets, const LossFn& loss_fn) {
+  const int P = size_, p = rank_, M = options_.micro_batches, V = options_.virtual_stages;
+  const int S = P * V;  // global stages
+  if (inputs.dim() == 0 || inputs.size(0) % M != 0) {
+    throw UsageError("Pipeline::train_step: batch size " + std::to_string(inputs.dim() ? inputs.size(0) : 0) +
+                     " is not divisible by micro_batches=" + std::to_string(M));
+  }
+  std::vector<torch::Tensor> in_mb = inputs.chunk(M, 0);
+  std::vector<torch::Tensor> tgt_mb;
+  if (targets.defined() && targets.dim() > 0) tgt_mb = targets.chunk(M, 0);
+
+  struct Live {
+    torch::Tensor input;   // what the chunk received (a leaf that collects its gradient)
+    torch::Tensor output;  // the chunk's output, or the scaled loss on the last stage
+  };
+  std::map<std::pair<int, int>, Live> live;  // (chunk, micro-batch)
+  Outbox outbox;
+  trace_.clear();
+  peak_live_ = 0;
+  torch::Tensor loss_sum;
+
+  for (const PipelineOp& op : schedule_ops(options_.schedule, P, p, M, V)) {
+    const int s = op.chunk * P + p;  // this op's global stage
+    const int prev = (p - 1 + P) % P, next = (p + 1) % P;
+    trace_.push_back(op);
+    if (op.kind == PipelineOp::kForward) {
+      Live l;
+      if (s == 0) {
+        l.input = in_mb[op.micro_batch];
+      } else {
+        l.input = recv_with_shape(prev, tag_of(op.micro_batch, s, S, false, true), tag_of(op.micro_batch, s, S, false, false), group_);
+        if (l.input.is_floating_point()) l.input.requires_grad_(true);
+      }
+      torch::Tensor out = local_[op.chunk]->forward(l.input);
+      if (s == S - 1) {
+        if (tgt_mb.empty()) throw UsageError("Pipeline::train_step: the last stage needs targets");
+        torch::Tensor loss = loss_fn(out, tgt_mb[op.micro_batch]);
+        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+        // Scaled so the accumulated gradient is that of the mean over micro-batches.
+        l.output = loss / M;
+      } else {
+        send_with_shape(out, next, tag_of(op.micro_batch, s + 1, S, false, true), tag_of(op.micro_batch, s + 1, S, false, false),
+                        group_, outbox);
+        l.output = out;
+      }
+      live[{op.chunk, op.micro_batch}] = std::move(l);
+      peak_live_ = std::max(peak_live_, static_cast<int>(live.size()));
+    } else {
+      auto it = live.find({op.chunk, op.micro_batch});
+      TORCH_INTERNAL_ASSERT(it != live.end(), "backward before forward in the pipeline schedule: ", to_string(op));
+      Live l = std::move(it->second);
+      live.erase(it);
+      if (s == S - 1) {
+        l.output.backward();
+      } else {
+        torch::Tensor grad = recv_with_shape(next, tag_of(op.micro_batch, s, S, true, true), tag_of(op.micro_batch, s, S, true, false), group_);
+        torch::autograd::backward({l.output}, {grad});
+      }
+      if (s > 0) {
+        torch::Tensor g = l.input.grad();
+        if (!g.defined()) g = torch::zeros_like(l.input);
+        send_with_shape(g, prev, tag_of(op.micro_batch, s - 1, S, true, true), tag_of(op.micro_batch, s - 1, S, true, false), group_,
+                        outbox);
+      }
+    }
+  }
+  for (auto& w : outbox.works) w.wait();
+  if (p == P - 1 && loss_sum.defined()) return loss_sum / M;
+  return {};
+}
+
+void all_reduce_gradients(const std::vector<torch::Tensor>& params, const std::shared_ptr<ProcessGroup>& group) {
+  if (!group || group->world_size() == 1 || params.empty()) return;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().reshape({-1}));
+  }
+  torch::Tensor flat = torch::cat(grads);
+  AllReduceOptions o;
+  o.group = group;
+  o.op = ReduceOp::kAvg;
+  all_reduce(flat, o);
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    const int64_t n = p.numel();
+    p.grad().copy_(flat.narrow(0, offset, n).view_as(p));
+    offset += n;
+  }
+}
+
+}  // namespace dtrain

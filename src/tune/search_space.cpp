@@ -1,0 +1,243 @@
+// Search spaces: domains, sampling and variant generation with Ray Tune's semantics.
+// The mapping of one uniform draw u in [0, 1) to each domain is part of the contract (the
+// Ray parity test maps numpy's draws the same way):
+//   uniform   lo + (hi - lo) * u                 (numpy's uniform)
+//   loguniform exp(uniform(log lo, log hi))       (Ray's Float._LogUniform)
+//   randint   lo + floor((hi - lo) * u)           (numpy's integers, hi exclusive)
+//   choice    categories[floor(n * u)]
+#include "dtrain/tune_search_space.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "dtrain/error.h"
+
+namespace dtrain::tune {
+
+namespace {
+
+constexpr const char* kDomainKey = "__domain__";
+
+std::string num(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+// Ray's Quantized._grid_index: a bound's index on the grid of multiples of q, rounded
+// inwards unless it already is (within math.isclose's default rel_tol 1e-9) a multiple.
+double grid_index(double bound, double q, bool lower) {
+  if (!std::isfinite(bound)) return bound;
+  const double scaled = bound / q;
+  const double nearest = std::nearbyint(scaled);  // Python's round(): half to even
+  const double tol = 1e-9 * std::max(std::fabs(scaled), std::fabs(nearest));
+  if (std::fabs(scaled - nearest) <= tol) return nearest;
+  return lower ? std::ceil(scaled) : std::floor(scaled);
+}
+
+double draw_uniform(double lo, double hi, RandomSource& r) { return lo + (hi - lo) * r.uniform01(); }
+
+// Depth-first over objects (insertion order) and arrays, as Ray's
+// _split_resolved_unresolved_values: the paths of every grid and every domain.
+struct Var {
+  Config::json_pointer pointer;
+  std::vector<Config> sort_key;  // the path as JSON values, for Ray's sorted grid order
+  const Config* value;
+};
+
+void collect(const Config& node, Config::json_pointer at, std::vector<Config> key,
+             std::vector<Var>& grids, std::vector<Var>& domains) {
+  if (is_grid(node)) {
+    grids.push_back({at, key, &node});
+    return;
+  }
+  if (is_domain(node)) {
+    domains.push_back({at, key, &node});
+    return;
+  }
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      auto k = key;
+      k.emplace_back(it.key());
+      collect(it.value(), at / it.key(), k, grids, domains);
+    }
+  } else if (node.is_array()) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      auto k = key;
+      k.emplace_back(static_cast<std::int64_t>(i));
+      collect(node[i], at / i, k, grids, domains);
+    }
+  }
+}
+
+void check_space(const Config& node, const std::string& where) {
+  if (is_grid(node)) {
+    if (!node.at("grid_search").is_array() || node.at("grid_search").empty()) {
+      throw UsageError("tune: grid_search at '" + where +
+                       "' needs a non-empty list of values, got " + node.dump());
+    }
+    return;
+  }
+  if (node.is_object() && node.contains(kDomainKey) && !is_domain(node)) {
+    throw UsageError("tune: unknown domain at '" + where + "': " + node.dump() +
+                     " (use uniform, loguniform, quniform, randint or choice)");
+  }
+  if (node.is_object() && !is_domain(node)) {
+    for (auto it = node.begin(); it != node.end(); ++it) check_space(it.value(), where + "/" + it.key());
+  }
+}
+
+}  // namespace
+
+std::size_t RandomSource::index(std::size_t n) {
+  if (n == 0) throw UsageError("tune: cannot choose among zero items");
+  auto i = static_cast<std::size_t>(std::floor(uniform01() * static_cast<double>(n)));
+  return std::min(i, n - 1);
+}
+
+double SeededRandom::uniform01() {
+  // 53 random bits -> [0, 1), identical on every platform.
+  return static_cast<double>(engine_() >> 11) * 0x1.0p-53;
+}
+
+double RecordedRandom::uniform01() {
+  if (next_ >= draws_.size()) {
+    throw UsageError("tune: RecordedRandom ran out after " + std::to_string(draws_.size()) +
+                     " draws; record more draws for this sequence");
+  }
+  return draws_[next_++];
+}
+
+Config uniform(double lower, double upper) {
+  if (!(lower < upper) || !std::isfinite(lower) || !std::isfinite(upper)) {
+    throw UsageError("tune::uniform(" + num(lower) + ", " + num(upper) +
+                     "): needs finite bounds with lower < upper");
+  }
+  return Config{{kDomainKey, "uniform"}, {"lower", lower}, {"upper", upper}};
+}
+
+Config loguniform(double lower, double upper) {
+  if (!(lower > 0) || !(lower < upper) || !std::isfinite(upper)) {
+    throw UsageError("tune::loguniform(" + num(lower) + ", " + num(upper) +
+                     "): needs 0 < lower < upper < inf");
+  }
+  return Config{{kDomainKey, "loguniform"}, {"lower", lower}, {"upper", upper}};
+}
+
+Config quniform(double lower, double upper, double q) {
+  if (!(lower < upper) || !(q > 0)) {
+    throw UsageError("tune::quniform(" + num(lower) + ", " + num(upper) + ", " + num(q) +
+                     "): needs lower < upper and q > 0");
+  }
+  // Ray's Float.quantized: both bounds must be multiples of q (math.isclose).
+  for (double bound : {lower, upper}) {
+    const double scaled = bound / q;
+    const double nearest = std::nearbyint(scaled);
+    if (std::fabs(scaled - nearest) > 1e-9 * std::max(std::fabs(scaled), std::fabs(nearest))) {
+      throw UsageError("tune::quniform: the bound " + num(bound) +
+                       " is not a multiple of the quantization factor q=" + num(q));
+    }
+  }
+  return Config{{kDomainKey, "quniform"}, {"lower", lower}, {"upper", upper}, {"q", q}};
+}
+
+Config randint(std::int64_t lower, std::int64_t upper) {
+  if (!(lower < upper)) {
+    throw UsageError("tune::randint(" + std::to_string(lower) + ", " + std::to_string(upper) +
+                     "): needs lower < upper (the upper bound is exclusive)");
+  }
+  return Config{{kDomainKey, "randint"}, {"lower", lower}, {"upper", upper}};
+}
+
+Config choice(const std::vector<Config>& categories) {
+  if (categories.empty()) throw UsageError("tune::choice: needs at least one category");
+  return Config{{kDomainKey, "choice"}, {"categories", categories}};
+}
+
+Config grid_search(const std::vector<Config>& values) {
+  if (values.empty()) throw UsageError("tune::grid_search: needs at least one value");
+  return Config{{"grid_search", values}};
+}
+
+bool is_domain(const Config& v) {
+  if (!v.is_object() || !v.contains(kDomainKey) || !v.at(kDomainKey).is_string()) return false;
+  const auto& k = v.at(kDomainKey).get_ref<const std::string&>();
+  return k == "uniform" || k == "loguniform" || k == "quniform" || k == "randint" || k == "choice";
+}
+
+bool is_grid(const Config& v) { return v.is_object() && v.size() == 1 && v.contains("grid_search"); }
+
+Config sample(const Config& d, RandomSource& r) {
+  if (!is_domain(d)) throw UsageError("tune::sample: not a domain: " + d.dump());
+  const std::string kind = d.at(kDomainKey).get<std::string>();
+  if (kind == "uniform") {
+    return draw_uniform(d.at("lower").get<double>(), d.at("upper").get<double>(), r);
+  }
+  if (kind == "loguniform") {
+    return std::exp(draw_uniform(std::log(d.at("lower").get<double>()),
+                                 std::log(d.at("upper").get<double>()), r));
+  }
+  if (kind == "quniform") {
+    const double q = d.at("q").get<double>();
+    const double lo = grid_index(d.at("lower").get<double>(), q, true) * q;
+    const double hi = grid_index(d.at("upper").get<double>(), q, false) * q;
+    return std::nearbyint(draw_uniform(lo, hi, r) / q) * q;  // np.round: half to even
+  }
+  if (kind == "randint") {
+    const auto lo = d.at("lower").get<std::int64_t>();
+    const auto hi = d.at("upper").get<std::int64_t>();
+    return lo + static_cast<std::int64_t>(r.index(static_cast<std::size_t>(hi - lo)));
+  }
+  const auto& cats = d.at("categories");
+  return cats.at(r.index(cats.size()));
+}
+
+std::size_t count_variants(const Config& space, int num_samples) {
+  std::vector<Var> grids, domains;
+  collect(space, Config::json_pointer(), {}, grids, domains);
+  std::size_t n = static_cast<std::size_t>(std::max(num_samples, 0));
+  for (const auto& g : grids) n *= g.value->at("grid_search").size();
+  return n;
+}
+
+std::vector<Config> generate_variants(const Config& space, int num_samples, RandomSource& random) {
+  if (num_samples < 1) {
+    throw UsageError("tune: num_samples must be >= 1, got " + std::to_string(num_samples));
+  }
+  check_space(space, "");
+  std::vector<Var> grids, domains;
+  collect(space, Config::json_pointer(), {}, grids, domains);
+  // Ray sorts the grid variables by path; the first one then varies fastest.
+  std::stable_sort(grids.begin(), grids.end(),
+                   [](const Var& a, const Var& b) { return a.sort_key < b.sort_key; });
+  std::vector<Config> out;
+  for (int s = 0; s < num_samples; ++s) {
+    std::vector<std::size_t> at(grids.size(), 0);
+    for (;;) {
+      Config c = space;
+      for (std::size_t i = 0; i < grids.size(); ++i) {
+        c[grids[i].pointer] = grids[i].value->at("grid_search").at(at[i]);
+      }
+      // Random domains: drawn in the space's order, once per variant (Ray's
+      // _resolve_domain_vars with constant_grid_search=False).
+      for (const auto& d : domains) c[d.pointer] = sample(*d.value, random);
+      out.push_back(std::move(c));
+      std::size_t i = 0;
+      for (; i < grids.size(); ++i) {
+        if (++at[i] < grids[i].value->at("grid_search").size()) break;
+        at[i] = 0;
+      }
+      if (i == grids.size()) break;
+    }
+  }
+  return out;
+}
+
+std::vector<Config> generate_variants(const Config& space, int num_samples, std::uint64_t seed) {
+  SeededRandom r(seed);
+  return generate_variants(space, num_samples, r);
+}
+
+}  // namespace dtrain::tune

@@ -1,0 +1,144 @@
+// The worker side of a trial: report(), get_checkpoint().
+//
+// The Tuner starts each trial's workers with (see tuner.cpp):
+//   DTRAIN_TUNE_STORE       host:port of the driver's store
+//   DTRAIN_TUNE_PREFIX      this run's key prefix, "trial/<id>/run/<n>/"
+//   DTRAIN_TUNE_TRIAL_ID, DTRAIN_TUNE_TRIAL_DIR
+//   DTRAIN_TUNE_CHECKPOINT  the directory to start from ("" for none)
+//   DTRAIN_TUNE_REPORT_TIMEOUT_MS
+// Report k of a run: rank 0 copies the checkpoint into the trial directory and sets
+// PREFIX + "result/k" (JSON: metrics, checkpoint path); every rank that calls report() waits
+// for PREFIX + "decision/k" ("CONTINUE", "STOP" or "PAUSE").
+//
+// One session per worker process, created on first use: a worker runs exactly one trial,
+// so this process-wide state is the trial itself (Ray's session is the same idea).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+
+#include "dtrain/store.h"
+#include "dtrain/tune.h"
+
+namespace fs = std::filesystem;
+
+namespace dtrain::tune {
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
+
+struct Session {
+  std::string prefix;
+  std::string trial_id;
+  std::string trial_dir;
+  std::string driver;
+  int rank = 0;
+  std::chrono::milliseconds timeout{600000};
+  std::unique_ptr<store::StoreClient> client;
+  int reports = 0;
+};
+
+std::mutex g_mutex;
+std::unique_ptr<Session> g_session;
+
+Session& session(const char* who) {
+  if (!in_trial()) {
+    throw UsageError(std::string("dtrain::tune::") + who +
+                     ": not inside a trial. Call it from the trainable a tune::Tuner runs");
+  }
+  if (!g_session) {
+    auto s = std::make_unique<Session>();
+    s->prefix = env_or("DTRAIN_TUNE_PREFIX");
+    s->trial_id = env_or("DTRAIN_TUNE_TRIAL_ID");
+    s->trial_dir = env_or("DTRAIN_TUNE_TRIAL_DIR");
+    s->driver = env_or("DTRAIN_TUNE_STORE");
+    s->rank = std::atoi(env_or("RANK", "0").c_str());
+    s->timeout = std::chrono::milliseconds(std::atoll(env_or("DTRAIN_TUNE_REPORT_TIMEOUT_MS", "600000").c_str()));
+    const auto colon = s->driver.rfind(':');
+    if (colon == std::string::npos) {
+      throw UsageError("dtrain::tune: DTRAIN_TUNE_STORE is \"" + s->driver + "\", expected host:port");
+    }
+    store::StoreClient::Options o;
+    o.connect_timeout = std::chrono::seconds(30);
+    o.timeout = s->timeout;
+    s->client = store::StoreClient::connect(s->driver.substr(0, colon),
+                                            static_cast<std::uint16_t>(std::stoi(s->driver.substr(colon + 1))), o);
+    g_session = std::move(s);
+  }
+  return *g_session;
+}
+
+// Copies a checkpoint (directory or file) into the trial's storage; returns where.
+std::string persist_checkpoint(const Session& s, const std::string& from, int index) {
+  if (!fs::exists(from)) {
+    throw UsageError("dtrain::tune::report: the checkpoint \"" + from + "\" does not exist");
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "checkpoint_%06d", index);
+  const fs::path dest = fs::path(s.trial_dir) / name;
+  const fs::path tmp = fs::path(s.trial_dir) / (std::string(name) + ".tmp");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  if (fs::is_directory(from)) {
+    fs::copy(from, tmp, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  } else {
+    fs::copy_file(from, tmp / fs::path(from).filename(), fs::copy_options::overwrite_existing);
+  }
+  // Complete or absent: a driver killed mid-copy never sees half a checkpoint.
+  fs::remove_all(dest);
+  fs::rename(tmp, dest);
+  return dest.string();
+}
+
+}  // namespace
+
+bool in_trial() { return std::getenv("DTRAIN_TUNE_PREFIX") != nullptr; }
+std::string trial_id() { return env_or("DTRAIN_TUNE_TRIAL_ID"); }
+std::string trial_dir() { return env_or("DTRAIN_TUNE_TRIAL_DIR"); }
+
+std::optional<std::string> get_checkpoint() {
+  const std::string c = env_or("DTRAIN_TUNE_CHECKPOINT");
+  if (c.empty()) return std::nullopt;
+  return c;
+}
+
+void report(const Result& metrics, const std::string& checkpoint) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Session& s = session("report");
+  if (!metrics.is_object()) {
+    throw UsageError("dtrain::tune::report: metrics must be a JSON object, got " + metrics.dump());
+  }
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    if (!it.value().is_number() && !it.value().is_boolean()) {
+      throw UsageError("dtrain::tune::report: metric \"" + it.key() + "\" must be a number, got " +
+                       it.value().dump());
+    }
+  }
+  const int k = ++s.reports;
+  const std::string result_key = s.prefix + "result/" + std::to_string(k);
+  const std::string decision_key = s.prefix + "decision/" + std::to_string(k);
+  if (s.rank == 0) {
+    Result r = metrics;
+    Result msg{{"metrics", r}};
+    if (!checkpoint.empty()) msg["checkpoint"] = persist_checkpoint(s, checkpoint, k);
+    s.client->set(result_key, msg.dump());
+  }
+  if (!s.client->wait({decision_key}, s.timeout)) {
+    throw TimeoutError("dtrain::tune::report: trial " + s.trial_id + " (rank " + std::to_string(s.rank) +
+                       ") got no decision for report " + std::to_string(k) + " from the tune driver at " +
+                       s.driver + " within " + std::to_string(s.timeout.count() / 1000) +
+                       " s (TuneOptions::report_timeout); the driver is gone or stuck");
+  }
+  const std::string decision = s.client->get(decision_key);
+  if (decision == "CONTINUE") return;
+  throw TrialStopped("dtrain::tune: the scheduler ended trial " + s.trial_id + " at report " +
+                     std::to_string(k) + " (" + decision + ")");
+}
+
+}  // namespace dtrain::tune

@@ -1,0 +1,608 @@
+// The Tuner's driver: trials as Distributor jobs, a scheduler deciding on their reports,
+// retries, and a state file to resume from.
+//
+// One driver thread owns everything (trials, scheduler, state file). Each running trial has
+// a thread of its own that only blocks in Distributor::run and then posts how the run ended.
+// The driver thread loops: start trials while there is room, read new reports from the
+// store (polled every few milliseconds; a report blocks its worker until the decision is
+// written back), handle runs that ended, and write the state after every change.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "dtrain/store.h"
+#include "dtrain/tune.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace dtrain::tune {
+
+namespace {
+
+constexpr int kStateVersion = 1;
+
+TrialStatus status_from(const std::string& s) {
+  if (s == "PENDING") return TrialStatus::Pending;
+  if (s == "RUNNING") return TrialStatus::Running;
+  if (s == "PAUSED") return TrialStatus::Paused;
+  if (s == "TERMINATED") return TrialStatus::Terminated;
+  if (s == "ERROR") return TrialStatus::Error;
+  throw UsageError("tune: unknown trial status \"" + s + "\" in a saved search");
+}
+
+bool better(double a, double b, const std::string& mode) { return mode == "max" ? a > b : a < b; }
+
+// What the driver keeps per trial.
+struct TrialRecord {
+  Trial trial;
+  std::vector<Result> history;
+  std::vector<std::int64_t> history_seq;  // global order of reports, to replay on resume
+  std::string latest_checkpoint;
+  std::int64_t latest_checkpoint_iteration = 0;
+  std::string restore_checkpoint;          // what the next run starts from
+  std::int64_t restore_iteration = 0;      // training_iteration of that checkpoint
+  double time_total = 0;                   // seconds of earlier runs
+  int num_failures = 0;
+  int runs = 0;
+  std::string error;
+  std::string dir;
+  std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
+
+  // While running.
+  std::thread thread;
+  std::atomic<bool> finished{false};
+  std::string failure;       // "" : returned normally
+  bool stopped_by_worker_exception = false;
+  bool stop_requested = false;
+  bool pause_requested = false;
+  bool exploit_pending = false;  // PBT set restore_checkpoint to another trial's
+  int next_report = 1;
+  Clock::time_point started;
+  std::string prefix;
+};
+
+// The next run of `r` starts from its own latest checkpoint; the reports made after that
+// checkpoint will come again, so they leave the history.
+void rewind_to_latest_checkpoint(TrialRecord& r) {
+  r.restore_checkpoint = r.latest_checkpoint;
+  r.restore_iteration = r.latest_checkpoint_iteration;
+  while (!r.history.empty() && r.history.back().value("training_iteration", std::int64_t{0}) > r.restore_iteration) {
+    r.history.pop_back();
+    r.history_seq.pop_back();
+  }
+}
+
+// The scheduler's view of the driver.
+class Context : public SchedulerContext {
+ public:
+  explicit Context(std::vector<std::unique_ptr<TrialRecord>>& trials) : trials_(trials) {}
+  std::vector<Trial*> trials() override {
+    std::vector<Trial*> v;
+    for (auto& t : trials_) v.push_back(&t->trial);
+    return v;
+  }
+  TrialRecord& record(Trial& t) {
+    for (auto& r : trials_) {
+      if (&r->trial == &t) return *r;
+    }
+    throw InternalError("tune: a scheduler named a trial the Tuner does not have");
+  }
+  std::string save_checkpoint(Trial& t) override { return replay ? "replay" : record(t).latest_checkpoint; }
+  void pause_trial(Trial& t) override {
+    if (replay) return;
+    TrialRecord& r = record(t);
+    if (t.status == TrialStatus::Running) r.pause_requested = true;
+    t.status = TrialStatus::Paused;
+  }
+  void restore_trial(Trial& t, const Config& config, const std::string& checkpoint,
+                     const std::string& from) override {
+    if (replay) return;
+    TrialRecord& r = record(t);
+    TrialRecord* donor = nullptr;
+    for (auto& x : trials_) {
+      if (x->trial.id == from) donor = x.get();
+    }
+    t.config = config;
+    r.exploit_pending = true;
+    r.restore_checkpoint = checkpoint;
+    r.restore_iteration = donor && donor->checkpoint_iterations.count(checkpoint)
+                              ? donor->checkpoint_iterations.at(checkpoint)
+                              : 0;
+    if (verbose) {
+      std::fprintf(stderr, "tune: %s exploits %s (checkpoint %s), new config %s\n", t.id.c_str(), from.c_str(),
+                   checkpoint.c_str(), config.dump().c_str());
+    }
+  }
+  bool replay = false;  // on resume: rebuild scheduler state, change nothing
+  bool verbose = true;
+
+ private:
+  std::vector<std::unique_ptr<TrialRecord>>& trials_;
+};
+
+std::string csv_escape(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"') o += '"';
+    o += c;
+  }
+  return o + "\"";
+}
+
+void flatten(const Config& c, const std::string& prefix, std::map<std::string, std::string>& out,
+             std::vector<std::string>& order) {
+  if (c.is_object()) {
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      flatten(it.value(), prefix.empty() ? it.key() : prefix + "/" + it.key(), out, order);
+    }
+    return;
+  }
+  if (!out.count(prefix)) order.push_back(prefix);
+  out[prefix] = c.is_string() ? c.get<std::string>() : c.dump();
+}
+
+}  // namespace
+
+// ---- ResultGrid --------------------------------------------------------------------------
+
+int ResultGrid::num_errors() const {
+  return static_cast<int>(std::count_if(trials_.begin(), trials_.end(),
+                                        [](const TrialResult& t) { return t.status == TrialStatus::Error; }));
+}
+
+const TrialResult& ResultGrid::best_result(const std::string& metric_in, const std::string& mode_in,
+                                           const std::string& scope) const {
+  const std::string metric = metric_in.empty() ? metric_ : metric_in;
+  const std::string mode = mode_in.empty() ? mode_ : mode_in;
+  if (metric.empty() || (mode != "min" && mode != "max")) {
+    throw UsageError("tune::ResultGrid::best_result: needs a metric and mode \"min\"/\"max\" (got \"" + metric +
+                     "\", \"" + mode + "\"); pass them or set them in TuneOptions");
+  }
+  if (scope != "last" && scope != "all") {
+    throw UsageError("tune::ResultGrid::best_result: scope must be \"last\" or \"all\", got \"" + scope + "\"");
+  }
+  const TrialResult* best = nullptr;
+  double best_value = 0;
+  for (const auto& t : trials_) {
+    const Result& r = scope == "last" ? t.last_result : t.best_result;
+    if (!r.is_object() || !r.contains(metric) || !r.at(metric).is_number()) continue;
+    const double v = r.at(metric).get<double>();
+    if (std::isnan(v)) continue;
+    if (best == nullptr || better(v, best_value, mode)) {
+      best = &t;
+      best_value = v;
+    }
+  }
+  if (best == nullptr) {
+    throw UsageError("tune::ResultGrid::best_result: no trial reported \"" + metric + "\"");
+  }
+  return *best;
+}
+
+void ResultGrid::write_csv(const std::string& path) const {
+  std::vector<std::string> config_cols, metric_cols;
+  std::vector<std::map<std::string, std::string>> configs, metrics;
+  for (const auto& t : trials_) {
+    configs.emplace_back();
+    flatten(t.config, "", configs.back(), config_cols);
+    metrics.emplace_back();
+    if (t.last_result.is_object()) flatten(t.last_result, "", metrics.back(), metric_cols);
+  }
+  std::ofstream out(path);
+  if (!out) throw Error("tune: cannot write " + path);
+  out << "trial_id,status,num_failures,iterations";
+  for (const auto& c : config_cols) out << "," << csv_escape("config/" + c);
+  for (const auto& m : metric_cols) out << "," << csv_escape(m);
+  out << "\n";
+  for (std::size_t i = 0; i < trials_.size(); ++i) {
+    const auto& t = trials_[i];
+    out << t.id << "," << to_string(t.status) << "," << t.num_failures << "," << t.history.size();
+    for (const auto& c : config_cols) out << "," << csv_escape(configs[i].count(c) ? configs[i][c] : "");
+    for (const auto& m : metric_cols) out << "," << csv_escape(metrics[i].count(m) ? metrics[i][m] : "");
+    out << "\n";
+  }
+}
+
+// ---- Tuner -------------------------------------------------------------------------------
+
+Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
+    : runner_(std::move(runner)), param_space_(std::move(param_space)), options_(std::move(options)) {
+  auto& o = options_;
+  if (!param_space_.is_object()) {
+    throw UsageError("tune::Tuner: param_space must be a JSON object of parameters, got " + param_space_.dump());
+  }
+  if (o.num_samples < 1) throw UsageError("tune::Tuner: num_samples must be >= 1, got " + std::to_string(o.num_samples));
+  if (o.trial_resources.processes < 1) {
+    throw UsageError("tune::Tuner: trial_resources.processes must be >= 1, got " +
+                     std::to_string(o.trial_resources.processes));
+  }
+  if (o.trial_resources.gpus != 0) {
+    throw UsageError("tune::Tuner: trial_resources.gpus is not supported yet (GPU placement per trial is "
+                     "not built); set it to 0");
+  }
+  if (o.max_concurrent_trials < 0 || o.max_failures < 0) {
+    throw UsageError("tune::Tuner: max_concurrent_trials and max_failures must be >= 0");
+  }
+  if (!o.mode.empty() && o.mode != "min" && o.mode != "max") {
+    throw UsageError("tune::Tuner: mode must be \"min\" or \"max\", got \"" + o.mode + "\"");
+  }
+  if (o.name.empty() || o.name.find('/') != std::string::npos) {
+    throw UsageError("tune::Tuner: name must be a non-empty directory name, got \"" + o.name + "\"");
+  }
+  if (o.storage_path.empty()) o.storage_path = "dtrain_tune_results";
+  if (!o.scheduler) o.scheduler = std::make_shared<FifoScheduler>();
+  o.scheduler->set_search_properties(o.metric, o.mode);
+  o.scheduler->seed_random(o.seed ^ 0x9e3779b97f4a7c15ULL);
+}
+
+ResultGrid Tuner::fit() {
+  auto& o = options_;
+  const fs::path exp_dir = fs::absolute(fs::path(o.storage_path) / o.name);
+  const fs::path state_path = exp_dir / "tuner_state.json";
+
+  std::vector<std::unique_ptr<TrialRecord>> trials;
+  std::int64_t seq = 0;
+  bool resumed = false;
+
+  if (o.resume && fs::exists(state_path)) {
+    std::ifstream in(state_path);
+    Config state = Config::parse(in);
+    if (state.value("version", 0) != kStateVersion) {
+      throw UsageError("tune: " + state_path.string() + " was written by another version of dtrain::tune");
+    }
+    param_space_ = state.at("param_space");
+    seq = state.value("seq", std::int64_t{0});
+    for (const auto& s : state.at("trials")) {
+      auto r = std::make_unique<TrialRecord>();
+      r->trial.id = s.at("id");
+      r->trial.config = s.at("config");
+      r->trial.experiment_tag = s.value("tag", r->trial.id);
+      r->trial.status = status_from(s.at("status"));
+      for (const auto& h : s.at("history")) r->history.push_back(h);
+      r->history_seq = s.at("history_seq").get<std::vector<std::int64_t>>();
+      r->latest_checkpoint = s.value("latest_checkpoint", "");
+      r->latest_checkpoint_iteration = s.value("latest_checkpoint_iteration", std::int64_t{0});
+      r->restore_checkpoint = s.value("restore_checkpoint", "");
+      r->restore_iteration = s.value("restore_iteration", std::int64_t{0});
+      r->time_total = s.value("time_total", 0.0);
+      r->num_failures = s.value("num_failures", 0);
+      r->runs = s.value("runs", 0);
+      r->error = s.value("error", "");
+      r->dir = s.at("dir");
+      const Config cps = s.value("checkpoint_iterations", Config::object());
+      for (auto it = cps.begin(); it != cps.end(); ++it) {
+        r->checkpoint_iterations[it.key()] = it.value().get<std::int64_t>();
+      }
+      if (!r->trial.is_finished()) {
+        // Interrupted: start again from its latest checkpoint (or a pending exploit's).
+        if (r->trial.status == TrialStatus::Running) {
+          r->restore_checkpoint = r->latest_checkpoint;
+          r->restore_iteration = r->latest_checkpoint_iteration;
+          // Reports after that checkpoint will be made again; drop them from the history.
+          while (!r->history.empty() &&
+                 r->history.back().value("training_iteration", std::int64_t{0}) > r->restore_iteration) {
+            r->history.pop_back();
+            r->history_seq.pop_back();
+          }
+        }
+        r->trial.status = r->history.empty() && r->runs == 0 ? TrialStatus::Pending : TrialStatus::Paused;
+      }
+      trials.push_back(std::move(r));
+    }
+    resumed = true;
+  } else {
+    if (!o.resume && fs::exists(state_path)) {
+      throw UsageError("tune: " + state_path.string() + " holds an earlier search; set TuneOptions::resume "
+                       "to continue it, or choose another storage_path / name");
+    }
+    const auto configs = generate_variants(param_space_, o.num_samples, o.seed);
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      auto r = std::make_unique<TrialRecord>();
+      char id[32];
+      std::snprintf(id, sizeof id, "trial_%05zu", i);
+      r->trial.id = id;
+      r->trial.config = configs[i];
+      r->trial.experiment_tag = std::to_string(i);
+      r->dir = (exp_dir / id).string();
+      trials.push_back(std::move(r));
+    }
+  }
+  Context ctx(trials);
+  ctx.verbose = o.verbose;
+  TrialScheduler& sched = *o.scheduler;
+  for (auto& r : trials) sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
+  for (auto& r : trials) fs::create_directories(r->dir);
+  if (resumed) {
+    // Rebuild the scheduler's state: every saved report, in the order it arrived.
+    ctx.replay = true;
+    std::vector<std::tuple<std::int64_t, TrialRecord*, std::size_t>> events;
+    for (auto& r : trials) {
+      for (std::size_t i = 0; i < r->history.size(); ++i) events.emplace_back(r->history_seq[i], r.get(), i);
+    }
+    std::sort(events.begin(), events.end(),
+              [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+    for (auto& [s, r, i] : events) {
+      const TrialStatus keep = r->trial.status;
+      const Config config = r->trial.config;
+      r->trial.status = TrialStatus::Running;
+      sched.on_trial_result(ctx, r->trial, r->history[i]);
+      r->trial.status = keep;
+      r->trial.config = config;
+    }
+    for (auto& r : trials) {
+      if (r->trial.status == TrialStatus::Terminated && !r->history.empty()) {
+        sched.on_trial_complete(ctx, r->trial, r->history.back());
+      }
+    }
+    ctx.replay = false;
+  }
+
+  fs::create_directories(exp_dir);
+  auto save_state = [&] {
+    Config state{{"version", kStateVersion}, {"param_space", param_space_}, {"metric", o.metric},
+                 {"mode", o.mode}, {"scheduler", sched.name()}, {"seq", seq}};
+    Config list = Config::array();
+    for (auto& r : trials) {
+      Config cp = Config::object();
+      for (auto& [k, v] : r->checkpoint_iterations) cp[k] = v;
+      list.push_back({{"id", r->trial.id},
+                      {"config", r->trial.config},
+                      {"tag", r->trial.experiment_tag},
+                      {"status", to_string(r->trial.status)},
+                      {"history", r->history},
+                      {"history_seq", r->history_seq},
+                      {"latest_checkpoint", r->latest_checkpoint},
+                      {"latest_checkpoint_iteration", r->latest_checkpoint_iteration},
+                      {"restore_checkpoint", r->restore_checkpoint},
+                      {"restore_iteration", r->restore_iteration},
+                      {"time_total", r->time_total},
+                      {"num_failures", r->num_failures},
+                      {"runs", r->runs},
+                      {"error", r->error},
+                      {"dir", r->dir},
+                      {"checkpoint_iterations", cp}});
+    }
+    state["trials"] = list;
+    const fs::path tmp = state_path.string() + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << state.dump(1);
+      if (!out) throw Error("tune: cannot write " + tmp.string());
+    }
+    fs::rename(tmp, state_path);  // atomic: a killed driver leaves the old or the new state
+  };
+  save_state();
+
+  // The store the trials report to (loopback: trials run on this machine).
+  store::StoreServer::Options so;
+  so.bind_host = "127.0.0.1";
+  auto server = store::StoreServer::start(so);
+  const std::string store_addr = "127.0.0.1:" + std::to_string(server->port());
+  store::StoreClient::Options co;
+  co.timeout = std::chrono::seconds(30);
+  auto client = store::StoreClient::connect("127.0.0.1", server->port(), co);
+  // Run keys stay unique across driver restarts: a resumed search has its own store, but
+  // the run counter keeps counting (runs) so logs and keys never repeat.
+
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int capacity = std::max(1, static_cast<int>(cores) / o.trial_resources.processes);
+  if (o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
+  // With fewer cores than one trial needs, trials still run, one at a time (oversubscribed).
+
+  std::mutex done_mutex;
+  std::condition_variable done_cv;
+
+  // Runs whose processes are still up (a trial PBT paused counts until its run has ended).
+  auto running_count = [&] {
+    return static_cast<int>(std::count_if(trials.begin(), trials.end(),
+                                          [](auto& r) { return r->thread.joinable(); }));
+  };
+
+  auto start_trial = [&](TrialRecord& r) {
+    r.trial.status = TrialStatus::Running;
+    ++r.runs;
+    r.prefix = "trial/" + r.trial.id + "/run/" + std::to_string(r.runs) + "/";
+    r.next_report = 1;
+    r.stop_requested = r.pause_requested = false;
+    r.finished = false;
+    r.failure.clear();
+    r.stopped_by_worker_exception = false;
+    r.started = Clock::now();
+    DistributorOptions d;
+    d.num_processes = o.trial_resources.processes;
+    d.timeout = o.trial_timeout;
+    d.env = o.env;
+    d.env["DTRAIN_TUNE_STORE"] = store_addr;
+    d.env["DTRAIN_TUNE_PREFIX"] = r.prefix;
+    d.env["DTRAIN_TUNE_TRIAL_ID"] = r.trial.id;
+    d.env["DTRAIN_TUNE_TRIAL_DIR"] = r.dir;
+    d.env["DTRAIN_TUNE_CHECKPOINT"] = r.restore_checkpoint;
+    d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
+    d.log_dir = (fs::path(r.dir) / "logs").string();
+    if (o.verbose) {
+      std::fprintf(stderr, "tune: %s starts (run %d%s) %s\n", r.trial.id.c_str(), r.runs,
+                   r.restore_checkpoint.empty() ? "" : (", from " + r.restore_checkpoint).c_str(),
+                   r.trial.config.dump().c_str());
+    }
+    Config config = r.trial.config;
+    r.thread = std::thread([&r, d, config, this, &done_mutex, &done_cv] {
+      try {
+        Distributor dist(d);
+        runner_(dist, config);
+      } catch (const WorkerError& e) {
+        r.stopped_by_worker_exception = e.exception_type().find("TrialStopped") != std::string::npos;
+        r.failure = e.what();
+      } catch (const std::exception& e) {
+        r.failure = e.what();
+        if (r.failure.empty()) r.failure = "unknown error";
+      }
+      {
+        std::lock_guard<std::mutex> lock(done_mutex);
+        r.finished = true;
+      }
+      done_cv.notify_all();
+    });
+  };
+
+  // Reads and decides every report the trial has made so far.
+  auto poll_reports = [&](TrialRecord& r) -> bool {
+    bool any = false;
+    for (;;) {
+      const std::string key = r.prefix + "result/" + std::to_string(r.next_report);
+      if (!client->check({key})) return any;
+      any = true;
+      const Config msg = Config::parse(client->get(key));
+      Result result = msg.at("metrics");
+      const std::int64_t iteration = r.restore_iteration + r.next_report;
+      result["training_iteration"] = iteration;
+      result["time_total_s"] =
+          r.time_total + std::chrono::duration<double>(Clock::now() - r.started).count();
+      r.history.push_back(result);
+      r.history_seq.push_back(seq++);
+      if (msg.contains("checkpoint")) {
+        r.latest_checkpoint = msg.at("checkpoint");
+        r.latest_checkpoint_iteration = iteration;
+        r.checkpoint_iterations[r.latest_checkpoint] = iteration;
+      }
+      std::string decision = "CONTINUE";
+      if (!r.stop_requested && !r.pause_requested) {
+        Decision d = sched.on_trial_result(ctx, r.trial, result);
+        if (d == Decision::Stop) {
+          r.stop_requested = true;
+          decision = "STOP";
+        } else if (d == Decision::Pause || r.pause_requested) {
+          r.pause_requested = true;
+          r.trial.status = TrialStatus::Paused;
+          decision = "PAUSE";
+        }
+      } else {
+        decision = r.stop_requested ? "STOP" : "PAUSE";
+      }
+      client->set(r.prefix + "decision/" + std::to_string(r.next_report), decision);
+      ++r.next_report;
+      save_state();
+    }
+  };
+
+  auto finish_run = [&](TrialRecord& r) {
+    r.thread.join();
+    poll_reports(r);  // none should be left (reports block their worker); be sure
+    r.time_total += std::chrono::duration<double>(Clock::now() - r.started).count();
+    const Result last = r.history.empty() ? Result::object() : r.history.back();
+    const char* how;
+    // A run the driver asked to end (STOP, or PAUSE for PBT) ended as asked, however its
+    // processes went: report() throws TrialStopped on the ranks that call it, and the
+    // launcher may summarise that as rank 0's exit code rather than the exception type.
+    if (r.stop_requested) {
+      r.trial.status = TrialStatus::Terminated;
+      sched.on_trial_complete(ctx, r.trial, last);
+      how = "stopped by the scheduler";
+    } else if (r.pause_requested) {
+      r.trial.status = TrialStatus::Paused;
+      if (!r.exploit_pending) {
+        // A plain pause resumes from its own latest checkpoint; an exploit set another's.
+        rewind_to_latest_checkpoint(r);
+      }
+      how = r.exploit_pending ? "paused for an exploit" : "paused";
+      r.exploit_pending = false;
+    } else if (r.failure.empty()) {
+      r.trial.status = TrialStatus::Terminated;
+      sched.on_trial_complete(ctx, r.trial, last);
+      how = "finished";
+    } else {
+      ++r.num_failures;
+      r.error = r.failure;
+      if (r.num_failures <= o.max_failures) {
+        r.trial.status = TrialStatus::Pending;
+        rewind_to_latest_checkpoint(r);
+        how = "failed, retrying";
+      } else {
+        r.trial.status = TrialStatus::Error;
+        sched.on_trial_error(ctx, r.trial);
+        how = "failed";
+      }
+    }
+    if (o.verbose) {
+      std::string m;
+      if (!o.metric.empty() && last.contains(o.metric)) m = ", " + o.metric + "=" + last.at(o.metric).dump();
+      std::fprintf(stderr, "tune: %s %s after %zu report(s)%s%s\n", r.trial.id.c_str(), how, r.history.size(),
+                   m.c_str(),
+                   r.failure.empty() || r.stop_requested || r.pause_requested || r.stopped_by_worker_exception ? ""
+                                                                        : (": " + r.failure.substr(0, 300)).c_str());
+    }
+    save_state();
+  };
+
+  for (;;) {
+    // Start what fits.
+    while (running_count() < capacity) {
+      Trial* next = sched.choose_trial_to_run(ctx);
+      if (next == nullptr) break;
+      TrialRecord& r = ctx.record(*next);
+      if (r.thread.joinable()) break;  // paused, but its last run has not ended yet
+      start_trial(r);
+      save_state();
+    }
+    bool active = false;
+    for (auto& r : trials) {
+      if (r->thread.joinable()) active = true;
+    }
+    if (!active) break;
+    // Reports first (a trial's last report comes before its run ends), then ended runs.
+    bool progressed = false;
+    for (auto& r : trials) {
+      if (r->thread.joinable() && !r->finished) progressed |= poll_reports(*r);
+    }
+    for (auto& r : trials) {
+      if (r->thread.joinable() && r->finished) {
+        finish_run(*r);
+        progressed = true;
+      }
+    }
+    if (!progressed) {
+      std::unique_lock<std::mutex> lock(done_mutex);
+      done_cv.wait_for(lock, std::chrono::milliseconds(3));
+    }
+  }
+
+  std::vector<TrialResult> out;
+  for (auto& r : trials) {
+    TrialResult t;
+    t.id = r->trial.id;
+    t.config = r->trial.config;
+    t.status = r->trial.status;
+    t.history = r->history;
+    t.last_result = r->history.empty() ? Result::object() : r->history.back();
+    t.best_result = Result::object();
+    for (const auto& h : r->history) {
+      if (o.metric.empty() || !h.contains(o.metric) || !h.at(o.metric).is_number()) continue;
+      if (t.best_result.empty() ||
+          better(h.at(o.metric).get<double>(), t.best_result.at(o.metric).get<double>(), o.mode)) {
+        t.best_result = h;
+      }
+    }
+    t.checkpoint = r->latest_checkpoint;
+    t.num_failures = r->num_failures;
+    t.error = r->trial.status == TrialStatus::Error ? r->error : "";
+    t.dir = r->dir;
+    out.push_back(std::move(t));
+  }
+  ResultGrid grid(std::move(out), o.metric, o.mode, exp_dir.string());
+  grid.write_csv((exp_dir / "results.csv").string());
+  return grid;
+}
+
+}  // namespace dtrain::tune

@@ -1,0 +1,13 @@
+# dtrain::tune: schedulers and search spaces against Ray Tune itself (the venv's ray[tune],
+# scripts/requirements.txt), the Tuner end to end with real trials, and a driver killed
+# mid-search that resumes.
+dtrain_test(tune_parity_test LABELS tune SOURCES tune/scheduler_parity_test.cpp TORCH)
+
+dtrain_test(tune_tuner_test LABELS tune SOURCES tune/tuner_test.cpp TORCH)
+add_dependencies(tune_tuner_test dtrain_cli)
+
+add_executable(tune_driver_program tune/driver_program.cpp)
+target_link_libraries(tune_driver_program PRIVATE dtrain)
+dtrain_test(tune_resume_test LABELS tune SOURCES tune/resume_test.cpp launcher/subprocess.cpp)
+target_compile_definitions(tune_resume_test PRIVATE TUNE_DRIVER_PROGRAM="$<TARGET_FILE:tune_driver_program>")
+add_dependencies(tune_resume_test tune_driver_program dtrain_cli)

@@ -1,0 +1,249 @@
+"""Ray Tune's own schedulers over recorded sequences of results: the peer of dtrain::tune.
+
+Usage: ray_scheduler_peer.py CASES.json OUT.json
+
+Runs ray.tune's AsyncHyperBandScheduler / PopulationBasedTraining / FIFOScheduler classes
+(the real ones, from the pip-installed Ray) without a Ray cluster: a small stand-in for the
+TuneController feeds each case's events to the scheduler, exactly as tests/tune/
+scheduler_parity_test.cpp feeds them to dtrain's schedulers, and records every decision.
+
+Random choices: Ray draws from Python's `random` (PBT) and numpy's global generator (ASHA's
+bracket, Domain.sample). Both are replaced by one list of recorded uniform draws in [0, 1),
+mapped as dtrain maps them (dtrain/tune_schedulers.h): random() = u,
+random.choice(seq) = seq[floor(u * len)], numpy choice(n, p) = searchsorted(cdf, u, 'right'),
+uniform(lo, hi) = lo + (hi - lo) * u, randint(lo, hi) = lo + floor((hi - lo) * u).
+
+The simulated controller (identical on both sides):
+  - every trial is added (on_trial_add) PENDING; it becomes RUNNING at its first event;
+  - a result: on_trial_result; STOP -> TERMINATED and on_trial_complete(result);
+    PAUSE -> PAUSED; a trial PAUSED (by the decision or by PBT's exploit) runs again at its
+    next event;
+  - a "complete" event: on_trial_complete(result), TERMINATED;
+  - events of a finished trial are skipped (recorded as "SKIPPED");
+  - saving a checkpoint returns the token "ckpt:<trial id>:<training_iteration>".
+"""
+import json
+import logging
+import math
+import sys
+import types
+
+import numpy as np
+
+import ray.tune.schedulers.pbt as pbt_module
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, PopulationBasedTraining
+
+
+class Draws:
+    def __init__(self, draws):
+        self.draws = list(draws)
+        self.used = 0
+
+    def u(self):
+        if self.used >= len(self.draws):
+            raise RuntimeError("ran out of recorded draws")
+        v = self.draws[self.used]
+        self.used += 1
+        return v
+
+    def index(self, n):
+        return min(int(math.floor(self.u() * n)), n - 1)
+
+
+DRAWS = Draws([])
+
+
+class RecordedPythonRandom:
+    """Stands in for the `random` module inside ray.tune.schedulers.pbt."""
+
+    def random(self):
+        return DRAWS.u()
+
+    def choice(self, seq):
+        seq = list(seq)
+        return seq[DRAWS.index(len(seq))]
+
+
+def np_choice(a, size=None, replace=True, p=None):
+    n = a if isinstance(a, int) else len(a)
+    if p is not None:
+        cdf = np.cumsum(p)
+        cdf = cdf / cdf[-1]
+        idx = int(np.searchsorted(cdf, DRAWS.u(), side="right"))
+        idx = min(idx, n - 1)
+    else:
+        idx = DRAWS.index(n)
+    value = idx if isinstance(a, int) else a[idx]
+    return value if size is None else np.array([value] * size)
+
+
+def np_uniform(low=0.0, high=1.0, size=None):
+    v = low + (high - low) * DRAWS.u()
+    return v if size is None else np.array([v] * size)
+
+
+def np_randint(low, high=None, size=None):
+    if high is None:
+        low, high = 0, low
+    v = low + DRAWS.index(high - low)
+    return v if size is None else np.array([v] * size)
+
+
+logging.getLogger("ray").setLevel(logging.WARNING)  # PBT logs every exploit at INFO
+pbt_module.random = RecordedPythonRandom()
+np.random.choice = np_choice
+np.random.uniform = np_uniform
+np.random.randint = np_randint
+
+
+def to_ray_space(value):
+    """dtrain's JSON domains -> Ray's search space objects (nested objects and lists kept)."""
+    if isinstance(value, dict):
+        kind = value.get("__domain__")
+        if kind == "uniform":
+            return tune.uniform(value["lower"], value["upper"])
+        if kind == "loguniform":
+            return tune.loguniform(value["lower"], value["upper"])
+        if kind == "quniform":
+            return tune.quniform(value["lower"], value["upper"], value["q"])
+        if kind == "randint":
+            return tune.randint(value["lower"], value["upper"])
+        if kind == "choice":
+            return tune.choice(value["categories"])
+        return {k: to_ray_space(v) for k, v in value.items()}
+    return value
+
+
+class FakeTrial:
+    def __init__(self, trial_id, config):
+        self.trial_id = trial_id
+        self.config = config
+        self.evaluated_params = {}
+        self.experiment_tag = trial_id
+        self.status = Trial.PENDING
+        self.checkpoint = None
+        self.last_result = {}
+        self.temporary_state = types.SimpleNamespace(saving_to=None)
+        self.run_metadata = types.SimpleNamespace(
+            checkpoint_manager=types.SimpleNamespace(
+                checkpoint_config=types.SimpleNamespace(num_to_keep=None),
+                _latest_checkpoint_result=None,
+            )
+        )
+
+    def is_finished(self):
+        return self.status in (Trial.TERMINATED, Trial.ERROR)
+
+    def set_experiment_tag(self, tag):
+        self.experiment_tag = tag
+
+    def set_config(self, config):
+        self.config = config
+
+    def __repr__(self):
+        return self.trial_id
+
+
+class FakeController:
+    search_alg = None
+
+    def __init__(self, trials):
+        self.trials = trials
+
+    def get_trials(self):
+        return list(self.trials)
+
+    def get_live_trials(self):
+        return [t for t in self.trials if not t.is_finished()]
+
+    def _schedule_trial_save(self, trial, result=None):
+        it = (result or trial.last_result).get("training_iteration")
+        return f"ckpt:{trial.trial_id}:{it}"
+
+    def pause_trial(self, trial, should_checkpoint=True):
+        trial.status = Trial.PAUSED
+
+
+def make_scheduler(case):
+    o = dict(case.get("options", {}))
+    kind = case["scheduler"]
+    if kind == "asha":
+        return AsyncHyperBandScheduler(**o)
+    if kind == "pbt":
+        o["hyperparam_mutations"] = to_ray_space(o["hyperparam_mutations"])
+        if "perturbation_factors" in o:
+            o["perturbation_factors"] = tuple(o["perturbation_factors"])
+        return PopulationBasedTraining(log_config=False, **o)
+    if kind == "fifo":
+        s = FIFOScheduler()
+        return s
+    raise ValueError(kind)
+
+
+def run_variants(case):
+    """Ray's variant generation (BasicVariantGenerator: num_samples passes over the grid)."""
+    from ray.tune.search.variant_generator import generate_variants
+
+    space = to_ray_space(case["variants"])
+    configs = []
+    for _ in range(case["num_samples"]):
+        for _, spec in generate_variants(space):
+            configs.append(spec)
+    return {"configs": configs, "draws_used": DRAWS.used}
+
+
+def run_case(case):
+    global DRAWS
+    DRAWS = Draws(case.get("draws", []))
+    if "variants" in case:
+        return run_variants(case)
+    sched = make_scheduler(case)
+    trials = [FakeTrial(t["id"], json.loads(json.dumps(t["config"]))) for t in case["trials"]]
+    by_id = {t.trial_id: t for t in trials}
+    ctl = FakeController(trials)
+    for t in trials:
+        sched.on_trial_add(ctl, t)
+    out = []
+    for ev in case["events"]:
+        t = by_id[ev["trial"]]
+        if t.is_finished():
+            out.append({"trial": t.trial_id, "decision": "SKIPPED"})
+            continue
+        t.status = Trial.RUNNING
+        rec = {"trial": t.trial_id}
+        if "complete" in ev:
+            t.last_result = ev["complete"]
+            sched.on_trial_complete(ctl, t, ev["complete"])
+            t.status = Trial.TERMINATED
+            rec["decision"] = "COMPLETE"
+        else:
+            result = ev["result"]
+            t.last_result = result
+            before = t.run_metadata.checkpoint_manager._latest_checkpoint_result
+            decision = sched.on_trial_result(ctl, t, result)
+            rec["decision"] = decision
+            if decision == "STOP":
+                t.status = Trial.TERMINATED
+                sched.on_trial_complete(ctl, t, result)
+            elif decision == "PAUSE":
+                t.status = Trial.PAUSED
+            after = t.run_metadata.checkpoint_manager._latest_checkpoint_result
+            if after is not before and after is not None:
+                rec["restored"] = after.checkpoint
+        rec["status"] = t.status
+        rec["config"] = t.config
+        out.append(rec)
+    return {"events": out, "draws_used": DRAWS.used}
+
+
+def main():
+    cases = json.load(open(sys.argv[1]))
+    results = [run_case(c) for c in cases]
+    json.dump(results, open(sys.argv[2], "w"), indent=1,
+              default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+// The Tuner end to end: real trials (Distributor jobs of this very binary, real processes
+// under the dtrain launcher), real reports through the driver's store.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "dtrain/collectives.h"
+#include "dtrain/process_group.h"
+#include "dtrain/tune.h"
+
+namespace fs = std::filesystem;
+using namespace dtrain::tune;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("dtrain-tune-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// Two processes per trial: the ranks really form a group; rank 0's metric counts.
+void two_rank_trainable(Config config) {
+  auto pg = dtrain::init_process_group();
+  const double x = config.at("x").get<double>();
+  for (int it = 1; it <= 3; ++it) {
+    torch::Tensor t = torch::ones({1}) * (pg->rank() + 1);
+    dtrain::all_reduce(t);
+    report({{"score", -(x - 2) * (x - 2) + 0.1 * it}, {"rank_sum", t.item<double>()}, {"world", pg->world_size()}});
+  }
+}
+
+// Learning curves for the schedulers: quality q, score q * (1 - 0.5^it); a checkpoint per
+// iteration holding the iteration and which trial wrote it.
+void curve_trainable(Config config) {
+  const double q = config.at("q").get<double>();
+  int start = 0;
+  double restored_other = 0;
+  if (auto ckpt = get_checkpoint()) {
+    std::ifstream in(fs::path(*ckpt) / "state");
+    std::string who;
+    in >> start >> who;
+    restored_other = who != trial_id() ? 1 : 0;
+  }
+  const int max_it = config.value("max_it", 8);
+  for (int it = start + 1; it <= max_it; ++it) {
+    const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+    fs::create_directories(tmp);
+    std::ofstream(tmp / "state") << it << " " << trial_id() << "\n";
+    double lr = config.contains("lr") ? config.at("lr").get<double>() : 1.0;
+    report({{"score", q * lr * (1 - std::pow(0.5, it))}, {"restored_other", restored_other}}, tmp.string());
+  }
+}
+
+// Fails once (after its first report and checkpoint), then completes from the checkpoint.
+void flaky_trainable(Config config) {
+  int start = 0;
+  if (auto ckpt = get_checkpoint()) std::ifstream(fs::path(*ckpt) / "state") >> start;
+  const fs::path marker = fs::path(trial_dir()) / "failed_once";
+  for (int it = start + 1; it <= 3; ++it) {
+    if (it == 2 && !fs::exists(marker) && config.value("fail", true)) {
+      std::ofstream(marker) << "1";
+      throw std::runtime_error("injected failure");
+    }
+    const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+    fs::create_directories(tmp);
+    std::ofstream(tmp / "state") << it;
+    report({{"score", static_cast<double>(it)}}, tmp.string());
+  }
+}
+
+void always_fails(Config) { throw std::runtime_error("always fails"); }
+
+}  // namespace
+
+TEST(TuneTuner, TwoProcessTrialsReportAndBestIsFound) {
+  const auto dir = fresh_dir("two-rank");
+  Tuner tuner(two_rank_trainable, Config{{"x", grid_search({1.0, 2.0, 3.0})}},
+              {.metric = "score", .mode = "max", .trial_resources = {.processes = 2},
+               .storage_path = dir.string(), .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 3u);
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    ASSERT_EQ(t.history.size(), 3u) << t.id;
+    EXPECT_EQ(t.last_result.at("world").get<int>(), 2);
+    EXPECT_EQ(t.last_result.at("rank_sum").get<double>(), 3.0);  // 1 + 2: both ranks took part
+    EXPECT_EQ(t.last_result.at("training_iteration").get<int>(), 3);
+  }
+  EXPECT_EQ(grid.best_result().config.at("x").get<double>(), 2.0);
+  std::ifstream csv(fs::path(grid.experiment_dir()) / "results.csv");
+  std::string line;
+  int lines = 0;
+  while (std::getline(csv, line)) ++lines;
+  EXPECT_EQ(lines, 4);  // header + 3 trials
+  fs::remove_all(dir);
+}
+
+TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
+  const auto dir = fresh_dir("asha");
+  auto asha = std::make_shared<AshaScheduler>(AshaOptions{.max_t = 8, .grace_period = 1, .reduction_factor = 2});
+  Tuner tuner(curve_trainable, Config{{"q", grid_search({0.6, 0.5, 0.4, 0.3, 0.2, 0.1})}},
+              {.metric = "score", .mode = "max", .scheduler = asha, .max_concurrent_trials = 2,
+               .storage_path = dir.string(), .verbose = false});
+  ResultGrid grid = tuner.fit();
+  // The best trials come first, so the later ones meet filled rungs whatever the timing.
+  int stopped_early = 0, total = 0;
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    total += static_cast<int>(t.history.size());
+    // Stopped trials end at a rung (1, 2, 4) or at max_t.
+    const int n = static_cast<int>(t.history.size());
+    EXPECT_TRUE(n == 1 || n == 2 || n == 4 || n == 8) << t.id << " ran " << n;
+    stopped_early += n < 8;
+  }
+  EXPECT_GT(stopped_early, 0);
+  EXPECT_LT(total, 6 * 8);
+  EXPECT_EQ(grid.best_result().config.at("q").get<double>(), 0.6);
+  EXPECT_GT(asha->num_stopped(), 0);
+  fs::remove_all(dir);
+}
+
+// One trial at a time makes it deterministic: each trial pauses at iteration 2 (others are
+// waiting: Ray's PAUSE), the best ones checkpoint as the upper quantile, and the worst one,
+// back at iteration 4, clones the best one's checkpoint and reports on from there.
+TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
+  const auto dir = fresh_dir("pbt");
+  auto pbt = std::make_shared<PbtScheduler>(PbtOptions{
+      .time_attr = "training_iteration", .perturbation_interval = 2,
+      .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  Tuner tuner(curve_trainable, Config{{"q", grid_search({0.1, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 6}},
+              {.metric = "score", .mode = "max", .scheduler = pbt, .max_concurrent_trials = 1,
+               .storage_path = dir.string(), .seed = 3, .verbose = false});
+  ResultGrid grid = tuner.fit();
+  bool some_restored = false;
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    for (const auto& h : t.history) some_restored |= h.at("restored_other").get<double>() == 1.0;
+  }
+  EXPECT_GT(pbt->num_perturbations(), 0);
+  EXPECT_TRUE(some_restored) << "no trial started from another trial's checkpoint";
+  fs::remove_all(dir);
+}
+
+TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
+  const auto dir = fresh_dir("retry");
+  Tuner tuner(flaky_trainable, Config{{"fail", true}},
+              {.metric = "score", .mode = "max", .max_failures = 1, .storage_path = dir.string(), .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  const auto& t = grid[0];
+  EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+  EXPECT_EQ(t.num_failures, 1);
+  ASSERT_EQ(t.history.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(t.history[i].at("training_iteration").get<int>(), i + 1);
+
+  const auto dir2 = fresh_dir("error");
+  Tuner failing(always_fails, Config{{"a", 1}},
+                {.metric = "score", .mode = "max", .max_failures = 0, .storage_path = dir2.string(), .verbose = false});
+  ResultGrid g2 = failing.fit();
+  EXPECT_EQ(g2.num_errors(), 1);
+  EXPECT_NE(g2[0].error.find("always fails"), std::string::npos) << g2[0].error;
+  EXPECT_EQ(g2[0].num_failures, 1);
+  EXPECT_THROW(g2.best_result(), dtrain::UsageError);
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
+TEST(TuneTuner, BadOptionsAreClearErrors) {
+  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.num_samples = 0}), dtrain::UsageError);
+  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.trial_resources = {.processes = 0}}), dtrain::UsageError);
+  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.mode = "maximum"}), dtrain::UsageError);
+  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.scheduler = std::make_shared<AshaScheduler>()}).fit(),
+               dtrain::UsageError);  // ASHA without metric/mode
+  EXPECT_THROW(report({{"a", 1}}), dtrain::UsageError);  // not in a trial
+}
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);  // a trial's worker runs its trainable here and exits
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
