@@ -1,7 +1,8 @@
 # Spark engine (issue #12): sizing and the spark-submit command as unit tests (no cluster, no
 # GPU), and the real thing: a Spark standalone master + 2 workers (pip's pyspark, Debian's
-# Java) on loopback, started once by tests/spark/spark_test.sh for every case. It FAILS when
-# Java or pyspark is missing. RUN_SERIAL: JVMs on 2 cores.
+# Java) as separate hosts (network namespaces n0, n1, n2; root), started once by
+# tests/spark/spark_test.sh for every case, the Fashion-MNIST example among them. It FAILS
+# when root, Java, pyspark or the data is missing. RUN_SERIAL: JVMs on 2 cores.
 dtrain_test(spark_plan_test LABELS spark SOURCES spark/spark_plan_test.cpp)
 
 add_executable(spark_driver spark/spark_driver.cpp)
@@ -9,4 +10,4 @@ target_link_libraries(spark_driver PRIVATE dtrain)
 add_test(NAME spark.cluster
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/spark/spark_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:spark_driver> ${PROJECT_SOURCE_DIR}/python)
-set_tests_properties(spark.cluster PROPERTIES LABELS spark TIMEOUT 400 RUN_SERIAL TRUE)
+set_tests_properties(spark.cluster PROPERTIES LABELS spark TIMEOUT 600 RUN_SERIAL TRUE)

@@ -1,12 +1,15 @@
 // A Distributor driver on the Spark engine for tests/spark/spark_test.sh.
 //   spark_driver --master URL [--nproc N] [--per-task K] [--fail-rank R] [--crash-rank R]
-//                [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R]
-// Prints "result rank=R sum=S" per rank, "program ok", "WorkerError rank=R host=H exit=E
+//                [--crash-host H] [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R]
+// --crash-host H: the worker of local rank 1 on host H raises SIGSEGV (Spark places the
+// tasks, so which rank runs on H is known only there).
+// Prints "result rank=R sum=S host=H" per rank, "program ok", "WorkerError rank=R host=H exit=E
 // signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -15,14 +18,25 @@
 
 namespace {
 
-std::string where(int fail_rank, int crash_rank, int sleep_rank) {
+std::string hostname() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::string& crash_host) {
   auto pg = dtrain::init_process_group();
   if (pg->rank() == fail_rank) throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank));
   auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
   dtrain::all_reduce(t);
-  if (pg->rank() == crash_rank) std::raise(SIGSEGV);
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  if (pg->rank() == crash_rank ||
+      (!crash_host.empty() && hostname() == crash_host && local_rank && std::string(local_rank) == "1")) {
+    std::raise(SIGSEGV);
+  }
   if (pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
-  return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>()));
+  return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>())) +
+         " host=" + hostname();
 }
 
 }  // namespace
@@ -32,7 +46,7 @@ int main(int argc, char** argv) {
   dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
   o.cluster.engine = "spark";
   int fail_rank = -1, crash_rank = -1, sleep_rank = -1;
-  std::string program;
+  std::string program, crash_host;
   std::vector<std::string> program_args;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
@@ -50,6 +64,7 @@ int main(int argc, char** argv) {
     else if (flag == "--per-task") o.cluster.spark_processes_per_task = std::stoi(value);
     else if (flag == "--fail-rank") fail_rank = std::stoi(value);
     else if (flag == "--crash-rank") crash_rank = std::stoi(value);
+    else if (flag == "--crash-host") crash_host = value;
     else if (flag == "--sleep-rank") sleep_rank = std::stoi(value);
     else if (flag == "--slot-timeout") o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
     else if (flag == "--program") program = value;
@@ -65,7 +80,7 @@ int main(int argc, char** argv) {
       std::printf("program ok\n");
       return 0;
     }
-    for (const auto& r : d.run_all(where, fail_rank, crash_rank, sleep_rank)) std::printf("result %s\n", r.c_str());
+    for (const auto& r : d.run_all(where, fail_rank, crash_rank, sleep_rank, crash_host)) std::printf("result %s\n", r.c_str());
     return 0;
   } catch (const dtrain::WorkerError& e) {
     std::printf("WorkerError rank=%d host=%s exit=%d signal=%d type=%s message=%s\n", e.rank(),

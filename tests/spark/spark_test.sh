@@ -1,40 +1,56 @@
 #!/usr/bin/env bash
-# The Spark engine on a real Spark standalone cluster (master + 2 workers x 2 cores on
-# loopback, started once here): the C++ Distributor's function and program modes, a crash on
-# the second node, too few slots, the driver SIGKILLed, `dtrain run --spark-master`, and the
-# Python module dtrain.spark. Fails (never skips) when Java or pyspark is missing.
+# The Spark engine on a real Spark standalone cluster of separate hosts (network namespaces,
+# started once here): the master on n0, where the drivers run too (a Databricks driver node),
+# and a worker of 2 cores on n1 and on n2, each with its own address; the drivers reach the
+# workers over that network only. Then: the C++ Distributor's function mode (every rank's
+# result, 2 ranks on each worker host) and program mode (the Fashion-MNIST example, 2 nodes x
+# 2 processes, to accuracy), a crash on the second worker (WorkerError naming n2), too few
+# slots, `dtrain run --spark-master`, the Python module dtrain.spark, and the driver SIGKILLed
+# (no dtrain process left on any host). Everything (processes, namespaces, veths) is torn
+# down after. Fails (never skips) when root, Java, pyspark or the data is missing.
 #   spark_test.sh BUILD_DIR DTRAIN SPARK_DRIVER PYTHON_DIR
 source "$(dirname "$0")/lib.sh"
 BUILD="$(realpath "$1")" DTRAIN="$(realpath "$2")" DRIVER="$(realpath "$3")" PYDIR="$(realpath "$4")"
+FM="$BUILD/examples/fashion_mnist"
+[[ -x "$FM" ]] || fail "$FM is not built: run scripts/setup.sh"
+[[ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] || fail "dataset-fashion-mnist is not installed: run scripts/setup.sh"
 export DTRAIN_LAUNCHER="$DTRAIN"
 spark_init
-spark_up 2
+t0=$SECONDS
+spark_hosts_up 2
+echo "Spark hosts up in $((SECONDS - t0)) s"
 CONF="$T/driver.out"
 t0=$SECONDS
 
-# Our own processes on the workers: the dtrain agents and the driver's re-executed workers.
-ours() { pgrep -f "^($DTRAIN|$DRIVER)( |$)" 2>/dev/null | grep -vx "$$" || true; }
+# Our own processes on a host: the dtrain agents and the driver's re-executed workers.
+OURS="^($DTRAIN|$DRIVER)( |$)"
 
 # 1. Function mode, 2 tasks x 2 processes: every rank's result comes back to the driver.
-"$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 >"$CONF" 2>"$T/driver.err" ||
-  { cat "$T/driver.err" >&2; fail "function mode: driver exited $?"; }
+on n0 "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 >"$CONF" 2>"$T/driver.err"
+rc=$?
+[[ $rc -eq 0 ]] || { cat "$CONF" "$T/driver.err" >&2; fail "function mode: driver exited $rc"; }
 for r in 0 1 2 3; do
-  grep -qx "result rank=$r sum=10" "$CONF" || { cat "$CONF" "$T/driver.err" >&2; fail "function mode: no result of rank $r"; }
+  grep -qx "result rank=$r sum=10 host=n[12]" "$CONF" || { cat "$CONF" "$T/driver.err" >&2; fail "function mode: no result of rank $r from a worker host"; }
 done
-pass "function mode on Spark: 4 ranks in 2 barrier tasks, all-reduce sum 10 back on the driver ($((SECONDS - t0)) s)"
+# One task per worker host: ranks 0-1 (node 0) on one of them, ranks 2-3 (node 1) on the other.
+h0="$(sed -n 's/^result rank=0 .* host=//p' "$CONF")" h2="$(sed -n 's/^result rank=2 .* host=//p' "$CONF")"
+grep -qx "result rank=1 sum=10 host=$h0" "$CONF" && grep -qx "result rank=3 sum=10 host=$h2" "$CONF" && [[ "$h0" != "$h2" ]] ||
+  { cat "$CONF" >&2; fail "function mode: expected ranks 0-1 on one worker host and 2-3 on the other"; }
+pass "function mode on Spark: 4 ranks in 2 barrier tasks (ranks 0-1 on $h0, 2-3 on $h2), all-reduce sum 10 back on the driver on n0 ($((SECONDS - t0)) s)"
 
-# 2. Rank 3 (node 1, the second task) crashes after the collective: WorkerError naming it.
+# 2. A crash on the second worker host: the worker of local rank 1 on n2 (rank 1 or 3, as
+#    Spark placed the tasks) raises SIGSEGV after the collective: WorkerError naming n2.
 t1=$SECONDS
-"$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --crash-rank 3 >"$CONF" 2>"$T/driver.err"
+on n0 "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --crash-host n2 >"$CONF" 2>"$T/driver.err"
 rc=$?
 [[ $rc -eq 1 ]] || { cat "$CONF" "$T/driver.err" >&2; fail "crash: driver exit $rc, expected 1"; }
-grep -q "^WorkerError rank=3 host=$(hostname) exit=139 signal=11" "$CONF" ||
-  { cat "$CONF" "$T/driver.err" >&2; fail "crash: no WorkerError naming rank 3, its host and SIGSEGV"; }
-pass "a SIGSEGV on rank 3 comes back as WorkerError rank 3, host, signal 11 ($((SECONDS - t1)) s)"
+grep -Eq "^WorkerError rank=[13] host=n2 exit=139 signal=11" "$CONF" ||
+  { cat "$CONF" "$T/driver.err" >&2; fail "crash: no WorkerError naming rank 1 or 3 on host n2 and SIGSEGV"; }
+pass "a SIGSEGV on n2 comes back as $(grep -o '^WorkerError rank=[0-9]* host=n2 exit=139 signal=11' "$CONF") ($((SECONDS - t1)) s)"
 
 # 3. Too few slots (8 tasks, the cluster has 4): a clear error within the slot timeout.
 t1=$SECONDS
-"$DRIVER" --master "$SPARK_MASTER_URL" --nproc 8 --per-task 1 --slot-timeout 8 >"$CONF" 2>"$T/driver.err"
+on n0 "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 8 --per-task 1 --slot-timeout 8 >"$CONF" 2>"$T/driver.err"
 rc=$?
 [[ $rc -eq 1 ]] || { cat "$CONF" "$T/driver.err" >&2; fail "slots: driver exit $rc, expected 1"; }
 # (spark-submit passes the PySpark driver's stderr to its stdout.)
@@ -46,12 +62,12 @@ pass "8 tasks on 4 slots: a clear error after $((SECONDS - t1)) s, not a hang"
 #    failing rank's exit code (7) as dtrain's. Rank 2 fails 3 s after printing, so that the
 #    others have printed before its failure stops them.
 t1=$SECONDS
-"$DTRAIN" run --spark-master "$SPARK_MASTER_URL" --nnodes 2 --nproc-per-node 2 \
-  /bin/sh -c 'echo "hello from $RANK of $WORLD_SIZE"; [ "$RANK" = 2 ] && sleep 3; exit $((RANK == 2 ? 7 : 0))' >"$CONF" 2>"$T/driver.err"
+on n0 "$DTRAIN" run --spark-master "$SPARK_MASTER_URL" --nnodes 2 --nproc-per-node 2 \
+  /bin/sh -c 'echo "hello from $RANK of $WORLD_SIZE on $(hostname)"; [ "$RANK" = 2 ] && sleep 3; exit $((RANK == 2 ? 7 : 0))' >"$CONF" 2>"$T/driver.err"
 rc=$?
 [[ $rc -eq 7 ]] || { cat "$CONF" "$T/driver.err" >&2; fail "cli: exit $rc, expected 7"; }
 for r in 0 1 2 3; do
-  grep -q "^\[default$r\]:hello from $r of 4" "$CONF" || { cat "$CONF" >&2; fail "cli: no prefixed line of rank $r"; }
+  grep -Eq "^\[default$r\]:hello from $r of 4 on n[12]$" "$CONF" || { cat "$CONF" >&2; fail "cli: no prefixed line of rank $r from a worker host"; }
 done
 grep -q "rank       : 2" "$CONF" && grep -q "exit code  : 7" "$CONF" ||
   { cat "$T/driver.err" >&2; fail "cli: the root cause does not name rank 2, exit code 7"; }
@@ -65,7 +81,7 @@ import sys
 from pyspark.sql import SparkSession
 from dtrain.spark import Distributor
 spark = SparkSession.builder.master("$SPARK_MASTER_URL").appName("dtrain-test") \
-    .config("spark.task.maxFailures", "1").config("spark.driver.host", "127.0.0.1").getOrCreate()
+    .config("spark.task.maxFailures", "1").getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 ok = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo module rank \$RANK")
 bad = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "exit \$((RANK == 1 ? 5 : 0))")
@@ -73,26 +89,52 @@ local = Distributor(num_processes=2, local_mode=True, dtrain="$DTRAIN").run("/bi
 spark.stop()
 print("statuses", ok, bad, local, flush=True)
 PY
-PYTHONPATH="$PYDIR" "$PY" "$T/module.py" >"$CONF" 2>"$T/driver.err" || { cat "$CONF" "$T/driver.err" >&2; fail "module: python failed"; }
+on n0 env PYTHONPATH="$PYDIR" "$PY" "$T/module.py" >"$CONF" 2>"$T/driver.err" || { cat "$CONF" "$T/driver.err" >&2; fail "module: python failed"; }
 grep -qx "statuses 0 5 0" "$CONF" && grep -q "module rank 1" "$CONF" && grep -q "local rank 1" "$CONF" ||
   { cat "$CONF" "$T/driver.err" >&2; fail "module: expected statuses 0 5 0 and both ranks' output"; }
 pass "dtrain.spark.Distributor(...).run(program): 0, the failing rank 1's 5, local mode 0 ($((SECONDS - t1)) s)"
 
-# 6. The driver SIGKILLed while training runs: no dtrain agent or worker is left on the workers.
+# 6. The Fashion-MNIST example in program mode, 2 nodes x 2 processes on n1 and n2 (1 epoch,
+#    test accuracy >= 0.80 as the Slurm test asks): its JSON result line reaches the driver.
 t1=$SECONDS
-"$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --sleep-rank 1 >"$CONF" 2>"$T/driver.err" &
-drv=$!
+on n0 "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --program "$FM" --epochs 1 --log-every 100 >"$CONF" 2>"$T/driver.err"
+rc=$?
+[[ $rc -eq 0 ]] || { tail -n 30 "$CONF" "$T/driver.err" >&2; fail "Fashion-MNIST: driver exited $rc"; }
+grep -qx "program ok" "$CONF" || { tail -n 30 "$CONF" >&2; fail "Fashion-MNIST: the driver did not report success"; }
+json="$(grep -o '{.*"test_accuracy".*}' "$CONF" | tail -1)"
+[[ -n "$json" ]] || { tail -n 30 "$CONF" "$T/driver.err" >&2; fail "Fashion-MNIST: no result line on the driver"; }
+"$PY" -c '
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["world_size"] == 4, r
+assert r["test_accuracy"] >= 0.80, r
+print("fashion_mnist on Spark, 2 nodes x 2: world_size %d, test accuracy %.4f, %.0f samples/s" % (r["world_size"], r["test_accuracy"], r["samples_per_s"]))
+' "$json" || fail "Fashion-MNIST result: $json"
+grep -q "^\[default0\]:epoch 1 test accuracy" "$CONF" || { tail -n 30 "$CONF" >&2; fail "Fashion-MNIST: rank 0's progress missing on the driver"; }
+pass "Fashion-MNIST example in program mode on n1 + n2, 2 x 2 processes, to accuracy ($((SECONDS - t1)) s)"
+
+# 7. The driver SIGKILLed while training runs: after a bounded wait no dtrain agent or worker
+#    is left on any host, and no spark-submit of it on n0.
+t1=$SECONDS
+bg_on n0 "$CONF" "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --sleep-rank 1
+drv=$BG_PID
 deadline=$((SECONDS + 90))
-until (($(ours | wc -l) >= 6)); do
-  ((SECONDS < deadline)) || { kill -KILL $drv; cat "$T/driver.err" >&2; fail "kill: the workers did not start within 90 s"; }
+# Each worker host: its agent and its 2 workers (the driver's binary, re-executed).
+until [[ $(host_procs n1 "$OURS" | grep -o '; ' | wc -l) -ge 3 && $(host_procs n2 "$OURS" | grep -o '; ' | wc -l) -ge 3 ]]; do
+  ((SECONDS < deadline)) || { kill -KILL $drv; cat "$CONF" >&2; fail "kill: the agents and workers did not start on n1 and n2 within 90 s"; }
+  kill -0 $drv 2>/dev/null || { cat "$CONF" >&2; fail "kill: the driver exited before training started"; }
   sleep 0.3
 done
 kill -KILL $drv
 wait $drv 2>/dev/null
 deadline=$((SECONDS + 30))
-while [[ -n "$(ours)" ]]; do
-  ((SECONDS < deadline)) || { ps -o pid,ppid,args -p "$(ours | tr '\n' ',' | sed 's/,$//')" >&2; fail "kill: dtrain processes left 30 s after the driver was SIGKILLed"; }
-  sleep 0.3
+for h in n0 n1 n2; do
+  pattern="$OURS"
+  [[ $h == n0 ]] && pattern="$OURS|spark\.py"
+  while [[ -n "$(host_procs $h "$pattern")" ]]; do
+    ((SECONDS < deadline)) || fail "kill: processes left on $h 30 s after the driver was SIGKILLed: $(host_procs $h "$pattern")"
+    sleep 0.3
+  done
 done
-pass "driver SIGKILLed during training: no dtrain process left after $((SECONDS - t1)) s in all"
+pass "driver on n0 SIGKILLed during training: no dtrain process left on n0, n1 or n2 after $((SECONDS - t1)) s in all"
 echo "spark suite: $((SECONDS - t0)) s on the cluster"
