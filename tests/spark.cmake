@@ -10,4 +10,4 @@ target_link_libraries(spark_driver PRIVATE dtrain)
 add_test(NAME spark.cluster
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/spark/spark_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:spark_driver> ${PROJECT_SOURCE_DIR}/python)
-set_tests_properties(spark.cluster PROPERTIES LABELS spark TIMEOUT 600 RUN_SERIAL TRUE)
+set_tests_properties(spark.cluster PROPERTIES LABELS spark TIMEOUT 900 RUN_SERIAL TRUE)

@@ -155,6 +155,18 @@ spark_hosts_up() {
   for c in ip nsenter unshare ss; do
     command -v "$c" >/dev/null 2>&1 || fail "missing '$c': run scripts/setup.sh (iproute2, util-linux)"
   done
+  # Hosts of an earlier run killed before its clean-up (a ctest timeout): their namespaces are
+  # named after its PID, which no longer runs.
+  local stale
+  for stale in $(ip netns list 2>/dev/null | grep -oE '^dts[0-9]+(n[0-2]|br)\b'); do
+    local owner="${stale#dts}"
+    owner="${owner%n[0-2]}"
+    owner="${owner%br}"
+    kill -0 "$owner" 2>/dev/null && continue
+    echo "removing the namespace $stale of an earlier run (process $owner is gone)" >&2
+    for pid in $(ip netns pids "$stale" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+    ip netns del "$stale" 2>/dev/null
+  done
   # A switch: a bridge in a namespace of its own, so that nothing of this network touches the
   # machine's own (no interface, no route outside the namespaces).
   ip netns add "$br" || fail "ip netns add $br"
@@ -179,7 +191,12 @@ spark_hosts_up() {
   done
   chmod 644 "$T/hosts"
   # Daemons' settings as each host's spark-env.sh would give them; no loopback driver host.
-  printf 'spark.ui.enabled false\n' >"$SPARK_CONF_DIR/spark-defaults.conf"
+  # JVMs on 2 shared cores: the client compiler only and the serial collector start them
+  # faster (no C2 or parallel GC threads competing with the training processes).
+  local jvm="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+  export SPARK_DAEMON_JAVA_OPTS="$jvm" SPARK_LAUNCHER_OPTS="$jvm"
+  printf 'spark.ui.enabled false\nspark.driver.extraJavaOptions %s\nspark.executor.extraJavaOptions %s\n' "$jvm" "$jvm" \
+    >"$SPARK_CONF_DIR/spark-defaults.conf"
   unset SPARK_LOCAL_IP
   local port=7077 m
   m="$(host_addr n0)"
