@@ -78,7 +78,8 @@ def run(cmd, log_dir, ckpt_dir) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build-torch2"))
-    ap.add_argument("--torchrun", default=os.path.join(ROOT, ".venv", "bin", "torchrun"))
+    venv = os.environ.get("DTRAIN_VENV", os.path.join(ROOT, ".venv"))
+    ap.add_argument("--torchrun", default=os.path.join(venv, "bin", "torchrun"))
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     dtrain = os.path.join(a.build, "dtrain")
