@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--torchrun", default=os.path.join(venv, "bin", "torchrun"))
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
-    dtrain = os.path.join(a.build, "dtrain")
+    dtrain = os.path.join(a.build, "tools", "dtrain")
     worker = os.path.join(a.build, "tests", "elastic_train_worker")
     for path in (dtrain, worker, a.torchrun):
         if not os.path.exists(path):

@@ -60,7 +60,7 @@ start_pair() {
   L="$O/logs"
   mkdir -p "$L" "$O/ckpt"
   local common=(run --nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "n1:$2" --rdzv-id "$1"
-    --monitor-interval 0.1 --max-restarts 1 --rdzv-timeout 10 --rdzv-conf last_call_timeout=1,heartbeat_timeout=2)
+    --monitor-interval 0.1 --max-restarts 1 --rdzv-timeout 10 --rdzv-conf last_call_timeout=4,heartbeat_timeout=2)
   local worker=("$W" --size 240 --batch 8 --epochs 2 --commit-every 3 --step-sleep 0.2 --log-dir "$L"
     --checkpoint-dir "$O/ckpt")
   bg_on n1 "$O/n1.log" "$DTRAIN" "${common[@]}" "${worker[@]}"
@@ -73,7 +73,7 @@ start_pair() {
     ((SECONDS < deadline)) || fail "$1: training did not reach step 4: $(cat "$O/n1.log" "$O/n2.log")"
     sleep 0.1
   done
-  grep -q "world 2" "$O/n1.log" || fail "$1: the job did not start on both hosts: $(cat "$O/n1.log")"
+  grep -q "world 2" "$O/n1.log" || fail "$1: the job did not start on both hosts: $(cat "$O/n1.log"; echo "--- n2:"; cat "$O/n2.log")"
 }
 
 # wait_exit PID SECONDS: waits for a background job; its exit status in RC (124 at the deadline).
@@ -92,6 +92,7 @@ wait_exit() {
 t=$SECONDS
 start_pair killagent 29410
 kill -KILL "$B_PID"
+wait "$B_PID" 2>/dev/null
 wait_exit "$A_PID" 90
 [[ $RC -eq 0 ]] || fail "agent SIGKILLed: n1's agent exited $RC: $(cat "$O/n1.log")"
 grep -q "stopped responding\|lost the connection\|left the group\|Connection" "$O/n1.log" ||
