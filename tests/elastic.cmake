@@ -10,8 +10,9 @@ add_executable(elastic_train_worker elastic/elastic_train_worker.cpp)
 target_link_libraries(elastic_train_worker PRIVATE dtrain CLI11::CLI11)
 target_compile_options(elastic_train_worker PRIVATE ${DTRAIN_WARNINGS})
 dtrain_test(elastic_resume_test LABELS elastic SOURCES elastic/resume_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(elastic_resume_test PRIVATE ELASTIC_TRAIN_WORKER_BIN="$<TARGET_FILE:elastic_train_worker>")
-add_dependencies(elastic_resume_test elastic_train_worker dtrain_cli)
+target_compile_definitions(elastic_resume_test PRIVATE ELASTIC_TRAIN_WORKER_BIN="$<TARGET_FILE:elastic_train_worker>"
+                           FASHION_MNIST_BIN="$<TARGET_FILE:fashion_mnist>")
+add_dependencies(elastic_resume_test elastic_train_worker dtrain_cli fashion_mnist)
 
 # The node-level scenarios on network-namespace hosts (root; label cluster, so it runs with
 # the other cluster tests in the 1.13 build, see scripts/run_tests.sh): an agent SIGKILLed,

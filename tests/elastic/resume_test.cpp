@@ -292,4 +292,29 @@ TEST(ElasticResume, ShrinkBelowMinFailsWithTheReason) {
   expect_no_process_left(read_logs(logs.path));
 }
 
+// The Fashion-MNIST example with --elastic under `dtrain run --nnodes 1:2 --max-restarts 1`:
+// rank 1 crashes at step 35 of the epoch's 118 (batch 256 per rank); the restarted workers
+// resume from the commit of step 30 by themselves and the epoch ends with exactly its 60000
+// samples seen.
+TEST(ElasticResume, FashionMnistExampleResumesAfterACrash) {
+  TempDir ckpt;
+  const int port = dtrain::test::free_port(INADDR_LOOPBACK);
+  std::vector<std::string> argv = {DTRAIN_BIN, "run", "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "1",
+                                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + std::to_string(port),
+                                   "--rdzv-id", "fmnist", "--rdzv-conf", "last_call_timeout=0.3", "--monitor-interval",
+                                   "0.1", FASHION_MNIST_BIN, "--elastic", "--checkpoint-dir", ckpt.path.string(),
+                                   "--checkpoint-every", "10", "--epochs", "1", "--crash-at-step", "35", "--batch-size", "256",
+                                   "--log-every", "0", "--no-eval"};
+  Process p = Process::start(argv, clean_env());
+  RunResult r = p.finish(180s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(has(r.err, "crashing on purpose on rank 1 at step 35")) << describe(r);
+  EXPECT_TRUE(has(r.out, "resumed from disk:" + ckpt.path.string() + "/elastic_30.pt: epoch 0, sample 15360 of 60000, "
+                                                                     "step 30 (committed at world size 2, now 2)") ||
+              has(r.err, "resumed from disk:" + ckpt.path.string() + "/elastic_30.pt: epoch 0, sample 15360 of 60000, "
+                                                                     "step 30 (committed at world size 2, now 2)"))
+      << describe(r);
+  EXPECT_TRUE(has(r.out, "\"samples_seen\":60000,\"steps\":118,")) << describe(r);
+}
+
 }  // namespace
