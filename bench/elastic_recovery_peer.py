@@ -9,6 +9,10 @@ one and skips the batches of the epoch already done (DistributedSampler: same wo
 It writes LOG_DIR/attempt<TORCHELASTIC_RESTART_COUNT>_rank<RANK>.log with the lines the C++
 worker writes ("killing myself at T", "first_step S T") for the bench to read.
 """
+import time
+
+T0 = time.time()  # before importing torch
+
 import argparse
 import glob
 import os
@@ -38,7 +42,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log = open(os.path.join(a.log_dir, f"attempt{restart}_rank{rank}.log"), "w", buffering=1)
-    log.write(f"pid {os.getpid()}\n")
+    log.write(f"pid {os.getpid()}\nstarted_at {T0:.6f}\ninit_done {time.time():.6f}\n")
 
     torch.manual_seed(7)
     x_all = torch.randn(a.size, 16)

@@ -3,6 +3,7 @@
 // cosine learning rate driven by ElasticState::progress(), on a synthetic dataset; the whole
 // loop is ElasticState's. Per rank it writes LOG_DIR/attempt<TORCHELASTIC_RESTART_COUNT>_rank<RANK>.log:
 //   pid P            this process
+//   started_at T     unix time main() began; init_done T: the process group is up
 //   resume S W       the step it starts from (0 on a fresh start) and the world size
 //   step S E i j ... the samples this rank trained on in step S of epoch E (written before
 //                    the step's collectives, so a step that never completed is logged too)
@@ -30,6 +31,7 @@ double unix_now() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const double started_at = unix_now();  // main() entered (libtorch is loaded by then)
   CLI::App app{"elastic resume test worker"};
   int64_t size = 240, batch = 8, epochs = 2, commit_every = 3, kill_at_step = 0;
   int kill_rank = 1;
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
     std::string log_path = log_dir + "/attempt" + std::to_string(restart) + "_rank" + std::to_string(rank) + ".log";
     FILE* log = std::fopen(log_path.c_str(), "w");
     if (!log) throw dtrain::Error("cannot write " + log_path);
-    std::fprintf(log, "pid %d\n", static_cast<int>(::getpid()));
+    std::fprintf(log, "pid %d\nstarted_at %.6f\ninit_done %.6f\n", static_cast<int>(::getpid()), started_at, unix_now());
     std::fflush(log);
 
     torch::manual_seed(7);
