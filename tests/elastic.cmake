@@ -21,3 +21,6 @@ add_test(NAME cluster.elastic
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/elastic_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:elastic_train_worker>)
 set_tests_properties(cluster.elastic PROPERTIES LABELS cluster TIMEOUT 300 RUN_SERIAL TRUE)
+
+# ElasticSampler on its own (no processes): DistributedSampler parity, exactly-once re-split.
+dtrain_test(elastic_sampler_test LABELS elastic SOURCES elastic/elastic_sampler_test.cpp TORCH)

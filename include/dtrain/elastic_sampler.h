@@ -46,6 +46,8 @@ class ElasticSampler {
   // This rank's indices of the next global batch, advancing offset() past the whole global
   // batch; nullopt when the epoch is done. Every rank must call it the same number of times
   // (the result may be empty on some ranks at the epoch's end, never nullopt on some only).
+  // Keep the result in a variable (`while (auto b = next_batch())`): `for (i : *next_batch())`
+  // iterates a temporary that is already destroyed.
   std::optional<std::vector<int64_t>> next_batch();
   // Global batches left in this epoch (the steps every rank will still take).
   int64_t steps_left() const;
