@@ -44,6 +44,7 @@ struct Config {
   std::string backend = "auto";      // init_process_group's backend
   int64_t crash_at_step = 0;         // failure drills: exit(3) after this step on crash_rank
   int crash_rank = 1;
+  bool elastic = false;  // ElasticState: resume by itself after a restart, at any world size
 };
 
 }  // namespace
@@ -248,6 +249,80 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   return 0;
 }
 
+
+// --elastic: the same training through dtrain::ElasticState (dtrain/elastic_state.h). A job
+// restarted by `dtrain run --max-restarts` / `--nnodes MIN:MAX` resumes from the newest commit
+// by itself - parameters, Adam state, learning rate, RNG and the position in the epoch - and
+// reads each remaining sample of the epoch exactly once even at a new world size. The cosine
+// schedule follows the fraction of samples seen, so it does not depend on the world size.
+int train_elastic(const Config& cfg) {
+  auto pg = dtrain::init_process_group({.backend = cfg.backend});
+  const int rank = pg->rank(), world = pg->world_size();
+  auto train_set = fashion_mnist::load_split(cfg.data_dir, true);
+  auto test_set = fashion_mnist::load_split(cfg.data_dir, false);
+  torch::manual_seed(cfg.seed);
+  auto model = make_model(cfg.model);
+  dtrain::DistributedDataParallel ddp(model);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
+  dtrain::ElasticState es(*model, &optimizer, train_set.labels.size(0),
+                          {.checkpoint_dir = cfg.checkpoint_dir, .batch_size = cfg.batch_size, .seed = cfg.seed,
+                           .commit_every = cfg.checkpoint_every});
+  es.restore();
+  auto t0 = std::chrono::steady_clock::now();
+  const int64_t samples_at_start = es.samples_seen();
+  double accuracy = -1;
+  for (; es.epoch() < cfg.epochs; es.end_epoch()) {
+    while (auto batch = es.next_batch()) {
+      if (cfg.schedule == "cosine") {
+        double lr = cfg.lr * 0.5 * (1 + std::cos(M_PI * es.progress(cfg.epochs)));
+        for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
+      }
+      auto idx = torch::tensor(*batch, torch::kLong);
+      optimizer.zero_grad();
+      auto out = ddp(train_set.images.index_select(0, idx));
+      // An epoch's last global batch may leave a rank without samples; it still joins the step.
+      auto loss = idx.numel() > 0 ? torch::nn::functional::cross_entropy(out, train_set.labels.index_select(0, idx))
+                                  : out.sum() * 0;
+      loss.backward();
+      optimizer.step();
+      if (cfg.crash_at_step > 0 && es.step() + 1 == cfg.crash_at_step && rank == cfg.crash_rank &&
+          dtrain::WorkerEnv::from_environ()->restart_count == 0) {
+        std::fprintf(stderr, "fashion_mnist: crashing on purpose on rank %d at step %lld (--crash-at-step)\n", rank,
+                     static_cast<long long>(es.step() + 1));
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      es.step_done();
+      if (rank == 0 && cfg.log_every > 0 && es.step() % cfg.log_every == 0) {
+        std::printf("epoch %lld step %lld world %d loss %.4f\n", static_cast<long long>(es.epoch() + 1),
+                    static_cast<long long>(es.step()), world, loss.item<double>());
+        std::fflush(stdout);
+      }
+      if (cfg.max_steps > 0 && es.step() >= cfg.max_steps) break;
+    }
+    if (cfg.max_steps > 0 && es.step() >= cfg.max_steps) break;
+    if (!cfg.no_eval) {
+      accuracy = evaluate(model, test_set, rank, world);
+      if (rank == 0) std::printf("epoch %lld test accuracy %.4f\n", static_cast<long long>(es.epoch() + 1), accuracy);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (accuracy < 0 && !cfg.no_eval) accuracy = evaluate(model, test_set, rank, world);
+  es.finish();
+  if (rank == 0) {
+    nlohmann::json out{{"world_size", world},       {"epochs", cfg.epochs},
+                       {"steps", es.step()},        {"samples_seen", es.samples_seen()},
+                       {"samples_per_s", seconds > 0 ? (es.samples_seen() - samples_at_start) / seconds : 0.0},
+                       {"test_accuracy", accuracy}, {"model", cfg.model},
+                       {"resumed_from", es.resumed_from()}, {"param_digest", param_digest(*model)},
+                       {"backend", pg->backend_name()}};
+    std::printf("%s\n", out.dump().c_str());
+    std::fflush(stdout);
+  }
+  dtrain::destroy_process_group();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -277,6 +352,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "shm", "gloo"}));
   app.add_option("--crash-at-step", cfg.crash_at_step, "Failure drill: exit with code 3 after step N on --crash-rank");
   app.add_option("--crash-rank", cfg.crash_rank, "Rank that --crash-at-step crashes")->capture_default_str();
+  app.add_flag("--elastic", cfg.elastic,
+               "Train through dtrain::ElasticState: commits to --checkpoint-dir (every --checkpoint-every steps and at "
+               "epoch ends) and, when restarted, resumes by itself at any world size");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -291,6 +369,10 @@ int main(int argc, char** argv) {
                                       .backend = cfg.backend};
       if (ds_run.config.empty()) throw dtrain::UsageError("--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
       return fashion_mnist::train_deepspeed(ds_run);
+    }
+    if (cfg.elastic) {
+      if (cfg.checkpoint_dir.empty()) throw dtrain::UsageError("--elastic needs --checkpoint-dir (where it commits)");
+      return train_elastic(cfg);
     }
     return train(cfg, run);
   } catch (const std::exception& e) {

@@ -7,6 +7,8 @@
 #include "dtrain/deepspeed_distributor.h"
 #include "dtrain/ddp.h"
 #include "dtrain/distributor.h"
+#include "dtrain/elastic_sampler.h"
+#include "dtrain/elastic_state.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"

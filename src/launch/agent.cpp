@@ -322,7 +322,8 @@ void Agent::setup_signals() {
 }
 
 void Agent::setup_store() {
-  const bool try_host = o_.rdzv_backend == "c10d" || o_.node_rank == 0;
+  // c10d: the agents on the endpoint's machine race to host it (elastic_rendezvous.h).
+  const bool try_host = o_.rdzv_backend == "c10d" ? (o_.master_addr.empty() || launch::endpoint_is_local(o_.master_addr)) : o_.node_rank == 0;
   if (try_host) {
     try {
       server_ = store::StoreServer::start({"", static_cast<std::uint16_t>(o_.master_port)});

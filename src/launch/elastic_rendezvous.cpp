@@ -1,6 +1,12 @@
 #include "launch/elastic_rendezvous.h"
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -85,6 +91,42 @@ RendezvousResult elastic_rendezvous(store::StoreClient& store, const std::string
     }
     return layout(round, index, nodes);
   }
+}
+
+bool endpoint_is_local(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return false;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) ifs = nullptr;
+  bool local = false;
+  for (addrinfo* a = res; a && !local; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) local = true;
+      for (ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == in->sin_addr.s_addr) {
+          local = true;
+        }
+      }
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) local = true;
+      for (ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+            std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &in6->sin6_addr,
+                        sizeof(in6_addr)) == 0) {
+          local = true;
+        }
+      }
+    }
+  }
+  if (ifs) ::freeifaddrs(ifs);
+  ::freeaddrinfo(res);
+  return local;
 }
 
 }  // namespace dtrain::launch

@@ -37,6 +37,12 @@ struct ElasticLimits {
 RendezvousResult elastic_rendezvous(store::StoreClient& store, const std::string& run_id, int round,
                                     const NodeInfo& self, const ElasticLimits& limits);
 
+// True when `host` (an --rdzv-endpoint host) names this machine: a loopback address, or one
+// that resolves to an address of one of its interfaces. With the c10d backend only such an
+// agent tries to host the job's store (as torchrun's c10d backend decides); on other hosts
+// binding the port would succeed too and start a second, separate job.
+bool endpoint_is_local(const std::string& host);
+
 // How many agents arrived after round `round` closed and wait for the next one.
 int late_agents(store::StoreClient& store, const std::string& run_id, int round);
 

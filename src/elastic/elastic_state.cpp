@@ -1,0 +1,301 @@
+#include "dtrain/elastic_state.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <sstream>
+
+#include "dtrain/checkpoint.h"
+#include "dtrain/collectives.h"
+#include "dtrain/env.h"
+#include "dtrain/error.h"
+#include "dtrain/process_group.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Keys of TrainingState::metadata that hold ElasticState's own position.
+constexpr const char* kOffset = "dtrain.elastic.offset";
+constexpr const char* kSamplesSeen = "dtrain.elastic.samples_seen";
+constexpr const char* kWorldSize = "dtrain.elastic.world_size";
+constexpr const char* kDatasetSize = "dtrain.elastic.dataset_size";
+constexpr const char* kOwnPrefix = "dtrain.elastic.";
+
+std::shared_ptr<ProcessGroup> resolve(const std::shared_ptr<ProcessGroup>& given) {
+  if (given) return given;
+  try {
+    return default_group();
+  } catch (const UsageError&) {
+    throw UsageError(
+        "ElasticState: no process group: call dtrain::init_process_group() before constructing it, or pass "
+        "ElasticStateOptions::group");
+  }
+}
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  return out;
+}
+
+// The step number in "<prefix><step>.pt", or -1 if `name` is not a commit of this prefix.
+int64_t commit_step(const std::string& name, const std::string& prefix) {
+  if (name.size() <= prefix.size() + 3 || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  if (name.compare(name.size() - 3, 3, ".pt") != 0) return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stoll(digits);
+}
+
+// This directory's commits, newest first.
+std::vector<std::pair<int64_t, fs::path>> commits_in(const std::string& dir, const std::string& prefix) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    int64_t step = commit_step(entry.path().filename().string(), prefix);
+    if (step >= 0 && entry.is_regular_file(ec)) out.emplace_back(step, entry.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("ElasticState::restore: cannot read " + path.string());
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key, const std::string& path) {
+  auto it = meta.find(key);
+  if (it == meta.end()) {
+    throw Error("ElasticState::restore: " + path + " has no '" + key +
+                "': it is a dtrain checkpoint but not an ElasticState commit (use another prefix or directory)");
+  }
+  return std::stoll(it->second);
+}
+
+}  // namespace
+
+ElasticState::ElasticState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, int64_t dataset_size,
+                           ElasticStateOptions options)
+    : model_(model),
+      optimizer_(optimizer),
+      options_(std::move(options)),
+      group_(resolve(options_.group)),
+      sampler_(dataset_size, std::max<int64_t>(options_.batch_size, 1),
+               {.num_replicas = group_->world_size(), .rank = group_->rank(), .shuffle = options_.shuffle,
+                .seed = options_.seed}) {
+  if (options_.batch_size < 1) {
+    throw UsageError("ElasticStateOptions::batch_size must be >= 1 (the per-rank batch), got " +
+                     std::to_string(options_.batch_size));
+  }
+  if (options_.checkpoint_dir.empty() && !options_.in_memory) {
+    throw UsageError(
+        "ElasticStateOptions: set checkpoint_dir (where commits are written) or in_memory = true; with neither "
+        "there is nothing to resume from");
+  }
+  if (options_.keep < 1) throw UsageError("ElasticStateOptions::keep must be >= 1, got " + std::to_string(options_.keep));
+  if (options_.commit_every < 0 || options_.disk_every < 0) {
+    throw UsageError("ElasticStateOptions: commit_every and disk_every must be >= 0 (0 = at epoch ends only)");
+  }
+  if (options_.prefix.empty()) throw UsageError("ElasticStateOptions::prefix must not be empty");
+  rank_ = group_->rank();
+  std::string run_id = "none";
+  if (auto env = WorkerEnv::from_environ()) {
+    local_rank_ = env->local_rank;
+    run_id = env->run_id;
+  }
+  if (options_.in_memory && options_.memory_dir.empty()) {
+    std::string key = options_.checkpoint_dir.empty()
+                          ? std::string("nodir")
+                          : std::to_string(std::hash<std::string>{}(fs::absolute(options_.checkpoint_dir).string()));
+    options_.memory_dir = "/dev/shm/dtrain-elastic-" + std::to_string(::getuid()) + "-" + sanitize(run_id) + "-" +
+                          sanitize(options_.prefix) + key;
+  }
+}
+
+double ElasticState::progress(int64_t epochs) const {
+  const double total = static_cast<double>(epochs) * static_cast<double>(sampler_.size());
+  if (total <= 0) return 1.0;
+  const double done = static_cast<double>(epoch_) * static_cast<double>(sampler_.size()) +
+                      static_cast<double>(sampler_.offset());
+  return std::min(1.0, done / total);
+}
+
+bool ElasticState::restore() {
+  const auto env = WorkerEnv::from_environ();
+  const int restart_count = env ? env->restart_count : 0;
+  const bool resume = options_.resume == ResumePolicy::kAlways ||
+                      (options_.resume == ResumePolicy::kOnRestart && restart_count > 0);
+  if (!resume) {
+    // A fresh job: commits left by an earlier job must not be taken for this one's later.
+    std::error_code ec;
+    if (rank_ == 0) {
+      for (const auto& [step, path] : commits_in(options_.checkpoint_dir, options_.prefix)) fs::remove(path, ec);
+    }
+    if (options_.in_memory && local_rank_ == 0) fs::remove_all(options_.memory_dir, ec);
+    return false;
+  }
+
+  // Each rank's newest commit (memory first on a tie: same state, no disk read), then the
+  // newest of all, sent from the lowest rank that has it.
+  int64_t best_step = -1;
+  fs::path best_path;
+  std::string best_kind;
+  if (options_.in_memory) {
+    auto mem = commits_in(options_.memory_dir, options_.prefix);
+    if (!mem.empty()) best_step = mem[0].first, best_path = mem[0].second, best_kind = "memory";
+  }
+  auto disk = commits_in(options_.checkpoint_dir, options_.prefix);
+  if (!disk.empty() && disk[0].first > best_step) best_step = disk[0].first, best_path = disk[0].second, best_kind = "disk";
+
+  CollectiveOptions copts;
+  copts.group = group_;
+  const auto steps = all_gather_object<int64_t>(best_step, copts);
+  const auto top = std::max_element(steps.begin(), steps.end());
+  if (*top < 0) {
+    if (options_.verbose && rank_ == 0) {
+      std::fprintf(stderr, "dtrain: elastic: restart %d found no commit (in %s%s): starting from scratch\n", restart_count,
+                   options_.checkpoint_dir.empty() ? "-" : options_.checkpoint_dir.c_str(),
+                   options_.in_memory ? (" or " + options_.memory_dir).c_str() : "");
+    }
+    return false;
+  }
+  const int src = static_cast<int>(top - steps.begin());
+  BroadcastOptions bopts;
+  bopts.group = group_;
+  bopts.src = src;
+  std::string from = broadcast_object(rank_ == src ? best_kind + ":" + best_path.string() : std::string(), bopts);
+  std::string bytes = broadcast_object(rank_ == src ? read_bytes(best_path) : std::string(), bopts);
+
+  fs::path load_path = best_path;
+  fs::path temp;
+  if (rank_ != src) {
+    std::error_code ec;
+    fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
+    temp = base / ("dtrain-elastic-restore-" + std::to_string(::getpid()) + ".pt");
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) throw Error("ElasticState::restore: cannot write the received commit to " + temp.string());
+    load_path = temp;
+  }
+  TrainingState st;
+  try {
+    st = load_checkpoint(load_path.string(), model_, optimizer_);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    if (!temp.empty()) fs::remove(temp, ec);
+    throw Error(std::string("ElasticState::restore: the newest commit (") + from + ") does not fit: " + e.what());
+  }
+  if (!temp.empty()) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+  }
+  const int64_t dataset_size = meta_int(st.metadata, kDatasetSize, from);
+  if (dataset_size != sampler_.size()) {
+    throw Error("ElasticState::restore: " + from + " was committed over a dataset of " + std::to_string(dataset_size) +
+                " samples, but this run has " + std::to_string(sampler_.size()) +
+                "; the data position cannot carry over (use another checkpoint_dir or prefix)");
+  }
+  const int64_t offset = meta_int(st.metadata, kOffset, from);
+  samples_seen_ = meta_int(st.metadata, kSamplesSeen, from);
+  const int64_t old_world = meta_int(st.metadata, kWorldSize, from);
+  step_ = st.step;
+  epoch_ = st.epoch;
+  sampler_.set_epoch(epoch_, offset);
+  metadata_.clear();
+  for (const auto& [k, v] : st.metadata) {
+    if (k.rfind(kOwnPrefix, 0) != 0) metadata_[k] = v;
+  }
+  resumed_from_ = from;
+  if (options_.verbose && rank_ == 0) {
+    std::fprintf(stderr,
+                 "dtrain: elastic: restart %d resumed from %s: epoch %lld, sample %lld of %lld, step %lld (committed at "
+                 "world size %lld, now %d)\n",
+                 restart_count, from.c_str(), static_cast<long long>(epoch_), static_cast<long long>(offset),
+                 static_cast<long long>(sampler_.size()), static_cast<long long>(step_),
+                 static_cast<long long>(old_world), group_->world_size());
+  }
+  return true;
+}
+
+std::optional<std::vector<int64_t>> ElasticState::next_batch() {
+  const int64_t before = sampler_.offset();
+  auto batch = sampler_.next_batch();
+  last_batch_global_ = sampler_.offset() - before;
+  return batch;
+}
+
+void ElasticState::step_done() {
+  ++step_;
+  samples_seen_ += last_batch_global_;
+  last_batch_global_ = 0;
+  if (options_.commit_every > 0 && step_ % options_.commit_every == 0) {
+    commit(options_.in_memory && options_.disk_every > 0 && step_ % options_.disk_every == 0);
+  } else if (options_.in_memory && options_.disk_every > 0 && step_ % options_.disk_every == 0) {
+    commit(true);
+  }
+}
+
+void ElasticState::end_epoch() {
+  ++epoch_;
+  sampler_.set_epoch(epoch_, 0);
+  commit(true);
+}
+
+void ElasticState::write_commit(const std::string& dir, bool durable) {
+  (void)durable;  // tmpfs makes save_checkpoint's fsyncs free; on disk they are the point
+  fs::create_directories(dir);
+  TrainingState st;
+  st.step = step_;
+  st.epoch = epoch_;
+  st.sampler_epoch = epoch_;
+  st.metadata = metadata_;
+  st.metadata[kOffset] = std::to_string(sampler_.offset());
+  st.metadata[kSamplesSeen] = std::to_string(samples_seen_);
+  st.metadata[kWorldSize] = std::to_string(group_->world_size());
+  st.metadata[kDatasetSize] = std::to_string(sampler_.size());
+  SaveOptions so;
+  so.writer_rank = -1;  // the caller decided who writes
+  so.rank = rank_;
+  save_checkpoint((fs::path(dir) / (options_.prefix + std::to_string(step_) + ".pt")).string(), model_, optimizer_, st,
+                  so);
+}
+
+void ElasticState::prune(const std::string& dir, int keep) {
+  auto all = commits_in(dir, options_.prefix);
+  std::error_code ec;
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) fs::remove(all[i].second, ec);
+}
+
+void ElasticState::commit(bool to_disk) {
+  if (options_.in_memory && local_rank_ == 0) {
+    write_commit(options_.memory_dir, false);
+    prune(options_.memory_dir, 2);
+  }
+  if ((!options_.in_memory || to_disk) && !options_.checkpoint_dir.empty() && rank_ == 0) {
+    write_commit(options_.checkpoint_dir, true);
+    prune(options_.checkpoint_dir, options_.keep);
+  }
+}
+
+void ElasticState::finish() {
+  if (options_.in_memory && local_rank_ == 0) {
+    std::error_code ec;
+    fs::remove_all(options_.memory_dir, ec);
+  }
+}
+
+}  // namespace dtrain
