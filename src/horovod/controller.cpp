@@ -1,6 +1,7 @@
 #include "horovod/controller.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -116,6 +117,19 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
+const char* kind_upper(Kind k) {
+  switch (k) {
+    case Kind::kAllreduce: return "ALLREDUCE";
+    case Kind::kAllgather: return "ALLGATHER";
+    case Kind::kBroadcast: return "BROADCAST";
+    case Kind::kAlltoall: return "ALLTOALL";
+    case Kind::kReducescatter: return "REDUCESCATTER";
+    case Kind::kJoin: return "JOIN";
+    case Kind::kBarrier: return "BARRIER";
+  }
+  return "?";
+}
+
 void Pending::finish(torch::Tensor out, std::exception_ptr err) {
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -135,6 +149,9 @@ ControllerOptions ControllerOptions::from_env() {
   o.stall_shutdown_seconds = env_double("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
   const char* off = std::getenv("HOROVOD_STALL_CHECK_DISABLE");
   o.stall_check = !(off && std::string(off) == "1");
+  if (const char* t = std::getenv("HOROVOD_TIMELINE")) o.timeline = t;
+  const char* marks = std::getenv("HOROVOD_TIMELINE_MARK_CYCLES");
+  o.timeline_mark_cycles = marks && std::string(marks) == "1";
   return o;
 }
 
@@ -146,6 +163,16 @@ Controller::Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions op
       joined_(static_cast<size_t>(size_), false),
       shutting_down_(static_cast<size_t>(size_), false) {
   last_stall_check_ = Clock::now();
+  std::string backend = group_->backend_name();
+  for (auto& c : backend) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  act_allreduce_ = backend + "_ALLREDUCE";
+  act_bcast_ = backend + "_BCAST";
+  act_allgather_ = backend + "_ALLGATHER";
+  act_alltoall_ = backend + "_ALLTOALL";
+  act_reducescatter_ = backend + "_REDUCESCATTER";
+  if (rank_ == 0 && !options_.timeline.empty()) {
+    timeline_ = std::make_unique<Timeline>(options_.timeline, options_.timeline_mark_cycles);
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -156,6 +183,7 @@ Controller::~Controller() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  timeline_.reset();  // flushes and closes the file
 }
 
 void Controller::submit(Request request) {
@@ -180,6 +208,7 @@ void Controller::shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  timeline_.reset();  // flushes and closes the file
 }
 
 std::string Controller::signature(const Request& r) const {
@@ -227,6 +256,7 @@ void Controller::loop() {
 }
 
 void Controller::negotiate_and_run() {
+  if (timeline_) timeline_->mark_cycle_start();
   // 1. What this rank has to say.
   std::deque<Request> fresh;
   bool stopping;
@@ -286,6 +316,7 @@ void Controller::negotiate_and_run() {
   // 3. The ready names in the order every rank derives alike.
   if (!completed.empty()) execute(std::move(completed));
   if (rank_ == 0 && options_.stall_check) stall_check();
+  if (timeline_) timeline_->flush();
 }
 
 std::vector<std::string> Controller::exchange(const std::string& msg) {
@@ -332,18 +363,20 @@ void Controller::parse_rank_message(int rank, const std::string& msg, std::vecto
       }
       continue;
     }
-    const std::string name = split(line, '\t').at(2);  // fields: seq, kind, name, ...
+    Sig s = parse_sig(line);
+    const std::string& name = s.name;
     Entry& e = table_[name];
     if (e.sig.empty()) {
       e.sig.assign(static_cast<size_t>(size_), "");
       e.seq.assign(static_cast<size_t>(size_), -1);
       e.first_seen = Clock::now();
+      if (timeline_) timeline_->negotiate_start(name, kind_upper(s.kind));
     }
     if (!e.sig[ri].empty()) continue;  // a duplicate; the rank itself rejected it already
     e.sig[ri] = line;
-    e.seq[ri] = std::stoll(line.substr(0, line.find('\t')));
+    e.seq[ri] = s.seq;
     ++e.count;
-    Sig s = parse_sig(line);
+    if (timeline_) timeline_->negotiate_rank_ready(name, rank);
     if (s.kind == Kind::kJoin) {
       joined_[ri] = true;
       last_joined_ = rank;  // ranks are folded in order, cycles in time: the last one wins
@@ -437,6 +470,10 @@ void Controller::execute(std::vector<std::string> names) {
       }
       runnable.push_back(n);
     } catch (const Error&) {
+      if (timeline_) {
+        timeline_->start(n, "ERROR", -1);
+        timeline_->end(n, "", "");
+      }
       auto it = mine_.find(n);
       if (it != mine_.end()) {
         it->second.pending->finish({}, std::current_exception());
@@ -471,6 +508,11 @@ void Controller::execute(std::vector<std::string> names) {
       r.reduce.postscale_factor = s.postscale;
       r.reduce.compression = static_cast<Compression>(s.compression);
     }
+    if (timeline_) {
+      const int64_t bytes = r.tensor.defined() ? r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size()) : -1;
+      timeline_->start(n, kind_upper(r.kind), bytes);
+      timeline_->activity_start(n, "QUEUE");
+    }
     reqs.push_back(std::move(r));
     entries.push_back(std::move(e));
   }
@@ -481,6 +523,7 @@ void Controller::execute(std::vector<std::string> names) {
       // Every rank joined: the one whose join line was folded in last joined last.
       const int last = last_joined_;
       std::fill(joined_.begin(), joined_.end(), false);
+      if (timeline_) timeline_->end(reqs[i].name, "", "");
       if (reqs[i].pending) {
         reqs[i].pending->join_last_rank = last;
         reqs[i].pending->finish(torch::tensor(static_cast<int64_t>(last)));
@@ -530,18 +573,29 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
   const double pre = first.reduce.prescale_factor;
   double post = first.reduce.postscale_factor;
   if (first.reduce.op == ReduceOp::Average) post /= size_;
+  // The timeline: every request of the group moves from QUEUE through the same activities.
+  auto activity = [&](const char* what) {
+    if (!timeline_) return;
+    for (auto* r : reqs) timeline_->activity_start(r->name, what);
+  };
+  auto done = [&](Request& r, const torch::Tensor& out) {
+    if (timeline_) timeline_->end(r.name, std::string(c10::toString(out.scalar_type())), c10::str(out.sizes()));
+    if (r.pending) r.pending->finish(out);
+  };
   try {
     torch::Tensor buffer;
     if (reqs.size() == 1 && wire == dtype && pre == 1.0) {
       // One tensor, nothing to convert: reduce it (or a copy) directly.
       Request& r = *reqs.front();
       buffer = (r.in_place && r.tensor.is_contiguous()) ? r.tensor : r.tensor.contiguous().clone();
+      activity(act_allreduce_.c_str());
       dtrain::all_reduce(buffer, ao);
       if (post != 1.0) buffer.mul_(post);
       if (r.in_place && !buffer.is_same(r.tensor)) r.tensor.copy_(buffer);
-      if (r.pending) r.pending->finish(r.in_place ? r.tensor : buffer);
+      done(r, r.in_place ? r.tensor : buffer);
       return;
     }
+    activity("MEMCPY_IN_FUSION_BUFFER");
     int64_t total = 0;
     for (auto* r : reqs) total += r->tensor.numel();
     buffer = torch::empty({total}, torch::TensorOptions().dtype(wire));
@@ -555,7 +609,9 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
       }
       off += r->tensor.numel();
     }
+    activity(act_allreduce_.c_str());
     dtrain::all_reduce(buffer, ao);
+    activity("MEMCPY_OUT_FUSION_BUFFER");
     off = 0;
     for (auto* r : reqs) {
       auto slot = buffer.narrow(0, off, r->tensor.numel()).view(r->tensor.sizes());
@@ -569,7 +625,7 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
         out = slot.to(dtype, /*non_blocking=*/false, /*copy=*/true);
         if (post != 1.0) out.mul_(post);
       }
-      if (r->pending) r->pending->finish(out);
+      done(*r, out);
     }
   } catch (...) {
     for (auto* r : reqs) {
@@ -585,6 +641,18 @@ void Controller::run_one(Request& req, Entry& entry) {
     std::vector<Sig> sigs(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       if (!entry.sig[static_cast<size_t>(r)].empty()) sigs[static_cast<size_t>(r)] = parse_sig(entry.sig[static_cast<size_t>(r)]);
+    }
+    if (timeline_) {
+      const char* act = req.kind == Kind::kBroadcast       ? act_bcast_.c_str()
+                        : req.kind == Kind::kAllgather     ? act_allgather_.c_str()
+                        : req.kind == Kind::kAlltoall      ? act_alltoall_.c_str()
+                        : req.kind == Kind::kReducescatter ? act_reducescatter_.c_str()
+                                                           : nullptr;
+      if (act) {
+        timeline_->activity_start(req.name, act);
+      } else {
+        timeline_->activity_end(req.name);
+      }
     }
     switch (req.kind) {
       case Kind::kBarrier:
@@ -664,6 +732,10 @@ void Controller::run_one(Request& req, Entry& entry) {
       }
       default:
         DTRAIN_ASSERT(false, "unexpected request kind in run_one");
+    }
+    if (timeline_) {
+      timeline_->end(req.name, out.defined() ? std::string(c10::toString(out.scalar_type())) : "",
+                     out.defined() ? c10::str(out.sizes()) : "");
     }
     if (req.pending) req.pending->finish(out);
   } catch (...) {

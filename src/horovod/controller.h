@@ -39,6 +39,7 @@
 
 #include "dtrain/horovod.h"
 #include "dtrain/process_group.h"
+#include "horovod/timeline.h"
 
 namespace dtrain::hvd::detail {
 
@@ -46,6 +47,7 @@ using Clock = std::chrono::steady_clock;
 
 enum class Kind { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReducescatter, kJoin, kBarrier };
 const char* kind_name(Kind k);
+const char* kind_upper(Kind k);  // "ALLREDUCE", ...: Horovod's names on the timeline
 
 // Where a caller waits for a request's result.
 struct Pending {
@@ -79,11 +81,14 @@ struct ControllerOptions {
   double stall_check_seconds = 60;                // HOROVOD_STALL_CHECK_TIME_SECONDS
   double stall_shutdown_seconds = 0;              // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
   bool stall_check = true;                        // HOROVOD_STALL_CHECK_DISABLE=1 turns it off
+  std::string timeline;                           // HOROVOD_TIMELINE: rank 0 writes it
+  bool timeline_mark_cycles = false;              // HOROVOD_TIMELINE_MARK_CYCLES=1
   static ControllerOptions from_env();            // UsageError for a malformed variable
 };
 
 class Controller {
  public:
+  // Throws UsageError when rank 0 cannot write options.timeline.
   Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions options);
   ~Controller();  // stops the thread (shutdown() first for an orderly stop)
 
@@ -143,6 +148,9 @@ class Controller {
   bool stall_flag_ = false;
   int idle_cycles_ = 0;
   Clock::time_point last_stall_check_;
+  std::unique_ptr<Timeline> timeline_;  // rank 0 with HOROVOD_TIMELINE only
+  // The timeline's names of the collectives on hvd's group: "SHM_ALLREDUCE", ...
+  std::string act_allreduce_, act_bcast_, act_allgather_, act_alltoall_, act_reducescatter_;
   std::thread thread_;
 };
 

@@ -9,6 +9,8 @@
 //                             exits 1 on the first mismatch, naming it
 //   hvd_worker stall          rank 0 submits a tensor rank 1 never does (stall check)
 //   hvd_worker env            prints hvd's view of the job and Horovod's variables
+//   hvd_worker timeline       broadcast_parameters and a few DistributedOptimizer steps (run
+//                             under horovodrun --timeline-filename: the test reads the trace)
 //   hvd_worker runner         HorovodRunner(-2).run(train) against one process's training,
 //                             then a HorovodRunner whose rank 1 throws (WorkerError)
 #include <CLI/CLI.hpp>
@@ -434,6 +436,11 @@ int main(int argc, char** argv) {
     stall();
   } else if (mode == "env") {
     env_mode();
+  } else if (mode == "timeline") {
+    train_hvd(steps, batch, 1, false);
+    const int r = hvd::rank();
+    hvd::shutdown();  // rank 0 closes the timeline
+    std::printf("rank %d: timeline run done\n", r);
   } else if (mode == "runner") {
     hvd::HorovodRunner hr(-2);
     auto [rank, params] = hr.run(runner_train, steps);
