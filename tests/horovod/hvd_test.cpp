@@ -114,8 +114,23 @@ TEST(Collectives, EveryOperationAndNameMatchingOnThreeRanks) {
     EXPECT_NE(first, std::string::npos) << r.out;
     EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": order OK", first + 1), std::string::npos) << r.out;
   }
-  EXPECT_NE(r.out.find("Adasum is not supported yet"), std::string::npos) << r.out;
+  // Adasum on 3 ranks: Horovod's power-of-2 limit, as a UsageError.
+  EXPECT_NE(r.out.find("op Adasum runs on a power-of-2 number of ranks only"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mismatched allreduce 'mismatch'"), std::string::npos) << r.out;
+}
+
+// Adasum (alone, in place with a postscale, fused in a group; a zero tensor on odd ranks)
+// equals the formula computed on one process from every rank's tensors, on 2 and 4 ranks.
+TEST(Adasum, MatchesTheFormulaOnTwoAndFourRanks) {
+  for (int n : {2, 4}) {
+    auto r = run_worker(n, "adasum");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    for (int k = 0; k < n; ++k) {
+      EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": adasum OK on " + std::to_string(n) + " ranks"),
+                std::string::npos)
+          << r.out;
+    }
+  }
 }
 
 TEST(Stall, WarningNamesTheMissingRanksAndShutdownStopsTheJob) {
