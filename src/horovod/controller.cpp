@@ -838,7 +838,7 @@ void Controller::adasum_reduce(torch::Tensor& buffer, const std::vector<int64_t>
   // in float64; every level sends the whole vector (Horovod halves it per level instead).
   DTRAIN_ASSERT((size_ & (size_ - 1)) == 0, "Adasum on a size that is not a power of 2");
   const auto dtype = buffer.scalar_type();
-  auto mine = buffer.to(torch::kFloat64);
+  auto mine = buffer.reshape({-1}).to(torch::kFloat64);
   auto theirs = torch::empty_like(mine);
   PointToPointOptions po;
   po.group = group_;
@@ -867,7 +867,7 @@ void Controller::adasum_reduce(torch::Tensor& buffer, const std::vector<int64_t>
     }
     mine = out;
   }
-  buffer.copy_(mine.to(dtype));
+  buffer.copy_(mine.view(buffer.sizes()).to(dtype));
 }
 
 void Controller::run_one(Request& req, Entry& entry) {
