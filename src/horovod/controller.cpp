@@ -106,6 +106,8 @@ double env_double(const char* name, double fallback) {
 
 }  // namespace
 
+constexpr std::chrono::milliseconds Controller::kIdleHeartbeat;
+
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::kAllreduce: return "allreduce";
@@ -255,9 +257,9 @@ void Controller::loop() {
           if (waiters_ > 0 && progressed_) break;
           due = last + options_.cycle_time;
         } else {
-          const bool idle = idle_cycles_ > 200;
-          due = last + (idle ? std::max<std::chrono::microseconds>(options_.cycle_time, std::chrono::milliseconds(10))
-                             : options_.cycle_time);
+          // Nothing here to negotiate: a heartbeat only (a peer's request waits for this rank's
+          // own submission, which starts a cycle anyway; shutdown and stall flags ride on it).
+          due = last + std::max<std::chrono::microseconds>(options_.cycle_time, kIdleHeartbeat);
         }
         if (Clock::now() >= due) break;
         cv_.wait_until(lock, due);

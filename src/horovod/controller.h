@@ -20,8 +20,8 @@
 //      rank 0 print Horovod's warning naming it and the missing ranks; after
 //      stall_shutdown_time rank 0 sets its stall flag, and every rank then fails all pending
 //      requests with the report.
-// Idle cycles (nothing queued anywhere) still negotiate, as Horovod's do, so a rank stuck in
-// user code is noticed; after a while of idleness the period grows to 10 ms to spare the CPU.
+// Idle ranks still cycle (a heartbeat, see below), as Horovod's do, so a rank stuck in user
+// code is noticed.
 //
 // The response cache (Horovod's idea, HOROVOD_CACHE_CAPACITY, default 1024; 0 turns it off):
 // an allreduce, broadcast or reducescatter that ran after a full negotiation in which every
@@ -42,7 +42,9 @@
 //     of a step go out without waiting for the cycle boundary;
 //   - requests in flight, a caller waiting and the last cycle made progress (something ran or
 //     some rank had new requests): at once; otherwise one cycle time after the last;
-//   - idle: every cycle time (10 ms after 200 idle cycles).
+//   - nothing queued or in flight here: a heartbeat every 50 ms (kIdleHeartbeat), so no
+//     cycle takes CPU from forward and backward; a peer that submits meanwhile sleeps in its
+//     cycle's collective until this rank's own submission (or the heartbeat) starts ours.
 #pragma once
 
 #include <torch/torch.h>
@@ -133,6 +135,7 @@ class Controller {
     int count = 0;
     bool warned = false;
   };
+  static constexpr std::chrono::milliseconds kIdleHeartbeat{50};
   struct CacheEntry {  // identical on every rank
     std::string sig;    // the request's line without its submission number
     int bit = 0;
