@@ -249,7 +249,8 @@ void shutdown() {
   }
   if (!c) return;
   c->controller->shutdown();
-  c->controller.reset();
+  // The controller itself goes with the context, once no thread waits on a handle (waiters
+  // hold the context and tell the controller when they stop waiting).
 }
 
 bool is_initialized() {

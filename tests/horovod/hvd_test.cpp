@@ -232,7 +232,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // every row Horovod's phases well nested and in order: NEGOTIATE_ALLREDUCE (each rank marked
 // the first time: the full negotiation), then ALLREDUCE holding QUEUE, MEMCPY_IN_FUSION_BUFFER,
 // the collective, MEMCPY_OUT_FUSION_BUFFER (the memcpys when fused), for every step.
-TEST(Timeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
+TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
   const auto file = (std::filesystem::temp_directory_path() / ("hvd_timeline_" + std::to_string(::getpid()) + ".json")).string();
   const int steps = 3;
   auto r = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename", file, HVD_WORKER_BIN, "timeline",
