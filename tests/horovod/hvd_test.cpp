@@ -318,6 +318,10 @@ TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
     }
     // The first step is negotiated in full: every rank's request is marked.
     EXPECT_EQ(list[0].ranks, (std::set<std::string>{"0", "1"})) << tensor;
+    // Later steps are agreed through the response cache: no per-rank marks (as Horovod's).
+    int cached = 0;
+    for (size_t k = 2; k < list.size(); k += 2) cached += list[k].ranks.empty() ? 1 : 0;
+    EXPECT_GE(cached, 1) << tensor << ": no later step was agreed through the response cache";
   }
   EXPECT_GT(fused, 0) << "no gradient was reduced in a fused buffer";
   EXPECT_EQ(spans["DistributedOptimizer.allreduce.0.weight"][1].end_args.value("shape", ""), "[512, 784]");

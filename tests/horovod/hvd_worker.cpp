@@ -267,6 +267,28 @@ void collectives() {
     if (r == 0) std::printf("mismatch: %s\n", e.what());
   }
   CHECK_CLOSE("allreduce after errors", hvd::allreduce(t, {.op = hvd::Sum}), base * n + rsum);
+  // The response cache: a name that ran is cached and agreed by bit vector from then on; the
+  // same name with a new shape on every rank runs (the entry follows), and a shape that
+  // differs on one rank is still a mismatch on every rank.
+  for (int k = 0; k < 3; ++k) {
+    CHECK_CLOSE("cached allreduce", hvd::allreduce(t, {.op = hvd::Sum, .name = "cached"}), base * n + rsum);
+  }
+  CHECK_CLOSE("cached name, new shape everywhere",
+              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64), {.op = hvd::Sum, .name = "cached"}),
+              torch::full({4}, rsum, torch::kFloat64));
+  try {
+    hvd::allreduce(torch::ones({r == 0 ? 5 : 4}, torch::kFloat64), {.op = hvd::Sum, .name = "cached"});
+    std::fprintf(stderr, "rank %d: a shape differing on rank 0 under a cached name did not throw\n", r);
+    std::exit(1);
+  } catch (const dtrain::UsageError& e) {
+    if (std::string(e.what()).find("mismatched allreduce 'cached'") == std::string::npos) {
+      std::fprintf(stderr, "rank %d: unexpected error: %s\n", r, e.what());
+      std::exit(1);
+    }
+  }
+  CHECK_CLOSE("cached name after a mismatch",
+              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64), {.op = hvd::Sum, .name = "cached"}),
+              torch::full({4}, rsum, torch::kFloat64));
   hvd::shutdown();
   std::printf("rank %d: collectives OK\n", r);
 }
