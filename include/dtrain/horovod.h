@@ -30,8 +30,9 @@
 // contract (hvd.rank(), hvd.allreduce() take no group), and programs ported from it keep
 // that shape. The context is made by init() and torn down by shutdown() (or at exit).
 //
-// Not built: Adasum (UsageError), timeline phases (HOROVOD_TIMELINE is ignored),
-// hvd::elastic, process sets.
+// Also Horovod's: the response cache (HOROVOD_CACHE_CAPACITY), the timeline
+// (HOROVOD_TIMELINE=FILE: rank 0 writes one Chrome trace with each tensor's phases), Adasum.
+// Not built: hvd::elastic, process sets, DistributedOptimizer with op Adasum.
 //
 // Thread-safety: every function may be called from any thread once init() returned.
 #pragma once
@@ -91,7 +92,10 @@ inline constexpr ReduceOp Product = ReduceOp::Product;
 enum class Compression { none, fp16 };
 
 struct AllreduceOptions {
-  ReduceOp op = ReduceOp::Average;  // Default: Average. Adasum: UsageError (not built).
+  // Default: Average. Adasum: Horovod's adaptive summation, a' = (1 - a.b/(2|a|^2)) a +
+  // (1 - a.b/(2|b|^2)) b per tensor, combined by recursive doubling (ranks 2k and 2k+1, then
+  // pairs of pairs, ...); floating-point tensors on a power-of-2 number of ranks (else UsageError).
+  ReduceOp op = ReduceOp::Average;
   // Requests are matched across ranks by name. Default: "allreduce.noname.<n>", n counting
   // this rank's unnamed allreduces (so unnamed calls must come in the same order everywhere).
   std::string name;
@@ -172,7 +176,7 @@ struct DistributedOptimizerOptions {
   Compression compression = Compression::none;
   // Backward passes accumulated locally before one reduction. Default: 1.
   int backward_passes_per_step = 1;
-  ReduceOp op = ReduceOp::Average;  // Average or Sum (Adasum: UsageError)
+  ReduceOp op = ReduceOp::Average;  // Average or Sum (Adasum: UsageError, not built here)
   // With Average: gradients are divided by this before the sum and the result by
   // size/factor after it. Default: 1.
   double gradient_predivide_factor = 1.0;

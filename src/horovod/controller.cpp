@@ -1,7 +1,10 @@
 #include "horovod/controller.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -103,6 +106,8 @@ double env_double(const char* name, double fallback) {
 
 }  // namespace
 
+constexpr std::chrono::milliseconds Controller::kIdleHeartbeat;
+
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::kAllreduce: return "allreduce";
@@ -112,6 +117,19 @@ const char* kind_name(Kind k) {
     case Kind::kReducescatter: return "reducescatter";
     case Kind::kJoin: return "join";
     case Kind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+const char* kind_upper(Kind k) {
+  switch (k) {
+    case Kind::kAllreduce: return "ALLREDUCE";
+    case Kind::kAllgather: return "ALLGATHER";
+    case Kind::kBroadcast: return "BROADCAST";
+    case Kind::kAlltoall: return "ALLTOALL";
+    case Kind::kReducescatter: return "REDUCESCATTER";
+    case Kind::kJoin: return "JOIN";
+    case Kind::kBarrier: return "BARRIER";
   }
   return "?";
 }
@@ -135,6 +153,10 @@ ControllerOptions ControllerOptions::from_env() {
   o.stall_shutdown_seconds = env_double("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
   const char* off = std::getenv("HOROVOD_STALL_CHECK_DISABLE");
   o.stall_check = !(off && std::string(off) == "1");
+  o.cache_capacity = static_cast<int64_t>(env_double("HOROVOD_CACHE_CAPACITY", static_cast<double>(o.cache_capacity)));
+  if (const char* t = std::getenv("HOROVOD_TIMELINE")) o.timeline = t;
+  const char* marks = std::getenv("HOROVOD_TIMELINE_MARK_CYCLES");
+  o.timeline_mark_cycles = marks && std::string(marks) == "1";
   return o;
 }
 
@@ -146,6 +168,17 @@ Controller::Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions op
       joined_(static_cast<size_t>(size_), false),
       shutting_down_(static_cast<size_t>(size_), false) {
   last_stall_check_ = Clock::now();
+  std::string backend = group_->backend_name();
+  for (auto& c : backend) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  act_allreduce_ = backend + "_ALLREDUCE";
+  act_bcast_ = backend + "_BCAST";
+  act_allgather_ = backend + "_ALLGATHER";
+  act_alltoall_ = backend + "_ALLTOALL";
+  act_reducescatter_ = backend + "_REDUCESCATTER";
+  act_adasum_ = backend + "_ADASUM_ALLREDUCE";
+  if (rank_ == 0 && !options_.timeline.empty()) {
+    timeline_ = std::make_unique<Timeline>(options_.timeline, options_.timeline_mark_cycles);
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -156,6 +189,7 @@ Controller::~Controller() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  timeline_.reset();  // flushes and closes the file
 }
 
 void Controller::submit(Request request) {
@@ -168,9 +202,18 @@ void Controller::submit(Request request) {
     throw UsageError("hvd: " + std::string(kind_name(request.kind)) + " '" + request.name +
                      "' after hvd::shutdown(); call hvd::init() again first");
   }
+  if (queue_.empty()) first_queued_ = Clock::now();
   queue_.push_back(std::move(request));
   lock.unlock();
   cv_.notify_all();
+}
+
+void Controller::add_waiter(int delta) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiters_ += delta;
+  }
+  if (delta > 0) cv_.notify_all();
 }
 
 void Controller::shutdown() {
@@ -180,6 +223,7 @@ void Controller::shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  timeline_.reset();  // flushes and closes the file
 }
 
 std::string Controller::signature(const Request& r) const {
@@ -197,18 +241,31 @@ void Controller::loop() {
   // Requests write into parameters and their gradients (leaves that require grad): no autograd
   // here, and the guard is per thread.
   torch::NoGradGuard no_grad;
-  Clock::time_point cycle_start = Clock::now();
+  Clock::time_point last = Clock::now();
   while (true) {
     {
-      // Wait out the cycle so the requests of a backward pass arrive together (fusion);
-      // after a long idle spell wait longer, but wake for new work.
+      // When to start the next cycle (see controller.h, "When a cycle starts"). Every cycle is
+      // a collective, so a rank that starts early waits inside it (asleep) for the others.
       std::unique_lock<std::mutex> lock(mu_);
-      const bool idle = idle_cycles_ > 200;
-      const auto period = idle ? std::max<std::chrono::microseconds>(options_.cycle_time, std::chrono::milliseconds(10))
-                               : options_.cycle_time;
-      cv_.wait_until(lock, cycle_start + period, [&] { return idle && (!queue_.empty() || stop_requested_); });
+      while (!stop_requested_) {
+        const bool pending = !mine_.empty() || !hits_.empty() || !table_.empty();
+        Clock::time_point due;
+        if (!queue_.empty()) {
+          if (waiters_ > 0) break;  // a caller waits: nothing more is coming from it
+          due = first_queued_ + options_.cycle_time;
+        } else if (pending) {
+          if (waiters_ > 0 && progressed_) break;
+          due = last + options_.cycle_time;
+        } else {
+          // Nothing here to negotiate: a heartbeat only (a peer's request waits for this rank's
+          // own submission, which starts a cycle anyway; shutdown and stall flags ride on it).
+          due = last + std::max<std::chrono::microseconds>(options_.cycle_time, kIdleHeartbeat);
+        }
+        if (Clock::now() >= due) break;
+        cv_.wait_until(lock, due);
+      }
     }
-    cycle_start = Clock::now();
+    last = Clock::now();
     try {
       negotiate_and_run();
     } catch (const std::exception& e) {
@@ -226,8 +283,108 @@ void Controller::loop() {
   stopped_ = true;
 }
 
+bool Controller::cacheable(Kind k) {
+  return k == Kind::kAllreduce || k == Kind::kBroadcast || k == Kind::kReducescatter;
+}
+
+std::vector<int> Controller::sync_cache(bool& need_full, bool fresh_work) {
+  // One sum all-reduce of int32: [ranks needing the full exchange, ranks with fresh work,
+  // then per cache bit the ranks holding that request]. A bit every rank holds is ready.
+  const size_t nbits = cache_names_.size();
+  auto v = torch::zeros({static_cast<int64_t>(3 + nbits)}, torch::kInt32);
+  auto* d = v.data_ptr<int32_t>();
+  d[0] = need_full ? 1 : 0;
+  d[1] = fresh_work ? 1 : 0;
+  for (const auto& [bit, r] : hits_) d[3 + bit] = 1;
+  AllReduceOptions ao;
+  ao.group = group_;
+  dtrain::all_reduce(v, ao);
+  need_full = d[0] > 0;
+  progressed_ = d[1] > 0;
+  std::vector<int> ready;
+  for (size_t b = 0; b < nbits; ++b) {
+    const int have = d[3 + b];
+    if (have == 0) continue;
+    if (have == size_) {
+      ready.push_back(static_cast<int>(b));
+    } else if (timeline_) {
+      auto& c = cache_.at(cache_names_[b]);
+      timeline_->negotiate_start(cache_names_[b], kind_upper(c.kind));
+    }
+  }
+  return ready;
+}
+
+void Controller::run_cached(const std::vector<int>& bits) {
+  std::vector<Request> reqs;
+  std::vector<Entry> entries;
+  for (int b : bits) {
+    auto it = hits_.find(b);
+    DTRAIN_ASSERT(it != hits_.end(), "a ready cache bit this rank does not hold");
+    Request r = std::move(it->second);
+    hits_.erase(it);
+    hit_names_.erase(r.name);
+    hit_since_.erase(b);
+    CacheEntry& c = cache_.at(r.name);
+    c.last_used = ++exec_counter_;
+    Entry e;
+    e.sig.assign(static_cast<size_t>(size_), "0\t" + c.sig);  // every rank's request equals the cached one
+    e.seq.assign(static_cast<size_t>(size_), 0);
+    e.count = size_;
+    if (timeline_) {
+      timeline_->negotiate_start(r.name, kind_upper(r.kind));
+      timeline_->start(r.name, kind_upper(r.kind), r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size()));
+      timeline_->activity_start(r.name, "QUEUE");
+    }
+    reqs.push_back(std::move(r));
+    entries.push_back(std::move(e));
+  }
+  run_batch(reqs, entries);
+}
+
+void Controller::cache_insert(const std::string& name, const Entry& e) {
+  if (options_.cache_capacity <= 0) return;
+  for (const auto& line : e.sig) {
+    if (line.empty() || strip_seq(line) != strip_seq(e.sig[0])) return;  // a joined rank, or options differ
+  }
+  const std::string sig = strip_seq(e.sig[0]);
+  auto it = cache_.find(name);
+  if (it != cache_.end()) {
+    it->second.sig = sig;  // e.g. a new shape: the same bit, the new request
+    it->second.kind = parse_sig(e.sig[0]).kind;
+    it->second.last_used = ++exec_counter_;
+    return;
+  }
+  int bit = -1;
+  if (static_cast<int64_t>(cache_.size()) < options_.cache_capacity) {
+    for (size_t b = 0; b < cache_names_.size(); ++b) {
+      if (cache_names_[b].empty()) {
+        bit = static_cast<int>(b);
+        break;
+      }
+    }
+    if (bit < 0) {
+      bit = static_cast<int>(cache_names_.size());
+      cache_names_.emplace_back();
+    }
+  } else {
+    // Full: the least recently used entry goes (every rank counts uses alike). No rank holds
+    // a request on its bit: this runs in a full exchange, where every held hit was announced.
+    auto lru = cache_.begin();
+    for (auto c = cache_.begin(); c != cache_.end(); ++c) {
+      if (c->second.last_used < lru->second.last_used) lru = c;
+    }
+    bit = lru->second.bit;
+    cache_.erase(lru);
+  }
+  cache_names_[static_cast<size_t>(bit)] = name;
+  cache_.emplace(name, CacheEntry{sig, bit, static_cast<Kind>(parse_sig(e.sig[0]).kind), ++exec_counter_});
+}
+
 void Controller::negotiate_and_run() {
-  // 1. What this rank has to say.
+  if (timeline_) timeline_->mark_cycle_start();
+  // 1. What this rank has to say: each new request is a cache hit (held under its bit) or
+  // needs the full exchange.
   std::deque<Request> fresh;
   bool stopping;
   {
@@ -235,18 +392,61 @@ void Controller::negotiate_and_run() {
     fresh.swap(queue_);
     stopping = stop_requested_;
   }
-  std::string msg;
   const bool stall_now = rank_ == 0 && !stall_flag_ && options_.stall_check && options_.stall_shutdown_seconds > 0 &&
                          !stall_report(true).empty();
-  if (stopping || stall_now) msg = std::string("F\t") + (stopping ? "1" : "0") + "\t" + (stall_now ? "1" : "0") + "\n";
+  const bool any_joined = std::any_of(joined_.begin(), joined_.end(), [](bool b) { return b; });
+  bool need_full = stopping || stall_now || any_joined || options_.cache_capacity <= 0;
+  const auto now = Clock::now();
+  std::vector<Request> uncached;
   for (auto& r : fresh) {
-    if (mine_.count(r.name)) {
+    if (mine_.count(r.name) || hit_names_.count(r.name)) {
       r.pending->finish({}, std::make_exception_ptr(UsageError(
                                 "hvd: " + std::string(kind_name(r.kind)) + " '" + r.name +
                                 "' was submitted again before the first one finished; every request in "
                                 "flight needs its own name")));
       continue;
     }
+    auto c = cache_.find(r.name);
+    if (c != cache_.end() && !table_.count(r.name) && c->second.sig == signature(r)) {
+      const int bit = c->second.bit;
+      hit_names_[r.name] = bit;
+      hit_since_[bit] = now;
+      hits_.emplace(bit, std::move(r));
+    } else {
+      uncached.push_back(std::move(r));
+      need_full = true;
+    }
+  }
+  // A hit some rank has not matched for a while goes to the full exchange, where the stall
+  // check sees it.
+  const auto hit_limit = std::chrono::duration<double>(std::min(1.0, options_.stall_check_seconds / 2));
+  for (const auto& [bit, since] : hit_since_) {
+    if (now - since > hit_limit) need_full = true;
+  }
+
+  // 2. The cache's bit vector: requests every rank holds run now, without the full exchange.
+  if (options_.cache_capacity > 0) {
+    auto ready = sync_cache(need_full, !fresh.empty());
+    if (!ready.empty()) {
+      progressed_ = true;
+      run_cached(ready);
+    }
+    if (!need_full) {
+      idle_cycles_ = (!progressed_ && hits_.empty() && table_.empty() && mine_.empty()) ? idle_cycles_ + 1 : 0;
+      if (rank_ == 0 && options_.stall_check) stall_check();
+      if (timeline_) timeline_->flush();
+      return;
+    }
+  }
+
+  // 3. The full exchange: every rank announces its new requests and the hits it still holds.
+  for (auto& [bit, r] : hits_) uncached.push_back(std::move(r));
+  hits_.clear();
+  hit_names_.clear();
+  hit_since_.clear();
+  std::string msg;
+  if (stopping || stall_now) msg = std::string("F\t") + (stopping ? "1" : "0") + "\t" + (stall_now ? "1" : "0") + "\n";
+  for (auto& r : uncached) {
     msg += std::to_string(next_seq_++) + "\t" + signature(r) + "\n";
     std::string name = r.name;
     mine_.emplace(std::move(name), std::move(r));
@@ -256,6 +456,7 @@ void Controller::negotiate_and_run() {
   std::vector<std::string> all = exchange(msg);
   std::vector<std::string> completed;
   bool any = false;
+  if (options_.cache_capacity <= 0) progressed_ = false;
   for (int r = 0; r < size_; ++r) {
     any = any || !all[static_cast<size_t>(r)].empty();
     parse_rank_message(r, all[static_cast<size_t>(r)], completed);
@@ -270,6 +471,7 @@ void Controller::negotiate_and_run() {
     if (have == size_ && name != "join" && e.count > 0) completed.push_back(name);
   }
   idle_cycles_ = (!any && table_.empty()) ? idle_cycles_ + 1 : 0;
+  if (any || !completed.empty()) progressed_ = true;
 
   if (stall_flag_) {
     std::string report = stall_report(true);
@@ -286,6 +488,7 @@ void Controller::negotiate_and_run() {
   // 3. The ready names in the order every rank derives alike.
   if (!completed.empty()) execute(std::move(completed));
   if (rank_ == 0 && options_.stall_check) stall_check();
+  if (timeline_) timeline_->flush();
 }
 
 std::vector<std::string> Controller::exchange(const std::string& msg) {
@@ -332,18 +535,20 @@ void Controller::parse_rank_message(int rank, const std::string& msg, std::vecto
       }
       continue;
     }
-    const std::string name = split(line, '\t').at(2);  // fields: seq, kind, name, ...
+    Sig s = parse_sig(line);
+    const std::string& name = s.name;
     Entry& e = table_[name];
     if (e.sig.empty()) {
       e.sig.assign(static_cast<size_t>(size_), "");
       e.seq.assign(static_cast<size_t>(size_), -1);
       e.first_seen = Clock::now();
+      if (timeline_) timeline_->negotiate_start(name, kind_upper(s.kind));
     }
     if (!e.sig[ri].empty()) continue;  // a duplicate; the rank itself rejected it already
     e.sig[ri] = line;
-    e.seq[ri] = std::stoll(line.substr(0, line.find('\t')));
+    e.seq[ri] = s.seq;
     ++e.count;
-    Sig s = parse_sig(line);
+    if (timeline_) timeline_->negotiate_rank_ready(name, rank);
     if (s.kind == Kind::kJoin) {
       joined_[ri] = true;
       last_joined_ = rank;  // ranks are folded in order, cycles in time: the last one wins
@@ -436,7 +641,12 @@ void Controller::execute(std::vector<std::string> names) {
                          "joined ranks");
       }
       runnable.push_back(n);
+      if (cacheable(s.kind)) cache_insert(n, e);
     } catch (const Error&) {
+      if (timeline_) {
+        timeline_->start(n, "ERROR", -1);
+        timeline_->end(n, "", "");
+      }
       auto it = mine_.find(n);
       if (it != mine_.end()) {
         it->second.pending->finish({}, std::current_exception());
@@ -471,16 +681,25 @@ void Controller::execute(std::vector<std::string> names) {
       r.reduce.postscale_factor = s.postscale;
       r.reduce.compression = static_cast<Compression>(s.compression);
     }
+    if (timeline_) {
+      const int64_t bytes = r.tensor.defined() ? r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size()) : -1;
+      timeline_->start(n, kind_upper(r.kind), bytes);
+      timeline_->activity_start(n, "QUEUE");
+    }
     reqs.push_back(std::move(r));
     entries.push_back(std::move(e));
   }
+  run_batch(reqs, entries);
+}
 
+void Controller::run_batch(std::vector<Request>& reqs, std::vector<Entry>& entries) {
   // Join completes on its own (not in `names` while ranks are still missing).
   for (size_t i = 0; i < reqs.size();) {
     if (reqs[i].kind == Kind::kJoin) {
       // Every rank joined: the one whose join line was folded in last joined last.
       const int last = last_joined_;
       std::fill(joined_.begin(), joined_.end(), false);
+      if (timeline_) timeline_->end(reqs[i].name, "", "");
       if (reqs[i].pending) {
         reqs[i].pending->join_last_rank = last;
         reqs[i].pending->finish(torch::tensor(static_cast<int64_t>(last)));
@@ -530,21 +749,49 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
   const double pre = first.reduce.prescale_factor;
   double post = first.reduce.postscale_factor;
   if (first.reduce.op == ReduceOp::Average) post /= size_;
+  const bool adasum = first.reduce.op == ReduceOp::Adasum;
+  // The reduction itself: a sum/min/max/product all-reduce, or Adasum per tensor.
+  auto reduce = [&](torch::Tensor& buf) {
+    if (!adasum) {
+      dtrain::all_reduce(buf, ao);
+      return;
+    }
+    std::vector<int64_t> counts;
+    for (auto* r : reqs) counts.push_back(r->tensor.numel());
+    adasum_reduce(buf, counts);
+  };
+  const char* reduce_activity = adasum ? act_adasum_.c_str() : act_allreduce_.c_str();
+  // The timeline: every request of the group moves from QUEUE through the same activities.
+  auto activity = [&](const char* what) {
+    if (!timeline_) return;
+    for (auto* r : reqs) timeline_->activity_start(r->name, what);
+  };
+  auto done = [&](Request& r, const torch::Tensor& out) {
+    if (timeline_) timeline_->end(r.name, std::string(c10::toString(out.scalar_type())), c10::str(out.sizes()));
+    if (r.pending) r.pending->finish(out);
+  };
   try {
     torch::Tensor buffer;
     if (reqs.size() == 1 && wire == dtype && pre == 1.0) {
       // One tensor, nothing to convert: reduce it (or a copy) directly.
       Request& r = *reqs.front();
       buffer = (r.in_place && r.tensor.is_contiguous()) ? r.tensor : r.tensor.contiguous().clone();
-      dtrain::all_reduce(buffer, ao);
+      activity(reduce_activity);
+      reduce(buffer);
       if (post != 1.0) buffer.mul_(post);
       if (r.in_place && !buffer.is_same(r.tensor)) r.tensor.copy_(buffer);
-      if (r.pending) r.pending->finish(r.in_place ? r.tensor : buffer);
+      done(r, r.in_place ? r.tensor : buffer);
       return;
     }
+    activity("MEMCPY_IN_FUSION_BUFFER");
     int64_t total = 0;
     for (auto* r : reqs) total += r->tensor.numel();
-    buffer = torch::empty({total}, torch::TensorOptions().dtype(wire));
+    // The fusion buffer lives across cycles (Horovod's too): no allocation per step.
+    const int64_t bytes = total * static_cast<int64_t>(c10::elementSize(wire));
+    if (!fusion_buffer_.defined() || fusion_buffer_.numel() < bytes) {
+      fusion_buffer_ = torch::empty({bytes}, torch::kUInt8);
+    }
+    buffer = fusion_buffer_.narrow(0, 0, bytes).view(wire);
     int64_t off = 0;
     for (auto* r : reqs) {
       auto slot = buffer.narrow(0, off, r->tensor.numel());
@@ -555,7 +802,12 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
       }
       off += r->tensor.numel();
     }
-    dtrain::all_reduce(buffer, ao);
+    activity(reduce_activity);
+    reduce(buffer);
+    activity("MEMCPY_OUT_FUSION_BUFFER");
+    // One pass scales the whole buffer (when it holds the result's dtype).
+    const bool scaled = post != 1.0 && wire == dtype;
+    if (scaled) buffer.mul_(post);
     off = 0;
     for (auto* r : reqs) {
       auto slot = buffer.narrow(0, off, r->tensor.numel()).view(r->tensor.sizes());
@@ -563,13 +815,13 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
       torch::Tensor out;
       if (r->in_place) {
         r->tensor.copy_(slot);
-        if (post != 1.0) r->tensor.mul_(post);
+        if (post != 1.0 && !scaled) r->tensor.mul_(post);
         out = r->tensor;
       } else {
         out = slot.to(dtype, /*non_blocking=*/false, /*copy=*/true);
-        if (post != 1.0) out.mul_(post);
+        if (post != 1.0 && !scaled) out.mul_(post);
       }
-      if (r->pending) r->pending->finish(out);
+      done(*r, out);
     }
   } catch (...) {
     for (auto* r : reqs) {
@@ -579,12 +831,65 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
   }
 }
 
+void Controller::adasum_reduce(torch::Tensor& buffer, const std::vector<int64_t>& counts) {
+  // Recursive doubling: at distance d = 1, 2, 4, ... each rank swaps its vector with rank ^ d
+  // and both combine the pair alike - a from the lower group, b from the upper - tensor by
+  // tensor: a' = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b (a coefficient is 1 when its
+  // norm is ~0). After log2(size) levels every rank holds
+  // adasum(adasum(adasum(g0, g1), adasum(g2, g3)), ...). Dot products and the combination run
+  // in float64; every level sends the whole vector (Horovod halves it per level instead).
+  DTRAIN_ASSERT((size_ & (size_ - 1)) == 0, "Adasum on a size that is not a power of 2");
+  const auto dtype = buffer.scalar_type();
+  auto mine = buffer.reshape({-1}).to(torch::kFloat64);
+  auto theirs = torch::empty_like(mine);
+  PointToPointOptions po;
+  po.group = group_;
+  po.tag = 0x4164;  // "Ad"
+  const double tiny = std::sqrt(std::numeric_limits<double>::min());
+  for (int d = 1; d < size_; d <<= 1) {
+    const int peer = rank_ ^ d;
+    Work s = dtrain::send_async(mine, peer, po);
+    Work r = dtrain::recv_async(theirs, peer, po);
+    s.wait();
+    r.wait();
+    const bool lower = (rank_ & d) == 0;
+    auto a = lower ? mine : theirs;
+    auto b = lower ? theirs : mine;
+    auto out = torch::empty_like(mine);
+    int64_t off = 0;
+    for (int64_t n : counts) {
+      auto sa = a.narrow(0, off, n), sb = b.narrow(0, off, n);
+      const double dot = sa.dot(sb).item<double>();
+      const double na = sa.dot(sa).item<double>(), nb = sb.dot(sb).item<double>();
+      const double ca = na >= tiny ? 1.0 - dot / na * 0.5 : 1.0;
+      const double cb = nb >= tiny ? 1.0 - dot / nb * 0.5 : 1.0;
+      auto slot = out.narrow(0, off, n);
+      torch::add_out(slot, sa.mul(ca), sb, cb);
+      off += n;
+    }
+    mine = out;
+  }
+  buffer.copy_(mine.view(buffer.sizes()).to(dtype));
+}
+
 void Controller::run_one(Request& req, Entry& entry) {
   try {
     torch::Tensor out;
     std::vector<Sig> sigs(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       if (!entry.sig[static_cast<size_t>(r)].empty()) sigs[static_cast<size_t>(r)] = parse_sig(entry.sig[static_cast<size_t>(r)]);
+    }
+    if (timeline_) {
+      const char* act = req.kind == Kind::kBroadcast       ? act_bcast_.c_str()
+                        : req.kind == Kind::kAllgather     ? act_allgather_.c_str()
+                        : req.kind == Kind::kAlltoall      ? act_alltoall_.c_str()
+                        : req.kind == Kind::kReducescatter ? act_reducescatter_.c_str()
+                                                           : nullptr;
+      if (act) {
+        timeline_->activity_start(req.name, act);
+      } else {
+        timeline_->activity_end(req.name);
+      }
     }
     switch (req.kind) {
       case Kind::kBarrier:
@@ -664,6 +969,10 @@ void Controller::run_one(Request& req, Entry& entry) {
       }
       default:
         DTRAIN_ASSERT(false, "unexpected request kind in run_one");
+    }
+    if (timeline_) {
+      timeline_->end(req.name, out.defined() ? std::string(c10::toString(out.scalar_type())) : "",
+                     out.defined() ? c10::str(out.sizes()) : "");
     }
     if (req.pending) req.pending->finish(out);
   } catch (...) {

@@ -20,8 +20,31 @@
 //      rank 0 print Horovod's warning naming it and the missing ranks; after
 //      stall_shutdown_time rank 0 sets its stall flag, and every rank then fails all pending
 //      requests with the report.
-// Idle cycles (nothing queued anywhere) still negotiate, as Horovod's do, so a rank stuck in
-// user code is noticed; after a while of idleness the period grows to 10 ms to spare the CPU.
+// Idle ranks still cycle (a heartbeat, see below), as Horovod's do, so a rank stuck in user
+// code is noticed.
+//
+// The response cache (Horovod's idea, HOROVOD_CACHE_CAPACITY, default 1024; 0 turns it off):
+// an allreduce, broadcast or reducescatter that ran after a full negotiation in which every
+// rank submitted the same request gets a cache bit - the same on every rank, as every rank
+// executes the same names in the same order. A later request with that name and the same
+// signature is a hit: the rank holds it under its bit. Each cycle then starts with one small
+// sum all-reduce of int32 [ranks needing the full exchange, ranks with new requests, per bit
+// the ranks holding it]; bits every rank holds run at once (in bit order, fused), and only
+// when some rank has a request that missed (or a flag: shutdown, stall, a joined rank, or a
+// hit unmatched for min(1 s, stall check / 2)) do all ranks go on to the full exchange above,
+// announcing the hits they still hold with their new requests.
+//
+// When a cycle starts (every cycle is a collective: a rank that starts early sleeps in it
+// until the others start theirs):
+//   - new requests queued: HOROVOD_CYCLE_TIME after the first of them (so a backward pass's
+//     gradients are fused), or at once when a caller waits on a result (synchronize(),
+//     DistributedOptimizer::step()): nothing more is coming from it, so the last gradients
+//     of a step go out without waiting for the cycle boundary;
+//   - requests in flight, a caller waiting and the last cycle made progress (something ran or
+//     some rank had new requests): at once; otherwise one cycle time after the last;
+//   - nothing queued or in flight here: a heartbeat every 50 ms (kIdleHeartbeat), so no
+//     cycle takes CPU from forward and backward; a peer that submits meanwhile sleeps in its
+//     cycle's collective until this rank's own submission (or the heartbeat) starts ours.
 #pragma once
 
 #include <torch/torch.h>
@@ -39,6 +62,7 @@
 
 #include "dtrain/horovod.h"
 #include "dtrain/process_group.h"
+#include "horovod/timeline.h"
 
 namespace dtrain::hvd::detail {
 
@@ -46,6 +70,7 @@ using Clock = std::chrono::steady_clock;
 
 enum class Kind { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReducescatter, kJoin, kBarrier };
 const char* kind_name(Kind k);
+const char* kind_upper(Kind k);  // "ALLREDUCE", ...: Horovod's names on the timeline
 
 // Where a caller waits for a request's result.
 struct Pending {
@@ -73,23 +98,29 @@ struct Request {
 struct ControllerOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   int64_t fusion_threshold = 64 * 1024 * 1024;  // HOROVOD_FUSION_THRESHOLD (bytes)
+  int64_t cache_capacity = 1024;                // HOROVOD_CACHE_CAPACITY (0: no response cache)
   // HOROVOD_CYCLE_TIME (ms, fractional). Default 5 ms (Horovod's older default): on few cores
   // every cycle's negotiation takes CPU from backward; 1 ms measured 0.7-0.8x of DDP there.
   std::chrono::microseconds cycle_time{5000};
   double stall_check_seconds = 60;                // HOROVOD_STALL_CHECK_TIME_SECONDS
   double stall_shutdown_seconds = 0;              // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
   bool stall_check = true;                        // HOROVOD_STALL_CHECK_DISABLE=1 turns it off
+  std::string timeline;                           // HOROVOD_TIMELINE: rank 0 writes it
+  bool timeline_mark_cycles = false;              // HOROVOD_TIMELINE_MARK_CYCLES=1
   static ControllerOptions from_env();            // UsageError for a malformed variable
 };
 
 class Controller {
  public:
+  // Throws UsageError when rank 0 cannot write options.timeline.
   Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions options);
   ~Controller();  // stops the thread (shutdown() first for an orderly stop)
 
   // Queues a request; the caller waits on request.pending. Throws UsageError when hvd is
   // shut down or the request is malformed here (checked before anything is sent).
   void submit(Request request);
+  // A caller starts (+1) or stops (-1) waiting on a result: cycles start at once meanwhile.
+  void add_waiter(int delta);
   // Announces this rank's shutdown and waits until every rank announced it (up to the
   // timeout), then stops the thread. Pending requests fail.
   void shutdown();
@@ -104,9 +135,12 @@ class Controller {
     int count = 0;
     bool warned = false;
   };
-  struct Ready {
-    std::string name;
-    int64_t order;
+  static constexpr std::chrono::milliseconds kIdleHeartbeat{50};
+  struct CacheEntry {  // identical on every rank
+    std::string sig;    // the request's line without its submission number
+    int bit = 0;
+    Kind kind = Kind::kAllreduce;
+    int64_t last_used = 0;  // exec_counter_ at its last run (LRU eviction)
   };
 
   void loop();
@@ -114,8 +148,17 @@ class Controller {
   std::vector<std::string> exchange(const std::string& msg);  // every rank's message, by rank
   void parse_rank_message(int rank, const std::string& msg, std::vector<std::string>& completed);
   void execute(std::vector<std::string> names);
+  void run_batch(std::vector<Request>& reqs, std::vector<Entry>& entries);
+  static bool cacheable(Kind k);
+  // The cycle's bit-vector all-reduce: updates need_full and progressed_, returns the bits
+  // every rank holds.
+  std::vector<int> sync_cache(bool& need_full, bool fresh_work);
+  void run_cached(const std::vector<int>& bits);
+  void cache_insert(const std::string& name, const Entry& e);
   void run_allreduce_group(std::vector<Request*>& reqs);
   void run_one(Request& req, Entry& entry);
+  // Adasum over hvd's group, in place; `counts`: the elements of each tensor in `buffer`.
+  void adasum_reduce(torch::Tensor& buffer, const std::vector<int64_t>& counts);
   void fail_all(const std::string& why, bool timeout);
   void stall_check();
   std::string stall_report(bool for_shutdown);
@@ -132,6 +175,8 @@ class Controller {
   bool stop_requested_ = false;  // GUARDED_BY(mu_): this rank called shutdown()
   bool stopped_ = false;         // GUARDED_BY(mu_): the thread has finished
   std::string fatal_;            // GUARDED_BY(mu_): why the controller gave up
+  Clock::time_point first_queued_;  // GUARDED_BY(mu_): when queue_ last became non-empty
+  int waiters_ = 0;                 // GUARDED_BY(mu_): callers waiting on a result
 
   // Background-thread state.
   std::map<std::string, Request> mine_;   // announced by us, not yet run
@@ -142,7 +187,19 @@ class Controller {
   int last_joined_ = -1;
   bool stall_flag_ = false;
   int idle_cycles_ = 0;
+  bool progressed_ = false;  // the last cycle ran something or some rank had new requests
+  // The response cache.
+  std::map<std::string, CacheEntry> cache_;
+  std::vector<std::string> cache_names_;  // bit -> name ("" free)
+  int64_t exec_counter_ = 0;
+  std::map<int, Request> hits_;            // bit -> this rank's request, until every rank holds it
+  std::map<std::string, int> hit_names_;   // name -> bit of hits_
+  std::map<int, Clock::time_point> hit_since_;
   Clock::time_point last_stall_check_;
+  torch::Tensor fusion_buffer_;  // uint8, grown as needed
+  std::unique_ptr<Timeline> timeline_;  // rank 0 with HOROVOD_TIMELINE only
+  // The timeline's names of the collectives on hvd's group: "SHM_ALLREDUCE", ...
+  std::string act_allreduce_, act_bcast_, act_allgather_, act_alltoall_, act_reducescatter_, act_adasum_;
   std::thread thread_;
 };
 

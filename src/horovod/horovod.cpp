@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -113,11 +114,18 @@ void check_tensor(const torch::Tensor& t, const char* what) {
   }
 }
 
-void check_reduce(const torch::Tensor& t, const AllreduceOptions& o, const char* what) {
+void check_reduce(const torch::Tensor& t, const AllreduceOptions& o, const char* what, int size) {
   check_tensor(t, what);
   if (o.op == ReduceOp::Adasum) {
-    throw UsageError(std::string("hvd::") + what +
-                     ": op Adasum is not supported yet by dtrain::hvd; use hvd::Average or hvd::Sum");
+    if (size & (size - 1)) {
+      throw UsageError(std::string("hvd::") + what + ": op Adasum runs on a power-of-2 number of ranks only, as " +
+                       "Horovod's ('Running Adasum with non-power of 2 ranks is not supported yet'); this job has " +
+                       std::to_string(size) + " ranks: run 2, 4, 8, ... processes, or use hvd::Average");
+    }
+    if (!at::isFloatingType(t.scalar_type())) {
+      throw UsageError(std::string("hvd::") + what + ": op Adasum on a " + std::string(c10::toString(t.scalar_type())) +
+                       " tensor; Adasum combines floating-point tensors");
+    }
   }
   if (!at::isFloatingType(t.scalar_type())) {
     if (o.op == ReduceOp::Average) {
@@ -164,6 +172,14 @@ std::shared_ptr<Pending> wait_handle(Handle handle, std::string* label = nullptr
     entry = it->second;
   }
   auto& p = *entry.second;
+  // While we wait, hvd's background thread starts its cycles at once (see controller.h).
+  struct Waiting {
+    Controller* c;
+    explicit Waiting(Controller* ctl) : c(ctl) { c->add_waiter(1); }
+    ~Waiting() { c->add_waiter(-1); }
+  };
+  std::optional<Waiting> waiting;
+  if (c->controller) waiting.emplace(c->controller.get());
   std::unique_lock<std::mutex> lock(p.mu);
   if (!p.cv.wait_for(lock, c->options.timeout, [&] { return p.done; })) {
     throw TimeoutError("hvd::synchronize: " + entry.first + " did not finish within " +
@@ -233,7 +249,8 @@ void shutdown() {
   }
   if (!c) return;
   c->controller->shutdown();
-  c->controller.reset();
+  // The controller itself goes with the context, once no thread waits on a handle (waiters
+  // hold the context and tell the controller when they stop waiting).
 }
 
 bool is_initialized() {
@@ -251,7 +268,7 @@ int cross_rank() { return ctx("cross_rank")->cross_rank; }
 
 Handle allreduce_async(const torch::Tensor& tensor, const AllreduceOptions& options) {
   auto c = ctx("allreduce");
-  check_reduce(tensor, options, "allreduce");
+  check_reduce(tensor, options, "allreduce", c->group->world_size());
   Request r;
   r.kind = Kind::kAllreduce;
   r.name = auto_name(*c, Kind::kAllreduce, options.name);
@@ -262,7 +279,7 @@ Handle allreduce_async(const torch::Tensor& tensor, const AllreduceOptions& opti
 
 Handle allreduce_async_(torch::Tensor& tensor, const AllreduceOptions& options) {
   auto c = ctx("allreduce_");
-  check_reduce(tensor, options, "allreduce_");
+  check_reduce(tensor, options, "allreduce_", c->group->world_size());
   Request r;
   r.kind = Kind::kAllreduce;
   r.name = auto_name(*c, Kind::kAllreduce, options.name);
@@ -379,7 +396,7 @@ torch::Tensor reducescatter(const torch::Tensor& tensor, ReduceOp op, const std:
   auto c = ctx("reducescatter");
   AllreduceOptions o;
   o.op = op;
-  check_reduce(tensor, o, "reducescatter");
+  check_reduce(tensor, o, "reducescatter", c->group->world_size());
   if (op != ReduceOp::Average && op != ReduceOp::Sum) {
     throw UsageError("hvd::reducescatter: op must be hvd::Average or hvd::Sum");
   }

@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <set>
 
@@ -170,9 +171,14 @@ int horovodrun_main(const std::vector<std::string>& args) {
     rest.insert(rest.end(), args.begin() + static_cast<long>(i) + 1, args.end());
     LaunchOptions o = run_args_to_options(ra, rest);
     o.no_python = true;
-    if (!timeline.empty()) {
-      std::cerr << "dtrain horovodrun: note: --timeline-filename is passed on as HOROVOD_TIMELINE, but dtrain::hvd "
-                   "does not write Horovod's timeline yet\n";
+    if (!timeline.empty() && ra.host_list.empty()) {
+      // Rank 0 runs here and writes the file: a directory that is missing fails now, not
+      // after every worker started.
+      auto dir = std::filesystem::absolute(timeline).parent_path();
+      if (!std::filesystem::is_directory(dir)) {
+        throw UsageError("--timeline-filename " + timeline + ": the directory " + dir.string() +
+                         " does not exist; create it or give another path");
+      }
     }
     return run_launch(std::move(o));
   } catch (const UsageError& e) {

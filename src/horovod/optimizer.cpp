@@ -36,7 +36,9 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
                      std::to_string(options_.backward_passes_per_step));
   }
   if (options_.op == ReduceOp::Adasum) {
-    throw UsageError("hvd::DistributedOptimizer: op Adasum is not supported yet by dtrain::hvd; use hvd::Average");
+    throw UsageError("hvd::DistributedOptimizer: op Adasum is not built for the optimizer (Horovod's Adasum "
+                     "optimizer takes a local step and combines the parameter deltas); use hvd::Average, or "
+                     "hvd::allreduce(t, {.op = hvd::Adasum}) on tensors");
   }
   if (options_.op != ReduceOp::Average && options_.op != ReduceOp::Sum) {
     throw UsageError("hvd::DistributedOptimizer: op must be hvd::Average or hvd::Sum");

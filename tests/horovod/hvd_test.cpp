@@ -6,11 +6,15 @@
 //     different orders pair correctly; the stall check names the missing ranks and stops.
 //   - HorovodRunner(-2) returns rank 0's model, and a failing rank as WorkerError.
 //   - `dtrain horovodrun -np 2` gives workers Horovod's variables; bad input exits 2.
+//   - `--timeline-filename` writes one valid Chrome trace with Horovod's phases per tensor.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "dtrain/horovod.h"
 #include "dtrain/horovod_runner.h"
@@ -110,8 +114,23 @@ TEST(Collectives, EveryOperationAndNameMatchingOnThreeRanks) {
     EXPECT_NE(first, std::string::npos) << r.out;
     EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": order OK", first + 1), std::string::npos) << r.out;
   }
-  EXPECT_NE(r.out.find("Adasum is not supported yet"), std::string::npos) << r.out;
+  // Adasum on 3 ranks: Horovod's power-of-2 limit, as a UsageError.
+  EXPECT_NE(r.out.find("op Adasum runs on a power-of-2 number of ranks only"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mismatched allreduce 'mismatch'"), std::string::npos) << r.out;
+}
+
+// Adasum (alone, in place with a postscale, fused in a group; a zero tensor on odd ranks)
+// equals the formula computed on one process from every rank's tensors, on 2 and 4 ranks.
+TEST(Adasum, MatchesTheFormulaOnTwoAndFourRanks) {
+  for (int n : {2, 4}) {
+    auto r = run_worker(n, "adasum");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    for (int k = 0; k < n; ++k) {
+      EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": adasum OK on " + std::to_string(n) + " ranks"),
+                std::string::npos)
+          << r.out;
+    }
+  }
 }
 
 TEST(Stall, WarningNamesTheMissingRanksAndShutdownStopsTheJob) {
@@ -190,6 +209,138 @@ TEST(Horovodrun, RunsAProgramWithHorovodsVariablesAndRejectsBadInput) {
     EXPECT_EQ(r.exit_code, 2) << c.expect << "\n" << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// One top-level span of a tensor's row: its name, the activities inside it in order, the
+// ranks marked inside it (negotiation), and the args of its end.
+struct TopSpan {
+  std::string name;
+  std::vector<std::string> activities;
+  std::set<std::string> ranks;
+  nlohmann::json end_args;
+};
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// horovodrun -np 2 --timeline-filename F: a valid trace, one row (pid) per tensor name, and on
+// every row Horovod's phases well nested and in order: NEGOTIATE_ALLREDUCE (each rank marked
+// the first time: the full negotiation), then ALLREDUCE holding QUEUE, MEMCPY_IN_FUSION_BUFFER,
+// the collective, MEMCPY_OUT_FUSION_BUFFER (the memcpys when fused), for every step.
+TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
+  const auto file = (std::filesystem::temp_directory_path() / ("hvd_timeline_" + std::to_string(::getpid()) + ".json")).string();
+  const int steps = 3;
+  auto r = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename", file, HVD_WORKER_BIN, "timeline",
+                        "--steps", std::to_string(steps)},
+                       {.timeout = 120s});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(std::filesystem::exists(file)) << r.out << r.err;
+  nlohmann::json trace;
+  {
+    std::ifstream in(file);
+    ASSERT_NO_THROW(trace = nlohmann::json::parse(in)) << "the timeline is not valid JSON";
+  }
+  std::filesystem::remove(file);
+  ASSERT_TRUE(trace.is_array());
+
+  std::map<int, std::string> names;                  // pid -> tensor name
+  std::map<int, std::vector<nlohmann::json>> rows;   // pid -> its events in file order
+  for (const auto& e : trace) {
+    const int pid = e.at("pid").get<int>();
+    if (e.at("ph") == "M") {
+      if (e.at("name") == "process_name" && pid > 0) names[pid] = e.at("args").at("name").get<std::string>();
+      continue;
+    }
+    rows[pid].push_back(e);
+  }
+  std::map<std::string, std::vector<TopSpan>> spans;  // tensor name -> its top-level spans
+  for (const auto& [pid, events] : rows) {
+    ASSERT_TRUE(names.count(pid)) << "events on pid " << pid << " without a process_name";
+    const std::string& tensor = names[pid];
+    std::vector<std::string> open;
+    int64_t last_ts = -1;
+    auto& list = spans[tensor];
+    for (const auto& e : events) {
+      const std::string ph = e.at("ph");
+      const int64_t ts = e.at("ts").get<int64_t>();
+      EXPECT_GE(ts, last_ts) << tensor << ": time goes backwards";
+      last_ts = ts;
+      if (ph == "B") {
+        const std::string name = e.at("name");
+        if (open.empty()) {
+          list.push_back({name, {}, {}, {}});
+        } else {
+          ASSERT_EQ(open.size(), 1u) << tensor << ": " << name << " nested deeper than an activity";
+          list.back().activities.push_back(name);
+        }
+        open.push_back(name);
+      } else if (ph == "E") {
+        ASSERT_FALSE(open.empty()) << tensor << ": an end without a begin";
+        if (open.size() == 1 && e.contains("args")) list.back().end_args = e.at("args");
+        open.pop_back();
+      } else if (ph == "X") {
+        ASSERT_EQ(open.size(), 1u) << tensor << ": a rank mark outside a negotiation";
+        ASSERT_TRUE(open.back().rfind("NEGOTIATE_", 0) == 0) << tensor << ": a rank mark inside " << open.back();
+        list.back().ranks.insert(e.at("name").get<std::string>());
+      }
+    }
+    EXPECT_TRUE(open.empty()) << tensor << ": " << open.size() << " span(s) never ended";
+  }
+
+  const std::vector<std::string> params = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"};
+  int fused = 0;
+  for (const auto& p : params) {
+    const std::string tensor = "DistributedOptimizer.allreduce." + p;
+    ASSERT_TRUE(spans.count(tensor)) << "no row for " << tensor;
+    const auto& list = spans[tensor];
+    ASSERT_EQ(list.size(), 2u * steps) << tensor << ": want NEGOTIATE_ALLREDUCE, ALLREDUCE per step";
+    for (size_t k = 0; k < list.size(); k += 2) {
+      EXPECT_EQ(list[k].name, "NEGOTIATE_ALLREDUCE") << tensor;
+      EXPECT_EQ(list[k + 1].name, "ALLREDUCE") << tensor;
+      const auto& a = list[k + 1].activities;
+      ASSERT_FALSE(a.empty()) << tensor;
+      EXPECT_EQ(a.front(), "QUEUE") << tensor;
+      if (a.size() == 2) {
+        EXPECT_TRUE(ends_with(a[1], "_ALLREDUCE")) << tensor << ": " << a[1];
+      } else {
+        ASSERT_EQ(a.size(), 4u) << tensor;
+        EXPECT_EQ(a[1], "MEMCPY_IN_FUSION_BUFFER") << tensor;
+        EXPECT_TRUE(ends_with(a[2], "_ALLREDUCE")) << tensor << ": " << a[2];
+        EXPECT_EQ(a[3], "MEMCPY_OUT_FUSION_BUFFER") << tensor;
+        ++fused;
+      }
+      EXPECT_EQ(list[k + 1].end_args.value("dtype", ""), "Double") << tensor;
+    }
+    // The first step is negotiated in full: every rank's request is marked.
+    EXPECT_EQ(list[0].ranks, (std::set<std::string>{"0", "1"})) << tensor;
+    // Later steps are agreed through the response cache: no per-rank marks (as Horovod's).
+    int cached = 0;
+    for (size_t k = 2; k < list.size(); k += 2) cached += list[k].ranks.empty() ? 1 : 0;
+    EXPECT_GE(cached, 1) << tensor << ": no later step was agreed through the response cache";
+  }
+  EXPECT_GT(fused, 0) << "no gradient was reduced in a fused buffer";
+  EXPECT_EQ(spans["DistributedOptimizer.allreduce.0.weight"][1].end_args.value("shape", ""), "[512, 784]");
+  for (const auto& p : params) {
+    const auto& list = spans["broadcast_parameters." + p];
+    ASSERT_EQ(list.size(), 2u) << p;
+    EXPECT_EQ(list[0].name, "NEGOTIATE_BROADCAST");
+    EXPECT_EQ(list[1].name, "BROADCAST");
+    ASSERT_EQ(list[1].activities.size(), 2u);
+    EXPECT_EQ(list[1].activities[0], "QUEUE");
+    EXPECT_TRUE(ends_with(list[1].activities[1], "_BCAST")) << list[1].activities[1];
+  }
+
+  // A directory that does not exist is refused before any worker starts.
+  auto bad = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename", "/nonexistent/dir/t.json",
+                          HVD_WORKER_BIN, "timeline"},
+                         {.timeout = 30s});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("/nonexistent/dir does not exist"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -9,6 +9,10 @@
 //                             exits 1 on the first mismatch, naming it
 //   hvd_worker stall          rank 0 submits a tensor rank 1 never does (stall check)
 //   hvd_worker env            prints hvd's view of the job and Horovod's variables
+//   hvd_worker adasum         op Adasum (alone, in place with a postscale, fused in a group)
+//                             against the formula computed here from every rank's tensors
+//   hvd_worker timeline       broadcast_parameters and a few DistributedOptimizer steps (run
+//                             under horovodrun --timeline-filename: the test reads the trace)
 //   hvd_worker runner         HorovodRunner(-2).run(train) against one process's training,
 //                             then a HorovodRunner whose rank 1 throws (WorkerError)
 #include <CLI/CLI.hpp>
@@ -263,6 +267,28 @@ void collectives() {
     if (r == 0) std::printf("mismatch: %s\n", e.what());
   }
   CHECK_CLOSE("allreduce after errors", hvd::allreduce(t, {.op = hvd::Sum}), base * n + rsum);
+  // The response cache: a name that ran is cached and agreed by bit vector from then on; the
+  // same name with a new shape on every rank runs (the entry follows), and a shape that
+  // differs on one rank is still a mismatch on every rank.
+  for (int k = 0; k < 3; ++k) {
+    CHECK_CLOSE("cached allreduce", hvd::allreduce(t, {.op = hvd::Sum, .name = "cached"}), base * n + rsum);
+  }
+  CHECK_CLOSE("cached name, new shape everywhere",
+              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64), {.op = hvd::Sum, .name = "cached"}),
+              torch::full({4}, rsum, torch::kFloat64));
+  try {
+    hvd::allreduce(torch::ones({r == 0 ? 5 : 4}, torch::kFloat64), {.op = hvd::Sum, .name = "cached"});
+    std::fprintf(stderr, "rank %d: a shape differing on rank 0 under a cached name did not throw\n", r);
+    std::exit(1);
+  } catch (const dtrain::UsageError& e) {
+    if (std::string(e.what()).find("mismatched allreduce 'cached'") == std::string::npos) {
+      std::fprintf(stderr, "rank %d: unexpected error: %s\n", r, e.what());
+      std::exit(1);
+    }
+  }
+  CHECK_CLOSE("cached name after a mismatch",
+              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64), {.op = hvd::Sum, .name = "cached"}),
+              torch::full({4}, rsum, torch::kFloat64));
   hvd::shutdown();
   std::printf("rank %d: collectives OK\n", r);
 }
@@ -307,6 +333,69 @@ void stall() {
     std::printf("rank %d: stopped: %s\n", r, e.what());
   }
   hvd::shutdown();
+}
+
+// Horovod's Adasum of two vectors, in float64.
+torch::Tensor adasum_pair(const torch::Tensor& a, const torch::Tensor& b) {
+  const double dot = a.dot(b).item<double>(), na = a.dot(a).item<double>(), nb = b.dot(b).item<double>();
+  const double ca = na > 0 ? 1.0 - dot / (2 * na) : 1.0;
+  const double cb = nb > 0 ? 1.0 - dot / (2 * nb) : 1.0;
+  return ca * a + cb * b;
+}
+
+void adasum_mode() {
+  hvd::init();
+  const int n = hvd::size(), r = hvd::rank();
+  // Rank k's tensors, which every rank can compute: two float64, one float32, and one that
+  // is zero on odd ranks (its coefficient must be 1).
+  auto tensors_of = [](int k) {
+    auto g = at::detail::createCPUGenerator(500 + k);
+    std::vector<torch::Tensor> t = {torch::randn({5, 7}, g, torch::kFloat64), torch::randn({13}, g, torch::kFloat64),
+                                    torch::randn({3, 4}, g, torch::kFloat32), torch::randn({6}, g, torch::kFloat64)};
+    if (k % 2) t[3].zero_();
+    // Correlated with rank 0's, so the dot products are far from 0.
+    for (auto& x : t) x.add_(torch::ones_like(x));
+    return t;
+  };
+  // The formula on one process: pairs of ranks, then pairs of pairs.
+  std::vector<torch::Tensor> want;
+  for (size_t i = 0; i < 4; ++i) {
+    std::vector<torch::Tensor> level;
+    for (int k = 0; k < n; ++k) level.push_back(tensors_of(k)[i].reshape({-1}).to(torch::kFloat64));
+    while (level.size() > 1) {
+      std::vector<torch::Tensor> next;
+      for (size_t j = 0; j < level.size(); j += 2) next.push_back(adasum_pair(level[j], level[j + 1]));
+      level = next;
+    }
+    want.push_back(level[0].reshape(tensors_of(0)[i].sizes()));
+  }
+  auto check = [&](const char* what, size_t i, const torch::Tensor& got) {
+    auto g = got.to(torch::kFloat64);
+    const double tol = got.scalar_type() == torch::kFloat32 ? 1e-5 : 1e-12;
+    const double rel = (g - want[i]).abs().max().item<double>() / want[i].abs().max().item<double>();
+    if (g.sizes() != want[i].sizes() || !(rel <= tol)) {
+      std::fprintf(stderr, "rank %d: Adasum %s tensor %zu: relative difference %g (tolerance %g)\n", r, what, i, rel, tol);
+      std::exit(1);
+    }
+  };
+  auto mine = tensors_of(r);
+  // Not simply the sum or the average (the comparison would be vacuous otherwise).
+  auto sum = torch::zeros_like(want[0]);
+  for (int k = 0; k < n; ++k) sum += tensors_of(k)[0].to(torch::kFloat64);
+  if ((sum - want[0]).abs().max().item<double>() < 1e-3 || (sum / n - want[0]).abs().max().item<double>() < 1e-3) {
+    std::fprintf(stderr, "rank %d: the test's Adasum equals the sum or average\n", r);
+    std::exit(1);
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    check("alone", i, hvd::allreduce(mine[i], {.op = hvd::Adasum, .name = "adasum.alone." + std::to_string(i)}));
+  }
+  auto inplace = mine[1].clone();
+  hvd::allreduce_(inplace, {.op = hvd::Adasum, .name = "adasum.inplace", .postscale_factor = 0.5});
+  check("in place, postscale 0.5 (x2)", 1, inplace * 2);
+  auto fused = hvd::grouped_allreduce(mine, {.op = hvd::Adasum, .name = "adasum.group"});
+  for (size_t i = 0; i < fused.size(); ++i) check("fused", i, fused[i]);
+  hvd::shutdown();
+  std::printf("rank %d: adasum OK on %d ranks\n", r, n);
 }
 
 void env_mode() {
@@ -434,6 +523,13 @@ int main(int argc, char** argv) {
     stall();
   } else if (mode == "env") {
     env_mode();
+  } else if (mode == "adasum") {
+    adasum_mode();
+  } else if (mode == "timeline") {
+    train_hvd(steps, batch, 1, false);
+    const int r = hvd::rank();
+    hvd::shutdown();  // rank 0 closes the timeline
+    std::printf("rank %d: timeline run done\n", r);
   } else if (mode == "runner") {
     hvd::HorovodRunner hr(-2);
     auto [rank, params] = hr.run(runner_train, steps);
