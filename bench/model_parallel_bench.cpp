@@ -10,7 +10,7 @@
 // 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
 //    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
 //
-//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS]
+//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS] [--p 2,4] [--m 1,4,8,16] [--no-memory]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -76,7 +76,17 @@ class SleepStageImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SleepStage);
 
-void bubble(int steps, double tf, double tb) {
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> out;
+  for (const char* p = s; *p;) {
+    out.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return out;
+}
+
+void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const std::vector<int>& Ms) {
   std::printf("# pipeline bubble: synthetic stages (forward %.0f ms, backward %.0f ms per micro-batch and rank), median of %d steps\n",
               tf, tb, steps);
   std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms", "ratio",
@@ -86,8 +96,8 @@ void bubble(int steps, double tf, double tb) {
     int P, M, V;
   };
   std::vector<Case> cases;
-  for (int P : {2, 4}) {
-    for (int M : {1, 4, 8, 16}) {
+  for (int P : Ps) {
+    for (int M : Ms) {
       cases.push_back({dtrain::Schedule::kGPipe, P, M, 1});
       cases.push_back({dtrain::Schedule::kOneFOneB, P, M, 1});
       if (M % P == 0) cases.push_back({dtrain::Schedule::kInterleavedOneFOneB, P, M, 2});
@@ -166,14 +176,24 @@ void memory() {
 int main(int argc, char** argv) {
   int steps = 5;
   double tf = 10, tb = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--tf")) tf = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--tb")) tb = std::atof(argv[i + 1]);
+  std::vector<int> Ps = {2, 4}, Ms = {1, 4, 8, 16};
+  bool mem = true;
+  for (int i = 1; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--no-memory")) mem = false;
+    else if (has_value && !std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--tf")) tf = std::atof(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--tb")) tb = std::atof(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--p")) Ps = parse_list(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--m")) Ms = parse_list(argv[++i]);
+    else {
+      std::fprintf(stderr, "model_parallel_bench: unknown or incomplete option '%s'; use --steps N --tf MS --tb MS --p 2,4 --m 1,4,8,16 --no-memory\n", argv[i]);
+      return 2;
+    }
   }
   torch::set_num_threads(1);
   std::printf("# machine: 2-core Debian 12 VM, shared; ranks are threads of one process, Gloo over loopback\n");
-  bubble(steps, tf, tb);
-  memory();
+  bubble(steps, tf, tb, Ps, Ms);
+  if (mem) memory();
   return 0;
 }

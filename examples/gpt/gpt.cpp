@@ -140,8 +140,9 @@ Result train(const Config& cfg, const Corpus& corpus, const dtrain::DeviceMesh& 
     model = make_model(cfg, corpus.vocab, tp);
   }
   const int stages = P * cfg.virtual_stages;
-  dtrain::Pipeline pipe(dtrain::split_sequential(model, stages), mesh,
-                        {cfg.schedule, cfg.micro_batches, cfg.virtual_stages});
+  dtrain::PipelineOptions po{cfg.schedule, cfg.micro_batches, cfg.virtual_stages};
+  po.data_parallel = dtrain::DDPOptions{};  // over mesh.group("dp"): DDP's buckets average the gradients
+  dtrain::Pipeline pipe(dtrain::split_sequential(model, stages), mesh, po);
   model = nullptr;  // the stages other ranks run are dropped here
   torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(cfg.lr));
   const int64_t local_vocab = corpus.vocab / T;
@@ -165,7 +166,6 @@ Result train(const Config& cfg, const Corpus& corpus, const dtrain::DeviceMesh& 
     }
     opt.zero_grad();
     torch::Tensor loss = pipe.train_step(torch::stack(xs), torch::stack(ys), loss_fn);
-    dtrain::all_reduce_gradients(pipe.parameters(), mesh.group("dp"));
     opt.step();
     // The global loss: the last stage's (the same on its tp ranks), averaged over dp.
     torch::Tensor l = torch::zeros({1}, torch::kFloat64);

@@ -34,9 +34,11 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dtrain/ddp.h"
 #include "dtrain/mesh.h"
 #include "dtrain/process_group.h"
 
@@ -61,6 +63,13 @@ struct PipelineOptions {
   Schedule schedule = Schedule::kOneFOneB;  // Default: 1F1B.
   int micro_batches = 1;                    // Default: 1 (no pipelining). Must divide the batch.
   int virtual_stages = 1;                   // Stages per rank; > 1 only with kInterleavedOneFOneB.
+  // Data parallelism over replicas of this pipeline (the mesh's "dp" dimension): each of this
+  // rank's chunks is wrapped in a DistributedDataParallel with these options. Micro-batches
+  // before the last accumulate gradients locally (DDP's no_sync); the last one's backward
+  // averages each chunk's accumulated gradients over `group` in DDP's buckets, overlapping
+  // the rest of the step. A null group means the mesh's "dp" group (the mesh constructor; a
+  // UsageError with the group constructor). A one-rank group wraps nothing. Default: none.
+  std::optional<DDPOptions> data_parallel;
 };
 
 // One step of a schedule on one rank: a forward or backward of micro-batch `micro_batch`
@@ -106,6 +115,9 @@ class Pipeline {
   // whose activations were alive at once (forward done, backward not yet), over all chunks.
   const std::vector<PipelineOp>& last_trace() const { return trace_; }
   int peak_live_activations() const { return peak_live_; }
+  // Whether this rank's chunks are wrapped in DistributedDataParallel (options.data_parallel
+  // over a group of more than one rank).
+  bool data_parallel() const { return !ddp_.empty(); }
 
  private:
   std::shared_ptr<ProcessGroup> group_;
@@ -114,14 +126,13 @@ class Pipeline {
   int rank_ = 0, size_ = 1;
   std::vector<PipelineOp> trace_;
   int peak_live_ = 0;
+  std::vector<std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>>> ddp_;  // one per chunk, or none
 };
 
-// Averages the gradients of `params` over `group`: data parallelism across pipeline (or
-// tensor-parallel) replicas, the mesh's "dp" group. Call it after train_step and before the
-// optimizer step, on every rank of the group with the same parameter shapes. One flat
-// all-reduce; a parameter without a gradient gets a zero one. A null or one-rank group does
-// nothing. (DistributedDataParallel overlaps this with backward but wraps one module and
-// one backward per step; a pipeline runs several chunks and M backwards.)
+// Averages the gradients of `params` over `group` after a step, in one flat all-reduce (a
+// parameter without a gradient gets a zero one; a null or one-rank group does nothing). For
+// a Pipeline prefer PipelineOptions::data_parallel (DDP's buckets, overlapped with the last
+// micro-batch's backward); this is for parameters outside a pipeline.
 void all_reduce_gradients(const std::vector<torch::Tensor>& params, const std::shared_ptr<ProcessGroup>& group);
 
 }  // namespace dtrain

@@ -212,10 +212,31 @@ Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<Pr
                      " stages (split_sequential(model, " + std::to_string(size_ * V) + ")) or this rank's " +
                      std::to_string(V));
   }
+  if (options_.data_parallel) {
+    const auto& dp = options_.data_parallel->group;
+    if (!dp) {
+      throw UsageError("Pipeline: options.data_parallel has no group; set data_parallel->group to the data-parallel "
+                       "group (e.g. mesh.group(\"dp\")), or construct the Pipeline from a DeviceMesh with a \"dp\" dimension");
+    }
+    // Every replica wraps its chunks in the same order, so DDP's construction-time checks and
+    // broadcasts (collectives on the dp group) line up.
+    if (dp->world_size() > 1) {
+      for (auto& chunk : local_) {
+        ddp_.push_back(std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(chunk, *options_.data_parallel));
+      }
+    }
+  }
 }
 
+namespace {
+PipelineOptions with_mesh_dp(PipelineOptions o, const DeviceMesh& mesh) {
+  if (o.data_parallel && !o.data_parallel->group) o.data_parallel->group = mesh.group("dp");
+  return o;
+}
+}  // namespace
+
 Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, const DeviceMesh& mesh, PipelineOptions options)
-    : Pipeline(std::move(stages), mesh.group("pp"), options) {}
+    : Pipeline(std::move(stages), mesh.group("pp"), with_mesh_dp(std::move(options), mesh)) {}
 
 std::vector<torch::Tensor> Pipeline::parameters() const {
   std::vector<torch::Tensor> out;
@@ -258,7 +279,7 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
         l.input = recv_with_shape(prev, tag_of(op.micro_batch, s, S, false, true), tag_of(op.micro_batch, s, S, false, false), group_);
         if (l.input.is_floating_point()) l.input.requires_grad_(true);
       }
-      torch::Tensor out = local_[op.chunk]->forward(l.input);
+      torch::Tensor out = ddp_.empty() ? local_[op.chunk]->forward(l.input) : ddp_[op.chunk]->forward(l.input);
       if (s == S - 1) {
         if (tgt_mb.empty()) throw UsageError("Pipeline::train_step: the last stage needs targets");
         torch::Tensor loss = loss_fn(out, tgt_mb[op.micro_batch]);
@@ -277,6 +298,9 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
       TORCH_INTERNAL_ASSERT(it != live.end(), "backward before forward in the pipeline schedule: ", to_string(op));
       Live l = std::move(it->second);
       live.erase(it);
+      // Data parallel: only the chunk's last backward (micro-batches run in order) averages
+      // the gradients accumulated over all M; the others accumulate locally.
+      if (!ddp_.empty()) ddp_[op.chunk]->reducer().set_sync(op.micro_batch == M - 1);
       if (s == S - 1) {
         l.output.backward();
       } else {

@@ -1,7 +1,10 @@
 #include "dtrain/tensor_parallel.h"
 
+#include <c10/util/Type.h>
+
 #include <cstdint>
 #include <set>
+#include <typeinfo>
 
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
@@ -246,7 +249,11 @@ torch::nn::Sequential parallelize_at(const torch::nn::Sequential& seq, const Par
     if (style != plan.end()) {
       auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(item.value());
       if (!linear) {
-        throw UsageError("parallelize: '" + name + "' is a " + item.value()->name() +
+        // Not item.value()->name(): Module::name() caches the name in a mutable member on first
+        // use, so ranks that are threads sharing one model (tests) raced on it - a double free
+        // on libtorch 2.x. typeid reads nothing of the module's state.
+        const torch::nn::Module& child = *item.value();
+        throw UsageError("parallelize: '" + name + "' is a " + c10::demangle(typeid(child).name()) +
                          ", not a torch::nn::Linear; ColwiseParallel and RowwiseParallel apply to Linear layers");
       }
       used.insert(name);

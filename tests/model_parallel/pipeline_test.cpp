@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dtrain/error.h"
+#include "dtrain/mesh.h"
 #include "dtrain/pipeline.h"
 #include "support/thread_group.h"
 
@@ -207,6 +208,70 @@ TEST(PipelineTraining, TwoStagesMatchTheUnpipelinedModel) {
   BadBatchesAndStageCountsAreUsageErrors();
 }
 TEST(PipelineTraining, FourStagesMatchTheUnpipelinedModel) { run_parity(4, all_configs()); }
+
+// Data x pipeline parallel (dp = 2, pp = 2 on 4 ranks): each replica trains its half of every
+// batch and PipelineOptions::data_parallel (DDP over the mesh's dp group) averages the chunks'
+// gradients, so after 10 steps every rank's layers equal the unpipelined model's trained on
+// the full batches. Without the averaging the replicas would each follow their half.
+TEST(PipelineTraining, DataParallelReplicasWithDdpMatchTheUnpipelinedModel) {
+  torch::set_num_threads(1);
+  constexpr int D = 2, P = 2, kSteps = 10, kBatch = 16;
+  const std::vector<Config> configs = {{Schedule::kOneFOneB, 4, 1}, {Schedule::kGPipe, 2, 1}, {Schedule::kInterleavedOneFOneB, 2, 2}};
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < kSteps; ++s) {
+    xs.push_back(torch::randn({kBatch, 6}));
+    ys.push_back(torch::randn({kBatch, 3}));
+  }
+  torch::nn::Sequential initial = make_model();
+  torch::nn::Sequential ref = deep_copy(initial);
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int s = 0; s < kSteps; ++s) {
+    ref_opt.zero_grad();
+    mse(ref->forward(xs[s]), ys[s]).backward();
+    ref_opt.step();
+  }
+  std::vector<std::vector<torch::nn::Sequential>> copies(configs.size());
+  for (size_t k = 0; k < configs.size(); ++k) {
+    for (int r = 0; r < D * P; ++r) copies[k].push_back(deep_copy(initial));
+  }
+  test::run_ranks(D * P, [&](std::shared_ptr<ProcessGroup> g) {
+    DeviceMesh mesh({{"dp", D}, {"pp", P}}, g);
+    const int d = mesh.coordinate("dp"), p = mesh.coordinate("pp");
+    for (size_t k = 0; k < configs.size(); ++k) {
+      const Config& c = configs[k];
+      SCOPED_TRACE("dp rank " + std::to_string(d) + " stage " + std::to_string(p) + " " + schedule_name(c.schedule) +
+                   " M=" + std::to_string(c.micro_batches) + " V=" + std::to_string(c.virtual_stages));
+      const int S = P * c.virtual_stages;
+      PipelineOptions o{c.schedule, c.micro_batches, c.virtual_stages};
+      o.data_parallel = DDPOptions{};  // the mesh's dp group
+      Pipeline pipe(split_sequential(copies[k][g->rank()], S), mesh, o);
+      EXPECT_TRUE(pipe.data_parallel());
+      torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      const int64_t half = kBatch / D;
+      for (int s = 0; s < kSteps; ++s) {
+        opt.zero_grad();
+        pipe.train_step(xs[s].narrow(0, d * half, half), ys[s].narrow(0, d * half, half), mse);
+        opt.step();
+      }
+      auto ref_stages = split_sequential(ref, S);
+      for (int chunk = 0; chunk < c.virtual_stages; ++chunk) {
+        auto got = pipe.local_stages()[chunk]->parameters();
+        auto want = ref_stages[chunk * P + p]->parameters();
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-5, 1e-6))
+              << "chunk " << chunk << " parameter " << i << ": max |diff| " << (got[i] - want[i]).abs().max().item<double>();
+        }
+      }
+    }
+    // The group constructor has no mesh to take the dp group from.
+    PipelineOptions no_group;
+    no_group.data_parallel = DDPOptions{};
+    EXPECT_THROW(Pipeline(split_sequential(copies[0][g->rank()], P), mesh.group("pp"), no_group), UsageError);
+    g->barrier();
+  });
+}
 
 void BadBatchesAndStageCountsAreUsageErrors() {
   test::run_ranks(2, [](std::shared_ptr<ProcessGroup> g) {
