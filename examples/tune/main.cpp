@@ -4,8 +4,8 @@
 //
 //   tune_example [--mode both|grid|asha] [--epochs 9] [--nproc 2] [--train-subset N]
 //                [--val-subset N] [--storage /tmp/dtrain-tune-example] [--concurrent 1]
-//                [--lrs 3e-4,1e-3,3e-3] [--batch-sizes 64,128,256] [--hiddens 32,64,256]
-//                [--grace-period 1] [--reduction-factor 3] [--brackets 1]
+//                [--lrs 3e-3,1e-3,3e-4] [--batch-sizes 64,128,256] [--hiddens 32,64,256]
+//                [--grace-period 1] [--reduction-factor 4] [--brackets 1]
 //
 // Data: the first --train-subset training images (the full 60k makes the 2-core CI machine
 // take an hour for the grid) and the first --val-subset test images as the validation set.
@@ -128,9 +128,9 @@ int main(int argc, char** argv) {
   std::string mode = "both", storage = "/tmp/dtrain-tune-example", data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 9, nproc = 2, concurrent = 1;
   int64_t train_subset = 6000, val_subset = 5000;
-  std::vector<double> lrs{3e-4, 1e-3, 3e-3};
+  std::vector<double> lrs{3e-3, 1e-3, 3e-4};
   std::vector<int> batch_sizes{64, 128, 256}, hiddens{32, 64, 256};
-  double grace_period = 1, reduction_factor = 3;
+  double grace_period = 1, reduction_factor = 4;  // Ray's ASHAScheduler defaults
   int brackets = 1;
   app.add_option("--mode", mode, "both | grid | asha")->capture_default_str();
   app.add_option("--epochs", epochs, "Epochs per trial (ASHA's max_t)")->capture_default_str();

@@ -42,7 +42,7 @@ MlflowTrials::MlflowTrials(std::string tracking_uri, std::string experiment, con
                                 .tags = {{"dtrain.role", "tune"}, {"dtrain.tune.search", search_name}},
                                 .run_id = parent_run_id,
                                 .all_ranks = true});
-  if (parent_run_id.empty()) parent_.set_tag("dtrain.tune.param_space", param_space.dump());
+  if (parent_run_id.empty()) parent_.set_tag("dtrain.tune.param_space", param_space.dump().substr(0, 5000));
 }
 
 std::string MlflowTrials::trial_started(const std::string& trial_id, const Config& config, const std::string& run_id,
@@ -64,7 +64,7 @@ std::string MlflowTrials::trial_started(const std::string& trial_id, const Confi
   }
   mlflow::Run& run = it->second;
   if (first_start && run_id.empty()) run.log_params(flatten_config(config));
-  run.set_tag("dtrain.tune.config", config.dump());
+  run.set_tag("dtrain.tune.config", config.dump().substr(0, 5000));
   run.set_tag("dtrain.tune.status", "RUNNING");
   return run.id();
 }

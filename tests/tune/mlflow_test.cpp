@@ -63,7 +63,7 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
   ASSERT_EQ(children.size(), 3u) << runs.dump(1);
   for (const auto& t : grid.trials()) {
     ASSERT_TRUE(children.count(t.id)) << t.id << " has no run: " << runs.dump(1);
-    const auto& run = children[t.id];
+    const nlohmann::json run = children[t.id];
     EXPECT_EQ(run["parent"], parent["run_id"]) << t.id;
     EXPECT_EQ(run["tags"]["mlflow.runName"], t.id);
     const double x = t.config.at("x").get<double>();
@@ -72,13 +72,13 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
     EXPECT_EQ(run["params"]["model/width"], "8");
     EXPECT_EQ(run["params"]["model/act"], "relu");
     // Every report as history, step = training_iteration, equal to the Tuner's own history.
-    const auto& score = run["metrics"]["score"];
+    const nlohmann::json score = run["metrics"].value("score", nlohmann::json::array());
     ASSERT_EQ(score.size(), t.history.size()) << t.id << ": " << run.dump(1);
     for (std::size_t i = 0; i < t.history.size(); ++i) {
       EXPECT_EQ(score[i][0].get<int64_t>(), static_cast<int64_t>(i + 1));
       EXPECT_DOUBLE_EQ(score[i][1].get<double>(), x * static_cast<double>(i + 1));
-      EXPECT_DOUBLE_EQ(run["metrics"]["half"][i][1].get<double>(), 0.5 * static_cast<double>(i + 1));
-      EXPECT_EQ(run["metrics"]["training_iteration"][i][1].get<double>(), static_cast<double>(i + 1));
+      EXPECT_DOUBLE_EQ(run["metrics"].at("half").at(i).at(1).get<double>(), 0.5 * static_cast<double>(i + 1));
+      EXPECT_EQ(run["metrics"].at("training_iteration").at(i).at(1).get<double>(), static_cast<double>(i + 1));
     }
     if (x == 3) {
       EXPECT_EQ(t.status, TrialStatus::Error);
@@ -95,4 +95,10 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
   }
   server.stop();
   fs::remove_all(dir);
+}
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);  // a trial's worker runs its trainable here and exits
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
 }
