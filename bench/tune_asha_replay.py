@@ -9,11 +9,14 @@ them, trial after trial in the grid's order (one trial at a time, as tune_exampl
 ray.tune's AsyncHyperBandScheduler (the pip-installed Ray, no cluster: a stand-in
 controller), and prints the epochs it spends and the best accuracy it reaches. With
 --dtrain, it also reads dtrain's real ASHA search and checks both stopped the same trials at
-the same epochs. Prints one JSON line last.
+the same epochs. With --orders N, it also replays N random orders of the same trials (seed 0):
+async ASHA's budget depends on the order trials arrive in (a rung with few results yet stops
+little), and this says how much. Prints one JSON line last.
 """
 import argparse
 import json
 import logging
+import random
 import sys
 import types
 
@@ -81,6 +84,7 @@ def main():
     p.add_argument("--reduction-factor", type=float, default=3)
     p.add_argument("--brackets", type=int, default=1)
     p.add_argument("--dtrain", help="dtrain's ASHA search (tuner_state.json) to compare with")
+    p.add_argument("--orders", type=int, default=0, help="also replay this many random trial orders")
     a = p.parse_args()
     trials = json.load(open(a.grid_state))["trials"]
     grid_epochs = sum(len(t["history"]) for t in trials)
@@ -92,6 +96,23 @@ def main():
           f"best accuracy {best:.4f} (gap {grid_best - best:.4f})")
     out = {"grid_epochs": grid_epochs, "grid_best": grid_best, "ray_epochs": used, "ray_best": best,
            "ray_fraction": used / grid_epochs, "ray_epochs_per_trial": epochs}
+    if a.orders:
+        rng = random.Random(0)
+        fractions, gaps = [], []
+        for _ in range(a.orders):
+            order = list(trials)
+            rng.shuffle(order)
+            e, b = replay(order, a.max_t, a.grace_period, a.reduction_factor, a.brackets)
+            fractions.append(sum(e.values()) / grid_epochs)
+            gaps.append(grid_best - b)
+        meet = sum(1 for f, g in zip(fractions, gaps) if f <= 1 / 3 and g <= 0.005) / a.orders
+        fractions.sort()
+        q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))]  # noqa: E731
+        print(f"{a.orders} random trial orders: epoch fraction median {q(fractions, 0.5):.3f}, "
+              f"10th-90th percentile {q(fractions, 0.1):.3f}-{q(fractions, 0.9):.3f}; accuracy gap max {max(gaps):.4f}; "
+              f"{meet:.0%} of the orders meet both targets (<= 1/3 of the epochs, gap <= 0.005)")
+        out["random_orders"] = {"n": a.orders, "fraction_median": q(fractions, 0.5), "fraction_p10": q(fractions, 0.1),
+                                "fraction_p90": q(fractions, 0.9), "gap_max": max(gaps), "share_meeting_targets": meet}
     if a.dtrain:
         ours = {t["id"]: len(t["history"]) for t in json.load(open(a.dtrain))["trials"]}
         same = ours == epochs

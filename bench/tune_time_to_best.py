@@ -58,7 +58,10 @@ def run_ray(a):
                "--batch-size", str(config["batch_size"]), "--hidden", str(config["hidden"]),
                "--epochs", str(config["epochs"]), "--train-subset", str(config["train_subset"]),
                "--val-subset", str(config["val_subset"])]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+        # One thread per worker, as torchrun (and dtrain's launcher) would set without Ray's
+        # OMP_NUM_THREADS=<the trial's CPUs>.
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=_die_with_parent)
         try:
             for line in proc.stdout:
                 if line.startswith("{"):
@@ -113,11 +116,11 @@ def main():
     p.add_argument("--epochs", type=int, default=9)
     p.add_argument("--train-subset", type=int, default=6000)
     p.add_argument("--val-subset", type=int, default=5000)
-    p.add_argument("--lrs", default="3e-4,1e-3,3e-3")
+    p.add_argument("--lrs", default="3e-3,1e-3,3e-4")
     p.add_argument("--batch-sizes", default="64,128,256")
     p.add_argument("--hiddens", default="32,64,256")
     p.add_argument("--grace-period", type=int, default=1)
-    p.add_argument("--reduction-factor", type=int, default=3)
+    p.add_argument("--reduction-factor", type=int, default=4)
     p.add_argument("--brackets", type=int, default=1)
     a = p.parse_args()
     ours = run_dtrain(a)
