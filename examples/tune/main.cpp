@@ -78,6 +78,7 @@ struct Outcome {
   int epochs = 0;
   double seconds = 0;
   double seconds_to_best = 0;  // from the search's start until the best accuracy was reported
+  double start_wall_clock = 0;  // the search's start, seconds since the Unix epoch
 };
 
 Outcome search(const std::string& label, std::shared_ptr<tune::TrialScheduler> scheduler, const tune::Config& space,
@@ -91,6 +92,7 @@ Outcome search(const std::string& label, std::shared_ptr<tune::TrialScheduler> s
                      .storage_path = storage, .name = label});
   auto grid = tuner.fit();
   Outcome o;
+  o.start_wall_clock = t0_wall;
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%s search: %zu trials\n", label.c_str(), grid.size());
   std::printf("  %-12s %-10s %8s %6s %7s %8s %10s\n", "trial", "status", "lr", "batch", "hidden", "epochs", "accuracy");
@@ -169,7 +171,8 @@ int main(int argc, char** argv) {
     if (mode == "both" || mode == "grid") {
       grid = search("grid", std::make_shared<tune::FifoScheduler>(), space, nproc, concurrent, storage);
       out["grid"] = {{"best_accuracy", grid.best_accuracy}, {"epochs", grid.epochs}, {"seconds", grid.seconds},
-                     {"seconds_to_best", grid.seconds_to_best}, {"best_config", grid.best_config}};
+                     {"seconds_to_best", grid.seconds_to_best}, {"best_config", grid.best_config},
+                     {"start_wall_clock", grid.start_wall_clock}};
     }
     if (mode == "both" || mode == "asha") {
       auto scheduler = std::make_shared<tune::AshaScheduler>(
@@ -177,7 +180,8 @@ int main(int argc, char** argv) {
                             .reduction_factor = reduction_factor, .brackets = brackets});
       asha = search("asha", scheduler, space, nproc, concurrent, storage);
       out["asha"].update({{"best_accuracy", asha.best_accuracy}, {"epochs", asha.epochs}, {"seconds", asha.seconds},
-                          {"seconds_to_best", asha.seconds_to_best}, {"best_config", asha.best_config}});
+                          {"seconds_to_best", asha.seconds_to_best}, {"best_config", asha.best_config},
+                          {"start_wall_clock", asha.start_wall_clock}});
     }
     if (mode == "both") {
       const double gap = grid.best_accuracy - asha.best_accuracy;
