@@ -4,7 +4,9 @@
 // back with MLflow's own Python client.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <filesystem>
 #include <map>
 #include <stdexcept>
@@ -31,8 +33,11 @@ void reporting_trainable(Config config) {
 TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistory) {
   const fs::path dir = fs::temp_directory_path() / ("dtrain-tune-mlflow-" + std::to_string(::getpid()));
   fs::remove_all(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   dtrain::test::MlflowServer server(dir / "server", dtrain::test::free_port());
   ASSERT_EQ(server.start(), "");  // fail, never skip, without a server
+  std::cerr << "mlflow server up after " << since() << " s\n";
   // Through the environment, as a user would: the Tuner's runs go there, and the trials'
   // processes (a Distributor each, which would open a run of its own) must open none.
   ::setenv("MLFLOW_TRACKING_URI", server.url().c_str(), 1);
@@ -42,11 +47,13 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
               {.metric = "score", .mode = "max", .max_concurrent_trials = 2, .storage_path = (dir / "search").string(),
                .name = "mlflow_search", .verbose = false});
   ResultGrid grid = tuner.fit();
+  std::cerr << "search done after " << since() << " s\n";
   ::unsetenv("MLFLOW_TRACKING_URI");
   ::unsetenv("MLFLOW_EXPERIMENT_NAME");
   ASSERT_EQ(grid.size(), 3u);
 
   auto runs = dtrain::test::read_runs(server.url(), "tune_search")["runs"];
+  std::cerr << "runs read back after " << since() << " s\n";
   ASSERT_EQ(runs.size(), 4u) << runs.dump(1);  // the search and its 3 trials, nothing else
   nlohmann::json parent;
   std::map<std::string, nlohmann::json> children;  // by trial id
