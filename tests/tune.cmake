@@ -11,3 +11,7 @@ target_link_libraries(tune_driver_program PRIVATE dtrain)
 dtrain_test(tune_resume_test LABELS tune SOURCES tune/resume_test.cpp launcher/subprocess.cpp)
 target_compile_definitions(tune_resume_test PRIVATE TUNE_DRIVER_PROGRAM="$<TARGET_FILE:tune_driver_program>")
 add_dependencies(tune_resume_test tune_driver_program dtrain_cli)
+
+# Each trial an MLflow child run of the search, against a real `mlflow server` (the venv's).
+dtrain_test(tune_mlflow_test LABELS tune SOURCES tune/mlflow_test.cpp launcher/subprocess.cpp TORCH)
+add_dependencies(tune_mlflow_test dtrain_cli)

@@ -116,6 +116,14 @@ struct TuneOptions {
   // How long report() in a worker waits for the driver's decision.
   std::chrono::milliseconds report_timeout{std::chrono::minutes(10)};
   std::map<std::string, std::string> env;  // extra environment for every trial's workers
+  // MLflow (dtrain/mlflow.h), the role of Ray's MLflowLoggerCallback: with a tracking URI
+  // (default: MLFLOW_TRACKING_URI; neither set: no logging) the search is a parent run named
+  // `name` and every trial a child run of it (tag mlflow.parentRunId): its config as params,
+  // every reported metric as history (step = training_iteration), FINISHED or FAILED as the
+  // trial ended. The driver logs them; the trials' processes get MLFLOW_TRACKING_URI emptied
+  // (no extra run per trial). A resumed search continues the same runs.
+  std::string mlflow_tracking_uri;
+  std::string mlflow_experiment;  // default: MLFLOW_EXPERIMENT_NAME, else "Default"
   bool verbose = true;  // one line per trial start/end on stderr
 };
 

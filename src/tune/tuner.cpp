@@ -23,6 +23,7 @@
 
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
+#include "tune/mlflow_trials.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -59,6 +60,7 @@ struct TrialRecord {
   std::string error;
   std::string dir;
   std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
+  std::string mlflow_run_id;  // its MLflow child run, "" when not logged
 
   // While running.
   std::thread thread;
@@ -256,6 +258,7 @@ ResultGrid Tuner::fit() {
   std::vector<std::unique_ptr<TrialRecord>> trials;
   std::int64_t seq = 0;
   bool resumed = false;
+  std::string mlflow_parent_id;
 
   if (o.resume && fs::exists(state_path)) {
     std::ifstream in(state_path);
@@ -265,6 +268,7 @@ ResultGrid Tuner::fit() {
     }
     param_space_ = state.at("param_space");
     seq = state.value("seq", std::int64_t{0});
+    mlflow_parent_id = state.value("mlflow_parent_run_id", "");
     for (const auto& s : state.at("trials")) {
       auto r = std::make_unique<TrialRecord>();
       r->trial.id = s.at("id");
@@ -282,6 +286,7 @@ ResultGrid Tuner::fit() {
       r->runs = s.value("runs", 0);
       r->error = s.value("error", "");
       r->dir = s.at("dir");
+      r->mlflow_run_id = s.value("mlflow_run_id", "");
       const Config cps = s.value("checkpoint_iterations", Config::object());
       for (auto it = cps.begin(); it != cps.end(); ++it) {
         r->checkpoint_iterations[it.key()] = it.value().get<std::int64_t>();
@@ -351,9 +356,11 @@ ResultGrid Tuner::fit() {
   }
 
   fs::create_directories(exp_dir);
+  detail::MlflowTrials mlflow(o.mlflow_tracking_uri, o.mlflow_experiment, o.name, mlflow_parent_id, param_space_);
   auto save_state = [&] {
     Config state{{"version", kStateVersion}, {"param_space", param_space_}, {"metric", o.metric},
-                 {"mode", o.mode}, {"scheduler", sched.name()}, {"seq", seq}};
+                 {"mode", o.mode}, {"scheduler", sched.name()}, {"seq", seq},
+                 {"mlflow_parent_run_id", mlflow.parent_run_id()}};
     Config list = Config::array();
     for (auto& r : trials) {
       Config cp = Config::object();
@@ -373,6 +380,7 @@ ResultGrid Tuner::fit() {
                       {"runs", r->runs},
                       {"error", r->error},
                       {"dir", r->dir},
+                      {"mlflow_run_id", r->mlflow_run_id},
                       {"checkpoint_iterations", cp}});
     }
     state["trials"] = list;
@@ -432,6 +440,12 @@ ResultGrid Tuner::fit() {
     d.env["DTRAIN_TUNE_CHECKPOINT"] = r.restore_checkpoint;
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
     d.log_dir = (fs::path(r.dir) / "logs").string();
+    if (mlflow.active()) {
+      // The driver logs the trial's reports in its child run; the trial's own processes (and
+      // its Distributor) open no runs of their own.
+      d.env["MLFLOW_TRACKING_URI"] = "";
+      r.mlflow_run_id = mlflow.trial_started(r.trial.id, r.trial.config, r.mlflow_run_id, r.runs == 1);
+    }
     if (o.verbose) {
       std::fprintf(stderr, "tune: %s starts (run %d%s) %s\n", r.trial.id.c_str(), r.runs,
                    r.restore_checkpoint.empty() ? "" : (", from " + r.restore_checkpoint).c_str(),
@@ -472,6 +486,7 @@ ResultGrid Tuner::fit() {
           r.time_total + std::chrono::duration<double>(Clock::now() - r.started).count();
       r.history.push_back(result);
       r.history_seq.push_back(seq++);
+      mlflow.trial_result(r.trial.id, result);
       if (msg.contains("checkpoint")) {
         r.latest_checkpoint = msg.at("checkpoint");
         r.latest_checkpoint_iteration = iteration;
@@ -535,6 +550,9 @@ ResultGrid Tuner::fit() {
         how = "failed";
       }
     }
+    if (r.trial.status == TrialStatus::Terminated || r.trial.status == TrialStatus::Error) {
+      mlflow.trial_ended(r.trial.id, r.trial.status, r.trial.status == TrialStatus::Error ? r.error : "");
+    }
     if (o.verbose) {
       std::string m;
       if (!o.metric.empty() && last.contains(o.metric)) m = ", " + o.metric + "=" + last.at(o.metric).dump();
@@ -578,6 +596,7 @@ ResultGrid Tuner::fit() {
     }
   }
 
+  mlflow.end();
   std::vector<TrialResult> out;
   for (auto& r : trials) {
     TrialResult t;

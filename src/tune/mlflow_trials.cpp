@@ -1,0 +1,109 @@
+#include "tune/mlflow_trials.h"
+
+#include <cmath>
+#include <cstdlib>
+
+namespace dtrain::tune::detail {
+
+namespace {
+
+void flatten_into(const Config& c, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (c.is_object() && !c.empty()) {
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      flatten_into(it.value(), prefix.empty() ? it.key() : prefix + "/" + it.key(), out);
+    }
+    return;
+  }
+  out[prefix] = c.is_string() ? c.get<std::string>() : c.dump();
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> flatten_config(const Config& config) {
+  std::map<std::string, std::string> out;
+  flatten_into(config, "", out);
+  return out;
+}
+
+MlflowTrials::MlflowTrials(std::string tracking_uri, std::string experiment, const std::string& search_name,
+                           const std::string& parent_run_id, const Config& param_space)
+    : uri_(tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : std::move(tracking_uri)),
+      experiment_(experiment.empty() ? env_or("MLFLOW_EXPERIMENT_NAME", "Default") : std::move(experiment)) {
+  if (uri_.empty()) return;
+  // The driver is one process: log whatever RANK it may have inherited.
+  parent_ = mlflow::Run::start({.tracking_uri = uri_,
+                                .experiment = experiment_,
+                                .run_name = search_name,
+                                .tags = {{"dtrain.role", "tune"}, {"dtrain.tune.search", search_name}},
+                                .run_id = parent_run_id,
+                                .all_ranks = true});
+  if (parent_run_id.empty()) parent_.set_tag("dtrain.tune.param_space", param_space.dump().substr(0, 5000));
+}
+
+std::string MlflowTrials::trial_started(const std::string& trial_id, const Config& config, const std::string& run_id,
+                                        bool first_start) {
+  if (!active()) return "";
+  auto it = runs_.find(trial_id);
+  if (it == runs_.end()) {
+    it = runs_
+             .emplace(trial_id, mlflow::Run::start({.tracking_uri = uri_,
+                                                    .experiment = experiment_,
+                                                    .run_name = trial_id,
+                                                    .tags = {{"dtrain.role", "tune-trial"},
+                                                             {"dtrain.tune.trial_id", trial_id}},
+                                                    .parent_run_id = parent_.id(),
+                                                    .run_id = run_id,
+                                                    .all_ranks = true,
+                                                    .flush_timeout = std::chrono::seconds(10)}))
+             .first;
+  }
+  mlflow::Run& run = it->second;
+  if (first_start && run_id.empty()) run.log_params(flatten_config(config));
+  run.set_tag("dtrain.tune.config", config.dump().substr(0, 5000));
+  run.set_tag("dtrain.tune.status", "RUNNING");
+  return run.id();
+}
+
+void MlflowTrials::trial_result(const std::string& trial_id, const Result& result) {
+  auto it = runs_.find(trial_id);
+  if (it == runs_.end() || !result.is_object()) return;
+  const std::int64_t step = result.value("training_iteration", std::int64_t{0});
+  std::map<std::string, double> metrics;
+  for (auto m = result.begin(); m != result.end(); ++m) {
+    if (m.value().is_number() && std::isfinite(m.value().get<double>())) metrics[m.key()] = m.value().get<double>();
+  }
+  it->second.log_metrics(metrics, step);
+}
+
+void MlflowTrials::trial_ended(const std::string& trial_id, TrialStatus status, const std::string& error) {
+  auto it = runs_.find(trial_id);
+  if (it == runs_.end()) return;
+  it->second.set_tag("dtrain.tune.status", to_string(status));
+  if (!error.empty()) it->second.set_tag("dtrain.tune.error", error.substr(0, 4000));
+  it->second.end(status == TrialStatus::Error ? mlflow::RunStatus::Failed : mlflow::RunStatus::Finished);
+  runs_.erase(it);
+}
+
+void MlflowTrials::end() {
+  for (auto& [id, run] : runs_) {
+    run.set_tag("dtrain.tune.status", "PAUSED");
+    run.end(mlflow::RunStatus::Killed);
+  }
+  runs_.clear();
+  if (parent_.active()) parent_.end(mlflow::RunStatus::Finished);
+  parent_ = mlflow::Run();
+}
+
+MlflowTrials::~MlflowTrials() {
+  // fit() left by an exception: the runs still open end KILLED.
+  for (auto& [id, run] : runs_) run.end(mlflow::RunStatus::Killed);
+  runs_.clear();
+  if (parent_.active()) parent_.end(mlflow::RunStatus::Killed);
+}
+
+}  // namespace dtrain::tune::detail

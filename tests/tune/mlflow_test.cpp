@@ -1,0 +1,111 @@
+// dtrain::tune's MLflow logging against a real `mlflow server` (PyPI's mlflow, pinned in
+// scripts/requirements.txt; tests/tracking/support.h starts it): the search is a parent run,
+// every trial a child run with its config as params and its reports as metric history, read
+// back with MLflow's own Python client.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+
+#include "dtrain/tune.h"
+#include "tracking/support.h"
+
+namespace fs = std::filesystem;
+using namespace dtrain::tune;
+
+namespace {
+
+// Three reports; the trial with x = 3 fails after its first.
+void reporting_trainable(Config config) {
+  const double x = config.at("x").get<double>();
+  for (int it = 1; it <= 3; ++it) {
+    if (x == 3 && it == 2) throw std::runtime_error("injected failure");
+    report({{"score", x * it}, {"half", 0.5 * it}});
+  }
+}
+
+}  // namespace
+
+TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistory) {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain-tune-mlflow-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  dtrain::test::MlflowServer server(dir / "server", dtrain::test::free_port());
+  ASSERT_EQ(server.start(), "");  // fail, never skip, without a server
+  std::cerr << "mlflow server up after " << since() << " s\n";
+  // Through the environment, as a user would: the Tuner's runs go there, and the trials'
+  // processes (a Distributor each, which would open a run of its own) must open none.
+  ::setenv("MLFLOW_TRACKING_URI", server.url().c_str(), 1);
+  ::setenv("MLFLOW_EXPERIMENT_NAME", "tune_search", 1);
+  Tuner tuner(reporting_trainable,
+              Config{{"x", grid_search({1.0, 2.0, 3.0})}, {"model", {{"width", 8}, {"act", "relu"}}}},
+              {.metric = "score", .mode = "max", .max_concurrent_trials = 2, .storage_path = (dir / "search").string(),
+               .name = "mlflow_search", .verbose = false});
+  ResultGrid grid = tuner.fit();
+  std::cerr << "search done after " << since() << " s\n";
+  ::unsetenv("MLFLOW_TRACKING_URI");
+  ::unsetenv("MLFLOW_EXPERIMENT_NAME");
+  ASSERT_EQ(grid.size(), 3u);
+
+  auto runs = dtrain::test::read_runs(server.url(), "tune_search")["runs"];
+  std::cerr << "runs read back after " << since() << " s\n";
+  ASSERT_EQ(runs.size(), 4u) << runs.dump(1);  // the search and its 3 trials, nothing else
+  nlohmann::json parent;
+  std::map<std::string, nlohmann::json> children;  // by trial id
+  for (const auto& r : runs) {
+    if (r["parent"] == "") {
+      parent = r;
+    } else {
+      children[r["tags"].value("dtrain.tune.trial_id", "?")] = r;
+    }
+  }
+  ASSERT_TRUE(parent.is_object()) << runs.dump(1);
+  EXPECT_EQ(parent["status"], "FINISHED");
+  EXPECT_EQ(parent["tags"]["mlflow.runName"], "mlflow_search");
+  ASSERT_EQ(children.size(), 3u) << runs.dump(1);
+  for (const auto& t : grid.trials()) {
+    ASSERT_TRUE(children.count(t.id)) << t.id << " has no run: " << runs.dump(1);
+    const nlohmann::json run = children[t.id];
+    EXPECT_EQ(run["parent"], parent["run_id"]) << t.id;
+    EXPECT_EQ(run["tags"]["mlflow.runName"], t.id);
+    const double x = t.config.at("x").get<double>();
+    // The config as params, nested keys joined by "/".
+    EXPECT_EQ(run["params"]["x"], t.config.at("x").dump());
+    EXPECT_EQ(run["params"]["model/width"], "8");
+    EXPECT_EQ(run["params"]["model/act"], "relu");
+    // Every report as history, step = training_iteration, equal to the Tuner's own history.
+    const nlohmann::json score = run["metrics"].value("score", nlohmann::json::array());
+    ASSERT_EQ(score.size(), t.history.size()) << t.id << ": " << run.dump(1);
+    for (std::size_t i = 0; i < t.history.size(); ++i) {
+      EXPECT_EQ(score[i][0].get<int64_t>(), static_cast<int64_t>(i + 1));
+      EXPECT_DOUBLE_EQ(score[i][1].get<double>(), x * static_cast<double>(i + 1));
+      EXPECT_DOUBLE_EQ(run["metrics"].at("half").at(i).at(1).get<double>(), 0.5 * static_cast<double>(i + 1));
+      EXPECT_EQ(run["metrics"].at("training_iteration").at(i).at(1).get<double>(), static_cast<double>(i + 1));
+    }
+    if (x == 3) {
+      EXPECT_EQ(t.status, TrialStatus::Error);
+      EXPECT_EQ(run["status"], "FAILED");
+      EXPECT_EQ(run["tags"]["dtrain.tune.status"], "ERROR");
+      EXPECT_NE(run["tags"].value("dtrain.tune.error", "").find("injected failure"), std::string::npos) << run.dump(1);
+      EXPECT_EQ(score.size(), 1u);
+    } else {
+      EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+      EXPECT_EQ(run["status"], "FINISHED");
+      EXPECT_EQ(run["tags"]["dtrain.tune.status"], "TERMINATED");
+      EXPECT_EQ(score.size(), 3u);
+    }
+  }
+  server.stop();
+  fs::remove_all(dir);
+}
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);  // a trial's worker runs its trainable here and exits
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
