@@ -9,15 +9,15 @@ set -e
 DTRAIN_LIBTORCH=pypi "$here/scripts/setup.sh" "$here/build-torch2"
 set +e
 
-# Every test runs against both libtorch versions except three slow end-to-end tests of
-# engines and servers that do not depend on libtorch, each run once: the Slurm/MPI/ssh
-# cluster tests and the MLflow server test on 1.13, the Spark cluster test on 2.x (the
-# PyTorch of TorchDistributor, its peer). Also once: the elastic launcher tests (Elastic.*,
+# Every test runs against both libtorch versions except slow end-to-end tests of engines
+# and servers that do not depend on libtorch, each run once: the Slurm/MPI/ssh/elastic
+# cluster tests and the MLflow server tests (tracking, tune's child runs) on 1.13, the
+# Spark cluster test on 2.x (the PyTorch of TorchDistributor, its peer). Also once: the elastic launcher tests (Elastic.*,
 # libtorch-free agents) on 2.x, and the tune driver-kill/resume test (~20 s, driver logic
 # only) on 1.13.
 echo "=== tests against libtorch 2.x (PyPI's torch wheel): build-torch2/ ==="
 (cd "$here/build-torch2" && ctest --output-on-failure --timeout 900 -LE cluster \
-   -E '^(tracking[.]mlflow_server|TuneResume[.].*)$' "$@")
+   -E '^(tracking[.]mlflow_server|TuneMlflow[.].*|TuneResume[.].*)$' "$@")
 torch2=$?
 echo "=== tests against libtorch 1.13 (Debian): build/ ==="
 (cd "$here/build" && ctest --output-on-failure --timeout 900 -E '^spark[.]cluster$|^Elastic[.]' "$@")
