@@ -13,7 +13,8 @@
 //
 //   dtrain run --nproc-per-node 2 zero_bench throughput [--steps 20] [--rounds 3]
 //     Samples/s of an ~8.4M-parameter MLP under dtrain DDP + torch::optim::Adam and under ZeRO
-//     stages 0-3, interleaved in rounds (best round counts); ratios against DDP.
+//     stages 0-3 (stages 2-3 also with overlap_comm and 2M-element buckets), interleaved in
+//     rounds (best round counts); ratios against DDP.
 //
 // Every mode prints the machine (CPU model, cores) and JSON lines.
 #include <ATen/Parallel.h>
@@ -101,10 +102,13 @@ int adam_bench(int64_t n, int reps) {
   return 0;
 }
 
-nlohmann::json zero_config(int stage, int micro, bool offload = false) {
+// overlap: DeepSpeed's overlap_comm with 2M-element (8 MB) reduce buckets, so that the first
+// buckets' reductions run while backward computes the rest.
+nlohmann::json zero_config(int stage, int micro, bool offload = false, bool overlap = false) {
   nlohmann::json c = {{"train_micro_batch_size_per_gpu", micro},
                       {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
-                      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 25000000}}}};
+                      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", overlap ? 2000000 : 25000000},
+                                             {"overlap_comm", overlap}}}};
   if (offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, c["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   return c;
 }
@@ -156,7 +160,7 @@ int throughput_bench(int steps, int rounds) {
   auto x = torch::randn({batch, 1024});
   auto y = torch::randint(0, 10, {batch}, torch::kLong);
   std::map<std::string, double> best;
-  const std::vector<std::string> variants = {"ddp", "stage0", "stage1", "stage2", "stage3"};
+  const std::vector<std::string> variants = {"ddp", "stage0", "stage1", "stage2", "stage2_overlap", "stage3", "stage3_overlap"};
   for (int round = 0; round < rounds; ++round) {
     for (const auto& v : variants) {
       auto model = make();
@@ -173,7 +177,7 @@ int throughput_bench(int steps, int rounds) {
           if (s >= 0) secs += seconds_since(t);
         }
       } else {
-        auto e = dtrain::zero::initialize(model, zero_config(v[5] - '0', batch));
+        auto e = dtrain::zero::initialize(model, zero_config(v[5] - '0', batch, false, v.find("overlap") != std::string::npos));
         for (int s = -2; s < steps; ++s) {
           if (s == 0) pg->barrier();
           auto t = Clock::now();

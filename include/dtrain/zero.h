@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/collectives.h"
 #include "dtrain/module_ref.h"
 #include "dtrain/process_group.h"
 #include "dtrain/zero_config.h"
@@ -194,6 +195,15 @@ class EngineCore {
   std::vector<torch::Tensor> state_;  // optimizer state, each like master
   int64_t opt_step_ = 0;
   std::vector<Bucket> buckets_;
+  // overlap_comm: a bucket's reductions run while backward goes on; each partition's segment
+  // is added into grad_part_ when it is waited for (finish_backward).
+  struct InFlight {
+    Work work;
+    torch::Tensor segment;  // keeps the staging buffer alive until the reduction is done
+    int64_t offset = 0;     // into grad_part_ (this rank's segments only)
+    bool mine = false;
+  };
+  std::vector<InFlight> in_flight_;
   std::vector<size_t> bucket_of_;
   std::vector<bool> ready_;
   size_t next_bucket_ = 0;

@@ -229,6 +229,7 @@ void EngineCore::backward(const torch::Tensor& loss) {
     (scale == 1.0 ? loss : loss * scale).backward();
   } catch (...) {
     in_backward_ = false;
+    in_flight_.clear();  // a failed backward leaves the step unusable; do not wait on its reductions later
     throw;
   }
   ++micro_steps_;
@@ -275,8 +276,13 @@ void EngineCore::reduce_bucket(Bucket& b) {
       ReduceOptions o;
       o.group = group_;
       o.dst = r;
-      reduce(seg, o);
       count(nbytes(seg) * (world_ - 1) / world_);
+      if (config_.zero.overlap_comm) {
+        // Launched now, added at the end of backward: the reduction overlaps the rest of it.
+        in_flight_.push_back({reduce_async(seg, o), seg, lo - r * part_, r == rank_});
+        continue;
+      }
+      reduce(seg, o);
     }
     if (r == rank_) grad_part_.narrow(0, lo - r * part_, hi - lo).add_(seg.to(grad_part_.device()));
   }
@@ -285,6 +291,12 @@ void EngineCore::reduce_bucket(Bucket& b) {
 
 void EngineCore::finish_backward() {
   for (; next_bucket_ < buckets_.size(); ++next_bucket_) reduce_bucket(buckets_[next_bucket_]);
+  // In launch order: every rank waits for the same sequence of collectives.
+  for (auto& f : in_flight_) {
+    f.work.wait();
+    if (f.mine) grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
+  }
+  in_flight_.clear();
   next_bucket_ = 0;
   for (auto& b : buckets_) {
     b.pending = b.params.size();

@@ -99,10 +99,12 @@ TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
   for (int s = 0; s < 100; ++s) run.log_metric("loss", 1.0 / (s + 1), s);
   ASSERT_TRUE(run.flush(30s));
   g_server->stop();
-  // Logged while the server is down: queued and spooled to disk; the calls return at once.
+  // Logged while the server is down: queued and spooled to disk; the calls do not wait on the
+  // network (had they waited, 2400 calls x the 2 s request timeout would take 80 minutes; the
+  // bound is loose so that a loaded machine never fails it).
   auto t0 = std::chrono::steady_clock::now();
   for (int s = 100; s < 2500; ++s) run.log_metric("loss", 1.0 / (s + 1), s);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
   auto deadline = std::chrono::steady_clock::now() + 20s;
   while (run.stats().spooled == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
   auto down = run.stats();
