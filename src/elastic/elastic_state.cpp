@@ -15,6 +15,7 @@
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
+#include "parallel/checkpoint_files.h"
 
 namespace dtrain {
 
@@ -46,27 +47,11 @@ std::string sanitize(const std::string& s) {
   return out;
 }
 
-// The step number in "<prefix><step>.pt", or -1 if `name` is not a commit of this prefix.
-int64_t commit_step(const std::string& name, const std::string& prefix) {
-  if (name.size() <= prefix.size() + 3 || name.compare(0, prefix.size(), prefix) != 0) return -1;
-  if (name.compare(name.size() - 3, 3, ".pt") != 0) return -1;
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return -1;
-  }
-  return std::stoll(digits);
-}
-
-// This directory's commits, newest first.
+// This directory's commits (PREFIX<step>.pt), newest first.
 std::vector<std::pair<int64_t, fs::path>> commits_in(const std::string& dir, const std::string& prefix) {
   std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    int64_t step = commit_step(entry.path().filename().string(), prefix);
-    if (step >= 0 && entry.is_regular_file(ec)) out.emplace_back(step, entry.path());
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  if (dir.empty()) return out;
+  for (auto& [step, path] : detail::list_checkpoints(dir, prefix)) out.emplace_back(step, path);
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
+#include "parallel/checkpoint_files.h"
 
 namespace dtrain {
 
@@ -347,14 +349,15 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
   return state;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& dir, const std::string& prefix) {
+namespace detail {
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir, const std::string& prefix) {
   namespace fs = std::filesystem;
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::vector<std::string> names;  // parallel to found, for the tie-break
   std::error_code ec;
   fs::directory_iterator it(dir, ec);
-  if (ec) return std::nullopt;  // a missing directory has no checkpoints yet
-  std::optional<std::string> best;
-  int64_t best_step = -1;
-  std::string best_name;
+  if (ec) return found;  // a missing directory has no checkpoints yet
   const std::string suffix = ".pt";
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     if (ec) break;
@@ -366,15 +369,21 @@ std::optional<std::string> latest_checkpoint(const std::string& dir, const std::
     // Only PREFIX<digits>.pt: temp files (PATH.tmp.<pid>) and other names are not checkpoints.
     if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
     if (!it->is_regular_file(ec)) continue;
-    int64_t step = std::stoll(digits);
-    // Ties (ckpt_7.pt vs ckpt_007.pt) go to the smaller name, so the answer is stable.
-    if (step > best_step || (step == best_step && name < best_name)) {
-      best_step = step;
-      best_name = name;
-      best = (fs::path(dir) / name).string();
-    }
+    found.emplace_back(std::stoll(digits), (fs::path(dir) / name).string());
   }
-  return best;
+  // Newest first; ties (ckpt_7.pt vs ckpt_007.pt) go to the smaller name, so the order is stable.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  return found;
+}
+
+}  // namespace detail
+
+std::optional<std::string> latest_checkpoint(const std::string& dir, const std::string& prefix) {
+  auto all = detail::list_checkpoints(dir, prefix);
+  if (all.empty()) return std::nullopt;
+  return all.front().second;
 }
 
 StateDict state_dict(const torch::nn::Module& model) {
