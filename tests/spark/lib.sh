@@ -250,7 +250,7 @@ bg_on() {
 host_procs() {
   local pid cmd out=""
   for pid in $(ip netns pids "dts${ID}$1" 2>/dev/null); do
-    cmd="$(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null)" || continue
+    cmd="$( { tr '\0' ' ' </proc/"$pid"/cmdline; } 2>/dev/null)" || continue
     [[ "$cmd" =~ $2 ]] && out+="$pid:$cmd; "
   done
   echo "$out"

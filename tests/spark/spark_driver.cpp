@@ -1,6 +1,8 @@
 // A Distributor driver on the Spark engine for tests/spark/spark_test.sh.
 //   spark_driver --master URL [--nproc N] [--per-task K] [--fail-rank R] [--crash-rank R]
-//                [--crash-host H] [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R]
+//                [--crash-host H] [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R|all]
+// --sleep-rank: that rank (or every rank) sleeps 10 minutes after the all-reduce, so the test
+// can SIGKILL the driver while all the agents and workers are known to be alive.
 // --crash-host H: the worker of local rank 1 on host H raises SIGSEGV (Spark places the
 // tasks, so which rank runs on H is known only there).
 // Prints "result rank=R sum=S host=H" per rank, "program ok", "WorkerError rank=R host=H exit=E
@@ -24,6 +26,8 @@ std::string hostname() {
   return name;
 }
 
+constexpr int kEveryRank = -2;
+
 std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::string& crash_host) {
   auto pg = dtrain::init_process_group();
   if (pg->rank() == fail_rank) throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank));
@@ -34,7 +38,7 @@ std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::stri
       (!crash_host.empty() && hostname() == crash_host && local_rank && std::string(local_rank) == "1")) {
     std::raise(SIGSEGV);
   }
-  if (pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+  if (sleep_rank == kEveryRank || pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
   return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>())) +
          " host=" + hostname();
 }
@@ -65,7 +69,7 @@ int main(int argc, char** argv) {
     else if (flag == "--fail-rank") fail_rank = std::stoi(value);
     else if (flag == "--crash-rank") crash_rank = std::stoi(value);
     else if (flag == "--crash-host") crash_host = value;
-    else if (flag == "--sleep-rank") sleep_rank = std::stoi(value);
+    else if (flag == "--sleep-rank") sleep_rank = value == "all" ? kEveryRank : std::stoi(value);
     else if (flag == "--slot-timeout") o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
     else if (flag == "--program") program = value;
     else {

@@ -116,10 +116,12 @@ pass "Fashion-MNIST example in program mode on n1 + n2, 2 x 2 processes, to accu
 # 7. The driver SIGKILLed while training runs: after a bounded wait no dtrain agent or worker
 #    is left on any host, and no spark-submit of it on n0.
 t1=$SECONDS
-bg_on n0 "$CONF" "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --sleep-rank 1
+bg_on n0 "$CONF" "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --sleep-rank all
 drv=$BG_PID
 deadline=$((SECONDS + 90))
-# Each worker host: its agent and its 2 workers (the driver's binary, re-executed).
+# Each worker host: its agent and its 2 workers (the driver's binary, re-executed). Every rank
+# sleeps after its all-reduce: a rank that returned would let its host's agent exit, and the
+# count below could then miss it (CI saw this with --sleep-rank 1).
 until [[ $(host_procs n1 "$OURS" | grep -o '; ' | wc -l) -ge 3 && $(host_procs n2 "$OURS" | grep -o '; ' | wc -l) -ge 3 ]]; do
   ((SECONDS < deadline)) || { kill -KILL $drv; cat "$CONF" >&2; fail "kill: the agents and workers did not start on n1 and n2 within 90 s"; }
   kill -0 $drv 2>/dev/null || { cat "$CONF" >&2; fail "kill: the driver exited before training started"; }
