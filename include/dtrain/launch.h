@@ -31,6 +31,11 @@ struct LaunchOptions {
   std::chrono::milliseconds last_call{std::chrono::seconds(30)};  // elastic: wait for more after MIN.
   std::chrono::milliseconds heartbeat_timeout{0};  // a silent agent is lost after this; 0 = max(10 s, 50 ticks).
   int node_rank = -1;              // this node's rank; -1 = assigned in join order (c10d). Default: 0 for static.
+  // Elastic: when one of this node's workers is the root cause of a failure, this agent leaves
+  // the job (exits with the worker's code) instead of restarting its workers; the other agents
+  // meet again without it (Horovod elastic's blacklisting of a failed host; set by `dtrain
+  // horovodrun --min-np`). Default: false.
+  bool leave_on_worker_failure = false;
 
   // ---- rendezvous ----
   std::string rdzv_backend = "static";  // "static" (node ranks given) or "c10d" (joined in order).

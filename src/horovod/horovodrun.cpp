@@ -15,9 +15,11 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <sstream>
 
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "horovod/horovodrun_elastic.h"
 #include "launch/options_internal.h"
 
 namespace dtrain::hvd {
@@ -29,9 +31,13 @@ const char* kUsage =
     "                         [--start-timeout S] [--network-interface IF] [--fusion-threshold-mb M]\n"
     "                         [--cycle-time-ms C] [--timeline-filename F] [--gloo] [-p SSH_PORT]\n"
     "                         [-i SSH_IDENTITY_FILE] PROGRAM [ARGS...]\n"
+    "  elastic: dtrain horovodrun [-np N] --min-np MIN [--max-np MAX] --host-discovery-script SCRIPT\n"
+    "                         [--slots S] [--elastic-timeout S] [--reset-limit R] ... PROGRAM [ARGS...]\n"
     "  Runs PROGRAM on N processes as horovodrun does, on dtrain's launcher. Workers get\n"
     "  HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK,\n"
-    "  HOROVOD_CROSS_SIZE and torchrun's variables. Without -H/--hostfile every process runs here.\n";
+    "  HOROVOD_CROSS_SIZE and torchrun's variables. Without -H/--hostfile every process runs here.\n"
+    "  Elastic: SCRIPT prints the current hosts (HOST:SLOTS lines); a host whose worker fails leaves\n"
+    "  the job and the others go on from the last commit (hvd::elastic::run, dtrain/horovod_elastic.h).\n";
 
 int parse_positive(const std::string& flag, const std::string& v, bool allow_zero = false) {
   try {
@@ -74,6 +80,8 @@ int horovodrun_main(const std::vector<std::string>& args) {
     int np = -1;
     std::string hosts, hostfile, start_timeout, ifname, timeline, ssh_port, ssh_identity;
     std::map<std::string, std::string> env;
+    ElasticFlags ef;
+    bool elastic = false;
     size_t i = 0;
     auto value = [&](const std::string& flag) -> std::string {
       if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
@@ -119,11 +127,70 @@ int horovodrun_main(const std::vector<std::string>& args) {
         ssh_port = value(a);
       } else if (a == "-i" || a == "--ssh-identity-file") {
         ssh_identity = value(a);
+      } else if (a == "--min-np" || a == "--min-num-proc") {
+        ef.min_np = parse_positive(a, value(a));
+        elastic = true;
+      } else if (a == "--max-np" || a == "--max-num-proc") {
+        ef.max_np = parse_positive(a, value(a));
+        elastic = true;
+      } else if (a == "--host-discovery-script") {
+        ef.discovery_script = value(a);
+        elastic = true;
+      } else if (a == "--slots" || a == "--slots-per-host") {
+        ef.slots = parse_positive(a, value(a));
+      } else if (a == "--elastic-timeout") {
+        ef.elastic_timeout_s = parse_positive(a, value(a));
+      } else if (a == "--reset-limit") {
+        ef.reset_limit = parse_positive(a, value(a), true);
+      } else if (a == "--blacklist-cooldown-range") {
+        throw UsageError(a + ": not built in dtrain horovodrun: a host whose worker failed stays blacklisted for the "
+                             "rest of the job; drop the flag");
       } else if (a == "--verbose" || a == "-v") {
         // accepted for horovodrun compatibility
       } else {
         throw UsageError("unknown option '" + a + "'");
       }
+    }
+    if (elastic) {
+      if (!hosts.empty() || !hostfile.empty()) {
+        throw UsageError("-H/--hostfile and --host-discovery-script both given: an elastic job finds its hosts "
+                         "with the script only; drop -H/--hostfile");
+      }
+      if (i >= args.size()) throw UsageError("missing PROGRAM");
+      ef.np = np;
+      if (!start_timeout.empty()) ef.start_timeout_s = std::stoi(start_timeout);
+      validate_elastic_flags(ef);
+      std::string spec;
+      if (!is_elastic_agent(&spec)) {
+        LaunchOptions check;  // PROGRAM is checked before any agent starts
+        check.program = args[i];
+        validate_launch_options(check);
+        return run_elastic_driver(ef, args);
+      }
+      // One host's agent, started by the driver: HOST,PROCESSES,STORE_PORT,RUN_ID,MIN,MAX.
+      std::vector<std::string> f;
+      std::stringstream ss(spec);
+      for (std::string item; std::getline(ss, item, ',');) f.push_back(item);
+      if (f.size() != 6) throw Error("bad DTRAIN_HVD_ELASTIC_AGENT '" + spec + "'");
+      RunArgs ra;
+      ra.nproc = f[1];
+      ra.nnodes = f[4] + ":" + f[5];
+      ra.rdzv_backend = "c10d";
+      ra.master_addr = "127.0.0.1";
+      ra.master_port = f[2];
+      ra.rdzv_id = f[3];
+      ra.rdzv_timeout = std::to_string(ef.elastic_timeout_s);
+      ra.rdzv_conf = "last_call_timeout=2";
+      ra.max_restarts = std::to_string(ef.reset_limit);
+      ra.ifname = ifname;
+      ra.no_slurm = true;
+      for (auto& [k, v] : env) ra.env.push_back(k + "=" + v);
+      std::vector<std::string> rest = {self_path(), "horovod-exec"};
+      rest.insert(rest.end(), args.begin() + static_cast<long>(i), args.end());
+      LaunchOptions o = run_args_to_options(ra, rest);
+      o.no_python = true;
+      o.leave_on_worker_failure = true;
+      return run_launch(std::move(o));
     }
     if (np < 1) throw UsageError("-np N is required (the number of processes)");
     if (i >= args.size()) throw UsageError("missing PROGRAM");

@@ -1053,6 +1053,8 @@ int Agent::run() {
       continue;
     }
     ++failures;
+    const bool leave = elastic() && o_.leave_on_worker_failure && r.failure.rank >= 0 &&
+                       r.failure.node_rank == node_rank_;
     if (shared_console() && node_rank_ != 0) {
       // srun and the host-file launcher merge every agent's output on one console: node 0
       // prints the full root cause; the others, one line (enough if node 0 is gone).
@@ -1064,6 +1066,10 @@ int Agent::run() {
     write_failure_file(r.failure);
     publish_to_failure_store(r.failure);
     code = r.failure.exit_code;
+    if (leave) {
+      say("leaving the job: a worker of this node failed; the other nodes go on without it");
+      break;
+    }
     if (r.failure.final || failures > o_.max_restarts) break;
     say("restarting all workers (restart " + std::to_string(failures) + " of " +
         std::to_string(o_.max_restarts) + ")");

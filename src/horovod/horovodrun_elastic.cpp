@@ -1,0 +1,361 @@
+// Elastic `dtrain horovodrun`: Horovod's elastic driver mapped onto dtrain's elastic launcher.
+//
+// Horovod                                   dtrain
+//   driver runs --host-discovery-script       this driver (the horovodrun process) runs it
+//   driver's rendezvous server                this driver hosts the job's store; every agent
+//                                             is a client of it (a leaving host never takes
+//                                             the store down)
+//   one worker per slot of each host          one `dtrain run` agent per host, --nproc-per-node
+//                                             = its slots (capped so the total <= --max-np),
+//                                             elastic c10d rendezvous (--nnodes MIN:MAX)
+//   --min-np (processes)                      MIN = the fewest discovered hosts whose slots
+//                                             reach --min-np (the launcher counts nodes)
+//   a worker fails: its host is blacklisted,  the agent of that host leaves the job
+//   the others reset and go on smaller        (LaunchOptions::leave_on_worker_failure); the
+//                                             other agents restart their workers in the next
+//                                             round without it; the workers restore the last
+//                                             commit (hvd::elastic::run)
+//   the script lists a new host               an agent is started there; it waits as "late"
+//                                             and the running agents restart their workers to
+//                                             admit it
+//   --reset-limit                             --max-restarts of every agent
+//   --elastic-timeout                         the rendezvous timeout (the survivors wait this
+//                                             long for MIN hosts)
+// Hosts must name this machine (localhost, 127.x.y.z, its hostname): agents for remote hosts
+// (over ssh) are not built yet and are refused with a message saying so.
+#include "horovod/horovodrun_elastic.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "dtrain/error.h"
+#include "dtrain/store.h"
+
+extern char** environ;
+
+namespace dtrain::hvd {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kAgentVar = "DTRAIN_HVD_ELASTIC_AGENT";
+
+void say(const std::string& s) { std::cerr << "dtrain horovodrun: elastic: " << s << std::endl; }
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+bool is_local_host(const std::string& h) {
+  if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return true;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return h == name;
+}
+
+std::string self_exe() {
+  char buf[PATH_MAX] = {};
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") + std::strerror(errno));
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// fork + execve with everything prepared before the fork (the store's threads exist).
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, int out_fd, int err_fd,
+            bool die_with_parent) {
+  std::vector<char*> a, e;
+  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  for (auto& s : env) e.push_back(const_cast<char*>(s.c_str()));
+  e.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    if (die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
+    }
+    if (out_fd >= 0) ::dup2(out_fd, 1);
+    if (err_fd >= 0) ::dup2(err_fd, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(a[0], a.data(), e.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int>> parse_discovery_output(const std::string& output, int default_slots,
+                                                                const std::string& script) {
+  std::vector<std::pair<std::string, int>> hosts;
+  std::set<std::string> seen;
+  std::istringstream in(output);
+  std::string raw;
+  int line_no = 0;
+  while (std::getline(in, raw)) {
+    ++line_no;
+    std::string line = trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    const std::string where = "--host-discovery-script " + script + " printed line " + std::to_string(line_no) +
+                              " '" + trim(raw) + "'";
+    std::string host = line;
+    int slots = default_slots;
+    auto colon = line.rfind(':');
+    if (colon != std::string::npos) {
+      host = trim(line.substr(0, colon));
+      std::string n = trim(line.substr(colon + 1));
+      long v = -1;
+      try {
+        size_t used = 0;
+        v = std::stol(n, &used);
+        if (used != n.size()) v = -1;
+      } catch (const std::exception&) {
+        v = -1;
+      }
+      if (v < 1 || v > 4096) {
+        throw UsageError(where + ": the slots after ':' must be a positive integer (expected HOST:SLOTS or HOST)");
+      }
+      slots = static_cast<int>(v);
+    }
+    if (host.empty() || host.find_first_of(" \t,") != std::string::npos) {
+      throw UsageError(where + ": expected one HOST:SLOTS (or HOST) per line, e.g. 'node1:4'");
+    }
+    if (!seen.insert(host).second) throw UsageError(where + ": host '" + host + "' is listed twice");
+    hosts.emplace_back(host, slots);
+  }
+  return hosts;
+}
+
+std::vector<std::pair<std::string, int>> run_discovery(const std::string& script, int default_slots) {
+  if (::access(script.c_str(), F_OK) != 0) {
+    throw UsageError("--host-discovery-script " + script + ": no such file");
+  }
+  if (::access(script.c_str(), X_OK) != 0) {
+    throw UsageError("--host-discovery-script " + script +
+                     ": not executable; make it so (chmod +x) - it is run as a program and prints HOST:SLOTS lines");
+  }
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, kAgentVar, std::strlen(kAgentVar)) != 0) env.emplace_back(*e);
+  }
+  std::string path = script.find('/') == std::string::npos ? "./" + script : script;
+  pid_t pid = spawn({path}, env, out[1], err[1], true);
+  ::close(out[1]);
+  ::close(err[1]);
+  std::string text, errtext;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  bool out_open = true, err_open = true;
+  while (out_open || err_open) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      ::close(out[0]);
+      ::close(err[0]);
+      throw Error("--host-discovery-script " + script + " ran for more than 30 s without finishing; it must print "
+                  "the current hosts and exit");
+    }
+    pollfd p[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
+    ::poll(p, 2, 100);
+    char buf[4096];
+    for (int k = 0; k < 2; ++k) {
+      if (p[k].fd < 0 || !(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = ::read(p[k].fd, buf, sizeof buf);
+      if (n > 0) {
+        (k == 0 ? text : errtext).append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        (k == 0 ? out_open : err_open) = false;
+      }
+    }
+  }
+  ::close(out[0]);
+  ::close(err[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(WEXITSTATUS(status))
+                                        : "died of signal " + std::to_string(WTERMSIG(status));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not be run)";
+    throw Error("--host-discovery-script " + script + " " + how +
+                (errtext.empty() ? std::string() : "; its stderr: " + trim(errtext.substr(0, 2000))));
+  }
+  return parse_discovery_output(text, default_slots, script);
+}
+
+void validate_elastic_flags(ElasticFlags& f) {
+  if (f.discovery_script.empty()) {
+    throw UsageError("--min-np/--max-np (elastic) need --host-discovery-script SCRIPT: an executable that prints "
+                     "the current hosts as HOST:SLOTS lines");
+  }
+  if (f.min_np < 0) f.min_np = f.np;
+  if (f.min_np < 0) {
+    throw UsageError("elastic horovodrun needs --min-np N (or -np N): the fewest processes the job runs on");
+  }
+  if (f.max_np >= 0 && f.max_np < f.min_np) {
+    throw UsageError("--max-np " + std::to_string(f.max_np) + " is below --min-np " + std::to_string(f.min_np) +
+                     "; --max-np must be >= --min-np");
+  }
+  if (f.np >= 0 && (f.np < f.min_np || (f.max_np >= 0 && f.np > f.max_np))) {
+    throw UsageError("-np " + std::to_string(f.np) + " is outside --min-np " + std::to_string(f.min_np) +
+                     " .. --max-np " + (f.max_np >= 0 ? std::to_string(f.max_np) : std::string("(no limit)")));
+  }
+}
+
+bool is_elastic_agent(std::string* agent_spec) {
+  const char* v = std::getenv(kAgentVar);
+  if (!v) return false;
+  if (agent_spec) *agent_spec = v;
+  ::unsetenv(kAgentVar);  // the workers must not see it
+  return true;
+}
+
+int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& self_args) {
+  // 1. Wait (up to --start-timeout) for hosts with --min-np slots.
+  const auto start_deadline = Clock::now() + std::chrono::seconds(f.start_timeout_s);
+  std::vector<std::pair<std::string, int>> hosts;
+  while (true) {
+    hosts = run_discovery(f.discovery_script, f.slots);
+    int total = 0;
+    for (auto& [h, s] : hosts) total += s;
+    if (total >= f.min_np) break;
+    if (Clock::now() >= start_deadline) {
+      throw Error("--host-discovery-script " + f.discovery_script + " lists " + std::to_string(hosts.size()) +
+                  " host(s) with " + std::to_string(total) + " slot(s) after --start-timeout " +
+                  std::to_string(f.start_timeout_s) + " s, but --min-np " + std::to_string(f.min_np) +
+                  " needs that many; add hosts or slots, or lower --min-np");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (auto& [h, s] : hosts) {
+    if (!is_local_host(h)) {
+      throw UsageError("--host-discovery-script " + f.discovery_script + " lists '" + h +
+                       "', which is not this machine: elastic horovodrun starts its agents on this machine only "
+                       "(hosts like localhost, 127.0.0.2 or this hostname); remote hosts over ssh are not built "
+                       "yet - run `dtrain run --nnodes MIN:MAX --rdzv-backend c10d` on each host instead");
+    }
+  }
+  // The launcher counts nodes: MIN = the fewest hosts whose slots reach --min-np.
+  std::vector<int> sizes;
+  for (auto& [h, s] : hosts) sizes.push_back(f.max_np > 0 ? std::min(s, f.max_np) : s);
+  std::sort(sizes.rbegin(), sizes.rend());
+  int min_nodes = 0;
+  for (int sum = 0; sum < f.min_np && min_nodes < static_cast<int>(sizes.size()); ++min_nodes) sum += sizes[min_nodes];
+  min_nodes = std::max(min_nodes, 1);
+  const int max_nodes = std::max(min_nodes + 1, f.max_np > 0 ? f.max_np : 4096);
+
+  // 2. The job's store, hosted here for the whole job.
+  auto server = store::StoreServer::start({});
+  const int port = server->port();
+  const std::string run_id = "hvd-elastic-" + std::to_string(::getpid()) + "-" + std::to_string(std::time(nullptr));
+  say("job " + run_id + ": --min-np " + std::to_string(f.min_np) + " -> at least " + std::to_string(min_nodes) +
+      " host(s); store on port " + std::to_string(port));
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  const std::string exe = self_exe();
+  std::map<pid_t, std::pair<std::string, int>> running;  // agent pid -> host, processes
+  std::set<std::string> blacklist;
+  int total = 0;
+  auto start_agents = [&](const std::vector<std::pair<std::string, int>>& list) {
+    for (auto& [h, s] : list) {
+      if (blacklist.count(h)) continue;
+      if (std::any_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; })) continue;
+      if (!is_local_host(h)) {
+        say("ignoring host '" + h + "': not this machine (remote hosts are not built yet)");
+        continue;
+      }
+      int n = f.max_np > 0 ? std::min(s, f.max_np - total) : s;
+      if (n <= 0) continue;
+      std::vector<std::string> argv = {exe, "horovodrun"};
+      argv.insert(argv.end(), self_args.begin(), self_args.end());
+      std::vector<std::string> env;
+      for (char** e = environ; *e; ++e) env.emplace_back(*e);
+      env.push_back(std::string(kAgentVar) + "=" + h + "," + std::to_string(n) + "," + std::to_string(port) + "," +
+                    run_id + "," + std::to_string(min_nodes) + "," + std::to_string(max_nodes));
+      pid_t pid = spawn(argv, env, -1, -1, true);
+      running[pid] = {h, n};
+      total += n;
+      say("started the agent for " + h + " (" + std::to_string(n) + " process(es), pid " + std::to_string(pid) + ")");
+    }
+  };
+  start_agents(hosts);
+
+  // 3. Watch the agents and the hosts.
+  bool succeeded = false;
+  int last_code = 1;
+  auto next_discovery = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.discovery_interval_s * 1000));
+  while (!running.empty()) {
+    if (g_signal) {
+      int sig = g_signal;
+      say(std::string("got signal ") + std::to_string(sig) + ", stopping the agents");
+      for (auto& [pid, hs] : running) ::kill(pid, SIGTERM);
+      for (auto& [pid, hs] : running) ::waitpid(pid, nullptr, 0);
+      return 128 + sig;
+    }
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0 && running.count(pid)) {
+      auto [host, n] = running[pid];
+      running.erase(pid);
+      total -= n;
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code == 0) {
+        succeeded = true;
+      } else {
+        last_code = code;
+        if (!succeeded) {
+          blacklist.insert(host);
+          say("the agent for " + host + " left the job (exit code " + std::to_string(code) + "); " + host +
+              " is blacklisted" +
+              (running.empty() ? std::string() : "; the other hosts go on from the last commit"));
+        }
+      }
+      continue;
+    }
+    if (!succeeded && Clock::now() >= next_discovery) {
+      next_discovery = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.discovery_interval_s * 1000));
+      try {
+        start_agents(run_discovery(f.discovery_script, f.slots));
+      } catch (const std::exception& e) {
+        say(std::string("host discovery failed (the job goes on with its hosts): ") + e.what());
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!succeeded) say("every host's agent left the job; it failed");
+  return succeeded ? 0 : last_code;
+}
+
+}  // namespace dtrain::hvd

@@ -1,0 +1,67 @@
+// Worker of hvd_elastic_test: hvd::elastic::run over a TorchState under
+// `dtrain horovodrun --min-np ... --host-discovery-script ...`.
+//   hvd_elastic_worker OUT VICTIM_RANK
+// Trains hvd_elastic_common.h's model; commits every kCommitEvery steps; on the first attempt
+// (TORCHELASTIC_RESTART_COUNT=0) rank VICTIM_RANK SIGKILLs itself before step kKillStep.
+// Prints one line per commit and one where fn starts (the state it starts from); rank 0
+// saves the final parameters to OUT.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "dtrain/horovod.h"
+#include "dtrain/horovod_elastic.h"
+#include "horovod/hvd_elastic_common.h"
+
+namespace hvd = dtrain::hvd;
+using namespace hvd_elastic_test;
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: hvd_elastic_worker OUT VICTIM_RANK\n");
+    return 2;
+  }
+  const std::string out = argv[1];
+  const int victim = std::atoi(argv[2]);
+  const char* rc = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int attempt = rc ? std::atoi(rc) : 0;
+
+  hvd::init();
+  auto model = make_model();
+  auto sgd = make_optimizer(model);
+  hvd::DistributedOptimizer opt(sgd, model->named_parameters());
+  hvd::elastic::TorchState state(*model, &sgd, {{"step", 0}});
+  int resets = 0;
+  state.register_reset_callbacks({[&] { ++resets; }});
+
+  hvd::elastic::run(state, [&](hvd::elastic::TorchState& s) {
+    std::printf("start rank=%d size=%d attempt=%d step=%lld sum=%.17g resets=%d from=%s\n", hvd::rank(), hvd::size(),
+                attempt, static_cast<long long>(s["step"]), param_sum(model), resets,
+                s.resumed_from().empty() ? "-" : s.resumed_from().c_str());
+    std::fflush(stdout);
+    for (; s["step"] < kSteps;) {
+      const int step = static_cast<int>(s["step"]);
+      if (attempt == 0 && step == kKillStep && hvd::rank() == victim) ::raise(SIGKILL);
+      opt.zero_grad();
+      loss(model, step, hvd::rank()).backward();
+      opt.step();
+      ++s["step"];
+      if (s["step"] % kCommitEvery == 0) {
+        s.commit();
+        std::printf("commit rank=%d size=%d step=%lld sum=%.17g\n", hvd::rank(), hvd::size(),
+                    static_cast<long long>(s["step"]), param_sum(model));
+        std::fflush(stdout);
+      }
+    }
+  });
+  if (hvd::rank() == 0) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : model->parameters()) params.push_back(p.detach().clone());
+    torch::save(params, out);
+  }
+  std::printf("done rank=%d size=%d\n", hvd::rank(), hvd::size());
+  hvd::shutdown();
+  return 0;
+}
