@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,6 +104,8 @@ class TorchState {
   // Whether a host waits to join the job (its agent is counted as late in this round).
   bool check_host_updates();
   void register_reset_callbacks(std::vector<std::function<void()>> callbacks);
+  // Training is over: removes this job's memory commits (run() calls it when fn returns).
+  void finish();
 
   // Commits made by this job so far (the number restored after a restart).
   int64_t commits() const;
@@ -143,7 +146,14 @@ template <class F>
 auto run(TorchState& state, F&& fn, std::chrono::milliseconds restart_wait) -> decltype(fn(state)) {
   state.on_start();
   try {
-    return fn(state);
+    if constexpr (std::is_void_v<decltype(fn(state))>) {
+      fn(state);
+      state.finish();
+    } else {
+      auto result = fn(state);
+      state.finish();
+      return result;
+    }
   } catch (const HostsUpdatedInterrupt& e) {
     detail::wait_for_restart(restart_wait, e.what());
   }

@@ -125,6 +125,8 @@ void TorchState::register_reset_callbacks(std::vector<std::function<void()>> cal
   for (auto& c : callbacks) reset_callbacks_.push_back(std::move(c));
 }
 
+void TorchState::finish() { es_->finish(); }
+
 bool TorchState::on_start() {
   const bool restored = es_->restore();
   if (restored) {

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <set>
@@ -108,6 +109,16 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
     ::_exit(127);
   }
   return pid;
+}
+
+// The job's in-memory commits on this machine (hvd::elastic::TorchState writes them to
+// /dev/shm/dtrain-hvd-elastic-<uid>-<run id>-<prefix>): gone with the job, also when it failed.
+void remove_memory_commits(const std::string& run_id) {
+  const std::string head = "dtrain-hvd-elastic-" + std::to_string(::getuid()) + "-" + run_id + "-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (e.path().filename().string().rfind(head, 0) == 0) std::filesystem::remove_all(e.path(), ec);
+  }
 }
 
 }  // namespace
@@ -322,6 +333,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       say(std::string("got signal ") + std::to_string(sig) + ", stopping the agents");
       for (auto& [pid, hs] : running) ::kill(pid, SIGTERM);
       for (auto& [pid, hs] : running) ::waitpid(pid, nullptr, 0);
+      remove_memory_commits(run_id);
       return 128 + sig;
     }
     int status = 0;
@@ -355,6 +367,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (!succeeded) say("every host's agent left the job; it failed");
+  remove_memory_commits(run_id);
   return succeeded ? 0 : last_code;
 }
 

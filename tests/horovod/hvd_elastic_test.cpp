@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include "horovod/hvd_elastic_common.h"
 #include "launcher/subprocess.h"
@@ -41,6 +42,14 @@ std::string script(const fs::path& dir, const std::string& name, const std::stri
   return p.string();
 }
 
+std::set<std::string> hvd_memory_dirs() {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind("dtrain-hvd-elastic-", 0) == 0) out.insert(e.path().string());
+  }
+  return out;
+}
+
 // The expected parameters: steps [0, 4) averaged over ranks 0..2, then [4, 8) over 0..1.
 std::vector<torch::Tensor> replay() {
   auto model = make_model();
@@ -68,6 +77,7 @@ TEST(HvdElastic, AKilledWorkersHostLeavesAndTheSurvivorsGoOnFromTheLastCommitAtT
   TempDir dir;
   auto hosts = script(dir.path, "hosts.sh", "echo localhost:1\necho 127.0.0.1:1\necho 127.0.0.2:1\n");
   auto out = (dir.path / "final.pt").string();
+  auto shm_before = hvd_memory_dirs();
   auto r = run_command({DTRAIN_BIN, "horovodrun", "--min-np", "2", "--max-np", "3", "--host-discovery-script", hosts,
                         HVD_ELASTIC_WORKER_BIN, out, "1"},
                        {.timeout = 150s});
@@ -97,6 +107,17 @@ TEST(HvdElastic, AKilledWorkersHostLeavesAndTheSurvivorsGoOnFromTheLastCommitAtT
     EXPECT_NE(r.out.find("done rank=" + std::to_string(k) + " size=2"), std::string::npos) << r.out;
   }
   EXPECT_EQ(r.out.find("done rank=2"), std::string::npos) << r.out;
+  // Nothing is left behind: every worker and agent is gone, and the memory commits too.
+  std::vector<pid_t> pids;
+  std::regex pid_re("(?:pid=|pid )([0-9]+)");
+  for (const std::string* text : {&r.out, &r.err}) {
+    for (auto it = std::sregex_iterator(text->begin(), text->end(), pid_re); it != std::sregex_iterator(); ++it) {
+      pids.push_back(std::stoi((*it)[1]));
+    }
+  }
+  EXPECT_GE(pids.size(), 3u + 2u + 3u) << "3 + 2 workers and 3 agents: " << r.out << r.err;
+  EXPECT_TRUE(dtrain::test::wait_dead(pids, 10s));
+  EXPECT_EQ(hvd_memory_dirs(), shm_before);
   // Values: momentum and parameters came back, and the last 4 steps ran at size 2.
   std::vector<torch::Tensor> got;
   torch::load(got, out);

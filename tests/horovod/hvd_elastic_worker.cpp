@@ -6,6 +6,7 @@
 // Prints one line per commit and one where fn starts (the state it starts from); rank 0
 // saves the final parameters to OUT.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -37,9 +38,9 @@ int main(int argc, char** argv) {
   state.register_reset_callbacks({[&] { ++resets; }});
 
   hvd::elastic::run(state, [&](hvd::elastic::TorchState& s) {
-    std::printf("start rank=%d size=%d attempt=%d step=%lld sum=%.17g resets=%d from=%s\n", hvd::rank(), hvd::size(),
-                attempt, static_cast<long long>(s["step"]), param_sum(model), resets,
-                s.resumed_from().empty() ? "-" : s.resumed_from().c_str());
+    std::printf("start rank=%d size=%d attempt=%d step=%lld sum=%.17g resets=%d from=%s pid=%d\n", hvd::rank(),
+                hvd::size(), attempt, static_cast<long long>(s["step"]), param_sum(model), resets,
+                s.resumed_from().empty() ? "-" : s.resumed_from().c_str(), static_cast<int>(::getpid()));
     std::fflush(stdout);
     for (; s["step"] < kSteps;) {
       const int step = static_cast<int>(s["step"]);
