@@ -32,7 +32,8 @@
 //
 // Also Horovod's: the response cache (HOROVOD_CACHE_CAPACITY), the timeline
 // (HOROVOD_TIMELINE=FILE: rank 0 writes one Chrome trace with each tensor's phases), Adasum.
-// Not built: hvd::elastic, process sets, DistributedOptimizer with op Adasum.
+// Elastic Horovod (hvd::elastic::run, TorchState): dtrain/horovod_elastic.h.
+// Not built: process sets, DistributedOptimizer with op Adasum.
 //
 // Thread-safety: every function may be called from any thread once init() returned.
 #pragma once

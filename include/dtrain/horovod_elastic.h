@@ -30,11 +30,13 @@
 //     commit. run() calls it on a restarted job; call it yourself to roll back in-process.
 //   - sync(): COLLECTIVE: rank 0's model, optimizer state and fields to every rank. run()
 //     calls it at the start of a fresh job (Horovod syncs at every reset).
-//   - check_host_updates(): true when a host waits to join (the script listed a new one).
-//     Horovod then raises HostsUpdatedInterrupt and resets without rolling back; here
-//     commit() throws HostsUpdatedInterrupt right after saving, run() waits for the agent to
-//     restart the workers (within its monitor interval), and the restarted workers resume
-//     from that very commit: nothing is redone.
+//   - check_host_updates(): true when a host waits to join (the script listed a new one and
+//     its agent arrived). Horovod raises HostsUpdatedInterrupt at the next commit and resets
+//     without rolling back. Here the running agents restart their workers at their next
+//     monitor tick (0.1 s) after the new agent arrived, wherever the workers are, so the
+//     steps since the last commit are redone (as after a failure). commit() throws
+//     HostsUpdatedInterrupt right after saving when it sees a host waiting, and run() then
+//     waits for that restart: when the check comes first, nothing is redone.
 //   - register_reset_callbacks(): called by run() after a restart, when the world size may
 //     have changed (e.g. to rescale the learning rate by hvd::size()).
 // Not built: Horovod's in-process reset (the workers are restarted; each restart pays the
