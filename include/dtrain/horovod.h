@@ -33,7 +33,7 @@
 // Also Horovod's: the response cache (HOROVOD_CACHE_CAPACITY), the timeline
 // (HOROVOD_TIMELINE=FILE: rank 0 writes one Chrome trace with each tensor's phases), Adasum.
 // Elastic Horovod (hvd::elastic::run, TorchState): dtrain/horovod_elastic.h.
-// Not built: process sets, DistributedOptimizer with op Adasum.
+// Not built: process sets.
 //
 // Thread-safety: every function may be called from any thread once init() returned.
 #pragma once
@@ -177,7 +177,12 @@ struct DistributedOptimizerOptions {
   Compression compression = Compression::none;
   // Backward passes accumulated locally before one reduction. Default: 1.
   int backward_passes_per_step = 1;
-  ReduceOp op = ReduceOp::Average;  // Average or Sum (Adasum: UsageError, not built here)
+  // Average, Sum or Adasum. Adasum (Horovod's Adasum optimizer): step() steps the wrapped
+  // optimizer locally on this rank's gradients (its state, e.g. momentum, stays per rank),
+  // combines the parameter deltas with Adasum and sets every rank's parameters to
+  // start + adasum(deltas); a power-of-2 number of ranks. Unlike Horovod, the local step and
+  // the reduction both happen in step() (no overlap with backward).
+  ReduceOp op = ReduceOp::Average;
   // With Average: gradients are divided by this before the sum and the result by
   // size/factor after it. Default: 1.
   double gradient_predivide_factor = 1.0;
@@ -229,6 +234,7 @@ class DistributedOptimizer {
   void install_hooks();
   void on_gradient(size_t index);
   void submit(size_t index);
+  void adasum_synchronize();
 
   torch::optim::Optimizer& optimizer_;
   DistributedOptimizerOptions options_;

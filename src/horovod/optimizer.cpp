@@ -36,12 +36,16 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
                      std::to_string(options_.backward_passes_per_step));
   }
   if (options_.op == ReduceOp::Adasum) {
-    throw UsageError("hvd::DistributedOptimizer: op Adasum is not built for the optimizer (Horovod's Adasum "
-                     "optimizer takes a local step and combines the parameter deltas); use hvd::Average, or "
-                     "hvd::allreduce(t, {.op = hvd::Adasum}) on tensors");
-  }
-  if (options_.op != ReduceOp::Average && options_.op != ReduceOp::Sum) {
-    throw UsageError("hvd::DistributedOptimizer: op must be hvd::Average or hvd::Sum");
+    const int n = size();
+    if (n & (n - 1)) {
+      throw UsageError("hvd::DistributedOptimizer: op Adasum runs on a power-of-2 number of ranks only, as "
+                       "Horovod's; this job has " + std::to_string(n) + " ranks (use hvd::Average, or 1, 2, 4, 8... ranks)");
+    }
+    if (options_.gradient_predivide_factor != 1.0) {
+      throw UsageError("hvd::DistributedOptimizer: gradient_predivide_factor must be 1 with op Adasum (as in Horovod)");
+    }
+  } else if (options_.op != ReduceOp::Average && options_.op != ReduceOp::Sum) {
+    throw UsageError("hvd::DistributedOptimizer: op must be hvd::Average, hvd::Sum or hvd::Adasum");
   }
   if (!(options_.gradient_predivide_factor > 0)) {
     throw UsageError("hvd::DistributedOptimizer: gradient_predivide_factor must be > 0, got " +
@@ -74,7 +78,8 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
   }
   passes_left_.assign(params_.size(), options_.backward_passes_per_step);
   handles_.assign(params_.size(), -1);
-  install_hooks();
+  // Adasum combines parameter deltas after the local step (in synchronize()): no gradient hooks.
+  if (options_.op != ReduceOp::Adasum) install_hooks();
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
@@ -131,7 +136,42 @@ void DistributedOptimizer::submit(size_t i) {
   handles_[i] = allreduce_async_(grad, o);
 }
 
+void DistributedOptimizer::adasum_synchronize() {
+  // Horovod's Adasum optimizer: every rank steps its own optimizer (its own state, e.g.
+  // momentum) on its own gradients; the parameter deltas are combined with Adasum; every rank
+  // then holds start + adasum(delta_0, ..., delta_{n-1}).
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> start;
+  for (auto& p : params_) start.push_back(p.detach().clone());
+  optimizer_.step();
+  std::vector<torch::Tensor> deltas;
+  std::vector<Handle> handles;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    deltas.push_back(params_[i].detach() - start[i]);
+    AllreduceOptions o;
+    o.name = "DistributedOptimizer.adasum." + names_[i];
+    o.op = ReduceOp::Adasum;
+    o.compression = options_.compression;
+    handles.push_back(allreduce_async_(deltas.back(), o));
+  }
+  std::exception_ptr first_error;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    try {
+      torch::Tensor combined = hvd::synchronize(handles[i]);
+      params_[i].detach().copy_(start[i] + combined);
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+}
+
 void DistributedOptimizer::synchronize() {
+  if (options_.op == ReduceOp::Adasum) {
+    adasum_synchronize();
+    synchronized_ = true;
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (handles_[i] < 0) submit(i);
   }
@@ -150,6 +190,12 @@ void DistributedOptimizer::synchronize() {
 }
 
 void DistributedOptimizer::step() {
+  if (options_.op == ReduceOp::Adasum) {
+    // The local step is part of the Adasum synchronization (as in Horovod).
+    if (!(skip_ && synchronized_)) synchronize();
+    synchronized_ = false;
+    return;
+  }
   if (!(skip_ && synchronized_)) synchronize();
   optimizer_.step();
   synchronized_ = false;

@@ -129,6 +129,58 @@ TEST(HvdElastic, AKilledWorkersHostLeavesAndTheSurvivorsGoOnFromTheLastCommitAtT
   }
 }
 
+// Horovod's Adasum optimizer, replayed: each rank steps its own SGD (its own momentum buffer)
+// on its own gradient; the deltas are combined per tensor with
+// a' = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b and added to the common start.
+TEST(HvdAdasumOptimizer, TwoRanksEqualTheAdasumOfTheirLocalSgdStepsWithOwnMomentum) {
+  TempDir dir;
+  auto out = (dir.path / "adasum").string();
+  auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", HVD_ELASTIC_WORKER_BIN, "adasum", out},
+                       {.timeout = 120s});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+
+  auto model = make_model();
+  const double lr = 0.05, momentum = 0.9;
+  std::vector<std::vector<torch::Tensor>> bufs(2);
+  double gap_to_mean = 0;  // how far Adasum's combination is from the plain mean of the deltas
+  for (int step = 0; step < kAdasumSteps; ++step) {
+    std::vector<std::vector<torch::Tensor>> delta(2);
+    for (int rank = 0; rank < 2; ++rank) {
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+      loss(model, step, rank).backward();
+      auto ps = model->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        auto g = ps[i].grad().detach();
+        if (step == 0) bufs[rank].push_back(g.clone());
+        else bufs[rank][i] = bufs[rank][i] * momentum + g;
+        delta[rank].push_back(-lr * bufs[rank][i]);
+      }
+    }
+    torch::NoGradGuard no_grad;
+    auto ps = model->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto a = delta[0][i].reshape({-1}), b = delta[1][i].reshape({-1});
+      double dot = a.dot(b).item<double>(), na = a.dot(a).item<double>(), nb = b.dot(b).item<double>();
+      auto combined = a * (1 - dot / (2 * na)) + b * (1 - dot / (2 * nb));
+      gap_to_mean = std::max(gap_to_mean, (combined - (a + b) / 2).abs().max().item<double>());
+      ps[i].add_(combined.view(ps[i].sizes()));
+    }
+  }
+  // Adasum's combination is not the mean here, so matching it is not matching Average.
+  std::printf("Adasum vs the mean of the deltas: max gap %g\n", gap_to_mean);
+  EXPECT_GT(gap_to_mean, 1e-4);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, out + "." + std::to_string(rank));
+    auto want = model->parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      double diff = (got[i] - want[i]).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-10) << "rank " << rank << " parameter " << i << "\n got " << got[i] << "\n want " << want[i];
+    }
+  }
+}
+
 TEST(HvdElastic, BadFlagsAndBadDiscoveryOutputAreClearErrors) {
   TempDir dir;
   auto ok = script(dir.path, "ok.sh", "echo localhost:2\n");

@@ -5,6 +5,9 @@
 // (TORCHELASTIC_RESTART_COUNT=0) rank VICTIM_RANK SIGKILLs itself before step kKillStep.
 // Prints one line per commit and one where fn starts (the state it starts from); rank 0
 // saves the final parameters to OUT.
+//   hvd_elastic_worker adasum OUT
+// DistributedOptimizer with op Adasum for kAdasumSteps steps; rank r saves its parameters to
+// OUT.<r>.
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,7 +22,26 @@
 namespace hvd = dtrain::hvd;
 using namespace hvd_elastic_test;
 
+int adasum_main(const std::string& out) {
+  hvd::init();
+  auto model = make_model();
+  auto sgd = make_optimizer(model);
+  hvd::DistributedOptimizer opt(sgd, model->named_parameters(), {.op = hvd::Adasum});
+  for (int step = 0; step < kAdasumSteps; ++step) {
+    opt.zero_grad();
+    loss(model, step, hvd::rank()).backward();
+    opt.step();
+  }
+  std::vector<torch::Tensor> params;
+  for (auto& p : model->parameters()) params.push_back(p.detach().clone());
+  torch::save(params, out + "." + std::to_string(hvd::rank()));
+  std::printf("adasum done rank=%d size=%d\n", hvd::rank(), hvd::size());
+  hvd::shutdown();
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "adasum") return adasum_main(argv[2]);
   if (argc != 3) {
     std::fprintf(stderr, "usage: hvd_elastic_worker OUT VICTIM_RANK\n");
     return 2;
