@@ -50,12 +50,12 @@ std::set<std::string> hvd_memory_dirs() {
   return out;
 }
 
-// The expected parameters: steps [0, 4) averaged over ranks 0..2, then [4, 8) over 0..1.
-std::vector<torch::Tensor> replay() {
+// The expected parameters: steps [0, switch_at) averaged over `before` ranks, then over `after`.
+std::vector<torch::Tensor> replay(int switch_at = 4, int before = 3, int after = 2) {
   auto model = make_model();
   auto sgd = make_optimizer(model);
   for (int step = 0; step < kSteps; ++step) {
-    const int size = step < 4 ? 3 : 2;
+    const int size = step < switch_at ? before : after;
     std::vector<torch::Tensor> grads;
     for (auto& p : model->parameters()) grads.push_back(torch::zeros_like(p));
     for (int r = 0; r < size; ++r) {
@@ -178,6 +178,46 @@ TEST(HvdAdasumOptimizer, TwoRanksEqualTheAdasumOfTheirLocalSgdStepsWithOwnMoment
       double diff = (got[i] - want[i]).abs().max().item<double>();
       EXPECT_LE(diff, 1e-10) << "rank " << rank << " parameter " << i << "\n got " << got[i] << "\n want " << want[i];
     }
+  }
+}
+
+// The discovery script lists a third host once rank 0 created a file: the driver starts its
+// agent, the workers see it (check_host_updates) or are restarted first, and all three go on
+// from the last commit at size 3.
+TEST(HvdElastic, AHostTheScriptAddsJoinsAndTheJobGoesOnAtTheLargerSizeFromTheLastCommit) {
+  TempDir dir;
+  auto flag = (dir.path / "grow").string();
+  auto hosts = script(dir.path, "hosts.sh", "echo localhost:1\necho 127.0.0.1:1\nif [ -f " + flag +
+                                                " ]; then echo 127.0.0.2:1; fi\n");
+  auto out = (dir.path / "final.pt").string();
+  auto shm_before = hvd_memory_dirs();
+  auto r = run_command({DTRAIN_BIN, "horovodrun", "--min-np", "2", "--max-np", "3", "--host-discovery-script", hosts,
+                        HVD_ELASTIC_WORKER_BIN, "grow", out, flag},
+                       {.timeout = 150s});
+  std::printf("elastic run with a host added: %.1f s\n", r.elapsed);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("started the agent for 127.0.0.2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("a new node is waiting to join the job"), std::string::npos) << r.err;
+  // Where the size-3 workers started: the commit of step 2, or the one commit() made at
+  // step 3 when it saw the host before the restart.
+  std::smatch m;
+  std::string resumed;
+  for (int k = 0; k < 3; ++k) {
+    std::regex re("start rank=" + std::to_string(k) + " size=3 attempt=[1-9][0-9]* step=([23]) sum=\\S+ resets=1 from=memory:");
+    ASSERT_TRUE(std::regex_search(r.out, m, re)) << r.out;
+    if (k == 0) resumed = m[1];
+    EXPECT_EQ(m[1], resumed);
+    EXPECT_NE(r.out.find("done rank=" + std::to_string(k) + " size=3"), std::string::npos) << r.out;
+  }
+  std::printf("the size-3 workers resumed from the commit of step %s (%s)\n", resumed.c_str(),
+              resumed == "3" ? "commit() saw the host first" : "the agent restarted them first");
+  EXPECT_EQ(hvd_memory_dirs(), shm_before);
+  std::vector<torch::Tensor> got;
+  torch::load(got, out);
+  auto want = replay(std::stoi(resumed), 2, 3);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-9) << "parameter " << i;
   }
 }
 

@@ -5,6 +5,11 @@
 // (TORCHELASTIC_RESTART_COUNT=0) rank VICTIM_RANK SIGKILLs itself before step kKillStep.
 // Prints one line per commit and one where fn starts (the state it starts from); rank 0
 // saves the final parameters to OUT.
+//   hvd_elastic_worker grow OUT FILE
+// As above without a victim: on the first attempt, rank 0 creates FILE after step kGrowStep
+// (the test's discovery script then lists a third host) and every rank polls
+// check_host_updates() and commits once it sees the host (commit() throws
+// HostsUpdatedInterrupt and run() waits for the restart), or is restarted before that.
 //   hvd_elastic_worker adasum OUT
 // DistributedOptimizer with op Adasum for kAdasumSteps steps; rank r saves its parameters to
 // OUT.<r>.
@@ -14,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "dtrain/horovod.h"
 #include "dtrain/horovod_elastic.h"
@@ -42,7 +48,13 @@ int adasum_main(const std::string& out) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "adasum") return adasum_main(argv[2]);
-  if (argc != 3) {
+  const bool grow = argc == 4 && std::string(argv[1]) == "grow";
+  if (grow) {
+    argv[1] = argv[2];
+    argv[2] = const_cast<char*>("-1");
+  }
+  const std::string grow_file = grow ? argv[3] : "";
+  if (argc != 3 && !grow) {
     std::fprintf(stderr, "usage: hvd_elastic_worker OUT VICTIM_RANK\n");
     return 2;
   }
@@ -71,6 +83,17 @@ int main(int argc, char** argv) {
       loss(model, step, hvd::rank()).backward();
       opt.step();
       ++s["step"];
+      if (grow && attempt == 0 && s["step"] == kGrowStep) {
+        if (hvd::rank() == 0) {
+          if (std::FILE* f = std::fopen(grow_file.c_str(), "w")) std::fclose(f);
+        }
+        for (int i = 0; i < 300 && !s.check_host_updates(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::printf("rank=%d saw the new host\n", hvd::rank());
+        std::fflush(stdout);
+        s.commit();  // throws HostsUpdatedInterrupt (unless the restart came first)
+        std::fprintf(stderr, "rank %d: the host was not seen in 30 s\n", hvd::rank());
+        return;
+      }
       if (s["step"] % kCommitEvery == 0) {
         s.commit();
         std::printf("commit rank=%d size=%d step=%lld sum=%.17g\n", hvd::rank(), hvd::size(),
