@@ -298,13 +298,14 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   const std::string exe = self_exe();
   std::map<pid_t, std::pair<std::string, int>> running;  // agent pid -> host, processes
   std::set<std::string> blacklist;
+  std::set<std::string> refused;  // remote hosts the script listed (said once)
   int total = 0;
   auto start_agents = [&](const std::vector<std::pair<std::string, int>>& list) {
     for (auto& [h, s] : list) {
       if (blacklist.count(h)) continue;
       if (std::any_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; })) continue;
       if (!is_local_host(h)) {
-        say("ignoring host '" + h + "': not this machine (remote hosts are not built yet)");
+        if (refused.insert(h).second) say("ignoring host '" + h + "': not this machine (remote hosts are not built yet)");
         continue;
       }
       int n = f.max_np > 0 ? std::min(s, f.max_np - total) : s;
