@@ -51,7 +51,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -106,7 +105,9 @@ class TorchState {
   // Whether a host waits to join the job (its agent is counted as late in this round).
   bool check_host_updates();
   void register_reset_callbacks(std::vector<std::function<void()>> callbacks);
-  // Training is over: removes this job's memory commits (run() calls it when fn returns).
+  // COLLECTIVE. Training is over: after a barrier, removes this job's memory commits. Call it
+  // last, on every rank, when the launcher does not remove them (`dtrain horovodrun` does when
+  // the job ends; a failure after finish() would restart from scratch).
   void finish();
 
   // Commits made by this job so far (the number restored after a restart).
@@ -148,14 +149,7 @@ template <class F>
 auto run(TorchState& state, F&& fn, std::chrono::milliseconds restart_wait) -> decltype(fn(state)) {
   state.on_start();
   try {
-    if constexpr (std::is_void_v<decltype(fn(state))>) {
-      fn(state);
-      state.finish();
-    } else {
-      auto result = fn(state);
-      state.finish();
-      return result;
-    }
+    return fn(state);
   } catch (const HostsUpdatedInterrupt& e) {
     detail::wait_for_restart(restart_wait, e.what());
   }

@@ -125,7 +125,12 @@ void TorchState::register_reset_callbacks(std::vector<std::function<void()>> cal
   for (auto& c : callbacks) reset_callbacks_.push_back(std::move(c));
 }
 
-void TorchState::finish() { es_->finish(); }
+void TorchState::finish() {
+  // Another rank of this host may still be writing its last commit (several ranks of one
+  // machine share the directory when the "hosts" are local): wait for every rank first.
+  hvd::barrier();
+  es_->finish();
+}
 
 bool TorchState::on_start() {
   const bool restored = es_->restore();
