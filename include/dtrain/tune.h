@@ -104,6 +104,18 @@ struct TuneOptions {
   // Trials running at once. 0: as many as the cores allow (cores / processes, at least 1).
   int max_concurrent_trials = 0;
   TrialResources trial_resources;
+  // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
+  // false: every trial is a Distributor job with local_mode = false on `cluster`'s engine
+  // ("ssh" host file or list, "slurm", "mpi", "spark"), trial_resources.processes workers
+  // placed by that engine; the workers report to a store the driver hosts at
+  // cluster.driver_addr (default: as the Distributor finds it). On a cluster:
+  // max_concurrent_trials 0 means one trial at a time (each trial is a job over the engine's
+  // hosts; raise it when the engine has room for more), and storage_path must be a directory
+  // every host sees at the same path (rank 0 copies its checkpoints into the trial's
+  // directory, and restored trials read them from there). UsageError in the Tuner's
+  // constructor when the cluster options do not fit (what the Distributor would say).
+  bool local_mode = true;
+  ClusterOptions cluster;
   int max_failures = 0;  // a failed trial is started again (from its checkpoint) this often
   // Where trials, checkpoints, tuner_state.json and results.csv go: storage_path/name/.
   // Default: ./dtrain_tune_results.
