@@ -1,7 +1,8 @@
 // A tune::Tuner driver for the cluster tests (tests/cluster/tune_test.sh): a 2-trial search
 // whose trials are Distributor jobs with local_mode = false on a cluster engine.
-//   tune_cluster_driver --storage DIR --engine ssh|slurm [--hosts LIST] [--ssh-port P]
+//   tune_cluster_driver --storage DIR --engine ssh|slurm|mpi [--hosts LIST] [--ssh-port P]
 //                       [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
+//                       [--mpi-launcher L]
 // Trials x = 1 and x = 2, 2 processes each, 3 reports each with a checkpoint; trial x = 2
 // throws on rank 1 at its 2nd iteration once (max_failures 1) and is restarted from its
 // checkpoint. Every report carries the all-reduced rank sum and how many ranks run on host
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
     else if (flag == "--ssh-arg") o.cluster.ssh_args.push_back(value);
     else if (flag == "--nodes") o.cluster.nodes = std::stoi(value);
     else if (flag == "--nproc") o.trial_resources.processes = std::stoi(value);
+    else if (flag == "--mpi-launcher") o.cluster.mpi_launcher = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

@@ -9,6 +9,8 @@
 #    throws once and the trial is restarted from its checkpoint (iteration 1) and finishes.
 #    The search's state and checkpoints are in the storage path; nothing is left on n1 or n2.
 # 2. Cluster options that do not fit the trials: UsageError (exit 2) before anything starts.
+# 3. Engine mpi (MPICH's mpiexec.hydra on n1, no dtrain agent): the same search; report()
+#    takes its rank from the MPI launcher's variables.
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" D="$3"
 for f in "$DTRAIN" "$D"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -54,4 +56,16 @@ code=$?
 [[ $code -eq 2 ]] || fail "unknown engine: exit $code, expected 2: $out"
 grep -q "expected \"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"" <<<"$out" || fail "unknown engine: message: $out"
 pass "trial_resources that fit no host layout, an unknown engine: UsageError, exit 2, nothing started"
+
+# 3 -------------------------------------------------------------------------------------
+t=$SECONDS
+storage="$T/tune-mpi"
+out="$(on n1 timeout 180 "$D" --storage "$storage" --engine mpi --mpi-launcher mpiexec.hydra 2>&1)" ||
+  fail "tune on mpiexec.hydra: exit $?: $out"
+grep -q "^trial trial_00000 x=1 status=TERMINATED failures=0 iterations=3 rank_sum=3 on_n2=0 world=2 restored=0$" <<<"$out" ||
+  fail "tune on mpiexec.hydra: trial x=1: $out"
+grep -q "^trial trial_00001 x=2 status=TERMINATED failures=1 iterations=3 rank_sum=3 on_n2=0 world=2 restored=1$" <<<"$out" ||
+  fail "tune on mpiexec.hydra: trial x=2 (failed once, restarted from its checkpoint): $out"
+nothing_left "tune on mpiexec.hydra"
+pass "Tuner on MPICH (mpiexec.hydra -np 2 on n1): 2 trials; the failing one restarted from its checkpoint ($((SECONDS - t)) s)"
 echo "tune cluster tests took $((SECONDS - start)) s"
