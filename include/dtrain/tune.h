@@ -25,7 +25,7 @@
 // many at once as fit in the machine's cores (processes per trial) and max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
-// data-parallel. The driver hosts a small store (dtrain/store.h); report() on rank 0 puts
+// data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The driver hosts a small store (dtrain/store.h); report() on rank 0 puts
 // the result there, the driver's scheduler (dtrain/tune_schedulers.h) decides, and report()
 // returns (continue) or throws TrialStopped (stop, or pause for PBT) on every rank that calls
 // it. A trial that fails is started again from its latest checkpoint up to max_failures
