@@ -14,10 +14,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 
 def load(data_dir, split, n):
+    # Only the first n records are decompressed, as the C++ trainable does.
     with gzip.open(f"{data_dir}/{split}-images-idx3-ubyte.gz") as f:
-        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
+        images = np.frombuffer(f.read(16 + n * 28 * 28), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
     with gzip.open(f"{data_dir}/{split}-labels-idx1-ubyte.gz") as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+        labels = np.frombuffer(f.read(8 + n), np.uint8, offset=8)[:n]
     x = (torch.from_numpy(images.astype(np.float32)) / 255 - 0.2860) / 0.3530
     return x, torch.from_numpy(labels.astype(np.int64))
 

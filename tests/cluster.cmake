@@ -30,3 +30,11 @@ add_test(NAME cluster.distributor
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/distributor_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:distributor_cluster_driver>)
 set_tests_properties(cluster.distributor PROPERTIES LABELS cluster TIMEOUT 400 RUN_SERIAL TRUE)
+
+# tune::Tuner with local_mode = false: trials as Distributor jobs over ssh on n1 and n2.
+add_executable(tune_cluster_driver cluster/tune_driver.cpp)
+target_link_libraries(tune_cluster_driver PRIVATE dtrain)
+add_test(NAME cluster.tune
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/tune_test.sh ${PROJECT_BINARY_DIR}
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_driver>)
+set_tests_properties(cluster.tune PROPERTIES LABELS cluster TIMEOUT 300 RUN_SERIAL TRUE)

@@ -16,6 +16,8 @@ struct Split {
 // Reads DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz. Throws std::runtime_error naming
 // the file and what is wrong (missing, not gzip, bad IDX magic, count mismatch) and how to
 // get the data (apt-get install dataset-fashion-mnist, or --data-dir).
-Split load_split(const std::string& dir, bool train);
+// limit >= 0: only the first `limit` images and labels (all when the file has fewer); the
+// files are decompressed only that far, so a subset costs what it holds.
+Split load_split(const std::string& dir, bool train, int64_t limit = -1);
 
 }  // namespace fashion_mnist

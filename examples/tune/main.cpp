@@ -34,12 +34,12 @@ void train(tune::Config config) {
   const int hidden = config.at("hidden").get<int>();
   const int epochs = config.at("epochs").get<int>();
   const std::string data_dir = config.at("data_dir").get<std::string>();
-  auto train_split = fashion_mnist::load_split(data_dir, /*train=*/true);
-  auto val = fashion_mnist::load_split(data_dir, /*train=*/false);
-  const int64_t n_train = std::min<int64_t>(config.at("train_subset").get<int64_t>(), train_split.labels.size(0));
-  const int64_t n_val = std::min<int64_t>(config.at("val_subset").get<int64_t>(), val.labels.size(0));
-  auto x = train_split.images.narrow(0, 0, n_train), y = train_split.labels.narrow(0, 0, n_train);
-  auto vx = val.images.narrow(0, 0, n_val), vy = val.labels.narrow(0, 0, n_val);
+  // Only the subsets are decompressed (the first N images of each file).
+  auto train_split = fashion_mnist::load_split(data_dir, /*train=*/true, config.at("train_subset").get<int64_t>());
+  auto val = fashion_mnist::load_split(data_dir, /*train=*/false, config.at("val_subset").get<int64_t>());
+  const int64_t n_train = train_split.labels.size(0);
+  auto x = train_split.images, y = train_split.labels;
+  auto vx = val.images, vy = val.labels;
 
   torch::manual_seed(0);
   using namespace torch::nn;
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    fashion_mnist::load_split(data_dir, /*train=*/false);  // fail early on missing data
+    fashion_mnist::load_split(data_dir, /*train=*/false, 1);  // fail early on missing data
     auto grid_of = [](const auto& values) {
       std::vector<tune::Config> v(values.begin(), values.end());
       return tune::grid_search(v);

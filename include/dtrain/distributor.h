@@ -218,6 +218,11 @@ class Distributor {
   // rank, its exit code or signal and its stderr tail otherwise.
   void run(const std::string& program, const std::vector<std::string>& args = {});
 
+  // The address the workers of a cluster job (local_mode = false) reach this driver at:
+  // ClusterOptions::driver_addr, else as documented there. "127.0.0.1" in local mode.
+  // UsageError when no reachable address can be found (the message says to set it).
+  std::string driver_address() const;
+
  private:
   template <bool All, class F, class... Args>
   auto call(F&& fn, Args&&... args) {
@@ -269,7 +274,6 @@ class Distributor {
                                         std::string args, bool all_ranks);
 
   void validate_cluster();
-  std::string driver_address() const;
 
   DistributorOptions options_;
   std::string cuda_visible_devices_;

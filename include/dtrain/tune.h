@@ -25,7 +25,7 @@
 // many at once as fit in the machine's cores (processes per trial) and max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
-// data-parallel. The driver hosts a small store (dtrain/store.h); report() on rank 0 puts
+// data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The driver hosts a small store (dtrain/store.h); report() on rank 0 puts
 // the result there, the driver's scheduler (dtrain/tune_schedulers.h) decides, and report()
 // returns (continue) or throws TrialStopped (stop, or pause for PBT) on every rank that calls
 // it. A trial that fails is started again from its latest checkpoint up to max_failures
@@ -104,6 +104,18 @@ struct TuneOptions {
   // Trials running at once. 0: as many as the cores allow (cores / processes, at least 1).
   int max_concurrent_trials = 0;
   TrialResources trial_resources;
+  // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
+  // false: every trial is a Distributor job with local_mode = false on `cluster`'s engine
+  // ("ssh" host file or list, "slurm", "mpi", "spark"), trial_resources.processes workers
+  // placed by that engine; the workers report to a store the driver hosts at
+  // cluster.driver_addr (default: as the Distributor finds it). On a cluster:
+  // max_concurrent_trials 0 means one trial at a time (each trial is a job over the engine's
+  // hosts; raise it when the engine has room for more), and storage_path must be a directory
+  // every host sees at the same path (rank 0 copies its checkpoints into the trial's
+  // directory, and restored trials read them from there). UsageError in the Tuner's
+  // constructor when the cluster options do not fit (what the Distributor would say).
+  bool local_mode = true;
+  ClusterOptions cluster;
   int max_failures = 0;  // a failed trial is started again (from its checkpoint) this often
   // Where trials, checkpoints, tuner_state.json and results.csv go: storage_path/name/.
   // Default: ./dtrain_tune_results.

@@ -629,6 +629,7 @@ bool is_loopback(const std::string& addr) { return addr.rfind("127.", 0) == 0 ||
 
 std::string Distributor::driver_address() const {
   const ClusterOptions& c = options_.cluster;
+  if (options_.local_mode) return "127.0.0.1";
   if (!c.driver_addr.empty()) return c.driver_addr;
   addrinfo hints{};
   hints.ai_family = AF_INET;

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 
+#include "dtrain/engine_env.h"
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 
@@ -58,7 +59,12 @@ Session& session(const char* who) {
     s->trial_id = env_or("DTRAIN_TUNE_TRIAL_ID");
     s->trial_dir = env_or("DTRAIN_TUNE_TRIAL_DIR");
     s->driver = env_or("DTRAIN_TUNE_STORE");
-    s->rank = std::atoi(env_or("RANK", "0").c_str());
+    // RANK from the dtrain agent; under engine "mpi" (no agent) the MPI launcher's variables.
+    if (std::getenv("RANK") != nullptr) {
+      s->rank = std::atoi(env_or("RANK").c_str());
+    } else if (auto task = detect_engine_task()) {
+      s->rank = task->rank;
+    }
     s->timeout = std::chrono::milliseconds(std::atoll(env_or("DTRAIN_TUNE_REPORT_TIMEOUT_MS", "600000").c_str()));
     const auto colon = s->driver.rfind(':');
     if (colon == std::string::npos) {
@@ -67,7 +73,9 @@ Session& session(const char* who) {
     store::StoreClient::Options o;
     o.connect_timeout = std::chrono::seconds(30);
     o.timeout = s->timeout;
-    s->client = store::StoreClient::connect(s->driver.substr(0, colon),
+    std::string host = s->driver.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    s->client = store::StoreClient::connect(host,
                                             static_cast<std::uint16_t>(std::stoi(s->driver.substr(colon + 1))), o);
     g_session = std::move(s);
   }

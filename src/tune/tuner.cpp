@@ -156,6 +156,28 @@ void flatten(const Config& c, const std::string& prefix, std::map<std::string, s
   out[prefix] = c.is_string() ? c.get<std::string>() : c.dump();
 }
 
+// What every trial's Distributor gets from the options (start_trial adds the trial's own).
+DistributorOptions trial_distributor_options(const TuneOptions& o) {
+  DistributorOptions d;
+  d.num_processes = o.trial_resources.processes;
+  d.timeout = o.trial_timeout;
+  d.env = o.env;
+  d.local_mode = o.local_mode;
+  d.cluster = o.cluster;
+  return d;
+}
+
+// The Distributor's own checks of a cluster job, said in the Tuner's terms.
+Distributor cluster_probe(const TuneOptions& o) {
+  try {
+    return Distributor(trial_distributor_options(o));
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("tune::Tuner: the trials cannot run on cluster engine \"") + o.cluster.engine +
+                     "\" as configured (TuneOptions::cluster; trial_resources.processes is each trial's "
+                     "num_processes): " + e.what());
+  }
+}
+
 }  // namespace
 
 // ---- ResultGrid --------------------------------------------------------------------------
@@ -234,6 +256,18 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
   if (o.trial_resources.gpus != 0) {
     throw UsageError("tune::Tuner: trial_resources.gpus is not supported yet (GPU placement per trial is "
                      "not built); set it to 0");
+  }
+  if (o.local_mode && !o.cluster.engine.empty()) {
+    throw UsageError("tune::Tuner: cluster.engine is \"" + o.cluster.engine + "\" but local_mode is true; set "
+                     "local_mode = false to run the trials on that engine, or leave cluster empty to run "
+                     "them on this machine");
+  }
+  if (!o.local_mode) {
+    if (o.cluster.engine.empty()) {
+      throw UsageError("tune::Tuner: local_mode = false needs cluster.engine (\"ssh\", \"slurm\", \"mpi\" or "
+                       "\"spark\") and that engine's settings (ClusterOptions, dtrain/distributor.h)");
+    }
+    cluster_probe(o);  // UsageError: the engine's settings do not fit the trials
   }
   if (o.max_concurrent_trials < 0 || o.max_failures < 0) {
     throw UsageError("tune::Tuner: max_concurrent_trials and max_failures must be >= 0");
@@ -394,11 +428,21 @@ ResultGrid Tuner::fit() {
   };
   save_state();
 
-  // The store the trials report to (loopback: trials run on this machine).
+  // The store the trials report to: loopback when they run on this machine; on a cluster
+  // every interface, at the address the Distributor gives its nodes for this driver.
+  std::string driver_addr = "127.0.0.1";
+  if (!o.local_mode) {
+    try {
+      driver_addr = cluster_probe(o).driver_address();
+    } catch (const UsageError& e) {
+      throw UsageError(std::string("tune::Tuner: no address for the trials to report to: ") + e.what());
+    }
+  }
   store::StoreServer::Options so;
-  so.bind_host = "127.0.0.1";
+  so.bind_host = o.local_mode ? "127.0.0.1" : "";
   auto server = store::StoreServer::start(so);
-  const std::string store_addr = "127.0.0.1:" + std::to_string(server->port());
+  const std::string store_addr = (driver_addr.find(':') != std::string::npos ? "[" + driver_addr + "]" : driver_addr) +
+                                 ":" + std::to_string(server->port());
   store::StoreClient::Options co;
   co.timeout = std::chrono::seconds(30);
   auto client = store::StoreClient::connect("127.0.0.1", server->port(), co);
@@ -408,6 +452,9 @@ ResultGrid Tuner::fit() {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int capacity = std::max(1, static_cast<int>(cores) / o.trial_resources.processes);
   if (o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
+  // On a cluster this machine's cores do not count: one trial (one job) at a time unless
+  // max_concurrent_trials asks for more.
+  if (!o.local_mode) capacity = std::max(1, o.max_concurrent_trials);
   // With fewer cores than one trial needs, trials still run, one at a time (oversubscribed).
 
   std::mutex done_mutex;
@@ -429,17 +476,15 @@ ResultGrid Tuner::fit() {
     r.failure.clear();
     r.stopped_by_worker_exception = false;
     r.started = Clock::now();
-    DistributorOptions d;
-    d.num_processes = o.trial_resources.processes;
-    d.timeout = o.trial_timeout;
-    d.env = o.env;
+    DistributorOptions d = trial_distributor_options(o);
     d.env["DTRAIN_TUNE_STORE"] = store_addr;
     d.env["DTRAIN_TUNE_PREFIX"] = r.prefix;
     d.env["DTRAIN_TUNE_TRIAL_ID"] = r.trial.id;
     d.env["DTRAIN_TUNE_TRIAL_DIR"] = r.dir;
     d.env["DTRAIN_TUNE_CHECKPOINT"] = r.restore_checkpoint;
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
-    d.log_dir = (fs::path(r.dir) / "logs").string();
+    // Engine "mpi" runs no dtrain agent to keep logs (the MPI launcher's own options do).
+    if (o.local_mode || o.cluster.engine != "mpi") d.log_dir = (fs::path(r.dir) / "logs").string();
     if (mlflow.active()) {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
       // its Distributor) open no runs of their own.

@@ -1,5 +1,6 @@
 // The Tuner end to end: real trials (Distributor jobs of this very binary, real processes
 // under the dtrain launcher), real reports through the driver's store.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -180,6 +181,41 @@ TEST(TuneTuner, BadOptionsAreClearErrors) {
   EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.scheduler = std::make_shared<AshaScheduler>()}).fit(),
                dtrain::UsageError);  // ASHA without metric/mode
   EXPECT_THROW(report({{"a", 1}}), dtrain::UsageError);  // not in a trial
+}
+
+// local_mode = false: the cluster options are checked in the constructor, with the
+// Distributor's own checks, before anything starts (the trials over ssh on two hosts are
+// tests/cluster/tune_test.sh, label cluster).
+TEST(TuneTuner, ClusterOptionsAreCheckedUpFront) {
+  auto message = [](TuneOptions o) -> std::string {
+    try {
+      Tuner(flaky_trainable, Config{{"a", 1}}, std::move(o));
+    } catch (const dtrain::UsageError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  TuneOptions o;
+  o.cluster.engine = "ssh";  // local_mode still true
+  EXPECT_THAT(message(o), ::testing::HasSubstr("set local_mode = false"));
+  o = {};
+  o.local_mode = false;  // no engine
+  EXPECT_THAT(message(o), ::testing::HasSubstr("local_mode = false needs cluster.engine"));
+  o.cluster.engine = "yarn";
+  EXPECT_THAT(message(o), ::testing::HasSubstr("expected \"ssh\" (a host file or list), \"slurm\""));
+  o.cluster.engine = "ssh";  // neither hostfile nor hosts
+  EXPECT_THAT(message(o), ::testing::HasSubstr("needs exactly one of `hostfile`"));
+  o.cluster.hosts = "h1:2,h2:2";
+  o.trial_resources.processes = 3;
+  EXPECT_THAT(message(o), ::testing::HasSubstr("num_processes is 3, but the 2 host(s) have 4 slots"));
+  o.cluster = {.engine = "slurm", .nodes = 2};
+  EXPECT_THAT(message(o), ::testing::HasSubstr("must be a multiple of ClusterOptions::nodes"));
+  // Fitting options construct (nothing is contacted before fit()).
+  o.trial_resources.processes = 4;
+  EXPECT_EQ(message(o), "(no error)");
+  o.cluster = {.engine = "ssh", .hosts = "h1:1,h2:1"};
+  o.trial_resources.processes = 2;
+  EXPECT_EQ(message(o), "(no error)");
 }
 
 int main(int argc, char** argv) {
