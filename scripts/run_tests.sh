@@ -15,13 +15,9 @@ set +e
 # Spark cluster test on 2.x (the PyTorch of TorchDistributor, its peer). Also once: the elastic launcher tests (Elastic.*,
 # libtorch-free agents) on 2.x, and the tune driver-kill/resume test (~20 s, driver logic
 # only) on 1.13.
-# OPEN BUG: on libtorch 2.11 the tensor-parallel layer tests (T/TensorParallel.*, ranks as
-# threads of one process) abort with heap corruption in ~1 run of 10 under load (core dumps:
-# inside ProcessGroupGloo's barrier work); they pass on 1.13, where they run. README's Model
-# parallelism section has the evidence and the repro. Excluded here on 2.x until it is found.
 echo "=== tests against libtorch 2.x (PyPI's torch wheel): build-torch2/ ==="
 (cd "$here/build-torch2" && ctest --output-on-failure --timeout 900 -LE cluster \
-   -E '^(tracking[.]mlflow_server|TuneMlflow[.].*|TuneResume[.].*|T/TensorParallel[.].*)$' "$@")
+   -E '^(tracking[.]mlflow_server|TuneMlflow[.].*|TuneResume[.].*)$' "$@")
 torch2=$?
 echo "=== tests against libtorch 1.13 (Debian): build/ ==="
 (cd "$here/build" && ctest --output-on-failure --timeout 900 -E '^spark[.]cluster$|^Elastic[.]' "$@")

@@ -58,7 +58,9 @@ class ProcessGroup {
   int world_size() const { return pg_->getSize(); }
   // "shm" or "gloo": the backend init_process_group chose.
   const std::string& backend_name() const { return backend_; }
-  // The c10d group, for collectives not wrapped here yet.
+  // The c10d group, for collectives not wrapped here yet. Not for barriers: on libtorch 2.x its
+  // barrier() races with barriers that other threads issue at the same time on any group of
+  // the process (a static tensor inside it, issue #16); barrier() below does not.
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d() const { return pg_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // Blocks until every rank has called barrier(), up to the group's timeout.

@@ -58,6 +58,16 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_group(const c10::intrusive_ptr<Backend
 // it has none.
 Backend* cpu_backend(c10d::ProcessGroup& pg);
 
+// Issues c10d's barrier on `pg` and returns its Work. Safe to call from several threads at once,
+// each on a group of its own (ranks as threads, or a program's own threads): libtorch 2.x's
+// c10d::ProcessGroup::barrier() reassigns a function-local `static at::Tensor` that every group
+// of the process shares on each call, so concurrent calls race on it (a double decrement of a
+// freed TensorImpl: "malloc(): unaligned tcache chunk detected", "double free or corruption";
+// issue #16). This calls the CPU backend's barrier directly, which is all that front's CPU
+// dispatch does; a group without a CPU backend falls back to the front, one caller at a time.
+// 1.13: `pg.barrier()` (no such static there).
+c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg, const c10d::BarrierOptions& options);
+
 // The timeout of a Gloo backend made by make_gloo(); nullopt for any other backend.
 std::optional<std::chrono::milliseconds> gloo_timeout(Backend& backend);
 

@@ -554,7 +554,7 @@ void barrier(const CollectiveOptions& options) {
   Call c = begin("barrier", options);
   c10d::BarrierOptions o;
   o.timeout = c.timeout;
-  auto w = issue(c, {}, [&] { return c.pg->barrier(o); });
+  auto w = issue(c, {}, [&] { return comm::barrier(*c.pg, o); });  // not c.pg->barrier(): c10d_compat.h
   make_work(c, std::move(w)).wait();
 }
 

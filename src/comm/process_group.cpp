@@ -126,7 +126,8 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
   monitor_ = std::make_shared<diagnosis::GroupMonitor>(store_, pg_->getRank(), pg_->getSize());
 }
 
-void ProcessGroup::barrier() { pg_->barrier()->wait(); }
+// Not pg_->barrier(): on libtorch 2.x that races with other threads' barriers (c10d_compat.h).
+void ProcessGroup::barrier() { comm::barrier(*pg_, c10d::BarrierOptions())->wait(); }
 
 std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
   const std::string& backend = options.backend;
