@@ -488,9 +488,12 @@ constexpr bool kGlooClosesPairsOnTimeout = false;
 constexpr bool kGlooClosesPairsOnTimeout = DTRAIN_TORCH_VERSION[0] != '1';
 #endif
 
-// A peer that does not come: the others' wait() throws TimeoutError within ~2x the timeout,
+// A peer that does not come: the others' wait() throws TimeoutError once the timeout passed,
 // naming the collective, instead of hanging. A peer that leaves: NetworkError.
 TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
+  // Upper bounds only tell a timeout that fired from a hang (the skipping peer lets go after
+  // 10 s); they are loose so that a loaded machine does not fail the test (one did at 1000 ms).
+  constexpr double kNotHung = 5000;
   // (a) A per-call timeout shorter than the group's (10 s): our wait gives up.
   {
     std::promise<void> rank0_done;
@@ -510,7 +513,7 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
       std::string msg = message_of<TimeoutError>([&] { all_reduce(t, o); });
       double ms = ms_since(t0);
       EXPECT_GE(ms, 450);
-      EXPECT_LT(ms, 1000);
+      EXPECT_LT(ms, kNotHung);
       EXPECT_NE(msg.find("all_reduce (rank 0 of 2) timed out after 500 ms"), std::string::npos) << msg;
       EXPECT_NE(msg.find("a peer rank may have died or not called all_reduce"), std::string::npos) << msg;
       if (kGlooClosesPairsOnTimeout) {
@@ -518,11 +521,11 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
         // connections: every later collective fails at once, and says why.
         BroadcastOptions bo;
         bo.group = g;
-        bo.timeout = 300ms;
+        bo.timeout = 4s;
         auto b = torch::ones({2});
         t0 = Clock::now();
         msg = message_of<NetworkError>([&] { broadcast(b, bo); });
-        EXPECT_LT(ms_since(t0), 250);
+        EXPECT_LT(ms_since(t0), 2000);  // at once: well before its own 4 s timeout
         EXPECT_NE(msg.find("timed out and Gloo closed the group's connections"), std::string::npos) << msg;
         rank0_done.set_value();
         return;
@@ -538,7 +541,7 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
       msg = message_of<TimeoutError>([&] { w.wait(); });
       ms = ms_since(t0);
       EXPECT_GE(ms, 250);
-      EXPECT_LT(ms, 600);
+      EXPECT_LT(ms, kNotHung);
       EXPECT_NE(msg.find("broadcast (rank 0 of 2) timed out after 300 ms"), std::string::npos) << msg;
       // Point to point goes through Gloo's own wait with our timeout.
       PointToPointOptions po;
@@ -549,7 +552,7 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
       msg = message_of<TimeoutError>([&] { recv(r, 1, po); });
       ms = ms_since(t0);
       EXPECT_GE(ms, 250);
-      EXPECT_LT(ms, 600);
+      EXPECT_LT(ms, kNotHung);
       EXPECT_NE(msg.find("recv (rank 0 of 2) timed out after 300 ms"), std::string::npos) << msg;
       rank0_done.set_value();
     });
@@ -572,7 +575,7 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
           double ms = ms_since(t0);
           EXPECT_NE(msg.find("barrier (rank 0 of 2) timed out after 500 ms"), std::string::npos) << msg;
           EXPECT_GE(ms, 450);
-          EXPECT_LT(ms, 1000);
+          EXPECT_LT(ms, kNotHung);
           // Gloo closed the group's connections when its timeout fired: the next collective
           // fails at once, saying why.
           auto t = torch::ones({4});
@@ -602,7 +605,7 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
           Work w(g->c10d()->allreduce(v), 0ms, "custom_hook", {}, g->c10d());
           auto t0 = Clock::now();
           std::string msg = message_of<TimeoutError>([&] { w.wait(); });
-          EXPECT_LT(ms_since(t0), 1000);
+          EXPECT_LT(ms_since(t0), kNotHung);
           EXPECT_NE(msg.find("custom_hook (rank 0 of 2) timed out after 500 ms"), std::string::npos) << msg;
           rank0_done.set_value();
         },
