@@ -22,7 +22,8 @@
 # namespaces, JVMs, tasks - is torn down on exit, Ctrl-C included (lib.sh's trap).
 #   bench/spark_bench.sh BUILD_DIR [ROUNDS (3)]      (BUILD_DIR: the libtorch 2.x build)
 #   SPARK_BENCH_KEEP=DIR keeps the drivers' output files there; SPARK_BENCH_CAP=S (120):
-#   TorchDistributor's failure cases are cancelled after S s.
+#   TorchDistributor's failure cases are cancelled after S s; SPARK_BENCH_ROUNDS_ONLY=1 runs
+#   the round trips only (no failure or output cases).
 source "$(dirname "$0")/../tests/spark/lib.sh"
 BUILD="$(realpath "${1:-build-torch2}")"
 ROUNDS="${2:-3}"
@@ -142,12 +143,15 @@ for ((i = 1; i <= ROUNDS; i++)); do
   fi
 done
 
+ONLY="${SPARK_BENCH_ROUNDS_ONLY:-0}"
+: >"$T/failures.txt"
 # 2. Failures: rank 3 exits with code 7, rank 2 SIGKILLs itself, before the all-reduce.
 fail_summary() {  # what a driver's output says about the failure: the lines naming it
   grep -aE "WorkerError|root cause|Root Cause|rank *:|host *:|exit ?code *:|exitcode|signal|Signal|error_file|failed with return code|RuntimeError|ChildFailedError|FAILED|exits with code|SIGKILL" "$@" |
     grep -av "^\s*at \|WARN" | cut -c1-220 | head -n 25
 }
 for mode in exit7 kill9; do
+  [[ $ONLY == 1 ]] && break
   echo "failure $mode (load $(load))"
   if [[ $mode == exit7 ]]; then flags=(--exit-rank 3 --exit-code 7); else flags=(--kill-rank 2); fi
   t="$(now)"
@@ -175,6 +179,9 @@ done
 
 # 3. Output: the same script under both; what reaches the driver's console.
 echo "output (load $(load))"
+if [[ $ONLY == 1 ]]; then
+  : >"$T/dt-output.all"; : >"$T/td-output.all"
+else
 on n0 "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --program "$PY" "$T/out.py" >"$T/dt-output.out" 2>"$T/dt-output.err" ||
   { cat "$T/dt-output.out" "$T/dt-output.err" >&2; fail "dtrain output case failed"; }
 cat "$T/dt-output.out" "$T/dt-output.err" >"$T/dt-output.all"
@@ -182,6 +189,7 @@ td_run output output
 j="$(td_case output 0)"
 [[ "$(jq_ "$j" 'r.get("ok")')" == True ]] || { echo "$j" >&2; fail "TorchDistributor output case failed"; }
 cp "$(jq_ "$j" 'r["text_file"]')" "$T/td-output.all"
+fi
 LOAD1="$(load)"
 
 "$PY" - "$R" "$T/dt-output.all" "$T/td-output.all" "$LOAD0" "$LOAD1" "$ROUNDS" <<'PY'
@@ -231,6 +239,8 @@ for mode, what in (("exit7", "rank 3 exits with code 7"), ("kill9", "rank 2 SIGK
 print()
 def output(path, name):
     data = open(path, "rb").read()
+    if not data:
+        return
     text = data.decode("utf-8", "replace")
     lines = text.splitlines()
     payload = [l for l in lines if "payload rank" in l]
