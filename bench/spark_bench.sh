@@ -82,7 +82,7 @@ dtrain_trivial() {
   on n0 "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 >"$out" 2>"$T/dt-trivial.err"
   local rc=$? s
   s="$(since "$t")"
-  [[ $rc -eq 0 ]] && [[ $(grep -c '^result rank=[0-3] sum=10 host=n[12]$' "$out") -eq 4 ]] ||
+  [[ $rc -eq 0 ]] && [[ $(grep -cE '^result rank=[0-3] sum=10 host=n[12]( |$)' "$out") -eq 4 ]] ||
     { cat "$out" "$T/dt-trivial.err" >&2; fail "dtrain trivial: exit $rc, expected 4 results of sum 10"; }
   record dtrain trivial "$s" "$(($(wc -c <"$out") + $(wc -c <"$T/dt-trivial.err"))) bytes on the driver"
   echo "  dtrain trivial: ${s} s"

@@ -9,7 +9,7 @@
 // failure cases, as its TorchDistributor peer does them).
 // --crash-host H: the worker of local rank 1 on host H raises SIGSEGV (Spark places the
 // tasks, so which rank runs on H is known only there).
-// Prints "result rank=R sum=S host=H" per rank, "program ok", "WorkerError rank=R host=H exit=E
+// Prints "result rank=R sum=S host=H threads=OMP_NUM_THREADS" per rank, "program ok", "WorkerError rank=R host=H exit=E
 // signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
 #include <unistd.h>
 
@@ -52,8 +52,9 @@ std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::stri
     std::raise(SIGSEGV);
   }
   if (sleep_rank == kEveryRank || pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+  const char* threads = std::getenv("OMP_NUM_THREADS");
   return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>())) +
-         " host=" + hostname();
+         " host=" + hostname() + " threads=" + (threads ? threads : "unset");
 }
 
 }  // namespace
