@@ -1,11 +1,15 @@
 // A Distributor driver on the Spark engine for tests/spark/spark_test.sh.
 //   spark_driver --master URL [--nproc N] [--per-task K] [--fail-rank R] [--crash-rank R]
 //                [--crash-host H] [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R|all]
+//                [--exit-rank R --exit-code C] [--kill-rank R]
 // --sleep-rank: that rank (or every rank) sleeps 10 minutes after the all-reduce, so the test
 // can SIGKILL the driver while all the agents and workers are known to be alive.
+// --exit-rank R --exit-code C / --kill-rank R: that rank exits with code C (std::_Exit) or
+// SIGKILLs itself before the all-reduce, while the others wait in it (bench/spark_bench.sh's
+// failure cases, as its TorchDistributor peer does them).
 // --crash-host H: the worker of local rank 1 on host H raises SIGSEGV (Spark places the
 // tasks, so which rank runs on H is known only there).
-// Prints "result rank=R sum=S host=H" per rank, "program ok", "WorkerError rank=R host=H exit=E
+// Prints "result rank=R sum=S host=H threads=OMP_NUM_THREADS" per rank, "program ok", "WorkerError rank=R host=H exit=E
 // signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
 #include <unistd.h>
 
@@ -28,9 +32,18 @@ std::string hostname() {
 
 constexpr int kEveryRank = -2;
 
-std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::string& crash_host) {
+std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::string& crash_host, int exit_rank,
+                  int exit_code, int kill_rank) {
   auto pg = dtrain::init_process_group();
   if (pg->rank() == fail_rank) throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank));
+  if (pg->rank() == exit_rank) {
+    std::fprintf(stderr, "rank %d exits with code %d on purpose\n", exit_rank, exit_code);
+    std::_Exit(exit_code);
+  }
+  if (pg->rank() == kill_rank) {
+    std::fprintf(stderr, "rank %d SIGKILLs itself on purpose\n", kill_rank);
+    std::raise(SIGKILL);
+  }
   auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
   dtrain::all_reduce(t);
   const char* local_rank = std::getenv("LOCAL_RANK");
@@ -39,8 +52,9 @@ std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::stri
     std::raise(SIGSEGV);
   }
   if (sleep_rank == kEveryRank || pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+  const char* threads = std::getenv("OMP_NUM_THREADS");
   return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>())) +
-         " host=" + hostname();
+         " host=" + hostname() + " threads=" + (threads ? threads : "unset");
 }
 
 }  // namespace
@@ -49,7 +63,7 @@ int main(int argc, char** argv) {
   dtrain::init(argc, argv);
   dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
   o.cluster.engine = "spark";
-  int fail_rank = -1, crash_rank = -1, sleep_rank = -1;
+  int fail_rank = -1, crash_rank = -1, sleep_rank = -1, exit_rank = -1, exit_code = 1, kill_rank = -1;
   std::string program, crash_host;
   std::vector<std::string> program_args;
   for (int i = 1; i < argc; ++i) {
@@ -69,6 +83,9 @@ int main(int argc, char** argv) {
     else if (flag == "--fail-rank") fail_rank = std::stoi(value);
     else if (flag == "--crash-rank") crash_rank = std::stoi(value);
     else if (flag == "--crash-host") crash_host = value;
+    else if (flag == "--exit-rank") exit_rank = std::stoi(value);
+    else if (flag == "--exit-code") exit_code = std::stoi(value);
+    else if (flag == "--kill-rank") kill_rank = std::stoi(value);
     else if (flag == "--sleep-rank") sleep_rank = value == "all" ? kEveryRank : std::stoi(value);
     else if (flag == "--slot-timeout") o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
     else if (flag == "--program") program = value;
@@ -84,7 +101,7 @@ int main(int argc, char** argv) {
       std::printf("program ok\n");
       return 0;
     }
-    for (const auto& r : d.run_all(where, fail_rank, crash_rank, sleep_rank, crash_host)) std::printf("result %s\n", r.c_str());
+    for (const auto& r : d.run_all(where, fail_rank, crash_rank, sleep_rank, crash_host, exit_rank, exit_code, kill_rank)) std::printf("result %s\n", r.c_str());
     return 0;
   } catch (const dtrain::WorkerError& e) {
     std::printf("WorkerError rank=%d host=%s exit=%d signal=%d type=%s message=%s\n", e.rank(),
