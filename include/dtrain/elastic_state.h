@@ -141,6 +141,7 @@ class ElasticState {
   void finish();
 
  private:
+  // `durable`: fsync (disk commits); memory commits skip it (SaveOptions::durable).
   void write_commit(const std::string& dir, bool durable);
   void prune(const std::string& dir, int keep);
   // ZeRO: the commit file's bytes (collective; empty unless `build`), and loading one.

@@ -375,7 +375,6 @@ std::map<std::string, std::string> ElasticState::load_engine_commit(const std::s
 }
 
 void ElasticState::write_commit(const std::string& dir, bool durable) {
-  (void)durable;  // tmpfs makes save_checkpoint's fsyncs free; on disk they are the point
   fs::create_directories(dir);
   TrainingState st;
   st.step = step_;
@@ -385,6 +384,7 @@ void ElasticState::write_commit(const std::string& dir, bool durable) {
   SaveOptions so;
   so.writer_rank = -1;  // the caller decided who writes
   so.rank = rank_;
+  so.durable = durable;  // memory commits (tmpfs): no fsync
   save_checkpoint((fs::path(dir) / (options_.prefix + std::to_string(step_) + ".pt")).string(), model_, optimizer_, st,
                   so);
 }
