@@ -34,6 +34,10 @@ struct SaveOptions {
   // The caller's rank. Default: the default group's rank if one exists, else RANK, else 0.
   std::optional<int> rank;
   bool save_rng = true;  // Default: true (torch's default CPU generator state).
+  // fsync the file and its directory, so the checkpoint survives a crash of the machine.
+  // false: still atomic (write, rename) for processes, no fsync - for a tmpfs (/dev/shm),
+  // where there is nothing to sync. Default: true.
+  bool durable = true;
 };
 
 // Writes `path` atomically (see above). Returns true on the rank that wrote.

@@ -81,6 +81,23 @@ struct ClusterOptions {
   // master - 127.0.0.1; slurm, mpi and spark - this host's name, resolved (an error if that is a loopback address: set it).
   std::string driver_addr;
   std::string ifname;  // Gloo's network interface on the nodes (dtrain run --ifname)
+  // Elastic membership (`dtrain run --nnodes MIN:MAX`, c10d rendezvous on node 0): the job
+  // starts once min_nodes agents are in (after the last call, or as soon as max_nodes are),
+  // and when a node is lost the survivors restart at the new world size while at least
+  // min_nodes are left (each such restart counts against max_restarts; dtrain/elastic_state.h
+  // resumes the training). 0/0 (default) or min_nodes == max_nodes: a fixed-size job.
+  //   ssh:   one agent per host; max_nodes is the number of hosts (0: that number). Unreachable
+  //          hosts are left out at the start while the first host and min_nodes answer.
+  //   slurm: `srun -N MAX --no-kill` (a lost node does not end the step); max_nodes (0:
+  //          `nodes`) replaces `nodes`, num_processes is max_nodes x processes per node.
+  //   mpi, spark: not elastic (a UsageError says so).
+  // num_processes is the largest world size (every node in); run_all() returns the ranks of
+  // the world size the job finished at.
+  int min_nodes = 0;
+  int max_nodes = 0;
+  // How long a rendezvous round waits for more nodes once min_nodes are in
+  // (--rdzv-conf last_call_timeout). Default: 30 s, torchrun's.
+  std::chrono::milliseconds last_call{std::chrono::seconds(30)};
 };
 
 struct DistributorOptions {
@@ -186,6 +203,22 @@ struct DevicePlan {
 DevicePlan plan_devices(int num_processes, bool local_mode, bool use_gpu,
                         const std::vector<std::string>& devices);
 
+// ClusterOptions::{min_nodes, max_nodes} resolved for an engine (src/distributor/elastic_plan.cpp).
+struct ElasticPlan {
+  bool elastic = false;  // min_nodes < max_nodes
+  int min_nodes = 0;
+  int max_nodes = 0;
+  // `dtrain run` flags for the launcher (ssh: the local one that starts the agents; slurm:
+  // each node's agent): --nnodes MIN:MAX [--rdzv-backend c10d] --rdzv-conf last_call_timeout=S.
+  std::vector<std::string> run_args;
+  std::string srun_nodes;  // slurm: srun's -N value (MAX)
+};
+// `node_count`: the nodes the engine has without elasticity (ssh: hosts; slurm: `nodes`).
+// Throws UsageError, naming the field and what to change: a negative count, min_nodes > max_nodes,
+// max_nodes without min_nodes, either in local mode, an engine that cannot grow or shrink (mpi,
+// spark), ssh's max_nodes other than the number of hosts, slurm's `nodes` other than max_nodes.
+ElasticPlan plan_elastic(const DistributorOptions& options, int node_count);
+
 }  // namespace detail
 
 class Distributor {
@@ -279,6 +312,7 @@ class Distributor {
   std::string cuda_visible_devices_;
   int nproc_per_node_ = 0;  // 0: each host's slots (ssh host file)
   std::vector<std::string> hosts_;  // ssh: the hosts, node 0 first
+  detail::ElasticPlan elastic_;     // ClusterOptions::{min_nodes, max_nodes} resolved
 };
 
 }  // namespace dtrain

@@ -51,6 +51,13 @@
 namespace dtrain {
 
 class ProcessGroup;
+namespace zero {
+template <typename ModuleType>
+class Engine;
+namespace detail {
+class EngineCore;
+}  // namespace detail
+}  // namespace zero
 
 enum class ResumePolicy {
   kOnRestart,  // resume when TORCHELASTIC_RESTART_COUNT > 0; a fresh job (count 0) starts
@@ -90,6 +97,18 @@ class ElasticState {
   ElasticState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, int64_t dataset_size,
                ElasticStateOptions options);
 
+  // With the ZeRO engine (dtrain/zero.h) in place of a model and an optimizer: a commit holds
+  // the engine's whole state - the module, every rank's slice of the fp32 master and of the
+  // optimizer state, its steps, LR scheduler and loss scaler - and restore() re-cuts the
+  // slices for the new world size (as zero's load_checkpoint does for N -> M). Commits and
+  // restore() are then COLLECTIVE on every rank (step_done(), end_epoch(), commit()): each
+  // rank's slice is gathered to the writers (rank 0 for disk, local rank 0 for memory), so a
+  // commit briefly holds the whole optimizer state there. The engine must outlive this.
+  template <typename ModuleType>
+  ElasticState(zero::Engine<ModuleType>& engine, int64_t dataset_size, ElasticStateOptions options)
+      : ElasticState(engine.core(), dataset_size, std::move(options)) {}
+  ElasticState(zero::detail::EngineCore& engine, int64_t dataset_size, ElasticStateOptions options);
+
   // COLLECTIVE (every rank calls it once, before training). Resumes from the newest complete
   // commit per the resume policy; returns true if it did. Throws Error when a commit exists
   // but does not fit the model (the message names the file and the first mismatch).
@@ -122,11 +141,17 @@ class ElasticState {
   void finish();
 
  private:
+  // `durable`: fsync (disk commits); memory commits skip it (SaveOptions::durable).
   void write_commit(const std::string& dir, bool durable);
   void prune(const std::string& dir, int keep);
+  // ZeRO: the commit file's bytes (collective; empty unless `build`), and loading one.
+  std::string engine_commit(bool build);
+  std::map<std::string, std::string> load_engine_commit(const std::string& bytes, const std::string& from);
+  std::map<std::string, std::string> position_metadata() const;
 
   torch::nn::Module& model_;
   torch::optim::Optimizer* optimizer_;
+  zero::detail::EngineCore* engine_ = nullptr;
   ElasticStateOptions options_;
   std::shared_ptr<ProcessGroup> group_;
   ElasticSampler sampler_;

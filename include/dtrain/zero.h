@@ -153,6 +153,21 @@ class EngineCore {
   std::string load_checkpoint(const std::string& dir, const std::string& tag, const LoadCheckpointOptions& o);
   int64_t num_parameters() const { return numel_; }
 
+  // The engine's whole state in save_checkpoint's layout, for dtrain::ElasticState (which
+  // commits it with the training position, in memory or in one file, and restores it at any
+  // world size). model_state: the module file's dict (module, steps, LR scheduler, loss
+  // scaler) when `build`, else None; COLLECTIVE at stage 3 (the module is gathered).
+  // optim_state: this rank's optimizer file's dict (its slice of the fp32 master and of the
+  // optimizer state). load_state: a model dict and every saved rank's optimizer dict in rank
+  // order (any number of them: the slices are re-cut for this world size); `where` names
+  // the source in errors. Not collective.
+  c10::IValue model_state(bool build);
+  c10::IValue optim_state();
+  void load_state(const c10::impl::GenericDict& model, const std::vector<c10::impl::GenericDict>& optims,
+                  const LoadCheckpointOptions& options, const std::string& where);
+  torch::nn::Module& module() { return module_; }
+  int rank() const { return rank_; }
+
  private:
   struct Bucket {
     std::vector<size_t> params;

@@ -541,6 +541,7 @@ Distributor::Distributor(DistributorOptions options) : options_(std::move(option
   nproc_per_node_ = plan.num_processes;
   cuda_visible_devices_ = plan.cuda_visible_devices;
   if (!options_.local_mode) validate_cluster();
+  else elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
   if (options_.timeout.count() <= 0) {
     throw UsageError("DistributorOptions::timeout must be positive, got " +
                      std::to_string(options_.timeout.count()) + " ms");
@@ -576,17 +577,23 @@ void Distributor::validate_cluster() {
     }
     hosts_.clear();
     for (const auto& h : hosts) hosts_.push_back(h.first.substr(h.first.find('@') + 1));
+    elastic_ = detail::plan_elastic(options_, count);
   } else if (c.engine == "slurm") {
     if (c.nodes < 1) {
       throw UsageError("ClusterOptions::nodes must be at least 1, got " + std::to_string(c.nodes));
     }
-    if (n % c.nodes != 0) {
+    elastic_ = detail::plan_elastic(options_, c.nodes);
+    // Elastic: num_processes is the world size with max_nodes nodes.
+    const int nodes = elastic_.elastic ? elastic_.max_nodes : c.nodes;
+    const std::string field = elastic_.elastic ? "ClusterOptions::max_nodes" : "ClusterOptions::nodes";
+    if (n % nodes != 0) {
       throw UsageError("DistributorOptions::num_processes (" + std::to_string(n) +
-                       ") must be a multiple of ClusterOptions::nodes (" + std::to_string(c.nodes) +
+                       ") must be a multiple of " + field + " (" + std::to_string(nodes) +
                        "): every node runs the same number of workers");
     }
-    nproc_per_node_ = n / c.nodes;
+    nproc_per_node_ = n / nodes;
   } else if (c.engine == "mpi") {
+    elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
     if (c.mpi_launcher.empty()) {
       throw UsageError("ClusterOptions::mpi_launcher is empty; give the MPI launcher (mpirun, "
                        "mpiexec.hydra, ...)");
@@ -603,6 +610,7 @@ void Distributor::validate_cluster() {
                        "(Open MPI: --output-filename DIR), or engine \"ssh\" or \"slurm\"");
     }
   } else if (c.engine == "spark") {
+    elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
     nproc_per_node_ = spark::plan(n, options_.use_gpu, c.spark_processes_per_task, c.spark_conf).processes_per_task;
   } else {
     throw UsageError("ClusterOptions::engine: got '" + c.engine +
@@ -691,7 +699,7 @@ namespace {
 
 Job base_job(const DistributorOptions& o, const std::string& launcher, const std::string& run_id,
              const std::string& failure_file, const std::string& cuda_visible_devices,
-             int nproc_per_node) {
+             int nproc_per_node, const detail::ElasticPlan& elastic) {
   Job job;
   const ClusterOptions& c = o.cluster;
   std::vector<std::pair<std::string, std::string>> spark_env;
@@ -701,7 +709,10 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
       throw UsageError("ClusterOptions::engine \"slurm\" needs Slurm's srun on PATH (Debian: "
                        "apt-get install slurm-client), run where it can reach the controller");
     }
-    job.argv = {*srun, "-N", std::to_string(c.nodes), "--ntasks-per-node=1"};
+    job.argv = {*srun, "-N", elastic.elastic ? elastic.srun_nodes : std::to_string(c.nodes),
+                "--ntasks-per-node=1"};
+    // Elastic: a lost node must not end the step (srun's default); the others go on.
+    if (elastic.elastic) job.argv.push_back("--no-kill");
     if (!c.partition.empty()) job.argv.insert(job.argv.end(), {"-p", c.partition});
     job.argv.insert(job.argv.end(), c.srun_args.begin(), c.srun_args.end());
     job.argv.push_back(launcher);
@@ -716,6 +727,7 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
     job.argv = {launcher};
   }
   job.argv.push_back("run");
+  job.argv.insert(job.argv.end(), elastic.run_args.begin(), elastic.run_args.end());
   if (nproc_per_node > 0) {
     job.argv.insert(job.argv.end(), {"--nproc-per-node", std::to_string(nproc_per_node)});
   }
@@ -853,7 +865,7 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   const bool mpi = !options_.local_mode && options_.cluster.engine == "mpi";
   Job job = mpi ? mpi_job(options_, task)
                 : base_job(options_, find_launcher(options_.launcher), run_id, failure_file,
-                           cuda_visible_devices_, nproc_per_node_);
+                           cuda_visible_devices_, nproc_per_node_, elastic_);
   if (!mpi) job.argv.push_back("--no-python");
   job.argv.push_back(self_executable());
   job.argv.insert(job.argv.end(), self_args.begin() + 1, self_args.end());
@@ -870,6 +882,19 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   }
 
   Outcome out = run_launcher(job, failure_file, options_);
+  // The attempt whose every rank returned: its results are the call's.
+  std::optional<json> finished;
+  bool all_returned = false;
+  if (client->check({prefix + "finished"})) {
+    finished = json::parse(client->get(prefix + "finished"));
+    const std::string done = attempt_prefix(prefix, finished->at("attempt").get<int>()) + "done";
+    all_returned = client->add(done, 0) >= finished->at("world_size").get<int>();
+  }
+  if (elastic_.elastic && all_returned && out.exit_code != 0 && !out.timed_out) {
+    // An elastic job on Slurm: srun's exit code counts the task of a node lost on the way,
+    // while the survivors finished the call (every rank of the last attempt returned).
+    out = Outcome{};
+  }
   if (!out.failure && client->check({prefix + "failure"})) {
     try {
       out.failure = json::parse(client->get(prefix + "failure"));
@@ -882,7 +907,9 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     // The last attempt's first exception (peers that fail after it, e.g. in a collective
     // whose connection it closed, only report second).
     std::optional<json> first;
-    for (int attempt = options_.max_restarts; attempt >= 0 && !first; --attempt) {
+    // An elastic job's rounds also go up when nodes join or leave (not counted as restarts).
+    const int last = options_.max_restarts + (elastic_.elastic ? 2 * elastic_.max_nodes : 0);
+    for (int attempt = last; attempt >= 0 && !first; --attempt) {
       const std::string key = attempt_prefix(prefix, attempt) + "first_error";
       if (client->check({key})) first = json::parse(client->get(key));
     }
@@ -909,9 +936,12 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     throw_failure(out, options_, exception);
   }
   std::vector<std::string> results;
-  const int n = all_ranks ? options_.num_processes : 1;
+  // An elastic job may finish at a smaller world size than num_processes.
+  const int world = finished ? finished->at("world_size").get<int>() : options_.num_processes;
+  const std::string attempt = attempt_prefix(prefix, finished ? finished->at("attempt").get<int>() : 0);
+  const int n = all_ranks ? world : 1;
   for (int r = 0; r < n; ++r) {
-    const std::string key = prefix + "result/" + std::to_string(r);
+    const std::string key = attempt + "result/" + std::to_string(r);
     if (!client->check({key})) {
       throw WorkerError(WorkerError::Details{
           .rank = r, .exit_code = 0,
@@ -931,7 +961,7 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   Job job = !options_.local_mode && options_.cluster.engine == "mpi"
                 ? mpi_job(options_, "")
                 : base_job(options_, find_launcher(options_.launcher), unique_id(), failure_file,
-                           cuda_visible_devices_, nproc_per_node_);
+                           cuda_visible_devices_, nproc_per_node_, elastic_);
   if (program[0] == '-') {
     throw UsageError("Distributor::run('" + program + "'): a program name cannot start with '-'; "
                      "use ./" + program);
@@ -1014,13 +1044,20 @@ int worker_main(const std::string& spec) {
     destroy_process_group();
   } catch (const std::exception&) {
   }
+  // Results are kept per attempt (an elastic job's last attempt may have fewer ranks than
+  // an earlier one, whose results must not mix in). Rank 0 names the attempt it finished in
+  // and its world size; attempts run one after another, so the last one written is the last's.
   if (rank == 0 || all_ranks) {
-    const std::string key = prefix + "result/" + std::to_string(rank);
+    const std::string key = attempt + "result/" + std::to_string(rank);
     client->set(key, result.take());
-    // SET has no reply: a round trip on the same connection makes sure the server applied
-    // it before we exit (and before the driver looks).
-    client->check({key});
+    if (rank == 0) {
+      client->set(prefix + "finished",
+                  json{{"attempt", env ? env->restart_count : 0}, {"world_size", env ? env->world_size : 1}}.dump());
+    }
   }
+  // ADD answers, so everything set before it on this connection has been applied before we
+  // exit (and before the driver looks).
+  client->add(attempt + "done", 1);
   return 0;
 }
 

@@ -1,9 +1,13 @@
 #include "dtrain/elastic_state.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,7 +19,10 @@
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
+#include "dtrain/zero.h"
 #include "parallel/checkpoint_files.h"
+
+#include <nlohmann/json.hpp>
 
 namespace dtrain {
 
@@ -29,6 +36,8 @@ constexpr const char* kSamplesSeen = "dtrain.elastic.samples_seen";
 constexpr const char* kWorldSize = "dtrain.elastic.world_size";
 constexpr const char* kDatasetSize = "dtrain.elastic.dataset_size";
 constexpr const char* kOwnPrefix = "dtrain.elastic.";
+// The format tag of a commit with the ZeRO engine's state.
+constexpr const char* kZeroFormat = "dtrain.elastic.zero/1";
 
 std::shared_ptr<ProcessGroup> resolve(const std::shared_ptr<ProcessGroup>& given) {
   if (given) return given;
@@ -70,7 +79,54 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key
   return std::stoll(it->second);
 }
 
+// PATH written whole or not at all: a temporary name, then rename. `durable`: fsync the file
+// and the directory (a disk commit must survive a crash of the node; tmpfs needs no fsync).
+void write_atomically(const fs::path& path, const std::string& bytes, bool durable) {
+  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("ElasticState: cannot create " + tmp.string() + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw Error("ElasticState: cannot write " + tmp.string() + ": " + std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if ((durable && ::fsync(fd) != 0) || ::close(fd) != 0) {
+    throw Error("ElasticState: cannot write " + tmp.string() + ": " + std::strerror(errno));
+  }
+  fs::rename(tmp, path);
+  if (durable) {
+    int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+}
+
+c10::IValue dict_get(const c10::impl::GenericDict& d, const std::string& key, const std::string& from) {
+  auto it = d.find(key);
+  if (it == d.end()) throw Error("ElasticState::restore: " + from + " has no '" + key + "'");
+  return it->value();
+}
+
 }  // namespace
+
+ElasticState::ElasticState(zero::detail::EngineCore& engine, int64_t dataset_size, ElasticStateOptions options)
+    : ElasticState(engine.module(), nullptr, dataset_size, std::move(options)) {
+  if (group_->world_size() != engine.group().world_size() || group_->rank() != engine.rank()) {
+    throw UsageError("ElasticState: the ZeRO engine's group (rank " + std::to_string(engine.rank()) + " of " +
+                     std::to_string(engine.group().world_size()) + ") is not ElasticStateOptions::group (rank " +
+                     std::to_string(group_->rank()) + " of " + std::to_string(group_->world_size()) +
+                     "); pass the engine's group as ElasticStateOptions::group");
+  }
+  engine_ = &engine;
+}
 
 ElasticState::ElasticState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, int64_t dataset_size,
                            ElasticStateOptions options)
@@ -164,29 +220,35 @@ bool ElasticState::restore() {
   std::string from = broadcast_object(rank_ == src ? best_kind + ":" + best_path.string() : std::string(), bopts);
   std::string bytes = broadcast_object(rank_ == src ? read_bytes(best_path) : std::string(), bopts);
 
-  fs::path load_path = best_path;
-  fs::path temp;
-  if (rank_ != src) {
-    std::error_code ec;
-    fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
-    temp = base / ("dtrain-elastic-restore-" + std::to_string(::getpid()) + ".pt");
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) throw Error("ElasticState::restore: cannot write the received commit to " + temp.string());
-    load_path = temp;
-  }
   TrainingState st;
-  try {
-    st = load_checkpoint(load_path.string(), model_, optimizer_);
-  } catch (const std::exception& e) {
-    std::error_code ec;
-    if (!temp.empty()) fs::remove(temp, ec);
-    throw Error(std::string("ElasticState::restore: the newest commit (") + from + ") does not fit: " + e.what());
-  }
-  if (!temp.empty()) {
-    std::error_code ec;
-    fs::remove(temp, ec);
+  if (engine_) {
+    st.metadata = load_engine_commit(bytes, from);
+    st.step = meta_int(st.metadata, "dtrain.elastic.step", from);
+    st.epoch = meta_int(st.metadata, "dtrain.elastic.epoch", from);
+  } else {
+    fs::path load_path = best_path;
+    fs::path temp;
+    if (rank_ != src) {
+      std::error_code ec;
+      fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
+      temp = base / ("dtrain-elastic-restore-" + std::to_string(::getpid()) + ".pt");
+      std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      out.close();
+      if (!out) throw Error("ElasticState::restore: cannot write the received commit to " + temp.string());
+      load_path = temp;
+    }
+    try {
+      st = load_checkpoint(load_path.string(), model_, optimizer_);
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      if (!temp.empty()) fs::remove(temp, ec);
+      throw Error(std::string("ElasticState::restore: the newest commit (") + from + ") does not fit: " + e.what());
+    }
+    if (!temp.empty()) {
+      std::error_code ec;
+      fs::remove(temp, ec);
+    }
   }
   const int64_t dataset_size = meta_int(st.metadata, kDatasetSize, from);
   if (dataset_size != sampler_.size()) {
@@ -240,21 +302,89 @@ void ElasticState::end_epoch() {
   commit(true);
 }
 
+std::map<std::string, std::string> ElasticState::position_metadata() const {
+  auto m = metadata_;
+  m[kOffset] = std::to_string(sampler_.offset());
+  m[kSamplesSeen] = std::to_string(samples_seen_);
+  m[kWorldSize] = std::to_string(group_->world_size());
+  m[kDatasetSize] = std::to_string(sampler_.size());
+  return m;
+}
+
+std::string ElasticState::engine_commit(bool build) {
+  // Every rank's slice of the master and the optimizer state, to every rank (all_gather is
+  // what the collectives offer; the writers need them all).
+  const std::vector<char> mine = torch::pickle_save(engine_->optim_state());
+  CollectiveOptions copts;
+  copts.group = group_;
+  auto slices = all_gather_object(std::string(mine.begin(), mine.end()), copts);
+  c10::IValue model = engine_->model_state(build);  // collective at stage 3
+  if (!build) return "";
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kZeroFormat));
+  d.insert("model", model);
+  c10::impl::GenericList optims(c10::AnyType::get());
+  for (auto& b : slices) {
+    optims.push_back(torch::pickle_load(std::vector<char>(b.begin(), b.end())));
+    std::string().swap(b);
+  }
+  d.insert("optim", optims);
+  auto meta = position_metadata();
+  meta["dtrain.elastic.step"] = std::to_string(step_);
+  meta["dtrain.elastic.epoch"] = std::to_string(epoch_);
+  d.insert("metadata", nlohmann::json(meta).dump());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor rng;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  d.insert("rng", rng);
+  const std::vector<char> bytes = torch::pickle_save(d);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::map<std::string, std::string> ElasticState::load_engine_commit(const std::string& bytes, const std::string& from) {
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    throw Error("ElasticState::restore: the newest commit (" + from + ") is not a ZeRO engine commit: " +
+                e.what_without_backtrace());
+  }
+  if (!v.isGenericDict() || v.toGenericDict().find("format") == v.toGenericDict().end() ||
+      v.toGenericDict().at("format").toStringRef() != kZeroFormat) {
+    throw Error("ElasticState::restore: the newest commit (" + from +
+                ") was not written by an ElasticState with the ZeRO engine (another prefix or directory?)");
+  }
+  auto d = v.toGenericDict();
+  std::vector<c10::impl::GenericDict> optims;
+  for (const auto& o : dict_get(d, "optim", from).toList()) optims.push_back(c10::IValue(o).toGenericDict());
+  try {
+    engine_->load_state(dict_get(d, "model", from).toGenericDict(), optims, {}, from);
+  } catch (const std::exception& e) {
+    throw Error(std::string("ElasticState::restore: the newest commit (") + from + ") does not fit the engine: " + e.what());
+  }
+  auto rng = dict_get(d, "rng", from).toTensor();
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  }
+  return nlohmann::json::parse(dict_get(d, "metadata", from).toStringRef()).get<std::map<std::string, std::string>>();
+}
+
 void ElasticState::write_commit(const std::string& dir, bool durable) {
-  (void)durable;  // tmpfs makes save_checkpoint's fsyncs free; on disk they are the point
   fs::create_directories(dir);
   TrainingState st;
   st.step = step_;
   st.epoch = epoch_;
   st.sampler_epoch = epoch_;
-  st.metadata = metadata_;
-  st.metadata[kOffset] = std::to_string(sampler_.offset());
-  st.metadata[kSamplesSeen] = std::to_string(samples_seen_);
-  st.metadata[kWorldSize] = std::to_string(group_->world_size());
-  st.metadata[kDatasetSize] = std::to_string(sampler_.size());
+  st.metadata = position_metadata();
   SaveOptions so;
   so.writer_rank = -1;  // the caller decided who writes
   so.rank = rank_;
+  so.durable = durable;  // memory commits (tmpfs): no fsync
   save_checkpoint((fs::path(dir) / (options_.prefix + std::to_string(step_) + ".pt")).string(), model_, optimizer_, st,
                   so);
 }
@@ -266,6 +396,23 @@ void ElasticState::prune(const std::string& dir, int keep) {
 }
 
 void ElasticState::commit(bool to_disk) {
+  if (engine_) {
+    const bool memory = options_.in_memory && local_rank_ == 0;
+    const bool disk = (!options_.in_memory || to_disk) && !options_.checkpoint_dir.empty() && rank_ == 0;
+    const std::string bytes = engine_commit(memory || disk);  // collective
+    const std::string name = options_.prefix + std::to_string(step_) + ".pt";
+    if (memory) {
+      fs::create_directories(options_.memory_dir);
+      write_atomically(fs::path(options_.memory_dir) / name, bytes, false);
+      prune(options_.memory_dir, 2);
+    }
+    if (disk) {
+      fs::create_directories(options_.checkpoint_dir);
+      write_atomically(fs::path(options_.checkpoint_dir) / name, bytes, true);
+      prune(options_.checkpoint_dir, options_.keep);
+    }
+    return;
+  }
   if (options_.in_memory && local_rank_ == 0) {
     write_commit(options_.memory_dir, false);
     prune(options_.memory_dir, 2);

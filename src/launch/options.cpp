@@ -282,9 +282,20 @@ void apply_slurm_step(LaunchOptions& o, const RunArgs& a, const SlurmStep& s) {
         "program directly with `srun -n N prog`, or pass --no-slurm");
   }
   o.engine = "slurm";
-  o.nnodes = s.nnodes;
-  o.node_rank = s.node_rank;
-  o.rdzv_backend = "static";
+  if (o.min_nodes > 0) {
+    // Elastic (--nnodes MIN:MAX --rdzv-backend c10d): the step's nodes join the c10d
+    // rendezvous on its first host; ranks are given out per round in join order.
+    if (s.nnodes > o.nnodes) {
+      throw UsageError("dtrain run --nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                       " under srun: this step has " + std::to_string(s.nnodes) +
+                       " nodes, more than the maximum; use srun -N " + std::to_string(o.min_nodes) + "-" +
+                       std::to_string(o.nnodes));
+    }
+  } else {
+    o.nnodes = s.nnodes;
+    o.node_rank = s.node_rank;
+    o.rdzv_backend = "static";
+  }
   for (const auto& h : s.hosts) o.hosts.push_back({h, o.nproc_per_node});
   if (a.master_addr.empty() && a.rdzv_endpoint.empty() && s.nnodes > 1 && !s.hosts.empty()) {
     o.master_addr = s.hosts.front();
@@ -321,7 +332,10 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
     }
     const bool sizes_given = !a.nnodes.empty() || !a.node_rank.empty() || !a.master_addr.empty() ||
                              !a.rdzv_endpoint.empty() || a.standalone;
-    if (!a.no_slurm && !sizes_given) {
+    // An elastic job under srun with no endpoint: the step gives the hosts and the store's.
+    const bool elastic_step = o.min_nodes > 0 && o.rdzv_backend == "c10d" && a.node_rank.empty() &&
+                              a.master_addr.empty() && a.rdzv_endpoint.empty() && !a.standalone;
+    if (!a.no_slurm && (!sizes_given || elastic_step)) {
       if (auto step = slurm_step(env)) apply_slurm_step(o, a, *step);
     }
     return;
@@ -329,7 +343,10 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
   if (!a.hostfile.empty() && !a.host_list.empty()) {
     throw UsageError("--hostfile and -H/--hosts both given: use one of them");
   }
-  for (auto [flag, given] : {std::pair{"--nnodes", !a.nnodes.empty()},
+  // --nnodes MIN:MAX with a host list: an elastic job over ssh, one agent per host (the
+  // list's size is MAX); the agents join a c10d rendezvous on the first host.
+  const bool elastic = o.min_nodes > 0;
+  for (auto [flag, given] : {std::pair{"--nnodes", !a.nnodes.empty() && !elastic},
                              std::pair{"--node-rank", !a.node_rank.empty()},
                              std::pair{"--rdzv-endpoint", !a.rdzv_endpoint.empty()},
                              std::pair{"--standalone", a.standalone}}) {
@@ -338,9 +355,9 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
                        "gives the nodes (node K is the K-th host; the first hosts the store)");
     }
   }
-  if (o.rdzv_backend != "static") {
+  if (o.rdzv_backend != "static" && !elastic) {
     throw UsageError("--rdzv-backend c10d cannot be combined with --hostfile/-H: the host list "
-                     "gives every node its rank");
+                     "gives every node its rank (an elastic job, --nnodes MIN:MAX, uses it by itself)");
   }
   const int slots_default = 1;
   auto hosts = !a.hostfile.empty() ? parse_hostfile(a.hostfile, slots_default)
@@ -350,6 +367,16 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
   }
   o.engine = "ssh";
   o.hosts = hosts;
+  if (elastic) {
+    if (o.nnodes != static_cast<int>(hosts.size())) {
+      throw UsageError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                       " with --hostfile/-H: the host list has " + std::to_string(hosts.size()) +
+                       " host(s) and one agent starts on each, so MAX must be " + std::to_string(hosts.size()) +
+                       "; use --nnodes " + std::to_string(std::min<int>(o.min_nodes, static_cast<int>(hosts.size()))) +
+                       ":" + std::to_string(hosts.size()));
+    }
+    o.rdzv_backend = "c10d";
+  }
   o.nnodes = static_cast<int>(hosts.size());
   if (a.master_addr.empty()) {
     const std::string& first = hosts.front().first;  // "user@host": ssh's login, not the address
@@ -681,9 +708,9 @@ void validate_launch_options(LaunchOptions& o) {
       throw UsageError("--node-rank: an elastic job (--nnodes MIN:MAX) gives node ranks out in join order "
                        "each round; drop --node-rank");
     }
-    if (o.engine != "local") {
+    if (o.engine != "local" && o.engine != "ssh" && o.engine != "slurm") {
       throw UsageError("--nnodes MIN:MAX (elastic) works with agents started by hand (or by your "
-                       "scheduler), not with the " + o.engine + " engine, which fixes the node count");
+                       "scheduler), --hostfile/-H or srun, not with the " + o.engine + " engine");
     }
   }
   if (o.rdzv_backend == "static" && o.node_rank < 0) o.node_rank = 0;

@@ -278,15 +278,24 @@ int unreachable_error(const LaunchOptions& o, const std::vector<std::string>& wh
 }  // namespace
 
 std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
-  std::vector<std::string> a = {
-      "run",
-      "--no-slurm",
-      "--stop-on-stdin-eof",
-      "--nnodes", std::to_string(o.nnodes),
-      "--node-rank", std::to_string(node_rank),
-      "--nproc-per-node", std::to_string(o.hosts.at(static_cast<size_t>(node_rank)).second),
-      "--master-addr", o.master_addr,
-      "--master-port", std::to_string(o.master_port),
+  std::vector<std::string> a = {"run", "--no-slurm", "--stop-on-stdin-eof"};
+  const std::string nproc = std::to_string(o.hosts.at(static_cast<size_t>(node_rank)).second);
+  if (o.min_nodes > 0) {
+    // Elastic: every agent the same flags; the c10d rendezvous on the first host gives the
+    // node ranks out per round.
+    const bool v6 = o.master_addr.find(':') != std::string::npos;
+    a.insert(a.end(), {"--nnodes", std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes),
+                       "--nproc-per-node", nproc, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                       (v6 ? "[" + o.master_addr + "]" : o.master_addr) + ":" + std::to_string(o.master_port)});
+    std::string conf = "last_call_timeout=" + seconds(o.last_call);
+    if (o.heartbeat_timeout.count() > 0) conf += ",heartbeat_timeout=" + seconds(o.heartbeat_timeout);
+    a.insert(a.end(), {"--rdzv-conf", conf});
+  } else {
+    a.insert(a.end(), {"--nnodes", std::to_string(o.nnodes), "--node-rank", std::to_string(node_rank),
+                       "--nproc-per-node", nproc, "--master-addr", o.master_addr, "--master-port",
+                       std::to_string(o.master_port)});
+  }
+  a.insert(a.end(), {
       "--rdzv-id", o.rdzv_id,
       "--rdzv-timeout", seconds(o.rdzv_timeout),
       "--max-restarts", std::to_string(o.max_restarts),
@@ -295,7 +304,7 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
       "--role", o.role,
       "--redirects", stream_spec(o.redirects),
       "--tee", stream_spec(o.tee),
-  };
+  });
   if (!o.log_dir.empty()) a.insert(a.end(), {"--log-dir", o.log_dir});
   if (!o.ifname.empty()) a.insert(a.end(), {"--ifname", o.ifname});
   if (o.module) a.push_back("--module");
@@ -315,10 +324,28 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   return a;
 }
 
-int run_ssh_launch(const LaunchOptions& o) {
+int run_ssh_launch(const LaunchOptions& options) {
+  LaunchOptions o = options;
+  const bool elastic = o.min_nodes > 0;
   auto why = check_hosts(o);
   if (std::any_of(why.begin(), why.end(), [](auto& w) { return !w.empty(); })) {
-    return unreachable_error(o, why);
+    // Elastic: the job can start without the unreachable hosts while the first (the store's)
+    // and at least MIN hosts answer.
+    const auto reachable = std::count(why.begin(), why.end(), std::string());
+    if (!elastic || !why.front().empty() || reachable < o.min_nodes) return unreachable_error(o, why);
+    std::vector<std::pair<std::string, int>> up;
+    for (size_t i = 0; i < why.size(); ++i) {
+      if (why[i].empty()) {
+        up.push_back(o.hosts[i]);
+      } else {
+        launch::write_all(STDERR_FILENO, "dtrain: elastic job: " + o.hosts[i].first +
+                                             " is unreachable over ssh (" + why[i] +
+                                             "); starting on the " + std::to_string(reachable) +
+                                             " host(s) that answer (--nnodes " +
+                                             std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) + ")\n");
+      }
+    }
+    o.hosts = std::move(up);
   }
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
@@ -357,6 +384,7 @@ int run_ssh_launch(const LaunchOptions& o) {
 
   int got_signal = 0;
   int first_failure = -1;  // index of the first agent that exited non-zero
+  std::vector<bool> noted(agents.size());  // elastic: failures reported
   // kNever: not scheduled (a sentinel rather than std::optional, which GCC 12 misreads as
   // maybe-uninitialized here).
   constexpr auto kNever = Clock::time_point::max();
@@ -381,7 +409,18 @@ int run_ssh_launch(const LaunchOptions& o) {
       }
     }
     for (size_t k = 0; k < agents.size(); ++k) {
-      if (agents[k].exited && agents[k].code != 0 && first_failure < 0) {
+      if (elastic && agents[k].exited && agents[k].code != 0 && !noted[k]) {
+        // A lost node: the others re-rendezvous without it (or fail with the reason when
+        // fewer than MIN are left); nothing to stop here.
+        noted[k] = true;
+        if (first_failure < 0) first_failure = static_cast<int>(k);
+        if (!got_signal) {
+          launch::write_all(STDERR_FILENO, "dtrain: the agent on " + agents[k].host + " ended (exit code " +
+                                               std::to_string(agents[k].code) + "); elastic job (--nnodes " +
+                                               std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                                               "): the other agents go on without it while enough are left\n");
+        }
+      } else if (!elastic && agents[k].exited && agents[k].code != 0 && first_failure < 0) {
         first_failure = static_cast<int>(k);
         if (agents[k].code == 255) {
           launch::write_all(STDERR_FILENO, "dtrain: the ssh connection to " + agents[k].host +
@@ -405,6 +444,9 @@ int run_ssh_launch(const LaunchOptions& o) {
   }
   for (auto& a : agents) close_stdin(a);
   if (got_signal) return 128 + got_signal;
+  // Elastic: an agent exits 0 only when the workers of its last round all succeeded, so one
+  // success means the job finished (agents lost on the way do not count against it).
+  if (elastic && std::any_of(agents.begin(), agents.end(), [](const Child& c) { return c.code == 0; })) return 0;
   if (first_failure >= 0) return agents[static_cast<size_t>(first_failure)].code;
   return 0;
 }
@@ -430,6 +472,10 @@ int print_plan(const LaunchOptions& o) {
     << (o.master_port == 0 ? std::string("(a free port)") : std::to_string(o.master_port))
     << " (node 0 hosts the store)\n";
   s << "  rdzv id    : " << o.rdzv_id << "\n";
+  if (o.min_nodes > 0) {
+    s << "  elastic    : " << o.min_nodes << ":" << o.nnodes << " nodes, c10d rendezvous on the store above"
+      << " (node ranks given out per round in join order; the ranks below are the full job's)\n";
+  }
   if (!o.ifname.empty()) s << "  interface  : " << o.ifname << " (GLOO_SOCKET_IFNAME)\n";
   std::string program = o.program;
   for (const auto& a : o.args) program += " " + a;

@@ -124,7 +124,8 @@ torch::serialize::OutputArchive build_archive(torch::nn::Module& model, torch::o
 
 // Writes the archive to `tmp` through a descriptor we own, so we can fsync it and see every
 // write error (torch's own save_to(filename) does neither).
-void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp, const std::string& path) {
+void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp, const std::string& path,
+                bool durable) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw Error("save_checkpoint(" + path + "): cannot create " + tmp + ": " + errno_text(errno) +
@@ -164,7 +165,7 @@ void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp
   }
   // The data must be on disk before the rename makes it the checkpoint, or a power cut
   // could leave PATH naming an empty file.
-  if (::fsync(fd) != 0) {
+  if (durable && ::fsync(fd) != 0) {
     throw Error("save_checkpoint(" + path + "): fsync of " + tmp + " failed: " + errno_text(errno));
   }
   closer.fd = -1;
@@ -246,7 +247,7 @@ bool save_checkpoint(const std::string& path, torch::nn::Module& model, torch::o
   // save leaves PATH.tmp.<pid>, which latest_checkpoint() does not match (no ".pt" end).
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
-    write_file(archive, tmp, path);
+    write_file(archive, tmp, path, options.durable);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
       throw Error("save_checkpoint(" + path + "): renaming " + tmp + " to it failed: " + errno_text(errno));
     }
@@ -255,8 +256,10 @@ bool save_checkpoint(const std::string& path, torch::nn::Module& model, torch::o
     throw;
   }
   // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  fsync_directory(dir.empty() ? "." : dir, path);
+  if (options.durable) {
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    fsync_directory(dir.empty() ? "." : dir, path);
+  }
   return true;
 }
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -93,13 +94,14 @@ struct FullOptim {
   int64_t step = 0;
 };
 
-FullOptim read_full_optim(const fs::path& ckpt, int saved_world) {
+// `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them.
+FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files, const std::function<fs::path(int)>& where) {
   FullOptim f;
   std::vector<torch::Tensor> masters;
   std::vector<std::vector<torch::Tensor>> states;
-  for (int r = 0; r < saved_world; ++r) {
-    auto path = ckpt / optim_file(r);
-    auto d = get(load_dict(path), "optimizer_state_dict", path).toGenericDict();
+  for (int r = 0; r < static_cast<int>(files.size()); ++r) {
+    const fs::path path = where(r);
+    auto d = get(files[static_cast<size_t>(r)], "optimizer_state_dict", path).toGenericDict();
     masters.push_back(get(d, "fp32_flat", path).toTensor());
     f.step = get(d, "step", path).toInt();
     auto st = get(d, "state", path).toGenericDict();
@@ -113,28 +115,24 @@ FullOptim read_full_optim(const fs::path& ckpt, int saved_world) {
   return f;
 }
 
+FullOptim read_full_optim(const fs::path& ckpt, int saved_world) {
+  std::vector<c10::impl::GenericDict> files;
+  for (int r = 0; r < saved_world; ++r) files.push_back(load_dict(ckpt / optim_file(r)));
+  return full_optim(files, [&](int r) { return ckpt / optim_file(r); });
+}
+
 }  // namespace
 
 namespace detail {
 
-void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& tag) {
-  if (tag.empty() || tag.find('/') != std::string::npos)
-    throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag + "'");
-  const fs::path dir(dir_s), tmp = dir / ("." + tag + ".tmp"), final_dir = dir / tag;
+IValue EngineCore::model_state(bool build) {
   torch::NoGradGuard ng;
   const int64_t bytes_before = bytes_this_step_;
-  if (rank_ == 0) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    fs::remove_all(tmp, ec);
-    if (!fs::create_directories(tmp, ec) && ec)
-      throw Error("zero save_checkpoint: cannot create " + tmp.string() + ": " + ec.message());
-  }
-  group_->barrier();
-  // Rank 0: the module (stage 3 gathers it for the save).
+  // Stage 3 gathers the module (collective), then releases it again.
   const bool was_gathered = gathered_;
   if (stage_ == 3 && !gathered_) gather_parameters();
-  if (rank_ == 0) {
+  IValue out;
+  if (build) {
     auto d = new_dict();
     c10::Dict<std::string, torch::Tensor> module_dict;
     for (auto& item : module_.named_parameters(true)) module_dict.insert(item.key(), item.value().detach().clone());
@@ -161,35 +159,56 @@ void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& ta
     d.insert("zero_stage", static_cast<int64_t>(stage_));
     d.insert("ds_config", config_.raw.dump());
     d.insert("ds_version", std::string("dtrain-zero-1"));
-    write_file_synced(tmp / kModelFile, torch::pickle_save(d));
+    out = d;
   }
   if (stage_ == 3 && !was_gathered) release_parameters();
   bytes_this_step_ = bytes_before;
-  // Every rank: its slice of the master and the optimizer state.
-  {
-    torch::Tensor w = master_.defined() ? master_ : stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
-    const int64_t begin = std::min<int64_t>(rank_ * part_, numel_), end = std::min<int64_t>((rank_ + 1) * part_, numel_);
-    const int64_t local = stage_ == 0 ? begin : 0;
-    auto slice = [&](const torch::Tensor& t) { return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true); };
-    auto o = new_dict();
-    o.insert("zero_stage", static_cast<int64_t>(stage_));
-    o.insert("partition_count", static_cast<int64_t>(world_));
-    o.insert("rank", static_cast<int64_t>(rank_));
-    o.insert("numel", numel_);
-    o.insert("begin", begin);
-    o.insert("end", end);
-    o.insert("fp32_flat", slice(w));
-    auto st = new_dict();
-    const bool sgd = config_.optimizer.type == "SGD";
-    for (size_t k = 0; k < state_.size(); ++k)
-      st.insert(sgd ? "momentum_buffer" : (k == 0 ? "exp_avg" : "exp_avg_sq"), slice(state_[k]));
-    o.insert("state", st);
-    o.insert("step", opt_step_);
-    o.insert("type", config_.optimizer.type);
-    auto d = new_dict();
-    d.insert("optimizer_state_dict", o);
-    write_file_synced(tmp / optim_file(rank_), torch::pickle_save(d));
+  return out;
+}
+
+IValue EngineCore::optim_state() {
+  torch::NoGradGuard ng;
+  torch::Tensor w = master_.defined() ? master_ : stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
+  const int64_t begin = std::min<int64_t>(rank_ * part_, numel_), end = std::min<int64_t>((rank_ + 1) * part_, numel_);
+  const int64_t local = stage_ == 0 ? begin : 0;
+  auto slice = [&](const torch::Tensor& t) { return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true); };
+  auto o = new_dict();
+  o.insert("zero_stage", static_cast<int64_t>(stage_));
+  o.insert("partition_count", static_cast<int64_t>(world_));
+  o.insert("rank", static_cast<int64_t>(rank_));
+  o.insert("numel", numel_);
+  o.insert("begin", begin);
+  o.insert("end", end);
+  o.insert("fp32_flat", slice(w));
+  auto st = new_dict();
+  const bool sgd = config_.optimizer.type == "SGD";
+  for (size_t k = 0; k < state_.size(); ++k)
+    st.insert(sgd ? "momentum_buffer" : (k == 0 ? "exp_avg" : "exp_avg_sq"), slice(state_[k]));
+  o.insert("state", st);
+  o.insert("step", opt_step_);
+  o.insert("type", config_.optimizer.type);
+  auto d = new_dict();
+  d.insert("optimizer_state_dict", o);
+  return d;
+}
+
+void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& tag) {
+  if (tag.empty() || tag.find('/') != std::string::npos)
+    throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag + "'");
+  const fs::path dir(dir_s), tmp = dir / ("." + tag + ".tmp"), final_dir = dir / tag;
+  if (rank_ == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    fs::remove_all(tmp, ec);
+    if (!fs::create_directories(tmp, ec) && ec)
+      throw Error("zero save_checkpoint: cannot create " + tmp.string() + ": " + ec.message());
   }
+  group_->barrier();
+  // Rank 0: the module (stage 3 gathers it for the save).
+  IValue model = model_state(rank_ == 0);
+  if (rank_ == 0) write_file_synced(tmp / kModelFile, torch::pickle_save(model));
+  // Every rank: its slice of the master and the optimizer state.
+  write_file_synced(tmp / optim_file(rank_), torch::pickle_save(optim_state()));
   sync_dir(tmp);
   group_->barrier();
   if (rank_ == 0) {
@@ -214,10 +233,21 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   if (tag.empty()) return "";
   const fs::path ckpt = dir / tag, model_path = ckpt / kModelFile;
   if (!fs::exists(model_path)) throw UsageError("zero load_checkpoint: " + model_path.string() + " does not exist");
-  torch::NoGradGuard ng;
   auto d = load_dict(model_path);
-  auto module_dict = get(d, "module", model_path).toGenericDict();
   const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
+  std::vector<c10::impl::GenericDict> optims;
+  if (opts.load_optimizer_states) {
+    for (int r = 0; r < saved_world; ++r) optims.push_back(load_dict(ckpt / optim_file(r)));
+  }
+  load_state(d, optims, opts, model_path.string());
+  return tag;
+}
+
+void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c10::impl::GenericDict>& optims,
+                            const LoadCheckpointOptions& opts, const std::string& where) {
+  const fs::path model_path(where);
+  torch::NoGradGuard ng;
+  auto module_dict = get(d, "module", model_path).toGenericDict();
   // Parameters: the full flat from the module's values.
   auto full = torch::zeros({padded_}, torch::TensorOptions().dtype(master_dtype_));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -238,7 +268,15 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   };
   place(full);
   if (opts.load_optimizer_states) {
-    auto f = read_full_optim(ckpt, saved_world);
+    const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
+    if (static_cast<int>(optims.size()) != saved_world)
+      throw Error("zero load_checkpoint: " + where + " was saved by " + std::to_string(saved_world) + " ranks but holds " +
+                  std::to_string(optims.size()) + " optimizer partitions");
+    // Named as the files of a checkpoint directory, else by partition.
+    auto f = full_optim(optims, [&](int r) {
+      return model_path.filename() == kModelFile ? model_path.parent_path() / optim_file(r)
+                                                 : fs::path(where + " (optimizer partition " + std::to_string(r) + ")");
+    });
     if (f.master.numel() != numel_)
       throw Error("zero load_checkpoint: the checkpoint's optimizer state covers " + std::to_string(f.master.numel()) +
                   " parameters, the model has " + std::to_string(numel_));
@@ -268,7 +306,6 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   micro_steps_ = global_steps_ * config_.gradient_accumulation_steps;
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
-  return tag;
 }
 
 }  // namespace detail

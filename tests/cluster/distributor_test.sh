@@ -6,6 +6,9 @@
 # 2. ssh: rank 3 (on n2) throws: WorkerError with rank 3, the type and message; nothing left.
 #    Rank 3 crashing (SIGSEGV): WorkerError with rank 3, the signal and host n2 (the root cause
 #    comes back through --failure-store: the failure file is written on n2).
+# 2b. Elastic over ssh (min_nodes 1, max_nodes 2; issue #15): n2's agent SIGKILLed in the
+#    first attempt; n1 goes on alone at world size 2 and run_all returns its 2 ranks.
+#    Elastic on Slurm (srun -N 2 --no-kill, agents --nnodes 1:2): the same drill.
 # 3. Slurm, 2 nodes x 2 processes: every rank's result.
 # 4. Slurm: rank 2 (on n2) throws: WorkerError; nothing left on either node.
 # 5. num_processes that does not fit the hosts: UsageError (exit 2), nothing started.
@@ -64,6 +67,29 @@ code=$?
 grep -q "^WorkerCrash rank=3 signal=11 host=n2$" <<<"$out" || fail "ssh crash: $out"
 nothing_left "ssh crash"
 pass "Distributor over ssh: rank 3 crashing on n2 comes back with its rank, SIGSEGV and host ($((SECONDS - t)) s)"
+
+# 2b ------------------------------------------------------------------------------------
+# elastic_shrunk WHAT OUT: both results from n1 at world size 2 (sum 1+2), none from n2.
+elastic_shrunk() {
+  local what="$1" out="$2"
+  for r in 0 1; do grep -q "^result rank=$r host=n1 sum=3$" <<<"$out" || fail "$what: rank $r on n1 at world size 2: $out"; done
+  [[ $(grep -c "^result " <<<"$out") -eq 2 ]] || fail "$what: expected 2 results: $out"
+}
+ELASTIC=(--min-nodes 1 --max-nodes 2 --last-call 2 --max-restarts 1 --kill-agent-on n2)
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" "${ELASTIC[@]}" 2>&1)" ||
+  fail "elastic ssh: exit $?: $out"
+elastic_shrunk "elastic ssh" "$out"
+grep -q "elastic job (--nnodes 1:2)" <<<"$out" || fail "elastic ssh: the driver does not say n2's agent ended: $out"
+grep -q "round 0: 2 node(s)" <<<"$out" || fail "elastic ssh: the first round did not have both nodes: $out"
+nothing_left "elastic ssh"
+pass "Distributor over ssh, min_nodes 1 / max_nodes 2: n2's agent SIGKILLed, n1 finished alone at world size 2 ($((SECONDS - t)) s)"
+t=$SECONDS
+out="$(on n1 timeout 120 "$D" --engine slurm "${ELASTIC[@]}" 2>&1)" || fail "elastic slurm: exit $?: $out"
+elastic_shrunk "elastic slurm" "$out"
+nothing_left "elastic slurm"
+grep -q "round 0: 2 node(s)" <<<"$out" || fail "elastic slurm: the first round did not have both nodes: $out"
+pass "Distributor on Slurm, min_nodes 1 / max_nodes 2: n2's agent SIGKILLed, n1 finished alone at world size 2 ($((SECONDS - t)) s)"
 
 # 3 -------------------------------------------------------------------------------------
 t=$SECONDS

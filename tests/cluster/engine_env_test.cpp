@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -182,6 +183,8 @@ LaunchOptions parse_with(const std::vector<std::string>& flags, const Vars& env)
     else if (f == "--hostfile") a.hostfile = next();
     else if (f == "-H") a.host_list = next();
     else if (f == "--no-slurm") a.no_slurm = true;
+    else if (f == "--rdzv-backend") a.rdzv_backend = next();
+    else if (f == "--rdzv-conf") a.rdzv_conf = next();
     else ADD_FAILURE() << "parse_with does not know " << f;
   }
   return run_args_to_options(a, rest, lookup(env));
@@ -293,6 +296,72 @@ TEST(HostList, PlanAndAgentArguments) {
   EXPECT_EQ(parse_with({"-H", "alice@n1:2,n2"}, {}).master_addr, "n1");  // ssh login stripped
   msg = usage_error([] { parse_with({"-H", "n1", "--nnodes", "2"}, {}); });
   EXPECT_NE(msg.find("--nnodes cannot be combined"), std::string::npos) << msg;
+}
+
+bool has_pair(const std::vector<std::string>& a, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < a.size(); ++i) {
+    if (a[i] == flag && a[i + 1] == value) return true;
+  }
+  return false;
+}
+bool has_flag(const std::vector<std::string>& a, const std::string& flag) {
+  return std::find(a.begin(), a.end(), flag) != a.end();
+}
+
+// Elastic over ssh (issue #15): one agent per host, all with the same c10d flags.
+TEST(HostList, ElasticAgentArguments) {
+  LaunchOptions o = parse_with({"-H", "n1:2,n2:3", "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=3"}, {});
+  EXPECT_EQ(o.engine, "ssh");
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.rdzv_backend, "c10d");
+  o.program = "/bin/true";
+  validate_launch_options(o);
+  for (int k : {0, 1}) {
+    auto a = agent_args(o, k);
+    EXPECT_TRUE(has_pair(a, "--nnodes", "1:2"));
+    EXPECT_TRUE(has_pair(a, "--rdzv-backend", "c10d"));
+    EXPECT_TRUE(has_pair(a, "--rdzv-endpoint", "n1:29500"));
+    EXPECT_TRUE(has_pair(a, "--rdzv-conf", "last_call_timeout=3"));
+    EXPECT_TRUE(has_pair(a, "--nproc-per-node", k == 0 ? "2" : "3"));
+    EXPECT_FALSE(has_flag(a, "--node-rank"));  // given out per round
+    EXPECT_FALSE(has_flag(a, "--master-addr"));
+    EXPECT_EQ(a.back(), "/bin/true");
+  }
+  // MAX is the host count (one agent per host); N:N stays a static job.
+  std::string msg = usage_error([] { parse_with({"-H", "n1,n2", "--nnodes", "1:3"}, {}); });
+  EXPECT_NE(msg.find("the host list has 2 host(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--nnodes 1:2"), std::string::npos) << msg;
+  msg = usage_error([] { parse_with({"-H", "n1,n2", "--nnodes", "2"}, {}); });
+  EXPECT_NE(msg.find("--nnodes cannot be combined"), std::string::npos) << msg;
+  msg = usage_error([] { parse_with({"-H", "n1,n2", "--nnodes", "3:2"}, {}); });
+  EXPECT_NE(msg.find("1 <= MIN <= MAX"), std::string::npos) << msg;
+}
+
+// Elastic under srun: the step's first host holds the c10d store; no static node ranks.
+TEST(RunUnderSlurm, ElasticStepJoinsTheC10dRendezvous) {
+  Vars v = slurm_task_vars();
+  v["SLURM_STEP_NUM_TASKS"] = "2";
+  v["SLURM_PROCID"] = "1";
+  v["SLURM_LOCALID"] = "0";
+  LaunchOptions o = parse_with({"--nproc-per-node", "2", "--nnodes", "1:3", "--rdzv-backend", "c10d"}, v);
+  EXPECT_EQ(o.engine, "slurm");
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.rdzv_backend, "c10d");
+  EXPECT_EQ(o.master_addr, "n1");
+  EXPECT_EQ(o.master_port, derived_port("slurm-7.0"));
+  EXPECT_EQ(o.rdzv_id, "slurm-7.0");
+  o.program = "/bin/true";
+  validate_launch_options(o);  // accepted: engine slurm may be elastic
+  EXPECT_LT(o.node_rank, 0);   // given out per round
+  // A step with more nodes than MAX: the srun -N range to use.
+  v["SLURM_STEP_NUM_NODES"] = "3";
+  v["SLURM_STEP_NUM_TASKS"] = "3";
+  v["SLURM_STEP_NODELIST"] = "n[1-3]";
+  v["SLURM_STEP_TASKS_PER_NODE"] = "1(x3)";
+  std::string msg = usage_error([&] { parse_with({"--nnodes", "1:2", "--rdzv-backend", "c10d"}, v); });
+  EXPECT_NE(msg.find("this step has 3 nodes, more than the maximum; use srun -N 1-2"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -450,6 +450,86 @@ TEST(DistributorOptions, DevicePlanGivesEachWorkerItsOwnGpu) {
   EXPECT_THROW(plan_devices(0, true, false, {}), dtrain::UsageError);
 }
 
+// ---- elastic membership on the cluster engines (issue #15) -------------------------------
+
+std::string elastic_error(const dtrain::DistributorOptions& o, int nodes) {
+  try {
+    dtrain::detail::plan_elastic(o, nodes);
+  } catch (const dtrain::UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no UsageError";
+  return "";
+}
+
+dtrain::DistributorOptions cluster(const std::string& engine, int min_nodes, int max_nodes) {
+  dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
+  o.cluster.engine = engine;
+  o.cluster.min_nodes = min_nodes;
+  o.cluster.max_nodes = max_nodes;
+  return o;
+}
+
+TEST(DistributorElastic, SshAndSlurmGetTheNnodesRangeAndC10d) {
+  using dtrain::detail::plan_elastic;
+  using V = std::vector<std::string>;
+  EXPECT_FALSE(plan_elastic(cluster("ssh", 0, 0), 2).elastic);  // default: a fixed-size job
+  EXPECT_FALSE(plan_elastic(cluster("ssh", 2, 2), 2).elastic);  // MIN == MAX: the same
+  EXPECT_TRUE(plan_elastic(cluster("ssh", 2, 2), 2).run_args.empty());
+  // ssh: the local launcher gets the range (it picks c10d and starts one agent per host).
+  auto o = cluster("ssh", 1, 0);
+  o.cluster.last_call = 2500ms;
+  auto ssh = plan_elastic(o, 3);
+  EXPECT_TRUE(ssh.elastic);
+  EXPECT_EQ(ssh.min_nodes, 1);
+  EXPECT_EQ(ssh.max_nodes, 3);  // 0: every host
+  EXPECT_EQ(ssh.run_args, (V{"--nnodes", "1:3", "--rdzv-conf", "last_call_timeout=2.5"}));
+  EXPECT_EQ(ssh.srun_nodes, "");
+  // slurm: srun -N MAX, and each node's agent joins the c10d rendezvous.
+  auto slurm = plan_elastic(cluster("slurm", 2, 4), 1);
+  EXPECT_EQ(slurm.srun_nodes, "4");
+  EXPECT_EQ(slurm.run_args,
+            (V{"--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=30"}));
+  auto nodes = cluster("slurm", 1, 0);
+  nodes.cluster.nodes = 3;
+  EXPECT_EQ(plan_elastic(nodes, 3).srun_nodes, "3");  // max_nodes 0: `nodes`
+}
+
+TEST(DistributorElastic, BadRangesAndEnginesAreClearErrors) {
+  EXPECT_NE(elastic_error(cluster("ssh", 3, 2), 2).find("min_nodes is more than max_nodes"), std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", 3, 0), 2).find("(0: the engine's 2 node(s))"), std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", 0, 2), 2).find("min_nodes must be at least 1"), std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", -1, 2), 2).find("min_nodes must be at least 1"), std::string::npos);
+  EXPECT_NE(elastic_error(cluster("slurm", 1, -2), 2).find("max_nodes must be >= min_nodes"), std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", 1, 3), 2).find("one agent on each of the 2 host(s), so max_nodes must be 2"),
+            std::string::npos);
+  EXPECT_NE(elastic_error(cluster("mpi", 1, 2), 1).find("engine \"mpi\" cannot run an elastic job"), std::string::npos);
+  EXPECT_NE(elastic_error(cluster("spark", 1, 2), 1).find("engine \"spark\" cannot run an elastic job"),
+            std::string::npos);
+  auto nodes = cluster("slurm", 1, 4);
+  nodes.cluster.nodes = 2;
+  EXPECT_NE(elastic_error(nodes, 2).find("max_nodes replaces `nodes`"), std::string::npos);
+  auto local = cluster("", 1, 2);
+  local.local_mode = true;
+  EXPECT_NE(elastic_error(local, 1).find("count the nodes of a cluster job (local_mode = false,"), std::string::npos);
+  // Through the Distributor itself, before anything starts.
+  EXPECT_THROW(dtrain::Distributor{local}, dtrain::UsageError);
+  auto mpi = cluster("mpi", 1, 2);
+  EXPECT_THROW(dtrain::Distributor{mpi}, dtrain::UsageError);
+  auto ssh = cluster("ssh", 1, 3);
+  ssh.cluster.hosts = "n1:2,n2:2";
+  EXPECT_THROW(dtrain::Distributor{ssh}, dtrain::UsageError);
+  ssh.cluster.max_nodes = 2;
+  EXPECT_NO_THROW(dtrain::Distributor{ssh});
+  auto uneven = cluster("slurm", 1, 3);  // 4 processes on up to 3 nodes
+  try {
+    dtrain::Distributor d(uneven);
+    FAIL() << "4 processes over max_nodes 3";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of ClusterOptions::max_nodes (3)"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

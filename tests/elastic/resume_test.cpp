@@ -8,6 +8,9 @@
 //   - three nodes (agents on loopback, --nnodes 2:3), one agent SIGKILLed: the two survivors
 //     resume at world size 2, exactly once;
 //   - two nodes of --nnodes 2:3, one killed: the job fails saying fewer than MIN remain;
+//   - the ZeRO engine's partitioned state (stage 2 with disk commits, stage 3 in memory): a
+//     2-rank job killed mid-epoch, started again on 1 rank, resumes from its commit and ends
+//     with the parameters of an uninterrupted 2-rank run (same global batches);
 //   - no worker process is left behind in any case.
 #include <gtest/gtest.h>
 
@@ -58,6 +61,11 @@ struct TempDir {
   TempDir() {
     char tmpl[] = "/tmp/dtrain-resume-XXXXXX";
     path = ::mkdtemp(tmpl);
+  }
+  explicit TempDir(std::nullptr_t) {}
+  static const TempDir& none() {
+    static const TempDir empty(nullptr);
+    return empty;
   }
   ~TempDir() {
     std::error_code ec;
@@ -230,6 +238,82 @@ TEST_P(KilledWorker, ResumesExactlyOnceAndContinuesTheLoss) {
 
 INSTANTIATE_TEST_SUITE_P(ElasticResume, KilledWorker, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? std::string("InMemory") : std::string("Disk"); });
+
+// name -> values, as the worker's --params-out writes them.
+std::map<std::string, std::vector<double>> read_params(const fs::path& path) {
+  std::map<std::string, std::vector<double>> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string name;
+    ls >> name;
+    for (double v; ls >> v;) out[name].push_back(v);
+  }
+  return out;
+}
+
+RunResult run_n(int nproc, const std::vector<std::string>& worker) {
+  std::vector<std::string> argv = {DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), "--monitor-interval", "0.1"};
+  argv.insert(argv.end(), worker.begin(), worker.end());
+  Process p = Process::start(argv, clean_env());
+  return p.finish(120s);
+}
+
+class ZeroWorldChange : public ::testing::TestWithParam<int> {};  // the stage; 3: in-memory commits
+
+// 2 ranks, global batch 8 (4 per rank; 8 on one rank), 30 steps an epoch; rank 1 dies after
+// step 40, the newest commit is step 39; the job started again on one rank resumes there.
+TEST_P(ZeroWorldChange, TwoRanksToOneResumesThePartitionedState) {
+  const int stage = GetParam();
+  const bool in_memory = stage == 3;
+  TempDir ref_logs, ref_ckpt, logs1, logs2, ckpt, mem;
+  const fs::path mem_dir = mem.path / "commits";
+  std::vector<std::string> zero = {"--zero", std::to_string(stage)};
+  auto with = [&](const TempDir& logs, std::vector<std::string> extra) {
+    extra.insert(extra.end(), zero.begin(), zero.end());
+    if (in_memory) extra.insert(extra.end(), {"--in-memory", "--memory-dir", mem_dir.string()});
+    return worker_args(logs, in_memory ? TempDir::none() : ckpt, extra);
+  };
+  RunResult ref = run_n(2, worker_args(ref_logs, ref_ckpt,
+                                       {"--zero", std::to_string(stage), "--params-out", (ref_logs.path / "params").string()}));
+  ASSERT_EQ(ref.exit_code, 0) << describe(ref);
+  RunResult killed = run_n(2, with(logs1, {"--kill-at-step", "40", "--kill-rank", "1"}));
+  ASSERT_EQ(killed.exit_code, 137) << describe(killed);
+  RunResult resumed = run_n(1, with(logs2, {"--resume-always", "--params-out", (logs2.path / "params").string()}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_TRUE(has(resumed.err, std::string(in_memory ? "resumed from memory:" : "resumed from disk:")) &&
+              has(resumed.err, "step 39 (committed at world size 2, now 1)"))
+      << describe(resumed);
+
+  std::map<int, Attempt> attempts = {{0, read_logs(logs1.path).at(0)}, {1, read_logs(logs2.path).at(0)}};
+  EXPECT_EQ(attempts.at(1).resume_step, 39) << summary(attempts);
+  EXPECT_EQ(attempts.at(1).world, 1);
+  EXPECT_EQ(check_exactly_once(attempts), "") << summary(attempts);
+  // Same global batches, parameters, fp32 master and Adam moments: the same losses and the
+  // same final parameters, up to the order of float sums (a 2-way reduce vs none).
+  const auto reference = read_logs(ref_logs.path).at(0);
+  for (const auto& [step, loss] : attempts.at(1).loss) {
+    ASSERT_TRUE(reference.loss.count(step)) << step;
+    EXPECT_NEAR(loss, reference.loss.at(step), 1e-5 * std::max(1.0, std::fabs(loss))) << "step " << step;
+  }
+  auto want = read_params(ref_logs.path / "params");
+  auto got = read_params(logs2.path / "params");
+  ASSERT_EQ(want.size(), 4u);  // two Linear layers' weights and biases
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (const auto& [name, values] : want) {
+    ASSERT_EQ(got[name].size(), values.size()) << name;
+    for (size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::fabs(got[name][i] - values[i]));
+  }
+  EXPECT_LT(worst, 1e-5) << "largest parameter difference from the uninterrupted run";
+  ASSERT_TRUE(reference.loss.count(1) && reference.loss.count(60));
+  EXPECT_LT(reference.loss.at(60), reference.loss.at(1)) << "the runs did not train";
+  expect_no_process_left(attempts);
+}
+
+INSTANTIATE_TEST_SUITE_P(ElasticResume, ZeroWorldChange, ::testing::Values(2, 3),
+                         [](const auto& info) { return info.param == 3 ? std::string("Stage3InMemory") : std::string("Stage2Disk"); });
 
 // One agent of job `id` on loopback: --nnodes `nnodes`, one worker.
 std::unique_ptr<Process> agent(const std::string& nnodes, int port, const std::string& id,
