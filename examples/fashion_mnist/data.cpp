@@ -27,7 +27,7 @@ std::string read_gzip(const std::string& path, int64_t max_bytes = -1) {
   if (!f) throw std::runtime_error("cannot open " + path);
   std::string out;
   char buf[1 << 16];
-  int n;
+  int n = 0;
   auto want = [&] {
     if (max_bytes < 0) return static_cast<unsigned>(sizeof buf);
     return static_cast<unsigned>(std::min<int64_t>(sizeof buf, max_bytes - static_cast<int64_t>(out.size())));
