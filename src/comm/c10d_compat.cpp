@@ -62,21 +62,10 @@ Backend* cpu_backend(c10d::ProcessGroup& pg) {
 }
 
 c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg, const c10d::BarrierOptions& options) {
-#if DTRAIN_C10D_HAS_BACKEND
-  c10::intrusive_ptr<Backend> backend;
-  if (pg.hasBackends()) {
-    try {
-      backend = pg.getBackend(c10::DeviceType::CPU);
-    } catch (const c10::Error&) {
-    }
-  }
-  if (backend) return backend->barrier(options);
+  if (Backend* backend = cpu_backend(pg)) return backend->barrier(options);  // 1.13: pg itself
   static std::mutex front_mutex;  // see the header: the front's static tensor
   std::lock_guard<std::mutex> lock(front_mutex);
   return pg.barrier(options);
-#else
-  return pg.barrier(options);
-#endif
 }
 
 std::optional<std::chrono::milliseconds> gloo_timeout(Backend& backend) {
