@@ -185,15 +185,16 @@ std::vector<std::pair<std::string, int>> run_discovery(const std::string& script
   std::string text, errtext;
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   bool out_open = true, err_open = true;
+  auto ran_too_long = [&] {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ::close(out[0]);
+    ::close(err[0]);
+    return Error("--host-discovery-script " + script + " ran for more than 30 s without finishing; it must print "
+                 "the current hosts and exit");
+  };
   while (out_open || err_open) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      ::close(out[0]);
-      ::close(err[0]);
-      throw Error("--host-discovery-script " + script + " ran for more than 30 s without finishing; it must print "
-                  "the current hosts and exit");
-    }
+    if (Clock::now() > deadline) throw ran_too_long();
     pollfd p[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
     ::poll(p, 2, 100);
     char buf[4096];
@@ -207,10 +208,14 @@ std::vector<std::pair<std::string, int>> run_discovery(const std::string& script
       }
     }
   }
+  int status = 0;
+  for (pid_t r; (r = ::waitpid(pid, &status, WNOHANG)) == 0 || (r < 0 && errno == EINTR);) {
+    // It may close its output and go on running.
+    if (Clock::now() > deadline) throw ran_too_long();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ::close(out[0]);
   ::close(err[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(WEXITSTATUS(status))
                                         : "died of signal " + std::to_string(WTERMSIG(status));
