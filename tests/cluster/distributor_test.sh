@@ -39,33 +39,26 @@ worker_error() {
   grep -q "^WorkerError rank=$rank type=std::runtime_error message=failing on purpose on rank $rank at n2$" <<<"$out" ||
     fail "$what: WorkerError: $out"
 }
-nothing_left() {
-  local what="$1"
-  for h in n1 n2; do
-    wait_gone "$h" "$D" 15 || fail "$what: processes left on $h: $(leftovers "$h" "$D")"
-    wait_gone "$h" "$DTRAIN" 15 || fail "$what: agents left on $h: $(leftovers "$h" "$DTRAIN")"
-  done
-}
 
 # 1 -------------------------------------------------------------------------------------
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" 2>&1)" || fail "ssh: exit $?: $out"
 check_results "ssh" "$out"
-nothing_left "ssh"
+nothing_left "ssh" "$D"
 pass "Distributor over ssh (n1:2,n2:2): 4 ranks' results back at the driver on n1 ($((SECONDS - t)) s)"
 
 # 2 -------------------------------------------------------------------------------------
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" --fail-rank 3 2>&1)"
 worker_error "ssh failure" 3 "$out" $?
-nothing_left "ssh failure"
+nothing_left "ssh failure" "$D"
 pass "Distributor over ssh: rank 3 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" --crash-rank 3 2>&1)"
 code=$?
 [[ $code -eq 1 ]] || fail "ssh crash: exit $code, expected 1: $out"
 grep -q "^WorkerCrash rank=3 signal=11 host=n2$" <<<"$out" || fail "ssh crash: $out"
-nothing_left "ssh crash"
+nothing_left "ssh crash" "$D"
 pass "Distributor over ssh: rank 3 crashing on n2 comes back with its rank, SIGSEGV and host ($((SECONDS - t)) s)"
 
 # 2b ------------------------------------------------------------------------------------
@@ -82,12 +75,12 @@ out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" "${ELAS
 elastic_shrunk "elastic ssh" "$out"
 grep -q "elastic job (--nnodes 1:2)" <<<"$out" || fail "elastic ssh: the driver does not say n2's agent ended: $out"
 grep -q "round 0: 2 node(s)" <<<"$out" || fail "elastic ssh: the first round did not have both nodes: $out"
-nothing_left "elastic ssh"
+nothing_left "elastic ssh" "$D"
 pass "Distributor over ssh, min_nodes 1 / max_nodes 2: n2's agent SIGKILLed, n1 finished alone at world size 2 ($((SECONDS - t)) s)"
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine slurm "${ELASTIC[@]}" 2>&1)" || fail "elastic slurm: exit $?: $out"
 elastic_shrunk "elastic slurm" "$out"
-nothing_left "elastic slurm"
+nothing_left "elastic slurm" "$D"
 grep -q "round 0: 2 node(s)" <<<"$out" || fail "elastic slurm: the first round did not have both nodes: $out"
 pass "Distributor on Slurm, min_nodes 1 / max_nodes 2: n2's agent SIGKILLed, n1 finished alone at world size 2 ($((SECONDS - t)) s)"
 
@@ -95,14 +88,14 @@ pass "Distributor on Slurm, min_nodes 1 / max_nodes 2: n2's agent SIGKILLed, n1 
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine slurm --nodes 2 2>&1)" || fail "slurm: exit $?: $out"
 check_results "slurm" "$out"
-nothing_left "slurm"
+nothing_left "slurm" "$D"
 pass "Distributor on Slurm (2 nodes x 2): 4 ranks' results back at the driver ($((SECONDS - t)) s)"
 
 # 4 -------------------------------------------------------------------------------------
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine slurm --nodes 2 --fail-rank 2 2>&1)"
 worker_error "slurm failure" 2 "$out" $?
-nothing_left "slurm failure"
+nothing_left "slurm failure" "$D"
 pass "Distributor on Slurm: rank 2 throwing on n2 is a WorkerError naming it; nothing left ($((SECONDS - t)) s)"
 
 # 5 -------------------------------------------------------------------------------------
@@ -120,17 +113,17 @@ MPI=(--engine mpi --mpi-launcher mpirun.openmpi --mpi-arg --oversubscribe --mpi-
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" "${MPI[@]}" 2>&1)" || fail "mpirun: exit $?: $out"
 check_results "mpirun" "$out"
-nothing_left "mpirun"
+nothing_left "mpirun" "$D"
 out="$(on n1 timeout 120 "$D" "${MPI[@]}" --fail-rank 3 2>&1)"
 worker_error "mpirun failure" 3 "$out" $?
-nothing_left "mpirun failure"
+nothing_left "mpirun failure" "$D"
 pass "Distributor on Open MPI (mpirun --host n1:2,n2:2): results of 4 ranks; rank 3 throwing on n2 is a WorkerError ($((SECONDS - t)) s)"
 
 # 7 -------------------------------------------------------------------------------------
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine mpi --mpi-launcher mpiexec.hydra 2>&1)" || fail "mpiexec.hydra: exit $?: $out"
 for r in 0 1 2 3; do grep -q "^result rank=$r host=n1 sum=10$" <<<"$out" || fail "mpiexec.hydra: rank $r: $out"; done
-nothing_left "mpiexec.hydra"
+nothing_left "mpiexec.hydra" "$D"
 pass "Distributor on MPICH (mpiexec.hydra -np 4 on n1): results of 4 ranks ($((SECONDS - t)) s)"
 t=$SECONDS
 py="$(dirname "$0")/mpi_rank.py"

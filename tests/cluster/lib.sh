@@ -242,6 +242,16 @@ wait_gone() {
   return 1
 }
 
+# nothing_left WHAT DRIVER: fails, naming WHAT and what is left, unless within 15 s no process
+# of the DRIVER binary and no dtrain agent ($DTRAIN) runs on n1 or n2.
+nothing_left() {
+  local what="$1" driver="$2" h
+  for h in n1 n2; do
+    wait_gone "$h" "$driver" 15 || fail "$what: processes left on $h: $(leftovers "$h" "$driver")"
+    wait_gone "$h" "$DTRAIN" 15 || fail "$what: agents left on $h: $(leftovers "$h" "$DTRAIN")"
+  done
+}
+
 cluster_down() {
   local rc=$?
   trap - EXIT

@@ -20,13 +20,6 @@ hosts_up
 sshd_up
 echo "hosts and sshd up in $((SECONDS - start)) s"
 SSH=(--ssh-port "$SSH_PORT" --ssh-identity "$SSH_KEY" --ssh-arg -F --ssh-arg "$SSH_CONFIG")
-nothing_left() {
-  local what="$1"
-  for h in n1 n2; do
-    wait_gone "$h" "$D" 15 || fail "$what: processes left on $h: $(leftovers "$h" "$D")"
-    wait_gone "$h" "$DTRAIN" 15 || fail "$what: agents left on $h: $(leftovers "$h" "$DTRAIN")"
-  done
-}
 
 # 1 -------------------------------------------------------------------------------------
 t=$SECONDS
@@ -41,7 +34,7 @@ grep -q "injected failure on rank 1 at n2" <<<"$out" || fail "tune over ssh: the
 [[ "$(cat "$storage/tune/trial_00001/failed_once" 2>/dev/null)" == n2 ]] || fail "tune over ssh: the failing rank did not run on n2"
 [[ -d "$storage/tune/trial_00000/checkpoint_000003" && -f "$storage/tune/tuner_state.json" && -f "$storage/tune/results.csv" ]] ||
   fail "tune over ssh: checkpoints or state missing under $storage/tune: $(ls -R "$storage/tune" | head -30)"
-nothing_left "tune over ssh"
+nothing_left "tune over ssh" "$D"
 pass "Tuner over ssh (n1:1,n2:1): 2 trials of 2 ranks across both hosts; the trial failing on n2 restarted from its checkpoint; nothing left ($((SECONDS - t)) s)"
 
 # 2 -------------------------------------------------------------------------------------
@@ -66,6 +59,6 @@ grep -q "^trial trial_00000 x=1 status=TERMINATED failures=0 iterations=3 rank_s
   fail "tune on mpiexec.hydra: trial x=1: $out"
 grep -q "^trial trial_00001 x=2 status=TERMINATED failures=1 iterations=3 rank_sum=3 on_n2=0 world=2 restored=1$" <<<"$out" ||
   fail "tune on mpiexec.hydra: trial x=2 (failed once, restarted from its checkpoint): $out"
-nothing_left "tune on mpiexec.hydra"
+nothing_left "tune on mpiexec.hydra" "$D"
 pass "Tuner on MPICH (mpiexec.hydra -np 2 on n1): 2 trials; the failing one restarted from its checkpoint ($((SECONDS - t)) s)"
 echo "tune cluster tests took $((SECONDS - start)) s"
