@@ -9,6 +9,7 @@ dtrain_test(engine_env_test LABELS unit SOURCES cluster/engine_env_test.cpp)
 # A libtorch worker: init_process_group() from whatever started it, all-reduce, one line.
 add_executable(cluster_worker cluster/cluster_worker.cpp)
 target_link_libraries(cluster_worker PRIVATE dtrain)
+dtrain_use_torch_pch(cluster_worker)
 
 foreach(t slurm mpi ssh)
   add_test(NAME cluster.${t}
@@ -26,6 +27,7 @@ add_dependencies(cluster_cli_test test_worker dtrain_cli)
 # and MPI, results and exceptions coming back to it.
 add_executable(distributor_cluster_driver cluster/distributor_driver.cpp)
 target_link_libraries(distributor_cluster_driver PRIVATE dtrain)
+dtrain_use_torch_pch(distributor_cluster_driver)
 add_test(NAME cluster.distributor
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/distributor_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:distributor_cluster_driver>)
@@ -34,6 +36,7 @@ set_tests_properties(cluster.distributor PROPERTIES LABELS cluster TIMEOUT 400 R
 # tune::Tuner with local_mode = false: trials as Distributor jobs over ssh on n1 and n2.
 add_executable(tune_cluster_driver cluster/tune_driver.cpp)
 target_link_libraries(tune_cluster_driver PRIVATE dtrain)
+dtrain_use_torch_pch(tune_cluster_driver)
 add_test(NAME cluster.tune
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/tune_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_driver>)

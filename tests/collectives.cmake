@@ -11,6 +11,7 @@ dtrain_test(shm_group_test LABELS unit SOURCES unit/shm_group_test.cpp TORCH)
 # runs it under `dtrain run` and as separately started processes.
 add_executable(collective_worker comm/collective_worker.cpp)
 target_link_libraries(collective_worker PRIVATE dtrain)
+dtrain_use_torch_pch(collective_worker)
 target_include_directories(collective_worker PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_options(collective_worker PRIVATE ${DTRAIN_WARNINGS})
 

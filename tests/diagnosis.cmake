@@ -6,6 +6,7 @@ dtrain_test(diagnosis_test LABELS diagnosis SOURCES diagnosis/diagnosis_test.cpp
 # Real processes under `dtrain run`: the worker picks its misbehaviour with --mode.
 add_executable(diagnosis_worker diagnosis/diagnosis_worker.cpp)
 target_link_libraries(diagnosis_worker PRIVATE dtrain)
+dtrain_use_torch_pch(diagnosis_worker)
 target_compile_options(diagnosis_worker PRIVATE ${DTRAIN_WARNINGS})
 dtrain_test(diagnosis_mp_test LABELS diagnosis
   SOURCES diagnosis/diagnosis_mp_test.cpp launcher/subprocess.cpp)

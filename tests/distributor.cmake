@@ -24,6 +24,7 @@ set_tests_properties(distributor.rejects_capturing_lambda_at_compile_time PROPER
 # Whole driver processes: a missing dtrain::init, a driver killed mid-run.
 add_executable(distributor_driver_program distributor/driver_program.cpp)
 target_link_libraries(distributor_driver_program PRIVATE dtrain)
+dtrain_use_torch_pch(distributor_driver_program)
 dtrain_test(distributor_driver_test LABELS distributor SOURCES distributor/driver_test.cpp launcher/subprocess.cpp)
 target_compile_definitions(distributor_driver_test PRIVATE DRIVER_PROGRAM="$<TARGET_FILE:distributor_driver_program>")
 add_dependencies(distributor_driver_test distributor_driver_program dtrain_cli)

@@ -8,6 +8,7 @@ add_dependencies(elastic_test test_worker dtrain_cli)
 # `dtrain run --max-restarts` and in shrinking --nnodes jobs. Runs in both builds (~25 s).
 add_executable(elastic_train_worker elastic/elastic_train_worker.cpp)
 target_link_libraries(elastic_train_worker PRIVATE dtrain CLI11::CLI11)
+dtrain_use_torch_pch(elastic_train_worker)
 target_compile_options(elastic_train_worker PRIVATE ${DTRAIN_WARNINGS})
 dtrain_test(elastic_resume_test LABELS elastic SOURCES elastic/resume_test.cpp launcher/subprocess.cpp)
 target_compile_definitions(elastic_resume_test PRIVATE ELASTIC_TRAIN_WORKER_BIN="$<TARGET_FILE:elastic_train_worker>"

@@ -3,12 +3,10 @@
 # in-memory store (tests/support/thread_group.h), so a test loads libtorch once.
 dtrain_test(model_parallel_test LABELS model_parallel TORCH
   SOURCES model_parallel/mesh_test.cpp model_parallel/tensor_parallel_test.cpp model_parallel/pipeline_test.cpp)
-target_precompile_headers(model_parallel_test PRIVATE <torch/torch.h>)
 # The example's transformer LM in 3D (dp x pp x tp = 2 x 2 x 2) against one rank.
 if(TARGET gpt_model)
   dtrain_test(model_parallel_gpt_test LABELS model_parallel TORCH SOURCES model_parallel/gpt_3d_test.cpp LIBS gpt_model)
   target_compile_definitions(model_parallel_gpt_test PRIVATE DTRAIN_GPT_CORPUS="/usr/share/common-licenses/GPL-3")
-  target_precompile_headers(model_parallel_gpt_test PRIVATE <torch/torch.h>)
 endif()
 # The example through `dtrain run` (real processes).
 if(TARGET gpt)

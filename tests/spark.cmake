@@ -7,6 +7,7 @@ dtrain_test(spark_plan_test LABELS spark SOURCES spark/spark_plan_test.cpp)
 
 add_executable(spark_driver spark/spark_driver.cpp)
 target_link_libraries(spark_driver PRIVATE dtrain)
+dtrain_use_torch_pch(spark_driver)
 add_test(NAME spark.cluster
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/spark/spark_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:spark_driver> ${PROJECT_SOURCE_DIR}/python)
