@@ -202,18 +202,28 @@ void Controller::submit(Request request) {
     throw UsageError("hvd: " + std::string(kind_name(request.kind)) + " '" + request.name +
                      "' after hvd::shutdown(); call hvd::init() again first");
   }
+  // The background thread needs waking only when this request changes when its next cycle
+  // starts: the first one queued starts the cycle-time clock, and with a caller waiting a
+  // cycle starts at once. The rest of a backward pass's gradients join the queue silently
+  // (a wake-up per gradient cost a context switch each on a loaded 2-core machine).
+  const bool wake = queue_.empty() || waiters_ > 0;
   if (queue_.empty()) first_queued_ = Clock::now();
   queue_.push_back(std::move(request));
   lock.unlock();
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Controller::add_waiter(int delta) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Only the first waiter can change the background thread's decision, and only when it has
+    // something to run (queued here, or in flight when it last looked; a thread that is in a
+    // cycle now reads waiters_ under mu_ before it sleeps again).
+    wake = delta > 0 && waiters_ == 0 && (!queue_.empty() || bg_pending_);
     waiters_ += delta;
   }
-  if (delta > 0) cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Controller::shutdown() {
@@ -249,6 +259,7 @@ void Controller::loop() {
       std::unique_lock<std::mutex> lock(mu_);
       while (!stop_requested_) {
         const bool pending = !mine_.empty() || !hits_.empty() || !table_.empty();
+        bg_pending_ = pending;
         Clock::time_point due;
         if (!queue_.empty()) {
           if (waiters_ > 0) break;  // a caller waits: nothing more is coming from it
@@ -748,7 +759,15 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
   }
   const double pre = first.reduce.prescale_factor;
   double post = first.reduce.postscale_factor;
-  if (first.reduce.op == ReduceOp::Average) post /= size_;
+  if (first.reduce.op == ReduceOp::Average) {
+    if (post == 1.0 && wire == dtype && floating) {
+      // The average in the reduction itself (the shared-memory backend divides as it reduces,
+      // as for DDP's buckets): no second pass over the buffer.
+      ao.op = dtrain::ReduceOp::kAvg;
+    } else {
+      post /= size_;
+    }
+  }
   const bool adasum = first.reduce.op == ReduceOp::Adasum;
   // The reduction itself: a sum/min/max/product all-reduce, or Adasum per tensor.
   auto reduce = [&](torch::Tensor& buf) {

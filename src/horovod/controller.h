@@ -177,6 +177,7 @@ class Controller {
   std::string fatal_;            // GUARDED_BY(mu_): why the controller gave up
   Clock::time_point first_queued_;  // GUARDED_BY(mu_): when queue_ last became non-empty
   int waiters_ = 0;                 // GUARDED_BY(mu_): callers waiting on a result
+  bool bg_pending_ = false;         // GUARDED_BY(mu_): the thread had requests in flight when it last slept
 
   // Background-thread state.
   std::map<std::string, Request> mine_;   // announced by us, not yet run
