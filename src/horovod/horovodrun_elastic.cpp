@@ -192,6 +192,60 @@ std::string ssh_path() {
               "this machine; install openssh-client");
 }
 
+// ssh HOST 'test -x DTRAIN' (as `dtrain run -H` checks its hosts): "" when the host answers and
+// has this dtrain, else why not. Bounded by ssh's ConnectTimeout and a hard 30 s.
+std::string check_remote(const ElasticFlags& f, const std::string& host, const std::string& exe) {
+  auto argv = ssh_argv(f, host);
+  argv[0] = ssh_path();
+  argv.push_back("test -x " + quote(exe) + " || { echo " + quote("dtrain is not at " + exe + " there") +
+                 " >&2; exit 3; }");
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  pid_t pid = spawn(argv, env, out[1], out[1], true, devnull);
+  ::close(out[1]);
+  if (devnull >= 0) ::close(devnull);
+  std::string text;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  int status = 0;
+  bool reaped = false;
+  while (true) {
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      char buf[512];
+      ssize_t n = ::read(out[0], buf, sizeof buf);
+      if (n > 0) {
+        text.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n == 0) break;  // EOF: ssh exited (or closed its output)
+    }
+    if (Clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      break;
+    }
+  }
+  ::close(out[0]);
+  while (!reaped) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+    } else if (Clock::now() >= deadline + std::chrono::seconds(1)) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      reaped = true;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  text = trim(text);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty()) text = WIFEXITED(status) ? "ssh exited with code " + std::to_string(WEXITSTATUS(status)) : "ssh did not answer in 30 s";
+  return text;
+}
+
 // The job's in-memory commits on this machine (hvd::elastic::TorchState writes them to
 // /dev/shm/dtrain-hvd-elastic-<uid>-<run id>-<prefix>): gone with the job, also when it failed.
 void remove_memory_commits(const std::string& run_id) {
@@ -420,6 +474,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   const std::string exe = self_exe();
   std::map<pid_t, std::pair<std::string, int>> running;  // agent pid -> host, processes
   std::set<std::string> blacklist;
+  std::vector<std::string> unreachable;  // remote hosts ssh could not reach, with why
   std::map<pid_t, int> ssh_stdin;  // remote agents: the write end of their ssh's stdin
   std::set<std::string> remote_hosts;  // every remote host an agent ran on (commits to remove)
   std::error_code cwd_ec;
@@ -432,6 +487,14 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       if (std::any_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; })) continue;
       int n = f.max_np > 0 ? std::min(s, f.max_np - total) : s;
       if (n <= 0) continue;
+      if (!is_local_host(h)) {
+        if (std::string why = check_remote(f, h, exe); !why.empty()) {
+          blacklist.insert(h);
+          unreachable.push_back("'" + h + "' is unreachable over ssh (" + why + ")");
+          say("host " + unreachable.back() + "; it is blacklisted");
+          continue;
+        }
+      }
       std::string spec = h + "," + std::to_string(n) + "," + std::to_string(port) + "," + run_id + "," +
                          std::to_string(min_nodes) + "," + std::to_string(max_nodes);
       std::vector<std::string> env;
@@ -478,6 +541,12 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     }
   };
   start_agents(hosts);
+  if (running.empty()) {
+    std::string why;
+    for (const auto& u : unreachable) why += (why.empty() ? "" : "; ") + u;
+    throw UsageError("--host-discovery-script " + f.discovery_script + ": no agent could start: " + why +
+                     " - check the host names, ssh access (-p, -i, --ssh-arg) and that dtrain is at the same path there");
+  }
 
   // 3. Watch the agents and the hosts.
   bool succeeded = false;

@@ -256,7 +256,7 @@ TEST(HvdElastic, BadFlagsAndBadDiscoveryOutputAreClearErrors) {
        2, "host 'localhost' is listed twice"},
       {{"--min-np", "2", "--host-discovery-script", script(dir.path, "remote.sh", "echo gpu-node-17:4\n"),
         HVD_ELASTIC_WORKER_BIN},
-       2, "lists 'gpu-node-17', which is not this machine"},
+       2, "'gpu-node-17' is unreachable over ssh"},
       {{"--min-np", "2", "--host-discovery-script", script(dir.path, "fails.sh", "echo oops >&2\nexit 3\n"),
         HVD_ELASTIC_WORKER_BIN},
        1, "exited with code 3; its stderr: oops"},
