@@ -481,20 +481,31 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   const std::string cwd = std::filesystem::current_path(cwd_ec).string();
   ::signal(SIGPIPE, SIG_IGN);
   int total = 0;
-  auto start_agents = [&](const std::vector<std::pair<std::string, int>>& list) {
+  auto start_agents = [&](const std::vector<std::pair<std::string, int>>& given) {
+    auto is_new = [&](const std::string& h) {
+      return !blacklist.count(h) &&
+             std::none_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; });
+    };
+    // New remote hosts are checked over ssh before any agent starts, and their agents (slower
+    // to start: ssh) start first, so that the first rendezvous round finds every host.
+    std::vector<std::pair<std::string, int>> list;
+    for (auto& [h, s] : given) {
+      if (is_local_host(h) || !is_new(h)) continue;
+      if (std::string why = check_remote(f, h, exe); !why.empty()) {
+        blacklist.insert(h);
+        unreachable.push_back("'" + h + "' is unreachable over ssh (" + why + ")");
+        say("host " + unreachable.back() + "; it is blacklisted");
+        continue;
+      }
+      list.emplace_back(h, s);
+    }
+    for (auto& hs : given) {
+      if (is_local_host(hs.first)) list.push_back(hs);
+    }
     for (auto& [h, s] : list) {
-      if (blacklist.count(h)) continue;
-      if (std::any_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; })) continue;
+      if (!is_new(h)) continue;
       int n = f.max_np > 0 ? std::min(s, f.max_np - total) : s;
       if (n <= 0) continue;
-      if (!is_local_host(h)) {
-        if (std::string why = check_remote(f, h, exe); !why.empty()) {
-          blacklist.insert(h);
-          unreachable.push_back("'" + h + "' is unreachable over ssh (" + why + ")");
-          say("host " + unreachable.back() + "; it is blacklisted");
-          continue;
-        }
-      }
       std::string spec = h + "," + std::to_string(n) + "," + std::to_string(port) + "," + run_id + "," +
                          std::to_string(min_nodes) + "," + std::to_string(max_nodes);
       std::vector<std::string> env;
