@@ -214,16 +214,11 @@ void Controller::submit(Request request) {
 }
 
 void Controller::add_waiter(int delta) {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Only the first waiter can change the background thread's decision, and only when it has
-    // something to run (queued here, or in flight when it last looked; a thread that is in a
-    // cycle now reads waiters_ under mu_ before it sleeps again).
-    wake = delta > 0 && waiters_ == 0 && (!queue_.empty() || bg_pending_);
-    waiters_ += delta;
-  }
-  if (wake) cv_.notify_all();
+  // No wake-up: a waiter waits in wait(), which runs a due cycle itself when this thread is
+  // not in one (a thread in a cycle reads waiters_ under mu_ before it sleeps again). Waking
+  // the thread here made it race the caller for the cycle: a context switch for nothing.
+  std::lock_guard<std::mutex> lock(mu_);
+  waiters_ += delta;
 }
 
 void Controller::shutdown() {

@@ -125,7 +125,8 @@ class Controller {
   // Queues a request; the caller waits on request.pending. Throws UsageError when hvd is
   // shut down or the request is malformed here (checked before anything is sent).
   void submit(Request request);
-  // A caller starts (+1) or stops (-1) waiting on a result: cycles start at once meanwhile.
+  // A caller starts (+1) or stops (-1) waiting on a result: cycles start at once meanwhile
+  // (the caller runs them in wait(); this does not wake the thread).
   void add_waiter(int delta);
   // A waiter (between add_waiter(1) and add_waiter(-1)) waits for `p`, up to `timeout`: it runs
   // the due cycles itself when the background thread is not in one (saves two thread
