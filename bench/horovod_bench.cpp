@@ -1,5 +1,5 @@
 // hvd's DistributedOptimizer against dtrain DDP, and fusion on vs off. Run it under the launcher:
-//   dtrain run --nproc-per-node 2 build/bench/horovod_bench [--steps 200] [--batch 64]
+//   dtrain run --nproc-per-node 2 build/bench/horovod_bench [--steps 200] [--batch 64] [--rounds 3] [--rounds-only]
 // 1. The example's MLP (784-512-256-10, float32, SGD, batch 64 per rank, synthetic data):
 //    steps/s with hvd::DistributedOptimizer and with dtrain::DistributedDataParallel, in
 //    alternating rounds (DDP first in even rounds, hvd first in odd ones) so both see the same
@@ -8,6 +8,8 @@
 // 2. A 100-layer MLP (100 x Linear(32, 32): 200 small gradients): steps/s with fusion on
 //    (HOROVOD_FUSION_THRESHOLD = 64 MiB) and off (0): one allreduce per gradient.
 // Rank 0 prints the figures. Timing never fails anything.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +40,22 @@ torch::nn::Sequential deep_mlp() {
   return s;
 }
 
+// This process's CPU time (all threads) and context switches: what a step costs the machine,
+// which wall time on a shared, loaded VM hides.
+struct Usage {
+  double cpu = 0;
+  long switches = 0;
+  static Usage now() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    Usage r;
+    r.cpu = u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    r.switches = u.ru_nvcsw + u.ru_nivcsw;
+    return r;
+  }
+};
+Usage g_hvd_usage, g_ddp_usage;  // summed over the timed loops
+
 // Seconds for `steps` steps with hvd (hvd must be initialized).
 double time_hvd(torch::nn::Sequential model, int in, int steps, int batch) {
   torch::optim::SGD sgd(model->parameters(), 0.01);
@@ -55,7 +73,11 @@ double time_hvd(torch::nn::Sequential model, int in, int steps, int batch) {
   run(5);  // warm-up
   hvd::barrier();
   auto t0 = Clock::now();
+  const Usage u0 = Usage::now();
   run(steps);
+  const Usage u1 = Usage::now();
+  g_hvd_usage.cpu += u1.cpu - u0.cpu;
+  g_hvd_usage.switches += u1.switches - u0.switches;
   hvd::barrier();
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -75,7 +97,11 @@ double time_ddp(torch::nn::Sequential model, int in, int steps, int batch) {
   run(5);
   dtrain::barrier();
   auto t0 = Clock::now();
+  const Usage u0 = Usage::now();
   run(steps);
+  const Usage u1 = Usage::now();
+  g_ddp_usage.cpu += u1.cpu - u0.cpu;
+  g_ddp_usage.switches += u1.switches - u0.switches;
   dtrain::barrier();
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -154,7 +180,11 @@ int main(int argc, char** argv) {
   const int batch = arg(argc, argv, "--batch", 64);
   const int rounds = arg(argc, argv, "--rounds", 3);
   bool only_ddp = false;
-  for (int i = 1; i < argc; ++i) only_ddp = only_ddp || std::string(argv[i]) == "--only-ddp";
+  bool rounds_only = false;  // --rounds-only: part 1 alone (profiling)
+  for (int i = 1; i < argc; ++i) {
+    only_ddp = only_ddp || std::string(argv[i]) == "--only-ddp";
+    rounds_only = rounds_only || std::string(argv[i]) == "--rounds-only";
+  }
   auto pg = dtrain::init_process_group();
   const bool root = pg->rank() == 0;
   torch::manual_seed(0);
@@ -200,7 +230,13 @@ int main(int argc, char** argv) {
     std::printf("  DDP                      %8.1f steps/s\n", total / t_ddp);
     std::printf("  hvd DistributedOptimizer %8.1f steps/s\n", total / t_hvd);
     std::printf("  hvd / DDP = %.3f (target >= 0.95)\n", t_ddp / t_hvd);
+    std::printf("  rank 0's CPU per step (all threads): DDP %.2f ms, %.1f context switches; hvd %.2f ms, %.1f "
+                "context switches\n",
+                1e3 * g_ddp_usage.cpu / total, g_ddp_usage.switches / total, 1e3 * g_hvd_usage.cpu / total,
+                g_hvd_usage.switches / total);
   }
+  g_hvd_usage = g_ddp_usage = Usage{};
+  if (rounds_only) return 0;
 
   // 1b. The same comparison interleaved step by step.
   {

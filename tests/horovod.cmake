@@ -14,3 +14,9 @@ dtrain_use_torch_pch(hvd_elastic_worker)
 dtrain_test(hvd_elastic_test LABELS horovod SOURCES horovod/hvd_elastic_test.cpp launcher/subprocess.cpp TORCH)
 target_compile_definitions(hvd_elastic_test PRIVATE HVD_ELASTIC_WORKER_BIN="$<TARGET_FILE:hvd_elastic_worker>")
 add_dependencies(hvd_elastic_test hvd_elastic_worker dtrain_cli)
+# Elastic horovodrun across hosts: namespaces n1 (the driver, a local agent) and n2 (its agent
+# over ssh), a worker killed, the job finishing at the smaller size (tests/cluster/lib.sh; root).
+add_test(NAME cluster.horovod_elastic
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/hvd_elastic_test.sh ${PROJECT_BINARY_DIR}
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:hvd_elastic_worker>)
+set_tests_properties(cluster.horovod_elastic PROPERTIES LABELS cluster TIMEOUT 200 RUN_SERIAL TRUE)

@@ -202,18 +202,23 @@ void Controller::submit(Request request) {
     throw UsageError("hvd: " + std::string(kind_name(request.kind)) + " '" + request.name +
                      "' after hvd::shutdown(); call hvd::init() again first");
   }
+  // The background thread needs waking only when this request changes when its next cycle
+  // starts: the first one queued starts the cycle-time clock, and with a caller waiting a
+  // cycle starts at once. The rest of a backward pass's gradients join the queue silently
+  // (a wake-up per gradient cost a context switch each on a loaded 2-core machine).
+  const bool wake = queue_.empty() || waiters_ > 0;
   if (queue_.empty()) first_queued_ = Clock::now();
   queue_.push_back(std::move(request));
   lock.unlock();
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Controller::add_waiter(int delta) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    waiters_ += delta;
-  }
-  if (delta > 0) cv_.notify_all();
+  // No wake-up: a waiter waits in wait(), which runs a due cycle itself when this thread is
+  // not in one (a thread in a cycle reads waiters_ under mu_ before it sleeps again). Waking
+  // the thread here made it race the caller for the cycle: a context switch for nothing.
+  std::lock_guard<std::mutex> lock(mu_);
+  waiters_ += delta;
 }
 
 void Controller::shutdown() {
@@ -237,47 +242,112 @@ std::string Controller::signature(const Request& r) const {
   return s.str();
 }
 
-void Controller::loop() {
-  // Requests write into parameters and their gradients (leaves that require grad): no autograd
-  // here, and the guard is per thread.
+bool Controller::cycle_due(Clock::time_point* due) {
+  // When to start the next cycle (see controller.h, "When a cycle starts"). REQUIRES mu_.
+  if (stop_requested_) return true;
+  if (!queue_.empty()) {
+    if (waiters_ > 0) return true;  // a caller waits: nothing more is coming from it
+    *due = first_queued_ + options_.cycle_time;
+  } else if (bg_pending_) {
+    if (waiters_ > 0 && last_progressed_) return true;
+    *due = last_cycle_ + options_.cycle_time;
+  } else {
+    // Nothing here to negotiate: a heartbeat only (a peer's request waits for this rank's
+    // own submission, which starts a cycle anyway; shutdown and stall flags ride on it).
+    *due = last_cycle_ + std::max<std::chrono::microseconds>(options_.cycle_time, kIdleHeartbeat);
+  }
+  return Clock::now() >= *due;
+}
+
+bool Controller::run_cycle() {
+  // REQUIRES cycle_mu_. Requests write into parameters and their gradients (leaves that
+  // require grad): no autograd here (the guard is per thread, and either thread runs cycles).
   torch::NoGradGuard no_grad;
-  Clock::time_point last = Clock::now();
-  while (true) {
-    {
-      // When to start the next cycle (see controller.h, "When a cycle starts"). Every cycle is
-      // a collective, so a rank that starts early waits inside it (asleep) for the others.
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!stop_requested_) {
-        const bool pending = !mine_.empty() || !hits_.empty() || !table_.empty();
-        Clock::time_point due;
-        if (!queue_.empty()) {
-          if (waiters_ > 0) break;  // a caller waits: nothing more is coming from it
-          due = first_queued_ + options_.cycle_time;
-        } else if (pending) {
-          if (waiters_ > 0 && progressed_) break;
-          due = last + options_.cycle_time;
-        } else {
-          // Nothing here to negotiate: a heartbeat only (a peer's request waits for this rank's
-          // own submission, which starts a cycle anyway; shutdown and stall flags ride on it).
-          due = last + std::max<std::chrono::microseconds>(options_.cycle_time, kIdleHeartbeat);
-        }
-        if (Clock::now() >= due) break;
-        cv_.wait_until(lock, due);
-      }
-    }
-    last = Clock::now();
-    try {
-      negotiate_and_run();
-    } catch (const std::exception& e) {
-      // A collective failed: the group is unusable (ranks no longer agree on what comes next).
-      fail_all(std::string("hvd's background thread stopped: ") + e.what(), false);
-      break;
-    }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cycles_done_) return false;
+    last_cycle_ = Clock::now();
+  }
+  bool done = false;
+  try {
+    negotiate_and_run();
     if (std::all_of(shutting_down_.begin(), shutting_down_.end(), [](bool b) { return b; })) {
       fail_all("hvd was shut down before this operation ran (it was not submitted by every rank)", false);
-      break;
+      done = true;
     }
-    if (stall_flag_) break;
+    if (stall_flag_) done = true;
+  } catch (const std::exception& e) {
+    // A collective failed: the group is unusable (ranks no longer agree on what comes next).
+    fail_all(std::string("hvd's background thread stopped: ") + e.what(), false);
+    done = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bg_pending_ = !mine_.empty() || !hits_.empty() || !table_.empty();
+    last_progressed_ = progressed_;
+    if (done) cycles_done_ = true;
+  }
+  // The background thread learns the end at once; otherwise it re-decides when its timer
+  // fires (waking it after every cycle a caller ran would cost a context switch each).
+  if (done) cv_.notify_all();
+  return !done;
+}
+
+void Controller::wait(Pending& p, std::chrono::milliseconds timeout) {
+  // The caller (a waiter, see add_waiter) runs the cycles itself while they are due and no
+  // other thread runs one: the same cycles the background thread would run, without two
+  // thread hand-offs per step. Otherwise it sleeps until its result is done or a cycle is due.
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (p.done) return;
+    }
+    if (Clock::now() >= deadline) return;
+    Clock::time_point due = deadline;
+    bool now = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!cycles_done_ && !stop_requested_ && !stopped_) now = cycle_due(&due);
+    }
+    if (now) {
+      std::unique_lock<std::mutex> cycle(cycle_mu_, std::try_to_lock);
+      if (cycle.owns_lock()) {
+        bool still;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          still = !cycles_done_ && !stop_requested_ && cycle_due(&due);
+        }
+        if (still) run_cycle();
+        continue;
+      }
+      due = Clock::now() + std::chrono::milliseconds(1);  // another thread is in a cycle
+    }
+    std::unique_lock<std::mutex> lock(p.mu);
+    p.cv.wait_until(lock, std::min(due, deadline), [&] { return p.done; });
+  }
+}
+
+void Controller::loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cycles_done_) {
+        Clock::time_point due;
+        if (cycle_due(&due)) break;
+        cv_.wait_until(lock, due);
+      }
+      if (cycles_done_) break;
+    }
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    {
+      // A waiting caller may have run the cycle meanwhile.
+      std::lock_guard<std::mutex> lock(mu_);
+      Clock::time_point due;
+      if (cycles_done_) break;
+      if (!cycle_due(&due)) continue;
+    }
+    if (!run_cycle()) break;
   }
   std::lock_guard<std::mutex> lock(mu_);
   stopped_ = true;
@@ -748,7 +818,15 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
   }
   const double pre = first.reduce.prescale_factor;
   double post = first.reduce.postscale_factor;
-  if (first.reduce.op == ReduceOp::Average) post /= size_;
+  if (first.reduce.op == ReduceOp::Average) {
+    if (post == 1.0 && wire == dtype && floating) {
+      // The average in the reduction itself (the shared-memory backend divides as it reduces,
+      // as for DDP's buckets): no second pass over the buffer.
+      ao.op = dtrain::ReduceOp::kAvg;
+    } else {
+      post /= size_;
+    }
+  }
   const bool adasum = first.reduce.op == ReduceOp::Adasum;
   // The reduction itself: a sum/min/max/product all-reduce, or Adasum per tensor.
   auto reduce = [&](torch::Tensor& buf) {

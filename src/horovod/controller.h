@@ -23,6 +23,12 @@
 // Idle ranks still cycle (a heartbeat, see below), as Horovod's do, so a rank stuck in user
 // code is noticed.
 //
+// Who runs a cycle: the background thread, or a caller waiting on a result (synchronize(),
+// DistributedOptimizer::step()) when a cycle is due and the background thread is not in one
+// (Controller::wait; cycle_mu_ makes them take turns). The cycle is the same either way; the
+// caller running it saves the two thread hand-offs (wake the thread, be woken by it) that
+// cost a context switch each, twice per step, on a loaded 2-core machine.
+//
 // The response cache (Horovod's idea, HOROVOD_CACHE_CAPACITY, default 1024; 0 turns it off):
 // an allreduce, broadcast or reducescatter that ran after a full negotiation in which every
 // rank submitted the same request gets a cache bit - the same on every rank, as every rank
@@ -119,8 +125,13 @@ class Controller {
   // Queues a request; the caller waits on request.pending. Throws UsageError when hvd is
   // shut down or the request is malformed here (checked before anything is sent).
   void submit(Request request);
-  // A caller starts (+1) or stops (-1) waiting on a result: cycles start at once meanwhile.
+  // A caller starts (+1) or stops (-1) waiting on a result: cycles start at once meanwhile
+  // (the caller runs them in wait(); this does not wake the thread).
   void add_waiter(int delta);
+  // A waiter (between add_waiter(1) and add_waiter(-1)) waits for `p`, up to `timeout`: it runs
+  // the due cycles itself when the background thread is not in one (saves two thread
+  // hand-offs per cycle), else sleeps until `p` is done or the next cycle is due.
+  void wait(Pending& p, std::chrono::milliseconds timeout);
   // Announces this rank's shutdown and waits until every rank announced it (up to the
   // timeout), then stops the thread. Pending requests fail.
   void shutdown();
@@ -144,6 +155,10 @@ class Controller {
   };
 
   void loop();
+  // REQUIRES mu_: whether a cycle is due now; else *due says when.
+  bool cycle_due(Clock::time_point* due);
+  // REQUIRES cycle_mu_: one cycle; false once the protocol ended (shutdown, stall, failure).
+  bool run_cycle();
   void negotiate_and_run();
   std::vector<std::string> exchange(const std::string& msg);  // every rank's message, by rank
   void parse_rank_message(int rank, const std::string& msg, std::vector<std::string>& completed);
@@ -177,6 +192,13 @@ class Controller {
   std::string fatal_;            // GUARDED_BY(mu_): why the controller gave up
   Clock::time_point first_queued_;  // GUARDED_BY(mu_): when queue_ last became non-empty
   int waiters_ = 0;                 // GUARDED_BY(mu_): callers waiting on a result
+  bool bg_pending_ = false;         // GUARDED_BY(mu_): requests in flight after the last cycle
+  bool last_progressed_ = false;    // GUARDED_BY(mu_): the last cycle's progressed_
+  bool cycles_done_ = false;        // GUARDED_BY(mu_): the protocol ended; no more cycles
+  Clock::time_point last_cycle_ = Clock::now();  // GUARDED_BY(mu_): when the last cycle started
+  // Held while a cycle runs (by the background thread, or by a waiting caller): the state
+  // below is touched only under it.
+  std::mutex cycle_mu_;
 
   // Background-thread state.
   std::map<std::string, Request> mine_;   // announced by us, not yet run

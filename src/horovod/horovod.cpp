@@ -180,8 +180,9 @@ std::shared_ptr<Pending> wait_handle(Handle handle, std::string* label = nullptr
   };
   std::optional<Waiting> waiting;
   if (c->controller) waiting.emplace(c->controller.get());
+  if (c->controller) c->controller->wait(p, c->options.timeout);  // runs due cycles itself, see controller.h
   std::unique_lock<std::mutex> lock(p.mu);
-  if (!p.cv.wait_for(lock, c->options.timeout, [&] { return p.done; })) {
+  if (!p.cv.wait_for(lock, c->controller ? std::chrono::milliseconds(0) : c->options.timeout, [&] { return p.done; })) {
     throw TimeoutError("hvd::synchronize: " + entry.first + " did not finish within " +
                        std::to_string(c->options.timeout.count()) +
                        " ms; some rank has not submitted it (see hvd's stall warnings on rank 0)");

@@ -30,14 +30,15 @@ const char* kUsage =
     "usage: dtrain horovodrun -np N [-H host1:slots,host2:slots | --hostfile FILE]\n"
     "                         [--start-timeout S] [--network-interface IF] [--fusion-threshold-mb M]\n"
     "                         [--cycle-time-ms C] [--timeline-filename F] [--gloo] [-p SSH_PORT]\n"
-    "                         [-i SSH_IDENTITY_FILE] PROGRAM [ARGS...]\n"
+    "                         [-i SSH_IDENTITY_FILE] [--ssh-arg ARG]... PROGRAM [ARGS...]\n"
     "  elastic: dtrain horovodrun [-np N] --min-np MIN [--max-np MAX] --host-discovery-script SCRIPT\n"
     "                         [--slots S] [--elastic-timeout S] [--reset-limit R] ... PROGRAM [ARGS...]\n"
     "  Runs PROGRAM on N processes as horovodrun does, on dtrain's launcher. Workers get\n"
     "  HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK,\n"
     "  HOROVOD_CROSS_SIZE and torchrun's variables. Without -H/--hostfile every process runs here.\n"
     "  Elastic: SCRIPT prints the current hosts (HOST:SLOTS lines); a host whose worker fails leaves\n"
-    "  the job and the others go on from the last commit (hvd::elastic::run, dtrain/horovod_elastic.h).\n";
+    "  the job and the others go on from the last commit (hvd::elastic::run, dtrain/horovod_elastic.h).\n"
+    "  Hosts that are not this machine get their workers over ssh (-p, -i, --ssh-arg).\n";
 
 int parse_positive(const std::string& flag, const std::string& v, bool allow_zero = false) {
   try {
@@ -80,6 +81,7 @@ int horovodrun_main(const std::vector<std::string>& args) {
     int np = -1;
     std::string hosts, hostfile, start_timeout, ifname, timeline, ssh_port, ssh_identity;
     std::map<std::string, std::string> env;
+    std::vector<std::string> ssh_args;
     ElasticFlags ef;
     bool elastic = false;
     size_t i = 0;
@@ -127,6 +129,8 @@ int horovodrun_main(const std::vector<std::string>& args) {
         ssh_port = value(a);
       } else if (a == "-i" || a == "--ssh-identity-file") {
         ssh_identity = value(a);
+      } else if (a == "--ssh-arg") {  // dtrain's: as `dtrain run --ssh-arg`, e.g. --ssh-arg -F --ssh-arg CFG
+        ssh_args.push_back(value(a));
       } else if (a == "--min-np" || a == "--min-num-proc") {
         ef.min_np = parse_positive(a, value(a));
         elastic = true;
@@ -159,6 +163,9 @@ int horovodrun_main(const std::vector<std::string>& args) {
       if (i >= args.size()) throw UsageError("missing PROGRAM");
       ef.np = np;
       if (!start_timeout.empty()) ef.start_timeout_s = std::stoi(start_timeout);
+      if (!ssh_port.empty()) ef.ssh_port = parse_positive("--ssh-port", ssh_port);
+      ef.ssh_identity = ssh_identity;
+      ef.ssh_args = ssh_args;
       validate_elastic_flags(ef);
       std::string spec;
       if (!is_elastic_agent(&spec)) {
@@ -167,16 +174,18 @@ int horovodrun_main(const std::vector<std::string>& args) {
         validate_launch_options(check);
         return run_elastic_driver(ef, args);
       }
-      // One host's agent, started by the driver: HOST,PROCESSES,STORE_PORT,RUN_ID,MIN,MAX.
+      // One host's agent, started by the driver: HOST,PROCESSES,STORE_PORT,RUN_ID,MIN,MAX, and
+      // on a remote host (started over ssh) ,STORE_ADDRESS.
       std::vector<std::string> f;
       std::stringstream ss(spec);
       for (std::string item; std::getline(ss, item, ',');) f.push_back(item);
-      if (f.size() != 6) throw Error("bad DTRAIN_HVD_ELASTIC_AGENT '" + spec + "'");
+      if (f.size() != 6 && f.size() != 7) throw Error("bad DTRAIN_HVD_ELASTIC_AGENT '" + spec + "'");
       RunArgs ra;
       ra.nproc = f[1];
       ra.nnodes = f[4] + ":" + f[5];
       ra.rdzv_backend = "c10d";
-      ra.master_addr = "127.0.0.1";
+      ra.master_addr = f.size() == 7 ? f[6] : "127.0.0.1";
+      ra.stdin_eof = f.size() == 7;  // over ssh: the driver closing our stdin stops the workers
       ra.master_port = f[2];
       ra.rdzv_id = f[3];
       ra.rdzv_timeout = std::to_string(ef.elastic_timeout_s);
@@ -202,6 +211,7 @@ int horovodrun_main(const std::vector<std::string>& args) {
     ra.ifname = ifname;
     ra.ssh_port = ssh_port;
     ra.ssh_identity = ssh_identity;
+    ra.ssh_args = ssh_args;
     ra.no_slurm = true;  // horovodrun decides the layout from -np and the hosts, not from Slurm
     for (auto& [k, v] : env) ra.env.push_back(k + "=" + v);
     if (!hosts.empty() || !hostfile.empty()) {

@@ -21,14 +21,23 @@
 //   --reset-limit                             --max-restarts of every agent
 //   --elastic-timeout                         the rendezvous timeout (the survivors wait this
 //                                             long for MIN hosts)
-// Hosts must name this machine (localhost, 127.x.y.z, its hostname): agents for remote hosts
-// (over ssh) are not built yet and are refused with a message saying so.
+// Hosts: a host that names this machine (localhost, 127.x.y.z, its hostname) gets its agent as
+// a child process; any other host gets it over ssh, as `dtrain run -H` starts its agents
+// (ssh [--ssh-arg...] [-p PORT] [-i KEY] -o BatchMode=yes HOST 'cd CWD; exec env
+// DTRAIN_HVD_ELASTIC_AGENT=... HOROVOD_*... DTRAIN horovodrun ARGS'). A remote agent reaches the
+// driver's store at this machine's address on the route to that host, and stops its workers
+// when its ssh's stdin closes (the driver holds it open; it closes when the driver ends,
+// however it ends). The job's in-memory commits on remote hosts are removed over ssh at the end.
 #include "horovod/horovodrun_elastic.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -86,7 +95,7 @@ std::string self_exe() {
 
 // fork + execve with everything prepared before the fork (the store's threads exist).
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, int out_fd, int err_fd,
-            bool die_with_parent) {
+            bool die_with_parent, int in_fd = -1) {
   std::vector<char*> a, e;
   for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
   a.push_back(nullptr);
@@ -100,6 +109,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != parent) ::_exit(1);
     }
+    if (in_fd >= 0) ::dup2(in_fd, 0);
     if (out_fd >= 0) ::dup2(out_fd, 1);
     if (err_fd >= 0) ::dup2(err_fd, 2);
     sigset_t none;
@@ -111,6 +121,131 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
   return pid;
 }
 
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// This machine's address on the route to `host` (a connected UDP socket sends nothing): where
+// that host's agent finds the driver's store. Falls back to this hostname.
+std::string address_towards(const std::string& host) {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || !res) return name;
+  std::string out = name;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage me{};
+    socklen_t len = sizeof me;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
+      char buf[INET6_ADDRSTRLEN] = {};
+      const void* src = me.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&me)->sin_addr)
+                                                : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr);
+      if (::inet_ntop(me.ss_family, src, buf, sizeof buf)) {
+        out = buf;
+        ::close(fd);
+        break;
+      }
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+std::vector<std::string> ssh_argv(const ElasticFlags& f, const std::string& host) {
+  std::vector<std::string> argv = {"ssh"};
+  argv.insert(argv.end(), f.ssh_args.begin(), f.ssh_args.end());  // the user's first: ssh keeps first values
+  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"});
+  if (f.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(f.ssh_port)});
+  if (!f.ssh_identity.empty()) argv.insert(argv.end(), {"-i", f.ssh_identity});
+  argv.push_back(host);
+  return argv;
+}
+
+// The variables a remote agent gets from the driver (a local one inherits all of them):
+// Horovod's, dtrain's and the threading ones, as horovodrun forwards its environment.
+bool forwarded(const std::string& kv) {
+  for (const char* p : {"HOROVOD_", "DTRAIN_", "TORCH_", "OMP_", "MKL_", "GLOO_", "LD_LIBRARY_PATH=", "PATH="}) {
+    if (kv.rfind(p, 0) == 0) return true;
+  }
+  return false;
+}
+
+std::string ssh_path() {
+  for (const char* dir : {"/usr/bin/ssh", "/bin/ssh", "/usr/local/bin/ssh"}) {
+    if (::access(dir, X_OK) == 0) return dir;
+  }
+  throw Error("elastic horovodrun: ssh is not installed here, and the discovery script lists hosts that are not "
+              "this machine; install openssh-client");
+}
+
+// ssh HOST 'test -x DTRAIN' (as `dtrain run -H` checks its hosts): "" when the host answers and
+// has this dtrain, else why not. Bounded by ssh's ConnectTimeout and a hard 30 s.
+std::string check_remote(const ElasticFlags& f, const std::string& host, const std::string& exe) {
+  auto argv = ssh_argv(f, host);
+  argv[0] = ssh_path();
+  argv.push_back("test -x " + quote(exe) + " || { echo " + quote("dtrain is not at " + exe + " there") +
+                 " >&2; exit 3; }");
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  pid_t pid = spawn(argv, env, out[1], out[1], true, devnull);
+  ::close(out[1]);
+  if (devnull >= 0) ::close(devnull);
+  std::string text;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  int status = 0;
+  bool reaped = false;
+  while (true) {
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      char buf[512];
+      ssize_t n = ::read(out[0], buf, sizeof buf);
+      if (n > 0) {
+        text.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n == 0) break;  // EOF: ssh exited (or closed its output)
+    }
+    if (Clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      break;
+    }
+  }
+  ::close(out[0]);
+  while (!reaped) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+    } else if (Clock::now() >= deadline + std::chrono::seconds(1)) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      reaped = true;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  text = trim(text);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty()) text = WIFEXITED(status) ? "ssh exited with code " + std::to_string(WEXITSTATUS(status)) : "ssh did not answer in 30 s";
+  return text;
+}
+
 // The job's in-memory commits on this machine (hvd::elastic::TorchState writes them to
 // /dev/shm/dtrain-hvd-elastic-<uid>-<run id>-<prefix>): gone with the job, also when it failed.
 void remove_memory_commits(const std::string& run_id) {
@@ -118,6 +253,50 @@ void remove_memory_commits(const std::string& run_id) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     if (e.path().filename().string().rfind(head, 0) == 0) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
+// The same on every remote host an agent ran on: one ssh each, at once, 15 s at most in all.
+void remove_remote_commits(const ElasticFlags& f, const std::set<std::string>& hosts, const std::string& run_id) {
+  if (hosts.empty()) return;
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  std::map<pid_t, std::string> children;
+  const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (const auto& h : hosts) {
+    auto argv = ssh_argv(f, h);
+    try {
+      argv[0] = ssh_path();
+    } catch (const Error&) {
+      break;
+    }
+    argv.push_back("rm -rf /dev/shm/dtrain-hvd-elastic-$(id -u)-" + run_id + "-*");
+    children[spawn(argv, env, devnull, devnull, true, devnull)] = h;
+  }
+  if (devnull >= 0) ::close(devnull);
+  const auto deadline = Clock::now() + std::chrono::seconds(15);
+  while (!children.empty()) {
+    for (auto it = children.begin(); it != children.end();) {
+      int status = 0;
+      if (::waitpid(it->first, &status, WNOHANG) == it->first) {
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+          say("could not remove the job's in-memory commits on " + it->second + " over ssh (/dev/shm/dtrain-hvd-elastic-*-" +
+              run_id + "-*)");
+        }
+        it = children.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (Clock::now() >= deadline) {
+      for (auto& [pid, h] : children) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        say("could not remove the job's in-memory commits on " + h + " over ssh within 15 s");
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
@@ -270,14 +449,6 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  for (auto& [h, s] : hosts) {
-    if (!is_local_host(h)) {
-      throw UsageError("--host-discovery-script " + f.discovery_script + " lists '" + h +
-                       "', which is not this machine: elastic horovodrun starts its agents on this machine only "
-                       "(hosts like localhost, 127.0.0.2 or this hostname); remote hosts over ssh are not built "
-                       "yet - run `dtrain run --nnodes MIN:MAX --rdzv-backend c10d` on each host instead");
-    }
-  }
   // The launcher counts nodes: MIN = the fewest hosts whose slots reach --min-np.
   std::vector<int> sizes;
   for (auto& [h, s] : hosts) sizes.push_back(f.max_np > 0 ? std::min(s, f.max_np) : s);
@@ -303,31 +474,90 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   const std::string exe = self_exe();
   std::map<pid_t, std::pair<std::string, int>> running;  // agent pid -> host, processes
   std::set<std::string> blacklist;
-  std::set<std::string> refused;  // remote hosts the script listed (said once)
+  std::vector<std::string> unreachable;  // remote hosts ssh could not reach, with why
+  std::map<pid_t, int> ssh_stdin;  // remote agents: the write end of their ssh's stdin
+  std::set<std::string> remote_hosts;  // every remote host an agent ran on (commits to remove)
+  std::error_code cwd_ec;
+  const std::string cwd = std::filesystem::current_path(cwd_ec).string();
+  ::signal(SIGPIPE, SIG_IGN);
   int total = 0;
-  auto start_agents = [&](const std::vector<std::pair<std::string, int>>& list) {
-    for (auto& [h, s] : list) {
-      if (blacklist.count(h)) continue;
-      if (std::any_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; })) continue;
-      if (!is_local_host(h)) {
-        if (refused.insert(h).second) say("ignoring host '" + h + "': not this machine (remote hosts are not built yet)");
+  auto start_agents = [&](const std::vector<std::pair<std::string, int>>& given) {
+    auto is_new = [&](const std::string& h) {
+      return !blacklist.count(h) &&
+             std::none_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; });
+    };
+    // New remote hosts are checked over ssh before any agent starts, and their agents (slower
+    // to start: ssh) start first, so that the first rendezvous round finds every host.
+    std::vector<std::pair<std::string, int>> list;
+    for (auto& [h, s] : given) {
+      if (is_local_host(h) || !is_new(h)) continue;
+      if (std::string why = check_remote(f, h, exe); !why.empty()) {
+        blacklist.insert(h);
+        unreachable.push_back("'" + h + "' is unreachable over ssh (" + why + ")");
+        say("host " + unreachable.back() + "; it is blacklisted");
         continue;
       }
+      list.emplace_back(h, s);
+    }
+    for (auto& hs : given) {
+      if (is_local_host(hs.first)) list.push_back(hs);
+    }
+    for (auto& [h, s] : list) {
+      if (!is_new(h)) continue;
       int n = f.max_np > 0 ? std::min(s, f.max_np - total) : s;
       if (n <= 0) continue;
-      std::vector<std::string> argv = {exe, "horovodrun"};
-      argv.insert(argv.end(), self_args.begin(), self_args.end());
+      std::string spec = h + "," + std::to_string(n) + "," + std::to_string(port) + "," + run_id + "," +
+                         std::to_string(min_nodes) + "," + std::to_string(max_nodes);
       std::vector<std::string> env;
       for (char** e = environ; *e; ++e) env.emplace_back(*e);
-      env.push_back(std::string(kAgentVar) + "=" + h + "," + std::to_string(n) + "," + std::to_string(port) + "," +
-                    run_id + "," + std::to_string(min_nodes) + "," + std::to_string(max_nodes));
-      pid_t pid = spawn(argv, env, -1, -1, true);
+      pid_t pid = -1;
+      if (is_local_host(h)) {
+        std::vector<std::string> argv = {exe, "horovodrun"};
+        argv.insert(argv.end(), self_args.begin(), self_args.end());
+        env.push_back(std::string(kAgentVar) + "=" + spec);
+        pid = spawn(argv, env, -1, -1, true);
+      } else {
+        // Over ssh, as `dtrain run -H` starts its agents; the 7th field is the store's address.
+        spec += "," + address_towards(h);
+        std::string cmd = "cd ";
+        cmd += quote(cwd);
+        cmd += " 2>/dev/null; exec env ";
+        cmd += quote(std::string(kAgentVar) + "=" + spec);
+        for (const auto& kv : env) {
+          if (!forwarded(kv)) continue;
+          cmd += ' ';
+          cmd += quote(kv);
+        }
+        cmd += ' ';
+        cmd += quote(exe);
+        cmd += " horovodrun";
+        for (const auto& a : self_args) {
+          cmd += ' ';
+          cmd += quote(a);
+        }
+        auto argv = ssh_argv(f, h);
+        argv[0] = ssh_path();
+        argv.push_back(cmd);
+        int in[2];
+        if (::pipe2(in, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+        pid = spawn(argv, env, -1, -1, true, in[0]);
+        ::close(in[0]);
+        ssh_stdin[pid] = in[1];
+        remote_hosts.insert(h);
+      }
       running[pid] = {h, n};
       total += n;
-      say("started the agent for " + h + " (" + std::to_string(n) + " process(es), pid " + std::to_string(pid) + ")");
+      say("started the agent for " + h + " (" + std::to_string(n) + " process(es), pid " + std::to_string(pid) +
+          (is_local_host(h) ? "" : ", over ssh") + ")");
     }
   };
   start_agents(hosts);
+  if (running.empty()) {
+    std::string why;
+    for (const auto& u : unreachable) why += (why.empty() ? "" : "; ") + u;
+    throw UsageError("--host-discovery-script " + f.discovery_script + ": no agent could start: " + why +
+                     " - check the host names, ssh access (-p, -i, --ssh-arg) and that dtrain is at the same path there");
+  }
 
   // 3. Watch the agents and the hosts.
   bool succeeded = false;
@@ -337,9 +567,13 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     if (g_signal) {
       int sig = g_signal;
       say(std::string("got signal ") + std::to_string(sig) + ", stopping the agents");
+      // A remote agent stops its workers when its ssh's stdin closes; then its ssh ends.
+      for (auto& [pid, fd] : ssh_stdin) ::close(fd);
+      ssh_stdin.clear();
       for (auto& [pid, hs] : running) ::kill(pid, SIGTERM);
       for (auto& [pid, hs] : running) ::waitpid(pid, nullptr, 0);
       remove_memory_commits(run_id);
+      remove_remote_commits(f, remote_hosts, run_id);
       return 128 + sig;
     }
     int status = 0;
@@ -347,6 +581,10 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     if (pid > 0 && running.count(pid)) {
       auto [host, n] = running[pid];
       running.erase(pid);
+      if (auto fd = ssh_stdin.find(pid); fd != ssh_stdin.end()) {
+        ::close(fd->second);
+        ssh_stdin.erase(fd);
+      }
       total -= n;
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code == 0) {
@@ -374,6 +612,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   }
   if (!succeeded) say("every host's agent left the job; it failed");
   remove_memory_commits(run_id);
+  remove_remote_commits(f, remote_hosts, run_id);
   return succeeded ? 0 : last_code;
 }
 

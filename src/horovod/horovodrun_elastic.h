@@ -18,6 +18,10 @@ struct ElasticFlags {
   int elastic_timeout_s = 600;   // --elastic-timeout: the survivors wait this long for min_np
   int reset_limit = 100;         // --reset-limit: restarts of the workers after failures
   double discovery_interval_s = 1.0;  // how often the script runs while the job runs
+  // Hosts that are not this machine get their agent over ssh (as `dtrain run -H` does):
+  int ssh_port = 0;                   // -p/--ssh-port (0: ssh's default)
+  std::string ssh_identity;           // -i/--ssh-identity-file
+  std::vector<std::string> ssh_args;  // --ssh-arg ARG (repeatable): before the host, e.g. -F CONFIG
 };
 
 // The script's output: `host:slots` or `host` (then `default_slots`) per line; blank lines
@@ -33,7 +37,8 @@ void validate_elastic_flags(ElasticFlags& f);
 
 // The elastic driver: hosts the job's store, runs the discovery script, starts one
 // `dtrain run --nnodes MIN:MAX --rdzv-backend c10d` agent per host (`self_args` + an
-// environment marker make `dtrain horovodrun` that agent), blacklists a host whose agent left
+// environment marker make `dtrain horovodrun` that agent; on a host that is not this machine
+// it starts over ssh and stops when its ssh's stdin closes), blacklists a host whose agent left
 // after one of its workers failed, and starts agents for hosts the script adds.
 int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& self_args);
 
