@@ -801,7 +801,7 @@ TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
   o.env = {"PROBE_SPAWN=(test -e " + path("failing") + " && echo after $PPID || echo before $PPID) >> " +
            path("loads")};
   RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker,
-                     "--sleep", "1", "--touch", path("failing"), "--fail-on-restart-below", "1", "--print-start",
+                     "--sleep", "0.5", "--touch", path("failing"), "--fail-on-restart-below", "1", "--print-start",
                      "--print-env"},
                     30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -824,7 +824,7 @@ TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
   }
   // A standby that is never used (the job succeeds first) is gone with the job.
   std::filesystem::remove(path("loads"));
-  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker, "--sleep", "1"},
+  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker, "--sleep", "0.5"},
           30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream again(path("loads"));
