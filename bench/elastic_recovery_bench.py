@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -75,17 +76,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def descendants(pid: int):
+    """pid's children, grandchildren, ... (from /proc), so a hung job is killed whole."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def run(cmd, log_dir, ckpt_dir):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = cmd[:2] + ["--master-port", str(free_port())] + cmd[2:] if "run" in cmd[:2] else \
         cmd[:1] + ["--master-port", str(free_port())] + cmd[1:]
-    p = subprocess.run(cmd + ["--log-dir", log_dir, "--checkpoint-dir", ckpt_dir, "--kill-at-step", "20",
-                              "--kill-rank", "1", "--step-sleep", "0.05"],
-                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    # A launcher that hangs is killed with everything under it (a plain timeout would kill
+    # the launcher only and leave its workers running).
+    p = subprocess.Popen(cmd + ["--log-dir", log_dir, "--checkpoint-dir", ckpt_dir, "--kill-at-step", "20",
+                                "--kill-rank", "1", "--step-sleep", "0.05"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for pid in descendants(p.pid) + [p.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, _ = p.communicate()
+        raise RuntimeError(f"{' '.join(cmd)} hung for 120 s (killed with its workers):\n{out[-3000:]}")
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with {p.returncode}:\n{p.stdout[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed with {p.returncode}:\n{out[-3000:]}")
     return recovery(log_dir)
 
 
@@ -113,7 +145,7 @@ def main() -> int:
     parts = {name: [] for name in jobs}
     for _ in range(a.rounds):
         for name, cmd in jobs.items():
-            for attempt in (1, 2):  # a job that fails outright (not a slow one) is run once more
+            for attempt in (1, 2):  # a job that fails or hangs (not a slow one) is run once more
                 tmp = tempfile.mkdtemp(prefix="dtrain-recovery-")
                 try:
                     os.makedirs(os.path.join(tmp, "logs"))

@@ -98,6 +98,11 @@ struct ClusterOptions {
   // How long a rendezvous round waits for more nodes once min_nodes are in
   // (--rdzv-conf last_call_timeout). Default: 30 s, torchrun's.
   std::chrono::milliseconds last_call{std::chrono::seconds(30)};
+  // How long an agent may go without a heartbeat before the others count its node as lost
+  // and restart without it (--rdzv-conf heartbeat_timeout). 0 (default): the agents' own,
+  // max(10 s, 50 monitor ticks). Shorter finds a dead node sooner; too short for the network
+  // drops live nodes.
+  std::chrono::milliseconds heartbeat_timeout{0};
 };
 
 struct DistributorOptions {
@@ -209,7 +214,8 @@ struct ElasticPlan {
   int min_nodes = 0;
   int max_nodes = 0;
   // `dtrain run` flags for the launcher (ssh: the local one that starts the agents; slurm:
-  // each node's agent): --nnodes MIN:MAX [--rdzv-backend c10d] --rdzv-conf last_call_timeout=S.
+  // each node's agent): --nnodes MIN:MAX [--rdzv-backend c10d] --rdzv-conf last_call_timeout=S
+  // [,heartbeat_timeout=S].
   std::vector<std::string> run_args;
   std::string srun_nodes;  // slurm: srun's -N value (MAX)
 };

@@ -67,6 +67,10 @@ ElasticPlan plan_elastic(const DistributorOptions& o, int node_count) {
   if (o.cluster.last_call.count() < 0) {
     throw UsageError("ClusterOptions::last_call must be >= 0, got " + std::to_string(c.last_call.count()) + " ms");
   }
+  if (c.heartbeat_timeout.count() < 0) {
+    throw UsageError("ClusterOptions::heartbeat_timeout must be >= 0 (0: the agents' default), got " +
+                     std::to_string(c.heartbeat_timeout.count()) + " ms");
+  }
   plan.min_nodes = c.min_nodes;
   plan.max_nodes = max_nodes;
   plan.elastic = c.min_nodes < max_nodes;
@@ -74,7 +78,9 @@ ElasticPlan plan_elastic(const DistributorOptions& o, int node_count) {
   plan.run_args = {"--nnodes", std::to_string(c.min_nodes) + ":" + std::to_string(max_nodes)};
   // With a host list the launcher picks the c10d backend itself; under srun it is a flag.
   if (c.engine == "slurm") plan.run_args.insert(plan.run_args.end(), {"--rdzv-backend", "c10d"});
-  plan.run_args.insert(plan.run_args.end(), {"--rdzv-conf", "last_call_timeout=" + seconds_text(c.last_call)});
+  std::string conf = "last_call_timeout=" + seconds_text(c.last_call);
+  if (c.heartbeat_timeout.count() > 0) conf += ",heartbeat_timeout=" + seconds_text(c.heartbeat_timeout);
+  plan.run_args.insert(plan.run_args.end(), {"--rdzv-conf", conf});
   // srun -N MAX, not MIN-MAX: for a range Slurm may give the minimum even when more nodes are
   // free (seen on the test cluster: -N 1-2 ran on one of two idle nodes).
   if (c.engine == "slurm") plan.srun_nodes = std::to_string(max_nodes);

@@ -251,6 +251,15 @@ class Agent {
   // to the job's store (empty when the store is not ours to read, or nothing was published).
   std::vector<std::string> published_collectives(int round, int world_size);
   void spawn_workers(const launch::RendezvousResult& rdzv);
+  // The workers' command line, and what every worker's environment holds besides the
+  // contract (inherited: the agent's own, less the contract; tail: ours, set last).
+  void worker_command(std::vector<std::string>& argv, std::vector<std::string>& inherited,
+                      std::vector<std::string>& tail) const;
+  // The next attempt's fork server, started once this attempt's workers are forked: it loads
+  // the program's libraries while the job runs, so a restart forks warm workers at once.
+  void start_standby();
+  void drop_standby();
+  bool restart_possible(int failures) const { return elastic() || failures < o_.max_restarts; }
   // Learns the pids the fork server reports; once it has exited, the workers it never
   // started are marked dead with its wait status.
   void read_fork_server();
@@ -286,6 +295,9 @@ class Agent {
   pid_t fork_server_pid_ = -1;   // this attempt's server (kept for failure reports)
   int fork_server_status_ = 0;   // its wait status, once it failed
   bool said_exec_mode_ = false;
+  std::unique_ptr<launch::ForkServer> standby_;  // the next attempt's server, waiting
+  std::vector<int> standby_out_, standby_err_;    // its workers' pipes (read ends)
+  int failures_ = 0;             // attempts that failed so far (no standby once none is left)
   int stop_signal_ = 0;          // sent to workers whose pids arrive after stop_workers began
   int signal_fd_ = -1;
   bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
@@ -386,14 +398,15 @@ std::string Agent::attempt_dir(int round) const {
   return run_dir_ + "/attempt_" + std::to_string(round);
 }
 
-void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
+void Agent::worker_command(std::vector<std::string>& argv, std::vector<std::string>& inherited,
+                           std::vector<std::string>& tail) const {
   std::vector<std::string> base = launch::current_environment();
   // Drop what we set, so a parent launcher's contract never leaks into ours.
   WorkerEnv proto;
   auto contract = proto.to_variables();
   bool has_omp = false;
   bool has_tunables = false;
-  std::vector<std::string> inherited;
+  inherited.clear();
   for (auto& e : base) {
     std::string name = e.substr(0, e.find('='));
     if (contract.count(name) || o_.extra_env.count(name)) continue;
@@ -414,7 +427,7 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
       it->second += ":glibc.malloc.hugetlb=1";
     }
   }
-  std::vector<std::string> argv;
+  argv.clear();
   if (runs_with_python(o_)) {
     argv = {o_.python, "-u"};
     if (o_.module) argv.push_back("-m");
@@ -422,11 +435,16 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
   argv.push_back(o_.program);
   argv.insert(argv.end(), o_.args.begin(), o_.args.end());
 
-  // A worker's environment: inherited, then the contract, then ours. The fork server gets
-  // the same without the contract (what differs between workers).
-  std::vector<std::string> tail;
+  tail.clear();
   for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
   if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) tail.push_back("OMP_NUM_THREADS=1");
+}
+
+void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
+  std::vector<std::string> argv, inherited, tail;
+  worker_command(argv, inherited, tail);
+  // A worker's environment: inherited, then the contract, then ours. The fork server gets
+  // the same without the contract (what differs between workers).
   std::vector<std::string> common = inherited;
   common.insert(common.end(), tail.begin(), tail.end());
 
@@ -477,12 +495,26 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
   stop_signal_ = 0;
   if (!fork_server_lib_.empty()) {
     // One process loads the program's libraries; the workers are forked from it. Their pids
-    // arrive on the server's reply pipe (read_fork_server).
+    // arrive on the server's reply pipe (read_fork_server). After a restart that process is
+    // usually the standby, loaded already.
     std::vector<int> outs, errs;
-    fork_server_ = std::make_unique<launch::ForkServer>(
-        launch::ForkServerLaunch{argv, common, envs, fork_server_lib_}, outs, errs);
+    if (standby_ && !standby_->reap(false)) {
+      try {
+        standby_->start(envs);
+        fork_server_ = std::move(standby_);
+        outs.swap(standby_out_);
+        errs.swap(standby_err_);
+      } catch (const Error& e) {
+        say(std::string("the standby fork server is gone (") + e.what() + "); starting a new one");
+      }
+    }
+    drop_standby();  // one that ended on its own, or failed to start: a fresh server instead
+    if (!fork_server_) {
+      fork_server_ = std::make_unique<launch::ForkServer>(
+          launch::ForkServerLaunch{argv, common, envs, fork_server_lib_}, outs, errs);
+      guard_->watch(fork_server_->pid());
+    }
     fork_server_pid_ = fork_server_->pid();
-    guard_->watch(fork_server_->pid());
     for (size_t lr = 0; lr < workers_.size(); ++lr) {
       workers_[lr].out_fd = outs[lr];
       workers_[lr].err_fd = errs[lr];
@@ -541,8 +573,41 @@ void Agent::read_fork_server() {
       }
     }
   }
+  const bool started_all = fork_server_->done();
   guard_->forget(fork_server_->pid());
   fork_server_.reset();
+  if (started_all && restart_possible(failures_)) start_standby();
+}
+
+void Agent::start_standby() {
+  if (standby_ || fork_server_lib_.empty()) return;
+  std::vector<std::string> argv, inherited, tail;
+  worker_command(argv, inherited, tail);
+  inherited.insert(inherited.end(), tail.begin(), tail.end());
+  try {
+    standby_ = std::make_unique<launch::ForkServer>(
+        launch::ForkServerLaunch{argv, inherited, std::vector<std::vector<std::string>>(o_.nproc_per_node),
+                                 fork_server_lib_},
+        standby_out_, standby_err_, launch::ForkServer::Standby{});
+    guard_->watch(standby_->pid());
+  } catch (const Error&) {
+    // A restart starts a fresh server then, and says why if it cannot. The pipes are closed.
+    standby_.reset();
+    standby_out_.clear();
+    standby_err_.clear();
+  }
+}
+
+void Agent::drop_standby() {
+  for (auto* fds : {&standby_out_, &standby_err_}) {
+    for (int fd : *fds) {
+      if (fd >= 0) ::close(fd);
+    }
+    fds->clear();
+  }
+  if (!standby_) return;
+  guard_->forget(standby_->pid());
+  standby_.reset();  // it reads EOF on its go pipe and exits (or is SIGKILLed and reaped)
 }
 
 void Agent::read_pipe(Worker& w, bool is_err) {
@@ -595,6 +660,7 @@ void Agent::reap() {
       read_pipe(w, true);
     }
   }
+  if (standby_) standby_->reap(false);  // one that ended is replaced at the next restart
   // Orphans re-parented to us (we are a subreaper): reap them so no zombie piles up.
   int st;
   siginfo_t info{};
@@ -604,6 +670,7 @@ void Agent::reap() {
     auto known = [&] {
       bool ours = guard_ && info.si_pid == guard_->pid();
       ours = ours || (fork_server_ && info.si_pid == fork_server_->pid());
+      ours = ours || (standby_ && info.si_pid == standby_->pid());
       for (auto& w : workers_) ours = ours || (w.alive && w.pid == info.si_pid);
       return ours;
     };
@@ -806,12 +873,13 @@ void Agent::sweep_orphans() {
   // Children of ours that are not workers: grandchildren re-parented to us (subreaper).
   const pid_t self = ::getpid();
   const pid_t guard = guard_ ? guard_->pid() : -1;
+  const pid_t standby = standby_ ? standby_->pid() : -1;
   DIR* d = ::opendir("/proc");
   if (!d) return;
   std::vector<pid_t> orphans;
   while (dirent* e = ::readdir(d)) {
     pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0 || pid == guard) continue;
+    if (pid <= 0 || pid == guard || pid == standby) continue;
     std::string stat = read_file("/proc/" + std::string(e->d_name) + "/stat", 1024);
     auto close = stat.rfind(')');
     if (close == std::string::npos) continue;
@@ -1053,6 +1121,7 @@ int Agent::run() {
       continue;
     }
     ++failures;
+    failures_ = failures;  // the standby already started is for the restart below; no new one after it
     const bool leave = elastic() && o_.leave_on_worker_failure && r.failure.rank >= 0 &&
                        r.failure.node_rank == node_rank_;
     if (shared_console() && node_rank_ != 0) {
@@ -1074,6 +1143,7 @@ int Agent::run() {
     say("restarting all workers (restart " + std::to_string(failures) + " of " +
         std::to_string(o_.max_restarts) + ")");
   }
+  drop_standby();
   finish_job(round);
   return code;
 }

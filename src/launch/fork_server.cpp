@@ -130,7 +130,59 @@ std::string fork_server_library() {
   return "";
 }
 
+namespace {
+
+std::string spec_bytes(const std::vector<std::pair<int, int>>& write_ends,
+                       const std::vector<std::vector<std::string>>& envs) {
+  std::string spec;
+  put_u32(spec, dtrain_forkserver::kMagic);
+  put_u32(spec, static_cast<uint32_t>(envs.size()));
+  put_u32(spec, static_cast<uint32_t>(::getpid()));
+  for (size_t r = 0; r < envs.size(); ++r) {
+    put_u32(spec, static_cast<uint32_t>(write_ends[r].first));
+    put_u32(spec, static_cast<uint32_t>(write_ends[r].second));
+    put_u32(spec, static_cast<uint32_t>(envs[r].size()));
+    for (const auto& e : envs[r]) {
+      put_u32(spec, static_cast<uint32_t>(e.size()));
+      spec += e;
+    }
+  }
+  return spec;
+}
+
+bool write_fd(int fd, const std::string& data) {
+  for (size_t done = 0; done < data.size();) {
+    ssize_t w = ::write(fd, data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
 ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds) {
+  launch(l, out_fds, err_fds, false);
+}
+
+ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds, Standby) {
+  launch(l, out_fds, err_fds, true);
+}
+
+void ForkServer::start(const std::vector<std::vector<std::string>>& envs) {
+  DTRAIN_ASSERT(go_fd_ >= 0 && envs.size() == write_ends_.size(), "start() needs a waiting standby of this size");
+  const bool ok = write_fd(spec_fd_, spec_bytes(write_ends_, envs)) && write_fd(go_fd_, "g");
+  const int e = errno;
+  ::close(spec_fd_);
+  ::close(go_fd_);
+  spec_fd_ = go_fd_ = -1;
+  if (!ok) throw Error(std::string("cannot start the standby fork server (pid ") + std::to_string(pid_) +
+                       "): " + std::strerror(e));
+}
+
+void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds,
+                        bool standby) {
   const size_t n = l.envs.size();
   DTRAIN_ASSERT(n >= 1, "a fork server needs a worker");
   // Worker 0 writes to the server's own stdout/stderr (what the libraries print while
@@ -159,27 +211,23 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std
   if (::pipe2(reply, O_CLOEXEC) != 0) fail("pipe");
   ours.push_back(reply[0]), theirs.push_back(reply[1]);
 
-  std::string spec;
-  put_u32(spec, dtrain_forkserver::kMagic);
-  put_u32(spec, static_cast<uint32_t>(n));
-  put_u32(spec, static_cast<uint32_t>(::getpid()));
-  for (size_t r = 0; r < n; ++r) {
-    put_u32(spec, static_cast<uint32_t>(write_ends[r].first));
-    put_u32(spec, static_cast<uint32_t>(write_ends[r].second));
-    put_u32(spec, static_cast<uint32_t>(l.envs[r].size()));
-    for (const auto& e : l.envs[r]) {
-      put_u32(spec, static_cast<uint32_t>(e.size()));
-      spec += e;
-    }
-  }
   int spec_fd = ::memfd_create("dtrain-forkserver-spec", MFD_CLOEXEC);
   if (spec_fd < 0) fail("memfd_create");
   theirs.push_back(spec_fd);
-  for (size_t done = 0; done < spec.size();) {
-    ssize_t w = ::write(spec_fd, spec.data() + done, spec.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail("writing the fork server's spec");
-    done += static_cast<size_t>(w);
+  // A standby reads the spec only after a byte on its go pipe; we keep the memfd (the same
+  // file) and the pipe's write end until start().
+  int go[2] = {-1, -1};
+  if (standby) {
+    spec_fd_ = ::fcntl(spec_fd, F_DUPFD_CLOEXEC, 0);
+    if (spec_fd_ < 0) fail("dup");
+    if (::pipe2(go, O_CLOEXEC) != 0) {
+      ::close(spec_fd_);
+      spec_fd_ = -1;
+      fail("pipe");
+    }
+    ours.push_back(spec_fd_), ours.push_back(go[1]), theirs.push_back(go[0]);
+  } else if (!write_fd(spec_fd, spec_bytes(write_ends, l.envs))) {
+    fail("writing the fork server's spec");
   }
 
   SpawnSpec s;
@@ -197,7 +245,8 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std
   s.env.push_back(preload);
   // The server's own pid goes in the first ten characters (written by the child before exec).
   s.own_pid_env = static_cast<int>(s.env.size());
-  s.env.push_back("DTRAIN_FORKSERVER=0000000000:" + std::to_string(spec_fd) + ":" + std::to_string(reply[1]));
+  s.env.push_back("DTRAIN_FORKSERVER=0000000000:" + std::to_string(spec_fd) + ":" + std::to_string(reply[1]) +
+                  (standby ? ":" + std::to_string(go[0]) : ""));
   s.inherit_fds = theirs;
   SpawnedProcess p;
   try {
@@ -209,6 +258,8 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std
   }
   close_all(theirs);
   pid_ = p.pid;
+  go_fd_ = go[1];
+  write_ends_ = write_ends;
   out_fds[0] = p.stdout_fd;
   err_fds[0] = p.stderr_fd;
   reply_fd_ = reply[0];
@@ -220,6 +271,8 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std
 
 ForkServer::~ForkServer() {
   if (reply_fd_ >= 0) ::close(reply_fd_);
+  if (spec_fd_ >= 0) ::close(spec_fd_);
+  if (go_fd_ >= 0) ::close(go_fd_);  // a standby never started: it reads EOF and exits 0
   if (pid_ > 0 && !reaped_) {
     ::kill(-pid_, SIGKILL);
     reap(true);

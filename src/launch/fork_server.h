@@ -49,6 +49,16 @@ class ForkServer {
   // Starts the server. out_fds/err_fds get each worker's read ends (non-blocking, CLOEXEC;
   // the caller owns them). Throws dtrain::Error when the program cannot be executed.
   ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds);
+  // A standby server for a later attempt: it loads the program's libraries now and then
+  // waits, before forking, until start() hands it the workers' environments (launch.envs
+  // gives only their number; their contents are ignored). Dropped unstarted, it exits 0
+  // without running any of the program's own code.
+  struct Standby {};
+  ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds, Standby);
+  // A standby's go-ahead: the workers' whole environments, one per worker (as many as it was
+  // made for). Throws dtrain::Error when the server cannot be told (it is gone).
+  void start(const std::vector<std::vector<std::string>>& envs);
+  bool waiting() const { return go_fd_ >= 0; }  // a standby not started yet
   ~ForkServer();
   ForkServer(const ForkServer&) = delete;
   ForkServer& operator=(const ForkServer&) = delete;
@@ -76,6 +86,10 @@ class ForkServer {
   bool failed_ = false;
   bool reaped_ = false;
   int status_ = 0;
+  int spec_fd_ = -1;               // a standby's spec memfd, written by start()
+  int go_fd_ = -1;                 // a standby's go-ahead pipe (write end)
+  std::vector<std::pair<int, int>> write_ends_;  // each worker's stdout/stderr fds in the server
+  void launch(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds, bool standby);
   std::string pending_;  // a partial record
 };
 

@@ -788,7 +788,11 @@ bool uses_fork_server(const LaunchOptions& o) {
   if (o.start_method == "spawn" || runs_with_python(o)) return false;
   const auto info = launch::inspect_program(o.program);
   if (!launch::fork_server_can_start(info)) return false;
-  return o.start_method == "forkserver" || (o.nproc_per_node > 1 && launch::fork_server_pays_off(info));
+  // One worker per node gains nothing from sharing a load - unless the job can restart: then
+  // the agent keeps the next attempt's server loaded (a standby) and a restart skips the load.
+  const bool can_restart = o.max_restarts > 0 || o.min_nodes > 0;
+  return o.start_method == "forkserver" ||
+         ((o.nproc_per_node > 1 || can_restart) && launch::fork_server_pays_off(info));
 }
 
 }  // namespace dtrain

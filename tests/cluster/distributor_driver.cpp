@@ -4,7 +4,7 @@
 //                      [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
 //                      [--fail-rank R] [--crash-rank R] [--ifname IF] [--mpi-launcher L]
 //                      [--mpi-arg A]... [--program PATH]
-//                      [--min-nodes N --max-nodes N --last-call S --max-restarts N --kill-agent-on H]
+//                      [--min-nodes N --max-nodes N --last-call S --heartbeat S --max-restarts N --kill-agent-on H]
 // --kill-agent-on H: elastic drill - in the first attempt, local rank 0 on host H SIGKILLs its
 // node's dtrain agent (the topmost `dtrain run` above it) and itself, before the collective.
 // --program runs PATH in program mode (Distributor::run(PATH, {})) and prints "program ok".
@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
     else if (flag == "--min-nodes") o.cluster.min_nodes = std::stoi(value);
     else if (flag == "--max-nodes") o.cluster.max_nodes = std::stoi(value);
     else if (flag == "--last-call") o.cluster.last_call = std::chrono::milliseconds(std::stoi(value) * 1000);
+    else if (flag == "--heartbeat") o.cluster.heartbeat_timeout = std::chrono::milliseconds(std::stoi(value) * 1000);
     else if (flag == "--max-restarts") o.max_restarts = std::stoi(value);
     else if (flag == "--kill-agent-on") kill_agent_on = value;
     else {

@@ -7,7 +7,8 @@
 #    Rank 3 crashing (SIGSEGV): WorkerError with rank 3, the signal and host n2 (the root cause
 #    comes back through --failure-store: the failure file is written on n2).
 # 2b. Elastic over ssh (min_nodes 1, max_nodes 2; issue #15): n2's agent SIGKILLed in the
-#    first attempt; n1 goes on alone at world size 2 and run_all returns its 2 ranks.
+#    first attempt; n1 goes on alone at world size 2 and run_all returns its 2 ranks (a 2 s
+#    heartbeat timeout through ClusterOptions::heartbeat_timeout: n2 counts as lost sooner).
 #    Elastic on Slurm (srun -N 2 --no-kill, agents --nnodes 1:2): the same drill.
 # 3. Slurm, 2 nodes x 2 processes: every rank's result.
 # 4. Slurm: rank 2 (on n2) throws: WorkerError; nothing left on either node.
@@ -68,7 +69,7 @@ elastic_shrunk() {
   for r in 0 1; do grep -q "^result rank=$r host=n1 sum=3$" <<<"$out" || fail "$what: rank $r on n1 at world size 2: $out"; done
   [[ $(grep -c "^result " <<<"$out") -eq 2 ]] || fail "$what: expected 2 results: $out"
 }
-ELASTIC=(--min-nodes 1 --max-nodes 2 --last-call 2 --max-restarts 1 --kill-agent-on n2)
+ELASTIC=(--min-nodes 1 --max-nodes 2 --last-call 2 --heartbeat 2 --max-restarts 1 --kill-agent-on n2)
 t=$SECONDS
 out="$(on n1 timeout 120 "$D" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" "${ELASTIC[@]}" 2>&1)" ||
   fail "elastic ssh: exit $?: $out"

@@ -8,6 +8,9 @@
 # 2. n2's interface goes down mid-epoch (its Gloo peer hangs, no reset): n1's agent notices
 #    the silent heartbeat, restarts alone and finishes, exactly once; n2's agent gives up
 #    within its store timeout and leaves no worker behind.
+# 3. A node joins mid-run: the job starts on n1 alone (--nnodes 1:2), n2's agent comes up
+#    mid-epoch, the job restarts at world size 2 at the next tick and finishes there, every
+#    sample exactly once; both agents exit 0 and nothing is left on either host.
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" W="$3"
 for f in "$DTRAIN" "$W"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -61,7 +64,7 @@ start_pair() {
   mkdir -p "$L" "$O/ckpt"
   local common=(run --nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "n1:$2" --rdzv-id "$1"
     --monitor-interval 0.1 --max-restarts 1 --rdzv-timeout 10 --rdzv-conf last_call_timeout=4,heartbeat_timeout=2)
-  local worker=("$W" --size 240 --batch 8 --epochs 2 --commit-every 3 --step-sleep 0.2 --log-dir "$L"
+  local worker=("$W" --size 240 --batch 8 --epochs 2 --commit-every 3 --step-sleep 0.1 --log-dir "$L"
     --checkpoint-dir "$O/ckpt")
   bg_on n1 "$O/n1.log" "$DTRAIN" "${common[@]}" "${worker[@]}"
   A_PID=$BG_PID
@@ -118,3 +121,40 @@ wait_exit "$B_PID" 60
 [[ $RC -ne 0 && $RC -ne 124 ]] || fail "interface down: n2's agent exited $RC (expected a failure within 60 s): $(cat "$O/n2.log")"
 wait_gone n2 elastic_train_worker 10 || fail "interface down: left on n2: $(leftovers n2 elastic_train_worker)"
 pass "n2's interface down mid-epoch: n1 finished alone in $a_secs s, each sample once ($res); n2's agent gave up (exit $RC) after $((SECONDS - cut)) s, nothing left"
+
+# 3 -------------------------------------------------------------------------------------
+# n1 starts alone after a short last call; n2's agent (a longer one: it waits in the next
+# round while n1's agent stops its workers) arrives once training is under way.
+ip -n "$NS2" link set eth0 up || fail "ip link set eth0 up in $NS2 (case 2 took it down)"
+t=$SECONDS
+O="$T/join"
+L="$O/logs"
+mkdir -p "$L" "$O/ckpt"
+join_args=(run --nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint n1:29430 --rdzv-id join
+  --monitor-interval 0.1 --max-restarts 1 --rdzv-timeout 10)
+join_worker=("$W" --size 240 --batch 8 --epochs 2 --commit-every 3 --step-sleep 0.1 --log-dir "$L" --checkpoint-dir "$O/ckpt")
+bg_on n1 "$O/n1.log" "$DTRAIN" "${join_args[@]}" --rdzv-conf last_call_timeout=0.2,heartbeat_timeout=2 "${join_worker[@]}"
+A_PID=$BG_PID
+deadline=$((SECONDS + 60))
+until grep -q "step 4 loss" "$O/n1.log" 2>/dev/null; do
+  ((SECONDS < deadline)) || fail "node join: n1 alone did not reach step 4: $(cat "$O/n1.log")"
+  sleep 0.1
+done
+grep -q "world 1" "$O/n1.log" || fail "node join: n1 did not start alone at world size 1: $(cat "$O/n1.log")"
+bg_on n2 "$O/n2.log" "$DTRAIN" "${join_args[@]}" --rdzv-conf last_call_timeout=5,heartbeat_timeout=2 "${join_worker[@]}"
+B_PID=$BG_PID
+joined=$SECONDS
+wait_exit "$A_PID" 90
+[[ $RC -eq 0 ]] || fail "node join: n1's agent exited $RC: $(cat "$O/n1.log"; echo "--- n2:"; cat "$O/n2.log")"
+wait_exit "$B_PID" 30
+[[ $RC -eq 0 ]] || fail "node join: n2's agent exited $RC: $(cat "$O/n2.log")"
+grep -q "restarting the workers for a membership change" "$O/n1.log" ||
+  fail "node join: n1 did not restart to admit n2: $(cat "$O/n1.log")"
+grep -q "round 1: 2 node(s)" "$O/n2.log" || fail "node join: n2 was not admitted to round 1: $(cat "$O/n2.log")"
+res="$(check_logs "$L" 2)" || fail "node join: $res"
+[[ "$res" == "attempts 0: world 1 "* ]] || fail "node join: the first attempt was not at world size 1: $res"
+for h in n1 n2; do
+  wait_gone "$h" elastic_train_worker 10 || fail "node join: left on $h: $(leftovers "$h" elastic_train_worker)"
+  wait_gone "$h" "$DTRAIN" 10 || fail "node join: agents left on $h: $(leftovers "$h" "$DTRAIN")"
+done
+pass "n2 joined mid-run: the job went from world size 1 to 2 and finished, each sample once ($res); nothing left ($((SECONDS - t)) s, $((SECONDS - joined)) s after n2's agent started)"

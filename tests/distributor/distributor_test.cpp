@@ -493,6 +493,12 @@ TEST(DistributorElastic, SshAndSlurmGetTheNnodesRangeAndC10d) {
   auto nodes = cluster("slurm", 1, 0);
   nodes.cluster.nodes = 3;
   EXPECT_EQ(plan_elastic(nodes, 3).srun_nodes, "3");  // max_nodes 0: `nodes`
+  // A heartbeat timeout goes to every agent with the last call.
+  o.cluster.heartbeat_timeout = 1500ms;
+  EXPECT_EQ(plan_elastic(o, 3).run_args,
+            (V{"--nnodes", "1:3", "--rdzv-conf", "last_call_timeout=2.5,heartbeat_timeout=1.5"}));
+  o.cluster.heartbeat_timeout = -1ms;
+  EXPECT_NE(elastic_error(o, 3).find("ClusterOptions::heartbeat_timeout must be >= 0"), std::string::npos);
 }
 
 TEST(DistributorElastic, BadRangesAndEnginesAreClearErrors) {

@@ -794,6 +794,46 @@ TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {
   EXPECT_FALSE(std::filesystem::exists(path("ran")));
 }
 
+TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
+  // Each load of the program (a fork server's) appends "before|after PID" to `loads`: whether
+  // attempt 0's workers had begun to fail by then, and the loading process.
+  RunOptions o;
+  o.env = {"PROBE_SPAWN=(test -e " + path("failing") + " && echo after $PPID || echo before $PPID) >> " +
+           path("loads")};
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker,
+                     "--sleep", "0.5", "--touch", path("failing"), "--fail-on-restart-below", "1", "--print-start",
+                     "--print-env"},
+                    30s, o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(path("loads"));
+  std::vector<std::pair<std::string, pid_t>> loads;
+  std::string when;
+  pid_t pid;
+  while (in >> when >> pid) loads.emplace_back(when, pid);
+  // The restart's server was loaded while attempt 0 ran (no third one: no restart is left).
+  ASSERT_EQ(loads.size(), 2u) << r.err;
+  EXPECT_EQ(loads[0].first, "before");
+  EXPECT_EQ(loads[1].first, "before") << "the restart's workers came from a server loaded after the failure";
+  auto s = starts(r.out);
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(s.size(), 2u) << r.out;
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(s[rank].constructor_pid, loads[1].second) << "rank " << rank;
+    EXPECT_EQ(env[rank]["TORCHELASTIC_RESTART_COUNT"], "1");
+    EXPECT_EQ(env[rank]["RANK"], std::to_string(rank));
+  }
+  // A standby that is never used (the job succeeds first) is gone with the job.
+  std::filesystem::remove(path("loads"));
+  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker, "--sleep", "0.5"},
+          30s, o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream again(path("loads"));
+  loads.clear();
+  while (again >> when >> pid) loads.emplace_back(when, pid);
+  ASSERT_EQ(loads.size(), 2u) << r.err;
+  EXPECT_TRUE(wait_dead({loads[1].second}, 2s)) << "the unused standby outlived the job";
+}
+
 TEST_F(LauncherTest, UnsyncedCoutOfAForkedWorkerIsFlushedAtExit) {
   for (const char* method : {"spawn", "forkserver"}) {
     SCOPED_TRACE(method);

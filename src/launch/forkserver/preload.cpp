@@ -270,10 +270,22 @@ bool is_spec_memfd(const char* config) {
 
 [[noreturn]] void serve(const char* config, StartFn real, int argc, char** argv, void (*init)(),
                         void (*fini)(), void (*rtld_fini)(), void* stack_end) {
-  int pid = 0, spec_fd = -1, reply_fd = -1;
-  if (sscanf(config, "%d:%d:%d", &pid, &spec_fd, &reply_fd) != 3 || spec_fd < 0 || reply_fd < 0) {
+  int pid = 0, spec_fd = -1, reply_fd = -1, go_fd = -1;
+  const int fields = sscanf(config, "%d:%d:%d:%d", &pid, &spec_fd, &reply_fd, &go_fd);
+  if (fields < 3 || spec_fd < 0 || reply_fd < 0 || (fields == 4 && go_fd < 0)) {
     dprintf(STDERR_FILENO, "dtrain fork server: malformed DTRAIN_FORKSERVER='%s'\n", config);
     ::_exit(127);
+  }
+  if (fields == 4) {
+    // A standby (the agent's next attempt): the libraries are loaded; wait for the go-ahead,
+    // after which the spec is in the memfd. EOF: the agent dropped us, leave quietly.
+    char c;
+    ssize_t got;
+    do {
+      got = ::read(go_fd, &c, 1);
+    } while (got < 0 && errno == EINTR);
+    ::close(go_fd);
+    if (got != 1) ::_exit(0);
   }
   RankSpec* ranks = nullptr;
   int agent_pid = 0;

@@ -6,6 +6,9 @@
 //   kMagic, number of workers, the agent's pid,
 //   then per worker: its stdout fd, its stderr fd (in the server), the number of
 //   environment strings, and each string as (length, bytes) - the worker's whole environment.
+// A standby server (started ahead of the attempt that will use it) gets a fourth field,
+// DTRAIN_FORKSERVER=<pid>:<spec fd>:<reply fd>:<go fd>: it loads the program's libraries, then
+// reads one byte from <go fd> before it reads the spec (written by then); EOF there: it exits 0.
 // Server -> agent: Records on the reply pipe: {kMode, kModeFork|kModeExec} first, then
 // {worker index, pid} as each worker is forked, then {kDone, 0}; {kError, errno} on failure
 // (the server exits 127 after it).
