@@ -6,7 +6,10 @@
 //    P stages and M micro-batches GPipe and 1F1B ideally take (M + P - 1)(tf + tb) per step,
 //    a bubble fraction of (P - 1)/(M + P - 1); interleaved 1F1B with V chunks per rank
 //    (each chunk tf/V, tb/V) ideally M(tf + tb) + (P - 1)(tf + tb)/V. Printed: measured step
-//    time, ideal, their ratio, and the measured bubble fraction next to the ideal one.
+//    time (first stage's start to the last rank's return from train_step, one clock since
+//    ranks are threads), ideal, their ratio, and the measured bubble fraction 1 - M(tf+tb)/step
+//    next to the ideal one; then the busy time the stages really took (sleeps overrun on a
+//    loaded machine) and 1 - busy/step, and the old barrier-to-barrier step time.
 // 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
 //    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
 //
@@ -110,8 +113,10 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
               tf, tb, steps);
   std::printf("# bubble_meas = 1 - M(tf+tb)/step (the requested stage time); bubble_busy = 1 - busy/step with busy the\n"
               "# time the rank's stages really took (mean over ranks; sleeps overrun), the rest being waits on the pipeline\n");
-  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms", "ratio",
-              "bubble_meas", "bubble_ideal", "busy_ms", "bubble_busy");
+  std::printf("# step_ms: first stage's start to the last rank's end of train_step; barrier_ms: rank 0 from barrier to\n"
+              "# barrier around train_step (median; includes the bench's barrier after the step)\n");
+  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s %10s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms",
+              "ratio", "bubble_meas", "bubble_ideal", "busy_ms", "bubble_busy", "barrier_ms");
   struct Case {
     dtrain::Schedule s;
     int P, M, V;
@@ -125,8 +130,10 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
     }
   }
   for (const Case& c : cases) {
-    std::vector<double> times;
-    std::vector<double> busy_ms(steps + 1, 0.0);  // per step, summed over ranks
+    // Per step: rank 0's start, the last rank's end of train_step, busy time summed over
+    // ranks, and rank 0's time from one barrier to the next (the old figure).
+    std::vector<Clock::time_point> start(steps + 1), end(steps + 1);
+    std::vector<double> busy_ms(steps + 1, 0.0), with_barrier(steps + 1, 0.0);
     std::mutex mu;
     run_ranks(c.P, [&](std::shared_ptr<dtrain::ProcessGroup> g) {
       Busy busy{0};
@@ -140,24 +147,37 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
         busy = 0;
         auto t0 = Clock::now();
         pipe.train_step(x, x, loss);
+        const auto t1 = Clock::now();
         g->barrier();
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         std::lock_guard<std::mutex> lock(mu);
         busy_ms[s] += busy.load() / 1e6;
-        if (s > 0 && g->rank() == 0) times.push_back(ms);
+        end[s] = std::max(end[s], t1);
+        if (g->rank() == 0) {
+          start[s] = t0;
+          with_barrier[s] = ms;
+        }
       }
     });
-    // The median step, and the busy time of that same step.
+    // A step runs from the moment the first stage starts (rank 0 leaves the barrier; the
+    // others have nothing to do before its first send) to the moment the last rank returns
+    // from train_step: ranks are threads, so one clock times them all. The median over the
+    // steps after the first (which also exchanges the shapes), and that step's busy time.
+    std::vector<double> times;
+    for (int s = 1; s <= steps; ++s) times.push_back(std::chrono::duration<double, std::milli>(end[s] - start[s]).count());
     std::vector<size_t> order(times.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a] < times[b]; });
     const size_t mid = order[order.size() / 2];
     const double step = times[mid];
     const double busy = busy_ms[mid + 1] / c.P;
+    std::vector<double> wb(with_barrier.begin() + 1, with_barrier.end());
+    std::sort(wb.begin(), wb.end());
     const double work = c.M * (tf + tb);
     const double ideal = work + (c.P - 1) * (tf + tb) / c.V;
-    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f\n", dtrain::schedule_name(c.s).c_str(), c.P,
-                c.M, c.V, step, ideal, step / ideal, 1.0 - work / step, 1.0 - work / ideal, busy, 1.0 - busy / step);
+    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f %10.1f\n", dtrain::schedule_name(c.s).c_str(),
+                c.P, c.M, c.V, step, ideal, step / ideal, 1.0 - work / step, 1.0 - work / ideal, busy, 1.0 - busy / step,
+                wb[wb.size() / 2]);
     std::fflush(stdout);
   }
 }
