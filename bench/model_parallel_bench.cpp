@@ -6,7 +6,10 @@
 //    P stages and M micro-batches GPipe and 1F1B ideally take (M + P - 1)(tf + tb) per step,
 //    a bubble fraction of (P - 1)/(M + P - 1); interleaved 1F1B with V chunks per rank
 //    (each chunk tf/V, tb/V) ideally M(tf + tb) + (P - 1)(tf + tb)/V. Printed: measured step
-//    time, ideal, their ratio, and the measured bubble fraction next to the ideal one.
+//    time (first stage's start to the last rank's return from train_step, one clock since
+//    ranks are threads), ideal, their ratio, and the measured bubble fraction 1 - M(tf+tb)/step
+//    next to the ideal one; then the busy time the stages really took (sleeps overrun on a
+//    loaded machine) and 1 - busy/step, and the old barrier-to-barrier step time.
 // 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
 //    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
 //
@@ -14,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <cstdio>
@@ -51,28 +55,46 @@ void run_ranks(int world, const std::function<void(std::shared_ptr<dtrain::Proce
   for (auto& t : threads) t.join();
 }
 
+// Busy time of one rank: what its stages' forwards and backwards really took (a sleep
+// overruns its request, more so on a loaded machine), added up in nanoseconds.
+using Busy = std::atomic<int64_t>;
+
+void add_busy(Busy* busy, Clock::time_point since) {
+  busy->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
+}
+
 struct Sleep : torch::autograd::Function<Sleep> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double f_ms, double b_ms) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double f_ms, double b_ms,
+                               int64_t busy) {
+    const auto t0 = Clock::now();
     ctx->saved_data["b"] = b_ms;
+    ctx->saved_data["busy"] = busy;
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(f_ms));
-    return x.clone();
+    torch::Tensor y = x.clone();
+    add_busy(reinterpret_cast<Busy*>(busy), t0);
+    return y;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list g) {
+    const auto t0 = Clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ctx->saved_data["b"].toDouble()));
-    return {g[0], torch::Tensor(), torch::Tensor()};
+    add_busy(reinterpret_cast<Busy*>(ctx->saved_data["busy"].toInt()), t0);
+    return {g[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 class SleepStageImpl : public torch::nn::Module {
  public:
-  SleepStageImpl(double f, double b) : f_(f), b_(b) { w = register_parameter("w", torch::ones({1})); }
+  SleepStageImpl(double f, double b, Busy* busy) : f_(f), b_(b), busy_(busy) { w = register_parameter("w", torch::ones({1})); }
   // x * w first: stage 0's input needs no gradient, and autograd skips the backward of a
   // function none of whose inputs needs one.
-  torch::Tensor forward(const torch::Tensor& x) { return Sleep::apply(x * w, f_, b_); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return Sleep::apply(x * w, f_, b_, static_cast<int64_t>(reinterpret_cast<intptr_t>(busy_)));
+  }
   torch::Tensor w;
 
  private:
   double f_, b_;
+  Busy* busy_;
 };
 TORCH_MODULE(SleepStage);
 
@@ -89,8 +111,12 @@ std::vector<int> parse_list(const char* s) {
 void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const std::vector<int>& Ms) {
   std::printf("# pipeline bubble: synthetic stages (forward %.0f ms, backward %.0f ms per micro-batch and rank), median of %d steps\n",
               tf, tb, steps);
-  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms", "ratio",
-              "bubble_meas", "bubble_ideal");
+  std::printf("# bubble_meas = 1 - M(tf+tb)/step (the requested stage time); bubble_busy = 1 - busy/step with busy the\n"
+              "# time the rank's stages really took (mean over ranks; sleeps overrun), the rest being waits on the pipeline\n");
+  std::printf("# step_ms: first stage's start to the last rank's end of train_step; barrier_ms: rank 0 from barrier to\n"
+              "# barrier around train_step (median; includes the bench's barrier after the step)\n");
+  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s %10s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms",
+              "ratio", "bubble_meas", "bubble_ideal", "busy_ms", "bubble_busy", "barrier_ms");
   struct Case {
     dtrain::Schedule s;
     int P, M, V;
@@ -104,32 +130,54 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
     }
   }
   for (const Case& c : cases) {
-    std::vector<double> times;
+    // Per step: rank 0's start, the last rank's end of train_step, busy time summed over
+    // ranks, and rank 0's time from one barrier to the next (the old figure).
+    std::vector<Clock::time_point> start(steps + 1), end(steps + 1);
+    std::vector<double> busy_ms(steps + 1, 0.0), with_barrier(steps + 1, 0.0);
     std::mutex mu;
     run_ranks(c.P, [&](std::shared_ptr<dtrain::ProcessGroup> g) {
+      Busy busy{0};
       std::vector<torch::nn::Sequential> stages;
-      for (int i = 0; i < c.P * c.V; ++i) stages.push_back(torch::nn::Sequential(SleepStage(tf / c.V, tb / c.V)));
+      for (int i = 0; i < c.P * c.V; ++i) stages.push_back(torch::nn::Sequential(SleepStage(tf / c.V, tb / c.V, &busy)));
       dtrain::Pipeline pipe(stages, g, {c.s, c.M, c.V});
       auto loss = [](const torch::Tensor& out, const torch::Tensor&) { return out.sum(); };
       torch::Tensor x = torch::ones({c.M, 4});
       for (int s = 0; s < steps + 1; ++s) {
         g->barrier();
+        busy = 0;
         auto t0 = Clock::now();
         pipe.train_step(x, x, loss);
+        const auto t1 = Clock::now();
         g->barrier();
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        if (s > 0 && g->rank() == 0) {
-          std::lock_guard<std::mutex> lock(mu);
-          times.push_back(ms);
+        std::lock_guard<std::mutex> lock(mu);
+        busy_ms[s] += busy.load() / 1e6;
+        end[s] = std::max(end[s], t1);
+        if (g->rank() == 0) {
+          start[s] = t0;
+          with_barrier[s] = ms;
         }
       }
     });
-    std::sort(times.begin(), times.end());
-    const double step = times[times.size() / 2];
+    // A step runs from the moment the first stage starts (rank 0 leaves the barrier; the
+    // others have nothing to do before its first send) to the moment the last rank returns
+    // from train_step: ranks are threads, so one clock times them all. The median over the
+    // steps after the first (which also exchanges the shapes), and that step's busy time.
+    std::vector<double> times;
+    for (int s = 1; s <= steps; ++s) times.push_back(std::chrono::duration<double, std::milli>(end[s] - start[s]).count());
+    std::vector<size_t> order(times.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a] < times[b]; });
+    const size_t mid = order[order.size() / 2];
+    const double step = times[mid];
+    const double busy = busy_ms[mid + 1] / c.P;
+    std::vector<double> wb(with_barrier.begin() + 1, with_barrier.end());
+    std::sort(wb.begin(), wb.end());
     const double work = c.M * (tf + tb);
     const double ideal = work + (c.P - 1) * (tf + tb) / c.V;
-    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f\n", dtrain::schedule_name(c.s).c_str(), c.P, c.M, c.V, step,
-                ideal, step / ideal, 1.0 - work / step, 1.0 - work / ideal);
+    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f %10.1f\n", dtrain::schedule_name(c.s).c_str(),
+                c.P, c.M, c.V, step, ideal, step / ideal, 1.0 - work / step, 1.0 - work / ideal, busy, 1.0 - busy / step,
+                wb[wb.size() / 2]);
     std::fflush(stdout);
   }
 }

@@ -21,8 +21,14 @@
 //                        one forward one backward, then the remaining backwards; at most P live.
 //   kInterleavedOneFOneB (Megatron's interleaved) V model chunks per rank, global stage
 //                        s = chunk * P + rank; a bubble V times smaller. Needs M % P == 0.
-// Sends are asynchronous and waited at the end of the step; receives block (up to the group's
-// timeout), so a rank can always send before it waits and no schedule deadlocks.
+// Sends are asynchronous and waited at the end of the step. Receives are posted ahead, those
+// of the next two operations before each operation runs, so an activation or gradient moves
+// while the receiver computes; the header (dtype, shape) travels each time, and the payload
+// is received ahead into a buffer of the shape that message had at the previous step (a
+// changed shape costs one more message). Waiting on a receive is bounded by the group's
+// timeout. A rank always sends before it waits, so no schedule deadlocks. After train_step
+// threw (a stage's error, a peer's failure) the pipeline's messages are out of step: build a
+// new group and Pipeline.
 //
 // REQUIRES: every rank of the pipeline group calls train_step with the same batch size
 // (inputs matter on the first stage, targets on the last; other ranks may pass any tensors
@@ -33,11 +39,13 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "dtrain/collectives.h"
 #include "dtrain/ddp.h"
 #include "dtrain/mesh.h"
 #include "dtrain/process_group.h"
@@ -127,6 +135,28 @@ class Pipeline {
   std::vector<PipelineOp> trace_;
   int peak_live_ = 0;
   std::vector<std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>>> ddp_;  // one per chunk, or none
+
+  // Point to point (pipeline.cpp explains the protocol). Messages are keyed by (micro-batch,
+  // receiving global stage, activation or gradient).
+  struct WireShape {
+    c10::ScalarType dtype;
+    std::vector<int64_t> sizes;
+    bool operator==(const WireShape& o) const;
+  };
+  struct PendingRecv {
+    int src = 0;
+    torch::Tensor header, payload;
+    Work header_work;
+    std::optional<Work> payload_work;  // posted ahead when the message's shape is remembered
+  };
+  void send_part(const torch::Tensor& t, int dst, int tag);
+  void send_message(const torch::Tensor& t, int dst, int key);
+  void post_receive(int src, int key);
+  torch::Tensor take_receive(int key);
+  std::map<int, WireShape> sent_shapes_, recv_shapes_;  // each message's shape at the previous step
+  std::map<int, PendingRecv> pending_;                  // receives posted, not yet taken
+  std::vector<Work> sent_works_;                        // this step's sends, waited at its end
+  std::vector<torch::Tensor> sent_keep_;
 };
 
 // Averages the gradients of `params` over `group` after a step, in one flat all-reduce (a

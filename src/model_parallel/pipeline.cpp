@@ -134,59 +134,109 @@ std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, i
 }
 
 // ---- point to point with shapes ----
+//
+// Every activation or gradient that crosses ranks is one message of the step, keyed by
+// (micro-batch, receiving global stage, activation or gradient). It travels as a header
+// (dtype and shape) and a payload. Gloo's send and recv meet by rendezvous: the bytes move
+// only once both are posted, so a receive posted at the moment it is needed costs a round
+// trip between the ranks (and the wake-ups of both ranks' threads) on the step's critical
+// path, twice with a header first. So each rank posts its receives ahead: before running an
+// operation, it posts the header and payload receives of the next kRecvLookahead operations
+// (Megatron's p2p_communication and torch.distributed.pipelining post the next receive the
+// same way), and a sender never waits for its sends until the end of the step.
+//
+// A payload can be received ahead only into a buffer of the right size, so both ends
+// remember each message's dtype and shape from the previous step (the same on both ends:
+// the sender's last header is the receiver's). The payload is posted with that shape; the
+// header still travels every time. When a message's shape changed (or at the first step,
+// where nothing is remembered) the sender fills the receive posted with the old shape with
+// a throw-away payload of the old size (there is no first step's post to fill) and sends the
+// real payload under a third tag, which the receiver takes after reading the header.
 
 namespace {
 
 constexpr int kMaxDims = 8;
+constexpr int kRecvLookahead = 2;  // operations ahead of the running one whose receives are posted
 
-// Tags make every message of a step distinct: (micro-batch, receiving global stage,
-// activation or gradient, header or payload).
-int tag_of(int mb, int stage, int num_stages, bool grad, bool header) {
-  return (((mb * num_stages + stage) * 2 + (grad ? 1 : 0)) * 2) + (header ? 1 : 0);
+enum class Part { kHeader = 0, kPayload = 1, kResized = 2 };
+
+int message_key(int mb, int stage, int num_stages, bool grad) { return (mb * num_stages + stage) * 2 + (grad ? 1 : 0); }
+int tag_of(int key, Part part) { return key * 3 + static_cast<int>(part); }
+
+}  // namespace
+
+bool Pipeline::WireShape::operator==(const WireShape& o) const { return dtype == o.dtype && sizes == o.sizes; }
+
+void Pipeline::send_part(const torch::Tensor& t, int dst, int tag) {
+  PointToPointOptions o;
+  o.group = group_;
+  o.tag = tag;
+  sent_works_.push_back(send_async(t, dst, o));
+  sent_keep_.push_back(t);  // alive until the send completes
 }
 
-struct Outbox {
-  std::vector<torch::Tensor> keep;  // sent tensors stay alive until their sends complete
-  std::vector<Work> works;
-};
-
-void send_with_shape(const torch::Tensor& t, int dst, int tag_header, int tag_data, const std::shared_ptr<ProcessGroup>& g,
-                     Outbox& out) {
+void Pipeline::send_message(const torch::Tensor& t, int dst, int key) {
   if (t.dim() > kMaxDims) {
     throw UsageError("Pipeline: a stage output has " + std::to_string(t.dim()) + " dimensions; at most " +
                      std::to_string(kMaxDims) + " are supported");
   }
   torch::Tensor header = torch::zeros({kMaxDims + 2}, torch::kInt64);
-  header[0] = static_cast<int64_t>(t.scalar_type());
-  header[1] = t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) header[d + 2] = t.size(d);
+  auto h = header.accessor<int64_t, 1>();
+  h[0] = static_cast<int64_t>(t.scalar_type());
+  h[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) h[d + 2] = t.size(d);
   torch::Tensor data = t.detach().contiguous();
-  PointToPointOptions o;
-  o.group = g;
-  o.tag = tag_header;
-  out.works.push_back(send_async(header, dst, o));
-  o.tag = tag_data;
-  out.works.push_back(send_async(data, dst, o));
-  out.keep.push_back(header);
-  out.keep.push_back(data);
+  WireShape now{t.scalar_type(), t.sizes().vec()};
+  send_part(header, dst, tag_of(key, Part::kHeader));
+  auto it = sent_shapes_.find(key);
+  if (it != sent_shapes_.end() && it->second == now) {
+    send_part(data, dst, tag_of(key, Part::kPayload));
+    return;
+  }
+  if (it != sent_shapes_.end()) {
+    // The receiver posted a payload of the old shape: fill it, then send the real one.
+    send_part(torch::empty(it->second.sizes, torch::TensorOptions().dtype(it->second.dtype)), dst, tag_of(key, Part::kPayload));
+  }
+  send_part(data, dst, tag_of(key, Part::kResized));
+  sent_shapes_[key] = std::move(now);
 }
 
-torch::Tensor recv_with_shape(int src, int tag_header, int tag_data, const std::shared_ptr<ProcessGroup>& g) {
-  torch::Tensor header = torch::empty({kMaxDims + 2}, torch::kInt64);
+void Pipeline::post_receive(int src, int key) {
+  PendingRecv& r = pending_[key];
+  r.src = src;
+  r.header = torch::empty({kMaxDims + 2}, torch::kInt64);
   PointToPointOptions o;
-  o.group = g;
-  o.tag = tag_header;
-  recv(header, src, o);
-  auto h = header.accessor<int64_t, 1>();
-  std::vector<int64_t> shape(h[1]);
-  for (int64_t d = 0; d < h[1]; ++d) shape[d] = h[d + 2];
-  torch::Tensor data = torch::empty(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0])));
-  o.tag = tag_data;
-  recv(data, src, o);
+  o.group = group_;
+  o.tag = tag_of(key, Part::kHeader);
+  r.header_work = recv_async(r.header, src, o);
+  auto it = recv_shapes_.find(key);
+  if (it != recv_shapes_.end()) {
+    r.payload = torch::empty(it->second.sizes, torch::TensorOptions().dtype(it->second.dtype));
+    o.tag = tag_of(key, Part::kPayload);
+    r.payload_work = recv_async(r.payload, src, o);
+  }
+}
+
+torch::Tensor Pipeline::take_receive(int key) {
+  auto node = pending_.extract(key);
+  TORCH_INTERNAL_ASSERT(!node.empty(), "Pipeline: receive of message ", key, " was not posted");
+  PendingRecv& r = node.mapped();
+  // The payload is sent after the header, so once it is here the header is too.
+  if (r.payload_work) r.payload_work->wait();
+  r.header_work.wait();
+  auto h = r.header.accessor<int64_t, 1>();
+  WireShape now{static_cast<c10::ScalarType>(h[0]), std::vector<int64_t>(h[1])};
+  for (int64_t d = 0; d < h[1]; ++d) now.sizes[d] = h[d + 2];
+  if (r.payload_work && recv_shapes_.at(key) == now) return r.payload;
+  // First step, or the shape changed (what arrived on the payload tag was the filler).
+  torch::Tensor data = torch::empty(now.sizes, torch::TensorOptions().dtype(now.dtype));
+  PointToPointOptions o;
+  o.group = group_;
+  o.tag = tag_of(key, Part::kResized);
+  recv(data, r.src, o);
+  recv_shapes_[key] = std::move(now);
   return data;
 }
-
-}  // namespace
 
 // ---- Pipeline ----
 
@@ -262,21 +312,37 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
     torch::Tensor output;  // the chunk's output, or the scaled loss on the last stage
   };
   std::map<std::pair<int, int>, Live> live;  // (chunk, micro-batch)
-  Outbox outbox;
+  sent_works_.clear();
+  sent_keep_.clear();
   trace_.clear();
   peak_live_ = 0;
   torch::Tensor loss_sum;
+  pending_.clear();
 
-  for (const PipelineOp& op : schedule_ops(options_.schedule, P, p, M, V)) {
+  const int prev = (p - 1 + P) % P, next = (p + 1) % P;
+  const std::vector<PipelineOp> ops = schedule_ops(options_.schedule, P, p, M, V);
+  // The message op i receives (its input activation or its output's gradient), or -1.
+  auto receive_of = [&](const PipelineOp& op) {
+    const int s = op.chunk * P + p;
+    if (op.kind == PipelineOp::kForward) return s == 0 ? -1 : message_key(op.micro_batch, s, S, false);
+    return s == S - 1 ? -1 : message_key(op.micro_batch, s, S, true);
+  };
+  size_t posted = 0;  // ops whose receives are posted
+
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
+    for (; posted < ops.size() && posted <= i + kRecvLookahead; ++posted) {
+      const int key = receive_of(ops[posted]);
+      if (key >= 0) post_receive(ops[posted].kind == PipelineOp::kForward ? prev : next, key);
+    }
     const int s = op.chunk * P + p;  // this op's global stage
-    const int prev = (p - 1 + P) % P, next = (p + 1) % P;
     trace_.push_back(op);
     if (op.kind == PipelineOp::kForward) {
       Live l;
       if (s == 0) {
         l.input = in_mb[op.micro_batch];
       } else {
-        l.input = recv_with_shape(prev, tag_of(op.micro_batch, s, S, false, true), tag_of(op.micro_batch, s, S, false, false), group_);
+        l.input = take_receive(receive_of(op));
         if (l.input.is_floating_point()) l.input.requires_grad_(true);
       }
       torch::Tensor out = ddp_.empty() ? local_[op.chunk]->forward(l.input) : ddp_[op.chunk]->forward(l.input);
@@ -287,8 +353,7 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
         // Scaled so the accumulated gradient is that of the mean over micro-batches.
         l.output = loss / M;
       } else {
-        send_with_shape(out, next, tag_of(op.micro_batch, s + 1, S, false, true), tag_of(op.micro_batch, s + 1, S, false, false),
-                        group_, outbox);
+        send_message(out, next, message_key(op.micro_batch, s + 1, S, false));
         l.output = out;
       }
       live[{op.chunk, op.micro_batch}] = std::move(l);
@@ -304,18 +369,19 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
       if (s == S - 1) {
         l.output.backward();
       } else {
-        torch::Tensor grad = recv_with_shape(next, tag_of(op.micro_batch, s, S, true, true), tag_of(op.micro_batch, s, S, true, false), group_);
+        torch::Tensor grad = take_receive(receive_of(op));
         torch::autograd::backward({l.output}, {grad});
       }
       if (s > 0) {
         torch::Tensor g = l.input.grad();
         if (!g.defined()) g = torch::zeros_like(l.input);
-        send_with_shape(g, prev, tag_of(op.micro_batch, s - 1, S, true, true), tag_of(op.micro_batch, s - 1, S, true, false), group_,
-                        outbox);
+        send_message(g, prev, message_key(op.micro_batch, s - 1, S, true));
       }
     }
   }
-  for (auto& w : outbox.works) w.wait();
+  for (auto& w : sent_works_) w.wait();
+  sent_works_.clear();
+  sent_keep_.clear();
   if (p == P - 1 && loss_sum.defined()) return loss_sum / M;
   return {};
 }
