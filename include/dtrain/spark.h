@@ -65,6 +65,9 @@ Command submit_base(const SubmitOptions& options, const Plan& plan);
 // application holds its executors' cores). The application stops when this process exits
 // (however: the service watches its control connection and this process's PID), after
 // idle_timeout without a job, or on stop_app(); its end stops the executors and every agent.
+// The service runs one job at a time (concurrent run() calls, e.g. Tune's trials, queue in
+// it); a run() with other settings while another thread's job runs stops that job's
+// application under it.
 
 // The client command of one job in the kept application (started, or restarted when it has
 // died or `options`/`plan` differ from its own, waiting at most start_timeout for it).

@@ -29,6 +29,7 @@ namespace {
 struct App {
   pid_t pid = -1;    // spark-submit (its JVM), the leader of its own process group
   int control = -1;  // the control connection: closing it stops the service
+  pid_t owner = -1;  // the process that started it (a forked child that exits leaves it alone)
   std::string dir, socket, key, id;
 };
 
@@ -47,6 +48,10 @@ bool exited(pid_t pid, std::chrono::milliseconds within) {
 }
 
 void stop_locked(App& a) {
+  if (a.owner != ::getpid()) {
+    a = App{};
+    return;
+  }
   if (a.control >= 0) ::close(a.control);  // the service cancels its jobs, stops the context, exits
   if (a.pid > 0 && !exited(a.pid, std::chrono::seconds(25))) {
     ::kill(-a.pid, SIGKILL);
@@ -113,6 +118,7 @@ App start(const SubmitOptions& o, const Plan& plan, const std::string& key,
           std::chrono::seconds idle_timeout, std::chrono::seconds start_timeout) {
   Command c = submit_base(o, plan);
   App a;
+  a.owner = ::getpid();
   std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain-spark-XXXXXX").string();
   if (::mkdtemp(tmpl.data()) == nullptr) {
     throw Error("cannot create a temporary directory: " + std::string(std::strerror(errno)));
