@@ -388,8 +388,11 @@ def serve(sock_path, parent_pid, idle_timeout=600.0):
     job_lock = threading.Lock()
     state = {"last": time.monotonic(), "jobs": 0, "control": False}
 
+    controls = []
+
     def control(conn):
         state["control"] = True
+        controls.append(conn)
         try:
             conn.sendall(b"READY %s\n" % app.encode())
             while conn.recv(4096):
@@ -493,6 +496,12 @@ def serve(sock_path, parent_pid, idle_timeout=600.0):
             os.unlink(sock_path)
         except OSError:
             pass
+        # First tell the program (its next run() starts a new application), then stop.
+        for c in controls:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         try:
             sc.cancelAllJobs()
         except Exception:

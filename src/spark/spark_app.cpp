@@ -82,7 +82,7 @@ bool alive(App& a) {
   // The service closes the control connection when it stops (idle, or its context failed).
   pollfd p{a.control, POLLIN, 0};
   if (::poll(&p, 1, 0) > 0) return false;
-  return true;
+  return std::filesystem::exists(a.socket);  // unlinked first when it stops
 }
 
 int connect_unix(const std::string& path) {

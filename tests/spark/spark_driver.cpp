@@ -14,6 +14,7 @@
 // is preceded by "--- run K" and followed by "run K: exit E after S s in Spark application ID",
 // and the exit status is the first failing run's.
 // --keep-app 0: ClusterOptions::spark_keep_app = false (a Spark application per run()).
+// --app-idle S: ClusterOptions::spark_app_idle_timeout; --pause S: sleep S s before that run.
 // Prints "result rank=R sum=S host=H threads=OMP_NUM_THREADS" per rank, "program ok", "WorkerError rank=R host=H exit=E
 // signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
 #include <unistd.h>
@@ -69,6 +70,7 @@ struct Job {
   int fail_rank = -1, crash_rank = -1, sleep_rank = -1, exit_rank = -1, exit_code = 1, kill_rank = -1;
   std::string program, crash_host;
   std::vector<std::string> program_args;
+  int pause_s = 0;  // sleep this long before the run
 };
 
 // One run(): prints its results or its error; 0, 1 (WorkerError) or 2 (UsageError).
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
       next.program_args.clear();
       next.fail_rank = next.crash_rank = next.sleep_rank = next.exit_rank = next.kill_rank = -1;
       next.crash_host.clear();
+      next.pause_s = 0;
       jobs.push_back(next);
       continue;
     }
@@ -129,6 +132,8 @@ int main(int argc, char** argv) {
     else if (flag == "--nproc") o.num_processes = std::stoi(value);
     else if (flag == "--per-task") o.cluster.spark_processes_per_task = std::stoi(value);
     else if (flag == "--keep-app") o.cluster.spark_keep_app = value != "0";
+    else if (flag == "--app-idle") o.cluster.spark_app_idle_timeout = std::chrono::seconds(std::stoi(value));
+    else if (flag == "--pause") j.pause_s = std::stoi(value);
     else if (flag == "--fail-rank") j.fail_rank = std::stoi(value);
     else if (flag == "--crash-rank") j.crash_rank = std::stoi(value);
     else if (flag == "--crash-host") j.crash_host = value;
@@ -148,6 +153,7 @@ int main(int argc, char** argv) {
   for (size_t k = 0; k < jobs.size(); ++k) {
     std::printf("--- run %zu\n", k + 1);
     std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(jobs[k].pause_s));
     const auto t0 = std::chrono::steady_clock::now();
     const int r = run_one(jobs[k]);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

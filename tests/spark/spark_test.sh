@@ -142,19 +142,27 @@ pass "dtrain.spark.Distributor(...).run(program): 0, the failing rank 1's 5, loc
 # 7. The driver SIGKILLed while training runs: after a bounded wait no dtrain agent or worker
 #    is left on any host, and no spark-submit of it on n0.
 t1=$SECONDS
-bg_on n0 "$CONF" "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --sleep-rank all
+#    First a run in an application that stops after 2 s idle: the run 6 s later starts a new
+#    one (job 1 of another application), the one killed.
+bg_on n0 "$CONF" "$DRIVER" --master "$SPARK_MASTER_URL" --nproc 4 --per-task 2 --app-idle 2 \
+  --then --pause 6 --sleep-rank all
 drv=$BG_PID
-deadline=$((SECONDS + 90))
+deadline=$((SECONDS + 150))
 # Each worker host: its agent and its 2 workers (the driver's binary, re-executed). Every rank
 # sleeps after its all-reduce: a rank that returned would let its host's agent exit, and the
 # count below could then miss it (CI saw this with --sleep-rank 1).
-until [[ $(host_procs n1 "$OURS" | grep -o '; ' | wc -l) -ge 3 && $(host_procs n2 "$OURS" | grep -o '; ' | wc -l) -ge 3 ]]; do
-  ((SECONDS < deadline)) || { kill -KILL $drv; cat "$CONF" >&2; fail "kill: the agents and workers did not start on n1 and n2 within 90 s"; }
+until grep -q "^--- run 2$" "$CONF" && [[ $(host_procs n1 "$OURS" | grep -o '; ' | wc -l) -ge 3 && $(host_procs n2 "$OURS" | grep -o '; ' | wc -l) -ge 3 ]]; do
+  ((SECONDS < deadline)) || { kill -KILL $drv; cat "$CONF" >&2; fail "kill: the agents and workers of run 2 did not start on n1 and n2 within 150 s"; }
   kill -0 $drv 2>/dev/null || { cat "$CONF" >&2; fail "kill: the driver exited before training started"; }
   sleep 0.3
 done
+idle_app="$(sed -n 's/^run 1: exit 0 after [0-9.]* s in Spark application \(app-[^ ]*\)$/\1/p' "$CONF")"
+new_app="$(sed -n 's/^dtrain.spark: job 1 of Spark application \(app-[^ ]*\) .*/\1/p' "$CONF" | tail -1)"
 kill -KILL $drv
 wait $drv 2>/dev/null
+[[ -n "$idle_app" && -n "$new_app" && "$idle_app" != "$new_app" ]] ||
+  { cat "$CONF" >&2; fail "idle: the run after the idle timeout was not job 1 of a new application (first '$idle_app', then '$new_app')"; }
+pass "an application idle for 2 s stopped ($idle_app); the next run() started $new_app"
 deadline=$((SECONDS + 30))
 for h in n0 n1 n2; do
   pattern="$OURS"
