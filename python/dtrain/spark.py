@@ -12,6 +12,9 @@ From the shell (what the C++ Distributor runs too):
         --nproc-per-node 2 /path/to/train ...
     dtrain run --spark-master spark://HOST:7077 --nnodes 2 --nproc-per-node 2 /path/to/train
 
+The C++ Distributor keeps one application between its run() calls (`--serve`, `--client`:
+see "a kept Spark application" below), as a notebook keeps its SparkSession.
+
 How it works. The driver runs one barrier stage of T tasks (T = --tasks). Task i runs a dtrain
 agent, `dtrain run --nnodes T --node-rank i --master-addr <task 0's host> --master-port <a
 free port task 0 picked, shared with allGather> ...`, with its output sent line by line to
