@@ -1,7 +1,8 @@
 # Spark engine (issue #12): sizing and the spark-submit command as unit tests (no cluster, no
 # GPU), and the real thing: a Spark standalone master + 2 workers (pip's pyspark, Debian's
 # Java) as separate hosts (network namespaces n0, n1, n2; root), started once by
-# tests/spark/spark_test.sh for every case, the Fashion-MNIST example among them. It FAILS
+# tests/spark/spark_test.sh for every case, the Fashion-MNIST example among them (5 of the
+# cases are run() calls of one program in one kept Spark application). It FAILS
 # when root, Java, pyspark or the data is missing. RUN_SERIAL: JVMs on 2 cores.
 dtrain_test(spark_plan_test LABELS spark SOURCES spark/spark_plan_test.cpp)
 

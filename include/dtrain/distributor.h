@@ -76,6 +76,13 @@ struct ClusterOptions {
   int spark_processes_per_task = 0;
   std::string spark_submit;
   std::chrono::seconds spark_slot_timeout{60};
+  // spark: keep the Spark application between run() calls, as a notebook keeps its
+  // SparkSession (dtrain/spark.h): the first run() starts it (one spark-submit), later ones
+  // with the same master and settings run one barrier stage in it. It stops when the program
+  // exits, after spark_app_idle_timeout without a job, or on dtrain::spark::stop_app().
+  // false: every run() is a Spark application of its own (spark-submit, then its end).
+  bool spark_keep_app = true;
+  std::chrono::seconds spark_app_idle_timeout{600};
   // The address the nodes reach this driver at (its store for arguments and results).
   // Default: ssh - the local address that routes to the first host; spark with a loopback
   // master - 127.0.0.1; slurm, mpi and spark - this host's name, resolved (an error if that is a loopback address: set it).

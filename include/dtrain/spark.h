@@ -11,6 +11,7 @@
 // through the Distributor's store, as with every engine. See python/dtrain/spark.py.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -50,6 +51,33 @@ struct Command {
   std::vector<std::pair<std::string, std::string>> env;
 };
 Command submit_command(const SubmitOptions& options, const Plan& plan);
+// The same up to (not including) the driver script: spark-submit and its --conf settings.
+Command submit_base(const SubmitOptions& options, const Plan& plan);
+
+// ---- a kept application (ClusterOptions::spark_keep_app, the default) ----------------------
+// As a notebook keeps its SparkSession between TorchDistributor.run() calls, this process
+// keeps one Spark application between Distributor::run() calls: the first run() starts a
+// PySpark driver service (`spark-submit ... spark.py --serve SOCKET`, its own process group)
+// and waits until its SparkContext is up; every run() then sends its job, one barrier stage,
+// to it over a Unix socket through a small client (`python spark.py --client SOCKET ...`,
+// which relays the output and exits with the job's status, as spark-submit did). A run() with
+// another master or other settings stops the kept application first (a standalone
+// application holds its executors' cores). The application stops when this process exits
+// (however: the service watches its control connection and this process's PID), after
+// idle_timeout without a job, or on stop_app(); its end stops the executors and every agent.
+// The service runs one job at a time (concurrent run() calls, e.g. Tune's trials, queue in
+// it); a run() with other settings while another thread's job runs stops that job's
+// application under it.
+
+// The client command of one job in the kept application (started, or restarted when it has
+// died or `options`/`plan` differ from its own, waiting at most start_timeout for it).
+// Throws Error when the service does not come up (spark-submit's output is on stderr).
+Command app_job_command(const SubmitOptions& options, const Plan& plan,
+                        std::chrono::seconds idle_timeout, std::chrono::seconds start_timeout);
+// The kept application's id ("app-..."), "" when none is up.
+std::string app_id();
+// Stops the kept application (if any) and waits (bounded) for its driver to exit.
+void stop_app();
 
 // Whether a spark://HOST:PORT master's host is a loopback address (127.x, localhost, ::1):
 // then the nodes reach the driver at 127.0.0.1 too.

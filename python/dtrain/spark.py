@@ -12,6 +12,9 @@ From the shell (what the C++ Distributor runs too):
         --nproc-per-node 2 /path/to/train ...
     dtrain run --spark-master spark://HOST:7077 --nnodes 2 --nproc-per-node 2 /path/to/train
 
+The C++ Distributor keeps one application between its run() calls (`--serve`, `--client`:
+see "a kept Spark application" below), as a notebook keeps its SparkSession.
+
 How it works. The driver runs one barrier stage of T tasks (T = --tasks). Task i runs a dtrain
 agent, `dtrain run --nnodes T --node-rank i --master-addr <task 0's host> --master-port <a
 free port task 0 picked, shared with allGather> ...`, with its output sent line by line to
@@ -187,10 +190,14 @@ def _log_server(out):
     return srv, conns
 
 
-def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None):
+def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, err=None,
+                 cancelled=None):
     """Runs `agent_argv` (a `dtrain run ...` command line) as T barrier tasks of `sc`; returns
-    the exit status: 0, the first failing agent's code, NO_SLOTS or REFUSED_RETRY."""
+    the exit status: 0, the first failing agent's code, NO_SLOTS or REFUSED_RETRY. out: where
+    the agents' output goes (bytes), err: dtrain's own messages (text); cancelled: an Event
+    that, once set, ends the wait for slots (the caller cancels the stage itself)."""
     out = out or sys.stdout.buffer
+    err = err or sys.stderr
     srv, conns = _log_server(out)
     driver_host = sc.getConf().get("spark.driver.host", socket.gethostname())
     log_addr = (driver_host, srv.getsockname()[1])
@@ -206,9 +213,12 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None):
             slots = tasks
         if slots >= tasks or time.monotonic() > deadline:
             break
+        if cancelled is not None and cancelled.is_set():
+            srv.close()
+            return 1
         time.sleep(0.2)
     if slots < tasks:
-        sys.stderr.write(
+        err.write(
             "dtrain.spark: the cluster has %d free task slot(s) for this job after %.0f s, but the "
             "barrier stage needs %d (one per node: num_processes / processes per task); add workers "
             "or cores (SPARK_WORKER_CORES), lower spark.task.cpus, or lower num_processes\n"
@@ -230,14 +240,14 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None):
     except Exception as e:  # the stage failed in Spark itself (a Python worker died, ...)
         msg = str(e)
         if "SPARK-24819" in msg or "more slots than the total number" in msg:
-            sys.stderr.write("dtrain.spark: the barrier stage needs %d slots; the cluster has fewer\n" % tasks)
+            err.write("dtrain.spark: the barrier stage needs %d slots; the cluster has fewer\n" % tasks)
             return NO_SLOTS
         # The cause is in the Python traceback of the task, inside Spark's message.
         lines = [l for l in msg.splitlines() if l.strip()]
         cause = [l for l in lines if "Error" in l and not l.startswith("\tat ")]
-        sys.stderr.write("dtrain.spark: the Spark job failed: %s\n" % (cause[-1] if cause else lines[0] if lines else repr(e)))
+        err.write("dtrain.spark: the Spark job failed: %s\n" % (cause[-1] if cause else lines[0] if lines else repr(e)))
         if os.environ.get("DTRAIN_SPARK_DEBUG"):
-            sys.stderr.write(msg + "\n")
+            err.write(msg + "\n")
         return 1
     finally:
         srv.close()
@@ -249,12 +259,12 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None):
     results.sort()
     failed = [r for r in results if r[1] != 0]
     if any(r[1] == REFUSED_RETRY for r in failed):
-        sys.stderr.write("dtrain.spark: Spark retried the barrier stage; dtrain does not train twice "
+        err.write("dtrain.spark: Spark retried the barrier stage; dtrain does not train twice "
                          "silently (spark.task.maxFailures=1): run the job again\n")
         return REFUSED_RETRY
     if failed:
         part, rc, host = failed[0]
-        sys.stderr.write("dtrain.spark: node %d (Spark task on %s) exited with code %d\n" % (part, host, rc))
+        err.write("dtrain.spark: node %d (Spark task on %s) exited with code %d\n" % (part, host, rc))
         return rc if rc > 0 else 128 - rc
     return 0
 
@@ -292,39 +302,266 @@ class Distributor:
         self.env = dict(env or {})
 
     def _session(self):
+        """The SparkSession the job runs in, as TorchDistributor finds it: the given one, else
+        the active one (a notebook's), else SparkSession.builder.getOrCreate() (with `master`
+        and the barrier stage's settings when it has to start one). A session started here is
+        kept, not stopped after run(): the next run() reuses its application and executors."""
         from pyspark.sql import SparkSession
         if self.spark is not None:
-            return self.spark, False
+            return self.spark
         active = SparkSession.getActiveSession()
-        if active is not None and self.master is None:
-            return active, False
+        if active is not None:
+            return active
         b = SparkSession.builder.appName("dtrain")
         if self.master:
             b = b.master(self.master)
         tasks, per = plan_tasks(self.num_processes, self.use_gpu)
         for k, v in spark_conf(tasks, per, self.use_gpu).items():
             b = b.config(k, v)
-        return b.getOrCreate(), True
+        self.spark = b.getOrCreate()
+        return self.spark
 
     def run(self, program, *args):
         args = [str(a) for a in args]
         if self.local_mode:
             return subprocess.call([self.dtrain, "run", "--nproc-per-node", str(self.num_processes),
                                     program] + args, env={**os.environ, **self.env})
-        session, own = self._session()
+        session = self._session()
         conf = session.sparkContext.getConf()
         tasks, per = plan_tasks(self.num_processes, self.use_gpu,
                                 conf.get("spark.task.resource.gpu.amount", None))
         argv = [self.dtrain, "run", "--nproc-per-node", str(per), program] + args
+        return run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout)
+
+
+# ---- a kept Spark application: a driver service, and the client of one job -----------------
+#
+# `spark-submit ... spark.py --serve SOCKET --parent-pid PID [--idle-timeout S]` creates the
+# SparkContext once and serves jobs on the Unix socket SOCKET, one at a time, as a notebook's
+# SparkSession serves TorchDistributor.run() calls: the executors (and their Python daemons)
+# stay up between jobs, and a job is one barrier stage. The process that started it (PID, the
+# C++ Distributor) keeps a control connection open ("CONTROL\n", answered "READY APP_ID\n");
+# when that closes (the program exited, however it exited), when PID is gone, or after S
+# seconds without a job, the service cancels what runs, stops the SparkContext and exits, and
+# the application's end stops the executors (and with them the tasks' agents).
+# `spark.py --client SOCKET --tasks T [--slot-timeout S] -- dtrain run ...` (a plain Python,
+# no pyspark) sends one job ("JOB {json}\n") and relays its frames (a kind byte, a 4-byte
+# big-endian length, the data): O the agents' output (to stdout), E dtrain's messages (to
+# stderr), A the application and job number, X the exit status. The client going away (its
+# job's run() timed out, its program was killed) cancels the job's stage.
+
+def _frame(kind, data):
+    import struct
+    return kind + struct.pack(">I", len(data)) + data
+
+
+class _FrameWriter:
+    """A file-like writer that sends what is written as frames of one kind (bytes or text)."""
+
+    def __init__(self, conn, lock, kind):
+        self.conn, self.lock, self.kind = conn, lock, kind
+
+    def write(self, data):
+        if isinstance(data, str):
+            data = data.encode("utf-8", "replace")
+        with self.lock:
+            try:
+                self.conn.sendall(_frame(self.kind, data))
+            except OSError:
+                pass  # the client is gone: the watcher cancels the job
+        return len(data)
+
+    def flush(self):
+        pass
+
+
+def serve(sock_path, parent_pid, idle_timeout=600.0):
+    import json
+    from pyspark import SparkContext
+
+    sc = SparkContext.getOrCreate()
+    sc.setLogLevel("ERROR")
+    app = sc.applicationId
+    born = time.monotonic()
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock_path)
+    srv.listen(16)
+    srv.settimeout(1.0)
+    stop = threading.Event()
+    job_lock = threading.Lock()
+    state = {"last": time.monotonic(), "jobs": 0, "control": False}
+
+    controls = []
+
+    def control(conn):
+        state["control"] = True
+        controls.append(conn)
         try:
-            return run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout)
+            conn.sendall(b"READY %s\n" % app.encode())
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        stop.set()
+
+    def job(conn, request):
+        wlock = threading.Lock()
+        try:
+            req = json.loads(request)
+            tasks, argv = int(req["tasks"]), [str(a) for a in req["argv"]]
+            slot_timeout = float(req.get("slot_timeout", 60.0))
+        except (ValueError, KeyError, TypeError) as e:
+            conn.sendall(_frame(b"E", b"dtrain.spark: a malformed job request: %s\n" % str(e).encode()))
+            conn.sendall(_frame(b"X", b"2"))
+            return
+        with job_lock:
+            state["jobs"] += 1
+            n = state["jobs"]
+            conn.sendall(_frame(b"A", json.dumps({"app": app, "job": n,
+                                                   "age": time.monotonic() - born}).encode()))
+            group = "dtrain-job-%d" % n
+            gone = threading.Event()
+
+            def watch():  # the client going away cancels the job
+                try:
+                    while conn.recv(4096):
+                        pass
+                except OSError:
+                    pass
+                gone.set()
+                try:
+                    sc.cancelJobGroup(group)
+                except Exception:
+                    pass
+
+            threading.Thread(target=watch, daemon=True).start()
+            sc.setJobGroup(group, "dtrain job %d" % n, interruptOnCancel=True)
+            try:
+                rc = run_on_spark(sc, tasks, argv, {}, slot_timeout, out=_FrameWriter(conn, wlock, b"O"),
+                                  err=_FrameWriter(conn, wlock, b"E"), cancelled=gone)
+            except Exception as e:  # never leave the client without a status
+                _FrameWriter(conn, wlock, b"E").write("dtrain.spark: the job failed in the driver: %r\n" % e)
+                rc = 1
+            finally:
+                state["last"] = time.monotonic()
+            with wlock:
+                try:
+                    conn.sendall(_frame(b"X", str(rc).encode()))
+                except OSError:
+                    pass
+
+    def handle(conn):
+        try:
+            f = conn.makefile("rb")
+            line = f.readline().rstrip(b"\n")
+            if line == b"CONTROL":
+                control(conn)
+            elif line.startswith(b"JOB "):
+                job(conn, line[4:])
         finally:
-            if own:
-                session.stop()
+            conn.close()
+
+    def watch_parent():
+        try:
+            fd = os.pidfd_open(parent_pid)
+        except (AttributeError, OSError):
+            fd = None
+        import select
+        while not stop.is_set():
+            if fd is not None:
+                if select.select([fd], [], [], 1.0)[0]:
+                    break
+            else:
+                try:
+                    os.kill(parent_pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(1.0)
+        stop.set()
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    try:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                idle = time.monotonic() - state["last"]
+                if not job_lock.locked() and idle > idle_timeout:
+                    sys.stderr.write("dtrain.spark: %s idle for %.0f s: stopping it\n" % (app, idle))
+                    break
+                if not state["control"] and time.monotonic() - born > 60:
+                    break  # the program that started it never connected
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+    finally:
+        srv.close()
+        try:
+            os.unlink(sock_path)
+        except OSError:
+            pass
+        # First tell the program (its next run() starts a new application), then stop.
+        for c in controls:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            sc.cancelAllJobs()
+        except Exception:
+            pass
+        # SparkContext.stop, bounded: the JVM's end stops the executors either way.
+        t = threading.Thread(target=sc.stop, daemon=True)
+        t.start()
+        t.join(20)
+        os._exit(0)
+
+
+def client(sock_path, tasks, slot_timeout, agent):
+    import json
+    import struct
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sock_path)
+    except OSError as e:
+        sys.stderr.write("dtrain.spark: cannot reach the Spark driver service at %s (%s): it has "
+                         "stopped; run the job again to start a new application\n" % (sock_path, e))
+        return 1
+    s.sendall(b"JOB " + json.dumps({"tasks": tasks, "slot_timeout": slot_timeout,
+                                    "argv": agent}).encode() + b"\n")
+    f = s.makefile("rb")
+    while True:
+        head = f.read(5)
+        if len(head) < 5:
+            sys.stderr.write("dtrain.spark: the Spark driver service went away during the job\n")
+            return 1
+        kind, n = head[:1], struct.unpack(">I", head[1:])[0]
+        data = f.read(n)
+        if kind == b"O":
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        elif kind == b"E":
+            sys.stderr.buffer.write(data)
+            sys.stderr.buffer.flush()
+        elif kind == b"A":
+            a = json.loads(data)
+            sys.stderr.write("dtrain.spark: job %d of Spark application %s (up %.1f s)\n"
+                             % (a["job"], a["app"], a["age"]))
+            sys.stderr.flush()
+        elif kind == b"X":
+            return int(data)
 
 
 def main(argv):
-    """spark-submit entry: spark.py --tasks T [--slot-timeout S] -- DTRAIN run ..."""
+    """spark-submit entry: spark.py --tasks T [--slot-timeout S] -- DTRAIN run ...;
+    spark.py --serve SOCKET --parent-pid PID [--idle-timeout S] (under spark-submit);
+    spark.py --client SOCKET --tasks T [--slot-timeout S] -- DTRAIN run ... (plain Python)."""
+    if argv[:1] == ["--serve"]:
+        opts = dict(zip(argv[2::2], argv[3::2]))
+        return serve(argv[1], int(opts["--parent-pid"]), float(opts.get("--idle-timeout", 600)))
+    sock = None
+    if argv[:1] == ["--client"] and len(argv) > 1:
+        sock, argv = argv[1], argv[2:]
     if "--" not in argv:
         sys.stderr.write("usage: spark-submit dtrain/spark.py --tasks T [--slot-timeout S] -- dtrain run ...\n")
         return 2
@@ -344,6 +581,8 @@ def main(argv):
     if tasks < 1 or "run" not in agent:
         sys.stderr.write("dtrain.spark: need --tasks T (>= 1) and a `dtrain run ...` command after --\n")
         return 2
+    if sock is not None:
+        return client(sock, tasks, slot_timeout, agent)
     from pyspark import SparkContext
     sc = SparkContext.getOrCreate()
     sc.setLogLevel("ERROR")

@@ -717,9 +717,11 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
     job.argv.insert(job.argv.end(), c.srun_args.begin(), c.srun_args.end());
     job.argv.push_back(launcher);
   } else if (!o.local_mode && c.engine == "spark") {
-    auto submit = spark::submit_command(
-        {c.master, c.spark_submit, c.driver_addr, static_cast<double>(c.spark_slot_timeout.count())},
-        spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf));
+    const spark::SubmitOptions so{c.master, c.spark_submit, c.driver_addr,
+                                  static_cast<double>(c.spark_slot_timeout.count())};
+    const spark::Plan sp = spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf);
+    auto submit = c.spark_keep_app ? spark::app_job_command(so, sp, c.spark_app_idle_timeout, std::chrono::seconds(300))
+                                   : spark::submit_command(so, sp);
     job.argv = std::move(submit.argv);
     job.argv.push_back(std::filesystem::absolute(launcher).string());  // tasks run in Spark's work dirs
     spark_env = std::move(submit.env);

@@ -133,7 +133,7 @@ std::string driver_script() {
                    "share/dtrain/python); reinstall dtrain or set DTRAIN_SPARK_SCRIPT to its path");
 }
 
-Command submit_command(const SubmitOptions& o, const Plan& plan) {
+Command submit_base(const SubmitOptions& o, const Plan& plan) {
   if (o.master.empty()) {
     throw UsageError("ClusterOptions::master is empty: engine \"spark\" needs the Spark master "
                      "URL (spark://HOST:7077 for a standalone cluster)");
@@ -159,10 +159,6 @@ Command submit_command(const SubmitOptions& o, const Plan& plan) {
   const std::string driver_host = !o.driver_host.empty() ? o.driver_host
                                   : master_is_loopback(o.master) ? "127.0.0.1" : "";
   if (!driver_host.empty()) c.argv.insert(c.argv.end(), {"--conf", "spark.driver.host=" + driver_host});
-  char timeout[32];
-  std::snprintf(timeout, sizeof timeout, "%g", o.slot_timeout_s);
-  c.argv.insert(c.argv.end(), {driver_script(), "--tasks", std::to_string(plan.tasks),
-                               "--slot-timeout", timeout, "--"});
   if (!std::getenv("PYSPARK_PYTHON")) {
     // pip's spark-submit sits beside the Python that has pyspark (a venv's bin).
     const std::string python = std::filesystem::path(submit).parent_path().string() + "/python";
@@ -171,6 +167,15 @@ Command submit_command(const SubmitOptions& o, const Plan& plan) {
       c.env.emplace_back("PYSPARK_DRIVER_PYTHON", python);
     }
   }
+  return c;
+}
+
+Command submit_command(const SubmitOptions& o, const Plan& plan) {
+  Command c = submit_base(o, plan);
+  char timeout[32];
+  std::snprintf(timeout, sizeof timeout, "%g", o.slot_timeout_s);
+  c.argv.insert(c.argv.end(), {driver_script(), "--tasks", std::to_string(plan.tasks),
+                               "--slot-timeout", timeout, "--"});
   return c;
 }
 

@@ -2,6 +2,7 @@
 // cluster or a GPU.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 
@@ -97,6 +98,23 @@ TEST(SparkSubmit, LoopbackMaster) {
   EXPECT_TRUE(dtrain::spark::master_is_loopback("spark://[::1]:7077"));
   EXPECT_FALSE(dtrain::spark::master_is_loopback("spark://10.1.2.3:7077"));
   EXPECT_FALSE(dtrain::spark::master_is_loopback("spark://sparkhead:7077"));
+}
+
+// The kept application: what cannot start fails before anything is started, and no
+// application is kept then (the cluster test, spark_test.sh, runs the real one).
+TEST(SparkApp, BadSubmitIsAUsageErrorAndKeepsNothing) {
+  auto p = dtrain::spark::plan(2, false, 1, {});
+  try {
+    dtrain::spark::app_job_command({.master = "spark://h:7077", .spark_submit = "/nonexistent/spark-submit"}, p,
+                                   std::chrono::seconds(60), std::chrono::seconds(10));
+    FAIL() << "expected UsageError";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("spark-submit"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(dtrain::spark::app_job_command({.master = ""}, p, std::chrono::seconds(60), std::chrono::seconds(10)),
+               dtrain::UsageError);
+  EXPECT_EQ(dtrain::spark::app_id(), "");
+  dtrain::spark::stop_app();  // nothing to stop: a no-op
 }
 
 }  // namespace
