@@ -336,8 +336,8 @@ void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds
   while (pid_ <= 0 && !failed_ && reply_fd_ >= 0 && std::chrono::steady_clock::now() < deadline) {
     pollfd p{reply_fd_, POLLIN, 0};
     ::poll(&p, 1, 100);
-    auto early = read_reply();
-    DTRAIN_ASSERT(early.empty(), "the warm fork server forked a worker before saying its own pid");
+    // Its workers may be reported in the same read: kept for the caller's next read_reply().
+    for (auto& f : read_reply()) early_.push_back(f);
   }
   if (pid_ <= 0) {
     if (reply_fd_ < 0) std::erase(ours, reply[0]);  // read_reply closed it at EOF
@@ -366,6 +366,7 @@ ForkServer::~ForkServer() {
 
 std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
   std::vector<std::pair<int, pid_t>> forked;
+  forked.swap(early_);
   char buf[4096];
   while (reply_fd_ >= 0) {
     ssize_t got = ::read(reply_fd_, buf, sizeof buf);

@@ -98,6 +98,7 @@ class ForkServer {
   std::string pending_;  // a partial record
   bool warm_ = false;
   std::map<int, int> exits_;  // warm: worker index -> wait status
+  std::vector<std::pair<int, pid_t>> early_;  // warm: workers reported while starting
 };
 
 }  // namespace dtrain::launch

@@ -72,10 +72,21 @@ void write_all(int fd, const void* data, size_t n) {
   }
 }
 
-void report(int fd, int32_t index, int32_t value) {
+// False when the agent's end of the pipe is gone (with SIGPIPE ignored).
+bool report(int fd, int32_t index, int32_t value) {
   dtrain_forkserver::Record r{index, value};
-  write_all(fd, &r, sizeof r);
+  const char* p = reinterpret_cast<const char*>(&r);
+  for (size_t n = sizeof r; n > 0;) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
 }
+
+void (*g_pipe_handler)(int) = SIG_DFL;  // a warm launch server's workers get it back
 
 [[noreturn]] void fail(int reply_fd, const char* what) {
   const int err = errno;
@@ -354,6 +365,7 @@ bool needs_exec_mode() {
       if (got != 1) ::_exit(127);
       ::close(go[0]);
       if (warm) {
+        ::signal(SIGPIPE, g_pipe_handler);
         // The launch server stays our parent: we die with it (and it dies with the warm
         // server); the agent's guard kills us if the agent dies.
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -384,7 +396,11 @@ bool needs_exec_mode() {
     pids[r] = pid;
     report(reply_fd, r, pid);
   }
-  report(reply_fd, dtrain_forkserver::kDone, 0);
+  if (!report(reply_fd, dtrain_forkserver::kDone, 0) && warm) {
+    // The agent gave up on this launch: its workers must not start (they read EOF and exit).
+    for (int r = 0; r < n; ++r) ::kill(-pids[r], SIGKILL);
+    ::_exit(1);
+  }
   ::close(go[0]);
   for (int r = 0; r < n; ++r) write_all(go[1], "g", 1);
   if (!warm) ::_exit(0);
@@ -526,10 +542,9 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // with the warm server; its workers with it
       const int spec_fd = fds[0], reply_fd = fds[1];
       // The agent gave up on us (it waits 10 s for this): start nothing.
-      void (*pipe_handler)(int) = ::signal(SIGPIPE, SIG_IGN);
-      const dtrain_forkserver::Record hello{dtrain_forkserver::kServerPid, ::getpid()};
-      if (::write(reply_fd, &hello, sizeof hello) != static_cast<ssize_t>(sizeof hello)) ::_exit(0);
-      ::signal(SIGPIPE, pipe_handler);
+      // A write to its closed pipe fails here (SIGPIPE ignored until the workers start).
+      g_pipe_handler = ::signal(SIGPIPE, SIG_IGN);
+      if (!report(reply_fd, dtrain_forkserver::kServerPid, ::getpid())) ::_exit(0);
       RankSpec* ranks = nullptr;
       int agent_pid = 0, wargc = 0;
       char** wargv = nullptr;
