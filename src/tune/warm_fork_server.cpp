@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -30,10 +32,23 @@ std::unique_ptr<WarmForkServer> WarmForkServer::start(const std::map<std::string
   const std::string library = launch::fork_server_library();
   if (library.empty()) return nullptr;
 
+  // A driver that was killed (SIGKILL) left its socket's directory: those of drivers that no
+  // longer run go now. The name carries the driver's pid.
+  for (const auto& e : std::filesystem::directory_iterator("/tmp", ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("dtrain-warm-")) continue;
+    const int owner = std::atoi(name.c_str() + std::strlen("dtrain-warm-"));
+    struct stat st {};
+    if (owner > 0 && ::kill(owner, 0) != 0 && errno == ESRCH && ::lstat(e.path().c_str(), &st) == 0 &&
+        S_ISDIR(st.st_mode) && st.st_uid == ::getuid()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(e.path(), ignored);
+    }
+  }
   std::unique_ptr<WarmForkServer> w(new WarmForkServer);
   w->program_ = program;
-  char tmpl[] = "/tmp/dtrain-warm-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return nullptr;
+  std::string tmpl = "/tmp/dtrain-warm-" + std::to_string(::getpid()) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return nullptr;
   w->dir_ = tmpl;
   w->socket_ = w->dir_ + "/s";
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
