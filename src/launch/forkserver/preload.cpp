@@ -24,6 +24,10 @@
 //  - Only the process DTRAIN_FORKSERVER names serves: a program started while the libraries
 //    load inherits the variable and this library, and runs as it would without them.
 //
+// Warm mode (DTRAIN_FORKSERVER_WARM, started by a Tuner: src/tune/warm_fork_server.h): the
+// server stays, accepting launches on a unix socket; each gets a launch server forked from it
+// that forks the workers, stays their parent and relays their wait statuses (protocol.h).
+//
 // The library uses only libc (no C++ runtime): it is loaded into programs that may not have
 // one.
 #include <dirent.h>
