@@ -291,6 +291,7 @@ class Agent {
   std::string host_;
   std::unique_ptr<launch::Guard> guard_;
   std::string fork_server_lib_;  // non-empty: workers start from a fork server
+  std::string warm_socket_;     // non-empty: from the warm fork server there (a Tuner's)
   std::unique_ptr<launch::ForkServer> fork_server_;  // this attempt's, until it is reaped
   pid_t fork_server_pid_ = -1;   // this attempt's server (kept for failure reports)
   int fork_server_status_ = 0;   // its wait status, once it failed
@@ -410,6 +411,7 @@ void Agent::worker_command(std::vector<std::string>& argv, std::vector<std::stri
   for (auto& e : base) {
     std::string name = e.substr(0, e.find('='));
     if (contract.count(name) || o_.extra_env.count(name)) continue;
+    if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;  // for this agent only
     if (name == "OMP_NUM_THREADS") has_omp = true;
     if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
       has_tunables = true;
@@ -493,6 +495,27 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
                   o_.stderr_tail_lines);
   }
   stop_signal_ = 0;
+  if (!warm_socket_.empty()) {
+    // A warm server (a Tuner's, the program's libraries loaded once for all its trials)
+    // forks the workers; when it cannot be reached, the workers start as below.
+    std::vector<int> outs, errs;
+    try {
+      launch::ForkServerLaunch launch{argv, common, envs, fork_server_lib_};
+      launch.warm_socket = warm_socket_;
+      fork_server_ = std::make_unique<launch::ForkServer>(launch, outs, errs);
+      fork_server_pid_ = -1;  // its launch server's, once it says (read_fork_server)
+      for (size_t lr = 0; lr < workers_.size(); ++lr) {
+        workers_[lr].out_fd = outs[lr];
+        workers_[lr].err_fd = errs[lr];
+        workers_[lr].alive = true;
+      }
+      return;
+    } catch (const Error& e) {
+      say(std::string("the warm fork server cannot start the workers (") + e.what() +
+          "); they start from a fork server of their own");
+      warm_socket_.clear();
+    }
+  }
   if (!fork_server_lib_.empty()) {
     // One process loads the program's libraries; the workers are forked from it. Their pids
     // arrive on the server's reply pipe (read_fork_server). After a restart that process is
@@ -544,6 +567,26 @@ void Agent::read_fork_server() {
     }
   };
   learn(fork_server_->read_reply());
+  if (fork_server_->warm()) {
+    fork_server_pid_ = fork_server_->pid();
+    // The launch server stays while its workers run; reap() takes their statuses from it.
+    if (!fork_server_->failed() && (fork_server_->done() || fork_server_->reply_fd() >= 0)) return;
+    // It ended before it had started every worker: the attempt fails with status 127; the
+    // workers it did start die with it (PR_SET_PDEATHSIG) or never got the go-ahead.
+    fork_server_status_ = 127 << 8;
+    for (auto& w : workers_) {
+      w.start_failed = true;
+      if (w.alive) {
+        if (w.pid > 0) ::kill(-w.pid, SIGKILL);
+        w.alive = false;
+        w.wait_status = fork_server_status_;
+        read_pipe(w, false);
+        read_pipe(w, true);
+      }
+    }
+    fork_server_.reset();
+    return;
+  }
   if (!fork_server_->done() && !fork_server_->failed() && fork_server_->reply_fd() >= 0) {
     // Still going - unless it has exited: a program it started may hold the pipe open, so
     // EOF is no proof. Once it has exited, all it wrote is in the pipe.
@@ -649,6 +692,20 @@ void Agent::reap() {
   for (auto& w : workers_) {
     if (!w.alive || w.pid < 0) continue;
     int st = 0;
+    if (fork_server_ && fork_server_->warm()) {
+      // Not our child: its launch server reports its status; a launch server gone without a
+      // word for it was killed, and took it along (PR_SET_PDEATHSIG SIGKILL).
+      if (!fork_server_->exit_status(w.local_rank, &st)) {
+        if (fork_server_->reply_fd() >= 0) continue;
+        ::kill(-w.pid, SIGKILL);
+        st = SIGKILL;
+      }
+      w.alive = false;
+      w.wait_status = st;
+      read_pipe(w, false);
+      read_pipe(w, true);
+      continue;
+    }
     pid_t r;
     do {
       r = ::waitpid(w.pid, &st, WNOHANG);
@@ -707,6 +764,8 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
     if (fds[i].revents == 0) continue;
     if (i == fork_server_slot) {
       read_fork_server();
+      // A warm launch server reports its workers' ends here (no SIGCHLD for them).
+      if (fork_server_ && fork_server_->warm()) reap();
       continue;
     }
     if (owners[i].first == nullptr) {
@@ -819,8 +878,11 @@ void Agent::stop_workers(int sig) {
   for (auto& w : workers_) {
     if (w.alive && w.pid > 0) ::kill(-w.pid, sig);
   }
-  // A fork server still loading the program: its workers do not exist yet.
-  if (fork_server_) ::kill(-fork_server_->pid(), sig);
+  // A fork server still loading the program: its workers do not exist yet. (A warm launch
+  // server stays with its workers to report their ends: only SIGKILL below reaches it.)
+  if (fork_server_ && fork_server_->pid() > 0 && !(fork_server_->warm() && fork_server_->done())) {
+    ::kill(-fork_server_->pid(), sig);
+  }
   auto deadline = Clock::now() + o_.term_timeout;
   bool killed = false;
   while (true) {
@@ -832,7 +894,7 @@ void Agent::stop_workers(int sig) {
       for (auto& w : workers_) {
         if (w.alive && w.pid > 0) ::kill(-w.pid, SIGKILL);
       }
-      if (fork_server_) ::kill(-fork_server_->pid(), SIGKILL);
+      if (fork_server_ && fork_server_->pid() > 0) ::kill(-fork_server_->pid(), SIGKILL);
       killed = true;
       deadline = now + std::chrono::seconds(10);  // SIGKILL cannot be caught; this is for D state
     } else if (killed && now >= deadline) {
@@ -848,6 +910,11 @@ void Agent::stop_workers(int sig) {
 }
 
 void Agent::release_workers() {
+  if (fork_server_ && fork_server_->warm()) {
+    // Every worker has ended (or stop_workers gave up): the launch server ends now too.
+    fork_server_->reap(true);
+    fork_server_.reset();  // SIGKILL to it if it has not
+  }
   if (fork_server_) {  // only after stop_workers gave up on it
     ::kill(-fork_server_->pid(), SIGKILL);
     fork_server_->reap(true);
@@ -1042,6 +1109,9 @@ void Agent::publish_to_failure_store(const Failure& f) const {
 int Agent::run() {
   validate_launch_options(o_);
   if (uses_fork_server(o_)) fork_server_lib_ = launch::fork_server_library();
+  if (o_.start_method != "spawn" && !runs_with_python(o_) && o_.nnodes == 1) {
+    warm_socket_ = launch::warm_fork_server_socket(o_.program);
+  }
   guard_ = std::make_unique<launch::Guard>();
   setup_signals();
   setup_store();

@@ -2,12 +2,16 @@
 
 #include <elf.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cerrno>
 #include <cstdlib>
@@ -162,6 +166,19 @@ bool write_fd(int fd, const std::string& data) {
 
 }  // namespace
 
+std::string warm_fork_server_socket(const std::string& program) {
+  const char* v = std::getenv("DTRAIN_FORKSERVER_WARM_SOCKET");
+  if (v == nullptr || *v == '\0') return "";
+  const std::string s = v;
+  const auto colon = s.find(':');
+  if (colon == std::string::npos) return "";
+  std::error_code ec1, ec2;
+  const auto a = std::filesystem::canonical(s.substr(colon + 1), ec1);
+  const auto b = std::filesystem::canonical(program, ec2);
+  if (ec1 || ec2 || a != b) return "";
+  return s.substr(0, colon);
+}
+
 ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds) {
   launch(l, out_fds, err_fds, false);
 }
@@ -185,6 +202,10 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, st
                         bool standby) {
   const size_t n = l.envs.size();
   DTRAIN_ASSERT(n >= 1, "a fork server needs a worker");
+  if (!l.warm_socket.empty()) {
+    start_warm(l, out_fds, err_fds);
+    return;
+  }
   // Worker 0 writes to the server's own stdout/stderr (what the libraries print while
   // loading goes there too); the others get pipes the server hands on.
   std::vector<int> ours, theirs;  // read ends kept here, write ends for the server
@@ -269,7 +290,124 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, st
   }
 }
 
+void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds) {
+  const size_t n = l.envs.size();
+  if (2 * n + 2 > 256) throw Error("the warm fork server takes at most 127 workers per launch");
+  std::vector<int> ours, theirs;
+  auto fail = [&](const std::string& what) {
+    int e = errno;
+    close_all(ours);
+    close_all(theirs);
+    throw Error(what + ": " + std::strerror(e));
+  };
+  out_fds.assign(n, -1);
+  err_fds.assign(n, -1);
+  int reply[2];
+  if (::pipe2(reply, O_CLOEXEC) != 0) fail("pipe");
+  ours.push_back(reply[0]);
+  int spec_fd = ::memfd_create("dtrain-forkserver-spec", MFD_CLOEXEC);
+  if (spec_fd < 0) fail("memfd_create");
+  theirs.push_back(spec_fd);
+  theirs.push_back(reply[1]);
+  for (size_t r = 0; r < n; ++r) {
+    int o[2], e[2];
+    if (::pipe2(o, O_CLOEXEC) != 0) fail("pipe");
+    ours.push_back(o[0]), theirs.push_back(o[1]);
+    if (::pipe2(e, O_CLOEXEC) != 0) fail("pipe");
+    ours.push_back(e[0]), theirs.push_back(e[1]);
+    out_fds[r] = o[0];
+    err_fds[r] = e[0];
+  }
+  std::string spec;
+  put_u32(spec, dtrain_forkserver::kMagicWarm);
+  put_u32(spec, static_cast<uint32_t>(n));
+  put_u32(spec, static_cast<uint32_t>(::getpid()));
+  put_u32(spec, static_cast<uint32_t>(l.argv.size()));
+  for (const auto& a : l.argv) {
+    put_u32(spec, static_cast<uint32_t>(a.size()));
+    spec += a;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    put_u32(spec, static_cast<uint32_t>(l.envs[r].size()));
+    for (const auto& e : l.envs[r]) {
+      put_u32(spec, static_cast<uint32_t>(e.size()));
+      spec += e;
+    }
+  }
+  for (size_t done = 0; done < spec.size();) {
+    ssize_t w = ::write(spec_fd, spec.data() + done, spec.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("writing the fork server's spec");
+    done += static_cast<size_t>(w);
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (l.warm_socket.size() >= sizeof addr.sun_path) {
+    errno = ENAMETOOLONG;
+    fail("warm fork server socket " + l.warm_socket);
+  }
+  std::memcpy(addr.sun_path, l.warm_socket.c_str(), l.warm_socket.size() + 1);
+  int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) fail("socket");
+  ours.push_back(sock);
+  const struct timeval limit = {5, 0};  // the server accepts at once; never hang on it
+  ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    fail("cannot reach the warm fork server at " + l.warm_socket);
+  }
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * theirs.size()));
+  char byte = 'L';
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * theirs.size());
+  std::memcpy(CMSG_DATA(c), theirs.data(), sizeof(int) * theirs.size());
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != 1) fail("sending the launch to the warm fork server at " + l.warm_socket);
+  ::close(sock);
+  ours.pop_back();
+  close_all(theirs);
+  theirs.clear();
+  warm_ = true;
+  reply_fd_ = reply[0];
+  ::fcntl(reply_fd_, F_SETFL, ::fcntl(reply_fd_, F_GETFL) | O_NONBLOCK);
+  // Its launch server says its pid at once (the first launch waits while the server loads
+  // the program's libraries); one that has not within 20 s never starts these workers (its
+  // first write, to the pipe closed here, fails).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (pid_ <= 0 && !failed_ && reply_fd_ >= 0 && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{reply_fd_, POLLIN, 0};
+    ::poll(&p, 1, 100);
+    // Its workers may be reported in the same read: kept for the caller's next read_reply().
+    for (auto& f : read_reply()) early_.push_back(f);
+  }
+  if (pid_ <= 0) {
+    if (reply_fd_ < 0) std::erase(ours, reply[0]);  // read_reply closed it at EOF
+    reply_fd_ = -1;  // else in `ours`: fail() closes it
+    errno = failed_ ? EIO : ETIMEDOUT;
+    fail("the warm fork server at " + l.warm_socket + " did not take the launch");
+  }
+  for (size_t r = 0; r < n; ++r) {
+    for (int fd : {out_fds[r], err_fds[r]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+}
+
 ForkServer::~ForkServer() {
+  if (warm_) {
+    // Its launch server is not our child; it ends after its workers (or with SIGKILL here).
+    if (pid_ > 0 && reply_fd_ >= 0) ::kill(-pid_, SIGKILL);
+    if (reply_fd_ >= 0) ::close(reply_fd_);
+    return;
+  }
   if (reply_fd_ >= 0) ::close(reply_fd_);
   if (spec_fd_ >= 0) ::close(spec_fd_);
   if (go_fd_ >= 0) ::close(go_fd_);  // a standby never started: it reads EOF and exits 0
@@ -281,6 +419,7 @@ ForkServer::~ForkServer() {
 
 std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
   std::vector<std::pair<int, pid_t>> forked;
+  forked.swap(early_);
   char buf[4096];
   while (reply_fd_ >= 0) {
     ssize_t got = ::read(reply_fd_, buf, sizeof buf);
@@ -299,6 +438,8 @@ std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
       if (r.index == dtrain_forkserver::kMode) exec_mode_ = r.value == dtrain_forkserver::kModeExec;
       if (r.index == dtrain_forkserver::kDone) done_ = true;
       if (r.index == dtrain_forkserver::kError) failed_ = true;
+      if (r.index == dtrain_forkserver::kServerPid && r.value > 0) pid_ = r.value;
+      if (r.index <= dtrain_forkserver::kExitBase) exits_[dtrain_forkserver::kExitBase - r.index] = r.value;
       if (r.index >= 0 && r.value > 0) forked.emplace_back(r.index, static_cast<pid_t>(r.value));
     }
   }
@@ -306,6 +447,19 @@ std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
 }
 
 bool ForkServer::reap(bool block) {
+  if (warm_) {
+    // Not our child: it has ended once its reply pipe is at EOF (bounded wait: 2 s).
+    for (int i = 0; reply_fd_ >= 0 && (block ? i < 200 : i < 1); ++i) {
+      read_reply();
+      if (reply_fd_ >= 0 && block) {
+        pollfd p{reply_fd_, POLLIN, 0};
+        ::poll(&p, 1, 10);
+      }
+    }
+    reaped_ = reply_fd_ < 0;
+    status_ = done_ ? 0 : (127 << 8);
+    return reaped_;
+  }
   if (reaped_ || pid_ <= 0) return reaped_;
   int st = 0;
   pid_t r;

@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,7 +43,16 @@ struct ForkServerLaunch {
   std::vector<std::string> common_env;         // what every worker has in common
   std::vector<std::vector<std::string>> envs;  // each worker's whole environment
   std::string library;                         // fork_server_library()
+  // Non-empty: a warm server's socket (DTRAIN_FORKSERVER_WARM_SOCKET, set by a Tuner that
+  // keeps one server for all its trials). The workers are forked from that server's loaded
+  // program instead of a new one; they stay the children of a launch server it forks for
+  // this launch, which reports their wait statuses (exit_status()).
+  std::string warm_socket;
 };
+
+// DTRAIN_FORKSERVER_WARM_SOCKET="<socket path>:<program path>": the warm server to use when
+// the workers run that program; "" when unset or for another program.
+std::string warm_fork_server_socket(const std::string& program);
 
 class ForkServer {
  public:
@@ -68,6 +78,14 @@ class ForkServer {
   bool exec_mode() const { return exec_mode_; }
   bool done() const { return done_; }  // it reported every worker (and exits now)
   bool failed() const { return failed_; }  // it reported an error (and exits now)
+  bool warm() const { return warm_; }
+  // Warm: the wait status of worker `index` once its launch server reported it.
+  bool exit_status(int index, int* status) const {
+    auto it = exits_.find(index);
+    if (it == exits_.end()) return false;
+    *status = it->second;
+    return true;
+  }
 
   // Reads what the server has written so far: the (worker index, pid) pairs it forked.
   std::vector<std::pair<int, pid_t>> read_reply();
@@ -79,6 +97,7 @@ class ForkServer {
   int status() const { return status_; }
 
  private:
+  void start_warm(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds);
   pid_t pid_ = -1;
   int reply_fd_ = -1;
   bool exec_mode_ = false;
@@ -91,6 +110,9 @@ class ForkServer {
   std::vector<std::pair<int, int>> write_ends_;  // each worker's stdout/stderr fds in the server
   void launch(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds, bool standby);
   std::string pending_;  // a partial record
+  bool warm_ = false;
+  std::map<int, int> exits_;  // warm: worker index -> wait status
+  std::vector<std::pair<int, pid_t>> early_;  // warm: workers reported while starting
 };
 
 }  // namespace dtrain::launch

@@ -24,6 +24,7 @@
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 #include "tune/mlflow_trials.h"
+#include "tune/warm_fork_server.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -449,6 +450,10 @@ ResultGrid Tuner::fit() {
   // Run keys stay unique across driver restarts: a resumed search has its own store, but
   // the run counter keeps counting (runs) so logs and keys never repeat.
 
+  // One fork server, libraries loaded once, forks every trial's workers (warm_fork_server.h).
+  std::unique_ptr<detail::WarmForkServer> warm_server;
+  if (o.local_mode) warm_server = detail::WarmForkServer::start(o.env);
+
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int capacity = std::max(1, static_cast<int>(cores) / o.trial_resources.processes);
   if (o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
@@ -483,6 +488,7 @@ ResultGrid Tuner::fit() {
     d.env["DTRAIN_TUNE_TRIAL_DIR"] = r.dir;
     d.env["DTRAIN_TUNE_CHECKPOINT"] = r.restore_checkpoint;
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
+    if (warm_server) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_server->agent_env();
     // Engine "mpi" runs no dtrain agent to keep logs (the MPI launcher's own options do).
     if (o.local_mode || o.cluster.engine != "mpi") d.log_dir = (fs::path(r.dir) / "logs").string();
     if (mlflow.active()) {

@@ -2,11 +2,14 @@
 // under the dtrain launcher), real reports through the driver's store.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <csignal>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <torch/torch.h>
@@ -78,6 +81,47 @@ void flaky_trainable(Config config) {
 }
 
 void always_fails(Config) { throw std::runtime_error("always fails"); }
+
+// 1 when this worker came from the Tuner's warm fork server: its parent is then a launch
+// server running this same program, not the dtrain launcher (a cold start).
+double forked_from_warm_server() {
+  std::error_code ec;
+  const auto parent = fs::read_symlink("/proc/" + std::to_string(::getppid()) + "/exe", ec);
+  return !ec && parent == fs::read_symlink("/proc/self/exe") ? 1.0 : 0.0;
+}
+
+// Crashes (SIGKILL, no exception) once at its second iteration when config "crash" is set.
+void crash_once_trainable(Config config) {
+  const bool crash = config.at("crash").get<bool>();
+  const fs::path marker = fs::path(trial_dir()) / "crashed_once";
+  for (int it = 1; it <= 3; ++it) {
+    if (crash && it == 2 && !fs::exists(marker)) {
+      std::ofstream(marker) << "1";
+      ::raise(SIGKILL);
+    }
+    report({{"score", it + (crash ? 0.0 : 10.0)}, {"warm", forked_from_warm_server()}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Children of this process (pids whose parent it is).
+std::vector<int> own_children() {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == ::getpid()) out.push_back(std::stoi(name));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -172,6 +216,27 @@ TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
   EXPECT_THROW(g2.best_result(), dtrain::UsageError);
   fs::remove_all(dir);
   fs::remove_all(dir2);
+}
+
+// Every trial's worker comes from the one warm fork server (libtorch loaded once); a worker
+// killed by a signal fails only its own trial, which is retried (max_failures) while the other
+// trial, running at the same time, finishes; nothing is left running afterwards.
+TEST(TuneTuner, WarmForkServerStartsEveryTrialAndACrashEndsOnlyItsOwn) {
+  const auto dir = fresh_dir("warm");
+  Tuner tuner(crash_once_trainable, Config{{"crash", grid_search({true, false})}},
+              {.metric = "score", .mode = "max", .max_concurrent_trials = 2, .max_failures = 1,
+               .storage_path = dir.string(), .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (const auto& t : grid.trials()) {
+    const bool crash = t.config.at("crash").get<bool>();
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    EXPECT_EQ(t.num_failures, crash ? 1 : 0) << t.id;
+    ASSERT_EQ(t.history.size(), 3u) << t.id;
+    for (const auto& h : t.history) EXPECT_EQ(h.at("warm").get<double>(), 1.0) << t.id << " " << h.dump();
+  }
+  EXPECT_THAT(own_children(), ::testing::IsEmpty());  // warm server, launch servers, agents, workers
+  fs::remove_all(dir);
 }
 
 TEST(TuneTuner, BadOptionsAreClearErrors) {

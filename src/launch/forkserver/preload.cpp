@@ -24,6 +24,10 @@
 //  - Only the process DTRAIN_FORKSERVER names serves: a program started while the libraries
 //    load inherits the variable and this library, and runs as it would without them.
 //
+// Warm mode (DTRAIN_FORKSERVER_WARM, started by a Tuner: src/tune/warm_fork_server.h): the
+// server stays, accepting launches on a unix socket; each gets a launch server forked from it
+// that forks the workers, stays their parent and relays their wait statuses (protocol.h).
+//
 // The library uses only libc (no C++ runtime): it is loaded into programs that may not have
 // one.
 #include <dirent.h>
@@ -31,11 +35,13 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -70,10 +76,21 @@ void write_all(int fd, const void* data, size_t n) {
   }
 }
 
-void report(int fd, int32_t index, int32_t value) {
+// False when the agent's end of the pipe is gone (with SIGPIPE ignored).
+bool report(int fd, int32_t index, int32_t value) {
   dtrain_forkserver::Record r{index, value};
-  write_all(fd, &r, sizeof r);
+  const char* p = reinterpret_cast<const char*>(&r);
+  for (size_t n = sizeof r; n > 0;) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
 }
+
+void (*g_pipe_handler)(int) = SIG_DFL;  // a warm launch server's workers get it back
 
 [[noreturn]] void fail(int reply_fd, const char* what) {
   const int err = errno;
@@ -209,8 +226,11 @@ uint32_t take_u32(const char*& p, const char* end, bool& ok) {
   return v;
 }
 
-// Reads the spec from its memfd; returns the number of ranks, or -1.
-int read_spec(int fd, RankSpec** out, int* agent_pid) {
+// Reads the spec from its memfd; returns the number of ranks, or -1. A warm spec (kMagicWarm)
+// also carries the program's arguments (into *argc_out / *argv_out) and no fd numbers: the
+// workers' fds are `fds` (stdout, stderr of each worker in turn).
+int read_spec(int fd, RankSpec** out, int* agent_pid, bool warm = false, const int* fds = nullptr,
+              int nfds = 0, int* argc_out = nullptr, char*** argv_out = nullptr) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || st.st_size <= 0) return -1;
   char* buf = static_cast<char*>(::malloc(static_cast<size_t>(st.st_size)));
@@ -225,15 +245,33 @@ int read_spec(int fd, RankSpec** out, int* agent_pid) {
   const char* p = buf;
   const char* end = buf + got;
   bool ok = true;
-  if (take_u32(p, end, ok) != dtrain_forkserver::kMagic) return -1;
+  if (take_u32(p, end, ok) != (warm ? dtrain_forkserver::kMagicWarm : dtrain_forkserver::kMagic)) return -1;
   int n = static_cast<int>(take_u32(p, end, ok));
   *agent_pid = static_cast<int>(take_u32(p, end, ok));
   if (!ok || n <= 0 || n > 65536) return -1;
+  if (warm) {
+    if (nfds != 2 * n) return -1;
+    const uint32_t argc = take_u32(p, end, ok);
+    if (!ok || argc == 0 || argc > (1u << 20)) return -1;
+    char** args = static_cast<char**>(::calloc(argc + 1, sizeof(char*)));
+    if (!args) return -1;
+    for (uint32_t i = 0; i < argc && ok; ++i) {
+      uint32_t len = take_u32(p, end, ok);
+      if (!ok || static_cast<size_t>(end - p) < len) return -1;
+      args[i] = static_cast<char*>(::malloc(len + 1));
+      if (!args[i]) return -1;
+      memcpy(args[i], p, len);
+      args[i][len] = '\0';
+      p += len;
+    }
+    *argc_out = static_cast<int>(argc);
+    *argv_out = args;
+  }
   auto* ranks = static_cast<RankSpec*>(::calloc(static_cast<size_t>(n), sizeof(RankSpec)));
   if (!ranks) return -1;
   for (int r = 0; r < n && ok; ++r) {
-    ranks[r].out_fd = static_cast<int>(take_u32(p, end, ok));
-    ranks[r].err_fd = static_cast<int>(take_u32(p, end, ok));
+    ranks[r].out_fd = warm ? fds[2 * r] : static_cast<int>(take_u32(p, end, ok));
+    ranks[r].err_fd = warm ? fds[2 * r + 1] : static_cast<int>(take_u32(p, end, ok));
     uint32_t nenv = take_u32(p, end, ok);
     if (!ok || nenv > (1u << 20)) return -1;
     ranks[r].envp = static_cast<char**>(::calloc(nenv + 1, sizeof(char*)));
@@ -268,6 +306,131 @@ bool is_spec_memfd(const char* config) {
   return n > 0 && strncmp(target, expected, sizeof expected - 1) == 0;
 }
 
+// Forking copies only this thread: with more, each worker starts afresh (fork + exec, only
+// async-signal-safe calls in between). Libraries may stop their threads for a fork in
+// pthread_atfork handlers (OpenBLAS does with its pool, which it starts while loading when
+// OMP_NUM_THREADS > 1, and restarts on its next call): one throwaway fork runs those
+// handlers; then count again. True: the workers must be fork+exec'd.
+bool needs_exec_mode() {
+  int threads = thread_count();
+  if (threads > 1) {
+    const pid_t probe = ::fork();
+    if (probe == 0) ::_exit(0);
+    if (probe > 0) {
+      while (::waitpid(probe, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    // A joined thread leaves /proc/self/task a moment after pthread_join returns.
+    const struct timespec tick = {0, 1000 * 1000};
+    for (int i = 0; i < 20 && (threads = thread_count()) > 1; ++i) ::nanosleep(&tick, nullptr);
+  }
+  return threads != 1;
+}
+
+// Forks the n workers and reports them. Plain (warm == false): the server exits once every
+// worker is forked and the agent, a child subreaper, adopts them. Warm: this launch server
+// stays their parent, reports each one's wait status as it exits, and exits after the last.
+[[noreturn]] void fork_workers(int n, RankSpec* ranks, int agent_pid, int reply_fd, bool exec_mode, bool warm,
+                               StartFn real, int argc, char** argv, void (*init)(), void (*fini)(),
+                               void (*rtld_fini)(), void* stack_end) {
+  char self_path[4096];
+  ssize_t len = ::readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+  if (len <= 0) fail(reply_fd, "cannot read /proc/self/exe");
+  self_path[len] = '\0';
+  report(reply_fd, dtrain_forkserver::kMode, exec_mode ? dtrain_forkserver::kModeExec : dtrain_forkserver::kModeFork);
+  ::fflush(nullptr);  // nothing buffered may be written twice
+
+  // Each worker waits for a byte from here before it goes on: the server writes them once it
+  // has reported every pid. If the server dies first, the workers read EOF and exit - the
+  // agent never has a worker it does not know.
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) fail(reply_fd, "pipe failed");
+  const pid_t server = ::getpid();
+  pid_t* pids = static_cast<pid_t*>(::calloc(static_cast<size_t>(n), sizeof(pid_t)));
+  if (!pids) fail(reply_fd, "out of memory");
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) fail(reply_fd, "fork failed");
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      if (ranks[r].out_fd != STDOUT_FILENO) ::dup2(ranks[r].out_fd, STDOUT_FILENO);
+      if (ranks[r].err_fd != STDERR_FILENO) ::dup2(ranks[r].err_fd, STDERR_FILENO);
+      for (int k = 0; k < n; ++k) {
+        if (ranks[k].out_fd > STDERR_FILENO) ::close(ranks[k].out_fd);
+        if (ranks[k].err_fd > STDERR_FILENO) ::close(ranks[k].err_fd);
+      }
+      ::close(reply_fd);
+      ::close(go[1]);
+      char c;
+      ssize_t got;
+      do {
+        got = ::read(go[0], &c, 1);
+      } while (got < 0 && errno == EINTR);
+      if (got != 1) ::_exit(127);
+      ::close(go[0]);
+      if (warm) {
+        ::signal(SIGPIPE, g_pipe_handler);
+        // The launch server stays our parent: we die with it (and it dies with the warm
+        // server); the agent's guard kills us if the agent dies.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != server) ::_exit(127);
+      } else {
+        // The server exits once every worker is forked; the agent, a child subreaper, adopts
+        // us. Only then does PR_SET_PDEATHSIG refer to the agent.
+        const struct timespec pause = {0, 50 * 1000};
+        for (int spins = 0; ::getppid() == server; ++spins) {
+          if (spins > 200000) ::_exit(127);  // 10 s: the server is stuck
+          ::nanosleep(&pause, nullptr);
+        }
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != agent_pid) ::_exit(127);  // the agent is gone
+      }
+      if (exec_mode) {
+        ::execve(self_path, argv, ranks[r].envp);
+        static const char msg[] = "dtrain fork server: cannot execute the program again\n";
+        write_all(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe: threads exist
+        ::_exit(127);
+      }
+      environ = ranks[r].envp;
+      g_rtld_fini = rtld_fini;
+      // Continues as the program: constructors, main(), exit().
+      ::_exit(real(child_main, argc, argv, init, fini, child_fini, stack_end));
+    }
+    ::setpgid(pid, pid);  // before the agent learns the pid, so -pid reaches the worker
+    pids[r] = pid;
+    report(reply_fd, r, pid);
+  }
+  if (!report(reply_fd, dtrain_forkserver::kDone, 0) && warm) {
+    // The agent gave up on this launch: its workers must not start (they read EOF and exit).
+    for (int r = 0; r < n; ++r) ::kill(-pids[r], SIGKILL);
+    ::_exit(1);
+  }
+  ::close(go[0]);
+  for (int r = 0; r < n; ++r) write_all(go[1], "g", 1);
+  if (!warm) ::_exit(0);
+  ::close(go[1]);
+  for (int r = 0; r < n; ++r) {
+    if (ranks[r].out_fd > STDERR_FILENO) ::close(ranks[r].out_fd);
+    if (ranks[r].err_fd > STDERR_FILENO) ::close(ranks[r].err_fd);
+  }
+  // Relay each worker's end to the agent (its waitpid cannot see them). No timeout: the
+  // agent bounds its own waits and kills the workers' groups; we end with the last of them.
+  for (int left = n; left > 0;) {
+    int st = 0;
+    const pid_t p = ::waitpid(-1, &st, 0);
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) break;
+    for (int r = 0; r < n; ++r) {
+      if (pids[r] == p) {
+        report(reply_fd, dtrain_forkserver::kExitBase - r, st);
+        pids[r] = 0;
+        --left;
+      }
+    }
+  }
+  ::_exit(0);
+}
+
 [[noreturn]] void serve(const char* config, StartFn real, int argc, char** argv, void (*init)(),
                         void (*fini)(), void (*rtld_fini)(), void* stack_end) {
   int pid = 0, spec_fd = -1, reply_fd = -1, go_fd = -1;
@@ -299,85 +462,122 @@ bool is_spec_memfd(const char* config) {
     if (ranks[r].err_fd > STDERR_FILENO) ::fcntl(ranks[r].err_fd, F_SETFD, FD_CLOEXEC);
   }
   ::dl_iterate_phdr(collect, &g_server_objects);
+  const bool exec_mode = needs_exec_mode();
+  fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, false, real, argc, argv, init, fini, rtld_fini,
+               stack_end);
+}
 
-  // Forking copies only this thread: with more, each worker starts afresh (fork + exec, only
-  // async-signal-safe calls in between). Libraries may stop their threads for a fork in
-  // pthread_atfork handlers (OpenBLAS does with its pool, which it starts while loading when
-  // OMP_NUM_THREADS > 1, and restarts on its next call): one throwaway fork runs those
-  // handlers; then count again.
-  int threads = thread_count();
-  if (threads > 1) {
-    const pid_t probe = ::fork();
-    if (probe == 0) ::_exit(0);
-    if (probe > 0) {
-      while (::waitpid(probe, nullptr, 0) < 0 && errno == EINTR) {
+// --- the warm server --------------------------------------------------------
+
+// Receives one launch on an accepted connection: the byte and its fds. Returns the number
+// of fds (<= max), or -1.
+int receive_launch(int conn, int* fds, int max, char* byte_out) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 256)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got;
+  do {
+    got = ::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+  } while (got < 0 && errno == EINTR);
+  if (got != 1) return -1;
+  *byte_out = byte;
+  int count = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const int k = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < k; ++i) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (count < max) {
+        fds[count++] = fd;
+      } else {
+        ::close(fd);
       }
     }
-    // A joined thread leaves /proc/self/task a moment after pthread_join returns.
-    const struct timespec tick = {0, 1000 * 1000};
-    for (int i = 0; i < 20 && (threads = thread_count()) > 1; ++i) ::nanosleep(&tick, nullptr);
   }
-  const bool exec_mode = threads != 1;
-  char self_path[4096];
-  ssize_t len = ::readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-  if (len <= 0) fail(reply_fd, "cannot read /proc/self/exe");
-  self_path[len] = '\0';
-  report(reply_fd, dtrain_forkserver::kMode, exec_mode ? dtrain_forkserver::kModeExec : dtrain_forkserver::kModeFork);
-  ::fflush(nullptr);  // nothing buffered may be written twice
+  if (msg.msg_flags & MSG_CTRUNC) return -1;
+  return count;
+}
 
-  // Each worker waits for a byte from here before it goes on: the server writes them once it
-  // has reported every pid. If the server dies first, the workers read EOF and exit - the
-  // agent never has a worker it does not know.
-  int go[2];
-  if (::pipe2(go, O_CLOEXEC) != 0) fail(reply_fd, "pipe failed");
-  const pid_t server = ::getpid();
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) fail(reply_fd, "fork failed");
-    if (pid == 0) {
+// The warm server: the program's libraries are loaded once; every launch an agent sends gets
+// a launch server forked from here (single-threaded: this loop is the process's only thread).
+// It ends with its parent (the Tuner's driver) or when the listening socket is shut down.
+[[noreturn]] void serve_warm(const char* config, StartFn real, int argc, char** argv, void (*init)(),
+                             void (*fini)(), void (*rtld_fini)(), void* stack_end) {
+  int pid = 0, listen_fd = -1, parent = 0;
+  if (sscanf(config, "%d:%d:%d", &pid, &listen_fd, &parent) != 3 || listen_fd < 0) {
+    dprintf(STDERR_FILENO, "dtrain warm fork server: malformed DTRAIN_FORKSERVER_WARM='%s'\n", config);
+    ::_exit(127);
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(0);  // the driver is already gone
+  ::fcntl(listen_fd, F_SETFD, FD_CLOEXEC);
+  ::dl_iterate_phdr(collect, &g_server_objects);
+  const bool exec_mode = needs_exec_mode();
+  for (;;) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // launch servers that have ended
+    }
+    pollfd p{listen_fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 1000);
+    if (ready < 0 && errno != EINTR) ::_exit(1);
+    if (ready <= 0) continue;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) ::_exit(0);
+    const int conn = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    const struct timeval limit = {5, 0};  // an agent sends at once; never hang on one
+    ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    int fds[256];
+    char what = 0;
+    const int nfds = receive_launch(conn, fds, 256, &what);
+    ::close(conn);
+    if (nfds == 0 && what == 'Q') {
+      // The driver is done: reap the launch servers still ending (5 s at most), then exit, so
+      // none is left to init as a zombie.
+      ::close(listen_fd);
+      const struct timespec tick = {0, 5 * 1000 * 1000};
+      for (int i = 0; i < 1000; ++i) {
+        const pid_t r = ::waitpid(-1, nullptr, WNOHANG);
+        if (r < 0 && errno == ECHILD) ::_exit(0);
+        if (r == 0) ::nanosleep(&tick, nullptr);
+      }
+      ::_exit(0);
+    }
+    if (nfds < 2) {
+      for (int i = 0; i < nfds; ++i) ::close(fds[i]);
+      continue;
+    }
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(listen_fd);
       ::setpgid(0, 0);
-      if (ranks[r].out_fd != STDOUT_FILENO) ::dup2(ranks[r].out_fd, STDOUT_FILENO);
-      if (ranks[r].err_fd != STDERR_FILENO) ::dup2(ranks[r].err_fd, STDERR_FILENO);
-      for (int k = 0; k < n; ++k) {
-        if (ranks[k].out_fd > STDERR_FILENO) ::close(ranks[k].out_fd);
-        if (ranks[k].err_fd > STDERR_FILENO) ::close(ranks[k].err_fd);
-      }
-      ::close(reply_fd);
-      ::close(go[1]);
-      char c;
-      ssize_t got;
-      do {
-        got = ::read(go[0], &c, 1);
-      } while (got < 0 && errno == EINTR);
-      if (got != 1) ::_exit(127);
-      ::close(go[0]);
-      // The server exits once every worker is forked; the agent, a child subreaper, adopts
-      // us. Only then does PR_SET_PDEATHSIG refer to the agent.
-      const struct timespec pause = {0, 50 * 1000};
-      for (int spins = 0; ::getppid() == server; ++spins) {
-        if (spins > 200000) ::_exit(127);  // 10 s: the server is stuck
-        ::nanosleep(&pause, nullptr);
-      }
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != agent_pid) ::_exit(127);  // the agent is gone
-      if (exec_mode) {
-        ::execve(self_path, argv, ranks[r].envp);
-        static const char msg[] = "dtrain fork server: cannot execute the program again\n";
-        write_all(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe: threads exist
-        ::_exit(127);
-      }
-      environ = ranks[r].envp;
-      g_rtld_fini = rtld_fini;
-      // Continues as the program: constructors, main(), exit().
-      ::_exit(real(child_main, argc, argv, init, fini, child_fini, stack_end));
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // with the warm server; its workers with it
+      const int spec_fd = fds[0], reply_fd = fds[1];
+      // The agent gave up on us (it waits 10 s for this): start nothing.
+      // A write to its closed pipe fails here (SIGPIPE ignored until the workers start).
+      g_pipe_handler = ::signal(SIGPIPE, SIG_IGN);
+      if (!report(reply_fd, dtrain_forkserver::kServerPid, ::getpid())) ::_exit(0);
+      RankSpec* ranks = nullptr;
+      int agent_pid = 0, wargc = 0;
+      char** wargv = nullptr;
+      const int n = read_spec(spec_fd, &ranks, &agent_pid, true, fds + 2, nfds - 2, &wargc, &wargv);
+      ::close(spec_fd);
+      if (n <= 0) fail(reply_fd, "cannot read the workers' spec from the agent");
+      (void)argc;
+      (void)argv;
+      fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, true, real, wargc, wargv, init, fini, rtld_fini,
+                   stack_end);
     }
-    ::setpgid(pid, pid);  // before the agent learns the pid, so -pid reaches the worker
-    report(reply_fd, r, pid);
+    if (child < 0) {
+      errno = errno ? errno : EAGAIN;
+      report(fds[1], dtrain_forkserver::kError, errno);
+    }
+    for (int i = 0; i < nfds; ++i) ::close(fds[i]);
   }
-  report(reply_fd, dtrain_forkserver::kDone, 0);
-  ::close(go[0]);
-  for (int r = 0; r < n; ++r) write_all(go[1], "g", 1);
-  ::_exit(0);
 }
 
 }  // namespace
@@ -394,6 +594,13 @@ extern "C" __attribute__((visibility("default"))) int __libc_start_main(
   // The agent names the server by pid and hands it the spec memfd: a program that one of the
   // libraries starts while loading inherits the variable (and this library), and must just
   // run - as must a later process that happens to get the same pid.
+  if (const char* warm = ::getenv("DTRAIN_FORKSERVER_WARM"); warm != nullptr && std::atoi(warm) == ::getpid()) {
+    g_main = main;
+    char config_copy[128];
+    snprintf(config_copy, sizeof config_copy, "%s", warm);
+    ::unsetenv("DTRAIN_FORKSERVER_WARM");  // nothing a worker starts is a server
+    serve_warm(config_copy, real, argc, argv, init, fini, rtld_fini, stack_end);
+  }
   const char* config = ::getenv("DTRAIN_FORKSERVER");
   if (config == nullptr || std::atoi(config) != ::getpid() || !is_spec_memfd(config)) {
     return real(main, argc, argv, init, fini, rtld_fini, stack_end);

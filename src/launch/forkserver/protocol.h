@@ -31,4 +31,16 @@ constexpr int32_t kError = -3;
 constexpr int32_t kModeFork = 0;  // workers are forked from the loaded program
 constexpr int32_t kModeExec = 1;  // a library started a thread: workers are fork+exec'd
 
+// The warm server (DTRAIN_FORKSERVER_WARM=<its pid>:<listening unix socket fd>): one process
+// that loads the program's libraries once and serves many launches (a Tuner's trials). An
+// agent connects and sends one byte with SCM_RIGHTS fds [spec memfd, reply pipe, stdout and
+// stderr of each worker]; the spec is kMagicWarm, number of workers, the agent's pid, argc,
+// each argument as (length, bytes), then per worker the environment as above. The server
+// forks a launch server for it, which says {kServerPid, its pid} first, then what a fork
+// server says; it stays the workers' parent (they cannot become the agent's children) and
+// says {kExitBase - worker index, wait status} as each one exits, then exits itself.
+constexpr uint32_t kMagicWarm = 0x32465444;  // "DTF2"
+constexpr int32_t kServerPid = -4;
+constexpr int32_t kExitBase = -1000;
+
 }  // namespace dtrain_forkserver
