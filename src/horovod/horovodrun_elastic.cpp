@@ -57,6 +57,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "launch/options_internal.h"
 
 extern char** environ;
 
@@ -119,18 +120,6 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
     ::_exit(127);
   }
   return pid;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
 }
 
 // This machine's address on the route to `host` (a connected UDP socket sends nothing): where
@@ -197,7 +186,7 @@ std::string ssh_path() {
 std::string check_remote(const ElasticFlags& f, const std::string& host, const std::string& exe) {
   auto argv = ssh_argv(f, host);
   argv[0] = ssh_path();
-  argv.push_back("test -x " + quote(exe) + " || { echo " + quote("dtrain is not at " + exe + " there") +
+  argv.push_back("test -x " + shell_quote(exe) + " || { echo " + shell_quote("dtrain is not at " + exe + " there") +
                  " >&2; exit 3; }");
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
@@ -520,20 +509,20 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
         // Over ssh, as `dtrain run -H` starts its agents; the 7th field is the store's address.
         spec += "," + address_towards(h);
         std::string cmd = "cd ";
-        cmd += quote(cwd);
+        cmd += shell_quote(cwd);
         cmd += " 2>/dev/null; exec env ";
-        cmd += quote(std::string(kAgentVar) + "=" + spec);
+        cmd += shell_quote(std::string(kAgentVar) + "=" + spec);
         for (const auto& kv : env) {
           if (!forwarded(kv)) continue;
           cmd += ' ';
-          cmd += quote(kv);
+          cmd += shell_quote(kv);
         }
         cmd += ' ';
-        cmd += quote(exe);
+        cmd += shell_quote(exe);
         cmd += " horovodrun";
         for (const auto& a : self_args) {
           cmd += ' ';
-          cmd += quote(a);
+          cmd += shell_quote(a);
         }
         auto argv = ssh_argv(f, h);
         argv[0] = ssh_path();

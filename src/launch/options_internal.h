@@ -71,6 +71,8 @@ std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list
 
 // The `dtrain run` arguments that start node `node_rank`'s agent of an ssh launch.
 std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank);
+// `s` as one word for a remote shell (single-quoted).
+std::string shell_quote(const std::string& s);
 // Runs a host-file job: one agent per host over ssh (src/launch/ssh_launch.cpp).
 int run_ssh_launch(const LaunchOptions& o);
 // --dry-run: prints the plan and checks the hosts; 0 when every host is reachable, else 1.

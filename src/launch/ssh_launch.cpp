@@ -38,11 +38,8 @@ extern char** environ;
 
 namespace dtrain {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-std::string quote(const std::string& s) {
+// One word for a remote shell: single-quoted, each ' written as '\''.
+std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
     if (c == '\'') {
@@ -53,6 +50,10 @@ std::string quote(const std::string& s) {
   }
   return out + "'";
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 std::string seconds(std::chrono::milliseconds ms) {
   std::ostringstream s;
@@ -238,8 +239,8 @@ std::vector<std::string> check_hosts(const LaunchOptions& o) {
   for (size_t i = 0; i < o.hosts.size(); ++i) {
     children[i].host = o.hosts[i].first;
     auto argv = ssh_command(o, o.hosts[i].first);
-    argv.push_back("test -x " + quote(dtrain) + " || { echo " +
-                   quote("dtrain is not at " + dtrain + " on this host (set --remote-dtrain)") +
+    argv.push_back("test -x " + shell_quote(dtrain) + " || { echo " +
+                   shell_quote("dtrain is not at " + dtrain + " on this host (set --remote-dtrain)") +
                    " >&2; exit 3; }");
     start_child(children[i], argv, false);
     close_stdin(children[i]);
@@ -370,12 +371,12 @@ int run_ssh_launch(const LaunchOptions& options) {
     agents[k].host = o.hosts[k].first;
     // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "lit" + string.
     std::string cmd = "cd ";
-    cmd += quote(cwd);
+    cmd += shell_quote(cwd);
     cmd += " 2>/dev/null; exec ";
-    cmd += quote(dtrain);
+    cmd += shell_quote(dtrain);
     for (const auto& a : agent_args(o, static_cast<int>(k))) {
       cmd += ' ';
-      cmd += quote(a);
+      cmd += shell_quote(a);
     }
     auto argv = ssh_command(o, o.hosts[k].first);
     argv.push_back(cmd);
