@@ -154,6 +154,23 @@ std::string spec_bytes(const std::vector<std::pair<int, int>>& write_ends,
   return spec;
 }
 
+// A stdout and a stderr pipe for each of workers [first, n): the read ends go to out_fds and
+// err_fds (and `ours`), the write ends to `theirs`, in worker order. False, errno set, when a
+// pipe cannot be made (what was made is in ours/theirs, for the caller to close).
+bool worker_pipes(size_t first, size_t n, std::vector<int>& ours, std::vector<int>& theirs,
+                  std::vector<int>& out_fds, std::vector<int>& err_fds) {
+  for (size_t r = first; r < n; ++r) {
+    int o[2], e[2];
+    if (::pipe2(o, O_CLOEXEC) != 0) return false;
+    ours.push_back(o[0]), theirs.push_back(o[1]);
+    if (::pipe2(e, O_CLOEXEC) != 0) return false;
+    ours.push_back(e[0]), theirs.push_back(e[1]);
+    out_fds[r] = o[0];
+    err_fds[r] = e[0];
+  }
+  return true;
+}
+
 bool write_fd(int fd, const std::string& data) {
   for (size_t done = 0; done < data.size();) {
     ssize_t w = ::write(fd, data.data() + done, data.size() - done);
@@ -218,16 +235,8 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, st
   std::vector<std::pair<int, int>> write_ends(n, {STDOUT_FILENO, STDERR_FILENO});
   out_fds.assign(n, -1);
   err_fds.assign(n, -1);
-  for (size_t r = 1; r < n; ++r) {
-    int o[2], e[2];
-    if (::pipe2(o, O_CLOEXEC) != 0) fail("pipe");
-    ours.push_back(o[0]), theirs.push_back(o[1]);
-    if (::pipe2(e, O_CLOEXEC) != 0) fail("pipe");
-    ours.push_back(e[0]), theirs.push_back(e[1]);
-    out_fds[r] = o[0];
-    err_fds[r] = e[0];
-    write_ends[r] = {o[1], e[1]};
-  }
+  if (!worker_pipes(1, n, ours, theirs, out_fds, err_fds)) fail("pipe");
+  for (size_t r = 1; r < n; ++r) write_ends[r] = {theirs[2 * (r - 1)], theirs[2 * (r - 1) + 1]};
   int reply[2];
   if (::pipe2(reply, O_CLOEXEC) != 0) fail("pipe");
   ours.push_back(reply[0]), theirs.push_back(reply[1]);
@@ -309,15 +318,7 @@ void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds
   if (spec_fd < 0) fail("memfd_create");
   theirs.push_back(spec_fd);
   theirs.push_back(reply[1]);
-  for (size_t r = 0; r < n; ++r) {
-    int o[2], e[2];
-    if (::pipe2(o, O_CLOEXEC) != 0) fail("pipe");
-    ours.push_back(o[0]), theirs.push_back(o[1]);
-    if (::pipe2(e, O_CLOEXEC) != 0) fail("pipe");
-    ours.push_back(e[0]), theirs.push_back(e[1]);
-    out_fds[r] = o[0];
-    err_fds[r] = e[0];
-  }
+  if (!worker_pipes(0, n, ours, theirs, out_fds, err_fds)) fail("pipe");
   std::string spec;
   put_u32(spec, dtrain_forkserver::kMagicWarm);
   put_u32(spec, static_cast<uint32_t>(n));
@@ -334,12 +335,7 @@ void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds
       spec += e;
     }
   }
-  for (size_t done = 0; done < spec.size();) {
-    ssize_t w = ::write(spec_fd, spec.data() + done, spec.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail("writing the fork server's spec");
-    done += static_cast<size_t>(w);
-  }
+  if (!write_fd(spec_fd, spec)) fail("writing the fork server's spec");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (l.warm_socket.size() >= sizeof addr.sun_path) {
