@@ -192,7 +192,9 @@ App start(const SubmitOptions& o, const Plan& plan, const std::string& key,
     if (line.rfind("READY ", 0) != 0) {
       ::close(fd);
       stop_locked(a);
-      throw Error("engine \"spark\": the PySpark driver service did not answer (got '" + line + "')");
+      throw Error("engine \"spark\": the PySpark driver service did not answer within 10 s (got '" + line +
+                  "'); its output is above - check that pyspark and Java work there, or set "
+                  "ClusterOptions::spark_keep_app = false to submit each run() on its own");
     }
     a.control = fd;
     a.id = line.substr(6);
