@@ -22,7 +22,7 @@ struct ProcessGroupOptions {
   //   all_reduce, broadcast, all_gather and barrier go through one POSIX shared-memory
   //   segment; every other collective through a Gloo group it wraps.
   // "gloo": c10d's Gloo over TCP only (what PyTorch's init_process_group("gloo") gives).
-  // "nccl": needs a CUDA build of libtorch (this one is CPU-only: UsageError).
+  // "nccl": not built yet - dtrain links libtorch's CPU libraries only (UsageError).
   // Default: "auto".
   std::string backend = "auto";
   // "env://" (the launcher's environment), "tcp://HOST:PORT" (rank 0 hosts the store) or

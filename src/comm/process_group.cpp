@@ -133,8 +133,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   const std::string& backend = options.backend;
   if (backend == "nccl") {
     throw UsageError(
-        "init_process_group: backend 'nccl' needs a CUDA build of libtorch, and this one is "
-        "CPU-only; use backend \"auto\", \"shm\" or \"gloo\"");
+        "init_process_group: backend 'nccl' is not available: dtrain is built on libtorch's CPU "
+        "libraries only (also against a CUDA wheel) and has no NCCL backend yet; use backend "
+        "\"auto\", \"shm\" or \"gloo\" (CPU tensors)");
   }
   if (backend != "gloo" && backend != "shm" && backend != "auto") {
     throw UsageError("init_process_group: unknown backend '" + options.backend +

@@ -710,6 +710,14 @@ TEST(Collectives, DefaultGroup) {
   po.rank = 0;
   po.world_size = 1;
   po.timeout = 7s;
+  // A backend this build lacks, or a misspelt one, is refused before anything joins.
+  po.backend = "nccl";
+  const std::string nccl = message_of<UsageError>([&] { init_process_group(po); });
+  EXPECT_NE(nccl.find("'nccl' is not available"), std::string::npos) << nccl;
+  EXPECT_NE(nccl.find("\"gloo\""), std::string::npos) << nccl;
+  po.backend = "glo";
+  EXPECT_NE(message_of<UsageError>([&] { init_process_group(po); }).find("unknown backend 'glo'"), std::string::npos);
+  po.backend = "auto";
   auto g = init_process_group(po);
   EXPECT_EQ(resolve_group({}), g);
   all_reduce(t);  // a world of one: unchanged
