@@ -23,10 +23,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/prctl.h>
 
 #include "dtrain/pipeline.h"
 #include "dtrain/process_group.h"
@@ -115,8 +118,11 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
               "# time the rank's stages really took (mean over ranks; sleeps overrun), the rest being waits on the pipeline\n");
   std::printf("# step_ms: first stage's start to the last rank's end of train_step; barrier_ms: rank 0 from barrier to\n"
               "# barrier around train_step (median; includes the bench's barrier after the step)\n");
-  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s %10s\n", "schedule", "P", "M", "V", "step_ms", "ideal_ms",
-              "ratio", "bubble_meas", "bubble_ideal", "busy_ms", "bubble_busy", "barrier_ms");
+  std::printf("# meas/ideal = bubble_meas / bubble_ideal; busy/ideal = bubble_busy / bubble_ideal (the bubble counted from\n"
+              "# the compute the stages really did: the ideal step for those stage times is busy (M + (P-1)/V) / M)\n");
+  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s %10s %10s %10s\n", "schedule", "P", "M", "V", "step_ms",
+              "ideal_ms", "ratio", "bubble_meas", "bubble_ideal", "busy_ms", "bubble_busy", "meas/ideal", "busy/ideal",
+              "barrier_ms");
   struct Case {
     dtrain::Schedule s;
     int P, M, V;
@@ -136,6 +142,10 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
     std::vector<double> busy_ms(steps + 1, 0.0), with_barrier(steps + 1, 0.0);
     std::mutex mu;
     run_ranks(c.P, [&](std::shared_ptr<dtrain::ProcessGroup> g) {
+      // The stages sleep on this thread (autograd runs a CPU backward on the caller's thread):
+      // the least timer slack the kernel allows, so a sleep ends when asked rather than up
+      // to 50 us later (the default slack), which would count as bubble in bubble_meas.
+      prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
       Busy busy{0};
       std::vector<torch::nn::Sequential> stages;
       for (int i = 0; i < c.P * c.V; ++i) stages.push_back(torch::nn::Sequential(SleepStage(tf / c.V, tb / c.V, &busy)));
@@ -175,8 +185,10 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
     std::sort(wb.begin(), wb.end());
     const double work = c.M * (tf + tb);
     const double ideal = work + (c.P - 1) * (tf + tb) / c.V;
-    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f %10.1f\n", dtrain::schedule_name(c.s).c_str(),
-                c.P, c.M, c.V, step, ideal, step / ideal, 1.0 - work / step, 1.0 - work / ideal, busy, 1.0 - busy / step,
+    const double bubble_ideal = 1.0 - work / ideal;
+    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f %10.3f %10.3f %10.1f\n",
+                dtrain::schedule_name(c.s).c_str(), c.P, c.M, c.V, step, ideal, step / ideal, 1.0 - work / step, bubble_ideal,
+                busy, 1.0 - busy / step, (1.0 - work / step) / bubble_ideal, (1.0 - busy / step) / bubble_ideal,
                 wb[wb.size() / 2]);
     std::fflush(stdout);
   }
@@ -219,6 +231,26 @@ void memory() {
   }
 }
 
+// The first line of `path` that starts with `prefix` (after it), or "" when there is none.
+std::string first_line(const char* path, const std::string& prefix = "") {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.compare(0, prefix.size(), prefix) == 0) return line.substr(prefix.size());
+  }
+  return "";
+}
+
+// What the figures were measured on: CPU model, cores, OS, whether it is a VM.
+std::string machine() {
+  std::string cpu = first_line("/proc/cpuinfo", "model name");
+  cpu = cpu.substr(std::min(cpu.size(), cpu.find(':') == std::string::npos ? cpu.size() : cpu.find(':') + 2));
+  std::string os = first_line("/etc/os-release", "PRETTY_NAME=");
+  os.erase(std::remove(os.begin(), os.end(), '"'), os.end());
+  const bool vm = first_line("/proc/cpuinfo", "flags").find(" hypervisor") != std::string::npos;
+  return std::to_string(std::thread::hardware_concurrency()) + " cores (" + (cpu.empty() ? "unknown CPU" : cpu) + "), " +
+         (os.empty() ? "unknown OS" : os) + (vm ? ", a VM" : "");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,8 +272,10 @@ int main(int argc, char** argv) {
     }
   }
   torch::set_num_threads(1);
-  std::printf("# machine: 2-core Debian 12 VM, shared; ranks are threads of one process, Gloo over loopback\n");
+  std::printf("# machine: %s; ranks are threads of one process, Gloo over loopback\n", machine().c_str());
+  std::printf("# load average at the start: %s\n", first_line("/proc/loadavg").c_str());
   bubble(steps, tf, tb, Ps, Ms);
+  std::printf("# load average after the pipeline cases: %s\n", first_line("/proc/loadavg").c_str());
   if (mem) memory();
   return 0;
 }

@@ -12,8 +12,8 @@
 // backwards in the order the schedule gives, and leaves in every parameter's .grad() the
 // gradient of the mean over micro-batches of loss_fn (so a mean-reducing loss_fn gives the
 // full batch's gradient, as without the pipeline). Activations go to the next stage and their
-// gradients back by send/recv on the pipeline group; each message is preceded by a small
-// header with its dtype and shape, so stages need not declare what they exchange.
+// gradients back by send/recv on the pipeline group; each message carries a small header with
+// its dtype and shape ahead of the data, so stages need not declare what they exchange.
 //
 // Schedules (P ranks, M micro-batches, V stages per rank):
 //   kGPipe               all M forwards, then all M backwards; M activations live per stage.
@@ -23,10 +23,10 @@
 //                        s = chunk * P + rank; a bubble V times smaller. Needs M % P == 0.
 // Sends are asynchronous and waited at the end of the step. Receives are posted ahead, those
 // of the next two operations before each operation runs, so an activation or gradient moves
-// while the receiver computes; the header (dtype, shape) travels each time, and the payload
-// is received ahead into a buffer of the shape that message had at the previous step (a
-// changed shape costs one more message). Waiting on a receive is bounded by the group's
-// timeout. A rank always sends before it waits, so no schedule deadlocks. After train_step
+// while the receiver computes. A message is one Gloo message, the header (dtype, shape) and
+// the data after it (the sender copies the data in once), received ahead into a buffer of the
+// size that message had at the previous step (a changed shape costs one more message).
+// Waiting on a receive is bounded by the group's timeout. A rank always sends before it waits, so no schedule deadlocks. After train_step
 // threw (a stage's error, a peer's failure) the pipeline's messages are out of step: build a
 // new group and Pipeline.
 //
@@ -145,9 +145,8 @@ class Pipeline {
   };
   struct PendingRecv {
     int src = 0;
-    torch::Tensor header, payload;
-    Work header_work;
-    std::optional<Work> payload_work;  // posted ahead when the message's shape is remembered
+    torch::Tensor message;  // header and the remembered shape's payload, as bytes
+    Work work;
   };
   void send_part(const torch::Tensor& t, int dst, int tag);
   void send_message(const torch::Tensor& t, int dst, int key);

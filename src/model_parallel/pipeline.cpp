@@ -1,6 +1,7 @@
 #include "dtrain/pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -136,32 +137,49 @@ std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, i
 // ---- point to point with shapes ----
 //
 // Every activation or gradient that crosses ranks is one message of the step, keyed by
-// (micro-batch, receiving global stage, activation or gradient). It travels as a header
-// (dtype and shape) and a payload. Gloo's send and recv meet by rendezvous: the bytes move
-// only once both are posted, so a receive posted at the moment it is needed costs a round
-// trip between the ranks (and the wake-ups of both ranks' threads) on the step's critical
-// path, twice with a header first. So each rank posts its receives ahead: before running an
-// operation, it posts the header and payload receives of the next kRecvLookahead operations
-// (Megatron's p2p_communication and torch.distributed.pipelining post the next receive the
-// same way), and a sender never waits for its sends until the end of the step.
+// (micro-batch, receiving global stage, activation or gradient). Gloo's send and recv meet by
+// rendezvous: the bytes move only once both are posted, so a receive posted at the moment it
+// is needed costs a round trip between the ranks (and the wake-ups of both ranks' threads) on
+// the step's critical path. So each rank posts its receives ahead: before running an
+// operation, it posts the receives of the next kRecvLookahead operations (Megatron's
+// p2p_communication and torch.distributed.pipelining post the next receive the same way), and
+// a sender never waits for its sends until the end of the step.
 //
-// A payload can be received ahead only into a buffer of the right size, so both ends
+// A message is one Gloo message of bytes: a header (dtype, rank, sizes; kHeaderBytes) and the
+// payload after it, so a hop costs one send, one receive and one notification (a separate
+// header message doubled each, and every one is a syscall on the rank's thread and a wake-up
+// of the peer's Gloo thread). The sender copies the payload into the message once.
+//
+// A message can be received ahead only into a buffer of the right size, so both ends
 // remember each message's dtype and shape from the previous step (the same on both ends:
-// the sender's last header is the receiver's). The payload is posted with that shape; the
-// header still travels every time. When a message's shape changed (or at the first step,
-// where nothing is remembered) the sender fills the receive posted with the old shape with
-// a throw-away payload of the old size (there is no first step's post to fill) and sends the
-// real payload under a third tag, which the receiver takes after reading the header.
+// the sender's last header is the receiver's). The message is posted with the header and a
+// payload of that shape (the header alone at the first step, where nothing is remembered).
+// When the shape is what was remembered, that is all; when it changed (or at the first step),
+// the sender sends the posted size with the new shape in the header and whatever bytes in the
+// payload, then the real payload under a second tag, which the receiver takes after reading
+// the header.
 
 namespace {
 
 constexpr int kMaxDims = 8;
+constexpr int64_t kHeaderBytes = (kMaxDims + 2) * 8;  // dtype, rank, sizes as int64; keeps the payload 16-byte aligned
 constexpr int kRecvLookahead = 2;  // operations ahead of the running one whose receives are posted
 
-enum class Part { kHeader = 0, kPayload = 1, kResized = 2 };
+enum class Part { kMessage = 0, kResized = 1 };
 
 int message_key(int mb, int stage, int num_stages, bool grad) { return (mb * num_stages + stage) * 2 + (grad ? 1 : 0); }
-int tag_of(int key, Part part) { return key * 3 + static_cast<int>(part); }
+int tag_of(int key, Part part) { return key * 2 + static_cast<int>(part); }
+
+int64_t payload_bytes(const std::vector<int64_t>& sizes, c10::ScalarType dtype) {
+  int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+// A tensor of `sizes` and `dtype` over `bytes` + `offset`, keeping `bytes` alive (no copy).
+torch::Tensor over_bytes(const torch::Tensor& bytes, int64_t offset, const std::vector<int64_t>& sizes, c10::ScalarType dtype) {
+  return torch::from_blob(bytes.data_ptr<uint8_t>() + offset, sizes, [bytes](void*) {}, torch::TensorOptions().dtype(dtype));
+}
 
 }  // namespace
 
@@ -180,60 +198,65 @@ void Pipeline::send_message(const torch::Tensor& t, int dst, int key) {
     throw UsageError("Pipeline: a stage output has " + std::to_string(t.dim()) + " dimensions; at most " +
                      std::to_string(kMaxDims) + " are supported");
   }
-  torch::Tensor header = torch::zeros({kMaxDims + 2}, torch::kInt64);
-  auto h = header.accessor<int64_t, 1>();
-  h[0] = static_cast<int64_t>(t.scalar_type());
-  h[1] = t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) h[d + 2] = t.size(d);
   torch::Tensor data = t.detach().contiguous();
   WireShape now{t.scalar_type(), t.sizes().vec()};
-  send_part(header, dst, tag_of(key, Part::kHeader));
+  const int64_t nbytes = payload_bytes(now.sizes, now.dtype);
   auto it = sent_shapes_.find(key);
-  if (it != sent_shapes_.end() && it->second == now) {
-    send_part(data, dst, tag_of(key, Part::kPayload));
+  const bool same = it != sent_shapes_.end() && it->second == now;
+  // The size the receiver posted: the header and the remembered shape's payload.
+  const int64_t posted = kHeaderBytes + (it == sent_shapes_.end() ? 0 : payload_bytes(it->second.sizes, it->second.dtype));
+  torch::Tensor msg = torch::empty({posted}, torch::kUInt8);
+  auto* h = reinterpret_cast<int64_t*>(msg.data_ptr<uint8_t>());
+  std::fill(h, h + kMaxDims + 2, int64_t{0});
+  h[0] = static_cast<int64_t>(now.dtype);
+  h[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) h[d + 2] = t.size(d);
+  if (same) {
+    if (nbytes > 0) std::memcpy(msg.data_ptr<uint8_t>() + kHeaderBytes, data.data_ptr(), static_cast<size_t>(nbytes));
+    send_part(msg, dst, tag_of(key, Part::kMessage));
     return;
   }
-  if (it != sent_shapes_.end()) {
-    // The receiver posted a payload of the old shape: fill it, then send the real one.
-    send_part(torch::empty(it->second.sizes, torch::TensorOptions().dtype(it->second.dtype)), dst, tag_of(key, Part::kPayload));
-  }
-  send_part(data, dst, tag_of(key, Part::kResized));
+  // First step, or the shape changed: the posted size (its payload bytes unused), then the
+  // real payload.
+  send_part(msg, dst, tag_of(key, Part::kMessage));
+  send_part(torch::from_blob(data.data_ptr(), {nbytes}, [data](void*) {}, torch::kUInt8), dst, tag_of(key, Part::kResized));
   sent_shapes_[key] = std::move(now);
 }
 
 void Pipeline::post_receive(int src, int key) {
   PendingRecv& r = pending_[key];
   r.src = src;
-  r.header = torch::empty({kMaxDims + 2}, torch::kInt64);
+  auto it = recv_shapes_.find(key);
+  const int64_t posted = kHeaderBytes + (it == recv_shapes_.end() ? 0 : payload_bytes(it->second.sizes, it->second.dtype));
+  r.message = torch::empty({posted}, torch::kUInt8);
   PointToPointOptions o;
   o.group = group_;
-  o.tag = tag_of(key, Part::kHeader);
-  r.header_work = recv_async(r.header, src, o);
-  auto it = recv_shapes_.find(key);
-  if (it != recv_shapes_.end()) {
-    r.payload = torch::empty(it->second.sizes, torch::TensorOptions().dtype(it->second.dtype));
-    o.tag = tag_of(key, Part::kPayload);
-    r.payload_work = recv_async(r.payload, src, o);
-  }
+  o.tag = tag_of(key, Part::kMessage);
+  r.work = recv_async(r.message, src, o);
 }
 
 torch::Tensor Pipeline::take_receive(int key) {
   auto node = pending_.extract(key);
   TORCH_INTERNAL_ASSERT(!node.empty(), "Pipeline: receive of message ", key, " was not posted");
   PendingRecv& r = node.mapped();
-  // The payload is sent after the header, so once it is here the header is too.
-  if (r.payload_work) r.payload_work->wait();
-  r.header_work.wait();
-  auto h = r.header.accessor<int64_t, 1>();
-  WireShape now{static_cast<c10::ScalarType>(h[0]), std::vector<int64_t>(h[1])};
-  for (int64_t d = 0; d < h[1]; ++d) now.sizes[d] = h[d + 2];
-  if (r.payload_work && recv_shapes_.at(key) == now) return r.payload;
-  // First step, or the shape changed (what arrived on the payload tag was the filler).
-  torch::Tensor data = torch::empty(now.sizes, torch::TensorOptions().dtype(now.dtype));
+  r.work.wait();
+  const auto* h = reinterpret_cast<const int64_t*>(r.message.data_ptr<uint8_t>());
+  if (h[1] < 0 || h[1] > kMaxDims || h[0] < 0 || h[0] >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
+    throw Error("Pipeline: message " + std::to_string(key) + " from rank " + std::to_string(r.src) +
+                " has a corrupt header (dtype " + std::to_string(h[0]) + ", " + std::to_string(h[1]) +
+                " dimensions); the pipeline ranks are out of step");
+  }
+  WireShape now{static_cast<c10::ScalarType>(h[0]), std::vector<int64_t>(h + 2, h + 2 + h[1])};
+  auto it = recv_shapes_.find(key);
+  // The payload is the message's tail: a tensor over it that keeps the message alive.
+  if (it != recv_shapes_.end() && it->second == now) return over_bytes(r.message, kHeaderBytes, now.sizes, now.dtype);
+  // First step, or the shape changed (the message's payload bytes were filler).
+  torch::Tensor bytes = torch::empty({payload_bytes(now.sizes, now.dtype)}, torch::kUInt8);
   PointToPointOptions o;
   o.group = group_;
   o.tag = tag_of(key, Part::kResized);
-  recv(data, r.src, o);
+  recv(bytes, r.src, o);
+  torch::Tensor data = over_bytes(bytes, 0, now.sizes, now.dtype);
   recv_shapes_[key] = std::move(now);
   return data;
 }
