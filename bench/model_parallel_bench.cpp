@@ -9,7 +9,9 @@
 //    time (first stage's start to the last rank's return from train_step, one clock since
 //    ranks are threads), ideal, their ratio, and the measured bubble fraction 1 - M(tf+tb)/step
 //    next to the ideal one; then the busy time the stages really took (sleeps overrun on a
-//    loaded machine) and 1 - busy/step, and the old barrier-to-barrier step time.
+//    loaded machine) and 1 - busy/step, both bubbles over the ideal one (meas/ideal,
+//    busy/ideal), and the old barrier-to-barrier step time. The machine (cores, CPU, OS) and
+//    the load average before and after are printed with the figures.
 // 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
 //    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
 //
