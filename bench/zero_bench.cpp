@@ -135,6 +135,16 @@ int memory_bench() {
     ::getrusage(RUSAGE_SELF, &ru);
     if (pg->rank() == 0) {
       auto mib = [](int64_t b) { return b / 1048576.0; };
+      if (stage == 3) {
+        // Stage 3's per-layer fetch: the most parameter bytes alive between layers (partition +
+        // gathered buffers still alive), against gathering the whole module for the step.
+        auto st = e.core().stage3_stats();
+        const int64_t whole = st.partition_bytes + n * 4;
+        std::printf("{\"bench\":\"zero_stage3_resident\",\"world\":%d,\"variant\":\"%s\",\"peak_between_layers_mib\":%.1f,"
+                    "\"partition_mib\":%.1f,\"whole_module_gather_mib\":%.1f,\"fetches\":%lld,\"prefetches\":%lld}\n",
+                    N, v.c_str(), mib(st.peak_resident_bytes), mib(st.partition_bytes), mib(whole), (long long)st.fetches,
+                    (long long)st.prefetches);
+      }
       std::printf("{\"bench\":\"zero_memory\",\"world\":%d,\"variant\":\"%s\",\"params\":%lld,"
                   "\"measured_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},"
                   "\"formula_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},\"peak_rss_mib\":%.0f}\n",

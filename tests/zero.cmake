@@ -22,3 +22,7 @@ add_dependencies(deepspeed_distributor_test ds_program dtrain_cli)
 dtrain_test(zero_example_test LABELS zero SOURCES zero/example_test.cpp launcher/subprocess.cpp)
 target_compile_definitions(zero_example_test PRIVATE FASHION_MNIST_BIN="$<TARGET_FILE:fashion_mnist>")
 add_dependencies(zero_example_test fashion_mnist dtrain_cli)
+# Stage 3's per-submodule fetch: resident bytes between units, prefetch order, bytes sent.
+dtrain_test(zero_stage3_fetch_test LABELS zero SOURCES zero/stage3_fetch_test.cpp TORCH)
+# The user's own torch::optim optimizer on the partitions (DeepSpeed's client optimizer).
+dtrain_test(zero_client_optimizer_test LABELS zero SOURCES zero/client_optimizer_test.cpp TORCH)

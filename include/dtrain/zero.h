@@ -22,8 +22,13 @@
 //            pieces to the ranks that own them;
 //            a rank keeps only its own partition's gradients (the full .grad is released).
 //   stage 3: as 2, and the parameters themselves are partitioned: between steps a rank holds
-//            only its 1/N; the whole module is all-gathered before forward and released after
-//            backward (whole-module gathering, not DeepSpeed's per-submodule fetch/prefetch).
+//            only its 1/N. A torch::nn::Sequential is fetched per child (DeepSpeed's
+//            per-submodule fetch, src/zero/stage3_fetch.h): each child's parameters are
+//            gathered before its forward and again before its backward, released after each,
+//            and the next children are prefetched (stage3_prefetch_bucket_size,
+//            stage3_max_live_parameters, stage3_param_persistence_threshold). Any other module
+//            is gathered whole before forward and released after backward, unless its parts
+//            run through engine.fetch() (see Engine::fetch_units).
 // Optimizers (Adam, AdamW, SGD, Lamb) run on the flat partitions; with fp16/bf16 the
 // module holds 16-bit parameters and the optimizer an fp32 master partition. With
 // offload_optimizer {device: cpu} the master partition, the optimizer state and the step live
@@ -33,7 +38,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -58,8 +65,29 @@ struct LoadCheckpointOptions {
   bool load_lr_scheduler_states = true;
 };
 
+// Stage 3's per-submodule fetch, measured (EngineCore::stage3_stats()).
+struct Stage3Stats {
+  int64_t units = 0, persistent_units = 0;      // units with parameters; those kept gathered
+  int64_t partition_bytes = 0;                  // this rank's 1/N
+  int64_t persistent_bytes = 0;                 // the persistent units, gathered
+  int64_t max_live_bytes = 0;                   // stage3_max_live_parameters, in bytes
+  // The most parameter bytes alive at a unit boundary: the partition plus every gathered
+  // buffer whose storage still exists (held by the engine, or by anything else).
+  int64_t peak_resident_bytes = 0;
+  int64_t fetches = 0, prefetches = 0, fetches_on_demand = 0;
+};
+
 struct InitOptions {
   std::shared_ptr<ProcessGroup> group;  // Default: the default group (a group of 1 if there is none).
+  // Your own optimizer (DeepSpeed's client optimizer, `deepspeed.initialize(optimizer=...)`),
+  // instead of the config's "optimizer" section (give one of the two): any
+  // torch::optim::Optimizer with one parameter group, fresh (no state yet), e.g.
+  // std::make_shared<torch::optim::RMSprop>(model->parameters(), RMSpropOptions(1e-3)).
+  // The engine re-points its group at this rank's flat fp32 partition (the master copy) and
+  // calls its step() there with the partition's averaged gradient; its options (lr, betas,
+  // weight decay) apply, a config "scheduler" sets the group's lr each step. Checkpoints save
+  // its state per rank (torch::serialize) and load it at the same world size.
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 
 // DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py): scale = 2^initial_scale_power;
@@ -120,6 +148,12 @@ torch::OrderedDict<std::string, torch::Tensor> load_state_dict_file(const std::s
 
 namespace detail {
 
+class Stage3Fetch;
+
+// y = x W^T + b saving W and b themselves for backward (at::linear saves W^T, a view that
+// would keep stage 3's gathered weight alive until backward). at::linear's numerics (addmm).
+torch::Tensor zero3_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
+
 // The non-template engine shared by every Engine<M>.
 class EngineCore {
  public:
@@ -168,7 +202,21 @@ class EngineCore {
   torch::nn::Module& module() { return module_; }
   int rank() const { return rank_; }
 
+  // Stage 3's per-submodule fetch. set_units: the units, each a submodule whose parameters
+  // are contiguous in registration order (a no-op below stage 3). A pass runs
+  // begin_units(), then unit_begin(u) / unit_end(u, output) around each unit's forward.
+  void set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units);
+  bool fetches_units() const { return fetch_ != nullptr; }
+  size_t unit_of(const torch::nn::Module& m) const;  // throws UsageError when m is no unit
+  void begin_units();
+  void unit_begin(size_t u);
+  void unit_end(size_t u, const torch::Tensor* output);
+  Stage3Stats stage3_stats() const;
+  // Test hook: every fetch event ("launch 2", "forward 2", "end 2", "backward 2", "release 2").
+  void set_stage3_trace(std::function<void(const std::string&)> trace);
+
  private:
+  friend class Stage3Fetch;
   struct Bucket {
     std::vector<size_t> params;
     int64_t begin = 0, end = 0;  // flat range
@@ -185,6 +233,9 @@ class EngineCore {
   void finish_backward();
   void reduce_dense_grads();  // stages 0/1
   void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
+  void client_step(const torch::Tensor& grad, double lr);
+  void load_client_state(const std::vector<c10::impl::GenericDict>& optims, const std::string& saved_type, int saved_world,
+                         const std::string& where);
   void lamb_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
   void all_gather_params();
   void count(int64_t bytes) { bytes_this_step_ += bytes; }
@@ -231,6 +282,10 @@ class EngineCore {
   int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
   double last_grad_norm_ = 0;
   bool inject_overflow_ = false;
+  std::shared_ptr<torch::optim::Optimizer> client_;  // InitOptions::optimizer
+  torch::Tensor client_param_;                        // what its one group steps: the partition
+  std::vector<std::shared_ptr<torch::nn::Module>> unit_modules_;
+  std::unique_ptr<Stage3Fetch> fetch_;
 };
 
 }  // namespace detail
@@ -243,12 +298,41 @@ class Engine {
  public:
   Engine(ModuleType module, Config config, InitOptions options = {})
       : module_(std::move(module)),
-        core_(std::make_unique<detail::EngineCore>(dtrain::detail::module_ref(module_), std::move(config), std::move(options))) {}
+        core_(std::make_unique<detail::EngineCore>(dtrain::detail::module_ref(module_), std::move(config), std::move(options))) {
+    if constexpr (std::is_same_v<ModuleType, torch::nn::Sequential>) {
+      std::vector<std::shared_ptr<torch::nn::Module>> units;
+      for (auto& child : *module_) units.push_back(child.ptr());
+      core_->set_units(units);
+    }
+  }
 
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
-    core_->before_forward();
+    if constexpr (std::is_same_v<ModuleType, torch::nn::Sequential>) {
+      if (core_->fetches_units()) return forward_units(std::forward<Args>(args)...);
+    }
+    core_->before_forward();  // stage 3: gathers the whole module (units run through fetch())
     return module_->forward(std::forward<Args>(args)...);
+  }
+
+  // Stage 3 with a module of your own: declare the submodules that are fetched one at a time
+  // (each with contiguous parameters; together they must hold every trainable parameter),
+  // then run each of them inside fetch(), in the same order on every rank:
+  //   engine.fetch_units({model->encoder.ptr(), model->head.ptr()});
+  //   auto h = engine.fetch(*model->encoder, [&] { return model->encoder(x); });
+  //   auto y = engine.fetch(*model->head, [&] { return model->head(h); });
+  // fetch_units is a no-op below stage 3 (fetch then just calls fn).
+  void fetch_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) { core_->set_units(units); }
+  template <typename Fn>
+  decltype(auto) fetch(const torch::nn::Module& unit, Fn&& fn) {
+    if (!core_->fetches_units()) return fn();
+    const size_t u = core_->unit_of(unit);
+    if (u == 0) core_->begin_units();
+    core_->unit_begin(u);
+    decltype(auto) out = fn();
+    if constexpr (std::is_convertible_v<decltype(out), const torch::Tensor&>) core_->unit_end(u, &out);
+    else core_->unit_end(u, nullptr);
+    return out;
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {
@@ -274,6 +358,39 @@ class Engine {
   detail::EngineCore& core() { return *core_; }
 
  private:
+  // Stage 3 on a Sequential: each child is a unit; a torch::nn::Linear child runs through
+  // zero3_linear so that its gathered weight is not kept alive until backward.
+  template <typename... Args>
+  torch::Tensor forward_units(Args&&... args) {
+    core_->begin_units();
+    auto it = module_->begin();
+    if (it == module_->end()) return module_->forward(std::forward<Args>(args)...);  // its own error
+    torch::nn::AnyValue value = [&] {
+      if constexpr (sizeof...(Args) == 1) {
+        return run_unit(*it, 0, torch::nn::AnyValue(std::forward<Args>(args)...));
+      } else {
+        core_->unit_begin(0);
+        auto out = it->any_forward(std::forward<Args>(args)...);
+        core_->unit_end(0, out.template try_get<torch::Tensor>());
+        return out;
+      }
+    }();
+    size_t u = 1;
+    for (++it; it != module_->end(); ++it, ++u) value = run_unit(*it, u, std::move(value));
+    return value.template get<torch::Tensor>();
+  }
+  torch::nn::AnyValue run_unit(torch::nn::AnyModule& child, size_t u, torch::nn::AnyValue&& in) {
+    core_->unit_begin(u);
+    auto out = [&] {
+      if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(child.ptr()))
+        if (auto* x = in.template try_get<torch::Tensor>())
+          return torch::nn::AnyValue(detail::zero3_linear(*x, linear->weight, linear->bias));
+      return child.any_forward(std::move(in));
+    }();
+    core_->unit_end(u, out.template try_get<torch::Tensor>());
+    return out;
+  }
+
   ModuleType module_;
   std::unique_ptr<detail::EngineCore> core_;
 };

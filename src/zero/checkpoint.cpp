@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "dtrain/zero.h"
+#include "zero/stage3_fetch.h"
 
 namespace fs = std::filesystem;
 
@@ -75,6 +76,8 @@ IValue get(const c10::impl::GenericDict& d, const std::string& key, const fs::pa
 
 std::string optim_file(int rank) { return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt"; }
 const char* kModelFile = "mp_rank_00_model_states.pt";
+// The optimizer type recorded for InitOptions::optimizer.
+const char* kClientType = "client";
 
 std::string resolve_tag(const fs::path& dir, const std::string& tag) {
   if (!tag.empty()) return tag;
@@ -186,7 +189,18 @@ IValue EngineCore::optim_state() {
     st.insert(sgd ? "momentum_buffer" : (k == 0 ? "exp_avg" : "exp_avg_sq"), slice(state_[k]));
   o.insert("state", st);
   o.insert("step", opt_step_);
-  o.insert("type", config_.optimizer.type);
+  o.insert("type", client_ ? std::string(kClientType) : config_.optimizer.type);
+  if (client_) {
+    // Its own serialization (torch::optim's archive), as bytes: keyed to this partition.
+    torch::serialize::OutputArchive archive;
+    client_->save(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    const std::string b = bytes.str();
+    auto t = torch::empty({static_cast<int64_t>(b.size())}, torch::kUInt8);
+    std::memcpy(t.data_ptr(), b.data(), b.size());
+    o.insert("client_optimizer", t);
+  }
   auto d = new_dict();
   d.insert("optimizer_state_dict", o);
   return d;
@@ -243,6 +257,27 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   return tag;
 }
 
+void EngineCore::load_client_state(const std::vector<c10::impl::GenericDict>& optims, const std::string& saved_type,
+                                   int saved_world, const std::string& where) {
+  if (!client_)
+    throw Error("zero load_checkpoint: " + where + " holds the state of a client optimizer (InitOptions::optimizer); "
+                "initialize with the same optimizer to load it, or load with load_optimizer_states = false");
+  if (saved_type != kClientType)
+    throw Error("zero load_checkpoint: " + where + " holds the config optimizer " + saved_type +
+                "'s state, but this engine steps a client optimizer (InitOptions::optimizer); load with "
+                "load_optimizer_states = false to start its state afresh");
+  if (saved_world != world_)
+    throw Error("zero load_checkpoint: " + where + " was saved by " + std::to_string(saved_world) +
+                " ranks with a client optimizer, whose state is opaque and kept per partition; load it on " +
+                std::to_string(saved_world) + " ranks (this run has " + std::to_string(world_) +
+                "), or with load_optimizer_states = false");
+  auto o = get(optims[static_cast<size_t>(rank_)], "optimizer_state_dict", where).toGenericDict();
+  auto t = get(o, "client_optimizer", where).toTensor().contiguous();
+  torch::serialize::InputArchive archive;
+  archive.load_from(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+  client_->load(archive);
+}
+
 void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c10::impl::GenericDict>& optims,
                             const LoadCheckpointOptions& opts, const std::string& where) {
   const fs::path model_path(where);
@@ -263,8 +298,13 @@ void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c
     if (it != module_dict.end() && item.value().defined()) item.value().detach().copy_(it->value().toTensor());
   }
   auto place = [&](const torch::Tensor& full_flat) {
-    if (stage_ < 3) flat_params_.copy_(full_flat);
-    else param_part_.copy_(own_slice(full_flat));
+    if (stage_ < 3) {
+      flat_params_.copy_(full_flat);
+      return;
+    }
+    param_part_.copy_(own_slice(full_flat));
+    if (gathered_) release_parameters();  // gathered copies of the old values are stale
+    if (fetch_) fetch_->release_all();
   };
   place(full);
   if (opts.load_optimizer_states) {
@@ -287,6 +327,9 @@ void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c
     };
     auto mine = [&](const torch::Tensor& t) { return stage_ == 0 ? pad(t) : own_slice(pad(t)); };
     if (master_.defined()) master_.copy_(mine(f.master));
+    const std::string saved_type =
+        get(get(optims[0], "optimizer_state_dict", model_path).toGenericDict(), "type", model_path).toStringRef();
+    if (client_ || saved_type == kClientType) load_client_state(optims, saved_type, saved_world, where);
     if (f.state.size() != state_.size())
       throw Error("zero load_checkpoint: the checkpoint's optimizer has " + std::to_string(f.state.size()) +
                   " state tensors per element, this one " + std::to_string(state_.size()) + " (another optimizer type?)");

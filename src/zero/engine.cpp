@@ -2,11 +2,14 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <unordered_map>
 
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
+#include "zero/stage3_fetch.h"
 
 namespace dtrain::zero {
 namespace detail {
@@ -39,10 +42,23 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   if (config_.world_size != world_)
     throw UsageError("zero::initialize: the config was resolved for world size " + std::to_string(config_.world_size) +
                      " but the group has " + std::to_string(world_) + " ranks");
-  if (!config_.optimizer.given)
+  client_ = std::move(options.optimizer);
+  if (client_ && config_.optimizer.given)
+    throw UsageError(
+        "zero::initialize: an optimizer was given twice, in the config's \"optimizer\" section and as "
+        "InitOptions::optimizer; remove one of them");
+  if (!client_ && !config_.optimizer.given)
     throw UsageError(
         "zero::initialize: the config has no \"optimizer\" section; add one, e.g. "
-        "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD or Lamb)");
+        "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD or Lamb), "
+        "or pass your own torch::optim optimizer as InitOptions::optimizer");
+  if (client_ && client_->param_groups().size() != 1)
+    throw UsageError("zero::initialize: InitOptions::optimizer has " + std::to_string(client_->param_groups().size()) +
+                     " parameter groups; ZeRO steps one flat partition of every parameter, so give it one group "
+                     "(e.g. over module->parameters())");
+  if (client_ && !client_->state().empty())
+    throw UsageError("zero::initialize: InitOptions::optimizer already holds state for " +
+                     std::to_string(client_->state().size()) + " parameters; give a fresh optimizer (load state with load_checkpoint)");
   for (auto& item : module_.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     names_.push_back(item.key());
@@ -114,8 +130,13 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   }
   torch::Tensor w = master_.defined() ? master_ : stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
   const auto& type = config_.optimizer.type;
-  int nstate = type == "SGD" ? (config_.optimizer.momentum > 0 ? 1 : 0) : 2;
+  int nstate = client_ ? 0 : type == "SGD" ? (config_.optimizer.momentum > 0 ? 1 : 0) : 2;
   for (int k = 0; k < nstate; ++k) state_.push_back(torch::zeros_like(w));
+  if (client_) {
+    client_param_ = w;  // one tensor for good: the optimizer keys its state by it
+    client_->param_groups()[0].params() = {client_param_};
+    scheduler_ = LRScheduler(config_.scheduler, client_->param_groups()[0].options().get_lr(), config_.optimizer.beta1);
+  }
 
   if (stage_ < 2) {
     flat_grads_ = torch::zeros({padded_}, torch::TensorOptions().dtype(model_dtype_).device(device_));
@@ -182,7 +203,63 @@ void EngineCore::install_hooks() {
   }
 }
 
+void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+  if (stage_ != 3) return;
+  if (in_backward_) throw UsageError("zero: fetch_units() during backward; declare the units before training");
+  // Parameter index by identity; each unit's must be contiguous (registration order).
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
+  std::vector<std::vector<size_t>> lists;
+  std::vector<bool> covered(params_.size(), false);
+  for (const auto& m : units) {
+    if (!m) throw UsageError("zero: fetch_units() got a null module");
+    std::vector<size_t> list;
+    for (auto& p : m->parameters(/*recurse=*/true)) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;  // frozen (requires_grad false): not the engine's
+      if (covered[it->second])
+        throw UsageError("zero: parameter '" + names_[it->second] + "' is in two fetch units; give each submodule once");
+      covered[it->second] = true;
+      list.push_back(it->second);
+    }
+    std::sort(list.begin(), list.end());
+    for (size_t k = 1; k < list.size(); ++k)
+      if (list[k] != list[k - 1] + 1)
+        throw UsageError("zero: the parameters of fetch unit '" + m->name() + "' are not contiguous in the module's registration order ('" +
+                         names_[list[k - 1]] + "' then '" + names_[list[k]] + "'); give units that are whole submodules, registered in turn");
+    lists.push_back(std::move(list));
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!covered[i])
+      throw UsageError("zero: parameter '" + names_[i] + "' is in no fetch unit; the units must hold every trainable parameter (add its submodule)");
+  if (gathered_) release_parameters();
+  fetch_.reset();
+  unit_modules_ = units;
+  fetch_ = std::make_unique<Stage3Fetch>(*this, std::move(lists));
+}
+
+size_t EngineCore::unit_of(const torch::nn::Module& m) const {
+  for (size_t u = 0; u < unit_modules_.size(); ++u)
+    if (unit_modules_[u].get() == &m) return u;
+  throw UsageError("zero: fetch() got module '" + m.name() + "', which is not one of the units given to fetch_units()");
+}
+
+void EngineCore::begin_units() {
+  if (gathered_) release_parameters();  // a whole-module gather (evaluation, checkpoint) ends here
+}
+
+void EngineCore::unit_begin(size_t u) { fetch_->begin_forward(u); }
+
+void EngineCore::unit_end(size_t u, const torch::Tensor* output) { fetch_->end_forward(u, output); }
+
+Stage3Stats EngineCore::stage3_stats() const { return fetch_ ? fetch_->stats() : Stage3Stats{}; }
+
+void EngineCore::set_stage3_trace(std::function<void(const std::string&)> trace) {
+  if (fetch_) fetch_->set_trace(std::move(trace));
+}
+
 void EngineCore::gather_parameters() {
+  if (fetch_) fetch_->release_all();
   auto local = param_part_.to(device_);
   torch::Tensor flat;
   if (world_ > 1) {
@@ -211,7 +288,7 @@ void EngineCore::before_forward() {
 }
 
 void EngineCore::backward(const torch::Tensor& loss) {
-  if (stage_ == 3 && !gathered_) gather_parameters();
+  if (stage_ == 3 && !gathered_ && !fetch_) gather_parameters();
   if (stage_ < 2) {
     // A user's zero_grad() (set_to_none) detaches .grad from the flat buffer: re-point it.
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -235,7 +312,10 @@ void EngineCore::backward(const torch::Tensor& loss) {
   ++micro_steps_;
   if (stage_ >= 2) finish_backward();
   in_backward_ = false;
-  if (stage_ == 3) release_parameters();
+  if (stage_ == 3) {
+    if (fetch_) fetch_->end_backward();
+    if (gathered_) release_parameters();
+  }
 }
 
 void EngineCore::on_grad_ready(size_t i) {
@@ -243,6 +323,7 @@ void EngineCore::on_grad_ready(size_t i) {
   ready_[i] = true;
   --buckets_[bucket_of_[i]].pending;
   launch_ready_buckets();
+  if (fetch_) fetch_->on_grad_ready(i);
 }
 
 void EngineCore::launch_ready_buckets() {
@@ -309,7 +390,10 @@ bool EngineCore::is_gradient_accumulation_boundary() const {
   return micro_steps_ > 0 && micro_steps_ % config_.gradient_accumulation_steps == 0;
 }
 
-double EngineCore::lr() const { return scheduler_.enabled() ? scheduler_.lr() : config_.optimizer.lr; }
+double EngineCore::lr() const {
+  if (scheduler_.enabled()) return scheduler_.lr();
+  return client_ ? client_->param_groups()[0].options().get_lr() : config_.optimizer.lr;
+}
 
 void EngineCore::step() {
   if (!is_gradient_accumulation_boundary() || micro_steps_ / config_.gradient_accumulation_steps <= global_steps_) return;
@@ -317,6 +401,7 @@ void EngineCore::step() {
   // Stage 3: a forward without backward (evaluation) left the module gathered; the update
   // below changes the partitions, so the next forward must gather again.
   if (stage_ == 3 && gathered_) release_parameters();
+  if (fetch_) fetch_->release_all();  // persistent units too: the partitions change
   const auto master_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   // 1. This rank's averaged gradients, in the master dtype, where the master lives.
   torch::Tensor g;
@@ -409,7 +494,15 @@ void EngineCore::all_gather_params() {
   count(nbytes(flat_params_) * (world_ - 1) / world_);
 }
 
+void EngineCore::client_step(const torch::Tensor& g, double lr) {
+  if (scheduler_.enabled()) client_->param_groups()[0].options().set_lr(lr);
+  client_param_.mutable_grad() = g;
+  client_->step();
+  client_param_.mutable_grad() = torch::Tensor();
+}
+
 void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, double lr, double beta1) {
+  if (client_) return client_step(g, lr);
   const auto& o = config_.optimizer;
   if (o.type == "Lamb") return lamb_step(w, g, lr, beta1);
   if (o.type == "SGD") {
@@ -497,6 +590,7 @@ MemoryUsage EngineCore::memory() const {
   else {
     put(m.params_device, m.params_cpu, param_part_, offload_param_);
     if (gathered_) put(m.params_device, m.params_cpu, flat_params_, false);
+    if (fetch_) m.params_device += fetch_->held_bytes();
   }
   if (stage_ < 2) put(m.grads_device, m.grads_cpu, flat_grads_, false);
   else {

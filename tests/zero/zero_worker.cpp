@@ -31,11 +31,17 @@ nlohmann::json variant_config(const std::string& v, int batch) {
   if (v == "stage2") z["stage"] = 2;
   if (v == "stage3") z["stage"] = 3;
   if (v == "stage2_overlap") z["stage"] = 2, z["overlap_comm"] = true;  // bucket reductions in flight during backward
-  if (v == "stage3_overlap") z["stage"] = 3, z["overlap_comm"] = true;
+  // Every Linear fetched on its own around its forward and backward (no unit persists), the
+  // next prefetched: stage 3's per-submodule fetch (the plain stage3 keeps these small units
+  // gathered for the step, under the default persistence threshold).
+  if (v == "stage3_overlap")
+    z["stage"] = 3, z["overlap_comm"] = true, z["stage3_param_persistence_threshold"] = 0,
+    z["stage3_prefetch_bucket_size"] = 1000;
   if (v == "stage1_offload") z["stage"] = 1, z["offload_optimizer"] = {{"device", "cpu"}};
   if (v == "stage2_offload") z["stage"] = 2, z["offload_optimizer"] = {{"device", "cpu"}};
   if (v == "stage3_offload")
-    z["stage"] = 3, z["offload_optimizer"] = {{"device", "cpu"}}, z["offload_param"] = {{"device", "cpu"}};
+    z["stage"] = 3, z["offload_optimizer"] = {{"device", "cpu"}}, z["offload_param"] = {{"device", "cpu"}},
+    z["stage3_param_persistence_threshold"] = 0, z["stage3_prefetch_bucket_size"] = 0;  // fetched on demand
   return c;
 }
 

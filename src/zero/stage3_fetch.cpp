@@ -1,0 +1,222 @@
+// ZeRO stage 3: gathering a unit's parameters around its forward and backward (see
+// stage3_fetch.h).
+#include "zero/stage3_fetch.h"
+
+#include <algorithm>
+
+namespace dtrain::zero::detail {
+namespace {
+
+int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+// Gloo moves no bfloat16: its bits travel as float16 (a broadcast only copies them).
+torch::Tensor wire(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t; }
+
+// at::linear saves W^T (a view of the gathered buffer) for backward; this saves W itself, a
+// leaf, so backward reads whatever the parameter holds then (gathered again by the hook).
+class Zero3Linear : public torch::autograd::Function<Zero3Linear> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b) {
+    ctx->save_for_backward({x, w, b});
+    auto x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+    auto y = b.defined() ? torch::addmm(b, x2, w.t()) : x2.mm(w.t());
+    if (x.dim() == 2) return y;
+    auto shape = x.sizes().vec();
+    shape.back() = w.size(0);
+    return y.view(shape);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &b = saved[2];
+    auto g = grads[0];
+    auto g2 = g.dim() == 2 ? g : g.reshape({-1, g.size(-1)});
+    auto x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+    torch::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
+    if (ctx->needs_input_grad(1)) gw = g2.t().mm(x2);  // as addmm's backward computes it for W^T
+    if (b.defined() && ctx->needs_input_grad(2)) gb = g2.sum(0);
+    return {gx, gw, gb};
+  }
+};
+
+}  // namespace
+
+torch::Tensor zero3_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  return Zero3Linear::apply(x, w, b);
+}
+
+Stage3Fetch::Stage3Fetch(EngineCore& core, std::vector<std::vector<size_t>> units) : core_(core) {
+  unit_of_.assign(core_.params_.size(), SIZE_MAX);
+  const auto& z = core_.config_.zero;
+  const int64_t elem = c10::elementSize(core_.model_dtype_);
+  for (auto& params : units) {
+    Unit u;
+    u.params = std::move(params);
+    if (!u.params.empty()) {
+      u.begin = core_.offsets_[u.params.front()];
+      u.end = core_.offsets_[u.params.back()] + core_.numels_[u.params.back()];
+      u.persistent = u.end - u.begin < z.stage3_param_persistence_threshold;
+      for (auto i : u.params) unit_of_[i] = units_.size();
+      ++stats_.units;
+      if (u.persistent) {
+        ++stats_.persistent_units;
+        stats_.persistent_bytes += (u.end - u.begin) * elem;
+      }
+    }
+    units_.push_back(std::move(u));
+  }
+  stats_.partition_bytes = nbytes(core_.param_part_);
+  stats_.max_live_bytes = z.stage3_max_live_parameters * elem;
+}
+
+bool Stage3Fetch::any_resident() const {
+  return std::any_of(units_.begin(), units_.end(), [](const Unit& u) { return u.buffer.defined(); });
+}
+
+int64_t Stage3Fetch::held_bytes() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += nbytes(u.buffer);
+  return n;
+}
+
+int64_t Stage3Fetch::live_elements() const {
+  int64_t n = 0;
+  for (const auto& u : units_)
+    if (u.buffer.defined() && !u.persistent) n += u.end - u.begin;
+  return n;
+}
+
+void Stage3Fetch::launch(size_t i) {
+  auto& u = units_[i];
+  if (u.buffer.defined() || u.params.empty()) return;
+  const int64_t part = core_.part_;
+  const int world = core_.world_, rank = core_.rank_;
+  u.buffer = torch::empty({u.end - u.begin}, torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
+  watched_.push_back({u.buffer.storage().getWeakStorageImpl(), nbytes(u.buffer)});
+  trace("launch " + std::to_string(i));
+  torch::NoGradGuard ng;
+  for (int r = static_cast<int>(u.begin / part); r < world && r * part < u.end; ++r) {
+    const int64_t lo = std::max(u.begin, r * part), hi = std::min(u.end, (r + 1) * part);
+    if (lo >= hi) continue;
+    auto piece = u.buffer.narrow(0, lo - u.begin, hi - lo);
+    if (r == rank) piece.copy_(core_.param_part_.narrow(0, lo - r * part, hi - lo));
+    if (world == 1) continue;
+    BroadcastOptions o;
+    o.group = core_.group_;
+    o.src = r;
+    auto w = wire(piece);
+    u.works.push_back(broadcast_async(w, o));
+    core_.count(nbytes(piece) * (world - 1) / world);
+  }
+  ++stats_.fetches;
+}
+
+void Stage3Fetch::wait(size_t i) {
+  auto& u = units_[i];
+  if (u.params.empty()) return;
+  if (!u.buffer.defined()) {
+    launch(i);
+    ++stats_.fetches_on_demand;
+  }
+  for (auto& w : u.works) w.wait();
+  u.works.clear();
+  if (u.pointed) return;
+  torch::NoGradGuard ng;
+  for (auto k : u.params)
+    core_.params_[k].set_data(u.buffer.narrow(0, core_.offsets_[k] - u.begin, core_.numels_[k]).view(core_.shapes_[k]));
+  u.pointed = true;
+}
+
+void Stage3Fetch::release(size_t i) {
+  auto& u = units_[i];
+  if (!u.buffer.defined()) return;
+  for (auto& w : u.works) w.wait();  // every rank took part: it must complete
+  u.works.clear();
+  torch::NoGradGuard ng;
+  auto empty = torch::empty({0}, torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
+  for (auto k : u.params) core_.params_[k].set_data(empty);
+  u.buffer = torch::Tensor();
+  u.pointed = false;
+  trace("release " + std::to_string(i));
+}
+
+void Stage3Fetch::prefetch_after(size_t i, int direction) {
+  const auto& z = core_.config_.zero;
+  int64_t budget = z.stage3_prefetch_bucket_size;
+  for (int64_t v = static_cast<int64_t>(i) + direction; v >= 0 && v < static_cast<int64_t>(units_.size()); v += direction) {
+    auto& u = units_[v];
+    if (u.params.empty() || u.buffer.defined()) continue;
+    const int64_t n = u.end - u.begin;
+    if (n > budget || live_elements() + n > z.stage3_max_live_parameters) break;
+    launch(v);
+    ++stats_.prefetches;
+    budget -= n;
+  }
+}
+
+void Stage3Fetch::begin_forward(size_t i) {
+  wait(i);
+  prefetch_after(i, +1);
+  trace("forward " + std::to_string(i));
+}
+
+void Stage3Fetch::end_forward(size_t i, const torch::Tensor* out) {
+  auto& u = units_[i];
+  if (out && out->defined() && out->requires_grad() && !u.params.empty()) {
+    out->register_hook([this, i](const torch::Tensor&) {
+      auto& unit = units_[i];
+      unit.used_in_backward = true;
+      unit.grads_pending = unit.params.size();
+      wait(i);
+      prefetch_after(i, -1);
+      trace("backward " + std::to_string(i));
+    });
+  }
+  if (!u.persistent) release(i);
+  trace("end " + std::to_string(i));
+  record_resident();
+}
+
+void Stage3Fetch::on_grad_ready(size_t param) {
+  const size_t i = unit_of_[param];
+  if (i == SIZE_MAX) return;
+  auto& u = units_[i];
+  if (!u.used_in_backward || u.grads_pending == 0 || --u.grads_pending > 0) return;
+  if (!u.persistent) release(i);
+  record_resident();
+}
+
+void Stage3Fetch::end_backward() {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    auto& u = units_[i];
+    u.used_in_backward = false;
+    u.grads_pending = 0;
+    if (u.persistent) {
+      for (auto& w : u.works) w.wait();
+      u.works.clear();
+    } else {
+      release(i);
+    }
+  }
+  record_resident();
+}
+
+void Stage3Fetch::release_all() {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    units_[i].used_in_backward = false;
+    release(i);
+  }
+}
+
+int64_t Stage3Fetch::resident_bytes() {
+  int64_t n = nbytes(core_.param_part_);
+  watched_.erase(std::remove_if(watched_.begin(), watched_.end(), [](const Watched& w) { return w.storage.expired(); }),
+                 watched_.end());
+  for (const auto& w : watched_) n += w.bytes;
+  return n;
+}
+
+void Stage3Fetch::record_resident() { stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_bytes()); }
+
+}  // namespace dtrain::zero::detail

@@ -1,0 +1,96 @@
+// ZeRO stage 3's per-submodule parameter fetch (DeepSpeed's PartitionedParameterCoordinator):
+// the module is cut into units (the children of a torch::nn::Sequential, each a contiguous
+// range of the flat parameter buffer); a unit's parameters are gathered just before its
+// forward and again before its backward, into a buffer of the unit's own, and released after
+// each, so that between units a rank holds its 1/N partition, the persistent units and what
+// was prefetched. Gathering: each rank that owns a piece of the unit's flat range broadcasts
+// it (asynchronously), so the next units can be fetched while this one computes:
+//   stage3_prefetch_bucket_size   elements fetched ahead of use, at most;
+//   stage3_max_live_parameters    elements gathered at once (resident or in flight), at most,
+//                                 except that the unit needed now is always fetched;
+//   stage3_param_persistence_threshold  a unit smaller than this stays gathered from its first
+//                                 fetch after a step until the next step (per unit, where
+//                                 DeepSpeed decides per parameter).
+// Residency is measured, not assumed: each gathered buffer is watched through a weak
+// reference to its storage, so a buffer that something else (autograd's saved tensors) keeps
+// alive after its release still counts. That is why a torch::nn::Linear unit runs through
+// ZeRO's own linear (zero3_linear below), which saves the weight itself for backward, not the
+// transposed view at::linear saves (which would keep every gathered weight alive until its
+// backward), as DeepSpeed's LinearFunctionForZeroStage3 does.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dtrain/collectives.h"
+#include "dtrain/zero.h"
+
+namespace dtrain::zero::detail {
+
+class Stage3Fetch {
+ public:
+  // units: per unit, the indices into core.params_ (contiguous, ascending).
+  Stage3Fetch(EngineCore& core, std::vector<std::vector<size_t>> units);
+
+  size_t size() const { return units_.size(); }
+  // Forward: make unit u resident (wait for its prefetch or fetch it now), then prefetch the
+  // next units in forward order.
+  void begin_forward(size_t u);
+  // Forward done: release u unless persistent; `out` (when it requires grad) gets a hook that
+  // fetches u again when backward reaches it and prefetches the units before it.
+  void end_forward(size_t u, const torch::Tensor* out);
+  // A parameter's gradient was accumulated (from the engine's hook, during backward): a unit
+  // whose every gradient is in is released.
+  void on_grad_ready(size_t param);
+  // End of backward: waits for anything still in flight, releases every non-persistent unit.
+  void end_backward();
+  // The partitions changed (step, checkpoint load): every unit, persistent ones too, is stale.
+  void release_all();
+  bool any_resident() const;
+  // Bytes of the gathered buffers the engine holds now.
+  int64_t held_bytes() const;
+
+  void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
+  const Stage3Stats& stats() const { return stats_; }
+
+ private:
+  struct Unit {
+    std::vector<size_t> params;
+    int64_t begin = 0, end = 0;  // flat range
+    bool persistent = false;
+    torch::Tensor buffer;        // gathered (or being gathered); undefined when released
+    std::vector<Work> works;     // in flight while non-empty
+    size_t grads_pending = 0;
+    bool used_in_backward = false;
+    bool pointed = false;        // the parameters are views of `buffer`
+  };
+  void launch(size_t u);             // start gathering u (no-op when resident or in flight)
+  void wait(size_t u);               // u resident, params pointed at its buffer
+  void release(size_t u);
+  void prefetch_after(size_t u, int direction);
+  int64_t live_elements() const;
+  void record_resident();            // a unit boundary: update the peak
+  int64_t resident_bytes();          // partition + every gathered storage still alive
+  void trace(const std::string& what) {
+    if (trace_) trace_(what);
+  }
+
+  EngineCore& core_;
+  std::vector<Unit> units_;
+  std::vector<size_t> unit_of_;      // param -> unit
+  struct Watched {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    int64_t bytes;
+  };
+  std::vector<Watched> watched_;
+  Stage3Stats stats_;
+  std::function<void(const std::string&)> trace_;
+};
+
+}  // namespace dtrain::zero::detail

@@ -1,0 +1,204 @@
+// ZeRO stage 3's per-submodule fetch (src/zero/stage3_fetch.h), ranks as threads: resident
+// parameter bytes between units stay within 1/N + persistent units + max live parameters
+// (measured through the gathered buffers' storages, whoever holds them), the next unit is
+// prefetched while one computes, bytes sent are 1.5x DDP's, and fetching per unit trains
+// exactly as gathering the whole module does.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "dtrain/zero.h"
+#include "support/thread_group.h"
+
+namespace {
+
+using dtrain::ProcessGroup;
+using dtrain::test::run_ranks;
+using nlohmann::json;
+using namespace torch::nn;
+using Params = std::vector<torch::Tensor>;
+
+std::mutex seed_mu;
+
+// Six 64x64 Linears (4,160 parameters each) and a small head (130): units 0, 2, ..., 12.
+Sequential make_seq() {
+  std::lock_guard<std::mutex> lock(seed_mu);
+  torch::manual_seed(5);
+  Sequential m;
+  for (int i = 0; i < 6; ++i) m->push_back(Linear(64, 64)), m->push_back(ReLU());
+  m->push_back(Linear(64, 2));
+  m->to(torch::kFloat64);
+  return m;
+}
+
+// The same layers inside a module of its own (not a Sequential: gathered whole, or fetched
+// through engine.fetch()).
+struct NetImpl : Module {
+  Sequential body{nullptr}, head{nullptr};
+  NetImpl() {
+    auto seq = make_seq();
+    body = register_module("body", Sequential());
+    head = register_module("head", Sequential());
+    size_t i = 0;
+    for (auto& child : *seq) {
+      if (i++ == 12) head->push_back(child);
+      else body->push_back(child);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) { return head->forward(body->forward(x)); }
+};
+TORCH_MODULE(Net);
+
+json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false) {
+  return {{"train_micro_batch_size_per_gpu", 8},
+          {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
+          {"zero_optimization",
+           {{"stage", 3},
+            {"overlap_comm", overlap},
+            {"reduce_bucket_size", 5000},
+            {"stage3_param_persistence_threshold", persistence},
+            {"stage3_max_live_parameters", max_live},
+            {"stage3_prefetch_bucket_size", prefetch}}}};
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+Batch batch(int step, int rank) {
+  auto g = torch::make_generator<at::CPUGeneratorImpl>(1000 + step * 16 + rank);
+  return {torch::randn({8, 64}, g, torch::kFloat64), torch::randint(0, 2, {8}, g, torch::kLong)};
+}
+
+template <class E, class F>
+void train(E& e, int rank, int steps, F&& forward) {
+  for (int s = 0; s < steps; ++s) {
+    auto b = batch(s, rank);
+    e.backward(functional::cross_entropy(forward(b.x), b.y));
+    e.step();
+  }
+}
+
+template <class E>
+Params gathered(E& e) {
+  e.core().before_forward();  // the whole module (a collective)
+  Params out;
+  for (auto& p : e.module()->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double max_abs_diff(const Params& a, const Params& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().template item<double>());
+  return m;
+}
+
+TEST(ZeroStage3Fetch, ResidentBytesBetweenUnitsStayWithinTheBound) {
+  const int N = 2;
+  // The head (130 elements) persists; at most one 4,160-element unit may be gathered ahead.
+  auto cfg = config(/*persistence=*/200, /*max_live=*/2 * 4160, /*prefetch=*/4160);
+  std::mutex mu;
+  dtrain::zero::Stage3Stats stats;
+  std::vector<std::string> trace;
+  int64_t held_after_step = -1;
+  run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(make_seq(), cfg, {pg});
+    std::vector<std::string> mine;
+    e.core().set_stage3_trace([&](const std::string& s) { mine.push_back(s); });
+    train(e, pg->rank(), 3, [&](const torch::Tensor& x) { return e(x); });
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg->rank() == 0) stats = e.core().stage3_stats(), trace = mine, held_after_step = e.memory().params();
+  });
+  const int64_t total = (6 * 4160 + 130) * 8, whole_gather_peak = (total + total / N);
+  EXPECT_EQ(stats.units, 7);
+  EXPECT_EQ(stats.persistent_units, 1);
+  EXPECT_EQ(stats.persistent_bytes, 130 * 8);
+  EXPECT_EQ(stats.partition_bytes, (6 * 4160 + 130) / N * 8);
+  const int64_t bound = stats.partition_bytes + stats.persistent_bytes + stats.max_live_bytes;
+  std::printf("peak resident parameter bytes between units: %lld (bound 1/N + persistent + max live = %lld; "
+              "gathering the whole module holds %lld)\n",
+              (long long)stats.peak_resident_bytes, (long long)bound, (long long)whole_gather_peak);
+  EXPECT_GT(stats.peak_resident_bytes, stats.partition_bytes);
+  EXPECT_LE(stats.peak_resident_bytes, bound);
+  EXPECT_LT(stats.peak_resident_bytes, whole_gather_peak);
+  EXPECT_EQ(held_after_step, stats.partition_bytes);  // between steps: the partition only
+  // Prefetch: unit 2's gather starts before unit 0's forward ends, and in backward unit 10's
+  // before unit 12's backward is done.
+  auto at = [&](const std::string& what) {
+    return std::find(trace.begin(), trace.end(), what) - trace.begin();
+  };
+  EXPECT_LT(at("launch 2"), at("end 0"));
+  EXPECT_LT(at("launch 0"), at("launch 2"));
+  EXPECT_LT(at("launch 2"), at("forward 0"));  // launched before unit 0 computes
+  EXPECT_GT(stats.prefetches, 0);
+  // Every unit is gathered twice per step (forward, backward) except the persistent head, once.
+  EXPECT_EQ(stats.fetches, 3 * (2 * 6 + 1));
+}
+
+TEST(ZeroStage3Fetch, SendsOneAndAHalfTimesDdpBytes) {
+  for (int N : {2, 4}) {
+    std::mutex mu;
+    int64_t sent = 0;
+    run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_seq(), config(0, 1000000, 10000, true), {pg});
+      train(e, pg->rank(), 2, [&](const torch::Tensor& x) { return e(x); });
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() == 0) sent = e.bytes_sent_last_step();
+    });
+    const int64_t n = 6 * 4160 + 130, padded = (n + N - 1) / N * N;
+    const double ddp = 2.0 * (N - 1) * padded * 8 / N;
+    std::printf("N=%d: stage 3 sends %lld bytes per step, %.3fx DDP's all-reduce\n", N, (long long)sent, sent / ddp);
+    // Two gathers (forward, backward) and one reduce of (N-1)/N each: 3/2 of an all-reduce.
+    EXPECT_NEAR(sent / ddp, 1.5, 0.01) << N;
+  }
+}
+
+TEST(ZeroStage3Fetch, PerUnitFetchTrainsAsTheWholeModuleGather) {
+  const int N = 2;
+  std::mutex mu;
+  Params seq_fetch, net_whole, net_fetch;
+  run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto cfg = config(0, 1000000, 5000);
+    auto a = dtrain::zero::initialize(make_seq(), cfg, {pg});
+    train(a, pg->rank(), 4, [&](const torch::Tensor& x) { return a(x); });
+    auto pa = gathered(a);
+    auto b = dtrain::zero::initialize(Net(), cfg, {pg});  // not a Sequential: gathered whole
+    train(b, pg->rank(), 4, [&](const torch::Tensor& x) { return b(x); });
+    auto pb = gathered(b);
+    auto c = dtrain::zero::initialize(Net(), cfg, {pg});
+    auto& net = *c.module();
+    c.fetch_units({net.body.ptr(), net.head.ptr()});
+    train(c, pg->rank(), 4, [&](const torch::Tensor& x) {
+      auto h = c.fetch(*net.body, [&] { return net.body->forward(x); });
+      return c.fetch(*net.head, [&] { return net.head->forward(h); });
+    });
+    auto pc = gathered(c);
+    EXPECT_EQ(c.core().stage3_stats().units, 2);
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg->rank() == 0) seq_fetch = pa, net_whole = pb, net_fetch = pc;
+  });
+  ASSERT_EQ(seq_fetch.size(), net_whole.size());
+  EXPECT_EQ(max_abs_diff(seq_fetch, net_whole), 0.0);  // ZeRO's linear has at::linear's numerics
+  EXPECT_EQ(max_abs_diff(net_fetch, net_whole), 0.0);
+}
+
+TEST(ZeroStage3Fetch, UnitsThatDoNotCoverTheModelAreAnError) {
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(Net(), config(0, 1000000, 5000), {pg});
+    try {
+      e.fetch_units({e.module()->body.ptr()});
+      FAIL() << "expected an error";
+    } catch (const dtrain::UsageError& err) {
+      EXPECT_NE(std::string(err.what()).find("parameter 'head.0.weight' is in no fetch unit"), std::string::npos) << err.what();
+    }
+    e.fetch_units({e.module()->body.ptr(), e.module()->head.ptr()});
+    try {
+      e.fetch(*e.module(), [] { return 0; });
+      FAIL() << "expected an error";
+    } catch (const dtrain::UsageError& err) {
+      EXPECT_NE(std::string(err.what()).find("not one of the units"), std::string::npos) << err.what();
+    }
+  });
+}
+
+}  // namespace
