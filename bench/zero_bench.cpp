@@ -13,7 +13,7 @@
 //
 //   dtrain run --nproc-per-node 2 zero_bench throughput [--steps 20] [--rounds 3]
 //     Samples/s of an ~8.4M-parameter MLP under dtrain DDP + torch::optim::Adam and under ZeRO
-//     stages 0-3 (stages 2-3 also with overlap_comm and 2M-element buckets), interleaved in
+//     stages 0-3 (stages 1-3 also with overlap_comm and 2M-element buckets), interleaved in
 //     rounds (best round counts); ratios against DDP.
 //
 // Every mode prints the machine (CPU model, cores) and JSON lines.
@@ -170,7 +170,7 @@ int throughput_bench(int steps, int rounds) {
   auto x = torch::randn({batch, 1024});
   auto y = torch::randint(0, 10, {batch}, torch::kLong);
   std::map<std::string, double> best;
-  const std::vector<std::string> variants = {"ddp", "stage0", "stage1", "stage2", "stage2_overlap", "stage3", "stage3_overlap"};
+  const std::vector<std::string> variants = {"ddp", "stage0", "stage1", "stage1_overlap", "stage2", "stage2_overlap", "stage3", "stage3_overlap"};
   for (int round = 0; round < rounds; ++round) {
     for (const auto& v : variants) {
       auto model = make();

@@ -135,6 +135,10 @@ void reduce(torch::Tensor& tensor, const ReduceOptions& options = {});
 Work reduce_async(torch::Tensor& tensor, const ReduceOptions& options = {});
 // Returns world_size tensors, rank r's at index r (tensors of equal shape on every rank).
 std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor, const CollectiveOptions& options = {});
+// `out` holds world_size equal chunks along dim 0; every rank gets rank r's `input` in chunk r
+// (PyTorch's all_gather_into_tensor): no list of new tensors, no copies out of them.
+// `input` may be out's own chunk (in place), or any tensor of one chunk's shape and dtype.
+void all_gather_into_tensor(torch::Tensor& out, const torch::Tensor& input, const CollectiveOptions& options = {});
 // Returns world_size tensors on dst, an empty vector elsewhere.
 std::vector<torch::Tensor> gather(const torch::Tensor& tensor, const GatherOptions& options = {});
 // On src, `chunks` holds world_size tensors (ignored elsewhere); every rank gets its chunk

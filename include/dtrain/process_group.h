@@ -19,7 +19,7 @@ struct ProcessGroupOptions {
   // "auto": the shared-memory backend when every rank runs on this host (same hostname,
   //   boot and /dev/shm), else Gloo; every rank decides alike through the store.
   // "shm": the shared-memory backend, an error (UsageError) if some rank is on another host.
-  //   all_reduce, broadcast, all_gather and barrier go through one POSIX shared-memory
+  //   all_reduce, reduce, broadcast, all_gather and barrier go through one POSIX shared-memory
   //   segment; every other collective through a Gloo group it wraps.
   // "gloo": c10d's Gloo over TCP only (what PyTorch's init_process_group("gloo") gives).
   // "nccl": not built yet - dtrain links libtorch's CPU libraries only (UsageError).

@@ -13,8 +13,10 @@
 // module's) are laid out in one flat buffer, padded to a multiple of the world size N; rank r
 // owns elements [r*P, (r+1)*P), P = padded/N.
 //   stage 0: every rank holds everything; gradients are all-reduced (averaged), every rank steps.
-//   stage 1: gradients are reduce-scattered at the boundary; each rank steps its partition of
-//            the optimizer state (1/N of it), then the parameters are all-gathered.
+//   stage 1: gradients are reduced to each partition's owner at the boundary (with
+//            overlap_comm: bucket by bucket during the boundary micro-step's backward, as
+//            stage 2 does); each rank steps its partition of the optimizer state (1/N of it),
+//            then the parameters are all-gathered.
 //   stage 2: as 1, and gradients are partitioned during backward: hooks collect finished
 //            gradients into buckets of reduce_bucket_size elements (reverse registration order,
 //            roughly backward's; a parameter of reduce_bucket_size or more is a bucket of its
@@ -32,7 +34,8 @@
 // Optimizers (Adam, AdamW, SGD, Lamb) run on the flat partitions; with fp16/bf16 the
 // module holds 16-bit parameters and the optimizer an fp32 master partition. With
 // offload_optimizer {device: cpu} the master partition, the optimizer state and the step live
-// in CPU memory, and Adam runs as a vectorised, multi-threaded loop (cpu_adam_step below).
+// in CPU memory. Adam on CPU partitions (offloaded or not) runs as a vectorised,
+// multi-threaded loop (cpu_adam_step below).
 #pragma once
 
 #include <torch/torch.h>
@@ -232,6 +235,7 @@ class EngineCore {
   void reduce_bucket(Bucket& b);
   void finish_backward();
   void reduce_dense_grads();  // stages 0/1
+  void reduce_to_owners(const torch::Tensor& full);  // stage 1: partition r's sum lands on rank r
   void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
   void client_step(const torch::Tensor& grad, double lr);
   void load_client_state(const std::vector<c10::impl::GenericDict>& optims, const std::string& saved_type, int saved_world,
@@ -270,6 +274,9 @@ class EngineCore {
     bool mine = false;
   };
   std::vector<InFlight> in_flight_;
+  torch::Tensor staging_;            // synchronous buckets' staging buffer, reused (largest bucket)
+  bool reduce_in_backward_ = false;  // this backward reduces buckets (stages 2-3; stage 1 at the boundary)
+  bool grads_reduced_ = false;       // stage 1: the boundary backward reduced flat_grads_ to the owners
   std::vector<size_t> bucket_of_;
   std::vector<bool> ready_;
   size_t next_bucket_ = 0;

@@ -430,6 +430,35 @@ std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor, const Collect
   return all_gather_impl("all_gather", tensor, options);
 }
 
+void all_gather_into_tensor(torch::Tensor& out, const torch::Tensor& input, const CollectiveOptions& options) {
+  Call c = begin("all_gather_into_tensor", options);
+  check_tensor(c, out, "out");
+  check_tensor(c, input, "input");
+  std::vector<int64_t> chunk_shape = out.sizes().vec();
+  if (out.dim() == 0 || out.size(0) % c.world != 0) {
+    throw UsageError(prefix(c) + "out of shape " + shape_str(out.sizes()) + " cannot be split into " +
+                     std::to_string(c.world) + " equal chunks along dim 0");
+  }
+  chunk_shape[0] /= c.world;
+  if (input.sizes() != at::IntArrayRef(chunk_shape) || out.scalar_type() != input.scalar_type()) {
+    throw UsageError(prefix(c) + "input must be one chunk of out, shape " + shape_str(chunk_shape) + " dtype " +
+                     std::string(c10::toString(out.scalar_type())) + "; got shape " + shape_str(input.sizes()) +
+                     " dtype " + std::string(c10::toString(input.scalar_type())));
+  }
+  Staged s = stage(out);
+  // The chunks of a contiguous tensor are contiguous views: the backend writes into them.
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (auto& chunk : s.buf.chunk(c.world, 0)) outs[0].push_back(chunk);
+  // Our own chunk as input, when it is one, is read before it is written (Gloo gathers into a
+  // flat buffer first; the shared-memory backend copies it to its slot first, and skips
+  // copying it onto itself).
+  std::vector<at::Tensor> in{input.is_contiguous() ? input : input.contiguous()};
+  c10d::AllgatherOptions o;
+  o.timeout = c.timeout;
+  auto w = issue(c, in, [&] { return c.pg->allgather(outs, in, o); });
+  make_work(c, std::move(w), [s] { s.copy_back(); }).wait();
+}
+
 std::vector<torch::Tensor> gather(const torch::Tensor& tensor, const GatherOptions& options) {
   Call c = begin("gather", options);
   check_tensor(c, tensor, "tensor");

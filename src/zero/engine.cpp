@@ -146,6 +146,11 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
     }
   } else {
     grad_part_ = torch::zeros({part_}, torch::TensorOptions().dtype(master_dtype_).device(offload_opt_ ? torch::kCPU : device_));
+  }
+  // Stage 1 with overlap_comm: the boundary backward reduces flat_grads_'s buckets to their
+  // owners in place as they complete (the 16-bit gradients of fp16/bf16 are reduced in fp32
+  // at the step instead).
+  if (stage_ >= 2 || (stage_ == 1 && config_.zero.overlap_comm && world_ > 1 && !mixed_)) {
     // Buckets over the flat range in reverse registration order (roughly backward's order).
     const int64_t cap = std::max<int64_t>(1, config_.zero.reduce_bucket_size);
     bucket_of_.assign(params_.size(), 0);
@@ -301,6 +306,7 @@ void EngineCore::backward(const torch::Tensor& loss) {
     }
   }
   double scale = scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
+  reduce_in_backward_ = stage_ >= 2 || (!buckets_.empty() && (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0);
   in_backward_ = true;
   try {
     (scale == 1.0 ? loss : loss * scale).backward();
@@ -310,7 +316,7 @@ void EngineCore::backward(const torch::Tensor& loss) {
     throw;
   }
   ++micro_steps_;
-  if (stage_ >= 2) finish_backward();
+  if (reduce_in_backward_) finish_backward();
   in_backward_ = false;
   if (stage_ == 3) {
     if (fetch_) fetch_->end_backward();
@@ -319,7 +325,7 @@ void EngineCore::backward(const torch::Tensor& loss) {
 }
 
 void EngineCore::on_grad_ready(size_t i) {
-  if (!in_backward_ || ready_[i]) return;
+  if (!in_backward_ || !reduce_in_backward_ || ready_[i]) return;
   ready_[i] = true;
   --buckets_[bucket_of_[i]].pending;
   launch_ready_buckets();
@@ -332,6 +338,22 @@ void EngineCore::launch_ready_buckets() {
 
 void EngineCore::reduce_bucket(Bucket& b) {
   torch::NoGradGuard ng;
+  if (stage_ == 1) {
+    // The bucket's range of flat_grads_ is final: each owner's piece is reduced in place (the
+    // other ranks' copies are not read again before the step zeroes them).
+    for (int r = 0; r < world_; ++r) {
+      int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
+      if (lo >= hi) continue;
+      auto seg = flat_grads_.narrow(0, lo, hi - lo);
+      ReduceOptions o;
+      o.group = group_;
+      o.dst = r;
+      count(nbytes(seg) * (world_ - 1) / world_);
+      in_flight_.push_back({reduce_async(seg, o), seg, 0, false});
+    }
+    b.launched = true;
+    return;
+  }
   torch::Tensor staging;
   const auto& g0 = params_[b.params[0]].grad();
   if (b.params.size() == 1 && g0.defined() && g0.is_contiguous() && g0.scalar_type() == master_dtype_) {
@@ -339,7 +361,16 @@ void EngineCore::reduce_bucket(Bucket& b) {
     staging = g0.view({-1});
     params_[b.params[0]].mutable_grad() = torch::Tensor();
   } else {
-    staging = torch::empty({b.end - b.begin}, torch::TensorOptions().dtype(master_dtype_).device(device_));
+    // A bucket in flight keeps its own buffer; synchronous ones share one, kept between steps
+    // (a fresh buffer each time costs page faults; memory() counts the largest bucket either way).
+    const int64_t len = b.end - b.begin;
+    const auto opts = torch::TensorOptions().dtype(master_dtype_).device(device_);
+    if (config_.zero.overlap_comm && world_ > 1) {
+      staging = torch::empty({len}, opts);
+    } else {
+      if (!staging_.defined() || staging_.numel() < len) staging_ = torch::empty({len}, opts);
+      staging = staging_.narrow(0, 0, len);
+    }
     for (auto j : b.params) {
       auto view = staging.narrow(0, offsets_[j] - b.begin, numels_[j]);
       const auto& g = params_[j].grad();
@@ -378,6 +409,7 @@ void EngineCore::finish_backward() {
     if (f.mine) grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
   }
   in_flight_.clear();
+  if (stage_ == 1) grads_reduced_ = true;
   next_bucket_ = 0;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -414,20 +446,18 @@ void EngineCore::step() {
       count(nbytes(g) * 2 * (world_ - 1) / world_);
     }
   } else if (stage_ == 1) {
+    // Each partition reduced onto its owner (in place unless the gradients are 16-bit);
+    // already done when the boundary backward reduced its buckets (overlap_comm).
     auto full = flat_grads_.to(master_dtype_);
-    if (world_ > 1) {
-      g = torch::empty({part_}, full.options());
-      ReduceScatterOptions o;
-      o.group = group_;
-      reduce_scatter(g, full, o);
-      count(nbytes(full) * (world_ - 1) / world_);
-    } else {
-      g = full;
-    }
+    if (!grads_reduced_) reduce_to_owners(full);
+    grads_reduced_ = false;
+    g = own_slice(full);
   } else {
     g = grad_part_;
   }
-  g = g.to(master_device).div(static_cast<double>(world_));
+  // In place: g is flat_grads_ or grad_part_ (zeroed below) or a copy of them.
+  if (g.device() != master_device) g = g.to(master_device);
+  g.div_(static_cast<double>(world_));
   if (config_.fp16.enabled) g.div_(scaler_.scale());
   // 2. fp16: an overflow anywhere skips the step (and the scheduler) on every rank.
   if (config_.fp16.enabled) {
@@ -484,13 +514,26 @@ void EngineCore::step() {
   bytes_this_step_ = 0;
 }
 
+void EngineCore::reduce_to_owners(const torch::Tensor& full) {
+  if (world_ == 1) return;
+  std::vector<Work> works;
+  for (int r = 0; r < world_; ++r) {
+    auto seg = full.narrow(0, r * part_, part_);
+    ReduceOptions o;
+    o.group = group_;
+    o.dst = r;
+    count(nbytes(seg) * (world_ - 1) / world_);
+    works.push_back(reduce_async(seg, o));
+  }
+  for (auto& w : works) w.wait();
+}
+
 void EngineCore::all_gather_params() {
-  auto own = wire(own_slice(flat_params_).clone());
+  // In place: every rank's partition into flat_params_ (its own is there already).
+  auto flat = wire(flat_params_);
   CollectiveOptions o;
   o.group = group_;
-  auto parts = all_gather(own, o);
-  for (int r = 0; r < world_; ++r)
-    if (r != rank_) flat_params_.narrow(0, r * part_, part_).copy_(unwire(parts[r], model_dtype_));
+  all_gather_into_tensor(flat, own_slice(flat), o);
   count(nbytes(flat_params_) * (world_ - 1) / world_);
 }
 
@@ -518,7 +561,9 @@ void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, 
   }
   // Adam / AdamW.
   const bool adamw = o.adam_w_mode;
-  if (offload_opt_ && w.is_contiguous() && g.is_contiguous()) {
+  // One fused pass (cpu_adam_step) whenever the partition and its state are flat CPU arrays.
+  if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && g.is_contiguous() &&
+      g.scalar_type() == w.scalar_type() && state_[0].is_contiguous() && state_[1].is_contiguous()) {
     auto gc = g.contiguous();
     if (w.scalar_type() == torch::kFloat32)
       return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), state_[0].data_ptr<float>(),

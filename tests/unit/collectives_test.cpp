@@ -225,6 +225,19 @@ TEST(Collectives, AllGatherGatherScatterAllToAllReduceScatter) {
       auto all = all_gather(mine(rank).t().contiguous().t(), co);
       ASSERT_EQ(static_cast<int>(all.size()), world);
       for (int r = 0; r < world; ++r) EXPECT_TRUE(same(all[r], mine(r))) << "all_gather[" << r << "]";
+      // all_gather_into_tensor: from a separate input, then in place (input = our own chunk),
+      // then into a non-contiguous out.
+      auto flat = torch::full({3 * world, 2}, -1.0f);
+      all_gather_into_tensor(flat, mine(rank), co);
+      for (int r = 0; r < world; ++r) EXPECT_TRUE(same(flat.narrow(0, 3 * r, 3), mine(r))) << "into[" << r << "]";
+      auto inplace = torch::zeros({3 * world, 2});
+      inplace.narrow(0, 3 * rank, 3).copy_(mine(rank));
+      all_gather_into_tensor(inplace, inplace.narrow(0, 3 * rank, 3), co);
+      EXPECT_TRUE(same(inplace, flat)) << "in-place all_gather_into_tensor";
+      auto strided = torch::zeros({2, 3 * world}).t();
+      all_gather_into_tensor(strided, mine(rank), co);
+      EXPECT_TRUE(same(strided, flat)) << "non-contiguous out";
+      EXPECT_THROW(all_gather_into_tensor(flat, torch::zeros({2, 2}), co), UsageError);
       // gather to every dst.
       for (int dst = 0; dst < world; ++dst) {
         GatherOptions o;

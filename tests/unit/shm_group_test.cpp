@@ -179,6 +179,38 @@ TEST(ShmGroup, AllReduceMatchesGlooAndTheReferenceForEveryDtypeOpAndSize) {
   }
 }
 
+// reduce to every root, across chunks: the root gets the reduction (as Gloo's), the other
+// ranks' tensors are left as they were.
+TEST(ShmGroup, ReduceToEveryRootAcrossChunks) {
+  shm::SegmentOptions so;
+  so.slot_bytes = 64 << 10;
+  for (int world : {2, 3}) {
+    run_ranks(
+        world,
+        [&](Rank& rk) {
+          for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kInt32}) {
+            for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX}) {
+              for (int64_t n : {int64_t{0}, int64_t{7}, int64_t{4097}, int64_t{40003}}) {
+                for (int root = 0; root < world; ++root) {
+                  SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rk.rank) + " root " +
+                               std::to_string(root) + " n " + std::to_string(n));
+                  std::vector<at::Tensor> v{input(rk.rank, n, dtype)};
+                  c10d::ReduceOptions o;
+                  o.rootRank = root;
+                  o.reduceOp = op;
+                  wait(rk.shm->reduce(v, o));
+                  const double tol = dtype == torch::kBFloat16 ? 2e-2 : 1e-5;
+                  if (rk.rank == root) EXPECT_TRUE(close(v[0], reference(op, world, n, dtype), tol));
+                  else EXPECT_TRUE(torch::equal(v[0], input(rk.rank, n, dtype)));
+                }
+              }
+            }
+          }
+        },
+        so);
+  }
+}
+
 TEST(ShmGroup, BroadcastAllGatherAndBarrierAcrossChunks) {
   shm::SegmentOptions so;
   so.slot_bytes = 64 << 10;
@@ -238,15 +270,16 @@ TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {
     std::vector<at::Tensor> two{torch::ones({3}), torch::ones({3})};
     wait(rk.shm->allreduce(two));
     EXPECT_TRUE(torch::equal(two[0], torch::full({3}, 4.0)));  // Gloo sums the list too
-    // reduce to rank 1, through Gloo; then a barrier waits for it.
-    std::vector<at::Tensor> r{torch::full({2}, rk.rank + 1.0)};
+    // reduce (bitwise AND) to rank 1, through Gloo; then a barrier waits for it.
+    std::vector<at::Tensor> r{torch::full({2}, rk.rank == 0 ? 6 : 3, torch::kInt32)};
     c10d::ReduceOptions ro;
     ro.rootRank = 1;
+    ro.reduceOp = c10d::ReduceOp::BAND;
     auto rw = rk.shm->reduce(r, ro);
     wait(rk.shm->barrier());
     EXPECT_TRUE(rw->isCompleted());
     if (rk.rank == 1) {
-      EXPECT_TRUE(torch::equal(r[0], torch::full({2}, 3.0)));
+      EXPECT_TRUE(torch::equal(r[0], torch::full({2}, 2, torch::kInt32)));
     }
   });
 }

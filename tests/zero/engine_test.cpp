@@ -296,6 +296,13 @@ TEST(ZeroEngine, AccumulationOfKMicroBatchesEqualsOneBatchKTimesLarger) {
     auto big = run_zero(2, config(stage, 8, 1), d, 8, 1, 6);
     EXPECT_LE(max_rel(acc, big), 1e-9) << "stage " << stage;
   }
+  // With overlap_comm: stage 1 reduces only in the boundary micro-step's backward.
+  json overlap = {{"zero_optimization", {{"overlap_comm", true}}}};
+  for (int stage : {1, 2}) {
+    auto acc = run_zero(2, config(stage, 2, 4, overlap), d, 2, 4, 6);
+    auto big = run_zero(2, config(stage, 8, 1), d, 8, 1, 6);
+    EXPECT_LE(max_rel(acc, big), 1e-9) << "stage " << stage << " with overlap_comm";
+  }
 }
 
 TEST(ZeroEngine, ClippingUsesTheGlobalNormOfThePartitionedGradients) {

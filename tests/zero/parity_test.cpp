@@ -18,8 +18,8 @@ using dtrain::test::run_command;
 using namespace std::chrono_literals;
 
 const std::vector<std::string> kVariants = {"stage0",         "stage1",         "stage2",         "stage3",
-                                            "stage2_overlap", "stage3_overlap", "stage1_offload", "stage2_offload",
-                                            "stage3_offload"};
+                                            "stage1_overlap", "stage2_overlap", "stage3_overlap", "stage1_offload",
+                                            "stage2_offload", "stage3_offload"};
 
 torch::OrderedDict<std::string, torch::Tensor> train(int nproc, bool float32) {
   auto out = std::filesystem::temp_directory_path() /

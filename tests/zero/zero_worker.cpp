@@ -30,6 +30,7 @@ nlohmann::json variant_config(const std::string& v, int batch) {
   if (v == "stage1") z["stage"] = 1;
   if (v == "stage2") z["stage"] = 2;
   if (v == "stage3") z["stage"] = 3;
+  if (v == "stage1_overlap") z["stage"] = 1, z["overlap_comm"] = true;  // reduced to the owners during backward
   if (v == "stage2_overlap") z["stage"] = 2, z["overlap_comm"] = true;  // bucket reductions in flight during backward
   // Every Linear fetched on its own around its forward and backward (no unit persists), the
   // next prefetched: stage 3's per-submodule fetch (the plain stage3 keeps these small units
@@ -49,7 +50,7 @@ nlohmann::json variant_config(const std::string& v, int batch) {
 
 int main(int argc, char** argv) {
   CLI::App app{"ZeRO parity worker"};
-  std::string out, variants = "stage0,stage1,stage2,stage3,stage2_overlap,stage3_overlap,stage1_offload,stage2_offload,stage3_offload";
+  std::string out, variants = "stage0,stage1,stage2,stage3,stage1_overlap,stage2_overlap,stage3_overlap,stage1_offload,stage2_offload,stage3_offload";
   int steps = 100, batch = 4;
   bool float32 = false;
   app.add_option("--out", out)->required();

@@ -30,6 +30,7 @@ const char* op_name(uint32_t op) {
     case kOpAllreduce: return "all_reduce";
     case kOpBroadcast: return "broadcast";
     case kOpAllgather: return "all_gather";
+    case kOpReduce: return "reduce";
     default: return "unknown collective";
   }
 }
@@ -40,8 +41,9 @@ std::string describe(const OpDescriptor& d) {
   if (d.op != kOpBarrier) {
     s << " of " << d.numel << " " << c10::toString(static_cast<at::ScalarType>(d.dtype)) << " elements";
   }
-  if (d.op == kOpAllreduce) s << " (reduce op " << d.reduce << ")";
+  if (d.op == kOpAllreduce || d.op == kOpReduce) s << " (reduce op " << d.reduce << ")";
   if (d.op == kOpBroadcast) s << " from rank " << d.root;
+  if (d.op == kOpReduce) s << " to rank " << d.root;
   return s.str();
 }
 
@@ -213,6 +215,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type, std::
   const char* span = type == c10d::OpType::ALLREDUCE   ? "shm all_reduce"
                      : type == c10d::OpType::BROADCAST ? "shm broadcast"
                      : type == c10d::OpType::ALLGATHER ? "shm all_gather"
+                     : type == c10d::OpType::REDUCE    ? "shm reduce"
                      : type == c10d::OpType::BARRIER   ? "shm barrier"
                                                        : "shm collective";
   auto work = c10::make_intrusive<ShmWork>(rank_, type, std::move(keep));
@@ -340,6 +343,35 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
   }
 }
 
+// The senders copy each chunk into their slots; after the barrier the root reduces every
+// rank's chunk, its own read in place, in rank order. A sender's next write to this parity
+// comes after the next chunk's barrier, which the root passes only once it has read this one.
+void ShmProcessGroup::do_reduce(at::Tensor& t, c10d::ReduceOp op, int root, Clock::time_point deadline) {
+  const auto dtype = t.scalar_type();
+  const size_t es = t.element_size();
+  const size_t n = static_cast<size_t>(t.numel());
+  if (size_ == 1) return;
+  begin({kOpReduce, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op.op_), root, n, 0});
+  auto* data = static_cast<unsigned char*>(t.data_ptr());
+  const size_t cap = segment_->slot_bytes() / es;
+  std::vector<const void*> src(static_cast<size_t>(size_));
+  bool first = true;
+  for (size_t off = 0; first || off < n;) {
+    const size_t count = std::min(cap, n - off);
+    const int p = next_parity();
+    unsigned char* chunk = data + off * es;
+    if (rank_ != root) std::memcpy(segment_->buffer(p, rank_), chunk, count * es);
+    segment_->barrier(deadline, "reduce");
+    if (first) check_descriptors();
+    first = false;
+    if (rank_ == root) {
+      for (int k = 0; k < size_; ++k) src[static_cast<size_t>(k)] = k == rank_ ? chunk : segment_->buffer(p, k);
+      reduce_into(dtype, op.op_, chunk, nullptr, src.data(), size_, count);
+    }
+    off += count;
+  }
+}
+
 void ShmProcessGroup::do_broadcast(at::Tensor& t, int root, Clock::time_point deadline) {
   const size_t bytes = t.nbytes();
   if (size_ == 1) return;
@@ -375,7 +407,8 @@ void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::T
     first = false;
     for (int k = 0; k < size_; ++k) {
       auto* out = static_cast<unsigned char*>(outputs[static_cast<size_t>(k)].data_ptr()) + off;
-      std::memcpy(out, k == rank_ ? in + off : segment_->buffer(p, k), count);
+      const unsigned char* from = k == rank_ ? in + off : segment_->buffer(p, k);
+      if (out != from) std::memcpy(out, from, count);  // an in-place gather's own chunk is there already
     }
     off += count;
   }
@@ -458,7 +491,15 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce_coalesced(std::vector<
 }
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  return delegated(gloo_->reduce(tensors, opts));
+  if (tensors.size() != 1 || opts.rootTensor != 0 || !plain_cpu(tensors[0]) ||
+      !reduce_supported(tensors[0].scalar_type(), opts.reduceOp.op_) || opts.rootRank < 0 || opts.rootRank >= size_) {
+    return delegated(gloo_->reduce(tensors, opts));
+  }
+  at::Tensor t = tensors[0];
+  c10d::ReduceOp op = opts.reduceOp;
+  const int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::REDUCE, {t},
+                 [this, t, op, root](Clock::time_point deadline) mutable { do_reduce(t, op, root, deadline); });
 }
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {

@@ -1,13 +1,16 @@
 // The shared-memory backend: a c10d backend (comm::Backend) for ranks that all run on one host.
 //
 // all_reduce (sum, product, min, max on float32/64, float16, bfloat16, int8/16/32/64,
-// uint8; avg on the floating-point ones), broadcast, all_gather (equal shapes) and barrier move their data through one
+// uint8; avg on the floating-point ones), reduce (the same dtypes and ops, to one root),
+// broadcast, all_gather (equal shapes) and barrier move their data through one
 // POSIX shared-memory segment (comm/shm/shm_segment.h) instead of loopback TCP. all_reduce
 // is a reduce-scatter then an all-gather inside the segment: every rank copies its input
 // into its own slot, each rank reduces its 1/N slice of the chunk (in rank order 0..N-1, so
 // every rank gets bitwise the same result), then copies the other ranks' reduced slices
 // out. Small chunks (<= 16 KiB) skip the split: every rank reduces the whole chunk after
-// one barrier. Everything else (reduce, gather, scatter, all_to_all, send/recv, other
+// one barrier. reduce: the other ranks copy their input into their slots and the root
+// reduces them with its own tensor in place (one copy per sender, one pass at the root:
+// a ZeRO engine's reductions to each partition's owner take turns being the root). Everything else (gather, scatter, all_to_all, send/recv, other
 // dtypes and ops, several tensors per call) goes to the wrapped Gloo group unchanged.
 //
 // Collectives run in issue order on one worker thread per group, as Gloo's do, so the
@@ -35,7 +38,7 @@
 
 namespace dtrain::shm {
 
-enum ShmOp : uint32_t { kOpBarrier = 1, kOpAllreduce = 2, kOpBroadcast = 3, kOpAllgather = 4 };
+enum ShmOp : uint32_t { kOpBarrier = 1, kOpAllreduce = 2, kOpBroadcast = 3, kOpAllgather = 4, kOpReduce = 5 };
 
 // A string that is equal on two ranks exactly when they can share a POSIX shm segment:
 // hostname, boot id, and the identity of the /dev/shm mount this process sees.
@@ -71,11 +74,11 @@ class ShmProcessGroup : public comm::Backend {
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
 
   // Delegated to Gloo as they are.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -109,6 +112,7 @@ class ShmProcessGroup : public comm::Backend {
   void begin(const OpDescriptor& d);  // publishes this rank's descriptor of the next op
   void check_descriptors();           // after the op's first barrier
   void do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time_point deadline);
+  void do_reduce(at::Tensor& t, c10d::ReduceOp op, int root, Clock::time_point deadline);
   void do_broadcast(at::Tensor& t, int root, Clock::time_point deadline);
   void do_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input, Clock::time_point deadline);
   int next_parity() { return static_cast<int>(chunk_++ & 1u); }
