@@ -100,12 +100,20 @@ void Stage3Fetch::launch(size_t i) {
     const int64_t lo = std::max(u.begin, r * part), hi = std::min(u.end, (r + 1) * part);
     if (lo >= hi) continue;
     auto piece = u.buffer.narrow(0, lo - u.begin, hi - lo);
-    if (r == rank) piece.copy_(core_.param_part_.narrow(0, lo - r * part, hi - lo));
-    if (world == 1) continue;
+    torch::Tensor wire_piece;
+    if (r == rank) {
+      auto own = core_.param_part_.narrow(0, lo - r * part, hi - lo);
+      piece.copy_(own);
+      if (world == 1) continue;
+      wire_piece = own.device() == piece.device() ? own : piece.clone();  // sent from the partition
+    } else {
+      wire_piece = torch::empty({hi - lo}, piece.options());
+      u.incoming.emplace_back(wire_piece, lo - u.begin);
+    }
     BroadcastOptions o;
     o.group = core_.group_;
     o.src = r;
-    auto w = wire(piece);
+    auto w = wire(wire_piece);
     u.works.push_back(broadcast_async(w, o));
     core_.count(nbytes(piece) * (world - 1) / world);
   }
@@ -121,8 +129,10 @@ void Stage3Fetch::wait(size_t i) {
   }
   for (auto& w : u.works) w.wait();
   u.works.clear();
-  if (u.pointed) return;
   torch::NoGradGuard ng;
+  for (auto& [t, offset] : u.incoming) u.buffer.narrow(0, offset, t.numel()).copy_(t);
+  u.incoming.clear();
+  if (u.pointed) return;
   for (auto k : u.params)
     core_.params_[k].set_data(u.buffer.narrow(0, core_.offsets_[k] - u.begin, core_.numels_[k]).view(core_.shapes_[k]));
   u.pointed = true;
@@ -133,6 +143,7 @@ void Stage3Fetch::release(size_t i) {
   if (!u.buffer.defined()) return;
   for (auto& w : u.works) w.wait();  // every rank took part: it must complete
   u.works.clear();
+  u.incoming.clear();
   torch::NoGradGuard ng;
   auto empty = torch::empty({0}, torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
   for (auto k : u.params) core_.params_[k].set_data(empty);
@@ -193,8 +204,7 @@ void Stage3Fetch::end_backward() {
     u.used_in_backward = false;
     u.grads_pending = 0;
     if (u.persistent) {
-      for (auto& w : u.works) w.wait();
-      u.works.clear();
+      if (u.buffer.defined()) wait(i);
     } else {
       release(i);
     }

@@ -66,6 +66,10 @@ class Stage3Fetch {
     bool persistent = false;
     torch::Tensor buffer;        // gathered (or being gathered); undefined when released
     std::vector<Work> works;     // in flight while non-empty
+    // Where the other ranks' pieces arrive (offset into buffer): the collectives never hold
+    // `buffer` itself, so a released buffer is freed at once (a backend may keep a finished
+    // collective's tensors a moment longer, on its own thread).
+    std::vector<std::pair<torch::Tensor, int64_t>> incoming;
     size_t grads_pending = 0;
     bool used_in_backward = false;
     bool pointed = false;        // the parameters are views of `buffer`
