@@ -108,7 +108,10 @@ nlohmann::json zero_config(int stage, int micro, bool offload = false, bool over
   nlohmann::json c = {{"train_micro_batch_size_per_gpu", micro},
                       {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
                       {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", overlap ? 2000000 : 25000000},
-                                             {"overlap_comm", overlap}}}};
+                                             {"overlap_comm", overlap},
+                                             // stage 3 fetches every layer for its forward and again for its backward
+                                             // (DeepSpeed's default 1e9 keeps the last layers gathered between the two)
+                                             {"stage3_max_reuse_distance", 0}}}};
   if (offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, c["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   return c;
 }

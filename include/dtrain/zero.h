@@ -78,6 +78,7 @@ struct Stage3Stats {
   // buffer whose storage still exists (held by the engine, or by anything else).
   int64_t peak_resident_bytes = 0;
   int64_t fetches = 0, prefetches = 0, fetches_on_demand = 0;
+  int64_t kept_for_reuse = 0;  // releases skipped: the unit is used again within stage3_max_reuse_distance
 };
 
 struct InitOptions {

@@ -238,7 +238,7 @@ void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>
     if (!covered[i])
       throw UsageError("zero: parameter '" + names_[i] + "' is in no fetch unit; the units must hold every trainable parameter (add its submodule)");
   if (gathered_) release_parameters();
-  fetch_.reset();
+  if (fetch_) fetch_->release_all();  // waits for its gathers in flight
   unit_modules_ = units;
   fetch_ = std::make_unique<Stage3Fetch>(*this, std::move(lists));
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "dtrain/error.h"
+
 namespace dtrain::zero::detail {
 namespace {
 
@@ -152,6 +154,45 @@ void Stage3Fetch::release(size_t i) {
   trace("release " + std::to_string(i));
 }
 
+void Stage3Fetch::record_use(size_t i, bool in_backward) {
+  // A forward without autograd (evaluation) has no backward to keep a unit for, and is not
+  // part of a training pass's trace.
+  if (units_[i].params.empty() || (!in_backward && !torch::GradMode::is_enabled())) return;
+  if (uses_.size() > 64 * units_.size()) {
+    // Forwards with autograd on but no backward (nothing ends the pass): not a trace.
+    uses_.clear();
+    trace_uses_.clear();
+  }
+  const size_t k = uses_.size();
+  on_trace_ = (k == 0 || on_trace_) && k < trace_uses_.size() && trace_uses_[k] == i;
+  uses_.push_back(i);
+}
+
+void Stage3Fetch::release_after_use(size_t i, bool in_backward) {
+  auto& u = units_[i];
+  if (u.persistent) return;
+  if (!in_backward && !torch::GradMode::is_enabled()) {
+    release(i);
+    return;
+  }
+  // DeepSpeed's __params_to_release: walk the trace after this use, counting the elements of
+  // each unit used, until the distance is reached; a unit met on the way stays gathered.
+  if (on_trace_) {
+    const int64_t max_distance = core_.config_.zero.stage3_max_reuse_distance;
+    int64_t traversed = 0;
+    for (size_t k = uses_.size(); k < trace_uses_.size() && traversed < max_distance; ++k) {
+      const size_t v = trace_uses_[k];
+      if (v == i) {
+        ++stats_.kept_for_reuse;
+        trace("keep " + std::to_string(i));
+        return;
+      }
+      traversed += units_[v].end - units_[v].begin;
+    }
+  }
+  release(i);
+}
+
 void Stage3Fetch::prefetch_after(size_t i, int direction) {
   const auto& z = core_.config_.zero;
   int64_t budget = z.stage3_prefetch_bucket_size;
@@ -168,6 +209,7 @@ void Stage3Fetch::prefetch_after(size_t i, int direction) {
 
 void Stage3Fetch::begin_forward(size_t i) {
   wait(i);
+  record_use(i, false);
   prefetch_after(i, +1);
   trace("forward " + std::to_string(i));
 }
@@ -175,16 +217,22 @@ void Stage3Fetch::begin_forward(size_t i) {
 void Stage3Fetch::end_forward(size_t i, const torch::Tensor* out) {
   auto& u = units_[i];
   if (out && out->defined() && out->requires_grad() && !u.params.empty()) {
-    out->register_hook([this, i](const torch::Tensor&) {
+    out->register_hook([this, i, alive = std::weak_ptr<const bool>(alive_)](const torch::Tensor&) {
+      if (alive.expired()) {
+        throw UsageError("zero stage 3: backward reached a unit whose engine no longer fetches it (the engine was "
+                         "destroyed, or fetch_units() was called again, after this forward); run backward before "
+                         "that, or run the forward again");
+      }
       auto& unit = units_[i];
       unit.used_in_backward = true;
       unit.grads_pending = unit.params.size();
       wait(i);
+      record_use(i, true);
       prefetch_after(i, -1);
       trace("backward " + std::to_string(i));
     });
   }
-  if (!u.persistent) release(i);
+  release_after_use(i, false);
   trace("end " + std::to_string(i));
   record_resident();
 }
@@ -194,11 +242,15 @@ void Stage3Fetch::on_grad_ready(size_t param) {
   if (i == SIZE_MAX) return;
   auto& u = units_[i];
   if (!u.used_in_backward || u.grads_pending == 0 || --u.grads_pending > 0) return;
-  if (!u.persistent) release(i);
+  release_after_use(i, true);
   record_resident();
 }
 
 void Stage3Fetch::end_backward() {
+  // This pass's order of uses is the trace the next one releases by.
+  trace_uses_ = std::move(uses_);
+  uses_.clear();
+  on_trace_ = false;
   for (size_t i = 0; i < units_.size(); ++i) {
     auto& u = units_[i];
     u.used_in_backward = false;

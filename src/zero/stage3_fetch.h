@@ -10,7 +10,12 @@
 //                                 except that the unit needed now is always fetched;
 //   stage3_param_persistence_threshold  a unit smaller than this stays gathered from its first
 //                                 fetch after a step until the next step (per unit, where
-//                                 DeepSpeed decides per parameter).
+//                                 DeepSpeed decides per parameter);
+//   stage3_max_reuse_distance     a unit is not released if the previous forward-backward's
+//                                 order of fetches uses it again within this many elements
+//                                 (DeepSpeed's trace: from the second pass on, the last units of
+//                                 a forward stay gathered for their backward; 0 releases every
+//                                 unit after each use).
 // Residency is measured, not assumed: each gathered buffer is watched through a weak
 // reference to its storage, so a buffer that something else (autograd's saved tensors) keeps
 // alive after its release still counts. That is why a torch::nn::Linear unit runs through
@@ -25,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,6 +83,9 @@ class Stage3Fetch {
   void launch(size_t u);             // start gathering u (no-op when resident or in flight)
   void wait(size_t u);               // u resident, params pointed at its buffer
   void release(size_t u);
+  // Release u after a use, unless the trace says it is used again within the reuse distance.
+  void release_after_use(size_t u, bool in_backward);
+  void record_use(size_t u, bool in_backward);  // u is used now: the trace
   void prefetch_after(size_t u, int direction);
   int64_t live_elements() const;
   void record_resident();            // a unit boundary: update the peak
@@ -86,8 +95,16 @@ class Stage3Fetch {
   }
 
   EngineCore& core_;
+  // Watched by the backward hooks on the units' outputs (weakly): a graph that outlives this
+  // fetcher (its engine destroyed, or fetch_units() called again) gets a clear error from its
+  // backward rather than a hook into a dead object.
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
   std::vector<Unit> units_;
   std::vector<size_t> unit_of_;      // param -> unit
+  // The units used (with parameters) in this forward-backward, in order, and in the last
+  // complete one (DeepSpeed's trace); `on_trace_` while this pass has followed it so far.
+  std::vector<size_t> uses_, trace_uses_;
+  bool on_trace_ = false;
   struct Watched {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     int64_t bytes;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 
 #include "dtrain/zero.h"
@@ -50,7 +51,9 @@ struct NetImpl : Module {
 };
 TORCH_MODULE(Net);
 
-json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false) {
+// reuse 0: every unit released after each use (DeepSpeed's default 1e9 keeps the last units of
+// a forward gathered for their backward from the second pass on).
+json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false, int64_t reuse = 0) {
   return {{"train_micro_batch_size_per_gpu", 8},
           {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
           {"zero_optimization",
@@ -59,7 +62,8 @@ json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overla
             {"reduce_bucket_size", 5000},
             {"stage3_param_persistence_threshold", persistence},
             {"stage3_max_live_parameters", max_live},
-            {"stage3_prefetch_bucket_size", prefetch}}}};
+            {"stage3_prefetch_bucket_size", prefetch},
+            {"stage3_max_reuse_distance", reuse}}}};
 }
 
 struct Batch {
@@ -197,6 +201,72 @@ TEST(ZeroStage3Fetch, UnitsThatDoNotCoverTheModelAreAnError) {
       FAIL() << "expected an error";
     } catch (const dtrain::UsageError& err) {
       EXPECT_NE(std::string(err.what()).find("not one of the units"), std::string::npos) << err.what();
+    }
+  });
+}
+
+// stage3_max_reuse_distance (DeepSpeed's trace): from the second pass on, a unit that the last
+// pass used again within the distance stays gathered. 300 elements reach from the last 64x64
+// Linear (unit 10) over the head's forward and backward (130 each) to its own backward, and
+// from the head to its backward; no further. The kept units are not fetched again, and
+// training is bitwise the same.
+TEST(ZeroStage3Fetch, UnitsUsedAgainWithinTheReuseDistanceStayGathered) {
+  const int N = 2, steps = 3;
+  std::mutex mu;
+  std::map<int64_t, dtrain::zero::Stage3Stats> stats;
+  std::map<int64_t, int64_t> sent;
+  std::map<int64_t, Params> trained;
+  std::vector<std::string> trace;
+  for (int64_t reuse : {int64_t{0}, int64_t{300}, int64_t{1000000000}}) {
+    run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_seq(), config(0, 1000000, 5000, false, reuse), {pg});
+      std::vector<std::string> mine;
+      e.core().set_stage3_trace([&](const std::string& s) { mine.push_back(s); });
+      train(e, pg->rank(), steps, [&](const torch::Tensor& x) { return e(x); });
+      const int64_t bytes = e.bytes_sent_last_step();
+      auto params = gathered(e);
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() != 0) return;
+      stats[reuse] = e.core().stage3_stats(), sent[reuse] = bytes, trained[reuse] = params;
+      if (reuse == 300) trace = mine;
+    });
+  }
+  const int64_t units = 7;
+  EXPECT_EQ(stats[0].fetches, steps * 2 * units);
+  EXPECT_EQ(stats[0].kept_for_reuse, 0);
+  // The first pass has no trace; each later one keeps units 10 and 12 once each.
+  EXPECT_EQ(stats[300].kept_for_reuse, (steps - 1) * 2);
+  EXPECT_EQ(stats[300].fetches, steps * 2 * units - (steps - 1) * 2);
+  EXPECT_LT(sent[300], sent[0]);
+  EXPECT_NE(std::find(trace.begin(), trace.end(), "keep 10"), trace.end());
+  EXPECT_NE(std::find(trace.begin(), trace.end(), "keep 12"), trace.end());
+  EXPECT_EQ(std::find(trace.begin(), trace.end(), "keep 8"), trace.end());
+  // DeepSpeed's default: every unit's forward is within 1e9 elements of its backward.
+  EXPECT_EQ(stats[1000000000].kept_for_reuse, (steps - 1) * units);
+  EXPECT_EQ(stats[1000000000].fetches, steps * 2 * units - (steps - 1) * units);
+  std::printf("fetches in %d steps: reuse 0: %lld, 300: %lld, 1e9: %lld; bytes sent in the last step: %lld, %lld, %lld\n",
+              steps, (long long)stats[0].fetches, (long long)stats[300].fetches, (long long)stats[1000000000].fetches,
+              (long long)sent[0], (long long)sent[300], (long long)sent[1000000000]);
+  EXPECT_EQ(max_abs_diff(trained[300], trained[0]), 0.0);
+  EXPECT_EQ(max_abs_diff(trained[1000000000], trained[0]), 0.0);
+}
+
+// A graph built while one set of units was fetched, whose backward runs after fetch_units()
+// replaced them: the hooks on the old units' outputs must say so, not touch a dead fetcher.
+TEST(ZeroStage3Fetch, BackwardAfterTheUnitsWereRedeclaredIsAnError) {
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(Net(), config(0, 1000000, 5000), {pg});
+    auto& net = *e.module();
+    e.fetch_units({net.body.ptr(), net.head.ptr()});
+    auto b = batch(0, 0);
+    auto h = e.fetch(*net.body, [&] { return net.body->forward(b.x); });
+    auto loss = functional::cross_entropy(e.fetch(*net.head, [&] { return net.head->forward(h); }), b.y);
+    e.fetch_units({net.body.ptr(), net.head.ptr()});
+    try {
+      e.backward(loss);
+      FAIL() << "expected an error";
+    } catch (const std::exception& err) {
+      EXPECT_NE(std::string(err.what()).find("no longer fetches it"), std::string::npos) << err.what();
     }
   });
 }
