@@ -68,20 +68,33 @@ void add_busy(Busy* busy, Clock::time_point since) {
   busy->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
 }
 
+bool g_spin = false;  // --stage spin: stages compute (busy-wait) instead of sleeping
+
+// A stage's work of `ms`: sleep, or spin on the CPU until the time is up (--stage spin).
+void stage_work(double ms) {
+  if (!g_spin) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    return;
+  }
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  while (Clock::now() < until) {
+  }
+}
+
 struct Sleep : torch::autograd::Function<Sleep> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double f_ms, double b_ms,
                                int64_t busy) {
     const auto t0 = Clock::now();
     ctx->saved_data["b"] = b_ms;
     ctx->saved_data["busy"] = busy;
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(f_ms));
+    stage_work(f_ms);
     torch::Tensor y = x.clone();
     add_busy(reinterpret_cast<Busy*>(busy), t0);
     return y;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list g) {
     const auto t0 = Clock::now();
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ctx->saved_data["b"].toDouble()));
+    stage_work(ctx->saved_data["b"].toDouble());
     add_busy(reinterpret_cast<Busy*>(ctx->saved_data["busy"].toInt()), t0);
     return {g[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -263,6 +276,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--no-memory")) mem = false;
+    else if (has_value && !std::strcmp(argv[i], "--stage")) g_spin = !std::strcmp(argv[++i], "spin");
     else if (has_value && !std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--tf")) tf = std::atof(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--tb")) tb = std::atof(argv[++i]);
