@@ -1,7 +1,9 @@
 // Model parallelism benchmarks (#16), ranks as threads of this process over loopback Gloo.
 //
 // 1. Pipeline bubble. Every stage is a synthetic layer that sleeps tf ms forward and tb ms
-//    backward (a custom autograd function), so a stage's busy time is known exactly and the
+//    backward (one custom autograd function, which also does the stage's product with its
+//    weight and its gradients, all timed as busy; --stage spin busy-waits instead of
+//    sleeping), so a stage's busy time is known exactly and the
 //    figure measures the schedule and its send/recv, not how many cores the machine has. For
 //    P stages and M micro-batches GPipe and 1F1B ideally take (M + P - 1)(tf + tb) per step,
 //    a bubble fraction of (P - 1)/(M + P - 1); interleaved 1F1B with V chunks per rank
@@ -15,7 +17,7 @@
 // 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
 //    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
 //
-//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS] [--p 2,4] [--m 1,4,8,16] [--no-memory]
+//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS] [--p 2,4] [--m 1,4,8,16] [--stage sleep|spin] [--no-memory]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -81,32 +83,38 @@ void stage_work(double ms) {
   }
 }
 
+// The whole stage is this one function, so that everything it does (the product with its
+// weight, the sleep, the copy; in backward the sleep and both gradients) counts as its busy
+// time: the rest of a rank's step is the pipeline's own (sends, receives, autograd's engine).
 struct Sleep : torch::autograd::Function<Sleep> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, double f_ms, double b_ms,
-                               int64_t busy) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               double f_ms, double b_ms, int64_t busy) {
     const auto t0 = Clock::now();
     ctx->saved_data["b"] = b_ms;
     ctx->saved_data["busy"] = busy;
+    ctx->save_for_backward({x, w});
     stage_work(f_ms);
-    torch::Tensor y = x.clone();
+    torch::Tensor y = x * w;
     add_busy(reinterpret_cast<Busy*>(busy), t0);
     return y;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list g) {
     const auto t0 = Clock::now();
     stage_work(ctx->saved_data["b"].toDouble());
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor gx = g[0] * saved[1], gw = (g[0] * saved[0]).sum().reshape({1});
     add_busy(reinterpret_cast<Busy*>(ctx->saved_data["busy"].toInt()), t0);
-    return {g[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {gx, gw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 class SleepStageImpl : public torch::nn::Module {
  public:
   SleepStageImpl(double f, double b, Busy* busy) : f_(f), b_(b), busy_(busy) { w = register_parameter("w", torch::ones({1})); }
-  // x * w first: stage 0's input needs no gradient, and autograd skips the backward of a
-  // function none of whose inputs needs one.
+  // A function of w too: stage 0's input needs no gradient, and autograd skips the backward
+  // of a function none of whose inputs needs one.
   torch::Tensor forward(const torch::Tensor& x) {
-    return Sleep::apply(x * w, f_, b_, static_cast<int64_t>(reinterpret_cast<intptr_t>(busy_)));
+    return Sleep::apply(x, w, f_, b_, static_cast<int64_t>(reinterpret_cast<intptr_t>(busy_)));
   }
   torch::Tensor w;
 
@@ -276,14 +284,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--no-memory")) mem = false;
-    else if (has_value && !std::strcmp(argv[i], "--stage")) g_spin = !std::strcmp(argv[++i], "spin");
+    else if (has_value && !std::strcmp(argv[i], "--stage")) {
+      const std::string v = argv[++i];
+      if (v != "sleep" && v != "spin") {
+        std::fprintf(stderr, "model_parallel_bench: --stage %s: use sleep (the stages sleep) or spin (they busy-wait)\n", v.c_str());
+        return 2;
+      }
+      g_spin = v == "spin";
+    }
     else if (has_value && !std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--tf")) tf = std::atof(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--tb")) tb = std::atof(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--p")) Ps = parse_list(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--m")) Ms = parse_list(argv[++i]);
     else {
-      std::fprintf(stderr, "model_parallel_bench: unknown or incomplete option '%s'; use --steps N --tf MS --tb MS --p 2,4 --m 1,4,8,16 --no-memory\n", argv[i]);
+      std::fprintf(stderr, "model_parallel_bench: unknown or incomplete option '%s'; use --steps N --tf MS --tb MS --p 2,4 --m 1,4,8,16 --stage sleep|spin --no-memory\n", argv[i]);
       return 2;
     }
   }
