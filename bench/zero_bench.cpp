@@ -110,7 +110,7 @@ nlohmann::json zero_config(int stage, int micro, bool offload = false, bool over
                       {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", overlap ? 2000000 : 25000000},
                                              {"overlap_comm", overlap},
                                              // stage 3 fetches every layer for its forward and again for its backward
-                                             // (DeepSpeed's default 1e9 keeps the last layers gathered between the two)
+                                             // (DeepSpeed's default 1e9 keeps every layer of this model gathered between the two)
                                              {"stage3_max_reuse_distance", 0}}}};
   if (offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, c["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   return c;

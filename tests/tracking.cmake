@@ -4,9 +4,10 @@ target_compile_definitions(progress_timeline_test PRIVATE FASHION_MNIST_BIN="$<T
 add_dependencies(progress_timeline_test fashion_mnist dtrain_cli)
 
 # One `mlflow server` for all of this binary's cases: CTest runs the binary as one test.
-add_executable(mlflow_server_test tracking/mlflow_server_test.cpp launcher/subprocess.cpp)
+add_executable(mlflow_server_test tracking/mlflow_server_test.cpp)
 target_include_directories(mlflow_server_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-target_link_libraries(mlflow_server_test PRIVATE GTest::gtest GTest::gtest_main dtrain_tracking nlohmann_json::nlohmann_json)
+target_link_libraries(mlflow_server_test PRIVATE GTest::gtest GTest::gtest_main dtrain_tracking nlohmann_json::nlohmann_json
+                      dtrain_test_subprocess)
 target_compile_options(mlflow_server_test PRIVATE ${DTRAIN_WARNINGS})
 target_compile_definitions(mlflow_server_test PRIVATE
   DTRAIN_BIN="$<TARGET_FILE:dtrain_cli>" DTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"

@@ -155,9 +155,7 @@ void Stage3Fetch::release(size_t i) {
 }
 
 void Stage3Fetch::record_use(size_t i, bool in_backward) {
-  // A forward without autograd (evaluation) has no backward to keep a unit for, and is not
-  // part of a training pass's trace.
-  if (units_[i].params.empty() || (!in_backward && !torch::GradMode::is_enabled())) return;
+  if (units_[i].params.empty() || !in_pass(in_backward)) return;
   if (uses_.size() > 64 * units_.size()) {
     // Forwards with autograd on but no backward (nothing ends the pass): not a trace.
     uses_.clear();
@@ -171,13 +169,9 @@ void Stage3Fetch::record_use(size_t i, bool in_backward) {
 void Stage3Fetch::release_after_use(size_t i, bool in_backward) {
   auto& u = units_[i];
   if (u.persistent) return;
-  if (!in_backward && !torch::GradMode::is_enabled()) {
-    release(i);
-    return;
-  }
   // DeepSpeed's __params_to_release: walk the trace after this use, counting the elements of
   // each unit used, until the distance is reached; a unit met on the way stays gathered.
-  if (on_trace_) {
+  if (on_trace_ && in_pass(in_backward)) {
     const int64_t max_distance = core_.config_.zero.stage3_max_reuse_distance;
     int64_t traversed = 0;
     for (size_t k = uses_.size(); k < trace_uses_.size() && traversed < max_distance; ++k) {

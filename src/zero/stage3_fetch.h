@@ -13,9 +13,10 @@
 //                                 DeepSpeed decides per parameter);
 //   stage3_max_reuse_distance     a unit is not released if the previous forward-backward's
 //                                 order of fetches uses it again within this many elements
-//                                 (DeepSpeed's trace: from the second pass on, the last units of
-//                                 a forward stay gathered for their backward; 0 releases every
-//                                 unit after each use).
+//                                 (DeepSpeed's trace: from the second pass on, a forward's units
+//                                 whose backward comes within the distance stay gathered for it,
+//                                 at the default 1e9 all of a model under ~500M parameters; 0
+//                                 releases every unit after each use).
 // Residency is measured, not assumed: each gathered buffer is watched through a weak
 // reference to its storage, so a buffer that something else (autograd's saved tensors) keeps
 // alive after its release still counts. That is why a torch::nn::Linear unit runs through
@@ -86,6 +87,9 @@ class Stage3Fetch {
   // Release u after a use, unless the trace says it is used again within the reuse distance.
   void release_after_use(size_t u, bool in_backward);
   void record_use(size_t u, bool in_backward);  // u is used now: the trace
+  // A use inside a forward-backward (backward, or a forward with autograd on): part of the
+  // trace and kept for reuse; a forward under NoGradGuard (evaluation) is neither.
+  static bool in_pass(bool in_backward) { return in_backward || torch::GradMode::is_enabled(); }
   void prefetch_after(size_t u, int direction);
   int64_t live_elements() const;
   void record_resident();            // a unit boundary: update the peak

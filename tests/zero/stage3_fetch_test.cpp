@@ -51,8 +51,8 @@ struct NetImpl : Module {
 };
 TORCH_MODULE(Net);
 
-// reuse 0: every unit released after each use (DeepSpeed's default 1e9 keeps the last units of
-// a forward gathered for their backward from the second pass on).
+// reuse 0: every unit released after each use (DeepSpeed's default 1e9 keeps every unit of this
+// model gathered from its forward to its backward, from the second pass on).
 json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false, int64_t reuse = 0) {
   return {{"train_micro_batch_size_per_gpu", 8},
           {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
