@@ -64,18 +64,24 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[++i];
-    if (k == "--min-bytes") min_bytes = parse_size(v);
-    else if (k == "--max-bytes") max_bytes = parse_size(v);
-    else if (k == "--factor") factor = std::stoll(v);
-    else if (k == "--iters") iters_override = std::stoi(v);
-    else if (k == "--backend") backend = v;
+    if (k == "--min-bytes")
+      min_bytes = parse_size(v);
+    else if (k == "--max-bytes")
+      max_bytes = parse_size(v);
+    else if (k == "--factor")
+      factor = std::stoll(v);
+    else if (k == "--iters")
+      iters_override = std::stoi(v);
+    else if (k == "--backend")
+      backend = v;
     else {
       std::fprintf(stderr, "allreduce_bench: unknown argument %s\n", k.c_str());
       return 2;
     }
   }
   if (factor < 2 || min_bytes < 4 || max_bytes < min_bytes) {
-    std::fprintf(stderr, "allreduce_bench: need --factor >= 2 and 4 <= --min-bytes <= --max-bytes\n");
+    std::fprintf(stderr,
+                 "allreduce_bench: need --factor >= 2 and 4 <= --min-bytes <= --max-bytes\n");
     return 2;
   }
   try {
@@ -88,9 +94,10 @@ int main(int argc, char** argv) {
       const int64_t n = bytes / 4;
       // Zeros: the sum stays zero, so no overflow to inf and no denormals over the iterations.
       auto t = torch::zeros({n}, torch::kFloat32);
-      const int iters = iters_override > 0
-                            ? iters_override
-                            : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, 1000));
+      const int iters =
+          iters_override > 0
+              ? iters_override
+              : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 5, 1000));
       const int warmup = std::max(2, iters / 10);
       const int per_block = std::max(1, iters / kBlocks);
       for (int i = 0; i < warmup; ++i) dtrain::all_reduce(t);
@@ -99,7 +106,9 @@ int main(int argc, char** argv) {
         dtrain::barrier();
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < per_block; ++i) dtrain::all_reduce(t);
-        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / per_block;
+        double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+            per_block;
         auto slowest = torch::full({1}, seconds, torch::kFloat64);
         dtrain::AllReduceOptions max_op;
         max_op.op = dtrain::ReduceOp::kMax;
@@ -114,7 +123,8 @@ int main(int argc, char** argv) {
         std::printf(
             "{\"impl\":\"dtrain-%s\",\"world\":%d,\"bytes\":%lld,\"iters\":%d,\"time_us\":%.3f,"
             "\"median_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-            group->backend_name().c_str(), world, static_cast<long long>(bytes), per_block * kBlocks, best * 1e6, median * 1e6, algbw,
+            group->backend_name().c_str(), world, static_cast<long long>(bytes),
+            per_block * kBlocks, best * 1e6, median * 1e6, algbw,
             algbw * 2.0 * (world - 1) / world);
         std::fflush(stdout);
       }

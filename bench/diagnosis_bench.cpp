@@ -56,20 +56,25 @@ int main(int argc, char** argv) {
   std::string machine = default_machine();
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
-    else if (k == "--machine") machine = argv[i + 1];
+    if (k == "--rounds")
+      rounds = std::max(1, std::atoi(argv[i + 1]));
+    else if (k == "--machine")
+      machine = argv[i + 1];
     else {
-      std::fprintf(stderr, "diagnosis_bench: unknown flag %s (use --rounds N, --machine TEXT)\n", k.c_str());
+      std::fprintf(stderr, "diagnosis_bench: unknown flag %s (use --rounds N, --machine TEXT)\n",
+                   k.c_str());
       return 2;
     }
   }
   torch::manual_seed(0);
   auto group = dtrain::init_process_group();
   const int rank = group->rank();
-  const dtrain::DebugLevel levels[] = {dtrain::DebugLevel::kOff, dtrain::DebugLevel::kInfo, dtrain::DebugLevel::kDetail};
+  const dtrain::DebugLevel levels[] = {dtrain::DebugLevel::kOff, dtrain::DebugLevel::kInfo,
+                                       dtrain::DebugLevel::kDetail};
 
-  torch::nn::Sequential mlp(torch::nn::Linear(784, 256), torch::nn::ReLU(), torch::nn::Linear(256, 128),
-                            torch::nn::ReLU(), torch::nn::Linear(128, 10));
+  torch::nn::Sequential mlp(torch::nn::Linear(784, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, 128), torch::nn::ReLU(),
+                            torch::nn::Linear(128, 10));
   torch::optim::SGD sgd(mlp->parameters(), 0.01);
   auto x = torch::randn({64, 784});
   auto y = torch::randint(0, 10, {64});
@@ -106,8 +111,8 @@ int main(int argc, char** argv) {
   };
 
   if (rank == 0) {
-    std::printf("diagnosis_bench: %d ranks, %d rounds per level, machine: %s\n", group->world_size(), rounds,
-                machine.c_str());
+    std::printf("diagnosis_bench: %d ranks, %d rounds per level, machine: %s\n",
+                group->world_size(), rounds, machine.c_str());
   }
   for (auto& w : workloads) {
     for (int i = 0; i < w.iters / 10 + 1; ++i) w.run();  // warm-up

@@ -81,7 +81,9 @@ int main(int argc, char** argv) {
     std::printf("repeat %d: distributor %.3f s, dtrain run %.3f s\n", r, dist.back(), run.back());
   }
   double md = median(dist), mr = median(run);
-  std::printf("{\"nproc\": %d, \"repeats\": %d, \"distributor_s\": %.3f, \"dtrain_run_s\": %.3f, "
-              "\"ratio\": %.3f}\n", nproc, repeats, md, mr, md / mr);
+  std::printf(
+      "{\"nproc\": %d, \"repeats\": %d, \"distributor_s\": %.3f, \"dtrain_run_s\": %.3f, "
+      "\"ratio\": %.3f}\n",
+      nproc, repeats, md, mr, md / mr);
   return 0;
 }

@@ -124,7 +124,7 @@ def run(cmd, log_dir, ckpt_dir):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build-torch2"))
-    venv = os.environ.get("DTRAIN_VENV", os.path.join(ROOT, ".venv"))
+    venv = os.environ.get("DTRAIN_VENV", os.path.join(os.path.expanduser("~"), ".cache", "dtrain", "venv"))
     ap.add_argument("--torchrun", default=os.path.join(venv, "bin", "torchrun"))
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()

@@ -1,5 +1,6 @@
 // hvd's DistributedOptimizer against dtrain DDP, and fusion on vs off. Run it under the launcher:
-//   dtrain run --nproc-per-node 2 build/bench/horovod_bench [--steps 200] [--batch 64] [--rounds 3] [--rounds-only]
+//   dtrain run --nproc-per-node 2 build/bench/horovod_bench [--steps 200] [--batch 64] [--rounds 3]
+//   [--rounds-only]
 // 1. The example's MLP (784-512-256-10, float32, SGD, batch 64 per rank, synthetic data):
 //    steps/s with hvd::DistributedOptimizer and with dtrain::DistributedDataParallel, in
 //    alternating rounds (DDP first in even rounds, hvd first in odd ones) so both see the same
@@ -49,7 +50,8 @@ struct Usage {
     rusage u{};
     ::getrusage(RUSAGE_SELF, &u);
     Usage r;
-    r.cpu = u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    r.cpu =
+        u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
     r.switches = u.ru_nvcsw + u.ru_nivcsw;
     return r;
   }
@@ -221,19 +223,24 @@ int main(int argc, char** argv) {
   }
   const double total = static_cast<double>(steps) * rounds;
   if (root) {
-    std::printf("example MLP, %d ranks, batch %d/rank, %d steps x %d rounds; load average %s before, %s after\n",
-                pg->world_size(), batch, steps, rounds, load_before.c_str(), loadavg().c_str());
+    std::printf(
+        "example MLP, %d ranks, batch %d/rank, %d steps x %d rounds; load average %s before, %s "
+        "after\n",
+        pg->world_size(), batch, steps, rounds, load_before.c_str(), loadavg().c_str());
     std::sort(ratios.begin(), ratios.end());
-    const double median = ratios.size() % 2 ? ratios[ratios.size() / 2]
-                                             : (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]) / 2;
+    const double median = ratios.size() % 2
+                              ? ratios[ratios.size() / 2]
+                              : (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]) / 2;
     std::printf("  hvd / DDP per round: %s (median %.3f)\n", per_round.c_str(), median);
     std::printf("  DDP                      %8.1f steps/s\n", total / t_ddp);
     std::printf("  hvd DistributedOptimizer %8.1f steps/s\n", total / t_hvd);
     std::printf("  hvd / DDP = %.3f (target >= 0.95)\n", t_ddp / t_hvd);
-    std::printf("  rank 0's CPU per step (all threads): DDP %.2f ms, %.1f context switches; hvd %.2f ms, %.1f "
-                "context switches\n",
-                1e3 * g_ddp_usage.cpu / total, g_ddp_usage.switches / total, 1e3 * g_hvd_usage.cpu / total,
-                g_hvd_usage.switches / total);
+    std::printf(
+        "  rank 0's CPU per step (all threads): DDP %.2f ms, %.1f context switches; hvd %.2f ms, "
+        "%.1f "
+        "context switches\n",
+        1e3 * g_ddp_usage.cpu / total, g_ddp_usage.switches / total, 1e3 * g_hvd_usage.cpu / total,
+        g_hvd_usage.switches / total);
   }
   g_hvd_usage = g_ddp_usage = Usage{};
   if (rounds_only) return 0;
@@ -243,8 +250,8 @@ int main(int argc, char** argv) {
     const std::string before = loadavg();
     auto [td, th] = interleaved(steps * rounds, batch);
     if (root) {
-      std::printf("interleaved step by step, %d steps each; load average %s before, %s after\n", steps * rounds,
-                  before.c_str(), loadavg().c_str());
+      std::printf("interleaved step by step, %d steps each; load average %s before, %s after\n",
+                  steps * rounds, before.c_str(), loadavg().c_str());
       std::printf("  DDP                      %8.1f steps/s\n", steps * rounds / td);
       std::printf("  hvd DistributedOptimizer %8.1f steps/s\n", steps * rounds / th);
       std::printf("  hvd / DDP = %.3f (target >= 0.95)\n", td / th);
@@ -266,7 +273,8 @@ int main(int argc, char** argv) {
   }
   if (root) {
     const double n = static_cast<double>(deep_steps) * rounds;
-    std::printf("100-layer MLP (200 gradients of 32x32/32), %d steps x %d rounds\n", deep_steps, rounds);
+    std::printf("100-layer MLP (200 gradients of 32x32/32), %d steps x %d rounds\n", deep_steps,
+                rounds);
     std::printf("  fusion on  (64 MiB)  %8.1f steps/s\n", n / t_on);
     std::printf("  fusion off (0)       %8.1f steps/s\n", n / t_off);
     std::printf("  fusion on / off = %.2fx\n", t_off / t_on);

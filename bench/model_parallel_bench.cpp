@@ -17,17 +17,18 @@
 // 2. Memory per rank under tensor parallelism: a transformer block's parameters, gradients
 //    and Adam state, counted from the tensors each rank holds after one step, for T = 1, 2, 4.
 //
-//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS] [--p 2,4] [--m 1,4,8,16] [--stage sleep|spin] [--no-memory]
+//   build/bench/model_parallel_bench [--steps N] [--tf MS] [--tb MS] [--p 2,4] [--m 1,4,8,16]
+//   [--stage sleep|spin] [--no-memory]
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -67,7 +68,8 @@ void run_ranks(int world, const std::function<void(std::shared_ptr<dtrain::Proce
 using Busy = std::atomic<int64_t>;
 
 void add_busy(Busy* busy, Clock::time_point since) {
-  busy->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
+  busy->fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
 }
 
 bool g_spin = false;  // --stage spin: stages compute (busy-wait) instead of sleeping
@@ -78,7 +80,8 @@ void stage_work(double ms) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
     return;
   }
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double, std::milli>(ms));
   while (Clock::now() < until) {
   }
 }
@@ -87,8 +90,8 @@ void stage_work(double ms) {
 // weight, the sleep, the copy; in backward the sleep and both gradients) counts as its busy
 // time: the rest of a rank's step is the pipeline's own (sends, receives, autograd's engine).
 struct Sleep : torch::autograd::Function<Sleep> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               double f_ms, double b_ms, int64_t busy) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w, double f_ms, double b_ms, int64_t busy) {
     const auto t0 = Clock::now();
     ctx->saved_data["b"] = b_ms;
     ctx->saved_data["busy"] = busy;
@@ -98,7 +101,8 @@ struct Sleep : torch::autograd::Function<Sleep> {
     add_busy(reinterpret_cast<Busy*>(busy), t0);
     return y;
   }
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::tensor_list g) {
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list g) {
     const auto t0 = Clock::now();
     stage_work(ctx->saved_data["b"].toDouble());
     auto saved = ctx->get_saved_variables();
@@ -110,7 +114,9 @@ struct Sleep : torch::autograd::Function<Sleep> {
 
 class SleepStageImpl : public torch::nn::Module {
  public:
-  SleepStageImpl(double f, double b, Busy* busy) : f_(f), b_(b), busy_(busy) { w = register_parameter("w", torch::ones({1})); }
+  SleepStageImpl(double f, double b, Busy* busy) : f_(f), b_(b), busy_(busy) {
+    w = register_parameter("w", torch::ones({1}));
+  }
   // A function of w too: stage 0's input needs no gradient, and autograd skips the backward
   // of a function none of whose inputs needs one.
   torch::Tensor forward(const torch::Tensor& x) {
@@ -134,18 +140,29 @@ std::vector<int> parse_list(const char* s) {
   return out;
 }
 
-void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const std::vector<int>& Ms) {
-  std::printf("# pipeline bubble: synthetic stages (forward %.0f ms, backward %.0f ms per micro-batch and rank), median of %d steps\n",
-              tf, tb, steps);
-  std::printf("# bubble_meas = 1 - M(tf+tb)/step (the requested stage time); bubble_busy = 1 - busy/step with busy the\n"
-              "# time the rank's stages really took (mean over ranks; sleeps overrun), the rest being waits on the pipeline\n");
-  std::printf("# step_ms: first stage's start to the last rank's end of train_step; barrier_ms: rank 0 from barrier to\n"
-              "# barrier around train_step (median; includes the bench's barrier after the step)\n");
-  std::printf("# meas/ideal = bubble_meas / bubble_ideal; busy/ideal = bubble_busy / bubble_ideal (the bubble counted from\n"
-              "# the compute the stages really did: the ideal step for those stage times is busy (M + (P-1)/V) / M)\n");
-  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s %10s %10s %10s\n", "schedule", "P", "M", "V", "step_ms",
-              "ideal_ms", "ratio", "bubble_meas", "bubble_ideal", "busy_ms", "bubble_busy", "meas/ideal", "busy/ideal",
-              "barrier_ms");
+void bubble(int steps, double tf, double tb, const std::vector<int>& Ps,
+            const std::vector<int>& Ms) {
+  std::printf(
+      "# pipeline bubble: synthetic stages (forward %.0f ms, backward %.0f ms per micro-batch and "
+      "rank), median of %d steps\n",
+      tf, tb, steps);
+  std::printf(
+      "# bubble_meas = 1 - M(tf+tb)/step (the requested stage time); bubble_busy = 1 - busy/step "
+      "with busy the\n"
+      "# time the rank's stages really took (mean over ranks; sleeps overrun), the rest being "
+      "waits on the pipeline\n");
+  std::printf(
+      "# step_ms: first stage's start to the last rank's end of train_step; barrier_ms: rank 0 "
+      "from barrier to\n"
+      "# barrier around train_step (median; includes the bench's barrier after the step)\n");
+  std::printf(
+      "# meas/ideal = bubble_meas / bubble_ideal; busy/ideal = bubble_busy / bubble_ideal (the "
+      "bubble counted from\n"
+      "# the compute the stages really did: the ideal step for those stage times is busy (M + "
+      "(P-1)/V) / M)\n");
+  std::printf("%-17s %2s %3s %2s %10s %10s %7s %13s %11s %9s %12s %10s %10s %10s\n", "schedule",
+              "P", "M", "V", "step_ms", "ideal_ms", "ratio", "bubble_meas", "bubble_ideal",
+              "busy_ms", "bubble_busy", "meas/ideal", "busy/ideal", "barrier_ms");
   struct Case {
     dtrain::Schedule s;
     int P, M, V;
@@ -171,7 +188,8 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
       prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
       Busy busy{0};
       std::vector<torch::nn::Sequential> stages;
-      for (int i = 0; i < c.P * c.V; ++i) stages.push_back(torch::nn::Sequential(SleepStage(tf / c.V, tb / c.V, &busy)));
+      for (int i = 0; i < c.P * c.V; ++i)
+        stages.push_back(torch::nn::Sequential(SleepStage(tf / c.V, tb / c.V, &busy)));
       dtrain::Pipeline pipe(stages, g, {c.s, c.M, c.V});
       auto loss = [](const torch::Tensor& out, const torch::Tensor&) { return out.sum(); };
       torch::Tensor x = torch::ones({c.M, 4});
@@ -197,7 +215,8 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
     // from train_step: ranks are threads, so one clock times them all. The median over the
     // steps after the first (which also exchanges the shapes), and that step's busy time.
     std::vector<double> times;
-    for (int s = 1; s <= steps; ++s) times.push_back(std::chrono::duration<double, std::milli>(end[s] - start[s]).count());
+    for (int s = 1; s <= steps; ++s)
+      times.push_back(std::chrono::duration<double, std::milli>(end[s] - start[s]).count());
     std::vector<size_t> order(times.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a] < times[b]; });
@@ -209,18 +228,21 @@ void bubble(int steps, double tf, double tb, const std::vector<int>& Ps, const s
     const double work = c.M * (tf + tb);
     const double ideal = work + (c.P - 1) * (tf + tb) / c.V;
     const double bubble_ideal = 1.0 - work / ideal;
-    std::printf("%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f %10.3f %10.3f %10.1f\n",
-                dtrain::schedule_name(c.s).c_str(), c.P, c.M, c.V, step, ideal, step / ideal, 1.0 - work / step, bubble_ideal,
-                busy, 1.0 - busy / step, (1.0 - work / step) / bubble_ideal, (1.0 - busy / step) / bubble_ideal,
-                wb[wb.size() / 2]);
+    std::printf(
+        "%-17s %2d %3d %2d %10.1f %10.1f %7.3f %13.3f %11.3f %9.1f %12.3f %10.3f %10.3f %10.1f\n",
+        dtrain::schedule_name(c.s).c_str(), c.P, c.M, c.V, step, ideal, step / ideal,
+        1.0 - work / step, bubble_ideal, busy, 1.0 - busy / step,
+        (1.0 - work / step) / bubble_ideal, (1.0 - busy / step) / bubble_ideal, wb[wb.size() / 2]);
     std::fflush(stdout);
   }
 }
 
 void memory() {
   const int64_t d = 512;
-  std::printf("# tensor-parallel memory per rank: one transformer MLP + attention projections, d_model %lld, Adam\n",
-              static_cast<long long>(d));
+  std::printf(
+      "# tensor-parallel memory per rank: one transformer MLP + attention projections, d_model "
+      "%lld, Adam\n",
+      static_cast<long long>(d));
   std::printf("%2s %14s %14s %12s\n", "T", "params_per_rank", "bytes_per_rank", "vs_T1");
   double t1 = 0;
   for (int T : {1, 2, 4}) {
@@ -250,7 +272,8 @@ void memory() {
       params = n;
     });
     if (T == 1) t1 = static_cast<double>(bytes);
-    std::printf("%2d %14lld %14lld %12.3f\n", T, static_cast<long long>(params), static_cast<long long>(bytes), bytes / t1);
+    std::printf("%2d %14lld %14lld %12.3f\n", T, static_cast<long long>(params),
+                static_cast<long long>(bytes), bytes / t1);
   }
 }
 
@@ -266,12 +289,14 @@ std::string first_line(const char* path, const std::string& prefix = "") {
 // What the figures were measured on: CPU model, cores, OS, whether it is a VM.
 std::string machine() {
   std::string cpu = first_line("/proc/cpuinfo", "model name");
-  cpu = cpu.substr(std::min(cpu.size(), cpu.find(':') == std::string::npos ? cpu.size() : cpu.find(':') + 2));
+  cpu = cpu.substr(
+      std::min(cpu.size(), cpu.find(':') == std::string::npos ? cpu.size() : cpu.find(':') + 2));
   std::string os = first_line("/etc/os-release", "PRETTY_NAME=");
   os.erase(std::remove(os.begin(), os.end(), '"'), os.end());
   const bool vm = first_line("/proc/cpuinfo", "flags").find(" hypervisor") != std::string::npos;
-  return std::to_string(std::thread::hardware_concurrency()) + " cores (" + (cpu.empty() ? "unknown CPU" : cpu) + "), " +
-         (os.empty() ? "unknown OS" : os) + (vm ? ", a VM" : "");
+  return std::to_string(std::thread::hardware_concurrency()) + " cores (" +
+         (cpu.empty() ? "unknown CPU" : cpu) + "), " + (os.empty() ? "unknown OS" : os) +
+         (vm ? ", a VM" : "");
 }
 
 }  // namespace
@@ -283,27 +308,39 @@ int main(int argc, char** argv) {
   bool mem = true;
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
-    if (!std::strcmp(argv[i], "--no-memory")) mem = false;
+    if (!std::strcmp(argv[i], "--no-memory"))
+      mem = false;
     else if (has_value && !std::strcmp(argv[i], "--stage")) {
       const std::string v = argv[++i];
       if (v != "sleep" && v != "spin") {
-        std::fprintf(stderr, "model_parallel_bench: --stage %s: use sleep (the stages sleep) or spin (they busy-wait)\n", v.c_str());
+        std::fprintf(stderr,
+                     "model_parallel_bench: --stage %s: use sleep (the stages sleep) or spin (they "
+                     "busy-wait)\n",
+                     v.c_str());
         return 2;
       }
       g_spin = v == "spin";
-    }
-    else if (has_value && !std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
-    else if (has_value && !std::strcmp(argv[i], "--tf")) tf = std::atof(argv[++i]);
-    else if (has_value && !std::strcmp(argv[i], "--tb")) tb = std::atof(argv[++i]);
-    else if (has_value && !std::strcmp(argv[i], "--p")) Ps = parse_list(argv[++i]);
-    else if (has_value && !std::strcmp(argv[i], "--m")) Ms = parse_list(argv[++i]);
+    } else if (has_value && !std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--tf"))
+      tf = std::atof(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--tb"))
+      tb = std::atof(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--p"))
+      Ps = parse_list(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--m"))
+      Ms = parse_list(argv[++i]);
     else {
-      std::fprintf(stderr, "model_parallel_bench: unknown or incomplete option '%s'; use --steps N --tf MS --tb MS --p 2,4 --m 1,4,8,16 --stage sleep|spin --no-memory\n", argv[i]);
+      std::fprintf(stderr,
+                   "model_parallel_bench: unknown or incomplete option '%s'; use --steps N --tf MS "
+                   "--tb MS --p 2,4 --m 1,4,8,16 --stage sleep|spin --no-memory\n",
+                   argv[i]);
       return 2;
     }
   }
   torch::set_num_threads(1);
-  std::printf("# machine: %s; ranks are threads of one process, Gloo over loopback\n", machine().c_str());
+  std::printf("# machine: %s; ranks are threads of one process, Gloo over loopback\n",
+              machine().c_str());
   std::printf("# load average at the start: %s\n", first_line("/proc/loadavg").c_str());
   bubble(steps, tf, tb, Ps, Ms);
   std::printf("# load average after the pipeline cases: %s\n", first_line("/proc/loadavg").c_str());

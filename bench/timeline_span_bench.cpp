@@ -26,7 +26,8 @@ BENCHMARK(BM_SpanOff);
 
 // Recording on: the clock reads and the append under the recorder's lock.
 void BM_SpanOn(benchmark::State& state) {
-  const auto dir = std::filesystem::temp_directory_path() / ("dtrain_span_bench_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dtrain_span_bench_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   tl::start((dir / "timeline.json").string(), 0, 1);
   for (auto _ : state) {

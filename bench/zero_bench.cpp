@@ -32,7 +32,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string machine() {
   std::ifstream in("/proc/cpuinfo");
@@ -42,8 +44,8 @@ std::string machine() {
       model = line.substr(line.find(':') + 2);
       break;
     }
-  return model + ", " + std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) + " cores, libtorch " + TORCH_VERSION +
-         ", " + std::to_string(at::get_num_threads()) + " intra-op threads";
+  return model + ", " + std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) + " cores, libtorch " +
+         TORCH_VERSION + ", " + std::to_string(at::get_num_threads()) + " intra-op threads";
 }
 
 std::string arg(int argc, char** argv, const std::string& name, const std::string& def) {
@@ -61,8 +63,8 @@ int adam_bench(int64_t n, int reps) {
   std::vector<double> ours;
   for (int r = 0; r <= reps; ++r) {
     auto t = Clock::now();
-    dtrain::zero::cpu_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n,
-                                r + 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, false);
+    dtrain::zero::cpu_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
+                                v.data_ptr<float>(), n, r + 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, false);
     if (r > 0) ours.push_back(seconds_since(t));  // the first pass faults the pages in
   }
   m = torch::Tensor(), v = torch::Tensor();
@@ -85,34 +87,45 @@ int adam_bench(int64_t n, int reps) {
     auto t = Clock::now();
     const float* s = src.data_ptr<float>();
     float* d = dst.data_ptr<float>();
-    at::parallel_for(0, n, std::max<int64_t>(65536, n / at::get_num_threads()), [&](int64_t lo, int64_t hi) {
-      std::memcpy(d + lo, s + lo, (hi - lo) * sizeof(float));
-    });
+    at::parallel_for(
+        0, n, std::max<int64_t>(65536, n / at::get_num_threads()),
+        [&](int64_t lo, int64_t hi) { std::memcpy(d + lo, s + lo, (hi - lo) * sizeof(float)); });
     if (r > 0) copy.push_back(seconds_since(t));
   }
   auto best = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
   const double o = best(ours), t = best(theirs), c = best(copy);
   const double adam_bw = 28.0 * n / o, copy_bw = 8.0 * n / c;
-  std::printf("{\"bench\":\"cpu_adam\",\"params\":%lld,\"dtrain_s\":%.4f,\"torch_optim_adam_s\":%.4f,\"memcpy_s\":%.4f,"
-              "\"speedup_vs_torch\":%.2f,\"dtrain_gbps\":%.2f,\"memcpy_gbps\":%.2f,\"fraction_of_memcpy\":%.2f}\n",
-              static_cast<long long>(n), o, t, c, t / o, adam_bw / 1e9, copy_bw / 1e9, adam_bw / copy_bw);
-  std::printf("CPU Adam over %lld params: dtrain %.3f s, torch::optim::Adam %.3f s (%.2fx); %.1f GB/s = %.0f%% of "
-              "memcpy's %.1f GB/s\n",
-              static_cast<long long>(n), o, t, t / o, adam_bw / 1e9, 100 * adam_bw / copy_bw, copy_bw / 1e9);
+  std::printf(
+      "{\"bench\":\"cpu_adam\",\"params\":%lld,\"dtrain_s\":%.4f,\"torch_optim_adam_s\":%.4f,"
+      "\"memcpy_s\":%.4f,"
+      "\"speedup_vs_torch\":%.2f,\"dtrain_gbps\":%.2f,\"memcpy_gbps\":%.2f,\"fraction_of_memcpy\":%"
+      ".2f}\n",
+      static_cast<long long>(n), o, t, c, t / o, adam_bw / 1e9, copy_bw / 1e9, adam_bw / copy_bw);
+  std::printf(
+      "CPU Adam over %lld params: dtrain %.3f s, torch::optim::Adam %.3f s (%.2fx); %.1f GB/s = "
+      "%.0f%% of "
+      "memcpy's %.1f GB/s\n",
+      static_cast<long long>(n), o, t, t / o, adam_bw / 1e9, 100 * adam_bw / copy_bw,
+      copy_bw / 1e9);
   return 0;
 }
 
 // overlap: DeepSpeed's overlap_comm with 2M-element (8 MB) reduce buckets, so that the first
 // buckets' reductions run while backward computes the rest.
 nlohmann::json zero_config(int stage, int micro, bool offload = false, bool overlap = false) {
-  nlohmann::json c = {{"train_micro_batch_size_per_gpu", micro},
-                      {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
-                      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", overlap ? 2000000 : 25000000},
-                                             {"overlap_comm", overlap},
-                                             // stage 3 fetches every layer for its forward and again for its backward
-                                             // (DeepSpeed's default 1e9 keeps every layer of this model gathered between the two)
-                                             {"stage3_max_reuse_distance", 0}}}};
-  if (offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, c["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  nlohmann::json c = {
+      {"train_micro_batch_size_per_gpu", micro},
+      {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
+      {"zero_optimization",
+       {{"stage", stage},
+        {"reduce_bucket_size", overlap ? 2000000 : 25000000},
+        {"overlap_comm", overlap},
+        // stage 3 fetches every layer for its forward and again for its backward
+        // (DeepSpeed's default 1e9 keeps every layer of this model gathered between the two)
+        {"stage3_max_reuse_distance", 0}}}};
+  if (offload)
+    c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}},
+    c["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   return c;
 }
 
@@ -143,17 +156,23 @@ int memory_bench() {
         // gathered buffers still alive), against gathering the whole module for the step.
         auto st = e.core().stage3_stats();
         const int64_t whole = st.partition_bytes + n * 4;
-        std::printf("{\"bench\":\"zero_stage3_resident\",\"world\":%d,\"variant\":\"%s\",\"peak_between_layers_mib\":%.1f,"
-                    "\"partition_mib\":%.1f,\"whole_module_gather_mib\":%.1f,\"fetches\":%lld,\"prefetches\":%lld}\n",
-                    N, v.c_str(), mib(st.peak_resident_bytes), mib(st.partition_bytes), mib(whole), (long long)st.fetches,
-                    (long long)st.prefetches);
+        std::printf(
+            "{\"bench\":\"zero_stage3_resident\",\"world\":%d,\"variant\":\"%s\",\"peak_between_"
+            "layers_mib\":%.1f,"
+            "\"partition_mib\":%.1f,\"whole_module_gather_mib\":%.1f,\"fetches\":%lld,"
+            "\"prefetches\":%lld}\n",
+            N, v.c_str(), mib(st.peak_resident_bytes), mib(st.partition_bytes), mib(whole),
+            (long long)st.fetches, (long long)st.prefetches);
       }
-      std::printf("{\"bench\":\"zero_memory\",\"world\":%d,\"variant\":\"%s\",\"params\":%lld,"
-                  "\"measured_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},"
-                  "\"formula_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},\"peak_rss_mib\":%.0f}\n",
-                  N, v.c_str(), static_cast<long long>(n), mib(m.params_device), mib(m.grads_device),
-                  mib(m.optimizer_device), mib(m.params_cpu + m.grads_cpu + m.optimizer_cpu), mib(est.params),
-                  mib(est.grads), mib(est.optimizer), mib(est.offloaded), ru.ru_maxrss / 1024.0);
+      std::printf(
+          "{\"bench\":\"zero_memory\",\"world\":%d,\"variant\":\"%s\",\"params\":%lld,"
+          "\"measured_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},"
+          "\"formula_mib\":{\"params\":%.1f,\"grads\":%.1f,\"optimizer\":%.1f,\"cpu\":%.1f},\"peak_"
+          "rss_mib\":%.0f}\n",
+          N, v.c_str(), static_cast<long long>(n), mib(m.params_device), mib(m.grads_device),
+          mib(m.optimizer_device), mib(m.params_cpu + m.grads_cpu + m.optimizer_cpu),
+          mib(est.params), mib(est.grads), mib(est.optimizer), mib(est.offloaded),
+          ru.ru_maxrss / 1024.0);
       std::fflush(stdout);
     }
   }
@@ -168,12 +187,15 @@ int throughput_bench(int steps, int rounds) {
   const int batch = 64;
   auto make = [] {
     torch::manual_seed(0);
-    return Sequential(Linear(1024, 2048), ReLU(), Linear(2048, 2048), ReLU(), Linear(2048, 1024), ReLU(), Linear(1024, 10));
+    return Sequential(Linear(1024, 2048), ReLU(), Linear(2048, 2048), ReLU(), Linear(2048, 1024),
+                      ReLU(), Linear(1024, 10));
   };
   auto x = torch::randn({batch, 1024});
   auto y = torch::randint(0, 10, {batch}, torch::kLong);
   std::map<std::string, double> best;
-  const std::vector<std::string> variants = {"ddp", "stage0", "stage1", "stage1_overlap", "stage2", "stage2_overlap", "stage3", "stage3_overlap"};
+  const std::vector<std::string> variants = {
+      "ddp",    "stage0",         "stage1", "stage1_overlap",
+      "stage2", "stage2_overlap", "stage3", "stage3_overlap"};
   for (int round = 0; round < rounds; ++round) {
     for (const auto& v : variants) {
       auto model = make();
@@ -190,7 +212,8 @@ int throughput_bench(int steps, int rounds) {
           if (s >= 0) secs += seconds_since(t);
         }
       } else {
-        auto e = dtrain::zero::initialize(model, zero_config(v[5] - '0', batch, false, v.find("overlap") != std::string::npos));
+        auto e = dtrain::zero::initialize(
+            model, zero_config(v[5] - '0', batch, false, v.find("overlap") != std::string::npos));
         for (int s = -2; s < steps; ++s) {
           if (s == 0) pg->barrier();
           auto t = Clock::now();
@@ -210,8 +233,10 @@ int throughput_bench(int steps, int rounds) {
   }
   if (r == 0) {
     for (const auto& v : variants)
-      std::printf("{\"bench\":\"zero_throughput\",\"world\":%d,\"variant\":\"%s\",\"samples_per_s\":%.1f,\"vs_ddp\":%.3f}\n", N,
-                  v.c_str(), best[v], best[v] / best["ddp"]);
+      std::printf(
+          "{\"bench\":\"zero_throughput\",\"world\":%d,\"variant\":\"%s\",\"samples_per_s\":%.1f,"
+          "\"vs_ddp\":%.3f}\n",
+          N, v.c_str(), best[v], best[v] / best["ddp"]);
   }
   return 0;
 }
@@ -221,14 +246,19 @@ int throughput_bench(int steps, int rounds) {
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "adam") return adam_bench(std::stoll(arg(argc, argv, "--params", "100000000")), std::stoi(arg(argc, argv, "--reps", "5")));
+    if (mode == "adam")
+      return adam_bench(std::stoll(arg(argc, argv, "--params", "100000000")),
+                        std::stoi(arg(argc, argv, "--reps", "5")));
     if (mode == "memory") return memory_bench();
     if (mode == "throughput")
-      return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")), std::stoi(arg(argc, argv, "--rounds", "3")));
+      return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")),
+                              std::stoi(arg(argc, argv, "--rounds", "3")));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: zero_bench adam [--params N] [--reps R] | memory | throughput [--steps S] [--rounds R]\n");
+  std::fprintf(stderr,
+               "usage: zero_bench adam [--params N] [--reps R] | memory | throughput [--steps S] "
+               "[--rounds R]\n");
   return 2;
 }

@@ -16,8 +16,9 @@ else
 fi
 
 packages=(
-  # toolchain
-  g++ cmake ninja-build pkg-config
+  # toolchain; ccache keeps compiled objects outside the clone, so a fresh clone (CI's) rebuilds
+  # from the cache of the last build on this machine
+  g++ cmake ninja-build pkg-config ccache clang-format
   # libtorch 1.13 (CPU) with c10d and Gloo; OpenBLAS makes its matmuls ~10x faster
   libtorch-dev libgloo-dev libopenblas0-pthread
   # libraries we build on
@@ -62,8 +63,11 @@ fi
 
 jobs="$(nproc)"
 config=(-DDTRAIN_VENV_PYTHON="$venv_python" -DDTRAIN_LIBTORCH="$libtorch")
-# A developer's ccache (not installed by this script) makes rebuilds of both trees cheap.
-command -v ccache >/dev/null && config+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# ccache, keyed relative to the clone (CCACHE_BASEDIR) so that another clone of the same
+# commit - CI's - hits the objects this machine built before; the precompiled torch header
+# needs the pch sloppiness. The cache lives outside the clone (ccache's default, ~/.cache/ccache).
+config+=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$here;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_COMPILERCHECK=content;ccache")
+ccache --max-size=20G >/dev/null
 if [[ ! -f "$build/build.ninja" ]]; then
   cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${config[@]}"
 else

@@ -20,7 +20,7 @@ endforeach()
 
 # The cluster flags through the real binary, without engines or root (label launcher).
 dtrain_test(cluster_cli_test LABELS launcher SOURCES cluster/cluster_cli_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(cluster_cli_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+dtrain_test_programs(cluster_cli_test TEST_WORKER_BIN test_worker)
 add_dependencies(cluster_cli_test test_worker dtrain_cli)
 
 # The Distributor with local_mode = false: a driver on n1 running a function over ssh, Slurm

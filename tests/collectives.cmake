@@ -18,7 +18,6 @@ target_compile_options(collective_worker PRIVATE ${DTRAIN_WARNINGS})
 # Real processes; the test itself does not load libtorch.
 dtrain_test(collectives_mp_test LABELS launcher
   SOURCES comm/collectives_mp_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(collectives_mp_test PRIVATE
-  COLLECTIVE_WORKER_BIN="$<TARGET_FILE:collective_worker>")
+dtrain_test_programs(collectives_mp_test COLLECTIVE_WORKER_BIN collective_worker)
 # The tests execute these; building collectives_mp_test must build them too.
 add_dependencies(collectives_mp_test collective_worker dtrain_cli)

@@ -10,5 +10,5 @@ dtrain_use_torch_pch(diagnosis_worker)
 target_compile_options(diagnosis_worker PRIVATE ${DTRAIN_WARNINGS})
 dtrain_test(diagnosis_mp_test LABELS diagnosis
   SOURCES diagnosis/diagnosis_mp_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(diagnosis_mp_test PRIVATE DIAGNOSIS_WORKER_BIN="$<TARGET_FILE:diagnosis_worker>")
+dtrain_test_programs(diagnosis_mp_test DIAGNOSIS_WORKER_BIN diagnosis_worker)
 add_dependencies(diagnosis_mp_test diagnosis_worker dtrain_cli)

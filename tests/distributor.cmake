@@ -3,7 +3,7 @@
 dtrain_test(codec_test LABELS unit SOURCES distributor/codec_test.cpp TORCH)
 
 dtrain_test(distributor_test LABELS distributor SOURCES distributor/distributor_test.cpp TORCH)
-target_compile_definitions(distributor_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+dtrain_test_programs(distributor_test TEST_WORKER_BIN test_worker)
 add_dependencies(distributor_test dtrain_cli test_worker)
 
 # Unsupported types and capturing lambdas fail to compile, with dtrain's message.
@@ -26,5 +26,5 @@ add_executable(distributor_driver_program distributor/driver_program.cpp)
 target_link_libraries(distributor_driver_program PRIVATE dtrain)
 dtrain_use_torch_pch(distributor_driver_program)
 dtrain_test(distributor_driver_test LABELS distributor SOURCES distributor/driver_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(distributor_driver_test PRIVATE DRIVER_PROGRAM="$<TARGET_FILE:distributor_driver_program>")
+dtrain_test_programs(distributor_driver_test DRIVER_PROGRAM distributor_driver_program)
 add_dependencies(distributor_driver_test distributor_driver_program dtrain_cli)

@@ -1,7 +1,7 @@
 # Elastic membership (src/launch/elastic_rendezvous.cpp): several real agents on loopback.
 # libtorch-free (test_worker), so it runs in one build only (see scripts/run_tests.sh).
 dtrain_test(elastic_test LABELS elastic SOURCES elastic/elastic_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(elastic_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>")
+dtrain_test_programs(elastic_test TEST_WORKER_BIN test_worker)
 add_dependencies(elastic_test test_worker dtrain_cli)
 
 # Resume without user code (src/elastic): a DDP worker on ElasticState, SIGKILLed under
@@ -11,8 +11,7 @@ target_link_libraries(elastic_train_worker PRIVATE dtrain CLI11::CLI11)
 dtrain_use_torch_pch(elastic_train_worker)
 target_compile_options(elastic_train_worker PRIVATE ${DTRAIN_WARNINGS})
 dtrain_test(elastic_resume_test LABELS elastic SOURCES elastic/resume_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(elastic_resume_test PRIVATE ELASTIC_TRAIN_WORKER_BIN="$<TARGET_FILE:elastic_train_worker>"
-                           FASHION_MNIST_BIN="$<TARGET_FILE:fashion_mnist>")
+dtrain_test_programs(elastic_resume_test ELASTIC_TRAIN_WORKER_BIN elastic_train_worker FASHION_MNIST_BIN fashion_mnist)
 add_dependencies(elastic_resume_test elastic_train_worker dtrain_cli fashion_mnist)
 
 # The node-level scenarios on network-namespace hosts (root; label cluster, so it runs with

@@ -4,7 +4,7 @@ add_executable(hvd_worker horovod/hvd_worker.cpp)
 target_link_libraries(hvd_worker PRIVATE dtrain CLI11::CLI11)
 dtrain_use_torch_pch(hvd_worker)
 dtrain_test(hvd_test LABELS horovod SOURCES horovod/hvd_test.cpp launcher/subprocess.cpp TORCH)
-target_compile_definitions(hvd_test PRIVATE HVD_WORKER_BIN="$<TARGET_FILE:hvd_worker>")
+dtrain_test_programs(hvd_test HVD_WORKER_BIN hvd_worker)
 add_dependencies(hvd_test hvd_worker dtrain_cli)
 # hvd::elastic: `dtrain horovodrun --min-np/--max-np/--host-discovery-script` with a killed worker.
 add_executable(hvd_elastic_worker horovod/hvd_elastic_worker.cpp)
@@ -12,7 +12,7 @@ target_include_directories(hvd_elastic_worker PRIVATE ${PROJECT_SOURCE_DIR}/test
 target_link_libraries(hvd_elastic_worker PRIVATE dtrain)
 dtrain_use_torch_pch(hvd_elastic_worker)
 dtrain_test(hvd_elastic_test LABELS horovod SOURCES horovod/hvd_elastic_test.cpp launcher/subprocess.cpp TORCH)
-target_compile_definitions(hvd_elastic_test PRIVATE HVD_ELASTIC_WORKER_BIN="$<TARGET_FILE:hvd_elastic_worker>")
+dtrain_test_programs(hvd_elastic_test HVD_ELASTIC_WORKER_BIN hvd_elastic_worker)
 add_dependencies(hvd_elastic_test hvd_elastic_worker dtrain_cli)
 # Elastic horovodrun across hosts: namespaces n1 (the driver, a local agent) and n2 (its agent
 # over ssh), a worker killed, the job finishing at the smaller size (tests/cluster/lib.sh; root).

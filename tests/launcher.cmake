@@ -12,8 +12,7 @@ dtrain_test(launch_options_test LABELS unit SOURCES unit/launch_options_test.cpp
 # Real processes through the real `dtrain` binary on loopback.
 dtrain_test(launcher_test LABELS launcher
   SOURCES launcher/launcher_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(launcher_test PRIVATE TEST_WORKER_BIN="$<TARGET_FILE:test_worker>"
-  PRELOAD_PROBE_LIB="$<TARGET_FILE:preload_probe>" DLOPEN_PROBE_LIB="$<TARGET_FILE:dlopen_probe>")
+dtrain_test_programs(launcher_test TEST_WORKER_BIN test_worker PRELOAD_PROBE_LIB preload_probe DLOPEN_PROBE_LIB dlopen_probe)
 # The tests execute these; building launcher_test must build them too.
 add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver dlopen_probe)
 # Every launcher test again with the workers forked from a fork server (test_worker does

@@ -11,6 +11,6 @@ endif()
 # The example through `dtrain run` (real processes).
 if(TARGET gpt)
   dtrain_test(model_parallel_example_test LABELS model_parallel SOURCES model_parallel/gpt_example_test.cpp launcher/subprocess.cpp)
-  target_compile_definitions(model_parallel_example_test PRIVATE GPT_BIN="$<TARGET_FILE:gpt>")
+  dtrain_test_programs(model_parallel_example_test GPT_BIN gpt)
   add_dependencies(model_parallel_example_test gpt dtrain_cli)
 endif()

@@ -1,18 +1,15 @@
 # Tracking and observability (#13): progress, timeline, and MLflow against a real server.
 dtrain_test(progress_timeline_test LABELS tracking SOURCES tracking/progress_timeline_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(progress_timeline_test PRIVATE FASHION_MNIST_BIN="$<TARGET_FILE:fashion_mnist>")
+dtrain_test_programs(progress_timeline_test FASHION_MNIST_BIN fashion_mnist)
 add_dependencies(progress_timeline_test fashion_mnist dtrain_cli)
 
 # One `mlflow server` for all of this binary's cases: CTest runs the binary as one test.
 add_executable(mlflow_server_test tracking/mlflow_server_test.cpp)
 target_include_directories(mlflow_server_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
 target_link_libraries(mlflow_server_test PRIVATE GTest::gtest GTest::gtest_main dtrain_tracking nlohmann_json::nlohmann_json
-                      dtrain_test_subprocess)
+                      dtrain_test_subprocess dtrain_test_paths)
 target_compile_options(mlflow_server_test PRIVATE ${DTRAIN_WARNINGS})
-target_compile_definitions(mlflow_server_test PRIVATE
-  DTRAIN_BIN="$<TARGET_FILE:dtrain_cli>" DTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-  DTRAIN_VENV_PYTHON="${DTRAIN_VENV_PYTHON}" FASHION_MNIST_BIN="$<TARGET_FILE:fashion_mnist>"
-  DISTRIBUTOR_EXAMPLE_BIN="$<TARGET_FILE:distributor_example>")
+dtrain_test_programs(mlflow_server_test FASHION_MNIST_BIN fashion_mnist DISTRIBUTOR_EXAMPLE_BIN distributor_example)
 add_dependencies(mlflow_server_test fashion_mnist distributor_example dtrain_cli)
 add_test(NAME tracking.mlflow_server COMMAND mlflow_server_test)
 # ~3-4 min on a quiet 2-core machine; far more while other builds load it.

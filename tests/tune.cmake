@@ -10,7 +10,7 @@ add_executable(tune_driver_program tune/driver_program.cpp)
 target_link_libraries(tune_driver_program PRIVATE dtrain)
 dtrain_use_torch_pch(tune_driver_program)
 dtrain_test(tune_resume_test LABELS tune SOURCES tune/resume_test.cpp launcher/subprocess.cpp)
-target_compile_definitions(tune_resume_test PRIVATE TUNE_DRIVER_PROGRAM="$<TARGET_FILE:tune_driver_program>")
+dtrain_test_programs(tune_resume_test TUNE_DRIVER_PROGRAM tune_driver_program)
 add_dependencies(tune_resume_test tune_driver_program dtrain_cli)
 
 # Each trial an MLflow child run of the search, against a real `mlflow server` (the venv's).

@@ -11,8 +11,8 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
-#include "dtrain/zero_config.h"
 #include "dtrain/spark.h"
+#include "dtrain/zero_config.h"
 #include "horovod/horovodrun.h"
 #include "launch/options_internal.h"
 #include "tracking/job_outcome.h"
@@ -58,10 +58,13 @@ void cancel_slurm_step(const dtrain::RunArgs& a) {
 
 int main(int argc, char** argv) {
   // `dtrain zero ...`: ZeRO config checks and checkpoint tools (src/zero/cli.cpp).
-  if (argc >= 2 && std::string(argv[1]) == "zero") return dtrain::zero::zero_main({argv + 2, argv + argc});
+  if (argc >= 2 && std::string(argv[1]) == "zero")
+    return dtrain::zero::zero_main({argv + 2, argv + argc});
   // `dtrain horovodrun ...` and its worker shim (src/horovod/horovodrun.cpp).
-  if (argc >= 2 && std::string(argv[1]) == "horovodrun") return dtrain::hvd::horovodrun_main({argv + 2, argv + argc});
-  if (argc >= 2 && std::string(argv[1]) == "horovod-exec") return dtrain::hvd::horovod_exec_main({argv + 2, argv + argc});
+  if (argc >= 2 && std::string(argv[1]) == "horovodrun")
+    return dtrain::hvd::horovodrun_main({argv + 2, argv + argc});
+  if (argc >= 2 && std::string(argv[1]) == "horovod-exec")
+    return dtrain::hvd::horovod_exec_main({argv + 2, argv + argc});
   try {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
   } catch (const dtrain::UsageError& e) {
@@ -70,16 +73,20 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
   app.require_subcommand(1);
-  app.footer("Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and checkpoints.");
+  app.footer(
+      "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
+      "checkpoints.");
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;
-  CLI::App* run = app.add_subcommand("run", "Launch PROGRAM on N worker processes (torchrun-compatible)");
+  CLI::App* run =
+      app.add_subcommand("run", "Launch PROGRAM on N worker processes (torchrun-compatible)");
   dtrain::add_run_options(*run, run_args);
   std::string mlflow_run_id;
-  run->add_option("--mlflow-run-id", mlflow_run_id,
-                  "MLflow run (at MLFLOW_TRACKING_URI) to continue and tag with the job's outcome; default: "
-                  "MLFLOW_RUN_ID when set");
+  run->add_option(
+      "--mlflow-run-id", mlflow_run_id,
+      "MLflow run (at MLFLOW_TRACKING_URI) to continue and tag with the job's outcome; default: "
+      "MLFLOW_RUN_ID when set");
   try {
     // CLI11 rejects a "--" before PROGRAM under a subcommand (`dtrain run -- prog`), so
     // parse only what precedes the first "--". Options end at PROGRAM (prefix_command), so
@@ -118,7 +125,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    dtrain::tracking::JobOutcome outcome(options, mlflow_run_id);  // MLflow: the run gets the job's outcome
+    dtrain::tracking::JobOutcome outcome(options,
+                                         mlflow_run_id);  // MLflow: the run gets the job's outcome
     int rc = dtrain::run_launch(std::move(options));
     outcome.report(rc);
     return rc;

@@ -22,7 +22,8 @@ torch::nn::Sequential make_model() {
 }
 
 // Runs in every worker, with RANK, WORLD_SIZE, MASTER_ADDR... set by the launcher.
-dtrain::StateDict train(double lr, int epochs, int batch_size, uint64_t seed, std::string data_dir) {
+dtrain::StateDict train(double lr, int epochs, int batch_size, uint64_t seed,
+                        std::string data_dir) {
   auto pg = dtrain::init_process_group();
   auto data = fashion_mnist::load_split(data_dir, /*train=*/true);
   torch::manual_seed(static_cast<int64_t>(seed));
@@ -41,11 +42,13 @@ dtrain::StateDict train(double lr, int epochs, int batch_size, uint64_t seed, st
     auto indices = torch::tensor(sampler.indices(), torch::kLong);
     torch::Tensor loss;
     for (int64_t b = 0; b < steps_per_epoch; ++b, ++step) {
-      auto idx = indices.narrow(0, b * batch_size, std::min<int64_t>(batch_size, indices.size(0) - b * batch_size));
+      auto idx = indices.narrow(0, b * batch_size,
+                                std::min<int64_t>(batch_size, indices.size(0) - b * batch_size));
       // Cosine decay of the learning rate over the whole run.
       double progress = static_cast<double>(step) / static_cast<double>(epochs * steps_per_epoch);
       for (auto& group : optimizer.param_groups()) {
-        static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr * 0.5 * (1 + std::cos(M_PI * progress)));
+        static_cast<torch::optim::AdamOptions&>(group.options())
+            .lr(lr * 0.5 * (1 + std::cos(M_PI * progress)));
       }
       optimizer.zero_grad();
       loss = torch::nn::functional::cross_entropy(ddp(data.images.index_select(0, idx)),
@@ -74,7 +77,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "Adam learning rate (cosine-decayed)")->capture_default_str();
   app.add_option("--batch-size", batch_size, "Batch size per process")->capture_default_str();
   app.add_option("--seed", seed, "Seed of the model and the sampler")->capture_default_str();
-  app.add_option("--data-dir", data_dir, "Directory with the gzipped IDX files")->capture_default_str();
+  app.add_option("--data-dir", data_dir, "Directory with the gzipped IDX files")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -88,8 +92,14 @@ int main(int argc, char** argv) {
     dtrain::load_state_dict(*model, trained);
     model->eval();
     torch::NoGradGuard no_grad;
-    double accuracy = model->forward(test.images).argmax(1).eq(test.labels).to(torch::kDouble).mean().item<double>();
-    std::printf("driver: test accuracy %.4f of the model trained on %d processes in %.1f s\n", accuracy, nproc, seconds);
+    double accuracy = model->forward(test.images)
+                          .argmax(1)
+                          .eq(test.labels)
+                          .to(torch::kDouble)
+                          .mean()
+                          .item<double>();
+    std::printf("driver: test accuracy %.4f of the model trained on %d processes in %.1f s\n",
+                accuracy, nproc, seconds);
     std::printf("%s\n", nlohmann::json{{"num_processes", nproc},
                                        {"epochs", epochs},
                                        {"test_accuracy", accuracy},

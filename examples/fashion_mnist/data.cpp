@@ -19,9 +19,10 @@ constexpr double kStd = 0.3530;
 // The decompressed file, or its first max_bytes when max_bytes >= 0.
 std::string read_gzip(const std::string& path, int64_t max_bytes = -1) {
   if (!std::filesystem::exists(path)) {
-    throw std::runtime_error("Fashion-MNIST file " + path +
-                             " does not exist: install the data with `apt-get install dataset-fashion-mnist` "
-                             "or point --data-dir at a directory holding the four *-ubyte.gz files");
+    throw std::runtime_error(
+        "Fashion-MNIST file " + path +
+        " does not exist: install the data with `apt-get install dataset-fashion-mnist` "
+        "or point --data-dir at a directory holding the four *-ubyte.gz files");
   }
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw std::runtime_error("cannot open " + path);
@@ -30,7 +31,8 @@ std::string read_gzip(const std::string& path, int64_t max_bytes = -1) {
   int n = 0;
   auto want = [&] {
     if (max_bytes < 0) return static_cast<unsigned>(sizeof buf);
-    return static_cast<unsigned>(std::min<int64_t>(sizeof buf, max_bytes - static_cast<int64_t>(out.size())));
+    return static_cast<unsigned>(
+        std::min<int64_t>(sizeof buf, max_bytes - static_cast<int64_t>(out.size())));
   };
   while (want() > 0 && (n = gzread(f, buf, want())) > 0) out.append(buf, static_cast<size_t>(n));
   if (want() == 0) n = 0;
@@ -38,7 +40,8 @@ std::string read_gzip(const std::string& path, int64_t max_bytes = -1) {
   const char* msg = gzerror(f, &err);
   gzclose(f);
   if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-    throw std::runtime_error(path + " is not a readable gzip file: " + (msg ? msg : "unknown error"));
+    throw std::runtime_error(path +
+                             " is not a readable gzip file: " + (msg ? msg : "unknown error"));
   }
   return out;
 }
@@ -65,10 +68,12 @@ Split load_split(const std::string& dir, bool train, int64_t limit) {
   const int64_t total = be32(images, 4), rows = be32(images, 8), cols = be32(images, 12);
   const int64_t n = limit < 0 ? total : std::min(limit, total);
   if (rows != 28 || cols != 28 || images.size() != static_cast<size_t>(16 + n * rows * cols)) {
-    throw std::runtime_error(images_path + ": expected " + std::to_string(n) + " images of 28x28, the file size says otherwise");
+    throw std::runtime_error(images_path + ": expected " + std::to_string(n) +
+                             " images of 28x28, the file size says otherwise");
   }
   if (be32(labels, 4) != total || labels.size() != static_cast<size_t>(8 + n)) {
-    throw std::runtime_error(labels_path + ": expected " + std::to_string(n) + " labels to match " + images_path);
+    throw std::runtime_error(labels_path + ": expected " + std::to_string(n) + " labels to match " +
+                             images_path);
   }
   Split s;
   auto pixels = torch::from_blob(images.data() + 16, {n, 1, rows, cols}, torch::kUInt8);

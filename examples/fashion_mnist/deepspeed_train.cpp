@@ -2,7 +2,8 @@
 // all come from the DeepSpeed config. Rank 0 prints progress, the test accuracy per epoch, the
 // bytes of model state this rank holds, and a JSON line at the end.
 //
-//   dtrain run --nproc-per-node 2 build/examples/fashion_mnist --deepspeed examples/fashion_mnist/ds_zero2.json
+//   dtrain run --nproc-per-node 2 build/examples/fashion_mnist --deepspeed
+//   examples/fashion_mnist/ds_zero2.json
 #include "deepspeed_train.h"
 
 #include <chrono>
@@ -23,8 +24,12 @@ int train_deepspeed(const DeepSpeedRun& run) {
   auto model = make_model(run.model);
   auto engine = dtrain::zero::initialize(model, run.config);
   const auto& cfg = engine.config();
-  const auto dtype = cfg.fp16.enabled ? torch::kHalf : cfg.bf16 ? torch::kBFloat16 : torch::kFloat32;
-  if (cfg.fp16.enabled) throw dtrain::UsageError("this example runs on CPU, where libtorch has no float16 matmul; use bf16");
+  const auto dtype = cfg.fp16.enabled ? torch::kHalf
+                     : cfg.bf16       ? torch::kBFloat16
+                                      : torch::kFloat32;
+  if (cfg.fp16.enabled)
+    throw dtrain::UsageError(
+        "this example runs on CPU, where libtorch has no float16 matmul; use bf16");
   const int64_t micro = cfg.train_micro_batch_size_per_gpu;
   dtrain::DistributedSampler sampler(train_set.labels.size(0), {.shuffle = true, .seed = run.seed});
   const int64_t micro_per_epoch = sampler.num_samples() / micro;  // whole micro-batches only
@@ -57,14 +62,16 @@ int train_deepspeed(const DeepSpeedRun& run) {
     for (int64_t b = 0; b < micro_per_epoch; ++b) {
       auto idx = indices.narrow(0, b * micro, micro);
       auto loss = torch::nn::functional::cross_entropy(
-          engine(train_set.images.index_select(0, idx).to(dtype)).to(torch::kFloat32), train_set.labels.index_select(0, idx));
+          engine(train_set.images.index_select(0, idx).to(dtype)).to(torch::kFloat32),
+          train_set.labels.index_select(0, idx));
       engine.backward(loss);
       engine.step();
       samples += micro;
       if (rank == 0 && run.log_every > 0 && engine.is_gradient_accumulation_boundary() &&
           engine.global_steps() % run.log_every == 0) {
-        std::printf("epoch %d step %lld loss %.4f lr %.3g\n", epoch + 1, static_cast<long long>(engine.global_steps()),
-                    loss.item<double>(), engine.get_lr());
+        std::printf("epoch %d step %lld loss %.4f lr %.3g\n", epoch + 1,
+                    static_cast<long long>(engine.global_steps()), loss.item<double>(),
+                    engine.get_lr());
         std::fflush(stdout);
       }
       if (run.max_steps > 0 && engine.global_steps() >= run.max_steps) {
@@ -81,17 +88,23 @@ int train_deepspeed(const DeepSpeedRun& run) {
   auto mem = engine.memory();
   if (rank == 0) {
     auto mib = [](int64_t b) { return b / 1048576.0; };
-    nlohmann::json out{{"world_size", world},
-                       {"zero_stage", cfg.zero.stage},
-                       {"precision", cfg.fp16.enabled ? "fp16" : cfg.bf16 ? "bf16" : "fp32"},
-                       {"model", run.model},
-                       {"parameters", engine.core().num_parameters()},
-                       {"steps", engine.global_steps()},
-                       {"skipped_steps", engine.skipped_steps()},
-                       {"test_accuracy", accuracy},
-                       {"samples_per_s", seconds > 0 ? samples * world / seconds : 0.0},
-                       {"rank0_mib", {{"params", mib(mem.params())}, {"grads", mib(mem.grads())}, {"optimizer", mib(mem.optimizer())},
-                                      {"offloaded_to_cpu", mib(mem.params_cpu + mem.grads_cpu + mem.optimizer_cpu)}}}};
+    nlohmann::json out{
+        {"world_size", world},
+        {"zero_stage", cfg.zero.stage},
+        {"precision", cfg.fp16.enabled ? "fp16"
+                      : cfg.bf16       ? "bf16"
+                                       : "fp32"},
+        {"model", run.model},
+        {"parameters", engine.core().num_parameters()},
+        {"steps", engine.global_steps()},
+        {"skipped_steps", engine.skipped_steps()},
+        {"test_accuracy", accuracy},
+        {"samples_per_s", seconds > 0 ? samples * world / seconds : 0.0},
+        {"rank0_mib",
+         {{"params", mib(mem.params())},
+          {"grads", mib(mem.grads())},
+          {"optimizer", mib(mem.optimizer())},
+          {"offloaded_to_cpu", mib(mem.params_cpu + mem.grads_cpu + mem.optimizer_cpu)}}}};
     std::printf("%s\n", out.dump().c_str());
   }
   dtrain::destroy_process_group();

@@ -41,8 +41,8 @@ struct Config {
   uint64_t seed = 0;
   bool no_eval = false;
   std::string schedule = "cosine";  // learning rate over the run: cosine decay to 0, or constant
-  std::string backend = "auto";      // init_process_group's backend
-  int64_t crash_at_step = 0;         // failure drills: exit(3) after this step on crash_rank
+  std::string backend = "auto";     // init_process_group's backend
+  int64_t crash_at_step = 0;        // failure drills: exit(3) after this step on crash_rank
   int crash_rank = 1;
   bool elastic = false;  // ElasticState: resume by itself after a restart, at any world size
 };
@@ -52,14 +52,17 @@ struct Config {
 torch::nn::Sequential fashion_mnist::make_model(const std::string& kind) {
   using namespace torch::nn;
   if (kind == "wide") {  // ~20M parameters: where ZeRO's memory drop shows
-    return Sequential(Flatten(), Linear(784, 4096), ReLU(), Linear(4096, 4096), ReLU(), Linear(4096, 10));
+    return Sequential(Flatten(), Linear(784, 4096), ReLU(), Linear(4096, 4096), ReLU(),
+                      Linear(4096, 10));
   }
   if (kind == "mlp") {
-    return Sequential(Flatten(), Linear(784, 512), ReLU(), Linear(512, 256), ReLU(), Linear(256, 10));
+    return Sequential(Flatten(), Linear(784, 512), ReLU(), Linear(512, 256), ReLU(),
+                      Linear(256, 10));
   }
   return Sequential(Conv2d(Conv2dOptions(1, 32, 3).padding(1)), dtrain::SyncBatchNorm(32), ReLU(),
-                    MaxPool2d(2), Conv2d(Conv2dOptions(32, 64, 3).padding(1)), dtrain::SyncBatchNorm(64),
-                    ReLU(), MaxPool2d(2), Flatten(), Linear(64 * 7 * 7, 128), ReLU(), Linear(128, 10));
+                    MaxPool2d(2), Conv2d(Conv2dOptions(32, 64, 3).padding(1)),
+                    dtrain::SyncBatchNorm(64), ReLU(), MaxPool2d(2), Flatten(),
+                    Linear(64 * 7 * 7, 128), ReLU(), Linear(128, 10));
 }
 
 namespace {
@@ -79,7 +82,8 @@ std::string param_digest(torch::nn::Module& m) {
 }
 
 // Test accuracy over the whole test set, each rank evaluating every world_size-th sample.
-double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, int rank, int world) {
+double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, int rank,
+                int world) {
   torch::NoGradGuard no_grad;
   model->eval();
   auto idx = torch::arange(rank, test.labels.size(0), world, torch::kLong);
@@ -92,7 +96,8 @@ double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, 
   model->train();
   auto counts = torch::tensor({correct, idx.size(0)}, torch::kLong);
   dtrain::all_reduce(counts);
-  return static_cast<double>(counts[0].item<int64_t>()) / static_cast<double>(counts[1].item<int64_t>());
+  return static_cast<double>(counts[0].item<int64_t>()) /
+         static_cast<double>(counts[1].item<int64_t>());
 }
 
 int train(const Config& cfg, dtrain::mlflow::Run& run) {
@@ -121,8 +126,9 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   if (cfg.resume && !cfg.checkpoint_dir.empty()) {
     if (auto latest = dtrain::latest_checkpoint(cfg.checkpoint_dir)) {
       state = dtrain::load_checkpoint(*latest, *model, &optimizer);
-      if (rank == 0) std::printf("resumed from %s at epoch %lld step %lld\n", latest->c_str(),
-                                 static_cast<long long>(state.epoch), static_cast<long long>(state.step));
+      if (rank == 0)
+        std::printf("resumed from %s at epoch %lld step %lld\n", latest->c_str(),
+                    static_cast<long long>(state.epoch), static_cast<long long>(state.step));
     } else if (rank == 0) {
       std::printf("no checkpoint in %s: starting from scratch\n", cfg.checkpoint_dir.c_str());
     }
@@ -130,12 +136,15 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   auto save = [&](const dtrain::TrainingState& s) {
     if (cfg.checkpoint_dir.empty()) return;
     std::filesystem::create_directories(cfg.checkpoint_dir);
-    dtrain::save_checkpoint(cfg.checkpoint_dir + "/ckpt_" + std::to_string(s.step) + ".pt", *model, &optimizer, s);
+    dtrain::save_checkpoint(cfg.checkpoint_dir + "/ckpt_" + std::to_string(s.step) + ".pt", *model,
+                            &optimizer, s);
   };
 
   const int64_t steps_per_epoch = (sampler.num_samples() + cfg.batch_size - 1) / cfg.batch_size;
-  dtrain::Progress progress({.epochs = cfg.epochs, .steps_per_epoch = steps_per_epoch,
-                             .every_steps = cfg.log_every > 0 ? cfg.log_every : 1 << 30, .out = stdout});
+  dtrain::Progress progress({.epochs = cfg.epochs,
+                             .steps_per_epoch = steps_per_epoch,
+                             .every_steps = cfg.log_every > 0 ? cfg.log_every : 1 << 30,
+                             .out = stdout});
   double train_seconds = 0;
   int64_t samples_seen = 0;  // by this rank, in the timed loop
   double accuracy = -1;
@@ -150,15 +159,19 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
       torch::Tensor idx, x, y;
       {
         dtrain::timeline::Span span("data");
-        idx = indices.narrow(0, b * cfg.batch_size, std::min<int64_t>(cfg.batch_size, indices.size(0) - b * cfg.batch_size));
+        idx =
+            indices.narrow(0, b * cfg.batch_size,
+                           std::min<int64_t>(cfg.batch_size, indices.size(0) - b * cfg.batch_size));
         x = train_set.images.index_select(0, idx);
         y = train_set.labels.index_select(0, idx);
       }
       if (cfg.schedule == "cosine") {
         // Depends on the step alone, so a resumed run follows the same schedule.
-        double progress = static_cast<double>(state.step) / static_cast<double>(cfg.epochs * steps_per_epoch);
+        double progress =
+            static_cast<double>(state.step) / static_cast<double>(cfg.epochs * steps_per_epoch);
         double lr = cfg.lr * 0.5 * (1 + std::cos(M_PI * std::min(progress, 1.0)));
-        for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
+        for (auto& group : optimizer.param_groups())
+          static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
       }
       optimizer.zero_grad();
       torch::Tensor loss;
@@ -177,26 +190,32 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
       ++state.step;
       samples_seen += idx.size(0);
       if (cfg.crash_at_step > 0 && state.step == cfg.crash_at_step && rank == cfg.crash_rank) {
-        std::fprintf(stderr, "fashion_mnist: crashing on purpose on rank %d at step %lld (--crash-at-step)\n", rank,
-                     static_cast<long long>(state.step));
+        std::fprintf(
+            stderr,
+            "fashion_mnist: crashing on purpose on rank %d at step %lld (--crash-at-step)\n", rank,
+            static_cast<long long>(state.step));
         std::fflush(stderr);
         std::_Exit(3);
       }
       if (rank == 0) {
         double loss_value = loss.item<double>();
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+        double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
         progress.step(epoch, b + 1, idx.size(0) * world, loss_value);
         run.log_metric("loss", loss_value, state.step);
-        run.log_metric("samples_per_s", static_cast<double>(idx.size(0) * world) / std::max(secs, 1e-9), state.step);
+        run.log_metric("samples_per_s",
+                       static_cast<double>(idx.size(0) * world) / std::max(secs, 1e-9), state.step);
       }
       bool at_limit = cfg.max_steps > 0 && state.step >= cfg.max_steps;
       bool last_in_epoch = b + 1 == steps_per_epoch;
-      if ((cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0 && !last_in_epoch) || (at_limit && !last_in_epoch)) {
+      if ((cfg.checkpoint_every > 0 && state.step % cfg.checkpoint_every == 0 && !last_in_epoch) ||
+          (at_limit && !last_in_epoch)) {
         dtrain::TrainingState s = state;
         s.epoch = epoch;
         s.batch_in_epoch = b + 1;
         s.sampler_epoch = epoch;
-        train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        train_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         save(s);
         t0 = std::chrono::steady_clock::now();
       }
@@ -214,7 +233,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
       accuracy = evaluate(model, test_set, rank, world);
       if (rank == 0) {
         char line[64];
-        std::snprintf(line, sizeof line, "epoch %lld test accuracy %.4f", static_cast<long long>(epoch + 1), accuracy);
+        std::snprintf(line, sizeof line, "epoch %lld test accuracy %.4f",
+                      static_cast<long long>(epoch + 1), accuracy);
         progress.message(line);
         run.log_metric("test_accuracy", accuracy, epoch + 1);
       }
@@ -225,22 +245,24 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   if (accuracy < 0 && !cfg.no_eval) accuracy = evaluate(model, test_set, rank, world);
   progress.finish();
   if (rank == 0) {
-    nlohmann::json out{{"world_size", world},
-                       {"epochs", cfg.epochs},
-                       {"steps", state.step},
-                       {"samples_per_s", train_seconds > 0 ? samples_seen * world / train_seconds : 0.0},
-                       {"test_accuracy", accuracy},
-                       {"model", cfg.model},
-                       {"batch_size", cfg.batch_size},
-                       {"lr", cfg.lr},
-                       {"schedule", cfg.schedule},
-                       {"seconds", train_seconds},
-                       {"param_digest", param_digest(*model)},
-                       {"backend", pg->backend_name()}};
+    nlohmann::json out{
+        {"world_size", world},
+        {"epochs", cfg.epochs},
+        {"steps", state.step},
+        {"samples_per_s", train_seconds > 0 ? samples_seen * world / train_seconds : 0.0},
+        {"test_accuracy", accuracy},
+        {"model", cfg.model},
+        {"batch_size", cfg.batch_size},
+        {"lr", cfg.lr},
+        {"schedule", cfg.schedule},
+        {"seconds", train_seconds},
+        {"param_digest", param_digest(*model)},
+        {"backend", pg->backend_name()}};
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
     if (run.active()) {
-      run.log_metrics({{"final_test_accuracy", accuracy}, {"train_seconds", train_seconds}}, state.step);
+      run.log_metrics({{"final_test_accuracy", accuracy}, {"train_seconds", train_seconds}},
+                      state.step);
       dtrain::mlflow::log_model(run, *model);  // the unwrapped module, not the DDP wrapper
       run.end(dtrain::mlflow::RunStatus::Finished);
     }
@@ -248,7 +270,6 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   dtrain::destroy_process_group();
   return 0;
 }
-
 
 // --elastic: the same training through dtrain::ElasticState (dtrain/elastic_state.h). A job
 // restarted by `dtrain run --max-restarts` / `--nnodes MIN:MAX` resumes from the newest commit
@@ -265,7 +286,9 @@ int train_elastic(const Config& cfg) {
   dtrain::DistributedDataParallel ddp(model);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
   dtrain::ElasticState es(*model, &optimizer, train_set.labels.size(0),
-                          {.checkpoint_dir = cfg.checkpoint_dir, .batch_size = cfg.batch_size, .seed = cfg.seed,
+                          {.checkpoint_dir = cfg.checkpoint_dir,
+                           .batch_size = cfg.batch_size,
+                           .seed = cfg.seed,
                            .commit_every = cfg.checkpoint_every});
   es.restore();
   auto t0 = std::chrono::steady_clock::now();
@@ -275,27 +298,32 @@ int train_elastic(const Config& cfg) {
     while (auto batch = es.next_batch()) {
       if (cfg.schedule == "cosine") {
         double lr = cfg.lr * 0.5 * (1 + std::cos(M_PI * es.progress(cfg.epochs)));
-        for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
+        for (auto& group : optimizer.param_groups())
+          static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
       }
       auto idx = torch::tensor(*batch, torch::kLong);
       optimizer.zero_grad();
       auto out = ddp(train_set.images.index_select(0, idx));
       // An epoch's last global batch may leave a rank without samples; it still joins the step.
-      auto loss = idx.numel() > 0 ? torch::nn::functional::cross_entropy(out, train_set.labels.index_select(0, idx))
+      auto loss = idx.numel() > 0 ? torch::nn::functional::cross_entropy(
+                                        out, train_set.labels.index_select(0, idx))
                                   : out.sum() * 0;
       loss.backward();
       optimizer.step();
       if (cfg.crash_at_step > 0 && es.step() + 1 == cfg.crash_at_step && rank == cfg.crash_rank &&
           dtrain::WorkerEnv::from_environ()->restart_count == 0) {
-        std::fprintf(stderr, "fashion_mnist: crashing on purpose on rank %d at step %lld (--crash-at-step)\n", rank,
-                     static_cast<long long>(es.step() + 1));
+        std::fprintf(
+            stderr,
+            "fashion_mnist: crashing on purpose on rank %d at step %lld (--crash-at-step)\n", rank,
+            static_cast<long long>(es.step() + 1));
         std::fflush(stderr);
         std::_Exit(3);
       }
       es.step_done();
       if (rank == 0 && cfg.log_every > 0 && es.step() % cfg.log_every == 0) {
-        std::printf("epoch %lld step %lld world %d loss %.4f\n", static_cast<long long>(es.epoch() + 1),
-                    static_cast<long long>(es.step()), world, loss.item<double>());
+        std::printf("epoch %lld step %lld world %d loss %.4f\n",
+                    static_cast<long long>(es.epoch() + 1), static_cast<long long>(es.step()),
+                    world, loss.item<double>());
         std::fflush(stdout);
       }
       if (cfg.max_steps > 0 && es.step() >= cfg.max_steps) break;
@@ -303,19 +331,27 @@ int train_elastic(const Config& cfg) {
     if (cfg.max_steps > 0 && es.step() >= cfg.max_steps) break;
     if (!cfg.no_eval) {
       accuracy = evaluate(model, test_set, rank, world);
-      if (rank == 0) std::printf("epoch %lld test accuracy %.4f\n", static_cast<long long>(es.epoch() + 1), accuracy);
+      if (rank == 0)
+        std::printf("epoch %lld test accuracy %.4f\n", static_cast<long long>(es.epoch() + 1),
+                    accuracy);
     }
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (accuracy < 0 && !cfg.no_eval) accuracy = evaluate(model, test_set, rank, world);
   es.finish();
   if (rank == 0) {
-    nlohmann::json out{{"world_size", world},       {"epochs", cfg.epochs},
-                       {"steps", es.step()},        {"samples_seen", es.samples_seen()},
-                       {"samples_per_s", seconds > 0 ? (es.samples_seen() - samples_at_start) / seconds : 0.0},
-                       {"test_accuracy", accuracy}, {"model", cfg.model},
-                       {"resumed_from", es.resumed_from()}, {"param_digest", param_digest(*model)},
-                       {"backend", pg->backend_name()}};
+    nlohmann::json out{
+        {"world_size", world},
+        {"epochs", cfg.epochs},
+        {"steps", es.step()},
+        {"samples_seen", es.samples_seen()},
+        {"samples_per_s", seconds > 0 ? (es.samples_seen() - samples_at_start) / seconds : 0.0},
+        {"test_accuracy", accuracy},
+        {"model", cfg.model},
+        {"resumed_from", es.resumed_from()},
+        {"param_digest", param_digest(*model)},
+        {"backend", pg->backend_name()}};
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
   }
@@ -328,32 +364,59 @@ int train_elastic(const Config& cfg) {
 int main(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST data-parallel training with dtrain (run it under `dtrain run`)"};
   Config cfg;
-  app.add_option("--epochs", cfg.epochs, "Epochs")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch-size,--batch_size", cfg.batch_size, "Batch size per rank")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", cfg.lr, "Adam learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--model", cfg.model, "mlp (784-512-256-10), cnn (2 conv + SyncBatchNorm + pooling) or wide (784-4096-4096-10)")
-      ->capture_default_str()->check(CLI::IsMember({"mlp", "cnn", "wide"}));
+  app.add_option("--epochs", cfg.epochs, "Epochs")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch-size,--batch_size", cfg.batch_size, "Batch size per rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", cfg.lr, "Adam learning rate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option(
+         "--model", cfg.model,
+         "mlp (784-512-256-10), cnn (2 conv + SyncBatchNorm + pooling) or wide (784-4096-4096-10)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mlp", "cnn", "wide"}));
   // DeepSpeed's flags: `--deepspeed CONFIG`, or `--deepspeed --deepspeed_config CONFIG` (what
   // the DeepSpeedDistributor passes). Batch size, optimizer and precision then come from CONFIG.
   std::string ds_config, ds_config2;
-  app.add_option("--deepspeed", ds_config, "Train with the ZeRO engine and this DeepSpeed JSON config")->expected(0, 1);
-  app.add_option("--deepspeed_config", ds_config2, "DeepSpeed JSON config (with a bare --deepspeed)");
-  app.add_option("--data-dir,--data_dir", cfg.data_dir, "Directory of the *-ubyte.gz files")->capture_default_str();
-  app.add_option("--checkpoint-dir,--checkpoint_dir", cfg.checkpoint_dir, "Save ckpt_<step>.pt here (rank 0)");
+  app.add_option("--deepspeed", ds_config,
+                 "Train with the ZeRO engine and this DeepSpeed JSON config")
+      ->expected(0, 1);
+  app.add_option("--deepspeed_config", ds_config2,
+                 "DeepSpeed JSON config (with a bare --deepspeed)");
+  app.add_option("--data-dir,--data_dir", cfg.data_dir, "Directory of the *-ubyte.gz files")
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir,--checkpoint_dir", cfg.checkpoint_dir,
+                 "Save ckpt_<step>.pt here (rank 0)");
   app.add_flag("--resume", cfg.resume, "Resume from the newest checkpoint in --checkpoint-dir");
-  app.add_option("--checkpoint-every", cfg.checkpoint_every, "Also checkpoint every N steps")->capture_default_str();
-  app.add_option("--max-steps", cfg.max_steps, "Stop after N optimizer steps in total (0: no limit)")->capture_default_str();
-  app.add_option("--log-every", cfg.log_every, "Progress line every N steps (rank 0)")->capture_default_str();
-  app.add_option("--seed", cfg.seed, "Seed of the model init and the sampler")->capture_default_str();
+  app.add_option("--checkpoint-every", cfg.checkpoint_every, "Also checkpoint every N steps")
+      ->capture_default_str();
+  app.add_option("--max-steps", cfg.max_steps,
+                 "Stop after N optimizer steps in total (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--log-every", cfg.log_every, "Progress line every N steps (rank 0)")
+      ->capture_default_str();
+  app.add_option("--seed", cfg.seed, "Seed of the model init and the sampler")
+      ->capture_default_str();
   app.add_flag("--no-eval", cfg.no_eval, "Skip test-set evaluation");
-  app.add_option("--schedule", cfg.schedule, "Learning rate: 'cosine' (from --lr down to 0 over the epochs) or 'constant'")
-      ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
-  app.add_option("--backend", cfg.backend, "Process group backend: auto (shared memory when all ranks are local), shm or gloo")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "shm", "gloo"}));
-  app.add_option("--crash-at-step", cfg.crash_at_step, "Failure drill: exit with code 3 after step N on --crash-rank");
-  app.add_option("--crash-rank", cfg.crash_rank, "Rank that --crash-at-step crashes")->capture_default_str();
+  app.add_option("--schedule", cfg.schedule,
+                 "Learning rate: 'cosine' (from --lr down to 0 over the epochs) or 'constant'")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option(
+         "--backend", cfg.backend,
+         "Process group backend: auto (shared memory when all ranks are local), shm or gloo")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "shm", "gloo"}));
+  app.add_option("--crash-at-step", cfg.crash_at_step,
+                 "Failure drill: exit with code 3 after step N on --crash-rank");
+  app.add_option("--crash-rank", cfg.crash_rank, "Rank that --crash-at-step crashes")
+      ->capture_default_str();
   app.add_flag("--elastic", cfg.elastic,
-               "Train through dtrain::ElasticState: commits to --checkpoint-dir (every --checkpoint-every steps and at "
+               "Train through dtrain::ElasticState: commits to --checkpoint-dir (every "
+               "--checkpoint-every steps and at "
                "epoch ends) and, when restarted, resumes by itself at any world size");
   try {
     app.parse(argc, argv);
@@ -363,15 +426,23 @@ int main(int argc, char** argv) {
   dtrain::mlflow::Run run;
   try {
     if (app.count("--deepspeed") || !ds_config2.empty()) {
-      fashion_mnist::DeepSpeedRun ds_run{.config = ds_config.empty() ? ds_config2 : ds_config, .epochs = cfg.epochs,
-                                      .model = cfg.model, .data_dir = cfg.data_dir, .seed = cfg.seed,
-                                      .max_steps = cfg.max_steps, .no_eval = cfg.no_eval, .log_every = cfg.log_every,
-                                      .backend = cfg.backend};
-      if (ds_run.config.empty()) throw dtrain::UsageError("--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
+      fashion_mnist::DeepSpeedRun ds_run{.config = ds_config.empty() ? ds_config2 : ds_config,
+                                         .epochs = cfg.epochs,
+                                         .model = cfg.model,
+                                         .data_dir = cfg.data_dir,
+                                         .seed = cfg.seed,
+                                         .max_steps = cfg.max_steps,
+                                         .no_eval = cfg.no_eval,
+                                         .log_every = cfg.log_every,
+                                         .backend = cfg.backend};
+      if (ds_run.config.empty())
+        throw dtrain::UsageError(
+            "--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
       return fashion_mnist::train_deepspeed(ds_run);
     }
     if (cfg.elastic) {
-      if (cfg.checkpoint_dir.empty()) throw dtrain::UsageError("--elastic needs --checkpoint-dir (where it commits)");
+      if (cfg.checkpoint_dir.empty())
+        throw dtrain::UsageError("--elastic needs --checkpoint-dir (where it commits)");
       return train_elastic(cfg);
     }
     return train(cfg, run);

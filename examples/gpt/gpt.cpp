@@ -21,11 +21,14 @@ using dtrain::VocabParallelEmbedding;
 
 Corpus load_corpus(const std::string& path, int64_t block) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw dtrain::UsageError("gpt: cannot read the corpus '" + path + "'; pass --corpus FILE (any text file)");
+  if (!in)
+    throw dtrain::UsageError("gpt: cannot read the corpus '" + path +
+                             "'; pass --corpus FILE (any text file)");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (static_cast<int64_t>(text.size()) <= block) {
     throw dtrain::UsageError("gpt: the corpus '" + path + "' has " + std::to_string(text.size()) +
-                             " bytes; it needs more than the context length " + std::to_string(block));
+                             " bytes; it needs more than the context length " +
+                             std::to_string(block));
   }
   std::set<unsigned char> chars(text.begin(), text.end());
   std::vector<int64_t> index(256, -1);
@@ -48,7 +51,9 @@ class EmbedImpl : public torch::nn::Module {
   EmbedImpl(int64_t vocab, int64_t d, int64_t block, GroupPtr tp)
       : tok(register_module("tok", VocabParallelEmbedding(vocab, d, tp))),
         pos(register_parameter("pos", torch::randn({block, d}) * 0.02)) {}
-  torch::Tensor forward(const torch::Tensor& ids) { return tok(ids) + pos.narrow(0, 0, ids.size(1)); }
+  torch::Tensor forward(const torch::Tensor& ids) {
+    return tok(ids) + pos.narrow(0, 0, ids.size(1));
+  }
   VocabParallelEmbedding tok;
   torch::Tensor pos;
 };
@@ -71,16 +76,20 @@ class BlockImpl : public torch::nn::Module {
         head_dim_(d / heads) {
     const int t = tp ? tp->world_size() : 1;
     if (d % heads != 0 || heads % t != 0) {
-      throw dtrain::UsageError("gpt: d_model " + std::to_string(d) + " must be divisible by n_heads " + std::to_string(heads) +
+      throw dtrain::UsageError("gpt: d_model " + std::to_string(d) +
+                               " must be divisible by n_heads " + std::to_string(heads) +
                                ", and n_heads by tp " + std::to_string(t));
     }
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), L = x.size(1);
-    auto split = [&](const torch::Tensor& t) { return t.view({B, L, -1, head_dim_}).transpose(1, 2); };
+    auto split = [&](const torch::Tensor& t) {
+      return t.view({B, L, -1, head_dim_}).transpose(1, 2);
+    };
     torch::Tensor h = ln1(x);
     torch::Tensor qh = split(q(h)), kh = split(k(h)), vh = split(v(h));  // [B, heads/T, L, hd]
-    torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+    torch::Tensor scores =
+        torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
     torch::Tensor causal = torch::ones({L, L}, torch::kBool).triu(1);
     torch::Tensor att = torch::softmax(scores.masked_fill(causal, -1e9), -1);
     torch::Tensor y = torch::matmul(att, vh).transpose(1, 2).reshape({B, L, -1});
@@ -117,7 +126,8 @@ TORCH_MODULE(Head);
 torch::nn::Sequential make_model(const Config& cfg, int64_t vocab, const GroupPtr& tp) {
   torch::nn::Sequential model;
   model->push_back(std::string("embed"), Embed(vocab, cfg.d_model, cfg.block, tp));
-  for (int64_t i = 0; i < cfg.n_layers; ++i) model->push_back("block" + std::to_string(i), Block(cfg.d_model, cfg.n_heads, tp));
+  for (int64_t i = 0; i < cfg.n_layers; ++i)
+    model->push_back("block" + std::to_string(i), Block(cfg.d_model, cfg.n_heads, tp));
   model->push_back(std::string("head"), Head(cfg.d_model, vocab, tp));
   return model;
 }
@@ -125,8 +135,10 @@ torch::nn::Sequential make_model(const Config& cfg, int64_t vocab, const GroupPt
 Result train(const Config& cfg, const Corpus& corpus, const dtrain::DeviceMesh& mesh) {
   const int D = mesh.size("dp"), P = mesh.size("pp"), T = mesh.size("tp");
   if (cfg.batch % D != 0 || (cfg.batch / D) % cfg.micro_batches != 0) {
-    throw dtrain::UsageError("gpt: the global batch " + std::to_string(cfg.batch) + " must split into dp=" + std::to_string(D) +
-                             " slices of micro_batches=" + std::to_string(cfg.micro_batches) + " equal parts");
+    throw dtrain::UsageError("gpt: the global batch " + std::to_string(cfg.batch) +
+                             " must split into dp=" + std::to_string(D) +
+                             " slices of micro_batches=" + std::to_string(cfg.micro_batches) +
+                             " equal parts");
   }
   const GroupPtr tp = mesh.group("tp");
   torch::nn::Sequential model;
@@ -141,13 +153,15 @@ Result train(const Config& cfg, const Corpus& corpus, const dtrain::DeviceMesh& 
   }
   const int stages = P * cfg.virtual_stages;
   dtrain::PipelineOptions po{cfg.schedule, cfg.micro_batches, cfg.virtual_stages};
-  po.data_parallel = dtrain::DDPOptions{};  // over mesh.group("dp"): DDP's buckets average the gradients
+  po.data_parallel =
+      dtrain::DDPOptions{};  // over mesh.group("dp"): DDP's buckets average the gradients
   dtrain::Pipeline pipe(dtrain::split_sequential(model, stages), mesh, po);
   model = nullptr;  // the stages other ranks run are dropped here
   torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(cfg.lr));
   const int64_t local_vocab = corpus.vocab / T;
   auto loss_fn = [&](const torch::Tensor& logits, const torch::Tensor& target) {
-    return dtrain::vocab_parallel_cross_entropy(logits.reshape({-1, local_vocab}), target.reshape({-1}), tp);
+    return dtrain::vocab_parallel_cross_entropy(logits.reshape({-1, local_vocab}),
+                                                target.reshape({-1}), tp);
   };
   Result result;
   for (const auto& p : pipe.parameters()) result.parameters_here += p.numel();

@@ -18,10 +18,10 @@ struct Config {
   int64_t d_model = 64;
   int64_t n_heads = 4;
   int64_t n_layers = 2;
-  int64_t block = 32;         // context length (characters)
-  int64_t batch = 16;         // global batch (sequences per step, over all dp ranks)
+  int64_t block = 32;  // context length (characters)
+  int64_t batch = 16;  // global batch (sequences per step, over all dp ranks)
   int64_t steps = 20;
-  double lr = 3e-3;           // Adam
+  double lr = 3e-3;  // Adam
   uint64_t seed = 1;
   dtrain::Schedule schedule = dtrain::Schedule::kOneFOneB;
   int micro_batches = 4;
@@ -40,7 +40,8 @@ Corpus load_corpus(const std::string& path, int64_t block);
 
 // The model, every stage of it, with the tensor-parallel layers over `tp` (a null or size-1
 // group gives the plain model). Uses torch's global RNG: seed it alike on every rank first.
-torch::nn::Sequential make_model(const Config& cfg, int64_t vocab, const std::shared_ptr<dtrain::ProcessGroup>& tp);
+torch::nn::Sequential make_model(const Config& cfg, int64_t vocab,
+                                 const std::shared_ptr<dtrain::ProcessGroup>& tp);
 
 struct Result {
   std::vector<double> losses;  // the global mean loss of every step, on every rank

@@ -7,9 +7,10 @@
 // leaves the last good checkpoint intact (and at most a stray NAME.tmp.<pid>, which
 // latest_checkpoint() ignores). load_checkpoint() works on every rank. The optimizer comes
 // back with its per-parameter state and its param groups' options (lr, betas...), as
-// Python's load_state_dict() does; libtorch's Optimizer::load() alone drops the options. A run stopped after step k and
-// resumed from its checkpoint ends with bitwise the parameters of an uninterrupted run (CPU),
-// provided the training loop is deterministic given the RNG state and the sampler's epoch.
+// Python's load_state_dict() does; libtorch's Optimizer::load() alone drops the options. A run
+// stopped after step k and resumed from its checkpoint ends with bitwise the parameters of an
+// uninterrupted run (CPU), provided the training loop is deterministic given the RNG state and the
+// sampler's epoch.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,7 +25,7 @@ struct TrainingState {
   int64_t step = 0;   // optimizer steps taken
   int64_t epoch = 0;  // the epoch to resume in
   int64_t sampler_epoch = 0;
-  int64_t batch_in_epoch = 0;  // batches of `epoch` already done
+  int64_t batch_in_epoch = 0;                   // batches of `epoch` already done
   std::map<std::string, std::string> metadata;  // anything else (config, metrics)
 };
 
@@ -42,8 +43,9 @@ struct SaveOptions {
 
 // Writes `path` atomically (see above). Returns true on the rank that wrote.
 // Throws Error with the path and errno text when the directory is not writable.
-bool save_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                     const TrainingState& state, const SaveOptions& options = {});
+bool save_checkpoint(const std::string& path, torch::nn::Module& model,
+                     torch::optim::Optimizer* optimizer, const TrainingState& state,
+                     const SaveOptions& options = {});
 
 struct LoadOptions {
   bool load_rng = true;  // Default: true: restore the CPU generator state saved with it.
@@ -68,6 +70,7 @@ void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool stric
 
 // The newest checkpoint file in `dir` matching `prefix*.pt` by step number in its name
 // (PREFIX<step>.pt), or nullopt if none.
-std::optional<std::string> latest_checkpoint(const std::string& dir, const std::string& prefix = "ckpt_");
+std::optional<std::string> latest_checkpoint(const std::string& dir,
+                                             const std::string& prefix = "ckpt_");
 
 }  // namespace dtrain

@@ -149,8 +149,7 @@ class Decoder {
 // ---- codecs -----------------------------------------------------------------
 
 template <class T>
-  requires(std::is_arithmetic_v<T> || std::is_enum_v<T>)
-struct Codec<T> {
+requires(std::is_arithmetic_v<T> || std::is_enum_v<T>) struct Codec<T> {
   static void encode(Encoder& out, const T& v) { out.write(&v, sizeof v); }
   static T decode(Decoder& in) {
     T v;
@@ -168,7 +167,9 @@ struct Codec<bool> {
   static bool decode(Decoder& in) {
     std::uint8_t b;
     in.read(&b, 1);
-    if (b > 1) throw CodecError("dtrain codec: a bool byte is " + std::to_string(b) + ", not 0 or 1; the data was encoded as another type");
+    if (b > 1)
+      throw CodecError("dtrain codec: a bool byte is " + std::to_string(b) +
+                       ", not 0 or 1; the data was encoded as another type");
     return b == 1;
   }
 };
@@ -218,7 +219,8 @@ struct Codec<std::array<T, N>> {
   static std::array<T, N> decode(Decoder& in) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::array<T, N>{((void)I, Codec<T>::decode(in))...};
-    }(std::make_index_sequence<N>{});
+    }
+    (std::make_index_sequence<N>{});
   }
 };
 
@@ -330,11 +332,11 @@ struct Codec<torch::OrderedDict<std::string, at::Tensor>> {
 
 // User types: serialize/deserialize members.
 template <class T>
-  requires(!std::is_arithmetic_v<T> && !std::is_enum_v<T>) &&
-          requires(const T& v, Encoder& out, Decoder& in) {
-            v.serialize(out);
-            { T::deserialize(in) } -> std::same_as<T>;
-          }
+requires(!std::is_arithmetic_v<T> && !std::is_enum_v<T>) &&
+    requires(const T& v, Encoder& out, Decoder& in) {
+  v.serialize(out);
+  { T::deserialize(in) } -> std::same_as<T>;
+}
 struct Codec<T> {
   static void encode(Encoder& out, const T& v) { v.serialize(out); }
   static T decode(Decoder& in) { return T::deserialize(in); }

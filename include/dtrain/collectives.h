@@ -134,24 +134,29 @@ Work broadcast_async(torch::Tensor& tensor, const BroadcastOptions& options = {}
 void reduce(torch::Tensor& tensor, const ReduceOptions& options = {});
 Work reduce_async(torch::Tensor& tensor, const ReduceOptions& options = {});
 // Returns world_size tensors, rank r's at index r (tensors of equal shape on every rank).
-std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor, const CollectiveOptions& options = {});
+std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor,
+                                      const CollectiveOptions& options = {});
 // `out` holds world_size equal chunks along dim 0; every rank gets rank r's `input` in chunk r
 // (PyTorch's all_gather_into_tensor): no list of new tensors, no copies out of them.
 // `input` may be out's own chunk (in place), or any tensor of one chunk's shape and dtype.
-void all_gather_into_tensor(torch::Tensor& out, const torch::Tensor& input, const CollectiveOptions& options = {});
+void all_gather_into_tensor(torch::Tensor& out, const torch::Tensor& input,
+                            const CollectiveOptions& options = {});
 // Returns world_size tensors on dst, an empty vector elsewhere.
 std::vector<torch::Tensor> gather(const torch::Tensor& tensor, const GatherOptions& options = {});
 // On src, `chunks` holds world_size tensors (ignored elsewhere); every rank gets its chunk
 // written into `out`.
-void scatter(torch::Tensor& out, const std::vector<torch::Tensor>& chunks, const ScatterOptions& options = {});
+void scatter(torch::Tensor& out, const std::vector<torch::Tensor>& chunks,
+             const ScatterOptions& options = {});
 // `input` holds world_size equal chunks along dim 0; rank r gets the reduction of every
 // rank's chunk r in `out` (shape: one chunk). Gloo 1.13 has no reduce_scatter: this is an
 // all_to_all plus a local reduction, which moves as few bytes as a ring reduce-scatter
 // (see the implementation).
-void reduce_scatter(torch::Tensor& out, const torch::Tensor& input, const ReduceScatterOptions& options = {});
+void reduce_scatter(torch::Tensor& out, const torch::Tensor& input,
+                    const ReduceScatterOptions& options = {});
 // `input` is split in world_size equal chunks along dim 0; chunk j goes to rank j; `out`
 // (same shape) receives rank j's chunk for us at position j.
-void all_to_all(torch::Tensor& out, const torch::Tensor& input, const CollectiveOptions& options = {});
+void all_to_all(torch::Tensor& out, const torch::Tensor& input,
+                const CollectiveOptions& options = {});
 void barrier(const CollectiveOptions& options = {});
 // Point to point (tensor shape and dtype must match on both sides; tag >= 0; messages are
 // matched by peer and tag). Sending to or receiving from oneself is a UsageError.
@@ -163,12 +168,14 @@ Work recv_async(torch::Tensor& tensor, int src, const PointToPointOptions& optio
 // Object forms, for strings and small values: the bytes travel as uint8 tensors with their
 // lengths gathered first.
 std::string broadcast_object(const std::string& value, const BroadcastOptions& options = {});
-std::vector<std::string> all_gather_object(const std::string& value, const CollectiveOptions& options = {});
+std::vector<std::string> all_gather_object(const std::string& value,
+                                           const CollectiveOptions& options = {});
 
 // Typed convenience over the string forms for arithmetic types and std::string.
 template <typename T>
 T broadcast_object(const T& value, const BroadcastOptions& options = {}) {
-  static_assert(std::is_arithmetic_v<T>, "broadcast_object<T>: T must be arithmetic or std::string");
+  static_assert(std::is_arithmetic_v<T>,
+                "broadcast_object<T>: T must be arithmetic or std::string");
   std::string bytes(reinterpret_cast<const char*>(&value), sizeof(T));
   std::string out = broadcast_object(bytes, options);
   T result;
@@ -177,8 +184,10 @@ T broadcast_object(const T& value, const BroadcastOptions& options = {}) {
 }
 template <typename T>
 std::vector<T> all_gather_object(const T& value, const CollectiveOptions& options = {}) {
-  static_assert(std::is_arithmetic_v<T>, "all_gather_object<T>: T must be arithmetic or std::string");
-  auto all = all_gather_object(std::string(reinterpret_cast<const char*>(&value), sizeof(T)), options);
+  static_assert(std::is_arithmetic_v<T>,
+                "all_gather_object<T>: T must be arithmetic or std::string");
+  auto all =
+      all_gather_object(std::string(reinterpret_cast<const char*>(&value), sizeof(T)), options);
   std::vector<T> out(all.size());
   for (size_t i = 0; i < all.size(); ++i) std::memcpy(&out[i], all[i].data(), sizeof(T));
   return out;

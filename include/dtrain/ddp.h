@@ -43,8 +43,8 @@ namespace dtrain {
 
 // One bucket as a communication hook sees it.
 struct GradBucket {
-  int index = 0;                 // 0 is the first bucket launched (last parameters)
-  torch::Tensor buffer;          // flat, this rank's (not yet averaged) gradients
+  int index = 0;                          // 0 is the first bucket launched (last parameters)
+  torch::Tensor buffer;                   // flat, this rank's (not yet averaged) gradients
   std::vector<torch::Tensor> parameters;  // the parameters whose gradients it holds
   bool is_last = false;
 };
@@ -65,11 +65,11 @@ struct DDPOptions {
   double bucket_cap_mb = 25;            // Default: 25 MB (PyTorch's).
   double first_bucket_mb = 1;           // Default: 1 MB (PyTorch's).
   // Broadcast rank 0's buffers (e.g. BatchNorm running stats) before every forward.
-  bool broadcast_buffers = true;        // Default: true.
+  bool broadcast_buffers = true;  // Default: true.
   // Allow parameters that get no gradient in an iteration (they contribute zeros). Without
   // it such a parameter is an error at the end of backward, naming it. Default: false.
   bool find_unused_parameters = false;
-  CommHook comm_hook;                   // Default: allreduce_hook().
+  CommHook comm_hook;  // Default: allreduce_hook().
 };
 
 namespace detail {
@@ -82,7 +82,7 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  void before_forward();             // buffer broadcast, per-iteration reset
+  void before_forward();  // buffer broadcast, per-iteration reset
   void set_sync(bool enabled) { sync_enabled_ = enabled; }
   bool sync_enabled() const { return sync_enabled_; }
   void set_comm_hook(CommHook hook) { options_.comm_hook = std::move(hook); }
@@ -92,10 +92,10 @@ class Reducer {
 
  private:
   struct Bucket {
-    std::vector<size_t> params;   // indices into params_
+    std::vector<size_t> params;    // indices into params_
     std::vector<int64_t> offsets;  // element offset of each param in buffer
     torch::Tensor buffer;
-    size_t pending = 0;           // parameters not ready yet this iteration
+    size_t pending = 0;  // parameters not ready yet this iteration
     bool launched = false;
     Work work;
   };
@@ -133,7 +133,8 @@ class DistributedDataParallel {
  public:
   explicit DistributedDataParallel(ModuleType module, DDPOptions options = {})
       : module_(std::move(module)),
-        reducer_(std::make_unique<detail::Reducer>(detail::module_ref(module_), std::move(options))) {}
+        reducer_(
+            std::make_unique<detail::Reducer>(detail::module_ref(module_), std::move(options))) {}
 
   // Runs the wrapped module's forward (after broadcasting buffers when asked to).
   template <typename... Args>

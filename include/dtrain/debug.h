@@ -10,7 +10,8 @@
 //             dtrain: stall report (group g1, rank 0 of 2): all_reduce #4 float32 [4] has
 //             waited 1.0 s (stall timeout 1.0 s), since 10:32:01.123 UTC
 //               not entered by 1 rank(s): 1
-//                 rank 1: last completed #3 all_reduce float32 [4] at 10:32:00.101 UTC (2.0 s ago); ...
+//                 rank 1: last completed #3 all_reduce float32 [4] at 10:32:00.101 UTC (2.0 s ago);
+//                 ...
 //               entered by: 0
 //
 //           Each rank's watchdog thread publishes its progress (last entered and last

@@ -2,8 +2,8 @@
 // DeepspeedTorchDistributor(numGpus, nnodes, localMode, useGpu, deepspeedConfig).
 //
 //   dtrain::DeepSpeedDistributor d({.num_gpus = 2, .deepspeed_config = config_json});
-//   double loss = d.run(train);                  // train() calls zero::initialize(model, deepspeed_config_path())
-//   d.run("/path/to/train_binary", {"--epochs", "1"});
+//   double loss = d.run(train);                  // train() calls zero::initialize(model,
+//   deepspeed_config_path()) d.run("/path/to/train_binary", {"--epochs", "1"});
 //   // the program sees: --deepspeed --deepspeed_config /tmp/.../ds_config.json --epochs 1
 //
 // A thin layer over dtrain::Distributor: the config is validated on the driver (for the world
@@ -26,8 +26,8 @@
 namespace dtrain {
 
 struct DeepSpeedDistributorOptions {
-  int num_gpus = 1;   // processes per node (GPUs with use_gpu, else CPU processes). Default: 1.
-  int nnodes = 1;     // nodes; > 1 needs local_mode = false. Default: 1.
+  int num_gpus = 1;  // processes per node (GPUs with use_gpu, else CPU processes). Default: 1.
+  int nnodes = 1;    // nodes; > 1 needs local_mode = false. Default: 1.
   bool local_mode = true;
   bool use_gpu = false;
   // DeepSpeed's config: a JSON object, or a string holding a path to a JSON file or JSON text.
@@ -57,13 +57,11 @@ class DeepSpeedDistributor {
 
   // Function mode, as Distributor::run / run_all.
   template <class F, class... Args>
-    requires(!std::is_convertible_v<F, std::string>)
-  auto run(F&& fn, Args&&... args) {
+  requires(!std::is_convertible_v<F, std::string>) auto run(F&& fn, Args&&... args) {
     return distributor_.run(std::forward<F>(fn), std::forward<Args>(args)...);
   }
   template <class F, class... Args>
-    requires(!std::is_convertible_v<F, std::string>)
-  auto run_all(F&& fn, Args&&... args) {
+  requires(!std::is_convertible_v<F, std::string>) auto run_all(F&& fn, Args&&... args) {
     return distributor_.run_all(std::forward<F>(fn), std::forward<Args>(args)...);
   }
   // Program mode: `program --deepspeed --deepspeed_config PATH args...` on every worker.

@@ -85,7 +85,8 @@ struct ClusterOptions {
   std::chrono::seconds spark_app_idle_timeout{600};
   // The address the nodes reach this driver at (its store for arguments and results).
   // Default: ssh - the local address that routes to the first host; spark with a loopback
-  // master - 127.0.0.1; slurm, mpi and spark - this host's name, resolved (an error if that is a loopback address: set it).
+  // master - 127.0.0.1; slurm, mpi and spark - this host's name, resolved (an error if that is a
+  // loopback address: set it).
   std::string driver_addr;
   std::string ifname;  // Gloo's network interface on the nodes (dtrain run --ifname)
   // Elastic membership (`dtrain run --nnodes MIN:MAX`, c10d rendezvous on node 0): the job
@@ -119,8 +120,8 @@ struct DistributorOptions {
   // Longest a run may take; then its workers are stopped and run() throws TimeoutError.
   // Default: 24 hours.
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
-  std::string log_dir;     // full per-rank logs under LOG_DIR/<run id>/ (dtrain run --log-dir)
-  int max_restarts = 0;    // restarts of the whole worker group after a failure
+  std::string log_dir;   // full per-rank logs under LOG_DIR/<run id>/ (dtrain run --log-dir)
+  int max_restarts = 0;  // restarts of the whole worker group after a failure
   std::map<std::string, std::string> env;  // extra environment for every worker
   // SIGTERM -> SIGKILL grace when workers are stopped. Default: 5 s.
   std::chrono::milliseconds term_timeout{std::chrono::seconds(5)};
@@ -138,12 +139,12 @@ struct DistributorOptions {
 class WorkerError : public Error {
  public:
   struct Details {
-    int rank = -1;         // -1: not one worker (the launcher itself failed)
+    int rank = -1;  // -1: not one worker (the launcher itself failed)
     int local_rank = -1;
     std::string host;
-    int exit_code = 1;     // 128 + signal for a signal
-    int signal = 0;        // > 0: the worker died of this signal
-    std::string exception_type;     // function mode, when the worker threw
+    int exit_code = 1;           // 128 + signal for a signal
+    int signal = 0;              // > 0: the worker died of this signal
+    std::string exception_type;  // function mode, when the worker threw
     std::string exception_message;
     std::vector<std::string> stderr_tail;
   };
@@ -176,8 +177,7 @@ CodeRef locate_code(const void* address);
 using Trampoline = void (*)(void* fn, Decoder& args, Encoder& result);
 
 template <class T>
-concept PlainFunction =
-    std::is_pointer_v<T> && std::is_function_v<std::remove_pointer_t<T>>;
+concept PlainFunction = std::is_pointer_v<T> && std::is_function_v<std::remove_pointer_t<T>>;
 
 template <class F, class = void>
 struct Decays {
@@ -247,15 +247,13 @@ class Distributor {
   // Throws WorkerError when a worker fails (the others are stopped), TimeoutError after
   // options().timeout, UsageError for a misuse (init() not called, nested run in a worker).
   template <class F, class... Args>
-    requires(!std::is_convertible_v<F, std::string>)
-  auto run(F&& fn, Args&&... args) {
+  requires(!std::is_convertible_v<F, std::string>) auto run(F&& fn, Args&&... args) {
     return call<false>(std::forward<F>(fn), std::forward<Args>(args)...);
   }
 
   // Function mode: every rank's result, by rank (void functions: returns nothing).
   template <class F, class... Args>
-    requires(!std::is_convertible_v<F, std::string>)
-  auto run_all(F&& fn, Args&&... args) {
+  requires(!std::is_convertible_v<F, std::string>) auto run_all(F&& fn, Args&&... args) {
     return call<true>(std::forward<F>(fn), std::forward<Args>(args)...);
   }
 
@@ -316,14 +314,14 @@ class Distributor {
   }
 
   // Runs the job; returns the encoded results (rank 0's, or every rank's when all_ranks).
-  std::vector<std::string> run_function(const void* fn, const void* trampoline,
-                                        std::string args, bool all_ranks);
+  std::vector<std::string> run_function(const void* fn, const void* trampoline, std::string args,
+                                        bool all_ranks);
 
   void validate_cluster();
 
   DistributorOptions options_;
   std::string cuda_visible_devices_;
-  int nproc_per_node_ = 0;  // 0: each host's slots (ssh host file)
+  int nproc_per_node_ = 0;          // 0: each host's slots (ssh host file)
   std::vector<std::string> hosts_;  // ssh: the hosts, node 0 first
   detail::ElasticPlan elastic_;     // ClusterOptions::{min_nodes, max_nodes} resolved
 };

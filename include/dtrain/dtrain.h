@@ -2,10 +2,10 @@
 #pragma once
 
 #include "dtrain/checkpoint.h"
-#include "dtrain/collectives.h"
 #include "dtrain/codec.h"
-#include "dtrain/deepspeed_distributor.h"
+#include "dtrain/collectives.h"
 #include "dtrain/ddp.h"
+#include "dtrain/deepspeed_distributor.h"
 #include "dtrain/distributor.h"
 #include "dtrain/elastic_sampler.h"
 #include "dtrain/elastic_state.h"
@@ -16,5 +16,5 @@
 #include "dtrain/progress.h"
 #include "dtrain/sampler.h"
 #include "dtrain/sync_batch_norm.h"
-#include "dtrain/zero.h"
 #include "dtrain/timeline.h"
+#include "dtrain/zero.h"

@@ -146,7 +146,8 @@ class ElasticState {
   void prune(const std::string& dir, int keep);
   // ZeRO: the commit file's bytes (collective; empty unless `build`), and loading one.
   std::string engine_commit(bool build);
-  std::map<std::string, std::string> load_engine_commit(const std::string& bytes, const std::string& from);
+  std::map<std::string, std::string> load_engine_commit(const std::string& bytes,
+                                                        const std::string& from);
   std::map<std::string, std::string> position_metadata() const;
 
   torch::nn::Module& model_;

@@ -27,17 +27,17 @@ EnvLookup process_env();
 
 // A task's place in a job started by an engine.
 struct EngineTask {
-  std::string engine;         // "slurm", "openmpi" or "mpich"
-  int rank = 0;               // global rank
+  std::string engine;  // "slurm", "openmpi" or "mpich"
+  int rank = 0;        // global rank
   int world_size = 1;
-  int local_rank = 0;         // rank among the job's tasks on this node
-  int local_world_size = 1;   // the job's tasks on this node
-  int node_rank = 0;          // this node's index (Slurm: in the step's node list; MPI: 0 when unknown)
-  int nnodes = 1;             // nodes of the job (MPI: 1 when every rank is local, else 0 = unknown)
+  int local_rank = 0;        // rank among the job's tasks on this node
+  int local_world_size = 1;  // the job's tasks on this node
+  int node_rank = 0;  // this node's index (Slurm: in the step's node list; MPI: 0 when unknown)
+  int nnodes = 1;     // nodes of the job (MPI: 1 when every rank is local, else 0 = unknown)
   std::vector<std::string> hosts;  // the step's hosts in node order (Slurm only)
-  std::string master_addr;    // rank 0's host, reachable from every node
-  int master_port = 29500;    // the store's port: MASTER_PORT, else derived from the job id
-  std::string job_id;         // the engine's id of this job (and step)
+  std::string master_addr;         // rank 0's host, reachable from every node
+  int master_port = 29500;         // the store's port: MASTER_PORT, else derived from the job id
+  std::string job_id;              // the engine's id of this job (and step)
 };
 
 // Expands a Slurm host list: "n[1-3,7],gpu[08-10]-a,login" -> n1 n2 n3 n7 gpu08-a gpu09-a
@@ -64,13 +64,13 @@ std::optional<WorkerEnv> engine_worker_env(const EnvLookup& env = process_env())
 
 // A Slurm job step seen from one of its tasks (for `dtrain run` under srun).
 struct SlurmStep {
-  std::string job_id;        // SLURM_JOB_ID
-  std::string step_id;       // SLURM_STEP_ID
+  std::string job_id;              // SLURM_JOB_ID
+  std::string step_id;             // SLURM_STEP_ID
   std::vector<std::string> hosts;  // SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), expanded
-  int node_rank = 0;         // index of SLURMD_NODENAME in hosts (else SLURM_NODEID)
-  int nnodes = 1;            // SLURM_STEP_NUM_NODES (else SLURM_NNODES)
-  int ntasks = 1;            // SLURM_STEP_NUM_TASKS (else SLURM_NTASKS)
-  std::string node_name;     // SLURMD_NODENAME
+  int node_rank = 0;               // index of SLURMD_NODENAME in hosts (else SLURM_NODEID)
+  int nnodes = 1;                  // SLURM_STEP_NUM_NODES (else SLURM_NNODES)
+  int ntasks = 1;                  // SLURM_STEP_NUM_TASKS (else SLURM_NTASKS)
+  std::string node_name;           // SLURMD_NODENAME
 };
 
 // The step this process runs in, or nullopt outside a step (no SLURM_JOB_ID, or a batch

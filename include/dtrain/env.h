@@ -12,20 +12,20 @@
 namespace dtrain {
 
 struct WorkerEnv {
-  int rank = 0;              // RANK: global rank
-  int local_rank = 0;        // LOCAL_RANK: rank on this node
-  int world_size = 1;        // WORLD_SIZE
-  int local_world_size = 1;  // LOCAL_WORLD_SIZE: workers on this node
-  int group_rank = 0;        // GROUP_RANK: this node's rank (the agent's)
-  int group_world_size = 1;  // GROUP_WORLD_SIZE: number of nodes
-  int role_rank = 0;         // ROLE_RANK
-  int role_world_size = 1;   // ROLE_WORLD_SIZE
-  std::string role_name = "default";  // ROLE_NAME
+  int rank = 0;                           // RANK: global rank
+  int local_rank = 0;                     // LOCAL_RANK: rank on this node
+  int world_size = 1;                     // WORLD_SIZE
+  int local_world_size = 1;               // LOCAL_WORLD_SIZE: workers on this node
+  int group_rank = 0;                     // GROUP_RANK: this node's rank (the agent's)
+  int group_world_size = 1;               // GROUP_WORLD_SIZE: number of nodes
+  int role_rank = 0;                      // ROLE_RANK
+  int role_world_size = 1;                // ROLE_WORLD_SIZE
+  std::string role_name = "default";      // ROLE_NAME
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR: where the job's store listens
   int master_port = 29500;                // MASTER_PORT
-  int restart_count = 0;       // TORCHELASTIC_RESTART_COUNT
-  int max_restarts = 0;        // TORCHELASTIC_MAX_RESTARTS
-  std::string run_id = "none";  // TORCHELASTIC_RUN_ID
+  int restart_count = 0;                  // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;                   // TORCHELASTIC_MAX_RESTARTS
+  std::string run_id = "none";            // TORCHELASTIC_RUN_ID
   // TORCHELASTIC_USE_AGENT_STORE: the agent hosts the store; workers are clients under
   // store_prefix() (exactly what PyTorch 1.13's env:// handler does in that mode).
   bool use_agent_store = true;

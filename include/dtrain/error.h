@@ -54,11 +54,12 @@ class InternalError : public Error {
   using Error::Error;
 };
 
-[[noreturn]] void throw_internal(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void throw_internal(const char* file, int line, const char* cond,
+                                 const std::string& msg);
 
 }  // namespace dtrain
 
-#define DTRAIN_ASSERT(cond, msg)                                         \
-  do {                                                                   \
+#define DTRAIN_ASSERT(cond, msg)                                             \
+  do {                                                                       \
     if (!(cond)) ::dtrain::throw_internal(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

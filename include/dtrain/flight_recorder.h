@@ -39,15 +39,15 @@ enum class CollectiveState {
 const char* to_string(CollectiveState state);
 
 struct CollectiveRecord {
-  std::uint64_t seq = 0;   // 1-based, per group; the same collective has the same seq on every rank
-  std::string op;          // "all_reduce", "broadcast", ...
-  std::string dtype;       // "float32", ... ("-" for barrier)
-  std::string shapes;      // "[4, 3]"; several tensors: "[4, 3] [2]"
-  int rank = -1;           // the recording rank, in its group
-  double start_time = 0;   // seconds since the Unix epoch
-  double end_time = 0;     // 0 while started
+  std::uint64_t seq = 0;  // 1-based, per group; the same collective has the same seq on every rank
+  std::string op;         // "all_reduce", "broadcast", ...
+  std::string dtype;      // "float32", ... ("-" for barrier)
+  std::string shapes;     // "[4, 3]"; several tensors: "[4, 3] [2]"
+  int rank = -1;          // the recording rank, in its group
+  double start_time = 0;  // seconds since the Unix epoch
+  double end_time = 0;    // 0 while started
   CollectiveState state = CollectiveState::kStarted;
-  std::string error;       // why it failed (first line), when kFailed
+  std::string error;  // why it failed (first line), when kFailed
 };
 
 // One line: "#12 all_reduce float32 [4] completed at 10:32:01.123 UTC (1.2 ms)".

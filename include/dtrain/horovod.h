@@ -1,7 +1,7 @@
 // Horovod's API for libtorch C++ (namespace dtrain::hvd), on dtrain's runtime.
 //
-//     dtrain::hvd::init();                                   // under dtrain run / horovodrun / torchrun
-//     torch::optim::SGD sgd(model->parameters(), 0.01 * dtrain::hvd::size());
+//     dtrain::hvd::init();                                   // under dtrain run / horovodrun /
+//     torchrun torch::optim::SGD sgd(model->parameters(), 0.01 * dtrain::hvd::size());
 //     dtrain::hvd::broadcast_parameters(model->named_parameters(), 0);
 //     dtrain::hvd::DistributedOptimizer opt(sgd, model->named_parameters());
 //     loss.backward(); opt.step();                            // gradients averaged over ranks
@@ -154,8 +154,10 @@ bool poll(Handle handle);
 // ---- model state ---------------------------------------------------------------------
 
 // Every rank gets root_rank's values, in place (names must match across ranks).
-void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& params, int root_rank);
-void broadcast_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& params, int root_rank);
+void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& params,
+                          int root_rank);
+void broadcast_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                          int root_rank);
 // The optimizer's state (per-parameter state tensors and step counts, and each parameter
 // group's options) becomes root_rank's. State the root has and a rank lacks (before its first
 // step) is created from the root's.
@@ -240,8 +242,8 @@ class DistributedOptimizer {
   DistributedOptimizerOptions options_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
-  std::vector<int> passes_left_;       // backward passes until a parameter is submitted
-  std::vector<Handle> handles_;        // -1: not submitted this step
+  std::vector<int> passes_left_;  // backward passes until a parameter is submitted
+  std::vector<Handle> handles_;   // -1: not submitted this step
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   bool skip_ = false;
   bool synchronized_ = false;

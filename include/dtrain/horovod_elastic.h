@@ -84,8 +84,8 @@ struct TorchStateOptions {
 class TorchState {
  public:
   // optimizer may be null. Throws UsageError when hvd is not initialized.
-  TorchState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, std::map<std::string, int64_t> fields = {},
-             TorchStateOptions options = {});
+  TorchState(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+             std::map<std::string, int64_t> fields = {}, TorchStateOptions options = {});
   ~TorchState();
   TorchState(const TorchState&) = delete;
   TorchState& operator=(const TorchState&) = delete;
@@ -98,7 +98,8 @@ class TorchState {
   void commit();
   // Saves the state in memory (rank 0 of each host writes it) without the host check.
   void save();
-  // COLLECTIVE. Rolls back to the newest commit; returns false (and changes nothing) when there is none.
+  // COLLECTIVE. Rolls back to the newest commit; returns false (and changes nothing) when there is
+  // none.
   bool restore();
   // COLLECTIVE. Rank 0's model, optimizer state and fields on every rank.
   void sync();
@@ -138,8 +139,8 @@ class TorchState {
 // the survivors (see above). HostsUpdatedInterrupt from commit() makes run() wait up to
 // `restart_wait` for that restart, then throw TimeoutError.
 template <class F>
-auto run(TorchState& state, F&& fn, std::chrono::milliseconds restart_wait = std::chrono::seconds(60))
-    -> decltype(fn(state));
+auto run(TorchState& state, F&& fn,
+         std::chrono::milliseconds restart_wait = std::chrono::seconds(60)) -> decltype(fn(state));
 
 namespace detail {
 [[noreturn]] void wait_for_restart(std::chrono::milliseconds limit, const std::string& why);

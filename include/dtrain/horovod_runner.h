@@ -30,7 +30,8 @@ struct HorovodRunnerOptions {
 class HorovodRunner {
  public:
   // Throws UsageError for np == 0, or np > 0 without a cluster engine.
-  explicit HorovodRunner(int np, HorovodRunnerOptions options = {}) : distributor_(make_options(np, options)), np_(np) {}
+  explicit HorovodRunner(int np, HorovodRunnerOptions options = {})
+      : distributor_(make_options(np, options)), np_(np) {}
 
   // Runs fn(args...) on every process; returns rank 0's result.
   template <class F, class... Args>
@@ -43,15 +44,18 @@ class HorovodRunner {
  private:
   static DistributorOptions make_options(int np, const HorovodRunnerOptions& options) {
     if (np == 0) {
-      throw UsageError("HorovodRunner: np = 0; use np < 0 for -np local processes, np > 0 for the cluster");
+      throw UsageError(
+          "HorovodRunner: np = 0; use np < 0 for -np local processes, np > 0 for the cluster");
     }
     DistributorOptions d = options.distributor;
     d.local_mode = np < 0;
     d.num_processes = np < 0 ? -np : np;
     if (np > 0 && d.cluster.engine.empty()) {
-      throw UsageError("HorovodRunner: np = " + std::to_string(np) +
-                       " runs on the cluster, but options.distributor.cluster.engine is empty; set it (ssh, "
-                       "slurm, mpi, spark) or use np = " + std::to_string(-np) + " for processes on this machine");
+      throw UsageError(
+          "HorovodRunner: np = " + std::to_string(np) +
+          " runs on the cluster, but options.distributor.cluster.engine is empty; set it (ssh, "
+          "slurm, mpi, spark) or use np = " +
+          std::to_string(-np) + " for processes on this machine");
     }
     return d;
   }

@@ -16,21 +16,24 @@ namespace dtrain {
 
 struct LaunchOptions {
   // ---- what to run ----
-  std::string program;             // a binary, a PATH name, a .py script, or (module) a module
-  std::vector<std::string> args;   // its arguments
-  bool module = false;             // -m: run `python -u -m program args`. Default: false.
-  bool no_python = false;          // --no-python: exec program even if it ends in .py.
-  std::string python;              // interpreter for .py/-m. Default: $DTRAIN_PYTHON, else python3.
+  std::string program;            // a binary, a PATH name, a .py script, or (module) a module
+  std::vector<std::string> args;  // its arguments
+  bool module = false;            // -m: run `python -u -m program args`. Default: false.
+  bool no_python = false;         // --no-python: exec program even if it ends in .py.
+  std::string python;             // interpreter for .py/-m. Default: $DTRAIN_PYTHON, else python3.
 
   // ---- sizes ----
-  int nproc_per_node = 1;          // workers on this node. Default: 1.
-  int nnodes = 1;                  // nodes in the job (elastic: the most, MAX). Default: 1.
+  int nproc_per_node = 1;  // workers on this node. Default: 1.
+  int nnodes = 1;          // nodes in the job (elastic: the most, MAX). Default: 1.
   // Elastic (--nnodes MIN:MAX with MIN < MAX, c10d rendezvous; src/launch/elastic_rendezvous.h):
   // the fewest nodes the job runs on. 0 = not elastic. Default: 0.
   int min_nodes = 0;
-  std::chrono::milliseconds last_call{std::chrono::seconds(30)};  // elastic: wait for more after MIN.
-  std::chrono::milliseconds heartbeat_timeout{0};  // a silent agent is lost after this; 0 = max(10 s, 50 ticks).
-  int node_rank = -1;              // this node's rank; -1 = assigned in join order (c10d). Default: 0 for static.
+  std::chrono::milliseconds last_call{
+      std::chrono::seconds(30)};  // elastic: wait for more after MIN.
+  std::chrono::milliseconds heartbeat_timeout{
+      0};  // a silent agent is lost after this; 0 = max(10 s, 50 ticks).
+  int node_rank =
+      -1;  // this node's rank; -1 = assigned in join order (c10d). Default: 0 for static.
   // Elastic: when one of this node's workers is the root cause of a failure, this agent leaves
   // the job (exits with the worker's code) instead of restarting its workers; the other agents
   // meet again without it (Horovod elastic's blacklisting of a failed host; set by `dtrain
@@ -40,24 +43,25 @@ struct LaunchOptions {
   // ---- rendezvous ----
   std::string rdzv_backend = "static";  // "static" (node ranks given) or "c10d" (joined in order).
   std::string master_addr = "127.0.0.1";  // store host; workers get it as MASTER_ADDR.
-  int master_port = -1;            // store port; -1 = not given: a free port when nnodes == 1,
-                                   // else 29500 (torchrun's default).
-  std::string rdzv_id = "none";    // job id: agents of one job must agree. Default: "none".
+  int master_port = -1;          // store port; -1 = not given: a free port when nnodes == 1,
+                                 // else 29500 (torchrun's default).
+  std::string rdzv_id = "none";  // job id: agents of one job must agree. Default: "none".
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(900)};  // wait for all nodes.
-  bool standalone = false;         // one node, c10d on a free local port.
+  bool standalone = false;  // one node, c10d on a free local port.
 
   // ---- workers ----
-  int max_restarts = 0;            // restarts of the whole worker group after a failure.
-  std::chrono::milliseconds monitor_interval{100};  // poll tick (deaths are seen at once via SIGCHLD).
+  int max_restarts = 0;  // restarts of the whole worker group after a failure.
+  std::chrono::milliseconds monitor_interval{
+      100};  // poll tick (deaths are seen at once via SIGCHLD).
   std::chrono::milliseconds term_timeout{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL grace.
-  std::string role = "default";    // ROLE_NAME, and the log prefix "[<role><rank>]:".
-  std::string log_dir;             // if set: <log_dir>/<run_id>/attempt_K/rank_N/{stdout,stderr}.log
+  std::string role = "default";  // ROLE_NAME, and the log prefix "[<role><rank>]:".
+  std::string log_dir;           // if set: <log_dir>/<run_id>/attempt_K/rank_N/{stdout,stderr}.log
   // Per local rank (-1 = every rank) bit mask of streams: 1 stdout, 2 stderr.
-  std::map<int, int> redirects;    // these streams go to the log files only (not the console).
-  std::map<int, int> tee;          // these streams go to both (the console always gets output
-                                   // unless redirected; accepted for torchrun compatibility).
+  std::map<int, int> redirects;  // these streams go to the log files only (not the console).
+  std::map<int, int> tee;        // these streams go to both (the console always gets output
+                                 // unless redirected; accepted for torchrun compatibility).
   std::map<std::string, std::string> extra_env;  // added to every worker's environment.
-  int stderr_tail_lines = 20;      // lines of the failing rank's stderr in the failure summary.
+  int stderr_tail_lines = 20;  // lines of the failing rank's stderr in the failure summary.
   // Give workers GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (appended to any GLIBC_TUNABLES they
   // would get): malloc backs its heap with transparent huge pages, which cuts a libtorch
   // worker's start-up (~40 MB of heap touched while loading) by ~20% where page faults are
@@ -103,10 +107,10 @@ struct LaunchOptions {
   // host is reachable, start nothing. Default: false.
   bool dry_run = false;
   // ssh launch (engine "ssh"): how to reach each host, and the dtrain binary there.
-  int ssh_port = 0;                    // -p PORT; 0 = ssh's default. Default: 0.
-  std::string ssh_identity;            // -i FILE. Default: ssh's default keys.
-  std::vector<std::string> ssh_args;   // extra arguments before the host (e.g. -F cfg, -o K=V).
-  std::string remote_dtrain;           // dtrain on the hosts. Default: this dtrain's own path.
+  int ssh_port = 0;                   // -p PORT; 0 = ssh's default. Default: 0.
+  std::string ssh_identity;           // -i FILE. Default: ssh's default keys.
+  std::vector<std::string> ssh_args;  // extra arguments before the host (e.g. -F cfg, -o K=V).
+  std::string remote_dtrain;          // dtrain on the hosts. Default: this dtrain's own path.
   // Internal: an agent started over ssh stops its workers and exits when its stdin reaches
   // EOF (the launching dtrain closed it, or the ssh connection broke). Default: false.
   bool stop_on_stdin_eof = false;

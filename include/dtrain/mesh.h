@@ -29,7 +29,8 @@ class DeviceMesh {
   // `dims`: (name, size) pairs, outermost first; names distinct and non-empty, sizes >= 1, and
   // the product of the sizes equal to world's size (UsageError otherwise, naming both).
   // `world`: the group whose ranks are laid out (default: the default group).
-  explicit DeviceMesh(std::vector<std::pair<std::string, int>> dims, std::shared_ptr<ProcessGroup> world = nullptr);
+  explicit DeviceMesh(std::vector<std::pair<std::string, int>> dims,
+                      std::shared_ptr<ProcessGroup> world = nullptr);
 
   // The dimensions, in the order given.
   const std::vector<std::pair<std::string, int>>& dims() const { return dims_; }

@@ -36,8 +36,8 @@ enum class RunStatus { Running, Finished, Failed, Killed };
 const char* to_string(RunStatus s);
 
 struct StartOptions {
-  std::string tracking_uri;   // default: MLFLOW_TRACKING_URI; no URI and no env: no run (inactive)
-  std::string experiment;     // default: MLFLOW_EXPERIMENT_NAME, else "Default"
+  std::string tracking_uri;  // default: MLFLOW_TRACKING_URI; no URI and no env: no run (inactive)
+  std::string experiment;    // default: MLFLOW_EXPERIMENT_NAME, else "Default"
   std::string run_name;
   std::map<std::string, std::string> tags;
   std::string parent_run_id;  // default: DTRAIN_MLFLOW_PARENT_RUN_ID (sets mlflow.parentRunId)
@@ -72,7 +72,8 @@ class Run {
   bool active() const;
   std::string id() const;
   std::string experiment_id() const;
-  std::string tracking_uri() const;  // where it is really logged (the fallback store after a warning)
+  std::string tracking_uri()
+      const;  // where it is really logged (the fallback store after a warning)
 
   void log_param(const std::string& key, const std::string& value);
   void log_params(const std::map<std::string, std::string>& params);
@@ -103,6 +104,7 @@ void set_run_outcome(const std::string& tracking_uri, const std::string& run_id,
 // Logs a libtorch module as an MLflow model under `artifact_path`: its parameters and buffers
 // (torch::save, data/model.pt) and an `MLmodel` file describing them (flavor
 // `dtrain_libtorch`). Pass the unwrapped module (not the DDP wrapper). Needs dtrain::dtrain.
-void log_model(Run& run, const torch::nn::Module& module, const std::string& artifact_path = "model");
+void log_model(Run& run, const torch::nn::Module& module,
+               const std::string& artifact_path = "model");
 
 }  // namespace dtrain::mlflow

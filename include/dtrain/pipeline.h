@@ -26,9 +26,9 @@
 // while the receiver computes. A message is one Gloo message, the header (dtype, shape) and
 // the data after it (the sender copies the data in once), received ahead into a buffer of the
 // size that message had at the previous step (a changed shape costs one more message).
-// Waiting on a receive is bounded by the group's timeout. A rank always sends before it waits, so no schedule deadlocks. After train_step
-// threw (a stage's error, a peer's failure) the pipeline's messages are out of step: build a
-// new group and Pipeline.
+// Waiting on a receive is bounded by the group's timeout. A rank always sends before it waits, so
+// no schedule deadlocks. After train_step threw (a stage's error, a peer's failure) the pipeline's
+// messages are out of step: build a new group and Pipeline.
 //
 // REQUIRES: every rank of the pipeline group calls train_step with the same batch size
 // (inputs matter on the first stage, targets on the last; other ranks may pass any tensors
@@ -86,30 +86,37 @@ struct PipelineOp {
   enum Kind { kForward, kBackward } kind;
   int micro_batch;
   int chunk;
-  bool operator==(const PipelineOp& o) const { return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk; }
+  bool operator==(const PipelineOp& o) const {
+    return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk;
+  }
 };
 // "F3" / "B3", with ".c" appended for chunk c > 0.
 std::string to_string(const PipelineOp& op);
 
 // The order of operations of `schedule` on rank `stage` of `stages` ranks. UsageError for
 // an invalid combination (e.g. interleaved with M % P != 0, or V > 1 without interleaving).
-std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, int micro_batches, int virtual_stages = 1);
+std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, int micro_batches,
+                                     int virtual_stages = 1);
 
-using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+using LossFn =
+    std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
 class Pipeline {
  public:
   // `stages`: all P*V stages of the model in order (this rank keeps chunk c = stage c*P+rank),
   // or only this rank's V chunks. `group`: the pipeline ranks, in stage order.
-  Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<ProcessGroup> group, PipelineOptions options = {});
+  Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<ProcessGroup> group,
+           PipelineOptions options = {});
   // The same over mesh.group("pp").
-  Pipeline(std::vector<torch::nn::Sequential> stages, const DeviceMesh& mesh, PipelineOptions options = {});
+  Pipeline(std::vector<torch::nn::Sequential> stages, const DeviceMesh& mesh,
+           PipelineOptions options = {});
 
   // One forward and backward of the whole batch (see the file comment). Returns the mean loss
   // over the micro-batches on the rank holding the last stage, an undefined tensor elsewhere.
   // Throws UsageError for a batch not divisible by micro_batches; NetworkError/TimeoutError
   // when a peer fails.
-  torch::Tensor train_step(const torch::Tensor& inputs, const torch::Tensor& targets, const LossFn& loss_fn);
+  torch::Tensor train_step(const torch::Tensor& inputs, const torch::Tensor& targets,
+                           const LossFn& loss_fn);
 
   // This rank's chunks and their parameters (what its optimizer updates).
   const std::vector<torch::nn::Sequential>& local_stages() const { return local_; }
@@ -134,7 +141,8 @@ class Pipeline {
   int rank_ = 0, size_ = 1;
   std::vector<PipelineOp> trace_;
   int peak_live_ = 0;
-  std::vector<std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>>> ddp_;  // one per chunk, or none
+  std::vector<std::unique_ptr<DistributedDataParallel<torch::nn::Sequential>>>
+      ddp_;  // one per chunk, or none
 
   // Point to point (pipeline.cpp explains the protocol). Messages are keyed by (micro-batch,
   // receiving global stage, activation or gradient).
@@ -162,6 +170,7 @@ class Pipeline {
 // parameter without a gradient gets a zero one; a null or one-rank group does nothing). For
 // a Pipeline prefer PipelineOptions::data_parallel (DDP's buckets, overlapped with the last
 // micro-batch's backward); this is for parameters outside a pipeline.
-void all_reduce_gradients(const std::vector<torch::Tensor>& params, const std::shared_ptr<ProcessGroup>& group);
+void all_reduce_gradients(const std::vector<torch::Tensor>& params,
+                          const std::shared_ptr<ProcessGroup>& group);
 
 }  // namespace dtrain

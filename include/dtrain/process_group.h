@@ -44,7 +44,8 @@ struct ProcessGroupOptions {
 
 class ProcessGroup;
 struct NewGroupOptions;
-std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const NewGroupOptions& options);
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                        const NewGroupOptions& options);
 namespace diagnosis {
 class GroupMonitor;
 }
@@ -95,7 +96,8 @@ struct NewGroupOptions {
 // block until every member joined (up to the timeout). Use it through any collective
 // options' `group` field; ranks there (src, dst) are the sub-group's.
 // Throws UsageError for an empty list, a duplicate or a rank outside the parent.
-std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const NewGroupOptions& options = NewGroupOptions{});
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                        const NewGroupOptions& options = NewGroupOptions{});
 
 // Joins the group described by `options` and makes it the default group.
 // Throws UsageError for a malformed init_method, a missing rank/world size, or "nccl" in a

@@ -20,12 +20,12 @@ namespace dtrain {
 
 struct ProgressOptions {
   int64_t epochs = 1;
-  int64_t steps_per_epoch = 0;  // 0: unknown (no ETA)
+  int64_t steps_per_epoch = 0;                                   // 0: unknown (no ETA)
   std::chrono::milliseconds interval{std::chrono::seconds(10)};  // between plain lines
   int64_t every_steps = 0;  // > 0: a plain line every N steps instead of every `interval`
   std::chrono::milliseconds refresh{std::chrono::milliseconds(200)};  // between terminal redraws
-  std::FILE* out = nullptr;  // default stderr
-  int tty = -1;              // -1: ask isatty(); 0/1 force plain or live
+  std::FILE* out = nullptr;                                           // default stderr
+  int tty = -1;  // -1: ask isatty(); 0/1 force plain or live
   bool all_ranks = false;
 };
 

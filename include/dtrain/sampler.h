@@ -24,8 +24,8 @@ struct DistributedSamplerOptions {
   std::optional<int> num_replicas;
   // This rank. Default: the default group's rank, else RANK, else 0.
   std::optional<int> rank;
-  bool shuffle = true;   // Default: true.
-  uint64_t seed = 0;     // Default: 0. Must be the same on every rank.
+  bool shuffle = true;     // Default: true.
+  uint64_t seed = 0;       // Default: 0. Must be the same on every rank.
   bool drop_last = false;  // Default: false.
 };
 

@@ -37,10 +37,10 @@ Plan plan(int num_processes, bool use_gpu, int processes_per_task,
           const std::vector<std::string>& user_conf);
 
 struct SubmitOptions {
-  std::string master;               // spark://HOST:PORT (or local[N], yarn, ...)
-  std::string spark_submit;         // default: $SPARK_HOME/bin/spark-submit, else PATH
-  std::string driver_host;          // spark.driver.host, when set
-  double slot_timeout_s = 60;       // wait this long for T free task slots, then fail
+  std::string master;          // spark://HOST:PORT (or local[N], yarn, ...)
+  std::string spark_submit;    // default: $SPARK_HOME/bin/spark-submit, else PATH
+  std::string driver_host;     // spark.driver.host, when set
+  double slot_timeout_s = 60;  // wait this long for T free task slots, then fail
 };
 
 // spark-submit's command line up to and including "--"; the `dtrain run ...` command follows.

@@ -37,9 +37,11 @@
 //   4 CHECK       u64 n, n keys                     -> u8 0 READY / 1 NOT_READY
 //   5 WAIT        u64 n, n keys                     -> u8 0 STOP_WAITING once all keys exist
 //   6 GETNUMKEYS                                    -> i64
-//   7 WATCH_KEY   key                               -> u8 3 KEY_CALLBACK_REGISTERED, then per change
+//   7 WATCH_KEY   key                               -> u8 3 KEY_CALLBACK_REGISTERED, then per
+//   change
 //                                                      u8 type (0 UPDATED 1 CREATED 2 DELETED
-//                                                      4 APPENDED), string key, bytes old, bytes new
+//                                                      4 APPENDED), string key, bytes old, bytes
+//                                                      new
 //   8 DELETE_KEY  key                               -> i64 number deleted
 // Newer queries, numbered as the PyTorch 2.x releases that added them (WATCH_KEY still 7).
 // PyTorch 1.13 never sends them: its wait timeout is a socket receive timeout.

@@ -20,10 +20,10 @@ namespace dtrain {
 struct SyncBatchNormOptions {
   explicit SyncBatchNormOptions(int64_t num_features) : num_features(num_features) {}
   int64_t num_features;
-  double eps = 1e-5;                 // Default: 1e-5.
+  double eps = 1e-5;                     // Default: 1e-5.
   std::optional<double> momentum = 0.1;  // Default: 0.1; nullopt = cumulative average.
-  bool affine = true;                // Default: true.
-  bool track_running_stats = true;   // Default: true.
+  bool affine = true;                    // Default: true.
+  bool track_running_stats = true;       // Default: true.
   // The group to synchronise over. Default: the default group at forward time; with no
   // default group either, training-mode forward is plain BatchNorm (nothing to sync with).
   std::shared_ptr<ProcessGroup> group;
@@ -35,7 +35,8 @@ struct SyncBatchNormOptions {
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
  public:
   explicit SyncBatchNormImpl(const SyncBatchNormOptions& options);
-  explicit SyncBatchNormImpl(int64_t num_features) : SyncBatchNormImpl(SyncBatchNormOptions(num_features)) {}
+  explicit SyncBatchNormImpl(int64_t num_features)
+      : SyncBatchNormImpl(SyncBatchNormOptions(num_features)) {}
   void reset() override;
   // As torch::nn::BatchNorm's: running_mean 0, running_var 1, num_batches_tracked 0; and
   // additionally weight 1, bias 0.
@@ -57,20 +58,21 @@ TORCH_MODULE(SyncBatchNorm);
 // holding copies of its parameters and buffers (same dtype, device, requires_grad) and its
 // options and train/eval mode. Works through nn::Sequential (and subclasses of it, such as
 // the typed-forward Sequential C++ needs for nesting one in another), nn::ModuleList and
-// nn::ModuleDict at any depth, also inside custom modules: the containers are modified in place (as PyTorch
-// does), so a custom module's Sequential member sees the change; a BatchNorm passed as
+// nn::ModuleDict at any depth, also inside custom modules: the containers are modified in place (as
+// PyTorch does), so a custom module's Sequential member sees the change; a BatchNorm passed as
 // `module` itself is returned as a new SyncBatchNorm. A BatchNorm held by a custom module's
 // member field cannot be swapped from outside in C++: that throws UsageError naming its path,
 // saying to construct dtrain::SyncBatchNorm there instead; BatchNorm3d throws UsageError too.
 // Everything is checked before anything is changed, so a throw leaves the model untouched.
 // Build optimizers after converting: the new modules' parameters are new tensors.
-std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
-                                                          std::shared_ptr<ProcessGroup> group = nullptr);
+std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
+    std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> group = nullptr);
 torch::nn::Sequential convert_sync_batchnorm(torch::nn::Sequential module,
                                              std::shared_ptr<ProcessGroup> group = nullptr);
 // Without this, a std::shared_ptr<SequentialImpl> (e.g. `seq.ptr()`) would be ambiguous
 // between the two overloads above.
-std::shared_ptr<torch::nn::SequentialImpl> convert_sync_batchnorm(std::shared_ptr<torch::nn::SequentialImpl> module,
-                                                                  std::shared_ptr<ProcessGroup> group = nullptr);
+std::shared_ptr<torch::nn::SequentialImpl> convert_sync_batchnorm(
+    std::shared_ptr<torch::nn::SequentialImpl> module,
+    std::shared_ptr<ProcessGroup> group = nullptr);
 
 }  // namespace dtrain

@@ -47,10 +47,11 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
   // A fresh layer: an unsharded torch::nn::Linear(in, out, bias) is made (torch's default init,
   // from the current RNG state) and sharded. UsageError when out is not divisible by T.
-  ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, GroupPtr group, bool bias = true,
-                           bool gather_output = true);
+  ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, GroupPtr group,
+                           bool bias = true, bool gather_output = true);
   // Shards an existing unsharded Linear (which is left unchanged).
-  ColumnParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group, bool gather_output = true);
+  ColumnParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group,
+                           bool gather_output = true);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor weight;  // [out/T, in]
@@ -75,7 +76,8 @@ class RowParallelLinearImpl : public torch::nn::Module {
  public:
   RowParallelLinearImpl(int64_t in_features, int64_t out_features, GroupPtr group, bool bias = true,
                         bool input_is_parallel = true);
-  RowParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group, bool input_is_parallel = true);
+  RowParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group,
+                        bool input_is_parallel = true);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor weight;  // [out, in/T]
@@ -116,8 +118,8 @@ TORCH_MODULE(VocabParallelEmbedding);
 // ids. Equals torch::nn::functional::cross_entropy of the full [N, V] logits, and its
 // gradient with respect to local_logits is this rank's slice of the full gradient, while only
 // [N]-sized tensors cross the wire (three all-reduces: max, target logit, sum of exps).
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits, const torch::Tensor& target,
-                                           const GroupPtr& group);
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits,
+                                           const torch::Tensor& target, const GroupPtr& group);
 
 // parallelize(): torch's parallelize_module plan styles, for named Linear layers.
 struct ColwiseParallel {
@@ -137,6 +139,7 @@ using ParallelizePlan = std::map<std::string, ParallelStyle>;
 // not divisible by the group size. Sequential only (and not nested ones, which the C++
 // frontend cannot hold in a Sequential): other modules call their children through typed
 // fields that cannot be redirected, so custom modules use the layers above directly.
-torch::nn::Sequential parallelize(const torch::nn::Sequential& module, const ParallelizePlan& plan, const GroupPtr& group);
+torch::nn::Sequential parallelize(const torch::nn::Sequential& module, const ParallelizePlan& plan,
+                                  const GroupPtr& group);
 
 }  // namespace dtrain

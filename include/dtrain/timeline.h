@@ -49,8 +49,13 @@ void merge(const std::vector<std::string>& rank_files, const std::string& out);
 // must outlive the program (string literals). `bytes`/`index` (-1: none) become args.
 class Span {
  public:
-  explicit Span(const char* name, const char* category = "dtrain", int64_t bytes = -1, int64_t index = -1) noexcept
-      : name_(name), category_(category), bytes_(bytes), index_(index), begin_(enabled() ? detail::now_us() : -1) {}
+  explicit Span(const char* name, const char* category = "dtrain", int64_t bytes = -1,
+                int64_t index = -1) noexcept
+      : name_(name),
+        category_(category),
+        bytes_(bytes),
+        index_(index),
+        begin_(enabled() ? detail::now_us() : -1) {}
   ~Span() {
     if (begin_ >= 0) detail::record(name_, category_, begin_, detail::now_us(), bytes_, index_);
   }

@@ -25,13 +25,13 @@
 // many at once as fit in the machine's cores (processes per trial) and max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
-// data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The driver hosts a small store (dtrain/store.h); report() on rank 0 puts
-// the result there, the driver's scheduler (dtrain/tune_schedulers.h) decides, and report()
-// returns (continue) or throws TrialStopped (stop, or pause for PBT) on every rank that calls
-// it. A trial that fails is started again from its latest checkpoint up to max_failures
-// times. Everything the search knows is written to storage_path/<name>/tuner_state.json
-// after every event; with `resume`, a search whose driver was killed continues from there
-// and runs no finished trial again.
+// data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The
+// driver hosts a small store (dtrain/store.h); report() on rank 0 puts the result there, the
+// driver's scheduler (dtrain/tune_schedulers.h) decides, and report() returns (continue) or throws
+// TrialStopped (stop, or pause for PBT) on every rank that calls it. A trial that fails is started
+// again from its latest checkpoint up to max_failures times. Everything the search knows is written
+// to storage_path/<name>/tuner_state.json after every event; with `resume`, a search whose driver
+// was killed continues from there and runs no finished trial again.
 #pragma once
 
 #include <chrono>
@@ -96,8 +96,8 @@ struct TrialResources {
 };
 
 struct TuneOptions {
-  std::string metric;  // the result key to optimise; required with a scheduler but FIFO
-  std::string mode;    // "min" | "max"
+  std::string metric;   // the result key to optimise; required with a scheduler but FIFO
+  std::string mode;     // "min" | "max"
   int num_samples = 1;  // repeats of the grid (random domains drawn anew each time)
   // Default: FIFO (every trial runs to its end).
   std::shared_ptr<TrialScheduler> scheduler;
@@ -136,7 +136,7 @@ struct TuneOptions {
   // (no extra run per trial). A resumed search continues the same runs.
   std::string mlflow_tracking_uri;
   std::string mlflow_experiment;  // default: MLFLOW_EXPERIMENT_NAME, else "Default"
-  bool verbose = true;  // one line per trial start/end on stderr
+  bool verbose = true;            // one line per trial start/end on stderr
 };
 
 // One trial as fit() ended it.
@@ -144,20 +144,23 @@ struct TrialResult {
   std::string id;
   Config config;
   TrialStatus status = TrialStatus::Pending;
-  Result last_result;            // empty if it never reported
-  Result best_result;            // the best report by metric/mode
-  std::vector<Result> history;   // every report, in order
-  std::string checkpoint;        // its latest checkpoint directory, "" if none
+  Result last_result;           // empty if it never reported
+  Result best_result;           // the best report by metric/mode
+  std::vector<Result> history;  // every report, in order
+  std::string checkpoint;       // its latest checkpoint directory, "" if none
   int num_failures = 0;
-  std::string error;             // why it ended in Error
-  std::string dir;               // its directory under storage_path/name
+  std::string error;  // why it ended in Error
+  std::string dir;    // its directory under storage_path/name
 };
 
 class ResultGrid {
  public:
   ResultGrid() = default;
   ResultGrid(std::vector<TrialResult> trials, std::string metric, std::string mode, std::string dir)
-      : trials_(std::move(trials)), metric_(std::move(metric)), mode_(std::move(mode)), dir_(std::move(dir)) {}
+      : trials_(std::move(trials)),
+        metric_(std::move(metric)),
+        mode_(std::move(mode)),
+        dir_(std::move(dir)) {}
   const std::vector<TrialResult>& trials() const { return trials_; }
   std::size_t size() const { return trials_.size(); }
   const TrialResult& operator[](std::size_t i) const { return trials_.at(i); }

@@ -113,10 +113,10 @@ class FifoScheduler : public TrialScheduler {
 // Asynchronous successive halving (Ray's AsyncHyperBandScheduler / ASHAScheduler).
 struct AshaOptions {
   std::string time_attr = "training_iteration";  // must increase monotonically
-  std::string metric;                             // default: the Tuner's
-  std::string mode;                               // "min" | "max"; default: the Tuner's
-  double max_t = 100;           // a trial is stopped once time_attr reaches it
-  double grace_period = 1;      // the first rung: no trial stops before this
+  std::string metric;                            // default: the Tuner's
+  std::string mode;                              // "min" | "max"; default: the Tuner's
+  double max_t = 100;                            // a trial is stopped once time_attr reaches it
+  double grace_period = 1;                       // the first rung: no trial stops before this
   double reduction_factor = 4;  // rungs at grace_period * rf^k; keeps the top 1/rf at each
   int brackets = 1;             // bracket s starts at grace_period * rf^s
   bool stop_last_trials = true;
@@ -200,8 +200,8 @@ class PbtScheduler : public TrialScheduler {
   };
   State& state(const Trial& trial);
   void quantiles(SchedulerContext& ctx, std::vector<Trial*>& lower, std::vector<Trial*>& upper);
-  void checkpoint_or_exploit(SchedulerContext& ctx, Trial& trial,
-                             const std::vector<Trial*>& upper, const std::vector<Trial*>& lower);
+  void checkpoint_or_exploit(SchedulerContext& ctx, Trial& trial, const std::vector<Trial*>& upper,
+                             const std::vector<Trial*>& lower);
   void exploit(SchedulerContext& ctx, Trial& trial, Trial& clone);
   void fill_config(Config& config, const std::string& key, const Config& space);
 

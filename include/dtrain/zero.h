@@ -1,11 +1,11 @@
 // ZeRO: data parallelism that partitions optimizer state (stage 1), gradients (stage 2) and
 // parameters (stage 3) across the ranks, driven by DeepSpeed's JSON config.
 //
-//   auto engine = dtrain::zero::initialize(model, "ds_config.json");   // or JSON text / nlohmann::json
-//   for (auto& batch : loader) {
+//   auto engine = dtrain::zero::initialize(model, "ds_config.json");   // or JSON text /
+//   nlohmann::json for (auto& batch : loader) {
 //     auto loss = loss_fn(engine(batch.data), batch.target);
-//     engine.backward(loss);       // scaled by 1/gradient_accumulation_steps (and the fp16 loss scale)
-//     engine.step();               // updates only at the accumulation boundary
+//     engine.backward(loss);       // scaled by 1/gradient_accumulation_steps (and the fp16 loss
+//     scale) engine.step();               // updates only at the accumulation boundary
 //   }
 //   engine.save_checkpoint("ckpt", "global_step100");   // DeepSpeed's layout, every rank calls it
 //
@@ -43,8 +43,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/collectives.h"
@@ -70,19 +70,21 @@ struct LoadCheckpointOptions {
 
 // Stage 3's per-submodule fetch, measured (EngineCore::stage3_stats()).
 struct Stage3Stats {
-  int64_t units = 0, persistent_units = 0;      // units with parameters; those kept gathered
-  int64_t partition_bytes = 0;                  // this rank's 1/N
-  int64_t persistent_bytes = 0;                 // the persistent units, gathered
-  int64_t max_live_bytes = 0;                   // stage3_max_live_parameters, in bytes
+  int64_t units = 0, persistent_units = 0;  // units with parameters; those kept gathered
+  int64_t partition_bytes = 0;              // this rank's 1/N
+  int64_t persistent_bytes = 0;             // the persistent units, gathered
+  int64_t max_live_bytes = 0;               // stage3_max_live_parameters, in bytes
   // The most parameter bytes alive at a unit boundary: the partition plus every gathered
   // buffer whose storage still exists (held by the engine, or by anything else).
   int64_t peak_resident_bytes = 0;
   int64_t fetches = 0, prefetches = 0, fetches_on_demand = 0;
-  int64_t kept_for_reuse = 0;  // releases skipped: the unit is used again within stage3_max_reuse_distance
+  int64_t kept_for_reuse =
+      0;  // releases skipped: the unit is used again within stage3_max_reuse_distance
 };
 
 struct InitOptions {
-  std::shared_ptr<ProcessGroup> group;  // Default: the default group (a group of 1 if there is none).
+  std::shared_ptr<ProcessGroup>
+      group;  // Default: the default group (a group of 1 if there is none).
   // Your own optimizer (DeepSpeed's client optimizer, `deepspeed.initialize(optimizer=...)`),
   // instead of the config's "optimizer" section (give one of the two): any
   // torch::optim::Optimizer with one parameter group, fresh (no state yet), e.g.
@@ -104,7 +106,9 @@ class LossScaler {
   void update(bool overflow);
   bool dynamic() const { return dynamic_; }
   // State for checkpoints: scale, iteration, last overflow iteration, hysteresis.
-  std::vector<double> state() const { return {scale_, double(iter_), double(last_overflow_), double(hysteresis_)}; }
+  std::vector<double> state() const {
+    return {scale_, double(iter_), double(last_overflow_), double(hysteresis_)};
+  }
   void set_state(const std::vector<double>& s);
 
  private:
@@ -137,17 +141,21 @@ class LRScheduler {
 
 // Adam/AdamW on flat CPU arrays (PyTorch's formulas), vectorised by the compiler and split over
 // `threads` threads (0: libtorch's intra-op thread count). step >= 1.
-void cpu_adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, int64_t step,
-                   double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw, int threads = 0);
-void cpu_adam_step(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n, int64_t step,
-                   double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw, int threads = 0);
+void cpu_adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                   int64_t step, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, bool adamw, int threads = 0);
+void cpu_adam_step(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                   int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, bool adamw, int threads = 0);
 
 // Reads a ZeRO checkpoint (DIR with `latest`, or DIR/TAG) and returns one consolidated state
 // dict of the unwrapped model: full-precision parameters (from the optimizer's master copies)
 // and buffers. `tag` "" reads DIR/latest.
-torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir, const std::string& tag = "");
+torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir,
+                                                                       const std::string& tag = "");
 // Writes a state dict as a pickled {name: tensor} dict (torch.load() reads it in Python).
-void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict, const std::string& path);
+void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict,
+                     const std::string& path);
 torch::OrderedDict<std::string, torch::Tensor> load_state_dict_file(const std::string& path);
 
 namespace detail {
@@ -188,7 +196,8 @@ class EngineCore {
   void inject_overflow() { inject_overflow_ = true; }
   void save_checkpoint(const std::string& dir, const std::string& tag);
   // Returns the tag loaded ("" when DIR/latest does not exist and no tag was given).
-  std::string load_checkpoint(const std::string& dir, const std::string& tag, const LoadCheckpointOptions& o);
+  std::string load_checkpoint(const std::string& dir, const std::string& tag,
+                              const LoadCheckpointOptions& o);
   int64_t num_parameters() const { return numel_; }
 
   // The engine's whole state in save_checkpoint's layout, for dtrain::ElasticState (which
@@ -201,7 +210,8 @@ class EngineCore {
   // the source in errors. Not collective.
   c10::IValue model_state(bool build);
   c10::IValue optim_state();
-  void load_state(const c10::impl::GenericDict& model, const std::vector<c10::impl::GenericDict>& optims,
+  void load_state(const c10::impl::GenericDict& model,
+                  const std::vector<c10::impl::GenericDict>& optims,
                   const LoadCheckpointOptions& options, const std::string& where);
   torch::nn::Module& module() { return module_; }
   int rank() const { return rank_; }
@@ -235,16 +245,19 @@ class EngineCore {
   void launch_ready_buckets();
   void reduce_bucket(Bucket& b);
   void finish_backward();
-  void reduce_dense_grads();  // stages 0/1
+  void reduce_dense_grads();                         // stages 0/1
   void reduce_to_owners(const torch::Tensor& full);  // stage 1: partition r's sum lands on rank r
-  void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
+  void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr,
+                      double beta1);
   void client_step(const torch::Tensor& grad, double lr);
-  void load_client_state(const std::vector<c10::impl::GenericDict>& optims, const std::string& saved_type, int saved_world,
-                         const std::string& where);
+  void load_client_state(const std::vector<c10::impl::GenericDict>& optims,
+                         const std::string& saved_type, int saved_world, const std::string& where);
   void lamb_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
   void all_gather_params();
   void count(int64_t bytes) { bytes_this_step_ += bytes; }
-  torch::Tensor own_slice(const torch::Tensor& full) const { return full.narrow(0, rank_ * part_, part_); }
+  torch::Tensor own_slice(const torch::Tensor& full) const {
+    return full.narrow(0, rank_ * part_, part_);
+  }
 
   torch::nn::Module& module_;
   Config config_;
@@ -258,11 +271,11 @@ class EngineCore {
   torch::Dtype model_dtype_, master_dtype_;
   torch::Device device_{torch::kCPU};
   bool mixed_ = false, offload_opt_ = false, offload_param_ = false, gathered_ = false;
-  torch::Tensor flat_params_;    // stages 0-2: the module's parameters are views of it
-  torch::Tensor param_part_;     // stage 3: this rank's partition (model dtype)
-  torch::Tensor flat_grads_;     // stages 0-1: the parameters' .grad are views of it
-  torch::Tensor grad_part_;      // stages 2-3: this rank's reduced gradients (sum over ranks)
-  torch::Tensor master_;         // fp32 master (stage 0: all, else the partition); undefined = the params
+  torch::Tensor flat_params_;  // stages 0-2: the module's parameters are views of it
+  torch::Tensor param_part_;   // stage 3: this rank's partition (model dtype)
+  torch::Tensor flat_grads_;   // stages 0-1: the parameters' .grad are views of it
+  torch::Tensor grad_part_;    // stages 2-3: this rank's reduced gradients (sum over ranks)
+  torch::Tensor master_;  // fp32 master (stage 0: all, else the partition); undefined = the params
   std::vector<torch::Tensor> state_;  // optimizer state, each like master
   int64_t opt_step_ = 0;
   std::vector<Bucket> buckets_;
@@ -275,9 +288,10 @@ class EngineCore {
     bool mine = false;
   };
   std::vector<InFlight> in_flight_;
-  torch::Tensor staging_;            // synchronous buckets' staging buffer, reused (largest bucket)
-  bool reduce_in_backward_ = false;  // this backward reduces buckets (stages 2-3; stage 1 at the boundary)
-  bool grads_reduced_ = false;       // stage 1: the boundary backward reduced flat_grads_ to the owners
+  torch::Tensor staging_;  // synchronous buckets' staging buffer, reused (largest bucket)
+  bool reduce_in_backward_ =
+      false;  // this backward reduces buckets (stages 2-3; stage 1 at the boundary)
+  bool grads_reduced_ = false;  // stage 1: the boundary backward reduced flat_grads_ to the owners
   std::vector<size_t> bucket_of_;
   std::vector<bool> ready_;
   size_t next_bucket_ = 0;
@@ -291,7 +305,7 @@ class EngineCore {
   double last_grad_norm_ = 0;
   bool inject_overflow_ = false;
   std::shared_ptr<torch::optim::Optimizer> client_;  // InitOptions::optimizer
-  torch::Tensor client_param_;                        // what its one group steps: the partition
+  torch::Tensor client_param_;                       // what its one group steps: the partition
   std::vector<std::shared_ptr<torch::nn::Module>> unit_modules_;
   std::unique_ptr<Stage3Fetch> fetch_;
 };
@@ -306,7 +320,8 @@ class Engine {
  public:
   Engine(ModuleType module, Config config, InitOptions options = {})
       : module_(std::move(module)),
-        core_(std::make_unique<detail::EngineCore>(dtrain::detail::module_ref(module_), std::move(config), std::move(options))) {
+        core_(std::make_unique<detail::EngineCore>(dtrain::detail::module_ref(module_),
+                                                   std::move(config), std::move(options))) {
     if constexpr (std::is_same_v<ModuleType, torch::nn::Sequential>) {
       std::vector<std::shared_ptr<torch::nn::Module>> units;
       for (auto& child : *module_) units.push_back(child.ptr());
@@ -330,7 +345,9 @@ class Engine {
   //   auto h = engine.fetch(*model->encoder, [&] { return model->encoder(x); });
   //   auto y = engine.fetch(*model->head, [&] { return model->head(h); });
   // fetch_units is a no-op below stage 3 (fetch then just calls fn).
-  void fetch_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) { core_->set_units(units); }
+  void fetch_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+    core_->set_units(units);
+  }
   template <typename Fn>
   decltype(auto) fetch(const torch::nn::Module& unit, Fn&& fn) {
     if (!core_->fetches_units()) return fn();
@@ -338,8 +355,10 @@ class Engine {
     if (u == 0) core_->begin_units();
     core_->unit_begin(u);
     decltype(auto) out = fn();
-    if constexpr (std::is_convertible_v<decltype(out), const torch::Tensor&>) core_->unit_end(u, &out);
-    else core_->unit_end(u, nullptr);
+    if constexpr (std::is_convertible_v<decltype(out), const torch::Tensor&>)
+      core_->unit_end(u, &out);
+    else
+      core_->unit_end(u, nullptr);
     return out;
   }
   template <typename... Args>
@@ -348,7 +367,9 @@ class Engine {
   }
   void backward(const torch::Tensor& loss) { core_->backward(loss); }
   void step() { core_->step(); }
-  bool is_gradient_accumulation_boundary() const { return core_->is_gradient_accumulation_boundary(); }
+  bool is_gradient_accumulation_boundary() const {
+    return core_->is_gradient_accumulation_boundary();
+  }
   ModuleType& module() { return module_; }
   int64_t global_steps() const { return core_->global_steps(); }
   int64_t skipped_steps() const { return core_->skipped_steps(); }
@@ -360,7 +381,8 @@ class Engine {
   void save_checkpoint(const std::string& dir, const std::string& tag = "") {
     core_->save_checkpoint(dir, tag.empty() ? "global_step" + std::to_string(global_steps()) : tag);
   }
-  std::string load_checkpoint(const std::string& dir, const std::string& tag = "", LoadCheckpointOptions o = {}) {
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "",
+                              LoadCheckpointOptions o = {}) {
     return core_->load_checkpoint(dir, tag, o);
   }
   detail::EngineCore& core() { return *core_; }
@@ -372,7 +394,8 @@ class Engine {
   torch::Tensor forward_units(Args&&... args) {
     core_->begin_units();
     auto it = module_->begin();
-    if (it == module_->end()) return module_->forward(std::forward<Args>(args)...);  // its own error
+    if (it == module_->end())
+      return module_->forward(std::forward<Args>(args)...);  // its own error
     torch::nn::AnyValue value = [&] {
       if constexpr (sizeof...(Args) == 1) {
         return run_unit(*it, 0, torch::nn::AnyValue(std::forward<Args>(args)...));
@@ -405,17 +428,20 @@ class Engine {
 
 // The world size the config is resolved for: the group's.
 template <typename ModuleType>
-Engine<ModuleType> initialize(ModuleType module, const nlohmann::json& config, InitOptions options = {}) {
+Engine<ModuleType> initialize(ModuleType module, const nlohmann::json& config,
+                              InitOptions options = {}) {
   if (!options.group) options.group = default_group();
   int world = options.group->world_size();
   return Engine<ModuleType>(std::move(module), parse_config(config, world), std::move(options));
 }
 // `config`: a path to a JSON file, or JSON text.
 template <typename ModuleType>
-Engine<ModuleType> initialize(ModuleType module, const std::string& config, InitOptions options = {}) {
+Engine<ModuleType> initialize(ModuleType module, const std::string& config,
+                              InitOptions options = {}) {
   if (!options.group) options.group = default_group();
   int world = options.group->world_size();
-  return Engine<ModuleType>(std::move(module), parse_config_text(config, world), std::move(options));
+  return Engine<ModuleType>(std::move(module), parse_config_text(config, world),
+                            std::move(options));
 }
 template <typename ModuleType>
 Engine<ModuleType> initialize(ModuleType module, const char* config, InitOptions options = {}) {

@@ -44,7 +44,7 @@ struct OptimizerConfig {
   double dampening = 0.0;
   bool nesterov = false;
   double max_coeff = 10.0, min_coeff = 0.01;  // Lamb's trust-ratio clamp (DeepSpeed's defaults)
-  bool given = false;  // the config had an "optimizer" section
+  bool given = false;                         // the config had an "optimizer" section
 };
 
 struct SchedulerConfig {

@@ -10,8 +10,9 @@
 
 namespace dtrain::comm {
 
-c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                      std::chrono::milliseconds timeout, const std::string& hostname) {
+c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                      int world, std::chrono::milliseconds timeout,
+                                      const std::string& hostname) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (!hostname.empty()) {
@@ -24,7 +25,8 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& sto
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
 }
 
-c10::intrusive_ptr<Backend> make_gloo_like(Backend* like, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+c10::intrusive_ptr<Backend> make_gloo_like(Backend* like,
+                                           const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int world, std::chrono::milliseconds timeout) {
   auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(like);
   if (!gloo) return make_gloo(store, rank, world, timeout);
@@ -34,11 +36,12 @@ c10::intrusive_ptr<Backend> make_gloo_like(Backend* like, const c10::intrusive_p
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> as_group(const c10::intrusive_ptr<Backend>& backend,
-                                               const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                               bool is_gloo) {
+                                                const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int world, bool is_gloo) {
 #if DTRAIN_C10D_HAS_BACKEND
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
-  const auto type = is_gloo ? c10d::ProcessGroup::BackendType::GLOO : c10d::ProcessGroup::BackendType::CUSTOM;
+  const auto type =
+      is_gloo ? c10d::ProcessGroup::BackendType::GLOO : c10d::ProcessGroup::BackendType::CUSTOM;
   pg->setBackend(c10::DeviceType::CPU, type, backend);
   pg->setDefaultBackend(type);
   return pg;
@@ -61,7 +64,8 @@ Backend* cpu_backend(c10d::ProcessGroup& pg) {
 #endif
 }
 
-c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg, const c10d::BarrierOptions& options) {
+c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg,
+                                       const c10d::BarrierOptions& options) {
   if (Backend* backend = cpu_backend(pg)) return backend->barrier(options);  // 1.13: pg itself
   static std::mutex front_mutex;  // see the header: the front's static tensor
   std::lock_guard<std::mutex> lock(front_mutex);
@@ -69,7 +73,8 @@ c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg, const c10d::Barri
 }
 
 std::optional<std::chrono::milliseconds> gloo_timeout(Backend& backend) {
-  if (auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(&backend)) return gloo->getOptions()->timeout;
+  if (auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(&backend))
+    return gloo->getOptions()->timeout;
   return std::nullopt;
 }
 

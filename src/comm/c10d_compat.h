@@ -12,9 +12,9 @@
 // torch wheel ships none, so a build against it takes the system's (Debian's libgloo-dev).
 #pragma once
 
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/version.h>
 
 #include <chrono>
 #include <optional>
@@ -38,21 +38,23 @@ using Backend = c10d::ProcessGroup;
 // A Gloo backend of `world` ranks over `store`. Its device: `hostname` when given (tests use
 // "127.0.0.1"), else the interface in GLOO_SOCKET_IFNAME when set, else Gloo's default (this
 // host's name, or loopback). Every collective and store wait times out after `timeout`.
-c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                      std::chrono::milliseconds timeout, const std::string& hostname = "");
+c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                      int world, std::chrono::milliseconds timeout,
+                                      const std::string& hostname = "");
 
 // A Gloo backend on the same network device(s) as the Gloo backend `like` (a sub-group of
 // `like`'s group, torch.distributed.new_group's way); Gloo's default device when `like` is
 // not a Gloo backend.
-c10::intrusive_ptr<Backend> make_gloo_like(Backend* like, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+c10::intrusive_ptr<Backend> make_gloo_like(Backend* like,
+                                           const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int world, std::chrono::milliseconds timeout);
 
 // The c10d group whose collectives on CPU tensors run on `backend`. `store`, `rank` and
 // `world` are the backend's. 1.13: the backend itself. 2.x: a c10d::ProcessGroup with
 // `backend` registered for the CPU (as GLOO when `is_gloo`, else as a custom backend).
 c10::intrusive_ptr<c10d::ProcessGroup> as_group(const c10::intrusive_ptr<Backend>& backend,
-                                               const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                               bool is_gloo);
+                                                const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int world, bool is_gloo);
 
 // The backend that runs `pg`'s collectives on CPU tensors (1.13: `pg` itself); nullptr when
 // it has none.

@@ -45,7 +45,8 @@ std::string shape_str(at::IntArrayRef sizes) {
 }
 
 std::string prefix(const Call& c) {
-  return std::string(c.name) + " (rank " + std::to_string(c.rank) + " of " + std::to_string(c.world) + "): ";
+  return std::string(c.name) + " (rank " + std::to_string(c.rank) + " of " +
+         std::to_string(c.world) + "): ";
 }
 
 std::chrono::milliseconds group_timeout(c10d::ProcessGroup& pg) {
@@ -96,35 +97,39 @@ void check_tensor(const Call& c, const at::Tensor& t, const char* what) {
     throw UsageError(prefix(c) + what + " is not a dense (strided) tensor; call .to_dense() first");
   }
   if (!gloo_supports(t.scalar_type())) {
-    throw UsageError(prefix(c) + what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+    throw UsageError(prefix(c) + what + " has dtype " +
+                     std::string(c10::toString(t.scalar_type())) +
                      ", which Gloo does not support; use float32, float64, float16, int8, uint8, "
                      "int32 or int64 (e.g. convert bool to uint8)");
   }
 }
 
-void check_same(const Call& c, const at::Tensor& a, const char* an, const at::Tensor& b, const char* bn) {
+void check_same(const Call& c, const at::Tensor& a, const char* an, const at::Tensor& b,
+                const char* bn) {
   if (a.scalar_type() != b.scalar_type()) {
-    throw UsageError(prefix(c) + an + " has dtype " + std::string(c10::toString(a.scalar_type())) + " but " +
-                     bn + " has " + std::string(c10::toString(b.scalar_type())) + "; they must match");
+    throw UsageError(prefix(c) + an + " has dtype " + std::string(c10::toString(a.scalar_type())) +
+                     " but " + bn + " has " + std::string(c10::toString(b.scalar_type())) +
+                     "; they must match");
   }
   if (a.sizes() != b.sizes()) {
-    throw UsageError(prefix(c) + an + " has shape " + shape_str(a.sizes()) + " but " + bn + " has " +
-                     shape_str(b.sizes()) + "; they must match");
+    throw UsageError(prefix(c) + an + " has shape " + shape_str(a.sizes()) + " but " + bn +
+                     " has " + shape_str(b.sizes()) + "; they must match");
   }
 }
 
 void check_rank(const Call& c, int r, const char* what) {
   if (r < 0 || r >= c.world) {
-    throw UsageError(prefix(c) + what + "=" + std::to_string(r) + " is not a rank of this group (0.." +
-                     std::to_string(c.world - 1) + ")");
+    throw UsageError(prefix(c) + what + "=" + std::to_string(r) +
+                     " is not a rank of this group (0.." + std::to_string(c.world - 1) + ")");
   }
 }
 
 void check_op(const Call& c, ReduceOp op, const at::Tensor& t) {
   if (op == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type())) {
-    throw UsageError(prefix(c) + "ReduceOp::kAvg needs a floating-point tensor, got " +
-                     std::string(c10::toString(t.scalar_type())) +
-                     " (an integer average would truncate); convert to float, or use kSum and divide");
+    throw UsageError(
+        prefix(c) + "ReduceOp::kAvg needs a floating-point tensor, got " +
+        std::string(c10::toString(t.scalar_type())) +
+        " (an integer average would truncate); convert to float, or use kSum and divide");
   }
 }
 
@@ -288,7 +293,9 @@ void Work::wait() {
   }
   if (error) {
     std::string where = what_;
-    if (group_) where += " (rank " + std::to_string(group_->getRank()) + " of " + std::to_string(group_->getSize()) + ")";
+    if (group_)
+      where += " (rank " + std::to_string(group_->getRank()) + " of " +
+               std::to_string(group_->getSize()) + ")";
     std::string detail = exception_text(error);
     // The flight recorder: settle the record, publish it for the launcher's failure summary,
     // and end the message with this rank's recent collectives.
@@ -326,17 +333,20 @@ void Work::wait() {
       throw TimeoutError(where + " timed out after " + std::to_string(timeout.count()) +
                          " ms: a peer rank may have died or not called " + what_ +
                          " (every rank must call the same collectives in the same order); this "
-                         "group is unusable now [" + detail + "]" + recorder);
+                         "group is unusable now [" +
+                         detail + "]" + recorder);
     }
     if (contains_ci(detail, "Application timeout caused pair closure")) {
       // Gloo closes a group's connections when one of its operations times out; every later
       // collective of the group fails at once with this.
-      throw NetworkError(where + " failed: an earlier collective of this group timed out and Gloo closed "
-                         "the group's connections; the group is unusable, make a new one [" + detail + "]" +
-                         recorder);
+      throw NetworkError(where +
+                         " failed: an earlier collective of this group timed out and Gloo closed "
+                         "the group's connections; the group is unusable, make a new one [" +
+                         detail + "]" + recorder);
     }
     if (is_io_error(error)) {
-      throw NetworkError(where + " failed: lost the connection to a peer rank (it may have died) [" +
+      throw NetworkError(where +
+                         " failed: lost the connection to a peer rank (it may have died) [" +
                          detail + "]" + recorder);
     }
 
@@ -389,7 +399,9 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
 }
 
 void all_reduce(torch::Tensor& tensor, const AllReduceOptions& options) {
-  timeline::Span span("all_reduce", "comm", tensor.defined() ? static_cast<int64_t>(tensor.nbytes()) : 0);  // timeline hook
+  timeline::Span span(
+      "all_reduce", "comm",
+      tensor.defined() ? static_cast<int64_t>(tensor.nbytes()) : 0);  // timeline hook
   all_reduce_async(tensor, options).wait();
 }
 
@@ -424,26 +436,32 @@ Work reduce_async(torch::Tensor& tensor, const ReduceOptions& options) {
   });
 }
 
-void reduce(torch::Tensor& tensor, const ReduceOptions& options) { reduce_async(tensor, options).wait(); }
+void reduce(torch::Tensor& tensor, const ReduceOptions& options) {
+  reduce_async(tensor, options).wait();
+}
 
-std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor, const CollectiveOptions& options) {
+std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor,
+                                      const CollectiveOptions& options) {
   return all_gather_impl("all_gather", tensor, options);
 }
 
-void all_gather_into_tensor(torch::Tensor& out, const torch::Tensor& input, const CollectiveOptions& options) {
+void all_gather_into_tensor(torch::Tensor& out, const torch::Tensor& input,
+                            const CollectiveOptions& options) {
   Call c = begin("all_gather_into_tensor", options);
   check_tensor(c, out, "out");
   check_tensor(c, input, "input");
   std::vector<int64_t> chunk_shape = out.sizes().vec();
   if (out.dim() == 0 || out.size(0) % c.world != 0) {
-    throw UsageError(prefix(c) + "out of shape " + shape_str(out.sizes()) + " cannot be split into " +
-                     std::to_string(c.world) + " equal chunks along dim 0");
+    throw UsageError(prefix(c) + "out of shape " + shape_str(out.sizes()) +
+                     " cannot be split into " + std::to_string(c.world) +
+                     " equal chunks along dim 0");
   }
   chunk_shape[0] /= c.world;
   if (input.sizes() != at::IntArrayRef(chunk_shape) || out.scalar_type() != input.scalar_type()) {
-    throw UsageError(prefix(c) + "input must be one chunk of out, shape " + shape_str(chunk_shape) + " dtype " +
-                     std::string(c10::toString(out.scalar_type())) + "; got shape " + shape_str(input.sizes()) +
-                     " dtype " + std::string(c10::toString(input.scalar_type())));
+    throw UsageError(prefix(c) + "input must be one chunk of out, shape " + shape_str(chunk_shape) +
+                     " dtype " + std::string(c10::toString(out.scalar_type())) + "; got shape " +
+                     shape_str(input.sizes()) + " dtype " +
+                     std::string(c10::toString(input.scalar_type())));
   }
   Staged s = stage(out);
   // The chunks of a contiguous tensor are contiguous views: the backend writes into them.
@@ -478,15 +496,17 @@ std::vector<torch::Tensor> gather(const torch::Tensor& tensor, const GatherOptio
   return out.empty() ? std::vector<torch::Tensor>{} : out[0];
 }
 
-void scatter(torch::Tensor& out, const std::vector<torch::Tensor>& chunks, const ScatterOptions& options) {
+void scatter(torch::Tensor& out, const std::vector<torch::Tensor>& chunks,
+             const ScatterOptions& options) {
   Call c = begin("scatter", options);
   check_tensor(c, out, "out");
   check_rank(c, options.src, "src");
   std::vector<std::vector<at::Tensor>> in;
   if (c.rank == options.src) {
     if (static_cast<int>(chunks.size()) != c.world) {
-      throw UsageError(prefix(c) + "src needs one chunk per rank: got " + std::to_string(chunks.size()) +
-                       " chunks for a group of " + std::to_string(c.world));
+      throw UsageError(prefix(c) + "src needs one chunk per rank: got " +
+                       std::to_string(chunks.size()) + " chunks for a group of " +
+                       std::to_string(c.world));
     }
     in.emplace_back();
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -515,21 +535,24 @@ void scatter(torch::Tensor& out, const std::vector<torch::Tensor>& chunks, const
 //    and each rank reduces only its own chunk. The cost is a receive buffer the size of
 //    the input. This is what we do.
 // Reduction order is rank order (0, 1, ..., n-1) on every rank.
-void reduce_scatter(torch::Tensor& out, const torch::Tensor& input, const ReduceScatterOptions& options) {
+void reduce_scatter(torch::Tensor& out, const torch::Tensor& input,
+                    const ReduceScatterOptions& options) {
   Call c = begin("reduce_scatter", options);
   check_tensor(c, out, "out");
   check_tensor(c, input, "input");
   check_op(c, options.op, input);
   if (input.dim() == 0 || input.size(0) % c.world != 0) {
-    throw UsageError(prefix(c) + "input of shape " + shape_str(input.sizes()) + " cannot be split into " +
-                     std::to_string(c.world) + " equal chunks along dim 0");
+    throw UsageError(prefix(c) + "input of shape " + shape_str(input.sizes()) +
+                     " cannot be split into " + std::to_string(c.world) +
+                     " equal chunks along dim 0");
   }
   std::vector<int64_t> chunk_shape = input.sizes().vec();
   chunk_shape[0] /= c.world;
   if (out.sizes() != at::IntArrayRef(chunk_shape) || out.scalar_type() != input.scalar_type()) {
-    throw UsageError(prefix(c) + "out must be one chunk of input, shape " + shape_str(chunk_shape) + " dtype " +
-                     std::string(c10::toString(input.scalar_type())) + "; got shape " + shape_str(out.sizes()) +
-                     " dtype " + std::string(c10::toString(out.scalar_type())));
+    throw UsageError(prefix(c) + "out must be one chunk of input, shape " + shape_str(chunk_shape) +
+                     " dtype " + std::string(c10::toString(input.scalar_type())) + "; got shape " +
+                     shape_str(out.sizes()) + " dtype " +
+                     std::string(c10::toString(out.scalar_type())));
   }
   at::Tensor send = input.contiguous();
   at::Tensor recv = at::empty_like(send);
@@ -566,8 +589,9 @@ void all_to_all(torch::Tensor& out, const torch::Tensor& input, const Collective
   check_tensor(c, out, "out");
   check_tensor(c, input, "input");
   if (input.dim() == 0 || input.size(0) % c.world != 0) {
-    throw UsageError(prefix(c) + "input of shape " + shape_str(input.sizes()) + " cannot be split into " +
-                     std::to_string(c.world) + " equal chunks along dim 0");
+    throw UsageError(prefix(c) + "input of shape " + shape_str(input.sizes()) +
+                     " cannot be split into " + std::to_string(c.world) +
+                     " equal chunks along dim 0");
   }
   check_same(c, out, "out", input, "input");
   at::Tensor send = input.contiguous();
@@ -583,7 +607,8 @@ void barrier(const CollectiveOptions& options) {
   Call c = begin("barrier", options);
   c10d::BarrierOptions o;
   o.timeout = c.timeout;
-  auto w = issue(c, {}, [&] { return comm::barrier(*c.pg, o); });  // not c.pg->barrier(): c10d_compat.h
+  auto w =
+      issue(c, {}, [&] { return comm::barrier(*c.pg, o); });  // not c.pg->barrier(): c10d_compat.h
   make_work(c, std::move(w)).wait();
 }
 
@@ -647,11 +672,13 @@ std::string broadcast_object(const std::string& value, const BroadcastOptions& o
   at::Tensor bytes = torch::empty({n}, torch::kUInt8);
   if (is_src) std::memcpy(bytes.data_ptr<uint8_t>(), value.data(), static_cast<size_t>(n));
   broadcast_impl("broadcast_object", bytes, o).wait();
-  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
 }
 
 // Lengths first (all_gather of int64), then every value padded to the longest.
-std::vector<std::string> all_gather_object(const std::string& value, const CollectiveOptions& options) {
+std::vector<std::string> all_gather_object(const std::string& value,
+                                           const CollectiveOptions& options) {
   CollectiveOptions o = options;
   o.group = resolve_group(options);
   at::Tensor len = torch::full({1}, static_cast<int64_t>(value.size()), torch::kInt64);

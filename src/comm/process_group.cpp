@@ -72,7 +72,8 @@ Rendezvous env_rendezvous(const ProcessGroupOptions& o) {
 
 void require_rank(const ProcessGroupOptions& o) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
-    throw UsageError("init_process_group(" + o.init_method + "): needs world_size >= 1 and 0 <= rank < world_size, got rank=" +
+    throw UsageError("init_process_group(" + o.init_method +
+                     "): needs world_size >= 1 and 0 <= rank < world_size, got rank=" +
                      std::to_string(o.rank) + " world_size=" + std::to_string(o.world_size));
   }
 }
@@ -108,7 +109,8 @@ Rendezvous url_rendezvous(const ProcessGroupOptions& o) {
     require_rank(o);
     std::string path = url.substr(7);
     if (path.empty()) {
-      throw UsageError("init_process_group: init_method '" + url + "' has no path; expected file:///PATH");
+      throw UsageError("init_process_group: init_method '" + url +
+                       "' has no path; expected file:///PATH");
     }
     auto store = c10::make_intrusive<c10d::FileStore>(path, o.world_size);
     store->setTimeout(o.timeout);
@@ -144,10 +146,13 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   // Bad diagnosis options fail here, before this rank joins (and its peers wait for it).
   diagnosis::check_environment();
   std::optional<DebugLevel> debug;
-  if (!options.debug.empty()) debug = parse_debug_level(options.debug, "ProcessGroupOptions::debug");
+  if (!options.debug.empty())
+    debug = parse_debug_level(options.debug, "ProcessGroupOptions::debug");
   if (options.stall_timeout.count() < 0) {
-    throw UsageError("init_process_group: stall_timeout must be > 0 ms (0 = DTRAIN_STALL_TIMEOUT or 60 s), got " +
-                     std::to_string(options.stall_timeout.count()) + " ms");
+    throw UsageError(
+        "init_process_group: stall_timeout must be > 0 ms (0 = DTRAIN_STALL_TIMEOUT or 60 s), "
+        "got " +
+        std::to_string(options.stall_timeout.count()) + " ms");
   }
   Rendezvous r = url_rendezvous(options);
   // A peer that dies mid-collective must surface as a NetworkError, not kill this rank:
@@ -158,7 +163,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
     ::signal(SIGPIPE, SIG_IGN);
   }
-  c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(r.store, r.rank, r.world_size, options.timeout);
+  c10::intrusive_ptr<comm::Backend> gloo =
+      comm::make_gloo(r.store, r.rank, r.world_size, options.timeout);
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::string chosen = "gloo";
   if (backend != "gloo") {
@@ -180,16 +186,19 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   return group;
 }
 
-std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const NewGroupOptions& options) {
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                        const NewGroupOptions& options) {
   auto parent = options.parent ? options.parent : default_group();
   const int world = parent->world_size();
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
-  if (sorted.empty()) throw UsageError("new_group: the rank list is empty; give at least one rank of the parent group");
+  if (sorted.empty())
+    throw UsageError(
+        "new_group: the rank list is empty; give at least one rank of the parent group");
   for (size_t i = 0; i < sorted.size(); ++i) {
     if (sorted[i] < 0 || sorted[i] >= world) {
-      throw UsageError("new_group: rank " + std::to_string(sorted[i]) + " is outside the parent group (ranks 0-" +
-                       std::to_string(world - 1) + ")");
+      throw UsageError("new_group: rank " + std::to_string(sorted[i]) +
+                       " is outside the parent group (ranks 0-" + std::to_string(world - 1) + ")");
     }
     if (i > 0 && sorted[i] == sorted[i - 1]) {
       throw UsageError("new_group: rank " + std::to_string(sorted[i]) + " is listed twice");
@@ -210,9 +219,11 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const New
     like = shm->gloo().get();
     if (timeout.count() == 0) timeout = shm->timeout();
   }
-  if (timeout.count() == 0 && like) timeout = comm::gloo_timeout(*like).value_or(std::chrono::minutes(30));
+  if (timeout.count() == 0 && like)
+    timeout = comm::gloo_timeout(*like).value_or(std::chrono::minutes(30));
   if (timeout.count() <= 0) timeout = std::chrono::minutes(30);
-  auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain_subgroup_" + std::to_string(id), parent->store());
+  auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain_subgroup_" + std::to_string(id),
+                                                      parent->store());
   auto gloo = comm::make_gloo_like(like, store, rank, size, timeout);
   auto pg = comm::as_group(gloo, store, rank, size, /*is_gloo=*/true);
   return std::make_shared<ProcessGroup>(store, pg, "gloo");

@@ -56,10 +56,11 @@ int require_int(const EnvLookup& env, const char* name, const char* engine) {
 void check_rank(const std::string& engine, int rank, int world, int local_rank, int local_world) {
   if (world < 1 || rank >= world || local_world < 1 || local_rank >= local_world ||
       local_world > world) {
-    throw UsageError(engine + " variables are inconsistent: rank " + std::to_string(rank) +
-                     " of " + std::to_string(world) + ", local rank " + std::to_string(local_rank) +
-                     " of " + std::to_string(local_world) +
-                     "; need 0 <= rank < world size and 0 <= local rank < local size <= world size");
+    throw UsageError(
+        engine + " variables are inconsistent: rank " + std::to_string(rank) + " of " +
+        std::to_string(world) + ", local rank " + std::to_string(local_rank) + " of " +
+        std::to_string(local_world) +
+        "; need 0 <= rank < world size and 0 <= local rank < local size <= world size");
   }
 }
 
@@ -97,7 +98,8 @@ void master_from_env(const EnvLookup& env, EngineTask& t) {
   if (auto p = get(env, "MASTER_PORT"); p && !p->empty()) {
     int port = to_int("MASTER_PORT", *p, "the launcher");
     if (port < 1 || port > 65535) {
-      throw UsageError("MASTER_PORT='" + *p + "' is not a port number; set it to 1-65535 or unset it");
+      throw UsageError("MASTER_PORT='" + *p +
+                       "' is not a port number; set it to 1-65535 or unset it");
     }
     t.master_port = port;
   }
@@ -115,7 +117,8 @@ std::optional<EngineTask> slurm_task(const EnvLookup& env) {
   t.nnodes = step->nnodes;
   t.hosts = step->hosts;
   t.job_id = step->job_id + "." + step->step_id;
-  const char* tpn_name = get(env, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  const char* tpn_name =
+      get(env, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
   if (auto tpn = get(env, tpn_name)) {
     auto counts = expand_tasks_per_node(*tpn);
     if (t.node_rank < static_cast<int>(counts.size())) t.local_world_size = counts[t.node_rank];
@@ -141,7 +144,8 @@ std::optional<EngineTask> openmpi_task(const EnvLookup& env) {
   t.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", e).value_or(t.rank);
   t.local_world_size = get_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", e).value_or(t.world_size);
   check_rank("Open MPI", t.rank, t.world_size, t.local_rank, t.local_world_size);
-  t.nnodes = get_int(env, "OMPI_MCA_orte_num_nodes", e).value_or(t.local_world_size == t.world_size ? 1 : 0);
+  t.nnodes = get_int(env, "OMPI_MCA_orte_num_nodes", e)
+                 .value_or(t.local_world_size == t.world_size ? 1 : 0);
   t.job_id = get(env, "OMPI_MCA_ess_base_jobid").value_or(get(env, "PMIX_NAMESPACE").value_or(""));
   t.master_port = derived_port("openmpi-" + t.job_id);
   const bool one_node = t.local_world_size == t.world_size;
@@ -231,12 +235,14 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
     size_t pos = 0;
     while (pos <= ranges.size()) {
       size_t comma = ranges.find(',', pos);
-      std::string r = ranges.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      std::string r =
+          ranges.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
       auto dash = r.find('-');
       std::string lo = r.substr(0, dash);
       std::string hi = dash == std::string::npos ? lo : r.substr(dash + 1);
       auto digits = [](const std::string& s) {
-        return !s.empty() && s.size() < 10 && s.find_first_not_of("0123456789") == std::string::npos;
+        return !s.empty() && s.size() < 10 &&
+               s.find_first_not_of("0123456789") == std::string::npos;
       };
       if (!digits(lo) || !digits(hi)) throw bad("'" + r + "' is not a number or a range N-M");
       long a = std::stol(lo), b = std::stol(hi);
@@ -256,13 +262,15 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
 
 std::vector<int> expand_tasks_per_node(const std::string& spec) {
   auto bad = [&]() {
-    return UsageError("Slurm tasks per node '" + spec + "' is malformed; expected a form like '2(x3),1'");
+    return UsageError("Slurm tasks per node '" + spec +
+                      "' is malformed; expected a form like '2(x3),1'");
   };
   std::vector<int> out;
   size_t pos = 0;
   while (pos <= spec.size()) {
     size_t comma = spec.find(',', pos);
-    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     int count = 0, repeat = 1;
     size_t used = 0;
     try {
@@ -326,12 +334,13 @@ std::optional<SlurmStep> slurm_step(const EnvLookup& env) {
   s.node_rank = index >= 0 ? index : get_int(env, "SLURM_NODEID", e).value_or(0);
   if (!s.hosts.empty() && static_cast<int>(s.hosts.size()) != s.nnodes) {
     throw UsageError("Slurm variables are inconsistent: the step's node list has " +
-                     std::to_string(s.hosts.size()) + " host(s) but SLURM_STEP_NUM_NODES/SLURM_NNODES says " +
+                     std::to_string(s.hosts.size()) +
+                     " host(s) but SLURM_STEP_NUM_NODES/SLURM_NNODES says " +
                      std::to_string(s.nnodes));
   }
   if (s.nnodes < 1 || s.node_rank >= s.nnodes) {
-    throw UsageError("Slurm variables are inconsistent: node " + std::to_string(s.node_rank) + " of " +
-                     std::to_string(s.nnodes) + " nodes");
+    throw UsageError("Slurm variables are inconsistent: node " + std::to_string(s.node_rank) +
+                     " of " + std::to_string(s.nnodes) + " nodes");
   }
   return s;
 }

@@ -73,8 +73,8 @@ std::optional<WorkerEnv> WorkerEnv::from_environ() {
   e.use_agent_store = get("TORCHELASTIC_USE_AGENT_STORE").value_or("False") == "True";
   e.error_file = get("TORCHELASTIC_ERROR_FILE").value_or("");
   if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size) {
-    throw UsageError("RANK=" + std::to_string(e.rank) + " and WORLD_SIZE=" +
-                     std::to_string(e.world_size) +
+    throw UsageError("RANK=" + std::to_string(e.rank) +
+                     " and WORLD_SIZE=" + std::to_string(e.world_size) +
                      " are inconsistent: need 0 <= RANK < WORLD_SIZE");
   }
   return e;

@@ -35,7 +35,8 @@ nlohmann::json resolve(const nlohmann::json& c) {
       throw zero::ConfigError(s + ": not valid JSON: " + e.what());
     }
   }
-  throw UsageError("DeepSpeedDistributor: deepspeed_config must be a JSON object, a path or JSON text");
+  throw UsageError(
+      "DeepSpeedDistributor: deepspeed_config must be a JSON object, a path or JSON text");
 }
 
 }  // namespace
@@ -50,12 +51,17 @@ std::string deepspeed_config_path() {
 
 nlohmann::json deepspeed_config() { return resolve(nlohmann::json(deepspeed_config_path())); }
 
-DistributorOptions DeepSpeedDistributor::make_options(DeepSpeedDistributorOptions& o, const std::string& path) {
-  if (o.num_gpus < 1) throw UsageError("DeepSpeedDistributor: num_gpus must be >= 1, got " + std::to_string(o.num_gpus));
-  if (o.nnodes < 1) throw UsageError("DeepSpeedDistributor: nnodes must be >= 1, got " + std::to_string(o.nnodes));
+DistributorOptions DeepSpeedDistributor::make_options(DeepSpeedDistributorOptions& o,
+                                                      const std::string& path) {
+  if (o.num_gpus < 1)
+    throw UsageError("DeepSpeedDistributor: num_gpus must be >= 1, got " +
+                     std::to_string(o.num_gpus));
+  if (o.nnodes < 1)
+    throw UsageError("DeepSpeedDistributor: nnodes must be >= 1, got " + std::to_string(o.nnodes));
   if (o.local_mode && o.nnodes > 1)
-    throw UsageError("DeepSpeedDistributor: nnodes = " + std::to_string(o.nnodes) +
-                     " needs local_mode = false (a cluster engine); local mode runs on this machine only");
+    throw UsageError(
+        "DeepSpeedDistributor: nnodes = " + std::to_string(o.nnodes) +
+        " needs local_mode = false (a cluster engine); local mode runs on this machine only");
   DistributorOptions d = o.distributor;
   d.num_processes = o.num_gpus * o.nnodes;
   d.local_mode = o.local_mode;
@@ -68,8 +74,10 @@ DistributorOptions DeepSpeedDistributor::make_options(DeepSpeedDistributorOption
 DeepSpeedDistributor::DeepSpeedDistributor(DeepSpeedDistributorOptions o)
     : config_(resolve(o.deepspeed_config)),
       dir_([] {
-        std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain-deepspeed-XXXXXX").string();
-        if (!::mkdtemp(tmpl.data())) throw Error("DeepSpeedDistributor: cannot create a temporary directory under " + tmpl);
+        std::string tmpl =
+            (std::filesystem::temp_directory_path() / "dtrain-deepspeed-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data()))
+          throw Error("DeepSpeedDistributor: cannot create a temporary directory under " + tmpl);
         return tmpl;
       }()),
       config_path_(dir_ + "/ds_config.json"),

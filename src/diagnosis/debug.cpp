@@ -25,9 +25,10 @@ DebugLevel parse_debug_level(const std::string& text, const std::string& what) {
   if (t == "off") return DebugLevel::kOff;
   if (t == "info") return DebugLevel::kInfo;
   if (t == "detail") return DebugLevel::kDetail;
-  throw UsageError(what + "='" + text +
-                   "' is not a debug level; use off (no recording), info (the default: flight recorder "
-                   "and stall report) or detail (info plus a cross-rank check of every collective)");
+  throw UsageError(
+      what + "='" + text +
+      "' is not a debug level; use off (no recording), info (the default: flight recorder "
+      "and stall report) or detail (info plus a cross-rank check of every collective)");
 }
 
 const char* to_string(DebugLevel level) {
@@ -48,13 +49,17 @@ DebugLevel debug_level(const ProcessGroup& group) { return monitor_of(group).lev
 void set_stall_timeout(ProcessGroup& group, std::chrono::milliseconds timeout) {
   monitor_of(group).set_stall_timeout(timeout);
 }
-std::chrono::milliseconds stall_timeout(const ProcessGroup& group) { return monitor_of(group).stall_timeout(); }
+std::chrono::milliseconds stall_timeout(const ProcessGroup& group) {
+  return monitor_of(group).stall_timeout();
+}
 
 std::optional<std::string> last_stall_report(const ProcessGroup& group) {
   return monitor_of(group).last_stall_report();
 }
 
-std::vector<CollectiveRecord> recent_collectives(const ProcessGroup& group) { return monitor_of(group).recent(); }
+std::vector<CollectiveRecord> recent_collectives(const ProcessGroup& group) {
+  return monitor_of(group).recent();
+}
 
 std::string format_recent_collectives(const ProcessGroup& group, const std::string& indent) {
   std::string out;

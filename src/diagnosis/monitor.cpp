@@ -12,23 +12,34 @@ namespace dtrain::diagnosis {
 
 namespace {
 
-constexpr size_t kRingSize = 256;     // records kept per group
-constexpr size_t kPublished = 8;      // newest records in each published Progress
-constexpr size_t kShapesListed = 4;   // tensors whose shapes a record names
+constexpr size_t kRingSize = 256;    // records kept per group
+constexpr size_t kPublished = 8;     // newest records in each published Progress
+constexpr size_t kShapesListed = 4;  // tensors whose shapes a record names
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kShort: return "int16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kBool: return "bool";
-    default: return c10::toString(t);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kShort:
+      return "int16";
+    case at::kInt:
+      return "int32";
+    case at::kLong:
+      return "int64";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
   }
 }
 
@@ -79,8 +90,9 @@ std::chrono::milliseconds parse_stall_env(const char* value) {
   char* end = nullptr;
   double s = std::strtod(value, &end);
   if (end == value || *end != '\0' || !(s > 0) || s > 1e7) {
-    throw UsageError(std::string("DTRAIN_STALL_TIMEOUT='") + value +
-                     "' is not a positive number of seconds; set it like DTRAIN_STALL_TIMEOUT=60 (or 0.5)");
+    throw UsageError(
+        std::string("DTRAIN_STALL_TIMEOUT='") + value +
+        "' is not a positive number of seconds; set it like DTRAIN_STALL_TIMEOUT=60 (or 0.5)");
   }
   return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000 + 0.5));
 }
@@ -94,8 +106,10 @@ void check_environment() {
 
 GroupMonitor::GroupMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
     : store_(std::move(store)), rank_(rank), world_size_(world_size), ring_(kRingSize) {
-  if (const char* d = std::getenv("DTRAIN_DEBUG"); d && *d) level_ = parse_debug_level(d, "DTRAIN_DEBUG");
-  if (const char* s = std::getenv("DTRAIN_STALL_TIMEOUT"); s && *s) stall_ms_ = parse_stall_env(s).count();
+  if (const char* d = std::getenv("DTRAIN_DEBUG"); d && *d)
+    level_ = parse_debug_level(d, "DTRAIN_DEBUG");
+  if (const char* s = std::getenv("DTRAIN_STALL_TIMEOUT"); s && *s)
+    stall_ms_ = parse_stall_env(s).count();
 }
 
 GroupMonitor::~GroupMonitor() {
@@ -109,18 +123,22 @@ GroupMonitor::~GroupMonitor() {
 
 void GroupMonitor::set_stall_timeout(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) {
-    throw UsageError("stall_timeout must be > 0 ms, got " + std::to_string(timeout.count()) + " ms");
+    throw UsageError("stall_timeout must be > 0 ms, got " + std::to_string(timeout.count()) +
+                     " ms");
   }
   stall_ms_ = timeout.count();
   cv_.notify_all();  // a shorter tick takes effect now
 }
 
-std::chrono::milliseconds GroupMonitor::stall_timeout() const { return std::chrono::milliseconds(stall_ms_.load()); }
+std::chrono::milliseconds GroupMonitor::stall_timeout() const {
+  return std::chrono::milliseconds(stall_ms_.load());
+}
 
 // A quarter of the stall timeout, so a report comes at most 25% late, within [50 ms, 1 s]: the
 // tick is also how stale the failure summary's records can be.
 std::chrono::milliseconds GroupMonitor::tick() const {
-  return std::clamp(stall_timeout() / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+  return std::clamp(stall_timeout() / 4, std::chrono::milliseconds(50),
+                    std::chrono::milliseconds(1000));
 }
 
 void GroupMonitor::start_watchdog() {
@@ -128,7 +146,8 @@ void GroupMonitor::start_watchdog() {
     // A group made without a store (a backend wrapped by hand, as unit tests do): the ring
     // buffer still records, but there is nowhere to publish progress or compare fingerprints.
     if (level_.load() == DebugLevel::kDetail) {
-      std::fprintf(stderr, "dtrain: rank %d: DETAIL checks are off for a group without a store\n", rank_);
+      std::fprintf(stderr, "dtrain: rank %d: DETAIL checks are off for a group without a store\n",
+                   rank_);
     }
     level_ = DebugLevel::kInfo;
     return;
@@ -138,8 +157,10 @@ void GroupMonitor::start_watchdog() {
     // in the same order everywhere), so the ranks' keys meet without any agreement round.
     gid_ = "g" + std::to_string(store_->add(groups_key(rank_), 1));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtrain: rank %d: the collective watchdog is off for this group: its store failed (%s)\n",
-                 rank_, first_line(e.what()).c_str());
+    std::fprintf(
+        stderr,
+        "dtrain: rank %d: the collective watchdog is off for this group: its store failed (%s)\n",
+        rank_, first_line(e.what()).c_str());
     level_ = DebugLevel::kOff;
     return;
   }
@@ -151,7 +172,8 @@ CollectiveRecord* GroupMonitor::slot_locked(std::uint64_t seq) {
   return r.seq == seq ? &r : nullptr;
 }
 
-std::uint64_t GroupMonitor::enter(const char* op, at::TensorList tensors, std::chrono::milliseconds timeout) {
+std::uint64_t GroupMonitor::enter(const char* op, at::TensorList tensors,
+                                  std::chrono::milliseconds timeout) {
   if (level_.load(std::memory_order_relaxed) == DebugLevel::kOff) return 0;
   std::call_once(started_, [this] { start_watchdog(); });
   // Again: a failed store turns the monitor off, a group without one drops DETAIL.
@@ -275,11 +297,14 @@ void GroupMonitor::watchdog_loop() {
     // The oldest collective still in flight that no report covered yet.
     const CollectiveRecord* stuck = nullptr;
     for (const auto& r : ring_) {
-      if (r.seq > reported_ && r.state == CollectiveState::kStarted && (!stuck || r.seq < stuck->seq)) stuck = &r;
+      if (r.seq > reported_ && r.state == CollectiveState::kStarted &&
+          (!stuck || r.seq < stuck->seq))
+        stuck = &r;
     }
     const auto stall = stall_timeout();
     std::optional<CollectiveRecord> report_on;
-    if (stuck && now_epoch_seconds() - stuck->start_time >= std::chrono::duration<double>(stall).count()) {
+    if (stuck &&
+        now_epoch_seconds() - stuck->start_time >= std::chrono::duration<double>(stall).count()) {
       reported_ = stuck->seq;  // one report per stuck collective, and none for older ones
       report_on = *stuck;
     }
@@ -295,8 +320,10 @@ void GroupMonitor::watchdog_loop() {
       }
     } catch (const std::exception& e) {
       if (!warned) {
-        std::fprintf(stderr, "dtrain: rank %d: the collective watchdog cannot reach the store (%s); will retry\n",
-                     rank_, first_line(e.what()).c_str());
+        std::fprintf(
+            stderr,
+            "dtrain: rank %d: the collective watchdog cannot reach the store (%s); will retry\n",
+            rank_, first_line(e.what()).c_str());
         warned = true;
       }
     }
@@ -304,13 +331,15 @@ void GroupMonitor::watchdog_loop() {
   }
 }
 
-std::string GroupMonitor::stall_report(const CollectiveRecord& stuck, std::chrono::milliseconds stall) {
+std::string GroupMonitor::stall_report(const CollectiveRecord& stuck,
+                                       std::chrono::milliseconds stall) {
   const double now = now_epoch_seconds();
   std::ostringstream s;
-  s << "dtrain: stall report (group " << gid_ << ", rank " << rank_ << " of " << world_size_ << "): " << stuck.op
-    << " #" << stuck.seq << " " << stuck.dtype << " " << stuck.shapes << " has waited "
-    << seconds(now - stuck.start_time) << " (stall timeout " << seconds(std::chrono::duration<double>(stall).count())
-    << "), since " << format_time(stuck.start_time) << "\n";
+  s << "dtrain: stall report (group " << gid_ << ", rank " << rank_ << " of " << world_size_
+    << "): " << stuck.op << " #" << stuck.seq << " " << stuck.dtype << " " << stuck.shapes
+    << " has waited " << seconds(now - stuck.start_time) << " (stall timeout "
+    << seconds(std::chrono::duration<double>(stall).count()) << "), since "
+    << format_time(stuck.start_time) << "\n";
   std::vector<int> entered{rank_};
   std::vector<std::string> behind;  // one line per rank that has not entered it
   std::vector<int> behind_ranks;
@@ -319,9 +348,10 @@ std::string GroupMonitor::stall_report(const CollectiveRecord& stuck, std::chron
     const std::string key = progress_key(gid_, r);
     if (!store_->check({key})) {
       behind_ranks.push_back(r);
-      behind.push_back("rank " + std::to_string(r) +
-                       ": has published no progress (no collective of this group yet, or its watchdog "
-                       "cannot reach the store)");
+      behind.push_back(
+          "rank " + std::to_string(r) +
+          ": has published no progress (no collective of this group yet, or its watchdog "
+          "cannot reach the store)");
       continue;
     }
     Progress p = decode_progress(text(store_->get(key)));
@@ -333,8 +363,8 @@ std::string GroupMonitor::stall_report(const CollectiveRecord& stuck, std::chron
     std::string line = "rank " + std::to_string(r) + ": last completed ";
     if (p.last_completed) {
       const auto& c = *p.last_completed;
-      line += c.op + " #" + std::to_string(c.seq) + " " + c.dtype + " " + c.shapes + " at " + format_time(c.end_time) +
-              " (" + seconds(now - c.end_time) + " ago)";
+      line += c.op + " #" + std::to_string(c.seq) + " " + c.dtype + " " + c.shapes + " at " +
+              format_time(c.end_time) + " (" + seconds(now - c.end_time) + " ago)";
     } else {
       line += p.completed == 0 ? "none" : "#" + std::to_string(p.completed);
     }
@@ -355,7 +385,8 @@ std::string GroupMonitor::stall_report(const CollectiveRecord& stuck, std::chron
   return s.str();
 }
 
-void GroupMonitor::detail_check(std::uint64_t seq, const std::string& fingerprint, std::chrono::milliseconds timeout) {
+void GroupMonitor::detail_check(std::uint64_t seq, const std::string& fingerprint,
+                                std::chrono::milliseconds timeout) {
   store_->set(detail_key(gid_, seq, rank_), bytes(fingerprint));
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(world_size_));
@@ -370,9 +401,10 @@ void GroupMonitor::detail_check(std::uint64_t seq, const std::string& fingerprin
       for (int r = 0; r < world_size_; ++r) {
         if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
       }
-      throw TimeoutError("DTRAIN_DEBUG=detail: collective #" + std::to_string(seq) + " (" + fingerprint +
-                         ") of group " + gid_ + ": rank(s) " + rank_list(missing) + " did not reach it within " +
-                         std::to_string(timeout.count()) + " ms (rank " + std::to_string(rank_) + " of " +
+      throw TimeoutError("DTRAIN_DEBUG=detail: collective #" + std::to_string(seq) + " (" +
+                         fingerprint + ") of group " + gid_ + ": rank(s) " + rank_list(missing) +
+                         " did not reach it within " + std::to_string(timeout.count()) +
+                         " ms (rank " + std::to_string(rank_) + " of " +
                          std::to_string(world_size_) + ")");
     }
     std::this_thread::sleep_for(pause);
@@ -380,21 +412,27 @@ void GroupMonitor::detail_check(std::uint64_t seq, const std::string& fingerprin
   }
   std::map<std::string, std::vector<int>> by_fingerprint;
   for (int r = 0; r < world_size_; ++r) {
-    by_fingerprint[r == rank_ ? fingerprint : text(store_->get(keys[static_cast<size_t>(r)]))].push_back(r);
+    by_fingerprint[r == rank_ ? fingerprint : text(store_->get(keys[static_cast<size_t>(r)]))]
+        .push_back(r);
   }
   if (by_fingerprint.size() > 1) {
     // Name the minority first (usually the rank with the bug), each side with its fingerprint.
-    std::vector<std::pair<std::string, std::vector<int>>> sides(by_fingerprint.begin(), by_fingerprint.end());
-    std::stable_sort(sides.begin(), sides.end(),
-                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-    std::string msg = "collective mismatch at #" + std::to_string(seq) + " of group " + gid_ + " (seen by rank " +
-                      std::to_string(rank_) + " of " + std::to_string(world_size_) + "): ";
+    std::vector<std::pair<std::string, std::vector<int>>> sides(by_fingerprint.begin(),
+                                                                by_fingerprint.end());
+    std::stable_sort(sides.begin(), sides.end(), [](const auto& a, const auto& b) {
+      return a.second.size() < b.second.size();
+    });
+    std::string msg = "collective mismatch at #" + std::to_string(seq) + " of group " + gid_ +
+                      " (seen by rank " + std::to_string(rank_) + " of " +
+                      std::to_string(world_size_) + "): ";
     for (size_t i = 0; i < sides.size(); ++i) {
       msg += (i ? " but " : "") + std::string(sides[i].second.size() == 1 ? "rank " : "ranks ") +
              rank_list(sides[i].second) + " called " + sides[i].first;
     }
-    msg += ". Every rank must issue the same collectives, with the same dtype and shapes, in the same order "
-           "(DTRAIN_DEBUG=detail checked this before anything was sent)";
+    msg +=
+        ". Every rank must issue the same collectives, with the same dtype and shapes, in the same "
+        "order "
+        "(DTRAIN_DEBUG=detail checked this before anything was sent)";
     throw CollectiveMismatchError(msg);
   }
   // Every rank has published #seq, so every rank is done reading #seq-1: our key for it can go.

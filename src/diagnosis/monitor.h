@@ -72,7 +72,8 @@ class GroupMonitor {
   Progress snapshot_locked() const;
   void publish(const Progress& progress);
   std::string stall_report(const CollectiveRecord& stuck, std::chrono::milliseconds stall);
-  void detail_check(std::uint64_t seq, const std::string& fingerprint, std::chrono::milliseconds timeout);
+  void detail_check(std::uint64_t seq, const std::string& fingerprint,
+                    std::chrono::milliseconds timeout);
   CollectiveRecord* slot_locked(std::uint64_t seq);
   void finish(std::uint64_t seq, CollectiveState state, const std::string& error);
 
@@ -87,13 +88,13 @@ class GroupMonitor {
   std::string gid_;
 
   mutable std::mutex mu_;
-  std::vector<CollectiveRecord> ring_;  // GUARDED_BY(mu_); slot seq % size
-  std::uint64_t seq_ = 0;               // GUARDED_BY(mu_): last seq given out
-  std::uint64_t completed_ = 0;         // GUARDED_BY(mu_): newest completed seq
-  std::uint64_t version_ = 0;           // GUARDED_BY(mu_): bumped on every change
-  std::uint64_t reported_ = 0;          // GUARDED_BY(mu_): last seq a stall report covered
+  std::vector<CollectiveRecord> ring_;      // GUARDED_BY(mu_); slot seq % size
+  std::uint64_t seq_ = 0;                   // GUARDED_BY(mu_): last seq given out
+  std::uint64_t completed_ = 0;             // GUARDED_BY(mu_): newest completed seq
+  std::uint64_t version_ = 0;               // GUARDED_BY(mu_): bumped on every change
+  std::uint64_t reported_ = 0;              // GUARDED_BY(mu_): last seq a stall report covered
   std::optional<std::string> last_report_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                   // GUARDED_BY(mu_)
+  bool stop_ = false;                       // GUARDED_BY(mu_)
   std::condition_variable cv_;
 
   std::mutex publish_mu_;  // one store writer at a time (watchdog vs publish_now)

@@ -36,7 +36,8 @@ std::string format_record(const CollectiveRecord& r) {
       break;
     case CollectiveState::kStarted:
       std::snprintf(buf, sizeof buf, "%.1f s", diagnosis::now_epoch_seconds() - r.start_time);
-      s << "started at " << diagnosis::format_time(r.start_time) << ", not completed (" << buf << " ago)";
+      s << "started at " << diagnosis::format_time(r.start_time) << ", not completed (" << buf
+        << " ago)";
       break;
     case CollectiveState::kFailed:
       s << "failed at " << diagnosis::format_time(r.end_time) << " (started "
@@ -57,9 +58,11 @@ using nlohmann::json;
 namespace {
 
 json to_json(const CollectiveRecord& r) {
-  return {{"seq", r.seq},   {"op", r.op},     {"dtype", r.dtype},
-          {"shapes", r.shapes}, {"rank", r.rank}, {"start", r.start_time},
-          {"end", r.end_time}, {"state", static_cast<int>(r.state)}, {"error", r.error}};
+  return {{"seq", r.seq},      {"op", r.op},
+          {"dtype", r.dtype},  {"shapes", r.shapes},
+          {"rank", r.rank},    {"start", r.start_time},
+          {"end", r.end_time}, {"state", static_cast<int>(r.state)},
+          {"error", r.error}};
 }
 
 CollectiveRecord record_from_json(const json& j) {
@@ -81,8 +84,11 @@ CollectiveRecord record_from_json(const json& j) {
 }  // namespace
 
 std::string encode(const Progress& p) {
-  json j = {{"rank", p.rank},   {"world_size", p.world_size}, {"entered", p.entered},
-            {"completed", p.completed}, {"published_at", p.published_at}};
+  json j = {{"rank", p.rank},
+            {"world_size", p.world_size},
+            {"entered", p.entered},
+            {"completed", p.completed},
+            {"published_at", p.published_at}};
   if (p.last_entered) j["last_entered"] = to_json(*p.last_entered);
   if (p.last_completed) j["last_completed"] = to_json(*p.last_completed);
   json recent = json::array();
@@ -105,8 +111,8 @@ Progress decode_progress(const std::string& text) {
     for (const auto& r : j.value("recent", json::array())) p.recent.push_back(record_from_json(r));
     return p;
   } catch (const json::exception& e) {
-    throw StoreError(std::string("a rank's published collective progress is not valid JSON (") + e.what() +
-                     "): " + text.substr(0, 200));
+    throw StoreError(std::string("a rank's published collective progress is not valid JSON (") +
+                     e.what() + "): " + text.substr(0, 200));
   }
 }
 
@@ -137,8 +143,8 @@ std::string format_time(double epoch_seconds) {
 }
 
 std::vector<std::string> describe_published(
-    const std::function<std::optional<std::string>(const std::string&)>& get, const std::string& prefix,
-    int world_size, int per_rank) {
+    const std::function<std::optional<std::string>(const std::string&)>& get,
+    const std::string& prefix, int world_size, int per_rank) {
   std::vector<std::string> lines;
   // Groups are numbered from 1 in the order each rank joined them; a job rarely has more
   // than a few, and a missing g<n> ends the scan.
@@ -157,14 +163,17 @@ std::vector<std::string> describe_published(
         group_lines.push_back("rank " + std::to_string(rank) + ": " + e.what());
         continue;
       }
-      std::string head = "rank " + std::to_string(rank) + " (published " + format_time(p.published_at) + ")";
+      std::string head =
+          "rank " + std::to_string(rank) + " (published " + format_time(p.published_at) + ")";
       if (p.recent.empty()) {
         group_lines.push_back(head + ": no collective yet");
         continue;
       }
       group_lines.push_back(head + ":");
-      size_t first = p.recent.size() > static_cast<size_t>(per_rank) ? p.recent.size() - per_rank : 0;
-      for (size_t i = first; i < p.recent.size(); ++i) group_lines.push_back("  " + format_record(p.recent[i]));
+      size_t first =
+          p.recent.size() > static_cast<size_t>(per_rank) ? p.recent.size() - per_rank : 0;
+      for (size_t i = first; i < p.recent.size(); ++i)
+        group_lines.push_back("  " + format_record(p.recent[i]));
     }
     if (group_lines.empty()) {
       if (g > 1) break;

@@ -49,7 +49,7 @@ double now_epoch_seconds();
 // 0..world_size-1 whose progress `get` finds under `prefix` (get returns nullopt for a key
 // that is not there), the rank's last `per_rank` records. Empty when no rank published.
 std::vector<std::string> describe_published(
-    const std::function<std::optional<std::string>(const std::string&)>& get, const std::string& prefix,
-    int world_size, int per_rank = 4);
+    const std::function<std::optional<std::string>(const std::string&)>& get,
+    const std::string& prefix, int world_size, int per_rank = 4);
 
 }  // namespace dtrain::diagnosis

@@ -47,7 +47,8 @@ at::Tensor Codec<at::Tensor>::decode(Decoder& in) {
     s = in.get<int64_t>();
     if (s < 0) throw CodecError("dtrain codec: tensor with a negative size; the data is corrupt");
     bytes_needed *= static_cast<std::uint64_t>(s);
-    if (bytes_needed > in.remaining()) bytes_needed = static_cast<unsigned __int128>(in.remaining()) + 1;
+    if (bytes_needed > in.remaining())
+      bytes_needed = static_cast<unsigned __int128>(in.remaining()) + 1;
   }
   if (bytes_needed > in.remaining()) {
     throw CodecError("dtrain codec: a tensor's shape needs more bytes than the " +

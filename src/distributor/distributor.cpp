@@ -2,21 +2,22 @@
 // and the worker side (dtrain::init: find the function, run it, send the result).
 #include "dtrain/distributor.h"
 
+#include <arpa/inet.h>
 #include <cxxabi.h>
 #include <elf.h>
-#include <arpa/inet.h>
 #include <fcntl.h>
+#include <link.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
-#include <link.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <torch/cuda.h>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -29,12 +30,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <torch/cuda.h>
 
 #include "dtrain/engine_env.h"
-#include "dtrain/spark.h"
 #include "dtrain/env.h"
 #include "dtrain/process_group.h"
+#include "dtrain/spark.h"
 #include "dtrain/store.h"
 #include "launch/options_internal.h"
 #include "tracking/driver_run.h"
@@ -105,7 +105,8 @@ std::string build_id_of(const dl_phdr_info* info) {
       const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
       const char* name = p + sizeof(ElfW(Nhdr));
       const char* desc = name + ((note->n_namesz + 3) & ~3u);
-      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 &&
+          std::memcmp(name, "GNU", 4) == 0) {
         std::string hex;
         static const char* digits = "0123456789abcdef";
         for (unsigned k = 0; k < note->n_descsz; ++k) {
@@ -122,7 +123,7 @@ std::string build_id_of(const dl_phdr_info* info) {
 }
 
 struct Search {
-  std::uintptr_t address = 0;  // locate: the address to find
+  std::uintptr_t address = 0;            // locate: the address to find
   const detail::CodeRef* ref = nullptr;  // resolve: the object to find
   int index = 0;
   bool found = false;
@@ -164,7 +165,10 @@ int resolve_callback(dl_phdr_info* info, size_t, void* data) {
 }
 
 json to_json(const detail::CodeRef& r) {
-  return {{"main", r.main_program}, {"object", r.object}, {"offset", r.offset}, {"build_id", r.build_id}};
+  return {{"main", r.main_program},
+          {"object", r.object},
+          {"offset", r.offset},
+          {"build_id", r.build_id}};
 }
 
 detail::CodeRef code_ref_from_json(const json& j) {
@@ -198,7 +202,9 @@ void* resolve_code(const detail::CodeRef& ref) {
 
 // ---- the launcher -----------------------------------------------------------------------
 
-bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
+bool executable(const std::string& path) {
+  return !path.empty() && ::access(path.c_str(), X_OK) == 0;
+}
 
 std::optional<std::string> find_on_path(const std::string& name) {
   std::string found = find_in_path(name);
@@ -239,7 +245,8 @@ std::string self_executable() {
   if (ec) throw Error("cannot read /proc/self/exe: " + ec.message());
   std::string s = path.string();
   const std::string deleted = " (deleted)";
-  if (s.size() > deleted.size() && s.compare(s.size() - deleted.size(), deleted.size(), deleted) == 0) {
+  if (s.size() > deleted.size() &&
+      s.compare(s.size() - deleted.size(), deleted.size(), deleted) == 0) {
     throw UsageError("this program's binary (" + s.substr(0, s.size() - deleted.size()) +
                      ") was deleted or replaced since it started, so workers cannot re-execute it; "
                      "restart the program");
@@ -257,9 +264,9 @@ std::string unique_id() {
 }
 
 struct Job {
-  std::vector<std::string> argv;             // the launcher's command line
-  std::map<std::string, std::string> env;    // set (or, if value is empty and unset_ true, cleared)
-  std::vector<std::string> unset;            // variables the launcher must not inherit
+  std::vector<std::string> argv;           // the launcher's command line
+  std::map<std::string, std::string> env;  // set (or, if value is empty and unset_ true, cleared)
+  std::vector<std::string> unset;          // variables the launcher must not inherit
 };
 
 struct Outcome {
@@ -272,7 +279,8 @@ struct Outcome {
 struct TempDir {
   std::string path;
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain-distributor-XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "dtrain-distributor-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) {
       throw Error("cannot create a temporary directory: " + std::string(std::strerror(errno)));
     }
@@ -300,7 +308,8 @@ int wait_exit(pid_t pid, int* status, std::chrono::milliseconds timeout) {
       if (fd >= 0) ::close(fd);
       throw Error(std::string("waitpid: ") + std::strerror(errno));
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       if (fd >= 0) ::close(fd);
       return 0;
@@ -407,7 +416,8 @@ std::string format_seconds(std::chrono::milliseconds d) {
 [[noreturn]] void throw_failure(const Outcome& out, const DistributorOptions& o,
                                 const std::optional<json>& exception) {
   if (out.timed_out) {
-    throw TimeoutError("Distributor.run: the job did not finish within " + format_seconds(o.timeout) +
+    throw TimeoutError("Distributor.run: the job did not finish within " +
+                       format_seconds(o.timeout) +
                        " s (DistributorOptions::timeout); its workers were stopped");
   }
   WorkerError::Details d;
@@ -423,13 +433,16 @@ std::string format_seconds(std::chrono::milliseconds d) {
     if (d.rank < 0) {
       d.exception_message = f.value("reason", "");
     }
-  } else if (auto why = o.local_mode || o.cluster.engine != "spark" ? std::nullopt : spark::explain_exit(out.exit_code)) {
+  } else if (auto why = o.local_mode || o.cluster.engine != "spark"
+                            ? std::nullopt
+                            : spark::explain_exit(out.exit_code)) {
     d.exception_message = *why;
   } else if (out.exit_code > 128) {
     d.exception_message = "the launcher was stopped by " + signal_abbrev(out.exit_code - 128);
   } else {
-    d.exception_message = "the launcher exited with code " + std::to_string(out.exit_code) +
-                          " and no worker reported an exception (its messages are above, on stderr)";
+    d.exception_message =
+        "the launcher exited with code " + std::to_string(out.exit_code) +
+        " and no worker reported an exception (its messages are above, on stderr)";
   }
   if (exception) {
     d.exception_type = exception->value("type", "");
@@ -460,8 +473,9 @@ std::string describe(const WorkerError::Details& d) {
       s << "it exited with code " << d.exit_code;
     }
   } else {
-    s << "the job failed: " << (d.exception_message.empty() ? "unknown reason" : d.exception_message)
-      << " (exit code " << d.exit_code << ")";
+    s << "the job failed: "
+      << (d.exception_message.empty() ? "unknown reason" : d.exception_message) << " (exit code "
+      << d.exit_code << ")";
   }
   if (d.rank >= 0) {
     if (d.stderr_tail.empty()) {
@@ -535,13 +549,16 @@ Distributor::Distributor(DistributorOptions options) : options_(std::move(option
       for (int i = 0; i < count; ++i) devices.push_back(std::to_string(i));
     }
   }
-  auto plan = detail::plan_devices(options_.num_processes, options_.local_mode, options_.use_gpu, devices);
+  auto plan =
+      detail::plan_devices(options_.num_processes, options_.local_mode, options_.use_gpu, devices);
   if (!plan.warning.empty()) std::cerr << "dtrain: Distributor: " << plan.warning << std::endl;
   options_.num_processes = plan.num_processes;
   nproc_per_node_ = plan.num_processes;
   cuda_visible_devices_ = plan.cuda_visible_devices;
-  if (!options_.local_mode) validate_cluster();
-  else elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
+  if (!options_.local_mode)
+    validate_cluster();
+  else
+    elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
   if (options_.timeout.count() <= 0) {
     throw UsageError("DistributorOptions::timeout must be positive, got " +
                      std::to_string(options_.timeout.count()) + " ms");
@@ -557,8 +574,9 @@ void Distributor::validate_cluster() {
   const int n = options_.num_processes;
   if (c.engine == "ssh") {
     if (c.hostfile.empty() == c.hosts.empty()) {
-      throw UsageError("ClusterOptions: engine \"ssh\" needs exactly one of `hostfile` (a file of "
-                       "`host slots=N` lines) and `hosts` (\"host1:2,host2:2\")");
+      throw UsageError(
+          "ClusterOptions: engine \"ssh\" needs exactly one of `hostfile` (a file of "
+          "`host slots=N` lines) and `hosts` (\"host1:2,host2:2\")");
     }
     auto hosts = c.hostfile.empty() ? parse_host_list(c.hosts, 1) : parse_hostfile(c.hostfile, 1);
     int slots = 0;
@@ -585,7 +603,8 @@ void Distributor::validate_cluster() {
     elastic_ = detail::plan_elastic(options_, c.nodes);
     // Elastic: num_processes is the world size with max_nodes nodes.
     const int nodes = elastic_.elastic ? elastic_.max_nodes : c.nodes;
-    const std::string field = elastic_.elastic ? "ClusterOptions::max_nodes" : "ClusterOptions::nodes";
+    const std::string field =
+        elastic_.elastic ? "ClusterOptions::max_nodes" : "ClusterOptions::nodes";
     if (n % nodes != 0) {
       throw UsageError("DistributorOptions::num_processes (" + std::to_string(n) +
                        ") must be a multiple of " + field + " (" + std::to_string(nodes) +
@@ -595,27 +614,32 @@ void Distributor::validate_cluster() {
   } else if (c.engine == "mpi") {
     elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
     if (c.mpi_launcher.empty()) {
-      throw UsageError("ClusterOptions::mpi_launcher is empty; give the MPI launcher (mpirun, "
-                       "mpiexec.hydra, ...)");
+      throw UsageError(
+          "ClusterOptions::mpi_launcher is empty; give the MPI launcher (mpirun, "
+          "mpiexec.hydra, ...)");
     }
     // The MPI launcher starts the workers itself: no dtrain agent restarts them or keeps logs.
     if (options_.max_restarts > 0) {
-      throw UsageError("DistributorOptions::max_restarts is " + std::to_string(options_.max_restarts) +
+      throw UsageError("DistributorOptions::max_restarts is " +
+                       std::to_string(options_.max_restarts) +
                        ", but engine \"mpi\" has no dtrain agent to restart workers (the MPI "
                        "launcher starts them once); use engine \"ssh\" or \"slurm\", or 0");
     }
     if (!options_.log_dir.empty()) {
-      throw UsageError("DistributorOptions::log_dir needs a dtrain agent, which engine \"mpi\" "
-                       "does not run; use the MPI launcher's own option in ClusterOptions::mpi_args "
-                       "(Open MPI: --output-filename DIR), or engine \"ssh\" or \"slurm\"");
+      throw UsageError(
+          "DistributorOptions::log_dir needs a dtrain agent, which engine \"mpi\" "
+          "does not run; use the MPI launcher's own option in ClusterOptions::mpi_args "
+          "(Open MPI: --output-filename DIR), or engine \"ssh\" or \"slurm\"");
     }
   } else if (c.engine == "spark") {
     elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
-    nproc_per_node_ = spark::plan(n, options_.use_gpu, c.spark_processes_per_task, c.spark_conf).processes_per_task;
+    nproc_per_node_ = spark::plan(n, options_.use_gpu, c.spark_processes_per_task, c.spark_conf)
+                          .processes_per_task;
   } else {
-    throw UsageError("ClusterOptions::engine: got '" + c.engine +
-                     "', expected \"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"; with "
-                     "local_mode = false the Distributor needs the cluster's engine");
+    throw UsageError(
+        "ClusterOptions::engine: got '" + c.engine +
+        "', expected \"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"; with "
+        "local_mode = false the Distributor needs the cluster's engine");
   }
 }
 
@@ -671,9 +695,10 @@ std::string Distributor::driver_address() const {
     }
     // Every host is this machine: loopback reaches it.
     if (!loopback.empty() && all_targets_loopback) return loopback;
-    throw UsageError("cannot find an address of this machine that the hosts can reach (the "
-                     "host names resolve to loopback here, as Debian's 127.0.1.1 entry does); set "
-                     "ClusterOptions::driver_addr to this machine's address as the hosts see it");
+    throw UsageError(
+        "cannot find an address of this machine that the hosts can reach (the "
+        "host names resolve to loopback here, as Debian's 127.0.1.1 entry does); set "
+        "ClusterOptions::driver_addr to this machine's address as the hosts see it");
   }
   if (c.engine == "spark" && spark::master_is_loopback(c.master)) return "127.0.0.1";
   char name[256] = {0};
@@ -688,9 +713,10 @@ std::string Distributor::driver_address() const {
     ::freeaddrinfo(res);
   }
   if (addr.empty()) {
-    throw UsageError(std::string("this host's name '") + name +
-                     "' resolves only to a loopback address, which the cluster's nodes cannot "
-                     "reach; set ClusterOptions::driver_addr to this machine's address as the nodes see it");
+    throw UsageError(
+        std::string("this host's name '") + name +
+        "' resolves only to a loopback address, which the cluster's nodes cannot "
+        "reach; set ClusterOptions::driver_addr to this machine's address as the nodes see it");
   }
   return addr;
 }
@@ -706,8 +732,9 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
   if (!o.local_mode && c.engine == "slurm") {
     auto srun = find_on_path("srun");
     if (!srun) {
-      throw UsageError("ClusterOptions::engine \"slurm\" needs Slurm's srun on PATH (Debian: "
-                       "apt-get install slurm-client), run where it can reach the controller");
+      throw UsageError(
+          "ClusterOptions::engine \"slurm\" needs Slurm's srun on PATH (Debian: "
+          "apt-get install slurm-client), run where it can reach the controller");
     }
     job.argv = {*srun, "-N", elastic.elastic ? elastic.srun_nodes : std::to_string(c.nodes),
                 "--ntasks-per-node=1"};
@@ -719,11 +746,14 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
   } else if (!o.local_mode && c.engine == "spark") {
     const spark::SubmitOptions so{c.master, c.spark_submit, c.driver_addr,
                                   static_cast<double>(c.spark_slot_timeout.count())};
-    const spark::Plan sp = spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf);
-    auto submit = c.spark_keep_app ? spark::app_job_command(so, sp, c.spark_app_idle_timeout, std::chrono::seconds(300))
+    const spark::Plan sp =
+        spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf);
+    auto submit = c.spark_keep_app ? spark::app_job_command(so, sp, c.spark_app_idle_timeout,
+                                                            std::chrono::seconds(300))
                                    : spark::submit_command(so, sp);
     job.argv = std::move(submit.argv);
-    job.argv.push_back(std::filesystem::absolute(launcher).string());  // tasks run in Spark's work dirs
+    job.argv.push_back(
+        std::filesystem::absolute(launcher).string());  // tasks run in Spark's work dirs
     spark_env = std::move(submit.env);
   } else {
     job.argv = {launcher};
@@ -742,10 +772,13 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
     if (c.engine == "ssh") {
       if (!c.hostfile.empty()) job.argv.insert(job.argv.end(), {"--hostfile", c.hostfile});
       if (!c.hosts.empty()) job.argv.insert(job.argv.end(), {"-H", c.hosts});
-      if (c.ssh_port > 0) job.argv.insert(job.argv.end(), {"--ssh-port", std::to_string(c.ssh_port)});
-      if (!c.ssh_identity.empty()) job.argv.insert(job.argv.end(), {"--ssh-identity", c.ssh_identity});
+      if (c.ssh_port > 0)
+        job.argv.insert(job.argv.end(), {"--ssh-port", std::to_string(c.ssh_port)});
+      if (!c.ssh_identity.empty())
+        job.argv.insert(job.argv.end(), {"--ssh-identity", c.ssh_identity});
       for (const auto& a : c.ssh_args) job.argv.push_back("--ssh-arg=" + a);
-      if (!c.remote_dtrain.empty()) job.argv.insert(job.argv.end(), {"--remote-dtrain", c.remote_dtrain});
+      if (!c.remote_dtrain.empty())
+        job.argv.insert(job.argv.end(), {"--remote-dtrain", c.remote_dtrain});
     }
     if (!c.ifname.empty()) job.argv.insert(job.argv.end(), {"--ifname", c.ifname});
     // Remote agents get only what --env passes on.
@@ -785,8 +818,8 @@ Job mpi_job(const DistributorOptions& o, const std::string& task) {
     while (std::fgets(buf, sizeof buf, p)) version += buf;
     ::pclose(p);
   }
-  const bool open_mpi = version.find("Open MPI") != std::string::npos ||
-                        version.find("OpenRTE") != std::string::npos;
+  const bool open_mpi =
+      version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos;
   Job job;
   job.argv = {launcher, "-np", std::to_string(o.num_processes)};
   if (open_mpi) {
@@ -796,8 +829,10 @@ Job mpi_job(const DistributorOptions& o, const std::string& task) {
   job.argv.insert(job.argv.end(), c.mpi_args.begin(), c.mpi_args.end());
   job.env = o.env;
   if (!c.ifname.empty()) job.env["GLOO_SOCKET_IFNAME"] = c.ifname;
-  if (!task.empty()) job.env[kTaskVariable] = task;
-  else job.unset.push_back(kTaskVariable);
+  if (!task.empty())
+    job.env[kTaskVariable] = task;
+  else
+    job.unset.push_back(kTaskVariable);
   return job;
 }
 
@@ -810,13 +845,15 @@ Job mpi_job(const DistributorOptions& o, const std::string& task) {
   std::cerr << "dtrain: " << message << std::endl;
   try {
     if (auto t = parse_task(task)) {
-      auto client = store::StoreClient::connect(t->host, static_cast<std::uint16_t>(t->port),
-                                                {std::chrono::seconds(10), std::chrono::seconds(10)});
+      auto client =
+          store::StoreClient::connect(t->host, static_cast<std::uint16_t>(t->port),
+                                      {std::chrono::seconds(10), std::chrono::seconds(10)});
       auto env = WorkerEnv::from_environ();
       if (!env) env = engine_worker_env();
-      const std::string error = json{{"rank", env ? env->rank : 0},
-                                     {"type", "dtrain::UsageError"},
-                                     {"message", message}}.dump();
+      const std::string error = json{
+          {"rank", env ? env->rank : 0},
+          {"type", "dtrain::UsageError"},
+          {"message", message}}.dump();
       const std::string p = attempt_prefix(t->prefix(), env ? env->restart_count : 0);
       client->compare_set(p + "first_error", "", error);
     }
@@ -831,8 +868,9 @@ Job mpi_job(const DistributorOptions& o, const std::string& task) {
 std::vector<std::string> Distributor::run_function(const void* fn, const void* trampoline,
                                                    std::string args, bool all_ranks) {
   if (g_in_worker) {
-    throw UsageError("Distributor::run was called inside a Distributor worker; nested runs are "
-                     "not supported: run the inner work in the same workers instead");
+    throw UsageError(
+        "Distributor::run was called inside a Distributor worker; nested runs are "
+        "not supported: run the inner work in the same workers instead");
   }
   if (const char* task = std::getenv(kTaskVariable)) fail_uninitialised_worker(task);
   std::vector<std::string> self_args;
@@ -855,9 +893,10 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
                                             {std::chrono::seconds(10), std::chrono::seconds(60)});
   const std::string run_id = unique_id();
   const std::string prefix = "/distributor/" + run_id + "/";
-  client->set(prefix + "call", json{{"fn", to_json(fn_ref)},
-                                    {"trampoline", to_json(tramp_ref)},
-                                    {"all_ranks", all_ranks}}.dump());
+  client->set(
+      prefix + "call",
+      json{{"fn", to_json(fn_ref)}, {"trampoline", to_json(tramp_ref)}, {"all_ranks", all_ranks}}
+          .dump());
   client->set(prefix + "args", args);
   std::string().swap(args);
 
@@ -879,8 +918,8 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     auto program = std::find(job.argv.begin(), job.argv.end(), "--no-python");
     program = job.argv.insert(program, "--env=" + std::string(kTaskVariable) + "=" + task) + 1;
     const std::string host = addr.find(':') != std::string::npos ? "[" + addr + "]" : addr;
-    job.argv.insert(program, "--failure-store=" + host + ":" + std::to_string(server->port()) + "/" +
-                                 prefix + "failure");
+    job.argv.insert(program, "--failure-store=" + host + ":" + std::to_string(server->port()) +
+                                 "/" + prefix + "failure");
   }
 
   Outcome out = run_launcher(job, failure_file, options_);
@@ -917,8 +956,8 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     }
     std::optional<json> exception;
     int rank = out.failure ? out.failure->value("rank", -1) : -1;
-    if (first && rank >= 0 && first->value("rank", -1) != rank && out.failure->value("signal", 0) == 0 &&
-        !out.timed_out) {
+    if (first && rank >= 0 && first->value("rank", -1) != rank &&
+        out.failure->value("signal", 0) == 0 && !out.timed_out) {
       // The launcher orders failures by when it saw processes exit, which can put a peer that
       // failed because of the first thrower (its collective lost the connection) ahead of it;
       // the store orders the exceptions themselves (the first compare_set wins). So a first
@@ -933,20 +972,23 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     if (first && (rank < 0 || first->value("rank", -1) == rank)) {
       exception = first;
       // No root cause from the launcher (MPI has no agent): the first rank that threw is it.
-      if (rank < 0 && !out.timed_out) out.failure = json{{"rank", first->value("rank", -1)}, {"exit_code", out.exit_code}};
+      if (rank < 0 && !out.timed_out)
+        out.failure = json{{"rank", first->value("rank", -1)}, {"exit_code", out.exit_code}};
     }
     throw_failure(out, options_, exception);
   }
   std::vector<std::string> results;
   // An elastic job may finish at a smaller world size than num_processes.
   const int world = finished ? finished->at("world_size").get<int>() : options_.num_processes;
-  const std::string attempt = attempt_prefix(prefix, finished ? finished->at("attempt").get<int>() : 0);
+  const std::string attempt =
+      attempt_prefix(prefix, finished ? finished->at("attempt").get<int>() : 0);
   const int n = all_ranks ? world : 1;
   for (int r = 0; r < n; ++r) {
     const std::string key = attempt + "result/" + std::to_string(r);
     if (!client->check({key})) {
       throw WorkerError(WorkerError::Details{
-          .rank = r, .exit_code = 0,
+          .rank = r,
+          .exit_code = 0,
           .exception_message = "it exited with code 0 without returning a result (did the "
                                "function call exit()?)"});
     }
@@ -956,8 +998,10 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
 }
 
 void Distributor::run(const std::string& program, const std::vector<std::string>& args) {
-  if (std::getenv(kTaskVariable) && !g_in_worker) fail_uninitialised_worker(std::getenv(kTaskVariable));
-  if (program.empty()) throw UsageError("Distributor::run: the program is empty; give a path or a name on PATH");
+  if (std::getenv(kTaskVariable) && !g_in_worker)
+    fail_uninitialised_worker(std::getenv(kTaskVariable));
+  if (program.empty())
+    throw UsageError("Distributor::run: the program is empty; give a path or a name on PATH");
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
   Job job = !options_.local_mode && options_.cluster.engine == "mpi"
@@ -965,8 +1009,10 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
                 : base_job(options_, find_launcher(options_.launcher), unique_id(), failure_file,
                            cuda_visible_devices_, nproc_per_node_, elastic_);
   if (program[0] == '-') {
-    throw UsageError("Distributor::run('" + program + "'): a program name cannot start with '-'; "
-                     "use ./" + program);
+    throw UsageError("Distributor::run('" + program +
+                     "'): a program name cannot start with '-'; "
+                     "use ./" +
+                     program);
   }
   if (!options_.local_mode && options_.cluster.engine == "mpi" && program.size() > 3 &&
       program.ends_with(".py")) {
@@ -994,7 +1040,8 @@ int worker_main(const std::string& spec) {
   auto task = parse_task(spec);
   if (!task) {
     std::cerr << "dtrain: " << kTaskVariable << "='" << spec
-              << "' is malformed (expected HOST:PORT:ID); it is set by the Distributor only" << std::endl;
+              << "' is malformed (expected HOST:PORT:ID); it is set by the Distributor only"
+              << std::endl;
     return 2;
   }
   const std::string prefix = task->prefix();
@@ -1005,7 +1052,8 @@ int worker_main(const std::string& spec) {
   auto client = store::StoreClient::connect(task->host, static_cast<std::uint16_t>(task->port),
                                             {std::chrono::seconds(60), std::chrono::seconds(60)});
   auto report = [&](const std::string& type, const std::string& message) {
-    std::cerr << "dtrain: rank " << rank << ": the function threw " << type << ": " << message << std::endl;
+    std::cerr << "dtrain: rank " << rank << ": the function threw " << type << ": " << message
+              << std::endl;
     try {
       // The first report of this attempt wins; compare_set answers, so it has been applied
       // before this process exits.
@@ -1020,7 +1068,8 @@ int worker_main(const std::string& spec) {
   detail::Trampoline trampoline = nullptr;
   try {
     fn = resolve_code(code_ref_from_json(call.at("fn")));
-    trampoline = reinterpret_cast<detail::Trampoline>(resolve_code(code_ref_from_json(call.at("trampoline"))));
+    trampoline = reinterpret_cast<detail::Trampoline>(
+        resolve_code(code_ref_from_json(call.at("trampoline"))));
   } catch (const UsageError& e) {
     report("dtrain::UsageError", e.what());
     return 2;
@@ -1053,8 +1102,9 @@ int worker_main(const std::string& spec) {
     const std::string key = attempt + "result/" + std::to_string(rank);
     client->set(key, result.take());
     if (rank == 0) {
-      client->set(prefix + "finished",
-                  json{{"attempt", env ? env->restart_count : 0}, {"world_size", env ? env->world_size : 1}}.dump());
+      client->set(prefix + "finished", json{{"attempt", env ? env->restart_count : 0},
+                                            {"world_size", env ? env->world_size : 1}}
+                                           .dump());
     }
   }
   // ADD answers, so everything set before it on this connection has been applied before we

@@ -45,19 +45,23 @@ std::shared_ptr<ProcessGroup> resolve(const std::shared_ptr<ProcessGroup>& given
     return default_group();
   } catch (const UsageError&) {
     throw UsageError(
-        "ElasticState: no process group: call dtrain::init_process_group() before constructing it, or pass "
+        "ElasticState: no process group: call dtrain::init_process_group() before constructing it, "
+        "or pass "
         "ElasticStateOptions::group");
   }
 }
 
 std::string sanitize(const std::string& s) {
   std::string out;
-  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  for (char c : s)
+    out +=
+        (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
   return out;
 }
 
 // This directory's commits (PREFIX<step>.pt), newest first.
-std::vector<std::pair<int64_t, fs::path>> commits_in(const std::string& dir, const std::string& prefix) {
+std::vector<std::pair<int64_t, fs::path>> commits_in(const std::string& dir,
+                                                     const std::string& prefix) {
   std::vector<std::pair<int64_t, fs::path>> out;
   if (dir.empty()) return out;
   for (auto& [step, path] : detail::list_checkpoints(dir, prefix)) out.emplace_back(step, path);
@@ -70,11 +74,13 @@ std::string read_bytes(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key, const std::string& path) {
+int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key,
+                 const std::string& path) {
   auto it = meta.find(key);
   if (it == meta.end()) {
     throw Error("ElasticState::restore: " + path + " has no '" + key +
-                "': it is a dtrain checkpoint but not an ElasticState commit (use another prefix or directory)");
+                "': it is a dtrain checkpoint but not an ElasticState commit (use another prefix "
+                "or directory)");
   }
   return std::stoll(it->second);
 }
@@ -84,7 +90,8 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key
 void write_atomically(const fs::path& path, const std::string& bytes, bool durable) {
   const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("ElasticState: cannot create " + tmp.string() + ": " + std::strerror(errno));
+  if (fd < 0)
+    throw Error("ElasticState: cannot create " + tmp.string() + ": " + std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -109,7 +116,8 @@ void write_atomically(const fs::path& path, const std::string& bytes, bool durab
   }
 }
 
-c10::IValue dict_get(const c10::impl::GenericDict& d, const std::string& key, const std::string& from) {
+c10::IValue dict_get(const c10::impl::GenericDict& d, const std::string& key,
+                     const std::string& from) {
   auto it = d.find(key);
   if (it == d.end()) throw Error("ElasticState::restore: " + from + " has no '" + key + "'");
   return it->value();
@@ -117,25 +125,29 @@ c10::IValue dict_get(const c10::impl::GenericDict& d, const std::string& key, co
 
 }  // namespace
 
-ElasticState::ElasticState(zero::detail::EngineCore& engine, int64_t dataset_size, ElasticStateOptions options)
+ElasticState::ElasticState(zero::detail::EngineCore& engine, int64_t dataset_size,
+                           ElasticStateOptions options)
     : ElasticState(engine.module(), nullptr, dataset_size, std::move(options)) {
   if (group_->world_size() != engine.group().world_size() || group_->rank() != engine.rank()) {
-    throw UsageError("ElasticState: the ZeRO engine's group (rank " + std::to_string(engine.rank()) + " of " +
-                     std::to_string(engine.group().world_size()) + ") is not ElasticStateOptions::group (rank " +
-                     std::to_string(group_->rank()) + " of " + std::to_string(group_->world_size()) +
-                     "); pass the engine's group as ElasticStateOptions::group");
+    throw UsageError(
+        "ElasticState: the ZeRO engine's group (rank " + std::to_string(engine.rank()) + " of " +
+        std::to_string(engine.group().world_size()) + ") is not ElasticStateOptions::group (rank " +
+        std::to_string(group_->rank()) + " of " + std::to_string(group_->world_size()) +
+        "); pass the engine's group as ElasticStateOptions::group");
   }
   engine_ = &engine;
 }
 
-ElasticState::ElasticState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, int64_t dataset_size,
-                           ElasticStateOptions options)
+ElasticState::ElasticState(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                           int64_t dataset_size, ElasticStateOptions options)
     : model_(model),
       optimizer_(optimizer),
       options_(std::move(options)),
       group_(resolve(options_.group)),
       sampler_(dataset_size, std::max<int64_t>(options_.batch_size, 1),
-               {.num_replicas = group_->world_size(), .rank = group_->rank(), .shuffle = options_.shuffle,
+               {.num_replicas = group_->world_size(),
+                .rank = group_->rank(),
+                .shuffle = options_.shuffle,
                 .seed = options_.seed}) {
   if (options_.batch_size < 1) {
     throw UsageError("ElasticStateOptions::batch_size must be >= 1 (the per-rank batch), got " +
@@ -143,12 +155,16 @@ ElasticState::ElasticState(torch::nn::Module& model, torch::optim::Optimizer* op
   }
   if (options_.checkpoint_dir.empty() && !options_.in_memory) {
     throw UsageError(
-        "ElasticStateOptions: set checkpoint_dir (where commits are written) or in_memory = true; with neither "
+        "ElasticStateOptions: set checkpoint_dir (where commits are written) or in_memory = true; "
+        "with neither "
         "there is nothing to resume from");
   }
-  if (options_.keep < 1) throw UsageError("ElasticStateOptions::keep must be >= 1, got " + std::to_string(options_.keep));
+  if (options_.keep < 1)
+    throw UsageError("ElasticStateOptions::keep must be >= 1, got " +
+                     std::to_string(options_.keep));
   if (options_.commit_every < 0 || options_.disk_every < 0) {
-    throw UsageError("ElasticStateOptions: commit_every and disk_every must be >= 0 (0 = at epoch ends only)");
+    throw UsageError(
+        "ElasticStateOptions: commit_every and disk_every must be >= 0 (0 = at epoch ends only)");
   }
   if (options_.prefix.empty()) throw UsageError("ElasticStateOptions::prefix must not be empty");
   rank_ = group_->rank();
@@ -160,9 +176,10 @@ ElasticState::ElasticState(torch::nn::Module& model, torch::optim::Optimizer* op
   if (options_.in_memory && options_.memory_dir.empty()) {
     std::string key = options_.checkpoint_dir.empty()
                           ? std::string("nodir")
-                          : std::to_string(std::hash<std::string>{}(fs::absolute(options_.checkpoint_dir).string()));
-    options_.memory_dir = "/dev/shm/dtrain-elastic-" + std::to_string(::getuid()) + "-" + sanitize(run_id) + "-" +
-                          sanitize(options_.prefix) + key;
+                          : std::to_string(std::hash<std::string>{}(
+                                fs::absolute(options_.checkpoint_dir).string()));
+    options_.memory_dir = "/dev/shm/dtrain-elastic-" + std::to_string(::getuid()) + "-" +
+                          sanitize(run_id) + "-" + sanitize(options_.prefix) + key;
   }
 }
 
@@ -183,7 +200,8 @@ bool ElasticState::restore() {
     // A fresh job: commits left by an earlier job must not be taken for this one's later.
     std::error_code ec;
     if (rank_ == 0) {
-      for (const auto& [step, path] : commits_in(options_.checkpoint_dir, options_.prefix)) fs::remove(path, ec);
+      for (const auto& [step, path] : commits_in(options_.checkpoint_dir, options_.prefix))
+        fs::remove(path, ec);
     }
     if (options_.in_memory && local_rank_ == 0) fs::remove_all(options_.memory_dir, ec);
     return false;
@@ -199,7 +217,8 @@ bool ElasticState::restore() {
     if (!mem.empty()) best_step = mem[0].first, best_path = mem[0].second, best_kind = "memory";
   }
   auto disk = commits_in(options_.checkpoint_dir, options_.prefix);
-  if (!disk.empty() && disk[0].first > best_step) best_step = disk[0].first, best_path = disk[0].second, best_kind = "disk";
+  if (!disk.empty() && disk[0].first > best_step)
+    best_step = disk[0].first, best_path = disk[0].second, best_kind = "disk";
 
   CollectiveOptions copts;
   copts.group = group_;
@@ -207,9 +226,10 @@ bool ElasticState::restore() {
   const auto top = std::max_element(steps.begin(), steps.end());
   if (*top < 0) {
     if (options_.verbose && rank_ == 0) {
-      std::fprintf(stderr, "dtrain: elastic: restart %d found no commit (in %s%s): starting from scratch\n", restart_count,
-                   options_.checkpoint_dir.empty() ? "-" : options_.checkpoint_dir.c_str(),
-                   options_.in_memory ? (" or " + options_.memory_dir).c_str() : "");
+      std::fprintf(
+          stderr, "dtrain: elastic: restart %d found no commit (in %s%s): starting from scratch\n",
+          restart_count, options_.checkpoint_dir.empty() ? "-" : options_.checkpoint_dir.c_str(),
+          options_.in_memory ? (" or " + options_.memory_dir).c_str() : "");
     }
     return false;
   }
@@ -217,7 +237,8 @@ bool ElasticState::restore() {
   BroadcastOptions bopts;
   bopts.group = group_;
   bopts.src = src;
-  std::string from = broadcast_object(rank_ == src ? best_kind + ":" + best_path.string() : std::string(), bopts);
+  std::string from =
+      broadcast_object(rank_ == src ? best_kind + ":" + best_path.string() : std::string(), bopts);
   std::string bytes = broadcast_object(rank_ == src ? read_bytes(best_path) : std::string(), bopts);
 
   TrainingState st;
@@ -230,12 +251,14 @@ bool ElasticState::restore() {
     fs::path temp;
     if (rank_ != src) {
       std::error_code ec;
-      fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
+      fs::path base =
+          fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
       temp = base / ("dtrain-elastic-restore-" + std::to_string(::getpid()) + ".pt");
       std::ofstream out(temp, std::ios::binary | std::ios::trunc);
       out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
       out.close();
-      if (!out) throw Error("ElasticState::restore: cannot write the received commit to " + temp.string());
+      if (!out)
+        throw Error("ElasticState::restore: cannot write the received commit to " + temp.string());
       load_path = temp;
     }
     try {
@@ -243,7 +266,8 @@ bool ElasticState::restore() {
     } catch (const std::exception& e) {
       std::error_code ec;
       if (!temp.empty()) fs::remove(temp, ec);
-      throw Error(std::string("ElasticState::restore: the newest commit (") + from + ") does not fit: " + e.what());
+      throw Error(std::string("ElasticState::restore: the newest commit (") + from +
+                  ") does not fit: " + e.what());
     }
     if (!temp.empty()) {
       std::error_code ec;
@@ -252,8 +276,9 @@ bool ElasticState::restore() {
   }
   const int64_t dataset_size = meta_int(st.metadata, kDatasetSize, from);
   if (dataset_size != sampler_.size()) {
-    throw Error("ElasticState::restore: " + from + " was committed over a dataset of " + std::to_string(dataset_size) +
-                " samples, but this run has " + std::to_string(sampler_.size()) +
+    throw Error("ElasticState::restore: " + from + " was committed over a dataset of " +
+                std::to_string(dataset_size) + " samples, but this run has " +
+                std::to_string(sampler_.size()) +
                 "; the data position cannot carry over (use another checkpoint_dir or prefix)");
   }
   const int64_t offset = meta_int(st.metadata, kOffset, from);
@@ -269,11 +294,13 @@ bool ElasticState::restore() {
   resumed_from_ = from;
   if (options_.verbose && rank_ == 0) {
     std::fprintf(stderr,
-                 "dtrain: elastic: restart %d resumed from %s: epoch %lld, sample %lld of %lld, step %lld (committed at "
+                 "dtrain: elastic: restart %d resumed from %s: epoch %lld, sample %lld of %lld, "
+                 "step %lld (committed at "
                  "world size %lld, now %d)\n",
-                 restart_count, from.c_str(), static_cast<long long>(epoch_), static_cast<long long>(offset),
-                 static_cast<long long>(sampler_.size()), static_cast<long long>(step_),
-                 static_cast<long long>(old_world), group_->world_size());
+                 restart_count, from.c_str(), static_cast<long long>(epoch_),
+                 static_cast<long long>(offset), static_cast<long long>(sampler_.size()),
+                 static_cast<long long>(step_), static_cast<long long>(old_world),
+                 group_->world_size());
   }
   return true;
 }
@@ -344,26 +371,30 @@ std::string ElasticState::engine_commit(bool build) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-std::map<std::string, std::string> ElasticState::load_engine_commit(const std::string& bytes, const std::string& from) {
+std::map<std::string, std::string> ElasticState::load_engine_commit(const std::string& bytes,
+                                                                    const std::string& from) {
   c10::IValue v;
   try {
     v = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const c10::Error& e) {
-    throw Error("ElasticState::restore: the newest commit (" + from + ") is not a ZeRO engine commit: " +
-                e.what_without_backtrace());
+    throw Error("ElasticState::restore: the newest commit (" + from +
+                ") is not a ZeRO engine commit: " + e.what_without_backtrace());
   }
   if (!v.isGenericDict() || v.toGenericDict().find("format") == v.toGenericDict().end() ||
       v.toGenericDict().at("format").toStringRef() != kZeroFormat) {
-    throw Error("ElasticState::restore: the newest commit (" + from +
-                ") was not written by an ElasticState with the ZeRO engine (another prefix or directory?)");
+    throw Error(
+        "ElasticState::restore: the newest commit (" + from +
+        ") was not written by an ElasticState with the ZeRO engine (another prefix or directory?)");
   }
   auto d = v.toGenericDict();
   std::vector<c10::impl::GenericDict> optims;
-  for (const auto& o : dict_get(d, "optim", from).toList()) optims.push_back(c10::IValue(o).toGenericDict());
+  for (const auto& o : dict_get(d, "optim", from).toList())
+    optims.push_back(c10::IValue(o).toGenericDict());
   try {
     engine_->load_state(dict_get(d, "model", from).toGenericDict(), optims, {}, from);
   } catch (const std::exception& e) {
-    throw Error(std::string("ElasticState::restore: the newest commit (") + from + ") does not fit the engine: " + e.what());
+    throw Error(std::string("ElasticState::restore: the newest commit (") + from +
+                ") does not fit the engine: " + e.what());
   }
   auto rng = dict_get(d, "rng", from).toTensor();
   {
@@ -371,7 +402,8 @@ std::map<std::string, std::string> ElasticState::load_engine_commit(const std::s
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(rng);
   }
-  return nlohmann::json::parse(dict_get(d, "metadata", from).toStringRef()).get<std::map<std::string, std::string>>();
+  return nlohmann::json::parse(dict_get(d, "metadata", from).toStringRef())
+      .get<std::map<std::string, std::string>>();
 }
 
 void ElasticState::write_commit(const std::string& dir, bool durable) {
@@ -385,8 +417,8 @@ void ElasticState::write_commit(const std::string& dir, bool durable) {
   so.writer_rank = -1;  // the caller decided who writes
   so.rank = rank_;
   so.durable = durable;  // memory commits (tmpfs): no fsync
-  save_checkpoint((fs::path(dir) / (options_.prefix + std::to_string(step_) + ".pt")).string(), model_, optimizer_, st,
-                  so);
+  save_checkpoint((fs::path(dir) / (options_.prefix + std::to_string(step_) + ".pt")).string(),
+                  model_, optimizer_, st, so);
 }
 
 void ElasticState::prune(const std::string& dir, int keep) {
@@ -398,7 +430,8 @@ void ElasticState::prune(const std::string& dir, int keep) {
 void ElasticState::commit(bool to_disk) {
   if (engine_) {
     const bool memory = options_.in_memory && local_rank_ == 0;
-    const bool disk = (!options_.in_memory || to_disk) && !options_.checkpoint_dir.empty() && rank_ == 0;
+    const bool disk =
+        (!options_.in_memory || to_disk) && !options_.checkpoint_dir.empty() && rank_ == 0;
     const std::string bytes = engine_commit(memory || disk);  // collective
     const std::string name = options_.prefix + std::to_string(step_) + ".pt";
     if (memory) {

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
-#include <limits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -98,11 +98,11 @@ double env_double(const char* name, double fallback) {
   char* end = nullptr;
   double d = std::strtod(v, &end);
   if (end == v || *end != '\0' || d < 0) {
-    throw UsageError(std::string(name) + "='" + v + "' is not a non-negative number; fix or unset it");
+    throw UsageError(std::string(name) + "='" + v +
+                     "' is not a non-negative number; fix or unset it");
   }
   return d;
 }
-
 
 }  // namespace
 
@@ -110,26 +110,40 @@ constexpr std::chrono::milliseconds Controller::kIdleHeartbeat;
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kAllreduce: return "allreduce";
-    case Kind::kAllgather: return "allgather";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kAlltoall: return "alltoall";
-    case Kind::kReducescatter: return "reducescatter";
-    case Kind::kJoin: return "join";
-    case Kind::kBarrier: return "barrier";
+    case Kind::kAllreduce:
+      return "allreduce";
+    case Kind::kAllgather:
+      return "allgather";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kAlltoall:
+      return "alltoall";
+    case Kind::kReducescatter:
+      return "reducescatter";
+    case Kind::kJoin:
+      return "join";
+    case Kind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
 
 const char* kind_upper(Kind k) {
   switch (k) {
-    case Kind::kAllreduce: return "ALLREDUCE";
-    case Kind::kAllgather: return "ALLGATHER";
-    case Kind::kBroadcast: return "BROADCAST";
-    case Kind::kAlltoall: return "ALLTOALL";
-    case Kind::kReducescatter: return "REDUCESCATTER";
-    case Kind::kJoin: return "JOIN";
-    case Kind::kBarrier: return "BARRIER";
+    case Kind::kAllreduce:
+      return "ALLREDUCE";
+    case Kind::kAllgather:
+      return "ALLGATHER";
+    case Kind::kBroadcast:
+      return "BROADCAST";
+    case Kind::kAlltoall:
+      return "ALLTOALL";
+    case Kind::kReducescatter:
+      return "REDUCESCATTER";
+    case Kind::kJoin:
+      return "JOIN";
+    case Kind::kBarrier:
+      return "BARRIER";
   }
   return "?";
 }
@@ -147,13 +161,16 @@ void Pending::finish(torch::Tensor out, std::exception_ptr err) {
 
 ControllerOptions ControllerOptions::from_env() {
   ControllerOptions o;
-  o.fusion_threshold = static_cast<int64_t>(env_double("HOROVOD_FUSION_THRESHOLD", static_cast<double>(o.fusion_threshold)));
-  o.cycle_time = std::chrono::microseconds(static_cast<int64_t>(env_double("HOROVOD_CYCLE_TIME", 5.0) * 1000));
+  o.fusion_threshold = static_cast<int64_t>(
+      env_double("HOROVOD_FUSION_THRESHOLD", static_cast<double>(o.fusion_threshold)));
+  o.cycle_time =
+      std::chrono::microseconds(static_cast<int64_t>(env_double("HOROVOD_CYCLE_TIME", 5.0) * 1000));
   o.stall_check_seconds = env_double("HOROVOD_STALL_CHECK_TIME_SECONDS", 60);
   o.stall_shutdown_seconds = env_double("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
   const char* off = std::getenv("HOROVOD_STALL_CHECK_DISABLE");
   o.stall_check = !(off && std::string(off) == "1");
-  o.cache_capacity = static_cast<int64_t>(env_double("HOROVOD_CACHE_CAPACITY", static_cast<double>(o.cache_capacity)));
+  o.cache_capacity = static_cast<int64_t>(
+      env_double("HOROVOD_CACHE_CAPACITY", static_cast<double>(o.cache_capacity)));
   if (const char* t = std::getenv("HOROVOD_TIMELINE")) o.timeline = t;
   const char* marks = std::getenv("HOROVOD_TIMELINE_MARK_CYCLES");
   o.timeline_mark_cycles = marks && std::string(marks) == "1";
@@ -194,7 +211,8 @@ Controller::~Controller() {
 
 void Controller::submit(Request request) {
   if (request.name.find_first_of("\t\n") != std::string::npos) {
-    throw UsageError("hvd: the name '" + request.name + "' contains a tab or newline; use another name");
+    throw UsageError("hvd: the name '" + request.name +
+                     "' contains a tab or newline; use another name");
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (!fatal_.empty()) throw Error("hvd: " + fatal_);
@@ -236,9 +254,10 @@ std::string Controller::signature(const Request& r) const {
   s.precision(17);
   std::vector<int64_t> shape = r.tensor.defined() ? r.tensor.sizes().vec() : std::vector<int64_t>{};
   int dtype = r.tensor.defined() ? static_cast<int>(r.tensor.scalar_type()) : -1;
-  s << static_cast<int>(r.kind) << '\t' << r.name << '\t' << dtype << '\t' << join_ints(shape) << '\t'
-    << static_cast<int>(r.reduce.op) << '\t' << r.reduce.prescale_factor << '\t' << r.reduce.postscale_factor
-    << '\t' << static_cast<int>(r.reduce.compression) << '\t' << r.root << '\t' << join_ints(r.splits);
+  s << static_cast<int>(r.kind) << '\t' << r.name << '\t' << dtype << '\t' << join_ints(shape)
+    << '\t' << static_cast<int>(r.reduce.op) << '\t' << r.reduce.prescale_factor << '\t'
+    << r.reduce.postscale_factor << '\t' << static_cast<int>(r.reduce.compression) << '\t' << r.root
+    << '\t' << join_ints(r.splits);
   return s.str();
 }
 
@@ -272,7 +291,8 @@ bool Controller::run_cycle() {
   try {
     negotiate_and_run();
     if (std::all_of(shutting_down_.begin(), shutting_down_.end(), [](bool b) { return b; })) {
-      fail_all("hvd was shut down before this operation ran (it was not submitted by every rank)", false);
+      fail_all("hvd was shut down before this operation ran (it was not submitted by every rank)",
+               false);
       done = true;
     }
     if (stall_flag_) done = true;
@@ -398,12 +418,14 @@ void Controller::run_cached(const std::vector<int>& bits) {
     CacheEntry& c = cache_.at(r.name);
     c.last_used = ++exec_counter_;
     Entry e;
-    e.sig.assign(static_cast<size_t>(size_), "0\t" + c.sig);  // every rank's request equals the cached one
+    e.sig.assign(static_cast<size_t>(size_),
+                 "0\t" + c.sig);  // every rank's request equals the cached one
     e.seq.assign(static_cast<size_t>(size_), 0);
     e.count = size_;
     if (timeline_) {
       timeline_->negotiate_start(r.name, kind_upper(r.kind));
-      timeline_->start(r.name, kind_upper(r.kind), r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size()));
+      timeline_->start(r.name, kind_upper(r.kind),
+                       r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size()));
       timeline_->activity_start(r.name, "QUEUE");
     }
     reqs.push_back(std::move(r));
@@ -415,7 +437,8 @@ void Controller::run_cached(const std::vector<int>& bits) {
 void Controller::cache_insert(const std::string& name, const Entry& e) {
   if (options_.cache_capacity <= 0) return;
   for (const auto& line : e.sig) {
-    if (line.empty() || strip_seq(line) != strip_seq(e.sig[0])) return;  // a joined rank, or options differ
+    if (line.empty() || strip_seq(line) != strip_seq(e.sig[0]))
+      return;  // a joined rank, or options differ
   }
   const std::string sig = strip_seq(e.sig[0]);
   auto it = cache_.find(name);
@@ -448,7 +471,8 @@ void Controller::cache_insert(const std::string& name, const Entry& e) {
     cache_.erase(lru);
   }
   cache_names_[static_cast<size_t>(bit)] = name;
-  cache_.emplace(name, CacheEntry{sig, bit, static_cast<Kind>(parse_sig(e.sig[0]).kind), ++exec_counter_});
+  cache_.emplace(
+      name, CacheEntry{sig, bit, static_cast<Kind>(parse_sig(e.sig[0]).kind), ++exec_counter_});
 }
 
 void Controller::negotiate_and_run() {
@@ -462,18 +486,19 @@ void Controller::negotiate_and_run() {
     fresh.swap(queue_);
     stopping = stop_requested_;
   }
-  const bool stall_now = rank_ == 0 && !stall_flag_ && options_.stall_check && options_.stall_shutdown_seconds > 0 &&
-                         !stall_report(true).empty();
+  const bool stall_now = rank_ == 0 && !stall_flag_ && options_.stall_check &&
+                         options_.stall_shutdown_seconds > 0 && !stall_report(true).empty();
   const bool any_joined = std::any_of(joined_.begin(), joined_.end(), [](bool b) { return b; });
   bool need_full = stopping || stall_now || any_joined || options_.cache_capacity <= 0;
   const auto now = Clock::now();
   std::vector<Request> uncached;
   for (auto& r : fresh) {
     if (mine_.count(r.name) || hit_names_.count(r.name)) {
-      r.pending->finish({}, std::make_exception_ptr(UsageError(
-                                "hvd: " + std::string(kind_name(r.kind)) + " '" + r.name +
-                                "' was submitted again before the first one finished; every request in "
-                                "flight needs its own name")));
+      r.pending->finish({},
+                        std::make_exception_ptr(UsageError(
+                            "hvd: " + std::string(kind_name(r.kind)) + " '" + r.name +
+                            "' was submitted again before the first one finished; every request in "
+                            "flight needs its own name")));
       continue;
     }
     auto c = cache_.find(r.name);
@@ -489,7 +514,8 @@ void Controller::negotiate_and_run() {
   }
   // A hit some rank has not matched for a while goes to the full exchange, where the stall
   // check sees it.
-  const auto hit_limit = std::chrono::duration<double>(std::min(1.0, options_.stall_check_seconds / 2));
+  const auto hit_limit =
+      std::chrono::duration<double>(std::min(1.0, options_.stall_check_seconds / 2));
   for (const auto& [bit, since] : hit_since_) {
     if (now - since > hit_limit) need_full = true;
   }
@@ -502,7 +528,8 @@ void Controller::negotiate_and_run() {
       run_cached(ready);
     }
     if (!need_full) {
-      idle_cycles_ = (!progressed_ && hits_.empty() && table_.empty() && mine_.empty()) ? idle_cycles_ + 1 : 0;
+      idle_cycles_ =
+          (!progressed_ && hits_.empty() && table_.empty() && mine_.empty()) ? idle_cycles_ + 1 : 0;
       if (rank_ == 0 && options_.stall_check) stall_check();
       if (timeline_) timeline_->flush();
       return;
@@ -515,7 +542,8 @@ void Controller::negotiate_and_run() {
   hit_names_.clear();
   hit_since_.clear();
   std::string msg;
-  if (stopping || stall_now) msg = std::string("F\t") + (stopping ? "1" : "0") + "\t" + (stall_now ? "1" : "0") + "\n";
+  if (stopping || stall_now)
+    msg = std::string("F\t") + (stopping ? "1" : "0") + "\t" + (stall_now ? "1" : "0") + "\n";
   for (auto& r : uncached) {
     msg += std::to_string(next_seq_++) + "\t" + signature(r) + "\n";
     std::string name = r.name;
@@ -545,12 +573,13 @@ void Controller::negotiate_and_run() {
 
   if (stall_flag_) {
     std::string report = stall_report(true);
-    std::fprintf(stderr, "[hvd rank %d] stall shutdown (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%g): %s\n", rank_,
-                 options_.stall_shutdown_seconds, report.c_str());
+    std::fprintf(stderr,
+                 "[hvd rank %d] stall shutdown (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%g): %s\n",
+                 rank_, options_.stall_shutdown_seconds, report.c_str());
     std::fflush(stderr);
     std::ostringstream why;
-    why << "stall shutdown after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" << options_.stall_shutdown_seconds << ": "
-        << report;
+    why << "stall shutdown after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
+        << options_.stall_shutdown_seconds << ": " << report;
     fail_all(why.str(), true);
     return;
   }
@@ -584,13 +613,15 @@ std::vector<std::string> Controller::exchange(const std::string& msg) {
       overflow = true;
       continue;
     }
-    all[r].assign(reinterpret_cast<const char*>(parts[r].data_ptr<uint8_t>()) + sizeof n, static_cast<size_t>(n));
+    all[r].assign(reinterpret_cast<const char*>(parts[r].data_ptr<uint8_t>()) + sizeof n,
+                  static_cast<size_t>(n));
   }
   if (overflow) all = dtrain::all_gather_object(msg, co);
   return all;
 }
 
-void Controller::parse_rank_message(int rank, const std::string& msg, std::vector<std::string>& completed) {
+void Controller::parse_rank_message(int rank, const std::string& msg,
+                                    std::vector<std::string>& completed) {
   if (msg.empty()) return;
   const size_t ri = static_cast<size_t>(rank);
   std::stringstream in(msg);
@@ -625,7 +656,9 @@ void Controller::parse_rank_message(int rank, const std::string& msg, std::vecto
     }
     int have = e.count;
     for (int r = 0; r < size_; ++r) {
-      if (e.sig[static_cast<size_t>(r)].empty() && joined_[static_cast<size_t>(r)] && s.kind != Kind::kJoin) ++have;
+      if (e.sig[static_cast<size_t>(r)].empty() && joined_[static_cast<size_t>(r)] &&
+          s.kind != Kind::kJoin)
+        ++have;
     }
     if (have == size_) completed.push_back(name);
   }
@@ -646,9 +679,10 @@ void Controller::check_agreement(const std::string& name, const Entry& e) {
     if (line.empty() || r == ref) continue;
     Sig b = parse_sig(line);
     auto mismatch = [&](const std::string& what, const std::string& va, const std::string& vb) {
-      throw UsageError("hvd: mismatched " + std::string(kind_name(a.kind)) + " '" + name + "': rank " +
-                       std::to_string(ref) + " has " + what + " " + va + " where rank " + std::to_string(r) +
-                       " has " + vb + "; every rank must submit the same request under one name");
+      throw UsageError("hvd: mismatched " + std::string(kind_name(a.kind)) + " '" + name +
+                       "': rank " + std::to_string(ref) + " has " + what + " " + va +
+                       " where rank " + std::to_string(r) + " has " + vb +
+                       "; every rank must submit the same request under one name");
     };
     if (a.kind != b.kind) mismatch("operation", kind_name(a.kind), kind_name(b.kind));
     if (a.dtype != b.dtype) {
@@ -656,8 +690,9 @@ void Controller::check_agreement(const std::string& name, const Entry& e) {
                std::string(c10::toString(static_cast<c10::ScalarType>(b.dtype))));
     }
     const bool same_rank = a.shape.size() == b.shape.size();
-    const bool tail_equal = same_rank && std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
-                                                    b.shape.begin() + (b.shape.empty() ? 0 : 1));
+    const bool tail_equal =
+        same_rank && std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),
+                                b.shape.begin() + (b.shape.empty() ? 0 : 1));
     switch (a.kind) {
       case Kind::kAllreduce:
       case Kind::kReducescatter:
@@ -666,16 +701,18 @@ void Controller::check_agreement(const std::string& name, const Entry& e) {
         if (a.kind == Kind::kBroadcast && a.root != b.root) {
           mismatch("root rank", std::to_string(a.root), std::to_string(b.root));
         }
-        if (a.kind != Kind::kBroadcast && (a.op != b.op || a.prescale != b.prescale || a.postscale != b.postscale ||
-                                           a.compression != b.compression)) {
-          mismatch("options (op, scale factors, compression)", strip_seq(e.sig[static_cast<size_t>(ref)]),
-                   strip_seq(line));
+        if (a.kind != Kind::kBroadcast &&
+            (a.op != b.op || a.prescale != b.prescale || a.postscale != b.postscale ||
+             a.compression != b.compression)) {
+          mismatch("options (op, scale factors, compression)",
+                   strip_seq(e.sig[static_cast<size_t>(ref)]), strip_seq(line));
         }
         break;
       case Kind::kAllgather:
       case Kind::kAlltoall:
         if (!tail_equal || a.shape.empty()) {
-          mismatch("shape", shape_str(a.shape), shape_str(b.shape) + " (all but the first dimension must match)");
+          mismatch("shape", shape_str(a.shape),
+                   shape_str(b.shape) + " (all but the first dimension must match)");
         }
         break;
       default:
@@ -689,11 +726,13 @@ void Controller::execute(std::vector<std::string> names) {
   auto key = [&](const std::string& n) {
     const Entry& e = table_.at(n);
     for (int r = 0; r < size_; ++r) {
-      if (e.seq[static_cast<size_t>(r)] >= 0) return std::pair<int, int64_t>(r, e.seq[static_cast<size_t>(r)]);
+      if (e.seq[static_cast<size_t>(r)] >= 0)
+        return std::pair<int, int64_t>(r, e.seq[static_cast<size_t>(r)]);
     }
     return std::pair<int, int64_t>(size_, 0);
   };
-  std::sort(names.begin(), names.end(), [&](const auto& x, const auto& y) { return key(x) < key(y); });
+  std::sort(names.begin(), names.end(),
+            [&](const auto& x, const auto& y) { return key(x) < key(y); });
 
   // Requests that fail validation fail on every rank alike and are dropped from the run.
   std::vector<std::string> runnable;
@@ -704,11 +743,14 @@ void Controller::execute(std::vector<std::string> names) {
       int ref = key(n).first;
       Sig s = parse_sig(e.sig[static_cast<size_t>(ref)]);
       bool some_joined = false;
-      for (int r = 0; r < size_; ++r) some_joined = some_joined || (e.sig[static_cast<size_t>(r)].empty());
-      if (some_joined && s.kind != Kind::kAllreduce && s.kind != Kind::kAllgather && s.kind != Kind::kBarrier) {
-        throw UsageError("hvd: " + std::string(kind_name(s.kind)) + " '" + n +
-                         "' while some ranks have joined; only allreduce, allgather and barrier run with "
-                         "joined ranks");
+      for (int r = 0; r < size_; ++r)
+        some_joined = some_joined || (e.sig[static_cast<size_t>(r)].empty());
+      if (some_joined && s.kind != Kind::kAllreduce && s.kind != Kind::kAllgather &&
+          s.kind != Kind::kBarrier) {
+        throw UsageError(
+            "hvd: " + std::string(kind_name(s.kind)) + " '" + n +
+            "' while some ranks have joined; only allreduce, allgather and barrier run with "
+            "joined ranks");
       }
       runnable.push_back(n);
       if (cacheable(s.kind)) cache_insert(n, e);
@@ -745,14 +787,17 @@ void Controller::execute(std::vector<std::string> names) {
       r.name = n;
       auto shape = s.shape;
       if (s.kind == Kind::kAllgather && !shape.empty()) shape[0] = 0;
-      r.tensor = torch::zeros(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(s.dtype)));
+      r.tensor =
+          torch::zeros(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(s.dtype)));
       r.reduce.op = static_cast<ReduceOp>(s.op);
       r.reduce.prescale_factor = s.prescale;
       r.reduce.postscale_factor = s.postscale;
       r.reduce.compression = static_cast<Compression>(s.compression);
     }
     if (timeline_) {
-      const int64_t bytes = r.tensor.defined() ? r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size()) : -1;
+      const int64_t bytes = r.tensor.defined()
+                                ? r.tensor.numel() * static_cast<int64_t>(r.tensor.element_size())
+                                : -1;
       timeline_->start(n, kind_upper(r.kind), bytes);
       timeline_->activity_start(n, "QUEUE");
     }
@@ -785,7 +830,8 @@ void Controller::run_batch(std::vector<Request>& reqs, std::vector<Entry>& entri
       auto compatible = [&](const Request& a, const Request& b) {
         return b.kind == Kind::kAllreduce && a.tensor.scalar_type() == b.tensor.scalar_type() &&
                a.reduce.op == b.reduce.op && a.reduce.prescale_factor == b.reduce.prescale_factor &&
-               a.reduce.postscale_factor == b.reduce.postscale_factor && a.reduce.compression == b.reduce.compression;
+               a.reduce.postscale_factor == b.reduce.postscale_factor &&
+               a.reduce.compression == b.reduce.compression;
       };
       while (j < reqs.size() && compatible(reqs[i], reqs[j])) {
         int64_t b = reqs[j].tensor.numel() * static_cast<int64_t>(reqs[j].tensor.element_size());
@@ -807,14 +853,23 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
   const Request& first = *reqs.front();
   const auto dtype = first.tensor.scalar_type();
   const bool floating = at::isFloatingType(dtype);
-  const auto wire = (first.reduce.compression == Compression::fp16 && floating) ? torch::kHalf : dtype;
+  const auto wire =
+      (first.reduce.compression == Compression::fp16 && floating) ? torch::kHalf : dtype;
   AllReduceOptions ao;
   ao.group = group_;
   switch (first.reduce.op) {
-    case ReduceOp::Min: ao.op = dtrain::ReduceOp::kMin; break;
-    case ReduceOp::Max: ao.op = dtrain::ReduceOp::kMax; break;
-    case ReduceOp::Product: ao.op = dtrain::ReduceOp::kProduct; break;
-    default: ao.op = dtrain::ReduceOp::kSum; break;
+    case ReduceOp::Min:
+      ao.op = dtrain::ReduceOp::kMin;
+      break;
+    case ReduceOp::Max:
+      ao.op = dtrain::ReduceOp::kMax;
+      break;
+    case ReduceOp::Product:
+      ao.op = dtrain::ReduceOp::kProduct;
+      break;
+    default:
+      ao.op = dtrain::ReduceOp::kSum;
+      break;
   }
   const double pre = first.reduce.prescale_factor;
   double post = first.reduce.postscale_factor;
@@ -845,7 +900,8 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
     for (auto* r : reqs) timeline_->activity_start(r->name, what);
   };
   auto done = [&](Request& r, const torch::Tensor& out) {
-    if (timeline_) timeline_->end(r.name, std::string(c10::toString(out.scalar_type())), c10::str(out.sizes()));
+    if (timeline_)
+      timeline_->end(r.name, std::string(c10::toString(out.scalar_type())), c10::str(out.sizes()));
     if (r.pending) r.pending->finish(out);
   };
   try {
@@ -955,7 +1011,8 @@ void Controller::run_one(Request& req, Entry& entry) {
     torch::Tensor out;
     std::vector<Sig> sigs(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
-      if (!entry.sig[static_cast<size_t>(r)].empty()) sigs[static_cast<size_t>(r)] = parse_sig(entry.sig[static_cast<size_t>(r)]);
+      if (!entry.sig[static_cast<size_t>(r)].empty())
+        sigs[static_cast<size_t>(r)] = parse_sig(entry.sig[static_cast<size_t>(r)]);
     }
     if (timeline_) {
       const char* act = req.kind == Kind::kBroadcast       ? act_bcast_.c_str()
@@ -976,7 +1033,8 @@ void Controller::run_one(Request& req, Entry& entry) {
         BroadcastOptions bo;
         bo.group = group_;
         bo.src = req.root;
-        out = req.in_place && req.tensor.is_contiguous() ? req.tensor : req.tensor.contiguous().clone();
+        out = req.in_place && req.tensor.is_contiguous() ? req.tensor
+                                                         : req.tensor.contiguous().clone();
         dtrain::broadcast(out, bo);
         if (req.in_place && !out.is_same(req.tensor)) req.tensor.copy_(out);
         if (req.in_place) out = req.tensor;
@@ -987,7 +1045,8 @@ void Controller::run_one(Request& req, Entry& entry) {
         int64_t most = 0;
         for (int r = 0; r < size_; ++r) {
           const auto& s = sigs[static_cast<size_t>(r)];
-          rows[static_cast<size_t>(r)] = entry.sig[static_cast<size_t>(r)].empty() || s.shape.empty() ? 0 : s.shape[0];
+          rows[static_cast<size_t>(r)] =
+              entry.sig[static_cast<size_t>(r)].empty() || s.shape.empty() ? 0 : s.shape[0];
           most = std::max(most, rows[static_cast<size_t>(r)]);
         }
         auto tail = req.tensor.sizes().vec();
@@ -1000,7 +1059,9 @@ void Controller::run_one(Request& req, Entry& entry) {
         co.group = group_;
         auto parts = dtrain::all_gather(padded, co);
         std::vector<torch::Tensor> pieces;
-        for (int r = 0; r < size_; ++r) pieces.push_back(parts[static_cast<size_t>(r)].narrow(0, 0, rows[static_cast<size_t>(r)]));
+        for (int r = 0; r < size_; ++r)
+          pieces.push_back(
+              parts[static_cast<size_t>(r)].narrow(0, 0, rows[static_cast<size_t>(r)]));
         out = torch::cat(pieces, 0);
         break;
       }
@@ -1080,7 +1141,8 @@ void Controller::fail_all(const std::string& why, bool timeout) {
 }
 
 std::string Controller::stall_report(bool for_shutdown) {
-  const double limit = for_shutdown ? options_.stall_shutdown_seconds : options_.stall_check_seconds;
+  const double limit =
+      for_shutdown ? options_.stall_shutdown_seconds : options_.stall_check_seconds;
   const auto now = Clock::now();
   std::map<int, std::vector<std::string>> missing;  // rank -> names it has not submitted
   for (auto& [name, e] : table_) {
@@ -1088,15 +1150,19 @@ std::string Controller::stall_report(bool for_shutdown) {
     if (std::chrono::duration<double>(now - e.first_seen).count() < limit) continue;
     if (!for_shutdown && e.warned) continue;
     for (int r = 0; r < size_; ++r) {
-      if (e.sig[static_cast<size_t>(r)].empty() && !joined_[static_cast<size_t>(r)]) missing[r].push_back(name);
+      if (e.sig[static_cast<size_t>(r)].empty() && !joined_[static_cast<size_t>(r)])
+        missing[r].push_back(name);
     }
   }
   if (missing.empty()) return "";
   std::ostringstream m;
-  m << "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are "
+  m << "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+       "ranks and are "
        "waiting for remainder of ranks for more than "
-    << limit << " seconds. This may indicate that different ranks are trying to submit different tensors or "
-                "that only subset of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:";
+    << limit
+    << " seconds. This may indicate that different ranks are trying to submit different tensors or "
+       "that only subset of ranks is submitting tensors, which will cause deadlock.\nMissing "
+       "ranks:";
   for (auto& [r, names] : missing) {
     m << "\n" << r << ": [";
     for (size_t i = 0; i < names.size() && i < 5; ++i) m << (i ? ", " : "") << names[i];

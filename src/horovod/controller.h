@@ -82,21 +82,21 @@ const char* kind_upper(Kind k);  // "ALLREDUCE", ...: Horovod's names on the tim
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;                // GUARDED_BY(mu)
-  std::exception_ptr error;         // GUARDED_BY(mu)
-  torch::Tensor result;             // GUARDED_BY(mu)
-  torch::Tensor extra;              // alltoall: received splits
-  int join_last_rank = -1;          // join: the rank that joined last
+  bool done = false;         // GUARDED_BY(mu)
+  std::exception_ptr error;  // GUARDED_BY(mu)
+  torch::Tensor result;      // GUARDED_BY(mu)
+  torch::Tensor extra;       // alltoall: received splits
+  int join_last_rank = -1;   // join: the rank that joined last
   void finish(torch::Tensor out, std::exception_ptr err = nullptr);
 };
 
 struct Request {
   Kind kind = Kind::kAllreduce;
   std::string name;
-  torch::Tensor tensor;   // input (in place: also the output)
+  torch::Tensor tensor;  // input (in place: also the output)
   bool in_place = false;
-  AllreduceOptions reduce;  // allreduce / reducescatter: op, compression, scale factors
-  int root = 0;             // broadcast
+  AllreduceOptions reduce;      // allreduce / reducescatter: op, compression, scale factors
+  int root = 0;                 // broadcast
   std::vector<int64_t> splits;  // alltoall
   std::shared_ptr<Pending> pending;
 };
@@ -108,12 +108,12 @@ struct ControllerOptions {
   // HOROVOD_CYCLE_TIME (ms, fractional). Default 5 ms (Horovod's older default): on few cores
   // every cycle's negotiation takes CPU from backward; 1 ms measured 0.7-0.8x of DDP there.
   std::chrono::microseconds cycle_time{5000};
-  double stall_check_seconds = 60;                // HOROVOD_STALL_CHECK_TIME_SECONDS
-  double stall_shutdown_seconds = 0;              // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
-  bool stall_check = true;                        // HOROVOD_STALL_CHECK_DISABLE=1 turns it off
-  std::string timeline;                           // HOROVOD_TIMELINE: rank 0 writes it
-  bool timeline_mark_cycles = false;              // HOROVOD_TIMELINE_MARK_CYCLES=1
-  static ControllerOptions from_env();            // UsageError for a malformed variable
+  double stall_check_seconds = 60;      // HOROVOD_STALL_CHECK_TIME_SECONDS
+  double stall_shutdown_seconds = 0;    // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
+  bool stall_check = true;              // HOROVOD_STALL_CHECK_DISABLE=1 turns it off
+  std::string timeline;                 // HOROVOD_TIMELINE: rank 0 writes it
+  bool timeline_mark_cycles = false;    // HOROVOD_TIMELINE_MARK_CYCLES=1
+  static ControllerOptions from_env();  // UsageError for a malformed variable
 };
 
 class Controller {
@@ -139,16 +139,16 @@ class Controller {
   ProcessGroup& group() { return *group_; }
 
  private:
-  struct Entry {  // one name in the negotiation table
-    std::vector<std::string> sig;      // per rank: its request line ("" = not submitted)
-    std::vector<int64_t> seq;          // per rank: its submission number
+  struct Entry {                   // one name in the negotiation table
+    std::vector<std::string> sig;  // per rank: its request line ("" = not submitted)
+    std::vector<int64_t> seq;      // per rank: its submission number
     Clock::time_point first_seen;
     int count = 0;
     bool warned = false;
   };
   static constexpr std::chrono::milliseconds kIdleHeartbeat{50};
   struct CacheEntry {  // identical on every rank
-    std::string sig;    // the request's line without its submission number
+    std::string sig;   // the request's line without its submission number
     int bit = 0;
     Kind kind = Kind::kAllreduce;
     int64_t last_used = 0;  // exec_counter_ at its last run (LRU eviction)
@@ -186,10 +186,10 @@ class Controller {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Request> queue_;   // GUARDED_BY(mu_): submitted, not yet announced
-  bool stop_requested_ = false;  // GUARDED_BY(mu_): this rank called shutdown()
-  bool stopped_ = false;         // GUARDED_BY(mu_): the thread has finished
-  std::string fatal_;            // GUARDED_BY(mu_): why the controller gave up
+  std::deque<Request> queue_;       // GUARDED_BY(mu_): submitted, not yet announced
+  bool stop_requested_ = false;     // GUARDED_BY(mu_): this rank called shutdown()
+  bool stopped_ = false;            // GUARDED_BY(mu_): the thread has finished
+  std::string fatal_;               // GUARDED_BY(mu_): why the controller gave up
   Clock::time_point first_queued_;  // GUARDED_BY(mu_): when queue_ last became non-empty
   int waiters_ = 0;                 // GUARDED_BY(mu_): callers waiting on a result
   bool bg_pending_ = false;         // GUARDED_BY(mu_): requests in flight after the last cycle
@@ -201,7 +201,7 @@ class Controller {
   std::mutex cycle_mu_;
 
   // Background-thread state.
-  std::map<std::string, Request> mine_;   // announced by us, not yet run
+  std::map<std::string, Request> mine_;  // announced by us, not yet run
   std::map<std::string, Entry> table_;
   int64_t next_seq_ = 0;
   std::vector<bool> joined_;
@@ -214,14 +214,15 @@ class Controller {
   std::map<std::string, CacheEntry> cache_;
   std::vector<std::string> cache_names_;  // bit -> name ("" free)
   int64_t exec_counter_ = 0;
-  std::map<int, Request> hits_;            // bit -> this rank's request, until every rank holds it
-  std::map<std::string, int> hit_names_;   // name -> bit of hits_
+  std::map<int, Request> hits_;           // bit -> this rank's request, until every rank holds it
+  std::map<std::string, int> hit_names_;  // name -> bit of hits_
   std::map<int, Clock::time_point> hit_since_;
   Clock::time_point last_stall_check_;
-  torch::Tensor fusion_buffer_;  // uint8, grown as needed
+  torch::Tensor fusion_buffer_;         // uint8, grown as needed
   std::unique_ptr<Timeline> timeline_;  // rank 0 with HOROVOD_TIMELINE only
   // The timeline's names of the collectives on hvd's group: "SHM_ALLREDUCE", ...
-  std::string act_allreduce_, act_bcast_, act_allgather_, act_alltoall_, act_reducescatter_, act_adasum_;
+  std::string act_allreduce_, act_bcast_, act_allgather_, act_alltoall_, act_reducescatter_,
+      act_adasum_;
   std::thread thread_;
 };
 

@@ -21,11 +21,14 @@ constexpr const char* kFieldPrefix = "hvd.field.";
 
 std::string sanitize(const std::string& s) {
   std::string out;
-  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  for (char c : s)
+    out +=
+        (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
   return out;
 }
 
-std::unique_ptr<ElasticState> make_state(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+std::unique_ptr<ElasticState> make_state(torch::nn::Module& model,
+                                         torch::optim::Optimizer* optimizer,
                                          const TorchStateOptions& o, const std::string& memory_dir,
                                          ResumePolicy resume) {
   ElasticStateOptions eo;
@@ -44,17 +47,21 @@ std::unique_ptr<ElasticState> make_state(torch::nn::Module& model, torch::optim:
 
 TorchState::TorchState(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                        std::map<std::string, int64_t> fields, TorchStateOptions options)
-    : model_(model), optimizer_(optimizer), fields_(std::move(fields)), options_(std::move(options)) {
+    : model_(model),
+      optimizer_(optimizer),
+      fields_(std::move(fields)),
+      options_(std::move(options)) {
   if (!hvd::is_initialized()) {
     throw UsageError("hvd::elastic::TorchState: call dtrain::hvd::init() before constructing it");
   }
   if (options_.disk_every < 0) {
-    throw UsageError("TorchStateOptions::disk_every must be >= 0, got " + std::to_string(options_.disk_every));
+    throw UsageError("TorchStateOptions::disk_every must be >= 0, got " +
+                     std::to_string(options_.disk_every));
   }
   std::string run_id = "none";
   if (auto env = WorkerEnv::from_environ()) run_id = env->run_id;
-  memory_dir_ = "/dev/shm/dtrain-hvd-elastic-" + std::to_string(::getuid()) + "-" + sanitize(run_id) + "-" +
-                sanitize(options_.prefix);
+  memory_dir_ = "/dev/shm/dtrain-hvd-elastic-" + std::to_string(::getuid()) + "-" +
+                sanitize(run_id) + "-" + sanitize(options_.prefix);
   es_ = make_state(model_, optimizer_, options_, memory_dir_, ResumePolicy::kOnRestart);
 }
 
@@ -76,14 +83,16 @@ void TorchState::save() {
 void TorchState::commit() {
   save();
   if (check_host_updates()) {
-    throw HostsUpdatedInterrupt("a host waits to join the job: commit " + std::to_string(commits()) +
+    throw HostsUpdatedInterrupt("a host waits to join the job: commit " +
+                                std::to_string(commits()) +
                                 " is saved; the workers restart from it");
   }
 }
 
 void TorchState::load_fields() {
   for (const auto& [k, v] : es_->metadata()) {
-    if (k.rfind(kFieldPrefix, 0) == 0) fields_[k.substr(std::string(kFieldPrefix).size())] = std::stoll(v);
+    if (k.rfind(kFieldPrefix, 0) == 0)
+      fields_[k.substr(std::string(kFieldPrefix).size())] = std::stoll(v);
   }
 }
 
@@ -98,7 +107,8 @@ bool TorchState::restore() {
 
 void TorchState::sync() {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& p : model_.named_parameters()) tensors.emplace_back("param." + p.key(), p.value());
+  for (const auto& p : model_.named_parameters())
+    tensors.emplace_back("param." + p.key(), p.value());
   for (const auto& b : model_.named_buffers()) tensors.emplace_back("buffer." + b.key(), b.value());
   broadcast_parameters(tensors, 0);
   if (optimizer_) broadcast_optimizer_state(*optimizer_, 0);
@@ -112,10 +122,12 @@ bool TorchState::check_host_updates() {
     store::StoreClient::Options copts;
     copts.connect_timeout = std::chrono::seconds(10);
     copts.timeout = std::chrono::seconds(10);
-    auto client = store::StoreClient::connect(env->master_addr, static_cast<std::uint16_t>(env->master_port), copts);
+    auto client = store::StoreClient::connect(env->master_addr,
+                                              static_cast<std::uint16_t>(env->master_port), copts);
     return launch::late_agents(*client, env->run_id, env->restart_count) > 0;
   } catch (const Error& e) {
-    std::fprintf(stderr, "hvd::elastic: check_host_updates could not reach the job's store (%s): %s\n",
+    std::fprintf(stderr,
+                 "hvd::elastic: check_host_updates could not reach the job's store (%s): %s\n",
                  (env->master_addr + ":" + std::to_string(env->master_port)).c_str(), e.what());
     return false;
   }
@@ -147,12 +159,14 @@ bool TorchState::on_start() {
 namespace detail {
 
 void wait_for_restart(std::chrono::milliseconds limit, const std::string& why) {
-  std::fprintf(stderr, "hvd::elastic: rank %d: %s; waiting for the launcher to restart the workers\n", hvd::rank(),
-               why.c_str());
+  std::fprintf(stderr,
+               "hvd::elastic: rank %d: %s; waiting for the launcher to restart the workers\n",
+               hvd::rank(), why.c_str());
   std::this_thread::sleep_for(limit);
-  throw TimeoutError("hvd::elastic::run: " + why + ", but the launcher did not restart this worker within " +
-                     std::to_string(limit.count() / 1000) +
-                     " s; is the job running under `dtrain horovodrun --min-np` / `dtrain run --nnodes MIN:MAX`?");
+  throw TimeoutError(
+      "hvd::elastic::run: " + why + ", but the launcher did not restart this worker within " +
+      std::to_string(limit.count() / 1000) +
+      " s; is the job running under `dtrain horovodrun --min-np` / `dtrain run --nnodes MIN:MAX`?");
 }
 
 }  // namespace detail

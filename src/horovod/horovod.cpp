@@ -1,13 +1,13 @@
 // hvd's API functions: the process-wide context, requests and handles.
 #include "dtrain/horovod.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -35,8 +35,9 @@ struct Context {
   std::unique_ptr<Controller> controller;
   int local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
   std::mutex handles_mu;
-  std::map<Handle, std::pair<std::string, std::shared_ptr<Pending>>> handles;  // GUARDED_BY(handles_mu)
-  Handle next_handle = 0;                                                       // GUARDED_BY(handles_mu)
+  std::map<Handle, std::pair<std::string, std::shared_ptr<Pending>>>
+      handles;                           // GUARDED_BY(handles_mu)
+  Handle next_handle = 0;                // GUARDED_BY(handles_mu)
   std::atomic<int64_t> noname[10] = {};  // per Kind (0-6), grouped (8), objects (9): unnamed so far
 };
 
@@ -48,7 +49,8 @@ bool g_atexit = false;           // GUARDED_BY(g_mu)
 std::shared_ptr<Context> ctx(const char* what) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_ctx) {
-    throw UsageError(std::string("hvd::") + what + ": hvd is not initialized; call dtrain::hvd::init() first");
+    throw UsageError(std::string("hvd::") + what +
+                     ": hvd is not initialized; call dtrain::hvd::init() first");
   }
   return g_ctx;
 }
@@ -62,7 +64,8 @@ int env_int(const char* name, int fallback) {
     if (used == std::string(v).size() && i >= 0) return i;
   } catch (const std::exception&) {
   }
-  throw UsageError(std::string("hvd::init: ") + name + "='" + v + "' is not a non-negative integer; fix or unset it");
+  throw UsageError(std::string("hvd::init: ") + name + "='" + v +
+                   "' is not a non-negative integer; fix or unset it");
 }
 
 // hvd's own group over the job's store: the default group's backend choice, its own
@@ -77,13 +80,15 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o, int generation) {
     po.timeout = o.timeout;
     base = init_process_group(po);
   }
-  auto store = c10::make_intrusive<c10d::PrefixStore>("horovod/" + std::to_string(generation), base->store());
+  auto store = c10::make_intrusive<c10d::PrefixStore>("horovod/" + std::to_string(generation),
+                                                      base->store());
   const int rank = base->rank(), world = base->world_size();
   auto gloo = comm::make_gloo(store, rank, world, o.timeout);
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::string chosen = "gloo";
   if (base->backend_name() == "shm") {
-    if (auto shm = shm::ShmProcessGroup::join(store, rank, world, gloo, o.timeout, /*require=*/false)) {
+    if (auto shm =
+            shm::ShmProcessGroup::join(store, rank, world, gloo, o.timeout, /*require=*/false)) {
       pg = comm::as_group(shm, store, rank, world, /*is_gloo=*/false);
       chosen = "shm";
     }
@@ -118,22 +123,28 @@ void check_reduce(const torch::Tensor& t, const AllreduceOptions& o, const char*
   check_tensor(t, what);
   if (o.op == ReduceOp::Adasum) {
     if (size & (size - 1)) {
-      throw UsageError(std::string("hvd::") + what + ": op Adasum runs on a power-of-2 number of ranks only, as " +
-                       "Horovod's ('Running Adasum with non-power of 2 ranks is not supported yet'); this job has " +
-                       std::to_string(size) + " ranks: run 2, 4, 8, ... processes, or use hvd::Average");
+      throw UsageError(std::string("hvd::") + what +
+                       ": op Adasum runs on a power-of-2 number of ranks only, as " +
+                       "Horovod's ('Running Adasum with non-power of 2 ranks is not supported "
+                       "yet'); this job has " +
+                       std::to_string(size) +
+                       " ranks: run 2, 4, 8, ... processes, or use hvd::Average");
     }
     if (!at::isFloatingType(t.scalar_type())) {
-      throw UsageError(std::string("hvd::") + what + ": op Adasum on a " + std::string(c10::toString(t.scalar_type())) +
+      throw UsageError(std::string("hvd::") + what + ": op Adasum on a " +
+                       std::string(c10::toString(t.scalar_type())) +
                        " tensor; Adasum combines floating-point tensors");
     }
   }
   if (!at::isFloatingType(t.scalar_type())) {
     if (o.op == ReduceOp::Average) {
-      throw UsageError(std::string("hvd::") + what + ": op Average on a " + std::string(c10::toString(t.scalar_type())) +
+      throw UsageError(std::string("hvd::") + what + ": op Average on a " +
+                       std::string(c10::toString(t.scalar_type())) +
                        " tensor; average floating-point tensors, or use hvd::Sum for integers");
     }
     if (o.prescale_factor != 1.0 || o.postscale_factor != 1.0) {
-      throw UsageError(std::string("hvd::") + what + ": prescale/postscale factors need a floating-point tensor, got " +
+      throw UsageError(std::string("hvd::") + what +
+                       ": prescale/postscale factors need a floating-point tensor, got " +
                        std::string(c10::toString(t.scalar_type())));
     }
   }
@@ -180,9 +191,11 @@ std::shared_ptr<Pending> wait_handle(Handle handle, std::string* label = nullptr
   };
   std::optional<Waiting> waiting;
   if (c->controller) waiting.emplace(c->controller.get());
-  if (c->controller) c->controller->wait(p, c->options.timeout);  // runs due cycles itself, see controller.h
+  if (c->controller)
+    c->controller->wait(p, c->options.timeout);  // runs due cycles itself, see controller.h
   std::unique_lock<std::mutex> lock(p.mu);
-  if (!p.cv.wait_for(lock, c->controller ? std::chrono::milliseconds(0) : c->options.timeout, [&] { return p.done; })) {
+  if (!p.cv.wait_for(lock, c->controller ? std::chrono::milliseconds(0) : c->options.timeout,
+                     [&] { return p.done; })) {
     throw TimeoutError("hvd::synchronize: " + entry.first + " did not finish within " +
                        std::to_string(c->options.timeout.count()) +
                        " ms; some rank has not submitted it (see hvd's stall warnings on rank 0)");
@@ -225,14 +238,16 @@ void init(const InitOptions& options) {
     c->local_rank = 0;
     c->local_size = 0;
     for (size_t r = 0; r < hosts.size(); ++r) {
-      if (std::find(distinct.begin(), distinct.end(), hosts[r]) == distinct.end()) distinct.push_back(hosts[r]);
+      if (std::find(distinct.begin(), distinct.end(), hosts[r]) == distinct.end())
+        distinct.push_back(hosts[r]);
       if (hosts[r] == host) {
         ++c->local_size;
         if (static_cast<int>(r) < c->group->rank()) ++c->local_rank;
       }
     }
     c->cross_size = static_cast<int>(distinct.size());
-    c->cross_rank = static_cast<int>(std::find(distinct.begin(), distinct.end(), host) - distinct.begin());
+    c->cross_rank =
+        static_cast<int>(std::find(distinct.begin(), distinct.end(), host) - distinct.begin());
   }
   c->controller = std::make_unique<Controller>(c->group, controller_options);
   g_ctx = c;
@@ -299,11 +314,12 @@ torch::Tensor allreduce_(torch::Tensor& tensor, const AllreduceOptions& options)
   return tensor;
 }
 
-std::vector<torch::Tensor> grouped_allreduce(const std::vector<torch::Tensor>& tensors, const AllreduceOptions& options) {
+std::vector<torch::Tensor> grouped_allreduce(const std::vector<torch::Tensor>& tensors,
+                                             const AllreduceOptions& options) {
   auto c = ctx("grouped_allreduce");
-  const std::string base = options.name.empty()
-                               ? "grouped_allreduce.noname." + std::to_string(c->noname[8].fetch_add(1))
-                               : options.name;
+  const std::string base =
+      options.name.empty() ? "grouped_allreduce.noname." + std::to_string(c->noname[8].fetch_add(1))
+                           : options.name;
   std::vector<Handle> handles;
   for (size_t i = 0; i < tensors.size(); ++i) {
     AllreduceOptions o = options;
@@ -318,7 +334,8 @@ std::vector<torch::Tensor> grouped_allreduce(const std::vector<torch::Tensor>& t
 Handle allgather_async(const torch::Tensor& tensor, const std::string& name) {
   auto c = ctx("allgather");
   check_tensor(tensor, "allgather");
-  if (tensor.dim() == 0) throw UsageError("hvd::allgather: the tensor is a scalar; give it at least one dimension");
+  if (tensor.dim() == 0)
+    throw UsageError("hvd::allgather: the tensor is a scalar; give it at least one dimension");
   Request r;
   r.kind = Kind::kAllgather;
   r.name = auto_name(*c, Kind::kAllgather, name);
@@ -334,8 +351,9 @@ Handle broadcast_async_(torch::Tensor& tensor, int root_rank, const std::string&
   auto c = ctx("broadcast");
   check_tensor(tensor, "broadcast");
   if (root_rank < 0 || root_rank >= c->group->world_size()) {
-    throw UsageError("hvd::broadcast: root_rank " + std::to_string(root_rank) + " is not a rank of this job (size " +
-                     std::to_string(c->group->world_size()) + ")");
+    throw UsageError("hvd::broadcast: root_rank " + std::to_string(root_rank) +
+                     " is not a rank of this job (size " + std::to_string(c->group->world_size()) +
+                     ")");
   }
   Request r;
   r.kind = Kind::kBroadcast;
@@ -356,11 +374,13 @@ torch::Tensor broadcast(const torch::Tensor& tensor, int root_rank, const std::s
   return broadcast_(copy, root_rank, name);
 }
 
-AlltoallResult alltoall(const torch::Tensor& tensor, const torch::Tensor& splits, const std::string& name) {
+AlltoallResult alltoall(const torch::Tensor& tensor, const torch::Tensor& splits,
+                        const std::string& name) {
   auto c = ctx("alltoall");
   check_tensor(tensor, "alltoall");
   const int n = c->group->world_size();
-  if (tensor.dim() == 0) throw UsageError("hvd::alltoall: the tensor is a scalar; give it at least one dimension");
+  if (tensor.dim() == 0)
+    throw UsageError("hvd::alltoall: the tensor is a scalar; give it at least one dimension");
   Request r;
   r.kind = Kind::kAlltoall;
   r.name = auto_name(*c, Kind::kAlltoall, name);
@@ -374,18 +394,19 @@ AlltoallResult alltoall(const torch::Tensor& tensor, const torch::Tensor& splits
   } else {
     auto s = splits.to(torch::kInt64).contiguous();
     if (s.dim() != 1 || s.size(0) != n) {
-      throw UsageError("hvd::alltoall: splits must hold one count per rank (" + std::to_string(n) + "), got shape " +
-                       c10::str(s.sizes()));
+      throw UsageError("hvd::alltoall: splits must hold one count per rank (" + std::to_string(n) +
+                       "), got shape " + c10::str(s.sizes()));
     }
     r.splits.assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + n);
     int64_t total = 0;
     for (auto v : r.splits) {
-      if (v < 0) throw UsageError("hvd::alltoall: splits holds a negative count " + std::to_string(v));
+      if (v < 0)
+        throw UsageError("hvd::alltoall: splits holds a negative count " + std::to_string(v));
       total += v;
     }
     if (total != tensor.size(0)) {
-      throw UsageError("hvd::alltoall: splits sum to " + std::to_string(total) + " but the tensor has " +
-                       std::to_string(tensor.size(0)) + " rows");
+      throw UsageError("hvd::alltoall: splits sum to " + std::to_string(total) +
+                       " but the tensor has " + std::to_string(tensor.size(0)) + " rows");
     }
   }
   Handle h = enqueue(*c, std::move(r));
@@ -401,7 +422,8 @@ torch::Tensor reducescatter(const torch::Tensor& tensor, ReduceOp op, const std:
   if (op != ReduceOp::Average && op != ReduceOp::Sum) {
     throw UsageError("hvd::reducescatter: op must be hvd::Average or hvd::Sum");
   }
-  if (tensor.dim() == 0) throw UsageError("hvd::reducescatter: the tensor is a scalar; give it at least one dimension");
+  if (tensor.dim() == 0)
+    throw UsageError("hvd::reducescatter: the tensor is a scalar; give it at least one dimension");
   Request r;
   r.kind = Kind::kReducescatter;
   r.name = auto_name(*c, Kind::kReducescatter, name);
@@ -435,7 +457,8 @@ bool poll(Handle handle) {
   {
     std::lock_guard<std::mutex> lock(c->handles_mu);
     auto it = c->handles.find(handle);
-    if (it == c->handles.end()) throw UsageError("hvd::poll: unknown handle " + std::to_string(handle));
+    if (it == c->handles.end())
+      throw UsageError("hvd::poll: unknown handle " + std::to_string(handle));
     p = it->second.second;
   }
   std::lock_guard<std::mutex> lock(p->mu);
@@ -444,7 +467,8 @@ bool poll(Handle handle) {
 
 // ---- model state ---------------------------------------------------------------------
 
-void broadcast_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& params, int root_rank) {
+void broadcast_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                          int root_rank) {
   std::vector<Handle> handles;
   for (const auto& [name, t] : params) {
     torch::Tensor view = t.detach();
@@ -453,7 +477,8 @@ void broadcast_parameters(const std::vector<std::pair<std::string, torch::Tensor
   for (auto h : handles) synchronize(h);
 }
 
-void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& params, int root_rank) {
+void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& params,
+                          int root_rank) {
   std::vector<std::pair<std::string, torch::Tensor>> v;
   for (const auto& item : params) v.emplace_back(item.key(), item.value());
   broadcast_parameters(v, root_rank);
@@ -468,9 +493,11 @@ std::string broadcast_bytes(const std::string& bytes, int root_rank, const std::
   torch::Tensor len = torch::tensor(static_cast<int64_t>(bytes.size()), torch::kInt64).reshape({1});
   broadcast_(len, root_rank, base + ".size");
   torch::Tensor data = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
-  if (c->group->rank() == root_rank && !bytes.empty()) std::memcpy(data.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  if (c->group->rank() == root_rank && !bytes.empty())
+    std::memcpy(data.data_ptr<uint8_t>(), bytes.data(), bytes.size());
   if (data.numel() > 0) broadcast_(data, root_rank, base + ".bytes");
-  return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()), static_cast<size_t>(data.numel()));
+  return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()),
+                     static_cast<size_t>(data.numel()));
 }
 
 }  // namespace detail

@@ -28,26 +28,34 @@ namespace {
 
 const char* kUsage =
     "usage: dtrain horovodrun -np N [-H host1:slots,host2:slots | --hostfile FILE]\n"
-    "                         [--start-timeout S] [--network-interface IF] [--fusion-threshold-mb M]\n"
+    "                         [--start-timeout S] [--network-interface IF] [--fusion-threshold-mb "
+    "M]\n"
     "                         [--cycle-time-ms C] [--timeline-filename F] [--gloo] [-p SSH_PORT]\n"
     "                         [-i SSH_IDENTITY_FILE] [--ssh-arg ARG]... PROGRAM [ARGS...]\n"
-    "  elastic: dtrain horovodrun [-np N] --min-np MIN [--max-np MAX] --host-discovery-script SCRIPT\n"
-    "                         [--slots S] [--elastic-timeout S] [--reset-limit R] ... PROGRAM [ARGS...]\n"
+    "  elastic: dtrain horovodrun [-np N] --min-np MIN [--max-np MAX] --host-discovery-script "
+    "SCRIPT\n"
+    "                         [--slots S] [--elastic-timeout S] [--reset-limit R] ... PROGRAM "
+    "[ARGS...]\n"
     "  Runs PROGRAM on N processes as horovodrun does, on dtrain's launcher. Workers get\n"
     "  HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK,\n"
-    "  HOROVOD_CROSS_SIZE and torchrun's variables. Without -H/--hostfile every process runs here.\n"
-    "  Elastic: SCRIPT prints the current hosts (HOST:SLOTS lines); a host whose worker fails leaves\n"
-    "  the job and the others go on from the last commit (hvd::elastic::run, dtrain/horovod_elastic.h).\n"
+    "  HOROVOD_CROSS_SIZE and torchrun's variables. Without -H/--hostfile every process runs "
+    "here.\n"
+    "  Elastic: SCRIPT prints the current hosts (HOST:SLOTS lines); a host whose worker fails "
+    "leaves\n"
+    "  the job and the others go on from the last commit (hvd::elastic::run, "
+    "dtrain/horovod_elastic.h).\n"
     "  Hosts that are not this machine get their workers over ssh (-p, -i, --ssh-arg).\n";
 
 int parse_positive(const std::string& flag, const std::string& v, bool allow_zero = false) {
   try {
     size_t used = 0;
     long n = std::stol(v, &used);
-    if (used == v.size() && (n > 0 || (allow_zero && n == 0)) && n <= INT_MAX) return static_cast<int>(n);
+    if (used == v.size() && (n > 0 || (allow_zero && n == 0)) && n <= INT_MAX)
+      return static_cast<int>(n);
   } catch (const std::exception&) {
   }
-  throw UsageError(flag + ": got '" + v + "', expected a " + (allow_zero ? "non-negative" : "positive") + " integer");
+  throw UsageError(flag + ": got '" + v + "', expected a " +
+                   (allow_zero ? "non-negative" : "positive") + " integer");
 }
 
 double parse_number(const std::string& flag, const std::string& v) {
@@ -63,7 +71,9 @@ double parse_number(const std::string& flag, const std::string& v) {
 std::string self_path() {
   char buf[PATH_MAX] = {};
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") + std::strerror(errno));
+  if (n <= 0)
+    throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") +
+                std::strerror(errno));
   return std::string(buf, static_cast<size_t>(n));
 }
 
@@ -115,7 +125,8 @@ int horovodrun_main(const std::vector<std::string>& args) {
         env["HOROVOD_FUSION_THRESHOLD"] = std::to_string(static_cast<long long>(mb * 1024 * 1024));
       } else if (a == "--cycle-time-ms") {
         double ms = parse_number(a, value(a));
-        if (ms <= 0) throw UsageError("--cycle-time-ms: expected a positive number of milliseconds");
+        if (ms <= 0)
+          throw UsageError("--cycle-time-ms: expected a positive number of milliseconds");
         env["HOROVOD_CYCLE_TIME"] = args[i];
       } else if (a == "--timeline-filename") {
         timeline = value(a);
@@ -123,13 +134,15 @@ int horovodrun_main(const std::vector<std::string>& args) {
       } else if (a == "--gloo") {
         // dtrain's runtime is Gloo (and shared memory on one host): nothing to switch.
       } else if (a == "--mpi" || a == "--jsrun") {
-        throw UsageError(a + ": dtrain horovodrun runs on dtrain's own launcher and Gloo/shared-memory "
-                             "runtime; drop the flag (use --gloo or nothing)");
+        throw UsageError(a +
+                         ": dtrain horovodrun runs on dtrain's own launcher and Gloo/shared-memory "
+                         "runtime; drop the flag (use --gloo or nothing)");
       } else if (a == "-p" || a == "--ssh-port") {
         ssh_port = value(a);
       } else if (a == "-i" || a == "--ssh-identity-file") {
         ssh_identity = value(a);
-      } else if (a == "--ssh-arg") {  // dtrain's: as `dtrain run --ssh-arg`, e.g. --ssh-arg -F --ssh-arg CFG
+      } else if (a == "--ssh-arg") {  // dtrain's: as `dtrain run --ssh-arg`, e.g. --ssh-arg -F
+                                      // --ssh-arg CFG
         ssh_args.push_back(value(a));
       } else if (a == "--min-np" || a == "--min-num-proc") {
         ef.min_np = parse_positive(a, value(a));
@@ -147,8 +160,10 @@ int horovodrun_main(const std::vector<std::string>& args) {
       } else if (a == "--reset-limit") {
         ef.reset_limit = parse_positive(a, value(a), true);
       } else if (a == "--blacklist-cooldown-range") {
-        throw UsageError(a + ": not built in dtrain horovodrun: a host whose worker failed stays blacklisted for the "
-                             "rest of the job; drop the flag");
+        throw UsageError(a +
+                         ": not built in dtrain horovodrun: a host whose worker failed stays "
+                         "blacklisted for the "
+                         "rest of the job; drop the flag");
       } else if (a == "--verbose" || a == "-v") {
         // accepted for horovodrun compatibility
       } else {
@@ -157,8 +172,9 @@ int horovodrun_main(const std::vector<std::string>& args) {
     }
     if (elastic) {
       if (!hosts.empty() || !hostfile.empty()) {
-        throw UsageError("-H/--hostfile and --host-discovery-script both given: an elastic job finds its hosts "
-                         "with the script only; drop -H/--hostfile");
+        throw UsageError(
+            "-H/--hostfile and --host-discovery-script both given: an elastic job finds its hosts "
+            "with the script only; drop -H/--hostfile");
       }
       if (i >= args.size()) throw UsageError("missing PROGRAM");
       ef.np = np;
@@ -179,7 +195,8 @@ int horovodrun_main(const std::vector<std::string>& args) {
       std::vector<std::string> f;
       std::stringstream ss(spec);
       for (std::string item; std::getline(ss, item, ',');) f.push_back(item);
-      if (f.size() != 6 && f.size() != 7) throw Error("bad DTRAIN_HVD_ELASTIC_AGENT '" + spec + "'");
+      if (f.size() != 6 && f.size() != 7)
+        throw Error("bad DTRAIN_HVD_ELASTIC_AGENT '" + spec + "'");
       RunArgs ra;
       ra.nproc = f[1];
       ra.nnodes = f[4] + ":" + f[5];
@@ -203,7 +220,8 @@ int horovodrun_main(const std::vector<std::string>& args) {
     }
     if (np < 1) throw UsageError("-np N is required (the number of processes)");
     if (i >= args.size()) throw UsageError("missing PROGRAM");
-    if (!hosts.empty() && !hostfile.empty()) throw UsageError("-H and --hostfile both given: use one of them");
+    if (!hosts.empty() && !hostfile.empty())
+      throw UsageError("-H and --hostfile both given: use one of them");
 
     RunArgs ra;
     ra.nproc = std::to_string(np);
@@ -220,8 +238,8 @@ int horovodrun_main(const std::vector<std::string>& args) {
       int total = 0;
       for (auto& [h, s] : slots) total += s;
       if (total < np) {
-        throw UsageError("-np " + std::to_string(np) + " but the hosts offer only " + std::to_string(total) +
-                         " slot(s); add hosts or slots, or lower -np");
+        throw UsageError("-np " + std::to_string(np) + " but the hosts offer only " +
+                         std::to_string(total) + " slot(s); add hosts or slots, or lower -np");
       }
       std::vector<std::pair<std::string, int>> used;
       int left = np;
@@ -274,7 +292,8 @@ int horovod_exec_main(const std::vector<std::string>& args) {
   }
   const char* rank = std::getenv("RANK");
   if (!rank) {
-    std::cerr << "dtrain horovod-exec: RANK is not set; this shim runs under dtrain horovodrun only\n";
+    std::cerr
+        << "dtrain horovod-exec: RANK is not set; this shim runs under dtrain horovodrun only\n";
     return 2;
   }
   // Horovod's names for what the agent set (cross = across hosts: the node's rank and count).
@@ -305,7 +324,8 @@ int horovod_exec_main(const std::vector<std::string>& args) {
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
   ::execvp(cargv[0], cargv.data());
-  std::cerr << "dtrain horovod-exec: cannot run '" << argv[0] << "': " << std::strerror(errno) << "\n";
+  std::cerr << "dtrain horovod-exec: cannot run '" << argv[0] << "': " << std::strerror(errno)
+            << "\n";
   return 127;
 }
 

@@ -90,13 +90,15 @@ bool is_local_host(const std::string& h) {
 std::string self_exe() {
   char buf[PATH_MAX] = {};
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") + std::strerror(errno));
+  if (n <= 0)
+    throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") +
+                std::strerror(errno));
   return std::string(buf, static_cast<size_t>(n));
 }
 
 // fork + execve with everything prepared before the fork (the store's threads exist).
-pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, int out_fd, int err_fd,
-            bool die_with_parent, int in_fd = -1) {
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, int out_fd,
+            int err_fd, bool die_with_parent, int in_fd = -1) {
   std::vector<char*> a, e;
   for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
   a.push_back(nullptr);
@@ -138,10 +140,13 @@ std::string address_towards(const std::string& host) {
     if (fd < 0) continue;
     sockaddr_storage me{};
     socklen_t len = sizeof me;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
       char buf[INET6_ADDRSTRLEN] = {};
-      const void* src = me.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&me)->sin_addr)
-                                                : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr);
+      const void* src =
+          me.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&me)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr);
       if (::inet_ntop(me.ss_family, src, buf, sizeof buf)) {
         out = buf;
         ::close(fd);
@@ -156,7 +161,8 @@ std::string address_towards(const std::string& host) {
 
 std::vector<std::string> ssh_argv(const ElasticFlags& f, const std::string& host) {
   std::vector<std::string> argv = {"ssh"};
-  argv.insert(argv.end(), f.ssh_args.begin(), f.ssh_args.end());  // the user's first: ssh keeps first values
+  argv.insert(argv.end(), f.ssh_args.begin(),
+              f.ssh_args.end());  // the user's first: ssh keeps first values
   argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"});
   if (f.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(f.ssh_port)});
   if (!f.ssh_identity.empty()) argv.insert(argv.end(), {"-i", f.ssh_identity});
@@ -167,7 +173,8 @@ std::vector<std::string> ssh_argv(const ElasticFlags& f, const std::string& host
 // The variables a remote agent gets from the driver (a local one inherits all of them):
 // Horovod's, dtrain's and the threading ones, as horovodrun forwards its environment.
 bool forwarded(const std::string& kv) {
-  for (const char* p : {"HOROVOD_", "DTRAIN_", "TORCH_", "OMP_", "MKL_", "GLOO_", "LD_LIBRARY_PATH=", "PATH="}) {
+  for (const char* p :
+       {"HOROVOD_", "DTRAIN_", "TORCH_", "OMP_", "MKL_", "GLOO_", "LD_LIBRARY_PATH=", "PATH="}) {
     if (kv.rfind(p, 0) == 0) return true;
   }
   return false;
@@ -177,8 +184,10 @@ std::string ssh_path() {
   for (const char* dir : {"/usr/bin/ssh", "/bin/ssh", "/usr/local/bin/ssh"}) {
     if (::access(dir, X_OK) == 0) return dir;
   }
-  throw Error("elastic horovodrun: ssh is not installed here, and the discovery script lists hosts that are not "
-              "this machine; install openssh-client");
+  throw Error(
+      "elastic horovodrun: ssh is not installed here, and the discovery script lists hosts that "
+      "are not "
+      "this machine; install openssh-client");
 }
 
 // ssh HOST 'test -x DTRAIN' (as `dtrain run -H` checks its hosts): "" when the host answers and
@@ -186,8 +195,8 @@ std::string ssh_path() {
 std::string check_remote(const ElasticFlags& f, const std::string& host, const std::string& exe) {
   auto argv = ssh_argv(f, host);
   argv[0] = ssh_path();
-  argv.push_back("test -x " + shell_quote(exe) + " || { echo " + shell_quote("dtrain is not at " + exe + " there") +
-                 " >&2; exit 3; }");
+  argv.push_back("test -x " + shell_quote(exe) + " || { echo " +
+                 shell_quote("dtrain is not at " + exe + " there") + " >&2; exit 3; }");
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   int out[2];
@@ -231,7 +240,9 @@ std::string check_remote(const ElasticFlags& f, const std::string& host, const s
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
   text = trim(text);
   while (!text.empty() && text.back() == '\n') text.pop_back();
-  if (text.empty()) text = WIFEXITED(status) ? "ssh exited with code " + std::to_string(WEXITSTATUS(status)) : "ssh did not answer in 30 s";
+  if (text.empty())
+    text = WIFEXITED(status) ? "ssh exited with code " + std::to_string(WEXITSTATUS(status))
+                             : "ssh did not answer in 30 s";
   return text;
 }
 
@@ -246,7 +257,8 @@ void remove_memory_commits(const std::string& run_id) {
 }
 
 // The same on every remote host an agent ran on: one ssh each, at once, 15 s at most in all.
-void remove_remote_commits(const ElasticFlags& f, const std::set<std::string>& hosts, const std::string& run_id) {
+void remove_remote_commits(const ElasticFlags& f, const std::set<std::string>& hosts,
+                           const std::string& run_id) {
   if (hosts.empty()) return;
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
@@ -269,8 +281,8 @@ void remove_remote_commits(const ElasticFlags& f, const std::set<std::string>& h
       int status = 0;
       if (::waitpid(it->first, &status, WNOHANG) == it->first) {
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-          say("could not remove the job's in-memory commits on " + it->second + " over ssh (/dev/shm/dtrain-hvd-elastic-*-" +
-              run_id + "-*)");
+          say("could not remove the job's in-memory commits on " + it->second +
+              " over ssh (/dev/shm/dtrain-hvd-elastic-*-" + run_id + "-*)");
         }
         it = children.erase(it);
       } else {
@@ -291,7 +303,8 @@ void remove_remote_commits(const ElasticFlags& f, const std::set<std::string>& h
 
 }  // namespace
 
-std::vector<std::pair<std::string, int>> parse_discovery_output(const std::string& output, int default_slots,
+std::vector<std::pair<std::string, int>> parse_discovery_output(const std::string& output,
+                                                                int default_slots,
                                                                 const std::string& script) {
   std::vector<std::pair<std::string, int>> hosts;
   std::set<std::string> seen;
@@ -302,8 +315,8 @@ std::vector<std::pair<std::string, int>> parse_discovery_output(const std::strin
     ++line_no;
     std::string line = trim(raw.substr(0, raw.find('#')));
     if (line.empty()) continue;
-    const std::string where = "--host-discovery-script " + script + " printed line " + std::to_string(line_no) +
-                              " '" + trim(raw) + "'";
+    const std::string where = "--host-discovery-script " + script + " printed line " +
+                              std::to_string(line_no) + " '" + trim(raw) + "'";
     std::string host = line;
     int slots = default_slots;
     auto colon = line.rfind(':');
@@ -319,29 +332,35 @@ std::vector<std::pair<std::string, int>> parse_discovery_output(const std::strin
         v = -1;
       }
       if (v < 1 || v > 4096) {
-        throw UsageError(where + ": the slots after ':' must be a positive integer (expected HOST:SLOTS or HOST)");
+        throw UsageError(
+            where +
+            ": the slots after ':' must be a positive integer (expected HOST:SLOTS or HOST)");
       }
       slots = static_cast<int>(v);
     }
     if (host.empty() || host.find_first_of(" \t,") != std::string::npos) {
       throw UsageError(where + ": expected one HOST:SLOTS (or HOST) per line, e.g. 'node1:4'");
     }
-    if (!seen.insert(host).second) throw UsageError(where + ": host '" + host + "' is listed twice");
+    if (!seen.insert(host).second)
+      throw UsageError(where + ": host '" + host + "' is listed twice");
     hosts.emplace_back(host, slots);
   }
   return hosts;
 }
 
-std::vector<std::pair<std::string, int>> run_discovery(const std::string& script, int default_slots) {
+std::vector<std::pair<std::string, int>> run_discovery(const std::string& script,
+                                                       int default_slots) {
   if (::access(script.c_str(), F_OK) != 0) {
     throw UsageError("--host-discovery-script " + script + ": no such file");
   }
   if (::access(script.c_str(), X_OK) != 0) {
     throw UsageError("--host-discovery-script " + script +
-                     ": not executable; make it so (chmod +x) - it is run as a program and prints HOST:SLOTS lines");
+                     ": not executable; make it so (chmod +x) - it is run as a program and prints "
+                     "HOST:SLOTS lines");
   }
   int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw Error(std::string("pipe: ") + std::strerror(errno));
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     if (std::strncmp(*e, kAgentVar, std::strlen(kAgentVar)) != 0) env.emplace_back(*e);
@@ -358,7 +377,8 @@ std::vector<std::pair<std::string, int>> run_discovery(const std::string& script
     ::waitpid(pid, nullptr, 0);
     ::close(out[0]);
     ::close(err[0]);
-    return Error("--host-discovery-script " + script + " ran for more than 30 s without finishing; it must print "
+    return Error("--host-discovery-script " + script +
+                 " ran for more than 30 s without finishing; it must print "
                  "the current hosts and exit");
   };
   while (out_open || err_open) {
@@ -388,28 +408,33 @@ std::vector<std::pair<std::string, int>> run_discovery(const std::string& script
     std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(WEXITSTATUS(status))
                                         : "died of signal " + std::to_string(WTERMSIG(status));
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not be run)";
-    throw Error("--host-discovery-script " + script + " " + how +
-                (errtext.empty() ? std::string() : "; its stderr: " + trim(errtext.substr(0, 2000))));
+    throw Error(
+        "--host-discovery-script " + script + " " + how +
+        (errtext.empty() ? std::string() : "; its stderr: " + trim(errtext.substr(0, 2000))));
   }
   return parse_discovery_output(text, default_slots, script);
 }
 
 void validate_elastic_flags(ElasticFlags& f) {
   if (f.discovery_script.empty()) {
-    throw UsageError("--min-np/--max-np (elastic) need --host-discovery-script SCRIPT: an executable that prints "
-                     "the current hosts as HOST:SLOTS lines");
+    throw UsageError(
+        "--min-np/--max-np (elastic) need --host-discovery-script SCRIPT: an executable that "
+        "prints "
+        "the current hosts as HOST:SLOTS lines");
   }
   if (f.min_np < 0) f.min_np = f.np;
   if (f.min_np < 0) {
-    throw UsageError("elastic horovodrun needs --min-np N (or -np N): the fewest processes the job runs on");
+    throw UsageError(
+        "elastic horovodrun needs --min-np N (or -np N): the fewest processes the job runs on");
   }
   if (f.max_np >= 0 && f.max_np < f.min_np) {
-    throw UsageError("--max-np " + std::to_string(f.max_np) + " is below --min-np " + std::to_string(f.min_np) +
-                     "; --max-np must be >= --min-np");
+    throw UsageError("--max-np " + std::to_string(f.max_np) + " is below --min-np " +
+                     std::to_string(f.min_np) + "; --max-np must be >= --min-np");
   }
   if (f.np >= 0 && (f.np < f.min_np || (f.max_np >= 0 && f.np > f.max_np))) {
-    throw UsageError("-np " + std::to_string(f.np) + " is outside --min-np " + std::to_string(f.min_np) +
-                     " .. --max-np " + (f.max_np >= 0 ? std::to_string(f.max_np) : std::string("(no limit)")));
+    throw UsageError("-np " + std::to_string(f.np) + " is outside --min-np " +
+                     std::to_string(f.min_np) + " .. --max-np " +
+                     (f.max_np >= 0 ? std::to_string(f.max_np) : std::string("(no limit)")));
   }
 }
 
@@ -431,9 +456,10 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     for (auto& [h, s] : hosts) total += s;
     if (total >= f.min_np) break;
     if (Clock::now() >= start_deadline) {
-      throw Error("--host-discovery-script " + f.discovery_script + " lists " + std::to_string(hosts.size()) +
-                  " host(s) with " + std::to_string(total) + " slot(s) after --start-timeout " +
-                  std::to_string(f.start_timeout_s) + " s, but --min-np " + std::to_string(f.min_np) +
+      throw Error("--host-discovery-script " + f.discovery_script + " lists " +
+                  std::to_string(hosts.size()) + " host(s) with " + std::to_string(total) +
+                  " slot(s) after --start-timeout " + std::to_string(f.start_timeout_s) +
+                  " s, but --min-np " + std::to_string(f.min_np) +
                   " needs that many; add hosts or slots, or lower --min-np");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -443,16 +469,18 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   for (auto& [h, s] : hosts) sizes.push_back(f.max_np > 0 ? std::min(s, f.max_np) : s);
   std::sort(sizes.rbegin(), sizes.rend());
   int min_nodes = 0;
-  for (int sum = 0; sum < f.min_np && min_nodes < static_cast<int>(sizes.size()); ++min_nodes) sum += sizes[min_nodes];
+  for (int sum = 0; sum < f.min_np && min_nodes < static_cast<int>(sizes.size()); ++min_nodes)
+    sum += sizes[min_nodes];
   min_nodes = std::max(min_nodes, 1);
   const int max_nodes = std::max(min_nodes + 1, f.max_np > 0 ? f.max_np : 4096);
 
   // 2. The job's store, hosted here for the whole job.
   auto server = store::StoreServer::start({});
   const int port = server->port();
-  const std::string run_id = "hvd-elastic-" + std::to_string(::getpid()) + "-" + std::to_string(std::time(nullptr));
-  say("job " + run_id + ": --min-np " + std::to_string(f.min_np) + " -> at least " + std::to_string(min_nodes) +
-      " host(s); store on port " + std::to_string(port));
+  const std::string run_id =
+      "hvd-elastic-" + std::to_string(::getpid()) + "-" + std::to_string(std::time(nullptr));
+  say("job " + run_id + ": --min-np " + std::to_string(f.min_np) + " -> at least " +
+      std::to_string(min_nodes) + " host(s); store on port " + std::to_string(port));
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -464,16 +492,16 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   std::map<pid_t, std::pair<std::string, int>> running;  // agent pid -> host, processes
   std::set<std::string> blacklist;
   std::vector<std::string> unreachable;  // remote hosts ssh could not reach, with why
-  std::map<pid_t, int> ssh_stdin;  // remote agents: the write end of their ssh's stdin
-  std::set<std::string> remote_hosts;  // every remote host an agent ran on (commits to remove)
+  std::map<pid_t, int> ssh_stdin;        // remote agents: the write end of their ssh's stdin
+  std::set<std::string> remote_hosts;    // every remote host an agent ran on (commits to remove)
   std::error_code cwd_ec;
   const std::string cwd = std::filesystem::current_path(cwd_ec).string();
   ::signal(SIGPIPE, SIG_IGN);
   int total = 0;
   auto start_agents = [&](const std::vector<std::pair<std::string, int>>& given) {
     auto is_new = [&](const std::string& h) {
-      return !blacklist.count(h) &&
-             std::none_of(running.begin(), running.end(), [&](auto& r) { return r.second.first == h; });
+      return !blacklist.count(h) && std::none_of(running.begin(), running.end(),
+                                                 [&](auto& r) { return r.second.first == h; });
     };
     // New remote hosts are checked over ssh before any agent starts, and their agents (slower
     // to start: ssh) start first, so that the first rendezvous round finds every host.
@@ -495,8 +523,8 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       if (!is_new(h)) continue;
       int n = f.max_np > 0 ? std::min(s, f.max_np - total) : s;
       if (n <= 0) continue;
-      std::string spec = h + "," + std::to_string(n) + "," + std::to_string(port) + "," + run_id + "," +
-                         std::to_string(min_nodes) + "," + std::to_string(max_nodes);
+      std::string spec = h + "," + std::to_string(n) + "," + std::to_string(port) + "," + run_id +
+                         "," + std::to_string(min_nodes) + "," + std::to_string(max_nodes);
       std::vector<std::string> env;
       for (char** e = environ; *e; ++e) env.emplace_back(*e);
       pid_t pid = -1;
@@ -536,22 +564,25 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       }
       running[pid] = {h, n};
       total += n;
-      say("started the agent for " + h + " (" + std::to_string(n) + " process(es), pid " + std::to_string(pid) +
-          (is_local_host(h) ? "" : ", over ssh") + ")");
+      say("started the agent for " + h + " (" + std::to_string(n) + " process(es), pid " +
+          std::to_string(pid) + (is_local_host(h) ? "" : ", over ssh") + ")");
     }
   };
   start_agents(hosts);
   if (running.empty()) {
     std::string why;
     for (const auto& u : unreachable) why += (why.empty() ? "" : "; ") + u;
-    throw UsageError("--host-discovery-script " + f.discovery_script + ": no agent could start: " + why +
-                     " - check the host names, ssh access (-p, -i, --ssh-arg) and that dtrain is at the same path there");
+    throw UsageError("--host-discovery-script " + f.discovery_script +
+                     ": no agent could start: " + why +
+                     " - check the host names, ssh access (-p, -i, --ssh-arg) and that dtrain is "
+                     "at the same path there");
   }
 
   // 3. Watch the agents and the hosts.
   bool succeeded = false;
   int last_code = 1;
-  auto next_discovery = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.discovery_interval_s * 1000));
+  auto next_discovery =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.discovery_interval_s * 1000));
   while (!running.empty()) {
     if (g_signal) {
       int sig = g_signal;
@@ -582,15 +613,16 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
         last_code = code;
         if (!succeeded) {
           blacklist.insert(host);
-          say("the agent for " + host + " left the job (exit code " + std::to_string(code) + "); " + host +
-              " is blacklisted" +
+          say("the agent for " + host + " left the job (exit code " + std::to_string(code) + "); " +
+              host + " is blacklisted" +
               (running.empty() ? std::string() : "; the other hosts go on from the last commit"));
         }
       }
       continue;
     }
     if (!succeeded && Clock::now() >= next_discovery) {
-      next_discovery = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.discovery_interval_s * 1000));
+      next_discovery = Clock::now() + std::chrono::milliseconds(
+                                          static_cast<int64_t>(f.discovery_interval_s * 1000));
       try {
         start_agents(run_discovery(f.discovery_script, f.slots));
       } catch (const std::exception& e) {

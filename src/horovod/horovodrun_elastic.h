@@ -9,14 +9,14 @@
 namespace dtrain::hvd {
 
 struct ElasticFlags {
-  int np = -1;      // -np: processes to start with (checked against min/max)
-  int min_np = -1;  // --min-np (default: -np)
-  int max_np = -1;  // --max-np (default: no limit)
-  std::string discovery_script;  // --host-discovery-script
-  int slots = 1;                 // --slots: for discovered hosts printed without ":slots"
-  int start_timeout_s = 30;      // --start-timeout: wait this long for min_np slots at start
-  int elastic_timeout_s = 600;   // --elastic-timeout: the survivors wait this long for min_np
-  int reset_limit = 100;         // --reset-limit: restarts of the workers after failures
+  int np = -1;                        // -np: processes to start with (checked against min/max)
+  int min_np = -1;                    // --min-np (default: -np)
+  int max_np = -1;                    // --max-np (default: no limit)
+  std::string discovery_script;       // --host-discovery-script
+  int slots = 1;                      // --slots: for discovered hosts printed without ":slots"
+  int start_timeout_s = 30;           // --start-timeout: wait this long for min_np slots at start
+  int elastic_timeout_s = 600;        // --elastic-timeout: the survivors wait this long for min_np
+  int reset_limit = 100;              // --reset-limit: restarts of the workers after failures
   double discovery_interval_s = 1.0;  // how often the script runs while the job runs
   // Hosts that are not this machine get their agent over ssh (as `dtrain run -H` does):
   int ssh_port = 0;                   // -p/--ssh-port (0: ssh's default)
@@ -26,11 +26,13 @@ struct ElasticFlags {
 
 // The script's output: `host:slots` or `host` (then `default_slots`) per line; blank lines
 // and `#` comments are skipped. Throws UsageError naming the line that is wrong.
-std::vector<std::pair<std::string, int>> parse_discovery_output(const std::string& output, int default_slots,
+std::vector<std::pair<std::string, int>> parse_discovery_output(const std::string& output,
+                                                                int default_slots,
                                                                 const std::string& script);
 // Runs the script (an executable file, no arguments) and parses what it printed. Throws
 // UsageError when it is missing or not executable, Error when it fails or hangs (> 30 s).
-std::vector<std::pair<std::string, int>> run_discovery(const std::string& script, int default_slots);
+std::vector<std::pair<std::string, int>> run_discovery(const std::string& script,
+                                                       int default_slots);
 
 // Checks the elastic flags (UsageError saying what is wrong). Fills the defaults.
 void validate_elastic_flags(ElasticFlags& f);

@@ -11,7 +11,8 @@ namespace dtrain::hvd {
 
 namespace {
 
-std::vector<std::pair<std::string, torch::Tensor>> to_vector(const torch::OrderedDict<std::string, torch::Tensor>& d) {
+std::vector<std::pair<std::string, torch::Tensor>> to_vector(
+    const torch::OrderedDict<std::string, torch::Tensor>& d) {
   std::vector<std::pair<std::string, torch::Tensor>> v;
   for (const auto& item : d) v.emplace_back(item.key(), item.value());
   return v;
@@ -19,17 +20,20 @@ std::vector<std::pair<std::string, torch::Tensor>> to_vector(const torch::Ordere
 
 }  // namespace
 
-DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
-                                           const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                                           DistributedOptimizerOptions options)
+DistributedOptimizer::DistributedOptimizer(
+    torch::optim::Optimizer& optimizer,
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+    DistributedOptimizerOptions options)
     : DistributedOptimizer(optimizer, to_vector(named_parameters), options) {}
 
-DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
-                                           const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-                                           DistributedOptimizerOptions options)
+DistributedOptimizer::DistributedOptimizer(
+    torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+    DistributedOptimizerOptions options)
     : optimizer_(optimizer), options_(options) {
   if (!is_initialized()) {
-    throw UsageError("hvd::DistributedOptimizer: hvd is not initialized; call dtrain::hvd::init() first");
+    throw UsageError(
+        "hvd::DistributedOptimizer: hvd is not initialized; call dtrain::hvd::init() first");
   }
   if (options_.backward_passes_per_step < 1) {
     throw UsageError("hvd::DistributedOptimizer: backward_passes_per_step must be >= 1, got " +
@@ -38,11 +42,15 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
   if (options_.op == ReduceOp::Adasum) {
     const int n = size();
     if (n & (n - 1)) {
-      throw UsageError("hvd::DistributedOptimizer: op Adasum runs on a power-of-2 number of ranks only, as "
-                       "Horovod's; this job has " + std::to_string(n) + " ranks (use hvd::Average, or 1, 2, 4, 8... ranks)");
+      throw UsageError(
+          "hvd::DistributedOptimizer: op Adasum runs on a power-of-2 number of ranks only, as "
+          "Horovod's; this job has " +
+          std::to_string(n) + " ranks (use hvd::Average, or 1, 2, 4, 8... ranks)");
     }
     if (options_.gradient_predivide_factor != 1.0) {
-      throw UsageError("hvd::DistributedOptimizer: gradient_predivide_factor must be 1 with op Adasum (as in Horovod)");
+      throw UsageError(
+          "hvd::DistributedOptimizer: gradient_predivide_factor must be 1 with op Adasum (as in "
+          "Horovod)");
     }
   } else if (options_.op != ReduceOp::Average && options_.op != ReduceOp::Sum) {
     throw UsageError("hvd::DistributedOptimizer: op must be hvd::Average, hvd::Sum or hvd::Adasum");
@@ -52,13 +60,15 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
                      std::to_string(options_.gradient_predivide_factor));
   }
   if (options_.gradient_predivide_factor != 1.0 && options_.op != ReduceOp::Average) {
-    throw UsageError("hvd::DistributedOptimizer: gradient_predivide_factor only applies with op hvd::Average");
+    throw UsageError(
+        "hvd::DistributedOptimizer: gradient_predivide_factor only applies with op hvd::Average");
   }
   std::set<std::string> seen;
   for (const auto& [name, p] : named_parameters) {
     if (!seen.insert(name).second) {
       throw UsageError("hvd::DistributedOptimizer: parameter name '" + name +
-                       "' appears twice in named_parameters; names must be unique (they pair requests across ranks)");
+                       "' appears twice in named_parameters; names must be unique (they pair "
+                       "requests across ranks)");
     }
     if (!p.requires_grad()) continue;
     names_.push_back(name);
@@ -70,9 +80,11 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
   for (const auto& group : optimizer_.param_groups()) {
     for (const auto& p : group.params()) {
       if (p.requires_grad() && !named.count(p.unsafeGetTensorImpl())) {
-        throw UsageError("hvd::DistributedOptimizer: the optimizer holds a parameter of shape " + c10::str(p.sizes()) +
-                         " that named_parameters does not name; pass model->named_parameters() of the model the "
-                         "optimizer trains");
+        throw UsageError(
+            "hvd::DistributedOptimizer: the optimizer holds a parameter of shape " +
+            c10::str(p.sizes()) +
+            " that named_parameters does not name; pass model->named_parameters() of the model the "
+            "optimizer trains");
       }
     }
   }
@@ -102,7 +114,8 @@ void DistributedOptimizer::install_hooks() {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     DTRAIN_ASSERT(acc != nullptr, "parameter '" + names_[i] + "' has no gradient accumulator");
     auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
           on_gradient(i);
           return outputs;
         }));
@@ -112,17 +125,20 @@ void DistributedOptimizer::install_hooks() {
 
 void DistributedOptimizer::on_gradient(size_t i) {
   if (handles_[i] >= 0) {
-    throw UsageError("hvd::DistributedOptimizer: the gradient of '" + names_[i] + "' was computed more than " +
-                     "backward_passes_per_step (" + std::to_string(options_.backward_passes_per_step) +
+    throw UsageError("hvd::DistributedOptimizer: the gradient of '" + names_[i] +
+                     "' was computed more than " + "backward_passes_per_step (" +
+                     std::to_string(options_.backward_passes_per_step) +
                      ") times before step(); call step() (or synchronize()) after every " +
-                     std::to_string(options_.backward_passes_per_step) + " backward pass(es), or raise backward_passes_per_step");
+                     std::to_string(options_.backward_passes_per_step) +
+                     " backward pass(es), or raise backward_passes_per_step");
   }
   if (--passes_left_[i] == 0) submit(i);
 }
 
 void DistributedOptimizer::submit(size_t i) {
   torch::Tensor& p = params_[i];
-  if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // a parameter backward did not reach
+  if (!p.grad().defined())
+    p.mutable_grad() = torch::zeros_like(p);  // a parameter backward did not reach
   AllreduceOptions o;
   o.name = "DistributedOptimizer.allreduce." + names_[i];
   o.op = options_.op;
@@ -204,8 +220,10 @@ void DistributedOptimizer::step() {
 void DistributedOptimizer::zero_grad() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (handles_[i] >= 0) {
-      throw UsageError("hvd::DistributedOptimizer::zero_grad() was called after backward but before step() or "
-                       "synchronize(): the gradient of '" + names_[i] + "' is being reduced; call step() first");
+      throw UsageError(
+          "hvd::DistributedOptimizer::zero_grad() was called after backward but before step() or "
+          "synchronize(): the gradient of '" +
+          names_[i] + "' is being reduced; call step() first");
     }
   }
   optimizer_.zero_grad();

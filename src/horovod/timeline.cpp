@@ -14,11 +14,21 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -34,22 +44,26 @@ std::string json_string(const std::string& s) {
 
 }  // namespace
 
-Timeline::Timeline(const std::string& path, bool mark_cycles) : path_(path), mark_cycles_(mark_cycles) {
+Timeline::Timeline(const std::string& path, bool mark_cycles)
+    : path_(path), mark_cycles_(mark_cycles) {
   file_ = std::fopen(path.c_str(), "w");
   if (!file_) {
     const int e = errno;
-    throw UsageError("HOROVOD_TIMELINE='" + path + "': cannot open it for writing (" + std::strerror(e) +
+    throw UsageError("HOROVOD_TIMELINE='" + path + "': cannot open it for writing (" +
+                     std::strerror(e) +
                      "); give a path in a writable, existing directory, or unset it");
   }
   start_ = std::chrono::steady_clock::now();
   last_flush_ = start_;
-  const int64_t epoch_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  buffer_ = "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"horovod\", "
-            "\"start_time_since_epoch_in_micros\": " +
-            std::to_string(epoch_us) +
-            "}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"sort_index\": 0}}";
+  const int64_t epoch_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  buffer_ =
+      "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"horovod\", "
+      "\"start_time_since_epoch_in_micros\": " +
+      std::to_string(epoch_us) +
+      "}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": 0, \"args\": "
+      "{\"sort_index\": 0}}";
   flush(true);
 }
 
@@ -63,7 +77,9 @@ Timeline::~Timeline() {
 }
 
 int64_t Timeline::now_us() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start_).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start_)
+      .count();
 }
 
 int Timeline::pid(const std::string& name) {
@@ -73,8 +89,10 @@ int Timeline::pid(const std::string& name) {
   pids_.emplace(name, p);
   if (!buffer_.empty()) buffer_ += ",\n";
   buffer_ += "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(p) +
-             ", \"args\": {\"name\": " + json_string(name) + "}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", " +
-             "\"pid\": " + std::to_string(p) + ", \"args\": {\"sort_index\": " + std::to_string(p) + "}}";
+             ", \"args\": {\"name\": " + json_string(name) +
+             "}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", " +
+             "\"pid\": " + std::to_string(p) + ", \"args\": {\"sort_index\": " + std::to_string(p) +
+             "}}";
   return p;
 }
 
@@ -143,7 +161,8 @@ void Timeline::end(const std::string& name, const std::string& dtype, const std:
   if (it->second == State::kActivity) activity_end(name);
   if (it->second != State::kTopLevel) return;
   std::string args;
-  if (!dtype.empty()) args = "\"dtype\": " + json_string(dtype) + ", \"shape\": " + json_string(shape);
+  if (!dtype.empty())
+    args = "\"dtype\": " + json_string(dtype) + ", \"shape\": " + json_string(shape);
   event(pid(name), 'E', nullptr, args);
   states_.erase(it);
 }
@@ -151,7 +170,8 @@ void Timeline::end(const std::string& name, const std::string& dtype, const std:
 void Timeline::mark_cycle_start() {
   if (!mark_cycles_) return;
   if (!buffer_.empty()) buffer_ += ",\n";
-  buffer_ += "{\"ph\": \"i\", \"name\": \"CYCLE_START\", \"ts\": " + std::to_string(now_us()) + ", \"s\": \"g\"}";
+  buffer_ += "{\"ph\": \"i\", \"name\": \"CYCLE_START\", \"ts\": " + std::to_string(now_us()) +
+             ", \"s\": \"g\"}";
 }
 
 void Timeline::flush(bool force) {
@@ -174,7 +194,8 @@ void Timeline::flush(bool force) {
   buffer_.clear();
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0) {
     const int e = errno;
-    std::fprintf(stderr, "[hvd rank 0] HOROVOD_TIMELINE='%s': write failed (%s); the timeline stops here\n",
+    std::fprintf(stderr,
+                 "[hvd rank 0] HOROVOD_TIMELINE='%s': write failed (%s); the timeline stops here\n",
                  path_.c_str(), std::strerror(e));
     std::fclose(file_);
     file_ = nullptr;

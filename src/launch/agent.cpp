@@ -23,13 +23,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <algorithm>
-#include <cstdint>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
-#include <dirent.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -43,11 +43,11 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
+#include "launch/elastic_rendezvous.h"
 #include "launch/fork_server.h"
 #include "launch/guard.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
-#include "launch/elastic_rendezvous.h"
 #include "launch/rendezvous.h"
 #include "launch/worker_process.h"
 
@@ -68,7 +68,8 @@ std::string hostname() {
 std::string utc_now() {
   auto now = std::chrono::system_clock::now();
   std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   ::gmtime_r(&t, &tm);
   char buf[64];
@@ -111,8 +112,8 @@ struct Failure {
   int rank = -1;  // -1: not a worker (an agent was signalled or lost)
   int local_rank = -1;
   int pid = 0;
-  int exit_code = 1;  // what dtrain exits with
-  int signal = 0;     // the worker died of this signal (exit_code = 128 + signal)
+  int exit_code = 1;   // what dtrain exits with
+  int signal = 0;      // the worker died of this signal (exit_code = 128 + signal)
   std::string reason;  // for failures that are not a worker's exit
   std::vector<std::string> stderr_tail;
   std::string error_file;
@@ -124,11 +125,20 @@ struct Failure {
   std::vector<std::string> collectives;
 
   json to_json() const {
-    return {{"time", time},         {"host", host},         {"node_rank", node_rank},
-            {"rank", rank},         {"local_rank", local_rank}, {"pid", pid},
-            {"exit_code", exit_code}, {"signal", signal},   {"reason", reason},
-            {"stderr_tail", stderr_tail}, {"error_file", error_file},
-            {"error_file_contents", error_file_contents}, {"final", final}, {"collectives", collectives},
+    return {{"time", time},
+            {"host", host},
+            {"node_rank", node_rank},
+            {"rank", rank},
+            {"local_rank", local_rank},
+            {"pid", pid},
+            {"exit_code", exit_code},
+            {"signal", signal},
+            {"reason", reason},
+            {"stderr_tail", stderr_tail},
+            {"error_file", error_file},
+            {"error_file_contents", error_file_contents},
+            {"final", final},
+            {"collectives", collectives},
             {"membership", membership}};
   }
   static Failure from_json(const json& j) {
@@ -152,7 +162,8 @@ struct Failure {
   }
 
   std::string one_line() const {
-    std::string s = rank >= 0 ? "rank " + std::to_string(rank) + " on " + host : "the agent on " + host;
+    std::string s =
+        rank >= 0 ? "rank " + std::to_string(rank) + " on " + host : "the agent on " + host;
     s += " (node " + std::to_string(node_rank) + ")";
     if (rank >= 0 && signal > 0) s += " died of " + signal_name(signal);
     if (rank >= 0 && signal == 0) s += " exited";
@@ -284,29 +295,31 @@ class Agent {
   bool multi_node() const { return o_.nnodes > 1; }
   bool elastic() const { return o_.min_nodes > 0; }
   // Every agent's output reaches one console (srun's, or the host-file launcher's).
-  bool shared_console() const { return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof); }
+  bool shared_console() const {
+    return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof);
+  }
   std::string attempt_dir(int round) const;
 
   LaunchOptions o_;
   std::string host_;
   std::unique_ptr<launch::Guard> guard_;
   std::string fork_server_lib_;  // non-empty: workers start from a fork server
-  std::string warm_socket_;     // non-empty: from the warm fork server there (a Tuner's)
+  std::string warm_socket_;      // non-empty: from the warm fork server there (a Tuner's)
   std::unique_ptr<launch::ForkServer> fork_server_;  // this attempt's, until it is reaped
-  pid_t fork_server_pid_ = -1;   // this attempt's server (kept for failure reports)
-  int fork_server_status_ = 0;   // its wait status, once it failed
+  pid_t fork_server_pid_ = -1;  // this attempt's server (kept for failure reports)
+  int fork_server_status_ = 0;  // its wait status, once it failed
   bool said_exec_mode_ = false;
   std::unique_ptr<launch::ForkServer> standby_;  // the next attempt's server, waiting
-  std::vector<int> standby_out_, standby_err_;    // its workers' pipes (read ends)
-  int failures_ = 0;             // attempts that failed so far (no standby once none is left)
-  int stop_signal_ = 0;          // sent to workers whose pids arrive after stop_workers began
+  std::vector<int> standby_out_, standby_err_;   // its workers' pipes (read ends)
+  int failures_ = 0;     // attempts that failed so far (no standby once none is left)
+  int stop_signal_ = 0;  // sent to workers whose pids arrive after stop_workers began
   int signal_fd_ = -1;
   bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
   std::unique_ptr<store::StoreServer> server_;
   std::unique_ptr<store::StoreClient> store_;
   std::string store_host_;  // what workers get as MASTER_ADDR
   int store_port_ = 0;
-  std::string run_dir_;     // error files (and logs when --log-dir is not given)
+  std::string run_dir_;  // error files (and logs when --log-dir is not given)
   bool own_run_dir_ = false;
   std::vector<Worker> workers_;
   int node_rank_ = -1;
@@ -336,7 +349,9 @@ void Agent::setup_signals() {
 
 void Agent::setup_store() {
   // c10d: the agents on the endpoint's machine race to host it (elastic_rendezvous.h).
-  const bool try_host = o_.rdzv_backend == "c10d" ? (o_.master_addr.empty() || launch::endpoint_is_local(o_.master_addr)) : o_.node_rank == 0;
+  const bool try_host = o_.rdzv_backend == "c10d"
+                            ? (o_.master_addr.empty() || launch::endpoint_is_local(o_.master_addr))
+                            : o_.node_rank == 0;
   if (try_host) {
     try {
       server_ = store::StoreServer::start({"", static_cast<std::uint16_t>(o_.master_port)});
@@ -362,11 +377,12 @@ void Agent::setup_store() {
     } catch (const Error& e) {
       if (server_) throw;
       // Say which node could not reach which address, and what to do about it.
-      throw NetworkError("node " + std::to_string(o_.node_rank) + " (" + host_ +
-                         ") cannot reach the job's store at " + store_host_ + ":" +
-                         std::to_string(store_port_) + " on node 0: " + e.what() +
-                         ". The master address must be one every node can reach (never a "
-                         "loopback address across hosts): give node 0's address with --master-addr");
+      throw NetworkError(
+          "node " + std::to_string(o_.node_rank) + " (" + host_ +
+          ") cannot reach the job's store at " + store_host_ + ":" + std::to_string(store_port_) +
+          " on node 0: " + e.what() +
+          ". The master address must be one every node can reach (never a "
+          "loopback address across hosts): give node 0's address with --master-addr");
     }
   }
 }
@@ -380,7 +396,8 @@ std::vector<std::string> Agent::published_collectives(int round, int world_size)
       store::StoreClient::Options copts;
       copts.connect_timeout = std::chrono::seconds(2);
       copts.timeout = std::chrono::seconds(2);
-      own = store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(store_port_), copts);
+      own =
+          store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(store_port_), copts);
       client = own.get();
     }
     WorkerEnv env;
@@ -490,9 +507,10 @@ void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
       return fd;
     };
     const std::string prefix = "[" + o_.role + std::to_string(w.rank) + "]:";
-    w.out.emplace(prefix, mask_has(o_.redirects, lr, 1) ? -1 : STDOUT_FILENO, open_log("stdout.log"), 0);
-    w.err.emplace(prefix, mask_has(o_.redirects, lr, 2) ? -1 : STDERR_FILENO, open_log("stderr.log"),
-                  o_.stderr_tail_lines);
+    w.out.emplace(prefix, mask_has(o_.redirects, lr, 1) ? -1 : STDOUT_FILENO,
+                  open_log("stdout.log"), 0);
+    w.err.emplace(prefix, mask_has(o_.redirects, lr, 2) ? -1 : STDERR_FILENO,
+                  open_log("stderr.log"), o_.stderr_tail_lines);
   }
   stop_signal_ = 0;
   if (!warm_socket_.empty()) {
@@ -560,7 +578,8 @@ void Agent::read_fork_server() {
   if (!fork_server_) return;
   auto learn = [&](const std::vector<std::pair<int, pid_t>>& forked) {
     for (auto [index, pid] : forked) {
-      if (index < 0 || index >= static_cast<int>(workers_.size()) || workers_[index].pid > 0) continue;
+      if (index < 0 || index >= static_cast<int>(workers_.size()) || workers_[index].pid > 0)
+        continue;
       guard_->watch(pid);
       workers_[index].pid = pid;
       if (stop_signal_ != 0) ::kill(-pid, stop_signal_);  // stopping already: it missed the signal
@@ -595,7 +614,8 @@ void Agent::read_fork_server() {
   }
   if (fork_server_->exec_mode() && !said_exec_mode_) {
     said_exec_mode_ = true;
-    say("a library of " + o_.program + " keeps a thread running after loading, so the fork server "
+    say("a library of " + o_.program +
+        " keeps a thread running after loading, so the fork server "
         "cannot fork it safely: each worker is fork+exec'd from it instead (--start-method spawn "
         "saves the server's own start)");
   }
@@ -629,7 +649,8 @@ void Agent::start_standby() {
   inherited.insert(inherited.end(), tail.begin(), tail.end());
   try {
     standby_ = std::make_unique<launch::ForkServer>(
-        launch::ForkServerLaunch{argv, inherited, std::vector<std::vector<std::string>>(o_.nproc_per_node),
+        launch::ForkServerLaunch{argv, inherited,
+                                 std::vector<std::vector<std::string>>(o_.nproc_per_node),
                                  fork_server_lib_},
         standby_out_, standby_err_, launch::ForkServer::Standby{});
     guard_->watch(standby_->pid());
@@ -865,7 +886,8 @@ void Agent::heartbeat_and_check(Clock::time_point now) {
     if (it == heartbeats_.end() || it->second.first != v) {
       heartbeats_[k] = {v, now};
     } else if (now - it->second.second > heartbeat_timeout_) {
-      throw NetworkError("the agent of node " + std::to_string(k) + " stopped responding (no heartbeat for " +
+      throw NetworkError("the agent of node " + std::to_string(k) +
+                         " stopped responding (no heartbeat for " +
                          std::to_string(heartbeat_timeout_.count() / 1000) +
                          " s): it was killed, or its host or network failed");
     }
@@ -1007,8 +1029,9 @@ AttemptResult Agent::run_attempt(const launch::RendezvousResult& rdzv) {
         // Elastic: a node waits to join and there is room; restart everyone with it.
         if (!local_done && elastic() && nnodes_ < o_.nnodes &&
             launch::late_agents(*store_, o_.rdzv_id, rdzv.round) > 0) {
-          failure = agent_failure("a new node is waiting to join the job; restarting the workers to admit it",
-                                  0, false);
+          failure = agent_failure(
+              "a new node is waiting to join the job; restarting the workers to admit it", 0,
+              false);
           failure->membership = true;
           break;
         }
@@ -1098,8 +1121,8 @@ void Agent::publish_to_failure_store(const Failure& f) const {
     store::StoreClient::Options copts;
     copts.connect_timeout = std::chrono::seconds(5);
     copts.timeout = std::chrono::seconds(10);
-    auto client = store::StoreClient::connect(o_.failure_store_host,
-                                              static_cast<std::uint16_t>(o_.failure_store_port), copts);
+    auto client = store::StoreClient::connect(
+        o_.failure_store_host, static_cast<std::uint16_t>(o_.failure_store_port), copts);
     client->set(o_.failure_store_key, f.to_json().dump());
   } catch (const Error& e) {
     say("cannot publish the failure to --failure-store " + where + ": " + e.what());
@@ -1152,8 +1175,9 @@ int Agent::run() {
       try {
         if (elastic()) {
           // A late agent may be admitted to a later round than ours; go on from there.
-          rdzv = launch::elastic_rendezvous(*store_, o_.rdzv_id, round, self,
-                                            {o_.min_nodes, o_.nnodes, o_.last_call, o_.rdzv_timeout});
+          rdzv =
+              launch::elastic_rendezvous(*store_, o_.rdzv_id, round, self,
+                                         {o_.min_nodes, o_.nnodes, o_.last_call, o_.rdzv_timeout});
           round = rdzv.round;
         } else {
           rdzv = launch::rendezvous(*store_, o_.rdzv_id, round, node_rank, o_.nnodes, self,
@@ -1169,9 +1193,10 @@ int Agent::run() {
       if (!elastic()) node_rank = rdzv.node_rank;  // keep the rank we got for later rounds
       nnodes_ = rdzv.nnodes;
       if (elastic()) {
-        say("round " + std::to_string(round) + ": " + std::to_string(rdzv.nnodes) + " node(s) (--nnodes " +
-            std::to_string(o_.min_nodes) + ":" + std::to_string(o_.nnodes) + "), world size " +
-            std::to_string(rdzv.world_size) + ", this node is node " + std::to_string(rdzv.node_rank));
+        say("round " + std::to_string(round) + ": " + std::to_string(rdzv.nnodes) +
+            " node(s) (--nnodes " + std::to_string(o_.min_nodes) + ":" + std::to_string(o_.nnodes) +
+            "), world size " + std::to_string(rdzv.world_size) + ", this node is node " +
+            std::to_string(rdzv.node_rank));
       }
     } else {
       rdzv = launch::layout(round, 0, {self});
@@ -1191,7 +1216,8 @@ int Agent::run() {
       continue;
     }
     ++failures;
-    failures_ = failures;  // the standby already started is for the restart below; no new one after it
+    failures_ =
+        failures;  // the standby already started is for the restart below; no new one after it
     const bool leave = elastic() && o_.leave_on_worker_failure && r.failure.rank >= 0 &&
                        r.failure.node_rank == node_rank_;
     if (shared_console() && node_rank_ != 0) {
@@ -1199,7 +1225,8 @@ int Agent::run() {
       // prints the full root cause; the others, one line (enough if node 0 is gone).
       say("job failed: " + r.failure.one_line() + "; node 0's agent prints the root cause");
     } else {
-      if (r.failure.collectives.empty()) r.failure.collectives = published_collectives(round, rdzv.world_size);
+      if (r.failure.collectives.empty())
+        r.failure.collectives = published_collectives(round, rdzv.world_size);
       launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
     }
     write_failure_file(r.failure);

@@ -53,41 +53,46 @@ RendezvousResult elastic_rendezvous(store::StoreClient& store, const std::string
     int count = joined(store, prefix);
     while (count < limits.min_nodes && !store.check({prefix + "closed"})) {
       if (Clock::now() >= deadline) {
-        throw TimeoutError("rendezvous of job '" + run_id + "' round " + std::to_string(round) + ": only " +
-                           std::to_string(count) + " node(s) joined within " + seconds(limits.timeout) +
-                           " s, fewer than the minimum " + std::to_string(limits.min_nodes) +
-                           " of --nnodes " + std::to_string(limits.min_nodes) + ":" +
-                           std::to_string(limits.max_nodes) +
-                           "; start more agents with the same --rdzv-endpoint and --rdzv-id, lower MIN, "
-                           "or raise --rdzv-timeout");
+        throw TimeoutError(
+            "rendezvous of job '" + run_id + "' round " + std::to_string(round) + ": only " +
+            std::to_string(count) + " node(s) joined within " + seconds(limits.timeout) +
+            " s, fewer than the minimum " + std::to_string(limits.min_nodes) + " of --nnodes " +
+            std::to_string(limits.min_nodes) + ":" + std::to_string(limits.max_nodes) +
+            "; start more agents with the same --rdzv-endpoint and --rdzv-id, lower MIN, "
+            "or raise --rdzv-timeout");
       }
       std::this_thread::sleep_for(kPoll);
       count = joined(store, prefix);
     }
     const auto last_call_end = Clock::now() + limits.last_call;
-    while (count < limits.max_nodes && Clock::now() < last_call_end && !store.check({prefix + "closed"})) {
+    while (count < limits.max_nodes && Clock::now() < last_call_end &&
+           !store.check({prefix + "closed"})) {
       std::this_thread::sleep_for(kPoll);
       count = joined(store, prefix);
     }
-    const int nnodes = std::stoi(store.compare_set(prefix + "closed", "", std::to_string(std::min(count, limits.max_nodes))));
+    const int nnodes = std::stoi(store.compare_set(
+        prefix + "closed", "", std::to_string(std::min(count, limits.max_nodes))));
     if (index >= nnodes) {
       store.add(prefix + "late", 1);
       continue;
     }
-    const std::string info = nlohmann::json{{"host", self.host}, {"nproc", self.nproc}, {"pid", self.pid}}.dump();
+    const std::string info =
+        nlohmann::json{{"host", self.host}, {"nproc", self.nproc}, {"pid", self.pid}}.dump();
     store.set(prefix + "node_" + std::to_string(index), info);
     std::vector<std::string> keys;
     for (int k = 0; k < nnodes; ++k) keys.push_back(prefix + "node_" + std::to_string(k));
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (!store.wait(keys, std::max(left, std::chrono::milliseconds(5000)))) {
-      throw TimeoutError("rendezvous of job '" + run_id + "' round " + std::to_string(round) + ": " +
-                         std::to_string(nnodes) + " node(s) were admitted but not all published their "
+      throw TimeoutError("rendezvous of job '" + run_id + "' round " + std::to_string(round) +
+                         ": " + std::to_string(nnodes) +
+                         " node(s) were admitted but not all published their "
                          "details in time (an agent died while joining?)");
     }
     std::vector<NodeInfo> nodes(static_cast<size_t>(nnodes));
     for (int k = 0; k < nnodes; ++k) {
       auto j = nlohmann::json::parse(store.get(keys[static_cast<size_t>(k)]));
-      nodes[static_cast<size_t>(k)] = {j.at("host").get<std::string>(), j.at("nproc").get<int>(), j.at("pid").get<int>()};
+      nodes[static_cast<size_t>(k)] = {j.at("host").get<std::string>(), j.at("nproc").get<int>(),
+                                       j.at("pid").get<int>()};
     }
     return layout(round, index, nodes);
   }
@@ -108,7 +113,8 @@ bool endpoint_is_local(const std::string& host) {
       if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) local = true;
       for (ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
         if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-            reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == in->sin_addr.s_addr) {
+            reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+                in->sin_addr.s_addr) {
           local = true;
         }
       }
@@ -117,8 +123,8 @@ bool endpoint_is_local(const std::string& host) {
       if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) local = true;
       for (ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
         if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
-            std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &in6->sin6_addr,
-                        sizeof(in6_addr)) == 0) {
+            std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                        &in6->sin6_addr, sizeof(in6_addr)) == 0) {
           local = true;
         }
       }

@@ -11,9 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -107,24 +107,28 @@ bool fork_server_can_start(const ProgramInfo& info) {
 
 bool fork_server_pays_off(const ProgramInfo& info) {
   for (const auto& n : info.needed) {
-    if (n.starts_with("libtorch") || n.starts_with("libc10") || n.starts_with("libdtrain")) return true;
+    if (n.starts_with("libtorch") || n.starts_with("libc10") || n.starts_with("libdtrain"))
+      return true;
   }
   return false;
 }
 
 std::string fork_server_library() {
   auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; };
-  if (const char* env = std::getenv("DTRAIN_FORKSERVER_LIB"); env && *env) return usable(env) ? env : "";
+  if (const char* env = std::getenv("DTRAIN_FORKSERVER_LIB"); env && *env)
+    return usable(env) ? env : "";
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
 #if defined(DTRAIN_FORKSERVER_BUILD_PATH) && defined(DTRAIN_BUILD_DIR)
-  if (!ec && self.string().starts_with(DTRAIN_BUILD_DIR "/") && usable(DTRAIN_FORKSERVER_BUILD_PATH)) {
+  if (!ec && self.string().starts_with(DTRAIN_BUILD_DIR "/") &&
+      usable(DTRAIN_FORKSERVER_BUILD_PATH)) {
     return DTRAIN_FORKSERVER_BUILD_PATH;
   }
 #endif
 #ifdef DTRAIN_FORKSERVER_FROM_BIN
   if (!ec) {
-    const std::string beside = (self.parent_path() / DTRAIN_FORKSERVER_FROM_BIN).lexically_normal().string();
+    const std::string beside =
+        (self.parent_path() / DTRAIN_FORKSERVER_FROM_BIN).lexically_normal().string();
     if (usable(beside)) return beside;
   }
 #endif
@@ -196,27 +200,31 @@ std::string warm_fork_server_socket(const std::string& program) {
   return s.substr(0, colon);
 }
 
-ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds) {
+ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds,
+                       std::vector<int>& err_fds) {
   launch(l, out_fds, err_fds, false);
 }
 
-ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds, Standby) {
+ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds,
+                       std::vector<int>& err_fds, Standby) {
   launch(l, out_fds, err_fds, true);
 }
 
 void ForkServer::start(const std::vector<std::vector<std::string>>& envs) {
-  DTRAIN_ASSERT(go_fd_ >= 0 && envs.size() == write_ends_.size(), "start() needs a waiting standby of this size");
+  DTRAIN_ASSERT(go_fd_ >= 0 && envs.size() == write_ends_.size(),
+                "start() needs a waiting standby of this size");
   const bool ok = write_fd(spec_fd_, spec_bytes(write_ends_, envs)) && write_fd(go_fd_, "g");
   const int e = errno;
   ::close(spec_fd_);
   ::close(go_fd_);
   spec_fd_ = go_fd_ = -1;
-  if (!ok) throw Error(std::string("cannot start the standby fork server (pid ") + std::to_string(pid_) +
-                       "): " + std::strerror(e));
+  if (!ok)
+    throw Error(std::string("cannot start the standby fork server (pid ") + std::to_string(pid_) +
+                "): " + std::strerror(e));
 }
 
-void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds,
-                        bool standby) {
+void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds,
+                        std::vector<int>& err_fds, bool standby) {
   const size_t n = l.envs.size();
   DTRAIN_ASSERT(n >= 1, "a fork server needs a worker");
   if (!l.warm_socket.empty()) {
@@ -275,8 +283,8 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, st
   s.env.push_back(preload);
   // The server's own pid goes in the first ten characters (written by the child before exec).
   s.own_pid_env = static_cast<int>(s.env.size());
-  s.env.push_back("DTRAIN_FORKSERVER=0000000000:" + std::to_string(spec_fd) + ":" + std::to_string(reply[1]) +
-                  (standby ? ":" + std::to_string(go[0]) : ""));
+  s.env.push_back("DTRAIN_FORKSERVER=0000000000:" + std::to_string(spec_fd) + ":" +
+                  std::to_string(reply[1]) + (standby ? ":" + std::to_string(go[0]) : ""));
   s.inherit_fds = theirs;
   SpawnedProcess p;
   try {
@@ -299,7 +307,8 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds, st
   }
 }
 
-void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds) {
+void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds,
+                            std::vector<int>& err_fds) {
   const size_t n = l.envs.size();
   if (2 * n + 2 > 256) throw Error("the warm fork server takes at most 127 workers per launch");
   std::vector<int> ours, theirs;
@@ -388,7 +397,7 @@ void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds
   }
   if (pid_ <= 0) {
     if (reply_fd_ < 0) std::erase(ours, reply[0]);  // read_reply closed it at EOF
-    reply_fd_ = -1;  // else in `ours`: fail() closes it
+    reply_fd_ = -1;                                 // else in `ours`: fail() closes it
     errno = failed_ ? EIO : ETIMEDOUT;
     fail("the warm fork server at " + l.warm_socket + " did not take the launch");
   }
@@ -435,7 +444,8 @@ std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
       if (r.index == dtrain_forkserver::kDone) done_ = true;
       if (r.index == dtrain_forkserver::kError) failed_ = true;
       if (r.index == dtrain_forkserver::kServerPid && r.value > 0) pid_ = r.value;
-      if (r.index <= dtrain_forkserver::kExitBase) exits_[dtrain_forkserver::kExitBase - r.index] = r.value;
+      if (r.index <= dtrain_forkserver::kExitBase)
+        exits_[dtrain_forkserver::kExitBase - r.index] = r.value;
       if (r.index >= 0 && r.value > 0) forked.emplace_back(r.index, static_cast<pid_t>(r.value));
     }
   }

@@ -21,9 +21,9 @@ namespace dtrain::launch {
 
 // What the launcher needs to know about a program file.
 struct ProgramInfo {
-  bool dynamic_elf = false;           // an ELF executable with an interpreter (ld.so)
-  bool set_id = false;                // set-user/group-ID: LD_PRELOAD is ignored for it
-  std::vector<std::string> needed;    // its DT_NEEDED libraries, in order
+  bool dynamic_elf = false;         // an ELF executable with an interpreter (ld.so)
+  bool set_id = false;              // set-user/group-ID: LD_PRELOAD is ignored for it
+  std::vector<std::string> needed;  // its DT_NEEDED libraries, in order
 };
 ProgramInfo inspect_program(const std::string& path);
 
@@ -64,7 +64,8 @@ class ForkServer {
   // gives only their number; their contents are ignored). Dropped unstarted, it exits 0
   // without running any of the program's own code.
   struct Standby {};
-  ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds, Standby);
+  ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds,
+             Standby);
   // A standby's go-ahead: the workers' whole environments, one per worker (as many as it was
   // made for). Throws dtrain::Error when the server cannot be told (it is gone).
   void start(const std::vector<std::vector<std::string>>& envs);
@@ -76,7 +77,7 @@ class ForkServer {
   pid_t pid() const { return pid_; }
   int reply_fd() const { return reply_fd_; }  // -1 once the server has said all it will
   bool exec_mode() const { return exec_mode_; }
-  bool done() const { return done_; }  // it reported every worker (and exits now)
+  bool done() const { return done_; }      // it reported every worker (and exits now)
   bool failed() const { return failed_; }  // it reported an error (and exits now)
   bool warm() const { return warm_; }
   // Warm: the wait status of worker `index` once its launch server reported it.
@@ -97,7 +98,8 @@ class ForkServer {
   int status() const { return status_; }
 
  private:
-  void start_warm(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds);
+  void start_warm(const ForkServerLaunch& launch, std::vector<int>& out_fds,
+                  std::vector<int>& err_fds);
   pid_t pid_ = -1;
   int reply_fd_ = -1;
   bool exec_mode_ = false;
@@ -105,13 +107,14 @@ class ForkServer {
   bool failed_ = false;
   bool reaped_ = false;
   int status_ = 0;
-  int spec_fd_ = -1;               // a standby's spec memfd, written by start()
-  int go_fd_ = -1;                 // a standby's go-ahead pipe (write end)
+  int spec_fd_ = -1;                             // a standby's spec memfd, written by start()
+  int go_fd_ = -1;                               // a standby's go-ahead pipe (write end)
   std::vector<std::pair<int, int>> write_ends_;  // each worker's stdout/stderr fds in the server
-  void launch(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds, bool standby);
+  void launch(const ForkServerLaunch& l, std::vector<int>& out_fds, std::vector<int>& err_fds,
+              bool standby);
   std::string pending_;  // a partial record
   bool warm_ = false;
-  std::map<int, int> exits_;  // warm: worker index -> wait status
+  std::map<int, int> exits_;                  // warm: worker index -> wait status
   std::vector<std::pair<int, pid_t>> early_;  // warm: workers reported while starting
 };
 

@@ -22,8 +22,8 @@ class Guard {
   Guard(const Guard&) = delete;
   Guard& operator=(const Guard&) = delete;
 
-  void watch(pid_t pgid);    // kill this group if the agent dies
-  void forget(pid_t pgid);   // the agent has cleaned this group up itself
+  void watch(pid_t pgid);   // kill this group if the agent dies
+  void forget(pid_t pgid);  // the agent has cleaned this group up itself
   pid_t pid() const { return pid_; }
 
  private:

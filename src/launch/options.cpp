@@ -4,13 +4,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cstdint>
 #include <chrono>
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "dtrain/engine_env.h"
@@ -46,8 +46,9 @@ int parse_nproc(const std::string& value) {
     int gpus = count_gpus();
     if (gpus > 0) return gpus;
     if (value == "auto") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    throw UsageError(flag + ": got 'gpu', but this machine has no CUDA device; use a number or "
-                            "'cpu'");
+    throw UsageError(flag +
+                     ": got 'gpu', but this machine has no CUDA device; use a number or "
+                     "'cpu'");
   }
   int n = parse_int(flag, value, "a positive integer, 'cpu', 'gpu' or 'auto'");
   if (n < 1) {
@@ -86,8 +87,7 @@ double parse_seconds(const std::string& flag, const std::string& value) {
 }  // namespace
 
 std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value) {
-  const std::string form =
-      "0-3 (1 stdout, 2 stderr, 3 both) or per local rank like '0:3,1:2'";
+  const std::string form = "0-3 (1 stdout, 2 stderr, 3 both) or per local rank like '0:3,1:2'";
   std::map<int, int> out;
   // Errors quote the whole spec as typed, not just the piece that failed to parse.
   auto number = [&](const std::string& s) {
@@ -108,9 +108,11 @@ std::map<int, int> parse_stream_spec(const std::string& flag, const std::string&
   size_t pos = 0;
   while (pos <= value.size()) {
     size_t comma = value.find(',', pos);
-    std::string item = value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     auto colon = item.find(':');
-    if (colon == std::string::npos) throw UsageError(flag + ": got '" + value + "', expected " + form);
+    if (colon == std::string::npos)
+      throw UsageError(flag + ": got '" + value + "', expected " + form);
     int rank = number(item.substr(0, colon));
     if (rank < 0) throw UsageError(flag + ": got '" + value + "', expected " + form);
     out[rank] = check(number(item.substr(colon + 1)));
@@ -203,8 +205,9 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_option("--term-timeout,--term_timeout", a.term_timeout,
                  "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str();
-  run.add_option("--log-dir,--log_dir", a.log_dir,
-                 "Write every rank's full output to LOG_DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log");
+  run.add_option(
+      "--log-dir,--log_dir", a.log_dir,
+      "Write every rank's full output to LOG_DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log");
   run.add_option("-r,--redirects", a.redirects,
                  "Streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or "
                  "per local rank '0:1,1:2'")
@@ -213,7 +216,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "Streams sent to console and log files (the console gets every stream not "
                  "redirected anyway); same form as --redirects")
       ->capture_default_str();
-  run.add_option("--role", a.role, "Worker role name (ROLE_NAME, log prefix)")->capture_default_str();
+  run.add_option("--role", a.role, "Worker role name (ROLE_NAME, log prefix)")
+      ->capture_default_str();
   run.add_flag("-m,--module", a.module, "Run PROGRAM as a Python module (python3 -u -m PROGRAM)");
   run.add_flag("--no-python,--no_python", a.no_python,
                "Execute PROGRAM directly even if it ends in .py");
@@ -243,11 +247,13 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_option("--hostfile,--host-file,--hostfile_path", a.hostfile,
                  "Run on the hosts of FILE (lines 'host slots=N', '#' comments): one agent per "
                  "host started over ssh; the first host hosts the store");
-  run.add_option("-H,--hosts", a.host_list, "Hosts as 'host1:2,host2:2' (host:slots), like --hostfile");
+  run.add_option("-H,--hosts", a.host_list,
+                 "Hosts as 'host1:2,host2:2' (host:slots), like --hostfile");
   run.add_option("--ssh-port", a.ssh_port, "ssh port on every host (ssh -p)");
   run.add_option("--ssh-identity,--ssh-key", a.ssh_identity, "ssh private key (ssh -i FILE)");
-  run.add_option("--ssh-arg", a.ssh_args,
-                 "Extra ssh argument, repeatable (e.g. --ssh-arg=-F --ssh-arg=cfg, --ssh-arg=-oKey=Value)")
+  run.add_option(
+         "--ssh-arg", a.ssh_args,
+         "Extra ssh argument, repeatable (e.g. --ssh-arg=-F --ssh-arg=cfg, --ssh-arg=-oKey=Value)")
       ->allow_extra_args(false);
   run.add_option("--remote-dtrain", a.remote_dtrain,
                  "Path of dtrain on the hosts (default: the path of this dtrain)");
@@ -277,7 +283,8 @@ void apply_slurm_step(LaunchOptions& o, const RunArgs& a, const SlurmStep& s) {
   if (s.ntasks != s.nnodes) {
     throw UsageError(
         "dtrain run under srun needs one task per node (it starts the node's workers itself), "
-        "but this step has " + std::to_string(s.ntasks) + " tasks on " + std::to_string(s.nnodes) +
+        "but this step has " +
+        std::to_string(s.ntasks) + " tasks on " + std::to_string(s.nnodes) +
         " node(s): use `srun --ntasks-per-node=1 dtrain run --nproc-per-node N ...`, or run the "
         "program directly with `srun -n N prog`, or pass --no-slurm");
   }
@@ -286,10 +293,10 @@ void apply_slurm_step(LaunchOptions& o, const RunArgs& a, const SlurmStep& s) {
     // Elastic (--nnodes MIN:MAX --rdzv-backend c10d): the step's nodes join the c10d
     // rendezvous on its first host; ranks are given out per round in join order.
     if (s.nnodes > o.nnodes) {
-      throw UsageError("dtrain run --nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
-                       " under srun: this step has " + std::to_string(s.nnodes) +
-                       " nodes, more than the maximum; use srun -N " + std::to_string(o.min_nodes) + "-" +
-                       std::to_string(o.nnodes));
+      throw UsageError("dtrain run --nnodes " + std::to_string(o.min_nodes) + ":" +
+                       std::to_string(o.nnodes) + " under srun: this step has " +
+                       std::to_string(s.nnodes) + " nodes, more than the maximum; use srun -N " +
+                       std::to_string(o.min_nodes) + "-" + std::to_string(o.nnodes));
     }
   } else {
     o.nnodes = s.nnodes;
@@ -326,9 +333,11 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
   }
   const bool host_mode = !a.hostfile.empty() || !a.host_list.empty();
   if (!host_mode) {
-    if (!a.ssh_port.empty() || !a.ssh_identity.empty() || !a.ssh_args.empty() || !a.remote_dtrain.empty()) {
-      throw UsageError("--ssh-port, --ssh-identity, --ssh-arg and --remote-dtrain only apply with "
-                       "--hostfile or -H (hosts reached over ssh)");
+    if (!a.ssh_port.empty() || !a.ssh_identity.empty() || !a.ssh_args.empty() ||
+        !a.remote_dtrain.empty()) {
+      throw UsageError(
+          "--ssh-port, --ssh-identity, --ssh-arg and --remote-dtrain only apply with "
+          "--hostfile or -H (hosts reached over ssh)");
     }
     const bool sizes_given = !a.nnodes.empty() || !a.node_rank.empty() || !a.master_addr.empty() ||
                              !a.rdzv_endpoint.empty() || a.standalone;
@@ -351,13 +360,15 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
                              std::pair{"--rdzv-endpoint", !a.rdzv_endpoint.empty()},
                              std::pair{"--standalone", a.standalone}}) {
     if (given) {
-      throw UsageError(std::string(flag) + " cannot be combined with --hostfile/-H: the host list "
+      throw UsageError(std::string(flag) +
+                       " cannot be combined with --hostfile/-H: the host list "
                        "gives the nodes (node K is the K-th host; the first hosts the store)");
     }
   }
   if (o.rdzv_backend != "static" && !elastic) {
-    throw UsageError("--rdzv-backend c10d cannot be combined with --hostfile/-H: the host list "
-                     "gives every node its rank (an elastic job, --nnodes MIN:MAX, uses it by itself)");
+    throw UsageError(
+        "--rdzv-backend c10d cannot be combined with --hostfile/-H: the host list "
+        "gives every node its rank (an elastic job, --nnodes MIN:MAX, uses it by itself)");
   }
   const int slots_default = 1;
   auto hosts = !a.hostfile.empty() ? parse_hostfile(a.hostfile, slots_default)
@@ -371,8 +382,9 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
     if (o.nnodes != static_cast<int>(hosts.size())) {
       throw UsageError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
                        " with --hostfile/-H: the host list has " + std::to_string(hosts.size()) +
-                       " host(s) and one agent starts on each, so MAX must be " + std::to_string(hosts.size()) +
-                       "; use --nnodes " + std::to_string(std::min<int>(o.min_nodes, static_cast<int>(hosts.size()))) +
+                       " host(s) and one agent starts on each, so MAX must be " +
+                       std::to_string(hosts.size()) + "; use --nnodes " +
+                       std::to_string(std::min<int>(o.min_nodes, static_cast<int>(hosts.size()))) +
                        ":" + std::to_string(hosts.size()));
     }
     o.rdzv_backend = "c10d";
@@ -390,8 +402,9 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
                      "give an address or name of the first host that every host can reach");
   }
   if (o.rdzv_id == "none") {
-    o.rdzv_id = "ssh-" + std::to_string(::getpid()) + "-" +
-                std::to_string(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
+    o.rdzv_id =
+        "ssh-" + std::to_string(::getpid()) + "-" +
+        std::to_string(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
   }
 }
 
@@ -423,7 +436,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   if (!a.master_port.empty()) {
     o.master_port = parse_int("--master-port", a.master_port, "a port number in 0-65535");
     if (o.master_port < 0 || o.master_port > 65535) {
-      throw UsageError("--master-port: got '" + a.master_port + "', expected a port number in 0-65535");
+      throw UsageError("--master-port: got '" + a.master_port +
+                       "', expected a port number in 0-65535");
     }
   }
   if (!a.rdzv_endpoint.empty()) {
@@ -445,17 +459,17 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
       }
       std::string key = item.substr(0, eq);
       if (key == "join_timeout" || key == "timeout") {
-        o.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(
-            parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
+        o.rdzv_timeout = std::chrono::milliseconds(
+            static_cast<int64_t>(parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
       }
       // Elastic rendezvous (torchrun's key), and how soon a silent agent counts as lost.
       if (key == "last_call_timeout") {
-        o.last_call = std::chrono::milliseconds(static_cast<int64_t>(
-            parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
+        o.last_call = std::chrono::milliseconds(
+            static_cast<int64_t>(parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
       }
       if (key == "heartbeat_timeout") {
-        o.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(
-            parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
+        o.heartbeat_timeout = std::chrono::milliseconds(
+            static_cast<int64_t>(parse_seconds("--rdzv-conf " + key, item.substr(eq + 1)) * 1000));
       }
       if (comma == std::string::npos) break;
       pos = comma + 1;
@@ -473,7 +487,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   }
   o.max_restarts = parse_int("--max-restarts", a.max_restarts, "a non-negative integer");
   if (o.max_restarts < 0) {
-    throw UsageError("--max-restarts: got '" + a.max_restarts + "', expected a non-negative integer");
+    throw UsageError("--max-restarts: got '" + a.max_restarts +
+                     "', expected a non-negative integer");
   }
   o.monitor_interval = std::chrono::milliseconds(std::max<int64_t>(
       1, static_cast<int64_t>(parse_seconds("--monitor-interval", a.monitor_interval) * 1000)));
@@ -508,7 +523,9 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
                        "', expected HOST:PORT/KEY (an IPv6 host in brackets: [::1]:PORT/KEY)");
     }
     auto [host, port] = parse_endpoint("--failure-store", endpoint);
-    if (port == 0) throw UsageError("--failure-store: got '" + a.failure_store + "', expected HOST:PORT/KEY with a port above 0");
+    if (port == 0)
+      throw UsageError("--failure-store: got '" + a.failure_store +
+                       "', expected HOST:PORT/KEY with a port above 0");
     o.failure_store_host = host;
     o.failure_store_port = port;
     o.failure_store_key = a.failure_store.substr(slash + 1);
@@ -532,7 +549,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   size_t first = 0;
   if (rest[0] == "--") first = 1;
   if (first >= rest.size()) {
-    throw UsageError("missing PROGRAM after '--': usage is `dtrain run [options] PROGRAM [ARGS...]`");
+    throw UsageError(
+        "missing PROGRAM after '--': usage is `dtrain run [options] PROGRAM [ARGS...]`");
   }
   o.program = rest[first];
   if (first == 0 && o.program.size() > 1 && o.program[0] == '-') {
@@ -549,7 +567,8 @@ namespace {
 // user@ in front; or an IPv4/IPv6 address.
 bool valid_host(const std::string& h) {
   if (h.empty() || h.size() > 255 || h.front() == '-') return false;
-  return h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@:") ==
+  return h.find_first_not_of(
+             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@:") ==
          std::string::npos;
 }
 
@@ -560,11 +579,13 @@ int parse_slots(const std::string& where, const std::string& text, const std::st
     if (used == value.size() && v >= 1 && v <= 4096) return static_cast<int>(v);
   } catch (const std::exception&) {
   }
-  throw UsageError(where + ": '" + text + "': slots must be a positive integer (like 'node1 slots=2'), got '" +
-                   value + "'");
+  throw UsageError(where + ": '" + text +
+                   "': slots must be a positive integer (like 'node1 slots=2'), got '" + value +
+                   "'");
 }
 
-void check_duplicates(const std::string& what, const std::vector<std::pair<std::string, int>>& hosts) {
+void check_duplicates(const std::string& what,
+                      const std::vector<std::pair<std::string, int>>& hosts) {
   for (size_t i = 0; i < hosts.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (hosts[i].first == hosts[j].first) {
@@ -577,7 +598,8 @@ void check_duplicates(const std::string& what, const std::vector<std::pair<std::
 
 }  // namespace
 
-std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path, int default_slots) {
+std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path,
+                                                        int default_slots) {
   std::ifstream in(path);
   if (!in) {
     throw UsageError("--hostfile: cannot read '" + path + "': " + std::strerror(errno) +
@@ -615,12 +637,14 @@ std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path,
   return hosts;
 }
 
-std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list, int default_slots) {
+std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list,
+                                                         int default_slots) {
   std::vector<std::pair<std::string, int>> hosts;
   size_t pos = 0;
   while (pos <= list.size()) {
     size_t comma = list.find(',', pos);
-    std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     std::string host = item;
     int slots = default_slots;
     auto colon = item.rfind(':');
@@ -680,7 +704,8 @@ std::string find_in_path(const std::string& name) {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -695,22 +720,27 @@ void validate_launch_options(LaunchOptions& o) {
                      "', expected a positive integer");
   }
   if (o.nnodes < 1) {
-    throw UsageError("--nnodes: got '" + std::to_string(o.nnodes) + "', expected a positive integer");
+    throw UsageError("--nnodes: got '" + std::to_string(o.nnodes) +
+                     "', expected a positive integer");
   }
   if (o.min_nodes > 0) {
     // Elastic: nodes come and go, so ranks are given out per round in join order.
     if (o.rdzv_backend != "c10d") {
-      throw UsageError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
-                       " (elastic) needs --rdzv-backend c10d: node ranks are given out in join order each "
-                       "round; add --rdzv-backend c10d --rdzv-endpoint HOST:PORT");
+      throw UsageError(
+          "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+          " (elastic) needs --rdzv-backend c10d: node ranks are given out in join order each "
+          "round; add --rdzv-backend c10d --rdzv-endpoint HOST:PORT");
     }
     if (o.node_rank >= 0) {
-      throw UsageError("--node-rank: an elastic job (--nnodes MIN:MAX) gives node ranks out in join order "
-                       "each round; drop --node-rank");
+      throw UsageError(
+          "--node-rank: an elastic job (--nnodes MIN:MAX) gives node ranks out in join order "
+          "each round; drop --node-rank");
     }
     if (o.engine != "local" && o.engine != "ssh" && o.engine != "slurm") {
-      throw UsageError("--nnodes MIN:MAX (elastic) works with agents started by hand (or by your "
-                       "scheduler), --hostfile/-H or srun, not with the " + o.engine + " engine");
+      throw UsageError(
+          "--nnodes MIN:MAX (elastic) works with agents started by hand (or by your "
+          "scheduler), --hostfile/-H or srun, not with the " +
+          o.engine + " engine");
     }
   }
   if (o.rdzv_backend == "static" && o.node_rank < 0) o.node_rank = 0;
@@ -721,8 +751,9 @@ void validate_launch_options(LaunchOptions& o) {
   }
   if (o.master_port < 0) o.master_port = o.nnodes == 1 ? 0 : 29500;
   if (o.master_port == 0 && o.nnodes > 1) {
-    throw UsageError("--master-port: port 0 (any free port) only works with one node; with --nnodes " +
-                     std::to_string(o.nnodes) + " every node must know the port: give a number");
+    throw UsageError(
+        "--master-port: port 0 (any free port) only works with one node; with --nnodes " +
+        std::to_string(o.nnodes) + " every node must know the port: give a number");
   }
   if (!o.ifname.empty() && o.engine != "ssh" && ::if_nametoindex(o.ifname.c_str()) == 0) {
     char host[256] = {0};
@@ -735,16 +766,19 @@ void validate_launch_options(LaunchOptions& o) {
     o.python = (py && *py) ? py : "python3";
   }
   if (runs_with_python(o)) {
-    std::string interp = o.python.find('/') == std::string::npos ? find_in_path(o.python) : o.python;
+    std::string interp =
+        o.python.find('/') == std::string::npos ? find_in_path(o.python) : o.python;
     if (interp.empty() || !is_executable_file(interp)) {
-      throw UsageError("PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
-                       "' was not found or is not executable; install python3 or set DTRAIN_PYTHON");
+      throw UsageError(
+          "PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
+          "' was not found or is not executable; install python3 or set DTRAIN_PYTHON");
     }
     o.python = interp;
     if (!o.module) {
       struct stat st {};
       if (::stat(o.program.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        throw UsageError("PROGRAM '" + o.program + "': no such script; give the path of a .py file");
+        throw UsageError("PROGRAM '" + o.program +
+                         "': no such script; give the path of a .py file");
       }
     }
     return;
@@ -769,17 +803,20 @@ void validate_launch_options(LaunchOptions& o) {
   if (o.start_method == "forkserver") {
     const auto info = launch::inspect_program(o.program);
     if (!launch::fork_server_can_start(info)) {
-      throw UsageError("--start-method forkserver: PROGRAM '" + o.program + "' is " +
-                       (info.set_id ? std::string("set-user/group-ID (the loader ignores LD_PRELOAD for it)")
-                        : info.dynamic_elf
-                            ? std::string("built with a sanitizer, whose runtime must load first")
-                            : std::string("not a dynamically linked ELF program (a script or a static binary)")) +
-                       "; the fork server needs one; use --start-method spawn");
+      throw UsageError(
+          "--start-method forkserver: PROGRAM '" + o.program + "' is " +
+          (info.set_id ? std::string("set-user/group-ID (the loader ignores LD_PRELOAD for it)")
+           : info.dynamic_elf
+               ? std::string("built with a sanitizer, whose runtime must load first")
+               : std::string(
+                     "not a dynamically linked ELF program (a script or a static binary)")) +
+          "; the fork server needs one; use --start-method spawn");
     }
     if (launch::fork_server_library().empty()) {
-      throw UsageError("--start-method forkserver: libdtrain_forkserver.so was not found (looked at "
-                       "$DTRAIN_FORKSERVER_LIB, the build tree and the install prefix); reinstall "
-                       "dtrain, set DTRAIN_FORKSERVER_LIB, or use --start-method spawn");
+      throw UsageError(
+          "--start-method forkserver: libdtrain_forkserver.so was not found (looked at "
+          "$DTRAIN_FORKSERVER_LIB, the build tree and the install prefix); reinstall "
+          "dtrain, set DTRAIN_FORKSERVER_LIB, or use --start-method spawn");
     }
   }
 }

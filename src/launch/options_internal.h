@@ -17,8 +17,8 @@ namespace dtrain {
 
 // Raw flag values as typed; run_args_to_options() checks and converts them.
 struct RunArgs {
-  std::string nproc;        // empty: 1, or each host's slots in a host file
-  std::string nnodes;       // empty: 1, or the Slurm step's node count
+  std::string nproc;   // empty: 1, or each host's slots in a host file
+  std::string nnodes;  // empty: 1, or the Slurm step's node count
   std::string node_rank;
   std::string master_addr;  // empty: 127.0.0.1, or the Slurm step's / host file's first host
   std::string master_port;
@@ -67,7 +67,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 // (`host1:2,host2`). Hosts without slots get `default_slots`. Throw UsageError naming the
 // file, line and text that is wrong.
 std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path, int default_slots);
-std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list, int default_slots);
+std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list,
+                                                         int default_slots);
 
 // The `dtrain run` arguments that start node `node_rank`'s agent of an ssh launch.
 std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank);

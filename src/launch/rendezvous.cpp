@@ -22,9 +22,9 @@ std::string round_prefix(const std::string& run_id, int round) {
 }
 
 RendezvousResult layout(int round, int node_rank, const std::vector<NodeInfo>& nodes) {
-  DTRAIN_ASSERT(node_rank >= 0 && node_rank < static_cast<int>(nodes.size()),
-                "node rank " + std::to_string(node_rank) + " outside 0.." +
-                    std::to_string(nodes.size()));
+  DTRAIN_ASSERT(
+      node_rank >= 0 && node_rank < static_cast<int>(nodes.size()),
+      "node rank " + std::to_string(node_rank) + " outside 0.." + std::to_string(nodes.size()));
   RendezvousResult r;
   r.round = round;
   r.node_rank = node_rank;
@@ -44,9 +44,8 @@ RendezvousResult rendezvous(store::StoreClient& store, const std::string& run_id
   if (node_rank < 0) {
     node_rank = static_cast<int>(store.add(prefix + "order", 1) - 1);
     if (node_rank >= nnodes) {
-      throw UsageError("rendezvous: " + std::to_string(node_rank + 1) +
-                       " agents joined job '" + run_id + "' but --nnodes is " +
-                       std::to_string(nnodes) +
+      throw UsageError("rendezvous: " + std::to_string(node_rank + 1) + " agents joined job '" +
+                       run_id + "' but --nnodes is " + std::to_string(nnodes) +
                        "; start exactly --nnodes agents, or give this job its own --rdzv-id");
     }
   }
@@ -71,8 +70,7 @@ RendezvousResult rendezvous(store::StoreClient& store, const std::string& run_id
     for (int k = 0; k < nnodes; ++k) {
       if (!store.check({keys[k]})) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
     }
-    throw TimeoutError("rendezvous timed out after " +
-                       format_seconds(timeout) +
+    throw TimeoutError("rendezvous timed out after " + format_seconds(timeout) +
                        " s: node rank(s) " + missing + " of " + std::to_string(nnodes) +
                        " never joined job '" + run_id +
                        "'; start their agents with the same --master-addr/--master-port (or "

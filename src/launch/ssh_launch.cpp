@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -239,14 +239,16 @@ std::vector<std::string> check_hosts(const LaunchOptions& o) {
   for (size_t i = 0; i < o.hosts.size(); ++i) {
     children[i].host = o.hosts[i].first;
     auto argv = ssh_command(o, o.hosts[i].first);
-    argv.push_back("test -x " + shell_quote(dtrain) + " || { echo " +
-                   shell_quote("dtrain is not at " + dtrain + " on this host (set --remote-dtrain)") +
-                   " >&2; exit 3; }");
+    argv.push_back(
+        "test -x " + shell_quote(dtrain) + " || { echo " +
+        shell_quote("dtrain is not at " + dtrain + " on this host (set --remote-dtrain)") +
+        " >&2; exit 3; }");
     start_child(children[i], argv, false);
     close_stdin(children[i]);
   }
   auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (!all_done(children) && Clock::now() < deadline) pump(children, std::chrono::milliseconds(50), -1);
+  while (!all_done(children) && Clock::now() < deadline)
+    pump(children, std::chrono::milliseconds(50), -1);
   kill_all(children, SIGKILL);
   while (!all_done(children)) pump(children, std::chrono::milliseconds(50), -1);
   std::vector<std::string> why(children.size());
@@ -287,25 +289,35 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
     const bool v6 = o.master_addr.find(':') != std::string::npos;
     a.insert(a.end(), {"--nnodes", std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes),
                        "--nproc-per-node", nproc, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                       (v6 ? "[" + o.master_addr + "]" : o.master_addr) + ":" + std::to_string(o.master_port)});
+                       (v6 ? "[" + o.master_addr + "]" : o.master_addr) + ":" +
+                           std::to_string(o.master_port)});
     std::string conf = "last_call_timeout=" + seconds(o.last_call);
-    if (o.heartbeat_timeout.count() > 0) conf += ",heartbeat_timeout=" + seconds(o.heartbeat_timeout);
+    if (o.heartbeat_timeout.count() > 0)
+      conf += ",heartbeat_timeout=" + seconds(o.heartbeat_timeout);
     a.insert(a.end(), {"--rdzv-conf", conf});
   } else {
-    a.insert(a.end(), {"--nnodes", std::to_string(o.nnodes), "--node-rank", std::to_string(node_rank),
-                       "--nproc-per-node", nproc, "--master-addr", o.master_addr, "--master-port",
-                       std::to_string(o.master_port)});
+    a.insert(a.end(), {"--nnodes", std::to_string(o.nnodes), "--node-rank",
+                       std::to_string(node_rank), "--nproc-per-node", nproc, "--master-addr",
+                       o.master_addr, "--master-port", std::to_string(o.master_port)});
   }
   a.insert(a.end(), {
-      "--rdzv-id", o.rdzv_id,
-      "--rdzv-timeout", seconds(o.rdzv_timeout),
-      "--max-restarts", std::to_string(o.max_restarts),
-      "--monitor-interval", seconds(o.monitor_interval),
-      "--term-timeout", seconds(o.term_timeout),
-      "--role", o.role,
-      "--redirects", stream_spec(o.redirects),
-      "--tee", stream_spec(o.tee),
-  });
+                        "--rdzv-id",
+                        o.rdzv_id,
+                        "--rdzv-timeout",
+                        seconds(o.rdzv_timeout),
+                        "--max-restarts",
+                        std::to_string(o.max_restarts),
+                        "--monitor-interval",
+                        seconds(o.monitor_interval),
+                        "--term-timeout",
+                        seconds(o.term_timeout),
+                        "--role",
+                        o.role,
+                        "--redirects",
+                        stream_spec(o.redirects),
+                        "--tee",
+                        stream_spec(o.tee),
+                    });
   if (!o.log_dir.empty()) a.insert(a.end(), {"--log-dir", o.log_dir});
   if (!o.ifname.empty()) a.insert(a.end(), {"--ifname", o.ifname});
   if (o.module) a.push_back("--module");
@@ -314,8 +326,9 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   if (o.start_method != "auto") a.insert(a.end(), {"--start-method", o.start_method});
   if (!o.failure_store_key.empty()) {
     const bool v6 = o.failure_store_host.find(':') != std::string::npos;
-    a.push_back("--failure-store=" + (v6 ? "[" + o.failure_store_host + "]" : o.failure_store_host) + ":" +
-                std::to_string(o.failure_store_port) + "/" + o.failure_store_key);
+    a.push_back(
+        "--failure-store=" + (v6 ? "[" + o.failure_store_host + "]" : o.failure_store_host) + ":" +
+        std::to_string(o.failure_store_port) + "/" + o.failure_store_key);
   }
   for (const auto& [k, v] : o.extra_env) a.push_back("--env=" + k + "=" + v);
   // No "--" before PROGRAM: `dtrain run -- PROG` is rejected by CLI11 under a subcommand,
@@ -333,17 +346,18 @@ int run_ssh_launch(const LaunchOptions& options) {
     // Elastic: the job can start without the unreachable hosts while the first (the store's)
     // and at least MIN hosts answer.
     const auto reachable = std::count(why.begin(), why.end(), std::string());
-    if (!elastic || !why.front().empty() || reachable < o.min_nodes) return unreachable_error(o, why);
+    if (!elastic || !why.front().empty() || reachable < o.min_nodes)
+      return unreachable_error(o, why);
     std::vector<std::pair<std::string, int>> up;
     for (size_t i = 0; i < why.size(); ++i) {
       if (why[i].empty()) {
         up.push_back(o.hosts[i]);
       } else {
-        launch::write_all(STDERR_FILENO, "dtrain: elastic job: " + o.hosts[i].first +
-                                             " is unreachable over ssh (" + why[i] +
-                                             "); starting on the " + std::to_string(reachable) +
-                                             " host(s) that answer (--nnodes " +
-                                             std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) + ")\n");
+        launch::write_all(STDERR_FILENO,
+                          "dtrain: elastic job: " + o.hosts[i].first +
+                              " is unreachable over ssh (" + why[i] + "); starting on the " +
+                              std::to_string(reachable) + " host(s) that answer (--nnodes " +
+                              std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) + ")\n");
       }
     }
     o.hosts = std::move(up);
@@ -354,7 +368,8 @@ int run_ssh_launch(const LaunchOptions& options) {
 
   // Signals come to us through a self-pipe, read in the poll loop.
   static int sig_pipe[2] = {-1, -1};
-  if (::pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("pipe: " + std::string(std::strerror(errno)));
+  if (::pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error("pipe: " + std::string(std::strerror(errno)));
   static volatile sig_atomic_t last_signal = 0;
   struct sigaction sa {};
   sa.sa_handler = [](int sig) {
@@ -384,7 +399,7 @@ int run_ssh_launch(const LaunchOptions& options) {
   }
 
   int got_signal = 0;
-  int first_failure = -1;  // index of the first agent that exited non-zero
+  int first_failure = -1;                  // index of the first agent that exited non-zero
   std::vector<bool> noted(agents.size());  // elastic: failures reported
   // kNever: not scheduled (a sentinel rather than std::optional, which GCC 12 misreads as
   // maybe-uninitialized here).
@@ -416,10 +431,11 @@ int run_ssh_launch(const LaunchOptions& options) {
         noted[k] = true;
         if (first_failure < 0) first_failure = static_cast<int>(k);
         if (!got_signal) {
-          launch::write_all(STDERR_FILENO, "dtrain: the agent on " + agents[k].host + " ended (exit code " +
-                                               std::to_string(agents[k].code) + "); elastic job (--nnodes " +
-                                               std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
-                                               "): the other agents go on without it while enough are left\n");
+          launch::write_all(STDERR_FILENO,
+                            "dtrain: the agent on " + agents[k].host + " ended (exit code " +
+                                std::to_string(agents[k].code) + "); elastic job (--nnodes " +
+                                std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                                "): the other agents go on without it while enough are left\n");
         }
       } else if (!elastic && agents[k].exited && agents[k].code != 0 && first_failure < 0) {
         first_failure = static_cast<int>(k);
@@ -447,7 +463,9 @@ int run_ssh_launch(const LaunchOptions& options) {
   if (got_signal) return 128 + got_signal;
   // Elastic: an agent exits 0 only when the workers of its last round all succeeded, so one
   // success means the job finished (agents lost on the way do not count against it).
-  if (elastic && std::any_of(agents.begin(), agents.end(), [](const Child& c) { return c.code == 0; })) return 0;
+  if (elastic &&
+      std::any_of(agents.begin(), agents.end(), [](const Child& c) { return c.code == 0; }))
+    return 0;
   if (first_failure >= 0) return agents[static_cast<size_t>(first_failure)].code;
   return 0;
 }
@@ -462,7 +480,7 @@ int print_plan(const LaunchOptions& o) {
   }
   int world = 0;
   for (auto& h : hosts) world += h.second;
-  const std::string engine = o.engine == "ssh" ? "ssh (one agent per host, started over ssh)"
+  const std::string engine = o.engine == "ssh"     ? "ssh (one agent per host, started over ssh)"
                              : o.engine == "slurm" ? "slurm (this srun step; one agent per node)"
                                                    : "local (this node's flags)";
   s << "dtrain run --dry-run: the plan (nothing is started)\n";
@@ -474,7 +492,8 @@ int print_plan(const LaunchOptions& o) {
     << " (node 0 hosts the store)\n";
   s << "  rdzv id    : " << o.rdzv_id << "\n";
   if (o.min_nodes > 0) {
-    s << "  elastic    : " << o.min_nodes << ":" << o.nnodes << " nodes, c10d rendezvous on the store above"
+    s << "  elastic    : " << o.min_nodes << ":" << o.nnodes
+      << " nodes, c10d rendezvous on the store above"
       << " (node ranks given out per round in join order; the ranks below are the full job's)\n";
   }
   if (!o.ifname.empty()) s << "  interface  : " << o.ifname << " (GLOO_SOCKET_IFNAME)\n";
@@ -507,8 +526,8 @@ int print_plan(const LaunchOptions& o) {
   int bad = 0;
   for (size_t i = 0; i < hosts.size(); ++i) {
     const int n = hosts[i].second;
-    s << "  node " << i << "     : " << hosts[i].first << ", ranks " << offset << "-" << offset + n - 1
-      << " (" << n << " worker" << (n == 1 ? "" : "s") << ")";
+    s << "  node " << i << "     : " << hosts[i].first << ", ranks " << offset << "-"
+      << offset + n - 1 << " (" << n << " worker" << (n == 1 ? "" : "s") << ")";
     if (o.engine == "slurm" && static_cast<int>(i) == o.node_rank) s << " <- this node";
     if (why[i].empty()) {
       s << (o.engine == "ssh" ? ", reachable over ssh" : ", resolves") << "\n";

@@ -49,7 +49,8 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
   if (spec.own_pid_env >= 0) {
     char* entry = envp[static_cast<size_t>(spec.own_pid_env)];
     char* eq = std::strchr(entry, '=');
-    DTRAIN_ASSERT(eq != nullptr && std::strlen(eq + 1) >= 10, "own_pid_env needs NAME= and 10 characters");
+    DTRAIN_ASSERT(eq != nullptr && std::strlen(eq + 1) >= 10,
+                  "own_pid_env needs NAME= and 10 characters");
     pid_digits = eq + 1;
   }
   const pid_t parent = ::getpid();
@@ -75,7 +76,8 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     // Undo the agent's signal set-up: the worker starts with defaults and nothing blocked.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGQUIT}) ::sigaction(s, &dfl, nullptr);
+    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGQUIT})
+      ::sigaction(s, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

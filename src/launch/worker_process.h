@@ -23,7 +23,7 @@ struct SpawnSpec {
 };
 
 struct SpawnedProcess {
-  pid_t pid = -1;     // also its process group id
+  pid_t pid = -1;      // also its process group id
   int stdout_fd = -1;  // read ends of its stdout/stderr pipes (non-blocking, CLOEXEC); caller owns
   int stderr_fd = -1;
 };

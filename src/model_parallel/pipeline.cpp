@@ -12,11 +12,12 @@ namespace dtrain {
 
 // ---- splitting ----
 
-std::vector<torch::nn::Sequential> split_sequential(const torch::nn::Sequential& model, int parts, SplitBy by) {
+std::vector<torch::nn::Sequential> split_sequential(const torch::nn::Sequential& model, int parts,
+                                                    SplitBy by) {
   const int n = static_cast<int>(model->size());
   if (parts < 1 || parts > n) {
-    throw UsageError("split_sequential: cannot split " + std::to_string(n) + " layers into " + std::to_string(parts) +
-                     " stages; use 1 to " + std::to_string(n) + " stages");
+    throw UsageError("split_sequential: cannot split " + std::to_string(n) + " layers into " +
+                     std::to_string(parts) + " stages; use 1 to " + std::to_string(n) + " stages");
   }
   std::vector<int64_t> weight(n, 1);
   if (by == SplitBy::kParameters) {
@@ -36,7 +37,8 @@ std::vector<torch::nn::Sequential> split_sequential(const torch::nn::Sequential&
   for (int k = 0; k < parts - 1; ++k) {
     const int limit = n - (parts - k - 1);
     running += weight[i++];
-    while (i < limit && static_cast<long double>(running) * parts < static_cast<long double>(total) * (k + 1)) {
+    while (i < limit &&
+           static_cast<long double>(running) * parts < static_cast<long double>(total) * (k + 1)) {
       running += weight[i++];
     }
     ends.push_back(i);
@@ -48,7 +50,8 @@ std::vector<torch::nn::Sequential> split_sequential(const torch::nn::Sequential&
   int begin = 0;
   for (int end : ends) {
     torch::nn::Sequential stage;
-    for (int j = begin; j < end; ++j) stage->push_back(std::string(names[j].key()), torch::nn::AnyModule(*(any + j)));
+    for (int j = begin; j < end; ++j)
+      stage->push_back(std::string(names[j].key()), torch::nn::AnyModule(*(any + j)));
     stages.push_back(stage);
     begin = end;
   }
@@ -60,7 +63,8 @@ std::vector<torch::nn::Sequential> split_sequential(const torch::nn::Sequential&
 Schedule parse_schedule(const std::string& name) {
   if (name == "gpipe") return Schedule::kGPipe;
   if (name == "1f1b" || name == "one_f_one_b") return Schedule::kOneFOneB;
-  if (name == "interleaved_1f1b" || name == "interleaved_one_f_one_b") return Schedule::kInterleavedOneFOneB;
+  if (name == "interleaved_1f1b" || name == "interleaved_one_f_one_b")
+    return Schedule::kInterleavedOneFOneB;
   throw UsageError("unknown pipeline schedule '" + name + "'; use gpipe, 1f1b or interleaved_1f1b");
 }
 
@@ -82,16 +86,20 @@ std::string to_string(const PipelineOp& op) {
   return s;
 }
 
-std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, int micro_batches, int virtual_stages) {
+std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, int micro_batches,
+                                     int virtual_stages) {
   const int P = stages, p = stage, M = micro_batches, V = virtual_stages;
   if (P < 1 || p < 0 || p >= P || M < 1 || V < 1) {
-    throw UsageError("pipeline schedule: need stages >= 1, 0 <= stage < stages, micro_batches >= 1 and virtual_stages >= 1; got stages=" +
-                     std::to_string(P) + " stage=" + std::to_string(p) + " micro_batches=" + std::to_string(M) +
-                     " virtual_stages=" + std::to_string(V));
+    throw UsageError(
+        "pipeline schedule: need stages >= 1, 0 <= stage < stages, micro_batches >= 1 and "
+        "virtual_stages >= 1; got stages=" +
+        std::to_string(P) + " stage=" + std::to_string(p) + " micro_batches=" + std::to_string(M) +
+        " virtual_stages=" + std::to_string(V));
   }
   if (V > 1 && schedule != Schedule::kInterleavedOneFOneB) {
-    throw UsageError("pipeline schedule: virtual_stages=" + std::to_string(V) + " needs the interleaved_1f1b schedule (" +
-                     schedule_name(schedule) + " runs one stage per rank)");
+    throw UsageError("pipeline schedule: virtual_stages=" + std::to_string(V) +
+                     " needs the interleaved_1f1b schedule (" + schedule_name(schedule) +
+                     " runs one stage per rank)");
   }
   std::vector<PipelineOp> ops;
   auto F = [&](int mb, int c = 0) { ops.push_back({PipelineOp::kForward, mb, c}); };
@@ -117,8 +125,8 @@ std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, i
   // micro-batch (k / (P V)) P + k % P, i.e. groups of P micro-batches go through chunk 0,
   // then chunk 1, ...; backwards walk the chunks in reverse.
   if (M % P != 0) {
-    throw UsageError("interleaved_1f1b: micro_batches=" + std::to_string(M) + " must be a multiple of the pipeline size " +
-                     std::to_string(P));
+    throw UsageError("interleaved_1f1b: micro_batches=" + std::to_string(M) +
+                     " must be a multiple of the pipeline size " + std::to_string(P));
   }
   const int total = M * V;
   auto mb_of = [&](int k) { return (k / (P * V)) * P + k % P; };
@@ -162,12 +170,15 @@ std::vector<PipelineOp> schedule_ops(Schedule schedule, int stages, int stage, i
 namespace {
 
 constexpr int kMaxDims = 8;
-constexpr int64_t kHeaderBytes = (kMaxDims + 2) * 8;  // dtype, rank, sizes as int64; keeps the payload 16-byte aligned
+constexpr int64_t kHeaderBytes =
+    (kMaxDims + 2) * 8;            // dtype, rank, sizes as int64; keeps the payload 16-byte aligned
 constexpr int kRecvLookahead = 2;  // operations ahead of the running one whose receives are posted
 
 enum class Part { kMessage = 0, kResized = 1 };
 
-int message_key(int mb, int stage, int num_stages, bool grad) { return (mb * num_stages + stage) * 2 + (grad ? 1 : 0); }
+int message_key(int mb, int stage, int num_stages, bool grad) {
+  return (mb * num_stages + stage) * 2 + (grad ? 1 : 0);
+}
 int tag_of(int key, Part part) { return key * 2 + static_cast<int>(part); }
 
 int64_t payload_bytes(const std::vector<int64_t>& sizes, c10::ScalarType dtype) {
@@ -177,13 +188,18 @@ int64_t payload_bytes(const std::vector<int64_t>& sizes, c10::ScalarType dtype) 
 }
 
 // A tensor of `sizes` and `dtype` over `bytes` + `offset`, keeping `bytes` alive (no copy).
-torch::Tensor over_bytes(const torch::Tensor& bytes, int64_t offset, const std::vector<int64_t>& sizes, c10::ScalarType dtype) {
-  return torch::from_blob(bytes.data_ptr<uint8_t>() + offset, sizes, [bytes](void*) {}, torch::TensorOptions().dtype(dtype));
+torch::Tensor over_bytes(const torch::Tensor& bytes, int64_t offset,
+                         const std::vector<int64_t>& sizes, c10::ScalarType dtype) {
+  return torch::from_blob(
+      bytes.data_ptr<uint8_t>() + offset, sizes, [bytes](void*) {},
+      torch::TensorOptions().dtype(dtype));
 }
 
 }  // namespace
 
-bool Pipeline::WireShape::operator==(const WireShape& o) const { return dtype == o.dtype && sizes == o.sizes; }
+bool Pipeline::WireShape::operator==(const WireShape& o) const {
+  return dtype == o.dtype && sizes == o.sizes;
+}
 
 void Pipeline::send_part(const torch::Tensor& t, int dst, int tag) {
   PointToPointOptions o;
@@ -195,8 +211,8 @@ void Pipeline::send_part(const torch::Tensor& t, int dst, int tag) {
 
 void Pipeline::send_message(const torch::Tensor& t, int dst, int key) {
   if (t.dim() > kMaxDims) {
-    throw UsageError("Pipeline: a stage output has " + std::to_string(t.dim()) + " dimensions; at most " +
-                     std::to_string(kMaxDims) + " are supported");
+    throw UsageError("Pipeline: a stage output has " + std::to_string(t.dim()) +
+                     " dimensions; at most " + std::to_string(kMaxDims) + " are supported");
   }
   torch::Tensor data = t.detach().contiguous();
   WireShape now{t.scalar_type(), t.sizes().vec()};
@@ -204,7 +220,9 @@ void Pipeline::send_message(const torch::Tensor& t, int dst, int key) {
   auto it = sent_shapes_.find(key);
   const bool same = it != sent_shapes_.end() && it->second == now;
   // The size the receiver posted: the header and the remembered shape's payload.
-  const int64_t posted = kHeaderBytes + (it == sent_shapes_.end() ? 0 : payload_bytes(it->second.sizes, it->second.dtype));
+  const int64_t posted =
+      kHeaderBytes +
+      (it == sent_shapes_.end() ? 0 : payload_bytes(it->second.sizes, it->second.dtype));
   torch::Tensor msg = torch::empty({posted}, torch::kUInt8);
   auto* h = reinterpret_cast<int64_t*>(msg.data_ptr<uint8_t>());
   std::fill(h, h + kMaxDims + 2, int64_t{0});
@@ -212,14 +230,18 @@ void Pipeline::send_message(const torch::Tensor& t, int dst, int key) {
   h[1] = t.dim();
   for (int64_t d = 0; d < t.dim(); ++d) h[d + 2] = t.size(d);
   if (same) {
-    if (nbytes > 0) std::memcpy(msg.data_ptr<uint8_t>() + kHeaderBytes, data.data_ptr(), static_cast<size_t>(nbytes));
+    if (nbytes > 0)
+      std::memcpy(msg.data_ptr<uint8_t>() + kHeaderBytes, data.data_ptr(),
+                  static_cast<size_t>(nbytes));
     send_part(msg, dst, tag_of(key, Part::kMessage));
     return;
   }
   // First step, or the shape changed: the posted size (its payload bytes unused), then the
   // real payload.
   send_part(msg, dst, tag_of(key, Part::kMessage));
-  send_part(torch::from_blob(data.data_ptr(), {nbytes}, [data](void*) {}, torch::kUInt8), dst, tag_of(key, Part::kResized));
+  send_part(torch::from_blob(
+                data.data_ptr(), {nbytes}, [data](void*) {}, torch::kUInt8),
+            dst, tag_of(key, Part::kResized));
   sent_shapes_[key] = std::move(now);
 }
 
@@ -227,7 +249,9 @@ void Pipeline::post_receive(int src, int key) {
   PendingRecv& r = pending_[key];
   r.src = src;
   auto it = recv_shapes_.find(key);
-  const int64_t posted = kHeaderBytes + (it == recv_shapes_.end() ? 0 : payload_bytes(it->second.sizes, it->second.dtype));
+  const int64_t posted =
+      kHeaderBytes +
+      (it == recv_shapes_.end() ? 0 : payload_bytes(it->second.sizes, it->second.dtype));
   r.message = torch::empty({posted}, torch::kUInt8);
   PointToPointOptions o;
   o.group = group_;
@@ -241,15 +265,17 @@ torch::Tensor Pipeline::take_receive(int key) {
   PendingRecv& r = node.mapped();
   r.work.wait();
   const auto* h = reinterpret_cast<const int64_t*>(r.message.data_ptr<uint8_t>());
-  if (h[1] < 0 || h[1] > kMaxDims || h[0] < 0 || h[0] >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
+  if (h[1] < 0 || h[1] > kMaxDims || h[0] < 0 ||
+      h[0] >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
     throw Error("Pipeline: message " + std::to_string(key) + " from rank " + std::to_string(r.src) +
-                " has a corrupt header (dtype " + std::to_string(h[0]) + ", " + std::to_string(h[1]) +
-                " dimensions); the pipeline ranks are out of step");
+                " has a corrupt header (dtype " + std::to_string(h[0]) + ", " +
+                std::to_string(h[1]) + " dimensions); the pipeline ranks are out of step");
   }
   WireShape now{static_cast<c10::ScalarType>(h[0]), std::vector<int64_t>(h + 2, h + 2 + h[1])};
   auto it = recv_shapes_.find(key);
   // The payload is the message's tail: a tensor over it that keeps the message alive.
-  if (it != recv_shapes_.end() && it->second == now) return over_bytes(r.message, kHeaderBytes, now.sizes, now.dtype);
+  if (it != recv_shapes_.end() && it->second == now)
+    return over_bytes(r.message, kHeaderBytes, now.sizes, now.dtype);
   // First step, or the shape changed (the message's payload bytes were filler).
   torch::Tensor bytes = torch::empty({payload_bytes(now.sizes, now.dtype)}, torch::kUInt8);
   PointToPointOptions o;
@@ -263,7 +289,8 @@ torch::Tensor Pipeline::take_receive(int key) {
 
 // ---- Pipeline ----
 
-Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<ProcessGroup> group, PipelineOptions options)
+Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<ProcessGroup> group,
+                   PipelineOptions options)
     : group_(std::move(group)), options_(options) {
   rank_ = group_ ? group_->rank() : 0;
   size_ = group_ ? group_->world_size() : 1;
@@ -271,8 +298,9 @@ Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<Pr
   // Validates the options once, here, rather than at the first step.
   schedule_ops(options_.schedule, size_, rank_, options_.micro_batches, V);
   if (V > 1 && size_ == 1) {
-    throw UsageError("Pipeline: virtual_stages=" + std::to_string(V) +
-                     " on a pipeline of one rank; interleaving needs at least 2 ranks (use virtual_stages=1)");
+    throw UsageError(
+        "Pipeline: virtual_stages=" + std::to_string(V) +
+        " on a pipeline of one rank; interleaving needs at least 2 ranks (use virtual_stages=1)");
   }
   const int n = static_cast<int>(stages.size());
   if (n == size_ * V) {
@@ -280,22 +308,26 @@ Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<Pr
   } else if (n == V) {
     local_ = std::move(stages);
   } else {
-    throw UsageError("Pipeline: got " + std::to_string(n) + " stages for " + std::to_string(size_) + " ranks x " +
-                     std::to_string(V) + " virtual stages; pass all " + std::to_string(size_ * V) +
-                     " stages (split_sequential(model, " + std::to_string(size_ * V) + ")) or this rank's " +
-                     std::to_string(V));
+    throw UsageError("Pipeline: got " + std::to_string(n) + " stages for " + std::to_string(size_) +
+                     " ranks x " + std::to_string(V) + " virtual stages; pass all " +
+                     std::to_string(size_ * V) + " stages (split_sequential(model, " +
+                     std::to_string(size_ * V) + ")) or this rank's " + std::to_string(V));
   }
   if (options_.data_parallel) {
     const auto& dp = options_.data_parallel->group;
     if (!dp) {
-      throw UsageError("Pipeline: options.data_parallel has no group; set data_parallel->group to the data-parallel "
-                       "group (e.g. mesh.group(\"dp\")), or construct the Pipeline from a DeviceMesh with a \"dp\" dimension");
+      throw UsageError(
+          "Pipeline: options.data_parallel has no group; set data_parallel->group to the "
+          "data-parallel "
+          "group (e.g. mesh.group(\"dp\")), or construct the Pipeline from a DeviceMesh with a "
+          "\"dp\" dimension");
     }
     // Every replica wraps its chunks in the same order, so DDP's construction-time checks and
     // broadcasts (collectives on the dp group) line up.
     if (dp->world_size() > 1) {
       for (auto& chunk : local_) {
-        ddp_.push_back(std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(chunk, *options_.data_parallel));
+        ddp_.push_back(std::make_unique<DistributedDataParallel<torch::nn::Sequential>>(
+            chunk, *options_.data_parallel));
       }
     }
   }
@@ -308,7 +340,8 @@ PipelineOptions with_mesh_dp(PipelineOptions o, const DeviceMesh& mesh) {
 }
 }  // namespace
 
-Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, const DeviceMesh& mesh, PipelineOptions options)
+Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, const DeviceMesh& mesh,
+                   PipelineOptions options)
     : Pipeline(std::move(stages), mesh.group("pp"), with_mesh_dp(std::move(options), mesh)) {}
 
 std::vector<torch::Tensor> Pipeline::parameters() const {
@@ -319,11 +352,13 @@ std::vector<torch::Tensor> Pipeline::parameters() const {
   return out;
 }
 
-torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Tensor& targets, const LossFn& loss_fn) {
+torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Tensor& targets,
+                                   const LossFn& loss_fn) {
   const int P = size_, p = rank_, M = options_.micro_batches, V = options_.virtual_stages;
   const int S = P * V;  // global stages
   if (inputs.dim() == 0 || inputs.size(0) % M != 0) {
-    throw UsageError("Pipeline::train_step: batch size " + std::to_string(inputs.dim() ? inputs.size(0) : 0) +
+    throw UsageError("Pipeline::train_step: batch size " +
+                     std::to_string(inputs.dim() ? inputs.size(0) : 0) +
                      " is not divisible by micro_batches=" + std::to_string(M));
   }
   std::vector<torch::Tensor> in_mb = inputs.chunk(M, 0);
@@ -347,7 +382,8 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
   // The message op i receives (its input activation or its output's gradient), or -1.
   auto receive_of = [&](const PipelineOp& op) {
     const int s = op.chunk * P + p;
-    if (op.kind == PipelineOp::kForward) return s == 0 ? -1 : message_key(op.micro_batch, s, S, false);
+    if (op.kind == PipelineOp::kForward)
+      return s == 0 ? -1 : message_key(op.micro_batch, s, S, false);
     return s == S - 1 ? -1 : message_key(op.micro_batch, s, S, true);
   };
   size_t posted = 0;  // ops whose receives are posted
@@ -368,7 +404,8 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
         l.input = take_receive(receive_of(op));
         if (l.input.is_floating_point()) l.input.requires_grad_(true);
       }
-      torch::Tensor out = ddp_.empty() ? local_[op.chunk]->forward(l.input) : ddp_[op.chunk]->forward(l.input);
+      torch::Tensor out =
+          ddp_.empty() ? local_[op.chunk]->forward(l.input) : ddp_[op.chunk]->forward(l.input);
       if (s == S - 1) {
         if (tgt_mb.empty()) throw UsageError("Pipeline::train_step: the last stage needs targets");
         torch::Tensor loss = loss_fn(out, tgt_mb[op.micro_batch]);
@@ -383,7 +420,8 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
       peak_live_ = std::max(peak_live_, static_cast<int>(live.size()));
     } else {
       auto it = live.find({op.chunk, op.micro_batch});
-      TORCH_INTERNAL_ASSERT(it != live.end(), "backward before forward in the pipeline schedule: ", to_string(op));
+      TORCH_INTERNAL_ASSERT(it != live.end(),
+                            "backward before forward in the pipeline schedule: ", to_string(op));
       Live l = std::move(it->second);
       live.erase(it);
       // Data parallel: only the chunk's last backward (micro-batches run in order) averages
@@ -409,7 +447,8 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
   return {};
 }
 
-void all_reduce_gradients(const std::vector<torch::Tensor>& params, const std::shared_ptr<ProcessGroup>& group) {
+void all_reduce_gradients(const std::vector<torch::Tensor>& params,
+                          const std::shared_ptr<ProcessGroup>& group) {
   if (!group || group->world_size() == 1 || params.empty()) return;
   std::vector<torch::Tensor> grads;
   for (const auto& p : params) {

@@ -26,7 +26,8 @@ void save_group(AutogradContext* ctx, ProcessGroup* g) {
   ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<std::intptr_t>(g));
 }
 ProcessGroup* saved_group(AutogradContext* ctx) {
-  return reinterpret_cast<ProcessGroup*>(static_cast<std::intptr_t>(ctx->saved_data["group"].toInt()));
+  return reinterpret_cast<ProcessGroup*>(
+      static_cast<std::intptr_t>(ctx->saved_data["group"].toInt()));
 }
 std::shared_ptr<ProcessGroup> borrow(ProcessGroup* g) {
   return std::shared_ptr<ProcessGroup>(std::shared_ptr<ProcessGroup>{}, g);  // non-owning alias
@@ -47,8 +48,8 @@ torch::Tensor all_gather_last(const torch::Tensor& x, ProcessGroup* g) {
 torch::Tensor own_slice_last(const torch::Tensor& x, ProcessGroup* g) {
   const int64_t n = x.size(-1), t = g->world_size();
   if (n % t != 0) {
-    throw UsageError("tensor parallel: last dimension " + std::to_string(n) + " is not divisible by the group size " +
-                     std::to_string(t));
+    throw UsageError("tensor parallel: last dimension " + std::to_string(n) +
+                     " is not divisible by the group size " + std::to_string(t));
   }
   return x.narrow(-1, g->rank() * (n / t), n / t).contiguous();
 }
@@ -63,8 +64,12 @@ struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   }
 };
 struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
-  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, ProcessGroup* g) { return all_reduce_sum(x, g); }
-  static tensor_list backward(AutogradContext*, tensor_list grads) { return {grads[0], torch::Tensor()}; }
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, ProcessGroup* g) {
+    return all_reduce_sum(x, g);
+  }
+  static tensor_list backward(AutogradContext*, tensor_list grads) {
+    return {grads[0], torch::Tensor()};
+  }
 };
 struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, ProcessGroup* g) {
@@ -90,8 +95,9 @@ bool trivial(const GroupPtr& g) { return group_size(g) == 1; }
 int64_t shard_of(int64_t n, const GroupPtr& g, const char* layer, const char* what) {
   const int t = group_size(g);
   if (n % t != 0) {
-    throw UsageError(std::string(layer) + ": " + what + " = " + std::to_string(n) + " is not divisible by the tensor-parallel size " +
-                     std::to_string(t) + "; choose sizes that are multiples of it");
+    throw UsageError(std::string(layer) + ": " + what + " = " + std::to_string(n) +
+                     " is not divisible by the tensor-parallel size " + std::to_string(t) +
+                     "; choose sizes that are multiples of it");
   }
   return n / t;
 }
@@ -113,14 +119,15 @@ torch::Tensor scatter_to_tensor_parallel_region(const torch::Tensor& x, const Gr
 
 // ---- ColumnParallelLinear ----
 
-ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, GroupPtr group, bool bias,
-                                                   bool gather_output)
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t out_features,
+                                                   GroupPtr group, bool bias, bool gather_output)
     : group_(std::move(group)), gather_output_(gather_output) {
   shard_of(out_features, group_, "ColumnParallelLinear", "out_features");
   init(torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(bias)));
 }
 
-ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group, bool gather_output)
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group,
+                                                   bool gather_output)
     : group_(std::move(group)), gather_output_(gather_output) {
   init(full);
 }
@@ -132,24 +139,27 @@ void ColumnParallelLinearImpl::init(const torch::nn::Linear& full) {
   const int64_t first = group_rank(group_) * rows;
   torch::NoGradGuard no_grad;
   weight = register_parameter("weight", full->weight.narrow(0, first, rows).clone());
-  if (full->options.bias()) bias = register_parameter("bias", full->bias.narrow(0, first, rows).clone());
+  if (full->options.bias())
+    bias = register_parameter("bias", full->bias.narrow(0, first, rows).clone());
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::functional::linear(copy_to_tensor_parallel_region(x, group_), weight, bias);
+  torch::Tensor y =
+      torch::nn::functional::linear(copy_to_tensor_parallel_region(x, group_), weight, bias);
   return gather_output_ ? gather_from_tensor_parallel_region(y, group_) : y;
 }
 
 // ---- RowParallelLinear ----
 
-RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_features, GroupPtr group, bool bias,
-                                             bool input_is_parallel)
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_features,
+                                             GroupPtr group, bool bias, bool input_is_parallel)
     : group_(std::move(group)), input_is_parallel_(input_is_parallel) {
   shard_of(in_features, group_, "RowParallelLinear", "in_features");
   init(torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(bias)));
 }
 
-RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group, bool input_is_parallel)
+RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, GroupPtr group,
+                                             bool input_is_parallel)
     : group_(std::move(group)), input_is_parallel_(input_is_parallel) {
   init(full);
 }
@@ -159,35 +169,42 @@ void RowParallelLinearImpl::init(const torch::nn::Linear& full) {
   out_ = full->options.out_features();
   const int64_t cols = shard_of(in_, group_, "RowParallelLinear", "in_features");
   torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", full->weight.narrow(1, group_rank(group_) * cols, cols).clone());
+  weight =
+      register_parameter("weight", full->weight.narrow(1, group_rank(group_) * cols, cols).clone());
   if (full->options.bias()) bias = register_parameter("bias", full->bias.clone());
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor local = input_is_parallel_ ? x : scatter_to_tensor_parallel_region(x, group_);
   if (local.size(-1) != weight.size(1)) {
-    throw UsageError("RowParallelLinear: input's last dimension is " + std::to_string(local.size(-1)) + " but this rank's shard takes " +
-                     std::to_string(weight.size(1)) + (input_is_parallel_ ? " (input_is_parallel: pass this rank's slice)" : ""));
+    throw UsageError("RowParallelLinear: input's last dimension is " +
+                     std::to_string(local.size(-1)) + " but this rank's shard takes " +
+                     std::to_string(weight.size(1)) +
+                     (input_is_parallel_ ? " (input_is_parallel: pass this rank's slice)" : ""));
   }
-  torch::Tensor y = reduce_from_tensor_parallel_region(torch::nn::functional::linear(local, weight), group_);
+  torch::Tensor y =
+      reduce_from_tensor_parallel_region(torch::nn::functional::linear(local, weight), group_);
   return bias.defined() ? y + bias : y;
 }
 
 // ---- VocabParallelEmbedding ----
 
-VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, GroupPtr group)
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
+                                                       int64_t embedding_dim, GroupPtr group)
     : group_(std::move(group)) {
   shard_of(num_embeddings, group_, "VocabParallelEmbedding", "num_embeddings");
   init(torch::nn::Embedding(num_embeddings, embedding_dim)->weight);
 }
 
-VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full, GroupPtr group)
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full,
+                                                       GroupPtr group)
     : group_(std::move(group)) {
   init(full->weight);
 }
 
 void VocabParallelEmbeddingImpl::init(const torch::Tensor& full_weight) {
-  const int64_t rows = shard_of(full_weight.size(0), group_, "VocabParallelEmbedding", "num_embeddings");
+  const int64_t rows =
+      shard_of(full_weight.size(0), group_, "VocabParallelEmbedding", "num_embeddings");
   start_ = group_rank(group_) * rows;
   end_ = start_ + rows;
   torch::NoGradGuard no_grad;
@@ -200,17 +217,19 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
   // non-zero row per id.
   torch::Tensor outside = (ids < start_).logical_or(ids >= end_);
   torch::Tensor local = (ids - start_).masked_fill(outside, 0);
-  torch::Tensor out = torch::nn::functional::embedding(local, weight).masked_fill(outside.unsqueeze(-1), 0.0);
+  torch::Tensor out =
+      torch::nn::functional::embedding(local, weight).masked_fill(outside.unsqueeze(-1), 0.0);
   return reduce_from_tensor_parallel_region(out, group_);
 }
 
 // ---- vocab-parallel cross-entropy ----
 
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits, const torch::Tensor& target,
-                                           const GroupPtr& group) {
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits,
+                                           const torch::Tensor& target, const GroupPtr& group) {
   if (local_logits.dim() != 2 || target.dim() != 1 || target.size(0) != local_logits.size(0)) {
     throw UsageError("vocab_parallel_cross_entropy: expected logits [N, V/T] and target [N], got " +
-                     std::string(c10::str(local_logits.sizes())) + " and " + std::string(c10::str(target.sizes())));
+                     std::string(c10::str(local_logits.sizes())) + " and " +
+                     std::string(c10::str(target.sizes())));
   }
   const int64_t width = local_logits.size(1);
   const int64_t start = group_rank(group) * width;
@@ -229,7 +248,8 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits, co
   torch::Tensor sum_exp = reduce_from_tensor_parallel_region(shifted.exp().sum(1), group);
   torch::Tensor mine = (target >= start).logical_and(target < start + width);
   torch::Tensor local_target = (target - start).masked_fill(mine.logical_not(), 0);
-  torch::Tensor picked = shifted.gather(1, local_target.unsqueeze(1)).squeeze(1).masked_fill(mine.logical_not(), 0.0);
+  torch::Tensor picked =
+      shifted.gather(1, local_target.unsqueeze(1)).squeeze(1).masked_fill(mine.logical_not(), 0.0);
   torch::Tensor target_logit = reduce_from_tensor_parallel_region(picked, group);
   return (sum_exp.log() - target_logit).mean();
 }
@@ -238,8 +258,8 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits, co
 
 namespace {
 
-torch::nn::Sequential parallelize_at(const torch::nn::Sequential& seq, const ParallelizePlan& plan, const GroupPtr& group,
-                                     std::set<std::string>& used) {
+torch::nn::Sequential parallelize_at(const torch::nn::Sequential& seq, const ParallelizePlan& plan,
+                                     const GroupPtr& group, std::set<std::string>& used) {
   torch::nn::Sequential out;
   auto any = seq->begin();
   for (const auto& item : seq->named_children()) {
@@ -254,14 +274,19 @@ torch::nn::Sequential parallelize_at(const torch::nn::Sequential& seq, const Par
         // on libtorch 2.x. typeid reads nothing of the module's state.
         const torch::nn::Module& child = *item.value();
         throw UsageError("parallelize: '" + name + "' is a " + c10::demangle(typeid(child).name()) +
-                         ", not a torch::nn::Linear; ColwiseParallel and RowwiseParallel apply to Linear layers");
+                         ", not a torch::nn::Linear; ColwiseParallel and RowwiseParallel apply to "
+                         "Linear layers");
       }
       used.insert(name);
       torch::nn::Linear full(linear);
       if (auto* col = std::get_if<ColwiseParallel>(&style->second)) {
-        out->push_back(std::string(item.key()), ColumnParallelLinear(full, group, col->gather_output));
+        out->push_back(std::string(item.key()),
+                       ColumnParallelLinear(full, group, col->gather_output));
       } else {
-        out->push_back(std::string(item.key()), RowParallelLinear(full, group, std::get<RowwiseParallel>(style->second).input_is_parallel));
+        out->push_back(
+            std::string(item.key()),
+            RowParallelLinear(full, group,
+                              std::get<RowwiseParallel>(style->second).input_is_parallel));
       }
       continue;
     }
@@ -272,14 +297,16 @@ torch::nn::Sequential parallelize_at(const torch::nn::Sequential& seq, const Par
 
 }  // namespace
 
-torch::nn::Sequential parallelize(const torch::nn::Sequential& module, const ParallelizePlan& plan, const GroupPtr& group) {
+torch::nn::Sequential parallelize(const torch::nn::Sequential& module, const ParallelizePlan& plan,
+                                  const GroupPtr& group) {
   std::set<std::string> used;
   torch::nn::Sequential out = parallelize_at(module, plan, group, used);
   for (const auto& [name, style] : plan) {
     if (used.count(name)) continue;
     std::string children;
     for (const auto& item : module->named_children()) children += " " + item.key();
-    throw UsageError("parallelize: the plan names '" + name + "' but the module has no such child; its children are:" + children);
+    throw UsageError("parallelize: the plan names '" + name +
+                     "' but the module has no such child; its children are:" + children);
   }
   return out;
 }

@@ -69,16 +69,18 @@ struct FdCloser {
 void fsync_directory(const std::string& dir, const std::string& path) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    throw Error("save_checkpoint(" + path + "): cannot open directory " + dir + " to fsync it: " +
-                errno_text(errno));
+    throw Error("save_checkpoint(" + path + "): cannot open directory " + dir +
+                " to fsync it: " + errno_text(errno));
   }
   FdCloser closer{fd};
   if (::fsync(fd) != 0) {
-    throw Error("save_checkpoint(" + path + "): fsync of directory " + dir + " failed: " + errno_text(errno));
+    throw Error("save_checkpoint(" + path + "): fsync of directory " + dir +
+                " failed: " + errno_text(errno));
   }
 }
 
-torch::serialize::OutputArchive build_archive(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+torch::serialize::OutputArchive build_archive(torch::nn::Module& model,
+                                              torch::optim::Optimizer* optimizer,
                                               const TrainingState& state, bool save_rng) {
   torch::serialize::OutputArchive archive;
   archive.write("format", c10::IValue(std::string(kFormat)));
@@ -93,7 +95,8 @@ torch::serialize::OutputArchive build_archive(torch::nn::Module& model, torch::o
   archive.write("parameters", params);
   torch::serialize::OutputArchive buffers(archive.compilation_unit());
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) buffers.write(item.key(), item.value().detach(), /*is_buffer=*/true);
+    if (item.value().defined())
+      buffers.write(item.key(), item.value().detach(), /*is_buffer=*/true);
   }
   archive.write("buffers", buffers);
 
@@ -124,8 +127,8 @@ torch::serialize::OutputArchive build_archive(torch::nn::Module& model, torch::o
 
 // Writes the archive to `tmp` through a descriptor we own, so we can fsync it and see every
 // write error (torch's own save_to(filename) does neither).
-void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp, const std::string& path,
-                bool durable) {
+void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp,
+                const std::string& path, bool durable) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw Error("save_checkpoint(" + path + "): cannot create " + tmp + ": " + errno_text(errno) +
@@ -156,12 +159,14 @@ void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp
     archive.save_to(writer);
   } catch (const c10::Error& e) {
     if (write_errno != 0) {
-      throw Error("save_checkpoint(" + path + "): writing " + tmp + " failed: " + errno_text(write_errno));
+      throw Error("save_checkpoint(" + path + "): writing " + tmp +
+                  " failed: " + errno_text(write_errno));
     }
     throw Error("save_checkpoint(" + path + "): serializing failed: " + e.what_without_backtrace());
   }
   if (write_errno != 0) {
-    throw Error("save_checkpoint(" + path + "): writing " + tmp + " failed: " + errno_text(write_errno));
+    throw Error("save_checkpoint(" + path + "): writing " + tmp +
+                " failed: " + errno_text(write_errno));
   }
   // The data must be on disk before the rename makes it the checkpoint, or a power cut
   // could leave PATH naming an empty file.
@@ -174,10 +179,12 @@ void write_file(torch::serialize::OutputArchive& archive, const std::string& tmp
   }
 }
 
-int64_t read_int(torch::serialize::InputArchive& archive, const char* key, const std::string& path) {
+int64_t read_int(torch::serialize::InputArchive& archive, const char* key,
+                 const std::string& path) {
   c10::IValue v;
   if (!archive.try_read(key, v) || !v.isInt()) {
-    throw Error("load_checkpoint(" + path + "): the checkpoint has no integer '" + key + "'; the file is damaged");
+    throw Error("load_checkpoint(" + path + "): the checkpoint has no integer '" + key +
+                "'; the file is damaged");
   }
   return v.toInt();
 }
@@ -186,8 +193,9 @@ int64_t read_int(torch::serialize::InputArchive& archive, const char* key, const
 // and checks names and shapes before anything is copied, so a mismatch leaves the model as
 // it was.
 std::vector<std::pair<torch::Tensor, torch::Tensor>> match_tensors(
-    torch::serialize::InputArchive& archive, const torch::OrderedDict<std::string, torch::Tensor>& named,
-    bool is_buffer, const std::string& path) {
+    torch::serialize::InputArchive& archive,
+    const torch::OrderedDict<std::string, torch::Tensor>& named, bool is_buffer,
+    const std::string& path) {
   const char* what = is_buffer ? "buffer" : "parameter";
   std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
   std::set<std::string> expected;
@@ -201,8 +209,8 @@ std::vector<std::pair<torch::Tensor, torch::Tensor>> match_tensors(
     }
     if (saved.sizes() != item.value().sizes()) {
       throw Error("load_checkpoint(" + path + "): " + what + " '" + item.key() + "' has shape " +
-                  shape_text(saved.sizes()) + " in the checkpoint but " + shape_text(item.value().sizes()) +
-                  " in the model");
+                  shape_text(saved.sizes()) + " in the checkpoint but " +
+                  shape_text(item.value().sizes()) + " in the model");
     }
     pairs.emplace_back(item.value(), saved);
   }
@@ -220,14 +228,16 @@ std::vector<std::pair<torch::Tensor, torch::Tensor>> match_tensors(
 // restores. A resumed run whose lr was changed by a schedule would silently diverge, so we
 // read them back from the layout Optimizer::save() writes (torch/optim/serialize.h):
 // param_groups/param_groups/<i>/options, through the options' own virtual serialize().
-void restore_group_options(torch::serialize::InputArchive& opt, torch::optim::Optimizer& optimizer) {
+void restore_group_options(torch::serialize::InputArchive& opt,
+                           torch::optim::Optimizer& optimizer) {
   torch::serialize::InputArchive groups;
   if (!opt.try_read("param_groups", groups)) return;  // a custom optimizer's own format
   auto& live = optimizer.param_groups();
   for (size_t i = 0; i < live.size(); ++i) {
     torch::serialize::InputArchive group;
     torch::serialize::InputArchive options;
-    if (!groups.try_read("param_groups/" + std::to_string(i), group) || !group.try_read("options", options)) {
+    if (!groups.try_read("param_groups/" + std::to_string(i), group) ||
+        !group.try_read("options", options)) {
       continue;
     }
     live[i].options().serialize(options);
@@ -236,12 +246,14 @@ void restore_group_options(torch::serialize::InputArchive& opt, torch::optim::Op
 
 }  // namespace
 
-bool save_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                     const TrainingState& state, const SaveOptions& options) {
+bool save_checkpoint(const std::string& path, torch::nn::Module& model,
+                     torch::optim::Optimizer* optimizer, const TrainingState& state,
+                     const SaveOptions& options) {
   if (path.empty()) throw UsageError("save_checkpoint: the path is empty");
   if (options.writer_rank >= 0 && resolve_rank(options.rank) != options.writer_rank) return false;
 
-  torch::serialize::OutputArchive archive = build_archive(model, optimizer, state, options.save_rng);
+  torch::serialize::OutputArchive archive =
+      build_archive(model, optimizer, state, options.save_rng);
 
   // A name of our own per process, so two writers never share a temp file, and a crashed
   // save leaves PATH.tmp.<pid>, which latest_checkpoint() does not match (no ".pt" end).
@@ -249,7 +261,8 @@ bool save_checkpoint(const std::string& path, torch::nn::Module& model, torch::o
   try {
     write_file(archive, tmp, path, options.durable);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      throw Error("save_checkpoint(" + path + "): renaming " + tmp + " to it failed: " + errno_text(errno));
+      throw Error("save_checkpoint(" + path + "): renaming " + tmp +
+                  " to it failed: " + errno_text(errno));
     }
   } catch (...) {
     ::unlink(tmp.c_str());  // best effort: the previous checkpoint at `path` is untouched
@@ -263,8 +276,8 @@ bool save_checkpoint(const std::string& path, torch::nn::Module& model, torch::o
   return true;
 }
 
-TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                              const LoadOptions& options) {
+TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer* optimizer, const LoadOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int err = errno;
@@ -283,13 +296,16 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
                 e.what_without_backtrace() + ")");
   }
   c10::IValue format;
-  if (!archive.try_read("format", format) || !format.isString() || format.toStringRef() != kFormat) {
-    throw Error("load_checkpoint: " + path + " is not a dtrain checkpoint (no '" + kFormat + "' marker)");
+  if (!archive.try_read("format", format) || !format.isString() ||
+      format.toStringRef() != kFormat) {
+    throw Error("load_checkpoint: " + path + " is not a dtrain checkpoint (no '" + kFormat +
+                "' marker)");
   }
   int64_t version = read_int(archive, "version", path);
   if (version < 1 || version > kVersion) {
-    throw Error("load_checkpoint: " + path + " has checkpoint format version " + std::to_string(version) +
-                "; this dtrain reads versions up to " + std::to_string(kVersion) + " (upgrade dtrain)");
+    throw Error("load_checkpoint: " + path + " has checkpoint format version " +
+                std::to_string(version) + "; this dtrain reads versions up to " +
+                std::to_string(kVersion) + " (upgrade dtrain)");
   }
 
   TrainingState state;
@@ -299,35 +315,42 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
   state.batch_in_epoch = read_int(archive, "batch_in_epoch", path);
   c10::IValue meta;
   if (!archive.try_read("metadata", meta) || !meta.isString()) {
-    throw Error("load_checkpoint(" + path + "): the checkpoint has no metadata; the file is damaged");
+    throw Error("load_checkpoint(" + path +
+                "): the checkpoint has no metadata; the file is damaged");
   }
   try {
-    state.metadata = nlohmann::json::parse(meta.toStringRef()).get<std::map<std::string, std::string>>();
+    state.metadata =
+        nlohmann::json::parse(meta.toStringRef()).get<std::map<std::string, std::string>>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error("load_checkpoint(" + path + "): the metadata is not a JSON object of strings: " + e.what());
+    throw Error("load_checkpoint(" + path +
+                "): the metadata is not a JSON object of strings: " + e.what());
   }
 
   torch::serialize::InputArchive params_archive;
   torch::serialize::InputArchive buffers_archive;
-  if (!archive.try_read("parameters", params_archive) || !archive.try_read("buffers", buffers_archive)) {
+  if (!archive.try_read("parameters", params_archive) ||
+      !archive.try_read("buffers", buffers_archive)) {
     throw Error("load_checkpoint(" + path + "): the checkpoint has no model; the file is damaged");
   }
-  auto params = match_tensors(params_archive, model.named_parameters(/*recurse=*/true), false, path);
+  auto params =
+      match_tensors(params_archive, model.named_parameters(/*recurse=*/true), false, path);
   auto buffers = match_tensors(buffers_archive, model.named_buffers(/*recurse=*/true), true, path);
 
   if (optimizer != nullptr) {
     torch::serialize::InputArchive opt;
     if (!archive.try_read("optimizer", opt)) {
-      throw Error("load_checkpoint(" + path +
-                  "): the checkpoint has no optimizer state (it was saved without one); pass nullptr "
-                  "to load only the model");
+      throw Error(
+          "load_checkpoint(" + path +
+          "): the checkpoint has no optimizer state (it was saved without one); pass nullptr "
+          "to load only the model");
     }
     try {
       optimizer->load(opt);
       restore_group_options(opt, *optimizer);
     } catch (const c10::Error& e) {
-      throw Error("load_checkpoint(" + path + "): the optimizer state does not fit this optimizer: " +
-                  e.what_without_backtrace());
+      throw Error(
+          "load_checkpoint(" + path +
+          "): the optimizer state does not fit this optimizer: " + e.what_without_backtrace());
     }
   }
 
@@ -345,7 +368,8 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
       try {
         gen.set_state(rng);
       } catch (const c10::Error& e) {
-        throw Error("load_checkpoint(" + path + "): the saved RNG state is invalid: " + e.what_without_backtrace());
+        throw Error("load_checkpoint(" + path +
+                    "): the saved RNG state is invalid: " + e.what_without_backtrace());
       }
     }
   }
@@ -354,7 +378,8 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
 
 namespace detail {
 
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir, const std::string& prefix) {
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir,
+                                                              const std::string& prefix) {
   namespace fs = std::filesystem;
   std::vector<std::pair<int64_t, std::string>> found;
   std::vector<std::string> names;  // parallel to found, for the tie-break

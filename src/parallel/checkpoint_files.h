@@ -12,6 +12,7 @@ namespace dtrain::detail {
 
 // (step, path) of every checkpoint in `dir`, newest first (ties: the smaller name first, so
 // the order is stable). A missing or unreadable directory has none.
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir, const std::string& prefix);
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir,
+                                                              const std::string& prefix);
 
 }  // namespace dtrain::detail

@@ -21,7 +21,8 @@ std::string describe(const torch::Tensor& t) {
 
 // Packs tensors of one dtype into flat chunks of at most `cap_bytes`, broadcasts each chunk
 // from rank 0, and copies the result back: a few large collectives instead of one per tensor.
-void broadcast_coalesced(ProcessGroup& group, const std::vector<torch::Tensor>& tensors, int64_t cap_bytes) {
+void broadcast_coalesced(ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                         int64_t cap_bytes) {
   std::vector<torch::Tensor> chunk;
   int64_t bytes = 0;
   auto flush = [&]() {
@@ -41,8 +42,9 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<torch::Tensor>& 
     chunk.clear();
     bytes = 0;
   };
-  for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16, torch::kInt64,
-                     torch::kInt32, torch::kUInt8, torch::kInt8, torch::kInt16, torch::kBool}) {
+  for (auto dtype :
+       {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16, torch::kInt64,
+        torch::kInt32, torch::kUInt8, torch::kInt8, torch::kInt16, torch::kBool}) {
     for (const auto& t : tensors) {
       if (t.scalar_type() != dtype || t.numel() == 0) continue;
       chunk.push_back(t);
@@ -81,7 +83,9 @@ CommHook allreduce_hook() {
 }
 
 CommHook fp16_compress_hook() {
-  return [](ProcessGroup& group, GradBucket& bucket) { return compress_hook(group, bucket, torch::kHalf); };
+  return [](ProcessGroup& group, GradBucket& bucket) {
+    return compress_hook(group, bucket, torch::kHalf);
+  };
 }
 
 CommHook bf16_compress_hook() {
@@ -90,19 +94,22 @@ CommHook bf16_compress_hook() {
   // all-reduce at 2 ranks ((N-1)/2 of the bucket per rank in general, so best for small N).
   return [](ProcessGroup& group, GradBucket& bucket) {
     const int world = group.world_size();
-    torch::Tensor bits = bucket.buffer.to(torch::kBFloat16).view(torch::kHalf);  // a byte-copying carrier
+    torch::Tensor bits =
+        bucket.buffer.to(torch::kBFloat16).view(torch::kHalf);  // a byte-copying carrier
     std::vector<std::vector<torch::Tensor>> outputs(1);
     for (int r = 0; r < world; ++r) outputs[0].push_back(torch::empty_like(bits));
     std::vector<torch::Tensor> inputs{bits};
     auto work = group.c10d()->allgather(outputs, inputs);
     torch::Tensor buffer = bucket.buffer;
-    return Work(work, std::chrono::milliseconds(0), "bf16_compress_hook all_gather",
-                [outputs, inputs, buffer, world]() mutable {
-                  buffer.zero_();
-                  for (auto& part : outputs[0]) buffer.add_(part.view(torch::kBFloat16).to(buffer.scalar_type()));
-                  buffer.div_(world);
-                },
-                group.c10d());
+    return Work(
+        work, std::chrono::milliseconds(0), "bf16_compress_hook all_gather",
+        [outputs, inputs, buffer, world]() mutable {
+          buffer.zero_();
+          for (auto& part : outputs[0])
+            buffer.add_(part.view(torch::kBFloat16).to(buffer.scalar_type()));
+          buffer.div_(world);
+        },
+        group.c10d());
   };
 }
 
@@ -113,8 +120,10 @@ Reducer::Reducer(torch::nn::Module& module, DDPOptions options)
   group_ = options_.group ? options_.group : default_group();
   if (!options_.comm_hook) options_.comm_hook = allreduce_hook();
   if (options_.bucket_cap_mb <= 0 || options_.first_bucket_mb <= 0) {
-    throw UsageError("DistributedDataParallel: bucket_cap_mb and first_bucket_mb must be positive, got " +
-                     std::to_string(options_.bucket_cap_mb) + " and " + std::to_string(options_.first_bucket_mb));
+    throw UsageError(
+        "DistributedDataParallel: bucket_cap_mb and first_bucket_mb must be positive, got " +
+        std::to_string(options_.bucket_cap_mb) + " and " +
+        std::to_string(options_.first_bucket_mb));
   }
   for (auto& item : module_.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -137,7 +146,8 @@ Reducer::~Reducer() {
 void Reducer::check_parameters_match() {
   // One line per parameter; every rank compares its list with everyone's.
   std::ostringstream sig;
-  for (size_t i = 0; i < params_.size(); ++i) sig << param_names_[i] << " " << describe(params_[i]) << "\n";
+  for (size_t i = 0; i < params_.size(); ++i)
+    sig << param_names_[i] << " " << describe(params_[i]) << "\n";
   CollectiveOptions o;
   o.group = group_;
   std::vector<std::string> all = all_gather_object(sig.str(), o);
@@ -152,9 +162,10 @@ void Reducer::check_parameters_match() {
       if (!ga) la = "(nothing)";
       if (!gb) lb = "(nothing)";
       if (la != lb) {
-        throw UsageError("DistributedDataParallel: the model differs across ranks: rank 0 has parameter '" + la +
-                         "' where rank " + std::to_string(r) + " has '" + lb +
-                         "'; every rank must build the same model");
+        throw UsageError(
+            "DistributedDataParallel: the model differs across ranks: rank 0 has parameter '" + la +
+            "' where rank " + std::to_string(r) + " has '" + lb +
+            "'; every rank must build the same model");
       }
     }
   }
@@ -194,7 +205,8 @@ void Reducer::build_buckets() {
     if (!open_bucket.first.params.empty()) close(open_bucket.first);
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    for (size_t s = 0; s < buckets_[b].params.size(); ++s) location_[buckets_[b].params[s]] = {b, s};
+    for (size_t s = 0; s < buckets_[b].params.size(); ++s)
+      location_[buckets_[b].params[s]] = {b, s};
   }
   ready_.assign(params_.size(), false);
 }
@@ -202,9 +214,11 @@ void Reducer::build_buckets() {
 void Reducer::install_hooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    DTRAIN_ASSERT(acc != nullptr, "parameter '" + param_names_[i] + "' has no gradient accumulator");
+    DTRAIN_ASSERT(acc != nullptr,
+                  "parameter '" + param_names_[i] + "' has no gradient accumulator");
     auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
           mark_ready(i);
           return outputs;
         }));
@@ -261,7 +275,8 @@ void Reducer::launch(Bucket& bucket, size_t index) {
   gb.buffer = bucket.buffer;
   for (size_t i : bucket.params) gb.parameters.push_back(params_[i]);
   gb.is_last = index + 1 == buckets_.size();
-  timeline::Span span("ddp bucket all_reduce launch", "comm", static_cast<int64_t>(bucket.buffer.nbytes()),  // timeline hook
+  timeline::Span span("ddp bucket all_reduce launch", "comm",
+                      static_cast<int64_t>(bucket.buffer.nbytes()),  // timeline hook
                       static_cast<int64_t>(index));
   bucket.work = options_.comm_hook(*group_, gb);
   bucket.launched = true;
@@ -294,9 +309,11 @@ void Reducer::finalize() {
                      "unused in some iterations");
   }
   launch_ready_buckets();
-  DTRAIN_ASSERT(next_bucket_ == buckets_.size(), "every bucket must be launched at the end of backward");
+  DTRAIN_ASSERT(next_bucket_ == buckets_.size(),
+                "every bucket must be launched at the end of backward");
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    timeline::Span span("ddp bucket wait", "comm", static_cast<int64_t>(buckets_[b].buffer.nbytes()),  // timeline hook
+    timeline::Span span("ddp bucket wait", "comm",
+                        static_cast<int64_t>(buckets_[b].buffer.nbytes()),  // timeline hook
                         static_cast<int64_t>(b));
     buckets_[b].work.wait();
   }

@@ -58,11 +58,13 @@ DistributedSampler::DistributedSampler(int64_t size, DistributedSamplerOptions o
   num_replicas_ = *options.num_replicas;
   rank_ = *options.rank;
   if (num_replicas_ < 1) {
-    throw UsageError("DistributedSampler: num_replicas must be >= 1, got " + std::to_string(num_replicas_));
+    throw UsageError("DistributedSampler: num_replicas must be >= 1, got " +
+                     std::to_string(num_replicas_));
   }
   if (rank_ < 0 || rank_ >= num_replicas_) {
     throw UsageError("DistributedSampler: invalid rank " + std::to_string(rank_) +
-                     ", rank should be in the interval [0, " + std::to_string(num_replicas_ - 1) + "]");
+                     ", rank should be in the interval [0, " + std::to_string(num_replicas_ - 1) +
+                     "]");
   }
   if (drop_last_ && size_ % num_replicas_ != 0) {
     // Split to the nearest length evenly divisible by num_replicas (PyTorch's formula).
@@ -97,7 +99,8 @@ std::vector<int64_t> DistributedSampler::indices() const {
   for (int64_t j = rank_; j < total_size_; j += num_replicas_) {
     mine.push_back(all[static_cast<size_t>(j % size_)]);
   }
-  DTRAIN_ASSERT(static_cast<int64_t>(mine.size()) == num_samples_, "sampler produced the wrong count");
+  DTRAIN_ASSERT(static_cast<int64_t>(mine.size()) == num_samples_,
+                "sampler produced the wrong count");
   return mine;
 }
 

@@ -71,7 +71,8 @@ void all_reduce_sum(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, torch::Ten
                       " failed on rank " + std::to_string(pg->getRank()) + " of " +
                       std::to_string(pg->getSize()) +
                       " (every rank must run the same SyncBatchNorm forward/backward in the same "
-                      "order): " + e.what();
+                      "order): " +
+                      e.what();
     if (std::string(e.what()).find("imed out") != std::string::npos) throw TimeoutError(msg);
     throw NetworkError(msg);
   }
@@ -84,10 +85,11 @@ torch::Tensor local_moments(const torch::Tensor& input, const std::vector<int64_
                             const std::vector<int64_t>& cshape) {
   const int64_t channels = input.size(1);
   const double n = static_cast<double>(input.numel() / channels);
-  if (n == 0) return torch::zeros({2 * channels + 1}, torch::kDouble);  // An empty rank adds nothing.
+  if (n == 0)
+    return torch::zeros({2 * channels + 1}, torch::kDouble);  // An empty rank adds nothing.
   const torch::Tensor m = input.sum(dims) / n;  // Input dtype: the shift the next passes use.
   torch::Tensor centred = input - m.view(cshape);
-  const torch::Tensor sum_c = centred.sum(dims).to(torch::kDouble);           // sum (x-m): ~0
+  const torch::Tensor sum_c = centred.sum(dims).to(torch::kDouble);             // sum (x-m): ~0
   const torch::Tensor sum_c2 = centred.square_().sum(dims).to(torch::kDouble);  // sum (x-m)^2
   const torch::Tensor m64 = m.to(torch::kDouble);
   return torch::cat({m64 * n + sum_c, sum_c2 + 2 * m64 * sum_c + m64.square() * n,
@@ -124,12 +126,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     if (count <= 1) {
       // Every rank sees the same global count, so every rank throws here: nobody is left
       // waiting in a collective.
-      throw UsageError("SyncBatchNorm: expected more than 1 value per channel across the group when "
-                       "training, got " + std::to_string(static_cast<int64_t>(count)) +
-                       " (this rank's input has shape " + shape_str(input) + ")");
+      throw UsageError(
+          "SyncBatchNorm: expected more than 1 value per channel across the group when "
+          "training, got " +
+          std::to_string(static_cast<int64_t>(count)) + " (this rank's input has shape " +
+          shape_str(input) + ")");
     }
     const torch::Tensor mean = combined.narrow(0, 0, channels) / count;
-    const torch::Tensor var = (combined.narrow(0, channels, channels) / count - mean.square()).clamp_min(0);
+    const torch::Tensor var =
+        (combined.narrow(0, channels, channels) / count - mean.square()).clamp_min(0);
     const torch::Tensor invstd = (var + config.eps).rsqrt();
 
     if (config.running_mean.defined()) {
@@ -147,9 +152,10 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     torch::Tensor beta = -mean * alpha;
     if (bias) beta = beta + bias->to(torch::kDouble);
     const auto opts = input.options();
-    torch::Tensor output = torch::batch_norm(input, alpha.to(opts), beta.to(opts), torch::zeros({channels}, opts),
-                                             torch::ones({channels}, opts), /*training=*/false, /*momentum=*/0.0,
-                                             /*eps=*/0.0, /*cudnn_enabled=*/false);
+    torch::Tensor output =
+        torch::batch_norm(input, alpha.to(opts), beta.to(opts), torch::zeros({channels}, opts),
+                          torch::ones({channels}, opts), /*training=*/false, /*momentum=*/0.0,
+                          /*eps=*/0.0, /*cudnn_enabled=*/false);
 
     variable_list to_save{input, mean, invstd};
     if (weight) to_save.push_back(*weight);
@@ -171,7 +177,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const torch::Tensor weight = has_weight ? saved[3] : torch::Tensor();
     const double count = ctx->saved_data["count"].toDouble();
-    auto group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(ctx->saved_data["group"].toCapsule());
+    auto group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(
+        ctx->saved_data["group"].toCapsule());
 
     // Autograd edges exist only for the tensors actually passed: input, then weight and bias
     // when present.
@@ -198,10 +205,11 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       // One fused pass over x and dy, no temporaries: ATen's training-mode BatchNorm backward
       // kernel asked only for grad_weight = sum(dy * (x - save_mean)) * save_invstd and
       // grad_bias = sum(dy), with save_invstd = 1.
-      const auto sums = torch::native_batch_norm_backward(dy, input, /*weight=*/{}, /*running_mean=*/{},
-                                                          /*running_var=*/{}, /*save_mean=*/mean_x,
-                                                          /*save_invstd=*/torch::ones({channels}, opts),
-                                                          /*train=*/true, /*eps=*/0.0, {false, true, true});
+      const auto sums =
+          torch::native_batch_norm_backward(dy, input, /*weight=*/{}, /*running_mean=*/{},
+                                            /*running_var=*/{}, /*save_mean=*/mean_x,
+                                            /*save_invstd=*/torch::ones({channels}, opts),
+                                            /*train=*/true, /*eps=*/0.0, {false, true, true});
       sum_dy = std::get<2>(sums).to(torch::kDouble);
       sum_dy_xmu = std::get<1>(sums).to(torch::kDouble) + delta * sum_dy;
     }
@@ -209,7 +217,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     torch::Tensor grad_input, grad_weight, grad_bias;
     // Local sums: the gradient of this rank's share of the loss, summed across ranks by DDP.
     if (needs_weight) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
-    if (needs_bias) grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : input.scalar_type());
+    if (needs_bias)
+      grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : input.scalar_type());
 
     if (needs_input) {
       torch::Tensor combined = torch::cat({sum_dy, sum_dy_xmu});
@@ -249,7 +258,8 @@ std::shared_ptr<ProcessGroup> resolve_group(const std::shared_ptr<ProcessGroup>&
 
 SyncBatchNormImpl::SyncBatchNormImpl(const SyncBatchNormOptions& options_) : options(options_) {
   if (options.num_features < 1) {
-    throw UsageError("SyncBatchNorm: num_features must be >= 1, got " + std::to_string(options.num_features));
+    throw UsageError("SyncBatchNorm: num_features must be >= 1, got " +
+                     std::to_string(options.num_features));
   }
   reset();
 }
@@ -268,7 +278,8 @@ void SyncBatchNormImpl::reset() {
   if (options.track_running_stats) {
     running_mean = register_buffer("running_mean", torch::zeros({c}));
     running_var = register_buffer("running_var", torch::ones({c}));
-    num_batches_tracked = register_buffer("num_batches_tracked", torch::tensor(0, torch::dtype(torch::kLong)));
+    num_batches_tracked =
+        register_buffer("num_batches_tracked", torch::tensor(0, torch::dtype(torch::kLong)));
   } else {
     running_mean = register_buffer("running_mean", torch::Tensor());
     running_var = register_buffer("running_var", torch::Tensor());
@@ -296,8 +307,9 @@ void SyncBatchNormImpl::reset_parameters() {
 
 torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   if (input.dim() < 2 || input.dim() > 4) {
-    throw UsageError("SyncBatchNorm: expected an input of shape (N, C), (N, C, L) or (N, C, H, W), got " +
-                     std::to_string(input.dim()) + "-D input of shape " + shape_str(input));
+    throw UsageError(
+        "SyncBatchNorm: expected an input of shape (N, C), (N, C, L) or (N, C, H, W), got " +
+        std::to_string(input.dim()) + "-D input of shape " + shape_str(input));
   }
   if (input.size(1) != options.num_features) {
     throw UsageError("SyncBatchNorm: expected " + std::to_string(options.num_features) +
@@ -315,7 +327,8 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   if (is_training()) {
     auto group = resolve_group(options.group);
     if (group && group->world_size() > 1) {
-      SyncConfig config{running_mean, running_var, options.eps, exponential_average_factor, group->c10d()};
+      SyncConfig config{running_mean, running_var, options.eps, exponential_average_factor,
+                        group->c10d()};
       auto opt = [](const torch::Tensor& t) {
         return t.defined() ? c10::optional<torch::Tensor>(t) : c10::nullopt;
       };
@@ -336,7 +349,8 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
 }
 
 void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
-  stream << "dtrain::SyncBatchNorm(" << options.num_features << ", eps=" << options.eps << ", momentum=";
+  stream << "dtrain::SyncBatchNorm(" << options.num_features << ", eps=" << options.eps
+         << ", momentum=";
   if (options.momentum) {
     stream << *options.momentum;
   } else {
@@ -369,7 +383,8 @@ std::string join_path(const std::string& prefix, const std::string& name) {
 // Throws before anything is modified, so a failed conversion leaves the model as it was.
 void check_convertible(const torch::nn::Module& module, const std::string& path) {
   if (dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module) != nullptr) {
-    throw UsageError("convert_sync_batchnorm: the BatchNorm3d at '" + (path.empty() ? "<root>" : path) +
+    throw UsageError("convert_sync_batchnorm: the BatchNorm3d at '" +
+                     (path.empty() ? "<root>" : path) +
                      "' is not supported; dtrain::SyncBatchNorm takes inputs of rank 2 to 4 "
                      "(BatchNorm1d and BatchNorm2d)");
   }
@@ -380,11 +395,12 @@ void check_convertible(const torch::nn::Module& module, const std::string& path)
       // The parent's forward calls its own member (a ModuleHolder field), which cannot be
       // re-pointed from outside; replacing the registered child would leave forward using
       // the old, unsynchronised BatchNorm.
-      throw UsageError("convert_sync_batchnorm: the BatchNorm at '" + child_path + "' is a member of the custom module " +
-                       module.name() +
-                       ", which C++ cannot swap from outside; construct dtrain::SyncBatchNorm there instead "
-                       "(it has the same parameters and buffers), or hold it in an nn::Sequential, "
-                       "nn::ModuleList or nn::ModuleDict");
+      throw UsageError(
+          "convert_sync_batchnorm: the BatchNorm at '" + child_path +
+          "' is a member of the custom module " + module.name() +
+          ", which C++ cannot swap from outside; construct dtrain::SyncBatchNorm there instead "
+          "(it has the same parameters and buffers), or hold it in an nn::Sequential, "
+          "nn::ModuleList or nn::ModuleDict");
     }
     check_convertible(*child.value(), child_path);
   }
@@ -439,7 +455,8 @@ std::shared_ptr<SyncBatchNormImpl> replacement_for(const std::shared_ptr<torch::
 
 // Replaces the BatchNorms held by containers in place (the container objects stay the same,
 // so a custom module's Sequential member sees the change) and recurses everywhere else.
-void convert_in_place(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group, Replacements& done) {
+void convert_in_place(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
+                      Replacements& done) {
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
     // Sequential runs its AnyModule list, not its registered children: replace both.
     const auto names = seq->named_children().keys();
@@ -461,12 +478,14 @@ void convert_in_place(torch::nn::Module& module, const std::shared_ptr<ProcessGr
   } else if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(&module)) {
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> updates;
     for (const auto& item : *dict) {
-      if (auto sync = replacement_for(item.value(), group, done)) updates.emplace_back(item.key(), sync);
+      if (auto sync = replacement_for(item.value(), group, done))
+        updates.emplace_back(item.key(), sync);
     }
     dict->update(updates);  // Overwrites existing keys in place, keeping their order.
   }
   for (const auto& child : module.children()) {
-    if (dynamic_cast<SyncBatchNormImpl*>(child.get()) == nullptr) convert_in_place(*child, group, done);
+    if (dynamic_cast<SyncBatchNormImpl*>(child.get()) == nullptr)
+      convert_in_place(*child, group, done);
   }
 }
 
@@ -482,14 +501,16 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch:
   return module;
 }
 
-torch::nn::Sequential convert_sync_batchnorm(torch::nn::Sequential module, std::shared_ptr<ProcessGroup> group) {
+torch::nn::Sequential convert_sync_batchnorm(torch::nn::Sequential module,
+                                             std::shared_ptr<ProcessGroup> group) {
   if (module.is_empty()) throw UsageError("convert_sync_batchnorm: the Sequential is null");
-  convert_sync_batchnorm(std::static_pointer_cast<torch::nn::Module>(module.ptr()), std::move(group));
+  convert_sync_batchnorm(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
+                         std::move(group));
   return module;
 }
 
-std::shared_ptr<torch::nn::SequentialImpl> convert_sync_batchnorm(std::shared_ptr<torch::nn::SequentialImpl> module,
-                                                                  std::shared_ptr<ProcessGroup> group) {
+std::shared_ptr<torch::nn::SequentialImpl> convert_sync_batchnorm(
+    std::shared_ptr<torch::nn::SequentialImpl> module, std::shared_ptr<ProcessGroup> group) {
   if (!module) throw UsageError("convert_sync_batchnorm: module is null");
   convert_sync_batchnorm(std::static_pointer_cast<torch::nn::Module>(module), std::move(group));
   return module;

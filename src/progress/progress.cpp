@@ -60,13 +60,15 @@ std::string Progress::status() const {
                     static_cast<long long>(epoch_ + 1), static_cast<long long>(o_.epochs));
   s.append(buf, static_cast<size_t>(n));
   if (o_.steps_per_epoch > 0) {
-    n = std::snprintf(buf, sizeof buf, ", %d%%", static_cast<int>(100 * step_ / o_.steps_per_epoch));
+    n = std::snprintf(buf, sizeof buf, ", %d%%",
+                      static_cast<int>(100 * step_ / o_.steps_per_epoch));
     s.append(buf, static_cast<size_t>(n));
     if (step_rate_ > 0) {
       int64_t left = (o_.epochs - epoch_ - 1) * o_.steps_per_epoch + (o_.steps_per_epoch - step_);
       auto eta = static_cast<int64_t>(static_cast<double>(std::max<int64_t>(left, 0)) / step_rate_);
-      n = std::snprintf(buf, sizeof buf, ", ETA %lld:%02lld:%02lld", static_cast<long long>(eta / 3600),
-                        static_cast<long long>(eta / 60 % 60), static_cast<long long>(eta % 60));
+      n = std::snprintf(buf, sizeof buf, ", ETA %lld:%02lld:%02lld",
+                        static_cast<long long>(eta / 3600), static_cast<long long>(eta / 60 % 60),
+                        static_cast<long long>(eta % 60));
       s.append(buf, static_cast<size_t>(n));
     }
   }

@@ -108,8 +108,9 @@ std::string python_for(const Command& submit) {
   }
   auto found = find_in_path("python3");
   if (found.empty()) {
-    throw UsageError("engine \"spark\": no Python for the job client (PYSPARK_PYTHON unset, no "
-                     "python beside spark-submit, no python3 on PATH)");
+    throw UsageError(
+        "engine \"spark\": no Python for the job client (PYSPARK_PYTHON unset, no "
+        "python beside spark-submit, no python3 on PATH)");
   }
   return found;
 }
@@ -126,9 +127,9 @@ App start(const SubmitOptions& o, const Plan& plan, const std::string& key,
   a.dir = tmpl;
   a.socket = a.dir + "/driver.sock";
   a.key = key;
-  c.argv.insert(c.argv.end(), {driver_script(), "--serve", a.socket, "--parent-pid",
-                               std::to_string(::getpid()), "--idle-timeout",
-                               std::to_string(idle_timeout.count())});
+  c.argv.insert(c.argv.end(),
+                {driver_script(), "--serve", a.socket, "--parent-pid", std::to_string(::getpid()),
+                 "--idle-timeout", std::to_string(idle_timeout.count())});
   // Built before fork: the child only makes async-signal-safe calls until exec.
   std::map<std::string, std::string> env_map;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -184,15 +185,18 @@ App start(const SubmitOptions& o, const Plan& plan, const std::string& key,
     }
     const char hello[] = "CONTROL\n";
     std::string line;
-    if (::send(fd, hello, sizeof hello - 1, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof hello - 1)) {
+    if (::send(fd, hello, sizeof hello - 1, MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(sizeof hello - 1)) {
       char ch;
       pollfd p{fd, POLLIN, 0};
-      while (line.size() < 512 && ::poll(&p, 1, 10000) > 0 && ::read(fd, &ch, 1) == 1 && ch != '\n') line += ch;
+      while (line.size() < 512 && ::poll(&p, 1, 10000) > 0 && ::read(fd, &ch, 1) == 1 && ch != '\n')
+        line += ch;
     }
     if (line.rfind("READY ", 0) != 0) {
       ::close(fd);
       stop_locked(a);
-      throw Error("engine \"spark\": the PySpark driver service did not answer within 10 s (got '" + line +
+      throw Error("engine \"spark\": the PySpark driver service did not answer within 10 s (got '" +
+                  line +
                   "'); its output is above - check that pyspark and Java work there, or set "
                   "ClusterOptions::spark_keep_app = false to submit each run() on its own");
     }
@@ -216,8 +220,16 @@ Command app_job_command(const SubmitOptions& o, const Plan& plan, std::chrono::s
   Command c;
   char timeout[32];
   std::snprintf(timeout, sizeof timeout, "%g", o.slot_timeout_s);
-  c.argv = {python_for(submit), "-u", driver_script(), "--client", g_app.socket, "--tasks",
-            std::to_string(plan.tasks), "--slot-timeout", timeout, "--"};
+  c.argv = {python_for(submit),
+            "-u",
+            driver_script(),
+            "--client",
+            g_app.socket,
+            "--tasks",
+            std::to_string(plan.tasks),
+            "--slot-timeout",
+            timeout,
+            "--"};
   return c;
 }
 

@@ -34,14 +34,17 @@ Plan plan(int num_processes, bool use_gpu, int processes_per_task,
                      std::to_string(num_processes));
   }
   if (processes_per_task < 0) {
-    throw UsageError("ClusterOptions::spark_processes_per_task must be >= 0 (0: as "
-                     "TorchDistributor), got " + std::to_string(processes_per_task));
+    throw UsageError(
+        "ClusterOptions::spark_processes_per_task must be >= 0 (0: as "
+        "TorchDistributor), got " +
+        std::to_string(processes_per_task));
   }
   std::map<std::string, std::string> given;
   for (const auto& kv : user_conf) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
-      throw UsageError("ClusterOptions::spark_conf: '" + kv + "' is not KEY=VALUE (e.g. "
+      throw UsageError("ClusterOptions::spark_conf: '" + kv +
+                       "' is not KEY=VALUE (e.g. "
                        "spark.executor.memory=2g)");
     }
     given[kv.substr(0, eq)] = kv.substr(eq + 1);
@@ -52,8 +55,10 @@ Plan plan(int num_processes, bool use_gpu, int processes_per_task,
     // TorchDistributor: one process per GPU of the task; a fraction of a GPU is no process.
     char* end = nullptr;
     const double amount = std::strtod(given[gpu_key].c_str(), &end);
-    if (end == given[gpu_key].c_str() || *end != '\0' || amount < 1 || amount != std::floor(amount)) {
-      throw UsageError(gpu_key + " is '" + given[gpu_key] + "'; with use_gpu every task runs one "
+    if (end == given[gpu_key].c_str() || *end != '\0' || amount < 1 ||
+        amount != std::floor(amount)) {
+      throw UsageError(gpu_key + " is '" + given[gpu_key] +
+                       "'; with use_gpu every task runs one "
                        "process per GPU, so it must be a whole number >= 1");
     }
     per = static_cast<int>(amount);
@@ -129,14 +134,16 @@ std::string driver_script() {
 #ifdef DTRAIN_SPARK_SCRIPT_INSTALL
   if (readable(DTRAIN_SPARK_SCRIPT_INSTALL)) return DTRAIN_SPARK_SCRIPT_INSTALL;
 #endif
-  throw UsageError("cannot find dtrain's PySpark driver (python/dtrain/spark.py, installed under "
-                   "share/dtrain/python); reinstall dtrain or set DTRAIN_SPARK_SCRIPT to its path");
+  throw UsageError(
+      "cannot find dtrain's PySpark driver (python/dtrain/spark.py, installed under "
+      "share/dtrain/python); reinstall dtrain or set DTRAIN_SPARK_SCRIPT to its path");
 }
 
 Command submit_base(const SubmitOptions& o, const Plan& plan) {
   if (o.master.empty()) {
-    throw UsageError("ClusterOptions::master is empty: engine \"spark\" needs the Spark master "
-                     "URL (spark://HOST:7077 for a standalone cluster)");
+    throw UsageError(
+        "ClusterOptions::master is empty: engine \"spark\" needs the Spark master "
+        "URL (spark://HOST:7077 for a standalone cluster)");
   }
   std::string submit = o.spark_submit;
   if (submit.empty()) {
@@ -148,7 +155,8 @@ Command submit_base(const SubmitOptions& o, const Plan& plan) {
   }
   if (!executable(submit)) {
     throw UsageError("engine \"spark\" needs spark-submit (" +
-                     (submit.empty() ? std::string("not on PATH, SPARK_HOME unset") : "'" + submit + "' is not executable") +
+                     (submit.empty() ? std::string("not on PATH, SPARK_HOME unset")
+                                     : "'" + submit + "' is not executable") +
                      "): pip install pyspark (it carries Spark) and put its bin on PATH, set "
                      "SPARK_HOME, or set ClusterOptions::spark_submit");
   }
@@ -156,9 +164,11 @@ Command submit_base(const SubmitOptions& o, const Plan& plan) {
   c.argv = {submit, "--master", o.master};
   for (const auto& [k, v] : plan.conf) c.argv.insert(c.argv.end(), {"--conf", k + "=" + v});
   // A loopback master: the executors are on this machine and reach the driver on loopback.
-  const std::string driver_host = !o.driver_host.empty() ? o.driver_host
-                                  : master_is_loopback(o.master) ? "127.0.0.1" : "";
-  if (!driver_host.empty()) c.argv.insert(c.argv.end(), {"--conf", "spark.driver.host=" + driver_host});
+  const std::string driver_host = !o.driver_host.empty()         ? o.driver_host
+                                  : master_is_loopback(o.master) ? "127.0.0.1"
+                                                                 : "";
+  if (!driver_host.empty())
+    c.argv.insert(c.argv.end(), {"--conf", "spark.driver.host=" + driver_host});
   if (!std::getenv("PYSPARK_PYTHON")) {
     // pip's spark-submit sits beside the Python that has pyspark (a venv's bin).
     const std::string python = std::filesystem::path(submit).parent_path().string() + "/python";
@@ -228,15 +238,18 @@ void exec_cli_if_requested(int argc, char** argv) {
     char* end = nullptr;
     const long n = std::strtol(nnodes_text.c_str(), &end, 10);
     if (*end != '\0' || n < 1) {
-      throw UsageError("dtrain run --spark-master: --nnodes must be a whole number >= 1 (the "
-                       "Spark tasks, one agent each), got '" + nnodes_text + "'");
+      throw UsageError(
+          "dtrain run --spark-master: --nnodes must be a whole number >= 1 (the "
+          "Spark tasks, one agent each), got '" +
+          nnodes_text + "'");
     }
     nnodes = static_cast<int>(n);
   }
   // T tasks of one agent each; the agent's processes are --nproc-per-node.
   Plan p = plan(nnodes, false, 1, conf);
   Command c = submit_command(o, p);
-  c.argv.push_back(self_dir() + "/" + std::filesystem::read_symlink("/proc/self/exe").filename().string());
+  c.argv.push_back(self_dir() + "/" +
+                   std::filesystem::read_symlink("/proc/self/exe").filename().string());
   c.argv.push_back("run");
   c.argv.insert(c.argv.end(), rest.begin(), rest.end());
   for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
@@ -244,7 +257,8 @@ void exec_cli_if_requested(int argc, char** argv) {
   for (auto& s : c.argv) args.push_back(s.data());
   args.push_back(nullptr);
   ::execv(args[0], args.data());
-  throw UsageError("dtrain run --spark-master: cannot run " + c.argv[0] + ": " + std::strerror(errno));
+  throw UsageError("dtrain run --spark-master: cannot run " + c.argv[0] + ": " +
+                   std::strerror(errno));
 }
 
 }  // namespace dtrain::spark

@@ -246,7 +246,8 @@ void send_loop(int fd, const void* data, std::size_t n, Limit limit) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!poll_one(fd, POLLOUT, next_deadline(limit))) throw TimeoutError("send: peer is not reading");
+      if (!poll_one(fd, POLLOUT, next_deadline(limit)))
+        throw TimeoutError("send: peer is not reading");
       continue;
     }
     if (is_closed_errno(errno)) throw ConnectionClosed(errno_text("send", errno));
@@ -267,7 +268,8 @@ void recv_loop(int fd, void* data, std::size_t n, Limit limit) {
     if (got == 0) throw ConnectionClosed("connection closed by peer");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!poll_one(fd, POLLIN, next_deadline(limit))) throw TimeoutError("recv: no data before the deadline");
+      if (!poll_one(fd, POLLIN, next_deadline(limit)))
+        throw TimeoutError("recv: no data before the deadline");
       continue;
     }
     if (is_closed_errno(errno)) throw ConnectionClosed(errno_text("recv", errno));
@@ -277,9 +279,15 @@ void recv_loop(int fd, void* data, std::size_t n, Limit limit) {
 
 }  // namespace
 
-void send_all(int fd, const void* data, std::size_t n, Deadline deadline) { send_loop(fd, data, n, deadline); }
-void send_all(int fd, const void* data, std::size_t n, Stall stall) { send_loop(fd, data, n, stall); }
-void recv_all(int fd, void* data, std::size_t n, Deadline deadline) { recv_loop(fd, data, n, deadline); }
+void send_all(int fd, const void* data, std::size_t n, Deadline deadline) {
+  send_loop(fd, data, n, deadline);
+}
+void send_all(int fd, const void* data, std::size_t n, Stall stall) {
+  send_loop(fd, data, n, stall);
+}
+void recv_all(int fd, void* data, std::size_t n, Deadline deadline) {
+  recv_loop(fd, data, n, deadline);
+}
 void recv_all(int fd, void* data, std::size_t n, Stall stall) { recv_loop(fd, data, n, stall); }
 
 }  // namespace dtrain::net

@@ -4,9 +4,9 @@
 #include <string>
 #include <utility>
 
+#include "core/memory.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
-#include "core/memory.h"
 #include "store/socket.h"
 
 namespace dtrain::store {
@@ -20,8 +20,10 @@ enum class Query { SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_K
 
 std::uint8_t wire_code(Protocol p, Query q) {
   switch (q) {
-    case Query::DELETE_KEY: return 8;
-    case Query::CANCEL_WAIT: return 12;
+    case Query::DELETE_KEY:
+      return 8;
+    case Query::CANCEL_WAIT:
+      return 12;
     default: {
       // SET..GETNUMKEYS are 0..6 in v1 and 1..7 in v2 (VALIDATE took 0).
       auto n = static_cast<std::uint8_t>(q);
@@ -108,7 +110,10 @@ class Client final : public StoreClient {
   std::string compare_set(const std::string& key, const std::string& expected,
                           const std::string& desired) override {
     return io("compare_set", [&] {
-      send(Request(protocol_, Query::COMPARE_SET).bytes(wire_key(key)).bytes(expected).bytes(desired));
+      send(Request(protocol_, Query::COMPARE_SET)
+               .bytes(wire_key(key))
+               .bytes(expected)
+               .bytes(desired));
       return recv_bytes();
     });
   }
@@ -243,13 +248,15 @@ std::unique_ptr<StoreClient> StoreClient::connect(const std::string& host, std::
   if (options.protocol == Protocol::v1) {
     return std::make_unique<Client>(host, port, options, std::move(socket), Protocol::v1);
   }
-  auto limit = options.protocol == Protocol::v2 ? options.connect_timeout : std::chrono::milliseconds(2000);
+  auto limit =
+      options.protocol == Protocol::v2 ? options.connect_timeout : std::chrono::milliseconds(2000);
   if (handshake_v2(socket.fd(), limit)) {
     return std::make_unique<Client>(host, port, options, std::move(socket), Protocol::v2);
   }
   std::string where = host + ":" + std::to_string(port);
   if (options.protocol == Protocol::v2) {
-    throw StoreError("the store at " + where + " did not answer the TCPStore v2 handshake "
+    throw StoreError("the store at " + where +
+                     " did not answer the TCPStore v2 handshake "
                      "(VALIDATE + PING); is it a PyTorch 2.x-compatible TCPStore?");
   }
   socket.close();

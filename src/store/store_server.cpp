@@ -16,14 +16,14 @@
 #include <deque>
 #include <functional>
 #include <iterator>
-#include <utility>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
+#include "core/memory.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
-#include "core/memory.h"
 #include "store/socket.h"
 
 namespace dtrain::store {
@@ -32,9 +32,26 @@ namespace {
 
 // What a request asks for, whichever protocol numbered it on the wire.
 enum class Op {
-  SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, WATCH_KEY, DELETE_KEY, APPEND,
-  MULTI_GET, MULTI_SET, CANCEL_WAIT, VALIDATE, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN,
-  LIST_KEYS, UNKNOWN,
+  SET,
+  COMPARE_SET,
+  GET,
+  ADD,
+  CHECK,
+  WAIT,
+  GETNUMKEYS,
+  WATCH_KEY,
+  DELETE_KEY,
+  APPEND,
+  MULTI_GET,
+  MULTI_SET,
+  CANCEL_WAIT,
+  VALIDATE,
+  PING,
+  QUEUE_PUSH,
+  QUEUE_POP,
+  QUEUE_LEN,
+  LIST_KEYS,
+  UNKNOWN,
 };
 
 // Each connection speaks one protocol, told by its first request: v2 clients (PyTorch 2.x)
@@ -45,13 +62,15 @@ enum class Protocol { UNKNOWN, V1, V2 };
 constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
 
 Op decode(Protocol p, std::uint8_t type) {
-  static constexpr Op v1[] = {Op::SET, Op::COMPARE_SET, Op::GET, Op::ADD, Op::CHECK, Op::WAIT,
-                              Op::GETNUMKEYS, Op::WATCH_KEY, Op::DELETE_KEY, Op::APPEND,
-                              Op::MULTI_GET, Op::MULTI_SET, Op::CANCEL_WAIT};
-  static constexpr Op v2[] = {Op::VALIDATE, Op::SET, Op::COMPARE_SET, Op::GET, Op::ADD,
-                              Op::CHECK, Op::WAIT, Op::GETNUMKEYS, Op::DELETE_KEY, Op::APPEND,
-                              Op::MULTI_GET, Op::MULTI_SET, Op::CANCEL_WAIT, Op::PING,
-                              Op::QUEUE_PUSH, Op::QUEUE_POP, Op::QUEUE_LEN, Op::LIST_KEYS};
+  static constexpr Op v1[] = {Op::SET,        Op::COMPARE_SET, Op::GET,        Op::ADD,
+                              Op::CHECK,      Op::WAIT,        Op::GETNUMKEYS, Op::WATCH_KEY,
+                              Op::DELETE_KEY, Op::APPEND,      Op::MULTI_GET,  Op::MULTI_SET,
+                              Op::CANCEL_WAIT};
+  static constexpr Op v2[] = {Op::VALIDATE,    Op::SET,      Op::COMPARE_SET, Op::GET,
+                              Op::ADD,         Op::CHECK,    Op::WAIT,        Op::GETNUMKEYS,
+                              Op::DELETE_KEY,  Op::APPEND,   Op::MULTI_GET,   Op::MULTI_SET,
+                              Op::CANCEL_WAIT, Op::PING,     Op::QUEUE_PUSH,  Op::QUEUE_POP,
+                              Op::QUEUE_LEN,   Op::LIST_KEYS};
   if (p == Protocol::V2) return type < std::size(v2) ? v2[type] : Op::UNKNOWN;
   return type < std::size(v1) ? v1[type] : Op::UNKNOWN;
 }
@@ -62,10 +81,10 @@ class ProtocolError : public StoreError {
   using StoreError::StoreError;
 };
 
-constexpr std::uint8_t kReady = 0, kNotReady = 1;              // CHECK
-constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;    // WAIT, CANCEL_WAIT
-constexpr std::uint8_t kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2,
-                       kCallbackRegistered = 3, kKeyAppended = 4;  // WATCH_KEY
+constexpr std::uint8_t kReady = 0, kNotReady = 1;            // CHECK
+constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;  // WAIT, CANCEL_WAIT
+constexpr std::uint8_t kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2, kCallbackRegistered = 3,
+                       kKeyAppended = 4;  // WATCH_KEY
 
 // Reads one request's fields from a client. Once its first byte arrived, the client must
 // keep bytes moving (Options::stall_timeout) or be dropped: while a request is being read
@@ -197,8 +216,8 @@ class Server final : public StoreServer {
   std::unordered_map<int, Protocol> protocol_;  // per connection, once its first request came
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;  // v2 QUEUE_PUSH/POP
-  std::unordered_map<std::string, std::vector<int>> waiting_;  // key -> sockets waiting for it
-  std::unordered_map<int, std::size_t> keys_awaited_;          // socket -> keys still missing
+  std::unordered_map<std::string, std::vector<int>> waiting_;   // key -> sockets waiting for it
+  std::unordered_map<int, std::size_t> keys_awaited_;           // socket -> keys still missing
   std::unordered_map<std::string, std::vector<int>> watchers_;  // key -> sockets watching it
   // Sockets a send failed on while serving someone else; dropped once that request is done
   // (dropping mid-handler would invalidate the lists being walked).
@@ -274,8 +293,8 @@ std::string peer_name(int fd) {
   socklen_t len = sizeof(peer);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) return "(unknown peer)";
   char host[NI_MAXHOST] = "", port[NI_MAXSERV] = "";
-  if (::getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof(host), port,
-                    sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
     return "(unknown peer)";
   }
   std::string name = host;
@@ -571,7 +590,8 @@ void Server::serve(int fd, Protocol protocol, Op op, Reader& in) {
     }
     case Op::QUEUE_LEN: {
       auto it = queues_.find(in.bytes());
-      send_to(fd, Writer().value(static_cast<std::int64_t>(it == queues_.end() ? 0 : it->second.size())));
+      send_to(fd, Writer().value(
+                      static_cast<std::int64_t>(it == queues_.end() ? 0 : it->second.size())));
       return;
     }
     case Op::LIST_KEYS: {

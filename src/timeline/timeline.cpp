@@ -24,7 +24,8 @@ namespace detail {
 std::atomic<bool> g_enabled{false};
 
 int64_t now_us() noexcept {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 }  // namespace detail
@@ -60,7 +61,9 @@ int thread_tid() {
   return tid;
 }
 
-std::string rank_file(const std::string& path, int rank) { return path + ".rank" + std::to_string(rank) + ".json"; }
+std::string rank_file(const std::string& path, int rank) {
+  return path + ".rank" + std::to_string(rank) + ".json";
+}
 
 // For every span that directly encloses kWaitForPeers spans on its thread (a collective on
 // the shared-memory backend), the microseconds of those waits; -1 for every other span.
@@ -81,7 +84,9 @@ std::vector<int64_t> waits_for_peers(const std::vector<Event>& events) {
   std::vector<size_t> open;
   for (size_t i : order) {
     const Event& e = events[i];
-    while (!open.empty() && (events[open.back()].tid != e.tid || events[open.back()].end <= e.begin)) open.pop_back();
+    while (!open.empty() &&
+           (events[open.back()].tid != e.tid || events[open.back()].end <= e.begin))
+      open.pop_back();
     if (std::strcmp(e.name, kWaitForPeers) == 0 && !open.empty()) {
       int64_t& w = waited[open.back()];
       w = std::max<int64_t>(w, 0) + (e.end - e.begin);
@@ -93,19 +98,29 @@ std::vector<int64_t> waits_for_peers(const std::vector<Event>& events) {
 
 void write_rank_file(const std::string& file, int rank, const std::vector<Event>& events) {
   json ev = json::array();
-  ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
-  ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  ev.push_back({{"ph", "M"},
+                {"name", "process_name"},
+                {"pid", rank},
+                {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  ev.push_back({{"ph", "M"},
+                {"name", "process_sort_index"},
+                {"pid", rank},
+                {"args", {{"sort_index", rank}}}});
   int max_tid = -1;
   for (const auto& e : events) max_tid = std::max(max_tid, e.tid);
   for (int t = 0; t <= max_tid; ++t) {
-    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t},
-                  {"args", {{"name", t == 0 ? std::string("main") : "thread " + std::to_string(t)}}}});
+    ev.push_back(
+        {{"ph", "M"},
+         {"name", "thread_name"},
+         {"pid", rank},
+         {"tid", t},
+         {"args", {{"name", t == 0 ? std::string("main") : "thread " + std::to_string(t)}}}});
   }
   const std::vector<int64_t> waited = waits_for_peers(events);
   for (size_t i = 0; i < events.size(); ++i) {
     const Event& e = events[i];
-    json j{{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", rank}, {"tid", e.tid},
-           {"ts", e.begin}, {"dur", e.end - e.begin}};
+    json j{{"name", e.name}, {"cat", e.category},     {"ph", "X"}, {"pid", rank}, {"tid", e.tid},
+           {"ts", e.begin},  {"dur", e.end - e.begin}};
     if (e.bytes >= 0 || e.index >= 0 || waited[i] >= 0) {
       j["args"] = json::object();
       if (e.bytes >= 0) j["args"]["bytes"] = e.bytes;

@@ -5,7 +5,9 @@ namespace dtrain::tracking {
 DriverRun::DriverRun(std::map<std::string, std::string>& worker_env) {
   auto uri = worker_env.find("MLFLOW_TRACKING_URI");
   if (uri == worker_env.end() || uri->second.empty()) return;
-  run_ = mlflow::Run::start({.tracking_uri = uri->second, .run_name = "distributor", .tags = {{"dtrain.role", "driver"}}});
+  run_ = mlflow::Run::start({.tracking_uri = uri->second,
+                             .run_name = "distributor",
+                             .tags = {{"dtrain.role", "driver"}}});
   if (!run_.active()) return;
   worker_env["DTRAIN_MLFLOW_PARENT_RUN_ID"] = run_.id();
   worker_env.erase("MLFLOW_RUN_ID");

@@ -19,7 +19,8 @@ JobOutcome::JobOutcome(LaunchOptions& options, std::string run_id_flag) {
   uri_ = uri ? uri : "";
   if (uri_.empty() || run_id_.empty()) {
     if (!run_id_flag.empty()) {
-      std::cerr << "dtrain run: warning: --mlflow-run-id needs MLFLOW_TRACKING_URI; the job's outcome is not logged"
+      std::cerr << "dtrain run: warning: --mlflow-run-id needs MLFLOW_TRACKING_URI; the job's "
+                   "outcome is not logged"
                 << std::endl;
     }
     uri_.clear();
@@ -29,7 +30,8 @@ JobOutcome::JobOutcome(LaunchOptions& options, std::string run_id_flag) {
   setenv("MLFLOW_RUN_ID", run_id_.c_str(), 1);
   if (options.failure_file.empty()) {
     options.failure_file = (std::filesystem::temp_directory_path() /
-                            ("dtrain-failure-" + std::to_string(getpid()) + ".json")).string();
+                            ("dtrain-failure-" + std::to_string(getpid()) + ".json"))
+                               .string();
     own_file_ = true;
   }
   failure_file_ = options.failure_file;
@@ -46,8 +48,9 @@ void JobOutcome::report(int exit_code) {
   if (uri_.empty()) return;
   std::map<std::string, std::string> tags{{"dtrain.job_exit_code", std::to_string(exit_code)}};
   auto status = exit_code == 0 ? mlflow::RunStatus::Finished
-                : exit_code >= 128   ? mlflow::RunStatus::Killed  // the launcher was stopped by a signal
-                                     : mlflow::RunStatus::Failed;
+                : exit_code >= 128
+                    ? mlflow::RunStatus::Killed  // the launcher was stopped by a signal
+                    : mlflow::RunStatus::Failed;
   std::ifstream f(failure_file_);
   if (exit_code != 0 && f) {
     try {
@@ -63,19 +66,21 @@ void JobOutcome::report(int exit_code) {
       tags["dtrain.failure_reason"] = str("reason");
       std::string tail;
       if (j.contains("stderr_tail") && j["stderr_tail"].is_array()) {
-        for (const auto& line : j["stderr_tail"]) tail += (line.is_string() ? line.get<std::string>() : line.dump()) + "\n";
+        for (const auto& line : j["stderr_tail"])
+          tail += (line.is_string() ? line.get<std::string>() : line.dump()) + "\n";
       }
       if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
       tags["dtrain.stderr_tail"] = tail;
     } catch (const std::exception& e) {
-      std::cerr << "dtrain run: warning: cannot read the failure file " << failure_file_ << ": " << e.what() << std::endl;
+      std::cerr << "dtrain run: warning: cannot read the failure file " << failure_file_ << ": "
+                << e.what() << std::endl;
     }
   }
   try {
     mlflow::set_run_outcome(uri_, run_id_, status, tags);
   } catch (const std::exception& e) {
-    std::cerr << "dtrain run: warning: could not set MLflow run " << run_id_ << " to " << mlflow::to_string(status)
-              << " at " << uri_ << ": " << e.what() << std::endl;
+    std::cerr << "dtrain run: warning: could not set MLflow run " << run_id_ << " to "
+              << mlflow::to_string(status) << " at " << uri_ << ": " << e.what() << std::endl;
   }
 }
 

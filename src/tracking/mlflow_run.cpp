@@ -23,10 +23,14 @@ namespace dtrain::mlflow {
 
 const char* to_string(RunStatus s) {
   switch (s) {
-    case RunStatus::Running: return "RUNNING";
-    case RunStatus::Finished: return "FINISHED";
-    case RunStatus::Failed: return "FAILED";
-    case RunStatus::Killed: return "KILLED";
+    case RunStatus::Running:
+      return "RUNNING";
+    case RunStatus::Finished:
+      return "FINISHED";
+    case RunStatus::Failed:
+      return "FAILED";
+    case RunStatus::Killed:
+      return "KILLED";
   }
   return "FINISHED";
 }
@@ -92,8 +96,9 @@ void Run::Impl::run_sender() {
   std::chrono::milliseconds backoff{250};
   std::unique_lock lk(mu);
   while (true) {
-    wake.wait_for(lk, options.flush_interval,
-                  [&] { return abort || closing || flush_asked || queue.size() >= detail::kMaxMetrics; });
+    wake.wait_for(lk, options.flush_interval, [&] {
+      return abort || closing || flush_asked || queue.size() >= detail::kMaxMetrics;
+    });
     if (abort) break;
     if (queue.empty()) {
       flush_asked = false;
@@ -105,9 +110,12 @@ void Run::Impl::run_sender() {
     size_t n = 0, metrics = 0, params = 0, tags = 0;
     for (; n < queue.size(); ++n) {
       const auto& e = queue[n];
-      size_t& c = e.kind == detail::Entry::Metric ? metrics : e.kind == detail::Entry::Param ? params : tags;
-      size_t limit = e.kind == detail::Entry::Metric ? detail::kMaxMetrics
-                     : e.kind == detail::Entry::Param ? detail::kMaxParams : detail::kMaxTags;
+      size_t& c = e.kind == detail::Entry::Metric  ? metrics
+                  : e.kind == detail::Entry::Param ? params
+                                                   : tags;
+      size_t limit = e.kind == detail::Entry::Metric  ? detail::kMaxMetrics
+                     : e.kind == detail::Entry::Param ? detail::kMaxParams
+                                                      : detail::kMaxTags;
       if (c + 1 > limit || metrics + params + tags + 1 > detail::kMaxMetrics) break;
       ++c;
     }
@@ -127,10 +135,11 @@ void Run::Impl::run_sender() {
     lk.lock();
     in_flight = false;
     if (error.empty() || rejected) {
-      if (rejected) warn("the tracking server rejected " + std::to_string(n) + " logged value(s): " + error);
+      if (rejected)
+        warn("the tracking server rejected " + std::to_string(n) + " logged value(s): " + error);
       if (warned_down && error.empty()) {
-        std::cerr << "dtrain mlflow: the tracking server at " << uri << " is reachable again; sending what was spooled"
-                  << std::endl;
+        std::cerr << "dtrain mlflow: the tracking server at " << uri
+                  << " is reachable again; sending what was spooled" << std::endl;
         warned_down = false;
       }
       for (size_t i = 0; i < n; ++i) {
@@ -149,8 +158,9 @@ void Run::Impl::run_sender() {
     ++stats.failed_requests;
     spool_locked();
     if (!warned_down) {
-      warn("cannot send to the tracking server at " + uri + " (" + error + "); retrying with backoff, " +
-           std::to_string(queue.size()) + " value(s) kept in " + spool_path);
+      warn("cannot send to the tracking server at " + uri + " (" + error +
+           "); retrying with backoff, " + std::to_string(queue.size()) + " value(s) kept in " +
+           spool_path);
       warned_down = true;
     }
     wake.wait_for(lk, backoff, [&] { return abort; });
@@ -170,7 +180,8 @@ void Run::Impl::end(RunStatus status) {
     std::unique_lock lk(mu);
     closing = true;
     wake.notify_all();
-    delivered = done.wait_for(lk, options.flush_timeout, [&] { return queue.empty() && !in_flight; });
+    delivered =
+        done.wait_for(lk, options.flush_timeout, [&] { return queue.empty() && !in_flight; });
     abort = true;
     wake.notify_all();
   }
@@ -184,16 +195,19 @@ void Run::Impl::end(RunStatus status) {
       fallback.adopt_run(info, status);
       fallback.log_batch(info.run_id, rest);
       warn("the tracking server at " + uri + " did not take " + std::to_string(rest.size()) +
-           " logged value(s) within " + std::to_string(options.flush_timeout.count()) + " ms; they are in the file store " +
-           fs::absolute(dir).string() + " (run " + info.run_id + ") and in " + spool_path);
+           " logged value(s) within " + std::to_string(options.flush_timeout.count()) +
+           " ms; they are in the file store " + fs::absolute(dir).string() + " (run " +
+           info.run_id + ") and in " + spool_path);
     } catch (const std::exception& e) {
-      warn("could not write the undelivered values to " + dir + ": " + e.what() + "; they are in " + spool_path);
+      warn("could not write the undelivered values to " + dir + ": " + e.what() + "; they are in " +
+           spool_path);
     }
   }
   try {
     store->update_run(info.run_id, status);
   } catch (const std::exception& e) {
-    warn("could not set run " + info.run_id + " to " + to_string(status) + " at " + uri + ": " + e.what());
+    warn("could not set run " + info.run_id + " to " + to_string(status) + " at " + uri + ": " +
+         e.what());
   }
 }
 
@@ -230,20 +244,23 @@ Run Run::start(StartOptions o) {
   tags.emplace("mlflow.source.name", "dtrain");
   try {
     impl->store = detail::make_store(o.tracking_uri, o.request_timeout);
-    impl->info = o.run_id.empty() ? impl->store->create_run(o.experiment, o.run_name, tags) : impl->store->get_run(o.run_id);
+    impl->info = o.run_id.empty() ? impl->store->create_run(o.experiment, o.run_name, tags)
+                                  : impl->store->get_run(o.run_id);
     impl->uri = o.tracking_uri;
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
-    warn("cannot start a run at " + o.tracking_uri + " (" + e.what() + "); logging to the local file store " +
-         fs::absolute(o.fallback_dir).string() + " instead (open it with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " +
+    warn("cannot start a run at " + o.tracking_uri + " (" + e.what() +
+         "); logging to the local file store " + fs::absolute(o.fallback_dir).string() +
+         " instead (open it with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " +
          fs::absolute(o.fallback_dir).string() + "`); training goes on");
     impl->store = std::make_unique<detail::FileStore>(o.fallback_dir);
     impl->info = impl->store->create_run(o.experiment, o.run_name, tags);
     impl->uri = "file:" + fs::absolute(o.fallback_dir).string();
   }
   const char* tmp = std::getenv("TMPDIR");
-  fs::path spool_dir = fs::path(tmp && *tmp ? tmp : "/tmp") / ("dtrain-mlflow-spool-" + std::to_string(getuid()));
+  fs::path spool_dir =
+      fs::path(tmp && *tmp ? tmp : "/tmp") / ("dtrain-mlflow-spool-" + std::to_string(getuid()));
   std::error_code ec;
   fs::create_directories(spool_dir, ec);
   impl->spool_path = (spool_dir / (impl->info.run_id + ".jsonl")).string();
@@ -257,7 +274,9 @@ std::string Run::id() const { return impl_ ? impl_->info.run_id : ""; }
 std::string Run::experiment_id() const { return impl_ ? impl_->info.experiment_id : ""; }
 std::string Run::tracking_uri() const { return impl_ ? impl_->uri : ""; }
 
-void Run::log_param(const std::string& key, const std::string& value) { log_params({{key, value}}); }
+void Run::log_param(const std::string& key, const std::string& value) {
+  log_params({{key, value}});
+}
 
 void Run::log_params(const std::map<std::string, std::string>& params) {
   if (!impl_) return;
@@ -277,7 +296,8 @@ void Run::log_metrics(const std::map<std::string, double>& metrics, int64_t step
   if (!impl_) return;
   int64_t ts = detail::now_ms();
   std::lock_guard lk(impl_->mu);
-  for (const auto& [k, v] : metrics) impl_->queue.push_back({detail::Entry::Metric, k, "", v, ts, step});
+  for (const auto& [k, v] : metrics)
+    impl_->queue.push_back({detail::Entry::Metric, k, "", v, ts, step});
 }
 
 void Run::set_tag(const std::string& key, const std::string& value) {
@@ -291,7 +311,8 @@ bool Run::flush(std::chrono::milliseconds timeout) {
   std::unique_lock lk(impl_->mu);
   impl_->flush_asked = true;
   impl_->wake.notify_all();
-  return impl_->done.wait_for(lk, timeout, [&] { return impl_->queue.empty() && !impl_->in_flight; });
+  return impl_->done.wait_for(lk, timeout,
+                              [&] { return impl_->queue.empty() && !impl_->in_flight; });
 }
 
 RunStats Run::stats() const {
@@ -304,12 +325,15 @@ RunStats Run::stats() const {
 
 void Run::log_artifact(const std::string& local_path, const std::string& artifact_path) {
   if (!impl_) return;
-  if (!fs::exists(local_path)) throw UsageError("mlflow log_artifact: no such file or directory: " + local_path);
+  if (!fs::exists(local_path))
+    throw UsageError("mlflow log_artifact: no such file or directory: " + local_path);
   flush(impl_->options.flush_timeout);
   std::vector<std::pair<fs::path, std::string>> files;  // local file, artifact path
   fs::path root(local_path);
   std::string base = artifact_path;
-  auto join = [](const std::string& a, const std::string& b) { return a.empty() ? b : a + "/" + b; };
+  auto join = [](const std::string& a, const std::string& b) {
+    return a.empty() ? b : a + "/" + b;
+  };
   if (fs::is_directory(root)) {
     for (const auto& e : fs::recursive_directory_iterator(root)) {
       if (!e.is_regular_file()) continue;
@@ -321,10 +345,11 @@ void Run::log_artifact(const std::string& local_path, const std::string& artifac
   }
   for (const auto& [file, dir] : files) {
     try {
-      impl_->store->upload_artifact(impl_->info, file.string(), join(dir, file.filename().string()));
+      impl_->store->upload_artifact(impl_->info, file.string(),
+                                    join(dir, file.filename().string()));
     } catch (const std::exception& e) {
-      warn("could not upload artifact " + file.string() + " to run " + impl_->info.run_id + " at " + impl_->uri + ": " +
-           e.what());
+      warn("could not upload artifact " + file.string() + " to run " + impl_->info.run_id + " at " +
+           impl_->uri + ": " + e.what());
     }
   }
 }

@@ -15,7 +15,8 @@ namespace dtrain::mlflow {
 
 void log_model(Run& run, const torch::nn::Module& module, const std::string& artifact_path) {
   if (!run.active()) return;
-  fs::path dir = fs::temp_directory_path() / ("dtrain-model-" + std::to_string(getpid()) + "-" + run.id());
+  fs::path dir =
+      fs::temp_directory_path() / ("dtrain-model-" + std::to_string(getpid()) + "-" + run.id());
   fs::create_directories(dir / "data");
   {
     torch::serialize::OutputArchive archive;
@@ -29,16 +30,17 @@ void log_model(Run& run, const torch::nn::Module& module, const std::string& art
   std::strftime(utc, sizeof utc, "%Y-%m-%d %H:%M:%S", std::gmtime(&now));
   {
     std::ofstream mlmodel(dir / "MLmodel");
-    mlmodel << "artifact_path: " << artifact_path << "\n"
-            << "flavors:\n"
-            << "  dtrain_libtorch:\n"
-            << "    data: data/model.pt\n"
-            << "    format: torch::serialize::OutputArchive (load with torch::load or torch.jit.load)\n"
-            << "    module: " << module.name() << "\n"
-            << "    parameters: " << parameters << "\n"
-            << "    libtorch_version: " << TORCH_VERSION << "\n"
-            << "run_id: " << run.id() << "\n"
-            << "utc_time_created: '" << utc << "'\n";
+    mlmodel
+        << "artifact_path: " << artifact_path << "\n"
+        << "flavors:\n"
+        << "  dtrain_libtorch:\n"
+        << "    data: data/model.pt\n"
+        << "    format: torch::serialize::OutputArchive (load with torch::load or torch.jit.load)\n"
+        << "    module: " << module.name() << "\n"
+        << "    parameters: " << parameters << "\n"
+        << "    libtorch_version: " << TORCH_VERSION << "\n"
+        << "run_id: " << run.id() << "\n"
+        << "utc_time_created: '" << utc << "'\n";
   }
   run.log_artifact(dir.string(), artifact_path);
   std::error_code ec;

@@ -3,8 +3,8 @@
 
 #include <curl/curl.h>
 
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -16,7 +16,8 @@ using nlohmann::json;
 namespace dtrain::mlflow::detail {
 
 int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -24,10 +25,14 @@ namespace {
 
 int status_code(RunStatus s) {  // MLflow's RunStatus enum
   switch (s) {
-    case RunStatus::Running: return 1;
-    case RunStatus::Finished: return 3;
-    case RunStatus::Failed: return 4;
-    case RunStatus::Killed: return 5;
+    case RunStatus::Running:
+      return 1;
+    case RunStatus::Finished:
+      return 3;
+    case RunStatus::Failed:
+      return 4;
+    case RunStatus::Killed:
+      return 5;
   }
   return 3;
 }
@@ -93,8 +98,8 @@ RestStore::RestStore(std::string base_url, std::chrono::milliseconds timeout)
   std::call_once(curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-std::string RestStore::call(const std::string& method, const std::string& endpoint, const std::string& body,
-                            bool allow_not_found, long* status) {
+std::string RestStore::call(const std::string& method, const std::string& endpoint,
+                            const std::string& body, bool allow_not_found, long* status) {
   std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(curl_easy_init(), curl_easy_cleanup);
   if (!h) throw NetworkError("mlflow: curl_easy_init failed");
   std::string url = base_ + endpoint, response;
@@ -110,19 +115,23 @@ std::string RestStore::call(const std::string& method, const std::string& endpoi
   curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, collect);
   curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &response);
   curl_easy_setopt(h.get(), CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
-  curl_easy_setopt(h.get(), CURLOPT_CONNECTTIMEOUT_MS, std::min<long>(2000, static_cast<long>(timeout_.count())));
+  curl_easy_setopt(h.get(), CURLOPT_CONNECTTIMEOUT_MS,
+                   std::min<long>(2000, static_cast<long>(timeout_.count())));
   curl_easy_setopt(h.get(), CURLOPT_NOSIGNAL, 1L);
   CURLcode rc = curl_easy_perform(h.get());
-  if (rc != CURLE_OK) throw NetworkError(std::string(curl_easy_strerror(rc)) + " (" + method + " " + url + ")");
+  if (rc != CURLE_OK)
+    throw NetworkError(std::string(curl_easy_strerror(rc)) + " (" + method + " " + url + ")");
   long code = 0;
   curl_easy_getinfo(h.get(), CURLINFO_RESPONSE_CODE, &code);
   if (status) *status = code;
   if (code == 404 && allow_not_found) return response;
   if (code >= 400 && code < 500 && code != 429 && code != 408) {
-    throw RejectedError("HTTP " + std::to_string(code) + " from " + method + " " + url + ": " + response.substr(0, 500));
+    throw RejectedError("HTTP " + std::to_string(code) + " from " + method + " " + url + ": " +
+                        response.substr(0, 500));
   }
   if (code >= 300 || code == 0) {
-    throw NetworkError("HTTP " + std::to_string(code) + " from " + method + " " + url + ": " + response.substr(0, 300));
+    throw NetworkError("HTTP " + std::to_string(code) + " from " + method + " " + url + ": " +
+                       response.substr(0, 300));
   }
   return response;
 }
@@ -131,15 +140,20 @@ RunInfo RestStore::create_run(const std::string& experiment, const std::string& 
                               const std::map<std::string, std::string>& tags) {
   long code = 0;
   std::string exp_id;
-  auto got = call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(experiment), "", true,
-                  &code);
+  auto got = call(
+      "GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(experiment),
+      "", true, &code);
   if (code == 404) {
     try {
-      exp_id = json::parse(call("POST", "/api/2.0/mlflow/experiments/create", json{{"name", experiment}}.dump()))
+      exp_id = json::parse(call("POST", "/api/2.0/mlflow/experiments/create",
+                                json{{"name", experiment}}.dump()))
                    .at("experiment_id")
                    .get<std::string>();
     } catch (const RejectedError&) {  // created by someone else meanwhile
-      exp_id = json::parse(call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(experiment), ""))
+      exp_id = json::parse(call("GET",
+                                "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" +
+                                    url_escape(experiment),
+                                ""))
                    .at("experiment")
                    .at("experiment_id")
                    .get<std::string>();
@@ -151,12 +165,15 @@ RunInfo RestStore::create_run(const std::string& experiment, const std::string& 
   for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
   json req{{"experiment_id", exp_id}, {"start_time", now_ms()}, {"tags", t}};
   if (!run_name.empty()) req["run_name"] = run_name;
-  auto info = json::parse(call("POST", "/api/2.0/mlflow/runs/create", req.dump())).at("run").at("info");
+  auto info =
+      json::parse(call("POST", "/api/2.0/mlflow/runs/create", req.dump())).at("run").at("info");
   return {info.at("run_id").get<std::string>(), exp_id, info.value("artifact_uri", "")};
 }
 
 RunInfo RestStore::get_run(const std::string& run_id) {
-  auto info = json::parse(call("GET", "/api/2.0/mlflow/runs/get?run_id=" + url_escape(run_id), "")).at("run").at("info");
+  auto info = json::parse(call("GET", "/api/2.0/mlflow/runs/get?run_id=" + url_escape(run_id), ""))
+                  .at("run")
+                  .at("info");
   return {run_id, info.at("experiment_id").get<std::string>(), info.value("artifact_uri", "")};
 }
 
@@ -164,7 +181,8 @@ void RestStore::log_batch(const std::string& run_id, const std::vector<Entry>& e
   json metrics = json::array(), params = json::array(), tags = json::array();
   for (const auto& e : entries) {
     if (e.kind == Entry::Metric) {
-      metrics.push_back({{"key", e.key}, {"value", e.number}, {"timestamp", e.timestamp}, {"step", e.step}});
+      metrics.push_back(
+          {{"key", e.key}, {"value", e.number}, {"timestamp", e.timestamp}, {"step", e.step}});
     } else {
       (e.kind == Entry::Param ? params : tags).push_back({{"key", e.key}, {"value", e.text}});
     }
@@ -179,7 +197,8 @@ void RestStore::update_run(const std::string& run_id, RunStatus status) {
   call("POST", "/api/2.0/mlflow/runs/update", req.dump());
 }
 
-void RestStore::upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) {
+void RestStore::upload_artifact(const RunInfo& run, const std::string& local_file,
+                                const std::string& artifact_path) {
   const std::string& uri = run.artifact_uri;
   const std::string proxied = "mlflow-artifacts:";
   if (uri.rfind(proxied, 0) == 0) {
@@ -190,11 +209,15 @@ void RestStore::upload_artifact(const RunInfo& run, const std::string& local_fil
       rest = slash == std::string::npos ? "" : rest.substr(slash);
     }
     while (!rest.empty() && rest.front() == '/') rest.erase(0, 1);
-    call("PUT", "/api/2.0/mlflow-artifacts/artifacts/" + url_escape(rest) + "/" + url_escape(artifact_path),
-         read_file(local_file));
+    call(
+        "PUT",
+        "/api/2.0/mlflow-artifacts/artifacts/" + url_escape(rest) + "/" + url_escape(artifact_path),
+        read_file(local_file));
     return;
   }
-  std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri.rfind("file:", 0) == 0 ? uri.substr(5) : uri;
+  std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7)
+                     : uri.rfind("file:", 0) == 0 ? uri.substr(5)
+                                                  : uri;
   if (path.empty() || path.find("://") != std::string::npos) {
     throw UsageError("mlflow: cannot upload to artifact location '" + uri +
                      "' (dtrain uploads through the server's artifact proxy, `mlflow server` with "
@@ -216,7 +239,8 @@ std::string FileStore::experiment_id_for(const std::string& name) {
     std::ifstream meta(e.path() / "meta.yaml");
     std::string line;
     while (std::getline(meta, line)) {
-      if (line == "name: " + yaml_quote(name) || line == "name: " + name) return e.path().filename().string();
+      if (line == "name: " + yaml_quote(name) || line == "name: " + name)
+        return e.path().filename().string();
     }
     try {
       next = std::max(next, std::stoi(e.path().filename().string()) + 1);
@@ -234,15 +258,18 @@ std::string FileStore::experiment_id_for(const std::string& name) {
   return id;
 }
 
-void FileStore::write_run_meta(const std::string& dir, const RunInfo& run, const std::string& run_name, int status,
-                               int64_t start, int64_t end) {
+void FileStore::write_run_meta(const std::string& dir, const RunInfo& run,
+                               const std::string& run_name, int status, int64_t start,
+                               int64_t end) {
   std::ofstream meta(fs::path(dir) / "meta.yaml.tmp");
-  meta << "artifact_uri: " << yaml_quote(run.artifact_uri) << "\nend_time: " << (end ? std::to_string(end) : "null")
+  meta << "artifact_uri: " << yaml_quote(run.artifact_uri)
+       << "\nend_time: " << (end ? std::to_string(end) : "null")
        << "\nentry_point_name: ''\nexperiment_id: " << yaml_quote(run.experiment_id)
-       << "\nlifecycle_stage: active\nrun_id: " << run.run_id << "\nrun_name: " << yaml_quote(run_name)
-       << "\nrun_uuid: " << run.run_id << "\nsource_name: ''\nsource_type: 4\nsource_version: ''\nstart_time: " << start
-       << "\nstatus: " << status << "\ntags: []\nuser_id: " << yaml_quote(std::getenv("USER") ? std::getenv("USER") : "dtrain")
-       << "\n";
+       << "\nlifecycle_stage: active\nrun_id: " << run.run_id
+       << "\nrun_name: " << yaml_quote(run_name) << "\nrun_uuid: " << run.run_id
+       << "\nsource_name: ''\nsource_type: 4\nsource_version: ''\nstart_time: " << start
+       << "\nstatus: " << status << "\ntags: []\nuser_id: "
+       << yaml_quote(std::getenv("USER") ? std::getenv("USER") : "dtrain") << "\n";
   meta.close();
   fs::rename(fs::path(dir) / "meta.yaml.tmp", fs::path(dir) / "meta.yaml");
 }
@@ -253,9 +280,11 @@ RunInfo FileStore::create_run(const std::string& experiment, const std::string& 
   run.experiment_id = experiment_id_for(experiment);
   run.run_id = new_id();
   fs::path dir = fs::path(root_) / run.experiment_id / run.run_id;
-  for (const char* sub : {"metrics", "params", "tags", "artifacts"}) fs::create_directories(dir / sub);
+  for (const char* sub : {"metrics", "params", "tags", "artifacts"})
+    fs::create_directories(dir / sub);
   run.artifact_uri = "file://" + (dir / "artifacts").string();
-  write_run_meta(dir.string(), run, run_name.empty() ? run.run_id.substr(0, 8) : run_name, 1, now_ms(), 0);
+  write_run_meta(dir.string(), run, run_name.empty() ? run.run_id.substr(0, 8) : run_name, 1,
+                 now_ms(), 0);
   std::vector<Entry> t;
   for (const auto& [k, v] : tags) t.push_back({Entry::Tag, k, v, 0, 0, 0});
   log_batch(run.run_id, t);
@@ -265,7 +294,8 @@ RunInfo FileStore::create_run(const std::string& experiment, const std::string& 
 std::string FileStore::run_dir(const std::string& run_id) {
   if (fs::exists(root_)) {
     for (const auto& e : fs::directory_iterator(root_)) {
-      if (e.is_directory() && fs::exists(e.path() / run_id / "meta.yaml")) return (e.path() / run_id).string();
+      if (e.is_directory() && fs::exists(e.path() / run_id / "meta.yaml"))
+        return (e.path() / run_id).string();
     }
   }
   throw UsageError("mlflow: no run " + run_id + " in the file store " + root_);
@@ -281,16 +311,20 @@ void FileStore::adopt_run(const RunInfo& run, RunStatus status) {
   std::string exp = experiment_id_for(exp_name);
   fs::path dir = fs::path(root_) / exp / run.run_id;
   if (fs::exists(dir / "meta.yaml")) return;
-  for (const char* sub : {"metrics", "params", "tags", "artifacts"}) fs::create_directories(dir / sub);
+  for (const char* sub : {"metrics", "params", "tags", "artifacts"})
+    fs::create_directories(dir / sub);
   RunInfo local{run.run_id, exp, "file://" + (dir / "artifacts").string()};
-  write_run_meta(dir.string(), local, run.run_id.substr(0, 8), status_code(status), now_ms(), now_ms());
+  write_run_meta(dir.string(), local, run.run_id.substr(0, 8), status_code(status), now_ms(),
+                 now_ms());
 }
 
 void FileStore::log_batch(const std::string& run_id, const std::vector<Entry>& entries) {
   if (entries.empty()) return;
   fs::path dir = run_dir(run_id);
   for (const auto& e : entries) {
-    const char* sub = e.kind == Entry::Metric ? "metrics" : e.kind == Entry::Param ? "params" : "tags";
+    const char* sub = e.kind == Entry::Metric  ? "metrics"
+                      : e.kind == Entry::Param ? "params"
+                                               : "tags";
     fs::path p = key_path(dir / sub, e.key);
     fs::create_directories(p.parent_path());
     if (e.kind == Entry::Metric) {
@@ -314,28 +348,35 @@ void FileStore::update_run(const std::string& run_id, RunStatus status) {
     if (line.rfind("start_time: ", 0) == 0) start = std::stoll(line.substr(12));
     if (line.rfind("run_name: ", 0) == 0) {
       run_name = line.substr(10);
-      if (run_name.size() >= 2 && run_name.front() == '\'') run_name = run_name.substr(1, run_name.size() - 2);
+      if (run_name.size() >= 2 && run_name.front() == '\'')
+        run_name = run_name.substr(1, run_name.size() - 2);
     }
   }
   meta.close();
   RunInfo info = get_run(run_id);
-  write_run_meta(dir.string(), info, run_name, status_code(status), start, status == RunStatus::Running ? 0 : now_ms());
+  write_run_meta(dir.string(), info, run_name, status_code(status), start,
+                 status == RunStatus::Running ? 0 : now_ms());
 }
 
-void FileStore::upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) {
+void FileStore::upload_artifact(const RunInfo& run, const std::string& local_file,
+                                const std::string& artifact_path) {
   fs::path dest = key_path(run_dir(run.run_id) + "/artifacts", artifact_path);
   fs::create_directories(dest.parent_path());
   fs::copy_file(local_file, dest, fs::copy_options::overwrite_existing);
 }
 
 std::unique_ptr<Store> make_store(const std::string& uri, std::chrono::milliseconds timeout) {
-  if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) return std::make_unique<RestStore>(uri, timeout);
+  if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0)
+    return std::make_unique<RestStore>(uri, timeout);
   if (uri.find("://") != std::string::npos && uri.rfind("file://", 0) != 0) {
-    throw UsageError("MLFLOW_TRACKING_URI '" + uri +
-                     "' is not supported by dtrain's client: use http(s)://host:port of an `mlflow server`, "
-                     "or file:/path (or a plain path) for a local file store");
+    throw UsageError(
+        "MLFLOW_TRACKING_URI '" + uri +
+        "' is not supported by dtrain's client: use http(s)://host:port of an `mlflow server`, "
+        "or file:/path (or a plain path) for a local file store");
   }
-  std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri.rfind("file:", 0) == 0 ? uri.substr(5) : uri;
+  std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7)
+                     : uri.rfind("file:", 0) == 0 ? uri.substr(5)
+                                                  : uri;
   return std::make_unique<FileStore>(path);
 }
 

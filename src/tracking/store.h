@@ -24,7 +24,7 @@ int64_t now_ms();
 struct Entry {
   enum Kind { Metric = 0, Param = 1, Tag = 2 } kind;
   std::string key;
-  std::string text;  // param or tag value
+  std::string text;   // param or tag value
   double number = 0;  // metric value
   int64_t timestamp = 0;
   int64_t step = 0;
@@ -50,7 +50,8 @@ class Store {
   virtual RunInfo get_run(const std::string& run_id) = 0;
   virtual void log_batch(const std::string& run_id, const std::vector<Entry>& entries) = 0;
   virtual void update_run(const std::string& run_id, RunStatus status) = 0;
-  virtual void upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) = 0;
+  virtual void upload_artifact(const RunInfo& run, const std::string& local_file,
+                               const std::string& artifact_path) = 0;
 };
 
 class RestStore : public Store {
@@ -61,7 +62,8 @@ class RestStore : public Store {
   RunInfo get_run(const std::string& run_id) override;
   void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
   void update_run(const std::string& run_id, RunStatus status) override;
-  void upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) override;
+  void upload_artifact(const RunInfo& run, const std::string& local_file,
+                       const std::string& artifact_path) override;
 
  private:
   std::string call(const std::string& method, const std::string& endpoint, const std::string& body,
@@ -80,15 +82,16 @@ class FileStore : public Store {
   RunInfo get_run(const std::string& run_id) override;
   void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
   void update_run(const std::string& run_id, RunStatus status) override;
-  void upload_artifact(const RunInfo& run, const std::string& local_file, const std::string& artifact_path) override;
+  void upload_artifact(const RunInfo& run, const std::string& local_file,
+                       const std::string& artifact_path) override;
   // Writes the directory of a run that was started elsewhere (same ids) if it is missing.
   void adopt_run(const RunInfo& run, RunStatus status);
 
  private:
   std::string experiment_id_for(const std::string& name);
   std::string run_dir(const std::string& run_id);
-  void write_run_meta(const std::string& dir, const RunInfo& run, const std::string& run_name, int status,
-                      int64_t start, int64_t end);
+  void write_run_meta(const std::string& dir, const RunInfo& run, const std::string& run_name,
+                      int status, int64_t start, int64_t end);
   std::string root_;
 };
 

@@ -7,7 +7,8 @@ namespace dtrain::tune::detail {
 
 namespace {
 
-void flatten_into(const Config& c, const std::string& prefix, std::map<std::string, std::string>& out) {
+void flatten_into(const Config& c, const std::string& prefix,
+                  std::map<std::string, std::string>& out) {
   if (c.is_object() && !c.empty()) {
     for (auto it = c.begin(); it != c.end(); ++it) {
       flatten_into(it.value(), prefix.empty() ? it.key() : prefix + "/" + it.key(), out);
@@ -30,23 +31,27 @@ std::map<std::string, std::string> flatten_config(const Config& config) {
   return out;
 }
 
-MlflowTrials::MlflowTrials(std::string tracking_uri, std::string experiment, const std::string& search_name,
-                           const std::string& parent_run_id, const Config& param_space)
+MlflowTrials::MlflowTrials(std::string tracking_uri, std::string experiment,
+                           const std::string& search_name, const std::string& parent_run_id,
+                           const Config& param_space)
     : uri_(tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : std::move(tracking_uri)),
-      experiment_(experiment.empty() ? env_or("MLFLOW_EXPERIMENT_NAME", "Default") : std::move(experiment)) {
+      experiment_(experiment.empty() ? env_or("MLFLOW_EXPERIMENT_NAME", "Default")
+                                     : std::move(experiment)) {
   if (uri_.empty()) return;
   // The driver is one process: log whatever RANK it may have inherited.
-  parent_ = mlflow::Run::start({.tracking_uri = uri_,
-                                .experiment = experiment_,
-                                .run_name = search_name,
-                                .tags = {{"dtrain.role", "tune"}, {"dtrain.tune.search", search_name}},
-                                .run_id = parent_run_id,
-                                .all_ranks = true});
-  if (parent_run_id.empty()) parent_.set_tag("dtrain.tune.param_space", param_space.dump().substr(0, 5000));
+  parent_ =
+      mlflow::Run::start({.tracking_uri = uri_,
+                          .experiment = experiment_,
+                          .run_name = search_name,
+                          .tags = {{"dtrain.role", "tune"}, {"dtrain.tune.search", search_name}},
+                          .run_id = parent_run_id,
+                          .all_ranks = true});
+  if (parent_run_id.empty())
+    parent_.set_tag("dtrain.tune.param_space", param_space.dump().substr(0, 5000));
 }
 
-std::string MlflowTrials::trial_started(const std::string& trial_id, const Config& config, const std::string& run_id,
-                                        bool first_start) {
+std::string MlflowTrials::trial_started(const std::string& trial_id, const Config& config,
+                                        const std::string& run_id, bool first_start) {
   if (!active()) return "";
   auto it = runs_.find(trial_id);
   if (it == runs_.end()) {
@@ -75,17 +80,20 @@ void MlflowTrials::trial_result(const std::string& trial_id, const Result& resul
   const std::int64_t step = result.value("training_iteration", std::int64_t{0});
   std::map<std::string, double> metrics;
   for (auto m = result.begin(); m != result.end(); ++m) {
-    if (m.value().is_number() && std::isfinite(m.value().get<double>())) metrics[m.key()] = m.value().get<double>();
+    if (m.value().is_number() && std::isfinite(m.value().get<double>()))
+      metrics[m.key()] = m.value().get<double>();
   }
   it->second.log_metrics(metrics, step);
 }
 
-void MlflowTrials::trial_ended(const std::string& trial_id, TrialStatus status, const std::string& error) {
+void MlflowTrials::trial_ended(const std::string& trial_id, TrialStatus status,
+                               const std::string& error) {
   auto it = runs_.find(trial_id);
   if (it == runs_.end()) return;
   it->second.set_tag("dtrain.tune.status", to_string(status));
   if (!error.empty()) it->second.set_tag("dtrain.tune.error", error.substr(0, 4000));
-  it->second.end(status == TrialStatus::Error ? mlflow::RunStatus::Failed : mlflow::RunStatus::Finished);
+  it->second.end(status == TrialStatus::Error ? mlflow::RunStatus::Failed
+                                              : mlflow::RunStatus::Finished);
   runs_.erase(it);
 }
 

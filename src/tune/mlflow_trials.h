@@ -26,8 +26,8 @@ class MlflowTrials {
   // Opens the trial's run on its first start (or continues `run_id`, saved by an earlier
   // driver); logs the config as params once, and as a tag on every start (PBT changes it).
   // Returns the run's id ("" when inactive).
-  std::string trial_started(const std::string& trial_id, const Config& config, const std::string& run_id,
-                            bool first_start);
+  std::string trial_started(const std::string& trial_id, const Config& config,
+                            const std::string& run_id, bool first_start);
   void trial_result(const std::string& trial_id, const Result& result);
   // The trial's run ends FINISHED (Terminated) or FAILED (Error).
   void trial_ended(const std::string& trial_id, TrialStatus status, const std::string& error);

@@ -13,21 +13,30 @@ namespace dtrain::tune {
 
 const char* to_string(TrialStatus s) {
   switch (s) {
-    case TrialStatus::Pending: return "PENDING";
-    case TrialStatus::Running: return "RUNNING";
-    case TrialStatus::Paused: return "PAUSED";
-    case TrialStatus::Terminated: return "TERMINATED";
-    case TrialStatus::Error: return "ERROR";
+    case TrialStatus::Pending:
+      return "PENDING";
+    case TrialStatus::Running:
+      return "RUNNING";
+    case TrialStatus::Paused:
+      return "PAUSED";
+    case TrialStatus::Terminated:
+      return "TERMINATED";
+    case TrialStatus::Error:
+      return "ERROR";
   }
   return "?";
 }
 
 const char* to_string(Decision d) {
   switch (d) {
-    case Decision::Continue: return "CONTINUE";
-    case Decision::Pause: return "PAUSE";
-    case Decision::Stop: return "STOP";
-    case Decision::Noop: return "NOOP";
+    case Decision::Continue:
+      return "CONTINUE";
+    case Decision::Pause:
+      return "PAUSE";
+    case Decision::Stop:
+      return "STOP";
+    case Decision::Noop:
+      return "NOOP";
   }
   return "?";
 }
@@ -102,7 +111,8 @@ double nanpercentile(std::vector<double> v, double p) {
 }  // namespace
 
 AshaScheduler::AshaScheduler(AshaOptions o) : o_(std::move(o)) {
-  if (!(o_.max_t > 0)) throw UsageError("tune::AshaScheduler: max_t must be > 0, got " + fmt(o_.max_t));
+  if (!(o_.max_t > 0))
+    throw UsageError("tune::AshaScheduler: max_t must be > 0, got " + fmt(o_.max_t));
   if (!(o_.grace_period > 0)) {
     throw UsageError("tune::AshaScheduler: grace_period must be > 0, got " + fmt(o_.grace_period));
   }
@@ -115,7 +125,8 @@ AshaScheduler::AshaScheduler(AshaOptions o) : o_(std::move(o)) {
                      fmt(o_.reduction_factor));
   }
   if (o_.brackets < 1) {
-    throw UsageError("tune::AshaScheduler: brackets must be >= 1, got " + std::to_string(o_.brackets));
+    throw UsageError("tune::AshaScheduler: brackets must be >= 1, got " +
+                     std::to_string(o_.brackets));
   }
   metric_ = o_.metric;
   mode_ = o_.mode;
@@ -127,7 +138,8 @@ AshaScheduler::AshaScheduler(AshaOptions o) : o_(std::move(o)) {
     const long max_rungs = static_cast<long>(std::trunc(x));
     Bracket b;
     for (long k = max_rungs - 1; k >= 0; --k) {
-      b.rungs.push_back({o_.grace_period * std::pow(o_.reduction_factor, static_cast<double>(k + s)), {}});
+      b.rungs.push_back(
+          {o_.grace_period * std::pow(o_.reduction_factor, static_cast<double>(k + s)), {}});
     }
     brackets_.push_back(std::move(b));
   }
@@ -139,7 +151,8 @@ void AshaScheduler::set_search_properties(const std::string& metric, const std::
 
 std::vector<double> AshaScheduler::milestones(int bracket) const {
   std::vector<double> m;
-  for (const auto& r : brackets_.at(static_cast<std::size_t>(bracket)).rungs) m.push_back(r.milestone);
+  for (const auto& r : brackets_.at(static_cast<std::size_t>(bracket)).rungs)
+    m.push_back(r.milestone);
   return m;
 }
 
@@ -176,9 +189,8 @@ Decision AshaScheduler::bracket_on_result(Bracket& b, const std::string& trial_i
                                           double cur_rew) {
   Decision action = Decision::Continue;
   for (auto& rung : b.rungs) {
-    const bool recorded =
-        std::any_of(rung.recorded.begin(), rung.recorded.end(),
-                    [&](const auto& e) { return e.first == trial_id; });
+    const bool recorded = std::any_of(rung.recorded.begin(), rung.recorded.end(),
+                                      [&](const auto& e) { return e.first == trial_id; });
     if (cur_iter >= rung.milestone && recorded && !o_.stop_last_trials) break;
     if (cur_iter < rung.milestone || recorded) continue;
     double c;
@@ -199,7 +211,8 @@ Decision AshaScheduler::on_trial_result(SchedulerContext&, Trial& trial, const R
     auto it = std::find_if(trial_bracket_.begin(), trial_bracket_.end(),
                            [&](const auto& e) { return e.first == trial.id; });
     if (it == trial_bracket_.end()) {
-      throw InternalError("tune::AshaScheduler: a result for trial " + trial.id + " that was never added");
+      throw InternalError("tune::AshaScheduler: a result for trial " + trial.id +
+                          " that was never added");
     }
     action = bracket_on_result(brackets_[static_cast<std::size_t>(it->second)], trial.id, t,
                                metric_op_ * result.at(metric_).get<double>());
@@ -233,7 +246,8 @@ void check_mutations(const Config& m, const std::string& where) {
     }
     throw UsageError("tune::PbtScheduler: hyperparam_mutations[\"" + where + it.key() +
                      "\"] must be a list of values, a domain (uniform, ...) or an object of "
-                     "those; got " + v.dump());
+                     "those; got " +
+                     v.dump());
   }
 }
 
@@ -241,8 +255,9 @@ void check_mutations(const Config& m, const std::string& where) {
 
 PbtScheduler::PbtScheduler(PbtOptions o) : o_(std::move(o)) {
   if (!o_.hyperparam_mutations.is_object() || o_.hyperparam_mutations.empty()) {
-    throw UsageError("tune::PbtScheduler: give hyperparam_mutations (which parameters PBT may "
-                     "change, and how)");
+    throw UsageError(
+        "tune::PbtScheduler: give hyperparam_mutations (which parameters PBT may "
+        "change, and how)");
   }
   check_mutations(o_.hyperparam_mutations, "");
   if (o_.quantile_fraction > 0.5 || o_.quantile_fraction < 0) {
@@ -279,7 +294,8 @@ void PbtScheduler::fill_config(Config& config, const std::string& key, const Con
     config[key] = space.at(random().index(space.size()));
   } else if (space.is_object()) {
     config[key] = Config::object();
-    for (auto it = space.begin(); it != space.end(); ++it) fill_config(config[key], it.key(), it.value());
+    for (auto it = space.begin(); it != space.end(); ++it)
+      fill_config(config[key], it.key(), it.value());
   }
 }
 
@@ -326,7 +342,8 @@ Config PbtScheduler::explore(const Config& config, const Config& mutations) {
         const Config s = sample(dist, random());
         value = s.is_boolean() ? (s.get<bool>() ? 1.0 : 0.0) : s.get<double>();
       } else {
-        const double factor = o_.perturbation_factors.at(random().index(o_.perturbation_factors.size()));
+        const double factor =
+            o_.perturbation_factors.at(random().index(o_.perturbation_factors.size()));
         if (!old.is_number() && !old.is_boolean()) {
           throw UsageError("tune::PbtScheduler: cannot perturb \"" + key + "\" = " + old.dump() +
                            " by a factor; use a list of values for non-numeric parameters");
@@ -358,7 +375,8 @@ void PbtScheduler::quantiles(SchedulerContext& ctx, std::vector<Trial*>& lower,
       if (x->id == id) t = x;
     }
     if (t == nullptr) continue;
-    if (s.has_score && !std::isnan(s.last_score) && !t->is_finished()) scored.emplace_back(t, s.last_score);
+    if (s.has_score && !std::isnan(s.last_score) && !t->is_finished())
+      scored.emplace_back(t, s.last_score);
   }
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -417,7 +435,8 @@ Decision PbtScheduler::on_trial_result(SchedulerContext& ctx, Trial& trial, cons
   }
   if (o_.require_attrs && !has_metric) {
     throw UsageError("tune::PbtScheduler: metric \"" + metric_ + "\" is not in trial " + trial.id +
-                     "'s result " + result.dump() + "; report it, or set PbtOptions::require_attrs = false");
+                     "'s result " + result.dump() +
+                     "; report it, or set PbtOptions::require_attrs = false");
   }
   if (!has_time || !has_metric) return Decision::Continue;
   const double time = result.at(o_.time_attr).get<double>();

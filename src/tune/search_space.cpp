@@ -37,7 +37,9 @@ double grid_index(double bound, double q, bool lower) {
   return lower ? std::ceil(scaled) : std::floor(scaled);
 }
 
-double draw_uniform(double lo, double hi, RandomSource& r) { return lo + (hi - lo) * r.uniform01(); }
+double draw_uniform(double lo, double hi, RandomSource& r) {
+  return lo + (hi - lo) * r.uniform01();
+}
 
 // Depth-first over objects (insertion order) and arrays, as Ray's
 // _split_resolved_unresolved_values: the paths of every grid and every domain.
@@ -85,7 +87,8 @@ void check_space(const Config& node, const std::string& where) {
                      " (use uniform, loguniform, quniform, randint or choice)");
   }
   if (node.is_object() && !is_domain(node)) {
-    for (auto it = node.begin(); it != node.end(); ++it) check_space(it.value(), where + "/" + it.key());
+    for (auto it = node.begin(); it != node.end(); ++it)
+      check_space(it.value(), where + "/" + it.key());
   }
 }
 
@@ -167,7 +170,9 @@ bool is_domain(const Config& v) {
   return k == "uniform" || k == "loguniform" || k == "quniform" || k == "randint" || k == "choice";
 }
 
-bool is_grid(const Config& v) { return v.is_object() && v.size() == 1 && v.contains("grid_search"); }
+bool is_grid(const Config& v) {
+  return v.is_object() && v.size() == 1 && v.contains("grid_search");
+}
 
 Config sample(const Config& d, RandomSource& r) {
   if (!is_domain(d)) throw UsageError("tune::sample: not a domain: " + d.dump());

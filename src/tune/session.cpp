@@ -65,18 +65,21 @@ Session& session(const char* who) {
     } else if (auto task = detect_engine_task()) {
       s->rank = task->rank;
     }
-    s->timeout = std::chrono::milliseconds(std::atoll(env_or("DTRAIN_TUNE_REPORT_TIMEOUT_MS", "600000").c_str()));
+    s->timeout = std::chrono::milliseconds(
+        std::atoll(env_or("DTRAIN_TUNE_REPORT_TIMEOUT_MS", "600000").c_str()));
     const auto colon = s->driver.rfind(':');
     if (colon == std::string::npos) {
-      throw UsageError("dtrain::tune: DTRAIN_TUNE_STORE is \"" + s->driver + "\", expected host:port");
+      throw UsageError("dtrain::tune: DTRAIN_TUNE_STORE is \"" + s->driver +
+                       "\", expected host:port");
     }
     store::StoreClient::Options o;
     o.connect_timeout = std::chrono::seconds(30);
     o.timeout = s->timeout;
     std::string host = s->driver.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    s->client = store::StoreClient::connect(host,
-                                            static_cast<std::uint16_t>(std::stoi(s->driver.substr(colon + 1))), o);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
+    s->client = store::StoreClient::connect(
+        host, static_cast<std::uint16_t>(std::stoi(s->driver.substr(colon + 1))), o);
     g_session = std::move(s);
   }
   return *g_session;
@@ -138,9 +141,10 @@ void report(const Result& metrics, const std::string& checkpoint) {
     s.client->set(result_key, msg.dump());
   }
   if (!s.client->wait({decision_key}, s.timeout)) {
-    throw TimeoutError("dtrain::tune::report: trial " + s.trial_id + " (rank " + std::to_string(s.rank) +
-                       ") got no decision for report " + std::to_string(k) + " from the tune driver at " +
-                       s.driver + " within " + std::to_string(s.timeout.count() / 1000) +
+    throw TimeoutError("dtrain::tune::report: trial " + s.trial_id + " (rank " +
+                       std::to_string(s.rank) + ") got no decision for report " +
+                       std::to_string(k) + " from the tune driver at " + s.driver + " within " +
+                       std::to_string(s.timeout.count() / 1000) +
                        " s (TuneOptions::report_timeout); the driver is gone or stuck");
   }
   const std::string decision = s.client->get(decision_key);

@@ -53,9 +53,9 @@ struct TrialRecord {
   std::vector<std::int64_t> history_seq;  // global order of reports, to replay on resume
   std::string latest_checkpoint;
   std::int64_t latest_checkpoint_iteration = 0;
-  std::string restore_checkpoint;          // what the next run starts from
-  std::int64_t restore_iteration = 0;      // training_iteration of that checkpoint
-  double time_total = 0;                   // seconds of earlier runs
+  std::string restore_checkpoint;      // what the next run starts from
+  std::int64_t restore_iteration = 0;  // training_iteration of that checkpoint
+  double time_total = 0;               // seconds of earlier runs
   int num_failures = 0;
   int runs = 0;
   std::string error;
@@ -66,7 +66,7 @@ struct TrialRecord {
   // While running.
   std::thread thread;
   std::atomic<bool> finished{false};
-  std::string failure;       // "" : returned normally
+  std::string failure;  // "" : returned normally
   bool stopped_by_worker_exception = false;
   bool stop_requested = false;
   bool pause_requested = false;
@@ -81,7 +81,8 @@ struct TrialRecord {
 void rewind_to_latest_checkpoint(TrialRecord& r) {
   r.restore_checkpoint = r.latest_checkpoint;
   r.restore_iteration = r.latest_checkpoint_iteration;
-  while (!r.history.empty() && r.history.back().value("training_iteration", std::int64_t{0}) > r.restore_iteration) {
+  while (!r.history.empty() &&
+         r.history.back().value("training_iteration", std::int64_t{0}) > r.restore_iteration) {
     r.history.pop_back();
     r.history_seq.pop_back();
   }
@@ -102,7 +103,9 @@ class Context : public SchedulerContext {
     }
     throw InternalError("tune: a scheduler named a trial the Tuner does not have");
   }
-  std::string save_checkpoint(Trial& t) override { return replay ? "replay" : record(t).latest_checkpoint; }
+  std::string save_checkpoint(Trial& t) override {
+    return replay ? "replay" : record(t).latest_checkpoint;
+  }
   void pause_trial(Trial& t) override {
     if (replay) return;
     TrialRecord& r = record(t);
@@ -124,8 +127,8 @@ class Context : public SchedulerContext {
                               ? donor->checkpoint_iterations.at(checkpoint)
                               : 0;
     if (verbose) {
-      std::fprintf(stderr, "tune: %s exploits %s (checkpoint %s), new config %s\n", t.id.c_str(), from.c_str(),
-                   checkpoint.c_str(), config.dump().c_str());
+      std::fprintf(stderr, "tune: %s exploits %s (checkpoint %s), new config %s\n", t.id.c_str(),
+                   from.c_str(), checkpoint.c_str(), config.dump().c_str());
     }
   }
   bool replay = false;  // on resume: rebuild scheduler state, change nothing
@@ -173,9 +176,11 @@ Distributor cluster_probe(const TuneOptions& o) {
   try {
     return Distributor(trial_distributor_options(o));
   } catch (const UsageError& e) {
-    throw UsageError(std::string("tune::Tuner: the trials cannot run on cluster engine \"") + o.cluster.engine +
-                     "\" as configured (TuneOptions::cluster; trial_resources.processes is each trial's "
-                     "num_processes): " + e.what());
+    throw UsageError(
+        std::string("tune::Tuner: the trials cannot run on cluster engine \"") + o.cluster.engine +
+        "\" as configured (TuneOptions::cluster; trial_resources.processes is each trial's "
+        "num_processes): " +
+        e.what());
   }
 }
 
@@ -184,8 +189,9 @@ Distributor cluster_probe(const TuneOptions& o) {
 // ---- ResultGrid --------------------------------------------------------------------------
 
 int ResultGrid::num_errors() const {
-  return static_cast<int>(std::count_if(trials_.begin(), trials_.end(),
-                                        [](const TrialResult& t) { return t.status == TrialStatus::Error; }));
+  return static_cast<int>(std::count_if(trials_.begin(), trials_.end(), [](const TrialResult& t) {
+    return t.status == TrialStatus::Error;
+  }));
 }
 
 const TrialResult& ResultGrid::best_result(const std::string& metric_in, const std::string& mode_in,
@@ -193,11 +199,13 @@ const TrialResult& ResultGrid::best_result(const std::string& metric_in, const s
   const std::string metric = metric_in.empty() ? metric_ : metric_in;
   const std::string mode = mode_in.empty() ? mode_ : mode_in;
   if (metric.empty() || (mode != "min" && mode != "max")) {
-    throw UsageError("tune::ResultGrid::best_result: needs a metric and mode \"min\"/\"max\" (got \"" + metric +
-                     "\", \"" + mode + "\"); pass them or set them in TuneOptions");
+    throw UsageError(
+        "tune::ResultGrid::best_result: needs a metric and mode \"min\"/\"max\" (got \"" + metric +
+        "\", \"" + mode + "\"); pass them or set them in TuneOptions");
   }
   if (scope != "last" && scope != "all") {
-    throw UsageError("tune::ResultGrid::best_result: scope must be \"last\" or \"all\", got \"" + scope + "\"");
+    throw UsageError("tune::ResultGrid::best_result: scope must be \"last\" or \"all\", got \"" +
+                     scope + "\"");
   }
   const TrialResult* best = nullptr;
   double best_value = 0;
@@ -235,8 +243,10 @@ void ResultGrid::write_csv(const std::string& path) const {
   for (std::size_t i = 0; i < trials_.size(); ++i) {
     const auto& t = trials_[i];
     out << t.id << "," << to_string(t.status) << "," << t.num_failures << "," << t.history.size();
-    for (const auto& c : config_cols) out << "," << csv_escape(configs[i].count(c) ? configs[i][c] : "");
-    for (const auto& m : metric_cols) out << "," << csv_escape(metrics[i].count(m) ? metrics[i][m] : "");
+    for (const auto& c : config_cols)
+      out << "," << csv_escape(configs[i].count(c) ? configs[i][c] : "");
+    for (const auto& m : metric_cols)
+      out << "," << csv_escape(metrics[i].count(m) ? metrics[i][m] : "");
     out << "\n";
   }
 }
@@ -244,29 +254,37 @@ void ResultGrid::write_csv(const std::string& path) const {
 // ---- Tuner -------------------------------------------------------------------------------
 
 Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
-    : runner_(std::move(runner)), param_space_(std::move(param_space)), options_(std::move(options)) {
+    : runner_(std::move(runner)),
+      param_space_(std::move(param_space)),
+      options_(std::move(options)) {
   auto& o = options_;
   if (!param_space_.is_object()) {
-    throw UsageError("tune::Tuner: param_space must be a JSON object of parameters, got " + param_space_.dump());
+    throw UsageError("tune::Tuner: param_space must be a JSON object of parameters, got " +
+                     param_space_.dump());
   }
-  if (o.num_samples < 1) throw UsageError("tune::Tuner: num_samples must be >= 1, got " + std::to_string(o.num_samples));
+  if (o.num_samples < 1)
+    throw UsageError("tune::Tuner: num_samples must be >= 1, got " + std::to_string(o.num_samples));
   if (o.trial_resources.processes < 1) {
     throw UsageError("tune::Tuner: trial_resources.processes must be >= 1, got " +
                      std::to_string(o.trial_resources.processes));
   }
   if (o.trial_resources.gpus != 0) {
-    throw UsageError("tune::Tuner: trial_resources.gpus is not supported yet (GPU placement per trial is "
-                     "not built); set it to 0");
+    throw UsageError(
+        "tune::Tuner: trial_resources.gpus is not supported yet (GPU placement per trial is "
+        "not built); set it to 0");
   }
   if (o.local_mode && !o.cluster.engine.empty()) {
-    throw UsageError("tune::Tuner: cluster.engine is \"" + o.cluster.engine + "\" but local_mode is true; set "
-                     "local_mode = false to run the trials on that engine, or leave cluster empty to run "
-                     "them on this machine");
+    throw UsageError(
+        "tune::Tuner: cluster.engine is \"" + o.cluster.engine +
+        "\" but local_mode is true; set "
+        "local_mode = false to run the trials on that engine, or leave cluster empty to run "
+        "them on this machine");
   }
   if (!o.local_mode) {
     if (o.cluster.engine.empty()) {
-      throw UsageError("tune::Tuner: local_mode = false needs cluster.engine (\"ssh\", \"slurm\", \"mpi\" or "
-                       "\"spark\") and that engine's settings (ClusterOptions, dtrain/distributor.h)");
+      throw UsageError(
+          "tune::Tuner: local_mode = false needs cluster.engine (\"ssh\", \"slurm\", \"mpi\" or "
+          "\"spark\") and that engine's settings (ClusterOptions, dtrain/distributor.h)");
     }
     cluster_probe(o);  // UsageError: the engine's settings do not fit the trials
   }
@@ -277,7 +295,8 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
     throw UsageError("tune::Tuner: mode must be \"min\" or \"max\", got \"" + o.mode + "\"");
   }
   if (o.name.empty() || o.name.find('/') != std::string::npos) {
-    throw UsageError("tune::Tuner: name must be a non-empty directory name, got \"" + o.name + "\"");
+    throw UsageError("tune::Tuner: name must be a non-empty directory name, got \"" + o.name +
+                     "\"");
   }
   if (o.storage_path.empty()) o.storage_path = "dtrain_tune_results";
   if (!o.scheduler) o.scheduler = std::make_shared<FifoScheduler>();
@@ -299,7 +318,8 @@ ResultGrid Tuner::fit() {
     std::ifstream in(state_path);
     Config state = Config::parse(in);
     if (state.value("version", 0) != kStateVersion) {
-      throw UsageError("tune: " + state_path.string() + " was written by another version of dtrain::tune");
+      throw UsageError("tune: " + state_path.string() +
+                       " was written by another version of dtrain::tune");
     }
     param_space_ = state.at("param_space");
     seq = state.value("seq", std::int64_t{0});
@@ -333,19 +353,22 @@ ResultGrid Tuner::fit() {
           r->restore_iteration = r->latest_checkpoint_iteration;
           // Reports after that checkpoint will be made again; drop them from the history.
           while (!r->history.empty() &&
-                 r->history.back().value("training_iteration", std::int64_t{0}) > r->restore_iteration) {
+                 r->history.back().value("training_iteration", std::int64_t{0}) >
+                     r->restore_iteration) {
             r->history.pop_back();
             r->history_seq.pop_back();
           }
         }
-        r->trial.status = r->history.empty() && r->runs == 0 ? TrialStatus::Pending : TrialStatus::Paused;
+        r->trial.status =
+            r->history.empty() && r->runs == 0 ? TrialStatus::Pending : TrialStatus::Paused;
       }
       trials.push_back(std::move(r));
     }
     resumed = true;
   } else {
     if (!o.resume && fs::exists(state_path)) {
-      throw UsageError("tune: " + state_path.string() + " holds an earlier search; set TuneOptions::resume "
+      throw UsageError("tune: " + state_path.string() +
+                       " holds an earlier search; set TuneOptions::resume "
                        "to continue it, or choose another storage_path / name");
     }
     const auto configs = generate_variants(param_space_, o.num_samples, o.seed);
@@ -370,7 +393,8 @@ ResultGrid Tuner::fit() {
     ctx.replay = true;
     std::vector<std::tuple<std::int64_t, TrialRecord*, std::size_t>> events;
     for (auto& r : trials) {
-      for (std::size_t i = 0; i < r->history.size(); ++i) events.emplace_back(r->history_seq[i], r.get(), i);
+      for (std::size_t i = 0; i < r->history.size(); ++i)
+        events.emplace_back(r->history_seq[i], r.get(), i);
     }
     std::sort(events.begin(), events.end(),
               [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
@@ -391,10 +415,15 @@ ResultGrid Tuner::fit() {
   }
 
   fs::create_directories(exp_dir);
-  detail::MlflowTrials mlflow(o.mlflow_tracking_uri, o.mlflow_experiment, o.name, mlflow_parent_id, param_space_);
+  detail::MlflowTrials mlflow(o.mlflow_tracking_uri, o.mlflow_experiment, o.name, mlflow_parent_id,
+                              param_space_);
   auto save_state = [&] {
-    Config state{{"version", kStateVersion}, {"param_space", param_space_}, {"metric", o.metric},
-                 {"mode", o.mode}, {"scheduler", sched.name()}, {"seq", seq},
+    Config state{{"version", kStateVersion},
+                 {"param_space", param_space_},
+                 {"metric", o.metric},
+                 {"mode", o.mode},
+                 {"scheduler", sched.name()},
+                 {"seq", seq},
                  {"mlflow_parent_run_id", mlflow.parent_run_id()}};
     Config list = Config::array();
     for (auto& r : trials) {
@@ -436,14 +465,16 @@ ResultGrid Tuner::fit() {
     try {
       driver_addr = cluster_probe(o).driver_address();
     } catch (const UsageError& e) {
-      throw UsageError(std::string("tune::Tuner: no address for the trials to report to: ") + e.what());
+      throw UsageError(std::string("tune::Tuner: no address for the trials to report to: ") +
+                       e.what());
     }
   }
   store::StoreServer::Options so;
   so.bind_host = o.local_mode ? "127.0.0.1" : "";
   auto server = store::StoreServer::start(so);
-  const std::string store_addr = (driver_addr.find(':') != std::string::npos ? "[" + driver_addr + "]" : driver_addr) +
-                                 ":" + std::to_string(server->port());
+  const std::string store_addr =
+      (driver_addr.find(':') != std::string::npos ? "[" + driver_addr + "]" : driver_addr) + ":" +
+      std::to_string(server->port());
   store::StoreClient::Options co;
   co.timeout = std::chrono::seconds(30);
   auto client = store::StoreClient::connect("127.0.0.1", server->port(), co);
@@ -467,8 +498,8 @@ ResultGrid Tuner::fit() {
 
   // Runs whose processes are still up (a trial PBT paused counts until its run has ended).
   auto running_count = [&] {
-    return static_cast<int>(std::count_if(trials.begin(), trials.end(),
-                                          [](auto& r) { return r->thread.joinable(); }));
+    return static_cast<int>(
+        std::count_if(trials.begin(), trials.end(), [](auto& r) { return r->thread.joinable(); }));
   };
 
   auto start_trial = [&](TrialRecord& r) {
@@ -495,7 +526,8 @@ ResultGrid Tuner::fit() {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
       // its Distributor) open no runs of their own.
       d.env["MLFLOW_TRACKING_URI"] = "";
-      r.mlflow_run_id = mlflow.trial_started(r.trial.id, r.trial.config, r.mlflow_run_id, r.runs == 1);
+      r.mlflow_run_id =
+          mlflow.trial_started(r.trial.id, r.trial.config, r.mlflow_run_id, r.runs == 1);
     }
     if (o.verbose) {
       std::fprintf(stderr, "tune: %s starts (run %d%s) %s\n", r.trial.id.c_str(), r.runs,
@@ -508,7 +540,8 @@ ResultGrid Tuner::fit() {
         Distributor dist(d);
         runner_(dist, config);
       } catch (const WorkerError& e) {
-        r.stopped_by_worker_exception = e.exception_type().find("TrialStopped") != std::string::npos;
+        r.stopped_by_worker_exception =
+            e.exception_type().find("TrialStopped") != std::string::npos;
         r.failure = e.what();
       } catch (const std::exception& e) {
         r.failure = e.what();
@@ -602,15 +635,19 @@ ResultGrid Tuner::fit() {
       }
     }
     if (r.trial.status == TrialStatus::Terminated || r.trial.status == TrialStatus::Error) {
-      mlflow.trial_ended(r.trial.id, r.trial.status, r.trial.status == TrialStatus::Error ? r.error : "");
+      mlflow.trial_ended(r.trial.id, r.trial.status,
+                         r.trial.status == TrialStatus::Error ? r.error : "");
     }
     if (o.verbose) {
       std::string m;
-      if (!o.metric.empty() && last.contains(o.metric)) m = ", " + o.metric + "=" + last.at(o.metric).dump();
-      std::fprintf(stderr, "tune: %s %s after %zu report(s)%s%s\n", r.trial.id.c_str(), how, r.history.size(),
-                   m.c_str(),
-                   r.failure.empty() || r.stop_requested || r.pause_requested || r.stopped_by_worker_exception ? ""
-                                                                        : (": " + r.failure.substr(0, 300)).c_str());
+      if (!o.metric.empty() && last.contains(o.metric))
+        m = ", " + o.metric + "=" + last.at(o.metric).dump();
+      std::fprintf(stderr, "tune: %s %s after %zu report(s)%s%s\n", r.trial.id.c_str(), how,
+                   r.history.size(), m.c_str(),
+                   r.failure.empty() || r.stop_requested || r.pause_requested ||
+                           r.stopped_by_worker_exception
+                       ? ""
+                       : (": " + r.failure.substr(0, 300)).c_str());
     }
     save_state();
   };

@@ -22,8 +22,10 @@ extern char** environ;
 
 namespace dtrain::tune::detail {
 
-std::unique_ptr<WarmForkServer> WarmForkServer::start(const std::map<std::string, std::string>& env) {
-  if (const char* off = std::getenv("DTRAIN_TUNE_WARM_FORKSERVER"); off && std::string(off) == "0") return nullptr;
+std::unique_ptr<WarmForkServer> WarmForkServer::start(
+    const std::map<std::string, std::string>& env) {
+  if (const char* off = std::getenv("DTRAIN_TUNE_WARM_FORKSERVER"); off && std::string(off) == "0")
+    return nullptr;
   std::error_code ec;
   const std::string program = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec || program.ends_with(" (deleted)")) return nullptr;
@@ -39,8 +41,8 @@ std::unique_ptr<WarmForkServer> WarmForkServer::start(const std::map<std::string
     if (!name.starts_with("dtrain-warm-")) continue;
     const int owner = std::atoi(name.c_str() + std::strlen("dtrain-warm-"));
     struct stat st {};
-    if (owner > 0 && ::kill(owner, 0) != 0 && errno == ESRCH && ::lstat(e.path().c_str(), &st) == 0 &&
-        S_ISDIR(st.st_mode) && st.st_uid == ::getuid()) {
+    if (owner > 0 && ::kill(owner, 0) != 0 && errno == ESRCH &&
+        ::lstat(e.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid()) {
       std::error_code ignored;
       std::filesystem::remove_all(e.path(), ignored);
     }
@@ -80,7 +82,8 @@ std::unique_ptr<WarmForkServer> WarmForkServer::start(const std::map<std::string
   std::vector<std::string> strings;
   for (const auto& [k, v] : vars) strings.push_back(k + "=" + v);
   // Its own pid goes in the first ten characters, written by the child before exec.
-  strings.push_back("DTRAIN_FORKSERVER_WARM=0000000000:" + std::to_string(fd) + ":" + std::to_string(::getpid()));
+  strings.push_back("DTRAIN_FORKSERVER_WARM=0000000000:" + std::to_string(fd) + ":" +
+                    std::to_string(::getpid()));
   std::vector<char*> envp;
   for (auto& s : strings) envp.push_back(s.data());
   envp.push_back(nullptr);

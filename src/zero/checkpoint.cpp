@@ -30,7 +30,8 @@ using c10::IValue;
 
 void write_file_synced(const fs::path& path, const std::vector<char>& data) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("zero checkpoint: cannot create " + path.string() + ": " + std::strerror(errno));
+  if (fd < 0)
+    throw Error("zero checkpoint: cannot create " + path.string() + ": " + std::strerror(errno));
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::write(fd, data.data() + done, data.size() - done);
@@ -56,25 +57,34 @@ void sync_dir(const fs::path& dir) {
 
 std::vector<char> read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("zero checkpoint: cannot read " + path.string() + " (no such checkpoint file)");
+  if (!in)
+    throw UsageError("zero checkpoint: cannot read " + path.string() +
+                     " (no such checkpoint file)");
   return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 c10::impl::GenericDict load_dict(const fs::path& path) {
   auto v = torch::pickle_load(read_file(path));
-  if (!v.isGenericDict()) throw Error("zero checkpoint: " + path.string() + " does not hold a dict");
+  if (!v.isGenericDict())
+    throw Error("zero checkpoint: " + path.string() + " does not hold a dict");
   return v.toGenericDict();
 }
 
-c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+c10::impl::GenericDict new_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
 
 IValue get(const c10::impl::GenericDict& d, const std::string& key, const fs::path& from) {
   auto it = d.find(key);
-  if (it == d.end()) throw Error("zero checkpoint: " + from.string() + " has no '" + key + "' (not a dtrain ZeRO checkpoint?)");
+  if (it == d.end())
+    throw Error("zero checkpoint: " + from.string() + " has no '" + key +
+                "' (not a dtrain ZeRO checkpoint?)");
   return it->value();
 }
 
-std::string optim_file(int rank) { return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt"; }
+std::string optim_file(int rank) {
+  return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
+}
 const char* kModelFile = "mp_rank_00_model_states.pt";
 // The optimizer type recorded for InitOptions::optimizer.
 const char* kClientType = "client";
@@ -98,7 +108,8 @@ struct FullOptim {
 };
 
 // `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them.
-FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files, const std::function<fs::path(int)>& where) {
+FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
+                     const std::function<fs::path(int)>& where) {
   FullOptim f;
   std::vector<torch::Tensor> masters;
   std::vector<std::vector<torch::Tensor>> states;
@@ -111,7 +122,8 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files, const std
     if (r == 0)
       for (auto& e : st) f.state_names.push_back(e.key().toStringRef());
     if (states.size() < f.state_names.size()) states.resize(f.state_names.size());
-    for (size_t k = 0; k < f.state_names.size(); ++k) states[k].push_back(get(st, f.state_names[k], path).toTensor());
+    for (size_t k = 0; k < f.state_names.size(); ++k)
+      states[k].push_back(get(st, f.state_names[k], path).toTensor());
   }
   f.master = torch::cat(masters);
   for (auto& s : states) f.state.push_back(torch::cat(s));
@@ -138,7 +150,8 @@ IValue EngineCore::model_state(bool build) {
   if (build) {
     auto d = new_dict();
     c10::Dict<std::string, torch::Tensor> module_dict;
-    for (auto& item : module_.named_parameters(true)) module_dict.insert(item.key(), item.value().detach().clone());
+    for (auto& item : module_.named_parameters(true))
+      module_dict.insert(item.key(), item.value().detach().clone());
     for (auto& item : module_.named_buffers(true))
       if (item.value().defined()) module_dict.insert(item.key(), item.value().detach().clone());
     d.insert("module", module_dict);
@@ -171,10 +184,16 @@ IValue EngineCore::model_state(bool build) {
 
 IValue EngineCore::optim_state() {
   torch::NoGradGuard ng;
-  torch::Tensor w = master_.defined() ? master_ : stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
-  const int64_t begin = std::min<int64_t>(rank_ * part_, numel_), end = std::min<int64_t>((rank_ + 1) * part_, numel_);
+  torch::Tensor w = master_.defined() ? master_
+                    : stage_ == 0     ? flat_params_
+                    : stage_ < 3      ? own_slice(flat_params_)
+                                      : param_part_;
+  const int64_t begin = std::min<int64_t>(rank_ * part_, numel_),
+                end = std::min<int64_t>((rank_ + 1) * part_, numel_);
   const int64_t local = stage_ == 0 ? begin : 0;
-  auto slice = [&](const torch::Tensor& t) { return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true); };
+  auto slice = [&](const torch::Tensor& t) {
+    return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true);
+  };
   auto o = new_dict();
   o.insert("zero_stage", static_cast<int64_t>(stage_));
   o.insert("partition_count", static_cast<int64_t>(world_));
@@ -208,7 +227,8 @@ IValue EngineCore::optim_state() {
 
 void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& tag) {
   if (tag.empty() || tag.find('/') != std::string::npos)
-    throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag + "'");
+    throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag +
+                     "'");
   const fs::path dir(dir_s), tmp = dir / ("." + tag + ".tmp"), final_dir = dir / tag;
   if (rank_ == 0) {
     std::error_code ec;
@@ -246,7 +266,8 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   std::string tag = resolve_tag(dir, tag_in);
   if (tag.empty()) return "";
   const fs::path ckpt = dir / tag, model_path = ckpt / kModelFile;
-  if (!fs::exists(model_path)) throw UsageError("zero load_checkpoint: " + model_path.string() + " does not exist");
+  if (!fs::exists(model_path))
+    throw UsageError("zero load_checkpoint: " + model_path.string() + " does not exist");
   auto d = load_dict(model_path);
   const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
   std::vector<c10::impl::GenericDict> optims;
@@ -257,18 +278,23 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   return tag;
 }
 
-void EngineCore::load_client_state(const std::vector<c10::impl::GenericDict>& optims, const std::string& saved_type,
-                                   int saved_world, const std::string& where) {
+void EngineCore::load_client_state(const std::vector<c10::impl::GenericDict>& optims,
+                                   const std::string& saved_type, int saved_world,
+                                   const std::string& where) {
   if (!client_)
-    throw Error("zero load_checkpoint: " + where + " holds the state of a client optimizer (InitOptions::optimizer); "
-                "initialize with the same optimizer to load it, or load with load_optimizer_states = false");
+    throw Error("zero load_checkpoint: " + where +
+                " holds the state of a client optimizer (InitOptions::optimizer); "
+                "initialize with the same optimizer to load it, or load with load_optimizer_states "
+                "= false");
   if (saved_type != kClientType)
-    throw Error("zero load_checkpoint: " + where + " holds the config optimizer " + saved_type +
-                "'s state, but this engine steps a client optimizer (InitOptions::optimizer); load with "
-                "load_optimizer_states = false to start its state afresh");
+    throw Error(
+        "zero load_checkpoint: " + where + " holds the config optimizer " + saved_type +
+        "'s state, but this engine steps a client optimizer (InitOptions::optimizer); load with "
+        "load_optimizer_states = false to start its state afresh");
   if (saved_world != world_)
     throw Error("zero load_checkpoint: " + where + " was saved by " + std::to_string(saved_world) +
-                " ranks with a client optimizer, whose state is opaque and kept per partition; load it on " +
+                " ranks with a client optimizer, whose state is opaque and kept per partition; "
+                "load it on " +
                 std::to_string(saved_world) + " ranks (this run has " + std::to_string(world_) +
                 "), or with load_optimizer_states = false");
   auto o = get(optims[static_cast<size_t>(rank_)], "optimizer_state_dict", where).toGenericDict();
@@ -278,7 +304,8 @@ void EngineCore::load_client_state(const std::vector<c10::impl::GenericDict>& op
   client_->load(archive);
 }
 
-void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c10::impl::GenericDict>& optims,
+void EngineCore::load_state(const c10::impl::GenericDict& d,
+                            const std::vector<c10::impl::GenericDict>& optims,
                             const LoadCheckpointOptions& opts, const std::string& where) {
   const fs::path model_path(where);
   torch::NoGradGuard ng;
@@ -287,15 +314,19 @@ void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c
   auto full = torch::zeros({padded_}, torch::TensorOptions().dtype(master_dtype_));
   for (size_t i = 0; i < params_.size(); ++i) {
     auto it = module_dict.find(names_[i]);
-    if (it == module_dict.end()) throw Error("zero load_checkpoint: " + model_path.string() + " has no parameter '" + names_[i] + "'");
+    if (it == module_dict.end())
+      throw Error("zero load_checkpoint: " + model_path.string() + " has no parameter '" +
+                  names_[i] + "'");
     auto t = it->value().toTensor();
     if (t.sizes().vec() != shapes_[i])
-      throw Error("zero load_checkpoint: parameter '" + names_[i] + "' has another shape in " + model_path.string());
+      throw Error("zero load_checkpoint: parameter '" + names_[i] + "' has another shape in " +
+                  model_path.string());
     full.narrow(0, offsets_[i], numels_[i]).copy_(t.reshape({-1}));
   }
   for (auto& item : module_.named_buffers(true)) {
     auto it = module_dict.find(item.key());
-    if (it != module_dict.end() && item.value().defined()) item.value().detach().copy_(it->value().toTensor());
+    if (it != module_dict.end() && item.value().defined())
+      item.value().detach().copy_(it->value().toTensor());
   }
   auto place = [&](const torch::Tensor& full_flat) {
     if (stage_ < 3) {
@@ -310,16 +341,19 @@ void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c
   if (opts.load_optimizer_states) {
     const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
     if (static_cast<int>(optims.size()) != saved_world)
-      throw Error("zero load_checkpoint: " + where + " was saved by " + std::to_string(saved_world) + " ranks but holds " +
+      throw Error("zero load_checkpoint: " + where + " was saved by " +
+                  std::to_string(saved_world) + " ranks but holds " +
                   std::to_string(optims.size()) + " optimizer partitions");
     // Named as the files of a checkpoint directory, else by partition.
     auto f = full_optim(optims, [&](int r) {
-      return model_path.filename() == kModelFile ? model_path.parent_path() / optim_file(r)
-                                                 : fs::path(where + " (optimizer partition " + std::to_string(r) + ")");
+      return model_path.filename() == kModelFile
+                 ? model_path.parent_path() / optim_file(r)
+                 : fs::path(where + " (optimizer partition " + std::to_string(r) + ")");
     });
     if (f.master.numel() != numel_)
-      throw Error("zero load_checkpoint: the checkpoint's optimizer state covers " + std::to_string(f.master.numel()) +
-                  " parameters, the model has " + std::to_string(numel_));
+      throw Error("zero load_checkpoint: the checkpoint's optimizer state covers " +
+                  std::to_string(f.master.numel()) + " parameters, the model has " +
+                  std::to_string(numel_));
     auto pad = [&](const torch::Tensor& t) {
       auto p = torch::zeros({padded_}, t.options());
       p.narrow(0, 0, numel_).copy_(t);
@@ -328,11 +362,14 @@ void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c
     auto mine = [&](const torch::Tensor& t) { return stage_ == 0 ? pad(t) : own_slice(pad(t)); };
     if (master_.defined()) master_.copy_(mine(f.master));
     const std::string saved_type =
-        get(get(optims[0], "optimizer_state_dict", model_path).toGenericDict(), "type", model_path).toStringRef();
-    if (client_ || saved_type == kClientType) load_client_state(optims, saved_type, saved_world, where);
+        get(get(optims[0], "optimizer_state_dict", model_path).toGenericDict(), "type", model_path)
+            .toStringRef();
+    if (client_ || saved_type == kClientType)
+      load_client_state(optims, saved_type, saved_world, where);
     if (f.state.size() != state_.size())
-      throw Error("zero load_checkpoint: the checkpoint's optimizer has " + std::to_string(f.state.size()) +
-                  " state tensors per element, this one " + std::to_string(state_.size()) + " (another optimizer type?)");
+      throw Error("zero load_checkpoint: the checkpoint's optimizer has " +
+                  std::to_string(f.state.size()) + " state tensors per element, this one " +
+                  std::to_string(state_.size()) + " (another optimizer type?)");
     for (size_t k = 0; k < state_.size(); ++k) state_[k].copy_(mine(f.state[k]));
     opt_step_ = f.step;
   } else if (master_.defined()) {
@@ -353,12 +390,16 @@ void EngineCore::load_state(const c10::impl::GenericDict& d, const std::vector<c
 
 }  // namespace detail
 
-torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir_s, const std::string& tag_in) {
+torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir_s,
+                                                                       const std::string& tag_in) {
   const fs::path dir(dir_s);
   std::string tag = resolve_tag(dir, tag_in);
-  if (tag.empty()) throw UsageError("zero to-fp32: " + (dir / "latest").string() + " does not exist; give the tag (global_step<N>)");
+  if (tag.empty())
+    throw UsageError("zero to-fp32: " + (dir / "latest").string() +
+                     " does not exist; give the tag (global_step<N>)");
   const fs::path ckpt = dir / tag, model_path = ckpt / kModelFile;
-  if (!fs::exists(model_path)) throw UsageError("zero to-fp32: " + model_path.string() + " does not exist");
+  if (!fs::exists(model_path))
+    throw UsageError("zero to-fp32: " + model_path.string() + " does not exist");
   auto d = load_dict(model_path);
   auto module_dict = get(d, "module", model_path).toGenericDict();
   auto names = get(d, "param_names", model_path).toList();
@@ -383,7 +424,8 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
   return out;
 }
 
-void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict, const std::string& path) {
+void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict,
+                     const std::string& path) {
   c10::Dict<std::string, torch::Tensor> d;
   for (auto& item : dict) d.insert(item.key(), item.value());
   auto tmp = path + ".tmp";

@@ -12,7 +12,8 @@ namespace {
 
 const char* kUsage =
     "usage: dtrain zero check CONFIG --world-size N [--params P]\n"
-    "         validate a DeepSpeed JSON config (file or JSON text); print the resolved batch sizes\n"
+    "         validate a DeepSpeed JSON config (file or JSON text); print the resolved batch "
+    "sizes\n"
     "         and, with --params, the per-rank memory of P parameters' model states\n"
     "       dtrain zero to-fp32 CHECKPOINT_DIR OUT [--tag TAG]\n"
     "         consolidate a ZeRO checkpoint (all ranks' partitions) into one fp32 state dict\n";
@@ -21,7 +22,8 @@ int64_t parse_count(const std::string& flag, const std::string& v) {
   try {
     size_t used = 0;
     double d = std::stod(v, &used);
-    if (used != v.size() || d < 1 || d != static_cast<double>(static_cast<int64_t>(d))) throw std::invalid_argument(v);
+    if (used != v.size() || d < 1 || d != static_cast<double>(static_cast<int64_t>(d)))
+      throw std::invalid_argument(v);
     return static_cast<int64_t>(d);
   } catch (const std::exception&) {
     throw UsageError("dtrain zero check: " + flag + " expects a positive integer, got '" + v + "'");
@@ -37,16 +39,24 @@ int check(const std::vector<std::string>& a) {
       if (i + 1 >= a.size()) throw UsageError("dtrain zero check: " + flag + " needs a value");
       return a[++i];
     };
-    if (a[i] == "--world-size") world = parse_count("--world-size", value("--world-size"));
-    else if (a[i] == "--params") params = parse_count("--params", value("--params"));
-    else if (a[i].rfind("--world-size=", 0) == 0) world = parse_count("--world-size", a[i].substr(13));
-    else if (a[i].rfind("--params=", 0) == 0) params = parse_count("--params", a[i].substr(9));
-    else if (a[i].rfind("--", 0) == 0) throw UsageError("dtrain zero check: unknown flag " + a[i] + "\n" + kUsage);
-    else if (config.empty()) config = a[i];
-    else throw UsageError("dtrain zero check: unexpected argument '" + a[i] + "'\n" + kUsage);
+    if (a[i] == "--world-size")
+      world = parse_count("--world-size", value("--world-size"));
+    else if (a[i] == "--params")
+      params = parse_count("--params", value("--params"));
+    else if (a[i].rfind("--world-size=", 0) == 0)
+      world = parse_count("--world-size", a[i].substr(13));
+    else if (a[i].rfind("--params=", 0) == 0)
+      params = parse_count("--params", a[i].substr(9));
+    else if (a[i].rfind("--", 0) == 0)
+      throw UsageError("dtrain zero check: unknown flag " + a[i] + "\n" + kUsage);
+    else if (config.empty())
+      config = a[i];
+    else
+      throw UsageError("dtrain zero check: unexpected argument '" + a[i] + "'\n" + kUsage);
   }
   if (config.empty()) throw UsageError(std::string("dtrain zero check: CONFIG missing\n") + kUsage);
-  if (world < 1) throw UsageError(std::string("dtrain zero check: --world-size N is required\n") + kUsage);
+  if (world < 1)
+    throw UsageError(std::string("dtrain zero check: --world-size N is required\n") + kUsage);
   auto c = parse_config_text(config, static_cast<int>(world));
   std::cout << describe(c, params);
   return 0;
@@ -66,8 +76,9 @@ int zero_main(const std::vector<std::string>& args) {
       auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
       auto helper = (ec ? std::filesystem::path(".") : self.parent_path()) / "dtrain-zero";
       if (!std::filesystem::exists(helper))
-        throw UsageError("dtrain zero to-fp32 needs the dtrain-zero helper (it links libtorch), expected at " +
-                         helper.string() + "; build or install it with dtrain");
+        throw UsageError(
+            "dtrain zero to-fp32 needs the dtrain-zero helper (it links libtorch), expected at " +
+            helper.string() + "; build or install it with dtrain");
       std::vector<std::string> argv{helper.string()};
       argv.insert(argv.end(), args.begin(), args.end());
       std::vector<char*> cargv;

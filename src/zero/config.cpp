@@ -33,7 +33,9 @@ class Section {
   Section(const json& j, std::string path) : j_(j), path_(std::move(path)) {
     if (!j_.is_object()) fail("", "must be an object, got " + std::string(j_.type_name()));
   }
-  std::string where(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  std::string where(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     std::string p = key.empty() ? path_ : where(key);
     throw ConfigError((p.empty() ? std::string("config") : p) + ": " + what);
@@ -44,19 +46,23 @@ class Section {
     if (it == j_.end() || it->is_null()) return nullptr;
     return &*it;
   }
-  static bool is_auto(const json* v) { return v && v->is_string() && v->get<std::string>() == "auto"; }
+  static bool is_auto(const json* v) {
+    return v && v->is_string() && v->get<std::string>() == "auto";
+  }
   void boolean(const std::string& key, bool& out) {
     if (auto v = get(key)) {
       if (!v->is_boolean()) fail(key, "expected true or false, got " + v->dump());
       out = v->get<bool>();
     }
   }
-  void number(const std::string& key, double& out, double lo = -INFINITY, double hi = INFINITY, bool allow_auto = false) {
+  void number(const std::string& key, double& out, double lo = -INFINITY, double hi = INFINITY,
+              bool allow_auto = false) {
     if (auto v = get(key)) {
       if (allow_auto && is_auto(v)) return;
       if (!v->is_number()) fail(key, "expected a number, got " + v->dump());
       double d = v->get<double>();
-      if (!(d >= lo && d <= hi)) fail(key, "out of range: " + v->dump() + " (allowed: " + range(lo, hi) + ")");
+      if (!(d >= lo && d <= hi))
+        fail(key, "out of range: " + v->dump() + " (allowed: " + range(lo, hi) + ")");
       out = d;
     }
   }
@@ -67,9 +73,11 @@ class Section {
       if (allow_auto && is_auto(v)) return false;
       if (!v->is_number()) fail(key, "expected an integer, got " + v->dump());
       double d = v->get<double>();
-      if (d != std::floor(d) || std::fabs(d) > 9e18) fail(key, "expected an integer, got " + v->dump());
+      if (d != std::floor(d) || std::fabs(d) > 9e18)
+        fail(key, "expected an integer, got " + v->dump());
       int64_t i = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(d);
-      if (i < lo || i > hi) fail(key, "out of range: " + v->dump() + " (allowed: " + range(lo, hi) + ")");
+      if (i < lo || i > hi)
+        fail(key, "out of range: " + v->dump() + " (allowed: " + range(lo, hi) + ")");
       out = i;
       return true;
     }
@@ -80,21 +88,23 @@ class Section {
     integer(key, v, lo, hi);
     out = static_cast<int>(v);
   }
-  void string(const std::string& key, std::string& out, const std::vector<std::string>& allowed = {}) {
+  void string(const std::string& key, std::string& out,
+              const std::vector<std::string>& allowed = {}) {
     if (auto v = get(key)) {
       if (!v->is_string()) fail(key, "expected a string, got " + v->dump());
       std::string s = v->get<std::string>();
       if (!allowed.empty()) {
         auto it = std::find_if(allowed.begin(), allowed.end(), [&](const std::string& a) {
-          return a.size() == s.size() && std::equal(a.begin(), a.end(), s.begin(), [](char x, char y) {
-                   return std::tolower(x) == std::tolower(y);
-                 });
+          return a.size() == s.size() &&
+                 std::equal(a.begin(), a.end(), s.begin(),
+                            [](char x, char y) { return std::tolower(x) == std::tolower(y); });
         });
         if (it == allowed.end()) {
           std::string list;
           for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
           std::string near = closest_key(s, allowed);
-          fail(key, "unknown value \"" + s + "\" (allowed: " + list + ")" + (near.empty() ? "" : "; did you mean " + near + "?"));
+          fail(key, "unknown value \"" + s + "\" (allowed: " + list + ")" +
+                        (near.empty() ? "" : "; did you mean " + near + "?"));
         }
         s = *it;
       }
@@ -107,16 +117,20 @@ class Section {
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
       std::string near = closest_key(it.key(), known_);
-      fail(it.key(), "unknown key" + (near.empty() ? std::string() : "; did you mean " + near + "?"));
+      fail(it.key(),
+           "unknown key" + (near.empty() ? std::string() : "; did you mean " + near + "?"));
     }
   }
 
  private:
   static std::string range(double lo, double hi) {
     std::ostringstream s;
-    if (std::isinf(lo)) s << "<= " << hi;
-    else if (std::isinf(hi)) s << ">= " << lo;
-    else s << lo << " .. " << hi;
+    if (std::isinf(lo))
+      s << "<= " << hi;
+    else if (std::isinf(hi))
+      s << ">= " << lo;
+    else
+      s << lo << " .. " << hi;
     return s.str();
   }
   static std::string range(int64_t lo, int64_t hi) {
@@ -133,7 +147,8 @@ void parse_offload(Section& parent, const std::string& key, OffloadConfig& out, 
   if (auto v = parent.get(key)) {
     Section s(*v, parent.where(key));
     s.string("device", out.device, {"none", "cpu", "nvme"});
-    if (out.device == "nvme") s.fail("device", "\"nvme\" offload is not supported by dtrain (use \"cpu\")");
+    if (out.device == "nvme")
+      s.fail("device", "\"nvme\" offload is not supported by dtrain (use \"cpu\")");
     s.boolean("pin_memory", out.pin_memory);
     s.accept("nvme_path");
     s.accept("buffer_count");
@@ -176,7 +191,8 @@ void parse_optimizer(Section& root, Config& c) {
       if (o.type == "Adam" || o.type == "AdamW") {
         ps.boolean("adam_w_mode", o.adam_w_mode);
         ps.accept("amsgrad");
-        if (auto a = ps.get("amsgrad"); a && a->is_boolean() && a->get<bool>()) ps.fail("amsgrad", "not supported");
+        if (auto a = ps.get("amsgrad"); a && a->is_boolean() && a->get<bool>())
+          ps.fail("amsgrad", "not supported");
         ps.accept("bias_correction");
         ps.accept("torch_adam");
         ps.accept("fused");
@@ -202,8 +218,11 @@ void parse_scheduler(Section& root, Config& c) {
   if (!v) return;
   Section s(*v, "scheduler");
   auto& sc = c.scheduler;
-  if (!s.get("type")) s.fail("type", "missing (one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
-  s.string("type", sc.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
+  if (!s.get("type"))
+    s.fail("type",
+           "missing (one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
+  s.string("type", sc.type,
+           {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
   if (auto p = s.get("params")) {
     Section ps(*p, "scheduler.params");
     ps.accept("last_batch_iteration");
@@ -213,7 +232,8 @@ void parse_scheduler(Section& root, Config& c) {
       ps.number("warmup_max_lr", sc.warmup_max_lr, 0, INFINITY, true);
       ps.integer("warmup_num_steps", sc.warmup_num_steps, 0, INT64_MAX, true);
       ps.string("warmup_type", sc.warmup_type, {"log", "linear"});
-      if (t == "WarmupDecayLR") ps.integer("total_num_steps", sc.total_num_steps, 1, INT64_MAX, true);
+      if (t == "WarmupDecayLR")
+        ps.integer("total_num_steps", sc.total_num_steps, 1, INT64_MAX, true);
     } else if (t == "WarmupCosineLR") {
       ps.integer("total_num_steps", sc.total_num_steps, 1, INT64_MAX, true);
       ps.number("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
@@ -266,10 +286,12 @@ void parse_zero(Section& root, Config& c) {
   s.integer("allgather_bucket_size", z.allgather_bucket_size, 1, INT64_MAX, true);
   s.accept("allgather_partitions");
   s.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0, INT64_MAX, true);
-  s.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0, INT64_MAX, true);
+  s.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0,
+            INT64_MAX, true);
   s.integer("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, INT64_MAX, true);
   s.integer("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0, INT64_MAX, true);
-  s.boolean("stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
+  s.boolean("stage3_gather_16bit_weights_on_model_save",
+            z.stage3_gather_16bit_weights_on_model_save);
   s.accept("stage3_gather_fp16_weights_on_model_save");
   s.integer("sub_group_size", z.sub_group_size, 1, INT64_MAX, true);
   s.accept("round_robin_gradients");
@@ -281,29 +303,33 @@ void parse_zero(Section& root, Config& c) {
   parse_offload(s, "offload_param", z.offload_param, true);
   s.finish();
   if (z.offload_param.enabled() && z.stage != 3)
-    s.fail("offload_param", "needs stage 3 (parameters are partitioned only there); stage is " + std::to_string(z.stage));
+    s.fail("offload_param", "needs stage 3 (parameters are partitioned only there); stage is " +
+                                std::to_string(z.stage));
   if (z.offload_optimizer.enabled() && z.stage == 0)
     s.fail("offload_optimizer", "needs stage 1, 2 or 3 (DeepSpeed's ZeRO-Offload); stage is 0");
 }
 
-void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> micro, std::optional<int64_t> gas) {
+void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> micro,
+               std::optional<int64_t> gas) {
   const int64_t ws = c.world_size;
-  auto mismatch = [&](const std::string& what) {
-    throw ConfigError("train_batch_size: " + what);
-  };
+  auto mismatch = [&](const std::string& what) { throw ConfigError("train_batch_size: " + what); };
   if (tbs && micro && gas) {
     if (*tbs != *micro * *gas * ws)
-      mismatch("is not equal to train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size: " +
-               std::to_string(*tbs) + " != " + std::to_string(*micro) + " * " + std::to_string(*gas) + " * " +
-               std::to_string(ws) + " (change one of them, or leave one out to derive it)");
+      mismatch(
+          "is not equal to train_micro_batch_size_per_gpu * gradient_accumulation_steps * "
+          "world_size: " +
+          std::to_string(*tbs) + " != " + std::to_string(*micro) + " * " + std::to_string(*gas) +
+          " * " + std::to_string(ws) + " (change one of them, or leave one out to derive it)");
   } else if (tbs && micro) {
     if (*tbs % (*micro * ws) != 0)
-      mismatch(std::to_string(*tbs) + " is not divisible by train_micro_batch_size_per_gpu * world_size = " +
+      mismatch(std::to_string(*tbs) +
+               " is not divisible by train_micro_batch_size_per_gpu * world_size = " +
                std::to_string(*micro * ws));
     gas = *tbs / (*micro * ws);
   } else if (tbs && gas) {
     if (*tbs % (*gas * ws) != 0)
-      mismatch(std::to_string(*tbs) + " is not divisible by gradient_accumulation_steps * world_size = " +
+      mismatch(std::to_string(*tbs) +
+               " is not divisible by gradient_accumulation_steps * world_size = " +
                std::to_string(*gas * ws));
     micro = *tbs / (*gas * ws);
   } else if (micro && gas) {
@@ -318,9 +344,13 @@ void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> mic
     tbs = *micro * ws;
   } else {
     throw ConfigError(
-        "train_batch_size: either train_batch_size or train_micro_batch_size_per_gpu needs to be provided");
+        "train_batch_size: either train_batch_size or train_micro_batch_size_per_gpu needs to be "
+        "provided");
   }
-  if (*micro <= 0) mismatch("the derived train_micro_batch_size_per_gpu is 0 (train_batch_size too small for the world size)");
+  if (*micro <= 0)
+    mismatch(
+        "the derived train_micro_batch_size_per_gpu is 0 (train_batch_size too small for the world "
+        "size)");
   c.train_batch_size = *tbs;
   c.train_micro_batch_size_per_gpu = *micro;
   c.gradient_accumulation_steps = *gas;
@@ -341,7 +371,8 @@ std::string closest_key(const std::string& word, const std::vector<std::string>&
 }
 
 Config parse_config(const json& config, int world_size) {
-  if (world_size < 1) throw ConfigError("world size must be >= 1, got " + std::to_string(world_size));
+  if (world_size < 1)
+    throw ConfigError("world size must be >= 1, got " + std::to_string(world_size));
   Config c;
   c.world_size = world_size;
   c.raw = config;
@@ -375,15 +406,17 @@ Config parse_config(const json& config, int world_size) {
     }
   }
   if (c.fp16.enabled && c.bf16) throw ConfigError("fp16, bf16: both enabled; choose one");
-  if (auto g = root.get("gradient_clipping"); g && !Section::is_auto(g)) root.number("gradient_clipping", c.gradient_clipping, 0);
+  if (auto g = root.get("gradient_clipping"); g && !Section::is_auto(g))
+    root.number("gradient_clipping", c.gradient_clipping, 0);
   parse_zero(root, c);
   root.integer("steps_per_print", c.steps_per_print, 1);
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
   // Sections DeepSpeed reads that change nothing here; accepted so real configs load.
-  for (const char* k : {"memory_breakdown", "dump_state", "communication_data_type", "seq_parallel_communication_data_type",
-                        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard", "wandb", "csv_monitor",
+  for (const char* k : {"memory_breakdown", "dump_state", "communication_data_type",
+                        "seq_parallel_communication_data_type", "zero_allow_untested_optimizer",
+                        "zero_force_ds_cpu_optimizer", "tensorboard", "wandb", "csv_monitor",
                         "comms_logger", "flops_profiler", "disable_allgather", "sparse_gradients"})
     root.accept(k);
   root.finish();
@@ -396,7 +429,10 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
   auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] != '{') {
     std::ifstream in(text_or_path);
-    if (!in) throw ConfigError(text_or_path + ": cannot read the config file (give a path to a JSON file or the JSON text)");
+    if (!in)
+      throw ConfigError(
+          text_or_path +
+          ": cannot read the config file (give a path to a JSON file or the JSON text)");
     std::stringstream ss;
     ss << in.rdbuf();
     text = ss.str();
@@ -405,7 +441,9 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    throw ConfigError((first == std::string::npos || text_or_path[first] != '{' ? text_or_path : std::string("config")) +
+    throw ConfigError((first == std::string::npos || text_or_path[first] != '{'
+                           ? text_or_path
+                           : std::string("config")) +
                       ": not valid JSON: " + e.what());
   }
   return parse_config(j, world_size);
@@ -436,9 +474,15 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
     << "  zero stage                     " << c.zero.stage
     << (c.zero.offload_optimizer.enabled() ? " (optimizer offloaded to cpu)" : "")
     << (c.zero.offload_param.enabled() ? " (parameters offloaded to cpu)" : "") << "\n"
-    << "  precision                      " << (c.fp16.enabled ? "fp16" : c.bf16 ? "bf16" : "fp32") << "\n"
-    << "  optimizer                      " << (c.optimizer.given ? c.optimizer.type : "(the caller's)") << "\n";
-  if (!c.scheduler.type.empty()) s << "  scheduler                      " << c.scheduler.type << "\n";
+    << "  precision                      "
+    << (c.fp16.enabled ? "fp16"
+        : c.bf16       ? "bf16"
+                       : "fp32")
+    << "\n"
+    << "  optimizer                      "
+    << (c.optimizer.given ? c.optimizer.type : "(the caller's)") << "\n";
+  if (!c.scheduler.type.empty())
+    s << "  scheduler                      " << c.scheduler.type << "\n";
   if (params) {
     auto m = estimate_memory(c, *params);
     auto mib = [](int64_t b) {

@@ -15,11 +15,17 @@ namespace dtrain::zero {
 namespace detail {
 namespace {
 
-int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+int64_t nbytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
 
 // Gloo moves no bfloat16: send its bits as float16 (a gather only copies them).
-torch::Tensor wire(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t; }
-torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) { return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t; }
+torch::Tensor wire(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
+}
+torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) {
+  return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t;
+}
 
 std::string describe_tensor(const torch::Tensor& t) {
   std::ostringstream s;
@@ -40,25 +46,31 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   world_ = group_->world_size();
   stage_ = config_.zero.stage;
   if (config_.world_size != world_)
-    throw UsageError("zero::initialize: the config was resolved for world size " + std::to_string(config_.world_size) +
-                     " but the group has " + std::to_string(world_) + " ranks");
+    throw UsageError("zero::initialize: the config was resolved for world size " +
+                     std::to_string(config_.world_size) + " but the group has " +
+                     std::to_string(world_) + " ranks");
   client_ = std::move(options.optimizer);
   if (client_ && config_.optimizer.given)
     throw UsageError(
-        "zero::initialize: an optimizer was given twice, in the config's \"optimizer\" section and as "
+        "zero::initialize: an optimizer was given twice, in the config's \"optimizer\" section and "
+        "as "
         "InitOptions::optimizer; remove one of them");
   if (!client_ && !config_.optimizer.given)
     throw UsageError(
         "zero::initialize: the config has no \"optimizer\" section; add one, e.g. "
-        "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD or Lamb), "
+        "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD or "
+        "Lamb), "
         "or pass your own torch::optim optimizer as InitOptions::optimizer");
   if (client_ && client_->param_groups().size() != 1)
-    throw UsageError("zero::initialize: InitOptions::optimizer has " + std::to_string(client_->param_groups().size()) +
-                     " parameter groups; ZeRO steps one flat partition of every parameter, so give it one group "
-                     "(e.g. over module->parameters())");
+    throw UsageError(
+        "zero::initialize: InitOptions::optimizer has " +
+        std::to_string(client_->param_groups().size()) +
+        " parameter groups; ZeRO steps one flat partition of every parameter, so give it one group "
+        "(e.g. over module->parameters())");
   if (client_ && !client_->state().empty())
     throw UsageError("zero::initialize: InitOptions::optimizer already holds state for " +
-                     std::to_string(client_->state().size()) + " parameters; give a fresh optimizer (load state with load_checkpoint)");
+                     std::to_string(client_->state().size()) +
+                     " parameters; give a fresh optimizer (load state with load_checkpoint)");
   for (auto& item : module_.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     names_.push_back(item.key());
@@ -69,9 +81,10 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   device_ = params_[0].device();
   for (size_t i = 0; i < params_.size(); ++i) {
     if (params_[i].scalar_type() != dtype0 || params_[i].device() != device_)
-      throw UsageError("zero::initialize: every trainable parameter must have one dtype and device; '" + names_[0] +
-                       "' is " + describe_tensor(params_[0]) + " but '" + names_[i] + "' is " +
-                       describe_tensor(params_[i]));
+      throw UsageError(
+          "zero::initialize: every trainable parameter must have one dtype and device; '" +
+          names_[0] + "' is " + describe_tensor(params_[0]) + " but '" + names_[i] + "' is " +
+          describe_tensor(params_[i]));
   }
   mixed_ = config_.fp16.enabled || config_.bf16;
   if (mixed_) {
@@ -80,7 +93,8 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   } else {
     if (dtype0 != torch::kFloat32 && dtype0 != torch::kFloat64)
       throw UsageError("zero::initialize: parameters are " + describe_tensor(params_[0]) +
-                       "; give float32 (or float64) parameters, and enable fp16 or bf16 in the config for 16-bit training");
+                       "; give float32 (or float64) parameters, and enable fp16 or bf16 in the "
+                       "config for 16-bit training");
     model_dtype_ = master_dtype_ = dtype0;
   }
   offload_opt_ = config_.zero.offload_optimizer.enabled();
@@ -115,7 +129,8 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   }
   const auto state_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   if (mixed_ || offload_opt_) {
-    master_ = (stage_ == 0 ? full : own_slice(full)).to(state_device, master_dtype_, false, /*copy=*/true);
+    master_ = (stage_ == 0 ? full : own_slice(full))
+                  .to(state_device, master_dtype_, false, /*copy=*/true);
   }
   if (stage_ < 3) {
     flat_params_ = mixed_ ? full.to(model_dtype_) : full;
@@ -128,24 +143,31 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
     point_params_at(full.to(model_dtype_));
     full = torch::Tensor();
   }
-  torch::Tensor w = master_.defined() ? master_ : stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
+  torch::Tensor w = master_.defined() ? master_
+                    : stage_ == 0     ? flat_params_
+                    : stage_ < 3      ? own_slice(flat_params_)
+                                      : param_part_;
   const auto& type = config_.optimizer.type;
   int nstate = client_ ? 0 : type == "SGD" ? (config_.optimizer.momentum > 0 ? 1 : 0) : 2;
   for (int k = 0; k < nstate; ++k) state_.push_back(torch::zeros_like(w));
   if (client_) {
     client_param_ = w;  // one tensor for good: the optimizer keys its state by it
     client_->param_groups()[0].params() = {client_param_};
-    scheduler_ = LRScheduler(config_.scheduler, client_->param_groups()[0].options().get_lr(), config_.optimizer.beta1);
+    scheduler_ = LRScheduler(config_.scheduler, client_->param_groups()[0].options().get_lr(),
+                             config_.optimizer.beta1);
   }
 
   if (stage_ < 2) {
-    flat_grads_ = torch::zeros({padded_}, torch::TensorOptions().dtype(model_dtype_).device(device_));
+    flat_grads_ =
+        torch::zeros({padded_}, torch::TensorOptions().dtype(model_dtype_).device(device_));
     if (stage_ < 3) {
       for (size_t i = 0; i < params_.size(); ++i)
         params_[i].mutable_grad() = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
     }
   } else {
-    grad_part_ = torch::zeros({part_}, torch::TensorOptions().dtype(master_dtype_).device(offload_opt_ ? torch::kCPU : device_));
+    grad_part_ = torch::zeros(
+        {part_},
+        torch::TensorOptions().dtype(master_dtype_).device(offload_opt_ ? torch::kCPU : device_));
   }
   // Stage 1 with overlap_comm: the boundary backward reduces flat_grads_'s buckets to their
   // owners in place as they complete (the 16-bit gradients of fp16/bf16 are reduced in fp32
@@ -198,9 +220,11 @@ void EngineCore::point_params_at(const torch::Tensor& flat) {
 void EngineCore::install_hooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    if (!acc) throw InternalError("zero: parameter '" + names_[i] + "' has no gradient accumulator");
+    if (!acc)
+      throw InternalError("zero: parameter '" + names_[i] + "' has no gradient accumulator");
     auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
           on_grad_ready(i);
           return outputs;
         }));
@@ -210,7 +234,8 @@ void EngineCore::install_hooks() {
 
 void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
   if (stage_ != 3) return;
-  if (in_backward_) throw UsageError("zero: fetch_units() during backward; declare the units before training");
+  if (in_backward_)
+    throw UsageError("zero: fetch_units() during backward; declare the units before training");
   // Parameter index by identity; each unit's must be contiguous (registration order).
   std::unordered_map<const void*, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
@@ -223,20 +248,25 @@ void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>
       auto it = index.find(p.unsafeGetTensorImpl());
       if (it == index.end()) continue;  // frozen (requires_grad false): not the engine's
       if (covered[it->second])
-        throw UsageError("zero: parameter '" + names_[it->second] + "' is in two fetch units; give each submodule once");
+        throw UsageError("zero: parameter '" + names_[it->second] +
+                         "' is in two fetch units; give each submodule once");
       covered[it->second] = true;
       list.push_back(it->second);
     }
     std::sort(list.begin(), list.end());
     for (size_t k = 1; k < list.size(); ++k)
       if (list[k] != list[k - 1] + 1)
-        throw UsageError("zero: the parameters of fetch unit '" + m->name() + "' are not contiguous in the module's registration order ('" +
-                         names_[list[k - 1]] + "' then '" + names_[list[k]] + "'); give units that are whole submodules, registered in turn");
+        throw UsageError("zero: the parameters of fetch unit '" + m->name() +
+                         "' are not contiguous in the module's registration order ('" +
+                         names_[list[k - 1]] + "' then '" + names_[list[k]] +
+                         "'); give units that are whole submodules, registered in turn");
     lists.push_back(std::move(list));
   }
   for (size_t i = 0; i < params_.size(); ++i)
     if (!covered[i])
-      throw UsageError("zero: parameter '" + names_[i] + "' is in no fetch unit; the units must hold every trainable parameter (add its submodule)");
+      throw UsageError("zero: parameter '" + names_[i] +
+                       "' is in no fetch unit; the units must hold every trainable parameter (add "
+                       "its submodule)");
   if (gathered_) release_parameters();
   if (fetch_) fetch_->release_all();  // waits for its gathers in flight
   unit_modules_ = units;
@@ -246,7 +276,8 @@ void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>
 size_t EngineCore::unit_of(const torch::nn::Module& m) const {
   for (size_t u = 0; u < unit_modules_.size(); ++u)
     if (unit_modules_[u].get() == &m) return u;
-  throw UsageError("zero: fetch() got module '" + m.name() + "', which is not one of the units given to fetch_units()");
+  throw UsageError("zero: fetch() got module '" + m.name() +
+                   "', which is not one of the units given to fetch_units()");
 }
 
 void EngineCore::begin_units() {
@@ -306,13 +337,16 @@ void EngineCore::backward(const torch::Tensor& loss) {
     }
   }
   double scale = scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
-  reduce_in_backward_ = stage_ >= 2 || (!buckets_.empty() && (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0);
+  reduce_in_backward_ =
+      stage_ >= 2 ||
+      (!buckets_.empty() && (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0);
   in_backward_ = true;
   try {
     (scale == 1.0 ? loss : loss * scale).backward();
   } catch (...) {
     in_backward_ = false;
-    in_flight_.clear();  // a failed backward leaves the step unusable; do not wait on its reductions later
+    in_flight_.clear();  // a failed backward leaves the step unusable; do not wait on its
+                         // reductions later
     throw;
   }
   ++micro_steps_;
@@ -333,7 +367,8 @@ void EngineCore::on_grad_ready(size_t i) {
 }
 
 void EngineCore::launch_ready_buckets() {
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) reduce_bucket(buckets_[next_bucket_++]);
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0)
+    reduce_bucket(buckets_[next_bucket_++]);
 }
 
 void EngineCore::reduce_bucket(Bucket& b) {
@@ -356,7 +391,8 @@ void EngineCore::reduce_bucket(Bucket& b) {
   }
   torch::Tensor staging;
   const auto& g0 = params_[b.params[0]].grad();
-  if (b.params.size() == 1 && g0.defined() && g0.is_contiguous() && g0.scalar_type() == master_dtype_) {
+  if (b.params.size() == 1 && g0.defined() && g0.is_contiguous() &&
+      g0.scalar_type() == master_dtype_) {
     // A parameter that fills a bucket on its own is reduced where autograd put its gradient.
     staging = g0.view({-1});
     params_[b.params[0]].mutable_grad() = torch::Tensor();
@@ -374,8 +410,10 @@ void EngineCore::reduce_bucket(Bucket& b) {
     for (auto j : b.params) {
       auto view = staging.narrow(0, offsets_[j] - b.begin, numels_[j]);
       const auto& g = params_[j].grad();
-      if (g.defined()) view.copy_(g.reshape({-1}));
-      else view.zero_();
+      if (g.defined())
+        view.copy_(g.reshape({-1}));
+      else
+        view.zero_();
       params_[j].mutable_grad() = torch::Tensor();  // only this rank's partition is kept
     }
     bucket_peak_bytes_ = std::max(bucket_peak_bytes_, nbytes(staging));
@@ -406,7 +444,8 @@ void EngineCore::finish_backward() {
   // In launch order: every rank waits for the same sequence of collectives.
   for (auto& f : in_flight_) {
     f.work.wait();
-    if (f.mine) grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
+    if (f.mine)
+      grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
   }
   in_flight_.clear();
   if (stage_ == 1) grads_reduced_ = true;
@@ -428,7 +467,9 @@ double EngineCore::lr() const {
 }
 
 void EngineCore::step() {
-  if (!is_gradient_accumulation_boundary() || micro_steps_ / config_.gradient_accumulation_steps <= global_steps_) return;
+  if (!is_gradient_accumulation_boundary() ||
+      micro_steps_ / config_.gradient_accumulation_steps <= global_steps_)
+    return;
   torch::NoGradGuard ng;
   // Stage 3: a forward without backward (evaluation) left the module gathered; the update
   // below changes the partitions, so the next forward must gather again.
@@ -496,7 +537,10 @@ void EngineCore::step() {
     if (coef < 1) g.mul_(coef);
   }
   // 4. The update of this rank's partition.
-  torch::Tensor w = master_.defined() ? master_ : stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
+  torch::Tensor w = master_.defined() ? master_
+                    : stage_ == 0     ? flat_params_
+                    : stage_ < 3      ? own_slice(flat_params_)
+                                      : param_part_;
   ++opt_step_;
   optimizer_step(w, g, lr(), scheduler_.momentum());
   if (master_.defined()) {
@@ -544,7 +588,8 @@ void EngineCore::client_step(const torch::Tensor& g, double lr) {
   client_param_.mutable_grad() = torch::Tensor();
 }
 
-void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, double lr, double beta1) {
+void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, double lr,
+                                double beta1) {
   if (client_) return client_step(g, lr);
   const auto& o = config_.optimizer;
   if (o.type == "Lamb") return lamb_step(w, g, lr, beta1);
@@ -552,8 +597,10 @@ void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, 
     auto d = o.weight_decay != 0 ? g.add(w, o.weight_decay) : g;
     if (o.momentum > 0) {
       auto& buf = state_[0];
-      if (opt_step_ == 1) buf.copy_(d);
-      else buf.mul_(o.momentum).add_(d, 1 - o.dampening);
+      if (opt_step_ == 1)
+        buf.copy_(d);
+      else
+        buf.mul_(o.momentum).add_(d, 1 - o.dampening);
       d = o.nesterov ? d.add(buf, o.momentum) : buf;
     }
     w.add_(d, -lr);
@@ -563,22 +610,28 @@ void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, 
   const bool adamw = o.adam_w_mode;
   // One fused pass (cpu_adam_step) whenever the partition and its state are flat CPU arrays.
   if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && g.is_contiguous() &&
-      g.scalar_type() == w.scalar_type() && state_[0].is_contiguous() && state_[1].is_contiguous()) {
+      g.scalar_type() == w.scalar_type() && state_[0].is_contiguous() &&
+      state_[1].is_contiguous()) {
     auto gc = g.contiguous();
     if (w.scalar_type() == torch::kFloat32)
       return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), state_[0].data_ptr<float>(),
-                           state_[1].data_ptr<float>(), w.numel(), opt_step_, lr, beta1, o.beta2, o.eps, o.weight_decay, adamw);
+                           state_[1].data_ptr<float>(), w.numel(), opt_step_, lr, beta1, o.beta2,
+                           o.eps, o.weight_decay, adamw);
     if (w.scalar_type() == torch::kFloat64)
-      return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(), state_[0].data_ptr<double>(),
-                           state_[1].data_ptr<double>(), w.numel(), opt_step_, lr, beta1, o.beta2, o.eps, o.weight_decay, adamw);
+      return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(),
+                           state_[0].data_ptr<double>(), state_[1].data_ptr<double>(), w.numel(),
+                           opt_step_, lr, beta1, o.beta2, o.eps, o.weight_decay, adamw);
   }
   auto& m = state_[0];
   auto& v = state_[1];
-  const double bc1 = 1 - std::pow(beta1, double(opt_step_)), bc2 = 1 - std::pow(o.beta2, double(opt_step_));
+  const double bc1 = 1 - std::pow(beta1, double(opt_step_)),
+               bc2 = 1 - std::pow(o.beta2, double(opt_step_));
   torch::Tensor grad = g;
   if (o.weight_decay != 0) {
-    if (adamw) w.mul_(1 - lr * o.weight_decay);
-    else grad = g.add(w, o.weight_decay);
+    if (adamw)
+      w.mul_(1 - lr * o.weight_decay);
+    else
+      grad = g.add(w, o.weight_decay);
   }
   m.mul_(beta1).add_(grad, 1 - beta1);
   v.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
@@ -586,11 +639,13 @@ void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, 
   w.addcdiv_(m, denom, -lr / bc1);
 }
 
-void EngineCore::lamb_step(const torch::Tensor& w, const torch::Tensor& g, double lr, double beta1) {
+void EngineCore::lamb_step(const torch::Tensor& w, const torch::Tensor& g, double lr,
+                           double beta1) {
   const auto& o = config_.optimizer;
   auto& m = state_[0];
   auto& v = state_[1];
-  const double bc1 = 1 - std::pow(beta1, double(opt_step_)), bc2 = 1 - std::pow(o.beta2, double(opt_step_));
+  const double bc1 = 1 - std::pow(beta1, double(opt_step_)),
+               bc2 = 1 - std::pow(o.beta2, double(opt_step_));
   m.mul_(beta1).add_(g, 1 - beta1);
   v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
   auto update = (m / bc1) / ((v / bc2).sqrt().add_(o.eps));
@@ -606,7 +661,8 @@ void EngineCore::lamb_step(const torch::Tensor& w, const torch::Tensor& g, doubl
     if (lo >= hi) continue;
     segs[i] = {lo - base, hi - lo};
     sums[i][0] = w.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
-    sums[i][1] = update.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
+    sums[i][1] =
+        update.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
   }
   if (world_ > 1 && stage_ >= 1) {
     AllReduceOptions ao;
@@ -619,7 +675,8 @@ void EngineCore::lamb_step(const torch::Tensor& w, const torch::Tensor& g, doubl
     if (segs[i].second == 0) continue;
     double wn = std::sqrt(acc[i][0]), un = std::sqrt(acc[i][1]);
     double trust = (wn > 0 && un > 0) ? std::clamp(wn / un, o.min_coeff, o.max_coeff) : 1.0;
-    w.narrow(0, segs[i].first, segs[i].second).add_(update.narrow(0, segs[i].first, segs[i].second), -lr * trust);
+    w.narrow(0, segs[i].first, segs[i].second)
+        .add_(update.narrow(0, segs[i].first, segs[i].second), -lr * trust);
   }
 }
 
@@ -631,13 +688,15 @@ MemoryUsage EngineCore::memory() const {
     if (!t.defined()) return;
     (offloaded ? cpu : dev) += nbytes(t);
   };
-  if (stage_ < 3) put(m.params_device, m.params_cpu, flat_params_, false);
+  if (stage_ < 3)
+    put(m.params_device, m.params_cpu, flat_params_, false);
   else {
     put(m.params_device, m.params_cpu, param_part_, offload_param_);
     if (gathered_) put(m.params_device, m.params_cpu, flat_params_, false);
     if (fetch_) m.params_device += fetch_->held_bytes();
   }
-  if (stage_ < 2) put(m.grads_device, m.grads_cpu, flat_grads_, false);
+  if (stage_ < 2)
+    put(m.grads_device, m.grads_cpu, flat_grads_, false);
   else {
     put(m.grads_device, m.grads_cpu, grad_part_, offload_opt_);
     m.grads_device += bucket_peak_bytes_;

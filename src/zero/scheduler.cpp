@@ -71,7 +71,9 @@ double LRScheduler::lr() const {
     if (i < c_.warmup_num_steps) {
       gamma = warmup_gamma();
     } else if (t == "WarmupDecayLR") {
-      gamma = std::max(0.0, double(c_.total_num_steps - i) / double(std::max<int64_t>(1, c_.total_num_steps - c_.warmup_num_steps)));
+      gamma =
+          std::max(0.0, double(c_.total_num_steps - i) /
+                            double(std::max<int64_t>(1, c_.total_num_steps - c_.warmup_num_steps)));
     }
     return c_.warmup_min_lr + (c_.warmup_max_lr - c_.warmup_min_lr) * gamma;
   }
@@ -80,7 +82,8 @@ double LRScheduler::lr() const {
     if (i < c_.warmup_num_steps) {
       ratio = c_.warmup_min_ratio + (1.0 - c_.warmup_min_ratio) * warmup_gamma();
     } else {
-      const double real = double(i - c_.warmup_num_steps + 1), total = double(c_.total_num_steps - c_.warmup_num_steps);
+      const double real = double(i - c_.warmup_num_steps + 1),
+                   total = double(c_.total_num_steps - c_.warmup_num_steps);
       const double cosv = (1 + std::cos(M_PI * real / total)) / 2;
       ratio = std::max(0.0, c_.cos_min_ratio + (1.0 - c_.cos_min_ratio) * cosv);
     }
@@ -102,7 +105,8 @@ double LRScheduler::lr() const {
 double LRScheduler::momentum() const {
   if (c_.type != "OneCycle" || !c_.cycle_momentum) return base_beta1_;
   const int64_t total = c_.cycle_first_step_size + c_.cycle_second_step_size;
-  if (iteration_ <= total) return c_.cycle_max_mom - (c_.cycle_max_mom - c_.cycle_min_mom) * cycle_scale();
+  if (iteration_ <= total)
+    return c_.cycle_max_mom - (c_.cycle_max_mom - c_.cycle_min_mom) * cycle_scale();
   if (c_.decay_step_size == 0) return c_.cycle_max_mom;
   const double interval = double(iteration_ - total) / double(c_.decay_step_size);
   return c_.cycle_max_mom * (1 + c_.decay_mom_rate * interval);

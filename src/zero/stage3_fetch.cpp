@@ -9,16 +9,20 @@
 namespace dtrain::zero::detail {
 namespace {
 
-int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+int64_t nbytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
 // Gloo moves no bfloat16: its bits travel as float16 (a broadcast only copies them).
-torch::Tensor wire(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t; }
+torch::Tensor wire(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
+}
 
 // at::linear saves W^T (a view of the gathered buffer) for backward; this saves W itself, a
 // leaf, so backward reads whatever the parameter holds then (gathered again by the hook).
 class Zero3Linear : public torch::autograd::Function<Zero3Linear> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& b) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w, const torch::Tensor& b) {
     ctx->save_for_backward({x, w, b});
     auto x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
     auto y = b.defined() ? torch::addmm(b, x2, w.t()) : x2.mm(w.t());
@@ -73,7 +77,8 @@ Stage3Fetch::Stage3Fetch(EngineCore& core, std::vector<std::vector<size_t>> unit
 }
 
 bool Stage3Fetch::any_resident() const {
-  return std::any_of(units_.begin(), units_.end(), [](const Unit& u) { return u.buffer.defined(); });
+  return std::any_of(units_.begin(), units_.end(),
+                     [](const Unit& u) { return u.buffer.defined(); });
 }
 
 int64_t Stage3Fetch::held_bytes() const {
@@ -94,7 +99,8 @@ void Stage3Fetch::launch(size_t i) {
   if (u.buffer.defined() || u.params.empty()) return;
   const int64_t part = core_.part_;
   const int world = core_.world_, rank = core_.rank_;
-  u.buffer = torch::empty({u.end - u.begin}, torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
+  u.buffer = torch::empty({u.end - u.begin},
+                          torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
   watched_.push_back({u.buffer.storage().getWeakStorageImpl(), nbytes(u.buffer)});
   trace("launch " + std::to_string(i));
   torch::NoGradGuard ng;
@@ -136,7 +142,8 @@ void Stage3Fetch::wait(size_t i) {
   u.incoming.clear();
   if (u.pointed) return;
   for (auto k : u.params)
-    core_.params_[k].set_data(u.buffer.narrow(0, core_.offsets_[k] - u.begin, core_.numels_[k]).view(core_.shapes_[k]));
+    core_.params_[k].set_data(
+        u.buffer.narrow(0, core_.offsets_[k] - u.begin, core_.numels_[k]).view(core_.shapes_[k]));
   u.pointed = true;
 }
 
@@ -147,7 +154,8 @@ void Stage3Fetch::release(size_t i) {
   u.works.clear();
   u.incoming.clear();
   torch::NoGradGuard ng;
-  auto empty = torch::empty({0}, torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
+  auto empty =
+      torch::empty({0}, torch::TensorOptions().dtype(core_.model_dtype_).device(core_.device_));
   for (auto k : u.params) core_.params_[k].set_data(empty);
   u.buffer = torch::Tensor();
   u.pointed = false;
@@ -190,7 +198,8 @@ void Stage3Fetch::release_after_use(size_t i, bool in_backward) {
 void Stage3Fetch::prefetch_after(size_t i, int direction) {
   const auto& z = core_.config_.zero;
   int64_t budget = z.stage3_prefetch_bucket_size;
-  for (int64_t v = static_cast<int64_t>(i) + direction; v >= 0 && v < static_cast<int64_t>(units_.size()); v += direction) {
+  for (int64_t v = static_cast<int64_t>(i) + direction;
+       v >= 0 && v < static_cast<int64_t>(units_.size()); v += direction) {
     auto& u = units_[v];
     if (u.params.empty() || u.buffer.defined()) continue;
     const int64_t n = u.end - u.begin;
@@ -213,9 +222,12 @@ void Stage3Fetch::end_forward(size_t i, const torch::Tensor* out) {
   if (out && out->defined() && out->requires_grad() && !u.params.empty()) {
     out->register_hook([this, i, alive = std::weak_ptr<const bool>(alive_)](const torch::Tensor&) {
       if (alive.expired()) {
-        throw UsageError("zero stage 3: backward reached a unit whose engine no longer fetches it (the engine was "
-                         "destroyed, or fetch_units() was called again, after this forward); run backward before "
-                         "that, or run the forward again");
+        throw UsageError(
+            "zero stage 3: backward reached a unit whose engine no longer fetches it (the engine "
+            "was "
+            "destroyed, or fetch_units() was called again, after this forward); run backward "
+            "before "
+            "that, or run the forward again");
       }
       auto& unit = units_[i];
       unit.used_in_backward = true;
@@ -267,12 +279,15 @@ void Stage3Fetch::release_all() {
 
 int64_t Stage3Fetch::resident_bytes() {
   int64_t n = nbytes(core_.param_part_);
-  watched_.erase(std::remove_if(watched_.begin(), watched_.end(), [](const Watched& w) { return w.storage.expired(); }),
+  watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
+                                [](const Watched& w) { return w.storage.expired(); }),
                  watched_.end());
   for (const auto& w : watched_) n += w.bytes;
   return n;
 }
 
-void Stage3Fetch::record_resident() { stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_bytes()); }
+void Stage3Fetch::record_resident() {
+  stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_bytes());
+}
 
 }  // namespace dtrain::zero::detail

@@ -71,18 +71,18 @@ class Stage3Fetch {
     std::vector<size_t> params;
     int64_t begin = 0, end = 0;  // flat range
     bool persistent = false;
-    torch::Tensor buffer;        // gathered (or being gathered); undefined when released
-    std::vector<Work> works;     // in flight while non-empty
+    torch::Tensor buffer;     // gathered (or being gathered); undefined when released
+    std::vector<Work> works;  // in flight while non-empty
     // Where the other ranks' pieces arrive (offset into buffer): the collectives never hold
     // `buffer` itself, so a released buffer is freed at once (a backend may keep a finished
     // collective's tensors a moment longer, on its own thread).
     std::vector<std::pair<torch::Tensor, int64_t>> incoming;
     size_t grads_pending = 0;
     bool used_in_backward = false;
-    bool pointed = false;        // the parameters are views of `buffer`
+    bool pointed = false;  // the parameters are views of `buffer`
   };
-  void launch(size_t u);             // start gathering u (no-op when resident or in flight)
-  void wait(size_t u);               // u resident, params pointed at its buffer
+  void launch(size_t u);  // start gathering u (no-op when resident or in flight)
+  void wait(size_t u);    // u resident, params pointed at its buffer
   void release(size_t u);
   // Release u after a use, unless the trace says it is used again within the reuse distance.
   void release_after_use(size_t u, bool in_backward);
@@ -92,8 +92,8 @@ class Stage3Fetch {
   static bool in_pass(bool in_backward) { return in_backward || torch::GradMode::is_enabled(); }
   void prefetch_after(size_t u, int direction);
   int64_t live_elements() const;
-  void record_resident();            // a unit boundary: update the peak
-  int64_t resident_bytes();          // partition + every gathered storage still alive
+  void record_resident();    // a unit boundary: update the peak
+  int64_t resident_bytes();  // partition + every gathered storage still alive
   void trace(const std::string& what) {
     if (trace_) trace_(what);
   }
@@ -104,7 +104,7 @@ class Stage3Fetch {
   // backward rather than a hook into a dead object.
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
   std::vector<Unit> units_;
-  std::vector<size_t> unit_of_;      // param -> unit
+  std::vector<size_t> unit_of_;  // param -> unit
   // The units used (with parameters) in this forward-backward, in order, and in the last
   // complete one (DeepSpeed's trace); `on_trace_` while this pass has followed it so far.
   std::vector<size_t> uses_, trace_uses_;

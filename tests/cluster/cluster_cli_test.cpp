@@ -9,6 +9,7 @@
 #include <string>
 
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace dtrain::test {
 namespace {
@@ -19,7 +20,8 @@ const std::string kWorker = TEST_WORKER_BIN;
 class ClusterCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("cluster_cli_test-" + std::to_string(::getpid()));
+    dir_ =
+        std::filesystem::temp_directory_path() / ("cluster_cli_test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     marker_ = (dir_ / "ran").string();
   }
@@ -69,7 +71,8 @@ TEST_F(ClusterCli, BadHostFilesAreExitCode2) {
 
 TEST_F(ClusterCli, FlagCombinationsAreExitCode2) {
   expect_usage_error(run({"--ssh-port", "2222"}), "only apply with --hostfile or -H");
-  expect_usage_error(run({"-H", "n1,n2", "--nnodes", "2"}), "--nnodes cannot be combined with --hostfile");
+  expect_usage_error(run({"-H", "n1,n2", "--nnodes", "2"}),
+                     "--nnodes cannot be combined with --hostfile");
   expect_usage_error(run({"-H", "n1,n2", "--hostfile", file("n1\n")}), "use one of them");
   expect_usage_error(run({"-H", "n1,n2", "--master-addr", "127.0.0.1"}), "loopback");
   expect_usage_error(run({"-H", "n1", "--ssh-port", "70000"}), "--ssh-port: got '70000'");
@@ -80,8 +83,8 @@ TEST_F(ClusterCli, MissingInterfaceIsNamed) {
 }
 
 TEST_F(ClusterCli, IfnameReachesTheWorkers) {
-  std::vector<std::string> argv = {kDtrain, "run", "--no-slurm", "--ifname", "lo", kWorker,
-                                   "--print-var", "GLOO_SOCKET_IFNAME"};
+  std::vector<std::string> argv = {kDtrain, "run",   "--no-slurm",  "--ifname",
+                                   "lo",    kWorker, "--print-var", "GLOO_SOCKET_IFNAME"};
   RunResult r = run_command(argv, {});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("[default0]:GLOO_SOCKET_IFNAME=lo"), std::string::npos) << r.out;
@@ -90,7 +93,8 @@ TEST_F(ClusterCli, IfnameReachesTheWorkers) {
 // `dtrain run -- PROG` (documented; CLI11 alone rejected it under the subcommand), and "--"
 // after PROGRAM stays one of PROGRAM's arguments.
 TEST_F(ClusterCli, DoubleDashBeforeAndAfterProgram) {
-  RunResult r = run_command({kDtrain, "run", "--nproc-per-node", "2", "--", kWorker, "--print-var", "RANK"}, {});
+  RunResult r = run_command(
+      {kDtrain, "run", "--nproc-per-node", "2", "--", kWorker, "--print-var", "RANK"}, {});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("[default1]:RANK=1"), std::string::npos) << r.out;
   r = run_command({kDtrain, "run", "/bin/echo", "a", "--", "b"}, {});

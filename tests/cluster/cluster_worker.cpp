@@ -1,13 +1,14 @@
 // A worker for the cluster tests: joins the job's Gloo group through init_process_group()
 // (the launcher's contract, or what Slurm / Open MPI / MPICH set), all-reduces rank + 1, and
 // prints one line that the tests parse:
-//   cluster_worker rank=R world=W local_rank=L local_world=LW host=H master=ADDR:PORT sum=S expected=E
+//   cluster_worker rank=R world=W local_rank=L local_world=LW host=H master=ADDR:PORT sum=S
+//   expected=E
 // Flags, in order:
 //   --kill-self-on-rank R   after the all-reduce, rank R SIGKILLs itself
 //   --sleep S               then every rank sleeps S seconds (so a failure elsewhere stops it)
 #include <signal.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -29,15 +30,18 @@ int main(int argc, char** argv) {
   const double expected = n * (n + 1) / 2.0;
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
-  std::printf("cluster_worker rank=%d world=%d local_rank=%d local_world=%d host=%s master=%s:%d sum=%g expected=%g\n",
-              pg->rank(), n, env->local_rank, env->local_world_size, host, env->master_addr.c_str(),
-              env->master_port, t[0].item<double>(), expected);
+  std::printf(
+      "cluster_worker rank=%d world=%d local_rank=%d local_world=%d host=%s master=%s:%d sum=%g "
+      "expected=%g\n",
+      pg->rank(), n, env->local_rank, env->local_world_size, host, env->master_addr.c_str(),
+      env->master_port, t[0].item<double>(), expected);
   std::fflush(stdout);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--kill-self-on-rank" && i + 1 < argc) {
       if (std::atoi(argv[++i]) == pg->rank()) {
-        std::fprintf(stderr, "cluster_worker rank %d on %s: killing myself with SIGKILL\n", pg->rank(), host);
+        std::fprintf(stderr, "cluster_worker rank %d on %s: killing myself with SIGKILL\n",
+                     pg->rank(), host);
         std::fflush(stderr);
         ::kill(::getpid(), SIGKILL);
       }

@@ -4,7 +4,8 @@
 //                      [--ssh-identity K] [--ssh-arg A]... [--nodes N] [--nproc N]
 //                      [--fail-rank R] [--crash-rank R] [--ifname IF] [--mpi-launcher L]
 //                      [--mpi-arg A]... [--program PATH]
-//                      [--min-nodes N --max-nodes N --last-call S --heartbeat S --max-restarts N --kill-agent-on H]
+//                      [--min-nodes N --max-nodes N --last-call S --heartbeat S --max-restarts N
+//                      --kill-agent-on H]
 // --kill-agent-on H: elastic drill - in the first attempt, local rank 0 on host H SIGKILLs its
 // node's dtrain agent (the topmost `dtrain run` above it) and itself, before the collective.
 // --program runs PATH in program mode (Distributor::run(PATH, {})) and prints "program ok".
@@ -71,7 +72,8 @@ std::string where(int fail_rank, int crash_rank, std::string kill_agent_on) {
   if (pg->rank() == fail_rank) {
     // Before the collective: the other ranks then fail in it too (their peer is gone), and the
     // driver must still name this rank, the first to fail.
-    throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank) + " at " + host);
+    throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank) + " at " +
+                             host);
   }
   auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
   dtrain::all_reduce(t);
@@ -91,26 +93,46 @@ int main(int argc, char** argv) {
   std::string program, kill_agent_on;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--engine") o.cluster.engine = value;
-    else if (flag == "--hosts") o.cluster.hosts = value;
-    else if (flag == "--hostfile") o.cluster.hostfile = value;
-    else if (flag == "--ssh-port") o.cluster.ssh_port = std::stoi(value);
-    else if (flag == "--ssh-identity") o.cluster.ssh_identity = value;
-    else if (flag == "--ssh-arg") o.cluster.ssh_args.push_back(value);
-    else if (flag == "--nodes") o.cluster.nodes = std::stoi(value);
-    else if (flag == "--nproc") o.num_processes = std::stoi(value);
-    else if (flag == "--fail-rank") fail_rank = std::stoi(value);
-    else if (flag == "--crash-rank") crash_rank = std::stoi(value);
-    else if (flag == "--program") program = value;
-    else if (flag == "--ifname") o.cluster.ifname = value;
-    else if (flag == "--mpi-launcher") o.cluster.mpi_launcher = value;
-    else if (flag == "--mpi-arg") o.cluster.mpi_args.push_back(value);
-    else if (flag == "--min-nodes") o.cluster.min_nodes = std::stoi(value);
-    else if (flag == "--max-nodes") o.cluster.max_nodes = std::stoi(value);
-    else if (flag == "--last-call") o.cluster.last_call = std::chrono::milliseconds(std::stoi(value) * 1000);
-    else if (flag == "--heartbeat") o.cluster.heartbeat_timeout = std::chrono::milliseconds(std::stoi(value) * 1000);
-    else if (flag == "--max-restarts") o.max_restarts = std::stoi(value);
-    else if (flag == "--kill-agent-on") kill_agent_on = value;
+    if (flag == "--engine")
+      o.cluster.engine = value;
+    else if (flag == "--hosts")
+      o.cluster.hosts = value;
+    else if (flag == "--hostfile")
+      o.cluster.hostfile = value;
+    else if (flag == "--ssh-port")
+      o.cluster.ssh_port = std::stoi(value);
+    else if (flag == "--ssh-identity")
+      o.cluster.ssh_identity = value;
+    else if (flag == "--ssh-arg")
+      o.cluster.ssh_args.push_back(value);
+    else if (flag == "--nodes")
+      o.cluster.nodes = std::stoi(value);
+    else if (flag == "--nproc")
+      o.num_processes = std::stoi(value);
+    else if (flag == "--fail-rank")
+      fail_rank = std::stoi(value);
+    else if (flag == "--crash-rank")
+      crash_rank = std::stoi(value);
+    else if (flag == "--program")
+      program = value;
+    else if (flag == "--ifname")
+      o.cluster.ifname = value;
+    else if (flag == "--mpi-launcher")
+      o.cluster.mpi_launcher = value;
+    else if (flag == "--mpi-arg")
+      o.cluster.mpi_args.push_back(value);
+    else if (flag == "--min-nodes")
+      o.cluster.min_nodes = std::stoi(value);
+    else if (flag == "--max-nodes")
+      o.cluster.max_nodes = std::stoi(value);
+    else if (flag == "--last-call")
+      o.cluster.last_call = std::chrono::milliseconds(std::stoi(value) * 1000);
+    else if (flag == "--heartbeat")
+      o.cluster.heartbeat_timeout = std::chrono::milliseconds(std::stoi(value) * 1000);
+    else if (flag == "--max-restarts")
+      o.max_restarts = std::stoi(value);
+    else if (flag == "--kill-agent-on")
+      kill_agent_on = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -128,7 +150,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const dtrain::WorkerError& e) {
     if (e.signal() > 0) {
-      std::printf("WorkerCrash rank=%d signal=%d host=%s\n", e.rank(), e.signal(), e.details().host.c_str());
+      std::printf("WorkerCrash rank=%d signal=%d host=%s\n", e.rank(), e.signal(),
+                  e.details().host.c_str());
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
     }

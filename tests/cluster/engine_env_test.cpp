@@ -42,17 +42,21 @@ TEST(Hostlist, ExpandsRangesListsAndPadding) {
   EXPECT_EQ(expand_hostlist("n[1-2]"), (std::vector<std::string>{"n1", "n2"}));
   EXPECT_EQ(expand_hostlist("n[1-3,7],login"),
             (std::vector<std::string>{"n1", "n2", "n3", "n7", "login"}));
-  EXPECT_EQ(expand_hostlist("gpu[08-10]-a"), (std::vector<std::string>{"gpu08-a", "gpu09-a", "gpu10-a"}));
+  EXPECT_EQ(expand_hostlist("gpu[08-10]-a"),
+            (std::vector<std::string>{"gpu08-a", "gpu09-a", "gpu10-a"}));
   EXPECT_EQ(expand_hostlist("single"), (std::vector<std::string>{"single"}));
-  EXPECT_NE(usage_error([] { expand_hostlist("n[1-2"); }).find("'n[1-2' is malformed"), std::string::npos);
-  EXPECT_NE(usage_error([] { expand_hostlist("n[3-1]"); }).find("runs backwards"), std::string::npos);
+  EXPECT_NE(usage_error([] { expand_hostlist("n[1-2"); }).find("'n[1-2' is malformed"),
+            std::string::npos);
+  EXPECT_NE(usage_error([] { expand_hostlist("n[3-1]"); }).find("runs backwards"),
+            std::string::npos);
   EXPECT_NE(usage_error([] { expand_hostlist("n[a-b]"); }).find("not a number"), std::string::npos);
 }
 
 TEST(Hostlist, TasksPerNode) {
   EXPECT_EQ(expand_tasks_per_node("2(x2)"), (std::vector<int>{2, 2}));
   EXPECT_EQ(expand_tasks_per_node("3,2(x2),1"), (std::vector<int>{3, 2, 2, 1}));
-  EXPECT_NE(usage_error([] { expand_tasks_per_node("2(x"); }).find("'2(x' is malformed"), std::string::npos);
+  EXPECT_NE(usage_error([] { expand_tasks_per_node("2(x"); }).find("'2(x' is malformed"),
+            std::string::npos);
 }
 
 TEST(DerivedPort, StableAndBelowTheEphemeralRange) {
@@ -67,10 +71,18 @@ TEST(DerivedPort, StableAndBelowTheEphemeralRange) {
 
 Vars slurm_task_vars() {
   // What srun -N2 -n4 gave task 3 on the test cluster (tests/cluster/lib.sh).
-  return {{"SLURM_JOB_ID", "7"},          {"SLURM_STEP_ID", "0"},          {"SLURM_PROCID", "3"},
-          {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},           {"SLURM_STEP_NUM_TASKS", "4"},
-          {"SLURM_STEP_NUM_NODES", "2"},  {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
-          {"SLURMD_NODENAME", "n2"},      {"SLURM_NTASKS", "4"},           {"SLURM_NNODES", "2"}};
+  return {{"SLURM_JOB_ID", "7"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_PROCID", "3"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_STEP_NUM_TASKS", "4"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_STEP_NODELIST", "n[1-2]"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+          {"SLURMD_NODENAME", "n2"},
+          {"SLURM_NTASKS", "4"},
+          {"SLURM_NNODES", "2"}};
 }
 
 TEST(EngineTask, SlurmTask) {
@@ -100,13 +112,16 @@ TEST(EngineTask, MasterVariablesWin) {
   EXPECT_EQ(t->master_addr, "10.0.0.9");
   EXPECT_EQ(t->master_port, 23456);
   v["MASTER_PORT"] = "99999";
-  EXPECT_NE(usage_error([&] { detect_engine_task(lookup(v)); }).find("MASTER_PORT='99999'"), std::string::npos);
+  EXPECT_NE(usage_error([&] { detect_engine_task(lookup(v)); }).find("MASTER_PORT='99999'"),
+            std::string::npos);
 }
 
 TEST(EngineTask, SlurmSingleNodeUsesLoopback) {
-  Vars v = {{"SLURM_JOB_ID", "8"}, {"SLURM_STEP_ID", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
-            {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_STEP_NODELIST", "n1"},
-            {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURMD_NODENAME", "n1"}};
+  Vars v = {{"SLURM_JOB_ID", "8"},         {"SLURM_STEP_ID", "1"},
+            {"SLURM_PROCID", "0"},         {"SLURM_LOCALID", "0"},
+            {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_NUM_NODES", "1"},
+            {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_STEP_TASKS_PER_NODE", "2"},
+            {"SLURMD_NODENAME", "n1"}};
   auto t = detect_engine_task(lookup(v));
   ASSERT_TRUE(t);
   EXPECT_EQ(t->master_addr, "127.0.0.1");
@@ -115,14 +130,18 @@ TEST(EngineTask, SlurmSingleNodeUsesLoopback) {
 
 TEST(EngineTask, BatchScriptIsNotAStep) {
   // sbatch's shell has SLURM_JOB_ID and SLURM_PROCID=0 but no step: not a task of a job.
-  Vars v = {{"SLURM_JOB_ID", "9"}, {"SLURM_PROCID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}};
+  Vars v = {
+      {"SLURM_JOB_ID", "9"}, {"SLURM_PROCID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}};
   EXPECT_FALSE(detect_engine_task(lookup(v)));
   EXPECT_FALSE(slurm_step(lookup(v)));
 }
 
 TEST(EngineTask, OpenMpiOneNode) {
-  Vars v = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_MCA_orte_num_nodes", "1"},
+  Vars v = {{"OMPI_COMM_WORLD_RANK", "1"},
+            {"OMPI_COMM_WORLD_SIZE", "4"},
+            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+            {"OMPI_MCA_orte_num_nodes", "1"},
             {"OMPI_MCA_ess_base_jobid", "1186660353"},
             {"OMPI_MCA_orte_hnp_uri", "1186660352.0;tcp://192.0.2.2:46941;tcp6://[fd00::2]:50951"}};
   auto t = detect_engine_task(lookup(v));
@@ -135,9 +154,13 @@ TEST(EngineTask, OpenMpiOneNode) {
 }
 
 TEST(EngineTask, OpenMpiSeveralNodesUseMpirunsHost) {
-  Vars v = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_MCA_orte_num_nodes", "2"},
-            {"OMPI_MCA_ess_base_jobid", "5"}, {"OMPI_MCA_orte_hnp_uri", "4.0;tcp://10.200.0.1,10.1.1.1:46941"}};
+  Vars v = {{"OMPI_COMM_WORLD_RANK", "3"},
+            {"OMPI_COMM_WORLD_SIZE", "4"},
+            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+            {"OMPI_MCA_orte_num_nodes", "2"},
+            {"OMPI_MCA_ess_base_jobid", "5"},
+            {"OMPI_MCA_orte_hnp_uri", "4.0;tcp://10.200.0.1,10.1.1.1:46941"}};
   auto t = detect_engine_task(lookup(v));
   ASSERT_TRUE(t);
   EXPECT_EQ(t->master_addr, "10.200.0.1");
@@ -152,7 +175,8 @@ TEST(EngineTask, OpenMpiSeveralNodesUseMpirunsHost) {
 }
 
 TEST(EngineTask, MpichHydra) {
-  Vars v = {{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "3"}};
+  Vars v = {
+      {"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "3"}};
   auto t = detect_engine_task(lookup(v));
   ASSERT_TRUE(t);
   EXPECT_EQ(t->engine, "mpich");
@@ -177,15 +201,24 @@ LaunchOptions parse_with(const std::vector<std::string>& flags, const Vars& env)
   for (size_t i = 0; i < flags.size(); ++i) {
     const std::string& f = flags[i];
     auto next = [&] { return flags.at(++i); };
-    if (f == "--nproc-per-node") a.nproc = next();
-    else if (f == "--nnodes") a.nnodes = next();
-    else if (f == "--master-addr") a.master_addr = next();
-    else if (f == "--hostfile") a.hostfile = next();
-    else if (f == "-H") a.host_list = next();
-    else if (f == "--no-slurm") a.no_slurm = true;
-    else if (f == "--rdzv-backend") a.rdzv_backend = next();
-    else if (f == "--rdzv-conf") a.rdzv_conf = next();
-    else ADD_FAILURE() << "parse_with does not know " << f;
+    if (f == "--nproc-per-node")
+      a.nproc = next();
+    else if (f == "--nnodes")
+      a.nnodes = next();
+    else if (f == "--master-addr")
+      a.master_addr = next();
+    else if (f == "--hostfile")
+      a.hostfile = next();
+    else if (f == "-H")
+      a.host_list = next();
+    else if (f == "--no-slurm")
+      a.no_slurm = true;
+    else if (f == "--rdzv-backend")
+      a.rdzv_backend = next();
+    else if (f == "--rdzv-conf")
+      a.rdzv_conf = next();
+    else
+      ADD_FAILURE() << "parse_with does not know " << f;
   }
   return run_args_to_options(a, rest, lookup(env));
 }
@@ -219,7 +252,8 @@ TEST(RunUnderSlurm, SeveralTasksPerNodeIsAClearError) {
 class HostFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("engine_env_test-" + std::to_string(::getpid()));
+    dir_ =
+        std::filesystem::temp_directory_path() / ("engine_env_test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -232,7 +266,8 @@ class HostFile : public ::testing::Test {
 };
 
 TEST_F(HostFile, SlotsCommentsAndBlankLines) {
-  auto h = parse_hostfile(write("# the job's hosts\nn1 slots=2\n\n  n2   slots=3  # big one\nn3\n"), 1);
+  auto h =
+      parse_hostfile(write("# the job's hosts\nn1 slots=2\n\n  n2   slots=3  # big one\nn3\n"), 1);
   ASSERT_EQ(h.size(), 3u);
   EXPECT_EQ(h[0], (std::pair<std::string, int>{"n1", 2}));
   EXPECT_EQ(h[1], (std::pair<std::string, int>{"n2", 3}));
@@ -291,14 +326,17 @@ TEST(HostList, PlanAndAgentArguments) {
   EXPECT_EQ(a.back(), "/bin/true");
   // --nproc-per-node overrides the slots; loopback masters across hosts are refused.
   EXPECT_EQ(parse_with({"-H", "n1:2,n2:3", "--nproc-per-node", "1"}, {}).hosts[1].second, 1);
-  std::string msg = usage_error([] { parse_with({"-H", "n1,n2", "--master-addr", "127.0.0.1"}, {}); });
+  std::string msg = usage_error([] {
+    parse_with({"-H", "n1,n2", "--master-addr", "127.0.0.1"}, {});
+  });
   EXPECT_NE(msg.find("loopback"), std::string::npos) << msg;
   EXPECT_EQ(parse_with({"-H", "alice@n1:2,n2"}, {}).master_addr, "n1");  // ssh login stripped
   msg = usage_error([] { parse_with({"-H", "n1", "--nnodes", "2"}, {}); });
   EXPECT_NE(msg.find("--nnodes cannot be combined"), std::string::npos) << msg;
 }
 
-bool has_pair(const std::vector<std::string>& a, const std::string& flag, const std::string& value) {
+bool has_pair(const std::vector<std::string>& a, const std::string& flag,
+              const std::string& value) {
   for (size_t i = 0; i + 1 < a.size(); ++i) {
     if (a[i] == flag && a[i + 1] == value) return true;
   }
@@ -310,7 +348,8 @@ bool has_flag(const std::vector<std::string>& a, const std::string& flag) {
 
 // Elastic over ssh (issue #15): one agent per host, all with the same c10d flags.
 TEST(HostList, ElasticAgentArguments) {
-  LaunchOptions o = parse_with({"-H", "n1:2,n2:3", "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=3"}, {});
+  LaunchOptions o =
+      parse_with({"-H", "n1:2,n2:3", "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=3"}, {});
   EXPECT_EQ(o.engine, "ssh");
   EXPECT_EQ(o.min_nodes, 1);
   EXPECT_EQ(o.nnodes, 2);
@@ -344,7 +383,8 @@ TEST(RunUnderSlurm, ElasticStepJoinsTheC10dRendezvous) {
   v["SLURM_STEP_NUM_TASKS"] = "2";
   v["SLURM_PROCID"] = "1";
   v["SLURM_LOCALID"] = "0";
-  LaunchOptions o = parse_with({"--nproc-per-node", "2", "--nnodes", "1:3", "--rdzv-backend", "c10d"}, v);
+  LaunchOptions o =
+      parse_with({"--nproc-per-node", "2", "--nnodes", "1:3", "--rdzv-backend", "c10d"}, v);
   EXPECT_EQ(o.engine, "slurm");
   EXPECT_EQ(o.min_nodes, 1);
   EXPECT_EQ(o.nnodes, 3);
@@ -360,8 +400,12 @@ TEST(RunUnderSlurm, ElasticStepJoinsTheC10dRendezvous) {
   v["SLURM_STEP_NUM_TASKS"] = "3";
   v["SLURM_STEP_NODELIST"] = "n[1-3]";
   v["SLURM_STEP_TASKS_PER_NODE"] = "1(x3)";
-  std::string msg = usage_error([&] { parse_with({"--nnodes", "1:2", "--rdzv-backend", "c10d"}, v); });
-  EXPECT_NE(msg.find("this step has 3 nodes, more than the maximum; use srun -N 1-2"), std::string::npos) << msg;
+  std::string msg = usage_error([&] {
+    parse_with({"--nnodes", "1:2", "--rdzv-backend", "c10d"}, v);
+  });
+  EXPECT_NE(msg.find("this step has 3 nodes, more than the maximum; use srun -N 1-2"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -37,8 +37,9 @@ void trainable(tune::Config config) {
       std::ofstream(marker) << host;
       throw std::runtime_error(std::string("injected failure on rank 1 at ") + host);
     }
-    auto t = torch::tensor({static_cast<double>(pg->rank() + 1), std::string(host) == "n2" ? 1.0 : 0.0},
-                           torch::kFloat64);
+    auto t =
+        torch::tensor({static_cast<double>(pg->rank() + 1), std::string(host) == "n2" ? 1.0 : 0.0},
+                      torch::kFloat64);
     dtrain::all_reduce(t);
     std::string ckpt;
     if (pg->rank() == 0) {
@@ -60,21 +61,34 @@ void trainable(tune::Config config) {
 
 int main(int argc, char** argv) {
   dtrain::init(argc, argv);
-  tune::TuneOptions o{.metric = "score", .mode = "max", .trial_resources = {.processes = 2}, .local_mode = false,
-                      .max_failures = 1, .verbose = true};
+  tune::TuneOptions o{.metric = "score",
+                      .mode = "max",
+                      .trial_resources = {.processes = 2},
+                      .local_mode = false,
+                      .max_failures = 1,
+                      .verbose = true};
   o.trial_timeout = std::chrono::seconds(120);
   o.report_timeout = std::chrono::seconds(60);
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--storage") o.storage_path = value;
-    else if (flag == "--engine") o.cluster.engine = value;
-    else if (flag == "--hosts") o.cluster.hosts = value;
-    else if (flag == "--ssh-port") o.cluster.ssh_port = std::stoi(value);
-    else if (flag == "--ssh-identity") o.cluster.ssh_identity = value;
-    else if (flag == "--ssh-arg") o.cluster.ssh_args.push_back(value);
-    else if (flag == "--nodes") o.cluster.nodes = std::stoi(value);
-    else if (flag == "--nproc") o.trial_resources.processes = std::stoi(value);
-    else if (flag == "--mpi-launcher") o.cluster.mpi_launcher = value;
+    if (flag == "--storage")
+      o.storage_path = value;
+    else if (flag == "--engine")
+      o.cluster.engine = value;
+    else if (flag == "--hosts")
+      o.cluster.hosts = value;
+    else if (flag == "--ssh-port")
+      o.cluster.ssh_port = std::stoi(value);
+    else if (flag == "--ssh-identity")
+      o.cluster.ssh_identity = value;
+    else if (flag == "--ssh-arg")
+      o.cluster.ssh_args.push_back(value);
+    else if (flag == "--nodes")
+      o.cluster.nodes = std::stoi(value);
+    else if (flag == "--nproc")
+      o.trial_resources.processes = std::stoi(value);
+    else if (flag == "--mpi-launcher")
+      o.cluster.mpi_launcher = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -85,10 +99,12 @@ int main(int argc, char** argv) {
     auto results = tuner.fit();
     for (const auto& t : results.trials()) {
       const auto& l = t.last_result;
-      std::printf("trial %s x=%d status=%s failures=%d iterations=%zu rank_sum=%g on_n2=%g world=%d restored=%d\n",
-                  t.id.c_str(), t.config.at("x").get<int>(), tune::to_string(t.status), t.num_failures,
-                  t.history.size(), l.value("rank_sum", -1.0), l.value("on_n2", -1.0), l.value("world", -1),
-                  l.value("restored", -1));
+      std::printf(
+          "trial %s x=%d status=%s failures=%d iterations=%zu rank_sum=%g on_n2=%g world=%d "
+          "restored=%d\n",
+          t.id.c_str(), t.config.at("x").get<int>(), tune::to_string(t.status), t.num_failures,
+          t.history.size(), l.value("rank_sum", -1.0), l.value("on_n2", -1.0), l.value("world", -1),
+          l.value("restored", -1));
     }
     std::fflush(stdout);
     return 0;

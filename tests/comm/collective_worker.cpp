@@ -60,13 +60,20 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--mode") a.mode = value();
-    else if (k == "--init") a.init = value();
-    else if (k == "--backend") a.backend = value();
-    else if (k == "--rank") a.rank = std::stoi(value());
-    else if (k == "--world-size") a.world_size = std::stoi(value());
-    else if (k == "--timeout-ms") a.timeout_ms = std::stoi(value());
-    else if (k == "--die-rank") a.die_rank = std::stoi(value());
+    if (k == "--mode")
+      a.mode = value();
+    else if (k == "--init")
+      a.init = value();
+    else if (k == "--backend")
+      a.backend = value();
+    else if (k == "--rank")
+      a.rank = std::stoi(value());
+    else if (k == "--world-size")
+      a.world_size = std::stoi(value());
+    else if (k == "--timeout-ms")
+      a.timeout_ms = std::stoi(value());
+    else if (k == "--die-rank")
+      a.die_rank = std::stoi(value());
     else {
       std::fprintf(stderr, "collective_worker: unknown argument %s\n", k.c_str());
       std::exit(2);
@@ -79,7 +86,8 @@ int g_rank = -1;
 int g_checks = 0;
 int g_failures = 0;
 
-void check(bool ok, const std::string& what, const torch::Tensor& got = {}, const torch::Tensor& want = {}) {
+void check(bool ok, const std::string& what, const torch::Tensor& got = {},
+           const torch::Tensor& want = {}) {
   ++g_checks;
   if (ok) return;
   ++g_failures;
@@ -89,12 +97,14 @@ void check(bool ok, const std::string& what, const torch::Tensor& got = {}, cons
     os << " got " << got.flatten() << " want " << want.flatten();
     detail = os.str();
   }
-  std::fprintf(stderr, "collective_worker rank %d: MISMATCH %s%s\n", g_rank, what.c_str(), detail.c_str());
+  std::fprintf(stderr, "collective_worker rank %d: MISMATCH %s%s\n", g_rank, what.c_str(),
+               detail.c_str());
 }
 
 bool same(const torch::Tensor& got, const torch::Tensor& want) {
   if (got.scalar_type() != want.scalar_type() || got.sizes() != want.sizes()) return false;
-  if (at::isFloatingType(want.scalar_type())) return torch::allclose(got.to(torch::kFloat64), want.to(torch::kFloat64), 1e-4, 1e-4);
+  if (at::isFloatingType(want.scalar_type()))
+    return torch::allclose(got.to(torch::kFloat64), want.to(torch::kFloat64), 1e-4, 1e-4);
   return torch::equal(got, want);
 }
 
@@ -104,16 +114,23 @@ void check_tensor(const torch::Tensor& got, const torch::Tensor& want, const std
 
 const char* op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "?";
 }
 
-torch::Tensor input(int rank, int64_t n, torch::Dtype dtype) { return dtrain::test::reference_input(rank, {n}, dtype); }
+torch::Tensor input(int rank, int64_t n, torch::Dtype dtype) {
+  return dtrain::test::reference_input(rank, {n}, dtype);
+}
 torch::Tensor expected(ReduceOp op, int world, int64_t n, torch::Dtype dtype) {
   return dtrain::test::reference_reduce(op, world, {n}, dtype);
 }
@@ -149,7 +166,8 @@ int run_all(const std::shared_ptr<dtrain::ProcessGroup>& g) {
         if (rank == dst) check_tensor(r1, want, "reduce " + tag + " dst " + std::to_string(dst));
         auto r2 = input(rank, n, dtype);
         dtrain::reduce_async(r2, ro).wait();
-        if (rank == dst) check_tensor(r2, want, "reduce_async " + tag + " dst " + std::to_string(dst));
+        if (rank == dst)
+          check_tensor(r2, want, "reduce_async " + tag + " dst " + std::to_string(dst));
       }
       // reduce_scatter: rank r gets chunk r of the reduction.
       dtrain::ReduceScatterOptions rso;
@@ -166,23 +184,28 @@ int run_all(const std::shared_ptr<dtrain::ProcessGroup>& g) {
     bo.src = src;
     auto b = torch::full({7}, 10.0 * rank, torch::kFloat64);
     dtrain::broadcast(b, bo);
-    check_tensor(b, torch::full({7}, 10.0 * src, torch::kFloat64), "broadcast src " + std::to_string(src));
+    check_tensor(b, torch::full({7}, 10.0 * src, torch::kFloat64),
+                 "broadcast src " + std::to_string(src));
     auto c = torch::full({3}, rank, torch::kInt32);
     dtrain::broadcast_async(c, bo).wait();
-    check_tensor(c, torch::full({3}, src, torch::kInt32), "broadcast_async src " + std::to_string(src));
+    check_tensor(c, torch::full({3}, src, torch::kInt32),
+                 "broadcast_async src " + std::to_string(src));
   }
   auto mine = [](int r) { return torch::arange(4, torch::kFloat32) + 100 * r; };
   // all_gather, gather, scatter.
   auto all = dtrain::all_gather(mine(rank));
-  check(static_cast<int>(all.size()) == world, "all_gather returned " + std::to_string(all.size()) + " tensors");
-  for (int r = 0; r < world && r < static_cast<int>(all.size()); ++r) check_tensor(all[r], mine(r), "all_gather[" + std::to_string(r) + "]");
+  check(static_cast<int>(all.size()) == world,
+        "all_gather returned " + std::to_string(all.size()) + " tensors");
+  for (int r = 0; r < world && r < static_cast<int>(all.size()); ++r)
+    check_tensor(all[r], mine(r), "all_gather[" + std::to_string(r) + "]");
   for (int dst = 0; dst < world; ++dst) {
     dtrain::GatherOptions go;
     go.dst = dst;
     auto got = dtrain::gather(mine(rank), go);
     if (rank == dst) {
       check(static_cast<int>(got.size()) == world, "gather size on dst");
-      for (int r = 0; r < world && r < static_cast<int>(got.size()); ++r) check_tensor(got[r], mine(r), "gather dst " + std::to_string(dst));
+      for (int r = 0; r < world && r < static_cast<int>(got.size()); ++r)
+        check_tensor(got[r], mine(r), "gather dst " + std::to_string(dst));
     } else {
       check(got.empty(), "gather returned tensors on a non-dst rank");
     }
@@ -191,10 +214,13 @@ int run_all(const std::shared_ptr<dtrain::ProcessGroup>& g) {
     dtrain::ScatterOptions so;
     so.src = src;
     std::vector<torch::Tensor> chunks;
-    if (rank == src) for (int j = 0; j < world; ++j) chunks.push_back(torch::full({2}, 10 * src + j, torch::kInt64));
+    if (rank == src)
+      for (int j = 0; j < world; ++j)
+        chunks.push_back(torch::full({2}, 10 * src + j, torch::kInt64));
     auto out = torch::zeros({2}, torch::kInt64);
     dtrain::scatter(out, chunks, so);
-    check_tensor(out, torch::full({2}, 10 * src + rank, torch::kInt64), "scatter src " + std::to_string(src));
+    check_tensor(out, torch::full({2}, 10 * src + rank, torch::kInt64),
+                 "scatter src " + std::to_string(src));
   }
   // all_to_all.
   auto in = torch::empty({world}, torch::kInt64);
@@ -221,7 +247,9 @@ int run_all(const std::shared_ptr<dtrain::ProcessGroup>& g) {
     check_tensor(got2, torch::full({5}, next + 0.25), "recv_async from " + std::to_string(next));
   }
   // Objects.
-  auto text = [](int r) { return "rank " + std::to_string(r) + std::string(static_cast<size_t>(r) * 5, '#'); };
+  auto text = [](int r) {
+    return "rank " + std::to_string(r) + std::string(static_cast<size_t>(r) * 5, '#');
+  };
   for (int src = 0; src < world; ++src) {
     dtrain::BroadcastOptions bo;
     bo.src = src;
@@ -233,15 +261,18 @@ int run_all(const std::shared_ptr<dtrain::ProcessGroup>& g) {
   auto strings = dtrain::all_gather_object(text(rank));
   check(static_cast<int>(strings.size()) == world, "all_gather_object size");
   for (int r = 0; r < world && r < static_cast<int>(strings.size()); ++r) {
-    check(strings[r] == text(r), "all_gather_object[" + std::to_string(r) + "] = '" + strings[r] + "'");
+    check(strings[r] == text(r),
+          "all_gather_object[" + std::to_string(r) + "] = '" + strings[r] + "'");
   }
   auto ints = dtrain::all_gather_object<int64_t>(int64_t{1} << (40 + rank));
   for (int r = 0; r < world && r < static_cast<int>(ints.size()); ++r) {
-    check(ints[r] == (int64_t{1} << (40 + r)), "all_gather_object<int64_t>[" + std::to_string(r) + "]");
+    check(ints[r] == (int64_t{1} << (40 + r)),
+          "all_gather_object<int64_t>[" + std::to_string(r) + "]");
   }
   dtrain::barrier();
   if (g_failures > 0) {
-    std::fprintf(stderr, "collective_worker rank %d of %d: %d of %d checks FAILED\n", rank, world, g_failures, g_checks);
+    std::fprintf(stderr, "collective_worker rank %d of %d: %d of %d checks FAILED\n", rank, world,
+                 g_failures, g_checks);
     return 1;
   }
   std::printf("collective_worker rank %d of %d: all %d checks passed\n", rank, world, g_checks);
@@ -266,21 +297,27 @@ int run_die(const std::shared_ptr<dtrain::ProcessGroup>& g, const Args& args) {
   auto t = torch::ones({1 << 16});
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 t0)
+        .count();
   };
   try {
     dtrain::all_reduce(t, o);
   } catch (const dtrain::TimeoutError& e) {
-    std::printf("collective_worker rank %d: TimeoutError after %lld ms: %s\n", g->rank(), static_cast<long long>(elapsed()), e.what());
+    std::printf("collective_worker rank %d: TimeoutError after %lld ms: %s\n", g->rank(),
+                static_cast<long long>(elapsed()), e.what());
     return 3;
   } catch (const dtrain::NetworkError& e) {
-    std::printf("collective_worker rank %d: NetworkError after %lld ms: %s\n", g->rank(), static_cast<long long>(elapsed()), e.what());
+    std::printf("collective_worker rank %d: NetworkError after %lld ms: %s\n", g->rank(),
+                static_cast<long long>(elapsed()), e.what());
     return 3;
   } catch (const dtrain::Error& e) {
-    std::printf("collective_worker rank %d: Error after %lld ms: %s\n", g->rank(), static_cast<long long>(elapsed()), e.what());
+    std::printf("collective_worker rank %d: Error after %lld ms: %s\n", g->rank(),
+                static_cast<long long>(elapsed()), e.what());
     return 3;
   }
-  std::printf("collective_worker rank %d: all_reduce succeeded although rank %d died\n", g->rank(), args.die_rank);
+  std::printf("collective_worker rank %d: all_reduce succeeded although rank %d died\n", g->rank(),
+              args.die_rank);
   return 4;
 }
 
@@ -305,7 +342,8 @@ int main(int argc, char** argv) {
     } else if (args.mode == "die" || args.mode == "stall") {
       rc = run_die(g, args);
     } else {
-      std::fprintf(stderr, "collective_worker: unknown --mode %s (all, die, stall)\n", args.mode.c_str());
+      std::fprintf(stderr, "collective_worker: unknown --mode %s (all, die, stall)\n",
+                   args.mode.c_str());
       return 2;
     }
     std::fflush(stdout);

@@ -23,6 +23,7 @@
 
 #include "launcher/subprocess.h"
 #include "support/free_port.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -56,15 +57,22 @@ std::set<std::string> shm_names() {
 }
 
 // Starts `world` workers with the given init method and extra arguments, without a launcher.
-std::vector<Process> start_without_launcher(int world, const std::string& init, const std::vector<std::string>& extra) {
+std::vector<Process> start_without_launcher(int world, const std::string& init,
+                                            const std::vector<std::string>& extra) {
   std::vector<Process> procs;
   RunOptions ro;
   // Nothing from a surrounding launcher may leak in (tcp:// and file:// do not read it,
   // but a stray RANK would make the test depend on where it runs).
-  ro.unset = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
+  ro.unset = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
   procs.reserve(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> argv = {kWorker, "--init", init, "--rank", std::to_string(r), "--world-size",
+    std::vector<std::string> argv = {kWorker,
+                                     "--init",
+                                     init,
+                                     "--rank",
+                                     std::to_string(r),
+                                     "--world-size",
                                      std::to_string(world)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     procs.push_back(Process::start(argv, ro));
@@ -73,7 +81,8 @@ std::vector<Process> start_without_launcher(int world, const std::string& init, 
 }
 
 // Starts them and waits for all of them to exit.
-std::vector<RunResult> run_without_launcher(int world, const std::string& init, const std::vector<std::string>& extra,
+std::vector<RunResult> run_without_launcher(int world, const std::string& init,
+                                            const std::vector<std::string>& extra,
                                             std::chrono::milliseconds timeout) {
   auto procs = start_without_launcher(world, init, extra);
   std::vector<Process*> ptrs;
@@ -89,8 +98,10 @@ struct Failure {
 };
 Failure survivor_failure(const RunResult& res, int rank) {
   std::regex failed("collective_worker rank " + std::to_string(rank) +
-                    ": (TimeoutError|NetworkError) after ([0-9]+) ms: all_reduce \\(rank " + std::to_string(rank) +
-                    " of 3\\) (timed out after 3000 ms: a peer rank may have died|failed: lost the connection to a peer rank)");
+                    ": (TimeoutError|NetworkError) after ([0-9]+) ms: all_reduce \\(rank " +
+                    std::to_string(rank) +
+                    " of 3\\) (timed out after 3000 ms: a peer rank may have died|failed: lost the "
+                    "connection to a peer rank)");
   std::smatch m;
   if (!std::regex_search(res.out, m, failed)) return {};
   return {m[1].str(), std::stoi(m[2])};
@@ -101,7 +112,8 @@ void expect_all_passed(const std::vector<RunResult>& results) {
   for (int r = 0; r < world; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     EXPECT_EQ(res.exit_code, 0) << "rank " << r << ": " << describe(res);
-    std::string line = "collective_worker rank " + std::to_string(r) + " of " + std::to_string(world) + ": all ";
+    std::string line =
+        "collective_worker rank " + std::to_string(r) + " of " + std::to_string(world) + ": all ";
     EXPECT_NE(res.out.find(line), std::string::npos) << "rank " << r << ": " << describe(res);
   }
 }
@@ -114,16 +126,19 @@ void expect_every_collective_under_dtrain_run(const std::string& backend) {
   ASSERT_EQ(res.exit_code, 0) << describe(res);
   // The launcher prefixes each rank's lines; every rank must report its checks passed.
   for (int r = 0; r < 3; ++r) {
-    std::regex passed("collective_worker rank " + std::to_string(r) + " of 3: all ([0-9]+) checks passed");
+    std::regex passed("collective_worker rank " + std::to_string(r) +
+                      " of 3: all ([0-9]+) checks passed");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(res.out, m, passed)) << "rank " << r << ": " << describe(res);
     // About 80 at 3 ranks; far fewer would mean the worker skipped parts.
     EXPECT_GE(std::stoi(m[1]), 60) << "suspiciously few checks on rank " << r;
     const std::string chosen = backend == "gloo" ? "gloo" : "shm";  // auto: all ranks are local
-    EXPECT_NE(res.out.find("collective_worker rank " + std::to_string(r) + ": backend " + chosen), std::string::npos)
+    EXPECT_NE(res.out.find("collective_worker rank " + std::to_string(r) + ": backend " + chosen),
+              std::string::npos)
         << describe(res);
   }
-  for (const auto& name : shm_names()) EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
+  for (const auto& name : shm_names())
+    EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
 }
 
 TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3Processes) {
@@ -155,8 +170,8 @@ void expect_survivors_fail(const std::string& backend, int die) {
   const auto shm_before = shm_names();
   const std::string init = "tcp://127.0.0.1:" + std::to_string(free_port());
   auto results = run_without_launcher(3, init,
-                                      {"--mode", "die", "--timeout-ms", std::to_string(timeout_ms), "--die-rank",
-                                       std::to_string(die), "--backend", backend},
+                                      {"--mode", "die", "--timeout-ms", std::to_string(timeout_ms),
+                                       "--die-rank", std::to_string(die), "--backend", backend},
                                       40s);
   ASSERT_EQ(results.size(), 3u);
   const auto& dead = results[static_cast<size_t>(die)];
@@ -176,8 +191,8 @@ void expect_survivors_fail(const std::string& backend, int die) {
     // were started at the same moment as the dead rank, which died right after the barrier.
     EXPECT_LE(res.elapsed - dead.elapsed, 2.0 * timeout_ms / 1000.0)
         << "exited " << res.elapsed - dead.elapsed << " s after rank " << die << " died";
-    std::printf("%s, rank %d: %s after %d ms; exited %.2f s after rank %d died\n", backend.c_str(), r,
-                f.type.c_str(), f.ms, res.elapsed - dead.elapsed, die);
+    std::printf("%s, rank %d: %s after %d ms; exited %.2f s after rank %d died\n", backend.c_str(),
+                r, f.type.c_str(), f.ms, res.elapsed - dead.elapsed, die);
   }
   for (const auto& name : shm_names()) {
     EXPECT_TRUE(shm_before.count(name)) << "left in /dev/shm: " << name;
@@ -204,13 +219,18 @@ TEST(CollectivesMultiProcess, ShmSegmentCreatorKilledMidCollective) {
 TEST(CollectivesMultiProcess, StalledRankMakesTheOthersTimeOutAndExit) {
   const int timeout_ms = 3000;
   const std::string init = "tcp://127.0.0.1:" + std::to_string(free_port());
-  auto procs = start_without_launcher(3, init, {"--mode", "stall", "--timeout-ms", std::to_string(timeout_ms)});
-  ASSERT_TRUE(procs[1].wait_for([](const std::string& out, const std::string&) { return out.find("stalling") != std::string::npos; },
-                                30s))
+  auto procs = start_without_launcher(
+      3, init, {"--mode", "stall", "--timeout-ms", std::to_string(timeout_ms)});
+  ASSERT_TRUE(procs[1].wait_for(
+      [](const std::string& out, const std::string&) {
+        return out.find("stalling") != std::string::npos;
+      },
+      30s))
       << procs[1].out() << procs[1].err();
   const auto stalled_at = std::chrono::steady_clock::now();
   auto results = finish_all({&procs[0], &procs[2]}, 30s);
-  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - stalled_at).count();
+  const double after =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stalled_at).count();
   EXPECT_FALSE(procs[1].exited()) << "the stalled rank should still be running: " << procs[1].err();
   procs[1].kill_group();
   bool some_timeout = false;
@@ -229,7 +249,8 @@ TEST(CollectivesMultiProcess, StalledRankMakesTheOthersTimeOutAndExit) {
     std::printf("rank %d: %s after %d ms\n", r, f.type.c_str(), f.ms);
   }
   EXPECT_TRUE(some_timeout);
-  EXPECT_LE(after, 2.0 * timeout_ms / 1000.0) << "the survivors took " << after << " s to exit after rank 1 stalled";
+  EXPECT_LE(after, 2.0 * timeout_ms / 1000.0)
+      << "the survivors took " << after << " s to exit after rank 1 stalled";
 }
 
 }  // namespace

@@ -61,7 +61,8 @@ TEST(FlightRecorder, RecordsEveryCollectiveInOrderWithItsFingerprint) {
     EXPECT_EQ(records[3].state, CollectiveState::kUnwaited);
     EXPECT_EQ(records[4].op, "barrier");
     EXPECT_EQ(records[4].shapes, "[]");
-    EXPECT_NE(dtrain::format_recent_collectives(*g).find("#2 broadcast int64 [5] completed at"), std::string::npos);
+    EXPECT_NE(dtrain::format_recent_collectives(*g).find("#2 broadcast int64 [5] completed at"),
+              std::string::npos);
   });
 }
 
@@ -114,8 +115,9 @@ TEST(Detail, MismatchedShapeNamesTheOddRankFirst) {
       dtrain::all_reduce(t, on(g));
       ADD_FAILURE() << "rank " << g->rank() << " did not raise";
     } catch (const CollectiveMismatchError& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 2 called all_reduce float32 [5] but ranks 0, 1 called all_reduce "
-                                           "float32 [4]"),
+      EXPECT_NE(std::string(e.what()).find(
+                    "rank 2 called all_reduce float32 [5] but ranks 0, 1 called all_reduce "
+                    "float32 [4]"),
                 std::string::npos)
           << e.what();
     }
@@ -148,11 +150,14 @@ TEST(StallReport, NamesTheRankThatHasNotEnteredAndWhatItLastCompleted) {
     }
     auto report = dtrain::last_stall_report(*g);
     ASSERT_TRUE(report.has_value());
-    EXPECT_NE(report->find("stall report (group g1, rank 0 of 2): all_reduce #3 float32 [4] has waited"),
-              std::string::npos)
+    EXPECT_NE(
+        report->find("stall report (group g1, rank 0 of 2): all_reduce #3 float32 [4] has waited"),
+        std::string::npos)
         << *report;
     EXPECT_NE(report->find("not entered by 1 rank(s): 1\n"), std::string::npos) << *report;
-    EXPECT_NE(report->find("rank 1: last completed all_reduce #2 float32 [4] at"), std::string::npos) << *report;
+    EXPECT_NE(report->find("rank 1: last completed all_reduce #2 float32 [4] at"),
+              std::string::npos)
+        << *report;
     EXPECT_NE(report->find("entered by: 0\n"), std::string::npos) << *report;
   });
 }
@@ -165,7 +170,8 @@ TEST(Debug, ParsesLevelsAndRejectsOthers) {
     dtrain::parse_debug_level("verbose", "DTRAIN_DEBUG");
     FAIL() << "accepted 'verbose'";
   } catch (const dtrain::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("DTRAIN_DEBUG='verbose' is not a debug level; use off"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_DEBUG='verbose' is not a debug level; use off"),
+              std::string::npos)
         << e.what();
   }
 }

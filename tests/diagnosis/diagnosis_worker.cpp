@@ -30,9 +30,12 @@ int main(int argc, char** argv) {
   int timeout_ms = 20000;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--mode") mode = argv[i + 1];
-    else if (k == "--sleep-ms") sleep_ms = std::atoi(argv[i + 1]);
-    else if (k == "--timeout-ms") timeout_ms = std::atoi(argv[i + 1]);
+    if (k == "--mode")
+      mode = argv[i + 1];
+    else if (k == "--sleep-ms")
+      sleep_ms = std::atoi(argv[i + 1]);
+    else if (k == "--timeout-ms")
+      timeout_ms = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "diagnosis_worker: unknown flag %s\n", k.c_str());
       return 2;

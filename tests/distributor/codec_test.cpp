@@ -40,7 +40,8 @@ TEST(Codec, ScalarsStringsAndContainersRoundTrip) {
   EXPECT_EQ(round_trip(std::string("")), "");
   EXPECT_EQ(round_trip(std::string("a\0b", 3)), std::string("a\0b", 3));
   EXPECT_EQ(round_trip(std::vector<double>{1, 2.5, -3}), (std::vector<double>{1, 2.5, -3}));
-  EXPECT_EQ(round_trip(std::vector<bool>{true, false, true}), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(round_trip(std::vector<bool>{true, false, true}),
+            (std::vector<bool>{true, false, true}));
   EXPECT_EQ(round_trip(std::vector<std::string>{"a", "", "ccc"}),
             (std::vector<std::string>{"a", "", "ccc"}));
   std::map<std::string, std::vector<int>> m{{"x", {1}}, {"y", {}}};
@@ -54,7 +55,8 @@ TEST(Codec, ScalarsStringsAndContainersRoundTrip) {
   EXPECT_EQ(round_trip(std::optional<int>{5}), 5);
   EXPECT_EQ(round_trip(std::array<int, 3>{7, 8, 9}), (std::array<int, 3>{7, 8, 9}));
   EXPECT_EQ(round_trip(Point{3, "p"}), (Point{3, "p"}));
-  EXPECT_EQ(round_trip(std::vector<Point>{{1, "a"}, {2, "b"}}), (std::vector<Point>{{1, "a"}, {2, "b"}}));
+  EXPECT_EQ(round_trip(std::vector<Point>{{1, "a"}, {2, "b"}}),
+            (std::vector<Point>{{1, "a"}, {2, "b"}}));
 }
 
 TEST(Codec, TensorsKeepDtypeShapeValuesAndRequiresGrad) {
@@ -94,7 +96,8 @@ TEST(Codec, AStateDictRoundTripsInOrder) {
 
 TEST(Codec, TruncatedOrMistypedBytesThrowCodecError) {
   std::string bytes = dtrain::encode(std::vector<double>{1, 2, 3});
-  EXPECT_THROW(dtrain::decode<std::vector<double>>(bytes.substr(0, bytes.size() - 1)), dtrain::CodecError);
+  EXPECT_THROW(dtrain::decode<std::vector<double>>(bytes.substr(0, bytes.size() - 1)),
+               dtrain::CodecError);
   // Leftover bytes: encoded as something longer than what is asked for.
   EXPECT_THROW(dtrain::decode<int>(bytes), dtrain::CodecError);
   // A corrupt count must not allocate: 2^60 elements claimed in 8 bytes.

@@ -14,6 +14,7 @@
 
 #include "dtrain/dtrain.h"
 #include "support/distributor_processes.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -50,7 +51,8 @@ double all_reduce_sum(double scale) {
 bool forked_from_a_fork_server() {
   std::ifstream in("/proc/self/environ", std::ios::binary);
   std::string env((std::istreambuf_iterator<char>(in)), {});
-  return env.find("DTRAIN_FORKSERVER=") != std::string::npos && std::getenv("DTRAIN_FORKSERVER") == nullptr;
+  return env.find("DTRAIN_FORKSERVER=") != std::string::npos &&
+         std::getenv("DTRAIN_FORKSERVER") == nullptr;
 }
 
 // A BLAS product big enough for OpenBLAS to use its threads.
@@ -213,7 +215,8 @@ TEST(Distributor, WorkersAreForkedFromAForkServerAndOpenBlasThreadsSurviveIt) {
     auto results = d.run_all(matmul_in_worker);
     ASSERT_EQ(results.size(), 2u);
     for (const auto& [forked, sum] : results) {
-      EXPECT_TRUE(forked) << "a libtorch worker with 2 processes per node starts from the fork server";
+      EXPECT_TRUE(forked)
+          << "a libtorch worker with 2 processes per node starts from the fork server";
       EXPECT_EQ(sum, 512.0 * 512.0 * 512.0);
     }
   }
@@ -415,7 +418,9 @@ TEST(DistributorOptions, InvalidOptionsAreClearErrors) {
     dtrain::Distributor d(mpi);
     FAIL() << "max_restarts with engine mpi";
   } catch (const dtrain::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("max_restarts is 1, but engine \"mpi\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_restarts is 1, but engine \"mpi\""),
+              std::string::npos)
+        << e.what();
   }
   mpi.max_restarts = 0;
   mpi.log_dir = "/tmp/logs";
@@ -423,11 +428,13 @@ TEST(DistributorOptions, InvalidOptionsAreClearErrors) {
     dtrain::Distributor d(mpi);
     FAIL() << "log_dir with engine mpi";
   } catch (const dtrain::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("log_dir needs a dtrain agent"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("log_dir needs a dtrain agent"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .timeout = 0ms}), dtrain::UsageError);
-  EXPECT_THROW(dtrain::Distributor({.num_processes = 2, .launcher = "/nonexistent/dtrain"}).run(my_rank),
-               dtrain::UsageError);
+  EXPECT_THROW(
+      dtrain::Distributor({.num_processes = 2, .launcher = "/nonexistent/dtrain"}).run(my_rank),
+      dtrain::UsageError);
 }
 
 TEST(DistributorOptions, DevicePlanGivesEachWorkerItsOwnGpu) {
@@ -488,8 +495,8 @@ TEST(DistributorElastic, SshAndSlurmGetTheNnodesRangeAndC10d) {
   // slurm: srun -N MAX, and each node's agent joins the c10d rendezvous.
   auto slurm = plan_elastic(cluster("slurm", 2, 4), 1);
   EXPECT_EQ(slurm.srun_nodes, "4");
-  EXPECT_EQ(slurm.run_args,
-            (V{"--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=30"}));
+  EXPECT_EQ(slurm.run_args, (V{"--nnodes", "2:4", "--rdzv-backend", "c10d", "--rdzv-conf",
+                               "last_call_timeout=30"}));
   auto nodes = cluster("slurm", 1, 0);
   nodes.cluster.nodes = 3;
   EXPECT_EQ(plan_elastic(nodes, 3).srun_nodes, "3");  // max_nodes 0: `nodes`
@@ -498,26 +505,36 @@ TEST(DistributorElastic, SshAndSlurmGetTheNnodesRangeAndC10d) {
   EXPECT_EQ(plan_elastic(o, 3).run_args,
             (V{"--nnodes", "1:3", "--rdzv-conf", "last_call_timeout=2.5,heartbeat_timeout=1.5"}));
   o.cluster.heartbeat_timeout = -1ms;
-  EXPECT_NE(elastic_error(o, 3).find("ClusterOptions::heartbeat_timeout must be >= 0"), std::string::npos);
+  EXPECT_NE(elastic_error(o, 3).find("ClusterOptions::heartbeat_timeout must be >= 0"),
+            std::string::npos);
 }
 
 TEST(DistributorElastic, BadRangesAndEnginesAreClearErrors) {
-  EXPECT_NE(elastic_error(cluster("ssh", 3, 2), 2).find("min_nodes is more than max_nodes"), std::string::npos);
-  EXPECT_NE(elastic_error(cluster("ssh", 3, 0), 2).find("(0: the engine's 2 node(s))"), std::string::npos);
-  EXPECT_NE(elastic_error(cluster("ssh", 0, 2), 2).find("min_nodes must be at least 1"), std::string::npos);
-  EXPECT_NE(elastic_error(cluster("ssh", -1, 2), 2).find("min_nodes must be at least 1"), std::string::npos);
-  EXPECT_NE(elastic_error(cluster("slurm", 1, -2), 2).find("max_nodes must be >= min_nodes"), std::string::npos);
-  EXPECT_NE(elastic_error(cluster("ssh", 1, 3), 2).find("one agent on each of the 2 host(s), so max_nodes must be 2"),
+  EXPECT_NE(elastic_error(cluster("ssh", 3, 2), 2).find("min_nodes is more than max_nodes"),
             std::string::npos);
-  EXPECT_NE(elastic_error(cluster("mpi", 1, 2), 1).find("engine \"mpi\" cannot run an elastic job"), std::string::npos);
-  EXPECT_NE(elastic_error(cluster("spark", 1, 2), 1).find("engine \"spark\" cannot run an elastic job"),
+  EXPECT_NE(elastic_error(cluster("ssh", 3, 0), 2).find("(0: the engine's 2 node(s))"),
             std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", 0, 2), 2).find("min_nodes must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", -1, 2), 2).find("min_nodes must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(elastic_error(cluster("slurm", 1, -2), 2).find("max_nodes must be >= min_nodes"),
+            std::string::npos);
+  EXPECT_NE(elastic_error(cluster("ssh", 1, 3), 2)
+                .find("one agent on each of the 2 host(s), so max_nodes must be 2"),
+            std::string::npos);
+  EXPECT_NE(elastic_error(cluster("mpi", 1, 2), 1).find("engine \"mpi\" cannot run an elastic job"),
+            std::string::npos);
+  EXPECT_NE(
+      elastic_error(cluster("spark", 1, 2), 1).find("engine \"spark\" cannot run an elastic job"),
+      std::string::npos);
   auto nodes = cluster("slurm", 1, 4);
   nodes.cluster.nodes = 2;
   EXPECT_NE(elastic_error(nodes, 2).find("max_nodes replaces `nodes`"), std::string::npos);
   auto local = cluster("", 1, 2);
   local.local_mode = true;
-  EXPECT_NE(elastic_error(local, 1).find("count the nodes of a cluster job (local_mode = false,"), std::string::npos);
+  EXPECT_NE(elastic_error(local, 1).find("count the nodes of a cluster job (local_mode = false,"),
+            std::string::npos);
   // Through the Distributor itself, before anything starts.
   EXPECT_THROW(dtrain::Distributor{local}, dtrain::UsageError);
   auto mpi = cluster("mpi", 1, 2);
@@ -532,7 +549,9 @@ TEST(DistributorElastic, BadRangesAndEnginesAreClearErrors) {
     dtrain::Distributor d(uneven);
     FAIL() << "4 processes over max_nodes 3";
   } catch (const dtrain::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("multiple of ClusterOptions::max_nodes (3)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiple of ClusterOptions::max_nodes (3)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "launcher/subprocess.h"
 #include "support/distributor_processes.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -32,7 +33,7 @@ TEST(DistributorDriver, KillingTheDriverStopsItsWorkers) {
       60s))
       << p.out() << p.err();
   EXPECT_GE(workers_alive(), 2);  // the workers, and the launcher that carries the variable too
-  p.signal(SIGKILL);  // the driver only: the launcher and workers are in its group
+  p.signal(SIGKILL);              // the driver only: the launcher and workers are in its group
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (workers_alive() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(50ms);

@@ -28,7 +28,8 @@ TEST(ElasticSampler, MatchesDistributedSamplerAtAnUnchangedWorldSize) {
       EXPECT_EQ(b->size(), 8u);
       got.insert(got.end(), b->begin(), b->end());
     }
-    EXPECT_EQ(got, std::vector<int64_t>(expected.begin(), expected.begin() + 48)) << "rank " << rank;
+    EXPECT_EQ(got, std::vector<int64_t>(expected.begin(), expected.begin() + 48))
+        << "rank " << rank;
     EXPECT_EQ(es.offset(), 96);
   }
 }
@@ -40,7 +41,8 @@ TEST(ElasticSampler, ResplitsTheRemainderOverNewRanksExactlyOnce) {
     ElasticSampler es(103, 5, {.num_replicas = 3, .rank = rank, .seed = 1});
     es.set_epoch(2);
     for (int step = 0; step < 4; ++step) {
-      auto b = es.next_batch();  // kept: `for (i : *es.next_batch())` would read a destroyed temporary
+      auto b =
+          es.next_batch();  // kept: `for (i : *es.next_batch())` would read a destroyed temporary
       ASSERT_TRUE(b.has_value());
       for (int64_t i : *b) ++count[i];
     }
@@ -88,7 +90,8 @@ TEST(ElasticSampler, RejectsBadInput) {
     es.set_epoch(0, 11);
     FAIL() << "an offset past the dataset must throw";
   } catch (const dtrain::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("offset 11 is outside [0, 10]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offset 11 is outside [0, 10]"), std::string::npos)
+        << e.what();
   }
 }
 

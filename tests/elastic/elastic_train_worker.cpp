@@ -1,7 +1,8 @@
 // A data-parallel training worker for the resume tests (tests/elastic/resume_test.cpp): DDP
 // over a small MLP with dropout (so the RNG state matters), Adam (optimizer state) and a
 // cosine learning rate driven by ElasticState::progress(), on a synthetic dataset; the whole
-// loop is ElasticState's. Per rank it writes LOG_DIR/attempt<TORCHELASTIC_RESTART_COUNT>_rank<RANK>.log:
+// loop is ElasticState's. Per rank it writes
+// LOG_DIR/attempt<TORCHELASTIC_RESTART_COUNT>_rank<RANK>.log:
 //   pid P            this process
 //   started_at T     unix time main() began; init_done T: the process group is up
 //   resume S W       the step it starts from (0 on a fresh start) and the world size
@@ -18,9 +19,9 @@
 // --params-out F: rank 0 writes the final parameters ("name v1 v2 ...", 9 significant digits).
 // --resume-always: ResumePolicy::kAlways (a job started again by hand, at any world size);
 // --memory-dir D: where in-memory commits go (so such a job finds them).
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -79,10 +80,12 @@ int main(int argc, char** argv) {
     auto pg = dtrain::init_process_group();
     const int rank = pg->rank(), world = pg->world_size();
     const int restart = dtrain::WorkerEnv::from_environ()->restart_count;
-    std::string log_path = log_dir + "/attempt" + std::to_string(restart) + "_rank" + std::to_string(rank) + ".log";
+    std::string log_path =
+        log_dir + "/attempt" + std::to_string(restart) + "_rank" + std::to_string(rank) + ".log";
     FILE* log = std::fopen(log_path.c_str(), "w");
     if (!log) throw dtrain::Error("cannot write " + log_path);
-    std::fprintf(log, "pid %d\nstarted_at %.6f\ninit_done %.6f\n", static_cast<int>(::getpid()), started_at, unix_now());
+    std::fprintf(log, "pid %d\nstarted_at %.6f\ninit_done %.6f\n", static_cast<int>(::getpid()),
+                 started_at, unix_now());
     std::fflush(log);
 
     torch::manual_seed(7);
@@ -90,14 +93,19 @@ int main(int argc, char** argv) {
     auto teacher = torch::randn({16, 4});
     auto y_all = x_all.matmul(teacher).argmax(1);
     const bool zero = zero_stage >= 0;
-    dtrain::ElasticStateOptions eo{.checkpoint_dir = ckpt_dir, .batch_size = batch, .seed = 3,
-                                   .commit_every = commit_every, .in_memory = in_memory};
+    dtrain::ElasticStateOptions eo{.checkpoint_dir = ckpt_dir,
+                                   .batch_size = batch,
+                                   .seed = 3,
+                                   .commit_every = commit_every,
+                                   .in_memory = in_memory};
     if (resume_always) eo.resume = dtrain::ResumePolicy::kAlways;
     if (!memory_dir.empty()) eo.memory_dir = memory_dir;
     if (zero) {
-      if (batch % world != 0) throw dtrain::Error("--zero: --batch (global) must divide by the world size");
+      if (batch % world != 0)
+        throw dtrain::Error("--zero: --batch (global) must divide by the world size");
       eo.batch_size = batch / world;
-      torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+      torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(),
+                                  torch::nn::Linear(32, 4));
       auto engine = dtrain::zero::initialize(
           model, nlohmann::json{{"train_micro_batch_size_per_gpu", batch / world},
                                 {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
@@ -115,7 +123,8 @@ int main(int argc, char** argv) {
           std::fflush(log);
           auto idx = torch::tensor(*batch_idx, torch::kLong);
           // The local mean; the engine averages the gradients over the ranks: the global mean.
-          auto loss = torch::nn::functional::cross_entropy(engine(x_all.index_select(0, idx)), y_all.index_select(0, idx));
+          auto loss = torch::nn::functional::cross_entropy(engine(x_all.index_select(0, idx)),
+                                                           y_all.index_select(0, idx));
           engine.backward(loss);
           engine.step();
           if (kill_at_step > 0 && restart == 0 && rank == kill_rank && step == kill_at_step) {
@@ -129,24 +138,27 @@ int main(int argc, char** argv) {
             const double mean = global_loss.item<double>() / world;
             std::fprintf(log, "loss %lld %.9g\n", static_cast<long long>(step), mean);
             std::fflush(log);
-            std::printf("step %lld loss %.6f world %d\n", static_cast<long long>(step), mean, world);
+            std::printf("step %lld loss %.6f world %d\n", static_cast<long long>(step), mean,
+                        world);
             std::fflush(stdout);
           }
           es.step_done();
-          if (step_sleep > 0) std::this_thread::sleep_for(std::chrono::duration<double>(step_sleep));
+          if (step_sleep > 0)
+            std::this_thread::sleep_for(std::chrono::duration<double>(step_sleep));
         }
       }
       es.finish();
       auto state = engine.core().model_state(rank == 0);  // collective at stage 3
       if (rank == 0 && !params_out.empty()) write_params(params_out, state);
-      if (rank == 0) std::printf("done at step %lld, %lld samples\n", static_cast<long long>(es.step()),
-                                 static_cast<long long>(es.samples_seen()));
+      if (rank == 0)
+        std::printf("done at step %lld, %lld samples\n", static_cast<long long>(es.step()),
+                    static_cast<long long>(es.samples_seen()));
       std::fclose(log);
       dtrain::destroy_process_group();
       return 0;
     }
-    torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Dropout(0.2),
-                                torch::nn::Linear(32, 4));
+    torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(),
+                                torch::nn::Dropout(0.2), torch::nn::Linear(32, 4));
     dtrain::DistributedDataParallel ddp(model);
     torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
     dtrain::ElasticState es(*model, &optimizer, size, eo);
@@ -162,14 +174,16 @@ int main(int argc, char** argv) {
         std::fprintf(log, "%s\n", line.c_str());
         std::fflush(log);
         const double lr = 0.01 * 0.5 * (1 + std::cos(M_PI * es.progress(epochs)));
-        for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamOptions&>(g.options()).lr(lr);
+        for (auto& g : optimizer.param_groups())
+          static_cast<torch::optim::AdamOptions&>(g.options()).lr(lr);
         auto idx = torch::tensor(*batch_idx, torch::kLong);
         optimizer.zero_grad();
         auto out = ddp(x_all.index_select(0, idx));
         // Summed here, divided by the global batch below: the mean over the global batch,
         // whatever the split (an empty batch still joins the gradient all-reduce).
         auto loss_sum = torch::nn::functional::cross_entropy(
-            out, y_all.index_select(0, idx), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+            out, y_all.index_select(0, idx),
+            torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
         auto count = torch::tensor({static_cast<double>(batch_idx->size())}, torch::kDouble);
         dtrain::all_reduce(count);
         auto loss = loss_sum * (static_cast<double>(world) / count.item<double>());
@@ -199,8 +213,9 @@ int main(int argc, char** argv) {
       }
     }
     es.finish();
-    if (rank == 0) std::printf("done at step %lld, %lld samples\n", static_cast<long long>(es.step()),
-                               static_cast<long long>(es.samples_seen()));
+    if (rank == 0)
+      std::printf("done at step %lld, %lld samples\n", static_cast<long long>(es.step()),
+                  static_cast<long long>(es.samples_seen()));
     std::fclose(log);
     dtrain::destroy_process_group();
     return 0;

@@ -34,6 +34,7 @@
 
 #include "launcher/subprocess.h"
 #include "support/free_port.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -49,11 +50,13 @@ constexpr int64_t kBatch = 8;
 constexpr int64_t kEpochs = 2;
 constexpr int64_t kCommitEvery = 3;
 
-bool has(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool has(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
 
 std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.exit_code) + " after " + std::to_string(r.elapsed) + " s\n--- stdout\n" + r.out +
-         "--- stderr\n" + r.err;
+  return "exit " + std::to_string(r.exit_code) + " after " + std::to_string(r.elapsed) +
+         " s\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
 }
 
 struct TempDir {
@@ -88,7 +91,8 @@ std::map<int, Attempt> read_logs(const fs::path& dir) {
   std::map<int, Attempt> attempts;
   for (const auto& entry : fs::directory_iterator(dir)) {
     int attempt = -1, rank = -1;
-    if (std::sscanf(entry.path().filename().c_str(), "attempt%d_rank%d.log", &attempt, &rank) != 2) continue;
+    if (std::sscanf(entry.path().filename().c_str(), "attempt%d_rank%d.log", &attempt, &rank) != 2)
+      continue;
     Attempt& a = attempts[attempt];
     std::ifstream in(entry.path());
     std::string line;
@@ -145,7 +149,8 @@ std::string check_exactly_once(const std::map<int, Attempt>& attempts) {
                std::to_string(count[i]) + " times";
       }
     }
-    if (static_cast<int64_t>(s.size()) != kSize) return "epoch " + std::to_string(epoch) + ": unexpected samples";
+    if (static_cast<int64_t>(s.size()) != kSize)
+      return "epoch " + std::to_string(epoch) + ": unexpected samples";
   }
   return "";
 }
@@ -153,8 +158,9 @@ std::string check_exactly_once(const std::map<int, Attempt>& attempts) {
 std::string summary(const std::map<int, Attempt>& attempts) {
   std::string out;
   for (const auto& [n, a] : attempts) {
-    out += "attempt " + std::to_string(n) + ": resumed at step " + std::to_string(a.resume_step) + ", world " +
-           std::to_string(a.world) + ", last step logged " + std::to_string(a.last_step) + "\n";
+    out += "attempt " + std::to_string(n) + ": resumed at step " + std::to_string(a.resume_step) +
+           ", world " + std::to_string(a.world) + ", last step logged " +
+           std::to_string(a.last_step) + "\n";
   }
   return out;
 }
@@ -163,15 +169,24 @@ void expect_no_process_left(const std::map<int, Attempt>& attempts) {
   for (const auto& [n, a] : attempts) {
     std::vector<pid_t> pids(a.pids.begin(), a.pids.end());
     EXPECT_FALSE(pids.empty()) << "attempt " << n << " logged no pid";
-    EXPECT_TRUE(dtrain::test::wait_dead(pids, 5s)) << "a worker of attempt " << n << " is still running";
+    EXPECT_TRUE(dtrain::test::wait_dead(pids, 5s))
+        << "a worker of attempt " << n << " is still running";
   }
 }
 
-std::vector<std::string> worker_args(const TempDir& logs, const TempDir& ckpt, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {kWorker,      "--size",         std::to_string(kSize),
-                                   "--batch",    std::to_string(kBatch), "--epochs",
-                                   std::to_string(kEpochs), "--commit-every", std::to_string(kCommitEvery),
-                                   "--log-dir",  logs.path.string()};
+std::vector<std::string> worker_args(const TempDir& logs, const TempDir& ckpt,
+                                     const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {kWorker,
+                                   "--size",
+                                   std::to_string(kSize),
+                                   "--batch",
+                                   std::to_string(kBatch),
+                                   "--epochs",
+                                   std::to_string(kEpochs),
+                                   "--commit-every",
+                                   std::to_string(kCommitEvery),
+                                   "--log-dir",
+                                   logs.path.string()};
   if (!ckpt.path.empty()) argv.insert(argv.end(), {"--checkpoint-dir", ckpt.path.string()});
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
@@ -179,13 +194,16 @@ std::vector<std::string> worker_args(const TempDir& logs, const TempDir& ckpt, c
 
 RunOptions clean_env() {
   RunOptions ro;
-  ro.unset = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"};
+  ro.unset = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"};
   ro.timeout = 120s;
   return ro;
 }
 
-RunResult run_local(const std::vector<std::string>& launcher, const std::vector<std::string>& worker) {
-  std::vector<std::string> argv = {DTRAIN_BIN, "run", "--nproc-per-node", "2", "--monitor-interval", "0.1"};
+RunResult run_local(const std::vector<std::string>& launcher,
+                    const std::vector<std::string>& worker) {
+  std::vector<std::string> argv = {DTRAIN_BIN,           "run", "--nproc-per-node", "2",
+                                   "--monitor-interval", "0.1"};
   argv.insert(argv.end(), launcher.begin(), launcher.end());
   argv.insert(argv.end(), worker.begin(), worker.end());
   Process p = Process::start(argv, clean_env());
@@ -205,7 +223,9 @@ TEST_P(KilledWorker, ResumesExactlyOnceAndContinuesTheLoss) {
   if (in_memory) extra.push_back("--in-memory");
   RunResult r = run_local({"--max-restarts", "1"}, worker_args(logs, ckpt, extra));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_TRUE(has(r.err, "  rank       : 1 (local rank 1)\n")) << "the failure summary names the killed rank\n" << describe(r);
+  EXPECT_TRUE(has(r.err, "  rank       : 1 (local rank 1)\n"))
+      << "the failure summary names the killed rank\n"
+      << describe(r);
   EXPECT_TRUE(has(r.err, "  signal     : SIGKILL (9)")) << describe(r);
   EXPECT_TRUE(has(r.err, in_memory ? "resumed from memory:" : "resumed from disk:")) << describe(r);
 
@@ -217,8 +237,9 @@ TEST_P(KilledWorker, ResumesExactlyOnceAndContinuesTheLoss) {
   EXPECT_EQ(first.resume_step, 0);
   EXPECT_EQ(second.resume_step, 18) << summary(attempts);
   EXPECT_EQ(second.world, 2);
-  EXPECT_LE(first.last_step - second.resume_step, kCommitEvery) << "more than one commit interval lost\n"
-                                                                 << summary(attempts);
+  EXPECT_LE(first.last_step - second.resume_step, kCommitEvery)
+      << "more than one commit interval lost\n"
+      << summary(attempts);
   EXPECT_EQ(check_exactly_once(attempts), "") << summary(attempts);
   EXPECT_EQ(check_exactly_once(reference), "");
 
@@ -227,17 +248,21 @@ TEST_P(KilledWorker, ResumesExactlyOnceAndContinuesTheLoss) {
   ASSERT_FALSE(second.loss.empty());
   for (const auto& [step, loss] : second.loss) {
     ASSERT_TRUE(reference.at(0).loss.count(step)) << step;
-    EXPECT_NEAR(loss, reference.at(0).loss.at(step), 1e-6 * std::max(1.0, std::fabs(loss))) << "step " << step;
+    EXPECT_NEAR(loss, reference.at(0).loss.at(step), 1e-6 * std::max(1.0, std::fabs(loss)))
+        << "step " << step;
   }
   for (const auto& [step, loss] : first.loss) {
-    EXPECT_NEAR(loss, reference.at(0).loss.at(step), 1e-6 * std::max(1.0, std::fabs(loss))) << "step " << step;
+    EXPECT_NEAR(loss, reference.at(0).loss.at(step), 1e-6 * std::max(1.0, std::fabs(loss)))
+        << "step " << step;
   }
   expect_no_process_left(attempts);
   expect_no_process_left(reference);
 }
 
 INSTANTIATE_TEST_SUITE_P(ElasticResume, KilledWorker, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? std::string("InMemory") : std::string("Disk"); });
+                         [](const auto& info) {
+                           return info.param ? std::string("InMemory") : std::string("Disk");
+                         });
 
 // name -> values, as the worker's --params-out writes them.
 std::map<std::string, std::vector<double>> read_params(const fs::path& path) {
@@ -254,7 +279,8 @@ std::map<std::string, std::vector<double>> read_params(const fs::path& path) {
 }
 
 RunResult run_n(int nproc, const std::vector<std::string>& worker) {
-  std::vector<std::string> argv = {DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), "--monitor-interval", "0.1"};
+  std::vector<std::string> argv = {
+      DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), "--monitor-interval", "0.1"};
   argv.insert(argv.end(), worker.begin(), worker.end());
   Process p = Process::start(argv, clean_env());
   return p.finish(120s);
@@ -276,17 +302,21 @@ TEST_P(ZeroWorldChange, TwoRanksToOneResumesThePartitionedState) {
     return worker_args(logs, in_memory ? TempDir::none() : ckpt, extra);
   };
   RunResult ref = run_n(2, worker_args(ref_logs, ref_ckpt,
-                                       {"--zero", std::to_string(stage), "--params-out", (ref_logs.path / "params").string()}));
+                                       {"--zero", std::to_string(stage), "--params-out",
+                                        (ref_logs.path / "params").string()}));
   ASSERT_EQ(ref.exit_code, 0) << describe(ref);
   RunResult killed = run_n(2, with(logs1, {"--kill-at-step", "40", "--kill-rank", "1"}));
   ASSERT_EQ(killed.exit_code, 137) << describe(killed);
-  RunResult resumed = run_n(1, with(logs2, {"--resume-always", "--params-out", (logs2.path / "params").string()}));
+  RunResult resumed =
+      run_n(1, with(logs2, {"--resume-always", "--params-out", (logs2.path / "params").string()}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
-  EXPECT_TRUE(has(resumed.err, std::string(in_memory ? "resumed from memory:" : "resumed from disk:")) &&
-              has(resumed.err, "step 39 (committed at world size 2, now 1)"))
+  EXPECT_TRUE(
+      has(resumed.err, std::string(in_memory ? "resumed from memory:" : "resumed from disk:")) &&
+      has(resumed.err, "step 39 (committed at world size 2, now 1)"))
       << describe(resumed);
 
-  std::map<int, Attempt> attempts = {{0, read_logs(logs1.path).at(0)}, {1, read_logs(logs2.path).at(0)}};
+  std::map<int, Attempt> attempts = {{0, read_logs(logs1.path).at(0)},
+                                     {1, read_logs(logs2.path).at(0)}};
   EXPECT_EQ(attempts.at(1).resume_step, 39) << summary(attempts);
   EXPECT_EQ(attempts.at(1).world, 1);
   EXPECT_EQ(check_exactly_once(attempts), "") << summary(attempts);
@@ -295,7 +325,8 @@ TEST_P(ZeroWorldChange, TwoRanksToOneResumesThePartitionedState) {
   const auto reference = read_logs(ref_logs.path).at(0);
   for (const auto& [step, loss] : attempts.at(1).loss) {
     ASSERT_TRUE(reference.loss.count(step)) << step;
-    EXPECT_NEAR(loss, reference.loss.at(step), 1e-5 * std::max(1.0, std::fabs(loss))) << "step " << step;
+    EXPECT_NEAR(loss, reference.loss.at(step), 1e-5 * std::max(1.0, std::fabs(loss)))
+        << "step " << step;
   }
   auto want = read_params(ref_logs.path / "params");
   auto got = read_params(logs2.path / "params");
@@ -304,7 +335,8 @@ TEST_P(ZeroWorldChange, TwoRanksToOneResumesThePartitionedState) {
   double worst = 0;
   for (const auto& [name, values] : want) {
     ASSERT_EQ(got[name].size(), values.size()) << name;
-    for (size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::fabs(got[name][i] - values[i]));
+    for (size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, std::fabs(got[name][i] - values[i]));
   }
   EXPECT_LT(worst, 1e-5) << "largest parameter difference from the uninterrupted run";
   ASSERT_TRUE(reference.loss.count(1) && reference.loss.count(60));
@@ -313,29 +345,37 @@ TEST_P(ZeroWorldChange, TwoRanksToOneResumesThePartitionedState) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ElasticResume, ZeroWorldChange, ::testing::Values(2, 3),
-                         [](const auto& info) { return info.param == 3 ? std::string("Stage3InMemory") : std::string("Stage2Disk"); });
+                         [](const auto& info) {
+                           return info.param == 3 ? std::string("Stage3InMemory")
+                                                  : std::string("Stage2Disk");
+                         });
 
 // One agent of job `id` on loopback: --nnodes `nnodes`, one worker.
 std::unique_ptr<Process> agent(const std::string& nnodes, int port, const std::string& id,
-                               const std::vector<std::string>& extra, const std::vector<std::string>& worker) {
-  std::vector<std::string> argv = {DTRAIN_BIN,       "run",          "--nnodes",          nnodes,
-                                   "--rdzv-backend", "c10d",         "--rdzv-endpoint",   "127.0.0.1:" + std::to_string(port),
-                                   "--rdzv-id",      id,             "--monitor-interval", "0.1"};
+                               const std::vector<std::string>& extra,
+                               const std::vector<std::string>& worker) {
+  std::vector<std::string> argv = {
+      DTRAIN_BIN,       "run",  "--nnodes",           nnodes,
+      "--rdzv-backend", "c10d", "--rdzv-endpoint",    "127.0.0.1:" + std::to_string(port),
+      "--rdzv-id",      id,     "--monitor-interval", "0.1"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.insert(argv.end(), worker.begin(), worker.end());
   return std::make_unique<Process>(Process::start(argv, clean_env()));
 }
 
 bool wait_out(Process& p, const std::string& needle, std::chrono::milliseconds timeout) {
-  return p.wait_for([&](const std::string& out, const std::string& err) { return has(out, needle) || has(err, needle); },
+  return p.wait_for([&](const std::string& out,
+                        const std::string& err) { return has(out, needle) || has(err, needle); },
                     timeout);
 }
 
 TEST(ElasticResume, ShrinkFromThreeNodesToTwoKeepsExactlyOnce) {
   TempDir logs, ckpt;
   const int port = dtrain::test::free_port(INADDR_LOOPBACK);
-  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=1.5", "--rdzv-timeout",
-                                          "20", "--max-restarts", "1"};
+  const std::vector<std::string> extra = {
+      "--rdzv-conf",    "last_call_timeout=1,heartbeat_timeout=1.5",
+      "--rdzv-timeout", "20",
+      "--max-restarts", "1"};
   const auto worker = worker_args(logs, ckpt, {"--step-sleep", "0.15"});
   auto a = agent("2:3", port, "shrink3", extra, worker);
   std::this_thread::sleep_for(300ms);  // a binds the store's port first
@@ -363,8 +403,10 @@ TEST(ElasticResume, ShrinkFromThreeNodesToTwoKeepsExactlyOnce) {
 TEST(ElasticResume, ShrinkBelowMinFailsWithTheReason) {
   TempDir logs, ckpt;
   const int port = dtrain::test::free_port(INADDR_LOOPBACK);
-  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=0.3,heartbeat_timeout=1.5",
-                                          "--rdzv-timeout", "2", "--max-restarts", "3"};
+  const std::vector<std::string> extra = {
+      "--rdzv-conf",    "last_call_timeout=0.3,heartbeat_timeout=1.5",
+      "--rdzv-timeout", "2",
+      "--max-restarts", "3"};
   const auto worker = worker_args(logs, ckpt, {"--step-sleep", "0.15"});
   auto a = agent("2:3", port, "below", extra, worker);
   std::this_thread::sleep_for(300ms);
@@ -373,7 +415,8 @@ TEST(ElasticResume, ShrinkBelowMinFailsWithTheReason) {
   b->signal(SIGKILL);
   auto results = dtrain::test::finish_all({a.get(), b.get()}, 60s);
   EXPECT_EQ(results[0].exit_code, 1) << describe(results[0]);
-  EXPECT_TRUE(has(results[0].err, "only 1 node(s) joined within 2 s, fewer than the minimum 2 of --nnodes 2:3"))
+  EXPECT_TRUE(has(results[0].err,
+                  "only 1 node(s) joined within 2 s, fewer than the minimum 2 of --nnodes 2:3"))
       << describe(results[0]);
   expect_no_process_left(read_logs(logs.path));
 }
@@ -385,20 +428,33 @@ TEST(ElasticResume, ShrinkBelowMinFailsWithTheReason) {
 TEST(ElasticResume, FashionMnistExampleResumesAfterACrash) {
   TempDir ckpt;
   const int port = dtrain::test::free_port(INADDR_LOOPBACK);
-  std::vector<std::string> argv = {DTRAIN_BIN, "run", "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "1",
-                                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + std::to_string(port),
-                                   "--rdzv-id", "fmnist", "--rdzv-conf", "last_call_timeout=0.3", "--monitor-interval",
-                                   "0.1", FASHION_MNIST_BIN, "--elastic", "--checkpoint-dir", ckpt.path.string(),
-                                   "--checkpoint-every", "10", "--epochs", "1", "--crash-at-step", "35", "--batch-size", "256",
-                                   "--log-every", "0", "--no-eval"};
+  std::vector<std::string> argv = {DTRAIN_BIN,           "run",
+                                   "--nnodes",           "1:2",
+                                   "--nproc-per-node",   "2",
+                                   "--max-restarts",     "1",
+                                   "--rdzv-backend",     "c10d",
+                                   "--rdzv-endpoint",    "127.0.0.1:" + std::to_string(port),
+                                   "--rdzv-id",          "fmnist",
+                                   "--rdzv-conf",        "last_call_timeout=0.3",
+                                   "--monitor-interval", "0.1",
+                                   FASHION_MNIST_BIN,    "--elastic",
+                                   "--checkpoint-dir",   ckpt.path.string(),
+                                   "--checkpoint-every", "10",
+                                   "--epochs",           "1",
+                                   "--crash-at-step",    "35",
+                                   "--batch-size",       "256",
+                                   "--log-every",        "0",
+                                   "--no-eval"};
   Process p = Process::start(argv, clean_env());
   RunResult r = p.finish(180s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(has(r.err, "crashing on purpose on rank 1 at step 35")) << describe(r);
-  EXPECT_TRUE(has(r.out, "resumed from disk:" + ckpt.path.string() + "/elastic_30.pt: epoch 0, sample 15360 of 60000, "
-                                                                     "step 30 (committed at world size 2, now 2)") ||
-              has(r.err, "resumed from disk:" + ckpt.path.string() + "/elastic_30.pt: epoch 0, sample 15360 of 60000, "
-                                                                     "step 30 (committed at world size 2, now 2)"))
+  EXPECT_TRUE(has(r.out, "resumed from disk:" + ckpt.path.string() +
+                             "/elastic_30.pt: epoch 0, sample 15360 of 60000, "
+                             "step 30 (committed at world size 2, now 2)") ||
+              has(r.err, "resumed from disk:" + ckpt.path.string() +
+                             "/elastic_30.pt: epoch 0, sample 15360 of 60000, "
+                             "step 30 (committed at world size 2, now 2)"))
       << describe(r);
   EXPECT_TRUE(has(r.out, "\"samples_seen\":60000,\"steps\":118,")) << describe(r);
 }

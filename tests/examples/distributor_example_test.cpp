@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -22,7 +23,8 @@ nlohmann::json last_json_line(const std::string& out) {
 }
 
 TEST(DistributorExample, TrainsOnTwoProcessesAndTheDriverTestsTheReturnedModel) {
-  auto r = run_command({DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"}, {.timeout = 600s});
+  auto r =
+      run_command({DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"}, {.timeout = 600s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto j = last_json_line(r.out);
   EXPECT_EQ(j["num_processes"], 2);

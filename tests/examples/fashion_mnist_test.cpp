@@ -8,6 +8,7 @@
 
 #include "launcher/subprocess.h"
 #include "support/json_lines.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -17,7 +18,8 @@ using namespace std::chrono_literals;
 nlohmann::json result_of(const std::string& out) { return dtrain::test::last_json_line(out); }
 
 dtrain::test::RunResult train(const std::vector<std::string>& extra, int nproc = 2) {
-  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), FASHION_MNIST_BIN};
+  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc),
+                                FASHION_MNIST_BIN};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return run_command(argv, {.timeout = 900s});
 }
@@ -43,14 +45,17 @@ TEST(FashionMnist, CnnWithSyncBatchNormReachesTheTargetAccuracy) {
 }
 
 TEST(FashionMnist, ResumeFromAMidEpochCheckpointEndsBitwiseEqual) {
-  auto dir = std::filesystem::temp_directory_path() / ("fmnist_resume_" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("fmnist_resume_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto straight = train({"--max-steps", "80", "--no-eval", "--log-every", "0"});
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
-  auto first = train({"--max-steps", "40", "--no-eval", "--log-every", "0", "--checkpoint-dir", dir.string()});
+  auto first = train(
+      {"--max-steps", "40", "--no-eval", "--log-every", "0", "--checkpoint-dir", dir.string()});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   ASSERT_TRUE(std::filesystem::exists(dir / "ckpt_40.pt"));
-  auto resumed = train({"--max-steps", "80", "--no-eval", "--log-every", "0", "--checkpoint-dir", dir.string(), "--resume"});
+  auto resumed = train({"--max-steps", "80", "--no-eval", "--log-every", "0", "--checkpoint-dir",
+                        dir.string(), "--resume"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
   auto a = result_of(straight.out), b = result_of(resumed.out), c = result_of(first.out);
@@ -63,7 +68,9 @@ TEST(FashionMnist, ResumeFromAMidEpochCheckpointEndsBitwiseEqual) {
 TEST(FashionMnist, AWrongDataPathIsAClearError) {
   auto r = train({"--data-dir", "/nonexistent/fmnist", "--epochs", "1"}, 1);
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("/nonexistent/fmnist/train-images-idx3-ubyte.gz does not exist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/fmnist/train-images-idx3-ubyte.gz does not exist"),
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("apt-get install dataset-fashion-mnist"), std::string::npos) << r.err;
 }
 

@@ -10,7 +10,9 @@ inline constexpr int kSteps = 8;        // optimizer steps in all
 inline constexpr int kCommitEvery = 2;  // state.commit() after steps 2, 4, 6, 8
 inline constexpr int kKillStep = 5;
 inline constexpr int kAdasumSteps = 3;
-inline constexpr int kGrowStep = 3;     // grow mode: a third host is listed after this step  // DistributedOptimizer with op Adasum     // the victim SIGKILLs itself before this step (first attempt)
+inline constexpr int kGrowStep =
+    3;  // grow mode: a third host is listed after this step  // DistributedOptimizer with op Adasum
+        // // the victim SIGKILLs itself before this step (first attempt)
 
 inline torch::nn::Linear make_model() {
   torch::manual_seed(7);

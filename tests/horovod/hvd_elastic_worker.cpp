@@ -72,9 +72,10 @@ int main(int argc, char** argv) {
   state.register_reset_callbacks({[&] { ++resets; }});
 
   hvd::elastic::run(state, [&](hvd::elastic::TorchState& s) {
-    std::printf("start rank=%d size=%d attempt=%d step=%lld sum=%.17g resets=%d from=%s pid=%d\n", hvd::rank(),
-                hvd::size(), attempt, static_cast<long long>(s["step"]), param_sum(model), resets,
-                s.resumed_from().empty() ? "-" : s.resumed_from().c_str(), static_cast<int>(::getpid()));
+    std::printf("start rank=%d size=%d attempt=%d step=%lld sum=%.17g resets=%d from=%s pid=%d\n",
+                hvd::rank(), hvd::size(), attempt, static_cast<long long>(s["step"]),
+                param_sum(model), resets, s.resumed_from().empty() ? "-" : s.resumed_from().c_str(),
+                static_cast<int>(::getpid()));
     std::fflush(stdout);
     for (; s["step"] < kSteps;) {
       const int step = static_cast<int>(s["step"]);
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
         if (hvd::rank() == 0) {
           if (std::FILE* f = std::fopen(grow_file.c_str(), "w")) std::fclose(f);
         }
-        for (int i = 0; i < 300 && !s.check_host_updates(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        for (int i = 0; i < 300 && !s.check_host_updates(); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
         std::printf("rank=%d saw the new host\n", hvd::rank());
         std::fflush(stdout);
         s.commit();  // throws HostsUpdatedInterrupt (unless the restart came first)

@@ -19,6 +19,7 @@
 #include "dtrain/horovod.h"
 #include "dtrain/horovod_runner.h"
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -26,7 +27,9 @@ using dtrain::test::run_command;
 using namespace std::chrono_literals;
 
 std::string temp_file(const std::string& tag) {
-  return (std::filesystem::temp_directory_path() / ("hvd_" + tag + "_" + std::to_string(::getpid()) + ".pt")).string();
+  return (std::filesystem::temp_directory_path() /
+          ("hvd_" + tag + "_" + std::to_string(::getpid()) + ".pt"))
+      .string();
 }
 
 std::vector<torch::Tensor> load(const std::string& path) {
@@ -39,18 +42,21 @@ std::vector<torch::Tensor> load(const std::string& path) {
 // The parity runs of one job (hvd_worker parity): OUT.<tag> for each tag.
 std::map<std::string, std::vector<torch::Tensor>> parity_runs(int nproc, bool extras) {
   auto out = temp_file("parity" + std::to_string(nproc));
-  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), HVD_WORKER_BIN,
-                                "parity", "--steps", "10", "--out", out};
+  std::vector<std::string> argv{DTRAIN_BIN,     "run",    "--nproc-per-node", std::to_string(nproc),
+                                HVD_WORKER_BIN, "parity", "--steps",          "10",
+                                "--out",        out};
   if (extras) argv.push_back("--extras");
   auto r = run_command(argv, {.timeout = 120s});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   std::map<std::string, std::vector<torch::Tensor>> runs;
-  for (const char* tag : {"ddp1", "hvd1", "ddp2", "hvd2", "fp16"}) runs[tag] = load(out + "." + tag);
+  for (const char* tag : {"ddp1", "hvd1", "ddp2", "hvd2", "fp16"})
+    runs[tag] = load(out + "." + tag);
   return runs;
 }
 
 // The worst over tensors of max|a - b| / max|b|.
-double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+double max_relative_difference(const std::vector<torch::Tensor>& a,
+                               const std::vector<torch::Tensor>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
@@ -83,7 +89,8 @@ TEST(Parity, TwoRanksDistributedOptimizerEqualsDdpAlsoWithTwoBackwardPassesPerSt
   double worst = 0;
   for (size_t i = 0; i < runs["fp16"].size(); ++i) {
     auto b = runs["ddp1"][i].to(torch::kFloat64);
-    worst = std::max(worst, (runs["fp16"][i].to(torch::kFloat64) - b).norm().item<double>() / b.norm().item<double>());
+    worst = std::max(worst, (runs["fp16"][i].to(torch::kFloat64) - b).norm().item<double>() /
+                                b.norm().item<double>());
   }
   std::printf("fp16 compression (float32 model) vs float64 DDP: norm-relative %g\n", worst);
   EXPECT_LE(worst, 1e-2);
@@ -98,9 +105,11 @@ TEST(Parity, ThreeRanksDistributedOptimizerEqualsDdp) {
   EXPECT_LE(rel, 1e-6);
 }
 
-dtrain::test::RunResult run_worker(int nproc, const std::string& mode, std::vector<std::string> env = {}) {
-  return run_command({DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), HVD_WORKER_BIN, mode},
-                     {.env = std::move(env), .timeout = 120s});
+dtrain::test::RunResult run_worker(int nproc, const std::string& mode,
+                                   std::vector<std::string> env = {}) {
+  return run_command(
+      {DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), HVD_WORKER_BIN, mode},
+      {.env = std::move(env), .timeout = 120s});
 }
 
 // Every collective on 3 ranks; then 20 named tensors submitted in opposite orders by odd and
@@ -109,13 +118,16 @@ TEST(Collectives, EveryOperationAndNameMatchingOnThreeRanks) {
   auto r = run_worker(3, "collectives");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int k = 0; k < 3; ++k) {
-    EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": collectives OK"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": collectives OK"), std::string::npos)
+        << r.out;
     size_t first = r.out.find("rank " + std::to_string(k) + ": order OK");
     EXPECT_NE(first, std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": order OK", first + 1), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": order OK", first + 1), std::string::npos)
+        << r.out;
   }
   // Adasum on 3 ranks: Horovod's power-of-2 limit, as a UsageError.
-  EXPECT_NE(r.out.find("op Adasum runs on a power-of-2 number of ranks only"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("op Adasum runs on a power-of-2 number of ranks only"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("mismatched allreduce 'mismatch'"), std::string::npos) << r.out;
 }
 
@@ -126,7 +138,8 @@ TEST(Adasum, MatchesTheFormulaOnTwoAndFourRanks) {
     auto r = run_worker(n, "adasum");
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     for (int k = 0; k < n; ++k) {
-      EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": adasum OK on " + std::to_string(n) + " ranks"),
+      EXPECT_NE(r.out.find("rank " + std::to_string(k) + ": adasum OK on " + std::to_string(n) +
+                           " ranks"),
                 std::string::npos)
           << r.out;
     }
@@ -134,10 +147,12 @@ TEST(Adasum, MatchesTheFormulaOnTwoAndFourRanks) {
 }
 
 TEST(Stall, WarningNamesTheMissingRanksAndShutdownStopsTheJob) {
-  auto r = run_worker(2, "stall", {"HOROVOD_STALL_CHECK_TIME_SECONDS=1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2"});
+  auto r = run_worker(
+      2, "stall", {"HOROVOD_STALL_CHECK_TIME_SECONDS=1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // Horovod's wording; rank 0 reports, naming each missing rank and what it lacks.
-  EXPECT_NE(r.err.find("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks"),
+  EXPECT_NE(r.err.find("One or more tensors were submitted to be reduced, gathered or broadcasted "
+                       "by subset of ranks"),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("Missing ranks:"), std::string::npos) << r.err;
@@ -176,15 +191,16 @@ TEST(Api, BadInputBeforeAnyProcessStartsIsAUsageError) {
 }
 
 TEST(Horovodrun, RunsAProgramWithHorovodsVariablesAndRejectsBadInput) {
-  auto r = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--fusion-threshold-mb", "1", "--cycle-time-ms", "2",
-                        "--gloo", HVD_WORKER_BIN, "env"},
+  auto r = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--fusion-threshold-mb", "1",
+                        "--cycle-time-ms", "2", "--gloo", HVD_WORKER_BIN, "env"},
                        {.timeout = 120s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int k = 0; k < 2; ++k) {
     std::string want = "hvd rank=" + std::to_string(k) + " size=2 local_rank=" + std::to_string(k) +
                        " local_size=2 cross_rank=0 cross_size=1 HOROVOD_RANK=" + std::to_string(k) +
                        " HOROVOD_SIZE=2 HOROVOD_LOCAL_RANK=" + std::to_string(k) +
-                       " HOROVOD_LOCAL_SIZE=2 HOROVOD_CROSS_RANK=0 HOROVOD_CROSS_SIZE=1 HOROVOD_FUSION_THRESHOLD=1048576 "
+                       " HOROVOD_LOCAL_SIZE=2 HOROVOD_CROSS_RANK=0 HOROVOD_CROSS_SIZE=1 "
+                       "HOROVOD_FUSION_THRESHOLD=1048576 "
                        "HOROVOD_CYCLE_TIME=2 allreduce_sum=3.000000";
     EXPECT_NE(r.out.find(want), std::string::npos) << "missing: " << want << "\n" << r.out;
   }
@@ -197,7 +213,8 @@ TEST(Horovodrun, RunsAProgramWithHorovodsVariablesAndRejectsBadInput) {
       {{HVD_WORKER_BIN, "env"}, "-np N is required"},
       {{"-np", "0", HVD_WORKER_BIN}, "-np: got '0', expected a positive integer"},
       {{"-np", "2"}, "missing PROGRAM"},
-      {{"-np", "2", "--mpi", HVD_WORKER_BIN}, "--mpi: dtrain horovodrun runs on dtrain's own launcher"},
+      {{"-np", "2", "--mpi", HVD_WORKER_BIN},
+       "--mpi: dtrain horovodrun runs on dtrain's own launcher"},
       {{"-np", "4", "-H", "localhost:2", HVD_WORKER_BIN}, "the hosts offer only 2 slot(s)"},
       {{"-np", "2", "--bogus", HVD_WORKER_BIN}, "unknown option '--bogus'"},
       {{"-np", "2", "/nonexistent/program"}, "/nonexistent/program"},
@@ -233,10 +250,12 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // the first time: the full negotiation), then ALLREDUCE holding QUEUE, MEMCPY_IN_FUSION_BUFFER,
 // the collective, MEMCPY_OUT_FUSION_BUFFER (the memcpys when fused), for every step.
 TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
-  const auto file = (std::filesystem::temp_directory_path() / ("hvd_timeline_" + std::to_string(::getpid()) + ".json")).string();
+  const auto file = (std::filesystem::temp_directory_path() /
+                     ("hvd_timeline_" + std::to_string(::getpid()) + ".json"))
+                        .string();
   const int steps = 3;
-  auto r = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename", file, HVD_WORKER_BIN, "timeline",
-                        "--steps", std::to_string(steps)},
+  auto r = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename", file,
+                        HVD_WORKER_BIN, "timeline", "--steps", std::to_string(steps)},
                        {.timeout = 120s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(std::filesystem::exists(file)) << r.out << r.err;
@@ -248,12 +267,13 @@ TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
   std::filesystem::remove(file);
   ASSERT_TRUE(trace.is_array());
 
-  std::map<int, std::string> names;                  // pid -> tensor name
-  std::map<int, std::vector<nlohmann::json>> rows;   // pid -> its events in file order
+  std::map<int, std::string> names;                 // pid -> tensor name
+  std::map<int, std::vector<nlohmann::json>> rows;  // pid -> its events in file order
   for (const auto& e : trace) {
     const int pid = e.at("pid").get<int>();
     if (e.at("ph") == "M") {
-      if (e.at("name") == "process_name" && pid > 0) names[pid] = e.at("args").at("name").get<std::string>();
+      if (e.at("name") == "process_name" && pid > 0)
+        names[pid] = e.at("args").at("name").get<std::string>();
       continue;
     }
     rows[pid].push_back(e);
@@ -285,20 +305,23 @@ TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
         open.pop_back();
       } else if (ph == "X") {
         ASSERT_EQ(open.size(), 1u) << tensor << ": a rank mark outside a negotiation";
-        ASSERT_TRUE(open.back().rfind("NEGOTIATE_", 0) == 0) << tensor << ": a rank mark inside " << open.back();
+        ASSERT_TRUE(open.back().rfind("NEGOTIATE_", 0) == 0)
+            << tensor << ": a rank mark inside " << open.back();
         list.back().ranks.insert(e.at("name").get<std::string>());
       }
     }
     EXPECT_TRUE(open.empty()) << tensor << ": " << open.size() << " span(s) never ended";
   }
 
-  const std::vector<std::string> params = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"};
+  const std::vector<std::string> params = {"0.weight", "0.bias",   "2.weight",
+                                           "2.bias",   "4.weight", "4.bias"};
   int fused = 0;
   for (const auto& p : params) {
     const std::string tensor = "DistributedOptimizer.allreduce." + p;
     ASSERT_TRUE(spans.count(tensor)) << "no row for " << tensor;
     const auto& list = spans[tensor];
-    ASSERT_EQ(list.size(), 2u * steps) << tensor << ": want NEGOTIATE_ALLREDUCE, ALLREDUCE per step";
+    ASSERT_EQ(list.size(), 2u * steps)
+        << tensor << ": want NEGOTIATE_ALLREDUCE, ALLREDUCE per step";
     for (size_t k = 0; k < list.size(); k += 2) {
       EXPECT_EQ(list[k].name, "NEGOTIATE_ALLREDUCE") << tensor;
       EXPECT_EQ(list[k + 1].name, "ALLREDUCE") << tensor;
@@ -324,7 +347,8 @@ TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
     EXPECT_GE(cached, 1) << tensor << ": no later step was agreed through the response cache";
   }
   EXPECT_GT(fused, 0) << "no gradient was reduced in a fused buffer";
-  EXPECT_EQ(spans["DistributedOptimizer.allreduce.0.weight"][1].end_args.value("shape", ""), "[512, 784]");
+  EXPECT_EQ(spans["DistributedOptimizer.allreduce.0.weight"][1].end_args.value("shape", ""),
+            "[512, 784]");
   for (const auto& p : params) {
     const auto& list = spans["broadcast_parameters." + p];
     ASSERT_EQ(list.size(), 2u) << p;
@@ -336,8 +360,8 @@ TEST(HvdTimeline, TwoRanksWriteOneTraceWithHorovodsPhasesPerTensorInOrder) {
   }
 
   // A directory that does not exist is refused before any worker starts.
-  auto bad = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename", "/nonexistent/dir/t.json",
-                          HVD_WORKER_BIN, "timeline"},
+  auto bad = run_command({DTRAIN_BIN, "horovodrun", "-np", "2", "--timeline-filename",
+                          "/nonexistent/dir/t.json", HVD_WORKER_BIN, "timeline"},
                          {.timeout = 30s});
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_NE(bad.err.find("/nonexistent/dir does not exist"), std::string::npos) << bad.err;

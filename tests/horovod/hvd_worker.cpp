@@ -28,15 +28,15 @@ namespace hvd = dtrain::hvd;
 
 namespace {
 
-#define CHECK_CLOSE(what, got, want)                                                                     \
-  do {                                                                                                   \
-    auto g_ = (got).to(torch::kFloat64);                                                                 \
-    auto w_ = (want).to(torch::kFloat64);                                                                \
-    if (g_.sizes() != w_.sizes() || !torch::allclose(g_, w_, 1e-6, 1e-6)) {                              \
-      std::fprintf(stderr, "rank %d: %s: got %s, want %s\n", hvd::rank(), what, c10::str(g_).c_str(),    \
-                   c10::str(w_).c_str());                                                                 \
-      std::exit(1);                                                                                      \
-    }                                                                                                    \
+#define CHECK_CLOSE(what, got, want)                                            \
+  do {                                                                          \
+    auto g_ = (got).to(torch::kFloat64);                                        \
+    auto w_ = (want).to(torch::kFloat64);                                       \
+    if (g_.sizes() != w_.sizes() || !torch::allclose(g_, w_, 1e-6, 1e-6)) {     \
+      std::fprintf(stderr, "rank %d: %s: got %s, want %s\n", hvd::rank(), what, \
+                   c10::str(g_).c_str(), c10::str(w_).c_str());                 \
+      std::exit(1);                                                             \
+    }                                                                           \
   } while (0)
 
 torch::nn::Sequential make_mlp() {
@@ -71,8 +71,10 @@ std::vector<torch::Tensor> train_hvd(int steps, int batch, int bpps, bool fp16) 
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
     for (int m = 0; m < bpps; ++m) {
-      int64_t start = (static_cast<int64_t>(s) * bpps + m) * global + static_cast<int64_t>(r) * batch;
-      torch::nn::functional::cross_entropy(model->forward(x_all.narrow(0, start, batch)), y_all.narrow(0, start, batch))
+      int64_t start =
+          (static_cast<int64_t>(s) * bpps + m) * global + static_cast<int64_t>(r) * batch;
+      torch::nn::functional::cross_entropy(model->forward(x_all.narrow(0, start, batch)),
+                                           y_all.narrow(0, start, batch))
           .backward();
     }
     opt.step();
@@ -102,9 +104,11 @@ std::vector<torch::Tensor> train_ddp(int steps, int batch, int bpps) {
   for (int s = 0; s < steps; ++s) {
     adam.zero_grad();
     for (int m = 0; m < bpps; ++m) {
-      int64_t start = (static_cast<int64_t>(s) * bpps + m) * global + static_cast<int64_t>(r) * batch;
+      int64_t start =
+          (static_cast<int64_t>(s) * bpps + m) * global + static_cast<int64_t>(r) * batch;
       auto step = [&] {
-        torch::nn::functional::cross_entropy(ddp(x_all.narrow(0, start, batch)), y_all.narrow(0, start, batch))
+        torch::nn::functional::cross_entropy(ddp(x_all.narrow(0, start, batch)),
+                                             y_all.narrow(0, start, batch))
             .backward();
       };
       if (m + 1 < bpps) {
@@ -139,14 +143,16 @@ void collectives() {
               hvd::allreduce(t, {.op = hvd::Sum, .prescale_factor = 2.0, .postscale_factor = 0.25}),
               (base * n + rsum) * 0.5);
   auto f32 = t.to(torch::kFloat32);
-  CHECK_CLOSE("allreduce fp16 compression", hvd::allreduce(f32, {.compression = hvd::Compression::fp16}),
-              base + rsum / n);
-  if (hvd::allreduce(f32, {.compression = hvd::Compression::fp16}).scalar_type() != torch::kFloat32) {
+  CHECK_CLOSE("allreduce fp16 compression",
+              hvd::allreduce(f32, {.compression = hvd::Compression::fp16}), base + rsum / n);
+  if (hvd::allreduce(f32, {.compression = hvd::Compression::fp16}).scalar_type() !=
+      torch::kFloat32) {
     std::fprintf(stderr, "fp16 compression changed the result's dtype\n");
     std::exit(1);
   }
   auto ints = torch::full({4}, r + 1, torch::kInt64);
-  CHECK_CLOSE("allreduce Sum int64", hvd::allreduce(ints, {.op = hvd::Sum}), torch::full({4}, n * (n + 1) / 2));
+  CHECK_CLOSE("allreduce Sum int64", hvd::allreduce(ints, {.op = hvd::Sum}),
+              torch::full({4}, n * (n + 1) / 2));
   // in place, async, poll
   auto inplace = t.clone();
   hvd::allreduce_(inplace, {.op = hvd::Sum, .name = "inplace"});
@@ -157,14 +163,16 @@ void collectives() {
   hvd::synchronize(h);
   CHECK_CLOSE("allreduce_async_ + poll", a2, base + (n - 1));
   // grouped
-  auto grouped = hvd::grouped_allreduce({t, t * 2, torch::full({1}, 1.0 * r, torch::kFloat64)}, {.op = hvd::Sum});
+  auto grouped = hvd::grouped_allreduce({t, t * 2, torch::full({1}, 1.0 * r, torch::kFloat64)},
+                                        {.op = hvd::Sum});
   CHECK_CLOSE("grouped_allreduce 0", grouped[0], base * n + rsum);
   CHECK_CLOSE("grouped_allreduce 1", grouped[1], (base * n + rsum) * 2);
   CHECK_CLOSE("grouped_allreduce 2", grouped[2], torch::full({1}, rsum, torch::kFloat64));
   // allgather with rank r contributing r+1 rows of value r
   auto rows = torch::full({r + 1, 2}, static_cast<double>(r), torch::kFloat64);
   std::vector<torch::Tensor> want_rows;
-  for (int k = 0; k < n; ++k) want_rows.push_back(torch::full({k + 1, 2}, static_cast<double>(k), torch::kFloat64));
+  for (int k = 0; k < n; ++k)
+    want_rows.push_back(torch::full({k + 1, 2}, static_cast<double>(k), torch::kFloat64));
   CHECK_CLOSE("allgather (different first dims)", hvd::allgather(rows), torch::cat(want_rows));
   // broadcast
   CHECK_CLOSE("broadcast from 1", hvd::broadcast(t, 1), base + 1);
@@ -180,15 +188,19 @@ void collectives() {
   }
   auto res = hvd::alltoall(torch::cat(send), torch::tensor(splits));
   std::vector<torch::Tensor> want_recv;
-  for (int k = 0; k < n; ++k) want_recv.push_back(torch::full({r + 1, 3}, 100.0 * k + r, torch::kFloat64));
+  for (int k = 0; k < n; ++k)
+    want_recv.push_back(torch::full({r + 1, 3}, 100.0 * k + r, torch::kFloat64));
   CHECK_CLOSE("alltoall output", res.output, torch::cat(want_recv));
-  CHECK_CLOSE("alltoall received_splits", res.received_splits, torch::full({n}, r + 1, torch::kInt64));
+  CHECK_CLOSE("alltoall received_splits", res.received_splits,
+              torch::full({n}, r + 1, torch::kInt64));
   // reducescatter: 2n+1 rows, the first rank gets one more
   auto rs_in = torch::arange((2 * n + 1) * 2, torch::kFloat64).reshape({2 * n + 1, 2}) + r;
   auto rs_sum = torch::arange((2 * n + 1) * 2, torch::kFloat64).reshape({2 * n + 1, 2}) * n + rsum;
   int64_t start = r * 2 + std::min(r, 1), count = 2 + (r < 1 ? 1 : 0);
-  CHECK_CLOSE("reducescatter Sum", hvd::reducescatter(rs_in, hvd::Sum), rs_sum.narrow(0, start, count));
-  CHECK_CLOSE("reducescatter Average", hvd::reducescatter(rs_in), rs_sum.narrow(0, start, count) / n);
+  CHECK_CLOSE("reducescatter Sum", hvd::reducescatter(rs_in, hvd::Sum),
+              rs_sum.narrow(0, start, count));
+  CHECK_CLOSE("reducescatter Average", hvd::reducescatter(rs_in),
+              rs_sum.narrow(0, start, count) / n);
   // objects, parameters, optimizer state
   std::string obj = hvd::broadcast_object(std::string(r == 0 ? "from rank 0" : "other"), 0);
   if (obj != "from rank 0") {
@@ -213,7 +225,8 @@ void collectives() {
   hvd::broadcast_optimizer_state(adam, 0);
   auto& state = adam.state();
   if (state.size() != 2) {
-    std::fprintf(stderr, "rank %d: broadcast_optimizer_state: %zu state entries, want 2\n", r, state.size());
+    std::fprintf(stderr, "rank %d: broadcast_optimizer_state: %zu state entries, want 2\n", r,
+                 state.size());
     std::exit(1);
   }
   // The map's order may differ between ranks: submit every broadcast (named by shape) first,
@@ -223,11 +236,13 @@ void collectives() {
   for (auto& [key, value] : state) {
     auto& st = static_cast<torch::optim::AdamParamState&>(*value);
     if (st.step() != 1) {
-      std::fprintf(stderr, "rank %d: broadcast_optimizer_state: step %lld, want 1\n", r, static_cast<long long>(st.step()));
+      std::fprintf(stderr, "rank %d: broadcast_optimizer_state: step %lld, want 1\n", r,
+                   static_cast<long long>(st.step()));
       std::exit(1);
     }
     checks.emplace_back(st.exp_avg(), st.exp_avg().clone());
-    handles.push_back(hvd::broadcast_async_(checks.back().second, 0, "exp_avg" + c10::str(st.exp_avg().sizes())));
+    handles.push_back(
+        hvd::broadcast_async_(checks.back().second, 0, "exp_avg" + c10::str(st.exp_avg().sizes())));
   }
   for (size_t i = 0; i < handles.size(); ++i) {
     hvd::synchronize(handles[i]);
@@ -237,8 +252,10 @@ void collectives() {
   if (r == n - 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   } else {
-    auto got = hvd::allreduce(torch::ones({3}, torch::kFloat64), {.op = hvd::Sum, .name = "before_join"});
-    CHECK_CLOSE("allreduce with a joined rank", got, torch::full({3}, 1.0 * (n - 1), torch::kFloat64));
+    auto got =
+        hvd::allreduce(torch::ones({3}, torch::kFloat64), {.op = hvd::Sum, .name = "before_join"});
+    CHECK_CLOSE("allreduce with a joined rank", got,
+                torch::full({3}, 1.0 * (n - 1), torch::kFloat64));
   }
   if (r == n - 1) {
     // this rank's join arrives after the others' allreduce needed it: they joined first
@@ -247,7 +264,9 @@ void collectives() {
   int last = hvd::join();
   std::printf("rank %d: join returned %d\n", r, last);
   if (last < 0 || last == n - 1) {
-    std::fprintf(stderr, "rank %d: join returned %d; rank %d joined first, so another rank joined last\n", r, last, n - 1);
+    std::fprintf(stderr,
+                 "rank %d: join returned %d; rank %d joined first, so another rank joined last\n",
+                 r, last, n - 1);
     std::exit(1);
   }
   hvd::barrier();
@@ -271,14 +290,18 @@ void collectives() {
   // same name with a new shape on every rank runs (the entry follows), and a shape that
   // differs on one rank is still a mismatch on every rank.
   for (int k = 0; k < 3; ++k) {
-    CHECK_CLOSE("cached allreduce", hvd::allreduce(t, {.op = hvd::Sum, .name = "cached"}), base * n + rsum);
+    CHECK_CLOSE("cached allreduce", hvd::allreduce(t, {.op = hvd::Sum, .name = "cached"}),
+                base * n + rsum);
   }
   CHECK_CLOSE("cached name, new shape everywhere",
-              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64), {.op = hvd::Sum, .name = "cached"}),
+              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64),
+                             {.op = hvd::Sum, .name = "cached"}),
               torch::full({4}, rsum, torch::kFloat64));
   try {
-    hvd::allreduce(torch::ones({r == 0 ? 5 : 4}, torch::kFloat64), {.op = hvd::Sum, .name = "cached"});
-    std::fprintf(stderr, "rank %d: a shape differing on rank 0 under a cached name did not throw\n", r);
+    hvd::allreduce(torch::ones({r == 0 ? 5 : 4}, torch::kFloat64),
+                   {.op = hvd::Sum, .name = "cached"});
+    std::fprintf(stderr, "rank %d: a shape differing on rank 0 under a cached name did not throw\n",
+                 r);
     std::exit(1);
   } catch (const dtrain::UsageError& e) {
     if (std::string(e.what()).find("mismatched allreduce 'cached'") == std::string::npos) {
@@ -287,7 +310,8 @@ void collectives() {
     }
   }
   CHECK_CLOSE("cached name after a mismatch",
-              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64), {.op = hvd::Sum, .name = "cached"}),
+              hvd::allreduce(torch::full({4}, 1.0 * r, torch::kFloat64),
+                             {.op = hvd::Sum, .name = "cached"}),
               torch::full({4}, rsum, torch::kFloat64));
   hvd::shutdown();
   std::printf("rank %d: collectives OK\n", r);
@@ -306,7 +330,9 @@ void order() {
   std::vector<hvd::Handle> hs(20);
   for (int i : idx) {
     ts[static_cast<size_t>(i)] = torch::full({i + 1}, (r + 1) * 1000.0 + i, torch::kFloat64);
-    hs[static_cast<size_t>(i)] = hvd::allreduce_async_(ts[static_cast<size_t>(i)], {.op = hvd::Sum, .name = "t" + std::to_string(i) + long_suffix});
+    hs[static_cast<size_t>(i)] =
+        hvd::allreduce_async_(ts[static_cast<size_t>(i)],
+                              {.op = hvd::Sum, .name = "t" + std::to_string(i) + long_suffix});
   }
   for (int i = 0; i < 20; ++i) {
     hvd::synchronize(hs[static_cast<size_t>(i)]);
@@ -337,7 +363,8 @@ void stall() {
 
 // Horovod's Adasum of two vectors, in float64.
 torch::Tensor adasum_pair(const torch::Tensor& a, const torch::Tensor& b) {
-  const double dot = a.dot(b).item<double>(), na = a.dot(a).item<double>(), nb = b.dot(b).item<double>();
+  const double dot = a.dot(b).item<double>(), na = a.dot(a).item<double>(),
+               nb = b.dot(b).item<double>();
   const double ca = na > 0 ? 1.0 - dot / (2 * na) : 1.0;
   const double cb = nb > 0 ? 1.0 - dot / (2 * nb) : 1.0;
   return ca * a + cb * b;
@@ -350,8 +377,9 @@ void adasum_mode() {
   // is zero on odd ranks (its coefficient must be 1).
   auto tensors_of = [](int k) {
     auto g = at::detail::createCPUGenerator(500 + k);
-    std::vector<torch::Tensor> t = {torch::randn({5, 7}, g, torch::kFloat64), torch::randn({13}, g, torch::kFloat64),
-                                    torch::randn({3, 4}, g, torch::kFloat32), torch::randn({6}, g, torch::kFloat64)};
+    std::vector<torch::Tensor> t = {
+        torch::randn({5, 7}, g, torch::kFloat64), torch::randn({13}, g, torch::kFloat64),
+        torch::randn({3, 4}, g, torch::kFloat32), torch::randn({6}, g, torch::kFloat64)};
     if (k % 2) t[3].zero_();
     // Correlated with rank 0's, so the dot products are far from 0.
     for (auto& x : t) x.add_(torch::ones_like(x));
@@ -364,7 +392,8 @@ void adasum_mode() {
     for (int k = 0; k < n; ++k) level.push_back(tensors_of(k)[i].reshape({-1}).to(torch::kFloat64));
     while (level.size() > 1) {
       std::vector<torch::Tensor> next;
-      for (size_t j = 0; j < level.size(); j += 2) next.push_back(adasum_pair(level[j], level[j + 1]));
+      for (size_t j = 0; j < level.size(); j += 2)
+        next.push_back(adasum_pair(level[j], level[j + 1]));
       level = next;
     }
     want.push_back(level[0].reshape(tensors_of(0)[i].sizes()));
@@ -372,9 +401,11 @@ void adasum_mode() {
   auto check = [&](const char* what, size_t i, const torch::Tensor& got) {
     auto g = got.to(torch::kFloat64);
     const double tol = got.scalar_type() == torch::kFloat32 ? 1e-5 : 1e-12;
-    const double rel = (g - want[i]).abs().max().item<double>() / want[i].abs().max().item<double>();
+    const double rel =
+        (g - want[i]).abs().max().item<double>() / want[i].abs().max().item<double>();
     if (g.sizes() != want[i].sizes() || !(rel <= tol)) {
-      std::fprintf(stderr, "rank %d: Adasum %s tensor %zu: relative difference %g (tolerance %g)\n", r, what, i, rel, tol);
+      std::fprintf(stderr, "rank %d: Adasum %s tensor %zu: relative difference %g (tolerance %g)\n",
+                   r, what, i, rel, tol);
       std::exit(1);
     }
   };
@@ -382,12 +413,15 @@ void adasum_mode() {
   // Not simply the sum or the average (the comparison would be vacuous otherwise).
   auto sum = torch::zeros_like(want[0]);
   for (int k = 0; k < n; ++k) sum += tensors_of(k)[0].to(torch::kFloat64);
-  if ((sum - want[0]).abs().max().item<double>() < 1e-3 || (sum / n - want[0]).abs().max().item<double>() < 1e-3) {
+  if ((sum - want[0]).abs().max().item<double>() < 1e-3 ||
+      (sum / n - want[0]).abs().max().item<double>() < 1e-3) {
     std::fprintf(stderr, "rank %d: the test's Adasum equals the sum or average\n", r);
     std::exit(1);
   }
   for (size_t i = 0; i < mine.size(); ++i) {
-    check("alone", i, hvd::allreduce(mine[i], {.op = hvd::Adasum, .name = "adasum.alone." + std::to_string(i)}));
+    check(
+        "alone", i,
+        hvd::allreduce(mine[i], {.op = hvd::Adasum, .name = "adasum.alone." + std::to_string(i)}));
   }
   auto inplace = mine[1].clone();
   hvd::allreduce_(inplace, {.op = hvd::Adasum, .name = "adasum.inplace", .postscale_factor = 0.5});
@@ -400,11 +434,14 @@ void adasum_mode() {
 
 void env_mode() {
   hvd::init();
-  const char* names[] = {"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-                         "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"};
-  std::string line = "hvd rank=" + std::to_string(hvd::rank()) + " size=" + std::to_string(hvd::size()) +
-                     " local_rank=" + std::to_string(hvd::local_rank()) + " local_size=" +
-                     std::to_string(hvd::local_size()) + " cross_rank=" + std::to_string(hvd::cross_rank()) +
+  const char* names[] = {
+      "HOROVOD_RANK",       "HOROVOD_SIZE",       "HOROVOD_LOCAL_RANK",       "HOROVOD_LOCAL_SIZE",
+      "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"};
+  std::string line = "hvd rank=" + std::to_string(hvd::rank()) +
+                     " size=" + std::to_string(hvd::size()) +
+                     " local_rank=" + std::to_string(hvd::local_rank()) +
+                     " local_size=" + std::to_string(hvd::local_size()) +
+                     " cross_rank=" + std::to_string(hvd::cross_rank()) +
                      " cross_size=" + std::to_string(hvd::cross_size());
   for (auto* n : names) {
     const char* v = std::getenv(n);
@@ -426,8 +463,9 @@ std::vector<torch::Tensor> train_single(int steps, int global) {
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
   for (int s = 0; s < steps; ++s) {
     adam.zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(x_all.narrow(0, int64_t{s} * global, global)),
-                                         y_all.narrow(0, int64_t{s} * global, global))
+    torch::nn::functional::cross_entropy(
+        model->forward(x_all.narrow(0, int64_t{s} * global, global)),
+        y_all.narrow(0, int64_t{s} * global, global))
         .backward();
     adam.step();
   }
@@ -436,7 +474,8 @@ std::vector<torch::Tensor> train_single(int steps, int global) {
   return params;
 }
 
-double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+double max_relative_difference(const std::vector<torch::Tensor>& a,
+                               const std::vector<torch::Tensor>& b) {
   double worst = a.size() == b.size() ? 0 : 1e300;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     auto diff = (a[i] - b[i]).abs().max().item<double>();
@@ -455,7 +494,8 @@ std::pair<int, std::vector<torch::Tensor>> runner_train(int steps) {
 
 int runner_fail(int bad_rank) {
   hvd::init();
-  if (hvd::rank() == bad_rank) throw std::runtime_error("rank " + std::to_string(bad_rank) + " gives up");
+  if (hvd::rank() == bad_rank)
+    throw std::runtime_error("rank " + std::to_string(bad_rank) + " gives up");
   hvd::barrier();
   return hvd::rank();
 }
@@ -483,7 +523,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out);
   CLI11_PARSE(app, argc, argv);
   if (mode == "train") {
-    auto params = opt == "hvd" ? train_hvd(steps, batch, bpps, fp16) : train_ddp(steps, batch, bpps);
+    auto params =
+        opt == "hvd" ? train_hvd(steps, batch, bpps, fp16) : train_ddp(steps, batch, bpps);
     int r = opt == "hvd" ? hvd::rank() : dtrain::default_group()->rank();
     if (r == 0 && !out.empty()) save(params, out);
     if (opt == "hvd") hvd::shutdown();
@@ -503,7 +544,8 @@ int main(int argc, char** argv) {
       runs.push_back({"fp16", true, 1, true});
     }
     for (const auto& run : runs) {
-      auto params = run.hvd ? train_hvd(steps, batch, run.bpps, run.fp16) : train_ddp(steps, batch, run.bpps);
+      auto params =
+          run.hvd ? train_hvd(steps, batch, run.bpps, run.fp16) : train_ddp(steps, batch, run.bpps);
       int r = run.hvd ? hvd::rank() : dtrain::default_group()->rank();
       if (run.hvd) hvd::shutdown();
       if (r == 0) save(params, out + "." + run.tag);
@@ -535,7 +577,8 @@ int main(int argc, char** argv) {
     auto [rank, params] = hr.run(runner_train, steps);
     // DistributedOptimizer on 2 ranks of 8 rows equals one process on 16 rows.
     double rel = max_relative_difference(params, train_single(steps, 16));
-    std::printf("HorovodRunner returned rank %d's model; relative difference to one process: %g\n", rank, rel);
+    std::printf("HorovodRunner returned rank %d's model; relative difference to one process: %g\n",
+                rank, rel);
     if (rank != 0 || !(rel <= 1e-9)) return 1;
     try {
       hr.run(runner_fail, 1);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -96,25 +97,30 @@ TEST_P(PythonLauncherInterop, RecordErrorFileOfAFailingPythonWorkerIsInTheSummar
 // venv's 2.x): each version's TCPStore client speaks its own torchrun's protocol.
 TEST(LauncherInterop, DtrainCppWorkerRunsUnderTorchrun) {
   ASSERT_EQ(::access(DTRAIN_NATIVE_TORCHRUN, X_OK), 0)
-      << "torchrun of PyTorch " << DTRAIN_TORCH_VERSION << " is required at " << DTRAIN_NATIVE_TORCHRUN
+      << "torchrun of PyTorch " << DTRAIN_TORCH_VERSION << " is required at "
+      << DTRAIN_NATIVE_TORCHRUN
       << " (scripts/setup.sh installs it: python3-torch for 1.13, the venv for 2.x)";
   // Debian's torchrun on Python 3.11 crashes with its default --redirects 0 (IntFlag change).
-  auto r = run_command({DTRAIN_NATIVE_TORCHRUN, "--nproc_per_node", "2", "--redirects", "9:1", "--tee",
-                        "9:1", "--monitor_interval", "0.1", "--no_python", HELLO_WORKER_BIN},
-                       {.timeout = 180s});
+  auto r =
+      run_command({DTRAIN_NATIVE_TORCHRUN, "--nproc_per_node", "2", "--redirects", "9:1", "--tee",
+                   "9:1", "--monitor_interval", "0.1", "--no_python", HELLO_WORKER_BIN},
+                  {.timeout = 180s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("hello from rank 0 of 2: all_reduce(rank + 1) = 3 (expected 3)"), std::string::npos)
+  EXPECT_NE(r.out.find("hello from rank 0 of 2: all_reduce(rank + 1) = 3 (expected 3)"),
+            std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("hello from rank 1 of 2: all_reduce(rank + 1) = 3 (expected 3)"), std::string::npos)
+  EXPECT_NE(r.out.find("hello from rank 1 of 2: all_reduce(rank + 1) = 3 (expected 3)"),
+            std::string::npos)
       << r.out;
 }
 
 TEST(LauncherInterop, DtrainCppWorkerRunsUnderDtrainRun) {
-  auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "3", HELLO_WORKER_BIN}, {.timeout = 180s});
+  auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "3", HELLO_WORKER_BIN},
+                       {.timeout = 180s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int rank = 0; rank < 3; ++rank) {
-    std::string line = "[default" + std::to_string(rank) + "]:hello from rank " + std::to_string(rank) +
-                       " of 3: all_reduce(rank + 1) = 6 (expected 6)";
+    std::string line = "[default" + std::to_string(rank) + "]:hello from rank " +
+                       std::to_string(rank) + " of 3: all_reduce(rank + 1) = 6 (expected 6)";
     EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
   }
 }

@@ -20,6 +20,7 @@
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "store/socket.h"
+#include "support/paths.h"
 
 namespace dtrain::store {
 namespace {
@@ -97,8 +98,8 @@ TEST(StoreInteropTest, C10dTcpStoreClientWorksAgainstOurServer) {
 
 TEST(StoreInteropTest, PrefixStoreKeysReadBackUnderTheirFullName) {
   auto server = StoreServer::start({});
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_0",
-                                                         torch_client(server->port()));
+  auto prefixed =
+      c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_0", torch_client(server->port()));
   prefixed->set("rank0", bytes("hello"));
   EXPECT_EQ(our_client(*server)->get("/worker/attempt_0/rank0"), "hello");
   our_client(*server)->set("/worker/attempt_0/rank1", "back");
@@ -143,7 +144,6 @@ TEST(StoreInteropTest, ProcessGroupGlooAllreducesOverOurStore) {
     EXPECT_TRUE(at::allclose(sum, at::full({4}, 3.0f))) << sum;
   }
 }
-
 
 constexpr const char* kPythonScript = R"PY(
 import sys
@@ -214,13 +214,13 @@ Result run_python(const std::string& python, std::uint16_t port) {
   ::close(fd);
   std::ofstream(path) << kPythonScript;
   // `timeout` bounds a wedged interpreter; the script's own store timeouts are 30 s.
-  std::string command =
-      "timeout 60 " + python + " " + path + " " + std::to_string(port) + " 2>&1";
+  std::string command = "timeout 60 " + python + " " + path + " " + std::to_string(port) + " 2>&1";
   Result result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return {-1, "popen failed"};
   char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, n);
+  while (std::size_t n = std::fread(buffer, 1, sizeof(buffer), pipe))
+    result.output.append(buffer, n);
   int status = ::pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   ::unlink(path);

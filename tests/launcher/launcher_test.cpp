@@ -34,6 +34,7 @@
 #include "dtrain/store.h"
 #include "launcher/subprocess.h"
 #include "support/free_port.h"
+#include "support/paths.h"
 
 namespace dtrain::test {
 namespace {
@@ -371,10 +372,12 @@ TEST_F(LauncherTest, MallocHugepagesAddsTheTunableAndKeepsTheParents) {
   RunOptions parent_env;
   parent_env.env = {"GLIBC_TUNABLES=glibc.malloc.arena_max=2"};
   r = run({"--malloc-hugepages", "--max-restarts", "1", kWorker, "--print-var", "GLIBC_TUNABLES",
-           "--fail-on-restart-below", "1"}, 30s, parent_env);
+           "--fail-on-restart-below", "1"},
+          30s, parent_env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Both attempts print it; the restart must not append the tunable a second time.
-  EXPECT_EQ(env_by_rank(r.out)[0]["GLIBC_TUNABLES"], "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
+  EXPECT_EQ(env_by_rank(r.out)[0]["GLIBC_TUNABLES"],
+            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
   EXPECT_EQ(r.out.find("hugetlb=1:glibc.malloc.hugetlb=1"), std::string::npos) << r.out;
   // Without the flag the parent's value passes through untouched.
   r = run({kWorker, "--print-var", "GLIBC_TUNABLES"}, 30s, parent_env);
@@ -517,8 +520,9 @@ TEST_F(LauncherTest, FailureStoreGetsTheRootCause) {
   // What the Distributor uses in cluster mode: the root cause in its own store.
   auto server = store::StoreServer::start({"127.0.0.1", 0});
   const std::string port = std::to_string(server->port());
-  RunResult r = run({"--nproc-per-node", "2", "--failure-store", "127.0.0.1:" + port + "/job/failure",
-                     kWorker, "--kill-self-on-rank", "1", "11", "--sleep", "30"});
+  RunResult r =
+      run({"--nproc-per-node", "2", "--failure-store", "127.0.0.1:" + port + "/job/failure",
+           kWorker, "--kill-self-on-rank", "1", "11", "--sleep", "30"});
   EXPECT_EQ(r.exit_code, 139) << r.err;
   auto client = store::StoreClient::connect("127.0.0.1", server->port(), {5s, 5s});
   ASSERT_TRUE(client->check({"job/failure"})) << r.err;
@@ -708,8 +712,9 @@ std::map<int, Start> starts(const std::string& out) {
 }
 
 TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
-  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "3", kWorker, "--print-start",
-                     "--print-env", "--print-var", "LD_PRELOAD", "--print-var", "DTRAIN_FORKSERVER"});
+  RunResult r =
+      run({"--start-method", "forkserver", "--nproc-per-node", "3", kWorker, "--print-start",
+           "--print-env", "--print-var", "LD_PRELOAD", "--print-var", "DTRAIN_FORKSERVER"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto s = starts(r.out);
   ASSERT_EQ(s.size(), 3u) << r.out;
@@ -724,7 +729,8 @@ TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
     EXPECT_EQ(env[rank]["RANK"], std::to_string(rank));
     EXPECT_EQ(env[rank]["LOCAL_RANK"], std::to_string(rank));
     EXPECT_EQ(env[rank]["OMP_NUM_THREADS"], "1");
-    EXPECT_TRUE(env[rank]["TORCHELASTIC_ERROR_FILE"].ends_with("/rank_" + std::to_string(rank) + "/error.json"));
+    EXPECT_TRUE(env[rank]["TORCHELASTIC_ERROR_FILE"].ends_with("/rank_" + std::to_string(rank) +
+                                                               "/error.json"));
   }
   // Nothing of the fork server's own set-up reaches the program.
   EXPECT_EQ(count(r.out, "]:LD_PRELOAD=<unset>\n"), 3u) << r.out;
@@ -734,8 +740,8 @@ TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
 TEST_F(LauncherTest, ForkServerKeepsTheUsersLdPreload) {
   RunOptions o;
   o.env = {std::string("LD_PRELOAD=") + PRELOAD_PROBE_LIB};
-  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-start",
-                     "--print-var", "LD_PRELOAD"},
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker,
+                     "--print-start", "--print-var", "LD_PRELOAD"},
                     30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, std::string("]:LD_PRELOAD=") + PRELOAD_PROBE_LIB + "\n"), 2u) << r.out;
@@ -745,7 +751,8 @@ TEST_F(LauncherTest, ForkServerKeepsTheUsersLdPreload) {
 TEST_F(LauncherTest, SpawnAndAutoForAProgramWithoutLibtorchStartEachWorkerAfresh) {
   for (const char* method : {"spawn", "auto"}) {
     SCOPED_TRACE(method);
-    RunResult r = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--print-start"});
+    RunResult r =
+        run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--print-start"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto s = starts(r.out);
     ASSERT_EQ(s.size(), 2u) << r.out;
@@ -757,13 +764,14 @@ TEST_F(LauncherTest, ForkServerFallsBackToExecWhenALibraryStartedAThread) {
   // fork() copies only the calling thread: the server must not fork a half-copied process.
   RunOptions o;
   o.env = {"PROBE_START_THREAD=1"};
-  RunResult r =
-      run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-start", "--print-env"},
-          30s, o);
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker,
+                     "--print-start", "--print-env"},
+                    30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto s = starts(r.out);
   ASSERT_EQ(s.size(), 2u) << r.out;
-  for (auto& [rank, st] : s) EXPECT_EQ(st.constructor_pid, st.pid) << "rank " << rank << " was forked";
+  for (auto& [rank, st] : s)
+    EXPECT_EQ(st.constructor_pid, st.pid) << "rank " << rank << " was forked";
   auto env = env_by_rank(r.out);
   EXPECT_EQ(env[1]["RANK"], "1");
   EXPECT_TRUE(contains(r.err, "keeps a thread running after loading")) << r.err;
@@ -773,7 +781,8 @@ TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {
   // It inherits the server's environment (LD_PRELOAD, DTRAIN_FORKSERVER) and must just run.
   RunOptions o;
   o.env = {"PROBE_SPAWN=echo started while loading"};
-  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-env"}, 30s, o);
+  RunResult r = run(
+      {"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-env"}, 30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "started while loading\n"), 1u) << r.out;
   auto env = env_by_rank(r.out);
@@ -782,12 +791,16 @@ TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {
   // One left running in the background holds the server's pipes: the job still ends with
   // its workers, with their exit code.
   o.env = {"PROBE_SPAWN=sleep 20 &"};
-  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--exit-on-rank", "0", "5"}, 30s, o);
+  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--exit-on-rank", "0",
+           "5"},
+          30s, o);
   EXPECT_EQ(r.exit_code, 5) << r.err;
   EXPECT_LT(r.elapsed, 10.0);
   // ... and when the server dies while loading, its end is seen without the pipe's EOF.
   o.env = {"PROBE_SPAWN=sleep 20 & kill -KILL $PPID"};
-  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--touch", path("ran")}, 30s, o);
+  r = run(
+      {"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--touch", path("ran")},
+      30s, o);
   EXPECT_EQ(r.exit_code, 137) << r.err;
   EXPECT_LT(r.elapsed, 10.0);
   EXPECT_TRUE(contains(r.err, "the fork server (pid ")) << r.err;
@@ -798,11 +811,11 @@ TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
   // Each load of the program (a fork server's) appends "before|after PID" to `loads`: whether
   // attempt 0's workers had begun to fail by then, and the loading process.
   RunOptions o;
-  o.env = {"PROBE_SPAWN=(test -e " + path("failing") + " && echo after $PPID || echo before $PPID) >> " +
-           path("loads")};
-  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker,
-                     "--sleep", "0.5", "--touch", path("failing"), "--fail-on-restart-below", "1", "--print-start",
-                     "--print-env"},
+  o.env = {"PROBE_SPAWN=(test -e " + path("failing") +
+           " && echo after $PPID || echo before $PPID) >> " + path("loads")};
+  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1",
+                     kWorker, "--sleep", "0.5", "--touch", path("failing"),
+                     "--fail-on-restart-below", "1", "--print-start", "--print-env"},
                     30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream in(path("loads"));
@@ -813,7 +826,8 @@ TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
   // The restart's server was loaded while attempt 0 ran (no third one: no restart is left).
   ASSERT_EQ(loads.size(), 2u) << r.err;
   EXPECT_EQ(loads[0].first, "before");
-  EXPECT_EQ(loads[1].first, "before") << "the restart's workers came from a server loaded after the failure";
+  EXPECT_EQ(loads[1].first, "before")
+      << "the restart's workers came from a server loaded after the failure";
   auto s = starts(r.out);
   auto env = env_by_rank(r.out);
   ASSERT_EQ(s.size(), 2u) << r.out;
@@ -824,7 +838,8 @@ TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
   }
   // A standby that is never used (the job succeeds first) is gone with the job.
   std::filesystem::remove(path("loads"));
-  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker, "--sleep", "0.5"},
+  r = run({"--start-method", "forkserver", "--nproc-per-node", "2", "--max-restarts", "1", kWorker,
+           "--sleep", "0.5"},
           30s, o);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream again(path("loads"));
@@ -837,7 +852,8 @@ TEST_F(LauncherTest, ForkServerStandbyLoadsTheRestartBeforeItIsNeeded) {
 TEST_F(LauncherTest, UnsyncedCoutOfAForkedWorkerIsFlushedAtExit) {
   for (const char* method : {"spawn", "forkserver"}) {
     SCOPED_TRACE(method);
-    RunResult r = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--unsynced-cout", "buffered"});
+    RunResult r = run({"--start-method", method, "--nproc-per-node", "2", kWorker,
+                       "--unsynced-cout", "buffered"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(count(r.out, "]:buffered\n"), 2u) << r.out;
   }
@@ -846,7 +862,8 @@ TEST_F(LauncherTest, UnsyncedCoutOfAForkedWorkerIsFlushedAtExit) {
 TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
   for (const char* method : {"spawn", "forkserver"}) {
     SCOPED_TRACE(method);
-    RunResult ok = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--exit-hooks", "0"});
+    RunResult ok =
+        run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--exit-hooks", "0"});
     EXPECT_EQ(ok.exit_code, 0) << ok.err;
     for (int rank : {0, 1}) {
       const std::string p = "[default" + std::to_string(rank) + "]:";
@@ -854,7 +871,8 @@ TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
                                        "atexit handler ran\n" + p + "destructor function ran\n"))
           << ok.out;
     }
-    RunResult dl = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--dlopen", DLOPEN_PROBE_LIB});
+    RunResult dl = run(
+        {"--start-method", method, "--nproc-per-node", "2", kWorker, "--dlopen", DLOPEN_PROBE_LIB});
     EXPECT_EQ(dl.exit_code, 0) << dl.err;
     EXPECT_EQ(count(dl.out, "]:dlopened library destructor ran\n"), 2u) << dl.out;
     RunResult bad = run({"--start-method", method, kWorker, "--exit-hooks", "5"});
@@ -867,8 +885,9 @@ TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
 TEST_F(LauncherTest, ForkServerThatFailsWhileLoadingFailsTheJob) {
   RunOptions o;
   o.env = {"PROBE_EXIT=9"};
-  RunResult r = run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--touch", path("ran")},
-                    30s, o);
+  RunResult r = run(
+      {"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--touch", path("ran")},
+      30s, o);
   EXPECT_EQ(r.exit_code, 9) << r.err;
   EXPECT_LT(r.elapsed, 5.0);
   EXPECT_TRUE(contains(r.err, "  rank       : 0 (local rank 0)\n")) << r.err;

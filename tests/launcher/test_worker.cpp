@@ -71,10 +71,11 @@ int main(int argc, char** argv) {
     };
     if (a == "--print-env") {
       for (const char* k :
-           {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-            "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS"}) {
+           {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
+            "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+            "OMP_NUM_THREADS"}) {
         const char* v = std::getenv(k);
         std::printf("%s=%s\n", k, v ? v : "<unset>");
       }
@@ -145,7 +146,8 @@ int main(int argc, char** argv) {
       const char* addr = std::getenv("MASTER_ADDR");
       int port = env_int("MASTER_PORT");
       int world = env_int("WORLD_SIZE");
-      std::string prefix = "/worker/attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT"));
+      std::string prefix =
+          "/worker/attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT"));
       dtrain::store::StoreClient::Options o;
       o.connect_timeout = std::chrono::seconds(10);
       o.timeout = std::chrono::seconds(20);

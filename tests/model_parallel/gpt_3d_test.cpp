@@ -20,8 +20,8 @@ gpt::Config small() {
   return c;
 }
 
-std::vector<double> curve(int world, std::vector<std::pair<std::string, int>> dims, const gpt::Config& cfg,
-                          const gpt::Corpus& corpus) {
+std::vector<double> curve(int world, std::vector<std::pair<std::string, int>> dims,
+                          const gpt::Config& cfg, const gpt::Corpus& corpus) {
   std::vector<double> losses;
   std::mutex mu;
   dtrain::test::run_ranks(world, [&](std::shared_ptr<dtrain::ProcessGroup> g) {
@@ -42,7 +42,8 @@ TEST(Gpt3D, TwoByTwoByTwoFollowsTheSingleProcessLossCurve) {
   ASSERT_EQ(one.size(), static_cast<size_t>(cfg.steps));
   ASSERT_EQ(three_d.size(), one.size());
   for (size_t s = 0; s < one.size(); ++s) EXPECT_NEAR(three_d[s], one[s], 1e-4) << "step " << s;
-  EXPECT_LT(one.back(), one.front()) << "the model should learn something in " << cfg.steps << " steps";
+  EXPECT_LT(one.back(), one.front())
+      << "the model should learn something in " << cfg.steps << " steps";
 }
 
 TEST(Gpt3D, InterleavedPipelineWithTensorParallelFollowsTheSameCurve) {

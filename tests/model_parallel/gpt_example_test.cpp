@@ -8,6 +8,7 @@
 
 #include "launcher/subprocess.h"
 #include "support/json_lines.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -17,8 +18,21 @@ using namespace std::chrono_literals;
 nlohmann::json result_of(const std::string& out) { return dtrain::test::last_json_line(out); }
 
 dtrain::test::RunResult gpt(int nproc, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), GPT_BIN,
-                                "--steps", "4", "--d-model", "32", "--block", "16", "--batch", "8", "--log-every", "2"};
+  std::vector<std::string> argv{DTRAIN_BIN,
+                                "run",
+                                "--nproc-per-node",
+                                std::to_string(nproc),
+                                GPT_BIN,
+                                "--steps",
+                                "4",
+                                "--d-model",
+                                "32",
+                                "--block",
+                                "16",
+                                "--batch",
+                                "8",
+                                "--log-every",
+                                "2"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return run_command(argv, {.timeout = 300s});
 }
@@ -35,14 +49,16 @@ TEST(GptExample, PipelineAndTensorParallelOnFourProcessesMatchOneProcess) {
   EXPECT_EQ(b["dp"], 1);
   ASSERT_EQ(a["losses"].size(), 4u) << one.out;
   ASSERT_EQ(b["losses"].size(), 4u) << four.out;
-  for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(b["losses"][s].get<double>(), a["losses"][s].get<double>(), 1e-4) << "step " << s;
+  for (size_t s = 0; s < 4; ++s)
+    EXPECT_NEAR(b["losses"][s].get<double>(), a["losses"][s].get<double>(), 1e-4) << "step " << s;
   EXPECT_NE(four.out.find("[default0]:step 2 loss"), std::string::npos) << four.out;
 }
 
 TEST(GptExample, AShapeThatDoesNotFitTheWorldIsAClearError) {
   auto r = gpt(2, {"--pp", "2", "--tp", "2"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE((r.out + r.err).find("pp * tp = 4 does not divide the world size 2"), std::string::npos) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("pp * tp = 4 does not divide the world size 2"), std::string::npos)
+      << r.out << r.err;
 }
 
 }  // namespace

@@ -75,7 +75,9 @@ void NewGroup_BadRankListsAreUsageErrors() {
       new_group({0, 2}, o);
       ADD_FAILURE() << "rank 2 of a 2-rank group was accepted";
     } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 2 is outside the parent group (ranks 0-1)"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 2 is outside the parent group (ranks 0-1)"),
+                std::string::npos)
+          << e.what();
     }
   });
 }
@@ -114,7 +116,9 @@ void DeviceMesh_SizeOneDimensionsAndWrongProducts() {
       DeviceMesh bad({{"dp", 3}, {"tp", 2}}, world);
       ADD_FAILURE() << "a 3x2 mesh over 2 ranks was accepted";
     } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("dp=3 x tp=2 makes 6 ranks but the group has 2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("dp=3 x tp=2 makes 6 ranks but the group has 2"),
+                std::string::npos)
+          << e.what();
     }
     EXPECT_THROW(DeviceMesh({{"dp", 2}, {"dp", 1}}, world), UsageError);
     EXPECT_THROW(DeviceMesh({{"dp", 0}, {"tp", 2}}, world), UsageError);

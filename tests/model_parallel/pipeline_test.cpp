@@ -25,8 +25,10 @@ void OrdersWrittenOutByHand() {
   // GPipe: all forwards, then all backwards.
   EXPECT_EQ(joined(schedule_ops(Schedule::kGPipe, 4, 2, 4)), "F0 F1 F2 F3 B0 B1 B2 B3");
   // 1F1B on 4 ranks, 8 micro-batches: rank 0 warms up with 3 forwards, rank 3 with none.
-  EXPECT_EQ(joined(schedule_ops(Schedule::kOneFOneB, 4, 0, 8)), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(joined(schedule_ops(Schedule::kOneFOneB, 4, 3, 8)), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(joined(schedule_ops(Schedule::kOneFOneB, 4, 0, 8)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(joined(schedule_ops(Schedule::kOneFOneB, 4, 3, 8)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
   EXPECT_EQ(joined(schedule_ops(Schedule::kOneFOneB, 4, 1, 1)), "F0 B0");
   // Interleaved, 2 ranks x 2 chunks, 4 micro-batches, rank 0: Megatron's warm-up is
   // (P-p-1)*2 + (V-1)*P = 4 forwards (micro-batches 0,1 through chunk 0, then chunk 1).
@@ -36,7 +38,8 @@ void OrdersWrittenOutByHand() {
 
 void InvalidCombinationsAreUsageErrors() {
   EXPECT_THROW(schedule_ops(Schedule::kInterleavedOneFOneB, 4, 0, 6, 2), UsageError);  // M % P != 0
-  EXPECT_THROW(schedule_ops(Schedule::kOneFOneB, 2, 0, 4, 2), UsageError);             // V > 1 needs interleaving
+  EXPECT_THROW(schedule_ops(Schedule::kOneFOneB, 2, 0, 4, 2),
+               UsageError);  // V > 1 needs interleaving
   EXPECT_THROW(schedule_ops(Schedule::kGPipe, 2, 2, 4), UsageError);
   EXPECT_THROW(parse_schedule("zb-v"), UsageError);
   EXPECT_EQ(parse_schedule("one_f_one_b"), Schedule::kOneFOneB);
@@ -51,7 +54,8 @@ TEST(PipelineSchedule, OrdersAndSplitting) {
 }
 
 void SplitByLayersAndByParameters() {
-  torch::nn::Sequential m(torch::nn::Linear(64, 64), torch::nn::Linear(4, 4), torch::nn::Linear(4, 4), torch::nn::Linear(4, 4),
+  torch::nn::Sequential m(torch::nn::Linear(64, 64), torch::nn::Linear(4, 4),
+                          torch::nn::Linear(4, 4), torch::nn::Linear(4, 4),
                           torch::nn::Linear(4, 4));
   auto by_layers = split_sequential(m, 2);
   ASSERT_EQ(by_layers.size(), 2u);
@@ -68,14 +72,17 @@ void SplitByLayersAndByParameters() {
 // A model of 8 children (so 4 ranks x 2 chunks get one each).
 torch::nn::Sequential make_model() {
   using namespace torch::nn;
-  return Sequential(Linear(6, 16), Tanh(), Linear(16, 16), Tanh(), Linear(16, 16), Tanh(), Linear(16, 8), Linear(8, 3));
+  return Sequential(Linear(6, 16), Tanh(), Linear(16, 16), Tanh(), Linear(16, 16), Tanh(),
+                    Linear(16, 8), Linear(8, 3));
 }
 
 torch::nn::Sequential deep_copy(const torch::nn::Sequential& m) {
   return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m->clone()));
 }
 
-torch::Tensor mse(const torch::Tensor& out, const torch::Tensor& target) { return torch::mse_loss(out, target); }
+torch::Tensor mse(const torch::Tensor& out, const torch::Tensor& target) {
+  return torch::mse_loss(out, target);
+}
 
 struct Config {
   Schedule schedule;
@@ -89,13 +96,15 @@ struct Config {
 void expect_one_f_one_b_shape(const std::vector<PipelineOp>& ops, int P, int p, int M) {
   const int warmup = std::min(P - 1 - p, M);
   int i = 0;
-  for (; i < warmup; ++i) EXPECT_EQ(ops[i].kind, PipelineOp::kForward) << "warm-up op " << i << " on rank " << p;
+  for (; i < warmup; ++i)
+    EXPECT_EQ(ops[i].kind, PipelineOp::kForward) << "warm-up op " << i << " on rank " << p;
   // Steady state: F, B, F, B, ... for M - warmup pairs; then the cool-down backwards.
   for (int k = 0; k < M - warmup; ++k) {
     EXPECT_EQ(ops[i++].kind, PipelineOp::kForward) << "steady pair " << k << " on rank " << p;
     EXPECT_EQ(ops[i++].kind, PipelineOp::kBackward) << "steady pair " << k << " on rank " << p;
   }
-  for (; i < 2 * M; ++i) EXPECT_EQ(ops[i].kind, PipelineOp::kBackward) << "cool-down op " << i << " on rank " << p;
+  for (; i < 2 * M; ++i)
+    EXPECT_EQ(ops[i].kind, PipelineOp::kBackward) << "cool-down op " << i << " on rank " << p;
 }
 
 void check_trace(const Config& c, const Pipeline& pipe, int P, int p) {
@@ -108,7 +117,8 @@ void check_trace(const Config& c, const Pipeline& pipe, int P, int p) {
     if (ops[i].kind == PipelineOp::kForward) {
       forward_at[key] = i;
     } else {
-      ASSERT_TRUE(forward_at.count(key)) << to_string(ops[i]) << " before its forward on rank " << p;
+      ASSERT_TRUE(forward_at.count(key))
+          << to_string(ops[i]) << " before its forward on rank " << p;
     }
   }
   if (c.schedule == Schedule::kGPipe) {
@@ -160,10 +170,12 @@ void run_parity(int P, const std::vector<Config>& configs) {
     const int p = g->rank();
     for (size_t k = 0; k < configs.size(); ++k) {
       const Config& c = configs[k];
-      SCOPED_TRACE("P=" + std::to_string(P) + " rank " + std::to_string(p) + " " + schedule_name(c.schedule) +
-                   " M=" + std::to_string(c.micro_batches) + " V=" + std::to_string(c.virtual_stages));
+      SCOPED_TRACE("P=" + std::to_string(P) + " rank " + std::to_string(p) + " " +
+                   schedule_name(c.schedule) + " M=" + std::to_string(c.micro_batches) +
+                   " V=" + std::to_string(c.virtual_stages));
       const int S = P * c.virtual_stages;
-      Pipeline pipe(split_sequential(copies[k][p], S), g, {c.schedule, c.micro_batches, c.virtual_stages});
+      Pipeline pipe(split_sequential(copies[k][p], S), g,
+                    {c.schedule, c.micro_batches, c.virtual_stages});
       torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       for (int s = 0; s < kSteps; ++s) {
         opt.zero_grad();
@@ -171,7 +183,8 @@ void run_parity(int P, const std::vector<Config>& configs) {
         opt.step();
         if (pipe.is_last_stage()) {
           ASSERT_TRUE(loss.defined());
-          EXPECT_NEAR(loss.item<double>(), ref_loss[s], 1e-5 * std::max(1.0, ref_loss[s])) << "step " << s;
+          EXPECT_NEAR(loss.item<double>(), ref_loss[s], 1e-5 * std::max(1.0, ref_loss[s]))
+              << "step " << s;
         } else {
           EXPECT_FALSE(loss.defined());
         }
@@ -185,7 +198,8 @@ void run_parity(int P, const std::vector<Config>& configs) {
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < got.size(); ++i) {
           EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-5, 1e-7))
-              << "chunk " << chunk << " parameter " << i << ": max |diff| " << (got[i] - want[i]).abs().max().item<double>();
+              << "chunk " << chunk << " parameter " << i << ": max |diff| "
+              << (got[i] - want[i]).abs().max().item<double>();
         }
       }
     }
@@ -219,7 +233,9 @@ TEST(PipelineTraining, FourStagesMatchTheUnpipelinedModel) { run_parity(4, all_c
 TEST(PipelineTraining, DataParallelReplicasWithDdpMatchTheUnpipelinedModel) {
   torch::set_num_threads(1);
   constexpr int D = 2, P = 2, kSteps = 10, kBatch = 16;
-  const std::vector<Config> configs = {{Schedule::kOneFOneB, 4, 1}, {Schedule::kGPipe, 2, 1}, {Schedule::kInterleavedOneFOneB, 2, 2}};
+  const std::vector<Config> configs = {{Schedule::kOneFOneB, 4, 1},
+                                       {Schedule::kGPipe, 2, 1},
+                                       {Schedule::kInterleavedOneFOneB, 2, 2}};
   torch::manual_seed(11);
   std::vector<torch::Tensor> xs, ys;
   for (int s = 0; s < kSteps; ++s) {
@@ -243,8 +259,9 @@ TEST(PipelineTraining, DataParallelReplicasWithDdpMatchTheUnpipelinedModel) {
     const int d = mesh.coordinate("dp"), p = mesh.coordinate("pp");
     for (size_t k = 0; k < configs.size(); ++k) {
       const Config& c = configs[k];
-      SCOPED_TRACE("dp rank " + std::to_string(d) + " stage " + std::to_string(p) + " " + schedule_name(c.schedule) +
-                   " M=" + std::to_string(c.micro_batches) + " V=" + std::to_string(c.virtual_stages));
+      SCOPED_TRACE("dp rank " + std::to_string(d) + " stage " + std::to_string(p) + " " +
+                   schedule_name(c.schedule) + " M=" + std::to_string(c.micro_batches) +
+                   " V=" + std::to_string(c.virtual_stages));
       const int S = P * c.virtual_stages;
       PipelineOptions o{c.schedule, c.micro_batches, c.virtual_stages};
       o.data_parallel = DDPOptions{};  // the mesh's dp group
@@ -264,14 +281,16 @@ TEST(PipelineTraining, DataParallelReplicasWithDdpMatchTheUnpipelinedModel) {
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < got.size(); ++i) {
           EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-5, 1e-6))
-              << "chunk " << chunk << " parameter " << i << ": max |diff| " << (got[i] - want[i]).abs().max().item<double>();
+              << "chunk " << chunk << " parameter " << i << ": max |diff| "
+              << (got[i] - want[i]).abs().max().item<double>();
         }
       }
     }
     // The group constructor has no mesh to take the dp group from.
     PipelineOptions no_group;
     no_group.data_parallel = DDPOptions{};
-    EXPECT_THROW(Pipeline(split_sequential(copies[0][g->rank()], P), mesh.group("pp"), no_group), UsageError);
+    EXPECT_THROW(Pipeline(split_sequential(copies[0][g->rank()], P), mesh.group("pp"), no_group),
+                 UsageError);
     g->barrier();
   });
 }

@@ -16,7 +16,8 @@ constexpr double kTol = 1e-5;
     return ::testing::AssertionFailure() << "shape " << got.sizes() << " != " << want.sizes();
   }
   if (torch::allclose(got, want, kTol, kTol)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max |diff| = " << (got - want).abs().max().item<double>();
+  return ::testing::AssertionFailure()
+         << "max |diff| = " << (got - want).abs().max().item<double>();
 }
 
 torch::nn::Linear copy_of(const torch::nn::Linear& l) {
@@ -149,7 +150,10 @@ void ParallelizeShardsNamedLinearsOfASequential(const int T) {
     // parallelize() leaves `model` alone (the shards are copies), so every rank may read it.
     // (Sequential::clone() drops the children's names: the reference's are "0", "1", ...)
     auto mine = model;
-    auto tp = parallelize(mine, {{"fc1", ColwiseParallel{}}, {"fc2", RowwiseParallel{}}, {"head", ColwiseParallel{true}}}, g);
+    auto tp = parallelize(
+        mine,
+        {{"fc1", ColwiseParallel{}}, {"fc2", RowwiseParallel{}}, {"head", ColwiseParallel{true}}},
+        g);
     torch::Tensor y = tp->forward(x);
     y.pow(2).sum().backward();
     EXPECT_TRUE(close(y, yr));
@@ -173,7 +177,9 @@ void SizesNotDivisibleByTheGroupAreUsageErrors() {
       ColumnParallelLinear(4, 7, g);
       ADD_FAILURE() << "out_features 7 over 2 ranks was accepted";
     } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("out_features = 7 is not divisible by the tensor-parallel size 2"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(
+                    "out_features = 7 is not divisible by the tensor-parallel size 2"),
+                std::string::npos)
           << e.what();
     }
     EXPECT_THROW(RowParallelLinear(5, 4, g), UsageError);
@@ -210,9 +216,8 @@ TEST_P(TensorParallel, LayersLossAndParallelizeEqualTheUnshardedModel) {
   if (T == 2) SizesNotDivisibleByTheGroupAreUsageErrors();
 }
 
-INSTANTIATE_TEST_SUITE_P(T, TensorParallel, ::testing::Values(2, 4), [](const auto& info) {
-  return "T" + std::to_string(info.param);
-});
+INSTANTIATE_TEST_SUITE_P(T, TensorParallel, ::testing::Values(2, 4),
+                         [](const auto& info) { return "T" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace dtrain

@@ -11,9 +11,11 @@ int main(int argc, char** argv) {
   auto server = dtrain::store::StoreServer::start({});
   auto client = dtrain::store::StoreClient::connect("127.0.0.1", server->port(), {});
   client->set("k", "v");
-  std::string path = std::filesystem::temp_directory_path() / ("dtrain_consumer_" + std::to_string(server->port()));
+  std::string path = std::filesystem::temp_directory_path() /
+                     ("dtrain_consumer_" + std::to_string(server->port()));
   std::filesystem::remove(path);
-  auto pg = dtrain::init_process_group({.init_method = "file://" + path, .world_size = 1, .rank = 0});
+  auto pg =
+      dtrain::init_process_group({.init_method = "file://" + path, .world_size = 1, .rank = 0});
   pg->barrier();
   std::filesystem::remove(path);
   bool ok = client->get("k") == "v" && pg->world_size() == 1;

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -17,11 +18,24 @@ using namespace std::chrono_literals;
 
 std::vector<torch::Tensor> train(const std::string& model, int nproc, int batch, int global_batch,
                                  bool float32 = false) {
-  auto out = std::filesystem::temp_directory_path() /
-             ("parity_" + model + "_" + std::to_string(nproc) + "_" + std::to_string(::getpid()) + ".pt");
-  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), PARITY_WORKER_BIN,
-                                "--model", model, "--steps", "20", "--batch", std::to_string(batch),
-                                "--global-batch", std::to_string(global_batch), "--out", out.string()};
+  auto out =
+      std::filesystem::temp_directory_path() /
+      ("parity_" + model + "_" + std::to_string(nproc) + "_" + std::to_string(::getpid()) + ".pt");
+  std::vector<std::string> argv{DTRAIN_BIN,
+                                "run",
+                                "--nproc-per-node",
+                                std::to_string(nproc),
+                                PARITY_WORKER_BIN,
+                                "--model",
+                                model,
+                                "--steps",
+                                "20",
+                                "--batch",
+                                std::to_string(batch),
+                                "--global-batch",
+                                std::to_string(global_batch),
+                                "--out",
+                                out.string()};
   if (float32) argv.push_back("--float32");
   auto r = run_command(argv, {.timeout = 300s});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -31,7 +45,8 @@ std::vector<torch::Tensor> train(const std::string& model, int nproc, int batch,
   return params;
 }
 
-double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+double max_relative_difference(const std::vector<torch::Tensor>& a,
+                               const std::vector<torch::Tensor>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
@@ -56,17 +71,21 @@ TEST_P(Parity, DdpOnNRanksEqualsOneProcessWithNTimesTheBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndWorlds, Parity,
-                         ::testing::Combine(::testing::Values("mlp", "cnn"), ::testing::Values(2, 3)),
+                         ::testing::Combine(::testing::Values("mlp", "cnn"),
+                                            ::testing::Values(2, 3)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "_ranks";
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "_ranks";
                          });
 
 // ||a - b|| / ||b|| over each tensor, the worst one.
-double norm_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+double norm_relative_difference(const std::vector<torch::Tensor>& a,
+                                const std::vector<torch::Tensor>& b) {
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     auto bd = b[i].to(torch::kFloat64);
-    worst = std::max(worst, (a[i].to(torch::kFloat64) - bd).norm().item<double>() / std::max(bd.norm().item<double>(), 1e-12));
+    worst = std::max(worst, (a[i].to(torch::kFloat64) - bd).norm().item<double>() /
+                                std::max(bd.norm().item<double>(), 1e-12));
   }
   return worst;
 }

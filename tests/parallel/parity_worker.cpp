@@ -32,9 +32,10 @@ int main(int argc, char** argv) {
     model = Sequential(Linear(784, 512), ReLU(), Linear(512, 256), ReLU(), Linear(256, 10));
     x_all = torch::randn({static_cast<int64_t>(steps) * global_batch, 784});
   } else {
-    model = Sequential(Conv2d(Conv2dOptions(1, 4, 3).padding(1)), dtrain::SyncBatchNorm(4), ReLU(), MaxPool2d(2),
-                       Conv2d(Conv2dOptions(4, 8, 3).padding(1)), dtrain::SyncBatchNorm(8), ReLU(), MaxPool2d(2),
-                       Flatten(), Linear(8 * 7 * 7, 10));
+    model = Sequential(Conv2d(Conv2dOptions(1, 4, 3).padding(1)), dtrain::SyncBatchNorm(4), ReLU(),
+                       MaxPool2d(2), Conv2d(Conv2dOptions(4, 8, 3).padding(1)),
+                       dtrain::SyncBatchNorm(8), ReLU(), MaxPool2d(2), Flatten(),
+                       Linear(8 * 7 * 7, 10));
     x_all = torch::randn({static_cast<int64_t>(steps) * global_batch, 1, 28, 28});
   }
   auto y_all = torch::randint(0, 10, {static_cast<int64_t>(steps) * global_batch}, torch::kLong);
@@ -43,7 +44,8 @@ int main(int argc, char** argv) {
   dtrain::DistributedDataParallel ddp(model);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
   for (int s = 0; s < steps; ++s) {
-    int64_t start = static_cast<int64_t>(s) * global_batch + static_cast<int64_t>(pg->rank()) * batch;
+    int64_t start =
+        static_cast<int64_t>(s) * global_batch + static_cast<int64_t>(pg->rank()) * batch;
     auto x = x_all.narrow(0, start, batch);
     auto y = y_all.narrow(0, start, batch);
     opt.zero_grad();

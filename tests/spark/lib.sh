@@ -28,7 +28,8 @@ fail() {
 pass() { echo "ok: $*"; }
 
 spark_init() {
-  PY="${DTRAIN_VENV:-/work/main/.venv}/bin/python"
+  # The venv of this build (ctest passes the build's DTRAIN_VENV_PYTHON), else python_env.sh's.
+  PY="${DTRAIN_VENV_PYTHON:-${DTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dtrain/venv}/bin/python}"
   command -v java >/dev/null 2>&1 || fail "java is missing: scripts/setup.sh installs openjdk-17-jre-headless"
   [[ -x "$PY" ]] || fail "no venv python at $PY: run scripts/python_env.sh (DTRAIN_VENV)"
   SPARK_HOME="$("$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)" ||

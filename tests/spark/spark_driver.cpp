@@ -15,14 +15,14 @@
 // and the exit status is the first failing run's.
 // --keep-app 0: ClusterOptions::spark_keep_app = false (a Spark application per run()).
 // --app-idle S: ClusterOptions::spark_app_idle_timeout; --pause S: sleep S s before that run.
-// Prints "result rank=R sum=S host=H threads=OMP_NUM_THREADS" per rank, "program ok", "WorkerError rank=R host=H exit=E
-// signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
+// Prints "result rank=R sum=S host=H threads=OMP_NUM_THREADS" per rank, "program ok", "WorkerError
+// rank=R host=H exit=E signal=S type=T message=M" (exit 1) or "UsageError: ..." (exit 2).
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,10 +40,11 @@ std::string hostname() {
 
 constexpr int kEveryRank = -2;
 
-std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::string& crash_host, int exit_rank,
-                  int exit_code, int kill_rank) {
+std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::string& crash_host,
+                  int exit_rank, int exit_code, int kill_rank) {
   auto pg = dtrain::init_process_group();
-  if (pg->rank() == fail_rank) throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank));
+  if (pg->rank() == fail_rank)
+    throw std::runtime_error("failing on purpose on rank " + std::to_string(fail_rank));
   if (pg->rank() == exit_rank) {
     std::fprintf(stderr, "rank %d exits with code %d on purpose\n", exit_rank, exit_code);
     std::_Exit(exit_code);
@@ -55,19 +56,22 @@ std::string where(int fail_rank, int crash_rank, int sleep_rank, const std::stri
   auto t = torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64);
   dtrain::all_reduce(t);
   const char* local_rank = std::getenv("LOCAL_RANK");
-  if (pg->rank() == crash_rank ||
-      (!crash_host.empty() && hostname() == crash_host && local_rank && std::string(local_rank) == "1")) {
+  if (pg->rank() == crash_rank || (!crash_host.empty() && hostname() == crash_host && local_rank &&
+                                   std::string(local_rank) == "1")) {
     std::raise(SIGSEGV);
   }
-  if (sleep_rank == kEveryRank || pg->rank() == sleep_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+  if (sleep_rank == kEveryRank || pg->rank() == sleep_rank)
+    std::this_thread::sleep_for(std::chrono::minutes(10));
   const char* threads = std::getenv("OMP_NUM_THREADS");
-  return "rank=" + std::to_string(pg->rank()) + " sum=" + std::to_string(static_cast<int>(t.item<double>())) +
-         " host=" + hostname() + " threads=" + (threads ? threads : "unset");
+  return "rank=" + std::to_string(pg->rank()) +
+         " sum=" + std::to_string(static_cast<int>(t.item<double>())) + " host=" + hostname() +
+         " threads=" + (threads ? threads : "unset");
 }
 
 struct Job {
   dtrain::DistributorOptions o{.num_processes = 4, .local_mode = false};
-  int fail_rank = -1, crash_rank = -1, sleep_rank = -1, exit_rank = -1, exit_code = 1, kill_rank = -1;
+  int fail_rank = -1, crash_rank = -1, sleep_rank = -1, exit_rank = -1, exit_code = 1,
+      kill_rank = -1;
   std::string program, crash_host;
   std::vector<std::string> program_args;
   int pause_s = 0;  // sleep this long before the run
@@ -82,8 +86,8 @@ int run_one(const Job& j) {
       std::printf("program ok\n");
       return 0;
     }
-    for (const auto& r : d.run_all(where, j.fail_rank, j.crash_rank, j.sleep_rank, j.crash_host, j.exit_rank,
-                                   j.exit_code, j.kill_rank)) {
+    for (const auto& r : d.run_all(where, j.fail_rank, j.crash_rank, j.sleep_rank, j.crash_host,
+                                   j.exit_rank, j.exit_code, j.kill_rank)) {
       std::printf("result %s\n", r.c_str());
     }
     return 0;
@@ -128,21 +132,36 @@ int main(int argc, char** argv) {
     }
     std::string value = argv[++i];
     dtrain::DistributorOptions& o = j.o;
-    if (flag == "--master") o.cluster.master = value;
-    else if (flag == "--nproc") o.num_processes = std::stoi(value);
-    else if (flag == "--per-task") o.cluster.spark_processes_per_task = std::stoi(value);
-    else if (flag == "--keep-app") o.cluster.spark_keep_app = value != "0";
-    else if (flag == "--app-idle") o.cluster.spark_app_idle_timeout = std::chrono::seconds(std::stoi(value));
-    else if (flag == "--pause") j.pause_s = std::stoi(value);
-    else if (flag == "--fail-rank") j.fail_rank = std::stoi(value);
-    else if (flag == "--crash-rank") j.crash_rank = std::stoi(value);
-    else if (flag == "--crash-host") j.crash_host = value;
-    else if (flag == "--exit-rank") j.exit_rank = std::stoi(value);
-    else if (flag == "--exit-code") j.exit_code = std::stoi(value);
-    else if (flag == "--kill-rank") j.kill_rank = std::stoi(value);
-    else if (flag == "--sleep-rank") j.sleep_rank = value == "all" ? kEveryRank : std::stoi(value);
-    else if (flag == "--slot-timeout") o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
-    else if (flag == "--program") j.program = value;
+    if (flag == "--master")
+      o.cluster.master = value;
+    else if (flag == "--nproc")
+      o.num_processes = std::stoi(value);
+    else if (flag == "--per-task")
+      o.cluster.spark_processes_per_task = std::stoi(value);
+    else if (flag == "--keep-app")
+      o.cluster.spark_keep_app = value != "0";
+    else if (flag == "--app-idle")
+      o.cluster.spark_app_idle_timeout = std::chrono::seconds(std::stoi(value));
+    else if (flag == "--pause")
+      j.pause_s = std::stoi(value);
+    else if (flag == "--fail-rank")
+      j.fail_rank = std::stoi(value);
+    else if (flag == "--crash-rank")
+      j.crash_rank = std::stoi(value);
+    else if (flag == "--crash-host")
+      j.crash_host = value;
+    else if (flag == "--exit-rank")
+      j.exit_rank = std::stoi(value);
+    else if (flag == "--exit-code")
+      j.exit_code = std::stoi(value);
+    else if (flag == "--kill-rank")
+      j.kill_rank = std::stoi(value);
+    else if (flag == "--sleep-rank")
+      j.sleep_rank = value == "all" ? kEveryRank : std::stoi(value);
+    else if (flag == "--slot-timeout")
+      o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
+    else if (flag == "--program")
+      j.program = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;

@@ -56,17 +56,21 @@ TEST(SparkPlan, BadInputIsAUsageErrorThatSaysWhat) {
   EXPECT_THROW(dtrain::spark::plan(0, false, 0, {}), dtrain::UsageError);
   EXPECT_THROW(dtrain::spark::plan(2, false, -1, {}), dtrain::UsageError);
   EXPECT_THROW(dtrain::spark::plan(2, false, 0, {"novalue"}), dtrain::UsageError);
-  EXPECT_THROW(dtrain::spark::plan(2, true, 0, {"spark.task.resource.gpu.amount=0.5"}), dtrain::UsageError);
+  EXPECT_THROW(dtrain::spark::plan(2, true, 0, {"spark.task.resource.gpu.amount=0.5"}),
+               dtrain::UsageError);
   try {
     dtrain::spark::plan(3, false, 2, {});
     FAIL() << "3 processes in tasks of 2 must be refused";
   } catch (const dtrain::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("multiple of the processes each Spark task runs (2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiple of the processes each Spark task runs (2)"),
+              std::string::npos)
+        << e.what();
   }
 }
 
 TEST(SparkPlan, UserConfWins) {
-  auto c = conf_of(dtrain::spark::plan(2, false, 0, {"spark.task.maxFailures=4", "spark.executor.memory=2g"}));
+  auto c = conf_of(
+      dtrain::spark::plan(2, false, 0, {"spark.task.maxFailures=4", "spark.executor.memory=2g"}));
   EXPECT_EQ(c.at("spark.task.maxFailures"), "4");
   EXPECT_EQ(c.at("spark.executor.memory"), "2g");
 }
@@ -88,8 +92,9 @@ TEST(SparkSubmit, CommandLine) {
   EXPECT_NE(joined.find("--conf spark.driver.host=10.0.0.1"), std::string::npos) << joined;
   EXPECT_NE(joined.find("spark.py --tasks 2 --slot-timeout 5 --"), std::string::npos) << joined;
   EXPECT_THROW(dtrain::spark::submit_command({"", "/bin/true", "", 5}, p), dtrain::UsageError);
-  EXPECT_THROW(dtrain::spark::submit_command({"spark://h:1", "/nonexistent/spark-submit", "", 5}, p),
-               dtrain::UsageError);
+  EXPECT_THROW(
+      dtrain::spark::submit_command({"spark://h:1", "/nonexistent/spark-submit", "", 5}, p),
+      dtrain::UsageError);
 }
 
 TEST(SparkSubmit, LoopbackMaster) {
@@ -105,13 +110,15 @@ TEST(SparkSubmit, LoopbackMaster) {
 TEST(SparkApp, BadSubmitIsAUsageErrorAndKeepsNothing) {
   auto p = dtrain::spark::plan(2, false, 1, {});
   try {
-    dtrain::spark::app_job_command({.master = "spark://h:7077", .spark_submit = "/nonexistent/spark-submit"}, p,
-                                   std::chrono::seconds(60), std::chrono::seconds(10));
+    dtrain::spark::app_job_command(
+        {.master = "spark://h:7077", .spark_submit = "/nonexistent/spark-submit"}, p,
+        std::chrono::seconds(60), std::chrono::seconds(10));
     FAIL() << "expected UsageError";
   } catch (const dtrain::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("spark-submit"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(dtrain::spark::app_job_command({.master = ""}, p, std::chrono::seconds(60), std::chrono::seconds(10)),
+  EXPECT_THROW(dtrain::spark::app_job_command({.master = ""}, p, std::chrono::seconds(60),
+                                              std::chrono::seconds(10)),
                dtrain::UsageError);
   EXPECT_EQ(dtrain::spark::app_id(), "");
   dtrain::spark::stop_app();  // nothing to stop: a no-op

@@ -20,17 +20,29 @@ inline torch::Tensor reference_input(int rank, torch::IntArrayRef shape, torch::
 }
 
 // The reduction of every rank's reference_input, computed in float64, then cast.
-inline torch::Tensor reference_reduce(ReduceOp op, int world, torch::IntArrayRef shape, torch::Dtype dtype) {
+inline torch::Tensor reference_reduce(ReduceOp op, int world, torch::IntArrayRef shape,
+                                      torch::Dtype dtype) {
   std::vector<torch::Tensor> all;
-  for (int r = 0; r < world; ++r) all.push_back(reference_input(r, shape, dtype).to(torch::kFloat64));
+  for (int r = 0; r < world; ++r)
+    all.push_back(reference_input(r, shape, dtype).to(torch::kFloat64));
   auto s = torch::stack(all);
   torch::Tensor out;
   switch (op) {
-    case ReduceOp::kSum: out = s.sum(0); break;
-    case ReduceOp::kAvg: out = s.mean(0); break;
-    case ReduceOp::kMin: out = std::get<0>(s.min(0)); break;
-    case ReduceOp::kMax: out = std::get<0>(s.max(0)); break;
-    case ReduceOp::kProduct: out = s.prod(0); break;
+    case ReduceOp::kSum:
+      out = s.sum(0);
+      break;
+    case ReduceOp::kAvg:
+      out = s.mean(0);
+      break;
+    case ReduceOp::kMin:
+      out = std::get<0>(s.min(0));
+      break;
+    case ReduceOp::kMax:
+      out = std::get<0>(s.max(0));
+      break;
+    case ReduceOp::kProduct:
+      out = s.prod(0);
+      break;
   }
   return out.to(dtype);
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "dtrain/mlflow.h"
+#include "support/paths.h"
 #include "tracking/support.h"
 
 namespace fs = std::filesystem;
@@ -60,11 +61,13 @@ std::vector<int64_t> range(int64_t from, int64_t to) {  // [from, to]
 TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
   // 60000 / 2 ranks / 512 = 59 steps in the epoch.
-  auto r = run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "20"}),
-                       {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=two_process"},
-                        .timeout = 300s});
+  auto r = run_command(
+      train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "20"}),
+      {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=two_process"},
+       .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("[default0]:epoch 1 step 40/59 loss"), std::string::npos) << r.out;  // the progress API
+  EXPECT_NE(r.out.find("[default0]:epoch 1 step 40/59 loss"), std::string::npos)
+      << r.out;  // the progress API
   auto runs = read_runs(g_server->url(), "two_process")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);  // rank 1 logged nothing
   const auto& run = runs[0];
@@ -77,7 +80,8 @@ TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel
   EXPECT_EQ(steps_of(run["metrics"]["samples_per_s"]), range(1, 59));
   for (const auto& p : run["metrics"]["samples_per_s"]) EXPECT_GT(p[1].get<double>(), 0);
   // The loss falls over the epoch.
-  EXPECT_LT(run["metrics"]["loss"][58][1].get<double>(), run["metrics"]["loss"][0][1].get<double>());
+  EXPECT_LT(run["metrics"]["loss"][58][1].get<double>(),
+            run["metrics"]["loss"][0][1].get<double>());
   ASSERT_EQ(run["metrics"]["test_accuracy"].size(), 1u);
   EXPECT_EQ(run["metrics"]["test_accuracy"][0][0], 1);
   EXPECT_GT(run["metrics"]["test_accuracy"][0][1].get<double>(), 0.7);
@@ -106,7 +110,8 @@ TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
   for (int s = 100; s < 2500; ++s) run.log_metric("loss", 1.0 / (s + 1), s);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
   auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (run.stats().spooled == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  while (run.stats().spooled == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
   auto down = run.stats();
   EXPECT_GT(down.failed_requests, 0);
   EXPECT_GT(down.spooled, 0);
@@ -122,19 +127,22 @@ TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
   const auto& loss = runs[0]["metrics"]["loss"];
   ASSERT_EQ(steps_of(loss), range(0, 2499));
   for (int s = 0; s < 2500; ++s) EXPECT_DOUBLE_EQ(loss[s][1].get<double>(), 1.0 / (s + 1)) << s;
-  EXPECT_FALSE(fs::exists(g_dir / "fallback")) << "everything reached the server; nothing should be in the fallback";
+  EXPECT_FALSE(fs::exists(g_dir / "fallback"))
+      << "everything reached the server; nothing should be in the fallback";
 }
 
 TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_server_error, "");              // fail, never skip, without a server
   int dead_port = dtrain::test::free_port();  // nothing listens there
   fs::path fallback = g_dir / "offline_mlruns";
-  auto r = run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--max-steps", "20", "--log-every", "0"}),
-                       {.env = {"MLFLOW_TRACKING_URI=http://127.0.0.1:" + std::to_string(dead_port),
-                                "MLFLOW_EXPERIMENT_NAME=offline", "DTRAIN_MLFLOW_FALLBACK_DIR=" + fallback.string()},
-                        .timeout = 300s});
+  auto r = run_command(
+      train_argv({"--epochs", "1", "--batch-size", "512", "--max-steps", "20", "--log-every", "0"}),
+      {.env = {"MLFLOW_TRACKING_URI=http://127.0.0.1:" + std::to_string(dead_port),
+               "MLFLOW_EXPERIMENT_NAME=offline", "DTRAIN_MLFLOW_FALLBACK_DIR=" + fallback.string()},
+       .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.err.find("dtrain mlflow: warning: cannot start a run at http://127.0.0.1:" + std::to_string(dead_port)),
+  EXPECT_NE(r.err.find("dtrain mlflow: warning: cannot start a run at http://127.0.0.1:" +
+                       std::to_string(dead_port)),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("training goes on"), std::string::npos) << r.err;
@@ -151,17 +159,20 @@ TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
 TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
   // The run exists before the job (as a scheduler or the Distributor would open it).
-  auto made = run_command({DTRAIN_VENV_PYTHON, "-c",
-                           "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
-                           "print(c.create_run(c.create_experiment('failed')).info.run_id)",
-                           g_server->url()},
-                          {.timeout = 120s});
+  auto made = run_command(
+      {DTRAIN_VENV_PYTHON, "-c",
+       "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
+       "print(c.create_run(c.create_experiment('failed')).info.run_id)",
+       g_server->url()},
+      {.timeout = 120s});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   std::string run_id = made.out.substr(0, made.out.find_last_not_of("\n") + 1);
   run_id = run_id.substr(run_id.find_last_of('\n') + 1);
-  auto r = run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "0", "--crash-at-step", "5",
-                                   "--crash-rank", "1"}),
-                       {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_RUN_ID=" + run_id}, .timeout = 300s});
+  auto r =
+      run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "0",
+                              "--crash-at-step", "5", "--crash-rank", "1"}),
+                  {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_RUN_ID=" + run_id},
+                   .timeout = 300s});
   ASSERT_NE(r.exit_code, 0) << r.out << r.err;
   auto runs = read_runs(g_server->url(), "failed")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
@@ -170,7 +181,8 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
   EXPECT_EQ(run["status"], "FAILED");
   EXPECT_EQ(run["tags"]["dtrain.failed_rank"], "1") << run["tags"];
   EXPECT_EQ(run["tags"]["dtrain.failed_exit_code"], "3") << run["tags"];
-  EXPECT_NE(run["tags"]["dtrain.stderr_tail"].get<std::string>().find("crashing on purpose on rank 1 at step 5"),
+  EXPECT_NE(run["tags"]["dtrain.stderr_tail"].get<std::string>().find(
+                "crashing on purpose on rank 1 at step 5"),
             std::string::npos)
       << run["tags"];
   // Rank 0 logged into the same run (MLFLOW_RUN_ID) before the job failed.
@@ -179,9 +191,10 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
 
 TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  auto r = run_command({DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"},
-                       {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=distributor"},
-                        .timeout = 300s});
+  auto r = run_command(
+      {DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"},
+      {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=distributor"},
+       .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto runs = read_runs(g_server->url(), "distributor")["runs"];
   ASSERT_EQ(runs.size(), 2u) << runs.dump(1);
@@ -198,33 +211,39 @@ TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
 
 TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "ui", .run_name = "ui-check"});
+  auto run = dtrain::mlflow::Run::start(
+      {.tracking_uri = g_server->url(), .experiment = "ui", .run_name = "ui-check"});
   ASSERT_TRUE(run.active());
   for (int s = 1; s <= 200; ++s) run.log_metric("loss", 2.3 * std::exp(-s / 40.0) + 0.25, s);
   run.end(dtrain::mlflow::RunStatus::Finished);
-  std::string page = g_server->url() + "/#/experiments/" + run.experiment_id() + "/runs/" + run.id() + "/model-metrics";
+  std::string page = g_server->url() + "/#/experiments/" + run.experiment_id() + "/runs/" +
+                     run.id() + "/model-metrics";
   // The rendered page (after the UI's scripts fetched the run from the server) names the run.
   // (The chart itself draws lazily; the screenshot below, with the window's viewport, has it.)
-  auto dom = run_command({"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
-                          "--disable-dev-shm-usage", "--user-data-dir=" + (g_dir / "chromium-dom").string(),
-                          "--virtual-time-budget=60000", "--dump-dom", page},
-                         {.timeout = 120s});
+  auto dom = run_command(
+      {"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+       "--disable-dev-shm-usage", "--user-data-dir=" + (g_dir / "chromium-dom").string(),
+       "--virtual-time-budget=60000", "--dump-dom", page},
+      {.timeout = 120s});
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   EXPECT_NE(dom.out.find("ui-check"), std::string::npos) << dom.out.substr(0, 3000);
   fs::path png = g_dir / "mlflow_run.png";
-  auto shot = run_command({std::string(DTRAIN_SOURCE_DIR) + "/tools/mlflow_screenshot.sh", page, png.string()},
-                          {.timeout = 150s});
+  auto shot = run_command(
+      {std::string(DTRAIN_SOURCE_DIR) + "/tools/mlflow_screenshot.sh", page, png.string()},
+      {.timeout = 150s});
   ASSERT_EQ(shot.exit_code, 0) << shot.err;
   ASSERT_TRUE(fs::exists(png));
-  auto stats = run_command({DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py",
-                            png.string()},
-                           {.timeout = 60s});
+  auto stats =
+      run_command({DTRAIN_VENV_PYTHON,
+                   std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py", png.string()},
+                  {.timeout = 60s});
   ASSERT_EQ(stats.exit_code, 0) << stats.err;
   auto img = nlohmann::json::parse(stats.out);
   EXPECT_EQ(img["width"], 1400);
   EXPECT_GT(img["colors"].get<int>(), 50) << img;  // a page with text and a chart, not a blank one
   EXPECT_GT(img["non_white"].get<double>(), 0.01) << img;
-  if (const char* keep = std::getenv("DTRAIN_KEEP_SCREENSHOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+  if (const char* keep = std::getenv("DTRAIN_KEEP_SCREENSHOT"))
+    fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
 }
 
 }  // namespace

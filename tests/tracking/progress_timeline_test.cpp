@@ -13,6 +13,7 @@
 #include "dtrain/progress.h"
 #include "dtrain/timeline.h"
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -33,7 +34,12 @@ std::string read_stream(std::FILE* f) {
 TEST(Progress, PlainLinesEveryNStepsWithEpochStepLossRateAndEta) {
   std::FILE* f = std::tmpfile();
   {
-    dtrain::Progress p({.epochs = 2, .steps_per_epoch = 10, .every_steps = 5, .out = f, .tty = 0, .all_ranks = true});
+    dtrain::Progress p({.epochs = 2,
+                        .steps_per_epoch = 10,
+                        .every_steps = 5,
+                        .out = f,
+                        .tty = 0,
+                        .all_ranks = true});
     for (int s = 1; s <= 10; ++s) {
       std::this_thread::sleep_for(2ms);
       p.step(0, s, 64, 1.0 / s);
@@ -46,7 +52,8 @@ TEST(Progress, PlainLinesEveryNStepsWithEpochStepLossRateAndEta) {
   EXPECT_NE(out.find("(epoch 1/2, 50%, ETA 0:00:"), std::string::npos) << out;
   EXPECT_NE(out.find("epoch 1 step 10/10 loss 0.1000"), std::string::npos) << out;
   EXPECT_NE(out.find("epoch 1 test accuracy 0.5000\n"), std::string::npos) << out;
-  EXPECT_EQ(out.find('\r'), std::string::npos) << "no carriage returns when the output is not a terminal";
+  EXPECT_EQ(out.find('\r'), std::string::npos)
+      << "no carriage returns when the output is not a terminal";
   // 2 periodic lines + the message + the final line.
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 4) << out;
 }
@@ -54,7 +61,8 @@ TEST(Progress, PlainLinesEveryNStepsWithEpochStepLossRateAndEta) {
 TEST(Progress, TerminalRewritesOneLiveLine) {
   std::FILE* f = std::tmpfile();
   {
-    dtrain::Progress p({.epochs = 1, .steps_per_epoch = 3, .refresh = 0ms, .out = f, .tty = 1, .all_ranks = true});
+    dtrain::Progress p(
+        {.epochs = 1, .steps_per_epoch = 3, .refresh = 0ms, .out = f, .tty = 1, .all_ranks = true});
     for (int s = 1; s <= 3; ++s) p.step(0, s, 10, 0.5);
   }
   std::string out = read_stream(f);
@@ -88,13 +96,16 @@ std::string check_nesting(const json& events) {
     rows[{e["pid"], e["tid"]}].emplace_back(ts, ts + dur);
   }
   for (auto& [key, spans] : rows) {
-    std::sort(spans.begin(), spans.end(), [](auto a, auto b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+    std::sort(spans.begin(), spans.end(), [](auto a, auto b) {
+      return a.first != b.first ? a.first < b.first : a.second > b.second;
+    });
     std::vector<int64_t> open_ends;
     for (auto [b, e] : spans) {
       while (!open_ends.empty() && open_ends.back() <= b) open_ends.pop_back();
       if (!open_ends.empty() && e > open_ends.back()) {
-        return "pid " + std::to_string(key.first) + " tid " + std::to_string(key.second) + ": span [" + std::to_string(b) +
-               ", " + std::to_string(e) + "] overlaps one ending at " + std::to_string(open_ends.back());
+        return "pid " + std::to_string(key.first) + " tid " + std::to_string(key.second) +
+               ": span [" + std::to_string(b) + ", " + std::to_string(e) +
+               "] overlaps one ending at " + std::to_string(open_ends.back());
       }
       open_ends.push_back(e);
     }
@@ -137,16 +148,23 @@ TEST(Timeline, SpansOnTwoThreadsNestAndLandInTheFile) {
 }
 
 TEST(Timeline, AnOpsWaitsForPeersSplitItIntoWaitingAndTransferring) {
-  fs::path dir = fs::temp_directory_path() / ("dtrain_timeline_split_" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("dtrain_timeline_split_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::string path = (dir / "trace.json").string();
   dtrain::timeline::start(path, 0, 1);
   {
     dtrain::timeline::Span op("shm all_reduce", "comm", 1 << 20);
     std::this_thread::sleep_for(2ms);  // "transfer"
-    { dtrain::timeline::Span wait(dtrain::timeline::kWaitForPeers, "comm"); std::this_thread::sleep_for(3ms); }
+    {
+      dtrain::timeline::Span wait(dtrain::timeline::kWaitForPeers, "comm");
+      std::this_thread::sleep_for(3ms);
+    }
     std::this_thread::sleep_for(2ms);
-    { dtrain::timeline::Span wait(dtrain::timeline::kWaitForPeers, "comm"); std::this_thread::sleep_for(3ms); }
+    {
+      dtrain::timeline::Span wait(dtrain::timeline::kWaitForPeers, "comm");
+      std::this_thread::sleep_for(3ms);
+    }
   }
   { dtrain::timeline::Span plain("forward"); }
   dtrain::timeline::stop();
@@ -174,9 +192,10 @@ TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
   fs::path dir = fs::temp_directory_path() / ("dtrain_timeline_run_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::string path = (dir / "timeline.json").string();
-  auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", FASHION_MNIST_BIN, "--epochs", "1",
-                                      "--batch-size", "256", "--max-steps", "20", "--no-eval", "--log-every", "0"},
-                                     {.env = {"DTRAIN_TIMELINE=" + path}, .timeout = 300s});
+  auto r = dtrain::test::run_command(
+      {DTRAIN_BIN, "run", "--nproc-per-node", "2", FASHION_MNIST_BIN, "--epochs", "1",
+       "--batch-size", "256", "--max-steps", "20", "--no-eval", "--log-every", "0"},
+      {.env = {"DTRAIN_TIMELINE=" + path}, .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(fs::exists(path)) << r.err;
   EXPECT_FALSE(fs::exists(path + ".rank0.json"));  // merged and removed
@@ -197,7 +216,8 @@ TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
     // The shared-memory backend's ops (its own thread): waiting for peers vs transferring.
     if (e["ph"] == "X" && e["name"] == "shm all_reduce") {
       ++shm_all_reduces[e["pid"].get<int>()];
-      const int64_t wait_us = e["args"]["wait_for_peers_us"], transfer_us = e["args"]["transfer_us"];
+      const int64_t wait_us = e["args"]["wait_for_peers_us"],
+                    transfer_us = e["args"]["transfer_us"];
       EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
       EXPECT_GE(wait_us, 0);
       EXPECT_GE(transfer_us, 0);
@@ -218,10 +238,12 @@ TEST(Timeline, TwoRankTrainingRunMergesIntoOneTracePerRank) {
   // The picture of it (tools/timeline_render.py, matplotlib from the venv): written, not blank.
   std::string png = (dir / "timeline.png").string();
   auto render = dtrain::test::run_command(
-      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tools/timeline_render.py", path, png}, {.timeout = 120s});
+      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tools/timeline_render.py", path, png},
+      {.timeout = 120s});
   ASSERT_EQ(render.exit_code, 0) << render.err;
   auto stats = dtrain::test::run_command(
-      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py", png}, {.timeout = 60s});
+      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py", png},
+      {.timeout = 60s});
   ASSERT_EQ(stats.exit_code, 0) << stats.err;
   json img = json::parse(stats.out);
   EXPECT_GT(img["colors"].get<int>(), 20) << img;

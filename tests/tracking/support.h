@@ -3,9 +3,9 @@
 #pragma once
 
 #include <netinet/in.h>
-#include <sys/time.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace dtrain::test {
 
@@ -54,7 +55,8 @@ inline int http_get_status(int port, const std::string& path) {
   a.sin_port = htons(static_cast<uint16_t>(port));
   int status = 0;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n\r\n";
+    std::string req =
+        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n\r\n";
     if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
       char buf[64] = {};
       ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
@@ -76,15 +78,16 @@ class MlflowServer {
   std::string start() {
     std::filesystem::create_directories(dir_);
     proc_.emplace(Process::start(
-        {DTRAIN_VENV_PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", std::to_string(port_),
-         "--backend-store-uri", "sqlite:///" + (dir_ / "mlflow.db").string(), "--artifacts-destination",
-         (dir_ / "artifacts").string(), "--workers", "1"},
+        {DTRAIN_VENV_PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+         std::to_string(port_), "--backend-store-uri", "sqlite:///" + (dir_ / "mlflow.db").string(),
+         "--artifacts-destination", (dir_ / "artifacts").string(), "--workers", "1"},
         {.env = {"PYTHONUNBUFFERED=1"}, .timeout = std::chrono::seconds(600)}));
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (std::chrono::steady_clock::now() < deadline) {
       proc_->pump(std::chrono::milliseconds(200));
       if (proc_->exited()) {
-        return "mlflow server exited at start (is mlflow installed in the venv? scripts/requirements.txt): " +
+        return "mlflow server exited at start (is mlflow installed in the venv? "
+               "scripts/requirements.txt): " +
                proc_->err().substr(proc_->err().size() > 3000 ? proc_->err().size() - 3000 : 0);
       }
       if (http_get_status(port_, "/health") == 200) return "";
@@ -96,7 +99,8 @@ class MlflowServer {
     if (!proc_) return;
     ::kill(-proc_->pid(), SIGTERM);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (!proc_->exited() && std::chrono::steady_clock::now() < deadline) proc_->pump(std::chrono::milliseconds(100));
+    while (!proc_->exited() && std::chrono::steady_clock::now() < deadline)
+      proc_->pump(std::chrono::milliseconds(100));
     proc_->kill_group();
     // uvicorn's workers are in the group too; wait until nothing listens.
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
@@ -116,8 +120,10 @@ class MlflowServer {
 
 // Runs read_runs.py; fails the test (and returns {"runs": []}) when it fails.
 inline nlohmann::json read_runs(const std::string& uri, const std::string& experiment) {
-  auto r = run_command({DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/read_runs.py", uri, experiment},
-                       {.timeout = std::chrono::seconds(120)});
+  auto r = run_command(
+      {DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/read_runs.py", uri,
+       experiment},
+      {.timeout = std::chrono::seconds(120)});
   if (r.exit_code != 0) {
     ADD_FAILURE() << "read_runs.py failed (" << r.exit_code << "): " << r.err;
     return {{"runs", nlohmann::json::array()}};

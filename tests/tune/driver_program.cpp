@@ -39,9 +39,13 @@ int main(int argc, char** argv) {
   }
   const bool resume = argc > 2 && std::strcmp(argv[2], "--resume") == 0;
   Tuner tuner(trainable, Config{{"x", grid_search({1, 2, 3, 4, 5, 6})}},
-              {.metric = "score", .mode = "max", .max_concurrent_trials = 2, .storage_path = argv[1],
+              {.metric = "score",
+               .mode = "max",
+               .max_concurrent_trials = 2,
+               .storage_path = argv[1],
                .resume = resume});
   ResultGrid grid = tuner.fit();
-  std::cout << "done: " << grid.size() << " trials, best x=" << grid.best_result().config.at("x") << std::endl;
+  std::cout << "done: " << grid.size() << " trials, best x=" << grid.best_result().config.at("x")
+            << std::endl;
   return 0;
 }

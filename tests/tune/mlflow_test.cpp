@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <iostream>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <stdexcept>
 
@@ -31,10 +31,13 @@ void reporting_trainable(Config config) {
 }  // namespace
 
 TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistory) {
-  const fs::path dir = fs::temp_directory_path() / ("dtrain-tune-mlflow-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-tune-mlflow-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const auto t0 = std::chrono::steady_clock::now();
-  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   dtrain::test::MlflowServer server(dir / "server", dtrain::test::free_port());
   ASSERT_EQ(server.start(), "");  // fail, never skip, without a server
   std::cerr << "mlflow server up after " << since() << " s\n";
@@ -42,10 +45,15 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
   // processes (a Distributor each, which would open a run of its own) must open none.
   ::setenv("MLFLOW_TRACKING_URI", server.url().c_str(), 1);
   ::setenv("MLFLOW_EXPERIMENT_NAME", "tune_search", 1);
-  Tuner tuner(reporting_trainable,
-              Config{{"x", grid_search({1.0, 2.0, 3.0})}, {"model", {{"width", 8}, {"act", "relu"}}}},
-              {.metric = "score", .mode = "max", .max_concurrent_trials = 2, .storage_path = (dir / "search").string(),
-               .name = "mlflow_search", .verbose = false});
+  Tuner tuner(
+      reporting_trainable,
+      Config{{"x", grid_search({1.0, 2.0, 3.0})}, {"model", {{"width", 8}, {"act", "relu"}}}},
+      {.metric = "score",
+       .mode = "max",
+       .max_concurrent_trials = 2,
+       .storage_path = (dir / "search").string(),
+       .name = "mlflow_search",
+       .verbose = false});
   ResultGrid grid = tuner.fit();
   std::cerr << "search done after " << since() << " s\n";
   ::unsetenv("MLFLOW_TRACKING_URI");
@@ -84,14 +92,18 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
     for (std::size_t i = 0; i < t.history.size(); ++i) {
       EXPECT_EQ(score[i][0].get<int64_t>(), static_cast<int64_t>(i + 1));
       EXPECT_DOUBLE_EQ(score[i][1].get<double>(), x * static_cast<double>(i + 1));
-      EXPECT_DOUBLE_EQ(run["metrics"].at("half").at(i).at(1).get<double>(), 0.5 * static_cast<double>(i + 1));
-      EXPECT_EQ(run["metrics"].at("training_iteration").at(i).at(1).get<double>(), static_cast<double>(i + 1));
+      EXPECT_DOUBLE_EQ(run["metrics"].at("half").at(i).at(1).get<double>(),
+                       0.5 * static_cast<double>(i + 1));
+      EXPECT_EQ(run["metrics"].at("training_iteration").at(i).at(1).get<double>(),
+                static_cast<double>(i + 1));
     }
     if (x == 3) {
       EXPECT_EQ(t.status, TrialStatus::Error);
       EXPECT_EQ(run["status"], "FAILED");
       EXPECT_EQ(run["tags"]["dtrain.tune.status"], "ERROR");
-      EXPECT_NE(run["tags"].value("dtrain.tune.error", "").find("injected failure"), std::string::npos) << run.dump(1);
+      EXPECT_NE(run["tags"].value("dtrain.tune.error", "").find("injected failure"),
+                std::string::npos)
+          << run.dump(1);
       EXPECT_EQ(score.size(), 1u);
     } else {
       EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;

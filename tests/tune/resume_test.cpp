@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace fs = std::filesystem;
 using dtrain::test::Process;
@@ -40,7 +41,8 @@ std::vector<std::string> lines(const fs::path& p) {
 }  // namespace
 
 TEST(TuneResume, KilledDriverResumesWithoutRerunningFinishedTrials) {
-  const fs::path dir = fs::temp_directory_path() / ("dtrain-tune-resume-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-tune-resume-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const fs::path state = dir / "tune" / "tuner_state.json";
 
@@ -73,7 +75,8 @@ TEST(TuneResume, KilledDriverResumesWithoutRerunningFinishedTrials) {
   for (const auto& t : killed["trials"]) {
     if (t["status"] == "TERMINATED") finished_before.insert(t["id"].get<std::string>());
     // Interrupted after a checkpoint: must restart from it.
-    if (t["status"] == "RUNNING" && !t["history"].empty()) interrupted.insert(t["id"].get<std::string>());
+    if (t["status"] == "RUNNING" && !t["history"].empty())
+      interrupted.insert(t["id"].get<std::string>());
   }
   ASSERT_GE(finished_before.size(), 2u);
   // The killed driver's trials stop too (the launcher dies with its driver).
@@ -91,7 +94,8 @@ TEST(TuneResume, KilledDriverResumesWithoutRerunningFinishedTrials) {
     EXPECT_EQ(t["status"], "TERMINATED") << id;
     // Every iteration reported once, in order, across the kill.
     ASSERT_EQ(t["history"].size(), 4u) << id;
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(t["history"][i]["training_iteration"].get<int>(), i + 1) << id;
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(t["history"][i]["training_iteration"].get<int>(), i + 1) << id;
     const auto runs = lines(fs::path(t["dir"].get<std::string>()) / "runs.log");
     if (finished_before.count(id)) {
       EXPECT_EQ(runs.size(), 1u) << id << " finished before the kill but ran again";

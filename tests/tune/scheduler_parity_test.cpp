@@ -22,6 +22,7 @@
 #include "dtrain/error.h"
 #include "dtrain/tune_schedulers.h"
 #include "dtrain/tune_search_space.h"
+#include "support/paths.h"
 
 namespace fs = std::filesystem;
 using dtrain::tune::Config;
@@ -160,7 +161,8 @@ Config make_events(std::mt19937_64& g, int trials, int steps, bool minimize, dou
     const double it = done[i];
     double acc = quality[i] * (1 - std::exp(-it / 3.0)) + 0.05 * U(g);
     acc = std::round(acc * 1e6) / 1e6;
-    if (done[i] == 3 && U(g) < 0.2) acc = std::round(quality[(i + 1) % trials] * 1e6) / 1e6;  // ties
+    if (done[i] == 3 && U(g) < 0.2)
+      acc = std::round(quality[(i + 1) % trials] * 1e6) / 1e6;  // ties
     Result r{{"training_iteration", done[i]},
              {"time_total_s", std::round(it * time_step * 1e3) / 1e3},
              {minimize ? "loss" : "acc", minimize ? 1 - acc : acc}};
@@ -203,8 +205,12 @@ Config build_cases() {
   for (int k = 0; k < 3; ++k) {
     cases.push_back({{"name", "asha_rf3_" + std::to_string(k)},
                      {"scheduler", "asha"},
-                     {"options", {{"metric", "acc"}, {"mode", "max"}, {"max_t", 9}, {"grace_period", 1},
-                                  {"reduction_factor", 3}}},
+                     {"options",
+                      {{"metric", "acc"},
+                       {"mode", "max"},
+                       {"max_t", 9},
+                       {"grace_period", 1},
+                       {"reduction_factor", 3}}},
                      {"trials", make_trials(16, Config::object())},
                      {"events", make_events(g, 16, 10, false, 1.0, true)},
                      {"draws", draws(g, 64)}});
@@ -212,17 +218,27 @@ Config build_cases() {
   // ASHA: three brackets (bracket choice from the draws), minimising, rf 2, max_t 16.
   cases.push_back({{"name", "asha_brackets"},
                    {"scheduler", "asha"},
-                   {"options", {{"metric", "loss"}, {"mode", "min"}, {"max_t", 16}, {"grace_period", 1},
-                                {"reduction_factor", 2}, {"brackets", 3}}},
+                   {"options",
+                    {{"metric", "loss"},
+                     {"mode", "min"},
+                     {"max_t", 16},
+                     {"grace_period", 1},
+                     {"reduction_factor", 2},
+                     {"brackets", 3}}},
                    {"trials", make_trials(20, Config::object())},
                    {"events", make_events(g, 20, 12, true, 1.0, false)},
                    {"draws", draws(g, 64)}});
   // ASHA on wall-clock-like time, a fractional grace period, stop_last_trials off.
   cases.push_back({{"name", "asha_time_attr"},
                    {"scheduler", "asha"},
-                   {"options", {{"metric", "acc"}, {"mode", "max"}, {"time_attr", "time_total_s"},
-                                {"max_t", 20.0}, {"grace_period", 2.5}, {"reduction_factor", 2.0},
-                                {"stop_last_trials", false}}},
+                   {"options",
+                    {{"metric", "acc"},
+                     {"mode", "max"},
+                     {"time_attr", "time_total_s"},
+                     {"max_t", 20.0},
+                     {"grace_period", 2.5},
+                     {"reduction_factor", 2.0},
+                     {"stop_last_trials", false}}},
                    {"trials", make_trials(12, Config::object())},
                    {"events", make_events(g, 12, 10, false, 1.7, false)},
                    {"draws", draws(g, 64)}});
@@ -235,8 +251,12 @@ Config build_cases() {
   for (int k = 0; k < 3; ++k) {
     cases.push_back({{"name", "pbt_" + std::to_string(k)},
                      {"scheduler", "pbt"},
-                     {"options", {{"metric", "acc"}, {"mode", "max"}, {"time_attr", "training_iteration"},
-                                  {"perturbation_interval", 2}, {"hyperparam_mutations", mutations}}},
+                     {"options",
+                      {{"metric", "acc"},
+                       {"mode", "max"},
+                       {"time_attr", "training_iteration"},
+                       {"perturbation_interval", 2},
+                       {"hyperparam_mutations", mutations}}},
                      {"trials", make_trials(8, base)},
                      {"events", make_events(g, 8, 12, false, 1.0, false)},
                      {"draws", draws(g, 4000)}});
@@ -247,11 +267,16 @@ Config build_cases() {
   partial.erase("layers");
   cases.push_back({{"name", "pbt_quantile_half"},
                    {"scheduler", "pbt"},
-                   {"options", {{"metric", "loss"}, {"mode", "min"}, {"time_attr", "time_total_s"},
-                                {"perturbation_interval", 3.0}, {"burn_in_period", 4.0},
-                                {"quantile_fraction", 0.5}, {"resample_probability", 0.5},
-                                {"perturbation_factors", {1.5, 0.5}},
-                                {"hyperparam_mutations", mutations}}},
+                   {"options",
+                    {{"metric", "loss"},
+                     {"mode", "min"},
+                     {"time_attr", "time_total_s"},
+                     {"perturbation_interval", 3.0},
+                     {"burn_in_period", 4.0},
+                     {"quantile_fraction", 0.5},
+                     {"resample_probability", 0.5},
+                     {"perturbation_factors", {1.5, 0.5}},
+                     {"hyperparam_mutations", mutations}}},
                    {"trials", make_trials(6, partial)},
                    {"events", make_events(g, 6, 14, true, 1.3, false)},
                    {"draws", draws(g, 4000)}});
@@ -262,13 +287,14 @@ Config build_cases() {
   // Variant generation: grids crossed (sorted paths, first fastest) x num_samples, every
   // domain kind, nested parameters, a list holding a domain.
   cases.push_back({{"name", "variants"},
-                   {"variants", {{"b", {{"c", grid_search({"x", "y", "z"})}, {"q", quniform(0.1, 1.0, 0.1)}}},
-                                 {"a", grid_search({1, 2})},
-                                 {"lr", loguniform(1e-4, 1e-1)},
-                                 {"n", randint(1, 9)},
-                                 {"ch", choice({16, "s", true})},
-                                 {"u", uniform(-1, 1)},
-                                 {"k", 3}}},
+                   {"variants",
+                    {{"b", {{"c", grid_search({"x", "y", "z"})}, {"q", quniform(0.1, 1.0, 0.1)}}},
+                     {"a", grid_search({1, 2})},
+                     {"lr", loguniform(1e-4, 1e-1)},
+                     {"n", randint(1, 9)},
+                     {"ch", choice({16, "s", true})},
+                     {"u", uniform(-1, 1)},
+                     {"k", 3}}},
                    {"num_samples", 3},
                    {"draws", draws(g, 200)}});
   return cases;
@@ -337,16 +363,16 @@ bool same(const Config& a, const Config& b, std::string& where) {
 
 TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
   const Config cases = build_cases();
-  const fs::path dir = fs::temp_directory_path() / ("dtrain-tune-parity-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-tune-parity-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  {
-    std::ofstream(dir / "cases.json") << cases.dump();
-  }
+  { std::ofstream(dir / "cases.json") << cases.dump(); }
   const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + DTRAIN_SOURCE_DIR +
-                          "/tests/tune/ray_scheduler_peer.py " + (dir / "cases.json").string() + " " +
-                          (dir / "ray.json").string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "Ray Tune peer failed: " << cmd
-                                         << " (is ray[tune] installed in the venv? scripts/requirements.txt)";
+                          "/tests/tune/ray_scheduler_peer.py " + (dir / "cases.json").string() +
+                          " " + (dir / "ray.json").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0)
+      << "Ray Tune peer failed: " << cmd
+      << " (is ray[tune] installed in the venv? scripts/requirements.txt)";
   std::ifstream in(dir / "ray.json");
   const Config ray = Config::parse(in);
   ASSERT_EQ(ray.size(), cases.size());
@@ -368,14 +394,17 @@ TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
   EXPECT_GT(stops, 10);
   EXPECT_GT(exploits, 5);
   EXPECT_GT(pauses, 0);
-  std::printf("parity: %zu cases, %d STOP, %d PAUSE, %d exploits, all equal to Ray Tune %s\n", cases.size(),
-              stops, pauses, exploits, "2.60.0");
+  std::printf("parity: %zu cases, %d STOP, %d PAUSE, %d exploits, all equal to Ray Tune %s\n",
+              cases.size(), stops, pauses, exploits, "2.60.0");
   fs::remove_all(dir);
 }
 
 TEST(TuneSearchSpace, SeededSearchIsReproducibleAndInBounds) {
-  const Config space{{"lr", loguniform(1e-4, 1e-1)}, {"bs", choice({32, 64})}, {"w", randint(8, 12)},
-                     {"q", quniform(0.0, 1.0, 0.25)}, {"g", grid_search({1, 2, 3})}};
+  const Config space{{"lr", loguniform(1e-4, 1e-1)},
+                     {"bs", choice({32, 64})},
+                     {"w", randint(8, 12)},
+                     {"q", quniform(0.0, 1.0, 0.25)},
+                     {"g", grid_search({1, 2, 3})}};
   auto a = generate_variants(space, 5, std::uint64_t{42});
   auto b = generate_variants(space, 5, std::uint64_t{42});
   auto c = generate_variants(space, 5, std::uint64_t{43});

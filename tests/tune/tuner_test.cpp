@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <csignal>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -24,7 +24,8 @@ using namespace dtrain::tune;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("dtrain-tune-" + name + "-" + std::to_string(::getpid()));
+  fs::path p =
+      fs::temp_directory_path() / ("dtrain-tune-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
@@ -37,7 +38,9 @@ void two_rank_trainable(Config config) {
   for (int it = 1; it <= 3; ++it) {
     torch::Tensor t = torch::ones({1}) * (pg->rank() + 1);
     dtrain::all_reduce(t);
-    report({{"score", -(x - 2) * (x - 2) + 0.1 * it}, {"rank_sum", t.item<double>()}, {"world", pg->world_size()}});
+    report({{"score", -(x - 2) * (x - 2) + 0.1 * it},
+            {"rank_sum", t.item<double>()},
+            {"world", pg->world_size()}});
   }
 }
 
@@ -59,7 +62,8 @@ void curve_trainable(Config config) {
     fs::create_directories(tmp);
     std::ofstream(tmp / "state") << it << " " << trial_id() << "\n";
     double lr = config.contains("lr") ? config.at("lr").get<double>() : 1.0;
-    report({{"score", q * lr * (1 - std::pow(0.5, it))}, {"restored_other", restored_other}}, tmp.string());
+    report({{"score", q * lr * (1 - std::pow(0.5, it))}, {"restored_other", restored_other}},
+           tmp.string());
   }
 }
 
@@ -128,8 +132,11 @@ std::vector<int> own_children() {
 TEST(TuneTuner, TwoProcessTrialsReportAndBestIsFound) {
   const auto dir = fresh_dir("two-rank");
   Tuner tuner(two_rank_trainable, Config{{"x", grid_search({1.0, 2.0, 3.0})}},
-              {.metric = "score", .mode = "max", .trial_resources = {.processes = 2},
-               .storage_path = dir.string(), .verbose = false});
+              {.metric = "score",
+               .mode = "max",
+               .trial_resources = {.processes = 2},
+               .storage_path = dir.string(),
+               .verbose = false});
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 3u);
   for (const auto& t : grid.trials()) {
@@ -150,10 +157,15 @@ TEST(TuneTuner, TwoProcessTrialsReportAndBestIsFound) {
 
 TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
   const auto dir = fresh_dir("asha");
-  auto asha = std::make_shared<AshaScheduler>(AshaOptions{.max_t = 8, .grace_period = 1, .reduction_factor = 2});
+  auto asha = std::make_shared<AshaScheduler>(
+      AshaOptions{.max_t = 8, .grace_period = 1, .reduction_factor = 2});
   Tuner tuner(curve_trainable, Config{{"q", grid_search({0.6, 0.5, 0.4, 0.3, 0.2, 0.1})}},
-              {.metric = "score", .mode = "max", .scheduler = asha, .max_concurrent_trials = 2,
-               .storage_path = dir.string(), .verbose = false});
+              {.metric = "score",
+               .mode = "max",
+               .scheduler = asha,
+               .max_concurrent_trials = 2,
+               .storage_path = dir.string(),
+               .verbose = false});
   ResultGrid grid = tuner.fit();
   // The best trials come first, so the later ones meet filled rungs whatever the timing.
   int stopped_early = 0, total = 0;
@@ -177,12 +189,19 @@ TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
 // back at iteration 4, clones the best one's checkpoint and reports on from there.
 TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   const auto dir = fresh_dir("pbt");
-  auto pbt = std::make_shared<PbtScheduler>(PbtOptions{
-      .time_attr = "training_iteration", .perturbation_interval = 2,
-      .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
-  Tuner tuner(curve_trainable, Config{{"q", grid_search({0.1, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 6}},
-              {.metric = "score", .mode = "max", .scheduler = pbt, .max_concurrent_trials = 1,
-               .storage_path = dir.string(), .seed = 3, .verbose = false});
+  auto pbt = std::make_shared<PbtScheduler>(
+      PbtOptions{.time_attr = "training_iteration",
+                 .perturbation_interval = 2,
+                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  Tuner tuner(curve_trainable,
+              Config{{"q", grid_search({0.1, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 6}},
+              {.metric = "score",
+               .mode = "max",
+               .scheduler = pbt,
+               .max_concurrent_trials = 1,
+               .storage_path = dir.string(),
+               .seed = 3,
+               .verbose = false});
   ResultGrid grid = tuner.fit();
   bool some_restored = false;
   for (const auto& t : grid.trials()) {
@@ -197,7 +216,11 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
 TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
   const auto dir = fresh_dir("retry");
   Tuner tuner(flaky_trainable, Config{{"fail", true}},
-              {.metric = "score", .mode = "max", .max_failures = 1, .storage_path = dir.string(), .verbose = false});
+              {.metric = "score",
+               .mode = "max",
+               .max_failures = 1,
+               .storage_path = dir.string(),
+               .verbose = false});
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 1u);
   const auto& t = grid[0];
@@ -208,7 +231,11 @@ TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
 
   const auto dir2 = fresh_dir("error");
   Tuner failing(always_fails, Config{{"a", 1}},
-                {.metric = "score", .mode = "max", .max_failures = 0, .storage_path = dir2.string(), .verbose = false});
+                {.metric = "score",
+                 .mode = "max",
+                 .max_failures = 0,
+                 .storage_path = dir2.string(),
+                 .verbose = false});
   ResultGrid g2 = failing.fit();
   EXPECT_EQ(g2.num_errors(), 1);
   EXPECT_NE(g2[0].error.find("always fails"), std::string::npos) << g2[0].error;
@@ -224,8 +251,12 @@ TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
 TEST(TuneTuner, WarmForkServerStartsEveryTrialAndACrashEndsOnlyItsOwn) {
   const auto dir = fresh_dir("warm");
   Tuner tuner(crash_once_trainable, Config{{"crash", grid_search({true, false})}},
-              {.metric = "score", .mode = "max", .max_concurrent_trials = 2, .max_failures = 1,
-               .storage_path = dir.string(), .verbose = false});
+              {.metric = "score",
+               .mode = "max",
+               .max_concurrent_trials = 2,
+               .max_failures = 1,
+               .storage_path = dir.string(),
+               .verbose = false});
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 2u);
   for (const auto& t : grid.trials()) {
@@ -233,18 +264,23 @@ TEST(TuneTuner, WarmForkServerStartsEveryTrialAndACrashEndsOnlyItsOwn) {
     EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
     EXPECT_EQ(t.num_failures, crash ? 1 : 0) << t.id;
     ASSERT_EQ(t.history.size(), 3u) << t.id;
-    for (const auto& h : t.history) EXPECT_EQ(h.at("warm").get<double>(), 1.0) << t.id << " " << h.dump();
+    for (const auto& h : t.history)
+      EXPECT_EQ(h.at("warm").get<double>(), 1.0) << t.id << " " << h.dump();
   }
-  EXPECT_THAT(own_children(), ::testing::IsEmpty());  // warm server, launch servers, agents, workers
+  EXPECT_THAT(own_children(),
+              ::testing::IsEmpty());  // warm server, launch servers, agents, workers
   fs::remove_all(dir);
 }
 
 TEST(TuneTuner, BadOptionsAreClearErrors) {
   EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.num_samples = 0}), dtrain::UsageError);
-  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.trial_resources = {.processes = 0}}), dtrain::UsageError);
+  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.trial_resources = {.processes = 0}}),
+               dtrain::UsageError);
   EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.mode = "maximum"}), dtrain::UsageError);
-  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.scheduler = std::make_shared<AshaScheduler>()}).fit(),
-               dtrain::UsageError);  // ASHA without metric/mode
+  EXPECT_THROW(
+      Tuner(flaky_trainable, Config{{"a", 1}}, {.scheduler = std::make_shared<AshaScheduler>()})
+          .fit(),
+      dtrain::UsageError);                               // ASHA without metric/mode
   EXPECT_THROW(report({{"a", 1}}), dtrain::UsageError);  // not in a trial
 }
 
@@ -267,12 +303,14 @@ TEST(TuneTuner, ClusterOptionsAreCheckedUpFront) {
   o.local_mode = false;  // no engine
   EXPECT_THAT(message(o), ::testing::HasSubstr("local_mode = false needs cluster.engine"));
   o.cluster.engine = "yarn";
-  EXPECT_THAT(message(o), ::testing::HasSubstr("expected \"ssh\" (a host file or list), \"slurm\""));
+  EXPECT_THAT(message(o),
+              ::testing::HasSubstr("expected \"ssh\" (a host file or list), \"slurm\""));
   o.cluster.engine = "ssh";  // neither hostfile nor hosts
   EXPECT_THAT(message(o), ::testing::HasSubstr("needs exactly one of `hostfile`"));
   o.cluster.hosts = "h1:2,h2:2";
   o.trial_resources.processes = 3;
-  EXPECT_THAT(message(o), ::testing::HasSubstr("num_processes is 3, but the 2 host(s) have 4 slots"));
+  EXPECT_THAT(message(o),
+              ::testing::HasSubstr("num_processes is 3, but the 2 host(s) have 4 slots"));
   o.cluster = {.engine = "slurm", .nodes = 2};
   EXPECT_THAT(message(o), ::testing::HasSubstr("must be a multiple of ClusterOptions::nodes"));
   // Fitting options construct (nothing is contacted before fit()).

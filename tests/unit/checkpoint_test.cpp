@@ -5,14 +5,14 @@
 
 #include <gtest/gtest.h>
 
-#include <sstream>
-#include <type_traits>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <sstream>
+#include <type_traits>
 
 #include <algorithm>
 #include <chrono>
@@ -61,7 +61,8 @@ struct NetImpl : torch::nn::Module {
     fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
     bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
     drop = register_module("drop", torch::nn::Dropout(0.3));
-    fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(hidden, out).bias(false)));
+    fc2 = register_module("fc2",
+                          torch::nn::Linear(torch::nn::LinearOptions(hidden, out).bias(false)));
   }
   torch::Tensor forward(torch::Tensor x) { return fc2(drop(torch::relu(bn(fc1(x))))); }
   torch::nn::Linear fc1{nullptr};
@@ -89,8 +90,9 @@ void train(Net& net, torch::optim::Optimizer& opt, int steps) {
 
 // Every parameter and buffer bitwise equal (names in model order; both models share a layout).
 ::testing::AssertionResult same_tensors(torch::nn::Module& a, torch::nn::Module& b) {
-  auto check = [](const torch::OrderedDict<std::string, torch::Tensor>& x,
-                  const torch::OrderedDict<std::string, torch::Tensor>& y) -> ::testing::AssertionResult {
+  auto check =
+      [](const torch::OrderedDict<std::string, torch::Tensor>& x,
+         const torch::OrderedDict<std::string, torch::Tensor>& y) -> ::testing::AssertionResult {
     if (x.size() != y.size()) return ::testing::AssertionFailure() << "different tensor counts";
     for (size_t i = 0; i < x.size(); ++i) {
       const auto& tx = x[x.keys()[i]];
@@ -156,7 +158,8 @@ TEST(CheckpointTest, RoundTripsModelOptimizerStateMetadataAndRng) {
   state.epoch = 1;
   state.sampler_epoch = 4;
   state.batch_in_epoch = 2;
-  state.metadata = {{"config", R"({"lr": 0.01, "hidden": 16})"}, {"note", "ünïcode \"quoted\"\n"}, {"empty", ""}};
+  state.metadata = {
+      {"config", R"({"lr": 0.01, "hidden": 16})"}, {"note", "ünïcode \"quoted\"\n"}, {"empty", ""}};
   ASSERT_TRUE(save_checkpoint(path, *a, &opt_a, state, single_process()));
   ASSERT_TRUE(fs::is_regular_file(path));
   EXPECT_EQ(dir.names(), std::vector<std::string>{"ckpt_3.pt"}) << "the temp file must be gone";
@@ -197,7 +200,6 @@ TEST(CheckpointTest, RoundTripsModelOptimizerStateMetadataAndRng) {
   check_load_rng_false_leaves_the_generator_alone();
 }
 
-
 TEST(CheckpointTest, MismatchedModelNamesTheParameterAndChangesNothing) {
   TempDir dir;
   const std::string path = dir.file("ckpt_1.pt");
@@ -208,7 +210,8 @@ TEST(CheckpointTest, MismatchedModelNamesTheParameterAndChangesNothing) {
   Net before(kIn, 12, kOut);
   {
     torch::NoGradGuard g;
-    for (size_t i = 0; i < wider->parameters().size(); ++i) before->parameters()[i].copy_(wider->parameters()[i]);
+    for (size_t i = 0; i < wider->parameters().size(); ++i)
+      before->parameters()[i].copy_(wider->parameters()[i]);
   }
   try {
     load_checkpoint(path, *wider, nullptr);
@@ -240,7 +243,8 @@ TEST(CheckpointTest, MismatchedModelNamesTheParameterAndChangesNothing) {
         try {
           load_checkpoint(path, bigger, nullptr);
         } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("'extra' is missing"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("'extra' is missing"), std::string::npos)
+              << e.what();
           throw;
         }
       },
@@ -255,7 +259,8 @@ TEST(CheckpointTest, MismatchedModelNamesTheParameterAndChangesNothing) {
     load_checkpoint(path, smaller, nullptr);
     FAIL() << "a checkpoint with more parameters than the model was loaded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'fc2.weight' that the model does not have"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'fc2.weight' that the model does not have"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -286,7 +291,8 @@ void check_other_files_are_not_checkpoints() {
     } catch (const UsageError& e) {
       FAIL() << "an existing non-checkpoint is an Error, not a UsageError: " << e.what();
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("is not a dtrain checkpoint"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not a dtrain checkpoint"), std::string::npos)
+          << e.what();
       EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
     }
   }
@@ -360,7 +366,8 @@ void check_failed_save_keeps_the_previous_checkpoint_and_leaves_no_temp() {
   }
   ::setrlimit(RLIMIT_FSIZE, &saved);
   ::signal(SIGXFSZ, old_handler);
-  EXPECT_NE(error.find(std::strerror(EFBIG)), std::string::npos) << "expected a write error, got: " << error;
+  EXPECT_NE(error.find(std::strerror(EFBIG)), std::string::npos)
+      << "expected a write error, got: " << error;
   EXPECT_NE(error.find(path), std::string::npos) << error;
 
   EXPECT_EQ(dir.names(), std::vector<std::string>{"ckpt_5.pt"}) << "the temp file must be removed";
@@ -401,7 +408,8 @@ void check_crash_mid_save_keeps_the_previous_checkpoint() {
     int status = 0;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     pid_t done = 0;
-    while ((done = ::waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     if (done == 0) {
@@ -501,7 +509,8 @@ TEST(CheckpointTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   TrainingState state;
   state.step = k;
   ASSERT_TRUE(save_checkpoint(path, *first, &first_opt, state, single_process()));
-  ASSERT_FALSE(same_tensors(*first, *reference)) << "the halves must differ, or the check proves nothing";
+  ASSERT_FALSE(same_tensors(*first, *reference))
+      << "the halves must differ, or the check proves nothing";
 
   // A new process would start from another RNG state, another init and default options.
   auto resume = [&](bool load_rng, Net& net) {
@@ -516,7 +525,8 @@ TEST(CheckpointTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   };
   Net resumed(nullptr);
   resume(true, resumed);
-  EXPECT_TRUE(same_tensors(*resumed, *reference)) << "resume must reproduce the uninterrupted run bitwise";
+  EXPECT_TRUE(same_tensors(*resumed, *reference))
+      << "resume must reproduce the uninterrupted run bitwise";
 
   // The RNG state is what makes it exact: without it the data and dropout masks differ.
   Net without_rng(nullptr);
@@ -528,8 +538,9 @@ TEST(CheckpointTest, LatestCheckpointPicksTheLargestStep) {
   TempDir dir;
   EXPECT_EQ(latest_checkpoint(dir.str()), std::nullopt);
   EXPECT_EQ(latest_checkpoint(dir.file("does_not_exist")), std::nullopt);
-  for (const char* name : {"ckpt_2.pt", "ckpt_10.pt", "ckpt_9.pt", "ckpt_10.pt.tmp.123", "ckpt_99.pt.tmp.5",
-                           "ckpt_x.pt", "ckpt_.pt", "ckpt_12.pth", "other_100.pt", "ckpt_-50.pt", "model-7.pt"}) {
+  for (const char* name :
+       {"ckpt_2.pt", "ckpt_10.pt", "ckpt_9.pt", "ckpt_10.pt.tmp.123", "ckpt_99.pt.tmp.5",
+        "ckpt_x.pt", "ckpt_.pt", "ckpt_12.pth", "other_100.pt", "ckpt_-50.pt", "model-7.pt"}) {
     std::ofstream(dir.file(name)) << "x";
   }
   fs::create_directory(dir.file("ckpt_500.pt"));  // a directory is not a checkpoint

@@ -1,8 +1,8 @@
 // Collectives (src/comm/collectives.cpp) with ranks as threads of this process: each thread
 // makes its own c10d::ProcessGroupGloo over one shared HashStore on loopback, wraps it in a
 // dtrain::ProcessGroup and passes it through options.group. Built twice: collectives_test
-// on Gloo, shm_collectives_test (DTRAIN_TEST_SHM) on the shared-memory backend wrapping it. Every result is compared with
-// the value computed directly from every rank's input.
+// on Gloo, shm_collectives_test (DTRAIN_TEST_SHM) on the shared-memory backend wrapping it. Every
+// result is compared with the value computed directly from every rank's input.
 //
 // Each TEST covers world sizes 1-4 in one process, since loading libtorch costs more than
 // all the collectives of a test together.
@@ -44,7 +44,8 @@ double ms_since(Clock::time_point t0) {
 // ranks are not all done by `deadline` the process aborts: a hung collective cannot be
 // cancelled, and failing loudly beats hanging until ctest's timeout.
 void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
-               std::chrono::milliseconds group_timeout = 10s, std::chrono::milliseconds deadline = 30s) {
+               std::chrono::milliseconds group_timeout = 10s,
+               std::chrono::milliseconds deadline = 30s) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::promise<void>> done(world);
   std::vector<std::future<void>> futures;
@@ -53,15 +54,18 @@ void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
+        c10::intrusive_ptr<comm::Backend> gloo =
+            comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
 #ifdef DTRAIN_TEST_SHM
         // shm_collectives_test: the same tests on the shared-memory backend around Gloo.
         c10::intrusive_ptr<comm::Backend> shm =
             shm::ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true);
-        auto group = std::make_shared<ProcessGroup>(store, comm::as_group(shm, store, r, world, false), "shm");
+        auto group = std::make_shared<ProcessGroup>(
+            store, comm::as_group(shm, store, r, world, false), "shm");
         shm.reset();
 #else
-        auto group = std::make_shared<ProcessGroup>(store, comm::as_group(gloo, store, r, world, true), "gloo");
+        auto group = std::make_shared<ProcessGroup>(
+            store, comm::as_group(gloo, store, r, world, true), "gloo");
 #endif
         gloo.reset();
         fn(r, std::move(group));
@@ -74,8 +78,9 @@ void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
   const auto until = Clock::now() + deadline;
   for (int r = 0; r < world; ++r) {
     if (futures[r].wait_until(until) != std::future_status::ready) {
-      std::fprintf(stderr, "collectives_test: world %d rank %d still running after %lld ms; aborting\n", world, r,
-                   static_cast<long long>(deadline.count()));
+      std::fprintf(stderr,
+                   "collectives_test: world %d rank %d still running after %lld ms; aborting\n",
+                   world, r, static_cast<long long>(deadline.count()));
       std::abort();
     }
   }
@@ -84,21 +89,29 @@ void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
 
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
                                     ReduceOp::kProduct};
-const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kInt8,
-                                           torch::kUInt8,   torch::kInt32,   torch::kInt64};
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16,
+                                           torch::kInt8,    torch::kUInt8,   torch::kInt32,
+                                           torch::kInt64};
 
 const char* op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "?";
 }
 
-bool is_float(torch::Dtype d) { return d == torch::kFloat32 || d == torch::kFloat64 || d == torch::kFloat16; }
+bool is_float(torch::Dtype d) {
+  return d == torch::kFloat32 || d == torch::kFloat64 || d == torch::kFloat16;
+}
 
 torch::Tensor input(int rank, torch::IntArrayRef shape, torch::Dtype dtype) {
   return test::reference_input(rank, shape, dtype);
@@ -110,8 +123,8 @@ torch::Tensor expected(ReduceOp op, int world, torch::IntArrayRef shape, torch::
 // Exact for integers and exact-valued floats; float averages may round differently.
 ::testing::AssertionResult same(const torch::Tensor& got, const torch::Tensor& want) {
   if (got.scalar_type() != want.scalar_type() || got.sizes() != want.sizes()) {
-    return ::testing::AssertionFailure() << "dtype/shape " << got.scalar_type() << got.sizes() << " vs "
-                                         << want.scalar_type() << want.sizes();
+    return ::testing::AssertionFailure() << "dtype/shape " << got.scalar_type() << got.sizes()
+                                         << " vs " << want.scalar_type() << want.sizes();
   }
   bool ok = is_float(want.scalar_type())
                 ? torch::allclose(got.to(torch::kFloat64), want.to(torch::kFloat64), 1e-3, 1e-3)
@@ -142,7 +155,8 @@ TEST(Collectives, AllReduceEveryOpAndDtypeSyncAndAsync) {
       for (auto dtype : kDtypes) {
         for (auto op : kOps) {
           if (op == ReduceOp::kAvg && !is_float(dtype)) continue;  // a UsageError: see ErrorCases
-          SCOPED_TRACE(std::string(op_name(op)) + " " + c10::toString(dtype) + " world " + std::to_string(world));
+          SCOPED_TRACE(std::string(op_name(op)) + " " + c10::toString(dtype) + " world " +
+                       std::to_string(world));
           AllReduceOptions o;
           o.group = g;
           o.op = op;
@@ -190,7 +204,8 @@ TEST(Collectives, BroadcastFromEverySrcAndReduceToEveryDst) {
       }
       for (int dst = 0; dst < world; ++dst) {
         for (auto op : kOps) {
-          SCOPED_TRACE(std::string(op_name(op)) + " dst " + std::to_string(dst) + " world " + std::to_string(world));
+          SCOPED_TRACE(std::string(op_name(op)) + " dst " + std::to_string(dst) + " world " +
+                       std::to_string(world));
           ReduceOptions o;
           o.group = g;
           o.dst = dst;
@@ -218,18 +233,22 @@ TEST(Collectives, AllGatherGatherScatterAllToAllReduceScatter) {
   for (int world = 1; world <= 4; ++world) {
     run_ranks(world, [&](int rank, GroupPtr g) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
-      auto mine = [](int r) { return (torch::arange(6, torch::kFloat32) + 10 * r).reshape({3, 2}); };
+      auto mine = [](int r) {
+        return (torch::arange(6, torch::kFloat32) + 10 * r).reshape({3, 2});
+      };
       CollectiveOptions co;
       co.group = g;
       // all_gather, with a non-contiguous input.
       auto all = all_gather(mine(rank).t().contiguous().t(), co);
       ASSERT_EQ(static_cast<int>(all.size()), world);
-      for (int r = 0; r < world; ++r) EXPECT_TRUE(same(all[r], mine(r))) << "all_gather[" << r << "]";
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(same(all[r], mine(r))) << "all_gather[" << r << "]";
       // all_gather_into_tensor: from a separate input, then in place (input = our own chunk),
       // then into a non-contiguous out.
       auto flat = torch::full({3 * world, 2}, -1.0f);
       all_gather_into_tensor(flat, mine(rank), co);
-      for (int r = 0; r < world; ++r) EXPECT_TRUE(same(flat.narrow(0, 3 * r, 3), mine(r))) << "into[" << r << "]";
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(same(flat.narrow(0, 3 * r, 3), mine(r))) << "into[" << r << "]";
       auto inplace = torch::zeros({3 * world, 2});
       inplace.narrow(0, 3 * rank, 3).copy_(mine(rank));
       all_gather_into_tensor(inplace, inplace.narrow(0, 3 * rank, 3), co);
@@ -246,7 +265,8 @@ TEST(Collectives, AllGatherGatherScatterAllToAllReduceScatter) {
         auto got = gather(mine(rank), o);
         if (rank == dst) {
           ASSERT_EQ(static_cast<int>(got.size()), world);
-          for (int r = 0; r < world; ++r) EXPECT_TRUE(same(got[r], mine(r))) << "gather dst " << dst;
+          for (int r = 0; r < world; ++r)
+            EXPECT_TRUE(same(got[r], mine(r))) << "gather dst " << dst;
         } else {
           EXPECT_TRUE(got.empty()) << "gather returned tensors on non-dst rank";
         }
@@ -258,11 +278,13 @@ TEST(Collectives, AllGatherGatherScatterAllToAllReduceScatter) {
         o.src = src;
         std::vector<torch::Tensor> chunks;
         if (rank == src) {
-          for (int j = 0; j < world; ++j) chunks.push_back(torch::full({3}, 100 * src + j, torch::kInt64));
+          for (int j = 0; j < world; ++j)
+            chunks.push_back(torch::full({3}, 100 * src + j, torch::kInt64));
         }
         auto out = torch::zeros({3}, torch::kInt64);
         scatter(out, chunks, o);
-        EXPECT_TRUE(same(out, torch::full({3}, 100 * src + rank, torch::kInt64))) << "scatter src " << src;
+        EXPECT_TRUE(same(out, torch::full({3}, 100 * src + rank, torch::kInt64)))
+            << "scatter src " << src;
       }
       // all_to_all: rank r's chunk j is (10r + j); we receive (10j + r) at position j.
       auto in = torch::empty({world * 2, 2}, torch::kInt32);
@@ -270,7 +292,8 @@ TEST(Collectives, AllGatherGatherScatterAllToAllReduceScatter) {
       auto out = torch::zeros({2, world * 2}, torch::kInt32).t();  // non-contiguous out
       all_to_all(out, in, co);
       for (int j = 0; j < world; ++j) {
-        EXPECT_TRUE(same(out.slice(0, 2 * j, 2 * j + 2), torch::full({2, 2}, 10 * j + rank, torch::kInt32)))
+        EXPECT_TRUE(
+            same(out.slice(0, 2 * j, 2 * j + 2), torch::full({2, 2}, 10 * j + rank, torch::kInt32)))
             << "all_to_all chunk " << j;
       }
     });
@@ -282,7 +305,8 @@ TEST(Collectives, AllGatherGatherScatterAllToAllReduceScatter) {
       for (auto dtype : {torch::kFloat32, torch::kInt64}) {
         for (auto op : kOps) {
           if (op == ReduceOp::kAvg && !is_float(dtype)) continue;
-          SCOPED_TRACE(std::string(op_name(op)) + " " + c10::toString(dtype) + " world " + std::to_string(world));
+          SCOPED_TRACE(std::string(op_name(op)) + " " + c10::toString(dtype) + " world " +
+                       std::to_string(world));
           ReduceScatterOptions o;
           o.group = g;
           o.op = op;
@@ -366,7 +390,9 @@ TEST(Collectives, SendRecvAndObjectForms) {
   for (int world = 1; world <= 4; ++world) {
     run_ranks(world, [&](int rank, GroupPtr g) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
-      auto text = [](int r) { return std::string(static_cast<size_t>(r) * 3, static_cast<char>('a' + r)); };
+      auto text = [](int r) {
+        return std::string(static_cast<size_t>(r) * 3, static_cast<char>('a' + r));
+      };
       for (int src = 0; src < world; ++src) {
         BroadcastOptions o;
         o.group = g;
@@ -379,7 +405,8 @@ TEST(Collectives, SendRecvAndObjectForms) {
                   "from " + text(src));
         EXPECT_EQ(broadcast_object(rank == src ? std::string() : text(rank + 1), o), "");
         EXPECT_EQ(broadcast_object(rank == src ? big : std::string("?"), o), big);
-        EXPECT_EQ(broadcast_object<int64_t>(rank == src ? 1234567890123 + src : -1, o), 1234567890123 + src);
+        EXPECT_EQ(broadcast_object<int64_t>(rank == src ? 1234567890123 + src : -1, o),
+                  1234567890123 + src);
         EXPECT_EQ(broadcast_object<double>(rank == src ? 0.25 * src : 9.0, o), 0.25 * src);
       }
       CollectiveOptions co;
@@ -403,18 +430,21 @@ TEST(Collectives, ErrorCasesAreUsageErrorsAndLeaveTheGroupUsable) {
     run_ranks(world, [&](int rank, GroupPtr g) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank));
       auto contains = [](const std::string& msg, const std::string& part) {
-        return msg.find(part) != std::string::npos ? ::testing::AssertionSuccess()
-                                                   : ::testing::AssertionFailure() << "'" << part << "' not in: " << msg;
+        return msg.find(part) != std::string::npos
+                   ? ::testing::AssertionSuccess()
+                   : ::testing::AssertionFailure() << "'" << part << "' not in: " << msg;
       };
       auto t = torch::ones({4});
       BroadcastOptions bo;
       bo.group = g;
       bo.src = world;  // one past the last rank
       EXPECT_TRUE(contains(message_of<UsageError>([&] { broadcast(t, bo); }),
-                           "broadcast (rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                               "): src=" + std::to_string(world) + " is not a rank of this group"));
+                           "broadcast (rank " + std::to_string(rank) + " of " +
+                               std::to_string(world) + "): src=" + std::to_string(world) +
+                               " is not a rank of this group"));
       bo.src = -1;
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { broadcast_object(std::string("x"), bo); }), "src=-1"));
+      EXPECT_TRUE(contains(message_of<UsageError>([&] { broadcast_object(std::string("x"), bo); }),
+                           "src=-1"));
       ReduceOptions ro;
       ro.group = g;
       ro.dst = -1;
@@ -422,7 +452,8 @@ TEST(Collectives, ErrorCasesAreUsageErrorsAndLeaveTheGroupUsable) {
       GatherOptions go;
       go.group = g;
       go.dst = world + 5;
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { gather(t, go); }), "dst=" + std::to_string(world + 5)));
+      EXPECT_TRUE(contains(message_of<UsageError>([&] { gather(t, go); }),
+                           "dst=" + std::to_string(world + 5)));
 
       // Wrong number of chunks, wrong chunk shape (checked on src only; the others are not
       // called, which also shows that nothing was sent).
@@ -432,7 +463,8 @@ TEST(Collectives, ErrorCasesAreUsageErrorsAndLeaveTheGroupUsable) {
       if (rank == 0) {
         std::vector<torch::Tensor> chunks(static_cast<size_t>(world) + 1, torch::ones({4}));
         EXPECT_TRUE(contains(message_of<UsageError>([&] { scatter(t, chunks, so); }),
-                             "got " + std::to_string(world + 1) + " chunks for a group of " + std::to_string(world)));
+                             "got " + std::to_string(world + 1) + " chunks for a group of " +
+                                 std::to_string(world)));
         std::vector<torch::Tensor> wrong_shape(static_cast<size_t>(world), torch::ones({5}));
         EXPECT_TRUE(contains(message_of<UsageError>([&] { scatter(t, wrong_shape, so); }),
                              "chunks[0] has shape [5] but out has [4]"));
@@ -441,44 +473,54 @@ TEST(Collectives, ErrorCasesAreUsageErrorsAndLeaveTheGroupUsable) {
       ReduceScatterOptions rso;
       rso.group = g;
       auto out = torch::zeros({3});  // should be [2]
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { reduce_scatter(out, torch::ones({2 * world}), rso); }),
-                           "out must be one chunk of input, shape [2]"));
+      EXPECT_TRUE(contains(
+          message_of<UsageError>([&] { reduce_scatter(out, torch::ones({2 * world}), rso); }),
+          "out must be one chunk of input, shape [2]"));
       if (world > 1) {
-        EXPECT_TRUE(contains(message_of<UsageError>([&] { reduce_scatter(out, torch::ones({2 * world + 1}), rso); }),
-                             "cannot be split into " + std::to_string(world) + " equal chunks"));
+        EXPECT_TRUE(contains(
+            message_of<UsageError>([&] { reduce_scatter(out, torch::ones({2 * world + 1}), rso); }),
+            "cannot be split into " + std::to_string(world) + " equal chunks"));
       }
 
       CollectiveOptions co;
       co.group = g;
       auto a2a_out = torch::zeros({6});
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_to_all(a2a_out, torch::ones({6}, torch::kInt64), co); }),
-                           "out has dtype Float but input has Long"));
+      EXPECT_TRUE(contains(
+          message_of<UsageError>([&] { all_to_all(a2a_out, torch::ones({6}, torch::kInt64), co); }),
+          "out has dtype Float but input has Long"));
       if (world > 1) {
         auto odd_out = torch::zeros({2 * world + 1});
-        EXPECT_TRUE(contains(message_of<UsageError>([&] { all_to_all(odd_out, torch::ones({2 * world + 1}), co); }),
-                             "equal chunks"));
+        EXPECT_TRUE(contains(
+            message_of<UsageError>([&] { all_to_all(odd_out, torch::ones({2 * world + 1}), co); }),
+            "equal chunks"));
       }
 
       AllReduceOptions ao;
       ao.group = g;
       ao.op = ReduceOp::kAvg;
       auto ints = torch::ones({4}, torch::kInt32);
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_reduce(ints, ao); }), "kAvg needs a floating-point tensor"));
+      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_reduce(ints, ao); }),
+                           "kAvg needs a floating-point tensor"));
       ao.op = ReduceOp::kSum;
       auto flags = torch::ones({4}, torch::kBool);
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_reduce(flags, ao); }), "Gloo does not support"));
+      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_reduce(flags, ao); }),
+                           "Gloo does not support"));
       auto undefined = torch::Tensor();
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_reduce(undefined, ao); }), "undefined"));
+      EXPECT_TRUE(
+          contains(message_of<UsageError>([&] { all_reduce(undefined, ao); }), "undefined"));
       ao.timeout = std::chrono::milliseconds(-5);
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { all_reduce(t, ao); }), "timeout must be >= 0"));
+      EXPECT_TRUE(
+          contains(message_of<UsageError>([&] { all_reduce(t, ao); }), "timeout must be >= 0"));
 
       PointToPointOptions po;
       po.group = g;
-      EXPECT_TRUE(contains(message_of<UsageError>([&] { send(t, rank, po); }), "cannot send to or receive from itself"));
+      EXPECT_TRUE(contains(message_of<UsageError>([&] { send(t, rank, po); }),
+                           "cannot send to or receive from itself"));
       EXPECT_TRUE(contains(message_of<UsageError>([&] { recv(t, world, po); }), "is not a rank"));
       if (world > 1) {
         po.tag = -1;
-        EXPECT_TRUE(contains(message_of<UsageError>([&] { send(t, (rank + 1) % world, po); }), "tag must be >= 0"));
+        EXPECT_TRUE(contains(message_of<UsageError>([&] { send(t, (rank + 1) % world, po); }),
+                             "tag must be >= 0"));
       }
 
       Work empty;
@@ -527,8 +569,10 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
       double ms = ms_since(t0);
       EXPECT_GE(ms, 450);
       EXPECT_LT(ms, kNotHung);
-      EXPECT_NE(msg.find("all_reduce (rank 0 of 2) timed out after 500 ms"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("a peer rank may have died or not called all_reduce"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("all_reduce (rank 0 of 2) timed out after 500 ms"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("a peer rank may have died or not called all_reduce"), std::string::npos)
+          << msg;
       if (kGlooClosesPairsOnTimeout) {
         // libtorch 2.x's Gloo applies the per-call timeout itself and then closes the group's
         // connections: every later collective fails at once, and says why.
@@ -539,7 +583,8 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
         t0 = Clock::now();
         msg = message_of<NetworkError>([&] { broadcast(b, bo); });
         EXPECT_LT(ms_since(t0), 2000);  // at once: well before its own 4 s timeout
-        EXPECT_NE(msg.find("timed out and Gloo closed the group's connections"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("timed out and Gloo closed the group's connections"), std::string::npos)
+            << msg;
         rank0_done.set_value();
         return;
       }
@@ -555,7 +600,8 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
       ms = ms_since(t0);
       EXPECT_GE(ms, 250);
       EXPECT_LT(ms, kNotHung);
-      EXPECT_NE(msg.find("broadcast (rank 0 of 2) timed out after 300 ms"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("broadcast (rank 0 of 2) timed out after 300 ms"), std::string::npos)
+          << msg;
       // Point to point goes through Gloo's own wait with our timeout.
       PointToPointOptions po;
       po.group = g;
@@ -586,7 +632,8 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
           auto t0 = Clock::now();
           std::string msg = message_of<TimeoutError>([&] { barrier(o); });
           double ms = ms_since(t0);
-          EXPECT_NE(msg.find("barrier (rank 0 of 2) timed out after 500 ms"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("barrier (rank 0 of 2) timed out after 500 ms"), std::string::npos)
+              << msg;
           EXPECT_GE(ms, 450);
           EXPECT_LT(ms, kNotHung);
           // Gloo closed the group's connections when its timeout fired: the next collective
@@ -595,8 +642,10 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
           AllReduceOptions ao;
           ao.group = g;
           msg = message_of<NetworkError>([&] { all_reduce(t, ao); });
-          EXPECT_NE(msg.find("all_reduce (rank 0 of 2) failed: an earlier collective of this group timed out"),
-                    std::string::npos)
+          EXPECT_NE(
+              msg.find(
+                  "all_reduce (rank 0 of 2) failed: an earlier collective of this group timed out"),
+              std::string::npos)
               << msg;
           rank0_done.set_value();
         },
@@ -619,7 +668,8 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
           auto t0 = Clock::now();
           std::string msg = message_of<TimeoutError>([&] { w.wait(); });
           EXPECT_LT(ms_since(t0), kNotHung);
-          EXPECT_NE(msg.find("custom_hook (rank 0 of 2) timed out after 500 ms"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("custom_hook (rank 0 of 2) timed out after 500 ms"), std::string::npos)
+              << msg;
           rank0_done.set_value();
         },
         /*group_timeout=*/500ms);
@@ -642,7 +692,8 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
     auto t0 = Clock::now();
     std::string msg = message_of<NetworkError>([&] { all_reduce(t, o); });
     EXPECT_LT(ms_since(t0), 2500);
-    EXPECT_NE(msg.find("all_reduce (rank 0 of 2) failed: lost the connection to a peer rank"), std::string::npos)
+    EXPECT_NE(msg.find("all_reduce (rank 0 of 2) failed: lost the connection to a peer rank"),
+              std::string::npos)
         << msg;
   });
 }
@@ -652,10 +703,10 @@ TEST(Collectives, TimeoutWhenAPeerSkipsAndNetworkErrorWhenItLeaves) {
 // reassigns, so barriers issued at once by several threads (ranks as threads here; any program's
 // threads on groups of their own) raced on it: heap corruption ("malloc(): unaligned tcache
 // chunk detected", "double free or corruption"). Before the fix this test aborted in 10 of 20
-// runs on libtorch 2.11 (2-core VM, loaded). Part 1: one group of four rank threads, every round entered by all at
-// once, must not let a rank leave a round before every rank entered it. Part 2: eight one-rank
-// groups issuing barriers back to back (the most barriers per second, so the most overlap).
-// Both entry points: ProcessGroup::barrier and barrier().
+// runs on libtorch 2.11 (2-core VM, loaded). Part 1: one group of four rank threads, every round
+// entered by all at once, must not let a rank leave a round before every rank entered it. Part 2:
+// eight one-rank groups issuing barriers back to back (the most barriers per second, so the most
+// overlap). Both entry points: ProcessGroup::barrier and barrier().
 TEST(Collectives, ConcurrentBarriersOfManyThreads) {
   constexpr int kWorld = 4;
   constexpr int kRounds = 200;
@@ -711,7 +762,8 @@ TEST(Collectives, ConcurrentBarriersOfManyThreads) {
 TEST(Collectives, DefaultGroup) {
   destroy_process_group();
   auto t = torch::ones({2});
-  EXPECT_NE(message_of<UsageError>([&] { all_reduce(t); }).find("init_process_group"), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { all_reduce(t); }).find("init_process_group"),
+            std::string::npos);
 
   char path[] = "/tmp/dtrain_collectives_test_XXXXXX";
   int fd = mkstemp(path);
@@ -729,7 +781,8 @@ TEST(Collectives, DefaultGroup) {
   EXPECT_NE(nccl.find("'nccl' is not available"), std::string::npos) << nccl;
   EXPECT_NE(nccl.find("\"gloo\""), std::string::npos) << nccl;
   po.backend = "glo";
-  EXPECT_NE(message_of<UsageError>([&] { init_process_group(po); }).find("unknown backend 'glo'"), std::string::npos);
+  EXPECT_NE(message_of<UsageError>([&] { init_process_group(po); }).find("unknown backend 'glo'"),
+            std::string::npos);
   po.backend = "auto";
   auto g = init_process_group(po);
   EXPECT_EQ(resolve_group({}), g);

@@ -86,7 +86,8 @@ TEST(DDP, ConstructionBroadcastsRankZeroParameters) {
   });
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(after[r].size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(after[r][i], expected[i])) << "rank " << r;
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_TRUE(torch::equal(after[r][i], expected[i])) << "rank " << r;
   }
 }
 
@@ -113,7 +114,8 @@ TEST(DDP, BackwardLeavesTheAverageOfEveryRanksGradient) {
     for (auto& e : expected) e /= world;
     for (int r = 0; r < world; ++r) {
       for (size_t i = 0; i < expected.size(); ++i) {
-        EXPECT_TRUE(torch::allclose(grads[r][i], expected[i], 1e-5, 1e-7)) << "world " << world << " rank " << r << " param " << i;
+        EXPECT_TRUE(torch::allclose(grads[r][i], expected[i], 1e-5, 1e-7))
+            << "world " << world << " rank " << r << " param " << i;
       }
     }
   }
@@ -124,8 +126,8 @@ TEST(DDP, BucketsFollowReverseParameterOrderAndCaps) {
     // fc1.weight 64x64 floats = 16 KB, fc1.bias, fc2.weight 64x64, fc2.bias.
     Net net(64, 64, 64);
     DDPOptions o{.group = pg};
-    o.first_bucket_mb = 8.0 / 1024;   // 8 KB: the first bucket closes after fc2.weight
-    o.bucket_cap_mb = 20.0 / 1024;    // 20 KB: then fc1.weight closes the second one
+    o.first_bucket_mb = 8.0 / 1024;  // 8 KB: the first bucket closes after fc2.weight
+    o.bucket_cap_mb = 20.0 / 1024;   // 20 KB: then fc1.weight closes the second one
     DistributedDataParallel ddp(net, o);
     auto layout = ddp.reducer().bucket_parameter_indices();
     // Parameters in registration order: 0 fc1.weight, 1 fc1.bias, 2 fc2.weight, 3 fc2.bias.
@@ -160,7 +162,8 @@ TEST(DDP, NoSyncAccumulatesLocallyThenAveragesTheSum) {
     }
   }
   for (int r = 0; r < world; ++r) {
-    for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::allclose(grads[r][i], expected[i], 1e-5, 1e-7));
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_TRUE(torch::allclose(grads[r][i], expected[i], 1e-5, 1e-7));
   }
 }
 

@@ -26,6 +26,7 @@
 #include "launch/fork_server.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
+#include "support/paths.h"
 
 namespace dtrain {
 namespace {
@@ -181,7 +182,10 @@ std::vector<FlagCase> flag_cases() {
       {"--module", "-m", {}, [](auto& o) { EXPECT_TRUE(o.module); }},
       {"--standalone", "", {}, [](auto& o) { EXPECT_TRUE(o.standalone); }},
       // torchrun's "fork" is the fork server here.
-      {"--start-method", "--start_method", {"fork"}, [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
+      {"--start-method",
+       "--start_method",
+       {"fork"},
+       [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
       {"--start-method", "", {"spawn"}, [](auto& o) { EXPECT_EQ(o.start_method, "spawn"); }},
       {"--failure-store",
        "--failure_store",
@@ -191,7 +195,10 @@ std::vector<FlagCase> flag_cases() {
          EXPECT_EQ(o.failure_store_port, 4000);
          EXPECT_EQ(o.failure_store_key, "/distributor/x/failure");
        }},
-      {"--start-method", "", {"forkserver"}, [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
+      {"--start-method",
+       "",
+       {"forkserver"},
+       [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
       // Accepted for torchrun compatibility; it changes nothing we can observe.
       {"--run-path", "--run_path", {"x"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
   };
@@ -230,13 +237,16 @@ TEST(ParseRunArgs, NprocGpuAndAutoWithoutCuda) {
 TEST(ParseRunArgs, NnodesTakesNOrAnElasticRange) {
   EXPECT_EQ(parse({"--nnodes", "2:2"}).nnodes, 2);
   EXPECT_EQ(parse({"--nnodes", "2:2"}).min_nodes, 0);  // N:N is not elastic
-  LaunchOptions e = parse({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=2.5"});
+  LaunchOptions e =
+      parse({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=2.5"});
   EXPECT_EQ(e.nnodes, 3);
   EXPECT_EQ(e.min_nodes, 1);
   EXPECT_EQ(e.last_call, std::chrono::milliseconds(2500));
   std::string msg = usage_error({"--nnodes", "3:1", "prog"});
-  EXPECT_NE(msg.find("--nnodes: got '3:1', expected a positive integer N, or MIN:MAX with 1 <= MIN <= MAX"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find(
+          "--nnodes: got '3:1', expected a positive integer N, or MIN:MAX with 1 <= MIN <= MAX"),
+      std::string::npos)
       << msg;
   // Elastic needs the c10d rendezvous (ranks in join order) and takes no --node-rank.
   msg = usage_error({"--nnodes", "1:3", "prog"});
@@ -367,8 +377,10 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--rdzv-timeout", "-1"},
        "--rdzv-timeout: got '-1', expected a non-negative number of seconds"},
       {{"--rdzv-timeout", "soon"}, "--rdzv-timeout: got 'soon', expected a non-negative number"},
-      {{"--start-method", "threads"}, "--start-method: got 'threads', expected auto, spawn, forkserver or fork"},
-      {{"--failure-store", "host:4000"}, "--failure-store: got 'host:4000', expected HOST:PORT/KEY"},
+      {{"--start-method", "threads"},
+       "--start-method: got 'threads', expected auto, spawn, forkserver or fork"},
+      {{"--failure-store", "host:4000"},
+       "--failure-store: got 'host:4000', expected HOST:PORT/KEY"},
       {{"--failure-store", "host:x/key"}, "--failure-store: got 'host:x'"},
       {{"--failure-store", "host:0/key"}, "expected HOST:PORT/KEY with a port above 0"},
       {{"--failure-store", "host/key"}, "--failure-store: got 'host/key', expected HOST:PORT/KEY"},
@@ -466,7 +478,8 @@ TEST(ForkServer, InspectsProgramsForItsPreconditions) {
   // Debian's ldconfig is static-pie: no loader, so no LD_PRELOAD.
   EXPECT_FALSE(launch::inspect_program("/sbin/ldconfig").dynamic_elf);
   // A shared library is not a program; scripts and missing files are not ELF programs.
-  EXPECT_FALSE(launch::inspect_program(DTRAIN_BUILD_DIR "/libdtrain_forkserver.so").dynamic_elf);
+  EXPECT_FALSE(launch::inspect_program(std::string(DTRAIN_BUILD_DIR) + "/libdtrain_forkserver.so")
+                   .dynamic_elf);
   TempDir dir;
   EXPECT_FALSE(launch::inspect_program(dir.file("s.sh", 0755, "#!/bin/sh\n")).dynamic_elf);
   EXPECT_FALSE(launch::inspect_program(dir.path() + "/missing").dynamic_elf);
@@ -488,7 +501,8 @@ TEST(ForkServer, AutoPicksItForTwoOrMoreWorkersOfALibtorchProgramOnly) {
   EXPECT_TRUE(uses_fork_server(o));
   o.start_method = "spawn";
   EXPECT_FALSE(uses_fork_server(o));
-  LaunchOptions py = parse_run_args({"--start-method", "forkserver", "--nproc-per-node", "2", "train.py"});
+  LaunchOptions py =
+      parse_run_args({"--start-method", "forkserver", "--nproc-per-node", "2", "train.py"});
   EXPECT_FALSE(uses_fork_server(py)) << "Python scripts always spawn";
 }
 

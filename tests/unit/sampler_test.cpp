@@ -31,8 +31,8 @@ DistributedSamplerOptions opts(int replicas, int rank, bool shuffle = false, boo
   return o;
 }
 
-std::vector<Indices> per_rank(int64_t size, int replicas, bool shuffle, bool drop_last, uint64_t seed = 0,
-                              int64_t epoch = 0) {
+std::vector<Indices> per_rank(int64_t size, int replicas, bool shuffle, bool drop_last,
+                              uint64_t seed = 0, int64_t epoch = 0) {
   std::vector<Indices> out;
   for (int r = 0; r < replicas; ++r) {
     DistributedSampler s(size, opts(replicas, r, shuffle, drop_last, seed));
@@ -283,21 +283,24 @@ TEST(SamplerTest, MatchesPyTorchDistributedSamplerExactly) {
   size_t compared = 0;
   int64_t nonempty_shuffled = 0;
   for (const auto& c : cases) {
-    DistributedSampler s(c.at("size").get<int64_t>(),
-                         opts(c.at("replicas").get<int>(), c.at("rank").get<int>(), c.at("shuffle").get<bool>(),
-                              c.at("drop_last").get<bool>(), c.at("seed").get<uint64_t>()));
+    DistributedSampler s(
+        c.at("size").get<int64_t>(),
+        opts(c.at("replicas").get<int>(), c.at("rank").get<int>(), c.at("shuffle").get<bool>(),
+             c.at("drop_last").get<bool>(), c.at("seed").get<uint64_t>()));
     s.set_epoch(c.at("epoch").get<int64_t>());
-    SCOPED_TRACE(c.at("size").dump() + " replicas=" + c.at("replicas").dump() + " rank=" + c.at("rank").dump() +
-                 " seed=" + c.at("seed").dump() + " epoch=" + c.at("epoch").dump() +
-                 " shuffle=" + c.at("shuffle").dump() + " drop_last=" + c.at("drop_last").dump());
+    SCOPED_TRACE(c.at("size").dump() + " replicas=" + c.at("replicas").dump() +
+                 " rank=" + c.at("rank").dump() + " seed=" + c.at("seed").dump() +
+                 " epoch=" + c.at("epoch").dump() + " shuffle=" + c.at("shuffle").dump() +
+                 " drop_last=" + c.at("drop_last").dump());
     ASSERT_EQ(s.num_samples(), c.at("num_samples").get<int64_t>());
     ASSERT_EQ(s.total_size(), c.at("total_size").get<int64_t>());
     Indices expected = c.at("indices").get<Indices>();
     Indices got = s.indices();
     ASSERT_EQ(got.size(), expected.size());
     auto diff = std::mismatch(got.begin(), got.end(), expected.begin());
-    ASSERT_TRUE(diff.first == got.end()) << "first difference at position " << (diff.first - got.begin())
-                                         << ": C++ " << *diff.first << ", Python " << *diff.second;
+    ASSERT_TRUE(diff.first == got.end())
+        << "first difference at position " << (diff.first - got.begin()) << ": C++ " << *diff.first
+        << ", Python " << *diff.second;
     if (c.at("shuffle").get<bool>() && c.at("size").get<int64_t>() > 1) ++nonempty_shuffled;
     ++compared;
   }

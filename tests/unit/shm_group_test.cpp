@@ -5,8 +5,8 @@
 // multi-process tests, with a rank SIGKILLed, are in tests/comm/collectives_mp_test.cpp.)
 #include <gtest/gtest.h>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <dirent.h>
 #include <unistd.h>
@@ -60,12 +60,15 @@ void run_ranks(int world, const std::function<void(Rank&)>& fn, shm::SegmentOpti
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        c10::intrusive_ptr<comm::Backend> gloo = comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
+        c10::intrusive_ptr<comm::Backend> gloo =
+            comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
         shm::SegmentOptions mine = so;
         if (host_id) mine.host_id = host_id(r);
-        auto g = ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true, mine);
+        auto g =
+            ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true, mine);
         // The name is unlinked once every rank mapped it: nothing to leak from here on.
-        EXPECT_TRUE(my_segments().empty()) << "a segment is still named in /dev/shm: " << my_segments()[0];
+        EXPECT_TRUE(my_segments().empty())
+            << "a segment is still named in /dev/shm: " << my_segments()[0];
         Rank rk{r, world, g, gloo};
         fn(rk);
       } catch (const std::exception& e) {
@@ -89,7 +92,8 @@ void run_ranks(int world, const std::function<void(Rank&)>& fn, shm::SegmentOpti
 // both signs for floating ones.
 torch::Tensor input(int rank, int64_t n, torch::Dtype dtype) {
   auto i = torch::arange(n, torch::kFloat64);
-  if (torch::isFloatingType(dtype)) return (torch::sin(i * 0.37 + rank) * (rank + 1) * 0.9).to(dtype);
+  if (torch::isFloatingType(dtype))
+    return (torch::sin(i * 0.37 + rank) * (rank + 1) * 0.9).to(dtype);
   return ((i.remainder(2)) + 1 + ((i + rank).remainder(3) == 0).to(torch::kFloat64)).to(dtype);
 }
 
@@ -99,12 +103,23 @@ torch::Tensor reference(c10d::ReduceOp::RedOpType op, int world, int64_t n, torc
   auto s = torch::stack(all);
   torch::Tensor out;
   switch (op) {
-    case c10d::ReduceOp::SUM: out = s.sum(0); break;
-    case c10d::ReduceOp::AVG: out = s.mean(0); break;
-    case c10d::ReduceOp::PRODUCT: out = s.prod(0); break;
-    case c10d::ReduceOp::MIN: out = std::get<0>(s.min(0)); break;
-    case c10d::ReduceOp::MAX: out = std::get<0>(s.max(0)); break;
-    default: break;
+    case c10d::ReduceOp::SUM:
+      out = s.sum(0);
+      break;
+    case c10d::ReduceOp::AVG:
+      out = s.mean(0);
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      out = s.prod(0);
+      break;
+    case c10d::ReduceOp::MIN:
+      out = std::get<0>(s.min(0));
+      break;
+    case c10d::ReduceOp::MAX:
+      out = std::get<0>(s.max(0));
+      break;
+    default:
+      break;
   }
   return out.to(dtype);
 }
@@ -119,15 +134,16 @@ torch::Tensor reference(c10d::ReduceOp::RedOpType op, int world, int64_t n, torc
   if (ok) return ::testing::AssertionSuccess();
   auto diff = (got.to(torch::kFloat64) - want.to(torch::kFloat64)).abs();
   auto at = diff.argmax().item<int64_t>();
-  return ::testing::AssertionFailure() << "max difference " << diff.max().item<double>() << " at element " << at
-                                       << ": got " << got[at].item<double>() << ", want " << want[at].item<double>();
+  return ::testing::AssertionFailure()
+         << "max difference " << diff.max().item<double>() << " at element " << at << ": got "
+         << got[at].item<double>() << ", want " << want[at].item<double>();
 }
 
 void wait(const c10::intrusive_ptr<c10d::Work>& w) { w->wait(std::chrono::milliseconds(30000)); }
 
-const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16,
-                                           torch::kInt8,    torch::kUInt8,   torch::kInt16,   torch::kInt32,
-                                           torch::kInt64};
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32,  torch::kFloat64, torch::kFloat16,
+                                           torch::kBFloat16, torch::kInt8,    torch::kUInt8,
+                                           torch::kInt16,    torch::kInt32,   torch::kInt64};
 const std::vector<c10d::ReduceOp::RedOpType> kOps = {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG,
                                                      c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MIN,
                                                      c10d::ReduceOp::MAX};
@@ -146,22 +162,28 @@ TEST(ShmGroup, AllReduceMatchesGlooAndTheReferenceForEveryDtypeOpAndSize) {
         [&](Rank& rk) {
           for (auto dtype : kDtypes) {
             for (auto op : kOps) {
-              if (op == c10d::ReduceOp::AVG && !torch::isFloatingType(dtype)) continue;  // goes to Gloo
+              if (op == c10d::ReduceOp::AVG && !torch::isFloatingType(dtype))
+                continue;  // goes to Gloo
               for (int64_t n : kSizes) {
-                SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rk.rank) + " dtype " +
-                             std::string(c10::toString(c10::typeMetaToScalarType(torch::scalarTypeToTypeMeta(dtype)))) +
-                             " op " + std::to_string(static_cast<int>(op)) + " n " + std::to_string(n));
+                SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rk.rank) +
+                             " dtype " +
+                             std::string(c10::toString(
+                                 c10::typeMetaToScalarType(torch::scalarTypeToTypeMeta(dtype)))) +
+                             " op " + std::to_string(static_cast<int>(op)) + " n " +
+                             std::to_string(n));
                 c10d::AllreduceOptions o;
                 o.reduceOp = op;
                 std::vector<at::Tensor> v{input(rk.rank, n, dtype)};
                 wait(rk.shm->allreduce(v, o));
-                const double tol = (dtype == torch::kFloat16 || dtype == torch::kBFloat16) ? 2e-2 : 1e-5;
+                const double tol =
+                    (dtype == torch::kFloat16 || dtype == torch::kBFloat16) ? 2e-2 : 1e-5;
                 EXPECT_TRUE(close(v[0], reference(op, world, n, dtype), tol));
                 if (n == 0) continue;
                 if (gloo_has(dtype)) {
                   std::vector<at::Tensor> g{input(rk.rank, n, dtype)};
                   c10d::AllreduceOptions go = o;
-                  if (op == c10d::ReduceOp::AVG) go.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG
+                  if (op == c10d::ReduceOp::AVG)
+                    go.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG
                   wait(rk.gloo->allreduce(g, go));
                   if (op == c10d::ReduceOp::AVG) g[0].div_(world);
                   EXPECT_TRUE(close(v[0], g[0], tol)) << "differs from Gloo's result";
@@ -170,7 +192,8 @@ TEST(ShmGroup, AllReduceMatchesGlooAndTheReferenceForEveryDtypeOpAndSize) {
                 std::vector<std::vector<at::Tensor>> all(1);
                 for (int k = 0; k < world; ++k) all[0].push_back(torch::empty_like(v[0]));
                 wait(rk.shm->allgather(all, v));  // (Gloo has no bfloat16/int16 all_gather)
-                for (int k = 0; k < world; ++k) EXPECT_TRUE(torch::equal(all[0][static_cast<size_t>(k)], v[0]));
+                for (int k = 0; k < world; ++k)
+                  EXPECT_TRUE(torch::equal(all[0][static_cast<size_t>(k)], v[0]));
               }
             }
           }
@@ -192,16 +215,19 @@ TEST(ShmGroup, ReduceToEveryRootAcrossChunks) {
             for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX}) {
               for (int64_t n : {int64_t{0}, int64_t{7}, int64_t{4097}, int64_t{40003}}) {
                 for (int root = 0; root < world; ++root) {
-                  SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rk.rank) + " root " +
-                               std::to_string(root) + " n " + std::to_string(n));
+                  SCOPED_TRACE("world " + std::to_string(world) + " rank " +
+                               std::to_string(rk.rank) + " root " + std::to_string(root) + " n " +
+                               std::to_string(n));
                   std::vector<at::Tensor> v{input(rk.rank, n, dtype)};
                   c10d::ReduceOptions o;
                   o.rootRank = root;
                   o.reduceOp = op;
                   wait(rk.shm->reduce(v, o));
                   const double tol = dtype == torch::kBFloat16 ? 2e-2 : 1e-5;
-                  if (rk.rank == root) EXPECT_TRUE(close(v[0], reference(op, world, n, dtype), tol));
-                  else EXPECT_TRUE(torch::equal(v[0], input(rk.rank, n, dtype)));
+                  if (rk.rank == root)
+                    EXPECT_TRUE(close(v[0], reference(op, world, n, dtype), tol));
+                  else
+                    EXPECT_TRUE(torch::equal(v[0], input(rk.rank, n, dtype)));
                 }
               }
             }
@@ -225,14 +251,18 @@ TEST(ShmGroup, BroadcastAllGatherAndBarrierAcrossChunks) {
               c10d::BroadcastOptions bo;
               bo.rootRank = root;
               wait(rk.shm->broadcast(v, bo));
-              EXPECT_TRUE(torch::equal(t, input(root, n, torch::kFloat32))) << "root " << root << " n " << n;
+              EXPECT_TRUE(torch::equal(t, input(root, n, torch::kFloat32)))
+                  << "root " << root << " n " << n;
             }
             std::vector<at::Tensor> in{input(rk.rank, n, torch::kFloat64)};
             std::vector<std::vector<at::Tensor>> out(1);
-            for (int k = 0; k < world; ++k) out[0].push_back(torch::full({n}, -1.0, torch::kFloat64));
+            for (int k = 0; k < world; ++k)
+              out[0].push_back(torch::full({n}, -1.0, torch::kFloat64));
             wait(rk.shm->allgather(out, in));
             for (int k = 0; k < world; ++k) {
-              EXPECT_TRUE(torch::equal(out[0][static_cast<size_t>(k)], input(k, n, torch::kFloat64))) << "from " << k;
+              EXPECT_TRUE(
+                  torch::equal(out[0][static_cast<size_t>(k)], input(k, n, torch::kFloat64)))
+                  << "from " << k;
             }
             wait(rk.shm->barrier());
           }
@@ -253,7 +283,9 @@ TEST(ShmGroup, ManyCollectivesInFlightCompleteInOrder) {
     }
     for (auto& w : works) wait(w);
     for (size_t i = 0; i < tensors.size(); ++i) {
-      EXPECT_TRUE(close(tensors[i][0], reference(c10d::ReduceOp::SUM, 3, tensors[i][0].numel(), torch::kFloat32), 1e-5))
+      EXPECT_TRUE(close(tensors[i][0],
+                        reference(c10d::ReduceOp::SUM, 3, tensors[i][0].numel(), torch::kFloat32),
+                        1e-5))
           << "collective " << i;
     }
   });
@@ -286,9 +318,9 @@ TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {
 
 TEST(ShmGroup, RanksCallingDifferentCollectivesFailWithBothCallsNamed) {
   run_ranks(2, [&](Rank& rk) {
-    ProcessGroup group(c10::intrusive_ptr<c10d::Store>(),
-                       comm::as_group(rk.shm, c10::intrusive_ptr<c10d::Store>(), rk.rank, rk.world, false),
-                       "shm");
+    ProcessGroup group(
+        c10::intrusive_ptr<c10d::Store>(),
+        comm::as_group(rk.shm, c10::intrusive_ptr<c10d::Store>(), rk.rank, rk.world, false), "shm");
     AllReduceOptions o;
     o.group = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
     auto t = torch::ones({rk.rank == 0 ? 10 : 20});
@@ -307,7 +339,9 @@ TEST(ShmGroup, RanksCallingDifferentCollectivesFailWithBothCallsNamed) {
       all_reduce(t, o);
       ADD_FAILURE() << "a broken group ran a collective";
     } catch (const NetworkError& e) {
-      EXPECT_NE(std::string(e.what()).find("an earlier collective of this group failed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("an earlier collective of this group failed"),
+                std::string::npos)
+          << e.what();
     }
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   });
@@ -323,7 +357,8 @@ TEST(ShmGroup, AutoFallsBackOnEveryRankWhenOneIsElsewhere) {
       threads.emplace_back([&, r] {
         shm::SegmentOptions so;
         so.host_id = r == world - 1 ? "other-host" : "this-host";
-        auto g = ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<comm::Backend>(), 10s, /*require=*/false, so);
+        auto g = ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<comm::Backend>(), 10s,
+                                       /*require=*/false, so);
         std::lock_guard<std::mutex> lock(mu);
         nulls += g ? 0 : 1;
       });
@@ -338,7 +373,8 @@ TEST(ShmGroup, AutoFallsBackOnEveryRankWhenOneIsElsewhere) {
         shm::SegmentOptions so;
         so.host_id = r == 0 ? "other-host" : "this-host";
         try {
-          ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<comm::Backend>(), 10s, /*require=*/true, so);
+          ShmProcessGroup::join(store, r, world, c10::intrusive_ptr<comm::Backend>(), 10s,
+                                /*require=*/true, so);
         } catch (const UsageError& e) {
           std::lock_guard<std::mutex> lock(mu);
           errors += std::string(e.what()).find("other-host") != std::string::npos;
@@ -365,7 +401,8 @@ TEST(ShmGroup, ASegmentThatCannotBeCreatedFailsOrFallsBackOnEveryRank) {
         shm::SegmentOptions so;
         so.slot_bytes = size_t{1} << 40;
         try {
-          auto g = ShmProcessGroup::join(store, r, 3, c10::intrusive_ptr<comm::Backend>(), 20s, require, so);
+          auto g = ShmProcessGroup::join(store, r, 3, c10::intrusive_ptr<comm::Backend>(), 20s,
+                                         require, so);
           std::lock_guard<std::mutex> lock(mu);
           outcomes += !require && !g;
         } catch (const NetworkError& e) {

@@ -40,7 +40,8 @@ void run_ranks(int world_size, const std::function<void(int, std::shared_ptr<Pro
         // Short timeout: a rank left waiting in a collective fails the test instead of
         // hanging ctest.
         auto gloo = comm::make_gloo(store, rank, world_size, std::chrono::seconds(10), "127.0.0.1");
-        fn(rank, std::make_shared<ProcessGroup>(store, comm::as_group(gloo, store, rank, world_size, true), "gloo"));
+        fn(rank, std::make_shared<ProcessGroup>(
+                     store, comm::as_group(gloo, store, rank, world_size, true), "gloo"));
       } catch (...) {
         errors[static_cast<size_t>(rank)] = std::current_exception();
       }
@@ -54,8 +55,8 @@ void run_ranks(int world_size, const std::function<void(int, std::shared_ptr<Pro
 
 // max|actual - expected| <= rtol * max|expected|: relative to the tensor's scale, so entries
 // that happen to be near zero do not demand more than the arithmetic can give.
-void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what,
-                  double rtol = 1e-5) {
+void expect_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                  const std::string& what, double rtol = 1e-5) {
   ASSERT_TRUE(actual.defined()) << what << ": undefined";
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
   if (expected.numel() == 0) return;
@@ -89,7 +90,8 @@ RunResult train_steps(Holder& m, const std::vector<torch::Tensor>& inputs,
     auto x = inputs[s].clone().requires_grad_(true);
     auto out = m->forward(x);
     (out * weightings[s]).sum().backward();
-    r.steps.push_back({out.detach().clone(), grad_or_zeros(x), grad_or_zeros(m->weight), grad_or_zeros(m->bias)});
+    r.steps.push_back(
+        {out.detach().clone(), grad_or_zeros(x), grad_or_zeros(m->weight), grad_or_zeros(m->bias)});
     m->zero_grad();
   }
   auto copy = [](const torch::Tensor& t) { return t.defined() ? t.clone() : torch::Tensor(); };
@@ -108,7 +110,7 @@ void set_affine(Holder& m, const torch::Tensor& weight, const torch::Tensor& bia
 }
 
 struct Case {
-  std::vector<int64_t> batch_sizes;  // Per rank; their sum is the global batch.
+  std::vector<int64_t> batch_sizes;    // Per rank; their sum is the global batch.
   std::vector<int64_t> feature_shape;  // {C}, {C, L} or {C, H, W}.
   std::optional<double> momentum = 0.1;
   bool affine = true;
@@ -120,8 +122,10 @@ struct Case {
 
 torch::nn::BatchNormOptions bn_options(const Case& c) {
   c10::optional<double> momentum = c.momentum ? c10::optional<double>(*c.momentum) : c10::nullopt;
-  return torch::nn::BatchNormOptions(c.feature_shape[0]).momentum(momentum).affine(c.affine).track_running_stats(
-      c.track_running_stats);
+  return torch::nn::BatchNormOptions(c.feature_shape[0])
+      .momentum(momentum)
+      .affine(c.affine)
+      .track_running_stats(c.track_running_stats);
 }
 
 SyncBatchNormOptions sync_options(const Case& c, std::shared_ptr<ProcessGroup> group) {
@@ -224,7 +228,8 @@ void expect_sync_matches_reference(const Case& c) {
     }
     expect_close(ranks[r].running_mean, ref.running_mean, "running_mean", c.rtol);
     expect_close(ranks[r].running_var, ref.running_var, "running_var", c.rtol);
-    EXPECT_EQ(ranks[r].num_batches_tracked.item<int64_t>(), ref.num_batches_tracked.item<int64_t>());
+    EXPECT_EQ(ranks[r].num_batches_tracked.item<int64_t>(),
+              ref.num_batches_tracked.item<int64_t>());
   }
 }
 
@@ -234,8 +239,9 @@ std::string describe(const Case& c) {
   for (auto n : c.batch_sizes) s << ' ' << n;
   s << ", features";
   for (auto f : c.feature_shape) s << ' ' << f;
-  s << ", momentum " << (c.momentum ? std::to_string(*c.momentum) : "nullopt") << ", affine " << c.affine
-    << ", track_running_stats " << c.track_running_stats << ", " << c10::toString(c.dtype);
+  s << ", momentum " << (c.momentum ? std::to_string(*c.momentum) : "nullopt") << ", affine "
+    << c.affine << ", track_running_stats " << c.track_running_stats << ", "
+    << c10::toString(c.dtype);
   return s.str();
 }
 
@@ -243,8 +249,8 @@ std::string describe(const Case& c) {
 TEST(SyncBatchNormTest, MatchesBatchNorm1dAnd2dOnTheGlobalBatch) {
   torch::manual_seed(1);
   const std::vector<Case> cases{
-      Case{{3, 5}, {4}},  Case{{2, 4, 1}, {4}},         // BatchNorm1d, (N, C)
-      Case{{2, 3}, {3, 7}}, Case{{1, 3, 2}, {3, 7}},    // BatchNorm1d, (N, C, L)
+      Case{{3, 5}, {4}},       Case{{2, 4, 1}, {4}},        // BatchNorm1d, (N, C)
+      Case{{2, 3}, {3, 7}},    Case{{1, 3, 2}, {3, 7}},     // BatchNorm1d, (N, C, L)
       Case{{2, 3}, {3, 4, 5}}, Case{{1, 2, 3}, {3, 4, 5}},  // BatchNorm2d, (N, C, H, W)
   };
   for (const auto& c : cases) {
@@ -344,7 +350,8 @@ TEST(SyncBatchNormTest, EqualsBatchNormWithoutAGroupOrWithAGroupOfOne) {
         expect_close(run.steps[s].output, ref.steps[s].output, "output", c.rtol);
         expect_close(run.steps[s].grad_input, ref.steps[s].grad_input, "input gradient", c.rtol);
         if (c.affine) {
-          expect_close(run.steps[s].grad_weight, ref.steps[s].grad_weight, "weight gradient", c.rtol);
+          expect_close(run.steps[s].grad_weight, ref.steps[s].grad_weight, "weight gradient",
+                       c.rtol);
           expect_close(run.steps[s].grad_bias, ref.steps[s].grad_bias, "bias gradient", c.rtol);
         }
       }
@@ -367,7 +374,8 @@ TEST(SyncBatchNormTest, RejectsInputsOfTheWrongRankOrChannelCount) {
     }
     return "(no UsageError)";
   };
-  EXPECT_NE(message_of(torch::zeros({4})).find("[4]"), std::string::npos) << message_of(torch::zeros({4}));
+  EXPECT_NE(message_of(torch::zeros({4})).find("[4]"), std::string::npos)
+      << message_of(torch::zeros({4}));
   const auto five_d = message_of(torch::zeros({2, 3, 4, 4, 4}));
   EXPECT_NE(five_d.find("[2, 3, 4, 4, 4]"), std::string::npos) << five_d;
   const auto channels = message_of(torch::zeros({2, 5, 4}));
@@ -381,7 +389,8 @@ TEST(SyncBatchNormTest, HasBatchNormsParameterAndBufferNamesAndClones) {
   SyncBatchNorm sbn(5);
   EXPECT_EQ(sbn->named_parameters().keys(), bn->named_parameters().keys());
   EXPECT_EQ(sbn->named_buffers().keys(), bn->named_buffers().keys());
-  for (const auto& p : bn->named_parameters()) expect_close(sbn->named_parameters()[p.key()], p.value(), p.key());
+  for (const auto& p : bn->named_parameters())
+    expect_close(sbn->named_parameters()[p.key()], p.value(), p.key());
   for (const auto& b : bn->named_buffers()) {
     EXPECT_TRUE(torch::equal(sbn->named_buffers()[b.key()], b.value())) << b.key();
   }
@@ -401,7 +410,9 @@ TEST(SyncBatchNormTest, HasBatchNormsParameterAndBufferNamesAndClones) {
   EXPECT_EQ(sbn->weight[0].item<float>(), 2.0f);
   std::ostringstream printed;
   sbn->pretty_print(printed);
-  EXPECT_EQ(printed.str(), "dtrain::SyncBatchNorm(5, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)");
+  EXPECT_EQ(
+      printed.str(),
+      "dtrain::SyncBatchNorm(5, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -423,7 +434,8 @@ struct State {
 State snapshot(const torch::nn::Module& m) {
   State s;
   for (const auto& p : m.named_parameters()) {
-    s.parameters.insert(p.key(), p.value().detach().clone().requires_grad_(p.value().requires_grad()));
+    s.parameters.insert(p.key(),
+                        p.value().detach().clone().requires_grad_(p.value().requires_grad()));
   }
   for (const auto& b : m.named_buffers()) s.buffers.insert(b.key(), b.value().clone());
   return s;
@@ -458,10 +470,11 @@ struct NestedImpl : torch::nn::SequentialImpl {
 TORCH_MODULE(Nested);
 
 torch::nn::Sequential make_nested_model() {
-  Nested head(torch::nn::Flatten(), torch::nn::Linear(4 * 4 * 4, 6),
-              torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(6).momentum(c10::nullopt).eps(1e-3)));
-  return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)), torch::nn::BatchNorm2d(4),
-                               torch::nn::ReLU(), head);
+  Nested head(
+      torch::nn::Flatten(), torch::nn::Linear(4 * 4 * 4, 6),
+      torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(6).momentum(c10::nullopt).eps(1e-3)));
+  return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)),
+                               torch::nn::BatchNorm2d(4), torch::nn::ReLU(), head);
 }
 
 void load_state(torch::nn::Module& dst, const State& src) {
@@ -488,10 +501,12 @@ TEST(ConvertSyncBatchnormTest, ReplacesBatchNormsInANestedSequential) {
 
   auto bn2d = converted->ptr(1)->as<SyncBatchNormImpl>();
   ASSERT_NE(bn2d, nullptr) << "model[1] is " << converted->ptr(1)->name();
-  ASSERT_EQ(converted->ptr(3)->as<NestedImpl>(), head) << "the nested Sequential is the same object";
+  ASSERT_EQ(converted->ptr(3)->as<NestedImpl>(), head)
+      << "the nested Sequential is the same object";
   auto bn1d = head->ptr(2)->as<SyncBatchNormImpl>();
   ASSERT_NE(bn1d, nullptr) << "model[3][2] is " << head->ptr(2)->name();
-  EXPECT_EQ(model->named_modules()["3.2"]->as<SyncBatchNormImpl>(), bn1d) << "registered child replaced too";
+  EXPECT_EQ(model->named_modules()["3.2"]->as<SyncBatchNormImpl>(), bn1d)
+      << "registered child replaced too";
   EXPECT_EQ(bn2d->options.num_features, 4);
   EXPECT_EQ(bn1d->options.num_features, 6);
   EXPECT_DOUBLE_EQ(bn1d->options.eps, 1e-3);
@@ -505,9 +520,12 @@ TEST(ConvertSyncBatchnormTest, ReplacesBatchNormsInANestedSequential) {
   // Still trainable, and with no process group it trains exactly like the original.
   converted->train();
   original->train();
-  expect_close(converted->forward(input), original->forward(input), "train output after conversion", 1e-6);
-  expect_close(bn1d->running_mean, original[3]->as<NestedImpl>()->ptr(2)->as<torch::nn::BatchNorm1dImpl>()->running_mean,
-               "running_mean after a training step", 1e-6);
+  expect_close(converted->forward(input), original->forward(input), "train output after conversion",
+               1e-6);
+  expect_close(
+      bn1d->running_mean,
+      original[3]->as<NestedImpl>()->ptr(2)->as<torch::nn::BatchNorm1dImpl>()->running_mean,
+      "running_mean after a training step", 1e-6);
 }
 
 struct BlockImpl : torch::nn::Module {
@@ -523,12 +541,16 @@ TORCH_MODULE(Block);
 
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(bool with_block) {
-    features = register_module("features", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 1)),
-                                                                  torch::nn::BatchNorm2d(4), torch::nn::ReLU()));
+    features = register_module(
+        "features", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 1)),
+                                          torch::nn::BatchNorm2d(4), torch::nn::ReLU()));
     if (with_block) features->push_back(Block());
-    heads = register_module("heads", torch::nn::ModuleList(torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 2)));
-    extras = register_module("extras", torch::nn::ModuleDict(std::vector<std::pair<std::string, std::shared_ptr<Module>>>{
-                                           {"norm", torch::nn::BatchNorm1d(4).ptr()}, {"act", torch::nn::ReLU().ptr()}}));
+    heads = register_module(
+        "heads", torch::nn::ModuleList(torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 2)));
+    extras = register_module(
+        "extras",
+        torch::nn::ModuleDict(std::vector<std::pair<std::string, std::shared_ptr<Module>>>{
+            {"norm", torch::nn::BatchNorm1d(4).ptr()}, {"act", torch::nn::ReLU().ptr()}}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = features->forward(x).mean({2, 3});
@@ -536,7 +558,8 @@ struct NetImpl : torch::nn::Module {
     return heads[1]->as<torch::nn::LinearImpl>()->forward(apply_norm(heads->ptr(0), h));
   }
   // The heads and extras hold BatchNorm1d before conversion and SyncBatchNorm after.
-  static torch::Tensor apply_norm(const std::shared_ptr<torch::nn::Module>& m, const torch::Tensor& x) {
+  static torch::Tensor apply_norm(const std::shared_ptr<torch::nn::Module>& m,
+                                  const torch::Tensor& x) {
     if (auto s = std::dynamic_pointer_cast<SyncBatchNormImpl>(m)) return s->forward(x);
     return std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(m)->forward(x);
   }
@@ -560,7 +583,8 @@ TEST(ConvertSyncBatchnormTest, ConvertsInsideModuleListModuleDictAndACustomModul
   EXPECT_NE(net->features->ptr(1)->as<SyncBatchNormImpl>(), nullptr);
   EXPECT_NE(net->heads->ptr(0)->as<SyncBatchNormImpl>(), nullptr);
   EXPECT_NE(net->extras["norm"]->as<SyncBatchNormImpl>(), nullptr);
-  EXPECT_EQ(net->extras->keys(), (std::vector<std::string>{"norm", "act"})) << "ModuleDict order kept";
+  EXPECT_EQ(net->extras->keys(), (std::vector<std::string>{"norm", "act"}))
+      << "ModuleDict order kept";
   // The registered children agree with what forward uses.
   EXPECT_NE(net->named_modules()["features.1"]->as<SyncBatchNormImpl>(), nullptr);
   EXPECT_NE(net->named_modules()["heads.0"]->as<SyncBatchNormImpl>(), nullptr);

@@ -131,7 +131,8 @@ TEST(ZeroClientOptimizer, CheckpointResumesBitwiseAtTheSameWorldSize) {
     if (pg->rank() == 0) straight = a, resumed = b;
   });
   ASSERT_EQ(straight.size(), resumed.size());
-  for (size_t i = 0; i < straight.size(); ++i) EXPECT_TRUE(torch::equal(straight[i], resumed[i])) << i;
+  for (size_t i = 0; i < straight.size(); ++i)
+    EXPECT_TRUE(torch::equal(straight[i], resumed[i])) << i;
   // Another world size: the state is per partition and opaque, so it is refused by name.
   run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
     auto model = make_model();
@@ -140,7 +141,9 @@ TEST(ZeroClientOptimizer, CheckpointResumesBitwiseAtTheSameWorldSize) {
       e.load_checkpoint(dir.string());
       ADD_FAILURE() << "expected an error";
     } catch (const dtrain::Error& err) {
-      EXPECT_NE(std::string(err.what()).find("was saved by 2 ranks with a client optimizer"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("was saved by 2 ranks with a client optimizer"),
+                std::string::npos)
+          << err.what();
     }
     dtrain::zero::LoadCheckpointOptions no_optimizer;
     no_optimizer.load_optimizer_states = false;
@@ -154,7 +157,8 @@ TEST(ZeroClientOptimizer, MisuseIsNamed) {
     auto model = make_model();
     auto with_optimizer = config(1, 8);
     with_optimizer["optimizer"] = {{"type", "Adam"}, {"params", {{"lr", 1e-3}}}};
-    auto expect_error = [&](json cfg, std::shared_ptr<torch::optim::Optimizer> opt, const std::string& what) {
+    auto expect_error = [&](json cfg, std::shared_ptr<torch::optim::Optimizer> opt,
+                            const std::string& what) {
       try {
         dtrain::zero::initialize(model, cfg, {pg, std::move(opt)});
         ADD_FAILURE() << "expected an error containing: " << what;
@@ -163,11 +167,14 @@ TEST(ZeroClientOptimizer, MisuseIsNamed) {
       }
     };
     expect_error(with_optimizer, rmsprop(model), "an optimizer was given twice");
-    expect_error(config(1, 8), nullptr, "or pass your own torch::optim optimizer as InitOptions::optimizer");
+    expect_error(config(1, 8), nullptr,
+                 "or pass your own torch::optim optimizer as InitOptions::optimizer");
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(std::vector<torch::Tensor>{model[0]->parameters()});
     groups.emplace_back(std::vector<torch::Tensor>{model[2]->parameters()});
-    expect_error(config(1, 8), std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1)), "has 2 parameter groups");
+    expect_error(config(1, 8),
+                 std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1)),
+                 "has 2 parameter groups");
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "dtrain/zero_config.h"
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -38,21 +39,37 @@ TEST(ZeroConfig, BatchSizesFollowDeepSpeedsDerivationRules) {
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   c = parse_config({{"train_micro_batch_size_per_gpu", 8}}, 3);
   EXPECT_EQ(c.train_batch_size, 24);
-  c = parse_config({{"train_batch_size", 24}, {"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 3}}, 4);
+  c = parse_config({{"train_batch_size", 24},
+                    {"train_micro_batch_size_per_gpu", 2},
+                    {"gradient_accumulation_steps", 3}},
+                   4);
   EXPECT_EQ(c.train_batch_size, 24);
   // "auto" counts as not given: the other keys decide.
-  c = parse_config({{"train_batch_size", "auto"}, {"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", "auto"}}, 4);
+  c = parse_config({{"train_batch_size", "auto"},
+                    {"train_micro_batch_size_per_gpu", 2},
+                    {"gradient_accumulation_steps", "auto"}},
+                   4);
   EXPECT_EQ(c.train_batch_size, 8);
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
 }
 
 TEST(ZeroConfig, InconsistentBatchSizesAreNamed) {
-  auto e = error_of({{"train_batch_size", 30}, {"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 3}});
-  EXPECT_NE(e.find("train_batch_size: is not equal to train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size: 30 != 2 * 3 * 4"), std::string::npos) << e;
+  auto e = error_of({{"train_batch_size", 30},
+                     {"train_micro_batch_size_per_gpu", 2},
+                     {"gradient_accumulation_steps", 3}});
+  EXPECT_NE(e.find("train_batch_size: is not equal to train_micro_batch_size_per_gpu * "
+                   "gradient_accumulation_steps * world_size: 30 != 2 * 3 * 4"),
+            std::string::npos)
+      << e;
   e = error_of({{"train_batch_size", 30}, {"train_micro_batch_size_per_gpu", 4}});
-  EXPECT_NE(e.find("not divisible by train_micro_batch_size_per_gpu * world_size = 16"), std::string::npos) << e;
+  EXPECT_NE(e.find("not divisible by train_micro_batch_size_per_gpu * world_size = 16"),
+            std::string::npos)
+      << e;
   e = error_of(json::object());
-  EXPECT_NE(e.find("either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"), std::string::npos) << e;
+  EXPECT_NE(
+      e.find("either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"),
+      std::string::npos)
+      << e;
 }
 
 TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
@@ -62,9 +79,11 @@ TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
     j.update(extra);
     return error_of(j);
   };
-  EXPECT_EQ(with({{"gradient_clipp1ng", 1.0}}), "gradient_clipp1ng: unknown key; did you mean gradient_clipping?");
+  EXPECT_EQ(with({{"gradient_clipp1ng", 1.0}}),
+            "gradient_clipp1ng: unknown key; did you mean gradient_clipping?");
   EXPECT_EQ(with({{"zero_optimization", {{"stage3_prefetch_bucket_sise", 5}}}}),
-            "zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean stage3_prefetch_bucket_size?");
+            "zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean "
+            "stage3_prefetch_bucket_size?");
   EXPECT_EQ(with({{"zero_optimization", {{"offload_optimizer", {{"devise", "cpu"}}}}}}),
             "zero_optimization.offload_optimizer.devise: unknown key; did you mean device?");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adam"}, {"params", {{"betas1", 0.9}}}}}}),
@@ -84,17 +103,27 @@ TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
     j.update(extra);
     return error_of(j);
   };
-  EXPECT_EQ(with({{"zero_optimization", {{"stage", 4}}}}), "zero_optimization.stage: out of range: 4 (allowed: 0 .. 3)");
-  EXPECT_EQ(with({{"zero_optimization", {{"stage", "2"}}}}), "zero_optimization.stage: expected an integer, got \"2\"");
-  EXPECT_EQ(with({{"gradient_clipping", -1}}), "gradient_clipping: out of range: -1 (allowed: >= 0)");
-  EXPECT_EQ(with({{"fp16", {{"enabled", "yes"}}}}), "fp16.enabled: expected true or false, got \"yes\"");
+  EXPECT_EQ(with({{"zero_optimization", {{"stage", 4}}}}),
+            "zero_optimization.stage: out of range: 4 (allowed: 0 .. 3)");
+  EXPECT_EQ(with({{"zero_optimization", {{"stage", "2"}}}}),
+            "zero_optimization.stage: expected an integer, got \"2\"");
+  EXPECT_EQ(with({{"gradient_clipping", -1}}),
+            "gradient_clipping: out of range: -1 (allowed: >= 0)");
+  EXPECT_EQ(with({{"fp16", {{"enabled", "yes"}}}}),
+            "fp16.enabled: expected true or false, got \"yes\"");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamw"}, {"params", {{"betas", {0.9}}}}}}}),
             "optimizer.params.betas: expected [beta1, beta2], got [0.9]");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adagrad"}}}}),
             "optimizer.type: unknown value \"Adagrad\" (allowed: Adam, AdamW, SGD, Lamb)");
-  EXPECT_NE(with({{"scheduler", {{"type", "WarmupDecayLR"}}}}).find("scheduler.params.total_num_steps: required"), std::string::npos);
-  EXPECT_NE(with({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}}).find("both enabled"), std::string::npos);
-  EXPECT_NE(with({{"zero_optimization", {{"stage", 2}, {"offload_param", {{"device", "cpu"}}}}}}).find("needs stage 3"), std::string::npos);
+  EXPECT_NE(with({{"scheduler", {{"type", "WarmupDecayLR"}}}})
+                .find("scheduler.params.total_num_steps: required"),
+            std::string::npos);
+  EXPECT_NE(
+      with({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}}).find("both enabled"),
+      std::string::npos);
+  EXPECT_NE(with({{"zero_optimization", {{"stage", 2}, {"offload_param", {{"device", "cpu"}}}}}})
+                .find("needs stage 3"),
+            std::string::npos);
 }
 
 TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {
@@ -106,7 +135,8 @@ TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {
     "gradient_clipping": 1.0,
     "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e7, "stage3_prefetch_bucket_size": "auto",
                           "offload_optimizer": {"device": "cpu", "pin_memory": true}, "offload_param": {"device": "cpu"}}
-  })"), 2);
+  })"),
+                        2);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.optimizer.type, "AdamW");
   EXPECT_TRUE(c.optimizer.adam_w_mode);
@@ -123,7 +153,10 @@ TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {
 }
 
 TEST(ZeroConfig, MemoryEstimateFollowsTheZeroFormulas) {
-  auto c = parse_config({{"train_batch_size", 8}, {"bf16", {{"enabled", true}}}, {"zero_optimization", {{"stage", 0}}}}, 4);
+  auto c = parse_config({{"train_batch_size", 8},
+                         {"bf16", {{"enabled", true}}},
+                         {"zero_optimization", {{"stage", 0}}}},
+                        4);
   const int64_t n = 1000000;
   auto m = dtrain::zero::estimate_memory(c, n);
   EXPECT_EQ(m.total(), 16 * n);  // 2 + 2 + 12
@@ -136,10 +169,11 @@ TEST(ZeroConfig, MemoryEstimateFollowsTheZeroFormulas) {
 }
 
 TEST(ZeroCheckCommand, PrintsResolvedBatchSizesAndMemory) {
-  auto r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check",
-                                      R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+  auto r =
+      dtrain::test::run_command({DTRAIN_BIN, "zero", "check",
+                                 R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
                                           "zero_optimization": {"stage": 2}})",
-                                      "--world-size", "4", "--params", "100000000"});
+                                 "--world-size", "4", "--params", "100000000"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("gradient_accumulation_steps    4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("gradients  95.4 MiB"), std::string::npos) << r.out;   // 4 bytes * 1e8 / 4
@@ -147,19 +181,25 @@ TEST(ZeroCheckCommand, PrintsResolvedBatchSizesAndMemory) {
 }
 
 TEST(ZeroCheckCommand, BadConfigIsExitCodeTwoWithThePath) {
-  auto path = std::filesystem::temp_directory_path() / ("zero_bad_" + std::to_string(::getpid()) + ".json");
+  auto path =
+      std::filesystem::temp_directory_path() / ("zero_bad_" + std::to_string(::getpid()) + ".json");
   {
-    std::ofstream(path) << R"({"train_batch_size": 8, "zero_optimization": {"stage3_prefetch_bucket_sise": 1}})";
+    std::ofstream(path)
+        << R"({"train_batch_size": 8, "zero_optimization": {"stage3_prefetch_bucket_sise": 1}})";
   }
-  auto r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", path.string(), "--world-size", "2"});
+  auto r =
+      dtrain::test::run_command({DTRAIN_BIN, "zero", "check", path.string(), "--world-size", "2"});
   std::filesystem::remove(path);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean stage3_prefetch_bucket_size?"),
+  EXPECT_NE(r.err.find("zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean "
+                       "stage3_prefetch_bucket_size?"),
             std::string::npos)
       << r.err;
-  r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", "/nonexistent/ds.json", "--world-size", "2"});
+  r = dtrain::test::run_command(
+      {DTRAIN_BIN, "zero", "check", "/nonexistent/ds.json", "--world-size", "2"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("/nonexistent/ds.json: cannot read the config file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/ds.json: cannot read the config file"), std::string::npos)
+      << r.err;
   r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", "{}"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--world-size N is required"), std::string::npos) << r.err;

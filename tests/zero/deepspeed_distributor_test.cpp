@@ -8,6 +8,7 @@
 
 #include "dtrain/dtrain.h"
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
@@ -22,7 +23,8 @@ std::map<std::string, double> train_with_config() {
   auto path = dtrain::deepspeed_config_path();
   auto pg = dtrain::init_process_group();
   torch::manual_seed(5);
-  auto model = torch::nn::Sequential(torch::nn::Linear(10, 7), torch::nn::Tanh(), torch::nn::Linear(7, 2));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(10, 7), torch::nn::Tanh(), torch::nn::Linear(7, 2));
   auto engine = dtrain::zero::initialize(model, path);
   torch::manual_seed(6);
   auto x = torch::randn({64, 10});
@@ -30,7 +32,8 @@ std::map<std::string, double> train_with_config() {
   double first = 0, last = 0;
   for (int s = 0; s < 30; ++s) {
     auto rows = x.narrow(0, (s % 8) * 8 + pg->rank() * 4, 4);
-    auto loss = torch::nn::functional::cross_entropy(engine(rows), y.narrow(0, (s % 8) * 8 + pg->rank() * 4, 4));
+    auto loss = torch::nn::functional::cross_entropy(engine(rows),
+                                                     y.narrow(0, (s % 8) * 8 + pg->rank() * 4, 4));
     engine.backward(loss);
     engine.step();
     if (s == 0) first = loss.item<double>();
@@ -55,7 +58,8 @@ TEST(DeepSpeedDistributor, FunctionGetsTheConfigAndTrainsWithZero) {
 }
 
 TEST(DeepSpeedDistributor, ProgramGetsDeepSpeedFlags) {
-  auto out = std::filesystem::temp_directory_path() / ("ds_program_" + std::to_string(::getpid()) + ".txt");
+  auto out = std::filesystem::temp_directory_path() /
+             ("ds_program_" + std::to_string(::getpid()) + ".txt");
   std::string path;
   {
     dtrain::DeepSpeedDistributor d({.num_gpus = 2, .deepspeed_config = ds_config(3).dump()});
@@ -78,13 +82,17 @@ TEST(DeepSpeedDistributor, BadConfigFailsOnTheDriverNamingTheKey) {
     ADD_FAILURE() << "no error";
   } catch (const dtrain::zero::ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean stage3_prefetch_bucket_size?");
+              "zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean "
+              "stage3_prefetch_bucket_size?");
   }
   // train_batch_size checked against num_gpus * nnodes.
   auto wrong = ds_config(1);
   wrong["train_batch_size"] = 12;
-  EXPECT_THROW(dtrain::DeepSpeedDistributor({.num_gpus = 2, .deepspeed_config = wrong}), dtrain::zero::ConfigError);
-  EXPECT_THROW(dtrain::DeepSpeedDistributor({.num_gpus = 2, .nnodes = 2, .deepspeed_config = ds_config(1)}), dtrain::UsageError);
+  EXPECT_THROW(dtrain::DeepSpeedDistributor({.num_gpus = 2, .deepspeed_config = wrong}),
+               dtrain::zero::ConfigError);
+  EXPECT_THROW(
+      dtrain::DeepSpeedDistributor({.num_gpus = 2, .nnodes = 2, .deepspeed_config = ds_config(1)}),
+      dtrain::UsageError);
 }
 
 }  // namespace

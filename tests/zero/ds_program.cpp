@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   }
   if (pg->rank() == 0) {
     std::ofstream(out) << "deepspeed=" << deepspeed << " stage=" << engine.config().zero.stage
-                       << " world=" << pg->world_size() << " steps=" << engine.global_steps() << "\n";
+                       << " world=" << pg->world_size() << " steps=" << engine.global_steps()
+                       << "\n";
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/zero.h"
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 #include "support/thread_group.h"
 
 namespace {
@@ -54,13 +55,15 @@ json config(int stage, int micro, int gas = 1, json extra = json::object()) {
 // Steps [first, first + steps): rank r's micro-batch j of step s reads rows
 // s*G + r*gas*micro + j*micro, G = world*gas*micro: the same rows for any split of G.
 template <class E>
-std::vector<double> train(E& e, const Data& d, int rank, int world, int micro, int gas, int first, int steps) {
+std::vector<double> train(E& e, const Data& d, int rank, int world, int micro, int gas, int first,
+                          int steps) {
   std::vector<double> losses;
   const int64_t G = int64_t(world) * gas * micro;
   for (int s = first; s < first + steps; ++s) {
     for (int j = 0; j < gas; ++j) {
       int64_t row = s * G + int64_t(rank) * gas * micro + int64_t(j) * micro;
-      auto loss = functional::cross_entropy(e(d.x.narrow(0, row, micro)), d.y.narrow(0, row, micro));
+      auto loss =
+          functional::cross_entropy(e(d.x.narrow(0, row, micro)), d.y.narrow(0, row, micro));
       e.backward(loss);
       e.step();
       losses.push_back(loss.template item<double>());
@@ -183,7 +186,7 @@ TEST(ZeroLossScaler, FollowsDeepSpeedsDynamicRules) {
   s.update(true);
   s.update(true);
   EXPECT_EQ(s.scale(), 4);  // not below min_loss_scale
-  c.loss_scale = 128;  // static
+  c.loss_scale = 128;       // static
   dtrain::zero::LossScaler fixed(c);
   fixed.update(true);
   EXPECT_EQ(fixed.scale(), 128);
@@ -197,16 +200,22 @@ TEST(ZeroCpuAdam, MatchesTorchOptimAdamAndAdamW) {
     auto ref = w.clone().requires_grad_(true);
     auto m = torch::zeros({n}), v = torch::zeros({n});
     std::unique_ptr<torch::optim::Optimizer> opt;
-    if (adamw) opt = std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{ref}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-    else opt = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{ref}, torch::optim::AdamOptions(1e-3).weight_decay(0.01));
+    if (adamw)
+      opt = std::make_unique<torch::optim::AdamW>(
+          std::vector<torch::Tensor>{ref}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    else
+      opt = std::make_unique<torch::optim::Adam>(
+          std::vector<torch::Tensor>{ref}, torch::optim::AdamOptions(1e-3).weight_decay(0.01));
     for (int step = 1; step <= 3; ++step) {
       auto g = torch::randn({n});
       ref.mutable_grad() = g.clone();
       opt->step();
-      dtrain::zero::cpu_adam_step(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, step,
-                                  1e-3, 0.9, 0.999, 1e-8, 0.01, adamw);
+      dtrain::zero::cpu_adam_step(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
+                                  v.data_ptr<float>(), n, step, 1e-3, 0.9, 0.999, 1e-8, 0.01,
+                                  adamw);
     }
-    double rel = (w - ref.detach()).abs().max().item<double>() / ref.detach().abs().max().item<double>();
+    double rel =
+        (w - ref.detach()).abs().max().item<double>() / ref.detach().abs().max().item<double>();
     EXPECT_LE(rel, 1e-6) << (adamw ? "AdamW" : "Adam");
   }
 }
@@ -217,7 +226,8 @@ struct HalfLinearImpl : Module {
   Linear inner{nullptr};
   HalfLinearImpl(int in, int out) { inner = register_module("inner", Linear(in, out)); }
   torch::Tensor forward(const torch::Tensor& x) {
-    return functional::linear(x.to(torch::kFloat32), inner->weight.to(torch::kFloat32), inner->bias.to(torch::kFloat32));
+    return functional::linear(x.to(torch::kFloat32), inner->weight.to(torch::kFloat32),
+                              inner->bias.to(torch::kFloat32));
   }
 };
 TORCH_MODULE(HalfLinear);
@@ -226,8 +236,15 @@ TEST(ZeroFp16, OverflowSkipsTheStepAndTheSchedulerAndLowersTheScale) {
   auto d = make_data(64, torch::kFloat32);
   json cfg = {{"train_micro_batch_size_per_gpu", 4},
               {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
-              {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 100}, {"warmup_type", "linear"}, {"warmup_max_lr", 0.01}}}}},
-              {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}, {"loss_scale_window", 1000}}},
+              {"scheduler",
+               {{"type", "WarmupLR"},
+                {"params",
+                 {{"warmup_num_steps", 100}, {"warmup_type", "linear"}, {"warmup_max_lr", 0.01}}}}},
+              {"fp16",
+               {{"enabled", true},
+                {"initial_scale_power", 8},
+                {"hysteresis", 1},
+                {"loss_scale_window", 1000}}},
               {"zero_optimization", {{"stage", 2}}}};
   run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
     auto e = dtrain::zero::initialize(HalfLinear(20, 3), cfg, {pg});
@@ -308,7 +325,9 @@ TEST(ZeroEngine, AccumulationOfKMicroBatchesEqualsOneBatchKTimesLarger) {
 TEST(ZeroEngine, ClippingUsesTheGlobalNormOfThePartitionedGradients) {
   auto d = make_data(2 * 4 * 8);
   for (int stage : {1, 2, 3}) {
-    json cfg = config(stage, 4, 1, {{"gradient_clipping", 0.05}, {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.5}}}}}});
+    json cfg = config(
+        stage, 4, 1,
+        {{"gradient_clipping", 0.05}, {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.5}}}}}});
     Params zero, ddp;
     std::mutex mu;
     run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
@@ -365,9 +384,12 @@ TEST(ZeroEngine, MemoryIsPartitionedByStage) {
   std::mutex mu;
   for (std::string v : {"0", "1", "2", "3", "3off"}) {
     json extra = {{"zero_optimization", {{"reduce_bucket_size", 200}}}};
-    if (v == "3off") extra["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}}, extra["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+    if (v == "3off")
+      extra["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}},
+      extra["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
     run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
-      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), config(v[0] - '0', 4, 1, extra), {pg});
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32),
+                                        config(v[0] - '0', 4, 1, extra), {pg});
       train(e, d, pg->rank(), N, 4, 1, 0, 2);
       std::lock_guard<std::mutex> lock(mu);
       if (pg->rank() == 1) mem[v] = e.memory(), bytes[v] = e.bytes_sent_last_step();
@@ -430,7 +452,8 @@ TEST(ZeroCheckpoint, DeepSpeedLayoutAndBitwiseResume) {
     latest >> tag;
     EXPECT_EQ(tag, "global_step5");
     for (auto& entry : fs::directory_iterator(dir))  // nothing half-written left behind
-      EXPECT_TRUE(entry.path().filename() == "latest" || entry.path().filename() == "global_step5") << entry.path();
+      EXPECT_TRUE(entry.path().filename() == "latest" || entry.path().filename() == "global_step5")
+          << entry.path();
     run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
       auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
       EXPECT_EQ(e.load_checkpoint(dir.string()), "global_step5");
@@ -441,7 +464,8 @@ TEST(ZeroCheckpoint, DeepSpeedLayoutAndBitwiseResume) {
       if (pg->rank() == 0) resumed = p;
     });
     ASSERT_EQ(resumed.size(), straight.size());
-    for (size_t i = 0; i < resumed.size(); ++i) EXPECT_TRUE(torch::equal(resumed[i], straight[i])) << "stage " << v << " tensor " << i;
+    for (size_t i = 0; i < resumed.size(); ++i)
+      EXPECT_TRUE(torch::equal(resumed[i], straight[i])) << "stage " << v << " tensor " << i;
     fs::remove_all(dir);
   }
 }
@@ -484,7 +508,9 @@ TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
     auto e = dtrain::zero::initialize(model, cfg, {pg});
     for (int s = 0; s < 3; ++s) {
       int64_t row = s * 8 + pg->rank() * 4;
-      e.backward(functional::cross_entropy(e(d.x.narrow(0, row, 4).to(torch::kBFloat16)).to(torch::kFloat32), d.y.narrow(0, row, 4)));
+      e.backward(functional::cross_entropy(
+          e(d.x.narrow(0, row, 4).to(torch::kBFloat16)).to(torch::kFloat32),
+          d.y.narrow(0, row, 4)));
       e.step();
     }
     e.save_checkpoint(dir.string());
@@ -505,7 +531,8 @@ TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
     // The fp32 master rounds to the bf16 parameters the model trained with.
     EXPECT_TRUE(torch::equal(params[i].to(torch::kBFloat16), trained[i])) << i;
   }
-  r = dtrain::test::run_command({DTRAIN_BIN, "zero", "to-fp32", (dir / "nothing").string(), out.string()});
+  r = dtrain::test::run_command(
+      {DTRAIN_BIN, "zero", "to-fp32", (dir / "nothing").string(), out.string()});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("latest does not exist"), std::string::npos) << r.err;
   fs::remove_all(dir);
@@ -518,7 +545,8 @@ TEST(ZeroEngine, BadSetupsAreClearErrors) {
       dtrain::zero::initialize(make_model(), no_opt, {pg});
       ADD_FAILURE() << "no error";
     } catch (const dtrain::UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("no \"optimizer\" section"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("no \"optimizer\" section"), std::string::npos)
+          << e.what();
     }
     auto mixed = make_model();
     mixed[0]->to(torch::kFloat32);

@@ -11,21 +11,29 @@
 
 #include "dtrain/zero.h"
 #include "launcher/subprocess.h"
+#include "support/paths.h"
 
 namespace {
 
 using dtrain::test::run_command;
 using namespace std::chrono_literals;
 
-const std::vector<std::string> kVariants = {"stage0",         "stage1",         "stage2",         "stage3",
-                                            "stage1_overlap", "stage2_overlap", "stage3_overlap", "stage1_offload",
-                                            "stage2_offload", "stage3_offload"};
+const std::vector<std::string> kVariants = {
+    "stage0",         "stage1",         "stage2",         "stage3",         "stage1_overlap",
+    "stage2_overlap", "stage3_overlap", "stage1_offload", "stage2_offload", "stage3_offload"};
 
 torch::OrderedDict<std::string, torch::Tensor> train(int nproc, bool float32) {
   auto out = std::filesystem::temp_directory_path() /
              ("zero_parity_" + std::to_string(nproc) + "_" + std::to_string(::getpid()) + ".pt");
-  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc), ZERO_WORKER_BIN,
-                                "--out", out.string(), "--steps", "100"};
+  std::vector<std::string> argv{DTRAIN_BIN,
+                                "run",
+                                "--nproc-per-node",
+                                std::to_string(nproc),
+                                ZERO_WORKER_BIN,
+                                "--out",
+                                out.string(),
+                                "--steps",
+                                "100"};
   if (float32) argv.push_back("--float32");
   auto r = run_command(argv, {.timeout = 300s});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -56,8 +64,8 @@ void check(int nproc, bool float32) {
       ++compared;
     }
     EXPECT_EQ(compared, 5);  // losses + 4 parameter tensors
-    std::printf("%d ranks %s %s: max relative difference to DDP %.3g\n", nproc, float32 ? "float32" : "float64",
-                v.c_str(), worst);
+    std::printf("%d ranks %s %s: max relative difference to DDP %.3g\n", nproc,
+                float32 ? "float32" : "float64", v.c_str(), worst);
     EXPECT_LE(worst, 1e-6) << v << " on " << nproc << " ranks";
   }
 }

@@ -43,8 +43,10 @@ struct NetImpl : Module {
     head = register_module("head", Sequential());
     size_t i = 0;
     for (auto& child : *seq) {
-      if (i++ == 12) head->push_back(child);
-      else body->push_back(child);
+      if (i++ == 12)
+        head->push_back(child);
+      else
+        body->push_back(child);
     }
   }
   torch::Tensor forward(torch::Tensor x) { return head->forward(body->forward(x)); }
@@ -53,7 +55,8 @@ TORCH_MODULE(Net);
 
 // reuse 0: every unit released after each use (DeepSpeed's default 1e9 keeps every unit of this
 // model gathered from its forward to its backward, from the second pass on).
-json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false, int64_t reuse = 0) {
+json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false,
+            int64_t reuse = 0) {
   return {{"train_micro_batch_size_per_gpu", 8},
           {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
           {"zero_optimization",
@@ -93,7 +96,8 @@ Params gathered(E& e) {
 
 double max_abs_diff(const Params& a, const Params& b) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().template item<double>());
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, (a[i] - b[i]).abs().max().template item<double>());
   return m;
 }
 
@@ -111,7 +115,8 @@ TEST(ZeroStage3Fetch, ResidentBytesBetweenUnitsStayWithinTheBound) {
     e.core().set_stage3_trace([&](const std::string& s) { mine.push_back(s); });
     train(e, pg->rank(), 3, [&](const torch::Tensor& x) { return e(x); });
     std::lock_guard<std::mutex> lock(mu);
-    if (pg->rank() == 0) stats = e.core().stage3_stats(), trace = mine, held_after_step = e.memory().params();
+    if (pg->rank() == 0)
+      stats = e.core().stage3_stats(), trace = mine, held_after_step = e.memory().params();
   });
   const int64_t total = (6 * 4160 + 130) * 8, whole_gather_peak = (total + total / N);
   EXPECT_EQ(stats.units, 7);
@@ -119,9 +124,11 @@ TEST(ZeroStage3Fetch, ResidentBytesBetweenUnitsStayWithinTheBound) {
   EXPECT_EQ(stats.persistent_bytes, 130 * 8);
   EXPECT_EQ(stats.partition_bytes, (6 * 4160 + 130) / N * 8);
   const int64_t bound = stats.partition_bytes + stats.persistent_bytes + stats.max_live_bytes;
-  std::printf("peak resident parameter bytes between units: %lld (bound 1/N + persistent + max live = %lld; "
-              "gathering the whole module holds %lld)\n",
-              (long long)stats.peak_resident_bytes, (long long)bound, (long long)whole_gather_peak);
+  std::printf(
+      "peak resident parameter bytes between units: %lld (bound 1/N + persistent + max live = "
+      "%lld; "
+      "gathering the whole module holds %lld)\n",
+      (long long)stats.peak_resident_bytes, (long long)bound, (long long)whole_gather_peak);
   EXPECT_GT(stats.peak_resident_bytes, stats.partition_bytes);
   EXPECT_LE(stats.peak_resident_bytes, bound);
   EXPECT_LT(stats.peak_resident_bytes, whole_gather_peak);
@@ -151,7 +158,8 @@ TEST(ZeroStage3Fetch, SendsOneAndAHalfTimesDdpBytes) {
     });
     const int64_t n = 6 * 4160 + 130, padded = (n + N - 1) / N * N;
     const double ddp = 2.0 * (N - 1) * padded * 8 / N;
-    std::printf("N=%d: stage 3 sends %lld bytes per step, %.3fx DDP's all-reduce\n", N, (long long)sent, sent / ddp);
+    std::printf("N=%d: stage 3 sends %lld bytes per step, %.3fx DDP's all-reduce\n", N,
+                (long long)sent, sent / ddp);
     // Two gathers (forward, backward) and one reduce of (N-1)/N each: 3/2 of an all-reduce.
     EXPECT_NEAR(sent / ddp, 1.5, 0.01) << N;
   }
@@ -193,14 +201,17 @@ TEST(ZeroStage3Fetch, UnitsThatDoNotCoverTheModelAreAnError) {
       e.fetch_units({e.module()->body.ptr()});
       FAIL() << "expected an error";
     } catch (const dtrain::UsageError& err) {
-      EXPECT_NE(std::string(err.what()).find("parameter 'head.0.weight' is in no fetch unit"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("parameter 'head.0.weight' is in no fetch unit"),
+                std::string::npos)
+          << err.what();
     }
     e.fetch_units({e.module()->body.ptr(), e.module()->head.ptr()});
     try {
       e.fetch(*e.module(), [] { return 0; });
       FAIL() << "expected an error";
     } catch (const dtrain::UsageError& err) {
-      EXPECT_NE(std::string(err.what()).find("not one of the units"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("not one of the units"), std::string::npos)
+          << err.what();
     }
   });
 }
@@ -244,9 +255,12 @@ TEST(ZeroStage3Fetch, UnitsUsedAgainWithinTheReuseDistanceStayGathered) {
   // DeepSpeed's default: every unit's forward is within 1e9 elements of its backward.
   EXPECT_EQ(stats[1000000000].kept_for_reuse, (steps - 1) * units);
   EXPECT_EQ(stats[1000000000].fetches, steps * 2 * units - (steps - 1) * units);
-  std::printf("fetches in %d steps: reuse 0: %lld, 300: %lld, 1e9: %lld; bytes sent in the last step: %lld, %lld, %lld\n",
-              steps, (long long)stats[0].fetches, (long long)stats[300].fetches, (long long)stats[1000000000].fetches,
-              (long long)sent[0], (long long)sent[300], (long long)sent[1000000000]);
+  std::printf(
+      "fetches in %d steps: reuse 0: %lld, 300: %lld, 1e9: %lld; bytes sent in the last step: "
+      "%lld, %lld, %lld\n",
+      steps, (long long)stats[0].fetches, (long long)stats[300].fetches,
+      (long long)stats[1000000000].fetches, (long long)sent[0], (long long)sent[300],
+      (long long)sent[1000000000]);
   EXPECT_EQ(max_abs_diff(trained[300], trained[0]), 0.0);
   EXPECT_EQ(max_abs_diff(trained[1000000000], trained[0]), 0.0);
 }
@@ -260,13 +274,15 @@ TEST(ZeroStage3Fetch, BackwardAfterTheUnitsWereRedeclaredIsAnError) {
     e.fetch_units({net.body.ptr(), net.head.ptr()});
     auto b = batch(0, 0);
     auto h = e.fetch(*net.body, [&] { return net.body->forward(b.x); });
-    auto loss = functional::cross_entropy(e.fetch(*net.head, [&] { return net.head->forward(h); }), b.y);
+    auto loss =
+        functional::cross_entropy(e.fetch(*net.head, [&] { return net.head->forward(h); }), b.y);
     e.fetch_units({net.body.ptr(), net.head.ptr()});
     try {
       e.backward(loss);
       FAIL() << "expected an error";
     } catch (const std::exception& err) {
-      EXPECT_NE(std::string(err.what()).find("no longer fetches it"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("no longer fetches it"), std::string::npos)
+          << err.what();
     }
   });
 }

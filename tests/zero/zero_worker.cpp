@@ -30,8 +30,10 @@ nlohmann::json variant_config(const std::string& v, int batch) {
   if (v == "stage1") z["stage"] = 1;
   if (v == "stage2") z["stage"] = 2;
   if (v == "stage3") z["stage"] = 3;
-  if (v == "stage1_overlap") z["stage"] = 1, z["overlap_comm"] = true;  // reduced to the owners during backward
-  if (v == "stage2_overlap") z["stage"] = 2, z["overlap_comm"] = true;  // bucket reductions in flight during backward
+  if (v == "stage1_overlap")
+    z["stage"] = 1, z["overlap_comm"] = true;  // reduced to the owners during backward
+  if (v == "stage2_overlap")
+    z["stage"] = 2, z["overlap_comm"] = true;  // bucket reductions in flight during backward
   // Every Linear fetched on its own around its forward and backward (no unit persists), the
   // next prefetched: stage 3's per-submodule fetch (the plain stage3 keeps these small units
   // gathered for the step, under the default persistence threshold).
@@ -41,8 +43,9 @@ nlohmann::json variant_config(const std::string& v, int batch) {
   if (v == "stage1_offload") z["stage"] = 1, z["offload_optimizer"] = {{"device", "cpu"}};
   if (v == "stage2_offload") z["stage"] = 2, z["offload_optimizer"] = {{"device", "cpu"}};
   if (v == "stage3_offload")
-    z["stage"] = 3, z["offload_optimizer"] = {{"device", "cpu"}}, z["offload_param"] = {{"device", "cpu"}},
-    z["stage3_param_persistence_threshold"] = 0, z["stage3_prefetch_bucket_size"] = 0;  // fetched on demand
+    z["stage"] = 3, z["offload_optimizer"] = {{"device", "cpu"}},
+    z["offload_param"] = {{"device", "cpu"}}, z["stage3_param_persistence_threshold"] = 0,
+    z["stage3_prefetch_bucket_size"] = 0;  // fetched on demand
   return c;
 }
 
@@ -50,7 +53,9 @@ nlohmann::json variant_config(const std::string& v, int batch) {
 
 int main(int argc, char** argv) {
   CLI::App app{"ZeRO parity worker"};
-  std::string out, variants = "stage0,stage1,stage2,stage3,stage1_overlap,stage2_overlap,stage3_overlap,stage1_offload,stage2_offload,stage3_offload";
+  std::string out, variants =
+                       "stage0,stage1,stage2,stage3,stage1_overlap,stage2_overlap,stage3_overlap,"
+                       "stage1_offload,stage2_offload,stage3_offload";
   int steps = 100, batch = 4;
   bool float32 = false;
   app.add_option("--out", out)->required();
@@ -71,7 +76,8 @@ int main(int argc, char** argv) {
   auto record = [&](const std::string& name, Sequential& model, const std::vector<double>& losses) {
     result.insert(name + ".losses", torch::tensor(losses, torch::kFloat64));
     int i = 0;
-    for (auto& p : model->parameters()) result.insert(name + ".param" + std::to_string(i++), p.detach().clone());
+    for (auto& p : model->parameters())
+      result.insert(name + ".param" + std::to_string(i++), p.detach().clone());
   };
   {
     auto model = make_model(dtype);
@@ -80,7 +86,8 @@ int main(int argc, char** argv) {
     std::vector<double> losses;
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();
-      auto loss = functional::cross_entropy(ddp(x_all.narrow(0, rows(s), batch)), y_all.narrow(0, rows(s), batch));
+      auto loss = functional::cross_entropy(ddp(x_all.narrow(0, rows(s), batch)),
+                                            y_all.narrow(0, rows(s), batch));
       loss.backward();
       opt.step();
       losses.push_back(loss.item<double>());
@@ -94,7 +101,8 @@ int main(int argc, char** argv) {
     std::vector<double> losses;
     int64_t bytes = 0;
     for (int s = 0; s < steps; ++s) {
-      auto loss = functional::cross_entropy(engine(x_all.narrow(0, rows(s), batch)), y_all.narrow(0, rows(s), batch));
+      auto loss = functional::cross_entropy(engine(x_all.narrow(0, rows(s), batch)),
+                                            y_all.narrow(0, rows(s), batch));
       engine.backward(loss);
       engine.step();
       losses.push_back(loss.item<double>());
@@ -103,7 +111,8 @@ int main(int argc, char** argv) {
     // Stage 3 holds only a partition between steps: gather for the comparison.
     if (engine.config().zero.stage == 3) engine.core().before_forward();
     record(v, model, losses);
-    if (r == 0) std::printf("%s: %lld bytes sent per step\n", v.c_str(), static_cast<long long>(bytes));
+    if (r == 0)
+      std::printf("%s: %lld bytes sent per step\n", v.c_str(), static_cast<long long>(bytes));
   }
   if (r == 0) {
     dtrain::zero::save_state_dict(result, out);

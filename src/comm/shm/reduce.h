@@ -17,23 +17,32 @@
 namespace dtrain::shm {
 
 template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>, float, T>;
+using Acc =
+    std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>, float, T>;
 
 struct Sum {
   template <typename A>
-  static A apply(A a, A b) { return a + b; }
+  static A apply(A a, A b) {
+    return a + b;
+  }
 };
 struct Prod {
   template <typename A>
-  static A apply(A a, A b) { return a * b; }
+  static A apply(A a, A b) {
+    return a * b;
+  }
 };
 struct Min {
   template <typename A>
-  static A apply(A a, A b) { return std::min(a, b); }
+  static A apply(A a, A b) {
+    return std::min(a, b);
+  }
 };
 struct Max {
   template <typename A>
-  static A apply(A a, A b) { return std::max(a, b); }
+  static A apply(A a, A b) {
+    return std::max(a, b);
+  }
 };
 
 // dst[i] = src[0][i] op src[1][i] op ... op src[n-1][i], divided by n for Avg; also into
@@ -49,7 +58,8 @@ void reduce_n(T* dst, T* dst2, const T* const* src, int n, size_t count) {
     const T* a = src[0];
     const T* b = src[1];
     if (dst2 == nullptr) {
-      for (size_t i = 0; i < count; ++i) dst[i] = finish(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])));
+      for (size_t i = 0; i < count; ++i)
+        dst[i] = finish(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])));
     } else {
       for (size_t i = 0; i < count; ++i) {
         const T v = finish(Op::apply(static_cast<A>(a[i]), static_cast<A>(b[i])));
@@ -105,7 +115,8 @@ inline bool reduce_supported(at::ScalarType t, c10d::ReduceOp::RedOpType op) {
 }
 
 template <typename T>
-void reduce_typed(void* dst, void* dst2, const void* const* src, int n, size_t count, c10d::ReduceOp::RedOpType op) {
+void reduce_typed(void* dst, void* dst2, const void* const* src, int n, size_t count,
+                  c10d::ReduceOp::RedOpType op) {
   auto d = static_cast<T*>(dst);
   auto d2 = static_cast<T*>(dst2);
   auto s = reinterpret_cast<const T* const*>(src);
@@ -113,7 +124,8 @@ void reduce_typed(void* dst, void* dst2, const void* const* src, int n, size_t c
     case c10d::ReduceOp::SUM:
       return reduce_n<T, Sum, false>(d, d2, s, n, count);
     case c10d::ReduceOp::AVG:
-      if constexpr (std::is_floating_point_v<Acc<T>>) return reduce_n<T, Sum, true>(d, d2, s, n, count);
+      if constexpr (std::is_floating_point_v<Acc<T>>)
+        return reduce_n<T, Sum, true>(d, d2, s, n, count);
       break;
     case c10d::ReduceOp::PRODUCT:
       return reduce_n<T, Prod, false>(d, d2, s, n, count);
@@ -130,16 +142,26 @@ void reduce_typed(void* dst, void* dst2, const void* const* src, int n, size_t c
 inline void reduce_into(at::ScalarType dtype, c10d::ReduceOp::RedOpType op, void* dst, void* dst2,
                         const void* const* src, int n, size_t count) {
   switch (dtype) {
-    case at::kFloat: return reduce_typed<float>(dst, dst2, src, n, count, op);
-    case at::kDouble: return reduce_typed<double>(dst, dst2, src, n, count, op);
-    case at::kHalf: return reduce_typed<c10::Half>(dst, dst2, src, n, count, op);
-    case at::kBFloat16: return reduce_typed<c10::BFloat16>(dst, dst2, src, n, count, op);
-    case at::kChar: return reduce_typed<int8_t>(dst, dst2, src, n, count, op);
-    case at::kByte: return reduce_typed<uint8_t>(dst, dst2, src, n, count, op);
-    case at::kShort: return reduce_typed<int16_t>(dst, dst2, src, n, count, op);
-    case at::kInt: return reduce_typed<int32_t>(dst, dst2, src, n, count, op);
-    case at::kLong: return reduce_typed<int64_t>(dst, dst2, src, n, count, op);
-    default: break;
+    case at::kFloat:
+      return reduce_typed<float>(dst, dst2, src, n, count, op);
+    case at::kDouble:
+      return reduce_typed<double>(dst, dst2, src, n, count, op);
+    case at::kHalf:
+      return reduce_typed<c10::Half>(dst, dst2, src, n, count, op);
+    case at::kBFloat16:
+      return reduce_typed<c10::BFloat16>(dst, dst2, src, n, count, op);
+    case at::kChar:
+      return reduce_typed<int8_t>(dst, dst2, src, n, count, op);
+    case at::kByte:
+      return reduce_typed<uint8_t>(dst, dst2, src, n, count, op);
+    case at::kShort:
+      return reduce_typed<int16_t>(dst, dst2, src, n, count, op);
+    case at::kInt:
+      return reduce_typed<int32_t>(dst, dst2, src, n, count, op);
+    case at::kLong:
+      return reduce_typed<int64_t>(dst, dst2, src, n, count, op);
+    default:
+      break;
   }
 }
 

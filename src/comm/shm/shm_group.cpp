@@ -26,12 +26,18 @@ constexpr size_t kSliceAlignBytes = 64;
 
 const char* op_name(uint32_t op) {
   switch (op) {
-    case kOpBarrier: return "barrier";
-    case kOpAllreduce: return "all_reduce";
-    case kOpBroadcast: return "broadcast";
-    case kOpAllgather: return "all_gather";
-    case kOpReduce: return "reduce";
-    default: return "unknown collective";
+    case kOpBarrier:
+      return "barrier";
+    case kOpAllreduce:
+      return "all_reduce";
+    case kOpBroadcast:
+      return "broadcast";
+    case kOpAllgather:
+      return "all_gather";
+    case kOpReduce:
+      return "reduce";
+    default:
+      return "unknown collective";
   }
 }
 
@@ -39,7 +45,8 @@ std::string describe(const OpDescriptor& d) {
   std::ostringstream s;
   s << op_name(d.op);
   if (d.op != kOpBarrier) {
-    s << " of " << d.numel << " " << c10::toString(static_cast<at::ScalarType>(d.dtype)) << " elements";
+    s << " of " << d.numel << " " << c10::toString(static_cast<at::ScalarType>(d.dtype))
+      << " elements";
   }
   if (d.op == kOpAllreduce || d.op == kOpReduce) s << " (reduce op " << d.reduce << ")";
   if (d.op == kOpBroadcast) s << " from rank " << d.root;
@@ -48,7 +55,8 @@ std::string describe(const OpDescriptor& d) {
 }
 
 bool plain_cpu(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_complex();
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
+         !t.is_complex();
 }
 
 std::string read_first_line(const char* path) {
@@ -66,7 +74,9 @@ std::string random_hex() {
 }
 
 std::string to_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::vector<uint8_t> to_bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
 
 }  // namespace
 
@@ -75,7 +85,8 @@ std::string host_identity() {
   ::gethostname(host, sizeof host - 1);
   struct stat st {};
   std::string shm = "none";
-  if (::stat("/dev/shm", &st) == 0) shm = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  if (::stat("/dev/shm", &st) == 0)
+    shm = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
   return std::string(host) + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + shm;
 }
 
@@ -94,10 +105,10 @@ class ShmProcessGroup::ShmWork : public c10d::Work {
 
 // --- set-up ---------------------------------------------------------------------
 
-c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                          int world, c10::intrusive_ptr<comm::Backend> gloo,
-                                                          std::chrono::milliseconds timeout, bool require,
-                                                          const SegmentOptions& options) {
+c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+    c10::intrusive_ptr<comm::Backend> gloo, std::chrono::milliseconds timeout, bool require,
+    const SegmentOptions& options) {
   // Groups made over one store in turn get generations 0, 1, ...: every rank of generation
   // g adds before any rank can finish setting up g (that needs every rank mapped).
   const int64_t joined = store->add("dtrain_shm/joined", 1);
@@ -106,9 +117,10 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
     try {
       store->wait(keys, timeout);
     } catch (const c10::Error& e) {
-      throw TimeoutError(std::string("shared-memory transport set-up: rank ") + std::to_string(rank) +
-                         " timed out after " + std::to_string(timeout.count()) + " ms waiting for " + what +
-                         " [" + e.what_without_backtrace() + "]");
+      throw TimeoutError(std::string("shared-memory transport set-up: rank ") +
+                         std::to_string(rank) + " timed out after " +
+                         std::to_string(timeout.count()) + " ms waiting for " + what + " [" +
+                         e.what_without_backtrace() + "]");
     }
   };
 
@@ -123,9 +135,11 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
     std::string other = to_string(store->get(host_keys[static_cast<size_t>(r)]));
     if (other == me) continue;
     if (!require) return {};
-    throw UsageError("init_process_group: backend \"shm\" needs every rank on one host with one /dev/shm, but rank " +
-                     std::to_string(r) + " is on '" + other + "' and rank " + std::to_string(rank) + " on '" + me +
-                     "'; use backend \"auto\" (shared memory only when all ranks are local) or \"gloo\"");
+    throw UsageError(
+        "init_process_group: backend \"shm\" needs every rank on one host with one /dev/shm, but "
+        "rank " +
+        std::to_string(r) + " is on '" + other + "' and rank " + std::to_string(rank) + " on '" +
+        me + "'; use backend \"auto\" (shared memory only when all ranks are local) or \"gloo\"");
   }
 
   // 2. Rank 0 creates the segment; everyone maps it; the last to map unlinks the name. A
@@ -133,7 +147,8 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
   //    once and all fail - or, with "auto", all fall back to Gloo - together.
   auto failed = [&](const std::string& why) -> c10::intrusive_ptr<ShmProcessGroup> {
     if (require) throw NetworkError("init_process_group(backend \"shm\"): " + why);
-    std::fprintf(stderr, "dtrain: rank %d: shared-memory backend unavailable, using Gloo: %s\n", rank, why.c_str());
+    std::fprintf(stderr, "dtrain: rank %d: shared-memory backend unavailable, using Gloo: %s\n",
+                 rank, why.c_str());
     return {};
   };
   std::unique_ptr<ShmSegment> seg;
@@ -179,12 +194,17 @@ c10::intrusive_ptr<ShmProcessGroup> ShmProcessGroup::join(const c10::intrusive_p
   }
   // 3. Watch the peers' processes.
   seg->watch_peers();
-  return c10::make_intrusive<ShmProcessGroup>(rank, world, std::move(gloo), std::move(seg), timeout);
+  return c10::make_intrusive<ShmProcessGroup>(rank, world, std::move(gloo), std::move(seg),
+                                              timeout);
 }
 
 ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::Backend> gloo,
-                                 std::unique_ptr<ShmSegment> segment, std::chrono::milliseconds timeout)
-    : comm::Backend(rank, world), gloo_(std::move(gloo)), segment_(std::move(segment)), timeout_(timeout) {
+                                 std::unique_ptr<ShmSegment> segment,
+                                 std::chrono::milliseconds timeout)
+    : comm::Backend(rank, world),
+      gloo_(std::move(gloo)),
+      segment_(std::move(segment)),
+      timeout_(timeout) {
   worker_ = std::thread([this] { run(); });
 }
 
@@ -198,7 +218,8 @@ ShmProcessGroup::~ShmProcessGroup() {
   if (const char* v = std::getenv("DTRAIN_SHM_STATS"); v && *v && *v != '0' && ops_ > 0) {
     const auto& st = segment_->stats();
     std::fprintf(stderr,
-                 "dtrain shm rank %d: %llu collectives, %.3f ms each (of which %.3f ms waiting for peers in %.2f "
+                 "dtrain shm rank %d: %llu collectives, %.3f ms each (of which %.3f ms waiting for "
+                 "peers in %.2f "
                  "barriers, %.2f futex sleeps), %.3f ms queued before each\n",
                  rank_, static_cast<unsigned long long>(ops_), 1e3 * op_seconds_ / ops_,
                  1e3 * st.wait_seconds / ops_, static_cast<double>(st.barriers) / ops_,
@@ -209,7 +230,8 @@ ShmProcessGroup::~ShmProcessGroup() {
 
 // --- the worker thread ------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> keep, Task task) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type,
+                                                        std::vector<at::Tensor> keep, Task task) {
   int64_t bytes = 0;
   for (const auto& t : keep) bytes += static_cast<int64_t>(t.nbytes());
   const char* span = type == c10d::OpType::ALLREDUCE   ? "shm all_reduce"
@@ -265,8 +287,9 @@ void ShmProcessGroup::run() {
       error = std::current_exception();
       if (broken_.empty()) {
         const bool timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
-        broken_ = std::string("an earlier collective of this group ") + (timeout ? "timed out" : "failed") +
-                  " on this rank (" + e.what() + "); the group is unusable, make a new one";
+        broken_ = std::string("an earlier collective of this group ") +
+                  (timeout ? "timed out" : "failed") + " on this rank (" + e.what() +
+                  "); the group is unusable, make a new one";
         segment_->mark_broken();
       }
     }
@@ -289,9 +312,11 @@ void ShmProcessGroup::check_descriptors() {
     const OpDescriptor& o = segment_->slot(k).desc[seq_ & 1];
     if (o.seq != mine.seq || o.op != mine.op || o.dtype != mine.dtype || o.numel != mine.numel ||
         o.reduce != mine.reduce || o.root != mine.root) {
-      throw UsageError("collective #" + std::to_string(mine.seq) + " differs across ranks: rank " + std::to_string(k) +
-                       " called " + describe(o) + " but rank " + std::to_string(rank_) + " called " + describe(mine) +
-                       "; every rank must call the same collectives, with the same sizes, in the same order");
+      throw UsageError(
+          "collective #" + std::to_string(mine.seq) + " differs across ranks: rank " +
+          std::to_string(k) + " called " + describe(o) + " but rank " + std::to_string(rank_) +
+          " called " + describe(mine) +
+          "; every rank must call the same collectives, with the same sizes, in the same order");
     }
   }
 }
@@ -327,10 +352,11 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
       auto hi = [&](int k) { return std::min(count, static_cast<size_t>(k + 1) * slice); };
       const size_t mlo = lo(rank_), mhi = hi(rank_);
       if (mhi > mlo) {
-        for (int k = 0; k < world; ++k) src[static_cast<size_t>(k)] = segment_->buffer(p, k) + mlo * es;
+        for (int k = 0; k < world; ++k)
+          src[static_cast<size_t>(k)] = segment_->buffer(p, k) + mlo * es;
         // Into this rank's slot (for the others) and the caller's tensor, in one pass.
-        reduce_into(dtype, op.op_, segment_->buffer(p, rank_) + mlo * es, chunk + mlo * es, src.data(), world,
-                    mhi - mlo);
+        reduce_into(dtype, op.op_, segment_->buffer(p, rank_) + mlo * es, chunk + mlo * es,
+                    src.data(), world, mhi - mlo);
       }
       segment_->barrier(deadline, "all_reduce");
       // All-gather: everyone else's reduced slices.
@@ -346,7 +372,8 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
 // The senders copy each chunk into their slots; after the barrier the root reduces every
 // rank's chunk, its own read in place, in rank order. A sender's next write to this parity
 // comes after the next chunk's barrier, which the root passes only once it has read this one.
-void ShmProcessGroup::do_reduce(at::Tensor& t, c10d::ReduceOp op, int root, Clock::time_point deadline) {
+void ShmProcessGroup::do_reduce(at::Tensor& t, c10d::ReduceOp op, int root,
+                                Clock::time_point deadline) {
   const auto dtype = t.scalar_type();
   const size_t es = t.element_size();
   const size_t n = static_cast<size_t>(t.numel());
@@ -365,7 +392,8 @@ void ShmProcessGroup::do_reduce(at::Tensor& t, c10d::ReduceOp op, int root, Cloc
     if (first) check_descriptors();
     first = false;
     if (rank_ == root) {
-      for (int k = 0; k < size_; ++k) src[static_cast<size_t>(k)] = k == rank_ ? chunk : segment_->buffer(p, k);
+      for (int k = 0; k < size_; ++k)
+        src[static_cast<size_t>(k)] = k == rank_ ? chunk : segment_->buffer(p, k);
       reduce_into(dtype, op.op_, chunk, nullptr, src.data(), size_, count);
     }
     off += count;
@@ -375,7 +403,8 @@ void ShmProcessGroup::do_reduce(at::Tensor& t, c10d::ReduceOp op, int root, Cloc
 void ShmProcessGroup::do_broadcast(at::Tensor& t, int root, Clock::time_point deadline) {
   const size_t bytes = t.nbytes();
   if (size_ == 1) return;
-  begin({kOpBroadcast, static_cast<uint32_t>(t.scalar_type()), 0, root, static_cast<uint64_t>(t.numel()), 0});
+  begin({kOpBroadcast, static_cast<uint32_t>(t.scalar_type()), 0, root,
+         static_cast<uint64_t>(t.numel()), 0});
   auto* data = static_cast<unsigned char*>(t.data_ptr());
   const size_t cap = segment_->slot_bytes();
   bool first = true;
@@ -394,7 +423,8 @@ void ShmProcessGroup::do_broadcast(at::Tensor& t, int root, Clock::time_point de
 void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                    Clock::time_point deadline) {
   const size_t bytes = input.nbytes();
-  begin({kOpAllgather, static_cast<uint32_t>(input.scalar_type()), 0, -1, static_cast<uint64_t>(input.numel()), 0});
+  begin({kOpAllgather, static_cast<uint32_t>(input.scalar_type()), 0, -1,
+         static_cast<uint64_t>(input.numel()), 0});
   const auto* in = static_cast<const unsigned char*>(input.data_ptr());
   const size_t cap = segment_->slot_bytes();
   bool first = true;
@@ -408,7 +438,8 @@ void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::T
     for (int k = 0; k < size_; ++k) {
       auto* out = static_cast<unsigned char*>(outputs[static_cast<size_t>(k)].data_ptr()) + off;
       const unsigned char* from = k == rank_ ? in + off : segment_->buffer(p, k);
-      if (out != from) std::memcpy(out, from, count);  // an in-place gather's own chunk is there already
+      if (out != from)
+        std::memcpy(out, from, count);  // an in-place gather's own chunk is there already
     }
     off += count;
   }
@@ -418,7 +449,8 @@ void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::T
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::delegated(c10::intrusive_ptr<c10d::Work> w) {
   std::lock_guard<std::mutex> lock(mu_);
-  delegated_.erase(std::remove_if(delegated_.begin(), delegated_.end(), [](auto& d) { return d->isCompleted(); }),
+  delegated_.erase(std::remove_if(delegated_.begin(), delegated_.end(),
+                                  [](auto& d) { return d->isCompleted(); }),
                    delegated_.end());
   delegated_.push_back(w);
   return w;
@@ -426,13 +458,15 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::delegated(c10::intrusive_ptr<c10
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
-  if (tensors.size() != 1 || !plain_cpu(tensors[0]) || !reduce_supported(tensors[0].scalar_type(), opts.reduceOp.op_)) {
+  if (tensors.size() != 1 || !plain_cpu(tensors[0]) ||
+      !reduce_supported(tensors[0].scalar_type(), opts.reduceOp.op_)) {
     return delegated(gloo_->allreduce(tensors, opts));
   }
   at::Tensor t = tensors[0];
   c10d::ReduceOp op = opts.reduceOp;
-  return enqueue(c10d::OpType::ALLREDUCE, {t},
-                 [this, t, op](Clock::time_point deadline) mutable { do_allreduce(t, op, deadline); });
+  return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, op](Clock::time_point deadline) mutable {
+    do_allreduce(t, op, deadline);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
@@ -443,18 +477,20 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::broadcast(std::vector<at::Tensor
   }
   at::Tensor t = tensors[0];
   const int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, {t},
-                 [this, t, root](Clock::time_point deadline) mutable { do_broadcast(t, root, deadline); });
+  return enqueue(c10d::OpType::BROADCAST, {t}, [this, t, root](Clock::time_point deadline) mutable {
+    do_broadcast(t, root, deadline);
+  });
 }
 
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                          std::vector<at::Tensor>& inputs,
-                                                          const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
   bool ok = inputs.size() == 1 && outputs.size() == 1 && plain_cpu(inputs[0]) &&
             outputs[0].size() == static_cast<size_t>(size_);
   if (ok) {
     for (const auto& o : outputs[0]) {
-      ok = ok && plain_cpu(o) && o.scalar_type() == inputs[0].scalar_type() && o.numel() == inputs[0].numel();
+      ok = ok && plain_cpu(o) && o.scalar_type() == inputs[0].scalar_type() &&
+           o.numel() == inputs[0].numel();
     }
   }
   if (!ok) return delegated(gloo_->allgather(outputs, inputs, opts));
@@ -462,8 +498,9 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather(std::vector<std::vecto
   at::Tensor in = inputs[0];
   std::vector<at::Tensor> keep = outs;
   keep.push_back(in);
-  return enqueue(c10d::OpType::ALLGATHER, std::move(keep),
-                 [this, outs, in](Clock::time_point deadline) mutable { do_allgather(outs, in, deadline); });
+  return enqueue(
+      c10d::OpType::ALLGATHER, std::move(keep),
+      [this, outs, in](Clock::time_point deadline) mutable { do_allgather(outs, in, deadline); });
 }
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptions& opts) {
@@ -485,51 +522,54 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptio
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                    const c10d::AllreduceCoalescedOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   return delegated(gloo_->allreduce_coalesced(tensors, opts));
 }
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
   if (tensors.size() != 1 || opts.rootTensor != 0 || !plain_cpu(tensors[0]) ||
-      !reduce_supported(tensors[0].scalar_type(), opts.reduceOp.op_) || opts.rootRank < 0 || opts.rootRank >= size_) {
+      !reduce_supported(tensors[0].scalar_type(), opts.reduceOp.op_) || opts.rootRank < 0 ||
+      opts.rootRank >= size_) {
     return delegated(gloo_->reduce(tensors, opts));
   }
   at::Tensor t = tensors[0];
   c10d::ReduceOp op = opts.reduceOp;
   const int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, {t},
-                 [this, t, op, root](Clock::time_point deadline) mutable { do_reduce(t, op, root, deadline); });
+                 [this, t, op, root](Clock::time_point deadline) mutable {
+                   do_reduce(t, op, root, deadline);
+                 });
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   return delegated(gloo_->_allgather_base(output, input, opts));
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                                    std::vector<at::Tensor>& inputs,
-                                                                    const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
   return delegated(gloo_->allgather_coalesced(outputs, inputs, opts));
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                       std::vector<at::Tensor>& inputs,
-                                                       const c10d::GatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
   return delegated(gloo_->gather(outputs, inputs, opts));
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::scatter(std::vector<at::Tensor>& outputs,
-                                                        std::vector<std::vector<at::Tensor>>& inputs,
-                                                        const c10d::ScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
   return delegated(gloo_->scatter(outputs, inputs, opts));
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                               std::vector<std::vector<at::Tensor>>& inputs,
-                                                               const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
   return delegated(gloo_->reduce_scatter(outputs, inputs, opts));
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                              std::vector<int64_t>& output_split_sizes,
-                                                              std::vector<int64_t>& input_split_sizes,
-                                                              const c10d::AllToAllOptions& opts) {
-  return delegated(gloo_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts));
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  return delegated(
+      gloo_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts));
 }
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
@@ -537,13 +577,16 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall(std::vector<at::Tensor>
   return delegated(gloo_->alltoall(outputs, inputs, opts));
 }
 // Point to point: not collectives, so barrier() does not wait for them (nor does Gloo's).
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::send(std::vector<at::Tensor>& tensors, int dst,
+                                                     int tag) {
   return gloo_->send(tensors, dst, tag);
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recv(std::vector<at::Tensor>& tensors, int src,
+                                                     int tag) {
   return gloo_->recv(tensors, src, tag);
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
   return gloo_->recvAnysource(tensors, tag);
 }
 

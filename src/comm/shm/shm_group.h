@@ -10,16 +10,17 @@
 // out. Small chunks (<= 16 KiB) skip the split: every rank reduces the whole chunk after
 // one barrier. reduce: the other ranks copy their input into their slots and the root
 // reduces them with its own tensor in place (one copy per sender, one pass at the root:
-// a ZeRO engine's reductions to each partition's owner take turns being the root). Everything else (gather, scatter, all_to_all, send/recv, other
-// dtypes and ops, several tensors per call) goes to the wrapped Gloo group unchanged.
+// a ZeRO engine's reductions to each partition's owner take turns being the root). Everything else
+// (gather, scatter, all_to_all, send/recv, other dtypes and ops, several tensors per call) goes to
+// the wrapped Gloo group unchanged.
 //
 // Collectives run in issue order on one worker thread per group, as Gloo's do, so the
 // returned Work is asynchronous. Each runs under the group's timeout, as Gloo's do (a
-// shorter per-call timeout bounds only the caller's wait). Errors: TimeoutError when a peer does not arrive in time, NetworkError when
-// a peer's process exited, left the group, or gave up after an error of its own; after
-// any error the group is unusable (every later collective fails at once, as Gloo's do
-// after a timeout). Ranks that issue different collectives, or sizes, get an Error naming
-// both calls.
+// shorter per-call timeout bounds only the caller's wait). Errors: TimeoutError when a peer does
+// not arrive in time, NetworkError when a peer's process exited, left the group, or gave up after
+// an error of its own; after any error the group is unusable (every later collective fails at once,
+// as Gloo's do after a timeout). Ranks that issue different collectives, or sizes, get an Error
+// naming both calls.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -38,7 +39,13 @@
 
 namespace dtrain::shm {
 
-enum ShmOp : uint32_t { kOpBarrier = 1, kOpAllreduce = 2, kOpBroadcast = 3, kOpAllgather = 4, kOpReduce = 5 };
+enum ShmOp : uint32_t {
+  kOpBarrier = 1,
+  kOpAllreduce = 2,
+  kOpBroadcast = 3,
+  kOpAllgather = 4,
+  kOpReduce = 5
+};
 
 // A string that is equal on two ranks exactly when they can share a POSIX shm segment:
 // hostname, boot id, and the identity of the /dev/shm mount this process sees.
@@ -52,13 +59,13 @@ class ShmProcessGroup : public comm::Backend {
   // With `require` false, returns nullptr on every rank when the ranks are not all on one
   // host (so every rank falls back to Gloo together); with `require` true, that throws
   // UsageError. Throws NetworkError/TimeoutError when the segment cannot be set up.
-  static c10::intrusive_ptr<ShmProcessGroup> join(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                                  c10::intrusive_ptr<comm::Backend> gloo,
-                                                  std::chrono::milliseconds timeout, bool require,
-                                                  const SegmentOptions& options = segment_options_from_env());
+  static c10::intrusive_ptr<ShmProcessGroup> join(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+      c10::intrusive_ptr<comm::Backend> gloo, std::chrono::milliseconds timeout, bool require,
+      const SegmentOptions& options = segment_options_from_env());
 
-  ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::Backend> gloo, std::unique_ptr<ShmSegment> segment,
-                  std::chrono::milliseconds timeout);
+  ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::Backend> gloo,
+                  std::unique_ptr<ShmSegment> segment, std::chrono::milliseconds timeout);
   // Finishes the queued collectives (each bounded by its timeout), then leaves the segment.
   ~ShmProcessGroup() override;
 
@@ -66,27 +73,33 @@ class ShmProcessGroup : public comm::Backend {
   std::chrono::milliseconds timeout() const { return timeout_; }
   const c10::intrusive_ptr<comm::Backend>& gloo() const { return gloo_; }
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
 
   // Delegated to Gloo as they are.
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
@@ -95,7 +108,8 @@ class ShmProcessGroup : public comm::Backend {
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,
                                                const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
@@ -105,7 +119,8 @@ class ShmProcessGroup : public comm::Backend {
   class ShmWork;
   using Task = std::function<void(Clock::time_point deadline)>;
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> keep, Task task);
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> keep,
+                                         Task task);
   c10::intrusive_ptr<c10d::Work> delegated(c10::intrusive_ptr<c10d::Work> w);
   void run();
   // The collectives proper, on the worker thread.
@@ -114,7 +129,8 @@ class ShmProcessGroup : public comm::Backend {
   void do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time_point deadline);
   void do_reduce(at::Tensor& t, c10d::ReduceOp op, int root, Clock::time_point deadline);
   void do_broadcast(at::Tensor& t, int root, Clock::time_point deadline);
-  void do_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input, Clock::time_point deadline);
+  void do_allgather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                    Clock::time_point deadline);
   int next_parity() { return static_cast<int>(chunk_++ & 1u); }
 
   c10::intrusive_ptr<comm::Backend> gloo_;
@@ -131,7 +147,7 @@ class ShmProcessGroup : public comm::Backend {
     int64_t bytes = -1;                   // the bytes it moves per rank, for the timeline
   };
   std::deque<Item> queue_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                                                // GUARDED_BY(mu_)
+  bool stop_ = false;       // GUARDED_BY(mu_)
   // Gloo works not known complete, so barrier() can wait for them as Gloo's barrier does.
   std::vector<c10::intrusive_ptr<c10d::Work>> delegated_;  // GUARDED_BY(mu_)
 
@@ -140,7 +156,7 @@ class ShmProcessGroup : public comm::Backend {
   uint64_t chunk_ = 0;  // chunks moved so far (picks the buffer parity)
   std::string broken_;  // why the group is unusable, or empty
   uint64_t ops_ = 0;
-  double op_seconds_ = 0;     // running collectives
+  double op_seconds_ = 0;      // running collectives
   double queued_seconds_ = 0;  // from enqueue to start (the hand-off to this thread)
   std::thread worker_;
 };

@@ -10,10 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -31,7 +31,9 @@ constexpr std::chrono::microseconds kDefaultSpin{20};
 // A sleeping waiter wakes up this often to check that the peer it waits for is alive.
 constexpr auto kLivenessCheck = std::chrono::milliseconds(50);
 
-std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+std::string errno_text(int e) {
+  return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")";
+}
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -70,8 +72,9 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
   if (p == MAP_FAILED) {
     int e = errno;
     ::close(fd);
-    throw NetworkError("shared-memory transport: cannot map " + name + " (" + std::to_string(bytes) +
-                       " bytes): " + errno_text(e) + "; is /dev/shm full? (backend \"gloo\" avoids it)");
+    throw NetworkError("shared-memory transport: cannot map " + name + " (" +
+                       std::to_string(bytes) + " bytes): " + errno_text(e) +
+                       "; is /dev/shm full? (backend \"gloo\" avoids it)");
   }
   ::close(fd);
   return p;
@@ -83,7 +86,8 @@ SegmentOptions segment_options_from_env() {
   SegmentOptions o;
   if (const char* s = std::getenv("DTRAIN_SHM_SLOT_BYTES"); s && *s) {
     long long v = std::atoll(s);
-    if (v < 4096) throw UsageError(std::string("DTRAIN_SHM_SLOT_BYTES=") + s + ": needs an integer >= 4096");
+    if (v < 4096)
+      throw UsageError(std::string("DTRAIN_SHM_SLOT_BYTES=") + s + ": needs an integer >= 4096");
     o.slot_bytes = static_cast<size_t>(v);
   }
   if (const char* s = std::getenv("DTRAIN_SHM_SPIN_US"); s && *s) {
@@ -94,7 +98,8 @@ SegmentOptions segment_options_from_env() {
   return o;
 }
 
-ShmSegment::ShmSegment(std::string name, int world, void* base, size_t bytes, const SegmentOptions& o)
+ShmSegment::ShmSegment(std::string name, int world, void* base, size_t bytes,
+                       const SegmentOptions& o)
     : name_(std::move(name)),
       world_(world),
       base_(base),
@@ -103,24 +108,29 @@ ShmSegment::ShmSegment(std::string name, int world, void* base, size_t bytes, co
       spin_(o.spin.count() >= 0 ? o.spin : kDefaultSpin),
       pidfds_(static_cast<size_t>(world), -1) {}
 
-std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int world, const SegmentOptions& o) {
+std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int world,
+                                               const SegmentOptions& o) {
   // Default slot: 4 MiB, smaller for many ranks so the segment stays within ~32 MiB.
-  size_t slot = o.slot_bytes ? o.slot_bytes
-                             : std::max<size_t>(64 << 10, std::min(kDefaultSlotBytes, (size_t{32} << 20) / world));
+  size_t slot =
+      o.slot_bytes
+          ? o.slot_bytes
+          : std::max<size_t>(64 << 10, std::min(kDefaultSlotBytes, (size_t{32} << 20) / world));
   slot = round_up(slot, 4096);
   size_t data_offset = 0;
   size_t bytes = layout_bytes(world, slot, &data_offset);
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
-    throw NetworkError("shared-memory transport: shm_open(" + name + ") failed: " + errno_text(errno));
+    throw NetworkError("shared-memory transport: shm_open(" + name +
+                       ") failed: " + errno_text(errno));
   }
   // posix_fallocate, not ftruncate: it reserves every page now, so a /dev/shm too small for
   // the segment (containers often have 64 MB) is an error here, not a SIGBUS mid-collective.
   if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
     ::close(fd);
     ::shm_unlink(name.c_str());
-    throw NetworkError("shared-memory transport: cannot size " + name + " to " + std::to_string(bytes) +
-                       " bytes: " + errno_text(e) + "; is /dev/shm full? (backend \"gloo\" avoids it)");
+    throw NetworkError("shared-memory transport: cannot size " + name + " to " +
+                       std::to_string(bytes) + " bytes: " + errno_text(e) +
+                       "; is /dev/shm full? (backend \"gloo\" avoids it)");
   }
   void* base;
   try {
@@ -141,12 +151,14 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
   return std::unique_ptr<ShmSegment>(new ShmSegment(name, world, base, bytes, o));
 }
 
-std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, int rank, int world, const SegmentOptions& o) {
+std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, int rank, int world,
+                                             const SegmentOptions& o) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
-    throw NetworkError("shared-memory transport: rank " + std::to_string(rank) + " cannot open " + name +
-                       " that rank 0 created: " + errno_text(errno) +
-                       "; are all ranks on one host with one /dev/shm? (backend \"gloo\" avoids it)");
+    throw NetworkError(
+        "shared-memory transport: rank " + std::to_string(rank) + " cannot open " + name +
+        " that rank 0 created: " + errno_text(errno) +
+        "; are all ranks on one host with one /dev/shm? (backend \"gloo\" avoids it)");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(Header))) {
@@ -159,13 +171,15 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, int rank, 
   size_t data_offset = 0;
   if (h->magic != kMagic || h->version != kVersion || h->world != static_cast<uint32_t>(world) ||
       h->total_bytes != static_cast<uint64_t>(st.st_size) ||
-      layout_bytes(world, h->slot_bytes, &data_offset) != h->total_bytes || data_offset != h->data_offset) {
+      layout_bytes(world, h->slot_bytes, &data_offset) != h->total_bytes ||
+      data_offset != h->data_offset) {
     ::munmap(base, static_cast<size_t>(st.st_size));
     throw NetworkError("shared-memory transport: " + name + " has an unexpected header (world " +
                        std::to_string(h->world) + ", expected " + std::to_string(world) +
                        "); another job's segment, or a different dtrain version?");
   }
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, world, base, static_cast<size_t>(st.st_size), o));
+  return std::unique_ptr<ShmSegment>(
+      new ShmSegment(name, world, base, static_cast<size_t>(st.st_size), o));
 }
 
 ShmSegment::~ShmSegment() {
@@ -185,7 +199,8 @@ ShmSegment::~ShmSegment() {
 void ShmSegment::unlink(const std::string& name) { ::shm_unlink(name.c_str()); }
 
 RankSlot& ShmSegment::slot(int k) const {
-  auto* first = reinterpret_cast<RankSlot*>(static_cast<char*>(base_) + round_up(sizeof(Header), 64));
+  auto* first =
+      reinterpret_cast<RankSlot*>(static_cast<char*>(base_) + round_up(sizeof(Header), 64));
   return first[k];
 }
 
@@ -206,7 +221,7 @@ void ShmSegment::watch_peers() {
   const pid_t self = ::getpid();
   for (int k = 0; k < world_; ++k) {
     pid_t pid = slot(k).pid.load();
-    if (k == rank_ || pid == self) continue;  // ranks as threads of this process
+    if (k == rank_ || pid == self) continue;            // ranks as threads of this process
     pidfds_[static_cast<size_t>(k)] = pidfd_open(pid);  // -1: fall back to kill(pid, 0)
   }
 }
@@ -232,17 +247,20 @@ void ShmSegment::check_peer(int k, const char* what) {
   const std::string who = "rank " + std::to_string(k) + " (pid " + std::to_string(pid) + ")";
   if (dead) {
     throw NetworkError("lost the connection to a peer rank: " + who + " exited while rank " +
-                       std::to_string(rank_) + " waited for it in " + what + " (shared-memory transport)");
+                       std::to_string(rank_) + " waited for it in " + what +
+                       " (shared-memory transport)");
   }
   uint32_t state = peer.state.load();
   if (state == kLeft) {
-    throw NetworkError("lost the connection to a peer rank: " + who + " left the group (destroyed it) while rank " +
-                       std::to_string(rank_) + " waited for it in " + what +
+    throw NetworkError("lost the connection to a peer rank: " + who +
+                       " left the group (destroyed it) while rank " + std::to_string(rank_) +
+                       " waited for it in " + what +
                        " (shared-memory transport); every rank must call the same collectives");
   }
   if (state == kBroken) {
-    throw NetworkError("lost the connection to a peer rank: " + who + " gave up on the group after an error while rank " +
-                       std::to_string(rank_) + " waited for it in " + what + " (shared-memory transport)");
+    throw NetworkError("lost the connection to a peer rank: " + who +
+                       " gave up on the group after an error while rank " + std::to_string(rank_) +
+                       " waited for it in " + what + " (shared-memory transport)");
   }
 }
 
@@ -261,8 +279,8 @@ void ShmSegment::wait_for(int k, uint32_t target, Clock::time_point deadline, co
     auto now = Clock::now();
     if (now >= deadline) {
       check_peer(k, what);  // a dead peer explains the wait better than a timeout
-      throw TimeoutError("timed out in the shared-memory transport: rank " + std::to_string(rank_) + " waited for rank " +
-                         std::to_string(k) + " in " + what);
+      throw TimeoutError("timed out in the shared-memory transport: rank " + std::to_string(rank_) +
+                         " waited for rank " + std::to_string(k) + " in " + what);
     }
     auto slice = std::min<Clock::duration>(deadline - now, kLivenessCheck);
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();

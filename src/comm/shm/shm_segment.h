@@ -50,12 +50,12 @@ struct OpDescriptor {
   uint32_t reduce = 0;  // c10d::ReduceOp for all_reduce
   int32_t root = -1;    // broadcast
   uint64_t numel = 0;
-  uint64_t seq = 0;     // the collective's number in this group (1, 2, ...)
+  uint64_t seq = 0;  // the collective's number in this group (1, 2, ...)
 };
 
 // Per-rank control block, one cache line (two, to keep the descriptors off the hot line).
 struct alignas(64) RankSlot {
-  std::atomic<uint32_t> arrived{0};  // barriers passed + 1 (the futex word)
+  std::atomic<uint32_t> arrived{0};   // barriers passed + 1 (the futex word)
   std::atomic<uint32_t> sleepers{0};  // peers sleeping on `arrived`
   std::atomic<int32_t> pid{0};
   std::atomic<uint32_t> state{0};  // SlotState
@@ -89,8 +89,10 @@ struct SegmentOptions {
 class ShmSegment {
  public:
   // Creates (rank 0) or maps (others) the segment. `name` is the shm_open name ("/...").
-  static std::unique_ptr<ShmSegment> create(const std::string& name, int world, const SegmentOptions& o);
-  static std::unique_ptr<ShmSegment> open(const std::string& name, int rank, int world, const SegmentOptions& o);
+  static std::unique_ptr<ShmSegment> create(const std::string& name, int world,
+                                            const SegmentOptions& o);
+  static std::unique_ptr<ShmSegment> open(const std::string& name, int rank, int world,
+                                          const SegmentOptions& o);
   ~ShmSegment();  // marks this rank as left (waking peers that wait for it) and unmaps
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;

@@ -237,7 +237,8 @@ int read_spec(int fd, RankSpec** out, int* agent_pid, bool warm = false, const i
   if (!buf) return -1;
   size_t got = 0;
   while (got < static_cast<size_t>(st.st_size)) {
-    ssize_t n = ::pread(fd, buf + got, static_cast<size_t>(st.st_size) - got, static_cast<off_t>(got));
+    ssize_t n =
+        ::pread(fd, buf + got, static_cast<size_t>(st.st_size) - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return -1;
     got += static_cast<size_t>(n);
@@ -245,7 +246,8 @@ int read_spec(int fd, RankSpec** out, int* agent_pid, bool warm = false, const i
   const char* p = buf;
   const char* end = buf + got;
   bool ok = true;
-  if (take_u32(p, end, ok) != (warm ? dtrain_forkserver::kMagicWarm : dtrain_forkserver::kMagic)) return -1;
+  if (take_u32(p, end, ok) != (warm ? dtrain_forkserver::kMagicWarm : dtrain_forkserver::kMagic))
+    return -1;
   int n = static_cast<int>(take_u32(p, end, ok));
   *agent_pid = static_cast<int>(take_u32(p, end, ok));
   if (!ok || n <= 0 || n > 65536) return -1;
@@ -330,14 +332,15 @@ bool needs_exec_mode() {
 // Forks the n workers and reports them. Plain (warm == false): the server exits once every
 // worker is forked and the agent, a child subreaper, adopts them. Warm: this launch server
 // stays their parent, reports each one's wait status as it exits, and exits after the last.
-[[noreturn]] void fork_workers(int n, RankSpec* ranks, int agent_pid, int reply_fd, bool exec_mode, bool warm,
-                               StartFn real, int argc, char** argv, void (*init)(), void (*fini)(),
-                               void (*rtld_fini)(), void* stack_end) {
+[[noreturn]] void fork_workers(int n, RankSpec* ranks, int agent_pid, int reply_fd, bool exec_mode,
+                               bool warm, StartFn real, int argc, char** argv, void (*init)(),
+                               void (*fini)(), void (*rtld_fini)(), void* stack_end) {
   char self_path[4096];
   ssize_t len = ::readlink("/proc/self/exe", self_path, sizeof self_path - 1);
   if (len <= 0) fail(reply_fd, "cannot read /proc/self/exe");
   self_path[len] = '\0';
-  report(reply_fd, dtrain_forkserver::kMode, exec_mode ? dtrain_forkserver::kModeExec : dtrain_forkserver::kModeFork);
+  report(reply_fd, dtrain_forkserver::kMode,
+         exec_mode ? dtrain_forkserver::kModeExec : dtrain_forkserver::kModeFork);
   ::fflush(nullptr);  // nothing buffered may be written twice
 
   // Each worker waits for a byte from here before it goes on: the server writes them once it
@@ -463,8 +466,8 @@ bool needs_exec_mode() {
   }
   ::dl_iterate_phdr(collect, &g_server_objects);
   const bool exec_mode = needs_exec_mode();
-  fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, false, real, argc, argv, init, fini, rtld_fini,
-               stack_end);
+  fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, false, real, argc, argv, init, fini,
+               rtld_fini, stack_end);
 }
 
 // --- the warm server --------------------------------------------------------
@@ -507,11 +510,12 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
 // The warm server: the program's libraries are loaded once; every launch an agent sends gets
 // a launch server forked from here (single-threaded: this loop is the process's only thread).
 // It ends with its parent (the Tuner's driver) or when the listening socket is shut down.
-[[noreturn]] void serve_warm(const char* config, StartFn real, int argc, char** argv, void (*init)(),
-                             void (*fini)(), void (*rtld_fini)(), void* stack_end) {
+[[noreturn]] void serve_warm(const char* config, StartFn real, int argc, char** argv,
+                             void (*init)(), void (*fini)(), void (*rtld_fini)(), void* stack_end) {
   int pid = 0, listen_fd = -1, parent = 0;
   if (sscanf(config, "%d:%d:%d", &pid, &listen_fd, &parent) != 3 || listen_fd < 0) {
-    dprintf(STDERR_FILENO, "dtrain warm fork server: malformed DTRAIN_FORKSERVER_WARM='%s'\n", config);
+    dprintf(STDERR_FILENO, "dtrain warm fork server: malformed DTRAIN_FORKSERVER_WARM='%s'\n",
+            config);
     ::_exit(127);
   }
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -569,8 +573,8 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
       if (n <= 0) fail(reply_fd, "cannot read the workers' spec from the agent");
       (void)argc;
       (void)argv;
-      fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, true, real, wargc, wargv, init, fini, rtld_fini,
-                   stack_end);
+      fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, true, real, wargc, wargv, init, fini,
+                   rtld_fini, stack_end);
     }
     if (child < 0) {
       errno = errno ? errno : EAGAIN;
@@ -582,9 +586,11 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) int __libc_start_main(
-    MainFn main, int argc, char** argv, void (*init)(), void (*fini)(), void (*rtld_fini)(),
-    void* stack_end) {
+extern "C" __attribute__((visibility("default"))) int __libc_start_main(MainFn main, int argc,
+                                                                        char** argv, void (*init)(),
+                                                                        void (*fini)(),
+                                                                        void (*rtld_fini)(),
+                                                                        void* stack_end) {
   auto real = reinterpret_cast<StartFn>(::dlvsym(RTLD_NEXT, "__libc_start_main", "GLIBC_2.34"));
   if (!real) real = reinterpret_cast<StartFn>(::dlsym(RTLD_NEXT, "__libc_start_main"));
   if (!real) {
@@ -594,7 +600,8 @@ extern "C" __attribute__((visibility("default"))) int __libc_start_main(
   // The agent names the server by pid and hands it the spec memfd: a program that one of the
   // libraries starts while loading inherits the variable (and this library), and must just
   // run - as must a later process that happens to get the same pid.
-  if (const char* warm = ::getenv("DTRAIN_FORKSERVER_WARM"); warm != nullptr && std::atoi(warm) == ::getpid()) {
+  if (const char* warm = ::getenv("DTRAIN_FORKSERVER_WARM");
+      warm != nullptr && std::atoi(warm) == ::getpid()) {
     g_main = main;
     char config_copy[128];
     snprintf(config_copy, sizeof config_copy, "%s", warm);
