@@ -3,7 +3,8 @@
 # debootstrap root with nothing but Debian's base system, git and ca-certificates), a fresh
 # clone of this repository's HEAD, then `bash scripts/run_main.sh` (command 1) timed from start
 # to the end of the main job, with the wall clock of each step. Only the CPU, the kernel and the
-# network are shared with this machine (no apt cache, no pip cache, no ccache, no venv).
+# network are shared with this machine (no apt cache, no pip cache, no ccache, no venv), and the
+# CA bundle through which this workplace reaches PyPI.
 #   tests/package/first_run.sh [ARGS for run_main.sh]       (root; needs debootstrap)
 # Too slow for CI (it downloads ~800 MB and builds from nothing): run it by hand and put its
 # last result in the README. The base root is kept in $DTRAIN_DEBIAN_ROOT (default
@@ -37,8 +38,12 @@ unshare --mount --propagation private bash -euc '
   mount -t sysfs sys "$root/sys"
   mount --rbind /dev "$root/dev"
   cp /etc/resolv.conf "$root/etc/resolv.conf"
+  # This workplace reaches PyPI through a TLS proxy whose CA is in the machine'"'"'s bundle: a
+  # fresh machine here has it too, so the root gets the same bundle (and nothing else).
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/dtrain-machine-ca.crt"
   exec chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PIP_CERT=/etc/dtrain-machine-ca.crt SSL_CERT_FILE=/etc/dtrain-machine-ca.crt \
     bash -c "cd /root/dtrain && bash scripts/run_main.sh \"\$@\"" run_main "$@"
 ' first_run "$base" "$work" "$@" 2>&1 |
   while IFS= read -r line; do printf '[%4ds] %s\n' $(($(date +%s) - start)) "$line"; done
