@@ -90,7 +90,10 @@ else
 fi
 
 if [[ "$libtorch" == pypi ]]; then
-  libtorch="$("$venv_python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
+  # Where the wheel put libtorch, without importing torch (--main installs none of its Python
+  # dependencies).
+  libtorch="$("$venv_python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')" ||
+    { echo "setup: the venv's python ($venv_python) has no torch package: run scripts/python_env.sh" >&2; exit 1; }
 fi
 
 jobs="$(nproc)"
