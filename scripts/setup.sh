@@ -106,8 +106,9 @@ if ((main_only)); then
            -DDTRAIN_CUDA=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
   targets=(dtrain_cli fashion_mnist)
 else
+  # What --main turned off comes back; CUDA as the tree decides (cmake/libtorch.cmake).
   config+=(-DDTRAIN_BUILD_TESTS=ON -DDTRAIN_BUILD_BENCH=ON -DDTRAIN_BUILD_EXAMPLES=ON
-           -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=OFF)
+           -UDTRAIN_CUDA -UCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit)
   targets=()
 fi
 # ccache, keyed relative to the clone (CCACHE_BASEDIR) so that another clone of the same
