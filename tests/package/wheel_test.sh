@@ -18,7 +18,7 @@ torch_pin="$(grep -o 'torch==[0-9.]*' "$src/pyproject.toml" | head -n 1)"
 numpy_pin="$(grep -E '^numpy==' "$src/scripts/requirements.txt")"
 launcher=()
 if command -v ccache >/dev/null; then
-  launcher=(-C "cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_COMPILERCHECK=content;ccache")
+  launcher=("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_COMPILERCHECK=content;ccache")
 fi
 "$py" -m pip wheel -q --no-build-isolation --no-deps -w "$tmp/dist" "${launcher[@]}" "$src" \
   >"$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
