@@ -26,6 +26,7 @@ if dpkg-deb -f "$cli" Depends | grep -q torch; then
 fi
 echo "packed in $((SECONDS - start)) s"
 mkdir -p "$work/upper/tmp/debs" "$work/upper/tmp/consumer-src"
+chmod 1777 "$work/upper/tmp"  # the overlay's /tmp is this directory: apt's sandbox user writes there
 cp "${debs[@]}" "$work/upper/tmp/debs/"
 cp "$src/tests/package/CMakeLists.txt" "$src/tests/package/main.cpp" "$work/upper/tmp/consumer-src/"
 in_debian_root "$work" --apt-cache -- "
