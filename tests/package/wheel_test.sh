@@ -6,7 +6,8 @@
 # wheel's library with find_package(dtrain) (CMAKE_PREFIX_PATH = dtrain.cmake_prefix_path) and
 # runs it under the wheel's `dtrain run`.
 #   wheel_test.sh SOURCE_DIR [VENV_PYTHON]     (VENV_PYTHON: the project's venv, python_env.sh)
-# The wheel's build tree is SOURCE_DIR/build-wheel (incremental; ccache like scripts/setup.sh).
+# The wheel's build tree is SOURCE_DIR/build-wheel (incremental; ccache like scripts/setup.sh),
+# or $DTRAIN_WHEEL_BUILD_DIR.
 # The fresh venv takes torch and its dependencies from PyPI (pip's cache after the first run).
 set -euo pipefail
 src="$(cd "$1" && pwd)"; py="${2:-$("$src/scripts/python_env.sh" | tail -n 1)}"
@@ -16,11 +17,15 @@ start=$SECONDS
 version="$(sed -n 's/^#define DTRAIN_VERSION "\(.*\)"/\1/p' "$src/include/dtrain/version.h")"
 torch_pin="$(grep -o 'torch==[0-9.]*' "$src/pyproject.toml" | head -n 1)"
 numpy_pin="$(grep -E '^numpy==' "$src/scripts/requirements.txt")"
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_COMPILERCHECK=content;ccache")
+settings=()
+if [[ -n "${DTRAIN_WHEEL_BUILD_DIR:-}" ]]; then
+  # Another build tree of this checkout, reused as it was configured (what it compiled with the
+  # same commands is not compiled again).
+  settings=("--config-settings=build-dir=$DTRAIN_WHEEL_BUILD_DIR")
+elif command -v ccache >/dev/null; then
+  settings=("--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_COMPILERCHECK=content;ccache")
 fi
-"$py" -m pip wheel -q --no-build-isolation --no-deps -w "$tmp/dist" "${launcher[@]}" "$src" \
+"$py" -m pip wheel -q --no-build-isolation --no-deps -w "$tmp/dist" "${settings[@]}" "$src" \
   >"$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
 wheel=("$tmp"/dist/dtrain-"$version"-*.whl)
 [[ -f "${wheel[0]}" ]] || { echo "FAIL: no dtrain-$version wheel in $tmp/dist:"; ls "$tmp/dist"; exit 1; }
