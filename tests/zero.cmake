@@ -26,3 +26,6 @@ add_dependencies(zero_example_test fashion_mnist dtrain_cli)
 dtrain_test(zero_stage3_fetch_test LABELS zero SOURCES zero/stage3_fetch_test.cpp TORCH)
 # The user's own torch::optim optimizer on the partitions (DeepSpeed's client optimizer).
 dtrain_test(zero_client_optimizer_test LABELS zero SOURCES zero/client_optimizer_test.cpp TORCH)
+# Schedulers and optimizers against DeepSpeed's own classes (the venv's DeepSpeed, one Python
+# process for every case; its FusedAdam CPU op is JIT-built once into ~/.cache/torch_extensions).
+dtrain_test(zero_deepspeed_reference_test LABELS zero SOURCES zero/deepspeed_reference_test.cpp TORCH)

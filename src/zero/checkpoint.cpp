@@ -167,14 +167,14 @@ IValue EngineCore::model_state(bool build) {
     d.insert("skipped_steps", skipped_steps_);
     d.insert("global_samples", global_steps_ * config_.train_batch_size);
     auto sched = new_dict();
-    sched.insert("last_batch_iteration", scheduler_.iteration());
+    sched.insert("last_batch_iteration", scheduler_.last_batch_iteration());
     d.insert("lr_scheduler", sched);
     d.insert("loss_scaler", c10::List<double>(scaler_.state()));
     d.insert("dp_world_size", static_cast<int64_t>(world_));
     d.insert("mp_world_size", static_cast<int64_t>(1));
     d.insert("zero_stage", static_cast<int64_t>(stage_));
     d.insert("ds_config", config_.raw.dump());
-    d.insert("ds_version", std::string("dtrain-zero-1"));
+    d.insert("ds_version", std::string("dtrain-zero-2"));
     out = d;
   }
   if (stage_ == 3 && !was_gathered) release_parameters();
@@ -377,7 +377,12 @@ void EngineCore::load_state(const c10::impl::GenericDict& d,
   }
   if (opts.load_lr_scheduler_states) {
     auto s = get(d, "lr_scheduler", model_path).toGenericDict();
-    scheduler_.set_iteration(get(s, "last_batch_iteration", model_path).toInt());
+    int64_t last = get(s, "last_batch_iteration", model_path).toInt();
+    // dtrain before DeepSpeed's step counting saved the number of steps taken.
+    auto v = d.find("ds_version");
+    if (v != d.end() && v->value().isString() && v->value().toStringRef() == "dtrain-zero-1")
+      --last;
+    scheduler_.set_last_batch_iteration(last);
   }
   auto ls = get(d, "loss_scaler", model_path).toDoubleList();
   scaler_.set_state(std::vector<double>(ls.begin(), ls.end()));
