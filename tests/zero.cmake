@@ -29,3 +29,13 @@ dtrain_test(zero_client_optimizer_test LABELS zero SOURCES zero/client_optimizer
 # Schedulers and optimizers against DeepSpeed's own classes (the venv's DeepSpeed, one Python
 # process for every case; its FusedAdam CPU op is JIT-built once into ~/.cache/torch_extensions).
 dtrain_test(zero_deepspeed_reference_test LABELS zero SOURCES zero/deepspeed_reference_test.cpp TORCH)
+# Training side by side with DeepSpeed itself: 2 ranks, stages 1-3, its CPU optimizers.
+add_executable(ds_parity_worker zero/ds_parity_worker.cpp)
+target_link_libraries(ds_parity_worker PRIVATE dtrain)
+dtrain_use_torch_pch(ds_parity_worker)
+dtrain_test(zero_deepspeed_parity_test LABELS zero SOURCES zero/deepspeed_parity_test.cpp launcher/subprocess.cpp TORCH)
+dtrain_test_programs(zero_deepspeed_parity_test DS_PARITY_WORKER_BIN ds_parity_worker)
+add_dependencies(zero_deepspeed_parity_test ds_parity_worker dtrain_cli)
+# The checkpoint file format: exact round trip, one-line errors for bad files.
+dtrain_test(zero_checkpoint_format_test LABELS zero SOURCES zero/checkpoint_format_test.cpp launcher/subprocess.cpp TORCH)
+add_dependencies(zero_checkpoint_format_test dtrain_cli dtrain_zero_tool)

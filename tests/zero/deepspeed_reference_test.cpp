@@ -231,6 +231,8 @@ const json& peer_results() {
 dtrain::zero::Config parse(const json& config) {
   json c = config;
   c["train_micro_batch_size_per_gpu"] = 1;
+  // The peer steps DeepSpeed's optimizer itself, without the engine's clipping (1.0 by default).
+  c["gradient_clipping"] = 0.0;
   return dtrain::zero::parse_config(c, 1);
 }
 
