@@ -252,7 +252,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_flag("--run-path,--run_path", a.run_path,
                "PROGRAM is a Python file (run with python3 -u, as torchrun's runpy.run_path), "
                "whatever its name");
-  // torchrun 2.x's options (tests/launcher/torchrun_options_test.cpp diffs torchrun --help).
+  // torchrun 2.x's options (ParseRunArgs.EveryTorchrunOptionOfTheVenvIsAccepted, in
+  // tests/unit/launch_options_test.cpp, checks them against the venv's torchrun).
   run.add_option("--local-ranks-filter,--local_ranks_filter", a.local_ranks_filter,
                  "Show only these local ranks' output on the console, e.g. 0 or 0,1 (the others "
                  "still go to --log-dir's files)");

@@ -486,24 +486,18 @@ void parse_zero(Section& root, Config& c) {
   zs.boolean("cpu_offload_use_pin_memory", pin);
   parse_offload(zs, "offload_optimizer", z.offload_optimizer, false);
   parse_offload(zs, "offload_param", z.offload_param, true);
-  if (cpu_offload) {
-    if (zs.has("offload_optimizer"))
-      zs.fail("cpu_offload",
-              "given together with offload_optimizer, which replaces it; keep "
-              "offload_optimizer");
-    z.offload_optimizer.device = "cpu";
-    z.offload_optimizer.pin_memory = pin;
-    zs.note("cpu_offload", "deprecated: offload_optimizer {\"device\": \"cpu\"}");
-  }
-  if (cpu_offload_param) {
-    if (zs.has("offload_param"))
-      zs.fail("cpu_offload_param",
-              "given together with offload_param, which replaces it; keep "
-              "offload_param");
-    z.offload_param.device = "cpu";
-    z.offload_param.pin_memory = pin;
-    zs.note("cpu_offload_param", "deprecated: offload_param {\"device\": \"cpu\"}");
-  }
+  // A deprecated boolean: DeepSpeed maps it to its section with device cpu.
+  auto alias = [&](bool on, const std::string& flag, const std::string& section,
+                   OffloadConfig& out) {
+    if (!on) return;
+    if (zs.has(section))
+      zs.fail(flag, "given together with " + section + ", which replaces it; keep " + section);
+    out.device = "cpu";
+    out.pin_memory = pin;
+    zs.note(flag, "deprecated: " + section + " {\"device\": \"cpu\"}");
+  };
+  alias(cpu_offload, "cpu_offload", "offload_optimizer", z.offload_optimizer);
+  alias(cpu_offload_param, "cpu_offload_param", "offload_param", z.offload_param);
   if (pin_given && !cpu_offload && !cpu_offload_param)
     zs.note("cpu_offload_use_pin_memory", "deprecated; no effect without cpu_offload");
   zs.finish();

@@ -272,9 +272,7 @@ json run_optimizer(const json& cs) {
   return out;
 }
 
-TEST(ZeroDeepSpeedReference, SchedulersAndOptimizersStepAsDeepSpeeds) {
-  const json& peer = peer_results();
-  ASSERT_FALSE(peer.contains("failure")) << peer.value("failure", "");
+void check_steps(const json& peer) {
   const json cases = build_cases();
   int schedulers = 0, optimizers = 0;
   for (const auto& cs : cases) {
@@ -339,9 +337,7 @@ bool contains(const std::string& s, const std::string& part) {
 // Hugging Face's "auto" where DeepSpeed (which expects it filled in) fails on it; dtrain
 // refuses what it does not implement (nvme offload, 1-bit optimizers), and unknown keys that
 // DeepSpeed would silently ignore, each with a message that says so.
-TEST(ZeroDeepSpeedReference, ConfigCorpusResolvesAsDeepSpeedOrIsRefusedWithTheReason) {
-  const json& peer = peer_results();
-  ASSERT_FALSE(peer.contains("failure")) << peer.value("failure", "");
+void check_corpus(const json& peer) {
   const auto files = corpus();
   ASSERT_GE(files.size(), 11u) << "DeepSpeed's 4 templates and tests/zero/configs";
   int accepted = 0, refused = 0;
@@ -391,6 +387,20 @@ TEST(ZeroDeepSpeedReference, ConfigCorpusResolvesAsDeepSpeedOrIsRefusedWithTheRe
       EXPECT_TRUE(contains(ours_error, ": ")) << ours_error;
   }
   std::printf("%zu configs: %d accepted, %d refused\n", files.size(), accepted, refused);
+}
+
+// One test, so that ctest (one process per test) imports DeepSpeed once for both checks.
+TEST(ZeroDeepSpeedReference, SchedulersOptimizersAndConfigsAsDeepSpeeds) {
+  const json& peer = peer_results();
+  ASSERT_FALSE(peer.contains("failure")) << peer.value("failure", "");
+  {
+    SCOPED_TRACE("schedulers and optimizers");
+    check_steps(peer);
+  }
+  {
+    SCOPED_TRACE("config corpus");
+    check_corpus(peer);
+  }
 }
 
 }  // namespace
