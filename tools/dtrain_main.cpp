@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
       rest.insert(rest.end(), after_dashes.begin(), after_dashes.end());
     }
     options = dtrain::run_args_to_options(run_args, rest);
+    for (const auto& note : options.notes) std::cerr << "dtrain run: note: " << note << "\n";
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
     return 2;
