@@ -40,3 +40,9 @@ dtrain_bench(diagnosis_bench diagnosis_bench.cpp)
 # dtrain::tune scheduling overhead per trial with a trivial trainable; bench/tune_bench.py
 # runs it beside Ray Tune's and prints the ratio.
 dtrain_bench(tune_overhead_bench tune_overhead.cpp)
+
+# dtrain::data's delivery rate (bench/data_bench.py: vs Petastorm and a PyTorch DataLoader over
+# pyarrow, and the example's MLP from Parquet vs from memory).
+if(DTRAIN_HAVE_DATA)
+  dtrain_bench(data_bench data_bench.cpp dtrain_data)
+endif()
