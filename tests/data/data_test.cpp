@@ -137,7 +137,8 @@ TEST(DataReader, RanksReadDisjointCompleteSharesAcrossEpochs) {
                                        {.num_replicas = world, .rank = rank, .shuffle = shuffle,
                                         .seed = 7});
           s.set_epoch(epoch);
-          std::set<int64_t> groups(s.indices().begin(), s.indices().end()), mine;
+          const auto indices = s.indices();
+          std::set<int64_t> groups(indices.begin(), indices.end()), mine;
           for (int64_t id : ids) {
             for (size_t g = 0; g < t.row_groups().size(); ++g)
               if (id >= t.row_groups()[g].first && id < t.row_groups()[g].first + group_rows[g])
@@ -213,7 +214,9 @@ TEST(DataReader, ElasticRestartAtAnotherWorldSizeReadsEveryRowExactlyOnce) {
     if (rank == 0) position = r.position();
     EXPECT_EQ(r.position(), position);  // every rank the same position
   }
-  EXPECT_EQ(read.size(), 72u);
+  // The newest version has 3 row groups (96, 30 and 10 rows): one per rank, so 3 steps of 8
+  // read 24 + 24 + 10 rows (the short rank's third batch has 2 rows).
+  EXPECT_EQ(read.size(), 58u);
   std::string position2;
   for (int rank = 0; rank < 2; ++rank) {
     Reader r(t, opts(2, rank));
