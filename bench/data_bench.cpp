@@ -26,8 +26,9 @@ int main(int argc, char** argv) {
     if (a == "--prefetch") prefetch = std::stoi(argv[i + 1]);
   }
   if (location.empty()) {
-    std::fprintf(stderr, "usage: data_bench --data parquet:DIR [--epochs N] [--batch-size B] "
-                         "[--threads T] [--prefetch P]\n");
+    std::fprintf(stderr,
+                 "usage: data_bench --data parquet:DIR [--epochs N] [--batch-size B] "
+                 "[--threads T] [--prefetch P]\n");
     return 2;
   }
   try {
@@ -48,7 +49,8 @@ int main(int argc, char** argv) {
         checksum += static_cast<double>(b->at("label")[0].item<int64_t>());
       }
     }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
     auto env = dtrain::WorkerEnv::from_environ();

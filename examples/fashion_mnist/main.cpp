@@ -444,8 +444,9 @@ int main(int argc, char** argv) {
       return fashion_mnist::train_deepspeed(ds_run);
     }
     if (!cfg.data.empty() && (cfg.elastic || app.count("--deepspeed") || !ds_config2.empty()))
-      throw dtrain::UsageError("--data reads a table in the DDP training loop only (not with "
-                               "--elastic or --deepspeed)");
+      throw dtrain::UsageError(
+          "--data reads a table in the DDP training loop only (not with "
+          "--elastic or --deepspeed)");
     if (cfg.elastic) {
       if (cfg.checkpoint_dir.empty())
         throw dtrain::UsageError("--elastic needs --checkpoint-dir (where it commits)");

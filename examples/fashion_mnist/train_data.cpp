@@ -27,23 +27,24 @@ struct TrainData::Table {};
 
 namespace {
 [[noreturn]] void no_data(const std::string& location) {
-  throw dtrain::UsageError("fashion_mnist: this build has no dtrain::data (configured with "
-                           "-DDTRAIN_DATA=OFF), so it cannot read " +
-                           location + "; use the IDX files (--data-dir)");
+  throw dtrain::UsageError(
+      "fashion_mnist: this build has no dtrain::data (configured with "
+      "-DDTRAIN_DATA=OFF), so it cannot read " +
+      location + "; use the IDX files (--data-dir)");
 }
 }  // namespace
 #endif
 
-TrainData::TrainData(const std::string& location, const std::string& data_dir,
-                     int64_t batch_size, uint64_t seed)
+TrainData::TrainData(const std::string& location, const std::string& data_dir, int64_t batch_size,
+                     uint64_t seed)
     : batch_size_(batch_size), seed_(seed) {
   if (location.empty()) {
     idx_ = load_split(data_dir, true);
   } else {
 #if DTRAIN_HAVE_DATA
-    table_ = std::make_unique<Table>(
-        Table{dtrain::data::Reader(dtrain::data::Table::open(location),
-                                   {.columns = columns(), .batch_size = batch_size, .seed = seed})});
+    table_ = std::make_unique<Table>(Table{
+        dtrain::data::Reader(dtrain::data::Table::open(location),
+                             {.columns = columns(), .batch_size = batch_size, .seed = seed})});
 #else
     no_data(location);
 #endif

@@ -167,9 +167,9 @@ void check_protocol(const json& protocol, const json& metadata, const std::strin
                     std::to_string(reader) + "; dtrain::data reads versions 1 to 3");
   }
   if (reader == 3 && protocol.contains("readerFeatures") && protocol["readerFeatures"].is_array()) {
-    static const std::set<std::string> known = {"columnMapping", "deletionVectors", "timestampNtz",
-                                                "vacuumProtocolCheck", "typeWidening",
-                                                "typeWidening-preview"};
+    static const std::set<std::string> known = {"columnMapping", "deletionVectors",
+                                                "timestampNtz",  "vacuumProtocolCheck",
+                                                "typeWidening",  "typeWidening-preview"};
     for (const auto& f : protocol["readerFeatures"]) {
       if (f.is_string() && !known.count(f.get<std::string>())) {
         throw DataError("data: the Delta table " + where + " needs the reader feature '" +
@@ -185,8 +185,7 @@ void check_protocol(const json& protocol, const json& metadata, const std::strin
 std::string percent_decode(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
         std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
       out.push_back(static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16)));
       i += 2;
@@ -236,8 +235,8 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
   }
   const int64_t target = version.value_or(newest);
   if (target < 0 || target > newest) {
-    throw DataError("data: the Delta table " + root + " has no version " +
-                    std::to_string(target) + ": its newest is " + std::to_string(newest));
+    throw DataError("data: the Delta table " + root + " has no version " + std::to_string(target) +
+                    ": its newest is " + std::to_string(newest));
   }
   // The newest complete classic checkpoint at or before the target.
   std::optional<int64_t> checkpoint;
@@ -314,8 +313,9 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
     }
   }
   if (metadata.empty()) {
-    throw DataError("data: the Delta log " + log.string() + " has no metaData action up to version " +
-                    std::to_string(target) + ": it is not a valid Delta table");
+    throw DataError("data: the Delta log " + log.string() +
+                    " has no metaData action up to version " + std::to_string(target) +
+                    ": it is not a valid Delta table");
   }
   check_protocol(protocol, metadata, root);
 
@@ -338,8 +338,7 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
       for (const auto& f : schema["fields"])
         if (f.is_object() && partition_columns.count(f.value("name", "")))
           snap.partition_types[f.value("name", "")] =
-              f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>()
-                                                          : "struct";
+              f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "struct";
   }
   for (auto& [path, f] : files) {
     if (f.deletion_vector) {

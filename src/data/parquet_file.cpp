@@ -183,8 +183,8 @@ std::unique_ptr<parquet::arrow::FileReader> open_reader(
     const std::string& path, std::shared_ptr<parquet::FileMetaData> metadata) {
   try {
     parquet::arrow::FileReaderBuilder builder;
-    PARQUET_THROW_NOT_OK(builder.OpenFile(path, false, parquet::default_reader_properties(),
-                                          std::move(metadata)));
+    PARQUET_THROW_NOT_OK(
+        builder.OpenFile(path, false, parquet::default_reader_properties(), std::move(metadata)));
     std::unique_ptr<parquet::arrow::FileReader> reader;
     PARQUET_THROW_NOT_OK(builder.memory_pool(arrow::default_memory_pool())->Build(&reader));
     return reader;
@@ -323,14 +323,13 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group) {
     std::vector<torch::Tensor> parts;
     for (const auto& chunk : array->chunks())
       if (chunk->length() > 0) parts.push_back(chunk_to_tensor(*chunk, src, column, at));
-    torch::Tensor t = parts.empty()      ? torch::empty({0}, torch::TensorOptions().dtype(column.dtype))
+    torch::Tensor t = parts.empty() ? torch::empty({0}, torch::TensorOptions().dtype(column.dtype))
                       : parts.size() == 1 ? parts[0]
                                           : torch::cat(parts);
     if (t.numel() != rows * src.values_per_row) {
       throw DataError("data: " + where(at) + " has " + std::to_string(t.numel()) +
-                      " values where the footer's " + std::to_string(rows) +
-                      " rows need " + std::to_string(rows * src.values_per_row) +
-                      ": the file is corrupt");
+                      " values where the footer's " + std::to_string(rows) + " rows need " +
+                      std::to_string(rows * src.values_per_row) + ": the file is corrupt");
     }
     out.push_back(t.view(shape));
   }

@@ -27,10 +27,10 @@ std::unique_ptr<parquet::arrow::FileReader> open_reader(
 
 // How one requested Column is read from one file.
 struct ColumnSource {
-  int field = -1;                // top-level field index in the file's schema; -1: partition
-  int64_t values_per_row = 1;    // product of the shape
-  std::string partition_value;   // partition columns: the value of this file
-  std::string partition_type;    // ... and its Delta type
+  int field = -1;               // top-level field index in the file's schema; -1: partition
+  int64_t values_per_row = 1;   // product of the shape
+  std::string partition_value;  // partition columns: the value of this file
+  std::string partition_type;   // ... and its Delta type
 };
 
 // Checks `column` against file `f` (exists, converts, fits the shape). DataError otherwise.

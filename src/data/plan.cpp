@@ -63,9 +63,8 @@ RankPlan distributed_plan(const std::vector<int64_t>& group_rows, int64_t epoch,
     for (int64_t g : groups_of(k)) rank_rows[k] += group_rows[g];
   const std::vector<int64_t> my_groups = groups_of(o.rank);
   DTRAIN_ASSERT(my_groups == mine.indices(), "row groups differ from DistributedSampler's");
-  const int64_t target = o.drop_last
-                             ? *std::min_element(rank_rows.begin(), rank_rows.end())
-                             : *std::max_element(rank_rows.begin(), rank_rows.end());
+  const int64_t target = o.drop_last ? *std::min_element(rank_rows.begin(), rank_rows.end())
+                                     : *std::max_element(rank_rows.begin(), rank_rows.end());
   if (target > 0 && rank_rows[o.rank] == 0) {
     throw DataError("data: rank " + std::to_string(o.rank) + " of " +
                     std::to_string(o.num_replicas) +

@@ -103,8 +103,7 @@ struct Reader::Impl {
     for (size_t c = 0; c < parts.size(); ++c) {
       if (parts[c].empty()) {
         std::vector<int64_t> shape{0};
-        shape.insert(shape.end(), options.columns[c].shape.begin(),
-                     options.columns[c].shape.end());
+        shape.insert(shape.end(), options.columns[c].shape.begin(), options.columns[c].shape.end());
         out.push_back(torch::empty(shape, torch::TensorOptions().dtype(options.columns[c].dtype)));
       } else {
         out.push_back(parts[c].size() == 1 ? parts[c][0] : torch::cat(parts[c]));
@@ -132,8 +131,8 @@ Reader::Reader(Table table, ReaderOptions options)
         throw UsageError("data: two columns have the batch key '" + options.columns[i].key + "'");
   auto [world, rank] = placement(options);
   if (world < 1 || rank < 0 || rank >= world) {
-    throw UsageError("data: invalid rank " + std::to_string(rank) + " of " +
-                     std::to_string(world) + " replicas");
+    throw UsageError("data: invalid rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                     " replicas");
   }
   m.split = {.num_replicas = world,
              .rank = rank,
@@ -175,8 +174,8 @@ std::optional<Batch> Reader::next() {
   auto& m = *impl_;
   if (!m.failed.empty()) throw DataError(m.failed);
   if (m.step >= m.plan.steps) return std::nullopt;
-  const int64_t rows = std::clamp<int64_t>(m.plan.rows - m.step * m.options.batch_size, 0,
-                                           m.options.batch_size);
+  const int64_t rows =
+      std::clamp<int64_t>(m.plan.rows - m.step * m.options.batch_size, 0, m.options.batch_size);
   std::vector<torch::Tensor> tensors;
   try {
     tensors = m.take(rows);
@@ -196,8 +195,7 @@ std::optional<Batch> Reader::next() {
 
 std::string Reader::position() const {
   const auto& m = *impl_;
-  if (!m.options.elastic)
-    throw UsageError("data: position() needs ReaderOptions::elastic = true");
+  if (!m.options.elastic) throw UsageError("data: position() needs ReaderOptions::elastic = true");
   nlohmann::json pieces = nlohmann::json::array();
   for (const auto& p : detail::elastic_after(m.remaining, m.step, m.split))
     pieces.push_back({p.group, p.begin, p.end});
@@ -211,8 +209,7 @@ std::string Reader::position() const {
 
 void Reader::restore(const std::string& position) {
   auto& m = *impl_;
-  if (!m.options.elastic)
-    throw UsageError("data: restore() needs ReaderOptions::elastic = true");
+  if (!m.options.elastic) throw UsageError("data: restore() needs ReaderOptions::elastic = true");
   std::vector<Piece> remaining;
   int64_t epoch = 0;
   try {
@@ -223,8 +220,8 @@ void Reader::restore(const std::string& position) {
         j.at("rows").get<int64_t>() != m.table.num_rows()) {
       throw DataError("it was taken on a table of " + std::to_string(j.at("rows").get<int64_t>()) +
                       " rows in " + std::to_string(j.at("row_groups").get<size_t>()) +
-                      " row groups; this one has " + std::to_string(m.table.num_rows()) +
-                      " in " + std::to_string(m.group_rows.size()));
+                      " row groups; this one has " + std::to_string(m.table.num_rows()) + " in " +
+                      std::to_string(m.group_rows.size()));
     }
     epoch = j.at("epoch").get<int64_t>();
     for (const auto& p : j.at("remaining")) {
@@ -236,8 +233,8 @@ void Reader::restore(const std::string& position) {
       remaining.push_back(piece);
     }
   } catch (const DataError& e) {
-    throw DataError("data: cannot restore the position " + position.substr(0, 80) + "...: " +
-                    e.what());
+    throw DataError("data: cannot restore the position " + position.substr(0, 80) +
+                    "...: " + e.what());
   } catch (const std::exception& e) {
     throw DataError("data: cannot restore the position '" + position.substr(0, 80) +
                     "': it is malformed (" + e.what() + ")");

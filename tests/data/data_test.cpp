@@ -6,15 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <numeric>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 
+#include "data/written_tables.h"
 #include "dtrain/data_reader.h"
 #include "dtrain/data_table.h"
 #include "dtrain/sampler.h"
-#include "data/written_tables.h"
 
 namespace {
 
@@ -75,8 +75,9 @@ TEST(DataTable, ParquetDirectorySkipsHiddenFilesAndListsRowGroups) {
   EXPECT_EQ(t.row_groups()[2].rows, 20);
   EXPECT_EQ(t.row_groups()[3].first, 100);
   EXPECT_FALSE(t.version());
-  Reader r(t, {.columns = id_column(), .batch_size = 32, .num_replicas = 1, .rank = 0,
-               .shuffle = false});
+  Reader r(
+      t,
+      {.columns = id_column(), .batch_size = 32, .num_replicas = 1, .rank = 0, .shuffle = false});
   auto ids = ids_of(r);
   std::vector<int64_t> all(240);
   std::iota(all.begin(), all.end(), 0);
@@ -125,17 +126,21 @@ TEST(DataReader, RanksReadDisjointCompleteSharesAcrossEpochs) {
         std::map<int64_t, int> seen;  // id -> ranks that read it
         int64_t steps = -1, rows = -1;
         for (int rank = 0; rank < world; ++rank) {
-          Reader r(t, {.columns = id_column(), .batch_size = 16, .num_replicas = world,
-                       .rank = rank, .shuffle = shuffle, .seed = 7});
+          Reader r(t, {.columns = id_column(),
+                       .batch_size = 16,
+                       .num_replicas = world,
+                       .rank = rank,
+                       .shuffle = shuffle,
+                       .seed = 7});
           r.set_epoch(epoch);
           auto ids = ids_of(r);
           if (steps < 0) steps = r.steps_per_epoch(), rows = r.num_samples();
           EXPECT_EQ(r.steps_per_epoch(), steps);
           EXPECT_EQ(static_cast<int64_t>(ids.size()), rows);
           // This rank's row groups are DistributedSampler's indices.
-          dtrain::DistributedSampler s(static_cast<int64_t>(group_rows.size()),
-                                       {.num_replicas = world, .rank = rank, .shuffle = shuffle,
-                                        .seed = 7});
+          dtrain::DistributedSampler s(
+              static_cast<int64_t>(group_rows.size()),
+              {.num_replicas = world, .rank = rank, .shuffle = shuffle, .seed = 7});
           s.set_epoch(epoch);
           const auto indices = s.indices();
           std::set<int64_t> groups(indices.begin(), indices.end()), mine;
@@ -166,8 +171,12 @@ TEST(DataReader, RanksReadDisjointCompleteSharesAcrossEpochs) {
 TEST(DataReader, ShuffleIsSeededPerEpochAndDropLastTruncates) {
   auto t = Table::open("parquet:" + tables() + "/parquet");
   auto epoch_ids = [&](int64_t epoch, uint64_t seed, bool drop_last = false) {
-    Reader r(t, {.columns = id_column(), .batch_size = 10, .num_replicas = 2, .rank = 1,
-                 .seed = seed, .drop_last = drop_last});
+    Reader r(t, {.columns = id_column(),
+                 .batch_size = 10,
+                 .num_replicas = 2,
+                 .rank = 1,
+                 .seed = seed,
+                 .drop_last = drop_last});
     r.set_epoch(epoch);
     return ids_of(r);
   };
@@ -187,7 +196,10 @@ TEST(DataReader, ElasticRestartAtAnotherWorldSizeReadsEveryRowExactlyOnce) {
   for (int world = 1; world <= 4; ++world) {
     std::vector<int64_t> all;
     for (int rank = 0; rank < world; ++rank) {
-      Reader r(t, {.columns = id_column(), .batch_size = 8, .num_replicas = world, .rank = rank,
+      Reader r(t, {.columns = id_column(),
+                   .batch_size = 8,
+                   .num_replicas = world,
+                   .rank = rank,
                    .elastic = true});
       r.set_epoch(1);
       auto ids = ids_of(r);
@@ -197,8 +209,12 @@ TEST(DataReader, ElasticRestartAtAnotherWorldSizeReadsEveryRowExactlyOnce) {
   }
   // 3 ranks read 3 steps, commit; 2 ranks go on from there, 1 step, commit; 4 finish.
   auto opts = [](int world, int rank) {
-    return ReaderOptions{.columns = id_column(), .batch_size = 8, .num_replicas = world,
-                         .rank = rank, .seed = 11, .elastic = true};
+    return ReaderOptions{.columns = id_column(),
+                         .batch_size = 8,
+                         .num_replicas = world,
+                         .rank = rank,
+                         .seed = 11,
+                         .elastic = true};
   };
   std::vector<int64_t> read;
   std::string position;
@@ -258,8 +274,9 @@ TEST(DeltaTable, EveryVersionHoldsExactlyTheRowsDeltaRsReads) {
   }
   // The checkpoint is at 3: versions after it start from it, those before replay commits.
   EXPECT_EQ(e["delta_checkpoint"].get<int64_t>(), 3);
-  EXPECT_NE(error_of([&] { Table::open("delta:" + dir, {.version = 99}); })
-                .find("has no version 99: its newest is 6"),
+  EXPECT_NE(error_of([&] {
+              Table::open("delta:" + dir, {.version = 99});
+            }).find("has no version 99: its newest is 6"),
             std::string::npos);
 }
 
@@ -293,8 +310,9 @@ TEST(DeltaTable, AMissingCommitIsAnErrorNamingIt) {
   EXPECT_EQ(Table::open("delta:" + dir, {.version = 1}).num_rows(), 150);
   EXPECT_EQ(Table::open("delta:" + dir).num_rows(),
             static_cast<int64_t>(expected()["delta"]["6"].size()));
-  EXPECT_NE(error_of([&] { Table::open("delta:" + tables() + "/parquet"); })
-                .find("is not a Delta table: it has no _delta_log"),
+  EXPECT_NE(error_of([&] {
+              Table::open("delta:" + tables() + "/parquet");
+            }).find("is not a Delta table: it has no _delta_log"),
             std::string::npos);
 }
 
@@ -306,14 +324,14 @@ TEST(DataErrors, TruncatedAndCorruptFilesNameTheFile) {
   // The footer of corrupt.parquet is intact: reading its data fails, naming file and column,
   // and the epoch stays failed (no silently short epoch).
   auto t = Table::open("parquet:" + bad + "/corrupt.parquet");
-  Reader r(t, {.columns = id_column(), .batch_size = 10, .num_replicas = 1, .rank = 0,
-               .shuffle = false});
+  Reader r(
+      t,
+      {.columns = id_column(), .batch_size = 10, .num_replicas = 1, .rank = 0, .shuffle = false});
   msg = error_of([&] {
     while (r.next()) {
     }
   });
-  EXPECT_NE(msg.find("column 'id' of " + bad + "/corrupt.parquet (row group 0)"),
-            std::string::npos)
+  EXPECT_NE(msg.find("column 'id' of " + bad + "/corrupt.parquet (row group 0)"), std::string::npos)
       << msg;
   EXPECT_NE(error_of([&] { r.next(); }), "");
 }
@@ -322,9 +340,7 @@ TEST(DataErrors, MissingColumnsAndTypesThatDoNotConvertFailAtConstruction) {
   const std::string dir = tables() + "/parquet";
   auto t = Table::open("parquet:" + dir);
   auto make = [&](Column c) {
-    return error_of([&] {
-      Reader r(t, {.columns = {c}, .num_replicas = 1, .rank = 0});
-    });
+    return error_of([&] { Reader r(t, {.columns = {c}, .num_replicas = 1, .rank = 0}); });
   };
   auto msg = make({.name = "pixels"});
   EXPECT_NE(msg.find("column 'pixels' is missing from " + dir + "/part-00000.parquet"),

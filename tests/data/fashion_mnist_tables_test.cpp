@@ -14,8 +14,8 @@ namespace {
 using namespace std::chrono_literals;
 
 nlohmann::json train(const std::vector<std::string>& extra) {
-  std::vector<std::string> argv{DTRAIN_BIN,   "run",         "--nproc-per-node", "2",
-                                FASHION_MNIST_BIN, "--epochs", "1", "--log-every", "0"};
+  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", "2", FASHION_MNIST_BIN,
+                                "--epochs", "1",   "--log-every",      "0"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto r = dtrain::test::run_command(argv, {.timeout = 600s});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -44,9 +44,9 @@ TEST(FashionMnistTables, ParquetAndDeltaTrainAsAccuratelyAsTheIdxFiles) {
 }
 
 TEST(FashionMnistTables, AMissingTableIsOneClearError) {
-  auto r = dtrain::test::run_command(
-      {DTRAIN_BIN, "run", "--nproc-per-node", "1", FASHION_MNIST_BIN, "--data", "delta:/nonexistent/t"},
-      {.timeout = 120s});
+  auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "1", FASHION_MNIST_BIN,
+                                      "--data", "delta:/nonexistent/t"},
+                                     {.timeout = 120s});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE((r.out + r.err).find("/nonexistent/t is not a Delta table: it has no _delta_log"),
             std::string::npos)

@@ -38,7 +38,8 @@ inline std::string written_tables(const std::string& script, const std::string& 
     auto r = run_command({DTRAIN_VENV_PYTHON, src, out}, {.timeout = 600s});
     if (r.exit_code != 0) {
       ::close(lock);
-      throw std::runtime_error(script + " failed (its writers, pyarrow and deltalake, come from "
+      throw std::runtime_error(script +
+                               " failed (its writers, pyarrow and deltalake, come from "
                                "scripts/requirements.txt): " +
                                r.out + r.err);
     }
