@@ -111,6 +111,8 @@ class Reader {
   ~Reader();
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
+  Reader(Reader&&) noexcept;  // a moved-from Reader may only be destroyed or assigned to
+  Reader& operator=(Reader&&) noexcept;
 
   // Starts `epoch` from its beginning (and stops a previous epoch's prefetching). Call it
   // before each epoch, as with DistributedSampler; without it next() reads epoch 0.

@@ -4,8 +4,7 @@
 #include "data/plan.h"
 #include "data/prefetch.h"
 #include "dtrain/data_reader.h"
-#include "dtrain/env.h"
-#include "dtrain/process_group.h"
+#include "dtrain/sampler.h"
 
 namespace dtrain::data {
 
@@ -13,23 +12,11 @@ using detail::Piece;
 
 namespace {
 
-// num_replicas / rank left out: the default group's, else the launcher's environment, else 1/0
-// (DistributedSampler's rule).
+// num_replicas / rank left out: DistributedSampler's rule (the default group's, else the
+// launcher's environment, else 1 and 0), and its checks.
 std::pair<int, int> placement(const ReaderOptions& o) {
-  int world = 1, rank = 0;
-  if (!o.num_replicas || !o.rank) {
-    try {
-      auto group = default_group();
-      world = group->world_size();
-      rank = group->rank();
-    } catch (const UsageError&) {
-      if (auto env = WorkerEnv::from_environ()) {
-        world = env->world_size;
-        rank = env->rank;
-      }
-    }
-  }
-  return {o.num_replicas.value_or(world), o.rank.value_or(rank)};
+  DistributedSampler probe(0, {.num_replicas = o.num_replicas, .rank = o.rank});
+  return {probe.num_replicas(), probe.rank()};
 }
 
 constexpr const char* kPositionFormat = "dtrain.data.position/1";
@@ -155,6 +142,8 @@ Reader::Reader(Table table, ReaderOptions options)
 }
 
 Reader::~Reader() = default;
+Reader::Reader(Reader&&) noexcept = default;
+Reader& Reader::operator=(Reader&&) noexcept = default;
 
 void Reader::set_epoch(int64_t epoch) {
   auto& m = *impl_;
