@@ -65,9 +65,11 @@ std::string where(const Place& p) {
   return "column '" + p.column + "' of " + p.file + " (row group " + std::to_string(p.group) + ")";
 }
 
-// values[offset, offset + length) of a scalar-typed array as a 1-D tensor of `to`.
+// values[offset, offset + length) of a scalar-typed array as a 1-D tensor in the values' own
+// dtype, or int64/bool where torch has none. `borrowed`: set when the tensor is a view of
+// Arrow's buffer (valid only while the array lives), left alone otherwise.
 torch::Tensor scalar_values(const arrow::Array& values, int64_t offset, int64_t length,
-                            torch::Dtype to, const Place& at) {
+                            const Place& at, bool& borrowed) {
   if (values.null_count() > 0) {
     int64_t nulls = 0;
     for (int64_t i = offset; i < offset + length; ++i) nulls += values.IsNull(i);
@@ -81,8 +83,8 @@ torch::Tensor scalar_values(const arrow::Array& values, int64_t offset, int64_t 
   if (auto src = same_layout(id)) {
     const int width = values.type()->byte_width();
     const auto* base = values.data()->buffers[1]->data() + (values.offset() + offset) * width;
-    // from_blob does not own Arrow's buffer: copy while it is alive.
-    return torch::from_blob(const_cast<uint8_t*>(base), {length}, *src).to(to, false, true);
+    borrowed = true;
+    return torch::from_blob(const_cast<uint8_t*>(base), {length}, *src);
   }
   auto out = torch::empty({length}, torch::kLong);
   int64_t* o = out.data_ptr<int64_t>();
@@ -92,7 +94,7 @@ torch::Tensor scalar_values(const arrow::Array& values, int64_t offset, int64_t 
       auto bools = torch::empty({length}, torch::kBool);
       bool* p = bools.data_ptr<bool>();
       for (int64_t i = 0; i < length; ++i) p[i] = b.Value(offset + i);
-      return bools.to(to);
+      return bools;
     }
     case arrow::Type::UINT16: {
       const auto& a = static_cast<const arrow::UInt16Array&>(values);
@@ -120,12 +122,12 @@ torch::Tensor scalar_values(const arrow::Array& values, int64_t offset, int64_t 
       throw DataError("data: " + where(at) + " has values of type " + values.type()->ToString() +
                       ", which do not convert to a tensor");
   }
-  return out.to(to);
+  return out;
 }
 
 template <typename ListArray>
-torch::Tensor variable_list(const ListArray& list, int64_t per, torch::Dtype to, const Place& at,
-                            const std::vector<int64_t>& shape) {
+torch::Tensor variable_list(const ListArray& list, int64_t per, const Place& at,
+                            const std::vector<int64_t>& shape, bool& borrowed) {
   for (int64_t i = 0; i < list.length(); ++i) {
     if (list.IsNull(i)) {
       throw DataError("data: " + where(at) + " row " + std::to_string(i) +
@@ -138,19 +140,19 @@ torch::Tensor variable_list(const ListArray& list, int64_t per, torch::Dtype to,
     }
   }
   const int64_t begin = list.length() ? list.value_offset(0) : 0;
-  return scalar_values(*list.values(), begin, list.length() * per, to, at);
+  return scalar_values(*list.values(), begin, list.length() * per, at, borrowed);
 }
 
 torch::Tensor chunk_to_tensor(const arrow::Array& chunk, const ColumnSource& src,
-                              const Column& column, const Place& at) {
+                              const Column& column, const Place& at, bool& borrowed) {
   const auto id = chunk.type_id();
-  if (is_scalar(id)) return scalar_values(chunk, 0, chunk.length(), column.dtype, at);
+  if (is_scalar(id)) return scalar_values(chunk, 0, chunk.length(), at, borrowed);
   if (id == arrow::Type::LIST)
-    return variable_list(static_cast<const arrow::ListArray&>(chunk), src.values_per_row,
-                         column.dtype, at, column.shape);
+    return variable_list(static_cast<const arrow::ListArray&>(chunk), src.values_per_row, at,
+                         column.shape, borrowed);
   if (id == arrow::Type::LARGE_LIST)
-    return variable_list(static_cast<const arrow::LargeListArray&>(chunk), src.values_per_row,
-                         column.dtype, at, column.shape);
+    return variable_list(static_cast<const arrow::LargeListArray&>(chunk), src.values_per_row, at,
+                         column.shape, borrowed);
   if (id == arrow::Type::FIXED_SIZE_LIST) {
     const auto& list = static_cast<const arrow::FixedSizeListArray&>(chunk);
     if (list.null_count() > 0) {
@@ -158,8 +160,7 @@ torch::Tensor chunk_to_tensor(const arrow::Array& chunk, const ColumnSource& src
                       " null rows: every row needs its list of values");
     }
     const int64_t begin = list.length() ? list.value_offset(0) : 0;
-    return scalar_values(*list.values(), begin, list.length() * src.values_per_row, column.dtype,
-                         at);
+    return scalar_values(*list.values(), begin, list.length() * src.values_per_row, at, borrowed);
   }
   throw DataError("data: " + where(at) + " has the type " + chunk.type()->ToString() +
                   ", which does not convert to a tensor");
@@ -279,7 +280,8 @@ FileDecoder::FileDecoder(const TableState& table, const std::vector<Column>& col
 
 FileDecoder::~FileDecoder() = default;
 
-std::vector<torch::Tensor> FileDecoder::decode(int f, int group) {
+std::vector<torch::Tensor> FileDecoder::decode(int f, int group, int64_t begin, int64_t end,
+                                               const std::vector<int64_t>& order) {
   const FileState& file = table_.files[static_cast<size_t>(f)];
   if (f != open_file_) {
     reader_.reset();
@@ -290,11 +292,18 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group) {
     open_file_ = f;
   }
   const int64_t rows = file.metadata->RowGroup(group)->num_rows();
+  DTRAIN_ASSERT(0 <= begin && begin <= end && end <= rows, "rows outside the row group");
+  // The rows to take, when not a plain range: order[begin, end).
+  torch::Tensor pick;
+  if (!order.empty()) {
+    pick =
+        torch::from_blob(const_cast<int64_t*>(order.data()) + begin, {end - begin}, torch::kLong);
+  }
   std::vector<torch::Tensor> out;
   for (size_t c = 0; c < columns_.size(); ++c) {
     const Column& column = columns_[c];
     const ColumnSource& src = sources_[c];
-    std::vector<int64_t> shape{rows};
+    std::vector<int64_t> shape{end - begin};
     if (src.values_per_row != 1 || !column.shape.empty())
       shape.insert(shape.end(), column.shape.begin(), column.shape.end());
     if (src.field < 0) {
@@ -321,8 +330,9 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group) {
                       "table's directory");
     }
     std::vector<torch::Tensor> parts;
+    bool borrowed = false;
     for (const auto& chunk : array->chunks())
-      if (chunk->length() > 0) parts.push_back(chunk_to_tensor(*chunk, src, column, at));
+      if (chunk->length() > 0) parts.push_back(chunk_to_tensor(*chunk, src, column, at, borrowed));
     torch::Tensor t = parts.empty() ? torch::empty({0}, torch::TensorOptions().dtype(column.dtype))
                       : parts.size() == 1 ? parts[0]
                                           : torch::cat(parts);
@@ -331,7 +341,17 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group) {
                       " values where the footer's " + std::to_string(rows) + " rows need " +
                       std::to_string(rows * src.values_per_row) + ": the file is corrupt");
     }
-    out.push_back(t.view(shape));
+    shape[0] = rows;
+    t = t.view(shape);
+    // Select the rows first, convert after: one pass over the piece's values, in their own
+    // (often narrower) dtype. A view into Arrow's buffers must be copied before they go.
+    const bool view_of_arrow = borrowed && parts.size() == 1;
+    if (pick.defined()) {
+      t = t.index_select(0, pick).to(column.dtype);
+    } else {
+      t = t.narrow(0, begin, end - begin).to(column.dtype, false, view_of_arrow);
+    }
+    out.push_back(t);
   }
   return out;
 }

@@ -36,12 +36,15 @@ struct ColumnSource {
 // Checks `column` against file `f` (exists, converts, fits the shape). DataError otherwise.
 ColumnSource resolve_column(const TableState& table, int f, const Column& column);
 
-// Rows [0, rows) of row group `group` of file `f`: one tensor per column, [rows, shape...].
+// Rows of row group `group` of file `f`: order[begin, end) (a permutation of the group's
+// rows), or rows [begin, end) when order is empty. One tensor per column, [end - begin,
+// shape...], in the column's dtype, owning its memory.
 class FileDecoder {
  public:
   FileDecoder(const TableState& table, const std::vector<Column>& columns);
   ~FileDecoder();
-  std::vector<torch::Tensor> decode(int f, int group);
+  std::vector<torch::Tensor> decode(int f, int group, int64_t begin, int64_t end,
+                                    const std::vector<int64_t>& order);
 
  private:
   const TableState& table_;

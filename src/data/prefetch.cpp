@@ -30,18 +30,8 @@ Prefetcher::~Prefetcher() {
 
 std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece& piece) {
   const RowGroup& rg = table_.row_groups[static_cast<size_t>(piece.group)];
-  std::vector<torch::Tensor> whole = decoder.decode(rg.file, rg.index);
-  const auto perm = row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_);
-  std::vector<torch::Tensor> out;
-  out.reserve(whole.size());
-  if (perm.empty()) {
-    for (auto& t : whole) out.push_back(t.narrow(0, piece.begin, piece.rows()));
-  } else {
-    auto rows = torch::tensor(
-        std::vector<int64_t>(perm.begin() + piece.begin, perm.begin() + piece.end), torch::kLong);
-    for (auto& t : whole) out.push_back(t.index_select(0, rows));
-  }
-  return out;
+  return decoder.decode(rg.file, rg.index, piece.begin, piece.end,
+                        row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_));
 }
 
 void Prefetcher::run() {
