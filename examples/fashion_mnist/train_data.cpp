@@ -65,7 +65,7 @@ void TrainData::set_epoch(int64_t epoch) {
 #endif
   dtrain::DistributedSampler sampler(idx_->labels.size(0), {.shuffle = true, .seed = seed_});
   sampler.set_epoch(epoch);
-  indices_ = torch::tensor(sampler.indices(), torch::kLong);
+  indices_ = torch::tensor(sampler.indices(), torch::kLong).to(device_);
 }
 
 int64_t TrainData::steps_per_epoch() const {
@@ -82,7 +82,7 @@ std::pair<torch::Tensor, torch::Tensor> TrainData::batch(int64_t b) {
       auto batch = table_->reader.next();
       if (!batch) throw dtrain::UsageError("fashion_mnist: batch past the epoch's end");
       if (table_->next_batch++ == b)
-        return {normalize_pixels(batch->at("image")), batch->at("label")};
+        return {normalize_pixels(batch->at("image").to(device_)), batch->at("label").to(device_)};
     }
   }
 #endif

@@ -17,9 +17,10 @@ namespace fashion_mnist {
 
 class TrainData {
  public:
-  // location: "" for the IDX files in data_dir, else a dtrain::data table location.
+  // location: "" for the IDX files in data_dir, else a dtrain::data table location. Batches
+  // are on `device` (the IDX set is moved there whole; a table's batches one by one).
   TrainData(const std::string& location, const std::string& data_dir, int64_t batch_size,
-            uint64_t seed);
+            uint64_t seed, torch::Device device = torch::kCPU);
   ~TrainData();
 
   void set_epoch(int64_t epoch);
@@ -35,6 +36,7 @@ class TrainData {
   std::optional<torch::Tensor> indices_;
   int64_t batch_size_;
   uint64_t seed_;
+  torch::Device device_;
   int64_t epoch_ = 0;
 };
 
