@@ -36,10 +36,11 @@ namespace {
 #endif
 
 TrainData::TrainData(const std::string& location, const std::string& data_dir, int64_t batch_size,
-                     uint64_t seed)
-    : batch_size_(batch_size), seed_(seed) {
+                     uint64_t seed, torch::Device device)
+    : batch_size_(batch_size), seed_(seed), device_(device) {
   if (location.empty()) {
     idx_ = load_split(data_dir, true);
+    if (!device.is_cpu()) idx_ = Split{idx_->images.to(device), idx_->labels.to(device)};
   } else {
 #if DTRAIN_HAVE_DATA
     table_ = std::make_unique<Table>(Table{
