@@ -46,6 +46,12 @@ dtrain_bench(diagnosis_bench diagnosis_bench.cpp)
 # runs it beside Ray Tune's and prints the ratio.
 dtrain_bench(tune_overhead_bench tune_overhead.cpp)
 
+# dtrain::data's delivery rate (bench/data_bench.py: vs Petastorm and a PyTorch DataLoader over
+# pyarrow, and the example's MLP from Parquet vs from memory).
+if(DTRAIN_HAVE_DATA)
+  dtrain_bench(data_bench data_bench.cpp dtrain_data)
+endif()
+
 # One process training on one GPU (bench/gpu_bench.py runs it beside bench/gpu_train_peer.py).
 # Built everywhere; it refuses to run without a GPU.
 dtrain_bench(gpu_train_bench gpu_train_bench.cpp)
