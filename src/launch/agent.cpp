@@ -43,6 +43,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
+#include "engines/engine.h"
 #include "launch/elastic_rendezvous.h"
 #include "launch/fork_server.h"
 #include "launch/guard.h"
@@ -296,7 +297,7 @@ class Agent {
   bool elastic() const { return o_.min_nodes > 0; }
   // Every agent's output reaches one console (srun's, or the host-file launcher's).
   bool shared_console() const {
-    return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof);
+    return multi_node() && (engines::named(o_.engine).shared_console() || o_.stop_on_stdin_eof);
   }
   std::string attempt_dir(int round) const;
 
@@ -1247,17 +1248,19 @@ int Agent::run() {
 
 }  // namespace
 
+int run_agent(LaunchOptions options) {
+  Agent agent(std::move(options));
+  return agent.run();
+}
+
 int run_launch(LaunchOptions options) {
   if (options.dry_run) {
     validate_launch_options(options);
     return print_plan(options);
   }
-  if (options.engine == "ssh") {
-    validate_launch_options(options);
-    return run_ssh_launch(options);
-  }
-  Agent agent(std::move(options));
-  return agent.run();
+  // This node's agent, or (ssh) one agent per host started from here.
+  const engines::Engine& engine = engines::named(options.engine);
+  return engine.launch(std::move(options));
 }
 
 }  // namespace dtrain
