@@ -36,6 +36,7 @@
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
 #include "engines/engine.h"
+#include "launch/failure.h"
 #include "launch/options_internal.h"
 #include "tracking/driver_run.h"
 
@@ -271,8 +272,8 @@ struct Job {
 
 struct Outcome {
   bool timed_out = false;
-  int exit_code = 0;  // the launcher's
-  std::optional<json> failure;
+  int exit_code = 0;                       // the launcher's
+  std::optional<launch::Failure> failure;  // the root cause the agents agreed on
 };
 
 // A temporary directory removed on destruction.
@@ -392,16 +393,10 @@ Outcome run_launcher(const Job& job, const std::string& failure_file, const Dist
     }
   }
   out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(failure_file);
-  if (in) {
-    try {
-      out.failure = json::parse(in);
-      // Written for each failed attempt: an earlier attempt's, when the last one ended
-      // otherwise (the launcher was stopped by a signal).
-      if (out.failure->value("exit_code", -1) != out.exit_code) out.failure.reset();
-    } catch (const json::exception&) {
-    }
-  }
+  out.failure = launch::Failure::read_file(failure_file);
+  // Written for each failed attempt: an earlier attempt's, when the last one ended otherwise
+  // (the launcher was stopped by a signal).
+  if (out.failure && out.failure->exit_code != out.exit_code) out.failure.reset();
   driver_run.end(out.exit_code, out.timed_out);
   return out;
 }
@@ -423,15 +418,15 @@ std::string format_seconds(std::chrono::milliseconds d) {
   WorkerError::Details d;
   d.exit_code = out.exit_code;
   if (out.failure) {
-    const json& f = *out.failure;
-    d.rank = f.value("rank", -1);
-    d.local_rank = f.value("local_rank", -1);
-    d.host = f.value("host", "");
-    d.exit_code = f.value("exit_code", out.exit_code);
-    d.signal = f.value("signal", 0);
-    d.stderr_tail = f.value("stderr_tail", std::vector<std::string>{});
+    const launch::Failure& f = *out.failure;
+    d.rank = f.rank;
+    d.local_rank = f.local_rank;
+    d.host = f.host;
+    d.exit_code = f.exit_code;
+    d.signal = f.signal;
+    d.stderr_tail = f.stderr_tail;
     if (d.rank < 0) {
-      d.exception_message = f.value("reason", "");
+      d.exception_message = f.reason;
     }
   } else if (auto why = engines::for_job(o).explain_exit(o.cluster, out.exit_code)) {
     d.exception_message = *why;
@@ -721,12 +716,9 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     out = Outcome{};
   }
   if (!out.failure && client->check({prefix + "failure"})) {
-    try {
-      out.failure = json::parse(client->get(prefix + "failure"));
-      // An earlier attempt's, when the last one ended otherwise (stopped by a signal).
-      if (out.failure->value("exit_code", -1) != out.exit_code) out.failure.reset();
-    } catch (const json::exception&) {
-    }
+    out.failure = launch::Failure::parse(client->get(prefix + "failure"));
+    // An earlier attempt's, when the last one ended otherwise (stopped by a signal).
+    if (out.failure && out.failure->exit_code != out.exit_code) out.failure.reset();
   }
   if (out.timed_out || out.exit_code != 0) {
     // The last attempt's first exception (peers that fail after it, e.g. in a collective
@@ -739,9 +731,9 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
       if (client->check({key})) first = json::parse(client->get(key));
     }
     std::optional<json> exception;
-    int rank = out.failure ? out.failure->value("rank", -1) : -1;
-    if (first && rank >= 0 && first->value("rank", -1) != rank &&
-        out.failure->value("signal", 0) == 0 && !out.timed_out) {
+    int rank = out.failure ? out.failure->rank : -1;
+    if (first && rank >= 0 && first->value("rank", -1) != rank && out.failure->signal == 0 &&
+        !out.timed_out) {
       // The launcher orders failures by when it saw processes exit, which can put a peer that
       // failed because of the first thrower (its collective lost the connection) ahead of it;
       // the store orders the exceptions themselves (the first compare_set wins). So a first
@@ -750,14 +742,14 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
       const std::string type = first->value("type", "");
       if (type != "dtrain::NetworkError" && type != "dtrain::TimeoutError") {
         rank = first->value("rank", -1);
-        out.failure = json{{"rank", rank}, {"exit_code", out.exit_code}};
+        out.failure = launch::Failure{.rank = rank, .exit_code = out.exit_code};
       }
     }
     if (first && (rank < 0 || first->value("rank", -1) == rank)) {
       exception = first;
       // No root cause from the launcher (MPI has no agent): the first rank that threw is it.
       if (rank < 0 && !out.timed_out)
-        out.failure = json{{"rank", first->value("rank", -1)}, {"exit_code", out.exit_code}};
+        out.failure = launch::Failure{.rank = first->value("rank", -1), .exit_code = out.exit_code};
     }
     throw_failure(out, options_, exception);
   }
