@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "dtrain/collectives.h"
@@ -48,7 +49,8 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
       group_(std::move(options.group)),
       policy_(Partitioning::for_stage(config_.zero.stage)),
       scaler_(config_.fp16),
-      scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1) {
+      scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1,
+                 config_.optimizer.beta2) {
   if (!group_) group_ = default_group();
   rank_ = group_->rank();
   world_ = group_->world_size();
@@ -153,7 +155,8 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   const bool client_given = client != nullptr;
   optimizer_ = make_partition_optimizer(config_.optimizer, std::move(client), update_target());
   if (client_given)  // its own rate is the schedule's base
-    scheduler_ = LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1);
+    scheduler_ = LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1,
+                             config_.optimizer.beta2);
 
   if (!policy_.gradients()) {
     flat_grads_ =
@@ -553,7 +556,7 @@ void EngineImpl::step() {
   PartitionOptimizer::StepArgs args;
   args.step = opt_step_;
   args.lr = lr();
-  args.beta1 = scheduler_.momentum();
+  std::tie(args.beta1, args.beta2) = scheduler_.betas();
   args.scheduled = scheduler_.enabled();
   args.offsets = &offsets_;
   args.numels = &numels_;

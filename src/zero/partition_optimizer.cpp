@@ -21,7 +21,7 @@ class Adam final : public PartitionOptimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   double lr() const override { return c_.lr; }
   void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
-    const double lr = a.lr, beta1 = a.beta1;
+    const double lr = a.lr, beta1 = a.beta1, beta2 = a.beta2;
     const bool adamw = c_.adam_w_mode;
     auto& m = state_[0];
     auto& v = state_[1];
@@ -31,15 +31,15 @@ class Adam final : public PartitionOptimizer {
       auto gc = g.contiguous();
       if (w.scalar_type() == torch::kFloat32)
         return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), m.data_ptr<float>(),
-                             v.data_ptr<float>(), w.numel(), a.step, lr, beta1, c_.beta2, c_.eps,
-                             c_.weight_decay, adamw);
+                             v.data_ptr<float>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
+                             c_.weight_decay, adamw, 0, c_.bias_correction);
       if (w.scalar_type() == torch::kFloat64)
         return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(), m.data_ptr<double>(),
-                             v.data_ptr<double>(), w.numel(), a.step, lr, beta1, c_.beta2, c_.eps,
-                             c_.weight_decay, adamw);
+                             v.data_ptr<double>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
+                             c_.weight_decay, adamw, 0, c_.bias_correction);
     }
-    const double bc1 = 1 - std::pow(beta1, double(a.step)),
-                 bc2 = 1 - std::pow(c_.beta2, double(a.step));
+    const double bc1 = c_.bias_correction ? 1 - std::pow(beta1, double(a.step)) : 1.0,
+                 bc2 = c_.bias_correction ? 1 - std::pow(beta2, double(a.step)) : 1.0;
     torch::Tensor grad = g;
     if (c_.weight_decay != 0) {
       if (adamw)
@@ -48,7 +48,7 @@ class Adam final : public PartitionOptimizer {
         grad = g.add(w, c_.weight_decay);
     }
     m.mul_(beta1).add_(grad, 1 - beta1);
-    v.mul_(c_.beta2).addcmul_(grad, grad, 1 - c_.beta2);
+    v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
     auto denom = (v.sqrt() / std::sqrt(bc2)).add_(c_.eps);
     w.addcdiv_(m, denom, -lr / bc1);
   }
@@ -94,13 +94,13 @@ class Lamb final : public PartitionOptimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   double lr() const override { return c_.lr; }
   void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
-    const double lr = a.lr, beta1 = a.beta1;
+    const double lr = a.lr, beta1 = a.beta1, beta2 = a.beta2;
     auto& m = state_[0];
     auto& v = state_[1];
-    const double bc1 = 1 - std::pow(beta1, double(a.step)),
-                 bc2 = 1 - std::pow(c_.beta2, double(a.step));
+    const double bc1 = c_.bias_correction ? 1 - std::pow(beta1, double(a.step)) : 1.0,
+                 bc2 = c_.bias_correction ? 1 - std::pow(beta2, double(a.step)) : 1.0;
     m.mul_(beta1).add_(g, 1 - beta1);
-    v.mul_(c_.beta2).addcmul_(g, g, 1 - c_.beta2);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
     auto update = (m / bc1) / ((v / bc2).sqrt().add_(c_.eps));
     if (c_.weight_decay != 0) update.add_(w, c_.weight_decay);
     // Trust ratio per parameter: norms over the whole parameter, summed over the ranks that

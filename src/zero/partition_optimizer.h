@@ -35,8 +35,9 @@ class PartitionOptimizer {
  public:
   // What a step sees besides the partition and its gradient.
   struct StepArgs {
-    int64_t step = 0;          // 1-based number of this update
-    double lr = 0, beta1 = 0;  // this update's values (the scheduler's, or the configured ones)
+    int64_t step = 0;  // 1-based number of this update
+    // This update's values (the scheduler's, or the configured ones).
+    double lr = 0, beta1 = 0, beta2 = 0;
     bool scheduled = false;  // a config scheduler sets the rate (the client's group lr follows it)
     // The flat layout of the trainable parameters and where `w` starts in it (Lamb's
     // per-parameter norms).

@@ -64,6 +64,10 @@ class Partitioning {
   // norm, Lamb's trust-ratio norms) are combined over the ranks.
   bool combines_step_scalars() const { return optimizer_; }
 
+  // DeepSpeed runs these stages with stage_1_and_2.py's optimizer (state partitioned,
+  // parameters whole), whose checkpoint keys (single_partition_of_fp32_groups) apply.
+  bool deepspeed_stage_1_and_2() const { return optimizer_ && !parameters_; }
+
   // Where this rank's update starts in the flat order ([offset, offset + its length)).
   int64_t update_offset(int rank, int64_t part) const { return optimizer_ ? rank * part : 0; }
   // The part of a full (padded) flat tensor this rank updates: all of it, or its partition.
