@@ -40,3 +40,11 @@ dtrain_bench(diagnosis_bench diagnosis_bench.cpp)
 # dtrain::tune scheduling overhead per trial with a trivial trainable; bench/tune_bench.py
 # runs it beside Ray Tune's and prints the ratio.
 dtrain_bench(tune_overhead_bench tune_overhead.cpp)
+
+# The job's store at 256-8,192 ranks against PyTorch 2.x's libuv TCPStore server (the venv's);
+# no libtorch: the store is part of dtrain::core.
+add_executable(store_bench ${PROJECT_SOURCE_DIR}/bench/store_bench.cpp)
+target_link_libraries(store_bench PRIVATE dtrain_core)
+target_include_directories(store_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_compile_options(store_bench PRIVATE ${DTRAIN_WARNINGS})
+set_target_properties(store_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)

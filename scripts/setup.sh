@@ -25,8 +25,9 @@ packages=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   # the MLflow client (src/tracking); headless Chromium for the MLflow UI screenshot test
   libcurl4-openssl-dev chromium
-  # tests and benchmarks
+  # tests and benchmarks; clang's libFuzzer and sanitizer runtimes for scripts/fuzz.sh
   libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
+  clang libclang-rt-14-dev
   # the venv of PyPI peers (scripts/python_env.sh): PyTorch 2.x, ...
   python3-venv python3-pip
   # data for the examples
