@@ -18,6 +18,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "launch/fork_server.h"
+#include "launch/gpus.h"
 #include "launch/options_internal.h"
 
 namespace dtrain {
@@ -34,22 +35,15 @@ int parse_int(const std::string& flag, const std::string& value, const std::stri
   throw UsageError(flag + ": got '" + value + "', expected " + form);
 }
 
-int count_gpus() {
-  int n = 0;
-  while (std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
-  return n;
-}
-
 int parse_nproc(const std::string& value) {
   const std::string flag = "--nproc-per-node";
   if (value == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (value == "gpu" || value == "auto") {
-    int gpus = count_gpus();
-    if (gpus > 0) return gpus;
+    const launch::GpuCount gpus = launch::count_gpus();
+    if (gpus.count > 0) return gpus.count;
     if (value == "auto") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    throw UsageError(flag +
-                     ": got 'gpu', but this machine has no CUDA device; use a number or "
-                     "'cpu'");
+    throw UsageError(flag + ": got 'gpu', but this machine shows no CUDA device (" + gpus.how +
+                     "; CUDA_VISIBLE_DEVICES applies); use a number or 'cpu'");
   }
   int n = parse_int(flag, value, "a positive integer, 'cpu', 'gpu' or 'auto'");
   if (n < 1) {

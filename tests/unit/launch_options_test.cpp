@@ -24,6 +24,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
 #include "launch/fork_server.h"
+#include "launch/gpus.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
 #include "support/paths.h"
@@ -826,3 +827,18 @@ TEST_F(RendezvousTest, TimeoutNamesTheMissingNodeRanks) {
 
 }  // namespace
 }  // namespace dtrain
+
+// CUDA's rule for CUDA_VISIBLE_DEVICES, which --nproc-per-node gpu applies when it counts
+// device files: the list ends at the first entry that is not a present device.
+TEST(GpuCount, VisibleDevicesLimitTheCount) {
+  EXPECT_EQ(dtrain::launch::visible_limit(nullptr, 4), -1);
+  EXPECT_EQ(dtrain::launch::visible_limit("", 4), 0);
+  EXPECT_EQ(dtrain::launch::visible_limit("-1", 4), 0);
+  EXPECT_EQ(dtrain::launch::visible_limit("0,1", 4), 2);
+  EXPECT_EQ(dtrain::launch::visible_limit("2, 3", 4), 2);
+  EXPECT_EQ(dtrain::launch::visible_limit("0,7,1", 4),
+            1);  // 7 is not a device: the list ends there
+  EXPECT_EQ(dtrain::launch::visible_limit("0,1,2,3,0", 4), 4);
+  EXPECT_EQ(dtrain::launch::visible_limit("GPU-8f2c,1", 2), 2);
+  EXPECT_EQ(dtrain::launch::visible_limit("0", 0), 0);
+}
