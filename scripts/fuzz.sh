@@ -38,13 +38,17 @@ fi
 # The venv scripts/setup.sh made (not re-made here: this tree needs only its path).
 venv_python="${DTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dtrain/venv}/bin/python"
 flags="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
-if [[ ! -f "$build/build.ninja" ]]; then
-  CC=clang CXX=clang++ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$flags" -DDTRAIN_FUZZ=ON -DDTRAIN_BUILD_TESTS=OFF \
-    -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_VENV_PYTHON="$venv_python" \
-    "-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$here;CCACHE_COMPILERCHECK=content;ccache" \
-    >/dev/null
-fi
+# The targets that need libtorch (codec, elastic_commit) build against the venv's PyTorch 2.x:
+# Debian's libtorch 1.13 headers do not compile with clang 14 in C++20 (an incomplete
+# c10::IValue in std::vector).
+libtorch="$("$venv_python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||
+  { echo "fuzz.sh: no torch in $venv_python; run scripts/setup.sh" >&2; exit 2; }
+CC=clang CXX=clang++ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$flags" -DDTRAIN_FUZZ=ON -DDTRAIN_BUILD_TESTS=OFF \
+  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_VENV_PYTHON="$venv_python" \
+  -DDTRAIN_LIBTORCH="$libtorch" \
+  "-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$here;CCACHE_COMPILERCHECK=content;ccache" \
+  >/dev/null
 if ((${#targets[@]} == 0)); then
   mapfile -t targets < <(sed -n 's/^dtrain_fuzz(\([a-z_0-9]*\).*/\1/p' "$here/tests/fuzz/targets.cmake")
 fi

@@ -178,7 +178,7 @@ class Client final : public StoreClient {
   std::string recv_bytes() {
     std::uint64_t n = 0;
     net::recv_all(socket_.fd(), &n, sizeof(n), reply_deadline());
-    constexpr std::uint64_t kFirst = std::uint64_t{1} << 20;
+    constexpr std::uint64_t kFirst = std::uint64_t{64} << 10;
     std::string s = detail::large_string(static_cast<std::size_t>(std::min(n, kFirst)));
     std::size_t at = 0;
     for (;;) {

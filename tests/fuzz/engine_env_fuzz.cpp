@@ -63,7 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   dtrain::fuzz::refused_properly([&] { dtrain::detect_engine_task(env); });
   dtrain::fuzz::refused_properly([&] { dtrain::engine_worker_env(env); });
   dtrain::fuzz::refused_properly([&] { dtrain::slurm_step(env); });
-  for (const auto& [name, value] : vars) {
+  for (const auto& entry : vars) {
+    const std::string& value = entry.second;  // (clang 14 cannot capture a structured binding)
     dtrain::fuzz::refused_properly([&] { dtrain::expand_hostlist(value); });
     dtrain::fuzz::refused_properly([&] { dtrain::expand_tasks_per_node(value); });
     dtrain::derived_port(value);
