@@ -53,6 +53,11 @@ target_link_libraries(store_bench PRIVATE dtrain_core)
 target_include_directories(store_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(store_bench PRIVATE ${DTRAIN_WARNINGS})
 set_target_properties(store_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+# dtrain::data's delivery rate (bench/data_bench.py: vs Petastorm and a PyTorch DataLoader over
+# pyarrow, and the example's MLP from Parquet vs from memory).
+if(DTRAIN_HAVE_DATA)
+  dtrain_bench(data_bench data_bench.cpp dtrain_data)
+endif()
 
 # One process training on one GPU (bench/gpu_bench.py runs it beside bench/gpu_train_peer.py).
 # Built everywhere; it refuses to run without a GPU.

@@ -54,7 +54,11 @@ else()
     foreach(dir IN LISTS _dtrain_nvidia_libs)
       target_link_options(dtrain_libtorch_cpu INTERFACE "LINKER:-rpath-link,${dir}")
     endforeach()
-    target_link_options(dtrain_libtorch_cpu INTERFACE "LINKER:-rpath,${DTRAIN_LIBTORCH}/lib")
+    # Not in the pip wheel's build: what it installs finds the torch package beside it
+    # (CMAKE_INSTALL_RPATH, CMakeLists.txt), never the build's venv.
+    if(NOT SKBUILD)
+      target_link_options(dtrain_libtorch_cpu INTERFACE "LINKER:-rpath,${DTRAIN_LIBTORCH}/lib")
+    endif()
     set(TORCH_LIBRARIES dtrain_libtorch_cpu)
     set(TORCH_INCLUDE_DIRS "${DTRAIN_LIBTORCH}/include" "${DTRAIN_LIBTORCH}/include/torch/csrc/api/include")
     set(DTRAIN_TORCH_MODE "the libraries of ${DTRAIN_LIBTORCH}")
@@ -69,7 +73,8 @@ endif()
 # Gloo's headers, for c10d's ProcessGroupGloo.hpp.
 find_path(DTRAIN_GLOO_HEADERS gloo/rendezvous/store.h
   HINTS "${DTRAIN_GLOO_INCLUDE_DIR}" "${DTRAIN_LIBTORCH}/include" NO_CACHE)
-if(NOT DTRAIN_GLOO_HEADERS)
+# A project using an installed dtrain (dtrainConfig.cmake) compiles none of c10d's Gloo headers.
+if(NOT DTRAIN_GLOO_HEADERS AND NOT DTRAIN_FROM_PACKAGE)
   message(FATAL_ERROR "Gloo's headers (gloo/rendezvous/store.h) are not found: this libtorch ships none. "
     "Install Debian's libgloo-dev (scripts/setup.sh does), or pass -DDTRAIN_GLOO_INCLUDE_DIR=DIR.")
 endif()

@@ -43,7 +43,7 @@ log "machine: $(tr '\n' ' ' < "$out/machine.log")"
 
 # --- what the machine lacks comes from .device/ (scripts/gpu_carry.sh) -----------------------
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_LIBTORCH="$torch_dir" -DDTRAIN_CUDA=ON
-        -DDTRAIN_GPU_TESTS=ON -DDTRAIN_VENV_PYTHON="$python")
+        -DDTRAIN_GPU_TESTS=ON -DDTRAIN_VENV_PYTHON="$python" -DDTRAIN_DATA=OFF)
 if [[ -d "$carry/include" ]]; then
   config+=(-DDTRAIN_GLOO_INCLUDE_DIR="$carry/include" -DDTRAIN_EXTRA_INCLUDE_DIR="$carry/include")
 fi

@@ -43,7 +43,7 @@ void check(bool ok, const std::string& what) {
   }
 }
 
-bool equal(const torch::Tensor& a, const torch::Tensor& b) {
+bool same(const torch::Tensor& a, const torch::Tensor& b) {
   return a.sizes() == b.sizes() && torch::equal(a.cpu(), b.cpu());
 }
 
@@ -90,7 +90,7 @@ int collectives(const std::string& backend) {
   auto t = torch::zeros({1000}, f);
   slow_fill(t, rank + 1);
   dtrain::all_reduce(t);
-  check(equal(t, torch::full({1000}, tri, f)), "all_reduce sum after a side-stream write");
+  check(same(t, torch::full({1000}, tri, f)), "all_reduce sum after a side-stream write");
   check(t.device() == dev, "all_reduce moved the tensor");
 
   t = torch::full({257}, static_cast<double>(rank + 1), f);
@@ -98,43 +98,43 @@ int collectives(const std::string& backend) {
   check(max_diff(t, torch::full({257}, tri / world, f)) < 1e-6, "all_reduce avg");
   t = torch::full({3}, static_cast<double>(rank), f);
   dtrain::all_reduce(t, with_op<dtrain::AllReduceOptions>(dtrain::ReduceOp::kMax));
-  check(equal(t, torch::full({3}, world - 1.0, f)), "all_reduce max");
+  check(same(t, torch::full({3}, world - 1.0, f)), "all_reduce max");
 
   for (int root = 0; root < world; ++root) {
     auto b = torch::full({5, 7}, static_cast<double>(rank), f);
     dtrain::BroadcastOptions bo;
     bo.src = root;
     dtrain::broadcast(b, bo);
-    check(equal(b, torch::full({5, 7}, static_cast<double>(root), f)),
+    check(same(b, torch::full({5, 7}, static_cast<double>(root), f)),
           "broadcast from " + std::to_string(root));
   }
 
   auto gathered = dtrain::all_gather(torch::full({4}, static_cast<double>(rank), f));
   check(static_cast<int>(gathered.size()) == world, "all_gather count");
   for (int r = 0; r < world && r < static_cast<int>(gathered.size()); ++r) {
-    check(equal(gathered[r], torch::full({4}, static_cast<double>(r), f)) && gathered[r].is_cuda(),
+    check(same(gathered[r], torch::full({4}, static_cast<double>(r), f)) && gathered[r].is_cuda(),
           "all_gather part " + std::to_string(r));
   }
   auto flat = torch::empty({world * 4}, f);
   dtrain::all_gather_into_tensor(flat, torch::full({4}, static_cast<double>(rank), f));
-  check(equal(flat, torch::arange(world, f).repeat_interleave(4)), "all_gather_into_tensor");
+  check(same(flat, torch::arange(world, f).repeat_interleave(4)), "all_gather_into_tensor");
 
   // reduce_scatter: input[j] = rank + j; chunk `rank` of the sum is sum_r (r + rank).
   auto in = torch::arange(world * 3, f).div(3, "floor") + rank;
   auto out = torch::empty({3}, f);
   dtrain::reduce_scatter(out, in);
-  check(equal(out, torch::full({3}, tri - world + world * rank, f)), "reduce_scatter sum");
+  check(same(out, torch::full({3}, tri - world + world * rank, f)), "reduce_scatter sum");
 
   auto red = torch::full({6}, static_cast<double>(rank + 1), f);
   dtrain::ReduceOptions ro;
   ro.dst = 0;
   dtrain::reduce(red, ro);
-  if (rank == 0) check(equal(red, torch::full({6}, tri, f)), "reduce to rank 0");
+  if (rank == 0) check(same(red, torch::full({6}, tri, f)), "reduce to rank 0");
 
   auto send = torch::arange(world, f) + 100 * rank;  // element j goes to rank j
   auto recv = torch::empty({world}, f);
   dtrain::all_to_all(recv, send);
-  check(equal(recv, torch::arange(world, f) * 100 + rank), "all_to_all");
+  check(same(recv, torch::arange(world, f) * 100 + rank), "all_to_all");
 
   if (world > 1) {
     auto ring = torch::full({9}, static_cast<double>(rank), f);
@@ -143,7 +143,7 @@ int collectives(const std::string& backend) {
     auto r = dtrain::recv_async(got, (rank + world - 1) % world);
     s.wait();
     r.wait();
-    check(equal(got, torch::full({9}, static_cast<double>((rank + world - 1) % world), f)),
+    check(same(got, torch::full({9}, static_cast<double>((rank + world - 1) % world), f)),
           "send/recv ring");
   }
   pg->barrier();
@@ -266,7 +266,7 @@ int checkpoint() {
   auto state = dtrain::load_checkpoint(dir + "/gpu.pt", *cpu_model, &cpu_opt);
   check(state.step == 1, "step after load");
   auto a = model->parameters(), b = cpu_model->parameters();
-  for (size_t i = 0; i < a.size(); ++i) check(equal(a[i], b[i]), "parameter " + std::to_string(i));
+  for (size_t i = 0; i < a.size(); ++i) check(same(a[i], b[i]), "parameter " + std::to_string(i));
   auto [cx, cy] = batch(1, 8, torch::kCPU);
   torch::nn::functional::cross_entropy(cpu_model->forward(cx), cy).backward();
   cpu_opt.step();  // fails if the Adam state came back on the GPU
@@ -280,7 +280,7 @@ int checkpoint() {
   dtrain::load_checkpoint(dir + "/cpu.pt", *gpu_model, &gpu_opt);
   auto c = gpu_model->parameters(), d = cpu_model->parameters();
   for (size_t i = 0; i < c.size(); ++i)
-    check(c[i].is_cuda() && equal(c[i], d[i]), "gpu parameter " + std::to_string(i));
+    check(c[i].is_cuda() && same(c[i], d[i]), "gpu parameter " + std::to_string(i));
   torch::nn::functional::cross_entropy(gpu_model->forward(x), y).backward();
   gpu_opt.step();
   std::filesystem::remove_all(dir);
@@ -297,7 +297,7 @@ int hvd() {
   so.op = dtrain::hvd::Sum;
   so.name = "sum";
   auto sum = dtrain::hvd::allreduce(torch::full({10}, static_cast<double>(rank + 1), f), so);
-  check(sum.is_cuda() && equal(sum, torch::full({10}, world * (world + 1) / 2.0, f)),
+  check(sum.is_cuda() && same(sum, torch::full({10}, world * (world + 1) / 2.0, f)),
         "hvd allreduce sum on CUDA");
   dtrain::hvd::AllreduceOptions ao;
   ao.name = "avg";
@@ -305,7 +305,7 @@ int hvd() {
   check(max_diff(avg, torch::full({10}, (world - 1) / 2.0, f)) < 1e-6, "hvd allreduce average");
   auto b = torch::full({4}, static_cast<double>(rank), f);
   dtrain::hvd::broadcast_(b, 0, "b");
-  check(equal(b, torch::zeros({4}, f)), "hvd broadcast_");
+  check(same(b, torch::zeros({4}, f)), "hvd broadcast_");
   auto g = dtrain::hvd::allgather(torch::full({2}, static_cast<double>(rank), f), "g");
   check(g.is_cuda() && g.size(0) == 2 * world, "hvd allgather on CUDA");
   std::printf("gpu_worker rank %d: hvd ok\n", rank);

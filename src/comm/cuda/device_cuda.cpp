@@ -66,16 +66,20 @@ const Loaded& load() {
   return loaded;
 }
 
+// Whether this machine shows an NVIDIA device (the driver's device nodes). Without one no GPU can
+// be visible, and asking CUDA would only load libtorch_cuda for nothing. DTRAIN_CUDA_AUTOLOAD=1
+// says there is one (=0: never load CUDA before it is asked for).
+bool machine_has_gpu() {
+  const char* v = std::getenv("DTRAIN_CUDA_AUTOLOAD");
+  if (v && std::string(v) == "1") return true;
+  return ::access("/dev/nvidiactl", F_OK) == 0 || ::access("/dev/nvidia0", F_OK) == 0;
+}
+
 // Where the machine shows an NVIDIA device, load CUDA before main(): see the top of the file.
-// DTRAIN_CUDA_AUTOLOAD=0 never does, =1 always does.
 [[maybe_unused]] const bool autoloaded = [] {
   const char* v = std::getenv("DTRAIN_CUDA_AUTOLOAD");
-  const std::string mode = v ? v : "";
-  if (mode == "0") return false;
-  if (mode == "1" || ::access("/dev/nvidiactl", F_OK) == 0 || ::access("/dev/nvidia0", F_OK) == 0) {
-    return load().api != nullptr;
-  }
-  return false;
+  if (v && std::string(v) == "0") return false;
+  return machine_has_gpu() && load().api != nullptr;
 }();
 
 const DtrainCudaPluginV1& api(const char* what) {
@@ -89,6 +93,7 @@ const DtrainCudaPluginV1& api(const char* what) {
 bool built() { return true; }
 
 int device_count() {
+  if (!machine_has_gpu()) return 0;
   const Loaded& l = load();
   return l.api ? l.api->device_count() : 0;
 }
