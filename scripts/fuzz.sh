@@ -3,7 +3,8 @@
 # each for a given time, one after the other, from its seed corpus.
 #   scripts/fuzz.sh [--seconds N] [--smoke] [--jobs N] [TARGET ...]
 #     --seconds N   run each target N seconds (default 600)
-#     --smoke       only replay each target's corpus and fuzz it 5 s (what CI runs)
+#     --smoke       only replay each target's corpus and fuzz it 5 s (a quick local check;
+#                   CI never fuzzes: the normal suite replays the corpora, FuzzReplay.*)
 #     --no-build    run the targets build-fuzz/ has (while another build of it is under way)
 #     TARGET        the names in tests/fuzz/targets.cmake (default: all)
 # The working corpus grows in build-fuzz/corpus/TARGET (seeded from tests/fuzz/corpus/TARGET);
@@ -41,14 +42,16 @@ flags="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefine
 # The targets that need libtorch (codec, elastic_commit) build against the venv's PyTorch 2.x:
 # Debian's libtorch 1.13 headers do not compile with clang 14 in C++20 (an incomplete
 # c10::IValue in std::vector).
-libtorch="$("$venv_python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||
-  { echo "fuzz.sh: no torch in $venv_python; run scripts/setup.sh" >&2; exit 2; }
-CC=clang CXX=clang++ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$flags" -DDTRAIN_FUZZ=ON -DDTRAIN_BUILD_TESTS=OFF \
-  -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_VENV_PYTHON="$venv_python" \
-  -DDTRAIN_LIBTORCH="$libtorch" \
-  "-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$here;CCACHE_COMPILERCHECK=content;ccache" \
-  >/dev/null
+if ((build_it)) || [[ ! -f "$build/build.ninja" ]]; then
+  libtorch="$("$venv_python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||
+    { echo "fuzz.sh: no torch in $venv_python; run scripts/setup.sh" >&2; exit 2; }
+  CC=clang CXX=clang++ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$flags" -DDTRAIN_FUZZ=ON -DDTRAIN_BUILD_TESTS=OFF \
+    -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_VENV_PYTHON="$venv_python" \
+    -DDTRAIN_LIBTORCH="$libtorch" \
+    "-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$here;CCACHE_COMPILERCHECK=content;ccache" \
+    >/dev/null
+fi
 if ((${#targets[@]} == 0)); then
   mapfile -t targets < <(sed -n 's/^dtrain_fuzz(\([a-z_0-9]*\).*/\1/p' "$here/tests/fuzz/targets.cmake")
 fi
@@ -67,7 +70,7 @@ for t in "${targets[@]}"; do
         -max_len=4096 -print_final_stats=1 -artifact_prefix="$findings/")
   rc=0
   if ((smoke)); then
-    # The committed seeds and regressions only: nothing accumulates between CI runs.
+    # The committed seeds and regressions only: nothing accumulates between smoke runs.
     corpus="$(mktemp -d)"
     regressions=()
     [[ -d "$here/tests/fuzz/regressions/$t" ]] && regressions=("$here/tests/fuzz/regressions/$t")
