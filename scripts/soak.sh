@@ -162,38 +162,14 @@ on n1 "$DTRAIN" run --nproc-per-node 1 "$W" --zero 1 --double --size 240 --batch
   --commit-every 1000000 --log-dir "$O/ref_logs" --checkpoint-dir "$O/ref_ckpt" --params-out "$O/ref_params" \
   >"$O/ref.log" 2>&1 || fail "the uninterrupted reference run failed: $(tail -20 "$O/ref.log")"
 
-python3 - "$L" "$EPOCHS" "$EV" "$O/agent_samples" "$O/ref_params" "$O/final_params" <<'PY' ||
+PYTHONPATH="$here/tests/cluster" python3 - "$L" "$EPOCHS" "$EV" "$O/agent_samples" "$O/ref_params" "$O/final_params" <<'PY' ||
   fail "checks failed (above)"
-import collections, os, re, sys
+import collections, os, sys
+import attempt_logs
 logs, epochs, ev_path, samples_path, ref_path, final_path = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
-att = collections.defaultdict(lambda: {"resume": None, "world": None, "steps": {}, "first": None})
-for name in os.listdir(logs):
-    m = re.match(r"attempt(\d+)_rank(\d+)\.log$", name)
-    if not m:
-        continue
-    a = att[int(m.group(1))]
-    for line in open(os.path.join(logs, name)):
-        f = line.split()
-        if not f:
-            continue
-        if f[0] == "resume":
-            a["resume"], a["world"] = int(f[1]), int(f[2])
-        elif f[0] == "step":
-            a["steps"].setdefault((int(f[1]), int(f[2])), []).extend(int(x) for x in f[3:])
-        elif f[0] == "first_step":
-            a["first"] = float(f[2])
+att = attempt_logs.read(logs)
 order = [n for n in sorted(att) if att[n]["resume"] is not None]
-seen = collections.defaultdict(list)
-for i, n in enumerate(order):
-    cutoff = att[order[i + 1]]["resume"] if i + 1 < len(order) else 1 << 60
-    for (step, epoch), idx in att[n]["steps"].items():
-        if step <= cutoff:
-            seen[epoch].extend(idx)
-bad = []
-for epoch in range(epochs):
-    if sorted(seen[epoch]) != list(range(240)):
-        c = collections.Counter(seen[epoch])
-        bad.append((epoch, [(i, c[i]) for i in range(240) if c[i] != 1][:3]))
+bad = attempt_logs.not_exactly_once(att, order, epochs, 240, 3)
 if bad:
     sys.exit(f"samples not seen exactly once: {bad[:3]}")
 print(f"exactly once: {epochs} epochs x 240 samples over {len(order)} attempts "
