@@ -41,8 +41,10 @@ CK="$O/ckpt"
 mkdir -p "$L" "$CK"
 mount -t tmpfs -o size=8m tmpfs "$CK" || fail "mount tmpfs on $CK"
 unmount_ckpt() { umount "$CK" 2>/dev/null; }
-# cluster_down (lib.sh) stops everything and exits; the tmpfs goes first.
-trap 'unmount_ckpt; cluster_down' EXIT
+# cluster_down (lib.sh) stops everything and exits with the status it finds in $?; the tmpfs
+# goes first, and the script's status is put back in $? for cluster_down (a failed run must
+# not exit 0).
+trap 'soak_rc=$?; unmount_ckpt; (exit "$soak_rc"); cluster_down' EXIT
 
 # Sized to outlast DURATION (~0.08 s a step, 15 steps an epoch, plus the restarts), so the
 # chaos runs the whole DURATION; the job then finishes undisturbed.
