@@ -46,6 +46,13 @@ dtrain_bench(diagnosis_bench diagnosis_bench.cpp)
 # runs it beside Ray Tune's and prints the ratio.
 dtrain_bench(tune_overhead_bench tune_overhead.cpp)
 
+# The job's store at 256-8,192 ranks against PyTorch 2.x's libuv TCPStore server (the venv's);
+# no libtorch: the store is part of dtrain::core.
+add_executable(store_bench ${PROJECT_SOURCE_DIR}/bench/store_bench.cpp)
+target_link_libraries(store_bench PRIVATE dtrain_core)
+target_include_directories(store_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_compile_options(store_bench PRIVATE ${DTRAIN_WARNINGS})
+set_target_properties(store_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 # dtrain::data's delivery rate (bench/data_bench.py: vs Petastorm and a PyTorch DataLoader over
 # pyarrow, and the example's MLP from Parquet vs from memory).
 if(DTRAIN_HAVE_DATA)

@@ -51,8 +51,9 @@ if ((!main_only)); then
     libtorch-dev libopenblas0-pthread python3-venv python3-pip
     # headless Chromium for the MLflow UI screenshot test
     chromium
-    # tests and benchmarks
+    # tests and benchmarks; clang's libFuzzer and sanitizer runtimes for scripts/fuzz.sh
     libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
+    clang libclang-rt-14-dev
     # cluster engines for the cluster tests (tests/cluster): Slurm with munge, Open MPI's and
     # MPICH's launchers (we never link MPI), sshd for host files, and what the test scripts use
     slurmctld slurmd slurm-client munge openmpi-bin mpich openssh-server openssh-client util-linux

@@ -22,6 +22,11 @@ add_test(NAME cluster.elastic
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster/elastic_test.sh ${PROJECT_BINARY_DIR}
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:elastic_train_worker>)
 set_tests_properties(cluster.elastic PROPERTIES LABELS cluster TIMEOUT 300 RUN_SERIAL TRUE)
+# Two minutes of the chaos soak (scripts/soak.sh: random kills, stops, link cuts and a full
+# disk against an elastic job on two namespace hosts; a random seed, printed to reproduce it).
+add_test(NAME cluster.soak
+  COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/soak.sh 2m ${PROJECT_BINARY_DIR})
+set_tests_properties(cluster.soak PROPERTIES LABELS cluster TIMEOUT 600 RUN_SERIAL TRUE)
 
 # ElasticSampler on its own (no processes): DistributedSampler parity, exactly-once re-split.
 dtrain_test(elastic_sampler_test LABELS elastic SOURCES elastic/elastic_sampler_test.cpp TORCH)

@@ -49,6 +49,11 @@ struct LaunchOptions {
   std::string rdzv_id = "none";  // job id: agents of one job must agree. Default: "none".
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(900)};  // wait for all nodes.
   bool standalone = false;  // one node, c10d on a free local port.
+  // The job's store serves only clients that prove this token (docs/security.md): the agents,
+  // and C++ workers, which get it as DTRAIN_STORE_TOKEN. From --store-token, else the
+  // environment's DTRAIN_STORE_TOKEN. Refused for Python programs: PyTorch's TCPStore client
+  // cannot send it. Default: empty (any client, as torchrun's store).
+  std::string store_token;
 
   // ---- workers ----
   int max_restarts = 0;  // restarts of the whole worker group after a failure.

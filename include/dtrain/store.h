@@ -52,6 +52,16 @@
 //                                                      precede it if the keys had just arrived)
 // PyTorch's client puts "/" in front of every key; StoreClient does the same, so a key
 // written by a Python worker through TCPStore reads back here under the same name.
+//
+// dtrain's own query (v2 numbering only; PyTorch never sends it):
+// 215 AUTH     token                              -> u8 0 ACCEPTED / 1 WRONG_TOKEN /
+//                                                    2 NO_TOKEN_HERE (then the server closes)
+// A server started with a token (StoreServer::Options::token) serves a connection only once it
+// sent AUTH with that token: before that, anything but VALIDATE and AUTH closes it (named on
+// stderr, like a client of neither protocol), and a request longer than 4 KiB is refused, so
+// a stranger can neither read, write nor wait on a key, nor make the server buffer its bytes.
+// PyTorch's own clients cannot send AUTH: a protected store serves dtrain's clients only
+// (docs/security.md says what that means for jobs with Python workers).
 #pragma once
 
 #include <chrono>
@@ -61,9 +71,19 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/error.h"
+
 namespace dtrain::store {
 
-// Serves the protocol above on one background thread (poll loop), until destroyed.
+// The store refused this client's token, or this client has a token and the store none.
+class StoreAuthError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
+// Serves the protocol above on one background thread (an epoll loop over non-blocking
+// sockets), until destroyed. Thousands of connections are fine: a request costs the same
+// whether 10 or 10,000 others are idle, and a slow client delays nobody else.
 // Thread-safe: port() may be called from any thread; the data lives on the server thread.
 class StoreServer {
  public:
@@ -72,18 +92,22 @@ class StoreServer {
     std::string bind_host = "";
     // Port to bind; 0 picks a free one (read it back with port()). Default: 0.
     std::uint16_t port = 0;
-    // A client that starts a request, or is being sent a reply, and then moves no byte for
-    // this long is dropped. A large value over a slow link is fine as long as bytes keep
-    // moving - but the server serves one request at a time, so the others wait meanwhile:
-    // keep values that take seconds to send out of a job's store. Default: 10 s.
+    // A client that has part of a request buffered, or a reply it does not read, and moves
+    // no byte for this long is dropped. A large value over a slow link is fine as long as
+    // bytes keep moving; other clients are served meanwhile. Default: 10 s.
     std::chrono::milliseconds stall_timeout{10000};
-    // Told (one line: the peer and what it sent) when a client speaks neither protocol and
-    // its connection is closed. Default (empty): the line goes to stderr.
+    // Non-empty: only clients that send this token (StoreClient::Options::token) are served;
+    // see AUTH above. Default: empty (any client, as c10d's TCPStore).
+    std::string token;
+    // Told (one line: the peer and what it sent) when a client speaks neither protocol, or
+    // lacks the token, and its connection is closed; at most 20 lines per 10 s, then one that
+    // counts the rest. Default (empty): the lines go to stderr.
     std::function<void(const std::string&)> on_protocol_error;
   };
 
   // Binds, listens and starts serving. The socket is held until destruction, so the port
-  // is never released and re-bound (no bind-release-rebind race).
+  // is never released and re-bound (no bind-release-rebind race). Raises the process's soft
+  // open-file limit to its hard limit (each client is a file descriptor).
   // Throws AddressInUseError if the port is taken, NetworkError for other socket failures.
   static std::unique_ptr<StoreServer> start(const Options& options);
 
@@ -106,10 +130,15 @@ class StoreClient {
     // that or does not answer it within 2 s is reconnected to in v1.
     enum class Protocol { automatic, v1, v2 };
     Protocol protocol = Protocol::automatic;
+    // Non-empty: proves this token to the server on connect (v2 only, so `automatic`
+    // means v2). Default: empty.
+    std::string token;
   };
 
   // Connects, retrying with a short backoff until connect_timeout.
-  // Throws TimeoutError (naming host:port) when the server never answered.
+  // Throws TimeoutError (naming host:port) when the server never answered;
+  // StoreAuthError when the server refused the token or has none while this client has one
+  // (never retried: a wrong token does not get right by waiting).
   static std::unique_ptr<StoreClient> connect(const std::string& host, std::uint16_t port,
                                               const Options& options);
 
@@ -136,5 +165,9 @@ class StoreClient {
   // The protocol this connection speaks (v1 or v2, never automatic).
   virtual Options::Protocol protocol() const = 0;
 };
+
+// The job's store token a worker inherits from its agent: $DTRAIN_STORE_TOKEN, "" when unset
+// (dtrain run --store-token sets it for C++ workers).
+std::string job_store_token();
 
 }  // namespace dtrain::store

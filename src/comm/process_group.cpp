@@ -17,6 +17,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
+#include "store/token_store.h"
 
 namespace dtrain {
 
@@ -60,7 +61,14 @@ Rendezvous env_rendezvous(const ProcessGroupOptions& o) {
     // PyTorch's env:// handler does when TORCHELASTIC_USE_AGENT_STORE=True.
     so.isServer = false;
     so.waitWorkers = false;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(env->master_addr, so);
+    c10::intrusive_ptr<c10d::Store> tcp;
+    const std::string token = store::job_store_token();
+    if (!token.empty()) {
+      // The agent's store admits only clients that prove the job's token; c10d's cannot.
+      tcp = c10::make_intrusive<store::TokenStore>(env->master_addr, so.port, token, o.timeout);
+    } else {
+      tcp = c10::make_intrusive<c10d::TCPStore>(env->master_addr, so);
+    }
     store = c10::make_intrusive<c10d::PrefixStore>(env->store_prefix(), tcp);
   } else {
     so.isServer = env->rank == 0;

@@ -20,6 +20,7 @@
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/zero.h"
+#include "elastic/commit_reader.h"
 #include "parallel/checkpoint_files.h"
 
 #include <nlohmann/json.hpp>
@@ -36,8 +37,6 @@ constexpr const char* kSamplesSeen = "dtrain.elastic.samples_seen";
 constexpr const char* kWorldSize = "dtrain.elastic.world_size";
 constexpr const char* kDatasetSize = "dtrain.elastic.dataset_size";
 constexpr const char* kOwnPrefix = "dtrain.elastic.";
-// The format tag of a commit with the ZeRO engine's state.
-constexpr const char* kZeroFormat = "dtrain.elastic.zero/1";
 
 std::shared_ptr<ProcessGroup> resolve(const std::shared_ptr<ProcessGroup>& given) {
   if (given) return given;
@@ -74,17 +73,6 @@ std::string read_bytes(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-int64_t meta_int(const std::map<std::string, std::string>& meta, const char* key,
-                 const std::string& path) {
-  auto it = meta.find(key);
-  if (it == meta.end()) {
-    throw Error("ElasticState::restore: " + path + " has no '" + key +
-                "': it is a dtrain checkpoint but not an ElasticState commit (use another prefix "
-                "or directory)");
-  }
-  return std::stoll(it->second);
-}
-
 // PATH written whole or not at all: a temporary name, then rename. `durable`: fsync the file
 // and the directory (a disk commit must survive a crash of the node; tmpfs needs no fsync).
 void write_atomically(const fs::path& path, const std::string& bytes, bool durable) {
@@ -114,13 +102,6 @@ void write_atomically(const fs::path& path, const std::string& bytes, bool durab
       ::close(dfd);
     }
   }
-}
-
-c10::IValue dict_get(const c10::impl::GenericDict& d, const std::string& key,
-                     const std::string& from) {
-  auto it = d.find(key);
-  if (it == d.end()) throw Error("ElasticState::restore: " + from + " has no '" + key + "'");
-  return it->value();
 }
 
 }  // namespace
@@ -244,8 +225,8 @@ bool ElasticState::restore() {
   TrainingState st;
   if (engine_) {
     st.metadata = load_engine_commit(bytes, from);
-    st.step = meta_int(st.metadata, "dtrain.elastic.step", from);
-    st.epoch = meta_int(st.metadata, "dtrain.elastic.epoch", from);
+    st.step = elastic::metadata_int(st.metadata, "dtrain.elastic.step", from);
+    st.epoch = elastic::metadata_int(st.metadata, "dtrain.elastic.epoch", from);
   } else {
     fs::path load_path = best_path;
     fs::path temp;
@@ -274,16 +255,16 @@ bool ElasticState::restore() {
       fs::remove(temp, ec);
     }
   }
-  const int64_t dataset_size = meta_int(st.metadata, kDatasetSize, from);
+  const int64_t dataset_size = elastic::metadata_int(st.metadata, kDatasetSize, from);
   if (dataset_size != sampler_.size()) {
     throw Error("ElasticState::restore: " + from + " was committed over a dataset of " +
                 std::to_string(dataset_size) + " samples, but this run has " +
                 std::to_string(sampler_.size()) +
                 "; the data position cannot carry over (use another checkpoint_dir or prefix)");
   }
-  const int64_t offset = meta_int(st.metadata, kOffset, from);
-  samples_seen_ = meta_int(st.metadata, kSamplesSeen, from);
-  const int64_t old_world = meta_int(st.metadata, kWorldSize, from);
+  const int64_t offset = elastic::metadata_int(st.metadata, kOffset, from);
+  samples_seen_ = elastic::metadata_int(st.metadata, kSamplesSeen, from);
+  const int64_t old_world = elastic::metadata_int(st.metadata, kWorldSize, from);
   step_ = st.step;
   epoch_ = st.epoch;
   sampler_.set_epoch(epoch_, offset);
@@ -348,7 +329,7 @@ std::string ElasticState::engine_commit(bool build) {
   c10::IValue model = engine_->model_state(build);  // collective at stage 3
   if (!build) return "";
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("format", std::string(kZeroFormat));
+  d.insert("format", std::string(elastic::kZeroCommitFormat));
   d.insert("model", model);
   c10::impl::GenericList optims(c10::AnyType::get());
   for (auto& b : slices) {
@@ -373,37 +354,24 @@ std::string ElasticState::engine_commit(bool build) {
 
 std::map<std::string, std::string> ElasticState::load_engine_commit(const std::string& bytes,
                                                                     const std::string& from) {
-  c10::IValue v;
-  try {
-    v = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const c10::Error& e) {
-    throw Error("ElasticState::restore: the newest commit (" + from +
-                ") is not a ZeRO engine commit: " + e.what_without_backtrace());
-  }
-  if (!v.isGenericDict() || v.toGenericDict().find("format") == v.toGenericDict().end() ||
-      v.toGenericDict().at("format").toStringRef() != kZeroFormat) {
-    throw Error(
-        "ElasticState::restore: the newest commit (" + from +
-        ") was not written by an ElasticState with the ZeRO engine (another prefix or directory?)");
-  }
-  auto d = v.toGenericDict();
+  auto commit = elastic::read_engine_commit(bytes, from);
   std::vector<c10::impl::GenericDict> optims;
-  for (const auto& o : dict_get(d, "optim", from).toList())
-    optims.push_back(c10::IValue(o).toGenericDict());
+  for (const auto& o : commit.optims) optims.push_back(o.toGenericDict());
   try {
-    engine_->load_state(dict_get(d, "model", from).toGenericDict(), optims, {}, from);
+    engine_->load_state(commit.model.toGenericDict(), optims, {}, from);
   } catch (const std::exception& e) {
     throw Error(std::string("ElasticState::restore: the newest commit (") + from +
                 ") does not fit the engine: " + e.what());
   }
-  auto rng = dict_get(d, "rng", from).toTensor();
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
+  auto gen = at::detail::getDefaultCPUGenerator();
+  try {
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
+    gen.set_state(commit.rng);
+  } catch (const c10::Error& e) {
+    throw Error("ElasticState::restore: the newest commit (" + from +
+                ") has a generator state of the wrong size: " + e.what_without_backtrace());
   }
-  return nlohmann::json::parse(dict_get(d, "metadata", from).toStringRef())
-      .get<std::map<std::string, std::string>>();
+  return commit.metadata;
 }
 
 void ElasticState::write_commit(const std::string& dir, bool durable) {

@@ -122,6 +122,7 @@ bool TorchState::check_host_updates() {
     store::StoreClient::Options copts;
     copts.connect_timeout = std::chrono::seconds(10);
     copts.timeout = std::chrono::seconds(10);
+    copts.token = store::job_store_token();
     auto client = store::StoreClient::connect(env->master_addr,
                                               static_cast<std::uint16_t>(env->master_port), copts);
     return launch::late_agents(*client, env->run_id, env->restart_count) > 0;

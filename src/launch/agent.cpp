@@ -52,6 +52,7 @@
 #include "launch/output.h"
 #include "launch/rendezvous.h"
 #include "launch/worker_set.h"
+#include "store/socket.h"
 
 namespace dtrain {
 
@@ -129,6 +130,8 @@ class Agent {
   int signal_fd_ = -1;
   bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
   std::unique_ptr<store::StoreServer> server_;
+  std::string store_bind_;  // the address server_ binds ("": every interface)
+  std::string own_store_host() const { return store_bind_.empty() ? "127.0.0.1" : store_bind_; }
   std::unique_ptr<store::StoreClient> store_;
   std::string store_host_;  // what workers get as MASTER_ADDR
   int store_port_ = 0;
@@ -166,7 +169,12 @@ void Agent::setup_store() {
                             : o_.node_rank == 0;
   if (try_host) {
     try {
-      server_ = store::StoreServer::start({"", static_cast<std::uint16_t>(o_.master_port)});
+      store::StoreServer::Options so;
+      // Reachable at the job's address only, not through every interface of this machine.
+      so.bind_host = store_bind_ = net::bind_address_for(o_.master_addr);
+      so.port = static_cast<std::uint16_t>(o_.master_port);
+      so.token = o_.store_token;
+      server_ = store::StoreServer::start(so);
     } catch (const AddressInUseError& e) {
       // With c10d every agent tries to host the endpoint; the first one to bind does.
       if (!(o_.rdzv_backend == "c10d" && o_.nnodes > 1)) {
@@ -181,10 +189,12 @@ void Agent::setup_store() {
   store::StoreClient::Options copts;
   copts.connect_timeout = o_.rdzv_timeout;
   copts.timeout = o_.rdzv_timeout;
+  copts.token = o_.store_token;
   if (multi_node()) {
-    // Our own server is reached over loopback; others at the master address.
+    // Our own server is reached over loopback (or the one address it binds); others at the
+    // master address.
     try {
-      store_ = store::StoreClient::connect(server_ ? "127.0.0.1" : store_host_,
+      store_ = store::StoreClient::connect(server_ ? own_store_host() : store_host_,
                                            static_cast<std::uint16_t>(store_port_), copts);
     } catch (const Error& e) {
       if (server_) throw;
@@ -208,8 +218,9 @@ std::vector<std::string> Agent::published_collectives(int round, int world_size)
       store::StoreClient::Options copts;
       copts.connect_timeout = std::chrono::seconds(2);
       copts.timeout = std::chrono::seconds(2);
-      own =
-          store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(store_port_), copts);
+      copts.token = o_.store_token;
+      own = store::StoreClient::connect(own_store_host(), static_cast<std::uint16_t>(store_port_),
+                                        copts);
       client = own.get();
     }
     WorkerEnv env;

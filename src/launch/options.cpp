@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -199,6 +200,11 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "set --rdzv-timeout, 'last_call_timeout=S' the elastic last call (default 30), "
                  "'heartbeat_timeout=S' when a silent agent counts as lost; other keys are "
                  "accepted and ignored");
+  run.add_option("--store-token", a.store_token,
+                 "Only clients that prove TOKEN may use the job's store (every agent of the job "
+                 "needs the same one; C++ workers get it as DTRAIN_STORE_TOKEN; not for Python "
+                 "programs). '-' reads it from the first line of stdin, which keeps it out of "
+                 "`ps`. Default: $DTRAIN_STORE_TOKEN, else none");
   run.add_flag("--standalone", a.standalone,
                "Single node: c10d rendezvous on a free local port (no endpoint needed)");
   run.add_option("--max-restarts,--max_restarts", a.max_restarts,
@@ -407,6 +413,30 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
 
 }  // namespace
 
+namespace {
+
+// --store-token -: the first line of fd, read a byte at a time so nothing after it is taken
+// (an agent started over ssh keeps watching the rest of its stdin for EOF).
+std::string read_token_line(int fd) {
+  std::string token;
+  char c = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') break;
+    if (token.size() >= 4096) throw UsageError("--store-token -: the token on stdin is over 4 KiB");
+    token += c;
+  }
+  if (token.empty()) {
+    throw UsageError(
+        "--store-token -: no token on the first line of stdin; pipe it in (or set "
+        "DTRAIN_STORE_TOKEN)");
+  }
+  return token;
+}
+
+}  // namespace
+
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest) {
   return run_args_to_options(a, rest, process_env());
 }
@@ -414,6 +444,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,
                                   const std::function<const char*(const char*)>& env) {
   LaunchOptions o;
+  o.store_token = a.store_token == "-" ? read_token_line(STDIN_FILENO) : a.store_token;
+  if (a.store_token.empty() && env("DTRAIN_STORE_TOKEN")) o.store_token = env("DTRAIN_STORE_TOKEN");
   o.nproc_per_node = parse_nproc(a.nproc.empty() ? "1" : a.nproc);
   auto [min_nodes, max_nodes] = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
   o.nnodes = max_nodes;
@@ -714,6 +746,14 @@ bool runs_with_python(const LaunchOptions& o) {
 }
 
 void validate_launch_options(LaunchOptions& o) {
+  if (!o.store_token.empty() && runs_with_python(o)) {
+    throw UsageError(
+        "--store-token / DTRAIN_STORE_TOKEN: '" + o.program +
+        "' runs in Python, and PyTorch's TCPStore client cannot prove a token, so its workers "
+        "could not use the job's store; drop the token for Python programs (the store then "
+        "binds only the job's address: a single-node job's is 127.0.0.1), or use C++ workers "
+        "(docs/security.md)");
+  }
   if (o.nproc_per_node < 1) {
     throw UsageError("--nproc-per-node: got '" + std::to_string(o.nproc_per_node) +
                      "', expected a positive integer");

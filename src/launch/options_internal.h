@@ -52,6 +52,7 @@ struct RunArgs {
   bool malloc_hugepages = false;
   std::string failure_file;
   std::string failure_store;
+  std::string store_token;  // --store-token TOKEN, '-': the first line of stdin
   // clusters
   std::string hostfile;
   std::string host_list;  // -H host1:2,host2:2

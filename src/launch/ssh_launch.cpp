@@ -318,6 +318,8 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
                         "--tee",
                         stream_spec(o.tee),
                     });
+  // The token goes down ssh's stdin (run_ssh_launch), not onto command lines `ps` shows.
+  if (!o.store_token.empty()) a.insert(a.end(), {"--store-token", "-"});
   if (!o.log_dir.empty()) a.insert(a.end(), {"--log-dir", o.log_dir});
   if (!o.ifname.empty()) a.insert(a.end(), {"--ifname", o.ifname});
   if (o.module) a.push_back("--module");
@@ -396,6 +398,9 @@ int run_ssh_launch(const LaunchOptions& options) {
     auto argv = ssh_command(o, o.hosts[k].first);
     argv.push_back(cmd);
     start_child(agents[k], argv, true);
+    if (!o.store_token.empty() && agents[k].in_fd >= 0) {
+      launch::write_all(agents[k].in_fd, o.store_token + "\n");
+    }
   }
 
   int got_signal = 0;

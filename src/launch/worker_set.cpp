@@ -94,6 +94,7 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
     std::string name = e.substr(0, e.find('='));
     if (contract.count(name) || o_.extra_env.count(name)) continue;
     if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;  // for this agent only
+    if (name == "DTRAIN_STORE_TOKEN") continue;             // the job's, below
     if (name == "OMP_NUM_THREADS") has_omp = true;
     if (name == "JE_ARROW_MALLOC_CONF") has_arrow_malloc = true;
     if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
@@ -104,6 +105,8 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
   }
   std::map<std::string, std::string> extra_env = o_.extra_env;
   if (!o_.ifname.empty()) extra_env["GLOO_SOCKET_IFNAME"] = o_.ifname;
+  // C++ workers prove it to the store (store/token_store.h); never on a command line.
+  if (!o_.store_token.empty()) extra_env["DTRAIN_STORE_TOKEN"] = o_.store_token;
   if (o_.malloc_hugepages && !has_tunables) {
     auto it = extra_env.find("GLIBC_TUNABLES");
     if (it == extra_env.end()) {

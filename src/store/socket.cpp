@@ -43,12 +43,6 @@ bool poll_one(int fd, short events, Deadline deadline) {
 
 bool is_closed_errno(int err) { return err == EPIPE || err == ECONNRESET || err == ENOTCONN; }
 
-void set_nodelay(int fd) {
-  int one = 1;
-  // Store requests are tiny request/response pairs: Nagle would add 40 ms stalls.
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
 // Binds a fresh socket of `family` to addr and listens. Returns an invalid Socket and sets
 // `err` on failure.
 Socket try_listen(int family, const sockaddr* addr, socklen_t len, int backlog, int& err) {
@@ -133,6 +127,30 @@ Socket listen(const std::string& host, std::uint16_t port, int backlog) {
                      std::to_string(port) + ": " + errno_text("bind", err));
 }
 
+std::string bind_address_for(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (host.empty() || ::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return "";
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
+  std::string only;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    char text[NI_MAXHOST] = "";
+    if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, text, sizeof(text), nullptr, 0,
+                      NI_NUMERICHOST) != 0) {
+      return "";
+    }
+    if (!only.empty() && only != text) return "";  // several addresses: which one is unclear
+    only = text;
+  }
+  if (only.empty()) return "";
+  // Ours if we can bind it (port 0: nothing is taken); an address of another machine fails.
+  int err = 0;
+  Socket probe = try_listen(res->ai_family, res->ai_addr, res->ai_addrlen, 1, err);
+  return probe.valid() ? only : "";
+}
+
 std::uint16_t local_port(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
@@ -143,11 +161,18 @@ std::uint16_t local_port(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
 }
 
-Socket accept(int listen_fd) {
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+namespace {
+
+Socket accept_with(int listen_fd, int flags, bool nodelay) {
   for (;;) {
-    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = ::accept4(listen_fd, nullptr, nullptr, flags);
     if (fd >= 0) {
-      set_nodelay(fd);
+      if (nodelay) set_nodelay(fd);
       return Socket(fd);
     }
     if (errno == EINTR) continue;
@@ -156,6 +181,22 @@ Socket accept(int listen_fd) {
       return {};
     }
     throw NetworkError(errno_text("accept", errno));
+  }
+}
+
+}  // namespace
+
+Socket accept(int listen_fd) { return accept_with(listen_fd, SOCK_CLOEXEC, true); }
+
+Socket accept_nonblocking(int listen_fd) {
+  // Linux gives an accepted socket the listening socket's TCP_NODELAY.
+  return accept_with(listen_fd, SOCK_CLOEXEC | SOCK_NONBLOCK, false);
+}
+
+void set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    throw NetworkError(errno_text("fcntl(O_NONBLOCK)", errno));
   }
 }
 

@@ -54,6 +54,13 @@ class Socket {
 // Throws AddressInUseError if the port is taken, NetworkError for anything else.
 Socket listen(const std::string& host, std::uint16_t port, int backlog = 1024);
 
+// The address a store serving clients that reach it as `host` should bind: `host`'s address
+// when every address it resolves to is one and the same address of this machine (a
+// loopback address included), so the store is not reachable through the machine's other
+// interfaces; "" (every interface) when `host` names several addresses, none of this
+// machine's, or does not resolve here. Never throws.
+std::string bind_address_for(const std::string& host);
+
 // The local port a bound socket ended up on.
 std::uint16_t local_port(int fd);
 
@@ -61,6 +68,16 @@ std::uint16_t local_port(int fd);
 // there was nothing to accept after all (the peer gave up between poll and accept).
 // Throws NetworkError for other failures.
 Socket accept(int listen_fd);
+
+// The same for an event loop, in one system call: the connection comes non-blocking and
+// takes TCP_NODELAY from the listening socket (REQUIRES: set_nodelay(listen_fd) before).
+Socket accept_nonblocking(int listen_fd);
+
+// TCP_NODELAY: store requests are tiny request/response pairs; Nagle would add 40 ms stalls.
+void set_nodelay(int fd);
+
+// Sets O_NONBLOCK (for the store's event loop). Throws NetworkError if fcntl fails.
+void set_nonblocking(int fd);
 
 // Connects to host:port, trying every address getaddrinfo returns and retrying with a
 // short backoff (the server may not be up yet) until `deadline`.

@@ -1,292 +1,48 @@
 // StoreServer: PyTorch's TCPStoreMasterDaemon, re-implemented without libtorch.
 //
-// One thread runs a poll() loop over the listen socket, a self-pipe (shutdown) and every
-// client connection; all store state lives on that thread, so nothing here is locked.
-// Handlers mirror c10d's (torch/csrc/distributed/c10d/TCPStore.cpp) query for query,
-// including its quirks, because PyTorch clients depend on them.
-#include <fcntl.h>
+// One thread runs an epoll loop over the listen socket, an eventfd (shutdown) and every
+// client connection, all non-blocking; the store itself (store/core.h) lives on that thread,
+// so nothing here is locked. A connection's bytes go to the Core as they arrive, whole or in
+// pieces; its replies collect in an output buffer sent once per loop turn, so a client that
+// sends slowly (or reads slowly) delays nobody else.
+//
+// Why epoll rather than poll(): poll() hands the kernel every fd on every turn, so one
+// request among 8,192 idle connections costs a scan of all of them (docs/benchmarks.md
+// measures it against c10d's libuv server). Edge-triggered: a connection is registered once
+// and never modified, and the kernel does not re-check a socket that reported nothing new.
 #include <netdb.h>
-#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <iterator>
+#include <memory>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
+#include <vector>
 
-#include "core/memory.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "store/core.h"
 #include "store/socket.h"
 
 namespace dtrain::store {
 
 namespace {
 
-// What a request asks for, whichever protocol numbered it on the wire.
-enum class Op {
-  SET,
-  COMPARE_SET,
-  GET,
-  ADD,
-  CHECK,
-  WAIT,
-  GETNUMKEYS,
-  WATCH_KEY,
-  DELETE_KEY,
-  APPEND,
-  MULTI_GET,
-  MULTI_SET,
-  CANCEL_WAIT,
-  VALIDATE,
-  PING,
-  QUEUE_PUSH,
-  QUEUE_POP,
-  QUEUE_LEN,
-  LIST_KEYS,
-  UNKNOWN,
-};
+using Clock = std::chrono::steady_clock;
 
-// Each connection speaks one protocol, told by its first request: v2 clients (PyTorch 2.x)
-// open with VALIDATE + the magic number; v1 clients (PyTorch 1.x, dtrain before 2.x
-// support) start with a query.
-enum class Protocol { UNKNOWN, V1, V2 };
-
-constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
-
-Op decode(Protocol p, std::uint8_t type) {
-  static constexpr Op v1[] = {Op::SET,        Op::COMPARE_SET, Op::GET,        Op::ADD,
-                              Op::CHECK,      Op::WAIT,        Op::GETNUMKEYS, Op::WATCH_KEY,
-                              Op::DELETE_KEY, Op::APPEND,      Op::MULTI_GET,  Op::MULTI_SET,
-                              Op::CANCEL_WAIT};
-  static constexpr Op v2[] = {Op::VALIDATE,    Op::SET,      Op::COMPARE_SET, Op::GET,
-                              Op::ADD,         Op::CHECK,    Op::WAIT,        Op::GETNUMKEYS,
-                              Op::DELETE_KEY,  Op::APPEND,   Op::MULTI_GET,   Op::MULTI_SET,
-                              Op::CANCEL_WAIT, Op::PING,     Op::QUEUE_PUSH,  Op::QUEUE_POP,
-                              Op::QUEUE_LEN,   Op::LIST_KEYS};
-  if (p == Protocol::V2) return type < std::size(v2) ? v2[type] : Op::UNKNOWN;
-  return type < std::size(v1) ? v1[type] : Op::UNKNOWN;
-}
-
-// A client that speaks neither protocol: the message names it and what it sent.
-class ProtocolError : public StoreError {
- public:
-  using StoreError::StoreError;
-};
-
-constexpr std::uint8_t kReady = 0, kNotReady = 1;            // CHECK
-constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;  // WAIT, CANCEL_WAIT
-constexpr std::uint8_t kKeyUpdated = 0, kKeyCreated = 1, kKeyDeleted = 2, kCallbackRegistered = 3,
-                       kKeyAppended = 4;  // WATCH_KEY
-
-// Reads one request's fields from a client. Once its first byte arrived, the client must
-// keep bytes moving (Options::stall_timeout) or be dropped: while a request is being read
-// the loop serves nobody else.
-class Reader {
- public:
-  Reader(int fd, net::Stall stall) : fd_(fd), stall_(stall) {}
-
-  template <typename T>
-  T value() {
-    T v{};
-    net::recv_all(fd_, &v, sizeof(v), stall_);
-    return v;
-  }
-
-  // u64 length + bytes. Grown chunk by chunk as data arrives, so a garbage length from a
-  // confused client costs nothing until the bytes actually show up.
-  std::string bytes() { return bytes(value<std::uint64_t>()); }
-
-  std::string bytes(std::uint64_t n) {
-    std::string s;
-    while (s.size() < n) {
-      // Chunks grow with what has arrived (64 KiB, then doubling): few calls for big values.
-      std::size_t chunk = static_cast<std::size_t>(
-          std::min<std::uint64_t>(n - s.size(), std::max<std::size_t>(1 << 16, s.size())));
-      std::size_t at = s.size();
-      if (s.capacity() < at + chunk) {
-        s.reserve(std::max(2 * s.capacity(), at + chunk));
-        detail::advise_huge_pages(s.data(), s.capacity());
-      }
-      s.resize(at + chunk);
-      net::recv_all(fd_, s.data() + at, chunk, stall_);
-    }
-    return s;
-  }
-
-  std::vector<std::string> keys() {
-    auto n = value<std::uint64_t>();
-    std::vector<std::string> keys;
-    for (std::uint64_t i = 0; i < n; ++i) keys.push_back(bytes());
-    return keys;
-  }
-
- private:
-  int fd_;
-  net::Stall stall_;
-};
-
-// Builds one reply (or one watch update) so it goes out in a single send.
-class Writer {
- public:
-  template <typename T>
-  Writer& value(T v) {
-    out_.append(reinterpret_cast<const char*>(&v), sizeof(v));
-    return *this;
-  }
-  Writer& bytes(const std::string& s) {
-    value<std::uint64_t>(s.size());
-    if (s.size() >= (std::size_t{4} << 20)) {
-      out_.reserve(out_.size() + s.size());
-      detail::advise_huge_pages(out_.data(), out_.capacity());
-    }
-    out_ += s;
-    return *this;
-  }
-  const std::string& str() const { return out_; }
-
- private:
-  std::string out_;
-};
-
-class Server final : public StoreServer {
- public:
-  Server(net::Socket listener, const Options& options)
-      : listener_(std::move(listener)),
-        stall_timeout_(options.stall_timeout),
-        on_protocol_error_(options.on_protocol_error) {
-    port_ = net::local_port(listener_.fd());
-    if (::pipe2(stop_pipe_, O_CLOEXEC) != 0) throw NetworkError(net::errno_text("pipe2", errno));
-    thread_ = std::thread([this] { run(); });
-  }
-
-  ~Server() override {
-    // Wakes the poll loop; it exits without touching the pipe again.
-    char byte = 0;
-    while (::write(stop_pipe_[1], &byte, 1) < 0 && errno == EINTR) {
-    }
-    thread_.join();
-    ::close(stop_pipe_[0]);
-    ::close(stop_pipe_[1]);
-    // clients_ and listener_ close their sockets as members are destroyed: clients blocked
-    // on us see EOF instead of hanging.
-  }
-
-  std::uint16_t port() const override { return port_; }
-
- private:
-  void run();
-  void handle(int fd);
-  void serve(int fd, Protocol protocol, Op op, Reader& in);
-  void protocol_error(int fd, const std::string& what);
-  void drop(int fd);
-  void send_to(int fd, const Writer& w);
-  void do_set(const std::string& key, std::string value);
-  void wake_waiters(const std::string& key);
-  void wake_one_waiter(const std::string& key);
-  void notify_watchers(const std::string& key, std::uint8_t type, const std::string& old_value,
-                       const std::string& new_value);
-  // A key exists when it holds a value or names a non-empty queue (v2's QUEUE_POP waits on
-  // the queue's name).
-  bool exists(const std::string& key) const {
-    if (data_.count(key) > 0) return true;
-    auto q = queues_.find(key);
-    return q != queues_.end() && !q->second.empty();
-  }
-  bool all_exist(const std::vector<std::string>& keys) const {
-    return std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return exists(k); });
-  }
-
-  net::Socket listener_;
-  std::chrono::milliseconds stall_timeout_;
-  std::function<void(const std::string&)> on_protocol_error_;
-  std::uint16_t port_ = 0;
-  int stop_pipe_[2] = {-1, -1};
-  std::thread thread_;
-
-  // Everything below is touched only by the server thread.
-  std::unordered_map<int, net::Socket> clients_;
-  std::unordered_map<int, Protocol> protocol_;  // per connection, once its first request came
-  std::unordered_map<std::string, std::string> data_;
-  std::unordered_map<std::string, std::deque<std::string>> queues_;  // v2 QUEUE_PUSH/POP
-  std::unordered_map<std::string, std::vector<int>> waiting_;   // key -> sockets waiting for it
-  std::unordered_map<int, std::size_t> keys_awaited_;           // socket -> keys still missing
-  std::unordered_map<std::string, std::vector<int>> watchers_;  // key -> sockets watching it
-  // Sockets a send failed on while serving someone else; dropped once that request is done
-  // (dropping mid-handler would invalidate the lists being walked).
-  std::unordered_set<int> dead_;
-};
-
-void Server::run() {
-  std::vector<pollfd> fds;
-  for (;;) {
-    fds.clear();
-    fds.push_back({listener_.fd(), POLLIN, 0});
-    fds.push_back({stop_pipe_[0], POLLIN, 0});
-    for (const auto& [fd, socket] : clients_) fds.push_back({fd, POLLIN, 0});
-
-    // No timeout: every event that matters (a client, a connection, shutdown) is an fd.
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR) continue;
-      std::fprintf(stderr, "dtrain store: poll failed, server stops: %s\n", std::strerror(errno));
-      return;
-    }
-    if (fds[1].revents != 0) return;
-
-    for (std::size_t i = 2; i < fds.size(); ++i) {
-      int fd = fds[i].fd;
-      if (fds[i].revents == 0 || clients_.count(fd) == 0) continue;
-      try {
-        handle(fd);
-      } catch (const ProtocolError& e) {
-        protocol_error(fd, e.what());
-        dead_.insert(fd);
-      } catch (const std::exception&) {
-        // EOF, reset, garbage, a stalled request, a GET of a missing key (c10d does the
-        // same): this client is done; the others are unaffected.
-        dead_.insert(fd);
-      }
-      while (!dead_.empty()) drop(*dead_.begin());
-    }
-
-    if (fds[0].revents & POLLIN) {
-      try {
-        net::Socket client = net::accept(listener_.fd());
-        if (client.valid()) {
-          int fd = client.fd();
-          clients_.emplace(fd, std::move(client));
-        }
-      } catch (const NetworkError& e) {
-        // Typically EMFILE; existing clients keep being served.
-        std::fprintf(stderr, "dtrain store: %s\n", e.what());
-      }
-    }
-  }
-}
-
-// Removes fd from every key's list in `index`.
-void forget(std::unordered_map<std::string, std::vector<int>>& index, int fd) {
-  for (auto it = index.begin(); it != index.end();) {
-    std::erase(it->second, fd);
-    it = it->second.empty() ? index.erase(it) : std::next(it);
-  }
-}
-
-void Server::drop(int fd) {
-  forget(waiting_, fd);
-  forget(watchers_, fd);
-  keys_awaited_.erase(fd);
-  protocol_.erase(fd);
-  dead_.erase(fd);
-  clients_.erase(fd);  // closes the socket
-}
+// Past this much unsent reply, a connection is not read from until it drains: a client
+// that sends requests and never reads the answers cannot grow the server without bound.
+constexpr std::size_t kMaxBacklog = std::size_t{64} << 20;
+// Bytes read from one connection per loop turn before the others get their turn.
+constexpr int kReadsPerTurn = 16;
+constexpr std::size_t kReadChunk = std::size_t{64} << 10;
 
 std::string peer_name(int fd) {
   sockaddr_storage peer{};
@@ -302,315 +58,323 @@ std::string peer_name(int fd) {
   return (name.find(':') != std::string::npos ? "[" + name + "]" : name) + ":" + port;
 }
 
-void Server::protocol_error(int fd, const std::string& what) {
-  std::string message = "dtrain store: closed the connection of " + peer_name(fd) + ": " + what;
-  if (on_protocol_error_) {
-    on_protocol_error_(message);
-  } else {
-    std::fprintf(stderr, "%s\n", message.c_str());
+class Server final : public StoreServer {
+ public:
+  Server(net::Socket listener, const Options& options)
+      : listener_(std::move(listener)),
+        stall_timeout_(options.stall_timeout),
+        on_protocol_error_(options.on_protocol_error),
+        core_({options.token}, [this](int id, std::string bytes) { queue(id, std::move(bytes)); }) {
+    port_ = net::local_port(listener_.fd());
+    epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
+    wake_ = net::Socket(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!epoll_.valid() || !wake_.valid()) {
+      throw NetworkError(net::errno_text("epoll_create1/eventfd", errno));
+    }
+    net::set_nonblocking(listener_.fd());
+    net::set_nodelay(listener_.fd());  // inherited by every accepted connection
+    watch(listener_.fd(), EPOLLIN, EPOLL_CTL_ADD);
+    watch(wake_.fd(), EPOLLIN, EPOLL_CTL_ADD);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~Server() override {
+    std::uint64_t one = 1;
+    while (::write(wake_.fd(), &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+    thread_.join();
+    // The links close their sockets as members are destroyed: clients blocked on us see
+    // EOF instead of hanging.
+  }
+
+  std::uint16_t port() const override { return port_; }
+
+ private:
+  // One client connection's socket and unsent replies.
+  struct Link {
+    net::Socket socket;
+    std::string out;
+    std::size_t sent = 0;  // of `out`
+    bool dirty = false;    // has output not yet tried this turn
+    bool unread = false;   // a read stopped before the socket was drained (edge-triggered:
+                           // no new event comes for those bytes)
+    Clock::time_point progress;
+  };
+
+  void run();
+  void watch(int fd, std::uint32_t events, int op);
+  void accept_all();
+  void read_from(int fd);
+  void queue(int id, std::string bytes);
+  bool flush(Link& link);
+  void flush_dirty();
+  void drop(int fd);
+  void sweep_stalled();
+  void report(const std::string& line);
+
+  Link* link(int fd) {
+    return fd >= 0 && static_cast<std::size_t>(fd) < links_.size() ? links_[fd].get() : nullptr;
+  }
+
+  net::Socket listener_;
+  std::chrono::milliseconds stall_timeout_;
+  std::function<void(const std::string&)> on_protocol_error_;
+  std::uint16_t port_ = 0;
+  net::Socket epoll_;
+  net::Socket wake_;
+
+  // Everything below is touched only by the server thread.
+  Core core_;
+  std::vector<std::unique_ptr<Link>> links_;  // by fd
+  std::vector<int> dirty_;                    // links with new output this turn
+  std::vector<int> dropping_;                 // links to close once this turn's events are done
+  std::vector<int> again_;                    // links with bytes left to read next turn
+  std::vector<char> chunk_ = std::vector<char>(kReadChunk);
+  bool accepting_ = true;
+  Clock::time_point accept_again_;
+  // At most kReports lines per window, so a port scanner cannot flood the agent's stderr.
+  static constexpr int kReports = 20;
+  int reports_ = 0;
+  long long unreported_ = 0;
+  Clock::time_point report_window_;
+
+  std::thread thread_;  // last: starts once everything above is built
+};
+
+void Server::watch(int fd, std::uint32_t events, int op) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll_.fd(), op, fd, &ev) != 0) {
+    throw NetworkError(net::errno_text("epoll_ctl", errno));
   }
 }
 
-void Server::send_to(int fd, const Writer& w) {
-  if (dead_.count(fd) != 0) return;
-  try {
-    net::send_all(fd, w.str().data(), w.str().size(), net::Stall{stall_timeout_});
-  } catch (const Error&) {
-    dead_.insert(fd);
-  }
-}
+void Server::run() {
+  std::vector<epoll_event> events(1024);
+  auto tick = std::clamp<std::chrono::milliseconds>(
+      stall_timeout_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+  auto next_sweep = Clock::now() + tick;
+  std::vector<int> again;
+  for (;;) {
+    int n = ::epoll_wait(epoll_.fd(), events.data(), static_cast<int>(events.size()),
+                         again_.empty() ? static_cast<int>(tick.count()) : 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::fprintf(stderr, "dtrain store: epoll_wait failed, server stops: %s\n",
+                   std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == wake_.fd()) return;
+      if (fd == listener_.fd()) {
+        accept_all();
+        continue;
+      }
+      Link* l = link(fd);
+      if (l == nullptr) continue;
+      if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) read_from(fd);
+      if ((events[i].events & EPOLLOUT) && !l->dirty) {
+        l->dirty = true;
+        dirty_.push_back(fd);
+      }
+      // Answers go out at once, not after the other events of this turn: a client's next
+      // request waits for nobody else's.
+      flush_dirty();
+    }
+    // Those that had more to read than one turn takes (or than their backlog allowed).
+    again.swap(again_);
+    for (int fd : again) {
+      Link* l = link(fd);
+      if (l != nullptr && l->unread) read_from(fd);
+      flush_dirty();
+    }
+    again.clear();
+    for (int fd : dropping_) drop(fd);
+    dropping_.clear();
 
-void Server::wake_waiters(const std::string& key) {
-  auto it = waiting_.find(key);
-  if (it == waiting_.end()) return;
-  std::vector<int> sockets = std::move(it->second);
-  waiting_.erase(it);
-  for (int fd : sockets) {
-    auto awaited = keys_awaited_.find(fd);
-    if (awaited == keys_awaited_.end()) continue;
-    if (--awaited->second == 0) {
-      keys_awaited_.erase(awaited);
-      send_to(fd, Writer().value(kStopWaiting));
+    auto now = Clock::now();
+    if (now >= next_sweep) {
+      sweep_stalled();
+      next_sweep = now + tick;
+      if (!accepting_ && now >= accept_again_) {
+        accepting_ = true;
+        watch(listener_.fd(), EPOLLIN, EPOLL_CTL_MOD);
+      }
     }
   }
 }
 
-// A queue item goes to one waiter: the first whose last awaited key this was.
-void Server::wake_one_waiter(const std::string& key) {
-  auto it = waiting_.find(key);
-  if (it == waiting_.end()) return;
-  auto& sockets = it->second;
-  for (auto fd_it = sockets.begin(); fd_it != sockets.end(); ++fd_it) {
-    auto awaited = keys_awaited_.find(*fd_it);
-    if (awaited == keys_awaited_.end() || awaited->second != 1) continue;
-    int fd = *fd_it;
-    keys_awaited_.erase(awaited);
-    sockets.erase(fd_it);
-    if (sockets.empty()) waiting_.erase(it);
-    send_to(fd, Writer().value(kStopWaiting));
+void Server::accept_all() {
+  for (int i = 0; i < 1024; ++i) {
+    net::Socket client;
+    try {
+      client = net::accept_nonblocking(listener_.fd());
+    } catch (const NetworkError& e) {
+      // Typically EMFILE: existing clients keep being served; stop accepting for a moment
+      // instead of spinning on the listener that stays readable.
+      report(std::string("cannot accept more connections: ") + e.what() +
+             " (raise the open-file limit, ulimit -n, of the process hosting the store)");
+      accepting_ = false;
+      accept_again_ = Clock::now() + std::chrono::milliseconds(100);
+      watch(listener_.fd(), 0, EPOLL_CTL_MOD);
+      return;
+    }
+    if (!client.valid()) return;
+    int fd = client.fd();
+    if (static_cast<std::size_t>(fd) >= links_.size()) links_.resize(fd + 1);
+    auto l = std::make_unique<Link>();
+    l->socket = std::move(client);
+    l->progress = Clock::now();
+    watch(fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, EPOLL_CTL_ADD);
+    links_[fd] = std::move(l);
+    core_.open(fd);
+  }
+}
+
+void Server::read_from(int fd) {
+  Link* l = link(fd);
+  l->unread = false;
+  for (int i = 0; i < kReadsPerTurn; ++i) {
+    // Too much unsent output: leave the rest in the socket until the client reads.
+    if (l->out.size() - l->sent > kMaxBacklog) {
+      l->unread = true;
+      return;
+    }
+    ssize_t got = ::recv(fd, chunk_.data(), chunk_.size(), 0);
+    if (got > 0) {
+      l->progress = Clock::now();
+      if (auto d = core_.receive(fd, std::string_view(chunk_.data(), got))) {
+        if (d->report)
+          report("dtrain store: closed the connection of " + peer_name(fd) + ": " + d->why);
+        dropping_.push_back(fd);
+        return;
+      }
+      if (static_cast<std::size_t>(got) < chunk_.size()) return;  // drained
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // EOF, reset: this client is done; the others are unaffected.
+    dropping_.push_back(fd);
     return;
   }
+  // The turn's share is used up; the rest next turn, after the others had theirs.
+  l->unread = true;
+  again_.push_back(fd);
 }
 
-void Server::notify_watchers(const std::string& key, std::uint8_t type,
-                             const std::string& old_value, const std::string& new_value) {
-  auto it = watchers_.find(key);
-  if (it == watchers_.end()) return;
-  Writer update;
-  update.value(type).bytes(key).bytes(old_value).bytes(new_value);
-  for (int fd : it->second) send_to(fd, update);
+void Server::queue(int id, std::string bytes) {
+  Link* l = link(id);
+  if (l == nullptr) return;
+  if (l->sent == l->out.size()) {
+    l->out = std::move(bytes);
+    l->sent = 0;
+  } else {
+    l->out += bytes;
+  }
+  if (!l->dirty) {
+    l->dirty = true;
+    dirty_.push_back(id);
+  }
 }
 
-void Server::do_set(const std::string& key, std::string value) {
-  auto it = data_.find(key);
-  bool created = it == data_.end();
-  std::string old_value = created ? std::string() : std::move(it->second);
-  std::string& slot = data_[key];
-  slot = std::move(value);
-  wake_waiters(key);
-  notify_watchers(key, created ? kKeyCreated : kKeyUpdated, old_value, slot);
+// Sends the replies and wake-ups the last request produced: several for one client in one
+// send.
+void Server::flush_dirty() {
+  for (int fd : dirty_) {
+    Link* l = link(fd);
+    if (l == nullptr || !l->dirty) continue;
+    l->dirty = false;
+    if (!flush(*l)) {
+      dropping_.push_back(fd);
+      continue;
+    }
+    // Drained below the backlog limit: read what was left waiting.
+    if (l->unread && l->out.size() - l->sent <= kMaxBacklog) again_.push_back(fd);
+  }
+  dirty_.clear();
 }
 
-// Reads one request from fd and answers it. Throws when the client must be dropped
-// (ProtocolError when it speaks neither protocol).
-void Server::handle(int fd) {
-  Reader in(fd, net::Stall{stall_timeout_});
-  auto type = in.value<std::uint8_t>();
-  Protocol& protocol = protocol_[fd];
-  if (protocol == Protocol::UNKNOWN) {
-    if (type != 0) {
-      // Only v1 starts with a query other than byte 0; a byte v1 does not know either is
-      // neither protocol (an HTTP probe, a newer PyTorch, ...).
-      if (decode(Protocol::V1, type) == Op::UNKNOWN) {
-        throw ProtocolError("its first request has type " + std::to_string(type) +
-                            ", which is neither a PyTorch 1.x (v1) nor a PyTorch 2.x (v2) "
-                            "TCPStore request; is it a TCPStore client of a PyTorch version this "
-                            "dtrain does not support, or not a TCPStore client at all?");
-      }
-      protocol = Protocol::V1;
+// Sends what the socket takes now. False if the connection is broken.
+bool Server::flush(Link& l) {
+  while (l.sent < l.out.size()) {
+    ssize_t n = ::send(l.socket.fd(), l.out.data() + l.sent, l.out.size() - l.sent,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      l.sent += static_cast<std::size_t>(n);
+      l.progress = Clock::now();
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    return false;
+  }
+  l.out.clear();
+  l.sent = 0;
+  if (l.out.capacity() > (std::size_t{1} << 20)) std::string().swap(l.out);
+  return true;
+}
+
+void Server::drop(int fd) {
+  Link* l = link(fd);
+  if (l == nullptr) return;
+  flush(*l);  // a last answer (AUTH's refusal) goes out if the socket takes it
+  core_.close(fd);
+  links_[fd].reset();  // closes the socket, which takes it out of the epoll set
+}
+
+// A client that has half a request buffered, or replies it does not read, and moves no
+// byte for the stall timeout is dropped.
+void Server::sweep_stalled() {
+  auto now = Clock::now();
+  for (std::size_t fd = 0; fd < links_.size(); ++fd) {
+    Link* l = links_[fd].get();
+    if (l == nullptr || now - l->progress < stall_timeout_) continue;
+    if (l->sent < l->out.size() || core_.partial(static_cast<int>(fd))) {
+      drop(static_cast<int>(fd));
+    }
+  }
+}
+
+void Server::report(const std::string& line) {
+  auto emit = [this](const std::string& text) {
+    if (on_protocol_error_) {
+      on_protocol_error_(text);
     } else {
-      // Byte 0 is v2's VALIDATE or v1's SET. VALIDATE carries the magic number; as the low
-      // half of a SET's key length it would mean a ~1 GB key, which no store client sends.
-      auto magic = in.value<std::uint32_t>();
-      if (magic == kValidationMagic) {
-        protocol = Protocol::V2;
-        return;  // VALIDATE has no reply
-      }
-      protocol = Protocol::V1;
-      auto high = in.value<std::uint32_t>();
-      auto key = in.bytes(static_cast<std::uint64_t>(high) << 32 | magic);
-      do_set(key, in.bytes());
-      return;
+      std::fprintf(stderr, "%s\n", text.c_str());
     }
+  };
+  auto now = Clock::now();
+  if (now - report_window_ > std::chrono::seconds(10)) {
+    if (unreported_ > 0) {
+      emit("dtrain store: " + std::to_string(unreported_) +
+           " more such lines were left out in the last 10 s");
+    }
+    report_window_ = now;
+    reports_ = 0;
+    unreported_ = 0;
   }
-  Op op = decode(protocol, type);
-  if (op == Op::UNKNOWN) {
-    throw ProtocolError(std::string("it sent request type ") + std::to_string(type) +
-                        ", unknown in the " +
-                        (protocol == Protocol::V2 ? "PyTorch 2.x (v2)" : "PyTorch 1.x (v1)") +
-                        " TCPStore protocol it spoke so far");
+  if (++reports_ > kReports) {
+    ++unreported_;
+    return;
   }
-  serve(fd, protocol, op, in);
-}
-
-void Server::serve(int fd, Protocol protocol, Op op, Reader& in) {
-  switch (op) {
-    case Op::SET: {
-      auto key = in.bytes();
-      do_set(key, in.bytes());
-      return;
-    }
-    case Op::COMPARE_SET: {
-      auto key = in.bytes();
-      auto expected = in.bytes();
-      auto desired = in.bytes();
-      auto it = data_.find(key);
-      if (it == data_.end()) {
-        if (!expected.empty()) {
-          // c10d answers `expected` for a missing key (its own TODO calls this "lying");
-          // PyTorch callers compare against it, so we must too.
-          send_to(fd, Writer().bytes(expected));
-          return;
-        }
-        data_[key] = desired;
-        // c10d does not wake waiters here, which leaves a wait() on a key created by
-        // compare_set hanging; waking them is the only difference a client can observe.
-        wake_waiters(key);
-        notify_watchers(key, kKeyCreated, expected, desired);
-        send_to(fd, Writer().bytes(desired));
-        return;
-      }
-      if (it->second == expected) {
-        std::string old_value = std::exchange(it->second, desired);
-        notify_watchers(key, kKeyUpdated, old_value, it->second);
-      }
-      send_to(fd, Writer().bytes(it->second));
-      return;
-    }
-    case Op::GET: {
-      auto key = in.bytes();
-      auto it = data_.find(key);
-      // Clients WAIT before GET. A missing key anyway: PyTorch 1.x's daemon drops the
-      // client, 2.x's answers an empty value; each client gets what its PyTorch does.
-      if (it == data_.end() && protocol == Protocol::V2) {
-        send_to(fd, Writer().bytes(std::string()));
-        return;
-      }
-      if (it == data_.end()) throw StoreError("GET of missing key " + key);
-      send_to(fd, Writer().bytes(it->second));
-      return;
-    }
-    case Op::ADD: {
-      auto key = in.bytes();
-      auto value = in.value<std::int64_t>();
-      auto it = data_.find(key);
-      bool created = it == data_.end();
-      std::string old_value = created ? std::string() : it->second;
-      // Non-numeric text throws here and drops the client, exactly like c10d's stoll.
-      if (!created) value += std::stoll(old_value);
-      std::string& slot = data_[key];
-      slot = std::to_string(value);
-      send_to(fd, Writer().value(value));
-      wake_waiters(key);
-      notify_watchers(key, created ? kKeyCreated : kKeyUpdated, old_value, slot);
-      return;
-    }
-    case Op::CHECK: {
-      auto keys = in.keys();
-      send_to(fd, Writer().value(all_exist(keys) ? kReady : kNotReady));
-      return;
-    }
-    case Op::WAIT: {
-      auto keys = in.keys();
-      if (all_exist(keys)) {
-        send_to(fd, Writer().value(kStopWaiting));
-        return;
-      }
-      std::size_t missing = 0;
-      for (const auto& key : keys) {
-        if (!exists(key)) {
-          waiting_[key].push_back(fd);
-          ++missing;
-        }
-      }
-      keys_awaited_[fd] = missing;
-      return;
-    }
-    case Op::GETNUMKEYS:
-      send_to(fd, Writer().value(static_cast<std::int64_t>(data_.size())));
-      return;
-    case Op::WATCH_KEY: {
-      watchers_[in.bytes()].push_back(fd);
-      send_to(fd, Writer().value(kCallbackRegistered));
-      return;
-    }
-    case Op::DELETE_KEY: {
-      auto key = in.bytes();
-      auto it = data_.find(key);
-      std::int64_t deleted = 0;
-      if (it != data_.end()) {
-        std::string old_value = std::move(it->second);
-        data_.erase(it);
-        deleted = 1;
-        notify_watchers(key, kKeyDeleted, old_value, std::string());
-      }
-      send_to(fd, Writer().value(deleted));
-      return;
-    }
-    case Op::APPEND: {
-      auto key = in.bytes();
-      auto value = in.bytes();
-      auto it = data_.find(key);
-      bool created = it == data_.end();
-      if (created) {
-        data_.emplace(key, value);
-      } else {
-        it->second += value;
-      }
-      wake_waiters(key);
-      // c10d sends an empty "old value" and the appended bytes as the "new value".
-      notify_watchers(key, created ? kKeyCreated : kKeyAppended, std::string(), value);
-      return;
-    }
-    case Op::MULTI_GET: {
-      auto keys = in.keys();
-      Writer reply;
-      for (const auto& key : keys) {
-        auto it = data_.find(key);
-        if (it == data_.end() && protocol == Protocol::V1) {
-          throw StoreError("MULTI_GET of missing key " + key);
-        }
-        reply.bytes(it == data_.end() ? std::string() : it->second);
-      }
-      send_to(fd, reply);
-      return;
-    }
-    case Op::MULTI_SET: {
-      auto n = in.value<std::uint64_t>();
-      for (std::uint64_t i = 0; i < n; ++i) {
-        auto key = in.bytes();
-        do_set(key, in.bytes());
-      }
-      return;
-    }
-    case Op::CANCEL_WAIT: {
-      forget(waiting_, fd);
-      keys_awaited_.erase(fd);
-      send_to(fd, Writer().value(kWaitCanceled));
-      return;
-    }
-    case Op::VALIDATE: {
-      // Once more after the opening one: harmless if it still carries the magic number.
-      if (in.value<std::uint32_t>() != kValidationMagic) {
-        throw ProtocolError("it sent VALIDATE with a wrong magic number");
-      }
-      return;
-    }
-    case Op::PING:
-      // The client checks that its nonce comes back.
-      send_to(fd, Writer().value(in.value<std::uint32_t>()));
-      return;
-    case Op::QUEUE_PUSH: {
-      auto key = in.bytes();
-      queues_[key].push_back(in.bytes());
-      wake_one_waiter(key);
-      return;
-    }
-    case Op::QUEUE_POP: {
-      // The length before the pop, then the item if there was one (clients WAIT first).
-      auto& queue = queues_[in.bytes()];
-      Writer reply;
-      reply.value(static_cast<std::int64_t>(queue.size()));
-      if (!queue.empty()) {
-        reply.bytes(queue.front());
-        queue.pop_front();
-      }
-      send_to(fd, reply);
-      return;
-    }
-    case Op::QUEUE_LEN: {
-      auto it = queues_.find(in.bytes());
-      send_to(fd, Writer().value(
-                      static_cast<std::int64_t>(it == queues_.end() ? 0 : it->second.size())));
-      return;
-    }
-    case Op::LIST_KEYS: {
-      Writer reply;
-      reply.value(static_cast<std::int64_t>(data_.size()));
-      for (const auto& [key, value] : data_) reply.bytes(key);
-      send_to(fd, reply);
-      return;
-    }
-    case Op::UNKNOWN:
-      break;
-  }
-  throw ProtocolError("unhandled request");
+  emit(line);
 }
 
 }  // namespace
 
 std::unique_ptr<StoreServer> StoreServer::start(const Options& options) {
-  return std::make_unique<Server>(net::listen(options.bind_host, options.port), options);
+  // Every client is a file descriptor here: thousands of ranks need more than the usual
+  // soft limit of 1,024. The hard limit stays the administrator's.
+  rlimit fds{};
+  if (::getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+    fds.rlim_cur = fds.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &fds);
+  }
+  // The kernel caps the backlog at net.core.somaxconn; thousands of ranks connect at once.
+  return std::make_unique<Server>(net::listen(options.bind_host, options.port, 65535), options);
 }
 
 }  // namespace dtrain::store

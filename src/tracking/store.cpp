@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -82,7 +83,48 @@ fs::path key_path(const fs::path& dir, const std::string& key) {
   return dir / key;
 }
 
+// `response` parsed, then walked down `path`; a string at the end.
+std::string string_at(const std::string& response, const std::string& endpoint,
+                      std::initializer_list<const char*> path, bool optional = false) {
+  std::string where;
+  for (const char* key : path) where += std::string(where.empty() ? "" : ".") + key;
+  try {
+    json j = json::parse(response);
+    const json* at = &j;
+    for (const char* key : path) {
+      if (!at->is_object() || !at->contains(key)) {
+        if (optional) return "";
+        throw NetworkError("");
+      }
+      at = &(*at)[key];
+    }
+    if (!at->is_string()) throw NetworkError("");
+    return at->get<std::string>();
+  } catch (const std::exception&) {
+    throw NetworkError("mlflow: the server's answer to " + endpoint + " has no string '" + where +
+                       "' (is the tracking URI an MLflow server?): " + response.substr(0, 200));
+  }
+}
+
 }  // namespace
+
+std::string experiment_id_of_created(const std::string& response) {
+  return string_at(response, "experiments/create", {"experiment_id"});
+}
+
+std::string experiment_id_of_found(const std::string& response) {
+  return string_at(response, "experiments/get-by-name", {"experiment", "experiment_id"});
+}
+
+RunInfo run_info_of(const std::string& response, const std::string& endpoint,
+                    const std::string& experiment_id) {
+  RunInfo info;
+  info.run_id = string_at(response, endpoint, {"run", "info", "run_id"});
+  info.experiment_id = string_at(response, endpoint, {"run", "info", "experiment_id"}, true);
+  if (info.experiment_id.empty()) info.experiment_id = experiment_id;
+  info.artifact_uri = string_at(response, endpoint, {"run", "info", "artifact_uri"}, true);
+  return info;
+}
 
 // ---------------------------------------------------------------------------------------
 RestStore::RestStore(std::string base_url, std::chrono::milliseconds timeout)
@@ -118,36 +160,34 @@ RunInfo RestStore::create_run(const std::string& experiment, const std::string& 
       "", true, &code);
   if (code == 404) {
     try {
-      exp_id = json::parse(call("POST", "/api/2.0/mlflow/experiments/create",
-                                json{{"name", experiment}}.dump()))
-                   .at("experiment_id")
-                   .get<std::string>();
+      exp_id = experiment_id_of_created(
+          call("POST", "/api/2.0/mlflow/experiments/create", json{{"name", experiment}}.dump()));
     } catch (const RejectedError&) {  // created by someone else meanwhile
-      exp_id = json::parse(call("GET",
-                                "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" +
-                                    url_escape(experiment),
-                                ""))
-                   .at("experiment")
-                   .at("experiment_id")
-                   .get<std::string>();
+      exp_id = experiment_id_of_found(call(
+          "GET",
+          "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(experiment), ""));
     }
   } else {
-    exp_id = json::parse(got).at("experiment").at("experiment_id").get<std::string>();
+    exp_id = experiment_id_of_found(got);
   }
   json t = json::array();
   for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
   json req{{"experiment_id", exp_id}, {"start_time", now_ms()}, {"tags", t}};
   if (!run_name.empty()) req["run_name"] = run_name;
   auto info =
-      json::parse(call("POST", "/api/2.0/mlflow/runs/create", req.dump())).at("run").at("info");
-  return {info.at("run_id").get<std::string>(), exp_id, info.value("artifact_uri", "")};
+      run_info_of(call("POST", "/api/2.0/mlflow/runs/create", req.dump()), "runs/create", exp_id);
+  info.experiment_id = exp_id;
+  return info;
 }
 
 RunInfo RestStore::get_run(const std::string& run_id) {
-  auto info = json::parse(call("GET", "/api/2.0/mlflow/runs/get?run_id=" + url_escape(run_id), ""))
-                  .at("run")
-                  .at("info");
-  return {run_id, info.at("experiment_id").get<std::string>(), info.value("artifact_uri", "")};
+  auto info = run_info_of(call("GET", "/api/2.0/mlflow/runs/get?run_id=" + url_escape(run_id), ""),
+                          "runs/get", "");
+  if (info.experiment_id.empty()) {
+    throw NetworkError("mlflow: the server's answer to runs/get has no run.info.experiment_id");
+  }
+  info.run_id = run_id;
+  return info;
 }
 
 void RestStore::log_batch(const std::string& run_id, const std::vector<Entry>& entries) {

@@ -42,6 +42,19 @@ class RejectedError : public Error {
   using Error::Error;
 };
 
+// What the MLflow REST API answers, read into what dtrain needs. `response` is the body the
+// server sent; a body that is not JSON, or lacks the field or has it with another type,
+// throws NetworkError naming the endpoint and what was expected (never a json exception: the
+// caller decides whether to fall back to the file store on that).
+// experiments/create -> experiment_id
+std::string experiment_id_of_created(const std::string& response);
+// experiments/get-by-name -> experiment.experiment_id
+std::string experiment_id_of_found(const std::string& response);
+// runs/create and runs/get -> run.info (run_id; experiment_id, else `experiment_id`;
+// artifact_uri, else "").
+RunInfo run_info_of(const std::string& response, const std::string& endpoint,
+                    const std::string& experiment_id);
+
 class Store {
  public:
   virtual ~Store() = default;

@@ -21,35 +21,17 @@ hosts_up
 # check_logs LOG_DIR FINAL_WORLD: every sample of both epochs exactly once, counting each
 # attempt's steps up to the step the next attempt resumed from; the last attempt at FINAL_WORLD.
 check_logs() {
-  python3 - "$1" "$2" <<'PY'
-import collections, os, re, sys
+  PYTHONPATH="$(dirname "$0")" python3 - "$1" "$2" <<'PY'
+import sys
+import attempt_logs
 d, final_world = sys.argv[1], int(sys.argv[2])
-att = collections.defaultdict(lambda: {"resume": None, "world": None, "steps": {}})
-for name in os.listdir(d):
-    m = re.match(r"attempt(\d+)_rank(\d+)\.log$", name)
-    if not m:
-        continue
-    a = att[int(m.group(1))]
-    for line in open(os.path.join(d, name)):
-        f = line.split()
-        if f and f[0] == "resume":
-            a["resume"], a["world"] = int(f[1]), int(f[2])
-        elif f and f[0] == "step":
-            a["steps"].setdefault((int(f[1]), int(f[2])), []).extend(int(x) for x in f[3:])
+att = attempt_logs.read(d)
 order = sorted(att)
 if len(order) < 2:
     sys.exit(f"expected a restart, got attempts {order}")
-seen = collections.defaultdict(list)
-for i, n in enumerate(order):
-    cutoff = att[order[i + 1]]["resume"] if i + 1 < len(order) else 1 << 60
-    for (step, epoch), idx in att[n]["steps"].items():
-        if step <= cutoff:
-            seen[epoch].extend(idx)
-for epoch in (0, 1):
-    if sorted(seen[epoch]) != list(range(240)):
-        c = collections.Counter(seen[epoch])
-        bad = [i for i in range(240) if c[i] != 1][:5]
-        sys.exit(f"epoch {epoch}: samples not seen exactly once, e.g. {[(i, c[i]) for i in bad]}")
+bad = attempt_logs.not_exactly_once(att, order, 2, 240, 5)
+if bad:
+    sys.exit(f"epoch {bad[0][0]}: samples not seen exactly once, e.g. {bad[0][1]}")
 last = att[order[-1]]
 if last["world"] != final_world:
     sys.exit(f"last attempt at world size {last['world']}, expected {final_world}")

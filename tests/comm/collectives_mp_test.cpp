@@ -118,11 +118,13 @@ void expect_all_passed(const std::vector<RunResult>& results) {
   }
 }
 
-void expect_every_collective_under_dtrain_run(const std::string& backend) {
+void expect_every_collective_under_dtrain_run(const std::string& backend,
+                                              std::vector<std::string> flags = {}) {
   const auto shm_before = shm_names();
-  auto res = dtrain::test::run_command(
-      {DTRAIN_BIN, "run", "--nproc-per-node", "3", kWorker, "--mode", "all", "--backend", backend},
-      RunOptions{{}, {}, 45s});
+  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", "3"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {kWorker, "--mode", "all", "--backend", backend});
+  auto res = dtrain::test::run_command(argv, RunOptions{{}, {}, 45s});
   ASSERT_EQ(res.exit_code, 0) << describe(res);
   // The launcher prefixes each rank's lines; every rank must report its checks passed.
   for (int r = 0; r < 3; ++r) {
@@ -147,6 +149,12 @@ TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3Processes) {
 
 TEST(CollectivesMultiProcess, EveryCollectiveUnderDtrainRunWith3ProcessesOnGloo) {
   expect_every_collective_under_dtrain_run("gloo");
+}
+
+// The job's store admits only clients with the token: the workers' init_process_group
+// connects with it (store/token_store.h) instead of c10d's TCPStore, and Gloo meets over it.
+TEST(CollectivesMultiProcess, EveryCollectiveOnGlooWhenTheStoreNeedsAToken) {
+  expect_every_collective_under_dtrain_run("gloo", {"--store-token", "collectives-secret"});
 }
 
 TEST(CollectivesMultiProcess, TcpInitWithoutLauncher) {

@@ -17,6 +17,8 @@
 // --batch is then the GLOBAL batch (each rank takes batch / world): the same global batches
 // at any world size, so a run resumed at another world size can match an uninterrupted one.
 // --params-out F: rank 0 writes the final parameters ("name v1 v2 ...", 9 significant digits).
+// --double: data and model in float64 (the soak compares a long chaotic run with an
+// uninterrupted one: float32 sums in another order at another world size drift further).
 // --resume-always: ResumePolicy::kAlways (a job started again by hand, at any world size);
 // --memory-dir D: where in-memory commits go (so such a job finds them).
 #include <signal.h>
@@ -56,7 +58,7 @@ int main(int argc, char** argv) {
   CLI::App app{"elastic resume test worker"};
   int64_t size = 240, batch = 8, epochs = 2, commit_every = 3, kill_at_step = 0;
   int kill_rank = 1, zero_stage = -1;
-  bool resume_always = false;
+  bool resume_always = false, use_double = false;
   std::string params_out, memory_dir;
   double step_sleep = 0;
   bool in_memory = false;
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero", zero_stage);
   app.add_option("--params-out", params_out);
   app.add_flag("--resume-always", resume_always);
+  app.add_flag("--double", use_double);
   app.add_option("--memory-dir", memory_dir);
   app.add_option("--log-dir", log_dir)->required();
   app.add_option("--checkpoint-dir", ckpt_dir);
@@ -89,8 +92,10 @@ int main(int argc, char** argv) {
     std::fflush(log);
 
     torch::manual_seed(7);
-    auto x_all = torch::randn({size, 16});
-    auto teacher = torch::randn({16, 4});
+    if (use_double && zero_stage < 0) throw dtrain::Error("--double needs --zero STAGE");
+    const auto dtype = use_double ? torch::kFloat64 : torch::kFloat32;
+    auto x_all = torch::randn({size, 16}).to(dtype);
+    auto teacher = torch::randn({16, 4}).to(dtype);
     auto y_all = x_all.matmul(teacher).argmax(1);
     const bool zero = zero_stage >= 0;
     dtrain::ElasticStateOptions eo{.checkpoint_dir = ckpt_dir,
@@ -106,6 +111,7 @@ int main(int argc, char** argv) {
       eo.batch_size = batch / world;
       torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(),
                                   torch::nn::Linear(32, 4));
+      model->to(dtype);
       auto engine = dtrain::zero::initialize(
           model, nlohmann::json{{"train_micro_batch_size_per_gpu", batch / world},
                                 {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
@@ -114,6 +120,7 @@ int main(int argc, char** argv) {
       es.restore();
       std::fprintf(log, "resume %lld %d\n", static_cast<long long>(es.step()), world);
       std::fflush(log);
+      bool first_step_logged = false;
       for (; es.epoch() < epochs; es.end_epoch()) {
         while (auto batch_idx = es.next_batch()) {
           const int64_t step = es.step() + 1;
@@ -143,6 +150,11 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
           }
           es.step_done();
+          if (rank == 0 && !first_step_logged) {
+            std::fprintf(log, "first_step %lld %.6f\n", static_cast<long long>(step), unix_now());
+            std::fflush(log);
+            first_step_logged = true;
+          }
           if (step_sleep > 0)
             std::this_thread::sleep_for(std::chrono::duration<double>(step_sleep));
         }

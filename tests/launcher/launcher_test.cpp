@@ -1060,6 +1060,63 @@ TEST_F(LauncherTest, MissingNodeTimesOutNamingIt) {
   EXPECT_FALSE(std::filesystem::exists(marker)) << "no worker may start without the whole job";
 }
 
+// --store-token: the agents and the workers of a job prove the token; an agent with another
+// one fails at once with a message that says so, instead of waiting for the rendezvous.
+TEST_F(LauncherTest, StoreTokenAgentsMeetAndAWrongTokenFailsAtOnce) {
+  const int port = free_port();
+  auto node = [&](int rank, Args token_flags) {
+    Args a{"--nnodes",         "2",      "--node-rank",    std::to_string(rank),
+           "--nproc-per-node", "1",      "--master-port",  std::to_string(port),
+           "--rdzv-id",        "token2", "--rdzv-timeout", "30"};
+    a.insert(a.end(), token_flags.begin(), token_flags.end());
+    a.insert(a.end(), {kWorker, "--print-env", "--store-barrier"});
+    return a;
+  };
+  RunOptions env_token;
+  env_token.env = {"DTRAIN_STORE_TOKEN=job-secret"};
+  Process& n0 = start(node(0, {}), env_token);
+  RunResult wrong = run(node(1, {"--store-token", "not-the-secret"}), 20s);
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.err;
+  EXPECT_LT(wrong.elapsed, 10.0) << "a refused token must fail the agent, not time out";
+  EXPECT_TRUE(contains(wrong.err, "refused this process's store token")) << wrong.err;
+  EXPECT_TRUE(contains(wrong.err, "--store-token")) << wrong.err;
+  Process& n1 = start(node(1, {"--store-token", "job-secret"}));
+  auto rs = finish({&n0, &n1}, 40s);
+  expect_node_layout(rs[0], 0, 2, 0, 1, 2, port);
+  expect_node_layout(rs[1], 1, 2, 1, 1, 2, port);
+  // (The workers' store barrier passed: they proved the token they got from their agent.)
+  EXPECT_TRUE(contains(rs[0].err, "sent a wrong store token")) << rs[0].err;
+}
+
+// A client without the token cannot touch a protected job's store: the connection is
+// closed at its first request and the agent names it.
+TEST_F(LauncherTest, AStrangerCannotUseAProtectedJobsStore) {
+  const int port = free_port();
+  Process& job = start({"--master-port", std::to_string(port), "--store-token", "job-secret",
+                        kWorker, "--print-env", "--sleep", "3"});
+  ASSERT_TRUE(wait_for_count(job, "LOCAL_RANK=", 1));
+  store::StoreClient::Options o;
+  o.connect_timeout = 5s;
+  o.timeout = 5s;
+  auto stranger = store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(port), o);
+  // SET has no reply: the client learns of the closed connection at its next request.
+  try {
+    stranger->set("forged", "x");
+  } catch (const NetworkError&) {
+  }
+  EXPECT_THROW(stranger->check({"forged"}), NetworkError);
+  o.token = "guess";
+  EXPECT_THROW(store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(port), o),
+               store::StoreAuthError);
+  o.token = "job-secret";
+  auto member = store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(port), o);
+  EXPECT_FALSE(member->check({"forged"})) << "a stranger's SET reached the store";
+  RunResult r = job.finish(20s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "did not prove the store token")) << r.err;
+  EXPECT_TRUE(contains(r.err, "sent a wrong store token")) << r.err;
+}
+
 TEST_F(LauncherTest, DuplicateNodeRankIsRefused) {
   const int port = free_port();
   const Args program{kWorker, "--pid", "--sleep", "30"};
@@ -1139,6 +1196,9 @@ std::vector<BadInput> bad_inputs() {
       {"MasterPortInUse",
        with_worker({"--master-port", "{PORT}"}),
        {run_error + "--master-port: port {PORT} is already in use"}},
+      {"StoreTokenForAPythonProgram",
+       {"--store-token", "secret", "{TMP}/train.py"},
+       {run_error + "--store-token / DTRAIN_STORE_TOKEN: '{TMP}/train.py' runs in Python"}},
       {"MasterPortZeroOnTwoNodes",
        with_worker({"--nnodes", "2", "--master-port", "0"}),
        {run_error + "--master-port: port 0"}},

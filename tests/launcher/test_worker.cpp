@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
       dtrain::store::StoreClient::Options o;
       o.connect_timeout = std::chrono::seconds(10);
       o.timeout = std::chrono::seconds(20);
+      o.token = dtrain::store::job_store_token();
       auto c = dtrain::store::StoreClient::connect(addr, static_cast<uint16_t>(port), o);
       c->set(prefix + "/rank_" + std::to_string(rank), "here");
       std::vector<std::string> keys;

@@ -443,5 +443,128 @@ TEST(StoreTest, DestroyingTheServerFailsWaitingClientsInsteadOfHanging) {
   EXPECT_THROW(client->num_keys(), NetworkError);
 }
 
+// --- the store token ------------------------------------------------------------------
+
+struct ProtectedStore {
+  std::mutex mutex;
+  std::vector<std::string> refusals;
+  std::unique_ptr<StoreServer> server;
+
+  ProtectedStore() {
+    StoreServer::Options options;
+    options.bind_host = "127.0.0.1";
+    options.token = "job-secret";
+    options.on_protocol_error = [this](const std::string& line) {
+      std::lock_guard lock(mutex);
+      refusals.push_back(line);
+    };
+    server = StoreServer::start(options);
+  }
+  std::unique_ptr<StoreClient> member() {
+    StoreClient::Options options;
+    options.connect_timeout = 5s;
+    options.timeout = 5s;
+    options.token = "job-secret";
+    return StoreClient::connect("127.0.0.1", server->port(), options);
+  }
+  std::size_t refused() {
+    std::lock_guard lock(mutex);
+    return refusals.size();
+  }
+};
+
+// Whatever a stranger sends first - a v2 or v1 SET, a GET, a WAIT, a PING, a huge request -
+// closes its connection before the server reads or writes a key, and names it.
+TEST(StoreTokenTest, AStrangerCannotSetGetOrWaitOnAProtectedStore) {
+  ProtectedStore store;
+  auto member = store.member();
+  member->set("rank0", "10.0.0.1:1234");
+
+  auto refused_at_once = [&](RawClient& stranger) {
+    auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW(stranger.recv<std::uint8_t>(), net::ConnectionClosed);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  };
+  RawClient v2_set(store.server->port());
+  v2_set.u8(0).u32(0x3C85F7CE).u8(1 /*SET*/).str("/rank0").str("forged").send();
+  refused_at_once(v2_set);
+  RawClient v1_set(store.server->port());
+  v1_set.u8(0 /*SET*/).str("/rank0").str("forged").send();
+  refused_at_once(v1_set);
+  RawClient v2_get(store.server->port());
+  v2_get.u8(0).u32(0x3C85F7CE).u8(3 /*GET*/).str("/rank0").send();
+  refused_at_once(v2_get);
+  RawClient v2_wait(store.server->port());
+  v2_wait.u8(0).u32(0x3C85F7CE).u8(6 /*WAIT*/).u64(1).str("/later").send();
+  refused_at_once(v2_wait);
+  RawClient v1_add(store.server->port());
+  v1_add.u8(3 /*ADD*/).str("/count").u64(1).send();
+  refused_at_once(v1_add);
+  RawClient ping(store.server->port());
+  ping.u8(0).u32(0x3C85F7CE).u8(13 /*PING*/).u32(7).send();
+  refused_at_once(ping);
+  // A token-sized request is all a stranger may make the server buffer.
+  RawClient huge(store.server->port());
+  huge.u8(0).u32(0x3C85F7CE).u8(0xD7 /*AUTH*/).u64(1ull << 30).send();
+  refused_at_once(huge);
+
+  EXPECT_EQ(member->get("rank0"), "10.0.0.1:1234");
+  EXPECT_FALSE(member->check({"later"}));
+  EXPECT_FALSE(member->check({"count"}));
+  EXPECT_EQ(member->num_keys(), 1);
+  std::lock_guard lock(store.mutex);
+  ASSERT_EQ(store.refusals.size(), 7u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_NE(store.refusals[i].find("127.0.0.1:"), std::string::npos) << store.refusals[i];
+    EXPECT_NE(store.refusals[i].find("store token"), std::string::npos) << store.refusals[i];
+  }
+  EXPECT_NE(store.refusals[6].find("4096 bytes"), std::string::npos) << store.refusals[6];
+}
+
+TEST(StoreTokenTest, AWrongTokenFailsAtOnceSayingWhatToDo) {
+  ProtectedStore store;
+  StoreClient::Options options;
+  options.connect_timeout = 30s;  // refused long before: a refusal is not retried
+  options.token = "guessed";
+  auto start = std::chrono::steady_clock::now();
+  try {
+    StoreClient::connect("127.0.0.1", store.server->port(), options);
+    FAIL() << "a client with the wrong token was served";
+  } catch (const StoreAuthError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("refused this process's store token"), std::string::npos) << what;
+    EXPECT_NE(what.find("--store-token"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(store.refused(), 1u);
+  EXPECT_EQ(store.member()->num_keys(), 0);
+}
+
+TEST(StoreTokenTest, ATokenAgainstAnOpenStoreAndNoTokenAgainstAProtectedOneAreNamed) {
+  auto open = start_server();
+  StoreClient::Options options;
+  options.connect_timeout = 5s;
+  options.token = "job-secret";
+  try {
+    StoreClient::connect("127.0.0.1", open->port(), options);
+    FAIL() << "a token was accepted by a store without one";
+  } catch (const StoreAuthError& e) {
+    EXPECT_NE(std::string(e.what()).find("started without a store token"), std::string::npos)
+        << e.what();
+  }
+
+  ProtectedStore store;
+  auto tokenless = connect(*store.server, 5s);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    tokenless->add("count", 1);
+    FAIL() << "a client without the token was served";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_STORE_TOKEN"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_FALSE(store.member()->check({"count"}));
+}
+
 }  // namespace
 }  // namespace dtrain::store

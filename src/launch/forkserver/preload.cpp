@@ -52,6 +52,7 @@
 #include <cstdint>
 
 #include "launch/forkserver/protocol.h"
+#include "launch/forkserver/spec.h"
 
 extern char** environ;
 
@@ -209,26 +210,11 @@ int child_main(int argc, char** argv, char** envp) {
 
 // --- the spec ---------------------------------------------------------------
 
-struct RankSpec {
-  int out_fd;
-  int err_fd;
-  char** envp;
-};
+using dtrain_forkserver::RankSpec;
 
-uint32_t take_u32(const char*& p, const char* end, bool& ok) {
-  uint32_t v = 0;
-  if (end - p < 4) {
-    ok = false;
-    return 0;
-  }
-  memcpy(&v, p, 4);
-  p += 4;
-  return v;
-}
-
-// Reads the spec from its memfd; returns the number of ranks, or -1. A warm spec (kMagicWarm)
-// also carries the program's arguments (into *argc_out / *argv_out) and no fd numbers: the
-// workers' fds are `fds` (stdout, stderr of each worker in turn).
+// Reads the spec from its memfd (spec.h parses it); returns the number of ranks, or -1. A
+// warm spec (kMagicWarm) also carries the program's arguments (into *argc_out / *argv_out)
+// and no fd numbers: the workers' fds are `fds` (stdout, stderr of each worker in turn).
 int read_spec(int fd, RankSpec** out, int* agent_pid, bool warm = false, const int* fds = nullptr,
               int nfds = 0, int* argc_out = nullptr, char*** argv_out = nullptr) {
   struct stat st;
@@ -240,58 +226,23 @@ int read_spec(int fd, RankSpec** out, int* agent_pid, bool warm = false, const i
     ssize_t n =
         ::pread(fd, buf + got, static_cast<size_t>(st.st_size) - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
+    if (n <= 0) {
+      ::free(buf);
+      return -1;
+    }
     got += static_cast<size_t>(n);
   }
-  const char* p = buf;
-  const char* end = buf + got;
-  bool ok = true;
-  if (take_u32(p, end, ok) != (warm ? dtrain_forkserver::kMagicWarm : dtrain_forkserver::kMagic))
-    return -1;
-  int n = static_cast<int>(take_u32(p, end, ok));
-  *agent_pid = static_cast<int>(take_u32(p, end, ok));
-  if (!ok || n <= 0 || n > 65536) return -1;
-  if (warm) {
-    if (nfds != 2 * n) return -1;
-    const uint32_t argc = take_u32(p, end, ok);
-    if (!ok || argc == 0 || argc > (1u << 20)) return -1;
-    char** args = static_cast<char**>(::calloc(argc + 1, sizeof(char*)));
-    if (!args) return -1;
-    for (uint32_t i = 0; i < argc && ok; ++i) {
-      uint32_t len = take_u32(p, end, ok);
-      if (!ok || static_cast<size_t>(end - p) < len) return -1;
-      args[i] = static_cast<char*>(::malloc(len + 1));
-      if (!args[i]) return -1;
-      memcpy(args[i], p, len);
-      args[i][len] = '\0';
-      p += len;
-    }
-    *argc_out = static_cast<int>(argc);
-    *argv_out = args;
-  }
-  auto* ranks = static_cast<RankSpec*>(::calloc(static_cast<size_t>(n), sizeof(RankSpec)));
-  if (!ranks) return -1;
-  for (int r = 0; r < n && ok; ++r) {
-    ranks[r].out_fd = warm ? fds[2 * r] : static_cast<int>(take_u32(p, end, ok));
-    ranks[r].err_fd = warm ? fds[2 * r + 1] : static_cast<int>(take_u32(p, end, ok));
-    uint32_t nenv = take_u32(p, end, ok);
-    if (!ok || nenv > (1u << 20)) return -1;
-    ranks[r].envp = static_cast<char**>(::calloc(nenv + 1, sizeof(char*)));
-    if (!ranks[r].envp) return -1;
-    for (uint32_t i = 0; i < nenv && ok; ++i) {
-      uint32_t len = take_u32(p, end, ok);
-      if (!ok || static_cast<size_t>(end - p) < len) return -1;
-      char* s = static_cast<char*>(::malloc(len + 1));
-      if (!s) return -1;
-      memcpy(s, p, len);
-      s[len] = '\0';
-      p += len;
-      ranks[r].envp[i] = s;
-    }
-  }
+  dtrain_forkserver::Spec spec;
+  const bool ok = dtrain_forkserver::parse_spec(buf, got, warm, fds, nfds, &spec);
+  ::free(buf);
   if (!ok) return -1;
-  *out = ranks;
-  return n;
+  *out = spec.ranks;  // kept for the server's life, as are the arguments
+  *agent_pid = spec.agent_pid;
+  if (warm) {
+    *argc_out = spec.argc;
+    *argv_out = spec.argv;
+  }
+  return spec.n;
 }
 
 // --- the server -------------------------------------------------------------

@@ -1,0 +1,26 @@
+# The libFuzzer binaries (DTRAIN_FUZZ=ON; scripts/fuzz.sh configures this build with clang
+# and the sanitizers in CMAKE_CXX_FLAGS): build/fuzz/NAME_fuzz.
+if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  message(FATAL_ERROR "DTRAIN_FUZZ needs clang (libFuzzer); configure with CXX=clang++ "
+                      "(scripts/fuzz.sh does)")
+endif()
+add_custom_target(fuzz_all)
+function(dtrain_fuzz name)
+  cmake_parse_arguments(F "TORCH" "" "LIBS;SOURCES" ${ARGN})
+  set(sources)
+  foreach(s IN LISTS F_SOURCES)
+    list(APPEND sources ${PROJECT_SOURCE_DIR}/${s})
+  endforeach()
+  add_executable(${name}_fuzz ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.cpp ${sources})
+  target_include_directories(${name}_fuzz PRIVATE ${PROJECT_SOURCE_DIR}/include
+                             ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(${name}_fuzz PRIVATE ${F_LIBS} nlohmann_json::nlohmann_json)
+  if(F_TORCH)
+    target_link_libraries(${name}_fuzz PRIVATE ${TORCH_LIBRARIES})
+    target_compile_definitions(${name}_fuzz PRIVATE USE_C10D_GLOO)
+  endif()
+  target_link_options(${name}_fuzz PRIVATE -fsanitize=fuzzer)
+  set_target_properties(${name}_fuzz PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzz)
+  add_dependencies(fuzz_all ${name}_fuzz)
+endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/targets.cmake)
