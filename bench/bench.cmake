@@ -25,8 +25,13 @@ dtrain_bench(zero_bench zero_bench.cpp)
 
 # The cost of one timeline span, off and on (Google Benchmark); bench/timeline_bench.py turns
 # it into the overhead per training step.
-find_package(benchmark REQUIRED)
-dtrain_bench(timeline_span_bench timeline_span_bench.cpp benchmark::benchmark)
+find_package(benchmark QUIET)
+if(benchmark_FOUND)
+  dtrain_bench(timeline_span_bench timeline_span_bench.cpp benchmark::benchmark)
+else()
+  message(WARNING "Google Benchmark is missing (apt-get install libbenchmark-dev; scripts/setup.sh "
+    "does): timeline_span_bench is not built")
+endif()
 
 # Model parallelism: pipeline bubble vs (P-1)/(M+P-1), tensor-parallel memory per rank.
 dtrain_bench(model_parallel_bench model_parallel_bench.cpp)
@@ -40,3 +45,13 @@ dtrain_bench(diagnosis_bench diagnosis_bench.cpp)
 # dtrain::tune scheduling overhead per trial with a trivial trainable; bench/tune_bench.py
 # runs it beside Ray Tune's and prints the ratio.
 dtrain_bench(tune_overhead_bench tune_overhead.cpp)
+
+# dtrain::data's delivery rate (bench/data_bench.py: vs Petastorm and a PyTorch DataLoader over
+# pyarrow, and the example's MLP from Parquet vs from memory).
+if(DTRAIN_HAVE_DATA)
+  dtrain_bench(data_bench data_bench.cpp dtrain_data)
+endif()
+
+# One process training on one GPU (bench/gpu_bench.py runs it beside bench/gpu_train_peer.py).
+# Built everywhere; it refuses to run without a GPU.
+dtrain_bench(gpu_train_bench gpu_train_bench.cpp)

@@ -228,7 +228,7 @@ def find_worker(build_dir: str) -> str | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build-dir", default="/work/main/build",
+    ap.add_argument("--build-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"),
                     help="build tree holding tools/dtrain (default: %(default)s)")
     ap.add_argument("--dtrain", help="the dtrain binary (default: BUILD_DIR/tools/dtrain)")
     ap.add_argument("--worker", help="a worker taking --pid --sleep S (test_worker), or 'sh' for a "

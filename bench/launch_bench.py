@@ -209,7 +209,7 @@ def fmt(x: float | None, spec: str = "7.3f") -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build-dir", default="/work/main/build",
+    ap.add_argument("--build-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build"),
                     help="build tree holding tools/dtrain and examples/hello_worker (default: %(default)s)")
     ap.add_argument("--dtrain", help="the dtrain binary (default: BUILD_DIR/tools/dtrain)")
     ap.add_argument("--worker", help="the C++ worker (default: BUILD_DIR/examples/hello_worker)")

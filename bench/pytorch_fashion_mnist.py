@@ -30,6 +30,9 @@ def parse(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    # cuda: every rank on GPU LOCAL_RANK modulo the GPUs (several ranks may share one), DDP still
+    # over gloo - PyTorch's way when NCCL cannot (ranks sharing a GPU).
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     return p.parse_args(argv)
 
 
@@ -37,9 +40,15 @@ def train(a):
     """Trains in the default process group; returns rank 0's result (None on other ranks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = load(f"{a.data_dir}/train-images-idx3-ubyte.gz", f"{a.data_dir}/train-labels-idx1-ubyte.gz")
+    dev = torch.device("cpu")
+    if a.device == "cuda":
+        import os
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        x, y = x.to(dev), y.to(dev)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+                          nn.Linear(256, 10)).to(dev)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     sampler = DistributedSampler(range(len(y)), shuffle=True, seed=0)
@@ -47,7 +56,7 @@ def train(a):
     steps, seen, seconds = 0, 0, 0.0
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
-        idx = torch.tensor(list(sampler))
+        idx = torch.tensor(list(sampler), device=dev)
         t0 = time.perf_counter()
         for b in range(0, len(idx), a.batch_size):
             i = idx[b:b + a.batch_size]
@@ -58,6 +67,8 @@ def train(a):
             seen += len(i)
             if a.max_steps and steps >= a.max_steps:
                 break
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
         if a.max_steps and steps >= a.max_steps:
             break

@@ -6,6 +6,12 @@ dtrain_test(collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH
 dtrain_test(shm_collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH)
 target_compile_definitions(shm_collectives_test PRIVATE DTRAIN_TEST_SHM)
 dtrain_test(shm_group_test LABELS unit SOURCES unit/shm_group_test.cpp TORCH)
+# Again behind the host-staging backend that carries CUDA tensors (comm/staged), staging CPU
+# tensors too: its copies in and out, checked without a GPU.
+dtrain_test(staged_collectives_test LABELS unit SOURCES unit/collectives_test.cpp TORCH)
+target_compile_definitions(staged_collectives_test PRIVATE DTRAIN_TEST_STAGED)
+# The backend factory (comm/backend.h): specs, choices, traits and their errors.
+dtrain_test(backend_factory_test LABELS unit SOURCES unit/backend_factory_test.cpp TORCH)
 
 # A worker whose --mode picks what it does (see its header comment); the multi-process test
 # runs it under `dtrain run` and as separately started processes.

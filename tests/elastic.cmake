@@ -1,8 +1,9 @@
 # Elastic membership (src/launch/elastic_rendezvous.cpp): several real agents on loopback.
-# libtorch-free (test_worker), so it runs in one build only (see scripts/run_tests.sh).
+# libtorch-free (test_worker), so it runs in one build only.
 dtrain_test(elastic_test LABELS elastic SOURCES elastic/elastic_test.cpp launcher/subprocess.cpp)
 dtrain_test_programs(elastic_test TEST_WORKER_BIN test_worker)
 add_dependencies(elastic_test test_worker dtrain_cli)
+dtrain_test_once(elastic_test torch2)
 
 # Resume without user code (src/elastic): a DDP worker on ElasticState, SIGKILLed under
 # `dtrain run --max-restarts` and in shrinking --nnodes jobs. Runs in both builds (~25 s).

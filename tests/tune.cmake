@@ -12,7 +12,9 @@ dtrain_use_torch_pch(tune_driver_program)
 dtrain_test(tune_resume_test LABELS tune SOURCES tune/resume_test.cpp launcher/subprocess.cpp)
 dtrain_test_programs(tune_resume_test TUNE_DRIVER_PROGRAM tune_driver_program)
 add_dependencies(tune_resume_test tune_driver_program dtrain_cli)
+dtrain_test_once(tune_resume_test torch1)  # ~20 s of driver logic, the same on both builds
 
 # Each trial an MLflow child run of the search, against a real `mlflow server` (the venv's).
 dtrain_test(tune_mlflow_test LABELS tune SOURCES tune/mlflow_test.cpp launcher/subprocess.cpp TORCH)
 add_dependencies(tune_mlflow_test dtrain_cli)
+dtrain_test_once(tune_mlflow_test torch1)  # the MLflow server's side does not depend on libtorch

@@ -26,3 +26,16 @@ add_dependencies(zero_example_test fashion_mnist dtrain_cli)
 dtrain_test(zero_stage3_fetch_test LABELS zero SOURCES zero/stage3_fetch_test.cpp TORCH)
 # The user's own torch::optim optimizer on the partitions (DeepSpeed's client optimizer).
 dtrain_test(zero_client_optimizer_test LABELS zero SOURCES zero/client_optimizer_test.cpp TORCH)
+# Schedulers and optimizers against DeepSpeed's own classes (the venv's DeepSpeed, one Python
+# process for every case; its FusedAdam CPU op is JIT-built once into ~/.cache/torch_extensions).
+dtrain_test(zero_deepspeed_reference_test LABELS zero SOURCES zero/deepspeed_reference_test.cpp TORCH)
+# Training side by side with DeepSpeed itself: 2 ranks, stages 1-3, its CPU optimizers.
+add_executable(ds_parity_worker zero/ds_parity_worker.cpp)
+target_link_libraries(ds_parity_worker PRIVATE dtrain)
+dtrain_use_torch_pch(ds_parity_worker)
+dtrain_test(zero_deepspeed_parity_test LABELS zero SOURCES zero/deepspeed_parity_test.cpp launcher/subprocess.cpp TORCH)
+dtrain_test_programs(zero_deepspeed_parity_test DS_PARITY_WORKER_BIN ds_parity_worker)
+add_dependencies(zero_deepspeed_parity_test ds_parity_worker dtrain_cli)
+# The checkpoint file format: exact round trip, one-line errors for bad files.
+dtrain_test(zero_checkpoint_format_test LABELS zero SOURCES zero/checkpoint_format_test.cpp launcher/subprocess.cpp TORCH)
+add_dependencies(zero_checkpoint_format_test dtrain_cli dtrain_zero_tool)

@@ -12,6 +12,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/spark.h"
+#include "dtrain/version.h"
 #include "dtrain/zero_config.h"
 #include "horovod/horovodrun.h"
 #include "launch/options_internal.h"
@@ -75,6 +76,10 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
   app.require_subcommand(1);
+  // One version for the library, the packages and this command (<dtrain/version.h>).
+  app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION +
+                                        " (library built against libtorch " +
+                                        DTRAIN_BUILT_WITH_LIBTORCH + ")");
   app.footer(
       "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
       "checkpoints.");
@@ -107,6 +112,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "dtrain: error: " << e.what() << "\nRun 'dtrain --help' or 'dtrain run --help'.\n";
     return 2;
@@ -122,6 +129,7 @@ int main(int argc, char** argv) {
       rest.insert(rest.end(), after_dashes.begin(), after_dashes.end());
     }
     options = dtrain::run_args_to_options(run_args, rest);
+    for (const auto& note : options.notes) std::cerr << "dtrain run: note: " << note << "\n";
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
     return 2;

@@ -53,6 +53,10 @@ uint32_t be32(const std::string& s, size_t at) {
 
 }  // namespace
 
+torch::Tensor normalize_pixels(const torch::Tensor& pixels) {
+  return pixels.to(torch::kFloat32).div_(255).sub_(kMean).div_(kStd);
+}
+
 Split load_split(const std::string& dir, bool train, int64_t limit) {
   const std::string stem = train ? "train" : "t10k";
   const std::string images_path = dir + "/" + stem + "-images-idx3-ubyte.gz";
@@ -77,7 +81,7 @@ Split load_split(const std::string& dir, bool train, int64_t limit) {
   }
   Split s;
   auto pixels = torch::from_blob(images.data() + 16, {n, 1, rows, cols}, torch::kUInt8);
-  s.images = pixels.to(torch::kFloat32).div_(255).sub_(kMean).div_(kStd);
+  s.images = normalize_pixels(pixels);
   s.labels = torch::from_blob(labels.data() + 8, {n}, torch::kUInt8).to(torch::kInt64);
   return s;
 }

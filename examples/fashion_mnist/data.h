@@ -13,6 +13,10 @@ struct Split {
   torch::Tensor labels;  // [N] int64, 0..9
 };
 
+// Pixels (0-255, any dtype) as the model takes them: float32, divided by 255 and normalised
+// with the training set's mean and standard deviation.
+torch::Tensor normalize_pixels(const torch::Tensor& pixels);
+
 // Reads DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz. Throws std::runtime_error naming
 // the file and what is wrong (missing, not gzip, bad IDX magic, count mismatch) and how to
 // get the data (apt-get install dataset-fashion-mnist, or --data-dir).

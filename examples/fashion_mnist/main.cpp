@@ -24,6 +24,7 @@
 #include "data.h"
 #include "deepspeed_train.h"
 #include "dtrain/dtrain.h"
+#include "train_data.h"
 
 namespace {
 
@@ -33,6 +34,8 @@ struct Config {
   double lr = 1e-3;
   std::string model = "mlp";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data;       // a table (parquet:DIR, delta:DIR) to train on instead of the IDX files
+  std::string test_data;  // a table to evaluate on instead of the IDX test files
   std::string checkpoint_dir;
   bool resume = false;
   int checkpoint_every = 0;  // steps; 0 = at the end of each epoch only
@@ -42,6 +45,7 @@ struct Config {
   bool no_eval = false;
   std::string schedule = "cosine";  // learning rate over the run: cosine decay to 0, or constant
   std::string backend = "auto";     // init_process_group's backend
+  std::string device = "cpu";       // cpu, cuda (this rank's GPU: LOCAL_RANK's), or auto
   int64_t crash_at_step = 0;        // failure drills: exit(3) after this step on crash_rank
   int crash_rank = 1;
   bool elastic = false;  // ElasticState: resume by itself after a restart, at any world size
@@ -69,10 +73,22 @@ namespace {
 
 using fashion_mnist::make_model;
 
+// --device: "cuda" is this rank's GPU (dtrain::local_device(): LOCAL_RANK modulo the GPUs),
+// "auto" that where one is visible, else the CPU.
+torch::Device pick_device(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "cuda" && !dtrain::cuda_available()) {
+    throw dtrain::UsageError(
+        "--device cuda: no GPU is visible to this process, or this build of dtrain has no CUDA "
+        "(its configure step says which); use --device cpu");
+  }
+  return dtrain::local_device();
+}
+
 std::string param_digest(torch::nn::Module& m) {
   uint64_t h = 1469598103934665603ull;
   for (const auto& p : m.parameters()) {
-    auto c = p.detach().contiguous();
+    auto c = p.detach().to(torch::kCPU).contiguous();
     auto bytes = static_cast<const unsigned char*>(c.data_ptr());
     for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   }
@@ -86,7 +102,8 @@ double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, 
                 int world) {
   torch::NoGradGuard no_grad;
   model->eval();
-  auto idx = torch::arange(rank, test.labels.size(0), world, torch::kLong);
+  auto idx = torch::arange(rank, test.labels.size(0), world,
+                           torch::TensorOptions(torch::kLong).device(test.labels.device()));
   int64_t correct = 0;
   for (int64_t start = 0; start < idx.size(0); start += 1000) {
     auto b = idx.narrow(0, start, std::min<int64_t>(1000, idx.size(0) - start));
@@ -95,7 +112,7 @@ double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, 
   }
   model->train();
   auto counts = torch::tensor({correct, idx.size(0)}, torch::kLong);
-  dtrain::all_reduce(counts);
+  dtrain::all_reduce(counts);  // a CPU tensor: every group has a CPU backend
   return static_cast<double>(counts[0].item<int64_t>()) /
          static_cast<double>(counts[1].item<int64_t>());
 }
@@ -113,14 +130,19 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
                   {"schedule", cfg.schedule},
                   {"seed", std::to_string(cfg.seed)},
                   {"backend", pg->backend_name()}});
-  auto train_set = fashion_mnist::load_split(cfg.data_dir, true);
-  auto test_set = fashion_mnist::load_split(cfg.data_dir, false);
+  const torch::Device device = pick_device(cfg.device);
+  // On a GPU the IDX set is moved there whole (~220 MB) and batches are gathered there; a
+  // table's batches are copied there one by one.
+  fashion_mnist::TrainData train_data(cfg.data, cfg.data_dir, cfg.batch_size, cfg.seed, device);
+  auto test_set = cfg.test_data.empty() ? fashion_mnist::load_split(cfg.data_dir, false)
+                                        : fashion_mnist::load_table_split(cfg.test_data);
+  if (!device.is_cpu()) test_set = {test_set.images.to(device), test_set.labels.to(device)};
 
   torch::manual_seed(cfg.seed);
   auto model = make_model(cfg.model);
+  model->to(device);
   dtrain::DistributedDataParallel ddp(model);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
-  dtrain::DistributedSampler sampler(train_set.labels.size(0), {.shuffle = true, .seed = cfg.seed});
 
   dtrain::TrainingState state;
   if (cfg.resume && !cfg.checkpoint_dir.empty()) {
@@ -140,7 +162,7 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
                             &optimizer, s);
   };
 
-  const int64_t steps_per_epoch = (sampler.num_samples() + cfg.batch_size - 1) / cfg.batch_size;
+  const int64_t steps_per_epoch = train_data.steps_per_epoch();
   dtrain::Progress progress({.epochs = cfg.epochs,
                              .steps_per_epoch = steps_per_epoch,
                              .every_steps = cfg.log_every > 0 ? cfg.log_every : 1 << 30,
@@ -150,20 +172,15 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   double accuracy = -1;
   bool stop = false;
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !stop; ++epoch) {
-    sampler.set_epoch(epoch);
-    auto indices = torch::tensor(sampler.indices(), torch::kLong);
+    train_data.set_epoch(epoch);
     int64_t first_batch = epoch == state.epoch ? state.batch_in_epoch : 0;
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t b = first_batch; b < steps_per_epoch; ++b) {
       auto step_start = std::chrono::steady_clock::now();
-      torch::Tensor idx, x, y;
+      torch::Tensor x, y;
       {
         dtrain::timeline::Span span("data");
-        idx =
-            indices.narrow(0, b * cfg.batch_size,
-                           std::min<int64_t>(cfg.batch_size, indices.size(0) - b * cfg.batch_size));
-        x = train_set.images.index_select(0, idx);
-        y = train_set.labels.index_select(0, idx);
+        std::tie(x, y) = train_data.batch(b);
       }
       if (cfg.schedule == "cosine") {
         // Depends on the step alone, so a resumed run follows the same schedule.
@@ -188,7 +205,7 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         optimizer.step();
       }
       ++state.step;
-      samples_seen += idx.size(0);
+      samples_seen += x.size(0);
       if (cfg.crash_at_step > 0 && state.step == cfg.crash_at_step && rank == cfg.crash_rank) {
         std::fprintf(
             stderr,
@@ -201,10 +218,10 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         double loss_value = loss.item<double>();
         double secs =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-        progress.step(epoch, b + 1, idx.size(0) * world, loss_value);
+        progress.step(epoch, b + 1, x.size(0) * world, loss_value);
         run.log_metric("loss", loss_value, state.step);
         run.log_metric("samples_per_s",
-                       static_cast<double>(idx.size(0) * world) / std::max(secs, 1e-9), state.step);
+                       static_cast<double>(x.size(0) * world) / std::max(secs, 1e-9), state.step);
       }
       bool at_limit = cfg.max_steps > 0 && state.step >= cfg.max_steps;
       bool last_in_epoch = b + 1 == steps_per_epoch;
@@ -224,6 +241,7 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         if (stop) break;
       }
     }
+    if (device.is_cuda()) torch::cuda::synchronize();  // the clock counts the GPU's work too
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (stop) break;
     state.epoch = epoch + 1;
@@ -257,7 +275,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         {"schedule", cfg.schedule},
         {"seconds", train_seconds},
         {"param_digest", param_digest(*model)},
-        {"backend", pg->backend_name()}};
+        {"backend", pg->backend_name()},
+        {"device", device.str()}};
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
     if (run.active()) {
@@ -388,6 +407,11 @@ int main(int argc, char** argv) {
                  "DeepSpeed JSON config (with a bare --deepspeed)");
   app.add_option("--data-dir,--data_dir", cfg.data_dir, "Directory of the *-ubyte.gz files")
       ->capture_default_str();
+  app.add_option("--data", cfg.data,
+                 "Train on a table instead of the IDX files: parquet:DIR or delta:DIR (columns "
+                 "image: 784 pixels 0-255, label), read per rank by dtrain::data");
+  app.add_option("--test-data", cfg.test_data,
+                 "Evaluate on a table (parquet:DIR or delta:DIR) instead of the IDX test files");
   app.add_option("--checkpoint-dir,--checkpoint_dir", cfg.checkpoint_dir,
                  "Save ckpt_<step>.pt here (rank 0)");
   app.add_flag("--resume", cfg.resume, "Resume from the newest checkpoint in --checkpoint-dir");
@@ -401,6 +425,11 @@ int main(int argc, char** argv) {
   app.add_option("--seed", cfg.seed, "Seed of the model init and the sampler")
       ->capture_default_str();
   app.add_flag("--no-eval", cfg.no_eval, "Skip test-set evaluation");
+  app.add_option("--device", cfg.device,
+                 "Where to train: 'cpu', 'cuda' (this rank's GPU, LOCAL_RANK modulo the visible "
+                 "GPUs; several ranks may share one) or 'auto' (cuda where a GPU is visible)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--schedule", cfg.schedule,
                  "Learning rate: 'cosine' (from --lr down to 0 over the epochs) or 'constant'")
       ->capture_default_str()
@@ -440,6 +469,10 @@ int main(int argc, char** argv) {
             "--deepspeed needs a config: --deepspeed CONFIG or --deepspeed_config CONFIG");
       return fashion_mnist::train_deepspeed(ds_run);
     }
+    if (!cfg.data.empty() && (cfg.elastic || app.count("--deepspeed") || !ds_config2.empty()))
+      throw dtrain::UsageError(
+          "--data reads a table in the DDP training loop only (not with "
+          "--elastic or --deepspeed)");
     if (cfg.elastic) {
       if (cfg.checkpoint_dir.empty())
         throw dtrain::UsageError("--elastic needs --checkpoint-dir (where it commits)");

@@ -6,6 +6,7 @@
 #include "dtrain/collectives.h"
 #include "dtrain/ddp.h"
 #include "dtrain/deepspeed_distributor.h"
+#include "dtrain/device.h"
 #include "dtrain/distributor.h"
 #include "dtrain/elastic_sampler.h"
 #include "dtrain/elastic_state.h"

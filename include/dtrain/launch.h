@@ -20,6 +20,7 @@ struct LaunchOptions {
   std::vector<std::string> args;  // its arguments
   bool module = false;            // -m: run `python -u -m program args`. Default: false.
   bool no_python = false;         // --no-python: exec program even if it ends in .py.
+  bool run_path = false;          // --run-path: program is a Python file, whatever its name.
   std::string python;             // interpreter for .py/-m. Default: $DTRAIN_PYTHON, else python3.
 
   // ---- sizes ----
@@ -61,6 +62,9 @@ struct LaunchOptions {
   std::map<int, int> tee;        // these streams go to both (the console always gets output
                                  // unless redirected; accepted for torchrun compatibility).
   std::map<std::string, std::string> extra_env;  // added to every worker's environment.
+  // torchrun options accepted without an effect here, one line each saying what dtrain does
+  // instead; `dtrain run` prints them when it starts.
+  std::vector<std::string> notes;
   int stderr_tail_lines = 20;  // lines of the failing rank's stderr in the failure summary.
   // Give workers GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (appended to any GLIBC_TUNABLES they
   // would get): malloc backs its heap with transparent huge pages, which cuts a libtorch

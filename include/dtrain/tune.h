@@ -192,7 +192,10 @@ class Tuner {
 
   // Runs the search to its end. Returns every trial's outcome; a trial that failed for good
   // is in the grid with status Error (fit() throws only for the search itself: bad options,
-  // storage that cannot be written).
+  // storage that cannot be written). A result without TuneOptions::metric (when set), or one
+  // the scheduler refuses, ends the search at that result as Ray does: every running trial is
+  // stopped at its next report, and fit() throws UsageError naming the trial, the metric and
+  // the keys the result has.
   ResultGrid fit();
 
  private:

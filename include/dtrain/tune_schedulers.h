@@ -181,6 +181,10 @@ class PbtScheduler : public TrialScheduler {
   void set_search_properties(const std::string& metric, const std::string& mode) override;
   void on_trial_add(SchedulerContext& ctx, Trial& trial) override;
   Decision on_trial_result(SchedulerContext& ctx, Trial& trial, const Result& result) override;
+  // Ray's fair share: of the PENDING and PAUSED trials, the one with the least time_attr at
+  // its last perturbation point (the first of them on a tie), so no trial starves while
+  // another is resumed again and again.
+  Trial* choose_trial_to_run(SchedulerContext& ctx) override;
 
   int num_perturbations() const { return num_perturbations_; }
   int num_checkpoints() const { return num_checkpoints_; }

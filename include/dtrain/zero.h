@@ -45,6 +45,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtrain/collectives.h"
@@ -119,34 +120,43 @@ class LossScaler {
   int hysteresis_;
 };
 
-// DeepSpeed's schedulers (runtime/lr_schedules.py) as pure functions of the iteration.
-// step() advances one optimizer step; lr() is the rate for the next update.
+// DeepSpeed's schedulers (runtime/lr_schedules.py, 0.19.8) as pure functions of DeepSpeed's
+// `last_batch_iteration`: -1 before the first optimizer step (the value the scheduler's
+// constructor puts into the optimizer: warmup_min_lr, cycle_min_lr, lr_range_test_min_lr, or
+// 0 for WarmupCosineLR), then one more after every applied optimizer step (a step skipped by
+// an fp16 overflow does not count). So the first two updates of a log warm-up both run at
+// warmup_min_lr, as in DeepSpeed. step() advances; lr() and betas() are the values of the
+// next update. OneCycle with cycle_momentum sets (beta1, 0.99) for an optimizer with betas,
+// as DeepSpeed's does (its beta2 is always 0.99); every other type keeps the base betas.
 class LRScheduler {
  public:
-  LRScheduler(const SchedulerConfig& c, double base_lr, double base_beta1);
+  LRScheduler(const SchedulerConfig& c, double base_lr, double base_beta1,
+              double base_beta2 = 0.999);
   bool enabled() const { return !c_.type.empty(); }
-  void step() { ++iteration_; }
-  int64_t iteration() const { return iteration_; }
-  void set_iteration(int64_t i) { iteration_ = i; }
+  void step() { ++last_batch_iteration_; }
+  // DeepSpeed's state_dict()["last_batch_iteration"] (checkpoints carry it).
+  int64_t last_batch_iteration() const { return last_batch_iteration_; }
+  void set_last_batch_iteration(int64_t i) { last_batch_iteration_ = i; }
   double lr() const;
-  double momentum() const;  // OneCycle with cycle_momentum: beta1 / momentum; else the base one
+  double momentum() const { return betas().first; }  // beta1 (SGD's momentum is not cycled)
+  std::pair<double, double> betas() const;
 
  private:
-  double warmup_gamma() const;
   double cycle_scale() const;
   SchedulerConfig c_;
-  double base_lr_, base_beta1_;
-  int64_t iteration_ = 0;
+  double base_lr_, base_beta1_, base_beta2_;
+  int64_t last_batch_iteration_ = -1;
 };
 
 // Adam/AdamW on flat CPU arrays (PyTorch's formulas), vectorised by the compiler and split over
-// `threads` threads (0: libtorch's intra-op thread count). step >= 1.
+// `threads` threads (0: libtorch's intra-op thread count). step >= 1. bias_correction false:
+// DeepSpeed's Adam without the 1 - beta^step corrections.
 void cpu_adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                    int64_t step, double lr, double beta1, double beta2, double eps,
-                   double weight_decay, bool adamw, int threads = 0);
+                   double weight_decay, bool adamw, int threads = 0, bool bias_correction = true);
 void cpu_adam_step(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
                    int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
-                   double weight_decay, bool adamw, int threads = 0);
+                   double weight_decay, bool adamw, int threads = 0, bool bias_correction = true);
 
 // Reads a ZeRO checkpoint (DIR with `latest`, or DIR/TAG) and returns one consolidated state
 // dict of the unwrapped model: full-precision parameters (from the optimizer's master copies)
@@ -248,11 +258,12 @@ class EngineCore {
   void reduce_dense_grads();                         // stages 0/1
   void reduce_to_owners(const torch::Tensor& full);  // stage 1: partition r's sum lands on rank r
   void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr,
-                      double beta1);
+                      std::pair<double, double> betas);
   void client_step(const torch::Tensor& grad, double lr);
   void load_client_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);
-  void lamb_step(const torch::Tensor& master, const torch::Tensor& grad, double lr, double beta1);
+  void lamb_step(const torch::Tensor& master, const torch::Tensor& grad, double lr,
+                 std::pair<double, double> betas);
   void all_gather_params();
   void count(int64_t bytes) { bytes_this_step_ += bytes; }
   torch::Tensor own_slice(const torch::Tensor& full) const {

@@ -3,18 +3,36 @@
 //   auto cfg = dtrain::zero::parse_config(json, /*world_size=*/4);
 //   cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
 //
-// The keys and their meaning are DeepSpeed's (docs: deepspeed.ai/docs/config-json), with one
-// deliberate difference: DeepSpeed silently drops a mistyped key in most sections
-// ("gradient_clipp1ng" is simply ignored); here every unknown key, in every section, is a
-// ConfigError naming its path and the closest valid key, and a value of the wrong type or out
-// of range is named the same way.
+// The keys and their meaning are DeepSpeed 0.19.8's (docs: deepspeed.ai/docs/config-json):
+//   - every section DeepSpeed reads is accepted; where dtrain does not act on one
+//     (activation_checkpointing, monitors, profilers, data_types, ...) it is accepted with a
+//     line in Config::notes saying what DeepSpeed does with it and what dtrain does instead;
+//   - deprecated aliases DeepSpeed still takes are accepted with their meaning
+//     (zero_optimization.cpu_offload = offload_optimizer {device: cpu}, cpu_offload_param,
+//     cpu_offload_use_pin_memory, stage3_gather_fp16_weights_on_model_save, the stage3_*
+//     names with or without the prefix, "zero_optimization": true = stage 1);
+//   - sections DeepSpeed 0.19.8 removed (compression_training, sparse_gradients, amp, ...)
+//     are refused with DeepSpeed's own reason;
+//   - duplicate keys are refused (parse_config_text), as DeepSpeed does.
+// One deliberate difference: DeepSpeed silently drops an unknown key at the top level and in
+// the optimizer/scheduler params ("gradient_clipp1ng" is simply ignored); here every unknown
+// key, in every section, is a ConfigError naming its path, the closest valid key, and that
+// DeepSpeed would ignore it. A value of the wrong type or out of range is named the same way.
+//
+// "auto" (the Hugging Face / accelerate convention, filled in by their integrations before
+// DeepSpeed sees the config): in DeepSpeed's validated sections (zero_optimization and its
+// offload sections, fp16, bf16) it means the default, as in DeepSpeed; a batch key "auto"
+// counts as not given; an optimizer param "auto" is the optimizer's default; warmup_max_lr
+// "auto" is the optimizer's lr; gradient_clipping "auto" is 1.0 (DeepSpeed's default, and Hugging
+// Face's max_grad_norm default). Each such resolution is a
+// line in Config::notes. Where the value comes from training arguments dtrain cannot know
+// (scheduler total_num_steps, warmup_num_steps), "auto" is a ConfigError naming the key and
+// what to give.
 //
 // Batch sizes follow DeepSpeed's rules (runtime/config.py, _set_batch_related_parameters):
 // train_batch_size = micro_batch_per_gpu * gradient_accumulation_steps * world_size; any two
 // given determine the third; train_batch_size alone means gas = 1; micro alone means gas = 1;
-// all three must agree. "auto" for a batch key counts as "not given" (DeepSpeed's HF
-// integration fills it in; standalone, the remaining keys decide), and "auto" for a
-// zero_optimization size takes DeepSpeed's default.
+// all three must agree.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -22,6 +40,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtrain/error.h"
 
@@ -39,8 +58,11 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  bool adam_w_mode = false;  // Adam: false (L2 into the gradient); AdamW: true (decoupled)
-  double momentum = 0.0;     // SGD
+  // Decoupled weight decay (AdamW). DeepSpeed's default for "Adam" too (adam_w_mode: true);
+  // "Adam" with adam_w_mode false adds L2 decay to the gradient; "AdamW" is always decoupled.
+  bool adam_w_mode = true;
+  bool bias_correction = true;  // Adam, AdamW, Lamb: false drops 1 - beta^t from the update
+  double momentum = 0.0;        // SGD
   double dampening = 0.0;
   bool nesterov = false;
   double max_coeff = 10.0, min_coeff = 0.01;  // Lamb's trust-ratio clamp (DeepSpeed's defaults)
@@ -50,7 +72,10 @@ struct OptimizerConfig {
 struct SchedulerConfig {
   std::string type;  // "" (none), WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest
   // WarmupLR / WarmupDecayLR
-  double warmup_min_lr = 0.0, warmup_max_lr = 0.001;
+  double warmup_min_lr = 0.0;
+  // Not given: WarmupLR warms up to the optimizer's lr (DeepSpeed 0.19.8), WarmupDecayLR to
+  // 0.001 (its own default).
+  std::optional<double> warmup_max_lr;
   int64_t warmup_num_steps = 1000;
   std::string warmup_type = "log";  // log | linear
   int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
@@ -111,19 +136,23 @@ struct Config {
   SchedulerConfig scheduler;
   Fp16Config fp16;
   bool bf16 = false;
-  double gradient_clipping = 0.0;  // 0: off
+  double gradient_clipping = 1.0;  // DeepSpeed 0.19.8's default (GRADIENT_CLIPPING_DEFAULT); 0: off
   ZeroOptimizationConfig zero;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   nlohmann::json raw;  // the config as given (saved in checkpoints)
+  // One line per key accepted but not acted on, or resolved from "auto" (see above).
+  std::vector<std::string> notes;
 };
 
 // Parses and validates `config` for a data-parallel world of `world_size` ranks.
 // Throws ConfigError (path + what is wrong + the closest valid key for unknown keys).
 Config parse_config(const nlohmann::json& config, int world_size);
 // `text` is JSON text, or a path to a file holding it (when it does not start with '{').
+// Comments are allowed (DeepSpeed reads hjson); a key given twice in one object is a
+// ConfigError naming it.
 Config parse_config_text(const std::string& text_or_path, int world_size);
 
 // The closest of `candidates` to `word` by edit distance ("" when none is reasonably close).

@@ -262,6 +262,14 @@ class Distributor:
         return run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout)
 
 
+def make_converter(df, parent_cache_dir=None, **options):
+    """Petastorm's make_spark_converter for dtrain: `df` materialised once as Parquet (reused
+    while its plan is the same), returned as a Converter whose .location ("parquet:DIR") a
+    Distributor run hands to a C++ program (dtrain::data). See dtrain/converter.py."""
+    from dtrain.converter import make_converter as make
+    return make(df, parent_cache_dir, **options)
+
+
 # ---- a kept Spark application: a driver service, and the client of one job -----------------
 #
 # `spark-submit ... spark.py --serve SOCKET --parent-pid PID [--idle-timeout S]` creates the

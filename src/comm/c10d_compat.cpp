@@ -1,54 +1,52 @@
 #include "comm/c10d_compat.h"
 
-// c10d declares ProcessGroupGloo only under USE_C10D_GLOO (CMake defines it for this target).
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
-#include <gloo/common/error.h>
-
-#include <cstdlib>
 #include <mutex>
+
+#include "dtrain/error.h"
 
 namespace dtrain::comm {
 
-c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                      int world, std::chrono::milliseconds timeout,
-                                      const std::string& hostname) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  if (!hostname.empty()) {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
-  } else if (ifname && *ifname) {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  } else {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+    const std::vector<DeviceBinding>& bindings, int cuda_device) {
+  DTRAIN_ASSERT(!bindings.empty(), "a process group needs at least one backend");
+#if DTRAIN_C10D_HAS_BACKEND
+  auto type = [](BackendKind kind) {
+    switch (kind) {
+      case BackendKind::kGloo:
+        return c10d::ProcessGroup::BackendType::GLOO;
+      case BackendKind::kNccl:
+        return c10d::ProcessGroup::BackendType::NCCL;
+      case BackendKind::kCustom:
+        break;
+    }
+    return c10d::ProcessGroup::BackendType::CUSTOM;
+  };
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+  if (cuda_device >= 0) {
+    pg->setBoundDeviceId(
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(cuda_device)));
   }
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
-}
-
-c10::intrusive_ptr<Backend> make_gloo_like(Backend* like,
-                                           const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                           int world, std::chrono::milliseconds timeout) {
-  auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(like);
-  if (!gloo) return make_gloo(store, rank, world, timeout);
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices = gloo->getOptions()->devices;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  for (const auto& b : bindings) pg->setBackend(b.device, type(b.kind), b.backend);
+  pg->setDefaultBackend(type(bindings.front().kind));
+  return pg;
+#else
+  (void)store, (void)rank, (void)world, (void)cuda_device;
+  if (bindings.size() != 1 || bindings.front().device != c10::DeviceType::CPU) {
+    throw UsageError("libtorch " + libtorch_version() +
+                     " has one backend per process group, for CPU tensors only; build dtrain "
+                     "against libtorch 2.x for CUDA backends");
+  }
+  return bindings.front().backend;
+#endif
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> as_group(const c10::intrusive_ptr<Backend>& backend,
                                                 const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int world, bool is_gloo) {
-#if DTRAIN_C10D_HAS_BACKEND
-  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
-  const auto type =
-      is_gloo ? c10d::ProcessGroup::BackendType::GLOO : c10d::ProcessGroup::BackendType::CUSTOM;
-  pg->setBackend(c10::DeviceType::CPU, type, backend);
-  pg->setDefaultBackend(type);
-  return pg;
-#else
-  (void)store, (void)rank, (void)world, (void)is_gloo;
-  return backend;
-#endif
+  return make_process_group(
+      store, rank, world,
+      {{c10::DeviceType::CPU, is_gloo ? BackendKind::kGloo : BackendKind::kCustom, backend}});
 }
 
 Backend* cpu_backend(c10d::ProcessGroup& pg) {
@@ -70,26 +68,6 @@ c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg,
   static std::mutex front_mutex;  // see the header: the front's static tensor
   std::lock_guard<std::mutex> lock(front_mutex);
   return pg.barrier(options);
-}
-
-std::optional<std::chrono::milliseconds> gloo_timeout(Backend& backend) {
-  if (auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(&backend))
-    return gloo->getOptions()->timeout;
-  return std::nullopt;
-}
-
-bool is_gloo_io_error(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const ::gloo::IoException&) {
-    return true;
-#if DTRAIN_C10D_HAS_BACKEND
-  } catch (const c10::DistNetworkError&) {
-    return true;
-#endif
-  } catch (...) {
-    return false;
-  }
 }
 
 std::string libtorch_version() { return TORCH_VERSION; }

@@ -8,8 +8,7 @@
 // c10d::ProcessGroup that `as_group` makes of a backend; nothing else needs to know which
 // libtorch it was built against.
 //
-// Only c10d_compat.cpp includes c10d's ProcessGroupGloo.hpp, which needs Gloo's headers: PyPI's
-// torch wheel ships none, so a build against it takes the system's (Debian's libgloo-dev).
+// Gloo's backend is made in comm/gloo/gloo.h, the other backends in comm/backend.h.
 #pragma once
 
 #include <torch/version.h>
@@ -19,6 +18,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -35,19 +35,24 @@ using Backend = c10d::Backend;
 using Backend = c10d::ProcessGroup;
 #endif
 
-// A Gloo backend of `world` ranks over `store`. Its device: `hostname` when given (tests use
-// "127.0.0.1"), else the interface in GLOO_SOCKET_IFNAME when set, else Gloo's default (this
-// host's name, or loopback). Every collective and store wait times out after `timeout`.
-c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                      int world, std::chrono::milliseconds timeout,
-                                      const std::string& hostname = "");
+// How c10d files a backend (the key of libtorch 2.x's per-type table; one object per kind).
+enum class BackendKind { kGloo, kNccl, kCustom };
 
-// A Gloo backend on the same network device(s) as the Gloo backend `like` (a sub-group of
-// `like`'s group, torch.distributed.new_group's way); Gloo's default device when `like` is
-// not a Gloo backend.
-c10::intrusive_ptr<Backend> make_gloo_like(Backend* like,
-                                           const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                           int world, std::chrono::milliseconds timeout);
+// One device type's backend in a c10d group.
+struct DeviceBinding {
+  c10::DeviceType device;
+  BackendKind kind;
+  c10::intrusive_ptr<Backend> backend;
+};
+
+// The c10d group that dispatches each collective to the backend bound to its tensors' device
+// type. The first binding is the default backend. libtorch 2.x keeps one backend per kind:
+// two device types bound to one kind must be bound to the same object. `cuda_device` (>= 0)
+// is the GPU the group is bound to (c10d's bound device id). 1.13 has one backend per group:
+// exactly one binding, a CPU one, which is returned itself (UsageError otherwise).
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+    const std::vector<DeviceBinding>& bindings, int cuda_device = -1);
 
 // The c10d group whose collectives on CPU tensors run on `backend`. `store`, `rank` and
 // `world` are the backend's. 1.13: the backend itself. 2.x: a c10d::ProcessGroup with
@@ -69,13 +74,6 @@ Backend* cpu_backend(c10d::ProcessGroup& pg);
 // dispatch does; a group without a CPU backend falls back to the front, one caller at a time.
 // 1.13: `pg.barrier()` (no such static there).
 c10::intrusive_ptr<c10d::Work> barrier(c10d::ProcessGroup& pg, const c10d::BarrierOptions& options);
-
-// The timeout of a Gloo backend made by make_gloo(); nullopt for any other backend.
-std::optional<std::chrono::milliseconds> gloo_timeout(Backend& backend);
-
-// Whether `e` is Gloo's "a peer's connection failed" (gloo::IoException; in 2.x also c10d's
-// DistNetworkError).
-bool is_gloo_io_error(const std::exception_ptr& e);
 
 // "1.13.1", "2.11.0", ...: the libtorch this build of dtrain was compiled against.
 std::string libtorch_version();

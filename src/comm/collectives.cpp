@@ -12,8 +12,9 @@
 #include <exception>
 #include <sstream>
 
+#include "comm/backend.h"
 #include "comm/c10d_compat.h"
-#include "comm/shm/shm_group.h"
+#include "comm/gloo/gloo.h"
 #include "diagnosis/monitor.h"
 #include "dtrain/error.h"
 #include "dtrain/flight_recorder.h"
@@ -31,6 +32,8 @@ struct Call {
   std::chrono::milliseconds timeout;
   int rank;
   int world;
+  // The operation the call runs on its backend (what the backend's traits must include).
+  comm::Op op;
   // The flight recorder's record of this collective (diagnosis/monitor.h), set by issue().
   std::shared_ptr<diagnosis::GroupMonitor> monitor = {};
   std::uint64_t seq = 0;
@@ -51,10 +54,23 @@ std::string prefix(const Call& c) {
 
 std::chrono::milliseconds group_timeout(c10d::ProcessGroup& pg) {
   if (comm::Backend* backend = comm::cpu_backend(pg)) {
-    if (auto t = comm::gloo_timeout(*backend)) return *t;
-    if (auto* shm = dynamic_cast<const shm::ShmProcessGroup*>(backend)) return shm->timeout();
+    if (auto t = comm::backend_timeout(*backend)) return *t;
   }
   return std::chrono::minutes(30);  // PyTorch's default
+}
+
+// The backend operation a collective runs (reduce_scatter is an all_to_all, see below).
+comm::Op op_of(const std::string& name) {
+  if (name == "all_reduce") return comm::kOpAllreduce;
+  if (name == "reduce") return comm::kOpReduce;
+  if (name.rfind("broadcast", 0) == 0) return comm::kOpBroadcast;
+  if (name.rfind("all_gather", 0) == 0) return comm::kOpAllgather;
+  if (name == "gather") return comm::kOpGather;
+  if (name == "scatter") return comm::kOpScatter;
+  if (name == "all_to_all" || name == "reduce_scatter") return comm::kOpAlltoall;
+  if (name == "send" || name == "recv") return comm::kOpSendRecv;
+  if (name == "barrier") return comm::kOpBarrier;
+  return comm::kOpAll;
 }
 
 Call begin(const char* name, const CollectiveOptions& options) {
@@ -65,47 +81,70 @@ Call begin(const char* name, const CollectiveOptions& options) {
   auto group = resolve_group(options);
   const auto& pg = group->c10d();
   if (!pg) throw UsageError(std::string(name) + ": the process group has no c10d group");
-  // Gloo's own timeout is the group's: a longer one here could not extend it, so the
+  // The backends' own timeout is the group's: a longer one here could not extend it, so the
   // effective timeout (the one messages report) is the shorter of the two.
-  auto gt = group_timeout(*pg);
+  auto gt = group->timeout();
   auto timeout = options.timeout.count() == 0 ? gt : std::min(options.timeout, gt);
-  return Call{name, group, pg, timeout, pg->getRank(), pg->getSize()};
+  return Call{name, group, pg, timeout, pg->getRank(), pg->getSize(), op_of(name)};
 }
 
-bool gloo_supports(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kChar:
-    case at::kByte:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
+// The backend that runs `t`'s device type in the call's group, or nullptr.
+const comm::DeviceBackend* backend_for(const Call& c, const at::Tensor& t) {
+  return c.group->backends().find(t.device().type());
+}
+
+std::string shown_name(const comm::BackendTraits& t) {
+  // The shared-memory backend takes Gloo's dtypes (it hands Gloo what it does not do itself).
+  if (t.name == "nccl") return "NCCL";
+  return "Gloo";
 }
 
 void check_tensor(const Call& c, const at::Tensor& t, const char* what) {
   if (!t.defined()) throw UsageError(prefix(c) + what + " is an undefined tensor");
-  if (!t.device().is_cpu()) {
-    throw UsageError(prefix(c) + what + " is on " + t.device().str() +
-                     "; the Gloo backend takes CPU tensors (move it with .cpu())");
+  const comm::DeviceBackend* b = backend_for(c, t);
+  if (!b) {
+    std::string have;
+    for (const auto& d : c.group->backends().devices) {
+      have += (have.empty() ? "" : ", ") + std::string(c10::DeviceTypeName(d.device, true)) + " (" +
+              d.traits.name + ")";
+    }
+    const bool cuda = t.device().is_cuda();
+    throw UsageError(
+        prefix(c) + what + " is on " + t.device().str() + ", but this group's backend ('" +
+        c.group->backend_name() + "') takes tensors on " + have + " only; " +
+        (cuda ? "move it with .cpu(), or make the group with backend \"auto\" or \"nccl\" in a "
+                "CUDA build where every rank sees a GPU"
+              : "move it to a device the group takes"));
+  }
+  if (!b->traits.supports(c.op)) {
+    throw UsageError(prefix(c) + "the " + b->traits.name + " backend cannot run " + c.name +
+                     " on " + t.device().str() +
+                     " tensors; move them with .cpu() (the group's "
+                     "CPU backend runs every collective)");
   }
   if (t.layout() != at::kStrided) {
     throw UsageError(prefix(c) + what + " is not a dense (strided) tensor; call .to_dense() first");
   }
-  if (!gloo_supports(t.scalar_type())) {
+  if (!b->traits.supports(t.scalar_type())) {
     throw UsageError(prefix(c) + what + " has dtype " +
-                     std::string(c10::toString(t.scalar_type())) +
-                     ", which Gloo does not support; use float32, float64, float16, int8, uint8, "
-                     "int32 or int64 (e.g. convert bool to uint8)");
+                     std::string(c10::toString(t.scalar_type())) + ", which " +
+                     shown_name(b->traits) + " does not support; use " + b->traits.dtype_list() +
+                     " (e.g. convert bool to uint8)");
+  }
+}
+
+// Tensors of one call on one device (a backend runs one device type's tensors).
+void check_same_device(const Call& c, const at::Tensor& a, const char* an, const at::Tensor& b,
+                       const char* bn) {
+  if (a.device() != b.device()) {
+    throw UsageError(prefix(c) + an + " is on " + a.device().str() + " but " + bn + " is on " +
+                     b.device().str() + "; put them on one device");
   }
 }
 
 void check_same(const Call& c, const at::Tensor& a, const char* an, const at::Tensor& b,
                 const char* bn) {
+  check_same_device(c, a, an, b, bn);
   if (a.scalar_type() != b.scalar_type()) {
     throw UsageError(prefix(c) + an + " has dtype " + std::string(c10::toString(a.scalar_type())) +
                      " but " + bn + " has " + std::string(c10::toString(b.scalar_type())) +
@@ -386,7 +425,7 @@ Work all_reduce_async(torch::Tensor& tensor, const AllReduceOptions& options) {
   // The shared-memory backend averages while it reduces (no extra pass); Gloo sums, and
   // the Work's finish step divides.
   bool avg = options.op == ReduceOp::kAvg && c.world > 1;
-  if (avg && dynamic_cast<const shm::ShmProcessGroup*>(comm::cpu_backend(*c.pg)) != nullptr) {
+  if (avg && backend_for(c, tensor)->traits.native_avg) {
     o.reduceOp = c10d::ReduceOp::AVG;
     avg = false;
   }
@@ -553,6 +592,20 @@ void reduce_scatter(torch::Tensor& out, const torch::Tensor& input,
                      " dtype " + std::string(c10::toString(input.scalar_type())) + "; got shape " +
                      shape_str(out.sizes()) + " dtype " +
                      std::string(c10::toString(out.scalar_type())));
+  }
+  check_same_device(c, out, "out", input, "input");
+  if (backend_for(c, input)->traits.name == "nccl") {
+    // NCCL has a reduce-scatter of its own (a ring: (n-1)/n of the input per rank, reduced
+    // on the GPU as it moves), averaging itself.
+    at::Tensor in = input.contiguous();
+    Staged s = stage(out);
+    c10d::ReduceScatterOptions o;
+    o.reduceOp =
+        options.op == ReduceOp::kAvg ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(options.op);
+    o.timeout = c.timeout;
+    auto w = issue(c, in, [&] { return c.pg->_reduce_scatter_base(s.buf, in, o); });
+    make_work(c, std::move(w), [s] { s.copy_back(); }).wait();
+    return;
   }
   at::Tensor send = input.contiguous();
   at::Tensor recv = at::empty_like(send);

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <optional>
 
+#include "comm/backend.h"
 #include "comm/c10d_compat.h"
-#include "comm/shm/shm_group.h"
 #include "diagnosis/monitor.h"
 #include "dtrain/debug.h"
 #include "dtrain/engine_env.h"
@@ -122,28 +122,62 @@ Rendezvous url_rendezvous(const ProcessGroupOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// The traits of a single-backend CPU group made outside the factory (ranks as threads).
+std::shared_ptr<const comm::GroupBackends> single_cpu(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& backend) {
+  auto b = std::make_shared<comm::GroupBackends>();
+  b->pg = pg;
+  b->description = backend;
+  comm::DeviceBackend d;
+  d.device = c10::DeviceType::CPU;
+  d.traits = comm::backend_traits(backend, c10::DeviceType::CPU)
+                 .value_or(comm::backend_traits("gloo", c10::DeviceType::CPU).value());
+  if (comm::Backend* cpu = comm::cpu_backend(*pg))
+    d.backend = c10::intrusive_ptr<comm::Backend>::reclaim_copy(cpu);
+  b->devices.push_back(d);
+  b->timeout = std::chrono::minutes(30);
+  if (d.backend) b->timeout = comm::backend_timeout(*d.backend).value_or(b->timeout);
+  return b;
+}
+
+}  // namespace
+
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string backend)
-    : store_(std::move(store)), pg_(std::move(pg)), backend_(std::move(backend)) {
+    : store_(std::move(store)),
+      pg_(std::move(pg)),
+      backend_(std::move(backend)),
+      backends_(single_cpu(pg_, backend_)) {
   monitor_ = std::make_shared<diagnosis::GroupMonitor>(store_, pg_->getRank(), pg_->getSize());
 }
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
+                           std::shared_ptr<const comm::GroupBackends> backends)
+    : store_(std::move(store)),
+      pg_(backends->pg),
+      backend_(backends->description),
+      backends_(std::move(backends)) {
+  monitor_ = std::make_shared<diagnosis::GroupMonitor>(store_, pg_->getRank(), pg_->getSize());
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+std::string ProcessGroup::backend_name(c10::DeviceType device) const {
+  const auto* d = backends_->find(device);
+  return d ? d->traits.name : "";
+}
+
+int ProcessGroup::cuda_device() const { return backends_->cuda_device; }
+
+std::chrono::milliseconds ProcessGroup::timeout() const { return backends_->timeout; }
 
 // Not pg_->barrier(): on libtorch 2.x that races with other threads' barriers (c10d_compat.h).
 void ProcessGroup::barrier() { comm::barrier(*pg_, c10d::BarrierOptions())->wait(); }
 
 std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
-  const std::string& backend = options.backend;
-  if (backend == "nccl") {
-    throw UsageError(
-        "init_process_group: backend 'nccl' is not available: dtrain is built on libtorch's CPU "
-        "libraries only (also against a CUDA wheel) and has no NCCL backend yet; use backend "
-        "\"auto\", \"shm\" or \"gloo\" (CPU tensors)");
-  }
-  if (backend != "gloo" && backend != "shm" && backend != "auto") {
-    throw UsageError("init_process_group: unknown backend '" + options.backend +
-                     "'; use \"auto\" (the default), \"shm\", \"gloo\" or \"nccl\"");
-  }
-  // Bad diagnosis options fail here, before this rank joins (and its peers wait for it).
+  // Bad options fail here, before this rank joins (and its peers wait for it).
   diagnosis::check_environment();
   std::optional<DebugLevel> debug;
   if (!options.debug.empty())
@@ -154,6 +188,20 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
         "got " +
         std::to_string(options.stall_timeout.count()) + " ms");
   }
+  if (options.cuda_device < -1) {
+    throw UsageError("init_process_group: cuda_device must be >= 0 (or -1 for LOCAL_RANK's), got " +
+                     std::to_string(options.cuda_device));
+  }
+  {
+    // A malformed spec fails before the rendezvous too (the factory parses it again).
+    comm::GroupRequest probe;
+    probe.spec = options.backend;
+    if (probe.spec.empty()) {
+      throw UsageError(
+          "init_process_group: backend is empty; use \"auto\" (the default), "
+          "\"shm\", \"gloo\" or \"nccl\"");
+    }
+  }
   Rendezvous r = url_rendezvous(options);
   // A peer that dies mid-collective must surface as a NetworkError, not kill this rank:
   // libtorch 2.x's Gloo writes to sockets without MSG_NOSIGNAL on some paths, so a write to a
@@ -163,22 +211,15 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
     ::signal(SIGPIPE, SIG_IGN);
   }
-  c10::intrusive_ptr<comm::Backend> gloo =
-      comm::make_gloo(r.store, r.rank, r.world_size, options.timeout);
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  std::string chosen = "gloo";
-  if (backend != "gloo") {
-    // The shared-memory backend wraps the Gloo backend (which keeps everything it does not
-    // implement). "auto" falls back to plain Gloo, on every rank alike, when the ranks are
-    // not all on one host.
-    if (auto shm = shm::ShmProcessGroup::join(r.store, r.rank, r.world_size, gloo, options.timeout,
-                                              /*require=*/backend == "shm")) {
-      pg = comm::as_group(shm, r.store, r.rank, r.world_size, /*is_gloo=*/false);
-      chosen = "shm";
-    }
-  }
-  if (!pg) pg = comm::as_group(gloo, r.store, r.rank, r.world_size, /*is_gloo=*/true);
-  auto group = std::make_shared<ProcessGroup>(r.store, pg, chosen);
+  comm::GroupRequest request;
+  request.spec = options.backend;
+  request.store = r.store;
+  request.rank = r.rank;
+  request.world = r.world_size;
+  request.timeout = options.timeout;
+  request.cuda_device = options.cuda_device;
+  auto backends = std::make_shared<comm::GroupBackends>(comm::make_group_backends(request));
+  auto group = std::make_shared<ProcessGroup>(r.store, std::move(backends));
   if (debug) set_debug_level(*group, *debug);
   if (options.stall_timeout.count() != 0) set_stall_timeout(*group, options.stall_timeout);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -211,22 +252,24 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
   if (me == sorted.end()) return nullptr;
   const int rank = static_cast<int>(me - sorted.begin());
   const int size = static_cast<int>(sorted.size());
-  // The parent's Gloo backend (under the shared-memory one when that wraps it) gives the
-  // device and the default timeout.
-  comm::Backend* like = comm::cpu_backend(*parent->c10d());
   std::chrono::milliseconds timeout = options.timeout;
-  if (auto* shm = dynamic_cast<shm::ShmProcessGroup*>(like)) {
-    like = shm->gloo().get();
-    if (timeout.count() == 0) timeout = shm->timeout();
-  }
-  if (timeout.count() == 0 && like)
-    timeout = comm::gloo_timeout(*like).value_or(std::chrono::minutes(30));
+  if (timeout.count() <= 0) timeout = parent->timeout();
   if (timeout.count() <= 0) timeout = std::chrono::minutes(30);
   auto store = c10::make_intrusive<c10d::PrefixStore>("dtrain_subgroup_" + std::to_string(id),
                                                       parent->store());
-  auto gloo = comm::make_gloo_like(like, store, rank, size, timeout);
-  auto pg = comm::as_group(gloo, store, rank, size, /*is_gloo=*/true);
-  return std::make_shared<ProcessGroup>(store, pg, "gloo");
+  // CPU: Gloo on the parent's network device; CUDA: NCCL where the parent has it, else Gloo.
+  comm::GroupRequest request;
+  const std::string parent_cuda = parent->backend_name(c10::DeviceType::CUDA);
+  request.spec = "cpu:gloo";
+  if (!parent_cuda.empty()) request.spec += parent_cuda == "nccl" ? ",cuda:nccl" : ",cuda:gloo";
+  request.store = store;
+  request.rank = rank;
+  request.world = size;
+  request.timeout = timeout;
+  request.cuda_device = parent->cuda_device();
+  request.like = &parent->backends();
+  auto backends = std::make_shared<comm::GroupBackends>(comm::make_group_backends(request));
+  return std::make_shared<ProcessGroup>(store, std::move(backends));
 }
 
 std::shared_ptr<ProcessGroup> default_group() {

@@ -1082,7 +1082,12 @@ int worker_main(const std::string& spec) {
     Decoder in(args);
     trampoline(fn, in, result);
   } catch (const std::exception& e) {
-    report(demangle(typeid(e).name()), e.what());
+    const std::string type = demangle(typeid(e).name());
+    // dtrain::tune::report()'s TrialStopped: the Tuner ended this run (a scheduler's STOP, or
+    // PBT's PAUSE to free the slot). Not a failure: exit 0 without a result, so the launcher
+    // prints no root cause; the Tuner knows why the run ended.
+    if (type == "dtrain::tune::TrialStopped") return 0;
+    report(type, e.what());
     return 1;
   } catch (...) {
     auto* type = abi::__cxa_current_exception_type();

@@ -829,7 +829,8 @@ void Controller::run_batch(std::vector<Request>& reqs, std::vector<Entry>& entri
       size_t j = i + 1;
       auto compatible = [&](const Request& a, const Request& b) {
         return b.kind == Kind::kAllreduce && a.tensor.scalar_type() == b.tensor.scalar_type() &&
-               a.reduce.op == b.reduce.op && a.reduce.prescale_factor == b.reduce.prescale_factor &&
+               a.tensor.device() == b.tensor.device() && a.reduce.op == b.reduce.op &&
+               a.reduce.prescale_factor == b.reduce.prescale_factor &&
                a.reduce.postscale_factor == b.reduce.postscale_factor &&
                a.reduce.compression == b.reduce.compression;
       };
@@ -922,8 +923,11 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
     for (auto* r : reqs) total += r->tensor.numel();
     // The fusion buffer lives across cycles (Horovod's too): no allocation per step.
     const int64_t bytes = total * static_cast<int64_t>(c10::elementSize(wire));
-    if (!fusion_buffer_.defined() || fusion_buffer_.numel() < bytes) {
-      fusion_buffer_ = torch::empty({bytes}, torch::kUInt8);
+    // On the tensors' device (a CUDA group fuses on the GPU).
+    const auto device = first.tensor.device();
+    if (!fusion_buffer_.defined() || fusion_buffer_.numel() < bytes ||
+        fusion_buffer_.device() != device) {
+      fusion_buffer_ = torch::empty({bytes}, torch::TensorOptions(torch::kUInt8).device(device));
     }
     buffer = fusion_buffer_.narrow(0, 0, bytes).view(wire);
     int64_t off = 0;

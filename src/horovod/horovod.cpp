@@ -14,8 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "comm/backend.h"
 #include "comm/c10d_compat.h"
-#include "comm/shm/shm_group.h"
 #include "dtrain/collectives.h"
 #include "dtrain/process_group.h"
 #include "horovod/controller.h"
@@ -83,18 +83,16 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o, int generation) {
   auto store = c10::make_intrusive<c10d::PrefixStore>("horovod/" + std::to_string(generation),
                                                       base->store());
   const int rank = base->rank(), world = base->world_size();
-  auto gloo = comm::make_gloo(store, rank, world, o.timeout);
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  std::string chosen = "gloo";
-  if (base->backend_name() == "shm") {
-    if (auto shm =
-            shm::ShmProcessGroup::join(store, rank, world, gloo, o.timeout, /*require=*/false)) {
-      pg = comm::as_group(shm, store, rank, world, /*is_gloo=*/false);
-      chosen = "shm";
-    }
-  }
-  if (!pg) pg = comm::as_group(gloo, store, rank, world, /*is_gloo=*/true);
-  return std::make_shared<ProcessGroup>(store, pg, chosen);
+  // The same backends the default group chose (its description is a valid spec).
+  comm::GroupRequest request;
+  request.spec = base->backend_name();
+  request.store = store;
+  request.rank = rank;
+  request.world = world;
+  request.timeout = o.timeout;
+  request.cuda_device = base->cuda_device();
+  auto backends = std::make_shared<comm::GroupBackends>(comm::make_group_backends(request));
+  return std::make_shared<ProcessGroup>(store, std::move(backends));
 }
 
 void shutdown_at_exit() {
@@ -111,16 +109,22 @@ std::string auto_name(Context& c, Kind kind, const std::string& given) {
          std::to_string(c.noname[static_cast<int>(kind)].fetch_add(1));
 }
 
-void check_tensor(const torch::Tensor& t, const char* what) {
+// A tensor hvd's group can move: defined, and on a device type the group has a backend for
+// (CPU always; CUDA where init_process_group found GPUs - see dtrain/process_group.h).
+void check_tensor(const torch::Tensor& t, const char* what, const ProcessGroup& group) {
   if (!t.defined()) throw UsageError(std::string("hvd::") + what + ": the tensor is undefined");
-  if (!t.device().is_cpu()) {
+  if (group.backend_name(t.device().type()).empty()) {
     throw UsageError(std::string("hvd::") + what + ": the tensor is on " + t.device().str() +
-                     "; this build reduces CPU tensors only (move it with .cpu())");
+                     ", but hvd's group (backend '" + group.backend_name() +
+                     "') takes no tensors there; move it with .cpu(), or run a CUDA build of "
+                     "dtrain where every rank sees a GPU");
   }
 }
 
-void check_reduce(const torch::Tensor& t, const AllreduceOptions& o, const char* what, int size) {
-  check_tensor(t, what);
+void check_reduce(const torch::Tensor& t, const AllreduceOptions& o, const char* what,
+                  const ProcessGroup& group) {
+  const int size = group.world_size();
+  check_tensor(t, what, group);
   if (o.op == ReduceOp::Adasum) {
     if (size & (size - 1)) {
       throw UsageError(std::string("hvd::") + what +
@@ -284,7 +288,7 @@ int cross_rank() { return ctx("cross_rank")->cross_rank; }
 
 Handle allreduce_async(const torch::Tensor& tensor, const AllreduceOptions& options) {
   auto c = ctx("allreduce");
-  check_reduce(tensor, options, "allreduce", c->group->world_size());
+  check_reduce(tensor, options, "allreduce", *c->group);
   Request r;
   r.kind = Kind::kAllreduce;
   r.name = auto_name(*c, Kind::kAllreduce, options.name);
@@ -295,7 +299,7 @@ Handle allreduce_async(const torch::Tensor& tensor, const AllreduceOptions& opti
 
 Handle allreduce_async_(torch::Tensor& tensor, const AllreduceOptions& options) {
   auto c = ctx("allreduce_");
-  check_reduce(tensor, options, "allreduce_", c->group->world_size());
+  check_reduce(tensor, options, "allreduce_", *c->group);
   Request r;
   r.kind = Kind::kAllreduce;
   r.name = auto_name(*c, Kind::kAllreduce, options.name);
@@ -333,7 +337,7 @@ std::vector<torch::Tensor> grouped_allreduce(const std::vector<torch::Tensor>& t
 
 Handle allgather_async(const torch::Tensor& tensor, const std::string& name) {
   auto c = ctx("allgather");
-  check_tensor(tensor, "allgather");
+  check_tensor(tensor, "allgather", *c->group);
   if (tensor.dim() == 0)
     throw UsageError("hvd::allgather: the tensor is a scalar; give it at least one dimension");
   Request r;
@@ -349,7 +353,7 @@ torch::Tensor allgather(const torch::Tensor& tensor, const std::string& name) {
 
 Handle broadcast_async_(torch::Tensor& tensor, int root_rank, const std::string& name) {
   auto c = ctx("broadcast");
-  check_tensor(tensor, "broadcast");
+  check_tensor(tensor, "broadcast", *c->group);
   if (root_rank < 0 || root_rank >= c->group->world_size()) {
     throw UsageError("hvd::broadcast: root_rank " + std::to_string(root_rank) +
                      " is not a rank of this job (size " + std::to_string(c->group->world_size()) +
@@ -377,7 +381,7 @@ torch::Tensor broadcast(const torch::Tensor& tensor, int root_rank, const std::s
 AlltoallResult alltoall(const torch::Tensor& tensor, const torch::Tensor& splits,
                         const std::string& name) {
   auto c = ctx("alltoall");
-  check_tensor(tensor, "alltoall");
+  check_tensor(tensor, "alltoall", *c->group);
   const int n = c->group->world_size();
   if (tensor.dim() == 0)
     throw UsageError("hvd::alltoall: the tensor is a scalar; give it at least one dimension");
@@ -418,7 +422,7 @@ torch::Tensor reducescatter(const torch::Tensor& tensor, ReduceOp op, const std:
   auto c = ctx("reducescatter");
   AllreduceOptions o;
   o.op = op;
-  check_reduce(tensor, o, "reducescatter", c->group->world_size());
+  check_reduce(tensor, o, "reducescatter", *c->group);
   if (op != ReduceOp::Average && op != ReduceOp::Sum) {
     throw UsageError("hvd::reducescatter: op must be hvd::Average or hvd::Sum");
   }

@@ -423,6 +423,7 @@ void Agent::worker_command(std::vector<std::string>& argv, std::vector<std::stri
   WorkerEnv proto;
   auto contract = proto.to_variables();
   bool has_omp = false;
+  bool has_arrow_malloc = false;
   bool has_tunables = false;
   inherited.clear();
   for (auto& e : base) {
@@ -430,6 +431,7 @@ void Agent::worker_command(std::vector<std::string>& argv, std::vector<std::stri
     if (contract.count(name) || o_.extra_env.count(name)) continue;
     if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;  // for this agent only
     if (name == "OMP_NUM_THREADS") has_omp = true;
+    if (name == "JE_ARROW_MALLOC_CONF") has_arrow_malloc = true;
     if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
       has_tunables = true;
       e += ":glibc.malloc.hugetlb=1";
@@ -457,6 +459,11 @@ void Agent::worker_command(std::vector<std::string>& argv, std::vector<std::stri
   tail.clear();
   for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
   if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) tail.push_back("OMP_NUM_THREADS=1");
+  // Arrow's bundled jemalloc (pyarrow's libarrow, which dtrain::data links) starts a purging
+  // thread while the library loads, so a program linking it could not start from the fork
+  // server; without it jemalloc purges inline. A value the user set wins.
+  if (!has_arrow_malloc && !o_.extra_env.count("JE_ARROW_MALLOC_CONF"))
+    tail.push_back("JE_ARROW_MALLOC_CONF=background_thread:false");
 }
 
 void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "launch/fork_server.h"
+#include "launch/gpus.h"
 #include "launch/options_internal.h"
 
 namespace dtrain {
@@ -33,22 +35,15 @@ int parse_int(const std::string& flag, const std::string& value, const std::stri
   throw UsageError(flag + ": got '" + value + "', expected " + form);
 }
 
-int count_gpus() {
-  int n = 0;
-  while (std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
-  return n;
-}
-
 int parse_nproc(const std::string& value) {
   const std::string flag = "--nproc-per-node";
   if (value == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (value == "gpu" || value == "auto") {
-    int gpus = count_gpus();
-    if (gpus > 0) return gpus;
+    const launch::GpuCount gpus = launch::count_gpus();
+    if (gpus.count > 0) return gpus.count;
     if (value == "auto") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    throw UsageError(flag +
-                     ": got 'gpu', but this machine has no CUDA device; use a number or "
-                     "'cpu'");
+    throw UsageError(flag + ": got 'gpu', but this machine shows no CUDA device (" + gpus.how +
+                     "; CUDA_VISIBLE_DEVICES applies); use a number or 'cpu'");
   }
   int n = parse_int(flag, value, "a positive integer, 'cpu', 'gpu' or 'auto'");
   if (n < 1) {
@@ -155,6 +150,15 @@ std::pair<std::string, int> parse_endpoint(const std::string& flag, const std::s
   return {host, p};
 }
 
+// torchrun's last-wins for a repeated option (argparse keeps the last value); CLI11 refuses a
+// repeated single-value option unless told. Repeatable options (--env, --ssh-arg, the
+// duplicate filters) keep every value.
+void take_last_for_repeats(CLI::App& run) {
+  for (CLI::Option* opt : run.get_options()) {
+    if (opt->get_expected_max() == 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+}
+
 CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.description(
       "Run PROGRAM on --nproc-per-node worker processes on this node (and, with --nnodes,\n"
@@ -239,7 +243,41 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "links libtorch, libc10 or libdtrain with 2+ workers per node, else spawn). "
                  "Python scripts always spawn")
       ->capture_default_str();
-  run.add_option("--run-path,--run_path", a.unused_run_path, "Accepted for torchrun compatibility");
+  run.add_flag("--run-path,--run_path", a.run_path,
+               "PROGRAM is a Python file (run with python3 -u, as torchrun's runpy.run_path), "
+               "whatever its name");
+  // torchrun 2.x's options (ParseRunArgs.EveryTorchrunOptionOfTheVenvIsAccepted, in
+  // tests/unit/launch_options_test.cpp, checks them against the venv's torchrun).
+  run.add_option("--local-ranks-filter,--local_ranks_filter", a.local_ranks_filter,
+                 "Show only these local ranks' output on the console, e.g. 0 or 0,1 (the others "
+                 "still go to --log-dir's files)");
+  run.add_option("--event-log-handler,--event_log_handler", a.event_log_handler,
+                 "torchrun's event log handler; dtrain logs its events itself (accepted, noted)")
+      ->capture_default_str();
+  run.add_option("--duplicate-stdout-filters,--duplicate_stdout_filters",
+                 a.duplicate_stdout_filters,
+                 "torchrun copies matching stdout lines to a filtered file in the log dir "
+                 "(accepted, noted: use --log-dir and grep)")
+      ->allow_extra_args(false);
+  run.add_option("--duplicate-stderr-filters,--duplicate_stderr_filters",
+                 a.duplicate_stderr_filters, "As --duplicate-stdout-filters, for stderr")
+      ->allow_extra_args(false);
+  run.add_option("--local-addr,--local_addr", a.local_addr,
+                 "This node's address for the rendezvous (accepted, noted: dtrain's nodes "
+                 "reach the master at --master-addr)");
+  run.add_option("--logs-specs,--logs_specs", a.logs_specs,
+                 "torchrun's LogsSpecs plug-in (accepted, noted: dtrain's log layout is fixed, "
+                 "see --log-dir)");
+  run.add_option("--numa-binding,--numa_binding", a.numa_binding,
+                 "node, socket, exclusive or core-complex: torchrun binds each GPU worker to its "
+                 "GPU's NUMA node (accepted, noted: dtrain binds nothing)");
+  run.add_option("--signals-to-handle,--signals_to_handle", a.signals_to_handle,
+                 "Signals the agent passes on to the workers before stopping them (accepted; "
+                 "dtrain's agent stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT)")
+      ->capture_default_str();
+  run.add_flag("--virtual-local-rank,--virtual_local_rank", a.virtual_local_rank,
+               "torchrun gives every worker LOCAL_RANK 0 and one visible GPU (accepted, noted: "
+               "dtrain keeps each worker's LOCAL_RANK)");
   // One value per --env: a vector option would otherwise swallow PROGRAM and its args.
   run.add_option("--env", a.env, "Extra KEY=VALUE for every worker (repeatable)")
       ->allow_extra_args(false);
@@ -272,6 +310,7 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
       "PROGRAM [ARGS...] follow the options: the program to run (a binary, a name on PATH,\n"
       "a .py script, or with -m a module) and its arguments, passed on unchanged.");
   run.prefix_command();
+  take_last_for_repeats(run);
   return run;
 }
 
@@ -315,6 +354,74 @@ void apply_slurm_step(LaunchOptions& o, const RunArgs& a, const SlurmStep& s) {
 
 bool is_loopback_name(const std::string& h) {
   return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0 || h == "ip6-localhost";
+}
+
+// torchrun 2.x's options beyond 1.13's: --local-ranks-filter as torchrun means it (the other
+// local ranks' streams go to the log files only), the rest checked and noted.
+void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
+  if (!a.local_ranks_filter.empty()) {
+    std::set<int> shown;
+    size_t pos = 0;
+    while (pos <= a.local_ranks_filter.size()) {
+      size_t comma = a.local_ranks_filter.find(',', pos);
+      const std::string item = a.local_ranks_filter.substr(
+          pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      const int r = parse_int("--local-ranks-filter", item, "local ranks like 0 or 0,1,2");
+      if (r < 0)
+        throw UsageError("--local-ranks-filter: got '" + a.local_ranks_filter +
+                         "', expected local ranks like 0 or 0,1,2");
+      shown.insert(r);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+    // Every local rank a node can have (a host file's slots go up to 4096).
+    for (int r = 0; r < 4096; ++r)
+      if (!shown.count(r) && !o.redirects.count(r)) o.redirects[r] = 3;
+  }
+  if (a.event_log_handler != "null")
+    o.notes.push_back("--event-log-handler " + a.event_log_handler +
+                      ": torchrun's event handlers do not apply; dtrain reports its events on "
+                      "stderr and in --failure-file");
+  if (!a.duplicate_stdout_filters.empty() || !a.duplicate_stderr_filters.empty())
+    o.notes.push_back(
+        "--duplicate-stdout/stderr-filters: not copied to filtered files; every line is in "
+        "--log-dir's per-rank files");
+  if (!a.local_addr.empty())
+    o.notes.push_back("--local-addr " + a.local_addr +
+                      ": not used; the nodes reach the store at --master-addr/--rdzv-endpoint");
+  if (!a.logs_specs.empty())
+    o.notes.push_back("--logs-specs " + a.logs_specs +
+                      ": torchrun's log plug-ins do not apply; dtrain writes "
+                      "LOG_DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log");
+  if (!a.numa_binding.empty()) {
+    if (a.numa_binding != "node" && a.numa_binding != "socket" && a.numa_binding != "exclusive" &&
+        a.numa_binding != "core-complex")
+      throw UsageError("--numa-binding: got '" + a.numa_binding +
+                       "', expected node, socket, exclusive or core-complex");
+    o.notes.push_back("--numa-binding " + a.numa_binding +
+                      ": workers are not bound (torchrun binds GPU workers to their GPU's NUMA "
+                      "node; bind with numactl inside PROGRAM if needed)");
+  }
+  static const std::set<std::string> known = {"SIGTERM", "SIGINT",  "SIGHUP",
+                                              "SIGQUIT", "SIGUSR1", "SIGUSR2"};
+  size_t pos = 0;
+  while (pos <= a.signals_to_handle.size()) {
+    size_t comma = a.signals_to_handle.find(',', pos);
+    const std::string sig = a.signals_to_handle.substr(
+        pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!known.count(sig))
+      throw UsageError("--signals-to-handle: got '" + a.signals_to_handle + "': '" + sig +
+                       "' is not one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2");
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (a.signals_to_handle != "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    o.notes.push_back("--signals-to-handle " + a.signals_to_handle +
+                      ": dtrain's agent stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT");
+  if (a.virtual_local_rank)
+    o.notes.push_back(
+        "--virtual-local-rank: each worker keeps its LOCAL_RANK (torchrun would give every "
+        "worker LOCAL_RANK 0 and one visible GPU)");
 }
 
 void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
@@ -552,6 +659,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
     throw UsageError(
         "missing PROGRAM after '--': usage is `dtrain run [options] PROGRAM [ARGS...]`");
   }
+  o.run_path = a.run_path;
+  apply_torchrun2_args(o, a);
   o.program = rest[first];
   if (first == 0 && o.program.size() > 1 && o.program[0] == '-') {
     throw UsageError("unknown option '" + o.program +
@@ -711,7 +820,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 bool runs_with_python(const LaunchOptions& o) {
-  return o.module || (!o.no_python && ends_with(o.program, ".py"));
+  return o.module || o.run_path || (!o.no_python && ends_with(o.program, ".py"));
 }
 
 void validate_launch_options(LaunchOptions& o) {

@@ -38,7 +38,16 @@ struct RunArgs {
   bool module = false;
   bool no_python = false;
   std::string start_method = "auto";
-  std::string unused_run_path;
+  bool run_path = false;
+  // torchrun 2.x options (see add_run_options)
+  std::string event_log_handler = "null";
+  std::string local_ranks_filter;
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  std::string local_addr;
+  std::string logs_specs;
+  std::string numa_binding;
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  bool virtual_local_rank = false;
   std::vector<std::string> env;
   bool malloc_hugepages = false;
   std::string failure_file;

@@ -288,9 +288,18 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
   }
   if (!S_ISREG(st.st_mode)) throw UsageError("load_checkpoint: " + path + " is not a regular file");
 
+  // Tensors land on the model's device, whichever device wrote them: a checkpoint written on
+  // a GPU loads on a CPU-only machine (and the optimizer's state sits where its parameters do).
+  torch::Device device(torch::kCPU);
+  for (const auto& p : model.parameters(/*recurse=*/true)) {
+    if (p.defined()) {
+      device = p.device();
+      break;
+    }
+  }
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path);
+    archive.load_from(path, device);
   } catch (const c10::Error& e) {
     throw Error("load_checkpoint: " + path + " is not a dtrain checkpoint (not a torch archive: " +
                 e.what_without_backtrace() + ")");

@@ -85,15 +85,15 @@ torch::Tensor local_moments(const torch::Tensor& input, const std::vector<int64_
                             const std::vector<int64_t>& cshape) {
   const int64_t channels = input.size(1);
   const double n = static_cast<double>(input.numel() / channels);
-  if (n == 0)
-    return torch::zeros({2 * channels + 1}, torch::kDouble);  // An empty rank adds nothing.
+  const auto f64 = input.options().dtype(torch::kDouble);    // on the input's device (CPU or GPU)
+  if (n == 0) return torch::zeros({2 * channels + 1}, f64);  // An empty rank adds nothing.
   const torch::Tensor m = input.sum(dims) / n;  // Input dtype: the shift the next passes use.
   torch::Tensor centred = input - m.view(cshape);
   const torch::Tensor sum_c = centred.sum(dims).to(torch::kDouble);             // sum (x-m): ~0
   const torch::Tensor sum_c2 = centred.square_().sum(dims).to(torch::kDouble);  // sum (x-m)^2
   const torch::Tensor m64 = m.to(torch::kDouble);
-  return torch::cat({m64 * n + sum_c, sum_c2 + 2 * m64 * sum_c + m64.square() * n,
-                     torch::full({1}, n, torch::kDouble)});
+  return torch::cat(
+      {m64 * n + sum_c, sum_c2 + 2 * m64 * sum_c + m64.square() * n, torch::full({1}, n, f64)});
 }
 
 // What the forward needs besides the differentiable inputs. Passed to Function::apply as a
@@ -199,8 +199,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const torch::Tensor delta = mean_x.to(torch::kDouble) - mean;
     torch::Tensor sum_dy, sum_dy_xmu;  // float64
     if (input.numel() == 0) {
-      sum_dy = torch::zeros({channels}, torch::kDouble);
-      sum_dy_xmu = torch::zeros({channels}, torch::kDouble);
+      sum_dy = torch::zeros({channels}, input.options().dtype(torch::kDouble));
+      sum_dy_xmu = torch::zeros({channels}, input.options().dtype(torch::kDouble));
     } else {
       // One fused pass over x and dy, no temporaries: ATen's training-mode BatchNorm backward
       // kernel asked only for grad_weight = sum(dy * (x - save_mean)) * save_invstd and

@@ -1,7 +1,7 @@
-// The REST client (libcurl) and the file-store writer behind dtrain::mlflow::Run.
+// The REST client (over tracking/http.h) and the file-store writer behind dtrain::mlflow::Run.
 #include "tracking/store.h"
 
-#include <curl/curl.h>
+#include "tracking/http.h"
 
 #include <filesystem>
 #include <fstream>
@@ -35,11 +35,6 @@ int status_code(RunStatus s) {  // MLflow's RunStatus enum
       return 5;
   }
   return 3;
-}
-
-size_t collect(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
-  return size * n;
 }
 
 std::string url_escape(const std::string& s) {
@@ -87,42 +82,20 @@ fs::path key_path(const fs::path& dir, const std::string& key) {
   return dir / key;
 }
 
-std::once_flag curl_once;
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
 RestStore::RestStore(std::string base_url, std::chrono::milliseconds timeout)
     : base_(std::move(base_url)), timeout_(timeout) {
   while (!base_.empty() && base_.back() == '/') base_.pop_back();
-  std::call_once(curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
 std::string RestStore::call(const std::string& method, const std::string& endpoint,
                             const std::string& body, bool allow_not_found, long* status) {
-  std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(curl_easy_init(), curl_easy_cleanup);
-  if (!h) throw NetworkError("mlflow: curl_easy_init failed");
-  std::string url = base_ + endpoint, response;
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> hguard(headers, curl_slist_free_all);
-  curl_easy_setopt(h.get(), CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h.get(), CURLOPT_CUSTOMREQUEST, method.c_str());
-  if (method != "GET") {
-    curl_easy_setopt(h.get(), CURLOPT_POSTFIELDS, body.data());
-    curl_easy_setopt(h.get(), CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
-  }
-  curl_easy_setopt(h.get(), CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, collect);
-  curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &response);
-  curl_easy_setopt(h.get(), CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
-  curl_easy_setopt(h.get(), CURLOPT_CONNECTTIMEOUT_MS,
-                   std::min<long>(2000, static_cast<long>(timeout_.count())));
-  curl_easy_setopt(h.get(), CURLOPT_NOSIGNAL, 1L);
-  CURLcode rc = curl_easy_perform(h.get());
-  if (rc != CURLE_OK)
-    throw NetworkError(std::string(curl_easy_strerror(rc)) + " (" + method + " " + url + ")");
-  long code = 0;
-  curl_easy_getinfo(h.get(), CURLINFO_RESPONSE_CODE, &code);
+  const std::string url = base_ + endpoint;
+  HttpResponse reply = http_request(method, url, body, timeout_);
+  const long code = reply.status;
+  const std::string& response = reply.body;
   if (status) *status = code;
   if (code == 404 && allow_not_found) return response;
   if (code >= 400 && code < 500 && code != 429 && code != 408) {

@@ -425,6 +425,20 @@ void PbtScheduler::exploit(SchedulerContext& ctx, Trial& trial, Trial& clone) {
   ts.last_train_time = cs.last_train_time;
 }
 
+Trial* PbtScheduler::choose_trial_to_run(SchedulerContext& ctx) {
+  Trial* best = nullptr;
+  double best_time = 0;
+  for (Trial* t : ctx.trials()) {
+    if (t->status != TrialStatus::Pending && t->status != TrialStatus::Paused) continue;
+    const double time = state(*t).last_train_time;
+    if (best == nullptr || time < best_time) {  // strict: a stable sort keeps the first
+      best = t;
+      best_time = time;
+    }
+  }
+  return best;
+}
+
 Decision PbtScheduler::on_trial_result(SchedulerContext& ctx, Trial& trial, const Result& result) {
   const bool has_time = has_number(result, o_.time_attr);
   const bool has_metric = has_number(result, metric_);

@@ -43,6 +43,8 @@ struct Session {
   std::chrono::milliseconds timeout{600000};
   std::unique_ptr<store::StoreClient> client;
   int reports = 0;
+  std::int64_t start_iteration = 0;  // the trial's training_iteration this run started after
+  std::string run;                   // this run's number, to keep a rerun's checkpoints apart
 };
 
 std::mutex g_mutex;
@@ -57,6 +59,8 @@ Session& session(const char* who) {
     auto s = std::make_unique<Session>();
     s->prefix = env_or("DTRAIN_TUNE_PREFIX");
     s->trial_id = env_or("DTRAIN_TUNE_TRIAL_ID");
+    s->start_iteration = std::atoll(env_or("DTRAIN_TUNE_START_ITERATION", "0").c_str());
+    s->run = env_or("DTRAIN_TUNE_RUN", "1");
     s->trial_dir = env_or("DTRAIN_TUNE_TRIAL_DIR");
     s->driver = env_or("DTRAIN_TUNE_STORE");
     // RANK from the dtrain agent; under engine "mpi" (no agent) the MPI launcher's variables.
@@ -85,15 +89,20 @@ Session& session(const char* who) {
   return *g_session;
 }
 
-// Copies a checkpoint (directory or file) into the trial's storage; returns where.
-std::string persist_checkpoint(const Session& s, const std::string& from, int index) {
+// Copies a checkpoint (directory or file) into the trial's storage; returns where. It is named
+// by the trial's training_iteration (checkpoint_000007), as Ray names them, and never replaced:
+// PBT may have handed it to another trial to exploit. A rerun that reaches an iteration again
+// (after a restore from an earlier checkpoint) writes checkpoint_000007_run3 beside it.
+std::string persist_checkpoint(const Session& s, const std::string& from, std::int64_t iteration) {
   if (!fs::exists(from)) {
     throw UsageError("dtrain::tune::report: the checkpoint \"" + from + "\" does not exist");
   }
-  char name[64];
-  std::snprintf(name, sizeof name, "checkpoint_%06d", index);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "checkpoint_%06lld", static_cast<long long>(iteration));
+  std::string name = buf;
+  if (fs::exists(fs::path(s.trial_dir) / name)) name += "_run" + s.run;
   const fs::path dest = fs::path(s.trial_dir) / name;
-  const fs::path tmp = fs::path(s.trial_dir) / (std::string(name) + ".tmp");
+  const fs::path tmp = fs::path(s.trial_dir) / (name + ".tmp");
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   if (fs::is_directory(from)) {
@@ -137,7 +146,8 @@ void report(const Result& metrics, const std::string& checkpoint) {
   if (s.rank == 0) {
     Result r = metrics;
     Result msg{{"metrics", r}};
-    if (!checkpoint.empty()) msg["checkpoint"] = persist_checkpoint(s, checkpoint, k);
+    if (!checkpoint.empty())
+      msg["checkpoint"] = persist_checkpoint(s, checkpoint, s.start_iteration + k);
     s.client->set(result_key, msg.dump());
   }
   if (!s.client->wait({decision_key}, s.timeout)) {

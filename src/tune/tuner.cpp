@@ -518,6 +518,8 @@ ResultGrid Tuner::fit() {
     d.env["DTRAIN_TUNE_TRIAL_ID"] = r.trial.id;
     d.env["DTRAIN_TUNE_TRIAL_DIR"] = r.dir;
     d.env["DTRAIN_TUNE_CHECKPOINT"] = r.restore_checkpoint;
+    d.env["DTRAIN_TUNE_START_ITERATION"] = std::to_string(r.restore_iteration);
+    d.env["DTRAIN_TUNE_RUN"] = std::to_string(r.runs);
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
     if (warm_server) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_server->agent_env();
     // Engine "mpi" runs no dtrain agent to keep logs (the MPI launcher's own options do).
@@ -555,6 +557,11 @@ ResultGrid Tuner::fit() {
     });
   };
 
+  // A result the search cannot use (no metric, or the scheduler refused it): Ray fails the
+  // search at that result. Every trial is told STOP at its next report, the runs are waited
+  // for, and fit() throws this.
+  std::string fatal;
+
   // Reads and decides every report the trial has made so far.
   auto poll_reports = [&](TrialRecord& r) -> bool {
     bool any = false;
@@ -577,8 +584,26 @@ ResultGrid Tuner::fit() {
         r.checkpoint_iterations[r.latest_checkpoint] = iteration;
       }
       std::string decision = "CONTINUE";
+      if (fatal.empty() && !o.metric.empty() && !result.contains(o.metric)) {
+        std::string keys;
+        for (auto it = result.begin(); it != result.end(); ++it)
+          keys += (keys.empty() ? "" : ", ") + it.key();
+        fatal = "tune: trial " + r.trial.id + "'s result " + std::to_string(iteration) +
+                " has no metric \"" + o.metric + "\" (TuneOptions::metric); it has " + keys +
+                ". Report \"" + o.metric +
+                "\" in every tune::report() call, or set "
+                "TuneOptions::metric to one of these";
+      }
+      if (!fatal.empty()) r.stop_requested = true;
       if (!r.stop_requested && !r.pause_requested) {
-        Decision d = sched.on_trial_result(ctx, r.trial, result);
+        Decision d = Decision::Continue;
+        try {
+          d = sched.on_trial_result(ctx, r.trial, result);
+        } catch (const UsageError& e) {
+          fatal = e.what();
+          r.stop_requested = true;
+          d = Decision::Stop;
+        }
         if (d == Decision::Stop) {
           r.stop_requested = true;
           decision = "STOP";
@@ -653,8 +678,12 @@ ResultGrid Tuner::fit() {
   };
 
   for (;;) {
+    if (!fatal.empty()) {
+      for (auto& r : trials)
+        if (r->thread.joinable()) r->stop_requested = true;
+    }
     // Start what fits.
-    while (running_count() < capacity) {
+    while (fatal.empty() && running_count() < capacity) {
       Trial* next = sched.choose_trial_to_run(ctx);
       if (next == nullptr) break;
       TrialRecord& r = ctx.record(*next);
@@ -684,6 +713,10 @@ ResultGrid Tuner::fit() {
     }
   }
 
+  if (!fatal.empty()) {
+    mlflow.end();
+    throw UsageError(fatal);
+  }
   mlflow.end();
   std::vector<TrialResult> out;
   for (auto& r : trials) {

@@ -3,10 +3,15 @@
 //   DIR/TAG/mp_rank_00_model_states.pt               rank 0: the module (full), steps, scheduler
 //   DIR/TAG/zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r: its slice of the fp32 master
 //                                                    parameters and of the optimizer state
-// Files are pickles of dicts of tensors (torch::pickle_save: Python's torch.load reads them).
-// Each rank's optimizer file holds the elements [r*P, min((r+1)*P, numel)) of the flat
-// (unpadded) parameter order, whatever the stage, so a load at another world size
-// concatenates the files and takes its own new slice.
+// Files are torch.save zips of dicts (src/zero/pickle.h): Python's torch.load reads them with
+// weights_only=True, and DeepSpeed's zero_to_fp32 reads those of stages 1-2 (the model file
+// carries DeepSpeed's param_shapes, buffer_names and shared_params; each optimizer file its
+// single_partition_of_fp32_groups). Each rank's optimizer file holds the elements
+// [r*P, min((r+1)*P, numel)) of the flat (unpadded) parameter order, whatever the stage (stages
+// 1-2: the padded partition, as DeepSpeed's), so a load at another world size concatenates the
+// files and takes its own new slice.
+// DeepSpeed's own checkpoints of stages 1-3 are read too (consolidated_state_dict, and
+// load_checkpoint for the parameters, steps and scheduler; the optimizer state of stages 1-2).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -15,10 +20,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
 #include "dtrain/zero.h"
+#include "zero/pickle.h"
 #include "zero/stage3_fetch.h"
 
 namespace fs = std::filesystem;
@@ -63,12 +70,19 @@ std::vector<char> read_file(const fs::path& path) {
   return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-c10::impl::GenericDict load_dict(const fs::path& path) {
-  auto v = torch::pickle_load(read_file(path));
-  if (!v.isGenericDict())
-    throw Error("zero checkpoint: " + path.string() + " does not hold a dict");
-  return v.toGenericDict();
+detail::PyPtr load_file(const fs::path& path) {
+  auto v = detail::torch_load(read_file(path), path.string());
+  if (v->kind != detail::PyValue::Kind::Dict)
+    throw detail::CheckpointError(path.string() + ": holds a " + v->describe() +
+                                  ", not a checkpoint's dict");
+  return v;
 }
+
+c10::impl::GenericDict load_dict(const fs::path& path) {
+  return detail::to_ivalue(*load_file(path)).toGenericDict();
+}
+
+void save_file(const fs::path& path, const detail::PyValue& v);
 
 c10::impl::GenericDict new_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
@@ -80,6 +94,41 @@ IValue get(const c10::impl::GenericDict& d, const std::string& key, const fs::pa
     throw Error("zero checkpoint: " + from.string() + " has no '" + key +
                 "' (not a dtrain ZeRO checkpoint?)");
   return it->value();
+}
+
+std::vector<int64_t> ints(const IValue& v) {
+  std::vector<int64_t> out;
+  for (const auto& x : v.toListRef()) out.push_back(x.toInt());
+  return out;
+}
+
+void save_file(const fs::path& path, const detail::PyValue& v) {
+  write_file_synced(path, detail::torch_save(v));
+}
+
+// The model file's dict with the keys DeepSpeed's zero_to_fp32 reads: param_shapes as one
+// group's OrderedDict of name -> torch.Size, buffer_names, shared_params.
+detail::PyPtr deepspeed_model_file(const IValue& model) {
+  auto d = detail::from_ivalue(model);
+  const auto dict = model.toGenericDict();
+  const auto names = dict.at("param_names").toList();
+  const auto shapes = dict.at("param_shapes").toList();
+  auto group = detail::py_dict(/*ordered=*/true);
+  std::set<std::string> params;
+  for (size_t i = 0; i < names.size(); ++i) {
+    params.insert(names.get(i).toStringRef());
+    detail::py_set(group, names.get(i).toStringRef(), detail::py_size(ints(shapes.get(i))));
+  }
+  std::vector<detail::PyPtr> buffers;
+  for (const auto& e : dict.at("module").toGenericDict())
+    if (!params.count(e.key().toStringRef()))
+      buffers.push_back(detail::py_str(e.key().toStringRef()));
+  for (auto& [k, v] : d->dict)
+    if (k->s == "param_shapes") v = detail::py_list({group});
+  detail::py_set(d, "buffer_names", detail::py_list(std::move(buffers)));
+  detail::py_set(d, "shared_params", detail::py_dict());
+  detail::py_set(d, "frozen_param_shapes", detail::py_none());
+  return d;
 }
 
 std::string optim_file(int rank) {
@@ -116,7 +165,13 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
   for (int r = 0; r < static_cast<int>(files.size()); ++r) {
     const fs::path path = where(r);
     auto d = get(files[static_cast<size_t>(r)], "optimizer_state_dict", path).toGenericDict();
-    masters.push_back(get(d, "fp32_flat", path).toTensor());
+    if (d.contains("fp32_flat")) {
+      masters.push_back(get(d, "fp32_flat", path).toTensor());
+    } else {  // stages 1-2: DeepSpeed's padded partition; this rank's elements are [begin, end)
+      auto groups = get(d, "single_partition_of_fp32_groups", path).toList();
+      const int64_t n = get(d, "end", path).toInt() - get(d, "begin", path).toInt();
+      masters.push_back(groups.get(0).toTensor().narrow(0, 0, n));
+    }
     f.step = get(d, "step", path).toInt();
     auto st = get(d, "state", path).toGenericDict();
     if (r == 0)
@@ -130,11 +185,12 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
   return f;
 }
 
-FullOptim read_full_optim(const fs::path& ckpt, int saved_world) {
-  std::vector<c10::impl::GenericDict> files;
-  for (int r = 0; r < saved_world; ++r) files.push_back(load_dict(ckpt / optim_file(r)));
-  return full_optim(files, [&](int r) { return ckpt / optim_file(r); });
-}
+// A DeepSpeed checkpoint as the dicts load_state reads: the module from the fp32 master
+// (consolidated_state_dict), DeepSpeed's steps and scheduler position, and (stages 1-2, Adam or
+// SGD) every rank's partition of the optimizer state from its base_optimizer_state.
+std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
+    const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
+    const fs::path& model_path, int64_t numel, const std::string& type, bool optimizer);
 
 }  // namespace
 
@@ -167,14 +223,14 @@ IValue EngineCore::model_state(bool build) {
     d.insert("skipped_steps", skipped_steps_);
     d.insert("global_samples", global_steps_ * config_.train_batch_size);
     auto sched = new_dict();
-    sched.insert("last_batch_iteration", scheduler_.iteration());
+    sched.insert("last_batch_iteration", scheduler_.last_batch_iteration());
     d.insert("lr_scheduler", sched);
     d.insert("loss_scaler", c10::List<double>(scaler_.state()));
     d.insert("dp_world_size", static_cast<int64_t>(world_));
     d.insert("mp_world_size", static_cast<int64_t>(1));
     d.insert("zero_stage", static_cast<int64_t>(stage_));
     d.insert("ds_config", config_.raw.dump());
-    d.insert("ds_version", std::string("dtrain-zero-1"));
+    d.insert("ds_version", std::string("dtrain-zero-2"));
     out = d;
   }
   if (stage_ == 3 && !was_gathered) release_parameters();
@@ -201,7 +257,14 @@ IValue EngineCore::optim_state() {
   o.insert("numel", numel_);
   o.insert("begin", begin);
   o.insert("end", end);
-  o.insert("fp32_flat", slice(w));
+  if (stage_ == 1 || stage_ == 2) {
+    // DeepSpeed's key: the padded partition (zero_to_fp32 concatenates them by rank).
+    c10::List<torch::Tensor> groups;
+    groups.push_back(w.narrow(0, 0, part_).to(torch::kCPU, master_dtype_, false, true));
+    o.insert("single_partition_of_fp32_groups", groups);
+  } else {
+    o.insert("fp32_flat", slice(w));
+  }
   auto st = new_dict();
   const bool sgd = config_.optimizer.type == "SGD";
   for (size_t k = 0; k < state_.size(); ++k)
@@ -240,9 +303,9 @@ void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& ta
   group_->barrier();
   // Rank 0: the module (stage 3 gathers it for the save).
   IValue model = model_state(rank_ == 0);
-  if (rank_ == 0) write_file_synced(tmp / kModelFile, torch::pickle_save(model));
+  if (rank_ == 0) save_file(tmp / kModelFile, *deepspeed_model_file(model));
   // Every rank: its slice of the master and the optimizer state.
-  write_file_synced(tmp / optim_file(rank_), torch::pickle_save(optim_state()));
+  save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_state()));
   sync_dir(tmp);
   group_->barrier();
   if (rank_ == 0) {
@@ -265,12 +328,23 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   const fs::path dir(dir_s);
   std::string tag = resolve_tag(dir, tag_in);
   if (tag.empty()) return "";
-  const fs::path ckpt = dir / tag, model_path = ckpt / kModelFile;
+  const fs::path ckpt = dir / tag;
+  fs::path model_path = ckpt / kModelFile;
+  if (!fs::exists(model_path) && fs::exists(ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+    model_path = ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt";  // DeepSpeed's stage 3
   if (!fs::exists(model_path))
-    throw UsageError("zero load_checkpoint: " + model_path.string() + " does not exist");
+    throw UsageError("zero load_checkpoint: " + (ckpt / kModelFile).string() + " does not exist");
   auto d = load_dict(model_path);
-  const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
+  const bool ours = d.contains("ds_version") && d.at("ds_version").isString() &&
+                    d.at("ds_version").toStringRef().rfind("dtrain", 0) == 0;
   std::vector<c10::impl::GenericDict> optims;
+  if (!ours) {
+    auto [model, ds_optims] = from_deepspeed(dir, tag, d, model_path, numel_,
+                                             config_.optimizer.type, opts.load_optimizer_states);
+    load_state(model, ds_optims, opts, model_path.string());
+    return tag;
+  }
+  const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
   if (opts.load_optimizer_states) {
     for (int r = 0; r < saved_world; ++r) optims.push_back(load_dict(ckpt / optim_file(r)));
   }
@@ -375,12 +449,21 @@ void EngineCore::load_state(const c10::impl::GenericDict& d,
   } else if (master_.defined()) {
     master_.copy_(stage_ == 0 ? full : own_slice(full));
   }
-  if (opts.load_lr_scheduler_states) {
+  // DeepSpeed writes lr_scheduler None without a scheduler, and keeps no loss scaler here.
+  if (opts.load_lr_scheduler_states && d.contains("lr_scheduler") &&
+      d.at("lr_scheduler").isGenericDict()) {
     auto s = get(d, "lr_scheduler", model_path).toGenericDict();
-    scheduler_.set_iteration(get(s, "last_batch_iteration", model_path).toInt());
+    int64_t last = get(s, "last_batch_iteration", model_path).toInt();
+    // dtrain before DeepSpeed's step counting saved the number of steps taken.
+    auto v = d.find("ds_version");
+    if (v != d.end() && v->value().isString() && v->value().toStringRef() == "dtrain-zero-1")
+      --last;
+    scheduler_.set_last_batch_iteration(last);
   }
-  auto ls = get(d, "loss_scaler", model_path).toDoubleList();
-  scaler_.set_state(std::vector<double>(ls.begin(), ls.end()));
+  if (d.contains("loss_scaler") && d.at("loss_scaler").isDoubleList()) {
+    auto ls = d.at("loss_scaler").toDoubleList();
+    scaler_.set_state(std::vector<double>(ls.begin(), ls.end()));
+  }
   global_steps_ = get(d, "global_steps", model_path).toInt();
   skipped_steps_ = get(d, "skipped_steps", model_path).toInt();
   micro_steps_ = global_steps_ * config_.gradient_accumulation_steps;
@@ -390,6 +473,44 @@ void EngineCore::load_state(const c10::impl::GenericDict& d,
 
 }  // namespace detail
 
+namespace {
+
+using detail::CheckpointError;
+using detail::PyValue;
+
+const PyValue& need(const PyValue& d, const std::string& key, const fs::path& from) {
+  const PyValue* v = d.get(key);
+  if (!v)
+    throw CheckpointError(from.string() + ": has no '" + key +
+                          "' (not a ZeRO checkpoint of DeepSpeed or dtrain?)");
+  return *v;
+}
+
+std::vector<int64_t> shape_of(const PyValue& v) {
+  std::vector<int64_t> out;
+  for (const auto& x : v.items) out.push_back(x->i);
+  return out;
+}
+
+// The optimizer files of a checkpoint directory, in rank order (DeepSpeed names bf16 runs'
+// files bf16_zero_pp_rank_*).
+std::vector<fs::path> optim_files(const fs::path& ckpt, int world) {
+  std::vector<fs::path> out;
+  for (int r = 0; r < world; ++r) {
+    fs::path p = ckpt / optim_file(r);
+    if (!fs::exists(p) && fs::exists(ckpt / ("bf16_" + optim_file(r))))
+      p = ckpt / ("bf16_" + optim_file(r));
+    if (!fs::exists(p))
+      throw CheckpointError((ckpt / optim_file(r)).string() +
+                            " does not exist (the checkpoint of " + std::to_string(world) +
+                            " ranks is incomplete)");
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
 torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir_s,
                                                                        const std::string& tag_in) {
   const fs::path dir(dir_s);
@@ -397,47 +518,216 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
   if (tag.empty())
     throw UsageError("zero to-fp32: " + (dir / "latest").string() +
                      " does not exist; give the tag (global_step<N>)");
-  const fs::path ckpt = dir / tag, model_path = ckpt / kModelFile;
+  const fs::path ckpt = dir / tag;
+  // Stages 0-2 write one model file; DeepSpeed's stage 3 one per rank (rank 0's has the names).
+  fs::path model_path = ckpt / kModelFile;
+  if (!fs::exists(model_path) && fs::exists(ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+    model_path = ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt";
   if (!fs::exists(model_path))
-    throw UsageError("zero to-fp32: " + model_path.string() + " does not exist");
-  auto d = load_dict(model_path);
-  auto module_dict = get(d, "module", model_path).toGenericDict();
-  auto names = get(d, "param_names", model_path).toList();
-  auto shapes = get(d, "param_shapes", model_path).toList();
-  const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
-  auto f = read_full_optim(ckpt, saved_world);
+    throw UsageError("zero to-fp32: " + (ckpt / kModelFile).string() + " does not exist");
+  const auto model = load_file(model_path);
+  const PyValue& module = need(*model, "module", model_path);
+  // The parameters' names and shapes, per group: DeepSpeed's param_shapes (a list of
+  // OrderedDicts name -> torch.Size), or dtrain's older param_names + param_shapes lists.
+  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> groups;
+  const PyValue& shapes = need(*model, "param_shapes", model_path);
+  if (!shapes.items.empty() && shapes.items[0]->kind == PyValue::Kind::Dict) {
+    for (const auto& g : shapes.items) {
+      groups.emplace_back();
+      for (const auto& [k, v] : g->dict) groups.back().push_back({k->s, shape_of(*v)});
+    }
+  } else {
+    const PyValue& names = need(*model, "param_names", model_path);
+    groups.emplace_back();
+    for (size_t i = 0; i < names.items.size() && i < shapes.items.size(); ++i)
+      groups.back().push_back({names.items[i]->s, shape_of(*shapes.items[i])});
+  }
+  const int world = static_cast<int>(
+      need(*model, "dp_world_size", model_path).as_int(model_path.string() + ": dp_world_size"));
+  std::vector<detail::PyPtr> optims;
+  const auto files = optim_files(ckpt, world);
+  for (const auto& f : files) optims.push_back(load_file(f));
+  auto osd = [&](size_t r) -> const PyValue& {
+    return need(*optims[r], "optimizer_state_dict", files[r]);
+  };
   std::map<std::string, torch::Tensor> params;
-  int64_t off = 0;
-  for (size_t i = 0; i < names.size(); ++i) {
-    auto shape = shapes.get(i).toIntVector();
+  auto numel_of = [](const std::vector<int64_t>& shape) {
     int64_t n = 1;
-    for (auto s : shape) n *= s;
-    params[names.get(i).toStringRef()] = f.master.narrow(0, off, n).view(shape).clone();
-    off += n;
+    for (auto d : shape) n *= d;
+    return n;
+  };
+  auto group_tensor = [&](size_t r, const std::string& key, size_t g) -> torch::Tensor {
+    const PyValue& list = need(osd(r), key, files[r]);
+    if (g >= list.items.size() || list.items[g]->kind != PyValue::Kind::Tensor)
+      throw CheckpointError(files[r].string() + ": " + key + " has no tensor for group " +
+                            std::to_string(g));
+    return list.items[g]->tensor.reshape({-1});
+  };
+  if (osd(0).get("single_partition_of_fp32_groups")) {
+    // Stages 1-2: each group's flat fp32 vector is its partitions concatenated by rank.
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<torch::Tensor> parts;
+      for (size_t r = 0; r < optims.size(); ++r)
+        parts.push_back(group_tensor(r, "single_partition_of_fp32_groups", g));
+      auto flat = torch::cat(parts);
+      int64_t off = 0;
+      for (const auto& [name, shape] : groups[g]) {
+        const int64_t n = numel_of(shape);
+        if (off + n > flat.numel())
+          throw CheckpointError(files[0].string() + ": the fp32 partitions hold " +
+                                std::to_string(flat.numel()) + " elements, fewer than the model's");
+        params[name] = flat.narrow(0, off, n).view(shape).clone();
+        off += n;
+      }
+    }
+  } else if (osd(0).get("fp32_flat_groups")) {
+    // DeepSpeed's stage 3: every parameter is partitioned on its own, ceil(numel / world)
+    // elements per rank, in order within each rank's flat group.
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<torch::Tensor> flats;
+      for (size_t r = 0; r < optims.size(); ++r)
+        flats.push_back(group_tensor(r, "fp32_flat_groups", g));
+      int64_t off = 0;
+      for (const auto& [name, shape] : groups[g]) {
+        const int64_t n = numel_of(shape), part = (n + world - 1) / world;
+        std::vector<torch::Tensor> pieces;
+        for (auto& f : flats) {
+          if (off + part > f.numel())
+            throw CheckpointError(files[0].string() +
+                                  ": fp32_flat_groups is shorter than the "
+                                  "model's partitions");
+          pieces.push_back(f.narrow(0, off, part));
+        }
+        params[name] = torch::cat(pieces).narrow(0, 0, n).view(shape).clone();
+        off += part;
+      }
+    }
+  } else {
+    // dtrain's stages 0 and 3: each rank's slice of the unpadded flat order.
+    std::vector<c10::impl::GenericDict> dicts;
+    for (const auto& o : optims) dicts.push_back(detail::to_ivalue(*o).toGenericDict());
+    auto f = full_optim(dicts, [&](int r) { return files[static_cast<size_t>(r)]; });
+    int64_t off = 0;
+    for (const auto& [name, shape] : groups[0]) {
+      const int64_t n = numel_of(shape);
+      params[name] = f.master.narrow(0, off, n).view(shape).clone();
+      off += n;
+    }
   }
   torch::OrderedDict<std::string, torch::Tensor> out;
-  for (auto& e : module_dict) {
-    const auto& k = e.key().toStringRef();
-    auto it = params.find(k);
-    out.insert(k, it != params.end() ? it->second : e.value().toTensor());
+  // The module's order: parameters from the fp32 master, buffers as saved.
+  std::set<std::string> buffers;
+  if (const PyValue* b = model->get("buffer_names"))
+    for (const auto& x : b->items) buffers.insert(x->s);
+  for (const auto& [k, v] : module.dict) {
+    auto it = params.find(k->s);
+    if (it != params.end()) {
+      out.insert(k->s, it->second);
+      params.erase(it);
+    } else if (v->kind == PyValue::Kind::Tensor && (buffers.empty() || buffers.count(k->s))) {
+      out.insert(k->s, v->tensor.clone());
+    }
   }
+  for (const auto& g : groups)
+    for (const auto& [name, shape] : g)
+      if (params.count(name)) out.insert(name, params[name]);
   return out;
 }
+
+namespace {
+
+std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
+    const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
+    const fs::path& model_path, int64_t numel, const std::string& type, bool optimizer) {
+  auto model = new_dict();
+  c10::Dict<std::string, torch::Tensor> module;
+  for (auto& item : consolidated_state_dict(dir.string(), tag))
+    module.insert(item.key(), item.value());
+  model.insert("module", module);
+  for (const char* k : {"global_steps", "skipped_steps", "lr_scheduler"})
+    if (ds.contains(k)) model.insert(k, ds.at(k));
+  const int world = static_cast<int>(get(ds, "dp_world_size", model_path).toInt());
+  model.insert("dp_world_size", static_cast<int64_t>(world));
+  std::vector<c10::impl::GenericDict> optims;
+  if (!optimizer) return {model, optims};
+  const auto files = optim_files(dir / tag, world);
+  for (int r = 0; r < world; ++r) {
+    const fs::path& f = files[static_cast<size_t>(r)];
+    const auto o = load_file(f);
+    const PyValue& osd = need(*o, "optimizer_state_dict", f);
+    const PyValue* groups = osd.get("single_partition_of_fp32_groups");
+    const PyValue* base = osd.get("base_optimizer_state");
+    const PyValue* state = base ? base->get("state") : nullptr;
+    const PyValue* s0 = state ? state->get("0") : nullptr;
+    if (!groups || groups->items.size() != 1 || !s0)
+      throw CheckpointError(
+          f.string() + ": DeepSpeed's optimizer state " +
+          (groups ? "of several parameter groups" : "of stage 3 (per sub-group)") +
+          " is not read by dtrain; load with load_optimizer_states = false (the parameters, "
+          "steps and scheduler position load)");
+    const torch::Tensor part = groups->items[0]->tensor.reshape({-1});
+    const int64_t P = part.numel(), begin = std::min<int64_t>(r * P, numel),
+                  end = std::min<int64_t>((r + 1) * P, numel);
+    auto od = new_dict();
+    c10::List<torch::Tensor> g;
+    g.push_back(part);
+    od.insert("single_partition_of_fp32_groups", g);
+    od.insert("begin", begin);
+    od.insert("end", end);
+    auto st = new_dict();
+    const std::vector<const char*> names = type == "SGD"
+                                               ? std::vector<const char*>{"momentum_buffer"}
+                                               : std::vector<const char*>{"exp_avg", "exp_avg_sq"};
+    for (const char* n : names) {
+      const PyValue* t = s0->get(n);
+      if (!t || t->kind != PyValue::Kind::Tensor)
+        throw CheckpointError(f.string() + ": DeepSpeed's optimizer state has no '" + n +
+                              "' for a " + type + " optimizer (another optimizer type?)");
+      st.insert(n, t->tensor.reshape({-1}).narrow(0, 0, end - begin));
+    }
+    od.insert("state", st);
+    const PyValue* step = s0->get("step");
+    if (!step)
+      step = base->get("param_groups") && !base->get("param_groups")->items.empty()
+                 ? base->get("param_groups")->items[0]->get("step")
+                 : nullptr;
+    // No step saved (SGD's state has none): the optimizer steps DeepSpeed applied.
+    const int64_t applied = (ds.contains("global_steps") ? ds.at("global_steps").toInt() : 0) -
+                            (ds.contains("skipped_steps") ? ds.at("skipped_steps").toInt() : 0);
+    od.insert("step", !step ? applied
+                      : step->kind == PyValue::Kind::Tensor
+                          ? static_cast<int64_t>(step->tensor.item<double>())
+                          : step->as_int(f.string() + ": step"));
+    od.insert("type", type);
+    auto file = new_dict();
+    file.insert("optimizer_state_dict", od);
+    optims.push_back(file);
+  }
+  return {model, optims};
+}
+
+}  // namespace
 
 void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict,
                      const std::string& path) {
   c10::Dict<std::string, torch::Tensor> d;
   for (auto& item : dict) d.insert(item.key(), item.value());
+  auto out = detail::py_dict(/*ordered=*/true);
+  for (auto& item : dict) detail::py_set(out, item.key(), detail::py_tensor(item.value()));
   auto tmp = path + ".tmp";
-  write_file_synced(tmp, torch::pickle_save(d));
+  save_file(tmp, *out);
   fs::rename(tmp, path);
 }
 
 torch::OrderedDict<std::string, torch::Tensor> load_state_dict_file(const std::string& path) {
-  auto v = torch::pickle_load(read_file(path));
-  if (!v.isGenericDict()) throw Error(path + ": not a state dict (a pickled {name: tensor} dict)");
+  auto v = load_file(path);
   torch::OrderedDict<std::string, torch::Tensor> out;
-  for (auto& e : v.toGenericDict()) out.insert(e.key().toStringRef(), e.value().toTensor());
+  for (const auto& [k, x] : v->dict) {
+    if (k->kind != PyValue::Kind::Str || x->kind != PyValue::Kind::Tensor)
+      throw CheckpointError(path + ": not a state dict ({name: tensor}); it holds a " +
+                            x->describe() + " under a " + k->describe() + " key");
+    out.insert(k->s, x->tensor);
+  }
   return out;
 }
 

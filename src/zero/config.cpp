@@ -28,10 +28,21 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 // One section's reader: every access records the key as known; finish() rejects the rest.
+//
+// `validated`: a section DeepSpeed reads through pydantic (zero_optimization, offload_*, fp16,
+// bf16): there DeepSpeed forbids unknown keys too, and drops "auto" values so the default
+// applies; the reader does the same. Elsewhere DeepSpeed reads with .get() (an unknown key is
+// ignored there, refused here) and "auto" is only the Hugging Face convention.
 class Section {
  public:
-  Section(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+  Section(const json& j, std::string path, std::vector<std::string>* notes = nullptr,
+          bool validated = false)
+      : j_(j), path_(std::move(path)), notes_(notes), validated_(validated) {
     if (!j_.is_object()) fail("", "must be an object, got " + std::string(j_.type_name()));
+  }
+  std::vector<std::string>* notes() const { return notes_; }
+  void note(const std::string& key, const std::string& what) const {
+    if (notes_) notes_->push_back(where(key) + ": " + what);
   }
   std::string where(const std::string& key) const {
     return path_.empty() ? key : path_ + "." + key;
@@ -44,8 +55,16 @@ class Section {
     known_.push_back(key);
     auto it = j_.find(key);
     if (it == j_.end() || it->is_null()) return nullptr;
+    if (validated_ && is_auto(&*it)) {
+      if (std::find(auto_noted_.begin(), auto_noted_.end(), key) == auto_noted_.end()) {
+        auto_noted_.push_back(key);
+        note(key, "\"auto\": DeepSpeed's default (DeepSpeed drops \"auto\" in this section)");
+      }
+      return nullptr;
+    }
     return &*it;
   }
+  bool has(const std::string& key) const { return j_.contains(key); }
   static bool is_auto(const json* v) {
     return v && v->is_string() && v->get<std::string>() == "auto";
   }
@@ -113,12 +132,20 @@ class Section {
   }
   // Keys this section accepts but whose value we only type-check.
   void accept(const std::string& key) { get(key); }
+  // Keys DeepSpeed reads here that change nothing in dtrain: accepted with a note when set.
+  void ignore(const std::string& key, const std::string& why) {
+    if (get(key)) note(key, why);
+  }
   void finish() const {
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
       std::string near = closest_key(it.key(), known_);
       fail(it.key(),
-           "unknown key" + (near.empty() ? std::string() : "; did you mean " + near + "?"));
+           std::string(validated_ ? "unknown key (DeepSpeed 0.19.8 refuses it too)"
+                                  : "unknown key (DeepSpeed 0.19.8 would silently ignore it; "
+                                    "dtrain refuses it so that a typo cannot go unnoticed: remove "
+                                    "it or correct it)") +
+               (near.empty() ? std::string() : "; did you mean " + near + "?"));
     }
   }
 
@@ -140,104 +167,190 @@ class Section {
   }
   const json& j_;
   std::string path_;
-  std::vector<std::string> known_;
+  std::vector<std::string>* notes_;
+  bool validated_;
+  std::vector<std::string> known_, auto_noted_;
 };
 
 void parse_offload(Section& parent, const std::string& key, OffloadConfig& out, bool param) {
   if (auto v = parent.get(key)) {
-    Section s(*v, parent.where(key));
+    Section s(*v, parent.where(key), parent.notes(), true);
     s.string("device", out.device, {"none", "cpu", "nvme"});
     if (out.device == "nvme")
-      s.fail("device", "\"nvme\" offload is not supported by dtrain (use \"cpu\")");
+      s.fail("device",
+             "\"nvme\" offload (DeepSpeed's ZeRO-Infinity, swapping to NVMe through libaio) is not "
+             "supported by dtrain; use \"cpu\"");
     s.boolean("pin_memory", out.pin_memory);
-    s.accept("nvme_path");
-    s.accept("buffer_count");
-    s.accept("buffer_size");
-    s.accept("max_in_cpu");
+    for (const char* k : {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}) s.accept(k);
     if (!param) {
-      s.accept("pipeline_read");
-      s.accept("pipeline_write");
-      s.accept("fast_init");
-      s.accept("ratio");
+      for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"}) s.accept(k);
+      double ratio = 1.0;
+      s.number("ratio", ratio, 0, 1);
+      if (ratio < 1.0)
+        s.fail("ratio",
+               "partial optimizer offload (ratio < 1) is not supported by dtrain; use 1.0");
+      s.ignore("super_offload", "DeepSpeed's SuperOffload for superchips; dtrain offloads plainly");
+      s.ignore("cpuadam_cores_perc",
+               "the share of cores DeepSpeed's CPU Adam uses; dtrain's "
+               "CPU Adam uses libtorch's intra-op threads");
     }
     s.finish();
   }
 }
 
+// The optimizer types DeepSpeed 0.19.8 has that dtrain does not run, and what to use.
+const std::map<std::string, std::string>& other_optimizers() {
+  static const std::map<std::string, std::string> m = {
+      {"onebitadam",
+       "1-bit Adam compresses its communication; use Adam (the same update, "
+       "uncompressed)"},
+      {"zerooneadam", "0/1 Adam compresses its communication; use Adam"},
+      {"onebitlamb", "1-bit LAMB compresses its communication; use Lamb"},
+      {"adagrad",
+       "use Adam, AdamW, SGD or Lamb, or pass a torch::optim::Adagrad as "
+       "InitOptions::optimizer"},
+      {"lion",
+       "use Adam, AdamW, SGD or Lamb, or pass your own torch::optim optimizer as "
+       "InitOptions::optimizer"},
+      {"muadam", "muP's optimizers need the mup package; use Adam"},
+      {"muadamw", "muP's optimizers need the mup package; use AdamW"},
+      {"musgd", "muP's optimizers need the mup package; use SGD"},
+      {"muon", "use Adam, AdamW, SGD or Lamb"}};
+  return m;
+}
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// An optimizer param given as "auto": the optimizer's default, with a note.
+bool auto_default(Section& ps, const std::string& key, const std::string& value) {
+  if (!Section::is_auto(ps.get(key))) return false;
+  ps.note(key, "\"auto\": " + value +
+                   " (the optimizer's default; Hugging Face's integration "
+                   "would fill in its training argument)");
+  return true;
+}
+
 void parse_optimizer(Section& root, Config& c) {
   auto v = root.get("optimizer");
   if (!v) return;
-  Section s(*v, "optimizer");
+  Section s(*v, "optimizer", root.notes());
   auto& o = c.optimizer;
   o.given = true;
   if (!s.get("type")) s.fail("type", "missing (one of Adam, AdamW, SGD, Lamb)");
+  if (auto t = s.get("type"); t->is_string()) {
+    auto it = other_optimizers().find(lower(t->get<std::string>()));
+    if (it != other_optimizers().end())
+      s.fail("type", "DeepSpeed's " + t->get<std::string>() +
+                         " optimizer is not implemented by dtrain: " + it->second);
+  }
   s.string("type", o.type, {"Adam", "AdamW", "SGD", "Lamb"});
-  o.adam_w_mode = o.type == "AdamW";
-  if (o.type == "SGD") o.lr = 1e-3;
   if (auto p = s.get("params")) {
-    Section ps(*p, "optimizer.params");
-    ps.number("lr", o.lr, 0, INFINITY, true);
-    ps.number("eps", o.eps, 0, INFINITY, true);
-    ps.number("weight_decay", o.weight_decay, 0, INFINITY, true);
+    Section ps(*p, "optimizer.params", root.notes());
+    if (ps.has("max_grad_norm"))
+      ps.fail("max_grad_norm",
+              "not an optimizer parameter (DeepSpeed refuses it too); use the top-level "
+              "\"gradient_clipping\"");
+    if (!auto_default(ps, "lr", "1e-3")) ps.number("lr", o.lr, 0);
+    if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
+    if (!auto_default(ps, "weight_decay", "0")) ps.number("weight_decay", o.weight_decay, 0);
     if (o.type != "SGD") {
-      if (auto b = ps.get("betas"); b && !Section::is_auto(b)) {
-        if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
-          ps.fail("betas", "expected [beta1, beta2], got " + b->dump());
-        o.beta1 = (*b)[0].get<double>();
-        o.beta2 = (*b)[1].get<double>();
-        if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
-          ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
+      if (!auto_default(ps, "betas", "[0.9, 0.999]")) {
+        if (auto b = ps.get("betas")) {
+          if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
+            ps.fail("betas", "expected [beta1, beta2], got " + b->dump());
+          o.beta1 = (*b)[0].get<double>();
+          o.beta2 = (*b)[1].get<double>();
+          if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
+            ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
+        }
       }
+      ps.boolean("bias_correction", o.bias_correction);
       if (o.type == "Adam" || o.type == "AdamW") {
+        // DeepSpeed: "AdamW" is decoupled whatever adam_w_mode says; "Adam" too unless false.
         ps.boolean("adam_w_mode", o.adam_w_mode);
-        ps.accept("amsgrad");
+        if (o.type == "AdamW") o.adam_w_mode = true;
         if (auto a = ps.get("amsgrad"); a && a->is_boolean() && a->get<bool>())
-          ps.fail("amsgrad", "not supported");
-        ps.accept("bias_correction");
-        ps.accept("torch_adam");
-        ps.accept("fused");
+          ps.fail("amsgrad", "not supported by dtrain (nor by DeepSpeed's FusedAdam); remove it");
+        for (const char* k : {"torch_adam", "fused", "foreach", "fp32_optimizer_states"})
+          ps.accept(k);  // which implementation runs the same formula
       }
       if (o.type == "Lamb") {
         ps.number("max_coeff", o.max_coeff, 0);
         ps.number("min_coeff", o.min_coeff, 0);
-        ps.accept("bias_correction");
+        ps.accept("max_grad_norm_lamb");
       }
     } else {
       ps.number("momentum", o.momentum, 0, 1);
       ps.number("dampening", o.dampening, 0, 1);
       ps.boolean("nesterov", o.nesterov);
+      ps.accept("maximize");
+      if (auto m = ps.get("maximize"); m && m->is_boolean() && m->get<bool>())
+        ps.fail("maximize", "not supported by dtrain; negate the loss instead");
     }
     ps.finish();
   }
-  s.accept("legacy_fusion");
+  s.ignore("legacy_fusion", "DeepSpeed's legacy fused fp16 optimizer path; no effect in dtrain");
   s.finish();
+}
+
+// A scheduler param that Hugging Face fills in from its training arguments: "auto" cannot be
+// resolved standalone.
+void no_auto(Section& ps, const std::string& key, const std::string& what) {
+  if (Section::is_auto(ps.get(key)))
+    ps.fail(key,
+            "\"auto\" is filled in by Hugging Face's Trainer / accelerate from the training "
+            "arguments, which dtrain does not have; give " +
+                what);
 }
 
 void parse_scheduler(Section& root, Config& c) {
   auto v = root.get("scheduler");
   if (!v) return;
-  Section s(*v, "scheduler");
+  Section s(*v, "scheduler", root.notes());
   auto& sc = c.scheduler;
   if (!s.get("type"))
     s.fail("type",
            "missing (one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
   s.string("type", sc.type,
            {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
+  const auto& t = sc.type;
   if (auto p = s.get("params")) {
-    Section ps(*p, "scheduler.params");
-    ps.accept("last_batch_iteration");
-    const auto& t = sc.type;
+    Section ps(*p, "scheduler.params", root.notes());
+    if (auto l = ps.get("last_batch_iteration"); l && !(l->is_number_integer() && *l == -1))
+      ps.fail("last_batch_iteration",
+              "only -1 (start from the beginning) is supported; a resumed run takes the "
+              "scheduler's position from its checkpoint");
     if (t == "WarmupLR" || t == "WarmupDecayLR") {
-      ps.number("warmup_min_lr", sc.warmup_min_lr, 0, INFINITY, true);
-      ps.number("warmup_max_lr", sc.warmup_max_lr, 0, INFINITY, true);
-      ps.integer("warmup_num_steps", sc.warmup_num_steps, 0, INT64_MAX, true);
+      if (Section::is_auto(ps.get("warmup_min_lr"))) {
+        ps.note("warmup_min_lr", "\"auto\": 0 (DeepSpeed's default)");
+      } else {
+        ps.number("warmup_min_lr", sc.warmup_min_lr, 0);
+      }
+      // "auto": the optimizer's lr, as Hugging Face's integration fills it in.
+      if (auto m = ps.get("warmup_max_lr"); Section::is_auto(m)) {
+        sc.warmup_max_lr = c.optimizer.lr;
+        ps.note("warmup_max_lr", "\"auto\": the optimizer's lr");
+      } else if (m) {
+        double val = 0;
+        ps.number("warmup_max_lr", val, 0);
+        sc.warmup_max_lr = val;
+      }
+      no_auto(ps, "warmup_num_steps", "the number of warm-up steps");
+      ps.integer("warmup_num_steps", sc.warmup_num_steps, 1);
       ps.string("warmup_type", sc.warmup_type, {"log", "linear"});
-      if (t == "WarmupDecayLR")
-        ps.integer("total_num_steps", sc.total_num_steps, 1, INT64_MAX, true);
+      if (t == "WarmupDecayLR") {
+        no_auto(ps, "total_num_steps", "the number of optimizer steps of the whole run");
+        ps.integer("total_num_steps", sc.total_num_steps, 1);
+      }
     } else if (t == "WarmupCosineLR") {
-      ps.integer("total_num_steps", sc.total_num_steps, 1, INT64_MAX, true);
+      no_auto(ps, "total_num_steps", "the number of optimizer steps of the whole run");
+      ps.integer("total_num_steps", sc.total_num_steps, 1);
       ps.number("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
-      ps.integer("warmup_num_steps", sc.warmup_num_steps, 0, INT64_MAX, true);
+      no_auto(ps, "warmup_num_steps", "the number of warm-up steps");
+      ps.integer("warmup_num_steps", sc.warmup_num_steps, 1);
       ps.number("cos_min_ratio", sc.cos_min_ratio, 0, 1);
       ps.string("warmup_type", sc.warmup_type, {"log", "linear"});
     } else if (t == "OneCycle") {
@@ -245,7 +358,7 @@ void parse_scheduler(Section& root, Config& c) {
       ps.number("cycle_max_lr", sc.cycle_max_lr, 0);
       ps.number("decay_lr_rate", sc.decay_lr_rate, 0);
       ps.integer("cycle_first_step_size", sc.cycle_first_step_size, 1);
-      ps.integer("cycle_second_step_size", sc.cycle_second_step_size, 1);
+      ps.integer("cycle_second_step_size", sc.cycle_second_step_size, 0);
       ps.integer("cycle_first_stair_count", sc.cycle_first_stair_count, 0);
       ps.integer("cycle_second_stair_count", sc.cycle_second_stair_count, 0);
       ps.integer("decay_step_size", sc.decay_step_size, 0);
@@ -261,52 +374,138 @@ void parse_scheduler(Section& root, Config& c) {
     }
     ps.finish();
   }
-  if ((sc.type == "WarmupDecayLR" || sc.type == "WarmupCosineLR") && sc.total_num_steps <= 0)
-    s.fail("params.total_num_steps", "required by " + sc.type + " (a positive integer)");
+  if ((t == "WarmupDecayLR" || t == "WarmupCosineLR") && sc.total_num_steps <= 0)
+    s.fail("params.total_num_steps", "required by " + t + " (a positive integer)");
+  if (t == "OneCycle" && (!v->contains("params") || !(*v)["params"].contains("cycle_min_lr") ||
+                          !(*v)["params"].contains("cycle_max_lr")))
+    s.fail("params", "OneCycle needs cycle_min_lr and cycle_max_lr (DeepSpeed has no default)");
   s.finish();
 }
 
-bool enabled_flag(Section& s) {
-  bool on = false;
-  if (auto e = s.get("enabled"); Section::is_auto(e)) return false;
-  s.boolean("enabled", on);
-  return on;
+// zero_optimization's renamed and deprecated keys DeepSpeed 0.19.8 still takes: (alias, name).
+const std::vector<std::pair<std::string, std::string>>& zero_aliases() {
+  static const std::vector<std::pair<std::string, std::string>> a = {
+      {"prefetch_bucket_size", "stage3_prefetch_bucket_size"},
+      {"param_persistence_threshold", "stage3_param_persistence_threshold"},
+      {"max_live_parameters", "stage3_max_live_parameters"},
+      {"max_reuse_distance", "stage3_max_reuse_distance"},
+      {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"},
+      {"stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"}};
+  return a;
 }
 
 void parse_zero(Section& root, Config& c) {
   auto v = root.get("zero_optimization");
   if (!v) return;
-  Section s(*v, "zero_optimization");
   auto& z = c.zero;
-  s.integer("stage", z.stage, 0, 3);
-  s.boolean("overlap_comm", z.overlap_comm);
-  s.boolean("contiguous_gradients", z.contiguous_gradients);
-  s.boolean("reduce_scatter", z.reduce_scatter);
-  s.integer("reduce_bucket_size", z.reduce_bucket_size, 1, INT64_MAX, true);
-  s.integer("allgather_bucket_size", z.allgather_bucket_size, 1, INT64_MAX, true);
-  s.accept("allgather_partitions");
-  s.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0, INT64_MAX, true);
-  s.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0,
-            INT64_MAX, true);
-  s.integer("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, INT64_MAX, true);
-  s.integer("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0, INT64_MAX, true);
-  s.boolean("stage3_gather_16bit_weights_on_model_save",
-            z.stage3_gather_16bit_weights_on_model_save);
-  s.accept("stage3_gather_fp16_weights_on_model_save");
-  s.integer("sub_group_size", z.sub_group_size, 1, INT64_MAX, true);
-  s.accept("round_robin_gradients");
-  s.accept("load_from_fp32_weights");
-  s.accept("elastic_checkpoint");
-  s.accept("ignore_unused_parameters");
-  s.accept("legacy_stage1");
-  parse_offload(s, "offload_optimizer", z.offload_optimizer, false);
-  parse_offload(s, "offload_param", z.offload_param, true);
-  s.finish();
+  if (v->is_boolean()) {
+    // DeepSpeed's oldest format: true is stage 1 (allgather_size the bucket).
+    z.stage = v->get<bool>() ? 1 : 0;
+    if (auto a = root.get("allgather_size"); a && a->is_number())
+      z.allgather_bucket_size = a->get<int64_t>();
+    root.note("zero_optimization", "deprecated boolean form: stage " + std::to_string(z.stage));
+    return;
+  }
+  Section s(*v, "zero_optimization", root.notes(), true);
+  for (const char* k : {"mics_shard_size", "mics_hierarchical_params_gather"})
+    if (s.has(k))
+      s.fail(k,
+             "MiCS ZeRO-3 sharding was removed from DeepSpeed (0.19.8 refuses it too); remove "
+             "the key");
+  if (s.has("zeropp_loco_param"))
+    s.fail("zeropp_loco_param",
+           "LoCo-Zero++ was removed from DeepSpeed (0.19.8 refuses it too); remove the key");
+  // An alias and its name in one config: DeepSpeed's pydantic refuses that as well.
+  json zj = *v;
+  for (const auto& [alias, name] : zero_aliases()) {
+    if (!zj.contains(alias)) continue;
+    if (zj.contains(name))
+      s.fail(alias, "given together with " + name + ", its other name; keep one of them");
+    zj[name] = zj[alias];
+    zj.erase(alias);
+    if (alias.rfind("stage3_gather_fp16", 0) == 0) s.note(alias, "deprecated name of " + name);
+  }
+  Section zs(zj, "zero_optimization", root.notes(), true);
+  for (const auto& [alias, name] : zero_aliases()) zs.accept(alias);
+  zs.integer("stage", z.stage, 0, 3);
+  // DeepSpeed's default is (stage == 3); dtrain's stays false (the same result; stage 3's
+  // per-layer fetch already overlaps, and a bucket in flight holds its own buffer).
+  zs.boolean("overlap_comm", z.overlap_comm);
+  zs.boolean("contiguous_gradients", z.contiguous_gradients);
+  zs.boolean("reduce_scatter", z.reduce_scatter);
+  zs.integer("reduce_bucket_size", z.reduce_bucket_size, 1);
+  zs.integer("allgather_bucket_size", z.allgather_bucket_size, 0);
+  zs.accept("allgather_partitions");
+  zs.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
+  zs.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
+  zs.integer("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
+  zs.integer("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
+  zs.boolean("stage3_gather_16bit_weights_on_model_save",
+             z.stage3_gather_16bit_weights_on_model_save);
+  zs.integer("sub_group_size", z.sub_group_size, 0);
+  for (const char* k : {"round_robin_gradients",
+                        "load_from_fp32_weights",
+                        "ignore_unused_parameters",
+                        "legacy_stage1",
+                        "use_multi_rank_bucket_allreduce",
+                        "compute_grad_norm",
+                        "stage3_model_persistence_threshold",
+                        "model_persistence_threshold",
+                        "stage3_module_granularity_threshold",
+                        "module_granularity_threshold",
+                        "stage3_use_all_reduce_for_fetch_params",
+                        "use_all_reduce_for_fetch_params",
+                        "stage3_allgather_sequential",
+                        "allgather_sequential",
+                        "parameter_alignment",
+                        "memory_efficient_linear",
+                        "pipeline_loading_checkpoint",
+                        "override_module_apply",
+                        "log_trace_cache_warnings",
+                        "enable_sanity_checks",
+                        "save_muon_momentum_buffer_in_memory",
+                        "leaf_module"})
+    zs.accept(k);  // tuning of DeepSpeed's own implementation: no effect on the result
+  zs.ignore("elastic_checkpoint",
+            "deprecated in DeepSpeed; dtrain's checkpoints load at any world size anyway");
+  for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
+                        "zero_quantized_gradients"})
+    if (auto q = zs.get(k); q && q->is_boolean() && q->get<bool>())
+      zs.note(k,
+              "ZeRO++ quantized communication; dtrain communicates unquantized (same "
+              "result, more bytes)");
+  if (auto h = zs.get("zero_hpz_partition_size"); h && h->is_number() && h->get<double>() > 1)
+    zs.note("zero_hpz_partition_size",
+            "ZeRO++ hierarchical partitioning; dtrain partitions over the whole group");
+  zs.ignore("zenflow", "DeepSpeed's ZenFlow (stall-free offloading); dtrain offloads plainly");
+  // Deprecated booleans, with DeepSpeed's meaning.
+  bool cpu_offload = false, cpu_offload_param = false, pin = false;
+  zs.boolean("cpu_offload", cpu_offload);
+  zs.boolean("cpu_offload_param", cpu_offload_param);
+  bool pin_given = zs.has("cpu_offload_use_pin_memory");
+  zs.boolean("cpu_offload_use_pin_memory", pin);
+  parse_offload(zs, "offload_optimizer", z.offload_optimizer, false);
+  parse_offload(zs, "offload_param", z.offload_param, true);
+  // A deprecated boolean: DeepSpeed maps it to its section with device cpu.
+  auto alias = [&](bool on, const std::string& flag, const std::string& section,
+                   OffloadConfig& out) {
+    if (!on) return;
+    if (zs.has(section))
+      zs.fail(flag, "given together with " + section + ", which replaces it; keep " + section);
+    out.device = "cpu";
+    out.pin_memory = pin;
+    zs.note(flag, "deprecated: " + section + " {\"device\": \"cpu\"}");
+  };
+  alias(cpu_offload, "cpu_offload", "offload_optimizer", z.offload_optimizer);
+  alias(cpu_offload_param, "cpu_offload_param", "offload_param", z.offload_param);
+  if (pin_given && !cpu_offload && !cpu_offload_param)
+    zs.note("cpu_offload_use_pin_memory", "deprecated; no effect without cpu_offload");
+  zs.finish();
   if (z.offload_param.enabled() && z.stage != 3)
-    s.fail("offload_param", "needs stage 3 (parameters are partitioned only there); stage is " +
-                                std::to_string(z.stage));
+    zs.fail("offload_param", "needs stage 3 (parameters are partitioned only there); stage is " +
+                                 std::to_string(z.stage));
   if (z.offload_optimizer.enabled() && z.stage == 0)
-    s.fail("offload_optimizer", "needs stage 1, 2 or 3 (DeepSpeed's ZeRO-Offload); stage is 0");
+    zs.fail("offload_optimizer", "needs stage 1, 2 or 3 (DeepSpeed's ZeRO-Offload); stage is 0");
 }
 
 void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> micro,
@@ -376,7 +575,28 @@ Config parse_config(const json& config, int world_size) {
   Config c;
   c.world_size = world_size;
   c.raw = config;
-  Section root(config, "");
+  Section root(config, "", &c.notes);
+  // Removed in DeepSpeed 0.19.8 (runtime/config.py refuses them): DeepSpeed's reasons.
+  static const std::vector<std::pair<std::string, std::string>> removed = {
+      {"nebula", "Nebula checkpointing was removed from DeepSpeed"},
+      {"compression_training", "DeepSpeed's compression library was removed"},
+      {"amp", "NVIDIA Apex AMP integration was removed; use \"fp16\" or \"bf16\""},
+      {"quantize_training", "Mixture-of-Quantization (MoQ) was removed"},
+      {"sparse_gradients", "sparse compression of dense embedding gradients was removed"},
+      {"eigenvalue", "eigenvalue-based MoQ was removed"},
+      {"sparse_attention", "DeepSpeed Sparse Attention was removed"},
+      {"elasticity",
+       "elastic training's batch configuration was removed; set train_batch_size / "
+       "train_micro_batch_size_per_gpu / gradient_accumulation_steps directly (dtrain's elastic "
+       "launch is `dtrain run --nnodes MIN:MAX`)"},
+      {"graph_harvesting", "graph harvesting was removed"},
+      {"curriculum_learning",
+       "the top-level curriculum_learning was removed (DeepSpeed now reads "
+       "data_efficiency.data_sampling.curriculum_learning)"},
+      {"progressive_layer_drop", "Progressive Layer Dropping was removed"}};
+  for (const auto& [key, why] : removed)
+    if (root.has(key))
+      root.fail(key, why + " in DeepSpeed 0.19.8, which refuses this key too; remove it");
   std::optional<int64_t> tbs, micro, gas;
   int64_t v = 0;
   if (root.integer("train_batch_size", v, 1, INT64_MAX, true)) tbs = v;
@@ -385,40 +605,95 @@ Config parse_config(const json& config, int world_size) {
   parse_optimizer(root, c);
   parse_scheduler(root, c);
   if (auto f = root.get("fp16")) {
-    Section s(*f, "fp16");
-    c.fp16.enabled = enabled_flag(s);
+    Section s(*f, "fp16", &c.notes, true);
+    s.boolean("enabled", c.fp16.enabled);
     s.number("loss_scale", c.fp16.loss_scale, 0);
     s.integer("initial_scale_power", c.fp16.initial_scale_power, 0, 64);
     s.integer("loss_scale_window", c.fp16.loss_scale_window, 1);
     s.integer("hysteresis", c.fp16.hysteresis, 1, 1 << 20);
     s.boolean("consecutive_hysteresis", c.fp16.consecutive_hysteresis);
     s.number("min_loss_scale", c.fp16.min_loss_scale, 0);
-    s.accept("auto_cast");
-    s.accept("fp16_master_weights_and_grads");
+    s.ignore("auto_cast",
+             "DeepSpeed casts the module's inputs to fp16; dtrain does not (cast "
+             "your inputs)");
+    s.ignore("fp16_master_weights_and_grads",
+             "DeepSpeed keeps fp16 master weights; dtrain keeps fp32 masters");
     s.finish();
   }
   for (const char* name : {"bf16", "bfloat16"}) {
     if (auto b = root.get(name)) {
-      Section s(*b, name);
-      c.bf16 = c.bf16 || enabled_flag(s);
-      s.accept("immediate_grad_update");
+      Section s(*b, name, &c.notes, true);
+      bool on = false;
+      s.boolean("enabled", on);
+      c.bf16 = c.bf16 || on;
+      for (const char* k : {"immediate_grad_update", "check_grad_overflow"}) s.accept(k);
+      s.ignore("bf16_master_weights_and_grads",
+               "DeepSpeed keeps bf16 master weights; dtrain keeps fp32 masters");
+      s.ignore("bf16_optimizer_states",
+               "DeepSpeed keeps the optimizer state in bf16; dtrain keeps it in fp32");
       s.finish();
     }
   }
   if (c.fp16.enabled && c.bf16) throw ConfigError("fp16, bf16: both enabled; choose one");
-  if (auto g = root.get("gradient_clipping"); g && !Section::is_auto(g))
+  if (Section::is_auto(root.get("gradient_clipping")))
+    root.note("gradient_clipping",
+              "\"auto\": 1.0 (DeepSpeed's default; Hugging Face's Trainer would fill in its "
+              "max_grad_norm, 1.0 unless set)");
+  else
     root.number("gradient_clipping", c.gradient_clipping, 0);
   parse_zero(root, c);
   root.integer("steps_per_print", c.steps_per_print, 1);
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
-  // Sections DeepSpeed reads that change nothing here; accepted so real configs load.
-  for (const char* k : {"memory_breakdown", "dump_state", "communication_data_type",
-                        "seq_parallel_communication_data_type", "zero_allow_untested_optimizer",
-                        "zero_force_ds_cpu_optimizer", "tensorboard", "wandb", "csv_monitor",
-                        "comms_logger", "flops_profiler", "disable_allgather", "sparse_gradients"})
+  // DeepSpeed reads these; they change nothing in what dtrain computes.
+  for (const char* k :
+       {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
+        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dataloader_drop_last",
+        "log_level", "timers", "managed_gradient_accumulation", "gradient_allreduce_op",
+        "use_data_before_expert_parallelism", "vocabulary_size"})
     root.accept(k);
+  // Sections DeepSpeed acts on and dtrain does not: accepted with what dtrain does instead.
+  static const std::vector<std::pair<std::string, std::string>> ignored = {
+      {"activation_checkpointing",
+       "DeepSpeed's activation checkpointing (deepspeed.checkpointing); dtrain keeps every "
+       "activation (checkpoint inside your module to trade compute for memory)"},
+      {"communication_data_type",
+       "dtrain reduces gradients in the master dtype (fp32) whatever this says"},
+      {"seq_parallel_communication_data_type", "dtrain has no sequence parallelism"},
+      {"tensorboard", "DeepSpeed's TensorBoard monitor; dtrain logs through dtrain::mlflow"},
+      {"wandb", "DeepSpeed's W&B monitor; dtrain logs through dtrain::mlflow"},
+      {"csv_monitor", "DeepSpeed's CSV monitor; dtrain logs through dtrain::mlflow"},
+      {"comet", "DeepSpeed's Comet monitor; dtrain logs through dtrain::mlflow"},
+      {"comms_logger",
+       "DeepSpeed's communication logger; dtrain's is the timeline "
+       "(DTRAIN_TIMELINE) and flight recorder"},
+      {"flops_profiler", "DeepSpeed's FLOPS profiler; not in dtrain"},
+      {"autotuning", "DeepSpeed's autotuner; not in dtrain (dtrain::tune searches configs)"},
+      {"aio", "libaio settings for NVMe offload, which dtrain does not do"},
+      {"checkpoint",
+       "DeepSpeed's checkpoint engine settings; dtrain writes every checkpoint "
+       "atomically in DeepSpeed's layout"},
+      {"data_types",
+       "DeepSpeed's gradient accumulation dtype; dtrain accumulates in the "
+       "parameters' dtype"},
+      {"data_efficiency", "DeepSpeed's data sampling/routing; give dtrain the data in order"},
+      {"torch_autocast", "DeepSpeed's torch.autocast wrapper; use fp16 or bf16 instead"},
+      {"compile", "DeepSpeed's torch.compile; not in libtorch's C++ frontend"},
+      {"hybrid_engine", "DeepSpeed-Chat's inference engine; not in dtrain"},
+      {"pipeline",
+       "DeepSpeed's pipeline engine settings; dtrain's pipeline is "
+       "dtrain::pipeline"},
+      {"tensor_parallel",
+       "DeepSpeed's AutoTP; dtrain's tensor parallelism is "
+       "dtrain::tensor_parallel"},
+      {"expert_parallel", "DeepSpeed's mixture-of-experts parallelism; not in dtrain"},
+      {"weight_quantization", "DeepSpeed's inference weight quantization; not in dtrain"},
+      {"datastates_ckpt",
+       "DataStates asynchronous checkpointing; dtrain checkpoints "
+       "synchronously"},
+      {"sequence_parallel_size", "dtrain has no sequence parallelism"}};
+  for (const auto& [key, why] : ignored) root.ignore(key, "accepted, not acted on: " + why);
   root.finish();
   set_batch(c, tbs, micro, gas);
   return c;
@@ -439,7 +714,33 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
   }
   json j;
   try {
-    j = json::parse(text);
+    // A key given twice in one object: DeepSpeed refuses it ("Duplicate keys in DeepSpeed
+    // config"); nlohmann would keep the last one silently. `open` holds each open object's keys.
+    struct Open {
+      std::string name;  // the key path of this object
+      std::vector<std::string> keys;
+    };
+    std::vector<Open> open;
+    std::string last_key;
+    json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::object_start) {
+        std::string name = open.empty() ? "" : open.back().name;
+        if (!open.empty()) name += (name.empty() ? "" : ".") + last_key;
+        open.push_back({name, {}});
+      } else if (event == json::parse_event_t::object_end) {
+        if (!open.empty()) open.pop_back();
+      } else if (event == json::parse_event_t::key && !open.empty()) {
+        last_key = parsed.get<std::string>();
+        auto& o = open.back();
+        if (std::find(o.keys.begin(), o.keys.end(), last_key) != o.keys.end())
+          throw ConfigError((o.name.empty() ? "" : o.name + ".") + last_key +
+                            ": duplicate key (given twice in one object; DeepSpeed refuses "
+                            "duplicate keys too): keep one of them");
+        o.keys.push_back(last_key);
+      }
+      return true;
+    };
+    j = json::parse(text, check, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
     throw ConfigError((first == std::string::npos || text_or_path[first] != '{'
                            ? text_or_path
@@ -483,6 +784,7 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
     << (c.optimizer.given ? c.optimizer.type : "(the caller's)") << "\n";
   if (!c.scheduler.type.empty())
     s << "  scheduler                      " << c.scheduler.type << "\n";
+  for (const auto& n : c.notes) s << "  note: " << n << "\n";
   if (params) {
     auto m = estimate_memory(c, *params);
     auto mib = [](int64_t b) {

@@ -40,7 +40,8 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
       config_(std::move(config)),
       group_(std::move(options.group)),
       scaler_(config_.fp16),
-      scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1) {
+      scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1,
+                 config_.optimizer.beta2) {
   if (!group_) group_ = default_group();
   rank_ = group_->rank();
   world_ = group_->world_size();
@@ -154,7 +155,7 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
     client_param_ = w;  // one tensor for good: the optimizer keys its state by it
     client_->param_groups()[0].params() = {client_param_};
     scheduler_ = LRScheduler(config_.scheduler, client_->param_groups()[0].options().get_lr(),
-                             config_.optimizer.beta1);
+                             config_.optimizer.beta1, config_.optimizer.beta2);
   }
 
   if (stage_ < 2) {
@@ -542,7 +543,7 @@ void EngineCore::step() {
                     : stage_ < 3      ? own_slice(flat_params_)
                                       : param_part_;
   ++opt_step_;
-  optimizer_step(w, g, lr(), scheduler_.momentum());
+  optimizer_step(w, g, lr(), scheduler_.betas());
   if (master_.defined()) {
     auto target = stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
     target.copy_(master_);
@@ -589,10 +590,11 @@ void EngineCore::client_step(const torch::Tensor& g, double lr) {
 }
 
 void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, double lr,
-                                double beta1) {
+                                std::pair<double, double> betas) {
   if (client_) return client_step(g, lr);
   const auto& o = config_.optimizer;
-  if (o.type == "Lamb") return lamb_step(w, g, lr, beta1);
+  const double beta1 = betas.first, beta2 = betas.second;
+  if (o.type == "Lamb") return lamb_step(w, g, lr, betas);
   if (o.type == "SGD") {
     auto d = o.weight_decay != 0 ? g.add(w, o.weight_decay) : g;
     if (o.momentum > 0) {
@@ -615,17 +617,18 @@ void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, 
     auto gc = g.contiguous();
     if (w.scalar_type() == torch::kFloat32)
       return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), state_[0].data_ptr<float>(),
-                           state_[1].data_ptr<float>(), w.numel(), opt_step_, lr, beta1, o.beta2,
-                           o.eps, o.weight_decay, adamw);
+                           state_[1].data_ptr<float>(), w.numel(), opt_step_, lr, beta1, beta2,
+                           o.eps, o.weight_decay, adamw, 0, o.bias_correction);
     if (w.scalar_type() == torch::kFloat64)
       return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(),
                            state_[0].data_ptr<double>(), state_[1].data_ptr<double>(), w.numel(),
-                           opt_step_, lr, beta1, o.beta2, o.eps, o.weight_decay, adamw);
+                           opt_step_, lr, beta1, beta2, o.eps, o.weight_decay, adamw, 0,
+                           o.bias_correction);
   }
   auto& m = state_[0];
   auto& v = state_[1];
-  const double bc1 = 1 - std::pow(beta1, double(opt_step_)),
-               bc2 = 1 - std::pow(o.beta2, double(opt_step_));
+  const double bc1 = o.bias_correction ? 1 - std::pow(beta1, double(opt_step_)) : 1.0,
+               bc2 = o.bias_correction ? 1 - std::pow(beta2, double(opt_step_)) : 1.0;
   torch::Tensor grad = g;
   if (o.weight_decay != 0) {
     if (adamw)
@@ -634,20 +637,21 @@ void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, 
       grad = g.add(w, o.weight_decay);
   }
   m.mul_(beta1).add_(grad, 1 - beta1);
-  v.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+  v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
   auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
   w.addcdiv_(m, denom, -lr / bc1);
 }
 
 void EngineCore::lamb_step(const torch::Tensor& w, const torch::Tensor& g, double lr,
-                           double beta1) {
+                           std::pair<double, double> betas) {
   const auto& o = config_.optimizer;
+  const double beta1 = betas.first, beta2 = betas.second;
   auto& m = state_[0];
   auto& v = state_[1];
-  const double bc1 = 1 - std::pow(beta1, double(opt_step_)),
-               bc2 = 1 - std::pow(o.beta2, double(opt_step_));
+  const double bc1 = o.bias_correction ? 1 - std::pow(beta1, double(opt_step_)) : 1.0,
+               bc2 = o.bias_correction ? 1 - std::pow(beta2, double(opt_step_)) : 1.0;
   m.mul_(beta1).add_(g, 1 - beta1);
-  v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
+  v.mul_(beta2).addcmul_(g, g, 1 - beta2);
   auto update = (m / bc1) / ((v / bc2).sqrt().add_(o.eps));
   if (o.weight_decay != 0) update.add_(w, o.weight_decay);
   // Trust ratio per parameter: norms over the whole parameter, summed over the ranks that

@@ -1,6 +1,7 @@
 // The CPU Adam of ZeRO-Offload: one pass over flat arrays, plain loops the compiler vectorises
 // (built with -fno-math-errno so sqrt vectorises; AVX2/AVX-512 clones chosen at run time),
-// split over threads in chunks. PyTorch's Adam formulas, so results match torch::optim::Adam.
+// split over threads in chunks. DeepSpeed's CPU Adam formulas and constants (within float32
+// noise of torch::optim::Adam).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -11,76 +12,80 @@
 namespace dtrain::zero {
 namespace {
 
-// One function per type (multiversioned functions cannot be templates).
+// One function per type (multiversioned functions cannot be templates). DeepSpeed's CPU Adam
+// (csrc/adam/cpu_adam_impl.cpp) operation by operation: every constant in the element type
+// (1 - beta as T(1) - T(beta), not T(1 - beta)), the decoupled decay p += (-lr * wd) * p, the
+// denominator sqrt(v) * (1 / sqrt(bc2)) + eps, the update p += (m / denom) * (-lr / bc1).
 #define DTRAIN_ADAM_CHUNK(NAME, T)                                                               \
   __attribute__((target_clones("avx512f", "avx2", "default"))) void NAME(                        \
       T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n, T b1, \
-      T b2, T eps, T step_size, T sqrt_bc2, T wd, T decay, bool adamw, T omb1, T omb2) {         \
-    if (adamw) {                                                                                 \
-      for (int64_t i = 0; i < n; ++i) {                                                          \
-        T pi = p[i] * decay;                                                                     \
-        T gi = g[i];                                                                             \
-        T mi = m[i] * b1 + omb1 * gi;                                                            \
-        T vi = v[i] * b2 + omb2 * gi * gi;                                                       \
-        m[i] = mi;                                                                               \
-        v[i] = vi;                                                                               \
-        p[i] = pi - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + eps);                           \
-      }                                                                                          \
-    } else {                                                                                     \
-      for (int64_t i = 0; i < n; ++i) {                                                          \
-        T pi = p[i];                                                                             \
-        T gi = g[i] + wd * pi;                                                                   \
-        T mi = m[i] * b1 + omb1 * gi;                                                            \
-        T vi = v[i] * b2 + omb2 * gi * gi;                                                       \
-        m[i] = mi;                                                                               \
-        v[i] = vi;                                                                               \
-        p[i] = pi - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + eps);                           \
-      }                                                                                          \
+      T b2, T eps, T step_size, T inv_sqrt_bc2, T wd, T w_decay, bool adamw, T omb1, T omb2) {   \
+    for (int64_t i = 0; i < n; ++i) {                                                            \
+      T pi = p[i];                                                                               \
+      T gi = g[i];                                                                               \
+      if (!adamw && wd > 0) gi = pi * wd + gi;                                                   \
+      T mi = gi * omb1 + m[i] * b1;                                                              \
+      T vi = (gi * gi) * omb2 + v[i] * b2;                                                       \
+      m[i] = mi;                                                                                 \
+      v[i] = vi;                                                                                 \
+      T upd = mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);                                         \
+      if (adamw && wd > 0) pi = w_decay * pi + pi;                                               \
+      p[i] = upd * step_size + pi;                                                               \
     }                                                                                            \
   }
 DTRAIN_ADAM_CHUNK(adam_chunk_f, float)
 DTRAIN_ADAM_CHUNK(adam_chunk_d, double)
 inline void adam_chunk(float* p, const float* g, float* m, float* v, int64_t n, float b1, float b2,
-                       float eps, float ss, float inv, float wd, float decay, bool adamw,
+                       float eps, float ss, float inv, float wd, float w_decay, bool adamw,
                        float omb1, float omb2) {
-  adam_chunk_f(p, g, m, v, n, b1, b2, eps, ss, inv, wd, decay, adamw, omb1, omb2);
+  adam_chunk_f(p, g, m, v, n, b1, b2, eps, ss, inv, wd, w_decay, adamw, omb1, omb2);
 }
 inline void adam_chunk(double* p, const double* g, double* m, double* v, int64_t n, double b1,
-                       double b2, double eps, double ss, double inv, double wd, double decay,
+                       double b2, double eps, double ss, double inv, double wd, double w_decay,
                        bool adamw, double omb1, double omb2) {
-  adam_chunk_d(p, g, m, v, n, b1, b2, eps, ss, inv, wd, decay, adamw, omb1, omb2);
+  adam_chunk_d(p, g, m, v, n, b1, b2, eps, ss, inv, wd, w_decay, adamw, omb1, omb2);
 }
 
 template <typename T>
 void adam(T* p, const T* g, T* m, T* v, int64_t n, int64_t step, double lr, double b1, double b2,
-          double eps, double wd, bool adamw, int threads) {
-  const double bc1 = 1 - std::pow(b1, double(step)), bc2 = 1 - std::pow(b2, double(step));
-  const T step_size = T(lr / bc1), inv = T(std::sqrt(bc2));
-  const T decay = T(1 - lr * wd);
+          double eps, double wd, bool adamw, int threads, bool bias_correction) {
+  // beta^step as DeepSpeed accumulates it: a running product in T.
+  T b1t = 1, b2t = 1;
+  if (step <= (int64_t(1) << 20)) {
+    for (int64_t s = 0; s < step; ++s) b1t *= T(b1), b2t *= T(b2);
+  } else {  // long past mattering (and what DeepSpeed computes after a jump in the step)
+    b1t = T(std::pow(T(b1), step));
+    b2t = T(std::pow(T(b2), step));
+  }
+  const T bc1 = bias_correction ? T(1) - b1t : T(1);
+  const T inv = bias_correction ? T(1) / std::sqrt(T(1) - b2t) : T(1);
+  const T step_size = -T(lr) / bc1, w_decay = -T(lr) * T(wd);
+  const T omb1 = T(1) - T(b1), omb2 = T(1) - T(b2);
   const int nt = threads > 0 ? threads : at::get_num_threads();
   // Chunks of >= 64k elements (a chunk of each array stays in L2), at most one per thread.
   const int64_t grain = std::max<int64_t>(65536, (n + nt - 1) / nt);
   if (nt <= 1 || n <= grain) {
-    adam_chunk(p, g, m, v, n, T(b1), T(b2), T(eps), step_size, inv, T(wd), decay, adamw, T(1 - b1),
-               T(1 - b2));
+    adam_chunk(p, g, m, v, n, T(b1), T(b2), T(eps), step_size, inv, T(wd), w_decay, adamw, omb1,
+               omb2);
     return;
   }
   at::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
     adam_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, T(b1), T(b2), T(eps), step_size, inv, T(wd),
-               decay, adamw, T(1 - b1), T(1 - b2));
+               w_decay, adamw, omb1, omb2);
   });
 }
 
 }  // namespace
 
 void cpu_adam_step(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, double lr,
-                   double b1, double b2, double eps, double wd, bool adamw, int threads) {
-  adam<float>(p, g, m, v, n, step, lr, b1, b2, eps, wd, adamw, threads);
+                   double b1, double b2, double eps, double wd, bool adamw, int threads,
+                   bool bias_correction) {
+  adam<float>(p, g, m, v, n, step, lr, b1, b2, eps, wd, adamw, threads, bias_correction);
 }
 void cpu_adam_step(double* p, const double* g, double* m, double* v, int64_t n, int64_t step,
-                   double lr, double b1, double b2, double eps, double wd, bool adamw,
-                   int threads) {
-  adam<double>(p, g, m, v, n, step, lr, b1, b2, eps, wd, adamw, threads);
+                   double lr, double b1, double b2, double eps, double wd, bool adamw, int threads,
+                   bool bias_correction) {
+  adam<double>(p, g, m, v, n, step, lr, b1, b2, eps, wd, adamw, threads, bias_correction);
 }
 
 }  // namespace dtrain::zero

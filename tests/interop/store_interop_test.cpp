@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "comm/c10d_compat.h"
+#include "comm/gloo/gloo.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "store/socket.h"

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/c10d_compat.h"
+#include "comm/backend.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain::test {
@@ -33,9 +33,15 @@ inline void run_ranks(int world, const std::function<void(std::shared_ptr<Proces
     threads.emplace_back([&, rank]() {
       try {
         auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-        auto gloo = comm::make_gloo(prefixed, rank, world, timeout, "127.0.0.1");
-        auto pg = comm::as_group(gloo, prefixed, rank, world, /*is_gloo=*/true);
-        fn(std::make_shared<ProcessGroup>(prefixed, pg, "gloo"));
+        comm::GroupRequest request;  // through the backend factory, as init_process_group
+        request.spec = "cpu:gloo";
+        request.store = prefixed;
+        request.rank = rank;
+        request.world = world;
+        request.timeout = timeout;
+        request.gloo_hostname = "127.0.0.1";
+        fn(std::make_shared<ProcessGroup>(
+            prefixed, std::make_shared<comm::GroupBackends>(comm::make_group_backends(request))));
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!first) first = std::current_exception();

@@ -86,6 +86,14 @@ void flaky_trainable(Config config) {
 
 void always_fails(Config) { throw std::runtime_error("always fails"); }
 
+// Reports "loss" where the search asks for "score".
+void wrong_metric_trainable(Config) {
+  for (int it = 1; it <= 50; ++it) {
+    report({{"loss", 1.0 / it}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // 1 when this worker came from the Tuner's warm fork server: its parent is then a launch
 // server running this same program, not the dtrain launcher (a cold start).
 double forked_from_warm_server() {
@@ -210,6 +218,66 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   }
   EXPECT_GT(pbt->num_perturbations(), 0);
   EXPECT_TRUE(some_restored) << "no trial started from another trial's checkpoint";
+  fs::remove_all(dir);
+}
+
+// Ray's PBT with more trials than slots: the next trial to run is the paused one with the
+// least training time, so all four advance in turn (none starves), and every checkpoint is
+// named by the iteration it holds and never overwritten, though trials are restored from
+// earlier checkpoints (their own, or another trial's) and report those iterations again.
+TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
+  const auto dir = fresh_dir("pbt-fair");
+  auto pbt = std::make_shared<PbtScheduler>(
+      PbtOptions{.time_attr = "training_iteration",
+                 .perturbation_interval = 2,
+                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  Tuner tuner(curve_trainable,
+              Config{{"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 8}},
+              {.metric = "score",
+               .mode = "max",
+               .scheduler = pbt,
+               .max_concurrent_trials = 2,
+               .storage_path = dir.string(),
+               .seed = 5,
+               .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  int checkpoints = 0;
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    EXPECT_EQ(t.last_result.at("training_iteration").get<int>(), 8) << t.id;
+    for (const auto& e : fs::directory_iterator(t.dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("checkpoint_", 0) != 0) continue;
+      int it = 0;
+      std::string who;
+      std::ifstream(e.path() / "state") >> it >> who;
+      EXPECT_EQ(it, std::stoi(name.substr(11, 6))) << e.path() << " holds iteration " << it;
+      ++checkpoints;
+    }
+  }
+  EXPECT_GE(checkpoints, 4 * 8);
+  EXPECT_GT(pbt->num_perturbations(), 0);
+  fs::remove_all(dir);
+}
+
+// Ray fails a search at the first result without its metric; so does the Tuner, naming the
+// keys the result has, and it stops the trial rather than letting it run out.
+TEST(TuneTuner, AResultWithoutTheMetricEndsTheSearchAtThatResult) {
+  const auto dir = fresh_dir("metric");
+  Tuner tuner(wrong_metric_trainable, Config{{"a", grid_search({1, 2})}},
+              {.metric = "score", .mode = "max", .storage_path = dir.string(), .verbose = false});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    tuner.fit();
+    ADD_FAILURE() << "fit() returned";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("result 1 has no metric \"score\""));
+    EXPECT_THAT(e.what(), testing::HasSubstr("it has loss, training_iteration, time_total_s"));
+  }
+  // 50 reports 50 ms apart would take 2.5 s per trial.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  EXPECT_TRUE(own_children().empty());
   fs::remove_all(dir);
 }
 

@@ -1,8 +1,11 @@
 // Collectives (src/comm/collectives.cpp) with ranks as threads of this process: each thread
 // makes its own c10d::ProcessGroupGloo over one shared HashStore on loopback, wraps it in a
-// dtrain::ProcessGroup and passes it through options.group. Built twice: collectives_test
-// on Gloo, shm_collectives_test (DTRAIN_TEST_SHM) on the shared-memory backend wrapping it. Every
-// result is compared with the value computed directly from every rank's input.
+// dtrain::ProcessGroup and passes it through options.group. Built three times: collectives_test
+// on Gloo, shm_collectives_test (DTRAIN_TEST_SHM) on the shared-memory backend wrapping it, and
+// staged_collectives_test (DTRAIN_TEST_STAGED) on that behind the host-staging backend that
+// carries CUDA tensors (comm/staged), told to stage CPU tensors too - the staging path's copies,
+// without a GPU. Every result is compared with the value computed directly from every rank's
+// input.
 //
 // Each TEST covers world sizes 1-4 in one process, since loading libtorch costs more than
 // all the collectives of a test together.
@@ -21,11 +24,15 @@
 #include <unistd.h>
 
 #include "comm/c10d_compat.h"
+#include "comm/gloo/gloo.h"
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
 #include "support/reference_reduce.h"
-#ifdef DTRAIN_TEST_SHM
+#if defined(DTRAIN_TEST_SHM) || defined(DTRAIN_TEST_STAGED)
 #include "comm/shm/shm_group.h"
+#endif
+#ifdef DTRAIN_TEST_STAGED
+#include "comm/staged/staged_backend.h"
 #endif
 
 namespace dtrain {
@@ -56,7 +63,15 @@ void run_ranks(int world, const std::function<void(int, GroupPtr)>& fn,
       try {
         c10::intrusive_ptr<comm::Backend> gloo =
             comm::make_gloo(store, r, world, group_timeout, "127.0.0.1");
-#ifdef DTRAIN_TEST_SHM
+#if defined(DTRAIN_TEST_STAGED)
+        // staged_collectives_test: every tensor through host copies, then shared memory.
+        c10::intrusive_ptr<comm::Backend> staged = c10::make_intrusive<comm::StagedBackend>(
+            shm::ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true),
+            /*stage_all=*/true);
+        auto group = std::make_shared<ProcessGroup>(
+            store, comm::as_group(staged, store, r, world, false), "shm");
+        staged.reset();
+#elif defined(DTRAIN_TEST_SHM)
         // shm_collectives_test: the same tests on the shared-memory backend around Gloo.
         c10::intrusive_ptr<comm::Backend> shm =
             shm::ShmProcessGroup::join(store, r, world, gloo, group_timeout, /*require=*/true);
@@ -537,7 +552,7 @@ TEST(Collectives, ErrorCasesAreUsageErrorsAndLeaveTheGroupUsable) {
   }
 }
 
-#ifdef DTRAIN_TEST_SHM
+#if defined(DTRAIN_TEST_SHM) || defined(DTRAIN_TEST_STAGED)
 constexpr bool kGlooClosesPairsOnTimeout = false;
 #else
 constexpr bool kGlooClosesPairsOnTimeout = DTRAIN_TORCH_VERSION[0] != '1';

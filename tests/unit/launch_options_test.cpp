@@ -16,6 +16,7 @@
 #include <future>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
 #include "launch/fork_server.h"
+#include "launch/gpus.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
 #include "support/paths.h"
@@ -199,8 +201,57 @@ std::vector<FlagCase> flag_cases() {
        "",
        {"forkserver"},
        [](auto& o) { EXPECT_EQ(o.start_method, "forkserver"); }},
-      // Accepted for torchrun compatibility; it changes nothing we can observe.
-      {"--run-path", "--run_path", {"x"}, [](auto& o) { EXPECT_EQ(o.program, "prog"); }},
+      // A flag, as in torchrun 2.x: PROGRAM is a Python file whatever its name.
+      {"--run-path",
+       "--run_path",
+       {},
+       [](auto& o) {
+         EXPECT_TRUE(o.run_path);
+         EXPECT_EQ(o.program, "prog");
+       }},
+      {"--local-ranks-filter",
+       "--local_ranks_filter",
+       {"0,2"},
+       [](auto& o) {
+         EXPECT_EQ(o.redirects.count(0), 0u);
+         EXPECT_EQ(o.redirects.at(1), 3);  // both streams to the log files only
+         EXPECT_EQ(o.redirects.count(2), 0u);
+       }},
+      {"--numa-binding",
+       "--numa_binding",
+       {"socket"},
+       [](auto& o) {
+         ASSERT_EQ(o.notes.size(), 1u);
+         EXPECT_NE(o.notes[0].find("--numa-binding socket"), std::string::npos);
+       }},
+      {"--signals-to-handle",
+       "--signals_to_handle",
+       {"SIGTERM,SIGUSR1"},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+      {"--virtual-local-rank",
+       "--virtual_local_rank",
+       {},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+      {"--event-log-handler",
+       "--event_log_handler",
+       {"console"},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+      {"--local-addr",
+       "--local_addr",
+       {"10.0.0.5"},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+      {"--logs-specs",
+       "--logs_specs",
+       {"my_specs"},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+      {"--duplicate-stdout-filters",
+       "--duplicate_stdout_filters",
+       {"loss"},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+      {"--duplicate-stderr-filters",
+       "--duplicate_stderr_filters",
+       {"error"},
+       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
   };
 }
 
@@ -219,6 +270,80 @@ TEST(ParseRunArgs, EveryFlagInBothSpellingsAndWithEquals) {
       }
     }
   }
+}
+
+// torchrun's launch lines: --run-path is a flag (the next word is not its value), a repeated
+// option's last value wins (argparse), and a bad value of a new option names it.
+TEST(ParseRunArgs, TorchrunTwoLaunchLines) {
+  LaunchOptions o = parse_run_args({"--run-path", "--nproc-per-node", "2", "x.py"});
+  EXPECT_TRUE(o.run_path);
+  EXPECT_EQ(o.nproc_per_node, 2);
+  EXPECT_EQ(o.program, "x.py");
+  o = parse({"--nproc-per-node", "2", "--nproc-per-node", "3", "--max-restarts=1", "--max_restarts",
+             "4", "--standalone", "--standalone"});
+  EXPECT_EQ(o.nproc_per_node, 3);
+  EXPECT_EQ(o.max_restarts, 4);
+  o = parse({"--env", "A=1", "--env", "B=2"});  // repeatable options keep every value
+  EXPECT_EQ(o.extra_env.size(), 2u);
+  EXPECT_THROW(parse({"--numa-binding", "gpu"}), UsageError);
+  EXPECT_THROW(parse({"--signals-to-handle", "SIGKILL"}), UsageError);
+  EXPECT_THROW(parse({"--local-ranks-filter", "a"}), UsageError);
+}
+
+// Every option of the venv's torchrun (PyTorch 2.11), in each of its spellings, is an option of
+// `dtrain run`, taking a value where torchrun's does and none where it is a flag: a new
+// torchrun option shows up here as a failure.
+TEST(ParseRunArgs, EveryTorchrunOptionOfTheVenvIsAccepted) {
+  const std::string script =
+      "from torch.distributed.run import get_args_parser\n"
+      "for a in get_args_parser()._actions:\n"
+      "    if a.option_strings and a.dest != 'help':\n"
+      "        print(('flag' if a.nargs == 0 else 'value'), *a.option_strings)\n";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("dtrain-torchrun-opts-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "opts.py") << script; }
+  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "opts.py").string() +
+                          " > " + (dir / "opts.txt").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
+  std::ifstream in(dir / "opts.txt");
+  int options = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string kind, name;
+    words >> kind;
+    while (words >> name) {
+      SCOPED_TRACE("torchrun " + name);
+      ++options;
+      if (kind == "flag") {
+        EXPECT_NO_THROW(parse({name})) << "torchrun's flag " << name << " is not a dtrain flag";
+        // A flag takes no value: the next word is the program.
+        EXPECT_EQ(parse_run_args({name, "prog.py", "arg"}).program, "prog.py");
+      } else {
+        const std::string value =
+            name.find("numa") != std::string::npos                                  ? "node"
+            : name.find("signals") != std::string::npos                             ? "SIGTERM"
+            : name.find("nnodes") != std::string::npos                              ? "1"
+            : name.find("nproc") != std::string::npos                               ? "1"
+            : name.find("node") != std::string::npos                                ? "0"
+            : name.find("port") != std::string::npos                                ? "29500"
+            : name.find("restarts") != std::string::npos                            ? "0"
+            : name.find("interval") != std::string::npos                            ? "0.1"
+            : name.find("start") != std::string::npos                               ? "spawn"
+            : name.find("redirects") != std::string::npos                           ? "0"
+            : name == "-r" || name == "-t" || name.find("tee") != std::string::npos ? "0"
+            : name.find("backend") != std::string::npos                             ? "static"
+            : name.find("endpoint") != std::string::npos ? "127.0.0.1:29500"
+            : name.find("filter") != std::string::npos   ? "0"
+            : name.find("conf") != std::string::npos     ? "timeout=10"
+            : name.find("addr") != std::string::npos     ? "127.0.0.1"
+                                                         : "x";
+        EXPECT_NO_THROW(parse({name, value})) << "torchrun's option " << name << " " << value;
+      }
+    }
+  }
+  EXPECT_GE(options, 50) << "torchrun 2.11 has ~28 options, most in two spellings";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ParseRunArgs, NprocCpuIsTheCoreCount) {
@@ -826,3 +951,18 @@ TEST_F(RendezvousTest, TimeoutNamesTheMissingNodeRanks) {
 
 }  // namespace
 }  // namespace dtrain
+
+// CUDA's rule for CUDA_VISIBLE_DEVICES, which --nproc-per-node gpu applies when it counts
+// device files: the list ends at the first entry that is not a present device.
+TEST(GpuCount, VisibleDevicesLimitTheCount) {
+  EXPECT_EQ(dtrain::launch::visible_limit(nullptr, 4), -1);
+  EXPECT_EQ(dtrain::launch::visible_limit("", 4), 0);
+  EXPECT_EQ(dtrain::launch::visible_limit("-1", 4), 0);
+  EXPECT_EQ(dtrain::launch::visible_limit("0,1", 4), 2);
+  EXPECT_EQ(dtrain::launch::visible_limit("2, 3", 4), 2);
+  EXPECT_EQ(dtrain::launch::visible_limit("0,7,1", 4),
+            1);  // 7 is not a device: the list ends there
+  EXPECT_EQ(dtrain::launch::visible_limit("0,1,2,3,0", 4), 4);
+  EXPECT_EQ(dtrain::launch::visible_limit("GPU-8f2c,1", 2), 2);
+  EXPECT_EQ(dtrain::launch::visible_limit("0", 0), 0);
+}

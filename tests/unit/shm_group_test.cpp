@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/gloo.h"
 #include "comm/shm/shm_group.h"
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"

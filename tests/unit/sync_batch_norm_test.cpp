@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/c10d_compat.h"
+#include "comm/gloo/gloo.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/sync_batch_norm.h"

@@ -36,6 +36,7 @@ std::shared_ptr<torch::optim::Optimizer> rmsprop(Sequential& m) {
 
 json config(int stage, int micro) {
   return {{"train_micro_batch_size_per_gpu", micro},
+          {"gradient_clipping", 0.0},  // as the reference optimizer (DeepSpeed clips at 1.0)
           {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 100}}}};
 }
 

@@ -58,6 +58,7 @@ TORCH_MODULE(Net);
 json config(int64_t persistence, int64_t max_live, int64_t prefetch, bool overlap = false,
             int64_t reuse = 0) {
   return {{"train_micro_batch_size_per_gpu", 8},
+          {"gradient_clipping", 0.0},  // as the DDP reference (DeepSpeed clips at 1.0)
           {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
           {"zero_optimization",
            {{"stage", 3},

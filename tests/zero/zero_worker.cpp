@@ -23,6 +23,7 @@ Sequential make_model(torch::Dtype dtype) {
 
 nlohmann::json variant_config(const std::string& v, int batch) {
   nlohmann::json c = {{"train_micro_batch_size_per_gpu", batch},
+                      {"gradient_clipping", 0.0},  // as DDP (DeepSpeed clips at 1.0)
                       {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-2}}}}},
                       {"zero_optimization", {{"stage", 0}, {"reduce_bucket_size", 200}}}};
   auto& z = c["zero_optimization"];

@@ -1,0 +1,126 @@
+// One process training on one GPU: the example's MLP (784-512-256-10) and CNN (2 conv layers
+// with BatchNorm and pooling), Adam lr 1e-3, cross-entropy, at a given batch size - the C++ side
+// of bench/gpu_bench.py, whose Python peer (bench/gpu_train_peer.py) runs the same models in
+// PyTorch eager mode. Inputs are Fashion-MNIST-shaped random tensors already on the GPU (no data
+// loading on either side); the clock runs over --steps optimizer steps after --warmup, between
+// two device synchronisations. Prints one JSON line per run.
+//
+//   gpu_train_bench --model mlp|cnn --batch 64 --steps 300 --optimizer torch|fused
+//
+// --optimizer torch: libtorch's torch::optim::Adam (a loop over parameters, ~10 kernels each).
+// --optimizer fused: ATen's fused multi-tensor Adam kernel (_fused_adam_), what PyTorch's
+// Adam(fused=True) calls - one launch for all parameters.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+
+torch::nn::Sequential make(const std::string& kind) {
+  using namespace torch::nn;
+  if (kind == "mlp") {
+    return Sequential(Flatten(), Linear(784, 512), ReLU(), Linear(512, 256), ReLU(),
+                      Linear(256, 10));
+  }
+  return Sequential(Conv2d(Conv2dOptions(1, 32, 3).padding(1)), BatchNorm2d(32), ReLU(),
+                    MaxPool2d(2), Conv2d(Conv2dOptions(32, 64, 3).padding(1)), BatchNorm2d(64),
+                    ReLU(), MaxPool2d(2), Flatten(), Linear(64 * 7 * 7, 128), ReLU(),
+                    Linear(128, 10));
+}
+
+// Adam through ATen's fused kernel: the state lives in flat lists, updated in one launch.
+class FusedAdam {
+ public:
+  FusedAdam(std::vector<torch::Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+    for (auto& p : params_) {
+      exp_avg_.push_back(torch::zeros_like(p));
+      exp_avg_sq_.push_back(torch::zeros_like(p));
+      steps_.push_back(torch::zeros({}, p.options()));
+    }
+  }
+  void zero_grad() {
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  }
+  void step() {
+#if TORCH_VERSION_MAJOR >= 2
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params_) grads.push_back(p.grad());
+    torch::NoGradGuard no_grad;
+    at::_fused_adam_(params_, grads, exp_avg_, exp_avg_sq_, {}, steps_, lr_, 0.9, 0.999, 0.0, 1e-8,
+                     /*amsgrad=*/false, /*maximize=*/false);
+#else
+    throw std::runtime_error("--optimizer fused needs libtorch 2.x");
+#endif
+  }
+
+ private:
+  std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
+  double lr_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_kind = "mlp", optimizer = "torch";
+  int64_t batch = 64, steps = 300, warmup = 30;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") {
+      model_kind = v;
+    } else if (k == "--batch") {
+      batch = std::stoll(v);
+    } else if (k == "--steps") {
+      steps = std::stoll(v);
+    } else if (k == "--warmup") {
+      warmup = std::stoll(v);
+    } else if (k == "--optimizer") {
+      optimizer = v;
+    } else {
+      std::fprintf(stderr, "gpu_train_bench: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr, "gpu_train_bench: no GPU visible (a CUDA build of dtrain is needed)\n");
+    return 2;
+  }
+  torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(0);
+  auto model = make(model_kind);
+  model->to(dev);
+  auto x = torch::randn({batch, 1, 28, 28}, torch::TensorOptions().device(dev));
+  auto y = torch::randint(0, 10, {batch}, torch::TensorOptions(torch::kLong).device(dev));
+  torch::optim::Adam torch_adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  FusedAdam fused(model->parameters(), 1e-3);
+  auto one_step = [&] {
+    if (optimizer == "fused") {
+      fused.zero_grad();
+    } else {
+      torch_adam.zero_grad();
+    }
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    loss.backward();
+    if (optimizer == "fused") {
+      fused.step();
+    } else {
+      torch_adam.step();
+    }
+  };
+  for (int64_t i = 0; i < warmup; ++i) one_step();
+  torch::cuda::synchronize();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) one_step();
+  torch::cuda::synchronize();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "{\"side\": \"dtrain-cpp\", \"model\": \"%s\", \"batch\": %lld, \"optimizer\": \"%s\", "
+      "\"steps\": %lld, \"seconds\": %.4f, \"samples_per_s\": %.1f}\n",
+      model_kind.c_str(), static_cast<long long>(batch), optimizer.c_str(),
+      static_cast<long long>(steps), secs, static_cast<double>(batch * steps) / secs);
+  return 0;
+}

@@ -1,0 +1,57 @@
+"""The Python peer of bench/gpu_train_bench.cpp: the same models, optimizer, batch and timing
+in PyTorch eager mode on one GPU (torch.optim.Adam with its defaults: the foreach
+implementation on CUDA). Prints one JSON line.
+
+    python3 bench/gpu_train_peer.py --model mlp --batch 64 --steps 300
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+
+
+def make(kind):
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                             nn.Linear(256, 10))
+    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=30)
+    a = p.parse_args()
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    model = make(a.model).to(dev)
+    x = torch.randn(a.batch, 1, 28, 28, device=dev)
+    y = torch.randint(0, 10, (a.batch,), device=dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    print(json.dumps({"side": "pytorch-eager", "model": a.model, "batch": a.batch, "optimizer": "torch.optim.Adam",
+                      "steps": a.steps, "seconds": secs, "samples_per_s": a.batch * a.steps / secs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

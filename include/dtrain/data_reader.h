@@ -1,0 +1,150 @@
+// dtrain::data::Reader: this rank's batches of a Table (dtrain/data_table.h) as tensors, split
+// across ranks by row group, decoded by background threads into a bounded queue.
+//
+//   auto table = dtrain::data::Table::open("delta:/data/fashion");
+//   dtrain::data::Reader reader(table, {.columns = {{.name = "image", .shape = {1, 28, 28}},
+//                                                    {.name = "label", .dtype = torch::kLong}},
+//                                       .batch_size = 64, .seed = 0});
+//   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+//     reader.set_epoch(epoch);
+//     while (auto batch = reader.next()) {
+//       auto loss = cross_entropy(model(batch->at("image")), batch->at("label"));
+//       ...
+//     }
+//   }
+//
+// The split. Row groups are numbered in table order (Table::row_groups()). Per epoch:
+// - Distributed mode (default; PyTorch's DistributedSampler over row groups): this rank reads
+//   the row groups DistributedSampler(num_row_groups, num_replicas, rank, shuffle, seed,
+//   drop_last).set_epoch(epoch).indices() names - exactly dtrain::DistributedSampler's (and
+//   so PyTorch's) indices, with padding or truncation of the row-group list as it does. With
+//   shuffle, the rows inside each row group are permuted too (a generator seeded by seed,
+//   epoch and the row group). Row groups hold different row counts, so ranks would read
+//   different numbers of rows and take different numbers of steps (a DDP hang): every rank
+//   therefore reads the same number of rows - the largest rank's count, the short ranks
+//   repeating their own rows from their start (as DistributedSampler pads), or with drop_last
+//   the smallest rank's count, the others dropping their tail. Every rank takes
+//   steps_per_epoch() steps of batch_size rows (the last one may be smaller, equally on all).
+// - Elastic mode (elastic = true; dtrain::ElasticSampler's exactly-once): no padding, no
+//   dropping: the epoch's row groups, in the order ElasticSampler's global_order() gives them,
+//   are dealt to ranks round robin; each step every rank takes its next batch_size rows; ranks
+//   that run out first get smaller, then EMPTY batches (still take part in the step's
+//   collectives) until the longest is done. position() is the rows still unread, and
+//   restore(position) on a job of ANOTHER world size deals exactly those: every row of the
+//   epoch is read exactly once across the restart. Commit position() with your checkpoint
+//   (ElasticState: es.metadata()["data"] = reader.position()).
+// Every rank computes every rank's plan from the footers alone (no communication), so all
+// ranks agree on steps_per_epoch() and on when next() returns nullopt.
+//
+// Columns. Each Column names a table column and the tensor it becomes: dtype (any numeric
+// dtype; values convert as torch's to() does) and per-row shape. A scalar column (int*, uint*,
+// half, float, double, bool) has shape {} (or any shape of 1 element); a list column (list,
+// large_list, fixed_size_list of a scalar type: Spark's ArrayType, NumPy arrays written by
+// pyarrow) has as many values per row as the shape's product, in row-major order. The batch
+// holds [rows, shape...] tensors, contiguous, on the CPU, keyed by `key` (default: the name).
+//
+// Memory: at most `prefetch` decoded row groups wait in the queue and `threads` more are being
+// decoded; the batch being assembled adds at most one more. So about
+// (prefetch + threads + 1) x (one row group's decoded size), whatever the table's size.
+//
+// Errors, each ONE exception naming the file (and column) and never a crash or a short epoch:
+// DataError at construction for a column missing from a file, a type that does not convert, a
+// list whose fixed size does not fit the shape; from next() for a file that cannot be read
+// (truncated, corrupt), a null value, a list row of the wrong length. A failed row group read
+// fails the epoch: next() rethrows it (it never skips the group). UsageError for bad options.
+// TimeoutError when a row group takes longer than read_timeout to decode.
+//
+// Thread-safety: one thread uses a Reader; its own threads run inside it. Destroying it (or
+// set_epoch) stops them and discards what they prefetched.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/data_table.h"
+
+namespace dtrain::data {
+
+struct Column {
+  std::string name;                      // the table's column. REQUIRED
+  torch::Dtype dtype = torch::kFloat32;  // Default: float32
+  std::vector<int64_t> shape;            // per row. Default: {} (one value per row)
+  std::string key;                       // key in the Batch. Default: name
+};
+
+struct ReaderOptions {
+  std::vector<Column> columns;  // REQUIRED (at least one)
+  int64_t batch_size = 64;      // rows per rank per step. Default: 64
+  // Ranks reading the table and this rank. Default: the default group's, else WORLD_SIZE and
+  // RANK from the environment, else 1 and 0 (as DistributedSampler).
+  std::optional<int> num_replicas;
+  std::optional<int> rank;
+  bool shuffle = true;     // row groups and the rows in them. Default: true
+  uint64_t seed = 0;       // Default: 0. Must be the same on every rank.
+  bool drop_last = false;  // Distributed mode only (see above). Default: false
+  bool elastic = false;    // Elastic mode (see above). Default: false
+  int threads = 2;         // decoding threads. Default: 2
+  int prefetch = 4;        // decoded row groups queued ahead. Default: 4
+  // Longest wait for one row group to be decoded. Default: 10 min.
+  std::chrono::milliseconds read_timeout{std::chrono::minutes(10)};
+};
+
+// One step's rows: a tensor per Column, keyed by Column::key.
+struct Batch {
+  std::map<std::string, torch::Tensor> tensors;
+  int64_t rows = 0;  // may be 0 in elastic mode at an epoch's end
+  // The tensor of `key`; DataError naming the keys there are if it is missing.
+  const torch::Tensor& at(const std::string& key) const;
+};
+
+class Reader {
+ public:
+  // Checks every column against every file's schema (DataError). Starts no thread yet.
+  Reader(Table table, ReaderOptions options);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+  Reader(Reader&&) noexcept;  // a moved-from Reader may only be destroyed or assigned to
+  Reader& operator=(Reader&&) noexcept;
+
+  // Starts `epoch` from its beginning (and stops a previous epoch's prefetching). Call it
+  // before each epoch, as with DistributedSampler; without it next() reads epoch 0.
+  void set_epoch(int64_t epoch);
+  int64_t epoch() const;
+
+  // This rank's next batch; nullopt once the epoch's steps are done (on every rank at the same
+  // step). Throws what a decoding thread hit (see Errors).
+  std::optional<Batch> next();
+
+  // Steps (batches) per rank in the current epoch: the same on every rank. In elastic mode
+  // after restore(), the steps left from the restored position.
+  int64_t steps_per_epoch() const;
+  // Rows this rank reads in the current epoch (distributed mode: equal on every rank).
+  int64_t num_samples() const;
+  // Steps taken in the current epoch.
+  int64_t step() const;
+
+  // Elastic mode: the position after the steps taken so far (every rank gets the same string
+  // after the same steps): the epoch and the rows not yet read. UsageError in distributed mode.
+  std::string position() const;
+  // Elastic mode: continue from `position` (taken by a job of any world size over the same
+  // table): the rows it names are dealt to this job's ranks. DataError if it belongs to
+  // another table (row counts differ) or is malformed.
+  void restore(const std::string& position);
+
+  const Table& table() const;
+  const ReaderOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::data

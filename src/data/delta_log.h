@@ -1,0 +1,35 @@
+// A Delta Lake table's snapshot at one version, rebuilt from its _delta_log (the Delta
+// protocol's "Action Reconciliation"): the newest complete classic checkpoint at or before the
+// version, then the JSON commits after it, in order; add and remove actions keyed by path.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::data::detail {
+
+struct DeltaFile {
+  std::string path;  // absolute, percent-decoded
+  std::map<std::string, std::string> partition_values;
+  bool deletion_vector = false;
+};
+
+struct DeltaSnapshot {
+  int64_t version = 0;
+  std::vector<DeltaFile> files;  // sorted by path
+  // partition column -> its Delta type ("integer", "long", "double", "string", ...)
+  std::map<std::string, std::string> partition_types;
+};
+
+// Throws DataError naming the log file and what is wrong: no _delta_log, a missing commit, a
+// version the log does not hold, an unreadable checkpoint or commit line, a reader feature
+// dtrain does not implement (with the feature's name), a file with a deletion vector.
+DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t> version);
+
+// "a%20b/c.parquet" -> "a b/c.parquet"; a "file:" URI -> its path. DataError for other schemes.
+std::string delta_path(const std::string& root, const std::string& uri);
+
+}  // namespace dtrain::data::detail

@@ -1,0 +1,236 @@
+#include <nlohmann/json.hpp>
+
+#include "data/parquet_file.h"
+#include "data/plan.h"
+#include "data/prefetch.h"
+#include "dtrain/data_reader.h"
+#include "dtrain/sampler.h"
+
+namespace dtrain::data {
+
+using detail::Piece;
+
+namespace {
+
+// num_replicas / rank left out: DistributedSampler's rule (the default group's, else the
+// launcher's environment, else 1 and 0), and its checks.
+std::pair<int, int> placement(const ReaderOptions& o) {
+  DistributedSampler probe(0, {.num_replicas = o.num_replicas, .rank = o.rank});
+  return {probe.num_replicas(), probe.rank()};
+}
+
+constexpr const char* kPositionFormat = "dtrain.data.position/1";
+
+}  // namespace
+
+const torch::Tensor& Batch::at(const std::string& key) const {
+  auto it = tensors.find(key);
+  if (it == tensors.end()) {
+    std::string keys;
+    for (const auto& [k, t] : tensors) keys += (keys.empty() ? "" : ", ") + k;
+    throw DataError("data: the batch has no tensor '" + key + "' (it has: " + keys + ")");
+  }
+  return it->second;
+}
+
+struct Reader::Impl {
+  explicit Impl(Table t) : table(std::move(t)) {}
+  Table table;
+  ReaderOptions options;
+  detail::SplitOptions split;
+  std::vector<int64_t> group_rows;
+  int64_t epoch = 0;
+  detail::RankPlan plan;
+  std::vector<Piece> remaining;  // elastic: the epoch's unread rows when the plan was made
+  int64_t step = 0;
+  std::unique_ptr<detail::Prefetcher> prefetch;
+  // The piece being cut into batches.
+  std::vector<torch::Tensor> current;
+  int64_t current_rows = 0, current_used = 0;
+  std::string failed;  // set once a read failed: the epoch cannot go on
+
+  void start_plan() {
+    prefetch.reset();
+    current.clear();
+    current_rows = current_used = 0;
+    step = 0;
+    failed.clear();
+    plan = options.elastic ? detail::elastic_plan(remaining, split)
+                           : detail::distributed_plan(group_rows, epoch, split);
+    if (!options.elastic && plan.steps == 0 && table.num_rows() > 0) {
+      throw DataError("data: with drop_last, " + std::to_string(group_rows.size()) +
+                      " row groups over " + std::to_string(split.num_replicas) +
+                      " ranks leave no rows to read: use fewer ranks, drop_last = false, or "
+                      "write the table with more row groups");
+    }
+  }
+
+  // The next `n` rows of this rank's stream, one tensor per column.
+  std::vector<torch::Tensor> take(int64_t n) {
+    std::vector<std::vector<torch::Tensor>> parts(options.columns.size());
+    while (n > 0) {
+      if (current_used == current_rows) {
+        if (!prefetch) {
+          prefetch = std::make_unique<detail::Prefetcher>(
+              table.state(), options.columns, plan.pieces, options.seed, epoch, options.shuffle,
+              options.threads, options.prefetch, options.read_timeout);
+        }
+        current = prefetch->pop();
+        current_rows = current.empty() ? 0 : current[0].size(0);
+        current_used = 0;
+        continue;
+      }
+      const int64_t k = std::min(n, current_rows - current_used);
+      for (size_t c = 0; c < current.size(); ++c)
+        parts[c].push_back(current[c].narrow(0, current_used, k));
+      current_used += k;
+      n -= k;
+    }
+    std::vector<torch::Tensor> out;
+    for (size_t c = 0; c < parts.size(); ++c) {
+      if (parts[c].empty()) {
+        std::vector<int64_t> shape{0};
+        shape.insert(shape.end(), options.columns[c].shape.begin(), options.columns[c].shape.end());
+        out.push_back(torch::empty(shape, torch::TensorOptions().dtype(options.columns[c].dtype)));
+      } else {
+        out.push_back(parts[c].size() == 1 ? parts[c][0] : torch::cat(parts[c]));
+      }
+    }
+    return out;
+  }
+};
+
+Reader::Reader(Table table, ReaderOptions options)
+    : impl_(std::make_unique<Impl>(std::move(table))) {
+  auto& m = *impl_;
+  if (options.columns.empty()) throw UsageError("data: ReaderOptions::columns is empty");
+  if (options.batch_size < 1)
+    throw UsageError("data: batch_size must be >= 1, got " + std::to_string(options.batch_size));
+  if (options.threads < 1 || options.prefetch < 1)
+    throw UsageError("data: threads and prefetch must be >= 1");
+  if (options.elastic && options.drop_last)
+    throw UsageError("data: drop_last does not apply in elastic mode (every row is read once)");
+  for (auto& c : options.columns)
+    if (c.key.empty()) c.key = c.name;
+  for (size_t i = 0; i < options.columns.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (options.columns[i].key == options.columns[j].key)
+        throw UsageError("data: two columns have the batch key '" + options.columns[i].key + "'");
+  auto [world, rank] = placement(options);
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw UsageError("data: invalid rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                     " replicas");
+  }
+  m.split = {.num_replicas = world,
+             .rank = rank,
+             .shuffle = options.shuffle,
+             .seed = options.seed,
+             .drop_last = options.drop_last,
+             .batch_size = options.batch_size};
+  m.options = std::move(options);
+  // Every column against every file, now: a bad file fails here, not in the middle of an epoch.
+  const auto& state = m.table.state();
+  for (int f = 0; f < static_cast<int>(state.files.size()); ++f)
+    for (const auto& c : m.options.columns) detail::resolve_column(state, f, c);
+  if (m.table.num_rows() == 0) {
+    throw DataError("data: the table " + m.table.root() +
+                    (m.table.version() ? " at version " + std::to_string(*m.table.version()) : "") +
+                    " has no rows");
+  }
+  for (const auto& rg : m.table.row_groups()) m.group_rows.push_back(rg.rows);
+  set_epoch(0);
+}
+
+Reader::~Reader() = default;
+Reader::Reader(Reader&&) noexcept = default;
+Reader& Reader::operator=(Reader&&) noexcept = default;
+
+void Reader::set_epoch(int64_t epoch) {
+  auto& m = *impl_;
+  m.epoch = epoch;
+  if (m.options.elastic) m.remaining = detail::epoch_start(m.group_rows, epoch, m.split);
+  m.start_plan();
+}
+
+int64_t Reader::epoch() const { return impl_->epoch; }
+int64_t Reader::steps_per_epoch() const { return impl_->plan.steps; }
+int64_t Reader::num_samples() const { return impl_->plan.rows; }
+int64_t Reader::step() const { return impl_->step; }
+const Table& Reader::table() const { return impl_->table; }
+const ReaderOptions& Reader::options() const { return impl_->options; }
+
+std::optional<Batch> Reader::next() {
+  auto& m = *impl_;
+  if (!m.failed.empty()) throw DataError(m.failed);
+  if (m.step >= m.plan.steps) return std::nullopt;
+  const int64_t rows =
+      std::clamp<int64_t>(m.plan.rows - m.step * m.options.batch_size, 0, m.options.batch_size);
+  std::vector<torch::Tensor> tensors;
+  try {
+    tensors = m.take(rows);
+  } catch (const std::exception& e) {
+    // The epoch stops here on every later call too: never a silently short epoch.
+    m.failed = e.what();
+    m.prefetch.reset();
+    throw;
+  }
+  Batch b;
+  b.rows = rows;
+  for (size_t c = 0; c < tensors.size(); ++c)
+    b.tensors.emplace(m.options.columns[c].key, std::move(tensors[c]));
+  ++m.step;
+  return b;
+}
+
+std::string Reader::position() const {
+  const auto& m = *impl_;
+  if (!m.options.elastic) throw UsageError("data: position() needs ReaderOptions::elastic = true");
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const auto& p : detail::elastic_after(m.remaining, m.step, m.split))
+    pieces.push_back({p.group, p.begin, p.end});
+  return nlohmann::json{{"format", kPositionFormat},
+                        {"epoch", m.epoch},
+                        {"row_groups", m.group_rows.size()},
+                        {"rows", m.table.num_rows()},
+                        {"remaining", pieces}}
+      .dump();
+}
+
+void Reader::restore(const std::string& position) {
+  auto& m = *impl_;
+  if (!m.options.elastic) throw UsageError("data: restore() needs ReaderOptions::elastic = true");
+  std::vector<Piece> remaining;
+  int64_t epoch = 0;
+  try {
+    auto j = nlohmann::json::parse(position);
+    if (j.at("format") != kPositionFormat)
+      throw DataError("it is not a " + std::string(kPositionFormat));
+    if (j.at("row_groups").get<size_t>() != m.group_rows.size() ||
+        j.at("rows").get<int64_t>() != m.table.num_rows()) {
+      throw DataError("it was taken on a table of " + std::to_string(j.at("rows").get<int64_t>()) +
+                      " rows in " + std::to_string(j.at("row_groups").get<size_t>()) +
+                      " row groups; this one has " + std::to_string(m.table.num_rows()) + " in " +
+                      std::to_string(m.group_rows.size()));
+    }
+    epoch = j.at("epoch").get<int64_t>();
+    for (const auto& p : j.at("remaining")) {
+      Piece piece{p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>()};
+      if (piece.group < 0 || piece.group >= static_cast<int64_t>(m.group_rows.size()) ||
+          piece.begin < 0 || piece.end <= piece.begin ||
+          piece.end > m.group_rows[static_cast<size_t>(piece.group)])
+        throw DataError("a piece lies outside the table");
+      remaining.push_back(piece);
+    }
+  } catch (const DataError& e) {
+    throw DataError("data: cannot restore the position " + position.substr(0, 80) +
+                    "...: " + e.what());
+  } catch (const std::exception& e) {
+    throw DataError("data: cannot restore the position '" + position.substr(0, 80) +
+                    "': it is malformed (" + e.what() + ")");
+  }
+  m.epoch = epoch;
+  m.remaining = std::move(remaining);
+  m.start_plan();
+}
+
+}  // namespace dtrain::data

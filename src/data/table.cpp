@@ -1,0 +1,130 @@
+#include <arrow/type.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "data/delta_log.h"
+#include "data/parquet_file.h"
+#include "data/table_state.h"
+#include "dtrain/data_table.h"
+
+namespace dtrain::data {
+
+namespace fs = std::filesystem;
+using detail::TableState;
+
+namespace {
+
+// Spark and pyarrow keep their own files beside the data: _SUCCESS, _committed_*, .crc ...
+bool hidden(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n.empty() || n[0] == '_' || n[0] == '.';
+}
+
+std::vector<std::string> parquet_files(const fs::path& root) {
+  std::vector<std::string> out;
+  if (fs::is_regular_file(root)) return {fs::absolute(root).string()};
+  if (!fs::is_directory(root)) {
+    throw DataError("data: " + root.string() +
+                    " does not exist (expected a Parquet file or a directory of them)");
+  }
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (hidden(it->path())) {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file() && it->path().extension() == ".parquet")
+      out.push_back(fs::absolute(it->path()).lexically_normal().string());
+  }
+  if (ec) throw DataError("data: cannot list " + root.string() + ": " + ec.message());
+  std::sort(out.begin(), out.end());
+  if (out.empty()) {
+    throw DataError("data: " + root.string() +
+                    " holds no *.parquet file (files starting with '_' or '.' are skipped)");
+  }
+  return out;
+}
+
+}  // namespace
+
+Table Table::open(const std::string& location, TableOptions options) {
+  auto state = std::make_shared<TableState>();
+  std::string path = location;
+  TableFormat format = options.format;
+  if (path.rfind("delta:", 0) == 0) {
+    format = TableFormat::kDelta;
+    path = path.substr(6);
+  } else if (path.rfind("parquet:", 0) == 0) {
+    format = TableFormat::kParquet;
+    path = path.substr(8);
+  }
+  if (path.rfind("file://", 0) == 0) path = path.substr(7);
+  if (path.empty()) throw UsageError("data: an empty table location ('" + location + "')");
+  if (format == TableFormat::kAuto)
+    format = fs::is_directory(fs::path(path) / "_delta_log") ? TableFormat::kDelta
+                                                             : TableFormat::kParquet;
+  if (options.version && format != TableFormat::kDelta) {
+    throw UsageError("data: a version was asked of " + location +
+                     ", which is not a Delta table (only Delta tables have versions)");
+  }
+  state->format = format;
+  state->root = fs::absolute(path).lexically_normal().string();
+  std::vector<std::map<std::string, std::string>> partitions;
+  if (format == TableFormat::kDelta) {
+    auto snap = detail::read_delta_snapshot(state->root, options.version);
+    state->version = snap.version;
+    state->partition_types = snap.partition_types;
+    for (auto& f : snap.files) {
+      state->paths.push_back(f.path);
+      partitions.push_back(std::move(f.partition_values));
+    }
+  } else {
+    state->paths = parquet_files(path);
+    partitions.resize(state->paths.size());
+  }
+  for (size_t i = 0; i < state->paths.size(); ++i) {
+    if (!fs::exists(state->paths[i])) {
+      throw DataError("data: " + state->paths[i] + ", a file of the Delta table " + state->root +
+                      (state->version ? " at version " + std::to_string(*state->version) : "") +
+                      ", does not exist: the table was vacuumed past this version or copied "
+                      "in part");
+    }
+    auto file = detail::read_footer(state->paths[i]);
+    file.partition_values = std::move(partitions[i]);
+    for (int g = 0; g < file.metadata->num_row_groups(); ++g) {
+      RowGroup rg;
+      rg.file = static_cast<int>(i);
+      rg.index = g;
+      rg.rows = file.metadata->RowGroup(g)->num_rows();
+      rg.first = state->num_rows;
+      state->num_rows += rg.rows;
+      state->row_groups.push_back(rg);
+    }
+    state->files.push_back(std::move(file));
+  }
+  return Table(std::move(state));
+}
+
+TableFormat Table::format() const { return state_->format; }
+const std::string& Table::root() const { return state_->root; }
+const std::vector<std::string>& Table::files() const { return state_->paths; }
+const std::vector<RowGroup>& Table::row_groups() const { return state_->row_groups; }
+int64_t Table::num_rows() const { return state_->num_rows; }
+std::optional<int64_t> Table::version() const { return state_->version; }
+
+const std::map<std::string, std::string>& Table::partition_values(int file) const {
+  return state_->files.at(static_cast<size_t>(file)).partition_values;
+}
+
+std::vector<ColumnInfo> Table::columns() const {
+  std::vector<ColumnInfo> out;
+  if (!state_->files.empty())
+    for (const auto& f : state_->files[0].schema->fields())
+      out.push_back({f->name(), f->type()->ToString(), false});
+  for (const auto& [name, type] : state_->partition_types) out.push_back({name, type, true});
+  return out;
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,381 @@
+// dtrain::data on tables real writers made (tests/data/make_tables.py: pyarrow's Parquet and
+// delta-rs's Delta, with the rows those writers' own readers see): Parquet directories and
+// Delta versions read exactly, the rank split (disjoint and complete for 1-4 ranks, epochs,
+// DistributedSampler's row groups), an elastic restart at another world size, column
+// conversion, and bad input as one clear error naming the file and the column.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+
+#include "data/written_tables.h"
+#include "dtrain/data_reader.h"
+#include "dtrain/data_table.h"
+#include "dtrain/sampler.h"
+
+namespace {
+
+using dtrain::data::Column;
+using dtrain::data::DataError;
+using dtrain::data::Reader;
+using dtrain::data::ReaderOptions;
+using dtrain::data::Table;
+using namespace std::chrono_literals;
+
+const std::string& tables() {
+  static const std::string dir =
+      dtrain::test::written_tables("tests/data/make_tables.py", "data_tables");
+  return dir;
+}
+
+nlohmann::json expected() {
+  return nlohmann::json::parse(dtrain::test::file_text(tables() + "/expected.json"));
+}
+
+std::vector<Column> id_column() { return {{.name = "id", .dtype = torch::kLong}}; }
+
+// Every id a reader yields in one epoch, in order.
+std::vector<int64_t> ids_of(Reader& r) {
+  std::vector<int64_t> ids;
+  while (auto b = r.next()) {
+    auto t = b->at("id");
+    ids.insert(ids.end(), t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  }
+  return ids;
+}
+
+std::vector<int64_t> sorted(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The message of the DataError `f` throws (fails the test when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no DataError";
+  return "";
+}
+
+TEST(DataTable, ParquetDirectorySkipsHiddenFilesAndListsRowGroups) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  EXPECT_EQ(t.format(), dtrain::data::TableFormat::kParquet);
+  ASSERT_EQ(t.files().size(), 3u);  // _SUCCESS and _tmp/ skipped
+  EXPECT_EQ(t.num_rows(), 240);
+  // 100 rows in groups of 40, 57 in 7s, 83 in 25s.
+  EXPECT_EQ(t.row_groups().size(), 3u + 9u + 4u);
+  EXPECT_EQ(t.row_groups()[0].rows, 40);
+  EXPECT_EQ(t.row_groups()[2].rows, 20);
+  EXPECT_EQ(t.row_groups()[3].first, 100);
+  EXPECT_FALSE(t.version());
+  Reader r(
+      t,
+      {.columns = id_column(), .batch_size = 32, .num_replicas = 1, .rank = 0, .shuffle = false});
+  auto ids = ids_of(r);
+  std::vector<int64_t> all(240);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(ids, all);  // table order without shuffle
+  EXPECT_EQ(r.steps_per_epoch(), 8);
+}
+
+TEST(DataReader, ColumnsConvertToTheAskedDtypeAndShape) {
+  auto t = Table::open(tables() + "/parquet");  // a bare path: Parquet (no _delta_log)
+  Reader r(t, {.columns = {{.name = "id", .dtype = torch::kLong},
+                           {.name = "x", .dtype = torch::kDouble, .shape = {2, 2}},
+                           {.name = "xv", .dtype = torch::kFloat, .shape = {4}, .key = "v"},
+                           {.name = "label", .dtype = torch::kFloat}},
+               .batch_size = 50,
+               .num_replicas = 1,
+               .rank = 0,
+               .seed = 3});
+  int64_t rows = 0;
+  while (auto b = r.next()) {
+    auto id = b->at("id");
+    ASSERT_EQ(b->at("x").sizes(), (std::vector<int64_t>{b->rows, 2, 2}));
+    ASSERT_EQ(b->at("x").scalar_type(), torch::kDouble);
+    ASSERT_EQ(b->at("v").sizes(), (std::vector<int64_t>{b->rows, 4}));
+    ASSERT_EQ(b->at("label").scalar_type(), torch::kFloat);
+    auto want = id.unsqueeze(1).to(torch::kDouble) * 10 + torch::arange(4, torch::kDouble);
+    EXPECT_TRUE(torch::equal(b->at("x").reshape({-1, 4}), want));
+    EXPECT_TRUE(torch::equal(b->at("v"), want.to(torch::kFloat)));
+    EXPECT_TRUE(torch::equal(b->at("label"), (id % 10).to(torch::kFloat)));
+    rows += b->rows;
+  }
+  EXPECT_EQ(rows, 240);
+  EXPECT_NE(error_of([&] { r.set_epoch(0), r.next()->at("nope"); }).find("has no tensor 'nope'"),
+            std::string::npos);
+}
+
+// DistributedSampler's split by row group, rows equalised: every rank the same steps and
+// rows; with W dividing the row groups (16) the ranks are disjoint and complete; with 3
+// ranks the row groups DistributedSampler pads with are the only overlap.
+TEST(DataReader, RanksReadDisjointCompleteSharesAcrossEpochs) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  std::vector<int64_t> group_rows;
+  for (const auto& g : t.row_groups()) group_rows.push_back(g.rows);
+  for (bool shuffle : {false, true}) {
+    for (int world = 1; world <= 4; ++world) {
+      for (int64_t epoch = 0; epoch < 3; ++epoch) {
+        std::map<int64_t, int> seen;  // id -> ranks that read it
+        int64_t steps = -1, rows = -1;
+        for (int rank = 0; rank < world; ++rank) {
+          Reader r(t, {.columns = id_column(),
+                       .batch_size = 16,
+                       .num_replicas = world,
+                       .rank = rank,
+                       .shuffle = shuffle,
+                       .seed = 7});
+          r.set_epoch(epoch);
+          auto ids = ids_of(r);
+          if (steps < 0) steps = r.steps_per_epoch(), rows = r.num_samples();
+          EXPECT_EQ(r.steps_per_epoch(), steps);
+          EXPECT_EQ(static_cast<int64_t>(ids.size()), rows);
+          // This rank's row groups are DistributedSampler's indices.
+          dtrain::DistributedSampler s(
+              static_cast<int64_t>(group_rows.size()),
+              {.num_replicas = world, .rank = rank, .shuffle = shuffle, .seed = 7});
+          s.set_epoch(epoch);
+          const auto indices = s.indices();
+          std::set<int64_t> groups(indices.begin(), indices.end()), mine;
+          for (int64_t id : ids) {
+            for (size_t g = 0; g < t.row_groups().size(); ++g)
+              if (id >= t.row_groups()[g].first && id < t.row_groups()[g].first + group_rows[g])
+                mine.insert(static_cast<int64_t>(g));
+          }
+          EXPECT_TRUE(std::includes(groups.begin(), groups.end(), mine.begin(), mine.end()));
+          for (int64_t id : std::set<int64_t>(ids.begin(), ids.end())) seen[id]++;
+        }
+        ASSERT_EQ(seen.size(), 240u) << "world " << world << " epoch " << epoch;
+        int64_t shared = 0;
+        for (auto& [id, n] : seen) shared += n > 1;
+        if (16 % world == 0) {
+          EXPECT_EQ(shared, 0) << "world " << world;
+          EXPECT_GE(rows * world, 240);  // the largest rank's rows; the others pad to it
+        } else {
+          // 18 padded slots for 16 groups: 2 groups read twice.
+          EXPECT_GT(shared, 0);
+          EXPECT_LE(shared, 80);
+        }
+      }
+    }
+  }
+}
+
+TEST(DataReader, ShuffleIsSeededPerEpochAndDropLastTruncates) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  auto epoch_ids = [&](int64_t epoch, uint64_t seed, bool drop_last = false) {
+    Reader r(t, {.columns = id_column(),
+                 .batch_size = 10,
+                 .num_replicas = 2,
+                 .rank = 1,
+                 .seed = seed,
+                 .drop_last = drop_last});
+    r.set_epoch(epoch);
+    return ids_of(r);
+  };
+  EXPECT_EQ(epoch_ids(1, 5), epoch_ids(1, 5));  // deterministic
+  EXPECT_NE(epoch_ids(1, 5), epoch_ids(2, 5));  // reshuffled per epoch
+  EXPECT_NE(epoch_ids(1, 5), epoch_ids(1, 6));
+  // drop_last: every rank the smallest rank's rows, no repeats.
+  auto kept = epoch_ids(0, 5, true);
+  EXPECT_EQ(std::set<int64_t>(kept.begin(), kept.end()).size(), kept.size());
+  EXPECT_LE(kept.size(), 120u);
+}
+
+// Elastic mode: each row once per epoch at any world size, and across a restart at another.
+TEST(DataReader, ElasticRestartAtAnotherWorldSizeReadsEveryRowExactlyOnce) {
+  auto t = Table::open("delta:" + tables() + "/delta");
+  const auto want = expected()["delta"][std::to_string(*t.version())].get<std::vector<int64_t>>();
+  for (int world = 1; world <= 4; ++world) {
+    std::vector<int64_t> all;
+    for (int rank = 0; rank < world; ++rank) {
+      Reader r(t, {.columns = id_column(),
+                   .batch_size = 8,
+                   .num_replicas = world,
+                   .rank = rank,
+                   .elastic = true});
+      r.set_epoch(1);
+      auto ids = ids_of(r);
+      all.insert(all.end(), ids.begin(), ids.end());
+    }
+    EXPECT_EQ(sorted(all), want) << "world " << world;
+  }
+  // 3 ranks read 3 steps, commit; 2 ranks go on from there, 1 step, commit; 4 finish.
+  auto opts = [](int world, int rank) {
+    return ReaderOptions{.columns = id_column(),
+                         .batch_size = 8,
+                         .num_replicas = world,
+                         .rank = rank,
+                         .seed = 11,
+                         .elastic = true};
+  };
+  std::vector<int64_t> read;
+  std::string position;
+  for (int rank = 0; rank < 3; ++rank) {
+    Reader r(t, opts(3, rank));
+    r.set_epoch(2);
+    for (int s = 0; s < 3; ++s) {
+      auto b = r.next();
+      ASSERT_TRUE(b);
+      auto id = b->at("id");
+      read.insert(read.end(), id.data_ptr<int64_t>(), id.data_ptr<int64_t>() + id.numel());
+    }
+    if (rank == 0) position = r.position();
+    EXPECT_EQ(r.position(), position);  // every rank the same position
+  }
+  // The newest version has 3 row groups (96, 30 and 10 rows): one per rank, so 3 steps of 8
+  // read 24 + 24 + 10 rows (the short rank's third batch has 2 rows).
+  EXPECT_EQ(read.size(), 58u);
+  std::string position2;
+  for (int rank = 0; rank < 2; ++rank) {
+    Reader r(t, opts(2, rank));
+    r.restore(position);
+    EXPECT_EQ(r.epoch(), 2);
+    auto b = r.next();
+    auto id = b->at("id");
+    read.insert(read.end(), id.data_ptr<int64_t>(), id.data_ptr<int64_t>() + id.numel());
+    position2 = r.position();
+  }
+  int64_t steps = -1;
+  for (int rank = 0; rank < 4; ++rank) {
+    Reader r(t, opts(4, rank));
+    r.restore(position2);
+    if (steps < 0) steps = r.steps_per_epoch();
+    EXPECT_EQ(r.steps_per_epoch(), steps);  // ranks agree, empty batches at the end if need be
+    auto ids = ids_of(r);
+    read.insert(read.end(), ids.begin(), ids.end());
+    EXPECT_EQ(nlohmann::json::parse(r.position())["remaining"].size(), 0u);
+  }
+  EXPECT_EQ(sorted(read), want);
+  // A position of another table is refused.
+  Reader other(Table::open("parquet:" + tables() + "/parquet"), opts(1, 0));
+  EXPECT_NE(error_of([&] { other.restore(position); }).find("was taken on a table of"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { other.restore("{not json"); }).find("malformed"), std::string::npos);
+}
+
+TEST(DeltaTable, EveryVersionHoldsExactlyTheRowsDeltaRsReads) {
+  const auto e = expected();
+  const std::string dir = tables() + "/delta";
+  EXPECT_EQ(*Table::open("delta:" + dir).version(), e["delta_newest"].get<int64_t>());
+  EXPECT_EQ(*Table::open(dir).version(), e["delta_newest"].get<int64_t>());  // auto: _delta_log
+  for (const auto& [v, ids] : e["delta"].items()) {
+    auto t = Table::open("delta:" + dir, {.version = std::stoll(v)});
+    EXPECT_EQ(*t.version(), std::stoll(v));
+    Reader r(t, {.columns = id_column(), .batch_size = 64, .num_replicas = 1, .rank = 0});
+    EXPECT_EQ(sorted(ids_of(r)), ids.get<std::vector<int64_t>>()) << "version " << v;
+  }
+  // The checkpoint is at 3: versions after it start from it, those before replay commits.
+  EXPECT_EQ(e["delta_checkpoint"].get<int64_t>(), 3);
+  EXPECT_NE(error_of([&] {
+              Table::open("delta:" + dir, {.version = 99});
+            }).find("has no version 99: its newest is 6"),
+            std::string::npos);
+}
+
+TEST(DeltaTable, PartitionColumnsComeFromTheLog) {
+  auto t = Table::open("delta:" + tables() + "/delta_part");
+  bool found = false;
+  for (const auto& c : t.columns()) found |= c.name == "label" && c.partition;
+  EXPECT_TRUE(found);
+  Reader r(t, {.columns = {{.name = "id", .dtype = torch::kLong},
+                           {.name = "label", .dtype = torch::kLong}},
+               .batch_size = 7,
+               .num_replicas = 1,
+               .rank = 0});
+  std::vector<int64_t> ids;
+  while (auto b = r.next()) {
+    EXPECT_TRUE(torch::equal(b->at("label"), b->at("id") % 10));
+    auto id = b->at("id");
+    ids.insert(ids.end(), id.data_ptr<int64_t>(), id.data_ptr<int64_t>() + id.numel());
+  }
+  EXPECT_EQ(sorted(ids), expected()["delta_part"].get<std::vector<int64_t>>());
+}
+
+TEST(DeltaTable, AMissingCommitIsAnErrorNamingIt) {
+  const std::string dir = tables() + "/delta_gap";
+  // Version 2 needs commits 0-2 (no checkpoint before it): 2 is gone.
+  auto msg = error_of([&] { Table::open("delta:" + dir, {.version = 2}); });
+  EXPECT_NE(msg.find("missing the commit " + dir + "/_delta_log/00000000000000000002.json"),
+            std::string::npos)
+      << msg;
+  // Version 1 and the newest (from the checkpoint at 3) do not need it.
+  EXPECT_EQ(Table::open("delta:" + dir, {.version = 1}).num_rows(), 150);
+  EXPECT_EQ(Table::open("delta:" + dir).num_rows(),
+            static_cast<int64_t>(expected()["delta"]["6"].size()));
+  EXPECT_NE(error_of([&] {
+              Table::open("delta:" + tables() + "/parquet");
+            }).find("is not a Delta table: it has no _delta_log"),
+            std::string::npos);
+}
+
+TEST(DataErrors, TruncatedAndCorruptFilesNameTheFile) {
+  const std::string bad = tables() + "/bad";
+  auto msg = error_of([&] { Table::open("parquet:" + bad + "/truncated.parquet"); });
+  EXPECT_NE(msg.find(bad + "/truncated.parquet is not a readable Parquet file"), std::string::npos)
+      << msg;
+  // The footer of corrupt.parquet is intact: reading its data fails, naming file and column,
+  // and the epoch stays failed (no silently short epoch).
+  auto t = Table::open("parquet:" + bad + "/corrupt.parquet");
+  Reader r(
+      t,
+      {.columns = id_column(), .batch_size = 10, .num_replicas = 1, .rank = 0, .shuffle = false});
+  msg = error_of([&] {
+    while (r.next()) {
+    }
+  });
+  EXPECT_NE(msg.find("column 'id' of " + bad + "/corrupt.parquet (row group 0)"), std::string::npos)
+      << msg;
+  EXPECT_NE(error_of([&] { r.next(); }), "");
+}
+
+TEST(DataErrors, MissingColumnsAndTypesThatDoNotConvertFailAtConstruction) {
+  const std::string dir = tables() + "/parquet";
+  auto t = Table::open("parquet:" + dir);
+  auto make = [&](Column c) {
+    return error_of([&] { Reader r(t, {.columns = {c}, .num_replicas = 1, .rank = 0}); });
+  };
+  auto msg = make({.name = "pixels"});
+  EXPECT_NE(msg.find("column 'pixels' is missing from " + dir + "/part-00000.parquet"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("its columns: id, x, label, name, xv"), std::string::npos) << msg;
+  msg = make({.name = "name"});
+  EXPECT_NE(msg.find("column 'name' of " + dir + "/part-00000.parquet has the type string"),
+            std::string::npos)
+      << msg;
+  msg = make({.name = "x", .shape = {5}});
+  EXPECT_NE(msg.find("holds 4 values per row, but the shape [5] needs 5"), std::string::npos)
+      << msg;
+  msg = make({.name = "label", .shape = {3}});
+  EXPECT_NE(msg.find("holds one int32 per row"), std::string::npos) << msg;
+}
+
+TEST(DataErrors, NullsAndRaggedListsNameFileColumnAndRow) {
+  const std::string bad = tables() + "/bad";
+  auto read_all = [&](const std::string& file, Column c) {
+    return error_of([&] {
+      Reader r(Table::open("parquet:" + bad + "/" + file),
+               {.columns = {c}, .batch_size = 4, .num_replicas = 1, .rank = 0});
+      while (r.next()) {
+      }
+    });
+  };
+  auto msg = read_all("nulls.parquet", {.name = "label"});
+  EXPECT_NE(msg.find("column 'label' of " + bad + "/nulls.parquet (row group 0) has 1 null"),
+            std::string::npos)
+      << msg;
+  msg = read_all("ragged.parquet", {.name = "x", .shape = {4}});
+  EXPECT_NE(msg.find("column 'x' of " + bad + "/ragged.parquet (row group 0) row 5 has 3 values"),
+            std::string::npos)
+      << msg;
+}
+
+}  // namespace

@@ -1,0 +1,160 @@
+// GPU end to end (label gpu; registered only where the build has CUDA and a GPU is visible,
+// see tests/gpu.cmake): NCCL at world size 1, 2-4 ranks sharing the one GPU (CUDA tensors
+// through shared memory), DDP, SyncBatchNorm, hvd and checkpoints on CUDA (tests/gpu/gpu_worker.cpp
+// checks its own results), the example on CUDA, an unchanged PyTorch NCCL script under
+// `dtrain run`, and the Distributor with use_gpu. This binary is also the Distributor's worker.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "dtrain/dtrain.h"
+#include "launcher/subprocess.h"
+#include "support/paths.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using dtrain::test::run_command;
+using dtrain::test::RunResult;
+
+std::string describe(const RunResult& r) {
+  return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " (timed out)" : "") +
+         "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
+int count(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+RunResult run_worker(int nproc, const std::vector<std::string>& args) {
+  std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(nproc),
+                                GPU_WORKER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, {.timeout = 240s});
+}
+
+TEST(Gpu, NcclAtWorldSizeOne) {
+  auto r = run_worker(1, {"collectives", "--backend", "nccl"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("collectives ok backend=cpu:shm,cuda:nccl device=cuda:0"), std::string::npos)
+      << describe(r);
+}
+
+TEST(Gpu, TwoToFourRanksShareOneGpu) {
+  for (int n : {2, 3, 4}) {
+    auto r = run_worker(n, {"collectives"});
+    ASSERT_EQ(r.exit_code, 0) << n << " ranks: " << describe(r);
+    EXPECT_EQ(count(r.out, "collectives ok"), n) << describe(r);
+    if (dtrain::cuda_device_count() == 1) {
+      // One GPU for all: NCCL cannot, so CUDA tensors go through the shared-memory backend.
+      EXPECT_EQ(count(r.out, "backend=shm device=cuda:0"), n) << describe(r);
+    }
+  }
+}
+
+TEST(Gpu, ExplicitNcclOnASharedGpuSaysWhy) {
+  if (dtrain::cuda_device_count() != 1) GTEST_SKIP() << "needs exactly one GPU";
+  auto r = run_worker(2, {"collectives", "--backend", "nccl"});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("backend 'nccl' is not available: ranks 0 and 1 share GPU"),
+            std::string::npos)
+      << describe(r);
+}
+
+TEST(Gpu, DdpMatchesOneProcess) {
+  for (int n : {1, 2, 4}) {
+    auto r = run_worker(n, {"ddp"});
+    ASSERT_EQ(r.exit_code, 0) << n << " ranks: " << describe(r);
+    EXPECT_NE(r.out.find("ddp ok world=" + std::to_string(n)), std::string::npos) << describe(r);
+  }
+}
+
+TEST(Gpu, SyncBatchNormMatchesBatchNormOnTheWholeBatch) {
+  auto r = run_worker(2, {"syncbn"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("syncbn ok"), std::string::npos) << describe(r);
+}
+
+TEST(Gpu, CheckpointFromAGpuLoadsOnTheCpuAndBack) {
+  auto r = run_worker(1, {"checkpoint"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("checkpoint ok"), std::string::npos) << describe(r);
+}
+
+TEST(Gpu, HorovodOnCudaTensors) {
+  auto r = run_worker(2, {"hvd"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(count(r.out, "hvd ok"), 2) << describe(r);
+}
+
+// ZeRO-3 with the optimizer and the parameters offloaded: a model whose fp32 Adam state (268 MB)
+// is more than the GPU memory each rank allows itself (200 MB) trains, and its losses are the
+// CPU engine's (the same config, data and initial weights on the CPU).
+TEST(Gpu, Zero3OffloadTrainsMoreThanTheGpuHoldsAsTheCpuEngineDoes) {
+  auto losses = [&](const std::string& where) {
+    auto r = run_worker(2, {"zero", where, "200"});
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.out, m, std::regex("\\{\"adam_state_mb\".*\\}")))
+        << describe(r);
+    return m.empty() ? nlohmann::json() : nlohmann::json::parse(m[0].str());
+  };
+  auto gpu = losses("cuda");
+  auto cpu = losses("cpu");
+  ASSERT_TRUE(gpu.is_object() && cpu.is_object());
+  EXPECT_GT(gpu["adam_state_mb"].get<double>(), 200.0);
+  EXPECT_LE(gpu["peak_gpu_mb"].get<double>(), 200.0);
+  ASSERT_EQ(gpu["losses"].size(), cpu["losses"].size());
+  for (size_t i = 0; i < gpu["losses"].size(); ++i) {
+    const double g = gpu["losses"][i].get<double>(), c = cpu["losses"][i].get<double>();
+    EXPECT_NEAR(g, c, 1e-4 * std::abs(c) + 1e-6) << "step " << i;
+  }
+}
+
+TEST(Gpu, FashionMnistTrainsOnTheGpu) {
+  auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", FASHION_MNIST_BIN, "--device",
+                        "cuda", "--epochs", "1", "--log-every", "0"},
+                       {.timeout = 300s});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\"test_accuracy\":([0-9.]+)")))
+      << describe(r);
+  EXPECT_GE(std::stod(m[1]), 0.84) << describe(r);
+  EXPECT_NE(r.out.find("\"device\":\"cuda:0\""), std::string::npos) << describe(r);
+}
+
+TEST(Gpu, PytorchNcclScriptUnderDtrainRun) {
+  auto r =
+      run_command({DTRAIN_BIN, "run", "--nproc-per-node", "1",
+                   std::string(DTRAIN_SOURCE_DIR) + "/tests/gpu/nccl_script.py"},
+                  {.env = {std::string("DTRAIN_PYTHON=") + DTRAIN_NATIVE_PYTHON}, .timeout = 240s});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("nccl script rank 0 of 1 ok on cuda:0"), std::string::npos) << describe(r);
+}
+
+// ---- the Distributor with use_gpu: this binary is its own worker ----------------------------
+
+std::string gpu_identity() {
+  auto pg = dtrain::init_process_group();
+  auto dev = dtrain::local_device();
+  auto t = torch::full({3}, pg->rank() + 1.0, torch::TensorOptions().device(dev));
+  dtrain::all_reduce(t);
+  return dev.str() + " " + pg->backend_name() + " " + std::to_string(t[0].item<double>());
+}
+
+TEST(Gpu, DistributorWithUseGpu) {
+  auto out = dtrain::Distributor({.num_processes = 1, .use_gpu = true}).run(gpu_identity);
+  EXPECT_EQ(out, "cuda:0 cpu:shm,cuda:nccl 1.000000");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);  // a Distributor worker runs its function here and exits
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

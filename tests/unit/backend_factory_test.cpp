@@ -1,0 +1,201 @@
+// The backend factory (src/comm/backend.h) with ranks as threads over one HashStore: which
+// backends a spec gives per device type, the errors for specs it cannot give (named, before
+// anything hangs), and the collectives' front end checking a tensor against the traits of the
+// backend that would run it. In a CUDA build on a machine without a GPU (CI's libtorch 2.x
+// build) "auto" must leave the group CPU-only and "nccl" must say why it cannot run.
+#include <gtest/gtest.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/backend.h"
+#include "comm/cuda/device.h"
+#include "dtrain/collectives.h"
+#include "dtrain/device.h"
+#include "dtrain/error.h"
+#include "dtrain/process_group.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+
+template <typename E, typename F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
+
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+// Runs fn(rank, request) on `world` threads; request has the spec, a shared store, the rank.
+void run_ranks(int world, const std::string& spec,
+               const std::function<void(int, const comm::GroupRequest&)>& fn) {
+  static int generation = 0;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("g" + std::to_string(generation++), store);
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      comm::GroupRequest req;
+      req.spec = spec;
+      req.store = prefixed;
+      req.rank = r;
+      req.world = world;
+      req.timeout = 20s;
+      req.gloo_hostname = "127.0.0.1";
+      try {
+        fn(r, req);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST(BackendFactory, SpecsGiveTheirBackendsPerDevice) {
+  struct Case {
+    std::string spec, description, cpu;
+  };
+  // All ranks are threads of this process: one host, so "auto" is the shared-memory backend.
+  for (const Case& c : {Case{"auto", "shm", "shm"}, Case{"gloo", "gloo", "gloo"},
+                        Case{"shm", "shm", "shm"}, Case{"cpu:gloo", "gloo", "gloo"},
+                        Case{"cpu:shm", "shm", "shm"}, Case{"cpu:auto", "shm", "shm"}}) {
+    run_ranks(2, c.spec, [&](int rank, const comm::GroupRequest& req) {
+      auto made = std::make_shared<comm::GroupBackends>(comm::make_group_backends(req));
+      ProcessGroup group(req.store, made);
+      EXPECT_EQ(group.backend_name(), c.description) << c.spec;
+      EXPECT_EQ(group.backend_name(c10::DeviceType::CPU), c.cpu) << c.spec;
+      // No GPU here (the CI machines have none): no CUDA backend, whatever the spec allowed.
+      if (!comm::cuda::available()) {
+        EXPECT_EQ(group.backend_name(c10::DeviceType::CUDA), "") << c.spec;
+        EXPECT_EQ(group.cuda_device(), -1);
+      }
+      EXPECT_EQ(group.timeout(), 20s);
+      // And it runs collectives.
+      auto t = torch::full({5}, static_cast<float>(rank + 1));
+      AllReduceOptions o;
+      o.group = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+      all_reduce(t, o);
+      EXPECT_TRUE(torch::equal(t, torch::full({5}, 3.0f))) << c.spec;
+    });
+  }
+}
+
+TEST(BackendFactory, BadSpecsAreNamedWithTheChoices) {
+  struct Case {
+    std::string spec, expected;
+  };
+  for (const Case& c : {Case{"nccx", "unknown backend 'nccx'"}, Case{"", "unknown backend ''"},
+                        Case{"cpu:nccl", "NCCL takes CUDA tensors only"},
+                        Case{"gpu:gloo", "does not name a device type (cpu or cuda)"},
+                        Case{"cpu:gloo,cpu:shm", "names cpu twice"},
+                        Case{"cpu:mpi", "'mpi' cannot run cpu tensors"}}) {
+    run_ranks(1, c.spec, [&](int, const comm::GroupRequest& req) {
+      std::string msg = message_of<UsageError>([&] { comm::make_group_backends(req); });
+      EXPECT_TRUE(contains(msg, c.expected)) << c.spec << ": " << msg;
+      EXPECT_TRUE(contains(msg, "\"cpu:gloo,cuda:nccl\"")) << c.spec << ": " << msg;
+    });
+  }
+}
+
+// "nccl" where it cannot run fails on every rank alike, saying why - never a hang.
+TEST(BackendFactory, NcclWithoutAGpuForEveryRankSaysWhy) {
+  if (comm::cuda::available()) GTEST_SKIP() << "this process sees a GPU (the gpu tests cover it)";
+  run_ranks(2, "nccl", [&](int, const comm::GroupRequest& req) {
+    std::string msg = message_of<UsageError>([&] { comm::make_group_backends(req); });
+    EXPECT_TRUE(contains(msg, "backend 'nccl' is not available")) << msg;
+    if (comm::built_with_cuda()) {
+      EXPECT_TRUE(contains(msg, "rank 0 sees no GPU")) << msg;
+    } else {
+      EXPECT_TRUE(contains(msg, "this build of dtrain has no CUDA")) << msg;
+    }
+    EXPECT_TRUE(contains(msg, "\"gloo\"")) << msg;
+  });
+  // CUDA only, explicitly: nothing is left for any tensor here.
+  if (comm::built_with_cuda()) {
+    run_ranks(1, "cuda:gloo", [&](int, const comm::GroupRequest& req) {
+      std::string msg = message_of<UsageError>([&] { comm::make_group_backends(req); });
+      EXPECT_TRUE(contains(msg, "leaves no backend for any tensor")) << msg;
+    });
+  }
+}
+
+// The front end checks a tensor against the backend of its device type, naming what the
+// group takes.
+TEST(BackendFactory, ATensorOnADeviceTheGroupDoesNotTakeIsRefusedByName) {
+  run_ranks(1, "gloo", [&](int, const comm::GroupRequest& req) {
+    auto made = std::make_shared<comm::GroupBackends>(comm::make_group_backends(req));
+    auto group = std::make_shared<ProcessGroup>(req.store, made);
+    AllReduceOptions o;
+    o.group = group;
+    auto meta = torch::empty({4}, torch::TensorOptions().device(torch::kMeta));
+    std::string msg = message_of<UsageError>([&] { all_reduce(meta, o); });
+    EXPECT_TRUE(contains(msg,
+                         "tensor is on meta, but this group's backend ('gloo') takes tensors "
+                         "on cpu (gloo) only"))
+        << msg;
+    // A dtype the backend does not take names the backend and its dtypes.
+    auto flags = torch::ones({4}, torch::kBool);
+    msg = message_of<UsageError>([&] { all_reduce(flags, o); });
+    EXPECT_TRUE(contains(msg, "has dtype Bool, which Gloo does not support; use Float, Double"))
+        << msg;
+  });
+}
+
+TEST(BackendFactory, TraitsAndNames) {
+  auto gloo = comm::backend_traits("gloo", c10::DeviceType::CPU);
+  ASSERT_TRUE(gloo.has_value());
+  EXPECT_TRUE(gloo->supports(comm::kOpAlltoall));
+  EXPECT_FALSE(gloo->native_avg);
+  EXPECT_FALSE(gloo->supports(at::kBFloat16));
+  auto shm = comm::backend_traits("shm", c10::DeviceType::CPU);
+  ASSERT_TRUE(shm.has_value());
+  EXPECT_TRUE(shm->native_avg);
+  EXPECT_FALSE(comm::backend_traits("nccl", c10::DeviceType::CPU).has_value());
+  EXPECT_FALSE(comm::backend_traits("auto", c10::DeviceType::CPU).has_value());
+  auto names = comm::backend_names();
+  EXPECT_EQ(names.size(), comm::built_with_cuda() ? 3u : 2u);
+  if (comm::built_with_cuda()) {
+    auto nccl = comm::backend_traits("nccl", c10::DeviceType::CUDA);
+    ASSERT_TRUE(nccl.has_value());
+    EXPECT_TRUE(nccl->supports(at::kBFloat16));
+    EXPECT_EQ(nccl->cuda_path, "nccl");
+    EXPECT_EQ(comm::backend_traits("shm", c10::DeviceType::CUDA)->cuda_path, "host staging");
+  }
+  // Without a GPU every worker trains on the CPU.
+  if (!cuda_available()) {
+    EXPECT_EQ(local_device(), torch::Device(torch::kCPU));
+    EXPECT_EQ(cuda_device_count(), 0);
+  }
+}
+
+// make_backend: one backend by name, the factory's single entry point.
+TEST(BackendFactory, MakeBackendByName) {
+  run_ranks(2, "", [&](int rank, const comm::GroupRequest& req) {
+    auto b = comm::make_backend("gloo", req.store, rank, 2, 20s, c10::Device(c10::kCPU));
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->getBackendName(), "gloo");
+    EXPECT_EQ(b->getRank(), rank);
+  });
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,106 @@
+"""DeepSpeed 0.19.8 itself (the venv's, on CPU, Gloo) training the model of
+tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cpp.
+
+    torchrun --nproc-per-node 2 deepspeed_parity_peer.py CASES.json OUT.json
+
+CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?}];
+every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
+(16 -> 24 -> 4, tanh), its initial weights, the data and each rank's rows are written out as
+formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
+step], "params": {name: [...]}, "params_mid": the parameters after step 5}}. With "save",
+DeepSpeed saves its checkpoint after step 5 into DIR; with "read_dtrain", rank 0 reads the dtrain
+checkpoint in DIR with DeepSpeed's zero_to_fp32 ("dtrain_fp32") and every file of it with
+torch.load(weights_only=True) ("weights_only": how many loaded, or the error).
+"""
+import json
+import logging
+import math
+import os
+import sys
+
+import torch
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import deepspeed  # noqa: E402
+from deepspeed.utils import logger  # noqa: E402
+
+logger.setLevel(logging.ERROR)
+STEPS, MICRO = 10, 4
+
+
+def model():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Tanh(), torch.nn.Linear(24, 4))
+    with torch.no_grad():
+        for k, p in enumerate(m.parameters()):
+            n = p.numel()
+            p.copy_(torch.tensor([0.3 * math.sin(0.37 * i + k) for i in range(n)],
+                                 dtype=torch.float32).view(p.shape))
+    return m
+
+
+def batch(step, rank, world):
+    first = (step * world + rank) * MICRO
+    x = torch.tensor([[math.cos(0.05 * ((first + r) * 16 + j)) for j in range(16)] for r in range(MICRO)],
+                     dtype=torch.float32)
+    y = torch.tensor([(first + r) % 4 for r in range(MICRO)], dtype=torch.long)
+    return x, y
+
+
+def read_dtrain(path):
+    """A dtrain checkpoint as DeepSpeed's zero_to_fp32 and torch.load(weights_only=True) see it."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    out = {}
+    try:
+        sd = get_fp32_state_dict_from_zero_checkpoint(path)
+        out["dtrain_fp32"] = {k: v.reshape(-1).tolist() for k, v in sd.items()}
+    except Exception as e:  # reported to the test, which names it
+        out["dtrain_fp32_error"] = "%s: %s" % (type(e).__name__, e)
+    tag = open(os.path.join(path, "latest")).read().strip()
+    loaded = 0
+    try:
+        for f in sorted(os.listdir(os.path.join(path, tag))):
+            torch.load(os.path.join(path, tag, f), weights_only=True)
+            loaded += 1
+        out["weights_only"] = loaded
+    except Exception as e:
+        out["weights_only"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    return out
+
+
+def main():
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    cases = json.load(open(sys.argv[1]))
+    out = {}
+    for case in cases:
+        m = model()
+        engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
+        losses = []
+        result = {}
+        stage3 = case["config"]["zero_optimization"]["stage"] == 3
+        for step in range(STEPS):
+            if step == STEPS // 2:
+                with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
+                    result["params_mid"] = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
+                if case.get("save"):
+                    engine.save_checkpoint(case["save"])
+            x, y = batch(step, rank, world)
+            loss = torch.nn.functional.cross_entropy(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            t = loss.detach().clone()
+            torch.distributed.all_reduce(t)
+            losses.append(t.item() / world)
+        with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
+            params = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
+        result.update({"losses": losses, "params": params})
+        if case.get("read_dtrain") and rank == 0:
+            result.update(read_dtrain(case["read_dtrain"]))
+        out[case["name"]] = result
+        del engine
+    if rank == 0:
+        json.dump(out, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":
+    main()

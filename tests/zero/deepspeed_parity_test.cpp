@@ -1,0 +1,175 @@
+// DeepSpeed 0.19.8 and dtrain's ZeRO engine side by side: the same model, initial weights, data
+// and config, 2 ranks each (DeepSpeed on CPU under the venv's torchrun, dtrain's engine under
+// `dtrain run`), stages 1-3 with each optimizer type DeepSpeed runs on CPU and a scheduler; the
+// losses of every step and the final parameters agree within float32 noise; and each side reads
+// the other's checkpoints. One DeepSpeed job runs every case (importing DeepSpeed is the slow
+// part).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/zero.h"
+#include "launcher/subprocess.h"
+#include "support/free_port.h"
+#include "support/paths.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+json cases() {
+  const json optimizers = {
+      {"AdamW", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
+      {"Adam (decoupled decay by default)",
+       {{"type", "Adam"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.05}}}}},
+      {"Adam without bias correction",
+       {{"type", "Adam"}, {"params", {{"lr", 0.005}, {"bias_correction", false}}}}},
+      {"SGD momentum", {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}}}};
+  json out = json::array();
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (auto it = optimizers.begin(); it != optimizers.end(); ++it) {
+      json config = {{"train_micro_batch_size_per_gpu", 4},
+                     {"optimizer", it.value()},
+                     {"zero_optimization", {{"stage", stage}}},
+                     {"zero_allow_untested_optimizer", true},  // DeepSpeed: SGD under ZeRO
+                     {"steps_per_print", 1000}};
+      if (it.key() == "AdamW")
+        config["scheduler"] = {{"type", "WarmupLR"},
+                               {"params", {{"warmup_min_lr", 0.001}, {"warmup_num_steps", 5}}}};
+      if (it.key() == "SGD momentum")
+        config["scheduler"] = {{"type", "WarmupCosineLR"},
+                               {"params", {{"total_num_steps", 8}, {"warmup_num_steps", 3}}}};
+      out.push_back({{"name", "stage " + std::to_string(stage) + ", " + it.key() +
+                                  (config.contains("scheduler")
+                                       ? " + " + config["scheduler"]["type"].get<std::string>()
+                                       : "")},
+                     {"config", config}});
+    }
+  }
+  return out;
+}
+
+double max_diff(const json& a, const json& b) {
+  double d = 0;
+  for (auto it = b.begin(); it != b.end(); ++it) {
+    if (!a.contains(it.key())) return INFINITY;
+    const auto& pa = a.at(it.key());
+    if (pa.size() != it.value().size()) return INFINITY;
+    for (size_t i = 0; i < pa.size(); ++i)
+      d = std::max(d, std::fabs(pa[i].get<double>() - it.value()[i].get<double>()));
+  }
+  return d;
+}
+
+json flat_params(const torch::OrderedDict<std::string, torch::Tensor>& sd) {
+  json out = json::object();
+  for (const auto& item : sd) {
+    auto t = item.value().detach().to(torch::kFloat64).contiguous().reshape({-1});
+    out[item.key()] = std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  }
+  return out;
+}
+
+// Training, then checkpoints both ways: dtrain's read by DeepSpeed's zero_to_fp32 and by
+// torch.load(weights_only=True); DeepSpeed's (saved after step 5) read by `dtrain zero to-fp32`
+// (stages 1-3) and resumed by dtrain's engine (stages 1-2: parameters, Adam/SGD state, steps and
+// scheduler), which then ends where DeepSpeed ended.
+TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-parity-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  json cs = cases();
+  for (size_t i = 0; i < cs.size(); ++i) {
+    cs[i]["save_dtrain"] = (dir / ("dtrain_" + std::to_string(i))).string();
+    cs[i]["read_dtrain"] = cs[i]["save_dtrain"];
+    cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
+  }
+  { std::ofstream(dir / "cases.json") << cs.dump(); }
+  auto ours =
+      dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", DS_PARITY_WORKER_BIN,
+                                 (dir / "cases.json").string(), (dir / "dtrain.json").string()},
+                                {.timeout = 300s});
+  ASSERT_EQ(ours.exit_code, 0) << ours.out << ours.err;
+  // The venv's torchrun on a port of its own (DeepSpeed's env:// init hangs on port 0).
+  auto ds = dtrain::test::run_command(
+      {DTRAIN_VENV_PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+       std::to_string(dtrain::test::free_port()),
+       std::string(DTRAIN_SOURCE_DIR) + "/tests/zero/deepspeed_parity_peer.py",
+       (dir / "cases.json").string(), (dir / "ds.json").string()},
+      {.timeout = 500s});
+  ASSERT_EQ(ds.exit_code, 0) << "DeepSpeed's run failed (is deepspeed in the venv?)\n"
+                             << ds.out << ds.err;
+  // Resume DeepSpeed's step-5 checkpoints of stages 1-2 in dtrain.
+  json resume = json::array();
+  for (const auto& c : cs)
+    if (c["config"]["zero_optimization"]["stage"] != 3)
+      resume.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", c["save"]}});
+  { std::ofstream(dir / "resume.json") << resume.dump(); }
+  auto resumed =
+      dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2", DS_PARITY_WORKER_BIN,
+                                 (dir / "resume.json").string(), (dir / "resumed.json").string()},
+                                {.timeout = 300s});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+
+  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
+  const json b = json::parse(std::ifstream(dir / "ds.json"));
+  const json r = json::parse(std::ifstream(dir / "resumed.json"));
+  std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
+              "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    double loss_diff = 0;
+    ASSERT_EQ(x["losses"].size(), y["losses"].size());
+    for (size_t k = 0; k < x["losses"].size(); ++k) {
+      const double u = x["losses"][k], v = y["losses"][k];
+      loss_diff = std::max(loss_diff, std::fabs(u - v));
+      EXPECT_NEAR(u, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << k + 1;
+    }
+    const double param_diff = max_diff(x["params"], y["params"]);
+    EXPECT_LT(param_diff, 1e-5) << "parameters apart";
+    // dtrain's checkpoint through DeepSpeed (zero_to_fp32 reads stages 1-2 files).
+    // The model file and 2 optimizer files, each through torch.load(weights_only=True).
+    EXPECT_EQ(y.value("weights_only", json("missing")), json(3))
+        << "torch.load(weights_only=True) of dtrain's files: " << y.value("weights_only", json());
+    double ds_reads = -1;
+    if (c["config"]["zero_optimization"]["stage"] != 3) {
+      ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
+      ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
+      EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
+    }
+    // DeepSpeed's checkpoint (after step 5) through `dtrain zero to-fp32`.
+    const std::string out = (fs::path(c["save"].get<std::string>()) / "fp32.pt").string();
+    auto conv = dtrain::test::run_command(
+        {DTRAIN_BIN, "zero", "to-fp32", c["save"].get<std::string>(), out}, {.timeout = 120s});
+    ASSERT_EQ(conv.exit_code, 0) << conv.out << conv.err;
+    const double to_fp32 =
+        max_diff(flat_params(dtrain::zero::load_state_dict_file(out)), y["params_mid"]);
+    EXPECT_LT(to_fp32, 1e-7) << "dtrain zero to-fp32 of DeepSpeed's checkpoint";
+    double resumed_diff = -1;
+    if (r.contains(name)) {
+      resumed_diff = max_diff(r[name]["params"], y["params"]);
+      EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    }
+    auto fig = [](double v) {  // n/a: stage 3 (DeepSpeed's zero_to_fp32 and the resume skip it)
+      char b[32];
+      std::snprintf(b, sizeof b, v < 0 ? "n/a" : "%.1e", v);
+      return std::string(b);
+    };
+    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9s %-9.1e %s\n", name.c_str(),
+                y["losses"].back().get<double>(), loss_diff, param_diff, fig(ds_reads).c_str(),
+                to_fp32, fig(resumed_diff).c_str());
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace

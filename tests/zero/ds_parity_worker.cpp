@@ -1,0 +1,84 @@
+// dtrain's ZeRO engine training the model of tests/zero/deepspeed_parity_peer.py (the same
+// formulas for the initial weights, the data and each rank's rows) for every case of CASES.json;
+// run under `dtrain run --nproc-per-node N`. Rank 0 writes
+// {name: {"losses": [mean over ranks per step], "params": {name: [...]}}} to OUT.json.
+// A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step; with
+// "resume_from": DIR (a DeepSpeed checkpoint saved after step 5) the case loads it and trains
+// steps 6-10 only.
+//   ds_parity_worker CASES.json OUT.json
+#include <cmath>
+#include <fstream>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+constexpr int kSteps = 10, kMicro = 4;
+
+torch::nn::Sequential model() {
+  torch::nn::Sequential m(torch::nn::Linear(16, 24), torch::nn::Tanh(), torch::nn::Linear(24, 4));
+  torch::NoGradGuard ng;
+  int k = 0;
+  for (auto& p : m->parameters()) {
+    std::vector<float> v(static_cast<size_t>(p.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(0.3 * std::sin(0.37 * i + k));
+    p.copy_(torch::tensor(v).view(p.sizes()));
+    ++k;
+  }
+  return m;
+}
+
+std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int world) {
+  const int first = (step * world + rank) * kMicro;
+  std::vector<float> x;
+  std::vector<int64_t> y;
+  for (int r = 0; r < kMicro; ++r) {
+    for (int j = 0; j < 16; ++j)
+      x.push_back(static_cast<float>(std::cos(0.05 * ((first + r) * 16 + j))));
+    y.push_back((first + r) % 4);
+  }
+  return {torch::tensor(x).view({kMicro, 16}), torch::tensor(y)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::init(argc, argv);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: ds_parity_worker CASES.json OUT.json\n");
+    return 2;
+  }
+  auto pg = dtrain::init_process_group();
+  const auto cases = nlohmann::json::parse(std::ifstream(argv[1]));
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& cs : cases) {
+    auto m = model();
+    auto engine = dtrain::zero::initialize(m, cs.at("config"));
+    std::vector<double> losses;
+    int first = 0;
+    if (cs.contains("resume_from")) {
+      engine.load_checkpoint(cs.at("resume_from").get<std::string>());
+      first = kSteps / 2;
+    }
+    for (int step = first; step < kSteps; ++step) {
+      auto [x, y] = batch(step, pg->rank(), pg->world_size());
+      auto loss = torch::nn::functional::cross_entropy(engine(x), y);
+      engine.backward(loss);
+      engine.step();
+      auto t = loss.detach().clone().reshape({1});
+      dtrain::all_reduce(t);
+      losses.push_back(t.item<double>() / pg->world_size());
+    }
+    if (cs.contains("save_dtrain")) engine.save_checkpoint(cs.at("save_dtrain").get<std::string>());
+    if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
+    nlohmann::json params = nlohmann::json::object();
+    for (auto& item : m->named_parameters()) {
+      auto p = item.value().detach().contiguous().to(torch::kFloat64).reshape({-1});
+      params[item.key()] =
+          std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
+    }
+    out[cs.at("name").get<std::string>()] = {{"losses", losses}, {"params", params}};
+  }
+  if (pg->rank() == 0) std::ofstream(argv[2]) << out.dump();
+  return 0;
+}
