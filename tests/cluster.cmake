@@ -5,6 +5,8 @@
 # the machine's 2 cores.
 
 dtrain_test(engine_env_test LABELS unit SOURCES cluster/engine_env_test.cpp)
+# The engines behind their interface (src/engines/): registry, options, commands.
+dtrain_test(engines_test LABELS unit SOURCES cluster/engines_test.cpp)
 
 # A libtorch worker: init_process_group() from whatever started it, all-reduce, one line.
 add_executable(cluster_worker cluster/cluster_worker.cpp)

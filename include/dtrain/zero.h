@@ -170,45 +170,41 @@ torch::OrderedDict<std::string, torch::Tensor> load_state_dict_file(const std::s
 
 namespace detail {
 
-class Stage3Fetch;
-
 // y = x W^T + b saving W and b themselves for backward (at::linear saves W^T, a view that
 // would keep stage 3's gathered weight alive until backward). at::linear's numerics (addmm).
 torch::Tensor zero3_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
 
-// The non-template engine shared by every Engine<M>.
+// The non-template engine shared by every Engine<M> (src/zero/engine_impl.h implements it).
+// Not thread-safe: one thread drives an engine.
 class EngineCore {
  public:
-  EngineCore(torch::nn::Module& module, Config config, InitOptions options);
-  ~EngineCore();
-  EngineCore(const EngineCore&) = delete;
-  EngineCore& operator=(const EngineCore&) = delete;
+  virtual ~EngineCore() = default;
 
-  void before_forward();
-  void backward(const torch::Tensor& loss);
-  void step();
-  bool is_gradient_accumulation_boundary() const;
-  int64_t global_steps() const { return global_steps_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
-  int64_t micro_steps() const { return micro_steps_; }
-  double loss_scale() const { return scaler_.scale(); }
-  double lr() const;
-  double last_grad_norm() const { return last_grad_norm_; }
-  MemoryUsage memory() const;
+  virtual void before_forward() = 0;
+  virtual void backward(const torch::Tensor& loss) = 0;
+  virtual void step() = 0;
+  virtual bool is_gradient_accumulation_boundary() const = 0;
+  virtual int64_t global_steps() const = 0;
+  virtual int64_t skipped_steps() const = 0;
+  virtual int64_t micro_steps() const = 0;
+  virtual double loss_scale() const = 0;
+  virtual double lr() const = 0;
+  virtual double last_grad_norm() const = 0;
+  virtual MemoryUsage memory() const = 0;
   // Bytes this rank sent in the engine's collectives during the last optimizer step (from the
   // first backward after the previous boundary through the parameter all-gather), counted
   // from the collectives issued with the volume a ring algorithm sends: all_reduce
   // 2(N-1)/N*B, reduce_scatter/all_gather/reduce (N-1)/N*B (B: the full tensor's bytes).
-  int64_t bytes_sent_last_step() const { return bytes_last_step_; }
-  const Config& config() const { return config_; }
-  ProcessGroup& group() { return *group_; }
+  virtual int64_t bytes_sent_last_step() const = 0;
+  virtual const Config& config() const = 0;
+  virtual ProcessGroup& group() = 0;
   // Test hook: the next step's gradients are treated as overflowed (fp16), as if one were inf.
-  void inject_overflow() { inject_overflow_ = true; }
-  void save_checkpoint(const std::string& dir, const std::string& tag);
+  virtual void inject_overflow() = 0;
+  virtual void save_checkpoint(const std::string& dir, const std::string& tag) = 0;
   // Returns the tag loaded ("" when DIR/latest does not exist and no tag was given).
-  std::string load_checkpoint(const std::string& dir, const std::string& tag,
-                              const LoadCheckpointOptions& o);
-  int64_t num_parameters() const { return numel_; }
+  virtual std::string load_checkpoint(const std::string& dir, const std::string& tag,
+                                      const LoadCheckpointOptions& o) = 0;
+  virtual int64_t num_parameters() const = 0;
 
   // The engine's whole state in save_checkpoint's layout, for dtrain::ElasticState (which
   // commits it with the training position, in memory or in one file, and restores it at any
@@ -218,108 +214,32 @@ class EngineCore {
   // optimizer state). load_state: a model dict and every saved rank's optimizer dict in rank
   // order (any number of them: the slices are re-cut for this world size); `where` names
   // the source in errors. Not collective.
-  c10::IValue model_state(bool build);
-  c10::IValue optim_state();
-  void load_state(const c10::impl::GenericDict& model,
-                  const std::vector<c10::impl::GenericDict>& optims,
-                  const LoadCheckpointOptions& options, const std::string& where);
-  torch::nn::Module& module() { return module_; }
-  int rank() const { return rank_; }
+  virtual c10::IValue model_state(bool build) = 0;
+  virtual c10::IValue optim_state() = 0;
+  virtual void load_state(const c10::impl::GenericDict& model,
+                          const std::vector<c10::impl::GenericDict>& optims,
+                          const LoadCheckpointOptions& options, const std::string& where) = 0;
+  virtual torch::nn::Module& module() = 0;
+  virtual int rank() const = 0;
 
   // Stage 3's per-submodule fetch. set_units: the units, each a submodule whose parameters
   // are contiguous in registration order (a no-op below stage 3). A pass runs
   // begin_units(), then unit_begin(u) / unit_end(u, output) around each unit's forward.
-  void set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units);
-  bool fetches_units() const { return fetch_ != nullptr; }
-  size_t unit_of(const torch::nn::Module& m) const;  // throws UsageError when m is no unit
-  void begin_units();
-  void unit_begin(size_t u);
-  void unit_end(size_t u, const torch::Tensor* output);
-  Stage3Stats stage3_stats() const;
+  virtual void set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) = 0;
+  virtual bool fetches_units() const = 0;
+  virtual size_t unit_of(const torch::nn::Module& m) const = 0;  // throws UsageError: no unit
+  virtual void begin_units() = 0;
+  virtual void unit_begin(size_t u) = 0;
+  virtual void unit_end(size_t u, const torch::Tensor* output) = 0;
+  virtual Stage3Stats stage3_stats() const = 0;
   // Test hook: every fetch event ("launch 2", "forward 2", "end 2", "backward 2", "release 2").
-  void set_stage3_trace(std::function<void(const std::string&)> trace);
-
- private:
-  friend class Stage3Fetch;
-  struct Bucket {
-    std::vector<size_t> params;
-    int64_t begin = 0, end = 0;  // flat range
-    size_t pending = 0;
-    bool launched = false;
-  };
-  void gather_parameters();   // stage 3: partitions -> full module
-  void release_parameters();  // stage 3: module -> empty views
-  void point_params_at(const torch::Tensor& flat);
-  void install_hooks();
-  void on_grad_ready(size_t i);
-  void launch_ready_buckets();
-  void reduce_bucket(Bucket& b);
-  void finish_backward();
-  void reduce_dense_grads();                         // stages 0/1
-  void reduce_to_owners(const torch::Tensor& full);  // stage 1: partition r's sum lands on rank r
-  void optimizer_step(const torch::Tensor& master, const torch::Tensor& grad, double lr,
-                      std::pair<double, double> betas);
-  void client_step(const torch::Tensor& grad, double lr);
-  void load_client_state(const std::vector<c10::impl::GenericDict>& optims,
-                         const std::string& saved_type, int saved_world, const std::string& where);
-  void lamb_step(const torch::Tensor& master, const torch::Tensor& grad, double lr,
-                 std::pair<double, double> betas);
-  void all_gather_params();
-  void count(int64_t bytes) { bytes_this_step_ += bytes; }
-  torch::Tensor own_slice(const torch::Tensor& full) const {
-    return full.narrow(0, rank_ * part_, part_);
-  }
-
-  torch::nn::Module& module_;
-  Config config_;
-  std::shared_ptr<ProcessGroup> group_;
-  int rank_ = 0, world_ = 1, stage_ = 0;
-  std::vector<torch::Tensor> params_;
-  std::vector<std::string> names_;
-  std::vector<std::vector<int64_t>> shapes_;
-  std::vector<int64_t> offsets_, numels_;
-  int64_t numel_ = 0, padded_ = 0, part_ = 0;
-  torch::Dtype model_dtype_, master_dtype_;
-  torch::Device device_{torch::kCPU};
-  bool mixed_ = false, offload_opt_ = false, offload_param_ = false, gathered_ = false;
-  torch::Tensor flat_params_;  // stages 0-2: the module's parameters are views of it
-  torch::Tensor param_part_;   // stage 3: this rank's partition (model dtype)
-  torch::Tensor flat_grads_;   // stages 0-1: the parameters' .grad are views of it
-  torch::Tensor grad_part_;    // stages 2-3: this rank's reduced gradients (sum over ranks)
-  torch::Tensor master_;  // fp32 master (stage 0: all, else the partition); undefined = the params
-  std::vector<torch::Tensor> state_;  // optimizer state, each like master
-  int64_t opt_step_ = 0;
-  std::vector<Bucket> buckets_;
-  // overlap_comm: a bucket's reductions run while backward goes on; each partition's segment
-  // is added into grad_part_ when it is waited for (finish_backward).
-  struct InFlight {
-    Work work;
-    torch::Tensor segment;  // keeps the staging buffer alive until the reduction is done
-    int64_t offset = 0;     // into grad_part_ (this rank's segments only)
-    bool mine = false;
-  };
-  std::vector<InFlight> in_flight_;
-  torch::Tensor staging_;  // synchronous buckets' staging buffer, reused (largest bucket)
-  bool reduce_in_backward_ =
-      false;  // this backward reduces buckets (stages 2-3; stage 1 at the boundary)
-  bool grads_reduced_ = false;  // stage 1: the boundary backward reduced flat_grads_ to the owners
-  std::vector<size_t> bucket_of_;
-  std::vector<bool> ready_;
-  size_t next_bucket_ = 0;
-  bool in_backward_ = false;
-  int64_t bucket_peak_bytes_ = 0;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
-  LossScaler scaler_;
-  LRScheduler scheduler_;
-  int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
-  int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
-  double last_grad_norm_ = 0;
-  bool inject_overflow_ = false;
-  std::shared_ptr<torch::optim::Optimizer> client_;  // InitOptions::optimizer
-  torch::Tensor client_param_;                       // what its one group steps: the partition
-  std::vector<std::shared_ptr<torch::nn::Module>> unit_modules_;
-  std::unique_ptr<Stage3Fetch> fetch_;
+  virtual void set_stage3_trace(std::function<void(const std::string&)> trace) = 0;
 };
+
+// The engine over `module` (which must outlive it); throws UsageError for a config or module
+// it cannot train (naming what to change). COLLECTIVE: broadcasts rank 0's parameters.
+std::unique_ptr<EngineCore> make_engine_core(torch::nn::Module& module, Config config,
+                                             InitOptions options);
 
 }  // namespace detail
 
@@ -331,8 +251,8 @@ class Engine {
  public:
   Engine(ModuleType module, Config config, InitOptions options = {})
       : module_(std::move(module)),
-        core_(std::make_unique<detail::EngineCore>(dtrain::detail::module_ref(module_),
-                                                   std::move(config), std::move(options))) {
+        core_(detail::make_engine_core(dtrain::detail::module_ref(module_), std::move(config),
+                                       std::move(options))) {
     if constexpr (std::is_same_v<ModuleType, torch::nn::Sequential>) {
       std::vector<std::shared_ptr<torch::nn::Module>> units;
       for (auto& child : *module_) units.push_back(child.ptr());

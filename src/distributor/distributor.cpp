@@ -34,8 +34,9 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/env.h"
 #include "dtrain/process_group.h"
-#include "dtrain/spark.h"
 #include "dtrain/store.h"
+#include "engines/engine.h"
+#include "launch/failure.h"
 #include "launch/options_internal.h"
 #include "tracking/driver_run.h"
 
@@ -45,7 +46,7 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kTaskVariable = "DTRAIN_DISTRIBUTOR_TASK";
+constexpr const char* kTaskVariable = engines::kDistributorTaskVariable;
 
 // DTRAIN_DISTRIBUTOR_TASK = HOST:PORT:RUN_ID, split from the right (HOST may be IPv6).
 struct TaskSpec {
@@ -271,8 +272,8 @@ struct Job {
 
 struct Outcome {
   bool timed_out = false;
-  int exit_code = 0;  // the launcher's
-  std::optional<json> failure;
+  int exit_code = 0;                       // the launcher's
+  std::optional<launch::Failure> failure;  // the root cause the agents agreed on
 };
 
 // A temporary directory removed on destruction.
@@ -392,16 +393,10 @@ Outcome run_launcher(const Job& job, const std::string& failure_file, const Dist
     }
   }
   out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(failure_file);
-  if (in) {
-    try {
-      out.failure = json::parse(in);
-      // Written for each failed attempt: an earlier attempt's, when the last one ended
-      // otherwise (the launcher was stopped by a signal).
-      if (out.failure->value("exit_code", -1) != out.exit_code) out.failure.reset();
-    } catch (const json::exception&) {
-    }
-  }
+  out.failure = launch::Failure::read_file(failure_file);
+  // Written for each failed attempt: an earlier attempt's, when the last one ended otherwise
+  // (the launcher was stopped by a signal).
+  if (out.failure && out.failure->exit_code != out.exit_code) out.failure.reset();
   driver_run.end(out.exit_code, out.timed_out);
   return out;
 }
@@ -423,19 +418,17 @@ std::string format_seconds(std::chrono::milliseconds d) {
   WorkerError::Details d;
   d.exit_code = out.exit_code;
   if (out.failure) {
-    const json& f = *out.failure;
-    d.rank = f.value("rank", -1);
-    d.local_rank = f.value("local_rank", -1);
-    d.host = f.value("host", "");
-    d.exit_code = f.value("exit_code", out.exit_code);
-    d.signal = f.value("signal", 0);
-    d.stderr_tail = f.value("stderr_tail", std::vector<std::string>{});
+    const launch::Failure& f = *out.failure;
+    d.rank = f.rank;
+    d.local_rank = f.local_rank;
+    d.host = f.host;
+    d.exit_code = f.exit_code;
+    d.signal = f.signal;
+    d.stderr_tail = f.stderr_tail;
     if (d.rank < 0) {
-      d.exception_message = f.value("reason", "");
+      d.exception_message = f.reason;
     }
-  } else if (auto why = o.local_mode || o.cluster.engine != "spark"
-                            ? std::nullopt
-                            : spark::explain_exit(out.exit_code)) {
+  } else if (auto why = engines::for_job(o).explain_exit(o.cluster, out.exit_code)) {
     d.exception_message = *why;
   } else if (out.exit_code > 128) {
     d.exception_message = "the launcher was stopped by " + signal_abbrev(out.exit_code - 128);
@@ -555,10 +548,12 @@ Distributor::Distributor(DistributorOptions options) : options_(std::move(option
   options_.num_processes = plan.num_processes;
   nproc_per_node_ = plan.num_processes;
   cuda_visible_devices_ = plan.cuda_visible_devices;
-  if (!options_.local_mode)
-    validate_cluster();
-  else
-    elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
+  // The engine checks its options and places the ranks (local mode: plan_elastic throws when
+  // min/max nodes are set).
+  const engines::Placement placement = engines::for_job(options_).place(options_);
+  nproc_per_node_ = placement.nproc_per_node;
+  hosts_ = placement.hosts;
+  elastic_ = placement.elastic;
   if (options_.timeout.count() <= 0) {
     throw UsageError("DistributorOptions::timeout must be positive, got " +
                      std::to_string(options_.timeout.count()) + " ms");
@@ -569,217 +564,42 @@ Distributor::Distributor(DistributorOptions options) : options_(std::move(option
   }
 }
 
-void Distributor::validate_cluster() {
-  const ClusterOptions& c = options_.cluster;
-  const int n = options_.num_processes;
-  if (c.engine == "ssh") {
-    if (c.hostfile.empty() == c.hosts.empty()) {
-      throw UsageError(
-          "ClusterOptions: engine \"ssh\" needs exactly one of `hostfile` (a file of "
-          "`host slots=N` lines) and `hosts` (\"host1:2,host2:2\")");
-    }
-    auto hosts = c.hostfile.empty() ? parse_host_list(c.hosts, 1) : parse_hostfile(c.hostfile, 1);
-    int slots = 0;
-    for (const auto& h : hosts) slots += h.second;
-    const int count = static_cast<int>(hosts.size());
-    if (slots == n) {
-      nproc_per_node_ = 0;  // each host its slots
-    } else if (n % count == 0) {
-      nproc_per_node_ = n / count;
-    } else {
-      throw UsageError("DistributorOptions::num_processes is " + std::to_string(n) + ", but the " +
-                       std::to_string(count) + " host(s) have " + std::to_string(slots) +
-                       " slots; set num_processes to " + std::to_string(slots) +
-                       " (every slot) or to a multiple of " + std::to_string(count) +
-                       " (the same on every host)");
-    }
-    hosts_.clear();
-    for (const auto& h : hosts) hosts_.push_back(h.first.substr(h.first.find('@') + 1));
-    elastic_ = detail::plan_elastic(options_, count);
-  } else if (c.engine == "slurm") {
-    if (c.nodes < 1) {
-      throw UsageError("ClusterOptions::nodes must be at least 1, got " + std::to_string(c.nodes));
-    }
-    elastic_ = detail::plan_elastic(options_, c.nodes);
-    // Elastic: num_processes is the world size with max_nodes nodes.
-    const int nodes = elastic_.elastic ? elastic_.max_nodes : c.nodes;
-    const std::string field =
-        elastic_.elastic ? "ClusterOptions::max_nodes" : "ClusterOptions::nodes";
-    if (n % nodes != 0) {
-      throw UsageError("DistributorOptions::num_processes (" + std::to_string(n) +
-                       ") must be a multiple of " + field + " (" + std::to_string(nodes) +
-                       "): every node runs the same number of workers");
-    }
-    nproc_per_node_ = n / nodes;
-  } else if (c.engine == "mpi") {
-    elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
-    if (c.mpi_launcher.empty()) {
-      throw UsageError(
-          "ClusterOptions::mpi_launcher is empty; give the MPI launcher (mpirun, "
-          "mpiexec.hydra, ...)");
-    }
-    // The MPI launcher starts the workers itself: no dtrain agent restarts them or keeps logs.
-    if (options_.max_restarts > 0) {
-      throw UsageError("DistributorOptions::max_restarts is " +
-                       std::to_string(options_.max_restarts) +
-                       ", but engine \"mpi\" has no dtrain agent to restart workers (the MPI "
-                       "launcher starts them once); use engine \"ssh\" or \"slurm\", or 0");
-    }
-    if (!options_.log_dir.empty()) {
-      throw UsageError(
-          "DistributorOptions::log_dir needs a dtrain agent, which engine \"mpi\" "
-          "does not run; use the MPI launcher's own option in ClusterOptions::mpi_args "
-          "(Open MPI: --output-filename DIR), or engine \"ssh\" or \"slurm\"");
-    }
-  } else if (c.engine == "spark") {
-    elastic_ = detail::plan_elastic(options_, 1);  // throws when min/max nodes are set
-    nproc_per_node_ = spark::plan(n, options_.use_gpu, c.spark_processes_per_task, c.spark_conf)
-                          .processes_per_task;
-  } else {
-    throw UsageError(
-        "ClusterOptions::engine: got '" + c.engine +
-        "', expected \"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"; with "
-        "local_mode = false the Distributor needs the cluster's engine");
-  }
-}
-
-namespace {
-
-std::string address_text(const sockaddr* sa) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (sa->sa_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof buf);
-  } else if (sa->sa_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof buf);
-  }
-  return buf;
-}
-
-bool is_loopback(const std::string& addr) { return addr.rfind("127.", 0) == 0 || addr == "::1"; }
-
-}  // namespace
-
 std::string Distributor::driver_address() const {
-  const ClusterOptions& c = options_.cluster;
   if (options_.local_mode) return "127.0.0.1";
-  if (!c.driver_addr.empty()) return c.driver_addr;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  if (c.engine == "ssh") {
-    // The local address the kernel uses to reach each host (a UDP connect sends nothing):
-    // the first that is not loopback. Only a job whose hosts are all this machine may use
-    // loopback.
-    std::string loopback;
-    bool all_targets_loopback = true;
-    for (const auto& host : hosts_) {
-      addrinfo* res = nullptr;
-      hints.ai_socktype = SOCK_DGRAM;
-      if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) {
-        all_targets_loopback = false;
-        continue;
-      }
-      int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      sockaddr_storage local{};
-      socklen_t len = sizeof local;
-      std::string addr;
-      if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-          ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-        addr = address_text(reinterpret_cast<sockaddr*>(&local));
-      }
-      all_targets_loopback = all_targets_loopback && is_loopback(address_text(res->ai_addr));
-      if (fd >= 0) ::close(fd);
-      ::freeaddrinfo(res);
-      if (addr.empty()) continue;
-      if (!is_loopback(addr)) return addr;
-      loopback = addr;
-    }
-    // Every host is this machine: loopback reaches it.
-    if (!loopback.empty() && all_targets_loopback) return loopback;
-    throw UsageError(
-        "cannot find an address of this machine that the hosts can reach (the "
-        "host names resolve to loopback here, as Debian's 127.0.1.1 entry does); set "
-        "ClusterOptions::driver_addr to this machine's address as the hosts see it");
-  }
-  if (c.engine == "spark" && spark::master_is_loopback(c.master)) return "127.0.0.1";
-  char name[256] = {0};
-  ::gethostname(name, sizeof name - 1);
-  addrinfo* res = nullptr;
-  std::string addr;
-  if (::getaddrinfo(name, nullptr, &hints, &res) == 0) {
-    for (addrinfo* a = res; a != nullptr && addr.empty(); a = a->ai_next) {
-      std::string text = address_text(a->ai_addr);
-      if (!is_loopback(text)) addr = text;
-    }
-    ::freeaddrinfo(res);
-  }
-  if (addr.empty()) {
-    throw UsageError(
-        std::string("this host's name '") + name +
-        "' resolves only to a loopback address, which the cluster's nodes cannot "
-        "reach; set ClusterOptions::driver_addr to this machine's address as the nodes see it");
-  }
-  return addr;
+  if (!options_.cluster.driver_addr.empty()) return options_.cluster.driver_addr;
+  return engines::for_job(options_).driver_address(options_, {nproc_per_node_, hosts_, elastic_});
 }
 
 namespace {
 
-Job base_job(const DistributorOptions& o, const std::string& launcher, const std::string& run_id,
-             const std::string& failure_file, const std::string& cuda_visible_devices,
-             int nproc_per_node, const detail::ElasticPlan& elastic) {
-  Job job;
-  const ClusterOptions& c = o.cluster;
-  std::vector<std::pair<std::string, std::string>> spark_env;
-  if (!o.local_mode && c.engine == "slurm") {
-    auto srun = find_on_path("srun");
-    if (!srun) {
-      throw UsageError(
-          "ClusterOptions::engine \"slurm\" needs Slurm's srun on PATH (Debian: "
-          "apt-get install slurm-client), run where it can reach the controller");
-    }
-    job.argv = {*srun, "-N", elastic.elastic ? elastic.srun_nodes : std::to_string(c.nodes),
-                "--ntasks-per-node=1"};
-    // Elastic: a lost node must not end the step (srun's default); the others go on.
-    if (elastic.elastic) job.argv.push_back("--no-kill");
-    if (!c.partition.empty()) job.argv.insert(job.argv.end(), {"-p", c.partition});
-    job.argv.insert(job.argv.end(), c.srun_args.begin(), c.srun_args.end());
-    job.argv.push_back(launcher);
-  } else if (!o.local_mode && c.engine == "spark") {
-    const spark::SubmitOptions so{c.master, c.spark_submit, c.driver_addr,
-                                  static_cast<double>(c.spark_slot_timeout.count())};
-    const spark::Plan sp =
-        spark::plan(o.num_processes, o.use_gpu, c.spark_processes_per_task, c.spark_conf);
-    auto submit = c.spark_keep_app ? spark::app_job_command(so, sp, c.spark_app_idle_timeout,
-                                                            std::chrono::seconds(300))
-                                   : spark::submit_command(so, sp);
-    job.argv = std::move(submit.argv);
-    job.argv.push_back(
-        std::filesystem::absolute(launcher).string());  // tasks run in Spark's work dirs
-    spark_env = std::move(submit.env);
-  } else {
-    job.argv = {launcher};
+// The command of a job. An engine with agents runs `dtrain run` on each node: its own command
+// up to the launcher (srun ..., spark-submit ...), the flags every job gets, then its own flags;
+// an engine without agents (mpi) starts the workers itself. `task`: function mode's
+// DTRAIN_DISTRIBUTOR_TASK, "" for a program.
+Job make_job(const DistributorOptions& o, const engines::Placement& placement,
+             const std::string& run_id, const std::string& failure_file,
+             const std::string& cuda_visible_devices, const std::string& task) {
+  const engines::Engine& engine = engines::for_job(o);
+  if (!engine.runs_agents()) {
+    engines::Command c = engine.workers_command({o, placement, "", task});
+    return Job{std::move(c.argv), std::move(c.env), std::move(c.unset)};
   }
+  const engines::JobRequest request{o, placement, find_launcher(o.launcher), task};
+  engines::Command prefix = engine.agents_command(request);
+  Job job;
+  job.argv = std::move(prefix.argv);
   job.argv.push_back("run");
+  const detail::ElasticPlan& elastic = placement.elastic;
   job.argv.insert(job.argv.end(), elastic.run_args.begin(), elastic.run_args.end());
-  if (nproc_per_node > 0) {
-    job.argv.insert(job.argv.end(), {"--nproc-per-node", std::to_string(nproc_per_node)});
+  if (placement.nproc_per_node > 0) {
+    job.argv.insert(job.argv.end(), {"--nproc-per-node", std::to_string(placement.nproc_per_node)});
   }
   job.argv.insert(job.argv.end(), {"--rdzv-id", run_id, "--failure-file", failure_file,
                                    "--max-restarts", std::to_string(o.max_restarts),
                                    "--term-timeout", format_seconds(o.term_timeout)});
-  if (o.local_mode) {
-    job.argv.push_back("--no-slurm");  // a driver inside a Slurm step still runs locally
-  } else {
-    if (c.engine == "ssh") {
-      if (!c.hostfile.empty()) job.argv.insert(job.argv.end(), {"--hostfile", c.hostfile});
-      if (!c.hosts.empty()) job.argv.insert(job.argv.end(), {"-H", c.hosts});
-      if (c.ssh_port > 0)
-        job.argv.insert(job.argv.end(), {"--ssh-port", std::to_string(c.ssh_port)});
-      if (!c.ssh_identity.empty())
-        job.argv.insert(job.argv.end(), {"--ssh-identity", c.ssh_identity});
-      for (const auto& a : c.ssh_args) job.argv.push_back("--ssh-arg=" + a);
-      if (!c.remote_dtrain.empty())
-        job.argv.insert(job.argv.end(), {"--remote-dtrain", c.remote_dtrain});
-    }
+  engine.add_run_flags(request, job.argv);
+  if (!o.local_mode) {
+    const ClusterOptions& c = o.cluster;
     if (!c.ifname.empty()) job.argv.insert(job.argv.end(), {"--ifname", c.ifname});
     // Remote agents get only what --env passes on.
     for (const auto& [k, v] : o.env) job.argv.push_back("--env=" + k + "=" + v);
@@ -790,49 +610,9 @@ Job base_job(const DistributorOptions& o, const std::string& launcher, const std
     job.argv.push_back(o.log_dir);
   }
   job.env = o.env;
-  for (auto& [k, v] : spark_env) job.env.emplace(k, v);
+  for (auto& [k, v] : prefix.env) job.env.emplace(k, v);
   if (!cuda_visible_devices.empty()) job.env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices;
   job.unset.push_back(kTaskVariable);
-  return job;
-}
-
-// `MPI_LAUNCHER -np N [pass the task variable] MPI_ARGS... PROGRAM`: no dtrain agent, the
-// ranks come from the MPI launcher's variables. Open MPI passes a variable to remote ranks
-// only with -x; MPICH's Hydra passes the whole environment.
-Job mpi_job(const DistributorOptions& o, const std::string& task) {
-  const ClusterOptions& c = o.cluster;
-  std::string launcher = c.mpi_launcher;
-  if (launcher.find('/') == std::string::npos) {
-    auto found = find_on_path(launcher);
-    if (!found) {
-      throw UsageError("ClusterOptions::mpi_launcher '" + launcher +
-                       "' is not on PATH (Debian: apt-get install openmpi-bin, or mpich)");
-    }
-    launcher = *found;
-  } else if (!executable(launcher)) {
-    throw UsageError("ClusterOptions::mpi_launcher '" + launcher + "' is not an executable file");
-  }
-  std::string version;
-  if (FILE* p = ::popen(("'" + launcher + "' --version 2>&1").c_str(), "r")) {
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, p)) version += buf;
-    ::pclose(p);
-  }
-  const bool open_mpi =
-      version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos;
-  Job job;
-  job.argv = {launcher, "-np", std::to_string(o.num_processes)};
-  if (open_mpi) {
-    if (!task.empty()) job.argv.insert(job.argv.end(), {"-x", std::string(kTaskVariable)});
-    for (const auto& [k, v] : o.env) job.argv.insert(job.argv.end(), {"-x", k});
-  }
-  job.argv.insert(job.argv.end(), c.mpi_args.begin(), c.mpi_args.end());
-  job.env = o.env;
-  if (!c.ifname.empty()) job.env["GLOO_SOCKET_IFNAME"] = c.ifname;
-  if (!task.empty())
-    job.env[kTaskVariable] = task;
-  else
-    job.unset.push_back(kTaskVariable);
   return job;
 }
 
@@ -903,15 +683,14 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
   const std::string task = addr + ":" + std::to_string(server->port()) + ":" + run_id;
-  const bool mpi = !options_.local_mode && options_.cluster.engine == "mpi";
-  Job job = mpi ? mpi_job(options_, task)
-                : base_job(options_, find_launcher(options_.launcher), run_id, failure_file,
-                           cuda_visible_devices_, nproc_per_node_, elastic_);
-  if (!mpi) job.argv.push_back("--no-python");
+  const bool agents = engines::for_job(options_).runs_agents();
+  Job job = make_job(options_, engines::Placement{nproc_per_node_, hosts_, elastic_}, run_id,
+                     failure_file, cuda_visible_devices_, task);
+  if (agents) job.argv.push_back("--no-python");
   job.argv.push_back(self_executable());
   job.argv.insert(job.argv.end(), self_args.begin() + 1, self_args.end());
   job.env[kTaskVariable] = task;
-  if (!options_.local_mode && !mpi) {
+  if (!options_.local_mode && agents) {
     // Before PROGRAM: the launcher's own flags, for the agents on the other hosts. The
     // failure file is written on whichever host reports the failure; the root cause also
     // comes back through the call's store.
@@ -937,12 +716,9 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
     out = Outcome{};
   }
   if (!out.failure && client->check({prefix + "failure"})) {
-    try {
-      out.failure = json::parse(client->get(prefix + "failure"));
-      // An earlier attempt's, when the last one ended otherwise (stopped by a signal).
-      if (out.failure->value("exit_code", -1) != out.exit_code) out.failure.reset();
-    } catch (const json::exception&) {
-    }
+    out.failure = launch::Failure::parse(client->get(prefix + "failure"));
+    // An earlier attempt's, when the last one ended otherwise (stopped by a signal).
+    if (out.failure && out.failure->exit_code != out.exit_code) out.failure.reset();
   }
   if (out.timed_out || out.exit_code != 0) {
     // The last attempt's first exception (peers that fail after it, e.g. in a collective
@@ -955,9 +731,9 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
       if (client->check({key})) first = json::parse(client->get(key));
     }
     std::optional<json> exception;
-    int rank = out.failure ? out.failure->value("rank", -1) : -1;
-    if (first && rank >= 0 && first->value("rank", -1) != rank &&
-        out.failure->value("signal", 0) == 0 && !out.timed_out) {
+    int rank = out.failure ? out.failure->rank : -1;
+    if (first && rank >= 0 && first->value("rank", -1) != rank && out.failure->signal == 0 &&
+        !out.timed_out) {
       // The launcher orders failures by when it saw processes exit, which can put a peer that
       // failed because of the first thrower (its collective lost the connection) ahead of it;
       // the store orders the exceptions themselves (the first compare_set wins). So a first
@@ -966,14 +742,14 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
       const std::string type = first->value("type", "");
       if (type != "dtrain::NetworkError" && type != "dtrain::TimeoutError") {
         rank = first->value("rank", -1);
-        out.failure = json{{"rank", rank}, {"exit_code", out.exit_code}};
+        out.failure = launch::Failure{.rank = rank, .exit_code = out.exit_code};
       }
     }
     if (first && (rank < 0 || first->value("rank", -1) == rank)) {
       exception = first;
       // No root cause from the launcher (MPI has no agent): the first rank that threw is it.
       if (rank < 0 && !out.timed_out)
-        out.failure = json{{"rank", first->value("rank", -1)}, {"exit_code", out.exit_code}};
+        out.failure = launch::Failure{.rank = first->value("rank", -1), .exit_code = out.exit_code};
     }
     throw_failure(out, options_, exception);
   }
@@ -1004,18 +780,16 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
     throw UsageError("Distributor::run: the program is empty; give a path or a name on PATH");
   TempDir tmp;
   const std::string failure_file = tmp.path + "/failure.json";
-  Job job = !options_.local_mode && options_.cluster.engine == "mpi"
-                ? mpi_job(options_, "")
-                : base_job(options_, find_launcher(options_.launcher), unique_id(), failure_file,
-                           cuda_visible_devices_, nproc_per_node_, elastic_);
+  const bool agents = engines::for_job(options_).runs_agents();
+  Job job = make_job(options_, engines::Placement{nproc_per_node_, hosts_, elastic_}, unique_id(),
+                     failure_file, cuda_visible_devices_, "");
   if (program[0] == '-') {
     throw UsageError("Distributor::run('" + program +
                      "'): a program name cannot start with '-'; "
                      "use ./" +
                      program);
   }
-  if (!options_.local_mode && options_.cluster.engine == "mpi" && program.size() > 3 &&
-      program.ends_with(".py")) {
+  if (!agents && program.size() > 3 && program.ends_with(".py")) {
     // What the launcher does for a .py: the MPI launcher would execute the script itself.
     const char* python = std::getenv("DTRAIN_PYTHON");
     job.argv.insert(job.argv.end(), {python && *python ? python : "python3", "-u"});
@@ -1023,8 +797,7 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   job.argv.push_back(program);
   job.argv.insert(job.argv.end(), args.begin(), args.end());
   Outcome out = run_launcher(job, failure_file, options_);
-  if (out.exit_code == 2 && !out.failure && !out.timed_out &&
-      (options_.local_mode || options_.cluster.engine != "mpi")) {
+  if (out.exit_code == 2 && !out.failure && !out.timed_out && agents) {
     throw UsageError("Distributor::run('" + program +
                      "'): the launcher rejected the job (exit code 2; its message is above on "
                      "stderr): is the program path right and executable?");

@@ -43,20 +43,24 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
+#include "engines/engine.h"
 #include "launch/elastic_rendezvous.h"
+#include "launch/failure.h"
 #include "launch/fork_server.h"
 #include "launch/guard.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
-#include "launch/worker_process.h"
+#include "launch/worker_set.h"
 
 namespace dtrain {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using launch::OutputStream;
+using launch::Failure;
+using launch::say;
+using launch::signal_name;
 using nlohmann::json;
 
 std::string hostname() {
@@ -79,153 +83,6 @@ std::string utc_now() {
   return out;
 }
 
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
-void say(const std::string& msg) { launch::write_all(STDERR_FILENO, "dtrain: " + msg + "\n"); }
-
-// TORCHELASTIC_ERROR_FILE as PyTorch's @record writes it:
-//   {"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack": "...", ...}}}
-// shown as the message and the traceback; anything else is shown as it is.
-std::string readable_error_file(const std::string& contents) {
-  try {
-    json j = json::parse(contents);
-    const json& m = j.at("message");
-    if (m.is_string()) return m.get<std::string>();
-    std::string out = m.at("message").get<std::string>();
-    if (m.contains("extraInfo") && m["extraInfo"].contains("py_callstack")) {
-      out += "\n" + m["extraInfo"]["py_callstack"].get<std::string>();
-    }
-    return out;
-  } catch (const std::exception&) {
-    return contents;
-  }
-}
-
-// The root cause of a failed attempt, as every agent of the job reports it.
-struct Failure {
-  std::string time;
-  std::string host;
-  int node_rank = 0;
-  int rank = -1;  // -1: not a worker (an agent was signalled or lost)
-  int local_rank = -1;
-  int pid = 0;
-  int exit_code = 1;   // what dtrain exits with
-  int signal = 0;      // the worker died of this signal (exit_code = 128 + signal)
-  std::string reason;  // for failures that are not a worker's exit
-  std::vector<std::string> stderr_tail;
-  std::string error_file;
-  std::string error_file_contents;
-  bool final = false;  // no restart: the agent itself was told to stop
-  // Not a failure: an elastic job restarts its workers to admit a waiting node.
-  bool membership = false;
-  // What the ranks last published from their collective flight recorders (diagnosis/records.h).
-  std::vector<std::string> collectives;
-
-  json to_json() const {
-    return {{"time", time},
-            {"host", host},
-            {"node_rank", node_rank},
-            {"rank", rank},
-            {"local_rank", local_rank},
-            {"pid", pid},
-            {"exit_code", exit_code},
-            {"signal", signal},
-            {"reason", reason},
-            {"stderr_tail", stderr_tail},
-            {"error_file", error_file},
-            {"error_file_contents", error_file_contents},
-            {"final", final},
-            {"collectives", collectives},
-            {"membership", membership}};
-  }
-  static Failure from_json(const json& j) {
-    Failure f;
-    f.time = j.value("time", "");
-    f.host = j.value("host", "");
-    f.node_rank = j.value("node_rank", 0);
-    f.rank = j.value("rank", -1);
-    f.local_rank = j.value("local_rank", -1);
-    f.pid = j.value("pid", 0);
-    f.exit_code = j.value("exit_code", 1);
-    f.signal = j.value("signal", 0);
-    f.reason = j.value("reason", "");
-    f.stderr_tail = j.value("stderr_tail", std::vector<std::string>{});
-    f.error_file = j.value("error_file", "");
-    f.error_file_contents = j.value("error_file_contents", "");
-    f.final = j.value("final", false);
-    f.membership = j.value("membership", false);
-    f.collectives = j.value("collectives", std::vector<std::string>{});
-    return f;
-  }
-
-  std::string one_line() const {
-    std::string s =
-        rank >= 0 ? "rank " + std::to_string(rank) + " on " + host : "the agent on " + host;
-    s += " (node " + std::to_string(node_rank) + ")";
-    if (rank >= 0 && signal > 0) s += " died of " + signal_name(signal);
-    if (rank >= 0 && signal == 0) s += " exited";
-    if (!reason.empty()) s += ": " + reason;
-    return s + ", exit code " + std::to_string(exit_code);
-  }
-
-  std::string summary(int stderr_lines) const {
-    std::ostringstream s;
-    s << "dtrain: job failed; root cause (first failure):\n";
-    s << "  time       : " << time << "\n";
-    s << "  host       : " << host << "\n";
-    s << "  node rank  : " << node_rank << "\n";
-    if (rank >= 0) {
-      s << "  rank       : " << rank << " (local rank " << local_rank << ")\n";
-      s << "  pid        : " << pid << "\n";
-      if (signal > 0) {
-        s << "  signal     : " << signal_name(signal) << " (" << signal << "), exit code "
-          << exit_code << "\n";
-      } else {
-        s << "  exit code  : " << exit_code << "\n";
-      }
-    }
-    if (!reason.empty()) s << "  reason     : " << reason << "\n";
-    if (!error_file_contents.empty()) {
-      s << "  error file : " << error_file << "\n";
-      std::istringstream lines(readable_error_file(error_file_contents));
-      for (std::string line; std::getline(lines, line);) s << "    " << line << "\n";
-    }
-    if (rank >= 0) {
-      if (stderr_tail.empty()) {
-        s << "  stderr     : (empty)\n";
-      } else {
-        s << "  last " << std::min<size_t>(stderr_tail.size(), stderr_lines) << " line(s) of rank "
-          << rank << "'s stderr:\n";
-        for (const auto& l : stderr_tail) s << "    " << l << "\n";
-      }
-    }
-    if (!collectives.empty()) {
-      s << "  recent collectives (each rank's flight recorder, as it last published it):\n";
-      for (const auto& l : collectives) s << "    " << l << "\n";
-    }
-    return s.str();
-  }
-};
-
-struct Worker {
-  int local_rank = 0;
-  int rank = 0;
-  pid_t pid = -1;
-  bool alive = false;
-  int wait_status = 0;
-  int out_fd = -1;
-  int err_fd = -1;
-  std::optional<OutputStream> out;
-  std::optional<OutputStream> err;
-  std::string error_file;
-  // The fork server ended before it had started every worker: this worker's end is the
-  // server's (its status, its pid), whatever the worker itself did after.
-  bool start_failed = false;
-};
-
 enum class Outcome { kSucceeded, kFailed, kInterrupted };
 
 struct AttemptResult {
@@ -233,21 +90,6 @@ struct AttemptResult {
   Failure failure;  // kFailed
   int signal = 0;   // kInterrupted
 };
-
-bool mask_has(const std::map<int, int>& spec, int local_rank, int bit) {
-  auto it = spec.find(local_rank);
-  if (it == spec.end()) it = spec.find(-1);
-  return it != spec.end() && (it->second & bit) != 0;
-}
-
-std::string read_file(const std::string& path, size_t limit = 64 * 1024) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::string s(limit, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(limit));
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
-}
 
 class Agent {
  public:
@@ -261,30 +103,10 @@ class Agent {
   // The failure summary's "recent collectives": what the workers of attempt `round` published
   // to the job's store (empty when the store is not ours to read, or nothing was published).
   std::vector<std::string> published_collectives(int round, int world_size);
-  void spawn_workers(const launch::RendezvousResult& rdzv);
-  // The workers' command line, and what every worker's environment holds besides the
-  // contract (inherited: the agent's own, less the contract; tail: ours, set last).
-  void worker_command(std::vector<std::string>& argv, std::vector<std::string>& inherited,
-                      std::vector<std::string>& tail) const;
-  // The next attempt's fork server, started once this attempt's workers are forked: it loads
-  // the program's libraries while the job runs, so a restart forks warm workers at once.
-  void start_standby();
-  void drop_standby();
   bool restart_possible(int failures) const { return elastic() || failures < o_.max_restarts; }
-  // Learns the pids the fork server reports; once it has exited, the workers it never
-  // started are marked dead with its wait status.
-  void read_fork_server();
+  // One step of the loop: the signalfd, stdin (stop_on_stdin_eof) and the workers' fds.
   void poll_once(std::chrono::milliseconds timeout, std::vector<int>* signals);
-  void read_pipe(Worker& w, bool is_err);
-  void drain_and_close(Worker& w);
-  void reap();
   void stop_workers(int sig);
-  // After every worker exited: close their output, SIGKILL what is left in their process
-  // groups (their children), and reap orphans that came to us.
-  void release_workers();
-  void sweep_orphans();
-  std::optional<Failure> first_local_failure();
-  Failure worker_failure(Worker& w);
   Failure agent_failure(const std::string& reason, int exit_code, bool final);
   std::optional<Failure> publish_failure(const Failure& f);
   std::optional<Failure> remote_failure();
@@ -296,23 +118,14 @@ class Agent {
   bool elastic() const { return o_.min_nodes > 0; }
   // Every agent's output reaches one console (srun's, or the host-file launcher's).
   bool shared_console() const {
-    return multi_node() && (o_.engine == "slurm" || o_.stop_on_stdin_eof);
+    return multi_node() && (engines::named(o_.engine).shared_console() || o_.stop_on_stdin_eof);
   }
   std::string attempt_dir(int round) const;
 
   LaunchOptions o_;
   std::string host_;
   std::unique_ptr<launch::Guard> guard_;
-  std::string fork_server_lib_;  // non-empty: workers start from a fork server
-  std::string warm_socket_;      // non-empty: from the warm fork server there (a Tuner's)
-  std::unique_ptr<launch::ForkServer> fork_server_;  // this attempt's, until it is reaped
-  pid_t fork_server_pid_ = -1;  // this attempt's server (kept for failure reports)
-  int fork_server_status_ = 0;  // its wait status, once it failed
-  bool said_exec_mode_ = false;
-  std::unique_ptr<launch::ForkServer> standby_;  // the next attempt's server, waiting
-  std::vector<int> standby_out_, standby_err_;   // its workers' pipes (read ends)
-  int failures_ = 0;     // attempts that failed so far (no standby once none is left)
-  int stop_signal_ = 0;  // sent to workers whose pids arrive after stop_workers began
+  std::unique_ptr<launch::WorkerSet> workers_;  // after guard_: destroyed before it
   int signal_fd_ = -1;
   bool stdin_closed_ = false;  // stop_on_stdin_eof: stdin reached EOF
   std::unique_ptr<store::StoreServer> server_;
@@ -321,7 +134,6 @@ class Agent {
   int store_port_ = 0;
   std::string run_dir_;  // error files (and logs when --log-dir is not given)
   bool own_run_dir_ = false;
-  std::vector<Worker> workers_;
   int node_rank_ = -1;
   int nnodes_ = 1;
   std::string prefix_;  // round_prefix of the current round
@@ -416,399 +228,28 @@ std::string Agent::attempt_dir(int round) const {
   return run_dir_ + "/attempt_" + std::to_string(round);
 }
 
-void Agent::worker_command(std::vector<std::string>& argv, std::vector<std::string>& inherited,
-                           std::vector<std::string>& tail) const {
-  std::vector<std::string> base = launch::current_environment();
-  // Drop what we set, so a parent launcher's contract never leaks into ours.
-  WorkerEnv proto;
-  auto contract = proto.to_variables();
-  bool has_omp = false;
-  bool has_arrow_malloc = false;
-  bool has_tunables = false;
-  inherited.clear();
-  for (auto& e : base) {
-    std::string name = e.substr(0, e.find('='));
-    if (contract.count(name) || o_.extra_env.count(name)) continue;
-    if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;  // for this agent only
-    if (name == "OMP_NUM_THREADS") has_omp = true;
-    if (name == "JE_ARROW_MALLOC_CONF") has_arrow_malloc = true;
-    if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
-      has_tunables = true;
-      e += ":glibc.malloc.hugetlb=1";
-    }
-    inherited.push_back(e);
-  }
-  std::map<std::string, std::string> extra_env = o_.extra_env;
-  if (!o_.ifname.empty()) extra_env["GLOO_SOCKET_IFNAME"] = o_.ifname;
-  if (o_.malloc_hugepages && !has_tunables) {
-    auto it = extra_env.find("GLIBC_TUNABLES");
-    if (it == extra_env.end()) {
-      inherited.push_back("GLIBC_TUNABLES=glibc.malloc.hugetlb=1");
-    } else {
-      it->second += ":glibc.malloc.hugetlb=1";
-    }
-  }
-  argv.clear();
-  if (runs_with_python(o_)) {
-    argv = {o_.python, "-u"};
-    if (o_.module) argv.push_back("-m");
-  }
-  argv.push_back(o_.program);
-  argv.insert(argv.end(), o_.args.begin(), o_.args.end());
-
-  tail.clear();
-  for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
-  if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) tail.push_back("OMP_NUM_THREADS=1");
-  // Arrow's bundled jemalloc (pyarrow's libarrow, which dtrain::data links) starts a purging
-  // thread while the library loads, so a program linking it could not start from the fork
-  // server; without it jemalloc purges inline. A value the user set wins.
-  if (!has_arrow_malloc && !o_.extra_env.count("JE_ARROW_MALLOC_CONF"))
-    tail.push_back("JE_ARROW_MALLOC_CONF=background_thread:false");
-}
-
-void Agent::spawn_workers(const launch::RendezvousResult& rdzv) {
-  std::vector<std::string> argv, inherited, tail;
-  worker_command(argv, inherited, tail);
-  // A worker's environment: inherited, then the contract, then ours. The fork server gets
-  // the same without the contract (what differs between workers).
-  std::vector<std::string> common = inherited;
-  common.insert(common.end(), tail.begin(), tail.end());
-
-  const std::string dir = attempt_dir(rdzv.round);
-  workers_.clear();
-  workers_.resize(o_.nproc_per_node);
-  std::vector<std::vector<std::string>> envs(workers_.size());
-  for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
-    Worker& w = workers_[lr];
-    w.local_rank = lr;
-    w.rank = rdzv.rank_offset + lr;
-    const std::string rank_dir = dir + "/rank_" + std::to_string(w.rank);
-    std::filesystem::create_directories(rank_dir);
-    w.error_file = rank_dir + "/error.json";
-    WorkerEnv env;
-    env.rank = w.rank;
-    env.local_rank = lr;
-    env.world_size = rdzv.world_size;
-    env.local_world_size = o_.nproc_per_node;
-    env.group_rank = rdzv.node_rank;
-    env.group_world_size = rdzv.nnodes;
-    env.role_rank = w.rank;
-    env.role_world_size = rdzv.world_size;
-    env.role_name = o_.role;
-    env.master_addr = store_host_;
-    env.master_port = store_port_;
-    env.restart_count = rdzv.round;
-    env.max_restarts = o_.max_restarts;
-    env.run_id = o_.rdzv_id;
-    env.use_agent_store = true;
-    env.error_file = w.error_file;
-    envs[lr] = inherited;
-    for (auto& [k, v] : env.to_variables()) envs[lr].push_back(k + "=" + v);
-    envs[lr].insert(envs[lr].end(), tail.begin(), tail.end());
-
-    auto open_log = [&](const char* name) {
-      if (o_.log_dir.empty()) return -1;
-      std::string path = rank_dir + "/" + name;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) throw Error("cannot create log file " + path + ": " + std::strerror(errno));
-      return fd;
-    };
-    const std::string prefix = "[" + o_.role + std::to_string(w.rank) + "]:";
-    w.out.emplace(prefix, mask_has(o_.redirects, lr, 1) ? -1 : STDOUT_FILENO,
-                  open_log("stdout.log"), 0);
-    w.err.emplace(prefix, mask_has(o_.redirects, lr, 2) ? -1 : STDERR_FILENO,
-                  open_log("stderr.log"), o_.stderr_tail_lines);
-  }
-  stop_signal_ = 0;
-  if (!warm_socket_.empty()) {
-    // A warm server (a Tuner's, the program's libraries loaded once for all its trials)
-    // forks the workers; when it cannot be reached, the workers start as below.
-    std::vector<int> outs, errs;
-    try {
-      launch::ForkServerLaunch launch{argv, common, envs, fork_server_lib_};
-      launch.warm_socket = warm_socket_;
-      fork_server_ = std::make_unique<launch::ForkServer>(launch, outs, errs);
-      fork_server_pid_ = -1;  // its launch server's, once it says (read_fork_server)
-      for (size_t lr = 0; lr < workers_.size(); ++lr) {
-        workers_[lr].out_fd = outs[lr];
-        workers_[lr].err_fd = errs[lr];
-        workers_[lr].alive = true;
-      }
-      return;
-    } catch (const Error& e) {
-      say(std::string("the warm fork server cannot start the workers (") + e.what() +
-          "); they start from a fork server of their own");
-      warm_socket_.clear();
-    }
-  }
-  if (!fork_server_lib_.empty()) {
-    // One process loads the program's libraries; the workers are forked from it. Their pids
-    // arrive on the server's reply pipe (read_fork_server). After a restart that process is
-    // usually the standby, loaded already.
-    std::vector<int> outs, errs;
-    if (standby_ && !standby_->reap(false)) {
-      try {
-        standby_->start(envs);
-        fork_server_ = std::move(standby_);
-        outs.swap(standby_out_);
-        errs.swap(standby_err_);
-      } catch (const Error& e) {
-        say(std::string("the standby fork server is gone (") + e.what() + "); starting a new one");
-      }
-    }
-    drop_standby();  // one that ended on its own, or failed to start: a fresh server instead
-    if (!fork_server_) {
-      fork_server_ = std::make_unique<launch::ForkServer>(
-          launch::ForkServerLaunch{argv, common, envs, fork_server_lib_}, outs, errs);
-      guard_->watch(fork_server_->pid());
-    }
-    fork_server_pid_ = fork_server_->pid();
-    for (size_t lr = 0; lr < workers_.size(); ++lr) {
-      workers_[lr].out_fd = outs[lr];
-      workers_[lr].err_fd = errs[lr];
-      workers_[lr].alive = true;
-    }
-    return;
-  }
-  for (size_t lr = 0; lr < workers_.size(); ++lr) {
-    Worker& w = workers_[lr];
-    auto p = launch::spawn_process({argv, envs[lr], {}});
-    guard_->watch(p.pid);
-    w.pid = p.pid;
-    w.out_fd = p.stdout_fd;
-    w.err_fd = p.stderr_fd;
-    w.alive = true;
-  }
-}
-
-void Agent::read_fork_server() {
-  if (!fork_server_) return;
-  auto learn = [&](const std::vector<std::pair<int, pid_t>>& forked) {
-    for (auto [index, pid] : forked) {
-      if (index < 0 || index >= static_cast<int>(workers_.size()) || workers_[index].pid > 0)
-        continue;
-      guard_->watch(pid);
-      workers_[index].pid = pid;
-      if (stop_signal_ != 0) ::kill(-pid, stop_signal_);  // stopping already: it missed the signal
-    }
-  };
-  learn(fork_server_->read_reply());
-  if (fork_server_->warm()) {
-    fork_server_pid_ = fork_server_->pid();
-    // The launch server stays while its workers run; reap() takes their statuses from it.
-    if (!fork_server_->failed() && (fork_server_->done() || fork_server_->reply_fd() >= 0)) return;
-    // It ended before it had started every worker: the attempt fails with status 127; the
-    // workers it did start die with it (PR_SET_PDEATHSIG) or never got the go-ahead.
-    fork_server_status_ = 127 << 8;
-    for (auto& w : workers_) {
-      w.start_failed = true;
-      if (w.alive) {
-        if (w.pid > 0) ::kill(-w.pid, SIGKILL);
-        w.alive = false;
-        w.wait_status = fork_server_status_;
-        read_pipe(w, false);
-        read_pipe(w, true);
-      }
-    }
-    fork_server_.reset();
-    return;
-  }
-  if (!fork_server_->done() && !fork_server_->failed() && fork_server_->reply_fd() >= 0) {
-    // Still going - unless it has exited: a program it started may hold the pipe open, so
-    // EOF is no proof. Once it has exited, all it wrote is in the pipe.
-    if (!fork_server_->reap(false)) return;
-    learn(fork_server_->read_reply());
-  }
-  if (fork_server_->exec_mode() && !said_exec_mode_) {
-    said_exec_mode_ = true;
-    say("a library of " + o_.program +
-        " keeps a thread running after loading, so the fork server "
-        "cannot fork it safely: each worker is fork+exec'd from it instead (--start-method spawn "
-        "saves the server's own start)");
-  }
-  fork_server_->reap(true);  // it exits right after its last word
-  if (!fork_server_->done()) {
-    // The server ended before it had started every worker (it failed while the program's
-    // libraries loaded, or was killed). Every worker of the attempt fails with its status:
-    // the ones it did start stop on their own (they never get the go-ahead).
-    int st = fork_server_->status();
-    fork_server_status_ = (WIFEXITED(st) && WEXITSTATUS(st) == 0) ? (127 << 8) : st;
-    for (auto& w : workers_) {
-      w.start_failed = true;
-      if (w.alive && w.pid < 0) {
-        w.alive = false;
-        w.wait_status = fork_server_status_;
-        read_pipe(w, false);
-        read_pipe(w, true);
-      }
-    }
-  }
-  const bool started_all = fork_server_->done();
-  guard_->forget(fork_server_->pid());
-  fork_server_.reset();
-  if (started_all && restart_possible(failures_)) start_standby();
-}
-
-void Agent::start_standby() {
-  if (standby_ || fork_server_lib_.empty()) return;
-  std::vector<std::string> argv, inherited, tail;
-  worker_command(argv, inherited, tail);
-  inherited.insert(inherited.end(), tail.begin(), tail.end());
-  try {
-    standby_ = std::make_unique<launch::ForkServer>(
-        launch::ForkServerLaunch{argv, inherited,
-                                 std::vector<std::vector<std::string>>(o_.nproc_per_node),
-                                 fork_server_lib_},
-        standby_out_, standby_err_, launch::ForkServer::Standby{});
-    guard_->watch(standby_->pid());
-  } catch (const Error&) {
-    // A restart starts a fresh server then, and says why if it cannot. The pipes are closed.
-    standby_.reset();
-    standby_out_.clear();
-    standby_err_.clear();
-  }
-}
-
-void Agent::drop_standby() {
-  for (auto* fds : {&standby_out_, &standby_err_}) {
-    for (int fd : *fds) {
-      if (fd >= 0) ::close(fd);
-    }
-    fds->clear();
-  }
-  if (!standby_) return;
-  guard_->forget(standby_->pid());
-  standby_.reset();  // it reads EOF on its go pipe and exits (or is SIGKILLed and reaped)
-}
-
-void Agent::read_pipe(Worker& w, bool is_err) {
-  int& fd = is_err ? w.err_fd : w.out_fd;
-  auto& stream = is_err ? w.err : w.out;
-  char buf[65536];
-  while (fd >= 0) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n > 0) {
-      stream->write(std::string_view(buf, static_cast<size_t>(n)));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) return;
-    ::close(fd);  // EOF or error
-    fd = -1;
-    stream->close();
-  }
-}
-
-void Agent::drain_and_close(Worker& w) {
-  // Everything the worker wrote before it exited is already in the pipe; what a surviving
-  // grandchild writes later is not the worker's, and its group is killed at teardown.
-  read_pipe(w, false);
-  read_pipe(w, true);
-  for (int* fd : {&w.out_fd, &w.err_fd}) {
-    if (*fd >= 0) {
-      ::close(*fd);
-      *fd = -1;
-    }
-  }
-  if (w.out) w.out->close();
-  if (w.err) w.err->close();
-}
-
-void Agent::reap() {
-  // Every pid the fork server reported is in its pipe before any of its workers can be ours.
-  read_fork_server();
-  for (auto& w : workers_) {
-    if (!w.alive || w.pid < 0) continue;
-    int st = 0;
-    if (fork_server_ && fork_server_->warm()) {
-      // Not our child: its launch server reports its status; a launch server gone without a
-      // word for it was killed, and took it along (PR_SET_PDEATHSIG SIGKILL).
-      if (!fork_server_->exit_status(w.local_rank, &st)) {
-        if (fork_server_->reply_fd() >= 0) continue;
-        ::kill(-w.pid, SIGKILL);
-        st = SIGKILL;
-      }
-      w.alive = false;
-      w.wait_status = st;
-      read_pipe(w, false);
-      read_pipe(w, true);
-      continue;
-    }
-    pid_t r;
-    do {
-      r = ::waitpid(w.pid, &st, WNOHANG);
-    } while (r < 0 && errno == EINTR);
-    if (r == w.pid) {
-      w.alive = false;
-      w.wait_status = w.start_failed ? fork_server_status_ : st;
-      read_pipe(w, false);
-      read_pipe(w, true);
-    }
-  }
-  if (standby_) standby_->reap(false);  // one that ended is replaced at the next restart
-  // Orphans re-parented to us (we are a subreaper): reap them so no zombie piles up.
-  int st;
-  siginfo_t info{};
-  while (true) {
-    info.si_pid = 0;
-    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) break;
-    auto known = [&] {
-      bool ours = guard_ && info.si_pid == guard_->pid();
-      ours = ours || (fork_server_ && info.si_pid == fork_server_->pid());
-      ours = ours || (standby_ && info.si_pid == standby_->pid());
-      for (auto& w : workers_) ours = ours || (w.alive && w.pid == info.si_pid);
-      return ours;
-    };
-    bool ours = known();
-    if (!ours && fork_server_) {
-      // A worker adopted since the pipe was read: its pid is in the pipe by now (the server
-      // reports every pid before it exits, and only then are its workers ours).
-      read_fork_server();
-      ours = known();
-    }
-    if (ours) break;  // a worker that exited between the loop above and now: next round
-    ::waitpid(info.si_pid, &st, WNOHANG);
-  }
-}
-
 void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signals) {
   std::vector<pollfd> fds;
-  std::vector<std::pair<Worker*, bool>> owners;
   fds.push_back({signal_fd_, POLLIN, 0});
-  owners.push_back({nullptr, false});
   const bool watch_stdin = o_.stop_on_stdin_eof && !stdin_closed_;
-  if (watch_stdin) fds.push_back({STDIN_FILENO, POLLIN, 0}), owners.push_back({nullptr, true});
-  for (auto& w : workers_) {
-    if (w.out_fd >= 0) fds.push_back({w.out_fd, POLLIN, 0}), owners.push_back({&w, false});
-    if (w.err_fd >= 0) fds.push_back({w.err_fd, POLLIN, 0}), owners.push_back({&w, true});
-  }
-  const size_t fork_server_slot = fds.size();
-  if (fork_server_ && fork_server_->reply_fd() >= 0) {
-    fds.push_back({fork_server_->reply_fd(), POLLIN, 0}), owners.push_back({nullptr, false});
-  }
+  if (watch_stdin) fds.push_back({STDIN_FILENO, POLLIN, 0});
+  const size_t first_worker_fd = fds.size();
+  const std::vector<pollfd> worker_fds = workers_->poll_fds();
+  fds.insert(fds.end(), worker_fds.begin(), worker_fds.end());
   int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
   if (n <= 0) return;
-  for (size_t i = 1; i < fds.size(); ++i) {
-    if (fds[i].revents == 0) continue;
-    if (i == fork_server_slot) {
-      read_fork_server();
-      // A warm launch server reports its workers' ends here (no SIGCHLD for them).
-      if (fork_server_ && fork_server_->warm()) reap();
-      continue;
+  if (watch_stdin && fds[1].revents != 0) {
+    // stdin of an agent started over ssh: EOF means the launching dtrain is gone or wants
+    // the job stopped. Treat it as SIGHUP.
+    char buf[256];
+    ssize_t r = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+      stdin_closed_ = true;
+      if (signals) signals->push_back(SIGHUP);
     }
-    if (owners[i].first == nullptr) {
-      // stdin of an agent started over ssh: EOF means the launching dtrain is gone or wants
-      // the job stopped. Treat it as SIGHUP.
-      char buf[256];
-      ssize_t r = ::read(STDIN_FILENO, buf, sizeof buf);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-        stdin_closed_ = true;
-        if (signals) signals->push_back(SIGHUP);
-      }
-      continue;
-    }
-    read_pipe(*owners[i].first, owners[i].second);
   }
+  workers_->on_ready(
+      std::vector<pollfd>(fds.begin() + static_cast<long>(first_worker_fd), fds.end()));
   if (fds[0].revents & POLLIN) {
     signalfd_siginfo si;
     bool child = false;
@@ -819,7 +260,7 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
         signals->push_back(static_cast<int>(si.ssi_signo));
       }
     }
-    if (child) reap();
+    if (child) workers_->reap();
   }
 }
 
@@ -832,41 +273,6 @@ Failure Agent::agent_failure(const std::string& reason, int exit_code, bool fina
   f.exit_code = exit_code;
   f.final = final;
   return f;
-}
-
-Failure Agent::worker_failure(Worker& w) {
-  Failure f = agent_failure("", 1, false);
-  f.rank = w.rank;
-  f.local_rank = w.local_rank;
-  f.pid = w.pid;
-  if (w.start_failed) {
-    f.pid = fork_server_pid_;
-    f.reason = "the fork server (pid " + std::to_string(fork_server_pid_) +
-               ") ended before it had started the workers; its status is reported";
-  }
-  if (WIFSIGNALED(w.wait_status)) {
-    f.signal = WTERMSIG(w.wait_status);
-    f.exit_code = 128 + f.signal;
-  } else {
-    f.exit_code = WEXITSTATUS(w.wait_status);
-  }
-  auto tail = w.err->tail();
-  f.stderr_tail.assign(tail.begin(), tail.end());
-  f.error_file = w.error_file;
-  f.error_file_contents = read_file(w.error_file);
-  return f;
-}
-
-std::optional<Failure> Agent::first_local_failure() {
-  for (auto& w : workers_) {
-    if (w.alive) continue;
-    bool ok = WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == 0;
-    if (!ok) {
-      drain_and_close(w);
-      return worker_failure(w);
-    }
-  }
-  return std::nullopt;
 }
 
 // Records `f` as the job's root cause unless another agent already recorded one; returns the
@@ -902,101 +308,15 @@ void Agent::heartbeat_and_check(Clock::time_point now) {
 }
 
 void Agent::stop_workers(int sig) {
-  read_fork_server();
-  stop_signal_ = sig;
-  for (auto& w : workers_) {
-    if (w.alive && w.pid > 0) ::kill(-w.pid, sig);
-  }
-  // A fork server still loading the program: its workers do not exist yet. (A warm launch
-  // server stays with its workers to report their ends: only SIGKILL below reaches it.)
-  if (fork_server_ && fork_server_->pid() > 0 && !(fork_server_->warm() && fork_server_->done())) {
-    ::kill(-fork_server_->pid(), sig);
-  }
-  auto deadline = Clock::now() + o_.term_timeout;
-  bool killed = false;
-  while (true) {
-    bool any = std::any_of(workers_.begin(), workers_.end(), [](auto& w) { return w.alive; });
-    if (!any) break;
-    auto now = Clock::now();
-    if (!killed && now >= deadline) {
-      stop_signal_ = SIGKILL;
-      for (auto& w : workers_) {
-        if (w.alive && w.pid > 0) ::kill(-w.pid, SIGKILL);
-      }
-      if (fork_server_ && fork_server_->pid() > 0) ::kill(-fork_server_->pid(), SIGKILL);
-      killed = true;
-      deadline = now + std::chrono::seconds(10);  // SIGKILL cannot be caught; this is for D state
-    } else if (killed && now >= deadline) {
-      say("some workers did not die 10 s after SIGKILL; giving up on them");
-      break;
-    }
-    std::vector<int> sigs;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    poll_once(std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(50)), &sigs);
-    if (!sigs.empty() && !killed) deadline = Clock::now();  // asked again: stop waiting
-  }
-  release_workers();
-}
-
-void Agent::release_workers() {
-  if (fork_server_ && fork_server_->warm()) {
-    // Every worker has ended (or stop_workers gave up): the launch server ends now too.
-    fork_server_->reap(true);
-    fork_server_.reset();  // SIGKILL to it if it has not
-  }
-  if (fork_server_) {  // only after stop_workers gave up on it
-    ::kill(-fork_server_->pid(), SIGKILL);
-    fork_server_->reap(true);
-    for (int i = 0; fork_server_ && i < 100; ++i) {  // EOF follows its death at once
-      pollfd p{fork_server_->reply_fd(), POLLIN, 0};
-      ::poll(&p, 1, 10);
-      read_fork_server();  // marks the workers it never started
-    }
-    fork_server_.reset();
-  }
-  for (auto& w : workers_) {
-    if (w.pid < 0) continue;
-    drain_and_close(w);
-    // Whatever the worker started is still in its group: take it down too.
-    ::kill(-w.pid, SIGKILL);
-    guard_->forget(w.pid);
-    w.pid = -1;
-  }
-  sweep_orphans();
-}
-
-void Agent::sweep_orphans() {
-  // Children of ours that are not workers: grandchildren re-parented to us (subreaper).
-  const pid_t self = ::getpid();
-  const pid_t guard = guard_ ? guard_->pid() : -1;
-  const pid_t standby = standby_ ? standby_->pid() : -1;
-  DIR* d = ::opendir("/proc");
-  if (!d) return;
-  std::vector<pid_t> orphans;
-  while (dirent* e = ::readdir(d)) {
-    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0 || pid == guard || pid == standby) continue;
-    std::string stat = read_file("/proc/" + std::string(e->d_name) + "/stat", 1024);
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid == self) orphans.push_back(pid);
-  }
-  ::closedir(d);
-  for (pid_t p : orphans) ::kill(p, SIGKILL);
-  for (pid_t p : orphans) {
-    int st;
-    ::waitpid(p, &st, 0);
-  }
+  workers_->stop(sig, [this](std::chrono::milliseconds timeout, std::vector<int>* signals) {
+    poll_once(timeout, signals);
+  });
 }
 
 AttemptResult Agent::run_attempt(const launch::RendezvousResult& rdzv) {
   prefix_ = launch::round_prefix(o_.rdzv_id, rdzv.round);
   heartbeats_.clear();
-  spawn_workers(rdzv);
+  workers_->spawn(rdzv, attempt_dir(rdzv.round), store_host_, store_port_);
   AttemptResult result;
   bool local_done = false;
   auto next_tick = Clock::now();
@@ -1011,14 +331,16 @@ AttemptResult Agent::run_attempt(const launch::RendezvousResult& rdzv) {
       got_signal = sigs.front();
       break;
     }
-    if (auto f = first_local_failure()) {
+    if (auto f = workers_->first_failure()) {
+      f->time = utc_now();
+      f->host = host_;
+      f->node_rank = node_rank_;
       failure = f;
       break;
     }
-    if (!local_done &&
-        std::none_of(workers_.begin(), workers_.end(), [](auto& w) { return w.alive; })) {
+    if (!local_done && !workers_->any_alive()) {
       local_done = true;
-      release_workers();
+      workers_->release();
       if (!multi_node()) return result;
       store_->set(prefix_ + "done_" + std::to_string(node_rank_), "1");
     }
@@ -1138,11 +460,15 @@ void Agent::publish_to_failure_store(const Failure& f) const {
 
 int Agent::run() {
   validate_launch_options(o_);
-  if (uses_fork_server(o_)) fork_server_lib_ = launch::fork_server_library();
+  std::string fork_server_lib, warm_socket;
+  if (uses_fork_server(o_)) fork_server_lib = launch::fork_server_library();
   if (o_.start_method != "spawn" && !runs_with_python(o_) && o_.nnodes == 1) {
-    warm_socket_ = launch::warm_fork_server_socket(o_.program);
+    warm_socket = launch::warm_fork_server_socket(o_.program);
   }
   guard_ = std::make_unique<launch::Guard>();
+  workers_ = std::make_unique<launch::WorkerSet>(o_, *guard_, std::move(fork_server_lib),
+                                                 std::move(warm_socket));
+  workers_->set_restart_possible(restart_possible(0));
   setup_signals();
   setup_store();
   nnodes_ = o_.nnodes;
@@ -1223,8 +549,8 @@ int Agent::run() {
       continue;
     }
     ++failures;
-    failures_ =
-        failures;  // the standby already started is for the restart below; no new one after it
+    // The standby already started is for the restart below; no new one after the last.
+    workers_->set_restart_possible(restart_possible(failures));
     const bool leave = elastic() && o_.leave_on_worker_failure && r.failure.rank >= 0 &&
                        r.failure.node_rank == node_rank_;
     if (shared_console() && node_rank_ != 0) {
@@ -1247,24 +573,26 @@ int Agent::run() {
     say("restarting all workers (restart " + std::to_string(failures) + " of " +
         std::to_string(o_.max_restarts) + ")");
   }
-  drop_standby();
+  workers_->drop_standby();
   finish_job(round);
   return code;
 }
 
 }  // namespace
 
+int run_agent(LaunchOptions options) {
+  Agent agent(std::move(options));
+  return agent.run();
+}
+
 int run_launch(LaunchOptions options) {
   if (options.dry_run) {
     validate_launch_options(options);
     return print_plan(options);
   }
-  if (options.engine == "ssh") {
-    validate_launch_options(options);
-    return run_ssh_launch(options);
-  }
-  Agent agent(std::move(options));
-  return agent.run();
+  // This node's agent, or (ssh) one agent per host started from here.
+  const engines::Engine& engine = engines::named(options.engine);
+  return engine.launch(std::move(options));
 }
 
 }  // namespace dtrain

@@ -17,6 +17,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "engines/engine.h"
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
@@ -316,46 +317,6 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
 
 namespace {
 
-// Under srun, with no sizes or addresses given: one agent per node of the step, node 0 (the
-// step's first host) hosts the store. See include/dtrain/engine_env.h.
-void apply_slurm_step(LaunchOptions& o, const RunArgs& a, const SlurmStep& s) {
-  if (s.ntasks != s.nnodes) {
-    throw UsageError(
-        "dtrain run under srun needs one task per node (it starts the node's workers itself), "
-        "but this step has " +
-        std::to_string(s.ntasks) + " tasks on " + std::to_string(s.nnodes) +
-        " node(s): use `srun --ntasks-per-node=1 dtrain run --nproc-per-node N ...`, or run the "
-        "program directly with `srun -n N prog`, or pass --no-slurm");
-  }
-  o.engine = "slurm";
-  if (o.min_nodes > 0) {
-    // Elastic (--nnodes MIN:MAX --rdzv-backend c10d): the step's nodes join the c10d
-    // rendezvous on its first host; ranks are given out per round in join order.
-    if (s.nnodes > o.nnodes) {
-      throw UsageError("dtrain run --nnodes " + std::to_string(o.min_nodes) + ":" +
-                       std::to_string(o.nnodes) + " under srun: this step has " +
-                       std::to_string(s.nnodes) + " nodes, more than the maximum; use srun -N " +
-                       std::to_string(o.min_nodes) + "-" + std::to_string(o.nnodes));
-    }
-  } else {
-    o.nnodes = s.nnodes;
-    o.node_rank = s.node_rank;
-    o.rdzv_backend = "static";
-  }
-  for (const auto& h : s.hosts) o.hosts.push_back({h, o.nproc_per_node});
-  if (a.master_addr.empty() && a.rdzv_endpoint.empty() && s.nnodes > 1 && !s.hosts.empty()) {
-    o.master_addr = s.hosts.front();
-  }
-  if (a.master_port.empty() && a.rdzv_endpoint.empty() && s.nnodes > 1) {
-    o.master_port = derived_port("slurm-" + s.job_id + "." + s.step_id);
-  }
-  if (a.rdzv_id == "none") o.rdzv_id = "slurm-" + s.job_id + "." + s.step_id;
-}
-
-bool is_loopback_name(const std::string& h) {
-  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0 || h == "ip6-localhost";
-}
-
 // torchrun 2.x's options beyond 1.13's: --local-ranks-filter as torchrun means it (the other
 // local ranks' streams go to the log files only), the rest checked and noted.
 void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
@@ -438,81 +399,10 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
       throw UsageError("--ssh-port: got '" + a.ssh_port + "', expected a port number in 1-65535");
     }
   }
-  const bool host_mode = !a.hostfile.empty() || !a.host_list.empty();
-  if (!host_mode) {
-    if (!a.ssh_port.empty() || !a.ssh_identity.empty() || !a.ssh_args.empty() ||
-        !a.remote_dtrain.empty()) {
-      throw UsageError(
-          "--ssh-port, --ssh-identity, --ssh-arg and --remote-dtrain only apply with "
-          "--hostfile or -H (hosts reached over ssh)");
-    }
-    const bool sizes_given = !a.nnodes.empty() || !a.node_rank.empty() || !a.master_addr.empty() ||
-                             !a.rdzv_endpoint.empty() || a.standalone;
-    // An elastic job under srun with no endpoint: the step gives the hosts and the store's.
-    const bool elastic_step = o.min_nodes > 0 && o.rdzv_backend == "c10d" && a.node_rank.empty() &&
-                              a.master_addr.empty() && a.rdzv_endpoint.empty() && !a.standalone;
-    if (!a.no_slurm && (!sizes_given || elastic_step)) {
-      if (auto step = slurm_step(env)) apply_slurm_step(o, a, *step);
-    }
-    return;
-  }
-  if (!a.hostfile.empty() && !a.host_list.empty()) {
-    throw UsageError("--hostfile and -H/--hosts both given: use one of them");
-  }
-  // --nnodes MIN:MAX with a host list: an elastic job over ssh, one agent per host (the
-  // list's size is MAX); the agents join a c10d rendezvous on the first host.
-  const bool elastic = o.min_nodes > 0;
-  for (auto [flag, given] : {std::pair{"--nnodes", !a.nnodes.empty() && !elastic},
-                             std::pair{"--node-rank", !a.node_rank.empty()},
-                             std::pair{"--rdzv-endpoint", !a.rdzv_endpoint.empty()},
-                             std::pair{"--standalone", a.standalone}}) {
-    if (given) {
-      throw UsageError(std::string(flag) +
-                       " cannot be combined with --hostfile/-H: the host list "
-                       "gives the nodes (node K is the K-th host; the first hosts the store)");
-    }
-  }
-  if (o.rdzv_backend != "static" && !elastic) {
-    throw UsageError(
-        "--rdzv-backend c10d cannot be combined with --hostfile/-H: the host list "
-        "gives every node its rank (an elastic job, --nnodes MIN:MAX, uses it by itself)");
-  }
-  const int slots_default = 1;
-  auto hosts = !a.hostfile.empty() ? parse_hostfile(a.hostfile, slots_default)
-                                   : parse_host_list(a.host_list, slots_default);
-  if (!a.nproc.empty()) {
-    for (auto& h : hosts) h.second = o.nproc_per_node;  // --nproc-per-node overrides slots
-  }
-  o.engine = "ssh";
-  o.hosts = hosts;
-  if (elastic) {
-    if (o.nnodes != static_cast<int>(hosts.size())) {
-      throw UsageError("--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
-                       " with --hostfile/-H: the host list has " + std::to_string(hosts.size()) +
-                       " host(s) and one agent starts on each, so MAX must be " +
-                       std::to_string(hosts.size()) + "; use --nnodes " +
-                       std::to_string(std::min<int>(o.min_nodes, static_cast<int>(hosts.size()))) +
-                       ":" + std::to_string(hosts.size()));
-    }
-    o.rdzv_backend = "c10d";
-  }
-  o.nnodes = static_cast<int>(hosts.size());
-  if (a.master_addr.empty()) {
-    const std::string& first = hosts.front().first;  // "user@host": ssh's login, not the address
-    o.master_addr = first.substr(first.find('@') + 1);
-  }
-  bool distinct = false;
-  for (const auto& h : hosts) distinct = distinct || h.first != hosts.front().first;
-  if (distinct && is_loopback_name(o.master_addr)) {
-    throw UsageError("--master-addr: '" + o.master_addr +
-                     "' is this machine's loopback address, which the other hosts cannot reach; "
-                     "give an address or name of the first host that every host can reach");
-  }
-  if (o.rdzv_id == "none") {
-    o.rdzv_id =
-        "ssh-" + std::to_string(::getpid()) + "-" +
-        std::to_string(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
-  }
+  // The engine whose flags (a host list) or environment (a Slurm step) give the job's nodes;
+  // none: this node's own flags (engine "local").
+  for (const engines::Engine* e : engines::all())
+    if (e->adopt(o, a, env)) return;
 }
 
 }  // namespace
@@ -845,7 +735,7 @@ void validate_launch_options(LaunchOptions& o) {
           "--node-rank: an elastic job (--nnodes MIN:MAX) gives node ranks out in join order "
           "each round; drop --node-rank");
     }
-    if (o.engine != "local" && o.engine != "ssh" && o.engine != "slurm") {
+    if (!engines::named(o.engine).why_not_elastic().empty()) {
       throw UsageError(
           "--nnodes MIN:MAX (elastic) works with agents started by hand (or by your "
           "scheduler), --hostfile/-H or srun, not with the " +
@@ -864,7 +754,8 @@ void validate_launch_options(LaunchOptions& o) {
         "--master-port: port 0 (any free port) only works with one node; with --nnodes " +
         std::to_string(o.nnodes) + " every node must know the port: give a number");
   }
-  if (!o.ifname.empty() && o.engine != "ssh" && ::if_nametoindex(o.ifname.c_str()) == 0) {
+  if (!o.ifname.empty() && engines::named(o.engine).ifname_is_local() &&
+      ::if_nametoindex(o.ifname.c_str()) == 0) {
     char host[256] = {0};
     ::gethostname(host, sizeof host - 1);
     throw UsageError("--ifname: this host (" + std::string(host) + ") has no network interface '" +

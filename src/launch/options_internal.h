@@ -85,7 +85,13 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank);
 std::string shell_quote(const std::string& s);
 // Runs a host-file job: one agent per host over ssh (src/launch/ssh_launch.cpp).
 int run_ssh_launch(const LaunchOptions& o);
-// --dry-run: prints the plan and checks the hosts; 0 when every host is reachable, else 1.
+// ssh HOST 'test -x DTRAIN' on every host of `o` at once: per host "" when it is reachable
+// and has dtrain, else why not. Bounded by ssh's ConnectTimeout and a hard 30 s.
+std::vector<std::string> check_ssh_hosts(const LaunchOptions& o);
+// Runs this node's agent (src/launch/agent.cpp); returns `dtrain run`'s exit code.
+int run_agent(LaunchOptions options);
+// --dry-run: prints the plan and checks the hosts (src/launch/dry_run.cpp); 0 when every host
+// is reachable, else 2.
 int print_plan(const LaunchOptions& o);
 
 std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value);

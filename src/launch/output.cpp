@@ -7,6 +7,8 @@
 
 namespace dtrain::launch {
 
+void say(const std::string& msg) { write_all(STDERR_FILENO, "dtrain: " + msg + "\n"); }
+
 void write_all(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
     ssize_t n = ::write(fd, bytes.data(), bytes.size());

@@ -41,5 +41,7 @@ class OutputStream {
 // write(2) of all bytes, retrying on EINTR/partial writes; errors (a closed console) are
 // ignored: losing the console must not stop the job.
 void write_all(int fd, std::string_view bytes);
+// "dtrain: MSG" and a newline on stderr, in one write (the agent's own messages).
+void say(const std::string& msg);
 
 }  // namespace dtrain::launch

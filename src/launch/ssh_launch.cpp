@@ -1,4 +1,4 @@
-// Host-file jobs: one agent per host, started over ssh; and --dry-run's plan.
+// Host-file jobs (engine "ssh", src/engines/ssh.cpp): one agent per host, started over ssh.
 //
 // The launching dtrain (the "driver") is not an agent: it checks every host answers over
 // ssh (an unreachable host is named and nothing starts, exit code 2), then runs
@@ -230,10 +230,27 @@ void kill_all(std::vector<Child>& children, int sig) {
   }
 }
 
+int unreachable_error(const LaunchOptions& o, const std::vector<std::string>& why) {
+  std::ostringstream s;
+  s << "dtrain run: error: cannot reach ";
+  int n = 0;
+  for (size_t i = 0; i < why.size(); ++i) n += !why[i].empty();
+  s << n << " of " << why.size() << " host(s) over ssh; nothing was started:\n";
+  for (size_t i = 0; i < why.size(); ++i) {
+    if (!why[i].empty()) s << "  " << o.hosts[i].first << ": " << why[i] << "\n";
+  }
+  s << "Check the host names, that sshd runs there, and the ssh options (--ssh-port, "
+       "--ssh-identity, --ssh-arg); `dtrain run --dry-run ...` checks without starting anything.\n";
+  launch::write_all(STDERR_FILENO, s.str());
+  return 2;
+}
+
+}  // namespace
+
 // ssh HOST 'test -x DTRAIN' on every host at once: "" for a reachable host with dtrain, else
 // why not. Bounded by ssh's ConnectTimeout (10 s unless the user's arguments say otherwise)
 // and a hard 30 s.
-std::vector<std::string> check_hosts(const LaunchOptions& o) {
+std::vector<std::string> check_ssh_hosts(const LaunchOptions& o) {
   const std::string dtrain = remote_dtrain(o);
   std::vector<Child> children(o.hosts.size());
   for (size_t i = 0; i < o.hosts.size(); ++i) {
@@ -262,23 +279,6 @@ std::vector<std::string> check_hosts(const LaunchOptions& o) {
   }
   return why;
 }
-
-int unreachable_error(const LaunchOptions& o, const std::vector<std::string>& why) {
-  std::ostringstream s;
-  s << "dtrain run: error: cannot reach ";
-  int n = 0;
-  for (size_t i = 0; i < why.size(); ++i) n += !why[i].empty();
-  s << n << " of " << why.size() << " host(s) over ssh; nothing was started:\n";
-  for (size_t i = 0; i < why.size(); ++i) {
-    if (!why[i].empty()) s << "  " << o.hosts[i].first << ": " << why[i] << "\n";
-  }
-  s << "Check the host names, that sshd runs there, and the ssh options (--ssh-port, "
-       "--ssh-identity, --ssh-arg); `dtrain run --dry-run ...` checks without starting anything.\n";
-  launch::write_all(STDERR_FILENO, s.str());
-  return 2;
-}
-
-}  // namespace
 
 std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   std::vector<std::string> a = {"run", "--no-slurm", "--stop-on-stdin-eof"};
@@ -341,7 +341,7 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
 int run_ssh_launch(const LaunchOptions& options) {
   LaunchOptions o = options;
   const bool elastic = o.min_nodes > 0;
-  auto why = check_hosts(o);
+  auto why = check_ssh_hosts(o);
   if (std::any_of(why.begin(), why.end(), [](auto& w) { return !w.empty(); })) {
     // Elastic: the job can start without the unreachable hosts while the first (the store's)
     // and at least MIN hosts answer.
@@ -468,78 +468,6 @@ int run_ssh_launch(const LaunchOptions& options) {
     return 0;
   if (first_failure >= 0) return agents[static_cast<size_t>(first_failure)].code;
   return 0;
-}
-
-int print_plan(const LaunchOptions& o) {
-  std::ostringstream s;
-  std::vector<std::pair<std::string, int>> hosts = o.hosts;
-  if (hosts.empty()) {
-    char buf[256] = {0};
-    ::gethostname(buf, sizeof buf - 1);
-    hosts.push_back({buf, o.nproc_per_node});
-  }
-  int world = 0;
-  for (auto& h : hosts) world += h.second;
-  const std::string engine = o.engine == "ssh"     ? "ssh (one agent per host, started over ssh)"
-                             : o.engine == "slurm" ? "slurm (this srun step; one agent per node)"
-                                                   : "local (this node's flags)";
-  s << "dtrain run --dry-run: the plan (nothing is started)\n";
-  s << "  engine     : " << engine << "\n";
-  s << "  nodes      : " << o.nnodes << "\n";
-  s << "  world size : " << (o.engine == "local" ? o.nnodes * o.nproc_per_node : world) << "\n";
-  s << "  master     : " << o.master_addr << ":"
-    << (o.master_port == 0 ? std::string("(a free port)") : std::to_string(o.master_port))
-    << " (node 0 hosts the store)\n";
-  s << "  rdzv id    : " << o.rdzv_id << "\n";
-  if (o.min_nodes > 0) {
-    s << "  elastic    : " << o.min_nodes << ":" << o.nnodes
-      << " nodes, c10d rendezvous on the store above"
-      << " (node ranks given out per round in join order; the ranks below are the full job's)\n";
-  }
-  if (!o.ifname.empty()) s << "  interface  : " << o.ifname << " (GLOO_SOCKET_IFNAME)\n";
-  std::string program = o.program;
-  for (const auto& a : o.args) program += " " + a;
-  s << "  program    : " << program << "\n";
-  if (o.engine == "local") {
-    s << "  this node  : node " << o.node_rank << " (" << hosts.front().first << "), ranks "
-      << o.node_rank * o.nproc_per_node << "-" << (o.node_rank + 1) * o.nproc_per_node - 1
-      << " if every node runs " << o.nproc_per_node << "\n";
-    launch::write_all(STDOUT_FILENO, s.str());
-    return 0;
-  }
-  int offset = 0;
-  std::vector<std::string> why(hosts.size());
-  if (o.engine == "ssh") why = check_hosts(o);
-  if (o.engine == "slurm") {
-    // Every node must resolve the master's name to an address other than loopback (unless
-    // it is node 0 itself).
-    for (size_t i = 0; i < hosts.size(); ++i) {
-      addrinfo hints{};
-      hints.ai_family = AF_UNSPEC;
-      addrinfo* res = nullptr;
-      if (::getaddrinfo(hosts[i].first.c_str(), nullptr, &hints, &res) != 0) {
-        why[i] = "its name does not resolve on this node";
-      }
-      if (res) ::freeaddrinfo(res);
-    }
-  }
-  int bad = 0;
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    const int n = hosts[i].second;
-    s << "  node " << i << "     : " << hosts[i].first << ", ranks " << offset << "-"
-      << offset + n - 1 << " (" << n << " worker" << (n == 1 ? "" : "s") << ")";
-    if (o.engine == "slurm" && static_cast<int>(i) == o.node_rank) s << " <- this node";
-    if (why[i].empty()) {
-      s << (o.engine == "ssh" ? ", reachable over ssh" : ", resolves") << "\n";
-    } else {
-      s << ", UNREACHABLE: " << why[i] << "\n";
-      ++bad;
-    }
-    offset += n;
-  }
-  if (bad) s << "dtrain run --dry-run: " << bad << " host(s) unreachable\n";
-  launch::write_all(STDOUT_FILENO, s.str());
-  return bad ? 2 : 0;
 }
 
 }  // namespace dtrain

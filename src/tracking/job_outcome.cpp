@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 
 #include "dtrain/mlflow.h"
+#include "launch/failure.h"
 
 namespace dtrain::tracking {
 
@@ -51,29 +51,20 @@ void JobOutcome::report(int exit_code) {
                 : exit_code >= 128
                     ? mlflow::RunStatus::Killed  // the launcher was stopped by a signal
                     : mlflow::RunStatus::Failed;
-  std::ifstream f(failure_file_);
-  if (exit_code != 0 && f) {
-    try {
-      auto j = nlohmann::json::parse(f);
-      auto str = [&](const char* k) {
-        if (!j.contains(k) || j[k].is_null()) return std::string();
-        return j[k].is_string() ? j[k].get<std::string>() : j[k].dump();
-      };
-      tags["dtrain.failed_rank"] = str("rank");
-      tags["dtrain.failed_host"] = str("host");
-      tags["dtrain.failed_exit_code"] = str("exit_code");
-      tags["dtrain.failed_signal"] = str("signal");
-      tags["dtrain.failure_reason"] = str("reason");
+  if (exit_code != 0 && std::filesystem::exists(failure_file_)) {
+    if (auto f = launch::Failure::read_file(failure_file_)) {
+      tags["dtrain.failed_rank"] = std::to_string(f->rank);
+      tags["dtrain.failed_host"] = f->host;
+      tags["dtrain.failed_exit_code"] = std::to_string(f->exit_code);
+      tags["dtrain.failed_signal"] = std::to_string(f->signal);
+      tags["dtrain.failure_reason"] = f->reason;
       std::string tail;
-      if (j.contains("stderr_tail") && j["stderr_tail"].is_array()) {
-        for (const auto& line : j["stderr_tail"])
-          tail += (line.is_string() ? line.get<std::string>() : line.dump()) + "\n";
-      }
+      for (const auto& line : f->stderr_tail) tail += line + "\n";
       if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
       tags["dtrain.stderr_tail"] = tail;
-    } catch (const std::exception& e) {
-      std::cerr << "dtrain run: warning: cannot read the failure file " << failure_file_ << ": "
-                << e.what() << std::endl;
+    } else {
+      std::cerr << "dtrain run: warning: cannot read the failure file " << failure_file_
+                << ": not a failure record" << std::endl;
     }
   }
   try {

@@ -23,6 +23,7 @@
 
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
+#include "engines/engine.h"
 #include "tune/mlflow_trials.h"
 #include "tune/warm_fork_server.h"
 
@@ -282,9 +283,9 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
   }
   if (!o.local_mode) {
     if (o.cluster.engine.empty()) {
-      throw UsageError(
-          "tune::Tuner: local_mode = false needs cluster.engine (\"ssh\", \"slurm\", \"mpi\" or "
-          "\"spark\") and that engine's settings (ClusterOptions, dtrain/distributor.h)");
+      throw UsageError("tune::Tuner: local_mode = false needs cluster.engine (" +
+                       engines::cluster_engine_list(false) +
+                       ") and that engine's settings (ClusterOptions, dtrain/distributor.h)");
     }
     cluster_probe(o);  // UsageError: the engine's settings do not fit the trials
   }
@@ -485,12 +486,18 @@ ResultGrid Tuner::fit() {
   std::unique_ptr<detail::WarmForkServer> warm_server;
   if (o.local_mode) warm_server = detail::WarmForkServer::start(o.env);
 
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  int capacity = std::max(1, static_cast<int>(cores) / o.trial_resources.processes);
-  if (o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
-  // On a cluster this machine's cores do not count: one trial (one job) at a time unless
-  // max_concurrent_trials asks for more.
-  if (!o.local_mode) capacity = std::max(1, o.max_concurrent_trials);
+  // Locally, as many trials as this machine's cores hold. On a cluster one trial (one job) at a
+  // time unless max_concurrent_trials asks for more: the engines' capacity() is not counted
+  // there yet.
+  int capacity = 1;
+  if (o.local_mode) {
+    const DistributorOptions trial = trial_distributor_options(o);
+    const auto room = engines::for_job(trial).capacity(trial);
+    capacity = std::max(1, (room ? room->free_slots : 1) / o.trial_resources.processes);
+    if (o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
+  } else {
+    capacity = std::max(1, o.max_concurrent_trials);
+  }
   // With fewer cores than one trial needs, trials still run, one at a time (oversubscribed).
 
   std::mutex done_mutex;
@@ -522,8 +529,8 @@ ResultGrid Tuner::fit() {
     d.env["DTRAIN_TUNE_RUN"] = std::to_string(r.runs);
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
     if (warm_server) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_server->agent_env();
-    // Engine "mpi" runs no dtrain agent to keep logs (the MPI launcher's own options do).
-    if (o.local_mode || o.cluster.engine != "mpi") d.log_dir = (fs::path(r.dir) / "logs").string();
+    // An engine without dtrain agents (mpi) keeps no logs (the MPI launcher's own options do).
+    if (engines::for_job(d).runs_agents()) d.log_dir = (fs::path(r.dir) / "logs").string();
     if (mlflow.active()) {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
       // its Distributor) open no runs of their own.

@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "dtrain/zero.h"
+#include "zero/engine_impl.h"
 #include "zero/pickle.h"
 #include "zero/stage3_fetch.h"
 
@@ -135,8 +136,6 @@ std::string optim_file(int rank) {
   return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
 }
 const char* kModelFile = "mp_rank_00_model_states.pt";
-// The optimizer type recorded for InitOptions::optimizer.
-const char* kClientType = "client";
 
 std::string resolve_tag(const fs::path& dir, const std::string& tag) {
   if (!tag.empty()) return tag;
@@ -190,18 +189,19 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
 // SGD) every rank's partition of the optimizer state from its base_optimizer_state.
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
-    const fs::path& model_path, int64_t numel, const std::string& type, bool optimizer);
+    const fs::path& model_path, int64_t numel, const std::string& type,
+    const std::vector<std::string>& state_names, bool optimizer);
 
 }  // namespace
 
 namespace detail {
 
-IValue EngineCore::model_state(bool build) {
+IValue EngineImpl::model_state(bool build) {
   torch::NoGradGuard ng;
   const int64_t bytes_before = bytes_this_step_;
   // Stage 3 gathers the module (collective), then releases it again.
   const bool was_gathered = gathered_;
-  if (stage_ == 3 && !gathered_) gather_parameters();
+  if (policy_.parameters() && !gathered_) gather_parameters();
   IValue out;
   if (build) {
     auto d = new_dict();
@@ -228,36 +228,33 @@ IValue EngineCore::model_state(bool build) {
     d.insert("loss_scaler", c10::List<double>(scaler_.state()));
     d.insert("dp_world_size", static_cast<int64_t>(world_));
     d.insert("mp_world_size", static_cast<int64_t>(1));
-    d.insert("zero_stage", static_cast<int64_t>(stage_));
+    d.insert("zero_stage", static_cast<int64_t>(config_.zero.stage));
     d.insert("ds_config", config_.raw.dump());
     d.insert("ds_version", std::string("dtrain-zero-2"));
     out = d;
   }
-  if (stage_ == 3 && !was_gathered) release_parameters();
+  if (policy_.parameters() && !was_gathered) release_parameters();
   bytes_this_step_ = bytes_before;
   return out;
 }
 
-IValue EngineCore::optim_state() {
+IValue EngineImpl::optim_state() {
   torch::NoGradGuard ng;
-  torch::Tensor w = master_.defined() ? master_
-                    : stage_ == 0     ? flat_params_
-                    : stage_ < 3      ? own_slice(flat_params_)
-                                      : param_part_;
+  torch::Tensor w = update_target();
   const int64_t begin = std::min<int64_t>(rank_ * part_, numel_),
                 end = std::min<int64_t>((rank_ + 1) * part_, numel_);
-  const int64_t local = stage_ == 0 ? begin : 0;
+  const int64_t local = policy_.optimizer() ? 0 : begin;  // where [begin, end) lies in w
   auto slice = [&](const torch::Tensor& t) {
     return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true);
   };
   auto o = new_dict();
-  o.insert("zero_stage", static_cast<int64_t>(stage_));
+  o.insert("zero_stage", static_cast<int64_t>(config_.zero.stage));
   o.insert("partition_count", static_cast<int64_t>(world_));
   o.insert("rank", static_cast<int64_t>(rank_));
   o.insert("numel", numel_);
   o.insert("begin", begin);
   o.insert("end", end);
-  if (stage_ == 1 || stage_ == 2) {
+  if (policy_.deepspeed_stage_1_and_2()) {
     // DeepSpeed's key: the padded partition (zero_to_fp32 concatenates them by rank).
     c10::List<torch::Tensor> groups;
     groups.push_back(w.narrow(0, 0, part_).to(torch::kCPU, master_dtype_, false, true));
@@ -266,29 +263,20 @@ IValue EngineCore::optim_state() {
     o.insert("fp32_flat", slice(w));
   }
   auto st = new_dict();
-  const bool sgd = config_.optimizer.type == "SGD";
-  for (size_t k = 0; k < state_.size(); ++k)
-    st.insert(sgd ? "momentum_buffer" : (k == 0 ? "exp_avg" : "exp_avg_sq"), slice(state_[k]));
+  const auto names = optimizer_->state_names();
+  const auto& state = optimizer_->state();
+  for (size_t k = 0; k < state.size(); ++k) st.insert(names[k], slice(state[k]));
   o.insert("state", st);
   o.insert("step", opt_step_);
-  o.insert("type", client_ ? std::string(kClientType) : config_.optimizer.type);
-  if (client_) {
-    // Its own serialization (torch::optim's archive), as bytes: keyed to this partition.
-    torch::serialize::OutputArchive archive;
-    client_->save(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    const std::string b = bytes.str();
-    auto t = torch::empty({static_cast<int64_t>(b.size())}, torch::kUInt8);
-    std::memcpy(t.data_ptr(), b.data(), b.size());
-    o.insert("client_optimizer", t);
-  }
+  o.insert("type", optimizer_->type());
+  // Opaque state (the client optimizer's torch::optim archive), as bytes: keyed to this partition.
+  if (optimizer_->opaque()) o.insert("client_optimizer", optimizer_->save_opaque());
   auto d = new_dict();
   d.insert("optimizer_state_dict", o);
   return d;
 }
 
-void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& tag) {
+void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& tag) {
   if (tag.empty() || tag.find('/') != std::string::npos)
     throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag +
                      "'");
@@ -323,7 +311,7 @@ void EngineCore::save_checkpoint(const std::string& dir_s, const std::string& ta
   group_->barrier();
 }
 
-std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::string& tag_in,
+std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::string& tag_in,
                                         const LoadCheckpointOptions& opts) {
   const fs::path dir(dir_s);
   std::string tag = resolve_tag(dir, tag_in);
@@ -339,8 +327,9 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
                     d.at("ds_version").toStringRef().rfind("dtrain", 0) == 0;
   std::vector<c10::impl::GenericDict> optims;
   if (!ours) {
-    auto [model, ds_optims] = from_deepspeed(dir, tag, d, model_path, numel_,
-                                             config_.optimizer.type, opts.load_optimizer_states);
+    auto [model, ds_optims] =
+        from_deepspeed(dir, tag, d, model_path, numel_, config_.optimizer.type,
+                       optimizer_->state_names(), opts.load_optimizer_states);
     load_state(model, ds_optims, opts, model_path.string());
     return tag;
   }
@@ -352,15 +341,15 @@ std::string EngineCore::load_checkpoint(const std::string& dir_s, const std::str
   return tag;
 }
 
-void EngineCore::load_client_state(const std::vector<c10::impl::GenericDict>& optims,
+void EngineImpl::load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                                    const std::string& saved_type, int saved_world,
                                    const std::string& where) {
-  if (!client_)
+  if (!optimizer_->opaque())
     throw Error("zero load_checkpoint: " + where +
                 " holds the state of a client optimizer (InitOptions::optimizer); "
                 "initialize with the same optimizer to load it, or load with load_optimizer_states "
                 "= false");
-  if (saved_type != kClientType)
+  if (saved_type != kClientOptimizerType)
     throw Error(
         "zero load_checkpoint: " + where + " holds the config optimizer " + saved_type +
         "'s state, but this engine steps a client optimizer (InitOptions::optimizer); load with "
@@ -372,13 +361,10 @@ void EngineCore::load_client_state(const std::vector<c10::impl::GenericDict>& op
                 std::to_string(saved_world) + " ranks (this run has " + std::to_string(world_) +
                 "), or with load_optimizer_states = false");
   auto o = get(optims[static_cast<size_t>(rank_)], "optimizer_state_dict", where).toGenericDict();
-  auto t = get(o, "client_optimizer", where).toTensor().contiguous();
-  torch::serialize::InputArchive archive;
-  archive.load_from(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
-  client_->load(archive);
+  optimizer_->load_opaque(get(o, "client_optimizer", where).toTensor());
 }
 
-void EngineCore::load_state(const c10::impl::GenericDict& d,
+void EngineImpl::load_state(const c10::impl::GenericDict& d,
                             const std::vector<c10::impl::GenericDict>& optims,
                             const LoadCheckpointOptions& opts, const std::string& where) {
   const fs::path model_path(where);
@@ -403,7 +389,7 @@ void EngineCore::load_state(const c10::impl::GenericDict& d,
       item.value().detach().copy_(it->value().toTensor());
   }
   auto place = [&](const torch::Tensor& full_flat) {
-    if (stage_ < 3) {
+    if (!policy_.parameters()) {
       flat_params_.copy_(full_flat);
       return;
     }
@@ -433,21 +419,22 @@ void EngineCore::load_state(const c10::impl::GenericDict& d,
       p.narrow(0, 0, numel_).copy_(t);
       return p;
     };
-    auto mine = [&](const torch::Tensor& t) { return stage_ == 0 ? pad(t) : own_slice(pad(t)); };
+    auto mine = [&](const torch::Tensor& t) { return policy_.mine(pad(t), rank_, part_); };
     if (master_.defined()) master_.copy_(mine(f.master));
     const std::string saved_type =
         get(get(optims[0], "optimizer_state_dict", model_path).toGenericDict(), "type", model_path)
             .toStringRef();
-    if (client_ || saved_type == kClientType)
-      load_client_state(optims, saved_type, saved_world, where);
-    if (f.state.size() != state_.size())
+    if (optimizer_->opaque() || saved_type == kClientOptimizerType)
+      load_opaque_state(optims, saved_type, saved_world, where);
+    auto& state = optimizer_->state();
+    if (f.state.size() != state.size())
       throw Error("zero load_checkpoint: the checkpoint's optimizer has " +
                   std::to_string(f.state.size()) + " state tensors per element, this one " +
-                  std::to_string(state_.size()) + " (another optimizer type?)");
-    for (size_t k = 0; k < state_.size(); ++k) state_[k].copy_(mine(f.state[k]));
+                  std::to_string(state.size()) + " (another optimizer type?)");
+    for (size_t k = 0; k < state.size(); ++k) state[k].copy_(mine(f.state[k]));
     opt_step_ = f.step;
   } else if (master_.defined()) {
-    master_.copy_(stage_ == 0 ? full : own_slice(full));
+    master_.copy_(policy_.mine(full, rank_, part_));
   }
   // DeepSpeed writes lr_scheduler None without a scheduler, and keeps no loss scaler here.
   if (opts.load_lr_scheduler_states && d.contains("lr_scheduler") &&
@@ -638,7 +625,8 @@ namespace {
 
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
-    const fs::path& model_path, int64_t numel, const std::string& type, bool optimizer) {
+    const fs::path& model_path, int64_t numel, const std::string& type,
+    const std::vector<std::string>& state_names, bool optimizer) {
   auto model = new_dict();
   c10::Dict<std::string, torch::Tensor> module;
   for (auto& item : consolidated_state_dict(dir.string(), tag))
@@ -675,10 +663,8 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     od.insert("begin", begin);
     od.insert("end", end);
     auto st = new_dict();
-    const std::vector<const char*> names = type == "SGD"
-                                               ? std::vector<const char*>{"momentum_buffer"}
-                                               : std::vector<const char*>{"exp_avg", "exp_avg_sq"};
-    for (const char* n : names) {
+    // The names of the optimizer's own state (partition_optimizer.h) are DeepSpeed's.
+    for (const std::string& n : state_names) {
       const PyValue* t = s0->get(n);
       if (!t || t->kind != PyValue::Kind::Tensor)
         throw CheckpointError(f.string() + ": DeepSpeed's optimizer state has no '" + n +

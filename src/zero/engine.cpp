@@ -1,14 +1,17 @@
-// The ZeRO engine: flat partitioned buffers, gradient reduction by stage, the optimizer step.
+// The ZeRO engine's training path: flat buffers partitioned as the stage's policy says
+// (zero/partitioning.h), gradient buckets and their reduction, the optimizer step.
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
+#include "zero/engine_impl.h"
 #include "zero/stage3_fetch.h"
 
 namespace dtrain::zero {
@@ -35,42 +38,47 @@ std::string describe_tensor(const torch::Tensor& t) {
 
 }  // namespace
 
-EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions options)
+std::unique_ptr<EngineCore> make_engine_core(torch::nn::Module& module, Config config,
+                                             InitOptions options) {
+  return std::make_unique<EngineImpl>(module, std::move(config), std::move(options));
+}
+
+EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions options)
     : module_(module),
       config_(std::move(config)),
       group_(std::move(options.group)),
+      policy_(Partitioning::for_stage(config_.zero.stage)),
       scaler_(config_.fp16),
       scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1,
                  config_.optimizer.beta2) {
   if (!group_) group_ = default_group();
   rank_ = group_->rank();
   world_ = group_->world_size();
-  stage_ = config_.zero.stage;
   if (config_.world_size != world_)
     throw UsageError("zero::initialize: the config was resolved for world size " +
                      std::to_string(config_.world_size) + " but the group has " +
                      std::to_string(world_) + " ranks");
-  client_ = std::move(options.optimizer);
-  if (client_ && config_.optimizer.given)
+  auto client = std::move(options.optimizer);
+  if (client && config_.optimizer.given)
     throw UsageError(
         "zero::initialize: an optimizer was given twice, in the config's \"optimizer\" section and "
         "as "
         "InitOptions::optimizer; remove one of them");
-  if (!client_ && !config_.optimizer.given)
+  if (!client && !config_.optimizer.given)
     throw UsageError(
         "zero::initialize: the config has no \"optimizer\" section; add one, e.g. "
         "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD or "
         "Lamb), "
         "or pass your own torch::optim optimizer as InitOptions::optimizer");
-  if (client_ && client_->param_groups().size() != 1)
+  if (client && client->param_groups().size() != 1)
     throw UsageError(
         "zero::initialize: InitOptions::optimizer has " +
-        std::to_string(client_->param_groups().size()) +
+        std::to_string(client->param_groups().size()) +
         " parameter groups; ZeRO steps one flat partition of every parameter, so give it one group "
         "(e.g. over module->parameters())");
-  if (client_ && !client_->state().empty())
+  if (client && !client->state().empty())
     throw UsageError("zero::initialize: InitOptions::optimizer already holds state for " +
-                     std::to_string(client_->state().size()) +
+                     std::to_string(client->state().size()) +
                      " parameters; give a fresh optimizer (load state with load_checkpoint)");
   for (auto& item : module_.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -130,10 +138,10 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
   }
   const auto state_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   if (mixed_ || offload_opt_) {
-    master_ = (stage_ == 0 ? full : own_slice(full))
-                  .to(state_device, master_dtype_, false, /*copy=*/true);
+    master_ =
+        policy_.mine(full, rank_, part_).to(state_device, master_dtype_, false, /*copy=*/true);
   }
-  if (stage_ < 3) {
+  if (!policy_.parameters()) {
     flat_params_ = mixed_ ? full.to(model_dtype_) : full;
     point_params_at(flat_params_);
   } else {
@@ -144,81 +152,74 @@ EngineCore::EngineCore(torch::nn::Module& module, Config config, InitOptions opt
     point_params_at(full.to(model_dtype_));
     full = torch::Tensor();
   }
-  torch::Tensor w = master_.defined() ? master_
-                    : stage_ == 0     ? flat_params_
-                    : stage_ < 3      ? own_slice(flat_params_)
-                                      : param_part_;
-  const auto& type = config_.optimizer.type;
-  int nstate = client_ ? 0 : type == "SGD" ? (config_.optimizer.momentum > 0 ? 1 : 0) : 2;
-  for (int k = 0; k < nstate; ++k) state_.push_back(torch::zeros_like(w));
-  if (client_) {
-    client_param_ = w;  // one tensor for good: the optimizer keys its state by it
-    client_->param_groups()[0].params() = {client_param_};
-    scheduler_ = LRScheduler(config_.scheduler, client_->param_groups()[0].options().get_lr(),
-                             config_.optimizer.beta1, config_.optimizer.beta2);
-  }
+  const bool client_given = client != nullptr;
+  optimizer_ = make_partition_optimizer(config_.optimizer, std::move(client), update_target());
+  if (client_given)  // its own rate is the schedule's base
+    scheduler_ = LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1,
+                             config_.optimizer.beta2);
 
-  if (stage_ < 2) {
+  if (!policy_.gradients()) {
     flat_grads_ =
         torch::zeros({padded_}, torch::TensorOptions().dtype(model_dtype_).device(device_));
-    if (stage_ < 3) {
-      for (size_t i = 0; i < params_.size(); ++i)
-        params_[i].mutable_grad() = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
-    }
+    for (size_t i = 0; i < params_.size(); ++i)
+      params_[i].mutable_grad() = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
   } else {
     grad_part_ = torch::zeros(
         {part_},
         torch::TensorOptions().dtype(master_dtype_).device(offload_opt_ ? torch::kCPU : device_));
   }
-  // Stage 1 with overlap_comm: the boundary backward reduces flat_grads_'s buckets to their
-  // owners in place as they complete (the 16-bit gradients of fp16/bf16 are reduced in fp32
-  // at the step instead).
-  if (stage_ >= 2 || (stage_ == 1 && config_.zero.overlap_comm && world_ > 1 && !mixed_)) {
-    // Buckets over the flat range in reverse registration order (roughly backward's order).
-    const int64_t cap = std::max<int64_t>(1, config_.zero.reduce_bucket_size);
-    bucket_of_.assign(params_.size(), 0);
-    Bucket open;
-    int64_t open_elems = 0;
-    for (size_t k = params_.size(); k-- > 0;) {
-      if (numels_[k] >= cap && !open.params.empty()) {  // a big parameter gets a bucket of its own
-        buckets_.push_back(std::move(open));
-        open = Bucket();
-        open_elems = 0;
-      }
-      open.params.push_back(k);
-      open_elems += numels_[k];
-      if (open_elems >= cap) {
-        buckets_.push_back(std::move(open));
-        open = Bucket();
-        open_elems = 0;
-      }
-    }
-    if (!open.params.empty()) buckets_.push_back(std::move(open));
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      auto& bk = buckets_[b];
-      size_t first = bk.params.back(), last = bk.params.front();
-      bk.begin = offsets_[first];
-      bk.end = offsets_[last] + numels_[last];
-      bk.pending = bk.params.size();
-      for (auto i : bk.params) bucket_of_[i] = b;
-    }
-    ready_.assign(params_.size(), false);
+  // Gradients reduced during backward as their buckets complete: into grad_part_, or (stage 1
+  // with overlap_comm, in the boundary micro-step) in place in flat_grads_ to their owners.
+  if (policy_.reduces_in_backward(config_.zero, world_, mixed_)) {
+    make_buckets();
     install_hooks();
   }
-  if (stage_ == 3) release_parameters();
+  if (policy_.parameters()) release_parameters();
 }
 
-EngineCore::~EngineCore() {
+EngineImpl::~EngineImpl() {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
 }
 
-void EngineCore::point_params_at(const torch::Tensor& flat) {
+// Buckets over the flat range in reverse registration order (roughly backward's order).
+void EngineImpl::make_buckets() {
+  const int64_t cap = std::max<int64_t>(1, config_.zero.reduce_bucket_size);
+  bucket_of_.assign(params_.size(), 0);
+  Bucket open;
+  int64_t open_elems = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (numels_[k] >= cap && !open.params.empty()) {  // a big parameter gets a bucket of its own
+      buckets_.push_back(std::move(open));
+      open = Bucket();
+      open_elems = 0;
+    }
+    open.params.push_back(k);
+    open_elems += numels_[k];
+    if (open_elems >= cap) {
+      buckets_.push_back(std::move(open));
+      open = Bucket();
+      open_elems = 0;
+    }
+  }
+  if (!open.params.empty()) buckets_.push_back(std::move(open));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bk = buckets_[b];
+    size_t first = bk.params.back(), last = bk.params.front();
+    bk.begin = offsets_[first];
+    bk.end = offsets_[last] + numels_[last];
+    bk.pending = bk.params.size();
+    for (auto i : bk.params) bucket_of_[i] = b;
+  }
+  ready_.assign(params_.size(), false);
+}
+
+void EngineImpl::point_params_at(const torch::Tensor& flat) {
   torch::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].set_data(flat.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]));
 }
 
-void EngineCore::install_hooks() {
+void EngineImpl::install_hooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     if (!acc)
@@ -233,8 +234,8 @@ void EngineCore::install_hooks() {
   }
 }
 
-void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
-  if (stage_ != 3) return;
+void EngineImpl::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+  if (!policy_.parameters()) return;
   if (in_backward_)
     throw UsageError("zero: fetch_units() during backward; declare the units before training");
   // Parameter index by identity; each unit's must be contiguous (registration order).
@@ -274,28 +275,28 @@ void EngineCore::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>
   fetch_ = std::make_unique<Stage3Fetch>(*this, std::move(lists));
 }
 
-size_t EngineCore::unit_of(const torch::nn::Module& m) const {
+size_t EngineImpl::unit_of(const torch::nn::Module& m) const {
   for (size_t u = 0; u < unit_modules_.size(); ++u)
     if (unit_modules_[u].get() == &m) return u;
   throw UsageError("zero: fetch() got module '" + m.name() +
                    "', which is not one of the units given to fetch_units()");
 }
 
-void EngineCore::begin_units() {
+void EngineImpl::begin_units() {
   if (gathered_) release_parameters();  // a whole-module gather (evaluation, checkpoint) ends here
 }
 
-void EngineCore::unit_begin(size_t u) { fetch_->begin_forward(u); }
+void EngineImpl::unit_begin(size_t u) { fetch_->begin_forward(u); }
 
-void EngineCore::unit_end(size_t u, const torch::Tensor* output) { fetch_->end_forward(u, output); }
+void EngineImpl::unit_end(size_t u, const torch::Tensor* output) { fetch_->end_forward(u, output); }
 
-Stage3Stats EngineCore::stage3_stats() const { return fetch_ ? fetch_->stats() : Stage3Stats{}; }
+Stage3Stats EngineImpl::stage3_stats() const { return fetch_ ? fetch_->stats() : Stage3Stats{}; }
 
-void EngineCore::set_stage3_trace(std::function<void(const std::string&)> trace) {
+void EngineImpl::set_stage3_trace(std::function<void(const std::string&)> trace) {
   if (fetch_) fetch_->set_trace(std::move(trace));
 }
 
-void EngineCore::gather_parameters() {
+void EngineImpl::gather_parameters() {
   if (fetch_) fetch_->release_all();
   auto local = param_part_.to(device_);
   torch::Tensor flat;
@@ -312,7 +313,7 @@ void EngineCore::gather_parameters() {
   gathered_ = true;
 }
 
-void EngineCore::release_parameters() {
+void EngineImpl::release_parameters() {
   torch::NoGradGuard ng;
   auto empty = torch::empty({0}, torch::TensorOptions().dtype(model_dtype_).device(device_));
   for (auto& p : params_) p.set_data(empty);
@@ -320,13 +321,13 @@ void EngineCore::release_parameters() {
   gathered_ = false;
 }
 
-void EngineCore::before_forward() {
-  if (stage_ == 3 && !gathered_) gather_parameters();
+void EngineImpl::before_forward() {
+  if (policy_.parameters() && !gathered_) gather_parameters();
 }
 
-void EngineCore::backward(const torch::Tensor& loss) {
-  if (stage_ == 3 && !gathered_ && !fetch_) gather_parameters();
-  if (stage_ < 2) {
+void EngineImpl::backward(const torch::Tensor& loss) {
+  if (policy_.parameters() && !gathered_ && !fetch_) gather_parameters();
+  if (!policy_.gradients()) {
     // A user's zero_grad() (set_to_none) detaches .grad from the flat buffer: re-point it.
     for (size_t i = 0; i < params_.size(); ++i) {
       auto view = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
@@ -339,7 +340,7 @@ void EngineCore::backward(const torch::Tensor& loss) {
   }
   double scale = scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
   reduce_in_backward_ =
-      stage_ >= 2 ||
+      policy_.gradients() ||
       (!buckets_.empty() && (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0);
   in_backward_ = true;
   try {
@@ -353,13 +354,13 @@ void EngineCore::backward(const torch::Tensor& loss) {
   ++micro_steps_;
   if (reduce_in_backward_) finish_backward();
   in_backward_ = false;
-  if (stage_ == 3) {
+  if (policy_.parameters()) {
     if (fetch_) fetch_->end_backward();
     if (gathered_) release_parameters();
   }
 }
 
-void EngineCore::on_grad_ready(size_t i) {
+void EngineImpl::on_grad_ready(size_t i) {
   if (!in_backward_ || !reduce_in_backward_ || ready_[i]) return;
   ready_[i] = true;
   --buckets_[bucket_of_[i]].pending;
@@ -367,14 +368,14 @@ void EngineCore::on_grad_ready(size_t i) {
   if (fetch_) fetch_->on_grad_ready(i);
 }
 
-void EngineCore::launch_ready_buckets() {
+void EngineImpl::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0)
     reduce_bucket(buckets_[next_bucket_++]);
 }
 
-void EngineCore::reduce_bucket(Bucket& b) {
+void EngineImpl::reduce_bucket(Bucket& b) {
   torch::NoGradGuard ng;
-  if (stage_ == 1) {
+  if (!policy_.gradients()) {
     // The bucket's range of flat_grads_ is final: each owner's piece is reduced in place (the
     // other ranks' copies are not read again before the step zeroes them).
     for (int r = 0; r < world_; ++r) {
@@ -440,7 +441,7 @@ void EngineCore::reduce_bucket(Bucket& b) {
   b.launched = true;
 }
 
-void EngineCore::finish_backward() {
+void EngineImpl::finish_backward() {
   for (; next_bucket_ < buckets_.size(); ++next_bucket_) reduce_bucket(buckets_[next_bucket_]);
   // In launch order: every rank waits for the same sequence of collectives.
   for (auto& f : in_flight_) {
@@ -449,7 +450,7 @@ void EngineCore::finish_backward() {
       grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
   }
   in_flight_.clear();
-  if (stage_ == 1) grads_reduced_ = true;
+  if (!policy_.gradients()) grads_reduced_ = true;
   next_bucket_ = 0;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -458,61 +459,79 @@ void EngineCore::finish_backward() {
   std::fill(ready_.begin(), ready_.end(), false);
 }
 
-bool EngineCore::is_gradient_accumulation_boundary() const {
+bool EngineImpl::is_gradient_accumulation_boundary() const {
   return micro_steps_ > 0 && micro_steps_ % config_.gradient_accumulation_steps == 0;
 }
 
-double EngineCore::lr() const {
+double EngineImpl::lr() const {
   if (scheduler_.enabled()) return scheduler_.lr();
-  return client_ ? client_->param_groups()[0].options().get_lr() : config_.optimizer.lr;
+  return optimizer_->lr();
 }
 
-void EngineCore::step() {
+torch::Tensor EngineImpl::own_params() const {
+  if (policy_.parameters()) return param_part_;
+  return policy_.optimizer() ? own_slice(flat_params_) : flat_params_;
+}
+
+void EngineImpl::combine_step_scalar(torch::Tensor& t, ReduceOp op) {
+  if (world_ == 1 || !policy_.combines_step_scalars()) return;
+  AllReduceOptions o;
+  o.group = group_;
+  o.op = op;
+  all_reduce(t, o);
+  count(nbytes(t) * 2 * (world_ - 1) / world_);
+}
+
+torch::Tensor EngineImpl::averaged_gradient() {
+  const auto master_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
+  torch::Tensor g;
+  switch (policy_.gradient_path()) {
+    case GradientPath::kAllReduce:
+      g = flat_grads_.to(master_dtype_);
+      if (world_ > 1) {
+        AllReduceOptions o;
+        o.group = group_;
+        all_reduce(g, o);
+        count(nbytes(g) * 2 * (world_ - 1) / world_);
+      }
+      break;
+    case GradientPath::kReduceToOwners: {
+      // Each partition reduced onto its owner (in place unless the gradients are 16-bit);
+      // already done when the boundary backward reduced its buckets (overlap_comm).
+      auto full = flat_grads_.to(master_dtype_);
+      if (!grads_reduced_) reduce_to_owners(full);
+      grads_reduced_ = false;
+      g = own_slice(full);
+      break;
+    }
+    case GradientPath::kPartition:
+      g = grad_part_;
+      break;
+  }
+  // In place from here: g is flat_grads_ or grad_part_ (zeroed after the step) or a copy.
+  if (g.device() != master_device) g = g.to(master_device);
+  g.div_(static_cast<double>(world_));
+  if (config_.fp16.enabled) g.div_(scaler_.scale());
+  return g;
+}
+
+void EngineImpl::step() {
   if (!is_gradient_accumulation_boundary() ||
       micro_steps_ / config_.gradient_accumulation_steps <= global_steps_)
     return;
   torch::NoGradGuard ng;
   // Stage 3: a forward without backward (evaluation) left the module gathered; the update
   // below changes the partitions, so the next forward must gather again.
-  if (stage_ == 3 && gathered_) release_parameters();
+  if (policy_.parameters() && gathered_) release_parameters();
   if (fetch_) fetch_->release_all();  // persistent units too: the partitions change
-  const auto master_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   // 1. This rank's averaged gradients, in the master dtype, where the master lives.
-  torch::Tensor g;
-  if (stage_ == 0) {
-    g = flat_grads_.to(master_dtype_);
-    if (world_ > 1) {
-      AllReduceOptions o;
-      o.group = group_;
-      all_reduce(g, o);
-      count(nbytes(g) * 2 * (world_ - 1) / world_);
-    }
-  } else if (stage_ == 1) {
-    // Each partition reduced onto its owner (in place unless the gradients are 16-bit);
-    // already done when the boundary backward reduced its buckets (overlap_comm).
-    auto full = flat_grads_.to(master_dtype_);
-    if (!grads_reduced_) reduce_to_owners(full);
-    grads_reduced_ = false;
-    g = own_slice(full);
-  } else {
-    g = grad_part_;
-  }
-  // In place: g is flat_grads_ or grad_part_ (zeroed below) or a copy of them.
-  if (g.device() != master_device) g = g.to(master_device);
-  g.div_(static_cast<double>(world_));
-  if (config_.fp16.enabled) g.div_(scaler_.scale());
+  torch::Tensor g = averaged_gradient();
   // 2. fp16: an overflow anywhere skips the step (and the scheduler) on every rank.
   if (config_.fp16.enabled) {
     bool local = inject_overflow_ || !torch::isfinite(g).all().item<bool>();
     inject_overflow_ = false;
     auto flag = torch::tensor({local ? 1.0f : 0.0f});
-    if (world_ > 1 && stage_ >= 1) {
-      AllReduceOptions o;
-      o.group = group_;
-      o.op = ReduceOp::kMax;
-      all_reduce(flag, o);
-      count(nbytes(flag) * 2 * (world_ - 1) / world_);
-    }
+    combine_step_scalar(flag, ReduceOp::kMax);
     if (flag.item<float>() > 0) {
       scaler_.update(true);
       ++skipped_steps_;
@@ -527,29 +546,26 @@ void EngineCore::step() {
   // 3. Clipping by the global norm over every rank's partition.
   if (config_.gradient_clipping > 0) {
     auto sq = g.to(torch::kFloat64).pow(2).sum().reshape({1});
-    if (world_ > 1 && stage_ >= 1) {
-      AllReduceOptions o;
-      o.group = group_;
-      all_reduce(sq, o);
-      count(nbytes(sq) * 2 * (world_ - 1) / world_);
-    }
+    combine_step_scalar(sq, ReduceOp::kSum);
     last_grad_norm_ = std::sqrt(sq.item<double>());
     double coef = config_.gradient_clipping / (last_grad_norm_ + 1e-6);
     if (coef < 1) g.mul_(coef);
   }
   // 4. The update of this rank's partition.
-  torch::Tensor w = master_.defined() ? master_
-                    : stage_ == 0     ? flat_params_
-                    : stage_ < 3      ? own_slice(flat_params_)
-                                      : param_part_;
   ++opt_step_;
-  optimizer_step(w, g, lr(), scheduler_.betas());
-  if (master_.defined()) {
-    auto target = stage_ == 0 ? flat_params_ : stage_ < 3 ? own_slice(flat_params_) : param_part_;
-    target.copy_(master_);
-  }
-  // 5. Everyone's updated partitions back into every rank's parameters (stages 1-2).
-  if ((stage_ == 1 || stage_ == 2) && world_ > 1) all_gather_params();
+  PartitionOptimizer::StepArgs args;
+  args.step = opt_step_;
+  args.lr = lr();
+  std::tie(args.beta1, args.beta2) = scheduler_.betas();
+  args.scheduled = scheduler_.enabled();
+  args.offsets = &offsets_;
+  args.numels = &numels_;
+  args.base = policy_.update_offset(rank_, part_);
+  args.sum_over_ranks = [this](torch::Tensor& t) { combine_step_scalar(t, ReduceOp::kSum); };
+  optimizer_->step(update_target(), g, args);
+  if (master_.defined()) own_params().copy_(master_);
+  // 5. Everyone's updated partitions back into every rank's parameters.
+  if (policy_.gathers_after_step() && world_ > 1) all_gather_params();
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
   if (config_.fp16.enabled) scaler_.update(false);
@@ -559,7 +575,7 @@ void EngineCore::step() {
   bytes_this_step_ = 0;
 }
 
-void EngineCore::reduce_to_owners(const torch::Tensor& full) {
+void EngineImpl::reduce_to_owners(const torch::Tensor& full) {
   if (world_ == 1) return;
   std::vector<Work> works;
   for (int r = 0; r < world_; ++r) {
@@ -573,7 +589,7 @@ void EngineCore::reduce_to_owners(const torch::Tensor& full) {
   for (auto& w : works) w.wait();
 }
 
-void EngineCore::all_gather_params() {
+void EngineImpl::all_gather_params() {
   // In place: every rank's partition into flat_params_ (its own is there already).
   auto flat = wire(flat_params_);
   CollectiveOptions o;
@@ -582,109 +598,7 @@ void EngineCore::all_gather_params() {
   count(nbytes(flat_params_) * (world_ - 1) / world_);
 }
 
-void EngineCore::client_step(const torch::Tensor& g, double lr) {
-  if (scheduler_.enabled()) client_->param_groups()[0].options().set_lr(lr);
-  client_param_.mutable_grad() = g;
-  client_->step();
-  client_param_.mutable_grad() = torch::Tensor();
-}
-
-void EngineCore::optimizer_step(const torch::Tensor& w, const torch::Tensor& g, double lr,
-                                std::pair<double, double> betas) {
-  if (client_) return client_step(g, lr);
-  const auto& o = config_.optimizer;
-  const double beta1 = betas.first, beta2 = betas.second;
-  if (o.type == "Lamb") return lamb_step(w, g, lr, betas);
-  if (o.type == "SGD") {
-    auto d = o.weight_decay != 0 ? g.add(w, o.weight_decay) : g;
-    if (o.momentum > 0) {
-      auto& buf = state_[0];
-      if (opt_step_ == 1)
-        buf.copy_(d);
-      else
-        buf.mul_(o.momentum).add_(d, 1 - o.dampening);
-      d = o.nesterov ? d.add(buf, o.momentum) : buf;
-    }
-    w.add_(d, -lr);
-    return;
-  }
-  // Adam / AdamW.
-  const bool adamw = o.adam_w_mode;
-  // One fused pass (cpu_adam_step) whenever the partition and its state are flat CPU arrays.
-  if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && g.is_contiguous() &&
-      g.scalar_type() == w.scalar_type() && state_[0].is_contiguous() &&
-      state_[1].is_contiguous()) {
-    auto gc = g.contiguous();
-    if (w.scalar_type() == torch::kFloat32)
-      return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), state_[0].data_ptr<float>(),
-                           state_[1].data_ptr<float>(), w.numel(), opt_step_, lr, beta1, beta2,
-                           o.eps, o.weight_decay, adamw, 0, o.bias_correction);
-    if (w.scalar_type() == torch::kFloat64)
-      return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(),
-                           state_[0].data_ptr<double>(), state_[1].data_ptr<double>(), w.numel(),
-                           opt_step_, lr, beta1, beta2, o.eps, o.weight_decay, adamw, 0,
-                           o.bias_correction);
-  }
-  auto& m = state_[0];
-  auto& v = state_[1];
-  const double bc1 = o.bias_correction ? 1 - std::pow(beta1, double(opt_step_)) : 1.0,
-               bc2 = o.bias_correction ? 1 - std::pow(beta2, double(opt_step_)) : 1.0;
-  torch::Tensor grad = g;
-  if (o.weight_decay != 0) {
-    if (adamw)
-      w.mul_(1 - lr * o.weight_decay);
-    else
-      grad = g.add(w, o.weight_decay);
-  }
-  m.mul_(beta1).add_(grad, 1 - beta1);
-  v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-  auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
-  w.addcdiv_(m, denom, -lr / bc1);
-}
-
-void EngineCore::lamb_step(const torch::Tensor& w, const torch::Tensor& g, double lr,
-                           std::pair<double, double> betas) {
-  const auto& o = config_.optimizer;
-  const double beta1 = betas.first, beta2 = betas.second;
-  auto& m = state_[0];
-  auto& v = state_[1];
-  const double bc1 = o.bias_correction ? 1 - std::pow(beta1, double(opt_step_)) : 1.0,
-               bc2 = o.bias_correction ? 1 - std::pow(beta2, double(opt_step_)) : 1.0;
-  m.mul_(beta1).add_(g, 1 - beta1);
-  v.mul_(beta2).addcmul_(g, g, 1 - beta2);
-  auto update = (m / bc1) / ((v / bc2).sqrt().add_(o.eps));
-  if (o.weight_decay != 0) update.add_(w, o.weight_decay);
-  // Trust ratio per parameter: norms over the whole parameter, summed over the ranks that
-  // hold pieces of it.
-  const int64_t base = stage_ == 0 ? 0 : rank_ * part_;
-  const int64_t len = w.numel();
-  auto sums = torch::zeros({static_cast<int64_t>(params_.size()), 2}, torch::kFloat64);
-  std::vector<std::pair<int64_t, int64_t>> segs(params_.size(), {0, 0});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    int64_t lo = std::max(offsets_[i], base), hi = std::min(offsets_[i] + numels_[i], base + len);
-    if (lo >= hi) continue;
-    segs[i] = {lo - base, hi - lo};
-    sums[i][0] = w.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
-    sums[i][1] =
-        update.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
-  }
-  if (world_ > 1 && stage_ >= 1) {
-    AllReduceOptions ao;
-    ao.group = group_;
-    all_reduce(sums, ao);
-    count(nbytes(sums) * 2 * (world_ - 1) / world_);
-  }
-  auto acc = sums.accessor<double, 2>();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (segs[i].second == 0) continue;
-    double wn = std::sqrt(acc[i][0]), un = std::sqrt(acc[i][1]);
-    double trust = (wn > 0 && un > 0) ? std::clamp(wn / un, o.min_coeff, o.max_coeff) : 1.0;
-    w.narrow(0, segs[i].first, segs[i].second)
-        .add_(update.narrow(0, segs[i].first, segs[i].second), -lr * trust);
-  }
-}
-
-MemoryUsage EngineCore::memory() const {
+MemoryUsage EngineImpl::memory() const {
   MemoryUsage m;
   // On a CPU-only run, "device" memory is CPU memory too: report what the module's device holds
   // as device, and what offload moved off it as CPU.
@@ -692,21 +606,21 @@ MemoryUsage EngineCore::memory() const {
     if (!t.defined()) return;
     (offloaded ? cpu : dev) += nbytes(t);
   };
-  if (stage_ < 3)
+  if (!policy_.parameters())
     put(m.params_device, m.params_cpu, flat_params_, false);
   else {
     put(m.params_device, m.params_cpu, param_part_, offload_param_);
     if (gathered_) put(m.params_device, m.params_cpu, flat_params_, false);
     if (fetch_) m.params_device += fetch_->held_bytes();
   }
-  if (stage_ < 2)
+  if (!policy_.gradients())
     put(m.grads_device, m.grads_cpu, flat_grads_, false);
   else {
     put(m.grads_device, m.grads_cpu, grad_part_, offload_opt_);
     m.grads_device += bucket_peak_bytes_;
   }
   put(m.optimizer_device, m.optimizer_cpu, master_, offload_opt_);
-  for (auto& s : state_) put(m.optimizer_device, m.optimizer_cpu, s, offload_opt_);
+  for (auto& s : optimizer_->state()) put(m.optimizer_device, m.optimizer_cpu, s, offload_opt_);
   return m;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "dtrain/error.h"
+#include "zero/engine_impl.h"
 
 namespace dtrain::zero::detail {
 namespace {
@@ -52,7 +53,7 @@ torch::Tensor zero3_linear(const torch::Tensor& x, const torch::Tensor& w, const
   return Zero3Linear::apply(x, w, b);
 }
 
-Stage3Fetch::Stage3Fetch(EngineCore& core, std::vector<std::vector<size_t>> units) : core_(core) {
+Stage3Fetch::Stage3Fetch(EngineImpl& core, std::vector<std::vector<size_t>> units) : core_(core) {
   unit_of_.assign(core_.params_.size(), SIZE_MAX);
   const auto& z = core_.config_.zero;
   const int64_t elem = c10::elementSize(core_.model_dtype_);

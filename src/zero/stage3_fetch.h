@@ -40,10 +40,12 @@
 
 namespace dtrain::zero::detail {
 
+class EngineImpl;
+
 class Stage3Fetch {
  public:
   // units: per unit, the indices into core.params_ (contiguous, ascending).
-  Stage3Fetch(EngineCore& core, std::vector<std::vector<size_t>> units);
+  Stage3Fetch(EngineImpl& core, std::vector<std::vector<size_t>> units);
 
   size_t size() const { return units_.size(); }
   // Forward: make unit u resident (wait for its prefetch or fetch it now), then prefetch the
@@ -98,7 +100,7 @@ class Stage3Fetch {
     if (trace_) trace_(what);
   }
 
-  EngineCore& core_;
+  EngineImpl& core_;
   // Watched by the backward hooks on the units' outputs (weakly): a graph that outlives this
   // fetcher (its engine destroyed, or fetch_units() called again) gets a clear error from its
   // backward rather than a hook into a dead object.

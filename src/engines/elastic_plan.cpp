@@ -1,10 +1,12 @@
-// ClusterOptions::{min_nodes, max_nodes}: which engines can run an elastic job, and the
-// `dtrain run` flags that make one (see include/dtrain/distributor.h).
+// ClusterOptions::{min_nodes, max_nodes}: the checks every engine shares, the engine's own
+// (Engine::why_not_elastic, check_elastic, finish_elastic), and the `dtrain run` flags that
+// make an elastic job (see include/dtrain/distributor_options.h).
 #include <sstream>
 #include <string>
 
-#include "dtrain/distributor.h"
+#include "dtrain/distributor_options.h"
 #include "dtrain/error.h"
+#include "engines/engine.h"
 
 namespace dtrain::detail {
 
@@ -40,30 +42,20 @@ ElasticPlan plan_elastic(const DistributorOptions& o, int node_count) {
   if (c.max_nodes < 0) {
     throw UsageError(given + ": max_nodes must be >= min_nodes, or 0 for the engine's node count");
   }
-  if (c.engine == "mpi") {
-    throw UsageError(given +
-                     ": engine \"mpi\" cannot run an elastic job: the MPI launcher "
-                     "starts a fixed set of ranks once and no dtrain agent re-forms the group; "
-                     "use engine \"ssh\" or \"slurm\", or leave min_nodes/max_nodes 0");
-  }
-  if (c.engine == "spark") {
-    throw UsageError(given +
-                     ": engine \"spark\" cannot run an elastic job: a barrier stage "
-                     "runs all its tasks or none; use engine \"ssh\" or \"slurm\", or leave "
-                     "min_nodes/max_nodes 0");
+  const engines::Engine& engine = engines::for_cluster(c);
+  if (const std::string why = engine.why_not_elastic(); !why.empty()) {
+    std::string elastic_engines;
+    for (const engines::Engine* e : engines::all()) {
+      if (!e->is_cluster() || !e->why_not_elastic().empty()) continue;
+      elastic_engines += elastic_engines.empty() ? "engine " : " or ";
+      elastic_engines += engines::quoted(e->name());
+    }
+    throw UsageError(given + ": engine " + engines::quoted(engine.name()) +
+                     " cannot run an elastic job: " + why + "; use " + elastic_engines +
+                     ", or leave min_nodes/max_nodes 0");
   }
   int max_nodes = c.max_nodes == 0 ? node_count : c.max_nodes;
-  if (c.engine == "ssh" && max_nodes != node_count) {
-    throw UsageError(given + ": engine \"ssh\" starts one agent on each of the " +
-                     std::to_string(node_count) + " host(s), so max_nodes must be " +
-                     std::to_string(node_count) +
-                     " (or 0 for that); list the hosts the job may use");
-  }
-  if (c.engine == "slurm" && c.max_nodes != 0 && c.nodes != 1 && c.nodes != c.max_nodes) {
-    throw UsageError(given + ", nodes = " + std::to_string(c.nodes) +
-                     ": with engine \"slurm\" max_nodes replaces `nodes` (srun -N max_nodes); "
-                     "leave nodes at 1 or set it to max_nodes");
-  }
+  engine.check_elastic(c, given, node_count, max_nodes);
   if (c.min_nodes > max_nodes) {
     throw UsageError(given + ": min_nodes is more than max_nodes" +
                      (c.max_nodes == 0
@@ -85,15 +77,11 @@ ElasticPlan plan_elastic(const DistributorOptions& o, int node_count) {
   plan.elastic = c.min_nodes < max_nodes;
   if (!plan.elastic) return plan;  // MIN == MAX: a fixed-size job, as without them
   plan.run_args = {"--nnodes", std::to_string(c.min_nodes) + ":" + std::to_string(max_nodes)};
-  // With a host list the launcher picks the c10d backend itself; under srun it is a flag.
-  if (c.engine == "slurm") plan.run_args.insert(plan.run_args.end(), {"--rdzv-backend", "c10d"});
   std::string conf = "last_call_timeout=" + seconds_text(c.last_call);
   if (c.heartbeat_timeout.count() > 0)
     conf += ",heartbeat_timeout=" + seconds_text(c.heartbeat_timeout);
   plan.run_args.insert(plan.run_args.end(), {"--rdzv-conf", conf});
-  // srun -N MAX, not MIN-MAX: for a range Slurm may give the minimum even when more nodes are
-  // free (seen on the test cluster: -N 1-2 ran on one of two idle nodes).
-  if (c.engine == "slurm") plan.srun_nodes = std::to_string(max_nodes);
+  engine.finish_elastic(c, plan);
   return plan;
 }
 

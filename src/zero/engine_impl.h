@@ -1,0 +1,149 @@
+// The ZeRO engine's implementation of detail::EngineCore (include/dtrain/zero.h): the flat
+// buffers, their partitioning by stage (zero/partitioning.h), gradient buckets, the optimizer
+// on the partition (zero/partition_optimizer.h), and stage 3's fetch (zero/stage3_fetch.h).
+// engine.cpp holds the training path, checkpoint.cpp the state in and out.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/collectives.h"
+#include "dtrain/zero.h"
+#include "zero/partition_optimizer.h"
+#include "zero/partitioning.h"
+
+namespace dtrain::zero::detail {
+
+class Stage3Fetch;
+
+class EngineImpl final : public EngineCore {
+ public:
+  EngineImpl(torch::nn::Module& module, Config config, InitOptions options);
+  ~EngineImpl() override;
+
+  void before_forward() override;
+  void backward(const torch::Tensor& loss) override;
+  void step() override;
+  bool is_gradient_accumulation_boundary() const override;
+  int64_t global_steps() const override { return global_steps_; }
+  int64_t skipped_steps() const override { return skipped_steps_; }
+  int64_t micro_steps() const override { return micro_steps_; }
+  double loss_scale() const override { return scaler_.scale(); }
+  double lr() const override;
+  double last_grad_norm() const override { return last_grad_norm_; }
+  MemoryUsage memory() const override;
+  int64_t bytes_sent_last_step() const override { return bytes_last_step_; }
+  const Config& config() const override { return config_; }
+  ProcessGroup& group() override { return *group_; }
+  void inject_overflow() override { inject_overflow_ = true; }
+  void save_checkpoint(const std::string& dir, const std::string& tag) override;
+  std::string load_checkpoint(const std::string& dir, const std::string& tag,
+                              const LoadCheckpointOptions& o) override;
+  int64_t num_parameters() const override { return numel_; }
+  c10::IValue model_state(bool build) override;
+  c10::IValue optim_state() override;
+  void load_state(const c10::impl::GenericDict& model,
+                  const std::vector<c10::impl::GenericDict>& optims,
+                  const LoadCheckpointOptions& options, const std::string& where) override;
+  torch::nn::Module& module() override { return module_; }
+  int rank() const override { return rank_; }
+  void set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) override;
+  bool fetches_units() const override { return fetch_ != nullptr; }
+  size_t unit_of(const torch::nn::Module& m) const override;
+  void begin_units() override;
+  void unit_begin(size_t u) override;
+  void unit_end(size_t u, const torch::Tensor* output) override;
+  Stage3Stats stage3_stats() const override;
+  void set_stage3_trace(std::function<void(const std::string&)> trace) override;
+
+ private:
+  friend class Stage3Fetch;
+  struct Bucket {
+    std::vector<size_t> params;
+    int64_t begin = 0, end = 0;  // flat range
+    size_t pending = 0;
+    bool launched = false;
+  };
+  void gather_parameters();   // partitioned parameters -> full module
+  void release_parameters();  // module -> empty views
+  void point_params_at(const torch::Tensor& flat);
+  void make_buckets();
+  void install_hooks();
+  void on_grad_ready(size_t i);
+  void launch_ready_buckets();
+  void reduce_bucket(Bucket& b);
+  void finish_backward();
+  torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
+  void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
+  // The step's small tensors combined over the ranks when each holds part of the gradient.
+  void combine_step_scalar(torch::Tensor& t, ReduceOp op);
+  void all_gather_params();
+  // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
+  void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
+                         const std::string& saved_type, int saved_world, const std::string& where);
+  void count(int64_t bytes) { bytes_this_step_ += bytes; }
+  torch::Tensor own_slice(const torch::Tensor& full) const {
+    return full.narrow(0, rank_ * part_, part_);
+  }
+  // The parameters (model dtype) this rank updates: all, or its partition.
+  torch::Tensor own_params() const;
+  // What the optimizer updates: the fp32 master when there is one, else own_params().
+  torch::Tensor update_target() const { return master_.defined() ? master_ : own_params(); }
+
+  torch::nn::Module& module_;
+  Config config_;
+  std::shared_ptr<ProcessGroup> group_;
+  int rank_ = 0, world_ = 1;
+  Partitioning policy_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> offsets_, numels_;
+  int64_t numel_ = 0, padded_ = 0, part_ = 0;
+  torch::Dtype model_dtype_, master_dtype_;
+  torch::Device device_{torch::kCPU};
+  bool mixed_ = false, offload_opt_ = false, offload_param_ = false, gathered_ = false;
+  torch::Tensor flat_params_;  // unless parameters are partitioned: the module's are views of it
+  torch::Tensor param_part_;   // partitioned parameters: this rank's partition (model dtype)
+  torch::Tensor flat_grads_;   // unless gradients are partitioned: the .grad are views of it
+  torch::Tensor grad_part_;    // partitioned gradients: this rank's reduced ones (sum over ranks)
+  torch::Tensor master_;       // fp32 master (what this rank updates); undefined = the params
+  std::unique_ptr<PartitionOptimizer> optimizer_;
+  int64_t opt_step_ = 0;
+  std::vector<Bucket> buckets_;
+  // overlap_comm: a bucket's reductions run while backward goes on; each partition's segment
+  // is added into grad_part_ when it is waited for (finish_backward).
+  struct InFlight {
+    Work work;
+    torch::Tensor segment;  // keeps the staging buffer alive until the reduction is done
+    int64_t offset = 0;     // into grad_part_ (this rank's segments only)
+    bool mine = false;
+  };
+  std::vector<InFlight> in_flight_;
+  torch::Tensor staging_;  // synchronous buckets' staging buffer, reused (largest bucket)
+  // This backward reduces buckets (partitioned gradients; stage 1 at the boundary).
+  bool reduce_in_backward_ = false;
+  // Stage 1: the boundary backward reduced flat_grads_ to the owners.
+  bool grads_reduced_ = false;
+  std::vector<size_t> bucket_of_;
+  std::vector<bool> ready_;
+  size_t next_bucket_ = 0;
+  bool in_backward_ = false;
+  int64_t bucket_peak_bytes_ = 0;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  LossScaler scaler_;
+  LRScheduler scheduler_;
+  int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
+  int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
+  double last_grad_norm_ = 0;
+  bool inject_overflow_ = false;
+  std::vector<std::shared_ptr<torch::nn::Module>> unit_modules_;
+  std::unique_ptr<Stage3Fetch> fetch_;
+};
+
+}  // namespace dtrain::zero::detail

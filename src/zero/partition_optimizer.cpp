@@ -1,0 +1,192 @@
+// The optimizers ZeRO runs on flat partitions (see partition_optimizer.h).
+#include "zero/partition_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "dtrain/error.h"
+#include "dtrain/zero.h"
+
+namespace dtrain::zero::detail {
+namespace {
+
+class Adam final : public PartitionOptimizer {
+ public:
+  Adam(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
+    for (int k = 0; k < 2; ++k) state_.push_back(torch::zeros_like(w));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    const double lr = a.lr, beta1 = a.beta1, beta2 = a.beta2;
+    const bool adamw = c_.adam_w_mode;
+    auto& m = state_[0];
+    auto& v = state_[1];
+    // One fused pass (cpu_adam_step) whenever the partition and its state are flat CPU arrays.
+    if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && g.is_contiguous() &&
+        g.scalar_type() == w.scalar_type() && m.is_contiguous() && v.is_contiguous()) {
+      auto gc = g.contiguous();
+      if (w.scalar_type() == torch::kFloat32)
+        return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), m.data_ptr<float>(),
+                             v.data_ptr<float>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
+                             c_.weight_decay, adamw, 0, c_.bias_correction);
+      if (w.scalar_type() == torch::kFloat64)
+        return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(), m.data_ptr<double>(),
+                             v.data_ptr<double>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
+                             c_.weight_decay, adamw, 0, c_.bias_correction);
+    }
+    const double bc1 = c_.bias_correction ? 1 - std::pow(beta1, double(a.step)) : 1.0,
+                 bc2 = c_.bias_correction ? 1 - std::pow(beta2, double(a.step)) : 1.0;
+    torch::Tensor grad = g;
+    if (c_.weight_decay != 0) {
+      if (adamw)
+        w.mul_(1 - lr * c_.weight_decay);
+      else
+        grad = g.add(w, c_.weight_decay);
+    }
+    m.mul_(beta1).add_(grad, 1 - beta1);
+    v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    auto denom = (v.sqrt() / std::sqrt(bc2)).add_(c_.eps);
+    w.addcdiv_(m, denom, -lr / bc1);
+  }
+
+ private:
+  OptimizerConfig c_;
+};
+
+class Sgd final : public PartitionOptimizer {
+ public:
+  Sgd(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
+    if (c_.momentum > 0) state_.push_back(torch::zeros_like(w));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override {
+    if (state_.empty()) return {};
+    return {"momentum_buffer"};
+  }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    auto d = c_.weight_decay != 0 ? g.add(w, c_.weight_decay) : g;
+    if (c_.momentum > 0) {
+      auto& buf = state_[0];
+      if (a.step == 1)
+        buf.copy_(d);
+      else
+        buf.mul_(c_.momentum).add_(d, 1 - c_.dampening);
+      d = c_.nesterov ? d.add(buf, c_.momentum) : buf;
+    }
+    w.add_(d, -a.lr);
+  }
+
+ private:
+  OptimizerConfig c_;
+};
+
+class Lamb final : public PartitionOptimizer {
+ public:
+  Lamb(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
+    for (int k = 0; k < 2; ++k) state_.push_back(torch::zeros_like(w));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    const double lr = a.lr, beta1 = a.beta1, beta2 = a.beta2;
+    auto& m = state_[0];
+    auto& v = state_[1];
+    const double bc1 = c_.bias_correction ? 1 - std::pow(beta1, double(a.step)) : 1.0,
+                 bc2 = c_.bias_correction ? 1 - std::pow(beta2, double(a.step)) : 1.0;
+    m.mul_(beta1).add_(g, 1 - beta1);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    auto update = (m / bc1) / ((v / bc2).sqrt().add_(c_.eps));
+    if (c_.weight_decay != 0) update.add_(w, c_.weight_decay);
+    // Trust ratio per parameter: norms over the whole parameter, summed over the ranks that
+    // hold pieces of it.
+    const auto& offsets = *a.offsets;
+    const auto& numels = *a.numels;
+    const size_t n = offsets.size();
+    const int64_t base = a.base, len = w.numel();
+    auto sums = torch::zeros({static_cast<int64_t>(n), 2}, torch::kFloat64);
+    std::vector<std::pair<int64_t, int64_t>> segs(n, {0, 0});
+    for (size_t i = 0; i < n; ++i) {
+      int64_t lo = std::max(offsets[i], base), hi = std::min(offsets[i] + numels[i], base + len);
+      if (lo >= hi) continue;
+      segs[i] = {lo - base, hi - lo};
+      sums[i][0] = w.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
+      sums[i][1] =
+          update.narrow(0, lo - base, hi - lo).to(torch::kFloat64).pow(2).sum().item<double>();
+    }
+    a.sum_over_ranks(sums);
+    auto acc = sums.accessor<double, 2>();
+    for (size_t i = 0; i < n; ++i) {
+      if (segs[i].second == 0) continue;
+      double wn = std::sqrt(acc[i][0]), un = std::sqrt(acc[i][1]);
+      double trust = (wn > 0 && un > 0) ? std::clamp(wn / un, c_.min_coeff, c_.max_coeff) : 1.0;
+      w.narrow(0, segs[i].first, segs[i].second)
+          .add_(update.narrow(0, segs[i].first, segs[i].second), -lr * trust);
+    }
+  }
+
+ private:
+  OptimizerConfig c_;
+};
+
+// InitOptions::optimizer: its one group steps the partition, with the averaged gradient set
+// as the partition's .grad for the call.
+class Client final : public PartitionOptimizer {
+ public:
+  Client(std::shared_ptr<torch::optim::Optimizer> opt, const torch::Tensor& w)
+      : opt_(std::move(opt)), param_(w) {
+    opt_->param_groups()[0].params() = {param_};  // one tensor for good: it keys state by it
+  }
+  std::string type() const override { return kClientOptimizerType; }
+  std::vector<std::string> state_names() const override { return {}; }
+  double lr() const override { return opt_->param_groups()[0].options().get_lr(); }
+  void step(const torch::Tensor& /*w*/, const torch::Tensor& g, const StepArgs& a) override {
+    if (a.scheduled) opt_->param_groups()[0].options().set_lr(a.lr);
+    param_.mutable_grad() = g;
+    opt_->step();
+    param_.mutable_grad() = torch::Tensor();
+  }
+  bool opaque() const override { return true; }
+  // torch::optim's own archive, as bytes: keyed to this partition.
+  torch::Tensor save_opaque() override {
+    torch::serialize::OutputArchive archive;
+    opt_->save(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    const std::string b = bytes.str();
+    auto t = torch::empty({static_cast<int64_t>(b.size())}, torch::kUInt8);
+    std::memcpy(t.data_ptr(), b.data(), b.size());
+    return t;
+  }
+  void load_opaque(const torch::Tensor& bytes) override {
+    auto t = bytes.contiguous();
+    torch::serialize::InputArchive archive;
+    archive.load_from(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+    opt_->load(archive);
+  }
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> opt_;
+  torch::Tensor param_;
+};
+
+}  // namespace
+
+std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
+    const OptimizerConfig& config, std::shared_ptr<torch::optim::Optimizer> client,
+    const torch::Tensor& partition) {
+  if (client) return std::make_unique<Client>(std::move(client), partition);
+  if (config.type == "Adam" || config.type == "AdamW")
+    return std::make_unique<Adam>(config, partition);
+  if (config.type == "SGD") return std::make_unique<Sgd>(config, partition);
+  if (config.type == "Lamb") return std::make_unique<Lamb>(config, partition);
+  throw_internal(__FILE__, __LINE__, "known optimizer type",
+                 "optimizer type '" + config.type + "' passed the config's check");
+}
+
+}  // namespace dtrain::zero::detail

@@ -1,0 +1,82 @@
+// The optimizer the ZeRO engine runs on a rank's flat partition (or on everything at stage 0):
+// its state tensors, its step, and the names they carry in checkpoints. The engine owns the
+// partition, its averaged gradient, the learning-rate schedule and where the state lives
+// (offload); an optimizer only updates `w` from `g`.
+//
+// make_partition_optimizer is the one place that maps the config's optimizer type to code:
+//   Adam, AdamW   PyTorch's formulas; a fused, vectorised CPU pass (cpu_adam_step) whenever the
+//                 partition and its state are flat CPU arrays. State: exp_avg, exp_avg_sq.
+//   SGD           momentum, dampening, nesterov as torch::optim::SGD. State: momentum_buffer
+//                 (only with momentum > 0).
+//   Lamb          Adam's moments with a per-parameter trust ratio; its norms cover whole
+//                 parameters, summed over the ranks holding pieces of them. State: exp_avg,
+//                 exp_avg_sq.
+//   client        InitOptions::optimizer (any torch::optim optimizer with one group), re-pointed
+//                 at the partition; its state is opaque (torch::serialize bytes).
+// Not thread-safe; the engine calls it from the thread that calls step().
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/zero_config.h"
+
+namespace dtrain::zero::detail {
+
+// The checkpoint "type" of InitOptions::optimizer's state.
+inline constexpr const char* kClientOptimizerType = "client";
+
+class PartitionOptimizer {
+ public:
+  // What a step sees besides the partition and its gradient.
+  struct StepArgs {
+    int64_t step = 0;  // 1-based number of this update
+    // This update's values (the scheduler's, or the configured ones).
+    double lr = 0, beta1 = 0, beta2 = 0;
+    bool scheduled = false;  // a config scheduler sets the rate (the client's group lr follows it)
+    // The flat layout of the trainable parameters and where `w` starts in it (Lamb's
+    // per-parameter norms).
+    const std::vector<int64_t>* offsets = nullptr;
+    const std::vector<int64_t>* numels = nullptr;
+    int64_t base = 0;
+    // Sums a small float64 tensor over the ranks whose partitions make up the parameters (a
+    // no-op when this rank updates everything).
+    std::function<void(torch::Tensor&)> sum_over_ranks;
+  };
+
+  virtual ~PartitionOptimizer() = default;
+  // The checkpoint's "type": the config's optimizer type, or kClientOptimizerType.
+  virtual std::string type() const = 0;
+  // The checkpoint names of state(), in order.
+  virtual std::vector<std::string> state_names() const = 0;
+  // The learning rate when no scheduler sets it.
+  virtual double lr() const = 0;
+  // One update of `w` (the partition, or the fp32 master) with its averaged gradient `g`.
+  virtual void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) = 0;
+  // State kept as opaque bytes per partition (the client optimizer's): it loads only at the
+  // world size that saved it. Built-in optimizers' state is state(), re-cut at any world size.
+  virtual bool opaque() const { return false; }
+  virtual torch::Tensor save_opaque() { return {}; }
+  virtual void load_opaque(const torch::Tensor& /*bytes*/) {}
+
+  // The state tensors, each shaped like the partition it updates.
+  std::vector<torch::Tensor>& state() { return state_; }
+  const std::vector<torch::Tensor>& state() const { return state_; }
+
+ protected:
+  std::vector<torch::Tensor> state_;
+};
+
+// `partition`: the tensor the optimizer will update (its state is made like it; a client
+// optimizer's one group is re-pointed at it for good, since it keys its state by tensor).
+// REQUIRES: exactly one of config.given and client.
+std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
+    const OptimizerConfig& config, std::shared_ptr<torch::optim::Optimizer> client,
+    const torch::Tensor& partition);
+
+}  // namespace dtrain::zero::detail
