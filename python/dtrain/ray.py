@@ -151,6 +151,9 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env):
         # Ray gives a task OMP_NUM_THREADS = its CPUs, which its processes share: each gets
         # its own part.
         child_env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
+        # The agent is one of the job's nodes on Ray: every agent's output reaches the driver's
+        # console, so only node 0's prints the whole failure summary (engine "ray" adopts it).
+        child_env["DTRAIN_RAY_NODE"] = str(index)
         child_env.update(env)
         return index, _cluster.run_agent(agent, child_env, log), host
 

@@ -16,7 +16,10 @@
 #include <map>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+
 #include "dtrain/error.h"
+#include "launch/options_internal.h"
 
 extern char** environ;
 
@@ -267,16 +270,32 @@ std::string RunFlags::value(const std::string& flag, const std::string& def) con
   return it == given.end() || it->second.empty() ? def : it->second.back();
 }
 
+namespace {
+
+// Whether `dtrain run`'s option `arg` ("--nnodes", "-H") takes a value (a separate argument
+// unless written "--flag=V"); unknown options are taken for flags.
+bool takes_value(const CLI::App& run, const std::string& arg) {
+  const CLI::Option* opt = run.get_option_no_throw(arg);
+  return opt != nullptr && opt->get_expected_max() != 0 && opt->get_type_size() != 0;
+}
+
+}  // namespace
+
 std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<std::string>& flags,
                                        const std::string& trigger) {
   if (argc < 2 || std::string(argv[1]) != "run") return std::nullopt;
+  // dtrain run's own options, to tell an option's value from PROGRAM: everything from PROGRAM
+  // on is the program's (its own --ray-address is not ours).
+  CLI::App run;
+  RunArgs unused;
+  add_run_options(run, unused);
   RunFlags r;
-  bool dashes = false;
+  bool program = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (dashes || a == "--") {
+    if (program || a == "--" || a.empty() || a[0] != '-') {
       r.rest.push_back(a);
-      dashes = true;
+      program = true;
       continue;
     }
     bool taken = false;
@@ -291,7 +310,10 @@ std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<
       }
       if (taken) break;
     }
-    if (!taken) r.rest.push_back(a);
+    if (taken) continue;
+    r.rest.push_back(a);
+    if (a.find('=') == std::string::npos && takes_value(run, a) && i + 1 < argc)
+      r.rest.push_back(argv[++i]);
   }
   if (!r.given.count(trigger)) return std::nullopt;
   return r;

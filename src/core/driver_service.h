@@ -74,8 +74,10 @@ std::string python_script(const std::string& name, const char* variable);
 
 // ---- `dtrain run --spark-master ...`, `dtrain run --ray-address ...` ----
 // The engine flags of a `dtrain run` command line (argv[1] == "run"): each of `flags` takes a
-// value ("--flag V" or "--flag=V"), may repeat, and is taken out up to "--"; nullopt when
-// `trigger` (one of them) is not there. rest: every other argument after "run", in order.
+// value ("--flag V" or "--flag=V"), may repeat, and is taken out up to PROGRAM (the first
+// argument that is not an option of `dtrain run` or its value, or "--"): the program's own
+// arguments are never taken; nullopt when `trigger` (one of them) is not there. rest: every
+// other argument after "run", in order.
 struct RunFlags {
   std::map<std::string, std::vector<std::string>> given;  // flag -> its values
   std::vector<std::string> rest;

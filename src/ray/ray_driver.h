@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/ray.h"
+
 namespace dtrain::ray {
 
 // A job's placement group: `bundles` bundles of `per_bundle` processes, each bundle
@@ -60,10 +62,6 @@ struct Slots {
 };
 std::optional<Slots> slots(const Driver& d, double cpus, double gpus,
                            std::chrono::seconds idle_timeout, std::chrono::seconds start_timeout);
-// The kept driver's cluster address ("" when none runs), and stopping it.
-std::string kept_driver();
-void stop_kept_driver();
-
 // What an exit status of the Ray driver means when no worker reported a failure: the cluster
 // cannot hold the job (76); nullopt for others.
 std::optional<std::string> explain_exit(int exit_code);
