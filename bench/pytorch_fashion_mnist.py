@@ -1,6 +1,7 @@
 # The peer of examples/fashion_mnist in PyTorch: the same MLP (784-512-256-10), Adam lr 1e-3,
 # batch 64 per rank, DistributedSampler, DDP over gloo, the same in-memory data and the same
-# timing (training loop only, global samples/s). Run it under torchrun.
+# timing (training loop only, global samples/s). Run it under torchrun; train() alone runs in a
+# process group someone else made (bench/ray_train_peer.py: Ray Train's workers).
 import argparse
 import gzip
 import json
@@ -22,7 +23,7 @@ def load(path_images, path_labels):
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
-def main():
+def parse(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64)
@@ -32,8 +33,11 @@ def main():
     # cuda: every rank on GPU LOCAL_RANK modulo the GPUs (several ranks may share one), DDP still
     # over gloo - PyTorch's way when NCCL cannot (ranks sharing a GPU).
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    a = p.parse_args()
-    dist.init_process_group("gloo")
+    return p.parse_args(argv)
+
+
+def train(a):
+    """Trains in the default process group; returns rank 0's result (None on other ranks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = load(f"{a.data_dir}/train-images-idx3-ubyte.gz", f"{a.data_dir}/train-labels-idx1-ubyte.gz")
     dev = torch.device("cpu")
@@ -69,8 +73,16 @@ def main():
         if a.max_steps and steps >= a.max_steps:
             break
     if rank == 0:
-        print(json.dumps({"world_size": world, "steps": steps, "samples_per_s": seen * world / seconds,
-                          "seconds": seconds}), flush=True)
+        return {"world_size": world, "steps": steps, "samples_per_s": seen * world / seconds, "seconds": seconds}
+    return None
+
+
+def main():
+    a = parse()
+    dist.init_process_group("gloo")
+    r = train(a)
+    if r is not None:
+        print(json.dumps(r), flush=True)
     dist.destroy_process_group()
 
 

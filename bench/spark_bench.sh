@@ -2,7 +2,7 @@
 # dtrain's Distributor on Spark against PySpark's own TorchDistributor, on the same real Spark
 # standalone cluster in one run: the hosts of tests/spark/lib.sh (network namespaces; root):
 # the master and every driver on n0, a worker of 2 cores on n1 and on n2. 4 processes each:
-#   dtrain       the C++ Distributor (tests/spark/spark_driver: engine "spark", num_processes
+#   dtrain       the C++ Distributor (tests/support/engine_driver: engine "spark", num_processes
 #                4, spark_processes_per_task 2 -> 2 barrier tasks x 2 processes, spark.task.cpus
 #                2); one program per round whose run() calls share one kept Spark application
 #                (ClusterOptions::spark_keep_app): the first starts it (spark-submit), the
@@ -30,8 +30,8 @@ BUILD="$(realpath "${1:-build-torch2}")"
 ROUNDS="${2:-3}"
 CAP="${SPARK_BENCH_CAP:-120}"
 HERE="$(realpath "$(dirname "$0")")"
-DRIVER="$BUILD/tests/spark_driver" DTRAIN="$BUILD/tools/dtrain" FM="$BUILD/examples/fashion_mnist"
-for f in "$DRIVER" "$DTRAIN" "$FM"; do [[ -x "$f" ]] || fail "$f is not built (cmake --build $BUILD --target spark_driver dtrain_cli fashion_mnist)"; done
+DRIVER="$BUILD/tests/engine_driver" DTRAIN="$BUILD/tools/dtrain" FM="$BUILD/examples/fashion_mnist"
+for f in "$DRIVER" "$DTRAIN" "$FM"; do [[ -x "$f" ]] || fail "$f is not built (cmake --build $BUILD --target engine_driver dtrain_cli fashion_mnist)"; done
 [[ -r /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] || fail "dataset-fashion-mnist is not installed: run scripts/setup.sh"
 export DTRAIN_LAUNCHER="$DTRAIN"
 spark_init

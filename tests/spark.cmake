@@ -6,12 +6,9 @@
 # when root, Java, pyspark or the data is missing. RUN_SERIAL: JVMs on 2 cores.
 dtrain_test(spark_plan_test LABELS spark SOURCES spark/spark_plan_test.cpp)
 
-add_executable(spark_driver spark/spark_driver.cpp)
-target_link_libraries(spark_driver PRIVATE dtrain)
-dtrain_use_torch_pch(spark_driver)
 add_test(NAME spark.cluster
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/spark/spark_test.sh ${PROJECT_BINARY_DIR}
-          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:spark_driver> ${PROJECT_SOURCE_DIR}/python)
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:engine_driver> ${PROJECT_SOURCE_DIR}/python)
 # Once, against 2.x: the PyTorch of TorchDistributor, its peer.
 set_tests_properties(spark.cluster PROPERTIES LABELS "spark;torch2_only" TIMEOUT 900 RUN_SERIAL TRUE
   ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")

@@ -16,6 +16,7 @@
 #include "dtrain/zero_config.h"
 #include "horovod/horovodrun.h"
 #include "launch/options_internal.h"
+#include "ray/ray_driver.h"
 #include "tracking/job_outcome.h"
 
 extern char** environ;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
     return dtrain::hvd::horovod_exec_main({argv + 2, argv + argc});
   try {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
+    dtrain::ray::exec_cli_if_requested(argc, argv);    // `dtrain run --ray-address ADDR ...`
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: " << e.what() << "\n";
     return 2;

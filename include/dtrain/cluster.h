@@ -6,9 +6,10 @@
 //
 // Engines (src/engines/, one file each): "ssh" (one dtrain agent per host of a host file or
 // list, started over ssh), "slurm" (srun, one agent per node), "mpi" (the MPI launcher starts
-// the workers; no agent), "spark" (one agent per barrier task of a Spark application).
+// the workers; no agent), "spark" (one agent per barrier task of a Spark application), "ray"
+// (one agent per bundle of a Ray placement group).
 //
-// Each engine's settings are its own struct (ssh, slurm, mpi, spark below). Before those
+// Each engine's settings are its own struct (ssh, slurm, mpi, spark, ray below). Before those
 // structs existed they were flat fields of ClusterOptions (hostfile, ssh_port, nodes,
 // mpi_launcher, master, spark_conf, ...); those fields are still read, so code written
 // against them compiles and behaves as before. Give a setting once: the struct's field or
@@ -70,8 +71,41 @@ struct SparkOptions {
   std::chrono::seconds app_idle_timeout{600};
 };
 
+// Engine "ray": a placement group of num_processes / processes_per_bundle bundles on a Ray
+// cluster, one dtrain agent per bundle, run as a Ray task holding the bundle's resources, by
+// dtrain's Ray driver (python/dtrain/ray.py, Ray's Python API; dtrain/ray.h).
+struct RayOptions {
+  // The cluster: the head's GCS address "HOST:6379" (this machine a Ray node),
+  // "ray://HOST:10001" (Ray Client, from anywhere; pip's ray[client]), or "auto" (the Ray
+  // node running on this machine). Default: $RAY_ADDRESS; neither is a UsageError.
+  std::string address;
+  // Workers per bundle (one agent each, on one node); must divide num_processes. Default 1:
+  // Ray Train's one bundle per worker.
+  int processes_per_bundle = 1;
+  // Ray's placement strategy: "PACK", "SPREAD", "STRICT_PACK" or "STRICT_SPREAD" (one bundle
+  // per node: with processes_per_bundle = processes per node, one agent per node).
+  std::string strategy = "PACK";
+  // Resources each process asks for; a bundle asks for processes_per_bundle times these.
+  // num_gpus_per_process < 0: 1 with use_gpu, else 0. Each worker gets OMP_NUM_THREADS =
+  // num_cpus_per_process (at least 1) unless `env` sets it.
+  double num_cpus_per_process = 1;
+  double num_gpus_per_process = -1;
+  // How long to wait for the placement group while other jobs hold what it needs; then the
+  // job fails (WorkerError) saying what is free. A job the cluster can never hold fails at once.
+  std::chrono::seconds placement_timeout{60};
+  // The Python with ray. Default: $DTRAIN_RAY_PYTHON, else the `python` beside `ray` on PATH,
+  // else python3 on PATH.
+  std::string python;
+  // Keep one driver connected to the cluster between run() calls, as a notebook keeps its
+  // ray.init() (dtrain/ray.h): the first run() connects it, later ones are jobs in it, several
+  // at once. It disconnects when this program exits, after driver_idle_timeout without a job,
+  // or on dtrain::ray::stop_kept_driver(). false: every run() connects a driver of its own.
+  bool keep_driver = true;
+  std::chrono::seconds driver_idle_timeout{600};
+};
+
 struct ClusterOptions {
-  // The engine: "ssh", "slurm", "mpi" or "spark".
+  // The engine: "ssh", "slurm", "mpi", "spark" or "ray".
   std::string engine;
 
   // ---- each engine's settings under their older, flat names (still read; prefer the
@@ -98,8 +132,9 @@ struct ClusterOptions {
   // ---- every engine ----
   // The address the nodes reach this driver at (its store for arguments and results).
   // Default: ssh - the local address that routes to the first host; spark with a loopback
-  // master - 127.0.0.1; slurm, mpi and spark - this host's name, resolved (an error if that is a
-  // loopback address: set it).
+  // master - 127.0.0.1; ray - the local address that routes to the Ray head (this host's name,
+  // resolved, with "auto"); slurm, mpi and spark - this host's name, resolved (an error if that
+  // is a loopback address: set it).
   std::string driver_addr;
   std::string ifname;  // Gloo's network interface on the nodes (dtrain run --ifname)
   // Elastic membership (`dtrain run --nnodes MIN:MAX`, c10d rendezvous on node 0): the job
@@ -111,7 +146,7 @@ struct ClusterOptions {
   //          hosts are left out at the start while the first host and min_nodes answer.
   //   slurm: `srun -N MAX --no-kill` (a lost node does not end the step); max_nodes (0:
   //          `nodes`) replaces `nodes`, num_processes is max_nodes x processes per node.
-  //   mpi, spark: not elastic (a UsageError says so).
+  //   mpi, spark, ray: not elastic (a UsageError says so).
   // num_processes is the largest world size (every node in); run_all() returns the ranks of
   // the world size the job finished at.
   int min_nodes = 0;
@@ -130,6 +165,7 @@ struct ClusterOptions {
   SlurmOptions slurm;
   MpiOptions mpi;
   SparkOptions spark;
+  RayOptions ray;
 };
 
 }  // namespace dtrain

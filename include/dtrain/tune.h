@@ -22,7 +22,8 @@
 //     }
 //
 // How it works. fit() generates the trials (dtrain/tune_search_space.h), then runs them, as
-// many at once as fit in the machine's cores (processes per trial) and max_concurrent_trials.
+// many at once as fit in the engine's free slots (the machine's cores; a cluster's free
+// processes of a trial's size) and max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
 // data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The
@@ -101,17 +102,20 @@ struct TuneOptions {
   int num_samples = 1;  // repeats of the grid (random domains drawn anew each time)
   // Default: FIFO (every trial runs to its end).
   std::shared_ptr<TrialScheduler> scheduler;
-  // Trials running at once. 0: as many as the cores allow (cores / processes, at least 1).
+  // Trials running at once, at most. 0: as many as the engine's free slots allow (free slots /
+  // processes, at least 1), counted when fit() starts: this machine's cores; on a cluster the
+  // engine's (ray: the processes of a trial's CPUs and GPUs its alive nodes hold free; slurm:
+  // the partition's idle CPUs; ssh: the hosts' slots). An engine that cannot tell (mpi; spark,
+  // whose kept application runs one barrier stage at a time): one trial at a time unless this
+  // is set.
   int max_concurrent_trials = 0;
   TrialResources trial_resources;
   // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
   // false: every trial is a Distributor job with local_mode = false on `cluster`'s engine
-  // ("ssh" host file or list, "slurm", "mpi", "spark"), trial_resources.processes workers
-  // placed by that engine; the workers report to a store the driver hosts at
-  // cluster.driver_addr (default: as the Distributor finds it). On a cluster:
-  // max_concurrent_trials 0 means one trial at a time (each trial is a job over the engine's
-  // hosts; raise it when the engine has room for more), and storage_path must be a directory
-  // every host sees at the same path (rank 0 copies its checkpoints into the trial's
+  // ("ssh" host file or list, "slurm", "mpi", "spark", "ray"), trial_resources.processes
+  // workers placed by that engine; the workers report to a store the driver hosts at
+  // cluster.driver_addr (default: as the Distributor finds it). On a cluster storage_path must
+  // be a directory every host sees at the same path (rank 0 copies its checkpoints into the trial's
   // directory, and restored trials read them from there). UsageError in the Tuner's
   // constructor when the cluster options do not fit (what the Distributor would say).
   bool local_mode = true;

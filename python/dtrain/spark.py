@@ -26,14 +26,17 @@ one. A task of a retried attempt refuses to start training. A task whose driver 
 agent stops its workers.
 """
 
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+try:
+    from dtrain import _cluster
+except ImportError:  # run as a script (spark-submit .../dtrain/spark.py): its directory is on the path
+    import _cluster
 
 REFUSED_RETRY = 75  # exit status: Spark retried the stage; training was not run again
 NO_SLOTS = 76       # exit status: the cluster has too few task slots
@@ -51,28 +54,6 @@ def plan_tasks(num_processes, use_gpu, task_gpu_amount=None, processes_per_task=
     return num_processes // per, per
 
 
-def _die_with_parent():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _stop(proc, grace=5.0):
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True):
     """The barrier task: runs one dtrain agent, returns [(partition, exit code, host)]."""
 
@@ -87,13 +68,10 @@ def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True):
         # The driver says whether this node may start: once per partition per run, so a
         # retried barrier stage (a new stage attempt, its tasks again at attempt 0) does not
         # train a second time.
-        log = socket.create_connection(log_addr, timeout=60)
-        log.sendall(b"START %d\n" % part)
-        answer = log.makefile("rb").readline()
-        if answer != b"GO\n":
+        log, answer = _cluster.open_log(log_addr, b"START %d" % part)
+        if answer != b"GO":
             log.close()
             return [(part, REFUSED_RETRY, host)]
-        log.settimeout(None)
         infos = ctx.getTaskInfos()
         master = infos[0].address.rsplit(":", 1)[0]
         port = ""
@@ -122,72 +100,26 @@ def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True):
         gpus = ctx.resources().get("gpu")
         if gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
             child_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=child_env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
-        # The driver closing its end (it was killed) stops the agent.
-        def watch():
-            try:
-                while log.recv(1):
-                    pass
-            except OSError:
-                pass
-            _stop(proc)
-        threading.Thread(target=watch, daemon=True).start()
-        try:
-            for line in proc.stdout:
-                try:
-                    log.sendall(line)
-                except OSError:
-                    _stop(proc)
-            rc = proc.wait()
-        finally:
-            _stop(proc)
-            try:
-                log.close()
-            except OSError:
-                pass
+        rc = _cluster.run_agent(argv, child_env, log)
         return [(part, rc, host)]
 
     return run
 
 
-def _log_server(out):
-    """A socket the tasks send their agents' output to; printed here as it comes."""
-    srv = socket.socket()
-    srv.bind(("", 0))
-    srv.listen(64)
-    conns = []
-
+def _start_once():
+    """The log server's answer to a task's "START i": GO the first time partition i asks in this
+    run, NO after that (a retried stage attempt)."""
     started = set()
     lock = threading.Lock()
 
-    def serve(conn):
-        with conn:
-            f = conn.makefile("rb")
-            hello = f.readline().split()
-            with lock:
-                go = len(hello) == 2 and hello[0] == b"START" and hello[1] not in started
-                if go:
-                    started.add(hello[1])
-            conn.sendall(b"GO\n" if go else b"NO\n")
-            if not go:
-                return
-            for line in f:
-                out.write(line)
-                out.flush()
+    def hello(words):
+        with lock:
+            if len(words) == 2 and words[0] == b"START" and words[1] not in started:
+                started.add(words[1])
+                return b"GO"
+        return None
 
-    def accept():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            conns.append(conn)
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return srv, conns
+    return hello
 
 
 def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, err=None,
@@ -198,9 +130,9 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, e
     that, once set, ends the wait for slots (the caller cancels the stage itself)."""
     out = out or sys.stdout.buffer
     err = err or sys.stderr
-    srv, conns = _log_server(out)
+    srv = _cluster.LogServer(out, _start_once())
     driver_host = sc.getConf().get("spark.driver.host", socket.gethostname())
-    log_addr = (driver_host, srv.getsockname()[1])
+    log_addr = (driver_host, srv.port)
     # Wait for executors with T slots (they register after the application starts); Spark's
     # own check would otherwise fail at once, or retry for 40 x 15 s.
     jsc = sc._jsc.sc()
@@ -225,10 +157,11 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, e
             % (slots, slot_timeout, tasks))
         srv.close()
         return NO_SLOTS
+    # The executors' Python has no dtrain module: ship the task function (and, imported as
+    # dtrain.spark, this module) by value.
+    from pyspark import cloudpickle
+    cloudpickle.register_pickle_by_value(_cluster)
     if __name__ != "__main__":
-        # Imported (dtrain.spark): the executors' Python has no dtrain module; ship the task
-        # function by value.
-        from pyspark import cloudpickle
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
     rdd = sc.parallelize(range(tasks), tasks).barrier()
     try:
@@ -251,11 +184,6 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, e
         return 1
     finally:
         srv.close()
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
     results.sort()
     failed = [r for r in results if r[1] != 0]
     if any(r[1] == REFUSED_RETRY for r in failed):
@@ -345,219 +273,36 @@ def make_converter(df, parent_cache_dir=None, **options):
 # ---- a kept Spark application: a driver service, and the client of one job -----------------
 #
 # `spark-submit ... spark.py --serve SOCKET --parent-pid PID [--idle-timeout S]` creates the
-# SparkContext once and serves jobs on the Unix socket SOCKET, one at a time, as a notebook's
-# SparkSession serves TorchDistributor.run() calls: the executors (and their Python daemons)
-# stay up between jobs, and a job is one barrier stage. The process that started it (PID, the
-# C++ Distributor) keeps a control connection open ("CONTROL\n", answered "READY APP_ID\n");
-# when that closes (the program exited, however it exited), when PID is gone, or after S
-# seconds without a job, the service cancels what runs, stops the SparkContext and exits, and
-# the application's end stops the executors (and with them the tasks' agents).
-# `spark.py --client SOCKET --tasks T [--slot-timeout S] -- dtrain run ...` (a plain Python,
-# no pyspark) sends one job ("JOB {json}\n") and relays its frames (a kind byte, a 4-byte
-# big-endian length, the data): O the agents' output (to stdout), E dtrain's messages (to
-# stderr), A the application and job number, X the exit status. The client going away (its
-# job's run() timed out, its program was killed) cancels the job's stage.
-
-def _frame(kind, data):
-    import struct
-    return kind + struct.pack(">I", len(data)) + data
-
-
-class _FrameWriter:
-    """A file-like writer that sends what is written as frames of one kind (bytes or text)."""
-
-    def __init__(self, conn, lock, kind):
-        self.conn, self.lock, self.kind = conn, lock, kind
-
-    def write(self, data):
-        if isinstance(data, str):
-            data = data.encode("utf-8", "replace")
-        with self.lock:
-            try:
-                self.conn.sendall(_frame(self.kind, data))
-            except OSError:
-                pass  # the client is gone: the watcher cancels the job
-        return len(data)
-
-    def flush(self):
-        pass
-
+# SparkContext once and serves jobs (dtrain/_cluster.py's service), one at a time, as a
+# notebook's SparkSession serves TorchDistributor.run() calls: the executors (and their Python
+# daemons) stay up between jobs, and a job is one barrier stage. When the service stops it
+# stops the SparkContext, and the application's end stops the executors (and with them the
+# tasks' agents). `spark.py --client SOCKET --tasks T [--slot-timeout S] -- dtrain run ...` (a
+# plain Python, no pyspark) is one job; its going away cancels the job's stage.
 
 def serve(sock_path, parent_pid, idle_timeout=600.0):
-    import json
     from pyspark import SparkContext
 
     sc = SparkContext.getOrCreate()
     sc.setLogLevel("ERROR")
-    app = sc.applicationId
-    born = time.monotonic()
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(sock_path)
-    srv.listen(16)
-    srv.settimeout(1.0)
-    stop = threading.Event()
-    job_lock = threading.Lock()
-    state = {"last": time.monotonic(), "jobs": 0, "control": False}
 
-    controls = []
+    def run_job(req, n, out, err, gone):
+        tasks, argv = int(req["tasks"]), [str(a) for a in req["argv"]]
+        slot_timeout = float(req.get("slot_timeout", 60.0))
+        sc.setJobGroup("dtrain-job-%d" % n, "dtrain job %d" % n, interruptOnCancel=True)
+        return run_on_spark(sc, tasks, argv, {}, slot_timeout, out=out, err=err, cancelled=gone)
 
-    def control(conn):
-        state["control"] = True
-        controls.append(conn)
-        try:
-            conn.sendall(b"READY %s\n" % app.encode())
-            while conn.recv(4096):
-                pass
-        except OSError:
-            pass
-        stop.set()
-
-    def job(conn, request):
-        wlock = threading.Lock()
-        try:
-            req = json.loads(request)
-            tasks, argv = int(req["tasks"]), [str(a) for a in req["argv"]]
-            slot_timeout = float(req.get("slot_timeout", 60.0))
-        except (ValueError, KeyError, TypeError) as e:
-            conn.sendall(_frame(b"E", b"dtrain.spark: a malformed job request: %s\n" % str(e).encode()))
-            conn.sendall(_frame(b"X", b"2"))
-            return
-        with job_lock:
-            state["jobs"] += 1
-            n = state["jobs"]
-            conn.sendall(_frame(b"A", json.dumps({"app": app, "job": n,
-                                                   "age": time.monotonic() - born}).encode()))
-            group = "dtrain-job-%d" % n
-            gone = threading.Event()
-
-            def watch():  # the client going away cancels the job
-                try:
-                    while conn.recv(4096):
-                        pass
-                except OSError:
-                    pass
-                gone.set()
-                try:
-                    sc.cancelJobGroup(group)
-                except Exception:
-                    pass
-
-            threading.Thread(target=watch, daemon=True).start()
-            sc.setJobGroup(group, "dtrain job %d" % n, interruptOnCancel=True)
-            try:
-                rc = run_on_spark(sc, tasks, argv, {}, slot_timeout, out=_FrameWriter(conn, wlock, b"O"),
-                                  err=_FrameWriter(conn, wlock, b"E"), cancelled=gone)
-            except Exception as e:  # never leave the client without a status
-                _FrameWriter(conn, wlock, b"E").write("dtrain.spark: the job failed in the driver: %r\n" % e)
-                rc = 1
-            finally:
-                state["last"] = time.monotonic()
-            with wlock:
-                try:
-                    conn.sendall(_frame(b"X", str(rc).encode()))
-                except OSError:
-                    pass
-
-    def handle(conn):
-        try:
-            f = conn.makefile("rb")
-            line = f.readline().rstrip(b"\n")
-            if line == b"CONTROL":
-                control(conn)
-            elif line.startswith(b"JOB "):
-                job(conn, line[4:])
-        finally:
-            conn.close()
-
-    def watch_parent():
-        try:
-            fd = os.pidfd_open(parent_pid)
-        except (AttributeError, OSError):
-            fd = None
-        import select
-        while not stop.is_set():
-            if fd is not None:
-                if select.select([fd], [], [], 1.0)[0]:
-                    break
-            else:
-                try:
-                    os.kill(parent_pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(1.0)
-        stop.set()
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    try:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except socket.timeout:
-                idle = time.monotonic() - state["last"]
-                if not job_lock.locked() and idle > idle_timeout:
-                    sys.stderr.write("dtrain.spark: %s idle for %.0f s: stopping it\n" % (app, idle))
-                    break
-                if not state["control"] and time.monotonic() - born > 60:
-                    break  # the program that started it never connected
-                continue
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-    finally:
-        srv.close()
-        try:
-            os.unlink(sock_path)
-        except OSError:
-            pass
-        # First tell the program (its next run() starts a new application), then stop.
-        for c in controls:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def on_stop():
         try:
             sc.cancelAllJobs()
         except Exception:
             pass
-        # SparkContext.stop, bounded: the JVM's end stops the executors either way.
-        t = threading.Thread(target=sc.stop, daemon=True)
-        t.start()
-        t.join(20)
-        os._exit(0)
+        sc.stop()  # bounded by serve(); the JVM's end stops the executors either way
 
-
-def client(sock_path, tasks, slot_timeout, agent):
-    import json
-    import struct
-
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(sock_path)
-    except OSError as e:
-        sys.stderr.write("dtrain.spark: cannot reach the Spark driver service at %s (%s): it has "
-                         "stopped; run the job again to start a new application\n" % (sock_path, e))
-        return 1
-    s.sendall(b"JOB " + json.dumps({"tasks": tasks, "slot_timeout": slot_timeout,
-                                    "argv": agent}).encode() + b"\n")
-    f = s.makefile("rb")
-    while True:
-        head = f.read(5)
-        if len(head) < 5:
-            sys.stderr.write("dtrain.spark: the Spark driver service went away during the job\n")
-            return 1
-        kind, n = head[:1], struct.unpack(">I", head[1:])[0]
-        data = f.read(n)
-        if kind == b"O":
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        elif kind == b"E":
-            sys.stderr.buffer.write(data)
-            sys.stderr.buffer.flush()
-        elif kind == b"A":
-            a = json.loads(data)
-            sys.stderr.write("dtrain.spark: job %d of Spark application %s (up %.1f s)\n"
-                             % (a["job"], a["app"], a["age"]))
-            sys.stderr.flush()
-        elif kind == b"X":
-            return int(data)
+    _cluster.serve(sock_path, parent_pid, idle_timeout, "spark", sc.applicationId,
+                   "Spark application " + sc.applicationId, run_job,
+                   cancel=lambda n: sc.cancelJobGroup("dtrain-job-%d" % n), one_at_a_time=True,
+                   on_stop=on_stop)
 
 
 def main(argv):
@@ -590,7 +335,7 @@ def main(argv):
         sys.stderr.write("dtrain.spark: need --tasks T (>= 1) and a `dtrain run ...` command after --\n")
         return 2
     if sock is not None:
-        return client(sock, tasks, slot_timeout, agent)
+        return _cluster.client(sock, {"tasks": tasks, "slot_timeout": slot_timeout, "argv": agent}, "spark")
     from pyspark import SparkContext
     sc = SparkContext.getOrCreate()
     sc.setLogLevel("ERROR")

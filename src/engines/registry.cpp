@@ -11,6 +11,7 @@ const Engine& ssh_engine();
 const Engine& slurm_engine();
 const Engine& mpi_engine();
 const Engine& spark_engine();
+const Engine& ray_engine();
 
 std::string quoted(const std::string& name) {
   // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "lit" + string.
@@ -24,7 +25,8 @@ const std::vector<const Engine*>& all() {
   // adopt() asks them in this order (ssh's flags before a Slurm step around them), and so does
   // task_from_env() (Slurm's variables before MPI's: srun can run mpirun's programs).
   static const std::vector<const Engine*> engines = {
-      &local_engine(), &ssh_engine(), &slurm_engine(), &mpi_engine(), &spark_engine(),
+      &local_engine(), &ssh_engine(),   &slurm_engine(),
+      &mpi_engine(),   &spark_engine(), &ray_engine(),
   };
   return engines;
 }

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "engines/common.h"
 #include "engines/engine.h"
@@ -294,6 +295,34 @@ class Slurm final : public Engine {
     c.argv.insert(c.argv.end(), s.srun_args.begin(), s.srun_args.end());
     c.argv.push_back(r.launcher);
     return c;
+  }
+
+  // The partition's CPUs, one process each (sinfo's %C: allocated/idle/other/total; the
+  // default partition, marked '*', when none is set); nullopt when sinfo is missing or does
+  // not answer within 20 s.
+  std::optional<Capacity> capacity(const DistributorOptions& o) const override {
+    const SlurmOptions s = options_of(o.cluster);
+    const std::string sinfo = find_in_path("sinfo");
+    if (sinfo.empty()) return std::nullopt;
+    std::string cmd = "timeout 20 " + shell_quote(sinfo) + " -h -o '%P %C'";
+    if (!s.partition.empty()) cmd += " -p " + shell_quote(s.partition);
+    FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
+    if (p == nullptr) return std::nullopt;
+    std::optional<Capacity> room;
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr) {
+      char part[256];
+      long allocated = 0, idle = 0, other = 0, total = 0;
+      if (std::sscanf(line, "%255s %ld/%ld/%ld/%ld", part, &allocated, &idle, &other, &total) != 5)
+        continue;
+      const std::string name = part;
+      if (!s.partition.empty() || (!name.empty() && name.back() == '*')) {
+        room = Capacity{static_cast<int>(total), static_cast<int>(idle)};
+        break;
+      }
+    }
+    ::pclose(p);
+    return room;
   }
 
   bool adopt(LaunchOptions& o, const RunArgs& a, const EnvLookup& env) const override {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core/driver_service.h"
 #include "dtrain/error.h"
 #include "dtrain/spark.h"
 #include "launch/options_internal.h"
@@ -17,13 +18,6 @@ namespace dtrain::spark {
 namespace {
 
 bool executable(const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; }
-bool readable(const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; }
-
-std::string self_dir() {
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : exe.parent_path().string();
-}
 
 }  // namespace
 
@@ -118,26 +112,7 @@ bool master_is_loopback(const std::string& master) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-std::string driver_script() {
-  if (const char* env = std::getenv("DTRAIN_SPARK_SCRIPT"); env && *env) {
-    if (!readable(env)) {
-      throw UsageError(std::string("DTRAIN_SPARK_SCRIPT: '") + env + "' is not a readable file");
-    }
-    return env;
-  }
-#ifdef DTRAIN_SPARK_SCRIPT_SOURCE
-  if (readable(DTRAIN_SPARK_SCRIPT_SOURCE)) return DTRAIN_SPARK_SCRIPT_SOURCE;
-#endif
-  // Installed: PREFIX/bin/dtrain (or a program in PREFIX/bin) -> PREFIX/share/dtrain/python.
-  const std::string beside = self_dir() + "/../share/dtrain/python/dtrain/spark.py";
-  if (readable(beside)) return beside;
-#ifdef DTRAIN_SPARK_SCRIPT_INSTALL
-  if (readable(DTRAIN_SPARK_SCRIPT_INSTALL)) return DTRAIN_SPARK_SCRIPT_INSTALL;
-#endif
-  throw UsageError(
-      "cannot find dtrain's PySpark driver (python/dtrain/spark.py, installed under "
-      "share/dtrain/python); reinstall dtrain or set DTRAIN_SPARK_SCRIPT to its path");
-}
+std::string driver_script() { return detail::python_script("spark.py", "DTRAIN_SPARK_SCRIPT"); }
 
 Command submit_base(const SubmitOptions& o, const Plan& plan) {
   if (o.master.empty()) {
@@ -190,75 +165,38 @@ Command submit_command(const SubmitOptions& o, const Plan& plan) {
 }
 
 void exec_cli_if_requested(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) != "run") return;
-  std::vector<std::string> rest;
+  const auto flags = detail::scan_run_flags(
+      argc, argv,
+      {"--spark-master", "--spark-conf", "--spark-submit", "--spark-slot-timeout", "--nnodes"},
+      "--spark-master");
+  if (!flags) return;
   SubmitOptions o;
+  o.master = flags->value("--spark-master");
+  o.spark_submit = flags->value("--spark-submit");
+  if (flags->given.count("--spark-slot-timeout"))
+    o.slot_timeout_s = std::atof(flags->value("--spark-slot-timeout").c_str());
   std::vector<std::string> conf;
+  if (auto it = flags->given.find("--spark-conf"); it != flags->given.end()) conf = it->second;
   int nnodes = 1;
-  std::string nnodes_text;  // checked only for a Spark run: the launcher checks its own
-  bool spark = false;
-  int i = 2;
-  auto value = [&](const std::string& flag) -> std::string {
-    const std::string a = argv[i];
-    if (a.size() > flag.size() && a[flag.size()] == '=') return a.substr(flag.size() + 1);
-    if (i + 1 >= argc) throw UsageError("dtrain run: " + flag + " needs a value");
-    return argv[++i];
-  };
-  auto is = [&](const std::string& flag) {
-    const std::string a = argv[i];
-    return a == flag || a.rfind(flag + "=", 0) == 0;
-  };
-  // Only the launcher's options: they end at "--" or at PROGRAM (the first word that is
-  // neither an option nor the value of one; values here never start with '-').
-  bool program = false;
-  for (; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (program || a == "--") {
-      rest.push_back(a);
-      program = true;
-      continue;
-    }
-    if (is("--spark-master")) {
-      o.master = value("--spark-master");
-      spark = true;
-    } else if (is("--spark-conf")) {
-      conf.push_back(value("--spark-conf"));
-    } else if (is("--spark-submit")) {
-      o.spark_submit = value("--spark-submit");
-    } else if (is("--spark-slot-timeout")) {
-      o.slot_timeout_s = std::atof(value("--spark-slot-timeout").c_str());
-    } else if (is("--nnodes")) {
-      nnodes_text = value("--nnodes");
-    } else {
-      rest.push_back(a);
-    }
-  }
-  if (!spark) return;
-  if (!nnodes_text.empty()) {
+  // Checked only for a Spark run: the launcher checks its own.
+  if (const std::string text = flags->value("--nnodes"); !text.empty()) {
     char* end = nullptr;
-    const long n = std::strtol(nnodes_text.c_str(), &end, 10);
+    const long n = std::strtol(text.c_str(), &end, 10);
     if (*end != '\0' || n < 1) {
       throw UsageError(
           "dtrain run --spark-master: --nnodes must be a whole number >= 1 (the "
           "Spark tasks, one agent each), got '" +
-          nnodes_text + "'");
+          text + "'");
     }
     nnodes = static_cast<int>(n);
   }
   // T tasks of one agent each; the agent's processes are --nproc-per-node.
   Plan p = plan(nnodes, false, 1, conf);
   Command c = submit_command(o, p);
-  c.argv.push_back(self_dir() + "/" +
-                   std::filesystem::read_symlink("/proc/self/exe").filename().string());
+  c.argv.push_back(detail::self_path());
   c.argv.push_back("run");
-  c.argv.insert(c.argv.end(), rest.begin(), rest.end());
-  for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
-  std::vector<char*> args;
-  for (auto& s : c.argv) args.push_back(s.data());
-  args.push_back(nullptr);
-  ::execv(args[0], args.data());
-  throw UsageError("dtrain run --spark-master: cannot run " + c.argv[0] + ": " +
-                   std::strerror(errno));
+  c.argv.insert(c.argv.end(), flags->rest.begin(), flags->rest.end());
+  detail::exec_driver(c.argv, c.env, "dtrain run --spark-master");
 }
 
 }  // namespace dtrain::spark

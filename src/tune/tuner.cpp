@@ -486,19 +486,25 @@ ResultGrid Tuner::fit() {
   std::unique_ptr<detail::WarmForkServer> warm_server;
   if (o.local_mode) warm_server = detail::WarmForkServer::start(o.env);
 
-  // Locally, as many trials as this machine's cores hold. On a cluster one trial (one job) at a
-  // time unless max_concurrent_trials asks for more: the engines' capacity() is not counted
-  // there yet.
-  int capacity = 1;
-  if (o.local_mode) {
-    const DistributorOptions trial = trial_distributor_options(o);
-    const auto room = engines::for_job(trial).capacity(trial);
-    capacity = std::max(1, (room ? room->free_slots : 1) / o.trial_resources.processes);
-    if (o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
-  } else {
-    capacity = std::max(1, o.max_concurrent_trials);
+  // As many trials at once as the engine's free slots hold (this machine's cores; on a cluster
+  // the processes of a trial's size its nodes hold free now, where the engine can tell), at
+  // most max_concurrent_trials. An engine that cannot tell (mpi) runs one trial at a time
+  // unless max_concurrent_trials asks for more. With fewer free slots than one trial needs,
+  // trials still run, one at a time (oversubscribed, or waiting in the cluster's queue).
+  const DistributorOptions trial_options = trial_distributor_options(o);
+  const auto room = engines::for_job(trial_options).capacity(trial_options);
+  int capacity = room ? std::max(1, room->free_slots / o.trial_resources.processes)
+                      : std::max(1, o.max_concurrent_trials);
+  if (room && o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
+  if (o.verbose && !o.local_mode) {
+    std::fprintf(stderr, "tune: %d trial(s) at a time on engine %s (%s; %d process(es) each)\n",
+                 capacity, o.cluster.engine.c_str(),
+                 room ? (std::to_string(room->free_slots) + " free of " +
+                         std::to_string(room->total_slots) + " slots")
+                            .c_str()
+                      : "its free slots unknown",
+                 o.trial_resources.processes);
   }
-  // With fewer cores than one trial needs, trials still run, one at a time (oversubscribed).
 
   std::mutex done_mutex;
   std::condition_variable done_cv;

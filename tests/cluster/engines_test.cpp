@@ -37,10 +37,12 @@ std::string usage_error(const std::function<void()>& f) {
 TEST(Engines, RegistryNamesEveryEngineOnce) {
   std::vector<std::string> names;
   for (const auto* e : engines::all()) names.push_back(e->name());
-  EXPECT_EQ(names, (std::vector<std::string>{"local", "ssh", "slurm", "mpi", "spark"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"local", "ssh", "slurm", "mpi", "spark", "ray"}));
   EXPECT_EQ(engines::cluster_engine_list(),
-            "\"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"");
-  EXPECT_EQ(engines::cluster_engine_list(false), "\"ssh\", \"slurm\", \"mpi\" or \"spark\"");
+            "\"ssh\" (a host file or list), \"slurm\", \"mpi\", \"spark\" or \"ray\" (a Ray "
+            "cluster)");
+  EXPECT_EQ(engines::cluster_engine_list(false),
+            "\"ssh\", \"slurm\", \"mpi\", \"spark\" or \"ray\"");
   EXPECT_EQ(engines::named("slurm").name(), "slurm");
   EXPECT_EQ(engines::for_job(DistributorOptions{}).name(), "local");
   const std::string unknown =
@@ -55,9 +57,9 @@ TEST(Engines, RegistryNamesEveryEngineOnce) {
 TEST(Engines, CapabilitiesAreQuestionsNotNames) {
   for (const auto* e : engines::all()) {
     EXPECT_EQ(e->runs_agents(), e->name() != "mpi") << e->name();
-    const bool elastic = e->name() != "mpi" && e->name() != "spark";
+    const bool elastic = e->name() != "mpi" && e->name() != "spark" && e->name() != "ray";
     EXPECT_EQ(e->why_not_elastic().empty(), elastic) << e->name();
-    EXPECT_EQ(e->shared_console(), e->name() == "slurm") << e->name();
+    EXPECT_EQ(e->shared_console(), e->name() == "slurm" || e->name() == "ray") << e->name();
     EXPECT_FALSE(e->describe().empty()) << e->name();
   }
 }

@@ -47,7 +47,7 @@ grep -q "tune::Tuner: the trials cannot run on cluster engine \"ssh\".*num_proce
 out="$(on n1 timeout 60 "$D" --storage "$T/tune-bad" --engine yarn 2>&1)"
 code=$?
 [[ $code -eq 2 ]] || fail "unknown engine: exit $code, expected 2: $out"
-grep -q "expected \"ssh\" (a host file or list), \"slurm\", \"mpi\" or \"spark\"" <<<"$out" || fail "unknown engine: message: $out"
+grep -q "expected \"ssh\" (a host file or list), \"slurm\", \"mpi\", \"spark\" or \"ray\" (a Ray cluster)" <<<"$out" || fail "unknown engine: message: $out"
 pass "trial_resources that fit no host layout, an unknown engine: UsageError, exit 2, nothing started"
 
 # 3 -------------------------------------------------------------------------------------

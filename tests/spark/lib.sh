@@ -7,19 +7,17 @@
 #   spark_down            stops every JVM started here and every dtrain process left under
 #                         them, checks nothing is left, deletes $T
 #
-# The same cluster as separate hosts (root; network namespaces, as tests/cluster/lib.sh does
-# for Slurm): the hosts n0 (10.201.0.10: the master and the driver, as a Databricks driver
-# node), n1 (10.201.0.11) and n2 (10.201.0.12: the two workers), each with its own eth0 on a
-# bridge that lives in a fourth namespace, its own hostname and an /etc/hosts naming all three.
+# The same cluster as separate hosts (root; network namespaces, tests/support/netns_hosts.sh):
+# the hosts n0 (10.201.0.10: the master and the driver, as a Databricks driver node), n1
+# (10.201.0.11) and n2 (10.201.0.12: the two workers).
 #   spark_hosts_up [CORES]   namespaces + master on n0 + a worker on n1 and on n2 (CORES
 #                            each); sets $SPARK_MASTER_URL (spark://10.201.0.10:7077)
-#   on HOST CMD...           runs CMD on host n0/n1/n2 (its network, hostname, /etc/hosts)
-#   bg_on HOST LOG CMD...    the same in the background; $BG_PID is CMD's own PID
-#   host_procs HOST REGEX    "PID:ARGS; " of the processes on HOST whose command line matches
+#   on, bg_on, host_procs    netns_hosts.sh's
 #   spark_down               also kills whatever runs in the namespaces, deletes them (their
 #                            veths go with them) and checks none is left
 # Every wait has a deadline.
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/netns_hosts.sh"
 
 fail() {
   echo "FAIL: $*" >&2
@@ -44,7 +42,6 @@ spark_init() {
   # Applications here: no web UI (a second or two of JVM start-up each), driver on loopback.
   printf 'spark.ui.enabled false\nspark.driver.host 127.0.0.1\n' >"$SPARK_CONF_DIR/spark-defaults.conf"
   SPARK_PIDS=()
-  NS_CREATED=()
   ID="$$"
   trap spark_down EXIT
   trap 'exit 130' INT TERM
@@ -91,28 +88,8 @@ spark_down() {
   trap - EXIT
   # The hosts: every process in their namespaces (the daemons, their executors, drivers,
   # agents), TERM then KILL; then the namespaces themselves.
-  if ((${#NS_CREATED[@]})); then
-    for ns in "${NS_CREATED[@]}"; do
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$pid" 2>/dev/null; done
-    done
-    local deadline=$((SECONDS + 10))
-    for ns in "${NS_CREATED[@]}"; do
-      while [[ -n "$(ip netns pids "$ns" 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.2; done
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-    done
-    for ns in "${NS_CREATED[@]}"; do
-      deadline=$((SECONDS + 5))
-      while [[ -n "$(ip netns pids "$ns" 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.1; done
-      ip netns del "$ns" 2>/dev/null
-    done
-    wait 2>/dev/null
-    left="$(ip netns list 2>/dev/null | grep -E "^dts${ID}[0-9a-z]+( |$)" || true)"
-    left+="$(ip -o link show 2>/dev/null | grep -E "vs${ID}n[0-9]|vb${ID}n[0-9]" || true)"
-    if [[ -n "$left" ]]; then
-      echo "FAIL: namespaces or veths left after the Spark hosts were torn down: $left" >&2
-      rc=1
-    fi
-  fi
+  netns_hosts_down || rc=1
+  wait 2>/dev/null
   if ((rc != 0)) && [[ -n "${T:-}" && -d "$T/logs" ]]; then
     echo "--- Spark daemon logs ($T/logs) ---" >&2
     tail -n 15 "$T"/logs/*.out >&2 2>/dev/null
@@ -141,56 +118,9 @@ spark_down() {
 
 # --- the cluster as separate hosts (network namespaces) ------------------------------------
 
-host_addr() {
-  case "$1" in
-    n0) echo 10.201.0.10 ;;
-    n1) echo 10.201.0.11 ;;
-    n2) echo 10.201.0.12 ;;
-    *) fail "unknown Spark test host '$1' (n0, n1, n2)" ;;
-  esac
-}
-
 spark_hosts_up() {
-  local cores="${1:-2}" h br="dts${ID}br"
-  [[ $(id -u) -eq 0 ]] || fail "the Spark cluster test needs root (network namespaces as hosts)"
-  for c in ip nsenter unshare ss; do
-    command -v "$c" >/dev/null 2>&1 || fail "missing '$c': run scripts/setup.sh (iproute2, util-linux)"
-  done
-  # Hosts of an earlier run killed before its clean-up (a ctest timeout): their namespaces are
-  # named after its PID, which no longer runs.
-  local stale
-  for stale in $(ip netns list 2>/dev/null | grep -oE '^dts[0-9]+(n[0-2]|br)\b'); do
-    local owner="${stale#dts}"
-    owner="${owner%n[0-2]}"
-    owner="${owner%br}"
-    kill -0 "$owner" 2>/dev/null && continue
-    echo "removing the namespace $stale of an earlier run (process $owner is gone)" >&2
-    for pid in $(ip netns pids "$stale" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-    ip netns del "$stale" 2>/dev/null
-  done
-  # A switch: a bridge in a namespace of its own, so that nothing of this network touches the
-  # machine's own (no interface, no route outside the namespaces).
-  ip netns add "$br" || fail "ip netns add $br"
-  NS_CREATED+=("$br")
-  ip -n "$br" link add br0 type bridge || fail "ip link add bridge"
-  ip -n "$br" link set br0 up
-  ip -n "$br" link set lo up
-  printf '127.0.0.1 localhost\n' >"$T/hosts"
-  for h in n0 n1 n2; do
-    local ns="dts${ID}$h" a="vs${ID}$h" b="vb${ID}$h"
-    ip netns add "$ns" || fail "ip netns add $ns"
-    NS_CREATED+=("$ns")
-    ip link add "$a" type veth peer name "$b" || fail "ip link add veth $a"
-    ip link set "$a" netns "$ns" && ip link set "$b" netns "$br" || fail "moving veth $a"
-    ip -n "$ns" link set "$a" name eth0
-    ip -n "$ns" addr add "$(host_addr "$h")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    ip -n "$br" link set "$b" master br0
-    ip -n "$br" link set "$b" up
-    printf '%s %s\n' "$(host_addr "$h")" "$h" >>"$T/hosts"
-  done
-  chmod 644 "$T/hosts"
+  local cores="${1:-2}" h
+  netns_hosts_up dts 10.201.0 n0 n1 n2
   # Daemons' settings as each host's spark-env.sh would give them; no loopback driver host.
   # JVMs on 2 shared cores: the client compiler only and the serial collector start them
   # faster (no C2 or parallel GC threads competing with the training processes).
@@ -223,36 +153,4 @@ spark_hosts_up() {
   grep -q "Registering worker $(host_addr n1):" "$T/logs/master.out" && grep -q "Registering worker $(host_addr n2):" "$T/logs/master.out" ||
     { cat "$T/logs/master.out" >&2; fail "the master did not register the workers at n1's and n2's addresses"; }
   pass "Spark standalone master on n0 ($SPARK_MASTER_URL), workers on n1 ($(host_addr n1)) and n2 ($(host_addr n2)) x $cores cores"
-}
-
-# Not `ip netns exec` (it remounts /sys): nsenter into the host's network, then a UTS and
-# mount namespace of the command's own for the hostname and /etc/hosts.
-on_prefix() {
-  host_addr "$1" >/dev/null
-  ON=(nsenter --net="/run/netns/dts${ID}$1" unshare --uts --mount
-    sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$T/hosts" "$1")
-}
-
-on() {
-  local host="$1"
-  shift
-  on_prefix "$host"
-  "${ON[@]}" "$@"
-}
-
-bg_on() {
-  local host="$1" log="$2"
-  shift 2
-  on_prefix "$host"
-  (exec "${ON[@]}" "$@" >"$log" 2>&1 </dev/null) &
-  BG_PID=$!
-}
-
-host_procs() {
-  local pid cmd out=""
-  for pid in $(ip netns pids "dts${ID}$1" 2>/dev/null); do
-    cmd="$( { tr '\0' ' ' </proc/"$pid"/cmdline; } 2>/dev/null)" || continue
-    [[ "$cmd" =~ $2 ]] && out+="$pid:$cmd; "
-  done
-  echo "$out"
 }

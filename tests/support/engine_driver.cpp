@@ -1,7 +1,12 @@
-// A Distributor driver on the Spark engine for tests/spark/spark_test.sh.
-//   spark_driver --master URL [--nproc N] [--per-task K] [--fail-rank R] [--crash-rank R]
-//                [--crash-host H] [--program PATH [ARG]...] [--slot-timeout S] [--sleep-rank R|all]
-//                [--exit-rank R --exit-code C] [--kill-rank R]
+// A Distributor driver on a cluster engine for tests/spark/spark_test.sh, tests/ray/ray_test.sh
+// and their benchmarks.
+//   engine_driver [--engine spark|ray] [--nproc N] [--fail-rank R] [--crash-rank R]
+//                 [--crash-host H] [--program PATH [ARG]...] [--sleep-rank R|all]
+//                 [--exit-rank R --exit-code C] [--kill-rank R]
+//     spark (the default): --master URL [--per-task K] [--slot-timeout S] [--keep-app 0|1]
+//                 [--app-idle S]
+//     ray:        --ray-address ADDR [--per-bundle K] [--strategy S] [--cpus C]
+//                 [--placement-timeout S] [--keep-driver 0|1]
 // --sleep-rank: that rank (or every rank) sleeps 10 minutes after the all-reduce, so the test
 // can SIGKILL the driver while all the agents and workers are known to be alive.
 // --exit-rank R --exit-code C / --kill-rank R: that rank exits with code C (std::_Exit) or
@@ -11,8 +16,9 @@
 // tasks, so which rank runs on H is known only there).
 // --then: the flags after it are the next run() in the same process (the first run's settings,
 // then these; with engine "spark" all of them in one kept Spark application); then each run
-// is preceded by "--- run K" and followed by "run K: exit E after S s in Spark application ID",
-// and the exit status is the first failing run's.
+// is preceded by "--- run K" and followed by "run K: exit E after S s in Spark application ID"
+// (engine "ray": "in Ray driver ADDRESS", the kept driver's), and the exit status is the first
+// failing run's.
 // --keep-app 0: ClusterOptions::spark_keep_app = false (a Spark application per run()).
 // --app-idle S: ClusterOptions::spark_app_idle_timeout; --pause S: sleep S s before that run.
 // Prints "result rank=R sum=S host=H threads=OMP_NUM_THREADS" per rank, "program ok", "WorkerError
@@ -28,6 +34,7 @@
 #include <vector>
 
 #include "dtrain/dtrain.h"
+#include "dtrain/ray.h"
 #include "dtrain/spark.h"
 
 namespace {
@@ -160,6 +167,20 @@ int main(int argc, char** argv) {
       j.sleep_rank = value == "all" ? kEveryRank : std::stoi(value);
     else if (flag == "--slot-timeout")
       o.cluster.spark_slot_timeout = std::chrono::seconds(std::stoi(value));
+    else if (flag == "--engine")
+      o.cluster.engine = value;
+    else if (flag == "--ray-address")
+      o.cluster.ray.address = value;
+    else if (flag == "--per-bundle")
+      o.cluster.ray.processes_per_bundle = std::stoi(value);
+    else if (flag == "--strategy")
+      o.cluster.ray.strategy = value;
+    else if (flag == "--cpus")
+      o.cluster.ray.num_cpus_per_process = std::stod(value);
+    else if (flag == "--placement-timeout")
+      o.cluster.ray.placement_timeout = std::chrono::seconds(std::stoi(value));
+    else if (flag == "--keep-driver")
+      o.cluster.ray.keep_driver = value != "0";
     else if (flag == "--program")
       j.program = value;
     else {
@@ -176,8 +197,13 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const int r = run_one(jobs[k]);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("run %zu: exit %d after %.2f s in Spark application %s\n", k + 1, r, s,
-                dtrain::spark::app_id().c_str());
+    if (jobs[k].o.cluster.engine == "ray") {
+      std::printf("run %zu: exit %d after %.2f s in Ray driver %s\n", k + 1, r, s,
+                  dtrain::ray::kept_driver().c_str());
+    } else {
+      std::printf("run %zu: exit %d after %.2f s in Spark application %s\n", k + 1, r, s,
+                  dtrain::spark::app_id().c_str());
+    }
     std::fflush(stdout);
     if (r != 0 && rc == 0) rc = r;
   }
