@@ -32,7 +32,7 @@ std::uint8_t wire_code(Protocol p, Query q) {
   }
 }
 
-constexpr std::uint8_t kValidate = 0, kPing = 13;
+constexpr std::uint8_t kValidate = 0, kPing = 13, kListKeys = 17;  // v2 only
 constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
 constexpr std::uint8_t kReady = 0, kNotReady = 1;
 constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;
@@ -150,6 +150,25 @@ class Client final : public StoreClient {
     return io("delete_key", [&] {
       send(Request(protocol_, Query::DELETE_KEY).bytes(wire_key(key)));
       return recv_value<std::int64_t>() == 1;
+    });
+  }
+
+  std::vector<std::string> list_keys() override {
+    if (protocol_ != Protocol::v2) {
+      throw StoreError("the store at " + where_ +
+                       " speaks TCPStore v1, which cannot list its keys (LIST_KEYS is v2's)");
+    }
+    return io("list_keys", [&] {
+      send(Request().value(kListKeys));
+      const auto n = recv_value<std::int64_t>();
+      if (n < 0) unexpected("LIST_KEYS", 0);
+      std::vector<std::string> keys;
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::string k = recv_bytes();
+        // A key named without c10d's "/" (a raw protocol client) has no name here; skipped.
+        if (!k.empty() && k[0] == '/') keys.push_back(k.substr(1));
+      }
+      return keys;
     });
   }
 
