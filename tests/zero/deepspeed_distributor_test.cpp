@@ -82,8 +82,8 @@ TEST(DeepSpeedDistributor, BadConfigFailsOnTheDriverNamingTheKey) {
     ADD_FAILURE() << "no error";
   } catch (const dtrain::zero::ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "zero_optimization.stage3_prefetch_bucket_sise: unknown key; did you mean "
-              "stage3_prefetch_bucket_size?");
+              "zero_optimization.stage3_prefetch_bucket_sise: unknown key (DeepSpeed 0.19.8 "
+              "refuses it too); did you mean stage3_prefetch_bucket_size?");
   }
   // train_batch_size checked against num_gpus * nnodes.
   auto wrong = ds_config(1);
