@@ -1,4 +1,7 @@
-// hvd's background thread: negotiation by name, fusion, execution, stall check.
+// hvd's background thread: negotiation by name, fusion, execution, stall check. One class,
+// in four files as Horovod splits its controller: controller.cpp (the cycle and negotiation),
+// wire.{h,cpp} (the request line), response_cache.cpp (the response cache), ops.cpp
+// (execution: fused allreduce, Adasum, every other kind).
 //
 // The protocol, one cycle (every cycle_time, on every rank's background thread):
 //   1. Each rank serialises the requests its callers queued since the last cycle (one line
@@ -177,7 +180,6 @@ class Controller {
   void fail_all(const std::string& why, bool timeout);
   void stall_check();
   std::string stall_report(bool for_shutdown);
-  std::string signature(const Request& r) const;
   void check_agreement(const std::string& name, const Entry& e);
 
   std::shared_ptr<ProcessGroup> group_;

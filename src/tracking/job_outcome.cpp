@@ -59,7 +59,10 @@ void JobOutcome::report(int exit_code) {
       tags["dtrain.failed_signal"] = std::to_string(f->signal);
       tags["dtrain.failure_reason"] = f->reason;
       std::string tail;
-      for (const auto& line : f->stderr_tail) tail += line + "\n";
+      for (const auto& line : f->stderr_tail) {
+        tail += line;
+        tail += '\n';
+      }
       if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
       tags["dtrain.stderr_tail"] = tail;
     } else {
