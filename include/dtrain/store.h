@@ -162,6 +162,9 @@ class StoreClient {
   virtual bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   virtual bool delete_key(const std::string& key) = 0;
   virtual std::int64_t num_keys() = 0;
+  // Every key that holds a value, named as this client names keys (queues are not keys).
+  // v2 only (LIST_KEYS): throws StoreError on a v1 connection.
+  virtual std::vector<std::string> list_keys() = 0;
   // The protocol this connection speaks (v1 or v2, never automatic).
   virtual Options::Protocol protocol() const = 0;
 };

@@ -14,6 +14,8 @@
 //               for the heartbeat timeout means that agent is gone.
 //   ack_K       node K has read the outcome; the agent hosting the store waits for every
 //               ack before it exits, so no agent loses the store before it has the result.
+//   workers_cleared  (R > 0) node 0 deleted the previous workers' keys; every agent waits for
+//               it before starting its workers (launch/worker_keys.h).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -51,6 +53,7 @@
 #include "launch/options_internal.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
+#include "launch/worker_keys.h"
 #include "launch/worker_set.h"
 #include "store/socket.h"
 
@@ -104,6 +107,10 @@ class Agent {
   // The failure summary's "recent collectives": what the workers of attempt `round` published
   // to the job's store (empty when the store is not ours to read, or nothing was published).
   std::vector<std::string> published_collectives(int round, int world_size);
+  // A connection of our own to the store this agent hosts (single node: the agent has none).
+  std::unique_ptr<store::StoreClient> connect_own_store(std::chrono::milliseconds timeout) const;
+  // Before an attempt after the first: the previous workers' keys deleted (worker_keys.h).
+  void clear_previous_workers(const launch::RendezvousResult& rdzv);
   bool restart_possible(int failures) const { return elastic() || failures < o_.max_restarts; }
   // One step of the loop: the signalfd, stdin (stop_on_stdin_eof) and the workers' fds.
   void poll_once(std::chrono::milliseconds timeout, std::vector<int>* signals);
@@ -209,18 +216,40 @@ void Agent::setup_store() {
   }
 }
 
+std::unique_ptr<store::StoreClient> Agent::connect_own_store(
+    std::chrono::milliseconds timeout) const {
+  store::StoreClient::Options copts;
+  copts.connect_timeout = timeout;
+  copts.timeout = timeout;
+  copts.token = o_.store_token;
+  return store::StoreClient::connect(own_store_host(), static_cast<std::uint16_t>(store_port_),
+                                     copts);
+}
+
+void Agent::clear_previous_workers(const launch::RendezvousResult& rdzv) {
+  if (!multi_node()) {
+    launch::clear_worker_keys(*connect_own_store(std::chrono::seconds(10)));
+    return;
+  }
+  const std::string cleared = launch::round_prefix(o_.rdzv_id, rdzv.round) + "workers_cleared";
+  if (rdzv.node_rank == 0) {
+    launch::clear_worker_keys(*store_);
+    store_->set(cleared, "1");
+  } else if (!store_->wait({cleared}, o_.rdzv_timeout)) {
+    throw TimeoutError("round " + std::to_string(rdzv.round) + " of job '" + o_.rdzv_id +
+                       "': node 0's agent did not clear the previous workers' store keys within " +
+                       std::to_string(o_.rdzv_timeout.count() / 1000) +
+                       " s (it died or lost the store?)");
+  }
+}
+
 std::vector<std::string> Agent::published_collectives(int round, int world_size) {
   try {
     std::unique_ptr<store::StoreClient> own;
     store::StoreClient* client = store_.get();
     if (!client) {
       if (!server_) return {};
-      store::StoreClient::Options copts;
-      copts.connect_timeout = std::chrono::seconds(2);
-      copts.timeout = std::chrono::seconds(2);
-      copts.token = o_.store_token;
-      own = store::StoreClient::connect(own_store_host(), static_cast<std::uint16_t>(store_port_),
-                                        copts);
+      own = connect_own_store(std::chrono::seconds(2));
       client = own.get();
     }
     WorkerEnv env;
@@ -527,6 +556,7 @@ int Agent::run() {
           rdzv = launch::rendezvous(*store_, o_.rdzv_id, round, node_rank, o_.nnodes, self,
                                     o_.rdzv_timeout);
         }
+        if (round > 0) clear_previous_workers(rdzv);
       } catch (const TimeoutError& e) {
         say(e.what());
         return 1;
@@ -544,6 +574,7 @@ int Agent::run() {
       }
     } else {
       rdzv = launch::layout(round, 0, {self});
+      if (round > 0) clear_previous_workers(rdzv);
     }
     node_rank_ = rdzv.node_rank;
     AttemptResult r = run_attempt(rdzv);

@@ -5,8 +5,8 @@
 // The fork server pays it once: the agent starts the program with libdtrain_forkserver.so
 // preloaded, the program's libraries load and initialise, and just before the program's own
 // constructors and main() the process forks one worker per local rank. Each worker gets its
-// rank's environment and stdout/stderr pipes, leads its own process group, and becomes the
-// agent's child (the agent is a child subreaper) once the server exits - from there on the
+// rank's environment and stdout/stderr pipes, leads its own session (so process group), and becomes
+// the agent's child (the agent is a child subreaper) once the server exits - from there on the
 // agent watches, signals and reaps it exactly like a fork+exec'd worker.
 #pragma once
 

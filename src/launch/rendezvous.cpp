@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/error.h"
+#include "launch/worker_keys.h"
 
 namespace dtrain::launch {
 
@@ -18,7 +19,7 @@ std::string format_seconds(std::chrono::milliseconds d) {
 }  // namespace
 
 std::string round_prefix(const std::string& run_id, int round) {
-  return "/dtrain/" + run_id + "/round_" + std::to_string(round) + "/";
+  return agents_key_prefix() + run_id + "/round_" + std::to_string(round) + "/";
 }
 
 RendezvousResult layout(int round, int node_rank, const std::vector<NodeInfo>& nodes) {

@@ -62,7 +62,15 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     throw Error(std::string("fork: ") + std::strerror(e));
   }
   if (pid == 0) {
-    ::setpgid(0, 0);
+    // Its own session (as torchrun 2.x starts workers: start_new_session), so its own process
+    // group too: -pid reaches it and what it starts. Cannot fail in a fresh child (not a group
+    // leader); if it did, the worker must not start in the agent's group.
+    if (::setsid() < 0) {
+      int e = errno;
+      ssize_t ignored = ::write(status[1], &e, sizeof e);
+      (void)ignored;
+      ::_exit(127);
+    }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
     if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
@@ -87,8 +95,9 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     (void)ignored;
     ::_exit(127);
   }
-  // The parent also sets the group, so it exists before anyone signals -pid.
-  ::setpgid(pid, pid);
+  // No setpgid(pid, pid) here: it would make the child a group leader, and its setsid() fail.
+  // The session (and group) exists before this returns: the status pipe stays open until the
+  // child's exec, which comes after its setsid().
   ::close(out[1]);
   ::close(err[1]);
   ::close(status[1]);

@@ -1,8 +1,9 @@
 // Starting and stopping one worker process.
 //
 // Workers are fork+exec'd (never a bare fork of a process that may run libtorch threads:
-// between fork and exec the child only makes async-signal-safe calls). Each worker leads
-// its own process group, so signalling -pgid reaches the worker and everything it started;
+// between fork and exec the child only makes async-signal-safe calls). Each worker leads its
+// own session (setsid, as torchrun 2.x starts its workers), hence its own process group:
+// signalling -pgid reaches the worker and everything it started that stayed in its group;
 // PR_SET_PDEATHSIG makes the kernel SIGKILL it if the agent dies first.
 #pragma once
 
@@ -23,7 +24,7 @@ struct SpawnSpec {
 };
 
 struct SpawnedProcess {
-  pid_t pid = -1;      // also its process group id
+  pid_t pid = -1;      // also its session and process group id
   int stdout_fd = -1;  // read ends of its stdout/stderr pipes (non-blocking, CLOEXEC); caller owns
   int stderr_fd = -1;
 };

@@ -108,6 +108,25 @@ class Client final : public StoreClient {
     });
   }
 
+  std::vector<std::string> list_keys() override {
+    if (protocol_ != Protocol::v2) {
+      throw StoreError("the store at " + where_ +
+                       " speaks TCPStore v1, which cannot list its keys (LIST_KEYS is v2's)");
+    }
+    return io("list_keys", [&] {
+      send(request(Op::LIST_KEYS));
+      const auto n = recv_value<std::int64_t>();
+      if (n < 0) unexpected("LIST_KEYS", 0);
+      std::vector<std::string> keys;
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::string k = recv_bytes();
+        // A key named without c10d's "/" (a raw protocol client) has no name here; skipped.
+        if (!k.empty() && k[0] == '/') keys.push_back(k.substr(1));
+      }
+      return keys;
+    });
+  }
+
   std::int64_t num_keys() override {
     return io("num_keys", [&] {
       send(request(Op::GETNUMKEYS));

@@ -114,6 +114,62 @@ TEST(LauncherInterop, DtrainCppWorkerRunsUnderTorchrun) {
       << r.out;
 }
 
+// The venv's torchrun (PyTorch 2.x), as `python -m torch.distributed.run`.
+std::vector<std::string> venv_torchrun() {
+  return {DTRAIN_VENV_PYTHON, "-m", "torch.distributed.run"};
+}
+
+// torchrun 2.x starts each worker in a session of its own (start_new_session); so does
+// `dtrain run`. Checked on both launchers with the same script, so the claim is torchrun's.
+TEST(LauncherInterop, EachWorkerLeadsItsOwnSessionAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string script = kInterop + "/session.py";
+  auto torchrun = venv_torchrun();
+  for (const std::string& a : {"--nproc-per-node", "2", "--tee", "3", "--monitor-interval", "0.1",
+                               "--no-python", DTRAIN_VENV_PYTHON, script.c_str()}) {
+    torchrun.push_back(a);
+  }
+  const std::vector<std::vector<std::string>> launchers = {
+      torchrun,
+      {DTRAIN_BIN, "run", "--nproc-per-node", "2", "--no-python", DTRAIN_VENV_PYTHON, script}};
+  for (const auto& argv : launchers) {
+    SCOPED_TRACE(argv[0] == DTRAIN_BIN ? "dtrain run" : "torchrun");
+    auto r = run_command(argv, {.timeout = 120s});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto ranks = json_lines(r.out);
+    ASSERT_EQ(ranks.size(), 2u) << r.out;
+    for (const auto& [rank, j] : ranks) {
+      EXPECT_EQ(j["sid"], j["pid"]) << "rank " << rank << " does not lead a session: " << j;
+      EXPECT_EQ(j["pgid"], j["pid"]) << "rank " << rank << " does not lead its group: " << j;
+      EXPECT_NE(j["sid"], j["parent_sid"]) << "rank " << rank << " is in the launcher's: " << j;
+    }
+  }
+}
+
+// PyTorch 2.x's env:// rendezvous no longer namespaces its keys by attempt
+// (pytorch/pytorch#135712, #167288), so under a launcher that keeps one store for the job a
+// restarted Gloo group may read the previous attempt's addresses: "Connection refused", or a
+// hang in connectFullMesh. torchrun 2.11 has that bug; `dtrain run` clears the workers' keys
+// between attempts (src/launch/worker_keys.h), so every restart must connect: 20 in a row, an
+// unchanged script, rank 0 exiting 1 in each attempt but the last. Each attempt's Gloo init
+// has 60 s, so a regression fails instead of hanging.
+TEST(LauncherInterop, Pytorch2WorkersRestartTwentyTimesInARow) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  constexpr int kRestarts = 20;
+  auto r = run_command(
+      {DTRAIN_BIN, "run", "--nproc-per-node", "2", "--max-restarts", std::to_string(kRestarts),
+       "--monitor-interval", "0.1", kInterop + "/restart_gloo.py", std::to_string(kRestarts), "60"},
+      {.env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON)}, .timeout = 600s});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int attempt = 0; attempt <= kRestarts; ++attempt) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string line = "]:attempt " + std::to_string(attempt) + " rank " +
+                               std::to_string(rank) + " all_reduce 3.0";
+      EXPECT_NE(r.out.find(line), std::string::npos) << "missing: " << line << "\n" << r.out;
+    }
+  }
+}
+
 TEST(LauncherInterop, DtrainCppWorkerRunsUnderDtrainRun) {
   auto r = run_command({DTRAIN_BIN, "run", "--nproc-per-node", "3", HELLO_WORKER_BIN},
                        {.timeout = 180s});

@@ -683,6 +683,24 @@ TEST_F(LauncherTest, SigkillOfTheAgentTakesEverythingDown) {
   EXPECT_TRUE(wait_dead(pids, 2s)) << "a worker or grandchild outlived the SIGKILLed agent";
 }
 
+TEST_F(LauncherTest, EachWorkerLeadsItsOwnSession) {
+  // As torchrun 2.x starts workers (start_new_session): each its own session and group, none
+  // the agent's (or this test's). The suite runs this under the fork server too.
+  RunResult r = run({"--nproc-per-node", "2", kWorker, "--session"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<pid_t> sessions;
+  for (const auto& l : rank_lines(r.out)) {
+    int pid = 0, sid = 0, pgid = 0;
+    if (std::sscanf(l.text.c_str(), "session pid=%d sid=%d pgid=%d", &pid, &sid, &pgid) != 3)
+      continue;
+    EXPECT_EQ(sid, pid) << "rank " << l.rank << " does not lead its session";
+    EXPECT_EQ(pgid, pid) << "rank " << l.rank << " does not lead its process group";
+    EXPECT_NE(sid, ::getsid(0)) << "rank " << l.rank << " is in the launching session";
+    sessions.insert(sid);
+  }
+  EXPECT_EQ(sessions.size(), 2u) << r.out;
+}
+
 TEST_F(LauncherTest, NoGrandchildSurvivesASuccessfulRun) {
   RunResult r = run({"--nproc-per-node", "2", kWorker, "--spawn-child", "--pid"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

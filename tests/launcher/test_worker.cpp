@@ -11,6 +11,7 @@
 //   --spawn-child            fork a child that sleeps 300 s (a grandchild of the agent);
 //                            its pid goes to stdout as "child_pid=N"
 //   --pid                    print "pid=N"
+//   --session                print "session pid=P sid=S pgid=G" (its session and group)
 //   --fail-on-restart-below K  exit 3 while TORCHELASTIC_RESTART_COUNT < K
 //   --store-barrier          join the agent store (raw protocol) and add/wait: a rendezvous
 //                            that proves MASTER_ADDR/PORT and the prefix work
@@ -135,6 +136,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     } else if (a == "--pid") {
       std::printf("pid=%d\n", ::getpid());
+      std::fflush(stdout);
+    } else if (a == "--session") {
+      std::printf("session pid=%d sid=%d pgid=%d\n", ::getpid(), ::getsid(0), ::getpgid(0));
       std::fflush(stdout);
     } else if (a == "--fail-on-restart-below") {
       int k = std::stoi(next());

@@ -10,6 +10,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "launch/worker_keys.h"
 #include "store/socket.h"
 
 namespace dtrain::store {
@@ -281,6 +282,38 @@ TEST(StoreTest, ProtocolV2HandshakeRenumberedQueriesAndQueues) {
 
 // StoreClient negotiates v2 with our server; a v1 client (forced, as PyTorch 1.x speaks)
 // shares the same keys.
+TEST(StoreTest, ListKeysNamesEveryKeyAsTheClientNamesIt) {
+  auto server = start_server();
+  auto client = connect(*server);
+  EXPECT_TRUE(client->list_keys().empty());
+  client->set("a", "1");
+  client->add("/dtrain/job/round_0/order", 1);
+  client->set("", "empty name");
+  auto keys = client->list_keys();
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()),
+            (std::set<std::string>{"a", "/dtrain/job/round_0/order", ""}));
+  StoreClient::Options options;
+  options.connect_timeout = 5s;
+  options.timeout = 5s;
+  options.protocol = StoreClient::Options::Protocol::v1;
+  EXPECT_THROW(StoreClient::connect("127.0.0.1", server->port(), options)->list_keys(),
+               dtrain::StoreError);
+}
+
+// Between two attempts the launcher deletes the workers' keys and keeps its own.
+TEST(StoreTest, ClearWorkerKeysKeepsOnlyTheAgentsNamespace) {
+  auto server = start_server();
+  auto client = connect(*server);
+  const std::string agents = dtrain::launch::agents_key_prefix() + "job/round_0/node_0";
+  client->set(agents, "info");
+  client->set("rank_0", "gloo address");       // PyTorch 2.x env:// (no prefix)
+  client->set("/worker/attempt_0/x", "1.13");  // PyTorch 1.13 / dtrain C++ workers
+  client->add("init/", 2);
+  EXPECT_EQ(dtrain::launch::clear_worker_keys(*client), 3);
+  EXPECT_EQ(client->list_keys(), std::vector<std::string>{agents});
+  EXPECT_EQ(client->get(agents), "info");
+}
+
 TEST(StoreTest, V1AndV2ClientsShareOneStore) {
   auto server = start_server();
   auto v2 = connect(*server);

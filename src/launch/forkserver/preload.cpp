@@ -6,8 +6,8 @@
 // this project's machines) and then calls __libc_start_main, which this library
 // interposes. Here, with the libraries ready and before the program's own constructors
 // and main, the process - the fork server - forks one child per local worker. Each child
-// takes its rank's stdout/stderr and environment from the spec, waits until the agent
-// (a child subreaper) has adopted it, arms PR_SET_PDEATHSIG, and continues into the real
+// leads its own session, takes its rank's stdout/stderr and environment from the spec, waits until
+// the agent (a child subreaper) has adopted it, arms PR_SET_PDEATHSIG, and continues into the real
 // __libc_start_main: the program's constructors, then main, exactly as a fresh process
 // would run them. The server reports each child's pid and exits.
 //
@@ -303,10 +303,16 @@ bool needs_exec_mode() {
   pid_t* pids = static_cast<pid_t*>(::calloc(static_cast<size_t>(n), sizeof(pid_t)));
   if (!pids) fail(reply_fd, "out of memory");
   for (int r = 0; r < n; ++r) {
+    // Closed by the child once it leads its own session: only then is its pid reported.
+    int session[2];
+    if (::pipe2(session, O_CLOEXEC) != 0) fail(reply_fd, "pipe failed");
     const pid_t pid = ::fork();
     if (pid < 0) fail(reply_fd, "fork failed");
     if (pid == 0) {
-      ::setpgid(0, 0);
+      // Its own session, as torchrun 2.x starts workers (and so its own process group).
+      if (::setsid() < 0) ::_exit(127);
+      ::close(session[0]);
+      ::close(session[1]);
       if (ranks[r].out_fd != STDOUT_FILENO) ::dup2(ranks[r].out_fd, STDOUT_FILENO);
       if (ranks[r].err_fd != STDERR_FILENO) ::dup2(ranks[r].err_fd, STDERR_FILENO);
       for (int k = 0; k < n; ++k) {
@@ -350,7 +356,14 @@ bool needs_exec_mode() {
       // Continues as the program: constructors, main(), exit().
       ::_exit(real(child_main, argc, argv, init, fini, child_fini, stack_end));
     }
-    ::setpgid(pid, pid);  // before the agent learns the pid, so -pid reaches the worker
+    // The session (and group) exists before the agent learns the pid, so -pid reaches the
+    // worker. (A setpgid(pid, pid) here instead would make the child a group leader, and its
+    // setsid fail.) EOF also when the child died first: the agent then reaps it.
+    ::close(session[1]);
+    char ignored;
+    while (::read(session[0], &ignored, 1) < 0 && errno == EINTR) {
+    }
+    ::close(session[0]);
     pids[r] = pid;
     report(reply_fd, r, pid);
   }
