@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from bench_output import last_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -42,17 +44,6 @@ def machine():
         pass
     return {"gpu": gpu, "cpu": cpu, "cores": os.cpu_count(), "host": platform.node(),
             "load": os.getloadavg()[0]}
-
-
-def last_json(text):
-    for line in reversed(text.splitlines()):
-        brace = line.find("{")
-        if brace >= 0:
-            try:
-                return json.loads(line[brace:])
-            except json.JSONDecodeError:
-                continue
-    raise RuntimeError("no JSON line in:\n" + text[-2000:])
 
 
 def run(cmd, env=None, timeout=600):

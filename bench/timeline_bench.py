@@ -17,18 +17,9 @@ import statistics
 import subprocess
 import tempfile
 
+from bench_output import last_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def last_json(text):
-    for line in reversed(text.splitlines()):
-        brace = line.find("{")
-        if brace >= 0:
-            try:
-                return json.loads(line[brace:])
-            except json.JSONDecodeError:
-                continue
-    raise RuntimeError("no JSON result in:\n" + text)
 
 
 def run(build, steps, batch, timeline):

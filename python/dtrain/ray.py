@@ -341,7 +341,22 @@ def connect(address):
     import ray
 
     _connected_to = address
-    ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+    # Ray Client's proxy starts one server process per client and can lose the race with a
+    # server that dies at once ("Initialization failure from server"; Ray 2.60's proxier reads
+    # the command line of a process that is already a zombie). A new connection gets a new
+    # server: two more tries, a second apart, then the error.
+    for attempt in range(3):
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR",
+                     configure_logging=False)
+            return
+        except ConnectionAbortedError as e:
+            if not str(address).startswith("ray://") or attempt == 2:
+                raise
+            print(f"dtrain.ray: Ray Client at {address} failed to start a server for this "
+                  f"client ({_first_line(e)}); connecting again", file=sys.stderr, flush=True)
+            ray.shutdown()
+            time.sleep(1.0)
 
 
 class Distributor:

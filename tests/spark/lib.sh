@@ -88,8 +88,11 @@ spark_down() {
   trap - EXIT
   # The hosts: every process in their namespaces (the daemons, their executors, drivers,
   # agents), TERM then KILL; then the namespaces themselves.
+  # Reap what ran in the namespaces; not with daemons on loopback (spark_up): a bare `wait`
+  # would wait for them, still running, forever.
+  local had_hosts=${#NETNS_CREATED[@]}
   netns_hosts_down || rc=1
-  wait 2>/dev/null
+  ((had_hosts && !${#SPARK_PIDS[@]})) && wait 2>/dev/null
   if ((rc != 0)) && [[ -n "${T:-}" && -d "$T/logs" ]]; then
     echo "--- Spark daemon logs ($T/logs) ---" >&2
     tail -n 15 "$T"/logs/*.out >&2 2>/dev/null

@@ -64,6 +64,12 @@ std::vector<std::pair<at::Tensor, at::Tensor>> pairs(const std::vector<at::Tenso
   return out;
 }
 
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& list : lists) out.insert(out.end(), list.begin(), list.end());
+  return out;
+}
+
 }  // namespace
 
 StagedBackend::StagedBackend(c10::intrusive_ptr<Backend> inner, bool stage_all)
@@ -92,6 +98,14 @@ std::vector<at::Tensor> StagedBackend::to_host(const std::vector<at::Tensor>& te
     if (copy_in) h.copy_(t);  // waits for the work queued on the current stream
     host.push_back(h);
   }
+  return host;
+}
+
+std::vector<std::vector<at::Tensor>> StagedBackend::to_host(
+    const std::vector<std::vector<at::Tensor>>& lists, bool copy_in) const {
+  std::vector<std::vector<at::Tensor>> host;
+  host.reserve(lists.size());
+  for (const auto& list : lists) host.push_back(to_host(list, copy_in));
   return host;
 }
 
@@ -126,13 +140,8 @@ c10::intrusive_ptr<c10d::Work> StagedBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   auto in = to_host(inputs, true);
-  std::vector<std::vector<at::Tensor>> out;
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  for (auto& list : outputs) {
-    out.push_back(to_host(list, false));
-    auto p = pairs(list, out.back());
-    back.insert(back.end(), p.begin(), p.end());
-  }
+  auto out = to_host(outputs, false);
+  auto back = pairs(flatten(outputs), flatten(out));
   auto w = inner_->allgather(out, in, opts);
   return c10::make_intrusive<StagedWork>(rank_, c10d::OpType::ALLGATHER, w, back, in);
 }
@@ -150,13 +159,8 @@ c10::intrusive_ptr<c10d::Work> StagedBackend::gather(std::vector<std::vector<at:
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::GatherOptions& opts) {
   auto in = to_host(inputs, true);
-  std::vector<std::vector<at::Tensor>> out;
-  std::vector<std::pair<at::Tensor, at::Tensor>> back;
-  for (auto& list : outputs) {
-    out.push_back(to_host(list, false));
-    auto p = pairs(list, out.back());
-    back.insert(back.end(), p.begin(), p.end());
-  }
+  auto out = to_host(outputs, false);
+  auto back = pairs(flatten(outputs), flatten(out));
   auto w = inner_->gather(out, in, opts);
   return c10::make_intrusive<StagedWork>(rank_, c10d::OpType::GATHER, w, back, in);
 }
@@ -164,31 +168,21 @@ c10::intrusive_ptr<c10d::Work> StagedBackend::gather(std::vector<std::vector<at:
 c10::intrusive_ptr<c10d::Work> StagedBackend::scatter(std::vector<at::Tensor>& outputs,
                                                       std::vector<std::vector<at::Tensor>>& inputs,
                                                       const c10d::ScatterOptions& opts) {
-  std::vector<std::vector<at::Tensor>> in;
-  std::vector<at::Tensor> keep;
-  for (auto& list : inputs) {
-    in.push_back(to_host(list, true));
-    keep.insert(keep.end(), in.back().begin(), in.back().end());
-  }
+  auto in = to_host(inputs, true);
   auto out = to_host(outputs, false);
   auto w = inner_->scatter(out, in, opts);
   return c10::make_intrusive<StagedWork>(rank_, c10d::OpType::SCATTER, w, pairs(outputs, out),
-                                         keep);
+                                         flatten(in));
 }
 
 c10::intrusive_ptr<c10d::Work> StagedBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  std::vector<std::vector<at::Tensor>> in;
-  std::vector<at::Tensor> keep;
-  for (auto& list : inputs) {
-    in.push_back(to_host(list, true));
-    keep.insert(keep.end(), in.back().begin(), in.back().end());
-  }
+  auto in = to_host(inputs, true);
   auto out = to_host(outputs, false);
   auto w = inner_->reduce_scatter(out, in, opts);
   return c10::make_intrusive<StagedWork>(rank_, c10d::OpType::REDUCE_SCATTER, w,
-                                         pairs(outputs, out), keep);
+                                         pairs(outputs, out), flatten(in));
 }
 
 c10::intrusive_ptr<c10d::Work> StagedBackend::alltoall_base(

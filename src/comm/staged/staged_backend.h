@@ -74,6 +74,9 @@ class StagedBackend : public Backend {
   // Host copies of `tensors` (the tensor itself where it is not staged). With `copy_in`
   // false the host buffers are allocated but not filled (outputs).
   std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& tensors, bool copy_in) const;
+  // to_host for each list of a list of lists (gather's outputs, scatter's inputs).
+  std::vector<std::vector<at::Tensor>> to_host(const std::vector<std::vector<at::Tensor>>& lists,
+                                               bool copy_in) const;
 
   c10::intrusive_ptr<Backend> inner_;
   bool stage_all_;
