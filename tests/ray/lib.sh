@@ -36,8 +36,13 @@ ray_init() {
 }
 
 # The nodes' settings; the drivers the tests start inherit the same ones.
+# Token authentication off, explicitly: with RAY_AUTH_MODE unset, Ray 2.60's head turns it on
+# whenever ~/.ray/auth_token exists (any local ray.init() on this machine writes one), and the
+# worker nodes then fail to join ("InvalidAuthToken"). The test cluster lives in namespaces of
+# its own.
 ray_env() {
   export RAY_USAGE_STATS_ENABLED=0 RAY_DISABLE_DOCKER_CPU_WARNING=1 RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
+  export RAY_AUTH_MODE=disabled
   export PATH="$(dirname "$PY"):$PATH"
 }
 
