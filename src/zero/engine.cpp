@@ -139,14 +139,16 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   const auto state_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   if (mixed_ || offload_opt_) {
     master_ = host_side(
-        policy_.mine(full, rank_, part_).to(state_device, master_dtype_, false, /*copy=*/true));
+        policy_.mine(full, rank_, part_).to(state_device, master_dtype_, false, /*copy=*/true),
+        config_.zero.offload_optimizer);
   }
   if (!policy_.parameters()) {
     flat_params_ = mixed_ ? full.to(model_dtype_) : full;
     point_params_at(flat_params_);
   } else {
     auto part_device = offload_param_ ? torch::Device(torch::kCPU) : device_;
-    param_part_ = host_side(own_slice(full).to(part_device, model_dtype_, false, /*copy=*/true));
+    param_part_ = host_side(own_slice(full).to(part_device, model_dtype_, false, /*copy=*/true),
+                            config_.zero.offload_param);
     // Full-shaped until the hooks are installed: a gradient accumulator records its
     // parameter's shape and dtype when it is created. Released at the end of the constructor.
     point_params_at(full.to(model_dtype_));
@@ -164,9 +166,10 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
     for (size_t i = 0; i < params_.size(); ++i)
       params_[i].mutable_grad() = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
   } else {
-    grad_part_ = host_side(torch::zeros(
-        {part_},
-        torch::TensorOptions().dtype(master_dtype_).device(offload_opt_ ? torch::kCPU : device_)));
+    grad_part_ = host_side(torch::zeros({part_}, torch::TensorOptions()
+                                                     .dtype(master_dtype_)
+                                                     .device(offload_opt_ ? torch::kCPU : device_)),
+                           config_.zero.offload_optimizer);
   }
   // Gradients reduced during backward as their buckets complete: into grad_part_, or (stage 1
   // with overlap_comm, in the boundary micro-step) in place in flat_grads_ to their owners.

@@ -90,10 +90,11 @@ class EngineImpl final : public EngineCore {
   torch::Tensor own_slice(const torch::Tensor& full) const {
     return full.narrow(0, rank_ * part_, part_);
   }
-  // What offload keeps on the host for a CUDA model, in page-locked memory: copies between it
-  // and the device then go by DMA instead of through a staging buffer. Unchanged on a CPU run.
-  torch::Tensor host_side(torch::Tensor t) const {
-    return device_.is_cuda() && t.device().is_cpu() ? t.pin_memory() : t;
+  // What offload keeps on the host for a CUDA model, page-locked when its offload section says
+  // pin_memory (DeepSpeed's default: false): copies between it and the device then go by DMA
+  // instead of through a staging buffer. Unchanged on a CPU run.
+  torch::Tensor host_side(torch::Tensor t, const OffloadConfig& offload) const {
+    return offload.pin_memory && device_.is_cuda() && t.device().is_cpu() ? t.pin_memory() : t;
   }
   // The parameters (model dtype) this rank updates: all, or its partition.
   torch::Tensor own_params() const;
