@@ -75,12 +75,14 @@ until grep -q "world 2" "$O/n1.log" 2>/dev/null; do
 done
 event start epochs=$EPOCHS seed=$SEED
 
-# pids_on HOST PATTERN: the PIDs in HOST's namespace whose command line contains PATTERN.
+# pids_on HOST PROGRAM: the PIDs in HOST's namespace running PROGRAM (their argv[0]). Not a
+# match on the whole command line: the agent's holds the worker's path too, and n1's agent
+# must never be picked.
 pids_on() {
-  local pid cmd out=""
+  local pid argv0 out=""
   for pid in $(ip netns pids "$(ns_of "$1")" 2>/dev/null); do
-    cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
-    [[ "$cmd" == *"$2"* ]] && out+="$pid "
+    argv0="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | head -1)"
+    [[ "$argv0" == "$2" ]] && out+="$pid "
   done
   echo "$out"
 }
@@ -108,10 +110,10 @@ while ((SECONDS < chaos_end)) && kill -0 "$A_PID" 2>/dev/null; do
   host="$(pick "n1 n2")"
   case $((RANDOM % 10)) in
     0 | 1 | 2)
-      pid="$(pick "$(pids_on "$host" elastic_train_worker)")"
+      pid="$(pick "$(pids_on "$host" "$W")")"
       [[ -n "$pid" ]] && { kill -KILL "$pid" 2>/dev/null; event kill_worker "$host" "$pid"; } ;;
     3 | 4)
-      pid="$(pick "$(pids_on "$host" elastic_train_worker)")"
+      pid="$(pick "$(pids_on "$host" "$W")")"
       if [[ -n "$pid" ]]; then
         pause="$((1 + RANDOM % 4))"
         kill -STOP "$pid" 2>/dev/null && event stop_worker "$host" "$pid" "${pause}s"
