@@ -12,7 +12,7 @@
 //     });
 //   launched with: dtrain horovodrun --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh prog
 //
-// How Horovod's semantics map onto dtrain (README "Horovod", src/horovod/horovodrun_elastic.cpp):
+// How Horovod's semantics map onto dtrain (docs/horovod.md, src/horovod/horovodrun_elastic.cpp):
 //   Horovod keeps the workers alive across a membership change: a collective fails with
 //   HorovodInternalError, run() catches it, the survivors restore() their last commit from
 //   process memory, re-form the ring and sync() from rank 0. dtrain's elastic launcher

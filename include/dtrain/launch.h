@@ -103,7 +103,7 @@ struct LaunchOptions {
   int failure_store_port = 0;
   std::string failure_store_key;
 
-  // ---- clusters (README "Clusters") ----
+  // ---- clusters (docs/clusters.md) ----
   // Where the sizes and addresses came from: "local" (flags), "slurm" (a Slurm step: srun
   // --ntasks-per-node=1 dtrain run ...) or "ssh" (a host file). Default: "local".
   std::string engine = "local";

@@ -12,6 +12,7 @@
 
 #include "comm/backend.h"
 #include "comm/c10d_compat.h"
+#include "core/thread_annotations.h"
 #include "diagnosis/monitor.h"
 #include "dtrain/debug.h"
 #include "dtrain/engine_env.h"
@@ -23,8 +24,8 @@ namespace dtrain {
 
 namespace {
 
-std::mutex g_mutex;
-std::shared_ptr<ProcessGroup> g_default;  // GUARDED_BY(g_mutex)
+Mutex g_mutex;
+std::shared_ptr<ProcessGroup> g_default DTRAIN_GUARDED_BY(g_mutex);
 
 struct Rendezvous {
   c10::intrusive_ptr<c10d::Store> store;
@@ -230,7 +231,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   auto group = std::make_shared<ProcessGroup>(r.store, std::move(backends));
   if (debug) set_debug_level(*group, *debug);
   if (options.stall_timeout.count() != 0) set_stall_timeout(*group, options.stall_timeout);
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   g_default = group;
   return group;
 }
@@ -281,7 +282,7 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
 }
 
 std::shared_ptr<ProcessGroup> default_group() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   if (!g_default) {
     throw UsageError("no process group: call dtrain::init_process_group() first");
   }
@@ -289,7 +290,7 @@ std::shared_ptr<ProcessGroup> default_group() {
 }
 
 void destroy_process_group() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   g_default.reset();
 }
 

@@ -18,6 +18,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/params.h"
+#include "core/paths.h"
 #include "dtrain/error.h"
 #include "launch/options_internal.h"
 
@@ -80,7 +82,7 @@ bool readable(const std::string& p) { return !p.empty() && ::access(p.c_str(), R
 DriverService::DriverService(std::string engine) : engine_(std::move(engine)) {}
 
 DriverService::~DriverService() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stop_locked();
 }
 
@@ -124,7 +126,7 @@ bool DriverService::alive_locked() {
 }
 
 std::string DriverService::ensure(const std::string& key, const Start& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!key_.empty() && (key_ != key || !alive_locked())) stop_locked();
   if (!key_.empty()) return socket_;
 
@@ -211,7 +213,7 @@ std::string DriverService::ensure(const std::string& key, const Start& s) {
 }
 
 std::string DriverService::id() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return alive_locked() ? id_ : std::string();
 }
 
@@ -219,7 +221,7 @@ std::optional<std::string> DriverService::query(const std::string& json,
                                                 std::chrono::milliseconds timeout) {
   std::string path;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!alive_locked()) return std::nullopt;
     path = socket_;
   }
@@ -233,27 +235,25 @@ std::optional<std::string> DriverService::query(const std::string& json,
 }
 
 void DriverService::stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stop_locked();
 }
 
-std::string python_script(const std::string& name, const char* variable) {
-  if (const char* env = std::getenv(variable); env && *env) {
-    if (!readable(env)) {
-      throw UsageError(std::string(variable) + ": '" + env + "' is not a readable file");
+std::string python_script(const std::string& name, const param::String& variable) {
+  if (const auto env = variable.get_if_set()) {
+    if (!readable(*env)) {
+      throw UsageError(std::string(variable.name) + ": '" + *env + "' is not a readable file");
     }
-    return env;
+    return *env;
   }
 #ifdef DTRAIN_PYTHON_SOURCE_DIR
   if (const std::string p = std::string(DTRAIN_PYTHON_SOURCE_DIR) + "/dtrain/" + name; readable(p))
     return p;
 #endif
   // Installed: PREFIX/bin/dtrain (or a program in PREFIX/bin) -> PREFIX/share/dtrain/python.
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const std::string beside =
-        exe.parent_path().string() + "/../share/dtrain/python/dtrain/" + name;
+  if (const auto exe = read_self_exe()) {
+    const std::string beside = std::filesystem::path(exe->path).parent_path().string() +
+                               "/../share/dtrain/python/dtrain/" + name;
     if (readable(beside)) return beside;
   }
 #ifdef DTRAIN_PYTHON_INSTALL_DIR
@@ -261,8 +261,8 @@ std::string python_script(const std::string& name, const char* variable) {
     return p;
 #endif
   throw UsageError("cannot find dtrain's Python driver python/dtrain/" + name +
-                   " (installed under share/dtrain/python); reinstall dtrain or set " + variable +
-                   " to its path");
+                   " (installed under share/dtrain/python); reinstall dtrain or set " +
+                   variable.name + " to its path");
 }
 
 std::string RunFlags::value(const std::string& flag, const std::string& def) const {
@@ -319,12 +319,7 @@ std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<
   return r;
 }
 
-std::string self_path() {
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Error("cannot read /proc/self/exe: " + ec.message());
-  return exe.string();
-}
+std::string self_path() { return self_exe().path; }
 
 void exec_driver(std::vector<std::string> argv,
                  const std::vector<std::pair<std::string, std::string>>& env,

@@ -22,6 +22,12 @@
 #include <utility>
 #include <vector>
 
+#include "core/thread_annotations.h"
+
+namespace dtrain::param {
+struct String;
+}
+
 namespace dtrain::detail {
 
 class DriverService {
@@ -45,32 +51,35 @@ class DriverService {
   // The socket of the running service for `key`, starting one (after stopping a service of
   // another key, or one that has stopped). Throws Error when it exits before answering,
   // TimeoutError after start.timeout (the service is stopped then).
-  std::string ensure(const std::string& key, const Start& start);
+  std::string ensure(const std::string& key, const Start& start) DTRAIN_EXCLUDES(mu_);
   // The READY answer's id of the running service; "" when none runs.
-  std::string id();
+  std::string id() DTRAIN_EXCLUDES(mu_);
   // One QUERY (a JSON object) to the running service: its answer line, nullopt when none runs
   // or it does not answer within `timeout`.
-  std::optional<std::string> query(const std::string& json, std::chrono::milliseconds timeout);
+  std::optional<std::string> query(const std::string& json, std::chrono::milliseconds timeout)
+      DTRAIN_EXCLUDES(mu_);
   // Stops the service (if any) and waits (bounded: 25 s, then SIGKILL) for it to exit.
-  void stop();
+  void stop() DTRAIN_EXCLUDES(mu_);
 
  private:
-  bool alive_locked();
-  void stop_locked();
+  bool alive_locked() DTRAIN_REQUIRES(mu_);
+  void stop_locked() DTRAIN_REQUIRES(mu_);
 
   const std::string engine_;
-  std::mutex mu_;
-  pid_t pid_ = -1;    // the service, leader of its own process group
-  int control_ = -1;  // closing it stops the service
-  pid_t owner_ = -1;  // the process that started it (a forked child leaves it alone)
-  std::string dir_, socket_, key_, id_;
+  Mutex mu_;
+  pid_t pid_ DTRAIN_GUARDED_BY(mu_) = -1;    // the service, leader of its own process group
+  int control_ DTRAIN_GUARDED_BY(mu_) = -1;  // closing it stops the service
+  pid_t owner_ DTRAIN_GUARDED_BY(mu_) = -1;  // the process that started it (a forked child
+                                             // leaves it alone)
+  std::string dir_ DTRAIN_GUARDED_BY(mu_), socket_ DTRAIN_GUARDED_BY(mu_),
+      key_ DTRAIN_GUARDED_BY(mu_), id_ DTRAIN_GUARDED_BY(mu_);
 };
 
 // A file of dtrain's Python package (python/dtrain/NAME): $VARIABLE when set, else the source
 // tree's, else the installed one beside the running program (PREFIX/bin ->
 // PREFIX/share/dtrain/python/dtrain), else the configured install prefix's. Throws UsageError
 // naming the variable when none is readable.
-std::string python_script(const std::string& name, const char* variable);
+std::string python_script(const std::string& name, const param::String& variable);
 
 // ---- `dtrain run --spark-master ...`, `dtrain run --ray-address ...` ----
 // The engine flags of a `dtrain run` command line (argv[1] == "run"): each of `flags` takes a

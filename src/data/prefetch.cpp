@@ -21,7 +21,7 @@ Prefetcher::Prefetcher(const TableState& table, const std::vector<Column>& colum
 
 Prefetcher::~Prefetcher() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   claimable_.notify_all();
@@ -40,8 +40,9 @@ void Prefetcher::run() {
   for (;;) {
     size_t i;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      claimable_.wait(lock, [&] {
+      MutexLock lock(mu_);
+      claimable_.wait(lock.native(), [&] {
+        mu_.assert_held();
         return stop_ || (next_claim_ < pieces_.size() && next_claim_ < next_pop_ + window_);
       });
       if (stop_) return;
@@ -54,7 +55,7 @@ void Prefetcher::run() {
       r.error = std::current_exception();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       done_[i] = std::move(r);
     }
     decoded_.notify_all();
@@ -62,10 +63,13 @@ void Prefetcher::run() {
 }
 
 std::vector<torch::Tensor> Prefetcher::pop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   DTRAIN_ASSERT(next_pop_ < pieces_.size(), "Prefetcher::pop past the last piece");
   const size_t i = next_pop_;
-  if (!decoded_.wait_for(lock, timeout_, [&] { return done_.count(i) > 0; })) {
+  if (!decoded_.wait_for(lock.native(), timeout_, [&] {
+        mu_.assert_held();
+        return done_.count(i) > 0;
+      })) {
     const RowGroup& rg = table_.row_groups[static_cast<size_t>(pieces_[i].group)];
     throw TimeoutError("data: row group " + std::to_string(rg.index) + " of " +
                        table_.paths[static_cast<size_t>(rg.file)] + " was not decoded within " +

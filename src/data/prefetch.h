@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_annotations.h"
 #include "data/plan.h"
 #include "data/table_state.h"
 #include "dtrain/data_reader.h"
@@ -48,17 +49,17 @@ class Prefetcher {
   const size_t window_;
   const std::chrono::milliseconds timeout_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable claimable_;  // a slot freed, or stop
   std::condition_variable decoded_;    // a piece is done
-  size_t next_claim_ = 0;              // GUARDED_BY(mu_)
-  size_t next_pop_ = 0;                // GUARDED_BY(mu_)
-  bool stop_ = false;                  // GUARDED_BY(mu_)
+  size_t next_claim_ DTRAIN_GUARDED_BY(mu_) = 0;
+  size_t next_pop_ DTRAIN_GUARDED_BY(mu_) = 0;
+  bool stop_ DTRAIN_GUARDED_BY(mu_) = false;
   struct Result {
     std::vector<torch::Tensor> tensors;
     std::exception_ptr error;
   };
-  std::map<size_t, Result> done_;  // GUARDED_BY(mu_)
+  std::map<size_t, Result> done_ DTRAIN_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
 

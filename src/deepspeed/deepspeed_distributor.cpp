@@ -7,12 +7,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/params.h"
 #include "dtrain/zero_config.h"
 
 namespace dtrain {
 namespace {
 
-constexpr const char* kEnv = "DTRAIN_DEEPSPEED_CONFIG";
+constexpr const char* kEnv = param::kDeepSpeedConfig.name;
 
 nlohmann::json resolve(const nlohmann::json& c) {
   if (c.is_object()) return c;
@@ -42,11 +43,11 @@ nlohmann::json resolve(const nlohmann::json& c) {
 }  // namespace
 
 std::string deepspeed_config_path() {
-  const char* p = std::getenv(kEnv);
-  if (!p || !*p)
+  auto p = param::kDeepSpeedConfig.get_if_set();
+  if (!p)
     throw UsageError(std::string("deepspeed_config_path(): $") + kEnv +
                      " is not set; call it in a function a DeepSpeedDistributor runs");
-  return p;
+  return *p;
 }
 
 nlohmann::json deepspeed_config() { return resolve(nlohmann::json(deepspeed_config_path())); }

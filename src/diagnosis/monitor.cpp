@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/params.h"
 #include "dtrain/error.h"
 
 namespace dtrain::diagnosis {
@@ -100,21 +101,20 @@ std::chrono::milliseconds parse_stall_env(const char* value) {
 }  // namespace
 
 void check_environment() {
-  if (const char* d = std::getenv("DTRAIN_DEBUG"); d && *d) parse_debug_level(d, "DTRAIN_DEBUG");
-  if (const char* s = std::getenv("DTRAIN_STALL_TIMEOUT"); s && *s) parse_stall_env(s);
+  if (const auto d = param::kDebug.get_if_set()) parse_debug_level(*d, param::kDebug.name);
+  if (const auto s = param::kStallTimeout.get_if_set()) parse_stall_env(s->c_str());
 }
 
 GroupMonitor::GroupMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
     : store_(std::move(store)), rank_(rank), world_size_(world_size), ring_(kRingSize) {
-  if (const char* d = std::getenv("DTRAIN_DEBUG"); d && *d)
-    level_ = parse_debug_level(d, "DTRAIN_DEBUG");
-  if (const char* s = std::getenv("DTRAIN_STALL_TIMEOUT"); s && *s)
-    stall_ms_ = parse_stall_env(s).count();
+  if (const auto d = param::kDebug.get_if_set()) level_ = parse_debug_level(*d, param::kDebug.name);
+  if (const auto s = param::kStallTimeout.get_if_set())
+    stall_ms_ = parse_stall_env(s->c_str()).count();
 }
 
 GroupMonitor::~GroupMonitor() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -189,7 +189,7 @@ std::uint64_t GroupMonitor::enter(const char* op, at::TensorList tensors,
   if (level == DebugLevel::kDetail) fingerprint = r.op + " " + r.dtype + " " + r.shapes;
   std::uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     seq = ++seq_;
     r.seq = seq;
     ring_[seq % ring_.size()] = std::move(r);
@@ -209,7 +209,7 @@ std::uint64_t GroupMonitor::enter(const char* op, at::TensorList tensors,
 void GroupMonitor::finish(std::uint64_t seq, CollectiveState state, const std::string& error) {
   if (seq == 0) return;
   const double now = now_epoch_seconds();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (state == CollectiveState::kCompleted && seq > completed_) completed_ = seq;
   CollectiveRecord* r = slot_locked(seq);
   if (!r || r->state != CollectiveState::kStarted) return;  // overwritten, or already settled
@@ -226,7 +226,7 @@ void GroupMonitor::fail(std::uint64_t seq, const std::string& error) {
 void GroupMonitor::abandon(std::uint64_t seq) { finish(seq, CollectiveState::kUnwaited, ""); }
 
 std::vector<CollectiveRecord> GroupMonitor::recent() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<CollectiveRecord> out;
   const std::uint64_t n = std::min<std::uint64_t>(seq_, ring_.size());
   for (std::uint64_t s = seq_ - n + 1; s <= seq_ && n > 0; ++s) {
@@ -237,7 +237,7 @@ std::vector<CollectiveRecord> GroupMonitor::recent() const {
 }
 
 std::optional<std::string> GroupMonitor::last_stall_report() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return last_report_;
 }
 
@@ -250,6 +250,7 @@ Progress GroupMonitor::snapshot_locked() const {
   p.published_at = now_epoch_seconds();
   auto at = [&](std::uint64_t s) -> std::optional<CollectiveRecord> {
     if (s == 0) return std::nullopt;
+    mu_.assert_held();  // called below, under the caller's lock
     const CollectiveRecord& r = ring_[s % ring_.size()];
     if (r.seq != s) return std::nullopt;
     return r;
@@ -264,7 +265,7 @@ Progress GroupMonitor::snapshot_locked() const {
 }
 
 void GroupMonitor::publish(const Progress& progress) {
-  std::lock_guard<std::mutex> lock(publish_mu_);
+  MutexLock lock(publish_mu_);
   store_->set(progress_key(gid_, rank_), bytes(encode(progress)));
 }
 
@@ -272,7 +273,7 @@ void GroupMonitor::publish_now() {
   if (gid_.empty() || level() == DebugLevel::kOff) return;
   Progress p;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     p = snapshot_locked();
   }
   try {
@@ -285,9 +286,12 @@ void GroupMonitor::publish_now() {
 void GroupMonitor::watchdog_loop() {
   std::uint64_t published = 0;
   bool warned = false;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, tick(), [&] { return stop_; });
+    cv_.wait_for(lock.native(), tick(), [&] {
+      mu_.assert_held();
+      return stop_;
+    });
     if (stop_) break;
     std::optional<Progress> progress;
     if (version_ != published) {
@@ -315,7 +319,7 @@ void GroupMonitor::watchdog_loop() {
         std::string report = stall_report(*report_on, stall);
         std::fputs(report.c_str(), stderr);
         std::fflush(stderr);
-        std::lock_guard<std::mutex> relock(mu_);
+        MutexLock relock(mu_);
         last_report_ = std::move(report);
       }
     } catch (const std::exception& e) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_annotations.h"
 #include "diagnosis/records.h"
 #include "dtrain/debug.h"
 #include "dtrain/flight_recorder.h"
@@ -69,12 +70,12 @@ class GroupMonitor {
   void start_watchdog();
   void watchdog_loop();
   std::chrono::milliseconds tick() const;
-  Progress snapshot_locked() const;
+  Progress snapshot_locked() const DTRAIN_REQUIRES(mu_);
   void publish(const Progress& progress);
   std::string stall_report(const CollectiveRecord& stuck, std::chrono::milliseconds stall);
   void detail_check(std::uint64_t seq, const std::string& fingerprint,
                     std::chrono::milliseconds timeout);
-  CollectiveRecord* slot_locked(std::uint64_t seq);
+  CollectiveRecord* slot_locked(std::uint64_t seq) DTRAIN_REQUIRES(mu_);
   void finish(std::uint64_t seq, CollectiveState state, const std::string& error);
 
   const c10::intrusive_ptr<c10d::Store> store_;
@@ -87,17 +88,17 @@ class GroupMonitor {
   std::once_flag started_;
   std::string gid_;
 
-  mutable std::mutex mu_;
-  std::vector<CollectiveRecord> ring_;      // GUARDED_BY(mu_); slot seq % size
-  std::uint64_t seq_ = 0;                   // GUARDED_BY(mu_): last seq given out
-  std::uint64_t completed_ = 0;             // GUARDED_BY(mu_): newest completed seq
-  std::uint64_t version_ = 0;               // GUARDED_BY(mu_): bumped on every change
-  std::uint64_t reported_ = 0;              // GUARDED_BY(mu_): last seq a stall report covered
-  std::optional<std::string> last_report_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                       // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<CollectiveRecord> ring_ DTRAIN_GUARDED_BY(mu_);  // slot seq % size
+  std::uint64_t seq_ DTRAIN_GUARDED_BY(mu_) = 0;               // last seq given out
+  std::uint64_t completed_ DTRAIN_GUARDED_BY(mu_) = 0;         // newest completed seq
+  std::uint64_t version_ DTRAIN_GUARDED_BY(mu_) = 0;           // bumped on every change
+  std::uint64_t reported_ DTRAIN_GUARDED_BY(mu_) = 0;          // last seq a stall report covered
+  std::optional<std::string> last_report_ DTRAIN_GUARDED_BY(mu_);
+  bool stop_ DTRAIN_GUARDED_BY(mu_) = false;
   std::condition_variable cv_;
 
-  std::mutex publish_mu_;  // one store writer at a time (watchdog vs publish_now)
+  Mutex publish_mu_;  // one store writer at a time (watchdog vs publish_now)
   std::thread watchdog_;
 };
 

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/params.h"
 #include "distributor/internal.h"
 #include "dtrain/distributor.h"
 #include "dtrain/store.h"
@@ -208,8 +209,7 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
   }
   if (!agents && program.size() > 3 && program.ends_with(".py")) {
     // What the launcher does for a .py: the MPI launcher would execute the script itself.
-    const char* python = std::getenv("DTRAIN_PYTHON");
-    job.argv.insert(job.argv.end(), {python && *python ? python : "python3", "-u"});
+    job.argv.insert(job.argv.end(), {param::kPython.get(), "-u"});
   }
   job.argv.push_back(program);
   job.argv.insert(job.argv.end(), args.begin(), args.end());

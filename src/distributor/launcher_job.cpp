@@ -16,18 +16,15 @@
 #include <filesystem>
 #include <random>
 
+#include "core/params.h"
+#include "core/paths.h"
 #include "distributor/internal.h"
-#include "launch/options_internal.h"
 #include "tracking/driver_run.h"
 
 extern char** environ;
 
 namespace dtrain::distributor {
 namespace {
-
-bool executable(const std::string& path) {
-  return !path.empty() && ::access(path.c_str(), X_OK) == 0;
-}
 
 std::optional<std::string> find_on_path(const std::string& name) {
   std::string found = find_in_path(name);
@@ -37,24 +34,24 @@ std::optional<std::string> find_on_path(const std::string& name) {
 
 std::string find_launcher(const std::string& configured) {
   if (!configured.empty()) {
-    if (!executable(configured)) {
+    if (!is_executable_file(configured)) {
       throw UsageError("DistributorOptions::launcher: '" + configured +
                        "' is not an executable file; point it at the `dtrain` command");
     }
     return configured;
   }
-  if (const char* env = std::getenv("DTRAIN_LAUNCHER"); env && *env) {
-    if (!executable(env)) {
-      throw UsageError(std::string("DTRAIN_LAUNCHER: '") + env +
+  if (const auto env = param::kLauncher.get_if_set()) {
+    if (!is_executable_file(*env)) {
+      throw UsageError("DTRAIN_LAUNCHER: '" + *env +
                        "' is not an executable file; point it at the `dtrain` command or unset it");
     }
-    return env;
+    return *env;
   }
 #ifdef DTRAIN_LAUNCHER_BUILD_PATH
-  if (executable(DTRAIN_LAUNCHER_BUILD_PATH)) return DTRAIN_LAUNCHER_BUILD_PATH;
+  if (is_executable_file(DTRAIN_LAUNCHER_BUILD_PATH)) return DTRAIN_LAUNCHER_BUILD_PATH;
 #endif
 #ifdef DTRAIN_LAUNCHER_INSTALL_PATH
-  if (executable(DTRAIN_LAUNCHER_INSTALL_PATH)) return DTRAIN_LAUNCHER_INSTALL_PATH;
+  if (is_executable_file(DTRAIN_LAUNCHER_INSTALL_PATH)) return DTRAIN_LAUNCHER_INSTALL_PATH;
 #endif
   if (auto found = find_on_path("dtrain")) return *found;
   throw UsageError(
@@ -96,18 +93,13 @@ int wait_exit(pid_t pid, int* status, std::chrono::milliseconds timeout) {
 }  // namespace
 
 std::string self_executable() {
-  std::error_code ec;
-  auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Error("cannot read /proc/self/exe: " + ec.message());
-  std::string s = path.string();
-  const std::string deleted = " (deleted)";
-  if (s.size() > deleted.size() &&
-      s.compare(s.size() - deleted.size(), deleted.size(), deleted) == 0) {
-    throw UsageError("this program's binary (" + s.substr(0, s.size() - deleted.size()) +
+  const SelfExe self = self_exe();
+  if (self.deleted) {
+    throw UsageError("this program's binary (" + self.path +
                      ") was deleted or replaced since it started, so workers cannot re-execute it; "
                      "restart the program");
   }
-  return s;
+  return self.path;
 }
 
 std::string unique_id() {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/params.h"
 #include "dtrain/distributor_options.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/launch.h"
@@ -37,7 +38,7 @@ namespace dtrain::engines {
 
 // The variable through which a function-mode worker finds its call (HOST:PORT:RUN_ID of the
 // Distributor's store): every engine must bring it to the workers.
-inline constexpr const char* kDistributorTaskVariable = "DTRAIN_DISTRIBUTOR_TASK";
+inline constexpr const char* kDistributorTaskVariable = param::kDistributorTask.name;
 
 // A Distributor job's ranks on hosts, once its engine has checked the options.
 struct Placement {

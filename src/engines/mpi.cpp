@@ -8,9 +8,9 @@
 
 #include <cstdio>
 
+#include "core/paths.h"
 #include "engines/common.h"
 #include "engines/engine.h"
-#include "launch/options_internal.h"
 
 namespace dtrain::engines {
 namespace {
@@ -159,11 +159,11 @@ class Mpi final : public Engine {
         throw UsageError("ClusterOptions::mpi_launcher '" + m.launcher +
                          "' is not on PATH (Debian: apt-get install openmpi-bin, or mpich)");
       }
-    } else if (::access(launcher.c_str(), X_OK) != 0) {
+    } else if (!is_executable_file(launcher)) {
       throw UsageError("ClusterOptions::mpi_launcher '" + launcher + "' is not an executable file");
     }
     std::string version;
-    if (FILE* p = ::popen(("'" + launcher + "' --version 2>&1").c_str(), "r")) {
+    if (FILE* p = ::popen((shell_quote(launcher) + " --version 2>&1").c_str(), "r")) {
       char buf[512];
       while (std::fgets(buf, sizeof buf, p)) version += buf;
       ::pclose(p);

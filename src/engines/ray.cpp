@@ -1,6 +1,7 @@
 // Engine "ray": a Ray placement group of bundles, one dtrain agent per bundle run as a Ray task,
 // by dtrain's Ray driver (python/dtrain/ray.py), one-shot or kept between run() calls
 // (src/ray/ray_driver.h, dtrain/ray.h).
+#include "core/params.h"
 #include "engines/common.h"
 #include "engines/engine.h"
 #include "ray/ray_driver.h"
@@ -98,7 +99,7 @@ class Ray final : public Engine {
   // An agent started by a Ray task (python/dtrain/ray.py sets DTRAIN_RAY_NODE): its flags give
   // the node; the engine is Ray's, whose console every agent shares.
   bool adopt(LaunchOptions& o, const RunArgs&, const EnvLookup& env) const override {
-    if (!get(env, "DTRAIN_RAY_NODE")) return false;
+    if (!get(env, param::kRayNode.name)) return false;
     o.engine = name();
     return true;
   }

@@ -30,10 +30,6 @@ std::vector<std::pair<std::string, int>> hosts_of(const SshOptions& s) {
   return s.hostfile.empty() ? parse_host_list(s.hosts, 1) : parse_hostfile(s.hostfile, 1);
 }
 
-bool is_loopback_name(const std::string& h) {
-  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0 || h == "ip6-localhost";
-}
-
 class Ssh final : public Engine {
  public:
   std::string name() const override { return "ssh"; }
@@ -180,7 +176,7 @@ class Ssh final : public Engine {
     }
     bool distinct = false;
     for (const auto& h : hosts) distinct = distinct || h.first != hosts.front().first;
-    if (distinct && is_loopback_name(o.master_addr)) {
+    if (distinct && is_loopback_host(o.master_addr)) {
       throw UsageError("--master-addr: '" + o.master_addr +
                        "' is this machine's loopback address, which the other hosts cannot reach; "
                        "give an address or name of the first host that every host can reach");

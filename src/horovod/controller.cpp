@@ -2,6 +2,7 @@
 // every rank folds them into, agreement checks, stalls; the response cache, the wire format
 // and execution are their own files (response_cache.cpp, wire.cpp, ops.cpp).
 #include "horovod/controller.h"
+#include "core/params.h"
 
 #include <algorithm>
 #include <cctype>
@@ -20,27 +21,11 @@
 
 namespace dtrain::hvd::detail {
 
-namespace {
-
-double env_double(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  double d = std::strtod(v, &end);
-  if (end == v || *end != '\0' || d < 0) {
-    throw UsageError(std::string(name) + "='" + v +
-                     "' is not a non-negative number; fix or unset it");
-  }
-  return d;
-}
-
-}  // namespace
-
 constexpr std::chrono::milliseconds Controller::kIdleHeartbeat;
 
 void Pending::finish(torch::Tensor out, std::exception_ptr err) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (done) return;
     result = std::move(out);
     error = std::move(err);
@@ -51,19 +36,15 @@ void Pending::finish(torch::Tensor out, std::exception_ptr err) {
 
 ControllerOptions ControllerOptions::from_env() {
   ControllerOptions o;
-  o.fusion_threshold = static_cast<int64_t>(
-      env_double("HOROVOD_FUSION_THRESHOLD", static_cast<double>(o.fusion_threshold)));
+  o.fusion_threshold = static_cast<int64_t>(param::kHorovodFusionThreshold.get());
   o.cycle_time =
-      std::chrono::microseconds(static_cast<int64_t>(env_double("HOROVOD_CYCLE_TIME", 5.0) * 1000));
-  o.stall_check_seconds = env_double("HOROVOD_STALL_CHECK_TIME_SECONDS", 60);
-  o.stall_shutdown_seconds = env_double("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0);
-  const char* off = std::getenv("HOROVOD_STALL_CHECK_DISABLE");
-  o.stall_check = !(off && std::string(off) == "1");
-  o.cache_capacity = static_cast<int64_t>(
-      env_double("HOROVOD_CACHE_CAPACITY", static_cast<double>(o.cache_capacity)));
-  if (const char* t = std::getenv("HOROVOD_TIMELINE")) o.timeline = t;
-  const char* marks = std::getenv("HOROVOD_TIMELINE_MARK_CYCLES");
-  o.timeline_mark_cycles = marks && std::string(marks) == "1";
+      std::chrono::microseconds(static_cast<int64_t>(param::kHorovodCycleTime.get() * 1000));
+  o.stall_check_seconds = param::kHorovodStallCheckTimeSeconds.get();
+  o.stall_shutdown_seconds = param::kHorovodStallShutdownTimeSeconds.get();
+  o.stall_check = !param::kHorovodStallCheckDisable.get();
+  o.cache_capacity = static_cast<int64_t>(param::kHorovodCacheCapacity.get());
+  o.timeline = param::kHorovodTimeline.get();
+  o.timeline_mark_cycles = param::kHorovodTimelineMarkCycles.get();
   return o;
 }
 
@@ -91,7 +72,7 @@ Controller::Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions op
 
 Controller::~Controller() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_requested_ = true;
   }
   cv_.notify_all();
@@ -104,7 +85,7 @@ void Controller::submit(Request request) {
     throw UsageError("hvd: the name '" + request.name +
                      "' contains a tab or newline; use another name");
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!fatal_.empty()) throw Error("hvd: " + fatal_);
   if (stop_requested_ || stopped_) {
     throw UsageError("hvd: " + std::string(kind_name(request.kind)) + " '" + request.name +
@@ -125,13 +106,13 @@ void Controller::add_waiter(int delta) {
   // No wake-up: a waiter waits in wait(), which runs a due cycle itself when this thread is
   // not in one (a thread in a cycle reads waiters_ under mu_ before it sleeps again). Waking
   // the thread here made it race the caller for the cycle: a context switch for nothing.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   waiters_ += delta;
 }
 
 void Controller::shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_requested_ = true;
   }
   cv_.notify_all();
@@ -140,7 +121,7 @@ void Controller::shutdown() {
 }
 
 bool Controller::cycle_due(Clock::time_point* due) {
-  // When to start the next cycle (see controller.h, "When a cycle starts"). REQUIRES mu_.
+  // When to start the next cycle (see controller.h, "When a cycle starts").
   if (stop_requested_) return true;
   if (!queue_.empty()) {
     if (waiters_ > 0) return true;  // a caller waits: nothing more is coming from it
@@ -157,11 +138,11 @@ bool Controller::cycle_due(Clock::time_point* due) {
 }
 
 bool Controller::run_cycle() {
-  // REQUIRES cycle_mu_. Requests write into parameters and their gradients (leaves that
+  // Requests write into parameters and their gradients (leaves that
   // require grad): no autograd here (the guard is per thread, and either thread runs cycles).
   torch::NoGradGuard no_grad;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (cycles_done_) return false;
     last_cycle_ = Clock::now();
   }
@@ -180,7 +161,7 @@ bool Controller::run_cycle() {
     done = true;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     bg_pending_ = !mine_.empty() || !hits_.empty() || !table_.empty();
     last_progressed_ = progressed_;
     if (done) cycles_done_ = true;
@@ -198,22 +179,22 @@ void Controller::wait(Pending& p, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(p.mu);
+      MutexLock lock(p.mu);
       if (p.done) return;
     }
     if (Clock::now() >= deadline) return;
     Clock::time_point due = deadline;
     bool now = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!cycles_done_ && !stop_requested_ && !stopped_) now = cycle_due(&due);
     }
     if (now) {
-      std::unique_lock<std::mutex> cycle(cycle_mu_, std::try_to_lock);
-      if (cycle.owns_lock()) {
+      if (cycle_mu_.try_lock()) {
+        MutexLock cycle(cycle_mu_, std::adopt_lock);
         bool still;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           still = !cycles_done_ && !stop_requested_ && cycle_due(&due);
         }
         if (still) run_cycle();
@@ -221,33 +202,36 @@ void Controller::wait(Pending& p, std::chrono::milliseconds timeout) {
       }
       due = Clock::now() + std::chrono::milliseconds(1);  // another thread is in a cycle
     }
-    std::unique_lock<std::mutex> lock(p.mu);
-    p.cv.wait_until(lock, std::min(due, deadline), [&] { return p.done; });
+    MutexLock lock(p.mu);
+    p.cv.wait_until(lock.native(), std::min(due, deadline), [&] {
+      p.mu.assert_held();
+      return p.done;
+    });
   }
 }
 
 void Controller::loop() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       while (!cycles_done_) {
         Clock::time_point due;
         if (cycle_due(&due)) break;
-        cv_.wait_until(lock, due);
+        cv_.wait_until(lock.native(), due);
       }
       if (cycles_done_) break;
     }
-    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    MutexLock cycle(cycle_mu_);
     {
       // A waiting caller may have run the cycle meanwhile.
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Clock::time_point due;
       if (cycles_done_) break;
       if (!cycle_due(&due)) continue;
     }
     if (!run_cycle()) break;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stopped_ = true;
 }
 
@@ -258,7 +242,7 @@ void Controller::negotiate_and_run() {
   std::deque<Request> fresh;
   bool stopping;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     fresh.swap(queue_);
     stopping = stop_requested_;
   }
@@ -500,7 +484,7 @@ void Controller::check_agreement(const std::string& name, const Entry& e) {
 void Controller::fail_all(const std::string& why, bool timeout) {
   std::deque<Request> queued;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (fatal_.empty()) fatal_ = why;
     queued.swap(queue_);
   }

@@ -69,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_annotations.h"
 #include "dtrain/horovod.h"
 #include "dtrain/process_group.h"
 #include "horovod/timeline.h"
@@ -83,14 +84,16 @@ const char* kind_upper(Kind k);  // "ALLREDUCE", ...: Horovod's names on the tim
 
 // Where a caller waits for a request's result.
 struct Pending {
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
-  bool done = false;         // GUARDED_BY(mu)
-  std::exception_ptr error;  // GUARDED_BY(mu)
-  torch::Tensor result;      // GUARDED_BY(mu)
-  torch::Tensor extra;       // alltoall: received splits
-  int join_last_rank = -1;   // join: the rank that joined last
-  void finish(torch::Tensor out, std::exception_ptr err = nullptr);
+  bool done DTRAIN_GUARDED_BY(mu) = false;
+  // Written once under mu before done is set, read only after done was seen: from then on
+  // they do not change, and readers need no lock.
+  std::exception_ptr error;
+  torch::Tensor result;
+  torch::Tensor extra;      // alltoall: received splits
+  int join_last_rank = -1;  // join: the rank that joined last
+  void finish(torch::Tensor out, std::exception_ptr err = nullptr) DTRAIN_EXCLUDES(mu);
 };
 
 struct Request {
@@ -158,10 +161,10 @@ class Controller {
   };
 
   void loop();
-  // REQUIRES mu_: whether a cycle is due now; else *due says when.
-  bool cycle_due(Clock::time_point* due);
-  // REQUIRES cycle_mu_: one cycle; false once the protocol ended (shutdown, stall, failure).
-  bool run_cycle();
+  // Whether a cycle is due now; else *due says when.
+  bool cycle_due(Clock::time_point* due) DTRAIN_REQUIRES(mu_);
+  // One cycle; false once the protocol ended (shutdown, stall, failure).
+  bool run_cycle() DTRAIN_REQUIRES(cycle_mu_) DTRAIN_EXCLUDES(mu_);
   void negotiate_and_run();
   std::vector<std::string> exchange(const std::string& msg);  // every rank's message, by rank
   void parse_rank_message(int rank, const std::string& msg, std::vector<std::string>& completed);
@@ -186,21 +189,21 @@ class Controller {
   ControllerOptions options_;
   int rank_, size_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<Request> queue_;       // GUARDED_BY(mu_): submitted, not yet announced
-  bool stop_requested_ = false;     // GUARDED_BY(mu_): this rank called shutdown()
-  bool stopped_ = false;            // GUARDED_BY(mu_): the thread has finished
-  std::string fatal_;               // GUARDED_BY(mu_): why the controller gave up
-  Clock::time_point first_queued_;  // GUARDED_BY(mu_): when queue_ last became non-empty
-  int waiters_ = 0;                 // GUARDED_BY(mu_): callers waiting on a result
-  bool bg_pending_ = false;         // GUARDED_BY(mu_): requests in flight after the last cycle
-  bool last_progressed_ = false;    // GUARDED_BY(mu_): the last cycle's progressed_
-  bool cycles_done_ = false;        // GUARDED_BY(mu_): the protocol ended; no more cycles
-  Clock::time_point last_cycle_ = Clock::now();  // GUARDED_BY(mu_): when the last cycle started
+  std::deque<Request> queue_ DTRAIN_GUARDED_BY(mu_);       // submitted, not yet announced
+  bool stop_requested_ DTRAIN_GUARDED_BY(mu_) = false;     // this rank called shutdown()
+  bool stopped_ DTRAIN_GUARDED_BY(mu_) = false;            // the thread has finished
+  std::string fatal_ DTRAIN_GUARDED_BY(mu_);               // why the controller gave up
+  Clock::time_point first_queued_ DTRAIN_GUARDED_BY(mu_);  // when queue_ last became non-empty
+  int waiters_ DTRAIN_GUARDED_BY(mu_) = 0;                 // callers waiting on a result
+  bool bg_pending_ DTRAIN_GUARDED_BY(mu_) = false;       // requests in flight after the last cycle
+  bool last_progressed_ DTRAIN_GUARDED_BY(mu_) = false;  // the last cycle's progressed_
+  bool cycles_done_ DTRAIN_GUARDED_BY(mu_) = false;      // the protocol ended; no more cycles
+  Clock::time_point last_cycle_ DTRAIN_GUARDED_BY(mu_) = Clock::now();  // the last cycle's start
   // Held while a cycle runs (by the background thread, or by a waiting caller): the state
   // below is touched only under it.
-  std::mutex cycle_mu_;
+  Mutex cycle_mu_;
 
   // Background-thread state.
   std::map<std::string, Request> mine_;  // announced by us, not yet run

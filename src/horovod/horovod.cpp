@@ -16,6 +16,7 @@
 
 #include "comm/backend.h"
 #include "comm/c10d_compat.h"
+#include "core/params.h"
 #include "dtrain/collectives.h"
 #include "dtrain/process_group.h"
 #include "horovod/controller.h"
@@ -34,38 +35,25 @@ struct Context {
   std::shared_ptr<ProcessGroup> group;
   std::unique_ptr<Controller> controller;
   int local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
-  std::mutex handles_mu;
-  std::map<Handle, std::pair<std::string, std::shared_ptr<Pending>>>
-      handles;                           // GUARDED_BY(handles_mu)
-  Handle next_handle = 0;                // GUARDED_BY(handles_mu)
+  Mutex handles_mu;
+  std::map<Handle, std::pair<std::string, std::shared_ptr<Pending>>> handles
+      DTRAIN_GUARDED_BY(handles_mu);
+  Handle next_handle DTRAIN_GUARDED_BY(handles_mu) = 0;
   std::atomic<int64_t> noname[10] = {};  // per Kind (0-6), grouped (8), objects (9): unnamed so far
 };
 
-std::mutex g_mu;
-std::shared_ptr<Context> g_ctx;  // GUARDED_BY(g_mu)
-int g_generation = 0;            // GUARDED_BY(g_mu): inits so far (every rank counts alike)
-bool g_atexit = false;           // GUARDED_BY(g_mu)
+Mutex g_mu;
+std::shared_ptr<Context> g_ctx DTRAIN_GUARDED_BY(g_mu);
+int g_generation DTRAIN_GUARDED_BY(g_mu) = 0;  // inits so far (every rank counts alike)
+bool g_atexit DTRAIN_GUARDED_BY(g_mu) = false;
 
 std::shared_ptr<Context> ctx(const char* what) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(g_mu);
   if (!g_ctx) {
     throw UsageError(std::string("hvd::") + what +
                      ": hvd is not initialized; call dtrain::hvd::init() first");
   }
   return g_ctx;
-}
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  try {
-    size_t used = 0;
-    int i = std::stoi(v, &used);
-    if (used == std::string(v).size() && i >= 0) return i;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(std::string("hvd::init: ") + name + "='" + v +
-                   "' is not a non-negative integer; fix or unset it");
 }
 
 // hvd's own group over the job's store: the default group's backend choice, its own
@@ -160,14 +148,14 @@ Handle enqueue(Context& c, Request r) {
   const std::string label = std::string(detail::kind_name(r.kind)) + " '" + r.name + "'";
   Handle h;
   {
-    std::lock_guard<std::mutex> lock(c.handles_mu);
+    MutexLock lock(c.handles_mu);
     h = c.next_handle++;
     c.handles[h] = {label, pending};
   }
   try {
     c.controller->submit(std::move(r));
   } catch (...) {
-    std::lock_guard<std::mutex> lock(c.handles_mu);
+    MutexLock lock(c.handles_mu);
     c.handles.erase(h);
     throw;
   }
@@ -178,7 +166,7 @@ std::shared_ptr<Pending> wait_handle(Handle handle, std::string* label = nullptr
   auto c = ctx("synchronize");
   std::pair<std::string, std::shared_ptr<Pending>> entry;
   {
-    std::lock_guard<std::mutex> lock(c->handles_mu);
+    MutexLock lock(c->handles_mu);
     auto it = c->handles.find(handle);
     if (it == c->handles.end()) {
       throw UsageError("hvd::synchronize: unknown handle " + std::to_string(handle) +
@@ -197,16 +185,19 @@ std::shared_ptr<Pending> wait_handle(Handle handle, std::string* label = nullptr
   if (c->controller) waiting.emplace(c->controller.get());
   if (c->controller)
     c->controller->wait(p, c->options.timeout);  // runs due cycles itself, see controller.h
-  std::unique_lock<std::mutex> lock(p.mu);
-  if (!p.cv.wait_for(lock, c->controller ? std::chrono::milliseconds(0) : c->options.timeout,
-                     [&] { return p.done; })) {
+  MutexLock lock(p.mu);
+  if (!p.cv.wait_for(lock.native(),
+                     c->controller ? std::chrono::milliseconds(0) : c->options.timeout, [&] {
+                       p.mu.assert_held();
+                       return p.done;
+                     })) {
     throw TimeoutError("hvd::synchronize: " + entry.first + " did not finish within " +
                        std::to_string(c->options.timeout.count()) +
                        " ms; some rank has not submitted it (see hvd's stall warnings on rank 0)");
   }
   lock.unlock();
   {
-    std::lock_guard<std::mutex> hl(c->handles_mu);
+    MutexLock hl(c->handles_mu);
     c->handles.erase(handle);
   }
   if (label) *label = entry.first;
@@ -219,7 +210,7 @@ std::shared_ptr<Pending> wait_handle(Handle handle, std::string* label = nullptr
 // ---- basics ----------------------------------------------------------------------------
 
 void init(const InitOptions& options) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(g_mu);
   if (g_ctx) return;
   auto c = std::make_shared<Context>();
   c->options = options;
@@ -228,10 +219,14 @@ void init(const InitOptions& options) {
   c->group = make_group(options, g_generation++);
   // Where each rank runs: the launcher's variables (horovodrun's, else torchrun's), else
   // worked out from every rank's host name.
-  c->local_rank = env_int("HOROVOD_LOCAL_RANK", env_int("LOCAL_RANK", -1));
-  c->local_size = env_int("HOROVOD_LOCAL_SIZE", env_int("LOCAL_WORLD_SIZE", -1));
-  c->cross_rank = env_int("HOROVOD_CROSS_RANK", env_int("GROUP_RANK", -1));
-  c->cross_size = env_int("HOROVOD_CROSS_SIZE", env_int("GROUP_WORLD_SIZE", -1));
+  // Horovod's variables, else torchrun's; -1 when neither is set.
+  auto either = [](const param::Int& horovod, const char* torchrun) {
+    return static_cast<int>(horovod.get_if_set().value_or(param::Int{torchrun, -1, 0}.get()));
+  };
+  c->local_rank = either(param::kHorovodLocalRank, "LOCAL_RANK");
+  c->local_size = either(param::kHorovodLocalSize, "LOCAL_WORLD_SIZE");
+  c->cross_rank = either(param::kHorovodCrossRank, "GROUP_RANK");
+  c->cross_size = either(param::kHorovodCrossSize, "GROUP_WORLD_SIZE");
   if (c->local_rank < 0 || c->local_size < 1 || c->cross_rank < 0 || c->cross_size < 1) {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
@@ -264,7 +259,7 @@ void init(const InitOptions& options) {
 void shutdown() {
   std::shared_ptr<Context> c;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(g_mu);
     c.swap(g_ctx);
   }
   if (!c) return;
@@ -274,7 +269,7 @@ void shutdown() {
 }
 
 bool is_initialized() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(g_mu);
   return g_ctx != nullptr;
 }
 int size() { return ctx("size")->group->world_size(); }
@@ -459,13 +454,13 @@ bool poll(Handle handle) {
   auto c = ctx("poll");
   std::shared_ptr<Pending> p;
   {
-    std::lock_guard<std::mutex> lock(c->handles_mu);
+    MutexLock lock(c->handles_mu);
     auto it = c->handles.find(handle);
     if (it == c->handles.end())
       throw UsageError("hvd::poll: unknown handle " + std::to_string(handle));
     p = it->second.second;
   }
-  std::lock_guard<std::mutex> lock(p->mu);
+  MutexLock lock(p->mu);
   return p->done;
 }
 

@@ -5,6 +5,7 @@
 // (HOROVOD_RANK, ... from the torchrun ones the agent set) and execs PROGRAM. So the launcher
 // itself needs no Horovod knowledge, and the shim works on ssh hosts as well.
 #include "horovod/horovodrun.h"
+#include "core/params.h"
 
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/paths.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "horovod/horovodrun_elastic.h"
@@ -66,22 +68,6 @@ double parse_number(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
   }
   throw UsageError(flag + ": got '" + v + "', expected a non-negative number");
-}
-
-std::string self_path() {
-  char buf[PATH_MAX] = {};
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0)
-    throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") +
-                std::strerror(errno));
-  return std::string(buf, static_cast<size_t>(n));
-}
-
-bool is_this_host(const std::string& h) {
-  if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return true;
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return h == name;
 }
 
 }  // namespace
@@ -211,7 +197,7 @@ int horovodrun_main(const std::vector<std::string>& args) {
       ra.ifname = ifname;
       ra.no_slurm = true;
       for (auto& [k, v] : env) ra.env.push_back(k + "=" + v);
-      std::vector<std::string> rest = {self_path(), "horovod-exec"};
+      std::vector<std::string> rest = {self_exe().path, "horovod-exec"};
       rest.insert(rest.end(), args.begin() + static_cast<long>(i), args.end());
       LaunchOptions o = run_args_to_options(ra, rest);
       o.no_python = true;
@@ -262,7 +248,7 @@ int horovodrun_main(const std::vector<std::string>& args) {
     check.program = args[i];
     check.no_python = false;
     validate_launch_options(check);
-    std::vector<std::string> rest = {self_path(), "horovod-exec", check.program};
+    std::vector<std::string> rest = {self_exe().path, "horovod-exec", check.program};
     rest.insert(rest.end(), args.begin() + static_cast<long>(i) + 1, args.end());
     LaunchOptions o = run_args_to_options(ra, rest);
     o.no_python = true;
@@ -316,8 +302,7 @@ int horovod_exec_main(const std::vector<std::string>& args) {
   std::vector<std::string> argv;
   const std::string& program = args[0];
   if (program.size() > 3 && program.compare(program.size() - 3, 3, ".py") == 0) {
-    const char* py = std::getenv("DTRAIN_PYTHON");
-    argv = {py && *py ? py : "python3", "-u"};
+    argv = {param::kPython.get(), "-u"};
   }
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;

@@ -29,6 +29,7 @@
 // when its ssh's stdin closes (the driver holds it open; it closes when the driver ends,
 // however it ends). The job's in-memory commits on remote hosts are removed over ssh at the end.
 #include "horovod/horovodrun_elastic.h"
+#include "core/params.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -55,9 +56,10 @@
 #include <sstream>
 #include <thread>
 
+#include "core/hostfile.h"
+#include "core/paths.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
-#include "launch/options_internal.h"
 
 extern char** environ;
 
@@ -66,7 +68,7 @@ namespace dtrain::hvd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kAgentVar = "DTRAIN_HVD_ELASTIC_AGENT";
+constexpr const char* kAgentVar = param::kHvdElasticAgent.name;
 
 void say(const std::string& s) { std::cerr << "dtrain horovodrun: elastic: " << s << std::endl; }
 
@@ -79,22 +81,6 @@ std::string trim(const std::string& s) {
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
-
-bool is_local_host(const std::string& h) {
-  if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return true;
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return h == name;
-}
-
-std::string self_exe() {
-  char buf[PATH_MAX] = {};
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0)
-    throw Error(std::string("cannot find this dtrain's own path (/proc/self/exe): ") +
-                std::strerror(errno));
-  return std::string(buf, static_cast<size_t>(n));
-}
 
 // fork + execve with everything prepared before the fork (the store's threads exist).
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, int out_fd,
@@ -182,7 +168,7 @@ bool forwarded(const std::string& kv) {
 
 std::string ssh_path() {
   for (const char* dir : {"/usr/bin/ssh", "/bin/ssh", "/usr/local/bin/ssh"}) {
-    if (::access(dir, X_OK) == 0) return dir;
+    if (is_executable_file(dir)) return dir;
   }
   throw Error(
       "elastic horovodrun: ssh is not installed here, and the discovery script lists hosts that "
@@ -353,7 +339,7 @@ std::vector<std::pair<std::string, int>> run_discovery(const std::string& script
   if (::access(script.c_str(), F_OK) != 0) {
     throw UsageError("--host-discovery-script " + script + ": no such file");
   }
-  if (::access(script.c_str(), X_OK) != 0) {
+  if (!is_executable_file(script)) {
     throw UsageError("--host-discovery-script " + script +
                      ": not executable; make it so (chmod +x) - it is run as a program and prints "
                      "HOST:SLOTS lines");
@@ -439,9 +425,9 @@ void validate_elastic_flags(ElasticFlags& f) {
 }
 
 bool is_elastic_agent(std::string* agent_spec) {
-  const char* v = std::getenv(kAgentVar);
+  const auto v = param::kHvdElasticAgent.get_if_set();
   if (!v) return false;
-  if (agent_spec) *agent_spec = v;
+  if (agent_spec) *agent_spec = *v;
   ::unsetenv(kAgentVar);  // the workers must not see it
   return true;
 }
@@ -488,7 +474,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
-  const std::string exe = self_exe();
+  const std::string exe = self_exe().path;
   std::map<pid_t, std::pair<std::string, int>> running;  // agent pid -> host, processes
   std::set<std::string> blacklist;
   std::vector<std::string> unreachable;  // remote hosts ssh could not reach, with why
@@ -507,7 +493,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
     // to start: ssh) start first, so that the first rendezvous round finds every host.
     std::vector<std::pair<std::string, int>> list;
     for (auto& [h, s] : given) {
-      if (is_local_host(h) || !is_new(h)) continue;
+      if (is_this_host(h) || !is_new(h)) continue;
       if (std::string why = check_remote(f, h, exe); !why.empty()) {
         blacklist.insert(h);
         unreachable.push_back("'" + h + "' is unreachable over ssh (" + why + ")");
@@ -517,7 +503,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       list.emplace_back(h, s);
     }
     for (auto& hs : given) {
-      if (is_local_host(hs.first)) list.push_back(hs);
+      if (is_this_host(hs.first)) list.push_back(hs);
     }
     for (auto& [h, s] : list) {
       if (!is_new(h)) continue;
@@ -528,7 +514,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       std::vector<std::string> env;
       for (char** e = environ; *e; ++e) env.emplace_back(*e);
       pid_t pid = -1;
-      if (is_local_host(h)) {
+      if (is_this_host(h)) {
         std::vector<std::string> argv = {exe, "horovodrun"};
         argv.insert(argv.end(), self_args.begin(), self_args.end());
         env.push_back(std::string(kAgentVar) + "=" + spec);
@@ -565,7 +551,7 @@ int run_elastic_driver(const ElasticFlags& f, const std::vector<std::string>& se
       running[pid] = {h, n};
       total += n;
       say("started the agent for " + h + " (" + std::to_string(n) + " process(es), pid " +
-          std::to_string(pid) + (is_local_host(h) ? "" : ", over ssh") + ")");
+          std::to_string(pid) + (is_this_host(h) ? "" : ", over ssh") + ")");
     }
   };
   start_agents(hosts);

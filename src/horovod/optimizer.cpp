@@ -1,11 +1,11 @@
 // hvd::DistributedOptimizer: a gradient hook per parameter submits its named allreduce as soon
 // as backward produced it; the background thread fuses and reduces; step() waits.
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <set>
 
 #include "dtrain/error.h"
 #include "dtrain/horovod.h"
+#include "parallel/grad_hooks.h"
 
 namespace dtrain::hvd {
 
@@ -95,7 +95,7 @@ DistributedOptimizer::DistributedOptimizer(
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
-  for (auto& [node, key] : hooks_) node->del_post_hook(key);
+  dtrain::detail::remove_grad_hooks(hooks_);
   // Reductions still in flight write into gradients that outlive us: let them finish.
   for (auto h : handles_) {
     if (h < 0) continue;
@@ -108,19 +108,10 @@ DistributedOptimizer::~DistributedOptimizer() {
 }
 
 void DistributedOptimizer::install_hooks() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    // The accumulator's post hook runs once .grad holds this pass's sum, which is what
-    // Horovod's hook on the accumulator sees too (a tensor hook would see the pass alone).
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    DTRAIN_ASSERT(acc != nullptr, "parameter '" + names_[i] + "' has no gradient accumulator");
-    auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          on_gradient(i);
-          return outputs;
-        }));
-    hooks_.emplace_back(std::move(acc), key);
-  }
+  // The accumulator's post hook runs once .grad holds this pass's sum, which is what
+  // Horovod's hook on the accumulator sees too (a tensor hook would see the pass alone).
+  dtrain::detail::add_grad_ready_hooks(
+      params_, names_, [this](size_t i) { on_gradient(i); }, hooks_);
 }
 
 void DistributedOptimizer::on_gradient(size_t i) {

@@ -4,45 +4,9 @@
 #include <cstring>
 
 #include "dtrain/error.h"
+#include "timeline/chrome_trace.h"
 
 namespace dtrain::hvd::detail {
-
-namespace {
-
-// Tensor names are the user's: escaped for a JSON string.
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 Timeline::Timeline(const std::string& path, bool mark_cycles)
     : path_(path), mark_cycles_(mark_cycles) {
@@ -58,12 +22,15 @@ Timeline::Timeline(const std::string& path, bool mark_cycles)
   const int64_t epoch_us = std::chrono::duration_cast<std::chrono::microseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count();
-  buffer_ =
-      "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"horovod\", "
-      "\"start_time_since_epoch_in_micros\": " +
-      std::to_string(epoch_us) +
-      "}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": 0, \"args\": "
-      "{\"sort_index\": 0}}";
+  buffer_ = trace::Event()
+                .str("name", "process_name")
+                .str("ph", "M")
+                .num("pid", 0)
+                .obj("args", trace::Event()
+                                 .str("name", "horovod")
+                                 .num("start_time_since_epoch_in_micros", epoch_us))
+                .text() +
+            ",\n" + sort_index(0);
   flush(true);
 }
 
@@ -88,27 +55,34 @@ int Timeline::pid(const std::string& name) {
   const int p = static_cast<int>(pids_.size()) + 1;
   pids_.emplace(name, p);
   if (!buffer_.empty()) buffer_ += ",\n";
-  buffer_ += "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(p) +
-             ", \"args\": {\"name\": " + json_string(name) +
-             "}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", " +
-             "\"pid\": " + std::to_string(p) + ", \"args\": {\"sort_index\": " + std::to_string(p) +
-             "}}";
+  buffer_ += trace::Event()
+                 .str("name", "process_name")
+                 .str("ph", "M")
+                 .num("pid", p)
+                 .obj("args", trace::Event().str("name", name))
+                 .text() +
+             ",\n" + sort_index(p);
   return p;
 }
 
-void Timeline::event(int p, char phase, const char* op, const std::string& args) {
+std::string Timeline::sort_index(int p) {
+  return trace::Event()
+      .str("name", "process_sort_index")
+      .str("ph", "M")
+      .num("pid", p)
+      .obj("args", trace::Event().num("sort_index", p))
+      .text();
+}
+
+void Timeline::event(int p, char phase, const char* op, const trace::Event& args) {
   if (!buffer_.empty()) buffer_ += ",\n";
-  buffer_ += "{\"ph\": \"";
-  buffer_ += phase;
-  buffer_ += '"';
-  if (op) {
-    buffer_ += ", \"name\": ";
-    buffer_ += json_string(op);
-  }
-  buffer_ += ", \"ts\": " + std::to_string(now_us()) + ", \"pid\": " + std::to_string(p);
-  if (phase == 'X') buffer_ += ", \"dur\": 0";
-  if (!args.empty()) buffer_ += ", \"args\": {" + args + "}";
-  buffer_ += '}';
+  trace::Event e;
+  e.str("ph", std::string(1, phase));
+  if (op) e.str("name", op);
+  e.num("ts", now_us()).num("pid", p);
+  if (phase == 'X') e.num("dur", 0);
+  if (!args.empty()) e.obj("args", args);
+  buffer_ += e.text();
 }
 
 void Timeline::negotiate_start(const std::string& name, const char* kind) {
@@ -135,7 +109,9 @@ void Timeline::start(const std::string& name, const char* what, int64_t bytes) {
   negotiate_end(name);
   State& s = states_[name];
   if (s != State::kNone) return;
-  event(pid(name), 'B', what, bytes >= 0 ? "\"bytes\": " + std::to_string(bytes) : "");
+  trace::Event args;
+  if (bytes >= 0) args.num("bytes", bytes);
+  event(pid(name), 'B', what, args);
   s = State::kTopLevel;
 }
 
@@ -160,9 +136,8 @@ void Timeline::end(const std::string& name, const std::string& dtype, const std:
   if (it == states_.end()) return;
   if (it->second == State::kActivity) activity_end(name);
   if (it->second != State::kTopLevel) return;
-  std::string args;
-  if (!dtype.empty())
-    args = "\"dtype\": " + json_string(dtype) + ", \"shape\": " + json_string(shape);
+  trace::Event args;
+  if (!dtype.empty()) args.str("dtype", dtype).str("shape", shape);
   event(pid(name), 'E', nullptr, args);
   states_.erase(it);
 }
@@ -170,8 +145,12 @@ void Timeline::end(const std::string& name, const std::string& dtype, const std:
 void Timeline::mark_cycle_start() {
   if (!mark_cycles_) return;
   if (!buffer_.empty()) buffer_ += ",\n";
-  buffer_ += "{\"ph\": \"i\", \"name\": \"CYCLE_START\", \"ts\": " + std::to_string(now_us()) +
-             ", \"s\": \"g\"}";
+  buffer_ += trace::Event()
+                 .str("ph", "i")
+                 .str("name", "CYCLE_START")
+                 .num("ts", now_us())
+                 .str("s", "g")
+                 .text();
 }
 
 void Timeline::flush(bool force) {

@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "timeline/chrome_trace.h"
+
 namespace dtrain::hvd::detail {
 
 class Timeline {
@@ -61,7 +63,8 @@ class Timeline {
   enum class State { kNone, kNegotiating, kTopLevel, kActivity };
   int64_t now_us() const;
   int pid(const std::string& name);  // the tensor's row, with its metadata on first use
-  void event(int pid, char phase, const char* op, const std::string& args = "");
+  void event(int pid, char phase, const char* op, const trace::Event& args = {});
+  static std::string sort_index(int pid);  // the row's process_sort_index metadata event
 
   std::string path_;
   std::FILE* file_ = nullptr;

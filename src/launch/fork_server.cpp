@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/params.h"
+#include "core/paths.h"
 #include "dtrain/error.h"
 #include "launch/forkserver/protocol.h"
 #include "launch/worker_process.h"
@@ -115,20 +117,20 @@ bool fork_server_pays_off(const ProgramInfo& info) {
 
 std::string fork_server_library() {
   auto usable = [](const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; };
-  if (const char* env = std::getenv("DTRAIN_FORKSERVER_LIB"); env && *env)
-    return usable(env) ? env : "";
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (const auto env = param::kForkServerLib.get_if_set()) return usable(*env) ? *env : "";
+  const auto self = read_self_exe();
 #if defined(DTRAIN_FORKSERVER_BUILD_PATH) && defined(DTRAIN_BUILD_DIR)
-  if (!ec && self.string().starts_with(DTRAIN_BUILD_DIR "/") &&
+  if (self && self->path.starts_with(DTRAIN_BUILD_DIR "/") &&
       usable(DTRAIN_FORKSERVER_BUILD_PATH)) {
     return DTRAIN_FORKSERVER_BUILD_PATH;
   }
 #endif
 #ifdef DTRAIN_FORKSERVER_FROM_BIN
-  if (!ec) {
+  if (self) {
     const std::string beside =
-        (self.parent_path() / DTRAIN_FORKSERVER_FROM_BIN).lexically_normal().string();
+        (std::filesystem::path(self->path).parent_path() / DTRAIN_FORKSERVER_FROM_BIN)
+            .lexically_normal()
+            .string();
     if (usable(beside)) return beside;
   }
 #endif
@@ -188,9 +190,9 @@ bool write_fd(int fd, const std::string& data) {
 }  // namespace
 
 std::string warm_fork_server_socket(const std::string& program) {
-  const char* v = std::getenv("DTRAIN_FORKSERVER_WARM_SOCKET");
-  if (v == nullptr || *v == '\0') return "";
-  const std::string s = v;
+  const auto v = param::kForkServerWarmSocket.get_if_set();
+  if (!v) return "";
+  const std::string& s = *v;
   const auto colon = s.find(':');
   if (colon == std::string::npos) return "";
   std::error_code ec1, ec2;

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/params.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
@@ -445,7 +446,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
                                   const std::function<const char*(const char*)>& env) {
   LaunchOptions o;
   o.store_token = a.store_token == "-" ? read_token_line(STDIN_FILENO) : a.store_token;
-  if (a.store_token.empty() && env("DTRAIN_STORE_TOKEN")) o.store_token = env("DTRAIN_STORE_TOKEN");
+  if (a.store_token.empty() && env(param::kStoreToken.name))
+    o.store_token = env(param::kStoreToken.name);
   o.nproc_per_node = parse_nproc(a.nproc.empty() ? "1" : a.nproc);
   auto [min_nodes, max_nodes] = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
   o.nnodes = max_nodes;
@@ -592,109 +594,6 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   return o;
 }
 
-namespace {
-
-// A host name as ssh and DNS take it: letters, digits, '.', '-', '_', and optionally
-// user@ in front; or an IPv4/IPv6 address.
-bool valid_host(const std::string& h) {
-  if (h.empty() || h.size() > 255 || h.front() == '-') return false;
-  return h.find_first_not_of(
-             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_@:") ==
-         std::string::npos;
-}
-
-int parse_slots(const std::string& where, const std::string& text, const std::string& value) {
-  try {
-    size_t used = 0;
-    long v = std::stol(value, &used);
-    if (used == value.size() && v >= 1 && v <= 4096) return static_cast<int>(v);
-  } catch (const std::exception&) {
-  }
-  throw UsageError(where + ": '" + text +
-                   "': slots must be a positive integer (like 'node1 slots=2'), got '" + value +
-                   "'");
-}
-
-void check_duplicates(const std::string& what,
-                      const std::vector<std::pair<std::string, int>>& hosts) {
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (hosts[i].first == hosts[j].first) {
-        throw UsageError(what + ": host '" + hosts[i].first +
-                         "' appears twice; give each host once, with slots=N for its workers");
-      }
-    }
-  }
-}
-
-}  // namespace
-
-std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path,
-                                                        int default_slots) {
-  std::ifstream in(path);
-  if (!in) {
-    throw UsageError("--hostfile: cannot read '" + path + "': " + std::strerror(errno) +
-                     "; give a file with one 'host slots=N' per line");
-  }
-  std::vector<std::pair<std::string, int>> hosts;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    std::string text = line;
-    auto hash = line.find('#');
-    if (hash != std::string::npos) line.resize(hash);
-    std::istringstream words(line);
-    std::string host;
-    if (!(words >> host)) continue;  // blank or comment
-    const std::string where = "--hostfile " + path + " line " + std::to_string(n);
-    if (!valid_host(host)) {
-      throw UsageError(where + ": '" + text + "': '" + host + "' is not a host name or address");
-    }
-    int slots = default_slots;
-    for (std::string w; words >> w;) {
-      auto eq = w.find('=');
-      std::string key = w.substr(0, eq);
-      if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots")) {
-        throw UsageError(where + ": '" + text + "': unexpected '" + w +
-                         "'; a line is 'host' or 'host slots=N'");
-      }
-      if (key == "slots") slots = parse_slots(where, text, w.substr(eq + 1));
-    }
-    hosts.push_back({host, slots});
-  }
-  if (hosts.empty()) {
-    throw UsageError("--hostfile " + path + ": no hosts in it; write one 'host slots=N' per line");
-  }
-  check_duplicates("--hostfile " + path, hosts);
-  return hosts;
-}
-
-std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list,
-                                                         int default_slots) {
-  std::vector<std::pair<std::string, int>> hosts;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t comma = list.find(',', pos);
-    std::string item =
-        list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    std::string host = item;
-    int slots = default_slots;
-    auto colon = item.rfind(':');
-    if (colon != std::string::npos && item.find(':') == colon) {  // one colon: host:slots
-      host = item.substr(0, colon);
-      slots = parse_slots("-H " + list, item, item.substr(colon + 1));
-    }
-    if (!valid_host(host)) {
-      throw UsageError("-H: got '" + list + "': '" + item +
-                       "' is not host or host:slots; expected a list like 'node1:2,node2:2'");
-    }
-    hosts.push_back({host, slots});
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  check_duplicates("-H " + list, hosts);
-  return hosts;
-}
-
 LaunchOptions parse_run_args(const std::vector<std::string>& args) {
   CLI::App app{"dtrain run"};
   RunArgs a;
@@ -706,30 +605,6 @@ LaunchOptions parse_run_args(const std::vector<std::string>& args) {
     throw UsageError(e.what());
   }
   return run_args_to_options(a, app.remaining());
-}
-
-namespace {
-
-bool is_executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-}  // namespace
-
-std::string find_in_path(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t pos = 0;
-  while (true) {
-    size_t colon = p.find(':', pos);
-    std::string dir = p.substr(pos, colon == std::string::npos ? std::string::npos : colon - pos);
-    if (dir.empty()) dir = ".";
-    std::string candidate = dir + "/" + name;
-    if (is_executable_file(candidate)) return candidate;
-    if (colon == std::string::npos) return "";
-    pos = colon + 1;
-  }
 }
 
 namespace {
@@ -802,8 +677,7 @@ void validate_launch_options(LaunchOptions& o) {
                      o.ifname + "'; list them with `ip -br addr`");
   }
   if (o.python.empty()) {
-    const char* py = std::getenv("DTRAIN_PYTHON");
-    o.python = (py && *py) ? py : "python3";
+    o.python = param::kPython.get();
   }
   if (runs_with_python(o)) {
     std::string interp =

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/hostfile.h"  // parse_hostfile, parse_host_list
+#include "core/paths.h"     // find_in_path, shell_quote
 #include "dtrain/launch.h"
 
 namespace CLI {
@@ -73,17 +75,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,
                                   const std::function<const char*(const char*)>& env);
 
-// A host file (`host slots=N` lines, `#` comments, blank lines) or a -H list
-// (`host1:2,host2`). Hosts without slots get `default_slots`. Throw UsageError naming the
-// file, line and text that is wrong.
-std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path, int default_slots);
-std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list,
-                                                         int default_slots);
-
 // The `dtrain run` arguments that start node `node_rank`'s agent of an ssh launch.
 std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank);
-// `s` as one word for a remote shell (single-quoted).
-std::string shell_quote(const std::string& s);
 // Runs a host-file job: one agent per host over ssh (src/launch/ssh_launch.cpp).
 int run_ssh_launch(const LaunchOptions& o);
 // ssh HOST 'test -x DTRAIN' on every host of `o` at once: per host "" when it is reachable
@@ -98,7 +91,5 @@ int print_plan(const LaunchOptions& o);
 std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value);
 std::pair<std::string, int> parse_endpoint(const std::string& flag, const std::string& value);
 bool runs_with_python(const LaunchOptions& o);
-// The first executable NAME in $PATH (empty PATH entries mean "."), or "" when there is none.
-std::string find_in_path(const std::string& name);
 
 }  // namespace dtrain

@@ -28,6 +28,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/paths.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
@@ -37,19 +38,6 @@
 extern char** environ;
 
 namespace dtrain {
-
-// One word for a remote shell: single-quoted, each ' written as '\''.
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
 
 namespace {
 
@@ -74,9 +62,8 @@ std::string stream_spec(const std::map<int, int>& m) {
 }
 
 std::string self_path() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "dtrain" : p.string();
+  auto self = read_self_exe();
+  return self ? self->path : "dtrain";
 }
 
 std::vector<std::string> ssh_command(const LaunchOptions& o, const std::string& host) {

@@ -1,13 +1,13 @@
 #include "dtrain/ddp.h"
 
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <map>
 #include <sstream>
 
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
+#include "parallel/grad_hooks.h"
 
 namespace dtrain {
 
@@ -139,9 +139,7 @@ Reducer::Reducer(torch::nn::Module& module, DDPOptions options)
   install_hooks();
 }
 
-Reducer::~Reducer() {
-  for (auto& [node, key] : hooks_) node->del_post_hook(key);
-}
+Reducer::~Reducer() { detail::remove_grad_hooks(hooks_); }
 
 void Reducer::check_parameters_match() {
   // One line per parameter; every rank compares its list with everyone's.
@@ -212,18 +210,8 @@ void Reducer::build_buckets() {
 }
 
 void Reducer::install_hooks() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    DTRAIN_ASSERT(acc != nullptr,
-                  "parameter '" + param_names_[i] + "' has no gradient accumulator");
-    auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          mark_ready(i);
-          return outputs;
-        }));
-    hooks_.emplace_back(std::move(acc), key);
-  }
+  detail::add_grad_ready_hooks(
+      params_, param_names_, [this](size_t i) { mark_ready(i); }, hooks_);
 }
 
 void Reducer::before_forward() {

@@ -12,8 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/driver_service.h"
+#include "core/params.h"
+#include "core/paths.h"
 #include "dtrain/error.h"
-#include "launch/options_internal.h"
 
 namespace dtrain::ray {
 
@@ -22,8 +23,6 @@ namespace {
 detail::DriverService g_driver("ray");
 
 constexpr int kNoResources = 76;  // python/dtrain/ray.py's NO_RESOURCES
-
-bool executable(const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; }
 
 std::string number(double v) {
   char buf[32];
@@ -54,7 +53,7 @@ std::vector<std::string> job_flags(const Plan& p, const Driver& d) {
 std::string kept_socket(const Driver& d, std::chrono::seconds idle_timeout,
                         std::chrono::seconds start_timeout) {
   detail::DriverService::Start start;
-  start.argv = {d.python, "-u", detail::python_script("ray.py", "DTRAIN_RAY_SCRIPT")};
+  start.argv = {d.python, "-u", detail::python_script("ray.py", param::kRayScript)};
   start.extra = {"--address", d.address, "--idle-timeout", std::to_string(idle_timeout.count())};
   start.timeout = start_timeout;
   start.what = "the Ray driver (" + d.python + " ray.py --serve --address " + d.address + ")";
@@ -120,17 +119,17 @@ std::string address(const std::string& given) {
 std::string python(const std::string& given) {
   std::string p = given;
   if (p.empty()) {
-    if (const char* env = std::getenv("DTRAIN_RAY_PYTHON"); env && *env) p = env;
+    if (auto env = param::kRayPython.get_if_set()) p = *env;
   }
   if (p.empty()) {
     // pip's `ray` command sits beside the Python that has ray (a venv's bin).
     if (auto ray = find_in_path("ray"); !ray.empty()) {
       const std::string beside = std::filesystem::path(ray).parent_path().string() + "/python";
-      if (executable(beside)) p = beside;
+      if (is_executable_file(beside)) p = beside;
     }
   }
   if (p.empty()) p = find_in_path("python3");
-  if (!executable(p)) {
+  if (!is_executable_file(p)) {
     throw UsageError(
         "engine \"ray\" needs a Python with ray (" +
         (p.empty() ? std::string("no `ray` or python3 on PATH") : "'" + p + "' is not executable") +
@@ -141,8 +140,8 @@ std::string python(const std::string& given) {
 }
 
 std::vector<std::string> direct_command(const Plan& plan, const Driver& d) {
-  std::vector<std::string> c = {
-      d.python, "-u", detail::python_script("ray.py", "DTRAIN_RAY_SCRIPT"), "--address", d.address};
+  std::vector<std::string> c = {d.python, "-u", detail::python_script("ray.py", param::kRayScript),
+                                "--address", d.address};
   auto f = job_flags(plan, d);
   c.insert(c.end(), f.begin(), f.end());
   return c;
@@ -152,8 +151,8 @@ std::vector<std::string> kept_command(const Plan& plan, const Driver& d,
                                       std::chrono::seconds idle_timeout,
                                       std::chrono::seconds start_timeout) {
   const std::string socket = kept_socket(d, idle_timeout, start_timeout);
-  std::vector<std::string> c = {
-      d.python, "-u", detail::python_script("ray.py", "DTRAIN_RAY_SCRIPT"), "--client", socket};
+  std::vector<std::string> c = {d.python, "-u", detail::python_script("ray.py", param::kRayScript),
+                                "--client", socket};
   auto f = job_flags(plan, d);
   c.insert(c.end(), f.begin(), f.end());
   return c;

@@ -4,9 +4,9 @@
 #include <cstdlib>
 
 #include "core/driver_service.h"
+#include "core/paths.h"
 #include "dtrain/error.h"
 #include "dtrain/spark.h"
-#include "launch/options_internal.h"
 
 namespace dtrain::spark {
 

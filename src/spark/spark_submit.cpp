@@ -9,17 +9,13 @@
 #include <map>
 
 #include "core/driver_service.h"
+#include "core/hostfile.h"
+#include "core/params.h"
+#include "core/paths.h"
 #include "dtrain/error.h"
 #include "dtrain/spark.h"
-#include "launch/options_internal.h"
 
 namespace dtrain::spark {
-
-namespace {
-
-bool executable(const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; }
-
-}  // namespace
 
 Plan plan(int num_processes, bool use_gpu, int processes_per_task,
           const std::vector<std::string>& user_conf) {
@@ -109,10 +105,10 @@ bool master_is_loopback(const std::string& master) {
   } else {
     host = host.substr(0, host.rfind(':'));
   }
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+  return is_loopback_host(host);
 }
 
-std::string driver_script() { return detail::python_script("spark.py", "DTRAIN_SPARK_SCRIPT"); }
+std::string driver_script() { return detail::python_script("spark.py", param::kSparkScript); }
 
 Command submit_base(const SubmitOptions& o, const Plan& plan) {
   if (o.master.empty()) {
@@ -128,7 +124,7 @@ Command submit_base(const SubmitOptions& o, const Plan& plan) {
       submit = find_in_path("spark-submit");
     }
   }
-  if (!executable(submit)) {
+  if (!is_executable_file(submit)) {
     throw UsageError("engine \"spark\" needs spark-submit (" +
                      (submit.empty() ? std::string("not on PATH, SPARK_HOME unset")
                                      : "'" + submit + "' is not executable") +
@@ -147,7 +143,7 @@ Command submit_base(const SubmitOptions& o, const Plan& plan) {
   if (!std::getenv("PYSPARK_PYTHON")) {
     // pip's spark-submit sits beside the Python that has pyspark (a venv's bin).
     const std::string python = std::filesystem::path(submit).parent_path().string() + "/python";
-    if (executable(python)) {
+    if (is_executable_file(python)) {
       c.env.emplace_back("PYSPARK_PYTHON", python);
       c.env.emplace_back("PYSPARK_DRIVER_PYTHON", python);
     }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/memory.h"
+#include "core/params.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "store/client_over.h"
@@ -281,10 +282,7 @@ bool handshake_v2(int fd, const std::string& token, const std::string& where,
 
 }  // namespace
 
-std::string job_store_token() {
-  const char* token = std::getenv("DTRAIN_STORE_TOKEN");
-  return token != nullptr ? token : "";
-}
+std::string job_store_token() { return param::kStoreToken.get(); }
 
 std::unique_ptr<StoreClient> client_over(net::Socket socket, std::string where,
                                          const StoreClient::Options& options, Protocol protocol) {

@@ -15,6 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/params.h"
+#include "core/thread_annotations.h"
+#include "dtrain/error.h"
+#include "timeline/chrome_trace.h"
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -40,11 +45,12 @@ struct Event {
 };
 
 struct State {
-  std::mutex mu;
-  std::vector<Event> events;
-  std::string path;
-  int rank = 0, world = 1;
-  int next_tid = 0;
+  Mutex mu;
+  std::vector<Event> events DTRAIN_GUARDED_BY(mu);
+  std::string path DTRAIN_GUARDED_BY(mu);
+  int rank DTRAIN_GUARDED_BY(mu) = 0;
+  int world DTRAIN_GUARDED_BY(mu) = 1;
+  int next_tid DTRAIN_GUARDED_BY(mu) = 0;
 };
 
 State& state() {
@@ -55,7 +61,7 @@ State& state() {
 int thread_tid() {
   thread_local int tid = -1;
   if (tid < 0) {
-    std::lock_guard lk(state().mu);
+    MutexLock lk(state().mu);
     tid = state().next_tid++;
   }
   return tid;
@@ -97,47 +103,37 @@ std::vector<int64_t> waits_for_peers(const std::vector<Event>& events) {
 }
 
 void write_rank_file(const std::string& file, int rank, const std::vector<Event>& events) {
-  json ev = json::array();
-  ev.push_back({{"ph", "M"},
-                {"name", "process_name"},
-                {"pid", rank},
-                {"args", {{"name", "rank " + std::to_string(rank)}}}});
-  ev.push_back({{"ph", "M"},
-                {"name", "process_sort_index"},
-                {"pid", rank},
-                {"args", {{"sort_index", rank}}}});
+  using trace::Event;
+  std::vector<std::string> out;
+  auto meta = [&](const char* name, const Event& args, int tid = -1) {
+    Event m;
+    m.str("ph", "M").str("name", name).num("pid", rank);
+    if (tid >= 0) m.num("tid", tid);
+    out.push_back(m.obj("args", args).text());
+  };
+  meta("process_name", Event().str("name", "rank " + std::to_string(rank)));
+  meta("process_sort_index", Event().num("sort_index", rank));
   int max_tid = -1;
   for (const auto& e : events) max_tid = std::max(max_tid, e.tid);
-  for (int t = 0; t <= max_tid; ++t) {
-    ev.push_back(
-        {{"ph", "M"},
-         {"name", "thread_name"},
-         {"pid", rank},
-         {"tid", t},
-         {"args", {{"name", t == 0 ? std::string("main") : "thread " + std::to_string(t)}}}});
-  }
+  for (int t = 0; t <= max_tid; ++t)
+    meta("thread_name", Event().str("name", t == 0 ? "main" : "thread " + std::to_string(t)), t);
   const std::vector<int64_t> waited = waits_for_peers(events);
   for (size_t i = 0; i < events.size(); ++i) {
-    const Event& e = events[i];
-    json j{{"name", e.name}, {"cat", e.category},     {"ph", "X"}, {"pid", rank}, {"tid", e.tid},
-           {"ts", e.begin},  {"dur", e.end - e.begin}};
-    if (e.bytes >= 0 || e.index >= 0 || waited[i] >= 0) {
-      j["args"] = json::object();
-      if (e.bytes >= 0) j["args"]["bytes"] = e.bytes;
-      if (e.index >= 0) j["args"]["index"] = e.index;
-      if (waited[i] >= 0) {
-        j["args"]["wait_for_peers_us"] = waited[i];
-        j["args"]["transfer_us"] = std::max<int64_t>(0, e.end - e.begin - waited[i]);
-      }
+    const auto& e = events[i];
+    Event j;
+    j.str("name", e.name).str("cat", e.category).str("ph", "X").num("pid", rank);
+    j.num("tid", e.tid).num("ts", e.begin).num("dur", e.end - e.begin);
+    Event args;
+    if (e.bytes >= 0) args.num("bytes", e.bytes);
+    if (e.index >= 0) args.num("index", e.index);
+    if (waited[i] >= 0) {
+      args.num("wait_for_peers_us", waited[i]);
+      args.num("transfer_us", std::max<int64_t>(0, e.end - e.begin - waited[i]));
     }
-    ev.push_back(std::move(j));
+    if (!args.empty()) j.obj("args", args);
+    out.push_back(j.text());
   }
-  std::string tmp = file + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp);
-    f << json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump();
-  }
-  fs::rename(tmp, file);
+  trace::write_object_file(file, out);
 }
 
 void stop_at_exit() {
@@ -153,11 +149,11 @@ void stop_at_exit() {
 // DTRAIN_TIMELINE=FILE starts recording when the library loads.
 struct FromEnv {
   FromEnv() {
-    const char* path = std::getenv("DTRAIN_TIMELINE");
-    if (!path || !*path) return;
+    const auto path = param::kTimeline.get_if_set();
+    if (!path) return;
     const char* r = std::getenv("RANK");
     const char* w = std::getenv("WORLD_SIZE");
-    start(path, r ? std::atoi(r) : 0, w ? std::atoi(w) : 1);
+    start(*path, r ? std::atoi(r) : 0, w ? std::atoi(w) : 1);
   }
 } from_env;
 
@@ -167,7 +163,7 @@ namespace detail {
 void record(const char* name, const char* category, int64_t begin_us, int64_t end_us, int64_t bytes,
             int64_t index) noexcept {
   int tid = thread_tid();
-  std::lock_guard lk(state().mu);
+  MutexLock lk(state().mu);
   if (!g_enabled.load(std::memory_order_relaxed)) return;
   state().events.push_back({name, category, tid, begin_us, end_us, bytes, index});
 }
@@ -176,7 +172,7 @@ void record(const char* name, const char* category, int64_t begin_us, int64_t en
 void start(const std::string& path, int rank, int world_size) {
   static std::once_flag at_exit;
   std::call_once(at_exit, [] { std::atexit(stop_at_exit); });
-  std::lock_guard lk(state().mu);
+  MutexLock lk(state().mu);
   state().path = path;
   state().rank = rank;
   state().world = world_size;
@@ -192,7 +188,7 @@ std::string stop() {
   std::string path;
   int rank, world;
   {
-    std::lock_guard lk(state().mu);
+    MutexLock lk(state().mu);
     detail::g_enabled.store(false, std::memory_order_relaxed);
     events.swap(state().events);
     path = state().path;
@@ -202,8 +198,8 @@ std::string stop() {
   std::string mine = rank_file(path, rank);
   write_rank_file(mine, rank, events);
   if (rank != 0) return mine;
-  const char* t = std::getenv("DTRAIN_TIMELINE_MERGE_TIMEOUT");
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(t ? std::atoi(t) : 30);
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::seconds(param::kTimelineMergeTimeout.get_or_warn());
   std::vector<std::string> files;
   for (int r = 0; r < world; ++r) {
     std::string f = rank_file(path, r);
@@ -223,18 +219,17 @@ std::string stop() {
 }
 
 void merge(const std::vector<std::string>& rank_files, const std::string& out) {
-  json all = json::array();
+  // Each rank file is read as JSON (a damaged one is an error naming it); its events go into
+  // the merged file as the text they were read as.
+  std::vector<std::string> all;
   for (const auto& f : rank_files) {
     std::ifstream in(f);
-    json j = json::parse(in);
-    for (auto& e : j.at("traceEvents")) all.push_back(std::move(e));
+    json j = json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("traceEvents") || !j.at("traceEvents").is_array())
+      throw Error("timeline: " + f + " is not a Chrome trace ({\"traceEvents\": [...]})");
+    for (const auto& e : j.at("traceEvents")) all.push_back(e.dump());
   }
-  std::string tmp = out + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp);
-    f << json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump();
-  }
-  fs::rename(tmp, out);
+  trace::write_object_file(out, all);
 }
 
 }  // namespace dtrain::timeline

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/params.h"
+#include "core/thread_annotations.h"
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
 #include "tracking/store.h"
@@ -37,11 +39,6 @@ const char* to_string(RunStatus s) {
 
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
 void warn(const std::string& msg) { std::cerr << "dtrain mlflow: warning: " << msg << std::endl; }
 
 }  // namespace
@@ -52,23 +49,23 @@ struct Run::Impl {
   detail::RunInfo info;
   std::string uri;  // where the run really is
 
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable wake;  // sender: new work, flush, close
   std::condition_variable done;  // flush(): the queue drained
-  std::deque<detail::Entry> queue;
-  size_t spooled_upto = 0;  // entries at the front already in the spool file
-  bool flush_asked = false;
-  bool closing = false;
-  bool abort = false;
-  bool warned_down = false;
-  bool in_flight = false;
-  bool ended = false;
-  RunStats stats;
+  std::deque<detail::Entry> queue DTRAIN_GUARDED_BY(mu);
+  size_t spooled_upto DTRAIN_GUARDED_BY(mu) = 0;  // entries at the front already in the spool
+  bool flush_asked DTRAIN_GUARDED_BY(mu) = false;
+  bool closing DTRAIN_GUARDED_BY(mu) = false;
+  bool abort DTRAIN_GUARDED_BY(mu) = false;
+  bool warned_down DTRAIN_GUARDED_BY(mu) = false;
+  bool in_flight DTRAIN_GUARDED_BY(mu) = false;
+  bool ended DTRAIN_GUARDED_BY(mu) = false;
+  RunStats stats DTRAIN_GUARDED_BY(mu);
   std::string spool_path;
   std::thread sender;
 
-  void run_sender();
-  void spool_locked();
+  void run_sender() DTRAIN_EXCLUDES(mu);
+  void spool_locked() DTRAIN_REQUIRES(mu);
   void end(RunStatus status);
 };
 
@@ -94,9 +91,10 @@ void Run::Impl::spool_locked() {
 
 void Run::Impl::run_sender() {
   std::chrono::milliseconds backoff{250};
-  std::unique_lock lk(mu);
+  MutexLock lk(mu);
   while (true) {
-    wake.wait_for(lk, options.flush_interval, [&] {
+    wake.wait_for(lk.native(), options.flush_interval, [&] {
+      mu.assert_held();
       return abort || closing || flush_asked || queue.size() >= detail::kMaxMetrics;
     });
     if (abort) break;
@@ -163,7 +161,10 @@ void Run::Impl::run_sender() {
            spool_path);
       warned_down = true;
     }
-    wake.wait_for(lk, backoff, [&] { return abort; });
+    wake.wait_for(lk.native(), backoff, [&] {
+      mu.assert_held();
+      return abort;
+    });
     backoff = std::min(backoff * 2, std::chrono::milliseconds(4000));
   }
   done.notify_all();
@@ -171,24 +172,30 @@ void Run::Impl::run_sender() {
 
 void Run::Impl::end(RunStatus status) {
   {
-    std::lock_guard lk(mu);
+    MutexLock lk(mu);
     if (ended) return;
     ended = true;
   }
   bool delivered;
   {
-    std::unique_lock lk(mu);
+    MutexLock lk(mu);
     closing = true;
     wake.notify_all();
-    delivered =
-        done.wait_for(lk, options.flush_timeout, [&] { return queue.empty() && !in_flight; });
+    delivered = done.wait_for(lk.native(), options.flush_timeout, [&] {
+      mu.assert_held();
+      return queue.empty() && !in_flight;
+    });
     abort = true;
     wake.notify_all();
   }
   if (sender.joinable()) sender.join();
   if (!delivered) {
     // Keep what the server never got: the same run (id, experiment) in the local file store.
-    std::vector<detail::Entry> rest(queue.begin(), queue.end());
+    std::vector<detail::Entry> rest;
+    {
+      MutexLock lk(mu);  // the sender has stopped; the lock is for the analysis
+      rest.assign(queue.begin(), queue.end());
+    }
     std::string dir = options.fallback_dir;
     try {
       detail::FileStore fallback(dir);
@@ -226,20 +233,20 @@ Run::~Run() {
 
 Run Run::start(StartOptions o) {
   Run run;
-  if (!o.all_ranks && env_or("RANK", "0") != "0") return run;
-  if (o.tracking_uri.empty()) o.tracking_uri = env_or("MLFLOW_TRACKING_URI", "");
+  if (!o.all_ranks && param::String{"RANK", "0"}.get() != "0") return run;
+  if (o.tracking_uri.empty()) o.tracking_uri = param::String{"MLFLOW_TRACKING_URI", ""}.get();
   if (o.tracking_uri.empty()) return run;
-  if (o.experiment.empty()) o.experiment = env_or("MLFLOW_EXPERIMENT_NAME", "Default");
-  if (o.parent_run_id.empty()) o.parent_run_id = env_or("DTRAIN_MLFLOW_PARENT_RUN_ID", "");
-  if (o.run_id.empty()) o.run_id = env_or("MLFLOW_RUN_ID", "");
-  if (o.fallback_dir.empty()) o.fallback_dir = env_or("DTRAIN_MLFLOW_FALLBACK_DIR", "mlruns");
+  if (o.experiment.empty()) o.experiment = param::String{"MLFLOW_EXPERIMENT_NAME", "Default"}.get();
+  if (o.parent_run_id.empty()) o.parent_run_id = param::kMlflowParentRunId.get();
+  if (o.run_id.empty()) o.run_id = param::String{"MLFLOW_RUN_ID", ""}.get();
+  if (o.fallback_dir.empty()) o.fallback_dir = param::kMlflowFallbackDir.get();
 
   auto impl = std::make_shared<Impl>();
   impl->options = o;
   auto tags = o.tags;
   if (!o.parent_run_id.empty()) tags["mlflow.parentRunId"] = o.parent_run_id;
   if (!o.run_name.empty()) tags["mlflow.runName"] = o.run_name;
-  tags.emplace("mlflow.user", env_or("USER", "dtrain"));
+  tags.emplace("mlflow.user", param::String{"USER", "dtrain"}.get());
   tags.emplace("mlflow.source.type", "LOCAL");
   tags.emplace("mlflow.source.name", "dtrain");
   try {
@@ -280,14 +287,14 @@ void Run::log_param(const std::string& key, const std::string& value) {
 
 void Run::log_params(const std::map<std::string, std::string>& params) {
   if (!impl_) return;
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   for (const auto& [k, v] : params) impl_->queue.push_back({detail::Entry::Param, k, v, 0, 0, 0});
 }
 
 void Run::log_metric(const std::string& key, double value, int64_t step, int64_t timestamp_ms) {
   if (!impl_) return;
   if (timestamp_ms == 0) timestamp_ms = detail::now_ms();
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   impl_->queue.push_back({detail::Entry::Metric, key, "", value, timestamp_ms, step});
   if (impl_->queue.size() >= detail::kMaxMetrics) impl_->wake.notify_one();
 }
@@ -295,29 +302,31 @@ void Run::log_metric(const std::string& key, double value, int64_t step, int64_t
 void Run::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
   if (!impl_) return;
   int64_t ts = detail::now_ms();
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   for (const auto& [k, v] : metrics)
     impl_->queue.push_back({detail::Entry::Metric, k, "", v, ts, step});
 }
 
 void Run::set_tag(const std::string& key, const std::string& value) {
   if (!impl_) return;
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   impl_->queue.push_back({detail::Entry::Tag, key, value, 0, 0, 0});
 }
 
 bool Run::flush(std::chrono::milliseconds timeout) {
   if (!impl_) return true;
-  std::unique_lock lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   impl_->flush_asked = true;
   impl_->wake.notify_all();
-  return impl_->done.wait_for(lk, timeout,
-                              [&] { return impl_->queue.empty() && !impl_->in_flight; });
+  return impl_->done.wait_for(lk.native(), timeout, [&] {
+    impl_->mu.assert_held();
+    return impl_->queue.empty() && !impl_->in_flight;
+  });
 }
 
 RunStats Run::stats() const {
   if (!impl_) return {};
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   RunStats s = impl_->stats;
   s.pending = static_cast<int64_t>(impl_->queue.size());
   return s;

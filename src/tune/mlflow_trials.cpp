@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/params.h"
+
 namespace dtrain::tune::detail {
 
 namespace {
@@ -18,11 +20,6 @@ void flatten_into(const Config& c, const std::string& prefix,
   out[prefix] = c.is_string() ? c.get<std::string>() : c.dump();
 }
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
-}
-
 }  // namespace
 
 std::map<std::string, std::string> flatten_config(const Config& config) {
@@ -34,8 +31,9 @@ std::map<std::string, std::string> flatten_config(const Config& config) {
 MlflowTrials::MlflowTrials(std::string tracking_uri, std::string experiment,
                            const std::string& search_name, const std::string& parent_run_id,
                            const Config& param_space)
-    : uri_(tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : std::move(tracking_uri)),
-      experiment_(experiment.empty() ? env_or("MLFLOW_EXPERIMENT_NAME", "Default")
+    : uri_(tracking_uri.empty() ? param::String{"MLFLOW_TRACKING_URI", ""}.get()
+                                : std::move(tracking_uri)),
+      experiment_(experiment.empty() ? param::String{"MLFLOW_EXPERIMENT_NAME", "Default"}.get()
                                      : std::move(experiment)) {
   if (uri_.empty()) return;
   // The driver is one process: log whatever RANK it may have inherited.

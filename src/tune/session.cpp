@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 
+#include "core/params.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
@@ -28,11 +29,6 @@ namespace fs = std::filesystem;
 namespace dtrain::tune {
 
 namespace {
-
-std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : fallback;
-}
 
 struct Session {
   std::string prefix;
@@ -57,20 +53,19 @@ Session& session(const char* who) {
   }
   if (!g_session) {
     auto s = std::make_unique<Session>();
-    s->prefix = env_or("DTRAIN_TUNE_PREFIX");
-    s->trial_id = env_or("DTRAIN_TUNE_TRIAL_ID");
-    s->start_iteration = std::atoll(env_or("DTRAIN_TUNE_START_ITERATION", "0").c_str());
-    s->run = env_or("DTRAIN_TUNE_RUN", "1");
-    s->trial_dir = env_or("DTRAIN_TUNE_TRIAL_DIR");
-    s->driver = env_or("DTRAIN_TUNE_STORE");
+    s->prefix = param::kTunePrefix.get();
+    s->trial_id = param::kTuneTrialId.get();
+    s->start_iteration = param::kTuneStartIteration.get();
+    s->run = std::to_string(param::kTuneRun.get());
+    s->trial_dir = param::kTuneTrialDir.get();
+    s->driver = param::kTuneStore.get();
     // RANK from the dtrain agent; under engine "mpi" (no agent) the MPI launcher's variables.
-    if (std::getenv("RANK") != nullptr) {
-      s->rank = std::atoi(env_or("RANK").c_str());
+    if (auto rank = param::Int{"RANK", 0, 0}.get_if_set()) {
+      s->rank = static_cast<int>(*rank);
     } else if (auto task = detect_engine_task()) {
       s->rank = task->rank;
     }
-    s->timeout = std::chrono::milliseconds(
-        std::atoll(env_or("DTRAIN_TUNE_REPORT_TIMEOUT_MS", "600000").c_str()));
+    s->timeout = std::chrono::milliseconds(param::kTuneReportTimeoutMs.get());
     const auto colon = s->driver.rfind(':');
     if (colon == std::string::npos) {
       throw UsageError("dtrain::tune: DTRAIN_TUNE_STORE is \"" + s->driver +
@@ -118,15 +113,11 @@ std::string persist_checkpoint(const Session& s, const std::string& from, std::i
 
 }  // namespace
 
-bool in_trial() { return std::getenv("DTRAIN_TUNE_PREFIX") != nullptr; }
-std::string trial_id() { return env_or("DTRAIN_TUNE_TRIAL_ID"); }
-std::string trial_dir() { return env_or("DTRAIN_TUNE_TRIAL_DIR"); }
+bool in_trial() { return param::kTunePrefix.get_if_set().has_value(); }
+std::string trial_id() { return param::kTuneTrialId.get(); }
+std::string trial_dir() { return param::kTuneTrialDir.get(); }
 
-std::optional<std::string> get_checkpoint() {
-  const std::string c = env_or("DTRAIN_TUNE_CHECKPOINT");
-  if (c.empty()) return std::nullopt;
-  return c;
-}
+std::optional<std::string> get_checkpoint() { return param::kTuneCheckpoint.get_if_set(); }
 
 void report(const Result& metrics, const std::string& checkpoint) {
   std::lock_guard<std::mutex> lock(g_mutex);

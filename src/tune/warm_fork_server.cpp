@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/params.h"
+#include "core/paths.h"
 #include "launch/fork_server.h"
 
 extern char** environ;
@@ -24,11 +26,10 @@ namespace dtrain::tune::detail {
 
 std::unique_ptr<WarmForkServer> WarmForkServer::start(
     const std::map<std::string, std::string>& env) {
-  if (const char* off = std::getenv("DTRAIN_TUNE_WARM_FORKSERVER"); off && std::string(off) == "0")
-    return nullptr;
-  std::error_code ec;
-  const std::string program = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (ec || program.ends_with(" (deleted)")) return nullptr;
+  if (!param::kTuneWarmForkServer.get()) return nullptr;
+  const auto self = read_self_exe();
+  if (!self || self->deleted) return nullptr;
+  const std::string program = self->path;
   const auto info = launch::inspect_program(program);
   if (!launch::fork_server_can_start(info) || !launch::fork_server_pays_off(info)) return nullptr;
   const std::string library = launch::fork_server_library();
@@ -36,6 +37,7 @@ std::unique_ptr<WarmForkServer> WarmForkServer::start(
 
   // A driver that was killed (SIGKILL) left its socket's directory: those of drivers that no
   // longer run go now. The name carries the driver's pid.
+  std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/tmp", ec)) {
     const std::string name = e.path().filename().string();
     if (!name.starts_with("dtrain-warm-")) continue;

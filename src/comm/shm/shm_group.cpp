@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "comm/shm/reduce.h"
+#include "core/params.h"
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
 
@@ -210,12 +211,12 @@ ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::B
 
 ShmProcessGroup::~ShmProcessGroup() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  if (const char* v = std::getenv("DTRAIN_SHM_STATS"); v && *v && *v != '0' && ops_ > 0) {
+  if (ops_ > 0 && param::kShmStats.get_or_warn()) {
     const auto& st = segment_->stats();
     std::fprintf(stderr,
                  "dtrain shm rank %d: %llu collectives, %.3f ms each (of which %.3f ms waiting for "
@@ -253,7 +254,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type,
     return work;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(Item{work, std::move(task), Clock::now(), span, bytes});
   }
   cv_.notify_one();
@@ -264,8 +265,11 @@ void ShmProcessGroup::run() {
   while (true) {
     Item item;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      cv_.wait(lock.native(), [&] {
+        mu_.assert_held();
+        return stop_ || !queue_.empty();
+      });
       if (queue_.empty()) return;  // stop_, and nothing left to do
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -448,7 +452,7 @@ void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::T
 // --- the c10d interface -------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::delegated(c10::intrusive_ptr<c10d::Work> w) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   delegated_.erase(std::remove_if(delegated_.begin(), delegated_.end(),
                                   [](auto& d) { return d->isCompleted(); }),
                    delegated_.end());
@@ -508,7 +512,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptio
   // ones are ahead of it in the queue; the delegated ones are waited for here.
   std::vector<c10::intrusive_ptr<c10d::Work>> prior;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     prior.swap(delegated_);
   }
   return enqueue(c10d::OpType::BARRIER, {}, [this, prior](Clock::time_point deadline) {

@@ -36,6 +36,7 @@
 
 #include "comm/c10d_compat.h"
 #include "comm/shm/shm_segment.h"
+#include "core/thread_annotations.h"
 
 namespace dtrain::shm {
 
@@ -137,7 +138,7 @@ class ShmProcessGroup : public comm::Backend {
   std::unique_ptr<ShmSegment> segment_;
   std::chrono::milliseconds timeout_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
   struct Item {
     c10::intrusive_ptr<ShmWork> work;
@@ -146,10 +147,10 @@ class ShmProcessGroup : public comm::Backend {
     const char* span = "shm collective";  // the timeline's name of the op (a literal)
     int64_t bytes = -1;                   // the bytes it moves per rank, for the timeline
   };
-  std::deque<Item> queue_;  // GUARDED_BY(mu_)
-  bool stop_ = false;       // GUARDED_BY(mu_)
+  std::deque<Item> queue_ DTRAIN_GUARDED_BY(mu_);
+  bool stop_ DTRAIN_GUARDED_BY(mu_) = false;
   // Gloo works not known complete, so barrier() can wait for them as Gloo's barrier does.
-  std::vector<c10::intrusive_ptr<c10d::Work>> delegated_;  // GUARDED_BY(mu_)
+  std::vector<c10::intrusive_ptr<c10d::Work>> delegated_ DTRAIN_GUARDED_BY(mu_);
 
   // Worker-thread state.
   uint64_t seq_ = 0;    // collectives run so far

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/params.h"
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
 
@@ -27,7 +28,7 @@ namespace {
 constexpr uint64_t kMagic = 0x6474726e73686d31ull;  // "dtrnshm1"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kDefaultSlotBytes = 4u << 20;
-constexpr std::chrono::microseconds kDefaultSpin{20};
+constexpr std::chrono::microseconds kDefaultSpin{param::kShmSpinUs.fallback};
 // A sleeping waiter wakes up this often to check that the peer it waits for is alive.
 constexpr auto kLivenessCheck = std::chrono::milliseconds(50);
 
@@ -84,17 +85,8 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
 
 SegmentOptions segment_options_from_env() {
   SegmentOptions o;
-  if (const char* s = std::getenv("DTRAIN_SHM_SLOT_BYTES"); s && *s) {
-    long long v = std::atoll(s);
-    if (v < 4096)
-      throw UsageError(std::string("DTRAIN_SHM_SLOT_BYTES=") + s + ": needs an integer >= 4096");
-    o.slot_bytes = static_cast<size_t>(v);
-  }
-  if (const char* s = std::getenv("DTRAIN_SHM_SPIN_US"); s && *s) {
-    long long v = std::atoll(s);
-    if (v < 0) throw UsageError(std::string("DTRAIN_SHM_SPIN_US=") + s + ": needs an integer >= 0");
-    o.spin = std::chrono::microseconds(v);
-  }
+  if (const auto v = param::kShmSlotBytes.get_if_set()) o.slot_bytes = static_cast<size_t>(*v);
+  if (const auto v = param::kShmSpinUs.get_if_set()) o.spin = std::chrono::microseconds(*v);
   return o;
 }
 

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <utility>
 
+#include "core/thread_annotations.h"
 #include "dtrain/error.h"
 
 namespace dtrain::comm {
@@ -22,7 +23,7 @@ class StagedWork : public c10d::Work {
 
   bool wait(std::chrono::milliseconds timeout) override {
     const bool done = inner_->wait(timeout);  // throws the inner backend's error
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!copied_) {
       for (auto& [device, host] : back_) device.copy_(host, /*non_blocking=*/device.is_cuda());
       copied_ = true;
@@ -34,7 +35,7 @@ class StagedWork : public c10d::Work {
   // will be copied; the error is the inner one).
   bool isCompleted() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (copied_) return true;
     }
     return inner_->isCompleted() && inner_->exception() != nullptr;
@@ -51,8 +52,8 @@ class StagedWork : public c10d::Work {
   c10::intrusive_ptr<c10d::Work> inner_;
   std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (caller's tensor, host result)
   std::vector<at::Tensor> keep_;                         // host inputs, alive until done
-  std::mutex mu_;
-  bool copied_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  bool copied_ DTRAIN_GUARDED_BY(mu_) = false;
 };
 
 std::vector<std::pair<at::Tensor, at::Tensor>> pairs(const std::vector<at::Tensor>& device,
