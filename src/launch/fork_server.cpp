@@ -187,8 +187,8 @@ bool write_fd(int fd, const std::string& data) {
 
 }  // namespace
 
-std::string warm_fork_server_socket(const std::string& program) {
-  const char* v = std::getenv("DTRAIN_FORKSERVER_WARM_SOCKET");
+std::string warm_fork_server_socket(const std::string& program, const char* value) {
+  const char* v = value ? value : std::getenv("DTRAIN_FORKSERVER_WARM_SOCKET");
   if (v == nullptr || *v == '\0') return "";
   const std::string s = v;
   const auto colon = s.find(':');
@@ -197,7 +197,13 @@ std::string warm_fork_server_socket(const std::string& program) {
   const auto a = std::filesystem::canonical(s.substr(colon + 1), ec1);
   const auto b = std::filesystem::canonical(program, ec2);
   if (ec1 || ec2 || a != b) return "";
-  return s.substr(0, colon);
+  std::string socket = s.substr(0, colon);
+  if (const auto at = socket.find("%h"); at != std::string::npos) {
+    char host[256] = {0};
+    if (::gethostname(host, sizeof host - 1) != 0) return "";
+    socket.replace(at, 2, host);
+  }
+  return socket;
 }
 
 ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds,

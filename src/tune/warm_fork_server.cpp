@@ -22,12 +22,15 @@ extern char** environ;
 
 namespace dtrain::tune::detail {
 
-std::unique_ptr<WarmForkServer> WarmForkServer::start(
-    const std::map<std::string, std::string>& env) {
+std::unique_ptr<WarmForkServer> WarmForkServer::start(const std::map<std::string, std::string>& env,
+                                                      const std::string& given_program,
+                                                      const std::string& dir) {
   if (const char* off = std::getenv("DTRAIN_TUNE_WARM_FORKSERVER"); off && std::string(off) == "0")
     return nullptr;
   std::error_code ec;
-  const std::string program = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  const std::string program = given_program.empty()
+                                  ? std::filesystem::read_symlink("/proc/self/exe", ec).string()
+                                  : given_program;
   if (ec || program.ends_with(" (deleted)")) return nullptr;
   const auto info = launch::inspect_program(program);
   if (!launch::fork_server_can_start(info) || !launch::fork_server_pays_off(info)) return nullptr;
@@ -49,10 +52,16 @@ std::unique_ptr<WarmForkServer> WarmForkServer::start(
   }
   std::unique_ptr<WarmForkServer> w(new WarmForkServer);
   w->program_ = program;
-  std::string tmpl = "/tmp/dtrain-warm-" + std::to_string(::getpid()) + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) return nullptr;
-  w->dir_ = tmpl;
+  if (dir.empty()) {
+    std::string tmpl = "/tmp/dtrain-warm-" + std::to_string(::getpid()) + "-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return nullptr;
+    w->dir_ = tmpl;
+  } else {
+    if (::mkdir(dir.c_str(), 0700) != 0) return nullptr;
+    w->dir_ = dir;
+  }
   w->socket_ = w->dir_ + "/s";
+  if (w->socket_.size() >= sizeof(sockaddr_un::sun_path)) return nullptr;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return nullptr;  // ~WarmForkServer removes the directory
   sockaddr_un addr{};

@@ -10,7 +10,9 @@
 //   "trial ID x=X status=S failures=F iterations=I world=W hosts=n1,n2 pid=PID"
 //   "span ID start=T0 end=T1 first_report_s=F" (F: time_total_s of the first report of the
 //   trial's first run, i.e. from the Tuner starting the trial to its first report)
-// and exits 0; "UsageError: ..." exit 2; "error: ..." exit 1.
+// and exits 0; "UsageError: ..." exit 2; "error: ..." exit 1. Each worker writes
+// TRIAL_DIR/origin_HOST_PID: its grandparent's pid (the warm fork server's, when forked from
+// one).
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +20,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +34,19 @@ namespace tune = dtrain::tune;
 
 namespace {
 
+// The parent of process `pid` (0 when it cannot be read).
+int parent_of(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(close + 2));
+  char state;
+  int ppid = 0;
+  rest >> state >> ppid;
+  return ppid;
+}
+
 double wall() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -40,6 +57,10 @@ void trial(tune::Config config) {
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
   const std::string host = name;
+  // Where this worker came from: origin_HOST_PID holds its parent's parent (a warm fork
+  // server's pid when it was forked from one, through the launch server of its launch).
+  std::ofstream(fs::path(tune::trial_dir()) / ("origin_" + host + "_" + std::to_string(::getpid())))
+      << parent_of(::getppid()) << "\n";
   int from = 0;
   if (auto c = tune::get_checkpoint()) std::ifstream(fs::path(*c) / "it") >> from;
   const fs::path once = fs::path(tune::trial_dir()) / "killed_once";
