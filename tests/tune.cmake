@@ -32,3 +32,11 @@ add_test(NAME tune.spark_trials
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
 set_tests_properties(tune.spark_trials PROPERTIES LABELS "spark;torch2_only" TIMEOUT 400
   RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+# Two ssh hosts (tests/cluster/lib.sh: namespaces n1, n2 with sshd; root): a warm fork server
+# on each forks every trial's workers, a SIGKILLed worker fails only its trial, 2 trials at a
+# time, nothing left on either host; then the per-trial start cold and warm (printed).
+add_test(NAME tune.ssh_warm
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/ssh_warm_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.ssh_warm PROPERTIES LABELS cluster TIMEOUT 300 RUN_SERIAL TRUE
+  ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
