@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -38,6 +39,22 @@ bool write_all(int fd, const std::string& s) {
     done += static_cast<size_t>(w);
   }
   return true;
+}
+
+// write_all without a SIGPIPE when the reader is gone (blocked in this thread meanwhile, the
+// pending one taken back): the driver's own signal dispositions stay as they are.
+bool write_request(int fd, const std::string& s) {
+  sigset_t pipe_signal, old;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_signal, &old);
+  const bool ok = write_all(fd, s);
+  if (!ok && errno == EPIPE) {
+    const timespec none{0, 0};
+    ::sigtimedwait(&pipe_signal, nullptr, &none);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return ok;
 }
 
 std::string host_name() {
@@ -114,9 +131,8 @@ std::unique_ptr<WarmHosts> WarmHosts::start(const std::vector<engines::HostComma
       ::close(in[1]), ::close(out[0]);
       continue;
     }
-    ::signal(SIGPIPE, SIG_IGN);  // a keeper gone before its request: write fails, not a signal
     Keeper k{h.host, pid, in[1], out[0]};
-    if (!write_all(k.in_fd, request)) {
+    if (!write_request(k.in_fd, request)) {
       ::close(k.in_fd);
       k.in_fd = -1;
     }

@@ -9,7 +9,7 @@
 #     from its checkpoint and finishes; the trial beside it is not disturbed;
 #   - trials run two at a time (their own clocks), all-reduce across both hosts;
 #   - after the search nothing is left on either host: no server, keeper, agent or worker, no
-#     socket directory.
+#     socket directory; nor after a driver SIGKILLed while 2 trials run.
 # Then the same search cold (DTRAIN_TUNE_WARM_FORKSERVER=0) and warm once more, and the mean
 # time from each trial's start to its first report of each, printed (never asserted).
 #   ssh_warm_test.sh DTRAIN TUNE_CLUSTER_SEARCH
@@ -68,6 +68,28 @@ PY
 nothing_left "warm search" "$SEARCH"
 no_warm_dirs || fail "warm search: socket directories left: $(ls -d /tmp/dtrain-warmhost-*)"
 pass "Tuner over ssh: a warm fork server on n1 and n2 forked all 10 workers of 4 trials (2 at a time); the worker SIGKILLed on n2 failed only its trial, retried; nothing left ($((SECONDS - t)) s)"
+
+# The driver SIGKILLed while 2 trials run: its ssh connections close, so every keeper ends its
+# server, and the trials' agents and workers stop; nothing left, no socket directory.
+t=$SECONDS
+bg_on n1 "$T/killed.out" "$SEARCH" --storage "$T/killed" --engine ssh --hosts n1:2,n2:2 "${SSH[@]}" \
+  --trials 4 --nproc 2 --iterations 40 --sleep 0.5
+drv=$BG_PID
+deadline=$((SECONDS + 120))
+until [[ $(compgen -G "$T/killed/tune/trial_*/origin_n2_*" | wc -l) -ge 2 ]]; do
+  ((SECONDS < deadline)) || { kill -KILL $drv; fail "killed driver: 2 trials' workers did not start on n2 within 120 s: $(cat "$T/killed.out")"; }
+  kill -0 $drv 2>/dev/null || fail "killed driver: the search ended early: $(cat "$T/killed.out")"
+  sleep 0.2
+done
+kill -KILL $drv
+wait $drv 2>/dev/null
+nothing_left "killed driver" "$SEARCH"
+deadline=$((SECONDS + 15))
+until no_warm_dirs; do
+  ((SECONDS < deadline)) || fail "killed driver: socket directories left: $(ls -d /tmp/dtrain-warmhost-*)"
+  sleep 0.2
+done
+pass "driver SIGKILLed with 2 trials running: no warm server, keeper, agent or worker left on n1, n2 ($((SECONDS - t)) s)"
 
 # Per-trial start, cold then warm, same hosts and load (printed, not asserted).
 first_reports() { sed -n 's/^span .* first_report_s=\([0-9.]*\)$/\1/p' <<<"$1" | tr '\n' ' '; }
