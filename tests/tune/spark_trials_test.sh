@@ -30,14 +30,7 @@ grep -q "^tune: 2 trial(s) at a time on engine spark (4 free of 4 slots; 2 proce
 [[ $(grep -o "Spark application app-[^ ]*" <<<"$out" | sort -u | wc -l) -eq 1 ]] ||
   fail "tune on spark: the trials did not share one application: $out"
 # [start, end] of each trial from its own processes' clocks: 2 at once at some point, never 3.
-"$PY" - "$out" <<'PY' || fail "tune on spark: trials did not run two at a time: $out"
-import re, sys
-spans = [(float(a), float(b)) for a, b in re.findall(r"^span \S+ start=([0-9.]+) end=([0-9.]+)", sys.argv[1], re.M)]
-assert len(spans) == 4, spans
-most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
-assert most == 2, "at most %d trials ran at once: %s" % (most, spans)
-print("most trials at once: %d; spans %s" % (most, [(round(a % 1000, 1), round(b % 1000, 1)) for a, b in spans]))
-PY
+"$PY" "$(dirname "$0")/trials_at_once.py" "$out" 2 4 || fail "tune on spark: trials did not run two at a time: $out"
 # The driver's exit stopped its application, and the agents and workers went with it.
 deadline=$((SECONDS + 30))
 for h in n0 n1 n2; do
