@@ -3,8 +3,12 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <mutex>
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
@@ -30,6 +34,50 @@ torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) {
   return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t;
 }
 
+// The step's reductions over this rank's gradient, a bounded chunk at a time: a float64 copy of
+// the whole gradient and of its square (what g.to(kFloat64).pow(2).sum() makes) would be the
+// step's largest transient, 4x the fp32 gradient.
+constexpr int64_t kReduceChunk = int64_t(1) << 20;
+
+torch::Tensor sum_of_squares(const torch::Tensor& g) {
+  auto flat = g.reshape({-1});
+  auto acc = torch::zeros({1}, torch::kFloat64);
+  for (int64_t lo = 0; lo < flat.numel(); lo += kReduceChunk)
+    acc += flat.narrow(0, lo, std::min(kReduceChunk, flat.numel() - lo))
+               .to(torch::kFloat64)
+               .pow(2)
+               .sum();
+  return acc;
+}
+
+bool all_finite(const torch::Tensor& g) {
+  auto flat = g.reshape({-1});
+  for (int64_t lo = 0; lo < flat.numel(); lo += kReduceChunk)
+    if (!torch::isfinite(flat.narrow(0, lo, std::min(kReduceChunk, flat.numel() - lo)))
+             .all()
+             .item<bool>())
+      return false;
+  return true;
+}
+
+// Stages 2 and 3 stage at most this many gradient elements per bucket (16 MiB of fp32), whatever
+// reduce_bucket_size says (DeepSpeed's default 5e8 is a whole model of up to 500M parameters:
+// a bucket that size keeps every gradient of backward alive at once, plus its copy).
+constexpr int64_t kMaxBucketElements = int64_t(1) << 22;
+
+// glibc raises its mmap threshold to the largest block freed so far (up to 32 MiB), after which
+// buffers of that size come from the heap and their memory stays in the process after they
+// are freed; the gathered parameters and gradients ZeRO frees during every step would then
+// hold the process's RSS at the step's high-water mark. A fixed threshold (1 MiB) keeps the
+// large buffers mmap-ed, so a freed one goes back to the system at once. Left alone when the
+// user set MALLOC_MMAP_THRESHOLD_ (glibc's own variable).
+void keep_large_buffers_unmapped() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  });
+}
+
 std::string describe_tensor(const torch::Tensor& t) {
   std::ostringstream s;
   s << t.scalar_type() << " on " << t.device();
@@ -52,6 +100,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
       scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1,
                  config_.optimizer.beta2) {
   if (!group_) group_ = default_group();
+  keep_large_buffers_unmapped();
   rank_ = group_->rank();
   world_ = group_->world_size();
   if (config_.world_size != world_)
@@ -186,7 +235,9 @@ EngineImpl::~EngineImpl() {
 
 // Buckets over the flat range in reverse registration order (roughly backward's order).
 void EngineImpl::make_buckets() {
-  const int64_t cap = std::max<int64_t>(1, config_.zero.reduce_bucket_size);
+  const int64_t cap = std::max<int64_t>(
+      1, policy_.gradients() ? std::min(config_.zero.reduce_bucket_size, kMaxBucketElements)
+                             : config_.zero.reduce_bucket_size);
   bucket_of_.assign(params_.size(), 0);
   Bucket open;
   int64_t open_elems = 0;
@@ -531,7 +582,7 @@ void EngineImpl::step() {
   torch::Tensor g = averaged_gradient();
   // 2. fp16: an overflow anywhere skips the step (and the scheduler) on every rank.
   if (config_.fp16.enabled) {
-    bool local = inject_overflow_ || !torch::isfinite(g).all().item<bool>();
+    bool local = inject_overflow_ || !all_finite(g);
     inject_overflow_ = false;
     auto flag = torch::tensor({local ? 1.0f : 0.0f});
     combine_step_scalar(flag, ReduceOp::kMax);
@@ -548,7 +599,7 @@ void EngineImpl::step() {
   }
   // 3. Clipping by the global norm over every rank's partition.
   if (config_.gradient_clipping > 0) {
-    auto sq = g.to(torch::kFloat64).pow(2).sum().reshape({1});
+    auto sq = sum_of_squares(g);
     combine_step_scalar(sq, ReduceOp::kSum);
     last_grad_norm_ = std::sqrt(sq.item<double>());
     double coef = config_.gradient_clipping / (last_grad_norm_ + 1e-6);
