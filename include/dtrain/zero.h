@@ -83,6 +83,8 @@ struct Stage3Stats {
       0;  // releases skipped: the unit is used again within stage3_max_reuse_distance
 };
 
+struct PartitionedShards;  // dtrain/zero_init.h
+
 struct InitOptions {
   std::shared_ptr<ProcessGroup>
       group;  // Default: the default group (a group of 1 if there is none).
@@ -95,6 +97,10 @@ struct InitOptions {
   // weight decay) apply, a config "scheduler" sets the group's lr each step. Checkpoints save
   // its state per rank (torch::serialize) and load it at the same world size.
   std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // This rank's shards of a model built by build_partitioned (dtrain/zero_init.h; its
+  // initialize() overloads set this): the engine starts from them instead of broadcasting rank
+  // 0's whole parameters. REQUIRES zero_optimization.stage 3 and the group they were built for.
+  std::shared_ptr<const PartitionedShards> partitioned;
 };
 
 // DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py): scale = 2^initial_scale_power;
