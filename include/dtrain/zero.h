@@ -18,10 +18,11 @@
 //            stage 2 does); each rank steps its partition of the optimizer state (1/N of it),
 //            then the parameters are all-gathered.
 //   stage 2: as 1, and gradients are partitioned during backward: hooks collect finished
-//            gradients into buckets of reduce_bucket_size elements (reverse registration order,
-//            roughly backward's; a parameter of reduce_bucket_size or more is a bucket of its
-//            own, reduced in place in the gradient autograd made) and reduce each bucket's
-//            pieces to the ranks that own them;
+//            gradients into buckets of reduce_bucket_size elements, at most 4M (a bucket keeps
+//            its gradients alive until it is reduced; DeepSpeed's 5e8 would be a whole model)
+//            (reverse registration order, roughly backward's; a parameter of the bucket size or
+//            more is a bucket of its own, reduced in place in the gradient autograd made) and
+//            reduce each bucket's pieces to the ranks that own them;
 //            a rank keeps only its own partition's gradients (the full .grad is released).
 //   stage 3: as 2, and the parameters themselves are partitioned: between steps a rank holds
 //            only its 1/N. A torch::nn::Sequential is fetched per child (DeepSpeed's
