@@ -66,9 +66,16 @@ cmake --build "$build" -j "$(nproc)" -t "${targets[@]}"
 supp="$here/tests/sanitizers"
 # verify_asan_link_order=0: the fork-server tests preload libdtrain_forkserver.so ahead of
 # libasan into ASan-built workers; the preload uses libc only, so the order is harmless.
-export ASAN_OPTIONS="detect_leaks=1:verify_asan_link_order=0:halt_on_error=1:abort_on_error=1"
+# handle_segv=0: the launcher tests crash workers with SIGSEGV on purpose and check that the
+# agent reports the signal; ASan's own handler would turn that death into an abort (exit 134).
+# Bad accesses are still caught by the instrumentation before they fault.
+export ASAN_OPTIONS="detect_leaks=1:verify_asan_link_order=0:halt_on_error=1:abort_on_error=1:handle_segv=0"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
 cd "$build"
-ctest -R "$tests" --output-on-failure "$@"
+# Not the fork server's tests: it declines sanitizer-built programs by design (a sanitizer
+# runtime must be loaded first and intercepts fork; src/launch/fork_server.cpp), so workers
+# here are exec'd and those tests' premise does not hold. The normal suite runs them.
+not_here='(^forkserver\.)|ForkServer|ForkedWorker|WhileLoading'
+ctest -R "$tests" -E "$not_here" --output-on-failure "$@"

@@ -87,11 +87,23 @@ pids_on() {
   echo "$out"
 }
 pick() { local a=($1); ((${#a[@]})) && echo "${a[RANDOM % ${#a[@]}]}"; }
-sample() {  # RSS (KiB) and open fds of n1's agent
+# fd_list PID: what each open fd of PID is (socket lines with their TCP ends, from ss in n1).
+fd_list() {
+  local fd target
+  for fd in /proc/"$1"/fd/*; do
+    target="$(readlink "$fd" 2>/dev/null)" || continue
+    echo "${fd##*/} $target"
+  done
+  ip netns exec "$NS1" ss -tanpe 2>/dev/null | grep "pid=$1," | awk '{print "tcp", $1, $4, $5, $NF}'
+}
+sample() {  # RSS (KiB) and open fds of n1's agent; the first and last fd lists are kept
   local rss fds
   rss="$(awk '/VmRSS/ {print $2}' "/proc/$A_PID/status" 2>/dev/null)"
   fds="$(ls "/proc/$A_PID/fd" 2>/dev/null | wc -l)"
-  [[ -n "$rss" ]] && echo "$(date +%s) $rss $fds" >>"$O/agent_samples"
+  [[ -n "$rss" ]] || return 0
+  echo "$(date +%s) $rss $fds" >>"$O/agent_samples"
+  [[ -f "$O/agent_fds_first" ]] || fd_list "$A_PID" >"$O/agent_fds_first"
+  fd_list "$A_PID" >"$O/agent_fds_last"
 }
 
 chaos_start=$SECONDS
@@ -169,7 +181,7 @@ on n1 "$DTRAIN" run --nproc-per-node 1 "$W" --zero 1 --double --size 240 --batch
   --commit-every 1000000 --log-dir "$O/ref_logs" --checkpoint-dir "$O/ref_ckpt" --params-out "$O/ref_params" \
   >"$O/ref.log" 2>&1 || fail "the uninterrupted reference run failed: $(tail -20 "$O/ref.log")"
 
-PYTHONPATH="$here/tests/cluster" python3 - "$L" "$EPOCHS" "$EV" "$O/agent_samples" "$O/ref_params" "$O/final_params" <<'PY' || fail "checks failed (above)"
+if PYTHONPATH="$here/tests/cluster" python3 - "$L" "$EPOCHS" "$EV" "$O/agent_samples" "$O/ref_params" "$O/final_params" <<'PY'
 import collections, os, sys
 import attempt_logs
 logs, epochs, ev_path, samples_path, ref_path, final_path = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
@@ -219,6 +231,13 @@ if s:
     if int(last[1]) > int(first[1]) + 10 * 1024 or int(last[2]) > int(first[2]) + 4:
         sys.exit("n1's agent grew: RSS or open files not flat")
 PY
+then :
+else
+  [[ -f "$O/agent_fds_last" ]] &&
+    echo "n1's agent's open files, first sample -> last (diff):" &&
+    diff <(sort "$O/agent_fds_first") <(sort "$O/agent_fds_last") | head -60
+  fail "checks failed (above)"
+fi
 shm_after="$(ls /dev/shm | sort)"
 new_shm="$(comm -13 <(echo "$shm_before") <(echo "$shm_after"))"
 [[ -z "$new_shm" ]] || fail "left in /dev/shm: $new_shm"

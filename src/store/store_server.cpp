@@ -98,6 +98,8 @@ class Server final : public StoreServer {
     bool dirty = false;    // has output not yet tried this turn
     bool unread = false;   // a read stopped before the socket was drained (edge-triggered:
                            // no new event comes for those bytes)
+    bool hung_up = false;  // the peer's FIN (or an error) was reported: read to EOF, since
+                           // edge-triggered epoll reports it once, often with the last request
     Clock::time_point progress;
   };
 
@@ -174,6 +176,7 @@ void Server::run() {
       }
       Link* l = link(fd);
       if (l == nullptr) continue;
+      if (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) l->hung_up = true;
       if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) read_from(fd);
       if ((events[i].events & EPOLLOUT) && !l->dirty) {
         l->dirty = true;
@@ -251,7 +254,11 @@ void Server::read_from(int fd) {
         dropping_.push_back(fd);
         return;
       }
-      if (static_cast<std::size_t>(got) < chunk_.size()) return;  // drained
+      // A short read drained the socket - unless the peer hung up: then the next recv is
+      // the EOF, and no further event would come for it (the connection would sit in
+      // CLOSE-WAIT for the server's lifetime, one descriptor per client that sent its last
+      // request and exited).
+      if (static_cast<std::size_t>(got) < chunk_.size() && !l->hung_up) return;
       continue;
     }
     if (got < 0 && errno == EINTR) continue;

@@ -3,9 +3,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "dtrain/error.h"
@@ -433,6 +435,50 @@ TEST(StoreTest, GarbageAndHalfRequestsDoNotDisturbOtherClients) {
   // The server hung up on the misbehaving ones.
   EXPECT_THROW(garbage.recv<std::uint8_t>(), net::ConnectionClosed);
   EXPECT_THROW(missing.recv<std::uint8_t>(), net::ConnectionClosed);
+}
+
+// Server-side connections on `port` in CLOSE-WAIT (the client closed, the server did not):
+// /proc/net/tcp's state 08.
+int close_wait_on(std::uint16_t port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      auto colon = local.rfind(':');
+      if (colon != std::string::npos && std::stoul(local.substr(colon + 1), nullptr, 16) == port &&
+          state == "08")
+        ++n;
+    }
+  }
+  return n;
+}
+
+TEST(StoreTest, AClientThatSendsItsLastRequestAndExitsIsClosed) {
+  // The request and the FIN arrive together: edge-triggered epoll reports them once, and the
+  // server must read on to the EOF (a worker's last SET before it exits, in every job).
+  auto server = start_server();
+  constexpr int kClients = 200;
+  for (int i = 0; i < kClients; ++i) {
+    RawClient last(server->port());
+    last.u8(0 /*SET*/).str("/last" + std::to_string(i)).str("v").send();
+    last.close();
+  }
+  auto client = connect(*server);
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (client->num_keys() < kClients && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(client->num_keys(), kClients);  // every last request was served
+  int stuck = close_wait_on(server->port());
+  while (stuck > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    stuck = close_wait_on(server->port());
+  }
+  EXPECT_EQ(stuck, 0) << "connections left in CLOSE-WAIT: the server never saw their EOF";
 }
 
 TEST(StoreTest, ASlowButMovingRequestIsServedAndAStalledOneIsDropped) {
