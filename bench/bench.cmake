@@ -22,6 +22,7 @@ target_compile_definitions(distributor_bench PRIVATE DTRAIN_LAUNCHER_BIN="$<TARG
 
 # ZeRO: CPU Adam vs torch::optim::Adam and memcpy; memory and throughput by stage.
 dtrain_bench(zero_bench zero_bench.cpp)
+target_compile_definitions(zero_bench PRIVATE DTRAIN_LAUNCHER_BIN="$<TARGET_FILE:dtrain_cli>")
 
 # The cost of one timeline span, off and on (Google Benchmark); bench/timeline_bench.py turns
 # it into the overhead per training step.

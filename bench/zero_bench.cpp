@@ -16,6 +16,16 @@
 //     stages 0-3 (stages 1-3 also with overlap_comm and 2M-element buckets), interleaved in
 //     rounds (best round counts); ratios against DDP.
 //
+//   zero_bench rss [--width 2048] [--layers 20] [--steps 3] [--worlds 2,4] [--batch 8]
+//     Peak memory as the user sees it: for each world size and stage 0-3, a fresh
+//     `dtrain run --nproc-per-node N zero_bench rss-worker ...` trains an MLP (LAYERS x
+//     Linear(WIDTH, WIDTH), default 83.9M parameters, fp32, Adam) with DeepSpeed's default
+//     zero_optimization settings; each rank resets its VmHWM after initialize
+//     (`echo 5 > /proc/self/clear_refs`), runs STEPS steps and reads VmHWM. Prints per stage
+//     the accounting figure (engine.memory()), every rank's measured peak RSS, and the largest
+//     peak's ratio to stage 0's at the same world size. --zero '{"key": value}' adds
+//     zero_optimization settings to every run (e.g. stage 3's prefetch and reuse distance).
+//
 // Every mode prints the machine (CPU model, cores) and JSON lines.
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
@@ -24,8 +34,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "dtrain/dtrain.h"
 
@@ -179,6 +191,126 @@ int memory_bench() {
   return 0;
 }
 
+// This process's VmRSS / VmHWM in bytes (/proc/self/status).
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(in, line))
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;  // "NNN kB"
+  throw std::runtime_error(std::string("no ") + key + " in /proc/self/status");
+}
+
+void reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  if (!out.flush()) throw std::runtime_error("cannot write /proc/self/clear_refs");
+}
+
+// One stage at one world size: every rank's peak RSS over `steps` training steps.
+int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
+               const std::string& zero_json) {
+  auto pg = dtrain::init_process_group();
+  const int N = pg->world_size();
+  using namespace torch::nn;
+  torch::manual_seed(0);
+  Sequential model;
+  for (int i = 0; i < layers; ++i) model->push_back(Linear(width, width));
+  // DeepSpeed's defaults for everything but the stage: reduce_bucket_size 5e8,
+  // stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters and _reuse_distance 1e9, ...
+  nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", batch},
+                        {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
+                        {"zero_optimization", {{"stage", stage}}}};
+  if (!zero_json.empty()) cfg["zero_optimization"].update(nlohmann::json::parse(zero_json));
+  auto e = dtrain::zero::initialize(model, cfg);
+  auto x = torch::randn({batch, width});
+  pg->barrier();
+  const int64_t after_init = proc_status_bytes("VmRSS");
+  reset_peak_rss();
+  // DTRAIN_ZERO_BENCH_PHASES=1: rank 0 also prints the peak of each phase (diagnosis).
+  const bool phases = std::getenv("DTRAIN_ZERO_BENCH_PHASES") != nullptr && pg->rank() == 0;
+  auto phase = [&](const char* what) {
+    if (!phases) return;
+    std::printf("phase %s: peak %lld MiB, now %lld MiB\n", what,
+                (long long)(proc_status_bytes("VmHWM") >> 20),
+                (long long)(proc_status_bytes("VmRSS") >> 20));
+    reset_peak_rss();
+  };
+  for (int s = 0; s < steps; ++s) {
+    auto loss = e(x).pow(2).mean();
+    phase("forward");
+    e.backward(loss);
+    phase("backward");
+    e.step();
+    phase("step");
+  }
+  const int64_t peak = proc_status_bytes("VmHWM");
+  auto mine = torch::tensor({double(after_init), double(peak)}, torch::kFloat64);
+  auto all = dtrain::all_gather(mine);
+  if (pg->rank() == 0) {
+    auto m = e.memory();
+    std::ostringstream ranks, inits;
+    int64_t max_peak = 0;
+    for (int r = 0; r < N; ++r) {
+      const auto v = all[r];
+      ranks << (r ? "," : "") << int64_t(v[1].item<double>());
+      inits << (r ? "," : "") << int64_t(v[0].item<double>());
+      max_peak = std::max<int64_t>(max_peak, int64_t(v[1].item<double>()));
+    }
+    std::printf(
+        "{\"bench\":\"zero_rss\",\"world\":%d,\"stage\":%d,\"params\":%lld,"
+        "\"accounted_bytes\":%lld,\"rss_after_init_bytes\":[%s],\"peak_rss_bytes\":[%s],"
+        "\"max_peak_rss_bytes\":%lld}\n",
+        N, stage, (long long)e.core().num_parameters(),
+        (long long)(m.params() + m.grads() + m.optimizer()), inits.str().c_str(),
+        ranks.str().c_str(), (long long)max_peak);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// Runs rss_worker for every stage and world size, each in fresh processes, and prints the table.
+int rss_bench(const std::string& self, const std::string& worlds, int64_t width, int layers,
+              int steps, int batch, const std::string& zero_json) {
+  std::printf("machine: %s\n", machine().c_str());
+  std::printf("zero_optimization: DeepSpeed's defaults%s%s\n", zero_json.empty() ? "" : " and ",
+              zero_json.c_str());
+  std::stringstream ws(worlds);
+  std::string w;
+  while (std::getline(ws, w, ',')) {
+    double stage0 = 0;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const std::string cmd = std::string(DTRAIN_LAUNCHER_BIN) + " run --nproc-per-node " + w +
+                              " " + self + " rss-worker --stage " + std::to_string(stage) +
+                              " --width " + std::to_string(width) + " --layers " +
+                              std::to_string(layers) + " --steps " + std::to_string(steps) +
+                              " --batch " + std::to_string(batch) +
+                              (zero_json.empty() ? "" : " --zero '" + zero_json + "'");
+      FILE* p = ::popen(cmd.c_str(), "r");
+      if (!p) throw std::runtime_error("cannot run " + cmd);
+      std::string json;
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, p))
+        if (const char* at = std::strstr(buf, "{\"bench\":\"zero_rss\"")) json = at;
+      if (::pclose(p) != 0 || json.empty()) throw std::runtime_error("failed: " + cmd);
+      auto j = nlohmann::json::parse(json);
+      const double peak = j["max_peak_rss_bytes"].get<double>();
+      if (stage == 0) stage0 = peak;
+      j["ratio_to_stage0"] = peak / stage0;
+      std::printf("%s\n", j.dump().c_str());
+      std::string per_rank;
+      for (auto& v : j["peak_rss_bytes"])
+        per_rank += (per_rank.empty() ? "" : " ") + std::to_string(v.get<int64_t>() >> 20);
+      std::printf(
+          "world %s stage %d: accounted %.0f MiB, peak RSS per rank [%s] MiB, %.2fx stage 0\n",
+          w.c_str(), stage, j["accounted_bytes"].get<double>() / 1048576, per_rank.c_str(),
+          peak / stage0);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int throughput_bench(int steps, int rounds) {
   auto pg = dtrain::init_process_group();
   const int r = pg->rank(), N = pg->world_size();
@@ -250,6 +382,18 @@ int main(int argc, char** argv) {
       return adam_bench(std::stoll(arg(argc, argv, "--params", "100000000")),
                         std::stoi(arg(argc, argv, "--reps", "5")));
     if (mode == "memory") return memory_bench();
+    if (mode == "rss")
+      return rss_bench(
+          std::filesystem::read_symlink("/proc/self/exe").string(),
+          arg(argc, argv, "--worlds", "2,4"), std::stoll(arg(argc, argv, "--width", "2048")),
+          std::stoi(arg(argc, argv, "--layers", "20")), std::stoi(arg(argc, argv, "--steps", "3")),
+          std::stoi(arg(argc, argv, "--batch", "8")), arg(argc, argv, "--zero", ""));
+    if (mode == "rss-worker")
+      return rss_worker(std::stoi(arg(argc, argv, "--stage", "0")),
+                        std::stoll(arg(argc, argv, "--width", "2048")),
+                        std::stoi(arg(argc, argv, "--layers", "20")),
+                        std::stoi(arg(argc, argv, "--steps", "3")),
+                        std::stoi(arg(argc, argv, "--batch", "8")), arg(argc, argv, "--zero", ""));
     if (mode == "throughput")
       return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")),
                               std::stoi(arg(argc, argv, "--rounds", "3")));
@@ -259,6 +403,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: zero_bench adam [--params N] [--reps R] | memory | throughput [--steps S] "
-               "[--rounds R]\n");
+               "[--rounds R] | rss [--width W] [--layers L] [--steps S] [--worlds 2,4] "
+               "[--batch B]\n");
   return 2;
 }

@@ -58,6 +58,7 @@ def main():
         for stage, sps in sorted(best.items()):
             print(json.dumps({"bench": "zero_throughput", "impl": "deepspeed-" + deepspeed.__version__,
                               "world": world, "variant": "stage%d" % stage, "samples_per_s": round(sps, 1)}))
+    torch.distributed.destroy_process_group()  # else a rank can abort at exit (Gloo's threads)
 
 
 if __name__ == "__main__":

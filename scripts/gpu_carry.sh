@@ -9,13 +9,16 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dst="$here/.device"
 rm -rf "$dst"
-mkdir -p "$dst/include"
+mkdir -p "$dst/include" "$dst/gloo"
 need() { [[ -e "$1" ]] || { echo "gpu_carry: $1 is missing: run scripts/setup.sh first" >&2; exit 1; }; }
 for d in /usr/include/gloo /usr/include/nlohmann /usr/include/CLI /usr/src/googletest \
          /usr/include/zlib.h /usr/share/datasets/fashion-mnist; do
   need "$d"
 done
-cp -r /usr/include/gloo /usr/include/nlohmann /usr/include/CLI "$dst/include/"
+# Gloo apart from the rest: its directory goes on every dtrain_runtime user's include path, and
+# must not bring a second nlohmann-json where the GPU machine has its own.
+cp -r /usr/include/gloo "$dst/gloo/"
+cp -r /usr/include/nlohmann /usr/include/CLI "$dst/include/"
 cp /usr/include/zlib.h /usr/include/zconf.h "$dst/include/" 2>/dev/null ||
   cp /usr/include/zlib.h /usr/include/x86_64-linux-gnu/zconf.h "$dst/include/"
 cp -r /usr/src/googletest "$dst/googletest"

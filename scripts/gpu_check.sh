@@ -44,9 +44,8 @@ log "machine: $(tr '\n' ' ' < "$out/machine.log")"
 # --- what the machine lacks comes from .device/ (scripts/gpu_carry.sh) -----------------------
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_LIBTORCH="$torch_dir" -DDTRAIN_CUDA=ON
         -DDTRAIN_GPU_TESTS=ON -DDTRAIN_VENV_PYTHON="$python" -DDTRAIN_DATA=OFF)
-if [[ -d "$carry/include" ]]; then
-  config+=(-DDTRAIN_GLOO_INCLUDE_DIR="$carry/include" -DDTRAIN_EXTRA_INCLUDE_DIR="$carry/include")
-fi
+[[ -d "$carry/gloo" ]] && config+=(-DDTRAIN_GLOO_INCLUDE_DIR="$carry/gloo")
+[[ -d "$carry/include" ]] && config+=(-DDTRAIN_EXTRA_INCLUDE_DIR="$carry/include")
 [[ -d "$carry/googletest" ]] && config+=(-DDTRAIN_GTEST_SOURCE_DIR="$carry/googletest")
 if [[ ! -e /usr/include/zlib.h && -e "$carry/include/zlib.h" ]]; then
   libz=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')
@@ -67,8 +66,8 @@ grep "dtrain:" "$out/configure.log"
 targets=(dtrain_cli dtrain_forkserver gpu_test gpu_worker fashion_mnist hello_worker gpu_train_bench)
 log "build (${#targets[@]} targets, -j $jobs)"
 t_build=$(date +%s)
-if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.log" 2>&1; then
-  grep -E "error|Error" "$out/build.log" | head -40
+if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0 > "$out/build.log" 2>&1; then
+  grep -E "error|Error" "$out/build.log" | head -60
   echo '{"stage": "build", "ok": false}' > "$summary"
   exit 1
 fi

@@ -18,3 +18,25 @@ dtrain_test_once(tune_resume_test torch1)  # ~20 s of driver logic, the same on 
 dtrain_test(tune_mlflow_test LABELS tune SOURCES tune/mlflow_test.cpp launcher/subprocess.cpp TORCH)
 add_dependencies(tune_mlflow_test dtrain_cli)
 dtrain_test_once(tune_mlflow_test torch1)  # the MLflow server's side does not depend on libtorch
+
+# Trials on cluster engines (issue #30 item 2): a search's trials side by side as the engine's
+# free slots allow, and the warm fork server on every host of an ssh search.
+add_executable(tune_cluster_search tune/cluster_search.cpp)
+target_link_libraries(tune_cluster_search PRIVATE dtrain)
+dtrain_use_torch_pch(tune_cluster_search)
+# A real Spark standalone cluster (tests/spark/lib.sh: master on n0, 2 workers x 2 cores on n1,
+# n2; root): the kept application reports 4 free task slots, 4 trials of 2 run two at a time.
+# Once, on the 2.x build with the other Spark tests. RUN_SERIAL: JVMs on 2 cores.
+add_test(NAME tune.spark_trials
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/spark_trials_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.spark_trials PROPERTIES LABELS "spark;torch2_only" TIMEOUT 400
+  RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+# Two ssh hosts (tests/cluster/lib.sh: namespaces n1, n2 with sshd; root): a warm fork server
+# on each forks every trial's workers, a SIGKILLed worker fails only its trial, 2 trials at a
+# time, nothing left on either host; then the per-trial start cold and warm (printed).
+add_test(NAME tune.ssh_warm
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/ssh_warm_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.ssh_warm PROPERTIES LABELS cluster TIMEOUT 300 RUN_SERIAL TRUE
+  ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")

@@ -39,3 +39,11 @@ add_dependencies(zero_deepspeed_parity_test ds_parity_worker dtrain_cli)
 # The checkpoint file format: exact round trip, one-line errors for bad files.
 dtrain_test(zero_checkpoint_format_test LABELS zero SOURCES zero/checkpoint_format_test.cpp launcher/subprocess.cpp TORCH)
 add_dependencies(zero_checkpoint_format_test dtrain_cli dtrain_zero_tool)
+# Partitioned construction (zero_init.h): shards equal to a whole construction, stage-3 training
+# from them, and a 168M-parameter model built and trained on 4 ranks below its fp32 size in RSS.
+add_executable(partitioned_worker zero/partitioned_worker.cpp)
+target_link_libraries(partitioned_worker PRIVATE dtrain CLI11::CLI11)
+dtrain_use_torch_pch(partitioned_worker)
+dtrain_test(zero_partitioned_init_test LABELS zero SOURCES zero/partitioned_init_test.cpp launcher/subprocess.cpp TORCH)
+dtrain_test_programs(zero_partitioned_init_test PARTITIONED_WORKER_BIN partitioned_worker)
+add_dependencies(zero_partitioned_init_test partitioned_worker dtrain_cli)

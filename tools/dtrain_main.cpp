@@ -18,6 +18,7 @@
 #include "launch/options_internal.h"
 #include "ray/ray_driver.h"
 #include "tracking/job_outcome.h"
+#include "tune/warm_hosts.h"
 
 extern char** environ;
 
@@ -67,6 +68,10 @@ int main(int argc, char** argv) {
     return dtrain::hvd::horovodrun_main({argv + 2, argv + argc});
   if (argc >= 2 && std::string(argv[1]) == "horovod-exec")
     return dtrain::hvd::horovod_exec_main({argv + 2, argv + argc});
+  // A Tune search's warm fork server on this host, kept by its driver over ssh
+  // (src/tune/warm_hosts.h).
+  if (argc >= 2 && std::string(argv[1]) == "tune-warm-host")
+    return dtrain::tune::detail::warm_host_main();
   try {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
     dtrain::ray::exec_cli_if_requested(argc, argv);    // `dtrain run --ray-address ADDR ...`

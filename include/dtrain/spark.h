@@ -65,15 +65,29 @@ Command submit_base(const SubmitOptions& options, const Plan& plan);
 // application holds its executors' cores). The application stops when this process exits
 // (however: the service watches its control connection and this process's PID), after
 // idle_timeout without a job, or on stop_app(); its end stops the executors and every agent.
-// The service runs one job at a time (concurrent run() calls, e.g. Tune's trials, queue in
-// it); a run() with other settings while another thread's job runs stops that job's
-// application under it.
+// Concurrent run() calls (Tune's trials) are concurrent jobs of the application, as a
+// notebook's threads are: each barrier stage starts once the executors have all its slots
+// free at once (Spark's barrier scheduling), so jobs that fit run side by side and the others
+// wait in Spark's queue. A run() with other settings while another thread's job runs stops
+// that job's application under it.
 
 // The client command of one job in the kept application (started, or restarted when it has
 // died or `options`/`plan` differ from its own, waiting at most start_timeout for it).
 // Throws Error when the service does not come up (spark-submit's output is on stderr).
 Command app_job_command(const SubmitOptions& options, const Plan& plan,
                         std::chrono::seconds idle_timeout, std::chrono::seconds start_timeout);
+// The kept application's task slots, asked of Spark itself (its executors' slots for the
+// application's resource profile, spark.task.cpus per task, and the tasks running on them),
+// starting the application as app_job_command does. Executors register after the application
+// starts: the service counts once they hold `plan.tasks` slots and have not changed for 3 s
+// (at most options.slot_timeout_s). nullopt when the service does not answer.
+struct AppSlots {
+  int total = 0;  // task slots of the registered executors
+  int free = 0;   // of them, not running a task now
+};
+std::optional<AppSlots> app_slots(const SubmitOptions& options, const Plan& plan,
+                                  std::chrono::seconds idle_timeout,
+                                  std::chrono::seconds start_timeout);
 // The kept application's id ("app-..."), "" when none is up.
 std::string app_id();
 // Stops the kept application (if any) and waits (bounded) for its driver to exit.

@@ -18,10 +18,11 @@
 //            stage 2 does); each rank steps its partition of the optimizer state (1/N of it),
 //            then the parameters are all-gathered.
 //   stage 2: as 1, and gradients are partitioned during backward: hooks collect finished
-//            gradients into buckets of reduce_bucket_size elements (reverse registration order,
-//            roughly backward's; a parameter of reduce_bucket_size or more is a bucket of its
-//            own, reduced in place in the gradient autograd made) and reduce each bucket's
-//            pieces to the ranks that own them;
+//            gradients into buckets of reduce_bucket_size elements, at most 4M (a bucket keeps
+//            its gradients alive until it is reduced; DeepSpeed's 5e8 would be a whole model)
+//            (reverse registration order, roughly backward's; a parameter of the bucket size or
+//            more is a bucket of its own, reduced in place in the gradient autograd made) and
+//            reduce each bucket's pieces to the ranks that own them;
 //            a rank keeps only its own partition's gradients (the full .grad is released).
 //   stage 3: as 2, and the parameters themselves are partitioned: between steps a rank holds
 //            only its 1/N. A torch::nn::Sequential is fetched per child (DeepSpeed's
@@ -83,6 +84,8 @@ struct Stage3Stats {
       0;  // releases skipped: the unit is used again within stage3_max_reuse_distance
 };
 
+struct PartitionedShards;  // dtrain/zero_init.h
+
 struct InitOptions {
   std::shared_ptr<ProcessGroup>
       group;  // Default: the default group (a group of 1 if there is none).
@@ -95,6 +98,10 @@ struct InitOptions {
   // weight decay) apply, a config "scheduler" sets the group's lr each step. Checkpoints save
   // its state per rank (torch::serialize) and load it at the same world size.
   std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // This rank's shards of a model built by build_partitioned (dtrain/zero_init.h; its
+  // initialize() overloads set this): the engine starts from them instead of broadcasting rank
+  // 0's whole parameters. REQUIRES zero_optimization.stage 3 and the group they were built for.
+  std::shared_ptr<const PartitionedShards> partitioned;
 };
 
 // DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py): scale = 2^initial_scale_power;

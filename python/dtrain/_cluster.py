@@ -15,7 +15,7 @@ what runs, disconnects and exits. A job is a client (a plain Python, no pyspark 
 sends "JOB {json}\\n" and relays the frames it gets back (a kind byte, a 4-byte big-endian
 length, the data): O the agents' output (to stdout), E dtrain's messages (to stderr), X the
 exit status. The client going away (its run() timed out, its program was killed) cancels the
-job. "QUERY {json}\\n" is answered with one JSON line (Ray: the cluster's free slots).
+job. "QUERY {json}\\n" is answered with one JSON line (the cluster's free slots: Ray's, Spark's).
 
 Everything a cluster task runs is in this module, which the drivers ship by value
 (cloudpickle), so the nodes need no dtrain Python package.

@@ -122,6 +122,36 @@ def _start_once():
     return hello
 
 
+def _max_slots(sc):
+    jsc = sc._jsc.sc()
+    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def task_slots(sc, tasks, wait, settle=3.0):
+    """The application's task slots, as Spark counts them for a barrier stage (its executors'
+    cores / spark.task.cpus, maxNumConcurrentTasks), and how many of them run no task now
+    (the active stages' running tasks, from the status tracker): {"total_slots", "free_slots"}.
+    Executors register over a few seconds after the application starts, so it counts once they
+    hold `tasks` slots and the count has not changed for `settle` seconds (at most `wait`)."""
+    deadline = time.monotonic() + wait
+    last, since = -1, time.monotonic()
+    while True:
+        total = _max_slots(sc)
+        now = time.monotonic()
+        if total != last:
+            last, since = total, now
+        if (total >= tasks and now - since >= settle) or now > deadline:
+            break
+        time.sleep(0.25)
+    tracker = sc.statusTracker()
+    running = 0
+    for stage in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage)
+        if info is not None:
+            running += info.numActiveTasks
+    return {"total_slots": total, "free_slots": max(0, total - running)}
+
+
 def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, err=None,
                  cancelled=None):
     """Runs `agent_argv` (a `dtrain run ...` command line) as T barrier tasks of `sc`; returns
@@ -135,12 +165,11 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, e
     log_addr = (driver_host, srv.port)
     # Wait for executors with T slots (they register after the application starts); Spark's
     # own check would otherwise fail at once, or retry for 40 x 15 s.
-    jsc = sc._jsc.sc()
     deadline = time.monotonic() + slot_timeout
     slots = 0
     while True:
         try:
-            slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+            slots = _max_slots(sc)
         except Exception:  # older Spark: no such call; let the barrier check decide
             slots = tasks
         if slots >= tasks or time.monotonic() > deadline:
@@ -273,9 +302,10 @@ def make_converter(df, parent_cache_dir=None, **options):
 # ---- a kept Spark application: a driver service, and the client of one job -----------------
 #
 # `spark-submit ... spark.py --serve SOCKET --parent-pid PID [--idle-timeout S]` creates the
-# SparkContext once and serves jobs (dtrain/_cluster.py's service), one at a time, as a
-# notebook's SparkSession serves TorchDistributor.run() calls: the executors (and their Python
-# daemons) stay up between jobs, and a job is one barrier stage. When the service stops it
+# SparkContext once and serves jobs (dtrain/_cluster.py's service) as a notebook's
+# SparkSession serves TorchDistributor.run() calls, several at once as its threads do (Tune's
+# trials): the executors (and their Python daemons) stay up between jobs, and a job is one
+# barrier stage, which Spark starts once all its slots are free at once. When the service stops it
 # stops the SparkContext, and the application's end stops the executors (and with them the
 # tasks' agents). `spark.py --client SOCKET --tasks T [--slot-timeout S] -- dtrain run ...` (a
 # plain Python, no pyspark) is one job; its going away cancels the job's stage.
@@ -292,6 +322,9 @@ def serve(sock_path, parent_pid, idle_timeout=600.0):
         sc.setJobGroup("dtrain-job-%d" % n, "dtrain job %d" % n, interruptOnCancel=True)
         return run_on_spark(sc, tasks, argv, {}, slot_timeout, out=out, err=err, cancelled=gone)
 
+    def query(req):
+        return task_slots(sc, int(req.get("tasks", 1)), float(req.get("wait", 60.0)))
+
     def on_stop():
         try:
             sc.cancelAllJobs()
@@ -301,7 +334,7 @@ def serve(sock_path, parent_pid, idle_timeout=600.0):
 
     _cluster.serve(sock_path, parent_pid, idle_timeout, "spark", sc.applicationId,
                    "Spark application " + sc.applicationId, run_job,
-                   cancel=lambda n: sc.cancelJobGroup("dtrain-job-%d" % n), one_at_a_time=True,
+                   query=query, cancel=lambda n: sc.cancelJobGroup("dtrain-job-%d" % n),
                    on_stop=on_stop)
 
 

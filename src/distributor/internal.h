@@ -92,6 +92,9 @@ struct TempDir {
   ~TempDir();
 };
 
+// The `dtrain` launcher: `configured` (DistributorOptions::launcher) when set, else
+// $DTRAIN_LAUNCHER, where it was built or installed, PATH; UsageError when there is none.
+std::string find_launcher(const std::string& configured);
 // This program's binary (what workers re-execute); UsageError when it was replaced.
 std::string self_executable();
 std::string unique_id();

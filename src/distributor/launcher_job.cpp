@@ -32,33 +32,6 @@ std::optional<std::string> find_on_path(const std::string& name) {
   return found;
 }
 
-std::string find_launcher(const std::string& configured) {
-  if (!configured.empty()) {
-    if (!is_executable_file(configured)) {
-      throw UsageError("DistributorOptions::launcher: '" + configured +
-                       "' is not an executable file; point it at the `dtrain` command");
-    }
-    return configured;
-  }
-  if (const auto env = param::kLauncher.get_if_set()) {
-    if (!is_executable_file(*env)) {
-      throw UsageError("DTRAIN_LAUNCHER: '" + *env +
-                       "' is not an executable file; point it at the `dtrain` command or unset it");
-    }
-    return *env;
-  }
-#ifdef DTRAIN_LAUNCHER_BUILD_PATH
-  if (is_executable_file(DTRAIN_LAUNCHER_BUILD_PATH)) return DTRAIN_LAUNCHER_BUILD_PATH;
-#endif
-#ifdef DTRAIN_LAUNCHER_INSTALL_PATH
-  if (is_executable_file(DTRAIN_LAUNCHER_INSTALL_PATH)) return DTRAIN_LAUNCHER_INSTALL_PATH;
-#endif
-  if (auto found = find_on_path("dtrain")) return *found;
-  throw UsageError(
-      "cannot find the `dtrain` launcher (looked at $DTRAIN_LAUNCHER, where dtrain was built "
-      "and installed, and PATH); install dtrain or set DTRAIN_LAUNCHER to its path");
-}
-
 int wait_exit(pid_t pid, int* status, std::chrono::milliseconds timeout) {
   // pidfd: sleep in poll() until the child exits or the deadline passes.
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
@@ -91,6 +64,33 @@ int wait_exit(pid_t pid, int* status, std::chrono::milliseconds timeout) {
 }
 
 }  // namespace
+
+std::string find_launcher(const std::string& configured) {
+  if (!configured.empty()) {
+    if (!is_executable_file(configured)) {
+      throw UsageError("DistributorOptions::launcher: '" + configured +
+                       "' is not an executable file; point it at the `dtrain` command");
+    }
+    return configured;
+  }
+  if (const auto env = param::kLauncher.get_if_set()) {
+    if (!is_executable_file(*env)) {
+      throw UsageError("DTRAIN_LAUNCHER: '" + *env +
+                       "' is not an executable file; point it at the `dtrain` command or unset it");
+    }
+    return *env;
+  }
+#ifdef DTRAIN_LAUNCHER_BUILD_PATH
+  if (is_executable_file(DTRAIN_LAUNCHER_BUILD_PATH)) return DTRAIN_LAUNCHER_BUILD_PATH;
+#endif
+#ifdef DTRAIN_LAUNCHER_INSTALL_PATH
+  if (is_executable_file(DTRAIN_LAUNCHER_INSTALL_PATH)) return DTRAIN_LAUNCHER_INSTALL_PATH;
+#endif
+  if (auto found = find_on_path("dtrain")) return *found;
+  throw UsageError(
+      "cannot find the `dtrain` launcher (looked at $DTRAIN_LAUNCHER, where dtrain was built "
+      "and installed, and PATH); install dtrain or set DTRAIN_LAUNCHER to its path");
+}
 
 std::string self_executable() {
   const SelfExe self = self_exe();
@@ -220,7 +220,7 @@ Job make_job(const DistributorOptions& o, const engines::Placement& placement,
     engines::Command c = engine.workers_command({o, placement, "", task});
     return Job{std::move(c.argv), std::move(c.env), std::move(c.unset)};
   }
-  const engines::JobRequest request{o, placement, find_launcher(o.launcher), task};
+  const engines::JobRequest request{o, placement, find_launcher(o.launcher), task, run_id};
   engines::Command prefix = engine.agents_command(request);
   Job job;
   job.argv = std::move(prefix.argv);

@@ -53,6 +53,7 @@ struct JobRequest {
   const Placement& placement;
   std::string launcher;  // the `dtrain` launcher (engines that run agents)
   std::string task;      // function mode: DTRAIN_DISTRIBUTOR_TASK's value; "" for a program
+  std::string run_id;    // the run's --rdzv-id (unique per Distributor run)
 };
 
 // A process to start from the driver: its argv (the Distributor appends the rest) and the
@@ -67,6 +68,15 @@ struct Command {
 struct Capacity {
   int total_slots = 0;  // worker processes its machines hold
   int free_slots = 0;   // of them, not taken now
+};
+
+// A way for the driver to run a command on one of a job's hosts (Tune keeps a warm fork server
+// on each, src/tune/warm_hosts.h).
+struct HostCommand {
+  std::string host;               // as the job names it ("n1", "user@n1")
+  std::vector<std::string> argv;  // runs the shell command appended as one more word there,
+                                  // its stdin and stdout connected to the driver's
+  std::string dtrain;             // the `dtrain` launcher's path on that host
 };
 
 // --dry-run's check of a job's hosts.
@@ -119,6 +129,14 @@ class Engine {
   virtual Command workers_command(const JobRequest& r) const;
   // What the job's exit code means when no worker reported a failure; nullopt: nothing known.
   virtual std::optional<std::string> explain_exit(const ClusterOptions& c, int exit_code) const {
+    return std::nullopt;
+  }
+  // The job's hosts and how to run a command on each, for engines whose agents run on hosts
+  // known up front that the driver reaches itself (ssh); `launcher`: the local `dtrain`.
+  // nullopt when the engine places the processes itself (Spark's executors, Ray's placement
+  // groups, Slurm's allocation, the MPI launcher).
+  virtual std::optional<std::vector<HostCommand>> host_commands(const DistributorOptions& o,
+                                                                const std::string& launcher) const {
     return std::nullopt;
   }
   // Room for workers now; nullopt when the engine cannot tell.

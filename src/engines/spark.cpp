@@ -66,6 +66,21 @@ class Spark final : public Engine {
     return c;
   }
 
+  // The kept application's free task slots, asked of Spark (spark::app_slots), in worker
+  // processes (processes_per_task per slot). Without a kept application every run() is its
+  // own spark-submit application, which the cluster manager gives executors only when it
+  // starts: nothing to count beforehand (nullopt).
+  std::optional<Capacity> capacity(const DistributorOptions& o) const override {
+    const SparkOptions s = options_of(o.cluster);
+    if (!s.keep_app) return std::nullopt;
+    const spark::SubmitOptions so{s.master, s.submit, o.cluster.driver_addr,
+                                  static_cast<double>(s.slot_timeout.count())};
+    const spark::Plan sp = spark::plan(o.num_processes, o.use_gpu, s.processes_per_task, s.conf);
+    const auto slots = spark::app_slots(so, sp, s.app_idle_timeout, std::chrono::seconds(300));
+    if (!slots) return std::nullopt;
+    return Capacity{slots->total * sp.processes_per_task, slots->free * sp.processes_per_task};
+  }
+
   std::optional<std::string> explain_exit(const ClusterOptions&, int exit_code) const override {
     return spark::explain_exit(exit_code);
   }

@@ -105,6 +105,12 @@ class Ssh final : public Engine {
     if (!s.identity.empty()) argv.insert(argv.end(), {"--ssh-identity", s.identity});
     for (const auto& a : s.args) argv.push_back("--ssh-arg=" + a);
     if (!s.remote_dtrain.empty()) argv.insert(argv.end(), {"--remote-dtrain", s.remote_dtrain});
+    // The first host's store listens on a port of this run's own (20000-31999, below Linux's
+    // ephemeral ports), not dtrain run's fixed 29500: jobs on the same hosts at once (a Tune
+    // search's trials) would collide there.
+    if (!r.run_id.empty()) {
+      argv.insert(argv.end(), {"--master-port", std::to_string(derived_port("ssh-" + r.run_id))});
+    }
   }
 
   // The hosts' slots (a host list says what each host may run; what else runs there it
@@ -115,6 +121,22 @@ class Ssh final : public Engine {
     int slots = 0;
     for (const auto& h : hosts_of(s)) slots += h.second;
     return Capacity{slots, slots};
+  }
+
+  // Each host over ssh, as the launcher reaches it for the job's agents.
+  std::optional<std::vector<HostCommand>> host_commands(
+      const DistributorOptions& o, const std::string& launcher) const override {
+    const SshOptions s = options_of(o.cluster);
+    if (s.hostfile.empty() == s.hosts.empty()) return std::nullopt;
+    LaunchOptions l;
+    l.ssh_port = s.port;
+    l.ssh_identity = s.identity;
+    l.ssh_args = s.args;
+    l.remote_dtrain = s.remote_dtrain.empty() ? launcher : s.remote_dtrain;
+    std::vector<HostCommand> out;
+    for (const auto& h : hosts_of(s))
+      out.push_back({h.first, ssh_command(l, h.first), remote_dtrain(l)});
+    return out;
   }
 
   bool adopt(LaunchOptions& o, const RunArgs& a, const EnvLookup&) const override {

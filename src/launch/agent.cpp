@@ -502,9 +502,14 @@ int Agent::run() {
   validate_launch_options(o_);
   std::string fork_server_lib, warm_socket;
   if (uses_fork_server(o_)) fork_server_lib = launch::fork_server_library();
-  if (o_.start_method != "spawn" && !runs_with_python(o_) && o_.nnodes == 1) {
-    warm_socket = launch::warm_fork_server_socket(o_.program);
+  if (o_.start_method != "spawn" && !runs_with_python(o_)) {
+    // A local search's agent has it in its environment; a cluster search's remote agents
+    // through --env (then it is for this agent only, not its workers).
+    const auto it = o_.extra_env.find("DTRAIN_FORKSERVER_WARM_SOCKET");
+    warm_socket = launch::warm_fork_server_socket(
+        o_.program, it == o_.extra_env.end() ? nullptr : it->second.c_str());
   }
+  o_.extra_env.erase("DTRAIN_FORKSERVER_WARM_SOCKET");
   guard_ = std::make_unique<launch::Guard>();
   workers_ = std::make_unique<launch::WorkerSet>(o_, *guard_, std::move(fork_server_lib),
                                                  std::move(warm_socket));

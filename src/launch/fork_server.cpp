@@ -189,17 +189,27 @@ bool write_fd(int fd, const std::string& data) {
 
 }  // namespace
 
-std::string warm_fork_server_socket(const std::string& program) {
-  const auto v = param::kForkServerWarmSocket.get_if_set();
-  if (!v) return "";
-  const std::string& s = *v;
+std::string warm_fork_server_socket(const std::string& program, const char* value) {
+  std::string s;
+  if (value != nullptr) {
+    s = value;
+  } else if (const auto v = param::kForkServerWarmSocket.get_if_set()) {
+    s = *v;
+  }
+  if (s.empty()) return "";
   const auto colon = s.find(':');
   if (colon == std::string::npos) return "";
   std::error_code ec1, ec2;
   const auto a = std::filesystem::canonical(s.substr(colon + 1), ec1);
   const auto b = std::filesystem::canonical(program, ec2);
   if (ec1 || ec2 || a != b) return "";
-  return s.substr(0, colon);
+  std::string socket = s.substr(0, colon);
+  if (const auto at = socket.find("%h"); at != std::string::npos) {
+    char host[256] = {0};
+    if (::gethostname(host, sizeof host - 1) != 0) return "";
+    socket.replace(at, 2, host);
+  }
+  return socket;
 }
 
 ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds,

@@ -51,8 +51,10 @@ struct ForkServerLaunch {
 };
 
 // DTRAIN_FORKSERVER_WARM_SOCKET="<socket path>:<program path>": the warm server to use when
-// the workers run that program; "" when unset or for another program.
-std::string warm_fork_server_socket(const std::string& program);
+// the workers run that program; "" when unset or for another program. `value`: the variable's
+// value (a remote agent gets it through --env), nullptr for this process's. A "%h" in the
+// path is this host's name (a cluster search keeps a server per host: src/tune/warm_hosts.h).
+std::string warm_fork_server_socket(const std::string& program, const char* value = nullptr);
 
 class ForkServer {
  public:

@@ -77,6 +77,11 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 
 // The `dtrain run` arguments that start node `node_rank`'s agent of an ssh launch.
 std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank);
+// `ssh [--ssh-arg...] -o BatchMode=yes -o ConnectTimeout=10 [-p PORT] [-i KEY] HOST`: what runs
+// a command on HOST (appended as one word) for an ssh launch.
+std::vector<std::string> ssh_command(const LaunchOptions& o, const std::string& host);
+// dtrain's path on the hosts: --remote-dtrain, else this program's own.
+std::string remote_dtrain(const LaunchOptions& o);
 // Runs a host-file job: one agent per host over ssh (src/launch/ssh_launch.cpp).
 int run_ssh_launch(const LaunchOptions& o);
 // ssh HOST 'test -x DTRAIN' on every host of `o` at once: per host "" when it is reachable

@@ -66,21 +66,6 @@ std::string self_path() {
   return self ? self->path : "dtrain";
 }
 
-std::vector<std::string> ssh_command(const LaunchOptions& o, const std::string& host) {
-  std::vector<std::string> argv = {"ssh"};
-  // The user's arguments first: for each option ssh keeps the first value it sees.
-  argv.insert(argv.end(), o.ssh_args.begin(), o.ssh_args.end());
-  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"});
-  if (o.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(o.ssh_port)});
-  if (!o.ssh_identity.empty()) argv.insert(argv.end(), {"-i", o.ssh_identity});
-  argv.push_back(host);
-  return argv;
-}
-
-std::string remote_dtrain(const LaunchOptions& o) {
-  return o.remote_dtrain.empty() ? self_path() : o.remote_dtrain;
-}
-
 // A child with a stdin pipe (kept by us) and its output read as it comes.
 struct Child {
   std::string host;
@@ -233,6 +218,21 @@ int unreachable_error(const LaunchOptions& o, const std::vector<std::string>& wh
 }
 
 }  // namespace
+
+std::vector<std::string> ssh_command(const LaunchOptions& o, const std::string& host) {
+  std::vector<std::string> argv = {"ssh"};
+  // The user's arguments first: for each option ssh keeps the first value it sees.
+  argv.insert(argv.end(), o.ssh_args.begin(), o.ssh_args.end());
+  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=10"});
+  if (o.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(o.ssh_port)});
+  if (!o.ssh_identity.empty()) argv.insert(argv.end(), {"-i", o.ssh_identity});
+  argv.push_back(host);
+  return argv;
+}
+
+std::string remote_dtrain(const LaunchOptions& o) {
+  return o.remote_dtrain.empty() ? self_path() : o.remote_dtrain;
+}
 
 // ssh HOST 'test -x DTRAIN' on every host at once: "" for a reachable host with dtrain, else
 // why not. Bounded by ssh's ConnectTimeout (10 s unless the user's arguments say otherwise)

@@ -3,6 +3,8 @@
 // python/dtrain/spark.py.
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
 #include "core/driver_service.h"
 #include "core/paths.h"
 #include "dtrain/error.h"
@@ -31,11 +33,11 @@ std::string python_for(const Command& submit) {
   return found;
 }
 
-}  // namespace
-
-Command app_job_command(const SubmitOptions& o, const Plan& plan, std::chrono::seconds idle_timeout,
-                        std::chrono::seconds start_timeout) {
-  Command submit = submit_base(o, plan);  // validates the master and spark-submit
+// The kept application's socket for `o` and `plan` (started when none fits); `submit` is
+// the spark-submit base command it runs.
+std::string ensure_app(const SubmitOptions& o, const Plan& plan, std::chrono::seconds idle_timeout,
+                       std::chrono::seconds start_timeout, Command& submit) {
+  submit = submit_base(o, plan);  // validates the master and spark-submit
   std::string key;
   for (const auto& part : submit.argv) key += part + '\n';
   for (const auto& [k, v] : submit.env) key += k + "=" + v + '\n';
@@ -50,7 +52,15 @@ Command app_job_command(const SubmitOptions& o, const Plan& plan, std::chrono::s
   start.hint =
       "Check that pyspark and Java work there, or set ClusterOptions::spark_keep_app = false to "
       "submit each run() on its own";
-  const std::string socket = g_app.ensure(key, start);
+  return g_app.ensure(key, start);
+}
+
+}  // namespace
+
+Command app_job_command(const SubmitOptions& o, const Plan& plan, std::chrono::seconds idle_timeout,
+                        std::chrono::seconds start_timeout) {
+  Command submit;
+  const std::string socket = ensure_app(o, plan, idle_timeout, start_timeout, submit);
   Command c;
   char timeout[32];
   std::snprintf(timeout, sizeof timeout, "%g", o.slot_timeout_s);
@@ -65,6 +75,25 @@ Command app_job_command(const SubmitOptions& o, const Plan& plan, std::chrono::s
             timeout,
             "--"};
   return c;
+}
+
+std::optional<AppSlots> app_slots(const SubmitOptions& o, const Plan& plan,
+                                  std::chrono::seconds idle_timeout,
+                                  std::chrono::seconds start_timeout) {
+  Command submit;
+  ensure_app(o, plan, idle_timeout, start_timeout, submit);
+  // The service waits for the executors to register (at most slot_timeout) before it counts.
+  const auto wait = std::chrono::milliseconds(static_cast<long>(o.slot_timeout_s * 1000) + 30000);
+  const auto answer =
+      g_app.query(nlohmann::json{{"tasks", plan.tasks}, {"wait", o.slot_timeout_s}}.dump(), wait);
+  if (!answer) return std::nullopt;
+  try {
+    const auto j = nlohmann::json::parse(*answer);
+    if (!j.contains("total_slots")) return std::nullopt;
+    return AppSlots{j.at("total_slots").get<int>(), j.at("free_slots").get<int>()};
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 std::string app_id() { return g_app.id(); }

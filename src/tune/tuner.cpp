@@ -21,11 +21,13 @@
 #include <sstream>
 #include <thread>
 
+#include "distributor/internal.h"
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 #include "engines/engine.h"
 #include "tune/mlflow_trials.h"
 #include "tune/warm_fork_server.h"
+#include "tune/warm_hosts.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -485,6 +487,16 @@ ResultGrid Tuner::fit() {
   // One fork server, libraries loaded once, forks every trial's workers (warm_fork_server.h).
   std::unique_ptr<detail::WarmForkServer> warm_server;
   if (o.local_mode) warm_server = detail::WarmForkServer::start(o.env);
+  // On a cluster whose hosts the driver reaches itself (ssh), one on each host, kept for the
+  // search (warm_hosts.h); other engines place the processes themselves (docs/tune.md).
+  std::unique_ptr<detail::WarmHosts> warm_hosts;
+  if (!o.local_mode) {
+    const DistributorOptions d = trial_distributor_options(o);
+    if (const auto hosts =
+            engines::for_job(d).host_commands(d, distributor::find_launcher(d.launcher))) {
+      warm_hosts = detail::WarmHosts::start(*hosts, o.env, o.verbose);
+    }
+  }
 
   // As many trials at once as the engine's free slots hold (this machine's cores; on a cluster
   // the processes of a trial's size its nodes hold free now, where the engine can tell), at
@@ -535,6 +547,7 @@ ResultGrid Tuner::fit() {
     d.env["DTRAIN_TUNE_RUN"] = std::to_string(r.runs);
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
     if (warm_server) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_server->agent_env();
+    if (warm_hosts) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_hosts->agent_env();
     // An engine without dtrain agents (mpi) keeps no logs (the MPI launcher's own options do).
     if (engines::for_job(d).runs_agents()) d.log_dir = (fs::path(r.dir) / "logs").string();
     if (mlflow.active()) {

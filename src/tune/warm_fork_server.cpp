@@ -24,12 +24,16 @@ extern char** environ;
 
 namespace dtrain::tune::detail {
 
-std::unique_ptr<WarmForkServer> WarmForkServer::start(
-    const std::map<std::string, std::string>& env) {
+std::unique_ptr<WarmForkServer> WarmForkServer::start(const std::map<std::string, std::string>& env,
+                                                      const std::string& given_program,
+                                                      const std::string& dir) {
   if (!param::kTuneWarmForkServer.get()) return nullptr;
-  const auto self = read_self_exe();
-  if (!self || self->deleted) return nullptr;
-  const std::string program = self->path;
+  std::string program = given_program;
+  if (program.empty()) {
+    const auto self = read_self_exe();
+    if (!self || self->deleted) return nullptr;
+    program = self->path;
+  }
   const auto info = launch::inspect_program(program);
   if (!launch::fork_server_can_start(info) || !launch::fork_server_pays_off(info)) return nullptr;
   const std::string library = launch::fork_server_library();
@@ -51,10 +55,16 @@ std::unique_ptr<WarmForkServer> WarmForkServer::start(
   }
   std::unique_ptr<WarmForkServer> w(new WarmForkServer);
   w->program_ = program;
-  std::string tmpl = "/tmp/dtrain-warm-" + std::to_string(::getpid()) + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) return nullptr;
-  w->dir_ = tmpl;
+  if (dir.empty()) {
+    std::string tmpl = "/tmp/dtrain-warm-" + std::to_string(::getpid()) + "-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return nullptr;
+    w->dir_ = tmpl;
+  } else {
+    if (::mkdir(dir.c_str(), 0700) != 0) return nullptr;
+    w->dir_ = dir;
+  }
   w->socket_ = w->dir_ + "/s";
+  if (w->socket_.size() >= sizeof(sockaddr_un::sun_path)) return nullptr;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return nullptr;  // ~WarmForkServer removes the directory
   sockaddr_un addr{};

@@ -25,14 +25,20 @@ class WarmForkServer {
  public:
   // nullptr when it does not apply or cannot start (no libdtrain_forkserver.so, a program
   // the fork server cannot start, DTRAIN_TUNE_WARM_FORKSERVER=0); `env` is what every trial's
-  // processes get on top of this process's environment (TuneOptions::env).
-  static std::unique_ptr<WarmForkServer> start(const std::map<std::string, std::string>& env);
+  // processes get on top of this process's environment (TuneOptions::env). `program`: what
+  // the trials' workers run ("": this program); `dir`: the socket's directory, created here
+  // (mode 0700; nullptr when it exists), "" for a new /tmp/dtrain-warm-PID-XXXXXX. The server
+  // ends with this process (it is its parent).
+  static std::unique_ptr<WarmForkServer> start(const std::map<std::string, std::string>& env,
+                                               const std::string& program = "",
+                                               const std::string& dir = "");
   ~WarmForkServer();  // SIGKILL, reaped (bounded), socket removed
   WarmForkServer(const WarmForkServer&) = delete;
   WarmForkServer& operator=(const WarmForkServer&) = delete;
 
   // The value of DTRAIN_FORKSERVER_WARM_SOCKET for the trials' agents.
   std::string agent_env() const { return socket_ + ":" + program_; }
+  const std::string& socket() const { return socket_; }
   pid_t pid() const { return pid_; }
 
  private:

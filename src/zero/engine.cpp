@@ -12,6 +12,7 @@
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
 #include "zero/engine_impl.h"
+#include "zero/malloc_policy.h"
 #include "zero/stage3_fetch.h"
 
 namespace dtrain::zero {
@@ -29,6 +30,37 @@ torch::Tensor wire(const torch::Tensor& t) {
 torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) {
   return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t;
 }
+
+// The step's reductions over this rank's gradient, a bounded chunk at a time: a float64 copy of
+// the whole gradient and of its square (what g.to(kFloat64).pow(2).sum() makes) would be the
+// step's largest transient, 4x the fp32 gradient.
+constexpr int64_t kReduceChunk = int64_t(1) << 20;
+
+torch::Tensor sum_of_squares(const torch::Tensor& g) {
+  auto flat = g.reshape({-1});
+  auto acc = torch::zeros({1}, torch::kFloat64);
+  for (int64_t lo = 0; lo < flat.numel(); lo += kReduceChunk)
+    acc += flat.narrow(0, lo, std::min(kReduceChunk, flat.numel() - lo))
+               .to(torch::kFloat64)
+               .pow(2)
+               .sum();
+  return acc;
+}
+
+bool all_finite(const torch::Tensor& g) {
+  auto flat = g.reshape({-1});
+  for (int64_t lo = 0; lo < flat.numel(); lo += kReduceChunk)
+    if (!torch::isfinite(flat.narrow(0, lo, std::min(kReduceChunk, flat.numel() - lo)))
+             .all()
+             .item<bool>())
+      return false;
+  return true;
+}
+
+// Stages 2 and 3 stage at most this many gradient elements per bucket (16 MiB of fp32), whatever
+// reduce_bucket_size says (DeepSpeed's default 5e8 is a whole model of up to 500M parameters:
+// a bucket that size keeps every gradient of backward alive at once, plus its copy).
+constexpr int64_t kMaxBucketElements = int64_t(1) << 22;
 
 std::string describe_tensor(const torch::Tensor& t) {
   std::ostringstream s;
@@ -52,6 +84,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
       scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1,
                  config_.optimizer.beta2) {
   if (!group_) group_ = default_group();
+  keep_large_buffers_unmapped();
   rank_ = group_->rank();
   world_ = group_->world_size();
   if (config_.world_size != world_)
@@ -108,26 +141,36 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   }
   offload_opt_ = config_.zero.offload_optimizer.enabled();
   offload_param_ = config_.zero.offload_param.enabled();
-  for (auto& p : params_) {
+  const auto& shards = options.partitioned;
+  if (shards) check_partitioned(*shards);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    shapes_.push_back(shards ? shards->shapes[i] : params_[i].sizes().vec());
+    int64_t n = 1;
+    for (auto d : shapes_.back()) n *= d;
     offsets_.push_back(numel_);
-    numels_.push_back(p.numel());
-    shapes_.push_back(p.sizes().vec());
-    numel_ += p.numel();
+    numels_.push_back(n);
+    numel_ += n;
   }
   padded_ = (numel_ + world_ - 1) / world_ * world_;
   part_ = padded_ / world_;
+  if (shards && shards->partition.numel() != part_)
+    throw InternalError("zero: the partitioned construction's shard has " +
+                        std::to_string(shards->partition.numel()) + " elements, the layout " +
+                        std::to_string(part_));
 
-  // Rank 0's values everywhere (in the master dtype), and its buffers.
+  // Rank 0's values everywhere (in the master dtype), and its buffers; a partitioned
+  // construction's shards are this rank's already (every rank built with the same seed).
   auto dev_opts = torch::TensorOptions().dtype(master_dtype_).device(device_);
-  torch::Tensor full = torch::zeros({padded_}, dev_opts);
+  torch::Tensor full;
+  if (!shards) full = torch::zeros({padded_}, dev_opts);
   {
     torch::NoGradGuard ng;
-    for (size_t i = 0; i < params_.size(); ++i)
+    for (size_t i = 0; full.defined() && i < params_.size(); ++i)
       full.narrow(0, offsets_[i], numels_[i]).copy_(params_[i].detach().reshape({-1}));
     if (world_ > 1) {
       BroadcastOptions o;
       o.group = group_;
-      broadcast(full, o);
+      if (full.defined()) broadcast(full, o);
       for (auto& b : module_.buffers(true)) {
         if (!b.defined() || b.numel() == 0) continue;
         auto t = b.detach().contiguous();
@@ -137,22 +180,28 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
     }
   }
   const auto state_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
+  // This rank's partition: a slice of `full`, or the shard (taken over, not copied, where its
+  // dtype and device already are the ones needed).
+  const torch::Tensor own = shards ? shards->partition.to(device_) : own_slice(full);
   if (mixed_ || offload_opt_) {
-    master_ = host_side(
-        policy_.mine(full, rank_, part_).to(state_device, master_dtype_, false, /*copy=*/true),
-        config_.zero.offload_optimizer);
+    master_ =
+        host_side((policy_.optimizer() ? own : full).to(state_device, master_dtype_, false, true),
+                  config_.zero.offload_optimizer);
   }
   if (!policy_.parameters()) {
     flat_params_ = mixed_ ? full.to(model_dtype_) : full;
     point_params_at(flat_params_);
   } else {
     auto part_device = offload_param_ ? torch::Device(torch::kCPU) : device_;
-    param_part_ = host_side(own_slice(full).to(part_device, model_dtype_, false, /*copy=*/true),
+    param_part_ = host_side(own.to(part_device, model_dtype_, false, /*copy=*/!shards),
                             config_.zero.offload_param);
-    // Full-shaped until the hooks are installed: a gradient accumulator records its
-    // parameter's shape and dtype when it is created. Released at the end of the constructor.
-    point_params_at(full.to(model_dtype_));
     full = torch::Tensor();
+    // Full-shaped until the hooks are installed (a gradient accumulator records its
+    // parameter's shape and dtype when it is created), but over one element: released at the
+    // end of the constructor.
+    torch::NoGradGuard ng;
+    auto one = torch::zeros({1}, torch::TensorOptions().dtype(model_dtype_).device(device_));
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(one.expand(shapes_[i]));
   }
   const bool client_given = client != nullptr;
   optimizer_ = make_partition_optimizer(config_.optimizer, std::move(client), update_target());
@@ -180,13 +229,41 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   if (policy_.parameters()) release_parameters();
 }
 
+void EngineImpl::check_partitioned(const PartitionedShards& shards) const {
+  if (!policy_.parameters())
+    throw UsageError(
+        "zero::initialize: the model was built partitioned (build_partitioned) but "
+        "zero_optimization.stage is " +
+        std::to_string(config_.zero.stage) +
+        "; partitioned parameters need stage 3 (set \"stage\": 3, or build the "
+        "model whole for stages 0-2)");
+  if (shards.world != world_ || shards.rank != rank_)
+    throw UsageError("zero::initialize: the model was built partitioned for rank " +
+                     std::to_string(shards.rank) + " of " + std::to_string(shards.world) +
+                     " but the engine's group makes this rank " + std::to_string(rank_) + " of " +
+                     std::to_string(world_) + "; give build_partitioned the engine's group");
+  if (shards.shapes.size() != params_.size())
+    throw UsageError("zero::initialize: the model was built partitioned with " +
+                     std::to_string(shards.shapes.size()) + " trainable parameters but has " +
+                     std::to_string(params_.size()) +
+                     " now; give initialize the module build_partitioned returned, unchanged");
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].numel() != 0)
+      throw UsageError("zero::initialize: parameter '" + names_[i] +
+                       "' of the partitioned model holds " + std::to_string(params_[i].numel()) +
+                       " elements; give initialize the module build_partitioned returned, "
+                       "unchanged");
+}
+
 EngineImpl::~EngineImpl() {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
 }
 
 // Buckets over the flat range in reverse registration order (roughly backward's order).
 void EngineImpl::make_buckets() {
-  const int64_t cap = std::max<int64_t>(1, config_.zero.reduce_bucket_size);
+  const int64_t cap = std::max<int64_t>(
+      1, policy_.gradients() ? std::min(config_.zero.reduce_bucket_size, kMaxBucketElements)
+                             : config_.zero.reduce_bucket_size);
   bucket_of_.assign(params_.size(), 0);
   Bucket open;
   int64_t open_elems = 0;
@@ -531,7 +608,7 @@ void EngineImpl::step() {
   torch::Tensor g = averaged_gradient();
   // 2. fp16: an overflow anywhere skips the step (and the scheduler) on every rank.
   if (config_.fp16.enabled) {
-    bool local = inject_overflow_ || !torch::isfinite(g).all().item<bool>();
+    bool local = inject_overflow_ || !all_finite(g);
     inject_overflow_ = false;
     auto flag = torch::tensor({local ? 1.0f : 0.0f});
     combine_step_scalar(flag, ReduceOp::kMax);
@@ -548,7 +625,7 @@ void EngineImpl::step() {
   }
   // 3. Clipping by the global norm over every rank's partition.
   if (config_.gradient_clipping > 0) {
-    auto sq = g.to(torch::kFloat64).pow(2).sum().reshape({1});
+    auto sq = sum_of_squares(g);
     combine_step_scalar(sq, ReduceOp::kSum);
     last_grad_norm_ = std::sqrt(sq.item<double>());
     double coef = config_.gradient_clipping / (last_grad_norm_ + 1e-6);

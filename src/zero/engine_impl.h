@@ -14,6 +14,7 @@
 
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
+#include "dtrain/zero_init.h"
 #include "zero/partition_optimizer.h"
 #include "zero/partitioning.h"
 
@@ -69,6 +70,8 @@ class EngineImpl final : public EngineCore {
     size_t pending = 0;
     bool launched = false;
   };
+  // A partitioned construction's shards fit this engine (stage 3, rank, parameters).
+  void check_partitioned(const PartitionedShards& shards) const;
   void gather_parameters();   // partitioned parameters -> full module
   void release_parameters();  // module -> empty views
   void point_params_at(const torch::Tensor& flat);

@@ -81,7 +81,10 @@ class MlflowServer {
         {DTRAIN_VENV_PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
          std::to_string(port_), "--backend-store-uri", "sqlite:///" + (dir_ / "mlflow.db").string(),
          "--artifacts-destination", (dir_ / "artifacts").string(), "--workers", "1"},
-        {.env = {"PYTHONUNBUFFERED=1"}, .timeout = std::chrono::seconds(600)}));
+        // No job runner: MLflow 3's server would make it a store directory in /dev/shm that
+        // it never removes (one left per server started).
+        {.env = {"PYTHONUNBUFFERED=1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false"},
+         .timeout = std::chrono::seconds(600)}));
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (std::chrono::steady_clock::now() < deadline) {
       proc_->pump(std::chrono::milliseconds(200));

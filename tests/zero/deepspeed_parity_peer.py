@@ -100,6 +100,10 @@ def main():
         del engine
     if rank == 0:
         json.dump(out, open(sys.argv[2], "w"))
+    # Without this, the Gloo group's threads are torn down in the interpreter's exit order, and
+    # a rank sometimes aborts there ("terminate called without an active exception").
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
