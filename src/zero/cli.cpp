@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/paths.h"
 #include "dtrain/zero_config.h"
 
 namespace dtrain::zero {
@@ -72,10 +73,11 @@ int zero_main(const std::vector<std::string>& args) {
     }
     if (args[0] == "check") return check({args.begin() + 1, args.end()});
     if (args[0] == "to-fp32") {
-      std::error_code ec;
-      auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-      auto helper = (ec ? std::filesystem::path(".") : self.parent_path()) / "dtrain-zero";
-      if (!std::filesystem::exists(helper))
+      const auto self = read_self_exe();
+      const auto helper =
+          (self ? std::filesystem::path(self->path).parent_path() : std::filesystem::path(".")) /
+          "dtrain-zero";
+      if (!is_executable_file(helper.string()))
         throw UsageError(
             "dtrain zero to-fp32 needs the dtrain-zero helper (it links libtorch), expected at " +
             helper.string() + "; build or install it with dtrain");

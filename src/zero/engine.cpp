@@ -1,7 +1,5 @@
 // The ZeRO engine's training path: flat buffers partitioned as the stage's policy says
 // (zero/partitioning.h), gradient buckets and their reduction, the optimizer step.
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <algorithm>
 #include <cmath>
@@ -224,7 +222,8 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   // with overlap_comm, in the boundary micro-step) in place in flat_grads_ to their owners.
   if (policy_.reduces_in_backward(config_.zero, world_, mixed_)) {
     make_buckets();
-    install_hooks();
+    ::dtrain::detail::add_grad_ready_hooks(
+        params_, names_, [this](size_t i) { on_grad_ready(i); }, hooks_);
   }
   if (policy_.parameters()) release_parameters();
 }
@@ -255,9 +254,7 @@ void EngineImpl::check_partitioned(const PartitionedShards& shards) const {
                        "unchanged");
 }
 
-EngineImpl::~EngineImpl() {
-  for (auto& [node, key] : hooks_) node->del_post_hook(key);
-}
+EngineImpl::~EngineImpl() { ::dtrain::detail::remove_grad_hooks(hooks_); }
 
 // Buckets over the flat range in reverse registration order (roughly backward's order).
 void EngineImpl::make_buckets() {
@@ -297,21 +294,6 @@ void EngineImpl::point_params_at(const torch::Tensor& flat) {
   torch::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].set_data(flat.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]));
-}
-
-void EngineImpl::install_hooks() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    if (!acc)
-      throw InternalError("zero: parameter '" + names_[i] + "' has no gradient accumulator");
-    auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          on_grad_ready(i);
-          return outputs;
-        }));
-    hooks_.emplace_back(std::move(acc), key);
-  }
 }
 
 void EngineImpl::set_units(const std::vector<std::shared_ptr<torch::nn::Module>>& units) {

@@ -15,6 +15,7 @@
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
 #include "dtrain/zero_init.h"
+#include "parallel/grad_hooks.h"
 #include "zero/partition_optimizer.h"
 #include "zero/partitioning.h"
 
@@ -76,7 +77,6 @@ class EngineImpl final : public EngineCore {
   void release_parameters();  // module -> empty views
   void point_params_at(const torch::Tensor& flat);
   void make_buckets();
-  void install_hooks();
   void on_grad_ready(size_t i);
   void launch_ready_buckets();
   void reduce_bucket(Bucket& b);
@@ -144,7 +144,7 @@ class EngineImpl final : public EngineCore {
   size_t next_bucket_ = 0;
   bool in_backward_ = false;
   int64_t bucket_peak_bytes_ = 0;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  ::dtrain::detail::GradHooks hooks_;
   LossScaler scaler_;
   LRScheduler scheduler_;
   int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
