@@ -318,6 +318,9 @@ int zero(const std::string& where, double limit_mb) {
   const int rank = pg->rank();
   const torch::Device dev = where == "cuda" ? dtrain::local_device() : torch::Device(torch::kCPU);
   if (dev.is_cuda()) {
+    // The caching allocator starts with CUDA's lazy initialisation, which the first CUDA
+    // tensor triggers; before it, setMemoryFraction throws "Allocator not initialized".
+    torch::empty({1}, torch::TensorOptions().device(dev));
     const double total =
         static_cast<double>(at::cuda::getDeviceProperties(dev.index())->totalGlobalMem);
     c10::cuda::CUDACachingAllocator::setMemoryFraction(limit_mb * 1024 * 1024 / total, dev.index());
