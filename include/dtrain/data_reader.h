@@ -92,6 +92,11 @@ struct ReaderOptions {
   bool elastic = false;    // Elastic mode (see above). Default: false
   int threads = 2;         // decoding threads. Default: 2
   int prefetch = 4;        // decoded row groups queued ahead. Default: 4
+  // Decoded row groups kept in memory for later epochs (see Memory): bytes per Reader.
+  // Default: 256 MiB; 0: none.
+  int64_t cache_bytes = int64_t{256} << 20;
+  // Added to the decoding threads' nice value (0-19; see Threads). Default: 10
+  int thread_nice = 10;
   // Longest wait for one row group to be decoded. Default: 10 min.
   std::chrono::milliseconds read_timeout{std::chrono::minutes(10)};
 };

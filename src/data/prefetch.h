@@ -5,6 +5,10 @@
 // and not yet popped, so at most `window` decoded pieces exist at once (plus the one the
 // consumer holds). pop() waits for piece i (up to the timeout), rethrows what decoding it
 // threw, and frees its slot. Destruction stops the threads and waits for them.
+//
+// With a cache, a piece of a kept row group is gathered from it; a piece of another row group
+// is decoded whole and offered to the cache while it has room. The threads are named
+// "dtrain-data" and run `nice` steps below the thread that made the Prefetcher.
 #pragma once
 
 #include <torch/torch.h>
@@ -17,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/cache.h"
 #include "data/plan.h"
 #include "data/table_state.h"
 #include "dtrain/data_reader.h"
@@ -27,7 +32,7 @@ class Prefetcher {
  public:
   Prefetcher(const TableState& table, const std::vector<Column>& columns, std::vector<Piece> pieces,
              uint64_t seed, int64_t epoch, bool shuffle, int threads, int window,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, RowGroupCache* cache, int nice);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -47,6 +52,9 @@ class Prefetcher {
   const bool shuffle_;
   const size_t window_;
   const std::chrono::milliseconds timeout_;
+  RowGroupCache* const cache_;  // nullptr: none
+  int64_t row_bytes_ = 0;       // one decoded row of every column
+  int nice_ = 0;                // added to the threads' nice value
 
   std::mutex mu_;
   std::condition_variable claimable_;  // a slot freed, or stop
