@@ -6,8 +6,10 @@
 // consumer holds). pop() waits for piece i (up to the timeout), rethrows what decoding it
 // threw, and frees its slot. Destruction stops the threads and waits for them.
 //
-// With a cache, a piece of a kept row group is gathered from it; a piece of another row group
-// is decoded whole and offered to the cache while it has room. The threads are named
+// With a cache, a piece of a kept row group is gathered from it by pop() itself, on the
+// caller's thread (a copy, cheaper than a hand-off, and never a wait for the low-priority
+// threads); a piece of another row group is decoded whole by a thread and offered to the
+// cache while it has room. The threads are named
 // "dtrain-data" and run `nice` steps below the thread that made the Prefetcher.
 #pragma once
 
@@ -65,7 +67,11 @@ class Prefetcher {
   struct Result {
     std::vector<torch::Tensor> tensors;
     std::exception_ptr error;
+    RowGroupCache::Entry kept;  // set: pop() gathers the piece from this cache entry
   };
+  // Marks piece i (just claimed) done when its row group is kept in the cache.
+  // REQUIRES: mu_ held.
+  bool claim_kept(size_t i);
   std::map<size_t, Result> done_;  // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
