@@ -184,7 +184,8 @@ def main():
             print("  %-20s %9.0f  (dtrain/%s %.2fx; peak RSS per rank %.0f MB)"
                   % (k, med[k], k, d / med[k], rss[k]))
     print("dtrain::data with its defaults (cache on): first epoch %.0f samples/s (decoding), later"
-          " epochs %.0f (from the cache); peak RSS per rank %.0f MB"
+          " epochs %.0f (kept row groups gathered, the others decoded: a rank reads other row"
+          " groups each epoch); peak RSS per rank %.0f MB"
           % (med["cached_first"], med["cached_later"], rss["cached"]))
     print("MLP (784-512-256-10) training, 2 ranks, %d epochs, Parquet / memory samples/s:"
           % a.mlp_epochs)
@@ -196,7 +197,7 @@ def main():
     print("  waiting for batches: %.1f%% of the loop's time from Parquet, %.1f%% from memory"
           % (100 * med["mlp_parquet_wait"], 100 * med["mlp_memory_wait"]))
     print("reader headroom (its samples/s alone / what the MLP trains from Parquet): %.1fx while"
-          " decoding (first epoch), %.1fx from the cache (later epochs)"
+          " decoding (first epoch), %.1fx in later epochs"
           % (med["cached_first"] / med["mlp_parquet_first"],
              med["cached_later"] / med["mlp_parquet_later"]))
     if a.json:
