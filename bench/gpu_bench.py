@@ -9,6 +9,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
   ddp_one_gpu  DDP with 2 ranks on the one GPU: examples/fashion_mnist --device cuda under
                `dtrain run` (CUDA tensors through the shared-memory backend) vs PyTorch DDP
                with gloo on CUDA tensors under torchrun (bench/pytorch_fashion_mnist.py)
+  zero_offload ZeRO-3 with optimizer and parameter offload to the CPU vs stage 0 (all on the
+               GPU), 2 ranks on the one GPU, 8 x Linear(2048, 2048): samples/s and peak GPU
+               memory (tests/gpu/gpu_worker.cpp's zero mode)
   launch       16 workers: dtrain run of a C++ worker vs torchrun of a Python no-op
   cpu_scaling  the MLP at 1, 2, 4, 8, 16 processes on the CPU: dtrain (shared memory) vs
                PyTorch DDP (gloo), samples/s and scaling efficiency
@@ -98,6 +101,29 @@ def bench_ddp_one_gpu(a, out):
           f"{med['pytorch_gloo_cuda']:.0f} samples/s -> {out['ddp_one_gpu']['ratio']:.2f}x", flush=True)
 
 
+def bench_zero_offload(a, out):
+    dtrain = os.path.join(a.build_dir, "tools", "dtrain")
+    worker = os.path.join(a.build_dir, "tests", "gpu_worker")
+    env = dict(os.environ, OMP_NUM_THREADS="4")
+    got = {0: [], 3: []}
+    peak = {}
+    for _ in range(a.repeat):
+        for stage in (0, 3):
+            o, _ = run([dtrain, "run", "--nproc-per-node", "2", worker, "zero", "cuda", "0", str(stage),
+                        str(a.zero_steps)], env)
+            r = last_json(o)
+            got[stage].append(r["samples_per_s"])
+            peak[stage] = max(peak.get(stage, 0.0), r["peak_gpu_mb"])
+    med = {k: statistics.median(v) for k, v in got.items()}
+    out["zero_offload"] = {"stage0_samples_per_s": med[0], "stage3_offload_samples_per_s": med[3],
+                           "stage0_peak_gpu_mb": peak[0], "stage3_offload_peak_gpu_mb": peak[3],
+                           "speed_ratio": med[3] / med[0], "memory_ratio": peak[3] / peak[0],
+                           "ranks": 2, "steps": a.zero_steps}
+    print(f"zero-3 offload vs stage 0 (2 ranks, one GPU): {med[3]:.0f} vs {med[0]:.0f} samples/s "
+          f"({med[3] / med[0]:.2f}x), peak GPU memory {peak[3]:.0f} vs {peak[0]:.0f} MB "
+          f"({peak[3] / peak[0]:.2f}x)", flush=True)
+
+
 def bench_launch(a, out):
     dtrain = os.path.join(a.build_dir, "tools", "dtrain")
     worker = os.path.join(a.build_dir, "examples", "hello_worker")
@@ -152,7 +178,8 @@ def main():
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--ddp-steps", type=int, default=400)
     p.add_argument("--cpu-steps", type=int, default=150)
-    p.add_argument("--only", default="train,ddp_one_gpu,launch,cpu_scaling")
+    p.add_argument("--zero-steps", type=int, default=12)
+    p.add_argument("--only", default="train,ddp_one_gpu,zero_offload,launch,cpu_scaling")
     a = p.parse_args()
     out = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     failed = []

@@ -8,6 +8,7 @@ Rank 0 prints one JSON line per stage, like zero_bench's (samples/s, best round)
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -58,7 +59,12 @@ def main():
         for stage, sps in sorted(best.items()):
             print(json.dumps({"bench": "zero_throughput", "impl": "deepspeed-" + deepspeed.__version__,
                               "world": world, "variant": "stage%d" % stage, "samples_per_s": round(sps, 1)}))
-    torch.distributed.destroy_process_group()  # else a rank can abort at exit (Gloo's threads)
+    torch.distributed.destroy_process_group()
+    # The interpreter's exit tears Gloo's threads down in its order and a rank can abort there:
+    # every figure is printed, so skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

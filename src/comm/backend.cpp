@@ -235,11 +235,12 @@ GroupBackends make_group_backends(const GroupRequest& r) {
       gpus = exchange_gpus(r, device >= 0 ? cuda::device_uuid(device) : "none");
       const bool everyone_has_one =
           std::none_of(gpus.begin(), gpus.end(), [](const std::string& g) { return g == "none"; });
+      // NCCL refuses two ranks on one GPU ("Duplicate GPU detected") only at its first
+      // collective; asked for by name, say so here, at init, on every rank alike.
+      if (const std::string why = shared_gpu_reason(gpus); explicit_nccl && !why.empty()) {
+        throw UsageError(nccl_unavailable(why + " (CUDA_VISIBLE_DEVICES applies)"));
+      }
       if (!everyone_has_one) {
-        if (explicit_nccl) {
-          throw UsageError(
-              nccl_unavailable(shared_gpu_reason(gpus) + " (CUDA_VISIBLE_DEVICES applies)"));
-        }
         wanted.erase(DeviceType::CUDA);
         device = -1;
       }

@@ -202,8 +202,8 @@ Staged stage(const at::Tensor& t) {
   return Staged{t, t.contiguous()};
 }
 
-// Issues the c10d call; c10d's own argument checks throw c10::Error at call time, which can
-// only be about the arguments (our checks should have caught them first).
+// Issues the c10d call; its backend (Gloo, NCCL, ours) throws c10::Error at call time about
+// the arguments (our checks should have caught them first) or, NCCL's, about its set-up.
 // First the flight recorder records it (and, with DTRAIN_DEBUG=detail, checks that every rank
 // issues the same collective): `fingerprint` are the tensors whose dtype and shapes are the
 // same on every rank (collective hook, dtrain/debug.h).
@@ -214,8 +214,8 @@ c10::intrusive_ptr<c10d::Work> issue(Call& c, at::TensorList fingerprint, F&& f)
   try {
     return f();
   } catch (const c10::Error& e) {
-    if (c.seq) c.monitor->fail(c.seq, "rejected by Gloo");
-    throw UsageError(prefix(c) + "rejected by Gloo: " + e.what_without_backtrace());
+    if (c.seq) c.monitor->fail(c.seq, "rejected by its backend");
+    throw UsageError(prefix(c) + "rejected by its backend: " + e.what_without_backtrace());
   } catch (...) {
     if (c.seq) c.monitor->fail(c.seq, "could not be issued");
     throw;
@@ -227,7 +227,7 @@ c10::intrusive_ptr<c10d::Work> issue_p2p(const Call& c, F&& f) {
   try {
     return f();
   } catch (const c10::Error& e) {
-    throw UsageError(prefix(c) + "rejected by Gloo: " + e.what_without_backtrace());
+    throw UsageError(prefix(c) + "rejected by its backend: " + e.what_without_backtrace());
   }
 }
 

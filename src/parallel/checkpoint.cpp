@@ -375,7 +375,7 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       try {
-        gen.set_state(rng);
+        gen.set_state(rng.cpu());  // the archive was mapped to the model's device
       } catch (const c10::Error& e) {
         throw Error("load_checkpoint(" + path +
                     "): the saved RNG state is invalid: " + e.what_without_backtrace());

@@ -204,9 +204,11 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     } else {
       // One fused pass over x and dy, no temporaries: ATen's training-mode BatchNorm backward
       // kernel asked only for grad_weight = sum(dy * (x - save_mean)) * save_invstd and
-      // grad_bias = sum(dy), with save_invstd = 1.
+      // grad_bias = sum(dy), with save_invstd = 1. The weight (ones) changes neither, but
+      // CUDA's kernel sizes grad_weight from it ("tensor does not have a device" without).
       const auto sums =
-          torch::native_batch_norm_backward(dy, input, /*weight=*/{}, /*running_mean=*/{},
+          torch::native_batch_norm_backward(dy, input, torch::ones({channels}, opts),
+                                            /*running_mean=*/{},
                                             /*running_var=*/{}, /*save_mean=*/mean_x,
                                             /*save_invstd=*/torch::ones({channels}, opts),
                                             /*train=*/true, /*eps=*/0.0, {false, true, true});

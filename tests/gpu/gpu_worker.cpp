@@ -2,17 +2,22 @@
 // its own results against values computed directly, prints one "<mode> ok" line per rank and
 // exits 0, or prints what differed and exits 1.
 //
-//   gpu_worker collectives [--backend B]  every collective on CUDA tensors (this rank's GPU),
-//                                         inputs written on a side stream just before
-//   gpu_worker ddp                        DDP on CUDA against one process on the whole batch
-//   gpu_worker syncbn                     SyncBatchNorm on CUDA against BatchNorm on the whole
-//   batch gpu_worker checkpoint                 a checkpoint written on the GPU loads on the CPU
-//   and back gpu_worker hvd                        hvd collectives on CUDA tensors gpu_worker zero
-//   cuda|cpu LIMIT_MB     ZeRO stage 3 with optimizer and parameter offload to the
-//                                         CPU; on cuda with at most LIMIT_MB of GPU memory allowed
-//                                         (set_per_process_memory_fraction), less than the model's
-//                                         fp32 Adam state. Rank 0 prints the losses (JSON) and the
-//                                         peak GPU memory; the test compares cuda's with cpu's.
+//   gpu_worker collectives [--backend B]   every collective on CUDA tensors (this rank's GPU),
+//                                          inputs written on a side stream just before
+//   gpu_worker ddp                         DDP on CUDA against one process on the whole batch
+//   gpu_worker syncbn                      SyncBatchNorm on CUDA against BatchNorm on the
+//                                          whole batch
+//   gpu_worker checkpoint                  a checkpoint written on the GPU loads on the CPU
+//                                          and back
+//   gpu_worker hvd                         hvd collectives on CUDA tensors
+//   gpu_worker zero cuda|cpu LIMIT_MB [STAGE [STEPS]]
+//                                          ZeRO (stage 3, the default: optimizer and
+//                                          parameters offloaded to the CPU) for STEPS (4)
+//                                          steps; on cuda with at most LIMIT_MB of GPU memory
+//                                          (set_per_process_memory_fraction; <= 0: no cap).
+//                                          Rank 0 prints the losses, samples/s and the peak
+//                                          GPU memory (JSON); the test compares cuda's with
+//                                          cpu's, the benchmark stage 3 with stage 0.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -21,6 +26,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -313,11 +319,16 @@ int hvd() {
   return failures ? 1 : 0;
 }
 
-int zero(const std::string& where, double limit_mb) {
+// Stage 3 offloads the optimizer and the parameters to the CPU; stage 0 keeps all on the device
+// (bench/gpu_bench.py's zero_offload compares the two). limit_mb <= 0: no cap.
+int zero(const std::string& where, double limit_mb, int stage, int steps) {
   auto pg = dtrain::init_process_group();
   const int rank = pg->rank();
   const torch::Device dev = where == "cuda" ? dtrain::local_device() : torch::Device(torch::kCPU);
-  if (dev.is_cuda()) {
+  if (dev.is_cuda() && limit_mb > 0) {
+    // The caching allocator starts with CUDA's lazy initialisation, which the first CUDA
+    // tensor triggers; before it, setMemoryFraction throws "Allocator not initialized".
+    torch::empty({1}, torch::TensorOptions().device(dev));
     const double total =
         static_cast<double>(at::cuda::getDeviceProperties(dev.index())->totalGlobalMem);
     c10::cuda::CUDACachingAllocator::setMemoryFraction(limit_mb * 1024 * 1024 / total, dev.index());
@@ -333,15 +344,21 @@ int zero(const std::string& where, double limit_mb) {
   nlohmann::json config = {
       {"train_micro_batch_size_per_gpu", 8},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
-      {"zero_optimization",
-       {{"stage", 3},
-        {"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}},
-        {"offload_param", {{"device", "cpu"}, {"pin_memory", true}}},
-        {"stage3_max_reuse_distance", 0}}}};
+      {"zero_optimization", {{"stage", stage}}}};
+  if (stage == 3) {
+    config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+    config["zero_optimization"]["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
+    config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+  }
   auto engine = dtrain::zero::initialize(model, config);
   if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
   std::vector<double> losses;
-  for (int step = 0; step < 4; ++step) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < steps; ++step) {
+    if (step == 1) {  // the clock starts after the first step (allocations, pinned buffers)
+      if (dev.is_cuda()) torch::cuda::synchronize();
+      t0 = std::chrono::steady_clock::now();
+    }
     auto gen = at::detail::createCPUGenerator(500 + step * 10 + rank);
     auto x = at::randn({8, 2048}, gen).to(dev);
     auto target = at::randn({8, 2048}, gen).to(dev);
@@ -352,15 +369,21 @@ int zero(const std::string& where, double limit_mb) {
     dtrain::all_reduce(global, with_op<dtrain::AllReduceOptions>(dtrain::ReduceOp::kAvg));
     losses.push_back(global.item<double>());
   }
+  if (dev.is_cuda()) torch::cuda::synchronize();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double samples_per_s = steps > 1 ? 8.0 * pg->world_size() * (steps - 1) / secs : 0.0;
   double peak_mb = 0;
   if (dev.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
     peak_mb = static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0);
-    check(peak_mb <= limit_mb, "peak GPU memory " + std::to_string(peak_mb) + " MB over the " +
-                                   std::to_string(limit_mb) + " MB allowed");
+    check(limit_mb <= 0 || peak_mb <= limit_mb, "peak GPU memory " + std::to_string(peak_mb) +
+                                                    " MB over the " + std::to_string(limit_mb) +
+                                                    " MB allowed");
   }
   if (rank == 0) {
     nlohmann::json out = {{"zero", where},
+                          {"stage", stage},
+                          {"samples_per_s", samples_per_s},
                           {"losses", losses},
                           {"peak_gpu_mb", peak_mb},
                           {"adam_state_mb", 2 * 8 * (2048.0 * 2048 + 2048) * 4 / (1024 * 1024)}};
@@ -390,7 +413,10 @@ int main(int argc, char** argv) {
     if (mode == "syncbn") return syncbn();
     if (mode == "checkpoint") return checkpoint();
     if (mode == "hvd") return hvd();
-    if (mode == "zero" && argc > 3) return zero(argv[2], std::stod(argv[3]));
+    if (mode == "zero" && argc > 3) {
+      return zero(argv[2], std::stod(argv[3]), argc > 4 ? std::stoi(argv[4]) : 3,
+                  argc > 5 ? std::stoi(argv[5]) : 4);
+    }
     std::fprintf(stderr, "gpu_worker: unknown mode '%s'\n", mode.c_str());
     return 2;
   } catch (const std::exception& e) {
