@@ -7,8 +7,9 @@
 //
 // Rank 0 prints progress, the test accuracy after each epoch, and as its last line one JSON
 // object: world_size, epochs, steps, samples_per_s (global, training loop only),
-// test_accuracy, model, batch_size, lr, seconds, param_digest (FNV-1a of the final
-// parameters' bytes: equal digests mean bitwise-equal models).
+// test_accuracy, model, batch_size, lr, seconds, data_seconds (of seconds, rank 0's wait for
+// its batches), epoch_seconds (each epoch's), param_digest (FNV-1a of the final parameters'
+// bytes: equal digests mean bitwise-equal models).
 //
 // With MLFLOW_TRACKING_URI set, rank 0 logs an MLflow run (dtrain::mlflow): the parameters
 // (world_size, effective_batch_size, ...), per-step loss and samples/s, per-epoch test
@@ -169,6 +170,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
                              .out = stdout});
   double train_seconds = 0;
   int64_t samples_seen = 0;  // by this rank, in the timed loop
+  double data_seconds = 0;   // of train_seconds, waiting for batches (train_data.batch)
+  std::vector<double> epoch_seconds;
   double accuracy = -1;
   bool stop = false;
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !stop; ++epoch) {
@@ -182,6 +185,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         dtrain::timeline::Span span("data");
         std::tie(x, y) = train_data.batch(b);
       }
+      data_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
       if (cfg.schedule == "cosine") {
         // Depends on the step alone, so a resumed run follows the same schedule.
         double progress =
@@ -242,7 +247,10 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
       }
     }
     if (device.is_cuda()) torch::cuda::synchronize();  // the clock counts the GPU's work too
-    train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double epoch_secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    train_seconds += epoch_secs;
+    epoch_seconds.push_back(epoch_secs);
     if (stop) break;
     state.epoch = epoch + 1;
     state.batch_in_epoch = 0;
@@ -274,6 +282,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         {"lr", cfg.lr},
         {"schedule", cfg.schedule},
         {"seconds", train_seconds},
+        {"data_seconds", data_seconds},
+        {"epoch_seconds", epoch_seconds},
         {"param_digest", param_digest(*model)},
         {"backend", pg->backend_name()},
         {"device", device.str()}};

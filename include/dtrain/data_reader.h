@@ -45,13 +45,31 @@
 //
 // Memory: at most `prefetch` decoded row groups wait in the queue and `threads` more are being
 // decoded; the batch being assembled adds at most one more. So about
-// (prefetch + threads + 1) x (one row group's decoded size), whatever the table's size.
+// (prefetch + threads + 1) x (one row group's decoded size), plus the cache: at most
+// cache_bytes, whatever the table's size.
+//
+// Cache: each row group this Reader decodes is kept whole (every column, all rows, in the
+// columns' dtypes) while it fits in cache_bytes (default 256 MiB per Reader; 0: none), and
+// later reads of it - later epochs, padding, restore() - gather its rows from memory instead
+// of decoding the file again. First come, first kept, never evicted (epochs visit row groups
+// in random order: a fixed subset keeps hitting). A table that fits is decoded once per rank
+// over the first epochs (DistributedSampler gives a rank other row groups each epoch); one
+// that does not keeps the row groups it holds. The files are not read again for a kept row
+// group (a file rewritten in place is not seen: open a new Table and Reader). Batches are
+// copies: changing one in place never changes the cache.
+//
+// Threads: `threads` decoding threads per Reader, named "dtrain-data", run thread_nice
+// (default 10) steps below the thread that calls next(): the training loop's threads get
+// the CPU first and decoding takes what they leave (on a machine with as many busy ranks as
+// cores the prefetch window absorbs the wait; when the loop does wait for a batch, it sleeps
+// and decoding gets the core). 0 keeps the caller's priority.
 //
 // Errors, each ONE exception naming the file (and column) and never a crash or a short epoch:
 // DataError at construction for a column missing from a file, a type that does not convert, a
 // list whose fixed size does not fit the shape; from next() for a file that cannot be read
 // (truncated, corrupt), a null value, a list row of the wrong length. A failed row group read
-// fails the epoch: next() rethrows it (it never skips the group). UsageError for bad options.
+// fails the epoch: next() rethrows it (it never skips the group). UsageError for bad options
+// (batch_size, threads or prefetch < 1, cache_bytes < 0, thread_nice outside 0..19).
 // TimeoutError when a row group takes longer than read_timeout to decode.
 //
 // Thread-safety: one thread uses a Reader; its own threads run inside it. Destroying it (or
@@ -92,6 +110,11 @@ struct ReaderOptions {
   bool elastic = false;    // Elastic mode (see above). Default: false
   int threads = 2;         // decoding threads. Default: 2
   int prefetch = 4;        // decoded row groups queued ahead. Default: 4
+  // Decoded row groups kept in memory for later epochs (see Cache): bytes per Reader.
+  // Default: 256 MiB; 0: none.
+  int64_t cache_bytes = int64_t{256} << 20;
+  // Added to the decoding threads' nice value (0-19; see Threads). Default: 10
+  int thread_nice = 10;
   // Longest wait for one row group to be decoded. Default: 10 min.
   std::chrono::milliseconds read_timeout{std::chrono::minutes(10)};
 };

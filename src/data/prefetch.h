@@ -5,6 +5,12 @@
 // and not yet popped, so at most `window` decoded pieces exist at once (plus the one the
 // consumer holds). pop() waits for piece i (up to the timeout), rethrows what decoding it
 // threw, and frees its slot. Destruction stops the threads and waits for them.
+//
+// With a cache, a piece of a kept row group is gathered from it by pop() itself, on the
+// caller's thread (a copy, cheaper than a hand-off, and never a wait for the low-priority
+// threads); a piece of another row group is decoded whole by a thread and offered to the
+// cache while it has room. The threads are named
+// "dtrain-data" and run `nice` steps below the thread that made the Prefetcher.
 #pragma once
 
 #include <torch/torch.h>
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "core/thread_annotations.h"
+#include "data/cache.h"
 #include "data/plan.h"
 #include "data/table_state.h"
 #include "dtrain/data_reader.h"
@@ -28,7 +35,7 @@ class Prefetcher {
  public:
   Prefetcher(const TableState& table, const std::vector<Column>& columns, std::vector<Piece> pieces,
              uint64_t seed, int64_t epoch, bool shuffle, int threads, int window,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, RowGroupCache* cache, int nice);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -48,6 +55,9 @@ class Prefetcher {
   const bool shuffle_;
   const size_t window_;
   const std::chrono::milliseconds timeout_;
+  RowGroupCache* const cache_;  // nullptr: none
+  int64_t row_bytes_ = 0;       // one decoded row of every column
+  int nice_ = 0;                // added to the threads' nice value
 
   Mutex mu_;
   std::condition_variable claimable_;  // a slot freed, or stop
@@ -58,7 +68,10 @@ class Prefetcher {
   struct Result {
     std::vector<torch::Tensor> tensors;
     std::exception_ptr error;
+    RowGroupCache::Entry kept;  // set: pop() gathers the piece from this cache entry
   };
+  // Marks piece i (just claimed) done when its row group is kept in the cache.
+  bool claim_kept(size_t i) DTRAIN_REQUIRES(mu_);
   std::map<size_t, Result> done_ DTRAIN_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };

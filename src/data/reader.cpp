@@ -1,5 +1,6 @@
 #include <nlohmann/json.hpp>
 
+#include "data/cache.h"
 #include "data/parquet_file.h"
 #include "data/plan.h"
 #include "data/prefetch.h"
@@ -43,6 +44,7 @@ struct Reader::Impl {
   detail::RankPlan plan;
   std::vector<Piece> remaining;  // elastic: the epoch's unread rows when the plan was made
   int64_t step = 0;
+  std::unique_ptr<detail::RowGroupCache> cache;  // kept across epochs and restore()
   std::unique_ptr<detail::Prefetcher> prefetch;
   // The piece being cut into batches.
   std::vector<torch::Tensor> current;
@@ -73,7 +75,8 @@ struct Reader::Impl {
         if (!prefetch) {
           prefetch = std::make_unique<detail::Prefetcher>(
               table.state(), options.columns, plan.pieces, options.seed, epoch, options.shuffle,
-              options.threads, options.prefetch, options.read_timeout);
+              options.threads, options.prefetch, options.read_timeout, cache.get(),
+              options.thread_nice);
         }
         current = prefetch->pop();
         current_rows = current.empty() ? 0 : current[0].size(0);
@@ -108,6 +111,12 @@ Reader::Reader(Table table, ReaderOptions options)
     throw UsageError("data: batch_size must be >= 1, got " + std::to_string(options.batch_size));
   if (options.threads < 1 || options.prefetch < 1)
     throw UsageError("data: threads and prefetch must be >= 1");
+  if (options.cache_bytes < 0)
+    throw UsageError("data: cache_bytes must be >= 0 (0: no cache), got " +
+                     std::to_string(options.cache_bytes));
+  if (options.thread_nice < 0 || options.thread_nice > 19)
+    throw UsageError("data: thread_nice must be in 0..19, got " +
+                     std::to_string(options.thread_nice));
   if (options.elastic && options.drop_last)
     throw UsageError("data: drop_last does not apply in elastic mode (every row is read once)");
   for (auto& c : options.columns)
@@ -128,6 +137,7 @@ Reader::Reader(Table table, ReaderOptions options)
              .drop_last = options.drop_last,
              .batch_size = options.batch_size};
   m.options = std::move(options);
+  m.cache = std::make_unique<detail::RowGroupCache>(m.options.cache_bytes);
   // Every column against every file, now: a bad file fails here, not in the middle of an epoch.
   const auto& state = m.table.state();
   for (int f = 0; f < static_cast<int>(state.files.size()); ++f)

@@ -5,11 +5,16 @@
 // conversion, and bad input as one clear error naming the file and the column.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "data/written_tables.h"
 #include "dtrain/data_reader.h"
@@ -61,6 +66,17 @@ std::string error_of(F&& f) {
     return e.what();
   }
   ADD_FAILURE() << "no DataError";
+  return "";
+}
+
+template <typename F>
+std::string error_of_usage(F&& f) {
+  try {
+    f();
+  } catch (const dtrain::UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no UsageError";
   return "";
 }
 
@@ -259,6 +275,103 @@ TEST(DataReader, ElasticRestartAtAnotherWorldSizeReadsEveryRowExactlyOnce) {
   EXPECT_NE(error_of([&] { other.restore(position); }).find("was taken on a table of"),
             std::string::npos);
   EXPECT_NE(error_of([&] { other.restore("{not json"); }).find("malformed"), std::string::npos);
+}
+
+// The cache (ReaderOptions::cache_bytes): later epochs read the same rows in the same order as
+// without it, in distributed and elastic mode and with a budget smaller than the table, and a
+// batch changed in place never changes what a later epoch reads (batches never alias it).
+TEST(DataReader, CachedEpochsReadTheSameRowsAsDecodedOnes) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  const int64_t row_bytes = 8;            // one int64 column
+  for (int mode = 0; mode < 3; ++mode) {  // distributed + shuffle, without shuffle, elastic
+    for (int64_t budget : {int64_t{1} << 30, 5 * 15 * row_bytes}) {
+      for (int rank = 0; rank < 2; ++rank) {
+        auto opts = [&](int64_t cache) {
+          return ReaderOptions{.columns = id_column(),
+                               .batch_size = 16,
+                               .num_replicas = 2,
+                               .rank = rank,
+                               .shuffle = mode != 1,
+                               .seed = 3,
+                               .elastic = mode == 2,
+                               .cache_bytes = cache};
+        };
+        Reader cached(t, opts(budget)), decoded(t, opts(0));
+        for (int64_t epoch = 0; epoch < 4; ++epoch) {
+          cached.set_epoch(epoch);
+          decoded.set_epoch(epoch);
+          std::vector<int64_t> got;
+          while (auto b = cached.next()) {
+            auto id = b->at("id");
+            got.insert(got.end(), id.data_ptr<int64_t>(), id.data_ptr<int64_t>() + id.numel());
+            id.fill_(-1);  // a training loop may change its batch in place
+          }
+          EXPECT_EQ(got, ids_of(decoded))
+              << "mode " << mode << " budget " << budget << " rank " << rank << " epoch " << epoch;
+        }
+      }
+    }
+  }
+}
+
+// Proof that later epochs come from the cache: once the files are gone bad, a cached reader
+// still reads its epoch and an uncached one fails naming the file.
+TEST(DataReader, ACachedTableIsNotReadAgain) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-data-cache-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  auto t = Table::open("parquet:" + dir.string());
+  auto opts = [](int64_t cache) {
+    return ReaderOptions{.columns = id_column(),
+                         .batch_size = 32,
+                         .num_replicas = 1,
+                         .rank = 0,
+                         .cache_bytes = cache};
+  };
+  Reader cached(t, opts(1 << 20)), decoded(t, opts(0));
+  const auto first = sorted(ids_of(cached));
+  EXPECT_EQ(first.size(), 240u);
+  for (const auto& f : fs::directory_iterator(dir))
+    if (f.path().extension() == ".parquet") fs::resize_file(f.path(), 8);
+  cached.set_epoch(1);
+  EXPECT_EQ(sorted(ids_of(cached)), first);
+  auto msg = error_of([&] { ids_of(decoded); });
+  EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
+  fs::remove_all(dir);
+}
+
+// The decoding threads are named dtrain-data and run thread_nice steps below the caller.
+TEST(DataReader, DecodingThreadsAreNamedAndNiced) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  auto stat_nice = [](const std::string& task) {
+    std::string stat = dtrain::test::file_text(task + "/stat");
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i <= 19; ++i) rest >> field;  // field 19: nice
+    return std::stoi(field);
+  };
+  const int own = stat_nice("/proc/thread-self");
+  Reader r(t,
+           {.columns = id_column(), .num_replicas = 1, .rank = 0, .threads = 3, .thread_nice = 7});
+  ASSERT_TRUE(r.next());
+  // The threads name and renice themselves first thing; give the last one a moment (5 s).
+  int named = 0, niced = 0;
+  for (int tries = 0; tries < 500 && niced < 3; ++tries) {
+    if (tries) std::this_thread::sleep_for(10ms);
+    named = niced = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::string comm = dtrain::test::file_text(task.path().string() + "/comm");
+      if (comm.rfind("dtrain-data", 0) != 0) continue;
+      ++named;
+      niced += stat_nice(task.path().string()) == std::min(own + 7, 19);
+    }
+  }
+  EXPECT_EQ(named, 3);
+  EXPECT_EQ(niced, 3);
+  EXPECT_NE(error_of_usage([&] { Reader(t, {.columns = id_column(), .thread_nice = 20}); }), "");
+  EXPECT_NE(error_of_usage([&] { Reader(t, {.columns = id_column(), .cache_bytes = -1}); }), "");
 }
 
 TEST(DeltaTable, EveryVersionHoldsExactlyTheRowsDeltaRsReads) {

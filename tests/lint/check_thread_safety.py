@@ -27,6 +27,7 @@ SOURCES = [
     "src/comm/staged/staged_backend.cpp",
     "src/diagnosis/monitor.cpp",
     "src/data/prefetch.cpp",
+    "src/data/cache.cpp",
 ]
 CLANG = "clang++"
 
