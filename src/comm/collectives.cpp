@@ -1,4 +1,6 @@
-// Collectives on c10d process groups (Gloo or the shared-memory backend; libtorch 1.13 or 2.x).
+// Collectives on c10d process groups (Gloo, NCCL or the shared-memory backend; libtorch 1.13/2.x).
+// One piece (~750 lines): every collective goes through the same checks, staging, issue and
+// finishing steps defined here; each collective itself is a few lines on top of them.
 //
 // Each collective validates its arguments locally first (so a UsageError never leaves a
 // rank half-way into a collective the others are waiting in), stages non-contiguous

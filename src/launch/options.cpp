@@ -1,4 +1,5 @@
-// `dtrain run` argument parsing and validation.
+// `dtrain run` argument parsing and validation. One piece (~750 lines): each flag's CLI11
+// definition and its validation belong together, and torchrun's flags are one table.
 #include <net/if.h>
 #include <sys/stat.h>
 #include <unistd.h>

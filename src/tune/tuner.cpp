@@ -1,5 +1,6 @@
 // The Tuner's driver: trials as Distributor jobs, a scheduler deciding on their reports,
-// retries, and a state file to resume from.
+// retries, and a state file to resume from. One piece (~770 lines): everything here runs on
+// the one driver thread described below and shares its state.
 //
 // One driver thread owns everything (trials, scheduler, state file). Each running trial has
 // a thread of its own that only blocks in Distributor::run and then posts how the run ended.

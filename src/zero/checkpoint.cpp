@@ -1,4 +1,5 @@
 // ZeRO checkpoints in DeepSpeed's layout, written atomically, loadable at another world size.
+// One piece (~720 lines): the writer and the reader of one layout.
 //   DIR/latest                                       the tag, e.g. "global_step100"
 //   DIR/TAG/mp_rank_00_model_states.pt               rank 0: the module (full), steps, scheduler
 //   DIR/TAG/zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r: its slice of the fp32 master

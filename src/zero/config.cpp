@@ -1,4 +1,7 @@
 // DeepSpeed's config: strict parsing (unknown keys, types, ranges) and batch-size rules.
+// One piece (~800 lines): DeepSpeed's schema is one tree whose sections resolve against each
+// other (batch sizes, "auto", the optimizer's lr as the scheduler's default); the key tables
+// and their checks stay together so one file says what dtrain accepts.
 #include <algorithm>
 #include <cmath>
 #include <fstream>

@@ -1,6 +1,8 @@
 // torch.save's format for the subset checkpoints use (see pickle.h): a protocol-2 pickler that
 // only names globals on torch.load(weights_only=True)'s allow-list, and an unpickler that reads
 // any class as an opaque Object.
+// One piece (~850 lines): the writer and the reader share the opcode set, the zip layout and
+// the allow-list of globals; apart, each would need the other's internals.
 #include "zero/pickle.h"
 
 #include <caffe2/serialize/inline_container.h>
