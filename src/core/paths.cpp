@@ -49,7 +49,7 @@ std::string find_in_path(const std::string& name) {
   while (true) {
     size_t colon = p.find(':', pos);
     std::string dir = p.substr(pos, colon == std::string::npos ? std::string::npos : colon - pos);
-    if (dir.empty()) dir = ".";
+    if (dir.empty()) dir.assign(1, '.');  // (not = ".": GCC 12's -Wrestrict false positive)
     std::string candidate = dir + "/" + name;
     if (is_executable_file(candidate)) return candidate;
     if (colon == std::string::npos) return "";

@@ -149,7 +149,8 @@ std::vector<std::string> describe_published(
   // Groups are numbered from 1 in the order each rank joined them; a job rarely has more
   // than a few, and a missing g<n> ends the scan.
   for (int g = 1; g <= 16; ++g) {
-    const std::string gid = "g" + std::to_string(g);
+    std::string gid = "g";
+    gid += std::to_string(g);  // (not "g" + ...: GCC 12's -Wrestrict false positive)
     std::vector<std::string> group_lines;
     for (int rank = 0; rank < world_size; ++rank) {
       auto text = get(prefix + progress_key(gid, rank));
