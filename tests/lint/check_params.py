@@ -27,6 +27,9 @@ def main():
     src, tool = sys.argv[1], sys.argv[2]
     errors = []
     doc = os.path.join(src, "docs", "environment.md")
+    if not os.access(tool, os.X_OK):
+        print(f"check_params: {tool} is not built; build the params_table target first", file=sys.stderr)
+        return 1
     r = subprocess.run([tool, "--check", doc], capture_output=True, text=True)
     if r.returncode != 0:
         errors.append(r.stderr.strip() or r.stdout.strip())
