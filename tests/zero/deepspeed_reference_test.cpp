@@ -383,8 +383,9 @@ void check_corpus(const json& peer) {
                   contains(ours_error, "\"auto\" is filled in by Hugging Face"))
           << "dtrain refuses what DeepSpeed accepts without saying why: " << ours_error;
     }
-    if (!ours_ok)  // a refusal names the key path, and what to do
+    if (!ours_ok) {  // a refusal names the key path, and what to do
       EXPECT_TRUE(contains(ours_error, ": ")) << ours_error;
+    }
   }
   std::printf("%zu configs: %d accepted, %d refused\n", files.size(), accepted, refused);
 }
