@@ -104,13 +104,14 @@ if ((main_only)); then
   # The main job's targets only, and the CPU build of a CUDA libtorch even where a CUDA toolkit
   # is found (the main job trains on the CPU; only two of the wheel's CUDA libraries are here).
   # No Parquet/Delta reader either: it needs pyarrow, which the main job's venv does not hold.
+  # A unity build: a build from nothing in half the compiler processes (CMakeLists.txt says why).
   config+=(-DDTRAIN_BUILD_TESTS=OFF -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_BUILD_EXAMPLES=ON
-           -DDTRAIN_CUDA=OFF -DDTRAIN_DATA=OFF)
+           -DDTRAIN_CUDA=OFF -DDTRAIN_DATA=OFF -DDTRAIN_UNITY_BUILD=ON)
   targets=(dtrain_cli fashion_mnist)
 else
   # What --main turned off comes back; CUDA as the tree decides (cmake/libtorch.cmake).
   config+=(-DDTRAIN_BUILD_TESTS=ON -DDTRAIN_BUILD_BENCH=ON -DDTRAIN_BUILD_EXAMPLES=ON
-           -UDTRAIN_CUDA -DDTRAIN_DATA=ON)
+           -UDTRAIN_CUDA -DDTRAIN_DATA=ON -DDTRAIN_UNITY_BUILD=OFF)
   targets=()
 fi
 # ccache, keyed relative to the clone (CCACHE_BASEDIR) so that another clone of the same

@@ -17,18 +17,6 @@ namespace dtrain::zero {
 namespace detail {
 namespace {
 
-int64_t nbytes(const torch::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
-
-// Gloo moves no bfloat16: send its bits as float16 (a gather only copies them).
-torch::Tensor wire(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
-}
-torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) {
-  return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t;
-}
-
 // The step's reductions over this rank's gradient, a bounded chunk at a time: a float64 copy of
 // the whole gradient and of its square (what g.to(kFloat64).pow(2).sum() makes) would be the
 // step's largest transient, 4x the fp32 gradient.

@@ -21,6 +21,17 @@
 
 namespace dtrain::zero::detail {
 
+inline int64_t nbytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+// Gloo moves no bfloat16: its bits travel as float16 (gathers and broadcasts only copy them).
+inline torch::Tensor wire(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
+}
+inline torch::Tensor unwire(const torch::Tensor& t, torch::Dtype d) {
+  return d == torch::kBFloat16 ? t.view(torch::kBFloat16) : t;
+}
+
 class Stage3Fetch;
 
 class EngineImpl final : public EngineCore {

@@ -10,14 +10,6 @@
 namespace dtrain::zero::detail {
 namespace {
 
-int64_t nbytes(const torch::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
-// Gloo moves no bfloat16: its bits travel as float16 (a broadcast only copies them).
-torch::Tensor wire(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
-}
-
 // at::linear saves W^T (a view of the gathered buffer) for backward; this saves W itself, a
 // leaf, so backward reads whatever the parameter holds then (gathered again by the hook).
 class Zero3Linear : public torch::autograd::Function<Zero3Linear> {
