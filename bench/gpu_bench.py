@@ -115,13 +115,15 @@ def bench_zero_offload(a, out):
             got[stage].append(r["samples_per_s"])
             peak[stage] = max(peak.get(stage, 0.0), r["peak_gpu_mb"])
     med = {k: statistics.median(v) for k, v in got.items()}
+    # A worker that reports no GPU memory (0 MB) gives no memory ratio rather than a crash.
+    mem_ratio = peak[3] / peak[0] if peak[0] > 0 else None
     out["zero_offload"] = {"stage0_samples_per_s": med[0], "stage3_offload_samples_per_s": med[3],
                            "stage0_peak_gpu_mb": peak[0], "stage3_offload_peak_gpu_mb": peak[3],
-                           "speed_ratio": med[3] / med[0], "memory_ratio": peak[3] / peak[0],
+                           "speed_ratio": med[3] / med[0], "memory_ratio": mem_ratio,
                            "ranks": 2, "steps": a.zero_steps}
     print(f"zero-3 offload vs stage 0 (2 ranks, one GPU): {med[3]:.0f} vs {med[0]:.0f} samples/s "
           f"({med[3] / med[0]:.2f}x), peak GPU memory {peak[3]:.0f} vs {peak[0]:.0f} MB "
-          f"({peak[3] / peak[0]:.2f}x)", flush=True)
+          f"({'n/a' if mem_ratio is None else f'{mem_ratio:.2f}x'})", flush=True)
 
 
 def bench_launch(a, out):

@@ -119,10 +119,13 @@ bool is_loopback_host(const std::string& h) {
 }
 
 bool is_this_host(const std::string& h) {
-  if (is_loopback_host(h)) return true;
+  return is_loopback_host(h) || h == this_host_name();
+}
+
+std::string this_host_name() {
   char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return h == name;
+  if (::gethostname(name, sizeof name - 1) != 0) return "";
+  return name;
 }
 
 }  // namespace dtrain

@@ -21,5 +21,7 @@ std::vector<std::pair<std::string, int>> parse_host_list(const std::string& list
 bool is_loopback_host(const std::string& host);
 // A loopback name or this machine's host name (gethostname).
 bool is_this_host(const std::string& host);
+// This machine's host name (gethostname), "" when it cannot be read.
+std::string this_host_name();
 
 }  // namespace dtrain

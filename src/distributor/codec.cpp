@@ -54,7 +54,18 @@ at::Tensor Codec<at::Tensor>::decode(Decoder& in) {
     throw CodecError("dtrain codec: a tensor's shape needs more bytes than the " +
                      std::to_string(in.remaining()) + " left; the data is truncated or corrupt");
   }
-  at::Tensor t = torch::empty(sizes, torch::TensorOptions().dtype(type));
+  if ((flags & kRequiresGrad) && !c10::isFloatingType(type) && !c10::isComplexType(type)) {
+    throw CodecError(std::string("dtrain codec: a ") + c10::toString(type) +
+                     " tensor marked requires_grad (only floating and complex tensors can be); "
+                     "the data is corrupt");
+  }
+  at::Tensor t;
+  try {
+    t = torch::empty(sizes, torch::TensorOptions().dtype(type));
+  } catch (const c10::Error&) {  // a dtype code no plain CPU tensor has (quantized, ...)
+    throw CodecError(std::string("dtrain codec: a tensor of dtype ") + c10::toString(type) +
+                     ", which the codec never writes; the data is corrupt");
+  }
   const std::size_t bytes = t.numel() * t.element_size();
   detail::advise_huge_pages(t.data_ptr(), bytes);
   in.read(t.data_ptr(), bytes);

@@ -1,5 +1,6 @@
 // What several engines share (see common.h).
 #include "engines/common.h"
+#include "core/hostfile.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -90,11 +91,10 @@ bool is_loopback_address(const std::string& addr) {
 std::string host_name_address() {
   addrinfo hints{};
   hints.ai_family = AF_INET;
-  char name[256] = {0};
-  ::gethostname(name, sizeof name - 1);
+  const std::string name = this_host_name();
   addrinfo* res = nullptr;
   std::string addr;
-  if (::getaddrinfo(name, nullptr, &hints, &res) == 0) {
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) == 0) {
     for (addrinfo* a = res; a != nullptr && addr.empty(); a = a->ai_next) {
       std::string text = address_text(a->ai_addr);
       if (!is_loopback_address(text)) addr = text;

@@ -11,6 +11,7 @@
 #include "core/paths.h"
 #include "engines/common.h"
 #include "engines/engine.h"
+#include "core/hostfile.h"
 
 namespace dtrain::engines {
 namespace {
@@ -47,9 +48,8 @@ bool is_local_address(const std::string& addr) {
 }
 
 std::string this_host() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "this host";
-  return buf;
+  std::string h = this_host_name();
+  return h.empty() ? "this host" : h;
 }
 
 std::optional<EngineTask> openmpi_task(const EnvLookup& env) {

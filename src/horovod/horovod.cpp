@@ -20,6 +20,7 @@
 #include "dtrain/collectives.h"
 #include "dtrain/process_group.h"
 #include "horovod/controller.h"
+#include "core/hostfile.h"
 
 namespace dtrain::hvd {
 
@@ -228,11 +229,10 @@ void init(const InitOptions& options) {
   c->cross_rank = either(param::kHorovodCrossRank, "GROUP_RANK");
   c->cross_size = either(param::kHorovodCrossSize, "GROUP_WORLD_SIZE");
   if (c->local_rank < 0 || c->local_size < 1 || c->cross_rank < 0 || c->cross_size < 1) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
+    const std::string host = this_host_name();
     CollectiveOptions co;
     co.group = c->group;
-    auto hosts = all_gather_object(std::string(host), co);
+    auto hosts = all_gather_object(host, co);
     std::vector<std::string> distinct;
     c->local_rank = 0;
     c->local_size = 0;

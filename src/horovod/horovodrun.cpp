@@ -23,6 +23,7 @@
 #include "dtrain/launch.h"
 #include "horovod/horovodrun_elastic.h"
 #include "launch/options_internal.h"
+#include "core/hostfile.h"
 
 namespace dtrain::hvd {
 
@@ -294,9 +295,7 @@ int horovod_exec_main(const std::vector<std::string>& args) {
   for (auto [hvd, torch] : names) {
     if (const char* v = std::getenv(torch)) ::setenv(hvd, v, 1);
   }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  ::setenv("HOROVOD_HOSTNAME", host, 1);
+  ::setenv("HOROVOD_HOSTNAME", this_host_name().c_str(), 1);
   ::setenv("HOROVOD_CONTROLLER", "gloo", 1);
   ::setenv("HOROVOD_CPU_OPERATIONS", "gloo", 1);
   std::vector<std::string> argv;

@@ -113,8 +113,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
 // This machine's address on the route to `host` (a connected UDP socket sends nothing): where
 // that host's agent finds the driver's store. Falls back to this hostname.
 std::string address_towards(const std::string& host) {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
+  const std::string name = this_host_name();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;

@@ -56,6 +56,7 @@
 #include "launch/worker_keys.h"
 #include "launch/worker_set.h"
 #include "store/socket.h"
+#include "core/hostfile.h"
 
 namespace dtrain {
 
@@ -68,9 +69,8 @@ using launch::signal_name;
 using nlohmann::json;
 
 std::string hostname() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
+  std::string h = this_host_name();
+  return h.empty() ? "localhost" : h;
 }
 
 std::string utc_now() {

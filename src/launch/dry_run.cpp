@@ -8,6 +8,7 @@
 #include "engines/engine.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
+#include "core/hostfile.h"
 
 namespace dtrain {
 
@@ -17,9 +18,7 @@ int print_plan(const LaunchOptions& o) {
   std::ostringstream s;
   std::vector<std::pair<std::string, int>> hosts = o.hosts;
   if (hosts.empty()) {
-    char buf[256] = {0};
-    ::gethostname(buf, sizeof buf - 1);
-    hosts.push_back({buf, o.nproc_per_node});
+    hosts.push_back({this_host_name(), o.nproc_per_node});
   }
   int world = 0;
   for (auto& h : hosts) world += h.second;

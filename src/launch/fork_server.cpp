@@ -24,6 +24,7 @@
 #include "dtrain/error.h"
 #include "launch/forkserver/protocol.h"
 #include "launch/worker_process.h"
+#include "core/hostfile.h"
 
 namespace dtrain::launch {
 
@@ -205,8 +206,8 @@ std::string warm_fork_server_socket(const std::string& program, const char* valu
   if (ec1 || ec2 || a != b) return "";
   std::string socket = s.substr(0, colon);
   if (const auto at = socket.find("%h"); at != std::string::npos) {
-    char host[256] = {0};
-    if (::gethostname(host, sizeof host - 1) != 0) return "";
+    const std::string host = this_host_name();
+    if (host.empty()) return "";
     socket.replace(at, 2, host);
   }
   return socket;

@@ -24,6 +24,7 @@
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
+#include "core/hostfile.h"
 
 namespace dtrain {
 
@@ -672,9 +673,7 @@ void validate_launch_options(LaunchOptions& o) {
   }
   if (!o.ifname.empty() && engines::named(o.engine).ifname_is_local() &&
       ::if_nametoindex(o.ifname.c_str()) == 0) {
-    char host[256] = {0};
-    ::gethostname(host, sizeof host - 1);
-    throw UsageError("--ifname: this host (" + std::string(host) + ") has no network interface '" +
+    throw UsageError("--ifname: this host (" + this_host_name() + ") has no network interface '" +
                      o.ifname + "'; list them with `ip -br addr`");
   }
   if (o.python.empty()) {

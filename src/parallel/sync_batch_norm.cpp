@@ -206,11 +206,12 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       // kernel asked only for grad_weight = sum(dy * (x - save_mean)) * save_invstd and
       // grad_bias = sum(dy), with save_invstd = 1. The weight (ones) changes neither, but
       // CUDA's kernel sizes grad_weight from it ("tensor does not have a device" without).
+      const auto ones = torch::ones({channels}, opts);
       const auto sums =
-          torch::native_batch_norm_backward(dy, input, torch::ones({channels}, opts),
+          torch::native_batch_norm_backward(dy, input, /*weight=*/ones,
                                             /*running_mean=*/{},
                                             /*running_var=*/{}, /*save_mean=*/mean_x,
-                                            /*save_invstd=*/torch::ones({channels}, opts),
+                                            /*save_invstd=*/ones,
                                             /*train=*/true, /*eps=*/0.0, {false, true, true});
       sum_dy = std::get<2>(sums).to(torch::kDouble);
       sum_dy_xmu = std::get<1>(sums).to(torch::kDouble) + delta * sum_dy;

@@ -20,6 +20,7 @@
 #include "core/params.h"
 #include "core/paths.h"
 #include "tune/warm_fork_server.h"
+#include "core/hostfile.h"
 
 extern char** environ;
 
@@ -59,9 +60,8 @@ bool write_request(int fd, const std::string& s) {
 }
 
 std::string host_name() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
-  return buf;
+  std::string h = this_host_name();
+  return h.empty() ? "host" : h;
 }
 
 // "%h" in `path` replaced by this host's name.

@@ -260,7 +260,8 @@ int checkpoint() {
   auto model = mlp();
   model->to(dev);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [x, y] = batch(0, 8, dev);
+  constexpr int64_t kRows = 8;
+  auto [x, y] = batch(0, kRows, dev);
   torch::nn::functional::cross_entropy(model->forward(x), y).backward();
   opt.step();
   dtrain::TrainingState one;
@@ -273,7 +274,7 @@ int checkpoint() {
   check(state.step == 1, "step after load");
   auto a = model->parameters(), b = cpu_model->parameters();
   for (size_t i = 0; i < a.size(); ++i) check(same(a[i], b[i]), "parameter " + std::to_string(i));
-  auto [cx, cy] = batch(1, 8, torch::kCPU);
+  auto [cx, cy] = batch(1, kRows, torch::kCPU);
   torch::nn::functional::cross_entropy(cpu_model->forward(cx), cy).backward();
   cpu_opt.step();  // fails if the Adam state came back on the GPU
   // And back onto the GPU.

@@ -14,6 +14,7 @@
 #include "core/params.h"
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
+#include "core/hostfile.h"
 
 namespace dtrain::shm {
 
@@ -82,13 +83,12 @@ std::vector<uint8_t> to_bytes(const std::string& s) {
 }  // namespace
 
 std::string host_identity() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = this_host_name();
   struct stat st {};
   std::string shm = "none";
   if (::stat("/dev/shm", &st) == 0)
     shm = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-  return std::string(host) + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + shm;
+  return host + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + shm;
 }
 
 // --- Work ---------------------------------------------------------------------
