@@ -744,7 +744,7 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
       return true;
     };
     j = json::parse(text, check, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 5e400
     throw ConfigError((first == std::string::npos || text_or_path[first] != '{'
                            ? text_or_path
                            : std::string("config")) +
