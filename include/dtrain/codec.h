@@ -324,6 +324,8 @@ struct Codec<torch::OrderedDict<std::string, at::Tensor>> {
     d.reserve(std::min<std::size_t>(n, in.remaining()));
     for (std::size_t i = 0; i < n; ++i) {
       std::string k = Codec<std::string>::decode(in);
+      if (d.contains(k))  // an encoded OrderedDict never repeats a key
+        throw CodecError("dtrain codec: a state dict names '" + k + "' twice; the data is corrupt");
       d.insert(std::move(k), Codec<at::Tensor>::decode(in));
     }
     return d;

@@ -42,7 +42,13 @@ at::Tensor Codec<at::Tensor>::decode(Decoder& in) {
   std::vector<int64_t> sizes(ndim);
   const auto type = static_cast<c10::ScalarType>(dtype);
   // Check the byte count against what is left before allocating (no overflow either).
-  unsigned __int128 bytes_needed = c10::elementSize(type);
+  unsigned __int128 bytes_needed = 0;
+  try {
+    bytes_needed = c10::elementSize(type);
+  } catch (const c10::Error&) {  // Undefined, and any code without a size
+    throw CodecError("dtrain codec: tensor dtype code " + std::to_string(dtype) +
+                     " has no element size; the data is corrupt");
+  }
   for (auto& s : sizes) {
     s = in.get<int64_t>();
     if (s < 0) throw CodecError("dtrain codec: tensor with a negative size; the data is corrupt");
