@@ -118,9 +118,7 @@ bool is_loopback_host(const std::string& h) {
   return h == "localhost" || h == "ip6-localhost" || h == "::1" || h.rfind("127.", 0) == 0;
 }
 
-bool is_this_host(const std::string& h) {
-  return is_loopback_host(h) || h == this_host_name();
-}
+bool is_this_host(const std::string& h) { return is_loopback_host(h) || h == this_host_name(); }
 
 std::string this_host_name() {
   char name[256] = {};

@@ -8,10 +8,10 @@
 
 #include <cstdio>
 
+#include "core/hostfile.h"
 #include "core/paths.h"
 #include "engines/common.h"
 #include "engines/engine.h"
-#include "core/hostfile.h"
 
 namespace dtrain::engines {
 namespace {

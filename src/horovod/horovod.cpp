@@ -16,11 +16,11 @@
 
 #include "comm/backend.h"
 #include "comm/c10d_compat.h"
+#include "core/hostfile.h"
 #include "core/params.h"
 #include "dtrain/collectives.h"
 #include "dtrain/process_group.h"
 #include "horovod/controller.h"
-#include "core/hostfile.h"
 
 namespace dtrain::hvd {
 

@@ -18,12 +18,12 @@
 #include <set>
 #include <sstream>
 
+#include "core/hostfile.h"
 #include "core/paths.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "horovod/horovodrun_elastic.h"
 #include "launch/options_internal.h"
-#include "core/hostfile.h"
 
 namespace dtrain::hvd {
 

@@ -40,6 +40,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/hostfile.h"
 #include "diagnosis/records.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
@@ -56,7 +57,6 @@
 #include "launch/worker_keys.h"
 #include "launch/worker_set.h"
 #include "store/socket.h"
-#include "core/hostfile.h"
 
 namespace dtrain {
 

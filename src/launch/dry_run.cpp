@@ -4,11 +4,11 @@
 
 #include <sstream>
 
+#include "core/hostfile.h"
 #include "dtrain/launch.h"
 #include "engines/engine.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
-#include "core/hostfile.h"
 
 namespace dtrain {
 

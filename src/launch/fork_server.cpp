@@ -19,12 +19,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/hostfile.h"
 #include "core/params.h"
 #include "core/paths.h"
 #include "dtrain/error.h"
 #include "launch/forkserver/protocol.h"
 #include "launch/worker_process.h"
-#include "core/hostfile.h"
 
 namespace dtrain::launch {
 

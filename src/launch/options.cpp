@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/hostfile.h"
 #include "core/params.h"
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
@@ -24,7 +25,6 @@
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
-#include "core/hostfile.h"
 
 namespace dtrain {
 

@@ -17,10 +17,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/hostfile.h"
 #include "core/params.h"
 #include "core/paths.h"
 #include "tune/warm_fork_server.h"
-#include "core/hostfile.h"
 
 extern char** environ;
 

@@ -11,10 +11,10 @@
 #include <sstream>
 
 #include "comm/shm/reduce.h"
+#include "core/hostfile.h"
 #include "core/params.h"
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
-#include "core/hostfile.h"
 
 namespace dtrain::shm {
 
