@@ -18,8 +18,18 @@ t0=$SECONDS
 spark_hosts_up 2
 echo "Spark hosts up in $((SECONDS - t0)) s"
 t0=$SECONDS
-out="$(on n0 timeout 300 "$SEARCH" --storage "$T/tune" --engine spark --master "$SPARK_MASTER_URL" \
-  --trials 4 --nproc 2 --iterations 3 --sleep 1 2>&1)" || fail "tune on spark: exit $?: $out"
+# The sizing needs both workers' executors in the application when the search starts. On a
+# loaded machine a worker can miss its heartbeat and re-register with the master meanwhile
+# (its executor joins seconds later); then the application has 2 slots, not 4, and the Tuner
+# rightly runs 1 trial at a time. That is the cluster's state, not the verdict: the search runs
+# again (at most twice more) on a fresh storage until it starts with the application's 4 slots.
+for attempt in 1 2 3; do
+  out="$(on n0 timeout 300 "$SEARCH" --storage "$T/tune$attempt" --engine spark --master "$SPARK_MASTER_URL" \
+    --trials 4 --nproc 2 --iterations 3 --sleep 1 2>&1)" || fail "tune on spark: exit $?: $out"
+  grep -q "^tune: [0-9]* trial(s) at a time on engine spark ([0-9]* free of 4 slots" <<<"$out" && break
+  echo "note: the application had fewer than 4 task slots when the search started (a worker" \
+       "re-registered): $(grep -m1 '^tune: [0-9]* trial(s) at a time' <<<"$out"); running it again"
+done
 [[ $(grep -c "^trial trial_0000[0-3] x=[1-4] status=TERMINATED failures=0 iterations=3 world=2 hosts=" <<<"$out") -eq 4 ]] ||
   fail "tune on spark: expected 4 terminated trials of 2 ranks with 3 reports each: $out"
 grep -q "^tune: 2 trial(s) at a time on engine spark (4 free of 4 slots; 2 process(es) each)$" <<<"$out" ||
