@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,15 @@ struct ColumnSource {
   std::string partition_type;   // ... and its Delta type
 };
 
+// A column the direct path reads (parquet_file.cpp): its leaf in the Parquet schema, levels
+// and the dtype of its physical values.
+struct DirectLeaf {
+  int column = -1;
+  int16_t max_def = 0;
+  int16_t max_rep = 0;
+  torch::Dtype dtype = torch::kFloat;
+};
+
 // Checks `column` against file `f` (exists, converts, fits the shape). DataError otherwise.
 ColumnSource resolve_column(const TableState& table, int f, const Column& column);
 
@@ -52,6 +62,9 @@ class FileDecoder {
   int open_file_ = -1;
   std::unique_ptr<parquet::arrow::FileReader> reader_;
   std::vector<ColumnSource> sources_;
+  bool direct_enabled_;                            // DTRAIN_DATA_DIRECT
+  std::vector<std::optional<DirectLeaf>> direct_;  // per column, where the direct path applies
+  std::vector<torch::Tensor> scratch_;             // per column, the direct path's buffer
 };
 
 }  // namespace dtrain::data::detail

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -127,6 +129,81 @@ TEST(DataReader, ColumnsConvertToTheAskedDtypeAndShape) {
   EXPECT_EQ(rows, 240);
   EXPECT_NE(error_of([&] { r.set_epoch(0), r.next()->at("nope"); }).find("has no tensor 'nope'"),
             std::string::npos);
+}
+
+// Every numeric type, as scalars and lists, reads as pyarrow wrote it - through Parquet's column
+// reader (the direct path: int8-int64, uint8/uint16, float, double) and through Arrow's arrays
+// (DTRAIN_DATA_DIRECT=0, and always for uint32 and bool), with the same tensors both ways.
+TEST(DataReader, EveryNumericTypeReadsTheSameDirectlyAndThroughArrow) {
+  struct Want {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::function<std::vector<double>(double)> values;  // of the row's id
+  };
+  const std::vector<Want> wants = {
+      {"i8", {}, [](double i) { return std::vector<double>{i - 15}; }},
+      {"i16", {}, [](double i) { return std::vector<double>{i * -1000}; }},
+      {"i32", {}, [](double i) { return std::vector<double>{i * 70000}; }},
+      {"u8", {}, [](double i) { return std::vector<double>{i * 8}; }},
+      {"u16", {}, [](double i) { return std::vector<double>{i * 2000}; }},
+      {"u32", {}, [](double i) { return std::vector<double>{i * 100000000}; }},
+      {"f32", {}, [](double i) { return std::vector<double>{i * 0.5}; }},
+      {"f64", {}, [](double i) { return std::vector<double>{i * 0.25}; }},
+      {"b", {}, [](double i) { return std::vector<double>{std::fmod(i, 2) == 0 ? 1.0 : 0.0}; }},
+      {"l_u8",
+       {3},
+       [](double i) {
+         return std::vector<double>{i, i + 1, i + 2};
+       }},
+      {"l_i16",
+       {2},
+       [](double i) {
+         return std::vector<double>{-i, i};
+       }},
+      {"l_i64",
+       {2},
+       [](double i) {
+         return std::vector<double>{i * 1e10, i};
+       }},
+      {"l_f64", {1, 2}, [](double i) {
+         return std::vector<double>{i * 1.5, -i};
+       }}};
+  auto read_all = [&] {
+    std::vector<Column> columns = id_column();
+    for (const auto& w : wants)
+      columns.push_back({.name = w.name, .dtype = torch::kDouble, .shape = w.shape});
+    Reader r(Table::open(tables() + "/types"),
+             {.columns = columns, .batch_size = 7, .num_replicas = 1, .rank = 0, .seed = 5});
+    std::map<std::string, std::vector<torch::Tensor>> parts;
+    while (auto b = r.next())
+      for (const auto& [key, t] : b->tensors) parts[key].push_back(t);
+    std::map<std::string, torch::Tensor> out;
+    for (auto& [key, list] : parts) out[key] = torch::cat(list);
+    return out;
+  };
+  ::unsetenv("DTRAIN_DATA_DIRECT");
+  auto direct = read_all();
+  ::setenv("DTRAIN_DATA_DIRECT", "0", 1);
+  auto arrow = read_all();
+  ::unsetenv("DTRAIN_DATA_DIRECT");
+  ASSERT_EQ(direct.at("id").numel(), 30);
+  EXPECT_TRUE(torch::equal(arrow.at("id"), direct.at("id")));
+  for (const auto& w : wants) {
+    SCOPED_TRACE(w.name);
+    const auto& got = direct.at(w.name);
+    std::vector<int64_t> shape{30};
+    shape.insert(shape.end(), w.shape.begin(), w.shape.end());
+    ASSERT_EQ(got.sizes(), shape);
+    EXPECT_TRUE(torch::equal(got, arrow.at(w.name)));
+    auto flat = got.reshape({30, -1});
+    for (int64_t row = 0; row < 30; ++row) {
+      const double id = static_cast<double>(direct.at("id")[row].item<int64_t>());
+      auto want = w.values(id);
+      ASSERT_EQ(flat.size(1), static_cast<int64_t>(want.size()));
+      for (size_t k = 0; k < want.size(); ++k)
+        EXPECT_EQ(flat[row][static_cast<int64_t>(k)].item<double>(), want[k]) << "row id " << id;
+    }
+  }
 }
 
 // DistributedSampler's split by row group, rows equalised: every rank the same steps and

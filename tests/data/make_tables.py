@@ -12,6 +12,8 @@ OUT/delta/           a Delta table: v0 create (ids 0-99), v1 append (100-149), v
                      v5 append (2000-2029), v6 append (3000-3009)
 OUT/delta_part/      a Delta table partitioned by label (ids 0-89 in two commits)
 OUT/delta_gap/       a copy of delta/ without 00000000000000000002.json (a missing commit)
+OUT/types/           one file of 30 rows in row groups of 8: a column of every numeric type and
+                     lists of several (the values follow from the id; data_test.cpp checks them)
 OUT/bad/             truncated.parquet, corrupt.parquet, nulls.parquet, ragged.parquet (a list
                      row of 3 values where 4 are expected)
 """
@@ -85,6 +87,35 @@ def main(out):
     gap = os.path.join(out, "delta_gap")
     shutil.copytree(ddir, gap)
     os.remove(os.path.join(gap, "_delta_log", "%020d.json" % 2))
+
+    # Every numeric type, as scalars and as lists.
+    tdir = os.path.join(out, "types")
+    os.makedirs(tdir)
+    i = np.arange(30, dtype=np.int64)
+
+    def lists(values, per, typ, fixed=False):
+        flat = pa.array(values.reshape(-1), typ)
+        if fixed:
+            return pa.FixedSizeListArray.from_arrays(flat, per)
+        return pa.ListArray.from_arrays(pa.array(np.arange(0, values.size + 1, per), pa.int32()), flat)
+
+    typed = pa.table({
+        "id": pa.array(i, pa.int64()),
+        "i8": pa.array(i - 15, pa.int8()),
+        "i16": pa.array(i * -1000, pa.int16()),
+        "i32": pa.array(i * 70000, pa.int32()),
+        "u8": pa.array(i * 8, pa.uint8()),
+        "u16": pa.array(i * 2000, pa.uint16()),
+        "u32": pa.array(i * 100000000, pa.uint32()),
+        "f32": pa.array(i * 0.5, pa.float32()),
+        "f64": pa.array(i * 0.25, pa.float64()),
+        "b": pa.array(i % 2 == 0, pa.bool_()),
+        "l_u8": lists(np.stack([i, i + 1, i + 2], 1), 3, pa.uint8()),
+        "l_i16": lists(np.stack([-i, i], 1), 2, pa.int16()),
+        "l_i64": lists(np.stack([i * 10000000000, i], 1), 2, pa.int64()),
+        "l_f64": lists(np.stack([i * 1.5, -i * 1.0], 1), 2, pa.float64(), fixed=True),
+    })
+    pq.write_table(typed, os.path.join(tdir, "part-00000.parquet"), row_group_size=8)
 
     # Bad files.
     bad = os.path.join(out, "bad")
