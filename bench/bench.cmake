@@ -63,3 +63,8 @@ endif()
 # One process training on one GPU (bench/gpu_bench.py runs it beside bench/gpu_train_peer.py).
 # Built everywhere; it refuses to run without a GPU.
 dtrain_bench(gpu_train_bench gpu_train_bench.cpp)
+if(TARGET dtrain::cuda)
+  # --graph: the step as a CUDA graph (ATen's CUDAGraph), in CUDA builds.
+  target_link_libraries(gpu_train_bench PRIVATE dtrain::cuda)
+  target_compile_definitions(gpu_train_bench PRIVATE DTRAIN_BENCH_CUDA_GRAPH)
+endif()

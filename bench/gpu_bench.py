@@ -4,8 +4,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
 (--build-dir) and the python3 that holds PyTorch (with torchrun beside it).
 
   train        one process on one GPU: the example's MLP (batch 64, 1024) and CNN (64, 1024);
-               dtrain's C++ (bench/gpu_train_bench.cpp, libtorch's Adam and ATen's fused Adam)
-               vs the same model in PyTorch eager mode (bench/gpu_train_peer.py)
+               dtrain's C++ (bench/gpu_train_bench.cpp: libtorch's Adam, ATen's fused Adam, and
+               the fused step captured as a CUDA graph) vs the same model in PyTorch eager mode
+               (bench/gpu_train_peer.py), and PyTorch's own CUDA-graph step beside it
   ddp_one_gpu  DDP with 2 ranks on the one GPU: examples/fashion_mnist --device cuda under
                `dtrain run` (CUDA tensors through the shared-memory backend) vs PyTorch DDP
                with gloo on CUDA tensors under torchrun (bench/pytorch_fashion_mnist.py)
@@ -14,7 +15,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                memory (tests/gpu/gpu_worker.cpp's zero mode)
   launch       16 workers: dtrain run of a C++ worker vs torchrun of a Python no-op
   cpu_scaling  the MLP at 1, 2, 4, 8, 16 processes on the CPU: dtrain (shared memory) vs
-               PyTorch DDP (gloo), samples/s and scaling efficiency
+               PyTorch DDP (gloo), samples/s and scaling efficiency, beside the machine's
+               ceiling (as many single-process runs at once, no communication) and, at 2 and
+               8, dtrain with the backend spinning 200 us before it sleeps
 
 Prints every figure and ratio, and writes them (with the machine) as JSON to --json. Never
 fails on timing; exits 1 when a run fails.
@@ -37,15 +40,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def machine():
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:  # a machine without the driver's tools (the CPU benchmark alone)
+        gpu = "none"
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
     except OSError:
         pass
-    return {"gpu": gpu, "cpu": cpu, "cores": os.cpu_count(), "host": platform.node(),
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    topo = {k.strip(): v.strip() for k, v in (l.split(":", 1) for l in lscpu.splitlines() if ":" in l)
+            if k.strip() in ("Thread(s) per core", "Core(s) per socket", "Socket(s)", "NUMA node(s)", "L3 cache")}
+    return {"gpu": gpu, "cpu": cpu, "cores": os.cpu_count(), "topology": topo, "host": platform.node(),
             "load": os.getloadavg()[0]}
 
 
@@ -62,23 +71,42 @@ def bench_train(a, out):
     binary = os.path.join(a.build_dir, "bench", "gpu_train_bench")
     peer = os.path.join(HERE, "gpu_train_peer.py")
     rows = []
+    # dtrain's C++: libtorch's Adam, ATen's fused Adam, and the fused step captured as a CUDA graph;
+    # PyTorch: eager (the target's peer) and its own whole-step CUDA graph (shown beside it, so the
+    # graph's gain is not mistaken for C++'s). A variant that fails is reported, not fatal.
+    variants = {"torch": [binary, "--optimizer", "torch"], "fused": [binary, "--optimizer", "fused"],
+                "graph": [binary, "--optimizer", "fused", "--graph"], "eager": [a.python, peer],
+                "py_graph": [a.python, peer, "--graph"]}
     for model, batch in (("mlp", 64), ("mlp", 1024), ("cnn", 64), ("cnn", 1024)):
         steps = "300" if batch == 64 else "100"
-        got = {"torch": [], "fused": [], "eager": []}
+        got = {k: [] for k in variants}
         for _ in range(a.repeat):
-            for opt in ("torch", "fused"):
-                o, _ = run([binary, "--model", model, "--batch", str(batch), "--steps", steps, "--optimizer", opt])
-                got[opt].append(last_json(o)["samples_per_s"])
-            o, _ = run([a.python, peer, "--model", model, "--batch", str(batch), "--steps", steps])
-            got["eager"].append(last_json(o)["samples_per_s"])
-        med = {k: statistics.median(v) for k, v in got.items()}
+            for k, cmd in variants.items():
+                try:
+                    o, _ = run(cmd + ["--model", model, "--batch", str(batch), "--steps", steps])
+                    got[k].append(last_json(o)["samples_per_s"])
+                except RuntimeError as e:
+                    if k not in ("graph", "py_graph"):
+                        raise
+                    out.setdefault("errors", {})[f"train {model} b{batch} {k}"] = str(e)[-1500:]
+                    print(f"train {model} b{batch} {k}: FAILED: {str(e)[-800:]}", file=sys.stderr, flush=True)
+        med = {k: statistics.median(v) if v else None for k, v in got.items()}
+
+        def ratio(k, peer_key="eager"):
+            return med[k] / med[peer_key] if med[k] and med[peer_key] else None
+
         row = {"model": model, "batch": batch, "dtrain_torch_adam": med["torch"], "dtrain_fused_adam": med["fused"],
-               "pytorch_eager": med["eager"], "ratio_torch_adam": med["torch"] / med["eager"],
-               "ratio_fused_adam": med["fused"] / med["eager"]}
+               "dtrain_graph": med["graph"], "pytorch_eager": med["eager"], "pytorch_graph": med["py_graph"],
+               "ratio_torch_adam": ratio("torch"), "ratio_fused_adam": ratio("fused"),
+               "ratio_graph": ratio("graph"), "ratio_graph_vs_pytorch_graph": ratio("graph", "py_graph")}
         rows.append(row)
-        print(f"train {model} b{batch}: dtrain {med['torch']:.0f} (libtorch Adam) / {med['fused']:.0f} (fused Adam) "
-              f"vs PyTorch eager {med['eager']:.0f} samples/s -> {row['ratio_torch_adam']:.2f}x / "
-              f"{row['ratio_fused_adam']:.2f}x", flush=True)
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"
+        fx = lambda v: "-" if v is None else f"{v:.2f}x"
+        print(f"train {model} b{batch}: dtrain {fmt(med['torch'])} (libtorch Adam) / {fmt(med['fused'])} (fused Adam) / "
+              f"{fmt(med['graph'])} (fused, CUDA graph) vs PyTorch eager {fmt(med['eager'])} samples/s -> "
+              f"{fx(row['ratio_torch_adam'])} / {fx(row['ratio_fused_adam'])} / {fx(row['ratio_graph'])}; "
+              f"PyTorch with its own CUDA graph {fmt(med['py_graph'])} (dtrain's graph {fx(row['ratio_graph_vs_pytorch_graph'])})",
+              flush=True)
     out["train"] = rows
 
 
@@ -151,23 +179,50 @@ def bench_cpu_scaling(a, out):
     example = os.path.join(a.build_dir, "examples", "fashion_mnist")
     peer = os.path.join(HERE, "pytorch_fashion_mnist.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    train = [example, "--epochs", "1", "--max-steps", str(a.cpu_steps), "--no-eval", "--log-every", "0"]
+
+    def apart(n):
+        # The machine's own ceiling: n single-process trainings at once, no communication at all
+        # (what cores, caches and memory bandwidth allow n processes; sums their samples/s).
+        procs = [subprocess.Popen([dtrain, "run", "--nproc-per-node", "1", "--master-port", str(29700 + i)] + train,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                 for i in range(n)]
+        total = 0.0
+        for p in procs:
+            o, _ = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(f"apart run exited {p.returncode}\n{o[-2000:]}")
+            total += last_json(o)["samples_per_s"]
+        return total
+
     rows = {}
-    for n in (1, 2, 4, 8, 16):
-        d, p = [], []
+    for n in map(int, a.cpu_procs.split(",")):
+        d, p, c, spin = [], [], [], []
         for _ in range(a.repeat):
-            o, _ = run([dtrain, "run", "--nproc-per-node", str(n), example, "--epochs", "1", "--max-steps",
-                        str(a.cpu_steps), "--no-eval", "--log-every", "0"], env)
+            o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, env)
             d.append(last_json(o)["samples_per_s"])
             o, _ = run([a.torchrun, "--nproc-per-node", str(n), "--monitor-interval", "0.1", peer, "--max-steps",
                         str(a.cpu_steps)], env)
             p.append(last_json(o)["samples_per_s"])
-        rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p)}
+            c.append(apart(n))
+            if n in (2, 8):
+                # The shared-memory backend spinning 10x longer before it sleeps (spare cores).
+                o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_SPIN_US="200"))
+                spin.append(last_json(o)["samples_per_s"])
+        rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
+        if spin:
+            rows[n]["dtrain_spin200"] = statistics.median(spin)
     for n, r in rows.items():
         r["ratio"] = r["dtrain"] / r["pytorch"]
         r["dtrain_efficiency"] = r["dtrain"] / (n * rows[1]["dtrain"])
         r["pytorch_efficiency"] = r["pytorch"] / (n * rows[1]["pytorch"])
-        print(f"cpu {n:2d} procs: dtrain {r['dtrain']:.0f} (eff {r['dtrain_efficiency']:.2f}) vs PyTorch "
-              f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x", flush=True)
+        r["apart_efficiency"] = r["apart"] / (n * rows[1]["apart"])
+        r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
+        extra = f", spin 200 us {r['dtrain_spin200']:.0f}" if "dtrain_spin200" in r else ""
+        print(f"cpu {n:2d} procs: dtrain {r['dtrain']:.0f} (eff {r['dtrain_efficiency']:.2f}{extra}) vs PyTorch "
+              f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
+              f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "
+              f"dtrain is {r['dtrain_of_apart']:.2f} of the machine's ceiling", flush=True)
     out["cpu_scaling"] = {str(n): r for n, r in rows.items()}
 
 
@@ -180,6 +235,7 @@ def main():
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--ddp-steps", type=int, default=400)
     p.add_argument("--cpu-steps", type=int, default=150)
+    p.add_argument("--cpu-procs", default="1,2,4,8,16", help="process counts of cpu_scaling (1 first)")
     p.add_argument("--zero-steps", type=int, default=12)
     p.add_argument("--only", default="train,ddp_one_gpu,zero_offload,launch,cpu_scaling")
     a = p.parse_args()

@@ -5,18 +5,31 @@
 // loading on either side); the clock runs over --steps optimizer steps after --warmup, between
 // two device synchronisations. Prints one JSON line per run.
 //
-//   gpu_train_bench --model mlp|cnn --batch 64 --steps 300 --optimizer torch|fused
+//   gpu_train_bench --model mlp|cnn --batch 64 --steps 300 --optimizer torch|fused [--graph]
 //
 // --optimizer torch: libtorch's torch::optim::Adam (a loop over parameters, ~10 kernels each).
 // --optimizer fused: ATen's fused multi-tensor Adam kernel (_fused_adam_), what PyTorch's
 // Adam(fused=True) calls - one launch for all parameters.
+// --graph (with --optimizer fused; a CUDA build): the whole step - forward, backward, Adam -
+// captured once as a CUDA graph (at::cuda::CUDAGraph) and replayed, one launch per step instead
+// of one per kernel: what PyTorch's torch.cuda.graph "whole network capture" does in Python
+// (the peer's --graph). The fused kernel keeps its step counts on the GPU, so a replayed step
+// is a real step; libtorch's Adam counts on the CPU and cannot be captured.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#ifdef DTRAIN_BENCH_CUDA_GRAPH
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace {
@@ -68,8 +81,19 @@ class FusedAdam {
 int main(int argc, char** argv) {
   std::string model_kind = "mlp", optimizer = "torch";
   int64_t batch = 64, steps = 300, warmup = 30;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
+  bool graph = false;
+  for (int i = 1; i < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--graph") {
+      graph = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "gpu_train_bench: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    std::string v = argv[i + 1];
     if (k == "--model") {
       model_kind = v;
     } else if (k == "--batch") {
@@ -85,6 +109,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (graph && optimizer != "fused") {
+    std::fprintf(stderr,
+                 "gpu_train_bench: --graph needs --optimizer fused (libtorch's Adam keeps its "
+                 "step count on the CPU, which a captured step would not advance)\n");
+    return 2;
+  }
+#ifndef DTRAIN_BENCH_CUDA_GRAPH
+  if (graph) {
+    std::fprintf(stderr, "gpu_train_bench: --graph needs a CUDA build of dtrain\n");
+    return 2;
+  }
+#endif
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "gpu_train_bench: no GPU visible (a CUDA build of dtrain is needed)\n");
     return 2;
@@ -111,16 +147,44 @@ int main(int argc, char** argv) {
       torch_adam.step();
     }
   };
-  for (int64_t i = 0; i < warmup; ++i) one_step();
+  std::function<void()> timed_step = one_step;
+#ifdef DTRAIN_BENCH_CUDA_GRAPH
+  at::cuda::CUDAGraph captured;
+  if (graph) {
+    // As torch.cuda.graph asks: warm up on a side stream (cuBLAS handles and workspaces, the
+    // allocator's blocks), then capture on it. The gradients are unset before the capture, so
+    // backward allocates them from the graph's own pool and every replay writes (not adds)
+    // them there; Adam's state and step counts are ordinary tensors the graph updates in place.
+    auto side = c10::cuda::getStreamFromPool();
+    auto main_stream = c10::cuda::getCurrentCUDAStream();
+    at::cuda::CUDAEvent ready;
+    ready.record(main_stream);
+    ready.block(side);
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      for (int i = 0; i < 3; ++i) one_step();
+      fused.zero_grad();
+      torch::cuda::synchronize();
+      captured.capture_begin();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      loss.backward();
+      fused.step();
+      captured.capture_end();
+    }
+    torch::cuda::synchronize();
+    timed_step = [&captured] { captured.replay(); };
+  }
+#endif
+  for (int64_t i = 0; i < warmup; ++i) timed_step();
   torch::cuda::synchronize();
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) one_step();
+  for (int64_t i = 0; i < steps; ++i) timed_step();
   torch::cuda::synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "{\"side\": \"dtrain-cpp\", \"model\": \"%s\", \"batch\": %lld, \"optimizer\": \"%s\", "
-      "\"steps\": %lld, \"seconds\": %.4f, \"samples_per_s\": %.1f}\n",
-      model_kind.c_str(), static_cast<long long>(batch), optimizer.c_str(),
+      "\"graph\": %s, \"steps\": %lld, \"seconds\": %.4f, \"samples_per_s\": %.1f}\n",
+      model_kind.c_str(), static_cast<long long>(batch), optimizer.c_str(), graph ? "true" : "false",
       static_cast<long long>(steps), secs, static_cast<double>(batch * steps) / secs);
   return 0;
 }

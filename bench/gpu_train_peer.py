@@ -2,7 +2,11 @@
 in PyTorch eager mode on one GPU (torch.optim.Adam with its defaults: the foreach
 implementation on CUDA). Prints one JSON line.
 
-    python3 bench/gpu_train_peer.py --model mlp --batch 64 --steps 300
+--graph: the whole step captured with torch.cuda.graph and replayed ("whole network capture" in
+PyTorch's CUDA-graph notes), Adam(fused=True, capturable=True) - the Python side of
+gpu_train_bench --graph.
+
+    python3 bench/gpu_train_peer.py --model mlp --batch 64 --steps 300 [--graph]
 """
 import argparse
 import json
@@ -27,19 +31,37 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--graph", action="store_true")
     a = p.parse_args()
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     model = make(a.model).to(dev)
     x = torch.randn(a.batch, 1, 28, 28, device=dev)
     y = torch.randint(0, 10, (a.batch,), device=dev)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if a.graph:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
 
     def step():
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
+
+    if a.graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        opt.zero_grad(set_to_none=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            loss_fn(model(x), y).backward()
+            opt.step()
+        step = g.replay
 
     for _ in range(a.warmup):
         step()
@@ -49,7 +71,7 @@ def main():
         step()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    print(json.dumps({"side": "pytorch-eager", "model": a.model, "batch": a.batch, "optimizer": "torch.optim.Adam",
+    print(json.dumps({"side": "pytorch-eager", "model": a.model, "batch": a.batch, "optimizer": "torch.optim.Adam" + ("(fused, capturable)" if a.graph else ""), "graph": a.graph,
                       "steps": a.steps, "seconds": secs, "samples_per_s": a.batch * a.steps / secs}), flush=True)
 
 
