@@ -184,7 +184,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"side\": \"dtrain-cpp\", \"model\": \"%s\", \"batch\": %lld, \"optimizer\": \"%s\", "
       "\"graph\": %s, \"steps\": %lld, \"seconds\": %.4f, \"samples_per_s\": %.1f}\n",
-      model_kind.c_str(), static_cast<long long>(batch), optimizer.c_str(), graph ? "true" : "false",
-      static_cast<long long>(steps), secs, static_cast<double>(batch * steps) / secs);
+      model_kind.c_str(), static_cast<long long>(batch), optimizer.c_str(),
+      graph ? "true" : "false", static_cast<long long>(steps), secs,
+      static_cast<double>(batch * steps) / secs);
   return 0;
 }
