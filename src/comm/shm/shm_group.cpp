@@ -20,6 +20,12 @@ namespace dtrain::shm {
 
 namespace {
 
+// memcpy for a chunk that may be empty: a tensor of no elements has no data pointer, and
+// memcpy's arguments must not be null even for 0 bytes (UBSan's nonnull-attribute).
+void copy_bytes(void* to, const void* from, size_t bytes) {
+  if (bytes > 0) std::memcpy(to, from, bytes);
+}
+
 // Chunks up to this size are reduced whole by every rank after one barrier; larger ones
 // are split so each rank reduces 1/N of them (two barriers).
 constexpr size_t kSmallChunkBytes = 16 << 10;
@@ -341,7 +347,7 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
     const size_t count = std::min(cap, n - off);
     const int p = next_parity();
     unsigned char* chunk = data + off * es;
-    std::memcpy(segment_->buffer(p, rank_), chunk, count * es);
+    copy_bytes(segment_->buffer(p, rank_), chunk, count * es);
     segment_->barrier(deadline, "all_reduce");
     if (first) check_descriptors();
     first = false;
@@ -366,7 +372,7 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
       // All-gather: everyone else's reduced slices.
       for (int k = 0; k < world; ++k) {
         if (k == rank_ || hi(k) <= lo(k)) continue;
-        std::memcpy(chunk + lo(k) * es, segment_->buffer(p, k) + lo(k) * es, (hi(k) - lo(k)) * es);
+        copy_bytes(chunk + lo(k) * es, segment_->buffer(p, k) + lo(k) * es, (hi(k) - lo(k)) * es);
       }
     }
     off += count;
@@ -391,7 +397,7 @@ void ShmProcessGroup::do_reduce(at::Tensor& t, c10d::ReduceOp op, int root,
     const size_t count = std::min(cap, n - off);
     const int p = next_parity();
     unsigned char* chunk = data + off * es;
-    if (rank_ != root) std::memcpy(segment_->buffer(p, rank_), chunk, count * es);
+    if (rank_ != root) copy_bytes(segment_->buffer(p, rank_), chunk, count * es);
     segment_->barrier(deadline, "reduce");
     if (first) check_descriptors();
     first = false;
@@ -415,11 +421,11 @@ void ShmProcessGroup::do_broadcast(at::Tensor& t, int root, Clock::time_point de
   for (size_t off = 0; first || off < bytes;) {
     const size_t count = std::min(cap, bytes - off);
     const int p = next_parity();
-    if (rank_ == root) std::memcpy(segment_->buffer(p, root), data + off, count);
+    if (rank_ == root) copy_bytes(segment_->buffer(p, root), data + off, count);
     segment_->barrier(deadline, "broadcast");
     if (first) check_descriptors();
     first = false;
-    if (rank_ != root) std::memcpy(data + off, segment_->buffer(p, root), count);
+    if (rank_ != root) copy_bytes(data + off, segment_->buffer(p, root), count);
     off += count;
   }
 }
@@ -435,7 +441,7 @@ void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::T
   for (size_t off = 0; first || off < bytes;) {
     const size_t count = std::min(cap, bytes - off);
     const int p = next_parity();
-    std::memcpy(segment_->buffer(p, rank_), in + off, count);
+    copy_bytes(segment_->buffer(p, rank_), in + off, count);
     segment_->barrier(deadline, "all_gather");
     if (first) check_descriptors();
     first = false;
@@ -443,7 +449,7 @@ void ShmProcessGroup::do_allgather(std::vector<at::Tensor>& outputs, const at::T
       auto* out = static_cast<unsigned char*>(outputs[static_cast<size_t>(k)].data_ptr()) + off;
       const unsigned char* from = k == rank_ ? in + off : segment_->buffer(p, k);
       if (out != from)
-        std::memcpy(out, from, count);  // an in-place gather's own chunk is there already
+        copy_bytes(out, from, count);  // an in-place gather's own chunk is there already
     }
     off += count;
   }
