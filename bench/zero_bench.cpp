@@ -11,16 +11,17 @@
 //     stage 3 with offload); rank 0 prints engine.memory() next to the ZeRO formulas (fp32:
 //     4 + 4 + 8 bytes per parameter: K = 8, Adam's two moments; the parameters are the master).
 //
-//   dtrain run --nproc-per-node 2 zero_bench throughput [--steps 20] [--rounds 3]
+//   dtrain run --nproc-per-node 2 zero_bench throughput [--steps 20] [--rounds 3] [--zero JSON]
 //     Samples/s of an ~8.4M-parameter MLP under dtrain DDP + torch::optim::Adam and under ZeRO
 //     stages 0-3 (stages 1-3 also with overlap_comm and 2M-element buckets), interleaved in
-//     rounds (best round counts); ratios against DDP.
+//     rounds (best round counts); ratios against DDP. --zero adds zero_optimization settings.
 //
 //   zero_bench rss [--width 2048] [--layers 20] [--steps 3] [--worlds 2,4] [--batch 8]
 //     Peak memory as the user sees it: for each world size and stage 0-3, a fresh
 //     `dtrain run --nproc-per-node N zero_bench rss-worker ...` trains an MLP (LAYERS x
-//     Linear(WIDTH, WIDTH), default 83.9M parameters, fp32, Adam) with DeepSpeed's default
-//     zero_optimization settings; each rank resets its VmHWM after initialize
+//     Linear(WIDTH, WIDTH), default 83.9M parameters, fp32, Adam) with dtrain's default
+//     zero_optimization settings (DeepSpeed's but for stage 3's prefetch and reuse distance:
+//     include/dtrain/zero_config.h); each rank resets its VmHWM after initialize
 //     (`echo 5 > /proc/self/clear_refs`), runs STEPS steps and reads VmHWM. Prints per stage
 //     the accounting figure (engine.memory()), every rank's measured peak RSS, and the largest
 //     peak's ratio to stage 0's at the same world size. --zero '{"key": value}' adds
@@ -216,8 +217,8 @@ int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
   torch::manual_seed(0);
   Sequential model;
   for (int i = 0; i < layers; ++i) model->push_back(Linear(width, width));
-  // DeepSpeed's defaults for everything but the stage: reduce_bucket_size 5e8,
-  // stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters and _reuse_distance 1e9, ...
+  // dtrain's defaults for everything but the stage: reduce_bucket_size 5e8,
+  // stage3_prefetch_bucket_size 5e6, stage3_max_live_parameters 1e9, _reuse_distance 0, ...
   nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", batch},
                         {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 1e-4}}}}},
                         {"zero_optimization", {{"stage", stage}}}};
@@ -273,7 +274,7 @@ int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
 int rss_bench(const std::string& self, const std::string& worlds, int64_t width, int layers,
               int steps, int batch, const std::string& zero_json) {
   std::printf("machine: %s\n", machine().c_str());
-  std::printf("zero_optimization: DeepSpeed's defaults%s%s\n", zero_json.empty() ? "" : " and ",
+  std::printf("zero_optimization: dtrain's defaults%s%s\n", zero_json.empty() ? "" : " and ",
               zero_json.c_str());
   std::stringstream ws(worlds);
   std::string w;
@@ -311,7 +312,7 @@ int rss_bench(const std::string& self, const std::string& worlds, int64_t width,
   return 0;
 }
 
-int throughput_bench(int steps, int rounds) {
+int throughput_bench(int steps, int rounds, const std::string& zero_json) {
   auto pg = dtrain::init_process_group();
   const int r = pg->rank(), N = pg->world_size();
   if (r == 0) std::printf("machine: %s, %d processes\n", machine().c_str(), N);
@@ -344,8 +345,9 @@ int throughput_bench(int steps, int rounds) {
           if (s >= 0) secs += seconds_since(t);
         }
       } else {
-        auto e = dtrain::zero::initialize(
-            model, zero_config(v[5] - '0', batch, false, v.find("overlap") != std::string::npos));
+        auto cfg = zero_config(v[5] - '0', batch, false, v.find("overlap") != std::string::npos);
+        if (!zero_json.empty()) cfg["zero_optimization"].update(nlohmann::json::parse(zero_json));
+        auto e = dtrain::zero::initialize(model, cfg);
         for (int s = -2; s < steps; ++s) {
           if (s == 0) pg->barrier();
           auto t = Clock::now();
@@ -396,7 +398,8 @@ int main(int argc, char** argv) {
                         std::stoi(arg(argc, argv, "--batch", "8")), arg(argc, argv, "--zero", ""));
     if (mode == "throughput")
       return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")),
-                              std::stoi(arg(argc, argv, "--rounds", "3")));
+                              std::stoi(arg(argc, argv, "--rounds", "3")),
+                              arg(argc, argv, "--zero", ""));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_bench: %s\n", e.what());
     return 1;

@@ -47,3 +47,10 @@ dtrain_use_torch_pch(partitioned_worker)
 dtrain_test(zero_partitioned_init_test LABELS zero SOURCES zero/partitioned_init_test.cpp launcher/subprocess.cpp TORCH)
 dtrain_test_programs(zero_partitioned_init_test PARTITIONED_WORKER_BIN partitioned_worker)
 add_dependencies(zero_partitioned_init_test partitioned_worker dtrain_cli)
+# Peak RSS per rank at dtrain's default settings (issue 28's bounds), measured by the benchmark's
+# worker; where the benchmarks are built (CI's tree is).
+if(TARGET zero_bench)
+  add_test(NAME zero.peak_rss_at_defaults
+    COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/zero/peak_rss_test.py $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:zero_bench>)
+  set_tests_properties(zero.peak_rss_at_defaults PROPERTIES LABELS zero TIMEOUT 900)
+endif()

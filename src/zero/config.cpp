@@ -61,7 +61,10 @@ class Section {
     if (validated_ && is_auto(&*it)) {
       if (std::find(auto_noted_.begin(), auto_noted_.end(), key) == auto_noted_.end()) {
         auto_noted_.push_back(key);
-        note(key, "\"auto\": DeepSpeed's default (DeepSpeed drops \"auto\" in this section)");
+        const bool own = key == "stage3_prefetch_bucket_size" || key == "stage3_max_reuse_distance";
+        note(key, own ? "\"auto\": dtrain's default (DeepSpeed drops \"auto\" in this section "
+                        "and uses its own; the two differ for this key: docs/zero.md)"
+                      : "\"auto\": DeepSpeed's default (DeepSpeed drops \"auto\" in this section)");
       }
       return nullptr;
     }

@@ -160,7 +160,7 @@ TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {
   EXPECT_EQ(c.fp16.loss_scale_window, 1000);
   EXPECT_EQ(c.zero.stage, 3);
   EXPECT_EQ(c.zero.reduce_bucket_size, 50000000);
-  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);  // "auto": DeepSpeed's default
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 5000000);  // "auto": dtrain's default
   EXPECT_TRUE(c.zero.offload_optimizer.enabled());
   EXPECT_TRUE(c.zero.offload_param.enabled());
 }
