@@ -409,8 +409,21 @@ TEST(ZeroCheckpoint, DeepSpeedLayoutAndBitwiseResume) {
       if (pg->rank() == 0) resumed = p;
     });
     ASSERT_EQ(resumed.size(), straight.size());
+    bool same = true;
     for (size_t i = 0; i < resumed.size(); ++i)
-      EXPECT_TRUE(torch::equal(resumed[i], straight[i])) << "stage " << v << " tensor " << i;
+      same = same && torch::equal(resumed[i], straight[i]);
+    if (!same) {
+      // Issue 29's open flake (stage 1, the first engine of the process, rarely, in full runs
+      // only): say whether the straight run itself reproduces, to tell resume from the rest.
+      auto again = run_zero(2, cfg, d, 4, 1, 10);
+      for (size_t i = 0; i < resumed.size(); ++i) {
+        ADD_FAILURE() << "stage " << v << " tensor " << i << ": resumed - straight max |diff| "
+                      << (resumed[i] - straight[i]).abs().max().item<double>()
+                      << "; a second straight run equals the first: "
+                      << torch::equal(again[i], straight[i])
+                      << ", equals the resumed one: " << torch::equal(again[i], resumed[i]);
+      }
+    }
     fs::remove_all(dir);
   }
 }
