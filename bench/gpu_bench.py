@@ -188,11 +188,17 @@ def bench_cpu_scaling(a, out):
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
                  for i in range(n)]
         total = 0.0
-        for p in procs:
-            o, _ = p.communicate(timeout=600)
-            if p.returncode != 0:
-                raise RuntimeError(f"apart run exited {p.returncode}\n{o[-2000:]}")
-            total += last_json(o)["samples_per_s"]
+        try:
+            for p in procs:
+                o, _ = p.communicate(timeout=600)
+                if p.returncode != 0:
+                    raise RuntimeError(f"apart run exited {p.returncode}\n{o[-2000:]}")
+                total += last_json(o)["samples_per_s"]
+        finally:
+            for p in procs:  # none left running when one failed or timed out
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         return total
 
     rows = {}
