@@ -10,7 +10,9 @@ dtrain::data is compared with its cache off (--cache-bytes 0); then again with i
 (the cache on: the first epoch decodes, later ones gather from memory). The MLP trains
 --mlp-epochs epochs (default 3): the ratio Parquet / memory is given for the whole run, for
 the first epoch (every row decoded) and for the later ones, with the share of the training
-loop's time spent waiting for batches (data_seconds). The runs are interleaved (--repeat),
+loop's time spent waiting for batches (data_seconds), and the job's wall time as its user
+waits for it (data loading included). The runs are interleaved (--repeat; the MLP's two
+in alternating order),
 medians printed, and the machine and its load named with every round. Never fails on timing.
 
     python3 bench/data_bench.py [--build-dir build] [--repeat 3] [--epochs 2] [--mlp-epochs 3]
@@ -27,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -82,13 +85,15 @@ def per_epoch(lines, epochs):
 
 def mlp(dtrain, fm, extra):
     """The example's JSON line: overall, first-epoch and later-epochs samples/s, data wait share."""
+    t0 = time.monotonic()
     out = run([dtrain, "run", "--nproc-per-node", "2"] + fm + extra)
+    wall = time.monotonic() - t0
     j = [j for j in json_lines(out) if "samples_per_s" in j][-1]
     es = j["epoch_seconds"]
     n = j["samples_per_s"] * j["seconds"] / len(es)  # samples per epoch, all ranks
     return {"all": j["samples_per_s"], "first": n / es[0],
             "later": n * (len(es) - 1) / sum(es[1:]) if len(es) > 1 else float("nan"),
-            "wait": j["data_seconds"] / j["seconds"]}
+            "wait": j["data_seconds"] / j["seconds"], "wall": wall}
 
 
 def machine():
@@ -137,7 +142,8 @@ def main():
     rows = {k: [] for k in ("dtrain::data", "petastorm", "dataloader+pyarrow", "cached_first",
                             "cached_later", "mlp_parquet", "mlp_memory", "mlp_parquet_first",
                             "mlp_memory_first", "mlp_parquet_later", "mlp_memory_later",
-                            "mlp_parquet_wait", "mlp_memory_wait")}
+                            "mlp_parquet_wait", "mlp_memory_wait", "mlp_parquet_wall",
+                            "mlp_memory_wall")}
     rss = {}
     loads = []
     print("machine:", machine(), flush=True)
@@ -161,17 +167,18 @@ def main():
         rows["cached_first"].append(first)
         rows["cached_later"].append(later)
         rss["cached"] = m
-        for key, extra in (("mlp_parquet", ["--data", "parquet:" + train]), ("mlp_memory", [])):
+        runs = [("mlp_parquet", ["--data", "parquet:" + train]), ("mlp_memory", [])]
+        for key, extra in runs if i % 2 == 0 else runs[::-1]:  # neither always goes first
             load.append(os.getloadavg()[0])
             f = mlp(dtrain, fm, extra)
             rows[key].append(f["all"])
-            rows[key + "_first"].append(f["first"])
-            rows[key + "_later"].append(f["later"])
-            rows[key + "_wait"].append(f["wait"])
+            for part in ("first", "later", "wait", "wall"):
+                rows[key + "_" + part].append(f[part])
         loads.append(load)
         print("round %d (load average %s): %s" % (
             i + 1, "/".join("%.1f" % x for x in load),
-            {k: round(v[-1], 3 if k.endswith("wait") else 0) for k, v in rows.items() if v}),
+            {k: round(v[-1], 3 if k.endswith(("wait", "wall")) else 0)
+             for k, v in rows.items() if v}),
             flush=True)
     med = {k: statistics.median(v) for k, v in rows.items() if v}
     print("\n%s; median of %d interleaved rounds, load average per round %s"
@@ -196,6 +203,13 @@ def main():
                                          zip(rows["mlp_parquet" + part], rows["mlp_memory" + part]))))
     print("  waiting for batches: %.1f%% of the loop's time from Parquet, %.1f%% from memory"
           % (100 * med["mlp_parquet_wait"], 100 * med["mlp_memory_wait"]))
+    print("  the job as the user waits for it (dtrain run's start to its exit, data loading and"
+          " process start included): %.2f s from Parquet, %.2f s from memory, memory / Parquet"
+          " %.2f (rounds: %s)" % (
+              med["mlp_parquet_wall"], med["mlp_memory_wall"],
+              med["mlp_memory_wall"] / med["mlp_parquet_wall"],
+              ", ".join("%.2f" % (m / p) for p, m in zip(rows["mlp_parquet_wall"],
+                                                         rows["mlp_memory_wall"]))))
     print("reader headroom (its samples/s alone / what the MLP trains from Parquet): %.1fx while"
           " decoding (first epoch), %.1fx in later epochs"
           % (med["cached_first"] / med["mlp_parquet_first"],

@@ -41,7 +41,8 @@
 // half, float, double, bool) has shape {} (or any shape of 1 element); a list column (list,
 // large_list, fixed_size_list of a scalar type: Spark's ArrayType, NumPy arrays written by
 // pyarrow) has as many values per row as the shape's product, in row-major order. The batch
-// holds [rows, shape...] tensors, contiguous, on the CPU, keyed by `key` (default: the name).
+// holds [rows, shape...] tensors, contiguous, on the CPU (or what the column's transform made
+// of them), keyed by `key` (default: the name).
 //
 // Memory: at most `prefetch` decoded row groups wait in the queue and `threads` more are being
 // decoded; the batch being assembled adds at most one more. So about
@@ -57,6 +58,15 @@
 // that does not keeps the row groups it holds. The files are not read again for a kept row
 // group (a file rewritten in place is not seen: open a new Table and Reader). Batches are
 // copies: changing one in place never changes the cache.
+//
+// Transforms: a Column's transform (normalising pixels, an augmentation, a dtype of the
+// model's) runs on the decoding threads, as a DataLoader's transforms run in its workers, not
+// on the training loop's: it gets a slice of decoded rows ([n, shape...] in the column's dtype,
+// n up to a row group's rows, in the epoch's order) and returns the batch's tensor for those
+// rows, of any dtype and per-row shape. It must be row-wise: n rows in, n rows out, row i from
+// row i alone (batches are cut from its outputs). The cache keeps what was decoded, before the
+// transform: a random augmentation draws anew each epoch. It runs on several threads at once;
+// what it throws fails the epoch as a DataError naming the column and row group.
 //
 // Threads: `threads` decoding threads per Reader, named "dtrain-data", run thread_nice
 // (default 10) steps below the thread that calls next(): the training loop's threads get
@@ -80,6 +90,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -95,6 +106,9 @@ struct Column {
   torch::Dtype dtype = torch::kFloat32;  // Default: float32
   std::vector<int64_t> shape;            // per row. Default: {} (one value per row)
   std::string key;                       // key in the Batch. Default: name
+  // Run on the decoding threads (see Transforms): [rows, shape...] of `dtype` in, the batch's
+  // tensor for these rows out. Default: none
+  std::function<torch::Tensor(const torch::Tensor&)> transform;
 };
 
 struct ReaderOptions {

@@ -44,18 +44,65 @@ Prefetcher::~Prefetcher() {
   for (auto& t : threads_) t.join();
 }
 
+namespace {
+
+std::string row_group_name(const TableState& table, const Piece& piece) {
+  const RowGroup& rg = table.row_groups[static_cast<size_t>(piece.group)];
+  return "row group " + std::to_string(rg.index) + " of " +
+         table.paths[static_cast<size_t>(rg.file)];
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
+                                       std::vector<torch::Tensor> tensors, int64_t rows,
+                                       const std::string& where) {
+  for (size_t c = 0; c < columns.size() && c < tensors.size(); ++c) {
+    if (!columns[c].transform) continue;
+    torch::Tensor out;
+    try {
+      out = columns[c].transform(tensors[c]);
+    } catch (const std::exception& e) {
+      throw DataError("data: the transform of column '" + columns[c].name + "' failed on " +
+                      where + ": " + e.what());
+    }
+    if (!out.defined() || out.dim() == 0 || out.size(0) != rows) {
+      throw DataError("data: the transform of column '" + columns[c].name + "' returned " +
+                      (!out.defined()  ? std::string("an undefined tensor")
+                       : out.dim() == 0 ? std::string("a scalar")
+                                        : std::to_string(out.size(0)) + " rows") +
+                      " for " + std::to_string(rows) + " rows of " + where +
+                      ": a transform must map each row to one row");
+    }
+    tensors[c] = std::move(out);
+  }
+  return tensors;
+}
+
 std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece& piece) {
   const RowGroup& rg = table_.row_groups[static_cast<size_t>(piece.group)];
   const auto order = row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_);
+  std::vector<torch::Tensor> rows;
   if (cache_) {
-    if (auto kept = cache_->find(piece.group))
-      return gather_rows(*kept, piece.begin, piece.end, order);
-    if (cache_->has_room(rg.rows * row_bytes_)) {
+    if (auto kept = cache_->find(piece.group)) {
+      rows = gather_rows(*kept, piece.begin, piece.end, order);
+    } else if (cache_->has_room(rg.rows * row_bytes_)) {
       auto whole = cache_->offer(piece.group, decoder.decode(rg.file, rg.index, 0, rg.rows, {}));
-      return gather_rows(*whole, piece.begin, piece.end, order);
+      rows = gather_rows(*whole, piece.begin, piece.end, order);
     }
   }
-  return decoder.decode(rg.file, rg.index, piece.begin, piece.end, order);
+  if (rows.empty()) rows = decoder.decode(rg.file, rg.index, piece.begin, piece.end, order);
+  return transformed(columns_, std::move(rows), piece.end - piece.begin,
+                     row_group_name(table_, piece));
+}
+
+std::vector<torch::Tensor> Prefetcher::gather(size_t i, const RowGroupCache::Entry& kept) const {
+  const Piece& piece = pieces_[i];
+  const RowGroup& rg = table_.row_groups[static_cast<size_t>(piece.group)];
+  return transformed(columns_,
+                     gather_rows(*kept, piece.begin, piece.end,
+                                 row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_)),
+                     piece.end - piece.begin, row_group_name(table_, piece));
 }
 
 void Prefetcher::run() {
@@ -74,16 +121,12 @@ void Prefetcher::run() {
     size_t i;
     {
       MutexLock lock(mu_);
-      for (;;) {
-        claimable_.wait(lock.native(), [&] {
-          mu_.assert_held();
-          return stop_ || (next_claim_ < pieces_.size() && next_claim_ < next_pop_ + window_);
-        });
-        if (stop_) return;
-        i = next_claim_++;
-        // A kept row group is left to pop(): only decoding is done here.
-        if (!claim_kept(i)) break;
-      }
+      claimable_.wait(lock.native(), [&] {
+        mu_.assert_held();
+        return stop_ || (next_claim_ < pieces_.size() && next_claim_ < next_pop_ + window_);
+      });
+      if (stop_) return;
+      i = next_claim_++;
     }
     Result r;
     try {
@@ -131,14 +174,9 @@ std::vector<torch::Tensor> Prefetcher::pop() {
   lock.unlock();
   claimable_.notify_all();
   if (r.error) std::rethrow_exception(r.error);
-  if (r.kept) {
-    // Gathered here, on the caller's thread: a copy of the piece's rows (a fraction of a
-    // millisecond per thousand rows), never a wait.
-    const Piece& piece = pieces_[i];
-    const RowGroup& rg = table_.row_groups[static_cast<size_t>(piece.group)];
-    return gather_rows(*r.kept, piece.begin, piece.end,
-                       row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_));
-  }
+  // A kept piece no thread had reached: gathered here, on the caller's thread (a copy of the
+  // piece's rows, a fraction of a millisecond per thousand rows), never a wait.
+  if (r.kept) return gather(i, r.kept);
   return std::move(r.tensors);
 }
 

@@ -6,11 +6,12 @@
 // consumer holds). pop() waits for piece i (up to the timeout), rethrows what decoding it
 // threw, and frees its slot. Destruction stops the threads and waits for them.
 //
-// With a cache, a piece of a kept row group is gathered from it by pop() itself, on the
-// caller's thread (a copy, cheaper than a hand-off, and never a wait for the low-priority
-// threads); a piece of another row group is decoded whole by a thread and offered to the
-// cache while it has room. The threads are named
-// "dtrain-data" and run `nice` steps below the thread that made the Prefetcher.
+// With a cache, a piece of a kept row group is gathered from it (a copy) by the thread that
+// claims it; pop() claims such a piece itself when no thread has reached it yet (never a
+// wait for the low-priority threads). A piece of another row group is decoded whole by a
+// thread and offered to the cache while it has room. The columns' transforms run on the
+// piece where it was made, after the cache. The threads are named "dtrain-data" and run
+// `nice` steps below the thread that made the Prefetcher.
 #pragma once
 
 #include <torch/torch.h>
@@ -20,6 +21,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,8 @@ class Prefetcher {
  private:
   void run();
   std::vector<torch::Tensor> decode(class FileDecoder& decoder, const Piece& piece);
+  // Piece i's tensors from a kept row group, transformed.
+  std::vector<torch::Tensor> gather(size_t i, const RowGroupCache::Entry& kept) const;
 
   const TableState& table_;
   const std::vector<Column>& columns_;
@@ -70,10 +74,17 @@ class Prefetcher {
     std::exception_ptr error;
     RowGroupCache::Entry kept;  // set: pop() gathers the piece from this cache entry
   };
-  // Marks piece i (just claimed) done when its row group is kept in the cache.
+  // Marks piece i (just claimed by pop()) done when its row group is kept in the cache.
   bool claim_kept(size_t i) DTRAIN_REQUIRES(mu_);
   std::map<size_t, Result> done_ DTRAIN_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
+
+// The columns' transforms applied to `tensors` (one per column, `rows` rows each); `where`
+// (a row group and file, or "an empty batch") names the rows in the DataError for a
+// transform that throws or does not return `rows` rows.
+std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
+                                       std::vector<torch::Tensor> tensors, int64_t rows,
+                                       const std::string& where);
 
 }  // namespace dtrain::data::detail

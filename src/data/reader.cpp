@@ -90,15 +90,16 @@ struct Reader::Impl {
       n -= k;
     }
     std::vector<torch::Tensor> out;
-    for (size_t c = 0; c < parts.size(); ++c) {
-      if (parts[c].empty()) {
+    if (!parts.empty() && parts[0].empty()) {
+      // An elastic rank's empty batch: what the columns (and their transforms) make of no rows.
+      for (const auto& column : options.columns) {
         std::vector<int64_t> shape{0};
-        shape.insert(shape.end(), options.columns[c].shape.begin(), options.columns[c].shape.end());
-        out.push_back(torch::empty(shape, torch::TensorOptions().dtype(options.columns[c].dtype)));
-      } else {
-        out.push_back(parts[c].size() == 1 ? parts[c][0] : torch::cat(parts[c]));
+        shape.insert(shape.end(), column.shape.begin(), column.shape.end());
+        out.push_back(torch::empty(shape, torch::TensorOptions().dtype(column.dtype)));
       }
+      return detail::transformed(options.columns, std::move(out), 0, "an empty batch");
     }
+    for (auto& p : parts) out.push_back(p.size() == 1 ? p[0] : torch::cat(p));
     return out;
   }
 };

@@ -5,6 +5,7 @@
 // conversion, and bad input as one clear error naming the file and the column.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
@@ -417,6 +419,68 @@ TEST(DataReader, ACachedTableIsNotReadAgain) {
   auto msg = error_of([&] { ids_of(decoded); });
   EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
   fs::remove_all(dir);
+}
+
+// A column's transform runs on the decoding threads, on what was decoded (the cache keeps the
+// values before it), may change the dtype, and fails the epoch with one clear error.
+TEST(DataReader, TransformsRunOnTheDecodingThreadsAfterTheCache) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  std::mutex mu;
+  std::set<std::string> threads;
+  auto doubled = [&](const torch::Tensor& id) {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      threads.insert(name);
+    }
+    return id.to(torch::kDouble).mul_(2);
+  };
+  for (int mode = 0; mode < 2; ++mode) {  // distributed, elastic (empty batches at the end)
+    for (int64_t cache : {int64_t{0}, int64_t{1} << 20}) {
+      auto opts = [&](bool transform) {
+        auto columns = id_column();
+        if (transform) columns[0].transform = doubled;
+        return ReaderOptions{.columns = columns,
+                             .batch_size = 16,
+                             .num_replicas = 3,
+                             .rank = 1,
+                             .seed = 5,
+                             .elastic = mode == 1,
+                             .cache_bytes = cache};
+      };
+      Reader plain(t, opts(false)), transformed(t, opts(true));
+      for (int64_t epoch = 0; epoch < 3; ++epoch) {
+        plain.set_epoch(epoch);
+        transformed.set_epoch(epoch);
+        std::vector<double> got;
+        while (auto b = transformed.next()) {
+          const auto& x = b->at("id");
+          ASSERT_EQ(x.scalar_type(), torch::kDouble) << "rows " << b->rows;
+          ASSERT_EQ(x.size(0), b->rows);
+          got.insert(got.end(), x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
+        }
+        std::vector<double> want;
+        for (int64_t id : ids_of(plain)) want.push_back(2.0 * static_cast<double>(id));
+        EXPECT_EQ(got, want) << "mode " << mode << " cache " << cache << " epoch " << epoch;
+      }
+    }
+  }
+  EXPECT_EQ(threads.count("dtrain-data"), 1u);
+
+  auto failing = [&](std::function<torch::Tensor(const torch::Tensor&)> f) {
+    auto columns = id_column();
+    columns[0].transform = std::move(f);
+    Reader r(t, {.columns = columns, .num_replicas = 1, .rank = 0});
+    return error_of([&] { ids_of(r); });
+  };
+  auto msg = failing([](const torch::Tensor&) -> torch::Tensor {
+    throw std::runtime_error("no pixels here");
+  });
+  EXPECT_NE(msg.find("transform of column 'id' failed on row group"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(".parquet: no pixels here"), std::string::npos) << msg;
+  msg = failing([](const torch::Tensor& id) { return id.narrow(0, 0, 1); });
+  EXPECT_NE(msg.find("must map each row to one row"), std::string::npos) << msg;
 }
 
 // The decoding threads are named dtrain-data and run thread_nice steps below the caller.
