@@ -49,11 +49,9 @@ TrainData::TrainData(const std::string& location, const std::string& data_dir, i
     if (!device.is_cpu()) idx_ = Split{idx_->images.to(device), idx_->labels.to(device)};
   } else {
 #if DTRAIN_HAVE_DATA
-    table_ = std::make_unique<Table>(Table{
-        dtrain::data::Reader(dtrain::data::Table::open(location),
-                             {.columns = columns(device.is_cpu()),
-                              .batch_size = batch_size,
-                              .seed = seed})});
+    table_ = std::make_unique<Table>(Table{dtrain::data::Reader(
+        dtrain::data::Table::open(location),
+        {.columns = columns(device.is_cpu()), .batch_size = batch_size, .seed = seed})});
 #else
     no_data(location);
 #endif
@@ -103,13 +101,11 @@ std::pair<torch::Tensor, torch::Tensor> TrainData::batch(int64_t b) {
 
 Split load_table_split(const std::string& location) {
 #if DTRAIN_HAVE_DATA
-  dtrain::data::Reader reader(
-      dtrain::data::Table::open(location),
-      {.columns = columns(true),
-       .batch_size = 4096,
-       .num_replicas = 1,
-       .rank = 0,
-       .shuffle = false});
+  dtrain::data::Reader reader(dtrain::data::Table::open(location), {.columns = columns(true),
+                                                                    .batch_size = 4096,
+                                                                    .num_replicas = 1,
+                                                                    .rank = 0,
+                                                                    .shuffle = false});
   std::vector<torch::Tensor> images, labels;
   while (auto b = reader.next()) {
     images.push_back(b->at("image"));

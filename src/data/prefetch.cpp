@@ -63,12 +63,12 @@ std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
     try {
       out = columns[c].transform(tensors[c]);
     } catch (const std::exception& e) {
-      throw DataError("data: the transform of column '" + columns[c].name + "' failed on " +
-                      where + ": " + e.what());
+      throw DataError("data: the transform of column '" + columns[c].name + "' failed on " + where +
+                      ": " + e.what());
     }
     if (!out.defined() || out.dim() == 0 || out.size(0) != rows) {
       throw DataError("data: the transform of column '" + columns[c].name + "' returned " +
-                      (!out.defined()  ? std::string("an undefined tensor")
+                      (!out.defined()   ? std::string("an undefined tensor")
                        : out.dim() == 0 ? std::string("a scalar")
                                         : std::to_string(out.size(0)) + " rows") +
                       " for " + std::to_string(rows) + " rows of " + where +

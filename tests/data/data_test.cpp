@@ -474,9 +474,8 @@ TEST(DataReader, TransformsRunOnTheDecodingThreadsAfterTheCache) {
     Reader r(t, {.columns = columns, .num_replicas = 1, .rank = 0});
     return error_of([&] { ids_of(r); });
   };
-  auto msg = failing([](const torch::Tensor&) -> torch::Tensor {
-    throw std::runtime_error("no pixels here");
-  });
+  auto msg = failing(
+      [](const torch::Tensor&) -> torch::Tensor { throw std::runtime_error("no pixels here"); });
   EXPECT_NE(msg.find("transform of column 'id' failed on row group"), std::string::npos) << msg;
   EXPECT_NE(msg.find(".parquet: no pixels here"), std::string::npos) << msg;
   msg = failing([](const torch::Tensor& id) { return id.narrow(0, 0, 1); });
