@@ -4,12 +4,14 @@
 // samples/s delivered to the training loop. Prints one JSON line per rank:
 //   {"rank": r, "samples": n, "seconds": s, "samples_per_s": n / s, "peak_rss_mb": ...,
 //    "epoch_seconds": [...], "cpu_seconds": user + system CPU time of the process}
-// --cache-bytes and --thread-nice set ReaderOptions' (their defaults otherwise).
+// --cache-bytes, --share-cache (0/1) and --thread-nice set ReaderOptions' (their defaults
+// otherwise).
 // bench/data_bench.py runs it beside Petastorm and a PyTorch DataLoader over pyarrow.
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,7 @@ int main(int argc, char** argv) {
   int epochs = 1, threads = defaults.threads, prefetch = defaults.prefetch,
       nice = defaults.thread_nice;
   int64_t batch = 64, cache = defaults.cache_bytes;
+  std::optional<bool> share;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--data") location = argv[i + 1];
@@ -31,11 +34,13 @@ int main(int argc, char** argv) {
     if (a == "--prefetch") prefetch = std::stoi(argv[i + 1]);
     if (a == "--cache-bytes") cache = std::stoll(argv[i + 1]);
     if (a == "--thread-nice") nice = std::stoi(argv[i + 1]);
+    if (a == "--share-cache") share = std::stoi(argv[i + 1]) != 0;
   }
   if (location.empty()) {
-    std::fprintf(stderr,
-                 "usage: data_bench --data parquet:DIR [--epochs N] [--batch-size B] "
-                 "[--threads T] [--prefetch P] [--cache-bytes C] [--thread-nice N]\n");
+    std::fprintf(
+        stderr,
+        "usage: data_bench --data parquet:DIR [--epochs N] [--batch-size B] "
+        "[--threads T] [--prefetch P] [--cache-bytes C] [--share-cache 0|1] [--thread-nice N]\n");
     return 2;
   }
   try {
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
          .threads = threads,
          .prefetch = prefetch,
          .cache_bytes = cache,
+         .share_cache = share,
          .thread_nice = nice});
     int64_t samples = 0;
     double checksum = 0;

@@ -58,6 +58,15 @@
 // that does not keeps the row groups it holds. The files are not read again for a kept row
 // group (a file rewritten in place is not seen: open a new Table and Reader). Batches are
 // copies: changing one in place never changes the cache.
+// Shared (share_cache, on by default when a host runs several ranks): the row groups a
+// rank keeps are files in /dev/shm that the host's other ranks map instead of decoding
+// them, so a host decodes each row group once and holds one copy (each rank's budget counts
+// what it published; mapped pages show in every mapping rank's RSS, once in the host's
+// memory). Entries are keyed by the table's files (path, size, modification time) and the
+// columns, written whole before they are seen, checked when mapped, and removed by the last
+// Reader of the host to finish (a job killed outright leaves them to the next one over the
+// same table, or to a reboot: rm /dev/shm/dtrain-data-*). Without /dev/shm the cache is
+// private.
 //
 // Transforms: a Column's transform (normalising pixels, an augmentation, a dtype of the
 // model's) runs on the decoding threads, as a DataLoader's transforms run in its workers, not
@@ -127,6 +136,9 @@ struct ReaderOptions {
   // Decoded row groups kept in memory for later epochs (see Cache): bytes per Reader.
   // Default: 256 MiB; 0: none.
   int64_t cache_bytes = int64_t{256} << 20;
+  // Share the cache with the host's other ranks through /dev/shm (see Cache). Default: on
+  // when the launcher says this host runs several ranks (LOCAL_WORLD_SIZE > 1).
+  std::optional<bool> share_cache;
   // Added to the decoding threads' nice value (0-19; see Threads). Default: 10
   int thread_nice = 10;
   // Longest wait for one row group to be decoded. Default: 10 min.

@@ -2,12 +2,22 @@
 
 namespace dtrain::data::detail {
 
-RowGroupCache::RowGroupCache(int64_t budget_bytes) : budget_(std::max<int64_t>(budget_bytes, 0)) {}
+RowGroupCache::RowGroupCache(int64_t budget_bytes, std::unique_ptr<SharedEntries> shared)
+    : budget_(std::max<int64_t>(budget_bytes, 0)), shared_(std::move(shared)) {}
+
+RowGroupCache::~RowGroupCache() = default;
 
 RowGroupCache::Entry RowGroupCache::find(int64_t group) const {
+  {
+    MutexLock lock(mu_);
+    auto it = entries_.find(group);
+    if (it != entries_.end()) return it->second;
+  }
+  if (!shared_) return nullptr;
+  auto mapped = shared_->find(group);  // another Reader of this host decoded it
+  if (!mapped) return nullptr;
   MutexLock lock(mu_);
-  auto it = entries_.find(group);
-  return it == entries_.end() ? nullptr : it->second;
+  return entries_.emplace(group, std::move(mapped)).first->second;
 }
 
 bool RowGroupCache::has_room(int64_t bytes) const {
@@ -15,17 +25,33 @@ bool RowGroupCache::has_room(int64_t bytes) const {
   return bytes_ + bytes <= budget_;
 }
 
-RowGroupCache::Entry RowGroupCache::offer(int64_t group, std::vector<torch::Tensor> tensors) {
-  int64_t size = 0;
-  for (const auto& t : tensors) size += static_cast<int64_t>(t.nbytes());
-  auto entry = std::make_shared<const std::vector<torch::Tensor>>(std::move(tensors));
+RowGroupCache::Entry RowGroupCache::offer(int64_t group, int64_t bytes, const Decode& decode) {
+  {
+    MutexLock lock(mu_);
+    auto it = entries_.find(group);
+    if (it != entries_.end()) return it->second;  // another thread kept it first
+    if (bytes_ + bytes > budget_)
+      return std::make_shared<const std::vector<torch::Tensor>>(decode(nullptr));
+    bytes_ += bytes;  // held while decoding, so no other row group overdraws the budget
+  }
+  Entry entry;
+  try {
+    // Shared: decoded straight into the entry's file, then put in place for the host.
+    if (auto draft = shared_ ? shared_->draft(group) : nullptr) {
+      decode(&draft->tensors);
+      entry = draft->commit();
+    } else {
+      entry = std::make_shared<const std::vector<torch::Tensor>>(decode(nullptr));
+    }
+  } catch (...) {
+    MutexLock lock(mu_);
+    bytes_ -= bytes;
+    throw;
+  }
   MutexLock lock(mu_);
-  auto it = entries_.find(group);
-  if (it != entries_.end()) return it->second;  // another thread kept it first
-  if (bytes_ + size > budget_) return entry;
-  bytes_ += size;
-  entries_.emplace(group, entry);
-  return entry;
+  auto [it, kept] = entries_.emplace(group, entry);
+  if (!kept) bytes_ -= bytes;  // another thread kept it (or found it shared) meanwhile
+  return it->second;
 }
 
 int64_t RowGroupCache::bytes() const {

@@ -441,7 +441,8 @@ FileDecoder::FileDecoder(const TableState& table, const std::vector<Column>& col
 FileDecoder::~FileDecoder() = default;
 
 std::vector<torch::Tensor> FileDecoder::decode(int f, int group, int64_t begin, int64_t end,
-                                               const std::vector<int64_t>& order) {
+                                               const std::vector<int64_t>& order,
+                                               const std::vector<torch::Tensor>* into) {
   const FileState& file = table_.files[static_cast<size_t>(f)];
   if (f != open_file_) {
     reader_.reset();
@@ -481,7 +482,8 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group, int64_t begin, 
         throw DataError("data: column '" + column.name + "' (a partition column) of " + file.path +
                         " has the value '" + v + "', which is not a number");
       }
-      out.push_back(torch::full(shape, value, torch::TensorOptions().dtype(column.dtype)));
+      out.push_back(into ? (*into)[c].fill_(value)
+                         : torch::full(shape, value, torch::TensorOptions().dtype(column.dtype)));
       continue;
     }
     Place at{file.path, column.name, group};
@@ -504,7 +506,11 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group, int64_t begin, 
     t = t.view(shape);
     // Select the rows first, convert after: one pass over the piece's values, in their own
     // (often narrower) dtype.
-    if (pick.defined()) {
+    if (into) {
+      DTRAIN_ASSERT((*into)[c].size(0) == end - begin, "decode into a tensor of another size");
+      t = pick.defined() ? (*into)[c].copy_(t.index_select(0, pick))
+                         : (*into)[c].copy_(t.narrow(0, begin, end - begin));
+    } else if (pick.defined()) {
       t = t.index_select(0, pick).to(column.dtype);
     } else {
       t = t.narrow(0, begin, end - begin).to(column.dtype, false, view_of_arrow);

@@ -48,13 +48,15 @@ ColumnSource resolve_column(const TableState& table, int f, const Column& column
 
 // Rows of row group `group` of file `f`: order[begin, end) (a permutation of the group's
 // rows), or rows [begin, end) when order is empty. One tensor per column, [end - begin,
-// shape...], in the column's dtype, owning its memory.
+// shape...], in the column's dtype, owning its memory - or, given `into` (tensors of that
+// shape and dtype), written into them and returned.
 class FileDecoder {
  public:
   FileDecoder(const TableState& table, const std::vector<Column>& columns);
   ~FileDecoder();
   std::vector<torch::Tensor> decode(int f, int group, int64_t begin, int64_t end,
-                                    const std::vector<int64_t>& order);
+                                    const std::vector<int64_t>& order,
+                                    const std::vector<torch::Tensor>* into = nullptr);
 
  private:
   const TableState& table_;

@@ -87,7 +87,9 @@ std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece&
     if (auto kept = cache_->find(piece.group)) {
       rows = gather_rows(*kept, piece.begin, piece.end, order);
     } else if (cache_->has_room(rg.rows * row_bytes_)) {
-      auto whole = cache_->offer(piece.group, decoder.decode(rg.file, rg.index, 0, rg.rows, {}));
+      auto whole = cache_->offer(piece.group, rg.rows * row_bytes_, [&](const auto* into) {
+        return decoder.decode(rg.file, rg.index, 0, rg.rows, {}, into);
+      });
       rows = gather_rows(*whole, piece.begin, piece.end, order);
     }
   }

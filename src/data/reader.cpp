@@ -22,6 +22,12 @@ std::pair<int, int> placement(const ReaderOptions& o) {
 
 constexpr const char* kPositionFormat = "dtrain.data.position/1";
 
+// Whether the launcher runs several ranks on this host (ReaderOptions::share_cache's default).
+bool several_local_ranks() {
+  const char* v = std::getenv("LOCAL_WORLD_SIZE");
+  return v && std::atoi(v) > 1;
+}
+
 }  // namespace
 
 const torch::Tensor& Batch::at(const std::string& key) const {
@@ -138,7 +144,10 @@ Reader::Reader(Table table, ReaderOptions options)
              .drop_last = options.drop_last,
              .batch_size = options.batch_size};
   m.options = std::move(options);
-  m.cache = std::make_unique<detail::RowGroupCache>(m.options.cache_bytes);
+  std::unique_ptr<detail::SharedEntries> shared;
+  if (m.options.cache_bytes > 0 && m.options.share_cache.value_or(several_local_ranks()))
+    shared = detail::SharedEntries::open(m.table.state(), m.options.columns, "/dev/shm");
+  m.cache = std::make_unique<detail::RowGroupCache>(m.options.cache_bytes, std::move(shared));
   // Every column against every file, now: a bad file fails here, not in the middle of an epoch.
   const auto& state = m.table.state();
   for (int f = 0; f < static_cast<int>(state.files.size()); ++f)

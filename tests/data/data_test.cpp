@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -418,6 +419,87 @@ TEST(DataReader, ACachedTableIsNotReadAgain) {
   EXPECT_EQ(sorted(ids_of(cached)), first);
   auto msg = error_of([&] { ids_of(decoded); });
   EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
+  fs::remove_all(dir);
+}
+
+// The dtrain-data-<uid>-* files in /dev/shm now.
+std::set<std::string> shared_files() {
+  std::set<std::string> out;
+  const std::string stem = "dtrain-data-" + std::to_string(getuid()) + "-";
+  for (const auto& f : std::filesystem::directory_iterator("/dev/shm"))
+    if (f.path().filename().string().rfind(stem, 0) == 0) out.insert(f.path().string());
+  return out;
+}
+
+// Two ranks of a host share what they decode: once both read epoch 0, later epochs read no
+// file (each rank meets row groups the other decoded), where a private cache would; the last
+// Reader removes the entries; an entry that does not check out is decoded instead.
+TEST(DataReader, RanksOfAHostShareWhatTheyDecode) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-data-shared-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  auto t = Table::open("parquet:" + dir.string());
+  auto opts = [](int rank, bool share) {
+    return ReaderOptions{.columns = id_column(),
+                         .batch_size = 16,
+                         .num_replicas = 2,
+                         .rank = rank,
+                         .seed = 9,
+                         .cache_bytes = 1 << 20,
+                         .share_cache = share};
+  };
+  Reader reference0(Table::open("parquet:" + tables() + "/parquet"), opts(0, false));
+  Reader reference1(Table::open("parquet:" + tables() + "/parquet"), opts(1, false));
+  const auto before = shared_files();
+  {
+    Reader r0(t, opts(0, true)), r1(t, opts(1, true)), private0(t, opts(0, false));
+    EXPECT_EQ(ids_of(r0), ids_of(reference0));
+    EXPECT_EQ(ids_of(r1), ids_of(reference1));
+    ids_of(private0);
+    std::set<std::string> made;
+    for (const auto& f : shared_files())
+      if (!before.count(f)) made.insert(f);
+    EXPECT_EQ(made.size(), t.row_groups().size() + 1) << "an entry per row group and a lock";
+
+    for (const auto& f : fs::directory_iterator(dir))
+      if (f.path().extension() == ".parquet") fs::resize_file(f.path(), 8);
+    for (int64_t epoch = 1; epoch < 3; ++epoch) {
+      for (auto* r : {&r0, &r1, &reference0, &reference1}) r->set_epoch(epoch);
+      EXPECT_EQ(ids_of(r0), ids_of(reference0)) << "epoch " << epoch;
+      EXPECT_EQ(ids_of(r1), ids_of(reference1)) << "epoch " << epoch;
+    }
+    private0.set_epoch(1);
+    auto msg = error_of([&] { ids_of(private0); });
+    EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
+  }
+  for (const auto& f : shared_files()) EXPECT_TRUE(before.count(f)) << f << " was left behind";
+
+  // Entries replaced by garbage (a new file renamed over each, as a writer would): decoded.
+  fs::remove_all(dir);
+  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  auto fresh = Table::open("parquet:" + dir.string());
+  {
+    Reader r0(fresh, opts(0, true)), r1(fresh, opts(1, true));
+    ids_of(r0);
+    ids_of(r1);
+    for (const auto& f : shared_files()) {
+      if (before.count(f) || f.find(".lock") != std::string::npos) continue;
+      {
+        std::ofstream bad(f + ".bad", std::ios::binary);
+        bad << "DTRDATA1 but nothing after";
+      }
+      fs::rename(f + ".bad", f);
+    }
+    Reader late0(fresh, opts(0, true));
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      late0.set_epoch(epoch);
+      reference0.set_epoch(epoch);
+      EXPECT_EQ(ids_of(late0), ids_of(reference0)) << "epoch " << epoch;
+    }
+  }
+  for (const auto& f : shared_files()) EXPECT_TRUE(before.count(f)) << f << " was left behind";
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,249 @@
+#include "data/shared_cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <sstream>
+
+namespace dtrain::data::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'D', 'T', 'R', 'D', 'A', 'T', 'A', '1'};
+constexpr int64_t kAlign = 64;
+
+// The file: magic, rows, columns, then per column (dtype, offset, bytes); the columns' data
+// at their offsets (64-byte aligned).
+struct Header {
+  char magic[8];
+  int64_t rows;
+  int64_t columns;
+};
+struct ColumnHeader {
+  int64_t dtype;
+  int64_t offset;
+  int64_t bytes;
+};
+
+int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+int64_t values_per_row(const Column& c) {
+  return std::accumulate(c.shape.begin(), c.shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+// 64-bit FNV-1a.
+uint64_t fnv1a(const std::string& s, uint64_t h = 14695981039346656037ull) {
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// What decides the decoded bytes: the table's files as they are now, and the columns.
+std::string identity(const TableState& table, const std::vector<Column>& columns) {
+  std::ostringstream id;
+  id << table.root << '\n';
+  if (table.version) id << *table.version;
+  for (const auto& path : table.paths) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return "";
+    id << '\n'
+       << path << ' ' << st.st_size << ' ' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec;
+  }
+  for (const auto& c : columns) {
+    id << '\n' << c.name << ' ' << static_cast<int>(c.dtype);
+    for (auto d : c.shape) id << ' ' << d;
+  }
+  return id.str();
+}
+
+// A read-only mapping of a whole file, unmapped when the last tensor over it goes.
+struct Mapping {
+  void* base = MAP_FAILED;
+  size_t size = 0;
+  ~Mapping() {
+    if (base != MAP_FAILED) ::munmap(base, size);
+  }
+};
+
+bool write_all(int fd, const void* data, size_t n, off_t at) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    at += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<SharedEntries> SharedEntries::open(const TableState& table,
+                                                   const std::vector<Column>& columns,
+                                                   const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return nullptr;
+  const std::string id = identity(table, columns);
+  if (id.empty()) return nullptr;
+  char key[40];
+  std::snprintf(key, sizeof key, "%016llx%016llx", static_cast<unsigned long long>(fnv1a(id)),
+                static_cast<unsigned long long>(std::hash<std::string>{}(id)));
+  const std::string prefix =
+      (fs::path(dir) / ("dtrain-data-" + std::to_string(::getuid()) + "-" + key)).string();
+  const int fd = ::open((prefix + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return nullptr;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {  // the last user of an earlier run is removing
+    ::close(fd);
+    return nullptr;
+  }
+  std::vector<Column> kept;
+  for (const auto& c : columns)
+    kept.push_back({.name = c.name, .dtype = c.dtype, .shape = c.shape});
+  std::vector<int64_t> rows;
+  for (const auto& rg : table.row_groups) rows.push_back(rg.rows);
+  return std::unique_ptr<SharedEntries>(
+      new SharedEntries(prefix, fd, std::move(kept), std::move(rows)));
+}
+
+SharedEntries::SharedEntries(std::string prefix, int lock_fd, std::vector<Column> columns,
+                             std::vector<int64_t> rows)
+    : prefix_(std::move(prefix)),
+      lock_fd_(lock_fd),
+      columns_(std::move(columns)),
+      rows_(std::move(rows)) {}
+
+SharedEntries::~SharedEntries() {
+  // Let go, then try to be the last: whoever gets the lock alone removes everything.
+  ::flock(lock_fd_, LOCK_UN);
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
+    const fs::path prefix(prefix_);
+    const std::string stem = prefix.filename().string() + "-";
+    std::error_code ec;
+    for (fs::directory_iterator it(prefix.parent_path(), ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (it->path().filename().string().rfind(stem, 0) == 0) fs::remove(it->path(), ec);
+    }
+    fs::remove(prefix_ + ".lock", ec);
+  }
+  ::close(lock_fd_);
+}
+
+std::string SharedEntries::entry_path(int64_t group) const {
+  return prefix_ + "-" + std::to_string(group);
+}
+
+SharedEntries::Entry SharedEntries::find(int64_t group) const {
+  if (group < 0 || group >= static_cast<int64_t>(rows_.size())) return nullptr;
+  const int fd = ::open(entry_path(group).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  auto map = std::make_shared<Mapping>();
+  if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(Header))) {
+    map->size = static_cast<size_t>(st.st_size);
+    // Populated: one call maps every page, instead of a fault per page on first touch.
+    map->base = ::mmap(nullptr, map->size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  }
+  ::close(fd);
+  if (map->base == MAP_FAILED) return nullptr;
+
+  const auto* base = static_cast<const char*>(map->base);
+  const auto size = static_cast<int64_t>(map->size);
+  Header h{};
+  std::memcpy(&h, base, sizeof h);
+  const int64_t rows = rows_[static_cast<size_t>(group)];
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.rows != rows ||
+      h.columns != static_cast<int64_t>(columns_.size()) ||
+      static_cast<int64_t>(sizeof(Header) + columns_.size() * sizeof(ColumnHeader)) > size) {
+    return nullptr;
+  }
+  auto tensors = std::make_shared<std::vector<torch::Tensor>>();
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    ColumnHeader ch{};
+    std::memcpy(&ch, base + sizeof(Header) + c * sizeof(ColumnHeader), sizeof ch);
+    const auto& col = columns_[c];
+    const int64_t bytes =
+        rows * values_per_row(col) * static_cast<int64_t>(c10::elementSize(col.dtype));
+    if (ch.dtype != static_cast<int64_t>(col.dtype) || ch.bytes != bytes || ch.offset < 0 ||
+        ch.offset % kAlign != 0 || ch.offset + bytes > size) {
+      return nullptr;
+    }
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), col.shape.begin(), col.shape.end());
+    // Read-only memory: the cache's readers copy out of it (gather_rows), never write.
+    tensors->push_back(torch::from_blob(
+        const_cast<char*>(base) + ch.offset, shape, [map](void*) {},
+        torch::TensorOptions().dtype(col.dtype)));
+  }
+  return tensors;
+}
+
+SharedEntries::Draft::~Draft() {
+  if (!committed_) ::unlink(temp_.c_str());
+}
+
+SharedEntries::Entry SharedEntries::Draft::commit() {
+  committed_ = ::rename(temp_.c_str(), final_.c_str()) == 0;
+  return std::make_shared<const std::vector<torch::Tensor>>(tensors);
+}
+
+std::unique_ptr<SharedEntries::Draft> SharedEntries::draft(int64_t group) const {
+  if (group < 0 || group >= static_cast<int64_t>(rows_.size())) return nullptr;
+  const int64_t rows = rows_[static_cast<size_t>(group)];
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.rows = rows;
+  h.columns = static_cast<int64_t>(columns_.size());
+  std::vector<ColumnHeader> cols;
+  int64_t at =
+      aligned(static_cast<int64_t>(sizeof(Header) + columns_.size() * sizeof(ColumnHeader)));
+  for (const auto& c : columns_) {
+    const int64_t bytes =
+        rows * values_per_row(c) * static_cast<int64_t>(c10::elementSize(c.dtype));
+    cols.push_back({static_cast<int64_t>(c.dtype), at, bytes});
+    at = aligned(at + bytes);
+  }
+  auto d = std::make_unique<Draft>();
+  d->final_ = entry_path(group);
+  d->temp_ = d->final_ + ".tmp." + std::to_string(::getpid()) + "." +
+             std::to_string(static_cast<long>(::syscall(SYS_gettid)));
+  const int fd = ::open(d->temp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return nullptr;
+  auto map = std::make_shared<Mapping>();
+  // posix_fallocate: every page now (ENOSPC here when /dev/shm is full, not SIGBUS later).
+  if (::posix_fallocate(fd, 0, static_cast<off_t>(at)) == 0 && write_all(fd, &h, sizeof h, 0) &&
+      write_all(fd, cols.data(), cols.size() * sizeof(ColumnHeader), sizeof h)) {
+    map->size = static_cast<size_t>(at);
+    map->base = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+#ifdef MADV_POPULATE_WRITE
+    // Writable page tables in one call (Linux 5.14+), not a fault per page while decoding.
+    if (map->base != MAP_FAILED) ::madvise(map->base, map->size, MADV_POPULATE_WRITE);
+#endif
+  }
+  ::close(fd);
+  if (map->base == MAP_FAILED) return nullptr;
+  auto* base = static_cast<char*>(map->base);
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), columns_[c].shape.begin(), columns_[c].shape.end());
+    d->tensors.push_back(torch::from_blob(
+        base + cols[c].offset, shape, [map](void*) {},
+        torch::TensorOptions().dtype(columns_[c].dtype)));
+  }
+  return d;
+}
+
+}  // namespace dtrain::data::detail
