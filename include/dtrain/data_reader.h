@@ -65,7 +65,8 @@
 // memory). Entries are keyed by the table's files (path, size, modification time) and the
 // columns, written whole before they are seen, checked when mapped, and removed by the last
 // Reader of the host to finish (a job killed outright leaves them to the next one over the
-// same table, or to a reboot: rm /dev/shm/dtrain-data-*). Without /dev/shm the cache is
+// same table, or to a reboot: rm /dev/shm/dtrain-data-*); with a column's preprocess (a
+// function, which cannot be compared) only the job's own ranks share. Without /dev/shm the cache is
 // private.
 //
 // Transforms: a Column's transform (normalising pixels, an augmentation, a dtype of the
@@ -76,6 +77,11 @@
 // row i alone (batches are cut from its outputs). The cache keeps what was decoded, before the
 // transform: a random augmentation draws anew each epoch. It runs on several threads at once;
 // what it throws fails the epoch as a DataError naming the column and row group.
+// A Column's preprocess is the fixed part (normalising, as tf.data's map before its cache):
+// it runs once on each row group as decoded, before the cache, so the cache keeps - and every
+// later epoch gathers - its output; it must keep the dtype and shape (it may work in place:
+// the tensor is its own) and be row-wise too. The order: decode, preprocess, cache, gather
+// the epoch's rows, transform.
 //
 // Threads: `threads` decoding threads per Reader, named "dtrain-data", run thread_nice
 // (default 10) steps below the thread that calls next(): the training loop's threads get
@@ -115,8 +121,11 @@ struct Column {
   torch::Dtype dtype = torch::kFloat32;  // Default: float32
   std::vector<int64_t> shape;            // per row. Default: {} (one value per row)
   std::string key;                       // key in the Batch. Default: name
-  // Run on the decoding threads (see Transforms): [rows, shape...] of `dtype` in, the batch's
-  // tensor for these rows out. Default: none
+  // Run on the decoding threads once per decoded row group, before the cache (see
+  // Transforms): the same dtype and shape out, fixed work only. Default: none
+  std::function<torch::Tensor(const torch::Tensor&)> preprocess;
+  // Run on the decoding threads on every epoch's rows, after the cache (see Transforms):
+  // [rows, shape...] of `dtype` in, the batch's tensor for these rows out. Default: none
   std::function<torch::Tensor(const torch::Tensor&)> transform;
 };
 

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <numeric>
+#include <sstream>
 
 #include "data/parquet_file.h"
 
@@ -79,6 +80,35 @@ std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
   return tensors;
 }
 
+void preprocess(const std::vector<Column>& columns, std::vector<torch::Tensor>& tensors,
+                bool in_place, const std::string& where) {
+  for (size_t c = 0; c < columns.size() && c < tensors.size(); ++c) {
+    if (!columns[c].preprocess) continue;
+    torch::Tensor out;
+    try {
+      out = columns[c].preprocess(tensors[c]);
+    } catch (const std::exception& e) {
+      throw DataError("data: the preprocess of column '" + columns[c].name + "' failed on " +
+                      where + ": " + e.what());
+    }
+    if (!out.defined() || out.sizes() != tensors[c].sizes() ||
+        out.scalar_type() != tensors[c].scalar_type()) {
+      std::ostringstream got, want;
+      if (out.defined()) got << out.scalar_type() << out.sizes();
+      want << tensors[c].scalar_type() << tensors[c].sizes();
+      throw DataError("data: the preprocess of column '" + columns[c].name + "' returned " +
+                      (out.defined() ? got.str() : std::string("an undefined tensor")) + " for " +
+                      want.str() + " of " + where +
+                      ": a preprocess keeps the dtype and shape (a transform may change them)");
+    }
+    if (!in_place) {
+      tensors[c] = std::move(out);
+    } else if (!out.is_same(tensors[c])) {
+      tensors[c].copy_(out);  // the tensors are a cache entry's memory: keep them
+    }
+  }
+}
+
 std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece& piece) {
   const RowGroup& rg = table_.row_groups[static_cast<size_t>(piece.group)];
   const auto order = row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_);
@@ -88,12 +118,17 @@ std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece&
       rows = gather_rows(*kept, piece.begin, piece.end, order);
     } else if (cache_->has_room(rg.rows * row_bytes_)) {
       auto whole = cache_->offer(piece.group, rg.rows * row_bytes_, [&](const auto* into) {
-        return decoder.decode(rg.file, rg.index, 0, rg.rows, {}, into);
+        auto t = decoder.decode(rg.file, rg.index, 0, rg.rows, {}, into);
+        preprocess(columns_, t, into != nullptr, row_group_name(table_, piece));
+        return t;
       });
       rows = gather_rows(*whole, piece.begin, piece.end, order);
     }
   }
-  if (rows.empty()) rows = decoder.decode(rg.file, rg.index, piece.begin, piece.end, order);
+  if (rows.empty()) {
+    rows = decoder.decode(rg.file, rg.index, piece.begin, piece.end, order);
+    preprocess(columns_, rows, false, row_group_name(table_, piece));
+  }
   return transformed(columns_, std::move(rows), piece.end - piece.begin,
                      row_group_name(table_, piece));
 }

@@ -9,9 +9,9 @@
 // With a cache, a piece of a kept row group is gathered from it (a copy) by the thread that
 // claims it; pop() claims such a piece itself when no thread has reached it yet (never a
 // wait for the low-priority threads). A piece of another row group is decoded whole by a
-// thread and offered to the cache while it has room. The columns' transforms run on the
-// piece where it was made, after the cache. The threads are named "dtrain-data" and run
-// `nice` steps below the thread that made the Prefetcher.
+// thread and offered to the cache while it has room. The columns' preprocess runs on what
+// was decoded, before the cache; their transforms on the piece where it was made, after it. The
+// threads are named "dtrain-data" and run `nice` steps below the thread that made the Prefetcher.
 #pragma once
 
 #include <torch/torch.h>
@@ -86,5 +86,10 @@ class Prefetcher {
 std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
                                        std::vector<torch::Tensor> tensors, int64_t rows,
                                        const std::string& where);
+// The columns' preprocess applied to freshly decoded `tensors`; in_place: the results are
+// written back into them (a cache entry's memory). DataError naming the column and `where`
+// for one that throws or changes a dtype or shape.
+void preprocess(const std::vector<Column>& columns, std::vector<torch::Tensor>& tensors,
+                bool in_place, const std::string& where);
 
 }  // namespace dtrain::data::detail

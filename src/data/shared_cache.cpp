@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -61,9 +62,22 @@ std::string identity(const TableState& table, const std::vector<Column>& columns
     id << '\n'
        << path << ' ' << st.st_size << ' ' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec;
   }
+  bool preprocessed = false;
   for (const auto& c : columns) {
     id << '\n' << c.name << ' ' << static_cast<int>(c.dtype);
     for (auto d : c.shape) id << ' ' << d;
+    preprocessed = preprocessed || static_cast<bool>(c.preprocess);
+  }
+  if (preprocessed) {
+    // A function cannot be compared: entries made by a preprocess are this job's alone (its
+    // rendezvous address and run id; outside a launcher, this process's).
+    auto env = [](const char* name) {
+      const char* v = std::getenv(name);
+      return std::string(v ? v : "");
+    };
+    id << "\njob " << env("MASTER_ADDR") << ':' << env("MASTER_PORT") << ' '
+       << env("TORCHELASTIC_RUN_ID");
+    if (env("MASTER_PORT").empty()) id << " pid " << ::getpid();
   }
   return id.str();
 }

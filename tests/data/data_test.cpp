@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -562,6 +563,76 @@ TEST(DataReader, TransformsRunOnTheDecodingThreadsAfterTheCache) {
   EXPECT_NE(msg.find(".parquet: no pixels here"), std::string::npos) << msg;
   msg = failing([](const torch::Tensor& id) { return id.narrow(0, 0, 1); });
   EXPECT_NE(msg.find("must map each row to one row"), std::string::npos) << msg;
+}
+
+// A column's preprocess runs once per decoded row group, before the cache (which keeps its
+// output, shared or not), and must keep the dtype and shape.
+TEST(DataReader, PreprocessRunsOncePerDecodedRowGroupBeforeTheCache) {
+  auto t = Table::open("parquet:" + tables() + "/parquet");
+  const auto groups = static_cast<int>(t.row_groups().size());
+  std::atomic<int> calls{0};
+  auto doubled = [&](const torch::Tensor& id) {
+    ++calls;
+    return id.mul_(2);  // in place: the tensor is its own
+  };
+  auto opts = [&](int rank, int64_t cache, bool share) {
+    auto columns = std::vector<Column>{{.name = "id", .dtype = torch::kDouble}};
+    columns[0].preprocess = doubled;
+    return ReaderOptions{.columns = columns,
+                         .batch_size = 16,
+                         .num_replicas = 2,
+                         .rank = rank,
+                         .seed = 4,
+                         .cache_bytes = cache,
+                         .share_cache = share};
+  };
+  auto doubled_ids = [](Reader& r) {
+    std::vector<double> got;
+    while (auto b = r.next()) {
+      auto x = b->at("id");
+      got.insert(got.end(), x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
+    }
+    return got;
+  };
+  auto want = [&](int rank, int64_t epoch) {
+    Reader plain(t, {.columns = id_column(),
+                     .batch_size = 16,
+                     .num_replicas = 2,
+                     .rank = rank,
+                     .seed = 4,
+                     .cache_bytes = 0});
+    plain.set_epoch(epoch);
+    std::vector<double> out;
+    for (int64_t id : ids_of(plain)) out.push_back(2.0 * static_cast<double>(id));
+    return out;
+  };
+  for (int64_t cache : {int64_t{0}, int64_t{1} << 20}) {
+    for (bool share : {false, true}) {
+      if (share && cache == 0) continue;
+      calls = 0;
+      Reader r0(t, opts(0, cache, share)), r1(t, opts(1, cache, share));
+      for (int64_t epoch = 0; epoch < 4; ++epoch) {
+        r0.set_epoch(epoch);
+        r1.set_epoch(epoch);
+        EXPECT_EQ(doubled_ids(r0), want(0, epoch)) << "cache " << cache << " epoch " << epoch;
+        EXPECT_EQ(doubled_ids(r1), want(1, epoch)) << "cache " << cache << " epoch " << epoch;
+      }
+      if (cache == 0) {
+        EXPECT_GE(calls.load(), 4 * groups) << "no cache: every epoch's pieces";
+      } else if (share) {
+        EXPECT_EQ(calls.load(), groups) << "shared: each row group once on the host";
+      } else {
+        EXPECT_GT(calls.load(), groups) << "private: a row group once per rank that reads it";
+        EXPECT_LE(calls.load(), 2 * groups);
+      }
+    }
+  }
+  auto columns = std::vector<Column>{{.name = "id", .dtype = torch::kDouble}};
+  columns[0].preprocess = [](const torch::Tensor& id) { return id.to(torch::kFloat); };
+  Reader bad(t, {.columns = columns, .num_replicas = 1, .rank = 0});
+  auto msg = error_of([&] { bad.next(); });
+  EXPECT_NE(msg.find("preprocess of column 'id' returned Float"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("keeps the dtype and shape"), std::string::npos) << msg;
 }
 
 // The decoding threads are named dtrain-data and run thread_nice steps below the caller.
