@@ -6,6 +6,14 @@
 if(DTRAIN_HAVE_DATA)
   dtrain_test(data_test LABELS data SOURCES data/data_test.cpp launcher/subprocess.cpp
               LIBS dtrain_data TORCH)
+  # A rank that leaves its shared cache entries behind (no destructors), for dtrain run to sweep.
+  add_executable(abandoning_worker data/abandoning_worker.cpp)
+  target_link_libraries(abandoning_worker PRIVATE dtrain_data dtrain)
+  target_include_directories(abandoning_worker PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  dtrain_use_torch_pch(abandoning_worker)
+  target_compile_options(abandoning_worker PRIVATE ${DTRAIN_WARNINGS})
+  dtrain_test_programs(data_test ABANDONING_WORKER_BIN abandoning_worker)
+  add_dependencies(data_test dtrain_cli)
   dtrain_test(fashion_mnist_tables_test LABELS data
               SOURCES data/fashion_mnist_tables_test.cpp launcher/subprocess.cpp)
   dtrain_test_programs(fashion_mnist_tables_test FASHION_MNIST_BIN fashion_mnist)

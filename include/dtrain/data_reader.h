@@ -64,10 +64,10 @@
 // what it published; mapped pages show in every mapping rank's RSS, once in the host's
 // memory). Entries are keyed by the table's files (path, size, modification time) and the
 // columns, written whole before they are seen, checked when mapped, and removed by the last
-// Reader of the host to finish (a job killed outright leaves them to the next one over the
-// same table, or to a reboot: rm /dev/shm/dtrain-data-*); with a column's preprocess (a
-// function, which cannot be compared) only the job's own ranks share. Without /dev/shm the cache is
-// private.
+// Reader of the host to finish; those of ranks that died without clean-up are swept by
+// `dtrain run` once its workers are gone (under another launcher: the next job over the same
+// table, or rm /dev/shm/dtrain-data-*). With a column's preprocess (a function, which cannot
+// be compared) only the job's own ranks share. Without /dev/shm the cache is private.
 //
 // Transforms: a Column's transform (normalising pixels, an augmentation, a dtype of the
 // model's) runs on the decoding threads, as a DataLoader's transforms run in its workers, not

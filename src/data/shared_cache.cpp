@@ -14,6 +14,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/shared_files.h"
+
 namespace dtrain::data::detail {
 
 namespace {
@@ -116,8 +118,7 @@ std::unique_ptr<SharedEntries> SharedEntries::open(const TableState& table,
   char key[40];
   std::snprintf(key, sizeof key, "%016llx%016llx", static_cast<unsigned long long>(fnv1a(id)),
                 static_cast<unsigned long long>(std::hash<std::string>{}(id)));
-  const std::string prefix =
-      (fs::path(dir) / ("dtrain-data-" + std::to_string(::getuid()) + "-" + key)).string();
+  const std::string prefix = (fs::path(dir) / (dtrain::detail::data_cache_stem() + key)).string();
   const int fd = ::open((prefix + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return nullptr;
   if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {  // the last user of an earlier run is removing
@@ -143,16 +144,7 @@ SharedEntries::SharedEntries(std::string prefix, int lock_fd, std::vector<Column
 SharedEntries::~SharedEntries() {
   // Let go, then try to be the last: whoever gets the lock alone removes everything.
   ::flock(lock_fd_, LOCK_UN);
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
-    const fs::path prefix(prefix_);
-    const std::string stem = prefix.filename().string() + "-";
-    std::error_code ec;
-    for (fs::directory_iterator it(prefix.parent_path(), ec), end; !ec && it != end;
-         it.increment(ec)) {
-      if (it->path().filename().string().rfind(stem, 0) == 0) fs::remove(it->path(), ec);
-    }
-    fs::remove(prefix_ + ".lock", ec);
-  }
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) dtrain::detail::remove_shared_files(prefix_);
   ::close(lock_fd_);
 }
 

@@ -11,10 +11,12 @@
 // temporary name and renamed when complete, and checked when mapped (format, rows, dtypes,
 // sizes): a reader sees a whole entry or none, and one that does not check out is decoded.
 //
-// Clean-up: every Reader holds a shared lock on <prefix>.lock; the last one to let go (it
-// gets the lock exclusively) removes the entries, their temporary files and the lock file.
-// Mappings outlive the removal, so a Reader still holding one keeps it. A Reader that cannot
-// take the shared lock (one is removing) shares nothing and caches privately.
+// Clean-up (core/shared_files.h): every Reader holds a shared lock on <prefix>.lock; the last
+// one to let go (it gets the lock exclusively) removes the entries, their temporary files and
+// the lock file, and `dtrain run` sweeps what no one holds once its workers are gone (ranks
+// that were killed or aborted). Mappings outlive the removal, so a Reader still holding one
+// keeps it. A Reader that cannot take the shared lock (one is removing) shares nothing and
+// caches privately.
 //
 // Thread-safety: every member may be called from any thread.
 #pragma once

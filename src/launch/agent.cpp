@@ -41,6 +41,7 @@
 #include <sstream>
 
 #include "core/hostfile.h"
+#include "core/shared_files.h"
 #include "diagnosis/records.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
@@ -621,6 +622,8 @@ int Agent::run() {
         std::to_string(o_.max_restarts) + ")");
   }
   workers_->drop_standby();
+  // The data reader's shared cache of workers that died without clean-up: no one holds it now.
+  detail::sweep_shared_files("/dev/shm", detail::data_cache_stem());
   finish_job(round);
   return code;
 }

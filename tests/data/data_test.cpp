@@ -26,6 +26,7 @@
 #include "dtrain/data_reader.h"
 #include "dtrain/data_table.h"
 #include "dtrain/sampler.h"
+#include "launcher/subprocess.h"
 
 namespace {
 
@@ -502,6 +503,31 @@ TEST(DataReader, RanksOfAHostShareWhatTheyDecode) {
   }
   for (const auto& f : shared_files()) EXPECT_TRUE(before.count(f)) << f << " was left behind";
   fs::remove_all(dir);
+}
+
+// Ranks that die without clean-up (here: _Exit after an epoch with the shared cache) leave
+// their entries in /dev/shm; `dtrain run` sweeps them once its workers are gone.
+TEST(DataReader, DtrainRunSweepsTheSharedEntriesOfRanksThatDiedWithoutCleanUp) {
+  const auto before = shared_files();
+  auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2",
+                                      ABANDONING_WORKER_BIN, "parquet:" + tables() + "/parquet"},
+                                     {.timeout = 120s});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  // Each rank read its share; the later one saw every row group's entry and the lock.
+  Reader probe(Table::open("parquet:" + tables() + "/parquet"),
+               {.columns = id_column(), .num_replicas = 2, .rank = 0});
+  EXPECT_NE(r.out.find("rows " + std::to_string(probe.num_samples()) + " entries"),
+            std::string::npos)
+      << r.out << r.err;
+  int seen = 0;
+  for (size_t at = r.out.find("entries "); at != std::string::npos;
+       at = r.out.find("entries ", at + 1))
+    seen = std::max(seen, std::stoi(r.out.substr(at + 8)));
+  EXPECT_GE(
+      seen,
+      static_cast<int>(Table::open("parquet:" + tables() + "/parquet").row_groups().size()) + 1)
+      << r.out;
+  for (const auto& f : shared_files()) EXPECT_TRUE(before.count(f)) << f << " was left behind";
 }
 
 // A column's transform runs on the decoding threads, on what was decoded (the cache keeps the
