@@ -3,7 +3,8 @@
 #   scripts/sanitize.sh asan [core|all] [-- CTEST ARGS...]
 #       ASan + UBSan (build-asan/). core: the libtorch-free tests - store, launcher, launch
 #       options, engine environment, the fuzz targets' replays (minutes to build). all: also the
-#       unit and distributor tests, which build libdtrain with the sanitizers (an hour of CPU).
+#       unit, distributor and data tests, which build libdtrain with the sanitizers (an hour
+#       of CPU).
 #   scripts/sanitize.sh tsan [core|all] [-- CTEST ARGS...]
 #       TSan (build-tsan/). core: the store's server thread against its clients. all: also the
 #       shared-memory backend, the Horovod controller, the elastic agents and the Tuner.
@@ -38,10 +39,11 @@ tests="$core_tests"
 targets=("${core_targets[@]}")
 if [[ "$scope" == all ]]; then
   if [[ "$kind" == asan ]]; then
-    tests="$core_tests|(^|[./])(Codec[A-Za-z]*|Collectives[A-Za-z]*|Ddp[A-Za-z]*|Sampler[A-Za-z]*|Checkpoint[A-Za-z]*|SyncBatchNorm[A-Za-z]*|ShmGroup[A-Za-z]*|Distributor[A-Za-z]*)\."
+    tests="$core_tests|(^|[./])(Codec[A-Za-z]*|Collectives[A-Za-z]*|Ddp[A-Za-z]*|Sampler[A-Za-z]*|Checkpoint[A-Za-z]*|SyncBatchNorm[A-Za-z]*|ShmGroup[A-Za-z]*|Distributor[A-Za-z]*|DataReader|DataTable|DataErrors|DeltaTable)\."
     targets+=(codec_test collectives_test shm_collectives_test shm_group_test ddp_test
               sampler_test checkpoint_test sync_batch_norm_test distributor_test
-              distributor_driver_test fuzz_codec_replay fuzz_elastic_commit_replay)
+              distributor_driver_test fuzz_codec_replay fuzz_elastic_commit_replay
+              data_test abandoning_worker dtrain_cli)
   else
     tests="$core_tests|(^|[./])(ShmGroup[A-Za-z]*|Hvd[A-Za-z]*|Horovod[A-Za-z]*|Elastic[A-Za-z]*|Tune[A-Za-z]*|Tuner[A-Za-z]*)\."
     targets+=(shm_group_test shm_collectives_test hvd_test elastic_test tune_tuner_test)
