@@ -7,7 +7,8 @@
 #       of CPU).
 #   scripts/sanitize.sh tsan [core|all] [-- CTEST ARGS...]
 #       TSan (build-tsan/). core: the store's server thread against its clients. all: also the
-#       shared-memory backend, the Horovod controller, the elastic agents and the Tuner.
+#       shared-memory backend, the Horovod controller, the elastic agents, the Tuner and the
+#       data reader's threads.
 # Every report fails the run (halt_on_error); a report inside a library we do not build
 # (libtorch, Gloo, OpenMP) is suppressed in tests/sanitizers/*.supp with the report that
 # justifies it, never one in dtrain's code. docs/hardening.md has the results.
@@ -45,8 +46,9 @@ if [[ "$scope" == all ]]; then
               distributor_driver_test fuzz_codec_replay fuzz_elastic_commit_replay
               data_test abandoning_worker dtrain_cli)
   else
-    tests="$core_tests|(^|[./])(ShmGroup[A-Za-z]*|Hvd[A-Za-z]*|Horovod[A-Za-z]*|Elastic[A-Za-z]*|Tune[A-Za-z]*|Tuner[A-Za-z]*)\."
-    targets+=(shm_group_test shm_collectives_test hvd_test elastic_test tune_tuner_test)
+    tests="$core_tests|(^|[./])(ShmGroup[A-Za-z]*|Hvd[A-Za-z]*|Horovod[A-Za-z]*|Elastic[A-Za-z]*|Tune[A-Za-z]*|Tuner[A-Za-z]*|DataReader|DataTable|DataErrors|DeltaTable)\."
+    targets+=(shm_group_test shm_collectives_test hvd_test elastic_test tune_tuner_test
+              data_test abandoning_worker dtrain_cli)
   fi
 elif [[ "$scope" != core ]]; then
   echo "sanitize.sh: scope is 'core' or 'all', got '$scope'" >&2
