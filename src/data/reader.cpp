@@ -5,6 +5,7 @@
 #include "data/plan.h"
 #include "data/prefetch.h"
 #include "dtrain/data_reader.h"
+#include "dtrain/env.h"
 #include "dtrain/sampler.h"
 
 namespace dtrain::data {
@@ -24,8 +25,8 @@ constexpr const char* kPositionFormat = "dtrain.data.position/1";
 
 // Whether the launcher runs several ranks on this host (ReaderOptions::share_cache's default).
 bool several_local_ranks() {
-  const char* v = std::getenv("LOCAL_WORLD_SIZE");
-  return v && std::atoi(v) > 1;
+  const auto env = WorkerEnv::from_environ();
+  return env && env->local_world_size > 1;
 }
 
 }  // namespace

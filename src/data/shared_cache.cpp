@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <sstream>
 
 #include "core/shared_files.h"
+#include "dtrain/env.h"
 
 namespace dtrain::data::detail {
 
@@ -73,13 +73,10 @@ std::string identity(const TableState& table, const std::vector<Column>& columns
   if (preprocessed) {
     // A function cannot be compared: entries made by a preprocess are this job's alone (its
     // rendezvous address and run id; outside a launcher, this process's).
-    auto env = [](const char* name) {
-      const char* v = std::getenv(name);
-      return std::string(v ? v : "");
-    };
-    id << "\njob " << env("MASTER_ADDR") << ':' << env("MASTER_PORT") << ' '
-       << env("TORCHELASTIC_RUN_ID");
-    if (env("MASTER_PORT").empty()) id << " pid " << ::getpid();
+    if (const auto env = WorkerEnv::from_environ())
+      id << "\njob " << env->master_addr << ':' << env->master_port << ' ' << env->run_id;
+    else
+      id << "\npid " << ::getpid();
   }
   return id.str();
 }
