@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <numeric>
 #include <sstream>
 
@@ -53,6 +54,19 @@ std::string row_group_name(const TableState& table, const Piece& piece) {
          table.paths[static_cast<size_t>(rg.file)];
 }
 
+// What a column's `kind` function (its preprocess or transform) makes of `in`; what it throws
+// becomes one DataError naming the column and `where`.
+torch::Tensor call(const char* kind, const Column& column,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& f,
+                   const torch::Tensor& in, const std::string& where) {
+  try {
+    return f(in);
+  } catch (const std::exception& e) {
+    throw DataError("data: the " + std::string(kind) + " of column '" + column.name +
+                    "' failed on " + where + ": " + e.what());
+  }
+}
+
 }  // namespace
 
 std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
@@ -60,13 +74,7 @@ std::vector<torch::Tensor> transformed(const std::vector<Column>& columns,
                                        const std::string& where) {
   for (size_t c = 0; c < columns.size() && c < tensors.size(); ++c) {
     if (!columns[c].transform) continue;
-    torch::Tensor out;
-    try {
-      out = columns[c].transform(tensors[c]);
-    } catch (const std::exception& e) {
-      throw DataError("data: the transform of column '" + columns[c].name + "' failed on " + where +
-                      ": " + e.what());
-    }
+    torch::Tensor out = call("transform", columns[c], columns[c].transform, tensors[c], where);
     if (!out.defined() || out.dim() == 0 || out.size(0) != rows) {
       throw DataError("data: the transform of column '" + columns[c].name + "' returned " +
                       (!out.defined()   ? std::string("an undefined tensor")
@@ -84,13 +92,7 @@ void preprocess(const std::vector<Column>& columns, std::vector<torch::Tensor>& 
                 bool in_place, const std::string& where) {
   for (size_t c = 0; c < columns.size() && c < tensors.size(); ++c) {
     if (!columns[c].preprocess) continue;
-    torch::Tensor out;
-    try {
-      out = columns[c].preprocess(tensors[c]);
-    } catch (const std::exception& e) {
-      throw DataError("data: the preprocess of column '" + columns[c].name + "' failed on " +
-                      where + ": " + e.what());
-    }
+    torch::Tensor out = call("preprocess", columns[c], columns[c].preprocess, tensors[c], where);
     if (!out.defined() || out.sizes() != tensors[c].sizes() ||
         out.scalar_type() != tensors[c].scalar_type()) {
       std::ostringstream got, want;
@@ -112,6 +114,7 @@ void preprocess(const std::vector<Column>& columns, std::vector<torch::Tensor>& 
 std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece& piece) {
   const RowGroup& rg = table_.row_groups[static_cast<size_t>(piece.group)];
   const auto order = row_permutation(rg.rows, seed_, epoch_, piece.group, shuffle_);
+  const std::string where = row_group_name(table_, piece);
   std::vector<torch::Tensor> rows;
   if (cache_) {
     if (auto kept = cache_->find(piece.group)) {
@@ -119,7 +122,7 @@ std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece&
     } else if (cache_->has_room(rg.rows * row_bytes_)) {
       auto whole = cache_->offer(piece.group, rg.rows * row_bytes_, [&](const auto* into) {
         auto t = decoder.decode(rg.file, rg.index, 0, rg.rows, {}, into);
-        preprocess(columns_, t, into != nullptr, row_group_name(table_, piece));
+        preprocess(columns_, t, into != nullptr, where);
         return t;
       });
       rows = gather_rows(*whole, piece.begin, piece.end, order);
@@ -127,10 +130,9 @@ std::vector<torch::Tensor> Prefetcher::decode(FileDecoder& decoder, const Piece&
   }
   if (rows.empty()) {
     rows = decoder.decode(rg.file, rg.index, piece.begin, piece.end, order);
-    preprocess(columns_, rows, false, row_group_name(table_, piece));
+    preprocess(columns_, rows, false, where);
   }
-  return transformed(columns_, std::move(rows), piece.end - piece.begin,
-                     row_group_name(table_, piece));
+  return transformed(columns_, std::move(rows), piece.end - piece.begin, where);
 }
 
 std::vector<torch::Tensor> Prefetcher::gather(size_t i, const RowGroupCache::Entry& kept) const {
@@ -198,9 +200,7 @@ std::vector<torch::Tensor> Prefetcher::pop() {
         mu_.assert_held();
         return done_.count(i) > 0;
       })) {
-    const RowGroup& rg = table_.row_groups[static_cast<size_t>(pieces_[i].group)];
-    throw TimeoutError("data: row group " + std::to_string(rg.index) + " of " +
-                       table_.paths[static_cast<size_t>(rg.file)] + " was not decoded within " +
+    throw TimeoutError("data: " + row_group_name(table_, pieces_[i]) + " was not decoded within " +
                        std::to_string(timeout_.count()) +
                        " ms (ReaderOptions::read_timeout): the file system is stalled or the "
                        "row group is very large");

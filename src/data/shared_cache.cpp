@@ -44,6 +44,36 @@ int64_t values_per_row(const Column& c) {
   return std::accumulate(c.shape.begin(), c.shape.end(), int64_t{1}, std::multiplies<>());
 }
 
+// An entry's file for `rows` rows of `columns`, all derived from them: its header (Header,
+// then a ColumnHeader per column) as written, and its size. An entry checks out when its
+// file starts with exactly these bytes and is at least this long.
+struct Layout {
+  std::string header;
+  std::vector<ColumnHeader> columns;
+  int64_t size = 0;
+};
+
+Layout layout_of(const std::vector<Column>& columns, int64_t rows) {
+  Layout l;
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.rows = rows;
+  h.columns = static_cast<int64_t>(columns.size());
+  int64_t at =
+      aligned(static_cast<int64_t>(sizeof(Header) + columns.size() * sizeof(ColumnHeader)));
+  for (const auto& c : columns) {
+    const int64_t bytes =
+        rows * values_per_row(c) * static_cast<int64_t>(c10::elementSize(c.dtype));
+    l.columns.push_back({static_cast<int64_t>(c.dtype), at, bytes});
+    at = aligned(at + bytes);
+  }
+  l.header.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  l.header.append(reinterpret_cast<const char*>(l.columns.data()),
+                  l.columns.size() * sizeof(ColumnHeader));
+  l.size = at;
+  return l;
+}
+
 // 64-bit FNV-1a.
 uint64_t fnv1a(const std::string& s, uint64_t h = 14695981039346656037ull) {
   for (unsigned char ch : s) {
@@ -81,7 +111,7 @@ std::string identity(const TableState& table, const std::vector<Column>& columns
   return id.str();
 }
 
-// A read-only mapping of a whole file, unmapped when the last tensor over it goes.
+// A mapping of a whole file, unmapped when the last tensor over it goes.
 struct Mapping {
   void* base = MAP_FAILED;
   size_t size = 0;
@@ -89,6 +119,20 @@ struct Mapping {
     if (base != MAP_FAILED) ::munmap(base, size);
   }
 };
+
+// The columns' [rows, shape...] tensors over an entry's mapped file laid out as `l`.
+std::vector<torch::Tensor> tensors_over(const std::shared_ptr<Mapping>& map, const Layout& l,
+                                        const std::vector<Column>& columns, int64_t rows) {
+  std::vector<torch::Tensor> out;
+  for (size_t c = 0; c < columns.size(); ++c) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), columns[c].shape.begin(), columns[c].shape.end());
+    out.push_back(torch::from_blob(
+        static_cast<char*>(map->base) + l.columns[c].offset, shape, [map](void*) {},
+        torch::TensorOptions().dtype(columns[c].dtype)));
+  }
+  return out;
+}
 
 bool write_all(int fd, const void* data, size_t n, off_t at) {
   const char* p = static_cast<const char*>(data);
@@ -151,47 +195,23 @@ std::string SharedEntries::entry_path(int64_t group) const {
 
 SharedEntries::Entry SharedEntries::find(int64_t group) const {
   if (group < 0 || group >= static_cast<int64_t>(rows_.size())) return nullptr;
+  const int64_t rows = rows_[static_cast<size_t>(group)];
+  const Layout l = layout_of(columns_, rows);
   const int fd = ::open(entry_path(group).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
   auto map = std::make_shared<Mapping>();
-  if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(Header))) {
+  if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(l.size)) {
     map->size = static_cast<size_t>(st.st_size);
     // Populated: one call maps every page, instead of a fault per page on first touch.
     map->base = ::mmap(nullptr, map->size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   }
   ::close(fd);
-  if (map->base == MAP_FAILED) return nullptr;
-
-  const auto* base = static_cast<const char*>(map->base);
-  const auto size = static_cast<int64_t>(map->size);
-  Header h{};
-  std::memcpy(&h, base, sizeof h);
-  const int64_t rows = rows_[static_cast<size_t>(group)];
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.rows != rows ||
-      h.columns != static_cast<int64_t>(columns_.size()) ||
-      static_cast<int64_t>(sizeof(Header) + columns_.size() * sizeof(ColumnHeader)) > size) {
+  if (map->base == MAP_FAILED || std::memcmp(map->base, l.header.data(), l.header.size()) != 0) {
     return nullptr;
   }
-  auto tensors = std::make_shared<std::vector<torch::Tensor>>();
-  for (size_t c = 0; c < columns_.size(); ++c) {
-    ColumnHeader ch{};
-    std::memcpy(&ch, base + sizeof(Header) + c * sizeof(ColumnHeader), sizeof ch);
-    const auto& col = columns_[c];
-    const int64_t bytes =
-        rows * values_per_row(col) * static_cast<int64_t>(c10::elementSize(col.dtype));
-    if (ch.dtype != static_cast<int64_t>(col.dtype) || ch.bytes != bytes || ch.offset < 0 ||
-        ch.offset % kAlign != 0 || ch.offset + bytes > size) {
-      return nullptr;
-    }
-    std::vector<int64_t> shape{rows};
-    shape.insert(shape.end(), col.shape.begin(), col.shape.end());
-    // Read-only memory: the cache's readers copy out of it (gather_rows), never write.
-    tensors->push_back(torch::from_blob(
-        const_cast<char*>(base) + ch.offset, shape, [map](void*) {},
-        torch::TensorOptions().dtype(col.dtype)));
-  }
-  return tensors;
+  // Read-only memory: the cache's readers copy out of it (gather_rows), never write.
+  return std::make_shared<const std::vector<torch::Tensor>>(tensors_over(map, l, columns_, rows));
 }
 
 SharedEntries::Draft::~Draft() {
@@ -206,19 +226,7 @@ SharedEntries::Entry SharedEntries::Draft::commit() {
 std::unique_ptr<SharedEntries::Draft> SharedEntries::draft(int64_t group) const {
   if (group < 0 || group >= static_cast<int64_t>(rows_.size())) return nullptr;
   const int64_t rows = rows_[static_cast<size_t>(group)];
-  Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.rows = rows;
-  h.columns = static_cast<int64_t>(columns_.size());
-  std::vector<ColumnHeader> cols;
-  int64_t at =
-      aligned(static_cast<int64_t>(sizeof(Header) + columns_.size() * sizeof(ColumnHeader)));
-  for (const auto& c : columns_) {
-    const int64_t bytes =
-        rows * values_per_row(c) * static_cast<int64_t>(c10::elementSize(c.dtype));
-    cols.push_back({static_cast<int64_t>(c.dtype), at, bytes});
-    at = aligned(at + bytes);
-  }
+  const Layout l = layout_of(columns_, rows);
   auto d = std::make_unique<Draft>();
   d->final_ = entry_path(group);
   d->temp_ = d->final_ + ".tmp." + std::to_string(::getpid()) + "." +
@@ -227,9 +235,9 @@ std::unique_ptr<SharedEntries::Draft> SharedEntries::draft(int64_t group) const 
   if (fd < 0) return nullptr;
   auto map = std::make_shared<Mapping>();
   // posix_fallocate: every page now (ENOSPC here when /dev/shm is full, not SIGBUS later).
-  if (::posix_fallocate(fd, 0, static_cast<off_t>(at)) == 0 && write_all(fd, &h, sizeof h, 0) &&
-      write_all(fd, cols.data(), cols.size() * sizeof(ColumnHeader), sizeof h)) {
-    map->size = static_cast<size_t>(at);
+  if (::posix_fallocate(fd, 0, static_cast<off_t>(l.size)) == 0 &&
+      write_all(fd, l.header.data(), l.header.size(), 0)) {
+    map->size = static_cast<size_t>(l.size);
     map->base = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 #ifdef MADV_POPULATE_WRITE
     // Writable page tables in one call (Linux 5.14+), not a fault per page while decoding.
@@ -238,14 +246,7 @@ std::unique_ptr<SharedEntries::Draft> SharedEntries::draft(int64_t group) const 
   }
   ::close(fd);
   if (map->base == MAP_FAILED) return nullptr;
-  auto* base = static_cast<char*>(map->base);
-  for (size_t c = 0; c < columns_.size(); ++c) {
-    std::vector<int64_t> shape{rows};
-    shape.insert(shape.end(), columns_[c].shape.begin(), columns_[c].shape.end());
-    d->tensors.push_back(torch::from_blob(
-        base + cols[c].offset, shape, [map](void*) {},
-        torch::TensorOptions().dtype(columns_[c].dtype)));
-  }
+  d->tensors = tensors_over(map, l, columns_, rows);
   return d;
 }
 
