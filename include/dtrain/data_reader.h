@@ -54,10 +54,11 @@
 // later reads of it - later epochs, padding, restore() - gather its rows from memory instead
 // of decoding the file again. First come, first kept, never evicted (epochs visit row groups
 // in random order: a fixed subset keeps hitting). A table that fits is decoded once per rank
-// over the first epochs (DistributedSampler gives a rank other row groups each epoch); one
-// that does not keeps the row groups it holds. The files are not read again for a kept row
-// group (a file rewritten in place is not seen: open a new Table and Reader). Batches are
-// copies: changing one in place never changes the cache.
+// over the first epochs (DistributedSampler gives a rank other row groups each epoch), or
+// once per host when shared (below); one that does not keeps the row groups it holds. The
+// files are not read again for a kept row group (a file rewritten in place is not seen: open
+// a new Table and Reader). Batches are copies: changing one in place never changes the cache.
+//
 // Shared (share_cache, on by default when a host runs several ranks): the row groups a
 // rank keeps are files in /dev/shm that the host's other ranks map instead of decoding
 // them, so a host decodes each row group once and holds one copy (each rank's budget counts
@@ -69,19 +70,21 @@
 // table, or rm /dev/shm/dtrain-data-*). With a column's preprocess (a function, which cannot
 // be compared) only the job's own ranks share. Without /dev/shm the cache is private.
 //
-// Transforms: a Column's transform (normalising pixels, an augmentation, a dtype of the
-// model's) runs on the decoding threads, as a DataLoader's transforms run in its workers, not
-// on the training loop's: it gets a slice of decoded rows ([n, shape...] in the column's dtype,
-// n up to a row group's rows, in the epoch's order) and returns the batch's tensor for those
-// rows, of any dtype and per-row shape. It must be row-wise: n rows in, n rows out, row i from
-// row i alone (batches are cut from its outputs). The cache keeps what was decoded, before the
-// transform: a random augmentation draws anew each epoch. It runs on several threads at once;
-// what it throws fails the epoch as a DataError naming the column and row group.
-// A Column's preprocess is the fixed part (normalising, as tf.data's map before its cache):
-// it runs once on each row group as decoded, before the cache, so the cache keeps - and every
-// later epoch gathers - its output; it must keep the dtype and shape (it may work in place:
-// the tensor is its own) and be row-wise too. The order: decode, preprocess, cache, gather
-// the epoch's rows, transform.
+// Transforms: a Column's transform (an augmentation, a dtype of the model's) runs on the
+// decoding threads, as a DataLoader's transforms run in its workers, not on the training
+// loop's: it gets a slice of decoded rows ([n, shape...] in the column's dtype, n up to a row
+// group's rows, in the epoch's order) and returns the batch's tensor for those rows, of any
+// dtype and per-row shape. It must be row-wise: n rows in, n rows out, row i from row i alone
+// (batches are cut from its outputs). The cache keeps what was decoded (and preprocessed),
+// before the transform: a random augmentation draws anew each epoch. It runs on several
+// threads at once; what it throws fails the epoch as a DataError naming the column and row
+// group.
+//
+// Preprocess: a Column's preprocess is the fixed part (normalising, as tf.data's map before
+// its cache): it runs once on each row group as decoded, before the cache, so the cache
+// keeps - and every later epoch gathers - its output; it must keep the dtype and shape (it
+// may work in place: the tensor is its own) and be row-wise too. The order: decode,
+// preprocess, cache, gather the epoch's rows, transform.
 //
 // Threads: `threads` decoding threads per Reader, named "dtrain-data", run thread_nice
 // (default 10) steps below the thread that calls next(): the training loop's threads get
@@ -122,7 +125,7 @@ struct Column {
   std::vector<int64_t> shape;            // per row. Default: {} (one value per row)
   std::string key;                       // key in the Batch. Default: name
   // Run on the decoding threads once per decoded row group, before the cache (see
-  // Transforms): the same dtype and shape out, fixed work only. Default: none
+  // Preprocess): the same dtype and shape out, fixed work only. Default: none
   std::function<torch::Tensor(const torch::Tensor&)> preprocess;
   // Run on the decoding threads on every epoch's rows, after the cache (see Transforms):
   // [rows, shape...] of `dtype` in, the batch's tensor for these rows out. Default: none

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/shared_files.h"
 #include "data/written_tables.h"
 #include "dtrain/data_reader.h"
 #include "dtrain/data_table.h"
@@ -396,14 +397,26 @@ TEST(DataReader, CachedEpochsReadTheSameRowsAsDecodedOnes) {
   }
 }
 
+// A fresh copy of the Parquet test table under the temporary directory, named `name`.
+std::filesystem::path copy_of_parquet_table(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / (name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  return dir;
+}
+
+// Truncates every Parquet file under `dir`: any later read of one fails naming it.
+void spoil_parquet_files(const std::filesystem::path& dir) {
+  for (const auto& f : std::filesystem::directory_iterator(dir))
+    if (f.path().extension() == ".parquet") std::filesystem::resize_file(f.path(), 8);
+}
+
 // Proof that later epochs come from the cache: once the files are gone bad, a cached reader
 // still reads its epoch and an uncached one fails naming the file.
 TEST(DataReader, ACachedTableIsNotReadAgain) {
   namespace fs = std::filesystem;
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-data-cache-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  const fs::path dir = copy_of_parquet_table("dtrain-data-cache");
   auto t = Table::open("parquet:" + dir.string());
   auto opts = [](int64_t cache) {
     return ReaderOptions{.columns = id_column(),
@@ -415,8 +428,7 @@ TEST(DataReader, ACachedTableIsNotReadAgain) {
   Reader cached(t, opts(1 << 20)), decoded(t, opts(0));
   const auto first = sorted(ids_of(cached));
   EXPECT_EQ(first.size(), 240u);
-  for (const auto& f : fs::directory_iterator(dir))
-    if (f.path().extension() == ".parquet") fs::resize_file(f.path(), 8);
+  spoil_parquet_files(dir);
   cached.set_epoch(1);
   EXPECT_EQ(sorted(ids_of(cached)), first);
   auto msg = error_of([&] { ids_of(decoded); });
@@ -427,7 +439,7 @@ TEST(DataReader, ACachedTableIsNotReadAgain) {
 // The dtrain-data-<uid>-* files in /dev/shm now.
 std::set<std::string> shared_files() {
   std::set<std::string> out;
-  const std::string stem = "dtrain-data-" + std::to_string(getuid()) + "-";
+  const std::string stem = dtrain::detail::data_cache_stem();
   for (const auto& f : std::filesystem::directory_iterator("/dev/shm"))
     if (f.path().filename().string().rfind(stem, 0) == 0) out.insert(f.path().string());
   return out;
@@ -438,10 +450,7 @@ std::set<std::string> shared_files() {
 // Reader removes the entries; an entry that does not check out is decoded instead.
 TEST(DataReader, RanksOfAHostShareWhatTheyDecode) {
   namespace fs = std::filesystem;
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-data-shared-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  const fs::path dir = copy_of_parquet_table("dtrain-data-shared");
   auto t = Table::open("parquet:" + dir.string());
   auto opts = [](int rank, bool share) {
     return ReaderOptions{.columns = id_column(),
@@ -465,8 +474,7 @@ TEST(DataReader, RanksOfAHostShareWhatTheyDecode) {
       if (!before.count(f)) made.insert(f);
     EXPECT_EQ(made.size(), t.row_groups().size() + 1) << "an entry per row group and a lock";
 
-    for (const auto& f : fs::directory_iterator(dir))
-      if (f.path().extension() == ".parquet") fs::resize_file(f.path(), 8);
+    spoil_parquet_files(dir);
     for (int64_t epoch = 1; epoch < 3; ++epoch) {
       for (auto* r : {&r0, &r1, &reference0, &reference1}) r->set_epoch(epoch);
       EXPECT_EQ(ids_of(r0), ids_of(reference0)) << "epoch " << epoch;
@@ -479,8 +487,7 @@ TEST(DataReader, RanksOfAHostShareWhatTheyDecode) {
   for (const auto& f : shared_files()) EXPECT_TRUE(before.count(f)) << f << " was left behind";
 
   // Entries replaced by garbage (a new file renamed over each, as a writer would): decoded.
-  fs::remove_all(dir);
-  fs::copy(tables() + "/parquet", dir, fs::copy_options::recursive);
+  copy_of_parquet_table("dtrain-data-shared");
   auto fresh = Table::open("parquet:" + dir.string());
   {
     Reader r0(fresh, opts(0, true)), r1(fresh, opts(1, true));
