@@ -16,8 +16,10 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
   launch       16 workers: dtrain run of a C++ worker vs torchrun of a Python no-op
   cpu_scaling  the MLP at 1, 2, 4, 8, 16 processes on the CPU: dtrain (shared memory) vs
                PyTorch DDP (gloo), samples/s and scaling efficiency, beside the machine's
-               ceiling (as many single-process runs at once, no communication) and, at 2 and
-               8, dtrain with the backend spinning 200 us before it sleeps
+               ceiling (as many single-process runs at once, no communication), rank 0's
+               shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
+               peers, futex sleeps, hand-off) and, at 2 and 8, dtrain with the backend spinning
+               200 us before it sleeps
 
 Prints every figure and ratio, and writes them (with the machine) as JSON to --json. Never
 fails on timing; exits 1 when a run fails.
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -58,13 +61,29 @@ def machine():
             "load": os.getloadavg()[0]}
 
 
-def run(cmd, env=None, timeout=600):
+def run(cmd, env=None, timeout=600, with_stderr=False):
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-    return r.stdout, wall
+    return (r.stdout + "\n" + r.stderr if with_stderr else r.stdout), wall
+
+
+SHM_STATS = re.compile(r"dtrain shm rank 0: (\d+) collectives, ([\d.]+) ms each \(of which ([\d.]+) ms waiting for "
+                       r"peers in ([\d.]+) barriers, ([\d.]+) futex sleeps\), ([\d.]+) ms queued before each")
+
+
+def shm_stats(text):
+    """Rank 0's shared-memory backend counters (DTRAIN_SHM_STATS=1), per collective: where a
+    step's communication time goes (the reduction itself, waiting for peers, futex sleeps, the
+    hand-off to the backend's thread). None when the run printed none."""
+    m = SHM_STATS.search(text)
+    if not m:
+        return None
+    n, each, wait, barriers, sleeps, queued = m.groups()
+    return {"collectives": int(n), "ms_each": float(each), "ms_waiting_for_peers": float(wait),
+            "barriers": float(barriers), "futex_sleeps": float(sleeps), "ms_queued": float(queued)}
 
 
 def bench_train(a, out):
@@ -203,10 +222,12 @@ def bench_cpu_scaling(a, out):
 
     rows = {}
     for n in map(int, a.cpu_procs.split(",")):
-        d, p, c, spin = [], [], [], []
+        d, p, c, spin, stats = [], [], [], [], None
         for _ in range(a.repeat):
-            o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, env)
+            o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_STATS="1"),
+                       with_stderr=True)
             d.append(last_json(o)["samples_per_s"])
+            stats = shm_stats(o) or stats
             o, _ = run([a.torchrun, "--nproc-per-node", str(n), "--monitor-interval", "0.1", peer, "--max-steps",
                         str(a.cpu_steps)], env)
             p.append(last_json(o)["samples_per_s"])
@@ -218,6 +239,8 @@ def bench_cpu_scaling(a, out):
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
         if spin:
             rows[n]["dtrain_spin200"] = statistics.median(spin)
+        if stats:
+            rows[n]["dtrain_shm_rank0"] = stats
     for n, r in rows.items():
         r["ratio"] = r["dtrain"] / r["pytorch"]
         r["dtrain_efficiency"] = r["dtrain"] / (n * rows[1]["dtrain"])
@@ -225,6 +248,10 @@ def bench_cpu_scaling(a, out):
         r["apart_efficiency"] = r["apart"] / (n * rows[1]["apart"])
         r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
         extra = f", spin 200 us {r['dtrain_spin200']:.0f}" if "dtrain_spin200" in r else ""
+        st = r.get("dtrain_shm_rank0")
+        if st:
+            extra += (f"; per collective {st['ms_each']:.3f} ms, {st['ms_waiting_for_peers']:.3f} waiting, "
+                      f"{st['futex_sleeps']:.2f} sleeps, {st['ms_queued']:.3f} queued")
         print(f"cpu {n:2d} procs: dtrain {r['dtrain']:.0f} (eff {r['dtrain_efficiency']:.2f}{extra}) vs PyTorch "
               f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
               f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "
