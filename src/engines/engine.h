@@ -68,6 +68,12 @@ struct Command {
 struct Capacity {
   int total_slots = 0;  // worker processes its machines hold
   int free_slots = 0;   // of them, not taken now
+  // free_slots is counted now, net of the slots every running job holds (a Tune search's own
+  // trials among them), so asking again as jobs come and go follows the cluster (spark's kept
+  // application, ray). false: a count that running jobs do not change (local's cores, ssh's
+  // host slots) or change only in part (slurm: a step takes one CPU per node from the idle
+  // count, whatever number of workers it runs there).
+  bool net_of_jobs = false;
 };
 
 // A way for the driver to run a command on one of a job's hosts (Tune keeps a warm fork server

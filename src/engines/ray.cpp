@@ -93,7 +93,7 @@ class Ray final : public Engine {
     const auto s = ray::slots(driver_of(o), plan.cpus, plan.gpus, o.cluster.ray.driver_idle_timeout,
                               kDriverStart);
     if (!s) return std::nullopt;
-    return Capacity{s->total, s->free};
+    return Capacity{s->total, s->free, true};
   }
 
   // An agent started by a Ray task (python/dtrain/ray.py sets DTRAIN_RAY_NODE): its flags give

@@ -66,7 +66,8 @@ class Spark final : public Engine {
     return c;
   }
 
-  // The kept application's free task slots, asked of Spark (spark::app_slots), in worker
+  // The kept application's free task slots, asked of Spark (spark::app_slots: its executors'
+  // slots less the active stages' running tasks, so net of every job it runs), in worker
   // processes (processes_per_task per slot). Without a kept application every run() is its
   // own spark-submit application, which the cluster manager gives executors only when it
   // starts: nothing to count beforehand (nullopt).
@@ -78,7 +79,8 @@ class Spark final : public Engine {
     const spark::Plan sp = spark::plan(o.num_processes, o.use_gpu, s.processes_per_task, s.conf);
     const auto slots = spark::app_slots(so, sp, s.app_idle_timeout, std::chrono::seconds(300));
     if (!slots) return std::nullopt;
-    return Capacity{slots->total * sp.processes_per_task, slots->free * sp.processes_per_task};
+    return Capacity{slots->total * sp.processes_per_task, slots->free * sp.processes_per_task,
+                    true};
   }
 
   std::optional<std::string> explain_exit(const ClusterOptions&, int exit_code) const override {
