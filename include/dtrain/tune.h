@@ -23,7 +23,8 @@
 //
 // How it works. fit() generates the trials (dtrain/tune_search_space.h), then runs them, as
 // many at once as fit in the engine's free slots (the machine's cores; a cluster's free
-// processes of a trial's size) and max_concurrent_trials.
+// processes of a trial's size, counted again as trials end where the engine's count follows
+// its jobs) and max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
 // data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The
@@ -105,8 +106,11 @@ struct TuneOptions {
   // Trials running at once, at most. 0: as many as the engine's free slots allow (free slots /
   // processes, at least 1), counted when fit() starts: this machine's cores; on a cluster the
   // engine's (ray: the processes of a trial's CPUs and GPUs its alive nodes hold free; slurm:
-  // the partition's idle CPUs; ssh: the hosts' slots). An engine that cannot tell (mpi; spark,
-  // whose kept application runs one barrier stage at a time): one trial at a time unless this
+  // the partition's idle CPUs; ssh: the hosts' slots; spark: the kept application's free task
+  // slots). On spark and ray, whose counts are net of running jobs, the driver counts again
+  // whenever a trial's run ends while trials wait, and runs more at once when room appeared
+  // (never fewer than at the start; docs/tune.md, "Concurrency follows the cluster"). An engine
+  // that cannot tell (mpi; spark without a kept application): one trial at a time unless this
   // is set.
   int max_concurrent_trials = 0;
   TrialResources trial_resources;

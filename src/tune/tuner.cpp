@@ -4,9 +4,11 @@
 //
 // One driver thread owns everything (trials, scheduler, state file). Each running trial has
 // a thread of its own that only blocks in Distributor::run and then posts how the run ended.
-// The driver thread loops: start trials while there is room, read new reports from the
-// store (polled every few milliseconds; a report blocks its worker until the decision is
-// written back), handle runs that ended, and write the state after every change.
+// The driver thread loops: start trials while there is room (as many as the engine's free
+// slots hold, asked again as runs end where its count follows its jobs: concurrency.h), read
+// new reports from the store (polled every few milliseconds; a report blocks its worker until
+// the decision is written back), handle runs that ended, and write the state after every
+// change.
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 #include "engines/engine.h"
+#include "tune/concurrency.h"
 #include "tune/mlflow_trials.h"
 #include "tune/warm_fork_server.h"
 #include "tune/warm_hosts.h"
@@ -77,6 +80,7 @@ struct TrialRecord {
   bool exploit_pending = false;  // PBT set restore_checkpoint to another trial's
   int next_report = 1;
   Clock::time_point started;
+  Clock::time_point first_report = Clock::time_point::max();  // read, in this run
   std::string prefix;
 };
 
@@ -499,25 +503,11 @@ ResultGrid Tuner::fit() {
     }
   }
 
-  // As many trials at once as the engine's free slots hold (this machine's cores; on a cluster
-  // the processes of a trial's size its nodes hold free now, where the engine can tell), at
-  // most max_concurrent_trials. An engine that cannot tell (mpi) runs one trial at a time
-  // unless max_concurrent_trials asks for more. With fewer free slots than one trial needs,
-  // trials still run, one at a time (oversubscribed, or waiting in the cluster's queue).
-  const DistributorOptions trial_options = trial_distributor_options(o);
-  const auto room = engines::for_job(trial_options).capacity(trial_options);
-  int capacity = room ? std::max(1, room->free_slots / o.trial_resources.processes)
-                      : std::max(1, o.max_concurrent_trials);
-  if (room && o.max_concurrent_trials > 0) capacity = std::min(capacity, o.max_concurrent_trials);
-  if (o.verbose && !o.local_mode) {
-    std::fprintf(stderr, "tune: %d trial(s) at a time on engine %s (%s; %d process(es) each)\n",
-                 capacity, o.cluster.engine.c_str(),
-                 room ? (std::to_string(room->free_slots) + " free of " +
-                         std::to_string(room->total_slots) + " slots")
-                            .c_str()
-                      : "its free slots unknown",
-                 o.trial_resources.processes);
-  }
+  // As many trials at once as the engine's free slots hold, asked again as runs end where the
+  // engine's count follows its jobs (concurrency.h).
+  detail::Concurrency concurrency({trial_distributor_options(o), o.trial_resources.processes,
+                                   o.max_concurrent_trials, o.verbose,
+                                   o.local_mode ? "" : o.cluster.engine});
 
   std::mutex done_mutex;
   std::condition_variable done_cv;
@@ -528,11 +518,26 @@ ResultGrid Tuner::fit() {
         std::count_if(trials.begin(), trials.end(), [](auto& r) { return r->thread.joinable(); }));
   };
 
+  // Trials that would start if there were room (PBT's paused ones once their run has ended).
+  auto waiting = [&] {
+    return std::any_of(trials.begin(), trials.end(), [](auto& r) {
+      return !r->thread.joinable() &&
+             (r->trial.status == TrialStatus::Pending || r->trial.status == TrialStatus::Paused);
+    });
+  };
+  // Runs that held their slots at `t`: they had reported by then.
+  auto counted = [&](Clock::time_point t) {
+    return static_cast<int>(std::count_if(trials.begin(), trials.end(), [t](auto& r) {
+      return r->thread.joinable() && r->first_report < t;
+    }));
+  };
+
   auto start_trial = [&](TrialRecord& r) {
     r.trial.status = TrialStatus::Running;
     ++r.runs;
     r.prefix = "trial/" + r.trial.id + "/run/" + std::to_string(r.runs) + "/";
     r.next_report = 1;
+    r.first_report = Clock::time_point::max();
     r.stop_requested = r.pause_requested = false;
     r.finished = false;
     r.failure.clear();
@@ -596,6 +601,7 @@ ResultGrid Tuner::fit() {
       const std::string key = r.prefix + "result/" + std::to_string(r.next_report);
       if (!client->check({key})) return any;
       any = true;
+      if (r.next_report == 1) r.first_report = Clock::now();
       const Config msg = Config::parse(client->get(key));
       Result result = msg.at("metrics");
       const std::int64_t iteration = r.restore_iteration + r.next_report;
@@ -709,8 +715,9 @@ ResultGrid Tuner::fit() {
       for (auto& r : trials)
         if (r->thread.joinable()) r->stop_requested = true;
     }
+    concurrency.poll(running_count(), fatal.empty() && waiting(), counted);
     // Start what fits.
-    while (fatal.empty() && running_count() < capacity) {
+    while (fatal.empty() && running_count() < concurrency.limit()) {
       Trial* next = sched.choose_trial_to_run(ctx);
       if (next == nullptr) break;
       TrialRecord& r = ctx.record(*next);
@@ -731,6 +738,7 @@ ResultGrid Tuner::fit() {
     for (auto& r : trials) {
       if (r->thread.joinable() && r->finished) {
         finish_run(*r);
+        concurrency.want();  // dropped when no trial waits
         progressed = true;
       }
     }
