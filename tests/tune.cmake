@@ -32,6 +32,14 @@ add_test(NAME tune.spark_trials
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
 set_tests_properties(tune.spark_trials PROPERTIES LABELS "spark;torch2_only" TIMEOUT 400
   RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+# Room that appears during a search (the same cluster, starting with 1 worker of 1 core on n1; a
+# worker of 3 cores registers on n2 while the first trial runs): the Tuner asks the application
+# again as that trial ends and runs 3 trials at a time (max_concurrent_trials; 4 would fit).
+add_test(NAME tune.spark_room
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/spark_room_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.spark_room PROPERTIES LABELS "spark;torch2_only" TIMEOUT 400
+  RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
 # Two ssh hosts (tests/cluster/lib.sh: namespaces n1, n2 with sshd; root): a warm fork server
 # on each forks every trial's workers, a SIGKILLed worker fails only its trial, 2 trials at a
 # time, nothing left on either host; then the per-trial start cold and warm (printed).

@@ -10,8 +10,10 @@
 # The same cluster as separate hosts (root; network namespaces, tests/support/netns_hosts.sh):
 # the hosts n0 (10.201.0.10: the master and the driver, as a Databricks driver node), n1
 # (10.201.0.11) and n2 (10.201.0.12: the two workers).
-#   spark_hosts_up [CORES]   namespaces + master on n0 + a worker on n1 and on n2 (CORES
-#                            each); sets $SPARK_MASTER_URL (spark://10.201.0.10:7077)
+#   spark_hosts_up [CORES] [WORKERS]   namespaces + master on n0 + a worker on each of
+#                            WORKERS (default "n1 n2"; CORES each); sets $SPARK_MASTER_URL
+#                            (spark://10.201.0.10:7077)
+#   spark_worker_up HOST CORES   one more worker (on n1 or n2), registered
 #   on, bg_on, host_procs    netns_hosts.sh's
 #   spark_down               also kills whatever runs in the namespaces, deletes them (their
 #                            veths go with them) and checks none is left
@@ -122,7 +124,7 @@ spark_down() {
 # --- the cluster as separate hosts (network namespaces) ------------------------------------
 
 spark_hosts_up() {
-  local cores="${1:-2}" h
+  local cores="${1:-2}" workers="${2-n1 n2}" h
   netns_hosts_up dts 10.201.0 n0 n1 n2
   # Daemons' settings as each host's spark-env.sh would give them; no loopback driver host.
   # JVMs on 2 shared cores: the client compiler only and the serial collector start them
@@ -138,22 +140,36 @@ spark_hosts_up() {
   bg_on n0 "$T/logs/master.out" env SPARK_LOCAL_IP="$m" \
     "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master --host "$m" --port "$port" --webui-port 8080
   SPARK_PIDS+=("$BG_PID")
-  for h in n1 n2; do
-    mkdir -p "$T/work/$h" "$T/local/$h"
-    bg_on "$h" "$T/logs/worker-$h.out" env SPARK_LOCAL_IP="$(host_addr "$h")" SPARK_LOCAL_DIRS="$T/local/$h" \
-      "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker --host "$(host_addr "$h")" \
-      --webui-port 8081 --cores "$cores" --memory 2g --work-dir "$T/work/$h" "$SPARK_MASTER_URL"
-    SPARK_PIDS+=("$BG_PID")
-  done
-  local deadline=$((SECONDS + 90))
-  while (($(grep -c "Registering worker" "$T/logs/master.out" 2>/dev/null || true) < 2)); do
-    ((SECONDS < deadline)) || { tail -n 20 "$T"/logs/*.out >&2; fail "the Spark workers on n1, n2 did not register with the master on n0 within 90 s"; }
+  for h in $workers; do spark_worker_start "$h" "$cores"; done
+  for h in $workers; do spark_worker_registered "$h"; done
+  pass "Spark standalone master on n0 ($SPARK_MASTER_URL), workers on $(for h in $workers; do printf '%s (%s) ' "$h" "$(host_addr "$h")"; done)x $cores cores"
+}
+
+# A worker on HOST (n1, n2) of CORES cores, with the master of spark_hosts_up, registered
+# (spark_worker_start, then spark_worker_registered: a worker joins a running cluster).
+spark_worker_up() {
+  spark_worker_start "$1" "$2"
+  spark_worker_registered "$1"
+  pass "Spark worker on $1 ($(host_addr "$1")) x $2 cores registered"
+}
+
+spark_worker_start() {
+  local h="$1" cores="$2"
+  mkdir -p "$T/work/$h" "$T/local/$h"
+  bg_on "$h" "$T/logs/worker-$h.out" env SPARK_LOCAL_IP="$(host_addr "$h")" SPARK_LOCAL_DIRS="$T/local/$h" \
+    "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker --host "$(host_addr "$h")" \
+    --webui-port 8081 --cores "$cores" --memory 2g --work-dir "$T/work/$h" "$SPARK_MASTER_URL"
+  SPARK_PIDS+=("$BG_PID")
+}
+
+# Waits (at most 90 s) for the master to register HOST's worker at HOST's address.
+spark_worker_registered() {
+  local h="$1" pid deadline=$((SECONDS + 90))
+  until grep -q "Registering worker $(host_addr "$h"):" "$T/logs/master.out" 2>/dev/null; do
+    ((SECONDS < deadline)) || { tail -n 20 "$T"/logs/*.out >&2; fail "the Spark worker on $h did not register with the master on n0 at $(host_addr "$h") within 90 s"; }
     for pid in "${SPARK_PIDS[@]}"; do
       kill -0 "$pid" 2>/dev/null || { tail -n 20 "$T"/logs/*.out >&2; fail "a Spark daemon exited during start-up"; }
     done
     sleep 0.5
   done
-  grep -q "Registering worker $(host_addr n1):" "$T/logs/master.out" && grep -q "Registering worker $(host_addr n2):" "$T/logs/master.out" ||
-    { cat "$T/logs/master.out" >&2; fail "the master did not register the workers at n1's and n2's addresses"; }
-  pass "Spark standalone master on n0 ($SPARK_MASTER_URL), workers on n1 ($(host_addr n1)) and n2 ($(host_addr n2)) x $cores cores"
 }

@@ -4,9 +4,11 @@
 // run's process started and the report was made (wall clock).
 //   tune_cluster_search --storage DIR --engine spark|ssh [--master URL] [--hosts LIST]
 //       [--ssh-port P --ssh-identity K --ssh-arg A...] [--trials N] [--nproc P]
-//       [--iterations I] [--sleep S] [--kill-trial X]
+//       [--iterations I] [--sleep S] [--kill-trial X] [--max-concurrent M] [--hold X:FILE...]
 // --kill-trial X: trial x = X's rank 1 SIGKILLs itself before its 2nd report, once (its trial
-// is retried from its checkpoint, max_failures 1). Prints per trial
+// is retried from its checkpoint, max_failures 1). --max-concurrent M: max_concurrent_trials.
+// --hold X:FILE: trial x = X waits for FILE (at most 120 s) before its first iteration, so the
+// caller decides when that trial ends. Prints per trial
 //   "trial ID x=X status=S failures=F iterations=I world=W hosts=n1,n2 pid=PID"
 //   "span ID start=T0 end=T1 first_report_s=F" (F: time_total_s of the first report of the
 //   trial's first run, i.e. from the Tuner starting the trial to its first report)
@@ -22,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +67,15 @@ void trial(tune::Config config) {
   int from = 0;
   if (auto c = tune::get_checkpoint()) std::ifstream(fs::path(*c) / "it") >> from;
   const fs::path once = fs::path(tune::trial_dir()) / "killed_once";
+  if (const std::string x = config.at("x").dump(); config.at("hold").contains(x)) {
+    const auto hold = config.at("hold").at(x).get<std::string>();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!fs::exists(hold)) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("trial x=" + x + ": " + hold + " did not appear within 120 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
   for (int it = from + 1; it <= config.at("iterations").get<int>(); ++it) {
     std::this_thread::sleep_for(std::chrono::duration<double>(config.at("sleep").get<double>()));
     if (config.at("x").get<int>() == config.at("kill").get<int>() && it == 2 && pg->rank() == 1 &&
@@ -106,6 +118,7 @@ int main(int argc, char** argv) {
   o.report_timeout = std::chrono::seconds(60);
   int trials = 2, iterations = 3, kill = 0;
   double sleep_s = 0;
+  tune::Config hold = tune::Config::object();  // x -> file
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], v = argv[i + 1];
     if (flag == "--storage")
@@ -132,6 +145,10 @@ int main(int argc, char** argv) {
       sleep_s = std::stod(v);
     else if (flag == "--kill-trial")
       kill = std::stoi(v);
+    else if (flag == "--max-concurrent")
+      o.max_concurrent_trials = std::stoi(v);
+    else if (flag == "--hold" && v.find(':') != std::string::npos)
+      hold[v.substr(0, v.find(':'))] = fs::absolute(v.substr(v.find(':') + 1)).string();
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -144,7 +161,8 @@ int main(int argc, char** argv) {
                       tune::Config{{"x", tune::grid_search(xs)},
                                    {"iterations", iterations},
                                    {"sleep", sleep_s},
-                                   {"kill", kill}},
+                                   {"kill", kill},
+                                   {"hold", hold}},
                       o);
     const auto grid = tuner.fit();
     for (const auto& t : grid.trials()) {

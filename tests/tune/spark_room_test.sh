@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A Tune search on the spark engine grows into room that appears during it, up to
+# max_concurrent_trials. A real Spark standalone cluster of separate hosts (tests/spark/lib.sh:
+# master on n0, where the driver runs; network namespaces, root) starts with one worker of 1
+# core on n1: the kept application has 1 task slot, and the Tuner starts with 1 trial at a
+# time (5 trials of 1 process, max_concurrent_trials 3). While the first trial runs (held
+# until then), a worker of 4 cores registers on n2 and the application's executor there
+# registers with its driver. When that trial ends the Tuner asks the application again, on a
+# thread of its own (Spark's count takes seconds) while the second trial starts (held until
+# the answer came, so the test does not depend on how long it takes), and grows to 3 trials at
+# a time, capped: the 5 slots would hold 4 or 5. The trials' own timestamps show the first one
+# alone, 3 at once later and never 4, and trials ran on n2. Fails (never skips) when root,
+# Java or pyspark is missing.
+#   spark_room_test.sh DTRAIN TUNE_CLUSTER_SEARCH
+source "$(dirname "$0")/../spark/lib.sh"
+DTRAIN="$(realpath "$1")" SEARCH="$(realpath "$2")"
+for f in "$DTRAIN" "$SEARCH"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
+export DTRAIN_LAUNCHER="$DTRAIN"
+spark_init
+t_all=$SECONDS
+# The executors say when they registered with their driver (CoarseGrainedExecutorBackend's
+# INFO line "Successfully registered with driver", in the worker's work dir).
+printf 'logger.executor.name = org.apache.spark.executor.CoarseGrainedExecutorBackend\nlogger.executor.level = info\n' \
+  >>"$SPARK_CONF_DIR/log4j2.properties"
+spark_hosts_up 1 n1
+gate1="$T/trial1_may_end" gate2="$T/trial2_may_end"
+bg_on n0 "$T/search.out" timeout 300 "$SEARCH" --storage "$T/tune" --engine spark --master "$SPARK_MASTER_URL" \
+  --trials 5 --nproc 1 --iterations 2 --sleep 1 --max-concurrent 3 --hold "1:$gate1" --hold "2:$gate2"
+search=$BG_PID
+deadline=$((SECONDS + 120))
+until grep -q "^tune: [0-9]* trial(s) at a time on engine spark" "$T/search.out"; do
+  kill -0 "$search" 2>/dev/null || fail "the search ended before it sized its trials: $(cat "$T/search.out")"
+  ((SECONDS < deadline)) || fail "the search did not size its trials within 120 s: $(cat "$T/search.out")"
+  sleep 0.2
+done
+grep -q "^tune: 1 trial(s) at a time on engine spark (1 free of 1 slots; 1 process(es) each)$" "$T/search.out" ||
+  fail "the Tuner did not start with 1 trial at a time from n1's 1 task slot: $(cat "$T/search.out")"
+# The room appears while the first trial runs: n2's worker, and the application's executor on it.
+spark_worker_up n2 4
+deadline=$((SECONDS + 60))
+until grep -qs "Successfully registered with driver" "$T"/work/n2/app-*/*/stderr; do
+  kill -0 "$search" 2>/dev/null || fail "the search ended before n2's executor joined it: $(cat "$T/search.out")"
+  ((SECONDS < deadline)) || fail "no executor of the search's application registered on n2 within 60 s: $(ls -R "$T/work/n2"; cat "$T"/work/n2/app-*/*/stderr)"
+  sleep 0.2
+done
+echo "n2's executor joined the application $((SECONDS - t_all)) s in"
+touch "$gate1"
+deadline=$((SECONDS + 60))
+until grep -q "^tune: now " "$T/search.out"; do
+  kill -0 "$search" 2>/dev/null || fail "the search ended before it asked the engine again: $(cat "$T/search.out")"
+  ((SECONDS < deadline)) || fail "the Tuner did not change its concurrency within 60 s of the first trial's end: $(cat "$T/search.out")"
+  sleep 0.2
+done
+touch "$gate2"
+wait "$search"
+rc=$?
+out="$(cat "$T/search.out")"
+((rc == 0)) || fail "tune on spark: exit $rc: $out"
+[[ $(grep -c "^trial trial_0000[0-4] x=[1-5] status=TERMINATED failures=0 iterations=2 world=1 hosts=n[12]$" <<<"$out") -eq 5 ]] ||
+  fail "tune on spark: expected 5 terminated trials of 1 rank with 2 reports each: $out"
+grep -q "^trial .* hosts=n2$" <<<"$out" || fail "tune on spark: no trial ran on n2, the worker that joined: $out"
+# The first change: to 3, capped by max_concurrent_trials (n2's 4 cores and n1's 1 make 5 slots).
+grep -m1 "^tune: now " <<<"$out" |
+  grep -Eq "^tune: now 3 trial\(s\) at a time on engine spark \([0-9] free of 5 slots, [0-9] trial\(s\) of this search running; 1 process\(es\) each, max_concurrent_trials 3\)$" ||
+  fail "tune on spark: the Tuner did not grow to 3 trials at a time (5 slots, capped) after the first trial: $out"
+# [start, end] of each trial from its own processes' clocks: the first alone, 3 at once later,
+# never 4.
+"$PY" - "$out" <<'EOF' || fail "tune on spark: the first trial did not run alone: $out"
+import re, sys
+spans = {i: (float(a), float(b)) for i, a, b in
+         re.findall(r"^span (\S+) start=([0-9.]+) end=([0-9.]+)", sys.argv[1], re.M)}
+first = spans.pop("trial_00000")
+early = [i for i, (a, _) in spans.items() if a < first[1]]
+sys.exit("started before trial_00000 ended: %s" % early if early else 0)
+EOF
+"$PY" "$(dirname "$0")/trials_at_once.py" "$out" 3 5 || fail "tune on spark: trials did not run 3 at a time: $out"
+grep "^tune: .*trial(s) at a time" <<<"$out"
+deadline=$((SECONDS + 30))
+for h in n0 n1 n2; do
+  while [[ -n "$(host_procs $h "^($DTRAIN|$SEARCH)( |\$)|spark\.py")" ]]; do
+    ((SECONDS < deadline)) || fail "tune on spark: processes left on $h: $(host_procs $h "^($DTRAIN|$SEARCH)( |\$)|spark\.py")"
+    sleep 0.3
+  done
+done
+pass "Tuner on Spark: 1 trial at a time on n1's 1 slot, 3 at a time (max_concurrent_trials) once n2's 4 cores joined mid-search, nothing left ($((SECONDS - t_all)) s)"
