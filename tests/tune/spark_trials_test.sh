@@ -21,7 +21,8 @@ t0=$SECONDS
 # The sizing needs both workers' executors in the application when the search starts. On a
 # loaded machine a worker can miss its heartbeat and re-register with the master meanwhile
 # (its executor joins seconds later); then the application has 2 slots, not 4, and the Tuner
-# rightly runs 1 trial at a time. That is the cluster's state, not the verdict: the search runs
+# rightly starts with 1 trial at a time (growing to 2 once the executor joined and a trial ended:
+# tune.spark_room tests that). That is the cluster's state, not the verdict: the search runs
 # again (at most twice more) on a fresh storage until it starts with the application's 4 slots.
 for attempt in 1 2 3; do
   out="$(on n0 timeout 300 "$SEARCH" --storage "$T/tune$attempt" --engine spark --master "$SPARK_MASTER_URL" \
