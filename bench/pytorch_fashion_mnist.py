@@ -49,7 +49,8 @@ def train(a):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
                           nn.Linear(256, 10)).to(dev)
-    ddp = nn.parallel.DistributedDataParallel(model)
+    # As the C++ example: the gradients live in DDP's buckets (no copy back after the all-reduce).
+    ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     sampler = DistributedSampler(range(len(y)), shuffle=True, seed=0)
     loss_fn = nn.CrossEntropyLoss()

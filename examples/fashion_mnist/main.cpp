@@ -142,7 +142,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   torch::manual_seed(cfg.seed);
   auto model = make_model(cfg.model);
   model->to(device);
-  dtrain::DistributedDataParallel ddp(model);
+  // Gradients live in DDP's buckets: no copy back after the all-reduce (PyTorch's option).
+  dtrain::DistributedDataParallel ddp(model, {.gradient_as_bucket_view = true});
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
 
   dtrain::TrainingState state;
@@ -312,7 +313,7 @@ int train_elastic(const Config& cfg) {
   auto test_set = fashion_mnist::load_split(cfg.data_dir, false);
   torch::manual_seed(cfg.seed);
   auto model = make_model(cfg.model);
-  dtrain::DistributedDataParallel ddp(model);
+  dtrain::DistributedDataParallel ddp(model, {.gradient_as_bucket_view = true});
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
   dtrain::ElasticState es(*model, &optimizer, train_set.labels.size(0),
                           {.checkpoint_dir = cfg.checkpoint_dir,

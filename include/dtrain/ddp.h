@@ -14,12 +14,14 @@
 //      backward produces their gradients): the first bucket holds up to first_bucket_mb, the
 //      others up to bucket_cap_mb. Each bucket is one flat tensor.
 //   3. A post-hook on every parameter's gradient accumulator copies the finished gradient
-//      into its bucket. When a bucket is complete - and every bucket before it has been
-//      launched, so all ranks issue collectives in the same order - its communication hook
-//      starts an asynchronous all-reduce. Communication overlaps the rest of backward.
+//      into its bucket (with gradient_as_bucket_view the gradient already is its place in the
+//      bucket after the first step, and nothing is copied). When a bucket is complete - and every
+//      bucket before it has been launched, so all ranks issue collectives in the same order - its
+//      communication hook starts an asynchronous all-reduce. Communication overlaps the rest of
+//      backward.
 //   4. At the end of backward (an autograd engine callback) the remaining buckets are
 //      launched, every bucket is waited for, and the averaged gradients are copied back into
-//      each parameter's .grad.
+//      each parameter's .grad (with gradient_as_bucket_view they are there already).
 // Why our own reducer rather than c10d::Reducer: Debian's libtorch ships c10d/reducer.hpp
 // without the distributed-autograd header it includes, and the bucket logic above is small
 // enough to own, test and extend (hooks, compression) ourselves.
@@ -69,6 +71,13 @@ struct DDPOptions {
   // Allow parameters that get no gradient in an iteration (they contribute zeros). Without
   // it such a parameter is an error at the end of backward, naming it. Default: false.
   bool find_unused_parameters = false;
+  // Each parameter's .grad shares memory with its place in the bucket (PyTorch's option of
+  // the same name): backward accumulates straight into the bucket, and the averaged gradients
+  // are not copied back - one gradient-sized copy less per step, and one gradient-sized
+  // buffer less. optimizer.zero_grad() works both ways: zeroing in place keeps the sharing,
+  // setting to none costs one copy into the bucket at the next backward. A gradient the user
+  // replaces is copied in likewise. Default: false (PyTorch's).
+  bool gradient_as_bucket_view = false;
   CommHook comm_hook;  // Default: allreduce_hook().
 };
 
@@ -108,6 +117,10 @@ class Reducer {
   void launch_ready_buckets();
   void launch(Bucket& bucket, size_t index);
   void finalize();
+  // Parameter i's place in its bucket, shaped like the parameter.
+  torch::Tensor bucket_view(size_t i) const;
+  // With gradient_as_bucket_view: whether parameter i's .grad is its bucket view already.
+  bool grad_is_bucket_view(size_t i) const;
 
   torch::nn::Module& module_;
   DDPOptions options_;

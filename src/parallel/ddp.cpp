@@ -207,6 +207,38 @@ void Reducer::build_buckets() {
       location_[buckets_[b].params[s]] = {b, s};
   }
   ready_.assign(params_.size(), false);
+  if (options_.gradient_as_bucket_view) {
+    // Gradients that exist already move into the buckets now (as PyTorch's reducer does).
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined()) continue;
+      auto view = bucket_view(i);
+      view.copy_(params_[i].grad());
+      params_[i].mutable_grad() = view;
+    }
+  }
+}
+
+torch::Tensor Reducer::bucket_view(size_t i) const {
+  const auto [b, s] = location_[i];
+  const torch::Tensor& buffer = buckets_[b].buffer;
+  const torch::Tensor& p = params_[i];
+  std::vector<int64_t> strides(static_cast<size_t>(p.dim()), 1);
+  for (int64_t d = p.dim() - 1; d > 0; --d)
+    strides[static_cast<size_t>(d - 1)] = strides[static_cast<size_t>(d)] * p.size(d);
+  // An alias made with set_, not narrow(): autograd must not see a view, since optimizers'
+  // zero_grad() detaches gradients in place, which autograd refuses for views.
+  return torch::empty({0}, buffer.options())
+      .set_(buffer.storage(), buffer.storage_offset() + buckets_[b].offsets[s], p.sizes(), strides);
+}
+
+bool Reducer::grad_is_bucket_view(size_t i) const {
+  const torch::Tensor& g = params_[i].grad();
+  if (!g.defined()) return false;
+  const auto [b, s] = location_[i];
+  const torch::Tensor& buffer = buckets_[b].buffer;
+  return g.is_alias_of(buffer) && g.is_contiguous() && g.sizes() == params_[i].sizes() &&
+         g.storage_offset() == buffer.storage_offset() + buckets_[b].offsets[s];
 }
 
 void Reducer::install_hooks() {
@@ -238,12 +270,16 @@ void Reducer::mark_ready(size_t i) {
   ready_[i] = true;
   auto [b, s] = location_[i];
   Bucket& bucket = buckets_[b];
-  const torch::Tensor& grad = params_[i].grad();
-  auto view = bucket.buffer.narrow(0, bucket.offsets[s], params_[i].numel());
-  if (grad.defined()) {
-    view.copy_(grad.reshape({-1}));
-  } else {
-    view.zero_();
+  if (!options_.gradient_as_bucket_view || !grad_is_bucket_view(i)) {
+    const torch::Tensor& grad = params_[i].grad();
+    auto view = bucket.buffer.narrow(0, bucket.offsets[s], params_[i].numel());
+    if (grad.defined()) {
+      view.copy_(grad.reshape({-1}));
+    } else {
+      view.zero_();
+    }
+    // From the next backward on, the gradient accumulates in the bucket itself.
+    if (options_.gradient_as_bucket_view) params_[i].mutable_grad() = bucket_view(i);
   }
   --bucket.pending;
   launch_ready_buckets();
@@ -309,7 +345,12 @@ void Reducer::finalize() {
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     for (size_t s = 0; s < bucket.params.size(); ++s) {
-      torch::Tensor& p = params_[bucket.params[s]];
+      const size_t i = bucket.params[s];
+      if (options_.gradient_as_bucket_view) {
+        if (!grad_is_bucket_view(i)) params_[i].mutable_grad() = bucket_view(i);
+        continue;
+      }
+      torch::Tensor& p = params_[i];
       auto averaged = bucket.buffer.narrow(0, bucket.offsets[s], p.numel()).view_as(p);
       if (p.grad().defined()) {
         p.mutable_grad().copy_(averaged);

@@ -4,6 +4,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <torch/version.h>
+
 #include <atomic>
 
 #include "dtrain/ddp.h"
@@ -276,6 +278,98 @@ TEST(DDP, BuffersAreBroadcastFromRankZeroBeforeForward) {
   });
   EXPECT_TRUE(torch::equal(means[0], torch::full({4}, 1.5)));
   EXPECT_TRUE(torch::equal(means[1], torch::full({4}, 1.5)));
+}
+
+// optimizer.zero_grad() either way: setting gradients to none or zeroing them in place
+// (libtorch 1.13's zero_grad() zeroes in place and takes no argument).
+void zero_grad(torch::optim::Optimizer& opt, bool to_none) {
+#if TORCH_VERSION_MAJOR >= 2
+  opt.zero_grad(to_none);
+#else
+  if (to_none) {
+    for (auto& group : opt.param_groups())
+      for (auto& p : group.params()) p.mutable_grad().reset();
+  } else {
+    opt.zero_grad();
+  }
+#endif
+}
+
+// Trains `steps` Adam steps on this rank's data, a no_sync step (gradient accumulation)
+// before every other one; returns the parameters and whether every gradient shared the one
+// bucket's memory after each backward.
+std::pair<std::vector<torch::Tensor>, bool> train_steps(std::shared_ptr<ProcessGroup> pg, bool view,
+                                                        bool to_none, int steps) {
+  Net net;
+  DDPOptions o{.group = pg};
+  o.gradient_as_bucket_view = view;
+  DistributedDataParallel ddp(net, o);
+  {
+    // The same start for every run, from a generator of its own (the global one is shared by
+    // the rank threads).
+    torch::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    for (auto& p : ddp.parameters()) p.copy_(torch::randn(p.sizes(), gen) * 0.3);
+  }
+  torch::optim::Adam opt(ddp.parameters(), torch::optim::AdamOptions(1e-2));
+  bool shared = true;
+  auto grads_share_the_bucket = [&] {
+    auto params = ddp.parameters();
+    for (auto& p : params) shared = shared && p.grad().is_alias_of(params[0].grad());
+  };
+  for (int step = 0; step < steps; ++step) {
+    zero_grad(opt, to_none);
+    auto x = data_for(pg->rank() + 10 * step);
+    if (step % 2 == 1) {
+      auto guard = ddp.no_sync();
+      ddp(x).pow(2).mean().backward();
+    }
+    ddp(x * 0.5).pow(2).mean().backward();
+    grads_share_the_bucket();
+    opt.step();
+  }
+  return {clone_all(ddp.parameters()), shared};
+}
+
+TEST(DDP, GradientAsBucketViewTrainsBitwiseAsCopiesAndSharesTheBucket) {
+  for (bool to_none : {true, false}) {
+    std::vector<std::vector<torch::Tensor>> copied(2), viewed(2);
+    std::vector<int> shared(2, 0), shared_without(2, 1);
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      const int r = pg->rank();
+      std::tie(copied[r], shared_without[r]) = train_steps(pg, false, to_none, 4);
+      std::tie(viewed[r], shared[r]) = train_steps(pg, true, to_none, 4);
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(shared[r]) << "set to none " << to_none << ", rank " << r
+                             << ": a gradient is not its place in the bucket";
+      EXPECT_FALSE(shared_without[r])
+          << "without the option the gradients are tensors of their own";
+      for (size_t i = 0; i < copied[r].size(); ++i) {
+        EXPECT_TRUE(torch::equal(viewed[r][i], copied[r][i]))
+            << "set to none " << to_none << ", rank " << r << ", param " << i;
+      }
+    }
+    for (size_t i = 0; i < copied[0].size(); ++i)
+      EXPECT_TRUE(torch::equal(viewed[0][i], viewed[1][i]));
+  }
+}
+
+TEST(DDP, GradientAsBucketViewMovesExistingGradientsIntoTheBucket) {
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    torch::manual_seed(4);
+    Net net;
+    net->forward(data_for(pg->rank())).sum().backward();  // gradients before DDP exists
+    std::vector<torch::Tensor> before = grads_of(net->parameters());
+    DDPOptions o{.group = pg};
+    o.gradient_as_bucket_view = true;
+    DistributedDataParallel ddp(net, o);
+    auto params = ddp.parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].grad().is_alias_of(params[0].grad())) << "param " << i;
+      EXPECT_TRUE(torch::equal(params[i].grad(), before[i])) << "param " << i;
+    }
+  });
 }
 
 TEST(DDP, ModuleReturnsTheUnwrappedModel) {
