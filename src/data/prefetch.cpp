@@ -181,21 +181,25 @@ void Prefetcher::run() {
   }
 }
 
-bool Prefetcher::claim_kept(size_t i) {
-  if (!cache_) return false;
-  auto kept = cache_->find(pieces_[i].group);
-  if (!kept) return false;
-  done_[i] = Result{.kept = std::move(kept)};
-  decoded_.notify_all();
-  return true;
-}
-
 std::vector<torch::Tensor> Prefetcher::pop() {
+  size_t i;
+  bool unclaimed;
+  {
+    MutexLock lock(mu_);
+    DTRAIN_ASSERT(next_pop_ < pieces_.size(), "Prefetcher::pop past the last piece");
+    i = next_pop_;  // pop() alone moves it
+    unclaimed = next_claim_ == i;
+  }
+  // A kept piece no thread has reached yet: never wait for (low-priority) threads for it. The
+  // cache is asked outside the lock - finding a shared entry opens and maps its file - and
+  // the claim is made under it only if no thread claimed the piece meanwhile (that thread
+  // then finds the entry itself).
+  RowGroupCache::Entry kept = unclaimed && cache_ ? cache_->find(pieces_[i].group) : nullptr;
   MutexLock lock(mu_);
-  DTRAIN_ASSERT(next_pop_ < pieces_.size(), "Prefetcher::pop past the last piece");
-  const size_t i = next_pop_;
-  // A kept piece no thread has reached yet: never wait for (low-priority) threads for it.
-  if (next_claim_ == i && claim_kept(i)) ++next_claim_;
+  if (kept && next_claim_ == i) {
+    done_[i] = Result{.kept = std::move(kept)};
+    ++next_claim_;
+  }
   if (!decoded_.wait_for(lock.native(), timeout_, [&] {
         mu_.assert_held();
         return done_.count(i) > 0;

@@ -74,8 +74,6 @@ class Prefetcher {
     std::exception_ptr error;
     RowGroupCache::Entry kept;  // set: pop() gathers the piece from this cache entry
   };
-  // Marks piece i (just claimed by pop()) done when its row group is kept in the cache.
-  bool claim_kept(size_t i) DTRAIN_REQUIRES(mu_);
   std::map<size_t, Result> done_ DTRAIN_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
