@@ -9,6 +9,7 @@ dtrain/PyTorch ratio and each side's scaling efficiency (2-process throughput ov
 on timing.
 
     /usr/bin/python3 bench/train_bench.py [--build-dir build] [--repeat 3] [--steps 400] [--json FILE]
+    python3 bench/train_bench.py --build-dir build-torch2 --torchrun ~/.cache/dtrain/venv/bin/torchrun
 """
 import argparse
 import json
@@ -34,6 +35,9 @@ def main():
     p.add_argument("--build-dir", default=os.path.join(HERE, "..", "build"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=400, help="optimizer steps per run (per rank)")
+    p.add_argument("--torchrun", default="/usr/bin/torchrun",
+                   help="the PyTorch side's torchrun (default Debian's, torch 1.13, the peer of the 1.13 build; "
+                        "the venv's for the 2.11 build)")
     p.add_argument("--json")
     a = p.parse_args()
     dtrain = os.path.join(a.build_dir, "tools", "dtrain")
@@ -48,7 +52,7 @@ def main():
                     [dtrain, "run", "--nproc-per-node", str(n), example, "--epochs", "1", "--max-steps", str(a.steps),
                      "--no-eval", "--log-every", "0", "--backend", backend], env))
             results[("pytorch", n)].append(run(
-                ["/usr/bin/torchrun", "--nproc_per_node", str(n), "--redirects", "9:1", "--tee", "9:1",
+                [a.torchrun, "--nproc_per_node", str(n), "--redirects", "9:1", "--tee", "9:1",
                  "--monitor_interval", "0.1", os.path.join(HERE, "pytorch_fashion_mnist.py"), "--max-steps",
                  str(a.steps)], env))
     med = {k: statistics.median(v) for k, v in results.items()}
