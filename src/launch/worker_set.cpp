@@ -201,6 +201,10 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir,
         workers_[lr].err_fd = errs[lr];
         workers_[lr].alive = true;
       }
+      // The reads that waited for the launch server's pid may have taken all it will say - the
+      // workers' pids and, for workers that ended at once, their statuses and the pipe's end -
+      // and a closed pipe is never polled again: learn it now.
+      reap();
       return;
     } catch (const Error& e) {
       say(std::string("the warm fork server cannot start the workers (") + e.what() +

@@ -2,6 +2,8 @@
 // under the dtrain launcher), real reports through the driver's store.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +19,8 @@
 #include "dtrain/collectives.h"
 #include "dtrain/process_group.h"
 #include "dtrain/tune.h"
+#include "support/paths.h"
+#include "tune/warm_fork_server.h"
 
 namespace fs = std::filesystem;
 using namespace dtrain::tune;
@@ -387,6 +391,63 @@ TEST(TuneTuner, ClusterOptionsAreCheckedUpFront) {
   o.cluster = {.engine = "ssh", .hosts = "h1:1,h2:1"};
   o.trial_resources.processes = 2;
   EXPECT_EQ(message(o), "(no error)");
+}
+
+// A worker that has ended before its agent read a word from the warm server's launch server:
+// the agent finds the launch server's pid, the worker's pid, its exit status and the pipe's
+// end in one read, while it still starts the workers. It must reap the worker from that
+// (it used to wait for a pipe it had already closed, for ever; seen once in CI as a PBT trial
+// that never ended). Made certain here: this process, the warm server and the agent share one
+// CPU, and the agent runs at SCHED_IDLE, so it gets the CPU only once the launch server and
+// the worker (which runs this program with a filter matching no test) have both exited.
+TEST(TuneWarmForkServer, AWorkerThatEndedBeforeItsAgentReadAnythingIsReaped) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  ASSERT_LT(cpu, CPU_SETSIZE);
+  std::string cpu_text = std::to_string(cpu);
+  // On a thread of its own: the warm server and the agent inherit its CPU; gtest's does not.
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+    auto warm = dtrain::tune::detail::WarmForkServer::start({});
+    ASSERT_NE(warm, nullptr) << "no warm fork server (libdtrain_forkserver.so missing?)";
+    const std::string socket_env = "DTRAIN_FORKSERVER_WARM_SOCKET=" + warm->agent_env();
+    const std::string self = fs::read_symlink("/proc/self/exe").string();  // the warm program
+    // Several launches: whether the agent loses the race depends on what else the machine runs
+    // (without the fix, one in 2-10 launches here hung).
+    for (int launch = 1; launch <= 16; ++launch) {
+      const pid_t agent = ::fork();
+      ASSERT_GE(agent, 0);
+      if (agent == 0) {
+        ::putenv(const_cast<char*>(socket_env.c_str()));
+        ::execl("/usr/bin/chrt", "chrt", "--idle", "0", DTRAIN_BIN, "run", "--standalone",
+                "--nproc-per-node", "1", self.c_str(), "--gtest_filter=NoSuchSuite.NoSuchTest",
+                static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      // Bounded: the agent that misses the worker's end never exits.
+      int status = 0;
+      pid_t got = 0;
+      for (int i = 0; i < 200 && got == 0; ++i) {
+        got = ::waitpid(agent, &status, WNOHANG);
+        if (got == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (got == 0) {
+        ::kill(agent, SIGKILL);
+        ::waitpid(agent, &status, 0);
+        ADD_FAILURE() << "launch " << launch << ": the agent did not end within 20 s after its "
+                      << "worker had (CPU " << cpu_text << ")";
+        return;
+      }
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "launch " << launch << ": agent status " << status;
+    }
+  }).join();
+  EXPECT_THAT(own_children(), ::testing::IsEmpty());
 }
 
 int main(int argc, char** argv) {
