@@ -300,8 +300,10 @@ int rss_bench(const std::string& self, const std::string& worlds, int64_t width,
       j["ratio_to_stage0"] = peak / stage0;
       std::printf("%s\n", j.dump().c_str());
       std::string per_rank;
-      for (auto& v : j["peak_rss_bytes"])
-        per_rank += (per_rank.empty() ? "" : " ") + std::to_string(v.get<int64_t>() >> 20);
+      for (auto& v : j["peak_rss_bytes"]) {
+        if (!per_rank.empty()) per_rank += ' ';
+        per_rank += std::to_string(v.get<int64_t>() >> 20);
+      }
       std::printf(
           "world %s stage %d: accounted %.0f MiB, peak RSS per rank [%s] MiB, %.2fx stage 0\n",
           w.c_str(), stage, j["accounted_bytes"].get<double>() / 1048576, per_rank.c_str(),

@@ -81,8 +81,14 @@ std::string schedule_name(Schedule s) {
 }
 
 std::string to_string(const PipelineOp& op) {
-  std::string s = (op.kind == PipelineOp::kForward ? "F" : "B") + std::to_string(op.micro_batch);
-  if (op.chunk > 0) s += "." + std::to_string(op.chunk);
+  // Appended piece by piece: GCC 12 warns (-Wstringop-overflow, a false positive) on
+  // "literal" + std::to_string(...) here.
+  std::string s(op.kind == PipelineOp::kForward ? "F" : "B");
+  s += std::to_string(op.micro_batch);
+  if (op.chunk > 0) {
+    s += '.';
+    s += std::to_string(op.chunk);
+  }
   return s;
 }
 
