@@ -103,12 +103,16 @@ TEST(Engines, CapacityWhereTheEngineCanTell) {
   ASSERT_TRUE(local);
   EXPECT_EQ(local->total_slots, cores);
   EXPECT_EQ(local->free_slots, cores);
+  EXPECT_FALSE(local->net_of_jobs);  // the cores: a search's trials do not change the count
   const auto o = cluster_job(3, {.engine = "ssh", .ssh = {.hosts = "n1:2,n2:3"}});
   auto ssh = engines::for_job(o).capacity(o);
   ASSERT_TRUE(ssh);
   EXPECT_EQ(ssh->total_slots, 5);
+  EXPECT_FALSE(ssh->net_of_jobs);  // the host file's slots, likewise
+  // Slurm asks sinfo; with no controller answering here (the cluster tests start theirs),
+  // the engine cannot tell.
   const auto s = cluster_job(2, {.engine = "slurm", .nodes = 2});
-  EXPECT_FALSE(engines::for_job(s).capacity(s));  // not asked of Slurm (yet)
+  EXPECT_FALSE(engines::for_job(s).capacity(s));
 }
 
 TEST(Engines, CommandsFromTheEnginesOwnOptions) {
