@@ -173,3 +173,17 @@ spark_worker_registered() {
     sleep 0.5
   done
 }
+
+# Waits (at most 30 s) until no process matching PATTERN is left on any of HOSTS; else fails
+# with WHAT and what is left.
+#   spark_hosts_clear WHAT PATTERN HOST...
+spark_hosts_clear() {
+  local what="$1" pattern="$2" h deadline=$((SECONDS + 30))
+  shift 2
+  for h in "$@"; do
+    while [[ -n "$(host_procs "$h" "$pattern")" ]]; do
+      ((SECONDS < deadline)) || fail "$what: processes left on $h: $(host_procs "$h" "$pattern")"
+      sleep 0.3
+    done
+  done
+}

@@ -23,16 +23,21 @@ t_all=$SECONDS
 printf 'logger.executor.name = org.apache.spark.executor.CoarseGrainedExecutorBackend\nlogger.executor.level = info\n' \
   >>"$SPARK_CONF_DIR/log4j2.properties"
 spark_hosts_up 1 n1
+# Waits (at most SECONDS) for a line matching PATTERN in the search's output while it runs.
+#   search_says PATTERN SECONDS WHAT
+search_says() {
+  local deadline=$((SECONDS + $2))
+  until grep -q "$1" "$T/search.out"; do
+    kill -0 "$search" 2>/dev/null || fail "the search ended before $3: $(cat "$T/search.out")"
+    ((SECONDS < deadline)) || fail "the search did not get to $3 within $2 s: $(cat "$T/search.out")"
+    sleep 0.2
+  done
+}
 gate1="$T/trial1_may_end" gate2="$T/trial2_may_end"
 bg_on n0 "$T/search.out" timeout 300 "$SEARCH" --storage "$T/tune" --engine spark --master "$SPARK_MASTER_URL" \
   --trials 5 --nproc 1 --iterations 2 --sleep 1 --max-concurrent 3 --hold "1:$gate1" --hold "2:$gate2"
 search=$BG_PID
-deadline=$((SECONDS + 120))
-until grep -q "^tune: [0-9]* trial(s) at a time on engine spark" "$T/search.out"; do
-  kill -0 "$search" 2>/dev/null || fail "the search ended before it sized its trials: $(cat "$T/search.out")"
-  ((SECONDS < deadline)) || fail "the search did not size its trials within 120 s: $(cat "$T/search.out")"
-  sleep 0.2
-done
+search_says "^tune: [0-9]* trial(s) at a time on engine spark" 120 "sizing its trials"
 grep -q "^tune: 1 trial(s) at a time on engine spark (1 free of 1 slots; 1 process(es) each)$" "$T/search.out" ||
   fail "the Tuner did not start with 1 trial at a time from n1's 1 task slot: $(cat "$T/search.out")"
 # The room appears while the first trial runs: n2's worker, and the application's executor on it.
@@ -45,12 +50,7 @@ until grep -qs "Successfully registered with driver" "$T"/work/n2/app-*/*/stderr
 done
 echo "n2's executor joined the application $((SECONDS - t_all)) s in"
 touch "$gate1"
-deadline=$((SECONDS + 60))
-until grep -q "^tune: now " "$T/search.out"; do
-  kill -0 "$search" 2>/dev/null || fail "the search ended before it asked the engine again: $(cat "$T/search.out")"
-  ((SECONDS < deadline)) || fail "the Tuner did not change its concurrency within 60 s of the first trial's end: $(cat "$T/search.out")"
-  sleep 0.2
-done
+search_says "^tune: now " 60 "asking the engine again (after the first trial ended)"
 touch "$gate2"
 wait "$search"
 rc=$?
@@ -75,11 +75,5 @@ sys.exit("started before trial_00000 ended: %s" % early if early else 0)
 EOF
 "$PY" "$(dirname "$0")/trials_at_once.py" "$out" 3 5 || fail "tune on spark: trials did not run 3 at a time: $out"
 grep "^tune: .*trial(s) at a time" <<<"$out"
-deadline=$((SECONDS + 30))
-for h in n0 n1 n2; do
-  while [[ -n "$(host_procs $h "^($DTRAIN|$SEARCH)( |\$)|spark\.py")" ]]; do
-    ((SECONDS < deadline)) || fail "tune on spark: processes left on $h: $(host_procs $h "^($DTRAIN|$SEARCH)( |\$)|spark\.py")"
-    sleep 0.3
-  done
-done
+spark_hosts_clear "tune on spark" "^($DTRAIN|$SEARCH)( |\$)|spark\.py" n0 n1 n2
 pass "Tuner on Spark: 1 trial at a time on n1's 1 slot, 3 at a time (max_concurrent_trials) once n2's 4 cores joined mid-search, nothing left ($((SECONDS - t_all)) s)"

@@ -43,11 +43,5 @@ grep -q "^tune: 2 trial(s) at a time on engine spark (4 free of 4 slots; 2 proce
 # [start, end] of each trial from its own processes' clocks: 2 at once at some point, never 3.
 "$PY" "$(dirname "$0")/trials_at_once.py" "$out" 2 4 || fail "tune on spark: trials did not run two at a time: $out"
 # The driver's exit stopped its application, and the agents and workers went with it.
-deadline=$((SECONDS + 30))
-for h in n0 n1 n2; do
-  while [[ -n "$(host_procs $h "^($DTRAIN|$SEARCH)( |\$)|spark\.py")" ]]; do
-    ((SECONDS < deadline)) || fail "tune on spark: processes left on $h: $(host_procs $h "^($DTRAIN|$SEARCH)( |\$)|spark\.py")"
-    sleep 0.3
-  done
-done
+spark_hosts_clear "tune on spark" "^($DTRAIN|$SEARCH)( |\$)|spark\.py" n0 n1 n2
 pass "Tuner on Spark: 4 trials of 2 processes in one kept application, 2 at a time (its 4 free task slots), nothing left ($((SECONDS - t0)) s)"
