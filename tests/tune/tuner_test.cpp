@@ -417,16 +417,30 @@ TEST(TuneWarmForkServer, AWorkerThatEndedBeforeItsAgentReadAnythingIsReaped) {
     ASSERT_NE(warm, nullptr) << "no warm fork server (libdtrain_forkserver.so missing?)";
     const std::string socket_env = "DTRAIN_FORKSERVER_WARM_SOCKET=" + warm->agent_env();
     const std::string self = fs::read_symlink("/proc/self/exe").string();  // the warm program
+    // The agent's argv and environment, made before fork: the child only execs (this process
+    // has threads, so the child must not allocate).
+    std::vector<const char*> args{"chrt",
+                                  "--idle",
+                                  "0",
+                                  DTRAIN_BIN,
+                                  "run",
+                                  "--standalone",
+                                  "--nproc-per-node",
+                                  "1",
+                                  self.c_str(),
+                                  "--gtest_filter=NoSuchSuite.NoSuchTest",
+                                  nullptr};
+    std::vector<const char*> envp{socket_env.c_str()};
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    envp.push_back(nullptr);
     // Several launches: whether the agent loses the race depends on what else the machine runs
     // (without the fix, one in 2-10 launches here hung).
     for (int launch = 1; launch <= 16; ++launch) {
       const pid_t agent = ::fork();
       ASSERT_GE(agent, 0);
       if (agent == 0) {
-        ::putenv(const_cast<char*>(socket_env.c_str()));
-        ::execl("/usr/bin/chrt", "chrt", "--idle", "0", DTRAIN_BIN, "run", "--standalone",
-                "--nproc-per-node", "1", self.c_str(), "--gtest_filter=NoSuchSuite.NoSuchTest",
-                static_cast<char*>(nullptr));
+        ::execve("/usr/bin/chrt", const_cast<char* const*>(args.data()),
+                 const_cast<char* const*>(envp.data()));
         ::_exit(127);
       }
       // Bounded: the agent that misses the worker's end never exits.
