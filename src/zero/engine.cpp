@@ -24,7 +24,7 @@ constexpr int64_t kReduceChunk = int64_t(1) << 20;
 
 torch::Tensor sum_of_squares(const torch::Tensor& g) {
   auto flat = g.reshape({-1});
-  auto acc = torch::zeros({1}, torch::kFloat64);
+  auto acc = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(g.device()));
   for (int64_t lo = 0; lo < flat.numel(); lo += kReduceChunk)
     acc += flat.narrow(0, lo, std::min(kReduceChunk, flat.numel() - lo))
                .to(torch::kFloat64)
@@ -146,9 +146,14 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
 
   // Rank 0's values everywhere (in the master dtype), and its buffers; a partitioned
   // construction's shards are this rank's already (every rank built with the same seed).
-  auto dev_opts = torch::TensorOptions().dtype(master_dtype_).device(device_);
+  // Stage 3 with offload_param keeps its partition on the host: the flat copy is made there,
+  // so the device never holds the model twice (one that fills it once still initialises).
+  const bool part_on_host = policy_.parameters() && offload_param_;
+  auto full_opts = torch::TensorOptions()
+                       .dtype(master_dtype_)
+                       .device(part_on_host ? torch::Device(torch::kCPU) : device_);
   torch::Tensor full;
-  if (!shards) full = torch::zeros({padded_}, dev_opts);
+  if (!shards) full = torch::zeros({padded_}, full_opts);
   {
     torch::NoGradGuard ng;
     for (size_t i = 0; full.defined() && i < params_.size(); ++i)
@@ -480,8 +485,10 @@ void EngineImpl::reduce_bucket(Bucket& b) {
       o.dst = r;
       count(nbytes(seg) * (world_ - 1) / world_);
       if (config_.zero.overlap_comm) {
-        // Launched now, added at the end of backward: the reduction overlaps the rest of it.
-        in_flight_.push_back({reduce_async(seg, o), seg, lo - r * part_, r == rank_});
+        // Launched now, added once two newer buckets are launched (settle_in_flight) or at the
+        // end of backward: the reduction overlaps the rest of backward.
+        in_flight_.push_back({reduce_async(seg, o), seg, lo - r * part_, r == rank_,
+                              static_cast<size_t>(&b - buckets_.data())});
         continue;
       }
       reduce(seg, o);
@@ -489,16 +496,28 @@ void EngineImpl::reduce_bucket(Bucket& b) {
     if (r == rank_) grad_part_.narrow(0, lo - r * part_, hi - lo).add_(seg.to(grad_part_.device()));
   }
   b.launched = true;
+  if (config_.zero.overlap_comm && world_ > 1) settle_in_flight(&b - buckets_.data());
+}
+
+// Without this bound every bucket's staging (for a bucket of one parameter: autograd's
+// gradient itself) stayed alive until the end of backward, a whole model's gradients on the
+// device at once.
+void EngineImpl::settle_in_flight(size_t newest) {
+  size_t done = 0;
+  while (done < in_flight_.size() && in_flight_[done].bucket + 1 < newest) fold(in_flight_[done++]);
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void EngineImpl::fold(InFlight& f) {
+  f.work.wait();
+  if (f.mine)
+    grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
 }
 
 void EngineImpl::finish_backward() {
   for (; next_bucket_ < buckets_.size(); ++next_bucket_) reduce_bucket(buckets_[next_bucket_]);
   // In launch order: every rank waits for the same sequence of collectives.
-  for (auto& f : in_flight_) {
-    f.work.wait();
-    if (f.mine)
-      grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
-  }
+  for (auto& f : in_flight_) fold(f);
   in_flight_.clear();
   if (!policy_.gradients()) grads_reduced_ = true;
   next_bucket_ = 0;

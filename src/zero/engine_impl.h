@@ -90,7 +90,20 @@ class EngineImpl final : public EngineCore {
   void make_buckets();
   void on_grad_ready(size_t i);
   void launch_ready_buckets();
+  // overlap_comm: a bucket's reductions run while backward goes on; each partition's segment
+  // is added into grad_part_ when it is waited for (settle_in_flight, finish_backward).
+  struct InFlight {
+    Work work;
+    torch::Tensor segment;  // keeps the staging buffer alive until the reduction is done
+    int64_t offset = 0;     // into grad_part_ (this rank's segments only)
+    bool mine = false;
+    size_t bucket = 0;  // index into buckets_ (launched in index order)
+  };
   void reduce_bucket(Bucket& b);
+  // Waits for the in-flight reductions of buckets older than the one before `newest` and adds
+  // them in, so that at most two buckets' staging buffers are alive (DeepSpeed's double buffer).
+  void settle_in_flight(size_t newest);
+  void fold(InFlight& f);  // wait for f; this rank's segment into grad_part_
   void finish_backward();
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
@@ -136,14 +149,6 @@ class EngineImpl final : public EngineCore {
   std::unique_ptr<PartitionOptimizer> optimizer_;
   int64_t opt_step_ = 0;
   std::vector<Bucket> buckets_;
-  // overlap_comm: a bucket's reductions run while backward goes on; each partition's segment
-  // is added into grad_part_ when it is waited for (finish_backward).
-  struct InFlight {
-    Work work;
-    torch::Tensor segment;  // keeps the staging buffer alive until the reduction is done
-    int64_t offset = 0;     // into grad_part_ (this rank's segments only)
-    bool mine = false;
-  };
   std::vector<InFlight> in_flight_;
   torch::Tensor staging_;  // synchronous buckets' staging buffer, reused (largest bucket)
   // This backward reduces buckets (partitioned gradients; stage 1 at the boundary).

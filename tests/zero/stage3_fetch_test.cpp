@@ -166,6 +166,55 @@ TEST(ZeroStage3Fetch, SendsOneAndAHalfTimesDdpBytes) {
   }
 }
 
+// overlap_comm: a bucket's reduction is waited for once two newer buckets are launched, so
+// backward never holds more than two buckets of gradients at once (each 64x64 weight here is a
+// bucket of its own, reduced from autograd's gradient itself); the whole model's gradients
+// stayed on the device until the end of backward before. The results are the same bitwise.
+TEST(ZeroStage3Fetch, OverlappedReductionsHoldAtMostTwoBucketsOfGradients) {
+  const int N = 2;
+  std::mutex mu;
+  int most_alive = -1;
+  Params overlapped, serial;
+  run_ranks(N, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto cfg = config(0, 1000000, 5000, /*overlap=*/true);
+    cfg["zero_optimization"]["reduce_bucket_size"] = 4096;  // a weight is a bucket
+    auto e = dtrain::zero::initialize(make_seq(), cfg, {pg});
+    // Each weight's incoming gradient, watched weakly (autograd then makes it .grad itself);
+    // when the first layer's arrives (the last of backward), count the others still alive.
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> grads;
+    int alive_at_first_layer = -1;
+    std::vector<torch::Tensor> weights;
+    for (auto& item : e.module()->named_parameters())
+      if (item.key().find("weight") != std::string::npos) weights.push_back(item.value());
+    for (size_t i = 0; i < weights.size(); ++i) {
+      weights[i].register_hook([&, i](const torch::Tensor& g) {
+        if (i == 0) {
+          alive_at_first_layer = 0;
+          for (auto& w : grads) alive_at_first_layer += w.expired() ? 0 : 1;
+        }
+        grads.emplace_back(g.storage().getWeakStorageImpl());
+      });
+    }
+    train(e, pg->rank(), 2, [&](const torch::Tensor& x) { return e(x); });
+    auto p_overlap = gathered(e);
+    cfg["zero_optimization"]["overlap_comm"] = false;
+    auto f = dtrain::zero::initialize(make_seq(), cfg, {pg});
+    train(f, pg->rank(), 2, [&](const torch::Tensor& x) { return f(x); });
+    auto p_serial = gathered(f);
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg->rank() == 0)
+      most_alive = alive_at_first_layer, overlapped = p_overlap, serial = p_serial;
+  });
+  // Before the first layer's: the head's weight (in a bucket with small ones: copied, freed at
+  // once) and five 64x64 weights, each a bucket. The one launched last is still in flight (at
+  // least 1 alive also shows the watch sees autograd's gradient); without the bound all five.
+  std::printf("64x64 weight gradients alive when the first layer's arrives: %d of 5\n", most_alive);
+  EXPECT_GE(most_alive, 1);
+  EXPECT_LE(most_alive, 2);
+  ASSERT_EQ(overlapped.size(), serial.size());
+  EXPECT_EQ(max_abs_diff(overlapped, serial), 0.0);
+}
+
 TEST(ZeroStage3Fetch, PerUnitFetchTrainsAsTheWholeModuleGather) {
   const int N = 2;
   std::mutex mu;
