@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "distributor_example: training failed: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "distributor_example: %s\n", e.what());
+    std::fprintf(stderr, "distributor_example: %s\n", dtrain::error_message(e).c_str());
     return 1;
   }
   return 0;

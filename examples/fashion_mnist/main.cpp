@@ -491,8 +491,9 @@ int main(int argc, char** argv) {
     }
     return train(cfg, run);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
-    run.set_tag("error", e.what());
+    const std::string what = dtrain::error_message(e);
+    std::fprintf(stderr, "fashion_mnist: error: %s\n", what.c_str());
+    run.set_tag("error", what);
     run.end(dtrain::mlflow::RunStatus::Failed);
     return 1;
   }

@@ -14,6 +14,7 @@
 
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
+#include "dtrain/error_message.h"
 #include "dtrain/mesh.h"
 #include "gpt.h"
 
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
     dtrain::destroy_process_group();
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt: error: %s\n", e.what());
+    std::fprintf(stderr, "gpt: error: %s\n", dtrain::error_message(e).c_str());
     return 1;
   }
 }

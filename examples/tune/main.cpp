@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%s\n", out.dump().c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tune_example: %s\n", e.what());
+    std::fprintf(stderr, "tune_example: %s\n", dtrain::error_message(e).c_str());
     return 1;
   }
   return 0;

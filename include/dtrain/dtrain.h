@@ -12,6 +12,7 @@
 #include "dtrain/elastic_state.h"
 #include "dtrain/env.h"
 #include "dtrain/error.h"
+#include "dtrain/error_message.h"
 #include "dtrain/mlflow.h"
 #include "dtrain/process_group.h"
 #include "dtrain/progress.h"
