@@ -305,6 +305,7 @@ void Controller::negotiate_and_run() {
   if (stopping || stall_now)
     msg = std::string("F\t") + (stopping ? "1" : "0") + "\t" + (stall_now ? "1" : "0") + "\n";
   for (auto& r : uncached) {
+    if (r.tensor.defined() && r.tensor.is_cuda()) last_cuda_device_ = r.tensor.device();
     msg += std::to_string(next_seq_++) + "\t" + signature(r) + "\n";
     std::string name = r.name;
     mine_.emplace(std::move(name), std::move(r));
@@ -449,6 +450,7 @@ void Controller::check_agreement(const std::string& name, const Entry& e) {
       mismatch("dtype", std::string(c10::toString(static_cast<c10::ScalarType>(a.dtype))),
                std::string(c10::toString(static_cast<c10::ScalarType>(b.dtype))));
     }
+    if (a.device != b.device) mismatch("a tensor on", a.device, "one on " + b.device);
     const bool same_rank = a.shape.size() == b.shape.size();
     const bool tail_equal =
         same_rank && std::equal(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end(),

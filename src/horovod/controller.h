@@ -65,6 +65,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -212,6 +213,9 @@ class Controller {
   std::vector<bool> joined_;
   std::vector<bool> shutting_down_;
   int last_joined_ = -1;
+  // The device of this rank's last CUDA tensor: where it makes its zeros once it has joined
+  // (its local device before any).
+  std::optional<torch::Device> last_cuda_device_;
   bool stall_flag_ = false;
   int idle_cycles_ = 0;
   bool progressed_ = false;  // the last cycle ran something or some rank had new requests

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dtrain/collectives.h"
+#include "dtrain/device.h"
 #include "dtrain/error.h"
 #include "horovod/controller.h"
 #include "horovod/wire.h"
@@ -78,8 +79,13 @@ void Controller::execute(std::vector<std::string> names) {
       r.name = n;
       auto shape = s.shape;
       if (s.kind == Kind::kAllgather && !shape.empty()) shape[0] = 0;
-      r.tensor =
-          torch::zeros(shape, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(s.dtype)));
+      // Where the other ranks' tensors are: a CUDA collective takes no CPU tensor.
+      const torch::Device device = s.device != "cuda"  ? torch::Device(torch::kCPU)
+                                   : last_cuda_device_ ? *last_cuda_device_
+                                                       : dtrain::local_device(false);
+      r.tensor = torch::zeros(
+          shape,
+          torch::TensorOptions().dtype(static_cast<c10::ScalarType>(s.dtype)).device(device));
       r.reduce.op = static_cast<ReduceOp>(s.op);
       r.reduce.prescale_factor = s.prescale;
       r.reduce.postscale_factor = s.postscale;

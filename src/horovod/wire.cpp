@@ -77,7 +77,10 @@ std::string signature(const Request& r) {
   s << static_cast<int>(r.kind) << '\t' << r.name << '\t' << dtype << '\t' << join_ints(shape)
     << '\t' << static_cast<int>(r.reduce.op) << '\t' << r.reduce.prescale_factor << '\t'
     << r.reduce.postscale_factor << '\t' << static_cast<int>(r.reduce.compression) << '\t' << r.root
-    << '\t' << join_ints(r.splits);
+    << '\t' << join_ints(r.splits) << '\t'
+    << (!r.tensor.defined()  ? "-"
+        : r.tensor.is_cuda() ? "cuda"
+                             : "cpu");
   return s.str();
 }
 
@@ -95,7 +98,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 Sig parse_sig(const std::string& line) {
   auto f = split(line, '\t');
-  DTRAIN_ASSERT(f.size() == 11, "malformed hvd request line '" + line + "'");
+  DTRAIN_ASSERT(f.size() == 12, "malformed hvd request line '" + line + "'");
   Sig s;
   s.seq = std::stoll(f[0]);
   s.kind = static_cast<Kind>(std::stoi(f[1]));
@@ -108,6 +111,7 @@ Sig parse_sig(const std::string& line) {
   s.compression = std::stoi(f[8]);
   s.root = std::stoi(f[9]);
   s.splits = split_ints(f[10]);
+  s.device = f[11];
   return s;
 }
 

@@ -1,8 +1,10 @@
 // hvd's request line: how a rank announces a request in the negotiation (controller.h). One
 // line per request, fields separated by '\t' (names may hold neither '\t' nor '\n'):
-//   seq, kind, name, dtype, shape, op, prescale, postscale, compression, root, splits
-// shape and splits as comma-separated integers. encode/parse are exact inverses; every rank
-// parses every rank's lines alike, so their tables agree.
+//   seq, kind, name, dtype, shape, op, prescale, postscale, compression, root, splits, device
+// shape and splits as comma-separated integers; device the tensor's type ("cpu", "cuda"; "-"
+// without a tensor), so a rank that has joined makes its zeros where the others' tensors are.
+// encode/parse are exact inverses; every rank parses every rank's lines alike, so their tables
+// agree.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,7 @@ struct Sig {
   int compression = 0;
   int root = 0;
   std::vector<int64_t> splits;
+  std::string device;  // "cpu", "cuda", or "-" (no tensor)
 };
 
 // Request `r`'s line without its submission number (the negotiation puts "SEQ\t" first):

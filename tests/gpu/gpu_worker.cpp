@@ -315,6 +315,20 @@ int hvd() {
   check(same(b, torch::zeros({4}, f)), "hvd broadcast_");
   auto g = dtrain::hvd::allgather(torch::full({2}, static_cast<double>(rank), f), "g");
   check(g.is_cuda() && g.size(0) == 2 * world, "hvd allgather on CUDA");
+  // join: the last rank joins at once; the others' CUDA allreduce goes on, the joined rank
+  // contributing zeros on its GPU (a CUDA collective takes no CPU tensor).
+  if (rank == world - 1) {
+    const int last = dtrain::hvd::join();
+    check(last != world - 1 || world == 1, "hvd join: the last rank to join");
+  } else {
+    dtrain::hvd::AllreduceOptions jo;
+    jo.op = dtrain::hvd::Sum;
+    jo.name = "after_join";
+    auto s = dtrain::hvd::allreduce(torch::full({3}, 1.0, f), jo);
+    check(s.is_cuda() && same(s, torch::full({3}, static_cast<double>(world - 1), f)),
+          "hvd allreduce with a joined rank on CUDA");
+    dtrain::hvd::join();
+  }
   std::printf("gpu_worker rank %d: hvd ok\n", rank);
   dtrain::hvd::shutdown();
   return failures ? 1 : 0;
@@ -421,7 +435,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_worker: unknown mode '%s'\n", mode.c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpu_worker: %s\n", e.what());
+    std::fprintf(stderr, "gpu_worker: %s\n", dtrain::error_message(e).c_str());
     return 1;
   }
 }
