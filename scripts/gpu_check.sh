@@ -16,7 +16,9 @@
 # The summary comes back as $OUT/gpu_summary.json, the logs as $OUT/*.log.
 #
 # Options (environment): GPU_CHECK_SKIP_BENCH=1 skips the benchmarks; GPU_CHECK_BENCH=LIST picks
-# them (bench/gpu_bench.py --only); GPU_CHECK_JOBS=N build parallelism (default: all cores).
+# them (bench/gpu_bench.py --only); GPU_CHECK_TESTS=REGEX runs only the gpu tests it matches
+# (ctest -R; a short second call after a fix); GPU_CHECK_JOBS=N build parallelism (default: all
+# cores).
 # Exit status: 0 when the build and every gpu test passed (benchmarks never fail it).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,7 +77,7 @@ build_s=$(($(date +%s) - t_build))
 
 log "gpu tests"
 t_test=$(date +%s)
-(cd "$build" && ctest -L gpu --output-on-failure --timeout 400 --output-junit "$out/gpu_tests.xml") \
+(cd "$build" && ctest -L gpu ${GPU_CHECK_TESTS:+-R "$GPU_CHECK_TESTS"} --output-on-failure --timeout 400 --output-junit "$out/gpu_tests.xml") \
   > "$out/tests.log" 2>&1
 tests_rc=$?
 test_s=$(($(date +%s) - t_test))
