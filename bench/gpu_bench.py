@@ -99,8 +99,13 @@ def bench_train(a, out):
     for model, batch in (("mlp", 64), ("mlp", 1024), ("cnn", 64), ("cnn", 1024)):
         steps = "300" if batch == 64 else "100"
         got = {k: [] for k in variants}
+        # The CNN at batch 1024 is bound by its kernels: both CUDA graphs gained nothing there
+        # (1.04x and 0.99x on the H100, 2026-11-27); skipped to keep gpu_check within 8 minutes.
+        skip = ("graph", "py_graph") if (model, batch) == ("cnn", 1024) else ()
         for _ in range(a.repeat):
             for k, cmd in variants.items():
+                if k in skip:
+                    continue
                 try:
                     o, _ = run(cmd + ["--model", model, "--batch", str(batch), "--steps", steps])
                     got[k].append(last_json(o)["samples_per_s"])
@@ -184,19 +189,20 @@ def bench_launch(a, out):
     # 16 processes (the "auto" backend loads the CUDA plugin and asks each rank's GPU).
     no_gpu = dict(env, CUDA_VISIBLE_DEVICES="")
     got = {"dtrain_cpp": [], "torchrun_python_noop": [], "dtrain_cpp_no_gpu_visible": []}
-    for _ in range(max(a.repeat, 3)):  # a second each: three rounds, the median
+    for i in range(max(a.repeat, 3)):  # a second each: three rounds, the median
         _, w = run([dtrain, "run", "--nproc-per-node", "16", worker], env)
         got["dtrain_cpp"].append(w)
         _, w = run([a.torchrun, "--nproc-per-node", "16", "--monitor-interval", "0.1", noop.name], env)
         got["torchrun_python_noop"].append(w)
-        _, w = run([dtrain, "run", "--nproc-per-node", "16", worker], no_gpu)
-        got["dtrain_cpp_no_gpu_visible"].append(w)
+        if i == 0:  # a diagnosis, not a target: once
+            _, w = run([dtrain, "run", "--nproc-per-node", "16", worker], no_gpu)
+            got["dtrain_cpp_no_gpu_visible"].append(w)
     os.unlink(noop.name)
     med = {k: statistics.median(v) for k, v in got.items()}
     out["launch16"] = dict(med, ratio=med["torchrun_python_noop"] / med["dtrain_cpp"], rounds=got)
     print(f"launch 16 workers: dtrain (C++ worker, all-reduce) {med['dtrain_cpp']:.2f} s vs torchrun (Python "
           f"no-op) {med['torchrun_python_noop']:.2f} s -> {out['launch16']['ratio']:.1f}x faster; dtrain with no "
-          f"GPU visible {med['dtrain_cpp_no_gpu_visible']:.2f} s (median of {len(got['dtrain_cpp'])})", flush=True)
+          f"GPU visible {med['dtrain_cpp_no_gpu_visible']:.2f} s (median of {len(got['dtrain_cpp'])} rounds)", flush=True)
 
 
 def bench_cpu_scaling(a, out):
