@@ -70,20 +70,27 @@ def run(cmd, env=None, timeout=600, with_stderr=False):
     return (r.stdout + "\n" + r.stderr if with_stderr else r.stdout), wall
 
 
-SHM_STATS = re.compile(r"dtrain shm rank 0: (\d+) collectives, ([\d.]+) ms each \(of which ([\d.]+) ms waiting for "
-                       r"peers in ([\d.]+) barriers, ([\d.]+) futex sleeps\), ([\d.]+) ms queued before each")
+SHM_STATS = re.compile(r"dtrain shm rank (\d+): (\d+) collectives, ([\d.]+) ms each \(of which ([\d.]+) ms waiting "
+                       r"for peers in ([\d.]+) barriers, ([\d.]+) futex sleeps\), ([\d.]+) ms queued before each")
 
 
 def shm_stats(text):
     """Rank 0's shared-memory backend counters (DTRAIN_SHM_STATS=1), per collective: where a
     step's communication time goes (the reduction itself, waiting for peers, futex sleeps, the
-    hand-off to the backend's thread). None when the run printed none."""
-    m = SHM_STATS.search(text)
-    if not m:
+    hand-off to the backend's thread); and every rank's waiting, which says whether one rank is
+    the straggler (it waits least) or the skew moves around. None when the run printed none."""
+    ranks = {}
+    for m in SHM_STATS.finditer(text):
+        r, n, each, wait, barriers, sleeps, queued = m.groups()
+        ranks.setdefault(int(r), {"collectives": int(n), "ms_each": float(each), "ms_waiting_for_peers": float(wait),
+                                  "barriers": float(barriers), "futex_sleeps": float(sleeps),
+                                  "ms_queued": float(queued)})
+    if 0 not in ranks:
         return None
-    n, each, wait, barriers, sleeps, queued = m.groups()
-    return {"collectives": int(n), "ms_each": float(each), "ms_waiting_for_peers": float(wait),
-            "barriers": float(barriers), "futex_sleeps": float(sleeps), "ms_queued": float(queued)}
+    out = dict(ranks[0])
+    out["ms_waiting_per_rank"] = [ranks[r]["ms_waiting_for_peers"] for r in sorted(ranks)]
+    out["futex_sleeps_per_rank"] = [ranks[r]["futex_sleeps"] for r in sorted(ranks)]
+    return out
 
 
 def bench_train(a, out):
@@ -263,8 +270,11 @@ def bench_cpu_scaling(a, out):
         extra = f", spin 200 us {r['dtrain_spin200']:.0f}" if "dtrain_spin200" in r else ""
         st = r.get("dtrain_shm_rank0")
         if st:
+            per_rank = st.get("ms_waiting_per_rank") or []
             extra += (f"; per collective {st['ms_each']:.3f} ms, {st['ms_waiting_for_peers']:.3f} waiting, "
-                      f"{st['futex_sleeps']:.2f} sleeps, {st['ms_queued']:.3f} queued")
+                      f"{st['futex_sleeps']:.2f} sleeps, {st['ms_queued']:.3f} queued"
+                      + (f"; waiting by rank {min(per_rank):.2f}-{max(per_rank):.2f} ms, least rank "
+                         f"{per_rank.index(min(per_rank))}" if len(per_rank) > 1 else ""))
         print(f"cpu {n:2d} procs: dtrain {r['dtrain']:.0f} (eff {r['dtrain_efficiency']:.2f}{extra}) vs PyTorch "
               f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
               f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "
