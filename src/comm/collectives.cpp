@@ -23,6 +23,7 @@
 #include "comm/gloo/gloo.h"
 #include "diagnosis/monitor.h"
 #include "dtrain/error.h"
+#include "dtrain/error_message.h"
 #include "dtrain/flight_recorder.h"
 #include "dtrain/timeline.h"
 
@@ -263,10 +264,8 @@ bool contains_ci(std::string hay, std::string needle) {
 std::string exception_text(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const c10::Error& x) {
-    return x.what_without_backtrace();
   } catch (const std::exception& x) {
-    return x.what();
+    return error_message(x);
   } catch (...) {
     return "unknown exception";
   }

@@ -9,17 +9,13 @@
 #include <exception>
 
 #include "comm/cuda/plugin_api.h"
+#include "dtrain/error_message.h"
 
 namespace {
 
 void write(char* out, size_t size, const std::string& text) {
   if (size == 0) return;
   std::snprintf(out, size, "%s", text.c_str());
-}
-
-std::string what(const std::exception& e) {
-  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
 }
 
 int device_count() {
@@ -43,7 +39,7 @@ int device_uuid(int index, char* out, size_t size) {
     write(out, size, uuid);
     return 0;
   } catch (const std::exception& e) {
-    write(out, size, what(e));
+    write(out, size, dtrain::error_message(e));
     return -1;
   }
 }
@@ -53,7 +49,7 @@ int set_device(int index, char* error, size_t size) {
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
     return 0;
   } catch (const std::exception& e) {
-    write(error, size, what(e));
+    write(error, size, dtrain::error_message(e));
     return -1;
   }
 }
@@ -69,7 +65,7 @@ c10d::Backend* make_nccl(c10d::Store* store, int rank, int world, int64_t timeou
         c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
     return nccl.release();
   } catch (const std::exception& e) {
-    write(error, size, what(e));
+    write(error, size, dtrain::error_message(e));
     return nullptr;
   }
 }
