@@ -78,11 +78,15 @@ class ProcessGroup {
   int rank() const { return pg_->getRank(); }
   int world_size() const { return pg_->getSize(); }
   // The backend init_process_group chose: "shm", "gloo" or "nccl" when one backend serves
-  // every device type, else one per device type ("cpu:shm,cuda:nccl").
-  const std::string& backend_name() const { return backend_; }
-  // The backend for tensors on `device` ("shm", "gloo", "nccl"), or "" when the group has none.
+  // every device type, else one per device type ("cpu:shm,cuda:nccl"). On a machine that may
+  // show a GPU, "auto" decides the CUDA backend at the group's first collective on a CUDA
+  // tensor (a job that keeps to the CPU never starts CUDA); until then "cpu:shm,cuda:auto".
+  std::string backend_name() const;
+  // The backend for tensors on `device` ("shm", "gloo", "nccl"), "auto" for a CUDA backend not
+  // decided yet, or "" when the group has none.
   std::string backend_name(c10::DeviceType device) const;
-  // The GPU this rank's CUDA backend uses, or -1 when the group has no CUDA backend.
+  // The GPU this rank's CUDA backend uses, or -1 when the group has no CUDA backend (or it is
+  // not decided yet).
   int cuda_device() const;
   // The timeout of the group's collectives and store waits.
   std::chrono::milliseconds timeout() const;
@@ -102,7 +106,6 @@ class ProcessGroup {
   friend std::shared_ptr<ProcessGroup> new_group(const std::vector<int>&, const NewGroupOptions&);
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
-  std::string backend_;
   std::shared_ptr<const comm::GroupBackends> backends_;
   // How many new_group() calls were made over this group: the next sub-group's store prefix.
   int subgroups_created_ = 0;

@@ -7,6 +7,7 @@
 
 #include "comm/cuda/device.h"
 #include "comm/gloo/gloo.h"
+#include "comm/lazy/lazy_cuda.h"
 #include "comm/shm/shm_group.h"
 #include "comm/staged/staged_backend.h"
 #include "dtrain/error.h"
@@ -177,13 +178,31 @@ const DeviceBackend* GroupBackends::find(c10::DeviceType device) const {
   for (const auto& d : devices) {
     if (d.device == device) return &d;
   }
+  if (device == DeviceType::CUDA && lazy_cuda) return lazy_cuda->get();
   return nullptr;
+}
+
+std::string GroupBackends::name_for(c10::DeviceType device) const {
+  for (const auto& d : devices) {
+    if (d.device == device) return d.traits.name;
+  }
+  if (device == DeviceType::CUDA && lazy_cuda) return lazy_cuda->name();
+  return "";
+}
+
+std::string GroupBackends::describe() const {
+  return lazy_cuda ? lazy_cuda->description() : description;
+}
+
+int GroupBackends::current_cuda_device() const {
+  return lazy_cuda ? lazy_cuda->device() : cuda_device;
 }
 
 bool built_with_cuda() { return cuda::built(); }
 
 std::optional<std::chrono::milliseconds> backend_timeout(Backend& backend) {
   Backend* b = &backend;
+  if (auto* router = dynamic_cast<LazyRouter*>(b)) b = router->cpu().get();
   if (auto* staged = dynamic_cast<StagedBackend*>(b)) b = staged->inner().get();
   if (auto t = gloo_timeout(*b)) return t;
   if (auto* shm = dynamic_cast<shm::ShmProcessGroup*>(b)) return shm->timeout();
@@ -202,17 +221,82 @@ std::optional<BackendTraits> backend_traits(const std::string& name, c10::Device
   return traits_of(name, device);
 }
 
+namespace {
+
+// This rank's GPU and every rank's, exchanged through the group's store.
+struct GpuProbe {
+  int device = -1;                // this rank's GPU, -1 when it sees none
+  std::vector<std::string> gpus;  // every rank's UUID, "none" for a rank without one
+  bool everyone_has_one() const {
+    return std::none_of(gpus.begin(), gpus.end(), [](const std::string& g) { return g == "none"; });
+  }
+};
+
+GpuProbe probe_gpus(const GroupRequest& r) {
+  GpuProbe p;
+  if (cuda::available()) {
+    p.device = r.cuda_device >= 0 ? r.cuda_device : cuda::default_device(r.rank);
+    if (p.device >= cuda::device_count()) {
+      throw UsageError("init_process_group: cuda_device " + std::to_string(p.device) +
+                       " does not exist: this process sees " +
+                       std::to_string(cuda::device_count()) +
+                       " GPU(s) (CUDA_VISIBLE_DEVICES applies)");
+    }
+  }
+  p.gpus = exchange_gpus(r, p.device >= 0 ? cuda::device_uuid(p.device) : "none");
+  return p;
+}
+
+// What "auto" runs CUDA tensors with, beside the CPU backend `cpu_name`.
+std::string auto_cuda_name(const std::vector<std::string>& gpus, const std::string& cpu_name) {
+  if (shared_gpu_reason(gpus).empty()) return "nccl";
+  return cpu_name == "shm" ? "shm" : "gloo";
+}
+
+// The CUDA backend `name` for a group whose CPU backends are `gloo` and `shm` (either may be
+// null where the name does not need it).
+c10::intrusive_ptr<Backend> make_cuda_backend(const std::string& name, const GroupRequest& r,
+                                              int device, const c10::intrusive_ptr<Backend>& gloo,
+                                              const c10::intrusive_ptr<shm::ShmProcessGroup>& shm,
+                                              BackendKind* kind) {
+  if (name == "nccl") {
+#if DTRAIN_WITH_CUDA
+    auto cuda_store = c10::make_intrusive<c10d::PrefixStore>("cuda/", r.store);
+    *kind = BackendKind::kNccl;
+    return make_nccl(cuda_store, r.rank, r.world, r.timeout, device);
+#else
+    (void)r, (void)device;
+    return {};
+#endif
+  }
+  if (name == "shm") {
+    *kind = BackendKind::kCustom;
+    return c10::make_intrusive<StagedBackend>(shm);
+  }
+  *kind = BackendKind::kGloo;
+  return gloo;
+}
+
+}  // namespace
+
 GroupBackends make_group_backends(const GroupRequest& r) {
   DTRAIN_ASSERT(r.store, "make_group_backends needs a store");
   auto wanted = parse_spec(r.spec);
   auto want_cuda = wanted.find(DeviceType::CUDA);
   const bool explicit_nccl = want_cuda != wanted.end() && want_cuda->second == "nccl";
+  const auto want_cpu = wanted.find(DeviceType::CPU);
+
+  // Decided at the first CUDA collective rather than now (comm/lazy/lazy_cuda.h): "auto" (or
+  // the CPU's own backend, "gloo"/"shm") for CUDA beside a CPU backend, in a CUDA build on a
+  // machine that may show a GPU. "nccl" is decided now: its errors belong to init.
+  const bool lazy = want_cuda != wanted.end() && want_cpu != wanted.end() && cuda::built() &&
+                    (want_cuda->second == "auto" || want_cuda->second == want_cpu->second) &&
+                    cuda::may_see_gpu();
 
   // CUDA: only in a CUDA build, and only when every rank sees a GPU ("auto", "gloo", "shm"
   // then simply have no CUDA backend; "nccl" is an error).
-  int device = -1;
-  std::vector<std::string> gpus;
-  if (want_cuda != wanted.end()) {
+  GpuProbe probe;
+  if (want_cuda != wanted.end() && !lazy) {
     if (!cuda::built()) {
       if (explicit_nccl) {
         throw UsageError(nccl_unavailable("this build of dtrain has no CUDA (libtorch " +
@@ -223,26 +307,15 @@ GroupBackends make_group_backends(const GroupRequest& r) {
       }
       wanted.erase(want_cuda);
     } else {
-      if (cuda::available()) {
-        device = r.cuda_device >= 0 ? r.cuda_device : cuda::default_device(r.rank);
-        if (device >= cuda::device_count()) {
-          throw UsageError("init_process_group: cuda_device " + std::to_string(device) +
-                           " does not exist: this process sees " +
-                           std::to_string(cuda::device_count()) +
-                           " GPU(s) (CUDA_VISIBLE_DEVICES applies)");
-        }
-      }
-      gpus = exchange_gpus(r, device >= 0 ? cuda::device_uuid(device) : "none");
-      const bool everyone_has_one =
-          std::none_of(gpus.begin(), gpus.end(), [](const std::string& g) { return g == "none"; });
+      probe = probe_gpus(r);
       // NCCL refuses two ranks on one GPU ("Duplicate GPU detected") only at its first
       // collective; asked for by name, say so here, at init, on every rank alike.
-      if (const std::string why = shared_gpu_reason(gpus); explicit_nccl && !why.empty()) {
+      if (const std::string why = shared_gpu_reason(probe.gpus); explicit_nccl && !why.empty()) {
         throw UsageError(nccl_unavailable(why + " (CUDA_VISIBLE_DEVICES applies)"));
       }
-      if (!everyone_has_one) {
+      if (!probe.everyone_has_one()) {
         wanted.erase(DeviceType::CUDA);
-        device = -1;
+        probe.device = -1;
       }
     }
   }
@@ -260,6 +333,7 @@ GroupBackends make_group_backends(const GroupRequest& r) {
       if (r.like) {
         if (const auto* cpu = r.like->find(DeviceType::CPU)) {
           like = cpu->backend.get();
+          if (auto* router = dynamic_cast<LazyRouter*>(like)) like = router->cpu().get();
           if (auto* s = dynamic_cast<shm::ShmProcessGroup*>(like)) like = s->gloo().get();
           if (auto* st = dynamic_cast<StagedBackend*>(like)) {
             like = st->inner().get();
@@ -289,31 +363,46 @@ GroupBackends make_group_backends(const GroupRequest& r) {
     }
   }
 
+  if (lazy) {
+    GroupRequest later = r;
+    later.like = nullptr;  // the parent's backends need not outlive this group's decision
+    const std::string cuda_wanted = want_cuda->second;
+    auto decide = [later, cuda_wanted, cpu_name, gloo, shm]() -> CudaDecision {
+      GpuProbe p = probe_gpus(later);
+      if (!p.everyone_has_one()) return {};
+      const std::string name =
+          cuda_wanted == "auto" ? auto_cuda_name(p.gpus, cpu_name) : cuda_wanted;
+      BackendKind kind = BackendKind::kCustom;
+      DeviceBackend d{DeviceType::CUDA, traits_of(name, DeviceType::CUDA),
+                      make_cuda_backend(name, later, p.device, gloo, shm, &kind)};
+      return {d, p.device};
+    };
+    out.lazy_cuda = std::make_shared<LazyCuda>(std::move(decide), cpu_name);
+    c10::intrusive_ptr<Backend> cpu = cpu_name == "shm" ? c10::intrusive_ptr<Backend>(shm) : gloo;
+    auto router = c10::make_intrusive<LazyRouter>(cpu, out.lazy_cuda);
+    out.devices.push_back({DeviceType::CPU, traits_of(cpu_name, DeviceType::CPU), cpu});
+    // libtorch 2.x keeps one backend per c10d kind: with the shared-memory backend (a custom
+    // kind, as the router is) the router serves the CPU tensors too.
+    if (cpu_name == "shm") {
+      bindings.push_back({DeviceType::CPU, BackendKind::kCustom, router});
+    } else {
+      bindings.push_back({DeviceType::CPU, BackendKind::kGloo, gloo});
+    }
+    bindings.push_back({DeviceType::CUDA, BackendKind::kCustom, router});
+    out.pg = make_process_group(r.store, r.rank, r.world, bindings, -1);
+    out.description = out.lazy_cuda->description();
+    return out;
+  }
+
   std::string cuda_name;
   c10::intrusive_ptr<Backend> cuda_backend;
   BackendKind cuda_kind = BackendKind::kCustom;
   if (auto it = wanted.find(DeviceType::CUDA); it != wanted.end()) {
     cuda_name = it->second;
-    if (cuda_name == "auto") {
-      if (shared_gpu_reason(gpus).empty()) {
-        cuda_name = "nccl";
-      } else {
-        cuda_name = cpu_name == "shm" ? "shm" : "gloo";
-      }
-    }
-    if (cuda_name == "nccl") {
-#if DTRAIN_WITH_CUDA
-      auto cuda_store = c10::make_intrusive<c10d::PrefixStore>("cuda/", r.store);
-      cuda_backend = make_nccl(cuda_store, r.rank, r.world, r.timeout, device);
-      cuda_kind = BackendKind::kNccl;
-#endif
-    } else if (cuda_name == "shm") {
-      cuda_backend = c10::make_intrusive<StagedBackend>(need_shm(/*require=*/true));
-      cuda_kind = BackendKind::kCustom;
-    } else {
-      cuda_backend = need_gloo();
-      cuda_kind = BackendKind::kGloo;
-    }
+    if (cuda_name == "auto") cuda_name = auto_cuda_name(probe.gpus, cpu_name);
+    cuda_backend =
+        make_cuda_backend(cuda_name, r, probe.device, cuda_name == "gloo" ? need_gloo() : gloo,
+                          cuda_name == "shm" ? need_shm(/*require=*/true) : shm, &cuda_kind);
   }
 
   // Bind: one object per kind (libtorch 2.x), so a staged shared-memory backend serves the
@@ -334,7 +423,7 @@ GroupBackends make_group_backends(const GroupRequest& r) {
     DeviceBackend d{DeviceType::CUDA, traits_of(cuda_name, DeviceType::CUDA), cuda_backend};
     bindings.push_back({DeviceType::CUDA, cuda_kind, cuda_backend});
     out.devices.push_back(d);
-    out.cuda_device = device;
+    out.cuda_device = probe.device;
   }
   if (bindings.empty()) {
     throw UsageError("init_process_group: backend '" + r.spec +

@@ -19,7 +19,9 @@
 // A group's backend spec, as in torch.distributed.init_process_group:
 //   "auto"   CPU: shm when every rank is on this host, else gloo. CUDA (when this process sees a
 //            GPU): nccl when every rank has a GPU of its own, else the CPU backend's staging
-//            (shm) or Gloo's own CUDA path (gloo).
+//            (shm) or Gloo's own CUDA path (gloo) - decided at the group's first CUDA
+//            collective, not at init, so a job that keeps its tensors on the CPU never starts
+//            CUDA (comm/lazy/lazy_cuda.h).
 //   "gloo"   gloo for CPU and (where it can) CUDA tensors, as PyTorch 2.x registers it.
 //   "shm"    shm for CPU, staged shm for CUDA; UsageError if a rank is on another host.
 //   "nccl"   nccl for CUDA tensors, and the CPU backend "auto" picks for CPU tensors (objects,
@@ -82,18 +84,32 @@ struct DeviceBackend {
   c10::intrusive_ptr<Backend> backend;
 };
 
+class LazyCuda;  // comm/lazy/lazy_cuda.h
+
 // What a group was built with: one entry per device type it takes tensors on.
 struct GroupBackends {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::vector<DeviceBackend> devices;
   // "shm", "gloo", "nccl" when one backend serves every device; else "cpu:shm,cuda:nccl".
+  // With `lazy_cuda`, what it was at init ("cpu:shm,cuda:auto"): describe() is the current one.
   std::string description;
   std::chrono::milliseconds timeout{0};
-  // The GPU this rank's CUDA backend uses (-1: none).
+  // The GPU this rank's CUDA backend uses (-1: none). With `lazy_cuda`: see current_cuda_device().
   int cuda_device = -1;
+  // The CUDA backend "auto" decides at the group's first CUDA collective (comm/lazy), where the
+  // machine may show a GPU; null when it was decided at init (or the group takes no CUDA).
+  std::shared_ptr<LazyCuda> lazy_cuda;
 
-  // The backend for tensors on `device`, or nullptr when the group has none.
+  // The backend for tensors on `device`, or nullptr when the group has none. For CUDA in a
+  // group with `lazy_cuda` this decides it: call it where every rank does (a collective).
   const DeviceBackend* find(c10::DeviceType device) const;
+  // The backend's name for `device` without deciding anything: "auto" for an undecided CUDA
+  // backend, "" when the group has none.
+  std::string name_for(c10::DeviceType device) const;
+  // The description as of now (see `description`).
+  std::string describe() const;
+  // The GPU as of now: -1 while a lazy CUDA backend is undecided.
+  int current_cuda_device() const;
 };
 
 // How to build a group's backends.

@@ -155,30 +155,25 @@ std::shared_ptr<const comm::GroupBackends> single_cpu(
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> pg, std::string backend)
-    : store_(std::move(store)),
-      pg_(std::move(pg)),
-      backend_(std::move(backend)),
-      backends_(single_cpu(pg_, backend_)) {
+    : store_(std::move(store)), pg_(std::move(pg)), backends_(single_cpu(pg_, backend)) {
   monitor_ = std::make_shared<diagnosis::GroupMonitor>(store_, pg_->getRank(), pg_->getSize());
 }
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            std::shared_ptr<const comm::GroupBackends> backends)
-    : store_(std::move(store)),
-      pg_(backends->pg),
-      backend_(backends->description),
-      backends_(std::move(backends)) {
+    : store_(std::move(store)), pg_(backends->pg), backends_(std::move(backends)) {
   monitor_ = std::make_shared<diagnosis::GroupMonitor>(store_, pg_->getRank(), pg_->getSize());
 }
 
 ProcessGroup::~ProcessGroup() = default;
 
+std::string ProcessGroup::backend_name() const { return backends_->describe(); }
+
 std::string ProcessGroup::backend_name(c10::DeviceType device) const {
-  const auto* d = backends_->find(device);
-  return d ? d->traits.name : "";
+  return backends_->name_for(device);
 }
 
-int ProcessGroup::cuda_device() const { return backends_->cuda_device; }
+int ProcessGroup::cuda_device() const { return backends_->current_cuda_device(); }
 
 std::chrono::milliseconds ProcessGroup::timeout() const { return backends_->timeout; }
 
@@ -270,7 +265,11 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
   comm::GroupRequest request;
   const std::string parent_cuda = parent->backend_name(c10::DeviceType::CUDA);
   request.spec = "cpu:gloo";
-  if (!parent_cuda.empty()) request.spec += parent_cuda == "nccl" ? ",cuda:nccl" : ",cuda:gloo";
+  if (parent_cuda == "auto") {
+    request.spec += ",cuda:auto";  // undecided in the parent: decided in the sub-group likewise
+  } else if (!parent_cuda.empty()) {
+    request.spec += parent_cuda == "nccl" ? ",cuda:nccl" : ",cuda:gloo";
+  }
   request.store = store;
   request.rank = rank;
   request.world = size;

@@ -10,6 +10,9 @@
 //   gpu_worker checkpoint                  a checkpoint written on the GPU loads on the CPU
 //                                          and back
 //   gpu_worker hvd                         hvd collectives on CUDA tensors
+//   gpu_worker cpu_job                     a CPU-only job on this GPU machine: "auto" leaves
+//                                          CUDA undecided and CUDA's driver unloaded (the
+//                                          cost each worker of a CPU job would pay at launch)
 //   gpu_worker zero cuda|cpu LIMIT_MB [STAGE [STEPS]]
 //                                          ZeRO (stage 3, the default: optimizer and
 //                                          parameters offloaded to the CPU) for STEPS (4)
@@ -30,6 +33,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <unistd.h>
@@ -334,6 +338,33 @@ int hvd() {
   return failures ? 1 : 0;
 }
 
+// Whether this process has loaded CUDA's driver library, which the CUDA runtime does at its
+// first call (cuInit): libtorch's CUDA libraries do not link it.
+bool driver_loaded() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("libcuda.so") != std::string::npos) return true;
+  }
+  return false;
+}
+
+int cpu_job() {
+  check(!driver_loaded(), "CUDA's driver was loaded before init_process_group");
+  auto pg = dtrain::init_process_group();
+  const int rank = pg->rank(), world = pg->world_size();
+  auto t = torch::full({4}, rank + 1.0);
+  dtrain::all_reduce(t);
+  check(t[0].item<double>() == world * (world + 1) / 2.0, "all_reduce on the CPU");
+  pg->barrier();
+  check(pg->backend_name() == "cpu:shm,cuda:auto",
+        "backend '" + pg->backend_name() + "', expected cpu:shm,cuda:auto (CUDA undecided)");
+  check(!driver_loaded(), "a CPU-only job loaded CUDA's driver (cuInit ran)");
+  std::printf("gpu_worker rank %d: cpu_job ok backend=%s\n", rank, pg->backend_name().c_str());
+  dtrain::destroy_process_group();
+  return failures ? 1 : 0;
+}
+
 // Stage 3 offloads the optimizer and the parameters to the CPU; stage 0 keeps all on the device
 // (bench/gpu_bench.py's zero_offload compares the two). limit_mb <= 0: no cap.
 int zero(const std::string& where, double limit_mb, int stage, int steps) {
@@ -425,6 +456,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--backend") backend = argv[i + 1];
   }
   try {
+    if (mode == "cpu_job") return cpu_job();  // before anything asks CUDA (which starts it)
     if (!torch::cuda::is_available() &&
         !(mode == "zero" && argc > 2 && std::string(argv[2]) == "cpu")) {
       std::fprintf(stderr, "gpu_worker: no GPU is visible to this process\n");

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -184,6 +185,72 @@ TEST(BackendFactory, TraitsAndNames) {
   if (!cuda_available()) {
     EXPECT_EQ(local_device(), torch::Device(torch::kCPU));
     EXPECT_EQ(cuda_device_count(), 0);
+  }
+}
+
+// On a machine that may show a GPU, "auto" leaves the CUDA backend undecided until the group's
+// first CUDA use, so a job that keeps to the CPU never starts CUDA (cuInit) nor exchanges its
+// GPUs; the first use decides on every rank, from one exchange. DTRAIN_CUDA_AUTOLOAD=1 makes
+// this machine count as one that may show a GPU; none is visible, so the decision is "none".
+TEST(BackendFactory, AutoDecidesTheCudaBackendAtItsFirstUseWhereAGpuMayBe) {
+  const char* before = std::getenv("DTRAIN_CUDA_AUTOLOAD");
+  const std::string saved = before ? before : "";
+  ::setenv("DTRAIN_CUDA_AUTOLOAD", "1", 1);
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() {
+      if (had) {
+        ::setenv("DTRAIN_CUDA_AUTOLOAD", value.c_str(), 1);
+      } else {
+        ::unsetenv("DTRAIN_CUDA_AUTOLOAD");
+      }
+    }
+  } restore{before != nullptr, saved};
+  for (const std::string cpu : {"shm", "gloo"}) {
+    const std::string spec = cpu == "shm" ? "auto" : "gloo";
+    run_ranks(2, spec, [&](int rank, const comm::GroupRequest& req) {
+      auto made = std::make_shared<comm::GroupBackends>(comm::make_group_backends(req));
+      auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(req.store, made));
+      const bool asked_at_init = req.store->check({"dtrain_backend/joined"});
+      if (comm::built_with_cuda()) {
+        EXPECT_EQ(group->backend_name(), "cpu:" + cpu + ",cuda:auto") << spec;
+        EXPECT_EQ(group->backend_name(c10::DeviceType::CUDA), "auto") << spec;
+        EXPECT_EQ(group->cuda_device(), -1) << spec;
+        EXPECT_FALSE(asked_at_init) << spec << ": the GPUs were exchanged at init";
+      } else {  // no CUDA in this build: nothing to decide, no CUDA part
+        EXPECT_EQ(group->backend_name(), cpu) << spec;
+        EXPECT_EQ(group->backend_name(c10::DeviceType::CUDA), "") << spec;
+      }
+      // CPU collectives run meanwhile (through the router, where it serves the CPU too).
+      auto check_cpu = [&] {
+        auto t = torch::full({5}, static_cast<float>(rank + 1));
+        AllReduceOptions o;
+        o.group = group;
+        all_reduce(t, o);
+        EXPECT_TRUE(torch::equal(t, torch::full({5}, 3.0f))) << spec;
+        auto b = torch::full({3}, static_cast<double>(rank));
+        BroadcastOptions bo;
+        bo.group = group;
+        bo.src = 1;
+        broadcast(b, bo);
+        EXPECT_TRUE(torch::equal(b, torch::full({3}, 1.0, torch::kDouble))) << spec;
+        group->barrier();
+      };
+      check_cpu();
+      // The first CUDA use (a CUDA tensor's collective asks the same) decides: no rank sees a
+      // GPU here, so the group has no CUDA backend - and says so from then on.
+      EXPECT_EQ(made->find(c10::DeviceType::CUDA), nullptr) << spec;
+      EXPECT_EQ(group->backend_name(), cpu) << spec;
+      EXPECT_EQ(group->backend_name(c10::DeviceType::CUDA), "") << spec;
+      EXPECT_EQ(group->cuda_device(), -1) << spec;
+      if (comm::built_with_cuda()) {
+        EXPECT_EQ(made->find(c10::DeviceType::CUDA), nullptr) << spec;
+        // One exchange per rank, however often it is asked.
+        EXPECT_EQ(req.store->add("dtrain_backend/joined", 0), 2) << spec;
+      }
+      check_cpu();
+    });
   }
 }
 

@@ -10,6 +10,10 @@ namespace dtrain::comm::cuda {
 bool built();
 // Whether this build has CUDA and this process sees at least one GPU.
 bool available();
+// Whether this process might see a GPU, without asking CUDA (which starts the driver): a CUDA
+// build on a machine with an NVIDIA device node, CUDA_VISIBLE_DEVICES not empty.
+// DTRAIN_CUDA_AUTOLOAD=1 says the machine has one. false where available() is false for sure.
+bool may_see_gpu();
 // GPUs this process sees (CUDA_VISIBLE_DEVICES applies); 0 without CUDA.
 int device_count();
 // A string equal in two processes of one host exactly when they use the same physical GPU

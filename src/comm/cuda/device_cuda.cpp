@@ -93,12 +93,18 @@ const DtrainCudaPluginV1& api(const char* what) {
 bool built() { return true; }
 
 int device_count() {
-  if (!machine_has_gpu()) return 0;
+  if (!may_see_gpu()) return 0;
   const Loaded& l = load();
   return l.api ? l.api->device_count() : 0;
 }
 
 bool available() { return device_count() > 0; }
+
+bool may_see_gpu() {
+  if (!machine_has_gpu()) return false;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return !(visible && std::string(visible).empty());
+}
 
 std::string device_uuid(int index) {
   const int count = device_count();

@@ -6,6 +6,7 @@ namespace dtrain::comm::cuda {
 
 bool built() { return false; }
 bool available() { return false; }
+bool may_see_gpu() { return false; }
 int device_count() { return 0; }
 std::string device_uuid(int index) {
   throw UsageError("CUDA device " + std::to_string(index) +
