@@ -78,9 +78,10 @@ struct SegmentOptions {
   // Bytes of one rank's buffer in one parity. Default: $DTRAIN_SHM_SLOT_BYTES, else 4 MiB
   // (32 MiB / world size from 9 ranks up, at least 64 KiB).
   size_t slot_bytes = 0;
-  // How long a waiting rank spins before sleeping on a futex. Default: 20 us, or
-  // $DTRAIN_SHM_SPIN_US (0 = sleep at once; with fewer cores than ranks spinning only
-  // takes the core from the rank it waits for).
+  // How long a waiting rank spins before sleeping on a futex. Default: $DTRAIN_SHM_SPIN_US
+  // (0 = sleep at once), else 200 us where the ranks and their intra-op threads
+  // (OMP_NUM_THREADS) leave half this process's CPUs free, else 20 us (with fewer cores than
+  // ranks, spinning only takes the core from the rank it waits for).
   std::chrono::microseconds spin{-1};
   // This rank's host identity (host_identity() if empty). For tests of the fallback.
   std::string host_id;
