@@ -103,25 +103,30 @@ def bench_train(a, out):
     variants = {"torch": [binary, "--optimizer", "torch"], "fused": [binary, "--optimizer", "fused"],
                 "graph": [binary, "--optimizer", "fused", "--graph"], "eager": [a.python, peer],
                 "py_graph": [a.python, peer, "--graph"]}
-    for model, batch in (("mlp", 64), ("mlp", 1024), ("cnn", 64), ("cnn", 1024)):
-        steps = "300" if batch == 64 else "100"
-        got = {k: [] for k in variants}
-        # The CNN at batch 1024 is bound by its kernels: both CUDA graphs gained nothing there
-        # (1.04x and 0.99x on the H100, 2026-11-27); skipped to keep gpu_check within 8 minutes.
-        skip = ("graph", "py_graph") if (model, batch) == ("cnn", 1024) else ()
-        for _ in range(a.repeat):
-            for k, cmd in variants.items():
-                if k in skip:
-                    continue
-                try:
-                    o, _ = run(cmd + ["--model", model, "--batch", str(batch), "--steps", steps])
-                    got[k].append(last_json(o)["samples_per_s"])
-                except RuntimeError as e:
-                    if k not in ("graph", "py_graph"):
-                        raise
-                    out.setdefault("errors", {})[f"train {model} b{batch} {k}"] = str(e)[-1500:]
-                    print(f"train {model} b{batch} {k}: FAILED: {str(e)[-800:]}", file=sys.stderr, flush=True)
-        med = {k: statistics.median(v) if v else None for k, v in got.items()}
+    configs = (("mlp", 64), ("mlp", 1024), ("cnn", 64), ("cnn", 1024))
+    # The CNN at batch 1024 is bound by its kernels: both CUDA graphs gained nothing there
+    # (1.04x and 0.99x on the H100, 2026-11-27); skipped to keep gpu_check within 8 minutes.
+    skip = {("cnn", 1024): ("graph", "py_graph")}
+    got = {c: {k: [] for k in variants} for c in configs}
+    for _ in range(a.repeat):
+        for k, cmd in variants.items():
+            # Every configuration in one process per variant, in turn (one CUDA start-up each:
+            # four fewer process starts per variant than one process per configuration).
+            mine = [c for c in configs if k not in skip.get(c, ())]
+            runs = ",".join(f"{m}:{b}:{300 if b == 64 else 100}" for m, b in mine)
+            try:
+                o, _ = run(cmd + ["--runs", runs])
+                for line in o.splitlines():
+                    if line.startswith("{"):
+                        r = json.loads(line)
+                        got[(r["model"], r["batch"])][k].append(r["samples_per_s"])
+            except RuntimeError as e:
+                if k not in ("graph", "py_graph"):
+                    raise
+                out.setdefault("errors", {})[f"train {k}"] = str(e)[-1500:]
+                print(f"train {k}: FAILED: {str(e)[-800:]}", file=sys.stderr, flush=True)
+    for model, batch in configs:
+        med = {k: statistics.median(v) if v else None for k, v in got[(model, batch)].items()}
 
         def ratio(k, peer_key="eager"):
             return med[k] / med[peer_key] if med[k] and med[peer_key] else None
@@ -251,14 +256,15 @@ def bench_cpu_scaling(a, out):
                         str(a.cpu_steps)], env)
             p.append(last_json(o)["samples_per_s"])
             c.append(apart(n))
-            if n == 8:
-                # The shared-memory backend spinning 10x longer before it sleeps (spare cores;
-                # +11% at 8 processes on the H100 machine, -6% at 2: measured there 2026-11-27).
-                o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_SPIN_US="200"))
+            if n in (2, 4, 8):
+                # The shared-memory backend's old default spin (20 us) beside the new one, which
+                # spins 200 us where the ranks leave half the cores free (+11% and +14% at 8
+                # processes on the H100 machine, -6% at 2 once: measured there 2026-11-27).
+                o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_SPIN_US="20"))
                 spin.append(last_json(o)["samples_per_s"])
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
         if spin:
-            rows[n]["dtrain_spin200"] = statistics.median(spin)
+            rows[n]["dtrain_spin20"] = statistics.median(spin)
         if stats:
             rows[n]["dtrain_shm_rank0"] = stats
     for n, r in rows.items():
@@ -267,7 +273,7 @@ def bench_cpu_scaling(a, out):
         r["pytorch_efficiency"] = r["pytorch"] / (n * rows[1]["pytorch"])
         r["apart_efficiency"] = r["apart"] / (n * rows[1]["apart"])
         r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
-        extra = f", spin 200 us {r['dtrain_spin200']:.0f}" if "dtrain_spin200" in r else ""
+        extra = f", with the old 20 us spin {r['dtrain_spin20']:.0f}" if "dtrain_spin20" in r else ""
         st = r.get("dtrain_shm_rank0")
         if st:
             per_rank = st.get("ms_waiting_per_rank") or []

@@ -6,6 +6,8 @@
 // two device synchronisations. Prints one JSON line per run.
 //
 //   gpu_train_bench --model mlp|cnn --batch 64 --steps 300 --optimizer torch|fused [--graph]
+//   gpu_train_bench --runs mlp:64:300,cnn:1024:100 ...   several runs in one process, in turn
+//                                                        (one start-up of CUDA for all)
 //
 // --optimizer torch: libtorch's torch::optim::Adam (a loop over parameters, ~10 kernels each).
 // --optimizer fused: ATen's fused multi-tensor Adam kernel (_fused_adam_), what PyTorch's
@@ -26,11 +28,14 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -76,55 +81,32 @@ class FusedAdam {
   double lr_;
 };
 
-}  // namespace
+struct Run {
+  std::string model;
+  int64_t batch = 64, steps = 300;
+};
 
-int main(int argc, char** argv) {
-  std::string model_kind = "mlp", optimizer = "torch";
-  int64_t batch = 64, steps = 300, warmup = 30;
-  bool graph = false;
-  for (int i = 1; i < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--graph") {
-      graph = true;
-      --i;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "gpu_train_bench: %s needs a value\n", k.c_str());
-      return 2;
-    }
-    std::string v = argv[i + 1];
-    if (k == "--model") {
-      model_kind = v;
-    } else if (k == "--batch") {
-      batch = std::stoll(v);
-    } else if (k == "--steps") {
-      steps = std::stoll(v);
-    } else if (k == "--warmup") {
-      warmup = std::stoll(v);
-    } else if (k == "--optimizer") {
-      optimizer = v;
-    } else {
-      std::fprintf(stderr, "gpu_train_bench: unknown flag %s\n", k.c_str());
-      return 2;
-    }
+// "mlp:64:300,cnn:1024:100" -> runs; throws std::invalid_argument on a malformed entry.
+std::vector<Run> parse_runs(const std::string& list) {
+  std::vector<Run> runs;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, end - start);
+    const size_t a = item.find(':'), b = item.find(':', a == std::string::npos ? a : a + 1);
+    if (a == std::string::npos || b == std::string::npos)
+      throw std::invalid_argument("--runs entry '" + item + "' is not MODEL:BATCH:STEPS");
+    runs.push_back({item.substr(0, a), std::stoll(item.substr(a + 1, b - a - 1)),
+                    std::stoll(item.substr(b + 1))});
+    start = end + 1;
   }
-  if (graph && optimizer != "fused") {
-    std::fprintf(stderr,
-                 "gpu_train_bench: --graph needs --optimizer fused (libtorch's Adam keeps its "
-                 "step count on the CPU, which a captured step would not advance)\n");
-    return 2;
-  }
-#ifndef DTRAIN_BENCH_CUDA_GRAPH
-  if (graph) {
-    std::fprintf(stderr, "gpu_train_bench: --graph needs a CUDA build of dtrain\n");
-    return 2;
-  }
-#endif
-  if (!torch::cuda::is_available()) {
-    std::fprintf(stderr, "gpu_train_bench: no GPU visible (a CUDA build of dtrain is needed)\n");
-    return 2;
-  }
+  return runs;
+}
+
+// One timed run; prints its JSON line.
+void run_one(const Run& r, const std::string& optimizer, bool graph, int64_t warmup) {
+  const std::string& model_kind = r.model;
+  const int64_t batch = r.batch, steps = r.steps;
   torch::Device dev(torch::kCUDA, 0);
   torch::manual_seed(0);
   auto model = make(model_kind);
@@ -187,5 +169,69 @@ int main(int argc, char** argv) {
       model_kind.c_str(), static_cast<long long>(batch), optimizer.c_str(),
       graph ? "true" : "false", static_cast<long long>(steps), secs,
       static_cast<double>(batch * steps) / secs);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_kind = "mlp", optimizer = "torch", runs_list;
+  int64_t batch = 64, steps = 300, warmup = 30;
+  bool graph = false;
+  for (int i = 1; i < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--graph") {
+      graph = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "gpu_train_bench: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    std::string v = argv[i + 1];
+    if (k == "--model") {
+      model_kind = v;
+    } else if (k == "--batch") {
+      batch = std::stoll(v);
+    } else if (k == "--steps") {
+      steps = std::stoll(v);
+    } else if (k == "--warmup") {
+      warmup = std::stoll(v);
+    } else if (k == "--optimizer") {
+      optimizer = v;
+    } else if (k == "--runs") {
+      runs_list = v;
+    } else {
+      std::fprintf(stderr, "gpu_train_bench: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  std::vector<Run> runs{{model_kind, batch, steps}};
+  if (!runs_list.empty()) {
+    try {
+      runs = parse_runs(runs_list);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpu_train_bench: %s\n", e.what());
+      return 2;
+    }
+  }
+  if (graph && optimizer != "fused") {
+    std::fprintf(stderr,
+                 "gpu_train_bench: --graph needs --optimizer fused (libtorch's Adam keeps its "
+                 "step count on the CPU, which a captured step would not advance)\n");
+    return 2;
+  }
+#ifndef DTRAIN_BENCH_CUDA_GRAPH
+  if (graph) {
+    std::fprintf(stderr, "gpu_train_bench: --graph needs a CUDA build of dtrain\n");
+    return 2;
+  }
+#endif
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr, "gpu_train_bench: no GPU visible (a CUDA build of dtrain is needed)\n");
+    return 2;
+  }
+  for (const auto& r : runs) run_one(r, optimizer, graph, warmup);
   return 0;
 }

@@ -7,6 +7,7 @@ PyTorch's CUDA-graph notes), Adam(fused=True, capturable=True) - the Python side
 gpu_train_bench --graph.
 
     python3 bench/gpu_train_peer.py --model mlp --batch 64 --steps 300 [--graph]
+    python3 bench/gpu_train_peer.py --runs mlp:64:300,cnn:1024:100 [--graph]   (in turn, one line each)
 """
 import argparse
 import json
@@ -25,20 +26,13 @@ def make(kind):
                          nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="mlp")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--graph", action="store_true")
-    a = p.parse_args()
+def run_one(kind, batch, steps, warmup, graph):
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
-    model = make(a.model).to(dev)
-    x = torch.randn(a.batch, 1, 28, 28, device=dev)
-    y = torch.randint(0, 10, (a.batch,), device=dev)
-    if a.graph:
+    model = make(kind).to(dev)
+    x = torch.randn(batch, 1, 28, 28, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    if graph:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -49,7 +43,7 @@ def main():
         loss_fn(model(x), y).backward()
         opt.step()
 
-    if a.graph:
+    if graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -63,16 +57,35 @@ def main():
             opt.step()
         step = g.replay
 
-    for _ in range(a.warmup):
+    for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(a.steps):
+    for _ in range(steps):
         step()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    print(json.dumps({"side": "pytorch-eager", "model": a.model, "batch": a.batch, "optimizer": "torch.optim.Adam" + ("(fused, capturable)" if a.graph else ""), "graph": a.graph,
-                      "steps": a.steps, "seconds": secs, "samples_per_s": a.batch * a.steps / secs}), flush=True)
+    print(json.dumps({"side": "pytorch-eager", "model": kind, "batch": batch, "optimizer": "torch.optim.Adam" + ("(fused, capturable)" if graph else ""), "graph": graph,
+                      "steps": steps, "seconds": secs, "samples_per_s": batch * steps / secs}), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--runs", help="MODEL:BATCH:STEPS,... run in turn in this process")
+    p.add_argument("--graph", action="store_true")
+    a = p.parse_args()
+    runs = [(a.model, a.batch, a.steps)]
+    if a.runs:
+        try:
+            runs = [(m, int(b), int(s)) for m, b, s in (item.split(":") for item in a.runs.split(","))]
+        except ValueError:
+            p.error(f"--runs {a.runs!r}: each entry is MODEL:BATCH:STEPS")
+    for kind, batch, steps in runs:
+        run_one(kind, batch, steps, a.warmup, a.graph)
 
 
 if __name__ == "__main__":
