@@ -287,11 +287,19 @@ GroupBackends make_group_backends(const GroupRequest& r) {
   const auto want_cpu = wanted.find(DeviceType::CPU);
 
   // Decided at the first CUDA collective rather than now (comm/lazy/lazy_cuda.h): "auto" (or
-  // the CPU's own backend, "gloo"/"shm") for CUDA beside a CPU backend, in a CUDA build on a
-  // machine that may show a GPU. "nccl" is decided now: its errors belong to init.
-  const bool lazy = want_cuda != wanted.end() && want_cpu != wanted.end() && cuda::built() &&
-                    (want_cuda->second == "auto" || want_cuda->second == want_cpu->second) &&
-                    cuda::may_see_gpu();
+  // the CPU's own backend, "gloo"/"shm") for CUDA beside a CPU backend, in a CUDA build, when
+  // some rank's machine may show a GPU. Whether one may is asked without starting CUDA and
+  // exchanged (one round through the store, as deciding now takes), so every rank takes the
+  // same path even where only some of them have GPUs. "nccl" is decided now: its errors belong
+  // to init.
+  bool lazy = false;
+  if (want_cuda != wanted.end() && want_cpu != wanted.end() && cuda::built() &&
+      (want_cuda->second == "auto" || want_cuda->second == want_cpu->second)) {
+    const auto may = exchange_gpus(r, cuda::may_see_gpu() ? "maybe" : "none");
+    lazy = std::any_of(may.begin(), may.end(), [](const std::string& g) { return g != "none"; });
+    if (!lazy) wanted.erase(want_cuda);  // no rank can see a GPU: no CUDA backend
+    want_cuda = wanted.find(DeviceType::CUDA);
+  }
 
   // CUDA: only in a CUDA build, and only when every rank sees a GPU ("auto", "gloo", "shm"
   // then simply have no CUDA backend; "nccl" is an error).

@@ -190,7 +190,8 @@ TEST(BackendFactory, TraitsAndNames) {
 
 // On a machine that may show a GPU, "auto" leaves the CUDA backend undecided until the group's
 // first CUDA use, so a job that keeps to the CPU never starts CUDA (cuInit) nor exchanges its
-// GPUs; the first use decides on every rank, from one exchange. DTRAIN_CUDA_AUTOLOAD=1 makes
+// GPUs; at init the ranks only tell each other whether they may see one (so all take the same
+// path); the first use decides on every rank, from one exchange. DTRAIN_CUDA_AUTOLOAD=1 makes
 // this machine count as one that may show a GPU; none is visible, so the decision is "none".
 TEST(BackendFactory, AutoDecidesTheCudaBackendAtItsFirstUseWhereAGpuMayBe) {
   const char* before = std::getenv("DTRAIN_CUDA_AUTOLOAD");
@@ -212,12 +213,13 @@ TEST(BackendFactory, AutoDecidesTheCudaBackendAtItsFirstUseWhereAGpuMayBe) {
     run_ranks(2, spec, [&](int rank, const comm::GroupRequest& req) {
       auto made = std::make_shared<comm::GroupBackends>(comm::make_group_backends(req));
       auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(req.store, made));
-      const bool asked_at_init = req.store->check({"dtrain_backend/joined"});
+      // At init the ranks exchange only whether their machine may show a GPU (no CUDA asked).
+      const int64_t exchanges_at_init = req.store->add("dtrain_backend/joined", 0);
       if (comm::built_with_cuda()) {
         EXPECT_EQ(group->backend_name(), "cpu:" + cpu + ",cuda:auto") << spec;
         EXPECT_EQ(group->backend_name(c10::DeviceType::CUDA), "auto") << spec;
         EXPECT_EQ(group->cuda_device(), -1) << spec;
-        EXPECT_FALSE(asked_at_init) << spec << ": the GPUs were exchanged at init";
+        EXPECT_EQ(exchanges_at_init, 2) << spec << ": one exchange per rank at init";
       } else {  // no CUDA in this build: nothing to decide, no CUDA part
         EXPECT_EQ(group->backend_name(), cpu) << spec;
         EXPECT_EQ(group->backend_name(c10::DeviceType::CUDA), "") << spec;
@@ -246,8 +248,8 @@ TEST(BackendFactory, AutoDecidesTheCudaBackendAtItsFirstUseWhereAGpuMayBe) {
       EXPECT_EQ(group->cuda_device(), -1) << spec;
       if (comm::built_with_cuda()) {
         EXPECT_EQ(made->find(c10::DeviceType::CUDA), nullptr) << spec;
-        // One exchange per rank, however often it is asked.
-        EXPECT_EQ(req.store->add("dtrain_backend/joined", 0), 2) << spec;
+        // The GPUs' exchange, once per rank however often it is asked.
+        EXPECT_EQ(req.store->add("dtrain_backend/joined", 0), 4) << spec;
       }
       check_cpu();
     });

@@ -5,7 +5,8 @@
 // driver's start-up, a fraction of a second per process and more while the GPU idles) and
 // exchanging every rank's answer. A job that never puts a tensor on a GPU - most CPU jobs on a
 // GPU machine - should pay none of that, as PyTorch's init_process_group asks nothing of CUDA
-// either. So on a machine that may show a GPU, "auto" leaves the CUDA part undecided
+// either. So where some rank's machine may show a GPU (the ranks tell each other at init,
+// without asking CUDA), "auto" leaves the CUDA part undecided
 // ("cuda:auto" in the group's description) until something needs it: a collective on a CUDA
 // tensor, through dtrain's collectives or straight through the c10d group. Every rank issues
 // its collectives in the same order, so every rank decides at the same one, from the same
