@@ -295,7 +295,8 @@ GroupBackends make_group_backends(const GroupRequest& r) {
   bool lazy = false;
   if (want_cuda != wanted.end() && want_cpu != wanted.end() && cuda::built() &&
       (want_cuda->second == "auto" || want_cuda->second == want_cpu->second)) {
-    const auto may = exchange_gpus(r, cuda::may_see_gpu() ? "maybe" : "none");
+    const bool mine = r.may_see_gpu.value_or(cuda::may_see_gpu());
+    const auto may = exchange_gpus(r, mine ? "maybe" : "none");
     lazy = std::any_of(may.begin(), may.end(), [](const std::string& g) { return g != "none"; });
     if (!lazy) wanted.erase(want_cuda);  // no rank can see a GPU: no CUDA backend
     want_cuda = wanted.find(DeviceType::CUDA);

@@ -128,6 +128,9 @@ struct GroupRequest {
   std::string gloo_hostname;
   // For a sub-group: the parent's backends, whose kinds (and Gloo devices) it reuses.
   const GroupBackends* like = nullptr;
+  // Whether this rank's machine may show a GPU; unset: ask it (cuda::may_see_gpu()). For tests
+  // of groups whose ranks differ.
+  std::optional<bool> may_see_gpu;
 };
 
 // Builds the backends `request.spec` asks for and the c10d group that dispatches to them.

@@ -256,6 +256,26 @@ TEST(BackendFactory, AutoDecidesTheCudaBackendAtItsFirstUseWhereAGpuMayBe) {
   }
 }
 
+// A job where only some hosts may show a GPU: every rank still takes the same path (the ranks
+// tell each other at init), so none waits at init for an exchange the others make later.
+TEST(BackendFactory, RanksOfWhichOnlySomeMaySeeAGpuAllDecideAtTheFirstCudaUse) {
+  run_ranks(2, "auto", [&](int rank, const comm::GroupRequest& given) {
+    comm::GroupRequest req = given;
+    req.may_see_gpu = rank == 0;  // rank 0's host has a GPU, rank 1's none
+    const auto t0 = std::chrono::steady_clock::now();
+    auto made = std::make_shared<comm::GroupBackends>(comm::make_group_backends(req));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "rank " << rank << " waited at init";
+    ProcessGroup group(req.store, made);
+    if (comm::built_with_cuda()) {
+      EXPECT_EQ(group.backend_name(), "cpu:shm,cuda:auto") << "rank " << rank;
+      // The first CUDA use decides on both: here no rank sees a GPU, so none.
+      EXPECT_EQ(made->find(c10::DeviceType::CUDA), nullptr) << "rank " << rank;
+    }
+    EXPECT_EQ(group.backend_name(), "shm") << "rank " << rank;
+    EXPECT_EQ(group.backend_name(c10::DeviceType::CUDA), "") << "rank " << rank;
+  });
+}
+
 // make_backend: one backend by name, the factory's single entry point.
 TEST(BackendFactory, MakeBackendByName) {
   run_ranks(2, "", [&](int rank, const comm::GroupRequest& req) {
