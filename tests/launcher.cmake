@@ -5,6 +5,7 @@ add_library(preload_probe SHARED launcher/preload_probe.cpp)
 add_library(dlopen_probe MODULE launcher/dlopen_probe.cpp)
 add_executable(test_worker launcher/test_worker.cpp)
 target_link_libraries(test_worker PRIVATE dtrain_core preload_probe)
+target_link_options(test_worker PRIVATE "LINKER:--export-dynamic-symbol=dtrain_forkserver_prepare")
 
 # In-process: flag parsing and validation, output fan-in, rank layout, rendezvous.
 dtrain_test(launch_options_test LABELS unit SOURCES unit/launch_options_test.cpp)

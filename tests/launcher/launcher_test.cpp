@@ -715,14 +715,16 @@ TEST_F(LauncherTest, NoGrandchildSurvivesASuccessfulRun) {
 struct Start {
   pid_t constructor_pid = 0;  // where test_worker's shared library was initialised
   pid_t pid = 0;              // the worker
+  pid_t prepare_pid = 0;      // where the fork server ran the program's prepare hook (0: never)
 };
 
-// "[default<r>]:constructor_pid=A pid=B" lines by rank.
+// "[default<r>]:constructor_pid=A pid=B prepare_pid=C" lines by rank.
 std::map<int, Start> starts(const std::string& out) {
   std::map<int, Start> m;
   for (const auto& l : rank_lines(out)) {
     Start s;
-    if (std::sscanf(l.text.c_str(), "constructor_pid=%d pid=%d", &s.constructor_pid, &s.pid) == 2) {
+    if (std::sscanf(l.text.c_str(), "constructor_pid=%d pid=%d prepare_pid=%d", &s.constructor_pid,
+                    &s.pid, &s.prepare_pid) == 3) {
       m[l.rank] = s;
     }
   }
@@ -740,6 +742,8 @@ TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     EXPECT_NE(st.constructor_pid, st.pid) << "the library was initialised in the worker itself";
     EXPECT_EQ(st.constructor_pid, s[0].constructor_pid) << "one fork server loads for all workers";
+    EXPECT_EQ(st.prepare_pid, st.constructor_pid)
+        << "the program's dtrain_forkserver_prepare ran in the server, once for every worker";
   }
   auto env = env_by_rank(r.out);
   ASSERT_EQ(env.size(), 3u);
@@ -774,7 +778,10 @@ TEST_F(LauncherTest, SpawnAndAutoForAProgramWithoutLibtorchStartEachWorkerAfresh
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto s = starts(r.out);
     ASSERT_EQ(s.size(), 2u) << r.out;
-    for (auto& [rank, st] : s) EXPECT_EQ(st.constructor_pid, st.pid);
+    for (auto& [rank, st] : s) {
+      EXPECT_EQ(st.constructor_pid, st.pid);
+      EXPECT_EQ(st.prepare_pid, 0) << "no fork server: nothing calls the prepare hook";
+    }
   }
 }
 

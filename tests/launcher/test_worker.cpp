@@ -18,8 +18,9 @@
 //   --ignore-term            ignore SIGTERM (so only SIGKILL stops it)
 //   --print-var NAME         print NAME=VALUE (or NAME=<unset>)
 //   --touch PATH             create the file PATH (lets a test prove the program never ran)
-//   --print-start            print "constructor_pid=A pid=B": where the constructor of a
-//                            shared library (preload_probe) ran, and this process
+//   --print-start            print "constructor_pid=A pid=B prepare_pid=C": where the
+//                            constructor of a shared library (preload_probe) ran, this process,
+//                            and where the fork server ran the program's prepare hook (0: not)
 //   --exit-hooks CODE        register an atexit handler and a static object, then exit(CODE):
 //                            each prints a line as it runs, as does a destructor function
 //   --dlopen PATH            dlopen the library PATH (kept open until exit)
@@ -40,6 +41,16 @@
 #include "dtrain/store.h"
 
 pid_t probe_constructor_pid();  // tests/launcher/preload_probe.cpp
+
+namespace {
+pid_t g_prepare_pid = 0;  // constant-initialised: the hook runs before the constructors
+}
+
+// The fork server's hook (src/launch/forkserver/preload.cpp), exported by tests/launcher.cmake:
+// it runs once, in the server, before the workers are forked.
+extern "C" __attribute__((visibility("default"), used)) void dtrain_forkserver_prepare() {
+  g_prepare_pid = ::getpid();
+}
 
 namespace {
 bool g_exit_hooks = false;
@@ -180,7 +191,8 @@ int main(int argc, char** argv) {
       }
       std::fclose(f);
     } else if (a == "--print-start") {
-      std::printf("constructor_pid=%d pid=%d\n", probe_constructor_pid(), ::getpid());
+      std::printf("constructor_pid=%d pid=%d prepare_pid=%d\n", probe_constructor_pid(), ::getpid(),
+                  g_prepare_pid);
     } else if (a == "--dlopen") {
       std::string path = next();
       if (::dlopen(path.c_str(), RTLD_NOW) == nullptr) {

@@ -3,6 +3,7 @@
 // anything hangs), and the collectives' front end checking a tensor against the traits of the
 // backend that would run it. In a CUDA build on a machine without a GPU (CI's libtorch 2.x
 // build) "auto" must leave the group CPU-only and "nccl" must say why it cannot run.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -185,6 +186,18 @@ TEST(BackendFactory, TraitsAndNames) {
   if (!cuda_available()) {
     EXPECT_EQ(local_device(), torch::Device(torch::kCPU));
     EXPECT_EQ(cuda_device_count(), 0);
+  }
+}
+
+// A CUDA build's programs export the hook with which `dtrain run`'s fork server loads the CUDA
+// plugin once, before it forks the workers, instead of once in every worker (on a 2-core VM, 16
+// workers on a machine counted as a GPU one started in 0.74-0.87 s with it, 2.0-2.45 s without).
+TEST(BackendFactory, ACudaBuildsProgramExportsTheForkServerPrepareHook) {
+  void* hook = ::dlsym(RTLD_DEFAULT, "dtrain_forkserver_prepare");
+  if (comm::built_with_cuda()) {
+    EXPECT_NE(hook, nullptr) << "dtrain::runtime's link options export it from every program";
+  } else {
+    EXPECT_EQ(hook, nullptr) << "a CPU build has nothing to prepare";
   }
 }
 

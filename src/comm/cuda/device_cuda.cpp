@@ -79,11 +79,13 @@ bool machine_has_gpu() {
 }
 
 // Where the machine shows an NVIDIA device, load CUDA before main(): see the top of the file.
-[[maybe_unused]] const bool autoloaded = [] {
+bool autoload() {
   const char* v = std::getenv("DTRAIN_CUDA_AUTOLOAD");
   if (v && std::string(v) == "0") return false;
   return machine_has_gpu() && load().api != nullptr;
-}();
+}
+
+[[maybe_unused]] const bool autoloaded = autoload();
 
 const DtrainCudaPluginV1& api(const char* what) {
   const Loaded& l = load();
@@ -92,6 +94,20 @@ const DtrainCudaPluginV1& api(const char* what) {
 }
 
 }  // namespace
+
+}  // namespace dtrain::comm::cuda
+
+// Called by `dtrain run`'s fork server (src/launch/forkserver/preload.cpp) once, before it forks
+// the workers and before this program's constructors: the autoload above then happens once in
+// the server instead of in each of the N workers (whose `autoloaded` finds it done). Loading
+// starts no thread and does not initialise CUDA's driver (libcudart does that at its first call),
+// so the workers may be forked after it. Only function-local statics are touched: safe before the
+// program's constructors. Exported from the program (CMakeLists.txt: --export-dynamic-symbol).
+extern "C" __attribute__((visibility("default"), used)) void dtrain_forkserver_prepare() {
+  dtrain::comm::cuda::autoload();
+}
+
+namespace dtrain::comm::cuda {
 
 bool built() { return true; }
 

@@ -245,6 +245,18 @@ int read_spec(int fd, RankSpec** out, int* agent_pid, bool warm = false, const i
   return spec.n;
 }
 
+// The program's own preparation for its workers, where it has one: an exported
+// `extern "C" void dtrain_forkserver_prepare(void)` runs here, in the server, once, before any
+// worker is forked and before the program's constructors - so what every worker would otherwise
+// load or build for itself at start-up is done once and shared (dtrain's runtime loads its CUDA
+// plugin there on a GPU machine: libtorch_cuda, ~0.15 CPU-s and ~340 MB per process otherwise).
+// It may load libraries but must not start threads (the workers would then be fork+exec'd) nor
+// initialise CUDA's driver (a forked child cannot use it).
+void prepare_program() {
+  using Prepare = void (*)();
+  if (auto fn = reinterpret_cast<Prepare>(::dlsym(RTLD_DEFAULT, "dtrain_forkserver_prepare"))) fn();
+}
+
 // --- the server -------------------------------------------------------------
 
 // Whether the spec fd named in DTRAIN_FORKSERVER (<pid>:<spec fd>:<reply fd>) is the agent's
@@ -406,6 +418,7 @@ bool needs_exec_mode() {
     dprintf(STDERR_FILENO, "dtrain fork server: malformed DTRAIN_FORKSERVER='%s'\n", config);
     ::_exit(127);
   }
+  prepare_program();  // a standby does it while it waits
   if (fields == 4) {
     // A standby (the agent's next attempt): the libraries are loaded; wait for the go-ahead,
     // after which the spec is in the memfd. EOF: the agent dropped us, leave quietly.
@@ -485,6 +498,7 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(0);  // the driver is already gone
   ::fcntl(listen_fd, F_SETFD, FD_CLOEXEC);
+  prepare_program();
   ::dl_iterate_phdr(collect, &g_server_objects);
   const bool exec_mode = needs_exec_mode();
   for (;;) {
