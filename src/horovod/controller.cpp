@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "comm/backend.h"
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
 #include "horovod/wire.h"
@@ -56,18 +57,24 @@ Controller::Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions op
       joined_(static_cast<size_t>(size_), false),
       shutting_down_(static_cast<size_t>(size_), false) {
   last_stall_check_ = Clock::now();
-  std::string backend = group_->backend_name();
-  for (auto& c : backend) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  act_allreduce_ = backend + "_ALLREDUCE";
-  act_bcast_ = backend + "_BCAST";
-  act_allgather_ = backend + "_ALLGATHER";
-  act_alltoall_ = backend + "_ALLTOALL";
-  act_reducescatter_ = backend + "_REDUCESCATTER";
-  act_adasum_ = backend + "_ADASUM_ALLREDUCE";
   if (rank_ == 0 && !options_.timeline.empty()) {
     timeline_ = std::make_unique<Timeline>(options_.timeline, options_.timeline_mark_cycles);
   }
   thread_ = std::thread([this] { loop(); });
+}
+
+const std::string& Controller::activity_name(const torch::Tensor& tensor, const char* op) {
+  const c10::DeviceType device = tensor.defined() ? tensor.device().type() : c10::DeviceType::CPU;
+  const auto key = std::make_pair(static_cast<int>(device), std::string(op));
+  if (auto it = activity_names_.find(key); it != activity_names_.end()) return it->second;
+  // A CUDA backend still undecided ("auto") is decided here, a moment before the collective on
+  // this tensor would decide it; every rank runs that collective, so every rank decides.
+  const comm::GroupBackends& backends = group_->backends();
+  backends.find(device);
+  std::string transport = backends.name_for(device);
+  if (transport.empty()) transport = group_->backend_name();  // the collective will say why
+  for (auto& c : transport) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return activity_names_.emplace(key, transport + "_" + op).first->second;
 }
 
 Controller::~Controller() {

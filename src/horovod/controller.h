@@ -229,9 +229,11 @@ class Controller {
   Clock::time_point last_stall_check_;
   torch::Tensor fusion_buffer_;         // uint8, grown as needed
   std::unique_ptr<Timeline> timeline_;  // rank 0 with HOROVOD_TIMELINE only
-  // The timeline's names of the collectives on hvd's group: "SHM_ALLREDUCE", ...
-  std::string act_allreduce_, act_bcast_, act_allgather_, act_alltoall_, act_reducescatter_,
-      act_adasum_;
+  // The timeline's name of `op` ("ALLREDUCE", "BCAST", ...) on a tensor on `device`: the
+  // transport that runs it, as Horovod names its activities ("SHM_ALLREDUCE", "NCCL_BCAST").
+  // Called (on rank 0, with a timeline) just before that collective, which every rank runs.
+  const std::string& activity_name(const torch::Tensor& tensor, const char* op);
+  std::map<std::pair<int, std::string>, std::string> activity_names_;  // (device type, op) ->
   std::thread thread_;
 };
 

@@ -191,7 +191,9 @@ void Controller::run_allreduce_group(std::vector<Request*>& reqs) {
     for (auto* r : reqs) counts.push_back(r->tensor.numel());
     adasum_reduce(buf, counts);
   };
-  const char* reduce_activity = adasum ? act_adasum_.c_str() : act_allreduce_.c_str();
+  const char* reduce_activity =
+      !timeline_ ? ""
+                 : activity_name(first.tensor, adasum ? "ADASUM_ALLREDUCE" : "ALLREDUCE").c_str();
   // The timeline: every request of the group moves from QUEUE through the same activities.
   auto activity = [&](const char* what) {
     if (!timeline_) return;
@@ -316,11 +318,12 @@ void Controller::run_one(Request& req, Entry& entry) {
         sigs[static_cast<size_t>(r)] = parse_sig(entry.sig[static_cast<size_t>(r)]);
     }
     if (timeline_) {
-      const char* act = req.kind == Kind::kBroadcast       ? act_bcast_.c_str()
-                        : req.kind == Kind::kAllgather     ? act_allgather_.c_str()
-                        : req.kind == Kind::kAlltoall      ? act_alltoall_.c_str()
-                        : req.kind == Kind::kReducescatter ? act_reducescatter_.c_str()
-                                                           : nullptr;
+      const char* op = req.kind == Kind::kBroadcast       ? "BCAST"
+                       : req.kind == Kind::kAllgather     ? "ALLGATHER"
+                       : req.kind == Kind::kAlltoall      ? "ALLTOALL"
+                       : req.kind == Kind::kReducescatter ? "REDUCESCATTER"
+                                                          : nullptr;
+      const char* act = op ? activity_name(req.tensor, op).c_str() : nullptr;
       if (act) {
         timeline_->activity_start(req.name, act);
       } else {
