@@ -3,6 +3,9 @@
 # A worker without libtorch whose flags are behaviours (see its header comment).
 add_library(preload_probe SHARED launcher/preload_probe.cpp)
 add_library(dlopen_probe MODULE launcher/dlopen_probe.cpp)
+# A stand-in for CUDA's driver (soname libcuda.so.1) that preload_probe loads on request.
+add_library(fake_libcuda MODULE launcher/fake_libcuda.cpp)
+target_link_options(fake_libcuda PRIVATE "LINKER:-soname,libcuda.so.1")
 add_executable(test_worker launcher/test_worker.cpp)
 target_link_libraries(test_worker PRIVATE dtrain_core preload_probe)
 target_link_options(test_worker PRIVATE "LINKER:--export-dynamic-symbol=dtrain_forkserver_prepare")
@@ -13,9 +16,10 @@ dtrain_test(launch_options_test LABELS unit SOURCES unit/launch_options_test.cpp
 # Real processes through the real `dtrain` binary on loopback.
 dtrain_test(launcher_test LABELS launcher
   SOURCES launcher/launcher_test.cpp launcher/subprocess.cpp)
-dtrain_test_programs(launcher_test TEST_WORKER_BIN test_worker PRELOAD_PROBE_LIB preload_probe DLOPEN_PROBE_LIB dlopen_probe)
+dtrain_test_programs(launcher_test TEST_WORKER_BIN test_worker PRELOAD_PROBE_LIB preload_probe DLOPEN_PROBE_LIB dlopen_probe
+  FAKE_LIBCUDA_LIB fake_libcuda)
 # The tests execute these; building launcher_test must build them too.
-add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver dlopen_probe)
+add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver dlopen_probe fake_libcuda)
 # Every launcher test again with the workers forked from a fork server (test_worker does
 # not link libtorch, so "auto" spawns it).
 gtest_discover_tests(launcher_test TEST_PREFIX "forkserver."

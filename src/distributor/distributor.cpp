@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/owned_dir.h"
 #include "core/params.h"
 #include "distributor/internal.h"
 #include "dtrain/distributor.h"
@@ -20,7 +21,6 @@ using distributor::attempt_prefix;
 using distributor::Job;
 using distributor::kTaskVariable;
 using distributor::Outcome;
-using distributor::TempDir;
 using json = nlohmann::json;
 
 namespace detail {
@@ -130,8 +130,8 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
   client->set(prefix + "args", args);
   std::string().swap(args);
 
-  TempDir tmp;
-  const std::string failure_file = tmp.path + "/failure.json";
+  detail::OwnedTempDir tmp(distributor::kTempDirStem);
+  const std::string failure_file = tmp.path() + "/failure.json";
   const std::string task = addr + ":" + std::to_string(server->port()) + ":" + run_id;
   const bool agents = engines::for_job(options_).runs_agents();
   Job job = distributor::make_job(options_, engines::Placement{nproc_per_node_, hosts_, elastic_},
@@ -195,8 +195,8 @@ void Distributor::run(const std::string& program, const std::vector<std::string>
     distributor::fail_uninitialised_worker(std::getenv(kTaskVariable));
   if (program.empty())
     throw UsageError("Distributor::run: the program is empty; give a path or a name on PATH");
-  TempDir tmp;
-  const std::string failure_file = tmp.path + "/failure.json";
+  detail::OwnedTempDir tmp(distributor::kTempDirStem);
+  const std::string failure_file = tmp.path() + "/failure.json";
   const bool agents = engines::for_job(options_).runs_agents();
   Job job =
       distributor::make_job(options_, engines::Placement{nproc_per_node_, hosts_, elastic_},

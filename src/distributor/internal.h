@@ -85,12 +85,8 @@ struct Outcome {
   std::optional<launch::Failure> failure;  // the root cause the agents agreed on
 };
 
-// A temporary directory removed on destruction.
-struct TempDir {
-  std::string path;
-  TempDir();
-  ~TempDir();
-};
+// The driver's temporary directory (/tmp/dtrain-distributor-<pid>-XXXXXX, core/owned_dir.h).
+inline constexpr char kTempDirStem[] = "dtrain-distributor-";
 
 // The `dtrain` launcher: `configured` (DistributorOptions::launcher) when set, else
 // $DTRAIN_LAUNCHER, where it was built or installed, PATH; UsageError when there is none.

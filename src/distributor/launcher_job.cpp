@@ -111,20 +111,6 @@ std::string unique_id() {
   return buf;
 }
 
-TempDir::TempDir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "dtrain-distributor-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    throw Error("cannot create a temporary directory: " + std::string(std::strerror(errno)));
-  }
-  path = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
-
 std::string format_seconds(std::chrono::milliseconds d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", static_cast<double>(d.count()) / 1000.0);

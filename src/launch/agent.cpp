@@ -41,6 +41,7 @@
 #include <sstream>
 
 #include "core/hostfile.h"
+#include "core/owned_dir.h"
 #include "core/shared_files.h"
 #include "diagnosis/records.h"
 #include "dtrain/env.h"
@@ -68,6 +69,8 @@ using launch::Failure;
 using launch::say;
 using launch::signal_name;
 using nlohmann::json;
+
+constexpr char kRunDirStem[] = "dtrain-run-";  // the agent's temporary run directory
 
 std::string hostname() {
   std::string h = this_host_name();
@@ -144,7 +147,7 @@ class Agent {
   std::string store_host_;  // what workers get as MASTER_ADDR
   int store_port_ = 0;
   std::string run_dir_;  // error files (and logs when --log-dir is not given)
-  bool own_run_dir_ = false;
+  std::unique_ptr<detail::OwnedTempDir> own_run_dir_;  // run_dir_ when it is a temporary one
   int node_rank_ = -1;
   int nnodes_ = 1;
   std::string prefix_;  // round_prefix of the current round
@@ -526,19 +529,18 @@ int Agent::run() {
     run_dir_ = o_.log_dir + "/" + o_.rdzv_id;
     std::filesystem::create_directories(run_dir_);
   } else {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "dtrain-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      throw Error("cannot create a temporary directory: " + std::string(std::strerror(errno)));
-    }
-    run_dir_ = tmpl;
-    own_run_dir_ = true;
+    // /tmp/dtrain-run-<pid>-XXXXXX: removed at exit; by the guard if this agent is SIGKILLed;
+    // by the next agent or driver on the host if the guard dies too (core/owned_dir.h).
+    own_run_dir_ = std::make_unique<detail::OwnedTempDir>(kRunDirStem);
+    run_dir_ = std::filesystem::absolute(own_run_dir_->path()).string();
+    guard_->remove_dir_on_exit(run_dir_);
   }
   struct Cleanup {
     Agent* a;
     ~Cleanup() {
       if (a->own_run_dir_) {
-        std::error_code ec;
-        std::filesystem::remove_all(a->run_dir_, ec);
+        a->own_run_dir_.reset();
+        a->guard_->keep_dir();  // removed: the name may be another's by the time the guard ends
       }
     }
   } cleanup{this};

@@ -453,7 +453,7 @@ std::vector<std::pair<int, pid_t>> ForkServer::read_reply() {
       dtrain_forkserver::Record r;
       std::memcpy(&r, pending_.data(), sizeof r);
       pending_.erase(0, sizeof r);
-      if (r.index == dtrain_forkserver::kMode) exec_mode_ = r.value == dtrain_forkserver::kModeExec;
+      if (r.index == dtrain_forkserver::kMode) mode_ = r.value;
       if (r.index == dtrain_forkserver::kDone) done_ = true;
       if (r.index == dtrain_forkserver::kError) failed_ = true;
       if (r.index == dtrain_forkserver::kServerPid && r.value > 0) pid_ = r.value;

@@ -78,7 +78,9 @@ class ForkServer {
 
   pid_t pid() const { return pid_; }
   int reply_fd() const { return reply_fd_; }  // -1 once the server has said all it will
-  bool exec_mode() const { return exec_mode_; }
+  bool exec_mode() const { return mode_ != 0; }
+  // Why the workers are fork+exec'd (protocol.h): kModeExec, kModeExecCuda; 0 when forked.
+  int mode() const { return mode_; }
   bool done() const { return done_; }      // it reported every worker (and exits now)
   bool failed() const { return failed_; }  // it reported an error (and exits now)
   bool warm() const { return warm_; }
@@ -104,7 +106,7 @@ class ForkServer {
                   std::vector<int>& err_fds);
   pid_t pid_ = -1;
   int reply_fd_ = -1;
-  bool exec_mode_ = false;
+  int mode_ = 0;  // dtrain_forkserver::kModeFork
   bool done_ = false;
   bool failed_ = false;
   bool reaped_ = false;

@@ -5,18 +5,22 @@
 // started (its children). The agent forks the guard first thing, before it starts any
 // thread, and tells it each worker's process group as it spawns and reaps them. When the
 // guard's pipe reaches EOF - the agent exited, however it exited - the guard SIGKILLs every
-// group still registered and exits. It ignores SIGINT/SIGTERM/SIGHUP and sits in a session
-// of its own, so signals aimed at the agent's group do not take it first.
+// group still registered, removes the agent's run directory if the agent left it (its own
+// temporary directory: a SIGKILLed agent cannot), and exits. It ignores SIGINT/SIGTERM/SIGHUP and
+// sits in a session of its own, so signals aimed at the agent's group do not take it first.
 #pragma once
 
 #include <sys/types.h>
+
+#include <string>
 
 namespace dtrain::launch {
 
 class Guard {
  public:
   // Forks the guard. Between fork and _exit the child only makes async-signal-safe calls
-  // (read, kill, close, sigaction, setsid), so this is safe in a multithreaded process.
+  // (read, kill, close, sigaction, setsid, and openat, getdents64, lseek, unlinkat for the run
+  // directory), so this is safe in a multithreaded process.
   Guard();
   ~Guard();  // closes the pipe: the guard kills what is still registered, then exits
   Guard(const Guard&) = delete;
@@ -24,6 +28,11 @@ class Guard {
 
   void watch(pid_t pgid);   // kill this group if the agent dies
   void forget(pid_t pgid);  // the agent has cleaned this group up itself
+  // Remove the directory tree `dir` (an absolute path, < 4 KiB) when the agent is gone, unless
+  // keep_dir() came first: the agent's own temporary directory, which it removes itself on every
+  // exit but a SIGKILL.
+  void remove_dir_on_exit(const std::string& dir);
+  void keep_dir();  // the agent removed it itself (or it is not the guard's to remove)
   pid_t pid() const { return pid_; }
 
  private:

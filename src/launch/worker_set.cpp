@@ -1,5 +1,6 @@
 // This node's workers (see worker_set.h).
 #include "launch/worker_set.h"
+#include "launch/forkserver/protocol.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -292,10 +293,13 @@ void WorkerSet::read_fork_server() {
   }
   if (fork_server_->exec_mode() && !said_exec_mode_) {
     said_exec_mode_ = true;
-    say("a library of " + o_.program +
-        " keeps a thread running after loading, so the fork server "
-        "cannot fork it safely: each worker is fork+exec'd from it instead (--start-method spawn "
-        "saves the server's own start)");
+    const std::string why = fork_server_->mode() == dtrain_forkserver::kModeExecCuda
+                                ? " initialises CUDA's driver while loading (a forked process "
+                                  "cannot use CUDA then)"
+                                : " keeps a thread running after loading";
+    say("a library of " + o_.program + why +
+        ", so the fork server cannot fork it safely: each worker is fork+exec'd from it instead "
+        "(--start-method spawn saves the server's own start)");
   }
   fork_server_->reap(true);  // it exits right after its last word
   if (!fork_server_->done()) {

@@ -2,6 +2,7 @@
 //   --no-init        never calls dtrain::init, then runs a function: must be a clear error
 //   --sleep-workers  runs a function that prints "worker ready" and sleeps 120 s on 2 workers
 //                    (the test SIGKILLs this driver and checks the workers go too)
+//   --one            runs a function that returns 1 on 2 workers
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   if (!no_init) dtrain::init(argc, argv);
   try {
     dtrain::Distributor d({.num_processes = 2});
-    if (no_init) return d.run(one);
+    if (no_init || (argc > 1 && std::strcmp(argv[1], "--one") == 0)) return d.run(one);
     return d.run(sleeper);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "driver: %s\n", e.what());

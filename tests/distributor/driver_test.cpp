@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -23,6 +24,18 @@ TEST(DistributorDriver, ForgettingInitIsAClearErrorAndStartsNothing) {
   EXPECT_EQ(workers_alive(), 0);
 }
 
+// The temporary directories of the driver `pid` (/tmp/dtrain-distributor-<pid>-XXXXXX).
+std::vector<std::string> driver_temp_dirs(pid_t pid) {
+  const std::string stem = "dtrain-distributor-" + std::to_string(pid) + "-";
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(std::filesystem::temp_directory_path(), ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().rfind(stem, 0) == 0) dirs.push_back(it->path().string());
+  }
+  return dirs;
+}
+
 TEST(DistributorDriver, KillingTheDriverStopsItsWorkers) {
   auto p = dtrain::test::Process::start({DRIVER_PROGRAM, "--sleep-workers"});
   ASSERT_TRUE(p.wait_for(
@@ -40,6 +53,12 @@ TEST(DistributorDriver, KillingTheDriverStopsItsWorkers) {
   }
   EXPECT_EQ(workers_alive(), 0);
   p.kill_group();
+  // The killed driver could not remove its temporary directory; the next driver on the host does.
+  ASSERT_EQ(driver_temp_dirs(p.pid()).size(), 1u)
+      << "the killed driver made one temporary directory";
+  auto r = dtrain::test::run_command({DRIVER_PROGRAM, "--one"}, {.timeout = 60s});
+  EXPECT_EQ(r.exit_code, 1) << "one() returns 1 on rank 0; the driver returns it\n" << r.err;
+  EXPECT_TRUE(driver_temp_dirs(p.pid()).empty()) << "the killed driver's directory outlived it";
 }
 
 }  // namespace

@@ -8,9 +8,11 @@
 // bounds are safe (slowness only makes them hold more easily); upper bounds are several
 // times the expected time.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -670,9 +672,18 @@ INSTANTIATE_TEST_SUITE_P(Signals, AgentSignalTest,
                          [](const auto& info) { return info.param.name; });
 
 TEST_F(LauncherTest, SigkillOfTheAgentTakesEverythingDown) {
-  Process& agent =
-      start({"--nproc-per-node", "2", kWorker, "--spawn-child", "--pid", "--sleep", "30"});
+  Process& agent = start({"--nproc-per-node", "2", kWorker, "--spawn-child", "--print-var",
+                          "TORCHELASTIC_ERROR_FILE", "--pid", "--sleep", "30"});
   ASSERT_TRUE(wait_for_count(agent, "]:pid=", 2));
+  // The agent's own temporary directory (<dir>/attempt_0/rank_N/error.json).
+  const std::string var = "]:TORCHELASTIC_ERROR_FILE=";
+  const auto at = agent.out().find(var);
+  ASSERT_NE(at, std::string::npos) << agent.out();
+  const std::string error_file =
+      agent.out().substr(at + var.size(), agent.out().find('\n', at) - at - var.size());
+  const std::filesystem::path run_dir =
+      std::filesystem::path(error_file).parent_path().parent_path().parent_path();
+  ASSERT_TRUE(std::filesystem::is_directory(run_dir / "attempt_0")) << error_file;
   std::vector<pid_t> pids = child_pids(agent.out());
   ASSERT_EQ(pids.size(), 2u);
   for (auto& [rank, pid] : worker_pids(agent.out())) pids.push_back(pid);
@@ -681,6 +692,10 @@ TEST_F(LauncherTest, SigkillOfTheAgentTakesEverythingDown) {
   EXPECT_EQ(r.exit_code, 137);
   // Workers die by PDEATHSIG, grandchildren by the guard killing their groups.
   EXPECT_TRUE(wait_dead(pids, 2s)) << "a worker or grandchild outlived the SIGKILLed agent";
+  // The guard removes the directory the agent could not.
+  for (int i = 0; i < 100 && std::filesystem::exists(run_dir); ++i)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(std::filesystem::exists(run_dir)) << run_dir << " outlived the SIGKILLed agent";
 }
 
 TEST_F(LauncherTest, EachWorkerLeadsItsOwnSession) {
@@ -699,6 +714,32 @@ TEST_F(LauncherTest, EachWorkerLeadsItsOwnSession) {
     sessions.insert(sid);
   }
   EXPECT_EQ(sessions.size(), 2u) << r.out;
+}
+
+// When the guard dies with its agent (a job step's processes killed whole), the run directory
+// stays; the next agent on the host removes it, and only it: an unlocked `.lock` marks a
+// directory whose owner is dead. One still locked (its agent alive) and one without a `.lock`
+// (not the agent's kind) are left alone.
+TEST_F(LauncherTest, AnAgentRemovesTheRunDirectoriesOfDeadAgents) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::temp_directory_path();
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(free_port());
+  const fs::path dead = tmp / ("dtrain-run-" + tag + "dead");
+  const fs::path alive = tmp / ("dtrain-run-" + tag + "alive");
+  const fs::path other = tmp / ("dtrain-run-" + tag + "other");
+  for (const auto& d : {dead, alive, other}) fs::create_directories(d / "attempt_0" / "rank_0");
+  std::ofstream(dead / ".lock").close();  // its owner's lock went with it
+  std::ofstream(dead / "attempt_0" / "rank_0" / "error.json") << "{}";
+  const int held = ::open((alive / ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  RunResult r = run({"--nproc-per-node", "1", kWorker});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dead)) << "a dead agent's run directory was left";
+  EXPECT_TRUE(fs::exists(alive / "attempt_0")) << "a live agent's run directory was removed";
+  EXPECT_TRUE(fs::exists(other / "attempt_0")) << "a directory without a .lock was removed";
+  ::close(held);
+  for (const auto& d : {dead, alive, other}) fs::remove_all(d);
 }
 
 TEST_F(LauncherTest, NoGrandchildSurvivesASuccessfulRun) {
@@ -800,6 +841,31 @@ TEST_F(LauncherTest, ForkServerFallsBackToExecWhenALibraryStartedAThread) {
   auto env = env_by_rank(r.out);
   EXPECT_EQ(env[1]["RANK"], "1");
   EXPECT_TRUE(contains(r.err, "keeps a thread running after loading")) << r.err;
+}
+
+TEST_F(LauncherTest, ForkServerFallsBackToExecWhenCudaWasInitialisedWhileLoading) {
+  // A child forked after cuInit cannot use CUDA. FAKE_LIBCUDA_LIB stands in for the driver
+  // (soname libcuda.so.1: this machine may have none); a library of the program loads it.
+  for (const bool init : {true, false}) {
+    SCOPED_TRACE(init ? "initialised" : "loaded only");
+    RunOptions o;
+    o.env = {std::string("PROBE_CUDA=") + FAKE_LIBCUDA_LIB,
+             std::string("PROBE_CUDA_INIT=") + (init ? "1" : "0")};
+    RunResult r =
+        run({"--start-method", "forkserver", "--nproc-per-node", "2", kWorker, "--print-start"},
+            30s, o);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto s = starts(r.out);
+    ASSERT_EQ(s.size(), 2u) << r.out;
+    for (auto& [rank, st] : s) {
+      if (init) {
+        EXPECT_EQ(st.constructor_pid, st.pid) << "rank " << rank << " was forked after cuInit";
+      } else {
+        EXPECT_NE(st.constructor_pid, st.pid) << "rank " << rank << ": loading alone is no reason";
+      }
+    }
+    EXPECT_EQ(contains(r.err, "initialises CUDA's driver while loading"), init) << r.err;
+  }
 }
 
 TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {

@@ -8,6 +8,9 @@
 //   PROBE_SLEEP=S         sleep S seconds (a slow-loading program)
 //   PROBE_SPAWN=COMMAND   run COMMAND with system() (a library that starts a program while
 //                         loading: it inherits the fork server's environment)
+//   PROBE_CUDA=LIB        dlopen LIB (a CUDA driver), and with PROBE_CUDA_INIT=1 call its cuInit
+//                         (a library that initialises CUDA while loading)
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +31,14 @@ __attribute__((constructor)) static void probe_init() {
   if (const char* e = std::getenv("PROBE_EXIT")) ::_exit(std::atoi(e));
   if (const char* c = std::getenv("PROBE_SPAWN")) {
     if (std::system(c) != 0) ::_exit(99);
+  }
+  if (const char* lib = std::getenv("PROBE_CUDA")) {
+    void* driver = ::dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (driver == nullptr) ::_exit(98);
+    if (const char* init = std::getenv("PROBE_CUDA_INIT"); init && init[0] == '1') {
+      auto cu_init = reinterpret_cast<int (*)(unsigned)>(::dlsym(driver, "cuInit"));
+      if (cu_init == nullptr || cu_init(0) != 0) ::_exit(97);
+    }
   }
   if (const char* t = std::getenv("PROBE_START_THREAD"); t && t[0] == '1') {
     std::thread([] {

@@ -295,15 +295,37 @@ bool needs_exec_mode() {
 // Forks the n workers and reports them. Plain (warm == false): the server exits once every
 // worker is forked and the agent, a child subreaper, adopts them. Warm: this launch server
 // stays their parent, reports each one's wait status as it exits, and exits after the last.
-[[noreturn]] void fork_workers(int n, RankSpec* ranks, int agent_pid, int reply_fd, bool exec_mode,
+// Whether CUDA's driver has been initialised in this process (cuInit): a child forked after that
+// cannot use CUDA ("initialization error"). The driver is asked only if it is already loaded
+// (RTLD_NOLOAD); cuCtxGetCurrent initialises nothing and answers CUDA_ERROR_NOT_INITIALIZED (3)
+// before cuInit. Loading libtorch_cuda or libcudart does not initialise it.
+bool cuda_initialised() {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (driver == nullptr) return false;
+  using CtxGetCurrent = int (*)(void**);
+  auto get = reinterpret_cast<CtxGetCurrent>(::dlsym(driver, "cuCtxGetCurrent"));
+  void* ctx = nullptr;
+  const bool initialised = get != nullptr && get(&ctx) != 3;
+  ::dlclose(driver);
+  return initialised;
+}
+
+// How the workers start (protocol.h): forked, unless that is unsafe.
+int32_t start_mode() {
+  if (needs_exec_mode()) return dtrain_forkserver::kModeExec;
+  if (cuda_initialised()) return dtrain_forkserver::kModeExecCuda;
+  return dtrain_forkserver::kModeFork;
+}
+
+[[noreturn]] void fork_workers(int n, RankSpec* ranks, int agent_pid, int reply_fd, int32_t mode,
                                bool warm, StartFn real, int argc, char** argv, void (*init)(),
                                void (*fini)(), void (*rtld_fini)(), void* stack_end) {
   char self_path[4096];
   ssize_t len = ::readlink("/proc/self/exe", self_path, sizeof self_path - 1);
   if (len <= 0) fail(reply_fd, "cannot read /proc/self/exe");
   self_path[len] = '\0';
-  report(reply_fd, dtrain_forkserver::kMode,
-         exec_mode ? dtrain_forkserver::kModeExec : dtrain_forkserver::kModeFork);
+  report(reply_fd, dtrain_forkserver::kMode, mode);
+  const bool exec_mode = mode != dtrain_forkserver::kModeFork;
   ::fflush(nullptr);  // nothing buffered may be written twice
 
   // Each worker waits for a byte from here before it goes on: the server writes them once it
@@ -442,8 +464,7 @@ bool needs_exec_mode() {
     if (ranks[r].err_fd > STDERR_FILENO) ::fcntl(ranks[r].err_fd, F_SETFD, FD_CLOEXEC);
   }
   ::dl_iterate_phdr(collect, &g_server_objects);
-  const bool exec_mode = needs_exec_mode();
-  fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, false, real, argc, argv, init, fini,
+  fork_workers(n, ranks, agent_pid, reply_fd, start_mode(), false, real, argc, argv, init, fini,
                rtld_fini, stack_end);
 }
 
@@ -500,7 +521,7 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
   ::fcntl(listen_fd, F_SETFD, FD_CLOEXEC);
   prepare_program();
   ::dl_iterate_phdr(collect, &g_server_objects);
-  const bool exec_mode = needs_exec_mode();
+  const int32_t mode = start_mode();
   for (;;) {
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // launch servers that have ended
     }
@@ -551,7 +572,7 @@ int receive_launch(int conn, int* fds, int max, char* byte_out) {
       if (n <= 0) fail(reply_fd, "cannot read the workers' spec from the agent");
       (void)argc;
       (void)argv;
-      fork_workers(n, ranks, agent_pid, reply_fd, exec_mode, true, real, wargc, wargv, init, fini,
+      fork_workers(n, ranks, agent_pid, reply_fd, mode, true, real, wargc, wargv, init, fini,
                    rtld_fini, stack_end);
     }
     if (child < 0) {

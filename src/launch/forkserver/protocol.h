@@ -9,8 +9,8 @@
 // A standby server (started ahead of the attempt that will use it) gets a fourth field,
 // DTRAIN_FORKSERVER=<pid>:<spec fd>:<reply fd>:<go fd>: it loads the program's libraries, then
 // reads one byte from <go fd> before it reads the spec (written by then); EOF there: it exits 0.
-// Server -> agent: Records on the reply pipe: {kMode, kModeFork|kModeExec} first, then
-// {worker index, pid} as each worker is forked, then {kDone, 0}; {kError, errno} on failure
+// Server -> agent: Records on the reply pipe: {kMode, kModeFork|kModeExec|kModeExecCuda} first,
+// then {worker index, pid} as each worker is forked, then {kDone, 0}; {kError, errno} on failure
 // (the server exits 127 after it).
 #pragma once
 
@@ -30,6 +30,8 @@ constexpr int32_t kDone = -2;
 constexpr int32_t kError = -3;
 constexpr int32_t kModeFork = 0;  // workers are forked from the loaded program
 constexpr int32_t kModeExec = 1;  // a library started a thread: workers are fork+exec'd
+// CUDA's driver was initialised while loading (a forked child cannot use it): fork+exec'd too.
+constexpr int32_t kModeExecCuda = 2;
 
 // The warm server (DTRAIN_FORKSERVER_WARM=<its pid>:<listening unix socket fd>): one process
 // that loads the program's libraries once and serves many launches (a Tuner's trials). An
