@@ -18,8 +18,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                PyTorch DDP (gloo), samples/s and scaling efficiency, beside the machine's
                ceiling (as many single-process runs at once, no communication), rank 0's
                shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
-               peers, futex sleeps, hand-off) and, at 2, 4 and 8, dtrain with the backend's old
-               20 us spin before it sleeps (DTRAIN_SHM_SPIN_US=20) beside the default
+               peers, futex sleeps, hand-off) and, at 2, 4 and 8, dtrain with each rank bound to
+               its own cores (--bind-cores-to-rank) beside the default, and at 8 with the
+               backend's old 20 us spin before it sleeps (DTRAIN_SHM_SPIN_US=20)
 
 --budget-s S keeps the whole run within S seconds (gpu_check.sh's 8 minutes): a benchmark, or a
 row of cpu_scaling, that would not fit in what is left is skipped and listed under "skipped"
@@ -267,7 +268,7 @@ def bench_cpu_scaling(a, out):
                  f"{last_row_s:.0f} s")
             continue
         row_start = time.monotonic()
-        d, p, c, spin, stats = [], [], [], [], None
+        d, p, c, spin, bound, stats = [], [], [], [], [], None
         for _ in range(a.repeat):
             o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_STATS="1"),
                        with_stderr=True)
@@ -278,6 +279,11 @@ def bench_cpu_scaling(a, out):
             p.append(last_json(o)["samples_per_s"])
             c.append(apart(n))
             if n in (2, 4, 8):
+                # Each rank on its own cores (DeepSpeed's --bind_cores_to_rank; OMP_NUM_THREADS
+                # stays 1, as set here): +15-25% at 2 processes on the 2-core VM, unmeasured here.
+                o, _ = run([dtrain, "run", "--bind-cores-to-rank", "--nproc-per-node", str(n)] + train, env)
+                bound.append(last_json(o)["samples_per_s"])
+            if n == 8:
                 # The shared-memory backend's old default spin (20 us) beside the new one, which
                 # spins 200 us where the ranks leave half the cores free (+11% and +14% at 8
                 # processes on the H100 machine, -6% at 2 once: measured there 2026-11-27).
@@ -286,6 +292,8 @@ def bench_cpu_scaling(a, out):
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
         if spin:
             rows[n]["dtrain_spin20"] = statistics.median(spin)
+        if bound:
+            rows[n]["dtrain_bound"] = statistics.median(bound)
         if stats:
             rows[n]["dtrain_shm_rank0"] = stats
         last_row_s, last_n = time.monotonic() - row_start, n
@@ -302,7 +310,9 @@ def bench_cpu_scaling(a, out):
         r["pytorch_efficiency"] = r["pytorch"] / (n * rows[1]["pytorch"])
         r["apart_efficiency"] = r["apart"] / (n * base)
         r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
-        extra = f", with the old 20 us spin {r['dtrain_spin20']:.0f}" if "dtrain_spin20" in r else ""
+        extra = f", bound to cores {r['dtrain_bound']:.0f} ({r['dtrain_bound'] / r['pytorch']:.2f}x)" \
+            if "dtrain_bound" in r else ""
+        extra += f", with the old 20 us spin {r['dtrain_spin20']:.0f}" if "dtrain_spin20" in r else ""
         st = r.get("dtrain_shm_rank0")
         if st:
             per_rank = st.get("ms_waiting_per_rank") or []

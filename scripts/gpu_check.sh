@@ -41,7 +41,9 @@ fi
 nvidia-smi -L > "$out/machine.log" 2>&1
 { nproc; "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
   "nccl", ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())';
-  g++ --version | head -1; cmake --version | head -1; } >> "$out/machine.log" 2>&1
+  g++ --version | head -1; cmake --version | head -1;
+  lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\))' | tr -s ' ';
+  } >> "$out/machine.log" 2>&1
 log "machine: $(tr '\n' ' ' < "$out/machine.log")"
 
 # --- what the machine lacks comes from .device/ (scripts/gpu_carry.sh) -----------------------

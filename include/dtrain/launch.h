@@ -76,6 +76,12 @@ struct LaunchOptions {
   // worker's start-up (~40 MB of heap touched while loading) by ~20% where page faults are
   // costly, as on VMs. glibc >= 2.35 (older ones ignore it). Default: false.
   bool malloc_hugepages = false;
+  // --bind-cores-to-rank (DeepSpeed's launcher flag): bind each local rank to its own share of
+  // the node's cores, OMP_NUM_THREADS = that share unless set (src/launch/cpu_binding.h).
+  // Default: false.
+  bool bind_cores_to_rank = false;
+  // --bind-core-list: the logical CPUs to share out instead of the node's physical cores.
+  std::vector<int> bind_core_list;
   // How workers start (--start-method). "spawn": each is fork+exec'd and loads its libraries
   // itself. "forkserver": the program is started once with libdtrain_forkserver.so preloaded;
   // once its shared libraries are loaded and initialised, the workers are forked from it

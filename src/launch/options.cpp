@@ -22,6 +22,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "engines/engine.h"
+#include "launch/cpu_binding.h"
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
@@ -238,6 +239,12 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_flag("--malloc-hugepages,--malloc_hugepages", a.malloc_hugepages,
                "Workers get GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (added to any existing): huge "
                "pages for malloc, ~20% faster libtorch start-up on VMs (glibc >= 2.35)");
+  run.add_flag("--bind-cores-to-rank,--bind_cores_to_rank", a.bind_cores_to_rank,
+               "Bind each local rank to its own share of this node's physical cores (with their "
+               "hyperthreads); OMP_NUM_THREADS = cores per rank unless set (DeepSpeed's flag)");
+  run.add_option("--bind-core-list,--bind_core_list", a.bind_core_list,
+                 "With --bind-cores-to-rank: share out these logical CPUs instead, as DeepSpeed "
+                 "does (e.g. 0-7,16-23: len/nproc consecutive CPUs per rank)");
   run.add_option("--failure-file,--failure_file", a.failure_file,
                  "When the job fails, write its root cause there as one JSON object (rank, "
                  "exit_code, signal, host, stderr_tail, ...), for programs that drive dtrain");
@@ -533,6 +540,14 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   o.role = a.role;
   if (o.role.empty()) throw UsageError("--role: got an empty name, expected a role name");
   o.malloc_hugepages = a.malloc_hugepages;
+  o.bind_cores_to_rank = a.bind_cores_to_rank;
+  if (!a.bind_core_list.empty()) {
+    if (!a.bind_cores_to_rank) {
+      throw UsageError("--bind-core-list '" + a.bind_core_list +
+                       "' shares CPUs out only with --bind-cores-to-rank; add that flag");
+    }
+    o.bind_core_list = launch::parse_cpu_list("--bind-core-list", a.bind_core_list);
+  }
   if (a.start_method == "spawn" || a.start_method == "auto" || a.start_method == "forkserver") {
     o.start_method = a.start_method;
   } else if (a.start_method == "fork") {

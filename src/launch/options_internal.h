@@ -52,6 +52,8 @@ struct RunArgs {
   bool virtual_local_rank = false;
   std::vector<std::string> env;
   bool malloc_hugepages = false;
+  bool bind_cores_to_rank = false;
+  std::string bind_core_list;
   std::string failure_file;
   std::string failure_store;
   std::string store_token;  // --store-token TOKEN, '-': the first line of stdin

@@ -1,6 +1,7 @@
 #include "launch/worker_process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -54,6 +55,11 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     pid_digits = eq + 1;
   }
   const pid_t parent = ::getpid();
+  cpu_set_t cpus;  // built now: the child makes only async-signal-safe calls
+  CPU_ZERO(&cpus);
+  for (int c : spec.cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
+  }
 
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -89,6 +95,12 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+      int e = errno;
+      ssize_t ignored = ::write(status[1], &e, sizeof e);
+      (void)ignored;
+      ::_exit(127);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     int e = errno;
     ssize_t ignored = ::write(status[1], &e, sizeof e);

@@ -21,6 +21,8 @@ struct SpawnSpec {
   // If >= 0: env[own_pid_env] is "NAME=" followed by 10 characters, which the new process
   // overwrites with its own pid (zero-padded) before exec.
   int own_pid_env = -1;
+  // Non-empty: the new process runs on these logical CPUs only (sched_setaffinity before exec).
+  std::vector<int> cpus;
 };
 
 struct SpawnedProcess {

@@ -47,7 +47,9 @@ WorkerSet::WorkerSet(const LaunchOptions& options, Guard& guard, std::string for
     : o_(options),
       guard_(guard),
       fork_server_lib_(std::move(fork_server_lib)),
-      warm_socket_(std::move(warm_socket)) {}
+      warm_socket_(std::move(warm_socket)) {
+  if (o_.bind_cores_to_rank) binding_ = bind_cores(o_.nproc_per_node, o_.bind_core_list);
+}
 
 WorkerSet::~WorkerSet() { drop_standby(); }
 
@@ -96,6 +98,7 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
     if (contract.count(name) || o_.extra_env.count(name)) continue;
     if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;  // for this agent only
     if (name == "DTRAIN_STORE_TOKEN") continue;             // the job's, below
+    if (name == "DTRAIN_BIND_CPUS") continue;               // each rank's, below
     if (name == "OMP_NUM_THREADS") has_omp = true;
     if (name == "JE_ARROW_MALLOC_CONF") has_arrow_malloc = true;
     if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
@@ -126,7 +129,10 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
 
   tail.clear();
   for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
-  if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) tail.push_back("OMP_NUM_THREADS=1");
+  if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) {
+    const int threads = o_.bind_cores_to_rank ? binding_.cores_per_rank : 1;
+    tail.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
+  }
   // Arrow's bundled jemalloc (pyarrow's libarrow, which dtrain::data links) starts a purging
   // thread while the library loads, so a program linking it could not start from the fork
   // server; without it jemalloc purges inline. A value the user set wins.
@@ -173,6 +179,10 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir,
     envs[lr] = inherited;
     for (auto& [k, v] : env.to_variables()) envs[lr].push_back(k + "=" + v);
     envs[lr].insert(envs[lr].end(), tail.begin(), tail.end());
+    // Applied by the worker itself before the program runs (worker_process.cpp, the fork
+    // server's child); the program may read it.
+    if (o_.bind_cores_to_rank)
+      envs[lr].push_back("DTRAIN_BIND_CPUS=" + cpu_list_string(binding_.cpus[lr]));
 
     auto open_log = [&](const char* name) {
       if (o_.log_dir.empty()) return -1;
@@ -244,7 +254,9 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir,
   }
   for (size_t lr = 0; lr < workers_.size(); ++lr) {
     Worker& w = workers_[lr];
-    auto p = spawn_process({argv, envs[lr], {}});
+    SpawnSpec spec{argv, envs[lr], {}};
+    if (o_.bind_cores_to_rank) spec.cpus = binding_.cpus[lr];
+    auto p = spawn_process(spec);
     guard_.watch(p.pid);
     w.pid = p.pid;
     w.out_fd = p.stdout_fd;

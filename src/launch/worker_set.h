@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "dtrain/launch.h"
+#include "launch/cpu_binding.h"
 #include "launch/failure.h"
 #include "launch/fork_server.h"
 #include "launch/guard.h"
@@ -115,6 +116,7 @@ class WorkerSet {
   pid_t fork_server_pid_ = -1;               // this attempt's server (kept for failure reports)
   int fork_server_status_ = 0;               // its wait status, once it failed
   bool said_exec_mode_ = false;
+  CpuBinding binding_;                          // --bind-cores-to-rank: each local rank's CPUs
   std::unique_ptr<ForkServer> standby_;         // the next attempt's server, waiting
   std::vector<int> standby_out_, standby_err_;  // its workers' pipes (read ends)
   bool restart_possible_ = false;

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -868,6 +869,75 @@ TEST_F(LauncherTest, ForkServerFallsBackToExecWhenCudaWasInitialisedWhileLoading
   }
 }
 
+// The CPUs this (test) process may run on.
+std::set<int> my_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.insert(c);
+  }
+  return cpus;
+}
+
+// "0,1,8" -> {0, 1, 8}.
+std::set<int> cpu_set_of(const std::string& list) {
+  std::set<int> cpus;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) cpus.insert(std::stoi(item));
+  return cpus;
+}
+
+// DeepSpeed's --bind_cores_to_rank: every local rank on its own cores (2 ranks need 2 physical
+// cores, as the CI machine has), its OMP_NUM_THREADS the cores it got. The suite runs this
+// under the fork server too, where the forked child binds itself.
+TEST_F(LauncherTest, BindCoresToRankGivesEachRankItsOwnCores) {
+  RunResult r = run({"--bind-cores-to-rank", "--nproc-per-node", "2", kWorker, "--print-affinity",
+                     "--print-var", "DTRAIN_BIND_CPUS", "--print-var", "OMP_NUM_THREADS"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<int, std::set<int>> affinity;
+  std::map<int, std::string> bound, omp;
+  for (const auto& l : rank_lines(r.out)) {
+    if (l.text.rfind("affinity=", 0) == 0) affinity[l.rank] = cpu_set_of(l.text.substr(9));
+    if (l.text.rfind("DTRAIN_BIND_CPUS=", 0) == 0) bound[l.rank] = l.text.substr(17);
+    if (l.text.rfind("OMP_NUM_THREADS=", 0) == 0) omp[l.rank] = l.text.substr(16);
+  }
+  ASSERT_EQ(affinity.size(), 2u) << r.out;
+  const std::set<int> mine = my_cpus();
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_FALSE(affinity[rank].empty());
+    EXPECT_EQ(affinity[rank], cpu_set_of(bound[rank])) << "bound to what DTRAIN_BIND_CPUS says";
+    for (int c : affinity[rank]) EXPECT_TRUE(mine.count(c)) << "CPU " << c << " is not this node's";
+    EXPECT_GE(std::stoi(omp[rank]), 1);
+    EXPECT_LE(static_cast<size_t>(std::stoi(omp[rank])), affinity[rank].size())
+        << "one thread per physical core of the rank's";
+  }
+  for (int c : affinity[0]) EXPECT_FALSE(affinity[1].count(c)) << "CPU " << c << " is shared";
+  EXPECT_EQ(omp[0], omp[1]);
+}
+
+// --bind-core-list: the listed CPUs, shared out in order (here all of them to one rank); a
+// user's OMP_NUM_THREADS wins over the count.
+TEST_F(LauncherTest, BindCoreListSharesOutTheListedCpus) {
+  const int last = *my_cpus().rbegin();
+  RunOptions o;
+  o.env = {"OMP_NUM_THREADS=3"};
+  RunResult r =
+      run({"--bind-cores-to-rank", "--bind-core-list", std::to_string(last), "--nproc-per-node",
+           "1", kWorker, "--print-affinity", "--print-var", "OMP_NUM_THREADS"},
+          30s, o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "]:affinity=" + std::to_string(last) + "\n"), 1u) << r.out;
+  EXPECT_EQ(count(r.out, "]:OMP_NUM_THREADS=3\n"), 1u) << r.out;
+  // Without the user's value: one thread per CPU of the list.
+  r = run({"--bind-cores-to-rank", "--bind-core-list", std::to_string(last), "--nproc-per-node",
+           "1", kWorker, "--print-var", "OMP_NUM_THREADS"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(r.out, "]:OMP_NUM_THREADS=1\n"), 1u) << r.out;
+}
+
 TEST_F(LauncherTest, AProgramStartedWhileLoadingRunsOnceAndDoesNotServe) {
   // It inherits the server's environment (LD_PRELOAD, DTRAIN_FORKSERVER) and must just run.
   RunOptions o;
@@ -1256,6 +1326,24 @@ std::vector<BadInput> bad_inputs() {
       {"NprocNegative",
        with_worker({"--nproc-per-node", "-1"}),
        {run_error + "--nproc-per-node: got '-1', expected a positive integer"}},
+      {"BindCoreListWithoutBinding",
+       with_worker({"--bind-core-list", "0"}),
+       {run_error + "--bind-core-list '0' shares CPUs out only with --bind-cores-to-rank"}},
+      {"BindCoreListReversed",
+       with_worker({"--bind-cores-to-rank", "--bind-core-list", "1-0"}),
+       {run_error + "--bind-core-list: '1-0' in '1-0' is a range whose end is below its start"}},
+      {"BindCoreListOverlapping",
+       with_worker({"--bind-cores-to-rank", "--bind-core-list", "0-1,1"}),
+       {run_error + "--bind-core-list: '0-1,1' repeats or reorders CPUs"}},
+      {"BindCoreListNotCpus",
+       with_worker({"--bind-cores-to-rank", "--bind-core-list", "0-x"}),
+       {run_error + "--bind-core-list: '0-x' is not a CPU list"}},
+      {"BindCoreListCpuNotAllowed",
+       with_worker({"--bind-cores-to-rank", "--bind-core-list", "4000"}),
+       {run_error + "--bind-core-list: CPU 4000 is not one this node may run on"}},
+      {"BindCoreListTooShortForTheRanks",
+       with_worker({"--bind-cores-to-rank", "--bind-core-list", "0", "--nproc-per-node", "2"}),
+       {run_error + "--bind-cores-to-rank: --bind-core-list has 1 CPU(s) for 2 local ranks"}},
       {"NprocNotANumber",
        with_worker({"--nproc-per-node", "abc"}),
        {run_error + "--nproc-per-node: got 'abc', expected a positive integer"}},

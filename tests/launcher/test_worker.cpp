@@ -17,6 +17,7 @@
 //                            that proves MASTER_ADDR/PORT and the prefix work
 //   --ignore-term            ignore SIGTERM (so only SIGKILL stops it)
 //   --print-var NAME         print NAME=VALUE (or NAME=<unset>)
+//   --print-affinity         print "affinity=0,1,...": the CPUs this process may run on
 //   --touch PATH             create the file PATH (lets a test prove the program never ran)
 //   --print-start            print "constructor_pid=A pid=B prepare_pid=C": where the
 //                            constructor of a shared library (preload_probe) ran, this process,
@@ -26,6 +27,7 @@
 //   --dlopen PATH            dlopen the library PATH (kept open until exit)
 //   --unsynced-cout TEXT     std::ios::sync_with_stdio(false), then TEXT to std::cout, unflushed
 #include <dlfcn.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -178,6 +180,18 @@ int main(int argc, char** argv) {
       std::printf("store barrier passed on rank %d\n", rank);
     } else if (a == "--ignore-term") {
       ::signal(SIGTERM, SIG_IGN);
+    } else if (a == "--print-affinity") {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      std::string cpus;
+      if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+        for (int c = 0; c < CPU_SETSIZE; ++c) {
+          if (!CPU_ISSET(c, &set)) continue;
+          if (!cpus.empty()) cpus += ',';
+          cpus += std::to_string(c);
+        }
+      }
+      std::printf("affinity=%s\n", cpus.c_str());
     } else if (a == "--print-var") {
       std::string name = next();
       const char* v = std::getenv(name.c_str());

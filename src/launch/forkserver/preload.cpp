@@ -36,6 +36,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +296,29 @@ bool needs_exec_mode() {
 // Forks the n workers and reports them. Plain (warm == false): the server exits once every
 // worker is forked and the agent, a child subreaper, adopts them. Warm: this launch server
 // stays their parent, reports each one's wait status as it exits, and exits after the last.
+// `dtrain run --bind-cores-to-rank`: binds this process to the CPUs of DTRAIN_BIND_CPUS
+// ("0,1,8,9", launch/cpu_binding.h) in `envp`, before the program runs; its threads inherit it.
+// False when the binding fails (nothing to bind: true).
+bool bind_cpus(char** envp) {
+  static const char kName[] = "DTRAIN_BIND_CPUS=";
+  const char* list = nullptr;
+  for (char** e = envp; *e != nullptr; ++e) {
+    if (strncmp(*e, kName, sizeof kName - 1) == 0) list = *e + sizeof kName - 1;
+  }
+  if (list == nullptr || *list == '\0') return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const char* p = list; *p != '\0';) {
+    char* end = nullptr;
+    const long cpu = strtol(p, &end, 10);
+    if (end == p || cpu < 0 || cpu >= CPU_SETSIZE) return false;
+    CPU_SET(static_cast<int>(cpu), &set);
+    p = *end == ',' ? end + 1 : end;
+    if (*end != ',' && *end != '\0') return false;
+  }
+  return ::sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
 // Whether CUDA's driver has been initialised in this process (cuInit): a child forked after that
 // cannot use CUDA ("initialization error"). The driver is asked only if it is already loaded
 // (RTLD_NOLOAD); cuCtxGetCurrent initialises nothing and answers CUDA_ERROR_NOT_INITIALIZED (3)
@@ -378,6 +402,13 @@ int32_t start_mode() {
         }
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != agent_pid) ::_exit(127);  // the agent is gone
+      }
+      if (!bind_cpus(ranks[r].envp)) {
+        static const char msg[] =
+            "dtrain fork server: cannot bind a worker to its CPUs "
+            "(DTRAIN_BIND_CPUS, --bind-cores-to-rank)\n";
+        write_all(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe: threads may exist
+        ::_exit(127);
       }
       if (exec_mode) {
         ::execve(self_path, argv, ranks[r].envp);
