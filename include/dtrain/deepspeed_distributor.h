@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,9 @@
 #include "dtrain/distributor.h"
 
 namespace dtrain {
+namespace detail {
+class OwnedTempDir;
+}
 
 struct DeepSpeedDistributorOptions {
   int num_gpus = 1;  // processes per node (GPUs with use_gpu, else CPU processes). Default: 1.
@@ -70,7 +74,9 @@ class DeepSpeedDistributor {
  private:
   static DistributorOptions make_options(DeepSpeedDistributorOptions& o, const std::string& path);
   nlohmann::json config_;
-  std::string dir_, config_path_;
+  std::unique_ptr<detail::OwnedTempDir> dir_;  // removed with this object, or by the next one
+                                               // made on the host if this process was killed
+  std::string config_path_;
   Distributor distributor_;
 };
 

@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -180,6 +181,15 @@ class FrameWriter:
         pass
 
 
+def remove_private_dir(path):
+    """Removes `path` when it is one of dtrain's private temporary directories of this user."""
+    try:
+        if os.path.basename(path).startswith("dtrain-") and os.stat(path).st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass
+
+
 def serve(sock_path, parent_pid, idle_timeout, name, ready_id, describe, run_job, query=None,
           cancel=None, one_at_a_time=False, on_stop=None):
     """Serves jobs on `sock_path` until the control connection closes, `parent_pid` is gone or
@@ -287,11 +297,13 @@ def serve(sock_path, parent_pid, idle_timeout, name, ready_id, describe, run_job
         while not stop_ev.is_set():
             if fd is not None:
                 if select.select([fd], [], [], 1.0)[0]:
+                    state["parent_exited"] = True  # (it may be a zombie for a while)
                     break
             else:
                 try:
                     os.kill(parent_pid, 0)
                 except ProcessLookupError:
+                    state["parent_exited"] = True
                     break
                 time.sleep(1.0)
         stop_ev.set()
@@ -317,6 +329,10 @@ def serve(sock_path, parent_pid, idle_timeout, name, ready_id, describe, run_job
             os.unlink(sock_path)
         except OSError:
             pass
+        if state.get("parent_exited"):
+            # The program was killed, so it never removes the socket's private directory
+            # (/tmp/dtrain-<engine>-<pid>-XXXXXX, which only it and this service use): do it.
+            remove_private_dir(os.path.dirname(os.path.abspath(sock_path)))
         # First tell the program (its next run() starts a new driver), then stop.
         for c in controls:
             try:

@@ -88,6 +88,7 @@ DriverService::~DriverService() {
 
 void DriverService::stop_locked() {
   if (owner_ != ::getpid()) {  // never started, or started by the process we were forked from
+    dir_.reset();              // closes this process's copy of the lock; removes nothing
     pid_ = -1;
     control_ = -1;
     key_.clear();
@@ -100,14 +101,10 @@ void DriverService::stop_locked() {
     ::kill(pid_, SIGKILL);
     exited(pid_, std::chrono::seconds(5));
   }
-  if (!dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  dir_.reset();
   pid_ = -1;
   control_ = -1;
   owner_ = -1;
-  dir_.clear();
   socket_.clear();
   key_.clear();
   id_.clear();
@@ -130,15 +127,9 @@ std::string DriverService::ensure(const std::string& key, const Start& s) {
   if (!key_.empty() && (key_ != key || !alive_locked())) stop_locked();
   if (!key_.empty()) return socket_;
 
+  dir_ = std::make_unique<OwnedTempDir>("dtrain-" + engine_ + "-");
   owner_ = ::getpid();
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / ("dtrain-" + engine_ + "-XXXXXX")).string();
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    owner_ = -1;
-    throw Error("cannot create a temporary directory: " + std::string(std::strerror(errno)));
-  }
-  dir_ = tmpl;
-  socket_ = dir_ + "/driver.sock";
+  socket_ = dir_->path() + "/driver.sock";
   key_ = key;
   std::vector<std::string> args = s.argv;
   args.insert(args.end(), {"--serve", socket_, "--parent-pid", std::to_string(::getpid())});

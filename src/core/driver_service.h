@@ -16,12 +16,14 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/owned_dir.h"
 #include "core/thread_annotations.h"
 
 namespace dtrain::param {
@@ -71,8 +73,11 @@ class DriverService {
   int control_ DTRAIN_GUARDED_BY(mu_) = -1;  // closing it stops the service
   pid_t owner_ DTRAIN_GUARDED_BY(mu_) = -1;  // the process that started it (a forked child
                                              // leaves it alone)
-  std::string dir_ DTRAIN_GUARDED_BY(mu_), socket_ DTRAIN_GUARDED_BY(mu_),
-      key_ DTRAIN_GUARDED_BY(mu_), id_ DTRAIN_GUARDED_BY(mu_);
+  // The socket's directory, /tmp/dtrain-<engine>-<pid>-XXXXXX: removed when the service stops,
+  // or by the next one made on the host when this process was killed.
+  std::unique_ptr<OwnedTempDir> dir_ DTRAIN_GUARDED_BY(mu_);
+  std::string socket_ DTRAIN_GUARDED_BY(mu_), key_ DTRAIN_GUARDED_BY(mu_),
+      id_ DTRAIN_GUARDED_BY(mu_);
 };
 
 // A file of dtrain's Python package (python/dtrain/NAME): $VARIABLE when set, else the source

@@ -46,6 +46,7 @@ OwnedTempDir::OwnedTempDir(const std::string& stem) {
                 "; set TMPDIR to a writable directory");
   }
   path_ = tmpl;
+  owner_ = ::getpid();
   const std::string fresh = path_ + "/.lock.new";
   lock_fd_ = ::open(fresh.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX) == 0) {
@@ -55,7 +56,7 @@ OwnedTempDir::OwnedTempDir(const std::string& stem) {
 
 OwnedTempDir::~OwnedTempDir() {
   std::error_code ec;
-  fs::remove_all(path_, ec);
+  if (owner_ == ::getpid()) fs::remove_all(path_, ec);
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 

@@ -7,8 +7,11 @@
 // The owner holds an exclusive flock on <dir>/.lock (close-on-exec, so no child keeps it). The
 // kernel drops a dead process's locks: a `.lock` that can be locked marks a directory no one
 // owns. The lock is taken before the file gets that name, so a sweep never finds a live owner's
-// unlocked. Directories of other users, and any without a `.lock`, are left alone.
+// unlocked. Directories of other users, and any without a `.lock`, are left alone. Only the
+// process that made it removes it: a forked child's copy (destroyed in the child) does not.
 #pragma once
+
+#include <sys/types.h>
 
 #include <string>
 
@@ -28,6 +31,7 @@ class OwnedTempDir {
  private:
   std::string path_;
   int lock_fd_ = -1;
+  pid_t owner_ = -1;
 };
 
 // Removes every <parent>/<stem>* directory of this user whose `.lock` no process holds;

@@ -1,12 +1,10 @@
 // DeepSpeedDistributor: validate the config, write it to a temporary file, run the Distributor.
 #include "dtrain/deepspeed_distributor.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 
+#include "core/owned_dir.h"
 #include "core/params.h"
 #include "dtrain/zero_config.h"
 
@@ -14,6 +12,8 @@ namespace dtrain {
 namespace {
 
 constexpr const char* kEnv = param::kDeepSpeedConfig.name;
+// The config's directory: /tmp/dtrain-deepspeed-<pid>-XXXXXX.
+constexpr const char* kTempDirStem = "dtrain-deepspeed-";
 
 nlohmann::json resolve(const nlohmann::json& c) {
   if (c.is_object()) return c;
@@ -74,32 +74,17 @@ DistributorOptions DeepSpeedDistributor::make_options(DeepSpeedDistributorOption
 
 DeepSpeedDistributor::DeepSpeedDistributor(DeepSpeedDistributorOptions o)
     : config_(resolve(o.deepspeed_config)),
-      dir_([] {
-        std::string tmpl =
-            (std::filesystem::temp_directory_path() / "dtrain-deepspeed-XXXXXX").string();
-        if (!::mkdtemp(tmpl.data()))
-          throw Error("DeepSpeedDistributor: cannot create a temporary directory under " + tmpl);
-        return tmpl;
-      }()),
-      config_path_(dir_ + "/ds_config.json"),
+      dir_(std::make_unique<detail::OwnedTempDir>(kTempDirStem)),
+      config_path_(dir_->path() + "/ds_config.json"),
       distributor_(make_options(o, config_path_)) {
-  try {
-    // Fails here, naming the key, rather than in every worker.
-    zero::parse_config(config_, o.num_gpus * o.nnodes);
-    std::ofstream out(config_path_);
-    out << config_.dump(2) << "\n";
-    if (!out) throw Error("DeepSpeedDistributor: cannot write " + config_path_);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    throw;
-  }
+  // Fails here, naming the key, rather than in every worker (a throw removes the directory).
+  zero::parse_config(config_, o.num_gpus * o.nnodes);
+  std::ofstream out(config_path_);
+  out << config_.dump(2) << "\n";
+  if (!out) throw Error("DeepSpeedDistributor: cannot write " + config_path_);
 }
 
-DeepSpeedDistributor::~DeepSpeedDistributor() {
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
-}
+DeepSpeedDistributor::~DeepSpeedDistributor() = default;
 
 void DeepSpeedDistributor::run(const std::string& program, const std::vector<std::string>& args) {
   std::vector<std::string> all{"--deepspeed", "--deepspeed_config", config_path_};

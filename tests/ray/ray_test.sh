@@ -176,6 +176,9 @@ until [[ $(host_procs n1 "$OURS" | grep -o '; ' | wc -l) -ge 3 && $(host_procs n
   sleep 0.3
 done
 [[ -n "$(pgs)" ]] || fail "kill: no placement group while the job runs"
+# The driver's private directory (its driver service's socket): there now, gone after.
+own_dir="${TMPDIR:-/tmp}/dtrain-ray-$drv-*"
+compgen -G "$own_dir" > /dev/null || fail "kill: the driver (pid $drv) has no directory $own_dir"
 kill -KILL $drv
 wait $drv 2>/dev/null
 t2=$SECONDS
@@ -192,5 +195,7 @@ while [[ -n "$(pgs)" ]]; do
   ((SECONDS < deadline)) || fail "kill: placement groups left 30 s after the driver was SIGKILLed: $(pgs)"
   sleep 1
 done
-pass "driver on n0 SIGKILLed during training: no dtrain process on n0, n1, n2 and no placement group after $((SECONDS - t2)) s"
+left="$(compgen -G "$own_dir" || true)"
+[[ -z $left ]] || fail "kill: the killed driver's directory is left: $left"
+pass "driver on n0 SIGKILLed during training: its directory removed, no dtrain process on n0, n1, n2 and no placement group after $((SECONDS - t2)) s"
 echo "ray suite: $((SECONDS - t0)) s on the cluster"

@@ -158,6 +158,9 @@ until grep -q "^--- run 2$" "$CONF" && [[ $(host_procs n1 "$OURS" | grep -o '; '
 done
 idle_app="$(sed -n 's/^run 1: exit 0 after [0-9.]* s in Spark application \(app-[^ ]*\)$/\1/p' "$CONF")"
 new_app="$(sed -n 's/^dtrain.spark: job 1 of Spark application \(app-[^ ]*\) .*/\1/p' "$CONF" | tail -1)"
+# The driver's private directory (its driver service's socket): there now, gone after.
+own_dir="${TMPDIR:-/tmp}/dtrain-spark-$drv-*"
+compgen -G "$own_dir" > /dev/null || fail "kill: the driver (pid $drv) has no directory $own_dir"
 kill -KILL $drv
 wait $drv 2>/dev/null
 [[ -n "$idle_app" && -n "$new_app" && "$idle_app" != "$new_app" ]] ||
@@ -172,5 +175,7 @@ for h in n0 n1 n2; do
     sleep 0.3
   done
 done
-pass "driver on n0 SIGKILLed during training: no dtrain process left on n0, n1 or n2 after $((SECONDS - t1)) s in all"
+left="$(compgen -G "$own_dir" || true)"
+[[ -z $left ]] || fail "kill: the killed driver's directory is left: $left"
+pass "driver on n0 SIGKILLed during training: its directory removed, no dtrain process left on n0, n1 or n2 after $((SECONDS - t1)) s in all"
 echo "spark suite: $((SECONDS - t0)) s on the cluster"

@@ -93,6 +93,11 @@ TEST(DeepSpeedDistributor, BadConfigFailsOnTheDriverNamingTheKey) {
   EXPECT_THROW(
       dtrain::DeepSpeedDistributor({.num_gpus = 2, .nnodes = 2, .deepspeed_config = ds_config(1)}),
       dtrain::UsageError);
+  // None of the failed constructions leaves its config directory behind (the last one threw
+  // after the directory was made, while the distributor was being set up).
+  const std::string mine = "dtrain-deepspeed-" + std::to_string(::getpid()) + "-";
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path()))
+    EXPECT_NE(e.path().filename().string().rfind(mine, 0), 0u) << e.path() << " was left behind";
 }
 
 }  // namespace
