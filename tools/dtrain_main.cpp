@@ -79,6 +79,12 @@ int main(int argc, char** argv) {
     std::cerr << "dtrain run: " << e.what() << "\n";
     return 2;
   }
+  if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "run") {
+    std::cerr << "dtrain: error: unknown command '" << argv[1]
+              << "'; the commands are run, zero and horovodrun.\nRun 'dtrain --help' or 'dtrain "
+                 "run --help'.\n";
+    return 2;
+  }
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
   app.require_subcommand(1);
   // One version for the library, the packages and this command (<dtrain/version.h>).

@@ -527,7 +527,12 @@ int Agent::run() {
 
   if (!o_.log_dir.empty()) {
     run_dir_ = o_.log_dir + "/" + o_.rdzv_id;
-    std::filesystem::create_directories(run_dir_);
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir_, ec);
+    if (ec) {
+      throw UsageError("--log-dir " + o_.log_dir + ": cannot create " + run_dir_ + " (" +
+                       ec.message() + "); give a directory this user can write");
+    }
   } else {
     // /tmp/dtrain-run-<pid>-XXXXXX: removed at exit; by the guard if this agent is SIGKILLed;
     // by the next agent or driver on the host if the guard dies too (core/owned_dir.h).

@@ -1409,6 +1409,10 @@ std::vector<BadInput> bad_inputs() {
       {"RdzvTimeoutNegative",
        with_worker({"--rdzv-timeout", "-3"}),
        {run_error + "--rdzv-timeout: got '-3', expected a non-negative number of seconds"}},
+      {"LogDirThatCannotBeMade",
+       with_worker({"--log-dir", "{TMP}/data.txt/logs"}),
+       {run_error + "--log-dir {TMP}/data.txt/logs: cannot create {TMP}/data.txt/logs/",
+        "give a directory this user can write"}},
   };
 }
 
@@ -1446,6 +1450,16 @@ TEST_P(BadInputTest, ExitsTwoNamingFlagAndValueWithoutStarting) {
 
 INSTANTIATE_TEST_SUITE_P(Table, BadInputTest, ::testing::ValuesIn(bad_inputs()),
                          [](const auto& info) { return info.param.name; });
+
+TEST(DtrainCommand, AnUnknownCommandIsNamedWithTheCommandsThereAre) {
+  RunResult r = Process::start({kDtrain, "frobnicate", "--nproc-per-node", "2"}).finish(10s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "dtrain: error: unknown command 'frobnicate'; the commands are run, "
+                       "zero and horovodrun"))
+      << r.err;
+  EXPECT_EQ(r.out, "");
+}
 
 }  // namespace
 }  // namespace dtrain::test
