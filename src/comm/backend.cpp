@@ -190,6 +190,12 @@ std::string GroupBackends::name_for(c10::DeviceType device) const {
   return "";
 }
 
+std::string describe_backends(const std::string& cpu, const std::string& cuda) {
+  if (cuda.empty() || cuda == cpu) return cpu;
+  if (cpu.empty()) return cuda;
+  return "cpu:" + cpu + ",cuda:" + cuda;
+}
+
 std::string GroupBackends::describe() const {
   return lazy_cuda ? lazy_cuda->description() : description;
 }
@@ -440,11 +446,7 @@ GroupBackends make_group_backends(const GroupRequest& r) {
                      spec_help());
   }
   out.pg = make_process_group(r.store, r.rank, r.world, bindings, out.cuda_device);
-  if (out.devices.size() == 1 || cpu_name == cuda_name) {
-    out.description = out.devices.front().traits.name;
-  } else {
-    out.description = "cpu:" + cpu_name + ",cuda:" + cuda_name;
-  }
+  out.description = describe_backends(cpu_name, cuda_backend ? cuda_name : "");
   return out;
 }
 

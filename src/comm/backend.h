@@ -84,6 +84,10 @@ struct DeviceBackend {
   c10::intrusive_ptr<Backend> backend;
 };
 
+// A group's description from its backends' names ("" for a device it has none for): the one
+// name when one backend serves every device it has, else "cpu:CPU,cuda:CUDA".
+std::string describe_backends(const std::string& cpu, const std::string& cuda);
+
 class LazyCuda;  // comm/lazy/lazy_cuda.h
 
 // What a group was built with: one entry per device type it takes tensors on.

@@ -36,11 +36,7 @@ int LazyCuda::device() const {
   return decided_ ? decision_.device : -1;
 }
 
-std::string LazyCuda::description() const {
-  const std::string cuda = name();
-  if (cuda.empty() || cuda == cpu_name_) return cpu_name_;
-  return "cpu:" + cpu_name_ + ",cuda:" + cuda;
-}
+std::string LazyCuda::description() const { return describe_backends(cpu_name_, name()); }
 
 LazyRouter::LazyRouter(c10::intrusive_ptr<Backend> cpu, std::shared_ptr<LazyCuda> lazy)
     : Backend(cpu ? cpu->getRank() : 0, cpu ? cpu->getSize() : 1),
