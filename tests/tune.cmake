@@ -33,8 +33,9 @@ add_test(NAME tune.spark_trials
 set_tests_properties(tune.spark_trials PROPERTIES LABELS "spark;torch2_only" TIMEOUT 400
   RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
 # Room that appears during a search (the same cluster, starting with 1 worker of 1 core on n1; a
-# worker of 3 cores registers on n2 while the first trial runs): the Tuner asks the application
-# again as that trial ends and runs 3 trials at a time (max_concurrent_trials; 4 would fit).
+# worker of 4 cores registers on n2 while the first trial runs, held): the Tuner, asking the
+# application again every 10 s while trials wait, runs 3 trials at a time (max_concurrent_trials;
+# 4 would fit) before the first trial ends.
 add_test(NAME tune.spark_room
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/spark_room_test.sh
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)

@@ -21,6 +21,7 @@ Concurrency::Concurrency(Options o) : o_(std::move(o)) {
   if (room && o_.max_concurrent > 0) n = std::min(n, o_.max_concurrent);
   first_ = limit_ = n;
   live_ = room && room->net_of_jobs;
+  asked_at_ = Clock::now();
   if (o_.verbose && !o_.engine.empty()) {
     std::fprintf(stderr, "tune: %d trial(s) at a time on engine %s (%s; %d process(es) each)\n",
                  limit_, o_.engine.c_str(),
@@ -33,12 +34,19 @@ Concurrency::~Concurrency() {
 }
 
 void Concurrency::want() {
-  if (live_) wanted_ = true;
+  if (!live_) return;
+  wanted_ = true;
+  // A run ended while a question was out: its answer may count that run's slots both as free
+  // and as held by a running trial. It is dropped, and asked again.
+  if (query_.valid()) stale_ = true;
 }
 
 bool Concurrency::poll(int running, bool waiting,
                        const std::function<int(Clock::time_point)>& counted) {
   if (!waiting) wanted_ = false;
+  // Room can appear while every trial still runs (a node joins): ask now and then too.
+  if (live_ && waiting && !query_.valid() && Clock::now() - asked_at_ >= kWaitingInterval)
+    wanted_ = true;
   if (!query_.valid()) {
     if (!wanted_ || Clock::now() < next_allowed_) return false;
     wanted_ = false;
@@ -52,6 +60,14 @@ bool Concurrency::poll(int running, bool waiting,
   const auto took = Clock::now() - asked_at_;
   next_allowed_ = took >= kSlowQuery ? asked_at_ + kSlowQueryInterval : Clock::time_point{};
   std::optional<engines::Capacity> room;
+  if (stale_) {
+    stale_ = false;
+    try {
+      query_.get();  // ready: returns at once; its answer, or its exception, is dropped
+    } catch (const std::exception&) {
+    }
+    return false;
+  }
   try {
     room = query_.get();
   } catch (const std::exception& e) {

@@ -8,8 +8,10 @@
 // jobs do not change (Capacity::net_of_jobs false: local's cores, ssh's host slots, slurm).
 //
 // On an engine whose count is live (spark's kept application, ray), the driver asks again
-// whenever a trial's run ends while trials wait to start (want()), so the search grows into
-// room that appears during it (a Spark worker that registers late, Ray nodes that join):
+// whenever a trial's run ends while trials wait to start (want()), and every
+// kWaitingInterval while trials wait with none ending, so the search grows into room that
+// appears during it (a Spark worker that registers late, Ray nodes that join) as Ray Tune
+// starts a pending trial once its resources are there, not only as a trial ends:
 //   1. The query runs on a thread of its own, so a slow engine never holds up the driver loop
 //      (Spark's count waits 3 s for its executors to settle; a service that does not answer is
 //      given up on within the engine's own timeout). poll() picks the answer up without
@@ -24,7 +26,9 @@
 //          limit = running + max(0, free - processes * not_yet_counted) / processes
 //      at least the count fit() started with (an answer taken just as a run ended may still
 //      count that run's slots as taken; the trials never run fewer at once than before), at
-//      most max_concurrent_trials (> 0).
+//      most max_concurrent_trials (> 0). `running` leaves out runs that ended, and an answer
+//      to a question that was out when a run ended is dropped and asked again: it may count
+//      that run's slots both as free and as held.
 // Not thread-safe: everything but the engine's query runs on the driver thread.
 #pragma once
 
@@ -44,6 +48,8 @@ class Concurrency {
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kSlowQuery{1000};
   static constexpr std::chrono::milliseconds kSlowQueryInterval{5000};
+  // While trials wait and none ends: ask again this long after the last question started.
+  static constexpr std::chrono::milliseconds kWaitingInterval{10000};
 
   struct Options {
     DistributorOptions trial;  // a trial's job, as its Distributor gets it
@@ -67,9 +73,11 @@ class Concurrency {
   // interval after a slow query has passed). Nothing on an engine that is not asked again.
   void want();
   // Starts a wanted query when it may; applies an answer that came, without waiting.
-  // running: the search's runs whose processes are up; waiting: whether trials wait to start
+  // running: the search's runs whose processes are up (not those that ended, even before the
+  // driver took their end in); waiting: whether trials wait to start
   // (if not, a wanted query is dropped); counted(t): how many of the running held their slots
-  // at t (had reported in their run before t). Returns whether limit() changed.
+  // at t (had reported in their run before t). Wants a query itself every kWaitingInterval
+  // while trials wait. Returns whether limit() changed.
   bool poll(int running, bool waiting, const std::function<int(Clock::time_point)>& counted);
 
  private:
@@ -78,8 +86,9 @@ class Concurrency {
   int limit_ = 1;
   bool live_ = false;    // asked again as trials end (Capacity::net_of_jobs)
   bool wanted_ = false;  // a trial ended while others waited; no query answered since
+  bool stale_ = false;   // a run ended while the query in flight was out: drop its answer
   std::future<std::optional<engines::Capacity>> query_;  // valid while one runs
-  Clock::time_point asked_at_{};
+  Clock::time_point asked_at_{};  // when the last question started (fit()'s first one too)
   Clock::time_point next_allowed_{};
 };
 

@@ -525,10 +525,16 @@ ResultGrid Tuner::fit() {
              (r->trial.status == TrialStatus::Pending || r->trial.status == TrialStatus::Paused);
     });
   };
-  // Runs that held their slots at `t`: they had reported by then.
+  // For the engine's free slots: runs not ended (one that ended may have freed its slots before
+  // this loop took its end in), and of them those that held their slots at `t` (had reported).
+  auto live_runs = [&] {
+    return static_cast<int>(std::count_if(trials.begin(), trials.end(), [](auto& r) {
+      return r->thread.joinable() && !r->finished;
+    }));
+  };
   auto counted = [&](Clock::time_point t) {
     return static_cast<int>(std::count_if(trials.begin(), trials.end(), [t](auto& r) {
-      return r->thread.joinable() && r->first_report < t;
+      return r->thread.joinable() && !r->finished && r->first_report < t;
     }));
   };
 
@@ -715,7 +721,7 @@ ResultGrid Tuner::fit() {
       for (auto& r : trials)
         if (r->thread.joinable()) r->stop_requested = true;
     }
-    concurrency.poll(running_count(), fatal.empty() && waiting(), counted);
+    concurrency.poll(live_runs(), fatal.empty() && waiting(), counted);
     // Start what fits.
     while (fatal.empty() && running_count() < concurrency.limit()) {
       Trial* next = sched.choose_trial_to_run(ctx);

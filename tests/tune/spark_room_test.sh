@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # A Tune search on the spark engine grows into room that appears during it, up to
-# max_concurrent_trials. A real Spark standalone cluster of separate hosts (tests/spark/lib.sh:
-# master on n0, where the driver runs; network namespaces, root) starts with one worker of 1
-# core on n1: the kept application has 1 task slot, and the Tuner starts with 1 trial at a
-# time (5 trials of 1 process, max_concurrent_trials 3). While the first trial runs (held
-# until then), a worker of 4 cores registers on n2 and the application's executor there
-# registers with its driver. When that trial ends the Tuner asks the application again, on a
-# thread of its own (Spark's count takes seconds) while the second trial starts (held until
-# the answer came, so the test does not depend on how long it takes), and grows to 3 trials at
-# a time, capped: the 5 slots would hold 4 or 5. The trials' own timestamps show the first one
-# alone, 3 at once later and never 4, and trials ran on n2. Fails (never skips) when root,
-# Java or pyspark is missing.
+# max_concurrent_trials, without waiting for a trial to end. A real Spark standalone cluster of
+# separate hosts (tests/spark/lib.sh: master on n0, where the driver runs; network namespaces,
+# root) starts with one worker of 1 core on n1: the kept application has 1 task slot, and the
+# Tuner starts with 1 trial at a time (5 trials of 1 process, max_concurrent_trials 3). While
+# the first trial runs (held until two more started beside it), a worker of 4 cores registers
+# on n2 and the application's executor there registers with its driver. With trials waiting,
+# the Tuner asks the application again every 10 s (on a thread of its own: Spark's count takes
+# seconds) and grows to 3 trials at a time, capped (the 5 slots would hold 4 or 5), while the
+# first trial is still held: as Ray Tune starts a pending trial once its resources are there.
+# The trials' own timestamps show two trials started before the first one ended, 3 at once and
+# never 4, and trials ran on n2. Fails (never skips) when root, Java or pyspark is missing.
 #   spark_room_test.sh DTRAIN TUNE_CLUSTER_SEARCH
 source "$(dirname "$0")/../spark/lib.sh"
 DTRAIN="$(realpath "$1")" SEARCH="$(realpath "$2")"
@@ -33,9 +33,9 @@ search_says() {
     sleep 0.2
   done
 }
-gate1="$T/trial1_may_end" gate2="$T/trial2_may_end"
+gate1="$T/trial1_may_end"
 bg_on n0 "$T/search.out" timeout 300 "$SEARCH" --storage "$T/tune" --engine spark --master "$SPARK_MASTER_URL" \
-  --trials 5 --nproc 1 --iterations 2 --sleep 1 --max-concurrent 3 --hold "1:$gate1" --hold "2:$gate2"
+  --trials 5 --nproc 1 --iterations 2 --sleep 1 --max-concurrent 3 --hold "1:$gate1"
 search=$BG_PID
 search_says "^tune: [0-9]* trial(s) at a time on engine spark" 120 "sizing its trials"
 grep -q "^tune: 1 trial(s) at a time on engine spark (1 free of 1 slots; 1 process(es) each)$" "$T/search.out" ||
@@ -49,9 +49,19 @@ until grep -qs "Successfully registered with driver" "$T"/work/n2/app-*/*/stderr
   sleep 0.2
 done
 echo "n2's executor joined the application $((SECONDS - t_all)) s in"
+search_says "^tune: now " 60 "asking the engine again (while the first trial is held)"
+# Two more trials start while the first one is still held: their workers run (each writes
+# TRIAL_DIR/origin_HOST_PID as it starts; the spans below check it from their own clocks).
+started_beside() {
+  find "$T/tune" -path '*/trial_0000[1-4]/origin_*' 2>/dev/null | sed 's,/origin_[^/]*$,,' | sort -u | wc -l
+}
+deadline=$((SECONDS + 60))
+until (($(started_beside) >= 2)); do
+  kill -0 "$search" 2>/dev/null || fail "the search ended before two trials started beside the held first one: $(cat "$T/search.out")"
+  ((SECONDS < deadline)) || fail "no two trials started beside the held first one within 60 s: $(cat "$T/search.out")"
+  sleep 0.2
+done
 touch "$gate1"
-search_says "^tune: now " 60 "asking the engine again (after the first trial ended)"
-touch "$gate2"
 wait "$search"
 rc=$?
 out="$(cat "$T/search.out")"
@@ -61,19 +71,19 @@ out="$(cat "$T/search.out")"
 grep -q "^trial .* hosts=n2$" <<<"$out" || fail "tune on spark: no trial ran on n2, the worker that joined: $out"
 # The first change: to 3, capped by max_concurrent_trials (n2's 4 cores and n1's 1 make 5 slots).
 grep -m1 "^tune: now " <<<"$out" |
-  grep -Eq "^tune: now 3 trial\(s\) at a time on engine spark \([0-9] free of 5 slots, [0-9] trial\(s\) of this search running; 1 process\(es\) each, max_concurrent_trials 3\)$" ||
-  fail "tune on spark: the Tuner did not grow to 3 trials at a time (5 slots, capped) after the first trial: $out"
-# [start, end] of each trial from its own processes' clocks: the first alone, 3 at once later,
-# never 4.
-"$PY" - "$out" <<'EOF' || fail "tune on spark: the first trial did not run alone: $out"
+  grep -Eq "^tune: now 3 trial\(s\) at a time on engine spark \([0-9] free of 5 slots, 1 trial\(s\) of this search running; 1 process\(es\) each, max_concurrent_trials 3\)$" ||
+  fail "tune on spark: the Tuner did not grow to 3 trials at a time (5 slots, capped) while the first trial ran: $out"
+# [start, end] of each trial from its own processes' clocks: two started before the first
+# ended, 3 at once, never 4.
+"$PY" - "$out" <<'EOF' || fail "tune on spark: no two trials started while the first one ran: $out"
 import re, sys
 spans = {i: (float(a), float(b)) for i, a, b in
          re.findall(r"^span (\S+) start=([0-9.]+) end=([0-9.]+)", sys.argv[1], re.M)}
 first = spans.pop("trial_00000")
 early = [i for i, (a, _) in spans.items() if a < first[1]]
-sys.exit("started before trial_00000 ended: %s" % early if early else 0)
+sys.exit(0 if len(early) >= 2 else "started before trial_00000 ended: %s" % early)
 EOF
 "$PY" "$(dirname "$0")/trials_at_once.py" "$out" 3 5 || fail "tune on spark: trials did not run 3 at a time: $out"
 grep "^tune: .*trial(s) at a time" <<<"$out"
 spark_hosts_clear "tune on spark" "^($DTRAIN|$SEARCH)( |\$)|spark\.py" n0 n1 n2
-pass "Tuner on Spark: 1 trial at a time on n1's 1 slot, 3 at a time (max_concurrent_trials) once n2's 4 cores joined mid-search, nothing left ($((SECONDS - t_all)) s)"
+pass "Tuner on Spark: 1 trial at a time on n1's 1 slot, 3 at a time (max_concurrent_trials) once n2's 4 cores joined mid-search, before any trial ended; nothing left ($((SECONDS - t_all)) s)"
