@@ -34,11 +34,7 @@ Concurrency::~Concurrency() {
 }
 
 void Concurrency::want() {
-  if (!live_) return;
-  wanted_ = true;
-  // A run ended while a question was out: its answer may count that run's slots both as free
-  // and as held by a running trial. It is dropped, and asked again.
-  if (query_.valid()) stale_ = true;
+  if (live_) wanted_ = true;
 }
 
 bool Concurrency::poll(int running, bool waiting,
@@ -60,14 +56,6 @@ bool Concurrency::poll(int running, bool waiting,
   const auto took = Clock::now() - asked_at_;
   next_allowed_ = took >= kSlowQuery ? asked_at_ + kSlowQueryInterval : Clock::time_point{};
   std::optional<engines::Capacity> room;
-  if (stale_) {
-    stale_ = false;
-    try {
-      query_.get();  // ready: returns at once; its answer, or its exception, is dropped
-    } catch (const std::exception&) {
-    }
-    return false;
-  }
   try {
     room = query_.get();
   } catch (const std::exception& e) {

@@ -26,9 +26,12 @@
 //          limit = running + max(0, free - processes * not_yet_counted) / processes
 //      at least the count fit() started with (an answer taken just as a run ended may still
 //      count that run's slots as taken; the trials never run fewer at once than before), at
-//      most max_concurrent_trials (> 0). `running` leaves out runs that ended, and an answer
-//      to a question that was out when a run ended is dropped and asked again: it may count
-//      that run's slots both as free and as held.
+//      most max_concurrent_trials (> 0). `running` leaves out runs that ended, even before the
+//      driver took their end in: the engine may count their slots as free already. (Between a
+//      run's slots coming free and its thread ending there are milliseconds in which an answer
+//      can count them twice; the extra trial then waits in the cluster's queue for the next
+//      free slots, and the next answer sets the count right. Dropping such answers instead
+//      would keep a search of short trials from ever growing.)
 // Not thread-safe: everything but the engine's query runs on the driver thread.
 #pragma once
 
@@ -85,8 +88,8 @@ class Concurrency {
   int first_ = 1;  // the count fit() started with: the floor
   int limit_ = 1;
   bool live_ = false;    // asked again as trials end (Capacity::net_of_jobs)
-  bool wanted_ = false;  // a trial ended while others waited; no query answered since
-  bool stale_ = false;   // a run ended while the query in flight was out: drop its answer
+  bool wanted_ = false;  // a question is due (a trial ended while others waited, or trials
+                         // waited kWaitingInterval); none asked since
   std::future<std::optional<engines::Capacity>> query_;  // valid while one runs
   Clock::time_point asked_at_{};  // when the last question started (fit()'s first one too)
   Clock::time_point next_allowed_{};
