@@ -67,6 +67,10 @@ struct LaunchOptions {
   std::map<int, int> tee;        // these streams go to both (the console always gets output
                                  // unless redirected; accepted for torchrun compatibility).
   std::map<std::string, std::string> extra_env;  // added to every worker's environment.
+  // torchrun's --signals-to-handle, given to the workers as TORCHELASTIC_SIGNALS_TO_HANDLE
+  // (as torchrun does; dtrain's agent itself stops the workers on SIGTERM, SIGINT, SIGHUP and
+  // SIGQUIT whatever it says).
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   // torchrun options accepted without an effect here, one line each saying what dtrain does
   // instead; `dtrain run` prints them when it starts.
   std::vector<std::string> notes;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -30,6 +31,23 @@
 namespace dtrain {
 
 namespace {
+
+// A random (version 4) UUID in its usual text form, as Python's str(uuid.uuid4()).
+std::string random_uuid4() {
+  std::random_device rd;
+  unsigned char b[16];
+  for (auto& x : b) x = static_cast<unsigned char>(rd() & 0xff);
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += hex[b[i] >> 4];
+    s += hex[b[i] & 0x0f];
+  }
+  return s;
+}
 
 int parse_int(const std::string& flag, const std::string& value, const std::string& form) {
   try {
@@ -289,8 +307,9 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "node, socket, exclusive or core-complex: torchrun binds each GPU worker to its "
                  "GPU's NUMA node (accepted, noted: dtrain binds nothing)");
   run.add_option("--signals-to-handle,--signals_to_handle", a.signals_to_handle,
-                 "Signals the agent passes on to the workers before stopping them (accepted; "
-                 "dtrain's agent stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT)")
+                 "Signals the agent passes on to the workers before stopping them (the workers "
+                 "get it as TORCHELASTIC_SIGNALS_TO_HANDLE, as under torchrun; dtrain's agent "
+                 "stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT)")
       ->capture_default_str();
   run.add_flag("--virtual-local-rank,--virtual_local_rank", a.virtual_local_rank,
                "torchrun gives every worker LOCAL_RANK 0 and one visible GPU (accepted, noted: "
@@ -392,6 +411,7 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
+  o.signals_to_handle = a.signals_to_handle;
   if (a.signals_to_handle != "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
     o.notes.push_back("--signals-to-handle " + a.signals_to_handle +
                       ": dtrain's agent stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT");
@@ -524,6 +544,9 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
     o.rdzv_backend = "c10d";
     o.master_addr = "127.0.0.1";
     o.master_port = 0;
+    // As torchrun: a fresh run id, whatever --rdzv-id said (TORCHELASTIC_RUN_ID, and
+    // --log-dir's run directory, differ from run to run).
+    o.rdzv_id = random_uuid4();
   }
   o.max_restarts = parse_int("--max-restarts", a.max_restarts, "a non-negative integer");
   if (o.max_restarts < 0) {

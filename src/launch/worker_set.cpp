@@ -92,13 +92,16 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
   bool has_omp = false;
   bool has_arrow_malloc = false;
   bool has_tunables = false;
+  bool has_nccl_errors = false;
   inherited.clear();
   for (auto& e : base) {
     std::string name = e.substr(0, e.find('='));
     if (contract.count(name) || o_.extra_env.count(name)) continue;
-    if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;  // for this agent only
-    if (name == "DTRAIN_STORE_TOKEN") continue;             // the job's, below
-    if (name == "DTRAIN_BIND_CPUS") continue;               // each rank's, below
+    if (name == "DTRAIN_FORKSERVER_WARM_SOCKET") continue;   // for this agent only
+    if (name == "DTRAIN_STORE_TOKEN") continue;              // the job's, below
+    if (name == "DTRAIN_BIND_CPUS") continue;                // each rank's, below
+    if (name == "TORCHELASTIC_SIGNALS_TO_HANDLE") continue;  // the flag's, below
+    if (name == "TORCH_NCCL_ASYNC_ERROR_HANDLING") has_nccl_errors = true;
     if (name == "OMP_NUM_THREADS") has_omp = true;
     if (name == "JE_ARROW_MALLOC_CONF") has_arrow_malloc = true;
     if (name == "GLIBC_TUNABLES" && o_.malloc_hugepages) {
@@ -129,6 +132,13 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
 
   tail.clear();
   for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
+  // As torchrun: the launcher's --signals-to-handle, and NCCL's asynchronous error handling
+  // on (1: a failed or timed-out NCCL collective aborts the communicator and the process)
+  // unless the environment says otherwise.
+  if (!o_.extra_env.count("TORCHELASTIC_SIGNALS_TO_HANDLE"))
+    tail.push_back("TORCHELASTIC_SIGNALS_TO_HANDLE=" + o_.signals_to_handle);
+  if (!has_nccl_errors && !o_.extra_env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+    tail.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
   if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) {
     const int threads = o_.bind_cores_to_rank ? binding_.cores_per_rank : 1;
     tail.push_back("OMP_NUM_THREADS=" + std::to_string(threads));

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "launcher/subprocess.h"
@@ -142,6 +143,88 @@ TEST(LauncherInterop, EachWorkerLeadsItsOwnSessionAsUnderTorchrun) {
       EXPECT_EQ(j["sid"], j["pid"]) << "rank " << rank << " does not lead a session: " << j;
       EXPECT_EQ(j["pgid"], j["pid"]) << "rank " << rank << " does not lead its group: " << j;
       EXPECT_NE(j["sid"], j["parent_sid"]) << "rank " << rank << " is in the launcher's: " << j;
+    }
+  }
+}
+
+// The worker environment is torchrun's: under the venv's torchrun and `dtrain run` with the
+// same flags, every variable torchrun adds to what the launcher was given is there with the
+// same value (the port and the error file's path aside, which are each launcher's own; with
+// --standalone also the run id, a fresh uuid4 on both, and MASTER_ADDR, which torchrun gives
+// as "localhost" and `dtrain run` as 127.0.0.1), and `dtrain run` adds nothing else but its own
+// DTRAIN_* and JE_ARROW_MALLOC_CONF (a jemalloc setting for the fork server, launcher.md).
+TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string script = kInterop + "/worker_env.py";
+  const std::string python_var = "DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON);
+  std::map<std::string, std::string> given;  // the launchers' own environment
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    given[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+  }
+  given["DTRAIN_PYTHON"] = DTRAIN_VENV_PYTHON;
+  auto added_by_rank = [&](const std::string& out) {
+    std::map<int, std::map<std::string, std::string>> by_rank;
+    for (const auto& [rank, j] : json_lines(out)) {
+      for (const auto& [k, v] : j.at("env").items()) {
+        const auto it = given.find(k);
+        if (it == given.end() || it->second != v.get<std::string>())
+          by_rank[rank][k] = v.get<std::string>();
+      }
+    }
+    return by_rank;
+  };
+  const std::vector<std::vector<std::string>> flag_sets = {
+      {},
+      {"--max-restarts", "2", "--role", "trainer", "--rdzv-id", "job7", "--signals-to-handle",
+       "SIGTERM,SIGUSR1"},
+      {"--standalone"}};
+  const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
+  for (const auto& flags : flag_sets) {
+    const bool standalone = !flags.empty() && flags[0] == "--standalone";
+    SCOPED_TRACE(flags.empty() ? "no flags" : flags[0]);
+    std::vector<std::string> torchrun = venv_torchrun(), dtrain = {DTRAIN_BIN, "run"};
+    for (auto* argv : {&torchrun, &dtrain}) {
+      for (const std::string& a : {"--nproc-per-node", "2", "--monitor-interval", "0.1"})
+        argv->push_back(a);
+      argv->insert(argv->end(), flags.begin(), flags.end());
+    }
+    for (const std::string& a : {"--tee", "3", script.c_str()}) torchrun.push_back(a);
+    dtrain.push_back(script);
+    auto t = run_command(torchrun, {.env = {python_var}, .timeout = 120s});
+    ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
+    auto d = run_command(dtrain, {.env = {python_var}, .timeout = 120s});
+    ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+    const auto theirs = added_by_rank(t.out), ours = added_by_rank(d.out);
+    ASSERT_EQ(theirs.size(), 2u) << t.out;
+    ASSERT_EQ(ours.size(), 2u) << d.out;
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto& want = theirs.at(rank);
+      const auto& got = ours.at(rank);
+      EXPECT_GE(want.size(), 16u) << "torchrun's environment looks incomplete: " << t.out;
+      for (const auto& [k, v] : want) {
+        const auto it = got.find(k);
+        if (it == got.end()) {
+          ADD_FAILURE() << "rank " << rank << ": torchrun gives " << k << "=" << v
+                        << ", `dtrain run` does not";
+        } else if (k == "MASTER_PORT" || k == "TORCHELASTIC_ERROR_FILE") {
+          EXPECT_FALSE(it->second.empty()) << k;
+        } else if (standalone && k == "TORCHELASTIC_RUN_ID") {
+          EXPECT_TRUE(std::regex_match(v, uuid4)) << "torchrun's: " << v;
+          EXPECT_TRUE(std::regex_match(it->second, uuid4)) << "dtrain's: " << it->second;
+          EXPECT_EQ(it->second, ours.at(0).at(k)) << "rank " << rank << "'s run id";
+        } else if (standalone && k == "MASTER_ADDR") {
+          EXPECT_EQ(v, "localhost");
+          EXPECT_EQ(it->second, "127.0.0.1");
+        } else {
+          EXPECT_EQ(it->second, v) << "rank " << rank << ": " << k;
+        }
+      }
+      for (const auto& [k, v] : got) {
+        if (want.count(k) || k.starts_with("DTRAIN_") || k == "JE_ARROW_MALLOC_CONF") continue;
+        ADD_FAILURE() << "rank " << rank << ": `dtrain run` gives " << k << "=" << v
+                      << ", torchrun does not";
+      }
     }
   }
 }

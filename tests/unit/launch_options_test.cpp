@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -386,6 +387,12 @@ TEST(ParseRunArgs, StandaloneIsSingleNodeC10dOnAFreeLocalPort) {
   EXPECT_EQ(o.rdzv_backend, "c10d");
   EXPECT_EQ(o.master_addr, "127.0.0.1");
   EXPECT_EQ(o.master_port, 0);
+  // torchrun's run id under --standalone: a fresh uuid4 each time, over any --rdzv-id.
+  const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
+  EXPECT_TRUE(std::regex_match(o.rdzv_id, uuid4)) << o.rdzv_id;
+  LaunchOptions again = parse({"--standalone", "--rdzv-id", "job7"});
+  EXPECT_TRUE(std::regex_match(again.rdzv_id, uuid4)) << again.rdzv_id;
+  EXPECT_NE(again.rdzv_id, o.rdzv_id);
   // It wins over an endpoint given with it: standalone never talks to another host.
   LaunchOptions e = parse({"--standalone", "--rdzv-endpoint", "farhost:1234"});
   EXPECT_EQ(e.master_addr, "127.0.0.1");
