@@ -41,6 +41,13 @@ add_test(NAME tune.spark_room
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
 set_tests_properties(tune.spark_room PROPERTIES LABELS "spark;torch2_only" TIMEOUT 400
   RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+# The same on Ray (tests/ray/lib.sh: the head on n0, a worker node of 1 CPU on n1; a node of 4
+# CPUs joins on n2 while the first trial runs, held): 3 trials at a time before it ends.
+add_test(NAME tune.ray_room
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/ray_room_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.ray_room PROPERTIES LABELS "ray;torch2_only" TIMEOUT 400
+  RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
 # Two ssh hosts (tests/cluster/lib.sh: namespaces n1, n2 with sshd; root): a warm fork server
 # on each forks every trial's workers, a SIGKILLed worker fails only its trial, 2 trials at a
 # time, nothing left on either host; then the per-trial start cold and warm (printed).

@@ -6,8 +6,12 @@
 #
 #   ray_init                 temp dir $T, `trap ray_down EXIT`; $PY the venv's python; fails when
 #                            ray is missing
-#   ray_hosts_up [CPUS]      the head on n0 and a worker node of CPUS (default 2) on n1 and n2;
-#                            sets $RAY_GCS (10.202.0.10:6379) once all three nodes are alive
+#   ray_hosts_up [CPUS [HOST...]]
+#                            the head on n0 and a worker node of CPUS (default 2) on each HOST
+#                            (default n1 n2; the namespaces n0-n2 are made either way); sets
+#                            $RAY_GCS (10.202.0.10:6379) once every node is alive
+#   ray_node_up HOST CPUS    one more worker node, on a host that has none yet; returns once it
+#                            is alive in the cluster
 #   on, bg_on, host_procs    netns_hosts.sh's
 #   ray_down                 kills whatever runs in the namespaces (by PID), deletes them,
 #                            checks nothing of ours is left, deletes $T
@@ -48,22 +52,41 @@ ray_env() {
 
 ray_hosts_up() {
   local cpus="${1:-2}" h
+  local hosts=("${@:2}")
+  ((${#hosts[@]})) || hosts=(n1 n2)
   netns_hosts_up dtr 10.202.0 n0 n1 n2
   ray_env
   RAY_GCS="$(host_addr n0):6379"
-  local common=(--disable-usage-stats --object-store-memory=100000000 --block) node_pids=()
+  RAY_NODE_PIDS=() RAY_ALIVE="$(host_addr n0)"
   mkdir -p "$T/ray/n0"
   bg_on n0 "$T/logs/head.out" "$RAY" start --head --node-ip-address="$(host_addr n0)" --port=6379 \
-    --num-cpus=0 --include-dashboard=false --temp-dir="$T/ray/n0" "${common[@]}"
-  node_pids+=("$BG_PID")
-  for h in n1 n2; do
-    mkdir -p "$T/ray/$h"
-    bg_on "$h" "$T/logs/$h.out" "$RAY" start --address="$RAY_GCS" --node-ip-address="$(host_addr "$h")" \
-      --num-cpus="$cpus" --temp-dir="$T/ray/$h" "${common[@]}"
-    node_pids+=("$BG_PID")
-  done
-  # One driver on n0 waits for the three nodes (ray.nodes(), public API), up to 120 s; a node
-  # whose `ray start` exits fails it at once.
+    --num-cpus=0 --include-dashboard=false --temp-dir="$T/ray/n0" "${RAY_COMMON[@]}"
+  RAY_NODE_PIDS+=("$BG_PID")
+  for h in "${hosts[@]}"; do ray_node_start "$h" "$cpus"; done
+  ray_wait_alive
+  pass "Ray head on n0 ($RAY_GCS, 0 CPUs), worker nodes on ${hosts[*]} x $cpus CPUs"
+}
+
+RAY_COMMON=(--disable-usage-stats --object-store-memory=100000000 --block)
+
+ray_node_start() {
+  local h="$1" cpus="$2"
+  mkdir -p "$T/ray/$h"
+  bg_on "$h" "$T/logs/$h.out" "$RAY" start --address="$RAY_GCS" --node-ip-address="$(host_addr "$h")" \
+    --num-cpus="$cpus" --temp-dir="$T/ray/$h" "${RAY_COMMON[@]}"
+  RAY_NODE_PIDS+=("$BG_PID")
+  RAY_ALIVE="$(tr ' ' '\n' <<<"$RAY_ALIVE $(host_addr "$h")" | LC_ALL=C sort | tr '\n' ' ' | sed 's/ $//')"
+}
+
+ray_node_up() {
+  ray_node_start "$1" "$2"
+  ray_wait_alive
+  pass "Ray worker node on $1 x $2 CPUs joined the cluster"
+}
+
+# One driver on n0 waits until the alive nodes are exactly $RAY_ALIVE (ray.nodes(), public
+# API), up to 120 s; a node whose `ray start` exits fails it at once.
+ray_wait_alive() {
   cat >"$T/probe.py" <<'PY'
 import sys, time
 import ray
@@ -84,16 +107,15 @@ while True:
         sys.exit("alive Ray nodes after 120 s: '%s', expected '%s'" % (alive, sys.argv[2]))
     time.sleep(0.5)
 PY
-  bg_on n0 "$T/logs/probe.out" timeout 150 "$PY" "$T/probe.py" "$RAY_GCS" "$(host_addr n0) $(host_addr n1) $(host_addr n2)"
+  bg_on n0 "$T/logs/probe.out" timeout 150 "$PY" "$T/probe.py" "$RAY_GCS" "$RAY_ALIVE"
   local probe=$BG_PID p
   while kill -0 "$probe" 2>/dev/null; do
-    for p in "${node_pids[@]}"; do
+    for p in "${RAY_NODE_PIDS[@]}"; do
       kill -0 "$p" 2>/dev/null || { kill -KILL "$probe"; tail -n 20 "$T"/logs/*.out >&2; fail "a Ray node exited while starting"; }
     done
     sleep 0.5
   done
-  wait "$probe" || { tail -n 20 "$T"/logs/*.out >&2; fail "the Ray nodes on n0, n1, n2 did not come up"; }
-  pass "Ray head on n0 ($RAY_GCS, 0 CPUs), worker nodes on n1 and n2 x $cpus CPUs"
+  wait "$probe" || { tail -n 20 "$T"/logs/*.out >&2; fail "the Ray nodes $RAY_ALIVE did not come up"; }
 }
 
 ray_down() {

@@ -1,8 +1,9 @@
-// A Tune search on a cluster engine, for tests/tune/spark_trials_test.sh and
-// tests/tune/ssh_warm_test.sh: trials x = 1..N of P processes each, I reports S seconds apart;
-// every report carries the ranks' host names (all-gathered as a bitmask of n1/n2), when the
+// A Tune search on a cluster engine, for tests/tune/spark_trials_test.sh, spark_room_test.sh,
+// ray_room_test.sh and ssh_warm_test.sh: trials x = 1..N of P processes each, I reports S seconds
+// apart; every report carries the ranks' host names (all-gathered as a bitmask of n1/n2), when the
 // run's process started and the report was made (wall clock).
-//   tune_cluster_search --storage DIR --engine spark|ssh [--master URL] [--hosts LIST]
+//   tune_cluster_search --storage DIR --engine spark|ssh|ray [--master URL] [--hosts LIST]
+//       [--ray-address GCS]
 //       [--ssh-port P --ssh-identity K --ssh-arg A...] [--trials N] [--nproc P]
 //       [--iterations I] [--sleep S] [--kill-trial X] [--max-concurrent M] [--hold X:FILE...]
 // --kill-trial X: trial x = X's rank 1 SIGKILLs itself before its 2nd report, once (its trial
@@ -129,6 +130,8 @@ int main(int argc, char** argv) {
       o.cluster.spark.master = v;
     else if (flag == "--hosts")
       o.cluster.ssh.hosts = v;
+    else if (flag == "--ray-address")
+      o.cluster.ray.address = v;
     else if (flag == "--ssh-port")
       o.cluster.ssh.port = std::stoi(v);
     else if (flag == "--ssh-identity")

@@ -13,6 +13,7 @@
 # never 4, and trials ran on n2. Fails (never skips) when root, Java or pyspark is missing.
 #   spark_room_test.sh DTRAIN TUNE_CLUSTER_SEARCH
 source "$(dirname "$0")/../spark/lib.sh"
+source "$(dirname "$0")/room_lib.sh"
 DTRAIN="$(realpath "$1")" SEARCH="$(realpath "$2")"
 for f in "$DTRAIN" "$SEARCH"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
 export DTRAIN_LAUNCHER="$DTRAIN"
@@ -23,16 +24,6 @@ t_all=$SECONDS
 printf 'logger.executor.name = org.apache.spark.executor.CoarseGrainedExecutorBackend\nlogger.executor.level = info\n' \
   >>"$SPARK_CONF_DIR/log4j2.properties"
 spark_hosts_up 1 n1
-# Waits (at most SECONDS) for a line matching PATTERN in the search's output while it runs.
-#   search_says PATTERN SECONDS WHAT
-search_says() {
-  local deadline=$((SECONDS + $2))
-  until grep -q "$1" "$T/search.out"; do
-    kill -0 "$search" 2>/dev/null || fail "the search ended before $3: $(cat "$T/search.out")"
-    ((SECONDS < deadline)) || fail "the search did not get to $3 within $2 s: $(cat "$T/search.out")"
-    sleep 0.2
-  done
-}
 gate1="$T/trial1_may_end"
 bg_on n0 "$T/search.out" timeout 300 "$SEARCH" --storage "$T/tune" --engine spark --master "$SPARK_MASTER_URL" \
   --trials 5 --nproc 1 --iterations 2 --sleep 1 --max-concurrent 3 --hold "1:$gate1"
@@ -50,40 +41,6 @@ until grep -qs "Successfully registered with driver" "$T"/work/n2/app-*/*/stderr
 done
 echo "n2's executor joined the application $((SECONDS - t_all)) s in"
 search_says "^tune: now " 60 "asking the engine again (while the first trial is held)"
-# Two more trials start while the first one is still held: their workers run (each writes
-# TRIAL_DIR/origin_HOST_PID as it starts; the spans below check it from their own clocks).
-started_beside() {
-  find "$T/tune" -path '*/trial_0000[1-4]/origin_*' 2>/dev/null | sed 's,/origin_[^/]*$,,' | sort -u | wc -l
-}
-deadline=$((SECONDS + 60))
-until (($(started_beside) >= 2)); do
-  kill -0 "$search" 2>/dev/null || fail "the search ended before two trials started beside the held first one: $(cat "$T/search.out")"
-  ((SECONDS < deadline)) || fail "no two trials started beside the held first one within 60 s: $(cat "$T/search.out")"
-  sleep 0.2
-done
-touch "$gate1"
-wait "$search"
-rc=$?
-out="$(cat "$T/search.out")"
-((rc == 0)) || fail "tune on spark: exit $rc: $out"
-[[ $(grep -c "^trial trial_0000[0-4] x=[1-5] status=TERMINATED failures=0 iterations=2 world=1 hosts=n[12]$" <<<"$out") -eq 5 ]] ||
-  fail "tune on spark: expected 5 terminated trials of 1 rank with 2 reports each: $out"
-grep -q "^trial .* hosts=n2$" <<<"$out" || fail "tune on spark: no trial ran on n2, the worker that joined: $out"
-# The first change: to 3, capped by max_concurrent_trials (n2's 4 cores and n1's 1 make 5 slots).
-grep -m1 "^tune: now " <<<"$out" |
-  grep -Eq "^tune: now 3 trial\(s\) at a time on engine spark \([0-9] free of 5 slots, 1 trial\(s\) of this search running; 1 process\(es\) each, max_concurrent_trials 3\)$" ||
-  fail "tune on spark: the Tuner did not grow to 3 trials at a time (5 slots, capped) while the first trial ran: $out"
-# [start, end] of each trial from its own processes' clocks: two started before the first
-# ended, 3 at once, never 4.
-"$PY" - "$out" <<'EOF' || fail "tune on spark: no two trials started while the first one ran: $out"
-import re, sys
-spans = {i: (float(a), float(b)) for i, a, b in
-         re.findall(r"^span (\S+) start=([0-9.]+) end=([0-9.]+)", sys.argv[1], re.M)}
-first = spans.pop("trial_00000")
-early = [i for i, (a, _) in spans.items() if a < first[1]]
-sys.exit(0 if len(early) >= 2 else "started before trial_00000 ended: %s" % early)
-EOF
-"$PY" "$(dirname "$0")/trials_at_once.py" "$out" 3 5 || fail "tune on spark: trials did not run 3 at a time: $out"
-grep "^tune: .*trial(s) at a time" <<<"$out"
+room_finish spark
 spark_hosts_clear "tune on spark" "^($DTRAIN|$SEARCH)( |\$)|spark\.py" n0 n1 n2
 pass "Tuner on Spark: 1 trial at a time on n1's 1 slot, 3 at a time (max_concurrent_trials) once n2's 4 cores joined mid-search, before any trial ended; nothing left ($((SECONDS - t_all)) s)"
