@@ -19,8 +19,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                ceiling (as many single-process runs at once, no communication), rank 0's
                shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
                peers, futex sleeps, hand-off) and, at 2, 4 and 8, dtrain with each rank bound to
-               its own cores (--bind-cores-to-rank) beside the default, and at 8 with the
-               backend's old 20 us spin before it sleeps (DTRAIN_SHM_SPIN_US=20)
+               its own cores (--bind-cores-to-rank) beside the default, and at 2, 4 and 8
+               with DDP's buckets outside the shared-memory pool (DTRAIN_SHM_POOL_BYTES=0: the
+               all-reduce copies them in and out, as before 2026-11-28)
 
 --budget-s S keeps the whole run within S seconds (gpu_check.sh's 8 minutes): a benchmark, or a
 row of cpu_scaling, that would not fit in what is left is skipped and listed under "skipped"
@@ -268,7 +269,7 @@ def bench_cpu_scaling(a, out):
                  f"{last_row_s:.0f} s")
             continue
         row_start = time.monotonic()
-        d, p, c, spin, bound, stats = [], [], [], [], [], None
+        d, p, c, nopool, bound, stats, nopool_stats = [], [], [], [], [], None, None
         for _ in range(a.repeat):
             o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_STATS="1"),
                        with_stderr=True)
@@ -283,15 +284,20 @@ def bench_cpu_scaling(a, out):
                 # stays 1, as set here): +15-25% at 2 processes on the 2-core VM, unmeasured here.
                 o, _ = run([dtrain, "run", "--bind-cores-to-rank", "--nproc-per-node", str(n)] + train, env)
                 bound.append(last_json(o)["samples_per_s"])
-            if n == 8:
-                # The shared-memory backend's old default spin (20 us) beside the new one, which
-                # spins 200 us where the ranks leave half the cores free (+11% and +14% at 8
-                # processes on the H100 machine, -6% at 2 once: measured there 2026-11-27).
-                o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_SPIN_US="20"))
-                spin.append(last_json(o)["samples_per_s"])
+                # DDP's buckets in private memory, copied into the segment's slots and back by
+                # every all_reduce (the default places them in the segment's pool since
+                # 2026-11-28). The spin's row (200 us vs 20: +11% and +14% at 8 processes, twice
+                # on the H100 machine) made room for it.
+                o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train,
+                           dict(env, DTRAIN_SHM_POOL_BYTES="0", DTRAIN_SHM_STATS="1"), with_stderr=True)
+                nopool.append(last_json(o)["samples_per_s"])
+                if shm_stats(o):
+                    nopool_stats = shm_stats(o)
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
-        if spin:
-            rows[n]["dtrain_spin20"] = statistics.median(spin)
+        if nopool:
+            rows[n]["dtrain_no_pool"] = statistics.median(nopool)
+            if nopool_stats:
+                rows[n]["dtrain_no_pool_shm_rank0"] = nopool_stats
         if bound:
             rows[n]["dtrain_bound"] = statistics.median(bound)
         if stats:
@@ -312,7 +318,10 @@ def bench_cpu_scaling(a, out):
         r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
         extra = f", bound to cores {r['dtrain_bound']:.0f} ({r['dtrain_bound'] / r['pytorch']:.2f}x)" \
             if "dtrain_bound" in r else ""
-        extra += f", with the old 20 us spin {r['dtrain_spin20']:.0f}" if "dtrain_spin20" in r else ""
+        if "dtrain_no_pool" in r:
+            ns = r.get("dtrain_no_pool_shm_rank0")
+            extra += (f", buckets outside the pool {r['dtrain_no_pool']:.0f} ({r['dtrain'] / r['dtrain_no_pool']:.2f}x "
+                      f"with the pool" + (f"; {ns['ms_each']:.3f} ms per collective there" if ns else "") + ")")
         st = r.get("dtrain_shm_rank0")
         if st:
             per_rank = st.get("ms_waiting_per_rank") or []

@@ -182,6 +182,16 @@ const DeviceBackend* GroupBackends::find(c10::DeviceType device) const {
   return nullptr;
 }
 
+at::Tensor empty_for_collectives(const GroupBackends& group, at::IntArrayRef sizes,
+                                 at::ScalarType dtype) {
+  if (const DeviceBackend* cpu = group.find(DeviceType::CPU)) {
+    if (auto* shm = dynamic_cast<shm::ShmProcessGroup*>(cpu->backend.get())) {
+      if (at::Tensor t = shm->empty_pooled(sizes, dtype); t.defined()) return t;
+    }
+  }
+  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+}
+
 std::string GroupBackends::name_for(c10::DeviceType device) const {
   for (const auto& d : devices) {
     if (d.device == device) return d.traits.name;

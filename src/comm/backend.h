@@ -116,6 +116,13 @@ struct GroupBackends {
   int current_cuda_device() const;
 };
 
+// A CPU tensor (uninitialised) that `group`'s CPU backend reduces where it lies - in the
+// shared-memory backend's pool (comm/shm/shm_pool.h), so its all_reduce copies nothing in or
+// out - or an ordinary one where the backend has no such memory or no room left. For buffers a
+// group reduces again and again: DDP's gradient buckets.
+at::Tensor empty_for_collectives(const GroupBackends& group, at::IntArrayRef sizes,
+                                 at::ScalarType dtype);
+
 // How to build a group's backends.
 struct GroupRequest {
   std::string spec = "auto";  // see the header comment

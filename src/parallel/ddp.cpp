@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "comm/backend.h"
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
 #include "parallel/grad_hooks.h"
@@ -184,7 +185,13 @@ void Reducer::build_buckets() {
       b.offsets.push_back(numel);
       numel += params_[i].numel();
     }
-    b.buffer = torch::zeros({numel}, params_[b.params.front()].options().requires_grad(false));
+    const auto& first = params_[b.params.front()];
+    // A CPU bucket lives where the group's backend reduces it without copying (the
+    // shared-memory backend's pool), when it can.
+    b.buffer =
+        first.device().is_cpu()
+            ? comm::empty_for_collectives(group_->backends(), {numel}, first.scalar_type()).zero_()
+            : torch::zeros({numel}, first.options().requires_grad(false));
     buckets_.push_back(std::move(b));
   };
   std::map<torch::ScalarType, std::pair<Bucket, int64_t>> current;

@@ -292,6 +292,109 @@ TEST(ShmGroup, ManyCollectivesInFlightCompleteInOrder) {
   });
 }
 
+// Tensors in the ranks' pools (ShmProcessGroup::empty_pooled: DDP's buckets) are reduced
+// where they lie - on every rank, on some, or on none - across chunks (64 KiB slots) and below
+// the small-chunk size, with bitwise the result of the same all_reduce through the slots.
+TEST(ShmGroup, PooledTensorsReduceInPlaceWhateverRanksPlaceThem) {
+  shm::SegmentOptions so;
+  so.slot_bytes = 64 << 10;
+  for (int world : {2, 3}) {
+    run_ranks(
+        world,
+        [&](Rank& rk) {
+          // Which ranks use their pool: all, none, rank 0 only, the last rank only.
+          const std::vector<std::function<bool(int)>> placements = {
+              [](int) { return true; }, [](int) { return false; }, [](int r) { return r == 0; },
+              [world](int r) { return r == world - 1; }};
+          for (size_t pl = 0; pl < placements.size(); ++pl) {
+            for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kInt32}) {
+              for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG, c10d::ReduceOp::MAX}) {
+                if (op == c10d::ReduceOp::AVG && !torch::isFloatingType(dtype)) continue;
+                for (int64_t n : {int64_t{7}, int64_t{4097}, int64_t{16411}, int64_t{100003}}) {
+                  SCOPED_TRACE("world " + std::to_string(world) + " rank " +
+                               std::to_string(rk.rank) + " placement " + std::to_string(pl) +
+                               " op " + std::to_string(static_cast<int>(op)) + " n " +
+                               std::to_string(n));
+                  at::Tensor t = input(rk.rank, n, dtype);
+                  if (placements[pl](rk.rank)) {
+                    at::Tensor p = rk.shm->empty_pooled({n}, t.scalar_type());
+                    ASSERT_TRUE(p.defined()) << "no room in the pool";
+                    p.copy_(t);
+                    t = p;
+                  }
+                  c10d::AllreduceOptions o;
+                  o.reduceOp = op;
+                  std::vector<at::Tensor> v{t};
+                  wait(rk.shm->allreduce(v, o));
+                  std::vector<at::Tensor> plain{input(rk.rank, n, dtype)};
+                  wait(rk.shm->allreduce(plain, o));
+                  EXPECT_TRUE(torch::equal(t, plain[0])) << "differs from the copied all_reduce";
+                  const double tol = dtype == torch::kBFloat16 ? 2e-2 : 1e-5;
+                  EXPECT_TRUE(close(t, reference(op, world, n, dtype), tol));
+                }
+              }
+            }
+          }
+        },
+        so);
+  }
+}
+
+// A rank whose tensor is in its pool overwrites it as soon as its all_reduce returns (as the
+// next backward does): no peer may still be copying its slices out of it then. 300 rounds of
+// 3 ranks, each checking its result before scribbling over its tensor.
+TEST(ShmGroup, APooledTensorOverwrittenRightAfterItsAllReduceCorruptsNoPeer) {
+  run_ranks(3, [&](Rank& rk) {
+    const int64_t n = 200003;
+    at::Tensor t = rk.shm->empty_pooled({n}, at::kFloat);
+    ASSERT_TRUE(t.defined());
+    for (int round = 0; round < 300; ++round) {
+      t.fill_(static_cast<float>(rk.rank + round));
+      std::vector<at::Tensor> v{t};
+      wait(rk.shm->allreduce(v));
+      const float want = static_cast<float>(3 * round + 3);  // 0+1+2 + 3 * round
+      const auto wrong = (t != want).sum().item<int64_t>();
+      ASSERT_EQ(wrong, 0) << "round " << round << ": " << wrong << " elements are not " << want;
+      t.fill_(-1e9f);
+    }
+  });
+}
+
+// The pool hands out what fits, says when it is full (undefined: the caller uses private
+// memory), takes back what is freed, and a tensor placed there stays usable after its group is
+// gone. DTRAIN_SHM_POOL_BYTES=0 (pool_bytes 0): no pool at all.
+TEST(ShmGroup, ThePoolFillsUpTakesBackFreedTensorsAndOutlivesItsGroup) {
+  shm::SegmentOptions so;
+  so.pool_bytes = 1 << 20;
+  std::vector<at::Tensor> kept(2);
+  run_ranks(
+      2,
+      [&](Rank& rk) {
+        at::Tensor a = rk.shm->empty_pooled({150000}, at::kFloat);  // 600 KB of 1 MiB
+        ASSERT_TRUE(a.defined());
+        EXPECT_FALSE(rk.shm->empty_pooled({150000}, at::kFloat).defined()) << "the pool is full";
+        a = at::Tensor();  // freed: its pages go back
+        at::Tensor b = rk.shm->empty_pooled({200000}, at::kFloat);
+        ASSERT_TRUE(b.defined()) << "the freed range was not taken back";
+        b.fill_(static_cast<float>(rk.rank + 1));
+        std::vector<at::Tensor> v{b};
+        wait(rk.shm->allreduce(v));
+        kept[static_cast<size_t>(rk.rank)] = b;
+      },
+      so);
+  // The groups are gone; their pooled tensors still hold the result and can be written.
+  for (auto& t : kept) {
+    ASSERT_TRUE(t.defined());
+    EXPECT_TRUE(torch::equal(t, torch::full({200000}, 3.0f)));
+    t.add_(1);
+    EXPECT_EQ(t[199999].item<float>(), 4.0f);
+  }
+  kept.clear();
+  so.pool_bytes = 0;
+  run_ranks(
+      2, [&](Rank& rk) { EXPECT_FALSE(rk.shm->empty_pooled({10}, at::kFloat).defined()); }, so);
+}
+
 TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {
   run_ranks(2, [&](Rank& rk) {
     // Bitwise AND on integers and a list of two tensors: Gloo's.

@@ -331,27 +331,67 @@ void ShmProcessGroup::check_descriptors() {
   }
 }
 
+at::Tensor ShmProcessGroup::empty_pooled(at::IntArrayRef sizes, at::ScalarType dtype) {
+  const auto& pool = segment_->pool();
+  if (!pool || size_ == 1) return {};
+  int64_t numel = 1;
+  for (int64_t d : sizes) numel *= d;
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  void* p = pool->allocate(bytes);
+  if (p == nullptr) return {};
+  // The deleter keeps the pool (and its mapping) alive as long as the tensor.
+  return at::from_blob(
+      p, sizes, [pool](void* q) { pool->release(q); }, at::TensorOptions().dtype(dtype));
+}
+
 void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time_point deadline) {
   const auto dtype = t.scalar_type();
   const size_t es = t.element_size();
   const size_t n = static_cast<size_t>(t.numel());
   const int world = size_;
   if (world == 1) return;  // the input is the result (an average of one value too)
-  begin({kOpAllreduce, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op.op_), -1, n, 0});
   auto* data = static_cast<unsigned char*>(t.data_ptr());
+  // A tensor in this rank's pool is read where it lies - unless it is small, where copying it
+  // costs less than the third barrier (every rank decides alike: the size is the same on all).
+  const auto& pool = segment_->pool();
+  const bool may_pool = pool != nullptr && n * es > kSmallChunkBytes;
+  OpDescriptor d{
+      kOpAllreduce, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op.op_), -1, n, 0};
+  if (may_pool) d.pool_offset = pool->offset_of(data, n * es);
+  const bool mine_pooled = d.pool_offset != kNoPool;
+  begin(d);
   const size_t align = std::max<size_t>(1, kSliceAlignBytes / es);
   const size_t cap = segment_->slot_bytes() / es;
   std::vector<const void*> src(static_cast<size_t>(world));
+  // Each rank's tensor where it lies in its pool, or null (it comes through the slots).
+  std::vector<unsigned char*> pooled(static_cast<size_t>(world), nullptr);
+  bool any_pooled = false, all_pooled = false;
   bool first = true;
   for (size_t off = 0; first || off < n;) {
-    const size_t count = std::min(cap, n - off);
+    size_t count = std::min(cap, n - off);
     const int p = next_parity();
     unsigned char* chunk = data + off * es;
-    copy_bytes(segment_->buffer(p, rank_), chunk, count * es);
+    if (!mine_pooled) copy_bytes(segment_->buffer(p, rank_), chunk, count * es);
     segment_->barrier(deadline, "all_reduce");
-    if (first) check_descriptors();
+    if (first) {
+      check_descriptors();
+      all_pooled = true;
+      for (int k = 0; k < world; ++k) {
+        const uint64_t at = segment_->slot(k).desc[seq_ & 1].pool_offset;
+        if (at != kNoPool) pooled[static_cast<size_t>(k)] = pool->region(k) + at;
+        any_pooled = any_pooled || at != kNoPool;
+        all_pooled = all_pooled && at != kNoPool;
+      }
+      // Nothing went through the slots: the whole tensor is one chunk.
+      if (all_pooled) count = n;
+    }
     first = false;
-    if (count * es <= kSmallChunkBytes) {
+    // Where rank k's elements of this chunk are.
+    auto from = [&](int k) -> unsigned char* {
+      unsigned char* at = pooled[static_cast<size_t>(k)];
+      return at != nullptr ? at + off * es : segment_->buffer(p, k);
+    };
+    if (!any_pooled && count * es <= kSmallChunkBytes) {
       for (int k = 0; k < world; ++k) src[static_cast<size_t>(k)] = segment_->buffer(p, k);
       reduce_into(dtype, op.op_, chunk, nullptr, src.data(), world, count);
     } else {
@@ -362,21 +402,28 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
       auto hi = [&](int k) { return std::min(count, static_cast<size_t>(k + 1) * slice); };
       const size_t mlo = lo(rank_), mhi = hi(rank_);
       if (mhi > mlo) {
-        for (int k = 0; k < world; ++k)
-          src[static_cast<size_t>(k)] = segment_->buffer(p, k) + mlo * es;
-        // Into this rank's slot (for the others) and the caller's tensor, in one pass.
-        reduce_into(dtype, op.op_, segment_->buffer(p, rank_) + mlo * es, chunk + mlo * es,
-                    src.data(), world, mhi - mlo);
+        for (int k = 0; k < world; ++k) src[static_cast<size_t>(k)] = from(k) + mlo * es;
+        if (mine_pooled) {
+          // In place: this rank's tensor is where the others read the slice.
+          reduce_into(dtype, op.op_, chunk + mlo * es, nullptr, src.data(), world, mhi - mlo);
+        } else {
+          // Into this rank's slot (for the others) and the caller's tensor, in one pass.
+          reduce_into(dtype, op.op_, segment_->buffer(p, rank_) + mlo * es, chunk + mlo * es,
+                      src.data(), world, mhi - mlo);
+        }
       }
       segment_->barrier(deadline, "all_reduce");
       // All-gather: everyone else's reduced slices.
       for (int k = 0; k < world; ++k) {
         if (k == rank_ || hi(k) <= lo(k)) continue;
-        copy_bytes(chunk + lo(k) * es, segment_->buffer(p, k) + lo(k) * es, (hi(k) - lo(k)) * es);
+        copy_bytes(chunk + lo(k) * es, from(k) + lo(k) * es, (hi(k) - lo(k)) * es);
       }
     }
     off += count;
   }
+  // A rank whose tensor is in its pool may write it as soon as this returns (the next
+  // backward): not before every peer has copied its slices out of it.
+  if (any_pooled) segment_->barrier(deadline, "all_reduce");
 }
 
 // The senders copy each chunk into their slots; after the barrier the root reduces every

@@ -8,11 +8,14 @@
 // into its own slot, each rank reduces its 1/N slice of the chunk (in rank order 0..N-1, so
 // every rank gets bitwise the same result), then copies the other ranks' reduced slices
 // out. Small chunks (<= 16 KiB) skip the split: every rank reduces the whole chunk after
-// one barrier. reduce: the other ranks copy their input into their slots and the root
-// reduces them with its own tensor in place (one copy per sender, one pass at the root:
-// a ZeRO engine's reductions to each partition's owner take turns being the root). Everything else
-// (gather, scatter, all_to_all, send/recv, other dtypes and ops, several tensors per call) goes to
-// the wrapped Gloo group unchanged.
+// one barrier. A tensor that lives in its rank's pool of the segment (empty_pooled(): DDP's
+// buckets) is not copied in: the others read it where it is, its rank reduces its slice
+// there in place and copies the others' slices into it, and a third barrier at the end keeps
+// every rank from writing its tensor again while a peer still reads it. reduce: the other ranks
+// copy their input into their slots and the root reduces them with its own tensor in place (one
+// copy per sender, one pass at the root: a ZeRO engine's reductions to each partition's owner take
+// turns being the root). Everything else (gather, scatter, all_to_all, send/recv, other dtypes and
+// ops, several tensors per call) goes to the wrapped Gloo group unchanged.
 //
 // Collectives run in issue order on one worker thread per group, as Gloo's do, so the
 // returned Work is asynchronous. Each runs under the group's timeout, as Gloo's do (a
@@ -71,6 +74,11 @@ class ShmProcessGroup : public comm::Backend {
   ~ShmProcessGroup() override;
 
   const std::string getBackendName() const override { return "shm"; }
+  // A CPU tensor of `sizes` and `dtype` (uninitialised) in this rank's pool of the segment, which
+  // all_reduce takes without copying it in or out; undefined when the group has no pool (a
+  // world of one, DTRAIN_SHM_POOL_BYTES=0) or the pool or /dev/shm has no room for it. It stays
+  // valid after the group is gone.
+  at::Tensor empty_pooled(at::IntArrayRef sizes, at::ScalarType dtype);
   std::chrono::milliseconds timeout() const { return timeout_; }
   const c10::intrusive_ptr<comm::Backend>& gloo() const { return gloo_; }
 

@@ -27,7 +27,7 @@ namespace dtrain::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x6474726e73686d31ull;  // "dtrnshm1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;                    // 2: the pools
 constexpr size_t kDefaultSlotBytes = 4u << 20;
 constexpr std::chrono::microseconds kDefaultSpin{param::kShmSpinUs.fallback};
 // The spin where the machine has cores to spare (see default_spin).
@@ -41,10 +41,21 @@ std::string errno_text(int e) {
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-size_t layout_bytes(int world, size_t slot_bytes, size_t* data_offset) {
+// The segment's layout: control, slots, then the pools. Returns the total bytes.
+size_t layout_bytes(int world, size_t slot_bytes, size_t pool_bytes, size_t* data_offset,
+                    size_t* pool_offset) {
   size_t control = sizeof(Header) + 64 + sizeof(RankSlot) * static_cast<size_t>(world);
   *data_offset = round_up(control, 4096);
-  return *data_offset + 2 * static_cast<size_t>(world) * slot_bytes;
+  *pool_offset = *data_offset + 2 * static_cast<size_t>(world) * slot_bytes;
+  return *pool_offset + static_cast<size_t>(world) * pool_bytes;
+}
+
+// One rank's pool (SegmentOptions::pool_bytes), page-aligned.
+size_t pool_bytes_for(int world, const SegmentOptions& o) {
+  int64_t want = o.pool_bytes;
+  if (want < 0) want = param::kShmPoolBytes.get();
+  const int64_t most = (int64_t{256} << 30) / world;
+  return round_up(static_cast<size_t>(std::min(want, most)), 4096);
 }
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
@@ -71,6 +82,8 @@ int pidfd_open(pid_t pid) {
 #endif
 }
 
+// Maps the control block and the slots (the pools are mapped by ShmPool). Closes `fd` when it
+// fails.
 void* map_fd(int fd, size_t bytes, const std::string& name) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
@@ -80,7 +93,6 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
                        std::to_string(bytes) + " bytes): " + errno_text(e) +
                        "; is /dev/shm full? (backend \"gloo\" avoids it)");
   }
-  ::close(fd);
   return p;
 }
 
@@ -135,25 +147,30 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
           ? o.slot_bytes
           : std::max<size_t>(64 << 10, std::min(kDefaultSlotBytes, (size_t{32} << 20) / world));
   slot = round_up(slot, 4096);
-  size_t data_offset = 0;
-  size_t bytes = layout_bytes(world, slot, &data_offset);
+  const size_t pool = pool_bytes_for(world, o);
+  size_t data_offset = 0, pool_offset = 0;
+  const size_t total = layout_bytes(world, slot, pool, &data_offset, &pool_offset);
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw NetworkError("shared-memory transport: shm_open(" + name +
                        ") failed: " + errno_text(errno));
   }
-  // posix_fallocate, not ftruncate: it reserves every page now, so a /dev/shm too small for
-  // the segment (containers often have 64 MB) is an error here, not a SIGBUS mid-collective.
-  if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+  // The file is as long as the whole layout, but only the control block and the slots take
+  // pages now - reserved by posix_fallocate, so a /dev/shm too small for them (containers
+  // often have 64 MB) is an error here, not a SIGBUS mid-collective. The pools stay sparse
+  // until tensors are placed there (ShmPool reserves their pages then).
+  int e = ::ftruncate(fd, static_cast<off_t>(total)) != 0 ? errno : 0;
+  if (e == 0) e = ::posix_fallocate(fd, 0, static_cast<off_t>(pool_offset));
+  if (e != 0) {
     ::close(fd);
     ::shm_unlink(name.c_str());
     throw NetworkError("shared-memory transport: cannot size " + name + " to " +
-                       std::to_string(bytes) + " bytes: " + errno_text(e) +
+                       std::to_string(pool_offset) + " bytes: " + errno_text(e) +
                        "; is /dev/shm full? (backend \"gloo\" avoids it)");
   }
   void* base;
   try {
-    base = map_fd(fd, bytes, name);
+    base = map_fd(fd, pool_offset, name);
   } catch (...) {
     ::shm_unlink(name.c_str());
     throw;
@@ -164,10 +181,14 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int worl
   h->version = kVersion;
   h->slot_bytes = slot;
   h->data_offset = data_offset;
-  h->total_bytes = bytes;
+  h->pool_offset = pool_offset;
+  h->pool_bytes = pool;
+  h->total_bytes = total;
   std::atomic_thread_fence(std::memory_order_seq_cst);
   h->magic = kMagic;
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, world, base, bytes, o));
+  std::unique_ptr<ShmSegment> seg(new ShmSegment(name, world, base, pool_offset, o));
+  seg->open_pool(fd, 0);
+  return seg;
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, int rank, int world,
@@ -185,20 +206,40 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, int rank, 
     throw NetworkError("shared-memory transport: " + name + " is not a dtrain segment (size " +
                        std::to_string(st.st_size) + ")");
   }
-  void* base = map_fd(fd, static_cast<size_t>(st.st_size), name);
-  auto* h = static_cast<Header*>(base);
-  size_t data_offset = 0;
-  if (h->magic != kMagic || h->version != kVersion || h->world != static_cast<uint32_t>(world) ||
-      h->total_bytes != static_cast<uint64_t>(st.st_size) ||
-      layout_bytes(world, h->slot_bytes, &data_offset) != h->total_bytes ||
-      data_offset != h->data_offset) {
-    ::munmap(base, static_cast<size_t>(st.st_size));
+  // The control block first (its header says how long the rest is).
+  const size_t head = round_up(sizeof(Header), 4096);
+  if (static_cast<size_t>(st.st_size) < head) {
+    ::close(fd);
+    throw NetworkError("shared-memory transport: " + name + " is not a dtrain segment (size " +
+                       std::to_string(st.st_size) + ")");
+  }
+  void* probe = map_fd(fd, head, name);
+  const Header h = *static_cast<const Header*>(probe);
+  ::munmap(probe, head);
+  size_t data_offset = 0, pool_offset = 0;
+  if (h.magic != kMagic || h.version != kVersion || h.world != static_cast<uint32_t>(world) ||
+      h.total_bytes != static_cast<uint64_t>(st.st_size) ||
+      layout_bytes(world, h.slot_bytes, h.pool_bytes, &data_offset, &pool_offset) !=
+          h.total_bytes ||
+      data_offset != h.data_offset || pool_offset != h.pool_offset) {
+    ::close(fd);
     throw NetworkError("shared-memory transport: " + name + " has an unexpected header (world " +
-                       std::to_string(h->world) + ", expected " + std::to_string(world) +
+                       std::to_string(h.world) + ", expected " + std::to_string(world) +
                        "); another job's segment, or a different dtrain version?");
   }
-  return std::unique_ptr<ShmSegment>(
-      new ShmSegment(name, world, base, static_cast<size_t>(st.st_size), o));
+  void* base = map_fd(fd, pool_offset, name);
+  std::unique_ptr<ShmSegment> seg(new ShmSegment(name, world, base, pool_offset, o));
+  seg->open_pool(fd, rank);
+  return seg;
+}
+
+void ShmSegment::open_pool(int fd, int rank) {
+  const auto* h = static_cast<const Header*>(base_);
+  if (h->pool_bytes == 0) {
+    ::close(fd);
+    return;
+  }
+  pool_ = std::make_shared<ShmPool>(fd, h->pool_offset, h->pool_bytes, world_, rank);
 }
 
 ShmSegment::~ShmSegment() {

@@ -22,6 +22,9 @@
 //     a barrier between its writes and its reads, and each rank's reads of chunk i finish
 //     before it enters chunk i+1's first barrier, so when a rank writes chunk i+2 into the
 //     same slot, nobody is still reading chunk i.
+//  6. Pools (comm/shm/shm_pool.h): after the slots, one sparse region per rank where that rank
+//     places tensors that live in shared memory; an all_reduce of such a tensor publishes where
+//     it lies (OpDescriptor::pool_offset) and the others read it there.
 //
 // Every wait ends by the caller's deadline (TimeoutError), when a peer's process exited
 // (NetworkError), or when a peer left or broke the group (NetworkError).
@@ -37,6 +40,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/shm/shm_pool.h"
+
 namespace dtrain::shm {
 
 using Clock = std::chrono::steady_clock;
@@ -51,6 +56,8 @@ struct OpDescriptor {
   int32_t root = -1;    // broadcast
   uint64_t numel = 0;
   uint64_t seq = 0;  // the collective's number in this group (1, 2, ...)
+  // Where this rank's tensor lies in its pool (all_reduce), or kNoPool. Differs across ranks.
+  uint64_t pool_offset = kNoPool;
 };
 
 // Per-rank control block, one cache line (two, to keep the descriptors off the hot line).
@@ -71,6 +78,8 @@ struct Header {
   uint32_t version;
   uint64_t slot_bytes;
   uint64_t data_offset;
+  uint64_t pool_offset;  // where the pools start (after the slots), page-aligned
+  uint64_t pool_bytes;   // one rank's pool
   uint64_t total_bytes;
 };
 
@@ -83,6 +92,9 @@ struct SegmentOptions {
   // (OMP_NUM_THREADS) leave half this process's CPUs free, else 20 us (with fewer cores than
   // ranks, spinning only takes the core from the rank it waits for).
   std::chrono::microseconds spin{-1};
+  // Bytes of one rank's pool (6. above); 0: no pools. Default: $DTRAIN_SHM_POOL_BYTES, else
+  // 1 GiB (virtual: pages are taken only for what is placed there); at most 256 GiB / world.
+  int64_t pool_bytes = -1;
   // This rank's host identity (host_identity() if empty). For tests of the fallback.
   std::string host_id;
 };
@@ -111,6 +123,8 @@ class ShmSegment {
   // Rank k's buffer in parity p.
   unsigned char* buffer(int parity, int k) const;
   RankSlot& slot(int k) const;
+  // The pools, or nullptr when the segment has none. Shared: tensors placed there keep it.
+  const std::shared_ptr<ShmPool>& pool() const { return pool_; }
 
   // Step 4. `what` names the collective for error messages.
   void barrier(Clock::time_point deadline, const char* what);
@@ -127,6 +141,8 @@ class ShmSegment {
 
  private:
   ShmSegment(std::string name, int world, void* base, size_t bytes, const SegmentOptions& o);
+  // Maps the pools of the segment whose file is `fd` (taking `fd` over), at `rank`.
+  void open_pool(int fd, int rank);
   void wait_for(int k, uint32_t target, Clock::time_point deadline, const char* what);
   void check_peer(int k, const char* what);
 
@@ -140,6 +156,7 @@ class ShmSegment {
   uint32_t epoch_ = 0;  // barriers entered by this rank
   Stats stats_;
   std::vector<int> pidfds_;
+  std::shared_ptr<ShmPool> pool_;
 };
 
 // Defaults from the environment (documented in SegmentOptions).
