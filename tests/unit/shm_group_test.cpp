@@ -9,9 +9,11 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -393,6 +395,28 @@ TEST(ShmGroup, ThePoolFillsUpTakesBackFreedTensorsAndOutlivesItsGroup) {
   so.pool_bytes = 0;
   run_ranks(
       2, [&](Rank& rk) { EXPECT_FALSE(rk.shm->empty_pooled({10}, at::kFloat).defined()); }, so);
+}
+
+// Every rank maps every rank's pool, so under a limit on address space (ulimit -v; here 1 TiB
+// above what the process maps now, which a sanitizer's shadow makes large) a group has none
+// unless DTRAIN_SHM_POOL_BYTES asks for one.
+TEST(ShmGroup, UnderALimitOnAddressSpaceTheDefaultIsNoPool) {
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &before), 0);
+  ASSERT_EQ(before.rlim_cur, RLIM_INFINITY) << "the test needs an unlimited address space to start";
+  rlim_t mapped_kb = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmSize:", 0) == 0) mapped_kb = std::stoull(line.substr(7));
+  }
+  ASSERT_GT(mapped_kb, 0u);
+  rlimit limited = before;
+  limited.rlim_cur = mapped_kb * 1024 + (rlim_t{1} << 40);
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &limited), 0);
+  run_ranks(2,
+            [&](Rank& rk) { EXPECT_FALSE(rk.shm->empty_pooled({10000}, at::kFloat).defined()); });
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &before), 0);
+  run_ranks(2, [&](Rank& rk) { EXPECT_TRUE(rk.shm->empty_pooled({10000}, at::kFloat).defined()); });
 }
 
 TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {

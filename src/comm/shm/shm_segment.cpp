@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -50,10 +51,16 @@ size_t layout_bytes(int world, size_t slot_bytes, size_t pool_bytes, size_t* dat
   return *pool_offset + static_cast<size_t>(world) * pool_bytes;
 }
 
-// One rank's pool (SegmentOptions::pool_bytes), page-aligned.
+// One rank's pool (SegmentOptions::pool_bytes), page-aligned. Every rank maps every rank's
+// pool: under a limit on address space (ulimit -v) that could fail a group's set-up, so there
+// the default is none (DTRAIN_SHM_POOL_BYTES still sets one).
 size_t pool_bytes_for(int world, const SegmentOptions& o) {
   int64_t want = o.pool_bytes;
-  if (want < 0) want = param::kShmPoolBytes.get();
+  if (want < 0) {
+    rlimit as{};
+    const bool limited = ::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+    want = param::kShmPoolBytes.get_if_set().value_or(limited ? 0 : param::kShmPoolBytes.get());
+  }
   const int64_t most = (int64_t{256} << 30) / world;
   return round_up(static_cast<size_t>(std::min(want, most)), 4096);
 }

@@ -93,7 +93,8 @@ struct SegmentOptions {
   // ranks, spinning only takes the core from the rank it waits for).
   std::chrono::microseconds spin{-1};
   // Bytes of one rank's pool (6. above); 0: no pools. Default: $DTRAIN_SHM_POOL_BYTES, else
-  // 1 GiB (virtual: pages are taken only for what is placed there); at most 256 GiB / world.
+  // 1 GiB (virtual: pages are taken only for what is placed there), or none where the process's
+  // address space is limited (RLIMIT_AS); at most 256 GiB / world.
   int64_t pool_bytes = -1;
   // This rank's host identity (host_identity() if empty). For tests of the fallback.
   std::string host_id;
