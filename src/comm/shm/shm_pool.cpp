@@ -4,8 +4,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "dtrain/error.h"
@@ -14,9 +16,11 @@ namespace dtrain::shm {
 
 namespace {
 
-constexpr size_t kPage = 4096;
-
-size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+// `bytes` rounded up to whole pages (what fallocate reserves and a hole punch gives back).
+size_t whole_pages(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  return (bytes + kPage - 1) / kPage * kPage;
+}
 
 }  // namespace
 
@@ -60,7 +64,7 @@ uint64_t ShmPool::offset_of(const void* p, size_t bytes) const {
 }
 
 void* ShmPool::allocate(size_t bytes) {
-  const size_t len = round_up(std::max<size_t>(bytes, 1), kPage);
+  const size_t len = whole_pages(std::max<size_t>(bytes, 1));
   MutexLock lock(mu_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < len) continue;
