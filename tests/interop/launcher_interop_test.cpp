@@ -126,8 +126,8 @@ TEST(LauncherInterop, EachWorkerLeadsItsOwnSessionAsUnderTorchrun) {
   require_python_torch(DTRAIN_VENV_PYTHON);
   const std::string script = kInterop + "/session.py";
   auto torchrun = venv_torchrun();
-  for (const std::string& a : {"--nproc-per-node", "2", "--tee", "3", "--monitor-interval", "0.1",
-                               "--no-python", DTRAIN_VENV_PYTHON, script.c_str()}) {
+  for (const char* a : {"--nproc-per-node", "2", "--tee", "3", "--monitor-interval", "0.1",
+                        "--no-python", DTRAIN_VENV_PYTHON, script.c_str()}) {
     torchrun.push_back(a);
   }
   const std::vector<std::vector<std::string>> launchers = {
@@ -185,11 +185,11 @@ TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
     SCOPED_TRACE(flags.empty() ? "no flags" : flags[0]);
     std::vector<std::string> torchrun = venv_torchrun(), dtrain = {DTRAIN_BIN, "run"};
     for (auto* argv : {&torchrun, &dtrain}) {
-      for (const std::string& a : {"--nproc-per-node", "2", "--monitor-interval", "0.1"})
+      for (const char* a : {"--nproc-per-node", "2", "--monitor-interval", "0.1"})
         argv->push_back(a);
       argv->insert(argv->end(), flags.begin(), flags.end());
     }
-    for (const std::string& a : {"--tee", "3", script.c_str()}) torchrun.push_back(a);
+    for (const char* a : {"--tee", "3", script.c_str()}) torchrun.push_back(a);
     dtrain.push_back(script);
     auto t = run_command(torchrun, {.env = {python_var}, .timeout = 120s});
     ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
