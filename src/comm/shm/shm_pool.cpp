@@ -55,6 +55,10 @@ unsigned char* ShmPool::region(int k) const {
   return base_ + static_cast<size_t>(k) * bytes_per_rank_;
 }
 
+off_t ShmPool::file_position(size_t off) const {
+  return static_cast<off_t>(file_offset_ + static_cast<size_t>(rank_) * bytes_per_rank_ + off);
+}
+
 uint64_t ShmPool::offset_of(const void* p, size_t bytes) const {
   const auto* lo = region(rank_);
   const auto* q = static_cast<const unsigned char*>(p);
@@ -70,9 +74,7 @@ void* ShmPool::allocate(size_t bytes) {
     if (it->second < len) continue;
     const size_t off = it->first;
     // Reserve the pages now: without room in /dev/shm this fails here, not as a SIGBUS later.
-    const off_t at =
-        static_cast<off_t>(file_offset_ + static_cast<size_t>(rank_) * bytes_per_rank_ + off);
-    if (::posix_fallocate(fd_, at, static_cast<off_t>(len)) != 0) return nullptr;
+    if (::posix_fallocate(fd_, file_position(off), static_cast<off_t>(len)) != 0) return nullptr;
     const size_t rest = it->second - len;
     free_.erase(it);
     if (rest > 0) free_[off + len] = rest;
@@ -90,10 +92,8 @@ void ShmPool::release(void* p) {
   size_t start = off, len = it->second;
   used_.erase(it);
   // The pages go back to /dev/shm (the range reads as zeros until it is placed again).
-  ::fallocate(
-      fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-      static_cast<off_t>(file_offset_ + static_cast<size_t>(rank_) * bytes_per_rank_ + start),
-      static_cast<off_t>(len));
+  ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, file_position(start),
+              static_cast<off_t>(len));
   // Merge with the free neighbours.
   auto next = free_.lower_bound(start);
   if (next != free_.end() && start + len == next->first) {

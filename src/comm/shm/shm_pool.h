@@ -12,6 +12,8 @@
 // Thread safety: allocate() and release() may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -43,9 +45,11 @@ class ShmPool {
   unsigned char* region(int k) const;
   // Where [p, p + bytes) lies in this rank's region, or kNoPool when it does not lie there.
   uint64_t offset_of(const void* p, size_t bytes) const;
-  size_t bytes_per_rank() const { return bytes_per_rank_; }
 
  private:
+  // Where offset `off` of this rank's region is in the segment's file.
+  off_t file_position(size_t off) const;
+
   int fd_;
   size_t file_offset_;
   size_t bytes_per_rank_;
