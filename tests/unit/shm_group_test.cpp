@@ -327,7 +327,11 @@ TEST(ShmGroup, PooledTensorsReduceInPlaceWhateverRanksPlaceThem) {
                   c10d::AllreduceOptions o;
                   o.reduceOp = op;
                   std::vector<at::Tensor> v{t};
+                  const uint64_t in_place = rk.shm->in_place_all_reduces();
                   wait(rk.shm->allreduce(v, o));
+                  // Read in place when some rank pooled it, unless it is small (<= 16 KiB).
+                  const bool some = pl != 1 && n * t.element_size() > (16 << 10);
+                  EXPECT_EQ(rk.shm->in_place_all_reduces() - in_place, some ? 1u : 0u);
                   std::vector<at::Tensor> plain{input(rk.rank, n, dtype)};
                   wait(rk.shm->allreduce(plain, o));
                   EXPECT_TRUE(torch::equal(t, plain[0])) << "differs from the copied all_reduce";
@@ -354,6 +358,7 @@ TEST(ShmGroup, APooledTensorOverwrittenRightAfterItsAllReduceCorruptsNoPeer) {
       t.fill_(static_cast<float>(rk.rank + round));
       std::vector<at::Tensor> v{t};
       wait(rk.shm->allreduce(v));
+      ASSERT_EQ(rk.shm->in_place_all_reduces(), static_cast<uint64_t>(round + 1));
       const float want = static_cast<float>(3 * round + 3);  // 0+1+2 + 3 * round
       const auto wrong = (t != want).sum().item<int64_t>();
       ASSERT_EQ(wrong, 0) << "round " << round << ": " << wrong << " elements are not " << want;

@@ -423,7 +423,10 @@ void ShmProcessGroup::do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time
   }
   // A rank whose tensor is in its pool may write it as soon as this returns (the next
   // backward): not before every peer has copied its slices out of it.
-  if (any_pooled) segment_->barrier(deadline, "all_reduce");
+  if (any_pooled) {
+    segment_->barrier(deadline, "all_reduce");
+    ++in_place_;
+  }
 }
 
 // The senders copy each chunk into their slots; after the barrier the root reduces every

@@ -28,6 +28,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -79,6 +80,8 @@ class ShmProcessGroup : public comm::Backend {
   // world of one, DTRAIN_SHM_POOL_BYTES=0) or the pool or /dev/shm has no room for it. It stays
   // valid after the group is gone.
   at::Tensor empty_pooled(at::IntArrayRef sizes, at::ScalarType dtype);
+  // all_reduces so far that read some rank's tensor in its pool (rather than through the slots).
+  uint64_t in_place_all_reduces() const { return in_place_.load(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const c10::intrusive_ptr<comm::Backend>& gloo() const { return gloo_; }
 
@@ -165,6 +168,7 @@ class ShmProcessGroup : public comm::Backend {
   uint64_t chunk_ = 0;  // chunks moved so far (picks the buffer parity)
   std::string broken_;  // why the group is unusable, or empty
   uint64_t ops_ = 0;
+  std::atomic<uint64_t> in_place_{0};
   double op_seconds_ = 0;      // running collectives
   double queued_seconds_ = 0;  // from enqueue to start (the hand-off to this thread)
   std::thread worker_;
