@@ -18,10 +18,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                PyTorch DDP (gloo), samples/s and scaling efficiency, beside the machine's
                ceiling (as many single-process runs at once, no communication), rank 0's
                shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
-               peers, futex sleeps, hand-off) and, at 2, 4 and 8, dtrain with each rank bound to
-               its own cores (--bind-cores-to-rank) beside the default, and at 2, 4 and 8
-               with DDP's buckets outside the shared-memory pool (DTRAIN_SHM_POOL_BYTES=0: the
-               all-reduce copies them in and out, as before 2026-11-28)
+               peers in all and in the first barrier, futex sleeps, the hand-off to the
+               backend's thread and back) and, at 2, 4 and 8, dtrain with other waits
+               (WAIT_VARIANTS below) beside the default
 
 --budget-s S keeps the whole run within S seconds (gpu_check.sh's 8 minutes): a benchmark, or a
 row of cpu_scaling, that would not fit in what is left is skipped and listed under "skipped"
@@ -77,7 +76,9 @@ def run(cmd, env=None, timeout=600, with_stderr=False):
 
 
 SHM_STATS = re.compile(r"dtrain shm rank (\d+): (\d+) collectives, ([\d.]+) ms each \(of which ([\d.]+) ms waiting "
-                       r"for peers in ([\d.]+) barriers, ([\d.]+) futex sleeps\), ([\d.]+) ms queued before each")
+                       r"for peers in ([\d.]+) barriers, ([\d.]+) futex sleeps\), ([\d.]+) ms queued before each; "
+                       r"first barriers ([\d.]+) ms waiting, ([\d.]+) sleeps; ([\d.]+) ms from completion to the "
+                       r"waiter's return")
 
 
 def shm_stats(text):
@@ -87,16 +88,40 @@ def shm_stats(text):
     the straggler (it waits least) or the skew moves around. None when the run printed none."""
     ranks = {}
     for m in SHM_STATS.finditer(text):
-        r, n, each, wait, barriers, sleeps, queued = m.groups()
+        r, n, each, wait, barriers, sleeps, queued, first_wait, first_sleeps, handback = m.groups()
         ranks.setdefault(int(r), {"collectives": int(n), "ms_each": float(each), "ms_waiting_for_peers": float(wait),
                                   "barriers": float(barriers), "futex_sleeps": float(sleeps),
-                                  "ms_queued": float(queued)})
+                                  "ms_queued": float(queued), "ms_waiting_in_first_barrier": float(first_wait),
+                                  "futex_sleeps_in_first_barrier": float(first_sleeps),
+                                  "ms_handback": float(handback)})
     if 0 not in ranks:
         return None
     out = dict(ranks[0])
     out["ms_waiting_per_rank"] = [ranks[r]["ms_waiting_for_peers"] for r in sorted(ranks)]
     out["futex_sleeps_per_rank"] = [ranks[r]["futex_sleeps"] for r in sorted(ranks)]
+    out["ms_waiting_in_first_barrier_per_rank"] = [ranks[r]["ms_waiting_in_first_barrier"] for r in sorted(ranks)]
+    out["ms_handback_per_rank"] = [ranks[r]["ms_handback"] for r in sorted(ranks)]
     return out
+
+
+def describe_shm(st):
+    return (f"per collective {st['ms_each']:.3f} ms, {st['ms_waiting_for_peers']:.3f} waiting "
+            f"({st['ms_waiting_in_first_barrier']:.3f} in the first barrier), {st['futex_sleeps']:.2f} sleeps "
+            f"({st['futex_sleeps_in_first_barrier']:.2f} in the first), {st['ms_queued']:.3f} queued, "
+            f"{st['ms_handback']:.3f} handed back")
+
+
+# The shared-memory backend's waits beside its defaults (2, 4 and 8 processes): where the ranks
+# leave cores free (here: OMP_NUM_THREADS=1, up to 8 processes on 16 cores) a collective's later
+# barriers and the caller's wait spin 1 ms before they sleep (since 2026-11-28). The variants
+# show what each of those is worth and what spinning everywhere would give. (Their rows replaced
+# `--bind-cores-to-rank`, 1.00x/0.89x/1.00x at 2/4/8, and buckets outside the shared-memory pool,
+# 1.03x/1.14x/1.06x with the pool, H200 machine 2026-11-28.)
+WAIT_VARIANTS = {
+    "waits_as_before": {"DTRAIN_SHM_INNER_SPIN_US": "200", "DTRAIN_SHM_WAIT_SPIN_US": "0"},
+    "no_wait_spin": {"DTRAIN_SHM_WAIT_SPIN_US": "0"},
+    "long_spins": {"DTRAIN_SHM_SPIN_US": "3000", "DTRAIN_SHM_INNER_SPIN_US": "3000", "DTRAIN_SHM_WAIT_SPIN_US": "5000"},
+}
 
 
 def bench_train(a, out):
@@ -269,7 +294,9 @@ def bench_cpu_scaling(a, out):
                  f"{last_row_s:.0f} s")
             continue
         row_start = time.monotonic()
-        d, p, c, nopool, bound, stats, nopool_stats = [], [], [], [], [], None, None
+        d, p, c, stats = [], [], [], None
+        var_runs = {name: [] for name in WAIT_VARIANTS}
+        var_stats = {}
         for _ in range(a.repeat):
             o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_STATS="1"),
                        with_stderr=True)
@@ -280,26 +307,16 @@ def bench_cpu_scaling(a, out):
             p.append(last_json(o)["samples_per_s"])
             c.append(apart(n))
             if n in (2, 4, 8):
-                # Each rank on its own cores (DeepSpeed's --bind_cores_to_rank; OMP_NUM_THREADS
-                # stays 1, as set here): +15-25% at 2 processes on the 2-core VM, unmeasured here.
-                o, _ = run([dtrain, "run", "--bind-cores-to-rank", "--nproc-per-node", str(n)] + train, env)
-                bound.append(last_json(o)["samples_per_s"])
-                # DDP's buckets in private memory, copied into the segment's slots and back by
-                # every all_reduce (the default places them in the segment's pool since
-                # 2026-11-28). The spin's row (200 us vs 20: +11% and +14% at 8 processes, twice
-                # on the H100 machine) made room for it.
-                o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train,
-                           dict(env, DTRAIN_SHM_POOL_BYTES="0", DTRAIN_SHM_STATS="1"), with_stderr=True)
-                nopool.append(last_json(o)["samples_per_s"])
-                if shm_stats(o):
-                    nopool_stats = shm_stats(o)
+                for name, extra_env in WAIT_VARIANTS.items():
+                    o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train,
+                               dict(env, DTRAIN_SHM_STATS="1", **extra_env), with_stderr=True)
+                    var_runs[name].append(last_json(o)["samples_per_s"])
+                    var_stats[name] = shm_stats(o) or var_stats.get(name)
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
-        if nopool:
-            rows[n]["dtrain_no_pool"] = statistics.median(nopool)
-            if nopool_stats:
-                rows[n]["dtrain_no_pool_shm_rank0"] = nopool_stats
-        if bound:
-            rows[n]["dtrain_bound"] = statistics.median(bound)
+        if any(var_runs.values()):
+            rows[n]["variants"] = {name: {"samples_per_s": statistics.median(v), "env": WAIT_VARIANTS[name],
+                                          "shm_rank0": var_stats.get(name)}
+                                   for name, v in var_runs.items() if v}
         if stats:
             rows[n]["dtrain_shm_rank0"] = stats
         last_row_s, last_n = time.monotonic() - row_start, n
@@ -316,19 +333,17 @@ def bench_cpu_scaling(a, out):
         r["pytorch_efficiency"] = r["pytorch"] / (n * rows[1]["pytorch"])
         r["apart_efficiency"] = r["apart"] / (n * base)
         r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
-        extra = f", bound to cores {r['dtrain_bound']:.0f} ({r['dtrain_bound'] / r['pytorch']:.2f}x)" \
-            if "dtrain_bound" in r else ""
-        if "dtrain_no_pool" in r:
-            ns = r.get("dtrain_no_pool_shm_rank0")
-            extra += (f", buckets outside the pool {r['dtrain_no_pool']:.0f} ({r['dtrain'] / r['dtrain_no_pool']:.2f}x "
-                      f"with the pool" + (f"; {ns['ms_each']:.3f} ms per collective there" if ns else "") + ")")
+        extra = ""
         st = r.get("dtrain_shm_rank0")
         if st:
             per_rank = st.get("ms_waiting_per_rank") or []
-            extra += (f"; per collective {st['ms_each']:.3f} ms, {st['ms_waiting_for_peers']:.3f} waiting, "
-                      f"{st['futex_sleeps']:.2f} sleeps, {st['ms_queued']:.3f} queued"
-                      + (f"; waiting by rank {min(per_rank):.2f}-{max(per_rank):.2f} ms, least rank "
-                         f"{per_rank.index(min(per_rank))}" if len(per_rank) > 1 else ""))
+            extra += f"; {describe_shm(st)}" + (
+                f"; waiting by rank {min(per_rank):.2f}-{max(per_rank):.2f} ms, least rank "
+                f"{per_rank.index(min(per_rank))}" if len(per_rank) > 1 else "")
+        for name, v in r.get("variants", {}).items():
+            v["ratio_default_to_this"] = r["dtrain"] / v["samples_per_s"]
+            extra += (f"; {name} {v['samples_per_s']:.0f} (default {v['ratio_default_to_this']:.2f}x of it"
+                      + (f"; {describe_shm(v['shm_rank0'])}" if v.get("shm_rank0") else "") + ")")
         print(f"cpu {n:2d} procs: dtrain {r['dtrain']:.0f} (eff {r['dtrain_efficiency']:.2f}{extra}) vs PyTorch "
               f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
               f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "

@@ -33,9 +33,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include "dtrain/dtrain.h"
@@ -338,19 +338,25 @@ int hvd() {
   return failures ? 1 : 0;
 }
 
-// Whether this process has loaded CUDA's driver library, which the CUDA runtime does at its
-// first call (cuInit): libtorch's CUDA libraries do not link it.
-bool driver_loaded() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    if (line.find("libcuda.so") != std::string::npos) return true;
-  }
-  return false;
+// Whether CUDA's driver has been initialised in this process (cuInit ran: the runtime's first
+// call, or anything that asks the driver). Loading the driver library is not that: libtorch's
+// CUDA libraries and NCCL may map libcuda.so.1 at load (the first H200 run of this test saw it
+// mapped in a CPU-only job whose 16-worker launch cost no more than with no GPU visible). Before
+// cuInit every driver call answers CUDA_ERROR_NOT_INITIALIZED (3); cuCtxGetCurrent initialises
+// nothing. The driver is only asked if it is already loaded (RTLD_NOLOAD).
+bool driver_initialised() {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (driver == nullptr) return false;
+  using CtxGetCurrent = int (*)(void**);
+  auto get = reinterpret_cast<CtxGetCurrent>(::dlsym(driver, "cuCtxGetCurrent"));
+  void* ctx = nullptr;
+  const bool initialised = get == nullptr || get(&ctx) != 3;
+  ::dlclose(driver);
+  return initialised;
 }
 
 int cpu_job() {
-  check(!driver_loaded(), "CUDA's driver was loaded before init_process_group");
+  check(!driver_initialised(), "CUDA's driver was initialised before init_process_group");
   auto pg = dtrain::init_process_group();
   const int rank = pg->rank(), world = pg->world_size();
   auto t = torch::full({4}, rank + 1.0);
@@ -359,7 +365,7 @@ int cpu_job() {
   pg->barrier();
   check(pg->backend_name() == "cpu:shm,cuda:auto",
         "backend '" + pg->backend_name() + "', expected cpu:shm,cuda:auto (CUDA undecided)");
-  check(!driver_loaded(), "a CPU-only job loaded CUDA's driver (cuInit ran)");
+  check(!driver_initialised(), "a CPU-only job initialised CUDA's driver (cuInit ran)");
   std::printf("gpu_worker rank %d: cpu_job ok backend=%s\n", rank, pg->backend_name().c_str());
   dtrain::destroy_process_group();
   return failures ? 1 : 0;

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <dirent.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -422,6 +423,60 @@ TEST(ShmGroup, UnderALimitOnAddressSpaceTheDefaultIsNoPool) {
             [&](Rank& rk) { EXPECT_FALSE(rk.shm->empty_pooled({10000}, at::kFloat).defined()); });
   ASSERT_EQ(::setrlimit(RLIMIT_AS, &before), 0);
   run_ranks(2, [&](Rank& rk) { EXPECT_TRUE(rk.shm->empty_pooled({10000}, at::kFloat).defined()); });
+}
+
+// Where the ranks leave half the CPUs free (OMP_NUM_THREADS intra-op threads each), a
+// collective's later barriers and the caller's wait spin 1 ms before they sleep, the first
+// barrier 200 us (the peers may still be computing); elsewhere every barrier spins 20 us and
+// the caller sleeps at once. A spin set for the first barrier holds for the later ones too
+// unless they have their own. Results are the same whichever way a rank waits.
+TEST(ShmGroup, WaitersSpinLongerInsideACollectiveOnlyWhereCoresAreSpare) {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = omp ? omp : "";
+  auto check = [](const shm::SegmentOptions& so, std::chrono::microseconds first,
+                  std::chrono::microseconds inner, std::chrono::microseconds wait) {
+    run_ranks(
+        2,
+        [&](Rank& rk) {
+          const auto s = rk.shm->spins();
+          EXPECT_EQ(s.first.count(), first.count());
+          EXPECT_EQ(s.inner.count(), inner.count());
+          EXPECT_EQ(s.wait.count(), wait.count());
+          for (int i = 0; i < 20; ++i) {
+            auto t = torch::full({100000}, static_cast<float>(rk.rank + 1));
+            std::vector<at::Tensor> v{t};
+            rk.shm->allreduce(v)->wait();
+            ASSERT_TRUE(t.eq(3.0f).all().item<bool>()) << "round " << i;
+          }
+        },
+        so);
+  };
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  const int cpus = CPU_COUNT(&set);  // the CPUs this process may run on
+  EXPECT_EQ(shm::spare_cores(1), cpus >= 2);
+  EXPECT_EQ(shm::spare_cores(2), cpus >= 4);
+  EXPECT_FALSE(shm::spare_cores(cpus));
+  if (shm::spare_cores(2)) {
+    check({}, 200us, 1000us, 1000us);
+  } else {
+    check({}, 20us, 20us, 0us);
+  }
+  ::setenv("OMP_NUM_THREADS", "100000", 1);  // no machine has cores to spare for these
+  EXPECT_FALSE(shm::spare_cores(2));
+  check({}, 20us, 20us, 0us);
+  shm::SegmentOptions so;
+  so.spin = 0us;
+  check(so, 0us, 0us, 0us);
+  so.inner_spin = 500us;
+  check(so, 0us, 500us, 0us);
+  if (omp) {
+    ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  } else {
+    ::unsetenv("OMP_NUM_THREADS");
+  }
 }
 
 TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {

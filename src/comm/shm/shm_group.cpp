@@ -99,15 +99,46 @@ std::string host_identity() {
 
 // --- Work ---------------------------------------------------------------------
 
+// The caller's wait: where the ranks leave cores free it spins (WaitStats::spin) before it
+// sleeps on c10d's condition variable, so the worker thread's completion does not have to wake
+// it (a futex wake-up, tens of microseconds on a VM, paid once per step by every rank and so by
+// the slowest one's).
 class ShmProcessGroup::ShmWork : public c10d::Work {
  public:
-  ShmWork(int rank, c10d::OpType type, std::vector<at::Tensor> tensors)
-      : c10d::Work(rank, type), tensors_(std::move(tensors)) {}
-  void complete(std::exception_ptr error) { finish(std::move(error)); }
+  ShmWork(int rank, c10d::OpType type, std::vector<at::Tensor> tensors,
+          std::shared_ptr<WaitStats> stats)
+      : c10d::Work(rank, type), tensors_(std::move(tensors)), stats_(std::move(stats)) {}
+  void complete(std::exception_ptr error) {
+    finish(std::move(error));
+    done_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+  }
   std::vector<at::Tensor> result() override { return tensors_; }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (stats_->spin.count() > 0 && done_at_.load(std::memory_order_acquire) == 0) {
+      const auto end = Clock::now() + std::min<Clock::duration>(stats_->spin, timeout);
+      for (int i = 1; done_at_.load(std::memory_order_acquire) == 0; ++i) {
+        cpu_relax();
+        if ((i & 63) == 0 && Clock::now() >= end) break;
+      }
+    }
+    const bool ok = c10d::Work::wait(timeout);
+    // From the worker's completion to this return: what handing the result back cost (0 for a
+    // work waited for after it was done).
+    const int64_t done = done_at_.load(std::memory_order_acquire);
+    const int64_t now = Clock::now().time_since_epoch().count();
+    if (done != 0 && !counted_.exchange(true)) {
+      stats_->waits.fetch_add(1, std::memory_order_relaxed);
+      stats_->handback_ns.fetch_add(std::max<int64_t>(0, now - done), std::memory_order_relaxed);
+    }
+    return ok;
+  }
 
  private:
   std::vector<at::Tensor> tensors_;  // kept alive until the collective is done
+  std::shared_ptr<WaitStats> stats_;
+  std::atomic<int64_t> done_at_{0};  // Clock ticks when complete() ran, 0 before
+  std::atomic<bool> counted_{false};
 };
 
 // --- set-up ---------------------------------------------------------------------
@@ -211,7 +242,15 @@ ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::B
     : comm::Backend(rank, world),
       gloo_(std::move(gloo)),
       segment_(std::move(segment)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      wait_stats_(std::make_shared<WaitStats>()) {
+  // The caller's wait spins as long as a later barrier does where the ranks leave cores free:
+  // its rank's worker thread and it then take two of the host's CPUs per rank, which
+  // spare_cores() leaves (DTRAIN_SHM_WAIT_SPIN_US: another spin, 0: none).
+  const auto set = param::kShmWaitSpinUs.get_if_set();
+  wait_stats_->spin = std::chrono::microseconds(set                  ? *set
+                                                : spare_cores(world) ? kSpareCoresLongSpin.count()
+                                                                     : 0);
   worker_ = std::thread([this] { run(); });
 }
 
@@ -224,13 +263,21 @@ ShmProcessGroup::~ShmProcessGroup() {
   if (worker_.joinable()) worker_.join();
   if (ops_ > 0 && param::kShmStats.get_or_warn()) {
     const auto& st = segment_->stats();
+    const auto waits = wait_stats_->waits.load();
     std::fprintf(stderr,
                  "dtrain shm rank %d: %llu collectives, %.3f ms each (of which %.3f ms waiting for "
                  "peers in %.2f "
-                 "barriers, %.2f futex sleeps), %.3f ms queued before each\n",
+                 "barriers, %.2f futex sleeps), %.3f ms queued before each; first barriers "
+                 "%.3f ms waiting, %.2f sleeps; %.3f ms from completion to the waiter's return "
+                 "(%llu waits)\n",
                  rank_, static_cast<unsigned long long>(ops_), 1e3 * op_seconds_ / ops_,
                  1e3 * st.wait_seconds / ops_, static_cast<double>(st.barriers) / ops_,
-                 static_cast<double>(st.sleeps) / ops_, 1e3 * queued_seconds_ / ops_);
+                 static_cast<double>(st.sleeps) / ops_, 1e3 * queued_seconds_ / ops_,
+                 1e3 * st.first_wait_seconds / ops_, static_cast<double>(st.first_sleeps) / ops_,
+                 waits ? 1e-6 * static_cast<double>(wait_stats_->handback_ns.load()) /
+                             static_cast<double>(waits)
+                       : 0.0,
+                 static_cast<unsigned long long>(waits));
   }
   segment_.reset();
 }
@@ -247,7 +294,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type,
                      : type == c10d::OpType::REDUCE    ? "shm reduce"
                      : type == c10d::OpType::BARRIER   ? "shm barrier"
                                                        : "shm collective";
-  auto work = c10::make_intrusive<ShmWork>(rank_, type, std::move(keep));
+  auto work = c10::make_intrusive<ShmWork>(rank_, type, std::move(keep), wait_stats_);
   if (size_ == 1) {
     // A world of one: nothing to wait for, so no hand-off to the worker thread either.
     std::exception_ptr error;
@@ -308,6 +355,7 @@ void ShmProcessGroup::run() {
 }
 
 void ShmProcessGroup::begin(const OpDescriptor& d) {
+  segment_->begin_op();
   ++seq_;
   OpDescriptor mine = d;
   mine.seq = seq_;

@@ -83,6 +83,12 @@ class ShmProcessGroup : public comm::Backend {
   // all_reduces so far that read some rank's tensor in its pool (rather than through the slots).
   uint64_t in_place_all_reduces() const { return in_place_.load(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // How long a waiter spins before it sleeps: in a collective's first barrier, in its later
+  // ones, and in the caller's wait for the collective (Work::wait).
+  struct Spins {
+    std::chrono::microseconds first, inner, wait;
+  };
+  Spins spins() const { return {segment_->spin(), segment_->inner_spin(), wait_stats_->spin}; }
   const c10::intrusive_ptr<comm::Backend>& gloo() const { return gloo_; }
 
   c10::intrusive_ptr<c10d::Work> allreduce(
@@ -129,6 +135,12 @@ class ShmProcessGroup : public comm::Backend {
 
  private:
   class ShmWork;
+  // What the group's works share: how long a waiter spins, and the hand-back statistics.
+  struct WaitStats {
+    std::chrono::microseconds spin{0};
+    std::atomic<uint64_t> waits{0};
+    std::atomic<int64_t> handback_ns{0};
+  };
   using Task = std::function<void(Clock::time_point deadline)>;
 
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> keep,
@@ -169,8 +181,9 @@ class ShmProcessGroup : public comm::Backend {
   std::string broken_;  // why the group is unusable, or empty
   uint64_t ops_ = 0;
   std::atomic<uint64_t> in_place_{0};
-  double op_seconds_ = 0;      // running collectives
-  double queued_seconds_ = 0;  // from enqueue to start (the hand-off to this thread)
+  std::shared_ptr<WaitStats> wait_stats_;  // works may outlive the group
+  double op_seconds_ = 0;                  // running collectives
+  double queued_seconds_ = 0;              // from enqueue to start (the hand-off to this thread)
   std::thread worker_;
 };
 

@@ -31,7 +31,7 @@ constexpr uint64_t kMagic = 0x6474726e73686d31ull;  // "dtrnshm1"
 constexpr uint32_t kVersion = 2;                    // 2: the pools
 constexpr size_t kDefaultSlotBytes = 4u << 20;
 constexpr std::chrono::microseconds kDefaultSpin{param::kShmSpinUs.fallback};
-// The spin where the machine has cores to spare (see default_spin).
+// The spins where the machine has cores to spare (see spare_cores).
 constexpr std::chrono::microseconds kSpareCoresSpin{200};
 // A sleeping waiter wakes up this often to check that the peer it waits for is alive.
 constexpr auto kLivenessCheck = std::chrono::milliseconds(50);
@@ -72,14 +72,6 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 
 bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 int pidfd_open(pid_t pid) {
 #ifdef SYS_pidfd_open
   return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
@@ -105,15 +97,13 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
-// How long a waiting rank spins when nobody said: longer where this host's ranks, with their
-// intra-op threads, leave at least half the CPUs this process may run on free - a spinning
-// rank then takes no core a peer computes on, and skips the futex sleep and wake-up (each tens
-// of microseconds on a VM) that the ranks' skew otherwise costs every collective: 200 us gave
-// +11% and +14% samples/s at 8 ranks on the 16-core H100 machine (2026-11-27). Elsewhere the
-// short default: on a busy machine spinning delays the very rank it waits for.
-namespace {
-
-std::chrono::microseconds default_spin(int world) {
+// Whether this host's ranks, with their intra-op threads, leave at least half the CPUs this
+// process may run on free: a spinning waiter then takes no core a peer computes on, and skips
+// the futex sleep and wake-up (each tens of microseconds on a VM) that the ranks' skew
+// otherwise costs every collective. A 200 us spin gave +11% and +14% samples/s at 8 ranks on
+// the 16-core H100 machine (2026-11-27). Elsewhere short spins: on a busy machine spinning
+// delays the very rank it waits for.
+bool spare_cores(int world) {
   cpu_set_t set;
   CPU_ZERO(&set);
   long cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
@@ -124,15 +114,15 @@ std::chrono::microseconds default_spin(int world) {
     const long n = std::strtol(omp, &end, 10);
     if (end && *end == '\0' && n > 0) threads = n;
   }
-  return 2L * world * threads <= cpus ? kSpareCoresSpin : kDefaultSpin;
+  return 2L * world * threads <= cpus;
 }
-
-}  // namespace
 
 SegmentOptions segment_options_from_env() {
   SegmentOptions o;
   if (const auto v = param::kShmSlotBytes.get_if_set()) o.slot_bytes = static_cast<size_t>(*v);
   if (const auto v = param::kShmSpinUs.get_if_set()) o.spin = std::chrono::microseconds(*v);
+  if (const auto v = param::kShmInnerSpinUs.get_if_set())
+    o.inner_spin = std::chrono::microseconds(*v);
   return o;
 }
 
@@ -143,7 +133,13 @@ ShmSegment::ShmSegment(std::string name, int world, void* base, size_t bytes,
       base_(base),
       bytes_(bytes),
       slot_bytes_(static_cast<Header*>(base)->slot_bytes),
-      spin_(o.spin.count() >= 0 ? o.spin : default_spin(world)),
+      spin_(o.spin.count() >= 0  ? o.spin
+            : spare_cores(world) ? kSpareCoresSpin
+                                 : kDefaultSpin),
+      // A spin the user set holds for every barrier unless the inner one is set too.
+      inner_spin_(o.inner_spin.count() >= 0                  ? o.inner_spin
+                  : o.spin.count() < 0 && spare_cores(world) ? kSpareCoresLongSpin
+                                                             : spin_),
       pidfds_(static_cast<size_t>(world), -1) {}
 
 std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int world,
@@ -331,11 +327,12 @@ void ShmSegment::check_peer(int k, const char* what) {
   }
 }
 
-void ShmSegment::wait_for(int k, uint32_t target, Clock::time_point deadline, const char* what) {
+void ShmSegment::wait_for(int k, uint32_t target, std::chrono::microseconds spin,
+                          Clock::time_point deadline, const char* what) {
   RankSlot& peer = slot(k);
   if (reached(peer.arrived.load(), target)) return;
-  if (spin_.count() > 0) {
-    const auto spin_end = Clock::now() + spin_;
+  if (spin.count() > 0) {
+    const auto spin_end = Clock::now() + spin;
     for (int i = 1;; ++i) {
       cpu_relax();
       if (reached(peer.arrived.load(), target)) return;
@@ -354,6 +351,7 @@ void ShmSegment::wait_for(int k, uint32_t target, Clock::time_point deadline, co
     timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     peer.sleepers.fetch_add(1);
     ++stats_.sleeps;
+    if (op_first_) ++stats_.first_sleeps;
     uint32_t seen = peer.arrived.load();
     if (!reached(seen, target)) futex(&peer.arrived, FUTEX_WAIT, seen, &ts);
     peer.sleepers.fetch_sub(1);
@@ -368,14 +366,18 @@ void ShmSegment::barrier(Clock::time_point deadline, const char* what) {
   me.arrived.store(target);
   if (me.sleepers.load() != 0) futex(&me.arrived, FUTEX_WAKE, INT_MAX, nullptr);
   const auto t0 = Clock::now();
+  const auto spin = op_first_ ? spin_ : inner_spin_;
   {
     timeline::Span span(timeline::kWaitForPeers, "comm");  // timeline hook
     for (int k = 0; k < world_; ++k) {
-      if (k != rank_) wait_for(k, target, deadline, what);
+      if (k != rank_) wait_for(k, target, spin, deadline, what);
     }
   }
   ++stats_.barriers;
-  stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  stats_.wait_seconds += waited;
+  if (op_first_) stats_.first_wait_seconds += waited;
+  op_first_ = false;
 }
 
 }  // namespace dtrain::shm

@@ -92,6 +92,11 @@ struct SegmentOptions {
   // (OMP_NUM_THREADS) leave half this process's CPUs free, else 20 us (with fewer cores than
   // ranks, spinning only takes the core from the rank it waits for).
   std::chrono::microseconds spin{-1};
+  // How long a rank spins in the later barriers of a collective (after its first, every peer is
+  // inside the collective: what it waits for is a peer's share of the work, or a peer that has
+  // not woken up yet). Default: $DTRAIN_SHM_INNER_SPIN_US, else `spin` where that was set, else
+  // 1000 us where the ranks leave half the CPUs free, else `spin`.
+  std::chrono::microseconds inner_spin{-1};
   // Bytes of one rank's pool (6. above); 0: no pools. Default: $DTRAIN_SHM_POOL_BYTES, else
   // 1 GiB (virtual: pages are taken only for what is placed there), or none where the process's
   // address space is limited (RLIMIT_AS); at most 256 GiB / world.
@@ -121,12 +126,19 @@ class ShmSegment {
   int rank() const { return rank_; }
   int world() const { return world_; }
   size_t slot_bytes() const { return slot_bytes_; }
+  // How long a waiter spins before it sleeps in a collective's first barrier, and in its later
+  // ones.
+  std::chrono::microseconds spin() const { return spin_; }
+  std::chrono::microseconds inner_spin() const { return inner_spin_; }
   // Rank k's buffer in parity p.
   unsigned char* buffer(int parity, int k) const;
   RankSlot& slot(int k) const;
   // The pools, or nullptr when the segment has none. Shared: tensors placed there keep it.
   const std::shared_ptr<ShmPool>& pool() const { return pool_; }
 
+  // The next barrier is a collective's first (its peers may still be computing); the ones
+  // after it, until the next begin_op(), are its later barriers (the peers are inside it).
+  void begin_op() { op_first_ = true; }
   // Step 4. `what` names the collective for error messages.
   void barrier(Clock::time_point deadline, const char* what);
   // Marks this rank broken (after an error): peers waiting for it fail at once.
@@ -137,6 +149,9 @@ class ShmSegment {
     uint64_t barriers = 0;
     uint64_t sleeps = 0;      // futex waits
     double wait_seconds = 0;  // inside barrier(), waiting for peers
+    // Of those, in the collectives' first barriers (the ranks' skew when they call it).
+    uint64_t first_sleeps = 0;
+    double first_wait_seconds = 0;
   };
   const Stats& stats() const { return stats_; }
 
@@ -144,7 +159,8 @@ class ShmSegment {
   ShmSegment(std::string name, int world, void* base, size_t bytes, const SegmentOptions& o);
   // Maps the pools of the segment whose file is `fd` (taking `fd` over), at `rank`.
   void open_pool(int fd, int rank);
-  void wait_for(int k, uint32_t target, Clock::time_point deadline, const char* what);
+  void wait_for(int k, uint32_t target, std::chrono::microseconds spin, Clock::time_point deadline,
+                const char* what);
   void check_peer(int k, const char* what);
 
   std::string name_;
@@ -154,6 +170,8 @@ class ShmSegment {
   size_t bytes_;
   size_t slot_bytes_;
   std::chrono::microseconds spin_;
+  std::chrono::microseconds inner_spin_;
+  bool op_first_ = true;
   uint32_t epoch_ = 0;  // barriers entered by this rank
   Stats stats_;
   std::vector<int> pidfds_;
@@ -162,5 +180,23 @@ class ShmSegment {
 
 // Defaults from the environment (documented in SegmentOptions).
 SegmentOptions segment_options_from_env();
+
+// How long a collective's later barriers and the caller's wait for a collective spin where the
+// ranks leave cores free (spare_cores): there the waiter keeps a CPU no peer needs.
+constexpr std::chrono::microseconds kSpareCoresLongSpin{1000};
+
+// One step of a spin-wait: tells the CPU this thread only polls.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Whether `world` ranks on this host, each with its intra-op threads (OMP_NUM_THREADS, else one
+// per CPU), leave at least half the CPUs this process may run on free: where they do, waiting
+// ranks spin longer before they sleep.
+bool spare_cores(int world);
 
 }  // namespace dtrain::shm
