@@ -32,6 +32,7 @@ fails on timing; exits 1 when a run fails.
     python3 bench/gpu_bench.py --build-dir build-gpu --json out.json [--only train,launch]
 """
 import argparse
+import collections
 import json
 import os
 import platform
@@ -78,7 +79,7 @@ def run(cmd, env=None, timeout=600, with_stderr=False):
 SHM_STATS = re.compile(r"dtrain shm rank (\d+): (\d+) collectives, ([\d.]+) ms each \(of which ([\d.]+) ms waiting "
                        r"for peers in ([\d.]+) barriers, ([\d.]+) futex sleeps\), ([\d.]+) ms queued before each; "
                        r"first barriers ([\d.]+) ms waiting, ([\d.]+) sleeps; ([\d.]+) ms from completion to the "
-                       r"waiter's return")
+                       r"waiter's return \((\d+) waits\), (\d+) run by their waiter")
 
 
 def shm_stats(text):
@@ -88,12 +89,13 @@ def shm_stats(text):
     the straggler (it waits least) or the skew moves around. None when the run printed none."""
     ranks = {}
     for m in SHM_STATS.finditer(text):
-        r, n, each, wait, barriers, sleeps, queued, first_wait, first_sleeps, handback = m.groups()
+        r, n, each, wait, barriers, sleeps, queued, first_wait, first_sleeps, handback, waits, inline = m.groups()
         ranks.setdefault(int(r), {"collectives": int(n), "ms_each": float(each), "ms_waiting_for_peers": float(wait),
                                   "barriers": float(barriers), "futex_sleeps": float(sleeps),
                                   "ms_queued": float(queued), "ms_waiting_in_first_barrier": float(first_wait),
                                   "futex_sleeps_in_first_barrier": float(first_sleeps),
-                                  "ms_handback": float(handback)})
+                                  "ms_handback": float(handback), "waits": int(waits),
+                                  "run_by_their_waiter": int(inline)})
     if 0 not in ranks:
         return None
     out = dict(ranks[0])
@@ -108,20 +110,73 @@ def describe_shm(st):
     return (f"per collective {st['ms_each']:.3f} ms, {st['ms_waiting_for_peers']:.3f} waiting "
             f"({st['ms_waiting_in_first_barrier']:.3f} in the first barrier), {st['futex_sleeps']:.2f} sleeps "
             f"({st['futex_sleeps_in_first_barrier']:.2f} in the first), {st['ms_queued']:.3f} queued, "
-            f"{st['ms_handback']:.3f} handed back")
+            f"{st['ms_handback']:.3f} handed back, {st['run_by_their_waiter']} of {st['collectives']} run by their "
+            f"waiter")
 
 
 # The shared-memory backend's waits beside its defaults (2, 4 and 8 processes): where the ranks
 # leave cores free (here: OMP_NUM_THREADS=1, up to 8 processes on 16 cores) a collective's later
-# barriers and the caller's wait spin 1 ms before they sleep (since 2026-11-28). The variants
+# barriers and the caller's wait spin 1 ms before they sleep, and a caller that waits for a
+# collective the backend's thread has not started runs it itself (since 2026-11-28). The variants
 # show what each of those is worth and what spinning everywhere would give. (Their rows replaced
 # `--bind-cores-to-rank`, 1.00x/0.89x/1.00x at 2/4/8, and buckets outside the shared-memory pool,
 # 1.03x/1.14x/1.06x with the pool, H200 machine 2026-11-28.)
 WAIT_VARIANTS = {
-    "waits_as_before": {"DTRAIN_SHM_INNER_SPIN_US": "200", "DTRAIN_SHM_WAIT_SPIN_US": "0"},
+    "waits_as_before": {"DTRAIN_SHM_INNER_SPIN_US": "200", "DTRAIN_SHM_WAIT_SPIN_US": "0", "DTRAIN_SHM_INLINE": "0"},
+    "no_inline": {"DTRAIN_SHM_INLINE": "0"},
     "no_wait_spin": {"DTRAIN_SHM_WAIT_SPIN_US": "0"},
     "long_spins": {"DTRAIN_SHM_SPIN_US": "3000", "DTRAIN_SHM_INNER_SPIN_US": "3000", "DTRAIN_SHM_WAIT_SPIN_US": "5000"},
 }
+
+
+def timeline_breakdown(path, min_bytes=1 << 20):
+    """Where an all-reduce's waiting comes from, from a merged DTRAIN_TIMELINE trace: per step, the
+    ranks' skew when they enter the all-reduce (the last rank's arrival minus the first's), how
+    late each rank leaves the first barrier after the last arrival (wake-up), and each rank's
+    time between two all-reduces (its compute: data, forward, backward, optimizer) - mean, and
+    the mean over steps of the slowest rank's."""
+    d = json.load(open(path))
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    by_rank = collections.defaultdict(lambda: {"ar": [], "wait": []})
+    for e in ev:
+        if e.get("ph") != "X":
+            continue
+        if e["name"] == "shm all_reduce" and e.get("args", {}).get("bytes", 0) >= min_bytes:
+            by_rank[e["pid"]]["ar"].append(e)
+        elif e["name"] == "wait for peers":
+            by_rank[e["pid"]]["wait"].append(e)
+    ranks = sorted(by_rank)
+    steps = min(len(by_rank[r]["ar"]) for r in ranks)
+    if len(ranks) < 2 or steps < 3:
+        return None
+    arrive, leave_first, end = {}, {}, {}
+    for r in ranks:
+        ars = sorted(by_rank[r]["ar"], key=lambda e: e["ts"])[:steps]
+        waits = sorted(by_rank[r]["wait"], key=lambda e: e["ts"])
+        arrive[r], leave_first[r], end[r] = [], [], []
+        i = 0
+        for a in ars:
+            while i < len(waits) and waits[i]["ts"] < a["ts"]:
+                i += 1
+            w = waits[i] if i < len(waits) and waits[i]["ts"] <= a["ts"] + a["dur"] else None
+            arrive[r].append(w["ts"] if w else a["ts"])
+            leave_first[r].append(w["ts"] + w["dur"] if w else a["ts"])
+            end[r].append(a["ts"] + a["dur"])
+    skew, lag, compute, slowest, last_rank = [], [], [], [], collections.Counter()
+    for k in range(1, steps):  # the first all-reduce follows set-up, not a step
+        arr = {r: arrive[r][k] for r in ranks}
+        last = max(arr.values())
+        skew.append(last - min(arr.values()))
+        last_rank[max(arr, key=arr.get)] += 1
+        lag.append(max(leave_first[r][k] - last for r in ranks))
+        c = [arrive[r][k] - end[r][k - 1] for r in ranks]
+        compute.append(statistics.mean(c))
+        slowest.append(max(c))
+    us = lambda v: statistics.mean(v) / 1000.0  # trace times are microseconds: report ms
+    return {"steps": steps - 1, "ms_arrival_skew": us(skew), "ms_wake_lag_worst_rank": us(lag),
+            "ms_compute_mean": us(compute), "ms_compute_slowest_rank": us(slowest),
+            "ms_compute_stdev_over_steps": statistics.pstdev(compute) / 1000.0,
+            "last_to_arrive_by_rank": {str(r): last_rank[r] for r in ranks}}
 
 
 def bench_train(a, out):
@@ -294,7 +349,7 @@ def bench_cpu_scaling(a, out):
                  f"{last_row_s:.0f} s")
             continue
         row_start = time.monotonic()
-        d, p, c, stats = [], [], [], None
+        d, p, c, stats, timeline = [], [], [], None, None
         var_runs = {name: [] for name in WAIT_VARIANTS}
         var_stats = {}
         for _ in range(a.repeat):
@@ -312,6 +367,12 @@ def bench_cpu_scaling(a, out):
                                dict(env, DTRAIN_SHM_STATS="1", **extra_env), with_stderr=True)
                     var_runs[name].append(last_json(o)["samples_per_s"])
                     var_stats[name] = shm_stats(o) or var_stats.get(name)
+            if n == 8 and a.json and not timeline:
+                # One more run with a trace of every rank's steps (slower: a diagnosis of where
+                # the waiting comes from, not a figure of speed).
+                path = os.path.join(os.path.dirname(os.path.abspath(a.json)), f"timeline_cpu_{n}procs.json")
+                run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_TIMELINE=path))
+                timeline = timeline_breakdown(path)
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
         if any(var_runs.values()):
             rows[n]["variants"] = {name: {"samples_per_s": statistics.median(v), "env": WAIT_VARIANTS[name],
@@ -319,6 +380,8 @@ def bench_cpu_scaling(a, out):
                                    for name, v in var_runs.items() if v}
         if stats:
             rows[n]["dtrain_shm_rank0"] = stats
+        if timeline:
+            rows[n]["timeline"] = timeline
         last_row_s, last_n = time.monotonic() - row_start, n
     # The one-process baseline of dtrain's and the ceiling's efficiency: the row's two runs of the
     # same command (one process, no communication), averaged - one run of ~0.7 s moved by a third
@@ -344,6 +407,12 @@ def bench_cpu_scaling(a, out):
             v["ratio_default_to_this"] = r["dtrain"] / v["samples_per_s"]
             extra += (f"; {name} {v['samples_per_s']:.0f} (default {v['ratio_default_to_this']:.2f}x of it"
                       + (f"; {describe_shm(v['shm_rank0'])}" if v.get("shm_rank0") else "") + ")")
+        t = r.get("timeline")
+        if t:
+            extra += (f"; traced ({t['steps']} steps): ranks' skew entering the all-reduce {t['ms_arrival_skew']:.3f} ms, "
+                      f"worst wake-up after the last arrival {t['ms_wake_lag_worst_rank']:.3f} ms, time between "
+                      f"all-reduces {t['ms_compute_mean']:.3f} ms mean / {t['ms_compute_slowest_rank']:.3f} ms the "
+                      f"slowest rank's, last to arrive by rank {t['last_to_arrive_by_rank']}")
         print(f"cpu {n:2d} procs: dtrain {r['dtrain']:.0f} (eff {r['dtrain_efficiency']:.2f}{extra}) vs PyTorch "
               f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
               f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "

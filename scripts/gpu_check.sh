@@ -18,7 +18,8 @@
 # Options (environment): GPU_CHECK_SKIP_BENCH=1 skips the benchmarks; GPU_CHECK_BENCH=LIST picks
 # them (bench/gpu_bench.py --only); GPU_CHECK_BUDGET_S=S the whole run's seconds (default 480: a
 # benchmark or a CPU-scaling row that would not fit is skipped, and the summary says so); GPU_CHECK_TESTS=REGEX runs only the gpu tests it matches
-# (ctest -R; a short second call after a fix); GPU_CHECK_JOBS=N build parallelism (default: all
+# (ctest -R; a short second call after a fix); GPU_CHECK_CPU_PROCS=LIST the process counts of the
+# CPU-scaling rows (default 1,2,4,8,16; 1 first); GPU_CHECK_JOBS=N build parallelism (default: all
 # cores).
 # Exit status: 0 when the build and every gpu test passed (benchmarks never fail it).
 set -uo pipefail
@@ -93,7 +94,8 @@ if [[ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]]; then
   # named in the summary (GPU_CHECK_BUDGET_S: another total).
   budget=$(( ${GPU_CHECK_BUDGET_S:-480} - ($(date +%s) - t_start) - 10 ))
   "$python" "$here/bench/gpu_bench.py" --build-dir "$build" --json "$out/gpu_bench.json" \
-    --budget-s "$budget" ${GPU_CHECK_BENCH:+--only "$GPU_CHECK_BENCH"} 2>&1 | tee "$out/bench.log"
+    --budget-s "$budget" ${GPU_CHECK_BENCH:+--only "$GPU_CHECK_BENCH"} \
+    ${GPU_CHECK_CPU_PROCS:+--cpu-procs "$GPU_CHECK_CPU_PROCS"} 2>&1 | tee "$out/bench.log"
   bench_rc=${PIPESTATUS[0]}
 fi
 

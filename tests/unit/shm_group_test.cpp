@@ -479,6 +479,52 @@ TEST(ShmGroup, WaitersSpinLongerInsideACollectiveOnlyWhereCoresAreSpare) {
   }
 }
 
+// A thread that waits for a collective the group's thread has not started runs it itself: still
+// one at a time and in issue order (a wait for the third of three in flight returns after the
+// first two are done), with the same results; a per-call timeout shorter than the group's keeps
+// the wait able to end first, so such a wait never runs it; DTRAIN_SHM_INLINE=0 turns it off.
+TEST(ShmGroup, AWaiterRunsTheCollectiveItWaitsForInIssueOrder) {
+  auto rounds = [](Rank& rk) {
+    auto t = [&](float v) { return torch::full({70000}, v * static_cast<float>(rk.rank + 1)); };
+    std::vector<std::vector<at::Tensor>> in_flight{{t(1)}, {t(2)}, {t(3)}};
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& v : in_flight) works.push_back(rk.shm->allreduce(v));
+    works[2]->wait();  // inline only once the first two are done: they come first
+    EXPECT_TRUE(works[0]->isCompleted() && works[1]->isCompleted());
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_TRUE(in_flight[static_cast<size_t>(k)][0]
+                      .eq(3.0f * static_cast<float>(k + 1))
+                      .all()
+                      .item<bool>());
+    }
+    for (int i = 0; i < 100; ++i) {
+      std::vector<at::Tensor> v{t(static_cast<float>(i))};
+      rk.shm->allreduce(v)->wait();
+      ASSERT_TRUE(v[0].eq(3.0f * static_cast<float>(i)).all().item<bool>()) << "round " << i;
+    }
+    std::vector<at::Tensor> v{t(1)};
+    auto w = rk.shm->allreduce(v);
+    const auto n = rk.shm->run_by_their_waiter();
+    w->wait(std::chrono::milliseconds(rk.shm->timeout().count() - 1));
+    EXPECT_EQ(rk.shm->run_by_their_waiter(), n) << "a shorter per-call timeout ran it inline";
+  };
+  ::unsetenv("DTRAIN_SHM_INLINE");
+  std::atomic<uint64_t> inline_runs{0};
+  run_ranks(2, [&](Rank& rk) {
+    rounds(rk);
+    inline_runs += rk.shm->run_by_their_waiter();
+  });
+  // The waiter calls wait() right after the collective is issued, while the group's thread still
+  // has to wake up: it wins nearly every round (at least once in 200 is all this asks).
+  EXPECT_GT(inline_runs.load(), 0u);
+  ::setenv("DTRAIN_SHM_INLINE", "0", 1);
+  run_ranks(2, [&](Rank& rk) {
+    rounds(rk);
+    EXPECT_EQ(rk.shm->run_by_their_waiter(), 0u);
+  });
+  ::unsetenv("DTRAIN_SHM_INLINE");
+}
+
 TEST(ShmGroup, WhatItDoesNotImplementGoesToGloo) {
   run_ranks(2, [&](Rank& rk) {
     // Bitwise AND on integers and a list of two tensors: Gloo's.

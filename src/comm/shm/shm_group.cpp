@@ -99,15 +99,15 @@ std::string host_identity() {
 
 // --- Work ---------------------------------------------------------------------
 
-// The caller's wait: where the ranks leave cores free it spins (WaitStats::spin) before it
+// The caller's wait: where the ranks leave cores free it spins (WorkContext::spin) before it
 // sleeps on c10d's condition variable, so the worker thread's completion does not have to wake
 // it (a futex wake-up, tens of microseconds on a VM, paid once per step by every rank and so by
 // the slowest one's).
 class ShmProcessGroup::ShmWork : public c10d::Work {
  public:
   ShmWork(int rank, c10d::OpType type, std::vector<at::Tensor> tensors,
-          std::shared_ptr<WaitStats> stats)
-      : c10d::Work(rank, type), tensors_(std::move(tensors)), stats_(std::move(stats)) {}
+          std::shared_ptr<WorkContext> context)
+      : c10d::Work(rank, type), tensors_(std::move(tensors)), context_(std::move(context)) {}
   void complete(std::exception_ptr error) {
     finish(std::move(error));
     done_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
@@ -115,8 +115,19 @@ class ShmProcessGroup::ShmWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return tensors_; }
 
   bool wait(std::chrono::milliseconds timeout) override {
-    if (stats_->spin.count() > 0 && done_at_.load(std::memory_order_acquire) == 0) {
-      const auto end = Clock::now() + std::min<Clock::duration>(stats_->spin, timeout);
+    // Not started yet, and this wait lasts as long as the collective may: run it here, rather
+    // than wake the group's thread and be woken by it (a per-call timeout shorter than the
+    // group's must stay able to end the wait first; 0 is c10d's "no timeout").
+    if (context_->inline_runs && done_at_.load(std::memory_order_acquire) == 0 &&
+        (timeout.count() == 0 || timeout >= context_->group_timeout)) {
+      // Under the context's lock: the group cannot be destroyed meanwhile.
+      MutexLock lock(context_->mu);
+      if (context_->group != nullptr) context_->group->run_inline(this);
+    }
+    if (context_->spin.count() > 0 && done_at_.load(std::memory_order_acquire) == 0) {
+      const auto end = Clock::now() + (timeout.count() == 0
+                                           ? Clock::duration(context_->spin)
+                                           : std::min<Clock::duration>(context_->spin, timeout));
       for (int i = 1; done_at_.load(std::memory_order_acquire) == 0; ++i) {
         cpu_relax();
         if ((i & 63) == 0 && Clock::now() >= end) break;
@@ -128,16 +139,16 @@ class ShmProcessGroup::ShmWork : public c10d::Work {
     const int64_t done = done_at_.load(std::memory_order_acquire);
     const int64_t now = Clock::now().time_since_epoch().count();
     if (done != 0 && !counted_.exchange(true)) {
-      stats_->waits.fetch_add(1, std::memory_order_relaxed);
-      stats_->handback_ns.fetch_add(std::max<int64_t>(0, now - done), std::memory_order_relaxed);
+      context_->waits.fetch_add(1, std::memory_order_relaxed);
+      context_->handback_ns.fetch_add(std::max<int64_t>(0, now - done), std::memory_order_relaxed);
     }
     return ok;
   }
 
  private:
-  std::vector<at::Tensor> tensors_;  // kept alive until the collective is done
-  std::shared_ptr<WaitStats> stats_;
-  std::atomic<int64_t> done_at_{0};  // Clock ticks when complete() ran, 0 before
+  std::vector<at::Tensor> tensors_;       // kept alive until the collective is done
+  std::shared_ptr<WorkContext> context_;  // the work may outlive its group: not the group itself
+  std::atomic<int64_t> done_at_{0};       // Clock ticks when complete() ran, 0 before
   std::atomic<bool> counted_{false};
 };
 
@@ -243,18 +254,29 @@ ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::B
       gloo_(std::move(gloo)),
       segment_(std::move(segment)),
       timeout_(timeout),
-      wait_stats_(std::make_shared<WaitStats>()) {
+      work_context_(std::make_shared<WorkContext>()) {
   // The caller's wait spins as long as a later barrier does where the ranks leave cores free:
   // its rank's worker thread and it then take two of the host's CPUs per rank, which
   // spare_cores() leaves (DTRAIN_SHM_WAIT_SPIN_US: another spin, 0: none).
   const auto set = param::kShmWaitSpinUs.get_if_set();
-  wait_stats_->spin = std::chrono::microseconds(set                  ? *set
-                                                : spare_cores(world) ? kSpareCoresLongSpin.count()
-                                                                     : 0);
+  work_context_->spin = std::chrono::microseconds(set                  ? *set
+                                                  : spare_cores(world) ? kSpareCoresLongSpin.count()
+                                                                       : 0);
+  work_context_->inline_runs = param::kShmInline.get_or_warn();
+  work_context_->group_timeout = timeout;
+  {
+    MutexLock lock(work_context_->mu);
+    work_context_->group = this;
+  }
   worker_ = std::thread([this] { run(); });
 }
 
 ShmProcessGroup::~ShmProcessGroup() {
+  {
+    // After a waiter's run_inline, if one is under way; none can start after this.
+    MutexLock lock(work_context_->mu);
+    work_context_->group = nullptr;
+  }
   {
     MutexLock lock(mu_);
     stop_ = true;
@@ -263,21 +285,22 @@ ShmProcessGroup::~ShmProcessGroup() {
   if (worker_.joinable()) worker_.join();
   if (ops_ > 0 && param::kShmStats.get_or_warn()) {
     const auto& st = segment_->stats();
-    const auto waits = wait_stats_->waits.load();
+    const auto waits = work_context_->waits.load();
     std::fprintf(stderr,
                  "dtrain shm rank %d: %llu collectives, %.3f ms each (of which %.3f ms waiting for "
                  "peers in %.2f "
                  "barriers, %.2f futex sleeps), %.3f ms queued before each; first barriers "
                  "%.3f ms waiting, %.2f sleeps; %.3f ms from completion to the waiter's return "
-                 "(%llu waits)\n",
+                 "(%llu waits), %llu run by their waiter\n",
                  rank_, static_cast<unsigned long long>(ops_), 1e3 * op_seconds_ / ops_,
                  1e3 * st.wait_seconds / ops_, static_cast<double>(st.barriers) / ops_,
                  static_cast<double>(st.sleeps) / ops_, 1e3 * queued_seconds_ / ops_,
                  1e3 * st.first_wait_seconds / ops_, static_cast<double>(st.first_sleeps) / ops_,
-                 waits ? 1e-6 * static_cast<double>(wait_stats_->handback_ns.load()) /
+                 waits ? 1e-6 * static_cast<double>(work_context_->handback_ns.load()) /
                              static_cast<double>(waits)
                        : 0.0,
-                 static_cast<unsigned long long>(waits));
+                 static_cast<unsigned long long>(waits),
+                 static_cast<unsigned long long>(inline_ops_.load()));
   }
   segment_.reset();
 }
@@ -294,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::enqueue(c10d::OpType type,
                      : type == c10d::OpType::REDUCE    ? "shm reduce"
                      : type == c10d::OpType::BARRIER   ? "shm barrier"
                                                        : "shm collective";
-  auto work = c10::make_intrusive<ShmWork>(rank_, type, std::move(keep), wait_stats_);
+  auto work = c10::make_intrusive<ShmWork>(rank_, type, std::move(keep), work_context_);
   if (size_ == 1) {
     // A world of one: nothing to wait for, so no hand-off to the worker thread either.
     std::exception_ptr error;
@@ -319,39 +342,68 @@ void ShmProcessGroup::run() {
     Item item;
     {
       MutexLock lock(mu_);
+      // Not while a waiter runs a collective itself (run_inline): one at a time, in order.
       cv_.wait(lock.native(), [&] {
         mu_.assert_held();
-        return stop_ || !queue_.empty();
+        return !running_ && (stop_ || !queue_.empty());
       });
       if (queue_.empty()) return;  // stop_, and nothing left to do
       item = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
-    std::exception_ptr error;
-    try {
-      if (!broken_.empty()) throw NetworkError(broken_);
-      // As Gloo does, every collective runs under the group's timeout; a shorter per-call
-      // timeout only bounds the caller's wait (dtrain::Work::wait).
-      const auto start = Clock::now();
-      queued_seconds_ += std::chrono::duration<double>(start - item.queued).count();
-      // The op on the timeline; the segment's barriers inside it record the waits for peers,
-      // so the trace splits the op into waiting and transferring (copies and reductions).
-      timeline::Span span(item.span, "comm", item.bytes);  // timeline hook
-      item.task(start + timeout_);
-      ++ops_;
-      op_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
-    } catch (const std::exception& e) {
-      error = std::current_exception();
-      if (broken_.empty()) {
-        const bool timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
-        broken_ = std::string("an earlier collective of this group ") +
-                  (timeout ? "timed out" : "failed") + " on this rank (" + e.what() +
-                  "); the group is unusable, make a new one";
-        segment_->mark_broken();
-      }
+    execute(item);
+    {
+      MutexLock lock(mu_);
+      running_ = false;
     }
-    item.work->complete(error);
   }
+}
+
+bool ShmProcessGroup::run_inline(const ShmWork* work) {
+  Item item;
+  {
+    MutexLock lock(mu_);
+    if (running_ || queue_.empty() || queue_.front().work.get() != work) return false;
+    item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+  }
+  execute(item);
+  ++inline_ops_;
+  {
+    MutexLock lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();  // the group's thread, for what was queued meanwhile
+  return true;
+}
+
+void ShmProcessGroup::execute(Item& item) {
+  std::exception_ptr error;
+  try {
+    if (!broken_.empty()) throw NetworkError(broken_);
+    // As Gloo does, every collective runs under the group's timeout; a shorter per-call
+    // timeout only bounds the caller's wait (dtrain::Work::wait).
+    const auto start = Clock::now();
+    queued_seconds_ += std::chrono::duration<double>(start - item.queued).count();
+    // The op on the timeline; the segment's barriers inside it record the waits for peers,
+    // so the trace splits the op into waiting and transferring (copies and reductions).
+    timeline::Span span(item.span, "comm", item.bytes);  // timeline hook
+    item.task(start + timeout_);
+    ++ops_;
+    op_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    if (broken_.empty()) {
+      const bool timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+      broken_ = std::string("an earlier collective of this group ") +
+                (timeout ? "timed out" : "failed") + " on this rank (" + e.what() +
+                "); the group is unusable, make a new one";
+      segment_->mark_broken();
+    }
+  }
+  item.work->complete(error);
 }
 
 void ShmProcessGroup::begin(const OpDescriptor& d) {

@@ -18,12 +18,14 @@
 // ops, several tensors per call) goes to the wrapped Gloo group unchanged.
 //
 // Collectives run in issue order on one worker thread per group, as Gloo's do, so the
-// returned Work is asynchronous. Each runs under the group's timeout, as Gloo's do (a
-// shorter per-call timeout bounds only the caller's wait). Errors: TimeoutError when a peer does
-// not arrive in time, NetworkError when a peer's process exited, left the group, or gave up after
-// an error of its own; after any error the group is unusable (every later collective fails at once,
-// as Gloo's do after a timeout). Ranks that issue different collectives, or sizes, get an Error
-// naming both calls.
+// returned Work is asynchronous - except that a caller who waits for a collective the worker
+// has not started yet runs it itself (one at a time, still in order; DTRAIN_SHM_INLINE=0: never),
+// which spares the hand-off to the worker and back on the step's critical path. Each runs under the
+// group's timeout, as Gloo's do (a shorter per-call timeout bounds only the caller's wait). Errors:
+// TimeoutError when a peer does not arrive in time, NetworkError when a peer's process exited, left
+// the group, or gave up after an error of its own; after any error the group is unusable (every
+// later collective fails at once, as Gloo's do after a timeout). Ranks that issue different
+// collectives, or sizes, get an Error naming both calls.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -82,13 +84,15 @@ class ShmProcessGroup : public comm::Backend {
   at::Tensor empty_pooled(at::IntArrayRef sizes, at::ScalarType dtype);
   // all_reduces so far that read some rank's tensor in its pool (rather than through the slots).
   uint64_t in_place_all_reduces() const { return in_place_.load(); }
+  // Collectives so far that the thread waiting for them ran (DTRAIN_SHM_INLINE).
+  uint64_t run_by_their_waiter() const { return inline_ops_.load(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // How long a waiter spins before it sleeps: in a collective's first barrier, in its later
   // ones, and in the caller's wait for the collective (Work::wait).
   struct Spins {
     std::chrono::microseconds first, inner, wait;
   };
-  Spins spins() const { return {segment_->spin(), segment_->inner_spin(), wait_stats_->spin}; }
+  Spins spins() const { return {segment_->spin(), segment_->inner_spin(), work_context_->spin}; }
   const c10::intrusive_ptr<comm::Backend>& gloo() const { return gloo_; }
 
   c10::intrusive_ptr<c10d::Work> allreduce(
@@ -135,11 +139,16 @@ class ShmProcessGroup : public comm::Backend {
 
  private:
   class ShmWork;
-  // What the group's works share: how long a waiter spins, and the hand-back statistics.
-  struct WaitStats {
+  // What the group's works share: how a waiter waits, the hand-back statistics, and the group
+  // while it lives (for run_inline).
+  struct WorkContext {
     std::chrono::microseconds spin{0};
+    bool inline_runs = true;  // a waiter runs a collective not started yet (run_inline)
+    std::chrono::milliseconds group_timeout{0};
     std::atomic<uint64_t> waits{0};
     std::atomic<int64_t> handback_ns{0};
+    Mutex mu;
+    ShmProcessGroup* group DTRAIN_GUARDED_BY(mu) = nullptr;
   };
   using Task = std::function<void(Clock::time_point deadline)>;
 
@@ -147,7 +156,12 @@ class ShmProcessGroup : public comm::Backend {
                                          Task task);
   c10::intrusive_ptr<c10d::Work> delegated(c10::intrusive_ptr<c10d::Work> w);
   void run();
-  // The collectives proper, on the worker thread.
+  // Runs `work`'s collective on the calling thread (its waiter) if it is next and the group's
+  // thread runs none: true when it ran it. The collectives still run one at a time, in order.
+  bool run_inline(const ShmWork* work);
+  struct Item;
+  void execute(Item& item);  // runs one collective and completes its work
+  // The collectives proper, on the thread running them (execute).
   void begin(const OpDescriptor& d);  // publishes this rank's descriptor of the next op
   void check_descriptors();           // after the op's first barrier
   void do_allreduce(at::Tensor& t, c10d::ReduceOp op, Clock::time_point deadline);
@@ -172,18 +186,22 @@ class ShmProcessGroup : public comm::Backend {
   };
   std::deque<Item> queue_ DTRAIN_GUARDED_BY(mu_);
   bool stop_ DTRAIN_GUARDED_BY(mu_) = false;
+  // A collective is running (on the group's thread or a waiter's). What follows under "worker
+  // state" belongs to whichever thread set it.
+  bool running_ DTRAIN_GUARDED_BY(mu_) = false;
   // Gloo works not known complete, so barrier() can wait for them as Gloo's barrier does.
   std::vector<c10::intrusive_ptr<c10d::Work>> delegated_ DTRAIN_GUARDED_BY(mu_);
 
-  // Worker-thread state.
+  // Worker state: the thread running a collective (running_) owns it.
   uint64_t seq_ = 0;    // collectives run so far
   uint64_t chunk_ = 0;  // chunks moved so far (picks the buffer parity)
   std::string broken_;  // why the group is unusable, or empty
   uint64_t ops_ = 0;
+  std::atomic<uint64_t> inline_ops_{0};  // of those, run by their waiter (run_inline)
   std::atomic<uint64_t> in_place_{0};
-  std::shared_ptr<WaitStats> wait_stats_;  // works may outlive the group
-  double op_seconds_ = 0;                  // running collectives
-  double queued_seconds_ = 0;              // from enqueue to start (the hand-off to this thread)
+  std::shared_ptr<WorkContext> work_context_;  // works may outlive the group
+  double op_seconds_ = 0;                      // running collectives
+  double queued_seconds_ = 0;  // from enqueue to start (the hand-off to this thread)
   std::thread worker_;
 };
 
