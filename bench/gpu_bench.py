@@ -114,18 +114,19 @@ def describe_shm(st):
             f"waiter")
 
 
-# The shared-memory backend's waits beside its defaults (2, 4 and 8 processes): where the ranks
-# leave cores free (here: OMP_NUM_THREADS=1, up to 8 processes on 16 cores) a collective's later
-# barriers and the caller's wait spin 1 ms before they sleep, and a caller that waits for a
-# collective the backend's thread has not started runs it itself (since 2026-11-28). The variants
-# show what each of those is worth and what spinning everywhere would give. (Their rows replaced
-# `--bind-cores-to-rank`, 1.00x/0.89x/1.00x at 2/4/8, and buckets outside the shared-memory pool,
-# 1.03x/1.14x/1.06x with the pool, H200 machine 2026-11-28.)
+# The shared-memory backend's waits beside its defaults (2, 4 and 8 processes). Where the ranks
+# leave cores free (here: OMP_NUM_THREADS=1, up to 8 processes on 16 cores) its barriers spin 3 ms
+# and a caller's wait 5 ms before they sleep, and a caller that waits for a collective the
+# backend's thread has not started runs it itself (since 2026-11-28; at 8 processes 84.4k
+# samples/s, "short_spins" 76.1k, "waits_as_before" 70.9k, H200 machine, one run each). The
+# variants keep measuring what each part is worth. (Their rows replaced `--bind-cores-to-rank`,
+# 1.00x/0.89x/1.00x at 2/4/8, and buckets outside the shared-memory pool, 1.03x/1.14x/1.06x with
+# the pool, H200 machine 2026-11-28; and "no_wait_spin", 1.03x at 8.)
 WAIT_VARIANTS = {
-    "waits_as_before": {"DTRAIN_SHM_INNER_SPIN_US": "200", "DTRAIN_SHM_WAIT_SPIN_US": "0", "DTRAIN_SHM_INLINE": "0"},
+    "waits_as_before": {"DTRAIN_SHM_SPIN_US": "200", "DTRAIN_SHM_INNER_SPIN_US": "200", "DTRAIN_SHM_WAIT_SPIN_US": "0",
+                        "DTRAIN_SHM_INLINE": "0"},
+    "short_spins": {"DTRAIN_SHM_SPIN_US": "200", "DTRAIN_SHM_INNER_SPIN_US": "1000", "DTRAIN_SHM_WAIT_SPIN_US": "1000"},
     "no_inline": {"DTRAIN_SHM_INLINE": "0"},
-    "no_wait_spin": {"DTRAIN_SHM_WAIT_SPIN_US": "0"},
-    "long_spins": {"DTRAIN_SHM_SPIN_US": "3000", "DTRAIN_SHM_INNER_SPIN_US": "3000", "DTRAIN_SHM_WAIT_SPIN_US": "5000"},
 }
 
 
@@ -352,7 +353,9 @@ def bench_cpu_scaling(a, out):
         d, p, c, stats, timeline = [], [], [], None, None
         var_runs = {name: [] for name in WAIT_VARIANTS}
         var_stats = {}
-        for _ in range(a.repeat):
+        # The one-process row is every efficiency's baseline, and one run of it moved by a quarter
+        # between two runs of the same command (14.5k, 11.4k; H200 machine 2026-11-28): 3 rounds.
+        for _ in range(max(3, a.repeat) if n == 1 else a.repeat):
             o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_STATS="1"),
                        with_stderr=True)
             d.append(last_json(o)["samples_per_s"])
@@ -373,7 +376,8 @@ def bench_cpu_scaling(a, out):
                 path = os.path.join(os.path.dirname(os.path.abspath(a.json)), f"timeline_cpu_{n}procs.json")
                 run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_TIMELINE=path))
                 timeline = timeline_breakdown(path)
-        rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c)}
+        rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c),
+                   "rounds": {"dtrain": d, "pytorch": p, "apart": c}}
         if any(var_runs.values()):
             rows[n]["variants"] = {name: {"samples_per_s": statistics.median(v), "env": WAIT_VARIANTS[name],
                                           "shm_rank0": var_stats.get(name)}
@@ -383,13 +387,14 @@ def bench_cpu_scaling(a, out):
         if timeline:
             rows[n]["timeline"] = timeline
         last_row_s, last_n = time.monotonic() - row_start, n
-    # The one-process baseline of dtrain's and the ceiling's efficiency: the row's two runs of the
-    # same command (one process, no communication), averaged - one run of ~0.7 s moved by a third
-    # between the two on the H100 machine (11.0k vs 17.5k samples/s, 2026-11-27).
-    base = statistics.mean([rows[1]["dtrain"], rows[1]["apart"]])
-    out["cpu_one_process_baseline"] = {"dtrain_run": rows[1]["dtrain"], "apart_run": rows[1]["apart"], "mean": base}
-    print(f"cpu one-process baseline of the efficiencies: {base:.0f} samples/s (the two one-process runs: "
-          f"{rows[1]['dtrain']:.0f}, {rows[1]['apart']:.0f})", flush=True)
+    # The one-process baseline of dtrain's and the ceiling's efficiency: every run of the row's
+    # two forms of the same command (one process, no communication), averaged - one run of ~0.7 s
+    # moved by a third between two on the H100 machine (11.0k vs 17.5k samples/s, 2026-11-27).
+    ones = rows[1]["rounds"]["dtrain"] + rows[1]["rounds"]["apart"]
+    base = statistics.mean(ones)
+    out["cpu_one_process_baseline"] = {"runs": ones, "mean": base}
+    print(f"cpu one-process baseline of the efficiencies: {base:.0f} samples/s (the one-process runs: "
+          f"{', '.join(f'{v:.0f}' for v in ones)})", flush=True)
     for n, r in rows.items():
         r["ratio"] = r["dtrain"] / r["pytorch"]
         r["dtrain_efficiency"] = r["dtrain"] / (n * base)

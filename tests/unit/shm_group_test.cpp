@@ -426,11 +426,11 @@ TEST(ShmGroup, UnderALimitOnAddressSpaceTheDefaultIsNoPool) {
 }
 
 // Where the ranks leave half the CPUs free (OMP_NUM_THREADS intra-op threads each), a
-// collective's later barriers and the caller's wait spin 1 ms before they sleep, the first
-// barrier 200 us (the peers may still be computing); elsewhere every barrier spins 20 us and
-// the caller sleeps at once. A spin set for the first barrier holds for the later ones too
-// unless they have their own. Results are the same whichever way a rank waits.
-TEST(ShmGroup, WaitersSpinLongerInsideACollectiveOnlyWhereCoresAreSpare) {
+// collective's barriers spin 3 ms before they sleep and the caller's wait 5 ms; elsewhere every
+// barrier spins 20 us and the caller sleeps at once. A spin set for the first barrier holds for
+// the later ones too unless they have their own. Results are the same whichever way a rank
+// waits.
+TEST(ShmGroup, WaitersSpinLongOnlyWhereCoresAreSpare) {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const std::string saved = omp ? omp : "";
   auto check = [](const shm::SegmentOptions& so, std::chrono::microseconds first,
@@ -460,11 +460,13 @@ TEST(ShmGroup, WaitersSpinLongerInsideACollectiveOnlyWhereCoresAreSpare) {
   EXPECT_EQ(shm::spare_cores(2), cpus >= 4);
   EXPECT_FALSE(shm::spare_cores(cpus));
   if (shm::spare_cores(2)) {
-    check({}, 200us, 1000us, 1000us);
+    check({}, 3000us, 3000us, 5000us);
   } else {
     check({}, 20us, 20us, 0us);
   }
-  ::setenv("OMP_NUM_THREADS", "100000", 1);  // no machine has cores to spare for these
+  // libtorch's default (one intra-op thread per CPU): no cores to spare for two ranks. (The
+  // variable is read again by each new thread libtorch starts: no absurd count here.)
+  ::setenv("OMP_NUM_THREADS", std::to_string(cpus).c_str(), 1);
   EXPECT_FALSE(shm::spare_cores(2));
   check({}, 20us, 20us, 0us);
   shm::SegmentOptions so;

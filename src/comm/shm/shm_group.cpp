@@ -255,12 +255,12 @@ ShmProcessGroup::ShmProcessGroup(int rank, int world, c10::intrusive_ptr<comm::B
       segment_(std::move(segment)),
       timeout_(timeout),
       work_context_(std::make_shared<WorkContext>()) {
-  // The caller's wait spins as long as a later barrier does where the ranks leave cores free:
-  // its rank's worker thread and it then take two of the host's CPUs per rank, which
+  // Where the ranks leave cores free, the caller's wait for a collective the worker thread runs
+  // spins too (kSpareCoresWaitSpin): the two take two of the host's CPUs per rank, which
   // spare_cores() leaves (DTRAIN_SHM_WAIT_SPIN_US: another spin, 0: none).
   const auto set = param::kShmWaitSpinUs.get_if_set();
   work_context_->spin = std::chrono::microseconds(set                  ? *set
-                                                  : spare_cores(world) ? kSpareCoresLongSpin.count()
+                                                  : spare_cores(world) ? kSpareCoresWaitSpin.count()
                                                                        : 0);
   work_context_->inline_runs = param::kShmInline.get_or_warn();
   work_context_->group_timeout = timeout;

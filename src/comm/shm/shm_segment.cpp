@@ -31,8 +31,6 @@ constexpr uint64_t kMagic = 0x6474726e73686d31ull;  // "dtrnshm1"
 constexpr uint32_t kVersion = 2;                    // 2: the pools
 constexpr size_t kDefaultSlotBytes = 4u << 20;
 constexpr std::chrono::microseconds kDefaultSpin{param::kShmSpinUs.fallback};
-// The spins where the machine has cores to spare (see spare_cores).
-constexpr std::chrono::microseconds kSpareCoresSpin{200};
 // A sleeping waiter wakes up this often to check that the peer it waits for is alive.
 constexpr auto kLivenessCheck = std::chrono::milliseconds(50);
 
@@ -100,9 +98,8 @@ void* map_fd(int fd, size_t bytes, const std::string& name) {
 // Whether this host's ranks, with their intra-op threads, leave at least half the CPUs this
 // process may run on free: a spinning waiter then takes no core a peer computes on, and skips
 // the futex sleep and wake-up (each tens of microseconds on a VM) that the ranks' skew
-// otherwise costs every collective. A 200 us spin gave +11% and +14% samples/s at 8 ranks on
-// the 16-core H100 machine (2026-11-27). Elsewhere short spins: on a busy machine spinning
-// delays the very rank it waits for.
+// otherwise costs every collective (kSpareCoresSpin: what it gained). Elsewhere short spins: on
+// a busy machine spinning delays the very rank it waits for.
 bool spare_cores(int world) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -136,10 +133,7 @@ ShmSegment::ShmSegment(std::string name, int world, void* base, size_t bytes,
       spin_(o.spin.count() >= 0  ? o.spin
             : spare_cores(world) ? kSpareCoresSpin
                                  : kDefaultSpin),
-      // A spin the user set holds for every barrier unless the inner one is set too.
-      inner_spin_(o.inner_spin.count() >= 0                  ? o.inner_spin
-                  : o.spin.count() < 0 && spare_cores(world) ? kSpareCoresLongSpin
-                                                             : spin_),
+      inner_spin_(o.inner_spin.count() >= 0 ? o.inner_spin : spin_),
       pidfds_(static_cast<size_t>(world), -1) {}
 
 std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, int world,
