@@ -147,8 +147,10 @@ def timeline_breakdown(path, min_bytes=1 << 20):
         elif e["name"] == "wait for peers":
             by_rank[e["pid"]]["wait"].append(e)
     ranks = sorted(by_rank)
+    if len(ranks) < 2:
+        return None
     steps = min(len(by_rank[r]["ar"]) for r in ranks)
-    if len(ranks) < 2 or steps < 3:
+    if steps < 3:
         return None
     arrive, leave_first, end = {}, {}, {}
     for r in ranks:
@@ -376,6 +378,7 @@ def bench_cpu_scaling(a, out):
                 path = os.path.join(os.path.dirname(os.path.abspath(a.json)), f"timeline_cpu_{n}procs.json")
                 run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_TIMELINE=path))
                 timeline = timeline_breakdown(path)
+                os.unlink(path)  # the device tool did not bring it back (2026-11-28); its split is kept
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c),
                    "rounds": {"dtrain": d, "pytorch": p, "apart": c}}
         if any(var_runs.values()):
