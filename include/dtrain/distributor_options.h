@@ -18,8 +18,9 @@ struct DistributorOptions {
   // Longest a run may take; then its workers are stopped and run() throws TimeoutError.
   // Default: 24 hours.
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
-  std::string log_dir;   // full per-rank logs under LOG_DIR/<run id>/ (dtrain run --log-dir)
-  int max_restarts = 0;  // restarts of the whole worker group after a failure
+  std::string
+      log_dir;  // full per-rank logs under LOG_DIR/<run id>_<random>/ (dtrain run --log-dir)
+  int max_restarts = 0;                    // restarts of the whole worker group after a failure
   std::map<std::string, std::string> env;  // extra environment for every worker
   // SIGTERM -> SIGKILL grace when workers are stopped. Default: 5 s.
   std::chrono::milliseconds term_timeout{std::chrono::seconds(5)};

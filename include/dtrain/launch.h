@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,11 +62,28 @@ struct LaunchOptions {
       100};  // poll tick (deaths are seen at once via SIGCHLD).
   std::chrono::milliseconds term_timeout{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL grace.
   std::string role = "default";  // ROLE_NAME, and the log prefix "[<role><rank>]:".
-  std::string log_dir;           // if set: <log_dir>/<run_id>/attempt_K/rank_N/{stdout,stderr}.log
+  // If set: every worker's output in torchrun's layout,
+  // <log_dir>/<run_id>_<random>/attempt_K/<local rank>/{stdout,stderr}.log (and error.json, the
+  // worker's TORCHELASTIC_ERROR_FILE). Without it, redirected streams and filtered copies go
+  // to a kept $TMPDIR/dtrain-logs-XXXXXX that `dtrain run` names (torchrun keeps a
+  // torchelastic_ one), and the error files to a temporary directory removed at exit.
+  std::string log_dir;
   // Per local rank (-1 = every rank) bit mask of streams: 1 stdout, 2 stderr.
   std::map<int, int> redirects;  // these streams go to the log files only (not the console).
   std::map<int, int> tee;        // these streams go to both (the console always gets output
                                  // unless redirected; accepted for torchrun compatibility).
+  // --local-ranks-filter: the console shows only these local ranks' output (empty: every
+  // rank's); the others' still reach the log files.
+  std::set<int> local_ranks_filter;
+  // --duplicate-stdout/stderr-filters: the console's lines holding any of these strings are
+  // also copied, prefixed, to attempt_K/filtered_stdout.log (filtered_stderr.log) in the log
+  // directory, one file for the attempt's ranks, as torchrun does.
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  // The console lines' prefix, torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (a Python
+  // string.Template: ${role_name}, ${rank}, ${local_rank}). Empty: "[${role_name}${rank}]:"
+  // (torchrun's default has the local rank; dtrain's engines gather several hosts' output on
+  // one console, where only the global rank tells the ranks apart).
+  std::string log_line_prefix_template;
   std::map<std::string, std::string> extra_env;  // added to every worker's environment.
   // torchrun's --signals-to-handle, given to the workers as TORCHELASTIC_SIGNALS_TO_HANDLE
   // (as torchrun does; dtrain's agent itself stops the workers on SIGTERM, SIGINT, SIGHUP and

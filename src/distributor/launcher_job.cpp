@@ -129,6 +129,10 @@ Outcome run_launcher(const Job& job, const std::string& failure_file, const Dist
     env_map[s.substr(0, eq)] = s.substr(eq + 1);
   }
   for (const auto& name : job.unset) env_map.erase(name);
+  // PET_<OPTION> stands in for `dtrain run`'s options, as for torchrun's (Kubeflow's
+  // PyTorchJob sets them for the launcher of its pod); the Distributor chose every option of
+  // its job itself.
+  std::erase_if(env_map, [](const auto& kv) { return kv.first.rfind("PET_", 0) == 0; });
   for (const auto& [k, v] : job.env) env_map[k] = v;
   tracking::DriverRun driver_run(env_map);  // MLflow: the driver's run; rank 0's run nests under it
   for (const auto& [k, v] : env_map) env_strings.push_back(k + "=" + v);

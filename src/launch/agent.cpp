@@ -38,6 +38,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "core/hostfile.h"
@@ -146,8 +147,10 @@ class Agent {
   std::unique_ptr<store::StoreClient> store_;
   std::string store_host_;  // what workers get as MASTER_ADDR
   int store_port_ = 0;
-  std::string run_dir_;  // error files (and logs when --log-dir is not given)
+  std::string run_dir_;  // the attempts' directories: error files, logs (setup_run_dir)
   std::unique_ptr<detail::OwnedTempDir> own_run_dir_;  // run_dir_ when it is a temporary one
+  bool write_logs_ = false;  // run_dir_ is kept: the workers' stdout.log and stderr.log go there
+  void setup_run_dir();
   int node_rank_ = -1;
   int nnodes_ = 1;
   std::string prefix_;  // round_prefix of the current round
@@ -268,6 +271,66 @@ std::vector<std::string> Agent::published_collectives(int round, int world_size)
   }
 }
 
+namespace {
+
+// Whether a job without --log-dir still has output only files can keep: streams redirected
+// off the console, or the duplicate filters' copies.
+bool keeps_output_in_files(const LaunchOptions& o) {
+  for (const auto& [rank, mask] : o.redirects)
+    if (mask != 0) return true;
+  return !o.duplicate_stdout_filters.empty() || !o.duplicate_stderr_filters.empty();
+}
+
+// ROOT/<run id>_<8 of [a-z0-9_]>, made new (Python's tempfile.mkdtemp(prefix=run_id + "_"),
+// as torchrun names it): agents sharing a log directory, on one host or several, never
+// share a run directory.
+std::string make_run_dir(const std::string& root, const std::string& run_id) {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  std::random_device seed;
+  std::mt19937_64 gen(seed());
+  std::uniform_int_distribution<size_t> pick(0, sizeof kChars - 2);
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  std::string dir;
+  for (int tries = 0; tries < 100; ++tries) {
+    dir = root + "/" + run_id + "_";
+    for (int i = 0; i < 8; ++i) dir += kChars[pick(gen)];
+    if (!ec && ::mkdir(dir.c_str(), 0755) == 0) return dir;
+    if (ec || errno != EEXIST) break;
+  }
+  throw UsageError("--log-dir " + root + ": cannot create " + dir + " (" +
+                   (ec ? ec.message() : std::string(std::strerror(errno))) +
+                   "); give a directory this user can write");
+}
+
+}  // namespace
+
+void Agent::setup_run_dir() {
+  std::string root = o_.log_dir;
+  if (root.empty() && keeps_output_in_files(o_)) {
+    // torchrun keeps them in a torchelastic_XXXXXXXX of its own without saying where; this
+    // one is kept too, and named.
+    std::string tmpl = std::filesystem::temp_directory_path().string() + "/dtrain-logs-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      throw Error("cannot create a log directory " + tmpl + ": " + std::strerror(errno) +
+                  "; give --log-dir");
+    root = tmpl;
+  }
+  if (!root.empty()) {
+    run_dir_ = make_run_dir(root, o_.rdzv_id);
+    write_logs_ = true;
+    if (o_.log_dir.empty())
+      launch::say("no --log-dir: the logs of the redirected streams and filtered lines are in " +
+                  run_dir_);
+    return;
+  }
+  // /tmp/dtrain-run-<pid>-XXXXXX: removed at exit; by the guard if this agent is SIGKILLed;
+  // by the next agent or driver on the host if the guard dies too (core/owned_dir.h).
+  own_run_dir_ = std::make_unique<detail::OwnedTempDir>(kRunDirStem);
+  run_dir_ = std::filesystem::absolute(own_run_dir_->path()).string();
+  guard_->remove_dir_on_exit(run_dir_);
+}
+
 std::string Agent::attempt_dir(int round) const {
   return run_dir_ + "/attempt_" + std::to_string(round);
 }
@@ -360,7 +423,7 @@ void Agent::stop_workers(int sig) {
 AttemptResult Agent::run_attempt(const launch::RendezvousResult& rdzv) {
   prefix_ = launch::round_prefix(o_.rdzv_id, rdzv.round);
   heartbeats_.clear();
-  workers_->spawn(rdzv, attempt_dir(rdzv.round), store_host_, store_port_);
+  workers_->spawn(rdzv, attempt_dir(rdzv.round), write_logs_, store_host_, store_port_);
   AttemptResult result;
   bool local_done = false;
   auto next_tick = Clock::now();
@@ -525,21 +588,7 @@ int Agent::run() {
                            ? o_.heartbeat_timeout
                            : std::max(std::chrono::milliseconds(10000), 50 * o_.monitor_interval);
 
-  if (!o_.log_dir.empty()) {
-    run_dir_ = o_.log_dir + "/" + o_.rdzv_id;
-    std::error_code ec;
-    std::filesystem::create_directories(run_dir_, ec);
-    if (ec) {
-      throw UsageError("--log-dir " + o_.log_dir + ": cannot create " + run_dir_ + " (" +
-                       ec.message() + "); give a directory this user can write");
-    }
-  } else {
-    // /tmp/dtrain-run-<pid>-XXXXXX: removed at exit; by the guard if this agent is SIGKILLed;
-    // by the next agent or driver on the host if the guard dies too (core/owned_dir.h).
-    own_run_dir_ = std::make_unique<detail::OwnedTempDir>(kRunDirStem);
-    run_dir_ = std::filesystem::absolute(own_run_dir_->path()).string();
-    guard_->remove_dir_on_exit(run_dir_);
-  }
+  setup_run_dir();
   struct Cleanup {
     Agent* a;
     ~Cleanup() {

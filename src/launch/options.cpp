@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -240,7 +241,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
       ->capture_default_str();
   run.add_option(
       "--log-dir,--log_dir", a.log_dir,
-      "Write every rank's full output to LOG_DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log");
+      "Write every rank's full output to "
+      "LOG_DIR/RUN_ID_<random>/attempt_K/LOCAL_RANK/{stdout,stderr}.log (torchrun's layout)");
   run.add_option("-r,--redirects", a.redirects,
                  "Streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or "
                  "per local rank '0:1,1:2'")
@@ -284,25 +286,25 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   // torchrun 2.x's options (ParseRunArgs.EveryTorchrunOptionOfTheVenvIsAccepted, in
   // tests/unit/launch_options_test.cpp, checks them against the venv's torchrun).
   run.add_option("--local-ranks-filter,--local_ranks_filter", a.local_ranks_filter,
-                 "Show only these local ranks' output on the console, e.g. 0 or 0,1 (the others "
-                 "still go to --log-dir's files)");
+                 "Show only these local ranks' output on the console, e.g. 0 or 0,1 (with "
+                 "--log-dir, the others' still go to their files)");
   run.add_option("--event-log-handler,--event_log_handler", a.event_log_handler,
                  "torchrun's event log handler; dtrain logs its events itself (accepted, noted)")
       ->capture_default_str();
   run.add_option("--duplicate-stdout-filters,--duplicate_stdout_filters",
                  a.duplicate_stdout_filters,
-                 "torchrun copies matching stdout lines to a filtered file in the log dir "
-                 "(accepted, noted: use --log-dir and grep)")
-      ->allow_extra_args(false);
+                 "'apple,orange': the console's stdout lines holding apple or orange are also "
+                 "written, prefixed, to attempt_K/filtered_stdout.log in the log directory "
+                 "(',,' is a comma)");
   run.add_option("--duplicate-stderr-filters,--duplicate_stderr_filters",
-                 a.duplicate_stderr_filters, "As --duplicate-stdout-filters, for stderr")
-      ->allow_extra_args(false);
+                 a.duplicate_stderr_filters,
+                 "As --duplicate-stdout-filters, for stderr (filtered_stderr.log)");
   run.add_option("--local-addr,--local_addr", a.local_addr,
                  "This node's address for the rendezvous (accepted, noted: dtrain's nodes "
                  "reach the master at --master-addr)");
   run.add_option("--logs-specs,--logs_specs", a.logs_specs,
-                 "torchrun's LogsSpecs plug-in (accepted, noted: dtrain's log layout is fixed, "
-                 "see --log-dir)");
+                 "torchrun's LogsSpecs plug-in (accepted, noted: dtrain writes torchrun's "
+                 "default layout, see --log-dir)");
   run.add_option("--numa-binding,--numa_binding", a.numa_binding,
                  "node, socket, exclusive or core-complex: torchrun binds each GPU worker to its "
                  "GPU's NUMA node (accepted, noted: dtrain binds nothing)");
@@ -347,16 +349,65 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
       "a .py script, or with -m a module) and its arguments, passed on unchanged.");
   run.prefix_command();
   take_last_for_repeats(run);
+  // As torchrun's (torch/distributed/argparse_util.py): an option not on the command line
+  // takes its value from PET_<NAME> (what Kubeflow's PyTorchJob sets, e.g. PET_NNODES,
+  // PET_NODE_RANK, PET_MASTER_ADDR); a flag is on when PET_<NAME> is a non-zero number.
+  for (const char* name : {"--nnodes",
+                           "--nproc-per-node",
+                           "--rdzv-backend",
+                           "--rdzv-endpoint",
+                           "--rdzv-id",
+                           "--rdzv-conf",
+                           "--standalone",
+                           "--max-restarts",
+                           "--monitor-interval",
+                           "--start-method",
+                           "--event-log-handler",
+                           "--role",
+                           "--module",
+                           "--no-python",
+                           "--run-path",
+                           "--log-dir",
+                           "--redirects",
+                           "--tee",
+                           "--local-ranks-filter",
+                           "--duplicate-stdout-filters",
+                           "--duplicate-stderr-filters",
+                           "--node-rank",
+                           "--master-addr",
+                           "--master-port",
+                           "--local-addr",
+                           "--signals-to-handle",
+                           "--virtual-local-rank"}) {
+    std::string env = std::string("PET_") + (name + 2);
+    for (char& c : env) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
+    run.get_option(name)->envname(env);
+  }
   return run;
 }
 
 namespace {
 
-// torchrun 2.x's options beyond 1.13's: --local-ranks-filter as torchrun means it (the other
-// local ranks' streams go to the log files only), the rest checked and noted.
+// torchrun's comma_separated_list: "a,b" -> {a, b}; ",," stands for a comma inside an item.
+std::vector<std::string> comma_separated_list(const std::string& value) {
+  std::vector<std::string> items(1);
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != ',') {
+      items.back() += value[i];
+    } else if (i + 1 < value.size() && value[i + 1] == ',') {
+      items.back() += ',';
+      ++i;
+    } else {
+      items.emplace_back();
+    }
+  }
+  return items;
+}
+
+// torchrun 2.x's options beyond 1.13's: --local-ranks-filter, the duplicate filters and the
+// prefix template as torchrun means them, the rest checked and noted.
 void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
   if (!a.local_ranks_filter.empty()) {
-    std::set<int> shown;
     size_t pos = 0;
     while (pos <= a.local_ranks_filter.size()) {
       size_t comma = a.local_ranks_filter.find(',', pos);
@@ -366,29 +417,29 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
       if (r < 0)
         throw UsageError("--local-ranks-filter: got '" + a.local_ranks_filter +
                          "', expected local ranks like 0 or 0,1,2");
-      shown.insert(r);
+      o.local_ranks_filter.insert(r);
       if (comma == std::string::npos) break;
       pos = comma + 1;
     }
-    // Every local rank a node can have (a host file's slots go up to 4096).
-    for (int r = 0; r < 4096; ++r)
-      if (!shown.count(r) && !o.redirects.count(r)) o.redirects[r] = 3;
   }
+  // An empty value duplicates nothing, as torchrun's (`if duplicate_stdout_filters:`).
+  if (!a.duplicate_stdout_filters.empty())
+    o.duplicate_stdout_filters = comma_separated_list(a.duplicate_stdout_filters);
+  if (!a.duplicate_stderr_filters.empty())
+    o.duplicate_stderr_filters = comma_separated_list(a.duplicate_stderr_filters);
+  if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t && *t)
+    o.log_line_prefix_template = t;
   if (a.event_log_handler != "null")
     o.notes.push_back("--event-log-handler " + a.event_log_handler +
                       ": torchrun's event handlers do not apply; dtrain reports its events on "
                       "stderr and in --failure-file");
-  if (!a.duplicate_stdout_filters.empty() || !a.duplicate_stderr_filters.empty())
-    o.notes.push_back(
-        "--duplicate-stdout/stderr-filters: not copied to filtered files; every line is in "
-        "--log-dir's per-rank files");
   if (!a.local_addr.empty())
     o.notes.push_back("--local-addr " + a.local_addr +
                       ": not used; the nodes reach the store at --master-addr/--rdzv-endpoint");
   if (!a.logs_specs.empty())
     o.notes.push_back("--logs-specs " + a.logs_specs +
-                      ": torchrun's log plug-ins do not apply; dtrain writes "
-                      "LOG_DIR/RUN_ID/attempt_K/rank_N/{stdout,stderr}.log");
+                      ": torchrun's log plug-ins do not apply; dtrain writes torchrun's default "
+                      "layout, LOG_DIR/RUN_ID_<random>/attempt_K/LOCAL_RANK/{stdout,stderr}.log");
   if (!a.numa_binding.empty()) {
     if (a.numa_binding != "node" && a.numa_binding != "socket" && a.numa_binding != "exclusive" &&
         a.numa_binding != "core-complex")

@@ -44,7 +44,7 @@ struct RunArgs {
   // torchrun 2.x options (see add_run_options)
   std::string event_log_handler = "null";
   std::string local_ranks_filter;
-  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  std::string duplicate_stdout_filters, duplicate_stderr_filters;  // "a,b" (",," is a comma)
   std::string local_addr;
   std::string logs_specs;
   std::string numa_binding;

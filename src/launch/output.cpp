@@ -1,9 +1,13 @@
 #include "launch/output.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include "dtrain/error.h"
 
 namespace dtrain::launch {
 
@@ -25,11 +29,27 @@ void write_all(int fd, std::string_view bytes) {
   }
 }
 
-OutputStream::OutputStream(std::string prefix, int console_fd, int file_fd, int tail_lines)
+FilteredLog::FilteredLog(const std::string& path, std::vector<std::string> needles)
+    : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644)),
+      needles_(std::move(needles)) {
+  if (fd_ < 0) throw Error("cannot create log file " + path + ": " + std::strerror(errno));
+}
+
+FilteredLog::~FilteredLog() { ::close(fd_); }
+
+bool FilteredLog::matches(std::string_view line) const {
+  for (const auto& n : needles_)
+    if (line.find(n) != std::string_view::npos) return true;
+  return false;
+}
+
+OutputStream::OutputStream(std::string prefix, int console_fd, int file_fd, int tail_lines,
+                           std::shared_ptr<FilteredLog> filtered)
     : prefix_(std::move(prefix)),
       console_fd_(console_fd),
       file_fd_(file_fd),
-      tail_lines_(static_cast<size_t>(tail_lines)) {}
+      tail_lines_(static_cast<size_t>(tail_lines)),
+      filtered_(std::move(filtered)) {}
 
 OutputStream::OutputStream(OutputStream&& o) noexcept
     : prefix_(std::move(o.prefix_)),
@@ -37,7 +57,8 @@ OutputStream::OutputStream(OutputStream&& o) noexcept
       file_fd_(o.file_fd_),
       tail_lines_(o.tail_lines_),
       partial_(std::move(o.partial_)),
-      tail_(std::move(o.tail_)) {
+      tail_(std::move(o.tail_)),
+      filtered_(std::move(o.filtered_)) {
   o.file_fd_ = -1;
   o.console_fd_ = -1;
 }
@@ -70,6 +91,7 @@ void OutputStream::emit_line(std::string_view line) {
     out.reserve(prefix_.size() + line.size() + 1);
     out.append(prefix_).append(line).push_back('\n');
     write_all(console_fd_, out);
+    if (filtered_ && filtered_->matches(line)) write_all(filtered_->fd(), out);
   }
   if (tail_lines_ > 0) {
     tail_.emplace_back(line);
@@ -87,6 +109,7 @@ void OutputStream::close() {
     ::close(file_fd_);
     file_fd_ = -1;
   }
+  filtered_.reset();
 }
 
 std::deque<std::string> OutputStream::tail() const {

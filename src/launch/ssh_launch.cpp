@@ -308,6 +308,24 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   // The token goes down ssh's stdin (run_ssh_launch), not onto command lines `ps` shows.
   if (!o.store_token.empty()) a.insert(a.end(), {"--store-token", "-"});
   if (!o.log_dir.empty()) a.insert(a.end(), {"--log-dir", o.log_dir});
+  if (!o.local_ranks_filter.empty()) {
+    std::string shown;
+    for (int r : o.local_ranks_filter) shown += (shown.empty() ? "" : ",") + std::to_string(r);
+    a.insert(a.end(), {"--local-ranks-filter", shown});
+  }
+  // torchrun's comma_separated_list back: a comma inside a filter is written ",,".
+  auto filters = [](const std::vector<std::string>& items) {
+    std::string v;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) v += ',';
+      for (char c : items[i]) v += c == ',' ? std::string(",,") : std::string(1, c);
+    }
+    return v;
+  };
+  if (!o.duplicate_stdout_filters.empty())
+    a.push_back("--duplicate-stdout-filters=" + filters(o.duplicate_stdout_filters));
+  if (!o.duplicate_stderr_filters.empty())
+    a.push_back("--duplicate-stderr-filters=" + filters(o.duplicate_stderr_filters));
   if (!o.ifname.empty()) a.insert(a.end(), {"--ifname", o.ifname});
   if (o.module) a.push_back("--module");
   if (o.no_python) a.push_back("--no-python");

@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -29,6 +30,40 @@ bool mask_has(const std::map<int, int>& spec, int local_rank, int bit) {
   auto it = spec.find(local_rank);
   if (it == spec.end()) it = spec.find(-1);
   return it != spec.end() && (it->second & bit) != 0;
+}
+
+// Python's string.Template(t).safe_substitute(role_name=, rank=, local_rank=), as torchrun
+// builds its line prefixes: $$ is $, $name and ${name} are replaced when known, anything else
+// stays as written.
+std::string substitute_prefix(const std::string& t, const std::map<std::string, std::string>& v) {
+  auto ident_start = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)); };
+  auto ident_char = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)); };
+  std::string out;
+  size_t i = 0;
+  while (i < t.size()) {
+    if (t[i] != '$' || i + 1 >= t.size()) {
+      out += t[i++];
+      continue;
+    }
+    if (t[i + 1] == '$') {
+      out += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = t[i + 1] == '{';
+    size_t start = i + (braced ? 2 : 1), end = start;
+    if (end < t.size() && ident_start(t[end]))
+      while (end < t.size() && ident_char(t[end])) ++end;
+    const bool closed = braced && end < t.size() && t[end] == '}';
+    auto it = v.find(t.substr(start, end - start));
+    if (end > start && (!braced || closed) && it != v.end()) {
+      out += it->second;
+      i = end + (braced ? 1 : 0);
+    } else {
+      out += t[i++];  // unknown or malformed: kept as written
+    }
+  }
+  return out;
 }
 
 std::string read_file(const std::string& path, size_t limit = 64 * 1024) {
@@ -150,7 +185,7 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
     tail.push_back("JE_ARROW_MALLOC_CONF=background_thread:false");
 }
 
-void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir,
+void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool write_logs,
                       const std::string& master_addr, int master_port) {
   std::vector<std::string> argv, inherited, tail;
   worker_command(argv, inherited, tail);
@@ -161,12 +196,23 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir,
 
   workers_.clear();
   workers_.resize(o_.nproc_per_node);
+  // torchrun's attempt_K/filtered_std{out,err}.log: created for the attempt even when no
+  // line matches; the console's matching lines of every rank, prefixed.
+  std::filesystem::create_directories(dir);
+  std::shared_ptr<FilteredLog> filtered_out, filtered_err;
+  if (!o_.duplicate_stdout_filters.empty())
+    filtered_out =
+        std::make_shared<FilteredLog>(dir + "/filtered_stdout.log", o_.duplicate_stdout_filters);
+  if (!o_.duplicate_stderr_filters.empty())
+    filtered_err =
+        std::make_shared<FilteredLog>(dir + "/filtered_stderr.log", o_.duplicate_stderr_filters);
   std::vector<std::vector<std::string>> envs(workers_.size());
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     Worker& w = workers_[lr];
     w.local_rank = lr;
     w.rank = rdzv.rank_offset + lr;
-    const std::string rank_dir = dir + "/rank_" + std::to_string(w.rank);
+    // torchrun's layout: one directory per local rank (the run directory is the agent's own).
+    const std::string rank_dir = dir + "/" + std::to_string(lr);
     std::filesystem::create_directories(rank_dir);
     w.error_file = rank_dir + "/error.json";
     WorkerEnv env;
@@ -195,17 +241,23 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir,
       envs[lr].push_back("DTRAIN_BIND_CPUS=" + cpu_list_string(binding_.cpus[lr]));
 
     auto open_log = [&](const char* name) {
-      if (o_.log_dir.empty()) return -1;
+      if (!write_logs) return -1;
       std::string path = rank_dir + "/" + name;
       int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd < 0) throw Error("cannot create log file " + path + ": " + std::strerror(errno));
       return fd;
     };
-    const std::string prefix = "[" + o_.role + std::to_string(w.rank) + "]:";
-    w.out.emplace(prefix, mask_has(o_.redirects, lr, 1) ? -1 : STDOUT_FILENO,
-                  open_log("stdout.log"), 0);
-    w.err.emplace(prefix, mask_has(o_.redirects, lr, 2) ? -1 : STDERR_FILENO,
-                  open_log("stderr.log"), o_.stderr_tail_lines);
+    const std::string prefix =
+        o_.log_line_prefix_template.empty()
+            ? "[" + o_.role + std::to_string(w.rank) + "]:"
+            : substitute_prefix(o_.log_line_prefix_template, {{"role_name", o_.role},
+                                                              {"rank", std::to_string(w.rank)},
+                                                              {"local_rank", std::to_string(lr)}});
+    const bool shown = o_.local_ranks_filter.empty() || o_.local_ranks_filter.count(lr) > 0;
+    w.out.emplace(prefix, shown && !mask_has(o_.redirects, lr, 1) ? STDOUT_FILENO : -1,
+                  open_log("stdout.log"), 0, filtered_out);
+    w.err.emplace(prefix, shown && !mask_has(o_.redirects, lr, 2) ? STDERR_FILENO : -1,
+                  open_log("stderr.log"), o_.stderr_tail_lines, filtered_err);
   }
   stop_signal_ = 0;
   if (!warm_socket_.empty()) {

@@ -8,7 +8,7 @@
 // (warm_socket). Every pid is watched by the agent's guard, so no worker outlives a killed
 // agent.
 // Output: each worker's stdout/stderr pipe is read as it comes (poll_fds/on_ready) into its
-// OutputStreams (rank prefix, log file, stderr tail).
+// OutputStreams (rank prefix, log file, filtered copy, stderr tail).
 // Ends: reap() after SIGCHLD (or a warm launch server's report); first_failure() names the
 // first worker that did not exit 0.
 // Teardown: stop(sig) signals every worker's process group, SIGKILLs after term_timeout,
@@ -62,10 +62,11 @@ class WorkerSet {
             std::string warm_socket);
   ~WorkerSet();
 
-  // Starts attempt `rdzv`'s workers; `dir` holds their error files (and logs with --log-dir),
-  // master_addr/port is the store they reach.
-  void spawn(const RendezvousResult& rdzv, const std::string& dir, const std::string& master_addr,
-             int master_port);
+  // Starts attempt `rdzv`'s workers; `dir` (the attempt's directory) holds their error files
+  // in one directory per local rank, with their stdout.log and stderr.log when `write_logs`,
+  // and the filtered logs; master_addr/port is the store they reach.
+  void spawn(const RendezvousResult& rdzv, const std::string& dir, bool write_logs,
+             const std::string& master_addr, int master_port);
   const std::vector<Worker>& workers() const { return workers_; }
   bool any_alive() const;
 

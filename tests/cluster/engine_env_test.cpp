@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "dtrain/engine_env.h"
@@ -217,6 +218,12 @@ LaunchOptions parse_with(const std::vector<std::string>& flags, const Vars& env)
       a.rdzv_backend = next();
     else if (f == "--rdzv-conf")
       a.rdzv_conf = next();
+    else if (f == "--local-ranks-filter")
+      a.local_ranks_filter = next();
+    else if (f == "--duplicate-stdout-filters")
+      a.duplicate_stdout_filters = next();
+    else if (f == "--duplicate-stderr-filters")
+      a.duplicate_stderr_filters = next();
     else
       ADD_FAILURE() << "parse_with does not know " << f;
   }
@@ -333,6 +340,23 @@ TEST(HostList, PlanAndAgentArguments) {
   EXPECT_EQ(parse_with({"-H", "alice@n1:2,n2"}, {}).master_addr, "n1");  // ssh login stripped
   msg = usage_error([] { parse_with({"-H", "n1", "--nnodes", "2"}, {}); });
   EXPECT_NE(msg.find("--nnodes cannot be combined"), std::string::npos) << msg;
+}
+
+// What the other hosts' agents are told of the console and the filtered logs is what this
+// host's command line said (the round trip through agent_args and the remote parse).
+TEST(HostList, AgentsGetTheConsoleFilterAndTheDuplicateFilters) {
+  LaunchOptions o =
+      parse_with({"-H", "n1:2,n2:2", "--local-ranks-filter", "1,0", "--duplicate-stdout-filters",
+                  "loss,,x,acc", "--duplicate-stderr-filters", "Error"},
+                 {});
+  o.program = "/bin/true";
+  validate_launch_options(o);
+  auto a = agent_args(o, 1);
+  ASSERT_EQ(a.front(), "run");
+  LaunchOptions remote = parse_run_args(std::vector<std::string>(a.begin() + 1, a.end()));
+  EXPECT_EQ(remote.local_ranks_filter, (std::set<int>{0, 1}));
+  EXPECT_EQ(remote.duplicate_stdout_filters, (std::vector<std::string>{"loss,x", "acc"}));
+  EXPECT_EQ(remote.duplicate_stderr_filters, (std::vector<std::string>{"Error"}));
 }
 
 bool has_pair(const std::vector<std::string>& a, const std::string& flag,

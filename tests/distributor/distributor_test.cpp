@@ -324,15 +324,21 @@ TEST(Distributor, ExtraEnvironmentAndLogDirReachTheWorkers) {
   char tmpl[] = "/tmp/dtrain-distributor-logs-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   dtrain::Distributor d({.num_processes = 2, .log_dir = tmpl, .env = {{"MY_SETTING", "42"}}});
+  // torchrun's PET_<OPTION> variables (a Kubeflow pod's) are for a `dtrain run` command line:
+  // the Distributor's own job does not take them.
+  ::setenv("PET_ROLE", "not_for_the_distributor", 1);
   auto got = d.run_all(+[] {
     std::printf("hello from the worker\n");
-    return env_int("MY_SETTING");
+    const char* role = std::getenv("ROLE_NAME");
+    return role && std::string(role) == "default" ? env_int("MY_SETTING") : -1;
   });
+  ::unsetenv("PET_ROLE");
   EXPECT_EQ(got, (std::vector<int>{42, 42}));
-  // LOG_DIR/<run id>/attempt_0/rank_1/stdout.log
+  // LOG_DIR/<run id>_<random>/attempt_0/1/stdout.log (torchrun's layout; local rank 1)
   bool found = false;
   for (const auto& e : std::filesystem::recursive_directory_iterator(tmpl)) {
-    if (e.path().filename() == "stdout.log" && e.path().parent_path().filename() == "rank_1") {
+    if (e.path().filename() == "stdout.log" && e.path().parent_path().filename() == "1" &&
+        e.path().parent_path().parent_path().filename() == "attempt_0") {
       std::ifstream in(e.path());
       std::string text((std::istreambuf_iterator<char>(in)), {});
       found = text.find("hello from the worker") != std::string::npos;

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "launcher/subprocess.h"
@@ -145,6 +149,63 @@ TEST(LauncherInterop, EachWorkerLeadsItsOwnSessionAsUnderTorchrun) {
       EXPECT_NE(j["sid"], j["parent_sid"]) << "rank " << rank << " is in the launcher's: " << j;
     }
   }
+}
+
+// Every file under `dir`, by its path below the run directory (<run id>_<random>, checked
+// here), with its contents.
+std::map<std::string, std::string> run_files(const std::string& dir, const std::string& run_id) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const auto rel = std::filesystem::relative(e.path(), dir);
+    const std::string run_dir = rel.begin()->string();
+    EXPECT_TRUE(std::regex_match(run_dir, std::regex(run_id + "_[a-z0-9_]{8}"))) << rel;
+    std::ifstream in(e.path());
+    files[std::filesystem::relative(rel, run_dir).string()] =
+        std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return files;
+}
+
+// --log-dir, --tee, --local-ranks-filter, --duplicate-stdout/stderr-filters and
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, under the venv's torchrun and `dtrain run` with the
+// same flags: the same files in the same layout with the same contents (per-rank logs,
+// error.json's place, the attempt's filtered logs), and the same lines on the console.
+TEST(LauncherInterop, LogDirAndFilteredLinesAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string script = kInterop + "/log_lines.py";
+  const std::string base = std::filesystem::temp_directory_path() /
+                           ("dtrain-interop-logs-" + std::to_string(::getpid()));
+  std::map<std::string, std::map<std::string, std::string>> files;
+  std::map<std::string, std::multiset<std::string>> console;
+  for (const std::string launcher : {"torchrun", "dtrain"}) {
+    SCOPED_TRACE(launcher);
+    const std::string dir = base + "/" + launcher;
+    std::vector<std::string> argv =
+        launcher == "torchrun" ? venv_torchrun() : std::vector<std::string>{DTRAIN_BIN, "run"};
+    for (const std::string a :
+         {"--nproc-per-node", "2", "--monitor-interval", "0.1", "--rdzv-id", "job5", "--log-dir",
+          dir.c_str(), "--tee", "3", "--local-ranks-filter", "1", "--duplicate-stdout-filters",
+          "line 1,,x,line 3", "--duplicate-stderr-filters", "err 1", "--no-python",
+          DTRAIN_VENV_PYTHON, script.c_str()})
+      argv.push_back(a);
+    auto r = run_command(argv, {.env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=<${role_name}|"
+                                        "${rank}|${local_rank}>"},
+                                .timeout = 120s});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    files[launcher] = run_files(dir, "job5");
+    std::istringstream out(r.out + r.err);
+    for (std::string line; std::getline(out, line);)
+      if (line.rfind("<default|", 0) == 0) console[launcher].insert(line);
+  }
+  std::filesystem::remove_all(base);
+  EXPECT_EQ(files["dtrain"], files["torchrun"]);
+  EXPECT_EQ(console["dtrain"], console["torchrun"]);
+  // What the comparison covered: rank 1's 8 lines on the console, the 4 per-rank logs and the
+  // 2 filtered ones ("line 1,,x,line 3" is the filters "line 1,x" and "line 3").
+  EXPECT_EQ(console["torchrun"].size(), 8u);
+  EXPECT_EQ(files["torchrun"]["attempt_0/filtered_stdout.log"], "<default|1|1>out 1 line 3\n");
+  EXPECT_EQ(files["torchrun"].size(), 6u);
 }
 
 // The worker environment is torchrun's: under the venv's torchrun and `dtrain run` with the

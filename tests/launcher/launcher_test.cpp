@@ -26,6 +26,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -330,7 +331,7 @@ TEST_F(LauncherTest, EnvContractOnTwoProcs) {
     EXPECT_EQ(e["OMP_NUM_THREADS"], "1");
     const std::string& ef = e["TORCHELASTIC_ERROR_FILE"];
     EXPECT_TRUE(ef.size() > 1 && ef[0] == '/') << ef;
-    EXPECT_TRUE(ef.ends_with("/attempt_0/rank_" + rs + "/error.json")) << ef;
+    EXPECT_TRUE(ef.ends_with("/attempt_0/" + std::to_string(rank) + "/error.json")) << ef;
     error_files.insert(ef);
     const std::string& port = e["MASTER_PORT"];
     ASSERT_FALSE(port.empty());
@@ -455,14 +456,28 @@ TEST_F(LauncherTest, FinalLineWithoutNewlineArrives) {
   EXPECT_TRUE(r.out.ends_with("\n")) << "the console line must be completed";
 }
 
+// The run directories a launch made under `log_dir`: torchrun's <run id>_<8 of [a-z0-9_]>.
+std::vector<std::string> run_dirs(const std::string& log_dir, const std::string& run_id) {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(log_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(std::regex_match(name, std::regex(run_id + "_[a-z0-9_]{8}"))) << name;
+    dirs.push_back(e.path().string());
+  }
+  return dirs;
+}
+
 TEST_F(LauncherTest, LogDirFilesAreUnprefixedAndComplete) {
   const std::string dir = path("logs");
   RunResult r = run({"--log-dir", dir, "--rdzv-id", "logjob", "--nproc-per-node", "2", kWorker,
                      "--lines", "100", "--no-newline", "tail without newline"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto runs = run_dirs(dir, "logjob");
+  ASSERT_EQ(runs.size(), 1u);
   for (int rank : {0, 1}) {
     SCOPED_TRACE("rank " + std::to_string(rank));
-    const std::string rank_dir = dir + "/logjob/attempt_0/rank_" + std::to_string(rank);
+    const std::string rank_dir = runs[0] + "/attempt_0/" + std::to_string(rank);
     EXPECT_EQ(read_file(rank_dir + "/stdout.log"),
               numbered_lines("out", rank, 100) + "tail without newline");
     EXPECT_EQ(read_file(rank_dir + "/stderr.log"), numbered_lines("err", rank, 100));
@@ -470,6 +485,9 @@ TEST_F(LauncherTest, LogDirFilesAreUnprefixedAndComplete) {
   // The console still gets everything (tee is implied without --redirects).
   EXPECT_EQ(rank_lines(r.out).size(), 2u * 101);
   EXPECT_EQ(rank_lines(r.err).size(), 2u * 100);
+  // A second job in the same directory, with the same run id, gets a run directory of its own.
+  ASSERT_EQ(run({"--log-dir", dir, "--rdzv-id", "logjob", kWorker, "--lines", "1"}).exit_code, 0);
+  EXPECT_EQ(run_dirs(dir, "logjob").size(), 2u);
 }
 
 TEST_F(LauncherTest, Redirects3KeepsTheConsoleClean) {
@@ -479,11 +497,61 @@ TEST_F(LauncherTest, Redirects3KeepsTheConsoleClean) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
   EXPECT_TRUE(rank_lines(r.err).empty()) << r.err;
+  const auto runs = run_dirs(dir, "none");
+  ASSERT_EQ(runs.size(), 1u);
   for (int rank : {0, 1}) {
-    const std::string rank_dir = dir + "/none/attempt_0/rank_" + std::to_string(rank);
+    const std::string rank_dir = runs[0] + "/attempt_0/" + std::to_string(rank);
     EXPECT_EQ(read_file(rank_dir + "/stdout.log"), numbered_lines("out", rank, 100));
     EXPECT_EQ(read_file(rank_dir + "/stderr.log"), numbered_lines("err", rank, 100));
   }
+}
+
+// torchrun keeps redirected streams in a temporary directory when no --log-dir is given;
+// dtrain keeps them too, and says where: nothing the user asked for is lost.
+TEST_F(LauncherTest, RedirectsWithoutALogDirKeepTheOutputAndSayWhere) {
+  RunResult r = run({"--redirects", "1", "--nproc-per-node", "2", kWorker, "--lines", "3"}, 30s,
+                    {.env = {"TMPDIR=" + tmp_}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  const std::string said =
+      "dtrain: no --log-dir: the logs of the redirected streams and "
+      "filtered lines are in ";
+  const auto at = r.err.find(said);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string run_dir =
+      r.err.substr(at + said.size(), r.err.find('\n', at) - at - said.size());
+  EXPECT_EQ(run_dir.rfind(tmp_ + "/dtrain-logs-", 0), 0u) << run_dir;
+  for (int rank : {0, 1})
+    EXPECT_EQ(read_file(run_dir + "/attempt_0/" + std::to_string(rank) + "/stdout.log"),
+              numbered_lines("out", rank, 3));
+  // Nothing redirected: nothing kept (the error files' directory is removed at exit).
+  r = run({kWorker, "--lines", "1"}, 30s, {.env = {"TMPDIR=" + tmp_}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find(said), std::string::npos) << r.err;
+}
+
+// torchrun's --duplicate-stdout/stderr-filters, --local-ranks-filter and
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (LauncherInterop.LogDirAndFilteredLinesAsUnderTorchrun
+// holds the same against the venv's torchrun).
+TEST_F(LauncherTest, FilteredLinesGoToTheAttemptsFilteredLogs) {
+  const std::string dir = path("logs");
+  RunResult r =
+      run({"--log-dir", dir, "--nproc-per-node", "2", "--local-ranks-filter", "1",
+           "--duplicate-stdout-filters", "out 1 2,,x,out 1 4", "--duplicate-stderr-filters", "1 0",
+           kWorker, "--lines", "5"},
+          30s, {.env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=<$role_name|${rank}|$$>"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string shown;
+  for (const auto& line : split_lines(numbered_lines("out", 1, 5)))
+    shown += "<default|1|$>" + line + "\n";
+  EXPECT_EQ(r.out, shown);
+  const auto runs = run_dirs(dir, "none");
+  ASSERT_EQ(runs.size(), 1u);
+  // Only what reached the console (rank 1's), prefixed; "a,,b" is the filter "a,b".
+  EXPECT_EQ(read_file(runs[0] + "/attempt_0/filtered_stdout.log"), "<default|1|$>out 1 4\n");
+  EXPECT_EQ(read_file(runs[0] + "/attempt_0/filtered_stderr.log"), "<default|1|$>err 1 0\n");
+  // Rank 0's output, kept off the console, is still in its files.
+  EXPECT_EQ(read_file(runs[0] + "/attempt_0/0/stdout.log"), numbered_lines("out", 0, 5));
 }
 
 TEST_F(LauncherTest, RedirectsPerLocalRank) {
@@ -497,8 +565,10 @@ TEST_F(LauncherTest, RedirectsPerLocalRank) {
   for (auto& l : rank_lines(r.err)) err_ranks.insert(l.rank);
   EXPECT_EQ(out_ranks, (std::set<int>{1}));
   EXPECT_EQ(err_ranks, (std::set<int>{0}));
-  EXPECT_EQ(read_file(dir + "/none/attempt_0/rank_0/stdout.log"), numbered_lines("out", 0, 5));
-  EXPECT_EQ(read_file(dir + "/none/attempt_0/rank_1/stderr.log"), numbered_lines("err", 1, 5));
+  const auto runs = run_dirs(dir, "none");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(read_file(runs[0] + "/attempt_0/0/stdout.log"), numbered_lines("out", 0, 5));
+  EXPECT_EQ(read_file(runs[0] + "/attempt_0/1/stderr.log"), numbered_lines("err", 1, 5));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -676,7 +746,7 @@ TEST_F(LauncherTest, SigkillOfTheAgentTakesEverythingDown) {
   Process& agent = start({"--nproc-per-node", "2", kWorker, "--spawn-child", "--print-var",
                           "TORCHELASTIC_ERROR_FILE", "--pid", "--sleep", "30"});
   ASSERT_TRUE(wait_for_count(agent, "]:pid=", 2));
-  // The agent's own temporary directory (<dir>/attempt_0/rank_N/error.json).
+  // The agent's own temporary directory (<dir>/attempt_0/<local rank>/error.json).
   const std::string var = "]:TORCHELASTIC_ERROR_FILE=";
   const auto at = agent.out().find(var);
   ASSERT_NE(at, std::string::npos) << agent.out();
@@ -793,8 +863,8 @@ TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
     EXPECT_EQ(env[rank]["RANK"], std::to_string(rank));
     EXPECT_EQ(env[rank]["LOCAL_RANK"], std::to_string(rank));
     EXPECT_EQ(env[rank]["OMP_NUM_THREADS"], "1");
-    EXPECT_TRUE(env[rank]["TORCHELASTIC_ERROR_FILE"].ends_with("/rank_" + std::to_string(rank) +
-                                                               "/error.json"));
+    EXPECT_TRUE(env[rank]["TORCHELASTIC_ERROR_FILE"].ends_with(
+        "/attempt_0/" + std::to_string(rank) + "/error.json"));
   }
   // Nothing of the fork server's own set-up reaches the program.
   EXPECT_EQ(count(r.out, "]:LD_PRELOAD=<unset>\n"), 3u) << r.out;

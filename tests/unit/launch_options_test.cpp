@@ -14,7 +14,9 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -214,9 +216,8 @@ std::vector<FlagCase> flag_cases() {
        "--local_ranks_filter",
        {"0,2"},
        [](auto& o) {
-         EXPECT_EQ(o.redirects.count(0), 0u);
-         EXPECT_EQ(o.redirects.at(1), 3);  // both streams to the log files only
-         EXPECT_EQ(o.redirects.count(2), 0u);
+         EXPECT_EQ(o.local_ranks_filter, (std::set<int>{0, 2}));
+         EXPECT_TRUE(o.redirects.at(-1) == 0);  // the others' streams still reach their files
        }},
       {"--numa-binding",
        "--numa_binding",
@@ -247,12 +248,15 @@ std::vector<FlagCase> flag_cases() {
        [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
       {"--duplicate-stdout-filters",
        "--duplicate_stdout_filters",
-       {"loss"},
-       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+       {"loss,,x,acc"},
+       [](auto& o) {
+         EXPECT_EQ(o.duplicate_stdout_filters, (std::vector<std::string>{"loss,x", "acc"}));
+         EXPECT_TRUE(o.notes.empty());
+       }},
       {"--duplicate-stderr-filters",
        "--duplicate_stderr_filters",
        {"error"},
-       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+       [](auto& o) { EXPECT_EQ(o.duplicate_stderr_filters, (std::vector<std::string>{"error"})); }},
   };
 }
 
@@ -344,6 +348,129 @@ TEST(ParseRunArgs, EveryTorchrunOptionOfTheVenvIsAccepted) {
     }
   }
   EXPECT_GE(options, 50) << "torchrun 2.11 has ~28 options, most in two spellings";
+  std::filesystem::remove_all(dir);
+}
+
+// What `o` holds that a torchrun option sets (not the random run id of --standalone).
+std::string describe(const LaunchOptions& o) {
+  std::ostringstream d;
+  auto streams = [&](const std::map<int, int>& m) {
+    for (auto [r, v] : m) d << r << ":" << v << " ";
+  };
+  d << "nnodes " << o.nnodes << " min " << o.min_nodes << " nproc " << o.nproc_per_node
+    << " node_rank " << o.node_rank << " backend " << o.rdzv_backend << " addr " << o.master_addr
+    << " port " << o.master_port << " standalone " << o.standalone << " restarts " << o.max_restarts
+    << " monitor " << o.monitor_interval.count() << " start " << o.start_method << " role "
+    << o.role << " module " << o.module << " no_python " << o.no_python << " run_path "
+    << o.run_path << " log_dir " << o.log_dir << " timeout " << o.rdzv_timeout.count()
+    << " signals " << o.signals_to_handle << " redirects ";
+  streams(o.redirects);
+  d << "tee ";
+  streams(o.tee);
+  d << "shown ";
+  for (int r : o.local_ranks_filter) d << r << " ";
+  for (const auto& f : o.duplicate_stdout_filters) d << "out[" << f << "] ";
+  for (const auto& f : o.duplicate_stderr_filters) d << "err[" << f << "] ";
+  if (!o.standalone) d << "id " << o.rdzv_id;
+  for (const auto& n : o.notes) d << " note " << n;
+  return d.str();
+}
+
+// torchrun takes every option it does not find on the command line from PET_<DEST> (its
+// argparse_util `env` and `check_env` actions; Kubeflow's PyTorchJob sets PET_NNODES,
+// PET_NODE_RANK, PET_MASTER_ADDR...). The venv's torchrun says which options, and what its
+// own parser makes of each value; dtrain must parse every one as if given as the flag, and a
+// flag on the command line wins.
+TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
+  // A value for each torchrun option that differs from its default.
+  const std::map<std::string, std::string> samples = {
+      {"PET_NNODES", "2"},
+      {"PET_NPROC_PER_NODE", "3"},
+      {"PET_RDZV_BACKEND", "c10d"},
+      {"PET_RDZV_ENDPOINT", "127.0.0.2:29511"},
+      {"PET_RDZV_ID", "job7"},
+      {"PET_RDZV_CONF", "timeout=10"},
+      {"PET_MAX_RESTARTS", "2"},
+      {"PET_MONITOR_INTERVAL", "0.5"},
+      {"PET_START_METHOD", "spawn"},
+      {"PET_EVENT_LOG_HANDLER", "console"},
+      {"PET_ROLE", "trainer"},
+      {"PET_LOG_DIR", "/tmp/pet-logs"},
+      {"PET_REDIRECTS", "3"},
+      {"PET_TEE", "0:1"},
+      {"PET_LOCAL_RANKS_FILTER", "0"},
+      {"PET_DUPLICATE_STDOUT_FILTERS", "loss,,x,acc,"},
+      {"PET_DUPLICATE_STDERR_FILTERS", "err"},
+      {"PET_NODE_RANK", "1"},
+      {"PET_MASTER_ADDR", "10.1.2.3"},
+      {"PET_MASTER_PORT", "29511"},
+      {"PET_LOCAL_ADDR", "10.0.0.5"},
+      {"PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"}};
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("dtrain-torchrun-pet-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    // Each option torchrun reads from PET_<DEST>: "flag|value NAME OPTION", then for the
+    // filters what torchrun's parser makes of the sample (its comma_separated_list).
+    std::ofstream py(dir / "pet.py");
+    py << "import os, sys\n"
+          "from torch.distributed.argparse_util import env, check_env\n"
+          "from torch.distributed.run import get_args_parser\n"
+          "for a in get_args_parser()._actions:\n"
+          "    if isinstance(a, (env, check_env)):\n"
+          "        kind = 'flag' if isinstance(a, check_env) else 'value'\n"
+          "        print(kind, 'PET_' + a.dest.upper(), a.option_strings[-1])\n"
+          "os.environ['PET_DUPLICATE_STDOUT_FILTERS'] = sys.argv[1]\n"
+          "args = get_args_parser().parse_args(['prog.py'])\n"
+          "print('filters', '|'.join(args.duplicate_stdout_filters))\n";
+  }
+  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "pet.py").string() + " '" +
+                          samples.at("PET_DUPLICATE_STDOUT_FILTERS") + "' > " +
+                          (dir / "pet.txt").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
+  std::ifstream in(dir / "pet.txt");
+  int options = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string kind, var, flag;
+    words >> kind >> var >> flag;
+    if (kind == "filters") {
+      std::string torchrun = line.substr(std::string("filters ").size()), ours;
+      ::setenv("PET_DUPLICATE_STDOUT_FILTERS", samples.at("PET_DUPLICATE_STDOUT_FILTERS").c_str(),
+               1);
+      for (const auto& f : parse({}).duplicate_stdout_filters)
+        ours += (ours.empty() ? "" : "|") + f;
+      ::unsetenv("PET_DUPLICATE_STDOUT_FILTERS");
+      EXPECT_EQ(ours, torchrun) << "the filters torchrun's parser made of the same value";
+      continue;
+    }
+    SCOPED_TRACE(var + " (" + flag + ")");
+    ++options;
+    const std::string unset = describe(parse({}));
+    if (kind == "flag") {
+      const std::string given = describe(parse({flag}));
+      ::setenv(var.c_str(), "1", 1);
+      EXPECT_EQ(describe(parse({})), given);
+      ::setenv(var.c_str(), "0", 1);
+      EXPECT_EQ(describe(parse({})), unset);
+    } else {
+      auto it = samples.find(var);
+      if (it == samples.end()) {
+        ADD_FAILURE() << "torchrun reads " << var << ": add a sample value for it here";
+        continue;
+      }
+      const std::string given = describe(parse({flag, it->second}));
+      EXPECT_NE(given, unset) << "the sample value must differ from the default";
+      ::setenv(var.c_str(), it->second.c_str(), 1);
+      EXPECT_EQ(describe(parse({})), given);
+      // The command line wins over the variable, as in argparse.
+      if (var == "PET_ROLE") {
+        EXPECT_EQ(parse({flag, "other"}).role, "other");
+      }
+    }
+    ::unsetenv(var.c_str());
+  }
+  EXPECT_GE(options, 25) << "torchrun 2.11 reads ~27 options from PET_ variables";
   std::filesystem::remove_all(dir);
 }
 
@@ -820,6 +947,25 @@ TEST(OutputStream, MovedStreamKeepsWriting) {
   b.close();
   EXPECT_EQ(console.contents(), "[p]:xy\n");
   EXPECT_EQ(file.contents(), "xy\n");
+}
+
+TEST(OutputStream, FilteredLogGetsTheConsolesMatchingLinesOfEveryStream) {
+  CaptureFd console;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("dtrain-filtered-" + std::to_string(::getpid()) + ".log");
+  auto filtered =
+      std::make_shared<launch::FilteredLog>(path.string(), std::vector<std::string>{"loss", "acc"});
+  OutputStream shown("[r0]:", console.fd(), -1, 0, filtered);
+  OutputStream hidden("[r1]:", -1, -1, 0, filtered);  // not on the console: not filtered
+  shown.write("step 1 loss 0.5\nstep 1 lr 0.1\nval acc");
+  hidden.write("step 1 loss 0.7\n");
+  shown.close();  // the partial last line counts once it is flushed
+  hidden.close();
+  filtered.reset();
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}),
+            "[r0]:step 1 loss 0.5\n[r0]:val acc\n");
+  std::filesystem::remove(path);
 }
 
 // ---------------------------------------------------------------------------------------
