@@ -14,10 +14,16 @@
 //   - sections DeepSpeed 0.19.8 removed (compression_training, sparse_gradients, amp, ...)
 //     are refused with DeepSpeed's own reason;
 //   - duplicate keys are refused (parse_config_text), as DeepSpeed does.
-// One deliberate difference: DeepSpeed silently drops an unknown key at the top level and in
-// the optimizer/scheduler params ("gradient_clipp1ng" is simply ignored); here every unknown
-// key, in every section, is a ConfigError naming its path, the closest valid key, and that
-// DeepSpeed would ignore it. A value of the wrong type or out of range is named the same way.
+//   - the validated sections (zero_optimization, offload_*, fp16, bf16) read values as
+//     DeepSpeed's pydantic does ("enabled": "true", "stage": "2", each with a note);
+//   - what DeepSpeed's engine refuses when deepspeed.initialize builds the optimizer and
+//     scheduler is refused here too (an optimizer or scheduler param its constructor does not
+//     take, "sgd" or "warmuplr" in the wrong case, compute_grad_norm false with clipping, ...).
+// docs/deepspeed.md lists these rules and the deliberate differences. The main one: DeepSpeed
+// silently drops an unknown top-level key ("gradient_clipp1ng" is simply ignored); here every
+// unknown key, in every section, is a ConfigError naming its path, the closest valid key, and
+// whether DeepSpeed would ignore it or refuse it too. A value of the wrong type or out of range
+// is named the same way.
 //
 // "auto" (the Hugging Face / accelerate convention, filled in by their integrations before
 // DeepSpeed sees the config): in DeepSpeed's validated sections (zero_optimization and its
@@ -107,7 +113,7 @@ struct Fp16Config {
 
 struct OffloadConfig {
   std::string device = "none";  // none | cpu ("nvme" is refused: not supported here)
-  bool pin_memory = false;
+  bool pin_memory = true;       // DeepSpeed 0.19.8's default (pinned host memory for CUDA)
   bool enabled() const { return device == "cpu"; }
 };
 

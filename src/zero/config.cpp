@@ -1,12 +1,16 @@
 // DeepSpeed's config: strict parsing (unknown keys, types, ranges) and batch-size rules.
-// One piece (~800 lines): DeepSpeed's schema is one tree whose sections resolve against each
+// One piece (~1200 lines): DeepSpeed's schema is one tree whose sections resolve against each
 // other (batch sizes, "auto", the optimizer's lr as the scheduler's default); the key tables
 // and their checks stay together so one file says what dtrain accepts.
 #include <algorithm>
+#include <cctype>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "dtrain/zero_config.h"
@@ -57,7 +61,18 @@ class Section {
   const json* get(const std::string& key) {
     known_.push_back(key);
     auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) return nullptr;
+    if (it == j_.end()) return nullptr;
+    if (it->is_null()) {
+      // pydantic takes null only for the fields DeepSpeed declares Optional.
+      static const std::vector<std::string> optional = {
+          "overlap_comm", "offload_param",     "offload_optimizer",          "zenflow",
+          "cpu_offload",  "cpu_offload_param", "cpu_offload_use_pin_memory", "nvme_path"};
+      if (validated_ && std::find(optional.begin(), optional.end(), key) == optional.end())
+        fail(key,
+             "null is not a value for this key (DeepSpeed 0.19.8 refuses it too); give a value "
+             "or leave the key out");
+      return nullptr;
+    }
     if (validated_ && is_auto(&*it)) {
       if (std::find(auto_noted_.begin(), auto_noted_.end(), key) == auto_noted_.end()) {
         auto_noted_.push_back(key);
@@ -74,36 +89,62 @@ class Section {
   static bool is_auto(const json* v) {
     return v && v->is_string() && v->get<std::string>() == "auto";
   }
+  // In a validated section a value is read as pydantic's lax mode reads it (DeepSpeed 0.19.8
+  // accepts "enabled": "true" and "stage": "2"), with a note; elsewhere only its JSON type.
   void boolean(const std::string& key, bool& out) {
     if (auto v = get(key)) {
-      if (!v->is_boolean()) fail(key, "expected true or false, got " + v->dump());
-      out = v->get<bool>();
+      std::optional<bool> b = v->is_boolean() ? std::optional<bool>(v->get<bool>())
+                              : validated_    ? lax_bool(*v)
+                                              : std::nullopt;
+      if (!b) fail(key, "expected true or false, got " + v->dump());
+      if (!v->is_boolean()) coerced(key, *v, *b ? "true" : "false");
+      out = *b;
     }
   }
   void number(const std::string& key, double& out, double lo = -INFINITY, double hi = INFINITY,
-              bool allow_auto = false) {
+              bool allow_auto = false, bool allow_bool = true) {
     if (auto v = get(key)) {
       if (allow_auto && is_auto(v)) return;
-      if (!v->is_number()) fail(key, "expected a number, got " + v->dump());
-      double d = v->get<double>();
-      if (!(d >= lo && d <= hi))
+      std::optional<double> d = v->is_number() ? std::optional<double>(v->get<double>())
+                                : validated_ && (allow_bool || !v->is_boolean()) ? lax_float(*v)
+                                                                                 : std::nullopt;
+      if (!d) fail(key, "expected a number, got " + v->dump());
+      if (!(*d >= lo && *d <= hi))
         fail(key, "out of range: " + v->dump() + " (allowed: " + range(lo, hi) + ")");
-      out = d;
+      if (!v->is_number()) coerced(key, *v, json(*d).dump());
+      out = *d;
     }
   }
   // Integers; JSON numbers like 5e8 (DeepSpeed's own examples) are accepted when integral.
+  // `exact`: only a JSON integer (DeepSpeed's schedulers check isinstance(value, int), so 1e3,
+  // read by Python as the float 1000.0, is refused there).
   bool integer(const std::string& key, int64_t& out, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX,
-               bool allow_auto = false) {
+               bool allow_auto = false, bool allow_bool = true, bool exact = false) {
     if (auto v = get(key)) {
       if (allow_auto && is_auto(v)) return false;
-      if (!v->is_number()) fail(key, "expected an integer, got " + v->dump());
-      double d = v->get<double>();
-      if (d != std::floor(d) || std::fabs(d) > 9e18)
-        fail(key, "expected an integer, got " + v->dump());
-      int64_t i = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(d);
-      if (i < lo || i > hi)
+      std::optional<int64_t> i;
+      if (v->is_number_integer())
+        i = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
+                ? std::nullopt
+                : std::optional<int64_t>(v->get<int64_t>());
+      else if (v->is_number_float() && !exact)
+        i = integral(v->get<double>());
+      else if (validated_ && !v->is_number() && (allow_bool || !v->is_boolean()))
+        i = lax_int(*v);
+      if (!i)
+        fail(key, "expected an integer, got " + v->dump() +
+                      (exact && v->is_number_float()
+                           ? " (DeepSpeed 0.19.8 refuses a number written with a fraction or "
+                             "exponent here too: write it as an integer, e.g. " +
+                                 (integral(v->get<double>())
+                                      ? std::to_string(*integral(v->get<double>()))
+                                      : std::string("1000")) +
+                                 ")"
+                           : std::string()));
+      if (*i < lo || *i > hi)
         fail(key, "out of range: " + v->dump() + " (allowed: " + range(lo, hi) + ")");
-      out = i;
+      if (!v->is_number()) coerced(key, *v, std::to_string(*i));
+      out = *i;
       return true;
     }
     return false;
@@ -113,31 +154,38 @@ class Section {
     integer(key, v, lo, hi);
     out = static_cast<int>(v);
   }
+  // `allowed` values match exactly, as DeepSpeed compares them (its enums, getattr on a class
+  // name); `what_deepspeed_does` is added to the refusal of any other value.
   void string(const std::string& key, std::string& out,
-              const std::vector<std::string>& allowed = {}) {
+              const std::vector<std::string>& allowed = {},
+              const std::string& what_deepspeed_does = "") {
     if (auto v = get(key)) {
       if (!v->is_string()) fail(key, "expected a string, got " + v->dump());
       std::string s = v->get<std::string>();
-      if (!allowed.empty()) {
-        auto it = std::find_if(allowed.begin(), allowed.end(), [&](const std::string& a) {
-          return a.size() == s.size() &&
-                 std::equal(a.begin(), a.end(), s.begin(),
-                            [](char x, char y) { return std::tolower(x) == std::tolower(y); });
-        });
-        if (it == allowed.end()) {
-          std::string list;
-          for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-          std::string near = closest_key(s, allowed);
-          fail(key, "unknown value \"" + s + "\" (allowed: " + list + ")" +
-                        (near.empty() ? "" : "; did you mean " + near + "?"));
-        }
-        s = *it;
+      if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+        std::string list;
+        for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        std::string near = closest_key(s, allowed);
+        fail(key, "unknown value \"" + s + "\" (allowed: " + list + ")" + what_deepspeed_does +
+                      (near.empty() ? "" : "; did you mean " + near + "?"));
       }
       out = s;
     }
   }
-  // Keys this section accepts but whose value we only type-check.
+  // Keys this section accepts without acting on them: only their type is checked (in a
+  // validated section DeepSpeed's pydantic checks it too).
   void accept(const std::string& key) { get(key); }
+  void accept_bool(const std::string& key) {
+    bool b = false;
+    boolean(key, b);
+  }
+  void accept_int(const std::string& key, int64_t lo = INT64_MIN) {
+    int64_t i = 0;
+    integer(key, i, lo);
+  }
+  // The class whose constructor DeepSpeed passes this section's keys to (optimizer and
+  // scheduler params): an unknown key fails there, so the message says DeepSpeed refuses it.
+  void refused_by(const std::string& who) { refused_by_ = who; }
   // Keys DeepSpeed reads here that change nothing in dtrain: accepted with a note when set.
   void ignore(const std::string& key, const std::string& why) {
     if (get(key)) note(key, why);
@@ -148,14 +196,81 @@ class Section {
       std::string near = closest_key(it.key(), known_);
       fail(it.key(),
            std::string(validated_ ? "unknown key (DeepSpeed 0.19.8 refuses it too)"
-                                  : "unknown key (DeepSpeed 0.19.8 would silently ignore it; "
-                                    "dtrain refuses it so that a typo cannot go unnoticed: remove "
-                                    "it or correct it)") +
+                       : !refused_by_.empty()
+                           ? "unknown key (DeepSpeed 0.19.8 refuses it too: it passes the key to " +
+                                 refused_by_ + ", which has no such argument)"
+                           : "unknown key (DeepSpeed 0.19.8 would silently ignore it; "
+                             "dtrain refuses it so that a typo cannot go unnoticed: remove "
+                             "it or correct it)") +
                (near.empty() ? std::string() : "; did you mean " + near + "?"));
     }
   }
 
  private:
+  // pydantic 2's lax conversions (what DeepSpeed's validated sections accept).
+  static std::optional<bool> lax_bool(const json& v) {
+    if (v.is_number()) {
+      double d = v.get<double>();
+      if (d == 0 || d == 1) return d == 1;
+      return std::nullopt;
+    }
+    if (!v.is_string()) return std::nullopt;
+    std::string s = v.get<std::string>();
+    for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    for (const char* t : {"1", "on", "t", "true", "y", "yes"})
+      if (s == t) return true;
+    for (const char* f : {"0", "off", "f", "false", "n", "no"})
+      if (s == f) return false;
+    return std::nullopt;
+  }
+  static std::optional<int64_t> integral(double d) {
+    if (d != std::floor(d) || std::fabs(d) > 9e18) return std::nullopt;
+    return static_cast<int64_t>(d);
+  }
+  // A string as Python's float() reads it, or an integer string ("5", " +5 ", "5_000", "5.0").
+  static std::optional<double> parse_number(std::string s, bool integer) {
+    auto b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+    if (b == std::string::npos) return std::nullopt;
+    s = s.substr(b, e - b + 1);
+    std::string t;  // underscores only between digits
+    for (size_t k = 0; k < s.size(); ++k) {
+      if (s[k] != '_') {
+        t += s[k];
+        continue;
+      }
+      if (k == 0 || k + 1 == s.size() || !std::isdigit(static_cast<unsigned char>(s[k - 1])) ||
+          !std::isdigit(static_cast<unsigned char>(s[k + 1])))
+        return std::nullopt;
+    }
+    if (integer) {
+      size_t k = (t[0] == '+' || t[0] == '-') ? 1 : 0, digits = 0;
+      while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) ++k, ++digits;
+      if (k < t.size() && t[k] == '.') {
+        ++k;
+        while (k < t.size() && t[k] == '0') ++k;
+      }
+      if (digits == 0 || k != t.size()) return std::nullopt;
+    }
+    char* end = nullptr;
+    double d = std::strtod(t.c_str(), &end);
+    if (end != t.c_str() + t.size() || t.find_first_of("xX") != std::string::npos)
+      return std::nullopt;
+    return d;
+  }
+  static std::optional<int64_t> lax_int(const json& v) {
+    if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+    if (!v.is_string()) return std::nullopt;
+    auto d = parse_number(v.get<std::string>(), true);
+    return d ? integral(*d) : std::nullopt;
+  }
+  static std::optional<double> lax_float(const json& v) {
+    if (v.is_boolean()) return v.get<bool>() ? 1.0 : 0.0;
+    if (!v.is_string()) return std::nullopt;
+    return parse_number(v.get<std::string>(), false);
+  }
+  void coerced(const std::string& key, const json& given, const std::string& as) const {
+    note(key, given.dump() + " read as " + as + " (DeepSpeed's pydantic converts it the same way)");
+  }
   static std::string range(double lo, double hi) {
     std::ostringstream s;
     if (std::isinf(lo))
@@ -175,6 +290,7 @@ class Section {
   std::string path_;
   std::vector<std::string>* notes_;
   bool validated_;
+  std::string refused_by_;
   std::vector<std::string> known_, auto_noted_;
 };
 
@@ -187,16 +303,24 @@ void parse_offload(Section& parent, const std::string& key, OffloadConfig& out, 
              "\"nvme\" offload (DeepSpeed's ZeRO-Infinity, swapping to NVMe through libaio) is not "
              "supported by dtrain; use \"cpu\"");
     s.boolean("pin_memory", out.pin_memory);
-    for (const char* k : {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}) s.accept(k);
+    if (auto p = s.get("nvme_path"); p && !p->is_string())
+      s.fail("nvme_path", "expected a path (a string), got " + p->dump());
+    for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu"}) s.accept_int(k, 0);
     if (!param) {
-      for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"}) s.accept(k);
+      for (const char* k : {"pipeline_read", "pipeline_write", "fast_init"}) s.accept_bool(k);
       double ratio = 1.0;
       s.number("ratio", ratio, 0, 1);
       if (ratio < 1.0)
         s.fail("ratio",
                "partial optimizer offload (ratio < 1) is not supported by dtrain; use 1.0");
-      s.ignore("super_offload", "DeepSpeed's SuperOffload for superchips; dtrain offloads plainly");
-      s.ignore("cpuadam_cores_perc",
+      bool super_offload = false;
+      s.boolean("super_offload", super_offload);
+      if (super_offload)
+        s.note("super_offload", "DeepSpeed's SuperOffload for superchips; dtrain offloads plainly");
+      double cores = 0.8;
+      s.number("cpuadam_cores_perc", cores, 0, 1);
+      if (s.has("cpuadam_cores_perc"))
+        s.note("cpuadam_cores_perc",
                "the share of cores DeepSpeed's CPU Adam uses; dtrain's "
                "CPU Adam uses libtorch's intra-op threads");
     }
@@ -204,14 +328,10 @@ void parse_offload(Section& parent, const std::string& key, OffloadConfig& out, 
   }
 }
 
-// The optimizer types DeepSpeed 0.19.8 has that dtrain does not run, and what to use.
+// The optimizer types DeepSpeed 0.19.8 has that dtrain does not run, and what to use. DeepSpeed
+// matches these (its own optimizers) in any case: it lowercases the name.
 const std::map<std::string, std::string>& other_optimizers() {
   static const std::map<std::string, std::string> m = {
-      {"onebitadam",
-       "1-bit Adam compresses its communication; use Adam (the same update, "
-       "uncompressed)"},
-      {"zerooneadam", "0/1 Adam compresses its communication; use Adam"},
-      {"onebitlamb", "1-bit LAMB compresses its communication; use Lamb"},
       {"adagrad",
        "use Adam, AdamW, SGD or Lamb, or pass a torch::optim::Adagrad as "
        "InitOptions::optimizer"},
@@ -223,6 +343,14 @@ const std::map<std::string, std::string>& other_optimizers() {
       {"musgd", "muP's optimizers need the mup package; use SGD"},
       {"muon", "use Adam, AdamW, SGD or Lamb"}};
   return m;
+}
+
+// Every other type DeepSpeed 0.19.8 looks up in torch.optim by its exact name.
+const std::vector<std::string>& torch_optimizers() {
+  static const std::vector<std::string> v = {"Adadelta", "Adafactor",  "Adamax", "ASGD",
+                                             "LBFGS",    "NAdam",      "RAdam",  "RMSprop",
+                                             "Rprop",    "SparseAdam", "Muon"};
+  return v;
 }
 
 std::string lower(std::string s) {
@@ -239,30 +367,92 @@ bool auto_default(Section& ps, const std::string& key, const std::string& value)
   return true;
 }
 
+// The optimizer's type as DeepSpeed 0.19.8 resolves it: its own optimizers (Adam, AdamW, Lamb,
+// ...) in any case, torch.optim's (SGD, ...) by their exact name.
+std::string optimizer_type(Section& s) {
+  auto t = s.get("type");
+  if (!t)
+    s.fail("type",
+           "missing (one of Adam, AdamW, SGD, Lamb); DeepSpeed 0.19.8 would silently ignore an "
+           "optimizer section without a type, and dtrain refuses it so that a typo cannot go "
+           "unnoticed");
+  if (!t->is_string()) s.fail("type", "expected a string, got " + t->dump());
+  const std::string name = t->get<std::string>();
+  const std::string low = lower(name);
+  if (low == "adam") return "Adam";
+  if (low == "adamw") return "AdamW";
+  if (low == "lamb") return "Lamb";
+  if (name == "SGD") return "SGD";
+  if (auto it = other_optimizers().find(low); it != other_optimizers().end())
+    s.fail("type",
+           "DeepSpeed's " + name + " optimizer is not implemented by dtrain: " + it->second);
+  const auto& torch_names = torch_optimizers();
+  if (std::find(torch_names.begin(), torch_names.end(), name) != torch_names.end())
+    s.fail("type", "torch.optim." + name +
+                       " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
+                       "config: pass a torch::optim::" +
+                       name + " as InitOptions::optimizer, or use Adam, AdamW, SGD or Lamb");
+  if (low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb")
+    s.fail("type", "DeepSpeed 0.19.8 has no " + name +
+                       " optimizer any more (its compressed-communication optimizers were "
+                       "removed; it refuses the name too): use " +
+                       (low == "onebitlamb" ? "Lamb" : "Adam") +
+                       " (the same update, uncompressed)");
+  std::string near = closest_key(name, {"Adam", "AdamW", "SGD", "Lamb"});
+  s.fail("type", "unknown value \"" + name +
+                     "\" (allowed: Adam, AdamW, SGD, Lamb; DeepSpeed 0.19.8 refuses it too: it "
+                     "matches Adam, AdamW and Lamb in any case, SGD and torch.optim's other "
+                     "names only exactly)" +
+                     (near.empty() ? "" : "; did you mean " + near + "?"));
+}
+
 void parse_optimizer(Section& root, Config& c) {
   auto v = root.get("optimizer");
-  if (!v) return;
+  if (!v) {
+    if (root.has("optimizer"))
+      root.fail("optimizer",
+                "null (DeepSpeed 0.19.8 fails on it too): give an object or leave the key out");
+    return;
+  }
   Section s(*v, "optimizer", root.notes());
   auto& o = c.optimizer;
   o.given = true;
-  if (!s.get("type")) s.fail("type", "missing (one of Adam, AdamW, SGD, Lamb)");
-  if (auto t = s.get("type"); t->is_string()) {
-    auto it = other_optimizers().find(lower(t->get<std::string>()));
-    if (it != other_optimizers().end())
-      s.fail("type", "DeepSpeed's " + t->get<std::string>() +
-                         " optimizer is not implemented by dtrain: " + it->second);
-  }
-  s.string("type", o.type, {"Adam", "AdamW", "SGD", "Lamb"});
+  o.type = optimizer_type(s);
   if (auto p = s.get("params")) {
     Section ps(*p, "optimizer.params", root.notes());
     if (ps.has("max_grad_norm"))
       ps.fail("max_grad_norm",
               "not an optimizer parameter (DeepSpeed refuses it too); use the top-level "
               "\"gradient_clipping\"");
+    const bool adam = o.type == "Adam" || o.type == "AdamW";
+    bool torch_adam = false;
+    if (adam) ps.boolean("torch_adam", torch_adam);
+    // The constructor DeepSpeed 0.19.8 passes the params to (with offload_optimizer: its CPU
+    // Adam, whose arguments are FusedAdam's but set_grad_none; checked in parse_config).
+    ps.refused_by(adam              ? (torch_adam ? (o.type == "AdamW" ? "torch.optim.AdamW"
+                                                                       : "torch.optim.AdamW (or Adam)")
+                                                  : "FusedAdam")
+                  : o.type == "SGD" ? "torch.optim.SGD"
+                                    : "FusedLamb");
+    // torch.optim.AdamW's default weight decay is 0.01 (DeepSpeed's optimizers' is 0); with
+    // torch_adam DeepSpeed 0.19.8 builds AdamW for "AdamW", and for "Adam" unless adam_w_mode is
+    // false.
+    bool w_mode = true;
+    if (o.type == "Adam") {
+      if (auto m = ps.get("adam_w_mode"); m && m->is_boolean()) w_mode = m->get<bool>();
+    }
+    if (adam && torch_adam && w_mode) {
+      o.weight_decay = 0.01;
+      if (!ps.has("weight_decay"))
+        ps.note("weight_decay",
+                "not given: 0.01, torch.optim.AdamW's default (torch_adam; DeepSpeed 0.19.8 "
+                "builds torch.optim.AdamW)");
+    }
+    const std::string wd_default = json(o.weight_decay).dump();
     if (!auto_default(ps, "lr", "1e-3")) ps.number("lr", o.lr, 0);
-    if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
-    if (!auto_default(ps, "weight_decay", "0")) ps.number("weight_decay", o.weight_decay, 0);
+    if (!auto_default(ps, "weight_decay", wd_default)) ps.number("weight_decay", o.weight_decay, 0);
     if (o.type != "SGD") {
+      if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
       if (!auto_default(ps, "betas", "[0.9, 0.999]")) {
         if (auto b = ps.get("betas")) {
           if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
@@ -273,28 +463,46 @@ void parse_optimizer(Section& root, Config& c) {
             ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
         }
       }
-      ps.boolean("bias_correction", o.bias_correction);
-      if (o.type == "Adam" || o.type == "AdamW") {
+      // torch.optim's Adam has no bias_correction: it always corrects.
+      if (!torch_adam) ps.boolean("bias_correction", o.bias_correction);
+      if (adam) {
         // DeepSpeed: "AdamW" is decoupled whatever adam_w_mode says; "Adam" too unless false.
         ps.boolean("adam_w_mode", o.adam_w_mode);
         if (o.type == "AdamW") o.adam_w_mode = true;
         if (auto a = ps.get("amsgrad"); a && a->is_boolean() && a->get<bool>())
-          ps.fail("amsgrad", "not supported by dtrain (nor by DeepSpeed's FusedAdam); remove it");
-        for (const char* k : {"torch_adam", "fused", "foreach", "fp32_optimizer_states"})
-          ps.accept(k);  // which implementation runs the same formula
+          ps.fail("amsgrad",
+                  "not supported by dtrain (DeepSpeed's FusedAdam refuses it too; torch_adam's "
+                  "runs it); remove it");
+        ps.accept_bool("fp32_optimizer_states");  // DeepSpeed's CPU Adam: fp32 moments, as here
+        if (torch_adam) {
+          // torch.optim.Adam(W)'s implementation choices: the same formula.
+          for (const char* k : {"foreach", "fused", "capturable", "differentiable"}) ps.accept(k);
+          if (auto m = ps.get("maximize"); m && m->is_boolean() && m->get<bool>())
+            ps.fail("maximize", "not supported by dtrain; negate the loss instead");
+        } else {
+          ps.accept_bool("set_grad_none");  // FusedAdam's: how it zeroes gradients
+        }
       }
       if (o.type == "Lamb") {
         ps.number("max_coeff", o.max_coeff, 0);
         ps.number("min_coeff", o.min_coeff, 0);
-        ps.accept("max_grad_norm_lamb");
+        if (auto a = ps.get("amsgrad"); a && a->is_boolean() && a->get<bool>())
+          ps.fail("amsgrad", "not supported by dtrain; remove it");
+        if (auto e = ps.get("eps_inside_sqrt"); e && e->is_boolean() && e->get<bool>())
+          ps.fail("eps_inside_sqrt", "not supported by dtrain (eps is added outside the sqrt)");
       }
     } else {
-      ps.number("momentum", o.momentum, 0, 1);
-      ps.number("dampening", o.dampening, 0, 1);
+      ps.number("momentum", o.momentum, 0);
+      ps.number("dampening", o.dampening);
       ps.boolean("nesterov", o.nesterov);
-      ps.accept("maximize");
+      for (const char* k : {"foreach", "differentiable", "fused"}) ps.accept(k);
       if (auto m = ps.get("maximize"); m && m->is_boolean() && m->get<bool>())
         ps.fail("maximize", "not supported by dtrain; negate the loss instead");
+      if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+        ps.fail("nesterov",
+                "Nesterov momentum needs a momentum > 0 and dampening 0 (torch.optim.SGD, which "
+                "DeepSpeed 0.19.8 builds, refuses it too); momentum is " +
+                    json(o.momentum).dump() + ", dampening " + json(o.dampening).dump());
     }
     ps.finish();
   }
@@ -314,21 +522,62 @@ void no_auto(Section& ps, const std::string& key, const std::string& what) {
 
 void parse_scheduler(Section& root, Config& c) {
   auto v = root.get("scheduler");
-  if (!v) return;
+  if (!v) {
+    if (root.has("scheduler"))
+      root.fail("scheduler",
+                "null (DeepSpeed 0.19.8 fails on it too): give an object or leave the key out");
+    return;
+  }
   Section s(*v, "scheduler", root.notes());
   auto& sc = c.scheduler;
   if (!s.get("type"))
     s.fail("type",
-           "missing (one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
+           "missing (one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest); "
+           "DeepSpeed 0.19.8 would silently ignore a scheduler section without a type, and dtrain "
+           "refuses it so that a typo cannot go unnoticed");
+  // DeepSpeed 0.19.8 looks the type up by its exact name in its lr_schedules, then in
+  // torch.optim.lr_scheduler.
+  static const std::vector<std::string> torch_schedulers = {"LambdaLR",
+                                                            "MultiplicativeLR",
+                                                            "StepLR",
+                                                            "MultiStepLR",
+                                                            "ConstantLR",
+                                                            "LinearLR",
+                                                            "ExponentialLR",
+                                                            "SequentialLR",
+                                                            "CosineAnnealingLR",
+                                                            "ChainedScheduler",
+                                                            "ReduceLROnPlateau",
+                                                            "CyclicLR",
+                                                            "CosineAnnealingWarmRestarts",
+                                                            "OneCycleLR",
+                                                            "PolynomialLR"};
+  if (auto t = s.get("type");
+      t->is_string() && std::find(torch_schedulers.begin(), torch_schedulers.end(),
+                                  t->get<std::string>()) != torch_schedulers.end())
+    s.fail("type", "torch.optim.lr_scheduler." + t->get<std::string>() +
+                       " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
+                       "config: use WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or "
+                       "LRRangeTest, or set the rate from your loop");
   s.string("type", sc.type,
-           {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
+           {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"},
+           " (DeepSpeed 0.19.8 refuses it too: it looks the scheduler up by its exact name)");
   const auto& t = sc.type;
+  if (!s.has("params") || s.get("params") == nullptr)
+    s.fail("params", "missing (DeepSpeed 0.19.8 fails without it too: it calls " + t +
+                         "(optimizer, **params)); give \"params\": {} for " + t + "'s defaults");
+  // DeepSpeed's warm-up: log or linear; another value (or another case) makes it warn and warm
+  // up by log.
+  const std::string warmup_other =
+      "; DeepSpeed 0.19.8 would warn and warm up by log instead, and dtrain refuses it so that "
+      "a typo cannot go unnoticed";
   if (auto p = s.get("params")) {
     Section ps(*p, "scheduler.params", root.notes());
+    ps.refused_by(t + "'s constructor");
     if (auto l = ps.get("last_batch_iteration"); l && !(l->is_number_integer() && *l == -1))
       ps.fail("last_batch_iteration",
-              "only -1 (start from the beginning) is supported; a resumed run takes the "
-              "scheduler's position from its checkpoint");
+              "a start other than -1 (the beginning) is not supported by dtrain; a resumed run "
+              "takes the scheduler's position from its checkpoint");
     if (t == "WarmupLR" || t == "WarmupDecayLR") {
       if (Section::is_auto(ps.get("warmup_min_lr"))) {
         ps.note("warmup_min_lr", "\"auto\": 0 (DeepSpeed's default)");
@@ -345,8 +594,8 @@ void parse_scheduler(Section& root, Config& c) {
         sc.warmup_max_lr = val;
       }
       no_auto(ps, "warmup_num_steps", "the number of warm-up steps");
-      ps.integer("warmup_num_steps", sc.warmup_num_steps, 1);
-      ps.string("warmup_type", sc.warmup_type, {"log", "linear"});
+      ps.integer("warmup_num_steps", sc.warmup_num_steps, 1, INT64_MAX, false, true, true);
+      ps.string("warmup_type", sc.warmup_type, {"log", "linear"}, warmup_other);
       if (t == "WarmupDecayLR") {
         no_auto(ps, "total_num_steps", "the number of optimizer steps of the whole run");
         ps.integer("total_num_steps", sc.total_num_steps, 1);
@@ -356,9 +605,9 @@ void parse_scheduler(Section& root, Config& c) {
       ps.integer("total_num_steps", sc.total_num_steps, 1);
       ps.number("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
       no_auto(ps, "warmup_num_steps", "the number of warm-up steps");
-      ps.integer("warmup_num_steps", sc.warmup_num_steps, 1);
+      ps.integer("warmup_num_steps", sc.warmup_num_steps, 1, INT64_MAX, false, true, true);
       ps.number("cos_min_ratio", sc.cos_min_ratio, 0, 1);
-      ps.string("warmup_type", sc.warmup_type, {"log", "linear"});
+      ps.string("warmup_type", sc.warmup_type, {"log", "linear"}, warmup_other);
     } else if (t == "OneCycle") {
       ps.number("cycle_min_lr", sc.cycle_min_lr, 0);
       ps.number("cycle_max_lr", sc.cycle_max_lr, 0);
@@ -374,7 +623,8 @@ void parse_scheduler(Section& root, Config& c) {
       ps.number("decay_mom_rate", sc.decay_mom_rate, 0);
     } else {
       ps.number("lr_range_test_min_lr", sc.lr_range_test_min_lr, 0);
-      ps.integer("lr_range_test_step_size", sc.lr_range_test_step_size, 1);
+      ps.integer("lr_range_test_step_size", sc.lr_range_test_step_size, 1, INT64_MAX, false, true,
+                 true);
       ps.number("lr_range_test_step_rate", sc.lr_range_test_step_rate, 0);
       ps.boolean("lr_range_test_staircase", sc.lr_range_test_staircase);
     }
@@ -396,13 +646,22 @@ const std::vector<std::pair<std::string, std::string>>& zero_aliases() {
       {"max_live_parameters", "stage3_max_live_parameters"},
       {"max_reuse_distance", "stage3_max_reuse_distance"},
       {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"},
-      {"stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"}};
+      {"stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"},
+      {"model_persistence_threshold", "stage3_model_persistence_threshold"},
+      {"module_granularity_threshold", "stage3_module_granularity_threshold"},
+      {"use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"},
+      {"allgather_sequential", "stage3_allgather_sequential"}};
   return a;
 }
 
 void parse_zero(Section& root, Config& c) {
   auto v = root.get("zero_optimization");
-  if (!v) return;
+  if (!v) {
+    if (root.has("zero_optimization"))
+      root.fail("zero_optimization",
+                "null (DeepSpeed 0.19.8 fails on it too): give an object or leave the key out");
+    return;
+  }
   auto& z = c.zero;
   if (v->is_boolean()) {
     // DeepSpeed's oldest format: true is stage 1 (allgather_size the bucket).
@@ -441,7 +700,7 @@ void parse_zero(Section& root, Config& c) {
   zs.boolean("reduce_scatter", z.reduce_scatter);
   zs.integer("reduce_bucket_size", z.reduce_bucket_size, 1);
   zs.integer("allgather_bucket_size", z.allgather_bucket_size, 0);
-  zs.accept("allgather_partitions");
+  zs.accept_bool("allgather_partitions");
   zs.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
   zs.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
   zs.integer("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
@@ -449,38 +708,47 @@ void parse_zero(Section& root, Config& c) {
   zs.boolean("stage3_gather_16bit_weights_on_model_save",
              z.stage3_gather_16bit_weights_on_model_save);
   zs.integer("sub_group_size", z.sub_group_size, 0);
-  for (const char* k : {"round_robin_gradients",
-                        "load_from_fp32_weights",
-                        "ignore_unused_parameters",
-                        "legacy_stage1",
-                        "use_multi_rank_bucket_allreduce",
-                        "compute_grad_norm",
-                        "stage3_model_persistence_threshold",
-                        "model_persistence_threshold",
-                        "stage3_module_granularity_threshold",
-                        "module_granularity_threshold",
-                        "stage3_use_all_reduce_for_fetch_params",
-                        "use_all_reduce_for_fetch_params",
-                        "stage3_allgather_sequential",
-                        "allgather_sequential",
-                        "parameter_alignment",
-                        "memory_efficient_linear",
-                        "pipeline_loading_checkpoint",
-                        "override_module_apply",
-                        "log_trace_cache_warnings",
-                        "enable_sanity_checks",
-                        "save_muon_momentum_buffer_in_memory",
-                        "leaf_module"})
-    zs.accept(k);  // tuning of DeepSpeed's own implementation: no effect on the result
-  zs.ignore("elastic_checkpoint",
+  // Tuning of DeepSpeed's own implementation: no effect on the result (type-checked as
+  // DeepSpeed does).
+  for (const char* k :
+       {"round_robin_gradients", "load_from_fp32_weights", "ignore_unused_parameters",
+        "legacy_stage1", "use_multi_rank_bucket_allreduce",
+        "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
+        "parameter_alignment", "memory_efficient_linear", "pipeline_loading_checkpoint",
+        "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+        "save_muon_momentum_buffer_in_memory"})
+    zs.accept_bool(k);
+  zs.accept_int("stage3_model_persistence_threshold", 0);
+  zs.accept_int("stage3_module_granularity_threshold");
+  zs.accept("leaf_module");
+  bool compute_grad_norm = true;
+  zs.boolean("compute_grad_norm", compute_grad_norm);
+  if (!compute_grad_norm) {
+    if (z.stage != 1 && z.stage != 2)
+      zs.fail("compute_grad_norm",
+              "false is supported only at stage 1 or 2 (DeepSpeed 0.19.8 refuses it at stage " +
+                  std::to_string(z.stage) + " too); remove it");
+    zs.note("compute_grad_norm",
+            "false: dtrain computes the gradient norm anyway (the result is the same without "
+            "clipping)");
+  }
+  bool elastic = false;
+  zs.boolean("elastic_checkpoint", elastic);
+  if (elastic)
+    zs.note("elastic_checkpoint",
             "deprecated in DeepSpeed; dtrain's checkpoints load at any world size anyway");
   for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
-                        "zero_quantized_gradients"})
-    if (auto q = zs.get(k); q && q->is_boolean() && q->get<bool>())
+                        "zero_quantized_gradients"}) {
+    bool q = false;
+    zs.boolean(k, q);
+    if (q)
       zs.note(k,
               "ZeRO++ quantized communication; dtrain communicates unquantized (same "
               "result, more bytes)");
-  if (auto h = zs.get("zero_hpz_partition_size"); h && h->is_number() && h->get<double>() > 1)
+  }
+  int64_t hpz = 1;
+  zs.integer("zero_hpz_partition_size", hpz, 0);
+  if (hpz > 1)
     zs.note("zero_hpz_partition_size",
             "ZeRO++ hierarchical partitioning; dtrain partitions over the whole group");
   zs.ignore("zenflow", "DeepSpeed's ZenFlow (stall-free offloading); dtrain offloads plainly");
@@ -495,23 +763,77 @@ void parse_zero(Section& root, Config& c) {
   // A deprecated boolean: DeepSpeed maps it to its section with device cpu.
   auto alias = [&](bool on, const std::string& flag, const std::string& section,
                    OffloadConfig& out) {
+    // Given at all (false too) beside its replacement: DeepSpeed refuses the pair.
+    if (zs.get(flag) && zs.has(section))
+      zs.fail(flag, "given together with " + section +
+                        ", which replaces it (DeepSpeed 0.19.8 refuses the pair too); keep " +
+                        section);
     if (!on) return;
-    if (zs.has(section))
-      zs.fail(flag, "given together with " + section + ", which replaces it; keep " + section);
-    out.device = "cpu";
-    out.pin_memory = pin;
+    out.device = "cpu";  // pin_memory stays at its default, true, as in DeepSpeed
     zs.note(flag, "deprecated: " + section + " {\"device\": \"cpu\"}");
   };
   alias(cpu_offload, "cpu_offload", "offload_optimizer", z.offload_optimizer);
   alias(cpu_offload_param, "cpu_offload_param", "offload_param", z.offload_param);
-  if (pin_given && !cpu_offload && !cpu_offload_param)
-    zs.note("cpu_offload_use_pin_memory", "deprecated; no effect without cpu_offload");
+  if (pin_given)
+    zs.note("cpu_offload_use_pin_memory",
+            "deprecated, and ignored: DeepSpeed 0.19.8 reads it into nothing (pin_memory of the "
+            "offload sections, true by default, decides)");
   zs.finish();
   if (z.offload_param.enabled() && z.stage != 3)
-    zs.fail("offload_param", "needs stage 3 (parameters are partitioned only there); stage is " +
-                                 std::to_string(z.stage));
+    zs.note("offload_param", "has no effect at stage " + std::to_string(z.stage) +
+                                 " (parameters are partitioned, and offloaded, only at stage "
+                                 "3); DeepSpeed 0.19.8 accepts it and ignores it too");
   if (z.offload_optimizer.enabled() && z.stage == 0)
-    zs.fail("offload_optimizer", "needs stage 1, 2 or 3 (DeepSpeed's ZeRO-Offload); stage is 0");
+    zs.fail("offload_optimizer",
+            "at stage 0 is not supported by dtrain (DeepSpeed 0.19.8 runs its CPU Adam over the "
+            "whole model there, which only works for a model on the CPU): use stage 1, 2 or 3 "
+            "for ZeRO-Offload, or remove offload_optimizer");
+}
+
+// What DeepSpeed 0.19.8 decides only when its engine builds the optimizer (deepspeed.initialize),
+// from keys of several sections.
+void check_engine_rules(Section& root, Config& c) {
+  const json& raw = c.raw;
+  const json* zero = raw.contains("zero_optimization") && raw["zero_optimization"].is_object()
+                         ? &raw["zero_optimization"]
+                         : nullptr;
+  const bool offload = c.zero.offload_optimizer.enabled();
+  if (zero && zero->contains("compute_grad_norm")) {
+    bool compute = true;
+    Section zs(*zero, "zero_optimization", nullptr, true);
+    zs.boolean("compute_grad_norm", compute);
+    if (!compute && c.gradient_clipping > 0)
+      zs.fail("compute_grad_norm",
+              "false needs \"gradient_clipping\": 0 (DeepSpeed 0.19.8 refuses it with clipping, "
+              "whose default is 1.0); gradient_clipping is " +
+                  json(c.gradient_clipping).dump());
+    if (!compute && offload)
+      zs.fail("compute_grad_norm",
+              "false does not go with offload_optimizer (DeepSpeed 0.19.8 refuses the pair too); "
+              "remove one of them");
+  }
+  const json* params = raw.contains("optimizer") && raw["optimizer"].is_object() &&
+                               raw["optimizer"].contains("params") &&
+                               raw["optimizer"]["params"].is_object()
+                           ? &raw["optimizer"]["params"]
+                           : nullptr;
+  const bool torch_adam = params && params->value("torch_adam", json(false)) == json(true);
+  if (params && params->contains("set_grad_none") && offload && !torch_adam)
+    throw ConfigError(
+        "optimizer.params.set_grad_none: unknown key with offload_optimizer (DeepSpeed 0.19.8 "
+        "refuses it too: it passes the key to its CPU Adam, which has no such argument); remove "
+        "it");
+  // DeepSpeed's engine runs ZeRO only with optimizers it has tested (Adam, AdamW, Adagrad, Lion
+  // and their CPU versions) unless told otherwise; dtrain runs SGD and Lamb partitioned too.
+  bool untested_ok = false;
+  if (auto u = raw.find("zero_allow_untested_optimizer"); u != raw.end() && u->is_boolean())
+    untested_ok = u->get<bool>();
+  if (c.optimizer.given && c.zero.stage > 0 && !untested_ok &&
+      (c.optimizer.type == "SGD" || c.optimizer.type == "Lamb"))
+    root.note("optimizer", c.optimizer.type +
+                               " under ZeRO: dtrain runs it; DeepSpeed 0.19.8 would refuse it "
+                               "(an untested ZeRO optimizer) without "
+                               "\"zero_allow_untested_optimizer\": true");
 }
 
 void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> micro,
@@ -610,44 +932,100 @@ Config parse_config(const json& config, int world_size) {
   if (root.integer("gradient_accumulation_steps", v, 1, INT64_MAX, true)) gas = v;
   parse_optimizer(root, c);
   parse_scheduler(root, c);
+  std::string master_16bit;  // the 16-bit master weights option set, if any (needs ZeRO)
   if (auto f = root.get("fp16")) {
     Section s(*f, "fp16", &c.notes, true);
     s.boolean("enabled", c.fp16.enabled);
-    s.number("loss_scale", c.fp16.loss_scale, 0);
-    s.integer("initial_scale_power", c.fp16.initial_scale_power, 0, 64);
-    s.integer("loss_scale_window", c.fp16.loss_scale_window, 1);
-    s.integer("hysteresis", c.fp16.hysteresis, 1, 1 << 20);
+    // As DeepSpeed's DeepSpeedFP16Config: loss_scale a finite number >= 0 (not a boolean);
+    // loss_scale_window and min_loss_scale integers, > 0 where the scaling is dynamic (checked
+    // below); initial_scale_power and hysteresis any integer.
+    s.number("loss_scale", c.fp16.loss_scale, 0, INFINITY, false, /*allow_bool=*/false);
+    if (std::isinf(c.fp16.loss_scale))
+      s.fail("loss_scale", "must be a finite number (DeepSpeed 0.19.8 refuses inf too)");
+    s.integer("initial_scale_power", c.fp16.initial_scale_power, INT32_MIN, INT32_MAX);
+    s.integer("loss_scale_window", c.fp16.loss_scale_window, INT64_MIN, INT64_MAX, false,
+              /*allow_bool=*/false);
+    s.integer("hysteresis", c.fp16.hysteresis, INT32_MIN, INT32_MAX);
     s.boolean("consecutive_hysteresis", c.fp16.consecutive_hysteresis);
-    s.number("min_loss_scale", c.fp16.min_loss_scale, 0);
+    int64_t min_scale = 1;
+    if (s.integer("min_loss_scale", min_scale, INT64_MIN, INT64_MAX, false, /*allow_bool=*/false))
+      c.fp16.min_loss_scale = static_cast<double>(min_scale);
+    if (c.fp16.enabled && c.fp16.loss_scale == 0) {
+      if (c.fp16.loss_scale_window <= 0)
+        s.fail("loss_scale_window", "must be > 0 with dynamic loss scaling (loss_scale 0), got " +
+                                        std::to_string(c.fp16.loss_scale_window) +
+                                        " (DeepSpeed 0.19.8 refuses it too)");
+      if (c.fp16.min_loss_scale <= 0)
+        s.fail("min_loss_scale", "must be > 0 with dynamic loss scaling (loss_scale 0), got " +
+                                     std::to_string(min_scale) +
+                                     " (DeepSpeed 0.19.8 refuses it too)");
+      if (c.fp16.hysteresis < 1)
+        s.note("hysteresis", std::to_string(c.fp16.hysteresis) +
+                                 ": an overflow never lowers the loss scale (it only skips the "
+                                 "step), as in DeepSpeed 0.19.8");
+    }
     s.ignore("auto_cast",
              "DeepSpeed casts the module's inputs to fp16; dtrain does not (cast "
              "your inputs)");
-    s.ignore("fp16_master_weights_and_grads",
+    bool fp16_master = false;
+    s.boolean("fp16_master_weights_and_grads", fp16_master);
+    if (fp16_master)
+      s.note("fp16_master_weights_and_grads",
              "DeepSpeed keeps fp16 master weights; dtrain keeps fp32 masters");
+    if (fp16_master) master_16bit = "fp16.fp16_master_weights_and_grads";
+    s.finish();
+  } else if (root.has("fp16")) {
+    root.fail("fp16", "null (DeepSpeed 0.19.8 fails on it too): give an object or leave it out");
+  }
+  // DeepSpeed reads "bf16", and its old name "bfloat16" only where "bf16" is absent (or null).
+  const json* bf16 = root.get("bf16");
+  const json* bfloat16 = root.get("bfloat16");
+  if (bf16 && bfloat16)
+    root.note("bfloat16",
+              "ignored: bf16 is given, and DeepSpeed 0.19.8 reads this old name only without it");
+  if (!bf16 && !bfloat16 && root.has("bfloat16"))
+    root.fail("bfloat16",
+              "null (DeepSpeed 0.19.8 fails on it too): give an object or leave it out");
+  if (const json* b = bf16 ? bf16 : bfloat16) {
+    Section s(*b, bf16 ? "bf16" : "bfloat16", &c.notes, true);
+    s.boolean("enabled", c.bf16);
+    for (const char* k : {"immediate_grad_update", "check_grad_overflow"}) s.accept_bool(k);
+    bool master = false, states = false;
+    s.boolean("bf16_master_weights_and_grads", master);
+    s.boolean("bf16_optimizer_states", states);
+    if (master)
+      s.note("bf16_master_weights_and_grads",
+             "DeepSpeed keeps bf16 master weights; dtrain keeps fp32 masters");
+    if (states) {
+      if (!master)
+        s.fail("bf16_optimizer_states",
+               "needs bf16_master_weights_and_grads: true (DeepSpeed 0.19.8 refuses it too)");
+      s.note("bf16_optimizer_states",
+             "DeepSpeed keeps the optimizer state in bf16; dtrain keeps it in fp32");
+    }
+    if (master || states)
+      master_16bit = s.where(master ? "bf16_master_weights_and_grads" : "bf16_optimizer_states");
     s.finish();
   }
-  for (const char* name : {"bf16", "bfloat16"}) {
-    if (auto b = root.get(name)) {
-      Section s(*b, name, &c.notes, true);
-      bool on = false;
-      s.boolean("enabled", on);
-      c.bf16 = c.bf16 || on;
-      for (const char* k : {"immediate_grad_update", "check_grad_overflow"}) s.accept(k);
-      s.ignore("bf16_master_weights_and_grads",
-               "DeepSpeed keeps bf16 master weights; dtrain keeps fp32 masters");
-      s.ignore("bf16_optimizer_states",
-               "DeepSpeed keeps the optimizer state in bf16; dtrain keeps it in fp32");
-      s.finish();
-    }
-  }
   if (c.fp16.enabled && c.bf16) throw ConfigError("fp16, bf16: both enabled; choose one");
-  if (Section::is_auto(root.get("gradient_clipping")))
+  if (Section::is_auto(root.get("gradient_clipping"))) {
     root.note("gradient_clipping",
               "\"auto\": 1.0 (DeepSpeed's default; Hugging Face's Trainer would fill in its "
               "max_grad_norm, 1.0 unless set)");
-  else
-    root.number("gradient_clipping", c.gradient_clipping, 0);
+  } else {
+    root.number("gradient_clipping", c.gradient_clipping);
+    if (c.gradient_clipping < 0)
+      root.note("gradient_clipping", json(c.gradient_clipping).dump() +
+                                         ": no clipping (DeepSpeed 0.19.8 clips only above 0)");
+  }
   parse_zero(root, c);
+  // DeepSpeed 0.19.8 keeps 16-bit masters only with ZeRO (DeepSpeedConfig refuses them at
+  // stage 0).
+  if (!master_16bit.empty() && c.zero.stage == 0)
+    throw ConfigError(master_16bit +
+                      ": needs zero_optimization.stage 1, 2 or 3 (DeepSpeed 0.19.8 refuses it at "
+                      "stage 0 too); remove it or enable ZeRO");
+  check_engine_rules(root, c);
   root.integer("steps_per_print", c.steps_per_print, 1);
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
@@ -768,7 +1146,9 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   m.grads = stage >= 2 ? part(gbytes) : gbytes;
   m.optimizer = stage >= 1 ? part(obytes) : obytes;
   if (c.zero.offload_optimizer.enabled()) m.offloaded += m.optimizer, m.optimizer = 0;
-  if (c.zero.offload_param.enabled()) m.offloaded += m.params, m.params = 0;
+  // Parameters are offloaded only where they are partitioned (offload_param is ignored below
+  // stage 3, as DeepSpeed ignores it).
+  if (c.zero.offload_param.enabled() && stage == 3) m.offloaded += m.params, m.params = 0;
   return m;
 }
 
@@ -780,7 +1160,8 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
     << "  gradient_accumulation_steps    " << c.gradient_accumulation_steps << "\n"
     << "  zero stage                     " << c.zero.stage
     << (c.zero.offload_optimizer.enabled() ? " (optimizer offloaded to cpu)" : "")
-    << (c.zero.offload_param.enabled() ? " (parameters offloaded to cpu)" : "") << "\n"
+    << (c.zero.offload_param.enabled() && c.zero.stage == 3 ? " (parameters offloaded to cpu)" : "")
+    << "\n"
     << "  precision                      "
     << (c.fp16.enabled ? "fp16"
         : c.bf16       ? "bf16"

@@ -79,7 +79,8 @@ TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
     j.update(extra);
     return error_of(j);
   };
-  // Where DeepSpeed ignores unknown keys (top level, optimizer, scheduler), the message says so.
+  // Where DeepSpeed ignores unknown keys (the top level), the message says so; where it passes
+  // them to a constructor (optimizer and scheduler params), it says that DeepSpeed refuses them.
   const std::string ignored =
       " (DeepSpeed 0.19.8 would silently ignore it; dtrain refuses it so that a typo cannot go "
       "unnoticed: remove it or correct it)";
@@ -93,10 +94,17 @@ TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
             "zero_optimization.offload_optimizer.devise: unknown key" + refused +
                 "; did you mean device?");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adam"}, {"params", {{"betas1", 0.9}}}}}}),
-            "optimizer.params.betas1: unknown key" + ignored + "; did you mean betas?");
-  EXPECT_EQ(
-      with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_max_l", 0.1}}}}}}),
-      "scheduler.params.warmup_max_l: unknown key" + ignored + "; did you mean warmup_max_lr?");
+            "optimizer.params.betas1: unknown key (DeepSpeed 0.19.8 refuses it too: it passes the "
+            "key to FusedAdam, which has no such argument); did you mean betas?");
+  EXPECT_EQ(with({{"optimizer", {{"type", "SGD"}, {"params", {{"eps", 1e-8}}}}}}),
+            "optimizer.params.eps: unknown key (DeepSpeed 0.19.8 refuses it too: it passes the "
+            "key to torch.optim.SGD, which has no such argument)");
+  EXPECT_EQ(with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_max_l", 0.1}}}}}}),
+            "scheduler.params.warmup_max_l: unknown key (DeepSpeed 0.19.8 refuses it too: it "
+            "passes the key to WarmupLR's constructor, which has no such argument); did you mean "
+            "warmup_max_lr?");
+  EXPECT_EQ(with({{"optimizer", {{"type", "Adam"}, {"foo", 1}}}}),
+            "optimizer.foo: unknown key" + ignored);
   EXPECT_EQ(with({{"fp16", {{"enabled", true}, {"loss_scale_windw", 100}}}}),
             "fp16.loss_scale_windw: unknown key" + refused + "; did you mean loss_scale_window?");
   // Far from every key: no suggestion.
@@ -113,30 +121,115 @@ TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
   };
   EXPECT_EQ(with({{"zero_optimization", {{"stage", 4}}}}),
             "zero_optimization.stage: out of range: 4 (allowed: 0 .. 3)");
-  EXPECT_EQ(with({{"zero_optimization", {{"stage", "2"}}}}),
-            "zero_optimization.stage: expected an integer, got \"2\"");
-  EXPECT_EQ(with({{"gradient_clipping", -1}}),
-            "gradient_clipping: out of range: -1 (allowed: >= 0)");
-  EXPECT_EQ(with({{"fp16", {{"enabled", "yes"}}}}),
-            "fp16.enabled: expected true or false, got \"yes\"");
+  EXPECT_EQ(with({{"zero_optimization", {{"stage", "two"}}}}),
+            "zero_optimization.stage: expected an integer, got \"two\"");
+  EXPECT_EQ(with({{"gradient_clipping", "1.0"}}),
+            "gradient_clipping: expected a number, got \"1.0\"");
+  EXPECT_EQ(with({{"fp16", {{"enabled", "sometimes"}}}}),
+            "fp16.enabled: expected true or false, got \"sometimes\"");
+  EXPECT_EQ(with({{"fp16", {{"enabled", true}, {"min_loss_scale", 0}}}}),
+            "fp16.min_loss_scale: must be > 0 with dynamic loss scaling (loss_scale 0), got 0 "
+            "(DeepSpeed 0.19.8 refuses it too)");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamw"}, {"params", {{"betas", {0.9}}}}}}}),
             "optimizer.params.betas: expected [beta1, beta2], got [0.9]");
-  EXPECT_EQ(
-      with({{"optimizer", {{"type", "Adamm"}}}}),
-      "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb); did you mean "
-      "Adam?");
+  EXPECT_EQ(with({{"optimizer", {{"type", "Adamm"}}}}),
+            "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb; DeepSpeed "
+            "0.19.8 refuses it too: it matches Adam, AdamW and Lamb in any case, SGD and "
+            "torch.optim's other names only exactly); did you mean Adam?");
   EXPECT_EQ(with({{"optimizer", {{"type", "OneBitAdam"}}}}),
-            "optimizer.type: DeepSpeed's OneBitAdam optimizer is not implemented by dtrain: 1-bit "
-            "Adam compresses its communication; use Adam (the same update, uncompressed)");
-  EXPECT_NE(with({{"scheduler", {{"type", "WarmupDecayLR"}}}})
+            "optimizer.type: DeepSpeed 0.19.8 has no OneBitAdam optimizer any more (its "
+            "compressed-communication optimizers were removed; it refuses the name too): use Adam "
+            "(the same update, uncompressed)");
+  EXPECT_NE(with({{"scheduler", {{"type", "WarmupDecayLR"}, {"params", json::object()}}}})
                 .find("scheduler.params.total_num_steps: required"),
             std::string::npos);
+  EXPECT_EQ(with({{"scheduler", {{"type", "WarmupDecayLR"}}}}),
+            "scheduler.params: missing (DeepSpeed 0.19.8 fails without it too: it calls "
+            "WarmupDecayLR(optimizer, **params)); give \"params\": {} for WarmupDecayLR's "
+            "defaults");
+  EXPECT_EQ(
+      with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "Linear"}}}}}}),
+      "scheduler.params.warmup_type: unknown value \"Linear\" (allowed: log, linear); DeepSpeed "
+      "0.19.8 would warn and warm up by log instead, and dtrain refuses it so that a typo cannot "
+      "go unnoticed; did you mean linear?");
   EXPECT_NE(
       with({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}}).find("both enabled"),
       std::string::npos);
-  EXPECT_NE(with({{"zero_optimization", {{"stage", 2}, {"offload_param", {{"device", "cpu"}}}}}})
-                .find("needs stage 3"),
+  EXPECT_NE(
+      with({{"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}})
+          .find("at stage 0 is not supported by dtrain"),
+      std::string::npos);
+}
+
+// Where DeepSpeed 0.19.8's own rules are less obvious (each also compared with DeepSpeed itself
+// in zero_deepspeed_reference_test).
+TEST(ZeroConfig, FollowsDeepSpeedsLessObviousRules) {
+  auto notes = [](const Config& c) {
+    std::string all;
+    for (const auto& n : c.notes) all += n + "\n";
+    return all;
+  };
+  // "bf16" wins over its old name "bfloat16", whatever the latter says.
+  auto c = parse_config(
+      {{"train_batch_size", 8}, {"bf16", {{"enabled", false}}}, {"bfloat16", {{"enabled", true}}}},
+      2);
+  EXPECT_FALSE(c.bf16);
+  EXPECT_NE(notes(c).find("bfloat16: ignored"), std::string::npos) << notes(c);
+  // Validated sections read values as pydantic does, with a note.
+  c = parse_config({{"train_batch_size", 8},
+                    {"fp16", {{"enabled", "true"}, {"loss_scale", "128"}}},
+                    {"zero_optimization", {{"stage", "2"}}}},
+                   2);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 128);
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_NE(notes(c).find("zero_optimization.stage: \"2\" read as 2"), std::string::npos);
+  // fp16's window and minimum scale matter only with dynamic scaling.
+  c = parse_config({{"train_batch_size", 8},
+                    {"fp16", {{"enabled", true}, {"loss_scale", 64}, {"loss_scale_window", 0}}}},
+                   2);
+  EXPECT_EQ(c.fp16.loss_scale_window, 0);
+  // torch_adam builds torch.optim.AdamW, whose weight decay defaults to 0.01.
+  c = parse_config({{"train_batch_size", 8},
+                    {"optimizer", {{"type", "AdamW"}, {"params", {{"torch_adam", true}}}}}},
+                   2);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  // offload_param below stage 3: accepted and ignored, as DeepSpeed does.
+  c = parse_config({{"train_batch_size", 8},
+                    {"zero_optimization", {{"stage", 2}, {"offload_param", {{"device", "cpu"}}}}}},
+                   2);
+  EXPECT_NE(notes(c).find("offload_param: has no effect at stage 2"), std::string::npos);
+  EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).offloaded, 0);
+  // A deprecated key beside its replacement is refused even when false.
+  EXPECT_NE(
+      error_of(
+          {{"train_batch_size", 8},
+           {"zero_optimization",
+            {{"stage", 2}, {"cpu_offload", false}, {"offload_optimizer", {{"device", "cpu"}}}}}})
+          .find("zero_optimization.cpu_offload: given together with offload_optimizer"),
+      std::string::npos);
+  // compute_grad_norm false: stages 1-2 only, and without clipping (DeepSpeed's default 1.0).
+  EXPECT_NE(error_of({{"train_batch_size", 8},
+                      {"zero_optimization", {{"stage", 2}, {"compute_grad_norm", false}}}})
+                .find("false needs \"gradient_clipping\": 0"),
             std::string::npos);
+  // Names: DeepSpeed's own optimizers in any case, torch's and the schedulers exactly.
+  EXPECT_EQ(
+      parse_config({{"train_batch_size", 8}, {"optimizer", {{"type", "ADAMW"}}}}, 2).optimizer.type,
+      "AdamW");
+  EXPECT_NE(error_of({{"train_batch_size", 8}, {"optimizer", {{"type", "sgd"}}}})
+                .find("did you mean SGD?"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"train_batch_size", 8},
+                      {"scheduler", {{"type", "warmuplr"}, {"params", json::object()}}}})
+                .find("did you mean WarmupLR?"),
+            std::string::npos);
+  // SGD under ZeRO: dtrain runs it; the note says DeepSpeed wants zero_allow_untested_optimizer.
+  c = parse_config({{"train_batch_size", 8},
+                    {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}},
+                    {"zero_optimization", {{"stage", 1}}}},
+                   2);
+  EXPECT_NE(notes(c).find("zero_allow_untested_optimizer"), std::string::npos) << notes(c);
 }
 
 TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {

@@ -13,9 +13,17 @@ _take_model_step does: optimizer.step(), then scheduler.step().
       -> [[lr, beta1, beta2] the optimizer holds for update k, k = 1..S]
   {"kind": "optimizer", "config": {...}, "init": [...], "grads": [[...] per step]}
       -> [[the parameter after update k] k = 1..S]
-  {"kind": "config", "path": FILE, "world_size": N}
-      -> DeepSpeedConfig(FILE)'s resolved values as DeepSpeed parses it (hjson, duplicate keys
-         refused) for a data-parallel world of N ranks, or {"error": message}
+  {"kind": "config", "path": FILE or "config": {...}, "world_sizes": [N, ...]}
+      -> {"worlds": {"N": DeepSpeedConfig's resolved values (a file read as DeepSpeed reads
+                          it: hjson, duplicate keys refused) for a data-parallel world of N
+                          ranks, or {"error": message}},
+          "engine": what deepspeed.initialize makes of the config (one rank over Gloo in this
+                    process, the batch keys replaced by the micro batch and accumulation steps
+                    resolved at the first accepted N): {"optimizer": the optimizer's values as
+                    built (param_groups[0], decoupled weight decay), "lrs": [the scheduler's lr
+                    for the first 6 updates]}, or {"error": message} where the engine refuses
+                    it, or {"platform": message} where only this CPU build is the reason (fp16
+                    and FusedLamb have no CPU kernels here)}
 One process runs every case: importing DeepSpeed is the slow part.
 """
 import functools
@@ -85,36 +93,134 @@ def device(offload):
     return str(getattr(offload.device, "value", offload.device))
 
 
-def run_config(case):
+def error_text(e):
+    return "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+
+
+def parse_at(case, world_size):
+    """DeepSpeedConfig at a data-parallel world of `world_size` ranks."""
     import deepspeed.comm as dist
     saved = dist.get_rank, dist.get_world_size
     dist.get_rank = lambda *a, **k: 0
-    dist.get_world_size = lambda *a, **k: case["world_size"]
+    dist.get_world_size = lambda *a, **k: world_size
     try:
-        c = DeepSpeedConfig(case["path"])
-    except Exception as e:  # DeepSpeed's own refusal, whatever its type
-        return {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
+        return DeepSpeedConfig(case["path"] if "path" in case else dict(case["config"]))
     finally:
         dist.get_rank, dist.get_world_size = saved
+
+
+def resolved(c):
     z = c.zero_config
-    params = c.optimizer_params or {}
+    f = c.float16_config
     out = {
         "train_batch_size": c.train_batch_size,
         "train_micro_batch_size_per_gpu": c.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": c.gradient_accumulation_steps,
         "stage": int(z.stage),
-        "fp16": bool(c.float16_config.enabled),
+        "fp16": bool(f.enabled),
         "bf16": bool(c.bfloat16_config.enabled),
-        "gradient_clipping": float(c.gradient_clipping),
+        "gradient_clipping": c.gradient_clipping,
         "offload_optimizer": device(z.offload_optimizer),
         "offload_param": device(z.offload_param),
+        "offload_optimizer_pin_memory": z.offload_optimizer.pin_memory if z.offload_optimizer else None,
+        "offload_param_pin_memory": z.offload_param.pin_memory if z.offload_param else None,
         "reduce_bucket_size": int(z.reduce_bucket_size),
+        "loss_scale": float(f.loss_scale),
+        "initial_scale_power": int(f.initial_scale_power),
+        "loss_scale_window": int(f.loss_scale_window),
+        "hysteresis": int(f.hysteresis),
+        "consecutive_hysteresis": bool(f.consecutive_hysteresis),
+        "min_loss_scale": float(f.min_loss_scale),
         "optimizer": c.optimizer_name,
         "scheduler": c.scheduler_name,
     }
-    for k in ("lr", "eps", "weight_decay"):
-        if isinstance(params.get(k), (int, float)):
-            out["optimizer_" + k] = float(params[k])
+    return out
+
+
+_distributed = []
+
+
+def initialize(config):
+    """deepspeed.initialize on one rank (a Gloo group of one in this process)."""
+    import socket
+    import deepspeed
+    if not _distributed:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        deepspeed.init_distributed(dist_backend="gloo")
+        _distributed.append(True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+
+# deepspeed.initialize's refusals that come from this CPU build, not from the config.
+PLATFORM = ("is not supported on your device", "not been implemented on CPU backend")
+
+
+def engine_view(case, c):
+    """The optimizer and scheduler DeepSpeed's engine builds, and whether it accepts the config."""
+    out = {}
+    try:
+        p = torch.nn.Parameter(torch.zeros(3))
+        if c.optimizer_name is not None:
+            stub = types.SimpleNamespace(
+                optimizer_params=lambda: c.optimizer_params,
+                optimizer_name=lambda: c.optimizer_name,
+                zero_use_cpu_optimizer=lambda: False,
+                bf16_optimizer_states=lambda: False,
+                zenflow=False,
+                has_moe_layers=False)
+            stub.get_optimizer_configuration = functools.partial(DeepSpeedEngine.get_optimizer_configuration, stub)
+            optimizer = DeepSpeedEngine._configure_basic_optimizer(stub, [p])
+            group = optimizer.param_groups[0]
+            values = {k: group[k] for k in ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov",
+                                            "bias_correction") if k in group}
+            if "betas" in group:
+                values["betas"] = list(group["betas"])
+            values["decoupled"] = bool(getattr(optimizer, "adam_w_mode", isinstance(optimizer, torch.optim.AdamW)))
+            out["optimizer"] = values
+        else:
+            optimizer = torch.optim.SGD([p], lr=0.5)  # a client optimizer's lr: 0.5
+        if c.scheduler_name is not None:
+            engine = types.SimpleNamespace(scheduler_name=lambda: c.scheduler_name,
+                                           scheduler_params=lambda: c.scheduler_params)
+            scheduler = DeepSpeedEngine._scheduler_from_config(engine, optimizer)
+            lrs = []
+            for _ in range(6):
+                lrs.append(float(optimizer.param_groups[0]["lr"]))
+                scheduler.step()
+            out["lrs"] = lrs
+    except Exception as e:
+        return {"error": error_text(e)}
+    config = dict(c._param_dict)  # as DeepSpeed read it (hjson)
+    for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        config.pop(k, None)
+    config["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu
+    config["gradient_accumulation_steps"] = c.gradient_accumulation_steps
+    try:
+        initialize(config)
+    except Exception as e:
+        text = error_text(e)
+        return {("platform" if any(p in text for p in PLATFORM) else "error"): text}
+    return out
+
+
+def run_config(case):
+    worlds, accepted = {}, None
+    for n in case["world_sizes"]:
+        try:
+            c = parse_at(case, n)
+            worlds[str(n)] = resolved(c)
+            accepted = accepted or c
+        except Exception as e:  # DeepSpeed's own refusal, whatever its type
+            worlds[str(n)] = {"error": error_text(e)}
+    out = {"worlds": worlds}
+    if accepted is not None:
+        out["engine"] = engine_view(case, accepted)
     return out
 
 
@@ -124,7 +230,13 @@ def main():
     for case in cases:
         run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config}[case["kind"]]
         results.append(run(case))
-    json.dump(results, open(sys.argv[2], "w"))
+    with open(sys.argv[2], "w") as f:
+        json.dump(results, f)
+    # Without the interpreter's teardown: DeepSpeed's engines and the Gloo group may abort in it
+    # ("terminate called without an active exception"), after the results are written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
