@@ -26,8 +26,9 @@ add_dependencies(zero_example_test fashion_mnist dtrain_cli)
 dtrain_test(zero_stage3_fetch_test LABELS zero SOURCES zero/stage3_fetch_test.cpp TORCH)
 # The user's own torch::optim optimizer on the partitions (DeepSpeed's client optimizer).
 dtrain_test(zero_client_optimizer_test LABELS zero SOURCES zero/client_optimizer_test.cpp TORCH)
-# Schedulers and optimizers against DeepSpeed's own classes (the venv's DeepSpeed, one Python
-# process for every case; its FusedAdam CPU op is JIT-built once into ~/.cache/torch_extensions).
+# Configs, schedulers and optimizers against DeepSpeed's own: DeepSpeedConfig at each world size
+# and deepspeed.initialize once per config (the venv's DeepSpeed, one Python process for every
+# case; its CPU Adam and FusedAdam ops are JIT-built once into ~/.cache/torch_extensions).
 dtrain_test(zero_deepspeed_reference_test LABELS zero SOURCES zero/deepspeed_reference_test.cpp TORCH)
 # Training side by side with DeepSpeed itself: 2 ranks, stages 1-3, its CPU optimizers.
 add_executable(ds_parity_worker zero/ds_parity_worker.cpp)

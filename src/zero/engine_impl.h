@@ -118,7 +118,7 @@ class EngineImpl final : public EngineCore {
     return full.narrow(0, rank_ * part_, part_);
   }
   // What offload keeps on the host for a CUDA model, page-locked when its offload section says
-  // pin_memory (DeepSpeed's default: false): copies between it and the device then go by DMA
+  // pin_memory (DeepSpeed 0.19.8's default: true): copies between it and the device go by DMA
   // instead of through a staging buffer. Unchanged on a CPU run.
   torch::Tensor host_side(torch::Tensor t, const OffloadConfig& offload) const {
     return offload.pin_memory && device_.is_cuda() && t.device().is_cpu() ? t.pin_memory() : t;

@@ -806,6 +806,10 @@ TEST_F(LauncherTest, AnAgentRemovesTheRunDirectoriesOfDeadAgents) {
   ASSERT_EQ(::flock(held, LOCK_EX), 0);
   RunResult r = run({"--nproc-per-node", "1", kWorker});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Under ctest -j2 another test's agent may be the one that found it (and may still be
+  // removing it when ours has ended): give that one a moment.
+  for (auto until = Clock::now() + 5s; fs::exists(dead) && Clock::now() < until;)
+    std::this_thread::sleep_for(20ms);
   EXPECT_FALSE(fs::exists(dead)) << "a dead agent's run directory was left";
   EXPECT_TRUE(fs::exists(alive / "attempt_0")) << "a live agent's run directory was removed";
   EXPECT_TRUE(fs::exists(other / "attempt_0")) << "a directory without a .lock was removed";

@@ -43,9 +43,8 @@ from deepspeed.utils import logger  # noqa: E402
 logger.setLevel(logging.ERROR)
 
 
-def build(config, params):
-    """The optimizer and scheduler DeepSpeed's engine makes for `config` (no ZeRO offload)."""
-    ds = DeepSpeedConfig(dict(config, train_micro_batch_size_per_gpu=1))
+def basic_optimizer(ds, params):
+    """The optimizer DeepSpeed's engine builds from DeepSpeedConfig `ds` (no ZeRO offload)."""
     stub = types.SimpleNamespace(
         optimizer_params=lambda: ds.optimizer_params,
         optimizer_name=lambda: ds.optimizer_name,
@@ -54,7 +53,13 @@ def build(config, params):
         zenflow=False,
         has_moe_layers=False)
     stub.get_optimizer_configuration = functools.partial(DeepSpeedEngine.get_optimizer_configuration, stub)
-    optimizer = DeepSpeedEngine._configure_basic_optimizer(stub, params)
+    return DeepSpeedEngine._configure_basic_optimizer(stub, params)
+
+
+def build(config, params):
+    """The optimizer and scheduler DeepSpeed's engine makes for `config` (no ZeRO offload)."""
+    ds = DeepSpeedConfig(dict(config, train_micro_batch_size_per_gpu=1))
+    optimizer = basic_optimizer(ds, params)
     scheduler = None
     if ds.scheduler_name is not None:
         scheduler = getattr(lr_schedules, ds.scheduler_name)(optimizer, **ds.scheduler_params)
@@ -167,15 +172,7 @@ def engine_view(case, c):
     try:
         p = torch.nn.Parameter(torch.zeros(3))
         if c.optimizer_name is not None:
-            stub = types.SimpleNamespace(
-                optimizer_params=lambda: c.optimizer_params,
-                optimizer_name=lambda: c.optimizer_name,
-                zero_use_cpu_optimizer=lambda: False,
-                bf16_optimizer_states=lambda: False,
-                zenflow=False,
-                has_moe_layers=False)
-            stub.get_optimizer_configuration = functools.partial(DeepSpeedEngine.get_optimizer_configuration, stub)
-            optimizer = DeepSpeedEngine._configure_basic_optimizer(stub, [p])
+            optimizer = basic_optimizer(c, [p])
             group = optimizer.param_groups[0]
             values = {k: group[k] for k in ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov",
                                             "bias_correction") if k in group}
