@@ -106,7 +106,7 @@ json="$(grep -o '{.*"world_size".*}' "$CONF" | tail -1)"
 grep -qx "program ok" "$CONF" && [[ -n "$json" ]] || { tail -n 30 "$CONF" >&2; fail "Fashion-MNIST: no result on the driver"; }
 "$PY" -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["world_size"] == 4, r' "$json" || fail "Fashion-MNIST result: $json"
 pass "Fashion-MNIST example in program mode on n1 + n2, 2 x 2 processes, 100 steps ($(secs_of 6) s)"
-[[ -z "$(host_procs n0 'ray\.py')" ]] || fail "kept driver: still running after the program exited: $(host_procs n0 'ray\.py')"
+[[ -z "$(host_procs n0 'dtrain/ray\.py( |$)')" ]] || fail "kept driver: still running after the program exited: $(host_procs n0 'dtrain/ray\.py( |$)')"
 [[ -z "$(pgs)" ]] || fail "kept driver: placement groups left: $(pgs)"
 pass "6 run() calls in one kept Ray driver, gone when the program exited, no placement group left ($((SECONDS - t0)) s)"
 
@@ -185,7 +185,7 @@ t2=$SECONDS
 deadline=$((SECONDS + 30))
 for h in n0 n1 n2; do
   pattern="$OURS"
-  [[ $h == n0 ]] && pattern="$OURS|ray\.py"
+  [[ $h == n0 ]] && pattern="$OURS|dtrain/ray\.py( |\$)"
   while [[ -n "$(host_procs $h "$pattern")" ]]; do
     ((SECONDS < deadline)) || fail "kill: processes left on $h 30 s after the driver was SIGKILLed: $(host_procs $h "$pattern")"
     sleep 0.3

@@ -39,7 +39,7 @@ echo "n2's node joined the cluster $((SECONDS - t_all)) s in"
 search_says "^tune: now " 60 "asking the cluster again (while the first trial is held)"
 room_finish ray
 # Nothing of the search left on any host within 30 s (ray_down then checks every process).
-OURS="^($DTRAIN|$SEARCH)( |\$)|ray\.py"
+OURS="^($DTRAIN|$SEARCH)( |\$)|dtrain/ray\.py( |\$)"
 deadline=$((SECONDS + 30))
 for h in n0 n1 n2; do
   while [[ -n "$(host_procs $h "$OURS")" ]]; do
