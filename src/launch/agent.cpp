@@ -149,7 +149,6 @@ class Agent {
   int store_port_ = 0;
   std::string run_dir_;  // the attempts' directories: error files, logs (setup_run_dir)
   std::unique_ptr<detail::OwnedTempDir> own_run_dir_;  // run_dir_ when it is a temporary one
-  bool write_logs_ = false;  // run_dir_ is kept: the workers' stdout.log and stderr.log go there
   void setup_run_dir();
   int node_rank_ = -1;
   int nnodes_ = 1;
@@ -318,7 +317,6 @@ void Agent::setup_run_dir() {
   }
   if (!root.empty()) {
     run_dir_ = make_run_dir(root, o_.rdzv_id);
-    write_logs_ = true;
     if (o_.log_dir.empty())
       launch::say("no --log-dir: the logs of the redirected streams and filtered lines are in " +
                   run_dir_);
@@ -423,7 +421,8 @@ void Agent::stop_workers(int sig) {
 AttemptResult Agent::run_attempt(const launch::RendezvousResult& rdzv) {
   prefix_ = launch::round_prefix(o_.rdzv_id, rdzv.round);
   heartbeats_.clear();
-  workers_->spawn(rdzv, attempt_dir(rdzv.round), write_logs_, store_host_, store_port_);
+  // A kept run directory (not the temporary one) gets the workers' stdout.log and stderr.log.
+  workers_->spawn(rdzv, attempt_dir(rdzv.round), own_run_dir_ == nullptr, store_host_, store_port_);
   AttemptResult result;
   bool local_done = false;
   auto next_tick = Clock::now();
