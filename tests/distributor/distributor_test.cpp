@@ -15,6 +15,7 @@
 #include "dtrain/dtrain.h"
 #include "support/distributor_processes.h"
 #include "support/paths.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -326,13 +327,13 @@ TEST(Distributor, ExtraEnvironmentAndLogDirReachTheWorkers) {
   dtrain::Distributor d({.num_processes = 2, .log_dir = tmpl, .env = {{"MY_SETTING", "42"}}});
   // torchrun's PET_<OPTION> variables (a Kubeflow pod's) are for a `dtrain run` command line:
   // the Distributor's own job does not take them.
-  ::setenv("PET_ROLE", "not_for_the_distributor", 1);
+  dtrain::test::ScopedEnv env;
+  env.set("PET_ROLE", "not_for_the_distributor");
   auto got = d.run_all(+[] {
     std::printf("hello from the worker\n");
     const char* role = std::getenv("ROLE_NAME");
     return role && std::string(role) == "default" ? env_int("MY_SETTING") : -1;
   });
-  ::unsetenv("PET_ROLE");
   EXPECT_EQ(got, (std::vector<int>{42, 42}));
   // LOG_DIR/<run id>_<random>/attempt_0/1/stdout.log (torchrun's layout; local rank 1)
   bool found = false;

@@ -176,6 +176,10 @@ TEST(LauncherInterop, LogDirAndFilteredLinesAsUnderTorchrun) {
   const std::string script = kInterop + "/log_lines.py";
   const std::string base = std::filesystem::temp_directory_path() /
                            ("dtrain-interop-logs-" + std::to_string(::getpid()));
+  struct RemoveBase {  // also when an ASSERT below ends the test
+    std::string path;
+    ~RemoveBase() { std::filesystem::remove_all(path); }
+  } remove_base{base};
   std::map<std::string, std::map<std::string, std::string>> files;
   std::map<std::string, std::multiset<std::string>> console;
   for (const std::string launcher : {"torchrun", "dtrain"}) {
@@ -198,7 +202,6 @@ TEST(LauncherInterop, LogDirAndFilteredLinesAsUnderTorchrun) {
     for (std::string line; std::getline(out, line);)
       if (line.rfind("<default|", 0) == 0) console[launcher].insert(line);
   }
-  std::filesystem::remove_all(base);
   EXPECT_EQ(files["dtrain"], files["torchrun"]);
   EXPECT_EQ(console["dtrain"], console["torchrun"]);
   // What the comparison covered: rank 1's 8 lines on the console, the 4 per-rank logs and the

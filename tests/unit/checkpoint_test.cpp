@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "dtrain/error.h"
+#include "support/scoped_env.h"
 
 namespace dtrain {
 namespace {
@@ -444,27 +445,7 @@ TEST(CheckpointTest, SavesAreAtomic) {
   }
 }
 
-// Sets environment variables for one test and restores them after.
-class ScopedEnv {
- public:
-  void set(const char* name, const char* value) {
-    const char* old = ::getenv(name);
-    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) {
-        ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      } else {
-        ::unsetenv(it->first.c_str());
-      }
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using dtrain::test::ScopedEnv;
 
 TEST(CheckpointTest, OnlyTheWriterRankWrites) {
   TempDir dir;

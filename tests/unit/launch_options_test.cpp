@@ -32,6 +32,7 @@
 #include "launch/output.h"
 #include "launch/rendezvous.h"
 #include "support/paths.h"
+#include "support/scoped_env.h"
 
 namespace dtrain {
 namespace {
@@ -436,22 +437,22 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
     words >> kind >> var >> flag;
     if (kind == "filters") {
       std::string torchrun = line.substr(std::string("filters ").size()), ours;
-      ::setenv("PET_DUPLICATE_STDOUT_FILTERS", samples.at("PET_DUPLICATE_STDOUT_FILTERS").c_str(),
-               1);
+      test::ScopedEnv env;
+      env.set("PET_DUPLICATE_STDOUT_FILTERS", samples.at("PET_DUPLICATE_STDOUT_FILTERS").c_str());
       for (const auto& f : parse({}).duplicate_stdout_filters)
         ours += (ours.empty() ? "" : "|") + f;
-      ::unsetenv("PET_DUPLICATE_STDOUT_FILTERS");
       EXPECT_EQ(ours, torchrun) << "the filters torchrun's parser made of the same value";
       continue;
     }
     SCOPED_TRACE(var + " (" + flag + ")");
     ++options;
     const std::string unset = describe(parse({}));
+    test::ScopedEnv env;  // gone with this option's turn, whatever happens in it
     if (kind == "flag") {
       const std::string given = describe(parse({flag}));
-      ::setenv(var.c_str(), "1", 1);
+      env.set(var.c_str(), "1");
       EXPECT_EQ(describe(parse({})), given);
-      ::setenv(var.c_str(), "0", 1);
+      env.set(var.c_str(), "0");
       EXPECT_EQ(describe(parse({})), unset);
     } else {
       auto it = samples.find(var);
@@ -461,14 +462,13 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
       }
       const std::string given = describe(parse({flag, it->second}));
       EXPECT_NE(given, unset) << "the sample value must differ from the default";
-      ::setenv(var.c_str(), it->second.c_str(), 1);
+      env.set(var.c_str(), it->second.c_str());
       EXPECT_EQ(describe(parse({})), given);
       // The command line wins over the variable, as in argparse.
       if (var == "PET_ROLE") {
         EXPECT_EQ(parse({flag, "other"}).role, "other");
       }
     }
-    ::unsetenv(var.c_str());
   }
   EXPECT_GE(options, 25) << "torchrun 2.11 reads ~27 options from PET_ variables";
   std::filesystem::remove_all(dir);

@@ -14,6 +14,7 @@
 
 #include "dtrain/error.h"
 #include "launcher/subprocess.h"
+#include "support/scoped_env.h"
 
 namespace dtrain {
 namespace {
@@ -187,31 +188,7 @@ void check_bad_rank_or_replicas_is_a_usage_error() {
   }
 }
 
-// Sets environment variables for one test and restores them after.
-class ScopedEnv {
- public:
-  void set(const char* name, const char* value) {
-    const char* old = ::getenv(name);
-    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-    if (value) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) {
-        ::setenv(it->first.c_str(), it->second->c_str(), 1);
-      } else {
-        ::unsetenv(it->first.c_str());
-      }
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using dtrain::test::ScopedEnv;
 
 void check_defaults_come_from_the_environment_then_one_process() {
   {
