@@ -104,13 +104,19 @@ struct InitOptions {
   std::shared_ptr<const PartitionedShards> partitioned;
 };
 
-// DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py): scale = 2^initial_scale_power;
-// an overflow lowers the hysteresis counter, and once it is used up halves the scale (not
-// below min_loss_scale); loss_scale_window steps without overflow since the last one double it.
+// DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py, 0.19.8): scale =
+// 2^initial_scale_power; an overflow lowers the hysteresis counter, and once it is used up
+// halves the scale (not below min_loss_scale); the scale doubles at the updates where the
+// clean steps since the last overflow, less one, are a positive multiple of loss_scale_window
+// (so the first doubling comes after window + 1 clean steps). An overflow once the scale is at
+// min_loss_scale and the hysteresis is used up ends the run, as DeepSpeed's does.
 class LossScaler {
  public:
   explicit LossScaler(const Fp16Config& c);
   double scale() const { return scale_; }
+  // Throws Error (state unchanged) on an overflow the scale cannot absorb any more: already at
+  // min_loss_scale with the hysteresis used up (DeepSpeed raises "Current loss scale already at
+  // minimum" there).
   void update(bool overflow);
   bool dynamic() const { return dynamic_; }
   // State for checkpoints: scale, iteration, last overflow iteration, hysteresis.

@@ -1,6 +1,7 @@
 // DeepSpeed's learning-rate schedulers and dynamic loss scaler, as pure state machines.
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "dtrain/zero.h"
 
@@ -15,6 +16,18 @@ void LossScaler::update(bool overflow) {
   if (!dynamic_) return;
   if (overflow) {
     if (c_.hysteresis == 1 || hysteresis_ == 1) {
+      if (scale_ == c_.min_loss_scale) {
+        std::ostringstream min;
+        min << c_.min_loss_scale;
+        throw Error(
+            "zero fp16: the gradients overflowed again with the loss scale already at "
+            "min_loss_scale (" +
+            min.str() +
+            "): it cannot go lower, so the run stops here, as DeepSpeed's does (\"Current loss "
+            "scale already at minimum\"). The loss has diverged or the model overflows fp16: "
+            "lower the learning rate, clip gradients, train in bf16, or lower "
+            "fp16.min_loss_scale");
+      }
       scale_ = std::max(scale_ / 2.0, c_.min_loss_scale);
     } else {
       --hysteresis_;
@@ -22,7 +35,9 @@ void LossScaler::update(bool overflow) {
     last_overflow_ = iter_;
   } else {
     if (c_.consecutive_hysteresis) hysteresis_ = c_.hysteresis;
-    if ((iter_ - last_overflow_) % c_.loss_scale_window == 0) {
+    // DeepSpeed's stable interval: the clean updates since the last overflow, before this one.
+    const int64_t stable = iter_ - last_overflow_ - 1;
+    if (stable > 0 && stable % c_.loss_scale_window == 0) {
       if (!c_.consecutive_hysteresis) hysteresis_ = c_.hysteresis;
       scale_ *= 2.0;
     }

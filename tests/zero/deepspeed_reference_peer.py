@@ -13,6 +13,8 @@ _take_model_step does: optimizer.step(), then scheduler.step().
       -> [[lr, beta1, beta2] the optimizer holds for update k, k = 1..S]
   {"kind": "optimizer", "config": {...}, "init": [...], "grads": [[...] per step]}
       -> [[the parameter after update k] k = 1..S]
+  {"kind": "loss_scaler", "config": {"fp16": {...}}, "overflows": [true/false per step]}
+      -> [the scale after each update, ..., "raise" where DeepSpeed raises (and stops)]
   {"kind": "config", "path": FILE or "config": {...}, "world_sizes": [N, ...]}
       -> {"worlds": {"N": DeepSpeedConfig's resolved values (a file read as DeepSpeed reads
                           it: hjson, duplicate keys refused) for a data-parallel world of N
@@ -91,6 +93,29 @@ def run_optimizer(case):
     return out
 
 
+def run_loss_scaler(case):
+    """DeepSpeed's dynamic loss scaler as its ZeRO optimizer makes it (CreateLossScaler from the
+    parsed fp16 section), over a sequence of overflow flags: the scale after each update, and
+    "raise" where DeepSpeed raises (an overflow at the minimum scale), which ends the sequence."""
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
+    init_distributed()  # update_scale logs through deepspeed.comm's rank
+    fp16 = DeepSpeedConfig(dict(case["config"], train_micro_batch_size_per_gpu=1)).float16_config
+    scaler = CreateLossScaler(dtype=torch.half, static_loss_scale=fp16.loss_scale,
+                              dynamic_scaling=fp16.loss_scale == 0,
+                              dynamic_loss_args=fp16.dynamic_loss_scale_args())
+    out = []
+    for overflow in case["overflows"]:
+        try:
+            scaler.update_scale(overflow)
+        except Exception as e:  # DeepSpeed raises a bare Exception at the minimum
+            if "already at minimum" not in str(e):
+                raise
+            out.append("raise")
+            break
+        out.append(float(scaler.cur_scale))
+    return out
+
+
 def device(offload):
     """An offload section's device as a string ("none" when absent)."""
     if not offload:
@@ -145,8 +170,8 @@ def resolved(c):
 _distributed = []
 
 
-def initialize(config):
-    """deepspeed.initialize on one rank (a Gloo group of one in this process)."""
+def init_distributed():
+    """A Gloo group of one in this process, made once."""
     import socket
     import deepspeed
     if not _distributed:
@@ -157,6 +182,12 @@ def initialize(config):
                           LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         deepspeed.init_distributed(dist_backend="gloo")
         _distributed.append(True)
+
+
+def initialize(config):
+    """deepspeed.initialize on one rank (a Gloo group of one in this process)."""
+    import deepspeed
+    init_distributed()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -225,7 +256,8 @@ def main():
     cases = json.load(open(sys.argv[1]))
     results = []
     for case in cases:
-        run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config}[case["kind"]]
+        run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config,
+               "loss_scaler": run_loss_scaler}[case["kind"]]
         results.append(run(case))
     with open(sys.argv[2], "w") as f:
         json.dump(results, f)

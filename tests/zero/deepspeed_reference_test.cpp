@@ -56,6 +56,22 @@ json optimizer_case(const std::string& name, json optimizer, json scheduler = nu
       {"name", name}, {"kind", "optimizer"}, {"config", config}, {"init", init}, {"grads", grads}};
 }
 
+// fp16's dynamic loss scaler over `steps` updates whose overflow flags come from a fixed
+// pseudo-random sequence (`seed`) with overflows at `rate`, then `burst` overflows in a row.
+json loss_scaler_case(const std::string& name, json fp16, uint32_t seed, double rate,
+                      int steps = 60, int burst = 0) {
+  json flags = json::array();
+  uint32_t x = seed;
+  for (int k = 0; k < steps; ++k) {
+    x = x * 1664525u + 1013904223u;
+    flags.push_back((x >> 8) % 1000 < rate * 1000);
+  }
+  for (int k = 0; k < burst; ++k) flags.push_back(true);
+  fp16["enabled"] = true;
+  return {
+      {"name", name}, {"kind", "loss_scaler"}, {"config", {{"fp16", fp16}}}, {"overflows", flags}};
+}
+
 json sched(const std::string& type, json params = json::object()) {
   return {{"type", type}, {"params", params}};
 }
@@ -164,6 +180,32 @@ json build_cases() {
   c.push_back(
       optimizer_case("Adam + WarmupDecayLR", adam(0.01),
                      sched("WarmupDecayLR", {{"total_num_steps", 10}, {"warmup_num_steps", 4}})));
+  auto with_fp16 = [](json base, const json& changes) {
+    base.update(changes);
+    return base;
+  };
+  const json small = {{"initial_scale_power", 6},
+                      {"loss_scale_window", 3},
+                      {"hysteresis", 2},
+                      {"min_loss_scale", 2}};
+  c.push_back(loss_scaler_case("loss scale: window 3, hysteresis 2", small, 1, 0.25));
+  c.push_back(loss_scaler_case("loss scale: consecutive hysteresis",
+                               with_fp16(small, {{"consecutive_hysteresis", true}}), 2, 0.3));
+  c.push_back(loss_scaler_case("loss scale: hysteresis 1, window 1",
+                               with_fp16(small, {{"hysteresis", 1}, {"loss_scale_window", 1}}), 3,
+                               0.4));
+  c.push_back(loss_scaler_case("loss scale: hysteresis 0 never lowers",
+                               with_fp16(small, {{"hysteresis", 0}}), 4, 0.5, 30, 10));
+  c.push_back(
+      loss_scaler_case("loss scale: overflows to the minimum, then stops", small, 5, 0.2, 20, 12));
+  c.push_back(loss_scaler_case(
+      "loss scale: minimum 1 from scale 2",
+      with_fp16(small, {{"min_loss_scale", 1}, {"initial_scale_power", 1}}), 6, 0.35, 40, 8));
+  c.push_back(loss_scaler_case(
+      "loss scale: initial scale below the minimum",
+      with_fp16(small, {{"initial_scale_power", 0}, {"min_loss_scale", 4}}), 7, 0.3, 30, 6));
+  c.push_back(loss_scaler_case("loss scale: DeepSpeed's defaults", json::object(), 8, 0.01, 1200));
+  c.push_back(loss_scaler_case("loss scale: static", {{"loss_scale", 128}}, 9, 0.5, 20, 5));
   return c;
 }
 
@@ -444,6 +486,21 @@ dtrain::zero::Config parse(const json& config) {
   return dtrain::zero::parse_config(c, 1);
 }
 
+json run_loss_scaler(const json& cs) {
+  dtrain::zero::LossScaler scaler(parse(cs.at("config")).fp16);
+  json out = json::array();
+  for (const auto& overflow : cs.at("overflows")) {
+    try {
+      scaler.update(overflow.get<bool>());
+    } catch (const dtrain::Error&) {
+      out.push_back("raise");
+      break;
+    }
+    out.push_back(scaler.scale());
+  }
+  return out;
+}
+
 json run_scheduler(const json& cs) {
   auto c = parse(cs.at("config"));
   const bool has_betas = c.optimizer.type != "SGD";
@@ -482,13 +539,20 @@ json run_optimizer(const json& cs) {
 
 void check_steps(const json& peer) {
   const json cases = build_cases();
-  int schedulers = 0, optimizers = 0;
+  int schedulers = 0, optimizers = 0, scalers = 0;
   for (const auto& cs : cases) {
     const std::string name = cs.at("name");
     SCOPED_TRACE(name);
     ASSERT_TRUE(peer.contains(name));
     const json& ds = peer.at(name);
-    if (cs.at("kind") == "scheduler") {
+    if (cs.at("kind") == "loss_scaler") {
+      const json ours = run_loss_scaler(cs);
+      ASSERT_EQ(ours.size(), ds.size()) << "ours " << ours.dump() << "\nDeepSpeed " << ds.dump();
+      for (size_t k = 0; k < ours.size(); ++k)
+        ASSERT_EQ(ours[k], ds[k]) << "update " << k + 1 << "\nours " << ours.dump()
+                                  << "\nDeepSpeed " << ds.dump();
+      ++scalers;
+    } else if (cs.at("kind") == "scheduler") {
       const json ours = run_scheduler(cs);
       ASSERT_EQ(ours.size(), ds.size());
       for (size_t k = 0; k < ours.size(); ++k)
@@ -517,8 +581,9 @@ void check_steps(const json& peer) {
       ++optimizers;
     }
   }
-  std::printf("%d scheduler and %d optimizer cases equal to DeepSpeed 0.19.8's classes\n",
-              schedulers, optimizers);
+  std::printf(
+      "%d scheduler, %d optimizer and %d loss scaler cases equal to DeepSpeed 0.19.8's classes\n",
+      schedulers, optimizers, scalers);
 }
 
 // What dtrain resolved, in the peer's terms.

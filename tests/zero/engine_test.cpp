@@ -123,15 +123,26 @@ TEST(ZeroLossScaler, FollowsDeepSpeedsDynamicRules) {
   EXPECT_EQ(s.scale(), 8);
   s.update(false);
   s.update(false);
-  EXPECT_EQ(s.scale(), 8);
-  s.update(false);  // loss_scale_window clean steps since the last overflow
+  s.update(false);
+  EXPECT_EQ(s.scale(), 8);  // DeepSpeed doubles after window + 1 clean steps, not window
+  s.update(false);
   EXPECT_EQ(s.scale(), 16);
   s.update(true);
   s.update(true);
   s.update(true);
-  s.update(true);
   EXPECT_EQ(s.scale(), 4);  // not below min_loss_scale
-  c.loss_scale = 128;       // static
+  // At min_loss_scale with the hysteresis used up, an overflow ends the run (DeepSpeed raises).
+  try {
+    s.update(true);
+    ADD_FAILURE() << "no error";
+  } catch (const dtrain::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("min_loss_scale (4)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.scale(), 4);
+  s.update(false);  // the state is unchanged by the refusal: training could go on
+  EXPECT_EQ(s.scale(), 4);
+  // Every other trajectory: deepspeed_reference_test runs DeepSpeed's own DynamicLossScaler.
+  c.loss_scale = 128;  // static
   dtrain::zero::LossScaler fixed(c);
   fixed.update(true);
   EXPECT_EQ(fixed.scale(), 128);
