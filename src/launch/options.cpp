@@ -344,6 +344,10 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
   run.add_flag("--stop-on-stdin-eof", a.stdin_eof,
                "Internal (set by the host-file launch): stop the workers when stdin reaches EOF")
       ->group("");
+  run.add_option("--log-line-prefix-template", a.log_line_prefix_template,
+                 "Internal (set by the host-file launch): the launching host's "
+                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, over this host's")
+      ->group("");
   run.footer(
       "PROGRAM [ARGS...] follow the options: the program to run (a binary, a name on PATH,\n"
       "a .py script, or with -m a module) and its arguments, passed on unchanged.");
@@ -429,6 +433,7 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
     o.duplicate_stderr_filters = comma_separated_list(a.duplicate_stderr_filters);
   if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t && *t)
     o.log_line_prefix_template = t;
+  if (!a.log_line_prefix_template.empty()) o.log_line_prefix_template = a.log_line_prefix_template;
   if (a.event_log_handler != "null")
     o.notes.push_back("--event-log-handler " + a.event_log_handler +
                       ": torchrun's event handlers do not apply; dtrain reports its events on "

@@ -68,6 +68,9 @@ struct RunArgs {
   bool dry_run = false;
   bool no_slurm = false;
   bool stdin_eof = false;  // internal (--stop-on-stdin-eof): set by the ssh launcher
+  // internal (--log-line-prefix-template): the launching host's
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, passed by the ssh launcher to the other hosts' agents
+  std::string log_line_prefix_template;
 };
 
 // Declares every `dtrain run` flag on `run`, bound to `a`.

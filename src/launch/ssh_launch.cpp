@@ -326,6 +326,10 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
     a.push_back("--duplicate-stdout-filters=" + filters(o.duplicate_stdout_filters));
   if (!o.duplicate_stderr_filters.empty())
     a.push_back("--duplicate-stderr-filters=" + filters(o.duplicate_stderr_filters));
+  // The prefix the console shows for every host is this host's (the agents' output is
+  // gathered here), whatever the other hosts' environments say.
+  if (!o.log_line_prefix_template.empty())
+    a.push_back("--log-line-prefix-template=" + o.log_line_prefix_template);
   if (!o.ifname.empty()) a.insert(a.end(), {"--ifname", o.ifname});
   if (o.module) a.push_back("--module");
   if (o.no_python) a.push_back("--no-python");

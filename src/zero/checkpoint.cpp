@@ -1,18 +1,21 @@
 // ZeRO checkpoints in DeepSpeed's layout, written atomically, loadable at another world size.
-// One piece (~720 lines): the writer and the reader of one layout.
+// One piece (~880 lines): the writer and the reader of one layout, DeepSpeed's and dtrain's.
 //   DIR/latest                                       the tag, e.g. "global_step100"
 //   DIR/TAG/mp_rank_00_model_states.pt               rank 0: the module (full), steps, scheduler
-//   DIR/TAG/zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r: its slice of the fp32 master
+//                                                    (stage 3: zero_pp_rank_<r>_mp_rank_00_
+//                                                    model_states.pt per rank, rank 0's whole)
+//   DIR/TAG/zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r: its part of the fp32 master
 //                                                    parameters and of the optimizer state
 // Files are torch.save zips of dicts (src/zero/pickle.h): Python's torch.load reads them with
-// weights_only=True, and DeepSpeed's zero_to_fp32 reads those of stages 1-2 (the model file
-// carries DeepSpeed's param_shapes, buffer_names and shared_params; each optimizer file its
-// single_partition_of_fp32_groups). Each rank's optimizer file holds the elements
-// [r*P, min((r+1)*P, numel)) of the flat (unpadded) parameter order, whatever the stage (stages
-// 1-2: the padded partition, as DeepSpeed's), so a load at another world size concatenates the
-// files and takes its own new slice.
+// weights_only=True, and DeepSpeed's zero_to_fp32 reads them (the model file carries
+// DeepSpeed's param_shapes, buffer_names and shared_params; each optimizer file its
+// single_partition_of_fp32_groups at stages 1-2, fp32_flat_groups at stage 3). At stages 0-2
+// rank r's optimizer file holds the elements [r*P, min((r+1)*P, numel)) of the flat (unpadded)
+// parameter order (stages 1-2: the padded partition, as DeepSpeed's); at stage 3 DeepSpeed's
+// per-parameter pieces (zero/stage3_layout.h). A load at another world size puts the files
+// together into the flat order and takes its own new slice.
 // DeepSpeed's own checkpoints of stages 1-3 are read too (consolidated_state_dict, and
-// load_checkpoint for the parameters, steps and scheduler; the optimizer state of stages 1-2).
+// load_checkpoint for the parameters, steps, scheduler and optimizer state).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -29,6 +32,7 @@
 #include "zero/engine_impl.h"
 #include "zero/pickle.h"
 #include "zero/stage3_fetch.h"
+#include "zero/stage3_layout.h"
 
 namespace fs = std::filesystem;
 
@@ -137,6 +141,10 @@ std::string optim_file(int rank) {
   return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
 }
 const char* kModelFile = "mp_rank_00_model_states.pt";
+// DeepSpeed's stage 3 writes one model file per rank.
+std::string stage3_model_file(int rank) {
+  return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_model_states.pt";
+}
 
 std::string resolve_tag(const fs::path& dir, const std::string& tag) {
   if (!tag.empty()) return tag;
@@ -156,16 +164,25 @@ struct FullOptim {
   int64_t step = 0;
 };
 
-// `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them.
+// `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them;
+// `numels`: the parameters' sizes in the flat order (for stage 3's per-parameter layout).
 FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
-                     const std::function<fs::path(int)>& where) {
+                     const std::function<fs::path(int)>& where,
+                     const std::vector<int64_t>& numels) {
   FullOptim f;
   std::vector<torch::Tensor> masters;
   std::vector<std::vector<torch::Tensor>> states;
+  bool per_parameter = false;
   for (int r = 0; r < static_cast<int>(files.size()); ++r) {
     const fs::path path = where(r);
     auto d = get(files[static_cast<size_t>(r)], "optimizer_state_dict", path).toGenericDict();
-    if (d.contains("fp32_flat")) {
+    if (d.contains("fp32_flat_groups")) {  // stage 3: DeepSpeed's layout
+      per_parameter = true;
+      std::vector<torch::Tensor> groups;
+      for (const auto& t : get(d, "fp32_flat_groups", path).toListRef())
+        groups.push_back(t.toTensor().reshape({-1}));
+      masters.push_back(torch::cat(groups));
+    } else if (d.contains("fp32_flat")) {
       masters.push_back(get(d, "fp32_flat", path).toTensor());
     } else {  // stages 1-2: DeepSpeed's padded partition; this rank's elements are [begin, end)
       auto groups = get(d, "single_partition_of_fp32_groups", path).toList();
@@ -180,6 +197,12 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
     for (size_t k = 0; k < f.state_names.size(); ++k)
       states[k].push_back(get(st, f.state_names[k], path).toTensor());
   }
+  if (per_parameter) {
+    const std::string what = files.empty() ? std::string() : where(0).string();
+    f.master = detail::from_per_parameter(masters, numels, what);
+    for (auto& s : states) f.state.push_back(detail::from_per_parameter(s, numels, what));
+    return f;
+  }
   f.master = torch::cat(masters);
   for (auto& s : states) f.state.push_back(torch::cat(s));
   return f;
@@ -188,9 +211,11 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
 // A DeepSpeed checkpoint as the dicts load_state reads: the module from the fp32 master
 // (consolidated_state_dict), DeepSpeed's steps and scheduler position, and (stages 1-2, Adam or
 // SGD) every rank's partition of the optimizer state from its base_optimizer_state.
+// `names`, `numels`: the engine's parameters in its flat order.
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
-    const fs::path& model_path, int64_t numel, const std::string& type,
+    const fs::path& model_path, const std::vector<std::string>& names,
+    const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer);
 
 }  // namespace
@@ -204,48 +229,56 @@ IValue EngineImpl::model_state(bool build) {
   const bool was_gathered = gathered_;
   if (policy_.parameters() && !gathered_) gather_parameters();
   IValue out;
-  if (build) {
-    auto d = new_dict();
-    c10::Dict<std::string, torch::Tensor> module_dict;
-    for (auto& item : module_.named_parameters(true))
-      module_dict.insert(item.key(), item.value().detach().clone());
-    for (auto& item : module_.named_buffers(true))
-      if (item.value().defined()) module_dict.insert(item.key(), item.value().detach().clone());
-    d.insert("module", module_dict);
-    c10::List<std::string> names;
-    c10::List<c10::List<int64_t>> shapes;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      names.push_back(names_[i]);
-      shapes.push_back(c10::List<int64_t>(shapes_[i]));
-    }
-    d.insert("param_names", names);
-    d.insert("param_shapes", shapes);
-    d.insert("global_steps", global_steps_);
-    d.insert("skipped_steps", skipped_steps_);
-    d.insert("global_samples", global_steps_ * config_.train_batch_size);
-    auto sched = new_dict();
-    sched.insert("last_batch_iteration", scheduler_.last_batch_iteration());
-    d.insert("lr_scheduler", sched);
-    d.insert("loss_scaler", c10::List<double>(scaler_.state()));
-    d.insert("dp_world_size", static_cast<int64_t>(world_));
-    d.insert("mp_world_size", static_cast<int64_t>(1));
-    d.insert("zero_stage", static_cast<int64_t>(config_.zero.stage));
-    d.insert("ds_config", config_.raw.dump());
-    d.insert("ds_version", std::string("dtrain-zero-2"));
-    out = d;
-  }
+  if (build) out = model_dict(true);
   if (policy_.parameters() && !was_gathered) release_parameters();
   bytes_this_step_ = bytes_before;
   return out;
 }
 
-IValue EngineImpl::optim_state() {
+IValue EngineImpl::model_dict(bool parameters) {
+  torch::NoGradGuard ng;
+  auto d = new_dict();
+  c10::Dict<std::string, torch::Tensor> module_dict;
+  for (auto& item : module_.named_parameters(true))
+    module_dict.insert(item.key(), parameters ? item.value().detach().clone()
+                                              : torch::empty({0}, item.value().options()));
+  for (auto& item : module_.named_buffers(true))
+    if (item.value().defined()) module_dict.insert(item.key(), item.value().detach().clone());
+  d.insert("module", module_dict);
+  c10::List<std::string> names;
+  c10::List<c10::List<int64_t>> shapes;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    names.push_back(names_[i]);
+    shapes.push_back(c10::List<int64_t>(shapes_[i]));
+  }
+  d.insert("param_names", names);
+  d.insert("param_shapes", shapes);
+  d.insert("global_steps", global_steps_);
+  d.insert("skipped_steps", skipped_steps_);
+  d.insert("global_samples", global_steps_ * config_.train_batch_size);
+  auto sched = new_dict();
+  sched.insert("last_batch_iteration", scheduler_.last_batch_iteration());
+  d.insert("lr_scheduler", sched);
+  d.insert("loss_scaler", c10::List<double>(scaler_.state()));
+  d.insert("dp_world_size", static_cast<int64_t>(world_));
+  d.insert("mp_world_size", static_cast<int64_t>(1));
+  d.insert("zero_stage", static_cast<int64_t>(config_.zero.stage));
+  d.insert("ds_config", config_.raw.dump());
+  d.insert("ds_version", std::string("dtrain-zero-2"));
+  return d;
+}
+
+IValue EngineImpl::optim_state() { return optim_dict(false); }
+
+IValue EngineImpl::optim_dict(bool deepspeed_stage3) {
   torch::NoGradGuard ng;
   torch::Tensor w = update_target();
   const int64_t begin = std::min<int64_t>(rank_ * part_, numel_),
                 end = std::min<int64_t>((rank_ + 1) * part_, numel_);
   const int64_t local = policy_.optimizer() ? 0 : begin;  // where [begin, end) lies in w
   auto slice = [&](const torch::Tensor& t) {
+    if (deepspeed_stage3)  // t is this rank's (padded) partition
+      return to_per_parameter(group_, t.to(torch::kCPU, master_dtype_, false, true), numels_);
     return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true);
   };
   auto o = new_dict();
@@ -260,6 +293,11 @@ IValue EngineImpl::optim_state() {
     c10::List<torch::Tensor> groups;
     groups.push_back(w.narrow(0, 0, part_).to(torch::kCPU, master_dtype_, false, true));
     o.insert("single_partition_of_fp32_groups", groups);
+  } else if (deepspeed_stage3) {
+    // DeepSpeed's stage 3 key: every parameter's piece on this rank (zero_to_fp32 reads them).
+    c10::List<torch::Tensor> groups;
+    groups.push_back(slice(w));
+    o.insert("fp32_flat_groups", groups);
   } else {
     o.insert("fp32_flat", slice(w));
   }
@@ -292,9 +330,17 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
   group_->barrier();
   // Rank 0: the module (stage 3 gathers it for the save).
   IValue model = model_state(rank_ == 0);
-  if (rank_ == 0) save_file(tmp / kModelFile, *deepspeed_model_file(model));
-  // Every rank: its slice of the master and the optimizer state.
-  save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_state()));
+  if (policy_.parameters()) {
+    // DeepSpeed's stage 3: a model file per rank (rank 0's with the module whole, where
+    // DeepSpeed's has empty parameters), the master in DeepSpeed's per-parameter layout.
+    if (rank_ != 0) model = model_dict(false);
+    save_file(tmp / stage3_model_file(rank_), *deepspeed_model_file(model));
+    save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(true)));
+  } else {
+    if (rank_ == 0) save_file(tmp / kModelFile, *deepspeed_model_file(model));
+    // Every rank: its slice of the master and the optimizer state.
+    save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(false)));
+  }
   sync_dir(tmp);
   group_->barrier();
   if (rank_ == 0) {
@@ -319,8 +365,8 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   if (tag.empty()) return "";
   const fs::path ckpt = dir / tag;
   fs::path model_path = ckpt / kModelFile;
-  if (!fs::exists(model_path) && fs::exists(ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt"))
-    model_path = ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt";  // DeepSpeed's stage 3
+  if (!fs::exists(model_path) && fs::exists(ckpt / stage3_model_file(0)))
+    model_path = ckpt / stage3_model_file(0);  // DeepSpeed's stage 3
   if (!fs::exists(model_path))
     throw UsageError("zero load_checkpoint: " + (ckpt / kModelFile).string() + " does not exist");
   auto d = load_dict(model_path);
@@ -329,7 +375,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   std::vector<c10::impl::GenericDict> optims;
   if (!ours) {
     auto [model, ds_optims] =
-        from_deepspeed(dir, tag, d, model_path, numel_, config_.optimizer.type,
+        from_deepspeed(dir, tag, d, model_path, names_, numels_, config_.optimizer.type,
                        optimizer_->state_names(), opts.load_optimizer_states);
     load_state(model, ds_optims, opts, model_path.string());
     return tag;
@@ -406,11 +452,15 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
                   std::to_string(saved_world) + " ranks but holds " +
                   std::to_string(optims.size()) + " optimizer partitions");
     // Named as the files of a checkpoint directory, else by partition.
-    auto f = full_optim(optims, [&](int r) {
-      return model_path.filename() == kModelFile
-                 ? model_path.parent_path() / optim_file(r)
-                 : fs::path(where + " (optimizer partition " + std::to_string(r) + ")");
-    });
+    auto f = full_optim(
+        optims,
+        [&](int r) {
+          return model_path.filename() == kModelFile ||
+                         model_path.filename() == stage3_model_file(0)
+                     ? model_path.parent_path() / optim_file(r)
+                     : fs::path(where + " (optimizer partition " + std::to_string(r) + ")");
+        },
+        numels_);
     if (f.master.numel() != numel_)
       throw Error("zero load_checkpoint: the checkpoint's optimizer state covers " +
                   std::to_string(f.master.numel()) + " parameters, the model has " +
@@ -480,6 +530,32 @@ std::vector<int64_t> shape_of(const PyValue& v) {
   return out;
 }
 
+// The parameters' names and shapes, per group: DeepSpeed's param_shapes (a list of
+// OrderedDicts name -> torch.Size), or dtrain's older param_names + param_shapes lists.
+using SavedGroups = std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>>;
+SavedGroups saved_parameters(const PyValue& model, const fs::path& model_path) {
+  SavedGroups groups;
+  const PyValue& shapes = need(model, "param_shapes", model_path);
+  if (!shapes.items.empty() && shapes.items[0]->kind == PyValue::Kind::Dict) {
+    for (const auto& g : shapes.items) {
+      groups.emplace_back();
+      for (const auto& [k, v] : g->dict) groups.back().push_back({k->s, shape_of(*v)});
+    }
+  } else {
+    const PyValue& names = need(model, "param_names", model_path);
+    groups.emplace_back();
+    for (size_t i = 0; i < names.items.size() && i < shapes.items.size(); ++i)
+      groups.back().push_back({names.items[i]->s, shape_of(*shapes.items[i])});
+  }
+  return groups;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
 // The optimizer files of a checkpoint directory, in rank order (DeepSpeed names bf16 runs'
 // files bf16_zero_pp_rank_*).
 std::vector<fs::path> optim_files(const fs::path& ckpt, int world) {
@@ -509,27 +585,13 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
   const fs::path ckpt = dir / tag;
   // Stages 0-2 write one model file; DeepSpeed's stage 3 one per rank (rank 0's has the names).
   fs::path model_path = ckpt / kModelFile;
-  if (!fs::exists(model_path) && fs::exists(ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt"))
-    model_path = ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt";
+  if (!fs::exists(model_path) && fs::exists(ckpt / stage3_model_file(0)))
+    model_path = ckpt / stage3_model_file(0);
   if (!fs::exists(model_path))
     throw UsageError("zero to-fp32: " + (ckpt / kModelFile).string() + " does not exist");
   const auto model = load_file(model_path);
   const PyValue& module = need(*model, "module", model_path);
-  // The parameters' names and shapes, per group: DeepSpeed's param_shapes (a list of
-  // OrderedDicts name -> torch.Size), or dtrain's older param_names + param_shapes lists.
-  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> groups;
-  const PyValue& shapes = need(*model, "param_shapes", model_path);
-  if (!shapes.items.empty() && shapes.items[0]->kind == PyValue::Kind::Dict) {
-    for (const auto& g : shapes.items) {
-      groups.emplace_back();
-      for (const auto& [k, v] : g->dict) groups.back().push_back({k->s, shape_of(*v)});
-    }
-  } else {
-    const PyValue& names = need(*model, "param_names", model_path);
-    groups.emplace_back();
-    for (size_t i = 0; i < names.items.size() && i < shapes.items.size(); ++i)
-      groups.back().push_back({names.items[i]->s, shape_of(*shapes.items[i])});
-  }
+  const auto groups = saved_parameters(*model, model_path);
   const int world = static_cast<int>(
       need(*model, "dp_world_size", model_path).as_int(model_path.string() + ": dp_world_size"));
   std::vector<detail::PyPtr> optims;
@@ -539,11 +601,6 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
     return need(*optims[r], "optimizer_state_dict", files[r]);
   };
   std::map<std::string, torch::Tensor> params;
-  auto numel_of = [](const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  };
   auto group_tensor = [&](size_t r, const std::string& key, size_t g) -> torch::Tensor {
     const PyValue& list = need(osd(r), key, files[r]);
     if (g >= list.items.size() || list.items[g]->kind != PyValue::Kind::Tensor)
@@ -569,32 +626,40 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
       }
     }
   } else if (osd(0).get("fp32_flat_groups")) {
-    // DeepSpeed's stage 3: every parameter is partitioned on its own, ceil(numel / world)
-    // elements per rank, in order within each rank's flat group.
-    for (size_t g = 0; g < groups.size(); ++g) {
-      std::vector<torch::Tensor> flats;
-      for (size_t r = 0; r < optims.size(); ++r)
-        flats.push_back(group_tensor(r, "fp32_flat_groups", g));
-      int64_t off = 0;
-      for (const auto& [name, shape] : groups[g]) {
-        const int64_t n = numel_of(shape), part = (n + world - 1) / world;
-        std::vector<torch::Tensor> pieces;
-        for (auto& f : flats) {
-          if (off + part > f.numel())
-            throw CheckpointError(files[0].string() +
-                                  ": fp32_flat_groups is shorter than the "
-                                  "model's partitions");
-          pieces.push_back(f.narrow(0, off, part));
-        }
-        params[name] = torch::cat(pieces).narrow(0, 0, n).view(shape).clone();
-        off += part;
+    // Stage 3 (DeepSpeed's layout): each rank's sub-groups concatenated hold every parameter's
+    // piece on that rank, in the order of all groups' parameters.
+    std::vector<torch::Tensor> flats;
+    for (size_t r = 0; r < optims.size(); ++r) {
+      const PyValue& list = need(osd(r), "fp32_flat_groups", files[r]);
+      std::vector<torch::Tensor> subgroups;
+      for (const auto& t : list.items) {
+        if (t->kind != PyValue::Kind::Tensor)
+          throw CheckpointError(files[r].string() + ": fp32_flat_groups holds a " + t->describe() +
+                                ", not a tensor");
+        subgroups.push_back(t->tensor.reshape({-1}));
       }
+      flats.push_back(subgroups.empty() ? torch::empty({0}) : torch::cat(subgroups));
     }
+    std::vector<int64_t> numels;
+    for (const auto& g : groups)
+      for (const auto& [name, shape] : g) numels.push_back(numel_of(shape));
+    const auto flat = detail::from_per_parameter(flats, numels, files[0].string());
+    int64_t off = 0;
+    for (const auto& g : groups)
+      for (const auto& [name, shape] : g) {
+        const int64_t n = numel_of(shape);
+        params[name] = flat.narrow(0, off, n).view(shape).clone();
+        off += n;
+      }
   } else {
-    // dtrain's stages 0 and 3: each rank's slice of the unpadded flat order.
+    // dtrain's stage 0 (and its stage 3 before DeepSpeed's layout): each rank's slice of the
+    // unpadded flat order.
     std::vector<c10::impl::GenericDict> dicts;
     for (const auto& o : optims) dicts.push_back(detail::to_ivalue(*o).toGenericDict());
-    auto f = full_optim(dicts, [&](int r) { return files[static_cast<size_t>(r)]; });
+    std::vector<int64_t> numels;
+    for (const auto& [name, shape] : groups[0]) numels.push_back(numel_of(shape));
+    auto f = full_optim(
+        dicts, [&](int r) { return files[static_cast<size_t>(r)]; }, numels);
     int64_t off = 0;
     for (const auto& [name, shape] : groups[0]) {
       const int64_t n = numel_of(shape);
@@ -624,9 +689,121 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
 
 namespace {
 
+// The optimizer steps a DeepSpeed file's base optimizer state says were taken: its first
+// group's "step" (Adam's; a tensor in torch 2.x), else its param_groups' "step", else (SGD's
+// state has none) the steps DeepSpeed applied.
+int64_t deepspeed_step(const PyValue& s0, const PyValue& base, const c10::impl::GenericDict& ds,
+                       const fs::path& f) {
+  const PyValue* step = s0.get("step");
+  if (!step)
+    step = base.get("param_groups") && !base.get("param_groups")->items.empty()
+               ? base.get("param_groups")->items[0]->get("step")
+               : nullptr;
+  const int64_t applied = (ds.contains("global_steps") ? ds.at("global_steps").toInt() : 0) -
+                          (ds.contains("skipped_steps") ? ds.at("skipped_steps").toInt() : 0);
+  return !step                                 ? applied
+         : step->kind == PyValue::Kind::Tensor ? static_cast<int64_t>(step->tensor.item<double>())
+                                               : step->as_int(f.string() + ": step");
+}
+
+const PyValue& deepspeed_state(const PyValue& group_state, const std::string& name,
+                               const std::string& type, const fs::path& f) {
+  const PyValue* t = group_state.get(name);
+  if (!t || t->kind != PyValue::Kind::Tensor)
+    throw CheckpointError(f.string() + ": DeepSpeed's optimizer state has no '" + name +
+                          "' for a " + type + " optimizer (another optimizer type?)");
+  return *t;
+}
+
+// DeepSpeed's stage-3 optimizer files as dtrain's optimizer dicts (one per saved rank, each
+// with its contiguous slice "fp32_flat" of the engine's flat order): each rank's sub-groups
+// (fp32_flat_groups and the base optimizer's state per sub-group) concatenated, every
+// parameter put together from its pieces on the ranks (DeepSpeed's order: the model file's
+// param_shapes), then placed by name in the engine's order.
+std::vector<c10::impl::GenericDict> from_deepspeed_stage3(
+    const std::vector<fs::path>& files, const fs::path& model_path,
+    const c10::impl::GenericDict& ds, const std::vector<std::string>& names,
+    const std::vector<int64_t>& numels, const std::string& type,
+    const std::vector<std::string>& state_names) {
+  const int world = static_cast<int>(files.size());
+  std::vector<std::string> ds_names;
+  std::vector<int64_t> ds_numels;
+  for (const auto& g : saved_parameters(*load_file(model_path), model_path))
+    for (const auto& [name, shape] : g) {
+      ds_names.push_back(name);
+      ds_numels.push_back(numel_of(shape));
+    }
+  std::vector<torch::Tensor> masters;
+  std::vector<std::vector<torch::Tensor>> states(state_names.size());
+  int64_t step = 0;
+  for (int r = 0; r < world; ++r) {
+    const fs::path& f = files[static_cast<size_t>(r)];
+    const auto o = load_file(f);
+    const PyValue& osd = need(*o, "optimizer_state_dict", f);
+    const PyValue& flat_groups = need(osd, "fp32_flat_groups", f);
+    const PyValue& base = need(osd, "optimizer_state_dict", f);
+    const PyValue& state = need(base, "state", f);
+    std::vector<torch::Tensor> master;
+    std::vector<std::vector<torch::Tensor>> per_state(state_names.size());
+    for (size_t i = 0; i < flat_groups.items.size(); ++i) {
+      master.push_back(flat_groups.items[i]->tensor.reshape({-1}));
+      const PyValue& si = need(state, std::to_string(i), f);
+      for (size_t k = 0; k < state_names.size(); ++k)
+        per_state[k].push_back(deepspeed_state(si, state_names[k], type, f).tensor.reshape({-1}));
+      if (i == 0) step = deepspeed_step(si, base, ds, f);
+    }
+    masters.push_back(torch::cat(master));
+    for (size_t k = 0; k < state_names.size(); ++k) states[k].push_back(torch::cat(per_state[k]));
+  }
+  // DeepSpeed's order -> the engine's, by name.
+  std::map<std::string, std::pair<int64_t, int64_t>> where;  // name -> (offset, numel)
+  int64_t off = 0;
+  for (size_t i = 0; i < ds_names.size(); ++i) {
+    where[ds_names[i]] = {off, ds_numels[i]};
+    off += ds_numels[i];
+  }
+  auto reorder = [&](const std::vector<torch::Tensor>& flats) {
+    const auto full = detail::from_per_parameter(flats, ds_numels, files[0].string());
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = where.find(names[i]);
+      if (it == where.end() || it->second.second != numels[i])
+        throw CheckpointError(model_path.string() + ": DeepSpeed's checkpoint has " +
+                              (it == where.end() ? "no parameter '" + names[i] + "'"
+                                                 : "another size for '" + names[i] + "'"));
+      out.push_back(full.narrow(0, it->second.first, it->second.second));
+    }
+    return out.empty() ? torch::empty({0}) : torch::cat(out);
+  };
+  const auto master = reorder(masters);
+  std::vector<torch::Tensor> state_full;
+  for (const auto& s : states) state_full.push_back(reorder(s));
+  const int64_t numel = master.numel(), P = (numel + world - 1) / world;
+  std::vector<c10::impl::GenericDict> optims;
+  for (int r = 0; r < world; ++r) {
+    const int64_t begin = std::min<int64_t>(r * P, numel),
+                  end = std::min<int64_t>((r + 1) * P, numel);
+    auto od = new_dict();
+    od.insert("fp32_flat", master.narrow(0, begin, end - begin));
+    od.insert("begin", begin);
+    od.insert("end", end);
+    auto st = new_dict();
+    for (size_t k = 0; k < state_names.size(); ++k)
+      st.insert(state_names[k], state_full[k].narrow(0, begin, end - begin));
+    od.insert("state", st);
+    od.insert("step", step);
+    od.insert("type", type);
+    auto file = new_dict();
+    file.insert("optimizer_state_dict", od);
+    optims.push_back(file);
+  }
+  return optims;
+}
+
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
-    const fs::path& model_path, int64_t numel, const std::string& type,
+    const fs::path& model_path, const std::vector<std::string>& names,
+    const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer) {
   auto model = new_dict();
   c10::Dict<std::string, torch::Tensor> module;
@@ -640,20 +817,24 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   std::vector<c10::impl::GenericDict> optims;
   if (!optimizer) return {model, optims};
   const auto files = optim_files(dir / tag, world);
+  int64_t numel = 0;
+  for (int64_t n : numels) numel += n;
   for (int r = 0; r < world; ++r) {
     const fs::path& f = files[static_cast<size_t>(r)];
     const auto o = load_file(f);
     const PyValue& osd = need(*o, "optimizer_state_dict", f);
+    if (r == 0 && osd.get("fp32_flat_groups"))
+      return {model,
+              from_deepspeed_stage3(files, model_path, ds, names, numels, type, state_names)};
     const PyValue* groups = osd.get("single_partition_of_fp32_groups");
     const PyValue* base = osd.get("base_optimizer_state");
     const PyValue* state = base ? base->get("state") : nullptr;
     const PyValue* s0 = state ? state->get("0") : nullptr;
     if (!groups || groups->items.size() != 1 || !s0)
-      throw CheckpointError(
-          f.string() + ": DeepSpeed's optimizer state " +
-          (groups ? "of several parameter groups" : "of stage 3 (per sub-group)") +
-          " is not read by dtrain; load with load_optimizer_states = false (the parameters, "
-          "steps and scheduler position load)");
+      throw CheckpointError(f.string() + ": DeepSpeed's optimizer state " +
+                            (groups ? "of several parameter groups" : "in an unknown layout") +
+                            " is not read by dtrain; load with load_optimizer_states = false (the "
+                            "parameters, steps and scheduler position load)");
     const torch::Tensor part = groups->items[0]->tensor.reshape({-1});
     const int64_t P = part.numel(), begin = std::min<int64_t>(r * P, numel),
                   end = std::min<int64_t>((r + 1) * P, numel);
@@ -665,26 +846,10 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     od.insert("end", end);
     auto st = new_dict();
     // The names of the optimizer's own state (partition_optimizer.h) are DeepSpeed's.
-    for (const std::string& n : state_names) {
-      const PyValue* t = s0->get(n);
-      if (!t || t->kind != PyValue::Kind::Tensor)
-        throw CheckpointError(f.string() + ": DeepSpeed's optimizer state has no '" + n +
-                              "' for a " + type + " optimizer (another optimizer type?)");
-      st.insert(n, t->tensor.reshape({-1}).narrow(0, 0, end - begin));
-    }
+    for (const std::string& n : state_names)
+      st.insert(n, deepspeed_state(*s0, n, type, f).tensor.reshape({-1}).narrow(0, 0, end - begin));
     od.insert("state", st);
-    const PyValue* step = s0->get("step");
-    if (!step)
-      step = base->get("param_groups") && !base->get("param_groups")->items.empty()
-                 ? base->get("param_groups")->items[0]->get("step")
-                 : nullptr;
-    // No step saved (SGD's state has none): the optimizer steps DeepSpeed applied.
-    const int64_t applied = (ds.contains("global_steps") ? ds.at("global_steps").toInt() : 0) -
-                            (ds.contains("skipped_steps") ? ds.at("skipped_steps").toInt() : 0);
-    od.insert("step", !step ? applied
-                      : step->kind == PyValue::Kind::Tensor
-                          ? static_cast<int64_t>(step->tensor.item<double>())
-                          : step->as_int(f.string() + ": step"));
+    od.insert("step", deepspeed_step(*s0, *base, ds, f));
     od.insert("type", type);
     auto file = new_dict();
     file.insert("optimizer_state_dict", od);

@@ -110,6 +110,14 @@ class EngineImpl final : public EngineCore {
   // The step's small tensors combined over the ranks when each holds part of the gradient.
   void combine_step_scalar(torch::Tensor& t, ReduceOp op);
   void all_gather_params();
+  // The module file's dict of model_state, built from the parameters as they are now (no
+  // gather); without `parameters` they are empty tensors, as in DeepSpeed's stage-3 files of
+  // ranks other than 0.
+  c10::IValue model_dict(bool parameters);
+  // This rank's optimizer file: optim_state's dict, or at stage 3 (`deepspeed_stage3`) the
+  // master and each state tensor in DeepSpeed's per-parameter layout (fp32_flat_groups,
+  // zero/stage3_layout.h): COLLECTIVE then.
+  c10::IValue optim_dict(bool deepspeed_stage3);
   // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
   void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);

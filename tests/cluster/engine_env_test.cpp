@@ -15,6 +15,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "launch/options_internal.h"
+#include "support/scoped_env.h"
 
 namespace dtrain {
 namespace {
@@ -345,6 +346,8 @@ TEST(HostList, PlanAndAgentArguments) {
 // What the other hosts' agents are told of the console and the filtered logs is what this
 // host's command line said (the round trip through agent_args and the remote parse).
 TEST(HostList, AgentsGetTheConsoleFilterAndTheDuplicateFilters) {
+  dtrain::test::ScopedEnv env;
+  env.set("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}/${rank}]");
   LaunchOptions o =
       parse_with({"-H", "n1:2,n2:2", "--local-ranks-filter", "1,0", "--duplicate-stdout-filters",
                   "loss,,x,acc", "--duplicate-stderr-filters", "Error"},
@@ -357,6 +360,10 @@ TEST(HostList, AgentsGetTheConsoleFilterAndTheDuplicateFilters) {
   EXPECT_EQ(remote.local_ranks_filter, (std::set<int>{0, 1}));
   EXPECT_EQ(remote.duplicate_stdout_filters, (std::vector<std::string>{"loss,x", "acc"}));
   EXPECT_EQ(remote.duplicate_stderr_filters, (std::vector<std::string>{"Error"}));
+  // The line prefix template too, over what the other host's environment says.
+  env.set("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${local_rank}>");
+  remote = parse_run_args(std::vector<std::string>(a.begin() + 1, a.end()));
+  EXPECT_EQ(remote.log_line_prefix_template, "[${role_name}/${rank}]");
 }
 
 bool has_pair(const std::vector<std::string>& a, const std::string& flag,

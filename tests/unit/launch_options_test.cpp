@@ -779,17 +779,11 @@ TEST(ValidateLaunchOptions, RejectsMissingNonExecutableAndDirectoryPrograms) {
       << msg;
 }
 
-// Runs `body` with an environment variable set, restoring it afterwards.
+// Runs `body` with an environment variable set, restored afterwards however `body` ends.
 void with_env(const char* name, const char* value, const std::function<void()>& body) {
-  const char* old = std::getenv(name);
-  std::string saved = old ? old : "";
-  ::setenv(name, value, 1);
+  dtrain::test::ScopedEnv env;
+  env.set(name, value);
   body();
-  if (old) {
-    ::setenv(name, saved.c_str(), 1);
-  } else {
-    ::unsetenv(name);
-  }
 }
 
 TEST(ValidateLaunchOptions, PythonScriptsNeedAnInterpreterAndTheScript) {
