@@ -68,6 +68,20 @@ struct MemoryUsage {
 struct LoadCheckpointOptions {
   bool load_optimizer_states = true;
   bool load_lr_scheduler_states = true;
+  // DeepSpeed's load_module_only: only the module's parameters and buffers (and the fp32
+  // master from them); the optimizer state, scheduler, steps and loss scale stay as they are.
+  bool load_module_only = false;
+};
+
+struct SaveCheckpointOptions {
+  // DeepSpeed's client_state: the caller's own values (step, epoch, data position, ...), written
+  // at the top level of the model file as DeepSpeed writes them, so Python's
+  // engine.load_checkpoint returns them in its client_state, and Engine::client_state() after a
+  // load here. A JSON object; a key DeepSpeed or dtrain writes itself ("module",
+  // "global_steps", ...) is refused (UsageError). Default: none.
+  nlohmann::json client_state = nlohmann::json::object();
+  // DeepSpeed's save_latest: point DIR/latest at this tag. Default: true.
+  bool save_latest = true;
 };
 
 // Stage 3's per-submodule fetch, measured (EngineCore::stage3_stats()).
@@ -213,10 +227,13 @@ class EngineCore {
   virtual ProcessGroup& group() = 0;
   // Test hook: the next step's gradients are treated as overflowed (fp16), as if one were inf.
   virtual void inject_overflow() = 0;
-  virtual void save_checkpoint(const std::string& dir, const std::string& tag) = 0;
+  virtual void save_checkpoint(const std::string& dir, const std::string& tag,
+                               const SaveCheckpointOptions& o) = 0;
   // Returns the tag loaded ("" when DIR/latest does not exist and no tag was given).
   virtual std::string load_checkpoint(const std::string& dir, const std::string& tag,
                                       const LoadCheckpointOptions& o) = 0;
+  // The client_state of the checkpoint the last load_checkpoint read (Engine::client_state).
+  virtual const nlohmann::json& client_state() const = 0;
   virtual int64_t num_parameters() const = 0;
 
   // The engine's whole state in save_checkpoint's layout, for dtrain::ElasticState (which
@@ -322,13 +339,21 @@ class Engine {
   double loss_scale() const { return core_->loss_scale(); }
   double get_lr() const { return core_->lr(); }
   const Config& config() const { return core_->config(); }
-  void save_checkpoint(const std::string& dir, const std::string& tag = "") {
-    core_->save_checkpoint(dir, tag.empty() ? "global_step" + std::to_string(global_steps()) : tag);
+  void save_checkpoint(const std::string& dir, const std::string& tag = "",
+                       const SaveCheckpointOptions& o = {}) {
+    core_->save_checkpoint(dir, tag.empty() ? "global_step" + std::to_string(global_steps()) : tag,
+                           o);
   }
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "",
                               LoadCheckpointOptions o = {}) {
     return core_->load_checkpoint(dir, tag, o);
   }
+  // DeepSpeed's client_state (the second value its load_checkpoint returns) of the checkpoint
+  // the last load_checkpoint read: the model file's top-level keys that are neither DeepSpeed's
+  // nor dtrain's own, as JSON (None, bools, numbers, strings, lists, tuples, dicts with str or
+  // int keys); values JSON cannot hold (tensors, other Python objects) are left out. An empty
+  // object before a load, or when the checkpoint has none.
+  const nlohmann::json& client_state() const { return core_->client_state(); }
   detail::EngineCore& core() { return *core_; }
 
  private:

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -144,6 +145,111 @@ const char* kModelFile = "mp_rank_00_model_states.pt";
 // DeepSpeed's stage 3 writes one model file per rank.
 std::string stage3_model_file(int rank) {
   return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_model_states.pt";
+}
+
+// The model file's top-level keys DeepSpeed 0.19.8 (engine._common_checkpoint_state and its
+// reserved metadata) or dtrain writes itself: what is not one of these is the client's.
+bool own_key(const std::string& key) {
+  static const std::set<std::string> keys = {
+      "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+      "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd",
+      "sparse_tensor_module_names", "skipped_steps", "global_steps", "global_samples",
+      "dp_world_size", "mp_world_size", "ds_config", "ds_version", "checkpoint_parallel_dimensions",
+      "universal_checkpoint_info",
+      // dtrain's
+      "param_names", "loss_scaler", "zero_stage"};
+  return keys.count(key) > 0;
+}
+
+// A client_state value as the Python value DeepSpeed's torch.save would write.
+detail::PyPtr py_from_json(const nlohmann::json& v, const std::string& key) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::null:
+      return detail::py_none();
+    case nlohmann::json::value_t::boolean:
+      return detail::py_bool(v.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return detail::py_int(v.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned:
+      if (v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        throw UsageError("zero save_checkpoint: client_state '" + key +
+                         "' holds an integer above 2^63 - 1; store it as a string");
+      return detail::py_int(static_cast<int64_t>(v.get<uint64_t>()));
+    case nlohmann::json::value_t::number_float:
+      return detail::py_float(v.get<double>());
+    case nlohmann::json::value_t::string:
+      return detail::py_str(v.get<std::string>());
+    case nlohmann::json::value_t::array: {
+      std::vector<detail::PyPtr> items;
+      for (const auto& x : v) items.push_back(py_from_json(x, key));
+      return detail::py_list(std::move(items));
+    }
+    case nlohmann::json::value_t::object: {
+      auto d = detail::py_dict();
+      for (auto it = v.begin(); it != v.end(); ++it)
+        detail::py_set(d, it.key(), py_from_json(it.value(), key));
+      return d;
+    }
+    default:
+      throw UsageError("zero save_checkpoint: client_state '" + key +
+                       "' holds a binary value; store numbers, strings, lists or objects");
+  }
+}
+
+// A Python value as JSON, or nullopt for what JSON cannot hold (a tensor, another object).
+std::optional<nlohmann::json> json_from_py(const detail::PyValue& v) {
+  using K = detail::PyValue::Kind;
+  switch (v.kind) {
+    case K::None:
+      return nlohmann::json(nullptr);
+    case K::Bool:
+      return nlohmann::json(v.b);
+    case K::Int:
+      return nlohmann::json(v.i);
+    case K::Float:
+      return nlohmann::json(v.f);
+    case K::Str:
+      return nlohmann::json(v.s);
+    case K::List:
+    case K::Tuple: {
+      auto out = nlohmann::json::array();
+      for (const auto& x : v.items) {
+        auto j = json_from_py(*x);
+        if (!j) return std::nullopt;
+        out.push_back(*j);
+      }
+      return out;
+    }
+    case K::Dict: {
+      auto out = nlohmann::json::object();
+      for (const auto& [k, x] : v.dict) {
+        if (k->kind != K::Str && k->kind != K::Int) return std::nullopt;
+        auto j = json_from_py(*x);
+        if (!j) return std::nullopt;
+        out[k->kind == K::Str ? k->s : std::to_string(k->i)] = *j;
+      }
+      return out;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+// The client's keys of a model file (DeepSpeed's client_state, less DeepSpeed's own metadata).
+nlohmann::json client_state_of(const detail::PyValue& model) {
+  auto out = nlohmann::json::object();
+  for (const auto& [k, v] : model.dict) {
+    if (k->kind != detail::PyValue::Kind::Str || own_key(k->s)) continue;
+    if (auto j = json_from_py(*v)) out[k->s] = *j;
+  }
+  return out;
+}
+
+// The model file with the caller's client_state added at the top level, as DeepSpeed adds it.
+detail::PyPtr with_client_state(detail::PyPtr model, const nlohmann::json& client_state) {
+  for (auto it = client_state.begin(); it != client_state.end(); ++it)
+    detail::py_set(model, it.key(), py_from_json(it.value(), it.key()));
+  return model;
 }
 
 std::string resolve_tag(const fs::path& dir, const std::string& tag) {
@@ -315,10 +421,21 @@ IValue EngineImpl::optim_dict(bool deepspeed_stage3) {
   return d;
 }
 
-void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& tag) {
+void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& tag,
+                                 const SaveCheckpointOptions& opts) {
   if (tag.empty() || tag.find('/') != std::string::npos)
     throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag +
                      "'");
+  if (!opts.client_state.is_object())
+    throw UsageError(
+        "zero save_checkpoint: client_state must be a JSON object ({key: value}), "
+        "got " +
+        std::string(opts.client_state.type_name()));
+  for (auto it = opts.client_state.begin(); it != opts.client_state.end(); ++it)
+    if (own_key(it.key()))
+      throw UsageError("zero save_checkpoint: client_state key '" + it.key() +
+                       "' is one the checkpoint itself keeps (DeepSpeed's or dtrain's); name "
+                       "yours otherwise");
   const fs::path dir(dir_s), tmp = dir / ("." + tag + ".tmp"), final_dir = dir / tag;
   if (rank_ == 0) {
     std::error_code ec;
@@ -334,10 +451,13 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     // DeepSpeed's stage 3: a model file per rank (rank 0's with the module whole, where
     // DeepSpeed's has empty parameters), the master in DeepSpeed's per-parameter layout.
     if (rank_ != 0) model = model_dict(false);
-    save_file(tmp / stage3_model_file(rank_), *deepspeed_model_file(model));
+    save_file(tmp / stage3_model_file(rank_),
+              *with_client_state(deepspeed_model_file(model), opts.client_state));
     save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(true)));
   } else {
-    if (rank_ == 0) save_file(tmp / kModelFile, *deepspeed_model_file(model));
+    if (rank_ == 0)
+      save_file(tmp / kModelFile,
+                *with_client_state(deepspeed_model_file(model), opts.client_state));
     // Every rank: its slice of the master and the optimizer state.
     save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(false)));
   }
@@ -350,16 +470,20 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
     fs::remove_all(old, ec);
-    std::string t = tag;
-    write_file_synced(dir / "latest.tmp", std::vector<char>(t.begin(), t.end()));
-    fs::rename(dir / "latest.tmp", dir / "latest");
+    if (opts.save_latest) {
+      std::string t = tag;
+      write_file_synced(dir / "latest.tmp", std::vector<char>(t.begin(), t.end()));
+      fs::rename(dir / "latest.tmp", dir / "latest");
+    }
     sync_dir(dir);
   }
   group_->barrier();
 }
 
 std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::string& tag_in,
-                                        const LoadCheckpointOptions& opts) {
+                                        const LoadCheckpointOptions& given) {
+  LoadCheckpointOptions opts = given;
+  if (opts.load_module_only) opts.load_optimizer_states = opts.load_lr_scheduler_states = false;
   const fs::path dir(dir_s);
   std::string tag = resolve_tag(dir, tag_in);
   if (tag.empty()) return "";
@@ -369,7 +493,8 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
     model_path = ckpt / stage3_model_file(0);  // DeepSpeed's stage 3
   if (!fs::exists(model_path))
     throw UsageError("zero load_checkpoint: " + (ckpt / kModelFile).string() + " does not exist");
-  auto d = load_dict(model_path);
+  const auto file = load_file(model_path);
+  auto d = detail::to_ivalue(*file).toGenericDict();
   const bool ours = d.contains("ds_version") && d.at("ds_version").isString() &&
                     d.at("ds_version").toStringRef().rfind("dtrain", 0) == 0;
   std::vector<c10::impl::GenericDict> optims;
@@ -378,6 +503,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
         from_deepspeed(dir, tag, d, model_path, names_, numels_, config_.optimizer.type,
                        optimizer_->state_names(), opts.load_optimizer_states);
     load_state(model, ds_optims, opts, model_path.string());
+    client_state_ = client_state_of(*file);
     return tag;
   }
   const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
@@ -385,6 +511,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
     for (int r = 0; r < saved_world; ++r) optims.push_back(load_dict(ckpt / optim_file(r)));
   }
   load_state(d, optims, opts, model_path.string());
+  client_state_ = client_state_of(*file);
   return tag;
 }
 
@@ -498,13 +625,16 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
       --last;
     scheduler_.set_last_batch_iteration(last);
   }
-  if (d.contains("loss_scaler") && d.at("loss_scaler").isDoubleList()) {
-    auto ls = d.at("loss_scaler").toDoubleList();
-    scaler_.set_state(std::vector<double>(ls.begin(), ls.end()));
+  // load_module_only (DeepSpeed's): the steps and loss scale stay as they are.
+  if (!opts.load_module_only) {
+    if (d.contains("loss_scaler") && d.at("loss_scaler").isDoubleList()) {
+      auto ls = d.at("loss_scaler").toDoubleList();
+      scaler_.set_state(std::vector<double>(ls.begin(), ls.end()));
+    }
+    global_steps_ = get(d, "global_steps", model_path).toInt();
+    skipped_steps_ = get(d, "skipped_steps", model_path).toInt();
+    micro_steps_ = global_steps_ * config_.gradient_accumulation_steps;
   }
-  global_steps_ = get(d, "global_steps", model_path).toInt();
-  skipped_steps_ = get(d, "skipped_steps", model_path).toInt();
-  micro_steps_ = global_steps_ * config_.gradient_accumulation_steps;
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
 }

@@ -54,9 +54,11 @@ class EngineImpl final : public EngineCore {
   const Config& config() const override { return config_; }
   ProcessGroup& group() override { return *group_; }
   void inject_overflow() override { inject_overflow_ = true; }
-  void save_checkpoint(const std::string& dir, const std::string& tag) override;
+  void save_checkpoint(const std::string& dir, const std::string& tag,
+                       const SaveCheckpointOptions& o) override;
   std::string load_checkpoint(const std::string& dir, const std::string& tag,
                               const LoadCheckpointOptions& o) override;
+  const nlohmann::json& client_state() const override { return client_state_; }
   int64_t num_parameters() const override { return numel_; }
   c10::IValue model_state(bool build) override;
   c10::IValue optim_state() override;
@@ -154,6 +156,7 @@ class EngineImpl final : public EngineCore {
   torch::Tensor flat_grads_;   // unless gradients are partitioned: the .grad are views of it
   torch::Tensor grad_part_;    // partitioned gradients: this rank's reduced ones (sum over ranks)
   torch::Tensor master_;       // fp32 master (what this rank updates); undefined = the params
+  nlohmann::json client_state_ = nlohmann::json::object();  // of the last load_checkpoint
   std::unique_ptr<PartitionOptimizer> optimizer_;
   int64_t opt_step_ = 0;
   std::vector<Bucket> buckets_;

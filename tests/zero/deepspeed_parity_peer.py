@@ -3,14 +3,16 @@ tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cp
 
     torchrun --nproc-per-node 2 deepspeed_parity_peer.py CASES.json OUT.json
 
-CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?}];
+CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?,
+"client_state": {...}?}];
 every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
 (16 -> 24 -> 4, tanh), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
 step], "params": {name: [...]}, "params_mid": the parameters after step 5}}. With "save",
-DeepSpeed saves its checkpoint after step 5 into DIR; with "read_dtrain", rank 0 reads the dtrain
-checkpoint in DIR with DeepSpeed's zero_to_fp32 ("dtrain_fp32") and every file of it with
-torch.load(weights_only=True) ("weights_only": how many loaded, or the error).
+DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
+"read_dtrain", rank 0 reads the dtrain checkpoint in DIR with DeepSpeed's zero_to_fp32
+("dtrain_fp32"), every file of it with torch.load(weights_only=True) ("weights_only": how many
+loaded, or the error), and the client_state keys in its model file ("dtrain_client").
 """
 import json
 import logging
@@ -46,8 +48,10 @@ def batch(step, rank, world):
     return x, y
 
 
-def read_dtrain(path):
-    """A dtrain checkpoint as DeepSpeed's zero_to_fp32 and torch.load(weights_only=True) see it."""
+def read_dtrain(path, client_keys):
+    """A dtrain checkpoint as DeepSpeed's zero_to_fp32 and torch.load(weights_only=True) see it,
+    and the client_state keys at the top level of its (rank 0's) model file, where DeepSpeed's
+    load_checkpoint takes its client_state from."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     out = {}
     try:
@@ -56,6 +60,10 @@ def read_dtrain(path):
     except Exception as e:  # reported to the test, which names it
         out["dtrain_fp32_error"] = "%s: %s" % (type(e).__name__, e)
     tag = open(os.path.join(path, "latest")).read().strip()
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if os.path.exists(os.path.join(path, tag, name)):
+            model = torch.load(os.path.join(path, tag, name), weights_only=True)
+            out["dtrain_client"] = {k: model[k] for k in client_keys if k in model}
     loaded = 0
     try:
         for f in sorted(os.listdir(os.path.join(path, tag))):
@@ -83,7 +91,7 @@ def main():
                 with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
                     result["params_mid"] = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
                 if case.get("save"):
-                    engine.save_checkpoint(case["save"])
+                    engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
             x, y = batch(step, rank, world)
             loss = torch.nn.functional.cross_entropy(engine(x), y)
             engine.backward(loss)
@@ -95,7 +103,7 @@ def main():
             params = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
         result.update({"losses": losses, "params": params})
         if case.get("read_dtrain") and rank == 0:
-            result.update(read_dtrain(case["read_dtrain"]))
+            result.update(read_dtrain(case["read_dtrain"], case.get("client_state", {}).keys()))
         out[case["name"]] = result
         del engine
     if rank == 0:

@@ -93,6 +93,12 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
   fs::create_directories(dir);
   json cs = cases();
   for (size_t i = 0; i < cs.size(); ++i) {
+    // DeepSpeed's client_state, written by each side and read by the other.
+    cs[i]["client_state"] = {{"step", 5},
+                             {"case", i},
+                             {"loss_history", {0.5, 0.25}},
+                             {"sampler", {{"epoch", 1}, {"offset", 40}, {"shuffle", true}}},
+                             {"note", nullptr}};
     cs[i]["save_dtrain"] = (dir / ("dtrain_" + std::to_string(i))).string();
     cs[i]["read_dtrain"] = cs[i]["save_dtrain"];
     cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
@@ -149,6 +155,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     EXPECT_EQ(y.value("weights_only", json("missing")), json(stage3 ? 4 : 3))
         << "torch.load(weights_only=True) of dtrain's files: " << y.value("weights_only", json());
     ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
+    EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"])
+        << "client_state in dtrain's model file, as DeepSpeed reads it";
     const double ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
     EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
     // DeepSpeed's checkpoint (after step 5) through `dtrain zero to-fp32`.
@@ -160,6 +168,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
         max_diff(flat_params(dtrain::zero::load_state_dict_file(out)), y["params_mid"]);
     EXPECT_LT(to_fp32, 1e-7) << "dtrain zero to-fp32 of DeepSpeed's checkpoint";
     ASSERT_TRUE(r.contains(name));
+    EXPECT_EQ(r[name]["client_state"], c["client_state"])
+        << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
     const double resumed_diff = max_diff(r[name]["params"], y["params"]);
     EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
     std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),

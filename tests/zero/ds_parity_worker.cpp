@@ -2,9 +2,10 @@
 // formulas for the initial weights, the data and each rank's rows) for every case of CASES.json;
 // run under `dtrain run --nproc-per-node N`. Rank 0 writes
 // {name: {"losses": [mean over ranks per step], "params": {name: [...]}}} to OUT.json.
-// A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step; with
-// "resume_from": DIR (a DeepSpeed checkpoint saved after step 5) the case loads it and trains
-// steps 6-10 only.
+// A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step (with
+// the case's "client_state"); with "resume_from": DIR (a DeepSpeed checkpoint saved after step 5)
+// the case loads it and trains steps 6-10 only; "client_state" in the output is what the engine
+// read of the checkpoint's client_state.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -69,7 +70,9 @@ int main(int argc, char** argv) {
       dtrain::all_reduce(t);
       losses.push_back(t.item<double>() / pg->world_size());
     }
-    if (cs.contains("save_dtrain")) engine.save_checkpoint(cs.at("save_dtrain").get<std::string>());
+    if (cs.contains("save_dtrain"))
+      engine.save_checkpoint(cs.at("save_dtrain").get<std::string>(), "",
+                             {.client_state = cs.value("client_state", nlohmann::json::object())});
     if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
     nlohmann::json params = nlohmann::json::object();
     for (auto& item : m->named_parameters()) {
@@ -77,7 +80,8 @@ int main(int argc, char** argv) {
       params[item.key()] =
           std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
     }
-    out[cs.at("name").get<std::string>()] = {{"losses", losses}, {"params", params}};
+    out[cs.at("name").get<std::string>()] = {
+        {"losses", losses}, {"params", params}, {"client_state", engine.client_state()}};
   }
   if (pg->rank() == 0) std::ofstream(argv[2]) << out.dump();
   return 0;

@@ -473,6 +473,70 @@ TEST(ZeroCheckpoint, SavedOnTwoRanksLoadsOnFourWithOptimizerState) {
   }
 }
 
+// DeepSpeed's save_checkpoint(client_state=..., save_latest=...) and
+// load_checkpoint(load_module_only=...), and its (load_path, client_state) return.
+TEST(ZeroCheckpoint, ClientStateSaveLatestAndModuleOnlyAsDeepSpeeds) {
+  auto d = make_data(2 * 4 * 6);
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto dir = temp_dir("client" + std::to_string(stage));
+    const json client = {{"step", 3},       {"epoch", 1},
+                         {"best", 0.8125},  {"note", "warm"},
+                         {"sizes", {1, 2}}, {"nested", {{"a", nullptr}, {"b", true}}}};
+    Params at3, at5;
+    std::mutex mu;
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(), config(stage, 4), {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 3);
+      e.save_checkpoint(dir.string(), "", {.client_state = client});
+      auto p = params_of(e);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (pg->rank() == 0) at3 = p;
+      }
+      train(e, d, pg->rank(), 2, 4, 1, 3, 2);
+      // Not the latest: DIR/latest still names global_step3.
+      e.save_checkpoint(dir.string(), "", {.save_latest = false});
+      p = params_of(e);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (pg->rank() == 0) at5 = p;
+      }
+      // A key the checkpoint keeps itself is refused before anything is written.
+      try {
+        e.save_checkpoint(dir.string(), "bad", {.client_state = {{"global_steps", 1}}});
+        ADD_FAILURE() << "no error";
+      } catch (const dtrain::UsageError& err) {
+        EXPECT_NE(std::string(err.what()).find("'global_steps'"), std::string::npos) << err.what();
+      }
+    });
+    EXPECT_TRUE(fs::exists(dir / "global_step5"));
+    EXPECT_FALSE(fs::exists(dir / "bad"));
+    std::string latest;
+    std::ifstream(dir / "latest") >> latest;
+    EXPECT_EQ(latest, "global_step3");
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(), config(stage, 4), {pg});
+      EXPECT_TRUE(e.client_state().empty());
+      EXPECT_EQ(e.load_checkpoint(dir.string()), "global_step3");
+      EXPECT_EQ(e.client_state(), client);
+      EXPECT_EQ(e.global_steps(), 3);
+      // load_module_only: the parameters of step 5, the steps of this engine (still 3).
+      EXPECT_EQ(e.load_checkpoint(dir.string(), "global_step5", {.load_module_only = true}),
+                "global_step5");
+      EXPECT_EQ(e.global_steps(), 3);
+      EXPECT_EQ(e.client_state(), json::object());
+      auto p = params_of(e);
+      if (pg->rank() == 0) {
+        ASSERT_EQ(p.size(), at5.size());
+        for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(torch::equal(p[i], at5[i])) << i;
+        EXPECT_FALSE(torch::equal(p[0], at3[0]));  // step 5's, not step 3's
+      }
+    });
+    fs::remove_all(dir);
+  }
+}
+
 TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
   auto d = make_data(2 * 4 * 3, torch::kFloat32);
   auto dir = temp_dir("tofp32");
