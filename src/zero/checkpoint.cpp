@@ -421,21 +421,49 @@ IValue EngineImpl::optim_dict(bool deepspeed_stage3) {
   return d;
 }
 
-void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& tag,
-                                 const SaveCheckpointOptions& opts) {
+// What is wrong with this rank's save arguments, or "".
+static std::string save_problem(const std::string& tag, const SaveCheckpointOptions& opts) {
   if (tag.empty() || tag.find('/') != std::string::npos)
-    throw UsageError("zero save_checkpoint: tag must be a non-empty name without '/', got '" + tag +
-                     "'");
+    return "tag must be a non-empty name without '/', got '" + tag + "'";
   if (!opts.client_state.is_object())
-    throw UsageError(
-        "zero save_checkpoint: client_state must be a JSON object ({key: value}), "
-        "got " +
-        std::string(opts.client_state.type_name()));
+    return "client_state must be a JSON object ({key: value}), got " +
+           std::string(opts.client_state.type_name());
   for (auto it = opts.client_state.begin(); it != opts.client_state.end(); ++it)
     if (own_key(it.key()))
-      throw UsageError("zero save_checkpoint: client_state key '" + it.key() +
-                       "' is one the checkpoint itself keeps (DeepSpeed's or dtrain's); name "
-                       "yours otherwise");
+      return "client_state key '" + it.key() +
+             "' is one the checkpoint itself keeps (DeepSpeed's or dtrain's); name yours "
+             "otherwise";
+  return "";
+}
+
+void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& tag,
+                                 const SaveCheckpointOptions& opts) {
+  // Every rank learns every rank's tag and problem, so that all refuse together (one rank's
+  // error must not leave the others waiting in the save's barriers). One tag for all: the
+  // files of one save are one directory (DeepSpeed checks this too: checkpoint.tag_validation).
+  {
+    CollectiveOptions o;
+    o.group = group_;
+    // Each rank's "<tag length>:<tag><problem>".
+    const auto all =
+        all_gather_object(std::to_string(tag.size()) + ':' + tag + save_problem(tag, opts), o);
+    for (size_t r = 0; r < all.size(); ++r) {
+      const auto colon = all[r].find(':');
+      const size_t n = std::stoul(all[r].substr(0, colon));
+      const std::string their_tag = all[r].substr(colon + 1, n),
+                        problem = all[r].substr(colon + 1 + n);
+      if (!problem.empty())
+        throw UsageError("zero save_checkpoint: " +
+                         (all.size() > 1 ? "rank " + std::to_string(r) + ": " : std::string()) +
+                         problem);
+      if (their_tag != tag)
+        throw UsageError("zero save_checkpoint: the ranks save under different tags (rank " +
+                         std::to_string(rank_) + ": '" + tag + "', rank " + std::to_string(r) +
+                         ": '" + their_tag +
+                         "'); every rank must pass the same tag (leave it out for "
+                         "global_step<N>), as DeepSpeed's checkpoint.tag_validation asks");
+    }
+  }
   const fs::path dir(dir_s), tmp = dir / ("." + tag + ".tmp"), final_dir = dir / tag;
   if (rank_ == 0) {
     std::error_code ec;

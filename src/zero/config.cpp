@@ -1057,7 +1057,8 @@ Config parse_config(const json& config, int world_size) {
       {"aio", "libaio settings for NVMe offload, which dtrain does not do"},
       {"checkpoint",
        "DeepSpeed's checkpoint engine settings; dtrain writes every checkpoint "
-       "atomically in DeepSpeed's layout"},
+       "atomically in DeepSpeed's layout, and always refuses ranks that save under different "
+       "tags (tag_validation Fail)"},
       {"data_types",
        "DeepSpeed's gradient accumulation dtype; dtrain accumulates in the "
        "parameters' dtype"},

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 
 #include "dtrain/checkpoint.h"
@@ -535,6 +537,36 @@ TEST(ZeroCheckpoint, ClientStateSaveLatestAndModuleOnlyAsDeepSpeeds) {
     });
     fs::remove_all(dir);
   }
+}
+
+// Every rank refuses together, so none waits in the save's barriers for one that refused:
+// one rank's bad client_state, or ranks saving under different tags (DeepSpeed's
+// checkpoint.tag_validation; here the files of one save must be one directory).
+TEST(ZeroCheckpoint, ABadSaveOnOneRankIsRefusedOnEveryRank) {
+  auto dir = temp_dir("badsave");
+  std::atomic<int> refused{0};
+  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(make_model(), config(3, 4), {pg});
+    auto expect_refusal = [&](const std::function<void()>& save, const std::string& needle) {
+      try {
+        save();
+        ADD_FAILURE() << "no error on rank " << pg->rank();
+      } catch (const dtrain::UsageError& err) {
+        EXPECT_NE(std::string(err.what()).find(needle), std::string::npos) << err.what();
+        ++refused;
+      }
+    };
+    const json bad = pg->rank() == 1 ? json{{"module", 1}} : json::object();
+    expect_refusal([&] { e.save_checkpoint(dir.string(), "a", {.client_state = bad}); },
+                   "rank 1: client_state key 'module'");
+    expect_refusal([&] { e.save_checkpoint(dir.string(), pg->rank() == 0 ? "a" : "b"); },
+                   "different tags");
+    e.save_checkpoint(dir.string(), "a");  // and the group still works
+  });
+  EXPECT_EQ(refused.load(), 4);
+  EXPECT_TRUE(fs::exists(dir / "a"));
+  EXPECT_FALSE(fs::exists(dir / "b"));
+  fs::remove_all(dir);
 }
 
 TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
