@@ -234,6 +234,7 @@ class EngineCore {
                                       const LoadCheckpointOptions& o) = 0;
   // The client_state of the checkpoint the last load_checkpoint read (Engine::client_state).
   virtual const nlohmann::json& client_state() const = 0;
+  virtual bool save_16bit_model(const std::string& dir, const std::string& filename) = 0;
   virtual int64_t num_parameters() const = 0;
 
   // The engine's whole state in save_checkpoint's layout, for dtrain::ElasticState (which
@@ -354,6 +355,16 @@ class Engine {
   // int keys); values JSON cannot hold (tensors, other Python objects) are left out. An empty
   // object before a load, or when the checkpoint has none.
   const nlohmann::json& client_state() const { return core_->client_state(); }
+  // DeepSpeed's save_16bit_model: the module's state dict ({name: tensor}, the parameters in
+  // the model's dtype - fp16/bf16 under mixed precision - and the buffers, in torch's state_dict
+  // order) as one torch.save file, DIR/FILENAME, written by rank 0; Python's torch.load (and
+  // Hugging Face's from_pretrained for pytorch_model.bin) reads it. Every rank calls it (stage 3
+  // gathers the parameters) and returns once the file is there. At stage 3 only with
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save, as DeepSpeed: without it
+  // nothing is saved, rank 0 says why on stderr, and it returns false.
+  bool save_16bit_model(const std::string& dir, const std::string& filename = "pytorch_model.bin") {
+    return core_->save_16bit_model(dir, filename);
+  }
   detail::EngineCore& core() { return *core_; }
 
  private:

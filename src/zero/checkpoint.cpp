@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -506,6 +507,53 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     sync_dir(dir);
   }
   group_->barrier();
+}
+
+bool EngineImpl::save_16bit_model(const std::string& dir_s, const std::string& filename) {
+  const fs::path dir(dir_s), path = dir / filename;
+  if (filename.empty() || filename.find('/') != std::string::npos)
+    throw UsageError("zero save_16bit_model: filename must be a name without '/', got '" +
+                     filename + "'");
+  if (policy_.parameters() && !config_.zero.stage3_gather_16bit_weights_on_model_save) {
+    if (rank_ == 0)
+      std::fprintf(stderr,
+                   "dtrain zero: did not save the model %s: at stage 3 that needs "
+                   "zero_optimization.stage3_gather_16bit_weights_on_model_save (DeepSpeed's "
+                   "rule); set it, or consolidate a checkpoint with `dtrain zero to-fp32`\n",
+                   path.c_str());
+    return false;
+  }
+  torch::NoGradGuard ng;
+  const int64_t bytes_before = bytes_this_step_;
+  const bool was_gathered = gathered_;
+  if (policy_.parameters() && !gathered_) gather_parameters();  // collective
+  std::string error;
+  if (rank_ == 0) {
+    // torch's state_dict order: each module's own parameters, then its buffers, depth first.
+    torch::OrderedDict<std::string, torch::Tensor> sd;
+    for (const auto& m : module_.named_modules("", /*include_self=*/true)) {
+      const std::string prefix = m.key().empty() ? "" : m.key() + ".";
+      for (const auto& p : m.value()->named_parameters(/*recurse=*/false))
+        sd.insert(prefix + p.key(), p.value().detach().to(torch::kCPU));
+      for (const auto& b : m.value()->named_buffers(/*recurse=*/false))
+        if (b.value().defined()) sd.insert(prefix + b.key(), b.value().detach().to(torch::kCPU));
+    }
+    try {
+      fs::create_directories(dir);
+      save_state_dict(sd, path.string());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (policy_.parameters() && !was_gathered) release_parameters();
+  bytes_this_step_ = bytes_before;
+  // Every rank returns once the file is there, or with rank 0's error.
+  BroadcastOptions b;
+  b.group = group_;
+  error = broadcast_object(error, b);
+  if (!error.empty())
+    throw Error("zero save_16bit_model: cannot write " + path.string() + ": " + error);
+  return true;
 }
 
 std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::string& tag_in,
@@ -1020,8 +1068,6 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
 
 void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict,
                      const std::string& path) {
-  c10::Dict<std::string, torch::Tensor> d;
-  for (auto& item : dict) d.insert(item.key(), item.value());
   auto out = detail::py_dict(/*ordered=*/true);
   for (auto& item : dict) detail::py_set(out, item.key(), detail::py_tensor(item.value()));
   auto tmp = path + ".tmp";

@@ -59,6 +59,7 @@ class EngineImpl final : public EngineCore {
   std::string load_checkpoint(const std::string& dir, const std::string& tag,
                               const LoadCheckpointOptions& o) override;
   const nlohmann::json& client_state() const override { return client_state_; }
+  bool save_16bit_model(const std::string& dir, const std::string& filename) override;
   int64_t num_parameters() const override { return numel_; }
   c10::IValue model_state(bool build) override;
   c10::IValue optim_state() override;

@@ -12,7 +12,10 @@ step], "params": {name: [...]}, "params_mid": the parameters after step 5}}. Wit
 DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
 "read_dtrain", rank 0 reads the dtrain checkpoint in DIR with DeepSpeed's zero_to_fp32
 ("dtrain_fp32"), every file of it with torch.load(weights_only=True) ("weights_only": how many
-loaded, or the error), and the client_state keys in its model file ("dtrain_client").
+loaded, or the error), and the client_state keys in its model file ("dtrain_client"); with
+"save_16bit_ds", DeepSpeed's save_16bit_model writes there after step 10, and with "save_16bit"
+rank 0 reads dtrain's pytorch_model.bin there with torch.load(weights_only=True)
+("dtrain_16bit").
 """
 import json
 import logging
@@ -102,8 +105,13 @@ def main():
         with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
             params = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
         result.update({"losses": losses, "params": params})
+        if case.get("save_16bit_ds"):
+            engine.save_16bit_model(case["save_16bit_ds"])
         if case.get("read_dtrain") and rank == 0:
             result.update(read_dtrain(case["read_dtrain"], case.get("client_state", {}).keys()))
+            if case.get("save_16bit"):  # dtrain's save_16bit_model, as transformers loads it
+                sd = torch.load(os.path.join(case["save_16bit"], "pytorch_model.bin"), weights_only=True)
+                result["dtrain_16bit"] = {k: v.reshape(-1).tolist() for k, v in sd.items()}
         out[case["name"]] = result
         del engine
     if rank == 0:

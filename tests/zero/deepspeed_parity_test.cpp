@@ -36,7 +36,8 @@ json cases() {
     for (auto it = optimizers.begin(); it != optimizers.end(); ++it) {
       json config = {{"train_micro_batch_size_per_gpu", 4},
                      {"optimizer", it.value()},
-                     {"zero_optimization", {{"stage", stage}}},
+                     {"zero_optimization",
+                      {{"stage", stage}, {"stage3_gather_16bit_weights_on_model_save", true}}},
                      {"zero_allow_untested_optimizer", true},  // DeepSpeed: SGD under ZeRO
                      {"steps_per_print", 1000}};
       if (it.key() == "AdamW")
@@ -100,6 +101,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
                              {"sampler", {{"epoch", 1}, {"offset", 40}, {"shuffle", true}}},
                              {"note", nullptr}};
     cs[i]["save_dtrain"] = (dir / ("dtrain_" + std::to_string(i))).string();
+    cs[i]["save_16bit"] = (dir / ("dtrain16_" + std::to_string(i))).string();
+    cs[i]["save_16bit_ds"] = (dir / ("ds16_" + std::to_string(i))).string();
     cs[i]["read_dtrain"] = cs[i]["save_dtrain"];
     cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
   }
@@ -132,8 +135,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
   const json a = json::parse(std::ifstream(dir / "dtrain.json"));
   const json b = json::parse(std::ifstream(dir / "ds.json"));
   const json r = json::parse(std::ifstream(dir / "resumed.json"));
-  std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
-              "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed");
+  std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
+              "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed", "16-bit");
   for (const auto& c : cs) {
     const std::string name = c.at("name");
     SCOPED_TRACE(name);
@@ -167,14 +170,25 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     const double to_fp32 =
         max_diff(flat_params(dtrain::zero::load_state_dict_file(out)), y["params_mid"]);
     EXPECT_LT(to_fp32, 1e-7) << "dtrain zero to-fp32 of DeepSpeed's checkpoint";
+    // save_16bit_model: dtrain's file next to DeepSpeed's (the same keys in the same order, the
+    // values of the same training), and torch.load(weights_only=True) of dtrain's.
+    const auto ours16 = dtrain::zero::load_state_dict_file(
+        (fs::path(c["save_16bit"].get<std::string>()) / "pytorch_model.bin").string());
+    const auto theirs16 = dtrain::zero::load_state_dict_file(
+        (fs::path(c["save_16bit_ds"].get<std::string>()) / "pytorch_model.bin").string());
+    EXPECT_EQ(ours16.keys(), theirs16.keys());
+    const double save16 = max_diff(flat_params(ours16), flat_params(theirs16));
+    EXPECT_LT(save16, 1e-5) << "save_16bit_model: dtrain's and DeepSpeed's apart";
+    EXPECT_LT(max_diff(y.value("dtrain_16bit", json::object()), flat_params(ours16)), 1e-12)
+        << "torch.load of dtrain's 16-bit file";
     ASSERT_TRUE(r.contains(name));
     EXPECT_EQ(r[name]["client_state"], c["client_state"])
         << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
     const double resumed_diff = max_diff(r[name]["params"], y["params"]);
     EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
-    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
                 y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, to_fp32,
-                resumed_diff);
+                resumed_diff, save16);
   }
   fs::remove_all(dir);
 }

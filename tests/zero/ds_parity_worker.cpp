@@ -5,7 +5,8 @@
 // A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step (with
 // the case's "client_state"); with "resume_from": DIR (a DeepSpeed checkpoint saved after step 5)
 // the case loads it and trains steps 6-10 only; "client_state" in the output is what the engine
-// read of the checkpoint's client_state.
+// read of the checkpoint's client_state; with "save_16bit": DIR, save_16bit_model writes
+// DIR/pytorch_model.bin after the last step.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
     if (cs.contains("save_dtrain"))
       engine.save_checkpoint(cs.at("save_dtrain").get<std::string>(), "",
                              {.client_state = cs.value("client_state", nlohmann::json::object())});
+    if (cs.contains("save_16bit")) engine.save_16bit_model(cs.at("save_16bit").get<std::string>());
     if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
     nlohmann::json params = nlohmann::json::object();
     for (auto& item : m->named_parameters()) {

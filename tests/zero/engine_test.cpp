@@ -569,6 +569,73 @@ TEST(ZeroCheckpoint, ABadSaveOnOneRankIsRefusedOnEveryRank) {
   fs::remove_all(dir);
 }
 
+// DeepSpeed's save_16bit_model: the module's state dict in the model's dtype (bf16 under
+// mixed precision; buffers kept fp32, as DeepSpeed 0.19.8 keeps them), one file by rank 0; at
+// stage 3 only with stage3_gather_16bit_weights_on_model_save.
+TEST(ZeroCheckpoint, Save16BitModelAsDeepSpeeds) {
+  auto d = make_data(2 * 4 * 2, torch::kFloat32);
+  for (int stage : {1, 3}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? ", bf16" : ", fp32"));
+      auto dir = temp_dir("16bit" + std::to_string(stage) + (bf16 ? "b" : "f"));
+      // fp32: a BatchNorm's buffers in the file too (libtorch's batch norm wants one dtype).
+      auto model = [&] {
+        return bf16 ? Sequential(Linear(20, 33), Tanh(), Linear(33, 3))
+                    : Sequential(Linear(20, 33), BatchNorm1d(33), Tanh(), Linear(33, 3));
+      };
+      const auto dt = bf16 ? torch::kBFloat16 : torch::kFloat32;
+      Params trained;
+      std::mutex mu;
+      run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+        json cfg = config(stage, 4, 1, bf16 ? json{{"bf16", {{"enabled", true}}}} : json::object());
+        auto e = dtrain::zero::initialize(model(), cfg, {pg});
+        for (int s = 0; s < 2; ++s) {
+          int64_t row = s * 8 + pg->rank() * 4;
+          e.backward(functional::cross_entropy(e(d.x.narrow(0, row, 4).to(dt)).to(torch::kFloat32),
+                                               d.y.narrow(0, row, 4)));
+          e.step();
+        }
+        // Stage 3 without the gather flag: nothing saved, as DeepSpeed (False).
+        EXPECT_EQ(e.save_16bit_model(dir.string(), "plain.bin"), stage != 3);
+        // The weights, through a checkpoint, into an engine with the flag.
+        cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+        auto e2 = dtrain::zero::initialize(model(), cfg, {pg});
+        e.save_checkpoint(dir.string() + "/ckpt");
+        e2.load_checkpoint(dir.string() + "/ckpt");
+        EXPECT_TRUE(e2.save_16bit_model(dir.string()));
+        auto p = params_of(e2);
+        std::lock_guard<std::mutex> lock(mu);
+        if (pg->rank() == 0) trained = p;
+      });
+      EXPECT_EQ(fs::exists(dir / "plain.bin"), stage != 3);
+      auto sd = dtrain::zero::load_state_dict_file((dir / "pytorch_model.bin").string());
+      std::vector<std::string> keys;
+      for (const auto& item : sd) keys.push_back(item.key());
+      // torch's state_dict order: each module's parameters, then its buffers.
+      const std::vector<std::string> params =
+          bf16 ? std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}
+               : std::vector<std::string>{"0.weight", "0.bias",   "1.weight",
+                                          "1.bias",   "3.weight", "3.bias"};
+      const std::vector<std::string> with_buffers = {"0.weight",
+                                                     "0.bias",
+                                                     "1.weight",
+                                                     "1.bias",
+                                                     "1.running_mean",
+                                                     "1.running_var",
+                                                     "1.num_batches_tracked",
+                                                     "3.weight",
+                                                     "3.bias"};
+      EXPECT_EQ(keys, bf16 ? params : with_buffers);
+      ASSERT_EQ(trained.size(), params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(sd[params[i]].scalar_type(), dt) << params[i];
+        EXPECT_TRUE(torch::equal(sd[params[i]], trained[i])) << params[i];
+      }
+      fs::remove_all(dir);
+    }
+  }
+}
+
 TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
   auto d = make_data(2 * 4 * 3, torch::kFloat32);
   auto dir = temp_dir("tofp32");
