@@ -7,7 +7,15 @@
 #   tests/package/main_build.sh SOURCE_DIR
 set -euo pipefail
 src="$1"
-work="$(mktemp -d "${TMPDIR:-/tmp}/dtrain-main-build.XXXXXX")"
+# Inside the clone (ignored: /build*/), so that ccache, keyed relative to the clone, reuses the
+# last run's objects (a mktemp directory elsewhere made every run a cold build: ~5 minutes of
+# CI); a lock keeps two test trees of one clone from building there at once.
+base="$src/build-main-test"
+mkdir -p "$base"
+exec 9>"$base/lock"
+flock -w 900 9 || { echo "main_build: another main_build held $base/lock for 15 minutes" >&2; exit 1; }
+work="$base/run"
+rm -rf "$work"
 trap 'rm -rf "$work"' EXIT
 DTRAIN_LIBTORCH=pypi "$src/scripts/setup.sh" --main "$work/build"
 ls "$work/build/CMakeFiles/dtrain_runtime.dir/Unity/"unity_*_cxx.cxx >/dev/null ||
