@@ -385,7 +385,7 @@ IValue EngineImpl::optim_dict(bool deepspeed_stage3) {
   const int64_t local = policy_.optimizer() ? 0 : begin;  // where [begin, end) lies in w
   auto slice = [&](const torch::Tensor& t) {
     if (deepspeed_stage3)  // t is this rank's (padded) partition
-      return to_per_parameter(group_, t.to(torch::kCPU, master_dtype_, false, true), numels_);
+      return to_per_parameter(group_, t.to(torch::kCPU, master_dtype_), numels_);
     return t.narrow(0, local, end - begin).to(torch::kCPU, master_dtype_, false, true);
   };
   auto o = new_dict();
@@ -756,6 +756,19 @@ SavedGroups saved_parameters(const PyValue& model, const fs::path& model_path) {
   return groups;
 }
 
+// A stage-3 optimizer file's fp32_flat_groups, its sub-groups concatenated: every parameter's
+// piece on that rank, in the parameters' order.
+torch::Tensor concatenated_groups(const PyValue& osd, const fs::path& file) {
+  std::vector<torch::Tensor> subgroups;
+  for (const auto& t : need(osd, "fp32_flat_groups", file).items) {
+    if (t->kind != PyValue::Kind::Tensor)
+      throw CheckpointError(file.string() + ": fp32_flat_groups holds a " + t->describe() +
+                            ", not a tensor");
+    subgroups.push_back(t->tensor.reshape({-1}));
+  }
+  return subgroups.empty() ? torch::empty({0}) : torch::cat(subgroups);
+}
+
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -835,17 +848,8 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
     // Stage 3 (DeepSpeed's layout): each rank's sub-groups concatenated hold every parameter's
     // piece on that rank, in the order of all groups' parameters.
     std::vector<torch::Tensor> flats;
-    for (size_t r = 0; r < optims.size(); ++r) {
-      const PyValue& list = need(osd(r), "fp32_flat_groups", files[r]);
-      std::vector<torch::Tensor> subgroups;
-      for (const auto& t : list.items) {
-        if (t->kind != PyValue::Kind::Tensor)
-          throw CheckpointError(files[r].string() + ": fp32_flat_groups holds a " + t->describe() +
-                                ", not a tensor");
-        subgroups.push_back(t->tensor.reshape({-1}));
-      }
-      flats.push_back(subgroups.empty() ? torch::empty({0}) : torch::cat(subgroups));
-    }
+    for (size_t r = 0; r < optims.size(); ++r)
+      flats.push_back(concatenated_groups(osd(r), files[r]));
     std::vector<int64_t> numels;
     for (const auto& g : groups)
       for (const auto& [name, shape] : g) numels.push_back(numel_of(shape));
@@ -946,19 +950,16 @@ std::vector<c10::impl::GenericDict> from_deepspeed_stage3(
     const fs::path& f = files[static_cast<size_t>(r)];
     const auto o = load_file(f);
     const PyValue& osd = need(*o, "optimizer_state_dict", f);
-    const PyValue& flat_groups = need(osd, "fp32_flat_groups", f);
     const PyValue& base = need(osd, "optimizer_state_dict", f);
     const PyValue& state = need(base, "state", f);
-    std::vector<torch::Tensor> master;
+    masters.push_back(concatenated_groups(osd, f));
     std::vector<std::vector<torch::Tensor>> per_state(state_names.size());
-    for (size_t i = 0; i < flat_groups.items.size(); ++i) {
-      master.push_back(flat_groups.items[i]->tensor.reshape({-1}));
+    for (size_t i = 0; i < need(osd, "fp32_flat_groups", f).items.size(); ++i) {
       const PyValue& si = need(state, std::to_string(i), f);
       for (size_t k = 0; k < state_names.size(); ++k)
         per_state[k].push_back(deepspeed_state(si, state_names[k], type, f).tensor.reshape({-1}));
       if (i == 0) step = deepspeed_step(si, base, ds, f);
     }
-    masters.push_back(torch::cat(master));
     for (size_t k = 0; k < state_names.size(); ++k) states[k].push_back(torch::cat(per_state[k]));
   }
   // DeepSpeed's order -> the engine's, by name.
