@@ -68,7 +68,10 @@ struct OptimizerConfig {
   // "Adam" with adam_w_mode false adds L2 decay to the gradient; "AdamW" is always decoupled.
   bool adam_w_mode = true;
   bool bias_correction = true;  // Adam, AdamW, Lamb: false drops 1 - beta^t from the update
-  double momentum = 0.0;        // SGD
+  // Adam, AdamW: DeepSpeed steps torch.optim.Adam(W) instead of its FusedAdam (the same update;
+  // the checkpoint keeps the step count as torch's tensor, not FusedAdam's integer).
+  bool torch_adam = false;
+  double momentum = 0.0;  // SGD
   double dampening = 0.0;
   bool nesterov = false;
   double max_coeff = 10.0, min_coeff = 0.01;  // Lamb's trust-ratio clamp (DeepSpeed's defaults)

@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -143,6 +144,9 @@ std::string optim_file(int rank) {
   return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
 }
 const char* kModelFile = "mp_rank_00_model_states.pt";
+// The DeepSpeed release whose checkpoint layout dtrain writes (its optimizer files' ds_version,
+// which DeepSpeed's loader parses and compares).
+const char* kDeepSpeedVersion = "0.19.8";
 // DeepSpeed's stage 3 writes one model file per rank.
 std::string stage3_model_file(int rank) {
   return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_model_states.pt";
@@ -271,6 +275,32 @@ struct FullOptim {
   int64_t step = 0;
 };
 
+// A rank's optimizer state tensors by name, in its optimizer's order: dtrain's "state" (the
+// rank's elements), or in a stage 1/2 file that holds DeepSpeed's base_optimizer_state instead,
+// that optimizer's one parameter's tensors (the padded partition, cut to the rank's elements).
+std::vector<std::pair<std::string, torch::Tensor>> rank_state(const c10::impl::GenericDict& d,
+                                                              const fs::path& path) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (d.contains("state") || !d.contains("base_optimizer_state")) {
+    for (const auto& e : get(d, "state", path).toGenericDict())
+      out.emplace_back(e.key().toStringRef(), e.value().toTensor());
+    return out;
+  }
+  const int64_t n = get(d, "end", path).toInt() - get(d, "begin", path).toInt();
+  const auto base = get(d, "base_optimizer_state", path);
+  if (!base.isGenericDict())
+    throw detail::CheckpointError(path.string() + ": base_optimizer_state is not a dict");
+  const auto states = get(base.toGenericDict(), "state", path);
+  if (!states.isGenericDict() || states.toGenericDict().size() > 1)
+    throw detail::CheckpointError(path.string() +
+                                  ": base_optimizer_state has no single parameter's state");
+  for (const auto& p : states.toGenericDict())
+    for (const auto& e : p.value().toGenericDict())
+      if (e.key().toStringRef() != "step" && e.value().isTensor())
+        out.emplace_back(e.key().toStringRef(), e.value().toTensor().reshape({-1}).narrow(0, 0, n));
+  return out;
+}
+
 // `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them;
 // `numels`: the parameters' sizes in the flat order (for stage 3's per-parameter layout).
 FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
@@ -297,12 +327,18 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
       masters.push_back(groups.get(0).toTensor().narrow(0, 0, n));
     }
     f.step = get(d, "step", path).toInt();
-    auto st = get(d, "state", path).toGenericDict();
+    const auto st = rank_state(d, path);
     if (r == 0)
-      for (auto& e : st) f.state_names.push_back(e.key().toStringRef());
+      for (const auto& e : st) f.state_names.push_back(e.first);
     if (states.size() < f.state_names.size()) states.resize(f.state_names.size());
-    for (size_t k = 0; k < f.state_names.size(); ++k)
-      states[k].push_back(get(st, f.state_names[k], path).toTensor());
+    for (size_t k = 0; k < f.state_names.size(); ++k) {
+      auto it = std::find_if(st.begin(), st.end(),
+                             [&](const auto& e) { return e.first == f.state_names[k]; });
+      if (it == st.end())
+        throw detail::CheckpointError(path.string() + ": has no optimizer state '" +
+                                      f.state_names[k] + "' (rank 0's file has it)");
+      states[k].push_back(it->second);
+    }
   }
   if (per_parameter) {
     const std::string what = files.empty() ? std::string() : where(0).string();
@@ -373,6 +409,93 @@ IValue EngineImpl::model_dict(bool parameters) {
   d.insert("ds_config", config_.raw.dump());
   d.insert("ds_version", std::string("dtrain-zero-2"));
   return d;
+}
+
+// DeepSpeed's own keys of a stage 1/2 optimizer file (stage_1_and_2.py's state_dict), so that
+// DeepSpeed's engine resumes this checkpoint as its own: the base optimizer's state_dict as the
+// optimizer class DeepSpeed builds for this config keeps it (its param group restores the
+// learning rate and betas of the next step), the fp32 partition, the version its loader checks.
+// Its loss scaler object is left out: DeepSpeed then keeps the scaler it was built with (its
+// loader asks for the key with a default), and the files stay loadable by
+// torch.load(weights_only=True). `o`: this rank's optimizer_state_dict.
+void EngineImpl::add_deepspeed_optimizer_keys(const PyPtr& o) const {
+  const auto& opt = config_.optimizer;
+  const bool adam = opt.type == "Adam" || opt.type == "AdamW";
+  const bool torch_adam = adam && opt.torch_adam;
+  const bool cpu_adam = adam && !torch_adam && config_.zero.offload_optimizer.enabled();
+  const auto [beta1, beta2] = scheduler_.betas();
+  // The param group's keys are those of DeepSpeed's optimizer class (torch's load_state_dict
+  // replaces the group with the saved one, so a key left out would be missing at its step).
+  auto group = py_dict();
+  auto set = [&](const char* key, PyPtr v) { py_set(group, key, std::move(v)); };
+  auto adam_keys = [&] {
+    set("betas", py_tuple({py_float(beta1), py_float(beta2)}));
+    set("eps", py_float(opt.eps));
+    set("weight_decay", py_float(opt.weight_decay));
+  };
+  set("lr", py_float(lr()));
+  if (opt.type == "SGD") {  // torch.optim.SGD
+    set("momentum", py_float(opt.momentum));
+    set("dampening", py_float(opt.dampening));
+    set("weight_decay", py_float(opt.weight_decay));
+    set("nesterov", py_bool(opt.nesterov));
+    set("maximize", py_bool(false));
+    set("foreach", py_none());
+    set("differentiable", py_bool(false));
+    set("fused", py_none());
+  } else if (torch_adam) {  // torch.optim.Adam(W)
+    adam_keys();
+    set("amsgrad", py_bool(false));
+    set("maximize", py_bool(false));
+    set("foreach", py_none());
+    set("capturable", py_bool(false));
+    set("differentiable", py_bool(false));
+    set("fused", py_none());
+    set("decoupled_weight_decay", py_bool(opt.type == "AdamW" || opt.adam_w_mode));
+  } else if (cpu_adam) {  // DeepSpeedCPUAdam
+    adam_keys();
+    set("bias_correction", py_bool(opt.bias_correction));
+    set("amsgrad", py_bool(false));
+  } else {  // FusedAdam, FusedLamb
+    set("bias_correction", py_bool(opt.bias_correction));
+    adam_keys();
+    if (opt.type == "Lamb") {
+      set("max_grad_norm", py_float(0.0));
+      set("max_coeff", py_float(opt.max_coeff));
+      set("min_coeff", py_float(opt.min_coeff));
+    } else {
+      set("step", py_int(0));
+    }
+  }
+  py_set(group, "params", py_list({py_int(0)}));
+  // The state of the one flat parameter (this rank's padded partition): FusedAdam, FusedLamb
+  // and the CPU Adam count steps in a Python int, torch.optim.Adam(W) in a float tensor.
+  auto param_state = py_dict();
+  if (opt.type != "SGD")
+    py_set(
+        param_state, "step",
+        torch_adam ? py_tensor(torch::tensor(static_cast<float>(opt_step_))) : py_int(opt_step_));
+  const auto names = optimizer_->state_names();
+  const auto& state = optimizer_->state();
+  for (size_t k = 0; k < state.size(); ++k)
+    py_set(param_state, names[k], py_tensor(state[k].to(torch::kCPU, master_dtype_)));
+  auto states = py_dict();
+  states->dict.push_back({py_int(0), param_state});
+  auto base = py_dict();
+  py_set(base, "state", states);
+  py_set(base, "param_groups", py_list({group}));
+  // The state is there now: dtrain's own copy of it ("state") goes (its reader takes it from
+  // here), so the file holds it once.
+  o->dict.erase(std::remove_if(o->dict.begin(), o->dict.end(),
+                               [](const auto& e) { return e.first->s == "state"; }),
+                o->dict.end());
+  py_set(o, "dynamic_loss_scale", py_bool(scaler_.dynamic()));
+  py_set(o, "overflow", py_bool(false));
+  py_set(o, "clip_grad", py_float(config_.gradient_clipping));
+  py_set(o, "base_optimizer_state", base);
+  // The last rank's partition holds the padding (DeepSpeed's groups_padding).
+  py_set(o, "group_paddings", py_list({py_int(rank_ == world_ - 1 ? padded_ - numel_ : 0)}));
+  py_set(o, "ds_version", py_str(kDeepSpeedVersion));
 }
 
 IValue EngineImpl::optim_state() { return optim_dict(false); }
@@ -487,8 +610,13 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     if (rank_ == 0)
       save_file(tmp / kModelFile,
                 *with_client_state(deepspeed_model_file(model), opts.client_state));
-    // Every rank: its slice of the master and the optimizer state.
-    save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(false)));
+    // Every rank: its slice of the master and the optimizer state (and, but for a client
+    // optimizer's opaque state, DeepSpeed's keys for its engine's load_checkpoint).
+    auto optim = detail::from_ivalue(optim_dict(false));
+    if (policy_.deepspeed_stage_1_and_2() && !optimizer_->opaque())
+      for (auto& [key, value] : optim->dict)
+        if (key->s == "optimizer_state_dict") add_deepspeed_optimizer_keys(value);
+    save_file(tmp / optim_file(rank_), *optim);
   }
   sync_dir(tmp);
   group_->barrier();

@@ -427,6 +427,7 @@ void parse_optimizer(Section& root, Config& c) {
     const bool adam = o.type == "Adam" || o.type == "AdamW";
     bool torch_adam = false;
     if (adam) ps.boolean("torch_adam", torch_adam);
+    o.torch_adam = torch_adam;
     // The constructor DeepSpeed 0.19.8 passes the params to (with offload_optimizer: its CPU
     // Adam, whose arguments are FusedAdam's but set_grad_none; checked in parse_config).
     ps.refused_by(adam              ? (torch_adam ? (o.type == "AdamW" ? "torch.optim.AdamW"

@@ -137,7 +137,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
     numels_.push_back(n);
     numel_ += n;
   }
-  padded_ = (numel_ + world_ - 1) / world_ * world_;
+  padded_ = padded_numel(numel_, world_);
   part_ = padded_ / world_;
   if (shards && shards->partition.numel() != part_)
     throw InternalError("zero: the partitioned construction's shard has " +

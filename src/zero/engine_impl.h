@@ -18,6 +18,7 @@
 #include "parallel/grad_hooks.h"
 #include "zero/partition_optimizer.h"
 #include "zero/partitioning.h"
+#include "zero/pickle.h"
 
 namespace dtrain::zero::detail {
 
@@ -121,6 +122,8 @@ class EngineImpl final : public EngineCore {
   // master and each state tensor in DeepSpeed's per-parameter layout (fp32_flat_groups,
   // zero/stage3_layout.h): COLLECTIVE then.
   c10::IValue optim_dict(bool deepspeed_stage3);
+  // DeepSpeed's keys of a stage 1/2 optimizer file, added to its optimizer_state_dict `o`.
+  void add_deepspeed_optimizer_keys(const detail::PyPtr& o) const;
   // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
   void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);

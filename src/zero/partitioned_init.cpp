@@ -6,6 +6,7 @@
 #include "dtrain/error.h"
 #include "dtrain/zero_init.h"
 #include "zero/malloc_policy.h"
+#include "zero/partitioning.h"
 
 namespace dtrain::zero {
 namespace {
@@ -84,8 +85,7 @@ Init::Plan Init::plan(torch::nn::Module& root) {
                        "returned; register it in the module (or build it outside init())");
   if (total == 0)
     throw UsageError("zero::build_partitioned: the module has no trainable parameters");
-  const int64_t padded = (total + world_ - 1) / world_ * world_;
-  plan.part = padded / world_;
+  plan.part = detail::padded_numel(total, world_) / world_;
   return plan;
 }
 

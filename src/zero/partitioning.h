@@ -30,6 +30,15 @@ enum class GradientPath {
   kPartition,       // reduced bucket by bucket during backward into this rank's partition
 };
 
+// The flat buffer's length, padded so that N ranks' partitions are equal and start where
+// DeepSpeed's stage 1/2 partitions start: a multiple of 2 x N (its nccl_start_alignment_factor
+// of 2 elements per rank), so that each rank's optimizer file holds the elements DeepSpeed's
+// engine loads into that rank.
+inline int64_t padded_numel(int64_t numel, int world) {
+  const int64_t align = 2 * static_cast<int64_t>(world);
+  return (numel + align - 1) / align * align;
+}
+
 class Partitioning {
  public:
   // REQUIRES: 0 <= stage <= 3 (the config's range).

@@ -6,7 +6,7 @@ tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cp
 CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?,
 "client_state": {...}?}];
 every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
-(16 -> 24 -> 4, tanh), its initial weights, the data and each rank's rows are written out as
+(16 -> 22 -> 4, tanh: 466 parameters, which DeepSpeed pads to 468 on 2 ranks), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
 step], "params": {name: [...]}, "params_mid": the parameters after step 5}}. With "save",
 DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
@@ -15,7 +15,10 @@ DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_sta
 loaded, or the error), and the client_state keys in its model file ("dtrain_client"); with
 "save_16bit_ds", DeepSpeed's save_16bit_model writes there after step 10, and with "save_16bit"
 rank 0 reads dtrain's pytorch_model.bin there with torch.load(weights_only=True)
-("dtrain_16bit").
+("dtrain_16bit"). With "resume_dtrain": DIR (dtrain's checkpoint after step 5), a second
+DeepSpeed engine resumes it with DeepSpeed's own load_checkpoint and trains steps 6-10
+("resumed_dtrain": {"global_steps": after the load, "client_state", "losses", "params"}); at
+stage 3 it loads without the optimizer state ("params_loaded": the parameters after the load).
 """
 import json
 import logging
@@ -34,7 +37,7 @@ STEPS, MICRO = 10, 4
 
 
 def model():
-    m = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Tanh(), torch.nn.Linear(24, 4))
+    m = torch.nn.Sequential(torch.nn.Linear(16, 22), torch.nn.Tanh(), torch.nn.Linear(22, 4))
     with torch.no_grad():
         for k, p in enumerate(m.parameters()):
             n = p.numel()
@@ -78,6 +81,43 @@ def read_dtrain(path, client_keys):
     return out
 
 
+def gathered(m, stage3):
+    with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
+        return {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
+
+
+def train(engine, steps, rank, world):
+    losses = []
+    for step in steps:
+        x, y = batch(step, rank, world)
+        loss = torch.nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        t = loss.detach().clone()
+        torch.distributed.all_reduce(t)
+        losses.append(t.item() / world)
+    return losses
+
+
+def resume_dtrain(case, rank, world):
+    """DeepSpeed's engine resuming dtrain's step-5 checkpoint and training on to step 10. At
+    stage 3 DeepSpeed needs its own loss scaler object in the optimizer files to load their state,
+    which dtrain does not write (its files load with weights_only=True): the module only there."""
+    m = model()
+    engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
+    stage3 = case["config"]["zero_optimization"]["stage"] == 3
+    path, client = engine.load_checkpoint(case["resume_dtrain"], load_optimizer_states=not stage3)
+    out = {"global_steps": engine.global_steps, "path": path,
+           "client_state": {k: client[k] for k in case.get("client_state", {}) if k in client}}
+    if stage3:
+        out["params_loaded"] = gathered(m, True)
+    else:
+        out["losses"] = train(engine, range(STEPS // 2, STEPS), rank, world)
+        out["params"] = gathered(m, False)
+    del engine
+    return out
+
+
 def main():
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -86,25 +126,14 @@ def main():
     for case in cases:
         m = model()
         engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
-        losses = []
         result = {}
         stage3 = case["config"]["zero_optimization"]["stage"] == 3
-        for step in range(STEPS):
-            if step == STEPS // 2:
-                with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
-                    result["params_mid"] = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
-                if case.get("save"):
-                    engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
-            x, y = batch(step, rank, world)
-            loss = torch.nn.functional.cross_entropy(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-            t = loss.detach().clone()
-            torch.distributed.all_reduce(t)
-            losses.append(t.item() / world)
-        with deepspeed.zero.GatheredParameters(list(m.parameters()), enabled=stage3):
-            params = {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
-        result.update({"losses": losses, "params": params})
+        losses = train(engine, range(STEPS // 2), rank, world)
+        result["params_mid"] = gathered(m, stage3)
+        if case.get("save"):
+            engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
+        losses += train(engine, range(STEPS // 2, STEPS), rank, world)
+        result.update({"losses": losses, "params": gathered(m, stage3)})
         if case.get("save_16bit_ds"):
             engine.save_16bit_model(case["save_16bit_ds"])
         if case.get("read_dtrain") and rank == 0:
@@ -112,8 +141,10 @@ def main():
             if case.get("save_16bit"):  # dtrain's save_16bit_model, as transformers loads it
                 sd = torch.load(os.path.join(case["save_16bit"], "pytorch_model.bin"), weights_only=True)
                 result["dtrain_16bit"] = {k: v.reshape(-1).tolist() for k, v in sd.items()}
-        out[case["name"]] = result
         del engine
+        if case.get("resume_dtrain"):
+            result["resumed_dtrain"] = resume_dtrain(case, rank, world)
+        out[case["name"]] = result
     if rank == 0:
         with open(sys.argv[2], "w") as f:
             json.dump(out, f)

@@ -54,11 +54,21 @@ json cases() {
     }
   }
   // DeepSpeed cuts stage 3's partitions into sub-groups of about sub_group_size elements (here
-  // 3: [384], [24, 96], [4]), each its own fp32 flat group and optimizer state in its files.
+  // 3: [352], [22, 88], [4]), each its own fp32 flat group and optimizer state in its files.
   json sub = out[8];  // stage 3, Adam
   sub["name"] = "stage 3, Adam, sub_group_size 100";
   sub["config"]["zero_optimization"]["sub_group_size"] = 100;
   out.push_back(sub);
+  // The other optimizer classes DeepSpeed builds for Adam, whose state_dict its engine loads
+  // from dtrain's files: torch.optim.AdamW (torch_adam) and its CPU Adam (offload_optimizer).
+  json torch_adam = out[6];  // stage 2, AdamW + WarmupLR
+  torch_adam["name"] = "stage 2, AdamW torch_adam + WarmupLR";
+  torch_adam["config"]["optimizer"]["params"]["torch_adam"] = true;
+  out.push_back(torch_adam);
+  json offload = out[0];  // stage 1, Adam
+  offload["name"] = "stage 1, Adam, offload_optimizer";
+  offload["config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  out.push_back(offload);
   return out;
 }
 
@@ -104,6 +114,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     cs[i]["save_16bit"] = (dir / ("dtrain16_" + std::to_string(i))).string();
     cs[i]["save_16bit_ds"] = (dir / ("ds16_" + std::to_string(i))).string();
     cs[i]["read_dtrain"] = cs[i]["save_dtrain"];
+    cs[i]["save_dtrain_mid"] = (dir / ("dtrain_mid_" + std::to_string(i))).string();
+    cs[i]["resume_dtrain"] = cs[i]["save_dtrain_mid"];
     cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
   }
   { std::ofstream(dir / "cases.json") << cs.dump(); }
@@ -135,8 +147,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
   const json a = json::parse(std::ifstream(dir / "dtrain.json"));
   const json b = json::parse(std::ifstream(dir / "ds.json"));
   const json r = json::parse(std::ifstream(dir / "resumed.json"));
-  std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
-              "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed", "16-bit");
+  std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32",
+              "final loss", "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed", "DS resumes",
+              "16-bit");
   for (const auto& c : cs) {
     const std::string name = c.at("name");
     SCOPED_TRACE(name);
@@ -186,9 +199,19 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
         << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
     const double resumed_diff = max_diff(r[name]["params"], y["params"]);
     EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
-    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+    // DeepSpeed's engine resuming dtrain's step-5 checkpoint (its load_checkpoint): at stages 1
+    // and 2 with the optimizer state, ending where DeepSpeed's uninterrupted run ended; at stage
+    // 3 the module only (the parameters dtrain had after step 5).
+    const json& back = y.value("resumed_dtrain", json::object());
+    ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
+    EXPECT_EQ(back["global_steps"], 5);
+    EXPECT_EQ(back["client_state"], c["client_state"]) << "client_state as DeepSpeed returns it";
+    const double ds_resumed = stage3 ? max_diff(back["params_loaded"], y["params_mid"])
+                                     : max_diff(back["params"], y["params"]);
+    EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
+    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
                 y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, to_fp32,
-                resumed_diff, save16);
+                resumed_diff, ds_resumed, save16);
   }
   fs::remove_all(dir);
 }

@@ -3,10 +3,10 @@
 // run under `dtrain run --nproc-per-node N`. Rank 0 writes
 // {name: {"losses": [mean over ranks per step], "params": {name: [...]}}} to OUT.json.
 // A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step (with
-// the case's "client_state"); with "resume_from": DIR (a DeepSpeed checkpoint saved after step 5)
-// the case loads it and trains steps 6-10 only; "client_state" in the output is what the engine
-// read of the checkpoint's client_state; with "save_16bit": DIR, save_16bit_model writes
-// DIR/pytorch_model.bin after the last step.
+// the case's "client_state"), "save_dtrain_mid": DIR after step 5; with "resume_from": DIR (a
+// DeepSpeed checkpoint saved after step 5) the case loads it and trains steps 6-10 only;
+// "client_state" in the output is what the engine read of the checkpoint's client_state; with
+// "save_16bit": DIR, save_16bit_model writes DIR/pytorch_model.bin after the last step.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -18,7 +18,7 @@ namespace {
 constexpr int kSteps = 10, kMicro = 4;
 
 torch::nn::Sequential model() {
-  torch::nn::Sequential m(torch::nn::Linear(16, 24), torch::nn::Tanh(), torch::nn::Linear(24, 4));
+  torch::nn::Sequential m(torch::nn::Linear(16, 22), torch::nn::Tanh(), torch::nn::Linear(22, 4));
   torch::NoGradGuard ng;
   int k = 0;
   for (auto& p : m->parameters()) {
@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
       first = kSteps / 2;
     }
     for (int step = first; step < kSteps; ++step) {
+      if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
+        engine.save_checkpoint(
+            cs.at("save_dtrain_mid").get<std::string>(), "",
+            {.client_state = cs.value("client_state", nlohmann::json::object())});
       auto [x, y] = batch(step, pg->rank(), pg->world_size());
       auto loss = torch::nn::functional::cross_entropy(engine(x), y);
       engine.backward(loss);
