@@ -58,8 +58,9 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 
 // A model's state dict, as PyTorch's module.state_dict(): its parameters and buffers by
-// dotted name (parameters first, undefined ones left out), detached, sharing storage with
-// the model (clone() it to keep a copy). What the Distributor returns for a trained model.
+// dotted name in PyTorch's order (each module's parameters, then its buffers, then its
+// children's, depth first; undefined ones left out), detached, sharing storage with the model
+// (clone() it to keep a copy). What the Distributor returns for a trained model.
 using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
 StateDict state_dict(const torch::nn::Module& model);
 

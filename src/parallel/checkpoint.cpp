@@ -423,14 +423,20 @@ std::optional<std::string> latest_checkpoint(const std::string& dir, const std::
   return all.front().second;
 }
 
+// PyTorch's Module.state_dict recursion: a module's own parameters, then its own buffers, then
+// each child's under "<child>.".
+static void add_state(StateDict& out, const torch::nn::Module& m, const std::string& prefix) {
+  for (const auto& item : m.named_parameters(/*recurse=*/false))
+    if (item.value().defined()) out.insert(prefix + item.key(), item.value().detach());
+  for (const auto& item : m.named_buffers(/*recurse=*/false))
+    if (item.value().defined()) out.insert(prefix + item.key(), item.value().detach());
+  for (const auto& child : m.named_children())
+    add_state(out, *child.value(), prefix + child.key() + ".");
+}
+
 StateDict state_dict(const torch::nn::Module& model) {
   StateDict out;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    if (item.value().defined()) out.insert(item.key(), item.value().detach());
-  }
-  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) out.insert(item.key(), item.value().detach());
-  }
+  add_state(out, model, "");
   return out;
 }
 

@@ -31,6 +31,7 @@
 #include <set>
 #include <sstream>
 
+#include "dtrain/checkpoint.h"
 #include "dtrain/zero.h"
 #include "zero/engine_impl.h"
 #include "zero/pickle.h"
@@ -657,15 +658,10 @@ bool EngineImpl::save_16bit_model(const std::string& dir_s, const std::string& f
   if (policy_.parameters() && !gathered_) gather_parameters();  // collective
   std::string error;
   if (rank_ == 0) {
-    // torch's state_dict order: each module's own parameters, then its buffers, depth first.
+    // torch's state_dict order (dtrain::state_dict's), on the CPU.
     torch::OrderedDict<std::string, torch::Tensor> sd;
-    for (const auto& m : module_.named_modules("", /*include_self=*/true)) {
-      const std::string prefix = m.key().empty() ? "" : m.key() + ".";
-      for (const auto& p : m.value()->named_parameters(/*recurse=*/false))
-        sd.insert(prefix + p.key(), p.value().detach().to(torch::kCPU));
-      for (const auto& b : m.value()->named_buffers(/*recurse=*/false))
-        if (b.value().defined()) sd.insert(prefix + b.key(), b.value().detach().to(torch::kCPU));
-    }
+    for (const auto& item : dtrain::state_dict(module_))
+      sd.insert(item.key(), item.value().to(torch::kCPU));
     try {
       fs::create_directories(dir);
       save_state_dict(sd, path.string());

@@ -515,6 +515,41 @@ TEST(CheckpointTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   EXPECT_FALSE(same_tensors(*without_rng, *reference));
 }
 
+// The keys in PyTorch's order. Expected: what torch 2.11's state_dict() lists for the same
+// module in Python (nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4),
+// nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)), nn.Linear(2, 1))), printed there
+// 2026-11-29; dtrain used to list every parameter before every buffer.
+TEST(CheckpointTest, StateDictListsTheKeysInPyTorchsOrder) {
+  // libtorch's Sequential cannot hold a Sequential: the same tree of named modules by hand.
+  auto inner = std::make_shared<torch::nn::Module>();
+  inner->register_module("0", torch::nn::Linear(4, 2));
+  inner->register_module("1", torch::nn::BatchNorm1d(2));
+  auto m = std::make_shared<torch::nn::Module>();
+  m->register_module("0", torch::nn::Linear(3, 4));
+  m->register_module("1", torch::nn::BatchNorm1d(4));
+  m->register_module("2", inner);
+  m->register_module("3", torch::nn::Linear(2, 1));
+  std::vector<std::string> keys;
+  for (const auto& item : state_dict(*m)) keys.push_back(item.key());
+  const std::vector<std::string> pytorch = {"0.weight",
+                                            "0.bias",
+                                            "1.weight",
+                                            "1.bias",
+                                            "1.running_mean",
+                                            "1.running_var",
+                                            "1.num_batches_tracked",
+                                            "2.0.weight",
+                                            "2.0.bias",
+                                            "2.1.weight",
+                                            "2.1.bias",
+                                            "2.1.running_mean",
+                                            "2.1.running_var",
+                                            "2.1.num_batches_tracked",
+                                            "3.weight",
+                                            "3.bias"};
+  EXPECT_EQ(keys, pytorch);
+}
+
 TEST(CheckpointTest, LatestCheckpointPicksTheLargestStep) {
   TempDir dir;
   EXPECT_EQ(latest_checkpoint(dir.str()), std::nullopt);
