@@ -362,6 +362,15 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer);
 
+// Whether the model file's module holds `name` as an empty tensor (a stage-3 file in
+// DeepSpeed's layout, whose parameters live in the optimizer files).
+bool module_parameter_is_empty(const c10::impl::GenericDict& d, const std::string& name,
+                               const fs::path& model_path) {
+  auto module = get(d, "module", model_path).toGenericDict();
+  auto it = module.find(name);
+  return it != module.end() && it->value().isTensor() && it->value().toTensor().numel() == 0;
+}
+
 }  // namespace
 
 namespace detail {
@@ -598,16 +607,17 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
       throw Error("zero save_checkpoint: cannot create " + tmp.string() + ": " + ec.message());
   }
   group_->barrier();
-  // Rank 0: the module (stage 3 gathers it for the save).
-  IValue model = model_state(rank_ == 0);
   if (policy_.parameters()) {
-    // DeepSpeed's stage 3: a model file per rank (rank 0's with the module whole, where
-    // DeepSpeed's has empty parameters), the master in DeepSpeed's per-parameter layout.
-    if (rank_ != 0) model = model_dict(false);
+    // DeepSpeed's stage 3: a model file per rank with empty parameters (nothing is gathered: the
+    // parameters are in the optimizer files' fp32 groups), the master in DeepSpeed's
+    // per-parameter layout.
+    const IValue model = model_dict(false);
     save_file(tmp / stage3_model_file(rank_),
               *with_client_state(deepspeed_model_file(model), opts.client_state));
     save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(true)));
   } else {
+    // Rank 0: the module.
+    const IValue model = model_state(rank_ == 0);
     if (rank_ == 0)
       save_file(tmp / kModelFile,
                 *with_client_state(deepspeed_model_file(model), opts.client_state));
@@ -707,8 +717,24 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
     return tag;
   }
   const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
-  if (opts.load_optimizer_states) {
+  // A stage-3 model file's parameters are empty (DeepSpeed's layout): they come from the fp32
+  // master of the optimizer files, which are read then whatever the options.
+  const bool empty_params = !names_.empty() && module_parameter_is_empty(d, names_[0], model_path);
+  if (opts.load_optimizer_states || empty_params) {
     for (int r = 0; r < saved_world; ++r) optims.push_back(load_dict(ckpt / optim_file(r)));
+  }
+  if (empty_params) {
+    const auto f = full_optim(
+        optims, [&](int r) { return ckpt / optim_file(r); }, numels_);
+    if (f.master.numel() != numel_)
+      throw Error("zero load_checkpoint: the fp32 master in " + ckpt.string() + " holds " +
+                  std::to_string(f.master.numel()) + " parameters, the model has " +
+                  std::to_string(numel_));
+    auto module_dict = get(d, "module", model_path).toGenericDict();
+    for (size_t i = 0; i < names_.size(); ++i)
+      module_dict.insert_or_assign(names_[i],
+                                   f.master.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]));
+    if (!opts.load_optimizer_states) optims.clear();
   }
   load_state(d, optims, opts, model_path.string());
   client_state_ = client_state_of(*file);

@@ -12,7 +12,8 @@ step], "params": {name: [...]}, "params_mid": the parameters after step 5}}. Wit
 DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
 "read_dtrain", rank 0 reads the dtrain checkpoint in DIR with DeepSpeed's zero_to_fp32
 ("dtrain_fp32"), every file of it with torch.load(weights_only=True) ("weights_only": how many
-loaded, or the error), and the client_state keys in its model file ("dtrain_client"); with
+loaded, or the error), the client_state keys in its model file ("dtrain_client") and the shapes
+of its module there ("dtrain_module_shapes"; DeepSpeed's own: "ds_module_shapes"); with
 "save_16bit_ds", DeepSpeed's save_16bit_model writes there after step 10, and with "save_16bit"
 rank 0 reads dtrain's pytorch_model.bin there with torch.load(weights_only=True)
 ("dtrain_16bit"). With "resume_dtrain": DIR (dtrain's checkpoint after step 5), a second
@@ -70,6 +71,7 @@ def read_dtrain(path, client_keys):
         if os.path.exists(os.path.join(path, tag, name)):
             model = torch.load(os.path.join(path, tag, name), weights_only=True)
             out["dtrain_client"] = {k: model[k] for k in client_keys if k in model}
+            out["dtrain_module_shapes"] = {k: list(v.shape) for k, v in model["module"].items()}
     loaded = 0
     try:
         for f in sorted(os.listdir(os.path.join(path, tag))):
@@ -138,6 +140,11 @@ def main():
             engine.save_16bit_model(case["save_16bit_ds"])
         if case.get("read_dtrain") and rank == 0:
             result.update(read_dtrain(case["read_dtrain"], case.get("client_state", {}).keys()))
+            if case.get("save"):  # DeepSpeed's own (rank 0's) model file, beside dtrain's
+                tag = open(os.path.join(case["save"], "latest")).read().strip()
+                name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage3 else "mp_rank_00_model_states.pt"
+                ds_file = torch.load(os.path.join(case["save"], tag, name), weights_only=False)
+                result["ds_module_shapes"] = {k: list(v.shape) for k, v in ds_file["module"].items()}
             if case.get("save_16bit"):  # dtrain's save_16bit_model, as transformers loads it
                 sd = torch.load(os.path.join(case["save_16bit"], "pytorch_model.bin"), weights_only=True)
                 result["dtrain_16bit"] = {k: v.reshape(-1).tolist() for k, v in sd.items()}
