@@ -5,7 +5,7 @@
 //
 // The keys and their meaning are DeepSpeed 0.19.8's (docs: deepspeed.ai/docs/config-json):
 //   - every section DeepSpeed reads is accepted; where dtrain does not act on one
-//     (activation_checkpointing, monitors, profilers, data_types, ...) it is accepted with a
+//     (activation_checkpointing, monitors, profilers, ...) it is accepted with a
 //     line in Config::notes saying what DeepSpeed does with it and what dtrain does instead;
 //   - deprecated aliases DeepSpeed still takes are accepted with their meaning
 //     (zero_optimization.cpu_offload = offload_optimizer {device: cpu}, cpu_offload_param,
@@ -142,6 +142,18 @@ struct ZeroOptimizationConfig {
   OffloadConfig offload_optimizer, offload_param;
 };
 
+// DeepSpeed's "data_types" section. Dtypes are DeepSpeed's canonical names ("fp16", "bf16",
+// "fp32"), whatever spelling the config used ("half", "torch.bfloat16", ...).
+struct DataTypesConfig {
+  // Under fp16/bf16 training the engine casts every floating buffer to this dtype ("": buffers
+  // keep their dtype, DeepSpeed 0.19.8's default - a BatchNorm then needs "bf16"/"fp16" here).
+  std::string buffer_dtype;
+  // Under fp16/bf16 training, buffers whose full name matches one of these patterns (a regular
+  // expression searched in the name, '*' standing for any characters) are kept in fp32.
+  std::vector<std::string> keep_in_fp32_modules;
+  std::string grad_accum_dtype;  // "": the model's dtype
+};
+
 struct Config {
   int world_size = 1;
   int64_t train_batch_size = 0;
@@ -153,6 +165,7 @@ struct Config {
   bool bf16 = false;
   double gradient_clipping = 1.0;  // DeepSpeed 0.19.8's default (GRADIENT_CLIPPING_DEFAULT); 0: off
   ZeroOptimizationConfig zero;
+  DataTypesConfig data_types;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   bool prescale_gradients = false;

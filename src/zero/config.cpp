@@ -11,9 +11,11 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <regex>
 #include <sstream>
 
 #include "dtrain/zero_config.h"
+#include "zero/data_types.h"
 
 namespace dtrain::zero {
 namespace {
@@ -791,6 +793,141 @@ void parse_zero(Section& root, Config& c) {
             "for ZeRO-Offload, or remove offload_optimizer");
 }
 
+}  // namespace
+
+std::string keep_in_fp32_regex(const std::vector<std::string>& patterns) {
+  std::vector<std::string> sorted;  // as DeepSpeed's keep_in_fp32_pattern: '*' any characters,
+  for (const auto& p : patterns) {  // the distinct patterns sorted, one alternation
+    std::string r;
+    for (char ch : p) r += ch == '*' ? std::string(".*") : std::string(1, ch);
+    sorted.push_back(r);
+  }
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::string joined;
+  for (const auto& r : sorted) joined += (joined.empty() ? "" : "|") + r;
+  return joined;
+}
+
+namespace {
+
+// DeepSpeed's DtypeEnum spellings (exact, as its enum compares them) -> its canonical name.
+std::optional<std::string> deepspeed_dtype(const json& v) {
+  if (!v.is_string()) return std::nullopt;
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"torch.float16", "fp16"}, {"fp16", "fp16"}, {"float16", "fp16"},        {"half", "fp16"},
+      {"torch.float32", "fp32"}, {"fp32", "fp32"}, {"float32", "fp32"},        {"float", "fp32"},
+      {"torch.int8", "int8"},    {"int8", "int8"}, {"torch.bfloat16", "bf16"}, {"bf16", "bf16"},
+      {"bfloat16", "bf16"}};
+  for (const auto& [spelling, name] : names)
+    if (v.get<std::string>() == spelling) return name;
+  return std::nullopt;
+}
+
+// "data_types": DeepSpeed 0.19.8 reads it with .get() (an unknown key is ignored there) and
+// checks each value where its engine uses it: param_dtype always, buffer_dtype and
+// keep_in_fp32_modules under fp16/bf16 only, grad_accum_dtype when it builds the optimizer
+// (dtrain always has one).
+void parse_data_types(Section& root, Config& c) {
+  if (!root.has("data_types")) return;
+  const json* v = root.get("data_types");
+  if (!v)
+    root.fail("data_types",
+              "null (DeepSpeed 0.19.8 fails on it too): give an object or leave it out");
+  Section s(*v, "data_types", root.notes());
+  auto& d = c.data_types;
+  const std::string model = c.fp16.enabled ? "fp16" : c.bf16 ? "bf16" : "fp32";
+  const bool mixed = model != "fp32";
+  const std::string spellings =
+      "fp16/float16/half, bf16/bfloat16, fp32/float32/float, or with a torch. prefix";
+  // `checked`: whether DeepSpeed refuses a value it cannot read here, or never reads it.
+  auto dtype = [&](const std::string& key, bool checked) -> std::string {
+    const json* t = s.get(key);
+    if (!t) return "";
+    if (auto name = deepspeed_dtype(*t)) return *name;
+    s.fail(key, "unknown dtype " + t->dump() + " (allowed: " + spellings + ")" +
+                    (checked ? "; DeepSpeed 0.19.8 refuses it too"
+                             : "; DeepSpeed 0.19.8 would not read it in " + model +
+                                   " training, dtrain refuses it so that a typo cannot go "
+                                   "unnoticed"));
+  };
+  if (const std::string p = dtype("param_dtype", true); !p.empty() && p != model)
+    s.fail("param_dtype", "\"" + p + "\" conflicts with the enabled precision mode (the model " +
+                              "trains in " + model +
+                              "; DeepSpeed 0.19.8 refuses it too): set the matching fp16/bf16 "
+                              "\"enabled\" flag or remove param_dtype");
+  d.buffer_dtype = dtype("buffer_dtype", mixed);
+  if (d.buffer_dtype == "int8" && mixed)
+    s.fail("buffer_dtype",
+           "int8 buffers are not supported by dtrain (DeepSpeed 0.19.8 would truncate every "
+           "floating buffer to int8); give fp16, bf16 or fp32");
+  if (!d.buffer_dtype.empty() && !mixed) {
+    s.note("buffer_dtype",
+           "ignored in fp32 training (DeepSpeed 0.19.8 casts buffers only under fp16 or bf16)");
+    d.buffer_dtype.clear();
+  }
+  if (s.has("keep_in_fp32_modules")) {
+    const json* k = s.get("keep_in_fp32_modules");
+    const bool is_auto = k && k->is_string() && k->get<std::string>() == "auto";
+    bool list = k && k->is_array();
+    for (size_t i = 0; list && i < k->size(); ++i) list = (*k)[i].is_string();
+    if (!is_auto && !list)
+      s.fail("keep_in_fp32_modules", "must be \"auto\" or a list of name patterns, got " +
+                                         (k ? k->dump() : std::string("null")) +
+                                         " (DeepSpeed 0.19.8 refuses it too)");
+    if (is_auto) {
+      if (mixed)
+        s.note("keep_in_fp32_modules",
+               "\"auto\": no buffer kept in fp32 (DeepSpeed takes the patterns from a Hugging "
+               "Face model's _keep_in_fp32_modules lists; a C++ module has none: list them)");
+    } else if (mixed) {
+      for (const auto& pattern : *k) {
+        d.keep_in_fp32_modules.push_back(pattern.get<std::string>());
+        try {
+          std::regex(keep_in_fp32_regex({d.keep_in_fp32_modules.back()}));
+        } catch (const std::regex_error&) {
+          s.fail("keep_in_fp32_modules", pattern.dump() +
+                                             " is not a regular expression ('*' stands for any "
+                                             "characters; DeepSpeed 0.19.8 refuses it too)");
+        }
+      }
+    }
+  }
+  const std::string gad = dtype("grad_accum_dtype", true);
+  if (!gad.empty() && gad != model) {
+    const std::string mix = "model dtype " + model + " with grad_accum_dtype " + gad;
+    if (c.zero.stage == 0)
+      s.fail("grad_accum_dtype",
+             mix +
+                 " at stage 0 is not supported by dtrain (DeepSpeed 0.19.8's engine refuses "
+                 "it too when it builds the optimizer: \"unsupported mix\"); remove it or "
+                 "enable ZeRO");
+    if (gad != "fp32")
+      s.fail("grad_accum_dtype", mix +
+                                     " is not supported by dtrain: it accumulates in fp32 "
+                                     "or in the model's dtype");
+    const json& raw_zero = c.raw.value("zero_optimization", json::object());
+    if (c.zero.stage == 1 && model == "bf16" && !c.zero.offload_optimizer.enabled() &&
+        raw_zero.is_object() && raw_zero.contains("compute_grad_norm")) {
+      bool compute = true;
+      Section(raw_zero, "zero_optimization", nullptr, true).boolean("compute_grad_norm", compute);
+      if (!compute)
+        s.fail("grad_accum_dtype",
+               "fp32 with bf16 at stage 1 needs the gradient norm: remove "
+               "zero_optimization.compute_grad_norm false (DeepSpeed 0.19.8 refuses the pair "
+               "too)");
+    }
+    s.note("grad_accum_dtype",
+           c.zero.stage == 1
+               ? "fp32: at stage 1 dtrain accumulates micro-batch gradients in the model's " +
+                     model +
+                     " and reduces them in fp32 (DeepSpeed's bf16 optimizer accumulates "
+                     "in fp32)"
+               : "fp32: at stages 2-3 the reduced gradient partitions accumulate in fp32");
+  }
+  s.finish();
+}
+
 // What DeepSpeed 0.19.8 decides only when its engine builds the optimizer (deepspeed.initialize),
 // from keys of several sections.
 void check_engine_rules(Section& root, Config& c) {
@@ -1020,6 +1157,7 @@ Config parse_config(const json& config, int world_size) {
                                          ": no clipping (DeepSpeed 0.19.8 clips only above 0)");
   }
   parse_zero(root, c);
+  parse_data_types(root, c);
   // DeepSpeed 0.19.8 keeps 16-bit masters only with ZeRO (DeepSpeedConfig refuses them at
   // stage 0).
   if (!master_16bit.empty() && c.zero.stage == 0)
@@ -1060,9 +1198,6 @@ Config parse_config(const json& config, int world_size) {
        "DeepSpeed's checkpoint engine settings; dtrain writes every checkpoint "
        "atomically in DeepSpeed's layout, and always refuses ranks that save under different "
        "tags (tag_validation Fail)"},
-      {"data_types",
-       "DeepSpeed's gradient accumulation dtype; dtrain accumulates in the "
-       "parameters' dtype"},
       {"data_efficiency", "DeepSpeed's data sampling/routing; give dtrain the data in order"},
       {"torch_autocast", "DeepSpeed's torch.autocast wrapper; use fp16 or bf16 instead"},
       {"compile", "DeepSpeed's torch.compile; not in libtorch's C++ frontend"},

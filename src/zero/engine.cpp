@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <regex>
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
 
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
+#include "zero/data_types.h"
 #include "zero/engine_impl.h"
 #include "zero/malloc_policy.h"
 #include "zero/stage3_fetch.h"
@@ -47,6 +50,32 @@ bool all_finite(const torch::Tensor& g) {
 // reduce_bucket_size says (DeepSpeed's default 5e8 is a whole model of up to 500M parameters:
 // a bucket that size keeps every gradient of backward alive at once, plus its copy).
 constexpr int64_t kMaxBucketElements = int64_t(1) << 22;
+
+// DeepSpeed 0.19.8's buffers under fp16/bf16 (DeepSpeedEngine._cast_module_mixed_precision):
+// the floating ones named by keep_in_fp32_modules in fp32, the others in buffer_dtype when it is
+// set; without it they keep their dtype (a BatchNorm's fp32 statistics then meet 16-bit inputs).
+void cast_buffers(torch::nn::Module& module, const DataTypesConfig& types) {
+  std::optional<std::regex> keep;
+  if (!types.keep_in_fp32_modules.empty())
+    keep.emplace(keep_in_fp32_regex(types.keep_in_fp32_modules));
+  std::optional<torch::ScalarType> to;
+  if (types.buffer_dtype == "fp16") to = torch::kHalf;
+  if (types.buffer_dtype == "bf16") to = torch::kBFloat16;
+  if (types.buffer_dtype == "fp32") to = torch::kFloat32;
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_buffers(/*recurse=*/true)) {
+    auto& b = item.value();
+    if (!b.defined() || !b.is_floating_point()) continue;
+    if (keep && std::regex_search(item.key(), *keep)) {
+      if (b.scalar_type() != torch::kFloat32) b.set_data(b.to(torch::kFloat32));
+      continue;
+    }
+    const auto t = b.scalar_type();
+    const bool castable =
+        t == torch::kHalf || t == torch::kBFloat16 || t == torch::kFloat32 || t == torch::kFloat64;
+    if (to && castable && t != *to) b.set_data(b.to(*to));
+  }
+}
 
 std::string describe_tensor(const torch::Tensor& t) {
   std::ostringstream s;
@@ -116,6 +145,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   }
   mixed_ = config_.fp16.enabled || config_.bf16;
   if (mixed_) {
+    cast_buffers(module_, config_.data_types);
     model_dtype_ = config_.fp16.enabled ? torch::kHalf : torch::kBFloat16;
     master_dtype_ = torch::kFloat32;
   } else {
@@ -156,8 +186,13 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   if (!shards) full = torch::zeros({padded_}, full_opts);
   {
     torch::NoGradGuard ng;
+    // Under fp16/bf16 the fp32 master starts from the 16-bit values the model trains with, as
+    // DeepSpeed's does (it casts the module first and copies the master from it): the first
+    // update then rounds as DeepSpeed's.
     for (size_t i = 0; full.defined() && i < params_.size(); ++i)
-      full.narrow(0, offsets_[i], numels_[i]).copy_(params_[i].detach().reshape({-1}));
+      full.narrow(0, offsets_[i], numels_[i])
+          .copy_(mixed_ ? params_[i].detach().reshape({-1}).to(model_dtype_)
+                        : params_[i].detach().reshape({-1}));
     if (world_ > 1) {
       BroadcastOptions o;
       o.group = group_;
@@ -173,7 +208,8 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   const auto state_device = offload_opt_ ? torch::Device(torch::kCPU) : device_;
   // This rank's partition: a slice of `full`, or the shard (taken over, not copied, where its
   // dtype and device already are the ones needed).
-  const torch::Tensor own = shards ? shards->partition.to(device_) : own_slice(full);
+  torch::Tensor own = shards ? shards->partition.to(device_) : own_slice(full);
+  if (shards && mixed_) own = own.to(model_dtype_).to(master_dtype_);
   if (mixed_ || offload_opt_) {
     master_ =
         host_side((policy_.optimizer() ? own : full).to(state_device, master_dtype_, false, true),
@@ -199,6 +235,23 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   if (client_given)  // its own rate is the schedule's base
     scheduler_ = LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1,
                              config_.optimizer.beta2);
+  // DeepSpeed 0.19.8's stage-0 fp16/bf16 optimizers (FP16_Optimizer, FP16_UnfusedOptimizer)
+  // create the optimizer's state with one step on zero gradients, at the optimizer's own rate:
+  // its step count then runs one ahead (Adam's bias correction) and weight decay acts once more.
+  // The same step here, so that a stage-0 16-bit run updates as DeepSpeed's does.
+  if (policy_.deepspeed_zero_gradient_first_step(mixed_)) {
+    torch::NoGradGuard ng;
+    PartitionOptimizer::StepArgs args;
+    args.step = ++opt_step_;
+    args.lr = optimizer_->lr();
+    args.beta1 = config_.optimizer.beta1;
+    args.beta2 = config_.optimizer.beta2;
+    args.offsets = &offsets_;
+    args.numels = &numels_;
+    args.sum_over_ranks = [](torch::Tensor&) {};  // every rank updates everything at stage 0
+    optimizer_->step(update_target(), torch::zeros_like(update_target()), args);
+    own_params().copy_(master_);
+  }
 
   if (!policy_.gradients()) {
     flat_grads_ =

@@ -73,6 +73,10 @@ class Partitioning {
   // norm, Lamb's trust-ratio norms) are combined over the ranks.
   bool combines_step_scalars() const { return optimizer_; }
 
+  // Without ZeRO (stage 0) DeepSpeed's 16-bit training runs its FP16_Optimizer, which steps once
+  // on zero gradients when it is built (its state's step count then runs one ahead).
+  bool deepspeed_zero_gradient_first_step(bool mixed) const { return !optimizer_ && mixed; }
+
   // DeepSpeed runs these stages with stage_1_and_2.py's optimizer (state partitioned,
   // parameters whole), whose checkpoint keys (single_partition_of_fp32_groups) apply.
   bool deepspeed_stage_1_and_2() const { return optimizer_ && !parameters_; }

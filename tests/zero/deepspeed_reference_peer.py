@@ -15,6 +15,9 @@ _take_model_step does: optimizer.step(), then scheduler.step().
       -> [[the parameter after update k] k = 1..S]
   {"kind": "loss_scaler", "config": {"fp16": {...}}, "overflows": [true/false per step]}
       -> [the scale after each update, ..., "raise" where DeepSpeed raises (and stops)]
+  {"kind": "buffers", "config": {...}}
+      -> {"buffers": {name: dtype after deepspeed.initialize}, "parameters": [dtypes],
+          "losses": [3 training steps'], "step": "ok" or the error that stopped them}
   {"kind": "config", "path": FILE or "config": {...}, "world_sizes": [N, ...]}
       -> {"worlds": {"N": DeepSpeedConfig's resolved values (a file read as DeepSpeed reads
                           it: hjson, duplicate keys refused) for a data-parallel world of N
@@ -113,6 +116,36 @@ def run_loss_scaler(case):
             out.append("raise")
             break
         out.append(float(scaler.cur_scale))
+    return out
+
+
+def run_buffers(case):
+    """deepspeed.initialize (one rank) on a Linear-BatchNorm-Linear model: every buffer's dtype
+    after it, the parameters' dtypes, and the losses of 3 training steps (engine forward,
+    backward, step on a batch of 8 in the parameters' dtype) or the error that stops them."""
+    import deepspeed
+    init_distributed()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    with torch.no_grad():  # libtorch's Linear initialises differently: values both sides compute
+        for k, p in enumerate(model.parameters()):
+            p.copy_((torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37 + k) * 0.5).view(p.shape))
+    config = dict(case["config"], train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=1)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    torch.manual_seed(0)
+    name = lambda dtype: str(dtype).replace("torch.", "")
+    out = {"buffers": {n: name(b.dtype) for n, b in engine.module.named_buffers()},
+           "parameters": sorted({name(p.dtype) for p in engine.module.parameters()}),
+           "losses": []}
+    try:
+        for _ in range(3):
+            x = torch.randn(8, 4).to(next(engine.module.parameters()).dtype)
+            loss = engine(x).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            out["losses"].append(float(loss))
+        out["step"] = "ok"
+    except Exception as e:
+        out["step"] = error_text(e)
     return out
 
 
@@ -257,7 +290,7 @@ def main():
     results = []
     for case in cases:
         run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config,
-               "loss_scaler": run_loss_scaler}[case["kind"]]
+               "loss_scaler": run_loss_scaler, "buffers": run_buffers}[case["kind"]]
         results.append(run(case))
     with open(sys.argv[2], "w") as f:
         json.dump(results, f)

@@ -8,6 +8,7 @@
 // And configs (check_configs): each accepted or refused, and resolved, as DeepSpeed's
 // DeepSpeedConfig and deepspeed.initialize (one rank, in the peer) do at each world size named.
 #include <gtest/gtest.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "dtrain/zero.h"
 #include "support/paths.h"
@@ -74,6 +76,16 @@ json loss_scaler_case(const std::string& name, json fp16, uint32_t seed, double 
 
 json sched(const std::string& type, json params = json::object()) {
   return {{"type", type}, {"params", params}};
+}
+
+// A Linear-BatchNorm-Linear model under a 16-bit config's data_types: every buffer's dtype after
+// the engine is built, and the losses of 3 training steps (or the error that stops the first).
+// At stage 0 DeepSpeed's 16-bit optimizer first steps once on zero gradients (its state's step
+// count runs one ahead; weight decay and dampened momentum see that step): the cases with
+// AdamW's decay and SGD's dampening show dtrain does the same.
+json buffers_case(const std::string& name, json config) {
+  if (!config.contains("optimizer")) config["optimizer"] = adam(0.01);
+  return {{"name", name}, {"kind", "buffers"}, {"config", config}};
 }
 
 json build_cases() {
@@ -206,6 +218,40 @@ json build_cases() {
       with_fp16(small, {{"initial_scale_power", 0}, {"min_loss_scale", 4}}), 7, 0.3, 30, 6));
   c.push_back(loss_scaler_case("loss scale: DeepSpeed's defaults", json::object(), 8, 0.01, 1200));
   c.push_back(loss_scaler_case("loss scale: static", {{"loss_scale", 128}}, 9, 0.5, 20, 5));
+  const json bf16 = {{"enabled", true}};
+  auto zero = [](int stage) { return json{{"stage", stage}}; };
+  c.push_back(buffers_case("buffers: bf16, stage 1, buffers as given",
+                           {{"bf16", bf16}, {"zero_optimization", zero(1)}}));
+  c.push_back(buffers_case("buffers: bf16, stage 1, buffer_dtype bf16",
+                           {{"bf16", bf16},
+                            {"zero_optimization", zero(1)},
+                            {"data_types", {{"buffer_dtype", "bf16"}}}}));
+  c.push_back(buffers_case("buffers: bf16, stage 0, buffer_dtype bf16",
+                           {{"bf16", bf16}, {"data_types", {{"buffer_dtype", "bf16"}}}}));
+  const json bf16_buffers = {{"buffer_dtype", "bf16"}};
+  c.push_back(buffers_case(
+      "buffers: bf16, stage 0, AdamW weight_decay 0.1",
+      {{"bf16", bf16},
+       {"data_types", bf16_buffers},
+       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.1}}}}}}));
+  c.push_back(buffers_case(
+      "buffers: bf16, stage 0, SGD momentum, dampening",
+      {{"bf16", bf16},
+       {"data_types", bf16_buffers},
+       {"optimizer",
+        {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.5}}}}}}));
+  c.push_back(buffers_case("buffers: bf16, stage 3, buffer_dtype bf16",
+                           {{"bf16", bf16},
+                            {"zero_optimization", zero(3)},
+                            {"data_types", {{"buffer_dtype", "bf16"}}}}));
+  c.push_back(buffers_case(
+      "buffers: bf16, stage 2, bfloat16 but running_v* kept fp32",
+      {{"bf16", bf16},
+       {"zero_optimization", zero(2)},
+       {"data_types", {{"buffer_dtype", "bfloat16"}, {"keep_in_fp32_modules", {"running_v*"}}}}}));
+  c.push_back(
+      buffers_case("buffers: fp32, stage 1, buffer_dtype bf16 (not read)",
+                   {{"zero_optimization", zero(1)}, {"data_types", {{"buffer_dtype", "bf16"}}}}));
   return c;
 }
 
@@ -353,6 +399,53 @@ json config_cases() {
   add("reduce_bucket_size 5e8, overlap_comm \"auto\"",
       zero({{"stage", 2}, {"reduce_bucket_size", 5e8}, {"overlap_comm", "auto"}}));
   add("stage3 key null", zero({{"stage", 3}, {"stage3_max_live_parameters", nullptr}}));
+  // data_types: each key where DeepSpeed's engine reads it (param_dtype always, buffer_dtype
+  // and keep_in_fp32_modules under fp16/bf16, grad_accum_dtype when it builds an optimizer).
+  auto types = [&](json extra, const json& data_types) {
+    extra["data_types"] = data_types;
+    return with(batch, extra);
+  };
+  const json bf16_on = {{"bf16", {{"enabled", true}}}};
+  const json with_adam = {{"optimizer", adam}};
+  auto with_stage = [&](json extra, int stage) {
+    extra["zero_optimization"] = {{"stage", stage}};
+    return extra;
+  };
+  add("data_types buffer bf16", types(bf16_on, {{"buffer_dtype", "bf16"}}));
+  add("data_types buffer bf16 in fp32 training", types(json::object(), {{"buffer_dtype", "bf16"}}));
+  add("data_types buffer xyz in fp32 training", types(json::object(), {{"buffer_dtype", "xyz"}}));
+  add("data_types buffer xyz", types(bf16_on, {{"buffer_dtype", "xyz"}}));
+  add("data_types buffer int8", types(bf16_on, {{"buffer_dtype", "int8"}}));
+  add("data_types buffer 5", types(bf16_on, {{"buffer_dtype", 5}}));
+  add("data_types buffer null", types(bf16_on, {{"buffer_dtype", nullptr}}));
+  add("data_types param fp16 under bf16", types(bf16_on, {{"param_dtype", "fp16"}}));
+  add("data_types param torch.bfloat16", types(bf16_on, {{"param_dtype", "torch.bfloat16"}}));
+  add("data_types param xyz", types(json::object(), {{"param_dtype", "xyz"}}));
+  add("data_types param float", types(json::object(), {{"param_dtype", "float"}}));
+  add("data_types grad bf16, fp32 model, stage 0",
+      types(json::object(), {{"grad_accum_dtype", "bf16"}}));
+  add("data_types grad bf16, fp32 model, stage 0, Adam",
+      types(with_adam, {{"grad_accum_dtype", "bf16"}}));
+  add("data_types grad fp32, bf16 model, stage 0, Adam",
+      types(with(bf16_on, with_adam), {{"grad_accum_dtype", "fp32"}}));
+  for (int stage : {1, 2, 3})
+    add("data_types grad fp32, bf16 model, stage " + std::to_string(stage),
+        types(with_stage(with(bf16_on, with_adam), stage), {{"grad_accum_dtype", "fp32"}}));
+  add("data_types grad fp32, bf16, stage 1, no grad norm",
+      with(types(with(bf16_on, with_adam), {{"grad_accum_dtype", "fp32"}}),
+           {{"gradient_clipping", 0},
+            {"zero_optimization", {{"stage", 1}, {"compute_grad_norm", false}}}}));
+  add("data_types grad xyz, Adam", types(with_adam, {{"grad_accum_dtype", "xyz"}}));
+  add("data_types keep a string", types(bf16_on, {{"keep_in_fp32_modules", "running"}}));
+  add("data_types keep a list", types(bf16_on, {{"keep_in_fp32_modules", {"running*"}}}));
+  add("data_types keep auto", types(bf16_on, {{"keep_in_fp32_modules", "auto"}}));
+  add("data_types keep a number in the list",
+      types(json::object(), {{"keep_in_fp32_modules", {1}}}));
+  add("data_types keep null", types(bf16_on, {{"keep_in_fp32_modules", nullptr}}));
+  add("data_types keep an unbalanced pattern", types(bf16_on, {{"keep_in_fp32_modules", {"a("}}}));
+  add("data_types unknown key", types(json::object(), {{"bufer_dtype", "bf16"}}));
+  add("data_types null", types(json::object(), nullptr));
+  add("data_types a list", types(json::object(), json::array()));
   // Optimizers.
   auto opt = [&](const json& o) { return with(batch, {{"optimizer", o}}); };
   add("Adam, all params", opt({{"type", "Adam"},
@@ -537,14 +630,102 @@ json run_optimizer(const json& cs) {
   return out;
 }
 
+std::string dtype_name(torch::ScalarType t) {  // as the peer writes torch's dtypes
+  switch (t) {
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kHalf:
+      return "float16";
+    case torch::kFloat:
+      return "float32";
+    case torch::kDouble:
+      return "float64";
+    case torch::kLong:
+      return "int64";
+    default:
+      return c10::toString(t);
+  }
+}
+
+json run_buffers(const json& cs) {
+  json out;
+  dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
+    torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3),
+                                torch::nn::Linear(3, 2));
+    {
+      torch::NoGradGuard no_grad;  // the peer's values (libtorch's Linear initialises differently)
+      int k = 0;
+      for (auto& p : model->parameters())
+        p.copy_((torch::sin(torch::arange(p.numel(), torch::kFloat32) * 0.37 + k++) * 0.5)
+                    .view(p.sizes()));
+    }
+    json config = cs.at("config");
+    config["train_micro_batch_size_per_gpu"] = 8;
+    config["gradient_accumulation_steps"] = 1;
+    dtrain::zero::Engine<torch::nn::Sequential> engine(model, dtrain::zero::parse_config(config, 1),
+                                                       {pg});
+    torch::manual_seed(0);
+    json buffers = json::object();
+    for (const auto& b : model->named_buffers(true))
+      buffers[b.key()] = dtype_name(b.value().scalar_type());
+    std::set<std::string> params;
+    for (const auto& p : model->parameters()) params.insert(dtype_name(p.scalar_type()));
+    out["buffers"] = buffers;
+    out["parameters"] = params;
+    json losses = json::array();
+    try {
+      for (int step = 0; step < 3; ++step) {
+        auto x = torch::randn({8, 4}).to(model->parameters()[0].scalar_type());
+        auto loss = engine.forward(x).to(torch::kFloat).pow(2).mean();
+        engine.backward(loss);
+        engine.step();
+        losses.push_back(loss.item<double>());
+      }
+      out["step"] = "ok";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      out["step"] = what.substr(0, what.find('\n'));
+    }
+    out["losses"] = losses;
+  });
+  return out;
+}
+
 void check_steps(const json& peer) {
   const json cases = build_cases();
-  int schedulers = 0, optimizers = 0, scalers = 0;
+  int schedulers = 0, optimizers = 0, scalers = 0, buffer_cases = 0;
   for (const auto& cs : cases) {
     const std::string name = cs.at("name");
     SCOPED_TRACE(name);
     ASSERT_TRUE(peer.contains(name));
     const json& ds = peer.at(name);
+    if (cs.at("kind") == "buffers") {
+      const json ours = run_buffers(cs);
+      EXPECT_EQ(ours.at("buffers"), ds.at("buffers")) << "dtypes after the engine is built";
+      EXPECT_EQ(ours.at("parameters"), ds.at("parameters"));
+      const std::string theirs = ds.at("step");
+      if (theirs == "ok") {
+        EXPECT_EQ(ours.at("step"), "ok");
+      } else {  // the same libtorch refusal, "RuntimeError: " in Python
+        EXPECT_NE(theirs.find(ours.at("step").get<std::string>()), std::string::npos)
+            << "dtrain: " << ours.at("step") << "\nDeepSpeed: " << theirs;
+      }
+      ASSERT_EQ(ours.at("losses").size(), ds.at("losses").size());
+      double worst = 0;
+      for (size_t k = 0; k < ours.at("losses").size(); ++k) {
+        const double a = ours.at("losses")[k], b = ds.at("losses")[k];
+        worst = std::max(worst, std::fabs(a - b));
+        // The same operations in the same order: equal (bf16 too) against the peer's torch 2.x,
+        // up to a few ulps. libtorch 1.13's bf16 kernels round some steps differently (2e-4 of
+        // the loss at step 3 measured): there the bound is that of bf16's 8-bit mantissa.
+        const double tolerance = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
+        EXPECT_NEAR(a, b, tolerance * std::fabs(b)) << "step " << k + 1;
+      }
+      std::printf("  %-50s %s; max |dloss| %.2e\n", name.c_str(),
+                  theirs == "ok" ? "trains" : "refused by both", worst);
+      ++buffer_cases;
+      continue;
+    }
     if (cs.at("kind") == "loss_scaler") {
       const json ours = run_loss_scaler(cs);
       ASSERT_EQ(ours.size(), ds.size()) << "ours " << ours.dump() << "\nDeepSpeed " << ds.dump();
@@ -582,8 +763,9 @@ void check_steps(const json& peer) {
     }
   }
   std::printf(
-      "%d scheduler, %d optimizer and %d loss scaler cases equal to DeepSpeed 0.19.8's classes\n",
-      schedulers, optimizers, scalers);
+      "%d scheduler, %d optimizer and %d loss scaler cases equal to DeepSpeed 0.19.8's classes, "
+      "%d 16-bit engine cases (data_types)\n",
+      schedulers, optimizers, scalers, buffer_cases);
 }
 
 // What dtrain resolved, in the peer's terms.
