@@ -1,5 +1,6 @@
 // dtrain-zero: the libtorch half of `dtrain zero` (the CLI runs it from beside itself).
 //   dtrain-zero to-fp32 CHECKPOINT_DIR OUT [--tag TAG]
+#include <filesystem>
 #include <iostream>
 
 #include "dtrain/zero.h"
@@ -13,6 +14,10 @@ int main(int argc, char** argv) {
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--tag" && i + 1 < a.size())
         tag = a[++i];
+      else if (a[i] == "--tag")
+        throw dtrain::UsageError(
+            "dtrain zero to-fp32: --tag needs a value (a tag such as "
+            "global_step100, a directory in CHECKPOINT_DIR)");
       else if (a[i].rfind("--", 0) == 0)
         throw dtrain::UsageError("dtrain zero to-fp32: unknown flag " + a[i]);
       else if (dir.empty())
@@ -24,6 +29,26 @@ int main(int argc, char** argv) {
     }
     if (dir.empty() || out.empty())
       throw dtrain::UsageError("usage: dtrain zero to-fp32 CHECKPOINT_DIR OUT [--tag TAG]");
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw dtrain::UsageError("dtrain zero to-fp32: " + dir +
+                               (fs::exists(dir, ec) ? " is not a directory" : " does not exist") +
+                               "; give the checkpoint directory (the one save_checkpoint wrote)");
+    if (fs::is_directory(out, ec))
+      throw dtrain::UsageError("dtrain zero to-fp32: " + out +
+                               " is a directory; give the file to write (e.g. " +
+                               (fs::path(out) / "pytorch_model.bin").string() + ")");
+    // Beside the tags is where DeepSpeed's zero_to_fp32.py writes (it runs in the checkpoint
+    // directory); into a tag, or over `latest`, would replace what this reads.
+    const auto abs_dir = fs::weakly_canonical(fs::absolute(dir)),
+               abs_out = fs::weakly_canonical(fs::absolute(out));
+    const auto rel = abs_out.lexically_relative(abs_dir);
+    const auto parts = std::distance(rel.begin(), rel.end());
+    if (!rel.empty() && *rel.begin() != ".." && (parts > 1 || rel == "latest" || rel == "."))
+      throw dtrain::UsageError("dtrain zero to-fp32: " + out +
+                               " would replace part of the checkpoint in " + dir +
+                               "; write the consolidated file beside the tags or outside it");
     auto sd = dtrain::zero::consolidated_state_dict(dir, tag);
     dtrain::zero::save_state_dict(sd, out);
     int64_t n = 0;

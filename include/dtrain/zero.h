@@ -82,6 +82,14 @@ struct SaveCheckpointOptions {
   nlohmann::json client_state = nlohmann::json::object();
   // DeepSpeed's save_latest: point DIR/latest at this tag. Default: true.
   bool save_latest = true;
+  // Also write DeepSpeed's loss scaler object (an instance of DeepSpeed 0.19.8's LossScaler or
+  // DynamicLossScaler class) into every optimizer file, as DeepSpeed's own files hold it: its
+  // load_checkpoint then resumes the loss scale (stages 1-2) and, at stage 3, can load the
+  // optimizer state at all (without the object it loads the module only:
+  // load_optimizer_states=False). Such files need Python's torch.load(weights_only=False), as
+  // DeepSpeed's own do; dtrain reads them either way. Default: false (every file loads with
+  // torch.load's default, weights_only=True).
+  bool deepspeed_loss_scaler = false;
 };
 
 // Stage 3's per-submodule fetch, measured (EngineCore::stage3_stats()).

@@ -338,7 +338,13 @@ _connected_to = ""
 
 def connect(address):
     global _connected_to
-    import ray
+    try:
+        import ray
+    except ImportError as e:
+        sys.stderr.write("dtrain: --ray-address needs Ray in the Python that runs dtrain's Ray driver "
+                         "(%s: %s); install it there (pip install 'ray[default]'), or set "
+                         "DTRAIN_RAY_PYTHON to a Python that has it\n" % (sys.executable, e))
+        sys.exit(2)
 
     _connected_to = address
     # Ray Client's proxy starts one server process per client and can lose the race with a

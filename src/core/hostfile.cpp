@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -50,11 +51,30 @@ void check_duplicates(const std::string& what,
 
 std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path,
                                                         int default_slots) {
-  std::ifstream in(path);
-  if (!in) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError("--hostfile: '" + path +
+                     "' is a directory; give a file with one 'host slots=N' per line");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
     throw UsageError("--hostfile: cannot read '" + path + "': " + std::strerror(errno) +
                      "; give a file with one 'host slots=N' per line");
   }
+  // Read whole, up to a bound: a host file of a million hosts is under 64 MiB, and a device
+  // such as /dev/zero must not be read forever.
+  constexpr size_t kMaxBytes = size_t(64) << 20;
+  std::string text;
+  char chunk[1 << 16];
+  while (file.read(chunk, sizeof chunk) || file.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(file.gcount()));
+    if (text.size() > kMaxBytes)
+      throw UsageError("--hostfile: '" + path + "' is larger than 64 MiB; give a file with one " +
+                       "'host slots=N' per line");
+  }
+  if (text.find('\0') != std::string::npos)
+    throw UsageError("--hostfile: '" + path + "' holds a NUL byte (not a text file); give a file " +
+                     "with one 'host slots=N' per line");
+  std::istringstream in(text);
   std::vector<std::pair<std::string, int>> hosts;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {

@@ -27,6 +27,7 @@
 
 #include <dirent.h>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +41,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "core/hostfile.h"
 #include "core/owned_dir.h"
@@ -157,6 +159,42 @@ class Agent {
   std::map<int, std::pair<std::string, Clock::time_point>> heartbeats_;
   int64_t beat_ = 0;
   std::chrono::milliseconds heartbeat_timeout_{0};
+};
+
+// While the agent blocks in the store (connecting, the rendezvous), nothing reads the
+// signalfd: a thread waits for SIGINT/SIGTERM/SIGHUP meanwhile and ends the agent at once with
+// 128 + N, as torchrun does. No worker runs then (an earlier attempt's are stopped before the
+// next rendezvous); the guard removes what the agent leaves. SIGCHLD stays for the signalfd.
+class InterruptibleWait {
+ public:
+  explicit InterruptibleWait(const char* what) : what_(what) {
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~InterruptibleWait() {
+    done_ = true;
+    thread_.join();
+  }
+  InterruptibleWait(const InterruptibleWait&) = delete;
+  InterruptibleWait& operator=(const InterruptibleWait&) = delete;
+
+ private:
+  void watch() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+    const timespec tick{0, 20 * 1000 * 1000};
+    while (!done_) {
+      const int sig = ::sigtimedwait(&set, nullptr, &tick);
+      if (sig <= 0) continue;
+      const std::string line = std::string("dtrain: ") + ::strsignal(sig) + " while " + what_ +
+                               "; stopping (exit code " + std::to_string(128 + sig) + ")\n";
+      launch::write_all(STDERR_FILENO, line);
+      ::_exit(128 + sig);
+    }
+  }
+  const char* what_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
 };
 
 void Agent::setup_signals() {
@@ -581,7 +619,10 @@ int Agent::run() {
                                                  std::move(warm_socket));
   workers_->set_restart_possible(restart_possible(0));
   setup_signals();
-  setup_store();
+  {
+    InterruptibleWait interruptible("connecting to the job's store");
+    setup_store();
+  }
   nnodes_ = o_.nnodes;
   heartbeat_timeout_ = o_.heartbeat_timeout.count() > 0
                            ? o_.heartbeat_timeout
@@ -606,6 +647,7 @@ int Agent::run() {
     launch::RendezvousResult rdzv;
     launch::NodeInfo self{host_, o_.nproc_per_node, static_cast<int>(::getpid())};
     if (multi_node()) {
+      InterruptibleWait interruptible("waiting for the other nodes (rendezvous)");
       try {
         if (elastic()) {
           // A late agent may be admitted to a later round than ours; go on from there.

@@ -22,7 +22,7 @@ struct Record {
 };
 constexpr int kWatch = 1, kForget = -1, kDir = 2, kKeepDir = -2;
 
-constexpr int kMaxGroups = 8192;
+constexpr int kMaxGroups = kMaxLocalWorkers;
 constexpr int kMaxPath = 4000;  // a record and its path fit one atomic pipe write (PIPE_BUF)
 
 // Removes the directory `name` (under `parent`) and what it holds, following no symbolic link.

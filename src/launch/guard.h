@@ -16,6 +16,9 @@
 
 namespace dtrain::launch {
 
+// The process groups a guard tracks, so the most workers one agent starts (--nproc-per-node).
+inline constexpr int kMaxLocalWorkers = 8192;
+
 class Guard {
  public:
   // Forks the guard. Between fork and _exit the child only makes async-signal-safe calls

@@ -27,6 +27,7 @@
 #include "launch/cpu_binding.h"
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
+#include "launch/guard.h"
 #include "launch/options_internal.h"
 
 namespace dtrain {
@@ -75,6 +76,12 @@ int parse_nproc(const std::string& value) {
     throw UsageError(flag + ": got '" + value +
                      "', expected a positive integer, 'cpu', 'gpu' or 'auto'");
   }
+  // The agent's guard, which stops every worker if the agent is killed, tracks this many
+  // process groups; more workers on one node than that is a typo anyway.
+  if (n > launch::kMaxLocalWorkers)
+    throw UsageError(flag + ": got '" + value + "', at most " +
+                     std::to_string(launch::kMaxLocalWorkers) +
+                     " workers run on one node (use more nodes)");
   return n;
 }
 
@@ -94,14 +101,19 @@ std::pair<int, int> parse_nnodes(const std::string& value) {
   return {lo, hi};
 }
 
+// At most ~31.7 years: any longer wait is a typo, and seconds * 1000 must fit the int64 of
+// std::chrono::milliseconds (and a deadline of now + it a clock's time_point).
+constexpr double kMaxSeconds = 1e9;
+
 double parse_seconds(const std::string& flag, const std::string& value) {
   try {
     size_t used = 0;
     double v = std::stod(value, &used);
-    if (used == value.size() && v >= 0) return v;
+    if (used == value.size() && v >= 0 && v <= kMaxSeconds) return v;
   } catch (const std::exception&) {
   }
-  throw UsageError(flag + ": got '" + value + "', expected a non-negative number of seconds");
+  throw UsageError(flag + ": got '" + value +
+                   "', expected a non-negative number of seconds (at most 1e9)");
 }
 
 }  // namespace
@@ -539,6 +551,9 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   if (min_nodes < max_nodes) o.min_nodes = min_nodes;
   if (!a.node_rank.empty()) {
     o.node_rank = parse_int("--node-rank", a.node_rank, "an integer in 0..nnodes-1");
+    if (o.node_rank < 0)
+      throw UsageError("--node-rank: got '" + a.node_rank +
+                       "', expected an integer in 0..nnodes-1");
   }
   o.rdzv_backend = a.rdzv_backend;
   if (o.rdzv_backend == "etcd" || o.rdzv_backend == "etcd-v2") {

@@ -265,6 +265,13 @@ std::string resolve_tag(const fs::path& dir, const std::string& tag) {
   std::string t;
   std::getline(in, t);
   while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  const bool bad = t == "." || t == ".." || std::any_of(t.begin(), t.end(), [](char ch) {
+                     return ch == '/' || static_cast<unsigned char>(ch) < 0x20;
+                   });
+  if (bad)
+    throw detail::CheckpointError((dir / "latest").string() +
+                                  ": does not hold a tag (a directory name in " + dir.string() +
+                                  "); give the tag instead");
   return t;
 }
 
@@ -276,12 +283,50 @@ struct FullOptim {
   int64_t step = 0;
 };
 
+// A stage-3 file's state as its base optimizer keeps it (one parameter per sub-group, keyed 0,
+// 1, ...): each named tensor with its sub-groups concatenated, the rank's per-parameter pieces.
+std::vector<std::pair<std::string, torch::Tensor>> stage3_state(const c10::impl::GenericDict& d,
+                                                                const fs::path& path) {
+  const auto base = get(d, "optimizer_state_dict", path);
+  if (!base.isGenericDict())
+    throw detail::CheckpointError(path.string() + ": optimizer_state_dict is not a dict");
+  const auto states = get(base.toGenericDict(), "state", path);
+  if (!states.isGenericDict())
+    throw detail::CheckpointError(path.string() + ": optimizer_state_dict has no state");
+  const auto by_group = states.toGenericDict();
+  std::vector<std::string> names;
+  std::vector<std::vector<torch::Tensor>> pieces;
+  for (int64_t g = 0; g < static_cast<int64_t>(by_group.size()); ++g) {
+    const std::string key = std::to_string(g);
+    if (!by_group.contains(key) || !by_group.at(key).isGenericDict())
+      throw detail::CheckpointError(path.string() + ": the optimizer state has no sub-group " +
+                                    key);
+    size_t k = 0;
+    for (const auto& e : by_group.at(key).toGenericDict()) {
+      if (e.key().toStringRef() == "step" || !e.value().isTensor()) continue;
+      if (g == 0) {
+        names.push_back(e.key().toStringRef());
+        pieces.emplace_back();
+      }
+      if (k >= names.size() || names[k] != e.key().toStringRef())
+        throw detail::CheckpointError(path.string() + ": sub-group " + key +
+                                      " holds other optimizer state than sub-group 0");
+      pieces[k++].push_back(e.value().toTensor().reshape({-1}));
+    }
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t k = 0; k < names.size(); ++k) out.emplace_back(names[k], torch::cat(pieces[k]));
+  return out;
+}
+
 // A rank's optimizer state tensors by name, in its optimizer's order: dtrain's "state" (the
 // rank's elements), or in a stage 1/2 file that holds DeepSpeed's base_optimizer_state instead,
 // that optimizer's one parameter's tensors (the padded partition, cut to the rank's elements).
 std::vector<std::pair<std::string, torch::Tensor>> rank_state(const c10::impl::GenericDict& d,
                                                               const fs::path& path) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (!d.contains("state") && d.contains("fp32_flat_groups") && d.contains("optimizer_state_dict"))
+    return stage3_state(d, path);
   if (d.contains("state") || !d.contains("base_optimizer_state")) {
     for (const auto& e : get(d, "state", path).toGenericDict())
       out.emplace_back(e.key().toStringRef(), e.value().toTensor());
@@ -421,21 +466,15 @@ IValue EngineImpl::model_dict(bool parameters) {
   return d;
 }
 
-// DeepSpeed's own keys of a stage 1/2 optimizer file (stage_1_and_2.py's state_dict), so that
-// DeepSpeed's engine resumes this checkpoint as its own: the base optimizer's state_dict as the
-// optimizer class DeepSpeed builds for this config keeps it (its param group restores the
-// learning rate and betas of the next step), the fp32 partition, the version its loader checks.
-// Its loss scaler object is left out: DeepSpeed then keeps the scaler it was built with (its
-// loader asks for the key with a default), and the files stay loadable by
-// torch.load(weights_only=True). `o`: this rank's optimizer_state_dict.
-void EngineImpl::add_deepspeed_optimizer_keys(const PyPtr& o) const {
+// The optimizer class DeepSpeed builds for this config keeps its param group with these keys
+// (torch's load_state_dict replaces the group with the saved one, so a key left out would be
+// missing at its step); lr and betas are the next step's.
+PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
   const auto& opt = config_.optimizer;
   const bool adam = opt.type == "Adam" || opt.type == "AdamW";
   const bool torch_adam = adam && opt.torch_adam;
   const bool cpu_adam = adam && !torch_adam && config_.zero.offload_optimizer.enabled();
   const auto [beta1, beta2] = scheduler_.betas();
-  // The param group's keys are those of DeepSpeed's optimizer class (torch's load_state_dict
-  // replaces the group with the saved one, so a key left out would be missing at its step).
   auto group = py_dict();
   auto set = [&](const char* key, PyPtr v) { py_set(group, key, std::move(v)); };
   auto adam_keys = [&] {
@@ -477,35 +516,144 @@ void EngineImpl::add_deepspeed_optimizer_keys(const PyPtr& o) const {
       set("step", py_int(0));
     }
   }
-  py_set(group, "params", py_list({py_int(0)}));
-  // The state of the one flat parameter (this rank's padded partition): FusedAdam, FusedLamb
-  // and the CPU Adam count steps in a Python int, torch.optim.Adam(W) in a float tensor.
-  auto param_state = py_dict();
+  py_set(group, "params", py_list(std::move(params)));
+  return group;
+}
+
+// FusedAdam, FusedLamb and the CPU Adam count steps in a Python int, torch.optim.Adam(W) in a
+// float tensor; SGD keeps no step.
+PyPtr EngineImpl::deepspeed_param_state(
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const {
+  const auto& opt = config_.optimizer;
+  const bool torch_adam = (opt.type == "Adam" || opt.type == "AdamW") && opt.torch_adam;
+  auto state = py_dict();
   if (opt.type != "SGD")
     py_set(
-        param_state, "step",
+        state, "step",
         torch_adam ? py_tensor(torch::tensor(static_cast<float>(opt_step_))) : py_int(opt_step_));
-  const auto names = optimizer_->state_names();
-  const auto& state = optimizer_->state();
-  for (size_t k = 0; k < state.size(); ++k)
-    py_set(param_state, names[k], py_tensor(state[k].to(torch::kCPU, master_dtype_)));
-  auto states = py_dict();
-  states->dict.push_back({py_int(0), param_state});
+  for (const auto& [name, t] : tensors) py_set(state, name, py_tensor(t));
+  return state;
+}
+
+// What DeepSpeed 0.19.8's CreateLossScaler makes (fp16/loss_scaler.py), with this engine's
+// values: DynamicLossScaler under fp16 with dynamic scaling, else LossScaler (the static scale,
+// 1.0 without fp16). Each with the attributes its __init__ sets, in that order.
+PyPtr EngineImpl::deepspeed_loss_scaler() const {
+  const auto s = scaler_.state();  // scale, iteration, last overflow iteration, hysteresis
+  auto d = py_dict();
+  const char* cls = "deepspeed.runtime.fp16.loss_scaler.LossScaler";
+  if (config_.fp16.enabled && scaler_.dynamic()) {
+    cls = "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler";
+    const auto& f = config_.fp16;
+    py_set(d, "cur_scale", py_float(s[0]));
+    py_set(d, "dynamic", py_bool(true));
+    py_set(d, "cur_iter", py_int(static_cast<int64_t>(s[1])));
+    py_set(d, "last_overflow_iter", py_int(static_cast<int64_t>(s[2])));
+    py_set(d, "scale_factor", py_float(2.0));
+    py_set(d, "scale_window", py_int(f.loss_scale_window));
+    py_set(d, "min_scale", py_float(f.min_loss_scale));
+    py_set(d, "delayed_shift", py_int(f.hysteresis));
+    py_set(d, "cur_hysteresis", py_int(static_cast<int64_t>(s[3])));
+    py_set(d, "consecutive_hysteresis", py_bool(f.consecutive_hysteresis));
+    py_set(d, "raise_error_at_min_scale", py_bool(true));
+    py_set(d, "dtype", py_global("torch.float16"));
+  } else {
+    py_set(d, "cur_scale", py_float(config_.fp16.enabled ? s[0] : 1.0));
+    py_set(d, "dynamic", py_bool(false));
+  }
+  return py_object(cls, d);
+}
+
+// The base optimizer's state_dict over `params` with `states`, and the keys both of DeepSpeed's
+// ZeRO optimizers write beside it into `o`. The state is there now: dtrain's own copy of it
+// ("state") goes from `o` (its reader takes it from the base optimizer's), so the file holds it
+// once.
+PyPtr EngineImpl::deepspeed_base_optimizer(const PyPtr& o, PyPtr states, std::vector<PyPtr> params,
+                                           bool loss_scaler) const {
   auto base = py_dict();
-  py_set(base, "state", states);
-  py_set(base, "param_groups", py_list({group}));
-  // The state is there now: dtrain's own copy of it ("state") goes (its reader takes it from
-  // here), so the file holds it once.
+  py_set(base, "state", std::move(states));
+  py_set(base, "param_groups", py_list({deepspeed_param_group(std::move(params))}));
   o->dict.erase(std::remove_if(o->dict.begin(), o->dict.end(),
                                [](const auto& e) { return e.first->s == "state"; }),
                 o->dict.end());
+  if (loss_scaler) py_set(o, "loss_scaler", deepspeed_loss_scaler());
   py_set(o, "dynamic_loss_scale", py_bool(scaler_.dynamic()));
   py_set(o, "overflow", py_bool(false));
+  return base;
+}
+
+// DeepSpeed's own keys of a stage 1/2 optimizer file (stage_1_and_2.py's state_dict), so that
+// DeepSpeed's engine resumes this checkpoint as its own: the base optimizer's state_dict as the
+// optimizer class DeepSpeed builds for this config keeps it (its param group restores the
+// learning rate and betas of the next step), the fp32 partition, the version its loader checks.
+// Its loss scaler object only when asked for: without it DeepSpeed keeps the scaler it was built
+// with (its loader asks for the key with a default), and the files stay loadable by
+// torch.load(weights_only=True). `o`: this rank's optimizer_state_dict.
+void EngineImpl::add_deepspeed_optimizer_keys(const PyPtr& o, bool loss_scaler) const {
+  // The state of the one flat parameter (this rank's padded partition).
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  const auto names = optimizer_->state_names();
+  const auto& state = optimizer_->state();
+  for (size_t k = 0; k < state.size(); ++k)
+    tensors.emplace_back(names[k], state[k].to(torch::kCPU, master_dtype_));
+  auto states = py_dict();
+  states->dict.push_back({py_int(0), deepspeed_param_state(tensors)});
+  auto base = deepspeed_base_optimizer(o, states, {py_int(0)}, loss_scaler);
   py_set(o, "clip_grad", py_float(config_.gradient_clipping));
   py_set(o, "base_optimizer_state", base);
   // The last rank's partition holds the padding (DeepSpeed's groups_padding).
   py_set(o, "group_paddings", py_list({py_int(rank_ == world_ - 1 ? padded_ - numel_ : 0)}));
   py_set(o, "ds_version", py_str(kDeepSpeedVersion));
+}
+
+// Stage 3: DeepSpeed cuts each rank's per-parameter pieces into sub-groups (stage3.py's
+// _create_fp16_sub_groups: parameters in order, a sub-group closed once its pieces reach
+// sub_group_size elements, and at the last parameter), keeps one fp32 flat tensor per sub-group
+// (fp32_flat_groups) and its base optimizer holds one parameter per sub-group. `o` holds the
+// master as one flat group and dtrain's "state" in the per-parameter layout (optim_dict(true));
+// both are cut the same way, and the state moves into the base optimizer's state_dict, which
+// dtrain's reader takes it from.
+void EngineImpl::add_deepspeed_stage3_keys(const PyPtr& o, bool loss_scaler) const {
+  std::vector<int64_t> cuts = {0};  // sub-group boundaries in the per-parameter flat group
+  int64_t acc = 0, at = 0;
+  for (size_t i = 0; i < numels_.size(); ++i) {
+    const int64_t p = per_parameter_part(numels_[i], world_);
+    acc += p;
+    at += p;
+    if (acc >= config_.zero.sub_group_size || i + 1 == numels_.size()) {
+      cuts.push_back(at);
+      acc = 0;
+    }
+  }
+  auto cut = [&](const torch::Tensor& flat) {
+    std::vector<torch::Tensor> out;
+    for (size_t g = 0; g + 1 < cuts.size(); ++g)
+      out.push_back(flat.narrow(0, cuts[g], cuts[g + 1] - cuts[g]));
+    return out;
+  };
+  PyPtr flat_groups, state;
+  for (auto& [k, v] : o->dict) {
+    if (k->s == "fp32_flat_groups") flat_groups = v;
+    if (k->s == "state") state = v;
+  }
+  if (!flat_groups || flat_groups->items.size() != 1 || !state)
+    throw InternalError("zero save_checkpoint: stage 3's optimizer dict is not optim_dict's");
+  std::vector<PyPtr> groups;
+  for (auto& t : cut(flat_groups->items[0]->tensor)) groups.push_back(py_tensor(t));
+  flat_groups->items = groups;
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> per_group(cuts.size() - 1);
+  for (const auto& [name, t] : state->dict) {
+    auto pieces = cut(t->tensor);
+    for (size_t g = 0; g < pieces.size(); ++g) per_group[g].emplace_back(name->s, pieces[g]);
+  }
+  auto states = py_dict();
+  std::vector<PyPtr> params;
+  for (size_t g = 0; g < per_group.size(); ++g) {
+    states->dict.push_back({py_int(static_cast<int64_t>(g)), deepspeed_param_state(per_group[g])});
+    params.push_back(py_int(static_cast<int64_t>(g)));
+  }
+  py_set(o, "optimizer_state_dict",
+         deepspeed_base_optimizer(o, states, std::move(params), loss_scaler));
 }
 
 IValue EngineImpl::optim_state() { return optim_dict(false); }
@@ -614,7 +762,12 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     const IValue model = model_dict(false);
     save_file(tmp / stage3_model_file(rank_),
               *with_client_state(deepspeed_model_file(model), opts.client_state));
-    save_file(tmp / optim_file(rank_), *detail::from_ivalue(optim_dict(true)));
+    auto optim = detail::from_ivalue(optim_dict(true));
+    if (!optimizer_->opaque())
+      for (auto& [key, value] : optim->dict)
+        if (key->s == "optimizer_state_dict")
+          add_deepspeed_stage3_keys(value, opts.deepspeed_loss_scaler);
+    save_file(tmp / optim_file(rank_), *optim);
   } else {
     // Rank 0: the module.
     const IValue model = model_state(rank_ == 0);
@@ -626,7 +779,8 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     auto optim = detail::from_ivalue(optim_dict(false));
     if (policy_.deepspeed_stage_1_and_2() && !optimizer_->opaque())
       for (auto& [key, value] : optim->dict)
-        if (key->s == "optimizer_state_dict") add_deepspeed_optimizer_keys(value);
+        if (key->s == "optimizer_state_dict")
+          add_deepspeed_optimizer_keys(value, opts.deepspeed_loss_scaler);
     save_file(tmp / optim_file(rank_), *optim);
   }
   sync_dir(tmp);
@@ -1223,7 +1377,12 @@ void save_state_dict(const torch::OrderedDict<std::string, torch::Tensor>& dict,
   for (auto& item : dict) detail::py_set(out, item.key(), detail::py_tensor(item.value()));
   auto tmp = path + ".tmp";
   save_file(tmp, *out);
-  fs::rename(tmp, path);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp);
+    throw Error("cannot write " + path + ": " + ec.message());
+  }
 }
 
 torch::OrderedDict<std::string, torch::Tensor> load_state_dict_file(const std::string& path) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "core/paths.h"
 #include "dtrain/zero_config.h"
@@ -19,15 +20,23 @@ const char* kUsage =
     "       dtrain zero to-fp32 CHECKPOINT_DIR OUT [--tag TAG]\n"
     "         consolidate a ZeRO checkpoint (all ranks' partitions) into one fp32 state dict\n";
 
-int64_t parse_count(const std::string& flag, const std::string& v) {
+// A positive integer up to `max` (the memory estimate multiplies --params by 16 bytes, and a
+// world size is an int).
+constexpr double kMaxWorld = 1 << 20, kMaxParams = 1e15;
+
+int64_t parse_count(const std::string& flag, const std::string& v, double max) {
   try {
     size_t used = 0;
     double d = std::stod(v, &used);
-    if (used != v.size() || d < 1 || d != static_cast<double>(static_cast<int64_t>(d)))
+    if (used != v.size() || !(d >= 1 && d <= max) ||
+        d != static_cast<double>(static_cast<int64_t>(d)))
       throw std::invalid_argument(v);
     return static_cast<int64_t>(d);
   } catch (const std::exception&) {
-    throw UsageError("dtrain zero check: " + flag + " expects a positive integer, got '" + v + "'");
+    std::ostringstream m;
+    m << static_cast<int64_t>(max);
+    throw UsageError("dtrain zero check: " + flag + " expects a positive integer up to " + m.str() +
+                     ", got '" + v + "'");
   }
 }
 
@@ -41,13 +50,13 @@ int check(const std::vector<std::string>& a) {
       return a[++i];
     };
     if (a[i] == "--world-size")
-      world = parse_count("--world-size", value("--world-size"));
+      world = parse_count("--world-size", value("--world-size"), kMaxWorld);
     else if (a[i] == "--params")
-      params = parse_count("--params", value("--params"));
+      params = parse_count("--params", value("--params"), kMaxParams);
     else if (a[i].rfind("--world-size=", 0) == 0)
-      world = parse_count("--world-size", a[i].substr(13));
+      world = parse_count("--world-size", a[i].substr(13), kMaxWorld);
     else if (a[i].rfind("--params=", 0) == 0)
-      params = parse_count("--params", a[i].substr(9));
+      params = parse_count("--params", a[i].substr(9), kMaxParams);
     else if (a[i].rfind("--", 0) == 0)
       throw UsageError("dtrain zero check: unknown flag " + a[i] + "\n" + kUsage);
     else if (config.empty())

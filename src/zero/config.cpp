@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -978,6 +979,20 @@ void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> mic
                std::optional<int64_t> gas) {
   const int64_t ws = c.world_size;
   auto mismatch = [&](const std::string& what) { throw ConfigError("train_batch_size: " + what); };
+  // Every product below, checked once: the batch keys are int64 and a product that does not
+  // fit is no batch anyone trains with.
+  {
+    int64_t p = ws, q = 0;
+    for (const auto& v : {micro, gas})
+      if (v && __builtin_mul_overflow(p, *v, &q))
+        throw ConfigError(
+            "train_micro_batch_size_per_gpu * gradient_accumulation_steps * "
+            "world_size: too large for a batch size (" +
+            std::to_string(micro.value_or(1)) + " * " + std::to_string(gas.value_or(1)) + " * " +
+            std::to_string(ws) + "); check the values");
+      else if (v)
+        p = q;
+  }
   if (tbs && micro && gas) {
     if (*tbs != *micro * *gas * ws)
       mismatch(
@@ -1224,14 +1239,26 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
   std::string text = text_or_path;
   auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] != '{') {
-    std::ifstream in(text_or_path);
+    std::error_code ec;
+    if (std::filesystem::is_directory(text_or_path, ec))
+      throw ConfigError(text_or_path +
+                        ": is a directory (give a path to a JSON file or the JSON text)");
+    std::ifstream in(text_or_path, std::ios::binary);
     if (!in)
       throw ConfigError(
           text_or_path +
           ": cannot read the config file (give a path to a JSON file or the JSON text)");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    // Up to a bound (a device such as /dev/zero must not be read forever); a pipe is fine.
+    constexpr size_t kMaxBytes = size_t(16) << 20;
+    text.clear();
+    char chunk[1 << 16];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+      text.append(chunk, static_cast<size_t>(in.gcount()));
+      if (text.size() > kMaxBytes)
+        throw ConfigError(text_or_path +
+                          ": larger than 16 MiB, which no DeepSpeed config is (give a path to a "
+                          "JSON file or the JSON text)");
+    }
   }
   json j;
   try {

@@ -122,8 +122,23 @@ class EngineImpl final : public EngineCore {
   // master and each state tensor in DeepSpeed's per-parameter layout (fp32_flat_groups,
   // zero/stage3_layout.h): COLLECTIVE then.
   c10::IValue optim_dict(bool deepspeed_stage3);
-  // DeepSpeed's keys of a stage 1/2 optimizer file, added to its optimizer_state_dict `o`.
-  void add_deepspeed_optimizer_keys(const detail::PyPtr& o) const;
+  // DeepSpeed's keys of a stage 1/2 optimizer file, added to its optimizer_state_dict `o`
+  // (`loss_scaler`: with DeepSpeed's loss scaler object, SaveCheckpointOptions).
+  void add_deepspeed_optimizer_keys(const detail::PyPtr& o, bool loss_scaler) const;
+  // DeepSpeed's keys of a stage-3 optimizer file (stage3.py's _rigid_state_dict), added to `o`,
+  // which optim_dict(true) made: its groups and state cut into DeepSpeed's sub-groups.
+  void add_deepspeed_stage3_keys(const detail::PyPtr& o, bool loss_scaler) const;
+  // The param group of the optimizer class DeepSpeed builds for the config, over `params`.
+  detail::PyPtr deepspeed_param_group(std::vector<detail::PyPtr> params) const;
+  // One parameter's state in that class: its step and the given tensors.
+  detail::PyPtr deepspeed_param_state(
+      const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const;
+  // DeepSpeed 0.19.8's loss scaler object for this engine's scaler.
+  detail::PyPtr deepspeed_loss_scaler() const;
+  // The base optimizer's state_dict, and the loss-scale keys beside it in `o` (dtrain's own
+  // "state" copy removed from `o`).
+  detail::PyPtr deepspeed_base_optimizer(const detail::PyPtr& o, detail::PyPtr states,
+                                         std::vector<detail::PyPtr> params, bool loss_scaler) const;
   // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
   void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);

@@ -177,8 +177,22 @@ class Pickler {
         op('R');
         return;
       }
-      case K::Object:
-        throw InternalError("zero checkpoint: dtrain does not write Python objects (" + v.s + ")");
+      case K::Object: {
+        const auto dot = v.s.rfind('.');
+        if (dot == std::string::npos)
+          throw InternalError("zero checkpoint: no module in the Python name " + v.s);
+        global(v.s.substr(0, dot), v.s.substr(dot + 1));
+        if (v.reference) return;
+        // cls.__new__(cls, *args) (NEWOBJ), then BUILD with the state, as pickle writes a
+        // plain object at protocol 2.
+        value(*py_tuple(v.items));
+        op('\x81');
+        if (v.state) {
+          value(*v.state);
+          op('b');
+        }
+        return;
+      }
     }
   }
 };
@@ -708,6 +722,18 @@ PyPtr py_dict(bool ordered) {
 PyPtr py_tensor(torch::Tensor t) {
   auto p = make(PyValue::Kind::Tensor);
   p->tensor = std::move(t);
+  return p;
+}
+PyPtr py_object(std::string cls, PyPtr state) {
+  auto p = make(PyValue::Kind::Object);
+  p->s = std::move(cls);
+  p->state = std::move(state);
+  return p;
+}
+PyPtr py_global(std::string name) {
+  auto p = make(PyValue::Kind::Object);
+  p->s = std::move(name);
+  p->reference = true;
   return p;
 }
 PyPtr py_size(const std::vector<int64_t>& sizes) {

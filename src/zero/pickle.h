@@ -48,7 +48,8 @@ struct PyValue {
   std::vector<std::pair<PyPtr, PyPtr>> dict;
   bool ordered = false;
   torch::Tensor tensor;
-  PyPtr state;  // Object
+  PyPtr state;             // Object
+  bool reference = false;  // Object: the global `s` itself (torch.float16), not an instance of it
 
   // Dict lookup by a str (or int, given as its decimal text) key; nullptr when absent or when
   // this is no dict.
@@ -69,6 +70,12 @@ PyPtr py_tuple(std::vector<PyPtr> items = {});
 PyPtr py_dict(bool ordered = false);  // add entries with py_set
 PyPtr py_tensor(torch::Tensor t);     // saved from the CPU; a view saves its own elements only
 PyPtr py_size(const std::vector<int64_t>& sizes);  // torch.Size
+// An instance of the Python class `cls` ("module.Class") made as pickle makes a plain object:
+// cls.__new__(cls), then its __dict__ set to `state` (a dict). Only for files that opt in to
+// them: torch.load(weights_only=True) refuses a class not on its allow-list.
+PyPtr py_object(std::string cls, PyPtr state);
+// A module-level Python global ("torch.float16") as a value.
+PyPtr py_global(std::string name);
 void py_set(const PyPtr& dict, const std::string& key, PyPtr value);
 // A c10::IValue (dicts with str or int keys, lists, tuples, tensors, scalars, strings, None) as
 // a PyValue; the other way: Dict keys become str (an int key as its decimal text), Object and

@@ -736,6 +736,36 @@ TEST_P(AgentSignalTest, ForwardedAndEverythingDies) {
   EXPECT_TRUE(wait_dead(pids, 2s)) << "a worker or grandchild survived the agent";
 }
 
+// While the agent waits for the other nodes (no worker exists yet), a signal ends it at once,
+// as torchrun: once the signals waited, blocked, until --rdzv-timeout ran out.
+TEST_P(AgentSignalTest, DuringTheRendezvousEndsTheAgentAtOnce) {
+  const AgentSignal& s = GetParam();
+  const int port = free_port();
+  Process& agent = start({"--nnodes", "2", "--node-rank", "0", "--master-port",
+                          std::to_string(port), "--rdzv-timeout", "60", kWorker, "--pid"});
+  // Node 0 hosts the store (it answers once the agent is past its set-up), then waits for node 1.
+  const auto deadline = Clock::now() + 20s;
+  bool listening = false;
+  while (!listening && Clock::now() < deadline) {
+    try {
+      store::StoreClient::connect("127.0.0.1", static_cast<std::uint16_t>(port), {1s, 1s});
+      listening = true;
+    } catch (const dtrain::Error&) {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(listening) << "node 0's agent never hosted the store\n" << agent.err();
+  std::this_thread::sleep_for(300ms);  // into the rendezvous wait
+  const auto signalled_at = Clock::now();
+  agent.signal(s.sig);
+  RunResult r = finish({&agent}, 20s)[0];
+  const double seconds = std::chrono::duration<double>(Clock::now() - signalled_at).count();
+  EXPECT_EQ(r.exit_code, s.exit_code) << r.err;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_TRUE(contains(r.err, "while waiting for the other nodes (rendezvous); stopping")) << r.err;
+  EXPECT_FALSE(contains(r.out, "pid=")) << "no worker started:\n" << r.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Signals, AgentSignalTest,
                          ::testing::Values(AgentSignal{SIGINT, 130, "SIGINT"},
                                            AgentSignal{SIGTERM, 143, "SIGTERM"},

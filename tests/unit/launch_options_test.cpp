@@ -636,6 +636,16 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--rdzv-timeout", "-1"},
        "--rdzv-timeout: got '-1', expected a non-negative number of seconds"},
       {{"--rdzv-timeout", "soon"}, "--rdzv-timeout: got 'soon', expected a non-negative number"},
+      // Beyond ~31 years seconds * 1000 no longer fits a duration: once a negative timeout.
+      {{"--rdzv-timeout", "1e300"},
+       "--rdzv-timeout: got '1e300', expected a non-negative number "
+       "of seconds (at most 1e9)"},
+      {{"--rdzv-timeout", "inf"}, "--rdzv-timeout: got 'inf'"},
+      {{"--term-timeout", "1e16"}, "--term-timeout: got '1e16'"},
+      {{"--rdzv-conf", "join_timeout=1e300"}, "--rdzv-conf join_timeout: got '1e300'"},
+      {{"--node-rank", "-5"}, "--node-rank: got '-5', expected an integer in 0..nnodes-1"},
+      {{"--nproc-per-node", "100000"},
+       "--nproc-per-node: got '100000', at most 8192 workers run on one node"},
       {{"--start-method", "threads"},
        "--start-method: got 'threads', expected auto, spawn, forkserver or fork"},
       {{"--failure-store", "host:4000"},

@@ -286,6 +286,36 @@ TEST(ZeroCheckCommand, PrintsResolvedBatchSizesAndMemory) {
   EXPECT_NE(r.out.find("optimizer  190.7 MiB"), std::string::npos) << r.out;  // 8 bytes * 1e8 / 4
 }
 
+TEST(ZeroCheckCommand, OutOfRangeCountsAndEndlessFilesAreRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::string ok = R"({"train_micro_batch_size_per_gpu": 1})";
+  const std::string huge =
+      R"({"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647})";
+  const std::vector<Case> cases = {
+      // Once narrowed to int: "config OK for world size 1215752191".
+      {{ok, "--world-size", "99999999999"},
+       "--world-size expects a positive integer up to 1048576, got '99999999999'"},
+      // Once negative MiB.
+      {{ok, "--world-size", "2", "--params", "9e18"},
+       "--params expects a positive integer up to 1000000000000000"},
+      // Once a wrapped-around train_batch_size, "config OK".
+      {{huge, "--world-size", "1048576"},
+       "train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size: too large"},
+      // Once read until memory ran out.
+      {{"/dev/zero", "--world-size", "2"}, "/dev/zero: larger than 16 MiB"},
+      {{"/tmp", "--world-size", "2"}, "/tmp: is a directory"}};
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {DTRAIN_BIN, "zero", "check"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = dtrain::test::run_command(argv, {.timeout = std::chrono::seconds(60)});
+    EXPECT_EQ(r.exit_code, 2) << c.args[0] << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << r.err;
+  }
+}
+
 TEST(ZeroCheckCommand, BadConfigIsExitCodeTwoWithThePath) {
   auto path =
       std::filesystem::temp_directory_path() / ("zero_bad_" + std::to_string(::getpid()) + ".json");

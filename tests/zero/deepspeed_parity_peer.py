@@ -18,8 +18,7 @@ of its module there ("dtrain_module_shapes"; DeepSpeed's own: "ds_module_shapes"
 rank 0 reads dtrain's pytorch_model.bin there with torch.load(weights_only=True)
 ("dtrain_16bit"). With "resume_dtrain": DIR (dtrain's checkpoint after step 5), a second
 DeepSpeed engine resumes it with DeepSpeed's own load_checkpoint and trains steps 6-10
-("resumed_dtrain": {"global_steps": after the load, "client_state", "losses", "params"}); at
-stage 3 it loads without the optimizer state ("params_loaded": the parameters after the load).
+("resumed_dtrain": {"global_steps": after the load, "client_state", "losses", "params"}).
 """
 import json
 import logging
@@ -102,20 +101,17 @@ def train(engine, steps, rank, world):
 
 
 def resume_dtrain(case, rank, world):
-    """DeepSpeed's engine resuming dtrain's step-5 checkpoint and training on to step 10. At
-    stage 3 DeepSpeed needs its own loss scaler object in the optimizer files to load their state,
-    which dtrain does not write (its files load with weights_only=True): the module only there."""
+    """DeepSpeed's engine resuming dtrain's step-5 checkpoint (saved with DeepSpeed's loss scaler
+    object, which stage 3's loader needs) with its own load_checkpoint, optimizer state included,
+    and training on to step 10."""
     m = model()
     engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
     stage3 = case["config"]["zero_optimization"]["stage"] == 3
-    path, client = engine.load_checkpoint(case["resume_dtrain"], load_optimizer_states=not stage3)
+    path, client = engine.load_checkpoint(case["resume_dtrain"])
     out = {"global_steps": engine.global_steps, "path": path,
            "client_state": {k: client[k] for k in case.get("client_state", {}) if k in client}}
-    if stage3:
-        out["params_loaded"] = gathered(m, True)
-    else:
-        out["losses"] = train(engine, range(STEPS // 2, STEPS), rank, world)
-        out["params"] = gathered(m, False)
+    out["losses"] = train(engine, range(STEPS // 2, STEPS), rank, world)
+    out["params"] = gathered(m, stage3)
     del engine
     return out
 

@@ -18,6 +18,9 @@ _take_model_step does: optimizer.step(), then scheduler.step().
   {"kind": "buffers", "config": {...}}
       -> {"buffers": {name: dtype after deepspeed.initialize}, "parameters": [dtypes],
           "losses": [3 training steps'], "step": "ok" or the error that stopped them}
+  {"kind": "scaler_object", "path": optimizer file, "config": {...}}
+      -> {"type", "keys", "values" of the loss scaler object in the file; "fresh_*" of the one
+          DeepSpeed makes for the config; "update": "ok" or the error of update_scale on it}
   {"kind": "config", "path": FILE or "config": {...}, "world_sizes": [N, ...]}
       -> {"worlds": {"N": DeepSpeedConfig's resolved values (a file read as DeepSpeed reads
                           it: hjson, duplicate keys refused) for a data-parallel world of N
@@ -146,6 +149,33 @@ def run_buffers(case):
         out["step"] = "ok"
     except Exception as e:
         out["step"] = error_text(e)
+    return out
+
+
+def run_scaler_object(case):
+    """The loss scaler object in a dtrain optimizer file (SaveCheckpointOptions::
+    deepspeed_loss_scaler) beside the one DeepSpeed's ZeRO optimizer makes for the same config
+    (CreateLossScaler, the parameters' dtype), and whether DeepSpeed's update_scale runs on it."""
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
+    init_distributed()  # update_scale logs through deepspeed.comm's rank
+    try:
+        obj = torch.load(case["path"], weights_only=False)["optimizer_state_dict"]["loss_scaler"]
+    except Exception as e:
+        return {"error": error_text(e)}
+    c = DeepSpeedConfig(dict(case["config"]))
+    f = c.float16_config
+    fresh = CreateLossScaler(dtype=torch.half if f.enabled else torch.float32, static_loss_scale=f.loss_scale,
+                             dynamic_scaling=f.loss_scale == 0, dynamic_loss_args=f.dynamic_loss_scale_args())
+    name = lambda o: type(o).__module__ + "." + type(o).__qualname__
+    plain = lambda d: {k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in d.items()}
+    out = {"type": name(obj), "fresh_type": name(fresh), "keys": list(vars(obj)), "fresh_keys": list(vars(fresh)),
+           "values": plain(vars(obj)), "fresh_values": plain(vars(fresh))}
+    try:
+        obj.update_scale(False)
+        obj.update_scale(True)
+        out["update"] = "ok"
+    except Exception as e:
+        out["update"] = error_text(e)
     return out
 
 
@@ -290,7 +320,8 @@ def main():
     results = []
     for case in cases:
         run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config,
-               "loss_scaler": run_loss_scaler, "buffers": run_buffers}[case["kind"]]
+               "loss_scaler": run_loss_scaler, "buffers": run_buffers,
+               "scaler_object": run_scaler_object}[case["kind"]]
         results.append(run(case))
     with open(sys.argv[2], "w") as f:
         json.dump(results, f)

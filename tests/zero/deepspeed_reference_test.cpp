@@ -526,8 +526,11 @@ json config_cases() {
   return c;
 }
 
+const json& scaler_cases();
+
 json all_cases() {
   json c = build_cases();
+  for (const auto& cs : scaler_cases()) c.push_back(cs);
   for (const auto& cs : config_cases())
     c.push_back({{"name", cs.at("name")},
                  {"kind", "config"},
@@ -689,6 +692,96 @@ json run_buffers(const json& cs) {
     out["losses"] = losses;
   });
   return out;
+}
+
+// SaveCheckpointOptions::deepspeed_loss_scaler: dtrain's engine (one rank, stage 1) saves after
+// a few steps (one of them an overflow) with DeepSpeed's loss scaler object; the peer loads the
+// file with torch.load and compares the object with the one DeepSpeed's CreateLossScaler makes
+// for the same fp16 section, then updates it as DeepSpeed's optimizer does.
+const fs::path& scaler_dir() {
+  static const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-scaler-" + std::to_string(::getpid()));
+  return dir;
+}
+
+const json& scaler_cases() {
+  static const json cases = [] {
+    json out = json::array();
+    auto add = [&](const std::string& name, const json& fp16, bool overflow) {
+      json config = {{"train_micro_batch_size_per_gpu", 1},
+                     {"optimizer", adam(0.01)},
+                     {"zero_optimization", {{"stage", 1}}}};
+      if (!fp16.is_null()) config["fp16"] = fp16;
+      const fs::path dir = scaler_dir() / std::to_string(out.size());
+      // The updates the engine's scaler goes through, on dtrain's own LossScaler class.
+      const auto parsed = dtrain::zero::parse_config(config, 1);
+      dtrain::zero::LossScaler replica(parsed.fp16);
+      for (int step = 0; step < 4; ++step) replica.update(overflow && step == 2);
+      const std::vector<double> state = replica.state();
+      dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
+        auto model = std::make_shared<OneParam>(torch::linspace(-1, 1, 7));
+        dtrain::zero::Engine<std::shared_ptr<OneParam>> engine(model, parsed, {pg});
+        for (int step = 0; step < 4; ++step) {
+          if (overflow && step == 2) engine.core().inject_overflow();
+          engine.backward((model->w * model->w).sum());
+          engine.step();
+        }
+        if (parsed.fp16.enabled) EXPECT_EQ(engine.loss_scale(), replica.scale());
+        engine.save_checkpoint(dir.string(), "t", {.deepspeed_loss_scaler = true});
+      });
+      out.push_back({{"name", "scaler object: " + name},
+                     {"kind", "scaler_object"},
+                     {"config", config},
+                     {"path", (dir / "t" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").string()},
+                     {"state", state}});
+    };
+    add("fp16 dynamic, after an overflow",
+        {{"enabled", true},
+         {"initial_scale_power", 8},
+         {"hysteresis", 2},
+         {"loss_scale_window", 4},
+         {"min_loss_scale", 2},
+         {"consecutive_hysteresis", true}},
+        true);
+    add("fp16 static 128", {{"enabled", true}, {"loss_scale", 128}}, false);
+    add("fp32", nullptr, false);
+    return out;
+  }();
+  return cases;
+}
+
+void check_scaler_objects(const json& peer) {
+  for (const auto& cs : scaler_cases()) {
+    const std::string name = cs.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(peer.contains(name));
+    const json& ds = peer.at(name);
+    ASSERT_FALSE(ds.contains("error")) << ds.at("error");
+    EXPECT_EQ(ds.at("type"), ds.at("fresh_type"));
+    EXPECT_EQ(ds.at("keys"), ds.at("fresh_keys"));
+    // What the run changed is dtrain's scaler state; everything else is the config's, as
+    // DeepSpeed makes it.
+    const std::vector<double> state = cs.at("state");
+    const json& v = ds.at("values");
+    const bool dynamic = ds.at("type").get<std::string>().find("Dynamic") != std::string::npos;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string key = it.key();
+      if (key == "cur_scale" && (dynamic || cs.at("config").contains("fp16")))
+        EXPECT_EQ(it->get<double>(), state[0]);
+      else if (key == "cur_iter" && dynamic)
+        EXPECT_EQ(it->get<double>(), state[1]);
+      else if (key == "last_overflow_iter" && dynamic)
+        EXPECT_EQ(it->get<double>(), state[2]);
+      else if (key == "cur_hysteresis" && dynamic)
+        EXPECT_EQ(it->get<double>(), state[3]);
+      else
+        EXPECT_EQ(*it, ds.at("fresh_values").at(key)) << key;
+    }
+    EXPECT_EQ(ds.at("update"), "ok") << "DeepSpeed's update_scale on dtrain's object";
+    std::printf("  %-50s %s, as DeepSpeed's CreateLossScaler makes it\n", name.c_str(),
+                ds.at("type").get<std::string>().c_str());
+  }
+  fs::remove_all(scaler_dir());
 }
 
 void check_steps(const json& peer) {
@@ -959,6 +1052,10 @@ TEST(ZeroDeepSpeedReference, SchedulersOptimizersAndConfigsAsDeepSpeeds) {
   {
     SCOPED_TRACE("configs");
     check_configs(peer);
+  }
+  {
+    SCOPED_TRACE("loss scaler objects");
+    check_scaler_objects(peer);
   }
 }
 

@@ -64,9 +64,9 @@ int main(int argc, char** argv) {
     }
     for (int step = first; step < kSteps; ++step) {
       if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
-        engine.save_checkpoint(
-            cs.at("save_dtrain_mid").get<std::string>(), "",
-            {.client_state = cs.value("client_state", nlohmann::json::object())});
+        engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
+                               {.client_state = cs.value("client_state", nlohmann::json::object()),
+                                .deepspeed_loss_scaler = true});
       auto [x, y] = batch(step, pg->rank(), pg->world_size());
       auto loss = torch::nn::functional::cross_entropy(engine(x), y);
       engine.backward(loss);

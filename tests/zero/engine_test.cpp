@@ -674,7 +674,15 @@ TEST(ZeroCheckpoint, ToFp32WritesAStateDictTheUnwrappedModelLoads) {
   r = dtrain::test::run_command(
       {DTRAIN_BIN, "zero", "to-fp32", (dir / "nothing").string(), out.string()});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("latest does not exist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing does not exist; give the checkpoint directory"), std::string::npos)
+      << r.err;
+  // Into a tag of the checkpoint (over one of the files it reads): refused, nothing written.
+  const auto inside = dir / "global_step3" / "zero_pp_rank_0_mp_rank_00_model_states.pt";
+  const auto before = fs::file_size(inside);
+  r = dtrain::test::run_command({DTRAIN_BIN, "zero", "to-fp32", dir.string(), inside.string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("would replace part of the checkpoint"), std::string::npos) << r.err;
+  EXPECT_EQ(fs::file_size(inside), before);
   fs::remove_all(dir);
 }
 
