@@ -296,6 +296,10 @@ TEST(BackendFactory, MakeBackendByName) {
     ASSERT_TRUE(b);
     EXPECT_EQ(b->getBackendName(), "gloo");
     EXPECT_EQ(b->getRank(), rank);
+    // Both ranks' meshes complete before either closes its sockets (a rank that returned at
+    // once could close its side while the other's pair was still connecting: "Connection
+    // closed by peer", seen under load).
+    b->barrier()->wait();
   });
 }
 
