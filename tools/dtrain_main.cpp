@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
     // Errors here come from the flags and the Slurm step's variables, the same on every node
     // of a step: every agent fails alike, and nobody waits for anybody.
     std::vector<std::string> rest = run->remaining();
+    // The options: what came before PROGRAM (argv[0] is dtrain, then the parsed part).
+    dtrain::refuse_empty_values(
+        {argv + 1, argv + std::max<int>(1, argc - static_cast<int>(rest.size()))});
     if (had_dashes) {
       // Before PROGRAM (rest empty) run_args_to_options skips it; after, it is an argument.
       rest.push_back("--");

@@ -705,6 +705,12 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   return o;
 }
 
+void refuse_empty_values(const std::vector<std::string>& options) {
+  for (const auto& arg : options)
+    if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.find('=') == arg.size() - 1)
+      throw UsageError(arg + ": an empty value; give one (" + arg + "VALUE) or leave the flag out");
+}
+
 LaunchOptions parse_run_args(const std::vector<std::string>& args) {
   CLI::App app{"dtrain run"};
   RunArgs a;
@@ -715,7 +721,9 @@ LaunchOptions parse_run_args(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
-  return run_args_to_options(a, app.remaining());
+  const auto remaining = app.remaining();
+  refuse_empty_values({args.begin(), args.end() - static_cast<std::ptrdiff_t>(remaining.size())});
+  return run_args_to_options(a, remaining);
 }
 
 namespace {

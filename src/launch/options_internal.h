@@ -75,6 +75,9 @@ struct RunArgs {
 
 // Declares every `dtrain run` flag on `run`, bound to `a`.
 CLI::App& add_run_options(CLI::App& run, RunArgs& a);
+// Throws UsageError for a `--flag=` with an empty value among `options` (the arguments before
+// PROGRAM): CLI11 would take the next argument as its value (`--role= true sh` ran sh).
+void refuse_empty_values(const std::vector<std::string>& options);
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest);
 // The same, reading Slurm's variables through `env` (tests pass a map).
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,

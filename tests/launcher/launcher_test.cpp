@@ -1513,6 +1513,11 @@ std::vector<BadInput> bad_inputs() {
       {"RdzvTimeoutNegative",
        with_worker({"--rdzv-timeout", "-3"}),
        {run_error + "--rdzv-timeout: got '-3', expected a non-negative number of seconds"}},
+      // CLI11 took the next argument as the value: the worker became the role and its first
+      // argument the program.
+      {"EmptyValueAfterEquals",
+       with_worker({"--role="}),
+       {run_error + "--role=: an empty value; give one (--role=VALUE) or leave the flag out"}},
       {"LogDirThatCannotBeMade",
        with_worker({"--log-dir", "{TMP}/data.txt/logs"}),
        {run_error + "--log-dir {TMP}/data.txt/logs: cannot create {TMP}/data.txt/logs/",

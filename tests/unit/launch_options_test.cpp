@@ -644,6 +644,8 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--term-timeout", "1e16"}, "--term-timeout: got '1e16'"},
       {{"--rdzv-conf", "join_timeout=1e300"}, "--rdzv-conf join_timeout: got '1e300'"},
       {{"--node-rank", "-5"}, "--node-rank: got '-5', expected an integer in 0..nnodes-1"},
+      // Once the next argument became the value: the program was `sh`, not `true`.
+      {{"--role=", "true", "sh"}, "--role=: an empty value; give one (--role=VALUE)"},
       {{"--nproc-per-node", "100000"},
        "--nproc-per-node: got '100000', at most 8192 workers run on one node"},
       {{"--start-method", "threads"},
