@@ -172,7 +172,7 @@ class InterruptibleWait {
   }
   ~InterruptibleWait() {
     done_ = true;
-    thread_.join();
+    thread_.join();  // within one tick of sigtimedwait
   }
   InterruptibleWait(const InterruptibleWait&) = delete;
   InterruptibleWait& operator=(const InterruptibleWait&) = delete;
@@ -620,7 +620,10 @@ int Agent::run() {
   workers_->set_restart_possible(restart_possible(0));
   setup_signals();
   {
-    InterruptibleWait interruptible("connecting to the job's store");
+    // Only several nodes wait here (a single node's store is its own, at once): the watch
+    // thread costs up to one 20 ms tick to stop, which a single node's start-up need not pay.
+    std::optional<InterruptibleWait> interruptible;
+    if (multi_node()) interruptible.emplace("connecting to the job's store");
     setup_store();
   }
   nnodes_ = o_.nnodes;
