@@ -1,6 +1,7 @@
 // `dtrain run` argument parsing and validation. One piece (~750 lines): each flag's CLI11
 // definition and its validation belong together, and torchrun's flags are one table.
 #include <net/if.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -513,12 +514,29 @@ void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
 
 namespace {
 
+// How long --store-token - waits for its line at most (ssh_launch writes it as the agent
+// starts); a shorter --rdzv-timeout bounds it too.
+constexpr std::chrono::milliseconds kStoreTokenWait = std::chrono::seconds(60);
+
 // --store-token -: the first line of fd, read a byte at a time so nothing after it is taken
-// (an agent started over ssh keeps watching the rest of its stdin for EOF).
-std::string read_token_line(int fd) {
+// (an agent started over ssh keeps watching the rest of its stdin for EOF), within `wait` (a
+// terminal or an open pipe that stays silent is not waited on for ever).
+std::string read_token_line(int fd, std::chrono::milliseconds wait) {
   std::string token;
   char c = 0;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0)
+      throw UsageError("--store-token -: no token line arrived on stdin within " +
+                       (wait.count() % 1000 == 0 ? std::to_string(wait.count() / 1000) + " s"
+                                                 : std::to_string(wait.count()) + " ms") +
+                       "; pipe it in (echo \"$TOKEN\" | dtrain run --store-token - ...) or set "
+                       "DTRAIN_STORE_TOKEN");
     ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0 || c == '\n') break;
@@ -542,9 +560,6 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,
                                   const std::function<const char*(const char*)>& env) {
   LaunchOptions o;
-  o.store_token = a.store_token == "-" ? read_token_line(STDIN_FILENO) : a.store_token;
-  if (a.store_token.empty() && env(param::kStoreToken.name))
-    o.store_token = env(param::kStoreToken.name);
   o.nproc_per_node = parse_nproc(a.nproc.empty() ? "1" : a.nproc);
   auto [min_nodes, max_nodes] = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
   o.nnodes = max_nodes;
@@ -606,6 +621,13 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
       pos = comma + 1;
     }
   }
+  // After the other flags' checks: a mistake in them is reported without waiting on stdin.
+  o.store_token = a.store_token == "-"
+                      ? read_token_line(STDIN_FILENO, std::min<std::chrono::milliseconds>(
+                                                          kStoreTokenWait, o.rdzv_timeout))
+                      : a.store_token;
+  if (a.store_token.empty() && env(param::kStoreToken.name))
+    o.store_token = env(param::kStoreToken.name);
   o.standalone = a.standalone;
   if (o.standalone) {
     if (o.nnodes != 1) {

@@ -1016,6 +1016,7 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
     micro_steps_ = global_steps_ * config_.gradient_accumulation_steps;
   }
   if (flat_grads_.defined()) flat_grads_.zero_();
+  if (grad_acc_.defined()) grad_acc_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
 }
 

@@ -796,6 +796,15 @@ void parse_zero(Section& root, Config& c) {
 
 }  // namespace
 
+std::string communication_data_type(const Config& c) {
+  const auto it = c.raw.find("communication_data_type");
+  if (it == c.raw.end() || !it->is_string()) return "";
+  std::string name = it->get<std::string>();
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return name;
+}
+
 std::string keep_in_fp32_regex(const std::vector<std::string>& patterns) {
   std::vector<std::string> sorted;  // as DeepSpeed's keep_in_fp32_pattern: '*' any characters,
   for (const auto& p : patterns) {  // the distinct patterns sorted, one alternation
@@ -895,6 +904,7 @@ void parse_data_types(Section& root, Config& c) {
     }
   }
   const std::string gad = dtype("grad_accum_dtype", true);
+  d.grad_accum_dtype = gad == model ? "" : gad;
   if (!gad.empty() && gad != model) {
     const std::string mix = "model dtype " + model + " with grad_accum_dtype " + gad;
     if (c.zero.stage == 0)
@@ -918,15 +928,22 @@ void parse_data_types(Section& root, Config& c) {
                "zero_optimization.compute_grad_norm false (DeepSpeed 0.19.8 refuses the pair "
                "too)");
     }
-    s.note("grad_accum_dtype",
-           c.zero.stage == 1
-               ? "fp32: at stage 1 dtrain accumulates micro-batch gradients in the model's " +
-                     model +
-                     " and reduces them in fp32 (DeepSpeed's bf16 optimizer accumulates "
-                     "in fp32)"
-               : "fp32: at stages 2-3 the reduced gradient partitions accumulate in fp32");
   }
   s.finish();
+}
+
+// DeepSpeed 0.19.8's get_communication_data_type: "fp32", "fp16" or "bf16" in any case; null is
+// its default (the model's dtype); anything else it refuses. The engine reads it from the raw
+// config (communication_data_type()).
+void parse_communication_data_type(Section& root, const Config& c) {
+  const json* v = root.get("communication_data_type");
+  if (!v) return;
+  const std::string name = v->is_string() ? communication_data_type(c) : "";
+  if (name != "fp32" && name != "fp16" && name != "bf16")
+    root.fail("communication_data_type",
+              v->dump() +
+                  " is not a communication dtype (allowed: \"fp16\", \"bf16\", \"fp32\"; "
+                  "DeepSpeed 0.19.8 refuses it too); remove it to reduce in the model's dtype");
 }
 
 // What DeepSpeed 0.19.8 decides only when its engine builds the optimizer (deepspeed.initialize),
@@ -1173,6 +1190,7 @@ Config parse_config(const json& config, int world_size) {
   }
   parse_zero(root, c);
   parse_data_types(root, c);
+  parse_communication_data_type(root, c);
   // DeepSpeed 0.19.8 keeps 16-bit masters only with ZeRO (DeepSpeedConfig refuses them at
   // stage 0).
   if (!master_16bit.empty() && c.zero.stage == 0)
@@ -1184,6 +1202,18 @@ Config parse_config(const json& config, int world_size) {
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
+  // DeepSpeed 0.19.8 scales each reduction's input and output by these; dtrain divides the sum
+  // by the world size once, after the reduction.
+  if (c.prescale_gradients)
+    root.note("prescale_gradients",
+              "true: DeepSpeed divides by the world size before reducing; dtrain averages after "
+              "the reduction (the same mean, rounded at another point)");
+  if (c.gradient_predivide_factor != 1.0)
+    root.note("gradient_predivide_factor",
+              json(c.gradient_predivide_factor).dump() +
+                  ": DeepSpeed divides by it before reducing and by world size / it after; "
+                  "dtrain averages once after the reduction (the same mean, rounded at another "
+                  "point)");
   // DeepSpeed reads these; they change nothing in what dtrain computes.
   for (const char* k :
        {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
@@ -1196,8 +1226,6 @@ Config parse_config(const json& config, int world_size) {
       {"activation_checkpointing",
        "DeepSpeed's activation checkpointing (deepspeed.checkpointing); dtrain keeps every "
        "activation (checkpoint inside your module to trade compute for memory)"},
-      {"communication_data_type",
-       "dtrain reduces gradients in the master dtype (fp32) whatever this says"},
       {"seq_parallel_communication_data_type", "dtrain has no sequence parallelism"},
       {"tensorboard", "DeepSpeed's TensorBoard monitor; dtrain logs through dtrain::mlflow"},
       {"wandb", "DeepSpeed's W&B monitor; dtrain logs through dtrain::mlflow"},

@@ -54,14 +54,20 @@ constexpr int64_t kMaxBucketElements = int64_t(1) << 22;
 // DeepSpeed 0.19.8's buffers under fp16/bf16 (DeepSpeedEngine._cast_module_mixed_precision):
 // the floating ones named by keep_in_fp32_modules in fp32, the others in buffer_dtype when it is
 // set; without it they keep their dtype (a BatchNorm's fp32 statistics then meet 16-bit inputs).
+// A DeepSpeed canonical dtype name of the config ("fp16", "bf16", "fp32"); "" is `otherwise`.
+torch::ScalarType dtype_named(const std::string& name, torch::ScalarType otherwise) {
+  if (name == "fp16") return torch::kHalf;
+  if (name == "bf16") return torch::kBFloat16;
+  if (name == "fp32") return torch::kFloat32;
+  return otherwise;
+}
+
 void cast_buffers(torch::nn::Module& module, const DataTypesConfig& types) {
   std::optional<std::regex> keep;
   if (!types.keep_in_fp32_modules.empty())
     keep.emplace(keep_in_fp32_regex(types.keep_in_fp32_modules));
   std::optional<torch::ScalarType> to;
-  if (types.buffer_dtype == "fp16") to = torch::kHalf;
-  if (types.buffer_dtype == "bf16") to = torch::kBFloat16;
-  if (types.buffer_dtype == "fp32") to = torch::kFloat32;
+  if (!types.buffer_dtype.empty()) to = dtype_named(types.buffer_dtype, torch::kFloat32);
   torch::NoGradGuard no_grad;
   for (auto& item : module.named_buffers(/*recurse=*/true)) {
     auto& b = item.value();
@@ -155,6 +161,10 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
                        "config for 16-bit training");
     model_dtype_ = master_dtype_ = dtype0;
   }
+  // DeepSpeed 0.19.8: gradients are reduced in communication_data_type and accumulated over
+  // micro-batches in data_types.grad_accum_dtype, both the model's dtype unless set.
+  comm_dtype_ = dtype_named(communication_data_type(config_), model_dtype_);
+  accum_dtype_ = dtype_named(config_.data_types.grad_accum_dtype, model_dtype_);
   offload_opt_ = config_.zero.offload_optimizer.enabled();
   offload_param_ = config_.zero.offload_param.enabled();
   const auto& shards = options.partitioned;
@@ -258,15 +268,18 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
         torch::zeros({padded_}, torch::TensorOptions().dtype(model_dtype_).device(device_));
     for (size_t i = 0; i < params_.size(); ++i)
       params_[i].mutable_grad() = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
+    if (policy_.optimizer() && accum_dtype_ != model_dtype_)
+      grad_acc_ = torch::zeros({padded_}, flat_grads_.options().dtype(accum_dtype_));
   } else {
     grad_part_ = host_side(torch::zeros({part_}, torch::TensorOptions()
-                                                     .dtype(master_dtype_)
+                                                     .dtype(accum_dtype_)
                                                      .device(offload_opt_ ? torch::kCPU : device_)),
                            config_.zero.offload_optimizer);
   }
   // Gradients reduced during backward as their buckets complete: into grad_part_, or (stage 1
   // with overlap_comm, in the boundary micro-step) in place in flat_grads_ to their owners.
-  if (policy_.reduces_in_backward(config_.zero, world_, mixed_)) {
+  if (policy_.reduces_in_backward(config_.zero, world_,
+                                  /*in_model_dtype=*/!mixed_ && comm_dtype_ == model_dtype_)) {
     make_buckets();
     ::dtrain::detail::add_grad_ready_hooks(
         params_, names_, [this](size_t i) { on_grad_ready(i); }, hooks_);
@@ -460,6 +473,11 @@ void EngineImpl::backward(const torch::Tensor& loss) {
     throw;
   }
   ++micro_steps_;
+  if (grad_acc_.defined()) {  // this micro-batch's 16-bit gradient into the fp32 sum
+    torch::NoGradGuard ng;
+    grad_acc_.add_(flat_grads_);
+    flat_grads_.zero_();
+  }
   if (reduce_in_backward_) finish_backward();
   in_backward_ = false;
   if (policy_.parameters()) {
@@ -528,6 +546,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
     }
     bucket_peak_bytes_ = std::max(bucket_peak_bytes_, nbytes(staging));
   }
+  round_to_comm_dtype(staging);
   for (int r = 0; r < world_; ++r) {
     int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
     if (lo >= hi) continue;
@@ -545,6 +564,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
         continue;
       }
       reduce(seg, o);
+      if (r == rank_) round_to_comm_dtype(seg);
     }
     if (r == rank_) grad_part_.narrow(0, lo - r * part_, hi - lo).add_(seg.to(grad_part_.device()));
   }
@@ -563,8 +583,16 @@ void EngineImpl::settle_in_flight(size_t newest) {
 
 void EngineImpl::fold(InFlight& f) {
   f.work.wait();
-  if (f.mine)
-    grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
+  if (!f.mine) return;
+  round_to_comm_dtype(f.segment);
+  grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
+}
+
+void EngineImpl::round_to_comm_dtype(torch::Tensor& t) const {
+  if (t.scalar_type() == comm_dtype_ ||
+      c10::elementSize(comm_dtype_) > c10::elementSize(t.scalar_type()))
+    return;  // the same values, or a wider dtype that holds them
+  t.copy_(t.to(comm_dtype_));
 }
 
 void EngineImpl::finish_backward() {
@@ -610,28 +638,36 @@ torch::Tensor EngineImpl::averaged_gradient() {
   switch (policy_.gradient_path()) {
     case GradientPath::kAllReduce:
       g = flat_grads_.to(master_dtype_);
+      round_to_comm_dtype(g);
       if (world_ > 1) {
         AllReduceOptions o;
         o.group = group_;
         all_reduce(g, o);
         count(nbytes(g) * 2 * (world_ - 1) / world_);
+        round_to_comm_dtype(g);
       }
       break;
     case GradientPath::kReduceToOwners: {
       // Each partition reduced onto its owner (in place unless the gradients are 16-bit);
       // already done when the boundary backward reduced its buckets (overlap_comm).
-      auto full = flat_grads_.to(master_dtype_);
-      if (!grads_reduced_) reduce_to_owners(full);
+      auto full = grad_acc_.defined() ? grad_acc_ : flat_grads_.to(master_dtype_);
+      if (!grads_reduced_) {
+        round_to_comm_dtype(full);
+        reduce_to_owners(full);
+      }
       grads_reduced_ = false;
       g = own_slice(full);
+      if (world_ > 1) round_to_comm_dtype(g);
       break;
     }
     case GradientPath::kPartition:
       g = grad_part_;
       break;
   }
-  // In place from here: g is flat_grads_ or grad_part_ (zeroed after the step) or a copy.
-  if (g.device() != master_device) g = g.to(master_device);
+  // In place from here: g is flat_grads_, grad_acc_ or grad_part_ (zeroed after the step) or a
+  // copy.
+  if (g.device() != master_device || g.scalar_type() != master_dtype_)
+    g = g.to(master_device, master_dtype_);
   g.div_(static_cast<double>(world_));
   if (config_.fp16.enabled) g.div_(scaler_.scale());
   return g;
@@ -659,6 +695,7 @@ void EngineImpl::step() {
       ++skipped_steps_;
       ++global_steps_;
       if (flat_grads_.defined()) flat_grads_.zero_();
+      if (grad_acc_.defined()) grad_acc_.zero_();
       if (grad_part_.defined()) grad_part_.zero_();
       bytes_last_step_ = bytes_this_step_;
       bytes_this_step_ = 0;
@@ -689,6 +726,7 @@ void EngineImpl::step() {
   // 5. Everyone's updated partitions back into every rank's parameters.
   if (policy_.gathers_after_step() && world_ > 1) all_gather_params();
   if (flat_grads_.defined()) flat_grads_.zero_();
+  if (grad_acc_.defined()) grad_acc_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
   if (config_.fp16.enabled) scaler_.update(false);
   scheduler_.step();
@@ -735,9 +773,10 @@ MemoryUsage EngineImpl::memory() const {
     if (gathered_) put(m.params_device, m.params_cpu, flat_params_, false);
     if (fetch_) m.params_device += fetch_->held_bytes();
   }
-  if (!policy_.gradients())
+  if (!policy_.gradients()) {
     put(m.grads_device, m.grads_cpu, flat_grads_, false);
-  else {
+    put(m.grads_device, m.grads_cpu, grad_acc_, false);
+  } else {
     put(m.grads_device, m.grads_cpu, grad_part_, offload_opt_);
     m.grads_device += bucket_peak_bytes_;
   }

@@ -108,6 +108,9 @@ class EngineImpl final : public EngineCore {
   // them in, so that at most two buckets' staging buffers are alive (DeepSpeed's double buffer).
   void settle_in_flight(size_t newest);
   void fold(InFlight& f);  // wait for f; this rank's segment into grad_part_
+  // DeepSpeed reduces gradients in its communication dtype: what a rank sends, and the sum it
+  // receives, are rounded to it here (the wire carries the wider dtype).
+  void round_to_comm_dtype(torch::Tensor& t) const;
   void finish_backward();
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
@@ -168,13 +171,18 @@ class EngineImpl final : public EngineCore {
   std::vector<int64_t> offsets_, numels_;
   int64_t numel_ = 0, padded_ = 0, part_ = 0;
   torch::Dtype model_dtype_, master_dtype_;
+  torch::Dtype comm_dtype_, accum_dtype_;  // communication_data_type, data_types.grad_accum_dtype
   torch::Device device_{torch::kCPU};
   bool mixed_ = false, offload_opt_ = false, offload_param_ = false, gathered_ = false;
   torch::Tensor flat_params_;  // unless parameters are partitioned: the module's are views of it
   torch::Tensor param_part_;   // partitioned parameters: this rank's partition (model dtype)
   torch::Tensor flat_grads_;   // unless gradients are partitioned: the .grad are views of it
-  torch::Tensor grad_part_;    // partitioned gradients: this rank's reduced ones (sum over ranks)
-  torch::Tensor master_;       // fp32 master (what this rank updates); undefined = the params
+  torch::Tensor grad_part_;    // partitioned gradients: this rank's reduced ones (sum over ranks,
+                               // over micro-batches in accum_dtype_)
+  // Stage 1 with a grad_accum_dtype wider than the model's (fp32 under fp16/bf16): the
+  // micro-batches' gradients added up in it (flat_grads_ then holds one micro-batch's).
+  torch::Tensor grad_acc_;
+  torch::Tensor master_;  // fp32 master (what this rank updates); undefined = the params
   nlohmann::json client_state_ = nlohmann::json::object();  // of the last load_checkpoint
   std::unique_ptr<PartitionOptimizer> optimizer_;
   int64_t opt_step_ = 0;

@@ -61,10 +61,11 @@ class Partitioning {
                         : GradientPath::kAllReduce;
   }
   // Buckets of gradients are reduced during backward: always when gradients are partitioned;
-  // with a partitioned optimizer only under overlap_comm, in full precision (fp16/bf16's
-  // 16-bit gradients are reduced in fp32 at the step), with peers to reduce with.
-  bool reduces_in_backward(const ZeroOptimizationConfig& z, int world, bool mixed) const {
-    return gradients_ || (optimizer_ && z.overlap_comm && world > 1 && !mixed);
+  // with a partitioned optimizer only under overlap_comm, in place in the model's full-precision
+  // dtype (`in_model_dtype`: fp16/bf16's 16-bit gradients, or ones rounded to another
+  // communication dtype, are reduced at the step), with peers to reduce with.
+  bool reduces_in_backward(const ZeroOptimizationConfig& z, int world, bool in_model_dtype) const {
+    return gradients_ || (optimizer_ && z.overlap_comm && world > 1 && in_model_dtype);
   }
   // After the step every rank's updated partition is all-gathered into the full parameters
   // (stages 1-2; stage 3 gathers when the parameters are next used).

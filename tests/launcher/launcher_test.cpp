@@ -1353,6 +1353,23 @@ TEST_F(LauncherTest, StoreTokenAgentsMeetAndAWrongTokenFailsAtOnce) {
   EXPECT_TRUE(contains(rs[0].err, "sent a wrong store token")) << rs[0].err;
 }
 
+// --store-token - on a stdin that stays open and silent (a terminal, a pipe whose writer never
+// writes) is not waited on for ever: within 60 s, or a shorter --rdzv-timeout, it is refused.
+TEST_F(LauncherTest, StoreTokenOnASilentStdinIsRefusedInTime) {
+  const std::string fifo = path("silent-stdin"), marker = path("started");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Opened read-write, the FIFO has a writer (this shell, then dtrain itself) that never writes.
+  RunResult r = Process::start({"/bin/sh", "-c", "exec 0<>\"$1\"; shift; exec \"$@\"", "sh", fifo,
+                                kDtrain, "run", "--store-token", "-", "--rdzv-timeout", "1",
+                                kWorker, "--touch", marker})
+                    .finish(20s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--store-token -: no token line arrived on stdin within 1 s"))
+      << r.err;
+  EXPECT_LT(r.elapsed, 5.0);
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "the program ran without a token";
+}
+
 // A client without the token cannot touch a protected job's store: the connection is
 // closed at its first request and the agent names it.
 TEST_F(LauncherTest, AStrangerCannotUseAProtectedJobsStore) {

@@ -91,7 +91,8 @@ def train(engine, steps, rank, world):
     losses = []
     for step in steps:
         x, y = batch(step, rank, world)
-        loss = torch.nn.functional.cross_entropy(engine(x), y)
+        x = x.to(next(engine.module.parameters()).dtype)  # bf16 cases: the module's dtype
+        loss = torch.nn.functional.cross_entropy(engine(x).float(), y)
         engine.backward(loss)
         engine.step()
         t = loss.detach().clone()

@@ -124,28 +124,33 @@ def run_loss_scaler(case):
 
 def run_buffers(case):
     """deepspeed.initialize (one rank) on a Linear-BatchNorm-Linear model: every buffer's dtype
-    after it, the parameters' dtypes, and the losses of 3 training steps (engine forward,
-    backward, step on a batch of 8 in the parameters' dtype) or the error that stops them."""
+    after it, the parameters' dtypes, and the losses of 3 training steps of the config's
+    micro-batches each (engine forward, backward, step on a batch of 8 in the parameters' dtype)
+    or the error that stops them; with gradient_clipping the global gradient norm of each step
+    (the accumulated gradient, as the optimizer sees it)."""
     import deepspeed
     init_distributed()
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
     with torch.no_grad():  # libtorch's Linear initialises differently: values both sides compute
         for k, p in enumerate(model.parameters()):
             p.copy_((torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37 + k) * 0.5).view(p.shape))
-    config = dict(case["config"], train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=1)
+    micro = case["config"].get("gradient_accumulation_steps", 1)
+    config = dict(case["config"], train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=micro)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     torch.manual_seed(0)
     name = lambda dtype: str(dtype).replace("torch.", "")
     out = {"buffers": {n: name(b.dtype) for n, b in engine.module.named_buffers()},
            "parameters": sorted({name(p.dtype) for p in engine.module.parameters()}),
-           "losses": []}
+           "losses": [], "norms": []}
     try:
-        for _ in range(3):
+        for k in range(3 * micro):
             x = torch.randn(8, 4).to(next(engine.module.parameters()).dtype)
             loss = engine(x).float().pow(2).mean()
             engine.backward(loss)
             engine.step()
             out["losses"].append(float(loss))
+            if "gradient_clipping" in config and (k + 1) % micro == 0:
+                out["norms"].append(float(engine.get_global_grad_norm()))
         out["step"] = "ok"
     except Exception as e:
         out["step"] = error_text(e)
@@ -226,6 +231,8 @@ def resolved(c):
         "min_loss_scale": float(f.min_loss_scale),
         "optimizer": c.optimizer_name,
         "scheduler": c.scheduler_name,
+        "communication_data_type": (None if c.communication_data_type is None else
+                                    str(c.communication_data_type).replace("torch.", "")),
     }
     return out
 

@@ -23,6 +23,7 @@
 #include "dtrain/zero.h"
 #include "support/paths.h"
 #include "support/thread_group.h"
+#include "zero/data_types.h"
 
 namespace {
 
@@ -79,7 +80,8 @@ json sched(const std::string& type, json params = json::object()) {
 }
 
 // A Linear-BatchNorm-Linear model under a 16-bit config's data_types: every buffer's dtype after
-// the engine is built, and the losses of 3 training steps (or the error that stops the first).
+// the engine is built, and the losses of 3 training steps of the config's micro-batches each (or
+// the error that stops the first).
 // At stage 0 DeepSpeed's 16-bit optimizer first steps once on zero gradients (its state's step
 // count runs one ahead; weight decay and dampened momentum see that step): the cases with
 // AdamW's decay and SGD's dampening show dtrain does the same.
@@ -249,6 +251,42 @@ json build_cases() {
       {{"bf16", bf16},
        {"zero_optimization", zero(2)},
        {"data_types", {{"buffer_dtype", "bfloat16"}, {"keep_in_fp32_modules", {"running_v*"}}}}}));
+  // Micro-batches: with grad_accum_dtype fp32 DeepSpeed trains stage 1 by its BF16_Optimizer
+  // (each micro-batch's bf16 gradient added into fp32); otherwise by its ZeRO optimizer.
+  for (int stage : {1, 2, 3}) {
+    for (const bool fp32_accum : {false, true}) {
+      json types = bf16_buffers;
+      if (fp32_accum) types["grad_accum_dtype"] = "fp32";
+      c.push_back(buffers_case("buffers: bf16, stage " + std::to_string(stage) +
+                                   ", 4 micro-batches" +
+                                   (fp32_accum ? ", grad_accum_dtype fp32" : ""),
+                               {{"bf16", bf16},
+                                {"zero_optimization", zero(stage)},
+                                {"gradient_accumulation_steps", 4},
+                                {"gradient_clipping", 1e6},  // the norm, never a clip
+                                {"data_types", types}}));
+    }
+  }
+  // DeepSpeed reduces in communication_data_type (the model's bf16 unless set): even on one
+  // rank the fp32 sum of the micro-batches is rounded to bf16 there, unless it says fp32.
+  for (int stage : {1, 3}) {
+    c.push_back(
+        buffers_case("buffers: bf16, stage " + std::to_string(stage) +
+                         ", 4 micro-batches, grad_accum_dtype and communication fp32",
+                     {{"bf16", bf16},
+                      {"zero_optimization", zero(stage)},
+                      {"gradient_accumulation_steps", 4},
+                      {"gradient_clipping", 1e6},
+                      {"communication_data_type", "fp32"},
+                      {"data_types", {{"buffer_dtype", "bf16"}, {"grad_accum_dtype", "fp32"}}}}));
+  }
+  c.push_back(buffers_case(
+      "buffers: bf16, stage 2, offload, 4 micro-batches",
+      {{"bf16", bf16},
+       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
+       {"gradient_accumulation_steps", 4},
+       {"gradient_clipping", 1e6},
+       {"data_types", bf16_buffers}}));
   c.push_back(
       buffers_case("buffers: fp32, stage 1, buffer_dtype bf16 (not read)",
                    {{"zero_optimization", zero(1)}, {"data_types", {{"buffer_dtype", "bf16"}}}}));
@@ -444,6 +482,10 @@ json config_cases() {
   add("data_types keep null", types(bf16_on, {{"keep_in_fp32_modules", nullptr}}));
   add("data_types keep an unbalanced pattern", types(bf16_on, {{"keep_in_fp32_modules", {"a("}}}));
   add("data_types unknown key", types(json::object(), {{"bufer_dtype", "bf16"}}));
+  // communication_data_type: DeepSpeed's three names in any case, null its default.
+  for (const json& v : {json("fp32"), json("BF16"), json("fp16"), json(nullptr), json("float32"),
+                        json("auto"), json(16)})
+    add("communication_data_type " + v.dump(), with(batch, {{"communication_data_type", v}}));
   add("data_types null", types(json::object(), nullptr));
   add("data_types a list", types(json::object(), json::array()));
   // Optimizers.
@@ -664,7 +706,8 @@ json run_buffers(const json& cs) {
     }
     json config = cs.at("config");
     config["train_micro_batch_size_per_gpu"] = 8;
-    config["gradient_accumulation_steps"] = 1;
+    const int micro = config.value("gradient_accumulation_steps", 1);
+    config["gradient_accumulation_steps"] = micro;
     dtrain::zero::Engine<torch::nn::Sequential> engine(model, dtrain::zero::parse_config(config, 1),
                                                        {pg});
     torch::manual_seed(0);
@@ -675,14 +718,16 @@ json run_buffers(const json& cs) {
     for (const auto& p : model->parameters()) params.insert(dtype_name(p.scalar_type()));
     out["buffers"] = buffers;
     out["parameters"] = params;
-    json losses = json::array();
+    json losses = json::array(), norms = json::array();
     try {
-      for (int step = 0; step < 3; ++step) {
+      for (int step = 0; step < 3 * micro; ++step) {
         auto x = torch::randn({8, 4}).to(model->parameters()[0].scalar_type());
         auto loss = engine.forward(x).to(torch::kFloat).pow(2).mean();
         engine.backward(loss);
         engine.step();
         losses.push_back(loss.item<double>());
+        if (config.contains("gradient_clipping") && (step + 1) % micro == 0)
+          norms.push_back(engine.core().last_grad_norm());
       }
       out["step"] = "ok";
     } catch (const std::exception& e) {
@@ -690,6 +735,7 @@ json run_buffers(const json& cs) {
       out["step"] = what.substr(0, what.find('\n'));
     }
     out["losses"] = losses;
+    out["norms"] = norms;
   });
   return out;
 }
@@ -726,7 +772,9 @@ const json& scaler_cases() {
           engine.backward((model->w * model->w).sum());
           engine.step();
         }
-        if (parsed.fp16.enabled) EXPECT_EQ(engine.loss_scale(), replica.scale());
+        if (parsed.fp16.enabled) {
+          EXPECT_EQ(engine.loss_scale(), replica.scale());
+        }
         engine.save_checkpoint(dir.string(), "t", {.deepspeed_loss_scaler = true});
       });
       out.push_back({{"name", "scaler object: " + name},
@@ -814,8 +862,20 @@ void check_steps(const json& peer) {
         const double tolerance = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
         EXPECT_NEAR(a, b, tolerance * std::fabs(b)) << "step " << k + 1;
       }
-      std::printf("  %-50s %s; max |dloss| %.2e\n", name.c_str(),
+      // The accumulated gradient itself (fp32 or bf16 sums of the micro-batches'), which the
+      // bf16 losses and Adam's first steps hardly show: equal up to the order of the sums.
+      ASSERT_EQ(ours.at("norms").size(), ds.at("norms").size());
+      double worst_norm = 0;
+      for (size_t k = 0; k < ours.at("norms").size(); ++k) {
+        const double a = ours.at("norms")[k], b = ds.at("norms")[k];
+        worst_norm = std::max(worst_norm, std::fabs(a - b) / std::fabs(b));
+        EXPECT_NEAR(a, b, (TORCH_VERSION_MAJOR >= 2 ? 1e-5 : 1e-2) * std::fabs(b))
+            << "gradient norm of step " << k + 1;
+      }
+      std::printf("  %-50s %s; max |dloss| %.2e", name.c_str(),
                   theirs == "ok" ? "trains" : "refused by both", worst);
+      if (!ours.at("norms").empty()) std::printf(", max relative |dnorm| %.2e", worst_norm);
+      std::printf("\n");
       ++buffer_cases;
       continue;
     }
@@ -861,6 +921,13 @@ void check_steps(const json& peer) {
       schedulers, optimizers, scalers, buffer_cases);
 }
 
+// The engine's communication dtype in torch's names (null: the model's dtype).
+json communication_dtype_name(const dtrain::zero::Config& c) {
+  const std::string d = dtrain::zero::communication_data_type(c);
+  if (d.empty()) return nullptr;
+  return d == "fp32" ? "float32" : d == "fp16" ? "float16" : "bfloat16";
+}
+
 // What dtrain resolved, in the peer's terms.
 json resolved(const dtrain::zero::Config& c) {
   return {{"train_batch_size", c.train_batch_size},
@@ -880,7 +947,8 @@ json resolved(const dtrain::zero::Config& c) {
           {"loss_scale_window", c.fp16.loss_scale_window},
           {"hysteresis", c.fp16.hysteresis},
           {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
-          {"min_loss_scale", c.fp16.min_loss_scale}};
+          {"min_loss_scale", c.fp16.min_loss_scale},
+          {"communication_data_type", communication_dtype_name(c)}};
 }
 
 // The optimizer's values as DeepSpeed's param_groups name them, and the scheduler's first rates.

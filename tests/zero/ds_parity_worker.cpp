@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
                                {.client_state = cs.value("client_state", nlohmann::json::object()),
                                 .deepspeed_loss_scaler = true});
       auto [x, y] = batch(step, pg->rank(), pg->world_size());
-      auto loss = torch::nn::functional::cross_entropy(engine(x), y);
+      x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
+      auto loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
       engine.backward(loss);
       engine.step();
       auto t = loss.detach().clone().reshape({1});
