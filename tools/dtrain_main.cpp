@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 
@@ -57,6 +58,8 @@ void cancel_slurm_step(const dtrain::RunArgs& a) {
   ::waitpid(pid, nullptr, 0);
 }
 
+const char* getenv_(const char* name) { return std::getenv(name); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,7 +79,9 @@ int main(int argc, char** argv) {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
     dtrain::ray::exec_cli_if_requested(argc, argv);    // `dtrain run --ray-address ADDR ...`
   } catch (const dtrain::UsageError& e) {
-    std::cerr << "dtrain run: " << e.what() << "\n";
+    // Their messages may name the command already.
+    const std::string what = e.what(), prefix = "dtrain run: ";
+    std::cerr << (what.rfind(prefix, 0) == 0 ? "" : prefix) << what << "\n";
     return 2;
   }
   if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "run") {
@@ -126,7 +131,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "dtrain: error: " << e.what() << "\nRun 'dtrain --help' or 'dtrain run --help'.\n";
+    std::cerr << "dtrain: error: "
+              << dtrain::name_env_source(e.what(), {argv, argv + argc}, getenv_)
+              << "\nRun 'dtrain --help' or 'dtrain run --help'.\n";
     return 2;
   }
   dtrain::LaunchOptions options;
@@ -145,7 +152,9 @@ int main(int argc, char** argv) {
     options = dtrain::run_args_to_options(run_args, rest);
     for (const auto& note : options.notes) std::cerr << "dtrain run: note: " << note << "\n";
   } catch (const dtrain::UsageError& e) {
-    std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
+    std::cerr << "dtrain run: error: "
+              << dtrain::name_env_source(e.what(), {argv, argv + argc}, getenv_)
+              << "\nRun 'dtrain run --help' for the flags.\n";
     return 2;
   }
   try {

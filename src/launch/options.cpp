@@ -438,6 +438,11 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
       if (comma == std::string::npos) break;
       pos = comma + 1;
     }
+    if (*o.local_ranks_filter.begin() >= o.nproc_per_node)
+      o.notes.push_back("--local-ranks-filter " + a.local_ranks_filter +
+                        ": names no local rank of this node (0.." +
+                        std::to_string(o.nproc_per_node - 1) +
+                        "), so no worker's output is shown (as under torchrun)");
   }
   // An empty value duplicates nothing, as torchrun's (`if duplicate_stdout_filters:`).
   if (!a.duplicate_stdout_filters.empty())
@@ -731,6 +736,29 @@ void refuse_empty_values(const std::vector<std::string>& options) {
   for (const auto& arg : options)
     if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.find('=') == arg.size() - 1)
       throw UsageError(arg + ": an empty value; give one (" + arg + "VALUE) or leave the flag out");
+}
+
+std::string name_env_source(const std::string& what, const std::vector<std::string>& args,
+                            const std::function<const char*(const char*)>& env) {
+  const size_t at = what.find("--");
+  if (at == std::string::npos) return what;
+  // The flag's name after "--" (dashes or underscores), its two spellings and its variable.
+  std::string name;
+  for (size_t i = at + 2; i < what.size(); ++i) {
+    const char c = what[i];
+    if (!std::islower(static_cast<unsigned char>(c)) && c != '-' && c != '_') break;
+    name += c == '_' ? '-' : c;
+  }
+  if (name.empty()) return what;
+  std::string underscored = name, var = "PET_";
+  for (char& c : underscored)
+    if (c == '-') c = '_';
+  for (char c : underscored) var += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const auto& a : args)
+    for (const std::string& f : {"--" + name, "--" + underscored})
+      if (a == f || a.rfind(f + "=", 0) == 0) return what;  // given on the command line
+  if (!env(var.c_str())) return what;
+  return what + " (the value came from the environment variable " + var + ")";
 }
 
 LaunchOptions parse_run_args(const std::vector<std::string>& args) {

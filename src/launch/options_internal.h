@@ -78,6 +78,11 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a);
 // Throws UsageError for a `--flag=` with an empty value among `options` (the arguments before
 // PROGRAM): CLI11 would take the next argument as its value (`--role= true sh` ran sh).
 void refuse_empty_values(const std::vector<std::string>& options);
+// `what` (an error about a flag, e.g. "--nproc-per-node: got 'abc' ...") with the PET_ variable
+// it names when that flag is not among `args` but the variable is set through `env`: the
+// value came from there (torchrun's PET_<NAME> fallback), so the user is told where to look.
+std::string name_env_source(const std::string& what, const std::vector<std::string>& args,
+                            const std::function<const char*(const char*)>& env);
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest);
 // The same, reading Slurm's variables through `env` (tests pass a map).
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,

@@ -1318,10 +1318,14 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
     };
     j = json::parse(text, check, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 5e400
+    // nlohmann's text starts with its own tag ("[json.exception.parse_error.101] "): dropped.
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos)
+      what = what.substr(what.find("] ") + 2);
     throw ConfigError((first == std::string::npos || text_or_path[first] != '{'
                            ? text_or_path
                            : std::string("config")) +
-                      ": not valid JSON: " + e.what());
+                      ": not valid JSON: " + what);
   }
   return parse_config(j, world_size);
 }

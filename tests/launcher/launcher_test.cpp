@@ -1577,6 +1577,18 @@ TEST_P(BadInputTest, ExitsTwoNamingFlagAndValueWithoutStarting) {
 INSTANTIATE_TEST_SUITE_P(Table, BadInputTest, ::testing::ValuesIn(bad_inputs()),
                          [](const auto& info) { return info.param.name; });
 
+// A bad value from a PET_ variable (torchrun's fallback for an option not typed) is named by its
+// variable, through the real command.
+TEST(DtrainCommand, ABadPetVariableIsNamed) {
+  RunOptions o;
+  o.env = {"PET_NPROC_PER_NODE=abc"};
+  RunResult r = Process::start({kDtrain, "run", "/bin/true"}, o).finish(10s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--nproc-per-node: got 'abc'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "(the value came from the environment variable PET_NPROC_PER_NODE)"))
+      << r.err;
+}
+
 TEST(DtrainCommand, AnUnknownCommandIsNamedWithTheCommandsThereAre) {
   RunResult r = Process::start({kDtrain, "frobnicate", "--nproc-per-node", "2"}).finish(10s);
   EXPECT_EQ(r.exit_code, 2) << r.err;

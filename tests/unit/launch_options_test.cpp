@@ -29,6 +29,7 @@
 #include "dtrain/store.h"
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
+#include "launch/options_internal.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
 #include "support/paths.h"
@@ -294,6 +295,13 @@ TEST(ParseRunArgs, TorchrunTwoLaunchLines) {
   EXPECT_THROW(parse({"--numa-binding", "gpu"}), UsageError);
   EXPECT_THROW(parse({"--signals-to-handle", "SIGKILL"}), UsageError);
   EXPECT_THROW(parse({"--local-ranks-filter", "a"}), UsageError);
+  // A filter beyond this node's local ranks shows nothing (torchrun's too): a note says so.
+  o = parse({"--nproc-per-node", "2", "--local-ranks-filter", "2,5"});
+  ASSERT_EQ(o.notes.size(), 1u);
+  EXPECT_NE(o.notes[0].find("--local-ranks-filter 2,5: names no local rank of this node (0..1)"),
+            std::string::npos)
+      << o.notes[0];
+  EXPECT_TRUE(parse({"--nproc-per-node", "2", "--local-ranks-filter", "1,5"}).notes.empty());
 }
 
 // Every option of the venv's torchrun (PyTorch 2.11), in each of its spellings, is an option of
@@ -382,6 +390,30 @@ std::string describe(const LaunchOptions& o) {
 // PET_NODE_RANK, PET_MASTER_ADDR...). The venv's torchrun says which options, and what its
 // own parser makes of each value; dtrain must parse every one as if given as the flag, and a
 // flag on the command line wins.
+// An error about a value that came from a PET_ variable names the variable (the user did not
+// type the flag); one typed on the command line, in either spelling, does not.
+TEST(ParseRunArgs, AnErrorAboutAPetVariablesValueNamesIt) {
+  auto env = [](const char* name) -> const char* {
+    return std::string(name) == "PET_NPROC_PER_NODE" || std::string(name) == "PET_STANDALONE"
+               ? "abc"
+               : nullptr;
+  };
+  const std::vector<std::string> bare = {"dtrain", "run", "train"};
+  EXPECT_EQ(name_env_source("--nproc-per-node: got 'abc'", bare, env),
+            "--nproc-per-node: got 'abc' (the value came from the environment variable "
+            "PET_NPROC_PER_NODE)");
+  EXPECT_EQ(name_env_source("Could not convert: --standalone = abc", bare, env),
+            "Could not convert: --standalone = abc (the value came from the environment "
+            "variable PET_STANDALONE)");
+  for (const auto& typed :
+       {std::vector<std::string>{"dtrain", "run", "--nproc-per-node", "abc", "train"},
+        std::vector<std::string>{"dtrain", "run", "--nproc_per_node=abc", "train"}})
+    EXPECT_EQ(name_env_source("--nproc-per-node: got 'abc'", typed, env),
+              "--nproc-per-node: got 'abc'");
+  EXPECT_EQ(name_env_source("--nnodes: got 'x'", bare, env), "--nnodes: got 'x'");
+  EXPECT_EQ(name_env_source("missing PROGRAM", bare, env), "missing PROGRAM");
+}
+
 TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
   // A value for each torchrun option that differs from its default.
   const std::map<std::string, std::string> samples = {

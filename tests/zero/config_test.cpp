@@ -112,6 +112,18 @@ TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
             "completely_unrelated_thing: unknown key" + ignored);
 }
 
+// Text that is not JSON is named with where it breaks, without the JSON library's own tag.
+TEST(ZeroConfig, TextThatIsNotJsonSaysWhereItBreaks) {
+  try {
+    dtrain::zero::parse_config_text("{\"train_batch_size\": 8,, }", 1);
+    FAIL() << "accepted";
+  } catch (const dtrain::zero::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("config: not valid JSON: parse error at line 1, column ", 0), 0u) << what;
+    EXPECT_EQ(what.find("json.exception"), std::string::npos) << what;
+  }
+}
+
 TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
   json base = {{"train_batch_size", 8}};
   auto with = [&](const json& extra) {
