@@ -26,6 +26,8 @@
 //     the accounting figure (engine.memory()), every rank's measured peak RSS, and the largest
 //     peak's ratio to stage 0's at the same world size. --zero '{"key": value}' adds
 //     zero_optimization settings to every run (e.g. stage 3's prefetch and reuse distance).
+//     `rss-worker ... --resume DIR` then saves a checkpoint into DIR and loads it back, and
+//     prints the load's peak RSS above what the process held before it (zero_resume_rss).
 //
 // Every mode prints the machine (CPU model, cores) and JSON lines.
 #include <ATen/Parallel.h>
@@ -210,7 +212,7 @@ void reset_peak_rss() {
 
 // One stage at one world size: every rank's peak RSS over `steps` training steps.
 int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
-               const std::string& zero_json) {
+               const std::string& zero_json, const std::string& resume_dir) {
   auto pg = dtrain::init_process_group();
   const int N = pg->world_size();
   using namespace torch::nn;
@@ -266,6 +268,37 @@ int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
         (long long)(m.params() + m.grads() + m.optimizer()), inits.str().c_str(),
         ranks.str().c_str(), (long long)max_peak);
     std::fflush(stdout);
+  }
+  if (!resume_dir.empty()) {
+    // --resume DIR: the checkpoint saved, then loaded back into the same engine; the peak RSS
+    // above what the process held before the load is what resuming costs on top of training.
+    e.save_checkpoint(resume_dir, "resume");
+    pg->barrier();
+    const int64_t before = proc_status_bytes("VmRSS");
+    reset_peak_rss();
+    e.load_checkpoint(resume_dir, "resume");
+    const int64_t extra = proc_status_bytes("VmHWM") - before;
+    int64_t file = 0;
+    for (const auto& f : std::filesystem::directory_iterator(resume_dir + "/resume"))
+      if (f.path().filename().string().find("optim_states") != std::string::npos)
+        file = std::max<int64_t>(file, static_cast<int64_t>(f.file_size()));
+    auto got = dtrain::all_gather(torch::tensor({double(extra)}, torch::kFloat64));
+    if (pg->rank() == 0) {
+      std::ostringstream extras;
+      int64_t max_extra = 0;
+      for (int r = 0; r < N; ++r) {
+        const auto v = int64_t(got[r][0].item<double>());
+        extras << (r ? "," : "") << v;
+        max_extra = std::max(max_extra, v);
+      }
+      std::printf(
+          "{\"bench\":\"zero_resume_rss\",\"world\":%d,\"stage\":%d,\"params\":%lld,"
+          "\"load_extra_peak_bytes\":[%s],\"max_load_extra_peak_bytes\":%lld,"
+          "\"largest_optim_file_bytes\":%lld}\n",
+          N, stage, (long long)e.core().num_parameters(), extras.str().c_str(),
+          (long long)max_extra, (long long)file);
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
@@ -397,7 +430,8 @@ int main(int argc, char** argv) {
                         std::stoll(arg(argc, argv, "--width", "2048")),
                         std::stoi(arg(argc, argv, "--layers", "20")),
                         std::stoi(arg(argc, argv, "--steps", "3")),
-                        std::stoi(arg(argc, argv, "--batch", "8")), arg(argc, argv, "--zero", ""));
+                        std::stoi(arg(argc, argv, "--batch", "8")), arg(argc, argv, "--zero", ""),
+                        arg(argc, argv, "--resume", ""));
     if (mode == "throughput")
       return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")),
                               std::stoi(arg(argc, argv, "--rounds", "3")),

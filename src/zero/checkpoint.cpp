@@ -74,10 +74,18 @@ void sync_dir(const fs::path& dir) {
 
 std::vector<char> read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in)
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (!in || ec)
     throw UsageError("zero checkpoint: cannot read " + path.string() +
                      " (no such checkpoint file)");
-  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // In one piece of the file's size: growing a buffer byte by byte held up to twice the file
+  // (every optimizer file of a resume passes here).
+  std::vector<char> data(static_cast<size_t>(size));
+  if (!in.read(data.data(), static_cast<std::streamsize>(size)) ||
+      in.gcount() != static_cast<std::streamsize>(size))
+    throw UsageError("zero checkpoint: cannot read " + path.string() + " (it changed while read)");
+  return data;
 }
 
 detail::PyPtr load_file(const fs::path& path) {
@@ -874,6 +882,11 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   // A stage-3 model file's parameters are empty (DeepSpeed's layout): they come from the fp32
   // master of the optimizer files, which are read then whatever the options.
   const bool empty_params = !names_.empty() && module_parameter_is_empty(d, names_[0], model_path);
+  if (empty_params && saved_world == world_ && policy_.parameters() && !optimizer_->opaque()) {
+    load_stage3_own_part(d, ckpt.string(), opts, model_path.string());
+    client_state_ = client_state_of(*file);
+    return tag;
+  }
   if (opts.load_optimizer_states || empty_params) {
     for (int r = 0; r < saved_world; ++r) optims.push_back(load_dict(ckpt / optim_file(r)));
   }
@@ -937,11 +950,7 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
                   model_path.string());
     full.narrow(0, offsets_[i], numels_[i]).copy_(t.reshape({-1}));
   }
-  for (auto& item : module_.named_buffers(true)) {
-    auto it = module_dict.find(item.key());
-    if (it != module_dict.end() && item.value().defined())
-      item.value().detach().copy_(it->value().toTensor());
-  }
+  load_buffers(module_dict);
   auto place = [&](const torch::Tensor& full_flat) {
     if (!policy_.parameters()) {
       flat_params_.copy_(full_flat);
@@ -994,6 +1003,77 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
   } else if (master_.defined()) {
     master_.copy_(policy_.mine(full, rank_, part_));
   }
+  load_counters(d, opts, where);
+}
+
+void EngineImpl::load_buffers(const c10::impl::GenericDict& module_dict) {
+  torch::NoGradGuard ng;
+  for (auto& item : module_.named_buffers(true)) {
+    auto it = module_dict.find(item.key());
+    if (it != module_dict.end() && item.value().defined())
+      item.value().detach().copy_(it->value().toTensor());
+  }
+}
+
+void EngineImpl::load_stage3_own_part(const c10::impl::GenericDict& d, const std::string& ckpt_s,
+                                      const LoadCheckpointOptions& opts, const std::string& where) {
+  torch::NoGradGuard ng;
+  const fs::path ckpt(ckpt_s), model_path(where);
+  const int64_t lo = static_cast<int64_t>(rank_) * part_;
+  // This rank's part of the flat order; the padding beyond the parameters stays zero.
+  auto master = torch::zeros({part_}, torch::TensorOptions().dtype(master_dtype_));
+  auto& state = optimizer_->state();
+  std::vector<torch::Tensor> states;
+  std::vector<std::string> names;
+  int64_t step = 0;
+  for (int r = 0; r < world_; ++r) {
+    const fs::path path = ckpt / optim_file(r);
+    const auto o = get(load_dict(path), "optimizer_state_dict", path).toGenericDict();
+    std::vector<torch::Tensor> groups;
+    for (const auto& t : get(o, "fp32_flat_groups", path).toListRef())
+      groups.push_back(t.toTensor().reshape({-1}));
+    detail::scatter_per_parameter(torch::cat(groups), r, world_, numels_, lo, master,
+                                  path.string());
+    if (!opts.load_optimizer_states) continue;
+    if (r == 0) {
+      const std::string saved_type = get(o, "type", path).toStringRef();
+      if (saved_type == kClientOptimizerType) load_opaque_state({}, saved_type, world_, where);
+    }
+    step = get(o, "step", path).toInt();
+    const auto st = rank_state(o, path);
+    if (r == 0) {
+      for (const auto& e : st) names.push_back(e.first);
+      if (names.size() != state.size())
+        throw Error("zero load_checkpoint: the checkpoint's optimizer has " +
+                    std::to_string(names.size()) + " state tensors per element, this one " +
+                    std::to_string(state.size()) + " (another optimizer type?)");
+      for (const auto& s : state)
+        states.push_back(torch::zeros({part_}, s.options().device(torch::kCPU)));
+    }
+    for (size_t k = 0; k < names.size(); ++k) {
+      auto it =
+          std::find_if(st.begin(), st.end(), [&](const auto& e) { return e.first == names[k]; });
+      if (it == st.end())
+        throw detail::CheckpointError(path.string() + ": has no optimizer state '" + names[k] +
+                                      "' (rank 0's file has it)");
+      detail::scatter_per_parameter(it->second, r, world_, numels_, lo, states[k], path.string());
+    }
+  }
+  param_part_.copy_(master);
+  if (gathered_) release_parameters();  // gathered copies of the old values are stale
+  if (fetch_) fetch_->release_all();
+  load_buffers(get(d, "module", model_path).toGenericDict());
+  if (master_.defined()) master_.copy_(master);
+  if (opts.load_optimizer_states) {
+    for (size_t k = 0; k < state.size(); ++k) state[k].copy_(states[k]);
+    opt_step_ = step;
+  }
+  load_counters(d, opts, where);
+}
+
+void EngineImpl::load_counters(const c10::impl::GenericDict& d, const LoadCheckpointOptions& opts,
+                               const std::string& where) {
+  const fs::path model_path(where);
   // DeepSpeed writes lr_scheduler None without a scheduler, and keeps no loss scaler here.
   if (opts.load_lr_scheduler_states && d.contains("lr_scheduler") &&
       d.at("lr_scheduler").isGenericDict()) {

@@ -142,6 +142,17 @@ class EngineImpl final : public EngineCore {
   // "state" copy removed from `o`).
   detail::PyPtr deepspeed_base_optimizer(const detail::PyPtr& o, detail::PyPtr states,
                                          std::vector<detail::PyPtr> params, bool loss_scaler) const;
+  // A stage-3 checkpoint of dtrain's at this world size, whose model file `model` holds no
+  // parameters: the optimizer files of directory `ckpt` are read one at a time and only this
+  // rank's part of the fp32 master and of the optimizer state is kept (O(model / N) memory,
+  // where putting the whole master together took O(model)).
+  void load_stage3_own_part(const c10::impl::GenericDict& model, const std::string& ckpt,
+                            const LoadCheckpointOptions& opts, const std::string& where);
+  // A model file's scheduler position, loss scale and step counters; the gradients zeroed.
+  void load_counters(const c10::impl::GenericDict& model, const LoadCheckpointOptions& opts,
+                     const std::string& where);
+  // The module file's buffers into the module.
+  void load_buffers(const c10::impl::GenericDict& module_dict);
   // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
   void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);

@@ -101,4 +101,29 @@ torch::Tensor from_per_parameter(const std::vector<torch::Tensor>& flats,
   return out;
 }
 
+void scatter_per_parameter(const torch::Tensor& flat, int r, int world,
+                           const std::vector<int64_t>& numels, int64_t lo, torch::Tensor& part,
+                           const std::string& where) {
+  int64_t need = 0;
+  for (int64_t n : numels) need += per_parameter_part(n, world);
+  if (flat.numel() != need)
+    throw CheckpointError(where + ": rank " + std::to_string(r) + "'s stage-3 flat group has " +
+                          std::to_string(flat.numel()) + " elements; the model's " +
+                          std::to_string(numels.size()) + " parameters over " +
+                          std::to_string(world) + " ranks need " + std::to_string(need) +
+                          " (another model, or a checkpoint of another world size?)");
+  const auto src = flat.reshape({-1});
+  const int64_t hi = lo + part.numel();
+  int64_t offset = 0, at = 0;  // the parameter's start in the flat order, in rank r's group
+  for (int64_t n : numels) {
+    const int64_t p = per_parameter_part(n, world);
+    // Rank r holds the parameter's [r*p, min(n, (r+1)*p)): flat elements from offset + r*p.
+    const int64_t first = offset + std::min(n, r * p), last = offset + std::min(n, (r + 1) * p);
+    const int64_t a = std::max(lo, first), b = std::min(hi, last);
+    if (a < b) part.narrow(0, a - lo, b - a).copy_(src.narrow(0, at + (a - first), b - a));
+    offset += n;
+    at += p;
+  }
+}
+
 }  // namespace dtrain::zero::detail

@@ -42,4 +42,12 @@ torch::Tensor to_per_parameter(const std::shared_ptr<ProcessGroup>& group,
 torch::Tensor from_per_parameter(const std::vector<torch::Tensor>& flats,
                                  const std::vector<int64_t>& numels, const std::string& where);
 
+// One saved rank's share of that: copies into `part` (the elements [lo, lo + part.numel()) of
+// the flat order) those that rank `r`'s DeepSpeed stage-3 flat group `flat` (of `world` ranks)
+// holds, so that a rank reads the files one at a time and keeps only its own part. Throws
+// CheckpointError naming `where` when `flat` is not as long as the parameters need.
+void scatter_per_parameter(const torch::Tensor& flat, int r, int world,
+                           const std::vector<int64_t>& numels, int64_t lo, torch::Tensor& part,
+                           const std::string& where);
+
 }  // namespace dtrain::zero::detail
