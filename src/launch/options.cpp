@@ -438,7 +438,8 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
       if (comma == std::string::npos) break;
       pos = comma + 1;
     }
-    if (*o.local_ranks_filter.begin() >= o.nproc_per_node)
+    // (Only with --nproc-per-node given: a host file's slots set the count later.)
+    if (!a.nproc.empty() && *o.local_ranks_filter.begin() >= o.nproc_per_node)
       o.notes.push_back("--local-ranks-filter " + a.local_ranks_filter +
                         ": names no local rank of this node (0.." +
                         std::to_string(o.nproc_per_node - 1) +
@@ -534,7 +535,8 @@ std::string read_token_line(int fd, std::chrono::milliseconds wait) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     pollfd p{fd, POLLIN, 0};
-    const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    // Polled even when no time is left: a line already there is taken (--rdzv-timeout 0).
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0)
       throw UsageError("--store-token -: no token line arrived on stdin within " +
@@ -626,7 +628,7 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
       pos = comma + 1;
     }
   }
-  // After the other flags' checks: a mistake in them is reported without waiting on stdin.
+  // After the rendezvous flags, whose timeout bounds the wait.
   o.store_token = a.store_token == "-"
                       ? read_token_line(STDIN_FILENO, std::min<std::chrono::milliseconds>(
                                                           kStoreTokenWait, o.rdzv_timeout))

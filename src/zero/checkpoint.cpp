@@ -881,7 +881,12 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   const int saved_world = static_cast<int>(get(d, "dp_world_size", model_path).toInt());
   // A stage-3 model file's parameters are empty (DeepSpeed's layout): they come from the fp32
   // master of the optimizer files, which are read then whatever the options.
-  const bool empty_params = !names_.empty() && module_parameter_is_empty(d, names_[0], model_path);
+  // (Judged by a parameter that has elements: an empty one is empty in every layout.)
+  const auto sized = std::find_if(numels_.begin(), numels_.end(), [](int64_t n) { return n > 0; });
+  const bool empty_params =
+      sized != numels_.end() &&
+      module_parameter_is_empty(d, names_[static_cast<size_t>(sized - numels_.begin())],
+                                model_path);
   if (empty_params && saved_world == world_ && policy_.parameters() && !optimizer_->opaque()) {
     load_stage3_own_part(d, ckpt.string(), opts, model_path.string());
     client_state_ = client_state_of(*file);

@@ -1202,18 +1202,19 @@ Config parse_config(const json& config, int world_size) {
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
-  // DeepSpeed 0.19.8 scales each reduction's input and output by these; dtrain divides the sum
-  // by the world size once, after the reduction.
+  // DeepSpeed 0.19.8 scales reductions' inputs and outputs by these; dtrain divides by the world
+  // size once: before reducing at stages 1-3 (its ZeRO optimizers' default), after at stage 0.
   if (c.prescale_gradients)
     root.note("prescale_gradients",
-              "true: DeepSpeed divides by the world size before reducing; dtrain averages after "
-              "the reduction (the same mean, rounded at another point)");
+              "true: DeepSpeed divides by the world size before reducing; dtrain does so at "
+              "stages 1-3 and after the reduction at stage 0 (the same mean, rounded at another "
+              "point)");
   if (c.gradient_predivide_factor != 1.0)
     root.note("gradient_predivide_factor",
               json(c.gradient_predivide_factor).dump() +
                   ": DeepSpeed divides by it before reducing and by world size / it after; "
-                  "dtrain averages once after the reduction (the same mean, rounded at another "
-                  "point)");
+                  "dtrain divides by the world size once, before reducing at stages 1-3 and "
+                  "after at stage 0 (the same mean, rounded at another point)");
   // DeepSpeed reads these; they change nothing in what dtrain computes.
   for (const char* k :
        {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
@@ -1339,7 +1340,10 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   int64_t pbytes = (mixed ? 2 : 4) * n, gbytes = (mixed ? 2 : 4) * n;
   int64_t obytes = (mixed ? 12 : 8) * n;  // fp32 master (mixed only) + exp_avg + exp_avg_sq
   m.params = stage >= 3 ? part(pbytes) : pbytes;
-  m.grads = stage >= 2 ? part(gbytes) : gbytes;
+  // grad_accum_dtype fp32 under fp16/bf16: fp32 partitions at stages 2-3; at stage 1 a full
+  // fp32 buffer beside the 16-bit gradients (as DeepSpeed's BF16_Optimizer).
+  const bool fp32_accum = mixed && c.data_types.grad_accum_dtype == "fp32";
+  m.grads = stage >= 2 ? part(fp32_accum ? 4 * n : gbytes) : gbytes + (fp32_accum ? 4 * n : 0);
   m.optimizer = stage >= 1 ? part(obytes) : obytes;
   if (c.zero.offload_optimizer.enabled()) m.offloaded += m.optimizer, m.optimizer = 0;
   // Parameters are offloaded only where they are partitioned (offload_param is ignored below

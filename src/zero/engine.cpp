@@ -459,6 +459,9 @@ void EngineImpl::backward(const torch::Tensor& loss) {
       }
     }
   }
+  // With grad_acc_ flat_grads_ holds one micro-batch's gradient (DeepSpeed's BF16_Optimizer
+  // clears its 16-bit gradients as each backward starts): .grad shows the last micro-batch's.
+  if (grad_acc_.defined()) flat_grads_.zero_();
   double scale = scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
   reduce_in_backward_ =
       policy_.gradients() ||
@@ -476,7 +479,6 @@ void EngineImpl::backward(const torch::Tensor& loss) {
   if (grad_acc_.defined()) {  // this micro-batch's 16-bit gradient into the fp32 sum
     torch::NoGradGuard ng;
     grad_acc_.add_(flat_grads_);
-    flat_grads_.zero_();
   }
   if (reduce_in_backward_) finish_backward();
   in_backward_ = false;
@@ -508,6 +510,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
       int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
       if (lo >= hi) continue;
       auto seg = flat_grads_.narrow(0, lo, hi - lo);
+      prepare_to_reduce(seg, model_dtype_);
       ReduceOptions o;
       o.group = group_;
       o.dst = r;
@@ -546,7 +549,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
     }
     bucket_peak_bytes_ = std::max(bucket_peak_bytes_, nbytes(staging));
   }
-  round_to_comm_dtype(staging);
+  prepare_to_reduce(staging, model_dtype_);
   for (int r = 0; r < world_; ++r) {
     int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
     if (lo >= hi) continue;
@@ -595,6 +598,14 @@ void EngineImpl::round_to_comm_dtype(torch::Tensor& t) const {
   t.copy_(t.to(comm_dtype_));
 }
 
+void EngineImpl::prepare_to_reduce(torch::Tensor& t, torch::ScalarType source) const {
+  if (source != comm_dtype_) round_to_comm_dtype(t);
+  if (policy_.optimizer() && world_ > 1) {
+    t.div_(static_cast<double>(world_));
+    round_to_comm_dtype(t);
+  }
+}
+
 void EngineImpl::finish_backward() {
   for (; next_bucket_ < buckets_.size(); ++next_bucket_) reduce_bucket(buckets_[next_bucket_]);
   // In launch order: every rank waits for the same sequence of collectives.
@@ -638,7 +649,7 @@ torch::Tensor EngineImpl::averaged_gradient() {
   switch (policy_.gradient_path()) {
     case GradientPath::kAllReduce:
       g = flat_grads_.to(master_dtype_);
-      round_to_comm_dtype(g);
+      prepare_to_reduce(g, model_dtype_);
       if (world_ > 1) {
         AllReduceOptions o;
         o.group = group_;
@@ -652,7 +663,7 @@ torch::Tensor EngineImpl::averaged_gradient() {
       // already done when the boundary backward reduced its buckets (overlap_comm).
       auto full = grad_acc_.defined() ? grad_acc_ : flat_grads_.to(master_dtype_);
       if (!grads_reduced_) {
-        round_to_comm_dtype(full);
+        prepare_to_reduce(full, grad_acc_.defined() ? accum_dtype_ : model_dtype_);
         reduce_to_owners(full);
       }
       grads_reduced_ = false;
@@ -668,7 +679,7 @@ torch::Tensor EngineImpl::averaged_gradient() {
   // copy.
   if (g.device() != master_device || g.scalar_type() != master_dtype_)
     g = g.to(master_device, master_dtype_);
-  g.div_(static_cast<double>(world_));
+  if (!policy_.optimizer()) g.div_(static_cast<double>(world_));  // stages 1-3: before reducing
   if (config_.fp16.enabled) g.div_(scaler_.scale());
   return g;
 }

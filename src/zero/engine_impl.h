@@ -111,6 +111,11 @@ class EngineImpl final : public EngineCore {
   // DeepSpeed reduces gradients in its communication dtype: what a rank sends, and the sum it
   // receives, are rounded to it here (the wire carries the wider dtype).
   void round_to_comm_dtype(torch::Tensor& t) const;
+  // What a rank sends, as DeepSpeed prepares it: in the communication dtype (`source`: the
+  // dtype t's values came from), and at stages 1-3 already divided by the world size there
+  // (its ZeRO optimizers average before reducing, so a 16-bit sum cannot overflow where the
+  // mean would not; its stage-0 engine divides after the reduction, as averaged_gradient does).
+  void prepare_to_reduce(torch::Tensor& t, torch::ScalarType source) const;
   void finish_backward();
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r

@@ -190,6 +190,36 @@ struct HalfLinearImpl : Module {
 };
 TORCH_MODULE(HalfLinear);
 
+// fp16 over 4 ranks at stages 1-3: each rank's gradient (30000) fits fp16 but their sum
+// (120000) would not. DeepSpeed's ZeRO optimizers divide by the world size in the communication
+// dtype before reducing, so the mean is reduced and the step is taken, not skipped as an
+// overflow.
+TEST(ZeroFp16, GradientsWhoseSumWouldOverflowAreAveragedBeforeTheReduction) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    json cfg = {{"train_micro_batch_size_per_gpu", 1},
+                {"gradient_clipping", 0.0},
+                {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 1e-5}}}}},
+                {"fp16", {{"enabled", true}, {"loss_scale", 1}}},
+                {"zero_optimization", {{"stage", stage}}}};
+    run_ranks(4, [&](std::shared_ptr<ProcessGroup> pg) {
+      HalfLinear m(1, 1);
+      {
+        torch::NoGradGuard ng;
+        m->inner->weight.fill_(1);
+        m->inner->bias.fill_(0);
+      }
+      auto e = dtrain::zero::initialize(m, cfg, {pg});
+      auto loss = e(torch::full({1, 1}, 30000.0)).sum();  // d loss / d weight = 30000
+      e.backward(loss);
+      e.step();
+      EXPECT_EQ(e.skipped_steps(), 0) << "the mean fits fp16; only the sum would overflow";
+      auto w = params_of(e)[0];
+      EXPECT_NEAR(w.to(torch::kFloat64).item<double>(), 1 - 1e-5 * 30000, 1e-3);
+    });
+  }
+}
+
 TEST(ZeroFp16, OverflowSkipsTheStepAndTheSchedulerAndLowersTheScale) {
   auto d = make_data(64, torch::kFloat32);
   json cfg = {{"train_micro_batch_size_per_gpu", 4},
