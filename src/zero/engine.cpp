@@ -51,9 +51,6 @@ bool all_finite(const torch::Tensor& g) {
 // a bucket that size keeps every gradient of backward alive at once, plus its copy).
 constexpr int64_t kMaxBucketElements = int64_t(1) << 22;
 
-// DeepSpeed 0.19.8's buffers under fp16/bf16 (DeepSpeedEngine._cast_module_mixed_precision):
-// the floating ones named by keep_in_fp32_modules in fp32, the others in buffer_dtype when it is
-// set; without it they keep their dtype (a BatchNorm's fp32 statistics then meet 16-bit inputs).
 // A DeepSpeed canonical dtype name of the config ("fp16", "bf16", "fp32"); "" is `otherwise`.
 torch::ScalarType dtype_named(const std::string& name, torch::ScalarType otherwise) {
   if (name == "fp16") return torch::kHalf;
@@ -62,6 +59,9 @@ torch::ScalarType dtype_named(const std::string& name, torch::ScalarType otherwi
   return otherwise;
 }
 
+// DeepSpeed 0.19.8's buffers under fp16/bf16 (DeepSpeedEngine._cast_module_mixed_precision):
+// the floating ones named by keep_in_fp32_modules in fp32, the others in buffer_dtype when it is
+// set; without it they keep their dtype (a BatchNorm's fp32 statistics then meet 16-bit inputs).
 void cast_buffers(torch::nn::Module& module, const DataTypesConfig& types) {
   std::optional<std::regex> keep;
   if (!types.keep_in_fp32_modules.empty())
