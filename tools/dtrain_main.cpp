@@ -137,13 +137,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   dtrain::LaunchOptions options;
+  std::vector<std::string> rest = run->remaining();
+  // The options: what came before PROGRAM (argv[0] is dtrain, then the parsed part); PROGRAM's
+  // own arguments may look like flags and say nothing of where a bad value came from.
+  const std::vector<std::string> flags(
+      argv + 1, argv + std::max<int>(1, argc - static_cast<int>(rest.size())));
   try {
     // Errors here come from the flags and the Slurm step's variables, the same on every node
     // of a step: every agent fails alike, and nobody waits for anybody.
-    std::vector<std::string> rest = run->remaining();
-    // The options: what came before PROGRAM (argv[0] is dtrain, then the parsed part).
-    dtrain::refuse_empty_values(
-        {argv + 1, argv + std::max<int>(1, argc - static_cast<int>(rest.size()))});
+    dtrain::refuse_empty_values(flags);
     if (had_dashes) {
       // Before PROGRAM (rest empty) run_args_to_options skips it; after, it is an argument.
       rest.push_back("--");
@@ -152,8 +154,7 @@ int main(int argc, char** argv) {
     options = dtrain::run_args_to_options(run_args, rest);
     for (const auto& note : options.notes) std::cerr << "dtrain run: note: " << note << "\n";
   } catch (const dtrain::UsageError& e) {
-    std::cerr << "dtrain run: error: "
-              << dtrain::name_env_source(e.what(), {argv, argv + argc}, getenv_)
+    std::cerr << "dtrain run: error: " << dtrain::name_env_source(e.what(), flags, getenv_)
               << "\nRun 'dtrain run --help' for the flags.\n";
     return 2;
   }

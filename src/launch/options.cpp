@@ -756,9 +756,16 @@ std::string name_env_source(const std::string& what, const std::vector<std::stri
   for (char& c : underscored)
     if (c == '-') c = '_';
   for (char c : underscored) var += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  for (const auto& a : args)
+  // torchrun's one-letter spellings of the flags that have them.
+  std::string short_flag;
+  if (name == "redirects") short_flag = "-r";
+  if (name == "tee") short_flag = "-t";
+  if (name == "module") short_flag = "-m";
+  for (const auto& a : args) {
     for (const std::string& f : {"--" + name, "--" + underscored})
       if (a == f || a.rfind(f + "=", 0) == 0) return what;  // given on the command line
+    if (!short_flag.empty() && a.rfind(short_flag, 0) == 0) return what;  // -r3, -r 3
+  }
   if (!env(var.c_str())) return what;
   return what + " (the value came from the environment variable " + var + ")";
 }

@@ -355,6 +355,29 @@ std::vector<std::pair<std::string, torch::Tensor>> rank_state(const c10::impl::G
   return out;
 }
 
+// `st`'s tensors in the order of `names` (rank 0's file's), each required.
+std::vector<torch::Tensor> state_in_order(
+    const std::vector<std::pair<std::string, torch::Tensor>>& st,
+    const std::vector<std::string>& names, const fs::path& path) {
+  std::vector<torch::Tensor> out;
+  for (const auto& name : names) {
+    auto it = std::find_if(st.begin(), st.end(), [&](const auto& e) { return e.first == name; });
+    if (it == st.end())
+      throw detail::CheckpointError(path.string() + ": has no optimizer state '" + name +
+                                    "' (rank 0's file has it)");
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// Refuses a checkpoint whose optimizer keeps another number of state tensors than this one's.
+void check_state_count(size_t saved, size_t here) {
+  if (saved != here)
+    throw Error("zero load_checkpoint: the checkpoint's optimizer has " + std::to_string(saved) +
+                " state tensors per element, this one " + std::to_string(here) +
+                " (another optimizer type?)");
+}
+
 // `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them;
 // `numels`: the parameters' sizes in the flat order (for stage 3's per-parameter layout).
 FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
@@ -385,14 +408,8 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
     if (r == 0)
       for (const auto& e : st) f.state_names.push_back(e.first);
     if (states.size() < f.state_names.size()) states.resize(f.state_names.size());
-    for (size_t k = 0; k < f.state_names.size(); ++k) {
-      auto it = std::find_if(st.begin(), st.end(),
-                             [&](const auto& e) { return e.first == f.state_names[k]; });
-      if (it == st.end())
-        throw detail::CheckpointError(path.string() + ": has no optimizer state '" +
-                                      f.state_names[k] + "' (rank 0's file has it)");
-      states[k].push_back(it->second);
-    }
+    const auto ordered = state_in_order(st, f.state_names, path);
+    for (size_t k = 0; k < ordered.size(); ++k) states[k].push_back(ordered[k]);
   }
   if (per_parameter) {
     const std::string what = files.empty() ? std::string() : where(0).string();
@@ -999,10 +1016,7 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
     if (optimizer_->opaque() || saved_type == kClientOptimizerType)
       load_opaque_state(optims, saved_type, saved_world, where);
     auto& state = optimizer_->state();
-    if (f.state.size() != state.size())
-      throw Error("zero load_checkpoint: the checkpoint's optimizer has " +
-                  std::to_string(f.state.size()) + " state tensors per element, this one " +
-                  std::to_string(state.size()) + " (another optimizer type?)");
+    check_state_count(f.state.size(), state.size());
     for (size_t k = 0; k < state.size(); ++k) state[k].copy_(mine(f.state[k]));
     opt_step_ = f.step;
   } else if (master_.defined()) {
@@ -1048,21 +1062,13 @@ void EngineImpl::load_stage3_own_part(const c10::impl::GenericDict& d, const std
     const auto st = rank_state(o, path);
     if (r == 0) {
       for (const auto& e : st) names.push_back(e.first);
-      if (names.size() != state.size())
-        throw Error("zero load_checkpoint: the checkpoint's optimizer has " +
-                    std::to_string(names.size()) + " state tensors per element, this one " +
-                    std::to_string(state.size()) + " (another optimizer type?)");
+      check_state_count(names.size(), state.size());
       for (const auto& s : state)
         states.push_back(torch::zeros({part_}, s.options().device(torch::kCPU)));
     }
-    for (size_t k = 0; k < names.size(); ++k) {
-      auto it =
-          std::find_if(st.begin(), st.end(), [&](const auto& e) { return e.first == names[k]; });
-      if (it == st.end())
-        throw detail::CheckpointError(path.string() + ": has no optimizer state '" + names[k] +
-                                      "' (rank 0's file has it)");
-      detail::scatter_per_parameter(it->second, r, world_, numels_, lo, states[k], path.string());
-    }
+    const auto ordered = state_in_order(st, names, path);
+    for (size_t k = 0; k < ordered.size(); ++k)
+      detail::scatter_per_parameter(ordered[k], r, world_, numels_, lo, states[k], path.string());
   }
   param_part_.copy_(master);
   if (gathered_) release_parameters();  // gathered copies of the old values are stale

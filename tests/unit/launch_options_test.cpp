@@ -414,6 +414,17 @@ TEST(ParseRunArgs, AnErrorAboutAPetVariablesValueNamesIt) {
   EXPECT_EQ(name_env_source("missing PROGRAM", bare, env), "missing PROGRAM");
 }
 
+TEST(ParseRunArgs, AOneLetterFlagCountsAsGivenOnTheCommandLine) {
+  auto env = [](const char* name) -> const char* {
+    return std::string(name) == "PET_REDIRECTS" || std::string(name) == "PET_TEE" ? "9" : nullptr;
+  };
+  for (const auto& typed : {std::vector<std::string>{"-r", "9"}, {"-r9"}, {"--redirects=9"}})
+    EXPECT_EQ(name_env_source("--redirects: got '9'", typed, env), "--redirects: got '9'");
+  EXPECT_EQ(name_env_source("--tee: got '9'", {"-t", "9"}, env), "--tee: got '9'");
+  EXPECT_EQ(name_env_source("--tee: got '9'", {"--nproc-per-node", "2"}, env),
+            "--tee: got '9' (the value came from the environment variable PET_TEE)");
+}
+
 TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
   // A value for each torchrun option that differs from its default.
   const std::map<std::string, std::string> samples = {
