@@ -17,6 +17,7 @@
 
 #include "dtrain/zero_config.h"
 #include "zero/data_types.h"
+#include "zero/overflow_rules.h"
 
 namespace dtrain::zero {
 namespace {
@@ -795,6 +796,28 @@ void parse_zero(Section& root, Config& c) {
 }
 
 }  // namespace
+
+bool skips_nonfinite_steps(const Config& c) {
+  if (c.fp16.enabled) return true;
+  const int stage = c.zero.stage;
+  if (stage == 0) return c.bf16;
+  if (stage >= 3) return true;
+  // A boolean in a section of the config as parse_config read it (lax, already validated).
+  auto flag = [&](const char* section, const char* key) {
+    bool value = true;
+    auto it = c.raw.find(section);
+    if (it != c.raw.end() && it->is_object()) {
+      std::vector<std::string> scratch;
+      Section(*it, section, &scratch, true).boolean(key, value);
+    }
+    return value;
+  };
+  if (!c.bf16) return flag("zero_optimization", "compute_grad_norm");
+  if (stage == 1 && c.data_types.grad_accum_dtype == "fp32" && !c.zero.offload_optimizer.enabled())
+    return true;  // BF16_Optimizer: whatever check_grad_overflow says
+  const auto bf16 = c.raw.find("bf16");
+  return flag(bf16 != c.raw.end() && !bf16->is_null() ? "bf16" : "bfloat16", "check_grad_overflow");
+}
 
 std::string communication_data_type(const Config& c) {
   const auto it = c.raw.find("communication_data_type");

@@ -14,11 +14,22 @@
 #include "zero/data_types.h"
 #include "zero/engine_impl.h"
 #include "zero/malloc_policy.h"
+#include "zero/overflow_rules.h"
 #include "zero/stage3_fetch.h"
 
 namespace dtrain::zero {
 namespace detail {
 namespace {
+
+// The loss scaler's settings: at stage 0 as DeepSpeed's FP16_Optimizer keeps them.
+Fp16Config scaler_config(const Config& c) {
+  Fp16Config f = c.fp16;
+  if (c.zero.stage == 0) {  // FP16_Optimizer halves the scale at every overflow
+    f.hysteresis = 1;
+    f.consecutive_hysteresis = false;
+  }
+  return f;
+}
 
 // The step's reductions over this rank's gradient, a bounded chunk at a time: a float64 copy of
 // the whole gradient and of its square (what g.to(kFloat64).pow(2).sum() makes) would be the
@@ -101,7 +112,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
       config_(std::move(config)),
       group_(std::move(options.group)),
       policy_(Partitioning::for_stage(config_.zero.stage)),
-      scaler_(config_.fp16),
+      scaler_(scaler_config(config_)),
       scheduler_(config_.scheduler, config_.optimizer.lr, config_.optimizer.beta1,
                  config_.optimizer.beta2) {
   if (!group_) group_ = default_group();
@@ -166,6 +177,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   comm_dtype_ = dtype_named(communication_data_type(config_), model_dtype_);
   accum_dtype_ = dtype_named(config_.data_types.grad_accum_dtype, model_dtype_);
   offload_opt_ = config_.zero.offload_optimizer.enabled();
+  skips_nonfinite_ = skips_nonfinite_steps(config_);
   offload_param_ = config_.zero.offload_param.enabled();
   const auto& shards = options.partitioned;
   if (shards) check_partitioned(*shards);
@@ -684,6 +696,20 @@ torch::Tensor EngineImpl::averaged_gradient() {
   return g;
 }
 
+void EngineImpl::record_overflow() {
+  if (config_.zero.stage == 0 && scaler_.dynamic() &&
+      scaler_.scale() <= config_.fp16.min_loss_scale) {
+    // DeepSpeed's FP16_Optimizer stays at min_loss_scale and goes on, where its ZeRO optimizers
+    // stop the run (LossScaler::update throws): the overflow is counted, the scale kept.
+    auto s = scaler_.state();  // scale, iteration, last overflow iteration, hysteresis
+    s[2] = s[1];
+    s[1] += 1;
+    scaler_.set_state(s);
+    return;
+  }
+  scaler_.update(true);
+}
+
 void EngineImpl::step() {
   if (!is_gradient_accumulation_boundary() ||
       micro_steps_ / config_.gradient_accumulation_steps <= global_steps_)
@@ -695,14 +721,33 @@ void EngineImpl::step() {
   if (fetch_) fetch_->release_all();  // persistent units too: the partitions change
   // 1. This rank's averaged gradients, in the master dtype, where the master lives.
   torch::Tensor g = averaged_gradient();
-  // 2. fp16: an overflow anywhere skips the step (and the scheduler) on every rank.
-  if (config_.fp16.enabled) {
-    bool local = inject_overflow_ || !all_finite(g);
+  // 2. An inf or NaN anywhere (fp16's overflow; other dtypes where DeepSpeed checks them too)
+  // skips the step, and the scheduler, on every rank. Outside fp16 with clipping the global
+  // norm shows it (DeepSpeed's ZeRO optimizers check that norm): no collective of its own.
+  const bool clip = config_.gradient_clipping > 0;
+  std::optional<double> sq_norm;  // the squared global norm, once combined over the ranks
+  auto global_sq_norm = [&] {
+    if (!sq_norm) {
+      auto sq = sum_of_squares(g);
+      combine_step_scalar(sq, ReduceOp::kSum);
+      sq_norm = sq.item<double>();
+    }
+    return *sq_norm;
+  };
+  if (skips_nonfinite_) {
+    bool skip = false;
+    if (clip && !config_.fp16.enabled && !inject_overflow_) {
+      skip = !std::isfinite(global_sq_norm());
+    } else {
+      bool local = inject_overflow_ || !all_finite(g);
+      auto flag = torch::tensor({local ? 1.0f : 0.0f});
+      combine_step_scalar(flag, ReduceOp::kMax);
+      skip = flag.item<float>() > 0;
+    }
     inject_overflow_ = false;
-    auto flag = torch::tensor({local ? 1.0f : 0.0f});
-    combine_step_scalar(flag, ReduceOp::kMax);
-    if (flag.item<float>() > 0) {
-      scaler_.update(true);
+    if (skip) {
+      if (config_.fp16.enabled) record_overflow();
+      last_grad_norm_ = INFINITY;  // as DeepSpeed's global norm after an overflow
       ++skipped_steps_;
       ++global_steps_;
       if (flat_grads_.defined()) flat_grads_.zero_();
@@ -714,10 +759,8 @@ void EngineImpl::step() {
     }
   }
   // 3. Clipping by the global norm over every rank's partition.
-  if (config_.gradient_clipping > 0) {
-    auto sq = sum_of_squares(g);
-    combine_step_scalar(sq, ReduceOp::kSum);
-    last_grad_norm_ = std::sqrt(sq.item<double>());
+  if (clip) {
+    last_grad_norm_ = std::sqrt(global_sq_norm());
     double coef = config_.gradient_clipping / (last_grad_norm_ + 1e-6);
     if (coef < 1) g.mul_(coef);
   }

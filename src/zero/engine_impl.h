@@ -117,6 +117,9 @@ class EngineImpl final : public EngineCore {
   // mean would not; its stage-0 engine divides after the reduction, as averaged_gradient does).
   void prepare_to_reduce(torch::Tensor& t, torch::ScalarType source) const;
   void finish_backward();
+  // fp16's overflow into the loss scaler: DeepSpeed's ZeRO optimizers' rules at stages 1-3,
+  // its FP16_Optimizer's at stage 0 (no hysteresis, scaler_config; no stop at the minimum).
+  void record_overflow();
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
   // The step's small tensors combined over the ranks when each holds part of the gradient.
@@ -218,6 +221,7 @@ class EngineImpl final : public EngineCore {
   LossScaler scaler_;
   LRScheduler scheduler_;
   int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
+  bool skips_nonfinite_ = false;  // skips_nonfinite_steps(config_)
   int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
   double last_grad_norm_ = 0;
   bool inject_overflow_ = false;

@@ -37,6 +37,7 @@ One process runs every case: importing DeepSpeed is the slow part.
 import functools
 import json
 import logging
+import math
 import os
 import sys
 import types
@@ -102,10 +103,13 @@ def run_optimizer(case):
 def run_loss_scaler(case):
     """DeepSpeed's dynamic loss scaler as its ZeRO optimizer makes it (CreateLossScaler from the
     parsed fp16 section), over a sequence of overflow flags: the scale after each update, and
-    "raise" where DeepSpeed raises (an overflow at the minimum scale), which ends the sequence."""
+    "raise" where DeepSpeed raises (an overflow at the minimum scale), which ends the sequence.
+    At stage 0 the engine's FP16_Optimizer scales instead (its own _update_scale)."""
     from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
     init_distributed()  # update_scale logs through deepspeed.comm's rank
     fp16 = DeepSpeedConfig(dict(case["config"], train_micro_batch_size_per_gpu=1)).float16_config
+    if case["config"]["zero_optimization"]["stage"] == 0:
+        return run_fp16_optimizer_scaler(case, fp16)
     scaler = CreateLossScaler(dtype=torch.half, static_loss_scale=fp16.loss_scale,
                               dynamic_scaling=fp16.loss_scale == 0,
                               dynamic_loss_args=fp16.dynamic_loss_scale_args())
@@ -119,6 +123,23 @@ def run_loss_scaler(case):
             out.append("raise")
             break
         out.append(float(scaler.cur_scale))
+    return out
+
+
+def run_fp16_optimizer_scaler(case, fp16):
+    """The loss scale of DeepSpeed's stage-0 FP16_Optimizer (runtime/fp16/fused_optimizer.py):
+    its LossScaleConfig as the engine's _configure_fp16_optimizer makes it, updated by its own
+    _update_scale after each step (skip = the step's overflow flag)."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig, LossScaleProfile
+    config = LossScaleConfig(low_precision_dtype=torch.float16, dynamic_loss_scale=fp16.loss_scale == 0,
+                             static_loss_scale=fp16.loss_scale, dynamic_loss_args=fp16.dynamic_loss_scale_args(),
+                             profile=LossScaleProfile.FUSED, initial_dynamic_scale=fp16.initial_dynamic_scale())
+    optimizer = types.SimpleNamespace(loss_scale_config=config, verbose=False)
+    out = []
+    for overflow in case["overflows"]:
+        FP16_Optimizer._update_scale(optimizer, overflow)
+        out.append(float(config.cur_scale))
     return out
 
 
@@ -145,15 +166,20 @@ def run_buffers(case):
     try:
         for k in range(3 * micro):
             x = torch.randn(8, 4).to(next(engine.module.parameters()).dtype)
+            if k == case.get("bad_step", -1):
+                x[0, 0] = float("inf")
             loss = engine(x).float().pow(2).mean()
             engine.backward(loss)
             engine.step()
-            out["losses"].append(float(loss))
-            if "gradient_clipping" in config and (k + 1) % micro == 0:
+            out["losses"].append(float(loss) if math.isfinite(float(loss)) else None)
+            if config.get("gradient_clipping", 0) > 0 and (k + 1) % micro == 0:
                 out["norms"].append(float(engine.get_global_grad_norm()))
         out["step"] = "ok"
     except Exception as e:
         out["step"] = error_text(e)
+    if "bad_step" in case:
+        out["skipped"] = engine.skipped_steps
+        out["lr"] = float(engine.get_lr()[0])
     return out
 
 

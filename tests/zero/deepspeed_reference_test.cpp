@@ -61,8 +61,10 @@ json optimizer_case(const std::string& name, json optimizer, json scheduler = nu
 
 // fp16's dynamic loss scaler over `steps` updates whose overflow flags come from a fixed
 // pseudo-random sequence (`seed`) with overflows at `rate`, then `burst` overflows in a row.
+// At `stage` 0 DeepSpeed's FP16_Optimizer scales (no hysteresis, no stop at the minimum), at
+// 1-3 its ZeRO optimizers' DynamicLossScaler.
 json loss_scaler_case(const std::string& name, json fp16, uint32_t seed, double rate,
-                      int steps = 60, int burst = 0) {
+                      int steps = 60, int burst = 0, int stage = 1) {
   json flags = json::array();
   uint32_t x = seed;
   for (int k = 0; k < steps; ++k) {
@@ -71,8 +73,10 @@ json loss_scaler_case(const std::string& name, json fp16, uint32_t seed, double 
   }
   for (int k = 0; k < burst; ++k) flags.push_back(true);
   fp16["enabled"] = true;
-  return {
-      {"name", name}, {"kind", "loss_scaler"}, {"config", {{"fp16", fp16}}}, {"overflows", flags}};
+  return {{"name", name},
+          {"kind", "loss_scaler"},
+          {"config", {{"fp16", fp16}, {"zero_optimization", {{"stage", stage}}}}},
+          {"overflows", flags}};
 }
 
 json sched(const std::string& type, json params = json::object()) {
@@ -220,6 +224,16 @@ json build_cases() {
       with_fp16(small, {{"initial_scale_power", 0}, {"min_loss_scale", 4}}), 7, 0.3, 30, 6));
   c.push_back(loss_scaler_case("loss scale: DeepSpeed's defaults", json::object(), 8, 0.01, 1200));
   c.push_back(loss_scaler_case("loss scale: static", {{"loss_scale", 128}}, 9, 0.5, 20, 5));
+  // Stage 0 (the engine itself, overflows injected): DeepSpeed's FP16_Optimizer.
+  c.push_back(
+      loss_scaler_case("loss scale: stage 0, hysteresis 2 not used", small, 1, 0.25, 60, 0, 0));
+  c.push_back(loss_scaler_case("loss scale: stage 0, consecutive hysteresis not used",
+                               with_fp16(small, {{"consecutive_hysteresis", true}}), 2, 0.3, 60, 0,
+                               0));
+  c.push_back(
+      loss_scaler_case("loss scale: stage 0, at the minimum it goes on", small, 5, 0.2, 20, 12, 0));
+  c.push_back(
+      loss_scaler_case("loss scale: stage 0, static", {{"loss_scale", 128}}, 9, 0.5, 20, 5, 0));
   const json bf16 = {{"enabled", true}};
   auto zero = [](int stage) { return json{{"stage", stage}}; };
   c.push_back(buffers_case("buffers: bf16, stage 1, buffers as given",
@@ -290,6 +304,39 @@ json build_cases() {
   c.push_back(
       buffers_case("buffers: fp32, stage 1, buffer_dtype bf16 (not read)",
                    {{"zero_optimization", zero(1)}, {"data_types", {{"buffer_dtype", "bf16"}}}}));
+  // An input of inf at the second step: where DeepSpeed skips the step (and the scheduler) and
+  // where it applies the NaN update (fp32 at stage 0; stages 1-2 with the check turned off).
+  const json warmup = {{"type", "WarmupLR"},
+                       {"params", {{"warmup_min_lr", 0.001}, {"warmup_num_steps", 4}}}};
+  auto nonfinite = [&](const std::string& name, json config) {
+    config["scheduler"] = warmup;
+    json cs = buffers_case("inf input: " + name, config);
+    cs["bad_step"] = 1;
+    return cs;
+  };
+  for (int stage : {0, 1, 2, 3}) {
+    c.push_back(
+        nonfinite("fp32, stage " + std::to_string(stage), {{"zero_optimization", zero(stage)}}));
+    c.push_back(nonfinite(
+        "bf16, stage " + std::to_string(stage),
+        {{"bf16", bf16}, {"zero_optimization", zero(stage)}, {"data_types", bf16_buffers}}));
+  }
+  c.push_back(nonfinite("bf16, stage 2, check_grad_overflow false",
+                        {{"bf16", {{"enabled", true}, {"check_grad_overflow", false}}},
+                         {"zero_optimization", zero(2)},
+                         {"data_types", bf16_buffers}}));
+  c.push_back(nonfinite("bf16, stage 3, check_grad_overflow false",
+                        {{"bf16", {{"enabled", true}, {"check_grad_overflow", false}}},
+                         {"zero_optimization", zero(3)},
+                         {"data_types", bf16_buffers}}));
+  c.push_back(
+      nonfinite("bf16, stage 1, grad_accum_dtype fp32, check_grad_overflow false",
+                {{"bf16", {{"enabled", true}, {"check_grad_overflow", false}}},
+                 {"zero_optimization", zero(1)},
+                 {"data_types", {{"buffer_dtype", "bf16"}, {"grad_accum_dtype", "fp32"}}}}));
+  c.push_back(nonfinite("fp32, stage 2, compute_grad_norm false",
+                        {{"zero_optimization", {{"stage", 2}, {"compute_grad_norm", false}}},
+                         {"gradient_clipping", 0}}));
   return c;
 }
 
@@ -624,7 +671,37 @@ dtrain::zero::Config parse(const json& config) {
   return dtrain::zero::parse_config(c, 1);
 }
 
+struct OneParam : torch::nn::Module {
+  explicit OneParam(const torch::Tensor& init) { w = register_parameter("w", init.clone()); }
+  torch::Tensor w;
+};
+
+// Stage 0: the engine's own scaler (one rank), an overflow injected where the flags say.
+json run_stage0_loss_scaler(const json& cs) {
+  json with_optimizer = cs.at("config");
+  with_optimizer["optimizer"] = adam(0.01);
+  const auto config = parse(with_optimizer);
+  json out = json::array();
+  dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
+    auto model = std::make_shared<OneParam>(torch::linspace(-1, 1, 7));
+    dtrain::zero::Engine<std::shared_ptr<OneParam>> engine(model, config, {pg});
+    for (const auto& overflow : cs.at("overflows")) {
+      if (overflow.get<bool>()) engine.core().inject_overflow();
+      engine.backward((model->w * model->w).sum());
+      try {
+        engine.step();
+      } catch (const dtrain::Error&) {
+        out.push_back("raise");
+        break;
+      }
+      out.push_back(engine.loss_scale());
+    }
+  });
+  return out;
+}
+
 json run_loss_scaler(const json& cs) {
+  if (cs.at("config").at("zero_optimization").at("stage") == 0) return run_stage0_loss_scaler(cs);
   dtrain::zero::LossScaler scaler(parse(cs.at("config")).fp16);
   json out = json::array();
   for (const auto& overflow : cs.at("overflows")) {
@@ -651,11 +728,6 @@ json run_scheduler(const json& cs) {
   }
   return out;
 }
-
-struct OneParam : torch::nn::Module {
-  explicit OneParam(const torch::Tensor& init) { w = register_parameter("w", init.clone()); }
-  torch::Tensor w;
-};
 
 json run_optimizer(const json& cs) {
   json out = json::array();
@@ -722,11 +794,13 @@ json run_buffers(const json& cs) {
     try {
       for (int step = 0; step < 3 * micro; ++step) {
         auto x = torch::randn({8, 4}).to(model->parameters()[0].scalar_type());
+        if (step == cs.value("bad_step", -1)) x.index_put_({0, 0}, INFINITY);
         auto loss = engine.forward(x).to(torch::kFloat).pow(2).mean();
         engine.backward(loss);
         engine.step();
-        losses.push_back(loss.item<double>());
-        if (config.contains("gradient_clipping") && (step + 1) % micro == 0)
+        const double l = loss.item<double>();
+        losses.push_back(std::isfinite(l) ? json(l) : json(nullptr));
+        if (config.value("gradient_clipping", 0.0) > 0 && (step + 1) % micro == 0)
           norms.push_back(engine.core().last_grad_norm());
       }
       out["step"] = "ok";
@@ -736,6 +810,10 @@ json run_buffers(const json& cs) {
     }
     out["losses"] = losses;
     out["norms"] = norms;
+    if (cs.contains("bad_step")) {
+      out["skipped"] = engine.core().skipped_steps();
+      out["lr"] = engine.core().lr();
+    }
   });
   return out;
 }
@@ -854,6 +932,13 @@ void check_steps(const json& peer) {
       ASSERT_EQ(ours.at("losses").size(), ds.at("losses").size());
       double worst = 0;
       for (size_t k = 0; k < ours.at("losses").size(); ++k) {
+        // inf or NaN (null): the same on both sides.
+        if (ours.at("losses")[k].is_null() || ds.at("losses")[k].is_null()) {
+          EXPECT_EQ(ours.at("losses")[k].is_null(), ds.at("losses")[k].is_null())
+              << "step " << k + 1 << ": ours " << ours.at("losses").dump() << "\nDeepSpeed "
+              << ds.at("losses").dump();
+          continue;
+        }
         const double a = ours.at("losses")[k], b = ds.at("losses")[k];
         worst = std::max(worst, std::fabs(a - b));
         // The same operations in the same order: equal (bf16 too) against the peer's torch 2.x,
@@ -871,6 +956,11 @@ void check_steps(const json& peer) {
         worst_norm = std::max(worst_norm, std::fabs(a - b) / std::fabs(b));
         EXPECT_NEAR(a, b, (TORCH_VERSION_MAJOR >= 2 ? 1e-5 : 1e-2) * std::fabs(b))
             << "gradient norm of step " << k + 1;
+      }
+      if (cs.contains("bad_step")) {
+        EXPECT_EQ(ours.at("skipped"), ds.at("skipped")) << "steps skipped";
+        EXPECT_NEAR(ours.at("lr").get<double>(), ds.at("lr").get<double>(), 1e-12)
+            << "the scheduler's lr after the steps";
       }
       std::printf("  %-50s %s; max |dloss| %.2e", name.c_str(),
                   theirs == "ok" ? "trains" : "refused by both", worst);

@@ -405,7 +405,10 @@ TEST(ZeroEngine, MemoryIsPartitionedByStage) {
   // module once per step (forward and backward share it), so it sends the same.
   const int64_t ddp = 2 * (N - 1) * padded * 4 / N;
   EXPECT_EQ(bytes["0"], ddp);
-  EXPECT_EQ(bytes["1"], ddp);
+  // Stages 1-3 in fp32 also combine one float, whether any rank's gradient holds inf or NaN
+  // (the step is then skipped, as DeepSpeed's ZeRO optimizers skip it; with clipping the
+  // global norm shows it instead).
+  EXPECT_EQ(bytes["1"], ddp + 4 * 2 * (N - 1) / N);
   // The reduce (and stage 3's gathers) skip the padding's padded - n elements.
   EXPECT_NEAR(double(bytes["2"]), double(ddp), 8.0 * double(padded - n));
   EXPECT_NEAR(double(bytes["3"]), double(ddp), 8.0 * double(padded - n));
