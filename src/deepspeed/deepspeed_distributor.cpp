@@ -3,10 +3,12 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "core/owned_dir.h"
 #include "core/params.h"
 #include "dtrain/zero_config.h"
+#include "zero/config_text.h"
 
 namespace dtrain {
 namespace {
@@ -18,23 +20,16 @@ constexpr const char* kTempDirStem = "dtrain-deepspeed-";
 nlohmann::json resolve(const nlohmann::json& c) {
   if (c.is_object()) return c;
   if (c.is_string()) {
-    // A path or JSON text: parse_config_text reads either; keep the JSON itself.
+    // A path or JSON text, read as DeepSpeed reads either (hjson); keep the JSON itself.
     const std::string s = c.get<std::string>();
     auto first = s.find_first_not_of(" \t\r\n");
-    if (first != std::string::npos && s[first] == '{') {
-      try {
-        return nlohmann::json::parse(s);
-      } catch (const nlohmann::json::parse_error& e) {
-        throw zero::ConfigError(std::string("deepspeed_config: not valid JSON: ") + e.what());
-      }
-    }
-    std::ifstream in(s);
+    if (first != std::string::npos && s[first] == '{')
+      return zero::read_config_text(s, "deepspeed_config");
+    std::ifstream in(s, std::ios::binary);
     if (!in) throw zero::ConfigError(s + ": cannot read the DeepSpeed config file");
-    try {
-      return nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw zero::ConfigError(s + ": not valid JSON: " + e.what());
-    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    return zero::read_config_text(text.str(), s);
   }
   throw UsageError(
       "DeepSpeedDistributor: deepspeed_config must be a JSON object, a path or JSON text");

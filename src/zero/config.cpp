@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "dtrain/zero_config.h"
+#include "zero/config_text.h"
 #include "zero/data_types.h"
 #include "zero/overflow_rules.h"
 
@@ -138,8 +139,9 @@ class Section {
       if (!i)
         fail(key, "expected an integer, got " + v->dump() +
                       (exact && v->is_number_float()
-                           ? " (DeepSpeed 0.19.8 refuses a number written with a fraction or "
-                             "exponent here too: write it as an integer, e.g. " +
+                           ? " (DeepSpeed 0.19.8 refuses it too in a config given as an "
+                             "object, its dict; only a config file or text, read as hjson, may "
+                             "write 1e3): write it as an integer, e.g. " +
                                  (integral(v->get<double>())
                                       ? std::to_string(*integral(v->get<double>()))
                                       : std::string("1000")) +
@@ -1312,46 +1314,11 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
                           "JSON file or the JSON text)");
     }
   }
-  json j;
-  try {
-    // A key given twice in one object: DeepSpeed refuses it ("Duplicate keys in DeepSpeed
-    // config"); nlohmann would keep the last one silently. `open` holds each open object's keys.
-    struct Open {
-      std::string name;  // the key path of this object
-      std::vector<std::string> keys;
-    };
-    std::vector<Open> open;
-    std::string last_key;
-    json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) {
-        std::string name = open.empty() ? "" : open.back().name;
-        if (!open.empty()) name += (name.empty() ? "" : ".") + last_key;
-        open.push_back({name, {}});
-      } else if (event == json::parse_event_t::object_end) {
-        if (!open.empty()) open.pop_back();
-      } else if (event == json::parse_event_t::key && !open.empty()) {
-        last_key = parsed.get<std::string>();
-        auto& o = open.back();
-        if (std::find(o.keys.begin(), o.keys.end(), last_key) != o.keys.end())
-          throw ConfigError((o.name.empty() ? "" : o.name + ".") + last_key +
-                            ": duplicate key (given twice in one object; DeepSpeed refuses "
-                            "duplicate keys too): keep one of them");
-        o.keys.push_back(last_key);
-      }
-      return true;
-    };
-    j = json::parse(text, check, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 5e400
-    // nlohmann's text starts with its own tag ("[json.exception.parse_error.101] "): dropped.
-    std::string what = e.what();
-    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos)
-      what = what.substr(what.find("] ") + 2);
-    throw ConfigError((first == std::string::npos || text_or_path[first] != '{'
-                           ? text_or_path
-                           : std::string("config")) +
-                      ": not valid JSON: " + what);
-  }
-  return parse_config(j, world_size);
+  return parse_config(
+      read_config_text(text, first == std::string::npos || text_or_path[first] != '{'
+                                 ? text_or_path
+                                 : std::string("config")),
+      world_size);
 }
 
 MemoryEstimate estimate_memory(const Config& c, int64_t n) {

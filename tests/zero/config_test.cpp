@@ -124,6 +124,34 @@ TEST(ZeroConfig, TextThatIsNotJsonSaysWhereItBreaks) {
   }
 }
 
+// A config file or text is read as DeepSpeed reads one (hjson): comments, a comma before a
+// closing bracket, integers written with a fraction or exponent; a JSON object (DeepSpeed's
+// dict) is not, and there 1e3 is no integer. (The reference test compares such a file with
+// DeepSpeed's own reading of it.)
+TEST(ZeroConfig, TextIsReadAsDeepSpeedReadsAFile) {
+  const std::string text = R"({
+    # hjson's comment
+    "train_micro_batch_size_per_gpu": 2.0,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.01,},},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2e3, "note": "# not a comment, // nor this",}},
+  })";
+  EXPECT_THROW(dtrain::zero::parse_config_text(text, 1), dtrain::zero::ConfigError)
+      << "the scheduler's unknown key 'note' must still be seen, inside the string's #";
+  std::string good = text;
+  good.erase(good.find(R"("note")"),
+             std::string(R"("note": "# not a comment, // nor this",)").size());
+  const auto c = dtrain::zero::parse_config_text(good, 1);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 2000);
+  json object = json::parse(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e3}}})");
+  EXPECT_THROW(dtrain::zero::parse_config(object, 1), dtrain::zero::ConfigError);
+  // Still refused: a comma with nothing before it, and an unquoted key.
+  for (const char* bad : {R"({"train_batch_size": 8,, })", R"({train_batch_size: 8})"})
+    EXPECT_THROW(dtrain::zero::parse_config_text(bad, 1), dtrain::zero::ConfigError) << bad;
+}
+
 TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
   json base = {{"train_batch_size", 8}};
   auto with = [&](const json& extra) {
