@@ -89,6 +89,9 @@ struct LaunchOptions {
   // (as torchrun does; dtrain's agent itself stops the workers on SIGTERM, SIGINT, SIGHUP and
   // SIGQUIT whatever it says).
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // torchrun's --virtual-local-rank: every worker gets LOCAL_RANK 0 and sees one GPU, its local
+  // rank's (CUDA_VISIBLE_DEVICES: that entry of the agent's list, else the local rank).
+  bool virtual_local_rank = false;
   // torchrun options accepted without an effect here, one line each saying what dtrain does
   // instead; `dtrain run` prints them when it starts.
   std::vector<std::string> notes;

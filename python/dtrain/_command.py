@@ -19,6 +19,10 @@ def exec_dtrain(args):
             "dtrain: it comes with the pip wheel (pip install dtrain), or use the dtrain of a\n"
             "dtrain: build or Debian package directly\n" % exe)
         sys.exit(1)
+    # A .py PROGRAM runs on this interpreter, as torchrun runs it on its own (sys.executable),
+    # unless DTRAIN_PYTHON or torchrun's PYTHON_EXEC names another.
+    if not os.environ.get("DTRAIN_PYTHON") and not os.environ.get("PYTHON_EXEC") and sys.executable:
+        os.environ["DTRAIN_PYTHON"] = sys.executable
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(exe, [exe] + list(args))

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -237,6 +238,11 @@ Job make_job(const DistributorOptions& o, const engines::Placement& placement,
   }
   job.env = o.env;
   for (auto& [k, v] : prefix.env) job.env.emplace(k, v);
+  // One thread per process unless set, whatever the count: `dtrain run` (as torchrun) leaves a
+  // single worker libtorch's default, but a Distributor's jobs (a search's trials) share the
+  // host's cores as Ray Tune's trials share them.
+  if (!job.env.count("OMP_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+    job.env["OMP_NUM_THREADS"] = "1";
   if (!cuda_visible_devices.empty()) job.env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices;
   job.unset.push_back(kTaskVariable);
   return job;

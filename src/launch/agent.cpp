@@ -1,7 +1,7 @@
 // The per-node agent: rendezvous, spawn, fan-in, monitor, tear down, restart.
 //
 // One thread does everything but serve the store: a poll() loop over a signalfd (SIGCHLD,
-// SIGINT, SIGTERM, SIGHUP) and every worker's stdout/stderr pipe. A worker's death is seen
+// SIGINT, SIGTERM, SIGHUP, SIGQUIT) and every worker's stdout/stderr pipe. A worker's death is seen
 // the moment SIGCHLD arrives, not at the next monitor tick; the tick (--monitor-interval)
 // only paces the multi-node checks (heartbeats, the job's failure record, completion).
 //
@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -128,6 +129,9 @@ class Agent {
   void heartbeat_and_check(Clock::time_point now);
   void finish_job(int round);
   void write_failure_file(const Failure& f) const;
+  // torchrun's @record main: the root cause's error file copied to the agent's own
+  // TORCHELASTIC_ERROR_FILE (its errorCode set to the exit code, -N for signal N).
+  void write_parent_error_file(const Failure& f) const;
   void publish_to_failure_store(const Failure& f) const;
   bool multi_node() const { return o_.nnodes > 1; }
   bool elastic() const { return o_.min_nodes > 0; }
@@ -162,8 +166,8 @@ class Agent {
 };
 
 // While the agent blocks in the store (connecting, the rendezvous), nothing reads the
-// signalfd: a thread waits for SIGINT/SIGTERM/SIGHUP meanwhile and ends the agent at once with
-// 128 + N, as torchrun does. No worker runs then (an earlier attempt's are stopped before the
+// signalfd: a thread waits for SIGINT/SIGTERM/SIGHUP/SIGQUIT meanwhile and ends the agent at once
+// with 128 + N, as torchrun does. No worker runs then (an earlier attempt's are stopped before the
 // next rendezvous); the guard removes what the agent leaves. SIGCHLD stays for the signalfd.
 class InterruptibleWait {
  public:
@@ -181,7 +185,7 @@ class InterruptibleWait {
   void watch() {
     sigset_t set;
     sigemptyset(&set);
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, s);
     const timespec tick{0, 20 * 1000 * 1000};
     while (!done_) {
       const int sig = ::sigtimedwait(&set, nullptr, &tick);
@@ -202,7 +206,7 @@ void Agent::setup_signals() {
   // mask), then read them from a signalfd in the poll loop.
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, s);
   if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
     throw Error(std::string("sigprocmask: ") + std::strerror(errno));
   }
@@ -587,6 +591,23 @@ void Agent::write_failure_file(const Failure& f) const {
   }
 }
 
+void Agent::write_parent_error_file(const Failure& f) const {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (!path || !*path || f.error_file_contents.empty()) return;
+  json data;
+  try {
+    data = json::parse(f.error_file_contents);
+  } catch (const json::exception&) {
+    return;  // not the JSON a @record worker writes
+  }
+  const int code = f.signal > 0 ? -f.signal : f.exit_code;
+  if (code != 0 && data.is_object() && data.contains("message") && data["message"].is_object())
+    data["message"]["errorCode"] = code;
+  std::ofstream out(path, std::ios::trunc);
+  out << data.dump();
+  if (!out) say(std::string("cannot write TORCHELASTIC_ERROR_FILE ") + path);
+}
+
 void Agent::publish_to_failure_store(const Failure& f) const {
   if (o_.failure_store_key.empty()) return;
   const std::string where = o_.failure_store_host + ":" + std::to_string(o_.failure_store_port);
@@ -712,6 +733,7 @@ int Agent::run() {
     }
     write_failure_file(r.failure);
     publish_to_failure_store(r.failure);
+    if (leave || r.failure.final || failures > o_.max_restarts) write_parent_error_file(r.failure);
     code = r.failure.exit_code;
     if (leave) {
       say("leaving the job: a worker of this node failed; the other nodes go on without it");

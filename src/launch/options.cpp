@@ -490,10 +490,7 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
   if (a.signals_to_handle != "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
     o.notes.push_back("--signals-to-handle " + a.signals_to_handle +
                       ": dtrain's agent stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT");
-  if (a.virtual_local_rank)
-    o.notes.push_back(
-        "--virtual-local-rank: each worker keeps its LOCAL_RANK (torchrun would give every "
-        "worker LOCAL_RANK 0 and one visible GPU)");
+  o.virtual_local_rank = a.virtual_local_rank;
 }
 
 void apply_cluster_args(LaunchOptions& o, const RunArgs& a,
@@ -730,7 +727,11 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
     throw UsageError("unknown option '" + o.program +
                      "' (a PROGRAM starting with '-' must follow '--')");
   }
-  o.args.assign(rest.begin() + static_cast<long>(first) + 1, rest.end());
+  // As torchrun's argparse: a "--" right after PROGRAM (when none came before it) is dropped,
+  // any other is PROGRAM's argument.
+  size_t args_from = first + 1;
+  if (first == 0 && rest.size() > 1 && rest[1] == "--") args_from = 2;
+  o.args.assign(rest.begin() + static_cast<long>(args_from), rest.end());
   return o;
 }
 
@@ -853,7 +854,10 @@ void validate_launch_options(LaunchOptions& o) {
                      o.ifname + "'; list them with `ip -br addr`");
   }
   if (o.python.empty()) {
-    o.python = param::kPython.get();
+    // DTRAIN_PYTHON, else torchrun's PYTHON_EXEC, else python3 on PATH.
+    const char* exec = std::getenv("PYTHON_EXEC");
+    const char* own = std::getenv("DTRAIN_PYTHON");
+    o.python = (own && *own) || !(exec && *exec) ? param::kPython.get() : std::string(exec);
   }
   if (runs_with_python(o)) {
     std::string interp =

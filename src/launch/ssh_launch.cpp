@@ -389,7 +389,7 @@ int run_ssh_launch(const LaunchOptions& options) {
     [[maybe_unused]] ssize_t r = ::write(sig_pipe[1], &b, 1);
   };
   sigemptyset(&sa.sa_mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &sa, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::sigaction(s, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
   std::vector<Child> agents(o.hosts.size());

@@ -32,6 +32,30 @@ bool mask_has(const std::map<int, int>& spec, int local_rank, int bit) {
   return it != spec.end() && (it->second & bit) != 0;
 }
 
+// --virtual-local-rank: the worker sees one GPU, local rank `lr`'s: that entry of the agent's
+// CUDA_VISIBLE_DEVICES, else `lr` itself (as torchrun's LocalElasticAgent).
+void set_visible_device(std::vector<std::string>& env, int lr) {
+  const std::string key = "CUDA_VISIBLE_DEVICES=";
+  std::string device = std::to_string(lr);
+  for (auto it = env.begin(); it != env.end(); ++it) {
+    if (it->rfind(key, 0) != 0) continue;
+    std::vector<std::string> listed;
+    std::stringstream list(it->substr(key.size()));
+    for (std::string d; std::getline(list, d, ',');) listed.push_back(d);
+    if (lr >= static_cast<int>(listed.size()))
+      throw UsageError("--virtual-local-rank: local rank " + std::to_string(lr) +
+                       " has no GPU of its own in CUDA_VISIBLE_DEVICES=" + it->substr(key.size()) +
+                       " (" + std::to_string(listed.size()) +
+                       " listed); list one per worker or run fewer workers per node");
+    device = listed[static_cast<size_t>(lr)];
+    device.erase(0, device.find_first_not_of(' '));
+    device.erase(device.find_last_not_of(' ') + 1);
+    env.erase(it);
+    break;
+  }
+  env.push_back(key + device);
+}
+
 // Python's string.Template(t).safe_substitute(role_name=, rank=, local_rank=), as torchrun
 // builds its line prefixes: $$ is $, $name and ${name} are replaced when known, anything else
 // stays as written.
@@ -174,7 +198,9 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
     tail.push_back("TORCHELASTIC_SIGNALS_TO_HANDLE=" + o_.signals_to_handle);
   if (!has_nccl_errors && !o_.extra_env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
     tail.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
-  if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS")) {
+  // torchrun sets it only where a node runs more than one worker.
+  if (!has_omp && !o_.extra_env.count("OMP_NUM_THREADS") &&
+      (o_.bind_cores_to_rank || o_.nproc_per_node > 1)) {
     const int threads = o_.bind_cores_to_rank ? binding_.cores_per_rank : 1;
     tail.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
   }
@@ -217,7 +243,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     w.error_file = rank_dir + "/error.json";
     WorkerEnv env;
     env.rank = w.rank;
-    env.local_rank = lr;
+    env.local_rank = o_.virtual_local_rank ? 0 : lr;
     env.world_size = rdzv.world_size;
     env.local_world_size = o_.nproc_per_node;
     env.group_rank = rdzv.node_rank;
@@ -235,6 +261,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     envs[lr] = inherited;
     for (auto& [k, v] : env.to_variables()) envs[lr].push_back(k + "=" + v);
     envs[lr].insert(envs[lr].end(), tail.begin(), tail.end());
+    if (o_.virtual_local_rank) set_visible_device(envs[lr], lr);
     // Applied by the worker itself before the program runs (worker_process.cpp, the fork
     // server's child); the program may read it.
     if (o_.bind_cores_to_rank)

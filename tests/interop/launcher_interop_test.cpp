@@ -242,7 +242,8 @@ TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
       {},
       {"--max-restarts", "2", "--role", "trainer", "--rdzv-id", "job7", "--signals-to-handle",
        "SIGTERM,SIGUSR1"},
-      {"--standalone"}};
+      {"--standalone"},
+      {"--virtual-local-rank"}};  // LOCAL_RANK 0, CUDA_VISIBLE_DEVICES the local rank
   const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
   for (const auto& flags : flag_sets) {
     const bool standalone = !flags.empty() && flags[0] == "--standalone";

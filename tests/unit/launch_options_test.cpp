@@ -235,7 +235,10 @@ std::vector<FlagCase> flag_cases() {
       {"--virtual-local-rank",
        "--virtual_local_rank",
        {},
-       [](auto& o) { EXPECT_EQ(o.notes.size(), 1u); }},
+       [](auto& o) {
+         EXPECT_TRUE(o.virtual_local_rank);
+         EXPECT_TRUE(o.notes.empty());
+       }},
       {"--event-log-handler",
        "--event_log_handler",
        {"console"},
@@ -412,6 +415,19 @@ TEST(ParseRunArgs, AnErrorAboutAPetVariablesValueNamesIt) {
               "--nproc-per-node: got 'abc'");
   EXPECT_EQ(name_env_source("--nnodes: got 'x'", bare, env), "--nnodes: got 'x'");
   EXPECT_EQ(name_env_source("missing PROGRAM", bare, env), "missing PROGRAM");
+}
+
+// torchrun's argparse drops a "--" right after the script, and only that one.
+TEST(ParseRunArgs, ADashDashRightAfterProgramIsDroppedAsByTorchrun) {
+  auto args_of = [](std::vector<std::string> a) {
+    a.insert(a.begin(), {"--nproc-per-node", "1"});
+    return parse_run_args(a).args;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(args_of({"q.py", "--", "--x"}), (V{"--x"}));
+  EXPECT_EQ(args_of({"q.py", "a", "--", "b"}), (V{"a", "--", "b"}));
+  EXPECT_EQ(args_of({"--", "q.py", "--x", "a", "--", "b"}), (V{"--x", "a", "--", "b"}));
+  EXPECT_EQ(args_of({"q.py", "--"}), V{});
 }
 
 TEST(ParseRunArgs, AOneLetterFlagCountsAsGivenOnTheCommandLine) {
