@@ -294,6 +294,36 @@ TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
   }
 }
 
+// The launcher's own TORCHELASTIC_ERROR_FILE (a scheduler's): torchrun's @record main copies
+// the root cause's error.json there with its errorCode; so does `dtrain run`.
+TEST(LauncherInterop, TheLaunchersErrorFileIsAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string dir =
+      ::testing::TempDir() + "launcher-error-file-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto error_file_of = [&](std::vector<std::string> launcher, const std::string& name) {
+    const std::string path = dir + "/" + name + ".json";
+    for (const char* a : {"--nproc-per-node", "2", "--monitor-interval", "0.1"})
+      launcher.push_back(a);
+    launcher.push_back(kInterop + "/record_fail.py");
+    auto r = run_command(launcher, {.env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON),
+                                            "TORCHELASTIC_ERROR_FILE=" + path},
+                                    .timeout = 120s});
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    std::ifstream in(path);
+    EXPECT_TRUE(in.good()) << name << " wrote no " << path << "\n" << r.err;
+    return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
+  };
+  const auto theirs = error_file_of(venv_torchrun(), "torchrun");
+  const auto ours = error_file_of({DTRAIN_BIN, "run"}, "dtrain");
+  ASSERT_TRUE(theirs.contains("message")) << theirs.dump();
+  ASSERT_TRUE(ours.contains("message")) << ours.dump();
+  EXPECT_EQ(ours["message"]["message"], theirs["message"]["message"]);
+  EXPECT_EQ(ours["message"]["errorCode"], theirs["message"]["errorCode"]);
+  EXPECT_EQ(ours["message"]["extraInfo"].size(), theirs["message"]["extraInfo"].size());
+  std::filesystem::remove_all(dir);
+}
+
 // PyTorch 2.x's env:// rendezvous no longer namespaces its keys by attempt
 // (pytorch/pytorch#135712, #167288), so under a launcher that keeps one store for the job a
 // restarted Gloo group may read the previous attempt's addresses: "Connection refused", or a

@@ -769,7 +769,8 @@ TEST_P(AgentSignalTest, DuringTheRendezvousEndsTheAgentAtOnce) {
 INSTANTIATE_TEST_SUITE_P(Signals, AgentSignalTest,
                          ::testing::Values(AgentSignal{SIGINT, 130, "SIGINT"},
                                            AgentSignal{SIGTERM, 143, "SIGTERM"},
-                                           AgentSignal{SIGHUP, 129, "SIGHUP"}),
+                                           AgentSignal{SIGHUP, 129, "SIGHUP"},
+                                           AgentSignal{SIGQUIT, 131, "SIGQUIT"}),
                          [](const auto& info) { return info.param.name; });
 
 TEST_F(LauncherTest, SigkillOfTheAgentTakesEverythingDown) {
