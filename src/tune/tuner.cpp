@@ -156,6 +156,8 @@ std::string csv_escape(const std::string& s) {
   return o + "\"";
 }
 
+// `c` into `out`, nested keys joined by "/"; a key no trial had before (`order` is shared by
+// every trial of a table) is appended to `order`.
 void flatten(const Config& c, const std::string& prefix, std::map<std::string, std::string>& out,
              std::vector<std::string>& order) {
   if (c.is_object()) {
@@ -164,7 +166,7 @@ void flatten(const Config& c, const std::string& prefix, std::map<std::string, s
     }
     return;
   }
-  if (!out.count(prefix)) order.push_back(prefix);
+  if (std::find(order.begin(), order.end(), prefix) == order.end()) order.push_back(prefix);
   out[prefix] = c.is_string() ? c.get<std::string>() : c.dump();
 }
 
@@ -234,6 +236,8 @@ const TrialResult& ResultGrid::best_result(const std::string& metric_in, const s
 }
 
 void ResultGrid::write_csv(const std::string& path) const {
+  // One header, the union of every trial's columns in the order they first appear; one row
+  // per trial, empty where it has no such key.
   std::vector<std::string> config_cols, metric_cols;
   std::vector<std::map<std::string, std::string>> configs, metrics;
   for (const auto& t : trials_) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -33,6 +34,33 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
+}
+
+// The fields of each line of a CSV file (quoted fields as Python's csv module writes them).
+std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::vector<std::string>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<std::string> fields(1);
+    bool quoted = false;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        fields.emplace_back();
+      } else {
+        fields.back() += c;
+      }
+    }
+    rows.push_back(fields);
+  }
+  return rows;
 }
 
 // Two processes per trial: the ranks really form a group; rank 0's metric counts.
@@ -159,11 +187,55 @@ TEST(TuneTuner, TwoProcessTrialsReportAndBestIsFound) {
     EXPECT_EQ(t.last_result.at("training_iteration").get<int>(), 3);
   }
   EXPECT_EQ(grid.best_result().config.at("x").get<double>(), 2.0);
-  std::ifstream csv(fs::path(grid.experiment_dir()) / "results.csv");
-  std::string line;
-  int lines = 0;
-  while (std::getline(csv, line)) ++lines;
-  EXPECT_EQ(lines, 4);  // header + 3 trials
+  // results.csv read back: one header naming each column once, a row per trial in order.
+  const auto rows = read_csv(fs::path(grid.experiment_dir()) / "results.csv");
+  ASSERT_EQ(rows.size(), 4u);  // header + 3 trials
+  const auto& header = rows[0];
+  EXPECT_EQ(std::set<std::string>(header.begin(), header.end()).size(), header.size())
+      << testing::PrintToString(header);
+  const auto col = [&](const std::string& name) {
+    return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  ASSERT_LT(col("config/x"), header.size());
+  ASSERT_LT(col("score"), header.size());
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& row = rows[i + 1];
+    const auto& t = grid[i];
+    ASSERT_EQ(row.size(), header.size()) << "row " << i;
+    EXPECT_EQ(row[0], t.id);
+    EXPECT_EQ(row[col("status")], "TERMINATED");
+    EXPECT_EQ(std::stod(row[col("config/x")]), t.config.at("x").get<double>());
+    EXPECT_EQ(std::stod(row[col("score")]), t.last_result.at("score").get<double>());
+  }
+  fs::remove_all(dir);
+}
+
+// Trials with different config keys and metrics: the header is their union, each column once,
+// and a trial's row is empty where it has no such key.
+TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
+  const auto dir = fresh_dir("csv");
+  std::vector<TrialResult> trials(3);
+  for (int i = 0; i < 3; ++i) {
+    trials[i].id = "trial_0000" + std::to_string(i);
+    trials[i].status = TrialStatus::Terminated;
+    trials[i].config = Config{{"lr", 0.1 * (i + 1)}, {"opt", {{"name", "sgd,nesterov"}}}};
+    trials[i].last_result = Result{{"score", i}, {"training_iteration", 2}};
+    trials[i].history = {trials[i].last_result, trials[i].last_result};
+  }
+  trials[1].config["extra"] = 7;
+  trials[2].last_result = Result{{"loss", 0.5}};
+  ResultGrid grid(trials, "score", "max", dir.string());
+  grid.write_csv((dir / "results.csv").string());
+  const auto rows = read_csv(dir / "results.csv");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"trial_id", "status", "num_failures", "iterations",
+                                               "config/lr", "config/opt/name", "config/extra",
+                                               "score", "training_iteration", "loss"}));
+  EXPECT_EQ(rows[1], (std::vector<std::string>{"trial_00000", "TERMINATED", "0", "2", "0.1",
+                                               "sgd,nesterov", "", "0", "2", ""}));
+  EXPECT_EQ(rows[2][6], "7");
+  EXPECT_EQ(rows[3][7], "");
+  EXPECT_EQ(rows[3][9], "0.5");
   fs::remove_all(dir);
 }
 
