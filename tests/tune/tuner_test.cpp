@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -96,6 +97,22 @@ void curve_trainable(Config config) {
     double lr = config.contains("lr") ? config.at("lr").get<double>() : 1.0;
     report({{"score", q * lr * (1 - std::pow(0.5, it))}, {"restored_other", restored_other}},
            tmp.string());
+  }
+}
+
+// The trainable the Ray peer runs too (tests/tune/ray_scheduler_peer.py, run_trial_files):
+// score = x * it for it = 1..reports, a checkpoint with report checkpoint_at.
+void ray_files_trainable(Config config) {
+  const double x = config.at("x").get<double>();
+  for (int it = 1; it <= config.at("reports").get<int>(); ++it) {
+    if (it == config.at("checkpoint_at").get<int>()) {
+      const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+      fs::create_directories(tmp);
+      std::ofstream(tmp / "state") << it;
+      report({{"score", x * it}}, tmp.string());
+    } else {
+      report({{"score", x * it}});
+    }
   }
 }
 
@@ -221,6 +238,7 @@ TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
     trials[i].config = Config{{"lr", 0.1 * (i + 1)}, {"opt", {{"name", "sgd,nesterov"}}}};
     trials[i].last_result = Result{{"score", i}, {"training_iteration", 2}};
     trials[i].history = {trials[i].last_result, trials[i].last_result};
+    trials[i].dir = "/t/" + std::to_string(i);
   }
   trials[1].config["extra"] = 7;
   trials[2].last_result = Result{{"loss", 0.5}};
@@ -228,14 +246,128 @@ TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
   grid.write_csv((dir / "results.csv").string());
   const auto rows = read_csv(dir / "results.csv");
   ASSERT_EQ(rows.size(), 4u);
-  EXPECT_EQ(rows[0], (std::vector<std::string>{"trial_id", "status", "num_failures", "iterations",
-                                               "config/lr", "config/opt/name", "config/extra",
-                                               "score", "training_iteration", "loss"}));
+  EXPECT_EQ(rows[0],
+            (std::vector<std::string>{"trial_id", "status", "num_failures", "iterations",
+                                      "config/lr", "config/opt/name", "score", "training_iteration",
+                                      "config/extra", "loss", "logdir"}));
   EXPECT_EQ(rows[1], (std::vector<std::string>{"trial_00000", "TERMINATED", "0", "2", "0.1",
-                                               "sgd,nesterov", "", "0", "2", ""}));
-  EXPECT_EQ(rows[2][6], "7");
-  EXPECT_EQ(rows[3][7], "");
+                                               "sgd,nesterov", "0", "2", "", "", "/t/0"}));
+  EXPECT_EQ(rows[2][8], "7");
+  EXPECT_EQ(rows[3][6], "");
   EXPECT_EQ(rows[3][9], "0.5");
+  fs::remove_all(dir);
+}
+
+// The results and the trial's files against Ray Tune's own: the same trial (config, reports,
+// a checkpoint at the second, `stop` criteria of which one key is never reported) through
+// dtrain and through Ray 2.60's function Trainable and its JSON/CSV loggers (the peer). Every
+// result has Ray's keys in Ray's order with Ray's types, the values that do not depend on the
+// clock or the process are equal, and params.json, result.json and progress.csv read the same.
+TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
+  const auto dir = fresh_dir("ray-files");
+  const Config config{{"x", 2.0}, {"opt", {{"lr", 0.1}}}, {"reports", 4}, {"checkpoint_at", 2}};
+  const std::map<std::string, double> stop{{"missing", 1}, {"score", 5.9}};
+  Tuner tuner(ray_files_trainable, config,
+              {.metric = "score",
+               .mode = "max",
+               .stop = stop,
+               .storage_path = (dir / "dtrain").string(),
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  const TrialResult& t = grid[0];
+  EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+
+  const Config cases = Config::array({{{"name", "trial_files"},
+                                       {"trial_files",
+                                        {{"dir", (dir / "ray").string()},
+                                         {"trial_id", t.id},
+                                         {"config", config},
+                                         {"stop", stop}}}}});
+  std::ofstream(dir / "cases.json") << cases.dump();
+  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+                          dtrain::test::source_dir() + "/tests/tune/ray_scheduler_peer.py " +
+                          (dir / "cases.json").string() + " " + (dir / "ray.json").string() +
+                          " 2>" + (dir / "peer.log").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "Ray Tune peer failed: " << cmd;
+  std::ifstream in(dir / "ray.json");
+  const Config ray = Config::parse(in).at(0);
+
+  // Both stop at the third result (score 6 >= 5.9; "missing" never stops them).
+  ASSERT_EQ(ray.at("results").size(), 3u) << ray.dump(1);
+  ASSERT_EQ(t.history.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("result " + std::to_string(i + 1));
+    const Result& ours = t.history[i];
+    const Config& theirs = ray.at("results").at(i);
+    std::vector<std::string> our_keys, their_keys;
+    for (auto it = ours.begin(); it != ours.end(); ++it) our_keys.push_back(it.key());
+    for (auto it = theirs.begin(); it != theirs.end(); ++it) their_keys.push_back(it.key());
+    EXPECT_EQ(our_keys, their_keys);
+    for (auto it = theirs.begin(); it != theirs.end(); ++it) {
+      if (!ours.contains(it.key())) continue;
+      EXPECT_EQ(ours.at(it.key()).type_name(), std::string(it.value().type_name())) << it.key();
+      EXPECT_EQ(ours.at(it.key()).is_number_integer(), it.value().is_number_integer())
+          << it.key() << ": " << ours.at(it.key()) << " vs " << it.value();
+    }
+    for (const char* k : {"score", "done", "training_iteration", "trial_id", "config",
+                          "iterations_since_restore", "hostname", "node_ip"}) {
+      EXPECT_EQ(ours.at(k), theirs.at(k)) << k;
+    }
+    EXPECT_EQ(ours.at("checkpoint_dir_name").is_null(), i != 1);
+    EXPECT_THAT(ours.value("checkpoint_dir_name", Config("")).dump(),
+                testing::AnyOf("null", testing::StartsWith("\"checkpoint_")));
+    EXPECT_THAT(ours.at("date").get<std::string>(),
+                testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}"));
+    EXPECT_NEAR(ours.at("timestamp").get<double>(), theirs.at("timestamp").get<double>(), 120);
+    double sum = 0;
+    for (std::size_t j = 0; j <= i; ++j) sum += t.history[j].at("time_this_iter_s").get<double>();
+    EXPECT_NEAR(ours.at("time_total_s").get<double>(), sum, 1e-9);
+    EXPECT_EQ(ours.at("time_since_restore"), ours.at("time_total_s"));
+  }
+  EXPECT_EQ(t.last_result.at("done"), true);
+  EXPECT_EQ(ray.at("last_result").at("done"), true);
+
+  // The files.
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  const Config& files = ray.at("files");
+  EXPECT_EQ(read(fs::path(t.dir) / "params.json"), files.at("params.json").get<std::string>());
+  std::istringstream our_json(read(fs::path(t.dir) / "result.json"));
+  std::istringstream their_json(files.at("result.json").get<std::string>());
+  std::string a, b;
+  int lines = 0;
+  while (std::getline(their_json, b)) {
+    ASSERT_TRUE(std::getline(our_json, a)) << "result.json has fewer lines than Ray's";
+    const Config ours = Config::parse(a), theirs = Config::parse(b);
+    EXPECT_EQ(ours.at("done"), theirs.at("done"));
+    EXPECT_EQ(ours.at("score"), theirs.at("score"));
+    EXPECT_EQ(ours.size(), theirs.size());
+    EXPECT_EQ(a.substr(0, a.find("\"timestamp\"")), b.substr(0, b.find("\"timestamp\"")));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_FALSE(std::getline(our_json, a)) << "result.json has more lines than Ray's";
+  const std::string our_csv = read(fs::path(t.dir) / "progress.csv");
+  const std::string their_csv = files.at("progress.csv").get<std::string>();
+  EXPECT_EQ(our_csv.substr(0, our_csv.find('\n')), their_csv.substr(0, their_csv.find('\n')));
+  const auto ours = read_csv(fs::path(t.dir) / "progress.csv");
+  std::ofstream(dir / "ray_progress.csv", std::ios::binary) << their_csv;
+  const auto theirs = read_csv(dir / "ray_progress.csv");
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    ASSERT_EQ(ours[i].size(), theirs[i].size()) << "row " << i;
+    for (std::size_t c = 0; c < ours[i].size(); ++c) {
+      const std::string& col = theirs[0][c];
+      if (col == "score" || col == "done" || col == "training_iteration" || col == "trial_id" ||
+          col == "hostname" || col == "node_ip" || col == "iterations_since_restore" ||
+          (col == "checkpoint_dir_name" && theirs[i][c].empty())) {
+        EXPECT_EQ(ours[i][c], theirs[i][c]) << "row " << i << ", " << col;
+      }
+    }
+  }
   fs::remove_all(dir);
 }
 
@@ -294,6 +426,28 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   }
   EXPECT_GT(pbt->num_perturbations(), 0);
   EXPECT_TRUE(some_restored) << "no trial started from another trial's checkpoint";
+  // Every run that started from a checkpoint (its own after a pause, another's after an
+  // exploit) goes on from the time_total_s of the result that checkpoint came with, as Ray's
+  // Trainable.restore: PBT's default time_attr then measures what the clone trained.
+  int restored_runs = 0;
+  for (const auto& t : grid.trials()) {
+    for (const auto& r : t.history) {
+      const auto it = r.at("training_iteration").get<int>();
+      if (r.at("iterations_since_restore") != 1 || it == 1) continue;
+      ++restored_runs;
+      const double before =
+          r.at("time_total_s").get<double>() - r.at("time_this_iter_s").get<double>();
+      bool found = false;
+      for (const auto& d : grid.trials()) {
+        for (const auto& h : d.history) {
+          found |= !h.at("checkpoint_dir_name").is_null() && h.at("training_iteration") == it - 1 &&
+                   std::fabs(h.at("time_total_s").get<double>() - before) < 1e-9;
+        }
+      }
+      EXPECT_TRUE(found) << t.id << " " << r.dump();
+    }
+  }
+  EXPECT_GT(restored_runs, 0);
   fs::remove_all(dir);
 }
 
@@ -349,7 +503,7 @@ TEST(TuneTuner, AResultWithoutTheMetricEndsTheSearchAtThatResult) {
     ADD_FAILURE() << "fit() returned";
   } catch (const dtrain::UsageError& e) {
     EXPECT_THAT(e.what(), testing::HasSubstr("result 1 has no metric \"score\""));
-    EXPECT_THAT(e.what(), testing::HasSubstr("it has loss, training_iteration, time_total_s"));
+    EXPECT_THAT(e.what(), testing::HasSubstr("it reports loss. Report \"score\""));
   }
   // 50 reports 50 ms apart would take 2.5 s per trial.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
@@ -372,6 +526,16 @@ TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
   EXPECT_EQ(t.num_failures, 1);
   ASSERT_EQ(t.history.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(t.history[i].at("training_iteration").get<int>(), i + 1);
+  // The retry restored iteration 1's checkpoint: as Ray's Trainable.restore, time_total_s goes
+  // on from that result's, and the *_since_restore counters start again.
+  const Result& restored = t.history[1];
+  EXPECT_EQ(restored.at("iterations_since_restore"), 1);
+  EXPECT_EQ(restored.at("time_since_restore"), restored.at("time_this_iter_s"));
+  EXPECT_NEAR(
+      restored.at("time_total_s").get<double>(),
+      t.history[0].at("time_total_s").get<double>() + restored.at("time_this_iter_s").get<double>(),
+      1e-9);
+  EXPECT_EQ(t.history[2].at("iterations_since_restore"), 2);
 
   const auto dir2 = fresh_dir("error");
   Tuner failing(always_fails, Config{{"a", 1}},
