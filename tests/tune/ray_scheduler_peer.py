@@ -11,7 +11,8 @@ Random choices: Ray draws from Python's `random` (PBT) and numpy's global genera
 bracket, Domain.sample). Both are replaced by one list of recorded uniform draws in [0, 1),
 mapped as dtrain maps them (dtrain/tune_schedulers.h): random() = u,
 random.choice(seq) = seq[floor(u * len)], numpy choice(n, p) = searchsorted(cdf, u, 'right'),
-uniform(lo, hi) = lo + (hi - lo) * u, randint(lo, hi) = lo + floor((hi - lo) * u).
+uniform(lo, hi) = lo + (hi - lo) * u, randint(lo, hi) = lo + floor((hi - lo) * u),
+normal(mean, sd) = mean + sd * sqrt(-2 log(1 - u1)) * cos(2 pi u2) (two draws).
 
 The simulated controller (identical on both sides):
   - every trial is added (on_trial_add) PENDING; it becomes RUNNING at its first event;
@@ -85,6 +86,12 @@ def np_uniform(low=0.0, high=1.0, size=None):
     return v if size is None else np.array([v] * size)
 
 
+def np_normal(loc=0.0, scale=1.0, size=None):
+    u1, u2 = DRAWS.u(), DRAWS.u()  # Box-Muller, as dtrain maps two draws to a normal one
+    v = loc + scale * math.sqrt(-2.0 * math.log1p(-u1)) * math.cos(2.0 * math.pi * u2)
+    return v if size is None else np.array([v] * size)
+
+
 def np_randint(low, high=None, size=None):
     if high is None:
         low, high = 0, low
@@ -97,6 +104,7 @@ pbt_module.random = RecordedPythonRandom()
 np.random.choice = np_choice
 np.random.uniform = np_uniform
 np.random.randint = np_randint
+np.random.normal = np_normal
 
 
 def to_ray_space(value):
@@ -302,6 +310,20 @@ def sampled(case):
     return {"samples": out}
 
 
+def raises(case):
+    """Whether Ray raises for each call (building the domain, or sampling it: Ray checks some
+    bounds only when it samples)."""
+    out = []
+    for call in case["raises"]:
+        try:
+            domain = getattr(tune, call["fn"])(*call["args"])
+            domain.sample(size=16, random_state=np.random.default_rng(0))
+            out.append({"call": call, "raises": False})
+        except Exception as e:  # ValueError, AssertionError, ZeroDivisionError: Ray's ways
+            out.append({"call": call, "raises": True, "error": f"{type(e).__name__}: {e}"})
+    return {"raises": out}
+
+
 def summary(values, domain):
     values = [v.item() if hasattr(v, "item") else v for v in values]
     types = sorted({type(v).__name__ for v in values})
@@ -323,6 +345,8 @@ def run_case(case):
         return run_trial_files(case)
     if "samples" in case:
         return sampled(case)
+    if "raises" in case:
+        return raises(case)
     if "variants" in case:
         return run_variants(case)
     sched = make_scheduler(case)
