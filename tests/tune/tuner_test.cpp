@@ -373,8 +373,12 @@ TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
 
 TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
   const auto dir = fresh_dir("asha");
-  auto asha = std::make_shared<AshaScheduler>(
-      AshaOptions{.max_t = 8, .grace_period = 1, .reduction_factor = 2});
+  // On a field the Tuner fills in, as Ray's: no trial is restored here, so it counts as
+  // training_iteration does.
+  auto asha = std::make_shared<AshaScheduler>(AshaOptions{.time_attr = "iterations_since_restore",
+                                                          .max_t = 8,
+                                                          .grace_period = 1,
+                                                          .reduction_factor = 2});
   Tuner tuner(curve_trainable, Config{{"q", grid_search({0.6, 0.5, 0.4, 0.3, 0.2, 0.1})}},
               {.metric = "score",
                .mode = "max",
