@@ -12,6 +12,8 @@
 //
 // One session per worker process, created on first use: a worker runs exactly one trial,
 // so this process-wide state is the trial itself (Ray's session is the same idea).
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -49,10 +51,24 @@ struct Session {
 };
 
 // Ray's ray.util.get_node_ip_address() outside a Ray node: the address this host would reach
-// the internet from (a UDP connect, nothing sent), else loopback.
+// the internet from (a UDP connect, nothing sent); without a route, the address its host name
+// resolves to; else loopback.
 std::string node_ip() {
   const std::string ip = engines::route_to("8.8.8.8").local;
-  return ip.empty() ? "127.0.0.1" : ip;
+  if (!ip.empty()) return ip;
+  std::string by_name = "127.0.0.1";
+  char name[256] = {};
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (::gethostname(name, sizeof name - 1) == 0 &&
+      ::getaddrinfo(name, nullptr, &hints, &res) == 0 && res != nullptr) {
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) by_name = text;
+  }
+  if (res != nullptr) ::freeaddrinfo(res);
+  return by_name;
 }
 
 std::string host_name() {
