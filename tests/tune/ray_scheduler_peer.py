@@ -248,8 +248,18 @@ def run_trial_files(case):
     cwd = os.getcwd()
     storage_module._get_ray_train_session_dir = lambda: os.path.join(root, "session")
 
+    failed = []
+
     def train_fn(config):
-        for it in range(1, config["reports"] + 1):
+        start = 0
+        ckpt = tune.get_checkpoint()
+        if ckpt:
+            with ckpt.as_directory() as d:
+                start = int(open(os.path.join(d, "state")).read())
+        for it in range(start + 1, config["reports"] + 1):
+            if it == config.get("fail_at") and not failed:
+                failed.append(it)
+                raise RuntimeError("injected failure")
             metrics = {"score": config["x"] * it}
             if it == config["checkpoint_at"]:
                 with tempfile.TemporaryDirectory() as d:
@@ -261,7 +271,8 @@ def run_trial_files(case):
     config = spec["config"]
     storage = StorageContext(storage_path=os.path.join(root, "storage"),
                              experiment_dir_name="exp", trial_dir_name="trial")
-    trainable = wrap_function(train_fn)(config=json.loads(json.dumps(config)), storage=storage)
+    cls = wrap_function(train_fn)
+    trainable = cls(config=json.loads(json.dumps(config)), storage=storage)
     trial = LoggedTrial(os.path.join(root, "trial"), config)
     trial.stopping_criterion = spec["stop"]
     loggers = [JsonLoggerCallback(), CSVLoggerCallback()]
@@ -269,8 +280,26 @@ def run_trial_files(case):
         cb.log_trial_start(trial)
     results = []
     last = None
+    saved = None  # the latest checkpoint, as the controller keeps it (Trainable.save)
     while True:
-        result = trainable.train()
+        try:
+            result = trainable.train()
+        except Exception:
+            # A failure with retries left: the trial starts again on a new Trainable restored
+            # from its latest checkpoint (Trainable.restore), and its loggers start again.
+            for cb in loggers:
+                cb.log_trial_end(trial, failed=True)
+            try:
+                trainable.stop()
+            except (Exception, SystemExit):
+                pass
+            trainable = cls(config=json.loads(json.dumps(config)), storage=storage)
+            trainable.restore(saved)
+            for cb in loggers:
+                cb.log_trial_start(trial)
+            continue
+        if result.get("should_checkpoint"):
+            saved = trainable.save()
         result.update(trial_id=spec["trial_id"])
         if "__duplicate__" in result:
             last.update(done=True)

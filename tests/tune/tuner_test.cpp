@@ -101,10 +101,18 @@ void curve_trainable(Config config) {
 }
 
 // The trainable the Ray peer runs too (tests/tune/ray_scheduler_peer.py, run_trial_files):
-// score = x * it for it = 1..reports, a checkpoint with report checkpoint_at.
+// score = x * it for it = 1..reports, a checkpoint with report checkpoint_at, and a failure
+// before report fail_at the first time (then it starts again from its checkpoint).
 void ray_files_trainable(Config config) {
   const double x = config.at("x").get<double>();
-  for (int it = 1; it <= config.at("reports").get<int>(); ++it) {
+  int start = 0;
+  if (auto ckpt = get_checkpoint()) std::ifstream(fs::path(*ckpt) / "state") >> start;
+  const fs::path marker = fs::path(trial_dir()) / "failed_once";
+  for (int it = start + 1; it <= config.at("reports").get<int>(); ++it) {
+    if (it == config.at("fail_at").get<int>() && !fs::exists(marker)) {
+      std::ofstream(marker) << "1";
+      throw std::runtime_error("injected failure");
+    }
     if (it == config.at("checkpoint_at").get<int>()) {
       const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
       fs::create_directories(tmp);
@@ -259,24 +267,30 @@ TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
 }
 
 // The results and the trial's files against Ray Tune's own: the same trial (config, reports,
-// a checkpoint at the second, `stop` criteria of which one key is never reported) through
-// dtrain and through Ray 2.60's function Trainable and its JSON/CSV loggers (the peer). Every
+// a checkpoint at the second, a failure before the third and a retry restored from that
+// checkpoint, `stop` criteria of which one key is never reported) through dtrain and through
+// Ray 2.60's function Trainable (restore included) and its JSON/CSV loggers (the peer). Every
 // result has Ray's keys in Ray's order with Ray's types, the values that do not depend on the
-// clock or the process are equal, and params.json, result.json and progress.csv read the same.
+// clock or the process are equal, the times relate as Ray's (time_total_s goes on from the
+// checkpoint's after the restore, time_since_restore starts again), and params.json,
+// result.json and progress.csv read the same.
 TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
   const auto dir = fresh_dir("ray-files");
-  const Config config{{"x", 2.0}, {"opt", {{"lr", 0.1}}}, {"reports", 4}, {"checkpoint_at", 2}};
+  const Config config{
+      {"x", 2.0}, {"opt", {{"lr", 0.1}}}, {"reports", 4}, {"checkpoint_at", 2}, {"fail_at", 3}};
   const std::map<std::string, double> stop{{"missing", 1}, {"score", 5.9}};
   Tuner tuner(ray_files_trainable, config,
               {.metric = "score",
                .mode = "max",
                .stop = stop,
+               .max_failures = 1,
                .storage_path = (dir / "dtrain").string(),
                .verbose = false});
   const ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 1u);
   const TrialResult& t = grid[0];
   EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+  EXPECT_EQ(t.num_failures, 1);
 
   const Config cases = Config::array({{{"name", "trial_files"},
                                        {"trial_files",
@@ -320,11 +334,24 @@ TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
     EXPECT_THAT(ours.at("date").get<std::string>(),
                 testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}"));
     EXPECT_NEAR(ours.at("timestamp").get<double>(), theirs.at("timestamp").get<double>(), 120);
-    double sum = 0;
-    for (std::size_t j = 0; j <= i; ++j) sum += t.history[j].at("time_this_iter_s").get<double>();
-    EXPECT_NEAR(ours.at("time_total_s").get<double>(), sum, 1e-9);
-    EXPECT_EQ(ours.at("time_since_restore"), ours.at("time_total_s"));
+    // Restored from the checkpoint of the result before: on both sides time_total_s goes on
+    // from there, and time_since_restore counts from the restore.
+    for (const Config* r : {&ours, &theirs}) {
+      const Config* prev =
+          i > 0 ? (r == &ours ? &t.history[i - 1] : &ray.at("results").at(i - 1)) : nullptr;
+      const double before = prev ? prev->at("time_total_s").get<double>() : 0.0;
+      EXPECT_NEAR(r->at("time_total_s").get<double>(),
+                  before + r->at("time_this_iter_s").get<double>(), 1e-9)
+          << r->dump();
+    }
+    EXPECT_EQ(ours.at("time_since_restore") == ours.at("time_total_s"),
+              theirs.at("time_since_restore") == theirs.at("time_total_s"));
+    if (theirs.at("iterations_since_restore") == 1) {
+      EXPECT_EQ(ours.at("time_since_restore"), ours.at("time_this_iter_s"));
+      EXPECT_EQ(theirs.at("time_since_restore"), theirs.at("time_this_iter_s"));
+    }
   }
+  EXPECT_EQ(ray.at("results").at(2).at("iterations_since_restore"), 1);  // the restored run
   EXPECT_EQ(t.last_result.at("done"), true);
   EXPECT_EQ(ray.at("last_result").at("done"), true);
 
