@@ -143,6 +143,11 @@ void flaky_trainable(Config config) {
 
 void always_fails(Config) { throw std::runtime_error("always fails"); }
 
+// Says it is done at its second report (Ray's `done` key), then would go on to 50.
+void done_at_two_trainable(Config) {
+  for (int it = 1; it <= 50; ++it) report({{"score", it}, {"done", it == 2}});
+}
+
 // Reports "loss" where the search asks for "score".
 void wrong_metric_trainable(Config) {
   for (int it = 1; it <= 50; ++it) {
@@ -608,6 +613,21 @@ TEST(TuneTuner, WarmForkServerStartsEveryTrialAndACrashEndsOnlyItsOwn) {
   }
   EXPECT_THAT(own_children(),
               ::testing::IsEmpty());  // warm server, launch servers, agents, workers
+  fs::remove_all(dir);
+}
+
+// A result with "done": true ends the trial there, as Ray's Trial.should_stop: TERMINATED,
+// not a failure, its last result marked done.
+TEST(TuneTuner, AReportedDoneEndsTheTrial) {
+  const auto dir = fresh_dir("done");
+  Tuner tuner(done_at_two_trainable, Config{{"a", 1}},
+              {.metric = "score", .mode = "max", .storage_path = dir.string(), .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::Terminated) << grid[0].error;
+  ASSERT_EQ(grid[0].history.size(), 2u);
+  EXPECT_EQ(grid[0].history[0].at("done"), false);
+  EXPECT_EQ(grid[0].last_result.at("done"), true);
   fs::remove_all(dir);
 }
 
