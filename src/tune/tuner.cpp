@@ -746,7 +746,7 @@ ResultGrid Tuner::fit() {
     poll_reports(r);  // none should be left (reports block their worker); be sure
     // A trial that ended (returned, or stopped) has its last result marked done, as Ray's
     // last_result (result.json keeps the line as it was logged).
-    if (!r.history.empty() && !r.pause_requested && (r.stop_requested || r.failure.empty()))
+    if (!r.history.empty() && (r.stop_requested || (!r.pause_requested && r.failure.empty())))
       r.history.back()["done"] = true;
     const Result last = r.history.empty() ? Result::object() : detail::flatten(r.history.back());
     const char* how;

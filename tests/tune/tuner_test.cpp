@@ -428,6 +428,8 @@ TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
     const int n = static_cast<int>(t.history.size());
     EXPECT_TRUE(n == 1 || n == 2 || n == 4 || n == 8) << t.id << " ran " << n;
     stopped_early += n < 8;
+    // Ray's done: true on the result a trial stopped at (or its last), false before.
+    for (int i = 0; i < n; ++i) EXPECT_EQ(t.history[i].at("done"), i == n - 1) << t.id << " " << i;
   }
   EXPECT_GT(stopped_early, 0);
   EXPECT_LT(total, 6 * 8);
