@@ -649,11 +649,16 @@ ResultGrid Tuner::fit() {
   // Ray's Trial.should_stop on the flattened result: a true "done", or any `stop` key whose
   // value is >= its bound. A key the result lacks is said once and never stops the trial.
   bool warned_missing_stop_key = false;
+  // Python's truth and comparisons: a done of 1 counts, a boolean compares as 0 or 1.
+  auto as_number = [](const Config& v) {
+    return v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>();
+  };
   auto should_stop = [&](const Config& flat) {
-    if (flat.contains("done") && flat.at("done").is_boolean() && flat.at("done").get<bool>())
+    if (flat.contains("done") && (flat.at("done").is_boolean() || flat.at("done").is_number()) &&
+        as_number(flat.at("done")) != 0)
       return true;
     for (const auto& [key, bound] : o.stop) {
-      if (!flat.contains(key) || !flat.at(key).is_number()) {
+      if (!flat.contains(key) || !(flat.at(key).is_number() || flat.at(key).is_boolean())) {
         if (!warned_missing_stop_key) {
           warned_missing_stop_key = true;
           std::string keys;
@@ -667,7 +672,7 @@ ResultGrid Tuner::fit() {
         }
         continue;
       }
-      if (flat.at(key).get<double>() >= bound) return true;
+      if (as_number(flat.at(key)) >= bound) return true;
     }
     return false;
   };
