@@ -739,7 +739,7 @@ ResultGrid Tuner::fit() {
       detail::append_result(r.dir, result);  // result.json, progress.csv
       r.history.push_back(result);
       r.history_seq.push_back(seq++);
-      mlflow.trial_result(r.trial.id, result);
+      mlflow.trial_result(r.trial.id, detail::flatten(result));  // as Ray's MLflow callback
       client->set(r.prefix + "decision/" + std::to_string(r.next_report), decision);
       ++r.next_report;
       save_state();
