@@ -75,8 +75,15 @@ class TrialStopped : public Error {
 // checkpoint directory (or file) that is copied into the trial's storage. Call it on every
 // rank once per iteration (epoch): rank 0's metrics and checkpoint count; every caller blocks
 // until the driver decided, and throws TrialStopped if the trial is to end here. Only rank 0
-// calling it also works (the other ranks are stopped with it). The driver adds
-// "training_iteration" (1, 2, ... continuing after a restore) and "time_total_s".
+// calling it also works (the other ranks are stopped with it). The driver completes every
+// result as Ray Tune does, in Ray's order after the trial's own keys: "timestamp" (Unix
+// seconds), "checkpoint_dir_name" (null without a checkpoint), "should_checkpoint" (with
+// one), "done" (false; true on the result the trial stops at, and on a finished trial's last
+// result), "training_iteration" (1, 2, ... continuing after a restore), "trial_id", "date"
+// (local, %Y-%m-%d_%H-%M-%S), "time_this_iter_s" (since the previous report, or since the
+// run started; a reported value is kept), "time_total_s" (the restored checkpoint's plus the
+// time since), "pid", "hostname", "node_ip" (of rank 0), "config", "time_since_restore",
+// "iterations_since_restore". A reported `"done": true` ends the trial after this result.
 // UsageError: called outside a trial, or metrics not an object of numbers.
 // TimeoutError: the driver did not answer within the report timeout (it is gone).
 void report(const Result& metrics, const std::string& checkpoint = "");
@@ -103,6 +110,10 @@ struct TuneOptions {
   int num_samples = 1;  // repeats of the grid (random domains drawn anew each time)
   // Default: FIFO (every trial runs to its end).
   std::shared_ptr<TrialScheduler> scheduler;
+  // Ray's RunConfig(stop={...}): a trial stops (TERMINATED, not a failure) at the first result
+  // in which any of these keys is >= its value ("a/b" names a nested key, "config/lr" the
+  // config). A key a result lacks never stops it (said once on stderr), as in Ray.
+  std::map<std::string, double> stop;
   // Trials running at once, at most. 0: as many as the engine's free slots allow (free slots /
   // processes, at least 1), counted when fit() starts: this machine's cores; on a cluster the
   // engine's (ray: the processes of a trial's CPUs and GPUs its alive nodes hold free; slurm:
@@ -177,8 +188,9 @@ class ResultGrid {
   // is best by metric/mode (default: the Tuner's). UsageError: no trial reported the metric.
   const TrialResult& best_result(const std::string& metric = "", const std::string& mode = "",
                                  const std::string& scope = "last") const;
-  // One row per trial: id, status, failures, the config (nested keys joined by "/"), the
-  // last result's metrics, iterations. Also written to storage_path/name/results.csv.
+  // One row per trial under one header (the union of the trials' columns): id, status,
+  // failures, iterations, the config (nested keys joined by "/"), the last result's keys.
+  // Also written to storage_path/name/results.csv.
   void write_csv(const std::string& path) const;
   const std::string& experiment_dir() const { return dir_; }
 

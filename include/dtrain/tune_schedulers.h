@@ -27,8 +27,10 @@
 
 namespace dtrain::tune {
 
-// A result: the metrics of one tune::report() plus the fields the Tuner fills in
-// (training_iteration, time_total_s, ...). Flat JSON object of numbers.
+// A result: the metrics of one tune::report() plus the fields the Tuner fills in as Ray does
+// (training_iteration, time_total_s, time_this_iter_s, iterations_since_restore, trial_id,
+// config, ...; dtrain/tune.h). Schedulers get it flattened as Ray's do: the config's keys as
+// "config/<key>", nested ones joined by "/".
 using Result = nlohmann::ordered_json;
 
 enum class TrialStatus { Pending, Running, Paused, Terminated, Error };

@@ -19,7 +19,15 @@
 //   - uniform(lo, hi): float in [lo, hi). loguniform(lo, hi): exp(uniform(log lo, log hi)).
 //   - quniform(lo, hi, q): the bounds snapped inwards onto multiples of q, a uniform draw
 //     between them, rounded half-to-even to a multiple of q.
+//   - qloguniform(lo, hi, q): loguniform between the bounds snapped inwards onto multiples of
+//     q, rounded half-to-even to a multiple of q (both bounds reachable). Float.
+//   - randn(mean, sd): a normal draw. qrandn(mean, sd, q): rounded to a multiple of q. Float.
 //   - randint(lo, hi): integer in [lo, hi) (upper bound exclusive, as numpy's).
+//   - qrandint(lo, hi, q): a uniform choice among the multiples of q in [lo, hi] - the upper
+//     bound inclusive, except with q = 1 ([lo, hi), as randint). Integer.
+//   - lograndint(lo, hi): floor(exp(uniform(log lo, log hi))), in [lo, hi). Integer.
+//   - qlograndint(lo, hi, q): k * q with k = floor(exp(uniform(log k_lo, log (k_hi + 1)))) over
+//     the multiples k * q in [lo, hi] (upper inclusive except with q = 1). Integer.
 //   - choice(values): one of the values, each equally likely.
 //   - grid_search(values): the grids are crossed, the lexicographically first parameter path
 //     varying fastest (Ray sorts grid paths, then counts like an odometer from the first);
@@ -76,11 +84,20 @@ class RecordedRandom : public RandomSource {
   std::size_t next_ = 0;
 };
 
-// Domains. Bounds are checked here (UsageError with the offending values).
+// Domains. Bounds are checked here (UsageError with the offending values) where Ray raises,
+// at construction or when it samples: a log domain's bound <= 0, a float domain's bound not
+// a multiple of q, an integer domain with no multiple of q between its bounds, sd <= 0; also
+// q <= 0, and lower >= upper where the upper bound is exclusive or the scale is continuous.
 Config uniform(double lower, double upper);
 Config loguniform(double lower, double upper);
 Config quniform(double lower, double upper, double q);
+Config qloguniform(double lower, double upper, double q);
+Config randn(double mean = 0.0, double sd = 1.0);
+Config qrandn(double mean, double sd, double q);
 Config randint(std::int64_t lower, std::int64_t upper);
+Config qrandint(std::int64_t lower, std::int64_t upper, std::int64_t q = 1);
+Config lograndint(std::int64_t lower, std::int64_t upper);
+Config qlograndint(std::int64_t lower, std::int64_t upper, std::int64_t q);
 Config choice(const std::vector<Config>& categories);
 Config grid_search(const std::vector<Config>& values);
 

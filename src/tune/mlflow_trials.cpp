@@ -77,9 +77,14 @@ void MlflowTrials::trial_result(const std::string& trial_id, const Result& resul
   if (it == runs_.end() || !result.is_object()) return;
   const std::int64_t step = result.value("training_iteration", std::int64_t{0});
   std::map<std::string, double> metrics;
+  // Ray's MLflowLoggerCallback: every value float() takes (numbers, booleans as 0/1) of the
+  // flattened result, so also the config's numbers as config/<key> and Ray's numeric fields.
   for (auto m = result.begin(); m != result.end(); ++m) {
-    if (m.value().is_number() && std::isfinite(m.value().get<double>()))
-      metrics[m.key()] = m.value().get<double>();
+    const Config& v = m.value();
+    const double x = v.is_boolean()  ? (v.get<bool>() ? 1.0 : 0.0)
+                     : v.is_number() ? v.get<double>()
+                                     : std::nan("");
+    if (std::isfinite(x)) metrics[m.key()] = x;
   }
   it->second.log_metrics(metrics, step);
 }

@@ -28,6 +28,8 @@ class MlflowTrials {
   // Returns the run's id ("" when inactive).
   std::string trial_started(const std::string& trial_id, const Config& config,
                             const std::string& run_id, bool first_start);
+  // Logs every finite number of `result` (booleans as 0/1) as a metric at step
+  // training_iteration; the Tuner passes it flattened, as Ray's MLflowLoggerCallback logs it.
   void trial_result(const std::string& trial_id, const Result& result);
   // The trial's run ends FINISHED (Terminated) or FAILED (Error).
   void trial_ended(const std::string& trial_id, TrialStatus status, const std::string& error);

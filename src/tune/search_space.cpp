@@ -5,6 +5,10 @@
 //   loguniform exp(uniform(log lo, log hi))       (Ray's Float._LogUniform)
 //   randint   lo + floor((hi - lo) * u)           (numpy's integers, hi exclusive)
 //   choice    categories[floor(n * u)]
+//   normal    mean + sd * sqrt(-2 log(1 - u1)) * cos(2 pi u2)   (two draws; Box-Muller)
+// and the composed domains as Ray composes its samplers (Float/Integer, LogUniform, Normal,
+// Quantized in sample.py): the quantized ones draw on the grid of multiples of q between the
+// bounds snapped inwards, log-uniform integers are floor(exp(uniform(log lo, log hi))).
 #include "dtrain/tune_search_space.h"
 
 #include <algorithm>
@@ -40,6 +44,39 @@ double grid_index(double bound, double q, bool lower) {
 double draw_uniform(double lo, double hi, RandomSource& r) {
   return lo + (hi - lo) * r.uniform01();
 }
+
+double draw_normal(double mean, double sd, RandomSource& r) {
+  const double u1 = r.uniform01();
+  const double u2 = r.uniform01();
+  return mean + sd * std::sqrt(-2.0 * std::log1p(-u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// Ray's Integer._LogUniform: floor(exp(uniform(log lo, log hi))).
+std::int64_t draw_log_int(std::int64_t lo, std::int64_t hi, RandomSource& r) {
+  const double v = std::exp(
+      draw_uniform(std::log(static_cast<double>(lo)), std::log(static_cast<double>(hi)), r));
+  return static_cast<std::int64_t>(std::floor(v));
+}
+
+// Ray's Quantized.sample for an Integer domain: the grid indices of the bounds (lower up,
+// upper down), the upper one inclusive unless q is 1.
+struct IndexRange {
+  std::int64_t lo, hi;  // [lo, hi)
+};
+IndexRange index_range(std::int64_t lower, std::int64_t upper, std::int64_t q) {
+  const double qd = static_cast<double>(q);
+  const auto lo = static_cast<std::int64_t>(grid_index(static_cast<double>(lower), qd, true));
+  const auto hi = static_cast<std::int64_t>(grid_index(static_cast<double>(upper), qd, false));
+  return {lo, hi + (q == 1 ? 0 : 1)};
+}
+
+bool multiple_of(double bound, double q) {
+  const double scaled = bound / q;
+  const double nearest = std::nearbyint(scaled);
+  return std::fabs(scaled - nearest) <= 1e-9 * std::max(std::fabs(scaled), std::fabs(nearest));
+}
+
+std::string num(std::int64_t v) { return std::to_string(v); }
 
 // Depth-first over objects (insertion order) and arrays, as Ray's
 // _split_resolved_unresolved_values: the paths of every grid and every domain.
@@ -84,7 +121,8 @@ void check_space(const Config& node, const std::string& where) {
   }
   if (node.is_object() && node.contains(kDomainKey) && !is_domain(node)) {
     throw UsageError("tune: unknown domain at '" + where + "': " + node.dump() +
-                     " (use uniform, loguniform, quniform, randint or choice)");
+                     " (use uniform, quniform, loguniform, qloguniform, randn, qrandn, randint, "
+                     "qrandint, lograndint, qlograndint or choice)");
   }
   if (node.is_object() && !is_domain(node)) {
     for (auto it = node.begin(); it != node.end(); ++it)
@@ -136,14 +174,43 @@ Config quniform(double lower, double upper, double q) {
   }
   // Ray's Float.quantized: both bounds must be multiples of q (math.isclose).
   for (double bound : {lower, upper}) {
-    const double scaled = bound / q;
-    const double nearest = std::nearbyint(scaled);
-    if (std::fabs(scaled - nearest) > 1e-9 * std::max(std::fabs(scaled), std::fabs(nearest))) {
+    if (!multiple_of(bound, q)) {
       throw UsageError("tune::quniform: the bound " + num(bound) +
                        " is not a multiple of the quantization factor q=" + num(q));
     }
   }
   return Config{{kDomainKey, "quniform"}, {"lower", lower}, {"upper", upper}, {"q", q}};
+}
+
+Config qloguniform(double lower, double upper, double q) {
+  const std::string call =
+      "tune::qloguniform(" + num(lower) + ", " + num(upper) + ", " + num(q) + ")";
+  if (!(lower > 0) || !(lower < upper) || !std::isfinite(upper) || !(q > 0)) {
+    throw UsageError(call + ": needs 0 < lower < upper < inf and q > 0");
+  }
+  for (double bound : {lower, upper}) {
+    if (!multiple_of(bound, q)) {
+      throw UsageError(call + ": the bound " + num(bound) +
+                       " is not a multiple of the quantization factor q=" + num(q));
+    }
+  }
+  return Config{{kDomainKey, "qloguniform"}, {"lower", lower}, {"upper", upper}, {"q", q}};
+}
+
+Config randn(double mean, double sd) {
+  if (!(sd > 0) || !std::isfinite(sd) || !std::isfinite(mean)) {
+    throw UsageError("tune::randn(" + num(mean) + ", " + num(sd) +
+                     "): needs a finite mean and sd > 0");
+  }
+  return Config{{kDomainKey, "randn"}, {"mean", mean}, {"sd", sd}};
+}
+
+Config qrandn(double mean, double sd, double q) {
+  if (!(sd > 0) || !std::isfinite(sd) || !std::isfinite(mean) || !(q > 0)) {
+    throw UsageError("tune::qrandn(" + num(mean) + ", " + num(sd) + ", " + num(q) +
+                     "): needs a finite mean, sd > 0 and q > 0");
+  }
+  return Config{{kDomainKey, "qrandn"}, {"mean", mean}, {"sd", sd}, {"q", q}};
 }
 
 Config randint(std::int64_t lower, std::int64_t upper) {
@@ -152,6 +219,41 @@ Config randint(std::int64_t lower, std::int64_t upper) {
                      "): needs lower < upper (the upper bound is exclusive)");
   }
   return Config{{kDomainKey, "randint"}, {"lower", lower}, {"upper", upper}};
+}
+
+Config qrandint(std::int64_t lower, std::int64_t upper, std::int64_t q) {
+  const std::string call = "tune::qrandint(" + num(lower) + ", " + num(upper) + ", " + num(q) + ")";
+  if (q < 1) throw UsageError(call + ": needs q >= 1");
+  const IndexRange r = index_range(lower, upper, q);
+  if (r.hi <= r.lo) {
+    throw UsageError(call + (q == 1 ? ": needs lower < upper (with q = 1 the upper bound is "
+                                      "exclusive)"
+                                    : ": there is no multiple of q between the bounds"));
+  }
+  return Config{{kDomainKey, "qrandint"}, {"lower", lower}, {"upper", upper}, {"q", q}};
+}
+
+Config lograndint(std::int64_t lower, std::int64_t upper) {
+  if (!(lower > 0) || !(lower < upper)) {
+    throw UsageError("tune::lograndint(" + num(lower) + ", " + num(upper) +
+                     "): needs 0 < lower < upper (the upper bound is exclusive)");
+  }
+  return Config{{kDomainKey, "lograndint"}, {"lower", lower}, {"upper", upper}};
+}
+
+Config qlograndint(std::int64_t lower, std::int64_t upper, std::int64_t q) {
+  const std::string call =
+      "tune::qlograndint(" + num(lower) + ", " + num(upper) + ", " + num(q) + ")";
+  if (!(lower > 0) || !(upper > 0) || q < 1) {
+    throw UsageError(call + ": needs lower > 0, upper > 0 and q >= 1");
+  }
+  const IndexRange r = index_range(lower, upper, q);
+  if (r.hi <= r.lo) {
+    throw UsageError(call + (q == 1 ? ": needs lower < upper (with q = 1 the upper bound is "
+                                      "exclusive)"
+                                    : ": there is no multiple of q between the bounds"));
+  }
+  return Config{{kDomainKey, "qlograndint"}, {"lower", lower}, {"upper", upper}, {"q", q}};
 }
 
 Config choice(const std::vector<Config>& categories) {
@@ -167,7 +269,9 @@ Config grid_search(const std::vector<Config>& values) {
 bool is_domain(const Config& v) {
   if (!v.is_object() || !v.contains(kDomainKey) || !v.at(kDomainKey).is_string()) return false;
   const auto& k = v.at(kDomainKey).get_ref<const std::string&>();
-  return k == "uniform" || k == "loguniform" || k == "quniform" || k == "randint" || k == "choice";
+  return k == "uniform" || k == "loguniform" || k == "quniform" || k == "qloguniform" ||
+         k == "randn" || k == "qrandn" || k == "randint" || k == "qrandint" || k == "lograndint" ||
+         k == "qlograndint" || k == "choice";
 }
 
 bool is_grid(const Config& v) {
@@ -190,10 +294,37 @@ Config sample(const Config& d, RandomSource& r) {
     const double hi = grid_index(d.at("upper").get<double>(), q, false) * q;
     return std::nearbyint(draw_uniform(lo, hi, r) / q) * q;  // np.round: half to even
   }
+  if (kind == "qloguniform") {
+    const double q = d.at("q").get<double>();
+    const double lo = grid_index(d.at("lower").get<double>(), q, true) * q;
+    const double hi = grid_index(d.at("upper").get<double>(), q, false) * q;
+    return std::nearbyint(std::exp(draw_uniform(std::log(lo), std::log(hi), r)) / q) * q;
+  }
+  if (kind == "randn") return draw_normal(d.at("mean").get<double>(), d.at("sd").get<double>(), r);
+  if (kind == "qrandn") {
+    const double q = d.at("q").get<double>();
+    return std::nearbyint(draw_normal(d.at("mean").get<double>(), d.at("sd").get<double>(), r) /
+                          q) *
+           q;
+  }
   if (kind == "randint") {
     const auto lo = d.at("lower").get<std::int64_t>();
     const auto hi = d.at("upper").get<std::int64_t>();
     return lo + static_cast<std::int64_t>(r.index(static_cast<std::size_t>(hi - lo)));
+  }
+  if (kind == "qrandint") {
+    const auto q = d.at("q").get<std::int64_t>();
+    const IndexRange i =
+        index_range(d.at("lower").get<std::int64_t>(), d.at("upper").get<std::int64_t>(), q);
+    return (i.lo + static_cast<std::int64_t>(r.index(static_cast<std::size_t>(i.hi - i.lo)))) * q;
+  }
+  if (kind == "lograndint")
+    return draw_log_int(d.at("lower").get<std::int64_t>(), d.at("upper").get<std::int64_t>(), r);
+  if (kind == "qlograndint") {
+    const auto q = d.at("q").get<std::int64_t>();
+    const IndexRange i =
+        index_range(d.at("lower").get<std::int64_t>(), d.at("upper").get<std::int64_t>(), q);
+    return draw_log_int(i.lo, i.hi, r) * q;
   }
   const auto& cats = d.at("categories");
   return cats.at(r.index(cats.size()));

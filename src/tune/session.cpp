@@ -7,11 +7,16 @@
 //   DTRAIN_TUNE_CHECKPOINT  the directory to start from ("" for none)
 //   DTRAIN_TUNE_REPORT_TIMEOUT_MS
 // Report k of a run: rank 0 copies the checkpoint into the trial directory and sets
-// PREFIX + "result/k" (JSON: metrics, checkpoint path); every rank that calls report() waits
-// for PREFIX + "decision/k" ("CONTINUE", "STOP" or "PAUSE").
+// PREFIX + "result/k" (JSON: metrics, checkpoint path, its pid, hostname and node IP); every
+// rank that calls report() waits for PREFIX + "decision/k" ("CONTINUE", "STOP" or "PAUSE").
 //
 // One session per worker process, created on first use: a worker runs exactly one trial,
 // so this process-wide state is the trial itself (Ray's session is the same idea).
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +28,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
+#include "engines/common.h"
 
 namespace fs = std::filesystem;
 
@@ -41,7 +47,34 @@ struct Session {
   int reports = 0;
   std::int64_t start_iteration = 0;  // the trial's training_iteration this run started after
   std::string run;                   // this run's number, to keep a rerun's checkpoints apart
+  std::string hostname, node_ip;     // rank 0's, for every result (Ray's hostname, node_ip)
 };
+
+// Ray's ray.util.get_node_ip_address() outside a Ray node: the address this host would reach
+// the internet from (a UDP connect, nothing sent); without a route, the address its host name
+// resolves to; else loopback.
+std::string node_ip() {
+  const std::string ip = engines::route_to("8.8.8.8").local;
+  if (!ip.empty()) return ip;
+  std::string by_name = "127.0.0.1";
+  char name[256] = {};
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (::gethostname(name, sizeof name - 1) == 0 &&
+      ::getaddrinfo(name, nullptr, &hints, &res) == 0 && res != nullptr) {
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) by_name = text;
+  }
+  if (res != nullptr) ::freeaddrinfo(res);
+  return by_name;
+}
+
+std::string host_name() {
+  utsname u{};
+  return ::uname(&u) == 0 ? u.nodename : "";  // Python's platform.node()
+}
 
 std::mutex g_mutex;
 std::unique_ptr<Session> g_session;
@@ -135,8 +168,14 @@ void report(const Result& metrics, const std::string& checkpoint) {
   const std::string result_key = s.prefix + "result/" + std::to_string(k);
   const std::string decision_key = s.prefix + "decision/" + std::to_string(k);
   if (s.rank == 0) {
-    Result r = metrics;
-    Result msg{{"metrics", r}};
+    if (s.hostname.empty()) {
+      s.hostname = host_name();
+      s.node_ip = node_ip();
+    }
+    Result msg{{"metrics", metrics},
+               {"pid", static_cast<std::int64_t>(::getpid())},
+               {"hostname", s.hostname},
+               {"node_ip", s.node_ip}};
     if (!checkpoint.empty())
       msg["checkpoint"] = persist_checkpoint(s, checkpoint, s.start_iteration + k);
     s.client->set(result_key, msg.dump());

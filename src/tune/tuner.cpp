@@ -16,6 +16,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -30,6 +31,7 @@
 #include "engines/engine.h"
 #include "tune/concurrency.h"
 #include "tune/mlflow_trials.h"
+#include "tune/trial_files.h"
 #include "tune/warm_fork_server.h"
 #include "tune/warm_hosts.h"
 
@@ -60,14 +62,16 @@ struct TrialRecord {
   std::vector<std::int64_t> history_seq;  // global order of reports, to replay on resume
   std::string latest_checkpoint;
   std::int64_t latest_checkpoint_iteration = 0;
+  double latest_checkpoint_time = 0;   // time_total_s of the result it came with
   std::string restore_checkpoint;      // what the next run starts from
   std::int64_t restore_iteration = 0;  // training_iteration of that checkpoint
-  double time_total = 0;               // seconds of earlier runs
+  double restore_time = 0;             // time_total_s of that checkpoint (Ray restores both)
   int num_failures = 0;
   int runs = 0;
   std::string error;
   std::string dir;
   std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
+  std::map<std::string, double> checkpoint_times;             // checkpoint dir -> time_total_s
   std::string mlflow_run_id;  // its MLflow child run, "" when not logged
 
   // While running.
@@ -81,6 +85,8 @@ struct TrialRecord {
   int next_report = 1;
   Clock::time_point started;
   Clock::time_point first_report = Clock::time_point::max();  // read, in this run
+  Clock::time_point last_report;                              // read, in this run
+  double time_since_restore = 0;                              // this run's time_this_iter_s, summed
   std::string prefix;
 };
 
@@ -89,6 +95,7 @@ struct TrialRecord {
 void rewind_to_latest_checkpoint(TrialRecord& r) {
   r.restore_checkpoint = r.latest_checkpoint;
   r.restore_iteration = r.latest_checkpoint_iteration;
+  r.restore_time = r.latest_checkpoint_time;
   while (!r.history.empty() &&
          r.history.back().value("training_iteration", std::int64_t{0}) > r.restore_iteration) {
     r.history.pop_back();
@@ -131,9 +138,9 @@ class Context : public SchedulerContext {
     t.config = config;
     r.exploit_pending = true;
     r.restore_checkpoint = checkpoint;
-    r.restore_iteration = donor && donor->checkpoint_iterations.count(checkpoint)
-                              ? donor->checkpoint_iterations.at(checkpoint)
-                              : 0;
+    const bool known = donor && donor->checkpoint_iterations.count(checkpoint);
+    r.restore_iteration = known ? donor->checkpoint_iterations.at(checkpoint) : 0;
+    r.restore_time = known ? donor->checkpoint_times[checkpoint] : 0;
     if (verbose) {
       std::fprintf(stderr, "tune: %s exploits %s (checkpoint %s), new config %s\n", t.id.c_str(),
                    from.c_str(), checkpoint.c_str(), config.dump().c_str());
@@ -145,28 +152,6 @@ class Context : public SchedulerContext {
  private:
   std::vector<std::unique_ptr<TrialRecord>>& trials_;
 };
-
-std::string csv_escape(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"') o += '"';
-    o += c;
-  }
-  return o + "\"";
-}
-
-void flatten(const Config& c, const std::string& prefix, std::map<std::string, std::string>& out,
-             std::vector<std::string>& order) {
-  if (c.is_object()) {
-    for (auto it = c.begin(); it != c.end(); ++it) {
-      flatten(it.value(), prefix.empty() ? it.key() : prefix + "/" + it.key(), out, order);
-    }
-    return;
-  }
-  if (!out.count(prefix)) order.push_back(prefix);
-  out[prefix] = c.is_string() ? c.get<std::string>() : c.dump();
-}
 
 // What every trial's Distributor gets from the options (start_trial adds the trial's own).
 DistributorOptions trial_distributor_options(const TuneOptions& o) {
@@ -234,27 +219,43 @@ const TrialResult& ResultGrid::best_result(const std::string& metric_in, const s
 }
 
 void ResultGrid::write_csv(const std::string& path) const {
-  std::vector<std::string> config_cols, metric_cols;
-  std::vector<std::map<std::string, std::string>> configs, metrics;
+  // One header, the union of every trial's columns in the order they first appear; one row
+  // per trial, empty where it has no such key. The config comes from the trial (a trial that
+  // never reported has one too), the rest from its last result flattened as Ray's
+  // get_dataframe() does; "logdir" is the trial's directory, as there.
+  std::vector<std::string> cols;
+  std::vector<Config> rows;
   for (const auto& t : trials_) {
-    configs.emplace_back();
-    flatten(t.config, "", configs.back(), config_cols);
-    metrics.emplace_back();
-    if (t.last_result.is_object()) flatten(t.last_result, "", metrics.back(), metric_cols);
+    Config row = Config::object();
+    const Config config = detail::flatten(Config{{"config", t.config}});
+    for (auto it = config.begin(); it != config.end(); ++it) row[it.key()] = it.value();
+    if (t.last_result.is_object()) {
+      Config last = t.last_result;
+      last.erase("config");
+      last.erase("trial_id");
+      last = detail::flatten(last);
+      for (auto it = last.begin(); it != last.end(); ++it) row[it.key()] = it.value();
+    }
+    row["logdir"] = t.dir;
+    for (auto it = row.begin(); it != row.end(); ++it) {
+      if (std::find(cols.begin(), cols.end(), it.key()) == cols.end()) cols.push_back(it.key());
+    }
+    rows.push_back(std::move(row));
   }
+  // "logdir" last, as in Ray's dataframe.
+  cols.erase(std::remove(cols.begin(), cols.end(), "logdir"), cols.end());
+  cols.push_back("logdir");
   std::ofstream out(path);
   if (!out) throw Error("tune: cannot write " + path);
   out << "trial_id,status,num_failures,iterations";
-  for (const auto& c : config_cols) out << "," << csv_escape("config/" + c);
-  for (const auto& m : metric_cols) out << "," << csv_escape(m);
+  for (const auto& c : cols) out << "," << detail::csv_quote(c);
   out << "\n";
   for (std::size_t i = 0; i < trials_.size(); ++i) {
     const auto& t = trials_[i];
-    out << t.id << "," << to_string(t.status) << "," << t.num_failures << "," << t.history.size();
-    for (const auto& c : config_cols)
-      out << "," << csv_escape(configs[i].count(c) ? configs[i][c] : "");
-    for (const auto& m : metric_cols)
-      out << "," << csv_escape(metrics[i].count(m) ? metrics[i][m] : "");
+    out << detail::csv_quote(t.id) << "," << to_string(t.status) << "," << t.num_failures << ","
+        << t.history.size();
+    for (const auto& c : cols)
+      out << "," << (rows[i].contains(c) ? detail::csv_field(rows[i].at(c)) : "");
     out << "\n";
   }
 }
@@ -344,7 +345,8 @@ ResultGrid Tuner::fit() {
       r->latest_checkpoint_iteration = s.value("latest_checkpoint_iteration", std::int64_t{0});
       r->restore_checkpoint = s.value("restore_checkpoint", "");
       r->restore_iteration = s.value("restore_iteration", std::int64_t{0});
-      r->time_total = s.value("time_total", 0.0);
+      r->latest_checkpoint_time = s.value("latest_checkpoint_time", 0.0);
+      r->restore_time = s.value("restore_time", 0.0);
       r->num_failures = s.value("num_failures", 0);
       r->runs = s.value("runs", 0);
       r->error = s.value("error", "");
@@ -354,19 +356,14 @@ ResultGrid Tuner::fit() {
       for (auto it = cps.begin(); it != cps.end(); ++it) {
         r->checkpoint_iterations[it.key()] = it.value().get<std::int64_t>();
       }
+      const Config times = s.value("checkpoint_times", Config::object());
+      for (auto it = times.begin(); it != times.end(); ++it) {
+        r->checkpoint_times[it.key()] = it.value().get<double>();
+      }
       if (!r->trial.is_finished()) {
         // Interrupted: start again from its latest checkpoint (or a pending exploit's).
-        if (r->trial.status == TrialStatus::Running) {
-          r->restore_checkpoint = r->latest_checkpoint;
-          r->restore_iteration = r->latest_checkpoint_iteration;
-          // Reports after that checkpoint will be made again; drop them from the history.
-          while (!r->history.empty() &&
-                 r->history.back().value("training_iteration", std::int64_t{0}) >
-                     r->restore_iteration) {
-            r->history.pop_back();
-            r->history_seq.pop_back();
-          }
-        }
+        // Reports after that checkpoint will be made again; they leave the history.
+        if (r->trial.status == TrialStatus::Running) rewind_to_latest_checkpoint(*r);
         r->trial.status =
             r->history.empty() && r->runs == 0 ? TrialStatus::Pending : TrialStatus::Paused;
       }
@@ -410,7 +407,7 @@ ResultGrid Tuner::fit() {
       const TrialStatus keep = r->trial.status;
       const Config config = r->trial.config;
       r->trial.status = TrialStatus::Running;
-      sched.on_trial_result(ctx, r->trial, r->history[i]);
+      sched.on_trial_result(ctx, r->trial, detail::flatten(r->history[i]));
       r->trial.status = keep;
       r->trial.config = config;
     }
@@ -437,6 +434,8 @@ ResultGrid Tuner::fit() {
     for (auto& r : trials) {
       Config cp = Config::object();
       for (auto& [k, v] : r->checkpoint_iterations) cp[k] = v;
+      Config times = Config::object();
+      for (auto& [k, v] : r->checkpoint_times) times[k] = v;
       list.push_back({{"id", r->trial.id},
                       {"config", r->trial.config},
                       {"tag", r->trial.experiment_tag},
@@ -447,13 +446,15 @@ ResultGrid Tuner::fit() {
                       {"latest_checkpoint_iteration", r->latest_checkpoint_iteration},
                       {"restore_checkpoint", r->restore_checkpoint},
                       {"restore_iteration", r->restore_iteration},
-                      {"time_total", r->time_total},
+                      {"latest_checkpoint_time", r->latest_checkpoint_time},
+                      {"restore_time", r->restore_time},
                       {"num_failures", r->num_failures},
                       {"runs", r->runs},
                       {"error", r->error},
                       {"dir", r->dir},
                       {"mlflow_run_id", r->mlflow_run_id},
-                      {"checkpoint_iterations", cp}});
+                      {"checkpoint_iterations", cp},
+                      {"checkpoint_times", times}});
     }
     state["trials"] = list;
     const fs::path tmp = state_path.string() + ".tmp";
@@ -549,6 +550,8 @@ ResultGrid Tuner::fit() {
     r.failure.clear();
     r.stopped_by_worker_exception = false;
     r.started = Clock::now();
+    r.time_since_restore = 0;
+    detail::write_params(r.dir, r.trial.config);  // Ray's params.json, at every start
     DistributorOptions d = trial_distributor_options(o);
     d.env["DTRAIN_TUNE_STORE"] = store_addr;
     d.env["DTRAIN_TUNE_PREFIX"] = r.prefix;
@@ -600,6 +603,80 @@ ResultGrid Tuner::fit() {
   // for, and fit() throws this.
   std::string fatal;
 
+  // The result of report `iteration` as Ray's Trainable and TuneController complete it: the
+  // trial's metrics, then the fields Ray adds, in Ray's order. Times are the driver's: the
+  // first report's time_this_iter_s counts from the run's start (its processes' start-up
+  // included); a time_this_iter_s the trial reported replaces the measured one, as in Ray.
+  auto complete_result = [&](TrialRecord& r, const Config& msg, std::int64_t iteration,
+                             Clock::time_point now) {
+    Result result = msg.at("metrics");
+    double this_iter =
+        std::chrono::duration<double>(now - (r.next_report == 1 ? r.started : r.last_report))
+            .count();
+    if (result.contains("time_this_iter_s") && result.at("time_this_iter_s").is_number())
+      this_iter = result.at("time_this_iter_s").get<double>();
+    r.last_report = now;
+    r.time_since_restore += this_iter;
+    const auto wall = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(wall);
+    std::tm local{};
+    ::localtime_r(&t, &local);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%d_%H-%M-%S", &local);
+    result["timestamp"] = static_cast<std::int64_t>(t);
+    if (msg.contains("checkpoint")) {
+      result["checkpoint_dir_name"] =
+          fs::path(msg.at("checkpoint").get<std::string>()).filename().string();
+      result["should_checkpoint"] = true;
+    } else {
+      result["checkpoint_dir_name"] = nullptr;
+    }
+    if (!result.contains("done")) result["done"] = false;
+    result["training_iteration"] = iteration;
+    result["trial_id"] = r.trial.id;
+    result["date"] = date;
+    result["time_this_iter_s"] = this_iter;
+    result["time_total_s"] = r.restore_time + r.time_since_restore;
+    for (const char* k : {"pid", "hostname", "node_ip"}) {
+      if (msg.contains(k)) result[k] = msg.at(k);
+    }
+    result["config"] = r.trial.config;
+    result["time_since_restore"] = r.time_since_restore;
+    result["iterations_since_restore"] = r.next_report;
+    return result;
+  };
+
+  // Ray's Trial.should_stop on the flattened result: a true "done", or any `stop` key whose
+  // value is >= its bound. A key the result lacks is said once and never stops the trial.
+  bool warned_missing_stop_key = false;
+  // Python's truth and comparisons: a done of 1 counts, a boolean compares as 0 or 1.
+  auto as_number = [](const Config& v) {
+    return v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>();
+  };
+  auto should_stop = [&](const Config& flat) {
+    if (flat.contains("done") && (flat.at("done").is_boolean() || flat.at("done").is_number()) &&
+        as_number(flat.at("done")) != 0)
+      return true;
+    for (const auto& [key, bound] : o.stop) {
+      if (!flat.contains(key) || !(flat.at(key).is_number() || flat.at(key).is_boolean())) {
+        if (!warned_missing_stop_key) {
+          warned_missing_stop_key = true;
+          std::string keys;
+          for (auto it = flat.begin(); it != flat.end(); ++it)
+            keys += (keys.empty() ? "" : ", ") + it.key();
+          std::fprintf(stderr,
+                       "tune: stopping criterion '%s' not found in result dict! Available keys "
+                       "are %s. If '%s' is never reported, the run will continue until training "
+                       "is finished.\n",
+                       key.c_str(), keys.c_str(), key.c_str());
+        }
+        continue;
+      }
+      if (as_number(flat.at(key)) >= bound) return true;
+    }
+    return false;
+  };
+
   // Reads and decides every report the trial has made so far.
   auto poll_reports = [&](TrialRecord& r) -> bool {
     bool any = false;
@@ -607,41 +684,44 @@ ResultGrid Tuner::fit() {
       const std::string key = r.prefix + "result/" + std::to_string(r.next_report);
       if (!client->check({key})) return any;
       any = true;
-      if (r.next_report == 1) r.first_report = Clock::now();
+      const Clock::time_point now = Clock::now();
+      if (r.next_report == 1) r.first_report = now;
       const Config msg = Config::parse(client->get(key));
-      Result result = msg.at("metrics");
       const std::int64_t iteration = r.restore_iteration + r.next_report;
-      result["training_iteration"] = iteration;
-      result["time_total_s"] =
-          r.time_total + std::chrono::duration<double>(Clock::now() - r.started).count();
-      r.history.push_back(result);
-      r.history_seq.push_back(seq++);
-      mlflow.trial_result(r.trial.id, result);
+      Result result = complete_result(r, msg, iteration, now);
+      const Config flat = detail::flatten(result);  // what Ray's schedulers and `stop` see
       if (msg.contains("checkpoint")) {
         r.latest_checkpoint = msg.at("checkpoint");
         r.latest_checkpoint_iteration = iteration;
+        r.latest_checkpoint_time = result.at("time_total_s").get<double>();
         r.checkpoint_iterations[r.latest_checkpoint] = iteration;
+        r.checkpoint_times[r.latest_checkpoint] = r.latest_checkpoint_time;
       }
       std::string decision = "CONTINUE";
-      if (fatal.empty() && !o.metric.empty() && !result.contains(o.metric)) {
+      if (fatal.empty() && !o.metric.empty() && !flat.contains(o.metric)) {
         std::string keys;
-        for (auto it = result.begin(); it != result.end(); ++it)
+        const Config& metrics = msg.at("metrics");
+        for (auto it = metrics.begin(); it != metrics.end(); ++it)
           keys += (keys.empty() ? "" : ", ") + it.key();
         fatal = "tune: trial " + r.trial.id + "'s result " + std::to_string(iteration) +
-                " has no metric \"" + o.metric + "\" (TuneOptions::metric); it has " + keys +
-                ". Report \"" + o.metric +
+                " has no metric \"" + o.metric + "\" (TuneOptions::metric); it reports " +
+                (keys.empty() ? "nothing" : keys) + ". Report \"" + o.metric +
                 "\" in every tune::report() call, or set "
                 "TuneOptions::metric to one of these";
       }
       if (!fatal.empty()) r.stop_requested = true;
       if (!r.stop_requested && !r.pause_requested) {
         Decision d = Decision::Continue;
-        try {
-          d = sched.on_trial_result(ctx, r.trial, result);
-        } catch (const UsageError& e) {
-          fatal = e.what();
-          r.stop_requested = true;
-          d = Decision::Stop;
+        if (should_stop(flat)) {
+          d = Decision::Stop;  // Ray: the stopping criteria first, the scheduler not asked
+        } else {
+          try {
+            d = sched.on_trial_result(ctx, r.trial, flat);
+          } catch (const UsageError& e) {
+            fatal = e.what();
+            r.stop_requested = true;
+            d = Decision::Stop;
+          }
         }
         if (d == Decision::Stop) {
           r.stop_requested = true;
@@ -654,6 +734,12 @@ ResultGrid Tuner::fit() {
       } else {
         decision = r.stop_requested ? "STOP" : "PAUSE";
       }
+      // Ray marks a result the trial stops at done before it logs it.
+      if (decision == "STOP") result["done"] = true;
+      detail::append_result(r.dir, result);  // result.json, progress.csv
+      r.history.push_back(result);
+      r.history_seq.push_back(seq++);
+      mlflow.trial_result(r.trial.id, detail::flatten(result));  // as Ray's MLflow callback
       client->set(r.prefix + "decision/" + std::to_string(r.next_report), decision);
       ++r.next_report;
       save_state();
@@ -663,8 +749,11 @@ ResultGrid Tuner::fit() {
   auto finish_run = [&](TrialRecord& r) {
     r.thread.join();
     poll_reports(r);  // none should be left (reports block their worker); be sure
-    r.time_total += std::chrono::duration<double>(Clock::now() - r.started).count();
-    const Result last = r.history.empty() ? Result::object() : r.history.back();
+    // A trial that ended (returned, or stopped) has its last result marked done, as Ray's
+    // last_result (result.json keeps the line as it was logged).
+    if (!r.history.empty() && (r.stop_requested || (!r.pause_requested && r.failure.empty())))
+      r.history.back()["done"] = true;
+    const Result last = r.history.empty() ? Result::object() : detail::flatten(r.history.back());
     const char* how;
     // A run the driver asked to end (STOP, or PAUSE for PBT) ended as asked, however its
     // processes went: report() throws TrialStopped on the ranks that call it, and the

@@ -96,6 +96,10 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
                        0.5 * static_cast<double>(i + 1));
       EXPECT_EQ(run["metrics"].at("training_iteration").at(i).at(1).get<double>(),
                 static_cast<double>(i + 1));
+      // As Ray's MLflowLoggerCallback: the flattened result's numbers, the config's too.
+      EXPECT_EQ(run["metrics"].at("config/x").at(i).at(1).get<double>(), x);
+      EXPECT_EQ(run["metrics"].at("iterations_since_restore").at(i).at(1).get<double>(),
+                static_cast<double>(i + 1));
     }
     if (x == 3) {
       EXPECT_EQ(t.status, TrialStatus::Error);

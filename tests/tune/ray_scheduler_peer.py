@@ -11,7 +11,8 @@ Random choices: Ray draws from Python's `random` (PBT) and numpy's global genera
 bracket, Domain.sample). Both are replaced by one list of recorded uniform draws in [0, 1),
 mapped as dtrain maps them (dtrain/tune_schedulers.h): random() = u,
 random.choice(seq) = seq[floor(u * len)], numpy choice(n, p) = searchsorted(cdf, u, 'right'),
-uniform(lo, hi) = lo + (hi - lo) * u, randint(lo, hi) = lo + floor((hi - lo) * u).
+uniform(lo, hi) = lo + (hi - lo) * u, randint(lo, hi) = lo + floor((hi - lo) * u),
+normal(mean, sd) = mean + sd * sqrt(-2 log(1 - u1)) * cos(2 pi u2) (two draws).
 
 The simulated controller (identical on both sides):
   - every trial is added (on_trial_add) PENDING; it becomes RUNNING at its first event;
@@ -25,6 +26,7 @@ The simulated controller (identical on both sides):
 import json
 import logging
 import math
+import os
 import sys
 import types
 
@@ -84,6 +86,12 @@ def np_uniform(low=0.0, high=1.0, size=None):
     return v if size is None else np.array([v] * size)
 
 
+def np_normal(loc=0.0, scale=1.0, size=None):
+    u1, u2 = DRAWS.u(), DRAWS.u()  # Box-Muller, as dtrain maps two draws to a normal one
+    v = loc + scale * math.sqrt(-2.0 * math.log1p(-u1)) * math.cos(2.0 * math.pi * u2)
+    return v if size is None else np.array([v] * size)
+
+
 def np_randint(low, high=None, size=None):
     if high is None:
         low, high = 0, low
@@ -96,6 +104,7 @@ pbt_module.random = RecordedPythonRandom()
 np.random.choice = np_choice
 np.random.uniform = np_uniform
 np.random.randint = np_randint
+np.random.normal = np_normal
 
 
 def to_ray_space(value):
@@ -112,6 +121,18 @@ def to_ray_space(value):
             return tune.randint(value["lower"], value["upper"])
         if kind == "choice":
             return tune.choice(value["categories"])
+        if kind == "qloguniform":
+            return tune.qloguniform(value["lower"], value["upper"], value["q"])
+        if kind == "qrandint":
+            return tune.qrandint(value["lower"], value["upper"], value["q"])
+        if kind == "lograndint":
+            return tune.lograndint(value["lower"], value["upper"])
+        if kind == "qlograndint":
+            return tune.qlograndint(value["lower"], value["upper"], value["q"])
+        if kind == "randn":
+            return tune.randn(value["mean"], value["sd"])
+        if kind == "qrandn":
+            return tune.qrandn(value["mean"], value["sd"], value["q"])
         return {k: to_ray_space(v) for k, v in value.items()}
     return value
 
@@ -194,9 +215,167 @@ def run_variants(case):
     return {"configs": configs, "draws_used": DRAWS.used}
 
 
+class LoggedTrial:
+    """What Ray's JsonLoggerCallback / CSVLoggerCallback use of a Trial: its directory."""
+
+    def __init__(self, path, config):
+        self.local_path = path
+        self.config = config
+        self.checkpoint = None  # nothing to restore from remote storage
+        os.makedirs(path, exist_ok=True)
+
+    def init_local_path(self):
+        os.makedirs(self.local_path, exist_ok=True)
+
+
+def run_trial_files(case):
+    """One trial through Ray's own Trainable (the function API's session, auto-filled metrics,
+    checkpoint persistence) and Ray's own loggers, with the TuneController's steps around them
+    done here: trial_id set, the stopping criteria checked (Trial.should_stop), done=True on the
+    result the trial stops at and on its last result. No Ray cluster: Ray's session directory is
+    pointed at the case's directory."""
+    import tempfile
+
+    import ray.train._internal.storage as storage_module
+    from ray.train._internal.storage import StorageContext
+    from ray.tune import Checkpoint
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+    from ray.tune.trainable import wrap_function
+    from ray.tune.utils import flatten_dict
+
+    spec = case["trial_files"]
+    root = spec["dir"]
+    cwd = os.getcwd()
+    storage_module._get_ray_train_session_dir = lambda: os.path.join(root, "session")
+
+    failed = []
+
+    def train_fn(config):
+        start = 0
+        ckpt = tune.get_checkpoint()
+        if ckpt:
+            with ckpt.as_directory() as d:
+                start = int(open(os.path.join(d, "state")).read())
+        for it in range(start + 1, config["reports"] + 1):
+            if it == config.get("fail_at") and not failed:
+                failed.append(it)
+                raise RuntimeError("injected failure")
+            metrics = {"score": config["x"] * it}
+            if it == config["checkpoint_at"]:
+                with tempfile.TemporaryDirectory() as d:
+                    open(os.path.join(d, "state"), "w").write(str(it))
+                    tune.report(metrics, checkpoint=Checkpoint.from_directory(d))
+            else:
+                tune.report(metrics)
+
+    config = spec["config"]
+    storage = StorageContext(storage_path=os.path.join(root, "storage"),
+                             experiment_dir_name="exp", trial_dir_name="trial")
+    cls = wrap_function(train_fn)
+    trainable = cls(config=json.loads(json.dumps(config)), storage=storage)
+    trial = LoggedTrial(os.path.join(root, "trial"), config)
+    trial.stopping_criterion = spec["stop"]
+    loggers = [JsonLoggerCallback(), CSVLoggerCallback()]
+    for cb in loggers:
+        cb.log_trial_start(trial)
+    results = []
+    last = None
+    saved = None  # the latest checkpoint, as the controller keeps it (Trainable.save)
+    while True:
+        try:
+            result = trainable.train()
+        except Exception:
+            # A failure with retries left: the trial starts again on a new Trainable restored
+            # from its latest checkpoint (Trainable.restore), and its loggers start again.
+            for cb in loggers:
+                cb.log_trial_end(trial, failed=True)
+            try:
+                trainable.stop()
+            except (Exception, SystemExit):
+                pass
+            trainable = cls(config=json.loads(json.dumps(config)), storage=storage)
+            trainable.restore(saved)
+            for cb in loggers:
+                cb.log_trial_start(trial)
+            continue
+        if result.get("should_checkpoint"):
+            saved = trainable.save()
+        result.update(trial_id=spec["trial_id"])
+        if "__duplicate__" in result:
+            last.update(done=True)
+            break
+        if Trial.should_stop(trial, flatten_dict(result)):
+            result.update(done=True)
+        for cb in loggers:
+            cb.log_trial_result(len(results) + 1, trial, result)
+        results.append(result)
+        last = result
+        if result["done"]:
+            break
+    for cb in loggers:
+        cb.log_trial_end(trial)
+    try:
+        trainable.stop()
+    except SystemExit:
+        pass  # a trial stopped before its function returned: its thread ends with sys.exit(0)
+    os.chdir(cwd)  # Ray's session moved into the trial's working directory
+    files = {}
+    for name in ("params.json", "result.json", "progress.csv"):
+        with open(os.path.join(trial.local_path, name), newline="") as f:
+            files[name] = f.read()
+    return {"results": results, "last_result": last, "files": files}
+
+
+def sampled(case):
+    """Ray's own sampling of every domain (numpy's real generator, not the recorded draws)
+    next to dtrain's values for it: types, ranges, quantization and the values seen."""
+    rng = np.random.default_rng(case["seed"])
+    out = []
+    for item in case["samples"]:
+        domain = to_ray_space(item["domain"])
+        ray_values = domain.sample(size=len(item["values"]), random_state=rng)
+        out.append({"name": item["name"], "ray": summary(ray_values, item["domain"]),
+                    "dtrain": summary(item["values"], item["domain"])})
+    return {"samples": out}
+
+
+def raises(case):
+    """Whether Ray raises for each call (building the domain, or sampling it: Ray checks some
+    bounds only when it samples)."""
+    out = []
+    for call in case["raises"]:
+        try:
+            domain = getattr(tune, call["fn"])(*call["args"])
+            domain.sample(size=16, random_state=np.random.default_rng(0))
+            out.append({"call": call, "raises": False})
+        except Exception as e:  # ValueError, AssertionError, ZeroDivisionError: Ray's ways
+            out.append({"call": call, "raises": True, "error": f"{type(e).__name__}: {e}"})
+    return {"raises": out}
+
+
+def summary(values, domain):
+    values = [v.item() if hasattr(v, "item") else v for v in values]
+    types = sorted({type(v).__name__ for v in values})
+    q = domain.get("q")
+    s = {"types": types, "min": min(values), "max": max(values),
+         "mean": float(np.mean(values)), "sd": float(np.std(values))}
+    distinct = sorted(set(values))
+    s["distinct"] = distinct if len(distinct) <= 64 else len(distinct)
+    if q is not None:
+        # Every value a multiple of q (to the last bits of a float product).
+        s["on_grid"] = all(math.isclose(v / q, round(v / q), abs_tol=1e-9) for v in values)
+    return s
+
+
 def run_case(case):
     global DRAWS
     DRAWS = Draws(case.get("draws", []))
+    if "trial_files" in case:
+        return run_trial_files(case)
+    if "samples" in case:
+        return sampled(case)
+    if "raises" in case:
+        return raises(case)
     if "variants" in case:
         return run_variants(case)
     sched = make_scheduler(case)

@@ -297,7 +297,177 @@ Config build_cases() {
                      {"k", 3}}},
                    {"num_samples", 3},
                    {"draws", draws(g, 200)}});
+  // The other domains, drawn from the same recorded draws as Ray draws them.
+  cases.push_back({{"name", "variants_more"},
+                   {"variants",
+                    {{"ql", qloguniform(1e-4, 1e-1, 5e-5)},
+                     {"qi", qrandint(0, 10, 5)},
+                     {"qi1", qrandint(-3, 4)},
+                     {"qin", qrandint(-7, 7, 3)},
+                     {"li", lograndint(1, 8)},
+                     {"qli", qlograndint(1, 16, 2)},
+                     {"qli7", qlograndint(3, 100, 7)},
+                     {"n", randn(5, 2)},
+                     {"qn", qrandn(0, 1, 0.5)},
+                     {"g", grid_search({1, 2})}}},
+                   {"num_samples", 8},
+                   {"draws", draws(g, 400)}});
   return cases;
+}
+
+// Every domain sampled many times with a seed (dtrain's generator), for the peer to set beside
+// Ray's own sampling of it (numpy's generator): types, ranges, quantization, the values seen.
+const std::vector<std::pair<std::string, Config>>& sampled_domains() {
+  static const std::vector<std::pair<std::string, Config>> d{
+      {"uniform(-1,1)", uniform(-1, 1)},
+      {"loguniform(1e-4,1e-1)", loguniform(1e-4, 1e-1)},
+      {"quniform(0,1,0.25)", quniform(0, 1, 0.25)},
+      {"qloguniform(1e-4,1e-1,5e-5)", qloguniform(1e-4, 1e-1, 5e-5)},
+      {"qloguniform(10,1000,10)", qloguniform(10, 1000, 10)},
+      {"randn(0,1)", randn()},
+      {"randn(5,2)", randn(5, 2)},
+      {"qrandn(0,1,0.5)", qrandn(0, 1, 0.5)},
+      {"randint(0,3)", randint(0, 3)},
+      {"qrandint(0,10,5)", qrandint(0, 10, 5)},
+      {"qrandint(0,10)", qrandint(0, 10)},
+      {"qrandint(-7,7,3)", qrandint(-7, 7, 3)},
+      {"qrandint(5,5,5)", qrandint(5, 5, 5)},
+      {"lograndint(1,8)", lograndint(1, 8)},
+      {"lograndint(10,1000)", lograndint(10, 1000)},
+      {"qlograndint(1,16,2)", qlograndint(1, 16, 2)},
+      {"qlograndint(3,100,7)", qlograndint(3, 100, 7)},
+      {"qlograndint(2,9,1)", qlograndint(2, 9, 1)},
+  };
+  return d;
+}
+
+Config sample_case() {
+  SeededRandom random(20261129);
+  Config items = Config::array();
+  for (const auto& [name, domain] : sampled_domains()) {
+    Config values = Config::array();
+    for (int i = 0; i < 4000; ++i) values.push_back(sample(domain, random));
+    items.push_back({{"name", name}, {"domain", domain}, {"values", values}});
+  }
+  return {{"name", "samples"}, {"seed", 7}, {"samples", items}};
+}
+
+// Calls of the domain functions, with whether Ray raises for them (or when it samples them)
+// and whether dtrain does (a UsageError when the domain is made). Equal except where dtrain is
+// stricter: lograndint(5, 5), whose upper bound is exclusive, Ray samples as 5.
+struct DomainCall {
+  std::string fn;
+  std::vector<double> args;
+  bool dtrain_only = false;  // Ray samples it (oddly) without an error; dtrain refuses it
+};
+const std::vector<DomainCall>& domain_calls() {
+  static const std::vector<DomainCall> calls{
+      {"quniform", {0.1, 0.9, 0.25}},
+      {"quniform", {0, 1, 0.25}},
+      {"qloguniform", {0, 1, 0.1}},
+      {"qloguniform", {1e-4, 0.1, 3e-5}},
+      {"qloguniform", {1e-4, 0.1, 5e-5}},
+      {"qloguniform", {0.1, 1, 0}},
+      {"randint", {3, 3}},
+      {"randint", {0, 3}},
+      {"qrandint", {1, 4, 5}},
+      {"qrandint", {5, 5, 5}},
+      {"qrandint", {3, 3, 1}},
+      {"qrandint", {0, 10, 0}},
+      {"qrandint", {0, 10, -5}},
+      {"qrandint", {-7, 7, 3}},
+      {"lograndint", {0, 8}},
+      {"lograndint", {2, 8}},
+      {"lograndint", {5, 5}, true},
+      {"qlograndint", {0, 16, 2}},
+      {"qlograndint", {1, 16, 2}},
+      {"qlograndint", {3, 5, 7}},
+      {"qlograndint", {1, -4, 2}},
+      {"randn", {0, 0}},
+      {"randn", {0, -1}},
+      {"randn", {3, 2}},
+      {"qrandn", {0, 0, 0.5}},
+      {"qrandn", {0, 1, 0.5}},
+      {"qrandn", {0, 1, -0.5}},
+  };
+  return calls;
+}
+
+bool dtrain_raises(const DomainCall& c) {
+  const auto& a = c.args;
+  const auto i = [&](std::size_t k) { return static_cast<std::int64_t>(a[k]); };
+  try {
+    if (c.fn == "quniform") quniform(a[0], a[1], a[2]);
+    if (c.fn == "qloguniform") qloguniform(a[0], a[1], a[2]);
+    if (c.fn == "randint") randint(i(0), i(1));
+    if (c.fn == "qrandint") qrandint(i(0), i(1), i(2));
+    if (c.fn == "lograndint") lograndint(i(0), i(1));
+    if (c.fn == "qlograndint") qlograndint(i(0), i(1), i(2));
+    if (c.fn == "randn") randn(a[0], a[1]);
+    if (c.fn == "qrandn") qrandn(a[0], a[1], a[2]);
+  } catch (const dtrain::UsageError&) {
+    return true;
+  }
+  return false;
+}
+
+Config raises_case() {
+  Config calls = Config::array();
+  for (const auto& c : domain_calls()) {
+    Config args = Config::array();
+    for (std::size_t k = 0; k < c.args.size(); ++k) {
+      // Integers as ints: Ray's integer domains take Python ints.
+      const bool integral = c.fn.find("int") != std::string::npos;
+      args.push_back(integral ? Config(static_cast<std::int64_t>(c.args[k])) : Config(c.args[k]));
+    }
+    calls.push_back({{"fn", c.fn}, {"args", args}});
+  }
+  return {{"name", "raises"}, {"raises", calls}};
+}
+
+void expect_raises_match(const Config& ray) {
+  ASSERT_EQ(ray.at("raises").size(), domain_calls().size());
+  int raised = 0;
+  for (std::size_t i = 0; i < domain_calls().size(); ++i) {
+    const DomainCall& c = domain_calls()[i];
+    const Config& r = ray.at("raises").at(i);
+    const bool ray_raises = r.at("raises").get<bool>();
+    raised += ray_raises;
+    EXPECT_EQ(dtrain_raises(c), ray_raises || c.dtrain_only)
+        << r.at("call").dump() << " Ray: " << r.value("error", "no error");
+    if (c.dtrain_only) {
+      EXPECT_FALSE(ray_raises) << r.at("call").dump();
+    }
+  }
+  EXPECT_GT(raised, 10);
+}
+
+// Ray's sampling beside dtrain's (the peer's summaries of both): the same types, every value on
+// the grid of q, the same set of values where there are few, and ranges and moments that agree.
+void expect_samples_match(const Config& ray) {
+  ASSERT_EQ(ray.at("samples").size(), sampled_domains().size());
+  for (std::size_t i = 0; i < sampled_domains().size(); ++i) {
+    const Config& s = ray.at("samples").at(i);
+    SCOPED_TRACE(s.at("name").get<std::string>());
+    const Config& theirs = s.at("ray");
+    const Config& ours = s.at("dtrain");
+    EXPECT_EQ(ours.at("types"), theirs.at("types"));
+    if (theirs.contains("on_grid")) {
+      EXPECT_EQ(theirs.at("on_grid"), true);
+      EXPECT_EQ(ours.at("on_grid"), true);
+    }
+    const bool unbounded = sampled_domains()[i].second.contains("sd");  // randn, qrandn
+    if (theirs.at("distinct").is_array() && !unbounded) {
+      EXPECT_EQ(ours.at("distinct"), theirs.at("distinct"));  // every value, and only those
+    } else if (!unbounded) {
+      const double range = theirs.at("max").get<double>() - theirs.at("min").get<double>();
+      EXPECT_NEAR(ours.at("min").get<double>(), theirs.at("min").get<double>(), 0.03 * range);
+      EXPECT_NEAR(ours.at("max").get<double>(), theirs.at("max").get<double>(), 0.03 * range);
+    }
+    const double sd = theirs.at("sd").get<double>();
+    EXPECT_NEAR(ours.at("mean").get<double>(), theirs.at("mean").get<double>(), 0.1 * sd + 1e-12);
+    EXPECT_NEAR(ours.at("sd").get<double>(), sd, 0.1 * sd + 1e-12);
+  }
 }
 
 // Appends "a vs b" (built with +=: `" " + a.dump()` makes GCC 12 warn -Wrestrict, wrongly).
@@ -362,7 +532,9 @@ bool same(const Config& a, const Config& b, std::string& where) {
 }  // namespace
 
 TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
-  const Config cases = build_cases();
+  Config cases = build_cases();
+  cases.push_back(sample_case());
+  cases.push_back(raises_case());
   const fs::path dir =
       fs::temp_directory_path() / ("dtrain-tune-parity-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -379,6 +551,14 @@ TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
   int stops = 0, exploits = 0, pauses = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].at("name").get<std::string>());
+    if (cases[i].contains("samples")) {
+      expect_samples_match(ray[i]);
+      continue;
+    }
+    if (cases[i].contains("raises")) {
+      expect_raises_match(ray[i]);
+      continue;
+    }
     const Config ours = run_case(cases[i]);
     std::string where = cases[i].at("name").get<std::string>();
     EXPECT_TRUE(same(ours, ray[i], where)) << "first difference at " << where;

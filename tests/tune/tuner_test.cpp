@@ -6,10 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -33,6 +35,33 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
+}
+
+// The fields of each line of a CSV file (quoted fields as Python's csv module writes them).
+std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::vector<std::string>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<std::string> fields(1);
+    bool quoted = false;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        fields.emplace_back();
+      } else {
+        fields.back() += c;
+      }
+    }
+    rows.push_back(fields);
+  }
+  return rows;
 }
 
 // Two processes per trial: the ranks really form a group; rank 0's metric counts.
@@ -71,6 +100,30 @@ void curve_trainable(Config config) {
   }
 }
 
+// The trainable the Ray peer runs too (tests/tune/ray_scheduler_peer.py, run_trial_files):
+// score = x * it for it = 1..reports, a checkpoint with report checkpoint_at, and a failure
+// before report fail_at the first time (then it starts again from its checkpoint).
+void ray_files_trainable(Config config) {
+  const double x = config.at("x").get<double>();
+  int start = 0;
+  if (auto ckpt = get_checkpoint()) std::ifstream(fs::path(*ckpt) / "state") >> start;
+  const fs::path marker = fs::path(trial_dir()) / "failed_once";
+  for (int it = start + 1; it <= config.at("reports").get<int>(); ++it) {
+    if (it == config.at("fail_at").get<int>() && !fs::exists(marker)) {
+      std::ofstream(marker) << "1";
+      throw std::runtime_error("injected failure");
+    }
+    if (it == config.at("checkpoint_at").get<int>()) {
+      const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+      fs::create_directories(tmp);
+      std::ofstream(tmp / "state") << it;
+      report({{"score", x * it}}, tmp.string());
+    } else {
+      report({{"score", x * it}});
+    }
+  }
+}
+
 // Fails once (after its first report and checkpoint), then completes from the checkpoint.
 void flaky_trainable(Config config) {
   int start = 0;
@@ -89,6 +142,11 @@ void flaky_trainable(Config config) {
 }
 
 void always_fails(Config) { throw std::runtime_error("always fails"); }
+
+// Says it is done at its second report (Ray's `done` key), then would go on to 50.
+void done_at_two_trainable(Config) {
+  for (int it = 1; it <= 50; ++it) report({{"score", it}, {"done", it == 2}});
+}
 
 // Reports "loss" where the search asks for "score".
 void wrong_metric_trainable(Config) {
@@ -159,18 +217,200 @@ TEST(TuneTuner, TwoProcessTrialsReportAndBestIsFound) {
     EXPECT_EQ(t.last_result.at("training_iteration").get<int>(), 3);
   }
   EXPECT_EQ(grid.best_result().config.at("x").get<double>(), 2.0);
-  std::ifstream csv(fs::path(grid.experiment_dir()) / "results.csv");
-  std::string line;
+  // results.csv read back: one header naming each column once, a row per trial in order.
+  const auto rows = read_csv(fs::path(grid.experiment_dir()) / "results.csv");
+  ASSERT_EQ(rows.size(), 4u);  // header + 3 trials
+  const auto& header = rows[0];
+  EXPECT_EQ(std::set<std::string>(header.begin(), header.end()).size(), header.size())
+      << testing::PrintToString(header);
+  const auto col = [&](const std::string& name) {
+    return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  ASSERT_LT(col("config/x"), header.size());
+  ASSERT_LT(col("score"), header.size());
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& row = rows[i + 1];
+    const auto& t = grid[i];
+    ASSERT_EQ(row.size(), header.size()) << "row " << i;
+    EXPECT_EQ(row[0], t.id);
+    EXPECT_EQ(row[col("status")], "TERMINATED");
+    EXPECT_EQ(std::stod(row[col("config/x")]), t.config.at("x").get<double>());
+    EXPECT_EQ(std::stod(row[col("score")]), t.last_result.at("score").get<double>());
+  }
+  fs::remove_all(dir);
+}
+
+// Trials with different config keys and metrics: the header is their union, each column once,
+// and a trial's row is empty where it has no such key.
+TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
+  const auto dir = fresh_dir("csv");
+  std::vector<TrialResult> trials(3);
+  for (int i = 0; i < 3; ++i) {
+    trials[i].id = "trial_0000" + std::to_string(i);
+    trials[i].status = TrialStatus::Terminated;
+    trials[i].config = Config{{"lr", 0.1 * (i + 1)}, {"opt", {{"name", "sgd,nesterov"}}}};
+    trials[i].last_result = Result{{"score", i}, {"training_iteration", 2}};
+    trials[i].history = {trials[i].last_result, trials[i].last_result};
+    trials[i].dir = "/t/" + std::to_string(i);
+  }
+  trials[1].config["extra"] = 7;
+  trials[2].last_result = Result{{"loss", 0.5}};
+  ResultGrid grid(trials, "score", "max", dir.string());
+  grid.write_csv((dir / "results.csv").string());
+  const auto rows = read_csv(dir / "results.csv");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0],
+            (std::vector<std::string>{"trial_id", "status", "num_failures", "iterations",
+                                      "config/lr", "config/opt/name", "score", "training_iteration",
+                                      "config/extra", "loss", "logdir"}));
+  EXPECT_EQ(rows[1], (std::vector<std::string>{"trial_00000", "TERMINATED", "0", "2", "0.1",
+                                               "sgd,nesterov", "0", "2", "", "", "/t/0"}));
+  EXPECT_EQ(rows[2][8], "7");
+  EXPECT_EQ(rows[3][6], "");
+  EXPECT_EQ(rows[3][9], "0.5");
+  fs::remove_all(dir);
+}
+
+// The results and the trial's files against Ray Tune's own: the same trial (config, reports,
+// a checkpoint at the second, a failure before the third and a retry restored from that
+// checkpoint, `stop` criteria of which one key is never reported) through dtrain and through
+// Ray 2.60's function Trainable (restore included) and its JSON/CSV loggers (the peer). Every
+// result has Ray's keys in Ray's order with Ray's types, the values that do not depend on the
+// clock or the process are equal, the times relate as Ray's (time_total_s goes on from the
+// checkpoint's after the restore, time_since_restore starts again), and params.json,
+// result.json and progress.csv read the same.
+TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
+  const auto dir = fresh_dir("ray-files");
+  const Config config{
+      {"x", 2.0}, {"opt", {{"lr", 0.1}}}, {"reports", 4}, {"checkpoint_at", 2}, {"fail_at", 3}};
+  const std::map<std::string, double> stop{{"missing", 1}, {"score", 5.9}};
+  Tuner tuner(ray_files_trainable, config,
+              {.metric = "score",
+               .mode = "max",
+               .stop = stop,
+               .max_failures = 1,
+               .storage_path = (dir / "dtrain").string(),
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  const TrialResult& t = grid[0];
+  EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+  EXPECT_EQ(t.num_failures, 1);
+
+  const Config cases = Config::array({{{"name", "trial_files"},
+                                       {"trial_files",
+                                        {{"dir", (dir / "ray").string()},
+                                         {"trial_id", t.id},
+                                         {"config", config},
+                                         {"stop", stop}}}}});
+  std::ofstream(dir / "cases.json") << cases.dump();
+  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+                          dtrain::test::source_dir() + "/tests/tune/ray_scheduler_peer.py " +
+                          (dir / "cases.json").string() + " " + (dir / "ray.json").string() +
+                          " 2>" + (dir / "peer.log").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "Ray Tune peer failed: " << cmd;
+  std::ifstream in(dir / "ray.json");
+  const Config ray = Config::parse(in).at(0);
+
+  // Both stop at the third result (score 6 >= 5.9; "missing" never stops them).
+  ASSERT_EQ(ray.at("results").size(), 3u) << ray.dump(1);
+  ASSERT_EQ(t.history.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("result " + std::to_string(i + 1));
+    const Result& ours = t.history[i];
+    const Config& theirs = ray.at("results").at(i);
+    std::vector<std::string> our_keys, their_keys;
+    for (auto it = ours.begin(); it != ours.end(); ++it) our_keys.push_back(it.key());
+    for (auto it = theirs.begin(); it != theirs.end(); ++it) their_keys.push_back(it.key());
+    EXPECT_EQ(our_keys, their_keys);
+    for (auto it = theirs.begin(); it != theirs.end(); ++it) {
+      if (!ours.contains(it.key())) continue;
+      EXPECT_EQ(ours.at(it.key()).type_name(), std::string(it.value().type_name())) << it.key();
+      EXPECT_EQ(ours.at(it.key()).is_number_integer(), it.value().is_number_integer())
+          << it.key() << ": " << ours.at(it.key()) << " vs " << it.value();
+    }
+    for (const char* k : {"score", "done", "training_iteration", "trial_id", "config",
+                          "iterations_since_restore", "hostname", "node_ip"}) {
+      EXPECT_EQ(ours.at(k), theirs.at(k)) << k;
+    }
+    EXPECT_EQ(ours.at("checkpoint_dir_name").is_null(), i != 1);
+    EXPECT_THAT(ours.value("checkpoint_dir_name", Config("")).dump(),
+                testing::AnyOf("null", testing::StartsWith("\"checkpoint_")));
+    EXPECT_THAT(ours.at("date").get<std::string>(),
+                testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}"));
+    EXPECT_NEAR(ours.at("timestamp").get<double>(), theirs.at("timestamp").get<double>(), 120);
+    // Restored from the checkpoint of the result before: on both sides time_total_s goes on
+    // from there, and time_since_restore counts from the restore.
+    for (const Config* r : {&ours, &theirs}) {
+      const Config* prev =
+          i > 0 ? (r == &ours ? &t.history[i - 1] : &ray.at("results").at(i - 1)) : nullptr;
+      const double before = prev ? prev->at("time_total_s").get<double>() : 0.0;
+      EXPECT_NEAR(r->at("time_total_s").get<double>(),
+                  before + r->at("time_this_iter_s").get<double>(), 1e-9)
+          << r->dump();
+    }
+    EXPECT_EQ(ours.at("time_since_restore") == ours.at("time_total_s"),
+              theirs.at("time_since_restore") == theirs.at("time_total_s"));
+    if (theirs.at("iterations_since_restore") == 1) {
+      EXPECT_EQ(ours.at("time_since_restore"), ours.at("time_this_iter_s"));
+      EXPECT_EQ(theirs.at("time_since_restore"), theirs.at("time_this_iter_s"));
+    }
+  }
+  EXPECT_EQ(ray.at("results").at(2).at("iterations_since_restore"), 1);  // the restored run
+  EXPECT_EQ(t.last_result.at("done"), true);
+  EXPECT_EQ(ray.at("last_result").at("done"), true);
+
+  // The files.
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  const Config& files = ray.at("files");
+  EXPECT_EQ(read(fs::path(t.dir) / "params.json"), files.at("params.json").get<std::string>());
+  std::istringstream our_json(read(fs::path(t.dir) / "result.json"));
+  std::istringstream their_json(files.at("result.json").get<std::string>());
+  std::string a, b;
   int lines = 0;
-  while (std::getline(csv, line)) ++lines;
-  EXPECT_EQ(lines, 4);  // header + 3 trials
+  while (std::getline(their_json, b)) {
+    ASSERT_TRUE(std::getline(our_json, a)) << "result.json has fewer lines than Ray's";
+    const Config ours = Config::parse(a), theirs = Config::parse(b);
+    EXPECT_EQ(ours.at("done"), theirs.at("done"));
+    EXPECT_EQ(ours.at("score"), theirs.at("score"));
+    EXPECT_EQ(ours.size(), theirs.size());
+    EXPECT_EQ(a.substr(0, a.find("\"timestamp\"")), b.substr(0, b.find("\"timestamp\"")));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_FALSE(std::getline(our_json, a)) << "result.json has more lines than Ray's";
+  const std::string our_csv = read(fs::path(t.dir) / "progress.csv");
+  const std::string their_csv = files.at("progress.csv").get<std::string>();
+  EXPECT_EQ(our_csv.substr(0, our_csv.find('\n')), their_csv.substr(0, their_csv.find('\n')));
+  const auto ours = read_csv(fs::path(t.dir) / "progress.csv");
+  std::ofstream(dir / "ray_progress.csv", std::ios::binary) << their_csv;
+  const auto theirs = read_csv(dir / "ray_progress.csv");
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    ASSERT_EQ(ours[i].size(), theirs[i].size()) << "row " << i;
+    for (std::size_t c = 0; c < ours[i].size(); ++c) {
+      const std::string& col = theirs[0][c];
+      if (col == "score" || col == "done" || col == "training_iteration" || col == "trial_id" ||
+          col == "hostname" || col == "node_ip" || col == "iterations_since_restore" ||
+          (col == "checkpoint_dir_name" && theirs[i][c].empty())) {
+        EXPECT_EQ(ours[i][c], theirs[i][c]) << "row " << i << ", " << col;
+      }
+    }
+  }
   fs::remove_all(dir);
 }
 
 TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
   const auto dir = fresh_dir("asha");
-  auto asha = std::make_shared<AshaScheduler>(
-      AshaOptions{.max_t = 8, .grace_period = 1, .reduction_factor = 2});
+  // On a field the Tuner fills in, as Ray's: no trial is restored here, so it counts as
+  // training_iteration does.
+  auto asha = std::make_shared<AshaScheduler>(AshaOptions{.time_attr = "iterations_since_restore",
+                                                          .max_t = 8,
+                                                          .grace_period = 1,
+                                                          .reduction_factor = 2});
   Tuner tuner(curve_trainable, Config{{"q", grid_search({0.6, 0.5, 0.4, 0.3, 0.2, 0.1})}},
               {.metric = "score",
                .mode = "max",
@@ -188,6 +428,8 @@ TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
     const int n = static_cast<int>(t.history.size());
     EXPECT_TRUE(n == 1 || n == 2 || n == 4 || n == 8) << t.id << " ran " << n;
     stopped_early += n < 8;
+    // Ray's done: true on the result a trial stopped at (or its last), false before.
+    for (int i = 0; i < n; ++i) EXPECT_EQ(t.history[i].at("done"), i == n - 1) << t.id << " " << i;
   }
   EXPECT_GT(stopped_early, 0);
   EXPECT_LT(total, 6 * 8);
@@ -222,6 +464,28 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   }
   EXPECT_GT(pbt->num_perturbations(), 0);
   EXPECT_TRUE(some_restored) << "no trial started from another trial's checkpoint";
+  // Every run that started from a checkpoint (its own after a pause, another's after an
+  // exploit) goes on from the time_total_s of the result that checkpoint came with, as Ray's
+  // Trainable.restore: PBT's default time_attr then measures what the clone trained.
+  int restored_runs = 0;
+  for (const auto& t : grid.trials()) {
+    for (const auto& r : t.history) {
+      const auto it = r.at("training_iteration").get<int>();
+      if (r.at("iterations_since_restore") != 1 || it == 1) continue;
+      ++restored_runs;
+      const double before =
+          r.at("time_total_s").get<double>() - r.at("time_this_iter_s").get<double>();
+      bool found = false;
+      for (const auto& d : grid.trials()) {
+        for (const auto& h : d.history) {
+          found |= !h.at("checkpoint_dir_name").is_null() && h.at("training_iteration") == it - 1 &&
+                   std::fabs(h.at("time_total_s").get<double>() - before) < 1e-9;
+        }
+      }
+      EXPECT_TRUE(found) << t.id << " " << r.dump();
+    }
+  }
+  EXPECT_GT(restored_runs, 0);
   fs::remove_all(dir);
 }
 
@@ -277,7 +541,7 @@ TEST(TuneTuner, AResultWithoutTheMetricEndsTheSearchAtThatResult) {
     ADD_FAILURE() << "fit() returned";
   } catch (const dtrain::UsageError& e) {
     EXPECT_THAT(e.what(), testing::HasSubstr("result 1 has no metric \"score\""));
-    EXPECT_THAT(e.what(), testing::HasSubstr("it has loss, training_iteration, time_total_s"));
+    EXPECT_THAT(e.what(), testing::HasSubstr("it reports loss. Report \"score\""));
   }
   // 50 reports 50 ms apart would take 2.5 s per trial.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
@@ -300,6 +564,16 @@ TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
   EXPECT_EQ(t.num_failures, 1);
   ASSERT_EQ(t.history.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(t.history[i].at("training_iteration").get<int>(), i + 1);
+  // The retry restored iteration 1's checkpoint: as Ray's Trainable.restore, time_total_s goes
+  // on from that result's, and the *_since_restore counters start again.
+  const Result& restored = t.history[1];
+  EXPECT_EQ(restored.at("iterations_since_restore"), 1);
+  EXPECT_EQ(restored.at("time_since_restore"), restored.at("time_this_iter_s"));
+  EXPECT_NEAR(
+      restored.at("time_total_s").get<double>(),
+      t.history[0].at("time_total_s").get<double>() + restored.at("time_this_iter_s").get<double>(),
+      1e-9);
+  EXPECT_EQ(t.history[2].at("iterations_since_restore"), 2);
 
   const auto dir2 = fresh_dir("error");
   Tuner failing(always_fails, Config{{"a", 1}},
@@ -341,6 +615,21 @@ TEST(TuneTuner, WarmForkServerStartsEveryTrialAndACrashEndsOnlyItsOwn) {
   }
   EXPECT_THAT(own_children(),
               ::testing::IsEmpty());  // warm server, launch servers, agents, workers
+  fs::remove_all(dir);
+}
+
+// A result with "done": true ends the trial there, as Ray's Trial.should_stop: TERMINATED,
+// not a failure, its last result marked done.
+TEST(TuneTuner, AReportedDoneEndsTheTrial) {
+  const auto dir = fresh_dir("done");
+  Tuner tuner(done_at_two_trainable, Config{{"a", 1}},
+              {.metric = "score", .mode = "max", .storage_path = dir.string(), .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::Terminated) << grid[0].error;
+  ASSERT_EQ(grid[0].history.size(), 2u);
+  EXPECT_EQ(grid[0].history[0].at("done"), false);
+  EXPECT_EQ(grid[0].last_result.at("done"), true);
   fs::remove_all(dir);
 }
 
