@@ -76,7 +76,7 @@ void Run::Impl::spool_locked() {
     const auto& e = queue[i];
     nlohmann::json j{{"kind", static_cast<int>(e.kind)}, {"key", e.key}};
     if (e.kind == detail::Entry::Metric) {
-      j["value"] = e.number;
+      j["value"] = detail::metric_value_json(e.number);
       j["timestamp"] = e.timestamp;
       j["step"] = e.step;
     } else {

@@ -3,6 +3,7 @@
 
 #include "tracking/http.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -20,6 +21,12 @@ int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+nlohmann::json metric_value_json(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  return value;
 }
 
 namespace {
@@ -194,8 +201,10 @@ void RestStore::log_batch(const std::string& run_id, const std::vector<Entry>& e
   json metrics = json::array(), params = json::array(), tags = json::array();
   for (const auto& e : entries) {
     if (e.kind == Entry::Metric) {
-      metrics.push_back(
-          {{"key", e.key}, {"value", e.number}, {"timestamp", e.timestamp}, {"step", e.step}});
+      metrics.push_back({{"key", e.key},
+                         {"value", metric_value_json(e.number)},
+                         {"timestamp", e.timestamp},
+                         {"step", e.step}});
     } else {
       (e.kind == Entry::Param ? params : tags).push_back({{"key", e.key}, {"value", e.text}});
     }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
 
@@ -20,6 +22,12 @@ constexpr size_t kMaxParams = 100;
 constexpr size_t kMaxTags = 100;
 
 int64_t now_ms();
+
+// A metric value as protobuf's JSON mapping writes a double, and so MLflow's Python client
+// (message_to_json in its REST store): a number, or the strings "NaN", "Infinity" and
+// "-Infinity", which the server reads back as those values (JSON has no literal for them, and
+// the `null` a JSON library writes instead makes the server reject the whole request).
+nlohmann::json metric_value_json(double value);
 
 struct Entry {
   enum Kind { Metric = 0, Param = 1, Tag = 2 } kind;

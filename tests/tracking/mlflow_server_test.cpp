@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "dtrain/mlflow.h"
@@ -129,6 +130,28 @@ TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
   for (int s = 0; s < 2500; ++s) EXPECT_DOUBLE_EQ(loss[s][1].get<double>(), 1.0 / (s + 1)) << s;
   EXPECT_FALSE(fs::exists(g_dir / "fallback"))
       << "everything reached the server; nothing should be in the fallback";
+}
+
+TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto run = dtrain::mlflow::Run::start(
+      {.tracking_uri = g_server->url(), .experiment = "nonfinite", .run_name = "diverged"});
+  ASSERT_TRUE(run.active());
+  const double inf = std::numeric_limits<double>::infinity();
+  // One log_metrics call: one runs/log-batch request with finite and non-finite values.
+  run.log_metrics({{"loss", std::nan("")}, {"grad_norm", inf}, {"neg", -inf}, {"lr", 0.001}}, 1);
+  run.log_metric("loss", 0.5, 2);
+  run.end(dtrain::mlflow::RunStatus::Finished);
+  EXPECT_EQ(run.stats().metrics_sent, 5);  // a rejected batch would not count
+  auto runs = read_runs(g_server->url(), "nonfinite")["runs"];
+  ASSERT_EQ(runs.size(), 1u);
+  const auto& m = runs[0]["metrics"];
+  // What MLflow's Python client gets for the same values: NaN stays NaN; the SQL store keeps
+  // +/-Inf as +/-DBL_MAX (sqlalchemy_store.sanitize_metric_value).
+  EXPECT_EQ(m["loss"], nlohmann::json::parse(R"([[1, "NaN"], [2, 0.5]])")) << m;
+  EXPECT_EQ(m["grad_norm"], nlohmann::json::parse(R"([[1, 1.7976931348623157e308]])")) << m;
+  EXPECT_EQ(m["neg"], nlohmann::json::parse(R"([[1, -1.7976931348623157e308]])")) << m;
+  EXPECT_EQ(m["lr"], nlohmann::json::parse(R"([[1, 0.001]])")) << m;
 }
 
 TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
