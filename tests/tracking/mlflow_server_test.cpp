@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "dtrain/mlflow.h"
@@ -210,6 +212,50 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
       << run["tags"];
   // Rank 0 logged into the same run (MLFLOW_RUN_ID) before the job failed.
   EXPECT_EQ(run["params"]["world_size"], "2");
+}
+
+TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto open_run = [](const std::string& name) {
+    auto run = dtrain::mlflow::Run::start(
+        {.tracking_uri = g_server->url(), .experiment = "outcome", .run_name = name});
+    run.end(dtrain::mlflow::RunStatus::Running);  // left open, as a scheduler's run would be
+    return run.id();
+  };
+  const std::string crashed = open_run("worker-sigkilled"), stopped = open_run("launcher-stopped");
+  const std::vector<std::string> env{"MLFLOW_TRACKING_URI=" + g_server->url()};
+  // A worker dies of SIGKILL (as the kernel's OOM killer would kill it): the launcher exits
+  // 137, and the run FAILED, with the signal in the root cause.
+  auto r = run_command({DTRAIN_BIN, "run", "--mlflow-run-id", crashed, "--nproc-per-node", "1",
+                        "/bin/sh", "-c", "kill -9 $$"},
+                       {.env = env, .timeout = 60s});
+  ASSERT_EQ(r.exit_code, 137) << r.err;
+  // The launcher gets SIGTERM (the user or a scheduler stops the job): 143, and KILLED.
+  auto launcher = dtrain::test::Process::start(
+      {DTRAIN_BIN, "run", "--mlflow-run-id", stopped, "--nproc-per-node", "1", "/bin/sh", "-c",
+       "echo started; exec sleep 30"},
+      {.env = env, .timeout = 60s});
+  ASSERT_TRUE(
+      launcher.wait_for([](const std::string& out,
+                           const std::string&) { return out.find("started") != std::string::npos; },
+                        30s))
+      << launcher.err();
+  launcher.signal(SIGTERM);
+  auto s = launcher.finish(30s);
+  ASSERT_EQ(s.exit_code, 143) << s.err;
+  std::map<std::string, nlohmann::json> by_id;
+  const auto runs = read_runs(g_server->url(), "outcome")["runs"];
+  for (const auto& run : runs) by_id[run["run_id"]] = run;
+  ASSERT_EQ(by_id.size(), 2u);
+  const auto& c = by_id[crashed];
+  EXPECT_EQ(c["status"], "FAILED") << c;
+  EXPECT_EQ(c["tags"]["dtrain.job_exit_code"], "137") << c["tags"];
+  EXPECT_EQ(c["tags"]["dtrain.failed_rank"], "0") << c["tags"];
+  EXPECT_EQ(c["tags"]["dtrain.failed_signal"], "9") << c["tags"];
+  const auto& k = by_id[stopped];
+  EXPECT_EQ(k["status"], "KILLED") << k;
+  EXPECT_EQ(k["tags"]["dtrain.job_exit_code"], "143") << k["tags"];
+  EXPECT_FALSE(k["tags"].contains("dtrain.failed_rank")) << k["tags"];  // no worker failed
 }
 
 TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
