@@ -2,8 +2,9 @@
 //
 // A client of MLflow's REST API (`http://host:port` of an `mlflow server`) and a writer of
 // MLflow's local file-store layout (`file:/path/mlruns` or a plain path) for offline runs.
-// Honours MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME and MLFLOW_RUN_ID (continue that run),
-// and DTRAIN_MLFLOW_PARENT_RUN_ID (nest the run under it; the Distributor sets it).
+// Honours MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, MLFLOW_RUN_ID
+// (continue that run), and DTRAIN_MLFLOW_PARENT_RUN_ID (nest the run under it; the
+// Distributor sets it).
 //
 //   auto run = dtrain::mlflow::Run::start({.run_name = "fashion-mnist"});  // no-op off rank 0
 //   run.log_params({{"world_size", "2"}, {"effective_batch_size", "128"}});
@@ -37,7 +38,12 @@ const char* to_string(RunStatus s);
 
 struct StartOptions {
   std::string tracking_uri;  // default: MLFLOW_TRACKING_URI; no URI and no env: no run (inactive)
-  std::string experiment;    // default: MLFLOW_EXPERIMENT_NAME, else "Default"
+  // The experiment, as mlflow.start_run() picks it: by name (created when missing), else by the
+  // id of an existing one; with neither set here, MLFLOW_EXPERIMENT_NAME and
+  // MLFLOW_EXPERIMENT_ID (the name wins; both set and naming different experiments, or an id
+  // naming none, is a UsageError); with none of them, "Default".
+  std::string experiment;
+  std::string experiment_id;
   std::string run_name;
   std::map<std::string, std::string> tags;
   std::string parent_run_id;  // default: DTRAIN_MLFLOW_PARENT_RUN_ID (sets mlflow.parentRunId)

@@ -236,7 +236,10 @@ Run Run::start(StartOptions o) {
   if (!o.all_ranks && param::String{"RANK", "0"}.get() != "0") return run;
   if (o.tracking_uri.empty()) o.tracking_uri = param::String{"MLFLOW_TRACKING_URI", ""}.get();
   if (o.tracking_uri.empty()) return run;
-  if (o.experiment.empty()) o.experiment = param::String{"MLFLOW_EXPERIMENT_NAME", "Default"}.get();
+  if (o.experiment.empty() && o.experiment_id.empty()) {
+    o.experiment = param::String{"MLFLOW_EXPERIMENT_NAME", ""}.get();
+    o.experiment_id = param::String{"MLFLOW_EXPERIMENT_ID", ""}.get();
+  }
   if (o.parent_run_id.empty()) o.parent_run_id = param::kMlflowParentRunId.get();
   if (o.run_id.empty()) o.run_id = param::String{"MLFLOW_RUN_ID", ""}.get();
   if (o.fallback_dir.empty()) o.fallback_dir = param::kMlflowFallbackDir.get();
@@ -251,8 +254,9 @@ Run Run::start(StartOptions o) {
   tags.emplace("mlflow.source.name", "dtrain");
   try {
     impl->store = detail::make_store(o.tracking_uri, o.request_timeout);
-    impl->info = o.run_id.empty() ? impl->store->create_run(o.experiment, o.run_name, tags)
-                                  : impl->store->get_run(o.run_id);
+    impl->info = o.run_id.empty()
+                     ? impl->store->create_run(o.experiment, o.experiment_id, o.run_name, tags)
+                     : impl->store->get_run(o.run_id);
     impl->uri = o.tracking_uri;
   } catch (const UsageError&) {
     throw;
@@ -261,8 +265,10 @@ Run Run::start(StartOptions o) {
          "); logging to the local file store " + fs::absolute(o.fallback_dir).string() +
          " instead (open it with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " +
          fs::absolute(o.fallback_dir).string() + "`); training goes on");
-    impl->store = std::make_unique<detail::FileStore>(o.fallback_dir);
-    impl->info = impl->store->create_run(o.experiment, o.run_name, tags);
+    impl->store = std::make_unique<detail::FileStore>(o.fallback_dir, true);
+    // The server's experiment id, kept locally; never a reason to stop (a name has it locally).
+    impl->info = impl->store->create_run(o.experiment, o.experiment.empty() ? o.experiment_id : "",
+                                         o.run_name, tags);
     impl->uri = "file:" + fs::absolute(o.fallback_dir).string();
   }
   const char* tmp = std::getenv("TMPDIR");

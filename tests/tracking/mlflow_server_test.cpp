@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "dtrain/error.h"
 #include "dtrain/mlflow.h"
 #include "support/paths.h"
 #include "tracking/support.h"
@@ -154,6 +155,59 @@ TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
   EXPECT_EQ(m["grad_norm"], nlohmann::json::parse(R"([[1, 1.7976931348623157e308]])")) << m;
   EXPECT_EQ(m["neg"], nlohmann::json::parse(R"([[1, -1.7976931348623157e308]])")) << m;
   EXPECT_EQ(m["lr"], nlohmann::json::parse(R"([[1, 0.001]])")) << m;
+}
+
+TEST(MlflowServer, ExperimentIdFromTheEnvironmentAsMlflowsClientPicksIt) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  struct Env {  // restored however the test ends: later cases start jobs with our environment
+    ~Env() {
+      ::unsetenv("MLFLOW_EXPERIMENT_ID");
+      ::unsetenv("MLFLOW_EXPERIMENT_NAME");
+    }
+  } env;
+  using dtrain::mlflow::Run;
+  std::string id;
+  {
+    auto made = Run::start({.tracking_uri = g_server->url(), .experiment = "by_id"});
+    id = made.experiment_id();
+  }
+  ASSERT_FALSE(id.empty());
+  // The id alone (mlflow.tracking.fluent._get_experiment_id_from_env): that experiment.
+  ::setenv("MLFLOW_EXPERIMENT_ID", id.c_str(), 1);
+  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .run_name = "id"}).experiment_id(), id);
+  // Name and id of the same experiment: that one.
+  ::setenv("MLFLOW_EXPERIMENT_NAME", "by_id", 1);
+  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .run_name = "both"}).experiment_id(), id);
+  // Of different experiments ("Default" is 0), or an id naming none: refused, as MLflow's
+  // client raises, rather than a run in an experiment nobody asked for.
+  ::setenv("MLFLOW_EXPERIMENT_NAME", "Default", 1);
+  EXPECT_THROW(Run::start({.tracking_uri = g_server->url()}), dtrain::UsageError);
+  ::unsetenv("MLFLOW_EXPERIMENT_NAME");
+  ::setenv("MLFLOW_EXPERIMENT_ID", "987654", 1);
+  try {
+    Run::start({.tracking_uri = g_server->url()});
+    ADD_FAILURE() << "an id naming no experiment was taken";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'987654'"), std::string::npos) << e.what();
+  }
+  // An experiment given in the options wins over the environment (mlflow.set_experiment).
+  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .experiment_id = id, .run_name = "opt"})
+                .experiment_id(),
+            id);
+  ::unsetenv("MLFLOW_EXPERIMENT_ID");
+  // An unreachable server: the local file store keeps the experiment's id; training goes on.
+  fs::path fallback = g_dir / "by_id_fallback";
+  auto offline =
+      Run::start({.tracking_uri = "http://127.0.0.1:" + std::to_string(dtrain::test::free_port()),
+                  .experiment_id = id,
+                  .fallback_dir = fallback.string()});
+  EXPECT_EQ(offline.experiment_id(), id);
+  EXPECT_TRUE(fs::exists(fallback / id / "meta.yaml"));
+  auto runs = read_runs(g_server->url(), "by_id")["runs"];
+  std::set<std::string> names;
+  for (const auto& run : runs) names.insert(run["tags"].value("mlflow.runName", ""));
+  EXPECT_EQ(names.count("id") + names.count("both") + names.count("opt"), 3u) << runs.dump(1);
+  EXPECT_EQ(runs.size(), 4u);  // and the one that made the experiment; none elsewhere
 }
 
 TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
