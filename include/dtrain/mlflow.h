@@ -102,6 +102,11 @@ class Run {
   std::shared_ptr<Impl> impl_;
 };
 
+// A float param's text as MLflow's Python client logs it (str(), i.e. repr(), of the float): the
+// shortest text that reads back as the same double, in Python's layout ("0.001", "5.0",
+// "1e+30", "1e-05", "nan", "inf"), where std::to_string gives "0.001000".
+std::string param_value(double value);
+
 // Sets the status of an existing run and tags on it (the launcher's view of a job's outcome).
 // Synchronous; throws dtrain::Error when the server answers with an error or cannot be reached.
 void set_run_outcome(const std::string& tracking_uri, const std::string& run_id, RunStatus status,

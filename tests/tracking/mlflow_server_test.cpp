@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
@@ -80,6 +81,7 @@ TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel
   EXPECT_EQ(run["params"]["batch_size"], "512");
   EXPECT_EQ(run["params"]["effective_batch_size"], "1024");
   EXPECT_EQ(run["params"]["model"], "mlp");
+  EXPECT_EQ(run["params"]["lr"], "0.001");  // as Python's log_params({"lr": 0.001}) has it
   EXPECT_EQ(steps_of(run["metrics"]["loss"]), range(1, 59));
   EXPECT_EQ(steps_of(run["metrics"]["samples_per_s"]), range(1, 59));
   for (const auto& p : run["metrics"]["samples_per_s"]) EXPECT_GT(p[1].get<double>(), 0);
@@ -92,6 +94,37 @@ TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel
   std::set<std::string> artifacts(run["artifacts"].begin(), run["artifacts"].end());
   EXPECT_TRUE(artifacts.count("model/MLmodel")) << run["artifacts"];
   EXPECT_TRUE(artifacts.count("model/data/model.pt")) << run["artifacts"];
+}
+
+TEST(MlflowParams, FloatParamIsWrittenAsPythonsStrOfTheFloat) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> values{0.001,         1e30,
+                                   1e-5,          1e-4,
+                                   1e16,          1e15,
+                                   5.0,           -0.0,
+                                   0.0,           0.1 + 0.2,
+                                   1.0 / 3,       -2.5e-7,
+                                   1e-300,        5e-324,
+                                   123456789.125, 6.02214076e23,
+                                   1e22,          1e21,
+                                   std::nan(""),  inf,
+                                   -inf,          1.7976931348623157e308};
+  std::vector<std::string> argv{
+      DTRAIN_VENV_PYTHON, "-c",
+      "import sys; print('\\n'.join(str(float(a)) for a in sys.argv[1:]))"};
+  for (double v : values) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);  // exact: Python reads back the same double
+    argv.push_back(buf);
+  }
+  auto r = run_command(argv, {.timeout = 60s});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  for (double v : values) {
+    std::string python;
+    ASSERT_TRUE(std::getline(lines, python)) << r.out;
+    EXPECT_EQ(dtrain::mlflow::param_value(v), python) << "%.17g of the value: " << v;
+  }
 }
 
 TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
