@@ -125,7 +125,7 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   run.log_params({{"world_size", std::to_string(world)},
                   {"batch_size", std::to_string(cfg.batch_size)},
                   {"effective_batch_size", std::to_string(cfg.batch_size * world)},
-                  {"lr", std::to_string(cfg.lr)},
+                  {"lr", dtrain::mlflow::param_value(cfg.lr)},  // "0.001", as Python logs it
                   {"epochs", std::to_string(cfg.epochs)},
                   {"model", cfg.model},
                   {"schedule", cfg.schedule},

@@ -2,8 +2,9 @@
 //
 // A client of MLflow's REST API (`http://host:port` of an `mlflow server`) and a writer of
 // MLflow's local file-store layout (`file:/path/mlruns` or a plain path) for offline runs.
-// Honours MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME and MLFLOW_RUN_ID (continue that run),
-// and DTRAIN_MLFLOW_PARENT_RUN_ID (nest the run under it; the Distributor sets it).
+// Honours MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, MLFLOW_RUN_ID
+// (continue that run), and DTRAIN_MLFLOW_PARENT_RUN_ID (nest the run under it; the
+// Distributor sets it).
 //
 //   auto run = dtrain::mlflow::Run::start({.run_name = "fashion-mnist"});  // no-op off rank 0
 //   run.log_params({{"world_size", "2"}, {"effective_batch_size", "128"}});
@@ -37,7 +38,12 @@ const char* to_string(RunStatus s);
 
 struct StartOptions {
   std::string tracking_uri;  // default: MLFLOW_TRACKING_URI; no URI and no env: no run (inactive)
-  std::string experiment;    // default: MLFLOW_EXPERIMENT_NAME, else "Default"
+  // The experiment, as mlflow.start_run() picks it: by name (created when missing), else by the
+  // id of an existing one; with neither set here, MLFLOW_EXPERIMENT_NAME and
+  // MLFLOW_EXPERIMENT_ID (the name wins; both set and naming different experiments, or an id
+  // naming none, is a UsageError); with none of them, "Default".
+  std::string experiment;
+  std::string experiment_id;
   std::string run_name;
   std::map<std::string, std::string> tags;
   std::string parent_run_id;  // default: DTRAIN_MLFLOW_PARENT_RUN_ID (sets mlflow.parentRunId)
@@ -95,6 +101,11 @@ class Run {
  private:
   std::shared_ptr<Impl> impl_;
 };
+
+// A float param's text as MLflow's Python client logs it (str(), i.e. repr(), of the float): the
+// shortest text that reads back as the same double, in Python's layout ("0.001", "5.0",
+// "1e+30", "1e-05", "nan", "inf"), where std::to_string gives "0.001000".
+std::string param_value(double value);
 
 // Sets the status of an existing run and tags on it (the launcher's view of a job's outcome).
 // Synchronous; throws dtrain::Error when the server answers with an error or cannot be reached.

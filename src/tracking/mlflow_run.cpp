@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -76,7 +78,7 @@ void Run::Impl::spool_locked() {
     const auto& e = queue[i];
     nlohmann::json j{{"kind", static_cast<int>(e.kind)}, {"key", e.key}};
     if (e.kind == detail::Entry::Metric) {
-      j["value"] = e.number;
+      j["value"] = detail::metric_value_json(e.number);
       j["timestamp"] = e.timestamp;
       j["step"] = e.step;
     } else {
@@ -236,7 +238,10 @@ Run Run::start(StartOptions o) {
   if (!o.all_ranks && param::String{"RANK", "0"}.get() != "0") return run;
   if (o.tracking_uri.empty()) o.tracking_uri = param::String{"MLFLOW_TRACKING_URI", ""}.get();
   if (o.tracking_uri.empty()) return run;
-  if (o.experiment.empty()) o.experiment = param::String{"MLFLOW_EXPERIMENT_NAME", "Default"}.get();
+  if (o.experiment.empty() && o.experiment_id.empty()) {
+    o.experiment = param::String{"MLFLOW_EXPERIMENT_NAME", ""}.get();
+    o.experiment_id = param::String{"MLFLOW_EXPERIMENT_ID", ""}.get();
+  }
   if (o.parent_run_id.empty()) o.parent_run_id = param::kMlflowParentRunId.get();
   if (o.run_id.empty()) o.run_id = param::String{"MLFLOW_RUN_ID", ""}.get();
   if (o.fallback_dir.empty()) o.fallback_dir = param::kMlflowFallbackDir.get();
@@ -251,8 +256,9 @@ Run Run::start(StartOptions o) {
   tags.emplace("mlflow.source.name", "dtrain");
   try {
     impl->store = detail::make_store(o.tracking_uri, o.request_timeout);
-    impl->info = o.run_id.empty() ? impl->store->create_run(o.experiment, o.run_name, tags)
-                                  : impl->store->get_run(o.run_id);
+    impl->info = o.run_id.empty()
+                     ? impl->store->create_run(o.experiment, o.experiment_id, o.run_name, tags)
+                     : impl->store->get_run(o.run_id);
     impl->uri = o.tracking_uri;
   } catch (const UsageError&) {
     throw;
@@ -261,8 +267,10 @@ Run Run::start(StartOptions o) {
          "); logging to the local file store " + fs::absolute(o.fallback_dir).string() +
          " instead (open it with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri " +
          fs::absolute(o.fallback_dir).string() + "`); training goes on");
-    impl->store = std::make_unique<detail::FileStore>(o.fallback_dir);
-    impl->info = impl->store->create_run(o.experiment, o.run_name, tags);
+    impl->store = std::make_unique<detail::FileStore>(o.fallback_dir, true);
+    // The server's experiment id, kept locally; never a reason to stop (a name has it locally).
+    impl->info = impl->store->create_run(o.experiment, o.experiment.empty() ? o.experiment_id : "",
+                                         o.run_name, tags);
     impl->uri = "file:" + fs::absolute(o.fallback_dir).string();
   }
   const char* tmp = std::getenv("TMPDIR");
@@ -366,6 +374,35 @@ void Run::log_artifact(const std::string& local_path, const std::string& artifac
 void Run::end(RunStatus status) {
   if (!impl_) return;
   impl_->end(status);
+}
+
+std::string param_value(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  // The shortest round-trip digits and the exponent (d.ddd x 10^exp), as repr() finds them.
+  char buf[64];
+  auto end = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific).ptr;
+  std::string s(buf, end), sign;
+  if (s[0] == '-') {
+    sign = "-";
+    s.erase(0, 1);
+  }
+  const auto e_at = s.find('e');
+  const int exp = std::stoi(s.substr(e_at + 1));
+  std::string digits = s.substr(0, e_at);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int n = static_cast<int>(digits.size());
+  // float_repr_style 'short': an exponent below 1e-4 and from 1e16 on, at least two digits.
+  if (exp < -4 || exp >= 16) {
+    char e[16];
+    std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    return sign + digits.substr(0, 1) + (n > 1 ? "." + digits.substr(1) : "") + e;
+  }
+  if (exp < 0) return sign + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+  if (n <= exp + 1)
+    return sign + digits + std::string(static_cast<size_t>(exp + 1 - n), '0') + ".0";
+  return sign + digits.substr(0, static_cast<size_t>(exp + 1)) + "." +
+         digits.substr(static_cast<size_t>(exp + 1));
 }
 
 void set_run_outcome(const std::string& tracking_uri, const std::string& run_id, RunStatus status,

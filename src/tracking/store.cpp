@@ -3,6 +3,7 @@
 
 #include "tracking/http.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -20,6 +21,12 @@ int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+nlohmann::json metric_value_json(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  return value;
 }
 
 namespace {
@@ -106,6 +113,24 @@ std::string string_at(const std::string& response, const std::string& endpoint,
   }
 }
 
+// mlflow.tracking.fluent._get_experiment_id_from_env's checks, with the remedy.
+void check_experiment_id(const std::string& name, const std::string& expected_id,
+                         const std::string& id) {
+  if (expected_id.empty() || expected_id == id) return;
+  throw UsageError("mlflow: the experiment id '" + expected_id +
+                   "' (MLFLOW_EXPERIMENT_ID or StartOptions::experiment_id) is not the id '" + id +
+                   "' of the experiment '" + name +
+                   "' (MLFLOW_EXPERIMENT_NAME or StartOptions::experiment); give one of them, or "
+                   "both of the same experiment");
+}
+
+std::string no_experiment(const std::string& id, const std::string& where) {
+  return "mlflow: the experiment id '" + id +
+         "' (MLFLOW_EXPERIMENT_ID or StartOptions::experiment_id) names no experiment at " + where +
+         "; give an existing experiment's id, or its name in MLFLOW_EXPERIMENT_NAME (created when "
+         "missing)";
+}
+
 }  // namespace
 
 std::string experiment_id_of_created(const std::string& response) {
@@ -151,24 +176,43 @@ std::string RestStore::call(const std::string& method, const std::string& endpoi
   return response;
 }
 
-RunInfo RestStore::create_run(const std::string& experiment, const std::string& run_name,
-                              const std::map<std::string, std::string>& tags) {
+std::string RestStore::experiment_id_by_name(const std::string& name,
+                                             const std::string& expected_id) {
+  const std::string by_name =
+      "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(name);
   long code = 0;
+  auto got = call("GET", by_name, "", true, &code);
+  if (code != 404) {
+    std::string id = experiment_id_of_found(got);
+    check_experiment_id(name, expected_id, id);
+    return id;
+  }
+  try {
+    return experiment_id_of_created(
+        call("POST", "/api/2.0/mlflow/experiments/create", json{{"name", name}}.dump()));
+  } catch (const RejectedError&) {  // created by someone else meanwhile
+    return experiment_id_of_found(call("GET", by_name, ""));
+  }
+}
+
+RunInfo RestStore::create_run(const std::string& experiment, const std::string& experiment_id,
+                              const std::string& run_name,
+                              const std::map<std::string, std::string>& tags) {
   std::string exp_id;
-  auto got = call(
-      "GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(experiment),
-      "", true, &code);
-  if (code == 404) {
-    try {
-      exp_id = experiment_id_of_created(
-          call("POST", "/api/2.0/mlflow/experiments/create", json{{"name", experiment}}.dump()));
-    } catch (const RejectedError&) {  // created by someone else meanwhile
-      exp_id = experiment_id_of_found(call(
-          "GET",
-          "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(experiment), ""));
-    }
+  if (!experiment.empty() || experiment_id.empty()) {
+    exp_id = experiment_id_by_name(experiment.empty() ? "Default" : experiment, experiment_id);
   } else {
-    exp_id = experiment_id_of_found(got);
+    long code = 0;
+    std::string got;
+    try {
+      got =
+          call("GET", "/api/2.0/mlflow/experiments/get?experiment_id=" + url_escape(experiment_id),
+               "", true, &code);
+    } catch (const RejectedError& e) {  // not an id the server could have (not an integer)
+      throw UsageError(no_experiment(experiment_id, base_) + ": " + e.what());
+    }
+    if (code == 404) throw UsageError(no_experiment(experiment_id, base_));
+    exp_id = string_at(got, "experiments/get", {"experiment", "experiment_id"});
   }
   json t = json::array();
   for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
@@ -194,8 +238,10 @@ void RestStore::log_batch(const std::string& run_id, const std::vector<Entry>& e
   json metrics = json::array(), params = json::array(), tags = json::array();
   for (const auto& e : entries) {
     if (e.kind == Entry::Metric) {
-      metrics.push_back(
-          {{"key", e.key}, {"value", e.number}, {"timestamp", e.timestamp}, {"step", e.step}});
+      metrics.push_back({{"key", e.key},
+                         {"value", metric_value_json(e.number)},
+                         {"timestamp", e.timestamp},
+                         {"step", e.step}});
     } else {
       (e.kind == Entry::Param ? params : tags).push_back({{"key", e.key}, {"value", e.text}});
     }
@@ -242,33 +288,47 @@ void RestStore::upload_artifact(const RunInfo& run, const std::string& local_fil
 }
 
 // ---------------------------------------------------------------------------------------
-FileStore::FileStore(std::string root) : root_(fs::absolute(root).string()) {}
+FileStore::FileStore(std::string root, bool adopt_experiment_ids)
+    : root_(fs::absolute(root).string()), adopt_experiment_ids_(adopt_experiment_ids) {}
 
-std::string FileStore::experiment_id_for(const std::string& name) {
+std::string FileStore::experiment_id_for(const std::string& experiment, const std::string& id) {
   fs::create_directories(root_);
+  auto write_meta = [&](const std::string& exp_id, const std::string& name) {
+    fs::path dir = fs::path(root_) / exp_id;
+    fs::create_directories(dir);
+    std::ofstream meta(dir / "meta.yaml");
+    int64_t t = now_ms();
+    meta << "artifact_location: " << yaml_quote("file://" + dir.string())
+         << "\ncreation_time: " << t << "\nexperiment_id: " << yaml_quote(exp_id)
+         << "\nlast_update_time: " << t << "\nlifecycle_stage: active\nname: " << yaml_quote(name)
+         << "\n";
+    return exp_id;
+  };
+  if (experiment.empty() && !id.empty()) {
+    if (fs::exists(fs::path(root_) / id / "meta.yaml")) return id;
+    if (id.find('/') != std::string::npos || id.find("..") != std::string::npos ||
+        !adopt_experiment_ids_)
+      throw UsageError(no_experiment(id, "the file store " + root_));
+    return write_meta(id, "dtrain-experiment-" + id);
+  }
+  const std::string name = experiment.empty() ? "Default" : experiment;
   int next = 1;
   for (const auto& e : fs::directory_iterator(root_)) {
     if (!e.is_directory()) continue;
     std::ifstream meta(e.path() / "meta.yaml");
     std::string line;
     while (std::getline(meta, line)) {
-      if (line == "name: " + yaml_quote(name) || line == "name: " + name)
+      if (line == "name: " + yaml_quote(name) || line == "name: " + name) {
+        check_experiment_id(name, id, e.path().filename().string());
         return e.path().filename().string();
+      }
     }
     try {
       next = std::max(next, std::stoi(e.path().filename().string()) + 1);
     } catch (const std::exception&) {
     }
   }
-  std::string id = name == "Default" ? "0" : std::to_string(next);
-  fs::path dir = fs::path(root_) / id;
-  fs::create_directories(dir);
-  std::ofstream meta(dir / "meta.yaml");
-  int64_t t = now_ms();
-  meta << "artifact_location: " << yaml_quote("file://" + dir.string()) << "\ncreation_time: " << t
-       << "\nexperiment_id: " << yaml_quote(id) << "\nlast_update_time: " << t
-       << "\nlifecycle_stage: active\nname: " << yaml_quote(name) << "\n";
-  return id;
+  return write_meta(name == "Default" ? "0" : std::to_string(next), name);
 }
 
 void FileStore::write_run_meta(const std::string& dir, const RunInfo& run,
@@ -287,10 +347,11 @@ void FileStore::write_run_meta(const std::string& dir, const RunInfo& run,
   fs::rename(fs::path(dir) / "meta.yaml.tmp", fs::path(dir) / "meta.yaml");
 }
 
-RunInfo FileStore::create_run(const std::string& experiment, const std::string& run_name,
+RunInfo FileStore::create_run(const std::string& experiment, const std::string& experiment_id,
+                              const std::string& run_name,
                               const std::map<std::string, std::string>& tags) {
   RunInfo run;
-  run.experiment_id = experiment_id_for(experiment);
+  run.experiment_id = experiment_id_for(experiment, experiment_id);
   run.run_id = new_id();
   fs::path dir = fs::path(root_) / run.experiment_id / run.run_id;
   for (const char* sub : {"metrics", "params", "tags", "artifacts"})

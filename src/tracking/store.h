@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
 
@@ -20,6 +22,12 @@ constexpr size_t kMaxParams = 100;
 constexpr size_t kMaxTags = 100;
 
 int64_t now_ms();
+
+// A metric value as protobuf's JSON mapping writes a double, and so MLflow's Python client
+// (message_to_json in its REST store): a number, or the strings "NaN", "Infinity" and
+// "-Infinity", which the server reads back as those values (JSON has no literal for them, and
+// the `null` a JSON library writes instead makes the server reject the whole request).
+nlohmann::json metric_value_json(double value);
 
 struct Entry {
   enum Kind { Metric = 0, Param = 1, Tag = 2 } kind;
@@ -58,7 +66,12 @@ RunInfo run_info_of(const std::string& response, const std::string& endpoint,
 class Store {
  public:
   virtual ~Store() = default;
-  virtual RunInfo create_run(const std::string& experiment, const std::string& run_name,
+  // The run goes to the experiment named `experiment` (created when missing; an
+  // `experiment_id` that is not its id is a UsageError), else to the existing experiment
+  // `experiment_id` (a UsageError when there is none), as mlflow.start_run() picks it from
+  // MLFLOW_EXPERIMENT_NAME and MLFLOW_EXPERIMENT_ID; "Default" when both are empty.
+  virtual RunInfo create_run(const std::string& experiment, const std::string& experiment_id,
+                             const std::string& run_name,
                              const std::map<std::string, std::string>& tags) = 0;
   virtual RunInfo get_run(const std::string& run_id) = 0;
   virtual void log_batch(const std::string& run_id, const std::vector<Entry>& entries) = 0;
@@ -70,7 +83,8 @@ class Store {
 class RestStore : public Store {
  public:
   RestStore(std::string base_url, std::chrono::milliseconds timeout);
-  RunInfo create_run(const std::string& experiment, const std::string& run_name,
+  RunInfo create_run(const std::string& experiment, const std::string& experiment_id,
+                     const std::string& run_name,
                      const std::map<std::string, std::string>& tags) override;
   RunInfo get_run(const std::string& run_id) override;
   void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
@@ -81,6 +95,7 @@ class RestStore : public Store {
  private:
   std::string call(const std::string& method, const std::string& endpoint, const std::string& body,
                    bool allow_not_found = false, long* status = nullptr);
+  std::string experiment_id_by_name(const std::string& name, const std::string& expected_id);
   std::string base_;
   std::chrono::milliseconds timeout_;
 };
@@ -89,8 +104,11 @@ class RestStore : public Store {
 // tags/, artifacts/}}; readable by MLflow's own client and `mlflow ui --backend-store-uri ROOT`.
 class FileStore : public Store {
  public:
-  explicit FileStore(std::string root);
-  RunInfo create_run(const std::string& experiment, const std::string& run_name,
+  // `adopt_experiment_ids`: an experiment id that the store lacks is created (the fallback of
+  // a run meant for a server keeps the server's id) rather than refused.
+  explicit FileStore(std::string root, bool adopt_experiment_ids = false);
+  RunInfo create_run(const std::string& experiment, const std::string& experiment_id,
+                     const std::string& run_name,
                      const std::map<std::string, std::string>& tags) override;
   RunInfo get_run(const std::string& run_id) override;
   void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
@@ -101,11 +119,12 @@ class FileStore : public Store {
   void adopt_run(const RunInfo& run, RunStatus status);
 
  private:
-  std::string experiment_id_for(const std::string& name);
+  std::string experiment_id_for(const std::string& experiment, const std::string& id = "");
   std::string run_dir(const std::string& run_id);
   void write_run_meta(const std::string& dir, const RunInfo& run, const std::string& run_name,
                       int status, int64_t start, int64_t end);
   std::string root_;
+  bool adopt_experiment_ids_;
 };
 
 // "http(s)://..." -> RestStore; "file:/path", "file:///path" or a path -> FileStore.

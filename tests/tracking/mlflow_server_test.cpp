@@ -5,9 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <set>
+#include <sstream>
 
+#include "dtrain/error.h"
 #include "dtrain/mlflow.h"
 #include "support/paths.h"
 #include "tracking/support.h"
@@ -76,6 +81,7 @@ TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel
   EXPECT_EQ(run["params"]["batch_size"], "512");
   EXPECT_EQ(run["params"]["effective_batch_size"], "1024");
   EXPECT_EQ(run["params"]["model"], "mlp");
+  EXPECT_EQ(run["params"]["lr"], "0.001");  // as Python's log_params({"lr": 0.001}) has it
   EXPECT_EQ(steps_of(run["metrics"]["loss"]), range(1, 59));
   EXPECT_EQ(steps_of(run["metrics"]["samples_per_s"]), range(1, 59));
   for (const auto& p : run["metrics"]["samples_per_s"]) EXPECT_GT(p[1].get<double>(), 0);
@@ -88,6 +94,37 @@ TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel
   std::set<std::string> artifacts(run["artifacts"].begin(), run["artifacts"].end());
   EXPECT_TRUE(artifacts.count("model/MLmodel")) << run["artifacts"];
   EXPECT_TRUE(artifacts.count("model/data/model.pt")) << run["artifacts"];
+}
+
+TEST(MlflowParams, FloatParamIsWrittenAsPythonsStrOfTheFloat) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> values{0.001,         1e30,
+                                   1e-5,          1e-4,
+                                   1e16,          1e15,
+                                   5.0,           -0.0,
+                                   0.0,           0.1 + 0.2,
+                                   1.0 / 3,       -2.5e-7,
+                                   1e-300,        5e-324,
+                                   123456789.125, 6.02214076e23,
+                                   1e22,          1e21,
+                                   std::nan(""),  inf,
+                                   -inf,          1.7976931348623157e308};
+  std::vector<std::string> argv{
+      DTRAIN_VENV_PYTHON, "-c",
+      "import sys; print('\\n'.join(str(float(a)) for a in sys.argv[1:]))"};
+  for (double v : values) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);  // exact: Python reads back the same double
+    argv.push_back(buf);
+  }
+  auto r = run_command(argv, {.timeout = 60s});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  for (double v : values) {
+    std::string python;
+    ASSERT_TRUE(std::getline(lines, python)) << r.out;
+    EXPECT_EQ(dtrain::mlflow::param_value(v), python) << "%.17g of the value: " << v;
+  }
 }
 
 TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
@@ -129,6 +166,81 @@ TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
   for (int s = 0; s < 2500; ++s) EXPECT_DOUBLE_EQ(loss[s][1].get<double>(), 1.0 / (s + 1)) << s;
   EXPECT_FALSE(fs::exists(g_dir / "fallback"))
       << "everything reached the server; nothing should be in the fallback";
+}
+
+TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto run = dtrain::mlflow::Run::start(
+      {.tracking_uri = g_server->url(), .experiment = "nonfinite", .run_name = "diverged"});
+  ASSERT_TRUE(run.active());
+  const double inf = std::numeric_limits<double>::infinity();
+  // One log_metrics call: one runs/log-batch request with finite and non-finite values.
+  run.log_metrics({{"loss", std::nan("")}, {"grad_norm", inf}, {"neg", -inf}, {"lr", 0.001}}, 1);
+  run.log_metric("loss", 0.5, 2);
+  run.end(dtrain::mlflow::RunStatus::Finished);
+  EXPECT_EQ(run.stats().metrics_sent, 5);  // a rejected batch would not count
+  auto runs = read_runs(g_server->url(), "nonfinite")["runs"];
+  ASSERT_EQ(runs.size(), 1u);
+  const auto& m = runs[0]["metrics"];
+  // What MLflow's Python client gets for the same values: NaN stays NaN; the SQL store keeps
+  // +/-Inf as +/-DBL_MAX (sqlalchemy_store.sanitize_metric_value).
+  EXPECT_EQ(m["loss"], nlohmann::json::parse(R"([[1, "NaN"], [2, 0.5]])")) << m;
+  EXPECT_EQ(m["grad_norm"], nlohmann::json::parse(R"([[1, 1.7976931348623157e308]])")) << m;
+  EXPECT_EQ(m["neg"], nlohmann::json::parse(R"([[1, -1.7976931348623157e308]])")) << m;
+  EXPECT_EQ(m["lr"], nlohmann::json::parse(R"([[1, 0.001]])")) << m;
+}
+
+TEST(MlflowServer, ExperimentIdFromTheEnvironmentAsMlflowsClientPicksIt) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  struct Env {  // restored however the test ends: later cases start jobs with our environment
+    ~Env() {
+      ::unsetenv("MLFLOW_EXPERIMENT_ID");
+      ::unsetenv("MLFLOW_EXPERIMENT_NAME");
+    }
+  } env;
+  using dtrain::mlflow::Run;
+  std::string id;
+  {
+    auto made = Run::start({.tracking_uri = g_server->url(), .experiment = "by_id"});
+    id = made.experiment_id();
+  }
+  ASSERT_FALSE(id.empty());
+  // The id alone (mlflow.tracking.fluent._get_experiment_id_from_env): that experiment.
+  ::setenv("MLFLOW_EXPERIMENT_ID", id.c_str(), 1);
+  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .run_name = "id"}).experiment_id(), id);
+  // Name and id of the same experiment: that one.
+  ::setenv("MLFLOW_EXPERIMENT_NAME", "by_id", 1);
+  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .run_name = "both"}).experiment_id(), id);
+  // Of different experiments ("Default" is 0), or an id naming none: refused, as MLflow's
+  // client raises, rather than a run in an experiment nobody asked for.
+  ::setenv("MLFLOW_EXPERIMENT_NAME", "Default", 1);
+  EXPECT_THROW(Run::start({.tracking_uri = g_server->url()}), dtrain::UsageError);
+  ::unsetenv("MLFLOW_EXPERIMENT_NAME");
+  ::setenv("MLFLOW_EXPERIMENT_ID", "987654", 1);
+  try {
+    Run::start({.tracking_uri = g_server->url()});
+    ADD_FAILURE() << "an id naming no experiment was taken";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'987654'"), std::string::npos) << e.what();
+  }
+  // An experiment given in the options wins over the environment (mlflow.set_experiment).
+  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .experiment_id = id, .run_name = "opt"})
+                .experiment_id(),
+            id);
+  ::unsetenv("MLFLOW_EXPERIMENT_ID");
+  // An unreachable server: the local file store keeps the experiment's id; training goes on.
+  fs::path fallback = g_dir / "by_id_fallback";
+  auto offline =
+      Run::start({.tracking_uri = "http://127.0.0.1:" + std::to_string(dtrain::test::free_port()),
+                  .experiment_id = id,
+                  .fallback_dir = fallback.string()});
+  EXPECT_EQ(offline.experiment_id(), id);
+  EXPECT_TRUE(fs::exists(fallback / id / "meta.yaml"));
+  auto runs = read_runs(g_server->url(), "by_id")["runs"];
+  std::set<std::string> names;
+  for (const auto& run : runs) names.insert(run["tags"].value("mlflow.runName", ""));
+  EXPECT_EQ(names.count("id") + names.count("both") + names.count("opt"), 3u) << runs.dump(1);
+  EXPECT_EQ(runs.size(), 4u);  // and the one that made the experiment; none elsewhere
 }
 
 TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
@@ -187,6 +299,50 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
       << run["tags"];
   // Rank 0 logged into the same run (MLFLOW_RUN_ID) before the job failed.
   EXPECT_EQ(run["params"]["world_size"], "2");
+}
+
+TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto open_run = [](const std::string& name) {
+    auto run = dtrain::mlflow::Run::start(
+        {.tracking_uri = g_server->url(), .experiment = "outcome", .run_name = name});
+    run.end(dtrain::mlflow::RunStatus::Running);  // left open, as a scheduler's run would be
+    return run.id();
+  };
+  const std::string crashed = open_run("worker-sigkilled"), stopped = open_run("launcher-stopped");
+  const std::vector<std::string> env{"MLFLOW_TRACKING_URI=" + g_server->url()};
+  // A worker dies of SIGKILL (as the kernel's OOM killer would kill it): the launcher exits
+  // 137, and the run FAILED, with the signal in the root cause.
+  auto r = run_command({DTRAIN_BIN, "run", "--mlflow-run-id", crashed, "--nproc-per-node", "1",
+                        "/bin/sh", "-c", "kill -9 $$"},
+                       {.env = env, .timeout = 60s});
+  ASSERT_EQ(r.exit_code, 137) << r.err;
+  // The launcher gets SIGTERM (the user or a scheduler stops the job): 143, and KILLED.
+  auto launcher = dtrain::test::Process::start(
+      {DTRAIN_BIN, "run", "--mlflow-run-id", stopped, "--nproc-per-node", "1", "/bin/sh", "-c",
+       "echo started; exec sleep 30"},
+      {.env = env, .timeout = 60s});
+  ASSERT_TRUE(
+      launcher.wait_for([](const std::string& out,
+                           const std::string&) { return out.find("started") != std::string::npos; },
+                        30s))
+      << launcher.err();
+  launcher.signal(SIGTERM);
+  auto s = launcher.finish(30s);
+  ASSERT_EQ(s.exit_code, 143) << s.err;
+  std::map<std::string, nlohmann::json> by_id;
+  const auto runs = read_runs(g_server->url(), "outcome")["runs"];
+  for (const auto& run : runs) by_id[run["run_id"]] = run;
+  ASSERT_EQ(by_id.size(), 2u);
+  const auto& c = by_id[crashed];
+  EXPECT_EQ(c["status"], "FAILED") << c;
+  EXPECT_EQ(c["tags"]["dtrain.job_exit_code"], "137") << c["tags"];
+  EXPECT_EQ(c["tags"]["dtrain.failed_rank"], "0") << c["tags"];
+  EXPECT_EQ(c["tags"]["dtrain.failed_signal"], "9") << c["tags"];
+  const auto& k = by_id[stopped];
+  EXPECT_EQ(k["status"], "KILLED") << k;
+  EXPECT_EQ(k["tags"]["dtrain.job_exit_code"], "143") << k["tags"];
+  EXPECT_FALSE(k["tags"].contains("dtrain.failed_rank")) << k["tags"];  // no worker failed
 }
 
 TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {

@@ -4,8 +4,10 @@
 
 {"runs": [{"run_id", "status", "parent", "params", "tags", "metrics": {key: [[step, value], ...]},
            "artifacts": [path, ...]}]}  ({"runs": []} when the experiment does not exist)
+A value JSON has no number for is written as the string "NaN", "Infinity" or "-Infinity".
 """
 import json
+import math
 import os
 import sys
 
@@ -13,6 +15,14 @@ import sys
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
+
+
+def json_value(v):
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return v
 
 
 def artifacts(client, run_id, path=None):
@@ -33,7 +43,8 @@ def main():
             metrics = {}
             for key in run.data.metrics:
                 hist = client.get_metric_history(rid, key)
-                metrics[key] = sorted([m.step, m.value] for m in hist)
+                points = sorted((m.step, m.value) for m in hist)
+                metrics[key] = [[step, json_value(value)] for step, value in points]
             runs.append({
                 "run_id": rid,
                 "status": run.info.status,
