@@ -24,7 +24,9 @@ SPREAD, STRICT_PACK or STRICT_SPREAD) and waits for it up to the placement timeo
 NO_RESOURCES, naming what is free). Bundle i runs a Ray task holding the bundle's resources that
 runs one dtrain agent, `dtrain run --nnodes B --node-rank i --master-addr <bundle 0's node>
 --master-port <a free port bundle 0's task picked> ...`: ranks [iP, (i+1)P) are on bundle i's
-node. Its output goes line by line over a socket to the driver, which prints it. A task never
+node. Its output goes line by line over a socket to the driver, which prints it (all of a
+finished task's output before the driver returns: it reads each finished task's connection to
+its end, at most 10 s). A task never
 raises for a failed agent: it returns the exit code, and the driver exits with the first
 failing node's. Once one agent failed, the others get term timeout + 5 s to stop through the
 job's own failure record, then their tasks are cancelled. However the job ends - success,
@@ -191,6 +193,7 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
     pg = placement_group(shape, strategy=strategy, name="dtrain-%d-%d" % (os.getpid(), threading.get_ident()))
     refs = []
     pending = []
+    results = {}
     srv = None
     try:
         deadline = time.monotonic() + placement_timeout
@@ -247,7 +250,6 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
                              name="dtrain-agent-%d" % i, **opts)
                 .remote(i, bundles, per, cpus, list(agent_argv), (driver_host, srv.port), env)
                 for i in range(bundles)]
-        results = {}
         pending = list(refs)
         first_failure = None
         while pending:
@@ -278,7 +280,9 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
         return 0
     finally:
         if srv is not None:
-            srv.close()
+            # The finished tasks' last lines first (Ray can say a task finished before its
+            # output is read here); the unfinished tasks' connections cut at once.
+            srv.close(drain={b"%d" % i for i in results})
         _finish(pending, term_timeout + 5)
         try:
             remove_placement_group(pg)
