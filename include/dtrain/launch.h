@@ -36,6 +36,15 @@ struct LaunchOptions {
       0};  // a silent agent is lost after this; 0 = max(10 s, 50 ticks).
   int node_rank =
       -1;  // this node's rank; -1 = assigned in join order (c10d). Default: 0 for static.
+  // Where several agents of the job share a host (engine "ray": bundles of one placement group
+  // placed on one node), the workers are numbered per host, as Ray Train's TorchTrainer
+  // numbers them: LOCAL_RANK = first_local_rank + i, LOCAL_WORLD_SIZE = host_world_size,
+  // NODE_RANK = host_rank (the host's index among the job's hosts). GROUP_RANK stays this
+  // agent's node_rank, as torchrun's. host_rank -1: this agent is its host's only one
+  // (LOCAL_RANK i, LOCAL_WORLD_SIZE nproc_per_node, no NODE_RANK). Default: -1.
+  int host_rank = -1;
+  int first_local_rank = 0;  // with host_rank >= 0
+  int host_world_size = 0;   // with host_rank >= 0; >= first_local_rank + nproc_per_node
   // Elastic: when one of this node's workers is the root cause of a failure, this agent leaves
   // the job (exits with the worker's code) instead of restarting its workers; the other agents
   // meet again without it (Horovod elastic's blacklisting of a failed host; set by `dtrain

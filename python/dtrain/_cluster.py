@@ -87,6 +87,13 @@ def run_agent(argv, env, log):
         return proc.wait()
     finally:
         stop(proc)
+        # shutdown, not only close: the watcher blocked in recv holds the socket, so a close
+        # alone sends no FIN and the driver never sees this log end (it waits for that end
+        # before it prints its last lines; the task's worker process outlives the task).
+        try:
+            log.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             log.close()
         except OSError:
@@ -111,7 +118,13 @@ class LogServer:
     """A socket on the driver that the tasks send their agents' output to; written to `out`
     (bytes) as it comes. Each connection opens with one line; hello(words) returns the answer
     line (bytes; it may block, each connection has its own thread), or None to refuse it (the
-    task gets "NO")."""
+    task gets "NO"). A connection's key is the second word of its hello (the task's index in
+    "START i ...").
+
+    A task's last lines can still be on their way (in this socket's buffers, or not yet read
+    by its thread) when the cluster already says the task finished: close(drain=...) reads the
+    finished tasks' connections to their end (the task shuts its end down after its agent's
+    last line) before it cuts the others."""
 
     def __init__(self, out, hello, host=""):
         self.out = out
@@ -120,7 +133,8 @@ class LogServer:
         self.srv.bind((host, 0))
         self.srv.listen(64)
         self.port = self.srv.getsockname()[1]
-        self.conns = []
+        self.conns = []  # [(socket, its thread, {"key": bytes or None})]
+        self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -129,14 +143,19 @@ class LogServer:
                 conn, _ = self.srv.accept()
             except OSError:
                 return
-            self.conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            info = {"key": None}
+            t = threading.Thread(target=self._serve, args=(conn, info), daemon=True)
+            with self.lock:
+                self.conns.append((conn, t, info))
+            t.start()
 
-    def _serve(self, conn):
+    def _serve(self, conn, info):
         with conn:
             try:
                 f = conn.makefile("rb")
-                answer = self.hello(f.readline().split())
+                words = f.readline().split()
+                info["key"] = words[1] if len(words) > 1 else None
+                answer = self.hello(words)
                 conn.sendall((answer if answer is not None else b"NO") + b"\n")
                 if answer is None:
                     return
@@ -146,13 +165,29 @@ class LogServer:
             except OSError:
                 pass
 
-    def close(self):
+    def close(self, drain=(), timeout=10.0):
+        """Stops accepting; cuts the connections of tasks not in `drain` (keys, bytes; True:
+        every connection) at once, which stops their agents; reads those in `drain` to their
+        end, waiting at most `timeout` seconds in all, then cuts what is left."""
         self.srv.close()
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        with self.lock:
+            conns = list(self.conns)
+        keep = [(c, t) for c, t, info in conns if drain is True or info["key"] in drain]
+        for c, _, info in conns:
+            if not (drain is True or info["key"] in drain):
+                _cut(c)
+        deadline = time.monotonic() + timeout
+        for c, t in keep:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                _cut(c)
+
+
+def _cut(conn):
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 # ---- the driver service ---------------------------------------------------------------------

@@ -22,9 +22,14 @@ total resources; else exit NO_RESOURCES at once, nothing started), reserves a pl
 of B bundles of {"CPU": P x cpus, "GPU": P x gpus} (P processes per bundle; strategy PACK,
 SPREAD, STRICT_PACK or STRICT_SPREAD) and waits for it up to the placement timeout (else exit
 NO_RESOURCES, naming what is free). Bundle i runs a Ray task holding the bundle's resources that
-runs one dtrain agent, `dtrain run --nnodes B --node-rank i --master-addr <bundle 0's node>
---master-port <a free port bundle 0's task picked> ...`: ranks [iP, (i+1)P) are on bundle i's
-node. Its output goes line by line over a socket to the driver, which prints it. A task never
+runs one dtrain agent, `dtrain run --nnodes B --node-rank k --master-addr <bundle 0's node>
+--master-port <a free port bundle 0's task picked> ...`, agent k's ranks [kP, (k+1)P). As Ray
+Train's TorchTrainer numbers its workers, bundles on one node are consecutive agents (nodes in
+the order of their first bundle) and their workers are that node's: LOCAL_RANK and
+LOCAL_WORLD_SIZE count every bundle's workers on the node, NODE_RANK is the node's index, and
+with GPUs each sees all of the node's bundles' GPUs (layout()); GROUP_RANK is the agent's k. Its output goes line by line over a socket to the driver, which prints it (all of a
+finished task's output before the driver returns: it reads each finished task's connection to
+its end, at most 10 s). A task never
 raises for a failed agent: it returns the exit code, and the driver exits with the first
 failing node's. Once one agent failed, the others get term timeout + 5 s to stop through the
 job's own failure record, then their tasks are cancelled. However the job ends - success,
@@ -129,33 +134,79 @@ def _node_table():
     return out
 
 
+def layout(nodes, gpus, per):
+    """Where each bundle's workers stand, as Ray Train's TorchTrainer numbers its workers
+    (WorkerGroup._assign_worker_ranks): bundles grouped by node, the nodes in the order of
+    their first bundle, within a node by lowest GPU id (then bundle index); ranks follow that
+    order. nodes: each bundle's node id, in bundle order; gpus: each bundle's GPU ids (strings;
+    empty without GPUs); per: processes per bundle. Returns, per bundle, (agent rank, node
+    rank, first LOCAL_RANK, LOCAL_WORLD_SIZE, the node's GPU ids joined by "," or "") - the
+    agent rank is its `--node-rank` (GROUP_RANK); bundle 0 is always agent 0 (its node hosts
+    the store) unless another bundle on its node has a lower GPU id, which is then agent 0 on
+    the same node."""
+    by_node = {}
+    for b, n in enumerate(nodes):
+        by_node.setdefault(n, []).append(b)
+    out = [None] * len(nodes)
+    agent = 0
+    for node_rank, members in enumerate(by_node.values()):
+        members.sort(key=lambda b: _lowest(gpus[b]))
+        ids = sorted(set(g for b in members for g in gpus[b]))
+        for k, b in enumerate(members):
+            out[b] = (agent, node_rank, k * per, len(members) * per, ",".join(ids))
+            agent += 1
+    return out
+
+
+def _lowest(ids):
+    """Ray Train's sort key of a worker on its node: its lowest GPU id (0 without)."""
+    if not ids:
+        return 0
+    try:
+        return min(int(g) for g in ids)
+    except ValueError:
+        return min(ids)
+
+
 def _agent_task(index, bundles, per, cpus, argv, log_addr, env):
-    """The task of bundle `index`: one dtrain agent. Returns (index, exit status, host)."""
+    """The task of bundle `index`: one dtrain agent. Returns (its agent rank, exit status,
+    host); agent rank -1 when the driver refused it."""
 
     def run():
+        import ray
+
         host = socket.gethostname()
-        hello = b"START %d" % index
-        if index == 0:  # the store's port, on this node (node 0 hosts the job's store)
+        port = b"-"
+        if index == 0:  # the store's port, on this node (agent 0, on this node, hosts the store)
             with socket.socket() as s:
                 s.bind(("", 0))
-                hello += b" %d" % s.getsockname()[1]
+                port = b"%d" % s.getsockname()[1]
+        gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        hello = b"START %d %s %s" % (index, port, ",".join(gpu_ids).encode() or b"-")
         log, answer = _cluster.open_log(log_addr, hello, timeout=120)
-        words = answer.split()
-        if len(words) != 3 or words[0] != b"GO":
+        words = answer.decode().split()
+        if len(words) != 8 or words[0] != "GO":
             log.close()
-            return index, 1, host
+            return -1, 1, host
+        master, master_port, agent_rank, node_rank, first, local_size, visible = words[1:]
         i = argv.index("run") + 1
-        agent = (argv[:i] + ["--nnodes", str(bundles), "--node-rank", str(index), "--master-addr",
-                             words[1].decode(), "--master-port", words[2].decode()] + argv[i:])
+        agent = (argv[:i] + ["--nnodes", str(bundles), "--node-rank", agent_rank, "--master-addr",
+                             master, "--master-port", master_port] + argv[i:])
         child_env = dict(os.environ)
         # Ray gives a task OMP_NUM_THREADS = its CPUs, which its processes share: each gets
         # its own part.
         child_env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
         # The agent is one of the job's nodes on Ray: every agent's output reaches the driver's
         # console, so only node 0's prints the whole failure summary (engine "ray" adopts it).
-        child_env["DTRAIN_RAY_NODE"] = str(index)
+        # Its workers are numbered on their host as Ray Train's: LOCAL_RANK from `first`,
+        # LOCAL_WORLD_SIZE the workers of every bundle on this node, NODE_RANK the node's.
+        child_env["DTRAIN_RAY_NODE"] = "%s:%s:%s" % (node_rank, first, local_size)
+        if visible != "-":
+            # Every GPU of this node's bundles visible to each (Ray Train shares them the same
+            # way), so that cuda:LOCAL_RANK is the worker's own.
+            child_env["CUDA_VISIBLE_DEVICES"] = visible
         child_env.update(env)
-        return index, _cluster.run_agent(agent, child_env, log), host
+        return int(agent_rank), _cluster.run_agent(agent, child_env, log), host
 
     return run()
 
@@ -191,6 +242,7 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
     pg = placement_group(shape, strategy=strategy, name="dtrain-%d-%d" % (os.getpid(), threading.get_ident()))
     refs = []
     pending = []
+    results = {}
     srv = None
     try:
         deadline = time.monotonic() + placement_timeout
@@ -212,25 +264,34 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
         if master is None:
             err.write("dtrain.ray: the node of bundle 0 (%s) is not alive any more\n" % where[0])
             return 1
-        # Bundle 0's task says its port; every task then learns the master's address and port.
+        # Every task says hello (bundle 0's with the store's port, each with its GPU ids); once
+        # all have, each learns the master's address and port and where its workers stand
+        # (layout()).
+        gpu_ids = {}
         port = {}
-        port_ready = threading.Event()
-        started = set()
+        answers = {}
+        all_in = threading.Event()
         lock = threading.Lock()
 
-        def hello(words):
-            if len(words) not in (2, 3) or words[0] != b"START":
+        def hello(words):  # START INDEX PORT|- GPU,IDS|-
+            if len(words) != 4 or words[0] != b"START" or not words[1].isdigit():
                 return None
+            i = int(words[1])
             with lock:
-                if words[1] in started:
+                if i >= bundles or i in gpu_ids or (i == 0) == (words[2] == b"-"):
                     return None
-                started.add(words[1])
-                if words[1] == b"0" and len(words) == 3:
-                    port["port"] = words[2]
-                    port_ready.set()
-            if not port_ready.wait(placement_timeout + 60):
+                gpu_ids[i] = [] if words[3] == b"-" else words[3].decode().split(",")
+                if i == 0:
+                    port["port"] = words[2].decode()
+                if len(gpu_ids) == bundles:
+                    plan = layout([where[b] for b in range(bundles)], [gpu_ids[b] for b in range(bundles)], per)
+                    for b, (agent, node, first, size, visible) in enumerate(plan):
+                        answers[b] = ("GO %s %s %d %d %d %d %s" % (master, port["port"], agent, node, first,
+                                                                    size, visible or "-")).encode()
+                    all_in.set()
+            if not all_in.wait(placement_timeout + 60):
                 return None
-            return b"GO %s %s" % (master.encode(), port["port"])
+            return answers[i]
 
         srv = _cluster.LogServer(out, hello)
         if driver_host is None:
@@ -247,7 +308,6 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
                              name="dtrain-agent-%d" % i, **opts)
                 .remote(i, bundles, per, cpus, list(agent_argv), (driver_host, srv.port), env)
                 for i in range(bundles)]
-        results = {}
         pending = list(refs)
         first_failure = None
         while pending:
@@ -255,11 +315,11 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
             for ref in done:
                 i = refs.index(ref)
                 try:
-                    _, rc, host = ray.get(ref)
+                    agent, rc, host = ray.get(ref)
                 except Exception as e:  # the task itself failed: its worker or node died
-                    rc, host = 1, address.get(where.get(i), "?")
-                    err.write("dtrain.ray: the Ray task of node %d (on %s) failed: %s\n" % (i, host, _first_line(e)))
-                results[i] = (rc, host)
+                    agent, rc, host = -1, 1, address.get(where.get(i), "?")
+                    err.write("dtrain.ray: the Ray task of bundle %d (on %s) failed: %s\n" % (i, host, _first_line(e)))
+                results[i] = (rc, host, agent)
                 if rc != 0 and first_failure is None:
                     first_failure = time.monotonic()
             if cancelled is not None and cancelled.is_set():
@@ -268,17 +328,22 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
             # that cannot (it never joined) is stopped here.
             if pending and first_failure is not None and time.monotonic() > first_failure + term_timeout + 5:
                 break
-        failed = sorted((i, rc, host) for i, (rc, host) in results.items() if rc != 0)
+        # The first failing agent by node rank (GROUP_RANK); a task without an agent last.
+        failed = sorted((agent if agent >= 0 else bundles + i, i, rc, host)
+                        for i, (rc, host, agent) in results.items() if rc != 0)
         if failed:
-            i, rc, host = failed[0]
-            err.write("dtrain.ray: node %d (Ray task on %s) exited with code %d\n" % (i, host, rc))
+            agent, i, rc, host = failed[0]
+            who = "node %d" % agent if agent < bundles else "the task of bundle %d" % i
+            err.write("dtrain.ray: %s (Ray task on %s) exited with code %d\n" % (who, host, rc))
             return rc if rc > 0 else 128 - rc
         if len(results) < bundles:
             return 1
         return 0
     finally:
         if srv is not None:
-            srv.close()
+            # The finished tasks' last lines first (Ray can say a task finished before its
+            # output is read here); the unfinished tasks' connections cut at once.
+            srv.close(drain={b"%d" % i for i in results})
         _finish(pending, term_timeout + 5)
         try:
             remove_placement_group(pg)

@@ -97,10 +97,33 @@ class Ray final : public Engine {
   }
 
   // An agent started by a Ray task (python/dtrain/ray.py sets DTRAIN_RAY_NODE): its flags give
-  // the node; the engine is Ray's, whose console every agent shares.
+  // the agent's node rank; the engine is Ray's, whose console every agent shares. The variable
+  // says where its workers stand on their host, as Ray Train numbers them
+  // (NODE_RANK:FIRST_LOCAL_RANK:LOCAL_WORLD_SIZE): bundles Ray placed on one node are one
+  // host's workers.
   bool adopt(LaunchOptions& o, const RunArgs&, const EnvLookup& env) const override {
-    if (!get(env, param::kRayNode.name)) return false;
+    const auto node = get(env, param::kRayNode.name);
+    if (!node) return false;
     o.engine = name();
+    const auto first = node->find(':');
+    const auto second = node->find(':', first == std::string::npos ? first : first + 1);
+    if (first == std::string::npos || second == std::string::npos) {
+      throw UsageError(std::string(param::kRayNode.name) + " is '" + *node +
+                       "', expected NODE_RANK:FIRST_LOCAL_RANK:LOCAL_WORLD_SIZE (dtrain's Ray "
+                       "driver sets it; the agent and python/dtrain/ray.py must be one version)");
+    }
+    const char* who = "dtrain's Ray driver";
+    o.host_rank = to_int(param::kRayNode.name, node->substr(0, first), who);
+    o.first_local_rank =
+        to_int(param::kRayNode.name, node->substr(first + 1, second - first - 1), who);
+    o.host_world_size = to_int(param::kRayNode.name, node->substr(second + 1), who);
+    if (o.host_world_size < o.first_local_rank + o.nproc_per_node) {
+      throw UsageError(std::string(param::kRayNode.name) + " is '" + *node +
+                       "': LOCAL_WORLD_SIZE " + std::to_string(o.host_world_size) +
+                       " cannot hold local ranks " + std::to_string(o.first_local_rank) + ".." +
+                       std::to_string(o.first_local_rank + o.nproc_per_node - 1) +
+                       " (--nproc-per-node " + std::to_string(o.nproc_per_node) + ")");
+    }
     return true;
   }
 

@@ -243,9 +243,10 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     w.error_file = rank_dir + "/error.json";
     WorkerEnv env;
     env.rank = w.rank;
-    env.local_rank = o_.virtual_local_rank ? 0 : lr;
+    const bool shared_host = o_.host_rank >= 0;  // several agents on this host (Ray)
+    env.local_rank = o_.virtual_local_rank ? 0 : shared_host ? o_.first_local_rank + lr : lr;
     env.world_size = rdzv.world_size;
-    env.local_world_size = o_.nproc_per_node;
+    env.local_world_size = shared_host ? o_.host_world_size : o_.nproc_per_node;
     env.group_rank = rdzv.node_rank;
     env.group_world_size = rdzv.nnodes;
     env.role_rank = w.rank;
@@ -260,6 +261,8 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     env.error_file = w.error_file;
     envs[lr] = inherited;
     for (auto& [k, v] : env.to_variables()) envs[lr].push_back(k + "=" + v);
+    // Ray Train's TorchTrainer gives its workers the host's index too.
+    if (shared_host) envs[lr].push_back("NODE_RANK=" + std::to_string(o_.host_rank));
     envs[lr].insert(envs[lr].end(), tail.begin(), tail.end());
     if (o_.virtual_local_rank) set_visible_device(envs[lr], lr);
     // Applied by the worker itself before the program runs (worker_process.cpp, the fork

@@ -12,9 +12,14 @@
 #   7 `dtrain run --ray-address` through Ray Client (ray://): prefixed output, the failing
 #     rank's exit code;
 #   8 dtrain.ray.Distributor from Python;
-#   9 a Tune search of 4 trials x 2 processes: the Tuner asks the cluster for its free slots (4
+#   9 while Ray Train's TorchTrainer runs 2 workers on one worker node (started before 8, on
+#     the node 8 leaves free): `dtrain run --ray-address` 5 times with 2 ranks in one bundle
+#     that print 5 lines each and exit at once (every line on the console), and once with 2
+#     bundles of 1 STRICT_PACK; the workers' RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK
+#     are TorchTrainer's, GROUP_RANK the agent's (torchrun's);
+#  10 a Tune search of 4 trials x 2 processes: the Tuner asks the cluster for its free slots (4
 #     CPUs) and runs the trials two at a time across the nodes;
-#  10 the C++ driver SIGKILLed while every rank runs: no dtrain process on any host and no
+#  11 the C++ driver SIGKILLed while every rank runs: no dtrain process on any host and no
 #     placement group left within 30 s.
 # Everything (processes, namespaces, veths) is torn down after. Fails (never skips) when
 # root, ray or the data is missing.
@@ -125,6 +130,12 @@ grep -q "rank       : 2" "$CONF" && grep -q "exit code  : 7" "$CONF" ||
   { cat "$CONF" "$T/cli.err" >&2; fail "cli: the root cause does not name rank 2, exit code 7"; }
 pass "dtrain run --ray-address ray://$(host_addr n0):10001: 4 prefixed lines on the driver, rank 2's exit code 7 ($((SECONDS - t1)) s)"
 
+# 9's peer, started now to run beside 8 and 9 (each uses one worker node at a time, the peer
+# the other): Ray Train's TorchTrainer, 2 workers STRICT_PACK, each writing its variables.
+mkdir -p "$T/rt"
+bg_on n0 "$T/rt.log" timeout 240 "$PY" "$(dirname "$0")/torchtrainer_env.py" "$RAY_GCS" "$T/rt" 2 STRICT_PACK
+rt_pid=$BG_PID
+
 # 8. dtrain.ray.Distributor from Python (a driver that called ray.init itself): a success and a
 #    failure's exit status.
 t1=$SECONDS
@@ -141,7 +152,48 @@ grep -qx "statuses 0 5" "$T/module.out" && grep -q "module rank 1" "$T/module.ou
   { cat "$T/module.out" "$T/module.err" >&2; fail "module: expected statuses 0 5 and rank 1's output"; }
 pass "dtrain.ray.Distributor(...).run(program): 0, then the failing rank 1's 5 ($((SECONDS - t1)) s)"
 
-# 9. Tune: 4 trials x 2 processes of 1 CPU on 4 CPUs: two at a time, across both nodes.
+# 9. Every line of workers that exit right after printing reaches the console (the failing
+#    shape: 2 ranks in one bundle), and the workers' environment is TorchTrainer's.
+t1=$SECONDS
+ENVLINE='echo "env RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE NODE_RANK=$NODE_RANK host=$(hostname) GROUP_RANK=$GROUP_RANK"'
+PRINT="for i in 1 2 3 4 5; do echo \"line \$i of rank \$RANK\"; done; $ENVLINE"
+lines_run() {  # lines_run K DTRAIN-RUN-FLAGS...: run K, every rank's 5 lines and env line
+  local k="$1" r i
+  shift
+  on n0 timeout 120 "$DTRAIN" run --ray-address "$RAY_GCS" "$@" /bin/sh -c "$PRINT" >"$T/lines$k.out" 2>"$T/lines$k.err"
+  rc=$?
+  [[ $rc -eq 0 ]] || { cat "$T/lines$k.out" "$T/lines$k.err" >&2; fail "lines run $k ($*): exit $rc"; }
+  for r in 0 1; do
+    for i in 1 2 3 4 5; do
+      grep -qx "\[default$r\]:line $i of rank $r" "$T/lines$k.out" ||
+        { cat "$T/lines$k.out" "$T/lines$k.err" >&2; fail "lines run $k ($*): line $i of rank $r did not reach the console"; }
+    done
+    grep -q "^\[default$r\]:env RANK=$r " "$T/lines$k.out" ||
+      { cat "$T/lines$k.out" "$T/lines$k.err" >&2; fail "lines run $k ($*): no env line of rank $r"; }
+  done
+  [[ $(grep -c '^\[default' "$T/lines$k.out") -eq 12 ]] || { cat "$T/lines$k.out" >&2; fail "lines run $k: expected 12 lines"; }
+}
+for k in 1 2 3 4 5; do lines_run $k --nnodes 1 --nproc-per-node 2; done
+lines_run 6 --nnodes 2 --nproc-per-node 1 --ray-strategy STRICT_PACK
+pass "dtrain run --ray-address, 2 ranks in 1 bundle printing and exiting at once: all 12 lines in 5 of 5 runs, and with 2 bundles of 1 ($((SECONDS - t1)) s)"
+wait $rt_pid || { cat "$T/rt.log" >&2; fail "Ray Train's TorchTrainer (the environment's peer) failed"; }
+# Side by side, without the host (each ran on its own node) and GROUP_RANK (TorchTrainer sets none).
+envs() { sed -n 's/^\[default[0-9]*\]:\(env .*\) host=.*/\1/p' "$1" | sort; }
+ours_hosts() { sed -n 's/^\[default[0-9]*\]:env .* host=\([^ ]*\) .*/\1/p' "$1" | sort -u | wc -l; }
+theirs="$(cat "$T"/rt/rank_* | sed 's/ host=.*//' | sort)"
+[[ $(cat "$T"/rt/rank_* | sed -n 's/.* host=//p' | sort -u | wc -l) -eq 1 && $(wc -l <<<"$theirs") -eq 2 ]] ||
+  { cat "$T"/rt/rank_* >&2; fail "TorchTrainer: expected 2 workers on one node"; }
+for k in 1 6; do
+  [[ "$(envs "$T/lines$k.out")" == "$theirs" && $(ours_hosts "$T/lines$k.out") -eq 1 ]] ||
+    { { echo "dtrain:"; envs "$T/lines$k.out"; echo "TorchTrainer:"; echo "$theirs"; } >&2
+      fail "lines run $k: the workers' environment differs from Ray Train's TorchTrainer on one node"; }
+done
+[[ "$(sed -n 's/^\[default[0-9]*\]:env .* GROUP_RANK=//p' "$T/lines1.out" | sort | tr '\n' ' ')" == "0 0 " &&
+  "$(sed -n 's/^\[default[0-9]*\]:env .* GROUP_RANK=//p' "$T/lines6.out" | sort | tr '\n' ' ')" == "0 1 " ]] ||
+  { cat "$T/lines1.out" "$T/lines6.out" >&2; fail "GROUP_RANK: expected the agent's rank (0 0 in 1 bundle, 0 1 in 2)"; }
+pass "workers of 1 bundle of 2 and of 2 bundles of 1 on one node: $(envs "$T/lines6.out" | tr '\n' ';' | sed 's/;$//'), as TorchTrainer's; GROUP_RANK the agent's ($((SECONDS - t1)) s)"
+
+# 10. Tune: 4 trials x 2 processes of 1 CPU on 4 CPUs: two at a time, across both nodes.
 t1=$SECONDS
 out="$(on n0 timeout 300 "$TUNE" --storage "$T/tune" --engine ray --ray-address "$RAY_GCS" --trials 4 --sleep 1 \
   --inject-failure 0 2>&1)" ||
@@ -163,7 +215,7 @@ grep -q "on_n2=[12] " <<<"$out" && grep -q "on_n2=[01] " <<<"$out" ||
   fail "tune on ray: the trials did not use both n1 and n2: $out"
 pass "Tuner on Ray: 4 trials of 2 processes, 2 at a time (the cluster's 4 free CPUs), across n1 and n2 ($((SECONDS - t1)) s)"
 
-# 10. The C++ driver SIGKILLed while every rank sleeps after its all-reduce: within 30 s no
+# 11. The C++ driver SIGKILLed while every rank sleeps after its all-reduce: within 30 s no
 #     dtrain process on any host, no Ray driver on n0, no placement group.
 t1=$SECONDS
 CONF="$T/kill.out"
