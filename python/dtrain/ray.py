@@ -168,7 +168,7 @@ def _lowest(ids):
         return min(ids)
 
 
-def _agent_task(index, bundles, per, cpus, argv, log_addr, env):
+def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=180.0):
     """The task of bundle `index`: one dtrain agent. Returns (its agent rank, exit status,
     host); agent rank -1 when the driver refused it."""
 
@@ -183,7 +183,8 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env):
                 port = b"%d" % s.getsockname()[1]
         gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         hello = b"START %d %s %s" % (index, port, ",".join(gpu_ids).encode() or b"-")
-        log, answer = _cluster.open_log(log_addr, hello, timeout=120)
+        # The driver answers once every bundle has said hello (up to its placement timeout + 60 s).
+        log, answer = _cluster.open_log(log_addr, hello, timeout=answer_timeout)
         words = answer.decode().split()
         if len(words) != 8 or words[0] != "GO":
             log.close()
@@ -306,7 +307,8 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
         opts = dict(num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_retries=0)
         refs = [task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                              name="dtrain-agent-%d" % i, **opts)
-                .remote(i, bundles, per, cpus, list(agent_argv), (driver_host, srv.port), env)
+                .remote(i, bundles, per, cpus, list(agent_argv), (driver_host, srv.port), env,
+                        placement_timeout + 90)
                 for i in range(bundles)]
         pending = list(refs)
         first_failure = None

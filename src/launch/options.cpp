@@ -856,8 +856,8 @@ void validate_launch_options(LaunchOptions& o) {
   if (o.python.empty()) {
     // DTRAIN_PYTHON, else torchrun's PYTHON_EXEC, else python3 on PATH.
     const char* exec = std::getenv("PYTHON_EXEC");
-    const char* own = std::getenv("DTRAIN_PYTHON");
-    o.python = (own && *own) || !(exec && *exec) ? param::kPython.get() : std::string(exec);
+    o.python =
+        param::kPython.get_if_set() || !(exec && *exec) ? param::kPython.get() : std::string(exec);
   }
   if (runs_with_python(o)) {
     std::string interp =

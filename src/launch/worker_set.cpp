@@ -264,7 +264,8 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     // Ray Train's TorchTrainer gives its workers the host's index too.
     if (shared_host) envs[lr].push_back("NODE_RANK=" + std::to_string(o_.host_rank));
     envs[lr].insert(envs[lr].end(), tail.begin(), tail.end());
-    if (o_.virtual_local_rank) set_visible_device(envs[lr], lr);
+    if (o_.virtual_local_rank)  // the node's local rank, whose GPU it is
+      set_visible_device(envs[lr], shared_host ? o_.first_local_rank + lr : lr);
     // Applied by the worker itself before the program runs (worker_process.cpp, the fork
     // server's child); the program may read it.
     if (o_.bind_cores_to_rank)

@@ -52,11 +52,12 @@ JobOutcome::~JobOutcome() {
 namespace {
 
 // MLflow's KILLED is a run its user stopped; a crash is FAILED. The job was stopped when the
-// launcher itself got SIGINT, SIGTERM or SIGHUP (it exits 128 + N and writes no failure record)
-// or an agent on another node did (its record: no rank, that exit code). A worker that died of
-// a signal, SIGKILL and SIGTERM included, failed.
+// launcher itself got SIGINT, SIGTERM, SIGHUP or SIGQUIT (it exits 128 + N and writes no failure
+// record) or an agent on another node did (its record: no rank, that exit code). A worker that died
+// of a signal, SIGKILL and SIGTERM included, failed.
 bool stopped_by_signal(int exit_code) {
-  return exit_code == 128 + SIGINT || exit_code == 128 + SIGTERM || exit_code == 128 + SIGHUP;
+  return exit_code == 128 + SIGINT || exit_code == 128 + SIGTERM || exit_code == 128 + SIGHUP ||
+         exit_code == 128 + SIGQUIT;
 }
 
 }  // namespace

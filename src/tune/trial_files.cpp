@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/error.h"
+#include "dtrain/mlflow.h"
 
 namespace fs = std::filesystem;
 
@@ -20,8 +21,8 @@ std::string python_number(const Config& v) {
     const double d = v.get<double>();
     if (std::isnan(d)) return "NaN";
     if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+    return mlflow::param_value(d);  // Python's repr of a float, as json.dumps writes it
   }
-  // nlohmann prints floats as Python's repr does (shortest round trip, "1.0", "1e-05").
   return v.dump();
 }
 

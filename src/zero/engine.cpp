@@ -697,11 +697,12 @@ torch::Tensor EngineImpl::averaged_gradient() {
 }
 
 void EngineImpl::record_overflow() {
-  if (config_.zero.stage == 0 && scaler_.dynamic() &&
-      scaler_.scale() <= config_.fp16.min_loss_scale) {
-    // DeepSpeed's FP16_Optimizer stays at min_loss_scale and goes on, where its ZeRO optimizers
-    // stop the run (LossScaler::update throws): the overflow is counted, the scale kept.
+  if (config_.zero.stage == 0 && scaler_.dynamic()) {
+    // DeepSpeed's FP16_Optimizer._update_scale: max(scale / 2, min_loss_scale) at every
+    // overflow - it goes on at the minimum (and a scale that started below it rises to it),
+    // where its ZeRO optimizers stop the run (LossScaler::update throws).
     auto s = scaler_.state();  // scale, iteration, last overflow iteration, hysteresis
+    s[0] = std::max(s[0] / 2.0, config_.fp16.min_loss_scale);
     s[2] = s[1];
     s[1] += 1;
     scaler_.set_state(s);
@@ -729,6 +730,7 @@ void EngineImpl::step() {
   auto global_sq_norm = [&] {
     if (!sq_norm) {
       auto sq = sum_of_squares(g);
+      if (inject_overflow_) sq.fill_(INFINITY);  // the test hook, as an inf on this rank
       combine_step_scalar(sq, ReduceOp::kSum);
       sq_norm = sq.item<double>();
     }
@@ -736,7 +738,7 @@ void EngineImpl::step() {
   };
   if (skips_nonfinite_) {
     bool skip = false;
-    if (clip && !config_.fp16.enabled && !inject_overflow_) {
+    if (clip && !config_.fp16.enabled) {  // every rank takes the same path
       skip = !std::isfinite(global_sq_norm());
     } else {
       bool local = inject_overflow_ || !all_finite(g);

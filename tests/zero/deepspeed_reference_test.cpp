@@ -234,6 +234,9 @@ json build_cases() {
       loss_scaler_case("loss scale: stage 0, at the minimum it goes on", small, 5, 0.2, 20, 12, 0));
   c.push_back(
       loss_scaler_case("loss scale: stage 0, static", {{"loss_scale", 128}}, 9, 0.5, 20, 5, 0));
+  c.push_back(loss_scaler_case(
+      "loss scale: stage 0, initial scale below the minimum",
+      with_fp16(small, {{"initial_scale_power", 0}, {"min_loss_scale", 4}}), 7, 0.3, 30, 6, 0));
   const json bf16 = {{"enabled", true}};
   auto zero = [](int stage) { return json{{"stage", stage}}; };
   c.push_back(buffers_case("buffers: bf16, stage 1, buffers as given",
