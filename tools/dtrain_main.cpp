@@ -16,6 +16,7 @@
 #include "dtrain/version.h"
 #include "dtrain/zero_config.h"
 #include "horovod/horovodrun.h"
+#include "launch/failure.h"
 #include "launch/options_internal.h"
 #include "ray/ray_driver.h"
 #include "tracking/job_outcome.h"
@@ -156,6 +157,7 @@ int main(int argc, char** argv) {
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << dtrain::name_env_source(e.what(), flags, getenv_)
               << "\nRun 'dtrain run --help' for the flags.\n";
+    dtrain::launch::record_launcher_error(e);
     return 2;
   }
   try {
@@ -166,10 +168,12 @@ int main(int argc, char** argv) {
     return rc;
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
+    dtrain::launch::record_launcher_error(e);
     cancel_slurm_step(run_args);
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "dtrain run: error: " << e.what() << "\n";
+    dtrain::launch::record_launcher_error(e);
     cancel_slurm_step(run_args);
     return 1;
   }

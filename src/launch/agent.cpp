@@ -686,9 +686,11 @@ int Agent::run() {
         if (round > 0) clear_previous_workers(rdzv);
       } catch (const TimeoutError& e) {
         say(e.what());
+        launch::record_launcher_error(e);  // as torchrun's @record: RendezvousTimeoutError
         return 1;
       } catch (const NetworkError& e) {
         say(std::string("rendezvous failed: ") + e.what());
+        launch::record_launcher_error(e);
         return 1;
       }
       if (!elastic()) node_rank = rdzv.node_rank;  // keep the rank we got for later rounds

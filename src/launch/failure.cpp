@@ -5,8 +5,12 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
+
+#include "dtrain/error.h"
 
 namespace dtrain::launch {
 
@@ -32,6 +36,28 @@ std::string readable_error_file(const std::string& contents) {
   } catch (const std::exception&) {
     return contents;
   }
+}
+
+void record_launcher_error(const std::exception& e) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return;
+  // dtrain's error types by their own names, as Python names an exception's class.
+  const char* type = dynamic_cast<const UsageError*>(&e)     ? "UsageError"
+                     : dynamic_cast<const TimeoutError*>(&e) ? "TimeoutError"
+                     : dynamic_cast<const StoreError*>(&e)   ? "StoreError"
+                     : dynamic_cast<const NetworkError*>(&e) ? "NetworkError"
+                     : dynamic_cast<const Error*>(&e)        ? "Error"
+                                                             : "RuntimeError";
+  const std::string message = std::string(type) + ": " + e.what();
+  const json data = {
+      {"message",
+       {{"message", message},
+        {"extraInfo",
+         {{"py_callstack",
+           "dtrain run failed (no Python traceback: the launcher is C++)\n" + message + "\n"},
+          {"timestamp", std::to_string(std::time(nullptr))}}}}}};
+  std::ofstream out(path, std::ios::trunc);
+  out << data.dump();
 }
 
 json Failure::to_json() const {

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,5 +56,10 @@ std::string signal_name(int sig);
 // TORCHELASTIC_ERROR_FILE as PyTorch's @record writes it, shown as the message and the
 // traceback; anything else as it is.
 std::string readable_error_file(const std::string& contents);
+// The launcher's own failure (an error of its options, its rendezvous or its store; not a
+// worker's) written to TORCHELASTIC_ERROR_FILE when whoever started it set one, as torchrun's
+// @record writes the exception that ends it: {"message": {"message": "<Type>: <what>",
+// "extraInfo": {"py_callstack": ..., "timestamp": "<unix seconds>"}}}. Never throws.
+void record_launcher_error(const std::exception& e);
 
 }  // namespace dtrain::launch

@@ -257,6 +257,43 @@ TEST(RunUnderSlurm, SeveralTasksPerNodeIsAClearError) {
   EXPECT_NE(msg.find("--ntasks-per-node=1"), std::string::npos) << msg;
 }
 
+// An agent a Ray task started: python/dtrain/ray.py sets DTRAIN_RAY_NODE to
+// NODE_RANK:FIRST_LOCAL_RANK:LOCAL_WORLD_SIZE (Ray Train's numbering of the bundles on a node).
+TEST(RunUnderRay, TheTasksVariableGivesTheHostsNumbering) {
+  LaunchOptions o =
+      parse_with({"--nproc-per-node", "2", "--nnodes", "3"}, {{"DTRAIN_RAY_NODE", "1:2:4"}});
+  EXPECT_EQ(o.engine, "ray");
+  EXPECT_EQ(o.host_rank, 1);
+  EXPECT_EQ(o.first_local_rank, 2);
+  EXPECT_EQ(o.host_world_size, 4);
+  // Without it the same flags are a plain local launch.
+  EXPECT_EQ(parse_with({"--nproc-per-node", "2", "--nnodes", "3"}, {}).engine, "local");
+}
+
+TEST(RunUnderRay, ABadVariableSaysWhatWasExpected) {
+  for (const char* bad : {"1:2", "1", "", "::"}) {
+    const std::string msg = usage_error([&] {
+      parse_with({"--nproc-per-node", "1", "--nnodes", "2"}, {{"DTRAIN_RAY_NODE", bad}});
+    });
+    EXPECT_NE(msg.find("DTRAIN_RAY_NODE"), std::string::npos) << bad << ": " << msg;
+  }
+  std::string msg = usage_error([] {
+    parse_with({"--nproc-per-node", "1", "--nnodes", "2"}, {{"DTRAIN_RAY_NODE", "1:2"}});
+  });
+  EXPECT_NE(msg.find("expected NODE_RANK:FIRST_LOCAL_RANK:LOCAL_WORLD_SIZE"), std::string::npos)
+      << msg;
+  msg = usage_error([] {
+    parse_with({"--nproc-per-node", "1", "--nnodes", "2"}, {{"DTRAIN_RAY_NODE", "x:0:1"}});
+  });
+  EXPECT_NE(msg.find("'x' is not a non-negative integer"), std::string::npos) << msg;
+  msg = usage_error([] {
+    parse_with({"--nproc-per-node", "2", "--nnodes", "2"}, {{"DTRAIN_RAY_NODE", "0:3:4"}});
+  });
+  EXPECT_NE(msg.find("LOCAL_WORLD_SIZE 4 cannot hold local ranks 3..4 (--nproc-per-node 2)"),
+            std::string::npos)
+      << msg;
+}
+
 class HostFile : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "launcher/subprocess.h"
+#include "support/free_port.h"
 #include "support/paths.h"
 
 namespace {
@@ -321,6 +322,51 @@ TEST(LauncherInterop, TheLaunchersErrorFileIsAsUnderTorchrun) {
   EXPECT_EQ(ours["message"]["message"], theirs["message"]["message"]);
   EXPECT_EQ(ours["message"]["errorCode"], theirs["message"]["errorCode"]);
   EXPECT_EQ(ours["message"]["extraInfo"].size(), theirs["message"]["extraInfo"].size());
+  std::filesystem::remove_all(dir);
+}
+
+// When the launcher itself fails (here: a rendezvous no second node joins), torchrun's @record
+// main writes the exception to the launcher's TORCHELASTIC_ERROR_FILE; so does `dtrain run`,
+// in the same shape (the message names each launcher's own error).
+TEST(LauncherInterop, TheLaunchersOwnFailureIsInItsErrorFileAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string dir = ::testing::TempDir() + "launcher-own-error-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto error_file_of = [&](std::vector<std::string> launcher, const std::string& name) {
+    const std::string path = dir + "/" + name + ".json";
+    const std::string endpoint = "127.0.0.1:" + std::to_string(dtrain::test::free_port());
+    for (const std::string& a :
+         {std::string("--nnodes"), std::string("2"), std::string("--rdzv-backend"),
+          std::string("c10d"), std::string("--rdzv-endpoint"), endpoint, std::string("--rdzv-conf"),
+          std::string("join_timeout=3"), std::string("--rdzv-id"), std::string("own-error"),
+          kInterop + "/record_fail.py"})
+      launcher.push_back(a);
+    auto r = run_command(launcher, {.env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON),
+                                            "TORCHELASTIC_ERROR_FILE=" + path},
+                                    .timeout = 120s});
+    EXPECT_NE(r.exit_code, 0) << name << ": " << r.err;
+    std::ifstream in(path);
+    EXPECT_TRUE(in.good()) << name << " wrote no " << path << "\n" << r.err;
+    return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
+  };
+  const auto theirs = error_file_of(venv_torchrun(), "torchrun");
+  const auto ours = error_file_of({DTRAIN_BIN, "run"}, "dtrain");
+  for (const auto* j : {&theirs, &ours}) {
+    ASSERT_TRUE(j->contains("message") && (*j)["message"].is_object()) << j->dump();
+    const auto& m = (*j)["message"];
+    EXPECT_TRUE(m["message"].is_string() && !m["message"].get<std::string>().empty()) << j->dump();
+    ASSERT_TRUE(m.contains("extraInfo")) << j->dump();
+    EXPECT_TRUE(m["extraInfo"]["py_callstack"].is_string()) << j->dump();
+    const auto stamp = m["extraInfo"].value("timestamp", std::string());
+    EXPECT_TRUE(!stamp.empty() && stamp.find_first_not_of("0123456789") == std::string::npos)
+        << j->dump();
+  }
+  std::vector<std::string> their_keys, our_keys;
+  for (const auto& [k, v] : theirs["message"].items()) their_keys.push_back(k);
+  for (const auto& [k, v] : ours["message"].items()) our_keys.push_back(k);
+  EXPECT_EQ(our_keys, their_keys);
+  EXPECT_NE(ours["message"]["message"].get<std::string>().find("rendezvous"), std::string::npos)
+      << ours.dump();
   std::filesystem::remove_all(dir);
 }
 

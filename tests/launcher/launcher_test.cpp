@@ -832,9 +832,12 @@ TEST_F(LauncherTest, AnAgentRemovesTheRunDirectoriesOfDeadAgents) {
   for (const auto& d : {dead, alive, other}) fs::create_directories(d / "attempt_0" / "rank_0");
   std::ofstream(dead / ".lock").close();  // its owner's lock went with it
   std::ofstream(dead / "attempt_0" / "rank_0" / "error.json") << "{}";
-  const int held = ::open((alive / ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  // Locked before it gets its name, as an agent takes its own: another test's agent sweeping
+  // /tmp now must not find it unlocked.
+  const int held = ::open((alive / ".lock.new").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  fs::rename(alive / ".lock.new", alive / ".lock");
   RunResult r = run({"--nproc-per-node", "1", kWorker});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Under ctest -j2 another test's agent may be the one that found it (and may still be
