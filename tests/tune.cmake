@@ -2,6 +2,10 @@
 # scripts/requirements.txt), the Tuner end to end with real trials, and a driver killed
 # mid-search that resumes.
 dtrain_test(tune_parity_test LABELS tune SOURCES tune/scheduler_parity_test.cpp TORCH)
+# Stoppers against Ray's own ray.tune.stopper classes (tests/tune/ray_stopper_peer.py): ~3 s, and
+# nothing in them depends on libtorch, so once.
+dtrain_test(tune_stopper_parity_test LABELS tune SOURCES tune/stopper_parity_test.cpp TORCH)
+dtrain_test_once(tune_stopper_parity_test torch2)
 
 dtrain_test(tune_tuner_test LABELS tune SOURCES tune/tuner_test.cpp TORCH)
 add_dependencies(tune_tuner_test dtrain_cli)

@@ -50,6 +50,7 @@
 #include "dtrain/error.h"
 #include "dtrain/tune_schedulers.h"
 #include "dtrain/tune_search_space.h"
+#include "dtrain/tune_stoppers.h"
 
 namespace dtrain {
 
@@ -114,6 +115,16 @@ struct TuneOptions {
   // in which any of these keys is >= its value ("a/b" names a nested key, "config/lr" the
   // config). A key a result lacks never stops it (said once on stderr), as in Ray.
   std::map<std::string, double> stop;
+  // Ray's RunConfig(stop=Stopper or callable) (dtrain/tune_stoppers.h): asked about every result
+  // before `stop` and the scheduler; its stop_all() ends the whole search (every trial not
+  // ended becomes TERMINATED; fit() returns as usual). A callable is
+  // std::make_shared<FunctionStopper>(fn), Ray's list of stoppers a CombinedStopper. Ray takes
+  // either the dict or a stopper in `stop`; dtrain takes both: the stopper first, then the dict,
+  // the order Ray's controller asks its stopper and a trial's stopping criteria in.
+  std::shared_ptr<Stopper> stopper;
+  // Ray's TuneConfig(time_budget_s): > 0 ends the search after this long (a TimeoutStopper,
+  // combined after `stopper` as Ray combines them). 0: no budget.
+  std::chrono::milliseconds time_budget{0};
   // Trials running at once, at most. 0: as many as the engine's free slots allow (free slots /
   // processes, at least 1), counted when fit() starts: this machine's cores; on a cluster the
   // engine's (ray: the processes of a trial's CPUs and GPUs its alive nodes hold free; slurm:
@@ -212,10 +223,10 @@ class Tuner {
 
   // Runs the search to its end. Returns every trial's outcome; a trial that failed for good
   // is in the grid with status Error (fit() throws only for the search itself: bad options,
-  // storage that cannot be written). A result without TuneOptions::metric (when set), or one
-  // the scheduler refuses, ends the search at that result as Ray does: every running trial is
-  // stopped at its next report, and fit() throws UsageError naming the trial, the metric and
-  // the keys the result has.
+  // storage that cannot be written). A result without TuneOptions::metric (when set), one the
+  // scheduler refuses, or one the stopper throws on, ends the search at that result as Ray does:
+  // every running trial is stopped at its next report, and fit() throws UsageError naming the
+  // trial, the metric and the keys the result has.
   ResultGrid fit();
 
  private:

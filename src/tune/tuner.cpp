@@ -81,6 +81,7 @@ struct TrialRecord {
   bool stopped_by_worker_exception = false;
   bool stop_requested = false;
   bool pause_requested = false;
+  bool search_stopped = false;   // a stopper's stop_all() ended the search: its next report ends it
   bool exploit_pending = false;  // PBT set restore_checkpoint to another trial's
   int next_report = 1;
   Clock::time_point started;
@@ -307,6 +308,16 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
     throw UsageError("tune::Tuner: name must be a non-empty directory name, got \"" + o.name +
                      "\"");
   }
+  if (o.time_budget.count() < 0) {
+    throw UsageError("tune::Tuner: time_budget must be >= 0 (0: no budget), got " +
+                     std::to_string(o.time_budget.count()) + " ms");
+  }
+  if (o.time_budget.count() > 0) {
+    // Ray's Experiment: CombinedStopper(stop, TimeoutStopper(time_budget_s)), or the timeout alone.
+    auto timeout = std::make_shared<TimeoutStopper>(o.time_budget);
+    o.stopper = o.stopper ? std::make_shared<CombinedStopper>(o.stopper, timeout)
+                          : std::shared_ptr<Stopper>(timeout);
+  }
   if (o.storage_path.empty()) o.storage_path = "dtrain_tune_results";
   if (!o.scheduler) o.scheduler = std::make_shared<FifoScheduler>();
   o.scheduler->set_search_properties(o.metric, o.mode);
@@ -417,6 +428,11 @@ ResultGrid Tuner::fit() {
       }
     }
     ctx.replay = false;
+    // The stopper sees the saved results again, in the order they came, so what it counts
+    // (iterations, plateaus) goes on from there; its decisions were taken already.
+    if (o.stopper) {
+      for (auto& [s, r, i] : events) (*o.stopper)(r->trial.id, r->history[i]);
+    }
   }
 
   fs::create_directories(exp_dir);
@@ -677,6 +693,55 @@ ResultGrid Tuner::fit() {
     return false;
   };
 
+  // The stopper (Ray's RunConfig(stop=Stopper)) on one result, not flattened, as Ray's
+  // controller passes it. What it throws ends the search as a refused result does.
+  auto ask_stopper = [&](TrialRecord& r, const Result& result) {
+    if (!o.stopper || !fatal.empty()) return false;
+    try {
+      return (*o.stopper)(r.trial.id, result);
+    } catch (const std::exception& e) {
+      fatal = "tune: the stopper (TuneOptions::stopper) failed on trial " + r.trial.id +
+              "'s result " + result.value("training_iteration", Config(0)).dump() + ": " + e.what();
+      return false;
+    }
+  };
+  // The stopper's stop_all() (Ray's _stop_experiment_if_needed): when it says so, every trial
+  // not ended is TERMINATED; a running one is answered STOP at its next report, which is not
+  // recorded (Ray removes its actor and drops what it sends), and is not marked done. The
+  // scheduler is not told (Ray's _schedule_trial_stop). Asked after every result and every
+  // ended run, and every 100 ms otherwise (Ray: after every event, or 0.1 s without one).
+  bool search_stopped = false;
+  Clock::time_point last_stop_all{};
+  auto end_search_if_asked = [&]() -> bool {
+    if (!o.stopper || search_stopped || !fatal.empty()) return search_stopped;
+    last_stop_all = Clock::now();
+    try {
+      if (!o.stopper->stop_all()) return false;
+    } catch (const std::exception& e) {
+      fatal =
+          std::string("tune: the stopper's stop_all() (TuneOptions::stopper) failed: ") + e.what();
+      return false;
+    }
+    search_stopped = true;
+    int ended = 0;
+    for (auto& x : trials) {
+      // A trial its own STOP ends is TERMINATED by that already in Ray.
+      if (x->trial.is_finished() || x->stop_requested) continue;
+      x->trial.status = TrialStatus::Terminated;
+      x->search_stopped = true;
+      ++ended;
+      if (!x->thread.joinable()) mlflow.trial_ended(x->trial.id, TrialStatus::Terminated, "");
+    }
+    if (o.verbose) {
+      std::fprintf(stderr,
+                   "tune: the stopper's stop_all() ended the search; %d trial(s) not finished "
+                   "are TERMINATED\n",
+                   ended);
+    }
+    save_state();
+    return true;
+  };
+
   // Reads and decides every report the trial has made so far.
   auto poll_reports = [&](TrialRecord& r) -> bool {
     bool any = false;
@@ -684,6 +749,11 @@ ResultGrid Tuner::fit() {
       const std::string key = r.prefix + "result/" + std::to_string(r.next_report);
       if (!client->check({key})) return any;
       any = true;
+      if (r.search_stopped) {
+        client->set(r.prefix + "decision/" + std::to_string(r.next_report), "STOP");
+        ++r.next_report;
+        continue;
+      }
       const Clock::time_point now = Clock::now();
       if (r.next_report == 1) r.first_report = now;
       const Config msg = Config::parse(client->get(key));
@@ -712,8 +782,12 @@ ResultGrid Tuner::fit() {
       if (!fatal.empty()) r.stop_requested = true;
       if (!r.stop_requested && !r.pause_requested) {
         Decision d = Decision::Continue;
-        if (should_stop(flat)) {
-          d = Decision::Stop;  // Ray: the stopping criteria first, the scheduler not asked
+        // Ray: `stopper(trial_id, result) or trial.should_stop(flat)`, the scheduler not asked.
+        if (ask_stopper(r, result) || (fatal.empty() && should_stop(flat))) {
+          d = Decision::Stop;
+        } else if (!fatal.empty()) {
+          r.stop_requested = true;
+          d = Decision::Stop;
         } else {
           try {
             d = sched.on_trial_result(ctx, r.trial, flat);
@@ -740,6 +814,7 @@ ResultGrid Tuner::fit() {
       r.history.push_back(result);
       r.history_seq.push_back(seq++);
       mlflow.trial_result(r.trial.id, detail::flatten(result));  // as Ray's MLflow callback
+      if (end_search_if_asked() && r.search_stopped) decision = "STOP";
       client->set(r.prefix + "decision/" + std::to_string(r.next_report), decision);
       ++r.next_report;
       save_state();
@@ -751,14 +826,23 @@ ResultGrid Tuner::fit() {
     poll_reports(r);  // none should be left (reports block their worker); be sure
     // A trial that ended (returned, or stopped) has its last result marked done, as Ray's
     // last_result (result.json keeps the line as it was logged).
-    if (!r.history.empty() && (r.stop_requested || (!r.pause_requested && r.failure.empty())))
+    const bool returned = !r.search_stopped && !r.stop_requested && !r.pause_requested &&
+                          r.failure.empty() && !r.history.empty();
+    if (!r.search_stopped && !r.history.empty() &&
+        (r.stop_requested || (!r.pause_requested && r.failure.empty())))
       r.history.back()["done"] = true;
+    // Ray's function trainable that returns sends its last result again (__duplicate__), done,
+    // and the controller gives it to the stopper once more before it stops the trial.
+    if (returned) ask_stopper(r, r.history.back());
     const Result last = r.history.empty() ? Result::object() : detail::flatten(r.history.back());
     const char* how;
-    // A run the driver asked to end (STOP, or PAUSE for PBT) ended as asked, however its
-    // processes went: report() throws TrialStopped on the ranks that call it, and the
-    // launcher may summarise that as rank 0's exit code rather than the exception type.
-    if (r.stop_requested) {
+    // A run the driver asked to end (STOP, PAUSE for PBT, or the search's end) ended as asked,
+    // however its processes went: report() throws TrialStopped on the ranks that call it, and
+    // the launcher may summarise that as rank 0's exit code rather than the exception type.
+    if (r.search_stopped) {
+      r.trial.status = TrialStatus::Terminated;
+      how = "ended with the search (the stopper's stop_all)";
+    } else if (r.stop_requested) {
       r.trial.status = TrialStatus::Terminated;
       sched.on_trial_complete(ctx, r.trial, last);
       how = "stopped by the scheduler";
@@ -798,11 +882,12 @@ ResultGrid Tuner::fit() {
       std::fprintf(stderr, "tune: %s %s after %zu report(s)%s%s\n", r.trial.id.c_str(), how,
                    r.history.size(), m.c_str(),
                    r.failure.empty() || r.stop_requested || r.pause_requested ||
-                           r.stopped_by_worker_exception
+                           r.stopped_by_worker_exception || r.search_stopped
                        ? ""
                        : (": " + r.failure.substr(0, 300)).c_str());
     }
     save_state();
+    end_search_if_asked();
   };
 
   for (;;) {
@@ -810,9 +895,10 @@ ResultGrid Tuner::fit() {
       for (auto& r : trials)
         if (r->thread.joinable()) r->stop_requested = true;
     }
+    if (Clock::now() - last_stop_all >= std::chrono::milliseconds(100)) end_search_if_asked();
     concurrency.poll(live_runs(), fatal.empty() && waiting(), counted);
     // Start what fits.
-    while (fatal.empty() && running_count() < concurrency.limit()) {
+    while (fatal.empty() && !search_stopped && running_count() < concurrency.limit()) {
       Trial* next = sched.choose_trial_to_run(ctx);
       if (next == nullptr) break;
       TrialRecord& r = ctx.record(*next);

@@ -148,6 +148,21 @@ void done_at_two_trainable(Config) {
   for (int it = 1; it <= 50; ++it) report({{"score", it}, {"done", it == 2}});
 }
 
+// The trainable tests/tune/ray_stopper_tuner_peer.py gives Ray's Tuner: {"score": x}, 2 times
+// when x < 0.3, else 6 times.
+void stopper_trainable(Config config) {
+  const double x = config.at("x").get<double>();
+  for (int it = 0; it < (x < 0.3 ? 2 : 6); ++it) report({{"score", x}});
+}
+
+// Reports every 400 ms, 30 times (12 s): a search with a time budget of 1 s ends it early.
+void slow_trainable(Config) {
+  for (int it = 1; it <= 30; ++it) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    report({{"score", it}});
+  }
+}
+
 // Reports "loss" where the search asks for "score".
 void wrong_metric_trainable(Config) {
   for (int it = 1; it <= 50; ++it) {
@@ -630,6 +645,133 @@ TEST(TuneTuner, AReportedDoneEndsTheTrial) {
   ASSERT_EQ(grid[0].history.size(), 2u);
   EXPECT_EQ(grid[0].history[0].at("done"), false);
   EXPECT_EQ(grid[0].last_result.at("done"), true);
+  fs::remove_all(dir);
+}
+
+// A trial's index: the number its id ends with (dtrain's trial_00002, Ray's 4554a_00002).
+int trial_index(const std::string& id) { return std::stoi(id.substr(id.rfind('_') + 1)); }
+
+// [index, status, training_iteration, done] of each trial's last result, as the peer writes.
+Config trial_summary(const ResultGrid& grid) {
+  Config out = Config::array();
+  for (const auto& t : grid.trials()) {
+    const Result& last = t.last_result;
+    out.push_back({trial_index(t.id), to_string(t.status),
+                   last.contains("training_iteration") ? last.at("training_iteration") : Config(),
+                   last.contains("done") ? last.at("done") : Config()});
+  }
+  return out;
+}
+
+// Stoppers in a real search, beside Ray's Tuner on the same trainable and stoppers (a local Ray
+// of 1 CPU, tests/tune/ray_stopper_tuner_peer.py; one trial at a time on both sides):
+//  - CombinedStopper(FunctionStopper(score >= 0.9), MaximumIterationStopper(3)): x = 0.5 ends
+//    at its third result, x = 0.95 at its first, x = 0.2 returns after 2; every trial
+//    TERMINATED with its last result done, and the function called with the same results
+//    (the returned trial's last one twice, the second time done, as Ray's duplicate result).
+//  - ExperimentPlateauStopper(score, top 2, max): the first trial's second result (1.0, 1.0)
+//    is a plateau: that trial ends there (done), stop_all() ends the search, and the two trials
+//    that never started are TERMINATED without a result; fit() returns normally.
+TEST(TuneTuner, StoppersEndTrialsAndTheSearchAsRayTunesDo) {
+  const auto dir = fresh_dir("stoppers");
+  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+                          dtrain::test::source_dir() + "/tests/tune/ray_stopper_tuner_peer.py " +
+                          (dir / "ray.json").string() + " >" + (dir / "peer.log").string() +
+                          " 2>&1";
+  // Ray's side runs while dtrain's does (both are mostly waiting on 2 cores).
+  std::thread peer(
+      [&] { EXPECT_EQ(std::system(cmd.c_str()), 0) << "Ray Tune peer failed: " << cmd; });
+
+  Config calls = Config::array();
+  auto fn = std::make_shared<FunctionStopper>([&calls](const std::string& id, const Result& r) {
+    calls.push_back({trial_index(id), r.at("training_iteration"), r.at("done"), r.at("score")});
+    return r.at("score").get<double>() >= 0.9;
+  });
+  Tuner ends(stopper_trainable, Config{{"x", grid_search({0.5, 0.95, 0.2})}},
+             {.metric = "score",
+              .mode = "max",
+              .stopper = std::make_shared<CombinedStopper>(
+                  fn, std::make_shared<MaximumIterationStopper>(3)),
+              .max_concurrent_trials = 1,
+              .storage_path = (dir / "dtrain").string(),
+              .name = "ends_trials",
+              .verbose = false});
+  const ResultGrid ended = ends.fit();
+  for (const auto& t : ended.trials()) {
+    for (std::size_t i = 0; i + 1 < t.history.size(); ++i)
+      EXPECT_EQ(t.history[i].at("done"), false);
+  }
+  Tuner all(stopper_trainable, Config{{"x", grid_search({1.0, 2.0, 3.0})}},
+            {.metric = "score",
+             .mode = "max",
+             .stopper = std::make_shared<ExperimentPlateauStopper>(
+                 ExperimentPlateauOptions{.metric = "score", .top = 2, .mode = "max"}),
+             .max_concurrent_trials = 1,
+             .storage_path = (dir / "dtrain").string(),
+             .name = "stop_all",
+             .verbose = false});
+  const ResultGrid stopped = all.fit();
+  peer.join();
+
+  const Config expect_ends = Config::parse(R"([[0, "TERMINATED", 3, true],
+      [1, "TERMINATED", 1, true], [2, "TERMINATED", 2, true]])");
+  const Config expect_all = Config::parse(R"([[0, "TERMINATED", 2, true],
+      [1, "TERMINATED", null, null], [2, "TERMINATED", null, null]])");
+  EXPECT_EQ(trial_summary(ended), expect_ends);
+  EXPECT_EQ(trial_summary(stopped), expect_all);
+  std::ifstream in(dir / "ray.json");
+  ASSERT_TRUE(in) << "no output from the Ray peer; its log: " << (dir / "peer.log");
+  const Config ray = Config::parse(in);
+  EXPECT_EQ(ray.at("ends_trials").at("trials"), trial_summary(ended));
+  EXPECT_EQ(ray.at("ends_trials").at("calls"), calls);
+  EXPECT_EQ(ray.at("stop_all").at("trials"), trial_summary(stopped));
+  fs::remove_all(dir);
+}
+
+// TuneOptions::time_budget (Ray's time_budget_s, a TimeoutStopper): a budget of 1 s ends a search
+// whose first trial would report for 12 s. Bounds, not timings: the running trial ends with
+// fewer than its 30 results, none marked done (the search ended it, not a stop of its own), the
+// waiting one never starts, both TERMINATED, and fit() returns well before 12 s.
+TEST(TuneTuner, TimeBudgetEndsTheSearch) {
+  const auto dir = fresh_dir("budget");
+  const auto t0 = std::chrono::steady_clock::now();
+  Tuner tuner(slow_trainable, Config{{"x", grid_search({1, 2})}},
+              {.metric = "score",
+               .mode = "max",
+               .time_budget = std::chrono::seconds(1),
+               .max_concurrent_trials = 1,
+               .storage_path = dir.string(),
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(grid.size(), 2u);
+  EXPECT_EQ(grid[0].status, TrialStatus::Terminated) << grid[0].error;
+  EXPECT_LT(grid[0].history.size(), 30u);
+  for (const auto& r : grid[0].history) EXPECT_EQ(r.at("done"), false);
+  EXPECT_EQ(grid[1].status, TrialStatus::Terminated);
+  EXPECT_TRUE(grid[1].history.empty());
+  EXPECT_LT(took, 10.0);
+  EXPECT_THROW(Tuner(slow_trainable, Config{{"x", 1}}, {.time_budget = std::chrono::seconds(-1)}),
+               dtrain::UsageError);
+  fs::remove_all(dir);
+}
+
+// What a stopper throws ends the search as a refused result does: fit() throws, naming it.
+TEST(TuneTuner, AStopperThatThrowsEndsTheSearchWithItsError) {
+  const auto dir = fresh_dir("stopper-throws");
+  Tuner tuner(stopper_trainable, Config{{"x", 0.5}},
+              {.metric = "score",
+               .mode = "max",
+               .stopper = std::make_shared<ExperimentPlateauStopper>(
+                   ExperimentPlateauOptions{.metric = "accuracy"}),
+               .storage_path = dir.string(),
+               .verbose = false});
+  try {
+    tuner.fit();
+    ADD_FAILURE() << "fit() returned";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("no number \"accuracy\""));
+  }
   fs::remove_all(dir);
 }
 
