@@ -1299,6 +1299,7 @@ void check_configs(const json& peer) {
 
 // The same value with the same JSON types (an integer is not a float here).
 bool same_types(const json& a, const json& b) {
+  if (a.is_number_integer() && b.is_number_integer()) return a == b;  // signed or unsigned
   if (a.type() != b.type()) return false;
   if (a.is_structured()) {
     if (a.size() != b.size()) return false;
