@@ -51,6 +51,10 @@ int check(const std::vector<std::string>& a) {
       if (i + 1 >= a.size()) throw UsageError("dtrain zero check: " + flag + " needs a value");
       return a[++i];
     };
+    if (a[i] == "--help" || a[i] == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
     if (a[i] == "--world-size")
       world = parse_count("--world-size", value("--world-size"), kMaxWorld);
     else if (a[i] == "--params")

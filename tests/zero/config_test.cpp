@@ -449,6 +449,9 @@ TEST(ZeroCheckCommand, PrintsTheResolvedValuesAndNotesOnStderr) {
         "steps_per_print                10 (hidden at log_level warning)\n"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;
+  auto help = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", "--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("usage: dtrain zero check CONFIG --world-size N"), std::string::npos);
   EXPECT_NE(r.err.find("dtrain zero: note: wall_clock_breakdown: read and type-checked"),
             std::string::npos)
       << r.err;
