@@ -166,8 +166,17 @@ struct Config {
   double gradient_clipping = 1.0;  // DeepSpeed 0.19.8's default (GRADIENT_CLIPPING_DEFAULT); 0: off
   ZeroOptimizationConfig zero;
   DataTypesConfig data_types;
-  int64_t steps_per_print = 10;
-  bool wall_clock_breakdown = false;
+  // DeepSpeed 0.19.8's progress line ("[Rank 0] step=N, skipped=S, lr=[...], mom=[...]" on
+  // stdout, rank 0) once when the engine is built (step=0) and every `steps_per_print` optimizer
+  // steps, counting skipped ones: no more when unset (its default, None). A number other than 0
+  // (DeepSpeed prints where the step count modulo it is 0: -5 as 5, 2.5 every 5 steps). As
+  // DeepSpeed's logger, the line appears only at log_level "info" or "debug"; its default level,
+  // warning, hides it.
+  std::optional<double> steps_per_print;
+  // DeepSpeed's "log_level", lowercased (debug, info, warning, error, critical); "": not given,
+  // DeepSpeed's logger stays at warning.
+  std::string log_level;
+  bool wall_clock_breakdown = false;  // read, not acted on (a note says so)
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   nlohmann::json raw;  // the config as given (saved in checkpoints)
@@ -196,8 +205,20 @@ struct MemoryEstimate {
 };
 MemoryEstimate estimate_memory(const Config& config, int64_t params);
 
-// The report `dtrain zero check` prints.
+// The report `dtrain zero check` prints: the resolved batch sizes, precision and loss scaler,
+// ZeRO's buckets and offload, the optimizer and scheduler with their resolved params, clipping,
+// progress printing and, with `params`, the per-rank memory. The notes are not in it
+// (Config::notes; the check prints them to stderr).
 std::string describe(const Config& config, std::optional<int64_t> params);
+
+// The progress line DeepSpeed 0.19.8's engine logs (`_report_progress`): at step 0 when the
+// engine is built, then after optimizer step `step` (skipped ones counted) when
+// `steps_per_print` says so; "" when it logs none (not set, the step not a multiple, or a log
+// level above info). `lr` and `mom` are Python's reprs of its lists ("[0.001]", "[(0.9, 0.999)]").
+std::string progress_line(const Config& config, int64_t step, int64_t skipped,
+                          const std::string& lr, const std::string& mom);
+// A double as Python's repr writes a float ("0.001", "1e-05", "100.0", "1e+16").
+std::string python_float(double v);
 
 // `dtrain zero ...` (the CLI hook): args after "zero". Returns the exit code.
 int zero_main(const std::vector<std::string>& args);

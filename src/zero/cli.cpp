@@ -14,9 +14,11 @@ namespace {
 
 const char* kUsage =
     "usage: dtrain zero check CONFIG --world-size N [--params P]\n"
-    "         validate a DeepSpeed JSON config (file or JSON text); print the resolved batch "
-    "sizes\n"
-    "         and, with --params, the per-rank memory of P parameters' model states\n"
+    "         validate a DeepSpeed JSON config (file or JSON text, read as DeepSpeed reads it);\n"
+    "         print the resolved values (batch sizes, precision and loss scaler, buckets,\n"
+    "         optimizer and scheduler with their params, clipping, progress printing) and, with\n"
+    "         --params, the per-rank memory of P parameters' model states; notes (keys resolved,\n"
+    "         ignored or not acted on) go to stderr\n"
     "       dtrain zero to-fp32 CHECKPOINT_DIR OUT [--tag TAG]\n"
     "         consolidate a ZeRO checkpoint (all ranks' partitions) into one fp32 state dict\n";
 
@@ -49,6 +51,10 @@ int check(const std::vector<std::string>& a) {
       if (i + 1 >= a.size()) throw UsageError("dtrain zero check: " + flag + " needs a value");
       return a[++i];
     };
+    if (a[i] == "--help" || a[i] == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
     if (a[i] == "--world-size")
       world = parse_count("--world-size", value("--world-size"), kMaxWorld);
     else if (a[i] == "--params")
@@ -69,6 +75,7 @@ int check(const std::vector<std::string>& a) {
     throw UsageError(std::string("dtrain zero check: --world-size N is required\n") + kUsage);
   auto c = parse_config_text(config, static_cast<int>(world));
   std::cout << describe(c, params);
+  for (const auto& note : c.notes) std::cerr << "dtrain zero: note: " << note << "\n";
   return 0;
 }
 

@@ -4,6 +4,7 @@
 // and their checks stay together so one file says what dtrain accepts.
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -139,9 +140,10 @@ class Section {
       if (!i)
         fail(key, "expected an integer, got " + v->dump() +
                       (exact && v->is_number_float()
-                           ? " (DeepSpeed 0.19.8 refuses it too in a config given as an "
-                             "object, its dict; only a config file or text, read as hjson, may "
-                             "write 1e3): write it as an integer, e.g. " +
+                           ? " (DeepSpeed 0.19.8 refuses it too: it is a float to Python - "
+                             "always in a config given as an object, its dict, and in a config "
+                             "file or text from 1e10 on, where hjson stops reading integral "
+                             "floats as ints): write it as an integer, e.g. " +
                                  (integral(v->get<double>())
                                       ? std::to_string(*integral(v->get<double>()))
                                       : std::string("1000")) +
@@ -661,7 +663,8 @@ const std::vector<std::pair<std::string, std::string>>& zero_aliases() {
   return a;
 }
 
-void parse_zero(Section& root, Config& c) {
+// `unused`: the keys given that dtrain reads but does not act on (one note names them all).
+void parse_zero(Section& root, Config& c, std::vector<std::string>& unused) {
   auto v = root.get("zero_optimization");
   if (!v) {
     if (root.has("zero_optimization"))
@@ -708,6 +711,10 @@ void parse_zero(Section& root, Config& c) {
   zs.integer("reduce_bucket_size", z.reduce_bucket_size, 1);
   zs.integer("allgather_bucket_size", z.allgather_bucket_size, 0);
   zs.accept_bool("allgather_partitions");
+  // dtrain's buffers are contiguous, it reduces to owners and gathers in place whatever these say.
+  for (const char* k :
+       {"contiguous_gradients", "reduce_scatter", "allgather_bucket_size", "allgather_partitions"})
+    if (zs.get(k)) unused.push_back(zs.where(k));
   zs.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
   zs.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
   zs.integer("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
@@ -723,10 +730,15 @@ void parse_zero(Section& root, Config& c) {
         "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
         "parameter_alignment", "memory_efficient_linear", "pipeline_loading_checkpoint",
         "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-        "save_muon_momentum_buffer_in_memory"})
+        "save_muon_momentum_buffer_in_memory"}) {
     zs.accept_bool(k);
+    if (zs.has(k)) unused.push_back(zs.where(k));
+  }
   zs.accept_int("stage3_model_persistence_threshold", 0);
   zs.accept_int("stage3_module_granularity_threshold");
+  for (const char* k :
+       {"stage3_model_persistence_threshold", "stage3_module_granularity_threshold", "leaf_module"})
+    if (zs.has(k)) unused.push_back(zs.where(k));
   zs.accept("leaf_module");
   bool compute_grad_norm = true;
   zs.boolean("compute_grad_norm", compute_grad_norm);
@@ -1017,6 +1029,47 @@ void check_engine_rules(Section& root, Config& c) {
                                "\"zero_allow_untested_optimizer\": true");
 }
 
+// "steps_per_print" and "log_level" as DeepSpeed 0.19.8 uses them. DeepSpeedConfig takes any
+// steps_per_print (a plain .get()); its engine computes `(global_steps + 1) % steps_per_print`
+// after every optimizer step on rank 0, so 0 or false (ZeroDivisionError) and a string, list or
+// object (TypeError) stop its first step: refused here before the run. Its logger prints the
+// line only at log level info or below; deepspeed.initialize sets the level from "log_level",
+// lowercased, and refuses anything else.
+void parse_progress(Section& root, Config& c) {
+  if (const json* v = root.get("steps_per_print")) {
+    if (v->is_boolean() ? !v->get<bool>() : v->is_number() && v->get<double>() == 0)
+      root.fail("steps_per_print",
+                v->dump() +
+                    " fails DeepSpeed 0.19.8's first optimizer step (ZeroDivisionError: it takes "
+                    "the step count modulo this value; DeepSpeedConfig itself accepts it): give a "
+                    "positive integer, or leave the key out for no progress line");
+    if (!v->is_number() && !v->is_boolean())
+      root.fail("steps_per_print",
+                "expected a number, got " + v->dump() +
+                    " (DeepSpeed 0.19.8 accepts it in DeepSpeedConfig but fails its first "
+                    "optimizer step with a TypeError): give a positive integer");
+    c.steps_per_print = v->is_boolean() ? 1.0 : v->get<double>();
+    if (v->is_boolean())
+      root.note("steps_per_print", "true: every step (Python's True is 1, as DeepSpeed reads it)");
+  }
+  if (const json* v = root.get("log_level")) {
+    std::string level = v->is_string() ? lower(v->get<std::string>()) : "";
+    if (level != "debug" && level != "info" && level != "warning" && level != "error" &&
+        level != "critical")
+      root.fail("log_level", v->dump() +
+                                 " is not a log level (allowed: debug, info, warning, error, "
+                                 "critical, in any case; DeepSpeed 0.19.8 refuses it too when "
+                                 "deepspeed.initialize sets it)");
+    c.log_level = level;
+  }
+  if (c.steps_per_print && c.log_level != "info" && c.log_level != "debug")
+    root.note("steps_per_print",
+              "no progress line at log_level " +
+                  (c.log_level.empty() ? std::string("warning (the default)") : c.log_level) +
+                  ": DeepSpeed 0.19.8's logger hides it there, and so does dtrain; set "
+                  "\"log_level\": \"info\" to see it");
+}
+
 void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> micro,
                std::optional<int64_t> gas) {
   const int64_t ws = c.world_size;
@@ -1213,7 +1266,8 @@ Config parse_config(const json& config, int world_size) {
       root.note("gradient_clipping", json(c.gradient_clipping).dump() +
                                          ": no clipping (DeepSpeed 0.19.8 clips only above 0)");
   }
-  parse_zero(root, c);
+  std::vector<std::string> unused;  // keys given that dtrain does not act on
+  parse_zero(root, c, unused);
   parse_data_types(root, c);
   parse_communication_data_type(root, c);
   // DeepSpeed 0.19.8 keeps 16-bit masters only with ZeRO (DeepSpeedConfig refuses them at
@@ -1223,7 +1277,7 @@ Config parse_config(const json& config, int world_size) {
                       ": needs zero_optimization.stage 1, 2 or 3 (DeepSpeed 0.19.8 refuses it at "
                       "stage 0 too); remove it or enable ZeRO");
   check_engine_rules(root, c);
-  root.integer("steps_per_print", c.steps_per_print, 1);
+  parse_progress(root, c);
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
@@ -1240,13 +1294,15 @@ Config parse_config(const json& config, int world_size) {
                   ": DeepSpeed divides by it before reducing and by world size / it after; "
                   "dtrain divides by the world size once, before reducing at stages 1-3 and "
                   "after at stage 0 (the same mean, rounded at another point)");
-  // DeepSpeed reads these; they change nothing in what dtrain computes.
-  for (const char* k :
-       {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
-        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dataloader_drop_last",
-        "log_level", "timers", "managed_gradient_accumulation", "gradient_allreduce_op",
-        "use_data_before_expert_parallelism", "vocabulary_size"})
-    root.accept(k);
+  // DeepSpeed reads these; they change nothing in what dtrain computes or prints. Given, they
+  // are named in one note (below).
+  root.accept("zero_allow_untested_optimizer");  // acted on: silences the untested-ZeRO note
+  for (const char* k : {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
+                        "zero_force_ds_cpu_optimizer", "dataloader_drop_last", "timers",
+                        "managed_gradient_accumulation", "gradient_allreduce_op",
+                        "use_data_before_expert_parallelism", "vocabulary_size"})
+    if (root.get(k)) unused.push_back(k);
+  if (root.has("wall_clock_breakdown")) unused.push_back("wall_clock_breakdown");
   // Sections DeepSpeed acts on and dtrain does not: accepted with what dtrain does instead.
   static const std::vector<std::pair<std::string, std::string>> ignored = {
       {"activation_checkpointing",
@@ -1285,6 +1341,15 @@ Config parse_config(const json& config, int world_size) {
       {"sequence_parallel_size", "dtrain has no sequence parallelism"}};
   for (const auto& [key, why] : ignored) root.ignore(key, "accepted, not acted on: " + why);
   root.finish();
+  if (!unused.empty()) {
+    std::string keys;
+    for (const auto& k : unused) keys += (keys.empty() ? "" : ", ") + k;
+    c.notes.push_back(
+        keys +
+        ": read and type-checked as DeepSpeed 0.19.8 reads them, but not acted on by dtrain "
+        "(they tune DeepSpeed's own timers, logging, memory reports or implementation; what dtrain "
+        "computes is the same without them: remove them, or keep them for DeepSpeed)");
+  }
   set_batch(c, tbs, micro, gas);
   return c;
 }
@@ -1342,26 +1407,162 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   return m;
 }
 
+std::string python_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  // The shortest digits that read back as v (what Python's repr picks), then Python's layout:
+  // positional for decimal exponents -4 .. 15, else d.ddde[+-]XX.
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, r.ptr);  // "-1.2345e-05"
+  const size_t e = sci.find('e');
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string mant = sci.substr(0, e);
+  const bool neg = mant[0] == '-';
+  if (neg) mant.erase(0, 1);
+  std::string digits = mant.substr(0, 1) + (mant.size() > 2 ? mant.substr(2) : "");
+  std::string out;
+  if (exp < -4 || exp >= 16) {
+    out = digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") + "e" +
+          (exp < 0 ? "-" : "+") + (std::abs(exp) < 10 ? "0" : "") + std::to_string(std::abs(exp));
+  } else if (exp < 0) {
+    out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+  } else {
+    if (digits.size() <= static_cast<size_t>(exp) + 1)
+      out = digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
+    else
+      out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+  }
+  return (neg ? "-" : "") + out;
+}
+
+std::string progress_line(const Config& c, int64_t step, int64_t skipped, const std::string& lr,
+                          const std::string& mom) {
+  if (c.log_level != "info" && c.log_level != "debug") return "";
+  // Step 0 (the engine just built): always. Then Python's `step % steps_per_print == 0`: fmod
+  // is exact, and the sign Python gives the remainder does not change whether it is 0.
+  if (step != 0 &&
+      (!c.steps_per_print || std::fmod(static_cast<double>(step), *c.steps_per_print) != 0))
+    return "";
+  return "[Rank 0] step=" + std::to_string(step) + ", skipped=" + std::to_string(skipped) +
+         ", lr=" + lr + ", mom=" + mom;
+}
+
 std::string describe(const Config& c, std::optional<int64_t> params) {
   std::ostringstream s;
-  s << "config OK for world size " << c.world_size << "\n"
-    << "  train_batch_size               " << c.train_batch_size << "\n"
-    << "  train_micro_batch_size_per_gpu " << c.train_micro_batch_size_per_gpu << "\n"
-    << "  gradient_accumulation_steps    " << c.gradient_accumulation_steps << "\n"
-    << "  zero stage                     " << c.zero.stage
-    << (c.zero.offload_optimizer.enabled() ? " (optimizer offloaded to cpu)" : "")
-    << (c.zero.offload_param.enabled() && c.zero.stage == 3 ? " (parameters offloaded to cpu)" : "")
-    << "\n"
-    << "  precision                      "
-    << (c.fp16.enabled ? "fp16"
-        : c.bf16       ? "bf16"
-                       : "fp32")
-    << "\n"
-    << "  optimizer                      "
-    << (c.optimizer.given ? c.optimizer.type : "(the caller's)") << "\n";
-  if (!c.scheduler.type.empty())
-    s << "  scheduler                      " << c.scheduler.type << "\n";
-  for (const auto& n : c.notes) s << "  note: " << n << "\n";
+  auto num = [](double v) { return json(v).dump(); };
+  auto row = [&](const std::string& key, const std::string& value) {
+    s << "  " << key << std::string(key.size() < 31 ? 31 - key.size() : 1, ' ') << value << "\n";
+  };
+  const auto& z = c.zero;
+  const auto& f = c.fp16;
+  const auto& o = c.optimizer;
+  const auto& sc = c.scheduler;
+  s << "config OK for world size " << c.world_size << "\n";
+  row("train_batch_size", std::to_string(c.train_batch_size));
+  row("train_micro_batch_size_per_gpu", std::to_string(c.train_micro_batch_size_per_gpu));
+  row("gradient_accumulation_steps", std::to_string(c.gradient_accumulation_steps));
+  row("zero stage",
+      std::to_string(z.stage) +
+          (z.offload_optimizer.enabled() ? " (optimizer offloaded to cpu)" : "") +
+          (z.offload_param.enabled() && z.stage == 3 ? " (parameters offloaded to cpu)" : ""));
+  row("precision", f.enabled ? "fp16" : c.bf16 ? "bf16" : "fp32");
+  if (f.enabled) {
+    if (f.loss_scale == 0)
+      row("loss scaler", "dynamic: initial scale 2^" + std::to_string(f.initial_scale_power) +
+                             " = " + num(std::ldexp(1.0, f.initial_scale_power)) + ", window " +
+                             std::to_string(f.loss_scale_window) + ", hysteresis " +
+                             std::to_string(f.hysteresis) +
+                             (f.consecutive_hysteresis ? " (consecutive)" : "") + ", min " +
+                             num(f.min_loss_scale));
+    else
+      row("loss scaler", "static: " + num(f.loss_scale));
+  }
+  if (!c.data_types.grad_accum_dtype.empty())
+    row("grad_accum_dtype", c.data_types.grad_accum_dtype);
+  if (!c.data_types.buffer_dtype.empty()) row("buffer_dtype", c.data_types.buffer_dtype);
+  if (const std::string comm = communication_data_type(c); !comm.empty())
+    row("communication_data_type", comm);
+  row("gradient_clipping", c.gradient_clipping > 0 ? num(c.gradient_clipping) : "off");
+  if (z.stage >= 1) {
+    row("reduce_bucket_size",
+        std::to_string(z.reduce_bucket_size) + " elements" +
+            (z.stage >= 2 && z.reduce_bucket_size > 4000000 ? " (dtrain stages at most 4000000)"
+                                                            : ""));
+    row("overlap_comm", z.overlap_comm ? "true" : "false");
+  }
+  if (z.stage == 3) {
+    row("stage3_prefetch_bucket_size", std::to_string(z.stage3_prefetch_bucket_size));
+    row("stage3_param_persistence_threshold", std::to_string(z.stage3_param_persistence_threshold));
+    row("stage3_max_live_parameters", std::to_string(z.stage3_max_live_parameters));
+    row("stage3_max_reuse_distance", std::to_string(z.stage3_max_reuse_distance));
+    row("sub_group_size", std::to_string(z.sub_group_size));
+  }
+  if (z.offload_optimizer.enabled() || (z.offload_param.enabled() && z.stage == 3))
+    row("offload pin_memory", z.offload_optimizer.enabled()
+                                  ? (z.offload_optimizer.pin_memory ? "true" : "false")
+                                  : (z.offload_param.pin_memory ? "true" : "false"));
+  if (!o.given) {
+    row("optimizer", "(the caller's, InitOptions::optimizer)");
+  } else {
+    std::string p = "lr " + num(o.lr) + ", weight_decay " + num(o.weight_decay);
+    if (o.type == "SGD") {
+      p += ", momentum " + num(o.momentum) + ", dampening " + num(o.dampening) +
+           (o.nesterov ? ", nesterov" : "");
+    } else {
+      p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) + "], eps " + num(o.eps);
+      if (!o.bias_correction) p += ", no bias correction";
+      if (o.type == "Adam") p += o.adam_w_mode ? ", decoupled decay (AdamW)" : ", L2 decay";
+      if (o.type == "Lamb")
+        p += ", max_coeff " + num(o.max_coeff) + ", min_coeff " + num(o.min_coeff);
+      if (o.torch_adam) p += ", torch_adam";
+    }
+    row("optimizer", o.type + ": " + p);
+  }
+  if (!sc.type.empty()) {
+    std::string p;
+    if (sc.type == "WarmupLR" || sc.type == "WarmupDecayLR") {
+      const double max_lr = sc.warmup_max_lr        ? *sc.warmup_max_lr
+                            : sc.type == "WarmupLR" ? (o.given ? o.lr : NAN)
+                                                    : 0.001;
+      p = "warmup_min_lr " + num(sc.warmup_min_lr) + ", warmup_max_lr " +
+          (std::isnan(max_lr) ? std::string("(the optimizer's lr)") : num(max_lr)) +
+          ", warmup_num_steps " + std::to_string(sc.warmup_num_steps) + ", warmup_type " +
+          sc.warmup_type;
+      if (sc.type == "WarmupDecayLR")
+        p += ", total_num_steps " + std::to_string(sc.total_num_steps);
+    } else if (sc.type == "WarmupCosineLR") {
+      p = "total_num_steps " + std::to_string(sc.total_num_steps) + ", warmup_num_steps " +
+          std::to_string(sc.warmup_num_steps) + ", warmup_min_ratio " + num(sc.warmup_min_ratio) +
+          ", cos_min_ratio " + num(sc.cos_min_ratio) + ", warmup_type " + sc.warmup_type;
+    } else if (sc.type == "OneCycle") {
+      p = "cycle_min_lr " + num(sc.cycle_min_lr) + ", cycle_max_lr " + num(sc.cycle_max_lr) +
+          ", cycle_first_step_size " + std::to_string(sc.cycle_first_step_size) +
+          ", cycle_second_step_size " +
+          std::to_string(sc.cycle_second_step_size < 0 ? sc.cycle_first_step_size
+                                                       : sc.cycle_second_step_size) +
+          ", decay_lr_rate " + num(sc.decay_lr_rate) +
+          (sc.cycle_momentum ? ", cycle_min_mom " + num(sc.cycle_min_mom) + ", cycle_max_mom " +
+                                   num(sc.cycle_max_mom)
+                             : std::string(", no momentum cycle"));
+    } else {
+      p = "lr_range_test_min_lr " + num(sc.lr_range_test_min_lr) + ", lr_range_test_step_size " +
+          std::to_string(sc.lr_range_test_step_size) + ", lr_range_test_step_rate " +
+          num(sc.lr_range_test_step_rate) + (sc.lr_range_test_staircase ? ", staircase" : "");
+    }
+    row("scheduler", sc.type + ": " + p);
+  }
+  row("steps_per_print",
+      !c.steps_per_print
+          ? std::string("none (no progress line)")
+          : (*c.steps_per_print == std::floor(*c.steps_per_print) &&
+                     std::fabs(*c.steps_per_print) < 1e15
+                 ? std::to_string(static_cast<int64_t>(*c.steps_per_print))
+                 : num(*c.steps_per_print)) +
+                (c.log_level == "info" || c.log_level == "debug"
+                     ? ""
+                     : " (hidden at log_level " +
+                           (c.log_level.empty() ? std::string("warning") : c.log_level) + ")"));
   if (params) {
     auto m = estimate_memory(c, *params);
     auto mib = [](int64_t b) {

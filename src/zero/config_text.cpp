@@ -32,6 +32,14 @@ std::string blank_hjson_extras(std::string s) {
     }
     return k;
   };
+  // hjson reads a comma as the end of a value: one right after '[', '{' or another comma (past
+  // blanks and comments, already blanked here) ends none, and hjson refuses it ("[,]", "{,}",
+  // "[1,,]"); it is left for nlohmann to refuse with its place.
+  auto after_opening_or_comma = [&](size_t k) {
+    size_t j = k;
+    while (j > 0 && std::isspace(static_cast<unsigned char>(s[j - 1]))) --j;
+    return j == 0 || s[j - 1] == '[' || s[j - 1] == '{' || s[j - 1] == ',';
+  };
   for (size_t k = 0; k < n;) {
     const char c = s[k];
     if (c == '"') {  // a string: to its closing quote, past escapes
@@ -45,7 +53,7 @@ std::string blank_hjson_extras(std::string s) {
       k = end;
       continue;
     }
-    if (c == ',') {  // followed (past blanks and comments) by '}' or ']'?
+    if (c == ',' && !after_opening_or_comma(k)) {  // followed (past blanks, comments) by } or ]?
       size_t j = k + 1;
       while (j < n) {
         if (std::isspace(static_cast<unsigned char>(s[j]))) {
@@ -63,8 +71,11 @@ std::string blank_hjson_extras(std::string s) {
   return s;
 }
 
-// hjson's numbers: a float without a fractional part is an int (Python's, unbounded; here
-// within int64).
+// hjson's numbers (hjson 3.1's decoder, scantfnns): a number written with a fraction or an
+// exponent is a float, made an int when it is integral and below 1e10 in magnitude
+// (`int(res) == res and abs(res) < 1e10`): 1e3 and 100.0 are ints, 1e10 and 2.5e12 stay floats.
+constexpr double kHjsonIntBound = 1e10;
+
 void integral_floats_to_integers(json& j) {
   if (j.is_structured()) {
     for (auto& v : j) integral_floats_to_integers(v);
@@ -72,7 +83,8 @@ void integral_floats_to_integers(json& j) {
   }
   if (!j.is_number_float()) return;
   const double d = j.get<double>();
-  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) j = static_cast<int64_t>(d);
+  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < kHjsonIntBound)
+    j = static_cast<int64_t>(d);
 }
 
 }  // namespace

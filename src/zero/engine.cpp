@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -119,6 +120,12 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   keep_large_buffers_unmapped();
   rank_ = group_->rank();
   world_ = group_->world_size();
+  // What the config says dtrain resolves, ignores or does differently: once, from rank 0.
+  if (rank_ == 0)
+    for (const auto& note : config_.notes) std::cerr << "dtrain zero: note: " << note << "\n";
+  // DeepSpeed's engine prints its resolved config on rank 0 at log level info.
+  if (rank_ == 0 && (config_.log_level == "info" || config_.log_level == "debug"))
+    std::cout << "dtrain zero: engine configuration\n" << describe(config_, std::nullopt);
   if (config_.world_size != world_)
     throw UsageError("zero::initialize: the config was resolved for world size " +
                      std::to_string(config_.world_size) + " but the group has " +
@@ -297,6 +304,9 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
         params_, names_, [this](size_t i) { on_grad_ready(i); }, hooks_);
   }
   if (policy_.parameters()) release_parameters();
+  // DeepSpeed's engine logs the line once when it has built its optimizer and scheduler (step 0,
+  // whatever steps_per_print says), then every steps_per_print steps.
+  report_progress();
 }
 
 void EngineImpl::check_partitioned(const PartitionedShards& shards) const {
@@ -752,6 +762,7 @@ void EngineImpl::step() {
       last_grad_norm_ = INFINITY;  // as DeepSpeed's global norm after an overflow
       ++skipped_steps_;
       ++global_steps_;
+      report_progress();
       if (flat_grads_.defined()) flat_grads_.zero_();
       if (grad_acc_.defined()) grad_acc_.zero_();
       if (grad_part_.defined()) grad_part_.zero_();
@@ -787,8 +798,51 @@ void EngineImpl::step() {
   if (config_.fp16.enabled) scaler_.update(false);
   scheduler_.step();
   ++global_steps_;
+  report_progress();
   bytes_last_step_ = bytes_this_step_;
   bytes_this_step_ = 0;
+}
+
+void EngineImpl::report_progress() const {
+  using json = nlohmann::json;
+  if (rank_ != 0 || (config_.log_level != "info" && config_.log_level != "debug")) return;
+  // The lists DeepSpeed's get_lr() and get_mom() give, as Python prints them: a value the
+  // config wrote as an integer stays one until a scheduler sets it (DeepSpeed keeps the JSON
+  // value in the param group); betas not given are the optimizer's default tuple, given ones the
+  // config's list, and OneCycle's cycled momentum a tuple (momentum, 0.99).
+  const json& raw = config_.raw;
+  const json* params = nullptr;
+  if (auto o = raw.find("optimizer"); o != raw.end() && o->is_object())
+    if (auto p = o->find("params"); p != o->end() && p->is_object()) params = &*p;
+  auto written = [&](const char* key) -> const json* {
+    if (!params) return nullptr;
+    auto it = params->find(key);
+    return it == params->end() ? nullptr : &*it;
+  };
+  auto py = [](const json* as_written, double v) {
+    if (as_written && as_written->is_number_integer() && as_written->get<double>() == v)
+      return as_written->dump();
+    return python_float(v);
+  };
+  const double rate = lr();
+  const std::string lr_text = "[" + py(scheduler_.enabled() ? nullptr : written("lr"), rate) + "]";
+  std::string mom;
+  const auto& o = config_.optimizer;
+  if (!o.given) {
+    mom = "[]";  // a client optimizer: DeepSpeed reads its param group's own keys
+  } else if (o.type == "SGD") {
+    const json* m = written("momentum");
+    mom = "[" + (m ? py(m, o.momentum) : std::string("0")) + "]";  // torch's default is int 0
+  } else {
+    const auto [b1, b2] = scheduler_.betas();
+    const bool cycled = config_.scheduler.type == "OneCycle" && config_.scheduler.cycle_momentum;
+    const json* b = written("betas");
+    const bool list = !cycled && b && b->is_array() && b->size() == 2;
+    mom = "[" + std::string(list ? "[" : "(") + py(list ? &(*b)[0] : nullptr, b1) + ", " +
+          py(list ? &(*b)[1] : nullptr, b2) + (list ? "]" : ")") + "]";
+  }
+  const std::string line = progress_line(config_, global_steps_, skipped_steps_, lr_text, mom);
+  if (!line.empty()) std::cout << line << std::endl;
 }
 
 void EngineImpl::reduce_to_owners(const torch::Tensor& full) {

@@ -120,6 +120,9 @@ class EngineImpl final : public EngineCore {
   // fp16's overflow into the loss scaler: DeepSpeed's ZeRO optimizers' rules at stages 1-3,
   // its FP16_Optimizer's at stage 0 (no hysteresis, scaler_config; no stop at the minimum).
   void record_overflow();
+  // After an optimizer step (taken or skipped): DeepSpeed's progress line on rank 0 when
+  // steps_per_print and log_level call for it (progress_line in zero_config.h).
+  void report_progress() const;
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
   // The step's small tensors combined over the ranks when each holds part of the gradient.

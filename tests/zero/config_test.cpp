@@ -27,6 +27,12 @@ std::string error_of(const json& j, int world = 4) {
   return "(no error)";
 }
 
+std::string notes(const Config& c) {
+  std::string all;
+  for (const auto& n : c.notes) all += n + "\n";
+  return all;
+}
+
 TEST(ZeroConfig, BatchSizesFollowDeepSpeedsDerivationRules) {
   auto c = parse_config({{"train_batch_size", 32}, {"train_micro_batch_size_per_gpu", 4}}, 4);
   EXPECT_EQ(c.gradient_accumulation_steps, 2);
@@ -147,9 +153,101 @@ TEST(ZeroConfig, TextIsReadAsDeepSpeedReadsAFile) {
       "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
       "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e3}}})");
   EXPECT_THROW(dtrain::zero::parse_config(object, 1), dtrain::zero::ConfigError);
-  // Still refused: a comma with nothing before it, and an unquoted key.
-  for (const char* bad : {R"({"train_batch_size": 8,, })", R"({train_batch_size: 8})"})
+  // Still refused: a comma with nothing before it (hjson refuses "[,]" and "{,}" too), and an
+  // unquoted key.
+  for (const char* bad : {R"({"train_batch_size": 8,, })", R"({train_batch_size: 8})",
+                          R"({"train_batch_size": 8, "a": [,]})", R"({,"train_batch_size": 8})",
+                          R"({"train_batch_size": 8, "zero_optimization": {,}})"})
     EXPECT_THROW(dtrain::zero::parse_config_text(bad, 1), dtrain::zero::ConfigError) << bad;
+  // hjson makes an integral float an int only below 1e10: 9999999999.0 is an int, 1e10 a float
+  // (which DeepSpeed's schedulers refuse as a step count).
+  auto warmup = [](const std::string& steps) {
+    return R"({"train_batch_size": 1, "optimizer": {"type": "Adam", "params": {}},
+               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": )" +
+           steps + "}}}";
+  };
+  EXPECT_EQ(dtrain::zero::parse_config_text(warmup("9999999999.0"), 1).scheduler.warmup_num_steps,
+            9999999999);
+  EXPECT_THROW(dtrain::zero::parse_config_text(warmup("1e10"), 1), dtrain::zero::ConfigError);
+  EXPECT_THROW(dtrain::zero::parse_config_text(warmup("2e18"), 1), dtrain::zero::ConfigError);
+}
+
+// steps_per_print: DeepSpeed 0.19.8's default is None (no progress line); DeepSpeedConfig takes
+// any value and its engine fails the first step on 0, false or a non-number; the line appears
+// only at log_level info or debug.
+TEST(ZeroConfig, StepsPerPrintAndLogLevelAsDeepSpeedUsesThem) {
+  const json base = {{"train_batch_size", 4}};
+  auto with = [&](const json& extra) {
+    json j = base;
+    j.update(extra);
+    return j;
+  };
+  auto c = parse_config(base, 1);
+  EXPECT_FALSE(c.steps_per_print.has_value());
+  EXPECT_EQ(c.log_level, "");
+  c = parse_config(with({{"steps_per_print", -4}, {"log_level", "INFO"}}), 1);
+  EXPECT_EQ(*c.steps_per_print, -4);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_EQ(dtrain::zero::progress_line(c, 8, 1, "[0.001]", "[(0.9, 0.999)]"),
+            "[Rank 0] step=8, skipped=1, lr=[0.001], mom=[(0.9, 0.999)]");
+  EXPECT_EQ(dtrain::zero::progress_line(c, 6, 0, "[0.001]", "[]"), "");
+  c = parse_config(with({{"steps_per_print", 2.5}, {"log_level", "debug"}}), 1);
+  EXPECT_NE(dtrain::zero::progress_line(c, 5, 0, "[1]", "[0]"), "");
+  EXPECT_EQ(dtrain::zero::progress_line(c, 4, 0, "[1]", "[0]"), "");
+  c = parse_config(with({{"steps_per_print", 1}}), 1);  // log_level warning: hidden
+  EXPECT_EQ(dtrain::zero::progress_line(c, 1, 0, "[1]", "[0]"), "");
+  EXPECT_NE(notes(c).find("steps_per_print: no progress line at log_level warning"),
+            std::string::npos)
+      << notes(c);
+  // Step 0, when the engine is built: at log_level info whatever steps_per_print says.
+  c = parse_config(with({{"log_level", "info"}}), 1);
+  EXPECT_EQ(dtrain::zero::progress_line(c, 0, 0, "[0.001]", "[]"),
+            "[Rank 0] step=0, skipped=0, lr=[0.001], mom=[]");
+  EXPECT_EQ(dtrain::zero::progress_line(c, 3, 0, "[0.001]", "[]"), "");
+  c = parse_config(with({{"steps_per_print", true}, {"log_level", "info"}}), 1);
+  EXPECT_EQ(*c.steps_per_print, 1);
+  EXPECT_EQ(parse_config(with({{"steps_per_print", nullptr}}), 1).steps_per_print, std::nullopt);
+  EXPECT_NE(error_of(with({{"steps_per_print", 0}}))
+                .find("steps_per_print: 0 fails DeepSpeed "
+                      "0.19.8's first optimizer step "
+                      "(ZeroDivisionError"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({{"steps_per_print", false}})).find("ZeroDivisionError"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({{"steps_per_print", "10"}})).find("TypeError"), std::string::npos);
+  EXPECT_NE(error_of(with({{"log_level", "verbose"}}))
+                .find("log_level: \"verbose\" is not a log level (allowed: debug, info"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({{"log_level", 20}})).find("log_level: 20 is not a log level"),
+            std::string::npos);
+  // Python's repr of the floats in the line.
+  const std::vector<std::pair<double, std::string>> reprs = {{0.001, "0.001"},
+                                                             {1e-5, "1e-05"},
+                                                             {1e-4, "0.0001"},
+                                                             {100.0, "100.0"},
+                                                             {1e16, "1e+16"},
+                                                             {1e15, "1000000000000000.0"},
+                                                             {0.1 + 0.2, "0.30000000000000004"},
+                                                             {-2.5e-7, "-2.5e-07"},
+                                                             {0.0, "0.0"}};
+  for (const auto& [v, text] : reprs) EXPECT_EQ(dtrain::zero::python_float(v), text);
+}
+
+// Keys DeepSpeed reads that dtrain does not act on are named in one note.
+TEST(ZeroConfig, KeysNotActedOnAreNamedInOneNote) {
+  auto c = parse_config({{"train_batch_size", 4},
+                         {"wall_clock_breakdown", true},
+                         {"memory_breakdown", false},
+                         {"zero_optimization", {{"stage", 2}, {"round_robin_gradients", true}}}},
+                        1);
+  std::vector<std::string> about;
+  for (const auto& n : c.notes)
+    if (n.find("not acted on by dtrain") != std::string::npos) about.push_back(n);
+  ASSERT_EQ(about.size(), 1u) << notes(c);
+  for (const char* key :
+       {"wall_clock_breakdown", "memory_breakdown", "zero_optimization.round_robin_gradients"})
+    EXPECT_NE(about[0].find(key), std::string::npos) << about[0];
+  EXPECT_EQ(notes(parse_config({{"train_batch_size", 4}}, 1)), "");
 }
 
 TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
@@ -324,6 +422,39 @@ TEST(ZeroCheckCommand, PrintsResolvedBatchSizesAndMemory) {
   EXPECT_NE(r.out.find("gradient_accumulation_steps    4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("gradients  95.4 MiB"), std::string::npos) << r.out;   // 4 bytes * 1e8 / 4
   EXPECT_NE(r.out.find("optimizer  190.7 MiB"), std::string::npos) << r.out;  // 8 bytes * 1e8 / 4
+}
+
+// What a run will use, resolved, without reading C++: the loss scaler, buckets, optimizer and
+// scheduler with their params; notes on stderr.
+TEST(ZeroCheckCommand, PrintsTheResolvedValuesAndNotesOnStderr) {
+  auto r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check",
+                                      R"({"train_batch_size": 32, "gradient_accumulation_steps": 2,
+          "fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3},
+          "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 100}},
+          "zero_optimization": {"stage": 2, "reduce_bucket_size": 2e6},
+          "steps_per_print": 10, "wall_clock_breakdown": true})",
+                                      "--world-size", "4"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line :
+       {"train_micro_batch_size_per_gpu 4\n", "gradient_accumulation_steps    2\n",
+        "loss scaler                    dynamic: initial scale 2^12 = 4096.0, window 1000, "
+        "hysteresis 3, min 1.0\n",
+        "reduce_bucket_size             2000000 elements\n",
+        "optimizer                      AdamW: lr 0.0003, weight_decay 0.01, betas [0.9, 0.999], "
+        "eps 1e-08\n",
+        "scheduler                      WarmupLR: warmup_min_lr 0.0, warmup_max_lr 0.0003, "
+        "warmup_num_steps 100, warmup_type log\n",
+        "gradient_clipping              1.0\n",
+        "steps_per_print                10 (hidden at log_level warning)\n"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;
+  auto help = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", "--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("usage: dtrain zero check CONFIG --world-size N"), std::string::npos);
+  EXPECT_NE(r.err.find("dtrain zero: note: wall_clock_breakdown: read and type-checked"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(ZeroCheckCommand, OutOfRangeCountsAndEndlessFilesAreRefused) {

@@ -32,6 +32,13 @@ _take_model_step does: optimizer.step(), then scheduler.step().
                     for the first 6 updates]}, or {"error": message} where the engine refuses
                     it, or {"platform": message} where only this CPU build is the reason (fp16
                     and FusedLamb have no CPU kernels here)}
+  {"kind": "hjson", "text": TEXT}
+      -> {"json": the config DeepSpeed reads from a file holding TEXT (hjson.load with its
+          duplicate-key hook), as json.dumps writes it (ints and floats apart)} or {"error": ...}
+  {"kind": "progress", "config": {...}, "steps": S, "bad_steps": [k, ...]}
+      -> {"lines": the progress lines DeepSpeed's logger emits over S training steps of one rank
+          ("[Rank 0] step=..., skipped=..., lr=..., mom=..."), "step": "ok" or the error that
+          stopped them} or {"init": the error of deepspeed.initialize}
 One process runs every case: importing DeepSpeed is the slow part.
 """
 import functools
@@ -181,6 +188,67 @@ def run_buffers(case):
         out["skipped"] = engine.skipped_steps
         out["lr"] = float(engine.get_lr()[0])
     return out
+
+
+def run_hjson(case):
+    """The config as DeepSpeedConfig reads a file: hjson.load with DeepSpeed's duplicate-key hook."""
+    import tempfile
+    import hjson
+    from deepspeed.runtime.config_utils import dict_raise_error_on_duplicate_keys
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(case["text"])
+    try:
+        with open(f.name, "r") as text:
+            value = hjson.load(text, object_pairs_hook=dict_raise_error_on_duplicate_keys)
+        return {"json": json.dumps(value)}
+    except Exception as e:
+        return {"error": error_text(e)}
+    finally:
+        os.unlink(f.name)
+
+
+def run_progress(case):
+    """deepspeed.initialize (one rank) and S training steps: the progress lines its logger emits
+    (at the level the config's log_level sets; this peer's default hides them, as DeepSpeed's
+    default, warning, does)."""
+    import deepspeed
+    init_distributed()
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if "step=" in message and "skipped=" in message:
+                lines.append(message)
+
+    keep = Keep(level=logging.DEBUG)
+    logger.addHandler(keep)
+    out = {}
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        try:
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                              config=case["config"])
+        except Exception as e:
+            return {"init": error_text(e)}
+        try:
+            for k in range(case["steps"]):
+                x = torch.randn(2, 4)
+                if k in case["bad_steps"]:
+                    x[0, 0] = float("inf")
+                engine.backward(engine(x).pow(2).mean())
+                engine.step()
+            out["step"] = "ok"
+        except Exception as e:
+            out["step"] = error_text(e)
+        out["lines"] = lines
+        return out
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(logging.ERROR)  # a case's log_level must not reach the next case
+        for handler in logger.handlers:
+            handler.setLevel(logging.ERROR)
 
 
 def run_scaler_object(case):
@@ -354,7 +422,8 @@ def main():
     for case in cases:
         run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config,
                "loss_scaler": run_loss_scaler, "buffers": run_buffers,
-               "scaler_object": run_scaler_object}[case["kind"]]
+               "scaler_object": run_scaler_object, "hjson": run_hjson,
+               "progress": run_progress}[case["kind"]]
         results.append(run(case))
     with open(sys.argv[2], "w") as f:
         json.dump(results, f)

@@ -19,10 +19,12 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 
 #include "dtrain/zero.h"
 #include "support/paths.h"
 #include "support/thread_group.h"
+#include "zero/config_text.h"
 #include "zero/data_types.h"
 
 namespace {
@@ -620,8 +622,101 @@ json config_cases() {
 
 const json& scaler_cases();
 
+// Config text as DeepSpeed reads a config file (hjson 3.1's decoder): numbers written with a
+// fraction or exponent become ints only when integral and below 1e10 in magnitude; a comma after a
+// value before a closing bracket is dropped, one with no value before it ("[,]") refused.
+json hjson_cases() {
+  const std::vector<std::string> texts = {
+      R"({"a": 1e3, "b": 100.0, "c": -0.0, "d": 1.5, "e": 1e-3})",
+      R"({"a": 9999999999.0, "b": -9999999999e0, "c": 1e10, "d": -1e10, "e": 2.5e12})",
+      R"({"a": 1e18, "b": 12345678901234, "c": 1E2, "d": 5e8})",
+      R"({"a": [1,], "b": {"c": 1,},})",
+      "{\"a\": [1, // a comment\n], /* a block */ \"b\": {\"c\": [], # another\n},\n}",
+      R"({"a": [,]})",
+      R"({"a": {,}})",
+      R"({"a": [1,,]})",
+      R"({,"a": 1})",
+      R"({"a": [ /* nothing */ , ]})",
+      "{\"a\": [\n,\n]}",
+      R"({"a": 1, "a": 2})"};
+  json c = json::array();
+  for (size_t i = 0; i < texts.size(); ++i)
+    c.push_back({{"name", "hjson " + std::to_string(i)}, {"kind", "hjson"}, {"text", texts[i]}});
+  return c;
+}
+
+// The progress line (steps_per_print, log_level): deepspeed.initialize on one rank trains a few
+// steps and the peer keeps the lines DeepSpeed's logger emits; dtrain's engine trains the same
+// steps and its stdout is kept.
+json progress_cases() {
+  const json adam = {{"type", "Adam"}, {"params", {{"lr", 0.001}}}};
+  json c = json::array();
+  auto add = [&](const std::string& name, json config, int steps, json bad_steps = json::array()) {
+    if (!config.contains("optimizer")) config["optimizer"] = adam;
+    if (!config.contains("train_batch_size")) config["train_batch_size"] = 2;
+    c.push_back({{"name", "progress: " + name},
+                 {"kind", "progress"},
+                 {"config", config},
+                 {"steps", steps},
+                 {"bad_steps", bad_steps}});
+  };
+  add("Adam, every 2 steps, info", {{"steps_per_print", 2}, {"log_level", "info"}}, 5);
+  add("AdamW betas given, WarmupLR, every 3, INFO",
+      {{"steps_per_print", 3},
+       {"log_level", "INFO"},
+       {"optimizer",
+        {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"betas", {0.8, 0.99}}, {"eps", 1e-6}}}}},
+       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 4}}}}}},
+      7);
+  add("SGD lr 1 (an int), momentum 0.9, every step, debug",
+      {{"steps_per_print", 1},
+       {"log_level", "debug"},
+       {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 1}, {"momentum", 0.9}}}}}},
+      3);
+  add("SGD without momentum, every 2",
+      {{"steps_per_print", 2},
+       {"log_level", "info"},
+       {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}}},
+      4);
+  add("OneCycle's momentum, every 2",
+      {{"steps_per_print", 2},
+       {"log_level", "info"},
+       {"scheduler",
+        {{"type", "OneCycle"},
+         {"params",
+          {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}},
+      6);
+  add("every 3, log_level not given", {{"steps_per_print", 3}}, 6);
+  add("every 3, log_level warning", {{"steps_per_print", 3}, {"log_level", "warning"}}, 6);
+  add("steps_per_print not given, info", {{"log_level", "info"}}, 4);
+  add("steps_per_print null, info", {{"steps_per_print", nullptr}, {"log_level", "info"}}, 4);
+  add("steps_per_print -2", {{"steps_per_print", -2}, {"log_level", "info"}}, 5);
+  add("steps_per_print 2.5", {{"steps_per_print", 2.5}, {"log_level", "info"}}, 6);
+  add("steps_per_print true", {{"steps_per_print", true}, {"log_level", "info"}}, 2);
+  add("steps_per_print 0", {{"steps_per_print", 0}, {"log_level", "info"}}, 2);
+  add("steps_per_print false", {{"steps_per_print", false}}, 2);
+  add("steps_per_print \"2\"", {{"steps_per_print", "2"}, {"log_level", "info"}}, 2);
+  add("steps_per_print [2]", {{"steps_per_print", json::array({2})}}, 2);
+  add("log_level verbose", {{"log_level", "verbose"}}, 1);
+  add("log_level 20", {{"log_level", 20}}, 1);
+  add("accumulation 2, every 2",
+      {{"steps_per_print", 2},
+       {"log_level", "info"},
+       {"train_batch_size", 4},
+       {"gradient_accumulation_steps", 2}},
+      8);
+  add("stage 2, every 2",
+      {{"steps_per_print", 2}, {"log_level", "info"}, {"zero_optimization", {{"stage", 2}}}}, 4);
+  add("stage 1, a skipped step, every step",
+      {{"steps_per_print", 1}, {"log_level", "info"}, {"zero_optimization", {{"stage", 1}}}}, 4,
+      {1});
+  return c;
+}
+
 json all_cases() {
   json c = build_cases();
+  for (const auto& cs : hjson_cases()) c.push_back(cs);
+  for (const auto& cs : progress_cases()) c.push_back(cs);
   for (const auto& cs : scaler_cases()) c.push_back(cs);
   for (const auto& cs : config_cases())
     c.push_back({{"name", cs.at("name")},
@@ -1202,6 +1297,122 @@ void check_configs(const json& peer) {
       tally.both_accept, tally.both_refuse, tally.dtrain_only, tally.deepspeed_only);
 }
 
+// The same value with the same JSON types (an integer is not a float here).
+bool same_types(const json& a, const json& b) {
+  if (a.is_number_integer() && b.is_number_integer()) return a == b;  // signed or unsigned
+  if (a.type() != b.type()) return false;
+  if (a.is_structured()) {
+    if (a.size() != b.size()) return false;
+    if (a.is_object()) {
+      for (auto it = a.begin(); it != a.end(); ++it)
+        if (!b.contains(it.key()) || !same_types(*it, b.at(it.key()))) return false;
+      return true;
+    }
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!same_types(a[i], b[i])) return false;
+    return true;
+  }
+  return a == b;
+}
+
+void check_hjson(const json& peer) {
+  int n = 0;
+  for (const auto& cs : hjson_cases()) {
+    const std::string text = cs.at("text");
+    SCOPED_TRACE(text);
+    const json& ds = peer.at(cs.at("name").get<std::string>());
+    std::string ours_error;
+    json ours;
+    try {
+      ours = dtrain::zero::read_config_text(text, "config");
+    } catch (const dtrain::zero::ConfigError& e) {
+      ours_error = e.what();
+    }
+    if (ds.contains("error")) {
+      EXPECT_FALSE(ours_error.empty())
+          << "hjson refuses it (" << ds.at("error") << "), dtrain reads " << ours.dump();
+    } else {
+      const json theirs = json::parse(ds.at("json").get<std::string>());
+      EXPECT_TRUE(ours_error.empty()) << ours_error;
+      EXPECT_TRUE(same_types(ours, theirs))
+          << "dtrain " << ours.dump() << "\nhjson  " << theirs.dump();
+    }
+    std::printf(
+        "  %-60s %s\n", json(text).dump().substr(0, 60).c_str(),
+        ds.contains("error") ? "refused by both" : ds.at("json").get<std::string>().c_str());
+    ++n;
+  }
+  std::printf("%d config texts read as hjson 3.1 (DeepSpeed's reader) reads them\n", n);
+}
+
+// dtrain's engine (one rank) over the case's steps, stdout kept: the progress lines, or the
+// config's refusal.
+json run_progress(const json& cs) {
+  json out = {{"lines", json::array()}};
+  dtrain::zero::Config config;
+  try {
+    config = dtrain::zero::parse_config(cs.at("config"), 1);
+  } catch (const dtrain::zero::ConfigError& e) {
+    out["refused"] = e.what();
+    return out;
+  }
+  std::string printed;
+  testing::internal::CaptureStdout();
+  try {
+    dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
+      torch::manual_seed(0);
+      torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+      dtrain::zero::Engine<torch::nn::Sequential> engine(model, config, {pg});
+      const json bad = cs.at("bad_steps");
+      for (int k = 0; k < cs.at("steps").get<int>(); ++k) {
+        auto x = torch::randn({2, 4});
+        if (std::find(bad.begin(), bad.end(), json(k)) != bad.end()) x.index_put_({0, 0}, INFINITY);
+        engine.backward(engine.forward(x).pow(2).mean());
+        engine.step();
+      }
+    });
+  } catch (...) {
+    printed = testing::internal::GetCapturedStdout();
+    throw;
+  }
+  printed = testing::internal::GetCapturedStdout();
+  std::istringstream in(printed);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("[Rank 0] step=", 0) == 0) out["lines"].push_back(line);
+  return out;
+}
+
+void check_progress(const json& peer) {
+  int n = 0, lines = 0;
+  for (const auto& cs : progress_cases()) {
+    const std::string name = cs.at("name");
+    SCOPED_TRACE(name);
+    const json& ds = peer.at(name);
+    const json ours = run_progress(cs);
+    // DeepSpeed refuses in deepspeed.initialize (log_level) or fails its first step
+    // (steps_per_print 0, a string): dtrain refuses the config, naming the same error.
+    const std::string ds_error = ds.contains("init")     ? ds.at("init").get<std::string>()
+                                 : ds.at("step") != "ok" ? ds.at("step").get<std::string>()
+                                                         : "";
+    if (!ds_error.empty()) {
+      ASSERT_TRUE(ours.contains("refused")) << "DeepSpeed stops: " << ds_error;
+      const std::string why = ours.at("refused");
+      const std::string type = ds_error.substr(0, ds_error.find(':'));
+      EXPECT_TRUE(contains(why, "DeepSpeed 0.19.8 refuses it too") || contains(why, type))
+          << "dtrain: " << why << "\nDeepSpeed: " << ds_error;
+      std::printf("  %-56s stopped by both (DeepSpeed: %s)\n", name.c_str(), ds_error.c_str());
+    } else {
+      ASSERT_FALSE(ours.contains("refused")) << ours.at("refused");
+      EXPECT_EQ(ours.at("lines"), ds.at("lines"))
+          << "dtrain    " << ours.at("lines").dump(1) << "\nDeepSpeed " << ds.at("lines").dump(1);
+      std::printf("  %-56s %zu lines equal\n", name.c_str(), ds.at("lines").size());
+      lines += static_cast<int>(ds.at("lines").size());
+    }
+    ++n;
+  }
+  std::printf("%d progress cases (%d lines) as DeepSpeed 0.19.8's engine prints them\n", n, lines);
+}
+
 // One test, so that ctest (one process per test) imports DeepSpeed once for both checks.
 TEST(ZeroDeepSpeedReference, SchedulersOptimizersAndConfigsAsDeepSpeeds) {
   const json& peer = peer_results();
@@ -1217,6 +1428,14 @@ TEST(ZeroDeepSpeedReference, SchedulersOptimizersAndConfigsAsDeepSpeeds) {
   {
     SCOPED_TRACE("loss scaler objects");
     check_scaler_objects(peer);
+  }
+  {
+    SCOPED_TRACE("config text as hjson");
+    check_hjson(peer);
+  }
+  {
+    SCOPED_TRACE("progress lines");
+    check_progress(peer);
   }
 }
 
