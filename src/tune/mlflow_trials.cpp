@@ -1,7 +1,11 @@
 #include "tune/mlflow_trials.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <regex>
 
 #include "core/params.h"
 
@@ -21,6 +25,32 @@ void flatten_into(const Config& c, const std::string& prefix,
 }
 
 }  // namespace
+
+std::optional<double> python_float(const Config& v) {
+  if (v.is_boolean()) return v.get<bool>() ? 1.0 : 0.0;
+  if (v.is_number()) return v.get<double>();
+  if (!v.is_string()) return std::nullopt;  // None, lists: float() raises TypeError
+  // float(str): surrounding whitespace, a sign, digits with single underscores between them,
+  // a fraction, an exponent; or nan / inf / infinity in any case. Anything else: ValueError.
+  static const std::regex kNumber(
+      R"(\s*([+-]?)(?:(\d(?:_?\d)*)?(\.(?:\d(?:_?\d)*)?)?([eE][+-]?\d(?:_?\d)*)?)\s*)");
+  static const std::regex kSpecial(R"(\s*([+-]?)(nan|inf|infinity)\s*)", std::regex::icase);
+  const std::string text = v.get<std::string>();
+  std::smatch m;
+  if (std::regex_match(text, m, kSpecial)) {
+    std::string word = m[2].str();
+    std::transform(word.begin(), word.end(), word.begin(), ::tolower);
+    const double x = word == "nan" ? std::nan("") : HUGE_VAL;
+    return m[1].str() == "-" ? -x : x;
+  }
+  if (!std::regex_match(text, m, kNumber)) return std::nullopt;
+  // A mantissa needs a digit: "", ".", "e5" and "+" are not numbers.
+  const std::string whole = m[2].str(), frac = m[3].str();
+  if (whole.empty() && frac.size() <= 1) return std::nullopt;
+  std::string plain = m[1].str() + whole + frac + m[4].str();
+  plain.erase(std::remove(plain.begin(), plain.end(), '_'), plain.end());
+  return std::strtod(plain.c_str(), nullptr);
+}
 
 std::map<std::string, std::string> flatten_config(const Config& config) {
   std::map<std::string, std::string> out;
@@ -75,16 +105,20 @@ std::string MlflowTrials::trial_started(const std::string& trial_id, const Confi
 void MlflowTrials::trial_result(const std::string& trial_id, const Result& result) {
   auto it = runs_.find(trial_id);
   if (it == runs_.end() || !result.is_object()) return;
-  const std::int64_t step = result.value("training_iteration", std::int64_t{0});
+  // Ray's MLflowLoggerCallback: step = timesteps_total when the result has a non-zero one,
+  // else training_iteration; every value float() takes (numbers, NaN and infinities too,
+  // booleans as 0/1, numeric strings) of the flattened result, so also the config's numbers
+  // as config/<key> and Ray's numeric fields. MLflow's client sends NaN and +-inf as such.
+  std::int64_t step = result.value("training_iteration", std::int64_t{0});
+  if (const auto total = result.contains("timesteps_total")
+                             ? python_float(result.at("timesteps_total"))
+                             : std::nullopt;
+      total && *total != 0 && std::isfinite(*total)) {
+    step = static_cast<std::int64_t>(*total);
+  }
   std::map<std::string, double> metrics;
-  // Ray's MLflowLoggerCallback: every value float() takes (numbers, booleans as 0/1) of the
-  // flattened result, so also the config's numbers as config/<key> and Ray's numeric fields.
   for (auto m = result.begin(); m != result.end(); ++m) {
-    const Config& v = m.value();
-    const double x = v.is_boolean()  ? (v.get<bool>() ? 1.0 : 0.0)
-                     : v.is_number() ? v.get<double>()
-                                     : std::nan("");
-    if (std::isfinite(x)) metrics[m.key()] = x;
+    if (const auto x = python_float(m.value())) metrics[m.key()] = *x;
   }
   it->second.log_metrics(metrics, step);
 }

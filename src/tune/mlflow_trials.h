@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "dtrain/mlflow.h"
@@ -45,5 +46,10 @@ class MlflowTrials {
 
 // "a/b" keys for nested configs; strings as they are, other values as JSON.
 std::map<std::string, std::string> flatten_config(const Config& config);
+
+// Python's float(value) for a result's value: numbers (NaN and infinities too), booleans as
+// 0/1, strings float() parses ("1_000", " 2e3 ", "nan", "-Infinity"); nullopt where float()
+// raises (other strings, None, lists, objects).
+std::optional<double> python_float(const Config& value);
 
 }  // namespace dtrain::tune::detail

@@ -29,6 +29,7 @@
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 #include "engines/common.h"
+#include "tune/report_wire.h"
 
 namespace fs = std::filesystem;
 
@@ -172,10 +173,12 @@ void report(const Result& metrics, const std::string& checkpoint) {
       s.hostname = host_name();
       s.node_ip = node_ip();
     }
-    Result msg{{"metrics", metrics},
+    Result nonfinite;
+    Result msg{{"metrics", detail::with_nonfinite_as_null(metrics, &nonfinite)},
                {"pid", static_cast<std::int64_t>(::getpid())},
                {"hostname", s.hostname},
                {"node_ip", s.node_ip}};
+    if (!nonfinite.empty()) msg["nonfinite"] = nonfinite;  // NaN/inf: JSON has neither
     if (!checkpoint.empty())
       msg["checkpoint"] = persist_checkpoint(s, checkpoint, s.start_iteration + k);
     s.client->set(result_key, msg.dump());

@@ -31,6 +31,7 @@
 #include "engines/engine.h"
 #include "tune/concurrency.h"
 #include "tune/mlflow_trials.h"
+#include "tune/report_wire.h"
 #include "tune/trial_files.h"
 #include "tune/warm_fork_server.h"
 #include "tune/warm_hosts.h"
@@ -625,7 +626,7 @@ ResultGrid Tuner::fit() {
   // included); a time_this_iter_s the trial reported replaces the measured one, as in Ray.
   auto complete_result = [&](TrialRecord& r, const Config& msg, std::int64_t iteration,
                              Clock::time_point now) {
-    Result result = msg.at("metrics");
+    Result result = detail::metrics_of(msg);  // NaN and infinities as the trainable reported
     double this_iter =
         std::chrono::duration<double>(now - (r.next_report == 1 ? r.started : r.last_report))
             .count();
@@ -944,7 +945,9 @@ ResultGrid Tuner::fit() {
     t.last_result = r->history.empty() ? Result::object() : r->history.back();
     t.best_result = Result::object();
     for (const auto& h : r->history) {
-      if (o.metric.empty() || !h.contains(o.metric) || !h.at(o.metric).is_number()) continue;
+      if (o.metric.empty() || !h.contains(o.metric) || !h.at(o.metric).is_number() ||
+          std::isnan(h.at(o.metric).get<double>()))
+        continue;  // a NaN is never the best (as ResultGrid::best_result)
       if (t.best_result.empty() ||
           better(h.at(o.metric).get<double>(), t.best_result.at(o.metric).get<double>(), o.mode)) {
         t.best_result = h;

@@ -5,14 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "dtrain/tune.h"
 #include "tracking/support.h"
+#include "tune/mlflow_trials.h"
 
 namespace fs = std::filesystem;
 using namespace dtrain::tune;
@@ -24,7 +29,9 @@ void reporting_trainable(Config config) {
   const double x = config.at("x").get<double>();
   for (int it = 1; it <= 3; ++it) {
     if (x == 3 && it == 2) throw std::runtime_error("injected failure");
-    report({{"score", x * it}, {"half", 0.5 * it}});
+    // A diverging run's loss: NaN, then infinite (MLflow gets them, as from Ray's callback).
+    const double diverged = it == 2 ? std::nan("") : it == 3 ? -HUGE_VAL : 1.0;
+    report({{"score", x * it}, {"half", 0.5 * it}, {"diverged", diverged}});
   }
 }
 
@@ -100,6 +107,18 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
       EXPECT_EQ(run["metrics"].at("config/x").at(i).at(1).get<double>(), x);
       EXPECT_EQ(run["metrics"].at("iterations_since_restore").at(i).at(1).get<double>(),
                 static_cast<double>(i + 1));
+      // NaN and -inf are logged (read_runs.py spells NaN as a string); MLflow's server keeps
+      // an infinity as the largest double of its sign, as it does for its own client's.
+      const nlohmann::json diverged = run["metrics"].at("diverged").at(i).at(1);
+      if (i == 1) {
+        EXPECT_EQ(diverged, "NaN") << t.id;
+      } else {
+        EXPECT_EQ(diverged.get<double>(), i == 2 ? -std::numeric_limits<double>::max() : 1.0)
+            << t.id << " " << i;
+      }
+      // The trial's own history keeps the numbers the trainable reported.
+      const double h = t.history[i].at("diverged").get<double>();
+      EXPECT_TRUE(i == 1 ? std::isnan(h) : i == 2 ? h == -HUGE_VAL : h == 1.0) << h;
     }
     if (x == 3) {
       EXPECT_EQ(t.status, TrialStatus::Error);
@@ -118,6 +137,49 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
   }
   server.stop();
   fs::remove_all(dir);
+}
+
+// Which result values Ray's MLflowLoggerCallback logs, and as what: Python's float(value).
+TEST(TuneMlflow, ResultValuesAreTakenAsPythonsFloatTakesThem) {
+  const std::vector<std::string> texts = {
+      "1",         "-2.5",        " 3e2 ", "1_000",    "1__0",      "_1",      "1_",    ".5",
+      "5.",        ".",           "",      "  ",       "e5",        "1e_5",    "1e1_0", "nan",
+      "-NaN",      "inf",         "+inf",  "Infinity", "-infinity", "infinit", "0x10",  "1,5",
+      "127.0.0.1", "abc12_00000", "12_34", "+",        "-.5e-3",    "1.5\n",   "\t7\t", "1 2",
+      "nan(1)",    "--1",         "1e",    "1.2.3"};
+  nlohmann::json in = nlohmann::json::array();
+  for (const auto& t : texts) in.push_back(t);
+  const std::string script =
+      "import json, sys\n"
+      "out = []\n"
+      "for t in json.loads(sys.argv[1]):\n"
+      "    try:\n"
+      "        v = float(t)\n"
+      "        out.append('nan' if v != v else repr(v))\n"
+      "    except ValueError:\n"
+      "        out.append(None)\n"
+      "print(json.dumps(out))\n";
+  auto r = dtrain::test::run_command({DTRAIN_VENV_PYTHON, "-c", script, in.dump()},
+                                     {.timeout = std::chrono::seconds(60)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json theirs = nlohmann::json::parse(r.out);
+  ASSERT_EQ(theirs.size(), texts.size());
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    const auto ours = dtrain::tune::detail::python_float(texts[i]);
+    if (theirs[i].is_null()) {
+      EXPECT_FALSE(ours.has_value()) << "'" << texts[i] << "' gave " << *ours;
+    } else if (theirs[i] == "nan") {
+      EXPECT_TRUE(ours && std::isnan(*ours)) << "'" << texts[i] << "'";
+    } else {
+      ASSERT_TRUE(ours.has_value()) << "'" << texts[i] << "' is " << theirs[i];
+      EXPECT_EQ(std::stod(theirs[i].get<std::string>()), *ours) << "'" << texts[i] << "'";
+    }
+  }
+  // Not strings: booleans as 0/1, numbers as they are, None and containers not at all.
+  EXPECT_EQ(dtrain::tune::detail::python_float(true), 1.0);
+  EXPECT_EQ(dtrain::tune::detail::python_float(3), 3.0);
+  EXPECT_FALSE(dtrain::tune::detail::python_float(nullptr).has_value());
+  EXPECT_FALSE(dtrain::tune::detail::python_float(nlohmann::json::array({1})).has_value());
 }
 
 int main(int argc, char** argv) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +99,13 @@ void curve_trainable(Config config) {
     report({{"score", q * lr * (1 - std::pow(0.5, it))}, {"restored_other", restored_other}},
            tmp.string());
   }
+}
+
+// A run that diverges: a good first score, then NaN (config "diverge"), or a steady curve.
+void diverging_trainable(Config config) {
+  const bool diverge = config.at("diverge").get<bool>();
+  for (int it = 1; it <= 4; ++it)
+    report({{"score", diverge ? (it == 1 ? 10.0 : std::nan("")) : 1.0 * it}});
 }
 
 // The trainable the Ray peer runs too (tests/tune/ray_scheduler_peer.py, run_trial_files):
@@ -450,6 +458,39 @@ TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
   EXPECT_LT(total, 6 * 8);
   EXPECT_EQ(grid.best_result().config.at("q").get<double>(), 0.6);
   EXPECT_GT(asha->num_stopped(), 0);
+  fs::remove_all(dir);
+}
+
+// A NaN metric reaches the scheduler as a number, as in Ray: ASHA records it in its rung and
+// its cutoffs skip it (nanpercentile), so the diverged trial is neither stopped by it nor the
+// end of the search; it is never the best; result.json says NaN, as Ray's json.dumps does.
+TEST(TuneTuner, ANaNMetricIsANumberForTheSchedulerAndNeverTheBest) {
+  const auto dir = fresh_dir("nan");
+  auto asha = std::make_shared<AshaScheduler>(
+      AshaOptions{.max_t = 4, .grace_period = 1, .reduction_factor = 2});
+  Tuner tuner(diverging_trainable, Config{{"diverge", grid_search({false, true})}},
+              {.metric = "score",
+               .mode = "max",
+               .scheduler = asha,
+               .max_concurrent_trials = 1,
+               .storage_path = dir.string(),
+               .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    ASSERT_EQ(t.history.size(), 4u) << t.id;  // rung 2's cutoff never stops a NaN
+    if (!t.config.at("diverge").get<bool>()) continue;
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_TRUE(t.history[i].at("score").is_number()) << t.history[i].dump();
+      EXPECT_TRUE(std::isnan(t.history[i].at("score").get<double>()));
+    }
+    EXPECT_EQ(t.best_result.at("score").get<double>(), 10.0);  // NaN is never the best
+    std::ifstream in(fs::path(t.dir) / "result.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"score\": NaN"), std::string::npos) << text;
+  }
+  EXPECT_EQ(grid.best_result("score", "max", "last").config.at("diverge"), false);
   fs::remove_all(dir);
 }
 
