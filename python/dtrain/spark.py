@@ -304,9 +304,12 @@ class Distributor:
     of processes (dtrain's processes per task: spark.task.resource.gpu.amount with GPUs, 1 on
     CPUs), each task's workers with NODE_RANK = the task's partition, as TorchDistributor's.
 
-    Where dtrain differs, on purpose: a failure in non-local mode raises the same
-    RuntimeError as in local mode (TorchDistributor raises Spark's Py4JJavaError there);
-    local mode without GPUs needs no SparkSession (TorchDistributor needs one always)."""
+    Where dtrain differs, on purpose: a failing script raises (TorchDistributor 4.0.1's
+    torchrun wrapper exits 0 whatever torchrun's status, so its run() returns None); a
+    failure in non-local mode raises the same RuntimeError as in local mode (TorchDistributor
+    raises Spark's Py4JJavaError for a failing function there); rank 0's value is returned
+    (TorchDistributor's local mode returns the last one any process wrote); local mode
+    without GPUs needs no SparkSession (TorchDistributor needs one always)."""
 
     def __init__(self, num_processes=1, local_mode=True, use_gpu=True, master=None,
                  dtrain="dtrain", spark=None, slot_timeout=60.0, env=None):
