@@ -12,3 +12,12 @@ add_test(NAME spark.cluster
 # Once, against 2.x: the PyTorch of TorchDistributor, its peer.
 set_tests_properties(spark.cluster PROPERTIES LABELS "spark;torch2_only" TIMEOUT 900 RUN_SERIAL TRUE
   ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+
+# dtrain.spark.Distributor beside PySpark's TorchDistributor, both run in one process on a
+# loopback Spark standalone cluster (no root): TorchDistributor's validation errors, function
+# mode (rank 0's value), a failing script's RuntimeError, every last line on the driver.
+add_test(NAME spark.distributor
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/spark/distributor_test.sh $<TARGET_FILE:dtrain_cli>
+          ${PROJECT_SOURCE_DIR}/python)
+set_tests_properties(spark.distributor PROPERTIES LABELS "spark;torch2_only" TIMEOUT 900 RUN_SERIAL TRUE
+  ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")

@@ -21,6 +21,7 @@ Everything a cluster task runs is in this module, which the drivers ship by valu
 (cloudpickle), so the nodes need no dtrain Python package.
 """
 
+import collections
 import ctypes
 import json
 import os
@@ -188,6 +189,107 @@ def _cut(conn):
         conn.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+# ---- function mode: a pickled Python function run by every worker ---------------------------
+#
+# TorchDistributor's function mode, as dtrain runs it: the driver pickles (function, args,
+# kwargs) with cloudpickle (PySpark's own copy when there is one); each worker process runs
+# FUNCTION_RUNNER (`python -c FUNCTION_RUNNER FUNC RESULT`), which unpickles and calls the
+# function; the process of RANK 0 pickles the return value to RESULT (written aside, then
+# renamed, so a reader never sees half a file). Only rank 0 writes it: TorchDistributor lets
+# every process of a local run write the same file, and the last to finish wins.
+
+FUNCTION_RUNNER = """
+import os, sys
+try:
+    from pyspark import cloudpickle
+except ImportError:
+    import cloudpickle
+with open(sys.argv[1], "rb") as f:
+    fn, args, kwargs = cloudpickle.load(f)
+value = fn(*args, **kwargs)
+if os.environ.get("RANK", "0") == "0":
+    with open(sys.argv[2] + ".part", "wb") as f:
+        cloudpickle.dump(value, f)
+    os.replace(sys.argv[2] + ".part", sys.argv[2])
+"""
+
+
+def cloudpickle_module():
+    """PySpark's cloudpickle when PySpark is installed (what its executors unpickle with), else
+    the cloudpickle package; ImportError naming both when neither is."""
+    try:
+        from pyspark import cloudpickle
+    except ImportError:
+        try:
+            import cloudpickle
+        except ImportError:
+            raise ImportError("function mode pickles the function with cloudpickle: install "
+                              "pyspark (which bundles it) or cloudpickle") from None
+    return cloudpickle
+
+
+def function_files(directory, payload):
+    """Writes the pickled function `payload` (bytes) into `directory`; returns the paths of that
+    file and of the result file rank 0 writes (FUNCTION_RUNNER's two arguments)."""
+    func = os.path.join(directory, "function.pickle")
+    with open(func, "wb") as f:
+        f.write(payload)
+    return func, os.path.join(directory, "result.pickle")
+
+
+def read_result(path):
+    """The pickled result rank 0 wrote (bytes), or None when it wrote none."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+class OutputTail:
+    """A writer of the agents' output (bytes, whole lines, from several threads) that prints
+    it on this process's console (sys.stdout: a notebook's cell output too) and keeps its last
+    `lines` lines for an error message."""
+
+    def __init__(self, lines=100):
+        self.tail = collections.deque(maxlen=lines)
+        self.lock = threading.Lock()
+
+    def write(self, data):
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        with self.lock:
+            self.tail.extend(text.splitlines(keepends=True))
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass  # a closed console: the tail still says it
+        return len(data)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        with self.lock:
+            return "".join(self.tail)
+
+
+def run_local(argv, env, out):
+    """Runs `argv` here in its own session, its merged output written to `out` line by line;
+    returns its exit status (negative: a signal). However this returns (an exception, a
+    KeyboardInterrupt: a notebook's interrupt reaches only this process), the command and its
+    process group are stopped."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            out.write(line)
+        return proc.wait()
+    finally:
+        stop(proc)
+        proc.stdout.close()
 
 
 # ---- the driver service ---------------------------------------------------------------------

@@ -3,7 +3,7 @@
     from dtrain.spark import Distributor, make_converter
     spark.conf.set("dtrain.spark.converter.parentCacheDirUrl", "file:///dbfs/tmp/dtrain")
     conv = make_converter(df)            # written once as Parquet; reused while df's plan is the same
-    rc = Distributor(num_processes=4, local_mode=False).run(
+    Distributor(num_processes=4, local_mode=False, use_gpu=False).run(
         "/path/to/train", "--data", conv.location)   # each rank reads its row groups (dtrain::data)
     conv.delete()                         # when done with it
 

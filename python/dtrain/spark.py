@@ -1,10 +1,11 @@
 """dtrain on Spark: run a dtrain program (a libtorch C++ training binary, or a .py) on a Spark
 cluster's workers, placed by one barrier stage, as PySpark's TorchDistributor does.
 
-From PySpark (a notebook with a SparkSession, or plain Python):
+From PySpark (a notebook with a SparkSession, or plain Python), as TorchDistributor:
 
     from dtrain.spark import Distributor
-    rc = Distributor(num_processes=4, local_mode=False).run("/path/to/train", "--epochs", "1")
+    Distributor(num_processes=4, local_mode=False, use_gpu=False).run("/path/to/train", "--epochs", "1")
+    value = Distributor(num_processes=2, use_gpu=False).run(train_fn, 1e-3)  # rank 0's return
 
 From the shell (what the C++ Distributor runs too):
 
@@ -19,17 +20,22 @@ How it works. The driver runs one barrier stage of T tasks (T = --tasks). Task i
 agent, `dtrain run --nnodes T --node-rank i --master-addr <task 0's host> --master-port <a
 free port task 0 picked, shared with allGather> ...`, with its output sent line by line to
 the driver over a socket (the driver prints it: the agents' rank-prefixed logs on the driver's
-console). A task never raises for a failed agent (Spark would retry the barrier stage and
+console; once the stage ends, the driver reads each task's connection to its end, at most 10 s,
+so a program's last lines are not lost). The agent's workers get NODE_RANK = i too, as
+TorchDistributor's. A task never raises for a failed agent (Spark would retry the barrier stage and
 train twice): it returns the agent's exit code, and the driver exits with the first failing
 one. A task of a retried attempt refuses to start training. A task whose driver goes away
 (socket closed) or whose Python worker dies (PR_SET_PDEATHSIG) stops its agent, and the
-agent stops its workers.
+agent stops its workers. Function mode (Distributor.run(function)): the pickled function
+travels in the task closure; each worker runs it (_cluster.FUNCTION_RUNNER), and task 0 returns
+rank 0's pickled result with its exit code.
 """
 
 import os
+import shutil
 import socket
-import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -54,8 +60,12 @@ def plan_tasks(num_processes, use_gpu, task_gpu_amount=None, processes_per_task=
     return num_processes // per, per
 
 
-def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True):
-    """The barrier task: runs one dtrain agent, returns [(partition, exit code, host)]."""
+def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True, use_gpu=None, payload=None):
+    """The barrier task: runs one dtrain agent, returns [(partition, exit code, host, output)].
+    use_gpu: False hides the GPUs from the workers (CUDA_VISIBLE_DEVICES=""), as TorchDistributor
+    does on CPUs; True or None gives them the task's GPUs. payload: function mode, a pickled
+    (function, args, kwargs): the agent runs it (FUNCTION_RUNNER) and partition 0 returns rank
+    0's pickled result as its output (None otherwise)."""
 
     def run(_):
         from pyspark import BarrierTaskContext
@@ -64,14 +74,14 @@ def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True):
         part = ctx.partitionId()
         host = socket.gethostname()
         if ctx.attemptNumber() > 0:
-            return [(part, REFUSED_RETRY, host)]
+            return [(part, REFUSED_RETRY, host, None)]
         # The driver says whether this node may start: once per partition per run, so a
         # retried barrier stage (a new stage attempt, its tasks again at attempt 0) does not
         # train a second time.
         log, answer = _cluster.open_log(log_addr, b"START %d" % part)
         if answer != b"GO":
             log.close()
-            return [(part, REFUSED_RETRY, host)]
+            return [(part, REFUSED_RETRY, host, None)]
         infos = ctx.getTaskInfos()
         master = infos[0].address.rsplit(":", 1)[0]
         port = ""
@@ -96,12 +106,30 @@ def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True):
             except (ValueError, IndexError):
                 per = 1
             child_env["OMP_NUM_THREADS"] = str(max(1, int(ctx.cpus()) // max(1, per)))
+        # What TorchDistributor's task gives torchrun, whose workers inherit it: the node's
+        # index (the workers' RANK, WORLD_SIZE, MASTER_ADDR/PORT are the agent's, as torchrun's).
+        child_env["NODE_RANK"] = str(part)
         child_env.update(env)
         gpus = ctx.resources().get("gpu")
-        if gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
-            child_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
-        rc = _cluster.run_agent(argv, child_env, log)
-        return [(part, rc, host)]
+        if "CUDA_VISIBLE_DEVICES" not in env:
+            if use_gpu is False:
+                child_env["CUDA_VISIBLE_DEVICES"] = ""
+            elif gpus is not None:
+                child_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
+        work = None
+        try:
+            if payload is not None:  # function mode: the function's file and its result's
+                work = tempfile.mkdtemp(prefix="dtrain-fn-")
+                func, result = _cluster.function_files(work, payload)
+                argv += [sys.executable, "-c", _cluster.FUNCTION_RUNNER, func, result]
+            rc = _cluster.run_agent(argv, child_env, log)
+            output = None
+            if payload is not None and part == 0 and rc == 0:
+                output = _cluster.read_result(result)
+            return [(part, rc, host, output)]
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
 
     return run
 
@@ -153,11 +181,18 @@ def task_slots(sc, tasks, wait, settle=3.0):
 
 
 def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, err=None,
-                 cancelled=None):
+                 cancelled=None, use_gpu=None, payload=None, outputs=None):
     """Runs `agent_argv` (a `dtrain run ...` command line) as T barrier tasks of `sc`; returns
     the exit status: 0, the first failing agent's code, NO_SLOTS or REFUSED_RETRY. out: where
     the agents' output goes (bytes), err: dtrain's own messages (text); cancelled: an Event
-    that, once set, ends the wait for slots (the caller cancels the stage itself)."""
+    that, once set, ends the wait for slots (the caller cancels the stage itself). use_gpu,
+    payload: _task_fn's (function mode: `agent_argv` names no program); outputs: a dict that
+    gets "output", rank 0's pickled result in function mode.
+
+    Every line an agent printed is on `out` when this returns: Spark can say the stage is done
+    before the driver has read a task's last lines (in this socket's buffers, or not yet read
+    by its thread), so the log server reads each connection to its end (at most 10 s) before
+    it closes."""
     out = out or sys.stdout.buffer
     err = err or sys.stderr
     srv = _cluster.LogServer(out, _start_once())
@@ -198,7 +233,7 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, e
         split_omp = ("OMP_NUM_THREADS" not in (env or {}) and
                      sc.getConf().get("spark.executorEnv.OMP_NUM_THREADS", None) is None)
         results = rdd.mapPartitions(_task_fn(list(agent_argv), tasks, log_addr, env or {},
-                                             split_omp)).collect()
+                                             split_omp, use_gpu, payload)).collect()
     except Exception as e:  # the stage failed in Spark itself (a Python worker died, ...)
         msg = str(e)
         if "SPARK-24819" in msg or "more slots than the total number" in msg:
@@ -212,15 +247,19 @@ def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, e
             err.write(msg + "\n")
         return 1
     finally:
-        srv.close()
+        # Every task has ended (or the stage failed, which ends them): read each task's log
+        # connection to its end, as dtrain.ray does, so a program's last lines are not lost.
+        srv.close(drain=True)
     results.sort()
+    if outputs is not None:
+        outputs["output"] = next((r[3] for r in results if r[0] == 0), None)
     failed = [r for r in results if r[1] != 0]
     if any(r[1] == REFUSED_RETRY for r in failed):
         err.write("dtrain.spark: Spark retried the barrier stage; dtrain does not train twice "
                          "silently (spark.task.maxFailures=1): run the job again\n")
         return REFUSED_RETRY
     if failed:
-        part, rc, host = failed[0]
+        part, rc, host, _ = failed[0]
         err.write("dtrain.spark: node %d (Spark task on %s) exited with code %d\n" % (part, host, rc))
         return rc if rc > 0 else 128 - rc
     return 0
@@ -241,14 +280,42 @@ def spark_conf(num_tasks, per_task, use_gpu):
 
 
 class Distributor:
-    """TorchDistributor's shape for dtrain programs.
+    """PySpark's TorchDistributor for dtrain programs and Python functions:
 
-    Distributor(num_processes, local_mode, use_gpu).run(program, *args) -> exit status.
-    local_mode=True runs `dtrain run --nproc-per-node N` here; False runs on the active
-    SparkSession's cluster (or `master`), one barrier task per node of processes."""
+        Distributor(num_processes=1, local_mode=True, use_gpu=True).run(train_object, *args, **kwargs)
 
-    def __init__(self, num_processes=1, local_mode=True, use_gpu=False, master=None,
+    As TorchDistributor's (pyspark 4.0.1):
+    - use_gpu defaults to True, and GPUs asked for must be configured, else RuntimeError: with
+      local_mode=False the session's spark.task.resource.gpu.amount (one GPU per process),
+      with local_mode=True the driver's GPUs (the session's resources and
+      spark.driver.resource.gpu.amount; num_processes is lowered to their number, with a
+      warning). CPU training: pass use_gpu=False (then the cluster's workers see no GPU:
+      CUDA_VISIBLE_DEVICES=""). num_processes that is not an int: TypeError; not positive:
+      ValueError.
+    - run(path, *args): a program (a C++ binary, a .py, anything `dtrain run` runs) on
+      num_processes processes; returns None; a failure raises RuntimeError naming the command,
+      its return code and the last 100 lines of output. kwargs: ValueError.
+    - run(function, *args, **kwargs): function mode. The function and its arguments are
+      pickled with cloudpickle, every process calls it with torchrun's environment (RANK,
+      WORLD_SIZE, MASTER_ADDR, ...), and run() returns rank 0's return value.
+    local_mode=True runs `dtrain run --nproc-per-node N` on this machine (no Spark needed
+    unless use_gpu); False runs one Spark barrier stage on the session's cluster (the given
+    `spark`, else the active SparkSession, else one started with `master`), one task per node
+    of processes (dtrain's processes per task: spark.task.resource.gpu.amount with GPUs, 1 on
+    CPUs), each task's workers with NODE_RANK = the task's partition, as TorchDistributor's.
+
+    Where dtrain differs, on purpose: a failing script raises (TorchDistributor 4.0.1's
+    torchrun wrapper exits 0 whatever torchrun's status, so its run() returns None); a
+    failure in non-local mode raises the same RuntimeError as in local mode (TorchDistributor
+    raises Spark's Py4JJavaError for a failing function there); rank 0's value is returned
+    (TorchDistributor's local mode returns the last one any process wrote); local mode
+    without GPUs needs no SparkSession (TorchDistributor needs one always)."""
+
+    def __init__(self, num_processes=1, local_mode=True, use_gpu=True, master=None,
                  dtrain="dtrain", spark=None, slot_timeout=60.0, env=None):
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+            raise TypeError("num_processes has to be a positive integer, got %r (%s): pass an int"
+                            % (num_processes, type(num_processes).__name__))
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
@@ -257,6 +324,68 @@ class Distributor:
         self.spark = spark
         self.slot_timeout = slot_timeout
         self.env = dict(env or {})
+        self.driver_gpus = None  # local mode with GPUs: the driver's GPUs the workers get
+        # TorchDistributor's order: the GPU settings first, then the count.
+        if use_gpu:
+            self._check_gpus()
+        if self.num_processes <= 0:
+            raise ValueError("num_processes has to be a positive integer, got %d: the number of "
+                             "training processes (1 or more)" % self.num_processes)
+
+    def _known_session(self):
+        """The given or active SparkSession, or None (none is started here)."""
+        if self.spark is not None:
+            return self.spark
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:
+            return None
+        return SparkSession.getActiveSession()
+
+    def _check_gpus(self):
+        cpu = "; or pass use_gpu=False to train on CPUs"
+        session = self._known_session()
+        if not self.local_mode:
+            if session is None:
+                return  # the session run() starts sets spark.task.resource.gpu.amount (spark_conf)
+            key = "spark.task.resource.gpu.amount"
+            try:
+                amount = float(session.conf.get(key, "0") or "0")
+            except ValueError:
+                amount = 0
+            if amount < 1:
+                raise RuntimeError("'%s' was unset, so gpu usage is unavailable: set it on the "
+                                   "session (the GPUs of each task, one per process)%s" % (key, cpu))
+            return
+        if session is None:
+            raise RuntimeError("use_gpu=True in local mode trains on the driver's GPUs, which come "
+                               "from the active SparkSession (spark.driver.resource.gpu.amount and "
+                               "a discovery script), and there is no active SparkSession: start one "
+                               "with them%s" % cpu)
+        resources = session.sparkContext.resources
+        if "gpu" not in resources:
+            raise RuntimeError("GPUs were unable to be found on the driver: its SparkSession has no "
+                               "'gpu' resource (set spark.driver.resource.gpu.amount and "
+                               "spark.driver.resource.gpu.discoveryScript)%s" % cpu)
+        available = int(float(session.conf.get("spark.driver.resource.gpu.amount", "0") or "0"))
+        if available == 0:
+            raise RuntimeError("GPU resources were not configured properly on the driver: "
+                               "spark.driver.resource.gpu.amount is 0 or unset%s" % cpu)
+        if self.num_processes > available:
+            sys.stderr.write("dtrain.spark: num_processes (%d) is more than the driver's %d GPU(s): "
+                             "lowered to %d, as TorchDistributor does\n"
+                             % (self.num_processes, available, available))
+            self.num_processes = available
+        owned = list(resources["gpu"].addresses)
+        bad = [a for a in owned if not a.isdigit() or (len(a) > 1 and a[0] == "0")]
+        if bad:
+            raise ValueError("the driver's GPU addresses %s are not all CUDA_VISIBLE_DEVICES "
+                             "indices (integers, no zero padding): fix the discovery script" % owned)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:  # Spark's addresses index the devices this process already sees
+            devices = visible.split(",")
+            owned = [devices[int(a)] for a in owned if int(a) < len(devices)]
+        self.driver_gpus = owned[:max(0, self.num_processes)]
 
     def _session(self):
         """The SparkSession the job runs in, as TorchDistributor finds it: the given one, else
@@ -278,17 +407,87 @@ class Distributor:
         self.spark = b.getOrCreate()
         return self.spark
 
-    def run(self, program, *args):
-        args = [str(a) for a in args]
+    def run(self, train_object, *args, **kwargs):
+        """Runs train_object (a program's path, or a function) on num_processes processes.
+        Returns None for a program, rank 0's return value for a function; raises RuntimeError
+        when the run fails (the command, its return code, the last 100 lines of its output)."""
+        if isinstance(train_object, str):
+            if kwargs:
+                raise ValueError("Running pytorch file does not support key-word type arguments: "
+                                 "pass the program's arguments as strings (%s)" % sorted(kwargs))
+            program = [train_object] + [str(a) for a in args]
+            payload = None
+        elif callable(train_object):
+            program = None
+            payload = _cluster.cloudpickle_module().dumps((train_object, args, kwargs))
+        else:
+            raise TypeError("run() takes a program's path (str) or a function, got %r" % (train_object,))
+        out = _cluster.OutputTail()
         if self.local_mode:
-            return subprocess.call([self.dtrain, "run", "--nproc-per-node", str(self.num_processes),
-                                    program] + args, env={**os.environ, **self.env})
+            rc, argv, output, said = self._run_here(program, payload, out)
+        else:
+            rc, argv, output, said = self._run_on_cluster(program, payload, out)
+        if rc != 0:
+            raise RuntimeError(
+                "Command %s failed with return code %d.%s The last lines of its output are "
+                "included below (all of it went to this console):\n%s"
+                % (argv, rc, (" " + said.strip()) if said.strip() else "", out.text()))
+        if payload is None:
+            return None
+        if output is None:
+            raise RuntimeError("the function ran on every process but rank 0 wrote no result: "
+                               "see the output above")
+        return _cluster.cloudpickle_module().loads(output)
+
+    def _run_here(self, program, payload, out):
+        """local_mode: (exit status, the command, rank 0's pickled result or None, '')."""
+        env = {**os.environ, **self.env}
+        if self.driver_gpus is not None and "CUDA_VISIBLE_DEVICES" not in self.env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.driver_gpus)
+        argv = [self.dtrain, "run", "--nproc-per-node", str(self.num_processes)]
+        if payload is None:
+            argv += program
+            return _cluster.run_local(argv, env, out), argv, None, ""
+        work = tempfile.mkdtemp(prefix="dtrain-fn-")
+        try:
+            func, result = _cluster.function_files(work, payload)
+            shown = argv + [sys.executable, "<the function>"]
+            argv += [sys.executable, "-c", _cluster.FUNCTION_RUNNER, func, result]
+            rc = _cluster.run_local(argv, env, out)
+            return rc, shown, _cluster.read_result(result) if rc == 0 else None, ""
+        finally:
+            _cluster.remove_private_dir(work)
+
+    def _run_on_cluster(self, program, payload, out):
+        """local_mode=False: (exit status, the command, rank 0's pickled result or None, what
+        dtrain.spark said about a failure)."""
         session = self._session()
         conf = session.sparkContext.getConf()
         tasks, per = plan_tasks(self.num_processes, self.use_gpu,
                                 conf.get("spark.task.resource.gpu.amount", None))
-        argv = [self.dtrain, "run", "--nproc-per-node", str(per), program] + args
-        return run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout)
+        argv = [self.dtrain, "run", "--nproc-per-node", str(per)] + (program or [])
+        said = _Said()
+        outputs = {}
+        rc = run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout, out=out,
+                          err=said, use_gpu=bool(self.use_gpu), payload=payload, outputs=outputs)
+        if payload is not None:
+            argv = argv + ["python", "<the function>"]
+        return rc, argv, outputs.get("output"), said.text
+
+
+class _Said:
+    """dtrain.spark's own messages of one run: on stderr, and kept for run()'s error."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def flush(self):
+        pass
 
 
 def make_converter(df, parent_cache_dir=None, **options):

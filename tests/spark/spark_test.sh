@@ -118,26 +118,32 @@ grep -q "rank       : 2" "$CONF" && grep -q "exit code  : 7" "$CONF" ||
   { cat "$T/driver.err" >&2; fail "cli: the root cause does not name rank 2, exit code 7"; }
 pass "dtrain run --spark-master: 4 prefixed lines on the driver, rank 2's exit code 7 ($((SECONDS - t1)) s)"
 
-# 5. The Python module: TorchDistributor's shape, in a PySpark session, twice in one session
-#    (a success and a failure's exit status).
+# 5. The Python module: TorchDistributor's shape, in a PySpark session, twice in one session:
+#    a success (None, as TorchDistributor's run() of a script) and a failure (RuntimeError
+#    with the failing rank's exit status), then local mode. tests/spark/distributor_test.sh
+#    compares it with TorchDistributor itself.
 t1=$SECONDS
 cat >"$T/module.py" <<PY
-import sys
+import re
 from pyspark.sql import SparkSession
 from dtrain.spark import Distributor
 spark = SparkSession.builder.master("$SPARK_MASTER_URL").appName("dtrain-test") \
     .config("spark.task.maxFailures", "1").getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
-ok = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo module rank \$RANK")
-bad = Distributor(num_processes=2, local_mode=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "exit \$((RANK == 1 ? 5 : 0))")
-local = Distributor(num_processes=2, local_mode=True, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo local rank \$RANK")
+ok = Distributor(num_processes=2, local_mode=False, use_gpu=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo module rank \$RANK")
+try:
+    Distributor(num_processes=2, local_mode=False, use_gpu=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "exit \$((RANK == 1 ? 5 : 0))")
+    bad = "no error"
+except RuntimeError as e:
+    bad = "RuntimeError " + re.search(r"failed with return code -?[0-9]+", str(e)).group(0)
+local = Distributor(num_processes=2, local_mode=True, use_gpu=False, dtrain="$DTRAIN").run("/bin/sh", "-c", "echo local rank \$RANK")
 spark.stop()
-print("statuses", ok, bad, local, flush=True)
+print("results", ok, bad, local, sep=";", flush=True)
 PY
 on n0 env PYTHONPATH="$PYDIR" "$PY" "$T/module.py" >"$CONF" 2>"$T/driver.err" || { cat "$CONF" "$T/driver.err" >&2; fail "module: python failed"; }
-grep -qx "statuses 0 5 0" "$CONF" && grep -q "module rank 1" "$CONF" && grep -q "local rank 1" "$CONF" ||
-  { cat "$CONF" "$T/driver.err" >&2; fail "module: expected statuses 0 5 0 and both ranks' output"; }
-pass "dtrain.spark.Distributor(...).run(program): 0, the failing rank 1's 5, local mode 0 ($((SECONDS - t1)) s)"
+grep -qx "results;None;RuntimeError failed with return code 5;None" "$CONF" && grep -q "module rank 1" "$CONF" && grep -q "local rank 1" "$CONF" ||
+  { cat "$CONF" "$T/driver.err" >&2; fail "module: expected None, a RuntimeError with return code 5, None, and both ranks' output"; }
+pass "dtrain.spark.Distributor(...).run(program): None, the failing rank 1's RuntimeError (return code 5), local mode None ($((SECONDS - t1)) s)"
 
 # 7. The driver SIGKILLed while training runs: after a bounded wait no dtrain agent or worker
 #    is left on any host, and no spark-submit of it on n0.
