@@ -217,8 +217,6 @@ std::string describe(const Config& config, std::optional<int64_t> params);
 // level above info). `lr` and `mom` are Python's reprs of its lists ("[0.001]", "[(0.9, 0.999)]").
 std::string progress_line(const Config& config, int64_t step, int64_t skipped,
                           const std::string& lr, const std::string& mom);
-// A double as Python's repr writes a float ("0.001", "1e-05", "100.0", "1e+16").
-std::string python_float(double v);
 
 // `dtrain zero ...` (the CLI hook): args after "zero". Returns the exit code.
 int zero_main(const std::vector<std::string>& args);

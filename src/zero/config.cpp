@@ -4,7 +4,6 @@
 // and their checks stay together so one file says what dtrain accepts.
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -1405,35 +1404,6 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   // stage 3, as DeepSpeed ignores it).
   if (c.zero.offload_param.enabled() && stage == 3) m.offloaded += m.params, m.params = 0;
   return m;
-}
-
-std::string python_float(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
-  // The shortest digits that read back as v (what Python's repr picks), then Python's layout:
-  // positional for decimal exponents -4 .. 15, else d.ddde[+-]XX.
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
-  std::string sci(buf, r.ptr);  // "-1.2345e-05"
-  const size_t e = sci.find('e');
-  const int exp = std::stoi(sci.substr(e + 1));
-  std::string mant = sci.substr(0, e);
-  const bool neg = mant[0] == '-';
-  if (neg) mant.erase(0, 1);
-  std::string digits = mant.substr(0, 1) + (mant.size() > 2 ? mant.substr(2) : "");
-  std::string out;
-  if (exp < -4 || exp >= 16) {
-    out = digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") + "e" +
-          (exp < 0 ? "-" : "+") + (std::abs(exp) < 10 ? "0" : "") + std::to_string(std::abs(exp));
-  } else if (exp < 0) {
-    out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
-  } else {
-    if (digits.size() <= static_cast<size_t>(exp) + 1)
-      out = digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
-    else
-      out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
-  }
-  return (neg ? "-" : "") + out;
 }
 
 std::string progress_line(const Config& c, int64_t step, int64_t skipped, const std::string& lr,

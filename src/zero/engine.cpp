@@ -10,6 +10,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "core/python_repr.h"
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
 #include "zero/data_types.h"
@@ -822,7 +823,7 @@ void EngineImpl::report_progress() const {
   auto py = [](const json* as_written, double v) {
     if (as_written && as_written->is_number_integer() && as_written->get<double>() == v)
       return as_written->dump();
-    return python_float(v);
+    return dtrain::detail::python_float_repr(v);
   };
   const double rate = lr();
   const std::string lr_text = "[" + py(scheduler_.enabled() ? nullptr : written("lr"), rate) + "]";

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/python_repr.h"
 #include "dtrain/zero_config.h"
 #include "launcher/subprocess.h"
 #include "support/paths.h"
@@ -230,7 +231,7 @@ TEST(ZeroConfig, StepsPerPrintAndLogLevelAsDeepSpeedUsesThem) {
                                                              {0.1 + 0.2, "0.30000000000000004"},
                                                              {-2.5e-7, "-2.5e-07"},
                                                              {0.0, "0.0"}};
-  for (const auto& [v, text] : reprs) EXPECT_EQ(dtrain::zero::python_float(v), text);
+  for (const auto& [v, text] : reprs) EXPECT_EQ(dtrain::detail::python_float_repr(v), text);
 }
 
 // Keys DeepSpeed reads that dtrain does not act on are named in one note.
