@@ -18,7 +18,8 @@
 // retries with backoff while the server is down, and keeps what it could not send yet in a
 // spool file on disk; what is still unsent when the run ends (after `flush_timeout`) is
 // written to a local file store and a warning says where. An unreachable server at start is a
-// warning, and the run is logged to the local file store instead.
+// warning, and the run is logged to the local file store instead. Params and tags are sent at
+// once; a process stopped by SIGTERM/SIGINT first sends what is queued (`signal_flush`).
 #pragma once
 
 #include <chrono>
@@ -55,6 +56,10 @@ struct StartOptions {
   std::chrono::milliseconds flush_interval{500};
   std::chrono::milliseconds flush_timeout{std::chrono::seconds(60)};  // end(): wait for delivery
   std::chrono::milliseconds request_timeout{std::chrono::seconds(10)};
+  // SIGTERM or SIGINT (when the program left them at their default action, as `dtrain run`
+  // stops a failed job's other workers): send what is queued for up to this long, keep the
+  // rest in the spool file, then die of the signal as before. 0: leave the signals alone.
+  std::chrono::milliseconds signal_flush{std::chrono::seconds(3)};
 };
 
 // Counters a test or a log line can read.

@@ -19,6 +19,7 @@
 #include "core/thread_annotations.h"
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
+#include "tracking/signal_flush.h"
 #include "tracking/store.h"
 
 namespace fs = std::filesystem;
@@ -65,11 +66,31 @@ struct Run::Impl {
   RunStats stats DTRAIN_GUARDED_BY(mu);
   std::string spool_path;
   std::thread sender;
+  int signal_token = 0;
 
   void run_sender() DTRAIN_EXCLUDES(mu);
   void spool_locked() DTRAIN_REQUIRES(mu);
+  void flush_on_signal() DTRAIN_EXCLUDES(mu);
   void end(RunStatus status);
 };
+
+// The process was told to stop: send what is queued for up to `signal_flush`, keep the rest in
+// the spool file (the batch in flight included: entries leave the queue only once delivered).
+void Run::Impl::flush_on_signal() {
+  MutexLock lk(mu);
+  if (ended) return;
+  flush_asked = true;
+  wake.notify_all();
+  bool delivered = done.wait_for(lk.native(), options.signal_flush, [&] {
+    mu.assert_held();
+    return queue.empty() && !in_flight;
+  });
+  if (delivered) return;
+  spool_locked();
+  warn("stopped by a signal: the tracking server at " + uri + " did not take " +
+       std::to_string(queue.size()) + " logged value(s) within " +
+       std::to_string(options.signal_flush.count()) + " ms; they are in " + spool_path);
+}
 
 void Run::Impl::spool_locked() {
   if (spooled_upto >= queue.size()) return;
@@ -178,6 +199,7 @@ void Run::Impl::end(RunStatus status) {
     if (ended) return;
     ended = true;
   }
+  detail::unregister_signal_flusher(signal_token);
   bool delivered;
   {
     MutexLock lk(mu);
@@ -280,6 +302,11 @@ Run Run::start(StartOptions o) {
   fs::create_directories(spool_dir, ec);
   impl->spool_path = (spool_dir / (impl->info.run_id + ".jsonl")).string();
   impl->sender = std::thread([p = impl.get()] { p->run_sender(); });
+  if (o.signal_flush.count() > 0) {
+    impl->signal_token = detail::register_signal_flusher([weak = std::weak_ptr<Impl>(impl)] {
+      if (auto p = weak.lock()) p->flush_on_signal();
+    });
+  }
   run.impl_ = std::move(impl);
   return run;
 }
@@ -297,6 +324,10 @@ void Run::log_params(const std::map<std::string, std::string>& params) {
   if (!impl_) return;
   MutexLock lk(impl_->mu);
   for (const auto& [k, v] : params) impl_->queue.push_back({detail::Entry::Param, k, v, 0, 0, 0});
+  // Sent now, not at the next interval: MLflow's own client logs params (and tags) as it is
+  // called, and a job stopped early still shows what it ran with.
+  impl_->flush_asked = true;
+  impl_->wake.notify_one();
 }
 
 void Run::log_metric(const std::string& key, double value, int64_t step, int64_t timestamp_ms) {
@@ -319,6 +350,8 @@ void Run::set_tag(const std::string& key, const std::string& value) {
   if (!impl_) return;
   MutexLock lk(impl_->mu);
   impl_->queue.push_back({detail::Entry::Tag, key, value, 0, 0, 0});
+  impl_->flush_asked = true;
+  impl_->wake.notify_one();
 }
 
 bool Run::flush(std::chrono::milliseconds timeout) {

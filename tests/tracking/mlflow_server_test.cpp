@@ -6,11 +6,15 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
@@ -44,6 +48,23 @@ class ServerEnvironment : public ::testing::Environment {
   }
 };
 const auto* const g_env = ::testing::AddGlobalTestEnvironment(new ServerEnvironment);
+
+// The child half of the signal tests: this binary, run again with DTRAIN_TEST_MLFLOW_SIGNAL_CHILD
+// set to a signal_flush in ms, queues params and kLoggedSteps metrics (the interval never sends
+// them on its own), says "logged RUN_ID" and waits to be stopped. It runs before main.
+constexpr int kLoggedSteps = 2500;
+const bool g_signal_child = [] {
+  const char* flush_ms = std::getenv("DTRAIN_TEST_MLFLOW_SIGNAL_CHILD");
+  if (flush_ms == nullptr) return false;
+  auto run =
+      dtrain::mlflow::Run::start({.flush_interval = std::chrono::hours(1),
+                                  .signal_flush = std::chrono::milliseconds(std::atoi(flush_ms))});
+  run.log_params({{"world_size", "2"}});
+  for (int step = 1; step <= kLoggedSteps; ++step) run.log_metric("loss", 1.0 / step, step);
+  std::cout << "logged " << run.id() << std::endl;
+  std::this_thread::sleep_for(std::chrono::seconds(120));
+  std::_Exit(1);  // never stopped: the test fails on the exit code
+}();
 
 std::vector<std::string> train_argv(const std::vector<std::string>& extra) {
   std::vector<std::string> argv{DTRAIN_BIN, "run", "--nproc-per-node", "2", FASHION_MNIST_BIN};
@@ -299,6 +320,78 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
       << run["tags"];
   // Rank 0 logged into the same run (MLFLOW_RUN_ID) before the job failed.
   EXPECT_EQ(run["params"]["world_size"], "2");
+}
+
+// `dtrain run` stops a failed job's other workers with SIGTERM: what rank 0 had queued (params,
+// the last steps' metrics) reaches the server before the process dies of the signal.
+TEST(MlflowServer, WorkerStoppedBySigtermFirstSendsWhatItQueued) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto child = dtrain::test::Process::start(
+      {fs::read_symlink("/proc/self/exe").string()},
+      {.env = {"DTRAIN_TEST_MLFLOW_SIGNAL_CHILD=30000", "MLFLOW_TRACKING_URI=" + g_server->url(),
+               "MLFLOW_EXPERIMENT_NAME=signalled"},
+       .timeout = 180s});
+  ASSERT_TRUE(
+      child.wait_for([](const std::string& out,
+                        const std::string&) { return out.find("logged ") != std::string::npos; },
+                     120s))
+      << child.out() << child.err();
+  child.signal(SIGTERM);
+  auto r = child.finish(60s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out << r.err;  // still dies of the signal
+  auto runs = read_runs(g_server->url(), "signalled")["runs"];
+  ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
+  EXPECT_EQ(runs[0]["params"]["world_size"], "2");
+  EXPECT_EQ(steps_of(runs[0]["metrics"]["loss"]), range(1, kLoggedSteps));
+}
+
+// With less time than the server needs, what it did not take is in the spool file: the server's
+// values and the spool's together are every step (the batch in flight at the signal may be in
+// both: it leaves the queue only once the server answers).
+TEST(MlflowServer, WhatASignalledRunCannotSendInTimeIsInTheSpool) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  const fs::path tmp = g_dir / "signal_tmp";
+  fs::create_directories(tmp);
+  auto child = dtrain::test::Process::start(
+      {fs::read_symlink("/proc/self/exe").string()},
+      {.env = {"DTRAIN_TEST_MLFLOW_SIGNAL_CHILD=1", "MLFLOW_TRACKING_URI=" + g_server->url(),
+               "MLFLOW_EXPERIMENT_NAME=signalled_short", "TMPDIR=" + tmp.string()},
+       .timeout = 180s});
+  ASSERT_TRUE(
+      child.wait_for([](const std::string& out,
+                        const std::string&) { return out.find("logged ") != std::string::npos; },
+                     120s))
+      << child.out() << child.err();
+  child.signal(SIGTERM);
+  auto r = child.finish(60s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out << r.err;
+  const std::string out = r.out;
+  const auto at = out.find("logged ") + 7;
+  const std::string run_id = out.substr(at, out.find('\n', at) - at);
+  std::map<int64_t, int> seen;  // step -> times seen
+  for (const auto& run : read_runs(g_server->url(), "signalled_short")["runs"])
+    for (const auto& p : run["metrics"]["loss"]) ++seen[p[0].get<int64_t>()];
+  const size_t on_server = seen.size();
+  const fs::path spool =
+      tmp / ("dtrain-mlflow-spool-" + std::to_string(::getuid())) / (run_id + ".jsonl");
+  if (on_server < static_cast<size_t>(kLoggedSteps)) {
+    EXPECT_NE(r.err.find("stopped by a signal"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(spool.string()), std::string::npos) << r.err;
+    std::ifstream in(spool);
+    ASSERT_TRUE(in.good()) << "no spool file " << spool;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == 0 && j["key"] == "loss") ++seen[j["step"].get<int64_t>()];
+    }
+  }
+  std::vector<int64_t> steps;
+  size_t twice = 0;
+  for (const auto& [step, n] : seen) {
+    steps.push_back(step);
+    twice += n > 1 ? 1 : 0;
+  }
+  EXPECT_EQ(steps, range(1, kLoggedSteps)) << on_server << " on the server";
+  EXPECT_LE(twice, 1000u) << "more than the one batch in flight both sent and spooled";
 }
 
 TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) {
