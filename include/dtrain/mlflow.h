@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace torch::nn {
@@ -60,6 +61,10 @@ struct StartOptions {
   // stops a failed job's other workers): send what is queued for up to this long, keep the
   // rest in the spool file, then die of the signal as before. 0: leave the signals alone.
   std::chrono::milliseconds signal_flush{std::chrono::seconds(3)};
+  // System metrics (CPU, memory, disk, network, NVIDIA GPUs) as MLflow's
+  // `start_run(log_system_metrics=True)` logs them ("system/..." every 10 s; see
+  // docs/tracking.md). Default: MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING (off when unset).
+  std::optional<bool> log_system_metrics;
 };
 
 // Counters a test or a log line can read.

@@ -21,6 +21,7 @@
 #include "dtrain/mlflow.h"
 #include "tracking/signal_flush.h"
 #include "tracking/store.h"
+#include "tracking/system_metrics.h"
 
 namespace fs = std::filesystem;
 
@@ -67,8 +68,11 @@ struct Run::Impl {
   std::string spool_path;
   std::thread sender;
   int signal_token = 0;
+  std::unique_ptr<detail::SystemMonitor> system;  // when system metrics are logged
 
   void run_sender() DTRAIN_EXCLUDES(mu);
+  void queue_metrics(const std::map<std::string, double>& metrics, int64_t step)
+      DTRAIN_EXCLUDES(mu);
   void spool_locked() DTRAIN_REQUIRES(mu);
   void flush_on_signal() DTRAIN_EXCLUDES(mu);
   void end(RunStatus status);
@@ -193,12 +197,19 @@ void Run::Impl::run_sender() {
   done.notify_all();
 }
 
+void Run::Impl::queue_metrics(const std::map<std::string, double>& metrics, int64_t step) {
+  int64_t ts = detail::now_ms();
+  MutexLock lk(mu);
+  for (const auto& [k, v] : metrics) queue.push_back({detail::Entry::Metric, k, "", v, ts, step});
+}
+
 void Run::Impl::end(RunStatus status) {
   {
     MutexLock lk(mu);
     if (ended) return;
     ended = true;
   }
+  if (system) system->stop();
   detail::unregister_signal_flusher(signal_token);
   bool delivered;
   {
@@ -267,6 +278,7 @@ Run Run::start(StartOptions o) {
   if (o.parent_run_id.empty()) o.parent_run_id = param::kMlflowParentRunId.get();
   if (o.run_id.empty()) o.run_id = param::String{"MLFLOW_RUN_ID", ""}.get();
   if (o.fallback_dir.empty()) o.fallback_dir = param::kMlflowFallbackDir.get();
+  const auto system_metrics = detail::system_metrics_settings(o.log_system_metrics);
 
   auto impl = std::make_shared<Impl>();
   impl->options = o;
@@ -302,6 +314,23 @@ Run Run::start(StartOptions o) {
   fs::create_directories(spool_dir, ec);
   impl->spool_path = (spool_dir / (impl->info.run_id + ".jsonl")).string();
   impl->sender = std::thread([p = impl.get()] { p->run_sender(); });
+  if (system_metrics.enabled) {
+    // Continuing a run, after its last system step (MLflow's resume_logging).
+    int64_t first_step = 0;
+    if (!o.run_id.empty()) {
+      try {
+        first_step = impl->store->max_metric_step(impl->info.run_id, "system/") + 1;
+      } catch (const std::exception& e) {
+        warn("cannot read the system metrics of run " + impl->info.run_id + " (" + e.what() +
+             "); its system metrics start again at step 0");
+      }
+    }
+    impl->system = std::make_unique<detail::SystemMonitor>(
+        system_metrics, first_step,
+        [p = impl.get()](const std::map<std::string, double>& m, int64_t step) {
+          p->queue_metrics(m, step);
+        });
+  }
   if (o.signal_flush.count() > 0) {
     impl->signal_token = detail::register_signal_flusher([weak = std::weak_ptr<Impl>(impl)] {
       if (auto p = weak.lock()) p->flush_on_signal();
@@ -340,10 +369,7 @@ void Run::log_metric(const std::string& key, double value, int64_t step, int64_t
 
 void Run::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
   if (!impl_) return;
-  int64_t ts = detail::now_ms();
-  MutexLock lk(impl_->mu);
-  for (const auto& [k, v] : metrics)
-    impl_->queue.push_back({detail::Entry::Metric, k, "", v, ts, step});
+  impl_->queue_metrics(metrics, step);
 }
 
 void Run::set_tag(const std::string& key, const std::string& value) {

@@ -3,6 +3,7 @@
 
 #include "tracking/http.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -234,6 +235,33 @@ RunInfo RestStore::get_run(const std::string& run_id) {
   return info;
 }
 
+int64_t RestStore::max_metric_step(const std::string& run_id, const std::string& prefix) {
+  // runs/get carries each key's latest value at its largest step (run.data.metrics), as
+  // MLflow's SystemMetricsMonitor reads it to resume.
+  const std::string body = call("GET", "/api/2.0/mlflow/runs/get?run_id=" + url_escape(run_id), "");
+  int64_t best = -1;
+  try {
+    const json j = json::parse(body);
+    const json* metrics = nullptr;
+    if (j.contains("run") && j["run"].contains("data") && j["run"]["data"].contains("metrics"))
+      metrics = &j["run"]["data"]["metrics"];
+    if (metrics == nullptr) return -1;
+    for (const auto& m : *metrics) {
+      const std::string key = m.value("key", "");
+      if (key.rfind(prefix, 0) != 0) continue;
+      const auto& step = m.value("step", json(0));
+      // protobuf's JSON writes int64 as a string
+      int64_t s = step.is_string() ? std::stoll(step.get<std::string>()) : step.get<int64_t>();
+      best = std::max(best, s);
+    }
+  } catch (const std::exception& e) {
+    throw NetworkError(std::string("mlflow: cannot read the metrics in the server's answer to "
+                                   "runs/get: ") +
+                       e.what());
+  }
+  return best;
+}
+
 void RestStore::log_batch(const std::string& run_id, const std::vector<Entry>& entries) {
   json metrics = json::array(), params = json::array(), tags = json::array();
   for (const auto& e : entries) {
@@ -378,6 +406,24 @@ std::string FileStore::run_dir(const std::string& run_id) {
 RunInfo FileStore::get_run(const std::string& run_id) {
   fs::path dir = run_dir(run_id);
   return {run_id, dir.parent_path().filename().string(), "file://" + (dir / "artifacts").string()};
+}
+
+int64_t FileStore::max_metric_step(const std::string& run_id, const std::string& prefix) {
+  // metrics/<key> files hold "timestamp value step" lines; keys with '/' are subdirectories.
+  const fs::path metrics = fs::path(run_dir(run_id)) / "metrics";
+  int64_t best = -1;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(metrics, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    const std::string key = fs::relative(it->path(), metrics).generic_string();
+    if (key.rfind(prefix, 0) != 0) continue;
+    std::ifstream in(it->path());
+    std::string ts, value;
+    int64_t step = 0;
+    while (in >> ts >> value >> step) best = std::max(best, step);
+  }
+  return best;
 }
 
 void FileStore::adopt_run(const RunInfo& run, RunStatus status) {

@@ -74,6 +74,8 @@ class Store {
                              const std::string& run_name,
                              const std::map<std::string, std::string>& tags) = 0;
   virtual RunInfo get_run(const std::string& run_id) = 0;
+  // The largest step of the run's metrics whose key starts with `prefix`; -1 when none.
+  virtual int64_t max_metric_step(const std::string& run_id, const std::string& prefix) = 0;
   virtual void log_batch(const std::string& run_id, const std::vector<Entry>& entries) = 0;
   virtual void update_run(const std::string& run_id, RunStatus status) = 0;
   virtual void upload_artifact(const RunInfo& run, const std::string& local_file,
@@ -87,6 +89,7 @@ class RestStore : public Store {
                      const std::string& run_name,
                      const std::map<std::string, std::string>& tags) override;
   RunInfo get_run(const std::string& run_id) override;
+  int64_t max_metric_step(const std::string& run_id, const std::string& prefix) override;
   void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
   void update_run(const std::string& run_id, RunStatus status) override;
   void upload_artifact(const RunInfo& run, const std::string& local_file,
@@ -111,6 +114,7 @@ class FileStore : public Store {
                      const std::string& run_name,
                      const std::map<std::string, std::string>& tags) override;
   RunInfo get_run(const std::string& run_id) override;
+  int64_t max_metric_step(const std::string& run_id, const std::string& prefix) override;
   void log_batch(const std::string& run_id, const std::vector<Entry>& entries) override;
   void update_run(const std::string& run_id, RunStatus status) override;
   void upload_artifact(const RunInfo& run, const std::string& local_file,

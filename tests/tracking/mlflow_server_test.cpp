@@ -19,7 +19,9 @@
 #include "dtrain/error.h"
 #include "dtrain/mlflow.h"
 #include "support/paths.h"
+#include "support/scoped_env.h"
 #include "tracking/support.h"
+#include "tracking/system_metrics.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -392,6 +394,197 @@ TEST(MlflowServer, WhatASignalledRunCannotSendInTimeIsInTheSpool) {
   }
   EXPECT_EQ(steps, range(1, kLoggedSteps)) << on_server << " on the server";
   EXPECT_LE(twice, 1000u) << "more than the one batch in flight both sent and spooled";
+}
+
+// A run of MLflow's own client with log_system_metrics=True: prints its run id.
+std::string python_system_metrics_run(const std::string& experiment, double seconds,
+                                      const std::string& run_id = "") {
+  auto r = run_command(
+      {DTRAIN_VENV_PYTHON, "-c",
+       "import sys, time, mlflow\n"
+       "mlflow.set_tracking_uri(sys.argv[1]); mlflow.set_experiment(sys.argv[2])\n"
+       "with mlflow.start_run(run_id=sys.argv[4] or None, log_system_metrics=True) as run:\n"
+       "    time.sleep(float(sys.argv[3]))\n"
+       "print('RUN_ID=' + run.info.run_id)\n",
+       g_server->url(), experiment, std::to_string(seconds), run_id},
+      {.env = {"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL=0.5"}, .timeout = 120s});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const auto at = r.out.find("RUN_ID=");
+  if (at == std::string::npos) return "";
+  return r.out.substr(at + 7, r.out.find('\n', at) - at - 7);
+}
+
+std::string dtrain_system_metrics_run(const std::string& experiment, double seconds,
+                                      const std::string& run_id = "") {
+  dtrain::test::ScopedEnv env;
+  env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5");
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+                                         .experiment = experiment,
+                                         .run_id = run_id,
+                                         .log_system_metrics = true});
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  run.end();
+  return run_id.empty() ? run.id() : run_id;
+}
+
+nlohmann::json run_by_id(const std::string& experiment, const std::string& id) {
+  const auto runs = read_runs(g_server->url(), experiment)["runs"];
+  for (const auto& run : runs)
+    if (run["run_id"] == id) return run;
+  ADD_FAILURE() << "no run " << id << " in " << experiment << ": " << runs.dump();
+  return nlohmann::json::object();
+}
+
+std::map<std::string, nlohmann::json> system_metrics_of(const nlohmann::json& run) {
+  std::map<std::string, nlohmann::json> out;
+  for (const auto& [key, history] : run["metrics"].items())
+    if (key.rfind("system/", 0) == 0) out[key] = history;
+  return out;
+}
+
+// dtrain's system metrics beside MLflow's own monitor on this machine, the same interval: the
+// same names, steps from 0, one-decimal means.
+TEST(MlflowServer, SystemMetricsAreMlflowsNamesAndSteps) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  const auto py =
+      system_metrics_of(run_by_id("system_py", python_system_metrics_run("system_py", 2.3)));
+  const auto ours = system_metrics_of(
+      run_by_id("system_dtrain", dtrain_system_metrics_run("system_dtrain", 2.3)));
+  std::set<std::string> py_names, our_names;
+  for (const auto& [k, v] : py) py_names.insert(k);
+  for (const auto& [k, v] : ours) our_names.insert(k);
+  EXPECT_EQ(our_names, py_names);
+  EXPECT_EQ(our_names.size(), 8u);  // CPU 3, disk 3, network 2 (no GPU here)
+  for (const auto& [name, history] : ours) {
+    ASSERT_GE(history.size(), 3u) << name;  // samples at 0, 0.5, 1.0, (1.5), ...
+    EXPECT_NEAR(static_cast<double>(history.size()), static_cast<double>(py.at(name).size()), 1)
+        << name;
+    for (size_t i = 0; i < history.size(); ++i) {
+      EXPECT_EQ(history[i][0], static_cast<int64_t>(i)) << name;
+      const double v = history[i][1].get<double>();
+      EXPECT_GE(v, 0) << name;
+      if (name.find("network") == std::string::npos) {
+        EXPECT_NEAR(v * 10, std::round(v * 10), 1e-6) << name << " " << v;  // round(x, 1)
+      }
+      if (name.find("percentage") != std::string::npos) {
+        EXPECT_LE(v, 100) << name;
+      }
+    }
+  }
+  // psutil's first cpu_percent() in a thread is 0.0; so is dtrain's first sample.
+  EXPECT_EQ(ours.at("system/cpu_utilization_percentage")[0][1].get<double>(), 0.0);
+}
+
+// dtrain's readings are psutil's: psutil read between two readings of dtrain's sampler lies
+// between them (the disk and memory of a busy machine move; the bracket is a few ms wide).
+TEST(MlflowSystemMetrics, ReadingsArePsutilsReadings) {
+  auto reading = [] {
+    dtrain::mlflow::detail::SystemSampler sampler;
+    sampler.collect();
+    return sampler.aggregate();
+  };
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto before = reading();
+    auto r = run_command(
+        {DTRAIN_VENV_PYTHON, "-c",
+         "import os, psutil\n"
+         "d = psutil.disk_usage(os.sep); m = psutil.virtual_memory()\n"
+         "print(d.used / 1e6, d.free / 1e6, d.percent, m.used / 1e6, m.used / m.total * 100)\n"},
+        {.timeout = 60s});
+    const auto after = reading();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::istringstream in(r.out);
+    std::map<std::string, double> psutil;
+    for (const char* name :
+         {"disk_usage_megabytes", "disk_available_megabytes", "disk_usage_percentage",
+          "system_memory_usage_megabytes", "system_memory_usage_percentage"})
+      in >> psutil[name];
+    ASSERT_TRUE(in) << r.out;
+    std::vector<std::string> outside;
+    for (const auto& [name, value] : psutil) {
+      // One decimal of rounding, and 0.5 MB / 0.1 points of movement either side.
+      const double slack = name.find("percentage") != std::string::npos ? 0.15 : 0.6;
+      const double lo = std::min(before.at(name), after.at(name)) - slack;
+      const double hi = std::max(before.at(name), after.at(name)) + slack;
+      if (value < lo || value > hi)
+        outside.push_back(name + " " + std::to_string(value) + " not in [" + std::to_string(lo) +
+                          ", " + std::to_string(hi) + "]");
+    }
+    if (outside.empty()) return;
+    if (attempt == 2) {
+      for (const auto& o : outside) ADD_FAILURE() << o;
+    }
+  }
+}
+
+// A run continued by id goes on after its last system step, whichever client logged it: MLflow
+// continues dtrain's steps, and dtrain MLflow's.
+TEST(MlflowServer, AContinuedRunsSystemStepsGoOnAcrossClients) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  const std::string id = dtrain_system_metrics_run("system_resume", 1.3);
+  auto steps = [&] {
+    return steps_of(
+        system_metrics_of(run_by_id("system_resume", id)).at("system/disk_usage_megabytes"));
+  };
+  const auto first = steps();
+  ASSERT_GE(first.size(), 2u);
+  EXPECT_EQ(first, range(0, static_cast<int64_t>(first.size()) - 1));
+  python_system_metrics_run("system_resume", 1.3, id);
+  const auto second = steps();
+  ASSERT_GT(second.size(), first.size());
+  EXPECT_EQ(second, range(0, static_cast<int64_t>(second.size()) - 1));  // no step twice
+  dtrain_system_metrics_run("system_resume", 1.3, id);
+  const auto third = steps();
+  ASSERT_GT(third.size(), second.size());
+  EXPECT_EQ(third, range(0, static_cast<int64_t>(third.size()) - 1));
+}
+
+// What MLflow refuses in its variables, dtrain refuses before it makes a run, saying which.
+TEST(MlflowServer, BadSystemMetricsVariablesAreRefusedAsMlflowRefusesThem) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto python_refuses = [](const std::string& value) {
+    auto r = run_command({DTRAIN_VENV_PYTHON, "-c",
+                          "import sys, mlflow\n"
+                          "mlflow.set_tracking_uri(sys.argv[1])\n"
+                          "mlflow.start_run(); mlflow.end_run()\n",
+                          g_server->url()},
+                         {.env = {"MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=" + value,
+                                  "MLFLOW_EXPERIMENT_NAME=system_bad_python"},
+                          .timeout = 120s});
+    return r.exit_code != 0 && r.err.find("ValueError") != std::string::npos;
+  };
+  for (const char* value : {"yes", "on", ""}) {
+    dtrain::test::ScopedEnv env;
+    env.set("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", value);
+    EXPECT_TRUE(python_refuses(value)) << value;
+    try {
+      dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "system_bad"});
+      ADD_FAILURE() << "accepted MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=" << value;
+    } catch (const dtrain::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  for (const char* value : {"True", "1", "FALSE", "0"}) {
+    dtrain::test::ScopedEnv env;
+    env.set("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", value);
+    EXPECT_FALSE(python_refuses(value)) << value;
+    EXPECT_NO_THROW(
+        dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "system_bad"}))
+        << value;
+  }
+  for (const char* interval : {"abc", "-1", "nan"}) {
+    dtrain::test::ScopedEnv env;
+    env.set("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true");
+    env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", interval);
+    EXPECT_THROW(
+        dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "system_bad"}),
+        dtrain::UsageError)
+        << interval;
+  }
+  // dtrain refuses before it makes a run (MLflow makes the run, then raises): the four accepted.
+  EXPECT_EQ(read_runs(g_server->url(), "system_bad")["runs"].size(), 4u);
 }
 
 TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) {
