@@ -60,3 +60,14 @@ add_test(NAME tune.ssh_warm
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
 set_tests_properties(tune.ssh_warm PROPERTIES LABELS cluster TIMEOUT 300 RUN_SERIAL TRUE
   ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+
+# NaN and infinite metrics across a killed and resumed search, against the same search
+# uninterrupted and against Ray's Tuner on the same trainable (tests/tune/ray_nan_resume_peer.py).
+add_executable(tune_nan_resume_program tune/nan_resume_program.cpp)
+target_link_libraries(tune_nan_resume_program PRIVATE dtrain)
+dtrain_use_torch_pch(tune_nan_resume_program)
+dtrain_test(tune_nan_resume_test LABELS tune SOURCES tune/nan_resume_test.cpp
+            launcher/subprocess.cpp TORCH)
+dtrain_test_programs(tune_nan_resume_test TUNE_NAN_RESUME_PROGRAM tune_nan_resume_program)
+add_dependencies(tune_nan_resume_test tune_nan_resume_program dtrain_cli)
+dtrain_test_once(tune_nan_resume_test torch2)  # driver logic and a Ray peer; ~40 s

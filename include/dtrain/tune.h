@@ -32,8 +32,10 @@
 // driver's scheduler (dtrain/tune_schedulers.h) decides, and report() returns (continue) or throws
 // TrialStopped (stop, or pause for PBT) on every rank that calls it. A trial that fails is started
 // again from its latest checkpoint up to max_failures times. Everything the search knows is written
-// to storage_path/<name>/tuner_state.json after every event; with `resume`, a search whose driver
-// was killed continues from there and runs no finished trial again.
+// to storage_path/<name>/tuner_state.json after every event (NaN and infinite metrics written
+// NaN / Infinity, as Python's json and Ray's experiment state have them); with `resume`, a search
+// whose driver was killed continues from there, with those values as they were, and runs no
+// finished trial again.
 #pragma once
 
 #include <chrono>
@@ -195,8 +197,12 @@ class ResultGrid {
   std::size_t size() const { return trials_.size(); }
   const TrialResult& operator[](std::size_t i) const { return trials_.at(i); }
   int num_errors() const;
-  // The trial whose last result (scope "last", Ray's default) or best result (scope "all")
-  // is best by metric/mode (default: the Tuner's). UsageError: no trial reported the metric.
+  // The trial best by metric/mode (default: the Tuner's), as Ray's get_best_result with its
+  // default filter_nan_and_inf: each trial's score is the last value of the metric it reported
+  // (scope "last", Ray's default) or, scope "all", the running max (min) of its values as Ray's
+  // metric_analysis keeps it (Python's max(value, previous) in order: a NaN makes it NaN until
+  // the next number replaces it); a NaN or infinite score is never the best.
+  // UsageError: no trial reported the metric as a finite number.
   const TrialResult& best_result(const std::string& metric = "", const std::string& mode = "",
                                  const std::string& scope = "last") const;
   // One row per trial under one header (the union of the trials' columns): id, status,

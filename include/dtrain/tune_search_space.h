@@ -33,11 +33,21 @@
 //     varying fastest (Ray sorts grid paths, then counts like an odometer from the first);
 //     the whole grid is repeated num_samples times, random parameters drawn anew for every
 //     variant.
+//   - sample_from(fn): Ray's tune.sample_from(lambda config: ...): fn's value for the variant's
+//     config as resolved so far, e.g. {"b", sample_from([](const Config& c) {
+//     return c.at("a").get<int>() * 2; })}. Resolved as Ray's _resolve_domain_vars: after the
+//     grid values are set, the domains in the space's order (random ones drawn as they come),
+//     pass after pass; a function that reads a value not resolved yet (a domain object, which
+//     nlohmann refuses to read as a number or string: json::type_error) is asked again in the
+//     next pass, as Ray asks again a function that met an unresolved value
+//     (RecursiveDependencyError). So `b` may read a grid value, a constant, a random value
+//     drawn after it in the space, or another sample_from's value.
 // Draws come from a RandomSource: seeded (reproducible) or recorded draws (the Ray parity
 // tests feed the same draws to Ray and to dtrain).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -101,11 +111,23 @@ Config qlograndint(std::int64_t lower, std::int64_t upper, std::int64_t q);
 Config choice(const std::vector<Config>& categories);
 Config grid_search(const std::vector<Config>& values);
 
-// True if `value` is one of the domain objects above (not a grid).
+// Ray's tune.sample_from: `fn` gets the variant's config (the whole space, resolved so far) and
+// returns the value (a plain value: not a domain or grid). `name` names it in errors (and the Ray
+// parity test's peer). The domain object, {"__domain__": "sample_from", "function": name, "id":
+// n}, refers to `fn` in a table of this process (a Config is JSON; a function is not), so it is
+// resolved only in the process that made it: a space read back from a saved search is not
+// sampled again. Thread-safe. generate_variants throws UsageError when fn throws anything but a
+// type_error, when fn's value is a domain or a grid, and when a pass resolves nothing (functions
+// that depend on each other, or a type_error with nothing left to wait for), naming the key.
+using SampleFunction = std::function<Config(const Config& config)>;
+Config sample_from(SampleFunction fn, std::string name = "");
+
+// True if `value` is one of the domain objects above, sample_from's included (not a grid).
 bool is_domain(const Config& value);
 bool is_grid(const Config& value);
 
-// One draw from a domain object (UsageError if `domain` is not one).
+// One draw from a domain object (UsageError if `domain` is not one, or is a sample_from,
+// which needs the config: generate_variants resolves it).
 Config sample(const Config& domain, RandomSource& random);
 
 // Every configuration of a search: the grid crossed, repeated num_samples times, random

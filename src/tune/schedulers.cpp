@@ -239,6 +239,11 @@ namespace {
 void check_mutations(const Config& m, const std::string& where) {
   for (auto it = m.begin(); it != m.end(); ++it) {
     const Config& v = it.value();
+    if (is_domain(v) && v.at("__domain__") == "sample_from") {
+      throw UsageError("tune::PbtScheduler: hyperparam_mutations[\"" + where + it.key() +
+                       "\"] is a sample_from, which PBT cannot resample (it needs a config); "
+                       "give a list of values or a random domain");
+    }
     if (is_domain(v) || v.is_array()) continue;
     if (v.is_object()) {
       check_mutations(v, where + it.key() + ".");

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/thread_annotations.h"
 #include "dtrain/error.h"
 
 namespace dtrain::tune {
@@ -22,6 +23,37 @@ namespace dtrain::tune {
 namespace {
 
 constexpr const char* kDomainKey = "__domain__";
+
+// sample_from's functions. A space is JSON, so its sample_from domain holds an index into this
+// table; entries are only added (a domain made once stays valid for the process's life).
+struct SampleFunctions {
+  Mutex mu;
+  std::vector<std::pair<std::string, SampleFunction>> entries DTRAIN_GUARDED_BY(mu);
+};
+
+SampleFunctions& sample_functions() {
+  static SampleFunctions* table = new SampleFunctions;  // never destroyed: static destruction
+  return *table;
+}
+
+bool is_sample_from(const Config& v) {
+  return v.is_object() && v.contains(kDomainKey) && v.at(kDomainKey) == "sample_from";
+}
+
+// The function a sample_from domain names (UsageError when this process has none by that index:
+// a space from elsewhere, a saved search).
+std::pair<std::string, SampleFunction> sample_function(const Config& d) {
+  auto& t = sample_functions();
+  MutexLock lock(t.mu);
+  const Config& id = d.contains("id") ? d.at("id") : Config();
+  if (!id.is_number_unsigned() || id.get<std::size_t>() >= t.entries.size()) {
+    throw UsageError("tune: sample_from domain " + d.dump() +
+                     " names no function of this process (sample_from() makes the domain; a "
+                     "space read back from a saved search or another process is not resolved "
+                     "again)");
+  }
+  return t.entries[id.get<std::size_t>()];
+}
 
 std::string num(double v) {
   std::ostringstream s;
@@ -122,11 +154,65 @@ void check_space(const Config& node, const std::string& where) {
   if (node.is_object() && node.contains(kDomainKey) && !is_domain(node)) {
     throw UsageError("tune: unknown domain at '" + where + "': " + node.dump() +
                      " (use uniform, quniform, loguniform, qloguniform, randn, qrandn, randint, "
-                     "qrandint, lograndint, qlograndint or choice)");
+                     "qrandint, lograndint, qlograndint, choice or sample_from)");
   }
   if (node.is_object() && !is_domain(node)) {
     for (auto it = node.begin(); it != node.end(); ++it)
       check_space(it.value(), where + "/" + it.key());
+  }
+}
+
+// Ray's _resolve_domain_vars (constant_grid_search=False), once per variant, its grid values
+// set: the domains in the space's order, pass after pass until all are resolved. A random one
+// is drawn in the first pass; a sample_from whose function meets a value not resolved yet (a
+// type_error while other domains are left) waits for the next pass, as Ray's
+// RecursiveDependencyError. A pass that resolves nothing is Ray's unresolved dependency error.
+void resolve_domains(Config& c, const std::vector<Var>& domains, RandomSource& random) {
+  std::vector<bool> done(domains.size(), false);
+  std::size_t left = domains.size();
+  while (left > 0) {
+    std::size_t resolved = 0;
+    std::string waiting;  // the last function that waited, and on what
+    for (std::size_t i = 0; i < domains.size(); ++i) {
+      if (done[i]) continue;
+      const Var& d = domains[i];
+      const std::string where = d.pointer.to_string();
+      if (!is_sample_from(*d.value)) {
+        c[d.pointer] = sample(*d.value, random);
+      } else {
+        const auto [name, fn] = sample_function(*d.value);
+        Config value;
+        try {
+          value = fn(c);
+        } catch (const Config::type_error& e) {
+          if (left == 1) {
+            throw UsageError("tune: sample_from '" + name + "' at '" + where +
+                             "' failed with every other value resolved: " + e.what());
+          }
+          waiting = "'" + name + "' at '" + where + "' (" + e.what() + ")";
+          continue;
+        } catch (const std::exception& e) {
+          throw UsageError("tune: failed to evaluate sample_from '" + name + "' at '" + where +
+                           "': " + e.what());
+        }
+        if (is_domain(value) || is_grid(value)) {
+          throw UsageError("tune: sample_from '" + name + "' at '" + where + "' returned " +
+                           value.dump() +
+                           "; it must return a plain value (a returned domain or grid_search, "
+                           "which Ray would expand further, is not supported)");
+        }
+        c[d.pointer] = std::move(value);
+      }
+      done[i] = true;
+      --left;
+      ++resolved;
+    }
+    if (resolved == 0) {
+      throw UsageError("tune: " + std::to_string(left) +
+                       " sample_from value(s) depend on values never resolved (each other, in a "
+                       "circle?); the last to wait: " +
+                       waiting);
+    }
   }
 }
 
@@ -261,6 +347,15 @@ Config choice(const std::vector<Config>& categories) {
   return Config{{kDomainKey, "choice"}, {"categories", categories}};
 }
 
+Config sample_from(SampleFunction fn, std::string name) {
+  if (!fn) throw UsageError("tune::sample_from: the function is empty");
+  auto& t = sample_functions();
+  MutexLock lock(t.mu);
+  if (name.empty()) name = "function " + std::to_string(t.entries.size());
+  t.entries.emplace_back(name, std::move(fn));
+  return Config{{kDomainKey, "sample_from"}, {"function", name}, {"id", t.entries.size() - 1}};
+}
+
 Config grid_search(const std::vector<Config>& values) {
   if (values.empty()) throw UsageError("tune::grid_search: needs at least one value");
   return Config{{"grid_search", values}};
@@ -271,7 +366,7 @@ bool is_domain(const Config& v) {
   const auto& k = v.at(kDomainKey).get_ref<const std::string&>();
   return k == "uniform" || k == "loguniform" || k == "quniform" || k == "qloguniform" ||
          k == "randn" || k == "qrandn" || k == "randint" || k == "qrandint" || k == "lograndint" ||
-         k == "qlograndint" || k == "choice";
+         k == "qlograndint" || k == "choice" || k == "sample_from";
 }
 
 bool is_grid(const Config& v) {
@@ -281,6 +376,11 @@ bool is_grid(const Config& v) {
 Config sample(const Config& d, RandomSource& r) {
   if (!is_domain(d)) throw UsageError("tune::sample: not a domain: " + d.dump());
   const std::string kind = d.at(kDomainKey).get<std::string>();
+  if (kind == "sample_from") {
+    throw UsageError("tune::sample: " + d.dump() +
+                     " is a sample_from, which needs the variant's config: generate_variants "
+                     "resolves it");
+  }
   if (kind == "uniform") {
     return draw_uniform(d.at("lower").get<double>(), d.at("upper").get<double>(), r);
   }
@@ -356,9 +456,7 @@ std::vector<Config> generate_variants(const Config& space, int num_samples, Rand
       for (std::size_t i = 0; i < grids.size(); ++i) {
         c[grids[i].pointer] = grids[i].value->at("grid_search").at(at[i]);
       }
-      // Random domains: drawn in the space's order, once per variant (Ray's
-      // _resolve_domain_vars with constant_grid_search=False).
-      for (const auto& d : domains) c[d.pointer] = sample(*d.value, random);
+      resolve_domains(c, domains, random);
       out.push_back(std::move(c));
       std::size_t i = 0;
       for (; i < grids.size(); ++i) {

@@ -32,6 +32,7 @@
 #include "tune/concurrency.h"
 #include "tune/mlflow_trials.h"
 #include "tune/report_wire.h"
+#include "tune/state_json.h"
 #include "tune/trial_files.h"
 #include "tune/warm_fork_server.h"
 #include "tune/warm_hosts.h"
@@ -193,29 +194,45 @@ const TrialResult& ResultGrid::best_result(const std::string& metric_in, const s
                                            const std::string& scope) const {
   const std::string metric = metric_in.empty() ? metric_ : metric_in;
   const std::string mode = mode_in.empty() ? mode_ : mode_in;
+  if (scope != "last" && scope != "all") {
+    throw UsageError("tune::ResultGrid::best_result: scope must be \"last\" or \"all\", got \"" +
+                     scope + "\"");
+  }
   if (metric.empty() || (mode != "min" && mode != "max")) {
     throw UsageError(
         "tune::ResultGrid::best_result: needs a metric and mode \"min\"/\"max\" (got \"" + metric +
         "\", \"" + mode + "\"); pass them or set them in TuneOptions");
   }
-  if (scope != "last" && scope != "all") {
-    throw UsageError("tune::ResultGrid::best_result: scope must be \"last\" or \"all\", got \"" +
-                     scope + "\"");
-  }
+  // Ray's ExperimentAnalysis.get_best_trial (filter_nan_and_inf=True): a trial's score is its
+  // last value of the metric (scope "last") or, for "all", the running max (min) Ray's
+  // metric_analysis keeps: Python's max(value, previous) over its results in order, which a
+  // NaN result makes NaN and the next number replaces. A NaN or infinite score never wins.
   const TrialResult* best = nullptr;
   double best_value = 0;
   for (const auto& t : trials_) {
-    const Result& r = scope == "last" ? t.last_result : t.best_result;
-    if (!r.is_object() || !r.contains(metric) || !r.at(metric).is_number()) continue;
-    const double v = r.at(metric).get<double>();
-    if (std::isnan(v)) continue;
-    if (best == nullptr || better(v, best_value, mode)) {
+    bool seen = false;
+    double score = 0;
+    for (const auto& h : t.history) {
+      if (!h.is_object() || !h.contains(metric) || !h.at(metric).is_number()) continue;
+      const double v = h.at(metric).get<double>();
+      if (!seen || scope == "last") {
+        score = v;
+      } else {
+        // Python's max(v, score) keeps its first argument unless the second compares greater.
+        score = (mode == "max" ? score > v : score < v) ? score : v;
+      }
+      seen = true;
+    }
+    if (!seen || !std::isfinite(score)) continue;
+    if (best == nullptr || better(score, best_value, mode)) {
       best = &t;
-      best_value = v;
+      best_value = score;
     }
   }
   if (best == nullptr) {
-    throw UsageError("tune::ResultGrid::best_result: no trial reported \"" + metric + "\"");
+    throw UsageError("tune::ResultGrid::best_result: no trial reported \"" + metric +
+                     "\" as a finite number (NaN and infinite values are never the best, as in "
+                     "Ray)");
   }
   return *best;
 }
@@ -337,7 +354,11 @@ ResultGrid Tuner::fit() {
 
   if (o.resume && fs::exists(state_path)) {
     std::ifstream in(state_path);
-    Config state = Config::parse(in);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) throw Error("tune: cannot read " + state_path.string());
+    // NaN and infinite metrics come back as the numbers they were (state_json.h).
+    const Config state = detail::parse_state_json(text.str(), state_path.string());
     if (state.value("version", 0) != kStateVersion) {
       throw UsageError("tune: " + state_path.string() +
                        " was written by another version of dtrain::tune");
@@ -477,7 +498,7 @@ ResultGrid Tuner::fit() {
     const fs::path tmp = state_path.string() + ".tmp";
     {
       std::ofstream out(tmp);
-      out << state.dump(1);
+      out << detail::dump_state_json(state);  // NaN / Infinity as Ray's experiment state has them
       if (!out) throw Error("tune: cannot write " + tmp.string());
     }
     fs::rename(tmp, state_path);  // atomic: a killed driver leaves the old or the new state

@@ -28,6 +28,7 @@ SOURCES = [
     "src/diagnosis/monitor.cpp",
     "src/data/prefetch.cpp",
     "src/data/cache.cpp",
+    "src/tune/search_space.cpp",
 ]
 CLANG = "clang++"
 

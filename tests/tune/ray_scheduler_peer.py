@@ -107,10 +107,25 @@ np.random.randint = np_randint
 np.random.normal = np_normal
 
 
+# The functions of dtrain's sample_from cases (tests/tune/scheduler_parity_test.cpp), by the
+# name the C++ side gives them; attribute access, as Ray's docs write them, so a value not
+# resolved yet raises RecursiveDependencyError and Ray asks again in its next pass.
+SAMPLE_FROM = {
+    "b_from_a_and_n_k": lambda c: c.a * 10 + c.n.k,
+    "x_twice_y": lambda c: c.y * 2,
+    "y_a_plus_r": lambda c: c.a + c.r,
+    "lr_over_a": lambda c: c.lr / c.a,
+    "p_after_q": lambda c: c.q + 1,
+    "q_after_p": lambda c: c.p + 1,
+}
+
+
 def to_ray_space(value):
     """dtrain's JSON domains -> Ray's search space objects (nested objects and lists kept)."""
     if isinstance(value, dict):
         kind = value.get("__domain__")
+        if kind == "sample_from":
+            return tune.sample_from(SAMPLE_FROM[value["function"]])
         if kind == "uniform":
             return tune.uniform(value["lower"], value["upper"])
         if kind == "loguniform":
@@ -209,9 +224,14 @@ def run_variants(case):
 
     space = to_ray_space(case["variants"])
     configs = []
-    for _ in range(case["num_samples"]):
-        for _, spec in generate_variants(space):
-            configs.append(spec)
+    try:
+        for _ in range(case["num_samples"]):
+            for _, spec in generate_variants(space):
+                configs.append(spec)
+    except Exception as e:  # RecursiveDependencyError, ValueError: the case says it must raise
+        if not case.get("raises_error"):
+            raise
+        return {"raised": True, "error": f"{type(e).__name__}: {e}"}
     return {"configs": configs, "draws_used": DRAWS.used}
 
 

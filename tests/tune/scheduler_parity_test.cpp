@@ -89,6 +89,14 @@ std::unique_ptr<TrialScheduler> make_scheduler(const Config& c) {
 Config run_case(const Config& c) {
   auto random = std::make_shared<RecordedRandom>(c.value("draws", std::vector<double>{}));
   if (c.contains("variants")) {
+    if (c.value("raises_error", false)) {
+      try {
+        generate_variants(c.at("variants"), c.at("num_samples").get<int>(), *random);
+      } catch (const dtrain::UsageError& e) {
+        return Config{{"raised", true}};
+      }
+      return Config{{"raised", false}};
+    }
     auto configs = generate_variants(c.at("variants"), c.at("num_samples").get<int>(), *random);
     return Config{{"configs", configs}, {"draws_used", random->used()}};
   }
@@ -312,6 +320,41 @@ Config build_cases() {
                      {"g", grid_search({1, 2})}}},
                    {"num_samples", 8},
                    {"draws", draws(g, 400)}});
+  // sample_from (the peer has the same functions by name, in Python): b reads a grid value and
+  // a nested one; x reads y, which reads r, drawn after both in the space's order, so x and y
+  // wait for later passes (3 in all) while the random draws keep their order; lr_a reads a
+  // random value drawn before it. 2 x 2 grid x 2 samples = 8 variants.
+  cases.push_back(
+      {{"name", "sample_from"},
+       {"variants",
+        {{"x", sample_from([](const Config& c) { return c.at("y").get<int>() * 2; }, "x_twice_y")},
+         {"b", sample_from(
+                   [](const Config& c) {
+                     return c.at("a").get<int>() * 10 + c.at("n").at("k").get<int>();
+                   },
+                   "b_from_a_and_n_k")},
+         {"y",
+          sample_from([](const Config& c) { return c.at("a").get<int>() + c.at("r").get<int>(); },
+                      "y_a_plus_r")},
+         {"a", grid_search({1, 2})},
+         {"n", {{"k", grid_search({3, 4})}}},
+         {"r", randint(0, 100)},
+         {"lr", loguniform(1e-4, 1e-1)},
+         {"lr_a",
+          sample_from(
+              [](const Config& c) { return c.at("lr").get<double>() / c.at("a").get<int>(); },
+              "lr_over_a")}}},
+       {"num_samples", 2},
+       {"draws", draws(g, 100)}});
+  // Two functions that read each other: Ray's RecursiveDependencyError, dtrain's UsageError.
+  cases.push_back(
+      {{"name", "sample_from_circle"},
+       {"variants",
+        {{"p", sample_from([](const Config& c) { return c.at("q").get<int>() + 1; }, "p_after_q")},
+         {"q",
+          sample_from([](const Config& c) { return c.at("p").get<int>() + 1; }, "q_after_p")}}},
+       {"num_samples", 1},
+       {"raises_error", true}});
   return cases;
 }
 
@@ -560,6 +603,14 @@ TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
       continue;
     }
     const Config ours = run_case(cases[i]);
+    if (cases[i].at("name") == "sample_from") {
+      EXPECT_EQ(ours.at("configs").size(), 8u);
+    }
+    if (cases[i].value("raises_error", false)) {
+      EXPECT_EQ(ours.at("raised"), true);
+      EXPECT_EQ(ray[i].at("raised"), true) << ray[i].dump();
+      continue;
+    }
     std::string where = cases[i].at("name").get<std::string>();
     EXPECT_TRUE(same(ours, ray[i], where)) << "first difference at " << where;
     if (ours.contains("events")) {
@@ -600,6 +651,66 @@ TEST(TuneSearchSpace, SeededSearchIsReproducibleAndInBounds) {
     EXPECT_LT(x["w"].get<int>(), 12);
     const double q = x["q"].get<double>();
     EXPECT_DOUBLE_EQ(q, std::round(q * 4) / 4);
+  }
+}
+
+// sample_from on dtrain's side alone: its value from the resolved config, across passes, and
+// each way it can go wrong named in the error.
+TEST(TuneSearchSpace, SampleFromReadsResolvedValuesAndErrorsAreClear) {
+  const Config space = {
+      {"double_w", sample_from([](const Config& c) { return c.at("w").get<double>() * 2; })},
+      {"g", grid_search({"a", "b", "c"})},
+      {"w", uniform(0, 1)},
+      {"tag", sample_from([](const Config& c) { return c.at("g").get<std::string>() + "!"; })}};
+  const auto configs = generate_variants(space, 2, std::uint64_t{5});
+  ASSERT_EQ(configs.size(), 6u);
+  EXPECT_EQ(count_variants(space, 2), 6u);
+  for (const auto& c : configs) {
+    EXPECT_EQ(c.at("double_w").get<double>(), 2 * c.at("w").get<double>()) << c.dump();
+    EXPECT_EQ(c.at("tag"), c.at("g").get<std::string>() + "!") << c.dump();
+  }
+  auto error_of = [](const Config& s) {
+    try {
+      generate_variants(s, 1, std::uint64_t{1});
+    } catch (const dtrain::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  const std::string circle =
+      error_of({{"p", sample_from([](const Config& c) { return c.at("q").get<int>(); }, "p_fn")},
+                {"q", sample_from([](const Config& c) { return c.at("p").get<int>(); }, "q_fn")}});
+  EXPECT_TRUE(has(circle, "depend on values never resolved") && has(circle, "'q_fn' at '/q'"))
+      << circle;
+  const std::string missing =
+      error_of({{"m", sample_from([](const Config& c) { return c.at("nope"); }, "reads_nope")}});
+  EXPECT_TRUE(has(missing, "failed to evaluate sample_from 'reads_nope' at '/m'")) << missing;
+  const std::string nested =
+      error_of({{"d", sample_from([](const Config&) { return uniform(0, 1); }, "returns_domain")}});
+  EXPECT_TRUE(has(nested, "returned") && has(nested, "plain value")) << nested;
+  const std::string wrong_type = error_of(
+      {{"s", "text"},
+       {"t", sample_from([](const Config& c) { return c.at("s").get<int>(); }, "int_of_text")}});
+  EXPECT_TRUE(has(wrong_type, "'int_of_text' at '/t' failed with every other value resolved"))
+      << wrong_type;
+  EXPECT_THROW(sample_from(nullptr), dtrain::UsageError);
+  RecordedRandom r({0.5});
+  EXPECT_THROW(sample(sample_from([](const Config&) { return 1; }), r), dtrain::UsageError);
+  // A space read back from elsewhere (a saved search) names no function of this process.
+  const std::string foreign =
+      error_of({{"f", {{"__domain__", "sample_from"}, {"function", "f"}, {"id", 1u << 30}}}});
+  EXPECT_TRUE(has(foreign, "names no function of this process")) << foreign;
+  // PBT resamples its mutations without a config: a sample_from there is refused up front.
+  PbtOptions pbt;
+  pbt.hyperparam_mutations = {{"lr", sample_from([](const Config&) { return 0.1; }, "lr_fn")}};
+  try {
+    PbtScheduler scheduler(pbt);
+    ADD_FAILURE() << "PBT took a sample_from mutation";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_TRUE(has(e.what(), "hyperparam_mutations[\"lr\"] is a sample_from")) << e.what();
   }
 }
 

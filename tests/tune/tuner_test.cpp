@@ -769,6 +769,35 @@ TEST(TuneTuner, StoppersEndTrialsAndTheSearchAsRayTunesDo) {
   fs::remove_all(dir);
 }
 
+// Ray's tune.sample_from in a Tuner's param_space: each trial's config has the function's value
+// for its grid value, its workers get that number (they report it back), and the saved search
+// keeps the space as given.
+TEST(TuneTuner, SampleFromValuesReachTheTrials) {
+  const auto dir = fresh_dir("sample-from");
+  Tuner tuner(stopper_trainable,
+              Config{{"x", sample_from([](const Config& c) { return c.at("g").get<double>() + 1; },
+                                       "g_plus_1")},
+                     {"g", grid_search({1.0, 2.0})}},
+              {.metric = "score",
+               .mode = "max",
+               .max_concurrent_trials = 2,
+               .storage_path = dir.string(),
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& t = grid[i];
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    EXPECT_EQ(t.config.at("g").get<double>(), i + 1.0);
+    EXPECT_EQ(t.config.at("x").get<double>(), i + 2.0);
+    EXPECT_EQ(t.last_result.at("score").get<double>(), i + 2.0);
+  }
+  std::ifstream in(fs::path(grid.experiment_dir()) / "tuner_state.json");
+  const std::string state((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(state.find("\"function\": \"g_plus_1\""), std::string::npos) << state.substr(0, 400);
+  fs::remove_all(dir);
+}
+
 // TuneOptions::time_budget (Ray's time_budget_s, a TimeoutStopper): a budget of 1 s ends a search
 // whose first trial would report for 12 s. Bounds, not timings: the running trial ends with
 // fewer than its 30 results, none marked done (the search ended it, not a stop of its own), the
