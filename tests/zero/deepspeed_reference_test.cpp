@@ -830,6 +830,8 @@ json progress_cases() {
       8);
   add("stage 2, every 2",
       {{"steps_per_print", 2}, {"log_level", "info"}, {"zero_optimization", {{"stage", 2}}}}, 4);
+  add("stage 3 (units fetched per child), every 2",
+      {{"steps_per_print", 2}, {"log_level", "info"}, {"zero_optimization", {{"stage", 3}}}}, 6);
   add("stage 1, a skipped step, every step",
       {{"steps_per_print", 1}, {"log_level", "info"}, {"zero_optimization", {{"stage", 1}}}}, 4,
       {1});
