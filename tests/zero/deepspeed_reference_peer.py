@@ -41,7 +41,9 @@ _take_model_step does: optimizer.step(), then scheduler.step().
           ("epoch=0/micro_step=M/global_step=G, RunningAvgSamplesPerSec=..."), in order, "step":
           "ok" or the error that stopped them} or {"init": the error of deepspeed.initialize};
           "client" (optional): {"type": a torch.optim class, "lr", "betas", "momentum"} passed
-          as deepspeed.initialize's optimizer instead of the config's
+          as deepspeed.initialize's optimizer instead of the config's; with "final": true the
+          weights start at fixed values, the inputs follow torch.manual_seed(1), and "final"
+          holds the parameters after the steps
 One process runs every case: importing DeepSpeed is the slow part.
 """
 import functools
@@ -230,6 +232,10 @@ def run_progress(case):
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        if case.get("final"):
+            with torch.no_grad():  # values both sides compute (libtorch's Linear initialises differently)
+                for k, p in enumerate(model.parameters()):
+                    p.copy_((torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37 + k) * 0.5).view(p.shape))
         client = None
         if "client" in case:
             spec = dict(case["client"])
@@ -242,6 +248,8 @@ def run_progress(case):
                                               optimizer=client, config=case["config"])
         except Exception as e:
             return {"init": error_text(e)}
+        if case.get("final"):
+            torch.manual_seed(1)  # the C++ side's inputs
         try:
             for k in range(case["steps"]):
                 x = torch.randn(2, 4)
@@ -253,6 +261,8 @@ def run_progress(case):
         except Exception as e:
             out["step"] = error_text(e)
         out["lines"] = lines
+        if case.get("final"):
+            out["final"] = [v for p in engine.module.parameters() for v in p.detach().double().flatten().tolist()]
         return out
     finally:
         logger.removeHandler(keep)

@@ -712,6 +712,9 @@ json progress_cases() {
               {"params",
                {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
       4, json::array(), {{"type", "SGD"}, {"lr", 0.5}, {"momentum", 0.9}});
+  // The client cases compare the parameters after the steps too (weights both sides set).
+  for (auto& cs : c)
+    if (cs.contains("client")) cs["final"] = true;
   // Integers the config writes, kept by DeepSpeed where it puts them into the param group as
   // they are, at every step.
   add("WarmupLR warmup_min_lr 0 (an int), every step",
@@ -1526,17 +1529,36 @@ json run_progress(const json& cs) {
     dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
       torch::manual_seed(0);
       torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+      const bool final = cs.value("final", false);
+      if (final) {
+        torch::NoGradGuard
+            no_grad;  // the peer's values (libtorch's Linear initialises differently)
+        int k = 0;
+        for (auto& p : model->parameters())
+          p.copy_((torch::sin(torch::arange(p.numel(), torch::kFloat32) * 0.37 + k++) * 0.5)
+                      .view(p.sizes()));
+      }
       dtrain::zero::InitOptions init;
       init.group = pg;
       if (cs.contains("client"))
         init.optimizer = client_optimizer(cs.at("client"), model->parameters());
       dtrain::zero::Engine<torch::nn::Sequential> engine(model, config, init);
+      if (final) torch::manual_seed(1);  // the peer's inputs
       const json bad = cs.at("bad_steps");
       for (int k = 0; k < cs.at("steps").get<int>(); ++k) {
         auto x = torch::randn({2, 4});
         if (std::find(bad.begin(), bad.end(), json(k)) != bad.end()) x.index_put_({0, 0}, INFINITY);
         engine.backward(engine.forward(x).pow(2).mean());
         engine.step();
+      }
+      if (final) {
+        std::vector<double> values;
+        for (const auto& p : model->parameters()) {
+          auto flat = p.detach().to(torch::kFloat64).flatten().contiguous();
+          values.insert(values.end(), flat.data_ptr<double>(),
+                        flat.data_ptr<double>() + flat.numel());
+        }
+        out["final"] = values;
       }
     });
   } catch (...) {
@@ -1582,6 +1604,16 @@ void check_progress(const json& peer) {
       EXPECT_EQ(ours.at("lines"), theirs)
           << "dtrain    " << ours.at("lines").dump(1) << "\nDeepSpeed " << ds.at("lines").dump(1);
       std::printf("  %-56s %zu lines equal (%d throughput)\n", name.c_str(), theirs.size(), timed);
+      if (cs.value("final", false)) {  // the update too: the client steps as DeepSpeed steps it
+        const auto a = ours.at("final").get<std::vector<double>>();
+        const auto b = ds.at("final").get<std::vector<double>>();
+        ASSERT_EQ(a.size(), b.size());
+        double worst = 0;
+        for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+        EXPECT_LT(worst, 1e-5) << "parameters after the steps differ from DeepSpeed's";
+        std::printf("  %-56s parameters after %d steps within %.1e of DeepSpeed's\n", "",
+                    cs.at("steps").get<int>(), worst);
+      }
       lines += static_cast<int>(theirs.size());
       throughput += timed;
     }
