@@ -55,3 +55,5 @@ if(TARGET zero_bench)
     COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/zero/peak_rss_test.py $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:zero_bench>)
   set_tests_properties(zero.peak_rss_at_defaults PROPERTIES LABELS zero TIMEOUT 900)
 endif()
+# The progress output's pieces: the throughput timer on a test clock, get_mom() of client optimizers.
+dtrain_test(zero_progress_test LABELS zero SOURCES zero/progress_test.cpp TORCH)

@@ -176,6 +176,14 @@ struct Config {
   // DeepSpeed's "log_level", lowercased (debug, info, warning, error, critical); "": not given,
   // DeepSpeed's logger stays at warning.
   std::string log_level;
+  // DeepSpeed's "timers": {"throughput": {"enabled": true, "synchronized": true}}: its
+  // throughput line ("epoch=0/micro_step=M/global_step=G, RunningAvgSamplesPerSec=...,
+  // CurrSamplesPerSec=..., MemAllocated=...GB, MaxMemAllocated=...GB"), which rank 0 prints
+  // after the progress line at the same steps_per_print cadence from optimizer step 3 on, at
+  // log_level info or debug; `enabled` false: none. `synchronized`: the step's time waits for
+  // the device (CUDA).
+  bool throughput_timer = true;
+  bool throughput_timer_synchronized = true;
   bool wall_clock_breakdown = false;  // read, not acted on (a note says so)
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;

@@ -1069,6 +1069,30 @@ void parse_progress(Section& root, Config& c) {
                   "\"log_level\": \"info\" to see it");
 }
 
+// "timers": DeepSpeed 0.19.8 reads only "throughput" (get_timers_config), through pydantic
+// (DeepSpeedThroughputTimerConfig: enabled, synchronized; unknown keys refused).
+void parse_timers(Section& root, Config& c) {
+  const json* v = root.get("timers");
+  if (!v) {
+    if (root.has("timers"))
+      root.fail("timers",
+                "null (DeepSpeed 0.19.8 fails on it too): give an object, e.g. {\"throughput\": "
+                "{\"enabled\": false}}, or leave the key out");
+    return;
+  }
+  Section timers(*v, "timers", root.notes());
+  if (const json* t = timers.get("throughput")) {
+    Section s(*t, "timers.throughput", root.notes(), /*validated=*/true);
+    s.boolean("enabled", c.throughput_timer);
+    s.boolean("synchronized", c.throughput_timer_synchronized);
+    s.finish();
+  } else if (timers.has("throughput")) {
+    timers.fail("throughput",
+                "null (DeepSpeed 0.19.8 fails on it too): give an object or leave the key out");
+  }
+  timers.finish();
+}
+
 void set_batch(Config& c, std::optional<int64_t> tbs, std::optional<int64_t> micro,
                std::optional<int64_t> gas) {
   const int64_t ws = c.world_size;
@@ -1277,6 +1301,7 @@ Config parse_config(const json& config, int world_size) {
                       "stage 0 too); remove it or enable ZeRO");
   check_engine_rules(root, c);
   parse_progress(root, c);
+  parse_timers(root, c);
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
@@ -1296,10 +1321,10 @@ Config parse_config(const json& config, int world_size) {
   // DeepSpeed reads these; they change nothing in what dtrain computes or prints. Given, they
   // are named in one note (below).
   root.accept("zero_allow_untested_optimizer");  // acted on: silences the untested-ZeRO note
-  for (const char* k : {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
-                        "zero_force_ds_cpu_optimizer", "dataloader_drop_last", "timers",
-                        "managed_gradient_accumulation", "gradient_allreduce_op",
-                        "use_data_before_expert_parallelism", "vocabulary_size"})
+  for (const char* k :
+       {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
+        "zero_force_ds_cpu_optimizer", "dataloader_drop_last", "managed_gradient_accumulation",
+        "gradient_allreduce_op", "use_data_before_expert_parallelism", "vocabulary_size"})
     if (root.get(k)) unused.push_back(k);
   if (root.has("wall_clock_breakdown")) unused.push_back("wall_clock_breakdown");
   // Sections DeepSpeed acts on and dtrain does not: accepted with what dtrain does instead.

@@ -10,13 +10,13 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "core/python_repr.h"
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
 #include "zero/data_types.h"
 #include "zero/engine_impl.h"
 #include "zero/malloc_policy.h"
 #include "zero/overflow_rules.h"
+#include "zero/progress_text.h"
 #include "zero/stage3_fetch.h"
 
 namespace dtrain::zero {
@@ -161,6 +161,13 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   if (params_.empty()) throw UsageError("zero::initialize: the module has no trainable parameters");
   const auto dtype0 = params_[0].scalar_type();
   device_ = params_[0].device();
+  ThroughputTimer::Options timer;
+  timer.enabled = config_.throughput_timer;
+  timer.synchronized = config_.throughput_timer_synchronized;
+  timer.batch_size = config_.train_batch_size;
+  timer.steps_per_output = config_.steps_per_print;
+  timer.device = device_;
+  tput_ = ThroughputTimer(timer);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (params_[i].scalar_type() != dtype0 || params_[i].device() != device_)
       throw UsageError(
@@ -427,6 +434,7 @@ size_t EngineImpl::unit_of(const torch::nn::Module& m) const {
 }
 
 void EngineImpl::begin_units() {
+  tput_.start();  // a forward pass through the units (DeepSpeed's engine.forward)
   if (gathered_) release_parameters();  // a whole-module gather (evaluation, checkpoint) ends here
 }
 
@@ -466,6 +474,7 @@ void EngineImpl::release_parameters() {
 }
 
 void EngineImpl::before_forward() {
+  tput_.start();
   if (policy_.parameters() && !gathered_) gather_parameters();
 }
 
@@ -723,9 +732,17 @@ void EngineImpl::record_overflow() {
 }
 
 void EngineImpl::step() {
-  if (!is_gradient_accumulation_boundary() ||
-      micro_steps_ / config_.gradient_accumulation_steps <= global_steps_)
-    return;
+  // DeepSpeed's step(): the model step at a boundary, then its throughput timer, whose line
+  // (rank 0, at the log levels that show the progress line) follows the progress line.
+  const bool boundary = is_gradient_accumulation_boundary() &&
+                        micro_steps_ / config_.gradient_accumulation_steps > global_steps_;
+  if (boundary) take_model_step();
+  const std::string line = tput_.stop(boundary, rank_ == 0);
+  if (!line.empty() && (config_.log_level == "info" || config_.log_level == "debug"))
+    std::cout << line << std::endl;
+}
+
+void EngineImpl::take_model_step() {
   torch::NoGradGuard ng;
   // Stage 3: a forward without backward (evaluation) left the module gathered; the update
   // below changes the partitions, so the next forward must gather again.
@@ -785,6 +802,7 @@ void EngineImpl::step() {
   args.lr = lr();
   std::tie(args.beta1, args.beta2) = scheduler_.betas();
   args.scheduled = scheduler_.enabled();
+  args.cycled_betas = optimizer_->client() && cycles_client_betas(config_, *optimizer_->client());
   args.offsets = &offsets_;
   args.numels = &numels_;
   args.base = policy_.update_offset(rank_, part_);
@@ -805,44 +823,11 @@ void EngineImpl::step() {
 }
 
 void EngineImpl::report_progress() const {
-  using json = nlohmann::json;
   if (rank_ != 0 || (config_.log_level != "info" && config_.log_level != "debug")) return;
-  // The lists DeepSpeed's get_lr() and get_mom() give, as Python prints them: a value the
-  // config wrote as an integer stays one until a scheduler sets it (DeepSpeed keeps the JSON
-  // value in the param group); betas not given are the optimizer's default tuple, given ones the
-  // config's list, and OneCycle's cycled momentum a tuple (momentum, 0.99).
-  const json& raw = config_.raw;
-  const json* params = nullptr;
-  if (auto o = raw.find("optimizer"); o != raw.end() && o->is_object())
-    if (auto p = o->find("params"); p != o->end() && p->is_object()) params = &*p;
-  auto written = [&](const char* key) -> const json* {
-    if (!params) return nullptr;
-    auto it = params->find(key);
-    return it == params->end() ? nullptr : &*it;
-  };
-  auto py = [](const json* as_written, double v) {
-    if (as_written && as_written->is_number_integer() && as_written->get<double>() == v)
-      return as_written->dump();
-    return dtrain::detail::python_float_repr(v);
-  };
-  const double rate = lr();
-  const std::string lr_text = "[" + py(scheduler_.enabled() ? nullptr : written("lr"), rate) + "]";
-  std::string mom;
-  const auto& o = config_.optimizer;
-  if (!o.given) {
-    mom = "[]";  // a client optimizer: DeepSpeed reads its param group's own keys
-  } else if (o.type == "SGD") {
-    const json* m = written("momentum");
-    mom = "[" + (m ? py(m, o.momentum) : std::string("0")) + "]";  // torch's default is int 0
-  } else {
-    const auto [b1, b2] = scheduler_.betas();
-    const bool cycled = config_.scheduler.type == "OneCycle" && config_.scheduler.cycle_momentum;
-    const json* b = written("betas");
-    const bool list = !cycled && b && b->is_array() && b->size() == 2;
-    mom = "[" + std::string(list ? "[" : "(") + py(list ? &(*b)[0] : nullptr, b1) + ", " +
-          py(list ? &(*b)[1] : nullptr, b2) + (list ? "]" : ")") + "]";
-  }
-  const std::string line = progress_line(config_, global_steps_, skipped_steps_, lr_text, mom);
+  const torch::optim::Optimizer* client = optimizer_->client();
+  const std::string line = progress_line(config_, global_steps_, skipped_steps_,
+                                         lr_list_text(config_, scheduler_, lr(), client != nullptr),
+                                         mom_list_text(config_, scheduler_, client));
   if (!line.empty()) std::cout << line << std::endl;
 }
 

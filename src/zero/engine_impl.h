@@ -19,6 +19,7 @@
 #include "zero/partition_optimizer.h"
 #include "zero/partitioning.h"
 #include "zero/pickle.h"
+#include "zero/throughput_timer.h"
 
 namespace dtrain::zero::detail {
 
@@ -123,6 +124,8 @@ class EngineImpl final : public EngineCore {
   // After an optimizer step (taken or skipped): DeepSpeed's progress line on rank 0 when
   // steps_per_print and log_level call for it (progress_line in zero_config.h).
   void report_progress() const;
+  // step() at an accumulation boundary: the optimizer step (or its skip) and the progress line.
+  void take_model_step();
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
   // The step's small tensors combined over the ranks when each holds part of the gradient.
@@ -223,6 +226,7 @@ class EngineImpl final : public EngineCore {
   ::dtrain::detail::GradHooks hooks_;
   LossScaler scaler_;
   LRScheduler scheduler_;
+  ThroughputTimer tput_{ThroughputTimer::Options{}};  // DeepSpeed's, set up in the constructor
   int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
   bool skips_nonfinite_ = false;  // skips_nonfinite_steps(config_)
   int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;

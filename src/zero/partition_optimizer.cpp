@@ -144,9 +144,17 @@ class Client final : public PartitionOptimizer {
   }
   std::string type() const override { return kClientOptimizerType; }
   std::vector<std::string> state_names() const override { return {}; }
+  const torch::optim::Optimizer* client() const override { return opt_.get(); }
   double lr() const override { return opt_->param_groups()[0].options().get_lr(); }
   void step(const torch::Tensor& /*w*/, const torch::Tensor& g, const StepArgs& a) override {
-    if (a.scheduled) opt_->param_groups()[0].options().set_lr(a.lr);
+    auto& options = opt_->param_groups()[0].options();
+    if (a.scheduled) options.set_lr(a.lr);
+    if (a.cycled_betas) {  // DeepSpeed's OneCycle sets group["betas"] = (momentum, 0.99)
+      if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options))
+        adam->betas({a.beta1, a.beta2});
+      else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options))
+        adamw->betas({a.beta1, a.beta2});
+    }
     param_.mutable_grad() = g;
     opt_->step();
     param_.mutable_grad() = torch::Tensor();

@@ -39,6 +39,8 @@ class PartitionOptimizer {
     // This update's values (the scheduler's, or the configured ones).
     double lr = 0, beta1 = 0, beta2 = 0;
     bool scheduled = false;  // a config scheduler sets the rate (the client's group lr follows it)
+    // OneCycle's cycled momentum: the client's betas follow beta1, beta2 (torch's Adam, AdamW).
+    bool cycled_betas = false;
     // The flat layout of the trainable parameters and where `w` starts in it (Lamb's
     // per-parameter norms).
     const std::vector<int64_t>* offsets = nullptr;
@@ -54,6 +56,8 @@ class PartitionOptimizer {
   virtual std::string type() const = 0;
   // The checkpoint names of state(), in order.
   virtual std::vector<std::string> state_names() const = 0;
+  // InitOptions::optimizer, or null for the config's optimizer.
+  virtual const torch::optim::Optimizer* client() const { return nullptr; }
   // The learning rate when no scheduler sets it.
   virtual double lr() const = 0;
   // One update of `w` (the partition, or the fp32 master) with its averaged gradient `g`.

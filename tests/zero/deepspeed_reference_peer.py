@@ -35,10 +35,15 @@ _take_model_step does: optimizer.step(), then scheduler.step().
   {"kind": "hjson", "text": TEXT}
       -> {"json": the config DeepSpeed reads from a file holding TEXT (hjson.load with its
           duplicate-key hook), as json.dumps writes it (ints and floats apart)} or {"error": ...}
-  {"kind": "progress", "config": {...}, "steps": S, "bad_steps": [k, ...]}
+  {"kind": "progress", "config": {...}, "steps": S, "bad_steps": [k, ...], "client": {...}}
       -> {"lines": the progress lines DeepSpeed's logger emits over S training steps of one rank
-          ("[Rank 0] step=..., skipped=..., lr=..., mom=..."), "step": "ok" or the error that
-          stopped them} or {"init": the error of deepspeed.initialize}
+          ("[Rank 0] step=..., skipped=..., lr=..., mom=...") and its throughput timer's lines
+          ("epoch=0/micro_step=M/global_step=G, RunningAvgSamplesPerSec=..."), in order, "step":
+          "ok" or the error that stopped them} or {"init": the error of deepspeed.initialize};
+          "client" (optional): {"type": a torch.optim class, "lr", "betas", "momentum"} passed
+          as deepspeed.initialize's optimizer instead of the config's; with "final": true the
+          weights start at fixed values, the inputs follow torch.manual_seed(1), and "final"
+          holds the parameters after the steps
 One process runs every case: importing DeepSpeed is the slow part.
 """
 import functools
@@ -218,7 +223,7 @@ def run_progress(case):
     class Keep(logging.Handler):
         def emit(self, record):
             message = record.getMessage()
-            if "step=" in message and "skipped=" in message:
+            if ("step=" in message and "skipped=" in message) or message.startswith("epoch="):
                 lines.append(message)
 
     keep = Keep(level=logging.DEBUG)
@@ -227,11 +232,24 @@ def run_progress(case):
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        if case.get("final"):
+            with torch.no_grad():  # values both sides compute (libtorch's Linear initialises differently)
+                for k, p in enumerate(model.parameters()):
+                    p.copy_((torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37 + k) * 0.5).view(p.shape))
+        client = None
+        if "client" in case:
+            spec = dict(case["client"])
+            kind = getattr(torch.optim, spec.pop("type"))
+            if "betas" in spec:
+                spec["betas"] = tuple(spec["betas"])
+            client = kind(model.parameters(), **spec)
         try:
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                              config=case["config"])
+                                              optimizer=client, config=case["config"])
         except Exception as e:
             return {"init": error_text(e)}
+        if case.get("final"):
+            torch.manual_seed(1)  # the C++ side's inputs
         try:
             for k in range(case["steps"]):
                 x = torch.randn(2, 4)
@@ -243,6 +261,8 @@ def run_progress(case):
         except Exception as e:
             out["step"] = error_text(e)
         out["lines"] = lines
+        if case.get("final"):
+            out["final"] = [v for p in engine.module.parameters() for v in p.detach().double().flatten().tolist()]
         return out
     finally:
         logger.removeHandler(keep)
@@ -317,6 +337,7 @@ def resolved(c):
         "offload_optimizer_pin_memory": z.offload_optimizer.pin_memory if z.offload_optimizer else None,
         "offload_param_pin_memory": z.offload_param.pin_memory if z.offload_param else None,
         "reduce_bucket_size": int(z.reduce_bucket_size),
+        "throughput_timer": bool(c.timers_config.enabled),
         "loss_scale": float(f.loss_scale),
         "initial_scale_power": int(f.initial_scale_power),
         "loss_scale_window": int(f.loss_scale_window),

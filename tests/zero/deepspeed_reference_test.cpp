@@ -18,8 +18,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
+#include <tuple>
 
 #include "dtrain/zero.h"
 #include "support/paths.h"
@@ -405,6 +408,16 @@ json config_cases() {
       {1, 4});
   add("micro 0", {{"train_micro_batch_size_per_gpu", 0}}, {1});
   add("tbs null", {{"train_batch_size", nullptr}, {"train_micro_batch_size_per_gpu", 2}}, {2});
+  // timers (the throughput line): DeepSpeed reads timers.throughput through pydantic.
+  auto timers = [&](const json& t) { return with(batch, {{"timers", t}}); };
+  add("timers throughput off", timers({{"throughput", {{"enabled", false}}}}), {1});
+  add("timers throughput enabled \"no\", synchronized 0",
+      timers({{"throughput", {{"enabled", "no"}, {"synchronized", 0}}}}), {1});
+  add("timers throughput unknown key", timers({{"throughput", {{"enable", false}}}}), {1});
+  add("timers throughput enabled null", timers({{"throughput", {{"enabled", nullptr}}}}), {1});
+  add("timers throughput null", timers({{"throughput", nullptr}}), {1});
+  add("timers null", timers(nullptr), {1});
+  add("timers other key", timers({{"wall", 1}}), {1});
   // fp16 and bf16.
   auto fp16 = [&](const json& f) { return with(batch, {{"fp16", f}}); };
   add("fp16 values", fp16({{"enabled", true},
@@ -645,21 +658,134 @@ json hjson_cases() {
   return c;
 }
 
-// The progress line (steps_per_print, log_level): deepspeed.initialize on one rank trains a few
-// steps and the peer keeps the lines DeepSpeed's logger emits; dtrain's engine trains the same
-// steps and its stdout is kept.
+// The progress line (steps_per_print, log_level) and the throughput line after it:
+// deepspeed.initialize on one rank trains a few steps and the peer keeps the lines DeepSpeed's
+// logger emits; dtrain's engine trains the same steps and its stdout is kept. A case with
+// "client" passes that optimizer in code (torch.optim.<type> there, torch::optim's here)
+// instead of the config's.
 json progress_cases() {
   const json adam = {{"type", "Adam"}, {"params", {{"lr", 0.001}}}};
   json c = json::array();
-  auto add = [&](const std::string& name, json config, int steps, json bad_steps = json::array()) {
-    if (!config.contains("optimizer")) config["optimizer"] = adam;
+  auto add = [&](const std::string& name, json config, int steps, json bad_steps = json::array(),
+                 json client = nullptr) {
+    if (!config.contains("optimizer") && client.is_null()) config["optimizer"] = adam;
     if (!config.contains("train_batch_size")) config["train_batch_size"] = 2;
-    c.push_back({{"name", "progress: " + name},
-                 {"kind", "progress"},
-                 {"config", config},
-                 {"steps", steps},
-                 {"bad_steps", bad_steps}});
+    json cs = {{"name", "progress: " + name},
+               {"kind", "progress"},
+               {"config", config},
+               {"steps", steps},
+               {"bad_steps", bad_steps}};
+    if (!client.is_null()) cs["client"] = client;
+    c.push_back(cs);
   };
+  const json every2 = {{"steps_per_print", 2}, {"log_level", "info"}};
+  const json every1 = {{"steps_per_print", 1}, {"log_level", "info"}};
+  auto with = [](json base, const json& extra) {
+    base.update(extra);
+    return base;
+  };
+  // Client optimizers: get_mom() reads the param group's momentum or betas.
+  add("client Adam, every 2", every2, 6, json::array(), {{"type", "Adam"}, {"lr", 0.5}});
+  add("client AdamW betas (0.8, 0.99)", every2, 4, json::array(),
+      {{"type", "AdamW"}, {"lr", 0.5}, {"betas", {0.8, 0.99}}});
+  add("client SGD", every2, 4, json::array(), {{"type", "SGD"}, {"lr", 0.5}});
+  add("client SGD momentum 0.9", every2, 4, json::array(),
+      {{"type", "SGD"}, {"lr", 0.5}, {"momentum", 0.9}});
+  add("client RMSprop", every2, 4, json::array(), {{"type", "RMSprop"}, {"lr", 0.01}});
+  add("client Adam, stage 2, WarmupLR warmup_min_lr 0",
+      with(every1,
+           {{"zero_optimization", {{"stage", 2}}},
+            {"scheduler",
+             {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0}, {"warmup_num_steps", 3}}}}}}),
+      4, json::array(), {{"type", "Adam"}, {"lr", 0.5}});
+  add("client Adam, OneCycle's momentum",
+      with(every2,
+           {{"scheduler",
+             {{"type", "OneCycle"},
+              {"params",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
+      6, json::array(), {{"type", "Adam"}, {"lr", 0.5}});
+  add("client SGD, OneCycle (no betas: not cycled)",
+      with(every2,
+           {{"scheduler",
+             {{"type", "OneCycle"},
+              {"params",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
+      4, json::array(), {{"type", "SGD"}, {"lr", 0.5}, {"momentum", 0.9}});
+  // The client cases compare the parameters after the steps too (weights both sides set).
+  for (auto& cs : c)
+    if (cs.contains("client")) cs["final"] = true;
+  // Integers the config writes, kept by DeepSpeed where it puts them into the param group as
+  // they are, at every step.
+  add("WarmupLR warmup_min_lr 0 (an int), every step",
+      with(every1,
+           {{"scheduler",
+             {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0}, {"warmup_num_steps", 3}}}}}}),
+      5);
+  add("WarmupDecayLR warmup_min_lr 0, linear, every step",
+      with(every1, {{"scheduler",
+                     {{"type", "WarmupDecayLR"},
+                      {"params",
+                       {{"warmup_min_lr", 0},
+                        {"warmup_max_lr", 1},
+                        {"warmup_num_steps", 2},
+                        {"total_num_steps", 4},
+                        {"warmup_type", "linear"}}}}}}),
+      6);
+  add("WarmupLR warmup_min_lr 0, the first step skipped, stage 1",
+      with(every1,
+           {{"zero_optimization", {{"stage", 1}}},
+            {"scheduler",
+             {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0}, {"warmup_num_steps", 3}}}}}}),
+      3, {0});
+  add("LRRangeTest, staircase, integers",
+      with(every1, {{"scheduler",
+                     {{"type", "LRRangeTest"},
+                      {"params",
+                       {{"lr_range_test_min_lr", 1},
+                        {"lr_range_test_step_size", 2},
+                        {"lr_range_test_step_rate", 1},
+                        {"lr_range_test_staircase", true}}}}}}),
+      5);
+  add("LRRangeTest, integers, not staircase",
+      with(every1, {{"scheduler",
+                     {{"type", "LRRangeTest"},
+                      {"params",
+                       {{"lr_range_test_min_lr", 1},
+                        {"lr_range_test_step_size", 2},
+                        {"lr_range_test_step_rate", 1}}}}}}),
+      3);
+  add("OneCycle, integers, past the cycle",
+      with(every1, {{"scheduler",
+                     {{"type", "OneCycle"},
+                      {"params",
+                       {{"cycle_min_lr", 0},
+                        {"cycle_max_lr", 1},
+                        {"cycle_first_step_size", 1},
+                        {"cycle_min_mom", 0},
+                        {"cycle_max_mom", 1}}}}}}),
+      5);
+  add("OneCycle, integers, decaying",
+      with(every1, {{"scheduler",
+                     {{"type", "OneCycle"},
+                      {"params",
+                       {{"cycle_min_lr", 1},
+                        {"cycle_max_lr", 2},
+                        {"cycle_first_step_size", 1},
+                        {"decay_step_size", 1},
+                        {"decay_lr_rate", 1},
+                        {"decay_mom_rate", 1},
+                        {"cycle_min_mom", 0},
+                        {"cycle_max_mom", 1}}}}}}),
+      4);
+  // The throughput line's cadence.
+  add("timers throughput off, every step",
+      with(every1, {{"timers", {{"throughput", {{"enabled", false}}}}}}), 4);
+  add("timers throughput not synchronized, every 3",
+      {{"steps_per_print", 3},
+       {"log_level", "info"},
+       {"timers", {{"throughput", {{"synchronized", false}}}}}},
+      7);
   add("Adam, every 2 steps, info", {{"steps_per_print", 2}, {"log_level", "info"}}, 5);
   add("AdamW betas given, WarmupLR, every 3, INFO",
       {{"steps_per_print", 3},
@@ -707,6 +833,8 @@ json progress_cases() {
       8);
   add("stage 2, every 2",
       {{"steps_per_print", 2}, {"log_level", "info"}, {"zero_optimization", {{"stage", 2}}}}, 4);
+  add("stage 3 (units fetched per child), every 2",
+      {{"steps_per_print", 2}, {"log_level", "info"}, {"zero_optimization", {{"stage", 3}}}}, 6);
   add("stage 1, a skipped step, every step",
       {{"steps_per_print", 1}, {"log_level", "info"}, {"zero_optimization", {{"stage", 1}}}}, 4,
       {1});
@@ -1130,6 +1258,7 @@ json resolved(const dtrain::zero::Config& c) {
           {"offload_optimizer_pin_memory", c.zero.offload_optimizer.pin_memory},
           {"offload_param_pin_memory", c.zero.offload_param.pin_memory},
           {"reduce_bucket_size", c.zero.reduce_bucket_size},
+          {"throughput_timer", c.throughput_timer},
           {"loss_scale", c.fp16.loss_scale},
           {"initial_scale_power", c.fp16.initial_scale_power},
           {"loss_scale_window", c.fp16.loss_scale_window},
@@ -1347,6 +1476,44 @@ void check_hjson(const json& peer) {
 
 // dtrain's engine (one rank) over the case's steps, stdout kept: the progress lines, or the
 // config's refusal.
+// The client optimizer a progress case names, over `params`.
+std::shared_ptr<torch::optim::Optimizer> client_optimizer(const json& spec,
+                                                          std::vector<torch::Tensor> params) {
+  namespace optim = torch::optim;
+  const std::string type = spec.at("type");
+  const double lr = spec.at("lr");
+  if (type == "Adam" || type == "AdamW") {
+    const json betas = spec.value("betas", json::array({0.9, 0.999}));
+    const std::tuple<double, double> b = {betas.at(0), betas.at(1)};
+    if (type == "Adam")
+      return std::make_shared<optim::Adam>(params, optim::AdamOptions(lr).betas(b));
+    return std::make_shared<optim::AdamW>(params, optim::AdamWOptions(lr).betas(b));
+  }
+  if (type == "SGD")
+    return std::make_shared<optim::SGD>(
+        params, optim::SGDOptions(lr).momentum(spec.value("momentum", 0.0)));
+  if (type == "RMSprop") return std::make_shared<optim::RMSprop>(params, optim::RMSpropOptions(lr));
+  throw std::invalid_argument("client optimizer type " + type);
+}
+
+// A throughput line with its measured numbers replaced by <float> once each is checked to be
+// a Python float's repr; the line as it is when it has another shape (so that it differs).
+std::string throughput_shape(const std::string& line) {
+  static const std::string f =
+      "(-?inf|nan|-?[0-9]+\\.[0-9]+(e[-+][0-9]{2,})?|-?[0-9]e[-+][0-9]{2,})";
+  static const std::regex shape(
+      "^(epoch=[0-9]+/micro_step=[0-9]+/global_step=[0-9]+), "
+      "RunningAvgSamplesPerSec=" +
+      f + ", CurrSamplesPerSec=" + f + ", MemAllocated=" + f + "GB, MaxMemAllocated=" + f + "GB$");
+  std::smatch m;
+  if (!std::regex_match(line, m, shape)) return line;
+  return m[1].str() +
+         ", RunningAvgSamplesPerSec=<float>, CurrSamplesPerSec=<float>, MemAllocated=<float>GB, "
+         "MaxMemAllocated=<float>GB";
+}
+
+bool is_throughput(const std::string& line) { return line.rfind("epoch=", 0) == 0; }
+
 json run_progress(const json& cs) {
   json out = {{"lines", json::array()}};
   dtrain::zero::Config config;
@@ -1362,13 +1529,36 @@ json run_progress(const json& cs) {
     dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
       torch::manual_seed(0);
       torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
-      dtrain::zero::Engine<torch::nn::Sequential> engine(model, config, {pg});
+      const bool final = cs.value("final", false);
+      if (final) {
+        torch::NoGradGuard
+            no_grad;  // the peer's values (libtorch's Linear initialises differently)
+        int k = 0;
+        for (auto& p : model->parameters())
+          p.copy_((torch::sin(torch::arange(p.numel(), torch::kFloat32) * 0.37 + k++) * 0.5)
+                      .view(p.sizes()));
+      }
+      dtrain::zero::InitOptions init;
+      init.group = pg;
+      if (cs.contains("client"))
+        init.optimizer = client_optimizer(cs.at("client"), model->parameters());
+      dtrain::zero::Engine<torch::nn::Sequential> engine(model, config, init);
+      if (final) torch::manual_seed(1);  // the peer's inputs
       const json bad = cs.at("bad_steps");
       for (int k = 0; k < cs.at("steps").get<int>(); ++k) {
         auto x = torch::randn({2, 4});
         if (std::find(bad.begin(), bad.end(), json(k)) != bad.end()) x.index_put_({0, 0}, INFINITY);
         engine.backward(engine.forward(x).pow(2).mean());
         engine.step();
+      }
+      if (final) {
+        std::vector<double> values;
+        for (const auto& p : model->parameters()) {
+          auto flat = p.detach().to(torch::kFloat64).flatten().contiguous();
+          values.insert(values.end(), flat.data_ptr<double>(),
+                        flat.data_ptr<double>() + flat.numel());
+        }
+        out["final"] = values;
       }
     });
   } catch (...) {
@@ -1378,12 +1568,13 @@ json run_progress(const json& cs) {
   printed = testing::internal::GetCapturedStdout();
   std::istringstream in(printed);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("[Rank 0] step=", 0) == 0) out["lines"].push_back(line);
+    if (line.rfind("[Rank 0] step=", 0) == 0 || is_throughput(line))
+      out["lines"].push_back(is_throughput(line) ? throughput_shape(line) : line);
   return out;
 }
 
 void check_progress(const json& peer) {
-  int n = 0, lines = 0;
+  int n = 0, lines = 0, throughput = 0;
   for (const auto& cs : progress_cases()) {
     const std::string name = cs.at("name");
     SCOPED_TRACE(name);
@@ -1403,14 +1594,36 @@ void check_progress(const json& peer) {
       std::printf("  %-56s stopped by both (DeepSpeed: %s)\n", name.c_str(), ds_error.c_str());
     } else {
       ASSERT_FALSE(ours.contains("refused")) << ours.at("refused");
-      EXPECT_EQ(ours.at("lines"), ds.at("lines"))
+      json theirs = json::array();
+      int timed = 0;
+      for (const auto& l : ds.at("lines")) {
+        const std::string line = l;
+        theirs.push_back(is_throughput(line) ? throughput_shape(line) : line);
+        timed += is_throughput(line);
+      }
+      EXPECT_EQ(ours.at("lines"), theirs)
           << "dtrain    " << ours.at("lines").dump(1) << "\nDeepSpeed " << ds.at("lines").dump(1);
-      std::printf("  %-56s %zu lines equal\n", name.c_str(), ds.at("lines").size());
-      lines += static_cast<int>(ds.at("lines").size());
+      std::printf("  %-56s %zu lines equal (%d throughput)\n", name.c_str(), theirs.size(), timed);
+      if (cs.value("final", false)) {  // the update too: the client steps as DeepSpeed steps it
+        const auto a = ours.at("final").get<std::vector<double>>();
+        const auto b = ds.at("final").get<std::vector<double>>();
+        ASSERT_EQ(a.size(), b.size());
+        double worst = 0;
+        for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+        EXPECT_LT(worst, 1e-5) << "parameters after the steps differ from DeepSpeed's";
+        std::printf("  %-56s parameters after %d steps within %.1e of DeepSpeed's\n", "",
+                    cs.at("steps").get<int>(), worst);
+      }
+      lines += static_cast<int>(theirs.size());
+      throughput += timed;
     }
     ++n;
   }
-  std::printf("%d progress cases (%d lines) as DeepSpeed 0.19.8's engine prints them\n", n, lines);
+  EXPECT_GT(throughput, 0) << "no case made DeepSpeed print its throughput line";
+  std::printf(
+      "%d progress cases (%d lines, %d of them throughput lines, their numbers as Python floats) "
+      "as DeepSpeed 0.19.8's engine prints them\n",
+      n, lines, throughput);
 }
 
 // One test, so that ctest (one process per test) imports DeepSpeed once for both checks.
