@@ -324,22 +324,27 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
   EXPECT_EQ(run["params"]["world_size"], "2");
 }
 
+// Runs the signal child (signal_flush `flush_ms`) against the server, SIGTERMs it once it has
+// queued everything, and returns how it ended.
+dtrain::test::RunResult signalled_child(const std::string& flush_ms, std::vector<std::string> env) {
+  env.push_back("DTRAIN_TEST_MLFLOW_SIGNAL_CHILD=" + flush_ms);
+  env.push_back("MLFLOW_TRACKING_URI=" + g_server->url());
+  auto child = dtrain::test::Process::start({fs::read_symlink("/proc/self/exe").string()},
+                                            {.env = env, .timeout = 180s});
+  const bool logged =
+      child.wait_for([](const std::string& out,
+                        const std::string&) { return out.find("logged ") != std::string::npos; },
+                     120s);
+  EXPECT_TRUE(logged) << child.out() << child.err();
+  if (logged) child.signal(SIGTERM);
+  return child.finish(60s);
+}
+
 // `dtrain run` stops a failed job's other workers with SIGTERM: what rank 0 had queued (params,
 // the last steps' metrics) reaches the server before the process dies of the signal.
 TEST(MlflowServer, WorkerStoppedBySigtermFirstSendsWhatItQueued) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  auto child = dtrain::test::Process::start(
-      {fs::read_symlink("/proc/self/exe").string()},
-      {.env = {"DTRAIN_TEST_MLFLOW_SIGNAL_CHILD=30000", "MLFLOW_TRACKING_URI=" + g_server->url(),
-               "MLFLOW_EXPERIMENT_NAME=signalled"},
-       .timeout = 180s});
-  ASSERT_TRUE(
-      child.wait_for([](const std::string& out,
-                        const std::string&) { return out.find("logged ") != std::string::npos; },
-                     120s))
-      << child.out() << child.err();
-  child.signal(SIGTERM);
-  auto r = child.finish(60s);
+  auto r = signalled_child("30000", {"MLFLOW_EXPERIMENT_NAME=signalled"});
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out << r.err;  // still dies of the signal
   auto runs = read_runs(g_server->url(), "signalled")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
@@ -354,18 +359,8 @@ TEST(MlflowServer, WhatASignalledRunCannotSendInTimeIsInTheSpool) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
   const fs::path tmp = g_dir / "signal_tmp";
   fs::create_directories(tmp);
-  auto child = dtrain::test::Process::start(
-      {fs::read_symlink("/proc/self/exe").string()},
-      {.env = {"DTRAIN_TEST_MLFLOW_SIGNAL_CHILD=1", "MLFLOW_TRACKING_URI=" + g_server->url(),
-               "MLFLOW_EXPERIMENT_NAME=signalled_short", "TMPDIR=" + tmp.string()},
-       .timeout = 180s});
-  ASSERT_TRUE(
-      child.wait_for([](const std::string& out,
-                        const std::string&) { return out.find("logged ") != std::string::npos; },
-                     120s))
-      << child.out() << child.err();
-  child.signal(SIGTERM);
-  auto r = child.finish(60s);
+  auto r =
+      signalled_child("1", {"MLFLOW_EXPERIMENT_NAME=signalled_short", "TMPDIR=" + tmp.string()});
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out << r.err;
   const std::string out = r.out;
   const auto at = out.find("logged ") + 7;
