@@ -74,18 +74,25 @@ struct Run::Impl {
   void queue_metrics(const std::map<std::string, double>& metrics, int64_t step)
       DTRAIN_EXCLUDES(mu);
   void spool_locked() DTRAIN_REQUIRES(mu);
-  void flush_on_signal() DTRAIN_EXCLUDES(mu);
+  void ask_flush() DTRAIN_EXCLUDES(mu);
+  void flush_on_signal(std::chrono::steady_clock::time_point signalled_at) DTRAIN_EXCLUDES(mu);
   void end(RunStatus status);
 };
 
 // The process was told to stop: send what is queued for up to `signal_flush`, keep the rest in
 // the spool file (the batch in flight included: entries leave the queue only once delivered).
-void Run::Impl::flush_on_signal() {
+void Run::Impl::ask_flush() {
+  MutexLock lk(mu);
+  flush_asked = true;
+  wake.notify_all();
+}
+
+void Run::Impl::flush_on_signal(std::chrono::steady_clock::time_point signalled_at) {
   MutexLock lk(mu);
   if (ended) return;
   flush_asked = true;
   wake.notify_all();
-  bool delivered = done.wait_for(lk.native(), options.signal_flush, [&] {
+  bool delivered = done.wait_until(lk.native(), signalled_at + options.signal_flush, [&] {
     mu.assert_held();
     return queue.empty() && !in_flight;
   });
@@ -332,9 +339,16 @@ Run Run::start(StartOptions o) {
         });
   }
   if (o.signal_flush.count() > 0) {
-    impl->signal_token = detail::register_signal_flusher([weak = std::weak_ptr<Impl>(impl)] {
-      if (auto p = weak.lock()) p->flush_on_signal();
-    });
+    std::weak_ptr<Impl> weak = impl;
+    impl->signal_token = detail::register_signal_flusher(
+        {.start =
+             [weak] {
+               if (auto p = weak.lock()) p->ask_flush();
+             },
+         .finish =
+             [weak](std::chrono::steady_clock::time_point signalled_at) {
+               if (auto p = weak.lock()) p->flush_on_signal(signalled_at);
+             }});
   }
   run.impl_ = std::move(impl);
   return run;

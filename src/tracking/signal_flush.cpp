@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <map>
 #include <mutex>
@@ -79,10 +80,17 @@ void in_forked_child() {
       std::lock_guard<std::mutex> lk(registry().mu);
       for (const auto& [token, f] : registry().flushers) todo.push_back(f);
     }
-    for (const auto& f : todo) f();
+    const auto signalled_at = std::chrono::steady_clock::now();
+    for (const auto& f : todo) f.start();
+    for (const auto& f : todo) f.finish(signalled_at);
+    // The default action, delivered to this thread (unblocked here whatever the program's mask).
     ::signal(sig, SIG_DFL);
-    ::kill(::getpid(), sig);
-    for (;;) ::pause();  // the default action ends the process
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    ::pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    ::raise(sig);
+    ::_exit(128 + sig);  // not reached: the default action of SIGTERM and SIGINT ends the process
   }
 }
 
