@@ -5,13 +5,19 @@
 // `dtrain run`, and the Distributor with use_gpu. This binary is also the Distributor's worker.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "dtrain/dtrain.h"
 #include "launcher/subprocess.h"
 #include "support/paths.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -146,6 +152,59 @@ TEST(Gpu, PytorchNcclScriptUnderDtrainRun) {
 }
 
 // ---- the Distributor with use_gpu: this binary is its own worker ----------------------------
+
+// MLflow's system metrics read the GPU through NVML as MLflow's GPUMonitor does (pynvml):
+// gpu_0_* under MLflow's names, the memory in use as nvidia-smi reports it around the run.
+TEST(Gpu, MlflowSystemMetricsReadTheGpu) {
+  namespace fs = std::filesystem;
+  auto smi_used_mb = [] {  // nvidia-smi reports MiB
+    auto r = run_command(
+        {"nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "--id=0"},
+        {.timeout = 60s});
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return std::stod(r.out) * 1048576.0 / 1e6;
+  };
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain_gpu_sysmetrics_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const double before = smi_used_mb();
+  std::string run_id;
+  {
+    dtrain::test::ScopedEnv env;
+    env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.25");
+    auto run = dtrain::mlflow::Run::start(
+        {.tracking_uri = "file:" + dir.string(), .experiment = "gpu", .log_system_metrics = true});
+    run_id = run.id();
+    std::this_thread::sleep_for(1200ms);
+    run.end();
+  }
+  const double after = smi_used_mb();
+  std::map<std::string, std::vector<double>> metrics;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const auto rel = e.path().generic_string();
+    const auto at = rel.find("/metrics/system/");
+    if (!e.is_regular_file() || at == std::string::npos) continue;
+    std::ifstream in(e.path());
+    std::string ts;
+    double value = 0;
+    int64_t step = 0;
+    while (in >> ts >> value >> step) metrics[rel.substr(at + 16)].push_back(value);
+  }
+  for (const char* name : {"gpu_0_memory_usage_percentage", "gpu_0_memory_usage_megabytes",
+                           "gpu_0_utilization_percentage", "gpu_0_power_usage_watts",
+                           "gpu_0_power_usage_percentage"}) {
+    ASSERT_TRUE(metrics.count(name)) << name << " not logged; run " << run_id;
+    for (double v : metrics[name]) {
+      EXPECT_GE(v, 0) << name;
+      if (std::string(name).find("percentage") != std::string::npos) EXPECT_LE(v, 100) << name;
+    }
+  }
+  const double used = metrics["gpu_0_memory_usage_megabytes"].back();
+  EXPECT_GE(used, std::min(before, after) * 0.95 - 64) << before << " " << after;
+  EXPECT_LE(used, std::max(before, after) * 1.05 + 64) << before << " " << after;
+  EXPECT_GT(metrics["gpu_0_power_usage_watts"].back(), 0);
+  fs::remove_all(dir);
+}
 
 std::string gpu_identity() {
   auto pg = dtrain::init_process_group();
