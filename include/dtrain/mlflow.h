@@ -72,6 +72,7 @@ struct RunStats {
   int64_t metrics_sent = 0;
   int64_t failed_requests = 0;  // requests that failed and were retried
   int64_t spooled = 0;          // entries that went through the disk spool
+  int64_t rejected = 0;         // entries the server refused (4xx), dropped alone
   int64_t pending = 0;          // queued and not sent yet
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -125,11 +126,15 @@ void Run::Impl::spool_locked() {
 
 void Run::Impl::run_sender() {
   std::chrono::milliseconds backoff{250};
+  // A batch the server refuses (4xx) is sent again in halves until the refused entries are
+  // alone: only they are dropped, not the rest of their batch. `suspect` entries at the front
+  // are still being split, `cap` bounds the next request meanwhile.
+  size_t cap = SIZE_MAX, suspect = 0, refusals_told = 0;
   MutexLock lk(mu);
   while (true) {
     wake.wait_for(lk.native(), options.flush_interval, [&] {
       mu.assert_held();
-      return abort || closing || flush_asked || queue.size() >= detail::kMaxMetrics;
+      return abort || closing || flush_asked || suspect > 0 || queue.size() >= detail::kMaxMetrics;
     });
     if (abort) break;
     if (queue.empty()) {
@@ -140,7 +145,7 @@ void Run::Impl::run_sender() {
     }
     // One runs/log-batch request's worth, in order.
     size_t n = 0, metrics = 0, params = 0, tags = 0;
-    for (; n < queue.size(); ++n) {
+    for (; n < queue.size() && n < cap; ++n) {
       const auto& e = queue[n];
       size_t& c = e.kind == detail::Entry::Metric  ? metrics
                   : e.kind == detail::Entry::Param ? params
@@ -166,9 +171,27 @@ void Run::Impl::run_sender() {
     }
     lk.lock();
     in_flight = false;
+    if (rejected && n > 1) {
+      if (suspect == 0) suspect = n;
+      cap = (n + 1) / 2;
+      continue;
+    }
     if (error.empty() || rejected) {
-      if (rejected)
-        warn("the tracking server rejected " + std::to_string(n) + " logged value(s): " + error);
+      if (rejected) {
+        const auto& e = queue.front();
+        const char* what = e.kind == detail::Entry::Metric  ? "metric"
+                           : e.kind == detail::Entry::Param ? "param"
+                                                            : "tag";
+        if (refusals_told < 10) {
+          warn("the tracking server refused " + std::string(what) + " '" + e.key + "' (" + error +
+               "); it is dropped, the values logged with it are sent" +
+               (refusals_told == 9 ? " (further refusals are not reported)" : ""));
+        }
+        ++refusals_told;
+        ++stats.rejected;
+      }
+      suspect = suspect > n ? suspect - n : 0;
+      if (suspect == 0) cap = SIZE_MAX;
       if (warned_down && error.empty()) {
         std::cerr << "dtrain mlflow: the tracking server at " << uri
                   << " is reachable again; sending what was spooled" << std::endl;

@@ -213,6 +213,50 @@ TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
   EXPECT_EQ(m["lr"], nlohmann::json::parse(R"([[1, 0.001]])")) << m;
 }
 
+// MLflow's server refuses a whole runs/log-batch for one bad entry (its client raises). dtrain's
+// sender sends such a batch again in halves: only the refused entries are dropped, with a warning
+// naming them; every other value logged with them is stored.
+TEST(MlflowServer, ARefusedValueIsDroppedAloneAndTheRestOfItsBatchIsStored) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  // The peer: MLflow's own client, the same entries in one log_batch.
+  auto py = run_command({DTRAIN_VENV_PYTHON, "-c",
+                         "import sys, time\n"
+                         "from mlflow.tracking import MlflowClient\n"
+                         "from mlflow.entities import Metric\n"
+                         "from mlflow.exceptions import MlflowException\n"
+                         "c = MlflowClient(sys.argv[1]); e = c.create_experiment('refused_py')\n"
+                         "r = c.create_run(e).info.run_id; t = int(time.time() * 1000)\n"
+                         "ms = [Metric('loss', 1.0 / s, t, s) for s in range(1, 301)]\n"
+                         "ms.insert(150, Metric('loss@train', 1.0, t, 1))\n"
+                         "try:\n"
+                         "    c.log_batch(r, metrics=ms)\n"
+                         "except MlflowException as ex:\n"
+                         "    print('REFUSED', ex.error_code)\n"
+                         "print('STORED', len(c.get_metric_history(r, 'loss')))\n",
+                         g_server->url()},
+                        {.timeout = 120s});
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  EXPECT_NE(py.out.find("REFUSED INVALID_PARAMETER_VALUE"), std::string::npos) << py.out;
+  EXPECT_NE(py.out.find("STORED 0"), std::string::npos) << py.out;  // the whole batch
+
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+                                         .experiment = "refused",
+                                         .flush_interval = std::chrono::hours(1)});
+  for (int step = 1; step <= 300; ++step) {
+    run.log_metric("loss", 1.0 / step, step);
+    if (step == 150) run.log_metric("loss@train", 1.0, 1);
+  }
+  ASSERT_TRUE(run.flush(60s));
+  const auto stats = run.stats();
+  run.end();
+  EXPECT_EQ(stats.rejected, 1);
+  EXPECT_EQ(stats.metrics_sent, 300);
+  auto runs = read_runs(g_server->url(), "refused")["runs"];
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(steps_of(runs[0]["metrics"]["loss"]), range(1, 300));
+  EXPECT_FALSE(runs[0]["metrics"].contains("loss@train"));
+}
+
 TEST(MlflowServer, ExperimentIdFromTheEnvironmentAsMlflowsClientPicksIt) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
   struct Env {  // restored however the test ends: later cases start jobs with our environment
