@@ -701,11 +701,25 @@ TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
                      run.id() + "/model-metrics";
   // The rendered page (after the UI's scripts fetched the run from the server) names the run.
   // (The chart itself draws lazily; the screenshot below, with the window's viewport, has it.)
-  auto dom = run_command(
-      {"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
-       "--disable-dev-shm-usage", "--user-data-dir=" + (g_dir / "chromium-dom").string(),
-       "--virtual-time-budget=60000", "--dump-dom", page},
-      {.timeout = 120s});
+  // Headless Chromium itself now and then never returns from --dump-dom on a loaded 2-core
+  // machine (seen once in 3 CI runs; the page had rendered in 8 s in the others): a stuck
+  // browser is stopped and started again, up to 3 times; the assertion is the same.
+  dtrain::test::RunResult dom;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto browser = dtrain::test::Process::start(
+        {"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+         "--disable-dev-shm-usage",
+         "--user-data-dir=" + (g_dir / ("chromium-dom-" + std::to_string(attempt))).string(),
+         "--virtual-time-budget=60000", "--dump-dom", page});
+    browser.wait_for([](const std::string&, const std::string&) { return false; }, 90s);
+    if (browser.exited()) {
+      dom = browser.finish(30s);
+      break;
+    }
+    browser.kill_group();
+    std::cerr << "chromium --dump-dom did not return within 90 s (attempt " << attempt
+              << "); starting it again" << std::endl;
+  }
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   EXPECT_NE(dom.out.find("ui-check"), std::string::npos) << dom.out.substr(0, 3000);
   fs::path png = g_dir / "mlflow_run.png";
