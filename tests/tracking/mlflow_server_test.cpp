@@ -86,6 +86,59 @@ std::vector<int64_t> range(int64_t from, int64_t to) {  // [from, to]
   return out;
 }
 
+// First in this file: after the later cases (a run left RUNNING by a signalled child, 17
+// experiments, ...) headless Chromium's --dump-dom of this page did not return on this machine
+// (3 of 3 tries, 90 s each); not understood yet, see the closing note of 2026-11-29.
+TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto run = dtrain::mlflow::Run::start(
+      {.tracking_uri = g_server->url(), .experiment = "ui", .run_name = "ui-check"});
+  ASSERT_TRUE(run.active());
+  for (int s = 1; s <= 200; ++s) run.log_metric("loss", 2.3 * std::exp(-s / 40.0) + 0.25, s);
+  run.end(dtrain::mlflow::RunStatus::Finished);
+  std::string page = g_server->url() + "/#/experiments/" + run.experiment_id() + "/runs/" +
+                     run.id() + "/model-metrics";
+  // The rendered page (after the UI's scripts fetched the run from the server) names the run.
+  // (The chart itself draws lazily; the screenshot below, with the window's viewport, has it.)
+  // A browser whose --dump-dom does not return is stopped and started again, up to 3 times;
+  // the assertion is the same.
+  dtrain::test::RunResult dom;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto browser = dtrain::test::Process::start(
+        {"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+         "--disable-dev-shm-usage",
+         "--user-data-dir=" + (g_dir / ("chromium-dom-" + std::to_string(attempt))).string(),
+         "--virtual-time-budget=60000", "--dump-dom", page});
+    browser.wait_for([](const std::string&, const std::string&) { return false; }, 90s);
+    if (browser.exited()) {
+      dom = browser.finish(30s);
+      break;
+    }
+    browser.kill_group();
+    std::cerr << "chromium --dump-dom did not return within 90 s (attempt " << attempt
+              << "); starting it again" << std::endl;
+  }
+  ASSERT_EQ(dom.exit_code, 0) << dom.err;
+  EXPECT_NE(dom.out.find("ui-check"), std::string::npos) << dom.out.substr(0, 3000);
+  fs::path png = g_dir / "mlflow_run.png";
+  auto shot = run_command(
+      {std::string(DTRAIN_SOURCE_DIR) + "/tools/mlflow_screenshot.sh", page, png.string()},
+      {.timeout = 150s});
+  ASSERT_EQ(shot.exit_code, 0) << shot.err;
+  ASSERT_TRUE(fs::exists(png));
+  auto stats =
+      run_command({DTRAIN_VENV_PYTHON,
+                   std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py", png.string()},
+                  {.timeout = 60s});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  auto img = nlohmann::json::parse(stats.out);
+  EXPECT_EQ(img["width"], 1400);
+  EXPECT_GT(img["colors"].get<int>(), 50) << img;  // a page with text and a chart, not a blank one
+  EXPECT_GT(img["non_white"].get<double>(), 0.01) << img;
+  if (const char* keep = std::getenv("DTRAIN_KEEP_SCREENSHOT"))
+    fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+}
+
 TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel) {
   ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
   // 60000 / 2 ranks / 512 = 59 steps in the epoch.
@@ -688,57 +741,6 @@ TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
   EXPECT_EQ(child["status"], "FINISHED");
   EXPECT_EQ(child["params"]["world_size"], "2");
   EXPECT_EQ(steps_of(child["metrics"]["loss"]), range(1, 1));
-}
-
-TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  auto run = dtrain::mlflow::Run::start(
-      {.tracking_uri = g_server->url(), .experiment = "ui", .run_name = "ui-check"});
-  ASSERT_TRUE(run.active());
-  for (int s = 1; s <= 200; ++s) run.log_metric("loss", 2.3 * std::exp(-s / 40.0) + 0.25, s);
-  run.end(dtrain::mlflow::RunStatus::Finished);
-  std::string page = g_server->url() + "/#/experiments/" + run.experiment_id() + "/runs/" +
-                     run.id() + "/model-metrics";
-  // The rendered page (after the UI's scripts fetched the run from the server) names the run.
-  // (The chart itself draws lazily; the screenshot below, with the window's viewport, has it.)
-  // Headless Chromium itself now and then never returns from --dump-dom on a loaded 2-core
-  // machine (seen once in 3 CI runs; the page had rendered in 8 s in the others): a stuck
-  // browser is stopped and started again, up to 3 times; the assertion is the same.
-  dtrain::test::RunResult dom;
-  for (int attempt = 1; attempt <= 3; ++attempt) {
-    auto browser = dtrain::test::Process::start(
-        {"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
-         "--disable-dev-shm-usage",
-         "--user-data-dir=" + (g_dir / ("chromium-dom-" + std::to_string(attempt))).string(),
-         "--virtual-time-budget=60000", "--dump-dom", page});
-    browser.wait_for([](const std::string&, const std::string&) { return false; }, 90s);
-    if (browser.exited()) {
-      dom = browser.finish(30s);
-      break;
-    }
-    browser.kill_group();
-    std::cerr << "chromium --dump-dom did not return within 90 s (attempt " << attempt
-              << "); starting it again" << std::endl;
-  }
-  ASSERT_EQ(dom.exit_code, 0) << dom.err;
-  EXPECT_NE(dom.out.find("ui-check"), std::string::npos) << dom.out.substr(0, 3000);
-  fs::path png = g_dir / "mlflow_run.png";
-  auto shot = run_command(
-      {std::string(DTRAIN_SOURCE_DIR) + "/tools/mlflow_screenshot.sh", page, png.string()},
-      {.timeout = 150s});
-  ASSERT_EQ(shot.exit_code, 0) << shot.err;
-  ASSERT_TRUE(fs::exists(png));
-  auto stats =
-      run_command({DTRAIN_VENV_PYTHON,
-                   std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/image_stats.py", png.string()},
-                  {.timeout = 60s});
-  ASSERT_EQ(stats.exit_code, 0) << stats.err;
-  auto img = nlohmann::json::parse(stats.out);
-  EXPECT_EQ(img["width"], 1400);
-  EXPECT_GT(img["colors"].get<int>(), 50) << img;  // a page with text and a chart, not a blank one
-  EXPECT_GT(img["non_white"].get<double>(), 0.01) << img;
-  if (const char* keep = std::getenv("DTRAIN_KEEP_SCREENSHOT"))
-    fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
 }
 
 }  // namespace
