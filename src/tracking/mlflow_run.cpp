@@ -324,6 +324,9 @@ Run Run::start(StartOptions o) {
                      ? impl->store->create_run(o.experiment, o.experiment_id, o.run_name, tags)
                      : impl->store->get_run(o.run_id);
     impl->uri = o.tracking_uri;
+    // Continuing an ended run makes it RUNNING again, as mlflow.start_run(run_id=...) does.
+    if (!o.run_id.empty() && !impl->info.status.empty() && impl->info.status != "RUNNING")
+      impl->store->update_run(impl->info.run_id, RunStatus::Running);
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
@@ -355,10 +358,22 @@ Run Run::start(StartOptions o) {
              "); its system metrics start again at step 0");
       }
     }
+    std::unique_ptr<detail::Store> status_store;
+    if (impl->uri == o.tracking_uri)  // not the local fallback
+      status_store = detail::make_store(
+          o.tracking_uri,
+          std::min<std::chrono::milliseconds>(o.request_timeout, std::chrono::seconds(2)));
     impl->system = std::make_unique<detail::SystemMonitor>(
         system_metrics, first_step,
         [p = impl.get()](const std::map<std::string, double>& m, int64_t step) {
           p->queue_metrics(m, step);
+        },
+        [p = impl.get(), checker = std::shared_ptr<detail::Store>(std::move(status_store))] {
+          // MLflow's monitor asks runs/get after every sample; a short timeout keeps a slow
+          // server from holding up the run's end (which waits for this thread).
+          const std::string status =
+              (checker ? *checker : *p->store).get_run(p->info.run_id).status;
+          return status.empty() || status == "RUNNING";
         });
   }
   if (o.signal_flush.count() > 0) {

@@ -149,6 +149,7 @@ RunInfo run_info_of(const std::string& response, const std::string& endpoint,
   info.experiment_id = string_at(response, endpoint, {"run", "info", "experiment_id"}, true);
   if (info.experiment_id.empty()) info.experiment_id = experiment_id;
   info.artifact_uri = string_at(response, endpoint, {"run", "info", "artifact_uri"}, true);
+  info.status = string_at(response, endpoint, {"run", "info", "status"}, true);
   return info;
 }
 
@@ -405,7 +406,17 @@ std::string FileStore::run_dir(const std::string& run_id) {
 
 RunInfo FileStore::get_run(const std::string& run_id) {
   fs::path dir = run_dir(run_id);
-  return {run_id, dir.parent_path().filename().string(), "file://" + (dir / "artifacts").string()};
+  RunInfo info{run_id, dir.parent_path().filename().string(),
+               "file://" + (dir / "artifacts").string(), ""};
+  std::ifstream meta(dir / "meta.yaml");
+  std::string line;
+  while (std::getline(meta, line)) {
+    if (line.rfind("status: ", 0) != 0) continue;
+    static const char* const names[] = {"", "RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED"};
+    const std::string code = line.substr(8);
+    if (code.size() == 1 && code[0] >= '1' && code[0] <= '5') info.status = names[code[0] - '0'];
+  }
+  return info;
 }
 
 int64_t FileStore::max_metric_step(const std::string& run_id, const std::string& prefix) {

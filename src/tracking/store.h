@@ -42,6 +42,7 @@ struct RunInfo {
   std::string run_id;
   std::string experiment_id;
   std::string artifact_uri;
+  std::string status;  // MLflow's name ("RUNNING", "FINISHED", ...); "" when not read
 };
 
 // The server answered with a client error (4xx): retrying the same request cannot help.
@@ -59,7 +60,7 @@ std::string experiment_id_of_created(const std::string& response);
 // experiments/get-by-name -> experiment.experiment_id
 std::string experiment_id_of_found(const std::string& response);
 // runs/create and runs/get -> run.info (run_id; experiment_id, else `experiment_id`;
-// artifact_uri, else "").
+// artifact_uri, else ""; status, else "").
 RunInfo run_info_of(const std::string& response, const std::string& endpoint,
                     const std::string& experiment_id);
 

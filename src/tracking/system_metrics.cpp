@@ -202,8 +202,12 @@ std::map<std::string, double> SystemSampler::aggregate() {
   return out;
 }
 
-SystemMonitor::SystemMonitor(SystemMetricsSettings settings, int64_t first_step, Publish publish)
-    : settings_(std::move(settings)), step_(first_step), publish_(std::move(publish)) {
+SystemMonitor::SystemMonitor(SystemMetricsSettings settings, int64_t first_step, Publish publish,
+                             StillRunning still_running)
+    : settings_(std::move(settings)),
+      step_(first_step),
+      publish_(std::move(publish)),
+      still_running_(std::move(still_running)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -232,6 +236,17 @@ void SystemMonitor::loop() {
       lk.lock();
       cv_.wait_for(lk, interval, [&] { return stopping_; });
       if (stopping_) return;  // the window in progress is not logged, as in MLflow
+      if (still_running_) {
+        lk.unlock();
+        bool running = true;
+        try {
+          running = still_running_();
+        } catch (const std::exception&) {
+          running = true;  // no answer: keep sampling (see StillRunning)
+        }
+        lk.lock();
+        if (!running || stopping_) return;
+      }
     }
     std::map<std::string, double> metrics;
     for (const auto& [name, value] : sampler.aggregate()) metrics[prefix + name] = value;

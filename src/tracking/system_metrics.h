@@ -6,7 +6,9 @@
 // memory, utilization and power as pynvml reads them; every `samples_before_logging` samples
 // their means (rounded to one decimal as Python's round) are logged as "system/<name>" (or
 // "system/<node_id>/<name>") at steps 0, 1, 2, ... (continuing a run: after its largest
-// "system/" step). A run that ends first logs nothing of the window it was in, as MLflow.
+// "system/" step). A run that ends first logs nothing of the window it was in, as MLflow; as
+// MLflow's monitor asks the server after every sample, a run another client ended (status no
+// longer RUNNING) stops the monitor too.
 #pragma once
 
 #include <chrono>
@@ -57,7 +59,13 @@ class SystemSampler {
 class SystemMonitor {
  public:
   using Publish = std::function<void(const std::map<std::string, double>& metrics, int64_t step)>;
-  SystemMonitor(SystemMetricsSettings settings, int64_t first_step, Publish publish);
+  // Asked after every sample: false (the run ended elsewhere) stops the monitor. One that
+  // throws (no answer from the server) is taken as still running: unlike MLflow's monitor,
+  // which stops for good on one failed runs/get, a server that is down for a while loses no
+  // system metrics (the run's sender spools them).
+  using StillRunning = std::function<bool()>;
+  SystemMonitor(SystemMetricsSettings settings, int64_t first_step, Publish publish,
+                StillRunning still_running = nullptr);
   ~SystemMonitor();
   void stop();  // returns once the thread has ended (within one sample's reading)
 
@@ -66,6 +74,7 @@ class SystemMonitor {
   SystemMetricsSettings settings_;
   int64_t step_;
   Publish publish_;
+  StillRunning still_running_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -77,8 +79,13 @@ class MlflowServer {
   // Returns an error text, empty when the server answers.
   std::string start() {
     std::filesystem::create_directories(dir_);
+    // The server's output goes to a file, not to pipes: nothing reads a pipe between start()
+    // and stop(), and a server whose access log filled one (64 KiB, a few hundred requests)
+    // blocked in write() and answered nothing more (every later request timed out, and
+    // Chromium's --dump-dom of the UI waited for it for ever).
     proc_.emplace(Process::start(
-        {DTRAIN_VENV_PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+        {"/bin/sh", "-c", "log=$1; shift; exec \"$@\" >\"$log\" 2>&1", "sh", log_path(),
+         DTRAIN_VENV_PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
          std::to_string(port_), "--backend-store-uri", "sqlite:///" + (dir_ / "mlflow.db").string(),
          "--artifacts-destination", (dir_ / "artifacts").string(), "--workers", "1"},
         // No job runner: MLflow 3's server would make it a store directory in /dev/shm that
@@ -91,11 +98,19 @@ class MlflowServer {
       if (proc_->exited()) {
         return "mlflow server exited at start (is mlflow installed in the venv? "
                "scripts/requirements.txt): " +
-               proc_->err().substr(proc_->err().size() > 3000 ? proc_->err().size() - 3000 : 0);
+               log_tail();
       }
       if (http_get_status(port_, "/health") == 200) return "";
     }
-    return "mlflow server did not answer on " + url() + " within 120 s: " + proc_->err();
+    return "mlflow server did not answer on " + url() + " within 120 s: " + log_tail();
+  }
+
+  std::string log_path() const { return (dir_ / "server.log").string(); }
+  // The last 3000 bytes of the server's output.
+  std::string log_tail() const {
+    std::ifstream in(log_path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return text.substr(text.size() > 3000 ? text.size() - 3000 : 0);
   }
 
   void stop() {
