@@ -149,7 +149,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
         std::to_string(client->param_groups().size()) +
         " parameter groups; ZeRO steps one flat partition of every parameter, so give it one group "
         "(e.g. over module->parameters())");
-  if (client && !client->state().empty())
+  if (client && !has_only_constructor_state(*client))
     throw UsageError("zero::initialize: InitOptions::optimizer already holds state for " +
                      std::to_string(client->state().size()) +
                      " parameters; give a fresh optimizer (load state with load_checkpoint)");

@@ -141,6 +141,18 @@ class Client final : public PartitionOptimizer {
   Client(std::shared_ptr<torch::optim::Optimizer> opt, const torch::Tensor& w)
       : opt_(std::move(opt)), param_(w) {
     opt_->param_groups()[0].params() = {param_};  // one tensor for good: it keys state by it
+    if (auto* adagrad = dynamic_cast<torch::optim::Adagrad*>(opt_.get())) {
+      // Adagrad makes its state in its constructor (for the module's parameters): made again,
+      // as that constructor makes it, for the partition.
+      const auto& o =
+          static_cast<const torch::optim::AdagradOptions&>(adagrad->param_groups()[0].options());
+      auto state = std::make_unique<torch::optim::AdagradParamState>();
+      state->step(0);
+      state->sum(
+          torch::full_like(param_, o.initial_accumulator_value(), at::MemoryFormat::Preserve));
+      adagrad->state().clear();
+      adagrad->state()[param_.unsafeGetTensorImpl()] = std::move(state);
+    }
   }
   std::string type() const override { return kClientOptimizerType; }
   std::vector<std::string> state_names() const override { return {}; }
@@ -184,6 +196,19 @@ class Client final : public PartitionOptimizer {
 };
 
 }  // namespace
+
+bool has_only_constructor_state(const torch::optim::Optimizer& client) {
+  const auto* adagrad = dynamic_cast<const torch::optim::Adagrad*>(&client);
+  if (adagrad == nullptr || client.param_groups().size() != 1) return client.state().empty();
+  const double initial =
+      static_cast<const torch::optim::AdagradOptions&>(client.param_groups()[0].options())
+          .initial_accumulator_value();
+  for (const auto& [key, state] : client.state()) {
+    const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(state.get());
+    if (s == nullptr || s->step() != 0 || s->sum().ne(initial).any().item<bool>()) return false;
+  }
+  return true;
+}
 
 std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
     const OptimizerConfig& config, std::shared_ptr<torch::optim::Optimizer> client,

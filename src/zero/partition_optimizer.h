@@ -76,6 +76,11 @@ class PartitionOptimizer {
   std::vector<torch::Tensor> state_;
 };
 
+// True when a client optimizer holds no state but what its constructor made: none, or
+// torch::optim::Adagrad's (step 0, sum = initial_accumulator_value for every parameter), which
+// the re-pointed optimizer makes again for the partition.
+bool has_only_constructor_state(const torch::optim::Optimizer& client);
+
 // `partition`: the tensor the optimizer will update (its state is made like it; a client
 // optimizer's one group is re-pointed at it for good, since it keys its state by tensor).
 // REQUIRES: exactly one of config.given and client.

@@ -34,6 +34,18 @@ std::shared_ptr<torch::optim::Optimizer> rmsprop(Sequential& m) {
       m->parameters(), torch::optim::RMSpropOptions(1e-2).momentum(0.9).weight_decay(1e-3));
 }
 
+// torch::optim::Adagrad makes its state in its constructor; the engine makes it again for the
+// partition (DeepSpeed runs a torch.optim.Adagrad client under ZeRO too).
+std::shared_ptr<torch::optim::Optimizer> adagrad(Sequential& m) {
+  return std::make_shared<torch::optim::Adagrad>(m->parameters(),
+                                                 torch::optim::AdagradOptions(5e-2)
+                                                     .lr_decay(1e-2)
+                                                     .weight_decay(1e-3)
+                                                     .initial_accumulator_value(0.1));
+}
+
+using MakeOptimizer = std::shared_ptr<torch::optim::Optimizer> (*)(Sequential&);
+
 json config(int stage, int micro) {
   return {{"train_micro_batch_size_per_gpu", micro},
           {"gradient_clipping", 0.0},  // as the reference optimizer (DeepSpeed clips at 1.0)
@@ -77,9 +89,9 @@ double max_rel(const Params& a, const Params& b) {
 }
 
 // One process, the whole batch, the optimizer over the module's own parameters.
-Params reference(int steps) {
+Params reference(int steps, MakeOptimizer make_optimizer = rmsprop) {
   auto m = make_model();
-  auto opt = rmsprop(m);
+  auto opt = make_optimizer(m);
   const auto x = xs(), y = ys();
   for (int s = 0; s < steps; ++s) {
     opt->zero_grad();
@@ -91,24 +103,33 @@ Params reference(int steps) {
   return out;
 }
 
-TEST(ZeroClientOptimizer, StepsThePartitionsAsTheWholeModelOnOneProcess) {
-  const auto want = reference(6);
+void expect_steps_as_one_process(MakeOptimizer make_optimizer, double lr) {
+  const auto want = reference(6, make_optimizer);
   for (int world : {2, 4}) {
     for (int stage : {0, 1, 2, 3}) {
       std::mutex mu;
       Params got;
       run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
         auto model = make_model();
-        auto e = dtrain::zero::initialize(model, config(stage, 8 / world), {pg, rmsprop(model)});
+        auto e =
+            dtrain::zero::initialize(model, config(stage, 8 / world), {pg, make_optimizer(model)});
         train(e, pg->rank(), world, 0, 6);
         auto p = gathered(e);
-        EXPECT_DOUBLE_EQ(e.get_lr(), 1e-2);
+        EXPECT_DOUBLE_EQ(e.get_lr(), lr);
         std::lock_guard<std::mutex> lock(mu);
         if (pg->rank() == 0) got = p;
       });
       EXPECT_LE(max_rel(got, want), 1e-9) << "world " << world << " stage " << stage;
     }
   }
+}
+
+TEST(ZeroClientOptimizer, StepsThePartitionsAsTheWholeModelOnOneProcess) {
+  expect_steps_as_one_process(rmsprop, 1e-2);
+}
+
+TEST(ZeroClientOptimizer, AdagradWhoseConstructorMadeItsStateStepsAsOnOneProcess) {
+  expect_steps_as_one_process(adagrad, 5e-2);
 }
 
 TEST(ZeroClientOptimizer, CheckpointResumesBitwiseAtTheSameWorldSize) {
@@ -176,6 +197,12 @@ TEST(ZeroClientOptimizer, MisuseIsNamed) {
     expect_error(config(1, 8),
                  std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1)),
                  "has 2 parameter groups");
+    // An Adagrad that already stepped is not fresh: its state is refused as any other's.
+    auto stepped = adagrad(model);
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::ones_like(p);
+    stepped->step();
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    expect_error(config(1, 8), stepped, "already holds state for 4 parameters");
   });
 }
 

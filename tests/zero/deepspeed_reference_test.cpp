@@ -692,6 +692,10 @@ json progress_cases() {
   add("client SGD momentum 0.9", every2, 4, json::array(),
       {{"type", "SGD"}, {"lr", 0.5}, {"momentum", 0.9}});
   add("client RMSprop", every2, 4, json::array(), {{"type", "RMSprop"}, {"lr", 0.01}});
+  // Adagrad makes its state in its constructor (dtrain makes it again for the partition).
+  add("client Adagrad", every2, 4, json::array(), {{"type", "Adagrad"}, {"lr", 0.01}});
+  add("client Adagrad, stage 2", with(every1, {{"zero_optimization", {{"stage", 2}}}}), 3,
+      json::array(), {{"type", "Adagrad"}, {"lr", 0.01}});
   add("client Adam, stage 2, WarmupLR warmup_min_lr 0",
       with(every1,
            {{"zero_optimization", {{"stage", 2}}},
@@ -1493,6 +1497,7 @@ std::shared_ptr<torch::optim::Optimizer> client_optimizer(const json& spec,
     return std::make_shared<optim::SGD>(
         params, optim::SGDOptions(lr).momentum(spec.value("momentum", 0.0)));
   if (type == "RMSprop") return std::make_shared<optim::RMSprop>(params, optim::RMSpropOptions(lr));
+  if (type == "Adagrad") return std::make_shared<optim::Adagrad>(params, optim::AdagradOptions(lr));
   throw std::invalid_argument("client optimizer type " + type);
 }
 
