@@ -135,7 +135,9 @@ struct TuneOptions {
   // whenever a trial's run ends while trials wait, and runs more at once when room appeared
   // (never fewer than at the start; docs/tune.md, "Concurrency follows the cluster"). An engine
   // that cannot tell (mpi; spark without a kept application): one trial at a time unless this
-  // is set.
+  // is set. A cap on trials running, not on trials existing: PBT pauses trials to share the
+  // slots, as Ray does when CPUs are the limit (Ray's max_concurrent_trials creates no more
+  // trials than this until one ends; docs/tune.md).
   int max_concurrent_trials = 0;
   TrialResources trial_resources;
   // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
