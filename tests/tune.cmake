@@ -6,6 +6,10 @@ dtrain_test(tune_parity_test LABELS tune SOURCES tune/scheduler_parity_test.cpp 
 # nothing in them depends on libtorch, so once.
 dtrain_test(tune_stopper_parity_test LABELS tune SOURCES tune/stopper_parity_test.cpp TORCH)
 dtrain_test_once(tune_stopper_parity_test torch2)
+# ResultGrid::best_result's scopes against Ray's own get_best_result and Trial.metric_analysis
+# (tests/tune/ray_best_result_peer.py, no Ray cluster): pure driver logic, so once.
+dtrain_test(tune_best_result_test LABELS tune SOURCES tune/best_result_parity_test.cpp TORCH)
+dtrain_test_once(tune_best_result_test torch2)
 
 dtrain_test(tune_tuner_test LABELS tune SOURCES tune/tuner_test.cpp TORCH)
 add_dependencies(tune_tuner_test dtrain_cli)

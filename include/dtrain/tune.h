@@ -135,7 +135,9 @@ struct TuneOptions {
   // whenever a trial's run ends while trials wait, and runs more at once when room appeared
   // (never fewer than at the start; docs/tune.md, "Concurrency follows the cluster"). An engine
   // that cannot tell (mpi; spark without a kept application): one trial at a time unless this
-  // is set.
+  // is set. A cap on trials running, not on trials existing: PBT pauses trials to share the
+  // slots, as Ray does when CPUs are the limit (Ray's max_concurrent_trials creates no more
+  // trials than this until one ends; docs/tune.md).
   int max_concurrent_trials = 0;
   TrialResources trial_resources;
   // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
@@ -178,8 +180,12 @@ struct TrialResult {
   TrialStatus status = TrialStatus::Pending;
   Result last_result;           // empty if it never reported
   Result best_result;           // the best report by metric/mode
-  std::vector<Result> history;  // every report, in order
-  std::string checkpoint;       // its latest checkpoint directory, "" if none
+  std::vector<Result> history;  // every report, in order (a restore replaces what it repeats)
+  // Every result the driver took, in order: the history and, where a restore from an earlier
+  // checkpoint made iterations again, the results it dropped from the history (Ray's
+  // metric_analysis counts them; best_result reads this).
+  std::vector<Result> reports;
+  std::string checkpoint;  // its latest checkpoint directory, "" if none
   int num_failures = 0;
   std::string error;  // why it ended in Error
   std::string dir;    // its directory under storage_path/name
@@ -198,13 +204,21 @@ class ResultGrid {
   const TrialResult& operator[](std::size_t i) const { return trials_.at(i); }
   int num_errors() const;
   // The trial best by metric/mode (default: the Tuner's), as Ray's get_best_result with its
-  // default filter_nan_and_inf: each trial's score is the last value of the metric it reported
-  // (scope "last", Ray's default) or, scope "all", the running max (min) of its values as Ray's
-  // metric_analysis keeps it (Python's max(value, previous) in order: a NaN makes it NaN until
-  // the next number replaces it); a NaN or infinite score is never the best.
-  // UsageError: no trial reported the metric as a finite number.
+  // default filter_nan_and_inf, over each trial's `reports` (its history when empty) as Ray's
+  // metric_analysis keeps them: the metric found in the result flattened ("a/b"), numbers and
+  // booleans; a trial's score is, by `scope`: "last" (Ray's default) its last value; "all" the
+  // running max (min) as Python's max(value, previous) in order (a NaN makes it NaN until the
+  // next number replaces it); "avg" Ray's running 1 / step * (value + (step - 1) * avg), step the
+  // result's training_iteration (the mean when every iteration has the metric once); "last-5-avg"
+  // and "last-10-avg" the mean of its last 5 (10) values. A NaN or infinite score is never the
+  // best; on a tie the first trial wins.
+  // UsageError: a scope not among those five, or no trial with a finite score.
   const TrialResult& best_result(const std::string& metric = "", const std::string& mode = "",
                                  const std::string& scope = "last") const;
+  // `trial`'s score as best_result ranks it (Ray's trial.metric_analysis[metric][scope], or
+  // [mode] for scope "all"); nullopt when it has no number for `metric`. UsageError: bad scope.
+  static std::optional<double> score(const TrialResult& trial, const std::string& metric,
+                                     const std::string& mode, const std::string& scope);
   // One row per trial under one header (the union of the trials' columns): id, status,
   // failures, iterations, the config (nested keys joined by "/"), the last result's keys.
   // Also written to storage_path/name/results.csv.

@@ -41,7 +41,9 @@
 //     nlohmann refuses to read as a number or string: json::type_error) is asked again in the
 //     next pass, as Ray asks again a function that met an unresolved value
 //     (RecursiveDependencyError). So `b` may read a grid value, a constant, a random value
-//     drawn after it in the space, or another sample_from's value.
+//     drawn after it in the space, or another sample_from's value. sample_from([] { ... }),
+//     Ray's tune.sample_from(lambda: ...), takes no config: called once per variant where its
+//     turn comes in the first pass, never asked again (any exception from it is an error).
 // Draws come from a RandomSource: seeded (reproducible) or recorded draws (the Ray parity
 // tests feed the same draws to Ray and to dtrain).
 #pragma once
@@ -51,6 +53,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -121,6 +124,19 @@ Config grid_search(const std::vector<Config>& values);
 // that depend on each other, or a type_error with nothing left to wait for), naming the key.
 using SampleFunction = std::function<Config(const Config& config)>;
 Config sample_from(SampleFunction fn, std::string name = "");
+
+// Ray's tune.sample_from(lambda: ...) (sample.py's Function with pass_config False): `fn` takes
+// no argument and is called once per variant at its place in the first pass (it reads nothing,
+// so it never waits for a later one); anything it throws, nlohmann's type_error included, is
+// a UsageError naming it, as Ray's "Failed to evaluate expression". Otherwise as above.
+using SampleFunctionNoConfig = std::function<Config()>;
+namespace detail {
+Config sample_from_no_config(SampleFunctionNoConfig fn, std::string name);
+}  // namespace detail
+template <class F, std::enable_if_t<std::is_invocable_v<F&>, int> = 0>
+Config sample_from(F fn, std::string name = "") {
+  return detail::sample_from_no_config(SampleFunctionNoConfig(std::move(fn)), std::move(name));
+}
 
 // True if `value` is one of the domain objects above, sample_from's included (not a grid).
 bool is_domain(const Config& value);

@@ -26,9 +26,14 @@ constexpr const char* kDomainKey = "__domain__";
 
 // sample_from's functions. A space is JSON, so its sample_from domain holds an index into this
 // table; entries are only added (a domain made once stays valid for the process's life).
+struct SampleEntry {
+  std::string name;
+  SampleFunction fn;
+  bool pass_config = true;  // false: Ray's zero-argument function, never asked again
+};
 struct SampleFunctions {
   Mutex mu;
-  std::vector<std::pair<std::string, SampleFunction>> entries DTRAIN_GUARDED_BY(mu);
+  std::vector<SampleEntry> entries DTRAIN_GUARDED_BY(mu);
 };
 
 SampleFunctions& sample_functions() {
@@ -42,7 +47,7 @@ bool is_sample_from(const Config& v) {
 
 // The function a sample_from domain names (UsageError when this process has none by that index:
 // a space from elsewhere, a saved search).
-std::pair<std::string, SampleFunction> sample_function(const Config& d) {
+SampleEntry sample_function(const Config& d) {
   auto& t = sample_functions();
   MutexLock lock(t.mu);
   const Config& id = d.contains("id") ? d.at("id") : Config();
@@ -180,11 +185,15 @@ void resolve_domains(Config& c, const std::vector<Var>& domains, RandomSource& r
       if (!is_sample_from(*d.value)) {
         c[d.pointer] = sample(*d.value, random);
       } else {
-        const auto [name, fn] = sample_function(*d.value);
+        const auto [name, fn, pass_config] = sample_function(*d.value);
         Config value;
         try {
           value = fn(c);
         } catch (const Config::type_error& e) {
+          if (!pass_config) {  // read no config: Ray's "Failed to evaluate expression"
+            throw UsageError("tune: failed to evaluate sample_from '" + name + "' at '" + where +
+                             "': " + e.what());
+          }
           if (left == 1) {
             throw UsageError("tune: sample_from '" + name + "' at '" + where +
                              "' failed with every other value resolved: " + e.what());
@@ -347,13 +356,27 @@ Config choice(const std::vector<Config>& categories) {
   return Config{{kDomainKey, "choice"}, {"categories", categories}};
 }
 
-Config sample_from(SampleFunction fn, std::string name) {
-  if (!fn) throw UsageError("tune::sample_from: the function is empty");
+namespace {
+
+Config add_sample_function(SampleFunction fn, std::string name, bool pass_config) {
   auto& t = sample_functions();
   MutexLock lock(t.mu);
   if (name.empty()) name = "function " + std::to_string(t.entries.size());
-  t.entries.emplace_back(name, std::move(fn));
+  t.entries.push_back({name, std::move(fn), pass_config});
   return Config{{kDomainKey, "sample_from"}, {"function", name}, {"id", t.entries.size() - 1}};
+}
+
+}  // namespace
+
+Config sample_from(SampleFunction fn, std::string name) {
+  if (!fn) throw UsageError("tune::sample_from: the function is empty");
+  return add_sample_function(std::move(fn), std::move(name), true);
+}
+
+Config detail::sample_from_no_config(SampleFunctionNoConfig fn, std::string name) {
+  if (!fn) throw UsageError("tune::sample_from: the function is empty");
+  return add_sample_function([fn = std::move(fn)](const Config&) { return fn(); }, std::move(name),
+                             false);
 }
 
 Config grid_search(const std::vector<Config>& values) {

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -62,6 +63,10 @@ struct TrialRecord {
   Trial trial;
   std::vector<Result> history;
   std::vector<std::int64_t> history_seq;  // global order of reports, to replay on resume
+  // Reports a restore dropped from the history (they come again after it), with their place
+  // in the global order: Ray's metric_analysis, which best_result's scopes read, counts them.
+  std::vector<Result> rewound;
+  std::vector<std::int64_t> rewound_seq;
   std::string latest_checkpoint;
   std::int64_t latest_checkpoint_iteration = 0;
   double latest_checkpoint_time = 0;   // time_total_s of the result it came with
@@ -94,16 +99,33 @@ struct TrialRecord {
 };
 
 // The next run of `r` starts from its own latest checkpoint; the reports made after that
-// checkpoint will come again, so they leave the history.
+// checkpoint will come again, so they leave the history (kept in `rewound`).
 void rewind_to_latest_checkpoint(TrialRecord& r) {
   r.restore_checkpoint = r.latest_checkpoint;
   r.restore_iteration = r.latest_checkpoint_iteration;
   r.restore_time = r.latest_checkpoint_time;
   while (!r.history.empty() &&
          r.history.back().value("training_iteration", std::int64_t{0}) > r.restore_iteration) {
+    r.rewound.push_back(std::move(r.history.back()));
+    r.rewound_seq.push_back(r.history_seq.back());
     r.history.pop_back();
     r.history_seq.pop_back();
   }
+}
+
+// Every report of `r` in the order the driver took them: the history and the rewound ones.
+std::vector<Result> all_reports(const TrialRecord& r) {
+  std::vector<std::pair<std::int64_t, const Result*>> order;
+  for (std::size_t i = 0; i < r.history.size(); ++i)
+    order.emplace_back(r.history_seq[i], &r.history[i]);
+  for (std::size_t i = 0; i < r.rewound.size(); ++i)
+    order.emplace_back(r.rewound_seq[i], &r.rewound[i]);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Result> out;
+  out.reserve(order.size());
+  for (const auto& [s, res] : order) out.push_back(*res);
+  return out;
 }
 
 // The scheduler's view of the driver.
@@ -190,49 +212,102 @@ int ResultGrid::num_errors() const {
   }));
 }
 
+namespace {
+
+void check_scope(const std::string& scope) {
+  if (scope != "last" && scope != "all" && scope != "avg" && scope != "last-5-avg" &&
+      scope != "last-10-avg") {
+    throw UsageError(
+        "tune::ResultGrid: scope must be one of \"all\", \"last\", \"avg\", \"last-5-avg\", "
+        "\"last-10-avg\" (as Ray's get_best_result), got \"" +
+        scope + "\"");
+  }
+}
+
+}  // namespace
+
+std::optional<double> ResultGrid::score(const TrialResult& trial, const std::string& metric,
+                                        const std::string& mode, const std::string& scope) {
+  check_scope(scope);
+  // Ray's _TrainingRunMetadata.update_metric, fed by Trial.update_last_result with every result
+  // the controller took (rewound ones included): the first value sets every statistic; after
+  // it "all" is Python's max(value, previous) (min), so a NaN makes it NaN until the next number
+  // replaces it; "avg" is 1 / step * (value + (step - 1) * avg) with step the result's
+  // training_iteration (not the mean when the metric skipped results or a restore repeated
+  // iterations), and a NaN or infinity stays in it; "last-N-avg" is sum(last N) / count.
+  constexpr std::size_t kWindows[] = {5, 10};
+  const int window = scope == "last-5-avg" ? 0 : scope == "last-10-avg" ? 1 : -1;
+  bool seen = false;
+  double value = 0, avg = 0;
+  std::deque<double> last_n[2];
+  for (const auto& h : trial.reports.empty() ? trial.history : trial.reports) {
+    if (!h.is_object()) continue;
+    // Ray drops these keys (DEBUG_METRICS) before flattening; numbers and booleans count.
+    Result r = h;
+    for (const char* k :
+         {"trial_id", "experiment_id", "date", "timestamp", "pid", "hostname", "node_ip", "config"})
+      r.erase(k);
+    r = detail::flatten(r);
+    const auto it = r.find(metric);
+    if (it == r.end() || !(it->is_number() || it->is_boolean())) continue;
+    const double v = it->is_boolean() ? (it->get<bool>() ? 1.0 : 0.0) : it->get<double>();
+    if (!seen) {
+      value = avg = v;
+      for (auto& w : last_n) w.assign(1, v);
+      seen = true;
+      continue;
+    }
+    const auto step_it = h.find("training_iteration");
+    double step = step_it != h.end() && step_it->is_number() ? step_it->get<double>() : 0.0;
+    if (step == 0) step = 1;  // Ray's `step or 1`
+    avg = 1 / step * (v + (step - 1) * avg);
+    for (int w = 0; w < 2; ++w) {
+      last_n[w].push_back(v);
+      if (last_n[w].size() > kWindows[w]) last_n[w].pop_front();
+    }
+    if (scope == "all") {
+      // Python's max(v, value) keeps its first argument unless the second compares greater.
+      value = (mode == "max" ? value > v : value < v) ? value : v;
+    } else {
+      value = v;
+    }
+  }
+  if (!seen) return std::nullopt;
+  if (scope == "avg") return avg;
+  if (window >= 0) {
+    double sum = 0;  // Python's sum(): left to right from 0
+    for (double x : last_n[window]) sum += x;
+    return sum / static_cast<double>(last_n[window].size());
+  }
+  return value;
+}
+
 const TrialResult& ResultGrid::best_result(const std::string& metric_in, const std::string& mode_in,
                                            const std::string& scope) const {
   const std::string metric = metric_in.empty() ? metric_ : metric_in;
   const std::string mode = mode_in.empty() ? mode_ : mode_in;
-  if (scope != "last" && scope != "all") {
-    throw UsageError("tune::ResultGrid::best_result: scope must be \"last\" or \"all\", got \"" +
-                     scope + "\"");
-  }
+  check_scope(scope);
   if (metric.empty() || (mode != "min" && mode != "max")) {
     throw UsageError(
         "tune::ResultGrid::best_result: needs a metric and mode \"min\"/\"max\" (got \"" + metric +
         "\", \"" + mode + "\"); pass them or set them in TuneOptions");
   }
-  // Ray's ExperimentAnalysis.get_best_trial (filter_nan_and_inf=True): a trial's score is its
-  // last value of the metric (scope "last") or, for "all", the running max (min) Ray's
-  // metric_analysis keeps: Python's max(value, previous) over its results in order, which a
-  // NaN result makes NaN and the next number replaces. A NaN or infinite score never wins.
+  // Ray's ExperimentAnalysis.get_best_trial (filter_nan_and_inf=True): a NaN or infinite score
+  // never wins; on a tie the first trial does.
   const TrialResult* best = nullptr;
   double best_value = 0;
   for (const auto& t : trials_) {
-    bool seen = false;
-    double score = 0;
-    for (const auto& h : t.history) {
-      if (!h.is_object() || !h.contains(metric) || !h.at(metric).is_number()) continue;
-      const double v = h.at(metric).get<double>();
-      if (!seen || scope == "last") {
-        score = v;
-      } else {
-        // Python's max(v, score) keeps its first argument unless the second compares greater.
-        score = (mode == "max" ? score > v : score < v) ? score : v;
-      }
-      seen = true;
-    }
-    if (!seen || !std::isfinite(score)) continue;
-    if (best == nullptr || better(score, best_value, mode)) {
+    const std::optional<double> s = score(t, metric, mode, scope);
+    if (!s || !std::isfinite(*s)) continue;
+    if (best == nullptr || better(*s, best_value, mode)) {
       best = &t;
-      best_value = score;
+      best_value = *s;
     }
   }
   if (best == nullptr) {
-    throw UsageError("tune::ResultGrid::best_result: no trial reported \"" + metric +
-                     "\" as a finite number (NaN and infinite values are never the best, as in "
-                     "Ray)");
+    throw UsageError("tune::ResultGrid::best_result: no trial has a finite \"" + scope +
+                     "\" score of \"" + metric +
+                     "\" (NaN and infinite scores are never the best, as in Ray)");
   }
   return *best;
 }
@@ -374,6 +449,8 @@ ResultGrid Tuner::fit() {
       r->trial.status = status_from(s.at("status"));
       for (const auto& h : s.at("history")) r->history.push_back(h);
       r->history_seq = s.at("history_seq").get<std::vector<std::int64_t>>();
+      for (const auto& h : s.value("rewound", Config::array())) r->rewound.push_back(h);
+      r->rewound_seq = s.value("rewound_seq", std::vector<std::int64_t>{});
       r->latest_checkpoint = s.value("latest_checkpoint", "");
       r->latest_checkpoint_iteration = s.value("latest_checkpoint_iteration", std::int64_t{0});
       r->restore_checkpoint = s.value("restore_checkpoint", "");
@@ -480,6 +557,8 @@ ResultGrid Tuner::fit() {
                       {"status", to_string(r->trial.status)},
                       {"history", r->history},
                       {"history_seq", r->history_seq},
+                      {"rewound", r->rewound},
+                      {"rewound_seq", r->rewound_seq},
                       {"latest_checkpoint", r->latest_checkpoint},
                       {"latest_checkpoint_iteration", r->latest_checkpoint_iteration},
                       {"restore_checkpoint", r->restore_checkpoint},
@@ -963,6 +1042,7 @@ ResultGrid Tuner::fit() {
     t.config = r->trial.config;
     t.status = r->trial.status;
     t.history = r->history;
+    t.reports = all_reports(*r);
     t.last_result = r->history.empty() ? Result::object() : r->history.back();
     t.best_result = Result::object();
     for (const auto& h : r->history) {

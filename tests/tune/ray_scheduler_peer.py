@@ -23,6 +23,7 @@ The simulated controller (identical on both sides):
   - events of a finished trial are skipped (recorded as "SKIPPED");
   - saving a checkpoint returns the token "ckpt:<trial id>:<training_iteration>".
 """
+import itertools
 import json
 import logging
 import math
@@ -117,6 +118,11 @@ SAMPLE_FROM = {
     "lr_over_a": lambda c: c.lr / c.a,
     "p_after_q": lambda c: c.q + 1,
     "q_after_p": lambda c: c.p + 1,
+    # Zero-argument functions (Ray's Function with pass_config False).
+    "w_from_t_and_r": lambda c: c.t * 100 + c.r,
+    "ticket": (lambda calls: lambda: next(calls))(itertools.count()),
+    "seven": lambda: 7,
+    "no_config_fails": lambda: int("text"),
 }
 
 

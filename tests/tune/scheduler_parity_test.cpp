@@ -346,6 +346,33 @@ Config build_cases() {
               "lr_over_a")}}},
        {"num_samples", 2},
        {"draws", draws(g, 100)}});
+  // Zero-argument functions (Ray's tune.sample_from(lambda: ...)): "ticket" counts its calls
+  // on each side, so its values show how often and in which order each side calls it among the
+  // draws; w reads t, drawn after it, so w waits a pass. 2 grid x 3 samples = 6 variants.
+  auto tickets = std::make_shared<int>(0);
+  cases.push_back({{"name", "sample_from_no_config"},
+                   {"variants",
+                    {{"w", sample_from(
+                               [](const Config& c) {
+                                 return c.at("t").get<int>() * 100 + c.at("r").get<int>();
+                               },
+                               "w_from_t_and_r")},
+                     {"t", sample_from([tickets] { return (*tickets)++; }, "ticket")},
+                     {"k", sample_from([] { return 7; }, "seven")},
+                     {"r", randint(0, 50)},
+                     {"g", grid_search({"x", "y"})},
+                     {"u", uniform(0, 1)}}},
+                   {"num_samples", 3},
+                   {"draws", draws(g, 100)}});
+  // A zero-argument function that fails: Ray's "Failed to evaluate expression", at once.
+  cases.push_back(
+      {{"name", "sample_from_no_config_fails"},
+       {"variants",
+        {{"f", sample_from([] { return Config("text").get<int>(); }, "no_config_fails")},
+         {"r", randint(0, 50)}}},
+       {"num_samples", 1},
+       {"draws", draws(g, 10)},
+       {"raises_error", true}});
   // Two functions that read each other: Ray's RecursiveDependencyError, dtrain's UsageError.
   cases.push_back(
       {{"name", "sample_from_circle"},
@@ -606,6 +633,10 @@ TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
     if (cases[i].at("name") == "sample_from") {
       EXPECT_EQ(ours.at("configs").size(), 8u);
     }
+    if (cases[i].at("name") == "sample_from_no_config") {
+      ASSERT_EQ(ours.at("configs").size(), 6u);
+      for (int v = 0; v < 6; ++v) EXPECT_EQ(ours.at("configs")[v].at("t"), v);  // once each
+    }
     if (cases[i].value("raises_error", false)) {
       EXPECT_EQ(ours.at("raised"), true);
       EXPECT_EQ(ray[i].at("raised"), true) << ray[i].dump();
@@ -697,6 +728,13 @@ TEST(TuneSearchSpace, SampleFromReadsResolvedValuesAndErrorsAreClear) {
   EXPECT_TRUE(has(wrong_type, "'int_of_text' at '/t' failed with every other value resolved"))
       << wrong_type;
   EXPECT_THROW(sample_from(nullptr), dtrain::UsageError);
+  EXPECT_THROW(sample_from(SampleFunctionNoConfig{}), dtrain::UsageError);
+  // A zero-argument function reads no config, so its type_error is no reason to wait.
+  const std::string no_config =
+      error_of({{"z", sample_from([] { return Config("s").get<int>(); }, "zero_arg_type_error")},
+                {"later", uniform(0, 1)}});
+  EXPECT_TRUE(has(no_config, "failed to evaluate sample_from 'zero_arg_type_error' at '/z'"))
+      << no_config;
   RecordedRandom r({0.5});
   EXPECT_THROW(sample(sample_from([](const Config&) { return 1; }), r), dtrain::UsageError);
   // A space read back from elsewhere (a saved search) names no function of this process.

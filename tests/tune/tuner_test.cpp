@@ -151,6 +151,29 @@ void flaky_trainable(Config config) {
 
 void always_fails(Config) { throw std::runtime_error("always fails"); }
 
+// Iteration 1 with a checkpoint, then 2 without one (score 20) and a failure; the retry starts
+// from iteration 1's checkpoint and reports 2 and 3 (scores 2, 3).
+void rewinding_trainable(Config) {
+  int start = 0;
+  if (auto ckpt = get_checkpoint()) std::ifstream(fs::path(*ckpt) / "state") >> start;
+  const fs::path marker = fs::path(trial_dir()) / "failed_once";
+  const bool first_run = !fs::exists(marker);
+  for (int it = start + 1; it <= 3; ++it) {
+    if (it == 3 && first_run) {
+      std::ofstream(marker) << "1";
+      throw std::runtime_error("injected failure");
+    }
+    if (it == 1) {
+      const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+      fs::create_directories(tmp);
+      std::ofstream(tmp / "state") << it;
+      report({{"score", 1.0}}, tmp.string());
+    } else {
+      report({{"score", first_run ? 20.0 : static_cast<double>(it)}});
+    }
+  }
+}
+
 // Says it is done at its second report (Ray's `done` key), then would go on to 50.
 void done_at_two_trainable(Config) {
   for (int it = 1; it <= 50; ++it) report({{"score", it}, {"done", it == 2}});
@@ -643,8 +666,37 @@ TEST(TuneTuner, FailedTrialIsRetriedFromItsCheckpoint) {
   EXPECT_NE(g2[0].error.find("always fails"), std::string::npos) << g2[0].error;
   EXPECT_EQ(g2[0].num_failures, 1);
   EXPECT_THROW(g2.best_result(), dtrain::UsageError);
+
+  // A result after the checkpoint that the retry makes again leaves the history but stays in
+  // `reports`, as Ray's metric_analysis keeps it: scores 1, 20, then 2, 3 at iterations 2, 3.
+  const auto dir3 = fresh_dir("rewind");
+  Tuner rewinding(rewinding_trainable, Config{{"a", 1}},
+                  {.metric = "score",
+                   .mode = "max",
+                   .max_failures = 1,
+                   .storage_path = dir3.string(),
+                   .verbose = false});
+  ResultGrid g3 = rewinding.fit();
+  ASSERT_EQ(g3.size(), 1u);
+  const auto& r = g3[0];
+  EXPECT_EQ(r.status, TrialStatus::Terminated) << r.error;
+  std::vector<double> scores, iterations;
+  for (const auto& x : r.reports) {
+    scores.push_back(x.at("score"));
+    iterations.push_back(x.at("training_iteration"));
+  }
+  EXPECT_EQ(scores, (std::vector<double>{1, 20, 2, 3}));
+  EXPECT_EQ(iterations, (std::vector<double>{1, 2, 2, 3}));
+  ASSERT_EQ(r.history.size(), 3u);
+  EXPECT_EQ(r.history[1].at("score"), 2.0);
+  EXPECT_EQ(ResultGrid::score(r, "score", "max", "all"), 20.0);
+  EXPECT_EQ(ResultGrid::score(r, "score", "max", "last"), 3.0);
+  const double avg = 1.0 / 3 * (3 + 2 * (1.0 / 2 * (2 + 1 * (1.0 / 2 * (20 + 1 * 1.0)))));
+  EXPECT_EQ(ResultGrid::score(r, "score", "max", "avg"), avg);
+  EXPECT_EQ(ResultGrid::score(r, "score", "max", "last-5-avg"), 6.5);
   fs::remove_all(dir);
   fs::remove_all(dir2);
+  fs::remove_all(dir3);
 }
 
 // Every trial's worker comes from the one warm fork server (libtorch loaded once); a worker
