@@ -109,6 +109,8 @@ def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True, use_gpu=None, pay
         # What TorchDistributor's task gives torchrun, whose workers inherit it: the node's
         # index (the workers' RANK, WORLD_SIZE, MASTER_ADDR/PORT are the agent's, as torchrun's).
         child_env["NODE_RANK"] = str(part)
+        # Tells the agent it is a Spark task's, whose console the driver shares with the rest.
+        child_env["DTRAIN_SPARK_TASK"] = str(part)
         child_env.update(env)
         gpus = ctx.resources().get("gpu")
         if "CUDA_VISIBLE_DEVICES" not in env:

@@ -2,6 +2,7 @@
 // submitted through spark-submit or a kept Spark application (src/spark/, dtrain/spark.h).
 #include <filesystem>
 
+#include "core/params.h"
 #include "dtrain/spark.h"
 #include "engines/common.h"
 #include "engines/engine.h"
@@ -42,6 +43,18 @@ class Spark final : public Engine {
     p.nproc_per_node =
         spark::plan(o.num_processes, o.use_gpu, s.processes_per_task, s.conf).processes_per_task;
     return p;
+  }
+
+  // Every agent's output reaches the driver's console: only node 0's prints the whole failure
+  // summary.
+  bool shared_console() const override { return true; }
+
+  // An agent started by a Spark task (python/dtrain/spark.py sets DTRAIN_SPARK_TASK); its
+  // flags give everything else.
+  bool adopt(LaunchOptions& o, const RunArgs&, const EnvLookup& env) const override {
+    if (!get(env, param::kSparkTask.name)) return false;
+    o.engine = name();
+    return true;
   }
 
   std::string driver_address(const DistributorOptions& o, const Placement& p) const override {

@@ -59,7 +59,9 @@ TEST(Engines, CapabilitiesAreQuestionsNotNames) {
     EXPECT_EQ(e->runs_agents(), e->name() != "mpi") << e->name();
     const bool elastic = e->name() != "mpi" && e->name() != "spark" && e->name() != "ray";
     EXPECT_EQ(e->why_not_elastic().empty(), elastic) << e->name();
-    EXPECT_EQ(e->shared_console(), e->name() == "slurm" || e->name() == "ray") << e->name();
+    EXPECT_EQ(e->shared_console(),
+              e->name() == "slurm" || e->name() == "ray" || e->name() == "spark")
+        << e->name();
     EXPECT_FALSE(e->describe().empty()) << e->name();
   }
 }

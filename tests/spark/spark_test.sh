@@ -116,6 +116,11 @@ for r in 0 1 2 3; do
 done
 grep -q "rank       : 2" "$CONF" && grep -q "exit code  : 7" "$CONF" ||
   { cat "$T/driver.err" >&2; fail "cli: the root cause does not name rank 2, exit code 7"; }
+# Every agent's output reaches this console: node 0's agent prints the root cause, the other one line.
+blocks=$(cat "$CONF" "$T/driver.err" | grep -c "root cause (first failure)")
+[[ $blocks -eq 1 ]] || { cat "$CONF" "$T/driver.err" >&2; fail "cli: the root cause printed $blocks times, expected once"; }
+grep -q "node 0's agent prints the root cause" "$CONF" "$T/driver.err" ||
+  { cat "$CONF" "$T/driver.err" >&2; fail "cli: node 1's agent did not say where the root cause is"; }
 pass "dtrain run --spark-master: 4 prefixed lines on the driver, rank 2's exit code 7 ($((SECONDS - t1)) s)"
 
 # 5. The Python module: TorchDistributor's shape, in a PySpark session, twice in one session:
