@@ -163,7 +163,10 @@ class Mpi final : public Engine {
       throw UsageError("ClusterOptions::mpi_launcher '" + launcher + "' is not an executable file");
     }
     std::string version;
-    if (FILE* p = ::popen((shell_quote(launcher) + " --version 2>&1").c_str(), "r")) {
+    // Bounded as every wait: a launcher that does not answer within 20 s is taken as not
+    // Open MPI's.
+    if (FILE* p =
+            ::popen(("timeout 20 " + shell_quote(launcher) + " --version 2>&1").c_str(), "r")) {
       char buf[512];
       while (std::fgets(buf, sizeof buf, p)) version += buf;
       ::pclose(p);

@@ -57,6 +57,10 @@ OutputStream::OutputStream(OutputStream&& o) noexcept
       file_fd_(o.file_fd_),
       tail_lines_(o.tail_lines_),
       partial_(std::move(o.partial_)),
+      live_(o.live_),
+      at_start_(o.at_start_),
+      cr_to_write_(o.cr_to_write_),
+      cr_at_end_(o.cr_at_end_),
       tail_(std::move(o.tail_)),
       filtered_(std::move(o.filtered_)) {
   o.file_fd_ = -1;
@@ -69,20 +73,97 @@ OutputStream::~OutputStream() {
 
 void OutputStream::write(std::string_view bytes) {
   if (file_fd_ >= 0) write_all(file_fd_, bytes);
+  if (bytes.empty()) return;
+  if (cr_at_end_) {
+    cr_at_end_ = false;
+    if (bytes.front() == '\n') {
+      add_text("\r");  // "\r\n" split between two reads: part of the line, as a whole one
+    } else {
+      carriage_return();
+    }
+  }
   size_t start = 0;
   while (true) {
-    size_t nl = bytes.find('\n', start);
-    if (nl == std::string_view::npos) break;
-    if (partial_.empty()) {
-      emit_line(bytes.substr(start, nl - start));
-    } else {
-      partial_.append(bytes.substr(start, nl - start));
-      emit_line(partial_);
-      partial_.clear();
+    const size_t end = bytes.find_first_of("\r\n", start);
+    if (end == std::string_view::npos) {
+      add_text(bytes.substr(start));
+      return;
     }
-    start = nl + 1;
+    if (bytes[end] == '\n') {
+      if (!live_ && partial_.empty()) {
+        emit_line(bytes.substr(start, end - start));  // the common case: no copy
+      } else {
+        add_text(bytes.substr(start, end - start));
+        end_line();
+      }
+    } else if (end + 1 == bytes.size()) {
+      add_text(bytes.substr(start, end - start));
+      cr_at_end_ = true;
+    } else if (bytes[end + 1] == '\n') {
+      add_text(bytes.substr(start, end + 1 - start));  // "\r\n": the '\r' stays in the line
+    } else {
+      add_text(bytes.substr(start, end - start));
+      carriage_return();
+    }
+    start = end + 1;
+    if (start == bytes.size()) return;
   }
-  partial_.append(bytes.substr(start));
+}
+
+void OutputStream::add_text(std::string_view text) {
+  if (text.empty()) return;
+  partial_.append(text);
+  if (!live_ || console_fd_ < 0) return;
+  std::string out;
+  if (cr_to_write_) out.push_back('\r');
+  if (at_start_) out.append(prefix_);
+  out.append(text);
+  write_all(console_fd_, out);
+  cr_to_write_ = false;
+  at_start_ = false;
+}
+
+void OutputStream::carriage_return() {
+  if (!live_) {
+    live_ = true;
+    at_start_ = true;
+    if (!partial_.empty() && console_fd_ >= 0) {
+      std::string out;
+      out.append(prefix_).append(partial_);
+      write_all(console_fd_, out);
+      at_start_ = false;
+    }
+  }
+  // The next text redraws the console's line: "\r", the prefix, the text, in one write.
+  if (!at_start_) cr_to_write_ = true;
+  at_start_ = true;
+  partial_.clear();  // what the line shows from here on
+}
+
+void OutputStream::end_line() {
+  if (!live_) {
+    std::string line = std::move(partial_);
+    partial_.clear();
+    emit_line(line);
+    return;
+  }
+  if (console_fd_ >= 0) {
+    if (at_start_ && !cr_to_write_) {
+      write_all(console_fd_, prefix_ + "\n");  // a live line never written: as an empty one
+    } else {
+      write_all(console_fd_, "\n");
+    }
+    if (filtered_ && filtered_->matches(partial_))
+      write_all(filtered_->fd(), prefix_ + partial_ + "\n");
+  }
+  if (tail_lines_ > 0) {
+    tail_.emplace_back(partial_);
+    if (tail_.size() > tail_lines_) tail_.pop_front();
+  }
+  partial_.clear();
+  live_ = false;
+  at_start_ = true;
+  cr_to_write_ = false;
 }
 
 void OutputStream::emit_line(std::string_view line) {
@@ -100,11 +181,11 @@ void OutputStream::emit_line(std::string_view line) {
 }
 
 void OutputStream::close() {
-  if (!partial_.empty()) {
-    std::string last = std::move(partial_);
-    partial_.clear();
-    emit_line(last);
+  if (cr_at_end_) {
+    cr_at_end_ = false;
+    add_text("\r");
   }
+  if (!partial_.empty() || live_) end_line();
   if (file_fd_ >= 0) {
     ::close(file_fd_);
     file_fd_ = -1;

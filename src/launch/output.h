@@ -4,6 +4,12 @@
 // one write() each (so lines of different ranks never interleave mid-line), the raw bytes go
 // to the rank's log file unchanged, and the last lines are kept for the failure summary.
 // Lines are never cut: a partial line waits for its newline, or for close().
+// A carriage return that is not part of "\r\n" (a progress bar redrawing itself, as tqdm
+// does) makes its line live: what the line holds goes to the console at once, and each later
+// redraw goes out as it arrives, "\r" and the prefix before it, in one write(), so a bar moves
+// on the console as it does under torchrun, whose workers write to the terminal directly. The
+// tail and the filtered log keep what the line shows at its end (the text after its last
+// carriage return).
 // torchrun's --duplicate-stdout/stderr-filters: the console's lines that hold any of a list of
 // strings are copied, prefixed, to one file shared by the attempt's ranks (FilteredLog).
 #pragma once
@@ -54,11 +60,18 @@ class OutputStream {
 
  private:
   void emit_line(std::string_view line);
+  void add_text(std::string_view text);  // to the line (and the console, when live)
+  void carriage_return();                // one that is not part of "\r\n"
+  void end_line();                       // its newline, or close()
   std::string prefix_;
   int console_fd_;
   int file_fd_;
   size_t tail_lines_;
   std::string partial_;
+  bool live_ = false;         // the console has this line's start (carriage returns seen)
+  bool at_start_ = true;      // live: the next text starts the console's line (prefix first)
+  bool cr_to_write_ = false;  // live: a carriage return the console gets with the next text
+  bool cr_at_end_ = false;    // the last chunk ended in '\r': "\r\n" or not, the next byte says
   std::deque<std::string> tail_;
   std::shared_ptr<FilteredLog> filtered_;
 };

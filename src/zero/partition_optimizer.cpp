@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "dtrain/error.h"
 #include "dtrain/zero.h"
@@ -134,6 +135,19 @@ class Lamb final : public PartitionOptimizer {
   OptimizerConfig c_;
 };
 
+// The key torch::optim keeps a tensor's state under: its TensorImpl (libtorch 2.x), or that
+// pointer printed (1.13).
+template <class Map>
+typename Map::key_type state_key(const Map&, const torch::Tensor& t) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream s;
+    s << t.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return t.unsafeGetTensorImpl();
+  }
+}
+
 // InitOptions::optimizer: its one group steps the partition, with the averaged gradient set
 // as the partition's .grad for the call.
 class Client final : public PartitionOptimizer {
@@ -151,7 +165,7 @@ class Client final : public PartitionOptimizer {
       state->sum(
           torch::full_like(param_, o.initial_accumulator_value(), at::MemoryFormat::Preserve));
       adagrad->state().clear();
-      adagrad->state()[param_.unsafeGetTensorImpl()] = std::move(state);
+      adagrad->state()[state_key(adagrad->state(), param_)] = std::move(state);
     }
   }
   std::string type() const override { return kClientOptimizerType; }

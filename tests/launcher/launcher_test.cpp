@@ -1128,6 +1128,19 @@ TEST_F(LauncherTest, UnsyncedCoutOfAForkedWorkerIsFlushedAtExit) {
   }
 }
 
+// A worker's progress bar (a carriage return, the bar, no newline yet) is on the console while
+// the worker runs, as under torchrun, whose workers write to the terminal themselves.
+TEST_F(LauncherTest, AProgressBarIsOnTheConsoleBeforeItsLineEnds) {
+  Process& p = start({"--nproc-per-node", "1", kWorker, "--no-newline", "\r 50%", "--sleep", "0.3",
+                      "--no-newline", "\r100%", "--sleep", "60"});
+  ASSERT_TRUE(wait_for_count(p, "[default0]: 50%\r[default0]:100%", 1));
+  ::kill(p.pid(), SIGTERM);
+  RunResult r = p.finish(30s);
+  EXPECT_EQ(r.exit_code, 143) << r.err;
+  // The line the worker never ended is ended on the console when it stops.
+  EXPECT_NE(r.out.find("[default0]: 50%\r[default0]:100%\n"), std::string::npos) << r.out;
+}
+
 TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
   for (const char* method : {"spawn", "forkserver"}) {
     SCOPED_TRACE(method);

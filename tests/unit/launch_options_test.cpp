@@ -963,6 +963,53 @@ TEST(OutputStream, OneMegabyteLineIsNeverCut) {
   EXPECT_EQ(s.tail()[0].size(), line.size());
 }
 
+// A progress bar that redraws itself (tqdm: "\r" and the bar, flushed): each redraw reaches
+// the console as it arrives, prefixed again after its carriage return, in one write.
+TEST(OutputStream, ARedrawingProgressBarReachesTheConsoleAsItArrives) {
+  CaptureFd console;
+  OutputStream s("[default0]:", console.fd(), -1, 3);
+  s.write("\r  0%|          |");
+  EXPECT_EQ(console.contents(), "[default0]:  0%|          |");
+  s.write("\r 50%|#####     |");
+  EXPECT_EQ(console.contents(), "[default0]:  0%|          |\r[default0]: 50%|#####     |");
+  s.write("\r100%|##########|\ndone\n");
+  EXPECT_EQ(console.contents(),
+            "[default0]:  0%|          |\r[default0]: 50%|#####     |\r[default0]:100%|##########|"
+            "\n[default0]:done\n");
+  // The tail keeps what the line showed at its end.
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"100%|##########|", "done"}));
+}
+
+TEST(OutputStream, TextBeforeTheFirstCarriageReturnIsShownWithIt) {
+  CaptureFd console, file;
+  OutputStream s("[p]:", console.fd(), file.dup(), 2);
+  s.write("epoch 1: 10%");
+  EXPECT_EQ(console.contents(), "") << "no carriage return yet: an ordinary partial line";
+  s.write("\repoch 1: 20");
+  s.write("%");
+  EXPECT_EQ(console.contents(), "[p]:epoch 1: 10%\r[p]:epoch 1: 20%");
+  s.close();
+  EXPECT_EQ(console.contents(), "[p]:epoch 1: 10%\r[p]:epoch 1: 20%\n");
+  EXPECT_EQ(file.contents(), "epoch 1: 10%\repoch 1: 20%");  // the log file: raw bytes
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"epoch 1: 20%"}));
+}
+
+// "\r\n" ends a line as before, also when a read splits it; the '\r' stays in the line.
+TEST(OutputStream, CarriageReturnNewlineIsAnOrdinaryLineEnd) {
+  CaptureFd console;
+  OutputStream s("[p]:", console.fd(), -1, 3);
+  s.write("a\r\nb\r");
+  EXPECT_EQ(console.contents(), "[p]:a\r\n");
+  s.write("\nc\r");
+  s.write("\n");
+  EXPECT_EQ(console.contents(), "[p]:a\r\n[p]:b\r\n[p]:c\r\n");
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"a\r", "b\r", "c\r"}));
+  // A '\r' that ends a read and is followed by text is a redraw.
+  s.write("x\r");
+  s.write("y\n");
+  EXPECT_EQ(console.contents(), "[p]:a\r\n[p]:b\r\n[p]:c\r\n[p]:x\r[p]:y\n");
+}
+
 TEST(OutputStream, TailKeepsTheLastLinesWithAPartialOne) {
   OutputStream s("[p]:", -1, -1, 3);
   for (int i = 0; i < 10; ++i) s.write("line " + std::to_string(i) + "\n");
