@@ -2,16 +2,40 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "dtrain/error.h"
 
 namespace dtrain::launch {
+namespace {
 
-void say(const std::string& msg) { write_all(STDERR_FILENO, "dtrain: " + msg + "\n"); }
+// Who left each console in the middle of a line (0: nobody, the console is at a line start),
+// by the console's file: stdout and stderr on one terminal are one console.
+std::mutex g_console_mu;
+std::map<std::uint64_t, std::uint64_t> g_mid_line;  // guarded by g_console_mu
+std::atomic<std::uint64_t> g_next_stream_id{1};
+
+std::uint64_t console_key(int fd) {
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) return static_cast<std::uint64_t>(fd) + 1;
+  return (static_cast<std::uint64_t>(st.st_dev) << 40) ^ static_cast<std::uint64_t>(st.st_ino);
+}
+
+}  // namespace
+
+void say(const std::string& msg) {
+  std::lock_guard<std::mutex> lk(g_console_mu);
+  std::uint64_t& mid = g_mid_line[console_key(STDERR_FILENO)];
+  write_all(STDERR_FILENO, (mid != 0 ? "\ndtrain: " : "dtrain: ") + msg + "\n");
+  mid = 0;
+}
 
 void write_all(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
@@ -47,6 +71,8 @@ OutputStream::OutputStream(std::string prefix, int console_fd, int file_fd, int 
                            std::shared_ptr<FilteredLog> filtered)
     : prefix_(std::move(prefix)),
       console_fd_(console_fd),
+      id_(g_next_stream_id++),
+      console_key_(console_key(console_fd)),
       file_fd_(file_fd),
       tail_lines_(static_cast<size_t>(tail_lines)),
       filtered_(std::move(filtered)) {}
@@ -54,6 +80,8 @@ OutputStream::OutputStream(std::string prefix, int console_fd, int file_fd, int 
 OutputStream::OutputStream(OutputStream&& o) noexcept
     : prefix_(std::move(o.prefix_)),
       console_fd_(o.console_fd_),
+      id_(o.id_),
+      console_key_(o.console_key_),
       file_fd_(o.file_fd_),
       tail_lines_(o.tail_lines_),
       partial_(std::move(o.partial_)),
@@ -114,13 +142,35 @@ void OutputStream::add_text(std::string_view text) {
   if (text.empty()) return;
   partial_.append(text);
   if (!live_ || console_fd_ < 0) return;
-  std::string out;
-  if (cr_to_write_) out.push_back('\r');
-  if (at_start_) out.append(prefix_);
-  out.append(text);
-  write_all(console_fd_, out);
+  to_console(cr_to_write_ ? Start::Redraw : at_start_ ? Start::NewLine : Start::Continue, text);
   cr_to_write_ = false;
   at_start_ = false;
+}
+
+void OutputStream::to_console(Start start, std::string_view text) {
+  std::lock_guard<std::mutex> lk(g_console_mu);
+  std::uint64_t& mid = g_mid_line[console_key_];
+  std::string out;
+  switch (start) {
+    case Start::Redraw:  // over whatever the console's line holds
+      out.push_back('\r');
+      out.append(prefix_);
+      break;
+    case Start::NewLine:
+      if (mid != 0 && mid != id_) out.push_back('\n');
+      out.append(prefix_);
+      break;
+    case Start::Continue:  // where this stream left the console, unless another wrote since
+      if (mid != id_) {
+        if (mid != 0) out.push_back('\n');
+        out.append(prefix_);
+      }
+      break;
+  }
+  out.append(text);
+  if (out.empty()) return;
+  write_all(console_fd_, out);
+  mid = out.back() == '\n' ? 0 : id_;
 }
 
 void OutputStream::carriage_return() {
@@ -128,9 +178,7 @@ void OutputStream::carriage_return() {
     live_ = true;
     at_start_ = true;
     if (!partial_.empty() && console_fd_ >= 0) {
-      std::string out;
-      out.append(prefix_).append(partial_);
-      write_all(console_fd_, out);
+      to_console(Start::NewLine, partial_);
       at_start_ = false;
     }
   }
@@ -149,9 +197,12 @@ void OutputStream::end_line() {
   }
   if (console_fd_ >= 0) {
     if (at_start_ && !cr_to_write_) {
-      write_all(console_fd_, prefix_ + "\n");  // a live line never written: as an empty one
+      to_console(Start::NewLine, "\n");  // a live line never written: as an empty one
     } else {
-      write_all(console_fd_, "\n");
+      std::lock_guard<std::mutex> lk(g_console_mu);
+      std::uint64_t& mid = g_mid_line[console_key_];
+      if (mid != 0) write_all(console_fd_, "\n");  // none when another line ended it already
+      mid = 0;
     }
     if (filtered_ && filtered_->matches(partial_))
       write_all(filtered_->fd(), prefix_ + partial_ + "\n");
@@ -169,10 +220,10 @@ void OutputStream::end_line() {
 void OutputStream::emit_line(std::string_view line) {
   if (console_fd_ >= 0) {
     std::string out;
-    out.reserve(prefix_.size() + line.size() + 1);
-    out.append(prefix_).append(line).push_back('\n');
-    write_all(console_fd_, out);
-    if (filtered_ && filtered_->matches(line)) write_all(filtered_->fd(), out);
+    out.reserve(line.size() + 1);
+    out.append(line).push_back('\n');
+    to_console(Start::NewLine, out);
+    if (filtered_ && filtered_->matches(line)) write_all(filtered_->fd(), prefix_ + out);
   }
   if (tail_lines_ > 0) {
     tail_.emplace_back(line);

@@ -10,10 +10,15 @@
 // on the console as it does under torchrun, whose workers write to the terminal directly. The
 // tail and the filtered log keep what the line shows at its end (the text after its last
 // carriage return).
+// Streams that share a console (the same file, e.g. one terminal for stdout and stderr) know
+// who left it in the middle of a line: a line another stream (or `say`) starts then begins on
+// a line of its own (a newline first), and the live line goes on below it, prefixed again, as
+// tqdm.write does it; a redraw goes over whatever the line holds.
 // torchrun's --duplicate-stdout/stderr-filters: the console's lines that hold any of a list of
 // strings are copied, prefixed, to one file shared by the attempt's ranks (FilteredLog).
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -63,8 +68,13 @@ class OutputStream {
   void add_text(std::string_view text);  // to the line (and the console, when live)
   void carriage_return();                // one that is not part of "\r\n"
   void end_line();                       // its newline, or close()
+  enum class Start { NewLine, Redraw, Continue };
+  // `text` to the console in one write, after what `start` needs where the console stands.
+  void to_console(Start start, std::string_view text);
   std::string prefix_;
   int console_fd_;
+  std::uint64_t id_;           // this stream, as the console's record of who is mid-line names it
+  std::uint64_t console_key_;  // the console's file (device and inode), shared by its streams
   int file_fd_;
   size_t tail_lines_;
   std::string partial_;

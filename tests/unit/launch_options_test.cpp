@@ -1010,6 +1010,34 @@ TEST(OutputStream, CarriageReturnNewlineIsAnOrdinaryLineEnd) {
   EXPECT_EQ(console.contents(), "[p]:a\r\n[p]:b\r\n[p]:c\r\n[p]:x\r[p]:y\n");
 }
 
+// One console for two streams (a terminal for stdout and stderr): a line that comes while the
+// other stream's bar is drawn starts a line of its own, and the bar is drawn again below it,
+// as tqdm.write does; a redraw of the other stream goes over the line.
+TEST(OutputStream, ALineWhileAnotherStreamsBarIsDrawnGetsALineOfItsOwn) {
+  CaptureFd console;
+  OutputStream bar("[default0]:", console.fd(), -1, 0);
+  OutputStream out("[default0]:", console.fd(), -1, 0);
+  bar.write("\r 10%");
+  out.write("loss 0.5\n");
+  bar.write("\r 20%");
+  bar.write(" more");
+  EXPECT_EQ(console.contents(), "[default0]: 10%\n[default0]:loss 0.5\n\r[default0]: 20% more");
+  out.write("loss 0.4");  // a partial line: not on the console yet
+  bar.write("!");
+  out.write("\n");
+  bar.write("\n");
+  EXPECT_EQ(console.contents(),
+            "[default0]: 10%\n[default0]:loss 0.5\n\r[default0]: 20% more!\n[default0]:loss 0.4\n");
+  // Continuing after another stream wrote: on a new line, prefixed.
+  bar.write("\r 30%");
+  out.write("x\n");
+  bar.write("...");
+  bar.close();
+  EXPECT_EQ(console.contents(),
+            "[default0]: 10%\n[default0]:loss 0.5\n\r[default0]: 20% more!\n[default0]:loss 0.4\n"
+            "[default0]: 30%\n[default0]:x\n[default0]:...\n");
+}
+
 TEST(OutputStream, TailKeepsTheLastLinesWithAPartialOne) {
   OutputStream s("[p]:", -1, -1, 3);
   for (int i = 0; i < 10; ++i) s.write("line " + std::to_string(i) + "\n");
