@@ -284,6 +284,7 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds,
   SpawnSpec s;
   s.argv = l.argv;
   s.env = l.common_env;
+  s.inherit_stdin = l.inherit_stdin;
   // Ours last: a sanitizer runtime the user preloads must stay first.
   std::string preload = "LD_PRELOAD=";
   for (const auto& e : l.common_env) {

@@ -48,6 +48,8 @@ struct ForkServerLaunch {
   // program instead of a new one; they stay the children of a launch server it forks for
   // this launch, which reports their wait statuses (exit_status()).
   std::string warm_socket;
+  // The server, so the workers it forks, reads the agent's stdin (else /dev/null).
+  bool inherit_stdin = false;
 };
 
 // DTRAIN_FORKSERVER_WARM_SOCKET="<socket path>:<program path>": the warm server to use when

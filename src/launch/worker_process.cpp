@@ -79,7 +79,7 @@ SpawnedProcess spawn_process(const SpawnSpec& spec) {
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
-    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    if (devnull >= 0 && !spec.inherit_stdin) ::dup2(devnull, STDIN_FILENO);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);

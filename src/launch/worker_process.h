@@ -23,6 +23,8 @@ struct SpawnSpec {
   int own_pid_env = -1;
   // Non-empty: the new process runs on these logical CPUs only (sched_setaffinity before exec).
   std::vector<int> cpus;
+  // The new process reads this one's stdin (torchrun's workers inherit it); else /dev/null.
+  bool inherit_stdin = false;
 };
 
 struct SpawnedProcess {

@@ -333,8 +333,9 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     }
     drop_standby();  // one that ended on its own, or failed to start: a fresh server instead
     if (!fork_server_) {
-      fork_server_ = std::make_unique<ForkServer>(
-          ForkServerLaunch{argv, common, envs, fork_server_lib_}, outs, errs);
+      ForkServerLaunch launch{argv, common, envs, fork_server_lib_};
+      launch.inherit_stdin = workers_read_stdin();
+      fork_server_ = std::make_unique<ForkServer>(launch, outs, errs);
       guard_.watch(fork_server_->pid());
     }
     fork_server_pid_ = fork_server_->pid();
@@ -349,6 +350,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     Worker& w = workers_[lr];
     SpawnSpec spec{argv, envs[lr], {}};
     if (o_.bind_cores_to_rank) spec.cpus = binding_.cpus[lr];
+    spec.inherit_stdin = workers_read_stdin();
     auto p = spawn_process(spec);
     guard_.watch(p.pid);
     w.pid = p.pid;
@@ -435,10 +437,12 @@ void WorkerSet::start_standby() {
   worker_command(argv, inherited, tail);
   inherited.insert(inherited.end(), tail.begin(), tail.end());
   try {
-    standby_ = std::make_unique<ForkServer>(
-        ForkServerLaunch{argv, inherited, std::vector<std::vector<std::string>>(o_.nproc_per_node),
-                         fork_server_lib_},
-        standby_out_, standby_err_, ForkServer::Standby{});
+    ForkServerLaunch launch{argv, inherited,
+                            std::vector<std::vector<std::string>>(o_.nproc_per_node),
+                            fork_server_lib_};
+    launch.inherit_stdin = workers_read_stdin();
+    standby_ =
+        std::make_unique<ForkServer>(launch, standby_out_, standby_err_, ForkServer::Standby{});
     guard_.watch(standby_->pid());
   } catch (const Error&) {
     // A restart starts a fresh server then, and says why if it cannot. The pipes are closed.

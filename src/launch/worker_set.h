@@ -101,6 +101,9 @@ class WorkerSet {
   void worker_command(std::vector<std::string>& argv, std::vector<std::string>& inherited,
                       std::vector<std::string>& tail) const;
   void start_standby();
+  // Workers read the agent's stdin, as torchrun's do, unless the agent watches it (an agent
+  // started over ssh: its EOF means the job is to stop).
+  bool workers_read_stdin() const { return !o_.stop_on_stdin_eof; }
   // Learns the pids the fork server reports; once it has exited, the workers it never
   // started are marked dead with its wait status.
   void read_fork_server();

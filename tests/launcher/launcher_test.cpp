@@ -1141,6 +1141,22 @@ TEST_F(LauncherTest, AProgressBarIsOnTheConsoleBeforeItsLineEnds) {
   EXPECT_NE(r.out.find("[default0]: 50%\r[default0]:100%\n"), std::string::npos) << r.out;
 }
 
+// Workers read dtrain's stdin, as torchrun's read torchrun's (a debugger at one rank, input
+// piped in); dtrain's own stdin here is a file, through /bin/sh.
+TEST_F(LauncherTest, WorkersReadTheLaunchersStdin) {
+  const std::string input = path("stdin.txt");
+  { std::ofstream(input) << "hello from stdin\n"; }
+  for (const char* method : {"spawn", "forkserver"}) {
+    SCOPED_TRACE(method);
+    RunResult r = Process::start({"/bin/sh", "-c", "exec 0<\"$1\"; shift; exec \"$@\"", "sh", input,
+                                  kDtrain, "run", "--start-method", method, "--nproc-per-node", "1",
+                                  kWorker, "--read-stdin"})
+                      .finish(30s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("[default0]:stdin=hello from stdin\n"), std::string::npos) << r.out;
+  }
+}
+
 TEST_F(LauncherTest, ExitHooksAndBufferedOutputOfForkedWorkersRun) {
   for (const char* method : {"spawn", "forkserver"}) {
     SCOPED_TRACE(method);

@@ -26,6 +26,7 @@
 //                            each prints a line as it runs, as does a destructor function
 //   --dlopen PATH            dlopen the library PATH (kept open until exit)
 //   --unsynced-cout TEXT     std::ios::sync_with_stdio(false), then TEXT to std::cout, unflushed
+//   --read-stdin             read one line of stdin, print "stdin=LINE" ("stdin=<eof>" at EOF)
 #include <dlfcn.h>
 #include <sched.h>
 #include <signal.h>
@@ -213,6 +214,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "test_worker: %s\n", ::dlerror());
         return 66;
       }
+    } else if (a == "--read-stdin") {
+      char line[256];
+      if (std::fgets(line, sizeof line, stdin) == nullptr) {
+        std::printf("stdin=<eof>\n");
+      } else {
+        line[std::strcspn(line, "\n")] = '\0';
+        std::printf("stdin=%s\n", line);
+      }
+      std::fflush(stdout);
     } else if (a == "--unsynced-cout") {
       std::string text = next();
       std::ios::sync_with_stdio(false);
