@@ -358,21 +358,18 @@ Run Run::start(StartOptions o) {
              "); its system metrics start again at step 0");
       }
     }
-    std::unique_ptr<detail::Store> status_store;
-    if (impl->uri == o.tracking_uri)  // not the local fallback
-      status_store = detail::make_store(
-          o.tracking_uri,
-          std::min<std::chrono::milliseconds>(o.request_timeout, std::chrono::seconds(2)));
+    // The run's store (the server's, or the local fallback's "file:" one) with a short
+    // timeout: a slow server cannot hold up the run's end, which waits for the monitor.
+    std::shared_ptr<detail::Store> status_store = detail::make_store(
+        impl->uri, std::min<std::chrono::milliseconds>(o.request_timeout, std::chrono::seconds(2)));
     impl->system = std::make_unique<detail::SystemMonitor>(
         system_metrics, first_step,
         [p = impl.get()](const std::map<std::string, double>& m, int64_t step) {
           p->queue_metrics(m, step);
         },
-        [p = impl.get(), checker = std::shared_ptr<detail::Store>(std::move(status_store))] {
-          // MLflow's monitor asks runs/get after every sample; a short timeout keeps a slow
-          // server from holding up the run's end (which waits for this thread).
-          const std::string status =
-              (checker ? *checker : *p->store).get_run(p->info.run_id).status;
+        [id = impl->info.run_id, status_store] {
+          // MLflow's monitor asks runs/get after every sample.
+          const std::string status = status_store->get_run(id).status;
           return status.empty() || status == "RUNNING";
         });
   }
