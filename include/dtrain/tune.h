@@ -211,10 +211,13 @@ class ResultGrid {
   // next number replaces it); "avg" Ray's running 1 / step * (value + (step - 1) * avg), step the
   // result's training_iteration (the mean when every iteration has the metric once); "last-5-avg"
   // and "last-10-avg" the mean of its last 5 (10) values. A NaN or infinite score is never the
-  // best; on a tie the first trial wins.
-  // UsageError: a scope not among those five, or no trial with a finite score.
+  // best (`filter_nan_and_inf`, Ray's default); on a tie the first trial wins. Without the filter
+  // every score counts, compared as Ray compares them: +inf wins "max", a NaN first in line is
+  // never displaced (no number compares above or below it), a later one never wins.
+  // UsageError: a scope not among those five, or no trial with a (finite) score.
   const TrialResult& best_result(const std::string& metric = "", const std::string& mode = "",
-                                 const std::string& scope = "last") const;
+                                 const std::string& scope = "last",
+                                 bool filter_nan_and_inf = true) const;
   // `trial`'s score as best_result ranks it (Ray's trial.metric_analysis[metric][scope], or
   // [mode] for scope "all"); nullopt when it has no number for `metric`. UsageError: bad scope.
   static std::optional<double> score(const TrialResult& trial, const std::string& metric,

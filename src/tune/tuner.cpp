@@ -283,7 +283,8 @@ std::optional<double> ResultGrid::score(const TrialResult& trial, const std::str
 }
 
 const TrialResult& ResultGrid::best_result(const std::string& metric_in, const std::string& mode_in,
-                                           const std::string& scope) const {
+                                           const std::string& scope,
+                                           bool filter_nan_and_inf) const {
   const std::string metric = metric_in.empty() ? metric_ : metric_in;
   const std::string mode = mode_in.empty() ? mode_ : mode_in;
   check_scope(scope);
@@ -292,22 +293,27 @@ const TrialResult& ResultGrid::best_result(const std::string& metric_in, const s
         "tune::ResultGrid::best_result: needs a metric and mode \"min\"/\"max\" (got \"" + metric +
         "\", \"" + mode + "\"); pass them or set them in TuneOptions");
   }
-  // Ray's ExperimentAnalysis.get_best_trial (filter_nan_and_inf=True): a NaN or infinite score
-  // never wins; on a tie the first trial does.
+  // Ray's ExperimentAnalysis.get_best_trial: with filter_nan_and_inf a NaN or infinite score
+  // never wins; the first trial with a score is the best until one compares better (strictly:
+  // on a tie the first trial wins, and nothing compares better than a NaN).
   const TrialResult* best = nullptr;
   double best_value = 0;
   for (const auto& t : trials_) {
     const std::optional<double> s = score(t, metric, mode, scope);
-    if (!s || !std::isfinite(*s)) continue;
+    if (!s || (filter_nan_and_inf && !std::isfinite(*s))) continue;
     if (best == nullptr || better(*s, best_value, mode)) {
       best = &t;
       best_value = *s;
     }
   }
   if (best == nullptr) {
+    if (!filter_nan_and_inf)
+      throw UsageError("tune::ResultGrid::best_result: no trial has a \"" + scope +
+                       "\" score of \"" + metric + "\" (no trial reported it)");
     throw UsageError("tune::ResultGrid::best_result: no trial has a finite \"" + scope +
                      "\" score of \"" + metric +
-                     "\" (NaN and infinite scores are never the best, as in Ray)");
+                     "\" (NaN and infinite scores are never the best, as in Ray; pass "
+                     "filter_nan_and_inf = false to rank them too)");
   }
   return *best;
 }

@@ -216,6 +216,7 @@ TEST(TuneBestResultParity, ScopesChooseAndScoreAsRayTunesGetBestResult) {
   fs::remove_all(dir);
 
   int answers = 0, errors = 0, non_finite = 0;
+  int unfiltered_differs = 0;                    // choices filter_nan_and_inf=false changes
   std::map<std::string, int> differs_from_last;  // scope -> cases choosing another trial
   for (const auto& c : cases) {
     const std::string name = c.at("name");
@@ -236,6 +237,16 @@ TEST(TuneBestResultParity, ScopesChooseAndScoreAsRayTunesGetBestResult) {
         EXPECT_EQ(ours, theirs.at("best").get<std::string>()) << name << " " << key;
         errors += ours == "ERROR";
         ++answers;
+        std::string unfiltered;
+        try {
+          unfiltered = grid.best_result(metric, mode, scope, false).id;
+        } catch (const dtrain::UsageError&) {
+          unfiltered = "ERROR";
+        }
+        EXPECT_EQ(unfiltered, theirs.at("unfiltered").get<std::string>())
+            << name << " " << key << " filter_nan_and_inf=false";
+        unfiltered_differs += unfiltered != ours;
+        ++answers;
         if (scope == "last-3-avg") continue;  // refused: no scores
         if (ours != "ERROR" && ours != grid.best_result(metric, mode, "last").id)
           ++differs_from_last[scope];
@@ -251,14 +262,15 @@ TEST(TuneBestResultParity, ScopesChooseAndScoreAsRayTunesGetBestResult) {
   }
   // The cases must exercise what they claim to compare.
   EXPECT_GT(non_finite, 50);
+  EXPECT_GT(unfiltered_differs, 20);
   for (const char* scope : {"all", "avg", "last-5-avg", "last-10-avg"})
     EXPECT_GT(differs_from_last[scope], 3) << scope;
   std::printf(
       "best_result parity: %zu cases, %d answers (%d errors), %d non-finite scores; choices "
-      "other than scope \"last\"'s: all %d, avg %d, last-5-avg %d, last-10-avg %d; all equal "
-      "to Ray Tune 2.60.0\n",
+      "other than scope \"last\"'s: all %d, avg %d, last-5-avg %d, last-10-avg %d; %d changed "
+      "by filter_nan_and_inf=false; all equal to Ray Tune 2.60.0\n",
       cases.size(), answers, errors, non_finite, differs_from_last["all"], differs_from_last["avg"],
-      differs_from_last["last-5-avg"], differs_from_last["last-10-avg"]);
+      differs_from_last["last-5-avg"], differs_from_last["last-10-avg"], unfiltered_differs);
 }
 
 TEST(TuneBestResult, ABadScopeNamesTheAllowedOnes) {

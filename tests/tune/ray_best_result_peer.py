@@ -8,7 +8,8 @@ cluster) fed its results in order through Trial.update_last_result, as Ray's Tun
 with every result it takes; so its metric_analysis is Ray's own. Then for every scope (and a
 bad one) and mode, ResultGrid.get_best_result (the real method, over an ExperimentAnalysis
 holding those trials; only _trial_to_result is replaced to give the trial's id) picks the best
-trial: its id, or "ERROR" where Ray raises. Each trial's score is
+trial: its id, or "ERROR" where Ray raises; "unfiltered" is its choice with
+filter_nan_and_inf=False. Each trial's score is
 metric_analysis[metric][scope] ([mode] for "all"), null where it has none. The cases file and
 the answer are JSON as Python's json module writes it (NaN, Infinity).
 """
@@ -45,12 +46,17 @@ def run_case(case):
                 best = grid.get_best_result(case["metric"], mode, scope)
             except Exception:  # ValueError (scope), RuntimeError (no best trial)
                 best = "ERROR"
+            try:
+                unfiltered = grid.get_best_result(case["metric"], mode, scope,
+                                                  filter_nan_and_inf=False)
+            except Exception:
+                unfiltered = "ERROR"
             scores = []
             for trial in trials:
                 stats = trial.metric_analysis.get(case["metric"])
                 key = mode if scope == "all" else scope
                 scores.append(None if stats is None or key not in stats else stats[key])
-            out[scope + "/" + mode] = {"best": best, "scores": scores}
+            out[scope + "/" + mode] = {"best": best, "unfiltered": unfiltered, "scores": scores}
     return out
 
 
