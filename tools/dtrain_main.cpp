@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
@@ -100,6 +103,26 @@ int main(int argc, char** argv) {
   app.footer(
       "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
       "checkpoints.");
+  // torchrun's abbreviated flags (`--nnode 2`), spelled out before CLI11, which knows none.
+  std::vector<std::string> spelled(argv, argv + argc);
+  if (argc >= 2 && spelled[1] == "run") {
+    auto dashes = std::find(spelled.begin() + 2, spelled.end(), "--");
+    try {
+      auto run_part =
+          dtrain::spell_out_abbreviations({spelled.begin() + 2, dashes}, [](CLI::App& app) {
+            app.add_option("--mlflow-run-id", [](const std::vector<std::string>&) { return true; });
+          });
+      std::copy(run_part.begin(), run_part.end(), spelled.begin() + 2);
+    } catch (const dtrain::UsageError& e) {
+      std::cerr << "dtrain run: error: " << e.what()
+                << "\nRun 'dtrain run --help' for the flags.\n";
+      return 2;
+    }
+  }
+  std::vector<char*> spelled_argv;
+  for (auto& a : spelled) spelled_argv.push_back(a.data());
+  spelled_argv.push_back(nullptr);
+  argv = spelled_argv.data();
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;

@@ -383,8 +383,16 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
   const size_t first_worker_fd = fds.size();
   const std::vector<pollfd> worker_fds = workers_->poll_fds();
   fds.insert(fds.end(), worker_fds.begin(), worker_fds.end());
+  if (auto due = workers_->output_flush_due()) {  // a partial line waiting for its idle flush
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(*due - launch::OutputStream::Clock::now());
+    timeout = std::clamp(left, std::chrono::milliseconds(0), timeout);
+  }
   int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
-  if (n <= 0) return;
+  if (n <= 0) {
+    workers_->flush_idle_output();
+    return;
+  }
   if (watch_stdin && fds[1].revents != 0) {
     // stdin of an agent started over ssh: EOF means the launching dtrain is gone or wants
     // the job stopped. Treat it as SIGHUP.
@@ -397,6 +405,7 @@ void Agent::poll_once(std::chrono::milliseconds timeout, std::vector<int>* signa
   }
   workers_->on_ready(
       std::vector<pollfd>(fds.begin() + static_cast<long>(first_worker_fd), fds.end()));
+  workers_->flush_idle_output();  // after the reads: a line whose rest just came goes whole
   if (fds[0].revents & POLLIN) {
     signalfd_siginfo si;
     bool child = false;
@@ -731,7 +740,7 @@ int Agent::run() {
     } else {
       if (r.failure.collectives.empty())
         r.failure.collectives = published_collectives(round, rdzv.world_size);
-      launch::write_all(STDERR_FILENO, r.failure.summary(o_.stderr_tail_lines));
+      launch::say_block(r.failure.summary(o_.stderr_tail_lines));
     }
     write_failure_file(r.failure);
     publish_to_failure_store(r.failure);

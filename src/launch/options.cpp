@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -771,7 +772,113 @@ std::string name_env_source(const std::string& what, const std::vector<std::stri
   return what + " (the value came from the environment variable " + var + ")";
 }
 
-LaunchOptions parse_run_args(const std::vector<std::string>& args) {
+// torchrun 2.11's long option strings (`get_args_parser()`, --help aside): the flags argparse
+// lets a prefix stand for. dtrain's own flags are always spelled out, so that a flag dtrain adds
+// never makes a prefix torchrun takes ambiguous.
+constexpr const char* kTorchrunFlags[] = {"--nnodes",
+                                          "--nproc-per-node",
+                                          "--nproc_per_node",
+                                          "--rdzv-backend",
+                                          "--rdzv_backend",
+                                          "--rdzv-endpoint",
+                                          "--rdzv_endpoint",
+                                          "--rdzv-id",
+                                          "--rdzv_id",
+                                          "--rdzv-conf",
+                                          "--rdzv_conf",
+                                          "--standalone",
+                                          "--max-restarts",
+                                          "--max_restarts",
+                                          "--monitor-interval",
+                                          "--monitor_interval",
+                                          "--start-method",
+                                          "--start_method",
+                                          "--event-log-handler",
+                                          "--event_log_handler",
+                                          "--role",
+                                          "--module",
+                                          "--no-python",
+                                          "--no_python",
+                                          "--run-path",
+                                          "--run_path",
+                                          "--log-dir",
+                                          "--log_dir",
+                                          "--redirects",
+                                          "--tee",
+                                          "--local-ranks-filter",
+                                          "--local_ranks_filter",
+                                          "--duplicate-stdout-filters",
+                                          "--duplicate_stdout_filters",
+                                          "--duplicate-stderr-filters",
+                                          "--duplicate_stderr_filters",
+                                          "--node-rank",
+                                          "--node_rank",
+                                          "--master-addr",
+                                          "--master_addr",
+                                          "--master-port",
+                                          "--master_port",
+                                          "--local-addr",
+                                          "--local_addr",
+                                          "--logs-specs",
+                                          "--logs_specs",
+                                          "--numa-binding",
+                                          "--numa_binding",
+                                          "--signals-to-handle",
+                                          "--signals_to_handle",
+                                          "--virtual-local-rank",
+                                          "--virtual_local_rank"};
+
+std::vector<std::string> spell_out_abbreviations(std::vector<std::string> args,
+                                                 const std::function<void(CLI::App&)>& more) {
+  // CLI11 knows where the options end: parse, spell out the first flag it did not know when
+  // that abbreviates one, parse again.
+  for (size_t rounds = 0; rounds <= args.size(); ++rounds) {
+    CLI::App app{"dtrain run"};
+    RunArgs scratch;
+    add_run_options(app, scratch);
+    if (more) more(app);
+    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    try {
+      app.parse(reversed);
+    } catch (const CLI::ParseError&) {
+      return args;  // a bad value: the real parse says so
+    }
+    // CLI11 keeps a flag it does not know and goes on with the options after it: the first
+    // of what it left is that flag, or PROGRAM.
+    const auto rest = app.remaining();
+    if (rest.empty() || rest[0].size() < 3 || rest[0].rfind("--", 0) != 0) return args;
+    const auto it = std::find(args.begin(), args.end(), rest[0]);
+    if (it == args.end()) return args;
+    std::string& arg = *it;
+    const size_t eq = arg.find('=');
+    const std::string given = arg.substr(0, eq);
+    std::vector<std::string> names;  // torchrun's flags it starts
+    for (const char* name : kTorchrunFlags)
+      if (std::string(name).rfind(given, 0) == 0) names.push_back(name);
+    if (names.empty()) {
+      std::vector<std::string> ours;  // dtrain's own flags it starts
+      for (const CLI::Option* opt : app.get_options()) {
+        for (const std::string& name : opt->get_lnames())
+          if (("--" + name).rfind(given, 0) == 0) ours.push_back("--" + name);
+      }
+      if (ours.empty()) return args;  // unknown: run_args_to_options says so
+      throw UsageError("unknown option " + given +
+                       "; dtrain's own flags are not abbreviated (torchrun's are): did you mean " +
+                       ours.front() + "?");
+    }
+    if (names.size() > 1) {
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw UsageError("ambiguous option: " + given + " could match " + list +
+                       " (spell out the flag)");
+    }
+    arg = names.front() + (eq == std::string::npos ? "" : arg.substr(eq));
+  }
+  return args;
+}
+
+LaunchOptions parse_run_args(const std::vector<std::string>& given) {
+  const std::vector<std::string> args = spell_out_abbreviations(given);
   CLI::App app{"dtrain run"};
   RunArgs a;
   add_run_options(app, a);

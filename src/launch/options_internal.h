@@ -75,6 +75,14 @@ struct RunArgs {
 
 // Declares every `dtrain run` flag on `run`, bound to `a`.
 CLI::App& add_run_options(CLI::App& run, RunArgs& a);
+// torchrun's (argparse's) abbreviated flags: `args` (`dtrain run`'s, up to PROGRAM or a "--")
+// with each long flag given as a prefix of exactly one of torchrun's option strings
+// ("--nnode 2", "--nproc_per=2") spelled out. A prefix of several is a UsageError naming them,
+// as argparse's "ambiguous option"; a prefix of dtrain's own flags only is an unknown option
+// (they are not abbreviated). PROGRAM's own arguments are left alone. `more` declares flags the
+// caller adds beside add_run_options' (dtrain's --mlflow-run-id).
+std::vector<std::string> spell_out_abbreviations(
+    std::vector<std::string> args, const std::function<void(CLI::App&)>& more = nullptr);
 // Throws UsageError for a `--flag=` with an empty value among `options` (the arguments before
 // PROGRAM): CLI11 would take the next argument as its value (`--role= true sh` ran sh).
 void refuse_empty_values(const std::vector<std::string>& options);

@@ -30,10 +30,13 @@ std::uint64_t console_key(int fd) {
 
 }  // namespace
 
-void say(const std::string& msg) {
+void say(const std::string& msg) { say_block("dtrain: " + msg + "\n"); }
+
+void say_block(const std::string& text) {
+  if (text.empty()) return;
   std::lock_guard<std::mutex> lk(g_console_mu);
   std::uint64_t& mid = g_mid_line[console_key(STDERR_FILENO)];
-  write_all(STDERR_FILENO, (mid != 0 ? "\ndtrain: " : "dtrain: ") + msg + "\n");
+  write_all(STDERR_FILENO, mid != 0 ? "\n" + text : text);
   mid = 0;
 }
 
@@ -89,6 +92,7 @@ OutputStream::OutputStream(OutputStream&& o) noexcept
       at_start_(o.at_start_),
       cr_to_write_(o.cr_to_write_),
       cr_at_end_(o.cr_at_end_),
+      last_data_(o.last_data_),
       tail_(std::move(o.tail_)),
       filtered_(std::move(o.filtered_)) {
   o.file_fd_ = -1;
@@ -102,6 +106,7 @@ OutputStream::~OutputStream() {
 void OutputStream::write(std::string_view bytes) {
   if (file_fd_ >= 0) write_all(file_fd_, bytes);
   if (bytes.empty()) return;
+  last_data_ = Clock::now();
   if (cr_at_end_) {
     cr_at_end_ = false;
     if (bytes.front() == '\n') {
@@ -173,15 +178,35 @@ void OutputStream::to_console(Start start, std::string_view text) {
   mid = out.back() == '\n' ? 0 : id_;
 }
 
-void OutputStream::carriage_return() {
-  if (!live_) {
-    live_ = true;
-    at_start_ = true;
-    if (!partial_.empty() && console_fd_ >= 0) {
-      to_console(Start::NewLine, partial_);
-      at_start_ = false;
-    }
+void OutputStream::go_live() {
+  if (live_) return;
+  live_ = true;
+  at_start_ = true;
+  if (!partial_.empty() && console_fd_ >= 0) {
+    to_console(Start::NewLine, partial_);
+    at_start_ = false;
   }
+}
+
+std::optional<OutputStream::Clock::time_point> OutputStream::flush_due() const {
+  if (console_fd_ < 0) return std::nullopt;
+  if (cr_at_end_ || (!live_ && !partial_.empty())) return last_data_ + kIdleFlush;
+  return std::nullopt;
+}
+
+void OutputStream::flush_idle(Clock::time_point now) {
+  auto due = flush_due();
+  if (!due || now < *due) return;
+  if (cr_at_end_) {  // no '\n' came after it: a carriage return of its own
+    cr_at_end_ = false;
+    carriage_return();
+    return;
+  }
+  go_live();
+}
+
+void OutputStream::carriage_return() {
+  go_live();
   // The next text redraws the console's line: "\r", the prefix, the text, in one write.
   if (!at_start_) cr_to_write_ = true;
   at_start_ = true;

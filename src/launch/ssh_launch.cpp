@@ -180,6 +180,11 @@ bool pump(std::vector<Child>& children, std::chrono::milliseconds wait, int extr
   } else {
     ::usleep(static_cast<useconds_t>(std::min<int64_t>(wait.count(), 50) * 1000));
   }
+  const auto now = launch::OutputStream::Clock::now();
+  for (auto& c : children) {  // an agent's partial line (a worker's prompt) after its idle wait
+    if (c.out) c.out->flush_idle(now);
+    if (c.err) c.err->flush_idle(now);
+  }
   for (auto& c : children) {
     if (c.exited || c.pid < 0) continue;
     int st = 0;
@@ -213,7 +218,7 @@ int unreachable_error(const LaunchOptions& o, const std::vector<std::string>& wh
   }
   s << "Check the host names, that sshd runs there, and the ssh options (--ssh-port, "
        "--ssh-identity, --ssh-arg); `dtrain run --dry-run ...` checks without starting anything.\n";
-  launch::write_all(STDERR_FILENO, s.str());
+  launch::say_block(s.str());
   return 2;
 }
 
@@ -364,11 +369,10 @@ int run_ssh_launch(const LaunchOptions& options) {
       if (why[i].empty()) {
         up.push_back(o.hosts[i]);
       } else {
-        launch::write_all(STDERR_FILENO,
-                          "dtrain: elastic job: " + o.hosts[i].first +
-                              " is unreachable over ssh (" + why[i] + "); starting on the " +
-                              std::to_string(reachable) + " host(s) that answer (--nnodes " +
-                              std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) + ")\n");
+        launch::say_block("dtrain: elastic job: " + o.hosts[i].first +
+                          " is unreachable over ssh (" + why[i] + "); starting on the " +
+                          std::to_string(reachable) + " host(s) that answer (--nnodes " +
+                          std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) + ")\n");
       }
     }
     o.hosts = std::move(up);
@@ -431,8 +435,8 @@ int run_ssh_launch(const LaunchOptions& options) {
       }
       if (!got_signal) {
         got_signal = last_signal;
-        launch::write_all(STDERR_FILENO, "dtrain: got signal " + std::to_string(got_signal) +
-                                             ", stopping the agents on every host\n");
+        launch::say_block("dtrain: got signal " + std::to_string(got_signal) +
+                          ", stopping the agents on every host\n");
         stop_at = Clock::now();
       } else {
         kill_at = Clock::now();  // asked twice: stop waiting
@@ -445,17 +449,16 @@ int run_ssh_launch(const LaunchOptions& options) {
         noted[k] = true;
         if (first_failure < 0) first_failure = static_cast<int>(k);
         if (!got_signal) {
-          launch::write_all(STDERR_FILENO,
-                            "dtrain: the agent on " + agents[k].host + " ended (exit code " +
-                                std::to_string(agents[k].code) + "); elastic job (--nnodes " +
-                                std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
-                                "): the other agents go on without it while enough are left\n");
+          launch::say_block("dtrain: the agent on " + agents[k].host + " ended (exit code " +
+                            std::to_string(agents[k].code) + "); elastic job (--nnodes " +
+                            std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes) +
+                            "): the other agents go on without it while enough are left\n");
         }
       } else if (!elastic && agents[k].exited && agents[k].code != 0 && first_failure < 0) {
         first_failure = static_cast<int>(k);
         if (agents[k].code == 255) {
-          launch::write_all(STDERR_FILENO, "dtrain: the ssh connection to " + agents[k].host +
-                                               " failed (exit code 255); stopping the job\n");
+          launch::say_block("dtrain: the ssh connection to " + agents[k].host +
+                            " failed (exit code 255); stopping the job\n");
           stop_at = Clock::now();
         } else if (stop_at == kNever) {
           stop_at = Clock::now() + grace;

@@ -142,6 +142,26 @@ void WorkerSet::on_ready(const std::vector<pollfd>& fds) {
   }
 }
 
+std::optional<OutputStream::Clock::time_point> WorkerSet::output_flush_due() const {
+  std::optional<OutputStream::Clock::time_point> due;
+  for (const auto& w : workers_) {
+    for (const auto* s : {&w.out, &w.err}) {
+      if (!*s) continue;
+      auto d = (*s)->flush_due();
+      if (d && (!due || *d < *due)) due = d;
+    }
+  }
+  return due;
+}
+
+void WorkerSet::flush_idle_output() {
+  const auto now = OutputStream::Clock::now();
+  for (auto& w : workers_) {
+    if (w.out) w.out->flush_idle(now);
+    if (w.err) w.err->flush_idle(now);
+  }
+}
+
 void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::string>& inherited,
                                std::vector<std::string>& tail) const {
   std::vector<std::string> base = current_environment();

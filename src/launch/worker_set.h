@@ -80,6 +80,10 @@ class WorkerSet {
   // after poll(), the handling of those that became ready (same order, revents set).
   std::vector<pollfd> poll_fds() const;
   void on_ready(const std::vector<pollfd>& fds);
+  // The earliest time a worker's partial line is due on the console (OutputStream's idle
+  // flush): the agent's poll wakes by then and calls flush_idle_output().
+  std::optional<OutputStream::Clock::time_point> output_flush_due() const;
+  void flush_idle_output();
   // After SIGCHLD: collects the workers that exited (and orphans re-parented to the agent).
   void reap();
 

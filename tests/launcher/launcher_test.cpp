@@ -1141,6 +1141,21 @@ TEST_F(LauncherTest, AProgressBarIsOnTheConsoleBeforeItsLineEnds) {
   EXPECT_NE(r.out.find("[default0]: 50%\r[default0]:100%\n"), std::string::npos) << r.out;
 }
 
+// A prompt (a partial line that stays partial, as pdb's "(Pdb) ") is on the console before
+// its line ends, as under torchrun, whose workers write to the terminal; both start methods.
+TEST_F(LauncherTest, APromptIsOnTheConsoleBeforeItsLineEnds) {
+  for (const char* method : {"spawn", "forkserver"}) {
+    SCOPED_TRACE(method);
+    Process& p = start({"--start-method", method, "--nproc-per-node", "1", kWorker, "--no-newline",
+                        "(Pdb) ", "--sleep", "60"});
+    ASSERT_TRUE(wait_for_count(p, "[default0]:(Pdb) ", 1));
+    ::kill(p.pid(), SIGTERM);
+    RunResult r = p.finish(30s);
+    EXPECT_EQ(r.exit_code, 143) << r.err;
+    EXPECT_NE(r.out.find("[default0]:(Pdb) \n"), std::string::npos) << r.out;
+  }
+}
+
 // Workers read dtrain's stdin, as torchrun's read torchrun's (a debugger at one rank, input
 // piped in); dtrain's own stdin here is a file, through /bin/sh.
 TEST_F(LauncherTest, WorkersReadTheLaunchersStdin) {

@@ -388,6 +388,86 @@ std::string describe(const LaunchOptions& o) {
   return d.str();
 }
 
+// torchrun's argparse takes a long option by any prefix that starts only one of its option
+// strings ("--nnode 2", "--nproc_per=2") and calls a prefix of several ambiguous. Every prefix of
+// every option of the venv's torchrun is tried: one torchrun resolves gives dtrain the same
+// options as the full name; one it calls ambiguous is an "ambiguous option" UsageError.
+TEST(ParseRunArgs, AbbreviatedFlagsAsTorchrunsArgparseTakesThem) {
+  const std::string script =
+      "from torch.distributed.run import get_args_parser\n"
+      "p = get_args_parser()\n"
+      "names = [s for s in p._option_string_actions if s.startswith('--') and s != '--help']\n"
+      "seen = set()\n"
+      "for full in names:\n"
+      "    for n in range(3, len(full)):\n"
+      "        pre = full[:n]\n"
+      "        if pre in seen or pre in names: continue\n"
+      "        seen.add(pre)\n"
+      "        m = [s for s in names if s.startswith(pre)]\n"
+      "        a = p._option_string_actions[m[0]]\n"
+      "        print(pre, m[0] if len(m) == 1 else '-', 'flag' if a.nargs == 0 else 'value')\n";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("dtrain-torchrun-abbrev-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "abbrev.py") << script; }
+  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "abbrev.py").string() +
+                          " > " + (dir / "abbrev.txt").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
+  std::ifstream in(dir / "abbrev.txt");
+  int resolved = 0, ambiguous = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string prefix, full, kind;
+    words >> prefix >> full >> kind;
+    SCOPED_TRACE("torchrun " + prefix + " (" + full + ")");
+    if (full == "-") {
+      ++ambiguous;
+      const std::string e = usage_error({prefix, "prog"});
+      EXPECT_NE(e.find("ambiguous option: " + prefix + " could match"), std::string::npos) << e;
+      continue;
+    }
+    ++resolved;
+    // A value torchrun's option takes (the value itself does not matter: both parse it alike).
+    const std::string value =
+        full.find("nnodes") != std::string::npos     ? "1"
+        : full.find("nproc") != std::string::npos    ? "2"
+        : full.find("node") != std::string::npos     ? "0"
+        : full.find("port") != std::string::npos     ? "29501"
+        : full.find("restarts") != std::string::npos ? "3"
+        : full.find("interval") != std::string::npos ? "0.5"
+        : full.find("start") != std::string::npos    ? "spawn"
+        : full.find("backend") != std::string::npos  ? "c10d"
+        : full.find("endpoint") != std::string::npos ? "127.0.0.1:29500"
+        : full.find("filter") != std::string::npos   ? "0"
+        : full.find("conf") != std::string::npos     ? "timeout=10"
+        : full.find("addr") != std::string::npos     ? "127.0.0.1"
+        : full.find("numa") != std::string::npos     ? "node"
+        : full.find("signals") != std::string::npos  ? "SIGTERM"
+        : full.find("redirects") != std::string::npos || full.find("tee") != std::string::npos
+            ? "3"
+            : "x";
+    const Args with = kind == "flag" ? Args{prefix} : Args{prefix, value};
+    const Args spelled = kind == "flag" ? Args{full} : Args{full, value};
+    try {
+      EXPECT_EQ(describe(parse(with)), describe(parse(spelled)));
+      if (kind == "value") {
+        EXPECT_EQ(describe(parse({prefix + "=" + value})), describe(parse(spelled)));
+      }
+    } catch (const UsageError& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  EXPECT_GT(resolved, 100);
+  EXPECT_GT(ambiguous, 10);
+  // PROGRAM's own arguments, and what follows "--", are never spelled out.
+  EXPECT_EQ(parse_run_args({"--nnode", "1", "prog", "--nnode", "--no"}).args,
+            (Args{"--nnode", "--no"}));
+  // dtrain's own flags are spelled out in full: a prefix of them only is named as unknown.
+  const std::string e = usage_error({"--term", "3", "prog"});
+  EXPECT_NE(e.find("did you mean --term-timeout?"), std::string::npos) << e;
+  std::filesystem::remove_all(dir);
+}
+
 // torchrun takes every option it does not find on the command line from PET_<DEST> (its
 // argparse_util `env` and `check_env` actions; Kubeflow's PyTorchJob sets PET_NNODES,
 // PET_NODE_RANK, PET_MASTER_ADDR...). The venv's torchrun says which options, and what its
@@ -940,6 +1020,69 @@ TEST(OutputStream, PartialLinesWaitForTheirNewline) {
   EXPECT_EQ(console.contents(), "[r0]:hello world\n");
   s.write("ond\n");
   EXPECT_EQ(console.contents(), "[r0]:hello world\n[r0]:second\n");
+}
+
+// A partial line that stays partial (a prompt, dots written one by one) goes to the console
+// after OutputStream::kIdleFlush, and the rest of its line follows as it comes.
+TEST(OutputStream, APartialLineThatWaitsGoesToTheConsoleAfterTheIdleWait) {
+  CaptureFd console;
+  OutputStream s("[default0]:", console.fd(), -1, 3);
+  EXPECT_FALSE(s.flush_due()) << "nothing waits";
+  s.write("(Pdb) ");
+  auto due = s.flush_due();
+  ASSERT_TRUE(due);
+  s.flush_idle(*due - std::chrono::milliseconds(1));
+  EXPECT_EQ(console.contents(), "") << "not before its time";
+  s.flush_idle(*due);
+  EXPECT_EQ(console.contents(), "[default0]:(Pdb) ");
+  EXPECT_FALSE(s.flush_due()) << "the line is on the console: its rest follows as it comes";
+  s.write("next");
+  EXPECT_EQ(console.contents(), "[default0]:(Pdb) next");
+  s.write(" line\nwhole\n");
+  EXPECT_EQ(console.contents(), "[default0]:(Pdb) next line\n[default0]:whole\n");
+  EXPECT_EQ(s.tail(), (std::deque<std::string>{"(Pdb) next line", "whole"}));
+  // Each write moves the deadline: a line written in pieces in quick succession goes out whole.
+  s.write("a");
+  const auto first = *s.flush_due();
+  s.write("b");
+  EXPECT_GE(*s.flush_due(), first);
+  s.write("c\n");
+  EXPECT_EQ(console.contents(), "[default0]:(Pdb) next line\n[default0]:whole\n[default0]:abc\n");
+}
+
+// A read that ends in '\r' waits for the next byte ("\r\n" or a redraw); when none comes, the
+// '\r' is a carriage return of its own after the idle wait.
+TEST(OutputStream, ATrailingCarriageReturnIsARedrawWhenNothingFollowsIt) {
+  CaptureFd console;
+  OutputStream s("[p]:", console.fd(), -1, 0);
+  s.write("10%\r");
+  EXPECT_EQ(console.contents(), "");
+  s.flush_idle(*s.flush_due());
+  EXPECT_EQ(console.contents(), "[p]:10%");
+  s.write("20%\r");
+  s.flush_idle(*s.flush_due());
+  s.write("\n");
+  EXPECT_EQ(console.contents(), "[p]:10%\r[p]:20%\n");
+}
+
+// Two ranks on one console: a whole line of the other rank while a prompt waits starts on a
+// line of its own, and the prompt's line goes on below it, prefixed again.
+TEST(OutputStream, AnotherRanksLineAfterAFlushedPromptGetsALineOfItsOwn) {
+  CaptureFd console;
+  OutputStream r0("[default0]:", console.fd(), -1, 0);
+  OutputStream r1("[default1]:", console.fd(), -1, 0);
+  r0.write("(Pdb) ");
+  r0.flush_idle(*r0.flush_due());
+  r1.write("step 3\n");
+  r0.write("c\n");
+  EXPECT_EQ(console.contents(), "[default0]:(Pdb) \n[default1]:step 3\n[default0]:c\n");
+}
+
+// No console (a rank whose output is only in its log): nothing to flush.
+TEST(OutputStream, NoIdleFlushWithoutAConsole) {
+  OutputStream s("[p]:", -1, -1, 2);
+  s.write("partial");
+  EXPECT_FALSE(s.flush_due());
 }
 
 TEST(OutputStream, ByteAtATime) {
