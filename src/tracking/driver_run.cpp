@@ -5,6 +5,11 @@ namespace dtrain::tracking {
 DriverRun::DriverRun(std::map<std::string, std::string>& worker_env) {
   auto uri = worker_env.find("MLFLOW_TRACKING_URI");
   if (uri == worker_env.end() || uri->second.empty()) return;
+  // A run the user chose (MLFLOW_RUN_ID): the job logs into it, as under `dtrain run`, whose
+  // outcome tags and status it gets (tracking/job_outcome.h); no run of the driver's own.
+  if (auto chosen = worker_env.find("MLFLOW_RUN_ID");
+      chosen != worker_env.end() && !chosen->second.empty())
+    return;
   run_ = mlflow::Run::start({.tracking_uri = uri->second,
                              .run_name = "distributor",
                              .tags = {{"dtrain.role", "driver"}}});

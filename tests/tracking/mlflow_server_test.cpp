@@ -771,6 +771,30 @@ TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
   EXPECT_EQ(steps_of(child["metrics"]["loss"]), range(1, 1));
 }
 
+// A run the user chose (MLFLOW_RUN_ID, as `dtrain run --mlflow-run-id`): the Distributor's job
+// logs into it and tags it with the outcome; no driver run of its own.
+TEST(MlflowServer, DistributorLogsIntoTheRunMlflowRunIdNames) {
+  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  auto mine = dtrain::mlflow::Run::start(
+      {.tracking_uri = g_server->url(), .experiment = "distributor-chosen", .run_name = "mine"});
+  ASSERT_TRUE(mine.active());
+  auto r = run_command(
+      {DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"},
+      {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(),
+               "MLFLOW_EXPERIMENT_NAME=distributor-chosen", "MLFLOW_RUN_ID=" + mine.id()},
+       .timeout = 300s});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto runs = read_runs(g_server->url(), "distributor-chosen")["runs"];
+  ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
+  const auto& run = runs[0];
+  EXPECT_EQ(run["run_id"], mine.id());
+  EXPECT_EQ(run["tags"]["mlflow.runName"], "mine");
+  EXPECT_EQ(run["tags"]["dtrain.job_exit_code"], "0") << run["tags"];
+  EXPECT_EQ(run["status"], "FINISHED");
+  EXPECT_EQ(run["params"]["world_size"], "2");
+  EXPECT_EQ(steps_of(run["metrics"]["loss"]), range(1, 1));
+}
+
 // Last in this file, after every other case's requests (thousands of lines of the server's
 // access log): the UI still renders a run.
 TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
