@@ -496,6 +496,7 @@ def _recorded_error(contents):
 def worker_error(failure_json):
     """The WorkerError of `dtrain run --failure-file`'s JSON (bytes)."""
     import json
+    import signal
 
     f = json.loads(failure_json)
     e = WorkerError("", f)
@@ -505,7 +506,11 @@ def worker_error(failure_json):
         if e.error:
             what = "raised %s" % e.error
         elif e.signal:
-            what = "died of signal %d (exit code %d)" % (e.signal, e.exit_code)
+            try:
+                name = signal.Signals(e.signal).name
+            except ValueError:
+                name = "signal %d" % e.signal
+            what = "died of %s (signal %d, exit code %d)" % (name, e.signal, e.exit_code)
         else:
             what = "exited with code %d without raising" % e.exit_code
     else:
