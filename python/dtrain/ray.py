@@ -4,8 +4,9 @@ cluster's nodes, placed by a Ray placement group, as Ray Train's TorchTrainer pl
 From Python (a notebook after ray.init(), or plain Python with an address):
 
     from dtrain.ray import Distributor
-    rc = Distributor(num_processes=4, local_mode=False, processes_per_bundle=2,
-                     strategy="STRICT_SPREAD").run("/path/to/train", "--epochs", "1")
+    d = Distributor(num_processes=4, local_mode=False, processes_per_bundle=2, strategy="STRICT_SPREAD")
+    rc = d.run("/path/to/train", "--epochs", "1")   # a program: its exit status
+    value = d.run(train_fn, 1e-3, epochs=2)         # a function: rank 0's return value
 
 From the shell (what `dtrain run --ray-address` and the C++ Distributor run):
 
@@ -36,6 +37,10 @@ job's own failure record, then their tasks are cancelled. However the job ends -
 failure, the client gone, the driver's SIGTERM - the driver cancels the tasks and removes the
 placement group; a driver that is SIGKILLed leaves that to Ray (a job's tasks and placement
 groups end with its driver), and an agent whose task or driver is gone stops its workers.
+Function mode (Distributor.run(function)): the pickled function travels as the tasks' argument;
+each worker runs it (_cluster.FUNCTION_RUNNER), the task of the agent that ran rank 0 returns its
+pickled result, and a failed agent's task returns the job's root cause (`dtrain run
+--failure-file`), which the driver raises as WorkerError.
 """
 
 import os
@@ -461,13 +466,14 @@ def connect(address):
 
 
 class WorkerError(RuntimeError):
-    """A function-mode job failed in a worker (or its agent): the root cause, as `dtrain run`
-    reports it. rank (-1: the agent itself), host, node_rank, exit_code, signal (0: none),
-    error ("ValueError: ...": what the function raised, "" when it did not raise: a crash, an
-    exit), traceback (the worker's Python traceback, or ""), stderr_tail (its last lines)."""
+    """A function-mode job failed in a worker (or its agent): the job's root cause, as `dtrain
+    run --failure-file` records it (`failure`, its JSON as a dict). Attributes: rank (-1: the
+    agent itself failed), host, node_rank, exit_code, signal (0: none), error ("ValueError: ...":
+    what the function raised; "" when it did not raise: a crash, an exit), traceback (the
+    worker's Python traceback, or ""), stderr_tail (its last lines of stderr)."""
 
-    def __init__(self, message, failure):
-        super().__init__(message)
+    def __init__(self, failure):
+        self.failure = dict(failure)
         self.rank = int(failure.get("rank", -1))
         self.host = failure.get("host", "")
         self.node_rank = int(failure.get("node_rank", 0))
@@ -475,6 +481,38 @@ class WorkerError(RuntimeError):
         self.signal = int(failure.get("signal", 0))
         self.error, self.traceback = _recorded_error(failure.get("error_file_contents", ""))
         self.stderr_tail = list(failure.get("stderr_tail", []))
+        super().__init__(self._describe(failure.get("reason", "")))
+
+    def __reduce__(self):  # pickled (a Ray task or a Tune trial that raises it): rebuilt from the record
+        return WorkerError, (self.failure,)
+
+    def _describe(self, reason):
+        import signal
+
+        where = "host %s, node %d" % (self.host or "?", self.node_rank)
+        if self.rank >= 0:
+            who = "rank %d (%s)" % (self.rank, where)
+            if self.error:
+                what = "raised %s" % self.error
+            elif self.signal:
+                try:
+                    name = signal.Signals(self.signal).name
+                except ValueError:
+                    name = "signal %d" % self.signal
+                what = "died of %s (signal %d, exit code %d)" % (name, self.signal, self.exit_code)
+            else:
+                what = "exited with code %d without raising" % self.exit_code
+        else:
+            who = "the dtrain agent (%s)" % where
+            what = "failed, exit code %d" % self.exit_code
+        if reason:
+            what += ": %s" % reason
+        text = "dtrain.ray: the function failed on %s: %s" % (who, what)
+        if self.traceback:
+            text += "\nThe worker's traceback:\n" + self.traceback.rstrip("\n")
+        elif self.stderr_tail:
+            text += "\nThe last lines of its stderr:\n" + "\n".join(self.stderr_tail)
+        return text
 
 
 def _recorded_error(contents):
@@ -489,42 +527,19 @@ def _recorded_error(contents):
         if isinstance(m, str):
             return m, ""
         return str(m["message"]), str(m.get("extraInfo", {}).get("py_callstack", ""))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return contents.strip(), ""
 
 
-def worker_error(failure_json):
-    """The WorkerError of `dtrain run --failure-file`'s JSON (bytes)."""
+def _failure_record(data):
+    """`dtrain run --failure-file`'s JSON (bytes) as a dict; None without one (or a torn one)."""
     import json
-    import signal
 
-    f = json.loads(failure_json)
-    e = WorkerError("", f)
-    where = "host %s, node %d" % (e.host or "?", e.node_rank)
-    if e.rank >= 0:
-        who = "rank %d (%s)" % (e.rank, where)
-        if e.error:
-            what = "raised %s" % e.error
-        elif e.signal:
-            try:
-                name = signal.Signals(e.signal).name
-            except ValueError:
-                name = "signal %d" % e.signal
-            what = "died of %s (signal %d, exit code %d)" % (name, e.signal, e.exit_code)
-        else:
-            what = "exited with code %d without raising" % e.exit_code
-    else:
-        who = "the dtrain agent (%s)" % where
-        what = "failed, exit code %d" % e.exit_code
-    if f.get("reason"):
-        what += ": %s" % f["reason"]
-    text = "dtrain.ray: the function failed on %s: %s" % (who, what)
-    if e.traceback:
-        text += "\nThe worker's traceback:\n" + e.traceback.rstrip("\n")
-    elif e.stderr_tail:
-        text += "\nThe last lines of its stderr:\n" + "\n".join(e.stderr_tail)
-    e.args = (text,)
-    return e
+    try:
+        f = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return f if isinstance(f, dict) else None
 
 
 class Distributor:
@@ -624,8 +639,9 @@ class Distributor:
                             self.strategy, self.placement_timeout, env=self.env, out=out, err=said,
                             payload=payload, outputs=outputs)
         if rc != 0:
-            if outputs.get("failure"):
-                raise worker_error(outputs["failure"])
+            failure = _failure_record(outputs.get("failure"))
+            if failure is not None:
+                raise WorkerError(failure)
             raise RuntimeError("dtrain.ray: the function's job failed with exit status %d before any worker "
                                "reported a cause.%s The last lines of its output (all of it went to this "
                                "console):\n%s" % (rc, (" " + said.text.strip()) if said.text.strip() else "",
