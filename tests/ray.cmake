@@ -3,7 +3,8 @@
 # errors. The real thing: a Ray cluster (pip's ray, pinned) as separate hosts - the head on n0,
 # a worker node of 2 CPUs on n1 and on n2 (network namespaces; root) - started once by
 # tests/ray/ray_test.sh for every case: function and program mode with placement checked, a
-# SIGSEGV on n2, too few CPUs, Ray Client, the Python module, a Tune search two trials at a
+# SIGSEGV on n2, too few CPUs, Ray Client, the Python module (programs; functions: rank 0's
+# value, WorkerError: ray/function_test.py), a Tune search two trials at a
 # time, the driver SIGKILLed. It FAILS when root, ray or the data is missing. Once, on the 2.x
 # build (the engine does not depend on libtorch). RUN_SERIAL: a Ray cluster on 2 cores.
 add_test(NAME ray.placement

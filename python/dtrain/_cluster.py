@@ -194,26 +194,67 @@ def _cut(conn):
 # ---- function mode: a pickled Python function run by every worker ---------------------------
 #
 # TorchDistributor's function mode, as dtrain runs it: the driver pickles (function, args,
-# kwargs) with cloudpickle (PySpark's own copy when there is one); each worker process runs
-# FUNCTION_RUNNER (`python -c FUNCTION_RUNNER FUNC RESULT`), which unpickles and calls the
-# function; the process of RANK 0 pickles the return value to RESULT (written aside, then
-# renamed, so a reader never sees half a file). Only rank 0 writes it: TorchDistributor lets
-# every process of a local run write the same file, and the last to finish wins.
+# kwargs) with cloudpickle (PySpark's own copy when there is one; dtrain.ray: Ray's); each
+# worker process runs FUNCTION_RUNNER (function_command(): `python -c FUNCTION_RUNNER FUNC
+# RESULT [--pickler MODULE] [--record]`), which unpickles and calls the function; the process of
+# RANK 0 pickles the return value to RESULT (written aside, then renamed, so a reader never sees
+# half a file). Only rank 0 writes it: TorchDistributor lets every process of a local run write
+# the same file, and the last to finish wins.
+#   --pickler MODULE  the cloudpickle to pickle the result with (`ray.cloudpickle`: the one
+#                     the driver unpickles with), instead of PySpark's, else the package
+#   --record          an exception in the function (or in pickling rank 0's result) is also
+#                     written to TORCHELASTIC_ERROR_FILE as PyTorch's @record writes it, so that
+#                     `dtrain run`'s root cause (--failure-file) carries its type, message and
+#                     traceback
 
 FUNCTION_RUNNER = """
 import os, sys
+func, result, opts = sys.argv[1], sys.argv[2], sys.argv[3:]
+if "--pickler" in opts:
+    import importlib
+    cloudpickle = importlib.import_module(opts[opts.index("--pickler") + 1])
+else:
+    try:
+        from pyspark import cloudpickle
+    except ImportError:
+        import cloudpickle
 try:
-    from pyspark import cloudpickle
-except ImportError:
-    import cloudpickle
-with open(sys.argv[1], "rb") as f:
-    fn, args, kwargs = cloudpickle.load(f)
-value = fn(*args, **kwargs)
-if os.environ.get("RANK", "0") == "0":
-    with open(sys.argv[2] + ".part", "wb") as f:
-        cloudpickle.dump(value, f)
-    os.replace(sys.argv[2] + ".part", sys.argv[2])
+    with open(func, "rb") as f:
+        fn, args, kwargs = cloudpickle.load(f)
+    value = fn(*args, **kwargs)
+    if os.environ.get("RANK", "0") == "0":
+        try:
+            data = cloudpickle.dumps(value)
+        except Exception as e:
+            if "--record" not in opts:
+                raise
+            raise TypeError("rank 0's return value, a %s, cannot be pickled to go back to the "
+                            "driver (%s: %s): return plain data (numbers, strings, lists, dicts, "
+                            "tensors)" % (type(value).__name__, type(e).__name__, e)) from e
+        with open(result + ".part", "wb") as f:
+            f.write(data)
+        os.replace(result + ".part", result)
+except Exception as e:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if "--record" in opts and path:
+        import json, time, traceback
+        with open(path, "w") as f:
+            json.dump({"message": {"message": "%s: %s" % (type(e).__name__, e),
+                                   "extraInfo": {"py_callstack": traceback.format_exc(),
+                                                 "timestamp": str(int(time.time()))}}}, f)
+    raise
 """
+
+
+def function_command(python, func, result, pickler=None, record=False):
+    """The worker's command line of function mode: `python` runs FUNCTION_RUNNER on the pickled
+    function `func`, rank 0 writing its result to `result` (function_files())."""
+    argv = [python, "-c", FUNCTION_RUNNER, func, result]
+    if pickler:
+        argv += ["--pickler", pickler]
+    if record:
+        argv.append("--record")
+    return argv
 
 
 def cloudpickle_module():
@@ -274,6 +315,22 @@ class OutputTail:
     def text(self):
         with self.lock:
             return "".join(self.tail)
+
+
+class Said:
+    """A driver's own messages of one run (text): written to stderr as they come, and kept
+    (.text) for the error that run raises."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def flush(self):
+        pass
 
 
 def run_local(argv, env, out):

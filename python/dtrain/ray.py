@@ -4,8 +4,9 @@ cluster's nodes, placed by a Ray placement group, as Ray Train's TorchTrainer pl
 From Python (a notebook after ray.init(), or plain Python with an address):
 
     from dtrain.ray import Distributor
-    rc = Distributor(num_processes=4, local_mode=False, processes_per_bundle=2,
-                     strategy="STRICT_SPREAD").run("/path/to/train", "--epochs", "1")
+    d = Distributor(num_processes=4, local_mode=False, processes_per_bundle=2, strategy="STRICT_SPREAD")
+    rc = d.run("/path/to/train", "--epochs", "1")   # a program: its exit status
+    value = d.run(train_fn, 1e-3, epochs=2)         # a function: rank 0's return value
 
 From the shell (what `dtrain run --ray-address` and the C++ Distributor run):
 
@@ -36,6 +37,10 @@ job's own failure record, then their tasks are cancelled. However the job ends -
 failure, the client gone, the driver's SIGTERM - the driver cancels the tasks and removes the
 placement group; a driver that is SIGKILLed leaves that to Ray (a job's tasks and placement
 groups end with its driver), and an agent whose task or driver is gone stops its workers.
+Function mode (Distributor.run(function)): the pickled function travels as the tasks' argument;
+each worker runs it (_cluster.FUNCTION_RUNNER), the task of the agent that ran rank 0 returns its
+pickled result, and a failed agent's task returns the job's root cause (`dtrain run
+--failure-file`), which the driver raises as WorkerError.
 """
 
 import os
@@ -168,11 +173,18 @@ def _lowest(ids):
         return min(ids)
 
 
-def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=180.0):
-    """The task of bundle `index`: one dtrain agent. Returns (its agent rank, exit status,
-    host); agent rank -1 when the driver refused it."""
+def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=180.0, payload=None):
+    """The task of bundle `index`: one dtrain agent. Returns (its agent rank, exit status, host,
+    result, failure); agent rank -1 when the driver refused it. payload: function mode, a pickled
+    (function, args, kwargs) (`argv` then names no program): the agent's workers run it
+    (_cluster.FUNCTION_RUNNER); result is rank 0's pickled return value when this agent ran rank 0
+    and succeeded, failure the job's root cause (`dtrain run --failure-file`'s JSON, bytes) when
+    it failed; both None in program mode."""
 
     def run():
+        import shutil
+        import tempfile
+
         import ray
 
         host = socket.gethostname()
@@ -188,7 +200,7 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=1
         words = answer.decode().split()
         if len(words) != 8 or words[0] != "GO":
             log.close()
-            return -1, 1, host
+            return -1, 1, host, None, None
         master, master_port, agent_rank, node_rank, first, local_size, visible = words[1:]
         i = argv.index("run") + 1
         agent = (argv[:i] + ["--nnodes", str(bundles), "--node-rank", agent_rank, "--master-addr",
@@ -207,18 +219,35 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=1
             # way), so that cuda:LOCAL_RANK is the worker's own.
             child_env["CUDA_VISIBLE_DEVICES"] = visible
         child_env.update(env)
-        return int(agent_rank), _cluster.run_agent(agent, child_env, log), host
+        if payload is None:
+            return int(agent_rank), _cluster.run_agent(agent, child_env, log), host, None, None
+        # Function mode: the function's file, rank 0's result and the root cause of a failure in
+        # a directory of this node; the workers run the function with this task's Python (Ray's).
+        work = tempfile.mkdtemp(prefix="dtrain-fn-")
+        try:
+            func, result = _cluster.function_files(work, payload)
+            failure = os.path.join(work, "failure.json")
+            agent = (agent[:i] + ["--failure-file", failure] + agent[i:] +
+                     _cluster.function_command(sys.executable, func, result, "ray.cloudpickle", record=True))
+            rc = _cluster.run_agent(agent, child_env, log)
+            return (int(agent_rank), rc, host, _cluster.read_result(result) if rc == 0 else None,
+                    _cluster.read_result(failure) if rc != 0 else None)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     return run()
 
 
 def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
                placement_timeout=60.0, env=None, out=None, err=None, cancelled=None,
-               term_timeout=5.0, driver_host=None):
+               term_timeout=5.0, driver_host=None, payload=None, outputs=None):
     """Runs `agent_argv` (a `dtrain run ...` command line) as `bundles` agents of `per`
     processes each on the connected Ray cluster; returns the exit status: 0, the first failing
     agent's, NO_RESOURCES, or 1 (cancelled, or Ray failed). out: the agents' output (bytes);
-    err: dtrain's messages (text); cancelled: an Event that ends the job when set."""
+    err: dtrain's messages (text); cancelled: an Event that ends the job when set. payload:
+    function mode (_agent_task's; `agent_argv` names no program); outputs: a dict that gets
+    "result", rank 0's pickled return value (from whichever node ran rank 0, through Ray's
+    object transport), and "failure", the root cause (--failure-file's JSON) of a failed job."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -308,7 +337,7 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
         refs = [task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                              name="dtrain-agent-%d" % i, **opts)
                 .remote(i, bundles, per, cpus, list(agent_argv), (driver_host, srv.port), env,
-                        placement_timeout + 90)
+                        placement_timeout + 90, payload)
                 for i in range(bundles)]
         pending = list(refs)
         first_failure = None
@@ -317,11 +346,15 @@ def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
             for ref in done:
                 i = refs.index(ref)
                 try:
-                    agent, rc, host = ray.get(ref)
+                    agent, rc, host, result, failure = ray.get(ref)
                 except Exception as e:  # the task itself failed: its worker or node died
-                    agent, rc, host = -1, 1, address.get(where.get(i), "?")
+                    agent, rc, host, result, failure = -1, 1, address.get(where.get(i), "?"), None, None
                     err.write("dtrain.ray: the Ray task of bundle %d (on %s) failed: %s\n" % (i, host, _first_line(e)))
                 results[i] = (rc, host, agent)
+                if outputs is not None and result is not None:
+                    outputs["result"] = result
+                if outputs is not None and failure is not None and "failure" not in outputs:
+                    outputs["failure"] = failure  # every agent's names the job's one root cause
                 if rc != 0 and first_failure is None:
                     first_failure = time.monotonic()
             if cancelled is not None and cancelled.is_set():
@@ -432,10 +465,92 @@ def connect(address):
             time.sleep(1.0)
 
 
+class WorkerError(RuntimeError):
+    """A function-mode job failed in a worker (or its agent): the job's root cause, as `dtrain
+    run --failure-file` records it (`failure`, its JSON as a dict). Attributes: rank (-1: the
+    agent itself failed), host, node_rank, exit_code, signal (0: none), error ("ValueError: ...":
+    what the function raised; "" when it did not raise: a crash, an exit), traceback (the
+    worker's Python traceback, or ""), stderr_tail (its last lines of stderr)."""
+
+    def __init__(self, failure):
+        self.failure = dict(failure)
+        self.rank = int(failure.get("rank", -1))
+        self.host = failure.get("host", "")
+        self.node_rank = int(failure.get("node_rank", 0))
+        self.exit_code = int(failure.get("exit_code", 1))
+        self.signal = int(failure.get("signal", 0))
+        self.error, self.traceback = _recorded_error(failure.get("error_file_contents", ""))
+        self.stderr_tail = list(failure.get("stderr_tail", []))
+        super().__init__(self._describe(failure.get("reason", "")))
+
+    def __reduce__(self):  # pickled (a Ray task or a Tune trial that raises it): rebuilt from the record
+        return WorkerError, (self.failure,)
+
+    def _describe(self, reason):
+        import signal
+
+        where = "host %s, node %d" % (self.host or "?", self.node_rank)
+        if self.rank >= 0:
+            who = "rank %d (%s)" % (self.rank, where)
+            if self.error:
+                what = "raised %s" % self.error
+            elif self.signal:
+                try:
+                    name = signal.Signals(self.signal).name
+                except ValueError:
+                    name = "signal %d" % self.signal
+                what = "died of %s (signal %d, exit code %d)" % (name, self.signal, self.exit_code)
+            else:
+                what = "exited with code %d without raising" % self.exit_code
+        else:
+            who = "the dtrain agent (%s)" % where
+            what = "failed, exit code %d" % self.exit_code
+        if reason:
+            what += ": %s" % reason
+        text = "dtrain.ray: the function failed on %s: %s" % (who, what)
+        if self.traceback:
+            text += "\nThe worker's traceback:\n" + self.traceback.rstrip("\n")
+        elif self.stderr_tail:
+            text += "\nThe last lines of its stderr:\n" + "\n".join(self.stderr_tail)
+        return text
+
+
+def _recorded_error(contents):
+    """(message, traceback) of a TORCHELASTIC_ERROR_FILE as PyTorch's @record (and
+    _cluster.FUNCTION_RUNNER) writes it; ("", "") when there is none."""
+    import json
+
+    if not contents:
+        return "", ""
+    try:
+        m = json.loads(contents)["message"]
+        if isinstance(m, str):
+            return m, ""
+        return str(m["message"]), str(m.get("extraInfo", {}).get("py_callstack", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return contents.strip(), ""
+
+
+def _failure_record(data):
+    """`dtrain run --failure-file`'s JSON (bytes) as a dict; None without one (or a torn one)."""
+    import json
+
+    try:
+        f = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return f if isinstance(f, dict) else None
+
+
 class Distributor:
-    """TorchTrainer's placement for dtrain programs.
+    """TorchTrainer's placement for dtrain programs and Python functions.
 
     Distributor(num_processes, local_mode, use_gpu, ...).run(program, *args) -> exit status.
+    Distributor(...).run(function, *args, **kwargs) -> rank 0's return value (function mode,
+    as PySpark's TorchDistributor and dtrain.spark's: the function and its arguments are
+    pickled with Ray's cloudpickle, every process calls it with torchrun's environment - RANK,
+    WORLD_SIZE, MASTER_ADDR, ... - and the value rank 0 returns comes back, from whichever node
+    ran it; a failure raises WorkerError naming the rank, its host and what it raised).
     local_mode=True runs `dtrain run --nproc-per-node N` here; False runs on the Ray cluster
     this process is connected to (ray.init() already called), else on `address` (default
     RAY_ADDRESS): num_processes / processes_per_bundle bundles of processes_per_bundle
@@ -461,11 +576,22 @@ class Distributor:
         self.placement_timeout = placement_timeout
         self.env = dict(env or {})
 
-    def run(self, program, *args):
+    def run(self, train_object, *args, **kwargs):
+        """A program (its path: a C++ binary, a .py, anything `dtrain run` runs) with string
+        arguments -> its exit status (0, or the failing rank's); a function -> rank 0's return
+        value (raises WorkerError when a worker fails, RuntimeError when the job does not start
+        or rank 0 returns no value that can be read here)."""
         import subprocess
 
         import ray
 
+        if callable(train_object) and not isinstance(train_object, (str, bytes, os.PathLike)):
+            return self._run_function(train_object, args, kwargs)
+        if kwargs:
+            raise TypeError("run(program, *args) gives a program its arguments as strings, not as "
+                            "keywords (got %s): pass them in args, e.g. run(program, '--lr', '0.001'); "
+                            "keyword arguments are for a function" % ", ".join(sorted(kwargs)))
+        program = train_object
         args = [str(a) for a in args]
         if self.local_mode:
             return subprocess.call([self.dtrain, "run", "--nproc-per-node", str(self.num_processes),
@@ -475,6 +601,63 @@ class Distributor:
         argv = [self.dtrain, "run", "--nproc-per-node", str(self.per), program] + args
         return run_on_ray(argv, self.num_processes // self.per, self.per, self.cpus, self.gpus,
                           self.strategy, self.placement_timeout, env=self.env)
+
+    def _run_function(self, fn, args, kwargs):
+        """Function mode: rank 0's return value, or an exception saying why there is none."""
+        import tempfile
+
+        import ray
+
+        pickler = ray.cloudpickle
+        try:
+            payload = pickler.dumps((fn, args, kwargs))
+        except Exception as e:
+            raise TypeError("run(function, ...): the function or its arguments cannot be pickled to "
+                            "reach the workers (%s: %s): pass plain data as arguments, and create "
+                            "what cannot be pickled (locks, open files, sockets) inside the function"
+                            % (type(e).__name__, e)) from e
+        out = _cluster.OutputTail()
+        said = _cluster.Said()
+        if self.local_mode:
+            work = tempfile.mkdtemp(prefix="dtrain-fn-")
+            try:
+                func, result = _cluster.function_files(work, payload)
+                failure = os.path.join(work, "failure.json")
+                argv = ([self.dtrain, "run", "--nproc-per-node", str(self.num_processes), "--failure-file", failure]
+                        + _cluster.function_command(sys.executable, func, result, "ray.cloudpickle", record=True))
+                rc = _cluster.run_local(argv, {**os.environ, **self.env}, out)
+                outputs = {"result": _cluster.read_result(result) if rc == 0 else None,
+                           "failure": _cluster.read_result(failure) if rc != 0 else None}
+            finally:
+                _cluster.remove_private_dir(work)
+        else:
+            if not ray.is_initialized():
+                connect(self.address or os.environ.get("RAY_ADDRESS") or "auto")
+            argv = [self.dtrain, "run", "--nproc-per-node", str(self.per)]
+            outputs = {}
+            rc = run_on_ray(argv, self.num_processes // self.per, self.per, self.cpus, self.gpus,
+                            self.strategy, self.placement_timeout, env=self.env, out=out, err=said,
+                            payload=payload, outputs=outputs)
+        if rc != 0:
+            failure = _failure_record(outputs.get("failure"))
+            if failure is not None:
+                raise WorkerError(failure)
+            raise RuntimeError("dtrain.ray: the function's job failed with exit status %d before any worker "
+                               "reported a cause.%s The last lines of its output (all of it went to this "
+                               "console):\n%s" % (rc, (" " + said.text.strip()) if said.text.strip() else "",
+                                                  out.text()))
+        data = outputs.get("result")
+        if data is None:
+            raise RuntimeError("dtrain.ray: every process ended with exit status 0, but rank 0 did not return "
+                               "from the function, so there is no value to give back (did rank 0 call "
+                               "sys.exit() or os._exit()?). Return from the function instead")
+        try:
+            return pickler.loads(data)
+        except Exception as e:
+            raise RuntimeError("dtrain.ray: rank 0's return value came back (%d bytes) but cannot be "
+                               "unpickled here (%s: %s): return plain data (numbers, strings, lists, "
+                               "dicts, tensors), or make the modules and classes it uses importable "
+                               "in this Python" % (len(data), type(e).__name__, e)) from e
 
 
 # ---- the driver service (dtrain/_cluster.py): one ray.init() for many jobs ------------------

@@ -468,28 +468,13 @@ class Distributor:
         tasks, per = plan_tasks(self.num_processes, self.use_gpu,
                                 conf.get("spark.task.resource.gpu.amount", None))
         argv = [self.dtrain, "run", "--nproc-per-node", str(per)] + (program or [])
-        said = _Said()
+        said = _cluster.Said()
         outputs = {}
         rc = run_on_spark(session.sparkContext, tasks, argv, self.env, self.slot_timeout, out=out,
                           err=said, use_gpu=bool(self.use_gpu), payload=payload, outputs=outputs)
         if payload is not None:
             argv = argv + ["python", "<the function>"]
         return rc, argv, outputs.get("output"), said.text
-
-
-class _Said:
-    """dtrain.spark's own messages of one run: on stderr, and kept for run()'s error."""
-
-    def __init__(self):
-        self.text = ""
-
-    def write(self, text):
-        self.text += text
-        sys.stderr.write(text)
-        sys.stderr.flush()
-
-    def flush(self):
-        pass
 
 
 def make_converter(df, parent_cache_dir=None, **options):

@@ -19,7 +19,12 @@
 #     are TorchTrainer's, GROUP_RANK the agent's (torchrun's);
 #  10 a Tune search of 4 trials x 2 processes: the Tuner asks the cluster for its free slots (4
 #     CPUs) and runs the trials two at a time across the nodes;
-#  11 the C++ driver SIGKILLed while every rank runs: no dtrain process on any host and no
+#  11 dtrain.ray.Distributor's function mode from Python (function_test.py): rank 0's return
+#     value from a worker host (2 bundles x 2, a Gloo all-reduce, args and kwargs), a function
+#     raising on rank 1 (WorkerError with rank, host, exception and traceback), and in local mode
+#     the same plus the clear errors (rank 0 returns nothing, a value that cannot be unpickled or
+#     pickled); nothing left on any host, no placement group;
+#  12 the C++ driver SIGKILLed while every rank runs: no dtrain process on any host and no
 #     placement group left within 30 s.
 # Everything (processes, namespaces, veths) is torn down after. Fails (never skips) when
 # root, ray or the data is missing.
@@ -215,7 +220,21 @@ grep -q "on_n2=[12] " <<<"$out" && grep -q "on_n2=[01] " <<<"$out" ||
   fail "tune on ray: the trials did not use both n1 and n2: $out"
 pass "Tuner on Ray: 4 trials of 2 processes, 2 at a time (the cluster's 4 free CPUs), across n1 and n2 ($((SECONDS - t1)) s)"
 
-# 11. The C++ driver SIGKILLed while every rank sleeps after its all-reduce: within 30 s no
+# 11. dtrain.ray.Distributor's function mode from Python (tests/ray/function_test.py, one driver
+#     on n0): on the cluster, rank 0's value back from the worker host that ran it, a raising
+#     rank's WorkerError; in local mode the same, and the clear errors. Then nothing of it is
+#     left on any host and no placement group.
+t1=$SECONDS
+on n0 env PYTHONPATH="$PYDIR" timeout 300 "$PY" "$(dirname "$0")/function_test.py" "$RAY_GCS" "$DTRAIN" >"$T/fn.out" 2>"$T/fn.err" ||
+  { cat "$T/fn.out" >&2; tail -n 60 "$T/fn.err" >&2; fail "function mode: function_test.py failed"; }
+sed 's/^/  /' "$T/fn.out"
+for h in n0 n1 n2; do
+  [[ -z "$(host_procs $h "$OURS|function\.pickle")" ]] || fail "function mode: processes left on $h: $(host_procs $h "$OURS|function\.pickle")"
+done
+[[ -z "$(pgs)" ]] || fail "function mode: placement groups left: $(pgs)"
+pass "dtrain.ray.Distributor(...).run(function): rank 0's value from a worker host, WorkerError with the root cause, nothing left ($((SECONDS - t1)) s)"
+
+# 12. The C++ driver SIGKILLed while every rank sleeps after its all-reduce: within 30 s no
 #     dtrain process on any host, no Ray driver on n0, no placement group.
 t1=$SECONDS
 CONF="$T/kill.out"
