@@ -46,9 +46,10 @@ struct Session {
   std::chrono::milliseconds timeout{600000};
   std::unique_ptr<store::StoreClient> client;
   int reports = 0;
-  std::int64_t start_iteration = 0;  // the trial's training_iteration this run started after
-  std::string run;                   // this run's number, to keep a rerun's checkpoints apart
-  std::string hostname, node_ip;     // rank 0's, for every result (Ray's hostname, node_ip)
+  std::int64_t start_iteration = 0;    // the trial's training_iteration this run started after
+  std::string run;                     // this run's number (1, 2, ... after pauses and restarts)
+  std::int64_t checkpoint_index = -1;  // the trial's last checkpoint's (Ray's storage index)
+  std::string hostname, node_ip;       // rank 0's, for every result (Ray's hostname, node_ip)
 };
 
 // Ray's ray.util.get_node_ip_address() outside a Ray node: the address this host would reach
@@ -91,6 +92,7 @@ Session& session(const char* who) {
     s->trial_id = param::kTuneTrialId.get();
     s->start_iteration = param::kTuneStartIteration.get();
     s->run = std::to_string(param::kTuneRun.get());
+    s->checkpoint_index = param::kTuneCheckpointIndex.get();
     s->trial_dir = param::kTuneTrialDir.get();
     s->driver = param::kTuneStore.get();
     // RANK from the dtrain agent; under engine "mpi" (no agent) the MPI launcher's variables.
@@ -118,18 +120,18 @@ Session& session(const char* who) {
   return *g_session;
 }
 
-// Copies a checkpoint (directory or file) into the trial's storage; returns where. It is named
-// by the trial's training_iteration (checkpoint_000007), as Ray names them, and never replaced:
-// PBT may have handed it to another trial to exploit. A rerun that reaches an iteration again
-// (after a restore from an earlier checkpoint) writes checkpoint_000007_run3 beside it.
-std::string persist_checkpoint(const Session& s, const std::string& from, std::int64_t iteration) {
+// Copies a checkpoint (directory or file) into the trial's storage; returns where. Named as Ray
+// 2.60's StorageContext names them: checkpoint_000000, checkpoint_000001, ... by the trial's
+// count of checkpoints, which goes on across its runs (the driver passes the last index to each
+// run, as Ray's Trial passes its storage's), so a restored or exploiting trial never writes over
+// a checkpoint the driver has seen: PBT may have handed it to another trial.
+std::string persist_checkpoint(Session& s, const std::string& from) {
   if (!fs::exists(from)) {
     throw UsageError("dtrain::tune::report: the checkpoint \"" + from + "\" does not exist");
   }
   char buf[64];
-  std::snprintf(buf, sizeof buf, "checkpoint_%06lld", static_cast<long long>(iteration));
-  std::string name = buf;
-  if (fs::exists(fs::path(s.trial_dir) / name)) name += "_run" + s.run;
+  std::snprintf(buf, sizeof buf, "checkpoint_%06lld", static_cast<long long>(++s.checkpoint_index));
+  const std::string name = buf;
   const fs::path dest = fs::path(s.trial_dir) / name;
   const fs::path tmp = fs::path(s.trial_dir) / (name + ".tmp");
   fs::remove_all(tmp);
@@ -179,8 +181,7 @@ void report(const Result& metrics, const std::string& checkpoint) {
                {"hostname", s.hostname},
                {"node_ip", s.node_ip}};
     if (!nonfinite.empty()) msg["nonfinite"] = nonfinite;  // NaN/inf: JSON has neither
-    if (!checkpoint.empty())
-      msg["checkpoint"] = persist_checkpoint(s, checkpoint, s.start_iteration + k);
+    if (!checkpoint.empty()) msg["checkpoint"] = persist_checkpoint(s, checkpoint);
     s.client->set(result_key, msg.dump());
   }
   if (!s.client->wait({decision_key}, s.timeout)) {

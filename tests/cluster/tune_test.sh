@@ -32,7 +32,7 @@ grep -q "^trial trial_00001 x=2 status=TERMINATED failures=1 iterations=3 rank_s
   fail "tune over ssh: trial x=2 (failed once on n2, restarted from its iteration-1 checkpoint): $out"
 grep -q "injected failure on rank 1 at n2" <<<"$out" || fail "tune over ssh: the failure on n2 was not reported: $out"
 [[ "$(cat "$storage/tune/trial_00001/failed_once" 2>/dev/null)" == n2 ]] || fail "tune over ssh: the failing rank did not run on n2"
-[[ -d "$storage/tune/trial_00000/checkpoint_000003" && -f "$storage/tune/tuner_state.json" && -f "$storage/tune/results.csv" ]] ||
+[[ -d "$storage/tune/trial_00000/checkpoint_000002" && -f "$storage/tune/tuner_state.json" && -f "$storage/tune/results.csv" ]] ||
   fail "tune over ssh: checkpoints or state missing under $storage/tune: $(ls -R "$storage/tune" | head -30)"
 nothing_left "tune over ssh" "$D"
 pass "Tuner over ssh (n1:1,n2:1): 2 trials of 2 ranks across both hosts; the trial failing on n2 restarted from its checkpoint; nothing left ($((SECONDS - t)) s)"

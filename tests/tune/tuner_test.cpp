@@ -380,8 +380,8 @@ TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
       EXPECT_EQ(ours.at(k), theirs.at(k)) << k;
     }
     EXPECT_EQ(ours.at("checkpoint_dir_name").is_null(), i != 1);
-    EXPECT_THAT(ours.value("checkpoint_dir_name", Config("")).dump(),
-                testing::AnyOf("null", testing::StartsWith("\"checkpoint_")));
+    // Ray's name: the trial's first checkpoint is checkpoint_000000, whatever its iteration.
+    EXPECT_EQ(ours.at("checkpoint_dir_name"), theirs.at("checkpoint_dir_name"));
     EXPECT_THAT(ours.at("date").get<std::string>(),
                 testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}"));
     EXPECT_NEAR(ours.at("timestamp").get<double>(), theirs.at("timestamp").get<double>(), 120);
@@ -441,7 +441,7 @@ TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
       const std::string& col = theirs[0][c];
       if (col == "score" || col == "done" || col == "training_iteration" || col == "trial_id" ||
           col == "hostname" || col == "node_ip" || col == "iterations_since_restore" ||
-          (col == "checkpoint_dir_name" && theirs[i][c].empty())) {
+          col == "checkpoint_dir_name") {
         EXPECT_EQ(ours[i][c], theirs[i][c]) << "row " << i << ", " << col;
       }
     }
@@ -570,8 +570,10 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
 
 // Ray's PBT with more trials than slots: the next trial to run is the paused one with the
 // least training time, so all four advance in turn (none starves), and every checkpoint is
-// named by the iteration it holds and never overwritten, though trials are restored from
-// earlier checkpoints (their own, or another trial's) and report those iterations again.
+// kept as it was reported, though trials are restored from earlier checkpoints (their own, or
+// another trial's) and report those iterations again: a trial's checkpoints are named as Ray's
+// (checkpoint_000000, 000001, ... by its count of checkpoints, across its runs), and each holds
+// the iteration of the result that named it.
 TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
   const auto dir = fresh_dir("pbt-fair");
   auto pbt = std::make_shared<PbtScheduler>(
@@ -589,21 +591,34 @@ TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
                .verbose = false});
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 4u);
-  int checkpoints = 0;
+  int checkpoints = 0, rerun = 0;
   for (const auto& t : grid.trials()) {
     EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
     EXPECT_EQ(t.last_result.at("training_iteration").get<int>(), 8) << t.id;
-    for (const auto& e : fs::directory_iterator(t.dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("checkpoint_", 0) != 0) continue;
-      int it = 0;
+    // Every result the trial reported (those a restore made it report again included).
+    std::map<std::string, int> named;  // checkpoint_dir_name -> training_iteration
+    std::set<int> iterations;
+    for (const auto& r : t.reports.empty() ? t.history : t.reports) {
+      if (r.at("checkpoint_dir_name").is_null()) continue;
+      const auto name = r.at("checkpoint_dir_name").get<std::string>();
+      EXPECT_EQ(named.count(name), 0u) << t.id << ": " << name << " named twice";
+      named[name] = r.at("training_iteration").get<int>();
+      rerun += !iterations.insert(named[name]).second;
+    }
+    int index = 0;
+    for (const auto& [name, it] : named) {
+      char expected[32];
+      std::snprintf(expected, sizeof expected, "checkpoint_%06d", index++);
+      EXPECT_EQ(name, expected) << t.id;
+      int holds = 0;
       std::string who;
-      std::ifstream(e.path() / "state") >> it >> who;
-      EXPECT_EQ(it, std::stoi(name.substr(11, 6))) << e.path() << " holds iteration " << it;
+      std::ifstream(fs::path(t.dir) / name / "state") >> holds >> who;
+      EXPECT_EQ(holds, it) << t.id << " " << name << " was overwritten";
       ++checkpoints;
     }
   }
   EXPECT_GE(checkpoints, 4 * 8);
+  EXPECT_GT(rerun, 0) << "no trial reported an iteration again: nothing could be overwritten";
   EXPECT_GT(pbt->num_perturbations(), 0);
   fs::remove_all(dir);
 }
