@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "dtrain/zero.h"
+#include "zero/cpu_adagrad.h"
 
 namespace dtrain::zero {
 namespace {
@@ -88,4 +89,89 @@ void cpu_adam_step(double* p, const double* g, double* m, double* v, int64_t n, 
   adam<double>(p, g, m, v, n, step, lr, b1, b2, eps, wd, adamw, threads, bias_correction);
 }
 
+namespace detail {
+namespace {
+
+// DeepSpeed's CPU Adagrad (csrc/adagrad/cpu_adagrad.cpp, cpu_adagrad.h) runs its SIMD loop
+// (simd_fma for all three multiply-adds) over the largest multiple of its SIMD width, then a
+// scalar loop over the rest, as GCC compiled it there: the decay and the sum of squares
+// contracted to fused multiply-adds, the update's product rounded on its own (it is also stored
+// into the gradient). std::fma here, and the tail on its own, give the same roundings.
+#define DTRAIN_ADAGRAD_CHUNK(NAME, T)                                                      \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME( \
+      T* __restrict p, const T* __restrict g, T* __restrict v, int64_t n, T wd, T eps,     \
+      T step_size) {                                                                       \
+    for (int64_t i = 0; i < n; ++i) {                                                      \
+      T pi = p[i];                                                                         \
+      T gi = g[i];                                                                         \
+      if (wd > 0) gi = std::fma(pi, wd, gi);                                               \
+      const T vi = std::fma(gi, gi, v[i]);                                                 \
+      gi = gi / (std::sqrt(vi) + eps);                                                     \
+      p[i] = std::fma(gi, step_size, pi);                                                  \
+      v[i] = vi;                                                                           \
+    }                                                                                      \
+  }
+DTRAIN_ADAGRAD_CHUNK(adagrad_chunk_f, float)
+DTRAIN_ADAGRAD_CHUNK(adagrad_chunk_d, double)
+inline void adagrad_chunk(float* p, const float* g, float* v, int64_t n, float wd, float eps,
+                          float ss) {
+  adagrad_chunk_f(p, g, v, n, wd, eps, ss);
+}
+inline void adagrad_chunk(double* p, const double* g, double* v, int64_t n, double wd, double eps,
+                          double ss) {
+  adagrad_chunk_d(p, g, v, n, wd, eps, ss);
+}
+
+// The scalar loop's elements: the update's product rounded before the add (no contraction).
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void adagrad_tail(T* p, const T* g, T* v, int64_t n,
+                                                               T wd, T eps, T step_size) {
+  for (int64_t i = 0; i < n; ++i) {
+    T gi = g[i];
+    if (wd > 0) gi = std::fma(p[i], wd, gi);
+    const T vi = std::fma(gi, gi, v[i]);
+    gi = gi / (std::sqrt(vi) + eps);
+    const T update = gi * step_size;
+    p[i] = update + p[i];
+    v[i] = vi;
+  }
+}
+
+// The SIMD width DeepSpeed's CPU ops are built with on this machine (op_builder's simd_width():
+// AVX-512 16 floats, AVX2 8), 0 where it builds them scalar.
+int64_t deepspeed_simd_width() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return 16;
+  if (__builtin_cpu_supports("avx2")) return 8;
+#endif
+  return 0;
+}
+
+template <typename T>
+void adagrad(T* p, const T* g, T* v, int64_t n, double lr, double eps, double wd) {
+  // DeepSpeed passes lr, eps and weight_decay as float and negates the rate in it.
+  const T step_size = -1 * T(lr);
+  const int64_t width = deepspeed_simd_width();
+  const int64_t simd = width > 0 ? n - n % width : 0;
+  adagrad_tail(p + simd, g + simd, v + simd, n - simd, T(wd), T(eps), step_size);
+  const int nt = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(65536, (simd + nt - 1) / nt);
+  if (nt <= 1 || simd <= grain) return adagrad_chunk(p, g, v, simd, T(wd), T(eps), step_size);
+  at::parallel_for(0, simd, grain, [&](int64_t lo, int64_t hi) {
+    adagrad_chunk(p + lo, g + lo, v + lo, hi - lo, T(wd), T(eps), step_size);
+  });
+}
+
+}  // namespace
+
+void cpu_adagrad_step(float* p, const float* g, float* v, int64_t n, double lr, double eps,
+                      double wd) {
+  adagrad<float>(p, g, v, n, lr, eps, wd);
+}
+void cpu_adagrad_step(double* p, const double* g, double* v, int64_t n, double lr, double eps,
+                      double wd) {
+  adagrad<double>(p, g, v, n, lr, eps, wd);
+}
+
+}  // namespace detail
 }  // namespace dtrain::zero
