@@ -59,7 +59,8 @@ class ConfigError : public UsageError {
 };
 
 struct OptimizerConfig {
-  // Adam, AdamW, SGD, Lamb, Adagrad (all but SGD case-insensitive on input, as DeepSpeed).
+  // Adam, AdamW, SGD, Lamb, Adagrad, Lion (all but SGD case-insensitive on input, as
+  // DeepSpeed). Lion only with offload_optimizer (DeepSpeed's CPU Lion; decoupled decay).
   std::string type = "Adam";
   double lr = 1e-3;  // Adagrad's default: 1e-2 (torch.optim.Adagrad's and DeepSpeedCPUAdagrad's)
   double beta1 = 0.9, beta2 = 0.999;
@@ -212,7 +213,8 @@ std::string closest_key(const std::string& word, const std::vector<std::string>&
 // 16-bit parameters + 2 of gradients + K = 12 of fp32 master, momentum and variance with
 // mixed precision; 4 + 4 + 8 (K = 8) in plain fp32 where the parameters are the master copy).
 // K counts 4 bytes per state tensor of the config's optimizer: Adam, AdamW and Lamb 2 (so a
-// client optimizer too), Adagrad 1, SGD 1 with momentum and 0 without.
+// client optimizer too), Lion 2 (DeepSpeed's CPU Lion allocates an unused second), Adagrad 1,
+// SGD 1 with momentum and 0 without.
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0;  // bytes on this rank (device)
   int64_t offloaded = 0;                         // bytes moved to CPU memory by offload

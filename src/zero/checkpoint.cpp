@@ -521,7 +521,11 @@ PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
     set("weight_decay", py_float(opt.weight_decay));
   };
   set("lr", py_float(lr()));
-  if (opt.type == "Adagrad" && config_.zero.offload_optimizer.enabled()) {  // DeepSpeedCPUAdagrad
+  if (opt.type == "Lion") {  // DeepSpeedCPULion
+    set("betas", py_tuple({py_float(beta1), py_float(beta2)}));
+    set("weight_decay", py_float(opt.weight_decay));
+  } else if (opt.type == "Adagrad" && config_.zero.offload_optimizer.enabled()) {
+    // DeepSpeedCPUAdagrad
     set("eps", py_float(opt.eps));
     set("weight_decay", py_float(opt.weight_decay));
     set("amsgrad", py_bool(false));

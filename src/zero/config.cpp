@@ -339,9 +339,6 @@ void parse_offload(Section& parent, const std::string& key, OffloadConfig& out, 
 // matches these (its own optimizers) in any case: it lowercases the name.
 const std::map<std::string, std::string>& other_optimizers() {
   static const std::map<std::string, std::string> m = {
-      {"lion",
-       "use Adam, AdamW, SGD or Lamb, or pass your own torch::optim optimizer as "
-       "InitOptions::optimizer"},
       {"muadam", "muP's optimizers need the mup package; use Adam"},
       {"muadamw", "muP's optimizers need the mup package; use AdamW"},
       {"musgd", "muP's optimizers need the mup package; use SGD"},
@@ -377,7 +374,8 @@ std::string optimizer_type(Section& s) {
   auto t = s.get("type");
   if (!t)
     s.fail("type",
-           "missing (one of Adam, AdamW, SGD, Lamb, Adagrad); DeepSpeed 0.19.8 would silently "
+           "missing (one of Adam, AdamW, SGD, Lamb, Adagrad, Lion); DeepSpeed 0.19.8 would "
+           "silently "
            "ignore an "
            "optimizer section without a type, and dtrain refuses it so that a typo cannot go "
            "unnoticed");
@@ -388,27 +386,28 @@ std::string optimizer_type(Section& s) {
   if (low == "adamw") return "AdamW";
   if (low == "lamb") return "Lamb";
   if (low == "adagrad") return "Adagrad";
+  if (low == "lion") return "Lion";
   if (name == "SGD") return "SGD";
   if (auto it = other_optimizers().find(low); it != other_optimizers().end())
     s.fail("type",
            "DeepSpeed's " + name + " optimizer is not implemented by dtrain: " + it->second);
   const auto& torch_names = torch_optimizers();
   if (std::find(torch_names.begin(), torch_names.end(), name) != torch_names.end())
-    s.fail("type", "torch.optim." + name +
-                       " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
-                       "config: pass a torch::optim::" +
-                       name +
-                       " as InitOptions::optimizer, or use Adam, AdamW, SGD, Lamb or Adagrad");
+    s.fail("type",
+           "torch.optim." + name +
+               " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
+               "config: pass a torch::optim::" +
+               name + " as InitOptions::optimizer, or use Adam, AdamW, SGD, Lamb, Adagrad or Lion");
   if (low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb")
     s.fail("type", "DeepSpeed 0.19.8 has no " + name +
                        " optimizer any more (its compressed-communication optimizers were "
                        "removed; it refuses the name too): use " +
                        (low == "onebitlamb" ? "Lamb" : "Adam") +
                        " (the same update, uncompressed)");
-  std::string near = closest_key(name, {"Adam", "AdamW", "SGD", "Lamb", "Adagrad"});
+  std::string near = closest_key(name, {"Adam", "AdamW", "SGD", "Lamb", "Adagrad", "Lion"});
   s.fail("type", "unknown value \"" + name +
-                     "\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad; DeepSpeed 0.19.8 refuses it "
-                     "too: it matches Adam, AdamW, Lamb and Adagrad in any case, SGD and "
+                     "\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, Lion; DeepSpeed 0.19.8 refuses "
+                     "it too: it matches Adam, AdamW, Lamb, Adagrad and Lion in any case, SGD and "
                      "torch.optim's other names only exactly)" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }
@@ -447,7 +446,8 @@ void parse_optimizer(Section& root, Config& c) {
                                                   : "FusedAdam")
                   : o.type == "SGD" ? "torch.optim.SGD"
                   : adagrad ? "torch.optim.Adagrad (with offload_optimizer its DeepSpeedCPUAdagrad)"
-                            : "FusedLamb");
+                  : o.type == "Lion" ? "DeepSpeedCPULion"
+                                     : "FusedLamb");
     // torch.optim.AdamW's default weight decay is 0.01 (DeepSpeed's optimizers' is 0); with
     // torch_adam DeepSpeed 0.19.8 builds AdamW for "AdamW", and for "Adam" unless adam_w_mode is
     // false.
@@ -465,7 +465,23 @@ void parse_optimizer(Section& root, Config& c) {
     const std::string wd_default = json(o.weight_decay).dump();
     if (!auto_default(ps, "lr", adagrad ? "1e-2" : "1e-3")) ps.number("lr", o.lr, 0);
     if (!auto_default(ps, "weight_decay", wd_default)) ps.number("weight_decay", o.weight_decay, 0);
-    if (adagrad) {
+    auto betas = [&] {
+      if (auto_default(ps, "betas", "[0.9, 0.999]")) return;
+      if (auto b = ps.get("betas")) {
+        if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
+          ps.fail("betas", "expected [beta1, beta2], got " + b->dump());
+        o.beta1 = (*b)[0].get<double>();
+        o.beta2 = (*b)[1].get<double>();
+        if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
+          ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
+      }
+    };
+    if (o.type == "Lion") {
+      // DeepSpeedCPULion(lr, betas, weight_decay, fp32_optimizer_states): decoupled decay,
+      // fp32 momentum (it steps the fp32 master, so its states are fp32 either way).
+      betas();
+      ps.accept_bool("fp32_optimizer_states");
+    } else if (adagrad) {
       // The union of torch.optim.Adagrad's arguments and DeepSpeedCPUAdagrad's; parse_config
       // refuses those the one built for this config (offload_optimizer or not) does not take.
       if (!auto_default(ps, "eps", "1e-10")) ps.number("eps", o.eps, 0);
@@ -486,16 +502,7 @@ void parse_optimizer(Section& root, Config& c) {
       ps.accept_bool("fp32_optimizer_states");
     } else if (o.type != "SGD") {
       if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
-      if (!auto_default(ps, "betas", "[0.9, 0.999]")) {
-        if (auto b = ps.get("betas")) {
-          if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
-            ps.fail("betas", "expected [beta1, beta2], got " + b->dump());
-          o.beta1 = (*b)[0].get<double>();
-          o.beta2 = (*b)[1].get<double>();
-          if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
-            ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
-        }
-      }
+      betas();
       // torch.optim's Adam has no bias_correction: it always corrects.
       if (!torch_adam) ps.boolean("bias_correction", o.bias_correction);
       if (adam) {
@@ -829,8 +836,8 @@ void parse_zero(Section& root, Config& c, std::vector<std::string>& unused) {
   if (z.offload_optimizer.enabled() && z.stage == 0)
     zs.fail("offload_optimizer",
             "at stage 0 is not supported by dtrain (DeepSpeed 0.19.8 runs its CPU optimizer, "
-            "DeepSpeedCPUAdam or DeepSpeedCPUAdagrad, over the whole model there, which only "
-            "works for a model on the CPU): use stage 1, 2 or 3 "
+            "DeepSpeedCPUAdam, DeepSpeedCPUAdagrad or DeepSpeedCPULion, over the whole model "
+            "there, which only works for a model on the CPU): use stage 1, 2 or 3 "
             "for ZeRO-Offload, or remove offload_optimizer");
 }
 
@@ -1060,6 +1067,15 @@ void check_engine_rules(Section& root, Config& c) {
                        "it passes the key to torch.optim.Adagrad, which has no such argument; "
                        "only its CPU Adagrad, with offload_optimizer, takes it); remove it"));
   }
+  // Lion: DeepSpeed 0.19.8 builds DeepSpeedCPULion with offload_optimizer, else FusedLion, a
+  // CUDA kernel (its CPU accelerator has none: "This op had not been implemented on CPU
+  // backend"), which dtrain does not run.
+  if (c.optimizer.type == "Lion" && !offload)
+    throw ConfigError(
+        "optimizer.type: Lion without offload_optimizer is not supported by dtrain (DeepSpeed "
+        "0.19.8 builds its FusedLion there, a CUDA kernel, which dtrain does not implement); add "
+        "\"offload_optimizer\": {\"device\": \"cpu\"} at stage 1, 2 or 3 for DeepSpeed's CPU "
+        "Lion (DeepSpeedCPULion), which dtrain runs, or use another optimizer");
   // DeepSpeed's engine runs ZeRO only with optimizers it has tested (Adam, AdamW, Adagrad, Lion
   // and their CPU versions) unless told otherwise; dtrain runs SGD and Lamb partitioned too.
   bool untested_ok = false;
@@ -1556,6 +1572,9 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
     if (o.type == "SGD") {
       p += ", momentum " + num(o.momentum) + ", dampening " + num(o.dampening) +
            (o.nesterov ? ", nesterov" : "");
+    } else if (o.type == "Lion") {
+      p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) +
+           "], decoupled decay (DeepSpeedCPULion)";
     } else if (o.type == "Adagrad") {
       p += ", eps " + num(o.eps) + ", L2 decay";
       if (z.offload_optimizer.enabled())

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "dtrain/zero.h"
-#include "zero/cpu_adagrad.h"
+#include "zero/cpu_optimizers.h"
 
 namespace dtrain::zero {
 namespace {
@@ -92,7 +92,7 @@ void cpu_adam_step(double* p, const double* g, double* m, double* v, int64_t n, 
 namespace detail {
 namespace {
 
-// DeepSpeed's CPU Adagrad (csrc/adagrad/cpu_adagrad.cpp, cpu_adagrad.h) runs its SIMD loop
+// DeepSpeed's CPU Adagrad (csrc/adagrad/cpu_adagrad.cpp, includes/cpu_adagrad.h) runs its SIMD loop
 // (simd_fma for all three multiply-adds) over the largest multiple of its SIMD width, then a
 // scalar loop over the rest, as GCC compiled it there: the decay and the sum of squares
 // contracted to fused multiply-adds, the update's product rounded on its own (it is also stored
@@ -162,7 +162,54 @@ void adagrad(T* p, const T* g, T* v, int64_t n, double lr, double eps, double wd
   });
 }
 
+// DeepSpeed's CPU Lion (csrc/lion/cpu_lion_impl.cpp, includes/cpu_lion.h): its SIMD loop and its
+// scalar loop (compiled with the multiply-adds contracted) round alike.
+#define DTRAIN_LION_CHUNK(NAME, T)                                                            \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(    \
+      T* __restrict p, const T* __restrict g, T* __restrict m, int64_t n, T b1, T b2, T omb1, \
+      T omb2, T lr, T after_decay, bool decay) {                                              \
+    for (int64_t i = 0; i < n; ++i) {                                                         \
+      const T gi = g[i], mi = m[i];                                                           \
+      const T c = std::fma(gi, omb1, mi * b1);                                                \
+      const T update = std::signbit(c) ? lr : -lr;                                            \
+      p[i] = decay ? std::fma(p[i], after_decay, update) : p[i] + update;                     \
+      m[i] = std::fma(gi, omb2, mi * b2);                                                     \
+    }                                                                                         \
+  }
+DTRAIN_LION_CHUNK(lion_chunk_f, float)
+DTRAIN_LION_CHUNK(lion_chunk_d, double)
+inline void lion_chunk(float* p, const float* g, float* m, int64_t n, float b1, float b2,
+                       float omb1, float omb2, float lr, float after, bool decay) {
+  lion_chunk_f(p, g, m, n, b1, b2, omb1, omb2, lr, after, decay);
+}
+inline void lion_chunk(double* p, const double* g, double* m, int64_t n, double b1, double b2,
+                       double omb1, double omb2, double lr, double after, bool decay) {
+  lion_chunk_d(p, g, m, n, b1, b2, omb1, omb2, lr, after, decay);
+}
+
+template <typename T>
+void lion(T* p, const T* g, T* m, int64_t n, double lr, double beta1, double beta2, double wd) {
+  const T b1 = T(beta1), b2 = T(beta2), omb1 = T(1) - b1, omb2 = T(1) - b2, alpha = T(lr);
+  const T after = std::fma(-alpha, T(wd), T(1));  // 1 - lr * weight_decay
+  const bool decay = T(wd) > 0;
+  const int nt = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(65536, (n + nt - 1) / nt);
+  if (nt <= 1 || n <= grain) return lion_chunk(p, g, m, n, b1, b2, omb1, omb2, alpha, after, decay);
+  at::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
+    lion_chunk(p + lo, g + lo, m + lo, hi - lo, b1, b2, omb1, omb2, alpha, after, decay);
+  });
+}
+
 }  // namespace
+
+void cpu_lion_step(float* p, const float* g, float* m, int64_t n, double lr, double beta1,
+                   double beta2, double wd) {
+  lion<float>(p, g, m, n, lr, beta1, beta2, wd);
+}
+void cpu_lion_step(double* p, const double* g, double* m, int64_t n, double lr, double beta1,
+                   double beta2, double wd) {
+  lion<double>(p, g, m, n, lr, beta1, beta2, wd);
+}
 
 void cpu_adagrad_step(float* p, const float* g, float* v, int64_t n, double lr, double eps,
                       double wd) {

@@ -9,7 +9,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/zero.h"
-#include "zero/cpu_adagrad.h"
+#include "zero/cpu_optimizers.h"
 
 namespace dtrain::zero::detail {
 namespace {
@@ -179,6 +179,43 @@ class Adagrad final : public PartitionOptimizer {
   bool cpu_;
 };
 
+// DeepSpeed 0.19.8 builds DeepSpeedCPULion for "Lion" with offload_optimizer (its FusedLion
+// without it is a CUDA kernel, which the config refuses). Its state: the momentum "exp_avg", and
+// "exp_avg_sq", which it allocates and never reads: kept (zeros) so that checkpoints are its own.
+class Lion final : public PartitionOptimizer {
+ public:
+  Lion(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
+    for (int k = 0; k < 2; ++k) state_.push_back(torch::zeros_like(w));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    auto& m = state_[0];
+    if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && m.is_contiguous() &&
+        g.scalar_type() == w.scalar_type() &&
+        (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kFloat64)) {
+      auto gc = g.contiguous();
+      if (w.scalar_type() == torch::kFloat32)
+        return cpu_lion_step(w.data_ptr<float>(), gc.data_ptr<float>(), m.data_ptr<float>(),
+                             w.numel(), a.lr, a.beta1, a.beta2, c_.weight_decay);
+      return cpu_lion_step(w.data_ptr<double>(), gc.data_ptr<double>(), m.data_ptr<double>(),
+                           w.numel(), a.lr, a.beta1, a.beta2, c_.weight_decay);
+    }
+    // The same operations as tensors (another dtype or device).
+    auto c = m.mul(a.beta1).add_(g, 1 - a.beta1);
+    // -copysign(lr, c): a zero with its sign bit clear steps down, as DeepSpeed's sign mask does.
+    auto update =
+        torch::where(torch::signbit(c), torch::full_like(c, a.lr), torch::full_like(c, -a.lr));
+    if (c_.weight_decay > 0) w.mul_(1 - a.lr * c_.weight_decay);
+    w.add_(update);
+    m.mul_(a.beta2).add_(g, 1 - a.beta2);
+  }
+
+ private:
+  OptimizerConfig c_;
+};
+
 // The key torch::optim keeps a tensor's state under: its TensorImpl (libtorch 2.x), or that
 // pointer printed (1.13).
 template <class Map>
@@ -278,6 +315,7 @@ std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
   if (config.type == "Lamb") return std::make_unique<Lamb>(config, partition);
   if (config.type == "Adagrad")
     return std::make_unique<Adagrad>(config, partition, offload_optimizer);
+  if (config.type == "Lion") return std::make_unique<Lion>(config, partition);
   throw_internal(__FILE__, __LINE__, "known optimizer type",
                  "optimizer type '" + config.type + "' passed the config's check");
 }

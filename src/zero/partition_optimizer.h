@@ -12,8 +12,10 @@
 //                 parameters, summed over the ranks holding pieces of them. State: exp_avg,
 //                 exp_avg_sq.
 //   Adagrad       torch.optim.Adagrad's formula (lr_decay, initial_accumulator_value); state: sum.
-//                 With offload_optimizer DeepSpeed's CPU Adagrad instead (cpu_adagrad.h); state:
+//                 With offload_optimizer DeepSpeed's CPU Adagrad instead (cpu_optimizers.h); state:
 //                 exp_avg_sq. The names are the ones DeepSpeed's checkpoints carry.
+//   Lion          DeepSpeed's CPU Lion (offload_optimizer only). State: exp_avg, and the
+//                 exp_avg_sq DeepSpeed's allocates and never reads (zeros).
 //   client        InitOptions::optimizer (any torch::optim optimizer with one group), re-pointed
 //                 at the partition; its state is opaque (torch::serialize bytes).
 // Not thread-safe; the engine calls it from the thread that calls step().

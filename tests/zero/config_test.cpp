@@ -272,9 +272,10 @@ TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamw"}, {"params", {{"betas", {0.9}}}}}}}),
             "optimizer.params.betas: expected [beta1, beta2], got [0.9]");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamm"}}}}),
-            "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad; "
-            "DeepSpeed 0.19.8 refuses it too: it matches Adam, AdamW, Lamb and Adagrad in any "
-            "case, SGD and torch.optim's other names only exactly); did you mean Adam?");
+            "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, "
+            "Lion; DeepSpeed 0.19.8 refuses it too: it matches Adam, AdamW, Lamb, Adagrad and "
+            "Lion in any case, SGD and torch.optim's other names only exactly); did you mean "
+            "Adam?");
   EXPECT_EQ(with({{"optimizer", {{"type", "OneBitAdam"}}}}),
             "optimizer.type: DeepSpeed 0.19.8 has no OneBitAdam optimizer any more (its "
             "compressed-communication optimizers were removed; it refuses the name too): use Adam "
@@ -450,11 +451,7 @@ TEST(ZeroConfig, AdagradTakesTheArgumentsOfTheOptimizerDeepSpeedBuilds) {
       with({{"optimizer", {{"type", "Adagrad"}}},
             {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}));
   EXPECT_NE(e.find("at stage 0 is not supported by dtrain"), std::string::npos) << e;
-  // Lion stays refused, naming what runs instead.
-  e = error_of(with({{"optimizer", {{"type", "Lion"}}}}));
-  EXPECT_NE(e.find("optimizer.type: DeepSpeed's Lion optimizer is not implemented by dtrain"),
-            std::string::npos)
-      << e;
+
   // Memory: one fp32 state tensor (the sum of squares), not Adam's two.
   c = parse_config(
       with({{"optimizer", {{"type", "Adagrad"}}}, {"zero_optimization", {{"stage", 1}}}}), 4);
@@ -464,6 +461,37 @@ TEST(ZeroConfig, AdagradTakesTheArgumentsOfTheOptimizerDeepSpeedBuilds) {
                       "initial_accumulator_value 0.0 (torch.optim.Adagrad)"),
             std::string::npos)
       << dtrain::zero::describe(c, std::nullopt);
+}
+
+// "Lion" by name: DeepSpeed's CPU Lion with offload_optimizer; without it DeepSpeed builds its
+// CUDA FusedLion, which dtrain refuses, naming what runs instead.
+TEST(ZeroConfig, LionRunsAsDeepSpeedsCpuLionWithOffload) {
+  const json offload = {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}};
+  auto c =
+      parse_config({{"train_batch_size", 8},
+                    {"optimizer",
+                     {{"type", "lion"},
+                      {"params", {{"lr", 1e-4}, {"betas", {0.95, 0.98}}, {"weight_decay", 0.1}}}}},
+                    {"zero_optimization", offload}},
+                   2);
+  EXPECT_EQ(c.optimizer.type, "Lion");
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(notes(c).find("zero_allow_untested_optimizer"), std::string::npos) << notes(c);
+  EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).offloaded, 8 * 1000 / 2);  // as DeepSpeed's
+  std::string e = error_of({{"train_batch_size", 8}, {"optimizer", {{"type", "Lion"}}}});
+  EXPECT_NE(e.find("optimizer.type: Lion without offload_optimizer is not supported by dtrain "
+                   "(DeepSpeed 0.19.8 builds its FusedLion there, a CUDA kernel"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("DeepSpeedCPULion"), std::string::npos) << e;
+  e = error_of({{"train_batch_size", 8},
+                {"optimizer", {{"type", "Lion"}, {"params", {{"eps", 1e-8}}}}},
+                {"zero_optimization", offload}});
+  EXPECT_NE(e.find("optimizer.params.eps: unknown key (DeepSpeed 0.19.8 refuses it too: it passes "
+                   "the key to DeepSpeedCPULion"),
+            std::string::npos)
+      << e;
 }
 
 TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {
