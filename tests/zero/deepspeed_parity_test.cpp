@@ -97,6 +97,17 @@ json cases() {
       out.push_back(a);
     }
   }
+  // Lion by name: DeepSpeedCPULion (offload_optimizer only; state "exp_avg" and the
+  // "exp_avg_sq" it never reads, an int step).
+  for (int stage : {2, 3}) {
+    json l = out[static_cast<size_t>(4 * (stage - 1))];
+    l["name"] = "stage " + std::to_string(stage) + ", Lion, offload_optimizer";
+    l["config"]["optimizer"] = {
+        {"type", "Lion"},
+        {"params", {{"lr", 0.002}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.01}}}};
+    l["config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    out.push_back(l);
+  }
   return out;
 }
 

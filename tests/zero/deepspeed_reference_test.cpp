@@ -235,6 +235,21 @@ json build_cases() {
     cs["config"] = offloaded(optimizer, stage);
     c.push_back(cs);
   }
+  // Lion by name with offload_optimizer: DeepSpeedCPULion (a zero of the momentum's mix steps
+  // down, as its sign mask makes it); OneCycle cycles its betas.
+  const json lion = {{"type", "Lion"},
+                     {"params", {{"lr", 0.01}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}};
+  for (auto [name, optimizer, scheduler] :
+       {std::tuple<const char*, json, json>{
+            "lion, offload: DeepSpeedCPULion, defaults", {{"type", "lion"}}, nullptr},
+        {"Lion, offload, betas, weight_decay", lion, nullptr},
+        {"Lion, offload + OneCycle (betas cycled)", lion,
+         sched("OneCycle",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.02}, {"cycle_first_step_size", 4}})}}) {
+    json cs = optimizer_case(name, optimizer, scheduler);
+    cs["config"].update(offloaded(optimizer, 2));
+    c.push_back(cs);
+  }
   auto with_fp16 = [](json base, const json& changes) {
     base.update(changes);
     return base;
@@ -648,6 +663,15 @@ json config_cases() {
            {{"zero_optimization", {{"stage", 0}, {"offload_optimizer", offload_cpu}}}}));
   add("Adagrad betas", opt({{"type", "Adagrad"}, {"params", {{"betas", {0.9, 0.99}}}}}));
   add("Adagrad lr auto", opt({{"type", "Adagrad"}, {"params", {{"lr", "auto"}}}}));
+  // Lion: DeepSpeedCPULion with offload_optimizer; FusedLion (CUDA only) without it.
+  add("Lion, offload",
+      with(opt({{"type", "lion"}, {"params", {{"lr", 1e-4}, {"betas", {0.95, 0.98}}}}}),
+           {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", offload_cpu}}}}));
+  add("Lion without offload",
+      with(opt({{"type", "Lion"}}), {{"zero_optimization", {{"stage", 2}}}}));
+  add("Lion eps, offload",
+      with(opt({{"type", "Lion"}, {"params", {{"eps", 1e-8}}}}),
+           {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", offload_cpu}}}}));
   add("OneBitAdam", opt({{"type", "OneBitAdam"}, {"params", {{"lr", 0.1}}}}));
   add("optimizer without type", opt({{"params", {{"lr", 0.1}}}}));
   // Schedulers.
@@ -715,12 +739,12 @@ json hjson_cases() {
   return c;
 }
 
-// Whether a config's optimizer is Adagrad by name (any case).
-bool contains_adagrad(const json& config) {
+// Whether a config's optimizer is one of `types` (lower case) by name, in any case.
+bool by_name(const json& config, const std::vector<std::string>& types) {
   if (!config.contains("optimizer")) return false;
   std::string type = config.at("optimizer").value("type", "");
   for (auto& ch : type) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return type == "adagrad";
+  return std::find(types.begin(), types.end(), type) != types.end();
 }
 
 // The progress line (steps_per_print, log_level) and the throughput line after it:
@@ -816,6 +840,26 @@ json progress_cases() {
              {{"optimizer", cpu_adagrad}, {"gradient_clipping", 0}, {"zero_optimization", zero}}),
         5);
   }
+  // Lion by name (DeepSpeedCPULion: offload_optimizer only) at stages 1-3.
+  const json lion = {{"type", "Lion"},
+                     {"params", {{"lr", 0.01}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}};
+  for (int stage = 1; stage <= 3; ++stage) {
+    const json zero = {{"stage", stage}, {"offload_optimizer", {{"device", "cpu"}}}};
+    add("Lion by name, offload, stage " + std::to_string(stage),
+        with(every2, {{"optimizer", lion}, {"zero_optimization", zero}}), 5);
+    add("Lion by name, offload, stage " + std::to_string(stage) + ", no clipping (bitwise)",
+        with(every2, {{"optimizer", lion}, {"gradient_clipping", 0}, {"zero_optimization", zero}}),
+        5);
+  }
+  add("lion by name, defaults, OneCycle (betas cycled)",
+      with(every1,
+           {{"optimizer", {{"type", "lion"}}},
+            {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
+            {"scheduler",
+             {{"type", "OneCycle"},
+              {"params",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
+      4);
   add("adagrad by name, defaults, OneCycle (no betas to cycle)",
       with(every1,
            {{"optimizer", {{"type", "adagrad"}}},
@@ -828,7 +872,7 @@ json progress_cases() {
   // The client and Adagrad cases compare the parameters after the steps too (weights both sides
   // set).
   for (auto& cs : c) {
-    if (cs.contains("client") || contains_adagrad(cs.at("config"))) cs["final"] = true;
+    if (cs.contains("client") || by_name(cs.at("config"), {"adagrad", "lion"})) cs["final"] = true;
     if (cs.at("name").get<std::string>().find("(bitwise)") != std::string::npos) cs["exact"] = true;
   }
   // Integers the config writes, kept by DeepSpeed where it puts them into the param group as
@@ -1400,7 +1444,8 @@ json engine_values(const dtrain::zero::Config& c, const json& ds) {
     if (d.contains("lr_decay")) v["lr_decay"] = o.lr_decay;
     if (d.contains("initial_accumulator_value"))
       v["initial_accumulator_value"] = o.initial_accumulator_value;
-    v["decoupled"] = o.type != "SGD" && o.type != "Adagrad" && o.adam_w_mode;
+    // DeepSpeed's decoupled flag: its Adam's adam_w_mode (Lion decays decoupled, but has none).
+    v["decoupled"] = o.type != "SGD" && o.type != "Adagrad" && o.type != "Lion" && o.adam_w_mode;
     out["optimizer"] = v;
   }
   if (ds.contains("lrs") && !c.scheduler.type.empty()) {
@@ -1739,8 +1784,9 @@ void check_progress(const json& peer) {
         double worst = 0;
         for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
         EXPECT_LT(worst, 1e-5) << "parameters after the steps differ from DeepSpeed's";
-        if (cs.value("exact", false))
+        if (cs.value("exact", false)) {
           EXPECT_EQ(worst, 0) << "parameters after the steps not DeepSpeed's bit for bit";
+        }
         std::printf("  %-56s parameters after %d steps within %.1e of DeepSpeed's\n", "",
                     cs.at("steps").get<int>(), worst);
       }
