@@ -122,10 +122,17 @@ inline void adagrad_chunk(double* p, const double* g, double* v, int64_t n, doub
   adagrad_chunk_d(p, g, v, n, wd, eps, ss);
 }
 
-// The scalar loop's elements: the update's product rounded before the add (no contraction).
+// The scalar loop's elements: the update's product rounded before the add. GCC would contract
+// the two statements into one multiply-add (-ffp-contract=fast, its default); clang contracts
+// within one expression only.
+#if defined(__clang__)
+#define DTRAIN_NO_FP_CONTRACT
+#else
+#define DTRAIN_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
 template <typename T>
-__attribute__((optimize("fp-contract=off"))) void adagrad_tail(T* p, const T* g, T* v, int64_t n,
-                                                               T wd, T eps, T step_size) {
+DTRAIN_NO_FP_CONTRACT void adagrad_tail(T* p, const T* g, T* v, int64_t n, T wd, T eps,
+                                        T step_size) {
   for (int64_t i = 0; i < n; ++i) {
     T gi = g[i];
     if (wd > 0) gi = std::fma(p[i], wd, gi);
