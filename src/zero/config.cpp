@@ -1076,6 +1076,15 @@ void check_engine_rules(Section& root, Config& c) {
         "0.19.8 builds its FusedLion there, a CUDA kernel, which dtrain does not implement); add "
         "\"offload_optimizer\": {\"device\": \"cpu\"} at stage 1, 2 or 3 for DeepSpeed's CPU "
         "Lion (DeepSpeedCPULion), which dtrain runs, or use another optimizer");
+  // Adagrad at stage 0 under fp16/bf16: DeepSpeed 0.19.8 wraps torch.optim.Adagrad in its
+  // FP16_UnfusedOptimizer, whose fp32 copies of the parameters lack the state Adagrad made in its
+  // constructor: its first step (on zero gradients, in deepspeed.initialize) fails.
+  if (c.optimizer.type == "Adagrad" && c.zero.stage == 0 && (c.fp16.enabled || c.bf16))
+    throw ConfigError(
+        "optimizer.type: Adagrad at stage 0 with " + std::string(c.bf16 ? "bf16" : "fp16") +
+        " fails in DeepSpeed 0.19.8 too (its FP16_UnfusedOptimizer steps fp32 copies of the "
+        "parameters for which torch.optim.Adagrad made no state: KeyError: 'sum' in "
+        "deepspeed.initialize); use ZeRO stage 1, 2 or 3, or fp32");
   // DeepSpeed's engine runs ZeRO only with optimizers it has tested (Adam, AdamW, Adagrad, Lion
   // and their CPU versions) unless told otherwise; dtrain runs SGD and Lamb partitioned too.
   bool untested_ok = false;

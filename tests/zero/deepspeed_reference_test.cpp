@@ -300,6 +300,22 @@ json build_cases() {
   c.push_back(buffers_case("buffers: bf16, stage 0, buffer_dtype bf16",
                            {{"bf16", bf16}, {"data_types", {{"buffer_dtype", "bf16"}}}}));
   const json bf16_buffers = {{"buffer_dtype", "bf16"}};
+  // Adagrad under bf16 at stage 1 (at stage 0 DeepSpeed fails to build it: check_configs), and
+  // Lion through its CPU kernel on the fp32 master.
+  c.push_back(
+      buffers_case("buffers: bf16, stage 1, Adagrad lr_decay, weight_decay",
+                   {{"bf16", bf16},
+                    {"data_types", bf16_buffers},
+                    {"zero_optimization", {{"stage", 1}}},
+                    {"optimizer",
+                     {{"type", "Adagrad"},
+                      {"params", {{"lr", 0.05}, {"lr_decay", 0.5}, {"weight_decay", 0.1}}}}}}));
+  c.push_back(buffers_case(
+      "buffers: bf16, stage 2, Lion, offload",
+      {{"bf16", bf16},
+       {"data_types", bf16_buffers},
+       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
+       {"optimizer", {{"type", "Lion"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.1}}}}}}));
   c.push_back(buffers_case(
       "buffers: bf16, stage 0, AdamW weight_decay 0.1",
       {{"bf16", bf16},
@@ -663,6 +679,10 @@ json config_cases() {
            {{"zero_optimization", {{"stage", 0}, {"offload_optimizer", offload_cpu}}}}));
   add("Adagrad betas", opt({{"type", "Adagrad"}, {"params", {{"betas", {0.9, 0.99}}}}}));
   add("Adagrad lr auto", opt({{"type", "Adagrad"}, {"params", {{"lr", "auto"}}}}));
+  add("Adagrad bf16 at stage 0", with(opt({{"type", "Adagrad"}}), {{"bf16", {{"enabled", true}}}}));
+  add("Adagrad bf16 at stage 1",
+      with(opt({{"type", "Adagrad"}}),
+           {{"bf16", {{"enabled", true}}}, {"zero_optimization", {{"stage", 1}}}}));
   // Lion: DeepSpeedCPULion with offload_optimizer; FusedLion (CUDA only) without it.
   add("Lion, offload",
       with(opt({{"type", "lion"}, {"params", {{"lr", 1e-4}, {"betas", {0.95, 0.98}}}}}),
