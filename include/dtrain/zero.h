@@ -32,7 +32,7 @@
 //            stage3_max_live_parameters, stage3_param_persistence_threshold). Any other module
 //            is gathered whole before forward and released after backward, unless its parts
 //            run through engine.fetch() (see Engine::fetch_units).
-// Optimizers (Adam, AdamW, SGD, Lamb) run on the flat partitions; with fp16/bf16 the
+// Optimizers (Adam, AdamW, SGD, Lamb, Adagrad, Lion) run on the flat partitions; with fp16/bf16 the
 // module holds 16-bit parameters and the optimizer an fp32 master partition. With
 // offload_optimizer {device: cpu} the master partition, the optimizer state and the step live
 // in CPU memory. Adam on CPU partitions (offloaded or not) runs as a vectorised,

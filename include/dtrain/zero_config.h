@@ -59,11 +59,13 @@ class ConfigError : public UsageError {
 };
 
 struct OptimizerConfig {
-  std::string type = "Adam";  // Adam, AdamW, SGD, Lamb (case-insensitive on input)
-  double lr = 1e-3;
+  // Adam, AdamW, SGD, Lamb, Adagrad, Lion (all but SGD case-insensitive on input, as
+  // DeepSpeed). Lion only with offload_optimizer (DeepSpeed's CPU Lion; decoupled decay).
+  std::string type = "Adam";
+  double lr = 1e-3;  // Adagrad's default: 1e-2 (torch.optim.Adagrad's and DeepSpeedCPUAdagrad's)
   double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
+  double eps = 1e-8;          // Adagrad's default: 1e-10
+  double weight_decay = 0.0;  // Adagrad: L2 decay (added to the gradient), as torch's
   // Decoupled weight decay (AdamW). DeepSpeed's default for "Adam" too (adam_w_mode: true);
   // "Adam" with adam_w_mode false adds L2 decay to the gradient; "AdamW" is always decoupled.
   bool adam_w_mode = true;
@@ -75,7 +77,11 @@ struct OptimizerConfig {
   double dampening = 0.0;
   bool nesterov = false;
   double max_coeff = 10.0, min_coeff = 0.01;  // Lamb's trust-ratio clamp (DeepSpeed's defaults)
-  bool given = false;                         // the config had an "optimizer" section
+  // Adagrad without offload_optimizer (torch.optim.Adagrad): the rate of update t is
+  // lr / (1 + (t - 1) * lr_decay), and the sum of squares starts at initial_accumulator_value.
+  // With offload_optimizer DeepSpeed steps its DeepSpeedCPUAdagrad, which has neither.
+  double lr_decay = 0.0, initial_accumulator_value = 0.0;
+  bool given = false;  // the config had an "optimizer" section
 };
 
 struct SchedulerConfig {
@@ -206,6 +212,9 @@ std::string closest_key(const std::string& word, const std::vector<std::string>&
 // Per-rank bytes of model states for `params` parameters (ZeRO paper's model: 2 bytes of
 // 16-bit parameters + 2 of gradients + K = 12 of fp32 master, momentum and variance with
 // mixed precision; 4 + 4 + 8 (K = 8) in plain fp32 where the parameters are the master copy).
+// K counts 4 bytes per state tensor of the config's optimizer: Adam, AdamW and Lamb 2 (so a
+// client optimizer too), Lion 2 (DeepSpeed's CPU Lion allocates an unused second), Adagrad 1,
+// SGD 1 with momentum and 0 without.
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0;  // bytes on this rank (device)
   int64_t offloaded = 0;                         // bytes moved to CPU memory by offload

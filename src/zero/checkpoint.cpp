@@ -370,12 +370,25 @@ std::vector<torch::Tensor> state_in_order(
   return out;
 }
 
-// Refuses a checkpoint whose optimizer keeps another number of state tensors than this one's.
-void check_state_count(size_t saved, size_t here) {
-  if (saved != here)
-    throw Error("zero load_checkpoint: the checkpoint's optimizer has " + std::to_string(saved) +
-                " state tensors per element, this one " + std::to_string(here) +
-                " (another optimizer type?)");
+// Adagrad's one state tensor: torch.optim.Adagrad's "sum", or its CPU Adagrad's "exp_avg_sq"
+// (offload_optimizer). Either loads into the other: the same running sum of squares.
+bool adagrad_state(const std::vector<std::string>& names) {
+  return names.size() == 1 && (names[0] == "sum" || names[0] == "exp_avg_sq");
+}
+
+// Refuses a checkpoint whose optimizer keeps another number of state tensors than this one's,
+// or whose one state is Adagrad's on one side only (SGD's momentum is no sum of squares).
+void check_state_count(const std::vector<std::string>& saved,
+                       const std::vector<std::string>& here) {
+  if (saved.size() != here.size())
+    throw Error("zero load_checkpoint: the checkpoint's optimizer has " +
+                std::to_string(saved.size()) + " state tensors per element, this one " +
+                std::to_string(here.size()) + " (another optimizer type?)");
+  if (saved.size() == 1 && (adagrad_state(saved) != adagrad_state(here)))
+    throw Error("zero load_checkpoint: the checkpoint's optimizer keeps '" + saved[0] +
+                "', this one '" + here[0] +
+                "' (another optimizer type); load with load_optimizer_states = false to start "
+                "the optimizer afresh");
 }
 
 // `files`: every saved rank's optimizer file as a dict, in rank order; `where` names them;
@@ -508,7 +521,24 @@ PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
     set("weight_decay", py_float(opt.weight_decay));
   };
   set("lr", py_float(lr()));
-  if (opt.type == "SGD") {  // torch.optim.SGD
+  if (opt.type == "Lion") {  // DeepSpeedCPULion
+    set("betas", py_tuple({py_float(beta1), py_float(beta2)}));
+    set("weight_decay", py_float(opt.weight_decay));
+  } else if (opt.type == "Adagrad" && config_.zero.offload_optimizer.enabled()) {
+    // DeepSpeedCPUAdagrad
+    set("eps", py_float(opt.eps));
+    set("weight_decay", py_float(opt.weight_decay));
+    set("amsgrad", py_bool(false));
+  } else if (opt.type == "Adagrad") {  // torch.optim.Adagrad
+    set("lr_decay", py_float(opt.lr_decay));
+    set("eps", py_float(opt.eps));
+    set("weight_decay", py_float(opt.weight_decay));
+    set("initial_accumulator_value", py_float(opt.initial_accumulator_value));
+    set("foreach", py_none());
+    set("maximize", py_bool(false));
+    set("differentiable", py_bool(false));
+    set("fused", py_none());
+  } else if (opt.type == "SGD") {  // torch.optim.SGD
     set("momentum", py_float(opt.momentum));
     set("dampening", py_float(opt.dampening));
     set("weight_decay", py_float(opt.weight_decay));
@@ -545,17 +575,18 @@ PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
   return group;
 }
 
-// FusedAdam, FusedLamb and the CPU Adam count steps in a Python int, torch.optim.Adam(W) in a
-// float tensor; SGD keeps no step.
+// FusedAdam, FusedLamb and the CPU optimizers count steps in a Python int, torch.optim.Adam(W)
+// and torch.optim.Adagrad in a float tensor; SGD keeps no step.
 PyPtr EngineImpl::deepspeed_param_state(
     const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const {
   const auto& opt = config_.optimizer;
-  const bool torch_adam = (opt.type == "Adam" || opt.type == "AdamW") && opt.torch_adam;
+  const bool tensor_step = ((opt.type == "Adam" || opt.type == "AdamW") && opt.torch_adam) ||
+                           (opt.type == "Adagrad" && !config_.zero.offload_optimizer.enabled());
   auto state = py_dict();
   if (opt.type != "SGD")
     py_set(
         state, "step",
-        torch_adam ? py_tensor(torch::tensor(static_cast<float>(opt_step_))) : py_int(opt_step_));
+        tensor_step ? py_tensor(torch::tensor(static_cast<float>(opt_step_))) : py_int(opt_step_));
   for (const auto& [name, t] : tensors) py_set(state, name, py_tensor(t));
   return state;
 }
@@ -1016,7 +1047,7 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
     if (optimizer_->opaque() || saved_type == kClientOptimizerType)
       load_opaque_state(optims, saved_type, saved_world, where);
     auto& state = optimizer_->state();
-    check_state_count(f.state.size(), state.size());
+    check_state_count(f.state_names, optimizer_->state_names());
     for (size_t k = 0; k < state.size(); ++k) state[k].copy_(mine(f.state[k]));
     opt_step_ = f.step;
   } else if (master_.defined()) {
@@ -1062,7 +1093,7 @@ void EngineImpl::load_stage3_own_part(const c10::impl::GenericDict& d, const std
     const auto st = rank_state(o, path);
     if (r == 0) {
       for (const auto& e : st) names.push_back(e.first);
-      check_state_count(names.size(), state.size());
+      check_state_count(names, optimizer_->state_names());
       for (const auto& s : state)
         states.push_back(torch::zeros({part_}, s.options().device(torch::kCPU)));
     }
@@ -1315,6 +1346,8 @@ int64_t deepspeed_step(const PyValue& s0, const PyValue& base, const c10::impl::
 const PyValue& deepspeed_state(const PyValue& group_state, const std::string& name,
                                const std::string& type, const fs::path& f) {
   const PyValue* t = group_state.get(name);
+  if (!t && type == "Adagrad")  // saved with offload_optimizer or without: the same sum
+    t = group_state.get(name == "sum" ? "exp_avg_sq" : "sum");
   if (!t || t->kind != PyValue::Kind::Tensor)
     throw CheckpointError(f.string() + ": DeepSpeed's optimizer state has no '" + name +
                           "' for a " + type + " optimizer (another optimizer type?)");

@@ -339,12 +339,6 @@ void parse_offload(Section& parent, const std::string& key, OffloadConfig& out, 
 // matches these (its own optimizers) in any case: it lowercases the name.
 const std::map<std::string, std::string>& other_optimizers() {
   static const std::map<std::string, std::string> m = {
-      {"adagrad",
-       "use Adam, AdamW, SGD or Lamb, or pass a torch::optim::Adagrad as "
-       "InitOptions::optimizer"},
-      {"lion",
-       "use Adam, AdamW, SGD or Lamb, or pass your own torch::optim optimizer as "
-       "InitOptions::optimizer"},
       {"muadam", "muP's optimizers need the mup package; use Adam"},
       {"muadamw", "muP's optimizers need the mup package; use AdamW"},
       {"musgd", "muP's optimizers need the mup package; use SGD"},
@@ -375,12 +369,14 @@ bool auto_default(Section& ps, const std::string& key, const std::string& value)
 }
 
 // The optimizer's type as DeepSpeed 0.19.8 resolves it: its own optimizers (Adam, AdamW, Lamb,
-// ...) in any case, torch.optim's (SGD, ...) by their exact name.
+// Adagrad, ...) in any case, torch.optim's (SGD, ...) by their exact name.
 std::string optimizer_type(Section& s) {
   auto t = s.get("type");
   if (!t)
     s.fail("type",
-           "missing (one of Adam, AdamW, SGD, Lamb); DeepSpeed 0.19.8 would silently ignore an "
+           "missing (one of Adam, AdamW, SGD, Lamb, Adagrad, Lion); DeepSpeed 0.19.8 would "
+           "silently "
+           "ignore an "
            "optimizer section without a type, and dtrain refuses it so that a typo cannot go "
            "unnoticed");
   if (!t->is_string()) s.fail("type", "expected a string, got " + t->dump());
@@ -389,27 +385,30 @@ std::string optimizer_type(Section& s) {
   if (low == "adam") return "Adam";
   if (low == "adamw") return "AdamW";
   if (low == "lamb") return "Lamb";
+  if (low == "adagrad") return "Adagrad";
+  if (low == "lion") return "Lion";
   if (name == "SGD") return "SGD";
   if (auto it = other_optimizers().find(low); it != other_optimizers().end())
     s.fail("type",
            "DeepSpeed's " + name + " optimizer is not implemented by dtrain: " + it->second);
   const auto& torch_names = torch_optimizers();
   if (std::find(torch_names.begin(), torch_names.end(), name) != torch_names.end())
-    s.fail("type", "torch.optim." + name +
-                       " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
-                       "config: pass a torch::optim::" +
-                       name + " as InitOptions::optimizer, or use Adam, AdamW, SGD or Lamb");
+    s.fail("type",
+           "torch.optim." + name +
+               " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
+               "config: pass a torch::optim::" +
+               name + " as InitOptions::optimizer, or use Adam, AdamW, SGD, Lamb, Adagrad or Lion");
   if (low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb")
     s.fail("type", "DeepSpeed 0.19.8 has no " + name +
                        " optimizer any more (its compressed-communication optimizers were "
                        "removed; it refuses the name too): use " +
                        (low == "onebitlamb" ? "Lamb" : "Adam") +
                        " (the same update, uncompressed)");
-  std::string near = closest_key(name, {"Adam", "AdamW", "SGD", "Lamb"});
+  std::string near = closest_key(name, {"Adam", "AdamW", "SGD", "Lamb", "Adagrad", "Lion"});
   s.fail("type", "unknown value \"" + name +
-                     "\" (allowed: Adam, AdamW, SGD, Lamb; DeepSpeed 0.19.8 refuses it too: it "
-                     "matches Adam, AdamW and Lamb in any case, SGD and torch.optim's other "
-                     "names only exactly)" +
+                     "\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, Lion; DeepSpeed 0.19.8 refuses "
+                     "it too: it matches Adam, AdamW, Lamb, Adagrad and Lion in any case, SGD and "
+                     "torch.optim's other names only exactly)" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }
 
@@ -425,6 +424,11 @@ void parse_optimizer(Section& root, Config& c) {
   auto& o = c.optimizer;
   o.given = true;
   o.type = optimizer_type(s);
+  const bool adagrad = o.type == "Adagrad";
+  if (adagrad) {  // torch.optim.Adagrad's defaults, and DeepSpeedCPUAdagrad's
+    o.lr = 1e-2;
+    o.eps = 1e-10;
+  }
   if (auto p = s.get("params")) {
     Section ps(*p, "optimizer.params", root.notes());
     if (ps.has("max_grad_norm"))
@@ -441,7 +445,9 @@ void parse_optimizer(Section& root, Config& c) {
                                                                        : "torch.optim.AdamW (or Adam)")
                                                   : "FusedAdam")
                   : o.type == "SGD" ? "torch.optim.SGD"
-                                    : "FusedLamb");
+                  : adagrad ? "torch.optim.Adagrad (with offload_optimizer its DeepSpeedCPUAdagrad)"
+                  : o.type == "Lion" ? "DeepSpeedCPULion"
+                                     : "FusedLamb");
     // torch.optim.AdamW's default weight decay is 0.01 (DeepSpeed's optimizers' is 0); with
     // torch_adam DeepSpeed 0.19.8 builds AdamW for "AdamW", and for "Adam" unless adam_w_mode is
     // false.
@@ -457,20 +463,46 @@ void parse_optimizer(Section& root, Config& c) {
                 "builds torch.optim.AdamW)");
     }
     const std::string wd_default = json(o.weight_decay).dump();
-    if (!auto_default(ps, "lr", "1e-3")) ps.number("lr", o.lr, 0);
+    if (!auto_default(ps, "lr", adagrad ? "1e-2" : "1e-3")) ps.number("lr", o.lr, 0);
     if (!auto_default(ps, "weight_decay", wd_default)) ps.number("weight_decay", o.weight_decay, 0);
-    if (o.type != "SGD") {
-      if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
-      if (!auto_default(ps, "betas", "[0.9, 0.999]")) {
-        if (auto b = ps.get("betas")) {
-          if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
-            ps.fail("betas", "expected [beta1, beta2], got " + b->dump());
-          o.beta1 = (*b)[0].get<double>();
-          o.beta2 = (*b)[1].get<double>();
-          if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
-            ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
-        }
+    auto betas = [&] {
+      if (auto_default(ps, "betas", "[0.9, 0.999]")) return;
+      if (auto b = ps.get("betas")) {
+        if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
+          ps.fail("betas", "expected [beta1, beta2], got " + b->dump());
+        o.beta1 = (*b)[0].get<double>();
+        o.beta2 = (*b)[1].get<double>();
+        if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
+          ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
       }
+    };
+    if (o.type == "Lion") {
+      // DeepSpeedCPULion(lr, betas, weight_decay, fp32_optimizer_states): decoupled decay,
+      // fp32 momentum (it steps the fp32 master, so its states are fp32 either way).
+      betas();
+      ps.accept_bool("fp32_optimizer_states");
+    } else if (adagrad) {
+      // The union of torch.optim.Adagrad's arguments and DeepSpeedCPUAdagrad's; parse_config
+      // refuses those the one built for this config (offload_optimizer or not) does not take.
+      if (!auto_default(ps, "eps", "1e-10")) ps.number("eps", o.eps, 0);
+      ps.number("lr_decay", o.lr_decay, 0);
+      ps.number("initial_accumulator_value", o.initial_accumulator_value, 0);
+      // torch's implementation choices: the same formula.
+      for (const char* k : {"foreach", "fused", "differentiable"}) ps.accept(k);
+      if (auto m = ps.get("maximize"); m && m->is_boolean() && m->get<bool>())
+        ps.fail("maximize", "not supported by dtrain; negate the loss instead");
+      // DeepSpeedCPUAdagrad keeps amsgrad in its group and never reads it; its states are fp32
+      // by default, and with offload it steps the fp32 master, so they are fp32 either way.
+      bool amsgrad = false;
+      ps.boolean("amsgrad", amsgrad);
+      if (amsgrad)
+        ps.note(
+            "amsgrad",
+            "DeepSpeed 0.19.8's CPU Adagrad takes it and never reads it; no effect here either");
+      ps.accept_bool("fp32_optimizer_states");
+    } else if (o.type != "SGD") {
+      if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
+      betas();
       // torch.optim's Adam has no bias_correction: it always corrects.
       if (!torch_adam) ps.boolean("bias_correction", o.bias_correction);
       if (adam) {
@@ -803,8 +835,9 @@ void parse_zero(Section& root, Config& c, std::vector<std::string>& unused) {
                                  "3); DeepSpeed 0.19.8 accepts it and ignores it too");
   if (z.offload_optimizer.enabled() && z.stage == 0)
     zs.fail("offload_optimizer",
-            "at stage 0 is not supported by dtrain (DeepSpeed 0.19.8 runs its CPU Adam over the "
-            "whole model there, which only works for a model on the CPU): use stage 1, 2 or 3 "
+            "at stage 0 is not supported by dtrain (DeepSpeed 0.19.8 runs its CPU optimizer, "
+            "DeepSpeedCPUAdam, DeepSpeedCPUAdagrad or DeepSpeedCPULion, over the whole model "
+            "there, which only works for a model on the CPU): use stage 1, 2 or 3 "
             "for ZeRO-Offload, or remove offload_optimizer");
 }
 
@@ -1015,6 +1048,43 @@ void check_engine_rules(Section& root, Config& c) {
         "optimizer.params.set_grad_none: unknown key with offload_optimizer (DeepSpeed 0.19.8 "
         "refuses it too: it passes the key to its CPU Adam, which has no such argument); remove "
         "it");
+  // Adagrad: DeepSpeed 0.19.8 builds DeepSpeedCPUAdagrad(lr, eps, weight_decay, amsgrad,
+  // fp32_optimizer_states) with offload_optimizer, else torch.optim.Adagrad(lr, lr_decay,
+  // weight_decay, initial_accumulator_value, eps, foreach, maximize, differentiable, fused).
+  if (params && c.optimizer.type == "Adagrad") {
+    static const std::vector<std::string> torch_only = {
+        "lr_decay", "initial_accumulator_value", "foreach", "maximize", "differentiable", "fused"};
+    static const std::vector<std::string> cpu_only = {"amsgrad", "fp32_optimizer_states"};
+    for (const auto& k : offload ? torch_only : cpu_only)
+      if (params->contains(k))
+        throw ConfigError(
+            "optimizer.params." + k +
+            (offload ? ": unknown key with offload_optimizer (DeepSpeed 0.19.8 refuses it too: it "
+                       "passes the key to its CPU Adagrad, DeepSpeedCPUAdagrad, which takes only "
+                       "lr, eps, weight_decay, amsgrad and fp32_optimizer_states); remove it, or "
+                       "drop offload_optimizer for torch.optim.Adagrad's"
+                     : ": unknown key without offload_optimizer (DeepSpeed 0.19.8 refuses it too: "
+                       "it passes the key to torch.optim.Adagrad, which has no such argument; "
+                       "only its CPU Adagrad, with offload_optimizer, takes it); remove it"));
+  }
+  // Lion: DeepSpeed 0.19.8 builds DeepSpeedCPULion with offload_optimizer, else FusedLion, a
+  // CUDA kernel (its CPU accelerator has none: "This op had not been implemented on CPU
+  // backend"), which dtrain does not run.
+  if (c.optimizer.type == "Lion" && !offload)
+    throw ConfigError(
+        "optimizer.type: Lion without offload_optimizer is not supported by dtrain (DeepSpeed "
+        "0.19.8 builds its FusedLion there, a CUDA kernel, which dtrain does not implement); add "
+        "\"offload_optimizer\": {\"device\": \"cpu\"} at stage 1, 2 or 3 for DeepSpeed's CPU "
+        "Lion (DeepSpeedCPULion), which dtrain runs, or use another optimizer");
+  // Adagrad at stage 0 under fp16/bf16: DeepSpeed 0.19.8 wraps torch.optim.Adagrad in its
+  // FP16_UnfusedOptimizer, whose fp32 copies of the parameters lack the state Adagrad made in its
+  // constructor: its first step (on zero gradients, in deepspeed.initialize) fails.
+  if (c.optimizer.type == "Adagrad" && c.zero.stage == 0 && (c.fp16.enabled || c.bf16))
+    throw ConfigError(
+        "optimizer.type: Adagrad at stage 0 with " + std::string(c.bf16 ? "bf16" : "fp16") +
+        " fails in DeepSpeed 0.19.8 too (its FP16_UnfusedOptimizer steps fp32 copies of the "
+        "parameters for which torch.optim.Adagrad made no state: KeyError: 'sum' in "
+        "deepspeed.initialize); use ZeRO stage 1, 2 or 3, or fp32");
   // DeepSpeed's engine runs ZeRO only with optimizers it has tested (Adam, AdamW, Adagrad, Lion
   // and their CPU versions) unless told otherwise; dtrain runs SGD and Lamb partitioned too.
   bool untested_ok = false;
@@ -1417,7 +1487,14 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   auto part = [&](int64_t bytes) { return (bytes + N - 1) / N; };
   MemoryEstimate m;
   int64_t pbytes = (mixed ? 2 : 4) * n, gbytes = (mixed ? 2 : 4) * n;
-  int64_t obytes = (mixed ? 12 : 8) * n;  // fp32 master (mixed only) + exp_avg + exp_avg_sq
+  // fp32 master (mixed only) + the optimizer's fp32 state tensors: Adam's exp_avg and
+  // exp_avg_sq (also a client optimizer's assumed), Adagrad's sum, SGD's momentum buffer.
+  const auto& o = c.optimizer;
+  const int states = !o.given              ? 2
+                     : o.type == "Adagrad" ? 1
+                     : o.type == "SGD"     ? (o.momentum > 0 ? 1 : 0)
+                                           : 2;
+  int64_t obytes = ((mixed ? 4 : 0) + 4 * states) * n;
   m.params = stage >= 3 ? part(pbytes) : pbytes;
   // grad_accum_dtype fp32 under fp16/bf16: fp32 partitions at stages 2-3; at stage 1 a full
   // fp32 buffer beside the 16-bit gradients (as DeepSpeed's BF16_Optimizer).
@@ -1504,6 +1581,16 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
     if (o.type == "SGD") {
       p += ", momentum " + num(o.momentum) + ", dampening " + num(o.dampening) +
            (o.nesterov ? ", nesterov" : "");
+    } else if (o.type == "Lion") {
+      p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) +
+           "], decoupled decay (DeepSpeedCPULion)";
+    } else if (o.type == "Adagrad") {
+      p += ", eps " + num(o.eps) + ", L2 decay";
+      if (z.offload_optimizer.enabled())
+        p += " (DeepSpeedCPUAdagrad)";
+      else
+        p += ", lr_decay " + num(o.lr_decay) + ", initial_accumulator_value " +
+             num(o.initial_accumulator_value) + " (torch.optim.Adagrad)";
     } else {
       p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) + "], eps " + num(o.eps);
       if (!o.bias_correction) p += ", no bias correction";

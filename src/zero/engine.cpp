@@ -140,8 +140,8 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   if (!client && !config_.optimizer.given)
     throw UsageError(
         "zero::initialize: the config has no \"optimizer\" section; add one, e.g. "
-        "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD or "
-        "Lamb), "
+        "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.001}} (Adam, AdamW, SGD, "
+        "Lamb or Adagrad), "
         "or pass your own torch::optim optimizer as InitOptions::optimizer");
   if (client && client->param_groups().size() != 1)
     throw UsageError(
@@ -268,7 +268,8 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
     for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(one.expand(shapes_[i]));
   }
   const bool client_given = client != nullptr;
-  optimizer_ = make_partition_optimizer(config_.optimizer, std::move(client), update_target());
+  optimizer_ = make_partition_optimizer(config_.optimizer, std::move(client), update_target(),
+                                        config_.zero.offload_optimizer.enabled());
   if (client_given)  // its own rate is the schedule's base
     scheduler_ = LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1,
                              config_.optimizer.beta2);

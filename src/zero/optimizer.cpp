@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "dtrain/zero.h"
+#include "zero/cpu_optimizers.h"
 
 namespace dtrain::zero {
 namespace {
@@ -88,4 +89,143 @@ void cpu_adam_step(double* p, const double* g, double* m, double* v, int64_t n, 
   adam<double>(p, g, m, v, n, step, lr, b1, b2, eps, wd, adamw, threads, bias_correction);
 }
 
+namespace detail {
+namespace {
+
+// DeepSpeed's CPU Adagrad (csrc/adagrad/cpu_adagrad.cpp, includes/cpu_adagrad.h) runs its SIMD loop
+// (simd_fma for all three multiply-adds) over the largest multiple of its SIMD width, then a
+// scalar loop over the rest, as GCC compiled it there: the decay and the sum of squares
+// contracted to fused multiply-adds, the update's product rounded on its own (it is also stored
+// into the gradient). std::fma here, and the tail on its own, give the same roundings.
+#define DTRAIN_ADAGRAD_CHUNK(NAME, T)                                                      \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME( \
+      T* __restrict p, const T* __restrict g, T* __restrict v, int64_t n, T wd, T eps,     \
+      T step_size) {                                                                       \
+    for (int64_t i = 0; i < n; ++i) {                                                      \
+      T pi = p[i];                                                                         \
+      T gi = g[i];                                                                         \
+      if (wd > 0) gi = std::fma(pi, wd, gi);                                               \
+      const T vi = std::fma(gi, gi, v[i]);                                                 \
+      gi = gi / (std::sqrt(vi) + eps);                                                     \
+      p[i] = std::fma(gi, step_size, pi);                                                  \
+      v[i] = vi;                                                                           \
+    }                                                                                      \
+  }
+DTRAIN_ADAGRAD_CHUNK(adagrad_chunk_f, float)
+DTRAIN_ADAGRAD_CHUNK(adagrad_chunk_d, double)
+inline void adagrad_chunk(float* p, const float* g, float* v, int64_t n, float wd, float eps,
+                          float ss) {
+  adagrad_chunk_f(p, g, v, n, wd, eps, ss);
+}
+inline void adagrad_chunk(double* p, const double* g, double* v, int64_t n, double wd, double eps,
+                          double ss) {
+  adagrad_chunk_d(p, g, v, n, wd, eps, ss);
+}
+
+// The scalar loop's elements: the update's product rounded before the add. GCC would contract
+// the two statements into one multiply-add (-ffp-contract=fast, its default); clang contracts
+// within one expression only.
+#if defined(__clang__)
+#define DTRAIN_NO_FP_CONTRACT
+#else
+#define DTRAIN_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+template <typename T>
+DTRAIN_NO_FP_CONTRACT void adagrad_tail(T* p, const T* g, T* v, int64_t n, T wd, T eps,
+                                        T step_size) {
+  for (int64_t i = 0; i < n; ++i) {
+    T gi = g[i];
+    if (wd > 0) gi = std::fma(p[i], wd, gi);
+    const T vi = std::fma(gi, gi, v[i]);
+    gi = gi / (std::sqrt(vi) + eps);
+    const T update = gi * step_size;
+    p[i] = update + p[i];
+    v[i] = vi;
+  }
+}
+
+// The SIMD width DeepSpeed's CPU ops are built with on this machine (op_builder's simd_width():
+// AVX-512 16 floats, AVX2 8), 0 where it builds them scalar.
+int64_t deepspeed_simd_width() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return 16;
+  if (__builtin_cpu_supports("avx2")) return 8;
+#endif
+  return 0;
+}
+
+template <typename T>
+void adagrad(T* p, const T* g, T* v, int64_t n, double lr, double eps, double wd) {
+  // DeepSpeed passes lr, eps and weight_decay as float and negates the rate in it.
+  const T step_size = -1 * T(lr);
+  const int64_t width = deepspeed_simd_width();
+  const int64_t simd = width > 0 ? n - n % width : 0;
+  adagrad_tail(p + simd, g + simd, v + simd, n - simd, T(wd), T(eps), step_size);
+  const int nt = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(65536, (simd + nt - 1) / nt);
+  if (nt <= 1 || simd <= grain) return adagrad_chunk(p, g, v, simd, T(wd), T(eps), step_size);
+  at::parallel_for(0, simd, grain, [&](int64_t lo, int64_t hi) {
+    adagrad_chunk(p + lo, g + lo, v + lo, hi - lo, T(wd), T(eps), step_size);
+  });
+}
+
+// DeepSpeed's CPU Lion (csrc/lion/cpu_lion_impl.cpp, includes/cpu_lion.h): its SIMD loop and its
+// scalar loop (compiled with the multiply-adds contracted) round alike.
+#define DTRAIN_LION_CHUNK(NAME, T)                                                            \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(    \
+      T* __restrict p, const T* __restrict g, T* __restrict m, int64_t n, T b1, T b2, T omb1, \
+      T omb2, T lr, T after_decay, bool decay) {                                              \
+    for (int64_t i = 0; i < n; ++i) {                                                         \
+      const T gi = g[i], mi = m[i];                                                           \
+      const T c = std::fma(gi, omb1, mi * b1);                                                \
+      const T update = std::signbit(c) ? lr : -lr;                                            \
+      p[i] = decay ? std::fma(p[i], after_decay, update) : p[i] + update;                     \
+      m[i] = std::fma(gi, omb2, mi * b2);                                                     \
+    }                                                                                         \
+  }
+DTRAIN_LION_CHUNK(lion_chunk_f, float)
+DTRAIN_LION_CHUNK(lion_chunk_d, double)
+inline void lion_chunk(float* p, const float* g, float* m, int64_t n, float b1, float b2,
+                       float omb1, float omb2, float lr, float after, bool decay) {
+  lion_chunk_f(p, g, m, n, b1, b2, omb1, omb2, lr, after, decay);
+}
+inline void lion_chunk(double* p, const double* g, double* m, int64_t n, double b1, double b2,
+                       double omb1, double omb2, double lr, double after, bool decay) {
+  lion_chunk_d(p, g, m, n, b1, b2, omb1, omb2, lr, after, decay);
+}
+
+template <typename T>
+void lion(T* p, const T* g, T* m, int64_t n, double lr, double beta1, double beta2, double wd) {
+  const T b1 = T(beta1), b2 = T(beta2), omb1 = T(1) - b1, omb2 = T(1) - b2, alpha = T(lr);
+  const T after = std::fma(-alpha, T(wd), T(1));  // 1 - lr * weight_decay
+  const bool decay = T(wd) > 0;
+  const int nt = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(65536, (n + nt - 1) / nt);
+  if (nt <= 1 || n <= grain) return lion_chunk(p, g, m, n, b1, b2, omb1, omb2, alpha, after, decay);
+  at::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
+    lion_chunk(p + lo, g + lo, m + lo, hi - lo, b1, b2, omb1, omb2, alpha, after, decay);
+  });
+}
+
+}  // namespace
+
+void cpu_lion_step(float* p, const float* g, float* m, int64_t n, double lr, double beta1,
+                   double beta2, double wd) {
+  lion<float>(p, g, m, n, lr, beta1, beta2, wd);
+}
+void cpu_lion_step(double* p, const double* g, double* m, int64_t n, double lr, double beta1,
+                   double beta2, double wd) {
+  lion<double>(p, g, m, n, lr, beta1, beta2, wd);
+}
+
+void cpu_adagrad_step(float* p, const float* g, float* v, int64_t n, double lr, double eps,
+                      double wd) {
+  adagrad<float>(p, g, v, n, lr, eps, wd);
+}
+void cpu_adagrad_step(double* p, const double* g, double* v, int64_t n, double lr, double eps,
+                      double wd) {
+  adagrad<double>(p, g, v, n, lr, eps, wd);
+}
+
+}  // namespace detail
 }  // namespace dtrain::zero

@@ -9,6 +9,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/zero.h"
+#include "zero/cpu_optimizers.h"
 
 namespace dtrain::zero::detail {
 namespace {
@@ -135,6 +136,86 @@ class Lamb final : public PartitionOptimizer {
   OptimizerConfig c_;
 };
 
+// DeepSpeed 0.19.8 builds torch.optim.Adagrad for "Adagrad", and DeepSpeedCPUAdagrad with
+// offload_optimizer; each is followed here, with its state's name ("sum", "exp_avg_sq").
+class Adagrad final : public PartitionOptimizer {
+ public:
+  Adagrad(const OptimizerConfig& c, const torch::Tensor& w, bool cpu_adagrad)
+      : c_(c), cpu_(cpu_adagrad) {
+    state_.push_back(cpu_ ? torch::zeros_like(w)
+                          : torch::full_like(w, c_.initial_accumulator_value));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override { return {cpu_ ? "exp_avg_sq" : "sum"}; }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    auto& sum = state_[0];
+    if (cpu_ && w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() &&
+        sum.is_contiguous() && g.scalar_type() == w.scalar_type() &&
+        (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kFloat64)) {
+      auto gc = g.contiguous();
+      if (w.scalar_type() == torch::kFloat32)
+        return cpu_adagrad_step(w.data_ptr<float>(), gc.data_ptr<float>(), sum.data_ptr<float>(),
+                                w.numel(), a.lr, c_.eps, c_.weight_decay);
+      return cpu_adagrad_step(w.data_ptr<double>(), gc.data_ptr<double>(), sum.data_ptr<double>(),
+                              w.numel(), a.lr, c_.eps, c_.weight_decay);
+    }
+    if (cpu_) {  // the same operations, as tensors (another dtype or device)
+      auto grad = c_.weight_decay > 0 ? g.add(w, c_.weight_decay) : g;
+      sum.addcmul_(grad, grad);
+      w.addcdiv_(grad, sum.sqrt().add_(c_.eps), -a.lr);
+      return;
+    }
+    // torch.optim.Adagrad's single-tensor step (the one it takes on the CPU), op by op.
+    auto grad = c_.weight_decay != 0 ? g.add(w, c_.weight_decay) : g;
+    const double clr = a.lr / (1 + static_cast<double>(a.step - 1) * c_.lr_decay);
+    sum.addcmul_(grad, grad, 1);
+    auto denom = sum.sqrt().add_(c_.eps);
+    w.addcdiv_(grad, denom, -clr);
+  }
+
+ private:
+  OptimizerConfig c_;
+  bool cpu_;
+};
+
+// DeepSpeed 0.19.8 builds DeepSpeedCPULion for "Lion" with offload_optimizer (its FusedLion
+// without it is a CUDA kernel, which the config refuses). Its state: the momentum "exp_avg", and
+// "exp_avg_sq", which it allocates and never reads: kept (zeros) so that checkpoints are its own.
+class Lion final : public PartitionOptimizer {
+ public:
+  Lion(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
+    for (int k = 0; k < 2; ++k) state_.push_back(torch::zeros_like(w));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    auto& m = state_[0];
+    if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && m.is_contiguous() &&
+        g.scalar_type() == w.scalar_type() &&
+        (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kFloat64)) {
+      auto gc = g.contiguous();
+      if (w.scalar_type() == torch::kFloat32)
+        return cpu_lion_step(w.data_ptr<float>(), gc.data_ptr<float>(), m.data_ptr<float>(),
+                             w.numel(), a.lr, a.beta1, a.beta2, c_.weight_decay);
+      return cpu_lion_step(w.data_ptr<double>(), gc.data_ptr<double>(), m.data_ptr<double>(),
+                           w.numel(), a.lr, a.beta1, a.beta2, c_.weight_decay);
+    }
+    // The same operations as tensors (another dtype or device).
+    auto c = m.mul(a.beta1).add_(g, 1 - a.beta1);
+    // -copysign(lr, c): a zero with its sign bit clear steps down, as DeepSpeed's sign mask does.
+    auto update =
+        torch::where(torch::signbit(c), torch::full_like(c, a.lr), torch::full_like(c, -a.lr));
+    if (c_.weight_decay > 0) w.mul_(1 - a.lr * c_.weight_decay);
+    w.add_(update);
+    m.mul_(a.beta2).add_(g, 1 - a.beta2);
+  }
+
+ private:
+  OptimizerConfig c_;
+};
+
 // The key torch::optim keeps a tensor's state under: its TensorImpl (libtorch 2.x), or that
 // pointer printed (1.13).
 template <class Map>
@@ -226,12 +307,15 @@ bool has_only_constructor_state(const torch::optim::Optimizer& client) {
 
 std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
     const OptimizerConfig& config, std::shared_ptr<torch::optim::Optimizer> client,
-    const torch::Tensor& partition) {
+    const torch::Tensor& partition, bool offload_optimizer) {
   if (client) return std::make_unique<Client>(std::move(client), partition);
   if (config.type == "Adam" || config.type == "AdamW")
     return std::make_unique<Adam>(config, partition);
   if (config.type == "SGD") return std::make_unique<Sgd>(config, partition);
   if (config.type == "Lamb") return std::make_unique<Lamb>(config, partition);
+  if (config.type == "Adagrad")
+    return std::make_unique<Adagrad>(config, partition, offload_optimizer);
+  if (config.type == "Lion") return std::make_unique<Lion>(config, partition);
   throw_internal(__FILE__, __LINE__, "known optimizer type",
                  "optimizer type '" + config.type + "' passed the config's check");
 }

@@ -11,6 +11,11 @@
 //   Lamb          Adam's moments with a per-parameter trust ratio; its norms cover whole
 //                 parameters, summed over the ranks holding pieces of them. State: exp_avg,
 //                 exp_avg_sq.
+//   Adagrad       torch.optim.Adagrad's formula (lr_decay, initial_accumulator_value); state: sum.
+//                 With offload_optimizer DeepSpeed's CPU Adagrad instead (cpu_optimizers.h); state:
+//                 exp_avg_sq. The names are the ones DeepSpeed's checkpoints carry.
+//   Lion          DeepSpeed's CPU Lion (offload_optimizer only). State: exp_avg, and the
+//                 exp_avg_sq DeepSpeed's allocates and never reads (zeros).
 //   client        InitOptions::optimizer (any torch::optim optimizer with one group), re-pointed
 //                 at the partition; its state is opaque (torch::serialize bytes).
 // Not thread-safe; the engine calls it from the thread that calls step().
@@ -83,9 +88,11 @@ bool has_only_constructor_state(const torch::optim::Optimizer& client);
 
 // `partition`: the tensor the optimizer will update (its state is made like it; a client
 // optimizer's one group is re-pointed at it for good, since it keys its state by tensor).
+// `offload_optimizer`: ZeRO-Offload's CPU optimizer is the one DeepSpeed builds (Adagrad's
+// differs from torch's).
 // REQUIRES: exactly one of config.given and client.
 std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
     const OptimizerConfig& config, std::shared_ptr<torch::optim::Optimizer> client,
-    const torch::Tensor& partition);
+    const torch::Tensor& partition, bool offload_optimizer);
 
 }  // namespace dtrain::zero::detail

@@ -136,6 +136,8 @@ std::string mom_list_text(const Config& config, const LRScheduler& scheduler,
     const json* m = written(config, "optimizer", "momentum");
     return list_of(m ? py(o.momentum, is_int(m)) : std::string("0"));
   }
+  // torch.optim.Adagrad and DeepSpeedCPUAdagrad keep no betas (OneCycle does not cycle them).
+  if (o.type == "Adagrad") return "[0.0]";
   if (one_cycle_momentum(config)) return cycled_betas(config, scheduler);
   const auto [b1, b2] = scheduler.betas();
   const json* b = written(config, "optimizer", "betas");

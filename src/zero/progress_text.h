@@ -15,11 +15,11 @@
 //         with lr_range_test_staircase and an integer min lr and step rate. WarmupCosineLR:
 //         always computed.
 //   mom   get_mom() reads "momentum" for SGD and RMSprop (torch's default is the integer 0)
-//         and "betas" for any other optimizer (0.0 where the group has none: Adagrad,
-//         LBFGS). Betas the config gives are its list, [b1, b2]; not given, the optimizer's
-//         default tuple. OneCycle with cycle_momentum sets the tuple (momentum, 0.99) on an
-//         optimizer with betas: cycle_min_mom as written before the first step, cycle_max_mom
-//         as written after a cycle without decay, computed otherwise.
+//         and "betas" for any other optimizer (0.0 where the group has none: Adagrad, by
+//         name or as a client, LBFGS). Betas the config gives are its list, [b1, b2]; not given,
+//         the optimizer's default tuple. OneCycle with cycle_momentum sets the tuple (momentum,
+//         0.99) on an optimizer with betas: cycle_min_mom as written before the first step,
+//         cycle_max_mom as written after a cycle without decay, computed otherwise.
 // A client optimizer (InitOptions::optimizer) is read by its C++ type, the Python class of the
 // same name: its momentum of 0 prints as torch's default 0, its betas as a tuple.
 // Pure functions; thread-safe.

@@ -272,9 +272,10 @@ TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamw"}, {"params", {{"betas", {0.9}}}}}}}),
             "optimizer.params.betas: expected [beta1, beta2], got [0.9]");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamm"}}}}),
-            "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb; DeepSpeed "
-            "0.19.8 refuses it too: it matches Adam, AdamW and Lamb in any case, SGD and "
-            "torch.optim's other names only exactly); did you mean Adam?");
+            "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, "
+            "Lion; DeepSpeed 0.19.8 refuses it too: it matches Adam, AdamW, Lamb, Adagrad and "
+            "Lion in any case, SGD and torch.optim's other names only exactly); did you mean "
+            "Adam?");
   EXPECT_EQ(with({{"optimizer", {{"type", "OneBitAdam"}}}}),
             "optimizer.type: DeepSpeed 0.19.8 has no OneBitAdam optimizer any more (its "
             "compressed-communication optimizers were removed; it refuses the name too): use Adam "
@@ -369,6 +370,134 @@ TEST(ZeroConfig, FollowsDeepSpeedsLessObviousRules) {
                     {"zero_optimization", {{"stage", 1}}}},
                    2);
   EXPECT_NE(notes(c).find("zero_allow_untested_optimizer"), std::string::npos) << notes(c);
+}
+
+// "Adagrad" by name: torch.optim.Adagrad's arguments and defaults, or with offload_optimizer
+// DeepSpeedCPUAdagrad's (DeepSpeed 0.19.8's engine builds one or the other).
+TEST(ZeroConfig, AdagradTakesTheArgumentsOfTheOptimizerDeepSpeedBuilds) {
+  const json batch = {{"train_batch_size", 8}};
+  auto with = [&](json extra) {
+    json c = batch;
+    c.update(extra);
+    return c;
+  };
+  const json offload = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
+  // Any case; the defaults are torch's (and the CPU Adagrad's): lr 1e-2, eps 1e-10.
+  auto c = parse_config(with({{"optimizer", {{"type", "adagrad"}}}}), 2);
+  EXPECT_EQ(c.optimizer.type, "Adagrad");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-2);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-10);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr_decay, 0);
+  EXPECT_DOUBLE_EQ(c.optimizer.initial_accumulator_value, 0);
+  c = parse_config(with({{"optimizer",
+                          {{"type", "Adagrad"},
+                           {"params",
+                            {{"lr", 0.1},
+                             {"lr_decay", 0.01},
+                             {"weight_decay", 0.001},
+                             {"initial_accumulator_value", 0.5},
+                             {"eps", 1e-8},
+                             {"foreach", false}}}}},
+                         {"zero_optimization", {{"stage", 3}}}}),
+                   2);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr_decay, 0.01);
+  EXPECT_DOUBLE_EQ(c.optimizer.initial_accumulator_value, 0.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  // A ZeRO-tested optimizer in DeepSpeed: no note about zero_allow_untested_optimizer.
+  EXPECT_EQ(notes(c).find("zero_allow_untested_optimizer"), std::string::npos) << notes(c);
+  // "auto": the optimizer's defaults, with a note.
+  c = parse_config(
+      with({{"optimizer", {{"type", "Adagrad"}, {"params", {{"lr", "auto"}, {"eps", "auto"}}}}}}),
+      2);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-2);
+  EXPECT_NE(notes(c).find("optimizer.params.lr: \"auto\": 1e-2"), std::string::npos) << notes(c);
+  // With offload_optimizer: DeepSpeedCPUAdagrad(lr, eps, weight_decay, amsgrad,
+  // fp32_optimizer_states); amsgrad is taken and ignored, as there.
+  c = parse_config(
+      with({{"optimizer",
+             {{"type", "Adagrad"},
+              {"params", {{"lr", 0.1}, {"amsgrad", true}, {"fp32_optimizer_states", true}}}}},
+            {"zero_optimization", offload}}),
+      2);
+  EXPECT_NE(notes(c).find("optimizer.params.amsgrad"), std::string::npos) << notes(c);
+  for (const char* key : {"lr_decay", "initial_accumulator_value", "foreach", "fused"}) {
+    const std::string e =
+        error_of(with({{"optimizer", {{"type", "Adagrad"}, {"params", {{key, 0}}}}},
+                       {"zero_optimization", offload}}));
+    EXPECT_NE(e.find(std::string("optimizer.params.") + key +
+                     ": unknown key with offload_optimizer (DeepSpeed 0.19.8 refuses it too"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("DeepSpeedCPUAdagrad"), std::string::npos) << e;
+  }
+  // Without it, torch.optim.Adagrad has no amsgrad, no betas.
+  std::string e =
+      error_of(with({{"optimizer", {{"type", "Adagrad"}, {"params", {{"amsgrad", false}}}}}}));
+  EXPECT_NE(e.find("optimizer.params.amsgrad: unknown key without offload_optimizer"),
+            std::string::npos)
+      << e;
+  e = error_of(with({{"optimizer", {{"type", "Adagrad"}, {"params", {{"betas", {0.9, 0.99}}}}}}}));
+  EXPECT_NE(e.find("optimizer.params.betas: unknown key (DeepSpeed 0.19.8 refuses it too: it "
+                   "passes the key to torch.optim.Adagrad"),
+            std::string::npos)
+      << e;
+  // Values torch.optim.Adagrad refuses, and one dtrain does not run.
+  e = error_of(with({{"optimizer", {{"type", "Adagrad"}, {"params", {{"lr_decay", -0.1}}}}}}));
+  EXPECT_NE(e.find("optimizer.params.lr_decay"), std::string::npos) << e;
+  e = error_of(with({{"optimizer", {{"type", "Adagrad"}, {"params", {{"maximize", true}}}}}}));
+  EXPECT_NE(e.find("optimizer.params.maximize: not supported by dtrain"), std::string::npos) << e;
+  // At stage 0 under bf16 or fp16 DeepSpeed's FP16_UnfusedOptimizer cannot step
+  // torch.optim.Adagrad (KeyError: 'sum' in deepspeed.initialize): refused as it fails there.
+  e = error_of(with({{"optimizer", {{"type", "Adagrad"}}}, {"bf16", {{"enabled", true}}}}));
+  EXPECT_NE(e.find("optimizer.type: Adagrad at stage 0 with bf16 fails in DeepSpeed 0.19.8 too"),
+            std::string::npos)
+      << e;
+  // At stage 0 DeepSpeed would run its CPU Adagrad on the whole model: refused as for Adam.
+  e = error_of(
+      with({{"optimizer", {{"type", "Adagrad"}}},
+            {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}));
+  EXPECT_NE(e.find("at stage 0 is not supported by dtrain"), std::string::npos) << e;
+
+  // Memory: one fp32 state tensor (the sum of squares), not Adam's two.
+  c = parse_config(
+      with({{"optimizer", {{"type", "Adagrad"}}}, {"zero_optimization", {{"stage", 1}}}}), 4);
+  EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000000).optimizer, 4 * 1000000 / 4);
+  EXPECT_NE(dtrain::zero::describe(c, std::nullopt)
+                .find("Adagrad: lr 0.01, weight_decay 0.0, eps 1e-10, L2 decay, lr_decay 0.0, "
+                      "initial_accumulator_value 0.0 (torch.optim.Adagrad)"),
+            std::string::npos)
+      << dtrain::zero::describe(c, std::nullopt);
+}
+
+// "Lion" by name: DeepSpeed's CPU Lion with offload_optimizer; without it DeepSpeed builds its
+// CUDA FusedLion, which dtrain refuses, naming what runs instead.
+TEST(ZeroConfig, LionRunsAsDeepSpeedsCpuLionWithOffload) {
+  const json offload = {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}};
+  auto c =
+      parse_config({{"train_batch_size", 8},
+                    {"optimizer",
+                     {{"type", "lion"},
+                      {"params", {{"lr", 1e-4}, {"betas", {0.95, 0.98}}, {"weight_decay", 0.1}}}}},
+                    {"zero_optimization", offload}},
+                   2);
+  EXPECT_EQ(c.optimizer.type, "Lion");
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(notes(c).find("zero_allow_untested_optimizer"), std::string::npos) << notes(c);
+  EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).offloaded, 8 * 1000 / 2);  // as DeepSpeed's
+  std::string e = error_of({{"train_batch_size", 8}, {"optimizer", {{"type", "Lion"}}}});
+  EXPECT_NE(e.find("optimizer.type: Lion without offload_optimizer is not supported by dtrain "
+                   "(DeepSpeed 0.19.8 builds its FusedLion there, a CUDA kernel"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("DeepSpeedCPULion"), std::string::npos) << e;
+  e = error_of({{"train_batch_size", 8},
+                {"optimizer", {{"type", "Lion"}, {"params", {{"eps", 1e-8}}}}},
+                {"zero_optimization", offload}});
+  EXPECT_NE(e.find("optimizer.params.eps: unknown key (DeepSpeed 0.19.8 refuses it too: it passes "
+                   "the key to DeepSpeedCPULion"),
+            std::string::npos)
+      << e;
 }
 
 TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {

@@ -18,7 +18,9 @@ of its module there ("dtrain_module_shapes"; DeepSpeed's own: "ds_module_shapes"
 rank 0 reads dtrain's pytorch_model.bin there with torch.load(weights_only=True)
 ("dtrain_16bit"). With "resume_dtrain": DIR (dtrain's checkpoint after step 5), a second
 DeepSpeed engine resumes it with DeepSpeed's own load_checkpoint and trains steps 6-10
-("resumed_dtrain": {"global_steps": after the load, "client_state", "losses", "params"}).
+("resumed_dtrain": {"global_steps": after the load, "client_state", "losses", "params"}; at
+stage 3 with torch.optim.Adagrad, which DeepSpeed 0.19.8 cannot load into a fresh engine, also
+"error" and "own_error", DeepSpeed's own checkpoint's, see stage3_torch_adagrad).
 """
 import json
 import logging
@@ -101,16 +103,50 @@ def train(engine, steps, rank, world):
     return losses
 
 
+def stage3_torch_adagrad(engine):
+    """Whether `engine` is DeepSpeed 0.19.8's stage 3 over torch.optim.Adagrad: its
+    initialize_optimizer_states rebuilds the Adagrad over the fp32 flat groups and leaves them
+    in its param group, and its _rigid_load_state_dict appends them again before
+    load_state_dict ("loaded state dict contains a parameter group that doesn't match the size
+    of optimizer's group"): a fresh engine loads no such checkpoint, its own neither, until a
+    step has emptied the group (_optimizer_step)."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    return (isinstance(engine.optimizer, DeepSpeedZeroOptimizer_Stage3)
+            and isinstance(engine.optimizer.optimizer, torch.optim.Adagrad))
+
+
+def error_text(e):
+    return "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+
+
 def resume_dtrain(case, rank, world):
     """DeepSpeed's engine resuming dtrain's step-5 checkpoint (saved with DeepSpeed's loss scaler
     object, which stage 3's loader needs) with its own load_checkpoint, optimizer state included,
-    and training on to step 10."""
+    and training on to step 10. Where DeepSpeed cannot load it (stage3_torch_adagrad): the error,
+    the error of a fresh engine loading DeepSpeed's own checkpoint ("save"), and the load with the
+    param group emptied as a step leaves it."""
     m = model()
     engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
     stage3 = case["config"]["zero_optimization"]["stage"] == 3
+    out = {}
+    if stage3_torch_adagrad(engine):
+        try:
+            engine.load_checkpoint(case["resume_dtrain"])
+        except ValueError as e:
+            out["error"] = error_text(e)
+        if case.get("save"):
+            own = model()
+            own_engine, _, _, _ = deepspeed.initialize(model=own, model_parameters=own.parameters(),
+                                                       config=case["config"])
+            try:
+                own_engine.load_checkpoint(case["save"])
+            except ValueError as e:
+                out["own_error"] = error_text(e)
+            del own_engine
+        engine.optimizer._clear_fp32_optimizer_param_groups()
     path, client = engine.load_checkpoint(case["resume_dtrain"])
-    out = {"global_steps": engine.global_steps, "path": path,
-           "client_state": {k: client[k] for k in case.get("client_state", {}) if k in client}}
+    out.update({"global_steps": engine.global_steps, "path": path,
+                "client_state": {k: client[k] for k in case.get("client_state", {}) if k in client}})
     out["losses"] = train(engine, range(STEPS // 2, STEPS), rank, world)
     out["params"] = gathered(m, stage3)
     del engine

@@ -70,6 +70,44 @@ json cases() {
   offload["name"] = "stage 1, Adam, offload_optimizer";
   offload["config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   out.push_back(offload);
+  // Adagrad by name: DeepSpeed builds torch.optim.Adagrad (state "sum", a tensor step), and with
+  // offload_optimizer its DeepSpeedCPUAdagrad (state "exp_avg_sq", an int step); each side's
+  // engine loads the other's.
+  const json adagrad = {{"type", "Adagrad"},
+                        {"params",
+                         {{"lr", 0.05},
+                          {"lr_decay", 0.01},
+                          {"initial_accumulator_value", 0.1},
+                          {"weight_decay", 0.001}}}};
+  const json cpu_adagrad = {{"type", "Adagrad"},
+                            {"params", {{"lr", 0.05}, {"weight_decay", 0.001}, {"eps", 1e-8}}}};
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (bool cpu : {false, true}) {
+      if (cpu && stage == 1) continue;
+      json a = out[static_cast<size_t>(4 * (stage - 1))];  // stage N, Adam
+      a["name"] =
+          "stage " + std::to_string(stage) + ", Adagrad" + (cpu ? ", offload_optimizer" : "");
+      a["config"]["optimizer"] = cpu ? cpu_adagrad : adagrad;
+      if (cpu) a["config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+      if (stage == 2 && !cpu) {
+        a["config"]["scheduler"] = {
+            {"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.001}, {"warmup_num_steps", 5}}}};
+        a["name"] = a["name"].get<std::string>() + " + WarmupLR";
+      }
+      out.push_back(a);
+    }
+  }
+  // Lion by name: DeepSpeedCPULion (offload_optimizer only; state "exp_avg" and the
+  // "exp_avg_sq" it never reads, an int step).
+  for (int stage : {2, 3}) {
+    json l = out[static_cast<size_t>(4 * (stage - 1))];
+    l["name"] = "stage " + std::to_string(stage) + ", Lion, offload_optimizer";
+    l["config"]["optimizer"] = {
+        {"type", "Lion"},
+        {"params", {{"lr", 0.002}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.01}}}};
+    l["config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    out.push_back(l);
+  }
   return out;
 }
 
@@ -117,8 +155,8 @@ void run_deepspeed(const fs::path& cases, const fs::path& out) {
 
 // Training, then checkpoints both ways: dtrain's read by DeepSpeed's zero_to_fp32 and by
 // torch.load(weights_only=True) (stages 1-3); DeepSpeed's (saved after step 5) read by
-// `dtrain zero to-fp32` and resumed by dtrain's engine (stages 1-3: parameters, Adam/SGD state,
-// steps and scheduler), which then ends where DeepSpeed ended.
+// `dtrain zero to-fp32` and resumed by dtrain's engine (stages 1-3: parameters, Adam/SGD/Adagrad
+// state, steps and scheduler), which then ends where DeepSpeed ended.
 TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed) {
   const fs::path dir =
       fs::temp_directory_path() / ("dtrain-ds-parity-" + std::to_string(::getpid()));
@@ -214,6 +252,15 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     // DeepSpeed's uninterrupted run ended.
     const json& back = y.value("resumed_dtrain", json::object());
     ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
+    // DeepSpeed 0.19.8 at stage 3 with torch.optim.Adagrad loads no checkpoint into a fresh
+    // engine, its own neither (the peer's stage3_torch_adagrad says why): the same error for
+    // both, and the load once its param group is as a step leaves it.
+    if (back.contains("error") || back.contains("own_error")) {
+      EXPECT_EQ(back.value("error", ""), back.value("own_error", ""))
+          << "DeepSpeed refuses dtrain's checkpoint otherwise than its own";
+      std::printf("%-44s DeepSpeed's own stage-3 Adagrad checkpoint does not load either: %s\n", "",
+                  back.value("own_error", "").c_str());
+    }
     EXPECT_EQ(back["global_steps"], 5);
     EXPECT_EQ(back["client_state"], c["client_state"]) << "client_state as DeepSpeed returns it";
     const double ds_resumed = max_diff(back["params"], y["params"]);

@@ -5,7 +5,8 @@ Usage: deepspeed_reference_peer.py CASES.json OUT.json
 
 Every case holds a DeepSpeed config. The optimizer is built by DeepSpeed's own engine code
 (DeepSpeedEngine._configure_basic_optimizer on the parsed DeepSpeedConfig: FusedAdam for Adam
-and AdamW, torch.optim.SGD for SGD), the scheduler as the engine builds it
+and AdamW, torch.optim.SGD for SGD, torch.optim.Adagrad for Adagrad; with offload_optimizer its
+CPU optimizers, DeepSpeedCPUAdam and DeepSpeedCPUAdagrad), the scheduler as the engine builds it
 (lr_schedules.<type>(optimizer, **params)), and each step runs as the engine's
 _take_model_step does: optimizer.step(), then scheduler.step().
 
@@ -65,11 +66,13 @@ logger.setLevel(logging.ERROR)
 
 
 def basic_optimizer(ds, params):
-    """The optimizer DeepSpeed's engine builds from DeepSpeedConfig `ds` (no ZeRO offload)."""
+    """The optimizer DeepSpeed's engine builds from DeepSpeedConfig `ds` (its CPU optimizer with
+    offload_optimizer, as the engine's zero_use_cpu_optimizer decides)."""
+    cpu = DeepSpeedEngine.zero_use_cpu_optimizer(types.SimpleNamespace(_config=ds))
     stub = types.SimpleNamespace(
         optimizer_params=lambda: ds.optimizer_params,
         optimizer_name=lambda: ds.optimizer_name,
-        zero_use_cpu_optimizer=lambda: False,
+        zero_use_cpu_optimizer=lambda: cpu,
         bf16_optimizer_states=lambda: False,
         zenflow=False,
         has_moe_layers=False)
@@ -78,7 +81,7 @@ def basic_optimizer(ds, params):
 
 
 def build(config, params):
-    """The optimizer and scheduler DeepSpeed's engine makes for `config` (no ZeRO offload)."""
+    """The optimizer and scheduler DeepSpeed's engine makes for `config`."""
     ds = DeepSpeedConfig(dict(config, train_micro_batch_size_per_gpu=1))
     optimizer = basic_optimizer(ds, params)
     scheduler = None
@@ -391,7 +394,8 @@ def engine_view(case, c):
             optimizer = basic_optimizer(c, [p])
             group = optimizer.param_groups[0]
             values = {k: group[k] for k in ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov",
-                                            "bias_correction") if k in group}
+                                            "bias_correction", "lr_decay", "initial_accumulator_value")
+                      if k in group}
             if "betas" in group:
                 values["betas"] = list(group["betas"])
             values["decoupled"] = bool(getattr(optimizer, "adam_w_mode", isinstance(optimizer, torch.optim.AdamW)))

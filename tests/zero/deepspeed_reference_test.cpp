@@ -203,6 +203,53 @@ json build_cases() {
   c.push_back(
       optimizer_case("Adam + WarmupDecayLR", adam(0.01),
                      sched("WarmupDecayLR", {{"total_num_steps", 10}, {"warmup_num_steps", 4}})));
+  // Adagrad by name: torch.optim.Adagrad, and with offload_optimizer DeepSpeedCPUAdagrad (the
+  // peer builds the optimizer DeepSpeed's engine builds for the config).
+  c.push_back(optimizer_case("adagrad in lower case, defaults (lr 0.01, eps 1e-10)",
+                             {{"type", "adagrad"}}));
+  c.push_back(optimizer_case("Adagrad lr_decay, weight_decay, initial_accumulator_value, eps",
+                             {{"type", "Adagrad"},
+                              {"params",
+                               {{"lr", 0.1},
+                                {"lr_decay", 0.05},
+                                {"weight_decay", 0.1},
+                                {"initial_accumulator_value", 0.5},
+                                {"eps", 1e-6}}}}));
+  c.push_back(
+      optimizer_case("Adagrad + WarmupLR", {{"type", "Adagrad"}, {"params", {{"lr", 0.2}}}},
+                     sched("WarmupLR", {{"warmup_min_lr", 0.01}, {"warmup_num_steps", 4}})));
+  auto offloaded = [](json optimizer, int stage) {
+    json o = {{"optimizer", std::move(optimizer)}};
+    o["zero_optimization"] = {{"stage", stage}, {"offload_optimizer", {{"device", "cpu"}}}};
+    return o;
+  };
+  // optimizer_case keeps "optimizer" and "scheduler" only: the offload section goes in after.
+  for (auto [name, optimizer, stage] :
+       {std::tuple<const char*, json, int>{"Adagrad, offload: DeepSpeedCPUAdagrad",
+                                           {{"type", "Adagrad"}, {"params", {{"lr", 0.1}}}},
+                                           1},
+        {"Adagrad, offload, weight_decay, eps: DeepSpeedCPUAdagrad",
+         {{"type", "Adagrad"}, {"params", {{"lr", 0.1}, {"weight_decay", 0.1}, {"eps", 1e-6}}}},
+         2}}) {
+    json cs = optimizer_case(name, optimizer);
+    cs["config"] = offloaded(optimizer, stage);
+    c.push_back(cs);
+  }
+  // Lion by name with offload_optimizer: DeepSpeedCPULion (a zero of the momentum's mix steps
+  // down, as its sign mask makes it); OneCycle cycles its betas.
+  const json lion = {{"type", "Lion"},
+                     {"params", {{"lr", 0.01}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}};
+  for (auto [name, optimizer, scheduler] :
+       {std::tuple<const char*, json, json>{
+            "lion, offload: DeepSpeedCPULion, defaults", {{"type", "lion"}}, nullptr},
+        {"Lion, offload, betas, weight_decay", lion, nullptr},
+        {"Lion, offload + OneCycle (betas cycled)", lion,
+         sched("OneCycle",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.02}, {"cycle_first_step_size", 4}})}}) {
+    json cs = optimizer_case(name, optimizer, scheduler);
+    cs["config"].update(offloaded(optimizer, 2));
+    c.push_back(cs);
+  }
   auto with_fp16 = [](json base, const json& changes) {
     base.update(changes);
     return base;
@@ -253,6 +300,22 @@ json build_cases() {
   c.push_back(buffers_case("buffers: bf16, stage 0, buffer_dtype bf16",
                            {{"bf16", bf16}, {"data_types", {{"buffer_dtype", "bf16"}}}}));
   const json bf16_buffers = {{"buffer_dtype", "bf16"}};
+  // Adagrad under bf16 at stage 1 (at stage 0 DeepSpeed fails to build it: check_configs), and
+  // Lion through its CPU kernel on the fp32 master.
+  c.push_back(
+      buffers_case("buffers: bf16, stage 1, Adagrad lr_decay, weight_decay",
+                   {{"bf16", bf16},
+                    {"data_types", bf16_buffers},
+                    {"zero_optimization", {{"stage", 1}}},
+                    {"optimizer",
+                     {{"type", "Adagrad"},
+                      {"params", {{"lr", 0.05}, {"lr_decay", 0.5}, {"weight_decay", 0.1}}}}}}));
+  c.push_back(buffers_case(
+      "buffers: bf16, stage 2, Lion, offload",
+      {{"bf16", bf16},
+       {"data_types", bf16_buffers},
+       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
+       {"optimizer", {{"type", "Lion"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.1}}}}}}));
   c.push_back(buffers_case(
       "buffers: bf16, stage 0, AdamW weight_decay 0.1",
       {{"bf16", bf16},
@@ -591,6 +654,44 @@ json config_cases() {
       with(opt({{"type", "SGD"}, {"params", {{"lr", 0.1}}}}),
            {{"zero_optimization", {{"stage", 2}}}, {"zero_allow_untested_optimizer", true}}));
   add("RMSprop", opt({{"type", "RMSprop"}, {"params", {{"lr", 0.1}}}}));
+  // Adagrad: torch.optim.Adagrad, or DeepSpeedCPUAdagrad with offload_optimizer (a ZeRO-tested
+  // optimizer: no zero_allow_untested_optimizer needed).
+  const json offload_cpu = {{"device", "cpu"}};
+  add("Adagrad",
+      opt({{"type", "Adagrad"},
+           {"params", {{"lr", 0.1}, {"lr_decay", 0.01}, {"initial_accumulator_value", 1}}}}));
+  add("ADAGRAD in capitals, defaults", opt({{"type", "ADAGRAD"}}));
+  add("Adagrad under ZeRO", with(opt({{"type", "Adagrad"}, {"params", {{"lr", 0.1}}}}),
+                                 {{"zero_optimization", {{"stage", 3}}}}));
+  add("Adagrad, offload",
+      with(opt({{"type", "Adagrad"}, {"params", {{"lr", 0.1}, {"eps", 1e-8}, {"amsgrad", true}}}}),
+           {{"zero_optimization", {{"stage", 2}, {"offload_optimizer", offload_cpu}}}}));
+  add("Adagrad lr_decay, offload",
+      with(opt({{"type", "Adagrad"}, {"params", {{"lr_decay", 0.1}}}}),
+           {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", offload_cpu}}}}));
+  add("Adagrad initial_accumulator_value, offload",
+      with(opt({{"type", "Adagrad"}, {"params", {{"initial_accumulator_value", 0.1}}}}),
+           {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", offload_cpu}}}}));
+  add("Adagrad amsgrad without offload",
+      opt({{"type", "Adagrad"}, {"params", {{"amsgrad", false}}}}));
+  add("Adagrad offload at stage 0",
+      with(opt({{"type", "Adagrad"}}),
+           {{"zero_optimization", {{"stage", 0}, {"offload_optimizer", offload_cpu}}}}));
+  add("Adagrad betas", opt({{"type", "Adagrad"}, {"params", {{"betas", {0.9, 0.99}}}}}));
+  add("Adagrad lr auto", opt({{"type", "Adagrad"}, {"params", {{"lr", "auto"}}}}));
+  add("Adagrad bf16 at stage 0", with(opt({{"type", "Adagrad"}}), {{"bf16", {{"enabled", true}}}}));
+  add("Adagrad bf16 at stage 1",
+      with(opt({{"type", "Adagrad"}}),
+           {{"bf16", {{"enabled", true}}}, {"zero_optimization", {{"stage", 1}}}}));
+  // Lion: DeepSpeedCPULion with offload_optimizer; FusedLion (CUDA only) without it.
+  add("Lion, offload",
+      with(opt({{"type", "lion"}, {"params", {{"lr", 1e-4}, {"betas", {0.95, 0.98}}}}}),
+           {{"zero_optimization", {{"stage", 3}, {"offload_optimizer", offload_cpu}}}}));
+  add("Lion without offload",
+      with(opt({{"type", "Lion"}}), {{"zero_optimization", {{"stage", 2}}}}));
+  add("Lion eps, offload",
+      with(opt({{"type", "Lion"}, {"params", {{"eps", 1e-8}}}}),
+           {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", offload_cpu}}}}));
   add("OneBitAdam", opt({{"type", "OneBitAdam"}, {"params", {{"lr", 0.1}}}}));
   add("optimizer without type", opt({{"params", {{"lr", 0.1}}}}));
   // Schedulers.
@@ -658,6 +759,14 @@ json hjson_cases() {
   return c;
 }
 
+// Whether a config's optimizer is one of `types` (lower case) by name, in any case.
+bool by_name(const json& config, const std::vector<std::string>& types) {
+  if (!config.contains("optimizer")) return false;
+  std::string type = config.at("optimizer").value("type", "");
+  for (auto& ch : type) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return std::find(types.begin(), types.end(), type) != types.end();
+}
+
 // The progress line (steps_per_print, log_level) and the throughput line after it:
 // deepspeed.initialize on one rank trains a few steps and the peer keeps the lines DeepSpeed's
 // logger emits; dtrain's engine trains the same steps and its stdout is kept. A case with
@@ -716,9 +825,76 @@ json progress_cases() {
               {"params",
                {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
       4, json::array(), {{"type", "SGD"}, {"lr", 0.5}, {"momentum", 0.9}});
-  // The client cases compare the parameters after the steps too (weights both sides set).
-  for (auto& cs : c)
-    if (cs.contains("client")) cs["final"] = true;
+  // Adagrad by name at every stage, with and without offload_optimizer (DeepSpeedCPUAdagrad,
+  // stages 1-3; at stage 0 dtrain refuses the offload, check_configs).
+  const json adagrad = {{"type", "Adagrad"},
+                        {"params",
+                         {{"lr", 0.05},
+                          {"lr_decay", 0.1},
+                          {"weight_decay", 0.01},
+                          {"initial_accumulator_value", 0.1}}}};
+  const json cpu_adagrad = {{"type", "Adagrad"},
+                            {"params", {{"lr", 0.05}, {"weight_decay", 0.01}, {"eps", 1e-8}}}};
+  for (int stage = 0; stage <= 3; ++stage) {
+    add("Adagrad by name, stage " + std::to_string(stage),
+        with(every2, {{"optimizer", adagrad}, {"zero_optimization", {{"stage", stage}}}}), 5);
+    if (stage > 0)
+      add("Adagrad by name, offload, stage " + std::to_string(stage),
+          with(every2, {{"optimizer", cpu_adagrad},
+                        {"zero_optimization",
+                         {{"stage", stage}, {"offload_optimizer", {{"device", "cpu"}}}}}}),
+          5);
+  }
+  // Without clipping (whose scaling rounds apart from DeepSpeed's by an ulp in some steps) the
+  // parameters are DeepSpeed's bit for bit.
+  for (int stage = 0; stage <= 3; ++stage) {
+    json zero = {{"stage", stage}};
+    add("Adagrad by name, stage " + std::to_string(stage) + ", no clipping (bitwise)",
+        with(every2,
+             {{"optimizer", adagrad}, {"gradient_clipping", 0}, {"zero_optimization", zero}}),
+        5);
+    if (stage == 0) continue;
+    zero["offload_optimizer"] = {{"device", "cpu"}};
+    add("Adagrad by name, offload, stage " + std::to_string(stage) + ", no clipping (bitwise)",
+        with(every2,
+             {{"optimizer", cpu_adagrad}, {"gradient_clipping", 0}, {"zero_optimization", zero}}),
+        5);
+  }
+  // Lion by name (DeepSpeedCPULion: offload_optimizer only) at stages 1-3.
+  const json lion = {{"type", "Lion"},
+                     {"params", {{"lr", 0.01}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}};
+  for (int stage = 1; stage <= 3; ++stage) {
+    const json zero = {{"stage", stage}, {"offload_optimizer", {{"device", "cpu"}}}};
+    add("Lion by name, offload, stage " + std::to_string(stage),
+        with(every2, {{"optimizer", lion}, {"zero_optimization", zero}}), 5);
+    add("Lion by name, offload, stage " + std::to_string(stage) + ", no clipping (bitwise)",
+        with(every2, {{"optimizer", lion}, {"gradient_clipping", 0}, {"zero_optimization", zero}}),
+        5);
+  }
+  add("lion by name, defaults, OneCycle (betas cycled)",
+      with(every1,
+           {{"optimizer", {{"type", "lion"}}},
+            {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
+            {"scheduler",
+             {{"type", "OneCycle"},
+              {"params",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
+      4);
+  add("adagrad by name, defaults, OneCycle (no betas to cycle)",
+      with(every1,
+           {{"optimizer", {{"type", "adagrad"}}},
+            {"zero_optimization", {{"stage", 1}}},
+            {"scheduler",
+             {{"type", "OneCycle"},
+              {"params",
+               {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
+      4);
+  // The client and Adagrad cases compare the parameters after the steps too (weights both sides
+  // set).
+  for (auto& cs : c) {
+    if (cs.contains("client") || by_name(cs.at("config"), {"adagrad", "lion"})) cs["final"] = true;
+    if (cs.at("name").get<std::string>().find("(bitwise)") != std::string::npos) cs["exact"] = true;
+  }
   // Integers the config writes, kept by DeepSpeed where it puts them into the param group as
   // they are, at every step.
   add("WarmupLR warmup_min_lr 0 (an int), every step",
@@ -1285,7 +1461,11 @@ json engine_values(const dtrain::zero::Config& c, const json& ds) {
     if (d.contains("momentum")) v["momentum"] = o.momentum;
     if (d.contains("dampening")) v["dampening"] = o.dampening;
     if (d.contains("nesterov")) v["nesterov"] = o.nesterov;
-    v["decoupled"] = o.type != "SGD" && o.adam_w_mode;
+    if (d.contains("lr_decay")) v["lr_decay"] = o.lr_decay;
+    if (d.contains("initial_accumulator_value"))
+      v["initial_accumulator_value"] = o.initial_accumulator_value;
+    // DeepSpeed's decoupled flag: its Adam's adam_w_mode (Lion decays decoupled, but has none).
+    v["decoupled"] = o.type != "SGD" && o.type != "Adagrad" && o.type != "Lion" && o.adam_w_mode;
     out["optimizer"] = v;
   }
   if (ds.contains("lrs") && !c.scheduler.type.empty()) {
@@ -1557,9 +1737,17 @@ json run_progress(const json& cs) {
         engine.step();
       }
       if (final) {
+        // The engine's module state (gathered: stage 3 keeps only this rank's part in the
+        // module's parameters), in the module's order.
+        const auto module = engine.core().model_state(true).toGenericDict().at("module");
         std::vector<double> values;
-        for (const auto& p : model->parameters()) {
-          auto flat = p.detach().to(torch::kFloat64).flatten().contiguous();
+        for (const auto& p : model->named_parameters()) {
+          auto flat = module.toGenericDict()
+                          .at(p.key())
+                          .toTensor()
+                          .to(torch::kFloat64)
+                          .flatten()
+                          .contiguous();
           values.insert(values.end(), flat.data_ptr<double>(),
                         flat.data_ptr<double>() + flat.numel());
         }
@@ -1616,6 +1804,9 @@ void check_progress(const json& peer) {
         double worst = 0;
         for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
         EXPECT_LT(worst, 1e-5) << "parameters after the steps differ from DeepSpeed's";
+        if (cs.value("exact", false)) {
+          EXPECT_EQ(worst, 0) << "parameters after the steps not DeepSpeed's bit for bit";
+        }
         std::printf("  %-56s parameters after %d steps within %.1e of DeepSpeed's\n", "",
                     cs.at("steps").get<int>(), worst);
       }
