@@ -79,6 +79,33 @@ int main(int argc, char** argv) {
   // (src/tune/warm_hosts.h).
   if (argc >= 2 && std::string(argv[1]) == "tune-warm-host")
     return dtrain::tune::detail::warm_host_main();
+  // torchrun's abbreviated flags (`--nnode 2`), spelled out before anything reads the flags
+  // (CLI11 knows no abbreviations).
+  std::vector<std::string> spelled(argv, argv + argc);
+  if (argc >= 2 && spelled[1] == "run") {
+    auto dashes = std::find(spelled.begin() + 2, spelled.end(), "--");
+    try {
+      auto run_part =
+          dtrain::spell_out_abbreviations({spelled.begin() + 2, dashes}, [](CLI::App& app) {
+            // The flags `dtrain run` takes beside add_run_options' (here and on the Spark and
+            // Ray routes below), so that an abbreviation after them is spelled out too.
+            for (const char* f :
+                 {"--mlflow-run-id", "--spark-master", "--spark-conf", "--spark-submit",
+                  "--spark-slot-timeout", "--ray-address", "--ray-strategy", "--ray-cpus",
+                  "--ray-gpus", "--ray-placement-timeout", "--ray-python"})
+              app.add_option(f, [](const std::vector<std::string>&) { return true; });
+          });
+      std::copy(run_part.begin(), run_part.end(), spelled.begin() + 2);
+    } catch (const dtrain::UsageError& e) {
+      std::cerr << "dtrain run: error: " << e.what()
+                << "\nRun 'dtrain run --help' for the flags.\n";
+      return 2;
+    }
+  }
+  std::vector<char*> spelled_argv;
+  for (auto& a : spelled) spelled_argv.push_back(a.data());
+  spelled_argv.push_back(nullptr);
+  argv = spelled_argv.data();
   try {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
     dtrain::ray::exec_cli_if_requested(argc, argv);    // `dtrain run --ray-address ADDR ...`
@@ -103,26 +130,6 @@ int main(int argc, char** argv) {
   app.footer(
       "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
       "checkpoints.");
-  // torchrun's abbreviated flags (`--nnode 2`), spelled out before CLI11, which knows none.
-  std::vector<std::string> spelled(argv, argv + argc);
-  if (argc >= 2 && spelled[1] == "run") {
-    auto dashes = std::find(spelled.begin() + 2, spelled.end(), "--");
-    try {
-      auto run_part =
-          dtrain::spell_out_abbreviations({spelled.begin() + 2, dashes}, [](CLI::App& app) {
-            app.add_option("--mlflow-run-id", [](const std::vector<std::string>&) { return true; });
-          });
-      std::copy(run_part.begin(), run_part.end(), spelled.begin() + 2);
-    } catch (const dtrain::UsageError& e) {
-      std::cerr << "dtrain run: error: " << e.what()
-                << "\nRun 'dtrain run --help' for the flags.\n";
-      return 2;
-    }
-  }
-  std::vector<char*> spelled_argv;
-  for (auto& a : spelled) spelled_argv.push_back(a.data());
-  spelled_argv.push_back(nullptr);
-  argv = spelled_argv.data();
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;
