@@ -307,6 +307,45 @@ TEST(ParseRunArgs, TorchrunTwoLaunchLines) {
   EXPECT_TRUE(parse({"--nproc-per-node", "2", "--local-ranks-filter", "1,5"}).notes.empty());
 }
 
+// The lines `script` prints, run by the venv's Python (its torchrun is the peer); fails the
+// test (and returns none) when it fails.
+std::vector<std::string> venv_python_lines(const std::string& script, const std::string& tag) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dtrain-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "script.py") << script; }
+  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "script.py").string() +
+                          " > " + (dir / "out.txt").string();
+  std::vector<std::string> lines;
+  if (std::system(cmd.c_str()) != 0) {
+    ADD_FAILURE() << cmd << " failed (is torch in the venv?)";
+  } else {
+    std::ifstream in(dir / "out.txt");
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  std::filesystem::remove_all(dir);
+  return lines;
+}
+
+// A value torchrun's option `name` takes (any valid one: the tests parse it both ways alike).
+std::string torchrun_sample_value(const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("numa")) return "node";
+  if (has("signals")) return "SIGTERM";
+  if (has("nnodes") || has("nproc")) return "1";
+  if (has("node")) return "0";
+  if (has("port")) return "29500";
+  if (has("restarts") || has("redirects") || has("tee") || name == "-r" || name == "-t") return "0";
+  if (has("interval")) return "0.1";
+  if (has("start")) return "spawn";
+  if (has("backend")) return "static";
+  if (has("endpoint")) return "127.0.0.1:29500";
+  if (has("filter")) return "0";
+  if (has("conf")) return "timeout=10";
+  if (has("addr")) return "127.0.0.1";
+  return "x";
+}
+
 // Every option of the venv's torchrun (PyTorch 2.11), in each of its spellings, is an option of
 // `dtrain run`, taking a value where torchrun's does and none where it is a flag: a new
 // torchrun option shows up here as a failure.
@@ -316,16 +355,8 @@ TEST(ParseRunArgs, EveryTorchrunOptionOfTheVenvIsAccepted) {
       "for a in get_args_parser()._actions:\n"
       "    if a.option_strings and a.dest != 'help':\n"
       "        print(('flag' if a.nargs == 0 else 'value'), *a.option_strings)\n";
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("dtrain-torchrun-opts-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  { std::ofstream(dir / "opts.py") << script; }
-  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "opts.py").string() +
-                          " > " + (dir / "opts.txt").string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
-  std::ifstream in(dir / "opts.txt");
   int options = 0;
-  for (std::string line; std::getline(in, line);) {
+  for (const std::string& line : venv_python_lines(script, "torchrun-opts")) {
     std::istringstream words(line);
     std::string kind, name;
     words >> kind;
@@ -337,30 +368,12 @@ TEST(ParseRunArgs, EveryTorchrunOptionOfTheVenvIsAccepted) {
         // A flag takes no value: the next word is the program.
         EXPECT_EQ(parse_run_args({name, "prog.py", "arg"}).program, "prog.py");
       } else {
-        const std::string value =
-            name.find("numa") != std::string::npos                                  ? "node"
-            : name.find("signals") != std::string::npos                             ? "SIGTERM"
-            : name.find("nnodes") != std::string::npos                              ? "1"
-            : name.find("nproc") != std::string::npos                               ? "1"
-            : name.find("node") != std::string::npos                                ? "0"
-            : name.find("port") != std::string::npos                                ? "29500"
-            : name.find("restarts") != std::string::npos                            ? "0"
-            : name.find("interval") != std::string::npos                            ? "0.1"
-            : name.find("start") != std::string::npos                               ? "spawn"
-            : name.find("redirects") != std::string::npos                           ? "0"
-            : name == "-r" || name == "-t" || name.find("tee") != std::string::npos ? "0"
-            : name.find("backend") != std::string::npos                             ? "static"
-            : name.find("endpoint") != std::string::npos ? "127.0.0.1:29500"
-            : name.find("filter") != std::string::npos   ? "0"
-            : name.find("conf") != std::string::npos     ? "timeout=10"
-            : name.find("addr") != std::string::npos     ? "127.0.0.1"
-                                                         : "x";
+        const std::string value = torchrun_sample_value(name);
         EXPECT_NO_THROW(parse({name, value})) << "torchrun's option " << name << " " << value;
       }
     }
   }
   EXPECT_GE(options, 50) << "torchrun 2.11 has ~28 options, most in two spellings";
-  std::filesystem::remove_all(dir);
 }
 
 // What `o` holds that a torchrun option sets (not the random run id of --standalone).
@@ -406,16 +419,8 @@ TEST(ParseRunArgs, AbbreviatedFlagsAsTorchrunsArgparseTakesThem) {
       "        m = [s for s in names if s.startswith(pre)]\n"
       "        a = p._option_string_actions[m[0]]\n"
       "        print(pre, m[0] if len(m) == 1 else '-', 'flag' if a.nargs == 0 else 'value')\n";
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("dtrain-torchrun-abbrev-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  { std::ofstream(dir / "abbrev.py") << script; }
-  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "abbrev.py").string() +
-                          " > " + (dir / "abbrev.txt").string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
-  std::ifstream in(dir / "abbrev.txt");
   int resolved = 0, ambiguous = 0;
-  for (std::string line; std::getline(in, line);) {
+  for (const std::string& line : venv_python_lines(script, "torchrun-abbrev")) {
     std::istringstream words(line);
     std::string prefix, full, kind;
     words >> prefix >> full >> kind;
@@ -427,25 +432,7 @@ TEST(ParseRunArgs, AbbreviatedFlagsAsTorchrunsArgparseTakesThem) {
       continue;
     }
     ++resolved;
-    // A value torchrun's option takes (the value itself does not matter: both parse it alike).
-    const std::string value =
-        full.find("nnodes") != std::string::npos     ? "1"
-        : full.find("nproc") != std::string::npos    ? "2"
-        : full.find("node") != std::string::npos     ? "0"
-        : full.find("port") != std::string::npos     ? "29501"
-        : full.find("restarts") != std::string::npos ? "3"
-        : full.find("interval") != std::string::npos ? "0.5"
-        : full.find("start") != std::string::npos    ? "spawn"
-        : full.find("backend") != std::string::npos  ? "c10d"
-        : full.find("endpoint") != std::string::npos ? "127.0.0.1:29500"
-        : full.find("filter") != std::string::npos   ? "0"
-        : full.find("conf") != std::string::npos     ? "timeout=10"
-        : full.find("addr") != std::string::npos     ? "127.0.0.1"
-        : full.find("numa") != std::string::npos     ? "node"
-        : full.find("signals") != std::string::npos  ? "SIGTERM"
-        : full.find("redirects") != std::string::npos || full.find("tee") != std::string::npos
-            ? "3"
-            : "x";
+    const std::string value = torchrun_sample_value(full);
     const Args with = kind == "flag" ? Args{prefix} : Args{prefix, value};
     const Args spelled = kind == "flag" ? Args{full} : Args{full, value};
     try {
@@ -465,7 +452,6 @@ TEST(ParseRunArgs, AbbreviatedFlagsAsTorchrunsArgparseTakesThem) {
   // dtrain's own flags are spelled out in full: a prefix of them only is named as unknown.
   const std::string e = usage_error({"--term", "3", "prog"});
   EXPECT_NE(e.find("did you mean --term-timeout?"), std::string::npos) << e;
-  std::filesystem::remove_all(dir);
 }
 
 // torchrun takes every option it does not find on the command line from PET_<DEST> (its
