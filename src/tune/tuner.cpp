@@ -78,9 +78,8 @@ struct TrialRecord {
   std::string error;
   std::string dir;
   std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
-  std::int64_t checkpoint_index = -1;  // its last checkpoint's index (Ray's storage index)
-  std::map<std::string, double> checkpoint_times;  // checkpoint dir -> time_total_s
-  std::string mlflow_run_id;                       // its MLflow child run, "" when not logged
+  std::map<std::string, double> checkpoint_times;             // checkpoint dir -> time_total_s
+  std::string mlflow_run_id;  // its MLflow child run, "" when not logged
 
   // While running.
   std::thread thread;
@@ -473,9 +472,6 @@ ResultGrid Tuner::fit() {
       for (auto it = cps.begin(); it != cps.end(); ++it) {
         r->checkpoint_iterations[it.key()] = it.value().get<std::int64_t>();
       }
-      // A state from before the index was kept: one per checkpoint the trial took.
-      r->checkpoint_index = s.value("checkpoint_index",
-                                    static_cast<std::int64_t>(r->checkpoint_iterations.size()) - 1);
       const Config times = s.value("checkpoint_times", Config::object());
       for (auto it = times.begin(); it != times.end(); ++it) {
         r->checkpoint_times[it.key()] = it.value().get<double>();
@@ -581,7 +577,6 @@ ResultGrid Tuner::fit() {
                       {"dir", r->dir},
                       {"mlflow_run_id", r->mlflow_run_id},
                       {"checkpoint_iterations", cp},
-                      {"checkpoint_index", r->checkpoint_index},
                       {"checkpoint_times", times}});
     }
     state["trials"] = list;
@@ -688,7 +683,9 @@ ResultGrid Tuner::fit() {
     d.env["DTRAIN_TUNE_CHECKPOINT"] = r.restore_checkpoint;
     d.env["DTRAIN_TUNE_START_ITERATION"] = std::to_string(r.restore_iteration);
     d.env["DTRAIN_TUNE_RUN"] = std::to_string(r.runs);
-    d.env["DTRAIN_TUNE_CHECKPOINT_INDEX"] = std::to_string(r.checkpoint_index);
+    // Ray's storage index: the trial's last checkpoint's (one per checkpoint it reported).
+    d.env["DTRAIN_TUNE_CHECKPOINT_INDEX"] =
+        std::to_string(static_cast<std::int64_t>(r.checkpoint_iterations.size()) - 1);
     d.env["DTRAIN_TUNE_REPORT_TIMEOUT_MS"] = std::to_string(o.report_timeout.count());
     if (warm_server) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_server->agent_env();
     if (warm_hosts) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_hosts->agent_env();
@@ -878,7 +875,6 @@ ResultGrid Tuner::fit() {
         r.latest_checkpoint_iteration = iteration;
         r.latest_checkpoint_time = result.at("time_total_s").get<double>();
         r.checkpoint_iterations[r.latest_checkpoint] = iteration;
-        ++r.checkpoint_index;  // as Ray's Trial.on_checkpoint keeps its storage's in step
         r.checkpoint_times[r.latest_checkpoint] = r.latest_checkpoint_time;
       }
       std::string decision = "CONTINUE";
