@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <sstream>
 #include <type_traits>
 
@@ -13,6 +14,20 @@
 
 namespace dtrain::zero::detail {
 namespace {
+
+// Whether the fused CPU kernels (cpu_adam_step, cpu_optimizers.h) can step `w`: the partition
+// and its state flat CPU arrays, its gradient on the CPU, all of one type they take (float or
+// double).
+bool fused_cpu_step_applies(const torch::Tensor& w, const torch::Tensor& g,
+                            std::initializer_list<torch::Tensor> state) {
+  if (!w.device().is_cpu() || !g.device().is_cpu() || !w.is_contiguous() ||
+      g.scalar_type() != w.scalar_type() ||
+      (w.scalar_type() != torch::kFloat32 && w.scalar_type() != torch::kFloat64))
+    return false;
+  for (const auto& s : state)
+    if (!s.is_contiguous()) return false;
+  return true;
+}
 
 class Adam final : public PartitionOptimizer {
  public:
@@ -28,17 +43,14 @@ class Adam final : public PartitionOptimizer {
     auto& m = state_[0];
     auto& v = state_[1];
     // One fused pass (cpu_adam_step) whenever the partition and its state are flat CPU arrays.
-    if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && g.is_contiguous() &&
-        g.scalar_type() == w.scalar_type() && m.is_contiguous() && v.is_contiguous()) {
-      auto gc = g.contiguous();
+    if (g.is_contiguous() && fused_cpu_step_applies(w, g, {m, v})) {
       if (w.scalar_type() == torch::kFloat32)
-        return cpu_adam_step(w.data_ptr<float>(), gc.data_ptr<float>(), m.data_ptr<float>(),
+        return cpu_adam_step(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                              v.data_ptr<float>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
                              c_.weight_decay, adamw, 0, c_.bias_correction);
-      if (w.scalar_type() == torch::kFloat64)
-        return cpu_adam_step(w.data_ptr<double>(), gc.data_ptr<double>(), m.data_ptr<double>(),
-                             v.data_ptr<double>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
-                             c_.weight_decay, adamw, 0, c_.bias_correction);
+      return cpu_adam_step(w.data_ptr<double>(), g.data_ptr<double>(), m.data_ptr<double>(),
+                           v.data_ptr<double>(), w.numel(), a.step, lr, beta1, beta2, c_.eps,
+                           c_.weight_decay, adamw, 0, c_.bias_correction);
     }
     const double bc1 = c_.bias_correction ? 1 - std::pow(beta1, double(a.step)) : 1.0,
                  bc2 = c_.bias_correction ? 1 - std::pow(beta2, double(a.step)) : 1.0;
@@ -150,9 +162,7 @@ class Adagrad final : public PartitionOptimizer {
   double lr() const override { return c_.lr; }
   void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
     auto& sum = state_[0];
-    if (cpu_ && w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() &&
-        sum.is_contiguous() && g.scalar_type() == w.scalar_type() &&
-        (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kFloat64)) {
+    if (cpu_ && fused_cpu_step_applies(w, g, {sum})) {
       auto gc = g.contiguous();
       if (w.scalar_type() == torch::kFloat32)
         return cpu_adagrad_step(w.data_ptr<float>(), gc.data_ptr<float>(), sum.data_ptr<float>(),
@@ -192,9 +202,7 @@ class Lion final : public PartitionOptimizer {
   double lr() const override { return c_.lr; }
   void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
     auto& m = state_[0];
-    if (w.device().is_cpu() && g.device().is_cpu() && w.is_contiguous() && m.is_contiguous() &&
-        g.scalar_type() == w.scalar_type() &&
-        (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kFloat64)) {
+    if (fused_cpu_step_applies(w, g, {m})) {
       auto gc = g.contiguous();
       if (w.scalar_type() == torch::kFloat32)
         return cpu_lion_step(w.data_ptr<float>(), gc.data_ptr<float>(), m.data_ptr<float>(),
