@@ -135,10 +135,16 @@ struct TuneOptions {
   // whenever a trial's run ends while trials wait, and runs more at once when room appeared
   // (never fewer than at the start; docs/tune.md, "Concurrency follows the cluster"). An engine
   // that cannot tell (mpi; spark without a kept application): one trial at a time unless this
-  // is set. A cap on trials running, not on trials existing: PBT pauses trials to share the
-  // slots, as Ray does when CPUs are the limit (Ray's max_concurrent_trials creates no more
-  // trials than this until one ends; docs/tune.md).
+  // is set. As Ray's max_concurrent_trials (its BasicVariantGenerator(max_concurrent)), it also
+  // caps the trials that exist: the next trial of the search is made only while fewer than this
+  // many are live (not ended; a trial PBT paused is live), so with PBT the first ones run to
+  // their end exploiting only each other. Fewer slots than live trials (num_cpus, or the
+  // engine's count) is what makes PBT pause trials to share them, as Ray's CPUs do.
   int max_concurrent_trials = 0;
+  // Local mode: the CPUs the search may use, as ray.init(num_cpus=N) for a local Ray: trials
+  // at once = num_cpus / trial_resources.processes (at least 1). 0: this machine's cores. On a
+  // cluster the engine counts its slots (UsageError if set).
+  int num_cpus = 0;
   TrialResources trial_resources;
   // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
   // false: every trial is a Distributor job with local_mode = false on `cluster`'s engine

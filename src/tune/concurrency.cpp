@@ -16,7 +16,9 @@ std::string slots_text(const engines::Capacity& c) {
 }  // namespace
 
 Concurrency::Concurrency(Options o) : o_(std::move(o)) {
-  const auto room = engines::for_job(o_.trial).capacity(o_.trial);
+  const auto room =
+      o_.cpus > 0 ? std::optional<engines::Capacity>(engines::Capacity{o_.cpus, o_.cpus, false})
+                  : engines::for_job(o_.trial).capacity(o_.trial);
   int n = room ? std::max(1, room->free_slots / o_.processes) : std::max(1, o_.max_concurrent);
   if (room && o_.max_concurrent > 0) n = std::min(n, o_.max_concurrent);
   first_ = limit_ = n;

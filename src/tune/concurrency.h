@@ -58,6 +58,7 @@ class Concurrency {
     DistributorOptions trial;  // a trial's job, as its Distributor gets it
     int processes = 1;         // a trial's processes (trial_resources.processes)
     int max_concurrent = 0;    // TuneOptions::max_concurrent_trials; 0: no limit
+    int cpus = 0;              // TuneOptions::num_cpus: local slots instead of the cores; 0: none
     bool verbose = false;      // a line on stderr for the first count and every change
     std::string engine;        // the engine's name, for those lines ("" in local mode)
   };

@@ -382,6 +382,16 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
         "tune::Tuner: trial_resources.gpus is not supported yet (GPU placement per trial is "
         "not built); set it to 0");
   }
+  if (o.num_cpus < 0) {
+    throw UsageError("tune::Tuner: num_cpus must be >= 0 (0: this machine's cores), got " +
+                     std::to_string(o.num_cpus));
+  }
+  if (o.num_cpus > 0 && !o.local_mode) {
+    throw UsageError(
+        "tune::Tuner: num_cpus is for a local search (the CPUs of this machine it may use); on "
+        "a cluster the engine counts its free slots: leave it 0, or cap the trials with "
+        "max_concurrent_trials");
+  }
   if (o.local_mode && !o.cluster.engine.empty()) {
     throw UsageError(
         "tune::Tuner: cluster.engine is \"" + o.cluster.engine +
@@ -429,6 +439,9 @@ ResultGrid Tuner::fit() {
   const fs::path state_path = exp_dir / "tuner_state.json";
 
   std::vector<std::unique_ptr<TrialRecord>> trials;
+  // Variants not yet made trials: with max_concurrent_trials, Ray's BasicVariantGenerator makes
+  // the next trial only while fewer than that many are live (not ended; a paused trial is live).
+  std::deque<std::unique_ptr<TrialRecord>> uncreated;
   std::int64_t seq = 0;
   bool resumed = false;
   std::string mlflow_parent_id;
@@ -485,6 +498,14 @@ ResultGrid Tuner::fit() {
       }
       trials.push_back(std::move(r));
     }
+    for (const auto& s : state.value("uncreated", Config::array())) {
+      auto r = std::make_unique<TrialRecord>();
+      r->trial.id = s.at("id");
+      r->trial.config = s.at("config");
+      r->trial.experiment_tag = s.value("tag", r->trial.id);
+      r->dir = s.at("dir");
+      uncreated.push_back(std::move(r));
+    }
     resumed = true;
   } else {
     if (!o.resume && fs::exists(state_path)) {
@@ -501,8 +522,21 @@ ResultGrid Tuner::fit() {
       r->trial.config = configs[i];
       r->trial.experiment_tag = std::to_string(i);
       r->dir = (exp_dir / id).string();
-      trials.push_back(std::move(r));
+      uncreated.push_back(std::move(r));
     }
+  }
+  // Trials not ended: what Ray's variant generator counts against max_concurrent_trials.
+  auto live_trials = [&] {
+    return static_cast<int>(std::count_if(trials.begin(), trials.end(),
+                                          [](auto& r) { return !r->trial.is_finished(); }));
+  };
+  auto may_create = [&] {
+    return !uncreated.empty() &&
+           (o.max_concurrent_trials == 0 || live_trials() < o.max_concurrent_trials);
+  };
+  while (may_create()) {
+    trials.push_back(std::move(uncreated.front()));
+    uncreated.pop_front();
   }
   Context ctx(trials);
   ctx.verbose = o.verbose;
@@ -580,6 +614,14 @@ ResultGrid Tuner::fit() {
                       {"checkpoint_times", times}});
     }
     state["trials"] = list;
+    Config later = Config::array();
+    for (auto& r : uncreated) {
+      later.push_back({{"id", r->trial.id},
+                       {"config", r->trial.config},
+                       {"tag", r->trial.experiment_tag},
+                       {"dir", r->dir}});
+    }
+    state["uncreated"] = later;
     const fs::path tmp = state_path.string() + ".tmp";
     {
       std::ofstream out(tmp);
@@ -630,7 +672,7 @@ ResultGrid Tuner::fit() {
   // As many trials at once as the engine's free slots hold, asked again as runs end where the
   // engine's count follows its jobs (concurrency.h).
   detail::Concurrency concurrency({trial_distributor_options(o), o.trial_resources.processes,
-                                   o.max_concurrent_trials, o.verbose,
+                                   o.max_concurrent_trials, o.num_cpus, o.verbose,
                                    o.local_mode ? "" : o.cluster.engine});
 
   std::mutex done_mutex;
@@ -1006,6 +1048,16 @@ ResultGrid Tuner::fit() {
         if (r->thread.joinable()) r->stop_requested = true;
     }
     if (Clock::now() - last_stop_all >= std::chrono::milliseconds(100)) end_search_if_asked();
+    // Make the next trials where max_concurrent_trials leaves room (a trial ended).
+    bool created = false;
+    while (fatal.empty() && !search_stopped && may_create()) {
+      TrialRecord& r = *trials.emplace_back(std::move(uncreated.front()));
+      uncreated.pop_front();
+      fs::create_directories(r.dir);
+      sched.on_trial_add(ctx, r.trial);
+      created = true;
+    }
+    if (created) save_state();
     concurrency.poll(live_runs(), fatal.empty() && waiting(), counted);
     // Start what fits.
     while (fatal.empty() && !search_stopped && running_count() < concurrency.limit()) {

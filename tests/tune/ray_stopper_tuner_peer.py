@@ -3,7 +3,7 @@
 Usage: ray_stopper_tuner_peer.py OUT.json
 
 A local Ray instance of 1 CPU, so the trials (1 CPU each) run one at a time in their order, as
-dtrain's with max_concurrent_trials = 1; every trial is created (PENDING) up front in both.
+dtrain's with num_cpus = 1; every trial is created (PENDING) up front in both.
 Two searches, the trainable reporting {"score": x} 2 times when x < 0.3, else 6 times:
   ends_trials: x in [0.5, 0.95, 0.2], stop=CombinedStopper(FunctionStopper(score >= 0.9),
                MaximumIterationStopper(3)); the function records every call it gets.

@@ -101,6 +101,30 @@ void curve_trainable(Config config) {
   }
 }
 
+// curve_trainable to iteration 6 that also writes "start ID" when a run starts and "end ID IT"
+// when it ends (IT: its last iteration, 0 if none; a run PBT stops ends too) to the file
+// config "log" names.
+void logged_curve_trainable(Config config) {
+  const std::string log = config.at("log");
+  std::ofstream(log, std::ios::app) << "start " << trial_id() << "\n";
+  struct End {
+    const std::string& log;
+    int it = 0;
+    ~End() { std::ofstream(log, std::ios::app) << "end " << trial_id() << " " << it << "\n"; }
+  } end{log};
+  int start = 0;
+  if (auto ckpt = get_checkpoint()) std::ifstream(fs::path(*ckpt) / "state") >> start;
+  const double q = config.at("q").get<double>();
+  for (int it = start + 1; it <= 6; ++it) {
+    const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+    fs::create_directories(tmp);
+    std::ofstream(tmp / "state") << it << " " << trial_id() << "\n";
+    const double lr = config.at("lr").get<double>();
+    end.it = it;
+    report({{"score", q * lr * (1 - std::pow(0.5, it))}}, tmp.string());
+  }
+}
+
 // A run that diverges: a good first score, then NaN (config "diverge"), or a steady curve.
 void diverging_trainable(Config config) {
   const bool diverge = config.at("diverge").get<bool>();
@@ -531,7 +555,7 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
               {.metric = "score",
                .mode = "max",
                .scheduler = pbt,
-               .max_concurrent_trials = 1,
+               .num_cpus = 1,
                .storage_path = dir.string(),
                .seed = 3,
                .verbose = false});
@@ -568,12 +592,12 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   fs::remove_all(dir);
 }
 
-// Ray's PBT with more trials than slots: the next trial to run is the paused one with the
-// least training time, so all four advance in turn (none starves), and every checkpoint is
-// kept as it was reported, though trials are restored from earlier checkpoints (their own, or
-// another trial's) and report those iterations again: a trial's checkpoints are named as Ray's
-// (checkpoint_000000, 000001, ... by its count of checkpoints, across its runs), and each holds
-// the iteration of the result that named it.
+// Ray's PBT with more trials than slots (num_cpus, as ray.init(num_cpus=2)): the next trial to run
+// is the paused one with the least training time, so all four advance in turn (none starves), and
+// every checkpoint is kept as it was reported, though trials are restored from earlier checkpoints
+// (their own, or another trial's) and report those iterations again: a trial's checkpoints are
+// named as Ray's (checkpoint_000000, 000001, ... by its count of checkpoints, across its runs), and
+// each holds the iteration of the result that named it.
 TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
   const auto dir = fresh_dir("pbt-fair");
   auto pbt = std::make_shared<PbtScheduler>(
@@ -585,7 +609,7 @@ TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
               {.metric = "score",
                .mode = "max",
                .scheduler = pbt,
-               .max_concurrent_trials = 2,
+               .num_cpus = 2,
                .storage_path = dir.string(),
                .seed = 5,
                .verbose = false});
@@ -620,6 +644,61 @@ TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
   EXPECT_GE(checkpoints, 4 * 8);
   EXPECT_GT(rerun, 0) << "no trial reported an iteration again: nothing could be overwritten";
   EXPECT_GT(pbt->num_perturbations(), 0);
+  fs::remove_all(dir);
+}
+
+// Ray's max_concurrent_trials caps the trials that exist, not only those running
+// (BasicVariantGenerator(max_concurrent) makes the next trial only while fewer are live): with
+// PBT, population 4, 2 at a time and room for 4, the third and fourth trials are made only as
+// the first two end, so no more than 2 ever exist at once (checked with Ray 2.60: trials 2 and
+// 3 start as 1 and 0 complete). Before, the Tuner made all four at once and PBT paused the
+// running ones for the waiting ones, as it does when CPUs are the limit.
+TEST(TuneTuner, MaxConcurrentTrialsCapsTheTrialsThatExistAsRays) {
+  const auto dir = fresh_dir("pbt-max-concurrent");
+  const std::string log = (dir / "runs.log").string();
+  auto pbt = std::make_shared<PbtScheduler>(
+      PbtOptions{.time_attr = "training_iteration",
+                 .perturbation_interval = 2,
+                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  Tuner tuner(logged_curve_trainable,
+              Config{{"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"log", log}},
+              {.metric = "score",
+               .mode = "max",
+               .scheduler = pbt,
+               .max_concurrent_trials = 2,
+               .num_cpus = 4,
+               .storage_path = dir.string(),
+               .seed = 5,
+               .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  for (const auto& t : grid.trials())
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+  // A trial exists from its first run's start until its last run's end (a trial PBT paused,
+  // or exploited at its last report, runs again: it is live in between).
+  std::ifstream in(log);
+  std::vector<std::pair<std::string, std::string>> events;  // ("start" | "end", trial)
+  std::string what, id, lines;
+  while (in >> what >> id) {
+    std::string it;
+    if (what == "end") in >> it;
+    events.emplace_back(what, id);
+    lines += what + " " + id + (it.empty() ? "" : " " + it) + "\n";
+  }
+  std::map<std::string, std::size_t> first_start, last_end;
+  for (std::size_t k = 0; k < events.size(); ++k) {
+    if (events[k].first == "start") first_start.emplace(events[k].second, k);
+    if (events[k].first == "end") last_end[events[k].second] = k;
+  }
+  ASSERT_EQ(first_start.size(), 4u) << lines;
+  int most_live = 0;
+  for (const auto& [started, at] : first_start) {
+    int live = 0;
+    for (const auto& [other, from] : first_start)
+      live += from <= at && (!last_end.count(other) || last_end.at(other) >= at);
+    most_live = std::max(most_live, live);
+  }
+  EXPECT_EQ(most_live, 2) << "more than max_concurrent_trials trials existed at once:\n" << lines;
   fs::remove_all(dir);
 }
 
@@ -800,7 +879,7 @@ TEST(TuneTuner, StoppersEndTrialsAndTheSearchAsRayTunesDo) {
               .mode = "max",
               .stopper = std::make_shared<CombinedStopper>(
                   fn, std::make_shared<MaximumIterationStopper>(3)),
-              .max_concurrent_trials = 1,
+              .num_cpus = 1,
               .storage_path = (dir / "dtrain").string(),
               .name = "ends_trials",
               .verbose = false});
@@ -814,7 +893,7 @@ TEST(TuneTuner, StoppersEndTrialsAndTheSearchAsRayTunesDo) {
              .mode = "max",
              .stopper = std::make_shared<ExperimentPlateauStopper>(
                  ExperimentPlateauOptions{.metric = "score", .top = 2, .mode = "max"}),
-             .max_concurrent_trials = 1,
+             .num_cpus = 1,
              .storage_path = (dir / "dtrain").string(),
              .name = "stop_all",
              .verbose = false});
@@ -876,7 +955,7 @@ TEST(TuneTuner, TimeBudgetEndsTheSearch) {
               {.metric = "score",
                .mode = "max",
                .time_budget = std::chrono::seconds(1),
-               .max_concurrent_trials = 1,
+               .num_cpus = 1,
                .storage_path = dir.string(),
                .verbose = false});
   const ResultGrid grid = tuner.fit();
@@ -917,6 +996,14 @@ TEST(TuneTuner, BadOptionsAreClearErrors) {
   EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.trial_resources = {.processes = 0}}),
                dtrain::UsageError);
   EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.mode = "maximum"}), dtrain::UsageError);
+  EXPECT_THROW(Tuner(flaky_trainable, Config{{"a", 1}}, {.num_cpus = -1}), dtrain::UsageError);
+  try {  // num_cpus counts this machine's CPUs: on a cluster the engine counts its slots
+    Tuner(flaky_trainable, Config{{"a", 1}},
+          {.num_cpus = 2, .local_mode = false, .cluster = {.engine = "ssh", .hosts = "a:1,b:1"}});
+    ADD_FAILURE() << "num_cpus with local_mode = false was taken";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("num_cpus is for a local search")) << e.what();
+  }
   EXPECT_THROW(
       Tuner(flaky_trainable, Config{{"a", 1}}, {.scheduler = std::make_shared<AshaScheduler>()})
           .fit(),
