@@ -45,6 +45,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/codec.h"
@@ -87,7 +88,11 @@ class TrialStopped : public Error {
 // run started; a reported value is kept), "time_total_s" (the restored checkpoint's plus the
 // time since), "pid", "hostname", "node_ip" (of rank 0), "config", "time_since_restore",
 // "iterations_since_restore". A reported `"done": true` ends the trial after this result.
-// UsageError: called outside a trial, or metrics not an object of numbers.
+// `metrics` is an object whose values are what Ray's tune.report takes as JSON: numbers (NaN and
+// infinities too), booleans, strings, null, lists and nested objects ({"acc": {"top1": 0.9}},
+// which schedulers, `stop`, best_result and checkpoint_config name "acc/top1", as Ray flattens
+// it); those read numbers only.
+// UsageError: called outside a trial, or metrics not a JSON object.
 // TimeoutError: the driver did not answer within the report timeout (it is gone).
 void report(const Result& metrics, const std::string& checkpoint = "");
 
@@ -105,6 +110,19 @@ std::string trial_dir();
 struct TrialResources {
   int processes = 1;  // worker processes per trial (the Distributor's num_processes)
   int gpus = 0;       // GPUs per trial: not supported yet (UsageError if > 0)
+};
+
+// Ray's CheckpointConfig (RunConfig(checkpoint_config=...)): which of each trial's checkpoints
+// stay on disk. By default every one. num_to_keep (>= 1) keeps the best that many by
+// checkpoint_score_attribute ("max": the largest; "min": the smallest; no attribute: the most
+// recent), and the latest checkpoint always, until a newer one comes; the others are deleted
+// as the trial reports (Ray 2.60's _CheckpointManager, to its tie and NaN rules: a NaN scores
+// below every number, a result without the attribute counts as the most recent). A checkpoint
+// a PBT exploit is about to restore from is deleted only once no trial waits to start from it.
+struct CheckpointConfig {
+  int num_to_keep = 0;                     // 0: keep all (Ray's None)
+  std::string checkpoint_score_attribute;  // a key of the results ("a/b" nested); "": recency
+  std::string checkpoint_score_order = "max";
 };
 
 struct TuneOptions {
@@ -161,6 +179,7 @@ struct TuneOptions {
   // Default: ./dtrain_tune_results.
   std::string storage_path;
   std::string name = "tune";
+  CheckpointConfig checkpoint_config;
   bool resume = false;     // continue the search saved there instead of starting anew
   std::uint64_t seed = 0;  // variants and the schedulers' random choices
   // A trial (one run of it) that takes longer is stopped and counts as a failure.
@@ -195,6 +214,15 @@ struct TrialResult {
   int num_failures = 0;
   std::string error;  // why it ended in Error
   std::string dir;    // its directory under storage_path/name
+  // Ray's Result.best_checkpoints: the checkpoints kept (TuneOptions::checkpoint_config) with
+  // the result each was reported with, worst first (by the score attribute, else oldest first);
+  // with num_to_keep, that many (the latest checkpoint, kept too, may not be among them).
+  std::vector<std::pair<std::string, Result>> best_checkpoints;
+  // Ray's Result.get_best_checkpoint(metric, mode): the checkpoint of best_checkpoints whose
+  // result has the best `metric` ("a/b" nested; on a tie the first; a NaN first in line is
+  // never displaced, as Python's max/min). UsageError: no checkpoint, a mode not "min"/"max",
+  // or no checkpoint's result has the metric.
+  std::string get_best_checkpoint(const std::string& metric, const std::string& mode) const;
 };
 
 class ResultGrid {

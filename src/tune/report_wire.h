@@ -12,8 +12,9 @@
 
 namespace dtrain::tune::detail {
 
-// `metrics` (a flat object) with every NaN or infinite number replaced by null; `nonfinite`
-// gets {key: "nan" | "inf" | "-inf"} for each (an empty object when there is none).
+// `metrics` (an object, nested objects and lists in it too) with every NaN or infinite number
+// replaced by null; `nonfinite` gets {JSON pointer ("/loss", "/acc/top1"): "nan" | "inf" |
+// "-inf"} for each (an empty object when there is none).
 Config with_nonfinite_as_null(const Config& metrics, Config* nonfinite);
 
 // msg["metrics"] with the values msg["nonfinite"] names restored as numbers. A message without

@@ -161,12 +161,6 @@ void report(const Result& metrics, const std::string& checkpoint) {
   if (!metrics.is_object()) {
     throw UsageError("dtrain::tune::report: metrics must be a JSON object, got " + metrics.dump());
   }
-  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
-    if (!it.value().is_number() && !it.value().is_boolean()) {
-      throw UsageError("dtrain::tune::report: metric \"" + it.key() + "\" must be a number, got " +
-                       it.value().dump());
-    }
-  }
   const int k = ++s.reports;
   const std::string result_key = s.prefix + "result/" + std::to_string(k);
   const std::string decision_key = s.prefix + "decision/" + std::to_string(k);

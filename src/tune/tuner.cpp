@@ -30,6 +30,7 @@
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 #include "engines/engine.h"
+#include "tune/checkpoint_keeper.h"
 #include "tune/concurrency.h"
 #include "tune/mlflow_trials.h"
 #include "tune/report_wire.h"
@@ -79,7 +80,8 @@ struct TrialRecord {
   std::string dir;
   std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
   std::map<std::string, double> checkpoint_times;             // checkpoint dir -> time_total_s
-  std::string mlflow_run_id;  // its MLflow child run, "" when not logged
+  std::string mlflow_run_id;        // its MLflow child run, "" when not logged
+  detail::CheckpointKeeper keeper;  // which of its checkpoints stay (checkpoint_config)
 
   // While running.
   std::thread thread;
@@ -205,6 +207,11 @@ Distributor cluster_probe(const TuneOptions& o) {
 }  // namespace
 
 // ---- ResultGrid --------------------------------------------------------------------------
+
+std::string TrialResult::get_best_checkpoint(const std::string& metric,
+                                             const std::string& mode) const {
+  return detail::best_checkpoint_of(best_checkpoints, metric, mode, id);
+}
 
 int ResultGrid::num_errors() const {
   return static_cast<int>(std::count_if(trials_.begin(), trials_.end(), [](const TrialResult& t) {
@@ -427,6 +434,7 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
     o.stopper = o.stopper ? std::make_shared<CombinedStopper>(o.stopper, timeout)
                           : std::shared_ptr<Stopper>(timeout);
   }
+  detail::check_checkpoint_config(o.checkpoint_config);
   if (o.storage_path.empty()) o.storage_path = "dtrain_tune_results";
   if (!o.scheduler) o.scheduler = std::make_shared<FifoScheduler>();
   o.scheduler->set_search_properties(o.metric, o.mode);
@@ -442,6 +450,9 @@ ResultGrid Tuner::fit() {
   // Variants not yet made trials: with max_concurrent_trials, Ray's BasicVariantGenerator makes
   // the next trial only while fewer than that many are live (not ended; a paused trial is live).
   std::deque<std::unique_ptr<TrialRecord>> uncreated;
+  // Checkpoints checkpoint_config no longer keeps that a trial not ended may still start from
+  // (a PBT exploit's donor checkpoint): deleted once none does.
+  std::vector<std::string> doomed;
   std::int64_t seq = 0;
   bool resumed = false;
   std::string mlflow_parent_id;
@@ -481,6 +492,8 @@ ResultGrid Tuner::fit() {
       r->error = s.value("error", "");
       r->dir = s.at("dir");
       r->mlflow_run_id = s.value("mlflow_run_id", "");
+      r->keeper = detail::CheckpointKeeper(o.checkpoint_config);
+      r->keeper.from_json(s.value("checkpoints", Config::object()));
       const Config cps = s.value("checkpoint_iterations", Config::object());
       for (auto it = cps.begin(); it != cps.end(); ++it) {
         r->checkpoint_iterations[it.key()] = it.value().get<std::int64_t>();
@@ -504,8 +517,10 @@ ResultGrid Tuner::fit() {
       r->trial.config = s.at("config");
       r->trial.experiment_tag = s.value("tag", r->trial.id);
       r->dir = s.at("dir");
+      r->keeper = detail::CheckpointKeeper(o.checkpoint_config);
       uncreated.push_back(std::move(r));
     }
+    doomed = state.value("doomed_checkpoints", std::vector<std::string>{});
     resumed = true;
   } else {
     if (!o.resume && fs::exists(state_path)) {
@@ -522,6 +537,7 @@ ResultGrid Tuner::fit() {
       r->trial.config = configs[i];
       r->trial.experiment_tag = std::to_string(i);
       r->dir = (exp_dir / id).string();
+      r->keeper = detail::CheckpointKeeper(o.checkpoint_config);
       uncreated.push_back(std::move(r));
     }
   }
@@ -611,7 +627,8 @@ ResultGrid Tuner::fit() {
                       {"dir", r->dir},
                       {"mlflow_run_id", r->mlflow_run_id},
                       {"checkpoint_iterations", cp},
-                      {"checkpoint_times", times}});
+                      {"checkpoint_times", times},
+                      {"checkpoints", r->keeper.to_json()}});
     }
     state["trials"] = list;
     Config later = Config::array();
@@ -622,6 +639,7 @@ ResultGrid Tuner::fit() {
                        {"dir", r->dir}});
     }
     state["uncreated"] = later;
+    state["doomed_checkpoints"] = doomed;
     const fs::path tmp = state_path.string() + ".tmp";
     {
       std::ofstream out(tmp);
@@ -894,6 +912,18 @@ ResultGrid Tuner::fit() {
     return true;
   };
 
+  // Deletes the checkpoints checkpoint_config let go that no trial not ended starts from.
+  auto delete_doomed = [&] {
+    std::erase_if(doomed, [&](const std::string& path) {
+      for (auto& x : trials) {
+        if (!x->trial.is_finished() && x->restore_checkpoint == path) return false;
+      }
+      std::error_code ec;
+      fs::remove_all(path, ec);
+      return true;
+    });
+  };
+
   // Reads and decides every report the trial has made so far.
   auto poll_reports = [&](TrialRecord& r) -> bool {
     bool any = false;
@@ -918,6 +948,13 @@ ResultGrid Tuner::fit() {
         r.latest_checkpoint_time = result.at("time_total_s").get<double>();
         r.checkpoint_iterations[r.latest_checkpoint] = iteration;
         r.checkpoint_times[r.latest_checkpoint] = r.latest_checkpoint_time;
+        try {
+          for (auto& gone : r.keeper.add(r.latest_checkpoint, result))
+            doomed.push_back(std::move(gone));
+          delete_doomed();
+        } catch (const UsageError& e) {
+          if (fatal.empty()) fatal = e.what();
+        }
       }
       std::string decision = "CONTINUE";
       if (fatal.empty() && !o.metric.empty() && !flat.contains(o.metric)) {
@@ -1081,6 +1118,7 @@ ResultGrid Tuner::fit() {
     for (auto& r : trials) {
       if (r->thread.joinable() && r->finished) {
         finish_run(*r);
+        delete_doomed();
         concurrency.want();  // dropped when no trial waits
         progressed = true;
       }
@@ -1090,6 +1128,8 @@ ResultGrid Tuner::fit() {
       done_cv.wait_for(lock, std::chrono::milliseconds(3));
     }
   }
+  delete_doomed();  // every trial has ended: nothing starts from them any more
+  save_state();
 
   if (!fatal.empty()) {
     mlflow.end();
@@ -1106,16 +1146,20 @@ ResultGrid Tuner::fit() {
     t.reports = all_reports(*r);
     t.last_result = r->history.empty() ? Result::object() : r->history.back();
     t.best_result = Result::object();
+    double best = 0;
     for (const auto& h : r->history) {
-      if (o.metric.empty() || !h.contains(o.metric) || !h.at(o.metric).is_number() ||
-          std::isnan(h.at(o.metric).get<double>()))
+      const Config flat = detail::flatten(h);  // the metric may be nested ("acc/top1")
+      if (o.metric.empty() || !flat.contains(o.metric) || !flat.at(o.metric).is_number() ||
+          std::isnan(flat.at(o.metric).get<double>()))
         continue;  // a NaN is never the best (as ResultGrid::best_result)
-      if (t.best_result.empty() ||
-          better(h.at(o.metric).get<double>(), t.best_result.at(o.metric).get<double>(), o.mode)) {
+      const double v = flat.at(o.metric).get<double>();
+      if (t.best_result.empty() || better(v, best, o.mode)) {
         t.best_result = h;
+        best = v;
       }
     }
     t.checkpoint = r->latest_checkpoint;
+    for (auto& k : r->keeper.best()) t.best_checkpoints.emplace_back(k.path, k.metrics);
     t.num_failures = r->num_failures;
     t.error = r->trial.status == TrialStatus::Error ? r->error : "";
     t.dir = r->dir;

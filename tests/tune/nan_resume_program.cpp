@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
                 .mode = "max",
                 .scheduler = std::make_shared<AshaScheduler>(
                     AshaOptions{.max_t = 4, .grace_period = 1, .reduction_factor = 2}),
-                .max_concurrent_trials = 1,
+                .num_cpus = 1,
                 .storage_path = argv[1],
                 .resume = mode == "resume",
                 .verbose = false};

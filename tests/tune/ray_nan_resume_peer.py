@@ -3,7 +3,7 @@
 Usage: ray_nan_resume_peer.py OUT.json
 
 A local Ray instance of 1 CPU, so the trials (1 CPU each) run one at a time in their order, as
-dtrain's with max_concurrent_trials = 1. x in grid [1, 2, 3], ASHA(max_t=4, grace_period=1,
+dtrain's with num_cpus = 1. x in grid [1, 2, 3], ASHA(max_t=4, grace_period=1,
 reduction_factor=2) on "score" (max); a trial reports its curve:
   x = 1: 10, NaN, 1, 1      x = 2: 10, 1, 1, inf      x = 3: NaN, 5, 5, 5
 Writes what the dtrain program prints: {"trials": [[index, status, iterations, [scores]]],

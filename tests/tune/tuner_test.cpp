@@ -85,6 +85,8 @@ void curve_trainable(Config config) {
   int start = 0;
   double restored_other = 0;
   if (auto ckpt = get_checkpoint()) {
+    if (!fs::exists(fs::path(*ckpt) / "state"))
+      throw std::runtime_error("the checkpoint to restore from is gone: " + *ckpt);
     std::ifstream in(fs::path(*ckpt) / "state");
     std::string who;
     in >> start >> who;
@@ -208,6 +210,27 @@ void done_at_two_trainable(Config) {
 void stopper_trainable(Config config) {
   const double x = config.at("x").get<double>();
   for (int it = 0; it < (x < 0.3 ? 2 : 6); ++it) report({{"score", x}});
+}
+
+// Reports each value of config "values" in turn with a checkpoint (a file "it": its
+// iteration): {"score": v, "acc": {"top1": v}}, v a number or "nan"; null: {"other": 1}. The
+// trainable tests/tune/ray_checkpoint_peer.py gives Ray.
+void checkpointing_trainable(Config config) {
+  int it = 0;
+  for (const auto& v : config.at("values")) {
+    ++it;
+    const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+    fs::create_directories(tmp);
+    std::ofstream(tmp / "it") << it;
+    Result metrics;
+    if (v.is_null()) {
+      metrics = {{"other", 1}};
+    } else {
+      const double x = v.is_string() ? std::nan("") : v.get<double>();
+      metrics = {{"score", x}, {"acc", {{"top1", x}}}};
+    }
+    report(metrics, tmp.string());
+  }
 }
 
 // Reports every 400 ms, 30 times (12 s): a search with a time budget of 1 s ends it early.
@@ -647,6 +670,47 @@ TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
   fs::remove_all(dir);
 }
 
+// checkpoint_config with PBT: num_to_keep 1 deletes every checkpoint but a trial's latest as it
+// reports, yet a trial an exploit pointed at another's checkpoint still finds it when it starts
+// (a checkpoint a trial waits to start from is deleted only once none does), and at the end
+// each trial's directory holds its latest checkpoint alone.
+TEST(TuneTuner, PbtRestoresFromCheckpointsNumToKeepStillHolds) {
+  const auto dir = fresh_dir("pbt-keep1");
+  auto pbt = std::make_shared<PbtScheduler>(
+      PbtOptions{.time_attr = "training_iteration",
+                 .perturbation_interval = 2,
+                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  Tuner tuner(curve_trainable,
+              Config{{"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 8}},
+              {.metric = "score",
+               .mode = "max",
+               .scheduler = pbt,
+               .num_cpus = 2,
+               .storage_path = dir.string(),
+               .checkpoint_config = {.num_to_keep = 1},
+               .seed = 5,
+               .verbose = false});
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  int restored = 0;
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    for (const auto& h : t.history)
+      restored += h.at("iterations_since_restore") == 1 && h.at("training_iteration") != 1;
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator(t.dir)) {
+      if (e.path().filename().string().rfind("checkpoint_", 0) == 0)
+        left.push_back(e.path().filename().string());
+    }
+    ASSERT_EQ(left.size(), 1u) << t.id;
+    EXPECT_EQ(fs::path(t.checkpoint).filename().string(), left[0]) << t.id;
+    ASSERT_EQ(t.best_checkpoints.size(), 1u) << t.id;
+    EXPECT_EQ(t.best_checkpoints[0].first, t.checkpoint) << t.id;
+  }
+  EXPECT_GT(restored, 0) << "no run started from a checkpoint: nothing was tested";
+  fs::remove_all(dir);
+}
+
 // Ray's max_concurrent_trials caps the trials that exist, not only those running
 // (BasicVariantGenerator(max_concurrent) makes the next trial only while fewer are live): with
 // PBT, population 4, 2 at a time and room for 4, the third and fourth trials are made only as
@@ -912,6 +976,117 @@ TEST(TuneTuner, StoppersEndTrialsAndTheSearchAsRayTunesDo) {
   EXPECT_EQ(ray.at("ends_trials").at("trials"), trial_summary(ended));
   EXPECT_EQ(ray.at("ends_trials").at("calls"), calls);
   EXPECT_EQ(ray.at("stop_all").at("trials"), trial_summary(stopped));
+  fs::remove_all(dir);
+}
+
+// TuneOptions::checkpoint_config against Ray 2.60's CheckpointConfig, the same cases through
+// both (tests/tune/ray_checkpoint_peer.py runs Ray's side meanwhile): by recency, by a score
+// "max" and "min", NaN scores, results without the score, a nested attribute (Ray sorts only by
+// a top-level key: by recency then), ties, keep all. Per trial: the checkpoint directories left
+// on disk, best_checkpoints (directory, training_iteration) in order, the latest checkpoint, and
+// get_best_checkpoint(metric, mode) for six queries (an error where Ray raises).
+TEST(TuneTuner, CheckpointConfigKeepsWhatRayTunesKeeps) {
+  const auto dir = fresh_dir("checkpoint-config");
+  const Config spec = Config::parse(R"({
+    "cases": [
+      {"name": "keep2_recent", "config": {"num_to_keep": 2}, "trials": [[1, 5, 3, 4, 2]]},
+      {"name": "keep2_max", "config": {"num_to_keep": 2, "checkpoint_score_attribute": "score"},
+       "trials": [[1, 5, 3, 4, 2], [5, 4, 3, 2, 1]]},
+      {"name": "keep2_min", "config": {"num_to_keep": 2, "checkpoint_score_attribute": "score",
+                                       "checkpoint_score_order": "min"},
+       "trials": [[3, 1, 4, 1, 5]]},
+      {"name": "keep1_max_nan", "config": {"num_to_keep": 1, "checkpoint_score_attribute": "score"},
+       "trials": [[2, "nan", 7, "nan", 1], ["nan", "nan", 3]]},
+      {"name": "keep2_missing", "config": {"num_to_keep": 2, "checkpoint_score_attribute": "score"},
+       "trials": [[1, null, 4, null, 2]]},
+      {"name": "keep2_nested", "config": {"num_to_keep": 2,
+                                          "checkpoint_score_attribute": "acc/top1"},
+       "trials": [[1, 5, 3, 4, 2]]},
+      {"name": "all_max", "config": {"checkpoint_score_attribute": "score"},
+       "trials": [[1, 5, 3, 5, 2]]},
+      {"name": "keep2_ties", "config": {"num_to_keep": 2, "checkpoint_score_attribute": "score"},
+       "trials": [[2, 2, 2, 1]]}],
+    "queries": [["score", "max"], ["score", "min"], ["acc/top1", "max"], ["other", "max"],
+                ["nope", "max"], ["score", "avg"]]})");
+  std::ofstream(dir / "cases.json") << spec.dump();
+  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+                          dtrain::test::source_dir() + "/tests/tune/ray_checkpoint_peer.py " +
+                          (dir / "cases.json").string() + " " + (dir / "ray.json").string() + " >" +
+                          (dir / "peer.log").string() + " 2>&1";
+  std::thread peer(
+      [&] { EXPECT_EQ(std::system(cmd.c_str()), 0) << "Ray Tune peer failed: " << cmd; });
+
+  Config ours = Config::object();
+  for (const auto& c : spec.at("cases")) {
+    const Config& k = c.at("config");
+    const std::string name = c.at("name");
+    Tuner tuner(
+        checkpointing_trainable, Config{{"values", grid_search(c.at("trials"))}},
+        {.num_cpus = 1,
+         .storage_path = (dir / "dtrain").string(),
+         .name = name,
+         .checkpoint_config = {.num_to_keep = k.value("num_to_keep", 0),
+                               .checkpoint_score_attribute =
+                                   k.value("checkpoint_score_attribute", ""),
+                               .checkpoint_score_order = k.value("checkpoint_score_order", "max")},
+         .verbose = false});
+    const ResultGrid grid = tuner.fit();
+    Config trials = Config::array();
+    for (const auto& t : grid.trials()) {
+      EXPECT_EQ(t.status, TrialStatus::Terminated) << name << " " << t.id << ": " << t.error;
+      // Nested metrics arrive as reported, a NaN in them too (it travels by its JSON pointer).
+      for (const auto& h : t.history) {
+        if (!h.contains("score")) continue;
+        const double score = h.at("score").get<double>();
+        const double top1 = h.at("acc").at("top1").get<double>();
+        EXPECT_TRUE(std::isnan(score) ? std::isnan(top1) : top1 == score) << h.dump();
+      }
+      Config left = Config::array();
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(t.dir)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("checkpoint_", 0) == 0) names.push_back(n);
+      }
+      std::sort(names.begin(), names.end());
+      for (const auto& n : names) left.push_back(n);
+      Config best = Config::array();
+      for (const auto& [path, metrics] : t.best_checkpoints) {
+        best.push_back({fs::path(path).filename().string(), metrics.at("training_iteration")});
+        // The directory holds what the trial wrote at that iteration.
+        int it = 0;
+        std::ifstream(fs::path(path) / "it") >> it;
+        EXPECT_EQ(it, metrics.at("training_iteration").get<int>()) << name << " " << path;
+      }
+      Config answers = Config::array();
+      for (const auto& q : spec.at("queries")) {
+        try {
+          answers.push_back(fs::path(t.get_best_checkpoint(q[0], q[1])).filename().string());
+        } catch (const dtrain::UsageError& e) {
+          answers.push_back("error");
+          EXPECT_THAT(e.what(), testing::HasSubstr("get_best_checkpoint")) << e.what();
+        }
+      }
+      trials.push_back({{"left", left},
+                        {"best", best},
+                        {"latest", fs::path(t.checkpoint).filename().string()},
+                        {"answers", answers}});
+    }
+    ours[name] = trials;
+  }
+  peer.join();
+  std::ifstream in(dir / "ray.json");
+  ASSERT_TRUE(in) << "no output from the Ray peer; its log: " << (dir / "peer.log");
+  const Config ray = Config::parse(in).at("results");
+  for (auto it = ray.begin(); it != ray.end(); ++it)
+    EXPECT_EQ(ours.at(it.key()), it.value()) << it.key();
+  EXPECT_EQ(ours.size(), ray.size());
+  // Bad configs are refused as Ray's CheckpointConfig refuses them.
+  EXPECT_THROW(Tuner(checkpointing_trainable, Config{{"values", Config::array({1})}},
+                     {.checkpoint_config = {.num_to_keep = -1}}),
+               dtrain::UsageError);
+  EXPECT_THROW(Tuner(checkpointing_trainable, Config{{"values", Config::array({1})}},
+                     {.checkpoint_config = {.checkpoint_score_order = "maximum"}}),
+               dtrain::UsageError);
   fs::remove_all(dir);
 }
 
