@@ -618,12 +618,13 @@ SavedPart open_saved_part(const fs::path& path) {
   return p;
 }
 
-// Every saved rank's file opened, and where each one's elements lie in the flat order of
-// `numels` (the engine's parameters): checked to cover it exactly, as full_optim checks.
-std::vector<SavedPart> open_saved_parts(const fs::path& ckpt, int world,
-                                        const std::vector<int64_t>& numels, int64_t numel) {
-  std::vector<SavedPart> parts;
-  for (int r = 0; r < world; ++r) parts.push_back(open_saved_part(ckpt / optim_file(r)));
+// The saved ranks' optimizer files in rank order, one open at a time (a checkpoint of
+// thousands of ranks needs one file descriptor, not thousands): each is opened, where its
+// elements lie in the flat order of `numels` (the engine's parameters) set and checked, and
+// handed to `fn`; at the end the files are checked to cover the flat order exactly, as
+// full_optim checks. Throws before `fn` sees a file found bad.
+void for_each_saved_part(const fs::path& ckpt, int world, const std::vector<int64_t>& numels,
+                         int64_t numel, const std::function<void(int, const SavedPart&)>& fn) {
   auto check_length = [&](int r, const SavedPart& p, const Segments& v, int64_t need) {
     for (const auto& [t, used] : v.parts)
       if (used > t->tensor.numel())
@@ -634,22 +635,28 @@ std::vector<SavedPart> open_saved_parts(const fs::path& ckpt, int world,
       throw detail::CheckpointError(
           p.path.string() + ": rank " + std::to_string(r) + "'s stage-3 flat group has " +
           std::to_string(v.numel()) + " elements; the model's " + std::to_string(numels.size()) +
-          " parameters over " + std::to_string(parts.size()) + " ranks need " +
-          std::to_string(need) + " (another model, or a checkpoint of another world size?)");
+          " parameters over " + std::to_string(world) + " ranks need " + std::to_string(need) +
+          " (another model, or a checkpoint of another world size?)");
   };
   int64_t at = 0;
+  bool per_parameter = false;
+  fs::path first;
   for (int r = 0; r < world; ++r) {
-    auto& p = parts[static_cast<size_t>(r)];
-    if (p.per_parameter != parts[0].per_parameter)
+    SavedPart p = open_saved_part(ckpt / optim_file(r));
+    if (r == 0) {
+      per_parameter = p.per_parameter;
+      first = p.path;
+    } else if (p.per_parameter != per_parameter) {
       throw detail::CheckpointError(p.path.string() + ": holds another layout than " +
-                                    parts[0].path.string());
+                                    first.string());
+    }
     if (p.per_parameter) {
       // Rank r holds elements [r*q, min((r+1)*q, n)) of each parameter of n, q = ceil(n/world).
       int64_t offset = 0, pos = 0;
       for (int64_t n : numels) {
         const int64_t q = detail::per_parameter_part(n, world);
-        const int64_t first = offset + std::min(n, r * q), last = offset + std::min(n, (r + 1) * q);
-        if (last > first) p.spans.push_back({first, last, pos});
+        const int64_t lo = offset + std::min(n, r * q), hi = offset + std::min(n, (r + 1) * q);
+        if (hi > lo) p.spans.push_back({lo, hi, pos});
         offset += n;
         pos += q;
       }
@@ -661,11 +668,11 @@ std::vector<SavedPart> open_saved_parts(const fs::path& ckpt, int world,
       check_length(r, p, p.master, -1);
       for (const auto& s : p.state) check_length(r, p, s.second, -1);
     }
+    fn(r, p);
   }
-  if (!parts[0].per_parameter && at != numel)
+  if (!per_parameter && at != numel)
     throw Error("zero load_checkpoint: the checkpoint's optimizer state covers " +
                 std::to_string(at) + " parameters, the model has " + std::to_string(numel));
-  return parts;
 }
 
 // A DeepSpeed checkpoint as the dicts load_state reads: the module from the fp32 master
@@ -1341,53 +1348,43 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     }
   }
   const bool optimizer = opts.load_optimizer_states;
-  std::vector<SavedPart> parts;
-  std::vector<std::string> names;
-  if (optimizer || empty_params) parts = open_saved_parts(ckpt, saved_world, numels_, numel_);
-  if (optimizer) {
-    if (parts[0].type == kClientOptimizerType)
-      load_opaque_state({}, parts[0].type, saved_world, where);  // refuses: no client optimizer
-    for (const auto& e : parts[0].state) names.push_back(e.first);
-    check_state_count(names, optimizer_->state_names());
-  }
-  // `dest` (elements [lo, ...) of the flat order) from every saved rank's master, or its
-  // state tensor k; the padding beyond the parameters stays as it is (zero).
-  auto from_master = [&](int64_t lo, const torch::Tensor& dest) {
-    for (const auto& p : parts) read_overlap(*p.file, p.master, p.spans, lo, dest);
-  };
-  auto from_state = [&](size_t k, int64_t lo, const torch::Tensor& dest) {
-    for (const auto& p : parts) read_overlap(*p.file, *p.state_in(names)[k], p.spans, lo, dest);
-  };
-  auto from_module = [&](int64_t lo, const torch::Tensor& dest) {
-    read_overlap(model, module_v, module_spans, lo, dest);
-  };
   // Read into this rank's parts first, so that a file found bad leaves the engine as it was
   // (the parameters of stages 0-2, every rank's whole, are read in place after them).
   const auto cpu = torch::TensorOptions().device(torch::kCPU);
   const int64_t own = rank_ * part_, upd = policy_.update_offset(rank_, part_);
-  torch::Tensor part;
-  if (policy_.parameters()) {
-    part = torch::zeros({part_}, cpu.dtype(model_dtype_));
-    if (empty_params)
-      from_master(own, part);
-    else
-      from_module(own, part);
-  }
-  torch::Tensor master;
-  if (master_.defined()) {
-    master = torch::zeros({master_.numel()}, cpu.dtype(master_dtype_));
-    if (optimizer || empty_params)
-      from_master(upd, master);
-    else
-      from_module(upd, master);
-  }
+  torch::Tensor part, master;
   std::vector<torch::Tensor> states;
-  if (optimizer) {
-    for (size_t k = 0; k < optimizer_->state().size(); ++k) {
-      const auto& s = optimizer_->state()[k];
+  if (policy_.parameters()) part = torch::zeros({part_}, cpu.dtype(model_dtype_));
+  if (master_.defined()) master = torch::zeros({master_.numel()}, cpu.dtype(master_dtype_));
+  if (optimizer)
+    for (const auto& s : optimizer_->state())
       states.push_back(torch::zeros({s.numel()}, cpu.dtype(s.scalar_type())));
-      from_state(k, upd, states.back());
-    }
+  // What the module holds (not at stage 3, whose parameters are the master's).
+  if (part.defined() && !empty_params) read_overlap(model, module_v, module_spans, own, part);
+  if (master.defined() && !optimizer && !empty_params)
+    read_overlap(model, module_v, module_spans, upd, master);
+  // What the optimizer files hold: every saved rank's elements of this rank's parts (the
+  // padding beyond the parameters stays zero).
+  std::vector<std::string> names;
+  int64_t step = 0;
+  if (optimizer || empty_params) {
+    for_each_saved_part(ckpt, saved_world, numels_, numel_, [&](int r, const SavedPart& p) {
+      if (optimizer && r == 0) {
+        if (p.type == kClientOptimizerType)
+          load_opaque_state({}, p.type, saved_world, where);  // refuses: no client optimizer
+        for (const auto& e : p.state) names.push_back(e.first);
+        check_state_count(names, optimizer_->state_names());
+      }
+      if (part.defined() && empty_params) read_overlap(*p.file, p.master, p.spans, own, part);
+      if (master.defined() && (optimizer || empty_params))
+        read_overlap(*p.file, p.master, p.spans, upd, master);
+      if (optimizer) {
+        const auto ordered = p.state_in(names);
+        for (size_t k = 0; k < states.size(); ++k)
+          read_overlap(*p.file, *ordered[k], p.spans, upd, states[k]);
+      }
+      step = p.step;
+    });
   }
   if (policy_.parameters()) {
     param_part_.copy_(part);
@@ -1395,11 +1392,14 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     if (gathered_) release_parameters();  // gathered copies of the old values are stale
     if (fetch_) fetch_->release_all();
   } else {
+    const auto params = flat_params_.narrow(0, 0, numel_);
     flat_params_.narrow(0, numel_, padded_ - numel_).zero_();
-    if (empty_params)
-      from_master(0, flat_params_.narrow(0, 0, numel_));
+    if (empty_params)  // a stage-3 checkpoint into stages 0-2: the whole master
+      for_each_saved_part(ckpt, saved_world, numels_, numel_, [&](int, const SavedPart& p) {
+        read_overlap(*p.file, p.master, p.spans, 0, params);
+      });
     else
-      from_module(0, flat_params_.narrow(0, 0, numel_));
+      read_overlap(model, module_v, module_spans, 0, params);
   }
   for (auto& item : module_.named_buffers(true)) {
     const PyValue* t = module.get(item.key());
@@ -1414,7 +1414,7 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
       state[k].copy_(states[k]);
       states[k] = torch::Tensor();
     }
-    opt_step_ = parts.back().step;
+    opt_step_ = step;
   }
   load_counters(detail::to_ivalue(d).toGenericDict(), opts, where);
 }

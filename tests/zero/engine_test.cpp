@@ -523,11 +523,15 @@ TEST(ZeroCheckpoint, SavedOnTwoRanksLoadsOnFourAndOneBitwiseWithOptimizerState) 
       if (pg->rank() == 0) saved_params = p;
     });
     const auto saved = whole_optimizer(saved_optim);
-    for (int world : {4, 1}) {
+    // At 4 and at 1 rank, at the same stage; and across the stage-3 layout (a stage-3
+    // checkpoint into stage 1, a stage-1 one into stage 3).
+    std::vector<std::pair<int, int>> loads = {{4, stage}, {1, stage}};
+    if (stage == 3 || stage == 1) loads.push_back({4, 4 - stage});
+    for (auto [world, into] : loads) {
       Params loaded, resumed;
       std::vector<c10::IValue> optim(static_cast<size_t>(world));
       run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
-        auto e = dtrain::zero::initialize(make_model(), config(stage, 8 / world), {pg});
+        auto e = dtrain::zero::initialize(make_model(), config(into, 8 / world), {pg});
         e.load_checkpoint(dir.string());
         auto o = e.core().optim_state();
         auto p = params_of(e);
@@ -541,14 +545,18 @@ TEST(ZeroCheckpoint, SavedOnTwoRanksLoadsOnFourAndOneBitwiseWithOptimizerState) 
       ASSERT_EQ(loaded.size(), saved_params.size());
       for (size_t i = 0; i < loaded.size(); ++i)
         EXPECT_TRUE(torch::equal(loaded[i], saved_params[i]))
-            << "stage " << stage << " at " << world << " ranks: parameter " << i;
+            << "stage " << stage << " into " << into << " at " << world << " ranks: parameter "
+            << i;
       const auto got = whole_optimizer(optim);
-      ASSERT_EQ(got.size(), saved.size()) << "stage " << stage << " at " << world << " ranks";
+      ASSERT_EQ(got.size(), saved.size())
+          << "stage " << stage << " into " << into << " at " << world << " ranks";
       for (size_t k = 0; k < got.size(); ++k)
         EXPECT_TRUE(torch::equal(got[k], saved[k]))
-            << "stage " << stage << " at " << world << " ranks: optimizer tensor " << k;
+            << "stage " << stage << " into " << into << " at " << world
+            << " ranks: optimizer tensor " << k;
       // Adam's state came along: without it the 5 later steps would differ at ~1e-2.
-      EXPECT_LE(max_rel(resumed, straight), 1e-9) << "stage " << stage << " at " << world;
+      EXPECT_LE(max_rel(resumed, straight), 1e-9)
+          << "stage " << stage << " into " << into << " at " << world;
     }
     fs::remove_all(dir);
   }
