@@ -27,7 +27,9 @@
 //     peak's ratio to stage 0's at the same world size. --zero '{"key": value}' adds
 //     zero_optimization settings to every run (e.g. stage 3's prefetch and reuse distance).
 //     `rss-worker ... --resume DIR` then saves a checkpoint into DIR and loads it back, and
-//     prints the load's peak RSS above what the process held before it (zero_resume_rss).
+//     prints the load's peak RSS above what the process held before it (zero_resume_rss),
+//     with this rank's share of the optimizer files (all of them / N) to compare it with.
+//     `--resume DIR --load-only` loads what an earlier run saved there (another world size).
 //
 // Every mode prints the machine (CPU model, cores) and JSON lines.
 #include <ATen/Parallel.h>
@@ -67,6 +69,12 @@ std::string arg(int argc, char** argv, const std::string& name, const std::strin
   for (int i = 2; i + 1 < argc; ++i)
     if (name == argv[i]) return argv[i + 1];
   return def;
+}
+
+bool has_flag(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i] == name) return true;
+  return false;
 }
 
 int adam_bench(int64_t n, int reps) {
@@ -212,7 +220,7 @@ void reset_peak_rss() {
 
 // One stage at one world size: every rank's peak RSS over `steps` training steps.
 int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
-               const std::string& zero_json, const std::string& resume_dir) {
+               const std::string& zero_json, const std::string& resume_dir, bool load_only) {
   auto pg = dtrain::init_process_group();
   const int N = pg->world_size();
   using namespace torch::nn;
@@ -272,16 +280,22 @@ int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
   if (!resume_dir.empty()) {
     // --resume DIR: the checkpoint saved, then loaded back into the same engine; the peak RSS
     // above what the process held before the load is what resuming costs on top of training.
-    e.save_checkpoint(resume_dir, "resume");
+    // --load-only: the checkpoint an earlier run saved there (at another world size, say).
+    if (!load_only) e.save_checkpoint(resume_dir, "resume");
     pg->barrier();
     const int64_t before = proc_status_bytes("VmRSS");
     reset_peak_rss();
     e.load_checkpoint(resume_dir, "resume");
     const int64_t extra = proc_status_bytes("VmHWM") - before;
-    int64_t file = 0;
+    // This rank's share of the optimizer files: all of them over this run's ranks (one file
+    // at the world size of the save).
+    int64_t file = 0, files = 0, saved_world = 0;
     for (const auto& f : std::filesystem::directory_iterator(resume_dir + "/resume"))
-      if (f.path().filename().string().find("optim_states") != std::string::npos)
+      if (f.path().filename().string().find("optim_states") != std::string::npos) {
         file = std::max<int64_t>(file, static_cast<int64_t>(f.file_size()));
+        files += static_cast<int64_t>(f.file_size());
+        ++saved_world;
+      }
     auto got = dtrain::all_gather(torch::tensor({double(extra)}, torch::kFloat64));
     if (pg->rank() == 0) {
       std::ostringstream extras;
@@ -292,11 +306,11 @@ int rss_worker(int stage, int64_t width, int layers, int steps, int batch,
         max_extra = std::max(max_extra, v);
       }
       std::printf(
-          "{\"bench\":\"zero_resume_rss\",\"world\":%d,\"stage\":%d,\"params\":%lld,"
-          "\"load_extra_peak_bytes\":[%s],\"max_load_extra_peak_bytes\":%lld,"
-          "\"largest_optim_file_bytes\":%lld}\n",
-          N, stage, (long long)e.core().num_parameters(), extras.str().c_str(),
-          (long long)max_extra, (long long)file);
+          "{\"bench\":\"zero_resume_rss\",\"world\":%d,\"saved_world\":%lld,\"stage\":%d,"
+          "\"params\":%lld,\"load_extra_peak_bytes\":[%s],\"max_load_extra_peak_bytes\":%lld,"
+          "\"largest_optim_file_bytes\":%lld,\"own_share_bytes\":%lld}\n",
+          N, (long long)saved_world, stage, (long long)e.core().num_parameters(),
+          extras.str().c_str(), (long long)max_extra, (long long)file, (long long)(files / N));
       std::fflush(stdout);
     }
   }
@@ -431,7 +445,7 @@ int main(int argc, char** argv) {
                         std::stoi(arg(argc, argv, "--layers", "20")),
                         std::stoi(arg(argc, argv, "--steps", "3")),
                         std::stoi(arg(argc, argv, "--batch", "8")), arg(argc, argv, "--zero", ""),
-                        arg(argc, argv, "--resume", ""));
+                        arg(argc, argv, "--resume", ""), has_flag(argc, argv, "--load-only"));
     if (mode == "throughput")
       return throughput_bench(std::stoi(arg(argc, argv, "--steps", "20")),
                               std::stoi(arg(argc, argv, "--rounds", "3")),

@@ -1,5 +1,5 @@
 // ZeRO checkpoints in DeepSpeed's layout, written atomically, loadable at another world size.
-// One piece (~880 lines): the writer and the reader of one layout, DeepSpeed's and dtrain's.
+// One piece (~1800 lines): the writer and the readers of one layout, DeepSpeed's and dtrain's.
 //   DIR/latest                                       the tag, e.g. "global_step100"
 //   DIR/TAG/mp_rank_00_model_states.pt               rank 0: the module (full), steps, scheduler
 //                                                    (stage 3: zero_pp_rank_<r>_mp_rank_00_
@@ -12,8 +12,9 @@
 // single_partition_of_fp32_groups at stages 1-2, fp32_flat_groups at stage 3). At stages 0-2
 // rank r's optimizer file holds the elements [r*P, min((r+1)*P, numel)) of the flat (unpadded)
 // parameter order (stages 1-2: the padded partition, as DeepSpeed's); at stage 3 DeepSpeed's
-// per-parameter pieces (zero/stage3_layout.h). A load at another world size puts the files
-// together into the flat order and takes its own new slice.
+// per-parameter pieces (zero/stage3_layout.h). A load (at any world size) opens the files
+// without reading them whole and reads into each rank only the elements it holds now
+// (load_own_part); DeepSpeed's own files and a client optimizer's state are read whole.
 // DeepSpeed's own checkpoints of stages 1-3 are read too (consolidated_state_dict, and
 // load_checkpoint for the parameters, steps, scheduler and optimizer state).
 #include <fcntl.h>
@@ -435,13 +436,253 @@ FullOptim full_optim(const std::vector<c10::impl::GenericDict>& files,
   return f;
 }
 
+// ---- reading a rank's own part of the optimizer files (detail::TorchFile) -----------------
+// The optimizer files are opened for reading on demand; of each saved rank's master and state
+// a rank reads only the elements of the flat order it holds now (at another world size too),
+// straight from the file into its own part: O(own part) memory, where holding every file and
+// putting them together took O(model).
+
+using detail::PyValue;
+
+// A vector of elements spread over tensors of a file: the first `used` elements of each, in
+// order (DeepSpeed's stage-3 sub-groups; a stage 1/2 partition without its padding).
+struct Segments {
+  std::vector<std::pair<const PyValue*, int64_t>> parts;
+  int64_t numel() const {
+    int64_t n = 0;
+    for (const auto& p : parts) n += p.second;
+    return n;
+  }
+};
+
+// Elements [begin, end) of the flat order lie at `at` in such a vector.
+struct Span {
+  int64_t begin, end, at;
+};
+
+// Copies into `dest` (the flat order's elements [lo, lo + dest.numel())) what `spans` of `v`
+// hold of them; the rest of dest is left as it is.
+void read_overlap(const detail::TorchFile& f, const Segments& v, const std::vector<Span>& spans,
+                  int64_t lo, const torch::Tensor& dest) {
+  const int64_t hi = lo + dest.numel();
+  for (const auto& s : spans) {
+    const int64_t a = std::max(lo, s.begin), b = std::min(hi, s.end);
+    if (a >= b) continue;
+    // v's elements [from, from + b - a), across its segments.
+    int64_t from = s.at + (a - s.begin), out = a - lo, left = b - a, seg_start = 0;
+    for (const auto& [t, used] : v.parts) {
+      if (left == 0) break;
+      if (from < seg_start + used) {
+        const int64_t off = from - seg_start, n = std::min(left, used - off);
+        f.read(*t, off, dest.narrow(0, out, n));
+        from += n;
+        out += n;
+        left -= n;
+      }
+      seg_start += used;
+    }
+    if (left > 0)
+      throw detail::CheckpointError(f.path() +
+                                    ": holds fewer elements than its part of the "
+                                    "flat order needs (a corrupt file)");
+  }
+}
+
+const PyValue& field(const PyValue& d, const std::string& key, const fs::path& from) {
+  const PyValue* v = d.get(key);
+  if (!v)
+    throw Error("zero checkpoint: " + from.string() + " has no '" + key +
+                "' (not a dtrain ZeRO checkpoint?)");
+  return *v;
+}
+
+const PyValue* tensor_field(const PyValue& d, const std::string& key, const fs::path& from) {
+  const PyValue& t = field(d, key, from);
+  if (t.kind != PyValue::Kind::Tensor)
+    throw detail::CheckpointError(from.string() + ": '" + key + "' is a " + t.describe() +
+                                  ", not a tensor");
+  return &t;
+}
+
+// One saved rank's optimizer file: where its master and state tensors are, not read yet.
+struct SavedPart {
+  std::unique_ptr<detail::TorchFile> file;
+  fs::path path;
+  std::string type;  // the optimizer's ("Adam", ..., kClientOptimizerType)
+  int64_t step = 0;
+  Segments master;
+  std::vector<std::pair<std::string, Segments>> state;  // in the file's order
+  bool per_parameter = false;  // stage 3's layout, else a contiguous slice of the flat order
+  int64_t length = 0;          // contiguous: the slice's elements
+  std::vector<Span> spans;     // set by the caller, who knows the other files
+
+  // The state tensors in the order of `names` (rank 0's file's), each required.
+  std::vector<const Segments*> state_in(const std::vector<std::string>& names) const {
+    std::vector<const Segments*> out;
+    for (const auto& n : names) {
+      auto it =
+          std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == n; });
+      if (it == state.end())
+        throw detail::CheckpointError(path.string() + ": has no optimizer state '" + n +
+                                      "' (rank 0's file has it)");
+      out.push_back(&it->second);
+    }
+    return out;
+  }
+};
+
+// A contiguous slice's `n` first elements of each of a dict's tensors, in its order.
+void add_state(SavedPart& p, const PyValue& dict, int64_t n) {
+  for (const auto& [k, v] : dict.dict) {
+    if (k->kind != PyValue::Kind::Str || k->s == "step" || v->kind != PyValue::Kind::Tensor)
+      continue;
+    p.state.push_back({k->s, Segments{{{v.get(), n < 0 ? v->tensor.numel() : n}}}});
+  }
+}
+
+// Opens rank r's file of the layouts optim_dict writes (and rank_state reads): stage 0's
+// fp32_flat, stage 1-2's single_partition_of_fp32_groups (its state dtrain's "state" or the
+// base optimizer's one parameter), stage 3's fp32_flat_groups (its state dtrain's "state" or
+// the base optimizer's per sub-group).
+SavedPart open_saved_part(const fs::path& path) {
+  if (!fs::exists(path))
+    throw UsageError("zero checkpoint: cannot read " + path.string() +
+                     " (no such checkpoint file)");
+  SavedPart p;
+  p.path = path;
+  p.file = std::make_unique<detail::TorchFile>(path.string());
+  const PyValue& root = *p.file->value();
+  if (root.kind != PyValue::Kind::Dict)
+    throw detail::CheckpointError(path.string() + ": holds a " + root.describe() +
+                                  ", not a checkpoint's dict");
+  const PyValue& o = field(root, "optimizer_state_dict", path);
+  if (const PyValue* t = o.get("type"); t && t->kind == PyValue::Kind::Str) p.type = t->s;
+  p.step = field(o, "step", path).as_int(path.string() + ": step");
+  if (const PyValue* groups = o.get("fp32_flat_groups")) {
+    p.per_parameter = true;
+    for (const auto& t : groups->items) {
+      if (t->kind != PyValue::Kind::Tensor)
+        throw detail::CheckpointError(path.string() + ": fp32_flat_groups holds a " +
+                                      t->describe() + ", not a tensor");
+      p.master.parts.push_back({t.get(), t->tensor.numel()});
+    }
+    if (const PyValue* st = o.get("state")) {
+      add_state(p, *st, -1);
+      return p;
+    }
+    // The base optimizer's state: one parameter per sub-group, keyed 0, 1, ...
+    const PyValue& base = field(o, "optimizer_state_dict", path);
+    const PyValue& by_group = field(base, "state", path);
+    for (size_t g = 0; g < by_group.dict.size(); ++g) {
+      const PyValue* sub = by_group.get(std::to_string(g));
+      if (!sub || sub->kind != PyValue::Kind::Dict)
+        throw detail::CheckpointError(path.string() + ": the optimizer state has no sub-group " +
+                                      std::to_string(g));
+      size_t k = 0;
+      for (const auto& [name, v] : sub->dict) {
+        if (name->s == "step" || v->kind != PyValue::Kind::Tensor) continue;
+        if (g == 0) p.state.push_back({name->s, {}});
+        if (k >= p.state.size() || p.state[k].first != name->s)
+          throw detail::CheckpointError(path.string() + ": sub-group " + std::to_string(g) +
+                                        " holds other optimizer state than sub-group 0");
+        p.state[k++].second.parts.push_back({v.get(), v->tensor.numel()});
+      }
+    }
+    return p;
+  }
+  if (o.get("fp32_flat")) {
+    const PyValue* t = tensor_field(o, "fp32_flat", path);
+    p.length = t->tensor.numel();
+    p.master.parts.push_back({t, p.length});
+    add_state(p, field(o, "state", path), -1);
+    return p;
+  }
+  // Stages 1-2: the padded partition; the rank's elements are [begin, end).
+  const PyValue& groups = field(o, "single_partition_of_fp32_groups", path);
+  if (groups.items.empty() || groups.items[0]->kind != PyValue::Kind::Tensor)
+    throw detail::CheckpointError(path.string() +
+                                  ": single_partition_of_fp32_groups holds no "
+                                  "tensor");
+  p.length = field(o, "end", path).as_int("end") - field(o, "begin", path).as_int("begin");
+  p.master.parts.push_back({groups.items[0].get(), p.length});
+  if (const PyValue* st = o.get("state")) {
+    add_state(p, *st, p.length);
+  } else {
+    const PyValue& base = field(o, "base_optimizer_state", path);
+    const PyValue& states = field(base, "state", path);
+    if (states.kind != PyValue::Kind::Dict || states.dict.size() > 1)
+      throw detail::CheckpointError(path.string() +
+                                    ": base_optimizer_state has no single parameter's state");
+    for (const auto& e : states.dict) add_state(p, *e.second, p.length);
+  }
+  return p;
+}
+
+// The saved ranks' optimizer files in rank order, one open at a time (a checkpoint of
+// thousands of ranks needs one file descriptor, not thousands): each is opened, where its
+// elements lie in the flat order of `numels` (the engine's parameters) set and checked, and
+// handed to `fn`; at the end the files are checked to cover the flat order exactly, as
+// full_optim checks. Throws before `fn` sees a file found bad.
+void for_each_saved_part(const fs::path& ckpt, int world, const std::vector<int64_t>& numels,
+                         int64_t numel, const std::function<void(int, const SavedPart&)>& fn) {
+  auto check_length = [&](int r, const SavedPart& p, const Segments& v, int64_t need) {
+    for (const auto& [t, used] : v.parts)
+      if (used > t->tensor.numel())
+        throw detail::CheckpointError(p.path.string() + ": holds a tensor of " +
+                                      std::to_string(t->tensor.numel()) +
+                                      " elements where its partition has " + std::to_string(used));
+    if (need >= 0 && v.numel() != need)
+      throw detail::CheckpointError(
+          p.path.string() + ": rank " + std::to_string(r) + "'s stage-3 flat group has " +
+          std::to_string(v.numel()) + " elements; the model's " + std::to_string(numels.size()) +
+          " parameters over " + std::to_string(world) + " ranks need " + std::to_string(need) +
+          " (another model, or a checkpoint of another world size?)");
+  };
+  int64_t at = 0;
+  bool per_parameter = false;
+  fs::path first;
+  for (int r = 0; r < world; ++r) {
+    SavedPart p = open_saved_part(ckpt / optim_file(r));
+    if (r == 0) {
+      per_parameter = p.per_parameter;
+      first = p.path;
+    } else if (p.per_parameter != per_parameter) {
+      throw detail::CheckpointError(p.path.string() + ": holds another layout than " +
+                                    first.string());
+    }
+    if (p.per_parameter) {
+      // Rank r holds elements [r*q, min((r+1)*q, n)) of each parameter of n, q = ceil(n/world).
+      int64_t offset = 0, pos = 0;
+      for (int64_t n : numels) {
+        const int64_t q = detail::per_parameter_part(n, world);
+        const int64_t lo = offset + std::min(n, r * q), hi = offset + std::min(n, (r + 1) * q);
+        if (hi > lo) p.spans.push_back({lo, hi, pos});
+        offset += n;
+        pos += q;
+      }
+      check_length(r, p, p.master, pos);
+      for (const auto& s : p.state) check_length(r, p, s.second, pos);
+    } else {
+      p.spans.push_back({at, at + p.length, 0});
+      at += p.length;
+      check_length(r, p, p.master, -1);
+      for (const auto& s : p.state) check_length(r, p, s.second, -1);
+    }
+    fn(r, p);
+  }
+  if (!per_parameter && at != numel)
+    throw Error("zero load_checkpoint: the checkpoint's optimizer state covers " +
+                std::to_string(at) + " parameters, the model has " + std::to_string(numel));
+}
+
 // A DeepSpeed checkpoint as the dicts load_state reads: the module from the fp32 master
 // (consolidated_state_dict), DeepSpeed's steps and scheduler position, and (stages 1-2, Adam or
 // SGD) every rank's partition of the optimizer state from its base_optimizer_state.
 // `names`, `numels`: the engine's parameters in its flat order.
+// `ds_value`: the model file (at `model_path`) as read, `ds` that as a dict.
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
-    const fs::path& model_path, const std::vector<std::string>& names,
+    const PyValue& ds_value, const fs::path& model_path, const std::vector<std::string>& names,
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer);
 
@@ -913,14 +1154,26 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
     model_path = ckpt / stage3_model_file(0);  // DeepSpeed's stage 3
   if (!fs::exists(model_path))
     throw UsageError("zero load_checkpoint: " + (ckpt / kModelFile).string() + " does not exist");
-  const auto file = load_file(model_path);
+  // The model file is read once: its pickle here, its tensors where they are needed.
+  TorchFile model_file(model_path.string());
+  if (model_file.value()->kind != PyValue::Kind::Dict)
+    throw CheckpointError(model_path.string() + ": holds a " + model_file.value()->describe() +
+                          ", not a checkpoint's dict");
+  const PyValue* version = model_file.value()->get("ds_version");
+  const bool ours =
+      version && version->kind == PyValue::Kind::Str && version->s.rfind("dtrain", 0) == 0;
+  if (ours && !optimizer_->opaque()) {
+    load_own_part(model_file, ckpt.string(), opts, model_path.string());
+    client_state_ = client_state_of(*model_file.value());
+    return tag;
+  }
+  // DeepSpeed's files, and a client optimizer's opaque state (kept whole per partition).
+  const auto file = model_file.load_all();
   auto d = detail::to_ivalue(*file).toGenericDict();
-  const bool ours = d.contains("ds_version") && d.at("ds_version").isString() &&
-                    d.at("ds_version").toStringRef().rfind("dtrain", 0) == 0;
   std::vector<c10::impl::GenericDict> optims;
   if (!ours) {
     auto [model, ds_optims] =
-        from_deepspeed(dir, tag, d, model_path, names_, numels_, config_.optimizer.type,
+        from_deepspeed(dir, tag, d, *file, model_path, names_, numels_, config_.optimizer.type,
                        optimizer_->state_names(), opts.load_optimizer_states);
     load_state(model, ds_optims, opts, model_path.string());
     client_state_ = client_state_of(*file);
@@ -935,11 +1188,6 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
       sized != numels_.end() &&
       module_parameter_is_empty(d, names_[static_cast<size_t>(sized - numels_.begin())],
                                 model_path);
-  if (empty_params && saved_world == world_ && policy_.parameters() && !optimizer_->opaque()) {
-    load_stage3_own_part(d, ckpt.string(), opts, model_path.string());
-    client_state_ = client_state_of(*file);
-    return tag;
-  }
   if (opts.load_optimizer_states || empty_params) {
     for (int r = 0; r < saved_world; ++r) optims.push_back(load_dict(ckpt / optim_file(r)));
   }
@@ -1065,52 +1313,110 @@ void EngineImpl::load_buffers(const c10::impl::GenericDict& module_dict) {
   }
 }
 
-void EngineImpl::load_stage3_own_part(const c10::impl::GenericDict& d, const std::string& ckpt_s,
-                                      const LoadCheckpointOptions& opts, const std::string& where) {
+void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
+                               const LoadCheckpointOptions& opts, const std::string& where) {
   torch::NoGradGuard ng;
   const fs::path ckpt(ckpt_s), model_path(where);
-  const int64_t lo = static_cast<int64_t>(rank_) * part_;
-  // This rank's part of the flat order; the padding beyond the parameters stays zero.
-  auto master = torch::zeros({part_}, torch::TensorOptions().dtype(master_dtype_));
-  auto& state = optimizer_->state();
+  const PyValue& d = *model.value();
+  const int saved_world =
+      static_cast<int>(field(d, "dp_world_size", model_path).as_int(where + ": dp_world_size"));
+  const PyValue& module = field(d, "module", model_path);
+  // A stage-3 model file's parameters are empty (DeepSpeed's layout): they come from the fp32
+  // master of the optimizer files, which are read then whatever the options. (Judged by a
+  // parameter that has elements: an empty one is empty in every layout.)
+  const auto sized = std::find_if(numels_.begin(), numels_.end(), [](int64_t n) { return n > 0; });
+  const PyValue* first = sized == numels_.end()
+                             ? nullptr
+                             : module.get(names_[static_cast<size_t>(sized - numels_.begin())]);
+  const bool empty_params =
+      first && first->kind == PyValue::Kind::Tensor && first->tensor.numel() == 0;
+  // The module's parameters as a vector of the flat order (checked before anything is read).
+  Segments module_v;
+  std::vector<Span> module_spans;
+  if (!empty_params) {
+    int64_t at = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const PyValue* t = module.get(names_[i]);
+      if (!t || t->kind != PyValue::Kind::Tensor)
+        throw Error("zero load_checkpoint: " + where + " has no parameter '" + names_[i] + "'");
+      if (t->tensor.sizes().vec() != shapes_[i])
+        throw Error("zero load_checkpoint: parameter '" + names_[i] + "' has another shape in " +
+                    where);
+      module_v.parts.push_back({t, numels_[i]});
+      module_spans.push_back({offsets_[i], offsets_[i] + numels_[i], at});
+      at += numels_[i];
+    }
+  }
+  const bool optimizer = opts.load_optimizer_states;
+  // Read into this rank's parts first, so that a file found bad leaves the engine as it was
+  // (the parameters of stages 0-2, every rank's whole, are read in place after them).
+  const auto cpu = torch::TensorOptions().device(torch::kCPU);
+  const int64_t own = rank_ * part_, upd = policy_.update_offset(rank_, part_);
+  torch::Tensor part, master;
   std::vector<torch::Tensor> states;
+  if (policy_.parameters()) part = torch::zeros({part_}, cpu.dtype(model_dtype_));
+  if (master_.defined()) master = torch::zeros({master_.numel()}, cpu.dtype(master_dtype_));
+  if (optimizer)
+    for (const auto& s : optimizer_->state())
+      states.push_back(torch::zeros({s.numel()}, cpu.dtype(s.scalar_type())));
+  // What the module holds (not at stage 3, whose parameters are the master's).
+  if (part.defined() && !empty_params) read_overlap(model, module_v, module_spans, own, part);
+  if (master.defined() && !optimizer && !empty_params)
+    read_overlap(model, module_v, module_spans, upd, master);
+  // What the optimizer files hold: every saved rank's elements of this rank's parts (the
+  // padding beyond the parameters stays zero).
   std::vector<std::string> names;
   int64_t step = 0;
-  for (int r = 0; r < world_; ++r) {
-    const fs::path path = ckpt / optim_file(r);
-    const auto o = get(load_dict(path), "optimizer_state_dict", path).toGenericDict();
-    std::vector<torch::Tensor> groups;
-    for (const auto& t : get(o, "fp32_flat_groups", path).toListRef())
-      groups.push_back(t.toTensor().reshape({-1}));
-    detail::scatter_per_parameter(torch::cat(groups), r, world_, numels_, lo, master,
-                                  path.string());
-    if (!opts.load_optimizer_states) continue;
-    if (r == 0) {
-      const std::string saved_type = get(o, "type", path).toStringRef();
-      if (saved_type == kClientOptimizerType) load_opaque_state({}, saved_type, world_, where);
-    }
-    step = get(o, "step", path).toInt();
-    const auto st = rank_state(o, path);
-    if (r == 0) {
-      for (const auto& e : st) names.push_back(e.first);
-      check_state_count(names, optimizer_->state_names());
-      for (const auto& s : state)
-        states.push_back(torch::zeros({part_}, s.options().device(torch::kCPU)));
-    }
-    const auto ordered = state_in_order(st, names, path);
-    for (size_t k = 0; k < ordered.size(); ++k)
-      detail::scatter_per_parameter(ordered[k], r, world_, numels_, lo, states[k], path.string());
+  if (optimizer || empty_params) {
+    for_each_saved_part(ckpt, saved_world, numels_, numel_, [&](int r, const SavedPart& p) {
+      if (optimizer && r == 0) {
+        if (p.type == kClientOptimizerType)
+          load_opaque_state({}, p.type, saved_world, where);  // refuses: no client optimizer
+        for (const auto& e : p.state) names.push_back(e.first);
+        check_state_count(names, optimizer_->state_names());
+      }
+      if (part.defined() && empty_params) read_overlap(*p.file, p.master, p.spans, own, part);
+      if (master.defined() && (optimizer || empty_params))
+        read_overlap(*p.file, p.master, p.spans, upd, master);
+      if (optimizer) {
+        const auto ordered = p.state_in(names);
+        for (size_t k = 0; k < states.size(); ++k)
+          read_overlap(*p.file, *ordered[k], p.spans, upd, states[k]);
+      }
+      step = p.step;
+    });
   }
-  param_part_.copy_(master);
-  if (gathered_) release_parameters();  // gathered copies of the old values are stale
-  if (fetch_) fetch_->release_all();
-  load_buffers(get(d, "module", model_path).toGenericDict());
+  if (policy_.parameters()) {
+    param_part_.copy_(part);
+    part = torch::Tensor();
+    if (gathered_) release_parameters();  // gathered copies of the old values are stale
+    if (fetch_) fetch_->release_all();
+  } else {
+    const auto params = flat_params_.narrow(0, 0, numel_);
+    flat_params_.narrow(0, numel_, padded_ - numel_).zero_();
+    if (empty_params)  // a stage-3 checkpoint into stages 0-2: the whole master
+      for_each_saved_part(ckpt, saved_world, numels_, numel_, [&](int, const SavedPart& p) {
+        read_overlap(*p.file, p.master, p.spans, 0, params);
+      });
+    else
+      read_overlap(model, module_v, module_spans, 0, params);
+  }
+  for (auto& item : module_.named_buffers(true)) {
+    const PyValue* t = module.get(item.key());
+    if (t && t->kind == PyValue::Kind::Tensor && item.value().defined())
+      item.value().detach().copy_(model.load(*t));
+  }
   if (master_.defined()) master_.copy_(master);
-  if (opts.load_optimizer_states) {
-    for (size_t k = 0; k < state.size(); ++k) state[k].copy_(states[k]);
+  master = torch::Tensor();
+  if (optimizer) {
+    auto& state = optimizer_->state();
+    for (size_t k = 0; k < state.size(); ++k) {
+      state[k].copy_(states[k]);
+      states[k] = torch::Tensor();
+    }
     opt_step_ = step;
   }
-  load_counters(d, opts, where);
+  load_counters(detail::to_ivalue(d).toGenericDict(), opts, where);
 }
 
 void EngineImpl::load_counters(const c10::impl::GenericDict& d, const LoadCheckpointOptions& opts,
@@ -1219,6 +1525,12 @@ std::vector<fs::path> optim_files(const fs::path& ckpt, int world) {
   return out;
 }
 
+// The module of a model file (as read, at `model_path`) from the fp32 master of the optimizer
+// files beside it in `ckpt` (consolidated_state_dict's work, from a file read once).
+torch::OrderedDict<std::string, torch::Tensor> consolidated(const PyValue& model_file,
+                                                            const fs::path& model_path,
+                                                            const fs::path& ckpt);
+
 }  // namespace
 
 torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std::string& dir_s,
@@ -1235,7 +1547,15 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
     model_path = ckpt / stage3_model_file(0);
   if (!fs::exists(model_path))
     throw UsageError("zero to-fp32: " + (ckpt / kModelFile).string() + " does not exist");
-  const auto model = load_file(model_path);
+  return consolidated(*load_file(model_path), model_path, ckpt);
+}
+
+namespace {
+
+torch::OrderedDict<std::string, torch::Tensor> consolidated(const PyValue& model_file,
+                                                            const fs::path& model_path,
+                                                            const fs::path& ckpt) {
+  const PyValue* model = &model_file;
   const PyValue& module = need(*model, "module", model_path);
   const auto groups = saved_parameters(*model, model_path);
   const int world = static_cast<int>(
@@ -1324,8 +1644,6 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated_state_dict(const std
   return out;
 }
 
-namespace {
-
 // The optimizer steps a DeepSpeed file's base optimizer state says were taken: its first
 // group's "step" (Adam's; a tensor in torch 2.x), else its param_groups' "step", else (SGD's
 // state has none) the steps DeepSpeed applied.
@@ -1360,14 +1678,14 @@ const PyValue& deepspeed_state(const PyValue& group_state, const std::string& na
 // parameter put together from its pieces on the ranks (DeepSpeed's order: the model file's
 // param_shapes), then placed by name in the engine's order.
 std::vector<c10::impl::GenericDict> from_deepspeed_stage3(
-    const std::vector<fs::path>& files, const fs::path& model_path,
+    const std::vector<fs::path>& files, const PyValue& model, const fs::path& model_path,
     const c10::impl::GenericDict& ds, const std::vector<std::string>& names,
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names) {
   const int world = static_cast<int>(files.size());
   std::vector<std::string> ds_names;
   std::vector<int64_t> ds_numels;
-  for (const auto& g : saved_parameters(*load_file(model_path), model_path))
+  for (const auto& g : saved_parameters(model, model_path))
     for (const auto& [name, shape] : g) {
       ds_names.push_back(name);
       ds_numels.push_back(numel_of(shape));
@@ -1438,12 +1756,12 @@ std::vector<c10::impl::GenericDict> from_deepspeed_stage3(
 
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
-    const fs::path& model_path, const std::vector<std::string>& names,
+    const PyValue& ds_value, const fs::path& model_path, const std::vector<std::string>& names,
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer) {
   auto model = new_dict();
   c10::Dict<std::string, torch::Tensor> module;
-  for (auto& item : consolidated_state_dict(dir.string(), tag))
+  for (auto& item : consolidated(ds_value, model_path, dir / tag))
     module.insert(item.key(), item.value());
   model.insert("module", module);
   for (const char* k : {"global_steps", "skipped_steps", "lr_scheduler"})
@@ -1460,8 +1778,8 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     const auto o = load_file(f);
     const PyValue& osd = need(*o, "optimizer_state_dict", f);
     if (r == 0 && osd.get("fp32_flat_groups"))
-      return {model,
-              from_deepspeed_stage3(files, model_path, ds, names, numels, type, state_names)};
+      return {model, from_deepspeed_stage3(files, ds_value, model_path, ds, names, numels, type,
+                                           state_names)};
     const PyValue* groups = osd.get("single_partition_of_fp32_groups");
     const PyValue* base = osd.get("base_optimizer_state");
     const PyValue* state = base ? base->get("state") : nullptr;

@@ -156,12 +156,14 @@ class EngineImpl final : public EngineCore {
   // "state" copy removed from `o`).
   detail::PyPtr deepspeed_base_optimizer(const detail::PyPtr& o, detail::PyPtr states,
                                          std::vector<detail::PyPtr> params, bool loss_scaler) const;
-  // A stage-3 checkpoint of dtrain's at this world size, whose model file `model` holds no
-  // parameters: the optimizer files of directory `ckpt` are read one at a time and only this
-  // rank's part of the fp32 master and of the optimizer state is kept (O(model / N) memory,
-  // where putting the whole master together took O(model)).
-  void load_stage3_own_part(const c10::impl::GenericDict& model, const std::string& ckpt,
-                            const LoadCheckpointOptions& opts, const std::string& where);
+  // A checkpoint of dtrain's (any stage, saved at any world size) but a client optimizer's:
+  // `model` is its model file (at `where`), opened, in directory `ckpt`. Of the module's
+  // parameters and of every saved rank's fp32 master and optimizer state (the optimizer files
+  // opened, not read whole) only what this rank holds is read, from the files into this
+  // rank's parts: O(own part) memory above what the engine holds (stages 0-2 read every
+  // parameter, which every rank holds, in place). Bitwise what load_state gives.
+  void load_own_part(TorchFile& model, const std::string& ckpt, const LoadCheckpointOptions& opts,
+                     const std::string& where);
   // A model file's scheduler position, loss scale and step counters; the gradients zeroed.
   void load_counters(const c10::impl::GenericDict& model, const LoadCheckpointOptions& opts,
                      const std::string& where);

@@ -1,16 +1,24 @@
 // torch.save's format for the subset checkpoints use (see pickle.h): a protocol-2 pickler that
 // only names globals on torch.load(weights_only=True)'s allow-list, and an unpickler that reads
 // any class as an opaque Object.
-// One piece (~850 lines): the writer and the reader share the opcode set, the zip layout and
-// the allow-list of globals; apart, each would need the other's internals.
+// One piece (~1000 lines): the writer and the readers (torch_load, TorchFile) share the opcode
+// set, the zip layout and the allow-list of globals; apart, each would need the other's
+// internals.
 #include "zero/pickle.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace dtrain::zero::detail {
@@ -216,9 +224,10 @@ class MemoryAdapter : public caffe2::serialize::ReadAdapterInterface {
 
 class Unpickler {
  public:
+  // `lazy`: storages are not read (TorchFile), their tensors are meta tensors.
   Unpickler(const std::string& data, caffe2::serialize::PyTorchStreamReader& zip,
-            const std::string& where)
-      : d_(data), zip_(zip), where_(where) {}
+            const std::string& where, bool lazy)
+      : d_(data), zip_(zip), where_(where), lazy_(lazy) {}
 
   PyPtr run() {
     for (;;) {
@@ -549,6 +558,8 @@ class Unpickler {
           need >= a[0]->tensor.numel())
         fail("a tensor reaches past its storage (a corrupt file)");
       t->tensor = a[0]->tensor.as_strided(size, stride, a[1]->i);
+      t->storage = a[0]->storage;
+      t->storage_numel = a[0]->storage_numel;
       return t;
     }
     // A tensor subclass (a Parameter saved with its class): rebuild the tensor inside.
@@ -602,6 +613,16 @@ class Unpickler {
     if (!known) fail("a storage of type " + a[1]->s + ", which dtrain does not read");
     const std::string record = "data/" + key;
     if (!zip_.hasRecord(record)) fail("the storage record " + record + " is missing");
+    if (a[4]->kind != PyValue::Kind::Int || a[4]->i < 0)
+      fail("a storage of " + a[4]->describe() + " elements (a corrupt file)");
+    if (lazy_) {
+      auto t = make(PyValue::Kind::Tensor);
+      t->tensor = torch::empty({a[4]->i}, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
+      t->storage = record;
+      t->storage_numel = a[4]->i;
+      storages_[key] = t;
+      return t;
+    }
     at::DataPtr ptr;
     size_t n = 0;
     try {
@@ -613,7 +634,12 @@ class Unpickler {
     const int64_t numel = static_cast<int64_t>(n) / elem;
     if (numel < a[4]->i) fail(record + " holds fewer elements than its tensor needs");
     auto t = make(PyValue::Kind::Tensor);
-    t->tensor = torch::from_blob(ptr.get(), {numel}, torch::TensorOptions().dtype(dtype)).clone();
+    // The record's buffer becomes the storage (no second copy of it).
+    auto owner = std::make_shared<at::DataPtr>(std::move(ptr));
+    void* data = owner->get();
+    t->tensor = torch::from_blob(
+        data, {numel}, [owner](void*) mutable { owner.reset(); },
+        torch::TensorOptions().dtype(dtype));
     storages_[key] = t;
     return t;
   }
@@ -621,6 +647,7 @@ class Unpickler {
   const std::string& d_;
   caffe2::serialize::PyTorchStreamReader& zip_;
   std::string where_;
+  bool lazy_ = false;
   size_t pos_ = 0;
   std::vector<PyPtr> stack_;
   std::vector<size_t> marks_;
@@ -632,6 +659,62 @@ std::string first_line(const std::string& s) {
   auto e = s.find('\n');
   return e == std::string::npos ? s : s.substr(0, e);
 }
+
+// The file's value, its storages read (torch_load) or left in the file (`lazy`, TorchFile).
+// `first` is the file's first byte; `zip` keeps the reader for TorchFile.
+PyPtr unpickle(std::shared_ptr<caffe2::serialize::ReadAdapterInterface> in, char first,
+               const std::string& where, bool lazy,
+               std::unique_ptr<caffe2::serialize::PyTorchStreamReader>* keep) {
+  if (static_cast<uint8_t>(first) == 0x80)
+    throw CheckpointError(where +
+                          ": torch.save's legacy (pre-1.6, not zip) format, which dtrain does not "
+                          "read; load and save it again with a current torch");
+  try {
+    auto zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::move(in));
+    if (!zip->hasRecord("data.pkl"))
+      throw CheckpointError(where + ": a zip without data.pkl (not a torch.save file)");
+    auto [ptr, n] = zip->getRecord("data.pkl");
+    const std::string data(static_cast<const char*>(ptr.get()), n);
+    auto v = Unpickler(data, *zip, where, lazy).run();
+    if (keep) *keep = std::move(zip);
+    return v;
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CheckpointError(where + ": not a readable torch.save file (" +
+                          first_line(e.what_without_backtrace()) +
+                          "; a truncated, corrupt or foreign file?)");
+  }
+}
+
+// pread of exactly n bytes at pos; false at the file's end.
+bool pread_all(int fd, void* buf, size_t n, uint64_t pos) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(pos));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+    pos += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+class FileAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  FileAdapter(int fd, uint64_t size) : fd_(fd), size_(size) {}
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* = "") const override {
+    if (pos >= size_) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, size_ - pos));
+    return pread_all(fd_, buf, n, pos) ? n : 0;
+  }
+
+ private:
+  int fd_;
+  uint64_t size_;
+};
 
 }  // namespace
 
@@ -854,24 +937,128 @@ std::vector<char> torch_save(const PyValue& value) {
 
 PyPtr torch_load(const std::vector<char>& bytes, const std::string& where) {
   if (bytes.empty()) throw CheckpointError(where + ": the file is empty");
-  if (static_cast<uint8_t>(bytes[0]) == 0x80)
-    throw CheckpointError(where +
-                          ": torch.save's legacy (pre-1.6, not zip) format, which dtrain does not "
-                          "read; load and save it again with a current torch");
-  try {
-    caffe2::serialize::PyTorchStreamReader zip(std::make_shared<MemoryAdapter>(bytes));
-    if (!zip.hasRecord("data.pkl"))
-      throw CheckpointError(where + ": a zip without data.pkl (not a torch.save file)");
-    auto [ptr, n] = zip.getRecord("data.pkl");
-    const std::string data(static_cast<const char*>(ptr.get()), n);
-    return Unpickler(data, zip, where).run();
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const c10::Error& e) {
-    throw CheckpointError(where + ": not a readable torch.save file (" +
-                          first_line(e.what_without_backtrace()) +
-                          "; a truncated, corrupt or foreign file?)");
+  return unpickle(std::make_shared<MemoryAdapter>(bytes), bytes[0], where, false, nullptr);
+}
+
+struct TorchFile::Impl {
+  std::string path;
+  int fd = -1;
+  uint64_t size = 0;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
+  PyPtr value;
+  std::map<std::string, uint64_t> offsets;  // record -> where its bytes start in the file
+
+  ~Impl() {
+    zip.reset();
+    if (fd >= 0) ::close(fd);
   }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw CheckpointError(path + ": " + what);
+  }
+  uint64_t offset(const std::string& record) {
+    auto it = offsets.find(record);
+    if (it != offsets.end()) return it->second;
+    uint64_t at = 0;
+    try {
+      at = zip->getRecordOffset(record);
+    } catch (const c10::Error&) {
+      fail("cannot read " + record + " (a truncated or corrupt file)");
+    }
+    return offsets[record] = at;
+  }
+  // Elements [first, first + n) of t's storage into buf.
+  void read_storage(const PyValue& t, int64_t first, int64_t n, void* buf) {
+    const uint64_t elem = t.tensor.element_size();
+    if (first < 0 || first + n > t.storage_numel)
+      fail("a tensor reaches past its storage (a corrupt file)");
+    const uint64_t at = offset(t.storage) + static_cast<uint64_t>(first) * elem,
+                   bytes = static_cast<uint64_t>(n) * elem;
+    if (at + bytes > size || !pread_all(fd, buf, bytes, at))
+      fail(t.storage + " ends early (a truncated or corrupt file)");
+  }
+};
+
+TorchFile::TorchFile(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st {};
+  if (impl_->fd < 0 || ::fstat(impl_->fd, &st) != 0)
+    throw UsageError("zero checkpoint: cannot read " + path + " (" + std::strerror(errno) + ")");
+  impl_->size = static_cast<uint64_t>(st.st_size);
+  char first = 0;
+  if (impl_->size == 0 || !pread_all(impl_->fd, &first, 1, 0))
+    throw CheckpointError(path + ": the file is empty");
+  impl_->value = unpickle(std::make_shared<FileAdapter>(impl_->fd, impl_->size), first, path, true,
+                          &impl_->zip);
+}
+
+TorchFile::~TorchFile() = default;
+
+const PyPtr& TorchFile::value() const { return impl_->value; }
+const std::string& TorchFile::path() const { return impl_->path; }
+
+void TorchFile::read(const PyValue& t, int64_t begin, const torch::Tensor& dest) const {
+  if (t.kind != PyValue::Kind::Tensor || dest.dim() != 1)
+    throw InternalError("TorchFile::read: needs a tensor and a 1-D destination");
+  const int64_t n = dest.numel();
+  if (begin < 0 || begin + n > t.tensor.numel())
+    throw InternalError("TorchFile::read: elements [" + std::to_string(begin) + ", " +
+                        std::to_string(begin + n) + ") of a tensor of " +
+                        std::to_string(t.tensor.numel()));
+  if (n == 0) return;
+  if (t.storage.empty()) {
+    dest.copy_(t.tensor.reshape({-1}).narrow(0, begin, n));
+    return;
+  }
+  const auto& m = t.tensor;
+  if (!m.is_contiguous()) {
+    dest.copy_(load(t).reshape({-1}).narrow(0, begin, n));
+    return;
+  }
+  const int64_t first = m.storage_offset() + begin;
+  if (dest.device().is_cpu() && dest.is_contiguous() && dest.scalar_type() == m.scalar_type()) {
+    impl_->read_storage(t, first, n, dest.data_ptr());
+    return;
+  }
+  const int64_t chunk = std::min<int64_t>(n, int64_t(1) << 22);
+  auto buf = torch::empty({chunk}, torch::TensorOptions().dtype(m.scalar_type()));
+  for (int64_t k = 0; k < n; k += chunk) {
+    const int64_t len = std::min(chunk, n - k);
+    impl_->read_storage(t, first + k, len, buf.data_ptr());
+    dest.narrow(0, k, len).copy_(buf.narrow(0, 0, len));
+  }
+}
+
+torch::Tensor TorchFile::load(const PyValue& t) const {
+  if (t.kind != PyValue::Kind::Tensor) throw InternalError("TorchFile::load: not a tensor");
+  if (t.storage.empty()) return t.tensor;
+  const auto& m = t.tensor;
+  const auto options = torch::TensorOptions().dtype(m.scalar_type());
+  if (m.numel() == 0) return torch::empty(m.sizes(), options);
+  int64_t span = 1;  // the storage elements the tensor reaches
+  for (int64_t k = 0; k < m.dim(); ++k) span += (m.size(k) - 1) * m.stride(k);
+  auto buf = torch::empty({span}, options);
+  impl_->read_storage(t, m.storage_offset(), span, buf.data_ptr());
+  return buf.as_strided(m.sizes(), m.strides(), 0);
+}
+
+const PyPtr& TorchFile::load_all() {
+  std::set<const PyValue*> seen;
+  std::function<void(PyValue&)> walk = [&](PyValue& v) {
+    if (!seen.insert(&v).second) return;
+    if (v.kind == PyValue::Kind::Tensor && !v.storage.empty()) {
+      v.tensor = load(v);
+      v.storage.clear();
+    }
+    for (auto& x : v.items) walk(*x);
+    for (auto& [k, x] : v.dict) {
+      walk(*k);
+      walk(*x);
+    }
+    if (v.state) walk(*v.state);
+  };
+  walk(*impl_->value);
+  return impl_->value;
 }
 
 }  // namespace dtrain::zero::detail

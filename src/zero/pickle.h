@@ -50,6 +50,10 @@ struct PyValue {
   torch::Tensor tensor;
   PyPtr state;             // Object
   bool reference = false;  // Object: the global `s` itself (torch.float16), not an instance of it
+  // A tensor of a TorchFile, not read yet: its storage record ("data/<key>") and that storage's
+  // elements; `tensor` is then a meta tensor (sizes, strides, storage offset and dtype only).
+  std::string storage;
+  int64_t storage_numel = 0;
 
   // Dict lookup by a str (or int, given as its decimal text) key; nullptr when absent or when
   // this is no dict.
@@ -88,5 +92,40 @@ std::vector<char> torch_save(const PyValue& value);
 // torch.load(bytes); `where` (the file) names errors: a truncated, corrupt or foreign file is a
 // CheckpointError of one line.
 PyPtr torch_load(const std::vector<char>& bytes, const std::string& where);
+
+// A torch.save file read on demand, so that a large one is never held whole: opening it reads
+// the zip's directory and the pickle (data.pkl) only. The tensors of value() are not read (see
+// PyValue::storage); read() copies a range of one's elements from the file into a destination
+// with pread at its record's offset (torch.save stores records uncompressed; torch.load's
+// mmap=True relies on the same). Errors as torch_load's: a CheckpointError of one line naming
+// the file; UsageError when the file cannot be opened. Not thread-safe.
+//
+//   TorchFile f(path);
+//   const PyValue* t = f.value()->get("weight");
+//   auto part = torch::empty({100});
+//   f.read(*t, 1000, part);  // elements [1000, 1100) of t, row-major
+class TorchFile {
+ public:
+  explicit TorchFile(const std::string& path);
+  ~TorchFile();
+  TorchFile(const TorchFile&) = delete;
+  TorchFile& operator=(const TorchFile&) = delete;
+
+  const PyPtr& value() const;
+  const std::string& path() const;
+  // Elements [begin, begin + dest.numel()) of the tensor `t` of value() (in its row-major
+  // order) into `dest`, of any dtype (converted) and device; straight into dest's memory when
+  // it is a contiguous CPU tensor of t's dtype, else through a buffer of at most 4M elements.
+  // A `t` already in memory (not of a TorchFile) is copied from. REQUIRES: t is a Tensor.
+  void read(const PyValue& t, int64_t begin, const torch::Tensor& dest) const;
+  // The whole of `t` as a CPU tensor of its own.
+  torch::Tensor load(const PyValue& t) const;
+  // Reads every tensor of value() in place (value() then is what torch_load gives).
+  const PyPtr& load_all();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace dtrain::zero::detail
