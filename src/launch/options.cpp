@@ -291,7 +291,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "forkserver or fork (the program starts once, loads and initialises its shared "
                  "libraries, and the workers are forked from it: a libtorch program starts "
                  "~0.6 s and ~0.9 CPU-s faster per worker), auto (forkserver for a program that "
-                 "links libtorch, libc10 or libdtrain with 2+ workers per node, else spawn). "
+                 "links libtorch, libc10 or libdtrain with 2+ workers per node or a job that can "
+                 "restart, else spawn). "
                  "Python scripts always spawn")
       ->capture_default_str();
   run.add_flag("--run-path,--run_path", a.run_path,
@@ -328,8 +329,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT)")
       ->capture_default_str();
   run.add_flag("--virtual-local-rank,--virtual_local_rank", a.virtual_local_rank,
-               "torchrun gives every worker LOCAL_RANK 0 and one visible GPU (accepted, noted: "
-               "dtrain keeps each worker's LOCAL_RANK)");
+               "As torchrun's: every worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES = its "
+               "local rank's entry of this agent's list (else the local rank)");
   // One value per --env: a vector option would otherwise swallow PROGRAM and its args.
   run.add_option("--env", a.env, "Extra KEY=VALUE for every worker (repeatable)")
       ->allow_extra_args(false);
