@@ -961,19 +961,28 @@ void validate_launch_options(LaunchOptions& o) {
     throw UsageError("--ifname: this host (" + this_host_name() + ") has no network interface '" +
                      o.ifname + "'; list them with `ip -br addr`");
   }
+  std::string python_from;  // the variable o.python came from, for the error below
   if (o.python.empty()) {
     // DTRAIN_PYTHON, else torchrun's PYTHON_EXEC, else python3 on PATH.
     const char* exec = std::getenv("PYTHON_EXEC");
-    o.python =
-        param::kPython.get_if_set() || !(exec && *exec) ? param::kPython.get() : std::string(exec);
+    if (param::kPython.get_if_set() || !(exec && *exec)) {
+      o.python = param::kPython.get();
+      if (param::kPython.get_if_set()) python_from = "DTRAIN_PYTHON";
+    } else {
+      o.python = exec;
+      python_from = "PYTHON_EXEC";
+    }
   }
   if (runs_with_python(o)) {
     std::string interp =
         o.python.find('/') == std::string::npos ? find_in_path(o.python) : o.python;
     if (interp.empty() || !is_executable_file(interp)) {
-      throw UsageError(
-          "PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
-          "' was not found or is not executable; install python3 or set DTRAIN_PYTHON");
+      throw UsageError("PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
+                       "'" + (python_from.empty() ? "" : " (from " + python_from + ")") +
+                       " was not found or is not executable; " +
+                       (python_from == "PYTHON_EXEC"
+                            ? "fix or unset PYTHON_EXEC, or set DTRAIN_PYTHON"
+                            : "install python3 or set DTRAIN_PYTHON"));
     }
     o.python = interp;
     if (!o.module) {

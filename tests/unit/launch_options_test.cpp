@@ -966,7 +966,15 @@ TEST(ValidateLaunchOptions, PythonScriptsNeedAnInterpreterAndTheScript) {
   with_env("DTRAIN_PYTHON", "/nonexistent/python9", [&] {
     std::string msg = usage_error({script});
     EXPECT_NE(msg.find("needs a Python interpreter"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("/nonexistent/python9"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'/nonexistent/python9' (from DTRAIN_PYTHON)"), std::string::npos) << msg;
+  });
+  // torchrun's PYTHON_EXEC stands in when DTRAIN_PYTHON is unset; the error names it.
+  with_env("DTRAIN_PYTHON", nullptr, [&] {
+    with_env("PYTHON_EXEC", "/nonexistent/python8", [&] {
+      std::string msg = usage_error({script});
+      EXPECT_NE(msg.find("'/nonexistent/python8' (from PYTHON_EXEC)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("fix or unset PYTHON_EXEC"), std::string::npos) << msg;
+    });
   });
   // --no-python: a .py is executed directly, so it must be executable itself.
   std::string msg = usage_error({"--no-python", script});
