@@ -81,7 +81,10 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o, int generation) {
   try {
     base = default_group();
   } catch (const UsageError&) {
-    if (!WorkerEnv::from_environ() && !engine_worker_env()) return single_process_group(o);
+    // No launcher's variables at all (a HOROVOD_SIZE without them still gets the error).
+    if (!WorkerEnv::from_environ() && !engine_worker_env() && !param::kHorovodRank.get_if_set() &&
+        !param::kHorovodSize.get_if_set())
+      return single_process_group(o);
     ProcessGroupOptions po;
     po.timeout = o.timeout;
     base = init_process_group(po);

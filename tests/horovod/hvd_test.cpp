@@ -217,6 +217,11 @@ TEST(Api, InitWithoutALauncherIsOneProcess) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("allreduce_sum=1.000000"), std::string::npos) << r.out;
+  // Horovod's variables without a launcher's are a job half set up: an error, not size 1.
+  o.env = {"HOROVOD_SIZE=2"};
+  r = run_command({HVD_WORKER_BIN, "env"}, o);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("RANK and WORLD_SIZE are not set"), std::string::npos) << r.err;
 }
 
 TEST(Horovodrun, RunsAProgramWithHorovodsVariablesAndRejectsBadInput) {
