@@ -63,7 +63,9 @@ struct InitOptions {
 // engines: RANK/WORLD_SIZE/LOCAL_* or HOROVOD_*), builds hvd's process group over the job's
 // store (the default group's when init_process_group() ran, else one init() makes) and starts
 // the background thread. A second call while initialized does nothing.
-// Throws UsageError outside a launched job, NetworkError/TimeoutError when peers are missing.
+// Outside a launched job (no launcher's variables, no HOROVOD_RANK/HOROVOD_SIZE), runs as one
+// process - size 1, rank 0 - as Horovod's hvd.init() does without horovodrun. Throws
+// NetworkError/TimeoutError when peers are missing.
 void init(const InitOptions& options = {});
 // Waits (up to the timeout) until every rank called shutdown(), fails what is still
 // pending, stops the background thread and leaves hvd's group. Called at exit if not before.

@@ -2,6 +2,7 @@
 #include "dtrain/horovod.h"
 
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "core/hostfile.h"
 #include "core/params.h"
 #include "dtrain/collectives.h"
+#include "dtrain/engine_env.h"
+#include "dtrain/env.h"
 #include "dtrain/process_group.h"
 #include "horovod/controller.h"
 
@@ -60,11 +63,28 @@ std::shared_ptr<Context> ctx(const char* what) {
 // hvd's own group over the job's store: the default group's backend choice, its own
 // connections and shared-memory segment, so its background thread never interleaves with
 // collectives the program issues on the default group.
+// hvd's group when no launcher started this process: one rank over an in-memory store, as
+// Horovod's hvd.init() without horovodrun runs ("no rendezvous server provided, assuming
+// single process execution": size 1, rank 0).
+std::shared_ptr<ProcessGroup> single_process_group(const InitOptions& o) {
+  comm::GroupRequest request;
+  request.store = c10::make_intrusive<c10d::HashStore>();
+  request.rank = 0;
+  request.world = 1;
+  request.timeout = o.timeout;
+  auto backends = std::make_shared<comm::GroupBackends>(comm::make_group_backends(request));
+  return std::make_shared<ProcessGroup>(request.store, std::move(backends));
+}
+
 std::shared_ptr<ProcessGroup> make_group(const InitOptions& o, int generation) {
   std::shared_ptr<ProcessGroup> base;
   try {
     base = default_group();
   } catch (const UsageError&) {
+    // No launcher's variables at all (a HOROVOD_SIZE without them still gets the error).
+    if (!WorkerEnv::from_environ() && !engine_worker_env() && !param::kHorovodRank.get_if_set() &&
+        !param::kHorovodSize.get_if_set())
+      return single_process_group(o);
     ProcessGroupOptions po;
     po.timeout = o.timeout;
     base = init_process_group(po);

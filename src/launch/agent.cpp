@@ -233,9 +233,10 @@ void Agent::setup_store() {
     } catch (const AddressInUseError& e) {
       // With c10d every agent tries to host the endpoint; the first one to bind does.
       if (!(o_.rdzv_backend == "c10d" && o_.nnodes > 1)) {
-        throw UsageError("--master-port: port " + std::to_string(o_.master_port) +
-                         " is already in use on this host; choose a free port (or omit "
-                         "--master-port on a single node to get one)");
+        // The port is --master-port's or --rdzv-endpoint's (which overrides it).
+        throw UsageError("--master-port/--rdzv-endpoint: port " + std::to_string(o_.master_port) +
+                         " is already in use on this host; choose a free port (or, on a single "
+                         "node, give neither to get one)");
       }
     }
   }

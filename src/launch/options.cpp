@@ -291,7 +291,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "forkserver or fork (the program starts once, loads and initialises its shared "
                  "libraries, and the workers are forked from it: a libtorch program starts "
                  "~0.6 s and ~0.9 CPU-s faster per worker), auto (forkserver for a program that "
-                 "links libtorch, libc10 or libdtrain with 2+ workers per node, else spawn). "
+                 "links libtorch, libc10 or libdtrain with 2+ workers per node or a job that can "
+                 "restart, else spawn). "
                  "Python scripts always spawn")
       ->capture_default_str();
   run.add_flag("--run-path,--run_path", a.run_path,
@@ -328,8 +329,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "stops the workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT)")
       ->capture_default_str();
   run.add_flag("--virtual-local-rank,--virtual_local_rank", a.virtual_local_rank,
-               "torchrun gives every worker LOCAL_RANK 0 and one visible GPU (accepted, noted: "
-               "dtrain keeps each worker's LOCAL_RANK)");
+               "As torchrun's: every worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES = its "
+               "local rank's entry of this agent's list (else the local rank)");
   // One value per --env: a vector option would otherwise swallow PROGRAM and its args.
   run.add_option("--env", a.env, "Extra KEY=VALUE for every worker (repeatable)")
       ->allow_extra_args(false);
@@ -960,19 +961,28 @@ void validate_launch_options(LaunchOptions& o) {
     throw UsageError("--ifname: this host (" + this_host_name() + ") has no network interface '" +
                      o.ifname + "'; list them with `ip -br addr`");
   }
+  std::string python_from;  // the variable o.python came from, for the error below
   if (o.python.empty()) {
     // DTRAIN_PYTHON, else torchrun's PYTHON_EXEC, else python3 on PATH.
     const char* exec = std::getenv("PYTHON_EXEC");
-    o.python =
-        param::kPython.get_if_set() || !(exec && *exec) ? param::kPython.get() : std::string(exec);
+    if (param::kPython.get_if_set() || !(exec && *exec)) {
+      o.python = param::kPython.get();
+      if (param::kPython.get_if_set()) python_from = "DTRAIN_PYTHON";
+    } else {
+      o.python = exec;
+      python_from = "PYTHON_EXEC";
+    }
   }
   if (runs_with_python(o)) {
     std::string interp =
         o.python.find('/') == std::string::npos ? find_in_path(o.python) : o.python;
     if (interp.empty() || !is_executable_file(interp)) {
-      throw UsageError(
-          "PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
-          "' was not found or is not executable; install python3 or set DTRAIN_PYTHON");
+      throw UsageError("PROGRAM '" + o.program + "' needs a Python interpreter, but '" + o.python +
+                       "'" + (python_from.empty() ? "" : " (from " + python_from + ")") +
+                       " was not found or is not executable; " +
+                       (python_from == "PYTHON_EXEC"
+                            ? "fix or unset PYTHON_EXEC, or set DTRAIN_PYTHON"
+                            : "install python3 or set DTRAIN_PYTHON"));
     }
     o.python = interp;
     if (!o.module) {

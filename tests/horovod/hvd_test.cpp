@@ -24,6 +24,7 @@
 namespace {
 
 using dtrain::test::run_command;
+using dtrain::test::RunOptions;
 using namespace std::chrono_literals;
 
 std::string temp_file(const std::string& tag) {
@@ -188,6 +189,39 @@ TEST(Api, BadInputBeforeAnyProcessStartsIsAUsageError) {
   torch::nn::Linear lin(2, 2);
   torch::optim::SGD sgd(lin->parameters(), 0.1);
   EXPECT_THROW(dtrain::hvd::DistributedOptimizer(sgd, lin->named_parameters()), dtrain::UsageError);
+}
+
+// Started without any launcher, hvd::init() runs as one process (size 1, rank 0), as Horovod's
+// hvd.init() does without horovodrun; it used to throw UsageError.
+TEST(Api, InitWithoutALauncherIsOneProcess) {
+  RunOptions o;
+  o.unset = {"RANK",
+             "WORLD_SIZE",
+             "LOCAL_RANK",
+             "LOCAL_WORLD_SIZE",
+             "GROUP_RANK",
+             "GROUP_WORLD_SIZE",
+             "MASTER_ADDR",
+             "MASTER_PORT",
+             "HOROVOD_RANK",
+             "HOROVOD_SIZE",
+             "HOROVOD_LOCAL_RANK",
+             "HOROVOD_LOCAL_SIZE",
+             "SLURM_PROCID",
+             "OMPI_COMM_WORLD_RANK",
+             "PMI_RANK"};
+  o.timeout = 60s;
+  auto r = run_command({HVD_WORKER_BIN, "env"}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("hvd rank=0 size=1 local_rank=0 local_size=1 cross_rank=0 cross_size=1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("allreduce_sum=1.000000"), std::string::npos) << r.out;
+  // Horovod's variables without a launcher's are a job half set up: an error, not size 1.
+  o.env = {"HOROVOD_SIZE=2"};
+  r = run_command({HVD_WORKER_BIN, "env"}, o);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("RANK and WORLD_SIZE are not set"), std::string::npos) << r.err;
 }
 
 TEST(Horovodrun, RunsAProgramWithHorovodsVariablesAndRejectsBadInput) {

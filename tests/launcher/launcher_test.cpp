@@ -1543,7 +1543,11 @@ std::vector<BadInput> bad_inputs() {
        {run_error + "--rdzv-endpoint: got 'host:abc', expected HOST:PORT"}},
       {"MasterPortInUse",
        with_worker({"--master-port", "{PORT}"}),
-       {run_error + "--master-port: port {PORT} is already in use"}},
+       {run_error + "--master-port/--rdzv-endpoint: port {PORT} is already in use"}},
+      // The port came from --rdzv-endpoint: the message must not name --master-port alone.
+      {"RdzvEndpointPortInUse",
+       with_worker({"--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:{PORT}"}),
+       {run_error + "--master-port/--rdzv-endpoint: port {PORT} is already in use"}},
       {"StoreTokenForAPythonProgram",
        {"--store-token", "secret", "{TMP}/train.py"},
        {run_error + "--store-token / DTRAIN_STORE_TOKEN: '{TMP}/train.py' runs in Python"}},
@@ -1602,7 +1606,8 @@ std::string fill(std::string s, const std::map<std::string, std::string>& vars) 
 
 TEST_P(BadInputTest, ExitsTwoNamingFlagAndValueWithoutStarting) {
   const BadInput& c = GetParam();
-  HeldPort held;  // for MasterPortInUse: a port some other program is listening on
+  HeldPort held;  // for MasterPortInUse, RdzvEndpointPortInUse: a port some other program is
+                  // listening on
   std::ofstream(path("data.txt")) << "not a program\n";
   ::chmod(path("data.txt").c_str(), 0644);
   std::ofstream(path("script.sh")) << "#!/bin/sh\ntouch \"$1\"\n";

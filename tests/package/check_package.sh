@@ -12,6 +12,13 @@ cmake -S "$src/tests/package" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Rel
   -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
 cmake --build "$tmp/consumer" > "$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
 "$tmp/consumer/consumer"
+# A project whose cmake_minimum_required predates CMake 3.21 (policy CMP0126 unset) gets the
+# libtorch this dtrain was built on too, not another one found on the system.
+cmake -S "$src/tests/package" -B "$tmp/consumer-old" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$tmp/prefix" -DDTRAIN_CONSUMER_POLICY_VERSION=3.18 \
+  > "$tmp/configure-old.log" || { cat "$tmp/configure-old.log"; exit 1; }
+cmake --build "$tmp/consumer-old" > "$tmp/build-old.log" || { cat "$tmp/build-old.log"; exit 1; }
+"$tmp/consumer-old/consumer"
 "$tmp/prefix/bin/dtrain" --help > /dev/null
 # The installed dtrain finds the installed fork server (an explicit forkserver without it is a
 # usage error, exit 2) and starts the consumer's workers from it.

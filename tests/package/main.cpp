@@ -1,5 +1,8 @@
 // Uses the installed headers and libraries of both targets: the env contract and store from
-// dtrain::core, init_process_group from dtrain::dtrain (over file:// with one rank).
+// dtrain::core, init_process_group from dtrain::dtrain (over file:// with one rank). The
+// umbrella header, as a user's program includes it, compiles with the standard the package
+// asks for.
+#include <dtrain/dtrain.h>
 #include <dtrain/env.h>
 #include <dtrain/process_group.h>
 #include <dtrain/store.h>

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -280,6 +281,28 @@ TEST(ParseRunArgs, EveryFlagInBothSpellingsAndWithEquals) {
       }
     }
   }
+}
+
+// `dtrain run --help` says "(accepted, noted" of a torchrun flag that dtrain takes without
+// acting on it; such a flag prints that note when given. --virtual-local-rank's help said so
+// after the flag was implemented (it prints no note: it does what torchrun's does).
+TEST(ParseRunArgs, AFlagWhoseHelpSaysNotedPrintsANote) {
+  CLI::App app;
+  RunArgs a;
+  add_run_options(app, a);
+  int noted = 0;
+  for (const auto& c : flag_cases()) {
+    SCOPED_TRACE(c.dashed);
+    if (app.get_option(c.dashed)->get_description().find("(accepted, noted") == std::string::npos)
+      continue;
+    ++noted;
+    Args args{c.dashed};
+    args.insert(args.end(), c.values.begin(), c.values.end());
+    const LaunchOptions o = parse(args);
+    ASSERT_EQ(o.notes.size(), 1u);
+    EXPECT_EQ(o.notes[0].rfind(c.dashed + " ", 0), 0u) << o.notes[0];
+  }
+  EXPECT_EQ(noted, 4);  // --event-log-handler, --local-addr, --logs-specs, --numa-binding
 }
 
 // torchrun's launch lines: --run-path is a flag (the next word is not its value), a repeated
@@ -943,7 +966,15 @@ TEST(ValidateLaunchOptions, PythonScriptsNeedAnInterpreterAndTheScript) {
   with_env("DTRAIN_PYTHON", "/nonexistent/python9", [&] {
     std::string msg = usage_error({script});
     EXPECT_NE(msg.find("needs a Python interpreter"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("/nonexistent/python9"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'/nonexistent/python9' (from DTRAIN_PYTHON)"), std::string::npos) << msg;
+  });
+  // torchrun's PYTHON_EXEC stands in when DTRAIN_PYTHON is unset; the error names it.
+  with_env("DTRAIN_PYTHON", nullptr, [&] {
+    with_env("PYTHON_EXEC", "/nonexistent/python8", [&] {
+      std::string msg = usage_error({script});
+      EXPECT_NE(msg.find("'/nonexistent/python8' (from PYTHON_EXEC)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("fix or unset PYTHON_EXEC"), std::string::npos) << msg;
+    });
   });
   // --no-python: a .py is executed directly, so it must be executable itself.
   std::string msg = usage_error({"--no-python", script});
