@@ -12,10 +12,10 @@
 //
 // The artifact is MLflow's: `<artifact_path>/state_dict.pth`, torch.save's zip format of an
 // OrderedDict name -> tensor, which torch.load(weights_only=True) (torch 2.x's default) reads.
-// The names are PyTorch's `state_dict()` keys: each module's parameters, then its buffers, then
-// its children's under "<child name>.", so a C++ module and the same architecture in torch.nn
-// have the same keys when their submodules are registered under the same names (a Sequential's
-// "0", "1", ... on both sides). See docs/tracking.md.
+// The names are PyTorch's `state_dict()` keys, as dtrain::state_dict(module) (dtrain/checkpoint.h)
+// gives them: a C++ module and the same architecture in torch.nn have the same keys when their
+// submodules are registered under the same names (a Sequential's "0", "1", ... on both sides).
+// See docs/tracking.md.
 #pragma once
 
 #include <torch/torch.h>
@@ -23,17 +23,10 @@
 #include <chrono>
 #include <string>
 
+#include "dtrain/checkpoint.h"  // StateDict, state_dict(module), load_state_dict(module, dict)
 #include "dtrain/mlflow.h"
 
 namespace dtrain::mlflow {
-
-// Name -> tensor, in PyTorch's state_dict() order.
-using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
-
-// The module's parameters and buffers as PyTorch's Module.state_dict() names them (detached;
-// they share storage with the module). Undefined tensors (BatchNorm(affine=false)'s weight) are
-// left out, as Python leaves out parameters that are None.
-StateDict state_dict(const torch::nn::Module& module);
 
 // mlflow.pytorch.log_state_dict(state_dict, artifact_path): uploads
 // `<artifact_path>/state_dict.pth` (empty `artifact_path`: state_dict.pth at the top) to the
@@ -45,7 +38,7 @@ StateDict state_dict(const torch::nn::Module& module);
 void log_state_dict(Run& run, const torch::nn::Module& module, const std::string& artifact_path);
 void log_state_dict(Run& run, const StateDict& state_dict, const std::string& artifact_path);
 
-struct LoadOptions {
+struct LoadStateDictOptions {
   // For runs:/ URIs and mlflow-artifacts: URIs without a host. Default: MLFLOW_TRACKING_URI.
   std::string tracking_uri;
   // Each request to the server (the file's download included) gives up after this.
@@ -60,15 +53,14 @@ struct LoadOptions {
 // when the run or file is not there, the file is not torch.save's format, or it holds something
 // other than str -> tensor (a checkpoint dict with an optimizer or an epoch: load it in Python);
 // NetworkError when the server cannot be reached.
-StateDict load_state_dict(const std::string& uri, const LoadOptions& options = {});
+StateDict load_state_dict(const std::string& uri, const LoadStateDictOptions& options = {});
 
-// Module.load_state_dict(state_dict, strict=True): copies each tensor into the module's
-// parameter or buffer of that name (converting the dtype, as copy_ does), under NoGradGuard.
-// Checks before copying anything: a key the module lacks or the state dict lacks, or a shape
-// that differs, is a UsageError of one line naming the keys; the module is left unchanged then.
-void load_state_dict(torch::nn::Module& module, const StateDict& state_dict);
-// The two above together.
+// Module.load_state_dict(mlflow.pytorch.load_state_dict(uri), strict=True): the two together,
+// through dtrain::load_state_dict (dtrain/checkpoint.h): a key the module lacks or the state dict
+// lacks, or a shape that differs, is a UsageError of one line naming the URI and the key,
+// raised before anything is copied (the module is left as it was). Non-strict:
+// dtrain::load_state_dict(module, load_state_dict(uri), /*strict=*/false).
 void load_state_dict(torch::nn::Module& module, const std::string& uri,
-                     const LoadOptions& options = {});
+                     const LoadStateDictOptions& options = {});
 
 }  // namespace dtrain::mlflow

@@ -71,7 +71,7 @@ void vary_buffers(torch::nn::Module& m) {
   }
 }
 
-std::vector<std::string> keys_of(const mlflow::StateDict& sd) { return sd.keys(); }
+std::vector<std::string> keys_of(const dtrain::StateDict& sd) { return sd.keys(); }
 
 std::vector<std::string> json_strings(const nlohmann::json& j) {
   std::vector<std::string> out;
@@ -137,7 +137,7 @@ TEST(MlflowStateDict, CppLogsAndPythonsLoadStateDictStrictlyLoadsItIntoTheTorchN
 
   auto got = peer({"check", "runs:/" + id + "/state_dict", "cnn", (g_dir / "cpp_io.pt").string(),
                    (g_dir / "echo.pt").string()});
-  const auto cpp = mlflow::state_dict(*model);
+  const auto cpp = dtrain::state_dict(*model);
   // The C++ example's model has the keys of the same model written with torch.nn, in its order.
   EXPECT_EQ(json_strings(got["python_keys"]), keys_of(cpp));
   EXPECT_EQ(json_strings(got["keys"]), keys_of(cpp));
@@ -243,13 +243,15 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   write_file(ckpt_dir / "state_dict.pth", pickle::torch_save(*checkpoint));
   run.log_artifact((ckpt_dir / "state_dict.pth").string(), "checkpoint");
   // A state dict without one key, and one with a tensor of another shape.
-  auto partial = mlflow::state_dict(*model);
+  auto partial = dtrain::state_dict(*model);
   partial.erase("3.bias");
   mlflow::log_state_dict(run, partial, "partial");
-  auto reshaped = mlflow::state_dict(*model);
+  auto reshaped = dtrain::state_dict(*model);
   reshaped["5.weight"] = torch::zeros({10, 7});
-  reshaped.insert("extra", torch::zeros({1}));
   mlflow::log_state_dict(run, reshaped, "reshaped");
+  auto extended = dtrain::state_dict(*model);
+  extended.insert("extra", torch::zeros({1}));
+  mlflow::log_state_dict(run, extended, "extended");
   const std::string id = run.id();
   run.end();
 
@@ -279,18 +281,18 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   }
   // Strict loading: the module keeps its values when the state dict does not fit.
   auto target = make_model("mlp");
-  const auto before = mlflow::state_dict(*target)["1.weight"].clone();
+  const auto before = dtrain::state_dict(*target)["1.weight"].clone();
   expect_error(error_of([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/partial"); }),
-               {"missing key(s) '3.bias'"});
+               {"runs:/" + id + "/partial", "no entry '3.bias'"});
   expect_error(error_of([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/reshaped"); }),
-               {"unexpected key(s) 'extra'",
-                "size mismatch for '5.weight' ([10, 7] in the state "
-                "dict, [10, 256] in the module)"});
-  EXPECT_TRUE(torch::equal(mlflow::state_dict(*target)["1.weight"], before));
+               {"'5.weight' has shape [10, 7] in the state dict but [10, 256] in the model"});
+  expect_error(error_of([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/extended"); }),
+               {"an entry 'extra' that the model does not"});
+  EXPECT_TRUE(torch::equal(dtrain::state_dict(*target)["1.weight"], before));
   // The whole one loads, from the server and from a local copy of the directory.
   mlflow::load_state_dict(*target, "runs:/" + id + "/weights");
-  EXPECT_TRUE(torch::equal(mlflow::state_dict(*target)["1.weight"],
-                           mlflow::state_dict(*model)["1.weight"]));
+  EXPECT_TRUE(torch::equal(dtrain::state_dict(*target)["1.weight"],
+                           dtrain::state_dict(*model)["1.weight"]));
   auto local = make_model("mlp");
   const auto local_dir = g_dir / "server" / "artifacts";  // the server's --artifacts-destination
   std::string found;
@@ -301,7 +303,7 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   ASSERT_NE(found, "");
   mlflow::load_state_dict(*local, "file://" + found);
   EXPECT_TRUE(
-      torch::equal(mlflow::state_dict(*local)["5.bias"], mlflow::state_dict(*model)["5.bias"]));
+      torch::equal(dtrain::state_dict(*local)["5.bias"], dtrain::state_dict(*model)["5.bias"]));
 }
 
 }  // namespace
