@@ -54,7 +54,9 @@ std::string read_proxied(const std::string& uri, const std::string& name,
   std::string base;
   if (starts_with(rest, "//")) {
     const auto slash = rest.find('/', 2);
-    base = "http://" + rest.substr(2, slash == std::string::npos ? std::string::npos : slash - 2);
+    // That server, with the tracking URI's scheme as MLflow takes it (http when it has none).
+    base = (starts_with(tracking_uri, "https://") ? "https://" : "http://") +
+           rest.substr(2, slash == std::string::npos ? std::string::npos : slash - 2);
     rest = slash == std::string::npos ? "" : rest.substr(slash);
   } else {
     if (!is_http(tracking_uri)) {

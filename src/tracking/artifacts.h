@@ -12,7 +12,8 @@ namespace dtrain::mlflow::detail {
 //   runs:/<run id>/<path>              the run's artifact location (runs/get at `tracking_uri`)
 //                                      joined with <path>, then resolved as below;
 //   mlflow-artifacts:/<path>           the artifact proxy of the server at `tracking_uri`;
-//   mlflow-artifacts://host:port/<path> the proxy of that server (http);
+//   mlflow-artifacts://host:port/<path> the proxy of that server (the tracking URI's scheme,
+//                                      else http);
 //   file:///<path>, file:<path>, <path> a local directory (relative: to the working directory).
 // REQUIRES: `name` is a plain file name. `tracking_uri` (http(s)://, file: or a path) is needed
 // for runs:/ and for mlflow-artifacts: without a host. Every request gives up after `timeout`.

@@ -105,6 +105,9 @@ nlohmann::json peer(const std::vector<std::string>& args) {
   return nlohmann::json::parse(last == std::string::npos ? r.out : r.out.substr(last + 1));
 }
 
+// A UsageError of one line holding each of `parts`.
+void expect_one_line_error(const std::function<void()>& f, const std::vector<std::string>& parts);
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -114,6 +117,14 @@ std::string error_of(const std::function<void()>& f) {
     return std::string("not a UsageError: ") + e.what();
   }
   return "no error";
+}
+
+void expect_one_line_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  const std::string what = error_of(f);
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  EXPECT_EQ(what.find("not a UsageError"), std::string::npos) << what;
+  EXPECT_NE(what, "no error");
+  for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << p << " in: " << what;
 }
 
 TEST(MlflowStateDict, CppLogsAndPythonsLoadStateDictStrictlyLoadsItIntoTheTorchNnModel) {
@@ -242,7 +253,7 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   fs::create_directories(ckpt_dir);
   write_file(ckpt_dir / "state_dict.pth", pickle::torch_save(*checkpoint));
   run.log_artifact((ckpt_dir / "state_dict.pth").string(), "checkpoint");
-  // A state dict without one key, and one with a tensor of another shape.
+  // A state dict without one key, one with a tensor of another shape, one with a key more.
   auto partial = dtrain::state_dict(*model);
   partial.erase("3.bias");
   mlflow::log_state_dict(run, partial, "partial");
@@ -255,39 +266,35 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   const std::string id = run.id();
   run.end();
 
-  auto expect_error = [](const std::string& what, const std::vector<std::string>& parts) {
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    EXPECT_EQ(what.find("not a UsageError"), std::string::npos) << what;
-    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << p << " in: " << what;
-  };
-  expect_error(
-      error_of([] { mlflow::load_state_dict("runs:/0123456789abcdef0123456789abcdef/weights"); }),
+  expect_one_line_error(
+      [] { mlflow::load_state_dict("runs:/0123456789abcdef0123456789abcdef/weights"); },
       {"no run '0123456789abcdef0123456789abcdef'", g_server->url()});
-  expect_error(error_of([&] { mlflow::load_state_dict("runs:/" + id + "/nothing_here"); }),
-               {"no state_dict.pth", "nothing_here", "artifact path"});
-  expect_error(error_of([&] { mlflow::load_state_dict("runs:/" + id + "/text"); }),
-               {"text/state_dict.pth", "not a readable torch.save file"});
-  expect_error(error_of([&] { mlflow::load_state_dict("runs:/" + id + "/checkpoint"); }),
-               {"'epoch'", "is a int, not a tensor"});
-  expect_error(error_of([] { mlflow::load_state_dict("s3://bucket/model"); }),
-               {"s3://bucket/model", "scheme"});
-  expect_error(error_of([&] { mlflow::load_state_dict(g_dir.string() + "/no_such_dir"); }),
-               {"no state_dict.pth", "no_such_dir"});
+  expect_one_line_error([&] { mlflow::load_state_dict("runs:/" + id + "/nothing_here"); },
+                        {"no state_dict.pth", "nothing_here", "artifact path"});
+  expect_one_line_error([&] { mlflow::load_state_dict("runs:/" + id + "/text"); },
+                        {"text/state_dict.pth", "not a readable torch.save file"});
+  expect_one_line_error([&] { mlflow::load_state_dict("runs:/" + id + "/checkpoint"); },
+                        {"'epoch'", "is a int, not a tensor"});
+  expect_one_line_error([] { mlflow::load_state_dict("s3://bucket/model"); },
+                        {"s3://bucket/model", "scheme"});
+  expect_one_line_error([&] { mlflow::load_state_dict(g_dir.string() + "/no_such_dir"); },
+                        {"no state_dict.pth", "no_such_dir"});
   {
     dtrain::test::ScopedEnv no_uri;
     no_uri.set("MLFLOW_TRACKING_URI", nullptr);
-    expect_error(error_of([&] { mlflow::load_state_dict("runs:/" + id + "/weights"); }),
-                 {"MLFLOW_TRACKING_URI"});
+    expect_one_line_error([&] { mlflow::load_state_dict("runs:/" + id + "/weights"); },
+                          {"MLFLOW_TRACKING_URI"});
   }
   // Strict loading: the module keeps its values when the state dict does not fit.
   auto target = make_model("mlp");
   const auto before = dtrain::state_dict(*target)["1.weight"].clone();
-  expect_error(error_of([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/partial"); }),
-               {"runs:/" + id + "/partial", "no entry '3.bias'"});
-  expect_error(error_of([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/reshaped"); }),
-               {"'5.weight' has shape [10, 7] in the state dict but [10, 256] in the model"});
-  expect_error(error_of([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/extended"); }),
-               {"an entry 'extra' that the model does not"});
+  expect_one_line_error([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/partial"); },
+                        {"runs:/" + id + "/partial", "no entry '3.bias'"});
+  expect_one_line_error(
+      [&] { mlflow::load_state_dict(*target, "runs:/" + id + "/reshaped"); },
+      {"'5.weight' has shape [10, 7] in the state dict but [10, 256] in the model"});
+  expect_one_line_error([&] { mlflow::load_state_dict(*target, "runs:/" + id + "/extended"); },
+                        {"an entry 'extra' that the model does not"});
   EXPECT_TRUE(torch::equal(dtrain::state_dict(*target)["1.weight"], before));
   // The whole one loads, from the server and from a local copy of the directory.
   mlflow::load_state_dict(*target, "runs:/" + id + "/weights");
@@ -304,6 +311,27 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   mlflow::load_state_dict(*local, "file://" + found);
   EXPECT_TRUE(
       torch::equal(dtrain::state_dict(*local)["5.bias"], dtrain::state_dict(*model)["5.bias"]));
+}
+
+TEST(MlflowStateDict, ARunInAFileStoreRoundTripsThroughItsRunsUri) {
+  // No server: the file store's run directory (file:), as an offline run writes it.
+  dtrain::test::ScopedEnv env;
+  env.set("MLFLOW_TRACKING_URI", nullptr);
+  const std::string store = "file:" + (g_dir / "mlruns").string();
+  auto run = mlflow::Run::start({.tracking_uri = store, .experiment = "offline"});
+  ASSERT_TRUE(run.active());
+  torch::manual_seed(5);
+  auto model = make_model("mlp");
+  mlflow::log_state_dict(run, *model, "nested/weights");
+  const std::string id = run.id();
+  run.end();
+  auto loaded = make_model("mlp");
+  mlflow::load_state_dict(*loaded, "runs:/" + id + "/nested/weights", {.tracking_uri = store});
+  for (const auto& item : dtrain::state_dict(*model))
+    EXPECT_TRUE(torch::equal(item.value(), dtrain::state_dict(*loaded)[item.key()])) << item.key();
+  expect_one_line_error(
+      [&] { mlflow::load_state_dict("runs:/" + id + "/weights", {.tracking_uri = store}); },
+      {"no state_dict.pth", "artifacts/weights"});
 }
 
 }  // namespace
