@@ -13,7 +13,8 @@
 //
 // With MLFLOW_TRACKING_URI set, rank 0 logs an MLflow run (dtrain::mlflow): the parameters
 // (world_size, effective_batch_size, ...), per-step loss and samples/s, per-epoch test
-// accuracy, and the final model. With DTRAIN_TIMELINE=FILE every rank records a timeline.
+// accuracy, and the final model (log_model, and its state dict as mlflow.pytorch logs one). With
+// DTRAIN_TIMELINE=FILE every rank records a timeline.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -294,6 +295,10 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
       run.log_metrics({{"final_test_accuracy", accuracy}, {"train_seconds", train_seconds}},
                       state.step);
       dtrain::mlflow::log_model(run, *model);  // the unwrapped module, not the DDP wrapper
+      // The same weights as mlflow.pytorch.log_state_dict logs them: Python's
+      // mlflow.pytorch.load_state_dict(f"runs:/{run_id}/state_dict") loads them into the same
+      // architecture written with torch.nn (docs/tracking.md).
+      dtrain::mlflow::log_state_dict(run, *model, "state_dict");
       run.end(dtrain::mlflow::RunStatus::Finished);
     }
   }

@@ -64,9 +64,10 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& model,
 using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
 StateDict state_dict(const torch::nn::Module& model);
 
-// Copies `dict` into the model's parameters and buffers (no autograd). Throws UsageError
-// naming the first entry that is missing, unexpected or of another shape. strict = false
-// ignores missing and unexpected names (shapes must still agree).
+// Copies `dict` into the model's parameters and buffers (no autograd; the dtype converts as
+// copy_ converts it). Throws UsageError naming the first entry that is missing, unexpected or of
+// another shape, before copying anything (the model is left as it was). strict = false ignores
+// missing and unexpected names (shapes must still agree).
 void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool strict = true);
 
 // The newest checkpoint file in `dir` matching `prefix*.pt` by step number in its name

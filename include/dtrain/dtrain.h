@@ -14,6 +14,7 @@
 #include "dtrain/error.h"
 #include "dtrain/error_message.h"
 #include "dtrain/mlflow.h"
+#include "dtrain/mlflow_pytorch.h"
 #include "dtrain/process_group.h"
 #include "dtrain/progress.h"
 #include "dtrain/sampler.h"

@@ -448,7 +448,8 @@ void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool stric
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
     if (item.value().defined()) targets.emplace_back(item.key(), item.value());
   }
-  size_t matched = 0;
+  // Every check before the first copy: a dict that does not fit leaves the model as it was.
+  std::vector<std::pair<torch::Tensor*, const torch::Tensor*>> copies;
   for (auto& [name, target] : targets) {
     const torch::Tensor* source = dict.find(name);
     if (source == nullptr) {
@@ -465,11 +466,9 @@ void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool stric
           << target.sizes() << " in the model";
       throw UsageError(msg.str());
     }
-    torch::NoGradGuard no_grad;
-    target.copy_(*source);
-    ++matched;
+    copies.emplace_back(&target, source);
   }
-  if (strict && matched != dict.size()) {
+  if (strict && copies.size() != dict.size()) {
     for (const auto& item : dict) {
       bool known = false;
       for (const auto& t : targets) known = known || t.first == item.key();
@@ -479,6 +478,8 @@ void load_state_dict(torch::nn::Module& model, const StateDict& dict, bool stric
       }
     }
   }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target->copy_(*source);
 }
 
 }  // namespace dtrain

@@ -30,6 +30,20 @@ nlohmann::json metric_value_json(double value) {
   return value;
 }
 
+std::string url_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 int status_code(RunStatus s) {  // MLflow's RunStatus enum
@@ -44,20 +58,6 @@ int status_code(RunStatus s) {  // MLflow's RunStatus enum
       return 5;
   }
   return 3;
-}
-
-std::string url_escape(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[4];
-      std::snprintf(buf, sizeof buf, "%%%02X", c);
-      out += buf;
-    }
-  }
-  return out;
 }
 
 std::string read_file(const std::string& path) {

@@ -23,6 +23,9 @@ constexpr size_t kMaxTags = 100;
 
 int64_t now_ms();
 
+// `s` percent-encoded for a URL path or query (letters, digits, -_.~ and '/' kept).
+std::string url_escape(const std::string& s);
+
 // A metric value as protobuf's JSON mapping writes a double, and so MLflow's Python client
 // (message_to_json in its REST store): a number, or the strings "NaN", "Infinity" and
 // "-Infinity", which the server reads back as those values (JSON has no literal for them, and

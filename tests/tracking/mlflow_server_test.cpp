@@ -117,6 +117,7 @@ TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel
   std::set<std::string> artifacts(run["artifacts"].begin(), run["artifacts"].end());
   EXPECT_TRUE(artifacts.count("model/MLmodel")) << run["artifacts"];
   EXPECT_TRUE(artifacts.count("model/data/model.pt")) << run["artifacts"];
+  EXPECT_TRUE(artifacts.count("state_dict/state_dict.pth")) << run["artifacts"];
 }
 
 TEST(MlflowParams, FloatParamIsWrittenAsPythonsStrOfTheFloat) {

@@ -550,6 +550,42 @@ TEST(CheckpointTest, StateDictListsTheKeysInPyTorchsOrder) {
   EXPECT_EQ(keys, pytorch);
 }
 
+TEST(CheckpointTest, LoadStateDictThatDoesNotFitNamesTheKeyAndChangesNothing) {
+  torch::manual_seed(1);
+  torch::nn::Sequential source(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+  torch::nn::Sequential target(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+  const auto before = state_dict(*target);
+  std::vector<torch::Tensor> kept;
+  for (const auto& item : before) kept.push_back(item.value().clone());
+  auto expect_unchanged = [&] {
+    size_t k = 0;
+    for (const auto& item : state_dict(*target))
+      EXPECT_TRUE(torch::equal(item.value(), kept[k++])) << item.key();
+  };
+  // Each misfit sits after entries that fit ("0.weight" comes first): none of them is copied.
+  auto missing = state_dict(*source);
+  missing.erase("1.bias");
+  auto reshaped = state_dict(*source);
+  reshaped["1.weight"] = torch::zeros({2, 5});
+  auto extended = state_dict(*source);
+  extended.insert("2.weight", torch::zeros({1}));
+  const std::pair<StateDict*, std::string> cases[] = {
+      {&missing, "no entry '1.bias'"},
+      {&reshaped, "'1.weight' has shape [2, 5] in the state dict but [2, 4] in the model"},
+      {&extended, "an entry '2.weight' that the model does not"}};
+  for (const auto& [dict, message] : cases) {
+    try {
+      load_state_dict(*target, *dict);
+      ADD_FAILURE() << "no error for: " << message;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    expect_unchanged();
+  }
+  load_state_dict(*target, state_dict(*source));
+  EXPECT_TRUE(torch::equal(state_dict(*target)["0.weight"], state_dict(*source)["0.weight"]));
+}
+
 TEST(CheckpointTest, LatestCheckpointPicksTheLargestStep) {
   TempDir dir;
   EXPECT_EQ(latest_checkpoint(dir.str()), std::nullopt);
