@@ -127,6 +127,14 @@ void logged_curve_trainable(Config config) {
   }
 }
 
+// The PBT of the tests below: every 2 iterations, lr mutated among 0.5, 1.0 and 1.5.
+std::shared_ptr<PbtScheduler> lr_pbt() {
+  return std::make_shared<PbtScheduler>(
+      PbtOptions{.time_attr = "training_iteration",
+                 .perturbation_interval = 2,
+                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+}
+
 // A run that diverges: a good first score, then NaN (config "diverge"), or a steady curve.
 void diverging_trainable(Config config) {
   const bool diverge = config.at("diverge").get<bool>();
@@ -569,10 +577,7 @@ TEST(TuneTuner, ANaNMetricIsANumberForTheSchedulerAndNeverTheBest) {
 // back at iteration 4, clones the best one's checkpoint and reports on from there.
 TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   const auto dir = fresh_dir("pbt");
-  auto pbt = std::make_shared<PbtScheduler>(
-      PbtOptions{.time_attr = "training_iteration",
-                 .perturbation_interval = 2,
-                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  auto pbt = lr_pbt();
   Tuner tuner(curve_trainable,
               Config{{"q", grid_search({0.1, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 6}},
               {.metric = "score",
@@ -623,10 +628,7 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
 // each holds the iteration of the result that named it.
 TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
   const auto dir = fresh_dir("pbt-fair");
-  auto pbt = std::make_shared<PbtScheduler>(
-      PbtOptions{.time_attr = "training_iteration",
-                 .perturbation_interval = 2,
-                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  auto pbt = lr_pbt();
   Tuner tuner(curve_trainable,
               Config{{"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 8}},
               {.metric = "score",
@@ -676,10 +678,7 @@ TEST(TuneTuner, PbtSharesSlotsFairlyAndKeepsEveryCheckpoint) {
 // each trial's directory holds its latest checkpoint alone.
 TEST(TuneTuner, PbtRestoresFromCheckpointsNumToKeepStillHolds) {
   const auto dir = fresh_dir("pbt-keep1");
-  auto pbt = std::make_shared<PbtScheduler>(
-      PbtOptions{.time_attr = "training_iteration",
-                 .perturbation_interval = 2,
-                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  auto pbt = lr_pbt();
   Tuner tuner(curve_trainable,
               Config{{"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"max_it", 8}},
               {.metric = "score",
@@ -720,10 +719,7 @@ TEST(TuneTuner, PbtRestoresFromCheckpointsNumToKeepStillHolds) {
 TEST(TuneTuner, MaxConcurrentTrialsCapsTheTrialsThatExistAsRays) {
   const auto dir = fresh_dir("pbt-max-concurrent");
   const std::string log = (dir / "runs.log").string();
-  auto pbt = std::make_shared<PbtScheduler>(
-      PbtOptions{.time_attr = "training_iteration",
-                 .perturbation_interval = 2,
-                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  auto pbt = lr_pbt();
   Tuner tuner(logged_curve_trainable,
               Config{{"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"log", log}},
               {.metric = "score",
