@@ -405,7 +405,8 @@ TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
                                          {"config", config},
                                          {"stop", stop}}}}});
   std::ofstream(dir / "cases.json") << cases.dump();
-  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+  // Bounded: a stuck Ray is killed (and the test fails) after 10 min.
+  const std::string cmd = "timeout -k 10 600 " + std::string(dtrain::test::venv_python()) + " " +
                           dtrain::test::source_dir() + "/tests/tune/ray_scheduler_peer.py " +
                           (dir / "cases.json").string() + " " + (dir / "ray.json").string() +
                           " 2>" + (dir / "peer.log").string();
@@ -921,7 +922,8 @@ Config trial_summary(const ResultGrid& grid) {
 //    that never started are TERMINATED without a result; fit() returns normally.
 TEST(TuneTuner, StoppersEndTrialsAndTheSearchAsRayTunesDo) {
   const auto dir = fresh_dir("stoppers");
-  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+  // Bounded: a stuck Ray is killed (and the test fails) after 10 min.
+  const std::string cmd = "timeout -k 10 600 " + std::string(dtrain::test::venv_python()) + " " +
                           dtrain::test::source_dir() + "/tests/tune/ray_stopper_tuner_peer.py " +
                           (dir / "ray.json").string() + " >" + (dir / "peer.log").string() +
                           " 2>&1";
@@ -1005,7 +1007,8 @@ TEST(TuneTuner, CheckpointConfigKeepsWhatRayTunesKeeps) {
     "queries": [["score", "max"], ["score", "min"], ["acc/top1", "max"], ["other", "max"],
                 ["nope", "max"], ["score", "avg"]]})");
   std::ofstream(dir / "cases.json") << spec.dump();
-  const std::string cmd = std::string(dtrain::test::venv_python()) + " " +
+  // Bounded: a stuck Ray is killed (and the test fails) after 10 min.
+  const std::string cmd = "timeout -k 10 600 " + std::string(dtrain::test::venv_python()) + " " +
                           dtrain::test::source_dir() + "/tests/tune/ray_checkpoint_peer.py " +
                           (dir / "cases.json").string() + " " + (dir / "ray.json").string() + " >" +
                           (dir / "peer.log").string() + " 2>&1";
