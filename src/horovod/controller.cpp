@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -57,6 +58,13 @@ Controller::Controller(std::shared_ptr<ProcessGroup> group, ControllerOptions op
       joined_(static_cast<size_t>(size_), false),
       shutting_down_(static_cast<size_t>(size_), false) {
   last_stall_check_ = Clock::now();
+  if (rank_ == 0 && options_.stall_check && options_.stall_shutdown_seconds > 0 &&
+      !shutdown_applies()) {
+    std::fprintf(stderr,
+                 "[hvd rank 0] WARNING: HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than "
+                 "HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.\n");
+    std::fflush(stderr);
+  }
   if (rank_ == 0 && !options_.timeline.empty()) {
     timeline_ = std::make_unique<Timeline>(options_.timeline, options_.timeline_mark_cycles);
   }
@@ -253,8 +261,8 @@ void Controller::negotiate_and_run() {
     fresh.swap(queue_);
     stopping = stop_requested_;
   }
-  const bool stall_now = rank_ == 0 && !stall_flag_ && options_.stall_check &&
-                         options_.stall_shutdown_seconds > 0 && !stall_report(true).empty();
+  const bool stall_now = rank_ == 0 && !stall_flag_ && options_.stall_check && shutdown_applies() &&
+                         stall_findings().shut_down;
   const bool any_joined = std::any_of(joined_.begin(), joined_.end(), [](bool b) { return b; });
   bool need_full = stopping || stall_now || any_joined || options_.cache_capacity <= 0;
   const auto now = Clock::now();
@@ -340,7 +348,7 @@ void Controller::negotiate_and_run() {
   if (any || !completed.empty()) progressed_ = true;
 
   if (stall_flag_) {
-    std::string report = stall_report(true);
+    const std::string report = stall_findings().message;
     std::fprintf(stderr,
                  "[hvd rank %d] stall shutdown (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%g): %s\n",
                  rank_, options_.stall_shutdown_seconds, report.c_str());
@@ -510,51 +518,73 @@ void Controller::fail_all(const std::string& why, bool timeout) {
   }
 }
 
-std::string Controller::stall_report(bool for_shutdown) {
-  const double limit =
-      for_shutdown ? options_.stall_shutdown_seconds : options_.stall_check_seconds;
+Controller::StallFindings Controller::stall_findings() const {
+  // Horovod's StallInspector::CheckForStalledTensors: a name some ranks submitted more than the
+  // warning time ago lists every rank still missing it; a rank missing one for more than the
+  // shutdown time is marked "!" and stops the job. Names per rank in sorted order, the first
+  // six at most, " ..." after the sixth.
+  using Seconds = std::chrono::duration<double>;
+  const double warn = options_.stall_check_seconds;
+  const double shut = shutdown_applies() ? options_.stall_shutdown_seconds : 0.0;
   const auto now = Clock::now();
-  std::map<int, std::vector<std::string>> missing;  // rank -> names it has not submitted
-  for (auto& [name, e] : table_) {
+  std::map<int, std::set<std::string>> missing;
+  std::set<int> shutdown_ranks;
+  for (const auto& [name, e] : table_) {
     if (e.count == 0 || e.count == size_) continue;
-    if (std::chrono::duration<double>(now - e.first_seen).count() < limit) continue;
-    if (!for_shutdown && e.warned) continue;
+    const double lag = Seconds(now - e.first_seen).count();
+    if (lag <= warn) continue;
     for (int r = 0; r < size_; ++r) {
-      if (e.sig[static_cast<size_t>(r)].empty() && !joined_[static_cast<size_t>(r)])
-        missing[r].push_back(name);
+      if (!e.sig[static_cast<size_t>(r)].empty() || joined_[static_cast<size_t>(r)]) continue;
+      missing[r].insert(name);
+      if (shut > 0 && lag > shut) shutdown_ranks.insert(r);
     }
   }
-  if (missing.empty()) return "";
+  StallFindings f;
+  if (missing.empty()) return f;
+  f.shut_down = !shutdown_ranks.empty();
   std::ostringstream m;
   m << "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
-       "ranks and are "
-       "waiting for remainder of ranks for more than "
-    << limit
-    << " seconds. This may indicate that different ranks are trying to submit different tensors or "
-       "that only subset of ranks is submitting tensors, which will cause deadlock.\nMissing "
-       "ranks:";
-  for (auto& [r, names] : missing) {
-    m << "\n" << r << ": [";
-    for (size_t i = 0; i < names.size() && i < 5; ++i) m << (i ? ", " : "") << names[i];
-    if (names.size() > 5) m << " ...";
+       "ranks and are waiting for remainder of ranks for more than "
+    << warn
+    << " seconds. This may indicate that different ranks are trying to submit different tensors "
+       "or that only subset of ranks is submitting tensors, which will cause deadlock. \n"
+       "Missing ranks:";
+  for (const auto& [r, names] : missing) {
+    m << "\n" << r << (shutdown_ranks.count(r) ? "!" : "") << ": [";
+    int shown = 0;
+    for (const auto& n : names) {
+      if (shown > 0) m << ", ";
+      m << n;
+      if (++shown == 6) {
+        m << " ...";
+        break;
+      }
+    }
     m << "]";
   }
-  return m.str();
+  if (f.shut_down)
+    m << "\nOne or more rank (marked by \"!\") is stalled for longer than " << shut
+      << " seconds. Will shutdown.";
+  f.message = m.str();
+  return f;
+}
+
+bool Controller::shutdown_applies() const {
+  return options_.stall_shutdown_seconds > 0 &&
+         options_.stall_shutdown_seconds >= options_.stall_check_seconds;
 }
 
 void Controller::stall_check() {
+  // Horovod checks once per warning period and warns again at every check while it lasts.
   const auto now = Clock::now();
-  if (now - last_stall_check_ < std::chrono::milliseconds(100)) return;
+  if (std::chrono::duration<double>(now - last_stall_check_).count() <=
+      options_.stall_check_seconds)
+    return;
   last_stall_check_ = now;
-  std::string report = stall_report(false);
-  if (report.empty()) return;
-  for (auto& [name, e] : table_) {
-    if (e.count > 0 && e.count < size_ &&
-        std::chrono::duration<double>(now - e.first_seen).count() >= options_.stall_check_seconds) {
-      e.warned = true;
-    }
-  }
-  std::fprintf(stderr, "[hvd rank 0] WARNING: %s\n", report.c_str());
+  const StallFindings f = stall_findings();
+  if (f.message.empty()) return;
+  std::fprintf(stderr, "[hvd rank 0] %s: %s\n", f.shut_down ? "ERROR" : "WARNING",
+               f.message.c_str());
   std::fflush(stderr);
 }
 

@@ -151,7 +151,10 @@ class Controller {
     std::vector<int64_t> seq;      // per rank: its submission number
     Clock::time_point first_seen;
     int count = 0;
-    bool warned = false;
+  };
+  struct StallFindings {
+    std::string message;  // Horovod's stall report; empty when nothing is stalled
+    bool shut_down = false;
   };
   static constexpr std::chrono::milliseconds kIdleHeartbeat{50};
   struct CacheEntry {  // identical on every rank
@@ -183,7 +186,10 @@ class Controller {
   void adasum_reduce(torch::Tensor& buffer, const std::vector<int64_t>& counts);
   void fail_all(const std::string& why, bool timeout);
   void stall_check();
-  std::string stall_report(bool for_shutdown);
+  StallFindings stall_findings() const;
+  // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS stops the job only when it is > 0 and not below the
+  // warning time (Horovod warns "will not shutdown" otherwise).
+  bool shutdown_applies() const;
   void check_agreement(const std::string& name, const Entry& e);
 
   std::shared_ptr<ProcessGroup> group_;

@@ -149,7 +149,7 @@ TEST(Adasum, MatchesTheFormulaOnTwoAndFourRanks) {
 
 TEST(Stall, WarningNamesTheMissingRanksAndShutdownStopsTheJob) {
   auto r = run_worker(
-      2, "stall", {"HOROVOD_STALL_CHECK_TIME_SECONDS=1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2"});
+      2, "stall", {"HOROVOD_STALL_CHECK_TIME_SECONDS=1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=3"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // Horovod's wording; rank 0 reports, naming each missing rank and what it lacks.
   EXPECT_NE(r.err.find("One or more tensors were submitted to be reduced, gathered or broadcasted "
@@ -157,9 +157,16 @@ TEST(Stall, WarningNamesTheMissingRanksAndShutdownStopsTheJob) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("Missing ranks:"), std::string::npos) << r.err;
+  // The warnings first (checked once a second), then the shutdown, which marks the ranks
+  // stalled for longer than its time with "!", as Horovod's StallInspector does.
   EXPECT_NE(r.err.find("1: [lonely.tensor]"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("0: [barrier.noname.0]"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("stall shutdown"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1!: [lonely.tensor]"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("One or more rank (marked by \"!\") is stalled for longer than 3 seconds. "
+                       "Will shutdown."),
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.out.find("rank 0: stopped:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1: stopped:"), std::string::npos) << r.out;
   EXPECT_LT(r.elapsed, 30);
