@@ -31,25 +31,8 @@ using dtrain::test::run_command;
 
 namespace {
 
-fs::path g_dir;
-MlflowServer* g_server = nullptr;
-std::string g_server_error = "the server was not started";
-
-class ServerEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    g_dir = fs::temp_directory_path() / ("dtrain_mlflow_" + std::to_string(::getpid()));
-    fs::remove_all(g_dir);
-    g_server = new MlflowServer(g_dir / "server", dtrain::test::free_port());
-    g_server_error = g_server->start();
-  }
-  void TearDown() override {
-    delete g_server;
-    g_server = nullptr;
-    fs::remove_all(g_dir);
-  }
-};
-const auto* const g_env = ::testing::AddGlobalTestEnvironment(new ServerEnvironment);
+dtrain::test::MlflowServerEnvironment* const g_env =
+    dtrain::test::MlflowServerEnvironment::add("dtrain_mlflow_");
 
 // The child half of the signal tests: this binary, run again with DTRAIN_TEST_MLFLOW_SIGNAL_CHILD
 // set to a signal_flush in ms, queues params and kLoggedSteps metrics (the interval never sends
@@ -87,16 +70,16 @@ std::vector<int64_t> range(int64_t from, int64_t to) {  // [from, to]
 }
 
 TEST(MlflowServer, TwoProcessRunLogsExactlyOneRunWithParamsMetricHistoryAndModel) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   // 60000 / 2 ranks / 512 = 59 steps in the epoch.
   auto r = run_command(
       train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "20"}),
-      {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=two_process"},
+      {.env = {"MLFLOW_TRACKING_URI=" + g_env->server->url(), "MLFLOW_EXPERIMENT_NAME=two_process"},
        .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("[default0]:epoch 1 step 40/59 loss"), std::string::npos)
       << r.out;  // the progress API
-  auto runs = read_runs(g_server->url(), "two_process")["runs"];
+  auto runs = read_runs(g_env->server->url(), "two_process")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);  // rank 1 logged nothing
   const auto& run = runs[0];
   EXPECT_EQ(run["status"], "FINISHED");
@@ -152,18 +135,18 @@ TEST(MlflowParams, FloatParamIsWrittenAsPythonsStrOfTheFloat) {
 }
 
 TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_env->server->url(),
                                          .experiment = "restart",
                                          .run_name = "outage",
-                                         .fallback_dir = (g_dir / "fallback").string(),
+                                         .fallback_dir = (g_env->dir / "fallback").string(),
                                          .flush_interval = 100ms,
                                          .flush_timeout = 120s,
                                          .request_timeout = 2s});
   ASSERT_TRUE(run.active());
   for (int s = 0; s < 100; ++s) run.log_metric("loss", 1.0 / (s + 1), s);
   ASSERT_TRUE(run.flush(30s));
-  g_server->stop();
+  g_env->server->stop();
   // Logged while the server is down: queued and spooled to disk; the calls do not wait on the
   // network (had they waited, 2400 calls x the 2 s request timeout would take 80 minutes; the
   // bound is loose so that a loaded machine never fails it).
@@ -177,25 +160,25 @@ TEST(MlflowServer, ServerStoppedMidRunAndRestartedLosesNoMetric) {
   EXPECT_GT(down.failed_requests, 0);
   EXPECT_GT(down.spooled, 0);
   EXPECT_GT(down.pending, 0);
-  std::string error = g_server->start();
+  std::string error = g_env->server->start();
   ASSERT_TRUE(error.empty()) << error;
   run.end(dtrain::mlflow::RunStatus::Finished);
   EXPECT_EQ(run.stats().pending, 0);
   EXPECT_EQ(run.stats().metrics_sent, 2500);
-  auto runs = read_runs(g_server->url(), "restart")["runs"];
+  auto runs = read_runs(g_env->server->url(), "restart")["runs"];
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0]["status"], "FINISHED");
   const auto& loss = runs[0]["metrics"]["loss"];
   ASSERT_EQ(steps_of(loss), range(0, 2499));
   for (int s = 0; s < 2500; ++s) EXPECT_DOUBLE_EQ(loss[s][1].get<double>(), 1.0 / (s + 1)) << s;
-  EXPECT_FALSE(fs::exists(g_dir / "fallback"))
+  EXPECT_FALSE(fs::exists(g_env->dir / "fallback"))
       << "everything reached the server; nothing should be in the fallback";
 }
 
 TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto run = dtrain::mlflow::Run::start(
-      {.tracking_uri = g_server->url(), .experiment = "nonfinite", .run_name = "diverged"});
+      {.tracking_uri = g_env->server->url(), .experiment = "nonfinite", .run_name = "diverged"});
   ASSERT_TRUE(run.active());
   const double inf = std::numeric_limits<double>::infinity();
   // One log_metrics call: one runs/log-batch request with finite and non-finite values.
@@ -203,7 +186,7 @@ TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
   run.log_metric("loss", 0.5, 2);
   run.end(dtrain::mlflow::RunStatus::Finished);
   EXPECT_EQ(run.stats().metrics_sent, 5);  // a rejected batch would not count
-  auto runs = read_runs(g_server->url(), "nonfinite")["runs"];
+  auto runs = read_runs(g_env->server->url(), "nonfinite")["runs"];
   ASSERT_EQ(runs.size(), 1u);
   const auto& m = runs[0]["metrics"];
   // What MLflow's Python client gets for the same values: NaN stays NaN; the SQL store keeps
@@ -218,7 +201,7 @@ TEST(MlflowServer, NanAndInfMetricsAreStoredWithTheRestOfTheirBatch) {
 // sender sends such a batch again in halves: only the refused entries are dropped, with a warning
 // naming them; every other value logged with them is stored.
 TEST(MlflowServer, ARefusedValueIsDroppedAloneAndTheRestOfItsBatchIsStored) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   // The peer: MLflow's own client, the same entries in one log_batch.
   auto py = run_command({DTRAIN_VENV_PYTHON, "-c",
                          "import sys, time\n"
@@ -234,13 +217,13 @@ TEST(MlflowServer, ARefusedValueIsDroppedAloneAndTheRestOfItsBatchIsStored) {
                          "except MlflowException as ex:\n"
                          "    print('REFUSED', ex.error_code)\n"
                          "print('STORED', len(c.get_metric_history(r, 'loss')))\n",
-                         g_server->url()},
+                         g_env->server->url()},
                         {.timeout = 120s});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_NE(py.out.find("REFUSED INVALID_PARAMETER_VALUE"), std::string::npos) << py.out;
   EXPECT_NE(py.out.find("STORED 0"), std::string::npos) << py.out;  // the whole batch
 
-  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_env->server->url(),
                                          .experiment = "refused",
                                          .flush_interval = std::chrono::hours(1)});
   for (int step = 1; step <= 300; ++step) {
@@ -252,14 +235,14 @@ TEST(MlflowServer, ARefusedValueIsDroppedAloneAndTheRestOfItsBatchIsStored) {
   run.end();
   EXPECT_EQ(stats.rejected, 1);
   EXPECT_EQ(stats.metrics_sent, 300);
-  auto runs = read_runs(g_server->url(), "refused")["runs"];
+  auto runs = read_runs(g_env->server->url(), "refused")["runs"];
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(steps_of(runs[0]["metrics"]["loss"]), range(1, 300));
   EXPECT_FALSE(runs[0]["metrics"].contains("loss@train"));
 }
 
 TEST(MlflowServer, ExperimentIdFromTheEnvironmentAsMlflowsClientPicksIt) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   struct Env {  // restored however the test ends: later cases start jobs with our environment
     ~Env() {
       ::unsetenv("MLFLOW_EXPERIMENT_ID");
@@ -269,42 +252,45 @@ TEST(MlflowServer, ExperimentIdFromTheEnvironmentAsMlflowsClientPicksIt) {
   using dtrain::mlflow::Run;
   std::string id;
   {
-    auto made = Run::start({.tracking_uri = g_server->url(), .experiment = "by_id"});
+    auto made = Run::start({.tracking_uri = g_env->server->url(), .experiment = "by_id"});
     id = made.experiment_id();
   }
   ASSERT_FALSE(id.empty());
   // The id alone (mlflow.tracking.fluent._get_experiment_id_from_env): that experiment.
   ::setenv("MLFLOW_EXPERIMENT_ID", id.c_str(), 1);
-  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .run_name = "id"}).experiment_id(), id);
+  EXPECT_EQ(Run::start({.tracking_uri = g_env->server->url(), .run_name = "id"}).experiment_id(),
+            id);
   // Name and id of the same experiment: that one.
   ::setenv("MLFLOW_EXPERIMENT_NAME", "by_id", 1);
-  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .run_name = "both"}).experiment_id(), id);
+  EXPECT_EQ(Run::start({.tracking_uri = g_env->server->url(), .run_name = "both"}).experiment_id(),
+            id);
   // Of different experiments ("Default" is 0), or an id naming none: refused, as MLflow's
   // client raises, rather than a run in an experiment nobody asked for.
   ::setenv("MLFLOW_EXPERIMENT_NAME", "Default", 1);
-  EXPECT_THROW(Run::start({.tracking_uri = g_server->url()}), dtrain::UsageError);
+  EXPECT_THROW(Run::start({.tracking_uri = g_env->server->url()}), dtrain::UsageError);
   ::unsetenv("MLFLOW_EXPERIMENT_NAME");
   ::setenv("MLFLOW_EXPERIMENT_ID", "987654", 1);
   try {
-    Run::start({.tracking_uri = g_server->url()});
+    Run::start({.tracking_uri = g_env->server->url()});
     ADD_FAILURE() << "an id naming no experiment was taken";
   } catch (const dtrain::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("'987654'"), std::string::npos) << e.what();
   }
   // An experiment given in the options wins over the environment (mlflow.set_experiment).
-  EXPECT_EQ(Run::start({.tracking_uri = g_server->url(), .experiment_id = id, .run_name = "opt"})
-                .experiment_id(),
-            id);
+  EXPECT_EQ(
+      Run::start({.tracking_uri = g_env->server->url(), .experiment_id = id, .run_name = "opt"})
+          .experiment_id(),
+      id);
   ::unsetenv("MLFLOW_EXPERIMENT_ID");
   // An unreachable server: the local file store keeps the experiment's id; training goes on.
-  fs::path fallback = g_dir / "by_id_fallback";
+  fs::path fallback = g_env->dir / "by_id_fallback";
   auto offline =
       Run::start({.tracking_uri = "http://127.0.0.1:" + std::to_string(dtrain::test::free_port()),
                   .experiment_id = id,
                   .fallback_dir = fallback.string()});
   EXPECT_EQ(offline.experiment_id(), id);
   EXPECT_TRUE(fs::exists(fallback / id / "meta.yaml"));
-  auto runs = read_runs(g_server->url(), "by_id")["runs"];
+  auto runs = read_runs(g_env->server->url(), "by_id")["runs"];
   std::set<std::string> names;
   for (const auto& run : runs) names.insert(run["tags"].value("mlflow.runName", ""));
   EXPECT_EQ(names.count("id") + names.count("both") + names.count("opt"), 3u) << runs.dump(1);
@@ -312,9 +298,9 @@ TEST(MlflowServer, ExperimentIdFromTheEnvironmentAsMlflowsClientPicksIt) {
 }
 
 TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
-  ASSERT_EQ(g_server_error, "");              // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");                // fail, never skip, without a server
   int dead_port = dtrain::test::free_port();  // nothing listens there
-  fs::path fallback = g_dir / "offline_mlruns";
+  fs::path fallback = g_env->dir / "offline_mlruns";
   auto r = run_command(
       train_argv({"--epochs", "1", "--batch-size", "512", "--max-steps", "20", "--log-every", "0"}),
       {.env = {"MLFLOW_TRACKING_URI=http://127.0.0.1:" + std::to_string(dead_port),
@@ -337,24 +323,24 @@ TEST(MlflowServer, UnreachableServerAtStartWarnsAndTrainsOnIntoTheFileStore) {
 }
 
 TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   // The run exists before the job (as a scheduler or the Distributor would open it).
   auto made = run_command(
       {DTRAIN_VENV_PYTHON, "-c",
        "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
        "print(c.create_run(c.create_experiment('failed')).info.run_id)",
-       g_server->url()},
+       g_env->server->url()},
       {.timeout = 120s});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   std::string run_id = made.out.substr(0, made.out.find_last_not_of("\n") + 1);
   run_id = run_id.substr(run_id.find_last_of('\n') + 1);
-  auto r =
-      run_command(train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "0",
-                              "--crash-at-step", "5", "--crash-rank", "1"}),
-                  {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_RUN_ID=" + run_id},
-                   .timeout = 300s});
+  auto r = run_command(
+      train_argv({"--epochs", "1", "--batch-size", "512", "--log-every", "0", "--crash-at-step",
+                  "5", "--crash-rank", "1"}),
+      {.env = {"MLFLOW_TRACKING_URI=" + g_env->server->url(), "MLFLOW_RUN_ID=" + run_id},
+       .timeout = 300s});
   ASSERT_NE(r.exit_code, 0) << r.out << r.err;
-  auto runs = read_runs(g_server->url(), "failed")["runs"];
+  auto runs = read_runs(g_env->server->url(), "failed")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
   const auto& run = runs[0];
   EXPECT_EQ(run["run_id"], run_id);
@@ -373,7 +359,7 @@ TEST(MlflowServer, FailedWorkerLeavesTheRunFailedWithTheRootCause) {
 // queued everything, and returns how it ended.
 dtrain::test::RunResult signalled_child(const std::string& flush_ms, std::vector<std::string> env) {
   env.push_back("DTRAIN_TEST_MLFLOW_SIGNAL_CHILD=" + flush_ms);
-  env.push_back("MLFLOW_TRACKING_URI=" + g_server->url());
+  env.push_back("MLFLOW_TRACKING_URI=" + g_env->server->url());
   auto child = dtrain::test::Process::start({fs::read_symlink("/proc/self/exe").string()},
                                             {.env = env, .timeout = 180s});
   const bool logged =
@@ -388,10 +374,10 @@ dtrain::test::RunResult signalled_child(const std::string& flush_ms, std::vector
 // `dtrain run` stops a failed job's other workers with SIGTERM: what rank 0 had queued (params,
 // the last steps' metrics) reaches the server before the process dies of the signal.
 TEST(MlflowServer, WorkerStoppedBySigtermFirstSendsWhatItQueued) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto r = signalled_child("30000", {"MLFLOW_EXPERIMENT_NAME=signalled"});
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out << r.err;  // still dies of the signal
-  auto runs = read_runs(g_server->url(), "signalled")["runs"];
+  auto runs = read_runs(g_env->server->url(), "signalled")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
   EXPECT_EQ(runs[0]["params"]["world_size"], "2");
   EXPECT_EQ(steps_of(runs[0]["metrics"]["loss"]), range(1, kLoggedSteps));
@@ -401,8 +387,8 @@ TEST(MlflowServer, WorkerStoppedBySigtermFirstSendsWhatItQueued) {
 // values and the spool's together are every step (the batch in flight at the signal may be in
 // both: it leaves the queue only once the server answers).
 TEST(MlflowServer, WhatASignalledRunCannotSendInTimeIsInTheSpool) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  const fs::path tmp = g_dir / "signal_tmp";
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
+  const fs::path tmp = g_env->dir / "signal_tmp";
   fs::create_directories(tmp);
   auto r =
       signalled_child("1", {"MLFLOW_EXPERIMENT_NAME=signalled_short", "TMPDIR=" + tmp.string()});
@@ -411,7 +397,7 @@ TEST(MlflowServer, WhatASignalledRunCannotSendInTimeIsInTheSpool) {
   const auto at = out.find("logged ") + 7;
   const std::string run_id = out.substr(at, out.find('\n', at) - at);
   std::map<int64_t, int> seen;  // step -> times seen
-  for (const auto& run : read_runs(g_server->url(), "signalled_short")["runs"])
+  for (const auto& run : read_runs(g_env->server->url(), "signalled_short")["runs"])
     for (const auto& p : run["metrics"]["loss"]) ++seen[p[0].get<int64_t>()];
   const size_t on_server = seen.size();
   const fs::path spool =
@@ -446,7 +432,7 @@ std::string python_system_metrics_run(const std::string& experiment, double seco
        "with mlflow.start_run(run_id=sys.argv[4] or None, log_system_metrics=True) as run:\n"
        "    time.sleep(float(sys.argv[3]))\n"
        "print('RUN_ID=' + run.info.run_id)\n",
-       g_server->url(), experiment, std::to_string(seconds), run_id},
+       g_env->server->url(), experiment, std::to_string(seconds), run_id},
       {.env = {"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL=0.5"}, .timeout = 120s});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const auto at = r.out.find("RUN_ID=");
@@ -458,7 +444,7 @@ std::string dtrain_system_metrics_run(const std::string& experiment, double seco
                                       const std::string& run_id = "") {
   dtrain::test::ScopedEnv env;
   env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5");
-  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_env->server->url(),
                                          .experiment = experiment,
                                          .run_id = run_id,
                                          .log_system_metrics = true});
@@ -468,7 +454,7 @@ std::string dtrain_system_metrics_run(const std::string& experiment, double seco
 }
 
 nlohmann::json run_by_id(const std::string& experiment, const std::string& id) {
-  const auto runs = read_runs(g_server->url(), experiment)["runs"];
+  const auto runs = read_runs(g_env->server->url(), experiment)["runs"];
   for (const auto& run : runs)
     if (run["run_id"] == id) return run;
   ADD_FAILURE() << "no run " << id << " in " << experiment << ": " << runs.dump();
@@ -485,7 +471,7 @@ std::map<std::string, nlohmann::json> system_metrics_of(const nlohmann::json& ru
 // dtrain's system metrics beside MLflow's own monitor on this machine, the same interval: the
 // same names, steps from 0, one-decimal means.
 TEST(MlflowServer, SystemMetricsAreMlflowsNamesAndSteps) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   const auto py =
       system_metrics_of(run_by_id("system_py", python_system_metrics_run("system_py", 2.3)));
   const auto ours = system_metrics_of(
@@ -560,7 +546,7 @@ TEST(MlflowSystemMetrics, ReadingsArePsutilsReadings) {
 // A run continued by id goes on after its last system step, whichever client logged it: MLflow
 // continues dtrain's steps, and dtrain MLflow's.
 TEST(MlflowServer, AContinuedRunsSystemStepsGoOnAcrossClients) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   const std::string id = dtrain_system_metrics_run("system_resume", 1.3);
   auto steps = [&] {
     return steps_of(
@@ -589,7 +575,7 @@ void end_run_from_another_client(const std::string& id) {
        "req = urllib.request.Request(sys.argv[1] + '/api/2.0/mlflow/runs/update', body,\n"
        "                             {'Content-Type': 'application/json'})\n"
        "urllib.request.urlopen(req, timeout=30).read()\n",
-       g_server->url(), id},
+       g_env->server->url(), id},
       {.timeout = 60s});
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
@@ -598,7 +584,7 @@ void end_run_from_another_client(const std::string& id) {
 // server after every sample) stops: both runs sample every 0.25 s, are ended elsewhere after
 // 1.5 s and stay open 2.5 s more; each keeps only the steps of its first 1.5 s.
 TEST(MlflowServer, ARunEndedByAnotherClientLogsNoMoreSystemMetrics) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto r = run_command(
       {DTRAIN_VENV_PYTHON, "-c",
        "import sys, time, mlflow\n"
@@ -608,7 +594,7 @@ TEST(MlflowServer, ARunEndedByAnotherClientLogsNoMoreSystemMetrics) {
        "    mlflow.MlflowClient().set_terminated(run.info.run_id)\n"
        "    time.sleep(2.5)\n"
        "print('RUN_ID=' + run.info.run_id)\n",
-       g_server->url()},
+       g_env->server->url()},
       {.env = {"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL=0.25"}, .timeout = 120s});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto at = r.out.find("RUN_ID=");
@@ -619,7 +605,7 @@ TEST(MlflowServer, ARunEndedByAnotherClientLogsNoMoreSystemMetrics) {
   {
     dtrain::test::ScopedEnv env;
     env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.25");
-    auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+    auto run = dtrain::mlflow::Run::start({.tracking_uri = g_env->server->url(),
                                            .experiment = "system_ended",
                                            .log_system_metrics = true});
     id = run.id();
@@ -643,12 +629,12 @@ TEST(MlflowServer, ARunEndedByAnotherClientLogsNoMoreSystemMetrics) {
 // Continuing an ended run makes it RUNNING again, as mlflow.start_run(run_id=...) does (and
 // its system metrics go on, not stopped at once by the status above).
 TEST(MlflowServer, AContinuedEndedRunIsRunningAgainUntilItEnds) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   const std::string id = dtrain_system_metrics_run("system_reopened", 0.1);
   ASSERT_EQ(run_by_id("system_reopened", id)["status"], "FINISHED");
   dtrain::test::ScopedEnv env;
   env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.25");
-  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_server->url(),
+  auto run = dtrain::mlflow::Run::start({.tracking_uri = g_env->server->url(),
                                          .experiment = "system_reopened",
                                          .run_id = id,
                                          .log_system_metrics = true});
@@ -662,13 +648,13 @@ TEST(MlflowServer, AContinuedEndedRunIsRunningAgainUntilItEnds) {
 
 // What MLflow refuses in its variables, dtrain refuses before it makes a run, saying which.
 TEST(MlflowServer, BadSystemMetricsVariablesAreRefusedAsMlflowRefusesThem) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto python_refuses = [](const std::string& value) {
     auto r = run_command({DTRAIN_VENV_PYTHON, "-c",
                           "import sys, mlflow\n"
                           "mlflow.set_tracking_uri(sys.argv[1])\n"
                           "mlflow.start_run(); mlflow.end_run()\n",
-                          g_server->url()},
+                          g_env->server->url()},
                          {.env = {"MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=" + value,
                                   "MLFLOW_EXPERIMENT_NAME=system_bad_python"},
                           .timeout = 120s});
@@ -679,7 +665,8 @@ TEST(MlflowServer, BadSystemMetricsVariablesAreRefusedAsMlflowRefusesThem) {
     env.set("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", value);
     EXPECT_TRUE(python_refuses(value)) << value;
     try {
-      dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "system_bad"});
+      dtrain::mlflow::Run::start(
+          {.tracking_uri = g_env->server->url(), .experiment = "system_bad"});
       ADD_FAILURE() << "accepted MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=" << value;
     } catch (const dtrain::UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"),
@@ -691,33 +678,33 @@ TEST(MlflowServer, BadSystemMetricsVariablesAreRefusedAsMlflowRefusesThem) {
     dtrain::test::ScopedEnv env;
     env.set("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", value);
     EXPECT_FALSE(python_refuses(value)) << value;
-    EXPECT_NO_THROW(
-        dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "system_bad"}))
+    EXPECT_NO_THROW(dtrain::mlflow::Run::start(
+        {.tracking_uri = g_env->server->url(), .experiment = "system_bad"}))
         << value;
   }
   for (const char* interval : {"abc", "-1", "nan"}) {
     dtrain::test::ScopedEnv env;
     env.set("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true");
     env.set("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", interval);
-    EXPECT_THROW(
-        dtrain::mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "system_bad"}),
-        dtrain::UsageError)
+    EXPECT_THROW(dtrain::mlflow::Run::start(
+                     {.tracking_uri = g_env->server->url(), .experiment = "system_bad"}),
+                 dtrain::UsageError)
         << interval;
   }
   // dtrain refuses before it makes a run (MLflow makes the run, then raises): the four accepted.
-  EXPECT_EQ(read_runs(g_server->url(), "system_bad")["runs"].size(), 4u);
+  EXPECT_EQ(read_runs(g_env->server->url(), "system_bad")["runs"].size(), 4u);
 }
 
 TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto open_run = [](const std::string& name) {
     auto run = dtrain::mlflow::Run::start(
-        {.tracking_uri = g_server->url(), .experiment = "outcome", .run_name = name});
+        {.tracking_uri = g_env->server->url(), .experiment = "outcome", .run_name = name});
     run.end(dtrain::mlflow::RunStatus::Running);  // left open, as a scheduler's run would be
     return run.id();
   };
   const std::string crashed = open_run("worker-sigkilled"), stopped = open_run("launcher-stopped");
-  const std::vector<std::string> env{"MLFLOW_TRACKING_URI=" + g_server->url()};
+  const std::vector<std::string> env{"MLFLOW_TRACKING_URI=" + g_env->server->url()};
   // A worker dies of SIGKILL (as the kernel's OOM killer would kill it): the launcher exits
   // 137, and the run FAILED, with the signal in the root cause.
   auto r = run_command({DTRAIN_BIN, "run", "--mlflow-run-id", crashed, "--nproc-per-node", "1",
@@ -738,7 +725,7 @@ TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) 
   auto s = launcher.finish(30s);
   ASSERT_EQ(s.exit_code, 143) << s.err;
   std::map<std::string, nlohmann::json> by_id;
-  const auto runs = read_runs(g_server->url(), "outcome")["runs"];
+  const auto runs = read_runs(g_env->server->url(), "outcome")["runs"];
   for (const auto& run : runs) by_id[run["run_id"]] = run;
   ASSERT_EQ(by_id.size(), 2u);
   const auto& c = by_id[crashed];
@@ -753,13 +740,13 @@ TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) 
 }
 
 TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto r = run_command(
       {DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"},
-      {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(), "MLFLOW_EXPERIMENT_NAME=distributor"},
+      {.env = {"MLFLOW_TRACKING_URI=" + g_env->server->url(), "MLFLOW_EXPERIMENT_NAME=distributor"},
        .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  auto runs = read_runs(g_server->url(), "distributor")["runs"];
+  auto runs = read_runs(g_env->server->url(), "distributor")["runs"];
   ASSERT_EQ(runs.size(), 2u) << runs.dump(1);
   const auto& parent = runs[0]["parent"] == "" ? runs[0] : runs[1];
   const auto& child = runs[0]["parent"] == "" ? runs[1] : runs[0];
@@ -775,17 +762,18 @@ TEST(MlflowServer, DistributorOpensADriverRunAndRankZerosRunNestsUnderIt) {
 // A run the user chose (MLFLOW_RUN_ID, as `dtrain run --mlflow-run-id`): the Distributor's job
 // logs into it and tags it with the outcome; no driver run of its own.
 TEST(MlflowServer, DistributorLogsIntoTheRunMlflowRunIdNames) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
-  auto mine = dtrain::mlflow::Run::start(
-      {.tracking_uri = g_server->url(), .experiment = "distributor-chosen", .run_name = "mine"});
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
+  auto mine = dtrain::mlflow::Run::start({.tracking_uri = g_env->server->url(),
+                                          .experiment = "distributor-chosen",
+                                          .run_name = "mine"});
   ASSERT_TRUE(mine.active());
   auto r = run_command(
       {DISTRIBUTOR_EXAMPLE_BIN, "--nproc", "2", "--epochs", "1"},
-      {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(),
+      {.env = {"MLFLOW_TRACKING_URI=" + g_env->server->url(),
                "MLFLOW_EXPERIMENT_NAME=distributor-chosen", "MLFLOW_RUN_ID=" + mine.id()},
        .timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  auto runs = read_runs(g_server->url(), "distributor-chosen")["runs"];
+  auto runs = read_runs(g_env->server->url(), "distributor-chosen")["runs"];
   ASSERT_EQ(runs.size(), 1u) << runs.dump(1);
   const auto& run = runs[0];
   EXPECT_EQ(run["run_id"], mine.id());
@@ -799,24 +787,24 @@ TEST(MlflowServer, DistributorLogsIntoTheRunMlflowRunIdNames) {
 // Last in this file, after every other case's requests (thousands of lines of the server's
 // access log): the UI still renders a run.
 TEST(MlflowServer, HeadlessChromiumShowsTheRunsMetricChartInMlflowsUi) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   auto run = dtrain::mlflow::Run::start(
-      {.tracking_uri = g_server->url(), .experiment = "ui", .run_name = "ui-check"});
+      {.tracking_uri = g_env->server->url(), .experiment = "ui", .run_name = "ui-check"});
   ASSERT_TRUE(run.active());
   for (int s = 1; s <= 200; ++s) run.log_metric("loss", 2.3 * std::exp(-s / 40.0) + 0.25, s);
   run.end(dtrain::mlflow::RunStatus::Finished);
-  std::string page = g_server->url() + "/#/experiments/" + run.experiment_id() + "/runs/" +
+  std::string page = g_env->server->url() + "/#/experiments/" + run.experiment_id() + "/runs/" +
                      run.id() + "/model-metrics";
   // The rendered page (after the UI's scripts fetched the run from the server) names the run.
   // (The chart itself draws lazily; the screenshot below, with the window's viewport, has it.)
   auto dom = run_command(
       {"/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
-       "--disable-dev-shm-usage", "--user-data-dir=" + (g_dir / "chromium-dom").string(),
+       "--disable-dev-shm-usage", "--user-data-dir=" + (g_env->dir / "chromium-dom").string(),
        "--virtual-time-budget=60000", "--dump-dom", page},
       {.timeout = 120s});
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   EXPECT_NE(dom.out.find("ui-check"), std::string::npos) << dom.out.substr(0, 3000);
-  fs::path png = g_dir / "mlflow_run.png";
+  fs::path png = g_env->dir / "mlflow_run.png";
   auto shot = run_command(
       {std::string(DTRAIN_SOURCE_DIR) + "/tools/mlflow_screenshot.sh", page, png.string()},
       {.timeout = 150s});

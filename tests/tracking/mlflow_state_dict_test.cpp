@@ -28,25 +28,8 @@ namespace pickle = dtrain::zero::detail;
 
 namespace {
 
-fs::path g_dir;
-MlflowServer* g_server = nullptr;
-std::string g_server_error = "the server was not started";
-
-class ServerEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    g_dir = fs::temp_directory_path() / ("dtrain_mlflow_sd_" + std::to_string(::getpid()));
-    fs::remove_all(g_dir);
-    g_server = new MlflowServer(g_dir / "server", dtrain::test::free_port());
-    g_server_error = g_server->start();
-  }
-  void TearDown() override {
-    delete g_server;
-    g_server = nullptr;
-    fs::remove_all(g_dir);
-  }
-};
-const auto* const g_env = ::testing::AddGlobalTestEnvironment(new ServerEnvironment);
+dtrain::test::MlflowServerEnvironment* const g_env =
+    dtrain::test::MlflowServerEnvironment::add("dtrain_mlflow_sd_");
 
 // examples/fashion_mnist/main.cpp's make_model, as the example builds it.
 torch::nn::Sequential make_model(const std::string& kind) {
@@ -94,7 +77,7 @@ nlohmann::json peer(const std::vector<std::string>& args) {
   std::vector<std::string> argv{
       DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/tracking/state_dict_peer.py"};
   argv.insert(argv.end(), args.begin(), args.end());
-  auto r = run_command(argv, {.env = {"MLFLOW_TRACKING_URI=" + g_server->url(),
+  auto r = run_command(argv, {.env = {"MLFLOW_TRACKING_URI=" + g_env->server->url(),
                                       "MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true"},
                               .timeout = 300s});
   if (r.exit_code != 0) {
@@ -128,7 +111,7 @@ void expect_one_line_error(const std::function<void()>& f, const std::vector<std
 }
 
 TEST(MlflowStateDict, CppLogsAndPythonsLoadStateDictStrictlyLoadsItIntoTheTorchNnModel) {
-  ASSERT_EQ(g_server_error, "");  // fail, never skip, without a server
+  ASSERT_EQ(g_env->error, "");  // fail, never skip, without a server
   torch::manual_seed(3);
   auto model = make_model("cnn");
   vary_buffers(*model);
@@ -138,16 +121,16 @@ TEST(MlflowStateDict, CppLogsAndPythonsLoadStateDictStrictlyLoadsItIntoTheTorchN
   auto io = pickle::py_dict();
   pickle::py_set(io, "input", pickle::py_tensor(input));
   pickle::py_set(io, "output", pickle::py_tensor(output.detach()));
-  write_file(g_dir / "cpp_io.pt", pickle::torch_save(*io));
+  write_file(g_env->dir / "cpp_io.pt", pickle::torch_save(*io));
 
-  auto run = mlflow::Run::start({.tracking_uri = g_server->url(), .experiment = "cpp_logs"});
+  auto run = mlflow::Run::start({.tracking_uri = g_env->server->url(), .experiment = "cpp_logs"});
   ASSERT_TRUE(run.active());
   mlflow::log_state_dict(run, *model, "state_dict");
   const std::string id = run.id();
   run.end();
 
-  auto got = peer({"check", "runs:/" + id + "/state_dict", "cnn", (g_dir / "cpp_io.pt").string(),
-                   (g_dir / "echo.pt").string()});
+  auto got = peer({"check", "runs:/" + id + "/state_dict", "cnn",
+                   (g_env->dir / "cpp_io.pt").string(), (g_env->dir / "echo.pt").string()});
   const auto cpp = dtrain::state_dict(*model);
   // The C++ example's model has the keys of the same model written with torch.nn, in its order.
   EXPECT_EQ(json_strings(got["python_keys"]), keys_of(cpp));
@@ -163,7 +146,7 @@ TEST(MlflowStateDict, CppLogsAndPythonsLoadStateDictStrictlyLoadsItIntoTheTorchN
   EXPECT_LT(got["max_abs_diff"].get<double>(), 1e-5) << got.dump();
   // What Python loaded, saved again by Python's own torch.save: every tensor equal to the
   // module's (dtype, shape, values).
-  auto echo = pickle::torch_load(read_bytes(g_dir / "echo.pt"), "echo.pt");
+  auto echo = pickle::torch_load(read_bytes(g_env->dir / "echo.pt"), "echo.pt");
   ASSERT_EQ(echo->dict.size(), cpp.size());
   for (const auto& item : cpp) {
     const auto* t = echo->get(item.key());
@@ -174,10 +157,10 @@ TEST(MlflowStateDict, CppLogsAndPythonsLoadStateDictStrictlyLoadsItIntoTheTorchN
 }
 
 TEST(MlflowStateDict, PythonsLogStateDictLoadsIntoTheCppModelWithEqualTensorsAndOutputs) {
-  ASSERT_EQ(g_server_error, "");
+  ASSERT_EQ(g_env->error, "");
   dtrain::test::ScopedEnv env;
-  env.set("MLFLOW_TRACKING_URI", g_server->url().c_str());
-  auto got = peer({"log", "python_logs", "cnn", (g_dir / "py_io.pt").string()});
+  env.set("MLFLOW_TRACKING_URI", g_env->server->url().c_str());
+  auto got = peer({"log", "python_logs", "cnn", (g_env->dir / "py_io.pt").string()});
   ASSERT_TRUE(got.contains("run_id")) << got.dump();
   const std::string id = got["run_id"];
 
@@ -186,7 +169,7 @@ TEST(MlflowStateDict, PythonsLogStateDictLoadsIntoTheCppModelWithEqualTensorsAnd
   auto model = make_model("cnn");
   mlflow::load_state_dict(*model, "runs:/" + id + "/model");
   model->eval();
-  auto io = pickle::torch_load(read_bytes(g_dir / "py_io.pt"), "py_io.pt");
+  auto io = pickle::torch_load(read_bytes(g_env->dir / "py_io.pt"), "py_io.pt");
   const auto out = model->forward(io->get("input")->tensor);
   EXPECT_LT((out - io->get("output")->tensor).abs().max().item<double>(), 1e-5);
   EXPECT_EQ(model->named_buffers()["1.num_batches_tracked"].item<int64_t>(), 11);
@@ -197,10 +180,10 @@ TEST(MlflowStateDict, PythonsLogStateDictLoadsIntoTheCppModelWithEqualTensorsAnd
   ASSERT_EQ(artifact_uri.rfind("mlflow-artifacts:/", 0), 0u) << artifact_uri;
   const auto by_runs = mlflow::load_state_dict("runs:/" + id + "/model");
   const auto by_proxy = mlflow::load_state_dict(artifact_uri);
-  const auto by_host =
-      mlflow::load_state_dict("mlflow-artifacts://127.0.0.1:" + std::to_string(g_server->port()) +
-                                  artifact_uri.substr(std::string("mlflow-artifacts:").size()),
-                              {.tracking_uri = "file:/nowhere"});  // the host in the URI wins
+  const auto by_host = mlflow::load_state_dict(
+      "mlflow-artifacts://127.0.0.1:" + std::to_string(g_env->server->port()) +
+          artifact_uri.substr(std::string("mlflow-artifacts:").size()),
+      {.tracking_uri = "file:/nowhere"});  // the host in the URI wins
   ASSERT_EQ(by_runs.size(), model->named_parameters().size() + model->named_buffers().size());
   for (const auto& item : by_runs) {
     EXPECT_TRUE(torch::equal(item.value(), by_proxy[item.key()])) << item.key();
@@ -235,21 +218,21 @@ TEST(MlflowStateDict, PythonsLogStateDictLoadsIntoTheCppModelWithEqualTensorsAnd
 }
 
 TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
-  ASSERT_EQ(g_server_error, "");
+  ASSERT_EQ(g_env->error, "");
   dtrain::test::ScopedEnv env;
-  env.set("MLFLOW_TRACKING_URI", g_server->url().c_str());
+  env.set("MLFLOW_TRACKING_URI", g_env->server->url().c_str());
   auto run = mlflow::Run::start({.experiment = "bad_inputs"});
   ASSERT_TRUE(run.active());
   auto model = make_model("mlp");
   mlflow::log_state_dict(run, *model, "weights");
   // Not a state dict: a text file under the name, and a torch.save of a checkpoint dict.
-  const fs::path text_dir = g_dir / "text";
+  const fs::path text_dir = g_env->dir / "text";
   fs::create_directories(text_dir);
   std::ofstream(text_dir / "state_dict.pth") << "not a zip\n";
   run.log_artifact((text_dir / "state_dict.pth").string(), "text");
   auto checkpoint = pickle::py_dict();
   pickle::py_set(checkpoint, "epoch", pickle::py_int(3));
-  const fs::path ckpt_dir = g_dir / "ckpt";
+  const fs::path ckpt_dir = g_env->dir / "ckpt";
   fs::create_directories(ckpt_dir);
   write_file(ckpt_dir / "state_dict.pth", pickle::torch_save(*checkpoint));
   run.log_artifact((ckpt_dir / "state_dict.pth").string(), "checkpoint");
@@ -268,7 +251,7 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
 
   expect_one_line_error(
       [] { mlflow::load_state_dict("runs:/0123456789abcdef0123456789abcdef/weights"); },
-      {"no run '0123456789abcdef0123456789abcdef'", g_server->url()});
+      {"no run '0123456789abcdef0123456789abcdef'", g_env->server->url()});
   expect_one_line_error([&] { mlflow::load_state_dict("runs:/" + id + "/nothing_here"); },
                         {"no state_dict.pth", "nothing_here", "artifact path"});
   expect_one_line_error([&] { mlflow::load_state_dict("runs:/" + id + "/text"); },
@@ -277,7 +260,7 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
                         {"'epoch'", "is a int, not a tensor"});
   expect_one_line_error([] { mlflow::load_state_dict("s3://bucket/model"); },
                         {"s3://bucket/model", "scheme"});
-  expect_one_line_error([&] { mlflow::load_state_dict(g_dir.string() + "/no_such_dir"); },
+  expect_one_line_error([&] { mlflow::load_state_dict(g_env->dir.string() + "/no_such_dir"); },
                         {"no state_dict.pth", "no_such_dir"});
   {
     dtrain::test::ScopedEnv no_uri;
@@ -301,7 +284,8 @@ TEST(MlflowStateDict, BadInputsAreOneLineErrorsNamingWhatWasWrong) {
   EXPECT_TRUE(torch::equal(dtrain::state_dict(*target)["1.weight"],
                            dtrain::state_dict(*model)["1.weight"]));
   auto local = make_model("mlp");
-  const auto local_dir = g_dir / "server" / "artifacts";  // the server's --artifacts-destination
+  const auto local_dir =
+      g_env->dir / "server" / "artifacts";  // the server's --artifacts-destination
   std::string found;
   for (const auto& e : fs::recursive_directory_iterator(local_dir))
     if (e.path().parent_path().filename() == "weights" &&
@@ -317,7 +301,7 @@ TEST(MlflowStateDict, ARunInAFileStoreRoundTripsThroughItsRunsUri) {
   // No server: the file store's run directory (file:), as an offline run writes it.
   dtrain::test::ScopedEnv env;
   env.set("MLFLOW_TRACKING_URI", nullptr);
-  const std::string store = "file:" + (g_dir / "mlruns").string();
+  const std::string store = "file:" + (g_env->dir / "mlruns").string();
   auto run = mlflow::Run::start({.tracking_uri = store, .experiment = "offline"});
   ASSERT_TRUE(run.active());
   torch::manual_seed(5);

@@ -8,9 +8,12 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -134,6 +137,38 @@ class MlflowServer {
   std::filesystem::path dir_;
   int port_;
   std::optional<Process> proc_;
+};
+
+// One `mlflow server` for a whole test binary: a gtest global environment that starts it before
+// the first test on a free loopback port, in a fresh temporary directory named `prefix` + pid,
+// and stops it and removes the directory after the last. A test asserts `error` is empty
+// first, so a server that did not start fails every test instead of skipping it.
+class MlflowServerEnvironment : public ::testing::Environment {
+ public:
+  explicit MlflowServerEnvironment(std::string prefix) : prefix_(std::move(prefix)) {}
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() / (prefix_ + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    server = std::make_unique<MlflowServer>(dir / "server", free_port());
+    error = server->start();
+  }
+  void TearDown() override {
+    server.reset();
+    std::filesystem::remove_all(dir);
+  }
+  // Registers one with gtest (which owns it) and returns it.
+  static MlflowServerEnvironment* add(std::string prefix) {
+    auto* env = new MlflowServerEnvironment(std::move(prefix));
+    ::testing::AddGlobalTestEnvironment(env);
+    return env;
+  }
+
+  std::filesystem::path dir;
+  std::unique_ptr<MlflowServer> server;
+  std::string error = "the server was not started";
+
+ private:
+  std::string prefix_;
 };
 
 // Runs read_runs.py; fails the test (and returns {"runs": []}) when it fails.
