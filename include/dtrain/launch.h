@@ -54,8 +54,8 @@ struct LaunchOptions {
   // ---- rendezvous ----
   std::string rdzv_backend = "static";  // "static" (node ranks given) or "c10d" (joined in order).
   std::string master_addr = "127.0.0.1";  // store host; workers get it as MASTER_ADDR.
-  int master_port = -1;          // store port; -1 = not given: a free port when nnodes == 1,
-                                 // else 29500 (torchrun's default).
+  int master_port = -1;          // store port; -1 = not given: 29500 (torchrun's default), on
+                                 // one node a free port when 29500 is taken; 0 = a free port.
   std::string rdzv_id = "none";  // job id: agents of one job must agree. Default: "none".
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(900)};  // wait for all nodes.
   bool standalone = false;  // one node, c10d on a free local port.

@@ -227,9 +227,20 @@ void Agent::setup_store() {
       store::StoreServer::Options so;
       // Reachable at the job's address only, not through every interface of this machine.
       so.bind_host = store_bind_ = net::bind_address_for(o_.master_addr);
-      so.port = static_cast<std::uint16_t>(o_.master_port);
       so.token = o_.store_token;
-      server_ = store::StoreServer::start(so);
+      if (o_.master_port < 0) {
+        // No port given, one node: torchrun's default, else any free one (torchrun would fail).
+        so.port = 29500;
+        try {
+          server_ = store::StoreServer::start(so);
+        } catch (const AddressInUseError&) {
+          so.port = 0;
+          server_ = store::StoreServer::start(so);
+        }
+      } else {
+        so.port = static_cast<std::uint16_t>(o_.master_port);
+        server_ = store::StoreServer::start(so);
+      }
     } catch (const AddressInUseError& e) {
       // With c10d every agent tries to host the endpoint; the first one to bind does.
       if (!(o_.rdzv_backend == "c10d" && o_.nnodes > 1)) {
@@ -240,7 +251,7 @@ void Agent::setup_store() {
       }
     }
   }
-  store_port_ = server_ ? server_->port() : o_.master_port;
+  store_port_ = server_ ? server_->port() : (o_.master_port < 0 ? 29500 : o_.master_port);
   store_host_ = o_.master_addr;
   store::StoreClient::Options copts;
   copts.connect_timeout = o_.rdzv_timeout;

@@ -27,7 +27,9 @@ int print_plan(const LaunchOptions& o) {
   s << "  nodes      : " << o.nnodes << "\n";
   s << "  world size : " << (check ? world : o.nnodes * o.nproc_per_node) << "\n";
   s << "  master     : " << o.master_addr << ":"
-    << (o.master_port == 0 ? std::string("(a free port)") : std::to_string(o.master_port))
+    << (o.master_port == 0  ? std::string("(a free port)")
+        : o.master_port < 0 ? std::string("29500, or a free port if it is taken")
+                            : std::to_string(o.master_port))
     << " (node 0 hosts the store)\n";
   s << "  rdzv id    : " << o.rdzv_id << "\n";
   if (o.min_nodes > 0) {

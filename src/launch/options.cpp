@@ -219,8 +219,8 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
                  "Address of the node that hosts the store (node 0), reachable from every node. "
                  "Default: 127.0.0.1; under srun or with a host file, the first host");
   run.add_option("--master-port,--master_port", a.master_port,
-                 "Port of the store on the master node (default: a free port when --nnodes is 1, "
-                 "else 29500)");
+                 "Port of the store on the master node (default: 29500, as torchrun; on one node "
+                 "a free port when 29500 is taken)");
   run.add_option("--rdzv-endpoint,--rdzv_endpoint", a.rdzv_endpoint,
                  "HOST:PORT of the rendezvous store (overrides --master-addr/--master-port)");
   run.add_option("--rdzv-backend,--rdzv_backend", a.rdzv_backend,
@@ -641,7 +641,7 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
                        std::to_string(o.nnodes) + "; drop one of them");
     }
     o.rdzv_backend = "c10d";
-    o.master_addr = "127.0.0.1";
+    o.master_addr = "localhost";  // torchrun's endpoint localhost:0, and its workers' MASTER_ADDR
     o.master_port = 0;
     // As torchrun: a fresh run id, whatever --rdzv-id said (TORCHELASTIC_RUN_ID, and
     // --log-dir's run directory, differ from run to run).
@@ -950,7 +950,9 @@ void validate_launch_options(LaunchOptions& o) {
                      std::to_string(o.nnodes - 1) + " (it must be less than --nnodes " +
                      std::to_string(o.nnodes) + ")");
   }
-  if (o.master_port < 0) o.master_port = o.nnodes == 1 ? 0 : 29500;
+  // One node without a port keeps -1: the agent takes torchrun's 29500, or any free port when
+  // 29500 is taken (torchrun fails there). Several nodes must agree on it: 29500.
+  if (o.master_port < 0 && o.nnodes > 1) o.master_port = 29500;
   if (o.master_port == 0 && o.nnodes > 1) {
     throw UsageError(
         "--master-port: port 0 (any free port) only works with one node; with --nnodes " +

@@ -135,19 +135,42 @@ std::string bind_address_for(const std::string& host) {
   if (host.empty() || ::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return "";
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
   std::string only;
+  bool all_loopback = true;
+  const addrinfo* ipv4_loopback = nullptr;
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     char text[NI_MAXHOST] = "";
     if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, text, sizeof(text), nullptr, 0,
                       NI_NUMERICHOST) != 0) {
       return "";
     }
-    if (!only.empty() && only != text) return "";  // several addresses: which one is unclear
+    if (ai->ai_family == AF_INET &&
+        (ntohl(reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr.s_addr) >> 24) == 127) {
+      if (ipv4_loopback == nullptr) ipv4_loopback = ai;
+    } else if (!(ai->ai_family == AF_INET6 &&
+                 IN6_IS_ADDR_LOOPBACK(
+                     &reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr))) {
+      all_loopback = false;
+    }
+    if (only.empty())
+      only = text;
+    else if (only != text)
+      only = "*";  // several addresses
+  }
+  const addrinfo* chosen = res;
+  if (only == "*") {
+    // "localhost" as ::1 and 127.0.0.1: the IPv4 one (clients try every address); other
+    // names with several addresses: which one is meant is unclear.
+    if (!all_loopback || ipv4_loopback == nullptr) return "";
+    chosen = ipv4_loopback;
+    char text[NI_MAXHOST] = "";
+    ::getnameinfo(chosen->ai_addr, chosen->ai_addrlen, text, sizeof(text), nullptr, 0,
+                  NI_NUMERICHOST);
     only = text;
   }
   if (only.empty()) return "";
   // Ours if we can bind it (port 0: nothing is taken); an address of another machine fails.
   int err = 0;
-  Socket probe = try_listen(res->ai_family, res->ai_addr, res->ai_addrlen, 1, err);
+  Socket probe = try_listen(chosen->ai_family, chosen->ai_addr, chosen->ai_addrlen, 1, err);
   return probe.valid() ? only : "";
 }
 

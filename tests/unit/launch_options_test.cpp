@@ -660,7 +660,7 @@ TEST(ParseRunArgs, StandaloneIsSingleNodeC10dOnAFreeLocalPort) {
   LaunchOptions o = parse({"--standalone"});
   EXPECT_TRUE(o.standalone);
   EXPECT_EQ(o.rdzv_backend, "c10d");
-  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_addr, "localhost");  // torchrun's endpoint localhost:0
   EXPECT_EQ(o.master_port, 0);
   // torchrun's run id under --standalone: a fresh uuid4 each time, over any --rdzv-id.
   const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
@@ -670,7 +670,7 @@ TEST(ParseRunArgs, StandaloneIsSingleNodeC10dOnAFreeLocalPort) {
   EXPECT_NE(again.rdzv_id, o.rdzv_id);
   // It wins over an endpoint given with it: standalone never talks to another host.
   LaunchOptions e = parse({"--standalone", "--rdzv-endpoint", "farhost:1234"});
-  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.master_addr, "localhost");
   EXPECT_EQ(e.master_port, 0);
   std::string msg = usage_error({"--standalone", "--nnodes", "2", "prog"});
   EXPECT_NE(msg.find("--standalone"), std::string::npos) << msg;
@@ -838,7 +838,8 @@ TEST(ValidateLaunchOptions, ResolvesNodeRankAndPortDefaults) {
   LaunchOptions single = parse_run_args({"sh"});
   validate_launch_options(single);
   EXPECT_EQ(single.node_rank, 0);
-  EXPECT_EQ(single.master_port, 0);  // one node: any free port
+  // One node: -1 stays, and the agent takes torchrun's 29500, or a free port when it is taken.
+  EXPECT_EQ(single.master_port, -1);
 
   LaunchOptions multi = parse_run_args({"--nnodes", "2", "--node-rank", "1", "sh"});
   validate_launch_options(multi);
