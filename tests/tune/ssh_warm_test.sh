@@ -38,12 +38,12 @@ no_warm_dirs() { ! compgen -G "/tmp/dtrain-warmhost-*" >/dev/null; }
 t=$SECONDS
 out="$(search "$T/warm")" || fail "warm search: exit $?: $out"
 for x in 1 3 4; do
-  grep -q "^trial trial_0000$((x - 1)) x=$x status=TERMINATED failures=0 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
+  grep -q "^trial [0-9a-f]\{5\}_0000$((x - 1)) x=$x status=TERMINATED failures=0 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
     fail "warm search: trial x=$x: $out"
 done
-grep -q "^trial trial_00001 x=2 status=TERMINATED failures=1 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
+grep -q "^trial [0-9a-f]\{5\}_00001 x=2 status=TERMINATED failures=1 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
   fail "warm search: trial x=2 (its rank on n2 SIGKILLed once, retried from its checkpoint): $out"
-[[ "$(cut -d' ' -f1 "$T/warm/tune/trial_00001/killed_once" 2>/dev/null)" == n2 ]] || fail "warm search: the killed rank did not run on n2"
+[[ "$(cut -d' ' -f1 "$T"/warm/tune/*_00001_*/killed_once 2>/dev/null)" == n2 ]] || fail "warm search: the killed rank did not run on n2"
 grep -q "^tune: 2 trial(s) at a time on engine ssh (4 free of 4 slots; 2 process(es) each)$" <<<"$out" ||
   fail "warm search: expected 2 trials at a time from the hosts' 4 slots: $out"
 declare -A WARM
