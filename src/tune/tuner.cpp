@@ -554,12 +554,18 @@ ResultGrid Tuner::fit() {
     }
   }
   // A trial's directory, named when the trial is made (Ray's date is then too): Ray's name or
-  // trial_dirname_creator's, made unique. UsageError: the creator's name is empty or has "/".
+  // trial_dirname_creator's, made unique. UsageError: the creator threw, or its name is empty or
+  // has "/"; TUNE_MAX_LEN_IDENTIFIER is not an integer >= 1.
   auto make_trial_dir = [&](TrialRecord& r) {
     if (r.dir.empty()) {
       std::string name;
       if (o.trial_dirname_creator) {
-        name = o.trial_dirname_creator(r.trial);
+        try {
+          name = o.trial_dirname_creator(r.trial);
+        } catch (const std::exception& e) {
+          throw UsageError("tune: TuneOptions::trial_dirname_creator failed for trial " +
+                           r.trial.id + ": " + e.what());
+        }
         if (name.empty() || name.find('/') != std::string::npos) {
           throw UsageError("tune: TuneOptions::trial_dirname_creator gave trial " + r.trial.id +
                            " the directory name \"" + name +
@@ -592,8 +598,8 @@ ResultGrid Tuner::fit() {
   Context ctx(trials);
   ctx.verbose = o.verbose;
   TrialScheduler& sched = *o.scheduler;
-  for (auto& r : trials) make_trial_dir(*r);
   for (auto& r : trials) sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
+  for (auto& r : trials) make_trial_dir(*r);
   if (resumed) {
     // Rebuild the scheduler's state: every saved report, in the order it arrived.
     ctx.replay = true;

@@ -740,6 +740,41 @@ TEST(TuneTuner, ASearchSavedWithTheEarlierNamesResumesUnderThem) {
   fs::remove_all(dir);
 }
 
+// TuneOptions::trial_dirname_creator, as Ray's: its name with Ray's characters replaced, and
+// "_" and 4 hex characters more when the name is taken. A name with "/" (Ray's ValueError), an
+// empty one, and an empty or "/" trainable name are UsageErrors.
+TEST(TuneTuner, TrialDirnameCreatorNamesTheDirectoriesAsRays) {
+  const auto dir = fresh_dir("dirname-creator");
+  const Config space{{"x", grid_search({1, 2})}, {"fail", false}};
+  Tuner tuner(flaky_trainable, space,
+              {.storage_path = dir.string(),
+               .trial_dirname_creator = [](const Trial&) { return std::string("run(a)"); },
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  EXPECT_EQ(grid[0].dir, (dir / "tune" / "run_a_").string());
+  EXPECT_THAT(fs::path(grid[1].dir).filename().string(),
+              testing::MatchesRegex("run_a__[0-9a-f]{4}"));
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+    EXPECT_TRUE(fs::exists(fs::path(t.dir) / "checkpoint_000002")) << t.dir;
+  }
+  for (const std::string bad : {"a/b", ""}) {
+    Tuner refused(flaky_trainable, space,
+                  {.storage_path = (dir / "bad").string(),
+                   .name = bad.empty() ? "empty" : "slash",
+                   .trial_dirname_creator = [bad](const Trial&) { return bad; },
+                   .verbose = false});
+    EXPECT_THROW(refused.fit(), dtrain::UsageError) << bad;
+  }
+  for (const char* name : {"", "a/b"}) {
+    EXPECT_THROW(Tuner(with_name(flaky_trainable, name), space, {.verbose = false}),
+                 dtrain::UsageError)
+        << name;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
   const auto dir = fresh_dir("asha");
   // On a field the Tuner fills in, as Ray's: no trial is restored here, so it counts as
