@@ -100,7 +100,9 @@ void report(const Result& metrics, const std::string& checkpoint = "");
 // a pause; a better trial's after a PBT exploit), or nothing for a fresh start.
 std::optional<std::string> get_checkpoint();
 
-// True inside a trial's worker; the trial's id and its own directory (for files).
+// True inside a trial's worker; the trial's id (Ray's form, "4554a_00003": the search's 5 hex
+// characters and the trial's index) and its own directory (for files), named as Ray names it
+// (TuneOptions::trial_dirname_creator).
 bool in_trial();
 std::string trial_id();
 std::string trial_dir();
@@ -179,6 +181,13 @@ struct TuneOptions {
   // Default: ./dtrain_tune_results.
   std::string storage_path;
   std::string name = "tune";
+  // Ray's TuneConfig(trial_dirname_creator=...): the name of a trial's directory under
+  // storage_path/name, from the trial (its id, config and experiment tag), called once when the
+  // trial is made. Ray's characters /()<>:"\|?* become "_"; a name taken already gets "_" and 4
+  // random hex characters, as Ray's. Empty (default): Ray's own name,
+  // "<trainable>_<id>_<tag>_<date>" (docs/tune.md, "Names"). The name must be non-empty and
+  // hold no "/" (fit() throws UsageError otherwise, as Ray's ValueError).
+  std::function<std::string(const Trial&)> trial_dirname_creator;
   CheckpointConfig checkpoint_config;
   bool resume = false;     // continue the search saved there instead of starting anew
   std::uint64_t seed = 0;  // variants and the schedulers' random choices
@@ -267,16 +276,34 @@ class ResultGrid {
   std::string metric_, mode_, dir_;
 };
 
+// A trainable with its name: what Ray takes from the function's __name__ for the trial
+// directories ("<name>_<trial id>_<tag>_<date>"); a C++ function has none, so a trainable given
+// bare is named "train_fn".
+//     Tuner tuner(with_name(train, "train"), space, options);   // train_<id>_..., as Ray's
+struct NamedTrainable {
+  void (*fn)(Config);
+  std::string name;
+};
+template <class F>
+NamedTrainable with_name(F trainable, std::string name) {
+  return {+trainable, std::move(name)};
+}
+
 class Tuner {
  public:
   using Runner = std::function<void(Distributor&, const Config&)>;
 
   // `trainable`: void(Config), a plain function or a capture-less lambda (it runs in the
-  // trial's worker processes, see dtrain/distributor.h). dtrain::init() must be called first
-  // thing in main(). UsageError for bad options (what is wrong and what to set).
+  // trial's worker processes, see dtrain/distributor.h), or with_name(fn, "name") to name its
+  // trials' directories (default "train_fn"). dtrain::init() must be called first thing in
+  // main(). UsageError for bad options (what is wrong and what to set), an empty name or one
+  // holding "/".
   template <class F>
   Tuner(F trainable, Config param_space, TuneOptions options)
-      : Tuner(make_runner(+trainable), std::move(param_space), std::move(options), 0) {}
+      : Tuner(make_runner(+trainable), std::move(param_space), std::move(options), "train_fn") {}
+  Tuner(NamedTrainable trainable, Config param_space, TuneOptions options)
+      : Tuner(make_runner(trainable.fn), std::move(param_space), std::move(options),
+              std::move(trainable.name)) {}
 
   // Runs the search to its end. Returns every trial's outcome; a trial that failed for good
   // is in the grid with status Error (fit() throws only for the search itself: bad options,
@@ -287,12 +314,13 @@ class Tuner {
   ResultGrid fit();
 
  private:
-  Tuner(Runner runner, Config param_space, TuneOptions options, int);
+  Tuner(Runner runner, Config param_space, TuneOptions options, std::string trainable_name);
   static Runner make_runner(void (*fn)(Config)) {
     return [fn](Distributor& d, const Config& c) { d.run(fn, c); };
   }
 
   Runner runner_;
+  std::string trainable_name_;
   Config param_space_;
   TuneOptions options_;
 };

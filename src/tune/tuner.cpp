@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/params.h"
 #include "distributor/internal.h"
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
@@ -36,6 +37,7 @@
 #include "tune/report_wire.h"
 #include "tune/state_json.h"
 #include "tune/trial_files.h"
+#include "tune/trial_names.h"
 #include "tune/warm_fork_server.h"
 #include "tune/warm_hosts.h"
 
@@ -369,8 +371,9 @@ void ResultGrid::write_csv(const std::string& path) const {
 
 // ---- Tuner -------------------------------------------------------------------------------
 
-Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
+Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, std::string trainable_name)
     : runner_(std::move(runner)),
+      trainable_name_(std::move(trainable_name)),
       param_space_(std::move(param_space)),
       options_(std::move(options)) {
   auto& o = options_;
@@ -424,6 +427,12 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, int)
     throw UsageError("tune::Tuner: name must be a non-empty directory name, got \"" + o.name +
                      "\"");
   }
+  if (trainable_name_.empty() || trainable_name_.find('/') != std::string::npos) {
+    throw UsageError(
+        "tune::Tuner: the trainable's name (with_name) names its trials' directories; it must "
+        "be non-empty and hold no \"/\", got \"" +
+        trainable_name_ + "\"");
+  }
   if (o.time_budget.count() < 0) {
     throw UsageError("tune::Tuner: time_budget must be >= 0 (0: no budget), got " +
                      std::to_string(o.time_budget.count()) + " ms");
@@ -455,6 +464,10 @@ ResultGrid Tuner::fit() {
   std::vector<std::string> doomed;
   std::int64_t seq = 0;
   bool resumed = false;
+  // Ray's uuid_prefix: the 5 hex characters of every trial id of this search (trial_names.h).
+  // Saved; a search saved before dtrain named trials as Ray has none, and keeps its trial_00000
+  // ids and directories (every trial of a search is in its state, so none is named anew).
+  std::string experiment_id;
   std::string mlflow_parent_id;
 
   if (o.resume && fs::exists(state_path)) {
@@ -469,6 +482,7 @@ ResultGrid Tuner::fit() {
                        " was written by another version of dtrain::tune");
     }
     param_space_ = state.at("param_space");
+    experiment_id = state.value("experiment_id", "");
     seq = state.value("seq", std::int64_t{0});
     mlflow_parent_id = state.value("mlflow_parent_run_id", "");
     for (const auto& s : state.at("trials")) {
@@ -529,18 +543,45 @@ ResultGrid Tuner::fit() {
                        "to continue it, or choose another storage_path / name");
     }
     const auto configs = generate_variants(param_space_, o.num_samples, o.seed);
+    experiment_id = detail::new_experiment_id();
     for (std::size_t i = 0; i < configs.size(); ++i) {
       auto r = std::make_unique<TrialRecord>();
-      char id[32];
-      std::snprintf(id, sizeof id, "trial_%05zu", i);
-      r->trial.id = id;
+      r->trial.id = detail::trial_id(experiment_id, i);
       r->trial.config = configs[i];
-      r->trial.experiment_tag = std::to_string(i);
-      r->dir = (exp_dir / id).string();
+      r->trial.experiment_tag = detail::experiment_tag(i, param_space_, configs[i]);
       r->keeper = detail::CheckpointKeeper(o.checkpoint_config);
-      uncreated.push_back(std::move(r));
+      uncreated.push_back(std::move(r));  // its directory is named when it is made
     }
   }
+  // A trial's directory, named when the trial is made (Ray's date is then too): Ray's name or
+  // trial_dirname_creator's, made unique. UsageError: the creator threw, or its name is empty or
+  // has "/"; TUNE_MAX_LEN_IDENTIFIER is not an integer >= 1.
+  auto make_trial_dir = [&](TrialRecord& r) {
+    if (r.dir.empty()) {
+      std::string name;
+      if (o.trial_dirname_creator) {
+        try {
+          name = o.trial_dirname_creator(r.trial);
+        } catch (const std::exception& e) {
+          throw UsageError("tune: TuneOptions::trial_dirname_creator failed for trial " +
+                           r.trial.id + ": " + e.what());
+        }
+        if (name.empty() || name.find('/') != std::string::npos) {
+          throw UsageError("tune: TuneOptions::trial_dirname_creator gave trial " + r.trial.id +
+                           " the directory name \"" + name +
+                           "\"; return a non-empty name without \"/\"");
+        }
+        name = detail::sanitize_dirname(name);
+      } else {
+        const auto max_len = param::Int{"TUNE_MAX_LEN_IDENTIFIER", 130, 1}.get();
+        name = detail::trial_dirname(trainable_name_, r.trial.id, r.trial.experiment_tag,
+                                     r.trial.config, detail::date_str(),
+                                     static_cast<std::size_t>(max_len));
+      }
+      r.dir = (exp_dir / detail::unique_dirname(exp_dir, name)).string();
+    }
+    fs::create_directories(r.dir);
+  };
   // Trials not ended: what Ray's variant generator counts against max_concurrent_trials.
   auto live_trials = [&] {
     return static_cast<int>(std::count_if(trials.begin(), trials.end(),
@@ -558,7 +599,7 @@ ResultGrid Tuner::fit() {
   ctx.verbose = o.verbose;
   TrialScheduler& sched = *o.scheduler;
   for (auto& r : trials) sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
-  for (auto& r : trials) fs::create_directories(r->dir);
+  for (auto& r : trials) make_trial_dir(*r);
   if (resumed) {
     // Rebuild the scheduler's state: every saved report, in the order it arrived.
     ctx.replay = true;
@@ -595,6 +636,7 @@ ResultGrid Tuner::fit() {
                               param_space_);
   auto save_state = [&] {
     Config state{{"version", kStateVersion},
+                 {"experiment_id", experiment_id},
                  {"param_space", param_space_},
                  {"metric", o.metric},
                  {"mode", o.mode},
@@ -1088,9 +1130,14 @@ ResultGrid Tuner::fit() {
     // Make the next trials where max_concurrent_trials leaves room (a trial ended).
     bool created = false;
     while (fatal.empty() && !search_stopped && may_create()) {
+      try {
+        make_trial_dir(*uncreated.front());
+      } catch (const UsageError& e) {
+        fatal = e.what();  // trials may be running: end the search as a refused result does
+        break;
+      }
       TrialRecord& r = *trials.emplace_back(std::move(uncreated.front()));
       uncreated.pop_front();
-      fs::create_directories(r.dir);
       sched.on_trial_add(ctx, r.trial);
       created = true;
     }

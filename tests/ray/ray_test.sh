@@ -203,7 +203,7 @@ t1=$SECONDS
 out="$(on n0 timeout 300 "$TUNE" --storage "$T/tune" --engine ray --ray-address "$RAY_GCS" --trials 4 --sleep 1 \
   --inject-failure 0 2>&1)" ||
   fail "tune on ray: exit $?: $out"
-[[ $(grep -c "^trial trial_0000[0-3] x=[1-4] status=TERMINATED .* rank_sum=3 " <<<"$out") -eq 4 ]] ||
+[[ $(grep -c "^trial [0-9a-f]\{5\}_0000[0-3] x=[1-4] status=TERMINATED .* rank_sum=3 " <<<"$out") -eq 4 ]] ||
   fail "tune on ray: expected 4 terminated trials of 2 ranks: $out"
 grep -q "^tune: 2 trial(s) at a time on engine ray (4 free of 4 slots; 2 process(es) each)$" <<<"$out" ||
   fail "tune on ray: the Tuner did not size 2 trials at once from the cluster's 4 free CPUs: $out"

@@ -96,7 +96,7 @@ TEST(TuneNanResume, NanAndInfinitySurviveAResumeAsRayTunesStateKeepsThem) {
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const Config uninterrupted = last_line_json(plain.out);
 
-  // Kill the driver while x=3 (trial_00002) holds at its second iteration, its NaN saved.
+  // Kill the driver while x=3 (trial index 2) holds at its second iteration, its NaN saved.
   const fs::path state = dir / "killed" / "tune" / "tuner_state.json";
   Process driver = Process::start({TUNE_NAN_RESUME_PROGRAM, (dir / "killed").string(), "hold"});
   Config killed;

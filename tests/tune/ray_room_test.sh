@@ -28,7 +28,7 @@ grep -q "^tune: 1 trial(s) at a time on engine ray (1 free of 1 slots; 1 process
   fail "the Tuner did not start with 1 trial at a time from n1's 1 CPU: $(cat "$T/search.out")"
 # The first trial's worker runs (it holds n1's CPU) before the room appears.
 deadline=$((SECONDS + 60))
-until compgen -G "$T/tune/*/trial_00000/origin_*" >/dev/null; do
+until compgen -G "$T/tune/*/*_00000_*/origin_*" >/dev/null; do
   kill -0 "$search" 2>/dev/null || fail "the search ended before its first trial started: $(cat "$T/search.out")"
   ((SECONDS < deadline)) || fail "the first trial did not start within 60 s: $(cat "$T/search.out")"
   sleep 0.2

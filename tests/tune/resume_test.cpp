@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -89,6 +90,25 @@ TEST(TuneResume, KilledDriverResumesWithoutRerunningFinishedTrials) {
 
   auto final_state = read_state(state);
   ASSERT_FALSE(final_state.is_null());
+  // Ray's names survive the kill: one experiment id (the 5 hex characters of every trial id),
+  // the same before and after; trials made after the resume are named as the first ones.
+  const std::string experiment_id = killed["experiment_id"];
+  EXPECT_EQ(final_state["experiment_id"], experiment_id);
+  ASSERT_EQ(experiment_id.size(), 5u);
+  ASSERT_EQ(final_state["trials"].size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    const auto& t = final_state["trials"][i];
+    char id[32];
+    std::snprintf(id, sizeof id, "%s_%05zu", experiment_id.c_str(), i);
+    EXPECT_EQ(t["id"], id);
+    EXPECT_EQ(t["history"].back()["trial_id"], id);
+    const std::string name = fs::path(t["dir"].get<std::string>()).filename().string();
+    const std::string x = std::to_string(i + 1);
+    EXPECT_EQ(
+        name.rfind("train_fn_" + std::string(id) + "_" + std::to_string(i) + "_x=" + x + "_", 0),
+        0u)
+        << name;
+  }
   for (const auto& t : final_state["trials"]) {
     const std::string id = t["id"];
     EXPECT_EQ(t["status"], "TERMINATED") << id;

@@ -23,7 +23,7 @@ room_finish() {
   # Two more trials start while the first one is still held: their workers run (each writes
   # TRIAL_DIR/origin_HOST_PID as it starts; the spans below check it from their own clocks).
   started_beside() {
-    find "$T/tune" -path '*/trial_0000[1-4]/origin_*' 2>/dev/null | sed 's,/origin_[^/]*$,,' | sort -u | wc -l
+    find "$T/tune" -path '*_0000[1-4]_*/origin_*' 2>/dev/null | sed 's,/origin_[^/]*$,,' | sort -u | wc -l
   }
   deadline=$((SECONDS + 60))
   until (($(started_beside) >= 2)); do
@@ -36,7 +36,7 @@ room_finish() {
   rc=$?
   out="$(cat "$T/search.out")"
   ((rc == 0)) || fail "tune on $engine: exit $rc: $out"
-  [[ $(grep -c "^trial trial_0000[0-4] x=[1-5] status=TERMINATED failures=0 iterations=2 world=1 hosts=n[12]$" <<<"$out") -eq 5 ]] ||
+  [[ $(grep -c "^trial [0-9a-f]\{5\}_0000[0-4] x=[1-5] status=TERMINATED failures=0 iterations=2 world=1 hosts=n[12]$" <<<"$out") -eq 5 ]] ||
     fail "tune on $engine: expected 5 terminated trials of 1 rank with 2 reports each: $out"
   grep -q "^trial .* hosts=n2$" <<<"$out" || fail "tune on $engine: no trial ran on n2, the host that joined: $out"
   # The first change: to 3, capped by max_concurrent_trials (n2's 4 slots and n1's 1 make 5).
@@ -49,9 +49,9 @@ room_finish() {
 import re, sys
 spans = {i: (float(a), float(b)) for i, a, b in
          re.findall(r"^span (\S+) start=([0-9.]+) end=([0-9.]+)", sys.argv[1], re.M)}
-first = spans.pop("trial_00000")
+first = spans.pop(next(i for i in spans if i.endswith("_00000")))
 early = [i for i, (a, _) in spans.items() if a < first[1]]
-sys.exit(0 if len(early) >= 2 else "started before trial_00000 ended: %s" % early)
+sys.exit(0 if len(early) >= 2 else "started before the first trial ended: %s" % early)
 PY
   "$PY" "$(dirname "${BASH_SOURCE[0]}")/trials_at_once.py" "$out" 3 5 ||
     fail "tune on $engine: trials did not run 3 at a time: $out"

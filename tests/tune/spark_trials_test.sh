@@ -31,7 +31,7 @@ for attempt in 1 2 3; do
   echo "note: the application had fewer than 4 task slots when the search started (a worker" \
        "re-registered): $(grep -m1 '^tune: [0-9]* trial(s) at a time' <<<"$out"); running it again"
 done
-[[ $(grep -c "^trial trial_0000[0-3] x=[1-4] status=TERMINATED failures=0 iterations=3 world=2 hosts=" <<<"$out") -eq 4 ]] ||
+[[ $(grep -c "^trial [0-9a-f]\{5\}_0000[0-3] x=[1-4] status=TERMINATED failures=0 iterations=3 world=2 hosts=" <<<"$out") -eq 4 ]] ||
   fail "tune on spark: expected 4 terminated trials of 2 ranks with 3 reports each: $out"
 grep -q "^tune: 2 trial(s) at a time on engine spark (4 free of 4 slots; 2 process(es) each)$" <<<"$out" ||
   fail "tune on spark: the Tuner did not size 2 trials at once from the application's 4 free task slots: $out"

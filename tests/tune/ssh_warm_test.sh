@@ -38,12 +38,12 @@ no_warm_dirs() { ! compgen -G "/tmp/dtrain-warmhost-*" >/dev/null; }
 t=$SECONDS
 out="$(search "$T/warm")" || fail "warm search: exit $?: $out"
 for x in 1 3 4; do
-  grep -q "^trial trial_0000$((x - 1)) x=$x status=TERMINATED failures=0 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
+  grep -q "^trial [0-9a-f]\{5\}_0000$((x - 1)) x=$x status=TERMINATED failures=0 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
     fail "warm search: trial x=$x: $out"
 done
-grep -q "^trial trial_00001 x=2 status=TERMINATED failures=1 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
+grep -q "^trial [0-9a-f]\{5\}_00001 x=2 status=TERMINATED failures=1 iterations=3 world=2 hosts=n1,n2$" <<<"$out" ||
   fail "warm search: trial x=2 (its rank on n2 SIGKILLed once, retried from its checkpoint): $out"
-[[ "$(cut -d' ' -f1 "$T/warm/tune/trial_00001/killed_once" 2>/dev/null)" == n2 ]] || fail "warm search: the killed rank did not run on n2"
+[[ "$(cut -d' ' -f1 "$T"/warm/tune/*_00001_*/killed_once 2>/dev/null)" == n2 ]] || fail "warm search: the killed rank did not run on n2"
 grep -q "^tune: 2 trial(s) at a time on engine ssh (4 free of 4 slots; 2 process(es) each)$" <<<"$out" ||
   fail "warm search: expected 2 trials at a time from the hosts' 4 slots: $out"
 declare -A WARM
@@ -53,7 +53,7 @@ for h in n1 n2; do
 done
 # Every worker's grandparent is its host's warm server: 4 trials x 2 workers + the retried run's 2.
 n=0
-for f in "$T"/warm/tune/trial_*/origin_*; do
+for f in "$T"/warm/tune/train_fn_*/origin_*; do
   h="$(basename "$f" | cut -d_ -f2)"
   [[ "$(cat "$f")" == "${WARM[$h]}" ]] || fail "warm search: worker $(basename "$f") was not forked from $h's warm server (pid ${WARM[$h]}): grandparent $(cat "$f")"
   n=$((n + 1))
@@ -71,7 +71,7 @@ bg_on n1 "$T/killed.out" "$SEARCH" --storage "$T/killed" --engine ssh --hosts n1
   --trials 4 --nproc 2 --iterations 40 --sleep 0.5
 drv=$BG_PID
 deadline=$((SECONDS + 120))
-until [[ $(compgen -G "$T/killed/tune/trial_*/origin_n2_*" | wc -l) -ge 2 ]]; do
+until [[ $(compgen -G "$T/killed/tune/train_fn_*/origin_n2_*" | wc -l) -ge 2 ]]; do
   ((SECONDS < deadline)) || { kill -KILL $drv; fail "killed driver: 2 trials' workers did not start on n2 within 120 s: $(cat "$T/killed.out")"; }
   kill -0 $drv 2>/dev/null || fail "killed driver: the search ended early: $(cat "$T/killed.out")"
   sleep 0.2

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -23,6 +24,8 @@
 #include "dtrain/process_group.h"
 #include "dtrain/tune.h"
 #include "support/paths.h"
+#include "tune/state_json.h"
+#include "tune/trial_names.h"
 #include "tune/warm_fork_server.h"
 
 namespace fs = std::filesystem;
@@ -241,6 +244,18 @@ void checkpointing_trainable(Config config) {
   }
 }
 
+// The trainable tests/tune/ray_names_peer.py gives Ray: 2 reports, each with a checkpoint
+// directory holding one file "state" (made outside the trial's directory, as the peer's).
+void tree_trainable(Config config) {
+  const fs::path tmp = fs::temp_directory_path() / ("dtrain-tree-" + std::to_string(::getpid()));
+  for (int it = 1; it <= 2; ++it) {
+    fs::create_directories(tmp);
+    std::ofstream(tmp / "state") << it;
+    report({{"score", config.at("model").at("width").get<int>() * it}}, tmp.string());
+    fs::remove_all(tmp);
+  }
+}
+
 // Reports every 400 ms, 30 times (12 s): a search with a time budget of 1 s ends it early.
 void slow_trainable(Config) {
   for (int it = 1; it <= 30; ++it) {
@@ -347,7 +362,7 @@ TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
   const auto dir = fresh_dir("csv");
   std::vector<TrialResult> trials(3);
   for (int i = 0; i < 3; ++i) {
-    trials[i].id = "trial_0000" + std::to_string(i);
+    trials[i].id = "4554a_0000" + std::to_string(i);
     trials[i].status = TrialStatus::Terminated;
     trials[i].config = Config{{"lr", 0.1 * (i + 1)}, {"opt", {{"name", "sgd,nesterov"}}}};
     trials[i].last_result = Result{{"score", i}, {"training_iteration", 2}};
@@ -364,7 +379,7 @@ TEST(TuneResultGrid, CsvHasOneHeaderAndOneRowPerTrial) {
             (std::vector<std::string>{"trial_id", "status", "num_failures", "iterations",
                                       "config/lr", "config/opt/name", "score", "training_iteration",
                                       "config/extra", "loss", "logdir"}));
-  EXPECT_EQ(rows[1], (std::vector<std::string>{"trial_00000", "TERMINATED", "0", "2", "0.1",
+  EXPECT_EQ(rows[1], (std::vector<std::string>{"4554a_00000", "TERMINATED", "0", "2", "0.1",
                                                "sgd,nesterov", "0", "2", "", "", "/t/0"}));
   EXPECT_EQ(rows[2][8], "7");
   EXPECT_EQ(rows[3][6], "");
@@ -501,6 +516,266 @@ TEST(TuneTuner, ResultsAndTrialFilesAsRayTuneWritesThem) {
         EXPECT_EQ(ours[i][c], theirs[i][c]) << "row " << i << ", " << col;
       }
     }
+  }
+  fs::remove_all(dir);
+}
+
+// Every path under an experiment directory, relative, a directory with a trailing "/", sorted.
+std::vector<std::string> tree_of(const fs::path& root) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    out.push_back(fs::relative(e.path(), root).string() + (e.is_directory() ? "/" : ""));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The same search in Ray 2.60 (tests/tune/ray_names_peer.py, a local Ray of 1 CPU, run while
+// dtrain's runs) and in dtrain: grid and random values, nested keys, a float, strings with
+// characters Ray cleans, a constant "env" (Ray puts it in the name) and a long string Ray cuts,
+// num_samples = 2. The trial ids (form and order), the trial directories' names (the random hex,
+// the date and the two random values masked, each checked first against its own trial's config)
+// and what is in them, checkpoints included, must be the same. Left out of the comparison: what
+// only Ray writes (params.pkl, TensorBoard's events.out.tfevents.*, its experiment state:
+// experiment_state-*.json, basic-variant-state-*.json, tuner.pkl, .validate_storage_marker) and
+// what only dtrain writes (tuner_state.json, results.csv, a trial's logs/). Ray's format_vars
+// is also asked directly about values the search does not hold (booleans, None, lists, dicts,
+// NaN, list indices in the path, non-ASCII text).
+TEST(TuneTuner, TrialIdsDirectoriesAndCheckpointsAreNamedAsRays) {
+  const auto dir = fresh_dir("names");
+  // Ray's format_vars on [path, value] lists; dtrain's on a space with a grid at each path.
+  const Config cases = Config::array({
+      Config::array({Config::array({Config::array({"flag"}), true}),
+                     Config::array({Config::array({"none"}), nullptr})}),
+      Config::array({Config::array({Config::array({"sizes"}), Config::array({1, "a b", 0.5})}),
+                     Config::array({Config::array({"opt", "kw"}), Config{{"beta", 0.9}}})}),
+      Config::array({Config::array({Config::array({"x"}), std::nan("")}),
+                     Config::array({Config::array({"y"}), 1e-7}),
+                     Config::array({Config::array({"z"}), -2.5})}),
+      Config::array({Config::array({Config::array({"layers", 1, "units"}), 64}),
+                     Config::array({Config::array({"layers", 0, "units"}), 32}),
+                     Config::array({Config::array({"name"}), "__caf\u00e9 (v2)__"})}),
+  });
+  // NaN as Python's json reads it (nlohmann would write null).
+  std::ofstream(dir / "cases.json")
+      << dtrain::tune::detail::dump_state_json({{"format_vars", cases}});
+  const std::string cmd = "timeout -k 10 600 " + std::string(dtrain::test::venv_python()) + " " +
+                          dtrain::test::source_dir() + "/tests/tune/ray_names_peer.py " +
+                          (dir / "cases.json").string() + " " + (dir / "ray.json").string() + " >" +
+                          (dir / "peer.log").string() + " 2>&1";
+  int peer_rc = -1;
+  std::thread peer([&] { peer_rc = std::system(cmd.c_str()); });
+
+  std::string text = "long-";
+  for (int i = 0; i < 15; ++i) text += "0123456789";
+  const Config space = {{"env", "ALE/Pong:v5"},
+                        {"model", {{"width", grid_search({16, 32})}, {"act", "relu"}}},
+                        {"lr", grid_search({0.12345})},
+                        {"opt", {{"name", grid_search({"sgd/momentum 0.9"})}}},
+                        {"seed", randint(100000, 1000000)},
+                        {"dropout", uniform(0.1, 0.2)},
+                        {"kind", choice({"mlp"})},
+                        {"text", grid_search({text})}};
+  const fs::path storage = dir / "dtrain";
+  Tuner tuner(
+      with_name(tree_trainable, "tree_trainable"), space,
+      {.num_samples = 2, .storage_path = storage.string(), .name = "names", .verbose = false});
+  ResultGrid grid;
+  try {
+    grid = tuner.fit();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "fit: " << e.what();  // the peer is still waited for
+  }
+  peer.join();
+  ASSERT_EQ(peer_rc, 0) << "Ray Tune peer failed: " << cmd;
+  std::ifstream in(dir / "ray.json");
+  const Config ray = Config::parse(in);
+
+  // format_vars.
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    Config s = Config::object(), c = Config::object();
+    for (const Config& value : cases[i]) {
+      Config::json_pointer at;
+      for (const auto& step : value.at(0)) {
+        at = step.is_string() ? at / step.get<std::string>() : at / step.get<std::size_t>();
+      }
+      s[at] = grid_search({value.at(1)});
+      c[at] = value.at(1);
+    }
+    EXPECT_EQ(dtrain::tune::detail::format_vars(s, c),
+              ray.at("format_vars").at(i).get<std::string>())
+        << "case " << cases[i].dump();
+  }
+
+  // The trial ids: Ray's form, "<5 hex>_<index>", one prefix per search, in index order.
+  ASSERT_EQ(grid.size(), 4u);
+  ASSERT_EQ(ray.at("trials").size(), 4u) << ray.dump(1);
+  const std::regex id_form("([0-9a-f]{5})_(0000[0-3])");
+  std::smatch m;
+  std::set<std::string> our_prefixes, their_prefixes;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::string ours = grid[i].id;
+    const std::string theirs = ray.at("trials").at(i).at("trial_id");
+    ASSERT_TRUE(std::regex_match(ours, m, id_form)) << ours;
+    our_prefixes.insert(m[1]);
+    EXPECT_EQ(m[2].str(), "0000" + std::to_string(i));
+    ASSERT_TRUE(std::regex_match(theirs, m, id_form)) << theirs;
+    their_prefixes.insert(m[1]);
+    EXPECT_EQ(m[2].str(), "0000" + std::to_string(i));
+    EXPECT_EQ(grid[i].last_result.at("trial_id"), ours);
+    // The same variant at the same index (the random values aside).
+    Config a = grid[i].config, b = ray.at("trials").at(i).at("config");
+    for (Config* c : {&a, &b}) c->erase("seed"), c->erase("dropout");
+    EXPECT_EQ(a, b) << "trial " << i;
+  }
+  EXPECT_EQ(our_prefixes.size(), 1u);
+  EXPECT_EQ(their_prefixes.size(), 1u);
+
+  // Each trial's directory name holds its own random values as format_vars writes them; then
+  // they, the hex and the date are masked.
+  std::map<std::string, std::string> masks;  // a trial directory's name -> its masked name
+  auto masked_name = [&](const std::string& name, const Config& config) {
+    char dropout[32];
+    std::snprintf(dropout, sizeof dropout, "%.4f", config.at("dropout").get<double>());
+    EXPECT_NE(name.find(",seed=" + std::to_string(config.at("seed").get<int>()) + ","),
+              std::string::npos)
+        << name;
+    EXPECT_NE(name.find("_dropout=" + std::string(dropout) + ","), std::string::npos) << name;
+    std::string out = std::regex_replace(name, std::regex("_[0-9a-f]{5}_(0000[0-9])_"), "_HEX_$1_");
+    out = std::regex_replace(
+        out, std::regex("[0-9]{4}-[0-9]{2}-[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}$"), "DATE");
+    out = std::regex_replace(out, std::regex("seed=[0-9]+"), "seed=N");
+    return std::regex_replace(out, std::regex("dropout=[0-9.]+"), "dropout=F");
+  };
+  std::vector<std::string> our_names, their_names;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::string ours = fs::path(grid[i].dir).filename().string();
+    const std::string theirs = ray.at("trials").at(i).at("dir");
+    our_names.push_back(masks[ours] = masked_name(ours, grid[i].config));
+    their_names.push_back(masks[theirs] = masked_name(theirs, ray.at("trials").at(i).at("config")));
+  }
+  EXPECT_EQ(our_names, their_names);
+  EXPECT_THAT(their_names[0], testing::StartsWith("tree_trainable_ALE_Pong_v5_HEX_00000_0_"));
+
+  // The trees, masked, without what only one side writes.
+  auto comparable = [&](const std::vector<std::string>& tree) {
+    const std::regex only_one_side(
+        "(experiment_state-.*|basic-variant-state-.*|tuner\\.pkl|\\.validate_storage_marker|"
+        "tuner_state\\.json|results\\.csv|[^/]*/(params\\.pkl|events\\.out\\.tfevents\\..*|"
+        "logs/.*))");
+    std::vector<std::string> out;
+    for (const std::string& p : tree) {
+      if (std::regex_match(p, only_one_side)) continue;
+      const auto slash = p.find('/');
+      const std::string top = p.substr(0, slash);
+      const std::string rest = slash == std::string::npos ? "" : p.substr(slash);
+      out.push_back((masks.count(top) ? masks.at(top) : "UNKNOWN " + top) + rest);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  std::vector<std::string> their_tree;
+  for (const auto& p : ray.at("tree")) their_tree.push_back(p);
+  const auto ours = comparable(tree_of(storage / "names"));
+  const auto theirs = comparable(their_tree);
+  EXPECT_EQ(ours, theirs);
+  EXPECT_EQ(
+      std::count_if(theirs.begin(), theirs.end(),
+                    [](const std::string& p) { return p.ends_with("/checkpoint_000001/state"); }),
+      4);
+  fs::remove_all(dir);
+}
+
+// A search saved before dtrain named its trials as Ray does (ids and directories trial_00000,
+// no experiment id in tuner_state.json) resumes under those names: a finished trial keeps its
+// directory and checkpoints, and a trial not made yet is made under its saved id and directory.
+TEST(TuneTuner, ASearchSavedWithTheEarlierNamesResumesUnderThem) {
+  const auto dir = fresh_dir("earlier-names");
+  const fs::path storage = dir / "s";
+  const fs::path exp = storage / "tune";
+  const Config space{{"x", grid_search({1, 2})}, {"fail", false}};
+  auto options = [&](bool resume) {
+    return TuneOptions{.metric = "score",
+                       .mode = "max",
+                       .storage_path = storage.string(),
+                       .resume = resume,
+                       .verbose = false};
+  };
+  const ResultGrid first = Tuner(flaky_trainable, space, options(false)).fit();
+  ASSERT_EQ(first.size(), 2u);
+
+  // The state as the earlier naming wrote it, the second trial not made yet.
+  std::ifstream in(exp / "tuner_state.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto replace_all = [&](const std::string& from, const std::string& to) {
+    for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  };
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::string old_id = "trial_0000" + std::to_string(i);
+    fs::rename(first[i].dir, exp / old_id);
+    replace_all(first[i].dir, (exp / old_id).string());
+    replace_all("\"" + first[i].id + "\"", "\"" + old_id + "\"");
+  }
+  Config state = dtrain::tune::detail::parse_state_json(text, "state");
+  state.erase("experiment_id");
+  Config second = state.at("trials").at(1);
+  state["trials"].erase(1);
+  state["trials"][0]["tag"] = "0";
+  state["uncreated"] = Config::array({{{"id", "trial_00001"},
+                                       {"config", second.at("config")},
+                                       {"tag", "1"},
+                                       {"dir", second.at("dir")}}});
+  fs::remove_all(exp / "trial_00001");
+  std::ofstream(exp / "tuner_state.json") << dtrain::tune::detail::dump_state_json(state);
+
+  const ResultGrid grid = Tuner(flaky_trainable, space, options(true)).fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::string old_id = "trial_0000" + std::to_string(i);
+    SCOPED_TRACE(old_id);
+    EXPECT_EQ(grid[i].id, old_id);
+    EXPECT_EQ(grid[i].dir, (exp / old_id).string());
+    EXPECT_EQ(grid[i].status, TrialStatus::Terminated) << grid[i].error;
+    ASSERT_EQ(grid[i].history.size(), 3u);
+    EXPECT_EQ(grid[i].last_result.at("trial_id"), old_id);
+    EXPECT_EQ(grid[i].checkpoint, (exp / old_id / "checkpoint_000002").string());
+    EXPECT_TRUE(fs::exists(grid[i].checkpoint));
+  }
+  fs::remove_all(dir);
+}
+
+// TuneOptions::trial_dirname_creator, as Ray's: its name with Ray's characters replaced, and
+// "_" and 4 hex characters more when the name is taken. A name with "/" (Ray's ValueError), an
+// empty one, and an empty or "/" trainable name are UsageErrors.
+TEST(TuneTuner, TrialDirnameCreatorNamesTheDirectoriesAsRays) {
+  const auto dir = fresh_dir("dirname-creator");
+  const Config space{{"x", grid_search({1, 2})}, {"fail", false}};
+  Tuner tuner(flaky_trainable, space,
+              {.storage_path = dir.string(),
+               .trial_dirname_creator = [](const Trial&) { return std::string("run(a)"); },
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  EXPECT_EQ(grid[0].dir, (dir / "tune" / "run_a_").string());
+  EXPECT_THAT(fs::path(grid[1].dir).filename().string(),
+              testing::MatchesRegex("run_a__[0-9a-f]{4}"));
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+    EXPECT_TRUE(fs::exists(fs::path(t.dir) / "checkpoint_000002")) << t.dir;
+  }
+  for (const std::string bad : {"a/b", ""}) {
+    Tuner refused(flaky_trainable, space,
+                  {.storage_path = (dir / "bad").string(),
+                   .name = bad.empty() ? "empty" : "slash",
+                   .trial_dirname_creator = [bad](const Trial&) { return bad; },
+                   .verbose = false});
+    EXPECT_THROW(refused.fit(), dtrain::UsageError) << bad;
+  }
+  for (const char* name : {"", "a/b"}) {
+    EXPECT_THROW(Tuner(with_name(flaky_trainable, name), space, {.verbose = false}),
+                 dtrain::UsageError)
+        << name;
   }
   fs::remove_all(dir);
 }
@@ -896,7 +1171,7 @@ TEST(TuneTuner, AReportedDoneEndsTheTrial) {
   fs::remove_all(dir);
 }
 
-// A trial's index: the number its id ends with (dtrain's trial_00002, Ray's 4554a_00002).
+// A trial's index: the number its id ends with (4554a_00002, in dtrain as in Ray).
 int trial_index(const std::string& id) { return std::stoi(id.substr(id.rfind('_') + 1)); }
 
 // [index, status, training_iteration, done] of each trial's last result, as the peer writes.
