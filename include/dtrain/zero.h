@@ -163,24 +163,49 @@ class LossScaler {
 // warmup_min_lr, as in DeepSpeed. step() advances; lr() and betas() are the values of the
 // next update. OneCycle with cycle_momentum sets (beta1, 0.99) for an optimizer with betas,
 // as DeepSpeed's does (its beta2 is always 0.99); every other type keeps the base betas.
+//
+// torch.optim.lr_scheduler's types (SchedulerConfig::is_torch) run as torch 2.11's
+// scheduler.step() computes them: the recursive (chainable) formulas on the current rate, in
+// double precision as Python's floats, so the rates are bitwise torch's. Their state is
+// torch's: last_epoch (0 after the constructor's own step, then one more per applied update;
+// last_batch_iteration() is last_epoch - 1), the current rate and, for OneCycleLR with
+// cycle_momentum, the momentum it sets (beta1 for an optimizer with betas, else "momentum").
+// step() throws Error where torch's raises (OneCycleLR stepped past total_steps).
 class LRScheduler {
  public:
   LRScheduler(const SchedulerConfig& c, double base_lr, double base_beta1,
               double base_beta2 = 0.999);
   bool enabled() const { return !c_.type.empty(); }
-  void step() { ++last_batch_iteration_; }
+  void step();
   // DeepSpeed's state_dict()["last_batch_iteration"] (checkpoints carry it).
   int64_t last_batch_iteration() const { return last_batch_iteration_; }
   void set_last_batch_iteration(int64_t i) { last_batch_iteration_ = i; }
   double lr() const;
-  double momentum() const { return betas().first; }  // beta1 (SGD's momentum is not cycled)
+  // beta1, or the momentum OneCycleLR sets (SGD's momentum is not cycled by DeepSpeed's OneCycle).
+  double momentum() const;
   std::pair<double, double> betas() const;
+  // OneCycleLR with cycle_momentum: momentum() is the next update's momentum (an optimizer's
+  // "momentum", or beta1 of betas()).
+  bool cycles_momentum() const;
+
+  // torch.optim.lr_scheduler types: the state torch's state_dict() keeps beyond its arguments.
+  struct TorchState {
+    int64_t last_epoch = -1, step_count = 0;
+    int64_t T_cur = -1, T_i = 0;  // CosineAnnealingWarmRestarts
+    double lr = 0, momentum = 0;  // the group's current values (its "lr", momentum or beta1)
+  };
+  const TorchState& torch_state() const { return ts_; }
+  // Resumes at a saved state (checkpoints); last_batch_iteration() follows last_epoch.
+  void set_torch_state(const TorchState& s);
+  double base_lr() const { return base_lr_; }  // torch's base_lrs[0] (OneCycleLR: initial_lr)
 
  private:
   double cycle_scale() const;
+  void torch_update(bool initial);  // torch_schedulers.cpp
   SchedulerConfig c_;
   double base_lr_, base_beta1_, base_beta2_;
   int64_t last_batch_iteration_ = -1;
+  TorchState ts_;
 };
 
 // Adam/AdamW on flat CPU arrays (PyTorch's formulas), vectorised by the compiler and split over

@@ -81,11 +81,17 @@ struct OptimizerConfig {
   // lr / (1 + (t - 1) * lr_decay), and the sum of squares starts at initial_accumulator_value.
   // With offload_optimizer DeepSpeed steps its DeepSpeedCPUAdagrad, which has neither.
   double lr_decay = 0.0, initial_accumulator_value = 0.0;
+  // RMSprop (torch.optim.RMSprop, which DeepSpeed 0.19.8 builds by name; lr 1e-2 by default,
+  // eps 1e-8, momentum, weight_decay as above): the smoothing constant, and the centered form.
+  double alpha = 0.99;
+  bool centered = false;
   bool given = false;  // the config had an "optimizer" section
 };
 
 struct SchedulerConfig {
-  std::string type;  // "" (none), WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest
+  // "" (none), WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest (DeepSpeed's), or
+  // one of torch.optim.lr_scheduler's (see torch_params).
+  std::string type;
   // WarmupLR / WarmupDecayLR
   double warmup_min_lr = 0.0;
   // Not given: WarmupLR warms up to the optimizer's lr (DeepSpeed 0.19.8), WarmupDecayLR to
@@ -108,6 +114,32 @@ struct SchedulerConfig {
   int64_t lr_range_test_step_size = 2000;
   double lr_range_test_step_rate = 1.0;
   bool lr_range_test_staircase = false;
+  // torch.optim.lr_scheduler's schedulers, which DeepSpeed 0.19.8 builds by name (StepLR,
+  // MultiStepLR, ConstantLR, LinearLR, ExponentialLR, PolynomialLR, CosineAnnealingLR,
+  // CosineAnnealingWarmRestarts, OneCycleLR; `type` holds the name): their constructor
+  // arguments, with torch 2.11's defaults (0 where torch has none and the config must give it).
+  struct Torch {
+    int64_t step_size = 0;            // StepLR
+    double gamma = 0.1;               // StepLR, MultiStepLR, ExponentialLR (required there)
+    std::vector<int64_t> milestones;  // MultiStepLR (a milestone given twice counts twice)
+    double factor = 1.0 / 3;          // ConstantLR
+    int64_t total_iters = 5;          // ConstantLR, LinearLR, PolynomialLR
+    double start_factor = 1.0 / 3, end_factor = 1.0;  // LinearLR
+    double power = 1.0;                               // PolynomialLR
+    int64_t T_max = 0;                                // CosineAnnealingLR
+    double eta_min = 0.0;         // CosineAnnealingLR, CosineAnnealingWarmRestarts
+    int64_t T_0 = 0, T_mult = 1;  // CosineAnnealingWarmRestarts
+    // OneCycleLR: total_steps (or epochs * steps_per_epoch), max_lr.
+    double max_lr = 0;
+    int64_t total_steps = 0;
+    double pct_start = 0.3;
+    std::string anneal_strategy = "cos";  // cos | linear
+    bool cycle_momentum = true;
+    double base_momentum = 0.85, max_momentum = 0.95, div_factor = 25.0, final_div_factor = 1e4;
+    bool three_phase = false;
+  } torch_params;
+  // Whether `type` is one of torch.optim.lr_scheduler's (the fields above apply).
+  bool is_torch() const;
 };
 
 struct Fp16Config {

@@ -38,6 +38,7 @@
 #include "zero/pickle.h"
 #include "zero/stage3_fetch.h"
 #include "zero/stage3_layout.h"
+#include "zero/torch_schedulers.h"
 
 namespace fs = std::filesystem;
 
@@ -733,9 +734,18 @@ IValue EngineImpl::model_dict(bool parameters) {
   d.insert("global_steps", global_steps_);
   d.insert("skipped_steps", skipped_steps_);
   d.insert("global_samples", global_steps_ * config_.train_batch_size);
-  auto sched = new_dict();
-  sched.insert("last_batch_iteration", scheduler_.last_batch_iteration());
-  d.insert("lr_scheduler", sched);
+  if (config_.scheduler.is_torch()) {  // torch's lr_scheduler.state_dict(), as DeepSpeed saves it
+    const auto* client = optimizer_->client();
+    const bool betas = client ? dynamic_cast<const torch::optim::SGD*>(client) == nullptr &&
+                                    dynamic_cast<const torch::optim::RMSprop*>(client) == nullptr
+                              : detail::optimizer_has_betas(config_.optimizer);
+    d.insert("lr_scheduler",
+             detail::torch_scheduler_state_dict(config_.scheduler, scheduler_, betas));
+  } else {
+    auto sched = new_dict();
+    sched.insert("last_batch_iteration", scheduler_.last_batch_iteration());
+    d.insert("lr_scheduler", sched);
+  }
   d.insert("loss_scaler", c10::List<double>(scaler_.state()));
   d.insert("dp_world_size", static_cast<int64_t>(world_));
   d.insert("mp_world_size", static_cast<int64_t>(1));
@@ -779,8 +789,20 @@ PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
     set("maximize", py_bool(false));
     set("differentiable", py_bool(false));
     set("fused", py_none());
+  } else if (opt.type == "RMSprop") {  // torch.optim.RMSprop
+    set("momentum", py_float(scheduler_.cycles_momentum() ? scheduler_.momentum() : opt.momentum));
+    set("alpha", py_float(opt.alpha));
+    set("eps", py_float(opt.eps));
+    set("centered", py_bool(opt.centered));
+    set("weight_decay", py_float(opt.weight_decay));
+    set("capturable", py_bool(false));
+    set("foreach", py_none());
+    set("maximize", py_bool(false));
+    set("differentiable", py_bool(false));
   } else if (opt.type == "SGD") {  // torch.optim.SGD
-    set("momentum", py_float(opt.momentum));
+    set("momentum", py_float(config_.scheduler.type == "OneCycleLR" && scheduler_.cycles_momentum()
+                                 ? scheduler_.momentum()
+                                 : opt.momentum));
     set("dampening", py_float(opt.dampening));
     set("weight_decay", py_float(opt.weight_decay));
     set("nesterov", py_bool(opt.nesterov));
@@ -812,6 +834,11 @@ PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
       set("step", py_int(0));
     }
   }
+  // torch.optim.lr_scheduler's keys in the group (its get_lr() reads them after a load).
+  if (config_.scheduler.is_torch())
+    for (const auto& [key, value] :
+         detail::torch_scheduler_group_values(config_.scheduler, scheduler_))
+      set(key.c_str(), py_float(value));
   py_set(group, "params", py_list(std::move(params)));
   return group;
 }
@@ -822,7 +849,8 @@ PyPtr EngineImpl::deepspeed_param_state(
     const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const {
   const auto& opt = config_.optimizer;
   const bool tensor_step = ((opt.type == "Adam" || opt.type == "AdamW") && opt.torch_adam) ||
-                           (opt.type == "Adagrad" && !config_.zero.offload_optimizer.enabled());
+                           (opt.type == "Adagrad" && !config_.zero.offload_optimizer.enabled()) ||
+                           opt.type == "RMSprop";
   auto state = py_dict();
   if (opt.type != "SGD")
     py_set(
@@ -1423,8 +1451,14 @@ void EngineImpl::load_counters(const c10::impl::GenericDict& d, const LoadCheckp
                                const std::string& where) {
   const fs::path model_path(where);
   // DeepSpeed writes lr_scheduler None without a scheduler, and keeps no loss scaler here.
+  // torch.optim.lr_scheduler's state: its state_dict() (torch_schedulers.h).
   if (opts.load_lr_scheduler_states && d.contains("lr_scheduler") &&
-      d.at("lr_scheduler").isGenericDict()) {
+      d.at("lr_scheduler").isGenericDict() && config_.scheduler.is_torch()) {
+    auto s = get(d, "lr_scheduler", model_path).toGenericDict();
+    detail::load_torch_scheduler_state(s, config_.scheduler, scheduler_, model_path.string());
+  }
+  if (opts.load_lr_scheduler_states && d.contains("lr_scheduler") &&
+      d.at("lr_scheduler").isGenericDict() && !config_.scheduler.is_torch()) {
     auto s = get(d, "lr_scheduler", model_path).toGenericDict();
     int64_t last = get(s, "last_batch_iteration", model_path).toInt();
     // dtrain before DeepSpeed's step counting saved the number of steps taken.

@@ -19,6 +19,7 @@
 #include "zero/config_text.h"
 #include "zero/data_types.h"
 #include "zero/overflow_rules.h"
+#include "zero/torch_scheduler_config.h"
 
 namespace dtrain::zero {
 namespace {
@@ -346,11 +347,12 @@ const std::map<std::string, std::string>& other_optimizers() {
   return m;
 }
 
-// Every other type DeepSpeed 0.19.8 looks up in torch.optim by its exact name.
+// Every other type DeepSpeed 0.19.8 looks up in torch.optim by its exact name (RMSprop, which
+// libtorch has, is run; these libtorch has not, or LBFGS, whose step needs a closure).
 const std::vector<std::string>& torch_optimizers() {
-  static const std::vector<std::string> v = {"Adadelta", "Adafactor",  "Adamax", "ASGD",
-                                             "LBFGS",    "NAdam",      "RAdam",  "RMSprop",
-                                             "Rprop",    "SparseAdam", "Muon"};
+  static const std::vector<std::string> v = {"Adadelta",   "Adafactor", "Adamax", "ASGD",
+                                             "LBFGS",      "NAdam",     "RAdam",  "Rprop",
+                                             "SparseAdam", "Muon"};
   return v;
 }
 
@@ -388,6 +390,7 @@ std::string optimizer_type(Section& s) {
   if (low == "adagrad") return "Adagrad";
   if (low == "lion") return "Lion";
   if (name == "SGD") return "SGD";
+  if (name == "RMSprop") return "RMSprop";  // torch.optim's, by its exact name
   if (auto it = other_optimizers().find(low); it != other_optimizers().end())
     s.fail("type",
            "DeepSpeed's " + name + " optimizer is not implemented by dtrain: " + it->second);
@@ -397,18 +400,21 @@ std::string optimizer_type(Section& s) {
            "torch.optim." + name +
                " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
                "config: pass a torch::optim::" +
-               name + " as InitOptions::optimizer, or use Adam, AdamW, SGD, Lamb, Adagrad or Lion");
+               name +
+               " as InitOptions::optimizer, or use Adam, AdamW, SGD, Lamb, Adagrad, Lion or "
+               "RMSprop");
   if (low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb")
     s.fail("type", "DeepSpeed 0.19.8 has no " + name +
                        " optimizer any more (its compressed-communication optimizers were "
                        "removed; it refuses the name too): use " +
                        (low == "onebitlamb" ? "Lamb" : "Adam") +
                        " (the same update, uncompressed)");
-  std::string near = closest_key(name, {"Adam", "AdamW", "SGD", "Lamb", "Adagrad", "Lion"});
+  std::string near =
+      closest_key(name, {"Adam", "AdamW", "SGD", "Lamb", "Adagrad", "Lion", "RMSprop"});
   s.fail("type", "unknown value \"" + name +
-                     "\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, Lion; DeepSpeed 0.19.8 refuses "
-                     "it too: it matches Adam, AdamW, Lamb, Adagrad and Lion in any case, SGD and "
-                     "torch.optim's other names only exactly)" +
+                     "\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, Lion, RMSprop; DeepSpeed "
+                     "0.19.8 refuses it too: it matches Adam, AdamW, Lamb, Adagrad and Lion in any "
+                     "case, SGD, RMSprop and torch.optim's other names only exactly)" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }
 
@@ -429,6 +435,8 @@ void parse_optimizer(Section& root, Config& c) {
     o.lr = 1e-2;
     o.eps = 1e-10;
   }
+  const bool rmsprop = o.type == "RMSprop";
+  if (rmsprop) o.lr = 1e-2;  // torch.optim.RMSprop's default
   if (auto p = s.get("params")) {
     Section ps(*p, "optimizer.params", root.notes());
     if (ps.has("max_grad_norm"))
@@ -445,6 +453,7 @@ void parse_optimizer(Section& root, Config& c) {
                                                                        : "torch.optim.AdamW (or Adam)")
                                                   : "FusedAdam")
                   : o.type == "SGD" ? "torch.optim.SGD"
+                  : rmsprop         ? "torch.optim.RMSprop"
                   : adagrad ? "torch.optim.Adagrad (with offload_optimizer its DeepSpeedCPUAdagrad)"
                   : o.type == "Lion" ? "DeepSpeedCPULion"
                                      : "FusedLamb");
@@ -463,7 +472,7 @@ void parse_optimizer(Section& root, Config& c) {
                 "builds torch.optim.AdamW)");
     }
     const std::string wd_default = json(o.weight_decay).dump();
-    if (!auto_default(ps, "lr", adagrad ? "1e-2" : "1e-3")) ps.number("lr", o.lr, 0);
+    if (!auto_default(ps, "lr", adagrad || rmsprop ? "1e-2" : "1e-3")) ps.number("lr", o.lr, 0);
     if (!auto_default(ps, "weight_decay", wd_default)) ps.number("weight_decay", o.weight_decay, 0);
     auto betas = [&] {
       if (auto_default(ps, "betas", "[0.9, 0.999]")) return;
@@ -476,7 +485,17 @@ void parse_optimizer(Section& root, Config& c) {
           ps.fail("betas", "each beta must be in [0, 1), got " + b->dump());
       }
     };
-    if (o.type == "Lion") {
+    if (rmsprop) {
+      // torch.optim.RMSprop(lr, alpha, eps, weight_decay, momentum, centered, capturable,
+      // foreach, maximize, differentiable); its constructor refuses negative values.
+      if (!auto_default(ps, "eps", "1e-8")) ps.number("eps", o.eps, 0);
+      ps.number("alpha", o.alpha, 0);
+      ps.number("momentum", o.momentum, 0);
+      ps.boolean("centered", o.centered);
+      for (const char* k : {"capturable", "foreach", "differentiable"}) ps.accept(k);
+      if (auto m = ps.get("maximize"); m && m->is_boolean() && m->get<bool>())
+        ps.fail("maximize", "not supported by dtrain; negate the loss instead");
+    } else if (o.type == "Lion") {
       // DeepSpeedCPULion(lr, betas, weight_decay, fp32_optimizer_states): decoupled decay,
       // fp32 momentum (it steps the fp32 master, so its states are fp32 either way).
       betas();
@@ -575,30 +594,28 @@ void parse_scheduler(Section& root, Config& c) {
            "missing (one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest); "
            "DeepSpeed 0.19.8 would silently ignore a scheduler section without a type, and dtrain "
            "refuses it so that a typo cannot go unnoticed");
-  // DeepSpeed 0.19.8 looks the type up by its exact name in its lr_schedules, then in
-  // torch.optim.lr_scheduler.
-  static const std::vector<std::string> torch_schedulers = {"LambdaLR",
-                                                            "MultiplicativeLR",
-                                                            "StepLR",
-                                                            "MultiStepLR",
-                                                            "ConstantLR",
-                                                            "LinearLR",
-                                                            "ExponentialLR",
-                                                            "SequentialLR",
-                                                            "CosineAnnealingLR",
-                                                            "ChainedScheduler",
-                                                            "ReduceLROnPlateau",
-                                                            "CyclicLR",
-                                                            "CosineAnnealingWarmRestarts",
-                                                            "OneCycleLR",
-                                                            "PolynomialLR"};
-  if (auto t = s.get("type");
-      t->is_string() && std::find(torch_schedulers.begin(), torch_schedulers.end(),
-                                  t->get<std::string>()) != torch_schedulers.end())
-    s.fail("type", "torch.optim.lr_scheduler." + t->get<std::string>() +
-                       " (DeepSpeed 0.19.8 builds it by name) is not implemented by dtrain's "
-                       "config: use WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or "
-                       "LRRangeTest, or set the rate from your loop");
+  // DeepSpeed 0.19.8 looks the type up by its exact name in its lr_schedules (DeepSpeed's
+  // OneCycle, ...), then in torch.optim.lr_scheduler (torch's OneCycleLR, StepLR, ...).
+  if (auto t = s.get("type"); t->is_string()) {
+    const std::string name = t->get<std::string>();
+    if (const std::string why = detail::torch_scheduler_refusal(name); !why.empty())
+      s.fail("type",
+             "torch.optim.lr_scheduler." + name +
+                 " (DeepSpeed 0.19.8 builds it by name) is not supported by dtrain: " + why +
+                 "; use StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, "
+                 "ConstantLR, PolynomialLR, CosineAnnealingWarmRestarts, OneCycleLR or "
+                 "DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "
+                 "LRRangeTest");
+    if (detail::is_torch_scheduler_name(name)) {
+      sc.type = name;
+      if (!s.has("params") || s.get("params") == nullptr || s.get("params")->is_null())
+        s.fail("params", "missing (DeepSpeed 0.19.8 fails without it too: it calls " + name +
+                             "(optimizer, **params))");
+      detail::parse_torch_scheduler(s.get("params"), c.optimizer, sc);
+      s.finish();
+      return;
+    }
+  }
   s.string("type", sc.type,
            {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"},
            " (DeepSpeed 0.19.8 refuses it too: it looks the scheduler up by its exact name)");
@@ -676,6 +693,33 @@ void parse_scheduler(Section& root, Config& c) {
                           !(*v)["params"].contains("cycle_max_lr")))
     s.fail("params", "OneCycle needs cycle_min_lr and cycle_max_lr (DeepSpeed has no default)");
   s.finish();
+}
+
+// What DeepSpeed 0.19.8's engine decides about the optimizers and schedulers it builds by name
+// from torch.optim, once ZeRO and the precision are known. dtrain runs both where DeepSpeed
+// stops, and says so in a note.
+void check_by_name_rules(Section& root, Config& c) {
+  const json& raw = c.raw;
+  bool untested_ok = false;
+  if (auto u = raw.find("zero_allow_untested_optimizer"); u != raw.end() && u->is_boolean())
+    untested_ok = u->get<bool>();
+  if (c.optimizer.given && c.optimizer.type == "RMSprop" && c.zero.stage > 0 && !untested_ok)
+    root.note("optimizer",
+              "RMSprop under ZeRO: dtrain runs it; DeepSpeed 0.19.8 would refuse it (an untested "
+              "ZeRO optimizer) without \"zero_allow_untested_optimizer\": true");
+  // Its engine hands the scheduler the optimizer it wraps for ZeRO, fp16 or bf16 (not a
+  // torch.optim.Optimizer), which torch 2.11's schedulers reject in their constructor.
+  if (c.scheduler.is_torch() && (c.zero.stage > 0 || c.fp16.enabled || c.bf16)) {
+    const std::string wrapper = c.zero.stage > 0 ? "ZeRO stage " + std::to_string(c.zero.stage)
+                                : c.fp16.enabled ? std::string("fp16")
+                                                 : std::string("bf16");
+    root.note("scheduler", "torch.optim.lr_scheduler." + c.scheduler.type + " with " + wrapper +
+                               ": dtrain runs it; DeepSpeed 0.19.8 would refuse it (it passes "
+                               "its " +
+                               wrapper +
+                               " optimizer wrapper, which torch's scheduler rejects: "
+                               "TypeError \"... is not an Optimizer\")");
+  }
 }
 
 // zero_optimization's renamed and deprecated keys DeepSpeed 0.19.8 still takes: (alias, name).
@@ -1372,6 +1416,7 @@ Config parse_config(const json& config, int world_size) {
   check_engine_rules(root, c);
   parse_progress(root, c);
   parse_timers(root, c);
+  check_by_name_rules(root, c);
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
@@ -1493,6 +1538,7 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   const int states = !o.given              ? 2
                      : o.type == "Adagrad" ? 1
                      : o.type == "SGD"     ? (o.momentum > 0 ? 1 : 0)
+                     : o.type == "RMSprop" ? 1 + (o.momentum > 0 ? 1 : 0) + (o.centered ? 1 : 0)
                                            : 2;
   int64_t obytes = ((mixed ? 4 : 0) + 4 * states) * n;
   m.params = stage >= 3 ? part(pbytes) : pbytes;
@@ -1581,6 +1627,9 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
     if (o.type == "SGD") {
       p += ", momentum " + num(o.momentum) + ", dampening " + num(o.dampening) +
            (o.nesterov ? ", nesterov" : "");
+    } else if (o.type == "RMSprop") {
+      p += ", alpha " + num(o.alpha) + ", eps " + num(o.eps) + ", momentum " + num(o.momentum) +
+           (o.centered ? ", centered" : "") + " (torch.optim.RMSprop)";
     } else if (o.type == "Lion") {
       p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) +
            "], decoupled decay (DeepSpeedCPULion)";
@@ -1627,6 +1676,8 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
           (sc.cycle_momentum ? ", cycle_min_mom " + num(sc.cycle_min_mom) + ", cycle_max_mom " +
                                    num(sc.cycle_max_mom)
                              : std::string(", no momentum cycle"));
+    } else if (sc.is_torch()) {
+      p = "torch.optim.lr_scheduler's, params " + c.raw.at("scheduler").at("params").dump();
     } else {
       p = "lr_range_test_min_lr " + num(sc.lr_range_test_min_lr) + ", lr_range_test_step_size " +
           std::to_string(sc.lr_range_test_step_size) + ", lr_range_test_step_rate " +

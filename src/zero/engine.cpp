@@ -18,6 +18,7 @@
 #include "zero/overflow_rules.h"
 #include "zero/progress_text.h"
 #include "zero/stage3_fetch.h"
+#include "zero/torch_schedulers.h"
 
 namespace dtrain::zero {
 namespace detail {
@@ -268,11 +269,20 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
     for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(one.expand(shapes_[i]));
   }
   const bool client_given = client != nullptr;
-  optimizer_ = make_partition_optimizer(config_.optimizer, std::move(client), update_target(),
-                                        config_.zero.offload_optimizer.enabled());
-  if (client_given)  // its own rate is the schedule's base
-    scheduler_ = LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1,
-                             config_.optimizer.beta2);
+  optimizer_ = make_partition_optimizer(
+      detail::optimizer_under_scheduler(config_.optimizer, config_.scheduler), std::move(client),
+      update_target(), config_.zero.offload_optimizer.enabled());
+  if (client_given) {  // its own rate (and betas) are the schedule's base
+    double beta2 = config_.optimizer.beta2;
+    const auto& options = optimizer_->client()->param_groups().at(0).options();
+    if (auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options))
+      beta2 = std::get<1>(adam->betas());
+    else if (auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options))
+      beta2 = std::get<1>(adamw->betas());
+    scheduler_ =
+        LRScheduler(config_.scheduler, optimizer_->lr(), config_.optimizer.beta1,
+                    config_.scheduler.type == "OneCycleLR" ? beta2 : config_.optimizer.beta2);
+  }
   // DeepSpeed 0.19.8's stage-0 fp16/bf16 optimizers (FP16_Optimizer, FP16_UnfusedOptimizer)
   // create the optimizer's state with one step on zero gradients, at the optimizer's own rate:
   // its step count then runs one ahead (Adam's bias correction) and weight decay acts once more.
@@ -804,6 +814,9 @@ void EngineImpl::take_model_step() {
   std::tie(args.beta1, args.beta2) = scheduler_.betas();
   args.scheduled = scheduler_.enabled();
   args.cycled_betas = optimizer_->client() && cycles_client_betas(config_, *optimizer_->client());
+  // torch's OneCycleLR sets "momentum" on an optimizer without betas (SGD, RMSprop).
+  if (config_.scheduler.type == "OneCycleLR" && scheduler_.cycles_momentum())
+    args.momentum = scheduler_.momentum();
   args.offsets = &offsets_;
   args.numels = &numels_;
   args.base = policy_.update_offset(rank_, part_);

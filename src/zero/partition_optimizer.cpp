@@ -84,15 +84,61 @@ class Sgd final : public PartitionOptimizer {
   double lr() const override { return c_.lr; }
   void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
     auto d = c_.weight_decay != 0 ? g.add(w, c_.weight_decay) : g;
-    if (c_.momentum > 0) {
+    const double momentum = a.momentum >= 0 ? a.momentum : c_.momentum;
+    if (!state_.empty()) {
       auto& buf = state_[0];
       if (a.step == 1)
         buf.copy_(d);
       else
-        buf.mul_(c_.momentum).add_(d, 1 - c_.dampening);
-      d = c_.nesterov ? d.add(buf, c_.momentum) : buf;
+        buf.mul_(momentum).add_(d, 1 - c_.dampening);
+      d = c_.nesterov ? d.add(buf, momentum) : buf;
     }
     w.add_(d, -a.lr);
+  }
+
+ private:
+  OptimizerConfig c_;
+};
+
+// torch.optim.RMSprop, which DeepSpeed 0.19.8 builds by name: its single-tensor step (the one
+// it takes on the CPU), op by op. Its momentum buffer exists when the momentum was positive at
+// the first step (torch makes the state then), and follows OneCycleLR's momentum after.
+class RMSprop final : public PartitionOptimizer {
+ public:
+  RMSprop(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
+    state_.push_back(torch::zeros_like(w));
+    if (c_.momentum > 0) state_.push_back(torch::zeros_like(w));
+    if (c_.centered) state_.push_back(torch::zeros_like(w));
+  }
+  std::string type() const override { return c_.type; }
+  std::vector<std::string> state_names() const override {
+    std::vector<std::string> n = {"square_avg"};
+    if (c_.momentum > 0) n.push_back("momentum_buffer");
+    if (c_.centered) n.push_back("grad_avg");
+    return n;
+  }
+  double lr() const override { return c_.lr; }
+  void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
+    const double momentum = a.momentum >= 0 ? a.momentum : c_.momentum;
+    auto grad = c_.weight_decay != 0 ? g.add(w, c_.weight_decay) : g;
+    auto& square_avg = state_[0];
+    square_avg.mul_(c_.alpha).addcmul_(grad, grad, 1 - c_.alpha);
+    torch::Tensor avg;
+    if (c_.centered) {
+      auto& grad_avg = state_.back();
+      grad_avg.lerp_(grad, 1 - c_.alpha);
+      avg = square_avg.addcmul(grad_avg, grad_avg, -1).sqrt_();
+    } else {
+      avg = square_avg.sqrt();
+    }
+    avg.add_(c_.eps);
+    if (c_.momentum > 0 && momentum > 0) {
+      auto& buf = state_[1];
+      buf.mul_(momentum).addcdiv_(grad, avg);
+      w.add_(buf, -a.lr);
+    } else {
+      w.addcdiv_(grad, avg, -a.lr);
+    }
   }
 
  private:
@@ -270,6 +316,12 @@ class Client final : public PartitionOptimizer {
       else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options))
         adamw->betas({a.beta1, a.beta2});
     }
+    if (a.momentum >= 0) {  // torch's OneCycleLR sets group["momentum"]
+      if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options))
+        sgd->momentum(a.momentum);
+      else if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&options))
+        rms->momentum(a.momentum);
+    }
     param_.mutable_grad() = g;
     opt_->step();
     param_.mutable_grad() = torch::Tensor();
@@ -320,6 +372,7 @@ std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
   if (config.type == "Adam" || config.type == "AdamW")
     return std::make_unique<Adam>(config, partition);
   if (config.type == "SGD") return std::make_unique<Sgd>(config, partition);
+  if (config.type == "RMSprop") return std::make_unique<RMSprop>(config, partition);
   if (config.type == "Lamb") return std::make_unique<Lamb>(config, partition);
   if (config.type == "Adagrad")
     return std::make_unique<Adagrad>(config, partition, offload_optimizer);

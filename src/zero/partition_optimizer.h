@@ -8,6 +8,8 @@
 //                 partition and its state are flat CPU arrays. State: exp_avg, exp_avg_sq.
 //   SGD           momentum, dampening, nesterov as torch::optim::SGD. State: momentum_buffer
 //                 (only with momentum > 0).
+//   RMSprop       torch.optim.RMSprop's single-tensor step (alpha, eps, momentum, centered).
+//                 State: square_avg, momentum_buffer (momentum > 0), grad_avg (centered).
 //   Lamb          Adam's moments with a per-parameter trust ratio; its norms cover whole
 //                 parameters, summed over the ranks holding pieces of them. State: exp_avg,
 //                 exp_avg_sq.
@@ -46,6 +48,9 @@ class PartitionOptimizer {
     bool scheduled = false;  // a config scheduler sets the rate (the client's group lr follows it)
     // OneCycle's cycled momentum: the client's betas follow beta1, beta2 (torch's Adam, AdamW).
     bool cycled_betas = false;
+    // torch's OneCycleLR with cycle_momentum: this update's "momentum" (SGD, RMSprop, and a
+    // client SGD or RMSprop); negative: the optimizer's own.
+    double momentum = -1;
     // The flat layout of the trainable parameters and where `w` starts in it (Lamb's
     // per-parameter norms).
     const std::vector<int64_t>* offsets = nullptr;

@@ -104,12 +104,26 @@ std::string lr_list_text(const Config& config, const LRScheduler& scheduler, dou
 }
 
 bool cycles_client_betas(const Config& config, const torch::optim::Optimizer& client) {
-  return one_cycle_momentum(config) && (dynamic_cast<const torch::optim::Adam*>(&client) ||
-                                        dynamic_cast<const torch::optim::AdamW*>(&client));
+  const bool torch_cycle =
+      config.scheduler.type == "OneCycleLR" && config.scheduler.torch_params.cycle_momentum;
+  return (one_cycle_momentum(config) || torch_cycle) &&
+         (dynamic_cast<const torch::optim::Adam*>(&client) ||
+          dynamic_cast<const torch::optim::AdamW*>(&client));
 }
 
 std::string mom_list_text(const Config& config, const LRScheduler& scheduler,
                           const torch::optim::Optimizer* client) {
+  // torch's OneCycleLR: group["momentum"] (SGD, RMSprop) or group["betas"], a tuple, it set.
+  if (config.scheduler.type == "OneCycleLR" && scheduler.cycles_momentum()) {
+    const bool momentum =
+        client ? dynamic_cast<const torch::optim::SGD*>(client) ||
+                     dynamic_cast<const torch::optim::RMSprop*>(client)
+               : config.optimizer.type == "SGD" || config.optimizer.type == "RMSprop";
+    if (momentum) return list_of(py(scheduler.momentum(), false));
+    if (!client && config.optimizer.type == "Adagrad") return "[0.0]";
+    return list_of(
+        pair_of(py(scheduler.betas().first, false), py(scheduler.betas().second, false), false));
+  }
   if (client) {
     // get_mom(): "momentum" for the classes named SGD and RMSprop, "betas" for any other.
     const auto& options = client->param_groups().at(0).options();
@@ -132,7 +146,7 @@ std::string mom_list_text(const Config& config, const LRScheduler& scheduler,
     return list_of(pair_of(py(std::get<0>(b), false), py(std::get<1>(b), false), false));
   }
   const auto& o = config.optimizer;
-  if (o.type == "SGD") {  // its momentum is never cycled (torch's SGD has no betas)
+  if (o.type == "SGD" || o.type == "RMSprop") {  // "momentum" (DeepSpeed's OneCycle: not cycled)
     const json* m = written(config, "optimizer", "momentum");
     return list_of(m ? py(o.momentum, is_int(m)) : std::string("0"));
   }

@@ -60,6 +60,35 @@ LRScheduler::LRScheduler(const SchedulerConfig& c, double base_lr, double base_b
   c_.warmup_num_steps = std::max<int64_t>(2, c_.warmup_num_steps);
   if (c_.cycle_second_step_size < 0) c_.cycle_second_step_size = c_.cycle_first_step_size;
   if (c_.cycle_second_stair_count < 0) c_.cycle_second_stair_count = c_.cycle_first_stair_count;
+  if (c_.is_torch()) {
+    // torch's constructor: the group's rate (OneCycleLR: initial_lr) and its initial step.
+    if (c_.type == "OneCycleLR") base_lr_ = c_.torch_params.max_lr / c_.torch_params.div_factor;
+    ts_.lr = base_lr_;
+    ts_.momentum = c_.type == "OneCycleLR" ? c_.torch_params.max_momentum : base_beta1_;
+    torch_update(true);
+  }
+}
+
+void LRScheduler::step() {
+  if (c_.is_torch())
+    torch_update(false);
+  else
+    ++last_batch_iteration_;
+}
+
+void LRScheduler::set_torch_state(const TorchState& s) {
+  ts_ = s;
+  last_batch_iteration_ = s.last_epoch - 1;
+}
+
+bool LRScheduler::cycles_momentum() const {
+  return c_.type == "OneCycleLR" ? c_.torch_params.cycle_momentum
+                                 : c_.type == "OneCycle" && c_.cycle_momentum;
+}
+
+double LRScheduler::momentum() const {
+  if (c_.type == "OneCycleLR" && c_.torch_params.cycle_momentum) return ts_.momentum;
+  return betas().first;
 }
 
 namespace {
@@ -104,6 +133,7 @@ double LRScheduler::lr() const {
   const auto& t = c_.type;
   const int64_t k = last_batch_iteration_;
   if (t.empty()) return base_lr_;
+  if (c_.is_torch()) return ts_.lr;
   if (t == "WarmupLR" || t == "WarmupDecayLR") {
     const double max_lr = c_.warmup_max_lr ? *c_.warmup_max_lr : t == "WarmupLR" ? base_lr_ : 0.001;
     if (k < 0) return c_.warmup_min_lr;
@@ -147,6 +177,8 @@ double LRScheduler::lr() const {
 }
 
 std::pair<double, double> LRScheduler::betas() const {
+  if (c_.type == "OneCycleLR" && c_.torch_params.cycle_momentum)
+    return {ts_.momentum, base_beta2_};  // group["betas"] = (momentum, *betas[1:])
   if (c_.type != "OneCycle" || !c_.cycle_momentum) return {base_beta1_, base_beta2_};
   const int64_t k = last_batch_iteration_;
   const int64_t total = c_.cycle_first_step_size + c_.cycle_second_step_size;

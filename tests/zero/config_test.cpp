@@ -273,9 +273,9 @@ TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
             "optimizer.params.betas: expected [beta1, beta2], got [0.9]");
   EXPECT_EQ(with({{"optimizer", {{"type", "Adamm"}}}}),
             "optimizer.type: unknown value \"Adamm\" (allowed: Adam, AdamW, SGD, Lamb, Adagrad, "
-            "Lion; DeepSpeed 0.19.8 refuses it too: it matches Adam, AdamW, Lamb, Adagrad and "
-            "Lion in any case, SGD and torch.optim's other names only exactly); did you mean "
-            "Adam?");
+            "Lion, RMSprop; DeepSpeed 0.19.8 refuses it too: it matches Adam, AdamW, Lamb, "
+            "Adagrad and Lion in any case, SGD, RMSprop and torch.optim's other names only "
+            "exactly); did you mean Adam?");
   EXPECT_EQ(with({{"optimizer", {{"type", "OneBitAdam"}}}}),
             "optimizer.type: DeepSpeed 0.19.8 has no OneBitAdam optimizer any more (its "
             "compressed-communication optimizers were removed; it refuses the name too): use Adam "

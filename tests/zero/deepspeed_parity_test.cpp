@@ -108,6 +108,13 @@ json cases() {
     l["config"]["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
     out.push_back(l);
   }
+  // RMSprop by name (torch.optim.RMSprop; under ZeRO with zero_allow_untested_optimizer): state
+  // square_avg, momentum_buffer, a tensor step.
+  json rms = out[4];  // stage 2, Adam
+  rms["name"] = "stage 2, RMSprop momentum";
+  rms["config"]["optimizer"] = {
+      {"type", "RMSprop"}, {"params", {{"lr", 0.002}, {"momentum", 0.5}, {"weight_decay", 0.001}}}};
+  out.push_back(rms);
   return out;
 }
 
@@ -268,6 +275,63 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
                 y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, to_fp32,
                 resumed_diff, ds_resumed, save16);
+  }
+  fs::remove_all(dir);
+}
+
+// Stage 0 in fp32 with what DeepSpeed builds by name from torch (it hands torch's schedulers its
+// optimizer unwrapped only here: under ZeRO, fp16 or bf16 it wraps it, and torch's schedulers
+// refuse the wrapper): RMSprop, and torch.optim.lr_scheduler's schedulers, over 10 steps at 2
+// ranks; the losses and final parameters agree within float32 noise.
+TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-parity-byname-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  json cs = json::array();
+  auto add = [&](const std::string& name, const json& optimizer, const json& scheduler) {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"optimizer", optimizer},
+                   {"zero_optimization", {{"stage", 0}}},
+                   {"steps_per_print", 1000}};
+    if (!scheduler.is_null()) config["scheduler"] = scheduler;
+    cs.push_back({{"name", name}, {"config", config}});
+  };
+  const json rms = {{"type", "RMSprop"}, {"params", {{"lr", 0.002}, {"momentum", 0.5}}}};
+  add("stage 0, RMSprop momentum", rms, nullptr);
+  add("stage 0, RMSprop centered + StepLR",
+      {{"type", "RMSprop"}, {"params", {{"lr", 0.002}, {"centered", true}}}},
+      {{"type", "StepLR"}, {"params", {{"step_size", 3}, {"gamma", 0.5}}}});
+  add("stage 0, SGD + OneCycleLR (momentum cycled)", {{"type", "SGD"}, {"params", {{"lr", 0.05}}}},
+      {{"type", "OneCycleLR"}, {"params", {{"max_lr", 0.1}, {"total_steps", 12}}}});
+  add("stage 0, Adam + CosineAnnealingWarmRestarts", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}},
+      {{"type", "CosineAnnealingWarmRestarts"}, {"params", {{"T_0", 3}, {"T_mult", 2}}}});
+  add("stage 0, RMSprop + OneCycleLR three_phase", rms,
+      {{"type", "OneCycleLR"},
+       {"params", {{"max_lr", 0.01}, {"total_steps", 12}, {"three_phase", true}}}});
+  { std::ofstream(dir / "cases.json") << cs.dump(); }
+  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
+  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
+  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
+  const json b = json::parse(std::ifstream(dir / "ds.json"));
+  std::printf("%-50s %-11s %-9s %s\n", "2 ranks, 10 steps, fp32, stage 0", "final loss", "|dloss|",
+              "|dparam|");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    ASSERT_EQ(x["losses"].size(), y["losses"].size());
+    double loss_diff = 0;
+    for (size_t k = 0; k < x["losses"].size(); ++k) {
+      const double u = x["losses"][k], v = y["losses"][k];
+      loss_diff = std::max(loss_diff, std::fabs(u - v));
+      EXPECT_NEAR(u, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << k + 1;
+    }
+    const double param_diff = max_diff(x["params"], y["params"]);
+    EXPECT_LT(param_diff, 1e-5) << "parameters apart";
+    std::printf("%-50s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
+                loss_diff, param_diff);
   }
   fs::remove_all(dir);
 }

@@ -11,7 +11,12 @@ CPU optimizers, DeepSpeedCPUAdam and DeepSpeedCPUAdagrad), the scheduler as the 
 _take_model_step does: optimizer.step(), then scheduler.step().
 
   {"kind": "scheduler", "config": {...}, "steps": S}
-      -> [[lr, beta1, beta2] the optimizer holds for update k, k = 1..S]
+      -> [[lr, beta1, beta2, momentum] the optimizer holds for update k, k = 1..S (0.0 where
+          its group has no betas or momentum)]; the scheduler's type is looked up as
+          DeepSpeed's engine does: its lr_schedules first, then torch.optim.lr_scheduler
+  {"kind": "scheduler_state", "config": {...}, "steps": S}
+      -> {"state": the scheduler's state_dict() after S steps (a Counter as a dict), "group":
+          the optimizer's param group without its params} or {"error": ...}
   {"kind": "optimizer", "config": {...}, "init": [...], "grads": [[...] per step]}
       -> [[the parameter after update k] k = 1..S]
   {"kind": "loss_scaler", "config": {"fp16": {...}}, "overflows": [true/false per step]}
@@ -80,13 +85,21 @@ def basic_optimizer(ds, params):
     return DeepSpeedEngine._configure_basic_optimizer(stub, params)
 
 
+def scheduler_class(name):
+    """The class DeepSpeed's engine builds for the scheduler `name` (_scheduler_from_config):
+    its own lr_schedules first (OneCycle, WarmupLR, ...), then torch.optim.lr_scheduler."""
+    if hasattr(lr_schedules, name):
+        return getattr(lr_schedules, name)
+    return getattr(torch.optim.lr_scheduler, name)
+
+
 def build(config, params):
     """The optimizer and scheduler DeepSpeed's engine makes for `config`."""
     ds = DeepSpeedConfig(dict(config, train_micro_batch_size_per_gpu=1))
     optimizer = basic_optimizer(ds, params)
     scheduler = None
     if ds.scheduler_name is not None:
-        scheduler = getattr(lr_schedules, ds.scheduler_name)(optimizer, **ds.scheduler_params)
+        scheduler = scheduler_class(ds.scheduler_name)(optimizer, **ds.scheduler_params)
     return optimizer, scheduler
 
 
@@ -97,9 +110,34 @@ def run_scheduler(case):
     for _ in range(case["steps"]):
         group = optimizer.param_groups[0]
         betas = group.get("betas", (0.0, 0.0))
-        out.append([float(group["lr"]), float(betas[0]), float(betas[1])])
+        out.append([float(group["lr"]), float(betas[0]), float(betas[1]),
+                    float(group.get("momentum", 0.0))])
         scheduler.step()
     return out
+
+
+def plain(v):
+    """A state_dict value as JSON (a Counter or other dict as a dict with str keys)."""
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    return v
+
+
+def run_scheduler_state(case):
+    p = torch.nn.Parameter(torch.zeros(1))
+    try:
+        optimizer, scheduler = build(case["config"], [p])
+        for _ in range(case["steps"]):
+            optimizer.step()
+            scheduler.step()
+    except Exception as e:
+        return {"error": error_text(e)}
+    group = {k: plain(v) for k, v in optimizer.param_groups[0].items() if k != "params"}
+    return {"state": plain(scheduler.state_dict()), "group": group}
 
 
 def run_optimizer(case):
@@ -446,7 +484,8 @@ def main():
     cases = json.load(open(sys.argv[1]))
     results = []
     for case in cases:
-        run = {"scheduler": run_scheduler, "optimizer": run_optimizer, "config": run_config,
+        run = {"scheduler": run_scheduler, "scheduler_state": run_scheduler_state,
+               "optimizer": run_optimizer, "config": run_config,
                "loss_scaler": run_loss_scaler, "buffers": run_buffers,
                "scaler_object": run_scaler_object, "hjson": run_hjson,
                "progress": run_progress}[case["kind"]]

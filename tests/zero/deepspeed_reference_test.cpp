@@ -29,6 +29,7 @@
 #include "support/thread_group.h"
 #include "zero/config_text.h"
 #include "zero/data_types.h"
+#include "zero/torch_schedulers.h"
 
 namespace {
 
@@ -97,6 +98,65 @@ json sched(const std::string& type, json params = json::object()) {
 json buffers_case(const std::string& name, json config) {
   if (!config.contains("optimizer")) config["optimizer"] = adam(0.01);
   return {{"name", name}, {"kind", "buffers"}, {"config", config}};
+}
+
+// torch.optim.lr_scheduler's schedulers by name: (case name, [optimizer, scheduler]).
+std::vector<std::pair<std::string, json>> torch_scheduler_cases() {
+  const json sgd = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
+  const json rms = {{"type", "RMSprop"}, {"params", {{"lr", 0.02}}}};
+  const json adagrad = {{"type", "Adagrad"}, {"params", {{"lr", 0.1}}}};
+  std::vector<std::pair<std::string, json>> v = {
+      {"StepLR step_size 3, gamma 0.5",
+       {adam(0.01), sched("StepLR", {{"step_size", 3}, {"gamma", 0.5}})}},
+      {"StepLR step_size 7 on SGD", {sgd, sched("StepLR", {{"step_size", 7}})}},
+      {"MultiStepLR, a milestone twice",
+       {adam(0.01), sched("MultiStepLR", {{"milestones", {5, 10, 10, 30}}, {"gamma", 0.3}})}},
+      {"MultiStepLR unsorted on RMSprop", {rms, sched("MultiStepLR", {{"milestones", {20, 1}}})}},
+      {"ExponentialLR gamma 0.95", {adam(0.01), sched("ExponentialLR", {{"gamma", 0.95}})}},
+      {"ExponentialLR gamma 1.02 on SGD", {sgd, sched("ExponentialLR", {{"gamma", 1.02}})}},
+      {"CosineAnnealingLR T_max 10, eta_min, past T_max",
+       {adam(0.01), sched("CosineAnnealingLR", {{"T_max", 10}, {"eta_min", 1e-4}})}},
+      {"CosineAnnealingLR T_max 49", {sgd, sched("CosineAnnealingLR", {{"T_max", 49}})}},
+      {"CosineAnnealingLR T_max 1", {adam(0.003), sched("CosineAnnealingLR", {{"T_max", 1}})}},
+      {"LinearLR defaults", {adam(0.01), sched("LinearLR")}},
+      {"LinearLR 0.1 to 0.9 over 20",
+       {sgd, sched("LinearLR", {{"start_factor", 0.1}, {"end_factor", 0.9}, {"total_iters", 20}})}},
+      {"LinearLR 1 to 0 over 30",
+       {rms, sched("LinearLR", {{"start_factor", 1.0}, {"end_factor", 0.0}, {"total_iters", 30}})}},
+      {"ConstantLR defaults", {adam(0.01), sched("ConstantLR")}},
+      {"ConstantLR factor 0.5 over 10",
+       {sgd, sched("ConstantLR", {{"factor", 0.5}, {"total_iters", 10}})}},
+      {"PolynomialLR defaults", {adam(0.01), sched("PolynomialLR")}},
+      {"PolynomialLR power 2 over 40",
+       {sgd, sched("PolynomialLR", {{"total_iters", 40}, {"power", 2.0}})}},
+      {"PolynomialLR power 0.5 over 45",
+       {rms, sched("PolynomialLR", {{"total_iters", 45}, {"power", 0.5}})}},
+      {"CosineAnnealingWarmRestarts T_0 5 (restarts every 5)",
+       {adam(0.01), sched("CosineAnnealingWarmRestarts", {{"T_0", 5}})}},
+      {"CosineAnnealingWarmRestarts T_0 3, T_mult 2, eta_min",
+       {sgd, sched("CosineAnnealingWarmRestarts", {{"T_0", 3}, {"T_mult", 2}, {"eta_min", 1e-3}})}},
+      {"OneCycleLR on Adam (beta1 cycled)",
+       {adam(0.01), sched("OneCycleLR", {{"max_lr", 0.1}, {"total_steps", 50}})}},
+      {"OneCycleLR three_phase, linear, on SGD (momentum cycled)",
+       {sgd, sched("OneCycleLR", {{"max_lr", 0.2},
+                                  {"total_steps", 60},
+                                  {"pct_start", 0.25},
+                                  {"anneal_strategy", "linear"},
+                                  {"three_phase", true}})}},
+      {"OneCycleLR three_phase, cos, on Adam",
+       {adam(0.01), sched("OneCycleLR", {{"max_lr", 0.05},
+                                         {"total_steps", 50},
+                                         {"three_phase", true},
+                                         {"div_factor", 10.0},
+                                         {"final_div_factor", 100.0},
+                                         {"base_momentum", 0.8},
+                                         {"max_momentum", 0.9}})}},
+      {"OneCycleLR epochs, steps_per_epoch, on RMSprop",
+       {rms, sched("OneCycleLR", {{"max_lr", 0.1}, {"epochs", 5}, {"steps_per_epoch", 11}})}},
+      {"OneCycleLR without momentum on Adagrad",
+       {adagrad,
+        sched("OneCycleLR", {{"max_lr", 0.1}, {"total_steps", 55}, {"cycle_momentum", false}})}}};
+  return v;
 }
 
 json build_cases() {
@@ -170,6 +230,15 @@ json build_cases() {
                                                    {"lr_range_test_step_rate", 2.0},
                                                    {"lr_range_test_staircase", true}})));
   c.push_back(scheduler_case("WarmupLR on SGD", sgd, sched("WarmupLR", {{"warmup_num_steps", 6}})));
+  // torch.optim.lr_scheduler's, which DeepSpeed builds by name: 50 updates each, compared
+  // bitwise (torch's recursive formulas in double precision).
+  for (const auto& [name, s] : torch_scheduler_cases()) {
+    c.push_back(scheduler_case(name, s.at(0), s.at(1), 50));
+    // Their state_dict() after 17 updates (a checkpoint's "lr_scheduler").
+    json st = scheduler_case("state: " + name, s.at(0), s.at(1), 17);
+    st["kind"] = "scheduler_state";
+    c.push_back(st);
+  }
 
   c.push_back(optimizer_case("Adam", adam(0.01)));
   c.push_back(optimizer_case("Adam + weight_decay: decoupled by default",
@@ -203,6 +272,40 @@ json build_cases() {
   c.push_back(
       optimizer_case("Adam + WarmupDecayLR", adam(0.01),
                      sched("WarmupDecayLR", {{"total_num_steps", 10}, {"warmup_num_steps", 4}})));
+  // RMSprop by name: torch.optim.RMSprop (its single-tensor CPU step), and the optimizers under
+  // torch's schedulers (OneCycleLR cycles "momentum" or beta1).
+  c.push_back(optimizer_case("RMSprop defaults (lr 0.01)", {{"type", "RMSprop"}}));
+  c.push_back(
+      optimizer_case("RMSprop alpha, eps, momentum, weight_decay", {{"type", "RMSprop"},
+                                                                    {"params",
+                                                                     {{"lr", 0.01},
+                                                                      {"alpha", 0.9},
+                                                                      {"eps", 1e-6},
+                                                                      {"momentum", 0.8},
+                                                                      {"weight_decay", 0.01}}}}));
+  c.push_back(optimizer_case(
+      "RMSprop centered, momentum",
+      {{"type", "RMSprop"},
+       {"params", {{"lr", 0.005}, {"centered", true}, {"momentum", 0.5}, {"foreach", false}}}}));
+  c.push_back(optimizer_case(
+      "RMSprop centered", {{"type", "RMSprop"}, {"params", {{"lr", 0.005}, {"centered", true}}}}));
+  c.push_back(optimizer_case(
+      "RMSprop + OneCycleLR (momentum cycled from 0)", {{"type", "RMSprop"}},
+      sched("OneCycleLR", {{"max_lr", 0.02}, {"total_steps", 12}, {"pct_start", 0.25}})));
+  c.push_back(optimizer_case(
+      "SGD + OneCycleLR three_phase (momentum cycled)",
+      {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.5}}}},
+      sched("OneCycleLR", {{"max_lr", 0.2}, {"total_steps", 12}, {"three_phase", true}})));
+  c.push_back(optimizer_case("Adam + OneCycleLR (beta1 cycled, beta2 kept)",
+                             adam(0.01, {{"betas", {0.9, 0.98}}}),
+                             sched("OneCycleLR", {{"max_lr", 0.02}, {"total_steps", 12}})));
+  c.push_back(optimizer_case("RMSprop + StepLR",
+                             {{"type", "RMSprop"}, {"params", {{"lr", 0.01}, {"momentum", 0.9}}}},
+                             sched("StepLR", {{"step_size", 4}, {"gamma", 0.5}})));
+  c.push_back(
+      optimizer_case("AdamW + CosineAnnealingWarmRestarts",
+                     {{"type", "AdamW"}, {"params", {{"lr", 0.02}, {"weight_decay", 0.05}}}},
+                     sched("CosineAnnealingWarmRestarts", {{"T_0", 4}})));
   // Adagrad by name: torch.optim.Adagrad, and with offload_optimizer DeepSpeedCPUAdagrad (the
   // peer builds the optimizer DeepSpeed's engine builds for the config).
   c.push_back(optimizer_case("adagrad in lower case, defaults (lr 0.01, eps 1e-10)",
@@ -654,6 +757,28 @@ json config_cases() {
       with(opt({{"type", "SGD"}, {"params", {{"lr", 0.1}}}}),
            {{"zero_optimization", {{"stage", 2}}}, {"zero_allow_untested_optimizer", true}}));
   add("RMSprop", opt({{"type", "RMSprop"}, {"params", {{"lr", 0.1}}}}));
+  add("RMSprop, all params", opt({{"type", "RMSprop"},
+                                  {"params",
+                                   {{"lr", 0.01},
+                                    {"alpha", 0.9},
+                                    {"eps", 1e-6},
+                                    {"weight_decay", 0.01},
+                                    {"momentum", 0.5},
+                                    {"centered", true},
+                                    {"foreach", false},
+                                    {"capturable", false},
+                                    {"differentiable", false}}}}));
+  add("RMSprop without params", opt({{"type", "RMSprop"}}));
+  add("rmsprop in lower case", opt({{"type", "rmsprop"}}));
+  add("RMSprop negative alpha", opt({{"type", "RMSprop"}, {"params", {{"alpha", -0.5}}}}));
+  add("RMSprop negative momentum", opt({{"type", "RMSprop"}, {"params", {{"momentum", -0.1}}}}));
+  add("RMSprop betas", opt({{"type", "RMSprop"}, {"params", {{"betas", {0.9, 0.99}}}}}));
+  add("RMSprop under ZeRO", with(opt({{"type", "RMSprop"}, {"params", {{"lr", 0.01}}}}),
+                                 {{"zero_optimization", {{"stage", 2}}}}));
+  add("RMSprop under ZeRO, untested allowed",
+      with(opt({{"type", "RMSprop"}, {"params", {{"lr", 0.01}}}}),
+           {{"zero_optimization", {{"stage", 2}}}, {"zero_allow_untested_optimizer", true}}));
+  add("Adamax (libtorch has none)", opt({{"type", "Adamax"}, {"params", {{"lr", 0.01}}}}));
   // Adagrad: torch.optim.Adagrad, or DeepSpeedCPUAdagrad with offload_optimizer (a ZeRO-tested
   // optimizer: no zero_allow_untested_optimizer needed).
   const json offload_cpu = {{"device", "cpu"}};
@@ -727,6 +852,51 @@ json config_cases() {
                                          {"lr_range_test_staircase", true}}));
   add("LRRangeTest step size 2e3", sch("LRRangeTest", {{"lr_range_test_step_size", 2e3}}));
   add("StepLR", sch("StepLR", {{"step_size", 2}}));
+  // torch.optim.lr_scheduler's by name: DeepSpeed looks its own lr_schedules up first, then
+  // torch's; torch's constructor refuses what it refuses.
+  add("StepLR gamma", sch("StepLR", {{"step_size", 1}, {"gamma", 0.5}}));
+  add("StepLR without step_size", sch("StepLR", json::object()));
+  add("StepLR unknown param", sch("StepLR", {{"step_size", 2}, {"step", 2}}));
+  add("StepLR last_epoch 3", sch("StepLR", {{"step_size", 2}, {"last_epoch", 3}}));
+  add("StepLR without params", sch("StepLR", nullptr));
+  add("StepLR under ZeRO",
+      with(sch("StepLR", {{"step_size", 2}}), {{"zero_optimization", {{"stage", 2}}}}));
+  add("ExponentialLR under bf16",
+      with(sch("ExponentialLR", {{"gamma", 0.9}}), {{"bf16", {{"enabled", true}}}}));
+  add("MultiStepLR", sch("MultiStepLR", {{"milestones", {1, 3, 3}}, {"gamma", 0.5}}));
+  add("ExponentialLR", sch("ExponentialLR", {{"gamma", 0.9}}));
+  add("ExponentialLR without gamma", sch("ExponentialLR", json::object()));
+  add("CosineAnnealingLR", sch("CosineAnnealingLR", {{"T_max", 3}, {"eta_min", 1e-5}}));
+  add("LinearLR defaults", sch("LinearLR", json::object()));
+  add("LinearLR start_factor 0", sch("LinearLR", {{"start_factor", 0}}));
+  add("LinearLR end_factor 1.5", sch("LinearLR", {{"end_factor", 1.5}}));
+  add("ConstantLR factor 0.5", sch("ConstantLR", {{"factor", 0.5}, {"total_iters", 2}}));
+  add("ConstantLR factor 2", sch("ConstantLR", {{"factor", 2}}));
+  add("PolynomialLR", sch("PolynomialLR", {{"total_iters", 4}, {"power", 2.0}}));
+  add("CosineAnnealingWarmRestarts",
+      sch("CosineAnnealingWarmRestarts", {{"T_0", 2}, {"T_mult", 2}}));
+  add("CosineAnnealingWarmRestarts T_0 0", sch("CosineAnnealingWarmRestarts", {{"T_0", 0}}));
+  add("CosineAnnealingWarmRestarts T_0 2.0", sch("CosineAnnealingWarmRestarts", {{"T_0", 2.0}}));
+  add("CosineAnnealingWarmRestarts T_mult 0",
+      sch("CosineAnnealingWarmRestarts", {{"T_0", 2}, {"T_mult", 0}}));
+  add("OneCycleLR", sch("OneCycleLR", {{"max_lr", 0.01}, {"total_steps", 100}}));
+  add("OneCycleLR epochs",
+      sch("OneCycleLR", {{"max_lr", 0.01}, {"epochs", 2}, {"steps_per_epoch", 5}}));
+  add("OneCycleLR without total_steps", sch("OneCycleLR", {{"max_lr", 0.01}}));
+  add("OneCycleLR pct_start 1 (an int)",
+      sch("OneCycleLR", {{"max_lr", 0.01}, {"total_steps", 10}, {"pct_start", 1}}));
+  add("OneCycleLR anneal_strategy exp",
+      sch("OneCycleLR", {{"max_lr", 0.01}, {"total_steps", 10}, {"anneal_strategy", "exp"}}));
+  add("OneCycleLR on Adagrad", with(sch("OneCycleLR", {{"max_lr", 0.01}, {"total_steps", 10}}),
+                                    {{"optimizer", {{"type", "Adagrad"}}}}));
+  add("OneCycleLR on Adagrad without momentum",
+      with(sch("OneCycleLR", {{"max_lr", 0.01}, {"total_steps", 10}, {"cycle_momentum", false}}),
+           {{"optimizer", {{"type", "Adagrad"}}}}));
+  add("OneCycleLR a phase of length 0 at step 0",
+      sch("OneCycleLR", {{"max_lr", 0.01}, {"total_steps", 10}, {"pct_start", 0.1}}));
+  add("LambdaLR", sch("LambdaLR", json::object()));
+  add("ReduceLROnPlateau", sch("ReduceLROnPlateau", json::object()));
+  add("CyclicLR", sch("CyclicLR", {{"base_lr", 0.001}, {"max_lr", 0.01}}));
   add("scheduler without type",
       with(batch, {{"optimizer", adam}, {"scheduler", {{"params", {{"warmup_num_steps", 5}}}}}}));
   add("scheduler without optimizer",
@@ -818,6 +988,20 @@ json progress_cases() {
               {"params",
                {{"cycle_min_lr", 0.001}, {"cycle_max_lr", 0.01}, {"cycle_first_step_size", 2}}}}}}),
       6, json::array(), {{"type", "Adam"}, {"lr", 0.5}});
+  // torch.optim.lr_scheduler's by name (stage 0, fp32: where DeepSpeed builds them): the rate
+  // it sets, and OneCycleLR's momentum in "momentum" (SGD, RMSprop) or "betas" (a tuple).
+  const json one_cycle_lr = {{"type", "OneCycleLR"},
+                             {"params", {{"max_lr", 0.1}, {"total_steps", 10}}}};
+  add("RMSprop by name", with(every1, {{"optimizer", {{"type", "RMSprop"}}}}), 3);
+  add("RMSprop by name + OneCycleLR",
+      with(every1, {{"optimizer", {{"type", "RMSprop"}}}, {"scheduler", one_cycle_lr}}), 4);
+  add("Adam + StepLR",
+      with(every1, {{"scheduler", {{"type", "StepLR"}, {"params", {{"step_size", 2}}}}}}), 4);
+  add("Adam + OneCycleLR", with(every2, {{"scheduler", one_cycle_lr}}), 6);
+  add("client SGD momentum 0.9 + OneCycleLR", with(every1, {{"scheduler", one_cycle_lr}}), 4,
+      json::array(), {{"type", "SGD"}, {"lr", 0.5}, {"momentum", 0.9}});
+  add("client AdamW + OneCycleLR (beta2 kept)", with(every1, {{"scheduler", one_cycle_lr}}), 4,
+      json::array(), {{"type", "AdamW"}, {"lr", 0.5}, {"betas", {0.8, 0.99}}});
   add("client SGD, OneCycle (no betas: not cycled)",
       with(every2,
            {{"scheduler",
@@ -1122,16 +1306,89 @@ json run_loss_scaler(const json& cs) {
   return out;
 }
 
+// The momentum in the optimizer's group ("momentum": SGD, RMSprop; 0 for the others).
+double group_momentum(const dtrain::zero::Config& c, const dtrain::zero::LRScheduler& s) {
+  if (dtrain::zero::detail::optimizer_has_betas(c.optimizer) || c.optimizer.type == "Adagrad")
+    return 0.0;
+  if (c.scheduler.type == "OneCycleLR" && s.cycles_momentum()) return s.momentum();
+  return c.optimizer.momentum;
+}
+
+bool same_types(const json& a, const json& b);
+
 json run_scheduler(const json& cs) {
   auto c = parse(cs.at("config"));
-  const bool has_betas = c.optimizer.type != "SGD";
+  const bool has_betas = dtrain::zero::detail::optimizer_has_betas(c.optimizer);
   dtrain::zero::LRScheduler s(c.scheduler, c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2);
   json out = json::array();
   for (int k = 0; k < cs.at("steps").get<int>(); ++k) {
     auto [b1, b2] = s.betas();
-    out.push_back({s.lr(), has_betas ? b1 : 0.0, has_betas ? b2 : 0.0});
+    out.push_back({s.lr(), has_betas ? b1 : 0.0, has_betas ? b2 : 0.0, group_momentum(c, s)});
     s.step();
   }
+  return out;
+}
+
+// An IValue of a scheduler's state_dict() as the peer writes it in JSON (dict keys as str).
+json to_json(const c10::IValue& v) {
+  if (v.isInt()) return v.toInt();
+  if (v.isDouble()) return v.toDouble();
+  if (v.isBool()) return v.toBool();
+  if (v.isString()) return v.toStringRef();
+  if (v.isList()) {
+    json out = json::array();
+    for (const auto& e : v.toListRef()) out.push_back(to_json(e));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    json out = json::object();
+    for (const auto& e : v.toGenericDict())
+      out[e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt())] =
+          to_json(e.value());
+    return out;
+  }
+  return nullptr;
+}
+
+// dtrain's state_dict() of the case's scheduler after its steps, the group keys torch's
+// scheduler keeps, and the rates of a scheduler resumed from that state against those of the
+// uninterrupted one (which must be equal).
+json run_scheduler_state(const json& cs) {
+  auto c = parse(cs.at("config"));
+  dtrain::zero::LRScheduler s(c.scheduler, c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2);
+  for (int k = 0; k < cs.at("steps").get<int>(); ++k) s.step();
+  const bool betas = dtrain::zero::detail::optimizer_has_betas(c.optimizer);
+  json out = {
+      {"state", to_json(dtrain::zero::detail::torch_scheduler_state_dict(c.scheduler, s, betas))}};
+  json group = {{"lr", s.lr()}};
+  for (const auto& [key, value] :
+       dtrain::zero::detail::torch_scheduler_group_values(c.scheduler, s))
+    group[key] = value;
+  if (c.scheduler.type == "OneCycleLR" && s.cycles_momentum()) {
+    if (betas)
+      group["betas"] = {s.betas().first, s.betas().second};
+    else
+      group["momentum"] = s.momentum();
+  }
+  out["group"] = group;
+  // A fresh scheduler (its constructor's step taken) resumed from the state: the next 10 rates.
+  dtrain::zero::LRScheduler resumed(c.scheduler, c.optimizer.lr, c.optimizer.beta1,
+                                    c.optimizer.beta2);
+  dtrain::zero::detail::load_torch_scheduler_state(
+      dtrain::zero::detail::torch_scheduler_state_dict(c.scheduler, s, betas), c.scheduler, resumed,
+      "state");
+  json a = json::array(), b = json::array();
+  for (int k = 0; k < 10; ++k) {
+    a.push_back({s.lr(), s.momentum()});
+    b.push_back({resumed.lr(), resumed.momentum()});
+    if (c.scheduler.type == "OneCycleLR" &&
+        s.last_batch_iteration() + 1 >= c.scheduler.torch_params.total_steps)
+      break;
+    s.step();
+    resumed.step();
+  }
+  out["uninterrupted"] = a;
+  out["resumed"] = b;
   return out;
 }
 
@@ -1318,7 +1575,8 @@ void check_scaler_objects(const json& peer) {
 
 void check_steps(const json& peer) {
   const json cases = build_cases();
-  int schedulers = 0, optimizers = 0, scalers = 0, buffer_cases = 0;
+  int schedulers = 0, optimizers = 0, scalers = 0, buffer_cases = 0, torch_schedulers = 0,
+      states = 0;
   for (const auto& cs : cases) {
     const std::string name = cs.at("name");
     SCOPED_TRACE(name);
@@ -1385,15 +1643,30 @@ void check_steps(const json& peer) {
     } else if (cs.at("kind") == "scheduler") {
       const json ours = run_scheduler(cs);
       ASSERT_EQ(ours.size(), ds.size());
+      // torch's schedulers: bitwise (the same double operations as Python's floats).
+      const bool torch_type =
+          dtrain::zero::detail::is_torch_scheduler_name(cs["config"]["scheduler"]["type"]);
       for (size_t k = 0; k < ours.size(); ++k)
-        for (size_t j = 0; j < 3; ++j) {
+        for (size_t j = 0; j < 4; ++j) {
           const double a = ours[k][j], b = ds[k][j];
-          ASSERT_NEAR(a, b, 1e-12 * std::max(1.0, std::fabs(b))) << "update " << k + 1
-                                                                 << (j == 0   ? " lr"
-                                                                     : j == 1 ? " beta1"
-                                                                              : " beta2");
+          const char* what = j == 0 ? " lr" : j == 1 ? " beta1" : j == 2 ? " beta2" : " momentum";
+          if (torch_type)
+            ASSERT_EQ(a, b) << "update " << k + 1 << what << " (torch's scheduler: bitwise)";
+          else
+            ASSERT_NEAR(a, b, 1e-12 * std::max(1.0, std::fabs(b))) << "update " << k + 1 << what;
         }
       ++schedulers;
+      if (torch_type) ++torch_schedulers;
+    } else if (cs.at("kind") == "scheduler_state") {
+      ASSERT_TRUE(ds.contains("state")) << ds.dump();
+      const json ours = run_scheduler_state(cs);
+      // torch's keys and values, and its types (an int is not a float).
+      EXPECT_TRUE(same_types(ours.at("state"), ds.at("state")))
+          << "dtrain " << ours.at("state").dump() << "\ntorch  " << ds.at("state").dump();
+      for (auto it = ours.at("group").begin(); it != ours.at("group").end(); ++it)
+        EXPECT_EQ(*it, ds.at("group").at(it.key())) << "param group key " << it.key();
+      EXPECT_EQ(ours.at("resumed"), ours.at("uninterrupted")) << "resumed from the state";
+      ++states;
     } else {
       const json ours = run_optimizer(cs);
       ASSERT_EQ(ours.size(), ds.size());
@@ -1412,9 +1685,10 @@ void check_steps(const json& peer) {
     }
   }
   std::printf(
-      "%d scheduler, %d optimizer and %d loss scaler cases equal to DeepSpeed 0.19.8's classes, "
-      "%d 16-bit engine cases (data_types)\n",
-      schedulers, optimizers, scalers, buffer_cases);
+      "%d scheduler (%d of them torch.optim.lr_scheduler's, bitwise), %d optimizer and %d loss "
+      "scaler cases equal to DeepSpeed 0.19.8's classes, %d torch scheduler state_dicts as "
+      "torch's, %d 16-bit engine cases (data_types)\n",
+      schedulers, torch_schedulers, optimizers, scalers, states, buffer_cases);
 }
 
 // The engine's communication dtype in torch's names (null: the model's dtype).
@@ -1465,7 +1739,8 @@ json engine_values(const dtrain::zero::Config& c, const json& ds) {
     if (d.contains("initial_accumulator_value"))
       v["initial_accumulator_value"] = o.initial_accumulator_value;
     // DeepSpeed's decoupled flag: its Adam's adam_w_mode (Lion decays decoupled, but has none).
-    v["decoupled"] = o.type != "SGD" && o.type != "Adagrad" && o.type != "Lion" && o.adam_w_mode;
+    v["decoupled"] = o.type != "SGD" && o.type != "Adagrad" && o.type != "Lion" &&
+                     o.type != "RMSprop" && o.adam_w_mode;
     out["optimizer"] = v;
   }
   if (ds.contains("lrs") && !c.scheduler.type.empty()) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <tuple>
 
 #include "dtrain/checkpoint.h"
 #include "dtrain/ddp.h"
@@ -480,6 +481,94 @@ TEST(ZeroCheckpoint, DeepSpeedLayoutAndBitwiseResume) {
     }
     fs::remove_all(dir);
   }
+}
+
+// torch.optim.lr_scheduler's schedulers and torch.optim.RMSprop by name: a run saved after 5
+// steps and resumed (the scheduler from torch's state_dict(): last_epoch, the current rate,
+// CosineAnnealingWarmRestarts' T_cur and T_i) ends bitwise where the uninterrupted run ends.
+TEST(ZeroCheckpoint, TorchSchedulersAndRMSpropResumeBitwise) {
+  auto d = make_data(2 * 4 * 10, torch::kFloat32);
+  const json rms = {{"type", "RMSprop"},
+                    {"params", {{"lr", 0.01}, {"momentum", 0.5}, {"centered", true}}}};
+  const json sgd = {{"type", "SGD"}, {"params", {{"lr", 0.05}}}};
+  const std::vector<std::tuple<std::string, int, json, json>> cases = {
+      {"RMSprop + CosineAnnealingWarmRestarts, stage 0",
+       0,
+       rms,
+       {{"type", "CosineAnnealingWarmRestarts"}, {"params", {{"T_0", 2}, {"T_mult", 2}}}}},
+      {"SGD + OneCycleLR three_phase, stage 2",
+       2,
+       sgd,
+       {{"type", "OneCycleLR"},
+        {"params", {{"max_lr", 0.1}, {"total_steps", 12}, {"three_phase", true}}}}},
+      {"RMSprop + MultiStepLR, stage 1",
+       1,
+       rms,
+       {{"type", "MultiStepLR"}, {"params", {{"milestones", {3, 6, 6}}, {"gamma", 0.5}}}}},
+      {"Adam + LinearLR, stage 3",
+       3,
+       {{"type", "Adam"}, {"params", {{"lr", 0.01}}}},
+       {{"type", "LinearLR"}, {"params", {{"total_iters", 8}}}}}};
+  for (const auto& [name, stage, optimizer, scheduler] : cases) {
+    SCOPED_TRACE(name);
+    json cfg = config(stage, 4, 1,
+                      {{"optimizer", optimizer},
+                       {"scheduler", scheduler},
+                       {"zero_allow_untested_optimizer", true}});
+    auto dir = temp_dir("torch-sched");
+    auto straight = run_zero(2, cfg, d, 4, 1, 10);
+    double straight_lr = 0, resumed_lr = 0;
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 10);
+      if (pg->rank() == 0) straight_lr = e.get_lr();
+    });
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 5);
+      e.save_checkpoint(dir.string());
+    });
+    Params resumed;
+    std::mutex mu;
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
+      EXPECT_EQ(e.load_checkpoint(dir.string()), "global_step5");
+      train(e, d, pg->rank(), 2, 4, 1, 5, 5);
+      auto p = params_of(e);
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg->rank() == 0) {
+        resumed = p;
+        resumed_lr = e.get_lr();
+      }
+    });
+    EXPECT_EQ(resumed_lr, straight_lr);
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (size_t i = 0; i < resumed.size(); ++i)
+      EXPECT_TRUE(torch::equal(resumed[i], straight[i]))
+          << "tensor " << i << ": max |diff| "
+          << (resumed[i] - straight[i]).abs().max().item<double>();
+    fs::remove_all(dir);
+  }
+}
+
+// torch's OneCycleLR raises once stepped past total_steps (after update total_steps + 1), and
+// so does dtrain's engine, with torch's reason.
+TEST(ZeroEngine, OneCycleLRPastTotalStepsIsAClearError) {
+  auto d = make_data(4 * 10, torch::kFloat32);
+  json cfg = config(
+      0, 4, 1,
+      {{"scheduler", {{"type", "OneCycleLR"}, {"params", {{"max_lr", 0.1}, {"total_steps", 3}}}}}});
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(make_model(torch::kFloat32), cfg, {pg});
+    train(e, d, 0, 1, 4, 1, 0, 3);  // last_epoch 3 = total_steps: still fine
+    try {
+      train(e, d, 0, 1, 4, 1, 3, 1);
+      ADD_FAILURE() << "no error past total_steps";
+    } catch (const dtrain::Error& err) {
+      EXPECT_NE(std::string(err.what()).find("past its total_steps 3"), std::string::npos)
+          << err.what();
+    }
+  });
 }
 
 // Every rank's optim_state() put together by rank: the master (or the parameters it updates)
