@@ -1113,8 +1113,9 @@ void check_engine_rules(Section& root, Config& c) {
   }
   // Adagrad at stage 0 under fp16/bf16: DeepSpeed 0.19.8 wraps torch.optim.Adagrad in its
   // FP16_UnfusedOptimizer, whose fp32 copies of the parameters lack the state Adagrad made in its
-  // constructor: its first step (on zero gradients, in deepspeed.initialize) fails.
-  if (c.optimizer.type == "Adagrad" && c.zero.stage == 0 && (c.fp16.enabled || c.bf16))
+  // constructor: its first step (on zero gradients, in deepspeed.initialize) fails. (With
+  // offload_optimizer its DeepSpeedCPUAdagrad makes its state at its first step: that runs.)
+  if (c.optimizer.type == "Adagrad" && c.zero.stage == 0 && (c.fp16.enabled || c.bf16) && !offload)
     throw ConfigError(
         "optimizer.type: Adagrad at stage 0 with " + std::string(c.bf16 ? "bf16" : "fp16") +
         " fails in DeepSpeed 0.19.8 too (its FP16_UnfusedOptimizer steps fp32 copies of the "

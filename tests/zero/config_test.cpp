@@ -514,6 +514,14 @@ TEST(ZeroConfig, AdagradTakesTheArgumentsOfTheOptimizerDeepSpeedBuilds) {
   EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).optimizer, 0);
   EXPECT_NE(dtrain::zero::describe(c, std::nullopt).find("(DeepSpeedCPUAdagrad)"),
             std::string::npos);
+  // And under bf16 there: DeepSpeedCPUAdagrad makes its state at its first step, which
+  // torch.optim.Adagrad (refused above) made in its constructor.
+  c = parse_config(
+      with({{"optimizer", {{"type", "Adagrad"}}},
+            {"bf16", {{"enabled", true}}},
+            {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}),
+      4);
+  EXPECT_TRUE(c.bf16 && c.zero.offload_optimizer.enabled());
 
   // Memory: one fp32 state tensor (the sum of squares), not Adam's two.
   c = parse_config(

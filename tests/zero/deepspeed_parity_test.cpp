@@ -405,6 +405,14 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
   };
   for (int stage = 0; stage <= 3; ++stage)
     add("bf16, stage " + std::to_string(stage), stage, json::object());
+  // Stage 0 with offload_optimizer: DeepSpeed's CPU optimizer under its FP16_UnfusedOptimizer
+  // (the fused FP16_Optimizer takes FusedAdam only).
+  const json offload0 = {
+      {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+  add("bf16, stage 0, offload_optimizer", 0, offload0);
+  json adagrad0 = offload0;
+  adagrad0["optimizer"] = {{"type", "Adagrad"}, {"params", {{"lr", 0.05}, {"eps", 1e-8}}}};
+  add("bf16, stage 0, Adagrad, offload_optimizer", 0, adagrad0);
   const json fp32_accum = {{"data_types", {{"grad_accum_dtype", "fp32"}}}};
   for (int stage = 1; stage <= 3; ++stage)
     add("bf16, stage " + std::to_string(stage) + ", grad_accum_dtype fp32", stage, fp32_accum);
