@@ -500,12 +500,12 @@ void parse_optimizer(Section& root, Config& c) {
       }
     };
     if (o.type == "Lion") {
-      // DeepSpeedCPULion(lr, betas, weight_decay, fp32_optimizer_states) with offload_optimizer,
-      // FusedLion(lr, betas, weight_decay, set_grad_none) without: decoupled decay, fp32
-      // momentum (each steps the fp32 master, so its states are fp32 either way).
-      // check_engine_rules refuses the key the one built for this config does not take.
+      // DeepSpeedCPULion(lr, betas, weight_decay, fp32_optimizer_states): decoupled decay,
+      // fp32 momentum (it steps the fp32 master, so its states are fp32 either way).
       betas();
       ps.accept_bool("fp32_optimizer_states");
+      // FusedLion(lr, betas, weight_decay, set_grad_none) without offload_optimizer (the same
+      // update); check_engine_rules refuses the key the one built for this config does not take.
       ps.accept_bool("set_grad_none");
     } else if (adagrad) {
       // The union of torch.optim.Adagrad's arguments and DeepSpeedCPUAdagrad's; parse_config

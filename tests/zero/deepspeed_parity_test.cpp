@@ -272,6 +272,75 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
   fs::remove_all(dir);
 }
 
+// bf16 with micro-batches at 2 ranks: DeepSpeed reduces the gradients in its communication dtype
+// (bf16 unless set) and accumulates them in grad_accum_dtype (bf16 unless set); dtrain rounds
+// its fp32 reductions to the same dtypes. Stages 0-3, 2 micro-batches per step, 10 micro-steps.
+TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
+  const double kLossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
+  const double kParamBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5e-2;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-parity16-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  json cs = json::array();
+  auto add = [&](const std::string& name, int stage, const json& extra) {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"gradient_accumulation_steps", 2},
+                   {"bf16", {{"enabled", true}}},
+                   {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                   {"zero_optimization", {{"stage", stage}}},
+                   {"steps_per_print", 1000}};
+    config.update(extra);
+    cs.push_back({{"name", name}, {"config", config}});
+  };
+  for (int stage = 0; stage <= 3; ++stage)
+    add("bf16, stage " + std::to_string(stage), stage, json::object());
+  // Stage 0 with offload_optimizer: DeepSpeed's CPU optimizer under its FP16_UnfusedOptimizer
+  // (the fused FP16_Optimizer takes FusedAdam only).
+  const json offload0 = {
+      {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+  add("bf16, stage 0, offload_optimizer", 0, offload0);
+  json adagrad0 = offload0;
+  adagrad0["optimizer"] = {{"type", "Adagrad"}, {"params", {{"lr", 0.05}, {"eps", 1e-8}}}};
+  add("bf16, stage 0, Adagrad, offload_optimizer", 0, adagrad0);
+  const json fp32_accum = {{"data_types", {{"grad_accum_dtype", "fp32"}}}};
+  for (int stage = 1; stage <= 3; ++stage)
+    add("bf16, stage " + std::to_string(stage) + ", grad_accum_dtype fp32", stage, fp32_accum);
+  json fp32_comm = fp32_accum;
+  fp32_comm["communication_data_type"] = "fp32";
+  add("bf16, stage 1, grad_accum_dtype and communication fp32", 1, fp32_comm);
+  add("bf16, stage 2, grad_accum_dtype and communication fp32", 2, fp32_comm);
+  { std::ofstream(dir / "cases.json") << cs.dump(); }
+  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
+  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
+  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
+  const json b = json::parse(std::ifstream(dir / "ds.json"));
+  std::printf("%-58s %-11s %-9s %s\n", "2 ranks, 10 micro-steps of 2 per step", "final loss",
+              "|dloss|", "|dparam|");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    ASSERT_EQ(x["losses"].size(), y["losses"].size());
+    double loss_diff = 0;
+    for (size_t k = 0; k < x["losses"].size(); ++k) {
+      const double u = x["losses"][k], v = y["losses"][k];
+      loss_diff = std::max(loss_diff, std::fabs(u - v));
+      // The same bf16 operations in the same order: equal up to float32 noise in the loss
+      // against the peer's torch 2.x. libtorch 1.13's bf16 kernels round differently (the
+      // forward and backward themselves): there the bound is that of bf16's 8-bit mantissa.
+      EXPECT_NEAR(u, v, kLossBound * std::max(1.0, std::fabs(v))) << "micro-step " << k + 1;
+    }
+    // The bf16 parameters: equal (one bf16 rounding apart would be ~4e-3 here).
+    const double param_diff = max_diff(x["params"], y["params"]);
+    EXPECT_LT(param_diff, kParamBound) << "parameters apart";
+    std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
+                loss_diff, param_diff);
+  }
+  fs::remove_all(dir);
+}
+
 // What DeepSpeed 0.19.8 runs and dtrain refused before: offload_optimizer at stage 0 (its CPU
 // optimizer - DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion - over the whole model;
 // checkpoints in its stage-0 layout, the optimizer state in the model file), and Lion without
@@ -379,75 +448,6 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
   std::printf("FusedLion (dtrain) against DeepSpeedCPULion (DeepSpeed), stage 0: |dparam| %.1e\n",
               lions);
   EXPECT_LT(lions, 1e-5);
-  fs::remove_all(dir);
-}
-
-// bf16 with micro-batches at 2 ranks: DeepSpeed reduces the gradients in its communication dtype
-// (bf16 unless set) and accumulates them in grad_accum_dtype (bf16 unless set); dtrain rounds
-// its fp32 reductions to the same dtypes. Stages 0-3, 2 micro-batches per step, 10 micro-steps.
-TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
-  const double kLossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
-  const double kParamBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5e-2;
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity16-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  json cs = json::array();
-  auto add = [&](const std::string& name, int stage, const json& extra) {
-    json config = {{"train_micro_batch_size_per_gpu", 4},
-                   {"gradient_accumulation_steps", 2},
-                   {"bf16", {{"enabled", true}}},
-                   {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
-                   {"zero_optimization", {{"stage", stage}}},
-                   {"steps_per_print", 1000}};
-    config.update(extra);
-    cs.push_back({{"name", name}, {"config", config}});
-  };
-  for (int stage = 0; stage <= 3; ++stage)
-    add("bf16, stage " + std::to_string(stage), stage, json::object());
-  // Stage 0 with offload_optimizer: DeepSpeed's CPU optimizer under its FP16_UnfusedOptimizer
-  // (the fused FP16_Optimizer takes FusedAdam only).
-  const json offload0 = {
-      {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}};
-  add("bf16, stage 0, offload_optimizer", 0, offload0);
-  json adagrad0 = offload0;
-  adagrad0["optimizer"] = {{"type", "Adagrad"}, {"params", {{"lr", 0.05}, {"eps", 1e-8}}}};
-  add("bf16, stage 0, Adagrad, offload_optimizer", 0, adagrad0);
-  const json fp32_accum = {{"data_types", {{"grad_accum_dtype", "fp32"}}}};
-  for (int stage = 1; stage <= 3; ++stage)
-    add("bf16, stage " + std::to_string(stage) + ", grad_accum_dtype fp32", stage, fp32_accum);
-  json fp32_comm = fp32_accum;
-  fp32_comm["communication_data_type"] = "fp32";
-  add("bf16, stage 1, grad_accum_dtype and communication fp32", 1, fp32_comm);
-  add("bf16, stage 2, grad_accum_dtype and communication fp32", 2, fp32_comm);
-  { std::ofstream(dir / "cases.json") << cs.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
-  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
-  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
-  const json b = json::parse(std::ifstream(dir / "ds.json"));
-  std::printf("%-58s %-11s %-9s %s\n", "2 ranks, 10 micro-steps of 2 per step", "final loss",
-              "|dloss|", "|dparam|");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    ASSERT_EQ(x["losses"].size(), y["losses"].size());
-    double loss_diff = 0;
-    for (size_t k = 0; k < x["losses"].size(); ++k) {
-      const double u = x["losses"][k], v = y["losses"][k];
-      loss_diff = std::max(loss_diff, std::fabs(u - v));
-      // The same bf16 operations in the same order: equal up to float32 noise in the loss
-      // against the peer's torch 2.x. libtorch 1.13's bf16 kernels round differently (the
-      // forward and backward themselves): there the bound is that of bf16's 8-bit mantissa.
-      EXPECT_NEAR(u, v, kLossBound * std::max(1.0, std::fabs(v))) << "micro-step " << k + 1;
-    }
-    // The bf16 parameters: equal (one bf16 rounding apart would be ~4e-3 here).
-    const double param_diff = max_diff(x["params"], y["params"]);
-    EXPECT_LT(param_diff, kParamBound) << "parameters apart";
-    std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
-                loss_diff, param_diff);
-  }
   fs::remove_all(dir);
 }
 
