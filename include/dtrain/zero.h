@@ -124,6 +124,9 @@ struct InitOptions {
   // initialize() overloads set this): the engine starts from them instead of broadcasting rank
   // 0's whole parameters. REQUIRES zero_optimization.stage 3 and the group they were built for.
   std::shared_ptr<const PartitionedShards> partitioned;
+  // Refuse every unknown key of the config, also those DeepSpeed 0.19.8 ignores and dtrain
+  // otherwise accepts with a note (ParseOptions::strict, dtrain/zero_config.h). Default: false.
+  bool strict_config = false;
 };
 
 // DeepSpeed's DynamicLossScaler rules (fp16/loss_scaler.py, 0.19.8): scale =
@@ -445,7 +448,9 @@ Engine<ModuleType> initialize(ModuleType module, const nlohmann::json& config,
                               InitOptions options = {}) {
   if (!options.group) options.group = default_group();
   int world = options.group->world_size();
-  return Engine<ModuleType>(std::move(module), parse_config(config, world), std::move(options));
+  return Engine<ModuleType>(std::move(module),
+                            parse_config(config, world, {.strict = options.strict_config}),
+                            std::move(options));
 }
 // `config`: a path to a JSON file, or JSON text.
 template <typename ModuleType>
@@ -453,7 +458,8 @@ Engine<ModuleType> initialize(ModuleType module, const std::string& config,
                               InitOptions options = {}) {
   if (!options.group) options.group = default_group();
   int world = options.group->world_size();
-  return Engine<ModuleType>(std::move(module), parse_config_text(config, world),
+  return Engine<ModuleType>(std::move(module),
+                            parse_config_text(config, world, {.strict = options.strict_config}),
                             std::move(options));
 }
 template <typename ModuleType>

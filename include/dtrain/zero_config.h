@@ -19,10 +19,14 @@
 //   - what DeepSpeed's engine refuses when deepspeed.initialize builds the optimizer and
 //     scheduler is refused here too (an optimizer or scheduler param its constructor does not
 //     take, "sgd" or "warmuplr" in the wrong case, compute_grad_norm false with clipping, ...).
-// docs/deepspeed.md lists these rules and the deliberate differences. The main one: DeepSpeed
-// silently drops an unknown top-level key ("gradient_clipp1ng" is simply ignored); here every
-// unknown key, in every section, is a ConfigError naming its path, the closest valid key, and
-// whether DeepSpeed would ignore it or refuse it too. A value of the wrong type or out of range
+// docs/deepspeed.md lists these rules and the deliberate differences. Unknown keys: where
+// DeepSpeed refuses one (its pydantic sections, an optimizer's or scheduler's params) so does
+// dtrain, a ConfigError naming its path and the closest valid key. Where DeepSpeed silently
+// drops one (the top level, optimizer, scheduler, data_types, timers: real configs carry keys
+// such as "cuda_visible_devices" for their own scripts) dtrain accepts it with a line in
+// Config::notes - unless it is a near-miss of a known key ("gradient_clipp1ng": a typo DeepSpeed
+// would let pass, refused here with "did you mean gradient_clipping?"), or the parse is strict
+// (ParseOptions::strict: every unknown key refused). A value of the wrong type or out of range
 // is named the same way.
 //
 // "auto" (the Hugging Face / accelerate convention, filled in by their integrations before
@@ -60,7 +64,8 @@ class ConfigError : public UsageError {
 
 struct OptimizerConfig {
   // Adam, AdamW, SGD, Lamb, Adagrad, Lion (all but SGD case-insensitive on input, as
-  // DeepSpeed). Lion only with offload_optimizer (DeepSpeed's CPU Lion; decoupled decay).
+  // DeepSpeed). Lion: decoupled decay; DeepSpeedCPULion's update with offload_optimizer,
+  // FusedLion's (DeepSpeed's CUDA kernel, run here as tensor ops on any device) without.
   std::string type = "Adam";
   double lr = 1e-3;  // Adagrad's default: 1e-2 (torch.optim.Adagrad's and DeepSpeedCPUAdagrad's)
   double beta1 = 0.9, beta2 = 0.999;
@@ -230,13 +235,21 @@ struct Config {
   std::vector<std::string> notes;
 };
 
+struct ParseOptions {
+  // Refuse every unknown key, also those DeepSpeed 0.19.8 ignores (top-level keys, and those in
+  // optimizer, scheduler, data_types and timers) and which dtrain otherwise accepts with a note.
+  // Default: false (`dtrain zero check --strict`, InitOptions::strict_config set it).
+  bool strict = false;
+};
+
 // Parses and validates `config` for a data-parallel world of `world_size` ranks.
 // Throws ConfigError (path + what is wrong + the closest valid key for unknown keys).
-Config parse_config(const nlohmann::json& config, int world_size);
+Config parse_config(const nlohmann::json& config, int world_size, const ParseOptions& options = {});
 // `text` is JSON text, or a path to a file holding it (when it does not start with '{').
 // Comments are allowed (DeepSpeed reads hjson); a key given twice in one object is a
 // ConfigError naming it.
-Config parse_config_text(const std::string& text_or_path, int world_size);
+Config parse_config_text(const std::string& text_or_path, int world_size,
+                         const ParseOptions& options = {});
 
 // The closest of `candidates` to `word` by edit distance ("" when none is reasonably close).
 std::string closest_key(const std::string& word, const std::vector<std::string>& candidates);
@@ -245,7 +258,8 @@ std::string closest_key(const std::string& word, const std::vector<std::string>&
 // 16-bit parameters + 2 of gradients + K = 12 of fp32 master, momentum and variance with
 // mixed precision; 4 + 4 + 8 (K = 8) in plain fp32 where the parameters are the master copy).
 // K counts 4 bytes per state tensor of the config's optimizer: Adam, AdamW and Lamb 2 (so a
-// client optimizer too), Lion 2 (DeepSpeed's CPU Lion allocates an unused second), Adagrad 1,
+// client optimizer too), Lion 2 with offload_optimizer (DeepSpeed's CPU Lion allocates an unused
+// second) and 1 without (FusedLion), Adagrad 1,
 // SGD 1 with momentum and 0 without.
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0;  // bytes on this rank (device)

@@ -772,9 +772,10 @@ PyPtr EngineImpl::deepspeed_param_group(std::vector<PyPtr> params) const {
     set("weight_decay", py_float(opt.weight_decay));
   };
   set("lr", py_float(lr()));
-  if (opt.type == "Lion") {  // DeepSpeedCPULion
+  if (opt.type == "Lion") {  // DeepSpeedCPULion, or FusedLion (which adds "step": 0 to it)
     set("betas", py_tuple({py_float(beta1), py_float(beta2)}));
     set("weight_decay", py_float(opt.weight_decay));
+    if (!config_.zero.offload_optimizer.enabled()) set("step", py_int(0));
   } else if (opt.type == "Adagrad" && config_.zero.offload_optimizer.enabled()) {
     // DeepSpeedCPUAdagrad
     set("eps", py_float(opt.eps));
@@ -981,6 +982,32 @@ void EngineImpl::add_deepspeed_stage3_keys(const PyPtr& o, bool loss_scaler) con
          deepspeed_base_optimizer(o, states, std::move(params), loss_scaler));
 }
 
+// Stage 0 in fp32: DeepSpeed steps its basic optimizer (FusedAdam, DeepSpeedCPUAdam with
+// offload_optimizer, torch.optim's, ...) on the module's parameters, and saves its state_dict as
+// the model file's "optimizer": each parameter's state (its slice of the flat state here) keyed
+// by its index in the one param group.
+PyPtr EngineImpl::deepspeed_stage0_optimizer() const {
+  const auto names = optimizer_->state_names();
+  const auto& state = optimizer_->state();
+  auto states = py_dict();
+  std::vector<PyPtr> params;
+  for (size_t i = 0; i < numels_.size(); ++i) {
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    for (size_t k = 0; k < state.size(); ++k)
+      tensors.emplace_back(names[k], state[k]
+                                         .narrow(0, offsets_[i], numels_[i])
+                                         .view(shapes_[i])
+                                         .to(torch::kCPU, master_dtype_, false, true));
+    const auto index = static_cast<int64_t>(i);
+    states->dict.push_back({py_int(index), deepspeed_param_state(tensors)});
+    params.push_back(py_int(index));
+  }
+  auto o = py_dict();
+  py_set(o, "state", states);
+  py_set(o, "param_groups", py_list({deepspeed_param_group(std::move(params))}));
+  return o;
+}
+
 IValue EngineImpl::optim_state() { return optim_dict(false); }
 
 IValue EngineImpl::optim_dict(bool deepspeed_stage3) {
@@ -1096,9 +1123,15 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
   } else {
     // Rank 0: the module.
     const IValue model = model_state(rank_ == 0);
-    if (rank_ == 0)
-      save_file(tmp / kModelFile,
-                *with_client_state(deepspeed_model_file(model), opts.client_state));
+    if (rank_ == 0) {
+      auto file = with_client_state(deepspeed_model_file(model), opts.client_state);
+      // Stage 0 in fp32: DeepSpeed's own layout of the optimizer state as well (its engine's
+      // load_checkpoint reads it; dtrain reads its optimizer files below). Under fp16/bf16
+      // DeepSpeed saves its FP16 wrapper's state there, which dtrain does not write.
+      if (!policy_.optimizer() && !mixed_ && !optimizer_->opaque())
+        py_set(file, "optimizer", deepspeed_stage0_optimizer());
+      save_file(tmp / kModelFile, *file);
+    }
     // Every rank: its slice of the master and the optimizer state (and, but for a client
     // optimizer's opaque state, DeepSpeed's keys for its engine's load_checkpoint).
     auto optim = detail::from_ivalue(optim_dict(false));
@@ -1788,11 +1821,71 @@ std::vector<c10::impl::GenericDict> from_deepspeed_stage3(
   return optims;
 }
 
+// DeepSpeed's stage 0 (no optimizer files): the module holds the parameters, "optimizer" the
+// basic optimizer's state_dict in fp32 training (one state per parameter, keyed by its index in
+// the module's order). As one dtrain partition of everything (dp_world_size 1).
+std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed_stage0(
+    const c10::impl::GenericDict& ds, const PyValue& ds_value, const fs::path& model_path,
+    const std::vector<std::string>& names, const std::string& type,
+    const std::vector<std::string>& state_names, bool optimizer) {
+  auto model = new_dict();
+  const auto module = get(ds, "module", model_path);
+  model.insert("module", module);
+  for (const char* k : {"global_steps", "skipped_steps", "lr_scheduler"})
+    if (ds.contains(k)) model.insert(k, ds.at(k));
+  model.insert("dp_world_size", static_cast<int64_t>(1));
+  std::vector<c10::impl::GenericDict> optims;
+  if (!optimizer) return {model, optims};
+  const PyValue* o = ds_value.get("optimizer");
+  const PyValue* state = o ? o->get("state") : nullptr;
+  if (!state || state->kind != PyValue::Kind::Dict || !o->get("param_groups"))
+    throw CheckpointError(
+        model_path.string() + ": DeepSpeed's stage-0 optimizer state " +
+        (o && o->get("optimizer_state_dict") ? "of its fp16/bf16 wrapper (FP16_Optimizer)"
+                                             : "in an unknown layout") +
+        " is not read by dtrain; load with load_optimizer_states = false (the parameters, steps "
+        "and scheduler position load)");
+  const auto params = module.toGenericDict();
+  std::vector<torch::Tensor> master;
+  std::vector<std::vector<torch::Tensor>> st(state_names.size());
+  int64_t step = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto it = params.find(names[i]);
+    if (it == params.end())
+      throw CheckpointError(model_path.string() + ": has no parameter '" + names[i] + "'");
+    const torch::Tensor p = it->value().toTensor().to(torch::kFloat32).reshape({-1});
+    master.push_back(p);
+    const PyValue* s = state->get(std::to_string(i));
+    for (size_t k = 0; k < state_names.size(); ++k)
+      st[k].push_back(s ? deepspeed_state(*s, state_names[k], type, model_path)
+                              .tensor.to(torch::kFloat32)
+                              .reshape({-1})
+                        : torch::zeros_like(p));  // a parameter never stepped
+    // FusedLion advances only the last parameter's step: the largest is the optimizer's.
+    if (s) step = std::max(step, deepspeed_step(*s, *o, ds, model_path));
+  }
+  auto od = new_dict();
+  od.insert("fp32_flat", torch::cat(master));
+  auto sd = new_dict();
+  for (size_t k = 0; k < state_names.size(); ++k) sd.insert(state_names[k], torch::cat(st[k]));
+  od.insert("state", sd);
+  od.insert("begin", static_cast<int64_t>(0));
+  od.insert("end", od.at("fp32_flat").toTensor().numel());
+  od.insert("step", step);
+  od.insert("type", type);
+  auto file = new_dict();
+  file.insert("optimizer_state_dict", od);
+  optims.push_back(file);
+  return {model, optims};
+}
+
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
     const fs::path& dir, const std::string& tag, const c10::impl::GenericDict& ds,
     const PyValue& ds_value, const fs::path& model_path, const std::vector<std::string>& names,
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer) {
+  if (!fs::exists(dir / tag / optim_file(0)) && !fs::exists(dir / tag / ("bf16_" + optim_file(0))))
+    return from_deepspeed_stage0(ds, ds_value, model_path, names, type, state_names, optimizer);
   auto model = new_dict();
   c10::Dict<std::string, torch::Tensor> module;
   for (auto& item : consolidated(ds_value, model_path, dir / tag))

@@ -1,5 +1,5 @@
-// `dtrain zero check CONFIG --world-size N [--params P]` and `dtrain zero to-fp32 CKPT OUT`.
-// The CLI links no libtorch; to-fp32 runs the `dtrain-zero` helper installed beside it.
+// `dtrain zero check CONFIG --world-size N [--params P] [--strict]` and `dtrain zero to-fp32 CKPT
+// OUT`. The CLI links no libtorch; to-fp32 runs the `dtrain-zero` helper installed beside it.
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,12 +13,13 @@ namespace dtrain::zero {
 namespace {
 
 const char* kUsage =
-    "usage: dtrain zero check CONFIG --world-size N [--params P]\n"
+    "usage: dtrain zero check CONFIG --world-size N [--params P] [--strict]\n"
     "         validate a DeepSpeed JSON config (file or JSON text, read as DeepSpeed reads it);\n"
     "         print the resolved values (batch sizes, precision and loss scaler, buckets,\n"
     "         optimizer and scheduler with their params, clipping, progress printing) and, with\n"
     "         --params, the per-rank memory of P parameters' model states; notes (keys resolved,\n"
-    "         ignored or not acted on) go to stderr\n"
+    "         ignored or not acted on) go to stderr; --strict refuses every unknown key, also\n"
+    "         those DeepSpeed ignores (by default accepted with a note unless near a known key)\n"
     "       dtrain zero to-fp32 CHECKPOINT_DIR OUT [--tag TAG]\n"
     "         consolidate a ZeRO checkpoint (all ranks' partitions) into one fp32 state dict\n";
 
@@ -46,6 +47,7 @@ int check(const std::vector<std::string>& a) {
   std::string config;
   int64_t world = -1;
   std::optional<int64_t> params;
+  ParseOptions options;
   for (size_t i = 0; i < a.size(); ++i) {
     auto value = [&](const std::string& flag) -> std::string {
       if (i + 1 >= a.size()) throw UsageError("dtrain zero check: " + flag + " needs a value");
@@ -59,6 +61,8 @@ int check(const std::vector<std::string>& a) {
       world = parse_count("--world-size", value("--world-size"), kMaxWorld);
     else if (a[i] == "--params")
       params = parse_count("--params", value("--params"), kMaxParams);
+    else if (a[i] == "--strict")
+      options.strict = true;
     else if (a[i].rfind("--world-size=", 0) == 0)
       world = parse_count("--world-size", a[i].substr(13), kMaxWorld);
     else if (a[i].rfind("--params=", 0) == 0)
@@ -73,7 +77,7 @@ int check(const std::vector<std::string>& a) {
   if (config.empty()) throw UsageError(std::string("dtrain zero check: CONFIG missing\n") + kUsage);
   if (world < 1)
     throw UsageError(std::string("dtrain zero check: --world-size N is required\n") + kUsage);
-  auto c = parse_config_text(config, static_cast<int>(world));
+  auto c = parse_config_text(config, static_cast<int>(world), options);
   std::cout << describe(c, params);
   for (const auto& note : c.notes) std::cerr << "dtrain zero: note: " << note << "\n";
   return 0;

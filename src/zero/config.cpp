@@ -44,8 +44,11 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 //
 // `validated`: a section DeepSpeed reads through pydantic (zero_optimization, offload_*, fp16,
 // bf16): there DeepSpeed forbids unknown keys too, and drops "auto" values so the default
-// applies; the reader does the same. Elsewhere DeepSpeed reads with .get() (an unknown key is
-// ignored there, refused here) and "auto" is only the Hugging Face convention.
+// applies; the reader does the same. Elsewhere DeepSpeed reads with .get() and "auto" is only
+// the Hugging Face convention; an unknown key there is what DeepSpeed ignores (the top level,
+// optimizer, scheduler, data_types, timers: ignores_unknown_keys) - accepted with a note unless
+// it is a near-miss of a known key or the parse is strict (ParseOptions::strict) - or what a
+// constructor refuses (refused_by).
 class Section {
  public:
   Section(const json& j, std::string path, std::vector<std::string>* notes = nullptr,
@@ -194,6 +197,15 @@ class Section {
   // The class whose constructor DeepSpeed passes this section's keys to (optimizer and
   // scheduler params): an unknown key fails there, so the message says DeepSpeed refuses it.
   void refused_by(const std::string& who) { refused_by_ = who; }
+  // A section DeepSpeed reads key by key with .get(), so that it ignores a key it does not know:
+  // finish() accepts such a key with a note, unless it is a near-miss of a known key (a typo:
+  // refused with "did you mean") or `strict` (every unknown key refused).
+  void ignores_unknown_keys(bool strict) {
+    ignores_unknown_ = true;
+    strict_ = strict;
+  }
+  // As `parent` (the strictness of the whole parse).
+  void ignores_unknown_keys_like(const Section& parent) { ignores_unknown_keys(parent.strict_); }
   // Keys DeepSpeed reads here that change nothing in dtrain: accepted with a note when set.
   void ignore(const std::string& key, const std::string& why) {
     if (get(key)) note(key, why);
@@ -202,14 +214,23 @@ class Section {
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
       std::string near = closest_key(it.key(), known_);
+      if (ignores_unknown_ && !strict_ && near.empty() && !validated_ && refused_by_.empty()) {
+        note(it.key(),
+             "unknown key, not read by DeepSpeed 0.19.8 (it ignores it) and ignored by dtrain "
+             "too; `dtrain zero check --strict` (InitOptions::strict_config) refuses it");
+        continue;
+      }
       fail(it.key(),
            std::string(validated_ ? "unknown key (DeepSpeed 0.19.8 refuses it too)"
                        : !refused_by_.empty()
                            ? "unknown key (DeepSpeed 0.19.8 refuses it too: it passes the key to " +
                                  refused_by_ + ", which has no such argument)"
+                       : !near.empty()
+                           ? "unknown key (DeepSpeed 0.19.8 would silently ignore it; dtrain "
+                             "refuses it as a likely typo of a known key: correct it)"
                            : "unknown key (DeepSpeed 0.19.8 would silently ignore it; "
-                             "dtrain refuses it so that a typo cannot go unnoticed: remove "
-                             "it or correct it)") +
+                             "dtrain refuses it in strict mode so that a typo cannot go "
+                             "unnoticed: remove it or correct it)") +
                (near.empty() ? std::string() : "; did you mean " + near + "?"));
     }
   }
@@ -299,6 +320,7 @@ class Section {
   std::vector<std::string>* notes_;
   bool validated_;
   std::string refused_by_;
+  bool ignores_unknown_ = false, strict_ = true;
   std::vector<std::string> known_, auto_noted_;
 };
 
@@ -427,6 +449,7 @@ void parse_optimizer(Section& root, Config& c) {
     return;
   }
   Section s(*v, "optimizer", root.notes());
+  s.ignores_unknown_keys_like(root);
   auto& o = c.optimizer;
   o.given = true;
   o.type = optimizer_type(s);
@@ -455,7 +478,7 @@ void parse_optimizer(Section& root, Config& c) {
                   : o.type == "SGD" ? "torch.optim.SGD"
                   : rmsprop         ? "torch.optim.RMSprop"
                   : adagrad ? "torch.optim.Adagrad (with offload_optimizer its DeepSpeedCPUAdagrad)"
-                  : o.type == "Lion" ? "DeepSpeedCPULion"
+                  : o.type == "Lion" ? "FusedLion (with offload_optimizer its DeepSpeedCPULion)"
                                      : "FusedLamb");
     // torch.optim.AdamW's default weight decay is 0.01 (DeepSpeed's optimizers' is 0); with
     // torch_adam DeepSpeed 0.19.8 builds AdamW for "AdamW", and for "Adam" unless adam_w_mode is
@@ -500,6 +523,9 @@ void parse_optimizer(Section& root, Config& c) {
       // fp32 momentum (it steps the fp32 master, so its states are fp32 either way).
       betas();
       ps.accept_bool("fp32_optimizer_states");
+      // FusedLion(lr, betas, weight_decay, set_grad_none) without offload_optimizer (the same
+      // update); check_engine_rules refuses the key the one built for this config does not take.
+      ps.accept_bool("set_grad_none");
     } else if (adagrad) {
       // The union of torch.optim.Adagrad's arguments and DeepSpeedCPUAdagrad's; parse_config
       // refuses those the one built for this config (offload_optimizer or not) does not take.
@@ -588,6 +614,7 @@ void parse_scheduler(Section& root, Config& c) {
     return;
   }
   Section s(*v, "scheduler", root.notes());
+  s.ignores_unknown_keys_like(root);
   auto& sc = c.scheduler;
   if (!s.get("type"))
     s.fail("type",
@@ -878,11 +905,12 @@ void parse_zero(Section& root, Config& c, std::vector<std::string>& unused) {
                                  " (parameters are partitioned, and offloaded, only at stage "
                                  "3); DeepSpeed 0.19.8 accepts it and ignores it too");
   if (z.offload_optimizer.enabled() && z.stage == 0)
-    zs.fail("offload_optimizer",
-            "at stage 0 is not supported by dtrain (DeepSpeed 0.19.8 runs its CPU optimizer, "
-            "DeepSpeedCPUAdam, DeepSpeedCPUAdagrad or DeepSpeedCPULion, over the whole model "
-            "there, which only works for a model on the CPU): use stage 1, 2 or 3 "
-            "for ZeRO-Offload, or remove offload_optimizer");
+    zs.note("offload_optimizer",
+            "at stage 0: DeepSpeed's CPU optimizer (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad or "
+            "DeepSpeedCPULion) steps the whole, unpartitioned model, its state in CPU memory, as "
+            "DeepSpeed 0.19.8 does (which steps the module's own parameters, so only a model on "
+            "the CPU; dtrain steps an fp32 copy in CPU memory, so a CUDA model too); stage 1, 2 "
+            "or 3 partition the state over the ranks");
 }
 
 }  // namespace
@@ -958,6 +986,7 @@ void parse_data_types(Section& root, Config& c) {
     root.fail("data_types",
               "null (DeepSpeed 0.19.8 fails on it too): give an object or leave it out");
   Section s(*v, "data_types", root.notes());
+  s.ignores_unknown_keys_like(root);
   auto& d = c.data_types;
   const std::string model = c.fp16.enabled ? "fp16" : c.bf16 ? "bf16" : "fp32";
   const bool mixed = model != "fp32";
@@ -1111,19 +1140,26 @@ void check_engine_rules(Section& root, Config& c) {
                        "it passes the key to torch.optim.Adagrad, which has no such argument; "
                        "only its CPU Adagrad, with offload_optimizer, takes it); remove it"));
   }
-  // Lion: DeepSpeed 0.19.8 builds DeepSpeedCPULion with offload_optimizer, else FusedLion, a
-  // CUDA kernel (its CPU accelerator has none: "This op had not been implemented on CPU
-  // backend"), which dtrain does not run.
-  if (c.optimizer.type == "Lion" && !offload)
-    throw ConfigError(
-        "optimizer.type: Lion without offload_optimizer is not supported by dtrain (DeepSpeed "
-        "0.19.8 builds its FusedLion there, a CUDA kernel, which dtrain does not implement); add "
-        "\"offload_optimizer\": {\"device\": \"cpu\"} at stage 1, 2 or 3 for DeepSpeed's CPU "
-        "Lion (DeepSpeedCPULion), which dtrain runs, or use another optimizer");
+  // Lion: DeepSpeed 0.19.8 builds DeepSpeedCPULion(lr, betas, weight_decay,
+  // fp32_optimizer_states) with offload_optimizer, else FusedLion(lr, betas, weight_decay,
+  // set_grad_none), a CUDA kernel whose update dtrain runs as tensor ops (on any device).
+  if (params && c.optimizer.type == "Lion") {
+    const std::string k = offload ? "set_grad_none" : "fp32_optimizer_states";
+    if (params->contains(k))
+      throw ConfigError(
+          "optimizer.params." + k +
+          (offload ? ": unknown key with offload_optimizer (DeepSpeed 0.19.8 refuses it too: it "
+                     "passes the key to its CPU Lion, DeepSpeedCPULion, which takes only lr, "
+                     "betas, weight_decay and fp32_optimizer_states); remove it"
+                   : ": unknown key without offload_optimizer (DeepSpeed 0.19.8 refuses it too: "
+                     "it passes the key to FusedLion, which takes only lr, betas, weight_decay "
+                     "and set_grad_none); remove it"));
+  }
   // Adagrad at stage 0 under fp16/bf16: DeepSpeed 0.19.8 wraps torch.optim.Adagrad in its
   // FP16_UnfusedOptimizer, whose fp32 copies of the parameters lack the state Adagrad made in its
-  // constructor: its first step (on zero gradients, in deepspeed.initialize) fails.
-  if (c.optimizer.type == "Adagrad" && c.zero.stage == 0 && (c.fp16.enabled || c.bf16))
+  // constructor: its first step (on zero gradients, in deepspeed.initialize) fails. (With
+  // offload_optimizer its DeepSpeedCPUAdagrad makes its state at its first step: that runs.)
+  if (c.optimizer.type == "Adagrad" && c.zero.stage == 0 && (c.fp16.enabled || c.bf16) && !offload)
     throw ConfigError(
         "optimizer.type: Adagrad at stage 0 with " + std::string(c.bf16 ? "bf16" : "fp16") +
         " fails in DeepSpeed 0.19.8 too (its FP16_UnfusedOptimizer steps fp32 copies of the "
@@ -1195,6 +1231,7 @@ void parse_timers(Section& root, Config& c) {
     return;
   }
   Section timers(*v, "timers", root.notes());
+  timers.ignores_unknown_keys_like(root);
   if (const json* t = timers.get("throughput")) {
     Section s(*t, "timers.throughput", root.notes(), /*validated=*/true);
     s.boolean("enabled", c.throughput_timer);
@@ -1282,13 +1319,14 @@ std::string closest_key(const std::string& word, const std::vector<std::string>&
   return best_d <= limit ? best : std::string();
 }
 
-Config parse_config(const json& config, int world_size) {
+Config parse_config(const json& config, int world_size, const ParseOptions& options) {
   if (world_size < 1)
     throw ConfigError("world size must be >= 1, got " + std::to_string(world_size));
   Config c;
   c.world_size = world_size;
   c.raw = config;
   Section root(config, "", &c.notes);
+  root.ignores_unknown_keys(options.strict);
   // Removed in DeepSpeed 0.19.8 (runtime/config.py refuses them): DeepSpeed's reasons.
   static const std::vector<std::pair<std::string, std::string>> removed = {
       {"nebula", "Nebula checkpointing was removed from DeepSpeed"},
@@ -1493,7 +1531,8 @@ Config parse_config(const json& config, int world_size) {
   return c;
 }
 
-Config parse_config_text(const std::string& text_or_path, int world_size) {
+Config parse_config_text(const std::string& text_or_path, int world_size,
+                         const ParseOptions& options) {
   std::string text = text_or_path;
   auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] != '{') {
@@ -1522,7 +1561,7 @@ Config parse_config_text(const std::string& text_or_path, int world_size) {
       read_config_text(text, first == std::string::npos || text_or_path[first] != '{'
                                  ? text_or_path
                                  : std::string("config")),
-      world_size);
+      world_size, options);
 }
 
 MemoryEstimate estimate_memory(const Config& c, int64_t n) {
@@ -1537,6 +1576,7 @@ MemoryEstimate estimate_memory(const Config& c, int64_t n) {
   const auto& o = c.optimizer;
   const int states = !o.given              ? 2
                      : o.type == "Adagrad" ? 1
+                     : o.type == "Lion"    ? (c.zero.offload_optimizer.enabled() ? 2 : 1)
                      : o.type == "SGD"     ? (o.momentum > 0 ? 1 : 0)
                      : o.type == "RMSprop" ? 1 + (o.momentum > 0 ? 1 : 0) + (o.centered ? 1 : 0)
                                            : 2;
@@ -1631,8 +1671,8 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
       p += ", alpha " + num(o.alpha) + ", eps " + num(o.eps) + ", momentum " + num(o.momentum) +
            (o.centered ? ", centered" : "") + " (torch.optim.RMSprop)";
     } else if (o.type == "Lion") {
-      p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) +
-           "], decoupled decay (DeepSpeedCPULion)";
+      p += ", betas [" + num(o.beta1) + ", " + num(o.beta2) + "], decoupled decay (" +
+           (z.offload_optimizer.enabled() ? "DeepSpeedCPULion" : "FusedLion") + ")";
     } else if (o.type == "Adagrad") {
       p += ", eps " + num(o.eps) + ", L2 decay";
       if (z.offload_optimizer.enabled())

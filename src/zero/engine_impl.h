@@ -142,6 +142,10 @@ class EngineImpl final : public EngineCore {
   // DeepSpeed's keys of a stage 1/2 optimizer file, added to its optimizer_state_dict `o`
   // (`loss_scaler`: with DeepSpeed's loss scaler object, SaveCheckpointOptions).
   void add_deepspeed_optimizer_keys(const detail::PyPtr& o, bool loss_scaler) const;
+  // DeepSpeed's stage-0 "optimizer" of the model file (fp32 training): the state_dict of the
+  // optimizer class it builds for the config, stepping the module's parameters (one state per
+  // parameter, in the module's order).
+  detail::PyPtr deepspeed_stage0_optimizer() const;
   // DeepSpeed's keys of a stage-3 optimizer file (stage3.py's _rigid_state_dict), added to `o`,
   // which optim_dict(true) made: its groups and state cut into DeepSpeed's sub-groups.
   void add_deepspeed_stage3_keys(const detail::PyPtr& o, bool loss_scaler) const;

@@ -235,19 +235,32 @@ class Adagrad final : public PartitionOptimizer {
   bool cpu_;
 };
 
-// DeepSpeed 0.19.8 builds DeepSpeedCPULion for "Lion" with offload_optimizer (its FusedLion
-// without it is a CUDA kernel, which the config refuses). Its state: the momentum "exp_avg", and
-// "exp_avg_sq", which it allocates and never reads: kept (zeros) so that checkpoints are its own.
+// DeepSpeed 0.19.8 builds DeepSpeedCPULion for "Lion" with offload_optimizer, FusedLion (a CUDA
+// kernel) without it; both are followed here.
+//   DeepSpeedCPULion: its state is the momentum "exp_avg", and "exp_avg_sq", which it allocates
+//     and never reads: kept (zeros) so that checkpoints are its own.
+//   FusedLion (csrc/lion/multi_tensor_lion.cu, deepspeed/ops/lion/fused_lion.py): state
+//     "exp_avg" only; in float32 whatever the parameter's type (the kernel's MATH_T),
+//       c = beta1 * m + (1 - beta1) * g
+//       p = p * (1 - lr * weight_decay) + (c > 0 ? -lr : lr)
+//       m = beta2 * m + (1 - beta2) * g
+//     as tensor ops, so that it runs on CPU and CUDA tensors alike. Its sign test differs from
+//     the CPU Lion's at c == 0 (both +0 and -0 step up by lr here; the CPU Lion steps +0 down),
+//     and it applies the decay factor even when weight_decay is 0 (a factor of exactly 1).
 class Lion final : public PartitionOptimizer {
  public:
-  Lion(const OptimizerConfig& c, const torch::Tensor& w) : c_(c) {
-    for (int k = 0; k < 2; ++k) state_.push_back(torch::zeros_like(w));
+  Lion(const OptimizerConfig& c, const torch::Tensor& w, bool cpu_lion) : c_(c), cpu_(cpu_lion) {
+    for (int k = 0; k < (cpu_ ? 2 : 1); ++k) state_.push_back(torch::zeros_like(w));
   }
   std::string type() const override { return c_.type; }
-  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  std::vector<std::string> state_names() const override {
+    if (!cpu_) return {"exp_avg"};
+    return {"exp_avg", "exp_avg_sq"};
+  }
   double lr() const override { return c_.lr; }
   void step(const torch::Tensor& w, const torch::Tensor& g, const StepArgs& a) override {
     auto& m = state_[0];
+    if (!cpu_) return fused_step(w, g, m, a);
     if (fused_cpu_step_applies(w, g, {m})) {
       auto gc = g.contiguous();
       if (w.scalar_type() == torch::kFloat32)
@@ -267,7 +280,27 @@ class Lion final : public PartitionOptimizer {
   }
 
  private:
+  // FusedLion's element-wise update (see above). Its scalars are float arguments of the kernel;
+  // 1 - beta and 1 - lr * decay are computed in float there too.
+  void fused_step(const torch::Tensor& w, const torch::Tensor& g, torch::Tensor& m,
+                  const StepArgs& a) const {
+    const float lr = static_cast<float>(a.lr), b1 = static_cast<float>(a.beta1),
+                b2 = static_cast<float>(a.beta2), decay = static_cast<float>(c_.weight_decay);
+    const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
+    const float after_decay = 1.0f - lr * decay;
+    const auto f32 = [](const torch::Tensor& t) { return t.to(torch::kFloat32); };
+    const torch::Tensor gf = f32(g), mf = f32(m);
+    torch::Tensor pf = f32(w);
+    const auto c = mf.mul(b1).add_(gf.mul(omb1));
+    const auto update = torch::where(c.gt(0), torch::full_like(c, -lr), torch::full_like(c, lr));
+    pf = pf.mul(after_decay).add_(update);
+    const auto m_next = mf.mul(b2).add_(gf.mul(omb2));
+    w.copy_(pf);
+    m.copy_(m_next);
+  }
+
   OptimizerConfig c_;
+  bool cpu_;
 };
 
 // The key torch::optim keeps a tensor's state under: its TensorImpl (libtorch 2.x), or that
@@ -376,7 +409,7 @@ std::unique_ptr<PartitionOptimizer> make_partition_optimizer(
   if (config.type == "Lamb") return std::make_unique<Lamb>(config, partition);
   if (config.type == "Adagrad")
     return std::make_unique<Adagrad>(config, partition, offload_optimizer);
-  if (config.type == "Lion") return std::make_unique<Lion>(config, partition);
+  if (config.type == "Lion") return std::make_unique<Lion>(config, partition, offload_optimizer);
   throw_internal(__FILE__, __LINE__, "known optimizer type",
                  "optimizer type '" + config.type + "' passed the config's check");
 }

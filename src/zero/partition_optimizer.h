@@ -16,8 +16,10 @@
 //   Adagrad       torch.optim.Adagrad's formula (lr_decay, initial_accumulator_value); state: sum.
 //                 With offload_optimizer DeepSpeed's CPU Adagrad instead (cpu_optimizers.h); state:
 //                 exp_avg_sq. The names are the ones DeepSpeed's checkpoints carry.
-//   Lion          DeepSpeed's CPU Lion (offload_optimizer only). State: exp_avg, and the
-//                 exp_avg_sq DeepSpeed's allocates and never reads (zeros).
+//   Lion          With offload_optimizer DeepSpeed's CPU Lion (cpu_optimizers.h). State: exp_avg,
+//                 and the exp_avg_sq DeepSpeed's allocates and never reads (zeros). Without it
+//                 DeepSpeed's FusedLion (a CUDA kernel), as float32 tensor ops on any device.
+//                 State: exp_avg.
 //   client        InitOptions::optimizer (any torch::optim optimizer with one group), re-pointed
 //                 at the partition; its state is opaque (torch::serialize bytes).
 // Not thread-safe; the engine calls it from the thread that calls step().

@@ -86,20 +86,30 @@ TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
     j.update(extra);
     return error_of(j);
   };
-  // Where DeepSpeed ignores unknown keys (the top level), the message says so; where it passes
-  // them to a constructor (optimizer and scheduler params), it says that DeepSpeed refuses them.
-  const std::string ignored =
-      " (DeepSpeed 0.19.8 would silently ignore it; dtrain refuses it so that a typo cannot go "
-      "unnoticed: remove it or correct it)";
+  // Where DeepSpeed ignores unknown keys (the top level, optimizer, scheduler, data_types,
+  // timers), a near-miss of a known key is a typo, refused with the key meant; where it passes
+  // them to a constructor (optimizer and scheduler params) or validates the section (pydantic),
+  // the message says that DeepSpeed refuses them too.
+  const std::string typo =
+      " (DeepSpeed 0.19.8 would silently ignore it; dtrain refuses it as a likely typo of a known "
+      "key: correct it)";
   const std::string refused = " (DeepSpeed 0.19.8 refuses it too)";
   EXPECT_EQ(with({{"gradient_clipp1ng", 1.0}}),
-            "gradient_clipp1ng: unknown key" + ignored + "; did you mean gradient_clipping?");
+            "gradient_clipp1ng: unknown key" + typo + "; did you mean gradient_clipping?");
+  EXPECT_EQ(with({{"timers", {{"throughputs", {{"enabled", false}}}}}}),
+            "timers.throughputs: unknown key" + typo + "; did you mean throughput?");
+  EXPECT_EQ(with({{"data_types", {{"grad_acum_dtype", "fp32"}}}}),
+            "data_types.grad_acum_dtype: unknown key" + typo + "; did you mean grad_accum_dtype?");
   EXPECT_EQ(with({{"zero_optimization", {{"stage3_prefetch_bucket_sise", 5}}}}),
             "zero_optimization.stage3_prefetch_bucket_sise: unknown key" + refused +
                 "; did you mean stage3_prefetch_bucket_size?");
   EXPECT_EQ(with({{"zero_optimization", {{"offload_optimizer", {{"devise", "cpu"}}}}}}),
             "zero_optimization.offload_optimizer.devise: unknown key" + refused +
                 "; did you mean device?");
+  EXPECT_EQ(with({{"zero_optimization", {{"cuda_visible_devices", 0}}}}),
+            "zero_optimization.cuda_visible_devices: unknown key" + refused);
+  EXPECT_EQ(with({{"timers", {{"throughput", {{"wall", true}}}}}}),
+            "timers.throughput.wall: unknown key" + refused);
   EXPECT_EQ(with({{"optimizer", {{"type", "Adam"}, {"params", {{"betas1", 0.9}}}}}}),
             "optimizer.params.betas1: unknown key (DeepSpeed 0.19.8 refuses it too: it passes the "
             "key to FusedAdam, which has no such argument); did you mean betas?");
@@ -110,13 +120,53 @@ TEST(ZeroConfig, UnknownKeysInEverySectionNameThePathAndTheClosestKey) {
             "scheduler.params.warmup_max_l: unknown key (DeepSpeed 0.19.8 refuses it too: it "
             "passes the key to WarmupLR's constructor, which has no such argument); did you mean "
             "warmup_max_lr?");
-  EXPECT_EQ(with({{"optimizer", {{"type", "Adam"}, {"foo", 1}}}}),
-            "optimizer.foo: unknown key" + ignored);
   EXPECT_EQ(with({{"fp16", {{"enabled", true}, {"loss_scale_windw", 100}}}}),
             "fp16.loss_scale_windw: unknown key" + refused + "; did you mean loss_scale_window?");
-  // Far from every key: no suggestion.
-  EXPECT_EQ(with({{"completely_unrelated_thing", 1}}),
-            "completely_unrelated_thing: unknown key" + ignored);
+}
+
+// An unknown key far from every known one, where DeepSpeed 0.19.8 ignores it (real configs carry
+// keys for their own scripts: DeepSpeedExamples' "cuda_visible_devices", "timers.wall"), is
+// accepted with a note saying so - and refused under ParseOptions::strict, the message saying
+// what strict mode does.
+TEST(ZeroConfig, KeysDeepSpeedIgnoresAreAcceptedWithANoteUnlessStrict) {
+  const json config = {{"train_batch_size", 8},
+                       {"cuda_visible_devices", "0,1"},
+                       {"completely_unrelated_thing", {{"a", 1}}},
+                       {"optimizer", {{"type", "Adam"}, {"foo", 1}}},
+                       {"scheduler", {{"type", "WarmupLR"}, {"params", json::object()}, {"x", 2}}},
+                       {"data_types", {{"comment", "mine"}}},
+                       {"timers", {{"wall", {{"enabled", true}}}}}};
+  const auto c = parse_config(config, 4);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.optimizer.type, "Adam");
+  const std::string ignored =
+      ": unknown key, not read by DeepSpeed 0.19.8 (it ignores it) and ignored by dtrain too; "
+      "`dtrain zero check --strict` (InitOptions::strict_config) refuses it";
+  for (const char* path : {"cuda_visible_devices", "completely_unrelated_thing", "optimizer.foo",
+                           "scheduler.x", "data_types.comment", "timers.wall"})
+    EXPECT_NE(notes(c).find(path + ignored), std::string::npos) << path << "\n" << notes(c);
+  const std::string strict =
+      " (DeepSpeed 0.19.8 would silently ignore it; dtrain refuses it in strict mode so that a "
+      "typo cannot go unnoticed: remove it or correct it)";
+  auto strict_error = [](const json& j) -> std::string {
+    try {
+      parse_config(j, 4, {.strict = true});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(strict_error({{"train_batch_size", 8}, {"cuda_visible_devices", "0,1"}}),
+            "cuda_visible_devices: unknown key" + strict);
+  EXPECT_EQ(strict_error({{"train_batch_size", 8}, {"optimizer", {{"type", "Adam"}, {"foo", 1}}}}),
+            "optimizer.foo: unknown key" + strict);
+  EXPECT_EQ(strict_error({{"train_batch_size", 8}, {"timers", {{"wall", true}}}}),
+            "timers.wall: unknown key" + strict);
+  EXPECT_EQ(strict_error({{"train_batch_size", 8}, {"data_types", {{"comment", "x"}}}}),
+            "data_types.comment: unknown key" + strict);
+  // Strict changes nothing else: a config without unknown keys parses the same.
+  const json clean = {{"train_batch_size", 8}, {"optimizer", {{"type", "Adam"}}}};
+  EXPECT_EQ(parse_config(clean, 4, {.strict = true}).notes, parse_config(clean, 4).notes);
 }
 
 // Text that is not JSON is named with where it breaks, without the JSON library's own tag.
@@ -295,10 +345,6 @@ TEST(ZeroConfig, WrongTypesAndRangesAreNamed) {
   EXPECT_NE(
       with({{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}}).find("both enabled"),
       std::string::npos);
-  EXPECT_NE(
-      with({{"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}})
-          .find("at stage 0 is not supported by dtrain"),
-      std::string::npos);
 }
 
 // Where DeepSpeed 0.19.8's own rules are less obvious (each also compared with DeepSpeed itself
@@ -452,11 +498,30 @@ TEST(ZeroConfig, AdagradTakesTheArgumentsOfTheOptimizerDeepSpeedBuilds) {
   EXPECT_NE(e.find("optimizer.type: Adagrad at stage 0 with bf16 fails in DeepSpeed 0.19.8 too"),
             std::string::npos)
       << e;
-  // At stage 0 DeepSpeed would run its CPU Adagrad on the whole model: refused as for Adam.
-  e = error_of(
+  // At stage 0 DeepSpeed runs its CPU Adagrad on the whole model, and so does dtrain (a note
+  // says so); the memory estimate puts the whole state on the CPU.
+  c = parse_config(
       with({{"optimizer", {{"type", "Adagrad"}}},
-            {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}));
-  EXPECT_NE(e.find("at stage 0 is not supported by dtrain"), std::string::npos) << e;
+            {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}),
+      4);
+  EXPECT_TRUE(c.zero.offload_optimizer.enabled());
+  EXPECT_NE(notes(c).find("zero_optimization.offload_optimizer: at stage 0: DeepSpeed's CPU "
+                          "optimizer (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad or DeepSpeedCPULion) "
+                          "steps the whole, unpartitioned model"),
+            std::string::npos)
+      << notes(c);
+  EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).offloaded, 4 * 1000);
+  EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).optimizer, 0);
+  EXPECT_NE(dtrain::zero::describe(c, std::nullopt).find("(DeepSpeedCPUAdagrad)"),
+            std::string::npos);
+  // And under bf16 there: DeepSpeedCPUAdagrad makes its state at its first step, which
+  // torch.optim.Adagrad (refused above) made in its constructor.
+  c = parse_config(
+      with({{"optimizer", {{"type", "Adagrad"}}},
+            {"bf16", {{"enabled", true}}},
+            {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}),
+      4);
+  EXPECT_TRUE(c.bf16 && c.zero.offload_optimizer.enabled());
 
   // Memory: one fp32 state tensor (the sum of squares), not Adam's two.
   c = parse_config(
@@ -469,9 +534,9 @@ TEST(ZeroConfig, AdagradTakesTheArgumentsOfTheOptimizerDeepSpeedBuilds) {
       << dtrain::zero::describe(c, std::nullopt);
 }
 
-// "Lion" by name: DeepSpeed's CPU Lion with offload_optimizer; without it DeepSpeed builds its
-// CUDA FusedLion, which dtrain refuses, naming what runs instead.
-TEST(ZeroConfig, LionRunsAsDeepSpeedsCpuLionWithOffload) {
+// "Lion" by name: DeepSpeed's CPU Lion with offload_optimizer; without it DeepSpeed's CUDA
+// FusedLion, whose update dtrain runs as tensor ops. Each takes its own params.
+TEST(ZeroConfig, LionIsDeepSpeedsCpuLionWithOffloadAndFusedLionWithout) {
   const json offload = {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}};
   auto c =
       parse_config({{"train_batch_size", 8},
@@ -485,17 +550,34 @@ TEST(ZeroConfig, LionRunsAsDeepSpeedsCpuLionWithOffload) {
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
   EXPECT_EQ(notes(c).find("zero_allow_untested_optimizer"), std::string::npos) << notes(c);
   EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).offloaded, 8 * 1000 / 2);  // as DeepSpeed's
-  std::string e = error_of({{"train_batch_size", 8}, {"optimizer", {{"type", "Lion"}}}});
-  EXPECT_NE(e.find("optimizer.type: Lion without offload_optimizer is not supported by dtrain "
-                   "(DeepSpeed 0.19.8 builds its FusedLion there, a CUDA kernel"),
+  EXPECT_NE(dtrain::zero::describe(c, std::nullopt).find("(DeepSpeedCPULion)"), std::string::npos);
+  // Without offload: FusedLion, one state tensor (its exp_avg), at every stage.
+  for (int stage = 0; stage <= 3; ++stage) {
+    c = parse_config({{"train_batch_size", 8},
+                      {"optimizer", {{"type", "Lion"}, {"params", {{"set_grad_none", true}}}}},
+                      {"zero_optimization", {{"stage", stage}}}},
+                     2);
+    EXPECT_EQ(c.optimizer.type, "Lion");
+    EXPECT_EQ(dtrain::zero::estimate_memory(c, 1000).optimizer, stage == 0 ? 4000 : 4000 / 2);
+    EXPECT_NE(dtrain::zero::describe(c, std::nullopt).find("(FusedLion)"), std::string::npos);
+  }
+  std::string e = error_of({{"train_batch_size", 8},
+                            {"optimizer", {{"type", "Lion"}, {"params", {{"eps", 1e-8}}}}},
+                            {"zero_optimization", offload}});
+  EXPECT_NE(e.find("optimizer.params.eps: unknown key (DeepSpeed 0.19.8 refuses it too: it passes "
+                   "the key to FusedLion (with offload_optimizer its DeepSpeedCPULion)"),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("DeepSpeedCPULion"), std::string::npos) << e;
   e = error_of({{"train_batch_size", 8},
-                {"optimizer", {{"type", "Lion"}, {"params", {{"eps", 1e-8}}}}},
+                {"optimizer", {{"type", "Lion"}, {"params", {{"set_grad_none", true}}}}},
                 {"zero_optimization", offload}});
-  EXPECT_NE(e.find("optimizer.params.eps: unknown key (DeepSpeed 0.19.8 refuses it too: it passes "
-                   "the key to DeepSpeedCPULion"),
+  EXPECT_NE(e.find("optimizer.params.set_grad_none: unknown key with offload_optimizer"),
+            std::string::npos)
+      << e;
+  e = error_of({{"train_batch_size", 8},
+                {"optimizer", {{"type", "Lion"}, {"params", {{"fp32_optimizer_states", true}}}}}});
+  EXPECT_NE(e.find("optimizer.params.fp32_optimizer_states: unknown key without offload_optimizer "
+                   "(DeepSpeed 0.19.8 refuses it too: it passes the key to FusedLion"),
             std::string::npos)
       << e;
 }
@@ -640,6 +722,30 @@ TEST(ZeroCheckCommand, BadConfigIsExitCodeTwoWithThePath) {
   r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", "{}"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--world-size N is required"), std::string::npos) << r.err;
+}
+
+// DeepSpeedExamples' imagenet configs carry "cuda_visible_devices" for their own script: DeepSpeed
+// ignores it, `dtrain zero check` accepts it with a note, and refuses it with --strict.
+TEST(ZeroCheckCommand, StrictRefusesKeysDeepSpeedIgnores) {
+  const std::string text =
+      R"({"train_batch_size": 8, "cuda_visible_devices": "0", "timers": {"wall": true}})";
+  auto r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check", text, "--world-size", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("config OK for world size 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("dtrain zero: note: cuda_visible_devices: unknown key, not read by "
+                       "DeepSpeed 0.19.8 (it ignores it) and ignored by dtrain too"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("dtrain zero: note: timers.wall: unknown key"), std::string::npos) << r.err;
+  r = dtrain::test::run_command({DTRAIN_BIN, "zero", "check",
+                                 R"({"train_batch_size": 8, "cuda_visible_devices": "0"})",
+                                 "--world-size", "2", "--strict"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("dtrain zero: invalid config: cuda_visible_devices: unknown key (DeepSpeed "
+                       "0.19.8 would silently ignore it; dtrain refuses it in strict mode"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -20,7 +20,8 @@ rank 0 reads dtrain's pytorch_model.bin there with torch.load(weights_only=True)
 DeepSpeed engine resumes it with DeepSpeed's own load_checkpoint and trains steps 6-10
 ("resumed_dtrain": {"global_steps": after the load, "client_state", "losses", "params"}; at
 stage 3 with torch.optim.Adagrad, which DeepSpeed 0.19.8 cannot load into a fresh engine, also
-"error" and "own_error", DeepSpeed's own checkpoint's, see stage3_torch_adagrad).
+"error" and "own_error", DeepSpeed's own checkpoint's, see stage3_torch_adagrad). "Lion" without
+offload_optimizer runs reference_fused_lion's class in FusedLion's place (a CUDA kernel).
 """
 import json
 import logging
@@ -36,6 +37,53 @@ from deepspeed.utils import logger  # noqa: E402
 
 logger.setLevel(logging.ERROR)
 STEPS, MICRO = 10, 4
+
+
+def reference_fused_lion():
+    """DeepSpeed's FusedLion with its CUDA kernel's update written in torch ops: this CPU build of
+    DeepSpeed has no such kernel ("not been implemented on CPU backend"), so its engine builds
+    this class where it builds FusedLion (ZeRO stages, checkpoints and all else DeepSpeed's own).
+    The update per element, in float32 (the kernel's MATH_T; csrc/lion/multi_tensor_lion.cu,
+    LionFunctor), its scalars float32 as the kernel's float arguments:
+        c = beta1 * m + (1 - beta1) * g
+        p = p * (1 - lr * weight_decay) + (-lr if c > 0 else lr)
+        m = beta2 * m + (1 - beta2) * g
+    The bookkeeping as deepspeed/ops/lion/fused_lion.py keeps it: group["step"] = 0, a state
+    {"step", "exp_avg"} per parameter, and only the last parameter's step advanced."""
+    from deepspeed.ops import lion
+    from deepspeed.ops.lion.fused_lion import FusedLion
+
+    class ReferenceFusedLion(FusedLion):
+
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0., set_grad_none=True):
+            torch.optim.Optimizer.__init__(self, params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+            self.set_grad_none = set_grad_none
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                group.setdefault("step", 0)
+                f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+                lr, decay = f32(group["lr"]), f32(group["weight_decay"])
+                b1, b2 = f32(group["betas"][0]), f32(group["betas"][1])
+                last = None
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = group["step"]
+                        state["exp_avg"] = torch.zeros_like(p)
+                    g, m, w = p.grad.float(), state["exp_avg"].float(), p.float()
+                    c = m * b1 + g * (1 - b1)
+                    update = torch.where(c > 0, -lr, lr)
+                    p.copy_(w * (1 - lr * decay) + update)
+                    state["exp_avg"].copy_(m * b2 + g * (1 - b2))
+                    last = state
+                if last is not None:
+                    last["step"] += 1
+
+    lion.FusedLion = ReferenceFusedLion
 
 
 def model():
@@ -155,6 +203,7 @@ def resume_dtrain(case, rank, world):
 
 def main():
     deepspeed.init_distributed(dist_backend="gloo")
+    reference_fused_lion()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     cases = json.load(open(sys.argv[1]))
     out = {}

@@ -359,6 +359,14 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
   };
   for (int stage = 0; stage <= 3; ++stage)
     add("bf16, stage " + std::to_string(stage), stage, json::object());
+  // Stage 0 with offload_optimizer: DeepSpeed's CPU optimizer under its FP16_UnfusedOptimizer
+  // (the fused FP16_Optimizer takes FusedAdam only).
+  const json offload0 = {
+      {"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+  add("bf16, stage 0, offload_optimizer", 0, offload0);
+  json adagrad0 = offload0;
+  adagrad0["optimizer"] = {{"type", "Adagrad"}, {"params", {{"lr", 0.05}, {"eps", 1e-8}}}};
+  add("bf16, stage 0, Adagrad, offload_optimizer", 0, adagrad0);
   const json fp32_accum = {{"data_types", {{"grad_accum_dtype", "fp32"}}}};
   for (int stage = 1; stage <= 3; ++stage)
     add("bf16, stage " + std::to_string(stage) + ", grad_accum_dtype fp32", stage, fp32_accum);
@@ -394,6 +402,116 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
     std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
                 loss_diff, param_diff);
   }
+  fs::remove_all(dir);
+}
+
+// What DeepSpeed 0.19.8 runs and dtrain refused before: offload_optimizer at stage 0 (its CPU
+// optimizer - DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion - over the whole model;
+// checkpoints in its stage-0 layout, the optimizer state in the model file), and Lion without
+// offload_optimizer (FusedLion, a CUDA kernel: the peer runs its update written in torch ops in
+// its place, reference_fused_lion) at stages 0-3. The same equality as the cases above, each
+// side resuming the other's step-5 checkpoint.
+TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-parity0-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const json offload = {{"device", "cpu"}};
+  const json lion = {{"type", "Lion"},
+                     {"params", {{"lr", 0.002}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.01}}}};
+  json cs = json::array();
+  auto add = [&](const std::string& name, int stage, const json& optimizer, bool cpu,
+                 const json& scheduler = nullptr) {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"optimizer", optimizer},
+                   {"zero_optimization", {{"stage", stage}}},
+                   {"zero_allow_untested_optimizer", true},  // the peer's stand-in FusedLion
+                   {"steps_per_print", 1000}};
+    if (cpu) config["zero_optimization"]["offload_optimizer"] = offload;
+    if (!scheduler.is_null()) config["scheduler"] = scheduler;
+    cs.push_back({{"name", name}, {"config", config}});
+  };
+  add("stage 0, Adam, offload_optimizer", 0,
+      {{"type", "Adam"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.05}}}}, true);
+  add("stage 0, AdamW + WarmupLR, offload_optimizer", 0,
+      {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}, true,
+      {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.001}, {"warmup_num_steps", 5}}}});
+  add("stage 0, Adagrad, offload_optimizer", 0,
+      {{"type", "Adagrad"}, {"params", {{"lr", 0.05}, {"weight_decay", 0.001}, {"eps", 1e-8}}}},
+      true);
+  add("stage 0, Lion, offload_optimizer", 0, lion, true);
+  for (int stage = 0; stage <= 3; ++stage)
+    add("stage " + std::to_string(stage) + ", Lion (FusedLion)", stage, lion, false);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    cs[i]["client_state"] = {{"step", 5}, {"case", i}};
+    cs[i]["save_dtrain"] = (dir / ("dtrain_" + std::to_string(i))).string();
+    cs[i]["read_dtrain"] = cs[i]["save_dtrain"];
+    cs[i]["save_dtrain_mid"] = (dir / ("dtrain_mid_" + std::to_string(i))).string();
+    cs[i]["resume_dtrain"] = cs[i]["save_dtrain_mid"];
+    cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
+  }
+  { std::ofstream(dir / "cases.json") << cs.dump(); }
+  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
+  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
+  json resume = json::array();
+  for (const auto& c : cs)
+    resume.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", c["save"]}});
+  { std::ofstream(dir / "resume.json") << resume.dump(); }
+  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
+
+  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
+  const json b = json::parse(std::ifstream(dir / "ds.json"));
+  const json r = json::parse(std::ifstream(dir / "resumed.json"));
+  std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
+              "|dloss|", "|dparam|", "DS reads", "resumed", "DS resumes");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    ASSERT_EQ(x["losses"].size(), y["losses"].size());
+    double loss_diff = 0;
+    for (size_t k = 0; k < x["losses"].size(); ++k) {
+      const double u = x["losses"][k], v = y["losses"][k];
+      loss_diff = std::max(loss_diff, std::fabs(u - v));
+      EXPECT_NEAR(u, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << k + 1;
+    }
+    const double param_diff = max_diff(x["params"], y["params"]);
+    EXPECT_LT(param_diff, 1e-5) << "parameters apart";
+    const int stage = c["config"]["zero_optimization"]["stage"];
+    // Every file of dtrain's checkpoint through torch.load(weights_only=True) (stage 0: the
+    // model file, with DeepSpeed's "optimizer", and dtrain's 2 optimizer files); at stages 1-3
+    // the checkpoint through DeepSpeed's zero_to_fp32 too (which reads no stage-0 checkpoint).
+    EXPECT_EQ(y.value("weights_only", json("missing")), json(stage == 3 ? 4 : 3))
+        << "torch.load(weights_only=True) of dtrain's files: " << y.value("weights_only", json());
+    double ds_reads = 0;
+    if (stage > 0) {
+      ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
+      ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
+      EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
+    }
+    EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"]);
+    ASSERT_TRUE(r.contains(name));
+    EXPECT_EQ(r[name]["client_state"], c["client_state"]);
+    const double resumed_diff = max_diff(r[name]["params"], y["params"]);
+    EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    const json& back = y.value("resumed_dtrain", json::object());
+    ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
+    EXPECT_EQ(back["global_steps"], 5);
+    const double ds_resumed = max_diff(back["params"], y["params"]);
+    EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
+    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+                y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, resumed_diff,
+                ds_resumed);
+  }
+  // FusedLion and DeepSpeedCPULion compute the same update but for rounding (the CPU Lion fuses
+  // its multiply-adds) and the sign of an exactly-zero interpolation: over these 10 steps they
+  // end together.
+  const double lions = max_diff(a["stage 0, Lion (FusedLion)"]["params"],
+                                b["stage 0, Lion, offload_optimizer"]["params"]);
+  std::printf("FusedLion (dtrain) against DeepSpeedCPULion (DeepSpeed), stage 0: |dparam| %.1e\n",
+              lions);
+  EXPECT_LT(lions, 1e-5);
   fs::remove_all(dir);
 }
 

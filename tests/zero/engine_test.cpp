@@ -352,6 +352,28 @@ TEST(ZeroEngine, ClippingUsesTheGlobalNormOfThePartitionedGradients) {
   }
 }
 
+// A key DeepSpeed ignores (DeepSpeedExamples' "cuda_visible_devices") is accepted with a note
+// the engine keeps; InitOptions::strict_config refuses it, naming it, before anything is built.
+TEST(ZeroEngine, StrictConfigRefusesKeysDeepSpeedIgnores) {
+  const json cfg = {
+      {"train_batch_size", 4}, {"optimizer", {{"type", "Adam"}}}, {"cuda_visible_devices", "0"}};
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(make_model(), cfg, {pg});
+    std::string notes;
+    for (const auto& n : e.config().notes) notes += n + "\n";
+    EXPECT_NE(notes.find("cuda_visible_devices: unknown key, not read by DeepSpeed 0.19.8"),
+              std::string::npos)
+        << notes;
+    try {
+      dtrain::zero::initialize(make_model(), cfg, {.group = pg, .strict_config = true});
+      ADD_FAILURE() << "strict_config accepted an unknown key";
+    } catch (const dtrain::zero::ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()).rfind("cuda_visible_devices: unknown key", 0), 0u)
+          << error.what();
+    }
+  });
+}
+
 TEST(ZeroEngine, LambAndSgdOnPartitionsEqualOneRank) {
   auto d = make_data(2 * 4 * 6);
   for (const char* opt : {"Lamb", "SGD"}) {
