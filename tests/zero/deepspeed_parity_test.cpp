@@ -160,6 +160,26 @@ void run_deepspeed(const fs::path& cases, const fs::path& out) {
                             << r.out << r.err;
 }
 
+// Both sides over the same cases (written to dir/cases.json): dtrain's engine and DeepSpeed's,
+// and with `resume_deepspeeds` dtrain again from each case's DeepSpeed checkpoint ("save").
+struct ParityRuns {
+  json ours, theirs, resumed;
+};
+void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, ParityRuns* out) {
+  { std::ofstream(dir / "cases.json") << cases.dump(); }
+  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
+  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
+  out->ours = json::parse(std::ifstream(dir / "dtrain.json"));
+  out->theirs = json::parse(std::ifstream(dir / "ds.json"));
+  if (!resume_deepspeeds) return;
+  json resume = json::array();
+  for (const auto& c : cases)
+    resume.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", c["save"]}});
+  { std::ofstream(dir / "resume.json") << resume.dump(); }
+  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
+  out->resumed = json::parse(std::ifstream(dir / "resumed.json"));
+}
+
 // Training, then checkpoints both ways: dtrain's read by DeepSpeed's zero_to_fp32 and by
 // torch.load(weights_only=True) (stages 1-3); DeepSpeed's (saved after step 5) read by
 // `dtrain zero to-fp32` and resumed by dtrain's engine (stages 1-3: parameters, Adam/SGD/Adagrad
@@ -185,19 +205,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     cs[i]["resume_dtrain"] = cs[i]["save_dtrain_mid"];
     cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
   }
-  { std::ofstream(dir / "cases.json") << cs.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
-  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
-  // Resume DeepSpeed's step-5 checkpoints in dtrain.
-  json resume = json::array();
-  for (const auto& c : cs)
-    resume.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", c["save"]}});
-  { std::ofstream(dir / "resume.json") << resume.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
-
-  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
-  const json b = json::parse(std::ifstream(dir / "ds.json"));
-  const json r = json::parse(std::ifstream(dir / "resumed.json"));
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
+  const json &a = runs.ours, &b = runs.theirs, &r = runs.resumed;
   std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32",
               "final loss", "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed", "DS resumes",
               "16-bit");
@@ -309,11 +319,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
   add("stage 0, RMSprop + OneCycleLR three_phase", rms,
       {{"type", "OneCycleLR"},
        {"params", {{"max_lr", 0.01}, {"total_steps", 12}, {"three_phase", true}}}});
-  { std::ofstream(dir / "cases.json") << cs.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
-  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
-  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
-  const json b = json::parse(std::ifstream(dir / "ds.json"));
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
+  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-50s %-11s %-9s %s\n", "2 ranks, 10 steps, fp32, stage 0", "final loss", "|dloss|",
               "|dparam|");
   for (const auto& c : cs) {
@@ -374,11 +382,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
   fp32_comm["communication_data_type"] = "fp32";
   add("bf16, stage 1, grad_accum_dtype and communication fp32", 1, fp32_comm);
   add("bf16, stage 2, grad_accum_dtype and communication fp32", 2, fp32_comm);
-  { std::ofstream(dir / "cases.json") << cs.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
-  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
-  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
-  const json b = json::parse(std::ifstream(dir / "ds.json"));
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
+  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-58s %-11s %-9s %s\n", "2 ranks, 10 micro-steps of 2 per step", "final loss",
               "|dloss|", "|dparam|");
   for (const auto& c : cs) {
@@ -450,18 +456,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
     cs[i]["resume_dtrain"] = cs[i]["save_dtrain_mid"];
     cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
   }
-  { std::ofstream(dir / "cases.json") << cs.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "cases.json", dir / "dtrain.json"));
-  ASSERT_NO_FATAL_FAILURE(run_deepspeed(dir / "cases.json", dir / "ds.json"));
-  json resume = json::array();
-  for (const auto& c : cs)
-    resume.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", c["save"]}});
-  { std::ofstream(dir / "resume.json") << resume.dump(); }
-  ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
-
-  const json a = json::parse(std::ifstream(dir / "dtrain.json"));
-  const json b = json::parse(std::ifstream(dir / "ds.json"));
-  const json r = json::parse(std::ifstream(dir / "resumed.json"));
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
+  const json &a = runs.ours, &b = runs.theirs, &r = runs.resumed;
   std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
               "|dloss|", "|dparam|", "DS reads", "resumed", "DS resumes");
   for (const auto& c : cs) {
