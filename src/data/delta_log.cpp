@@ -150,17 +150,24 @@ std::vector<json> checkpoint_actions(const fs::path& file) {
   return out;
 }
 
+// delta.columnMapping.mode of the table's metaData ("none" when not set).
+std::string column_mapping_mode(const json& metadata) {
+  if (metadata.is_object() && metadata.contains("configuration") &&
+      metadata["configuration"].is_object()) {
+    const json& c = metadata["configuration"];
+    if (auto it = c.find("delta.columnMapping.mode"); it != c.end() && it->is_string())
+      return it->get<std::string>();
+  }
+  return "none";
+}
+
 // The reader features dtrain implements (the others change what a reader must do).
 void check_protocol(const json& protocol, const json& metadata, const std::string& where) {
   const int reader = protocol.value("minReaderVersion", 1);
-  std::string mapping = "none";
-  if (metadata.is_object() && metadata.contains("configuration") &&
-      metadata["configuration"].is_object())
-    mapping = metadata["configuration"].value("delta.columnMapping.mode", "none");
-  if (mapping != "none") {
-    throw DataError("data: the Delta table " + where + " uses column mapping (mode '" + mapping +
-                    "'), which dtrain::data does not read: its Parquet files name columns by "
-                    "physical ids. Rewrite the table without column mapping");
+  const std::string mapping = column_mapping_mode(metadata);
+  if (mapping != "none" && mapping != "name" && mapping != "id") {
+    throw DataError("data: the Delta table " + where + " has delta.columnMapping.mode '" + mapping +
+                    "'; the Delta protocol defines none, name and id");
   }
   if (reader > 3) {
     throw DataError("data: the Delta table " + where + " needs reader version " +
@@ -321,12 +328,13 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
 
   DeltaSnapshot snap;
   snap.version = target;
+  snap.column_mapping = column_mapping_mode(metadata);
   // Partition columns' types, from the table schema (a JSON string of Spark's StructType).
   std::set<std::string> partition_columns;
   if (metadata.contains("partitionColumns") && metadata["partitionColumns"].is_array())
     for (const auto& c : metadata["partitionColumns"])
       if (c.is_string()) partition_columns.insert(c.get<std::string>());
-  if (!partition_columns.empty()) {
+  if (!partition_columns.empty() || snap.column_mapping != "none") {
     json schema;
     try {
       schema = json::parse(metadata.value("schemaString", "{}"));
@@ -334,13 +342,47 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
       throw DataError("data: the Delta table " + root + " has a schemaString that is not JSON (" +
                       e.what() + ")");
     }
-    if (schema.contains("fields") && schema["fields"].is_array())
-      for (const auto& f : schema["fields"])
-        if (f.is_object() && partition_columns.count(f.value("name", "")))
-          snap.partition_types[f.value("name", "")] =
+    if (schema.contains("fields") && schema["fields"].is_array()) {
+      for (const auto& f : schema["fields"]) {
+        if (!f.is_object()) continue;
+        const std::string name = f.value("name", "");
+        if (partition_columns.count(name))
+          snap.partition_types[name] =
               f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "struct";
+        if (snap.column_mapping == "none") continue;
+        // Column mapping: the field's metadata names its physical column and id.
+        const json meta =
+            f.contains("metadata") && f["metadata"].is_object() ? f["metadata"] : json::object();
+        MappedColumn m{name, "", -1};
+        if (auto it = meta.find("delta.columnMapping.physicalName");
+            it != meta.end() && it->is_string())
+          m.physical = it->get<std::string>();
+        if (auto it = meta.find("delta.columnMapping.id");
+            it != meta.end() && it->is_number_integer())
+          m.id = it->get<int64_t>();
+        if (m.physical.empty() || (snap.column_mapping == "id" && m.id < 0)) {
+          throw DataError("data: the Delta table " + root + " maps its columns by " +
+                          snap.column_mapping + ", but its schema gives column '" + name +
+                          "' no delta.columnMapping." +
+                          (m.physical.empty() ? "physicalName" : "id") +
+                          ": the log is damaged or was written by a broken writer");
+        }
+        snap.mapped_columns.push_back(std::move(m));
+      }
+    }
   }
+  // partitionValues are keyed by physical names under column mapping: the table's own names.
+  std::map<std::string, std::string> logical_of;
+  for (const auto& m : snap.mapped_columns) logical_of[m.physical] = m.logical;
   for (auto& [path, f] : files) {
+    if (!logical_of.empty()) {
+      std::map<std::string, std::string> renamed;
+      for (auto& [k, v] : f.partition_values) {
+        auto it = logical_of.find(k);
+        renamed[it == logical_of.end() ? k : it->second] = std::move(v);
+      }
+      f.partition_values = std::move(renamed);
+    }
     if (f.deletion_vector) {
       throw DataError("data: the Delta table " + root + " at version " + std::to_string(target) +
                       " has a deletion vector on " + path +

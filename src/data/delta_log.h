@@ -17,8 +17,19 @@ struct DeltaFile {
   bool deletion_vector = false;
 };
 
+// A column under Delta's column mapping: the name the table shows, the name its Parquet files
+// and partitionValues use, and its id (the Parquet field id in "id" mode).
+struct MappedColumn {
+  std::string logical, physical;
+  int64_t id = -1;
+};
+
 struct DeltaSnapshot {
   int64_t version = 0;
+  // delta.columnMapping.mode: "none", "name" or "id"; the top-level columns when not "none"
+  // (partition_values and partition_types are keyed by logical names already).
+  std::string column_mapping = "none";
+  std::vector<MappedColumn> mapped_columns;
   std::vector<DeltaFile> files;  // sorted by path
   // partition column -> its Delta type ("integer", "long", "double", "string", ...)
   std::map<std::string, std::string> partition_types;
@@ -26,7 +37,8 @@ struct DeltaSnapshot {
 
 // Throws DataError naming the log file and what is wrong: no _delta_log, a missing commit, a
 // version the log does not hold, an unreadable checkpoint or commit line, a reader feature
-// dtrain does not implement (with the feature's name), a file with a deletion vector.
+// dtrain does not implement (with the feature's name), a file with a deletion vector, a column
+// mapping whose schema lacks a column's physical name or id.
 DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t> version);
 
 // "a%20b/c.parquet" -> "a b/c.parquet"; a "file:" URI -> its path. DataError for other schemes.

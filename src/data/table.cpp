@@ -1,7 +1,9 @@
 #include <arrow/type.h>
+#include <arrow/util/key_value_metadata.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "data/delta_log.h"
 #include "data/parquet_file.h"
@@ -47,6 +49,40 @@ std::vector<std::string> parquet_files(const fs::path& root) {
   return out;
 }
 
+// Under Delta's column mapping a file names its columns by physical names ("name" mode) or
+// Parquet field ids ("id" mode): its schema is given the table's own (logical) names, so that
+// Columns, columns() and the messages use them. Fields the table does not map keep their names.
+std::shared_ptr<arrow::Schema> logical_schema(const std::shared_ptr<arrow::Schema>& schema,
+                                              const detail::DeltaSnapshot& snap) {
+  if (snap.column_mapping == "none") return schema;
+  std::map<std::string, std::string> by_name;
+  std::map<int64_t, std::string> by_id;
+  for (const auto& m : snap.mapped_columns) {
+    by_name[m.physical] = m.logical;
+    by_id[m.id] = m.logical;
+  }
+  arrow::FieldVector fields;
+  for (const auto& f : schema->fields()) {
+    std::string logical;
+    if (snap.column_mapping == "id") {
+      if (f->metadata()) {
+        const int k = f->metadata()->FindKey("PARQUET:field_id");
+        if (k >= 0) {
+          try {
+            auto it = by_id.find(std::stoll(f->metadata()->value(k)));
+            if (it != by_id.end()) logical = it->second;
+          } catch (const std::exception&) {
+          }
+        }
+      }
+    } else if (auto it = by_name.find(f->name()); it != by_name.end()) {
+      logical = it->second;
+    }
+    fields.push_back(logical.empty() ? f : f->WithName(logical));
+  }
+  return arrow::schema(std::move(fields), schema->metadata());
+}
+
 }  // namespace
 
 Table Table::open(const std::string& location, TableOptions options) {
@@ -72,8 +108,9 @@ Table Table::open(const std::string& location, TableOptions options) {
   state->format = format;
   state->root = fs::absolute(path).lexically_normal().string();
   std::vector<std::map<std::string, std::string>> partitions;
+  detail::DeltaSnapshot snap;
   if (format == TableFormat::kDelta) {
-    auto snap = detail::read_delta_snapshot(state->root, options.version);
+    snap = detail::read_delta_snapshot(state->root, options.version);
     state->version = snap.version;
     state->partition_types = snap.partition_types;
     for (auto& f : snap.files) {
@@ -92,6 +129,7 @@ Table Table::open(const std::string& location, TableOptions options) {
                       "in part");
     }
     auto file = detail::read_footer(state->paths[i]);
+    file.schema = logical_schema(file.schema, snap);
     file.partition_values = std::move(partitions[i]);
     for (int g = 0; g < file.metadata->num_row_groups(); ++g) {
       RowGroup rg;

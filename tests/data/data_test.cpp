@@ -738,6 +738,39 @@ TEST(DeltaTable, PartitionColumnsComeFromTheLog) {
   EXPECT_EQ(sorted(ids), expected()["delta_part"].get<std::vector<int64_t>>());
 }
 
+// Column mapping, as Databricks turns it on to rename or drop columns: the files and the log's
+// partitionValues name the columns by physical names ("name" mode) or Parquet field ids ("id"
+// mode). The reader shows the table's own names and reads the rows delta-rs's engine reads.
+TEST(DeltaTable, ColumnMappingByNameAndByIdReadsTheRowsDeltaRsReads) {
+  for (const std::string key : {"delta_mapped", "delta_mapped_id"}) {
+    SCOPED_TRACE(key);
+    auto t = Table::open("delta:" + tables() + "/" + key);
+    std::map<std::string, bool> columns;  // name -> partition
+    for (const auto& c : t.columns()) columns[c.name] = c.partition;
+    EXPECT_EQ(columns,
+              (std::map<std::string, bool>{
+                  {"id", false}, {"x", false}, {"name", false}, {"label", key == "delta_mapped"}}));
+    Reader r(t, {.columns = {{.name = "id", .dtype = torch::kLong},
+                             {.name = "label", .dtype = torch::kLong},
+                             {.name = "x", .dtype = torch::kFloat, .shape = {4}}},
+                 .batch_size = 16,
+                 .num_replicas = 1,
+                 .rank = 0});
+    std::vector<std::vector<double>> got;
+    while (auto b = r.next()) {
+      auto id = b->at("id"), label = b->at("label"), x = b->at("x");
+      for (int64_t i = 0; i < id.size(0); ++i) {
+        std::vector<double> row = {static_cast<double>(id[i].item<int64_t>()),
+                                   static_cast<double>(label[i].item<int64_t>())};
+        for (int64_t j = 0; j < 4; ++j) row.push_back(x[i][j].item<float>());
+        got.push_back(row);
+      }
+    }
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, expected()[key].get<std::vector<std::vector<double>>>());
+  }
+}
+
 TEST(DeltaTable, AMissingCommitIsAnErrorNamingIt) {
   const std::string dir = tables() + "/delta_gap";
   // Version 2 needs commits 0-2 (no checkpoint before it): 2 is gone.

@@ -12,6 +12,9 @@ OUT/delta/           a Delta table: v0 create (ids 0-99), v1 append (100-149), v
                      v5 append (2000-2029), v6 append (3000-3009)
 OUT/delta_part/      a Delta table partitioned by label (ids 0-89 in two commits)
 OUT/delta_gap/       a copy of delta/ without 00000000000000000002.json (a missing commit)
+OUT/delta_mapped/    a Delta table with column mapping by name, partitioned by label (ids 0-89
+                     in two commits): its Parquet files and partitionValues use physical names
+OUT/delta_mapped_id/ the same rows (no partition) with column mapping by id (Parquet field ids)
 OUT/types/           one file of 30 rows in row groups of 8: a column of every numeric type and
                      lists of several (the values follow from the id; data_test.cpp checks them)
 OUT/bad/             truncated.parquet, corrupt.parquet, nulls.parquet, ragged.parquet (a list
@@ -83,6 +86,24 @@ def main(out):
     write_deltalake(part, rows(range(0, 60)), partition_by=["label"])
     write_deltalake(part, rows(range(60, 90)), partition_by=["label"], mode="append")
     expected["delta_part"] = sorted(DeltaTable(part).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
+
+    # Column mapping (Databricks turns it on to rename or drop columns): the files' columns and
+    # the log's partitionValues hold physical names ("col-<uuid>"), the schema maps them.
+    for mode, key, partition in (("name", "delta_mapped", ["label"]), ("id", "delta_mapped_id", None)):
+        mdir = os.path.join(out, key)
+        cfg = {"delta.columnMapping.mode": mode, "delta.minReaderVersion": "2",
+               "delta.minWriterVersion": "5"}
+        write_deltalake(mdir, rows(range(0, 60)), partition_by=partition, configuration=cfg)
+        write_deltalake(mdir, rows(range(60, 90)), partition_by=partition, mode="append")
+        files = [os.path.join(d, f) for d, _, fs in os.walk(mdir) if "_delta_log" not in d
+                 for f in fs if f.endswith(".parquet")]
+        names = pq.read_schema(files[0]).names
+        assert names and all(n.startswith("col-") for n in names), names  # physical names
+        t = DeltaTable(mdir).scan(columns=["id", "label", "x"]).read_all()
+        t = pa.table(t)
+        got = sorted(zip(t.column("id").to_pylist(), t.column("label").to_pylist(),
+                         t.column("x").to_pylist()))
+        expected[key] = [[i, label] + list(x) for i, label, x in got]
 
     gap = os.path.join(out, "delta_gap")
     shutil.copytree(ddir, gap)
