@@ -16,10 +16,10 @@
 // complete checkpoint (classic single- or multi-part Parquet) at or before the version, then
 // each JSON commit after it in order, applying add and remove actions by path. A missing commit
 // in that range, a version beyond the log's newest, or one older than what the log still holds
-// is an error naming the file. Reader features dtrain does not implement (column mapping,
-// deletion vectors on a file of the snapshot, ...) are refused with the feature's name, never
-// read wrongly. Partition columns (metaData.partitionColumns) are columns of every row, with
-// the value of the row's file.
+// is an error naming the file. Column mapping (by name or by id) is read: columns keep the
+// table's own names. Reader features dtrain does not implement (deletion vectors on a file of
+// the snapshot, ...) are refused with the feature's name, never read wrongly. Partition columns
+// (metaData.partitionColumns) are columns of every row, with the value of the row's file.
 //
 // Every file's footer is read at open() (row groups, schema); data are read by the Reader.
 // Errors: dtrain::data::DataError (a UsageError) naming the file and what is wrong.
