@@ -180,6 +180,23 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
   out->resumed = json::parse(std::ifstream(dir / "resumed.json"));
 }
 
+// One case's run on both sides: the losses step by step within `loss_bound` (relative) and the
+// final parameters within `param_bound`. Sets the largest gaps of each.
+struct Gaps {
+  double loss = 0, param = 0;
+};
+void expect_same_run(const json& x, const json& y, double loss_bound, double param_bound,
+                     const char* step, Gaps* gaps) {
+  ASSERT_EQ(x["losses"].size(), y["losses"].size());
+  for (size_t k = 0; k < x["losses"].size(); ++k) {
+    const double u = x["losses"][k], v = y["losses"][k];
+    gaps->loss = std::max(gaps->loss, std::fabs(u - v));
+    EXPECT_NEAR(u, v, loss_bound * std::max(1.0, std::fabs(v))) << step << " " << k + 1;
+  }
+  gaps->param = max_diff(x["params"], y["params"]);
+  EXPECT_LT(gaps->param, param_bound) << "parameters apart";
+}
+
 // Training, then checkpoints both ways: dtrain's read by DeepSpeed's zero_to_fp32 and by
 // torch.load(weights_only=True) (stages 1-3); DeepSpeed's (saved after step 5) read by
 // `dtrain zero to-fp32` and resumed by dtrain's engine (stages 1-3: parameters, Adam/SGD/Adagrad
@@ -216,15 +233,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     SCOPED_TRACE(name);
     ASSERT_TRUE(a.contains(name) && b.contains(name));
     const json &x = a[name], &y = b[name];
-    double loss_diff = 0;
-    ASSERT_EQ(x["losses"].size(), y["losses"].size());
-    for (size_t k = 0; k < x["losses"].size(); ++k) {
-      const double u = x["losses"][k], v = y["losses"][k];
-      loss_diff = std::max(loss_diff, std::fabs(u - v));
-      EXPECT_NEAR(u, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << k + 1;
-    }
-    const double param_diff = max_diff(x["params"], y["params"]);
-    EXPECT_LT(param_diff, 1e-5) << "parameters apart";
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+    const double loss_diff = gaps.loss, param_diff = gaps.param;
     // dtrain's checkpoint through DeepSpeed's zero_to_fp32, and every file of it through
     // torch.load(weights_only=True): the model file (one per rank at stage 3, as DeepSpeed's)
     // and 2 optimizer files.
@@ -329,15 +340,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(a.contains(name) && b.contains(name));
     const json &x = a[name], &y = b[name];
-    ASSERT_EQ(x["losses"].size(), y["losses"].size());
-    double loss_diff = 0;
-    for (size_t k = 0; k < x["losses"].size(); ++k) {
-      const double u = x["losses"][k], v = y["losses"][k];
-      loss_diff = std::max(loss_diff, std::fabs(u - v));
-      EXPECT_NEAR(u, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << k + 1;
-    }
-    const double param_diff = max_diff(x["params"], y["params"]);
-    EXPECT_LT(param_diff, 1e-5) << "parameters apart";
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+    const double loss_diff = gaps.loss, param_diff = gaps.param;
     std::printf("%-50s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
                 loss_diff, param_diff);
   }
@@ -397,19 +402,14 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(a.contains(name) && b.contains(name));
     const json &x = a[name], &y = b[name];
-    ASSERT_EQ(x["losses"].size(), y["losses"].size());
-    double loss_diff = 0;
-    for (size_t k = 0; k < x["losses"].size(); ++k) {
-      const double u = x["losses"][k], v = y["losses"][k];
-      loss_diff = std::max(loss_diff, std::fabs(u - v));
-      // The same bf16 operations in the same order: equal up to float32 noise in the loss
-      // against the peer's torch 2.x. libtorch 1.13's bf16 kernels round differently (the
-      // forward and backward themselves): there the bound is that of bf16's 8-bit mantissa.
-      EXPECT_NEAR(u, v, kLossBound * std::max(1.0, std::fabs(v))) << "micro-step " << k + 1;
-    }
-    // The bf16 parameters: equal (one bf16 rounding apart would be ~4e-3 here).
-    const double param_diff = max_diff(x["params"], y["params"]);
-    EXPECT_LT(param_diff, param_bound(c.at("config"))) << "parameters apart";
+    // The same bf16 operations in the same order: losses equal up to float32 noise against the
+    // peer's torch 2.x, and the bf16 parameters equal (one bf16 rounding apart would be ~4e-3
+    // here). libtorch 1.13's bf16 kernels round differently (the forward and backward
+    // themselves): there the loss bound is that of bf16's 8-bit mantissa.
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(
+        expect_same_run(x, y, kLossBound, param_bound(c.at("config")), "micro-step", &gaps));
+    const double loss_diff = gaps.loss, param_diff = gaps.param;
     std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
                 loss_diff, param_diff);
   }
@@ -471,15 +471,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(a.contains(name) && b.contains(name));
     const json &x = a[name], &y = b[name];
-    ASSERT_EQ(x["losses"].size(), y["losses"].size());
-    double loss_diff = 0;
-    for (size_t k = 0; k < x["losses"].size(); ++k) {
-      const double u = x["losses"][k], v = y["losses"][k];
-      loss_diff = std::max(loss_diff, std::fabs(u - v));
-      EXPECT_NEAR(u, v, 1e-5 * std::max(1.0, std::fabs(v))) << "step " << k + 1;
-    }
-    const double param_diff = max_diff(x["params"], y["params"]);
-    EXPECT_LT(param_diff, 1e-5) << "parameters apart";
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+    const double loss_diff = gaps.loss, param_diff = gaps.param;
     const int stage = c["config"]["zero_optimization"]["stage"];
     // Every file of dtrain's checkpoint through torch.load(weights_only=True) (stage 0: the
     // model file, with DeepSpeed's "optimizer", and dtrain's 2 optimizer files); at stages 1-3
