@@ -1008,6 +1008,57 @@ PyPtr EngineImpl::deepspeed_stage0_optimizer() const {
   return o;
 }
 
+// DeepSpeed 0.19.8 wraps the basic optimizer at stage 0 under fp16 or bf16
+// (engine._configure_fp16_optimizer): FusedAdam in FP16_Optimizer (fused_optimizer.py), anything
+// else - its CPU optimizers with offload_optimizer, torch.optim's, FusedLion - in
+// FP16_UnfusedOptimizer (unfused_optimizer.py). Their state_dicts as they write them: the loss
+// scale keys (FP16_Optimizer only with fp16's grad scaling), the basic optimizer's state_dict,
+// and the fp32 master.
+PyPtr EngineImpl::deepspeed_stage0_wrapper() const {
+  const auto& opt = config_.optimizer;
+  const bool fused = (opt.type == "Adam" || opt.type == "AdamW") && !opt.torch_adam &&
+                     !config_.zero.offload_optimizer.enabled();
+  const bool fp16 = config_.fp16.enabled;
+  const auto s = scaler_.state();  // scale, iteration, last overflow iteration, hysteresis
+  auto o = py_dict();
+  if (fp16 || !fused) {
+    const bool dynamic = fp16 && scaler_.dynamic();
+    py_set(o, "dynamic_loss_scale", py_bool(dynamic));
+    py_set(o, "cur_scale", py_float(fp16 ? s[0] : 1.0));
+    // The wrapper counts every step() (skipped ones too); dtrain's scaler does under fp16.
+    py_set(o, "cur_iter", py_int(fp16 ? static_cast<int64_t>(s[1]) : global_steps_));
+    if (dynamic) {
+      py_set(o, "last_overflow_iter", py_int(static_cast<int64_t>(s[2])));
+      py_set(o, "scale_factor", py_float(2.0));
+      py_set(o, "scale_window", py_int(config_.fp16.loss_scale_window));
+    }
+  }
+  const torch::Tensor w = update_target().to(torch::kCPU, master_dtype_, false, true);
+  if (fused) {
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    const auto names = optimizer_->state_names();
+    const auto& state = optimizer_->state();
+    for (size_t k = 0; k < state.size(); ++k)
+      tensors.emplace_back(
+          names[k], state[k].narrow(0, 0, numel_).to(torch::kCPU, master_dtype_, false, true));
+    auto states = py_dict();
+    states->dict.push_back({py_int(0), deepspeed_param_state(tensors)});
+    auto base = py_dict();
+    py_set(base, "state", states);
+    py_set(base, "param_groups", py_list({deepspeed_param_group({py_int(0)})}));
+    py_set(o, "optimizer_state_dict", base);
+    py_set(o, "fp32_groups_flat", py_list({py_tensor(w.narrow(0, 0, numel_))}));
+    py_set(o, "clip_grad", py_float(config_.gradient_clipping));
+  } else {
+    py_set(o, "optimizer_state_dict", deepspeed_stage0_optimizer());
+    std::vector<PyPtr> params;
+    for (size_t i = 0; i < numels_.size(); ++i)
+      params.push_back(py_tensor(w.narrow(0, offsets_[i], numels_[i]).view(shapes_[i])));
+    py_set(o, "fp32_groups", py_list({py_list(std::move(params))}));
+  }
+  return o;
+}
+
 IValue EngineImpl::optim_state() { return optim_dict(false); }
 
 IValue EngineImpl::optim_dict(bool deepspeed_stage3) {
@@ -1125,11 +1176,12 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     const IValue model = model_state(rank_ == 0);
     if (rank_ == 0) {
       auto file = with_client_state(deepspeed_model_file(model), opts.client_state);
-      // Stage 0 in fp32: DeepSpeed's own layout of the optimizer state as well (its engine's
-      // load_checkpoint reads it; dtrain reads its optimizer files below). Under fp16/bf16
-      // DeepSpeed saves its FP16 wrapper's state there, which dtrain does not write.
-      if (!policy_.optimizer() && !mixed_ && !optimizer_->opaque())
-        py_set(file, "optimizer", deepspeed_stage0_optimizer());
+      // Stage 0: DeepSpeed's own layout of the optimizer state as well (its engine's
+      // load_checkpoint reads it; dtrain reads its optimizer files below): the basic
+      // optimizer's state_dict in fp32, its fp16/bf16 wrapper's under mixed precision.
+      if (!policy_.optimizer() && !optimizer_->opaque())
+        py_set(file, "optimizer",
+               mixed_ ? deepspeed_stage0_wrapper() : deepspeed_stage0_optimizer());
       save_file(tmp / kModelFile, *file);
     }
     // Every rank: its slice of the master and the optimizer state (and, but for a client
@@ -1504,7 +1556,10 @@ void EngineImpl::load_counters(const c10::impl::GenericDict& d, const LoadCheckp
   if (!opts.load_module_only) {
     if (d.contains("loss_scaler") && d.at("loss_scaler").isDoubleList()) {
       auto ls = d.at("loss_scaler").toDoubleList();
-      scaler_.set_state(std::vector<double>(ls.begin(), ls.end()));
+      std::vector<double> st(ls.begin(), ls.end());
+      // A hysteresis of -1 (DeepSpeed's stage-0 wrappers keep none): the engine's own.
+      if (st.size() == 4 && st[3] < 0) st[3] = scaler_.state()[3];
+      scaler_.set_state(st);
     }
     global_steps_ = get(d, "global_steps", model_path).toInt();
     skipped_steps_ = get(d, "skipped_steps", model_path).toInt();
@@ -1823,7 +1878,11 @@ std::vector<c10::impl::GenericDict> from_deepspeed_stage3(
 
 // DeepSpeed's stage 0 (no optimizer files): the module holds the parameters, "optimizer" the
 // basic optimizer's state_dict in fp32 training (one state per parameter, keyed by its index in
-// the module's order). As one dtrain partition of everything (dp_world_size 1).
+// the module's order), or under fp16/bf16 its wrapper's (deepspeed_stage0_wrapper):
+// FP16_Optimizer's one flat fp32 group ("fp32_groups_flat", the base optimizer's state of that
+// one parameter) or FP16_UnfusedOptimizer's fp32 copies per parameter ("fp32_groups"), the
+// master taken from there rather than from the 16-bit module. As one dtrain partition of
+// everything (dp_world_size 1).
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed_stage0(
     const c10::impl::GenericDict& ds, const PyValue& ds_value, const fs::path& model_path,
     const std::vector<std::string>& names, const std::string& type,
@@ -1836,25 +1895,80 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   model.insert("dp_world_size", static_cast<int64_t>(1));
   std::vector<c10::impl::GenericDict> optims;
   if (!optimizer) return {model, optims};
-  const PyValue* o = ds_value.get("optimizer");
+  const PyValue* wrapper = ds_value.get("optimizer");
+  const PyValue* o = wrapper && wrapper->get("optimizer_state_dict")
+                         ? wrapper->get("optimizer_state_dict")
+                         : wrapper;
   const PyValue* state = o ? o->get("state") : nullptr;
-  if (!state || state->kind != PyValue::Kind::Dict || !o->get("param_groups"))
+  const PyValue* flat = o != wrapper ? wrapper->get("fp32_groups_flat") : nullptr;
+  const PyValue* copies = o != wrapper ? wrapper->get("fp32_groups") : nullptr;
+  const bool known =
+      state && state->kind == PyValue::Kind::Dict && o->get("param_groups") &&
+      (o == wrapper || (flat && flat->items.size() == 1) || (copies && copies->items.size() == 1));
+  if (!known)
     throw CheckpointError(
         model_path.string() + ": DeepSpeed's stage-0 optimizer state " +
-        (o && o->get("optimizer_state_dict") ? "of its fp16/bf16 wrapper (FP16_Optimizer)"
-                                             : "in an unknown layout") +
+        (o != wrapper && (flat || copies) ? "of several parameter groups"
+                                          : "in an unknown layout") +
         " is not read by dtrain; load with load_optimizer_states = false (the parameters, steps "
         "and scheduler position load)");
+  // The fp16 loss scale the wrapper kept (FP16_Optimizer's _update_scale at stage 0 uses no
+  // hysteresis: -1 leaves the engine's own).
+  if (o != wrapper) {
+    const PyValue* dynamic = wrapper->get("dynamic_loss_scale");
+    const PyValue* scale = wrapper->get("cur_scale");
+    const PyValue* iter = wrapper->get("cur_iter");
+    if (dynamic && scale && iter && scale->kind == PyValue::Kind::Float) {
+      const PyValue* last = wrapper->get("last_overflow_iter");
+      model.insert(
+          "loss_scaler",
+          c10::List<double>({scale->f, static_cast<double>(iter->as_int(model_path.string())),
+                             last ? static_cast<double>(last->as_int(model_path.string())) : -1.0,
+                             -1.0}));
+    }
+  }
   const auto params = module.toGenericDict();
   std::vector<torch::Tensor> master;
   std::vector<std::vector<torch::Tensor>> st(state_names.size());
   int64_t step = 0;
+  int64_t at = 0;  // where parameter i starts in the flat group
+  const PyValue* s0 = flat ? state->get("0") : nullptr;
+  if (flat && !s0)
+    throw CheckpointError(model_path.string() +
+                          ": DeepSpeed's FP16_Optimizer state has no state of its flat group");
+  if (s0) step = deepspeed_step(*s0, *o, ds, model_path);
   for (size_t i = 0; i < names.size(); ++i) {
     auto it = params.find(names[i]);
     if (it == params.end())
       throw CheckpointError(model_path.string() + ": has no parameter '" + names[i] + "'");
-    const torch::Tensor p = it->value().toTensor().to(torch::kFloat32).reshape({-1});
-    master.push_back(p);
+    const int64_t n = it->value().toTensor().numel();
+    auto piece = [&](const torch::Tensor& t, const char* what) {
+      const torch::Tensor f = t.reshape({-1});
+      if (at + n > f.numel())
+        throw CheckpointError(model_path.string() + ": DeepSpeed's " + what + " holds " +
+                              std::to_string(f.numel()) +
+                              " elements, fewer than the module's parameters");
+      return f.narrow(0, at, n).to(torch::kFloat32);
+    };
+    if (flat) {
+      master.push_back(piece(flat->items[0]->tensor, "fp32_groups_flat"));
+      for (size_t k = 0; k < state_names.size(); ++k)
+        st[k].push_back(piece(deepspeed_state(*s0, state_names[k], type, model_path).tensor,
+                              "flat optimizer state"));
+      at += n;
+      continue;
+    }
+    if (copies) {
+      const auto& group = copies->items[0]->items;
+      if (i >= group.size() || group[i]->kind != PyValue::Kind::Tensor ||
+          group[i]->tensor.numel() != n)
+        throw CheckpointError(model_path.string() + ": DeepSpeed's fp32_groups has no copy of '" +
+                              names[i] + "' of its size");
+      master.push_back(group[i]->tensor.to(torch::kFloat32).reshape({-1}));
+    } else {
+      master.push_back(it->value().toTensor().to(torch::kFloat32).reshape({-1}));
+    }
+    const torch::Tensor& p = master.back();
     const PyValue* s = state->get(std::to_string(i));
     for (size_t k = 0; k < state_names.size(); ++k)
       st[k].push_back(s ? deepspeed_state(*s, state_names[k], type, model_path)

@@ -146,6 +146,11 @@ class EngineImpl final : public EngineCore {
   // optimizer class it builds for the config, stepping the module's parameters (one state per
   // parameter, in the module's order).
   detail::PyPtr deepspeed_stage0_optimizer() const;
+  // DeepSpeed's stage-0 "optimizer" under fp16/bf16: the state_dict of the wrapper it builds,
+  // FP16_Optimizer around FusedAdam (one flat fp32 group, the base optimizer's state of that one
+  // parameter) or FP16_UnfusedOptimizer around any other optimizer (fp32 copies per parameter,
+  // deepspeed_stage0_optimizer's state), with the loss-scale keys each writes.
+  detail::PyPtr deepspeed_stage0_wrapper() const;
   // DeepSpeed's keys of a stage-3 optimizer file (stage3.py's _rigid_state_dict), added to `o`,
   // which optim_dict(true) made: its groups and state cut into DeepSpeed's sub-groups.
   void add_deepspeed_stage3_keys(const detail::PyPtr& o, bool loss_scaler) const;

@@ -416,6 +416,72 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
   fs::remove_all(dir);
 }
 
+// bf16 at stage 0: DeepSpeed wraps its basic optimizer (FusedAdam in FP16_Optimizer, one flat
+// fp32 group; its CPU optimizers under offload_optimizer in FP16_UnfusedOptimizer, fp32 copies
+// per parameter) and saves the wrapper's state_dict as the model file's "optimizer". Each side
+// resumes the other's step-5 checkpoint and ends where the uninterrupted run of the other ends.
+TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
+  // As TwoRanksBf16MicroBatchesAsDeepSpeed: bit for bit on 2.x, bf16 rounding apart on 1.13.
+  const double kLossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
+  auto param_bound = [](const json& config) {
+    return TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5 * config["optimizer"]["params"]["lr"].get<double>();
+  };
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-parity16ck-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  json cs = json::array();
+  auto add = [&](const std::string& name, const json& optimizer, bool offload) {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"bf16", {{"enabled", true}}},
+                   {"optimizer", optimizer},
+                   {"zero_optimization", {{"stage", 0}}},
+                   {"steps_per_print", 1000}};
+    if (offload) config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    cs.push_back({{"name", name}, {"config", config}});
+  };
+  const json adam = {{"type", "Adam"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}};
+  add("bf16, stage 0, Adam (FP16_Optimizer)", adam, false);
+  add("bf16, stage 0, Adam, offload_optimizer (FP16_UnfusedOptimizer)", adam, true);
+  add("bf16, stage 0, Adagrad, offload_optimizer",
+      {{"type", "Adagrad"}, {"params", {{"lr", 0.05}, {"eps", 1e-8}}}}, true);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    cs[i]["client_state"] = {{"step", 5}, {"case", i}};
+    cs[i]["save_dtrain_mid"] = (dir / ("dtrain_mid_" + std::to_string(i))).string();
+    cs[i]["resume_dtrain"] = cs[i]["save_dtrain_mid"];
+    cs[i]["save"] = (dir / ("ds_" + std::to_string(i))).string();
+  }
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
+  const json &a = runs.ours, &b = runs.theirs, &r = runs.resumed;
+  std::printf("%-62s %-11s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, bf16", "final loss", "|dloss|",
+              "|dparam|", "resumed", "DS resumes");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    const double bound = param_bound(c.at("config"));
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kLossBound, bound, "step", &gaps));
+    // dtrain from DeepSpeed's checkpoint: the fp32 master and the optimizer state read from the
+    // wrapper's keys (the 16-bit module alone would end elsewhere).
+    ASSERT_TRUE(r.contains(name));
+    EXPECT_EQ(r[name]["client_state"], c["client_state"]);
+    const double resumed_diff = max_diff(r[name]["params"], y["params"]);
+    EXPECT_LT(resumed_diff, bound) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    // DeepSpeed's own load_checkpoint of dtrain's (its wrapper's load_state_dict).
+    const json& back = y.value("resumed_dtrain", json::object());
+    ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
+    EXPECT_EQ(back["global_steps"], 5);
+    const double ds_resumed = max_diff(back["params"], y["params"]);
+    EXPECT_LT(ds_resumed, bound) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
+    std::printf("%-62s %-11.7f %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+                y["losses"].back().get<double>(), gaps.loss, gaps.param, resumed_diff, ds_resumed);
+  }
+  fs::remove_all(dir);
+}
+
 // What DeepSpeed 0.19.8 runs and dtrain refused before: offload_optimizer at stage 0 (its CPU
 // optimizer - DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion - over the whole model;
 // checkpoints in its stage-0 layout, the optimizer state in the model file), and Lion without
