@@ -291,6 +291,84 @@ TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
   fs::remove_all(dir);
 }
 
+// PBT's trainable: a curve to iteration 8 from its checkpoint; every run writes
+// RUNS/run-ID-N.json: {"cvd", "start", "end"} (the end as it returns or is stopped or paused).
+void pbt_gpu_trainable(Config config) {
+  struct Run {
+    Config seen;
+    fs::path file;
+    ~Run() {
+      seen["end"] = wall_now();
+      std::ofstream(file) << seen.dump();
+    }
+  } run;
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  run.seen = {{"cvd", cvd ? Config(cvd) : Config(nullptr)}, {"start", wall_now()}};
+  run.file = fs::path(config.at("runs").get<std::string>()) /
+             ("run-" + trial_id() + "-" + std::to_string(::getpid()) + ".json");
+  int start = 0;
+  if (auto ckpt = get_checkpoint()) std::ifstream(fs::path(*ckpt) / "state") >> start;
+  const double q = config.at("q").get<double>();
+  for (int it = start + 1; it <= 8; ++it) {
+    const fs::path tmp = fs::path(trial_dir()) / "tmp_ckpt";
+    fs::create_directories(tmp);
+    std::ofstream(tmp / "state") << it << "\n";
+    report({{"score", q * config.at("lr").get<double>() * it}}, tmp.string());
+  }
+}
+
+// PBT with more trials than GPUs (4 trials of 1 GPU, 2 declared; CPUs for 4): a trial PBT pauses
+// gives its GPU back and the waiting ones start on it; a paused trial runs again on whichever is
+// free. Every run sees one GPU, and runs that overlap never share one.
+TEST(TuneGpus, PbtPausesReleaseTheirGpus) {
+  const fs::path dir = fresh_dir("gpus-pbt");
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  fs::create_directories(dir / "runs");
+  auto pbt = std::make_shared<PbtScheduler>(
+      PbtOptions{.time_attr = "training_iteration",
+                 .perturbation_interval = 2,
+                 .hyperparam_mutations = Config{{"lr", Config::array({0.5, 1.0, 1.5})}}});
+  Tuner tuner(
+      pbt_gpu_trainable,
+      Config{
+          {"q", grid_search({0.1, 0.5, 0.9, 1.3})}, {"lr", 1.0}, {"runs", (dir / "runs").string()}},
+      {.metric = "score",
+       .mode = "max",
+       .scheduler = pbt,
+       .num_cpus = 4,
+       .num_gpus = 2,
+       .trial_resources = {.gpus = 1},
+       .storage_path = (dir / "storage").string(),
+       .seed = 5,
+       .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  for (const auto& t : grid.trials()) {
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id << ": " << t.error;
+    EXPECT_EQ(t.last_result.value("training_iteration", Config(0)), 8) << t.id;
+  }
+  std::vector<Config> runs;
+  for (const auto& e : fs::directory_iterator(dir / "runs")) {
+    std::ifstream in(e.path());
+    runs.push_back(Config::parse(in));
+  }
+  EXPECT_GT(runs.size(), 4u) << "no trial was paused and run again";
+  for (const auto& r : runs) {
+    EXPECT_TRUE(r.at("cvd") == "0" || r.at("cvd") == "1") << r.dump();
+    for (const auto& other : runs) {
+      if (&other == &r) continue;
+      const bool overlap = r.at("start").get<double>() < other.at("end").get<double>() &&
+                           other.at("start").get<double>() < r.at("end").get<double>();
+      if (overlap) {
+        EXPECT_NE(r.at("cvd"), other.at("cvd")) << r.dump() << " " << other.dump();
+      }
+    }
+  }
+  EXPECT_LE(most_at_once(runs), 2);
+  EXPECT_GT(pbt->num_perturbations(), 0);
+  fs::remove_all(dir);
+}
+
 // The pool alone, as Ray's raylet allocates (ResourceInstanceSet::TryAllocate).
 TEST(TuneGpus, PoolAllocatesAsRaysRaylet) {
   using Ids = std::vector<int>;
