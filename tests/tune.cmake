@@ -61,6 +61,13 @@ add_test(NAME tune.ray_room
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
 set_tests_properties(tune.ray_room PROPERTIES LABELS "ray;torch2_only" TIMEOUT 400
   RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+# GPUs per trial on Ray (tests/ray/lib.sh: the head on n0, a worker node of 4 CPUs declaring 2 GPUs
+# on n1): 1 GPU per trial runs 2 at a time, 0.5 runs 4, each trial's workers see Ray's id.
+add_test(NAME tune.ray_gpus
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/ray_gpus_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.ray_gpus PROPERTIES LABELS "ray;torch2_only" TIMEOUT 400
+  RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
 # Two ssh hosts (tests/cluster/lib.sh: namespaces n1, n2 with sshd; root): a warm fork server
 # on each forks every trial's workers, a SIGKILLed worker fails only its trial, 2 trials at a
 # time, nothing left on either host; then the per-trial start cold and warm (printed).
