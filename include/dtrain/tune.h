@@ -24,7 +24,8 @@
 // How it works. fit() generates the trials (dtrain/tune_search_space.h), then runs them, as
 // many at once as fit in the engine's free slots (the machine's cores; a cluster's free
 // processes of a trial's size, counted again as trials end where the engine's count follows
-// its jobs) and max_concurrent_trials.
+// its jobs), the GPUs free (trial_resources.gpus, as Ray assigns them) and
+// max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
 // data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The
@@ -185,7 +186,8 @@ struct TuneOptions {
   // engine's count) is what makes PBT pause trials to share them, as Ray's CPUs do.
   int max_concurrent_trials = 0;
   // Local mode: the CPUs the search may use, as ray.init(num_cpus=N) for a local Ray: trials
-  // at once = num_cpus / trial_resources.processes (at least 1). 0: this machine's cores. On a
+  // at once = num_cpus / trial_resources.processes (at least 1), and of those only as many as
+  // have their GPUs free (trial_resources.gpus, num_gpus). 0: this machine's cores. On a
   // cluster the engine counts its slots (UsageError if set).
   int num_cpus = 0;
   // Local mode: the GPUs the search hands its trials, as ray.init(num_gpus=N): ids 0..N-1

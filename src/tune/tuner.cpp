@@ -420,7 +420,7 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, std::string
         "tune::Tuner: num_gpus is for a local search (the GPUs of this machine it hands its "
         "trials); on a cluster the engine counts its GPUs: leave it -1");
   }
-  if (gpus > 0 && !o.local_mode) {
+  if (gpus > 0 && !o.local_mode && !o.cluster.engine.empty()) {  // no engine: said below
     // The Ray engine asks Ray for GPUs per process; Ray assigns them and sets
     // CUDA_VISIBLE_DEVICES for each agent (python/dtrain/ray.py). The other engines place
     // processes on CPU slots and know no GPU ids.
