@@ -13,6 +13,12 @@ dtrain_test_once(tune_best_result_test torch2)
 
 dtrain_test(tune_tuner_test LABELS tune SOURCES tune/tuner_test.cpp TORCH)
 add_dependencies(tune_tuner_test dtrain_cli)
+# GPUs per trial against Ray 2.60 with GPUs declared (tests/tune/ray_gpus_peer.py, run beside
+# dtrain's searches; ~75 s on the 2-core development VM, 2026-11-30, Ray's side the longer): the
+# assignment is driver logic, the same on both builds, so once.
+dtrain_test(tune_gpus_test LABELS tune SOURCES tune/gpus_test.cpp TORCH)
+add_dependencies(tune_gpus_test dtrain_cli)
+dtrain_test_once(tune_gpus_test torch2)
 
 add_executable(tune_driver_program tune/driver_program.cpp)
 target_link_libraries(tune_driver_program PRIVATE dtrain)
@@ -55,6 +61,13 @@ add_test(NAME tune.ray_room
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/ray_room_test.sh
           $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
 set_tests_properties(tune.ray_room PROPERTIES LABELS "ray;torch2_only" TIMEOUT 400
+  RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
+# GPUs per trial on Ray (tests/ray/lib.sh: the head on n0, a worker node of 4 CPUs declaring 2 GPUs
+# on n1): 1 GPU per trial runs 2 at a time, 0.5 runs 4, each trial's workers see Ray's id.
+add_test(NAME tune.ray_gpus
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune/ray_gpus_test.sh
+          $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:tune_cluster_search>)
+set_tests_properties(tune.ray_gpus PROPERTIES LABELS "ray;torch2_only" TIMEOUT 400
   RUN_SERIAL TRUE ENVIRONMENT "DTRAIN_VENV_PYTHON=${DTRAIN_VENV_PYTHON}")
 # Two ssh hosts (tests/cluster/lib.sh: namespaces n1, n2 with sshd; root): a warm fork server
 # on each forks every trial's workers, a SIGKILLed worker fails only its trial, 2 trials at a

@@ -24,7 +24,8 @@
 // How it works. fit() generates the trials (dtrain/tune_search_space.h), then runs them, as
 // many at once as fit in the engine's free slots (the machine's cores; a cluster's free
 // processes of a trial's size, counted again as trials end where the engine's count follows
-// its jobs) and max_concurrent_trials.
+// its jobs), the GPUs free (trial_resources.gpus, as Ray assigns them) and
+// max_concurrent_trials.
 // Each trial is one Distributor job (dtrain/distributor.h): the trainable runs on
 // `processes` worker processes under the `dtrain` launcher, so a trial is itself
 // data-parallel; with local_mode = false the jobs run on a cluster engine (ClusterOptions). The
@@ -45,6 +46,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -109,9 +111,31 @@ std::string trial_dir();
 
 // ---- the search (driver side) ----------------------------------------------------------
 
+// A number of GPUs, whole or fractional, set from an int or a double alike and read as a double
+// (`.gpus = 1`, `.gpus = 0.5`, `.gpus = n` for an int n all compile, as they did when it was int).
+struct GpuAmount {
+  double value = 0;
+  constexpr GpuAmount() = default;
+  template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+  constexpr GpuAmount(T v) : value(static_cast<double>(v)) {}  // NOLINT: implicit, as a number
+  constexpr operator double() const { return value; }
+};
+
+// What one trial holds while it runs, as Ray Tune's tune.with_resources(fn, {"cpu": processes,
+// "gpu": gpus}): `processes` worker processes, each counted as one of TuneOptions::num_cpus.
 struct TrialResources {
   int processes = 1;  // worker processes per trial (the Distributor's num_processes)
-  int gpus = 0;       // GPUs per trial: not supported yet (UsageError if > 0)
+  // GPUs per trial (Ray's "gpu"): 0 (default), a fraction below 1 (0.5: two trials share a GPU)
+  // or a number of whole GPUs (2; 1.5 is a UsageError, as Ray refuses it). Local
+  // mode: the trial's ids are taken from TuneOptions::num_gpus' as Ray's raylet assigns them
+  // (whole GPUs lowest free id first, fractions packed onto the fullest GPU they fit), and every
+  // process of the trial starts with CUDA_VISIBLE_DEVICES = those ids (the driver's own list's
+  // entries where it has one); a trial of 0 GPUs keeps the driver's CUDA_VISIBLE_DEVICES as it is
+  // (unset stays unset), as Ray 2.60 leaves it. Trials start only while their GPUs are free
+  // (docs/tune.md, "GPUs per trial"). On the "ray" engine each process asks Ray for gpus /
+  // processes GPUs (ClusterOptions::ray.num_gpus_per_process) and Ray assigns them; other cluster
+  // engines: UsageError.
+  GpuAmount gpus = 0;
 };
 
 // Ray's CheckpointConfig (RunConfig(checkpoint_config=...)): which of each trial's checkpoints
@@ -162,9 +186,18 @@ struct TuneOptions {
   // engine's count) is what makes PBT pause trials to share them, as Ray's CPUs do.
   int max_concurrent_trials = 0;
   // Local mode: the CPUs the search may use, as ray.init(num_cpus=N) for a local Ray: trials
-  // at once = num_cpus / trial_resources.processes (at least 1). 0: this machine's cores. On a
+  // at once = num_cpus / trial_resources.processes (at least 1), and of those only as many as
+  // have their GPUs free (trial_resources.gpus, num_gpus). 0: this machine's cores. On a
   // cluster the engine counts its slots (UsageError if set).
   int num_cpus = 0;
+  // Local mode: the GPUs the search hands its trials, as ray.init(num_gpus=N): ids 0..N-1
+  // (mapped through the driver's CUDA_VISIBLE_DEVICES when it is set), declared even where the
+  // machine has none, as Ray hands them out then too. -1 (default): this machine's CUDA devices
+  // that CUDA_VISIBLE_DEVICES lets it see, counted in a short-lived child process (the driver
+  // never initialises CUDA), only when trial_resources.gpus > 0. fit() throws UsageError when a
+  // trial asks for more than there are (Ray would wait for them forever). On a cluster the
+  // engine counts them (UsageError if set).
+  int num_gpus = -1;
   TrialResources trial_resources;
   // Where trials run, as the Distributor has it (dtrain/distributor.h). true: this machine.
   // false: every trial is a Distributor job with local_mode = false on `cluster`'s engine

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -31,8 +32,10 @@
 #include "dtrain/store.h"
 #include "dtrain/tune.h"
 #include "engines/engine.h"
+#include "launch/gpus.h"
 #include "tune/checkpoint_keeper.h"
 #include "tune/concurrency.h"
+#include "tune/gpu_pool.h"
 #include "tune/mlflow_trials.h"
 #include "tune/report_wire.h"
 #include "tune/state_json.h"
@@ -100,6 +103,7 @@ struct TrialRecord {
   Clock::time_point last_report;                              // read, in this run
   double time_since_restore = 0;                              // this run's time_this_iter_s, summed
   std::string prefix;
+  detail::GpuPool::Allocation gpus;  // the GPUs this run holds (local mode), empty: none
 };
 
 // The next run of `r` starts from its own latest checkpoint; the reports made after that
@@ -387,10 +391,58 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, std::string
     throw UsageError("tune::Tuner: trial_resources.processes must be >= 1, got " +
                      std::to_string(o.trial_resources.processes));
   }
-  if (o.trial_resources.gpus != 0) {
+  const double gpus = o.trial_resources.gpus;
+  if (!(gpus >= 0) || !std::isfinite(gpus)) {
     throw UsageError(
-        "tune::Tuner: trial_resources.gpus is not supported yet (GPU placement per trial is "
-        "not built); set it to 0");
+        "tune::Tuner: trial_resources.gpus must be a number >= 0 (0: none, 0.5: "
+        "half a GPU, 2: two), got " +
+        Config(gpus).dump());
+  }
+  if (gpus > 0 && detail::gpu_units(gpus) == 0) {
+    throw UsageError("tune::Tuner: trial_resources.gpus is " + Config(gpus).dump() +
+                     "; a fraction of a GPU is counted to 0.0001 at the finest (as Ray's), so "
+                     "ask for 0.0001 or more");
+  }
+  if (gpus > 1 && gpus != std::floor(gpus)) {
+    // Ray 2.60 fails the trial's actor: "GPU resource quantities >1 must be whole numbers".
+    throw UsageError("tune::Tuner: trial_resources.gpus is " + Config(gpus).dump() +
+                     "; more than 1 GPU must be a whole number (as Ray's), a fraction below 1 "
+                     "shares one GPU");
+  }
+  if (o.num_gpus < -1) {
+    throw UsageError(
+        "tune::Tuner: num_gpus must be >= 0, or -1 for this machine's visible CUDA devices, "
+        "got " +
+        std::to_string(o.num_gpus));
+  }
+  if (o.num_gpus >= 0 && !o.local_mode) {
+    throw UsageError(
+        "tune::Tuner: num_gpus is for a local search (the GPUs of this machine it hands its "
+        "trials); on a cluster the engine counts its GPUs: leave it -1");
+  }
+  if (gpus > 0 && !o.local_mode && !o.cluster.engine.empty()) {  // no engine: said below
+    // The Ray engine asks Ray for GPUs per process; Ray assigns them and sets
+    // CUDA_VISIBLE_DEVICES for each agent (python/dtrain/ray.py). The other engines place
+    // processes on CPU slots and know no GPU ids.
+    if (o.cluster.engine != "ray") {
+      throw UsageError(
+          "tune::Tuner: trial_resources.gpus > 0 is supported in local mode (GPUs of this "
+          "machine, as ray.init(num_gpus=N)) and on cluster engine \"ray\" (Ray assigns them); "
+          "engine \"" +
+          o.cluster.engine +
+          "\" does not place GPUs per trial: run the search locally, on engine \"ray\", or "
+          "with gpus = 0");
+    }
+    const double per_process = gpus / o.trial_resources.processes;
+    double& asked = o.cluster.ray.num_gpus_per_process;
+    if (asked >= 0 && detail::gpu_units(asked) != detail::gpu_units(per_process)) {
+      throw UsageError("tune::Tuner: trial_resources.gpus " + Config(gpus).dump() + " over " +
+                       std::to_string(o.trial_resources.processes) + " process(es) is " +
+                       Config(per_process).dump() +
+                       " GPU(s) per process, but cluster.ray.num_gpus_per_process is " +
+                       Config(asked).dump() + "; set one of them (the other follows)");
+    }
+    asked = per_process;
   }
   if (o.num_cpus < 0) {
     throw UsageError("tune::Tuner: num_cpus must be >= 0 (0: this machine's cores), got " +
@@ -452,6 +504,40 @@ Tuner::Tuner(Runner runner, Config param_space, TuneOptions options, std::string
 
 ResultGrid Tuner::fit() {
   auto& o = options_;
+  // The GPUs the trials get, as a local Ray node's (gpu_pool.h); counted only when asked for,
+  // and checked before anything is written.
+  std::optional<detail::GpuPool> gpu_pool;
+  const std::int64_t gpu_units = detail::gpu_units(o.trial_resources.gpus);
+  std::optional<std::string> driver_devices;  // CUDA_VISIBLE_DEVICES the trials start with
+  if (o.env.count("CUDA_VISIBLE_DEVICES")) {
+    driver_devices = o.env.at("CUDA_VISIBLE_DEVICES");
+  } else if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    driver_devices = v;
+  }
+  if (o.local_mode && gpu_units > 0) {
+    int declared = o.num_gpus;
+    std::string how = "TuneOptions::num_gpus";
+    if (declared < 0) {
+      const launch::GpuCount c = launch::count_gpus();
+      declared = c.count;
+      how = "this machine's visible CUDA devices, counted by " + c.how +
+            "; declare them with TuneOptions::num_gpus";
+    }
+    gpu_pool.emplace(declared);
+    if (!detail::GpuPool(declared).acquire(gpu_units)) {
+      throw UsageError("tune: trial_resources.gpus is " +
+                       Config(o.trial_resources.gpus.value).dump() + " but the search has " +
+                       std::to_string(declared) + " GPU(s) (" + how +
+                       "): no trial could ever start (Ray Tune would wait for them, with a "
+                       "warning after 60 s). Ask for fewer GPUs per trial, or declare more with "
+                       "TuneOptions::num_gpus");
+    }
+    if (o.verbose) {
+      std::fprintf(stderr, "tune: %d GPU(s) for the trials (%s), %s each\n", declared, how.c_str(),
+                   Config(o.trial_resources.gpus.value).dump().c_str());
+    }
+  }
+
   const fs::path exp_dir = fs::absolute(fs::path(o.storage_path) / o.name);
   const fs::path state_path = exp_dir / "tuner_state.json";
 
@@ -793,6 +879,10 @@ ResultGrid Tuner::fit() {
     if (warm_hosts) d.env["DTRAIN_FORKSERVER_WARM_SOCKET"] = warm_hosts->agent_env();
     // An engine without dtrain agents (mpi) keeps no logs (the MPI launcher's own options do).
     if (engines::for_job(d).runs_agents()) d.log_dir = (fs::path(r.dir) / "logs").string();
+    if (!r.gpus.empty()) {
+      d.env["CUDA_VISIBLE_DEVICES"] =
+          detail::GpuPool::visible_devices(detail::GpuPool::ids(r.gpus), driver_devices);
+    }
     if (mlflow.active()) {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
       // its Distributor) open no runs of their own.
@@ -801,9 +891,11 @@ ResultGrid Tuner::fit() {
           mlflow.trial_started(r.trial.id, r.trial.config, r.mlflow_run_id, r.runs == 1);
     }
     if (o.verbose) {
-      std::fprintf(stderr, "tune: %s starts (run %d%s) %s\n", r.trial.id.c_str(), r.runs,
-                   r.restore_checkpoint.empty() ? "" : (", from " + r.restore_checkpoint).c_str(),
-                   r.trial.config.dump().c_str());
+      std::fprintf(
+          stderr, "tune: %s starts (run %d%s%s) %s\n", r.trial.id.c_str(), r.runs,
+          r.restore_checkpoint.empty() ? "" : (", from " + r.restore_checkpoint).c_str(),
+          r.gpus.empty() ? "" : (", CUDA_VISIBLE_DEVICES=" + d.env["CUDA_VISIBLE_DEVICES"]).c_str(),
+          r.trial.config.dump().c_str());
     }
     Config config = r.trial.config;
     r.thread = std::thread([&r, d, config, this, &done_mutex, &done_cv] {
@@ -1054,6 +1146,9 @@ ResultGrid Tuner::fit() {
 
   auto finish_run = [&](TrialRecord& r) {
     r.thread.join();
+    // Its processes are gone: its GPUs are free for the next trial (a paused one acquires anew).
+    if (gpu_pool) gpu_pool->release(r.gpus);
+    r.gpus.clear();
     poll_reports(r);  // none should be left (reports block their worker); be sure
     // A trial that ended (returned, or stopped) has its last result marked done, as Ray's
     // last_result (result.json keeps the line as it was logged).
@@ -1149,6 +1244,12 @@ ResultGrid Tuner::fit() {
       if (next == nullptr) break;
       TrialRecord& r = ctx.record(*next);
       if (r.thread.joinable()) break;  // paused, but its last run has not ended yet
+      if (gpu_pool) {
+        // Ray's placement group: the trial starts once its GPUs are free.
+        auto taken = gpu_pool->acquire(gpu_units);
+        if (!taken) break;
+        r.gpus = std::move(*taken);
+      }
       start_trial(r);
       save_state();
     }

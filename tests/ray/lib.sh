@@ -12,6 +12,8 @@
 #                            $RAY_GCS (10.202.0.10:6379) once every node is alive
 #   ray_node_up HOST CPUS    one more worker node, on a host that has none yet; returns once it
 #                            is alive in the cluster
+#   RAY_NODE_GPUS=N          set before ray_hosts_up / ray_node_up: the worker nodes declare N
+#                            GPUs (`ray start --num-gpus`; unset: Ray counts the host's own)
 #   on, bg_on, host_procs    netns_hosts.sh's
 #   ray_down                 kills whatever runs in the namespaces (by PID), deletes them,
 #                            checks nothing of ours is left, deletes $T
@@ -73,7 +75,8 @@ ray_node_start() {
   local h="$1" cpus="$2"
   mkdir -p "$T/ray/$h"
   bg_on "$h" "$T/logs/$h.out" "$RAY" start --address="$RAY_GCS" --node-ip-address="$(host_addr "$h")" \
-    --num-cpus="$cpus" --temp-dir="$T/ray/$h" "${RAY_COMMON[@]}"
+    --num-cpus="$cpus" ${RAY_NODE_GPUS:+--num-gpus="$RAY_NODE_GPUS"} --temp-dir="$T/ray/$h" \
+    "${RAY_COMMON[@]}"
   RAY_NODE_PIDS+=("$BG_PID")
   RAY_ALIVE="$(tr ' ' '\n' <<<"$RAY_ALIVE $(host_addr "$h")" | LC_ALL=C sort | tr '\n' ' ' | sed 's/ $//')"
 }

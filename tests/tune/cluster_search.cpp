@@ -6,13 +6,15 @@
 //       [--ray-address GCS]
 //       [--ssh-port P --ssh-identity K --ssh-arg A...] [--trials N] [--nproc P]
 //       [--iterations I] [--sleep S] [--kill-trial X] [--max-concurrent M] [--hold X:FILE...]
+//       [--gpus G]
 // --kill-trial X: trial x = X's rank 1 SIGKILLs itself before its 2nd report, once (its trial
 // is retried from its checkpoint, max_failures 1). --max-concurrent M: max_concurrent_trials.
 // --hold X:FILE: trial x = X waits for FILE (at most 120 s) before its first iteration, so the
-// caller decides when that trial ends. Prints per trial
+// caller decides when that trial ends. --gpus G: trial_resources.gpus. Prints per trial
 //   "trial ID x=X status=S failures=F iterations=I world=W hosts=n1,n2 pid=PID"
 //   "span ID start=T0 end=T1 first_report_s=F" (F: time_total_s of the first report of the
 //   trial's first run, i.e. from the Tuner starting the trial to its first report)
+//   "gpus ID cvd=LIST" (with --gpus: rank 0's CUDA_VISIBLE_DEVICES, "<unset>" when unset)
 // and exits 0; "UsageError: ..." exit 2; "error: ..." exit 1. Each worker writes
 // TRIAL_DIR/origin_HOST_PID: its grandparent's pid (the warm fork server's, when forked from
 // one).
@@ -21,6 +23,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -57,6 +60,7 @@ double wall() {
 
 void trial(tune::Config config) {
   const double started = wall();
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   auto pg = dtrain::init_process_group();
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
@@ -100,7 +104,8 @@ void trial(tune::Config config) {
                   {"world", pg->world_size()},
                   {"pid", static_cast<int>(::getpid())},
                   {"t0", started},
-                  {"t", wall()}},
+                  {"t", wall()},
+                  {"cvd", cvd ? cvd : "<unset>"}},
                  ckpt);
   }
 }
@@ -150,6 +155,8 @@ int main(int argc, char** argv) {
       kill = std::stoi(v);
     else if (flag == "--max-concurrent")
       o.max_concurrent_trials = std::stoi(v);
+    else if (flag == "--gpus")
+      o.trial_resources.gpus = std::stod(v);
     else if (flag == "--hold" && v.find(':') != std::string::npos)
       hold[v.substr(0, v.find(':'))] = fs::absolute(v.substr(v.find(':') + 1)).string();
     else {
@@ -184,6 +191,8 @@ int main(int argc, char** argv) {
       const double first = t.history.empty() ? -1 : t.history.front().value("time_total_s", -1.0);
       std::printf("span %s start=%.3f end=%.3f first_report_s=%.3f\n", t.id.c_str(), start, end,
                   first);
+      if (o.trial_resources.gpus > 0)
+        std::printf("gpus %s cvd=%s\n", t.id.c_str(), l.value("cvd", "").c_str());
     }
     std::fflush(stdout);
     return 0;
