@@ -78,16 +78,18 @@ MlflowTrials::MlflowTrials(std::string tracking_uri, std::string experiment,
     parent_.set_tag("dtrain.tune.param_space", param_space.dump().substr(0, 5000));
 }
 
-std::string MlflowTrials::trial_started(const std::string& trial_id, const Config& config,
-                                        const std::string& run_id, bool first_start) {
+std::string MlflowTrials::trial_started(const std::string& trial_id, const std::string& name,
+                                        const Config& config, const std::string& run_id,
+                                        bool first_start) {
   if (!active()) return "";
   auto it = runs_.find(trial_id);
   if (it == runs_.end()) {
     it = runs_
              .emplace(trial_id, mlflow::Run::start({.tracking_uri = uri_,
                                                     .experiment = experiment_,
-                                                    .run_name = trial_id,
-                                                    .tags = {{"dtrain.role", "tune-trial"},
+                                                    .run_name = name,
+                                                    .tags = {{"trial_name", name},
+                                                             {"dtrain.role", "tune-trial"},
                                                              {"dtrain.tune.trial_id", trial_id}},
                                                     .parent_run_id = parent_.id(),
                                                     .run_id = run_id,

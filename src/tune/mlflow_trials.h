@@ -27,8 +27,9 @@ class MlflowTrials {
   // Opens the trial's run on its first start (or continues `run_id`, saved by an earlier
   // driver); logs the config as params once, and as a tag on every start (PBT changes it).
   // Returns the run's id ("" when inactive).
-  std::string trial_started(const std::string& trial_id, const Config& config,
-                            const std::string& run_id, bool first_start);
+  // `name`: the run's name and "trial_name" tag, Ray's str(trial) (trial_names.h trial_name).
+  std::string trial_started(const std::string& trial_id, const std::string& name,
+                            const Config& config, const std::string& run_id, bool first_start);
   // Logs every finite number of `result` (booleans as 0/1) as a metric at step
   // training_iteration; the Tuner passes it flattened, as Ray's MLflowLoggerCallback logs it.
   void trial_result(const std::string& trial_id, const Result& result);

@@ -197,15 +197,20 @@ std::string sanitize_dirname(const std::string& name) {
   return out;
 }
 
-std::string trial_dirname(const std::string& trainable, const std::string& id,
-                          const std::string& tag, const Config& config, const std::string& date,
-                          std::size_t max_len) {
+std::string trial_name(const std::string& trainable, const std::string& id, const Config& config) {
   std::string identifier = trainable;
   if (config.is_object() && config.contains("env"))
     identifier += "_" + python_str(config.at("env"));
   identifier += "_" + id;
   std::replace(identifier.begin(), identifier.end(), '/', '_');
-  return sanitize_dirname(first_code_points(identifier + "_" + tag, max_len) + "_" + date);
+  return identifier;
+}
+
+std::string trial_dirname(const std::string& trainable, const std::string& id,
+                          const std::string& tag, const Config& config, const std::string& date,
+                          std::size_t max_len) {
+  return sanitize_dirname(
+      first_code_points(trial_name(trainable, id, config) + "_" + tag, max_len) + "_" + date);
 }
 
 std::string unique_dirname(const fs::path& root, const std::string& name) {

@@ -45,6 +45,11 @@ std::string format_vars(const Config& space, const Config& config);
 // resolved anything.
 std::string experiment_tag(std::size_t index, const Config& space, const Config& config);
 
+// Ray's str(trial) (Trial._trainable_name(include_trial_id=True)): "<trainable>[_<env>]_<id>",
+// "<env>" being str(config["env"]) when the config has that key, every "/" made "_". Ray names
+// the trial's MLflow run so (MLflowLoggerCallback's run_name and "trial_name" tag).
+std::string trial_name(const std::string& trainable, const std::string& id, const Config& config);
+
 // Ray's Trial._generate_dirname without a trial_dirname_creator. `max_len`: the identifier's
 // length in characters (Unicode code points, as Python slices a str).
 std::string trial_dirname(const std::string& trainable, const std::string& id,

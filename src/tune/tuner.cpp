@@ -887,8 +887,9 @@ ResultGrid Tuner::fit() {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
       // its Distributor) open no runs of their own.
       d.env["MLFLOW_TRACKING_URI"] = "";
-      r.mlflow_run_id =
-          mlflow.trial_started(r.trial.id, r.trial.config, r.mlflow_run_id, r.runs == 1);
+      r.mlflow_run_id = mlflow.trial_started(
+          r.trial.id, detail::trial_name(trainable_name_, r.trial.id, r.trial.config),
+          r.trial.config, r.mlflow_run_id, r.runs == 1);
     }
     if (o.verbose) {
       std::fprintf(

@@ -87,7 +87,10 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
     ASSERT_TRUE(children.count(t.id)) << t.id << " has no run: " << runs.dump(1);
     const nlohmann::json run = children[t.id];
     EXPECT_EQ(run["parent"], parent["run_id"]) << t.id;
-    EXPECT_EQ(run["tags"]["mlflow.runName"], t.id);
+    // Named as Ray's MLflowLoggerCallback names it: str(trial), "<trainable>_<trial id>" (the
+    // trainable without with_name is "train_fn"), also as the "trial_name" tag.
+    EXPECT_EQ(run["tags"]["mlflow.runName"], "train_fn_" + t.id);
+    EXPECT_EQ(run["tags"]["trial_name"], "train_fn_" + t.id);
     const double x = t.config.at("x").get<double>();
     // The config as params, nested keys joined by "/".
     EXPECT_EQ(run["params"]["x"], t.config.at("x").dump());
