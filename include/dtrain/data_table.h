@@ -13,16 +13,17 @@
 // table when DIR/_delta_log exists, else Parquet. Local paths only ("file:" URIs accepted).
 //
 // Delta: the snapshot is rebuilt from DIR/_delta_log as the Delta protocol says: the newest
-// complete checkpoint (classic single- or multi-part Parquet) at or before the version, then
-// each JSON commit after it in order, applying add and remove actions by path. A missing commit
-// in that range, a version beyond the log's newest, or one older than what the log still holds
-// is an error naming the file. Column mapping (by name or by id) is read: columns keep the
-// table's own names. Deletion vectors are applied: the rows they delete are not in the table
-// (RowGroup::rows, num_rows() and every Reader count only the rows left), and a vector that
-// is missing, truncated, fails its checksum or is not a deletion vector is an error naming the
-// file. Variant columns (readerFeatures variantType) are tolerated; a Reader refuses to read
-// one. Other reader features dtrain does not implement (v2Checkpoint, catalogManaged, ...) are
-// refused with the feature's name, never read wrongly. Partition columns
+// complete checkpoint (classic single- or multi-part Parquet, V1 or V2 spec) at or before the
+// version, then each JSON commit after it in order, applying add and remove actions by logical
+// file (path and deletion vector). A missing commit in that range, a version beyond the log's
+// newest, or one older than what the log still holds is an error naming the file. Column
+// mapping (by name or by id) is read: columns keep the table's own names. Deletion vectors are
+// applied: the rows they delete are not in the table (RowGroup::rows, num_rows() and every
+// Reader count only the rows left), and a vector that is missing, truncated, fails its
+// checksum or is not a deletion vector is an error naming the file. Variant columns
+// (readerFeatures variantType) are tolerated; a Reader refuses to read one. A checkpoint whose
+// file actions are in sidecar files, and reader features dtrain does not implement
+// (catalogManaged, ...), are refused with the reason, never read wrongly. Partition columns
 // (metaData.partitionColumns) are columns of every row, with the value of the row's file.
 //
 // Every file's footer is read at open() (row groups, schema); data are read by the Reader.

@@ -129,12 +129,18 @@ json arrow_value(const arrow::Array& a, int64_t i) {
 }
 
 // The actions of a checkpoint file, each as the one-key object a JSON commit line holds.
+// A classic checkpoint may follow the V2 spec (readerFeatures v2Checkpoint; delta-rs writes
+// such with a checkpointMetadata action): read the same, unless its file actions are in
+// sidecar files, which dtrain does not read - refused, as reading it would miss files.
 std::vector<json> checkpoint_actions(const fs::path& file) {
   std::vector<json> out;
+  int64_t sidecars = 0;
   try {
     auto reader = open_reader(file.string());
     std::shared_ptr<arrow::Table> table;
     PARQUET_ASSIGN_OR_THROW(table, reader->ReadTable());
+    if (auto column = table->GetColumnByName("sidecar"))
+      sidecars = column->length() - column->null_count();
     for (const char* kind : {"add", "metaData", "protocol"}) {
       auto column = table->GetColumnByName(kind);
       if (!column) continue;
@@ -146,6 +152,13 @@ std::vector<json> checkpoint_actions(const fs::path& file) {
     throw DataError("data: the Delta checkpoint " + file.string() +
                     " is not a readable Parquet file (" + e.what() +
                     "): the log is damaged; restore it, or read an older version");
+  }
+  if (sidecars > 0) {
+    throw DataError("data: the Delta checkpoint " + file.string() + " keeps its file actions in " +
+                    std::to_string(sidecars) +
+                    " sidecar files (a v2 checkpoint), which dtrain::data does not read: read a "
+                    "version before the checkpoint, or write one without sidecars (a V1 or "
+                    "V2-spec checkpoint holding its add actions itself)");
   }
   return out;
 }
@@ -174,14 +187,16 @@ void check_protocol(const json& protocol, const json& metadata, const std::strin
                     std::to_string(reader) + "; dtrain::data reads versions 1 to 3");
   }
   if (reader == 3 && protocol.contains("readerFeatures") && protocol["readerFeatures"].is_array()) {
+    // v2Checkpoint: classic checkpoints in the V2 spec are read (checkpoint_actions); UUID-named
+    // ones are never needed while the commits after a classic one (or from 0) are there.
     // variantType / variantShredding (and Delta Spark's -preview names of them): a reader
     // "must recognize and tolerate a variant data type in a Delta schema"; dtrain tolerates it
     // in the table and refuses a variant column a Reader asks for (resolve_column), so the
     // physical layout of variants (shredded or not) never matters to it.
     static const std::set<std::string> known = {
-        "columnMapping",    "deletionVectors",         "timestampNtz", "vacuumProtocolCheck",
-        "typeWidening",     "typeWidening-preview",    "variantType",  "variantType-preview",
-        "variantShredding", "variantShredding-preview"};
+        "columnMapping",    "deletionVectors",          "timestampNtz", "vacuumProtocolCheck",
+        "typeWidening",     "typeWidening-preview",     "variantType",  "variantType-preview",
+        "variantShredding", "variantShredding-preview", "v2Checkpoint"};
     for (const auto& f : protocol["readerFeatures"]) {
       if (f.is_string() && !known.count(f.get<std::string>())) {
         throw DataError("data: the Delta table " + where + " needs the reader feature '" +
@@ -307,9 +322,13 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
     std::string held = listing.commits.empty() ? "none"
                                                : std::to_string(*listing.commits.begin()) + " to " +
                                                      std::to_string(*listing.commits.rbegin());
-    if (!checkpoint && listing.v2_checkpoints.count(target)) {
+    if (auto v2 = listing.v2_checkpoints.lower_bound(v);
+        v2 != listing.v2_checkpoints.end() && *v2 <= target) {
       throw DataError("data: the Delta table " + root + " at version " + std::to_string(target) +
-                      " needs its v2 checkpoint, which dtrain::data does not read");
+                      " needs its UUID-named v2 checkpoint at version " + std::to_string(*v2) +
+                      " (the commit " + (log / commit_name(v)).string() +
+                      " before it is gone), which dtrain::data does not read: read a version "
+                      "that has a classic checkpoint or every commit");
     }
     throw DataError(
         "data: the Delta log is missing the commit " + (log / commit_name(v)).string() +

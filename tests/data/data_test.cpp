@@ -1007,6 +1007,24 @@ TEST(DeltaTable, AVariantColumnIsToleratedAndRefusedWhenAskedFor) {
       << msg;
 }
 
+// v2Checkpoint: delta-rs writes classic-named checkpoints in the V2 spec once the feature is
+// on; they are read (the DV in it too). One whose file actions are in sidecar files is refused.
+TEST(DeltaTable, V2SpecCheckpointsAreReadAndSidecarsRefused) {
+  const std::string dir = tables() + "/delta_v2ck";
+  for (const auto& [v, ids] : expected()["delta_v2ck"].items()) {
+    auto t = Table::open("delta:" + dir, {.version = std::stoll(v)});
+    EXPECT_EQ(sorted(ids_of_version(t)), ids.get<std::vector<int64_t>>()) << "version " << v;
+  }
+  const std::string side = tables() + "/delta_v2ck_sidecar";
+  auto msg = error_of([&] { Table::open("delta:" + side); });
+  EXPECT_NE(msg.find("the Delta checkpoint " + side +
+                     "/_delta_log/00000000000000000003.checkpoint.parquet keeps its file "
+                     "actions in 1 sidecar files"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(Table::open("delta:" + side, {.version = 2}).num_rows(), 60);  // before it
+}
+
 TEST(DataErrors, TruncatedAndCorruptFilesNameTheFile) {
   const std::string bad = tables() + "/bad";
   auto msg = error_of([&] { Table::open("parquet:" + bad + "/truncated.parquet"); });

@@ -27,6 +27,10 @@ OUT/delta_dv_part/   partitioned by label (ids 0-89, two commits), DVs on three 
 OUT/delta_dv_bad/    copies of a one-file DV table: missing/ (its DV file removed), crc/ (a byte of
                      the bitmap changed), magic/ (a wrong magic number, checksum recomputed),
                      cardinality/ (the log's cardinality one too high)
+OUT/delta_v2ck/      the v2Checkpoint reader feature (delta-rs): v0 ids 0-29 (DVs enabled), v1 the
+                     feature added, v2 append 30-59, v3 an inline DV on file 0 (ids 0-2), a
+                     classic checkpoint in the V2 spec at 3 (delta-rs), v4 append 60-69
+OUT/delta_v2ck_sidecar/ the same, its checkpoint given a sidecar action (file actions elsewhere)
 OUT/delta_variant/   ids 0-9 and a variant column v (the log's schema says variant, the files hold
                      the unshredded struct<value, metadata> of binaries)
 OUT/types/           one file of 30 rows in row groups of 8: a column of every numeric type and
@@ -47,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pyroaring
-from deltalake import DeltaTable, QueryBuilder, WriterProperties, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, TableFeatures, WriterProperties, write_deltalake
 
 
 def rows(ids):
@@ -278,6 +282,32 @@ def write_dv_tables(out, expected):
     assert '"cardinality": 3' in text
     open(log1, "w").write(text)
     shutil.rmtree(base)
+
+    # v2Checkpoint: delta-rs adds the feature and then writes classic-named checkpoints in the
+    # V2 spec (a checkpointMetadata action; its add actions in the checkpoint, no sidecars).
+    v2 = os.path.join(out, "delta_v2ck")
+    write_deltalake(v2, rows(range(0, 30)), configuration=cfg)
+    DeltaTable(v2).alter.add_feature([TableFeatures.V2Checkpoint], allow_protocol_versions_increase=True)
+    write_deltalake(v2, rows(range(30, 60)), mode="append")
+    first = [p for p, a in live_adds(v2).items() if file_ids(v2, p)[0] == 0][0]
+    commit_dvs(v2, {first: inline_dv([0, 1, 2])})
+    DeltaTable(v2).create_checkpoint()
+    write_deltalake(v2, rows(range(60, 70)), mode="append")
+    ck = os.path.join(v2, "_delta_log", "%020d.checkpoint.parquet" % 3)
+    meta = pq.read_table(ck).column("checkpointMetadata")
+    assert meta.length() - meta.null_count == 1, "delta-rs wrote no V2-spec checkpoint"
+    assert "v2Checkpoint" in (DeltaTable(v2).protocol().reader_features or [])
+    expected["delta_v2ck"] = {str(v): peer_ids(v2, v) for v in range(DeltaTable(v2).version() + 1)}
+    assert expected["delta_v2ck"]["4"] == list(range(3, 70))
+    # The same with a sidecar action in its checkpoint (file actions dtrain would not see).
+    side = os.path.join(out, "delta_v2ck_sidecar")
+    shutil.copytree(v2, side)
+    ck = os.path.join(side, "_delta_log", "%020d.checkpoint.parquet" % 3)
+    t = pq.read_table(ck)
+    extra = {n: [None] for n in t.schema.names}
+    extra["sidecar"] = [{"path": "016ae953-37a9-438e-8683-9a9a4a79a395.parquet", "sizeInBytes": 1,
+                         "modificationTime": 1, "tags": None}]
+    pq.write_table(pa.concat_tables([t, pa.table(extra, schema=t.schema)]), ck)
 
     # A variant column: the log's schema says variant (delta-rs writes the unshredded struct).
     var = os.path.join(out, "delta_variant")
