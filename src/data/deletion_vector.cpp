@@ -36,7 +36,9 @@ struct RoaringDeleter {
 };
 
 // The row positions of a serialized RoaringBitmapArray; `why` says what is wrong when not.
-std::optional<std::vector<uint64_t>> parse_bitmap(const std::string& bytes, std::string& why) {
+// `limit`: the log's cardinality; a bitmap holding more is refused before it is expanded.
+std::optional<std::vector<uint64_t>> parse_bitmap(const std::string& bytes, int64_t limit,
+                                                  std::string& why) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   size_t left = bytes.size();
   if (left < 12) {
@@ -79,7 +81,12 @@ std::optional<std::vector<uint64_t>> parse_bitmap(const std::string& bytes, std:
       why = "bucket " + std::to_string(b) + " is not a serialized roaring bitmap";
       return std::nullopt;
     }
-    std::vector<uint32_t> low(roaring_bitmap_get_cardinality(bitmap.get()));
+    const uint64_t count = roaring_bitmap_get_cardinality(bitmap.get());
+    if (rows.size() + count > static_cast<uint64_t>(limit)) {
+      why = "it deletes more rows than the log's cardinality " + std::to_string(limit);
+      return std::nullopt;
+    }
+    std::vector<uint32_t> low(count);
     roaring_bitmap_to_uint32_array(bitmap.get(), low.data());
     for (uint32_t v : low) rows.push_back((uint64_t{key} << 32) | v);
     p += size;
@@ -178,7 +185,7 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
                       "file, or read another version");
     }
     const int64_t offset = dv.offset.value_or(1);
-    std::string head(5, '\0');
+    std::string head(4, '\0');
     unsigned char version_byte = 0;
     in.read(reinterpret_cast<char*>(&version_byte), 1);
     in.seekg(offset);
@@ -198,10 +205,17 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
                       " bytes: the file or the log is damaged; restore it, or read another "
                       "version");
     }
-    bytes.resize(size);
+    // Never allocate what the file cannot hold (a corrupt size field).
+    std::error_code ec;
+    const auto file_size = fs::file_size(file, ec);
     std::array<unsigned char, 4> crc{};
-    in.read(bytes.data(), static_cast<std::streamsize>(size));
-    in.read(reinterpret_cast<char*>(crc.data()), 4);
+    if (!ec && static_cast<uint64_t>(offset) + 8 + size <= file_size) {
+      bytes.resize(size);
+      in.read(bytes.data(), static_cast<std::streamsize>(size));
+      in.read(reinterpret_cast<char*>(crc.data()), 4);
+    } else {
+      in.setstate(std::ios::failbit);
+    }
     if (!in) {
       throw DataError("data: " + of + " is stored in " + file + ", which ends inside it (" +
                       std::to_string(size) + " bytes and a checksum at offset " +
@@ -222,15 +236,17 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
                     "than dtrain::data");
   }
   std::string why;
-  auto rows = parse_bitmap(bytes, why);
+  auto rows = parse_bitmap(bytes, dv.cardinality, why);
+  const std::string remedy = dv.storage_type == "i" ? "the log is damaged; read another version"
+                                                    : "restore the file, or read another version";
   if (!rows) {
     throw DataError("data: " + of + ", " + stored_in + ", is not a valid deletion vector: " + why +
-                    "; restore the file, or read another version");
+                    "; " + remedy);
   }
   if (static_cast<int64_t>(rows->size()) != dv.cardinality) {
     throw DataError("data: " + of + ", " + stored_in + ", deletes " + std::to_string(rows->size()) +
                     " rows, but the log says " + std::to_string(dv.cardinality) +
-                    ": the file or the log is damaged; restore it, or read another version");
+                    ": the file or the log is damaged; " + remedy);
   }
   return std::move(*rows);
 }
