@@ -978,6 +978,7 @@ TEST(DeltaDeletionVectors, MissingCorruptOrForeignVectorsNameTableFileAndRemedy)
   ASSERT_FALSE(dv_name.empty());
   const std::map<std::string, std::string> want = {
       {"missing", "does not exist or cannot be read: the table was vacuumed past this version"},
+      {"truncated", "which ends inside it"},
       {"crc", "with the CRC-32"},
       {"magic", "its magic number is"},
       {"cardinality", "deletes 2 rows, but the log says 3"}};

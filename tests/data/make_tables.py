@@ -24,9 +24,9 @@ OUT/delta_dv/        a Delta table with deletion vectors (delta.enableDeletionVe
                      v5 append (ids 1000-1019) by delta-rs, v6 file 2's DV replaced by an inline
                      one listed before the remove of the old one in its commit
 OUT/delta_dv_part/   partitioned by label (ids 0-89, two commits), DVs on three partition files
-OUT/delta_dv_bad/    copies of a one-file DV table: missing/ (its DV file removed), crc/ (a byte of
-                     the bitmap changed), magic/ (a wrong magic number, checksum recomputed),
-                     cardinality/ (the log's cardinality one too high)
+OUT/delta_dv_bad/    copies of a one-file DV table: missing/ (its DV file removed), truncated/ (its
+                     last 10 bytes cut), crc/ (a byte of the bitmap changed), magic/ (a wrong
+                     magic number, checksum recomputed), cardinality/ (the log's one too high)
 OUT/delta_v2ck/      the v2Checkpoint reader feature (delta-rs): v0 ids 0-29 (DVs enabled), v1 the
                      feature added, v2 append 30-59, v3 an inline DV on file 0 (ids 0-2), a
                      classic checkpoint in the V2 spec at 3 (delta-rs), v4 append 60-69
@@ -265,10 +265,11 @@ def write_dv_tables(out, expected):
     commit_dvs(base, {f: dv})
     assert peer_ids(base) == sorted(set(range(20)) - {3, 7})
     dv_name = [n for n in os.listdir(base) if n.startswith("deletion_vector_")][0]
-    for case in ("missing", "crc", "magic", "cardinality"):
+    for case in ("missing", "truncated", "crc", "magic", "cardinality"):
         shutil.copytree(base, os.path.join(bad, case))
     os.remove(os.path.join(bad, "missing", dv_name))
     raw = bytearray(open(os.path.join(base, dv_name), "rb").read())
+    open(os.path.join(bad, "truncated", dv_name), "wb").write(bytes(raw[:-10]))
     crc = bytearray(raw)
     crc[-6] ^= 0x40  # a byte of the bitmap: the checksum no longer matches
     open(os.path.join(bad, "crc", dv_name), "wb").write(bytes(crc))
