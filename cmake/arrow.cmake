@@ -70,10 +70,25 @@ if(NOT DTRAIN_DATA STREQUAL "OFF")
       set(DTRAIN_ARROW_LIBDIR "${_arrow_libdir}")
     endif()
   endif()
+  # Delta deletion vectors (src/data/deletion_vector.cpp) are roaring bitmaps, read by CRoaring
+  # (Debian's libroaring-dev, its CMake package), with zlib's CRC-32 checksums (zlib1g-dev).
+  set(_roaring_why "")
+  if(DTRAIN_HAVE_DATA)
+    find_package(roaring CONFIG QUIET)
+    find_package(ZLIB QUIET)
+    if(NOT roaring_FOUND OR NOT ZLIB_FOUND)
+      set(DTRAIN_HAVE_DATA OFF)
+      set(_roaring_why "CRoaring (libroaring-dev) or zlib (zlib1g-dev) is missing: the Delta reader needs them for deletion vectors (apt-get install libroaring-dev zlib1g-dev; scripts/setup.sh does)")
+      set(_arrow_why "${_roaring_why}")
+    endif()
+  endif()
   if(DTRAIN_HAVE_DATA)
     message(STATUS "dtrain::data (Parquet / Delta reader): building it, Arrow C++ ${DTRAIN_ARROW_VERSION} from ${_arrow_dir}")
   elseif(DTRAIN_DATA STREQUAL "AUTO")
     message(STATUS "dtrain::data (Parquet / Delta reader): NOT built: ${_arrow_why}")
+  elseif(_roaring_why)
+    message(FATAL_ERROR "dtrain::data: ${_roaring_why}; or build without the data module: "
+      "-DDTRAIN_DATA=OFF (or AUTO).")
   else()
     message(FATAL_ERROR "dtrain::data needs Apache Arrow's C++ libraries from PyPI's pyarrow, and "
       "${_arrow_why}. Run scripts/setup.sh (it installs scripts/requirements.txt, pyarrow "

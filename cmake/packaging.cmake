@@ -44,5 +44,9 @@ set(CPACK_COMPONENT_DEV_DESCRIPTION
 set(CPACK_COMPONENT_DEV_DEPENDS cli)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
   "libtorch-dev, libgloo-dev, nlohmann-json3-dev, libcurl4-openssl-dev")
+if(DTRAIN_HAVE_DATA)
+  # dtrain::data's static library reads Delta deletion vectors with CRoaring and zlib.
+  string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", libroaring-dev, zlib1g-dev")
+endif()
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "libopenblas0-pthread, g++, cmake")
 include(CPack)

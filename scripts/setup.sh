@@ -51,6 +51,8 @@ if ((!main_only)); then
     libtorch-dev libopenblas0-pthread python3-venv python3-pip
     # headless Chromium for the MLflow UI screenshot test
     chromium
+    # dtrain::data's Delta deletion vectors: CRoaring reads their roaring bitmaps
+    libroaring-dev
     # tests and benchmarks; clang's libFuzzer and sanitizer runtimes for scripts/fuzz.sh
     libgtest-dev libgmock-dev libbenchmark-dev procps iproute2 python3 python3-torch
     clang libclang-rt-14-dev

@@ -13,12 +13,17 @@
 // table when DIR/_delta_log exists, else Parquet. Local paths only ("file:" URIs accepted).
 //
 // Delta: the snapshot is rebuilt from DIR/_delta_log as the Delta protocol says: the newest
-// complete checkpoint (classic single- or multi-part Parquet) at or before the version, then
-// each JSON commit after it in order, applying add and remove actions by path. A missing commit
-// in that range, a version beyond the log's newest, or one older than what the log still holds
-// is an error naming the file. Column mapping (by name or by id) is read: columns keep the
-// table's own names. Reader features dtrain does not implement (deletion vectors on a file of
-// the snapshot, ...) are refused with the feature's name, never read wrongly. Partition columns
+// complete checkpoint (classic single- or multi-part Parquet, V1 or V2 spec) at or before the
+// version, then each JSON commit after it in order, applying add and remove actions by logical
+// file (path and deletion vector). A missing commit in that range, a version beyond the log's
+// newest, or one older than what the log still holds is an error naming the file. Column
+// mapping (by name or by id) is read: columns keep the table's own names. Deletion vectors are
+// applied: the rows they delete are not in the table (RowGroup::rows, num_rows() and every
+// Reader count only the rows left), and a vector that is missing, truncated, fails its
+// checksum or is not a deletion vector is an error naming the file. Variant columns
+// (readerFeatures variantType) are tolerated; a Reader refuses to read one. A checkpoint whose
+// file actions are in sidecar files, and reader features dtrain does not implement
+// (catalogManaged, ...), are refused with the reason, never read wrongly. Partition columns
 // (metaData.partitionColumns) are columns of every row, with the value of the row's file.
 //
 // Every file's footer is read at open() (row groups, schema); data are read by the Reader.
@@ -59,10 +64,11 @@ struct TableOptions {
 
 // One row group of one file.
 struct RowGroup {
-  int file = 0;       // index into Table::files()
-  int index = 0;      // row group index in that file
-  int64_t rows = 0;   // rows in it
-  int64_t first = 0;  // global row number of its first row (row groups in table order)
+  int file = 0;         // index into Table::files()
+  int index = 0;        // row group index in that file
+  int64_t rows = 0;     // rows in it that are read: a Delta deletion vector's rows not counted
+  int64_t first = 0;    // global row number of its first row (row groups in table order)
+  int64_t deleted = 0;  // rows a Delta deletion vector deletes from it (in the file, not read)
 };
 
 // A column of the table: its name and Arrow's name of its type ("float", "list<item: float>").

@@ -129,12 +129,18 @@ json arrow_value(const arrow::Array& a, int64_t i) {
 }
 
 // The actions of a checkpoint file, each as the one-key object a JSON commit line holds.
+// A classic checkpoint may follow the V2 spec (readerFeatures v2Checkpoint; delta-rs writes
+// such with a checkpointMetadata action): read the same, unless its file actions are in
+// sidecar files, which dtrain does not read - refused, as reading it would miss files.
 std::vector<json> checkpoint_actions(const fs::path& file) {
   std::vector<json> out;
+  int64_t sidecars = 0;
   try {
     auto reader = open_reader(file.string());
     std::shared_ptr<arrow::Table> table;
     PARQUET_ASSIGN_OR_THROW(table, reader->ReadTable());
+    if (auto column = table->GetColumnByName("sidecar"))
+      sidecars = column->length() - column->null_count();
     for (const char* kind : {"add", "metaData", "protocol"}) {
       auto column = table->GetColumnByName(kind);
       if (!column) continue;
@@ -146,6 +152,13 @@ std::vector<json> checkpoint_actions(const fs::path& file) {
     throw DataError("data: the Delta checkpoint " + file.string() +
                     " is not a readable Parquet file (" + e.what() +
                     "): the log is damaged; restore it, or read an older version");
+  }
+  if (sidecars > 0) {
+    throw DataError("data: the Delta checkpoint " + file.string() + " keeps its file actions in " +
+                    std::to_string(sidecars) +
+                    " sidecar files (a v2 checkpoint), which dtrain::data does not read: read a "
+                    "version before the checkpoint, or write one without sidecars (a V1 or "
+                    "V2-spec checkpoint holding its add actions itself)");
   }
   return out;
 }
@@ -174,9 +187,16 @@ void check_protocol(const json& protocol, const json& metadata, const std::strin
                     std::to_string(reader) + "; dtrain::data reads versions 1 to 3");
   }
   if (reader == 3 && protocol.contains("readerFeatures") && protocol["readerFeatures"].is_array()) {
-    static const std::set<std::string> known = {"columnMapping", "deletionVectors",
-                                                "timestampNtz",  "vacuumProtocolCheck",
-                                                "typeWidening",  "typeWidening-preview"};
+    // v2Checkpoint: classic checkpoints in the V2 spec are read (checkpoint_actions); UUID-named
+    // ones are never needed while the commits after a classic one (or from 0) are there.
+    // variantType / variantShredding (and Delta Spark's -preview names of them): a reader
+    // "must recognize and tolerate a variant data type in a Delta schema"; dtrain tolerates it
+    // in the table and refuses a variant column a Reader asks for (resolve_column), so the
+    // physical layout of variants (shredded or not) never matters to it.
+    static const std::set<std::string> known = {
+        "columnMapping",    "deletionVectors",          "timestampNtz", "vacuumProtocolCheck",
+        "typeWidening",     "typeWidening-preview",     "variantType",  "variantType-preview",
+        "variantShredding", "variantShredding-preview", "v2Checkpoint"};
     for (const auto& f : protocol["readerFeatures"]) {
       if (f.is_string() && !known.count(f.get<std::string>())) {
         throw DataError("data: the Delta table " + where + " needs the reader feature '" +
@@ -201,6 +221,47 @@ std::string percent_decode(const std::string& s) {
     }
   }
   return out;
+}
+
+// An action's deletionVector descriptor, if it has one. `file` is the action's data file.
+std::optional<DeletionVectorRef> descriptor(const json& action, const std::string& file,
+                                            const std::string& where) {
+  auto it = action.find("deletionVector");
+  if (it == action.end() || it->is_null()) return std::nullopt;
+  auto damaged = [&](const std::string& what) {
+    return DataError("data: the Delta log file " + where + " gives " + file + " a deletionVector " +
+                     what + ": the log is damaged or was written by a broken writer");
+  };
+  if (!it->is_object()) throw damaged("that is not an object");
+  const json& d = *it;
+  DeletionVectorRef dv;
+  for (const char* key : {"storageType", "pathOrInlineDv"})
+    if (!d.contains(key) || !d[key].is_string()) throw damaged(std::string("without ") + key);
+  for (const char* key : {"sizeInBytes", "cardinality"})
+    if (!d.contains(key) || !d[key].is_number_integer())
+      throw damaged(std::string("without ") + key);
+  dv.storage_type = d["storageType"].get<std::string>();
+  dv.path_or_inline = d["pathOrInlineDv"].get<std::string>();
+  dv.size_in_bytes = d["sizeInBytes"].get<int64_t>();
+  dv.cardinality = d["cardinality"].get<int64_t>();
+  if (d.contains("offset") && !d["offset"].is_null()) {
+    if (!d["offset"].is_number_integer() || d["offset"].get<int64_t>() < 0)
+      throw damaged("with an offset that is not a non-negative integer");
+    dv.offset = d["offset"].get<int64_t>();
+  }
+  return dv;
+}
+
+// Whether a schema type (Spark's JSON form) is or holds a variant.
+bool holds_variant(const json& type) {
+  if (type.is_string()) return type.get<std::string>() == "variant";
+  if (!type.is_object()) return false;
+  if (type.contains("fields") && type["fields"].is_array())
+    for (const auto& f : type["fields"])
+      if (f.is_object() && f.contains("type") && holds_variant(f["type"])) return true;
+  for (const char* key : {"elementType", "keyType", "valueType"})
+    if (type.contains(key) && holds_variant(type[key])) return true;
+  return false;
 }
 
 }  // namespace
@@ -261,9 +322,13 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
     std::string held = listing.commits.empty() ? "none"
                                                : std::to_string(*listing.commits.begin()) + " to " +
                                                      std::to_string(*listing.commits.rbegin());
-    if (!checkpoint && listing.v2_checkpoints.count(target)) {
+    if (auto v2 = listing.v2_checkpoints.lower_bound(v);
+        v2 != listing.v2_checkpoints.end() && *v2 <= target) {
       throw DataError("data: the Delta table " + root + " at version " + std::to_string(target) +
-                      " needs its v2 checkpoint, which dtrain::data does not read");
+                      " needs its UUID-named v2 checkpoint at version " + std::to_string(*v2) +
+                      " (the commit " + (log / commit_name(v)).string() +
+                      " before it is gone), which dtrain::data does not read: read a version "
+                      "that has a classic checkpoint or every commit");
     }
     throw DataError(
         "data: the Delta log is missing the commit " + (log / commit_name(v)).string() +
@@ -274,7 +339,8 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
         "checkpoint after the gap");
   }
 
-  std::map<std::string, DeltaFile> files;
+  // Logical files by (path, deletion vector uniqueId; "" without one), the protocol's key.
+  std::map<std::pair<std::string, std::string>, DeltaFile> files;
   json protocol = json::object(), metadata = json::object();
   auto apply = [&](const json& action, const std::string& where) {
     if (!action.is_object()) return;
@@ -285,16 +351,19 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
       if (add.contains("partitionValues") && add["partitionValues"].is_object())
         for (const auto& [k, val] : add["partitionValues"].items())
           f.partition_values[k] = val.is_string() ? val.get<std::string>() : "";
-      f.deletion_vector = add.contains("deletionVector") && add["deletionVector"].is_object();
-      files[f.path] = std::move(f);
+      f.deletion_vector = descriptor(add, f.path, where);
+      auto key = std::make_pair(f.path, f.deletion_vector ? f.deletion_vector->unique_id() : "");
+      files[std::move(key)] = std::move(f);
     } else if (action.contains("remove") && action["remove"].is_object()) {
-      files.erase(delta_path(root, action["remove"].value("path", "")));
+      const json& remove = action["remove"];
+      const std::string path = delta_path(root, remove.value("path", ""));
+      const auto dv = descriptor(remove, path, where);
+      files.erase(std::make_pair(path, dv ? dv->unique_id() : ""));
     } else if (action.contains("metaData") && action["metaData"].is_object()) {
       metadata = action["metaData"];
     } else if (action.contains("protocol") && action["protocol"].is_object()) {
       protocol = action["protocol"];
     }
-    (void)where;
   };
   if (checkpoint) {
     for (const auto& [part, name] : listing.checkpoints.at(*checkpoint))
@@ -334,7 +403,7 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
   if (metadata.contains("partitionColumns") && metadata["partitionColumns"].is_array())
     for (const auto& c : metadata["partitionColumns"])
       if (c.is_string()) partition_columns.insert(c.get<std::string>());
-  if (!partition_columns.empty() || snap.column_mapping != "none") {
+  {
     json schema;
     try {
       schema = json::parse(metadata.value("schemaString", "{}"));
@@ -346,6 +415,7 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
       for (const auto& f : schema["fields"]) {
         if (!f.is_object()) continue;
         const std::string name = f.value("name", "");
+        if (f.contains("type") && holds_variant(f["type"])) snap.variant_columns.insert(name);
         if (partition_columns.count(name))
           snap.partition_types[name] =
               f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "struct";
@@ -374,7 +444,16 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
   // partitionValues are keyed by physical names under column mapping: the table's own names.
   std::map<std::string, std::string> logical_of;
   for (const auto& m : snap.mapped_columns) logical_of[m.physical] = m.logical;
-  for (auto& [path, f] : files) {
+  std::string previous;
+  for (auto& [key, f] : files) {
+    const std::string& path = key.first;
+    if (path == previous) {
+      throw DataError("data: the Delta table " + root + " at version " + std::to_string(target) +
+                      " holds " + path +
+                      " twice, with different deletion vectors (no remove action for the older "
+                      "one): the log is damaged or was written by a broken writer");
+    }
+    previous = path;
     if (!logical_of.empty()) {
       std::map<std::string, std::string> renamed;
       for (auto& [k, v] : f.partition_values) {
@@ -382,13 +461,6 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
         renamed[it == logical_of.end() ? k : it->second] = std::move(v);
       }
       f.partition_values = std::move(renamed);
-    }
-    if (f.deletion_vector) {
-      throw DataError("data: the Delta table " + root + " at version " + std::to_string(target) +
-                      " has a deletion vector on " + path +
-                      ", which dtrain::data does not apply yet (it would read deleted rows): "
-                      "purge it (REORG TABLE ... APPLY (PURGE) in Spark) or disable "
-                      "delta.enableDeletionVectors and rewrite the table");
     }
     snap.files.push_back(std::move(f));
   }

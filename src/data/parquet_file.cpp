@@ -379,6 +379,12 @@ ColumnSource resolve_column(const TableState& table, int f, const Column& column
                      " of no values");
   if (!torch::isFloatingType(column.dtype) && !torch::isIntegralType(column.dtype, true))
     throw UsageError("data: column '" + column.name + "' asks for a dtype that is not numeric");
+  if (table.variant_columns.count(column.name)) {
+    throw DataError("data: column '" + column.name + "' of the Delta table " + table.root +
+                    " is (or holds) a variant, semi-structured data that does not convert to a "
+                    "tensor: read other columns, or write a copy of the table with the values "
+                    "you need as numeric columns");
+  }
   const int idx = file.schema->GetFieldIndex(column.name);
   if (idx < 0) {
     auto part = table.partition_types.find(column.name);
@@ -459,12 +465,32 @@ std::vector<torch::Tensor> FileDecoder::decode(int f, int group, int64_t begin, 
     open_file_ = f;
   }
   const int64_t rows = file.metadata->RowGroup(group)->num_rows();
-  DTRAIN_ASSERT(0 <= begin && begin <= end && end <= rows, "rows outside the row group");
-  // The rows to take, when not a plain range: order[begin, end).
+  // A deletion vector's rows are not in the row group as the plan sees it: its rows
+  // [begin, end) and `order` count the rows left, which `live` maps to rows of the file's group.
+  const std::vector<int64_t>* deleted =
+      file.deleted.empty() || file.deleted[static_cast<size_t>(group)].empty()
+          ? nullptr
+          : &file.deleted[static_cast<size_t>(group)];
+  const int64_t left = rows - (deleted ? static_cast<int64_t>(deleted->size()) : 0);
+  DTRAIN_ASSERT(0 <= begin && begin <= end && end <= left, "rows outside the row group");
+  // The rows to take, when not a plain range: order[begin, end), through `live`.
   torch::Tensor pick;
   if (!order.empty()) {
     pick =
         torch::from_blob(const_cast<int64_t*>(order.data()) + begin, {end - begin}, torch::kLong);
+  }
+  if (deleted) {
+    torch::Tensor live = torch::empty({left}, torch::kLong);
+    int64_t* l = live.data_ptr<int64_t>();
+    auto d = deleted->begin();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (d != deleted->end() && *d == r) {
+        ++d;
+        continue;
+      }
+      *l++ = r;
+    }
+    pick = pick.defined() ? live.index_select(0, pick) : live.narrow(0, begin, end - begin);
   }
   std::vector<torch::Tensor> out;
   for (size_t c = 0; c < columns_.size(); ++c) {

@@ -88,11 +88,15 @@ std::string identity(const TableState& table, const std::vector<Column>& columns
   std::ostringstream id;
   id << table.root << '\n';
   if (table.version) id << *table.version;
-  for (const auto& path : table.paths) {
+  for (size_t i = 0; i < table.paths.size(); ++i) {
+    const std::string& path = table.paths[i];
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return "";
     id << '\n'
        << path << ' ' << st.st_size << ' ' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec;
+    // The rows an entry holds are the file's less its deletion vector's.
+    if (i < table.files.size() && !table.files[i].deletion_vector_id.empty())
+      id << " dv " << table.files[i].deletion_vector_id;
   }
   bool preprocessed = false;
   for (const auto& c : columns) {

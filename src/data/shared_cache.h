@@ -3,13 +3,14 @@
 // a host decodes each row group once and holds one copy of it, however many ranks read it.
 //
 // Entries are named <dir>/dtrain-data-<uid>-<key>-<group>, the key a hash of what decides the
-// decoded values: the table's root, version and files (path, size, modification time) and the
-// columns (name, dtype, shape). Two Readers with the same key decode the same bytes, so any
-// Reader may use any entry, even one a finished job left - except where a column has a
-// preprocess (a function, which cannot be compared): then the key holds the job's rendezvous
-// address and run id too, and only the job's own ranks share. An entry is written under a
-// temporary name and renamed when complete, and checked when mapped (format, rows, dtypes,
-// sizes): a reader sees a whole entry or none, and one that does not check out is decoded.
+// decoded values: the table's root, version and files (path, size, modification time, Delta
+// deletion vector) and the columns (name, dtype, shape). Two Readers with the same key decode
+// the same bytes, so any Reader may use any entry, even one a finished job left - except
+// where a column has a preprocess (a function, which cannot be compared): then the key holds
+// the job's rendezvous address and run id too, and only the job's own ranks share. An entry is
+// written under a temporary name and renamed when complete, and checked when mapped (format,
+// rows, dtypes, sizes): a reader sees a whole entry or none, and one that does not check out
+// is decoded.
 //
 // Clean-up (core/shared_files.h): every Reader holds a shared lock on <prefix>.lock; the last
 // one to let go (it gets the lock exclusively) removes the entries, their temporary files and

@@ -1,10 +1,12 @@
 #include <arrow/type.h>
 #include <arrow/util/key_value_metadata.h>
+#include <parquet/metadata.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
 
+#include "data/deletion_vector.h"
 #include "data/delta_log.h"
 #include "data/parquet_file.h"
 #include "data/table_state.h"
@@ -83,6 +85,30 @@ std::shared_ptr<arrow::Schema> logical_schema(const std::shared_ptr<arrow::Schem
   return arrow::schema(std::move(fields), schema->metadata());
 }
 
+// A deletion vector's rows (positions in the file, sorted) per row group of the file, as
+// positions in the group. DataError for a row the file does not have.
+std::vector<std::vector<int64_t>> split_deleted(const parquet::FileMetaData& metadata,
+                                                const std::vector<uint64_t>& rows,
+                                                const std::string& root, int64_t version,
+                                                const std::string& file) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(metadata.num_row_groups()));
+  size_t next = 0;
+  int64_t start = 0;
+  for (int g = 0; g < metadata.num_row_groups(); ++g) {
+    const int64_t end = start + metadata.RowGroup(g)->num_rows();
+    for (; next < rows.size() && rows[next] < static_cast<uint64_t>(end); ++next)
+      out[static_cast<size_t>(g)].push_back(static_cast<int64_t>(rows[next]) - start);
+    start = end;
+  }
+  if (next < rows.size()) {
+    throw DataError("data: the deletion vector of " + file + " (Delta table " + root +
+                    " at version " + std::to_string(version) + ") deletes row " +
+                    std::to_string(rows[next]) + ", but the file has " + std::to_string(start) +
+                    " rows: the vector belongs to another file, or the log is damaged");
+  }
+  return out;
+}
+
 }  // namespace
 
 Table Table::open(const std::string& location, TableOptions options) {
@@ -108,19 +134,23 @@ Table Table::open(const std::string& location, TableOptions options) {
   state->format = format;
   state->root = fs::absolute(path).lexically_normal().string();
   std::vector<std::map<std::string, std::string>> partitions;
+  std::vector<std::optional<detail::DeletionVectorRef>> deletion_vectors;
   detail::DeltaSnapshot snap;
   if (format == TableFormat::kDelta) {
     snap = detail::read_delta_snapshot(state->root, options.version);
     state->version = snap.version;
     state->partition_types = snap.partition_types;
+    state->variant_columns = snap.variant_columns;
     for (auto& f : snap.files) {
       state->paths.push_back(f.path);
       partitions.push_back(std::move(f.partition_values));
+      deletion_vectors.push_back(std::move(f.deletion_vector));
     }
   } else {
     state->paths = parquet_files(path);
     partitions.resize(state->paths.size());
   }
+  deletion_vectors.resize(state->paths.size());
   for (size_t i = 0; i < state->paths.size(); ++i) {
     if (!fs::exists(state->paths[i])) {
       throw DataError("data: " + state->paths[i] + ", a file of the Delta table " + state->root +
@@ -131,11 +161,21 @@ Table Table::open(const std::string& location, TableOptions options) {
     auto file = detail::read_footer(state->paths[i]);
     file.schema = logical_schema(file.schema, snap);
     file.partition_values = std::move(partitions[i]);
+    if (const auto& dv = deletion_vectors[i]) {
+      file.deletion_vector_id = dv->unique_id();
+      file.deleted = split_deleted(
+          *file.metadata,
+          detail::read_deletion_vector(state->root, *state->version, state->paths[i], *dv),
+          state->root, *state->version, state->paths[i]);
+    }
     for (int g = 0; g < file.metadata->num_row_groups(); ++g) {
       RowGroup rg;
       rg.file = static_cast<int>(i);
       rg.index = g;
-      rg.rows = file.metadata->RowGroup(g)->num_rows();
+      rg.deleted = file.deleted.empty()
+                       ? 0
+                       : static_cast<int64_t>(file.deleted[static_cast<size_t>(g)].size());
+      rg.rows = file.metadata->RowGroup(g)->num_rows() - rg.deleted;
       rg.first = state->num_rows;
       state->num_rows += rg.rows;
       state->row_groups.push_back(rg);

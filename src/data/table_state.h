@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,11 @@ struct FileState {
   std::shared_ptr<parquet::FileMetaData> metadata;
   std::shared_ptr<arrow::Schema> schema;                // the file's columns as Arrow reads them
   std::map<std::string, std::string> partition_values;  // Delta: column -> value ("" = null)
+  // Delta deletion vector: its uniqueId ("" without one) and, per row group of the file, the
+  // positions in the group (sorted) it deletes; empty when nothing is deleted from the file.
+  // The file's RowGroups count only the rows left; decoding skips these (parquet_file.h).
+  std::string deletion_vector_id;
+  std::vector<std::vector<int64_t>> deleted;
 };
 
 struct TableState {
@@ -31,6 +37,8 @@ struct TableState {
   std::optional<int64_t> version;
   // Delta: partition columns and their Delta type names ("integer", "double", "string", ...).
   std::map<std::string, std::string> partition_types;
+  // Delta: top-level columns that are or hold a variant (refused when asked for).
+  std::set<std::string> variant_columns;
 };
 
 }  // namespace dtrain::data::detail

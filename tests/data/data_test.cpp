@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "core/shared_files.h"
+#include "data/deletion_vector.h"
 #include "data/written_tables.h"
 #include "dtrain/data_reader.h"
 #include "dtrain/data_table.h"
@@ -786,6 +787,243 @@ TEST(DeltaTable, AMissingCommitIsAnErrorNamingIt) {
               Table::open("delta:" + tables() + "/parquet");
             }).find("is not a Delta table: it has no _delta_log"),
             std::string::npos);
+}
+
+// Deletion vectors (tests/data/make_tables.py writes them per the Delta protocol, as no writer
+// here does; delta-rs's DataFusion reader applies them and gave the expected rows): inline,
+// by uuid (two in one DV file, under a random prefix), by absolute path, a file deleted twice,
+// a whole row group deleted, a checkpoint carrying them, and time travel across them.
+std::vector<int64_t> ids_of_version(const Table& t, int world = 1, int rank = 0,
+                                    bool elastic = false) {
+  Reader r(t, {.columns = id_column(),
+               .batch_size = 8,
+               .num_replicas = world,
+               .rank = rank,
+               .seed = 5,
+               .elastic = elastic});
+  r.set_epoch(1);
+  return ids_of(r);
+}
+
+TEST(DeltaDeletionVectors, EveryVersionHoldsExactlyTheRowsDeltaRsReads) {
+  const auto e = expected();
+  const std::string dir = tables() + "/delta_dv";
+  // delta-rs gives a table with deletion vectors enabled the reader feature variantType too,
+  // with no variant column: both are read.
+  EXPECT_EQ(e["delta_dv_protocol"], nlohmann::json({"deletionVectors", "variantType"}));
+  for (const auto& [v, ids] : e["delta_dv"].items()) {
+    auto t = Table::open("delta:" + dir, {.version = std::stoll(v)});
+    const auto want = ids.get<std::vector<int64_t>>();
+    EXPECT_EQ(t.num_rows(), static_cast<int64_t>(want.size())) << "version " << v;
+    EXPECT_EQ(sorted(ids_of_version(t)), want) << "version " << v;
+  }
+}
+
+TEST(DeltaDeletionVectors, RowGroupsCountTheRowsLeft) {
+  auto t = Table::open("delta:" + tables() + "/delta_dv");
+  const auto groups = expected()["delta_dv_groups"];
+  ASSERT_EQ(t.row_groups().size(), groups.size());
+  int64_t first = 0, emptied = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& rg = t.row_groups()[g];
+    EXPECT_EQ(rg.rows + rg.deleted, groups[g][0].get<int64_t>()) << "row group " << g;
+    EXPECT_EQ(rg.deleted, groups[g][1].get<int64_t>()) << "row group " << g;
+    EXPECT_EQ(rg.first, first);
+    first += rg.rows;
+    emptied += rg.rows == 0;
+  }
+  EXPECT_EQ(first, t.num_rows());
+  EXPECT_EQ(emptied, 1);  // file 0's second row group is deleted whole
+}
+
+// Over 1-4 ranks, shuffled, two epochs: every row left is read, the ranks agree on the steps,
+// and rows are read more than once only to pad the ranks to equal shares (DistributedSampler);
+// in elastic mode exactly once, across a restart at another world size too.
+TEST(DeltaDeletionVectors, RanksReadEveryRowLeftAndNoDeletedOne) {
+  auto t = Table::open("delta:" + tables() + "/delta_dv");
+  const auto want = expected()["delta_dv"]["6"].get<std::vector<int64_t>>();
+  const std::set<int64_t> left(want.begin(), want.end());
+  for (int world = 1; world <= 4; ++world) {
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      std::map<int64_t, int> reads;
+      int64_t steps = -1, samples = -1;
+      for (int rank = 0; rank < world; ++rank) {
+        Reader r(t, {.columns = id_column(),
+                     .batch_size = 8,
+                     .num_replicas = world,
+                     .rank = rank,
+                     .seed = 3});
+        r.set_epoch(epoch);
+        for (int64_t id : ids_of(r)) reads[id]++;
+        if (steps < 0) steps = r.steps_per_epoch(), samples = r.num_samples();
+        EXPECT_EQ(r.steps_per_epoch(), steps);
+        EXPECT_EQ(r.num_samples(), samples);
+      }
+      std::set<int64_t> seen;
+      int64_t total = 0;
+      for (auto [id, n] : reads) seen.insert(id), total += n;
+      EXPECT_EQ(seen, left) << "world " << world << " epoch " << epoch;
+      EXPECT_EQ(total, samples * world);  // each rank its num_samples(), padding included
+      EXPECT_EQ(steps, (samples + 7) / 8);
+    }
+    std::vector<int64_t> all;
+    for (int rank = 0; rank < world; ++rank) {
+      auto ids = ids_of_version(t, world, rank, true);
+      all.insert(all.end(), ids.begin(), ids.end());
+    }
+    EXPECT_EQ(sorted(all), want) << "elastic, world " << world;
+  }
+  // Elastic: 3 ranks read 2 steps, 2 ranks finish from their position.
+  auto opts = [](int world, int rank) {
+    return ReaderOptions{.columns = id_column(),
+                         .batch_size = 8,
+                         .num_replicas = world,
+                         .rank = rank,
+                         .seed = 9,
+                         .elastic = true};
+  };
+  std::vector<int64_t> read;
+  std::string position;
+  for (int rank = 0; rank < 3; ++rank) {
+    Reader r(t, opts(3, rank));
+    for (int s = 0; s < 2; ++s) {
+      auto id = r.next()->at("id");
+      read.insert(read.end(), id.data_ptr<int64_t>(), id.data_ptr<int64_t>() + id.numel());
+    }
+    position = r.position();
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    Reader r(t, opts(2, rank));
+    r.restore(position);
+    auto ids = ids_of(r);
+    read.insert(read.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(sorted(read), want);
+  // A position taken before the delete does not restore after it: other rows.
+  Reader before(Table::open("delta:" + tables() + "/delta_dv", {.version = 2}), opts(1, 0));
+  Reader after(t, opts(1, 0));
+  EXPECT_NE(error_of([&] { after.restore(before.position()); }).find("was taken on a table of"),
+            std::string::npos);
+}
+
+TEST(DeltaDeletionVectors, CachedAndSharedEpochsReadTheSameRows) {
+  auto t = Table::open("delta:" + tables() + "/delta_dv");
+  for (bool share : {false, true}) {
+    auto opts = [&](int64_t cache) {
+      return ReaderOptions{.columns = id_column(),
+                           .batch_size = 8,
+                           .num_replicas = 2,
+                           .rank = 1,
+                           .seed = 4,
+                           .cache_bytes = cache,
+                           .share_cache = share};
+    };
+    Reader cached(t, opts(int64_t{1} << 20)), decoded(t, opts(0));
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      cached.set_epoch(epoch);
+      decoded.set_epoch(epoch);
+      EXPECT_EQ(ids_of(cached), ids_of(decoded)) << "share " << share << " epoch " << epoch;
+    }
+  }
+  // Another version of the table (other deletion vectors) never maps these entries.
+  Reader v3(Table::open("delta:" + tables() + "/delta_dv", {.version = 3}),
+            {.columns = id_column(),
+             .num_replicas = 1,
+             .rank = 0,
+             .cache_bytes = int64_t{1} << 20,
+             .share_cache = true});
+  EXPECT_EQ(sorted(ids_of(v3)), expected()["delta_dv"]["3"].get<std::vector<int64_t>>());
+}
+
+TEST(DeltaDeletionVectors, PartitionedTableReadsTheRowsAndLabelsDeltaRsReads) {
+  auto t = Table::open("delta:" + tables() + "/delta_dv_part");
+  Reader r(t, {.columns = {{.name = "id", .dtype = torch::kLong},
+                           {.name = "label", .dtype = torch::kLong}},
+               .batch_size = 7,
+               .num_replicas = 1,
+               .rank = 0});
+  std::vector<std::vector<int64_t>> got;
+  while (auto b = r.next()) {
+    auto id = b->at("id"), label = b->at("label");
+    for (int64_t i = 0; i < id.size(0); ++i)
+      got.push_back({id[i].item<int64_t>(), label[i].item<int64_t>()});
+  }
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, expected()["delta_dv_part"].get<std::vector<std::vector<int64_t>>>());
+}
+
+// The protocol's own examples: a uuid-named DV file under a random prefix.
+TEST(DeltaDeletionVectors, UuidPathsFollowTheProtocolsExample) {
+  namespace dd = dtrain::data::detail;
+  const dd::DeletionVectorRef dv{.storage_type = "u",
+                                 .path_or_inline = "ab^-aqEH.-t@S}K{vb[*k^",
+                                 .offset = 4,
+                                 .size_in_bytes = 40,
+                                 .cardinality = 6};
+  EXPECT_EQ(dd::deletion_vector_file("/mytable", dv),
+            "/mytable/ab/deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin");
+  EXPECT_EQ(dv.unique_id(), "uab^-aqEH.-t@S}K{vb[*k^@4");
+  EXPECT_FALSE(dd::z85_decode("abcd"));   // not a multiple of 5
+  EXPECT_FALSE(dd::z85_decode("abcd~"));  // outside the alphabet
+  EXPECT_FALSE(dd::z85_decode("#####"));  // above 2^32 - 1
+  EXPECT_EQ(dd::z85_decode("00000"), std::string(4, '\0'));
+}
+
+TEST(DeltaDeletionVectors, MissingCorruptOrForeignVectorsNameTableFileAndRemedy) {
+  const std::string bad = tables() + "/delta_dv_bad";
+  std::string dv_name;
+  for (const auto& e : std::filesystem::directory_iterator(bad + "/crc"))
+    if (e.path().filename().string().rfind("deletion_vector_", 0) == 0)
+      dv_name = e.path().filename().string();
+  ASSERT_FALSE(dv_name.empty());
+  const std::map<std::string, std::string> want = {
+      {"missing", "does not exist or cannot be read: the table was vacuumed past this version"},
+      {"truncated", "which ends inside it"},
+      {"crc", "with the CRC-32"},
+      {"magic", "its magic number is"},
+      {"cardinality", "deletes 2 rows, but the log says 3"}};
+  for (const auto& [name, text] : want) {
+    const std::string dir = bad + "/" + name;
+    auto msg = error_of([&] { Table::open("delta:" + dir); });
+    EXPECT_NE(msg.find(text), std::string::npos) << name << ": " << msg;
+    EXPECT_NE(msg.find("Delta table " + dir + " at version 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(dir + "/" + dv_name), std::string::npos) << msg;
+    EXPECT_NE(msg.find("restore"), std::string::npos) << msg;
+    // Version 0, before the delete, has no vector and reads.
+    EXPECT_EQ(Table::open("delta:" + dir, {.version = 0}).num_rows(), 20);
+  }
+}
+
+TEST(DeltaTable, AVariantColumnIsToleratedAndRefusedWhenAskedFor) {
+  auto t = Table::open("delta:" + tables() + "/delta_variant");
+  Reader r(t, {.columns = id_column(), .num_replicas = 1, .rank = 0, .shuffle = false});
+  std::vector<int64_t> all(10);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(ids_of(r), all);
+  auto msg = error_of([&] {
+    Reader(t, {.columns = {{.name = "v", .dtype = torch::kFloat}}, .num_replicas = 1, .rank = 0});
+  });
+  EXPECT_NE(msg.find("column 'v' of the Delta table " + t.root() + " is (or holds) a variant"),
+            std::string::npos)
+      << msg;
+}
+
+// v2Checkpoint: delta-rs writes classic-named checkpoints in the V2 spec once the feature is
+// on; they are read (the DV in it too). One whose file actions are in sidecar files is refused.
+TEST(DeltaTable, V2SpecCheckpointsAreReadAndSidecarsRefused) {
+  const std::string dir = tables() + "/delta_v2ck";
+  for (const auto& [v, ids] : expected()["delta_v2ck"].items()) {
+    auto t = Table::open("delta:" + dir, {.version = std::stoll(v)});
+    EXPECT_EQ(sorted(ids_of_version(t)), ids.get<std::vector<int64_t>>()) << "version " << v;
+  }
+  const std::string side = tables() + "/delta_v2ck_sidecar";
+  auto msg = error_of([&] { Table::open("delta:" + side); });
+  EXPECT_NE(msg.find("the Delta checkpoint " + side +
+                     "/_delta_log/00000000000000000003.checkpoint.parquet keeps its file "
+                     "actions in 1 sidecar files"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(Table::open("delta:" + side, {.version = 2}).num_rows(), 60);  // before it
 }
 
 TEST(DataErrors, TruncatedAndCorruptFilesNameTheFile) {

@@ -15,6 +15,24 @@ OUT/delta_gap/       a copy of delta/ without 00000000000000000002.json (a missi
 OUT/delta_mapped/    a Delta table with column mapping by name, partitioned by label (ids 0-89
                      in two commits): its Parquet files and partitionValues use physical names
 OUT/delta_mapped_id/ the same rows (no partition) with column mapping by id (Parquet field ids)
+OUT/delta_dv/        a Delta table with deletion vectors (delta.enableDeletionVectors, so its reader
+                     features are deletionVectors and variantType, with no variant column): v0-v2
+                     three files by delta-rs (ids 0-99, 100-179, 180-259; row groups of 16), v3
+                     DVs: inline on file 0 (one whole row group among its rows), two in one DV
+                     file under a random prefix (u) on files 1 and 2, v4 file 0 deleted again
+                     by an absolute path DV (p) replacing its first, checkpoint at 4 (delta-rs),
+                     v5 append (ids 1000-1019) by delta-rs, v6 file 2's DV replaced by an inline
+                     one listed before the remove of the old one in its commit
+OUT/delta_dv_part/   partitioned by label (ids 0-89, two commits), DVs on three partition files
+OUT/delta_dv_bad/    copies of a one-file DV table: missing/ (its DV file removed), truncated/ (its
+                     last 10 bytes cut), crc/ (a byte of the bitmap changed), magic/ (a wrong
+                     magic number, checksum recomputed), cardinality/ (the log's one too high)
+OUT/delta_v2ck/      the v2Checkpoint reader feature (delta-rs): v0 ids 0-29 (DVs enabled), v1 the
+                     feature added, v2 append 30-59, v3 an inline DV on file 0 (ids 0-2), a
+                     classic checkpoint in the V2 spec at 3 (delta-rs), v4 append 60-69
+OUT/delta_v2ck_sidecar/ the same, its checkpoint given a sidecar action (file actions elsewhere)
+OUT/delta_variant/   ids 0-9 and a variant column v (the log's schema says variant, the files hold
+                     the unshredded struct<value, metadata> of binaries)
 OUT/types/           one file of 30 rows in row groups of 8: a column of every numeric type and
                      lists of several (the values follow from the id; data_test.cpp checks them)
 OUT/bad/             truncated.parquet, corrupt.parquet, nulls.parquet, ragged.parquet (a list
@@ -23,12 +41,17 @@ OUT/bad/             truncated.parquet, corrupt.parquet, nulls.parquet, ragged.p
 import json
 import os
 import shutil
+import struct
 import sys
+import time
+import uuid
+import zlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+import pyroaring
+from deltalake import DeltaTable, QueryBuilder, TableFeatures, WriterProperties, write_deltalake
 
 
 def rows(ids):
@@ -40,6 +63,267 @@ def rows(ids):
         "label": pa.array((ids % 10).astype(np.int32), pa.int32()),
         "name": pa.array(["row%d" % i for i in ids], pa.string()),
     })
+
+
+# Deletion vectors, written per the Delta protocol ("Deletion Vectors" and the appendix "Deletion
+# Vector Format"): delta-rs 1.6.6 reads them (its DataFusion QueryBuilder applies them) but its
+# delete/update/merge rewrite files instead of writing one, so this script writes them: the bitmap
+# by pyroaring (CRoaring's 64-bit portable serialization), the framing and the log by hand.
+DV_MAGIC = 1681511377
+Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def z85(data):
+    data = data + b"\0" * (-len(data) % 4)
+    out = []
+    for i in range(0, len(data), 4):
+        v = struct.unpack(">I", data[i:i + 4])[0]
+        group = ""
+        for _ in range(5):
+            group = Z85[v % 85] + group
+            v //= 85
+        out.append(group)
+    return "".join(out)
+
+
+def dv_bitmap(rows):
+    """The serialized RoaringBitmapArray of row positions: magic, then the portable 64-bit format."""
+    return struct.pack("<I", DV_MAGIC) + pyroaring.BitMap64(rows).serialize()
+
+
+def dv_file(path, bitmaps):
+    """A DV file holding several vectors; returns each one's (offset, size)."""
+    out, spans = bytearray(b"\x01"), []
+    for b in bitmaps:
+        spans.append((len(out), len(b)))
+        out += struct.pack(">I", len(b)) + b + struct.pack(">I", zlib.crc32(b))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(out)
+    return spans
+
+
+def inline_dv(rows):
+    b = dv_bitmap(rows)
+    return {"storageType": "i", "pathOrInlineDv": z85(b), "sizeInBytes": len(b), "cardinality": len(rows)}
+
+
+def uuid_dvs(table, prefix, row_sets):
+    """One DV file at <table>/<prefix>/deletion_vector_<uuid>.bin with a vector per row set."""
+    u = uuid.uuid4()
+    spans = dv_file(os.path.join(table, prefix, "deletion_vector_%s.bin" % u), [dv_bitmap(r) for r in row_sets])
+    return [{"storageType": "u", "pathOrInlineDv": prefix + z85(u.bytes), "offset": off,
+             "sizeInBytes": size, "cardinality": len(r)} for (off, size), r in zip(spans, row_sets)]
+
+
+def path_dv(path, rows):
+    ((off, size),) = dv_file(path, [dv_bitmap(rows)])
+    return {"storageType": "p", "pathOrInlineDv": "file://" + path, "offset": off, "sizeInBytes": size,
+            "cardinality": len(rows)}
+
+
+def dv_key(action):
+    """A logical file's key in log replay: (path, the DV's uniqueId)."""
+    dv = action.get("deletionVector") or {}
+    uid = dv.get("storageType", "") + dv.get("pathOrInlineDv", "")
+    if dv.get("offset") is not None:
+        uid += "@%d" % dv["offset"]
+    return action["path"], uid
+
+
+def live_adds(table):
+    """The snapshot's add actions by data file path (newest version), replayed from the JSON log."""
+    adds = {}
+    log = os.path.join(table, "_delta_log")
+    for name in sorted(n for n in os.listdir(log) if n.endswith(".json")):
+        for line in open(os.path.join(log, name)):
+            a = json.loads(line)
+            if "add" in a:
+                adds[dv_key(a["add"])] = a["add"]
+            elif "remove" in a:
+                adds.pop(dv_key(a["remove"]), None)
+    return {path: add for (path, _), add in adds.items()}
+
+
+def commit_dvs(table, dvs, remove_first=True):
+    """Commits the next version: each file of `dvs` (path -> descriptor) removed with its old
+    DV (if any) and added again with the new one, as Delta's DELETE does."""
+    version = DeltaTable(table).version() + 1
+    adds = live_adds(table)
+    lines = [{"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "DELETE",
+                             "engineInfo": "dtrain tests/data/make_tables.py"}}]
+    for path, dv in dvs.items():
+        old = adds[path]
+        remove = {"path": path, "deletionTimestamp": int(time.time() * 1000), "dataChange": True,
+                  "extendedFileMetadata": True, "partitionValues": old["partitionValues"],
+                  "size": old["size"]}
+        if old.get("deletionVector"):
+            remove["deletionVector"] = old["deletionVector"]
+        add = dict(old, deletionVector=dv, dataChange=True)
+        pair = [{"remove": remove}, {"add": add}]
+        lines += pair if remove_first else pair[::-1]
+    with open(os.path.join(table, "_delta_log", "%020d.json" % version), "x") as f:
+        f.write("".join(json.dumps(a) + "\n" for a in lines))
+    return version
+
+
+def peer_ids(table, version=None):
+    """The ids delta-rs's DataFusion reader returns (it applies deletion vectors)."""
+    dt = DeltaTable(table, version=version)
+    t = QueryBuilder().register("t", dt).execute("select id from t").read_all()
+    return sorted(t.column("id").to_pylist())
+
+
+def data_files(table):
+    """The live data files' paths (relative, as the log holds them), in id order of their rows."""
+    adds = live_adds(table)
+    return sorted(adds, key=lambda p: pq.read_table(os.path.join(table, p), columns=["id"]).column("id")[0].as_py())
+
+
+def file_ids(table, path):
+    return pq.read_table(os.path.join(table, path), columns=["id"]).column("id").to_pylist()
+
+
+def write_dv_tables(out, expected):
+    props = WriterProperties(max_row_group_size=16, write_batch_size=16)
+    cfg = {"delta.enableDeletionVectors": "true"}
+    d = os.path.join(out, "delta_dv")
+    write_deltalake(d, rows(range(0, 100)), configuration=cfg, writer_properties=props)
+    write_deltalake(d, rows(range(100, 180)), mode="append", writer_properties=props)
+    write_deltalake(d, rows(range(180, 260)), mode="append", writer_properties=props)
+    f0, f1, f2 = data_files(d)
+    assert pq.ParquetFile(os.path.join(d, f0)).metadata.num_row_groups > 2, "row groups of 16 expected"
+    deleted = {}  # id -> deleted, the bitmaps' own view (positions in the file -> ids)
+
+    def delete(path, positions):
+        ids = file_ids(d, path)
+        return sorted(positions), {ids[p] for p in positions}
+
+    # v3: file 0 inline (rows 16-31, a whole row group, and a few more); files 1 and 2 in one
+    # DV file under the random prefix "q7".
+    p0, gone0 = delete(f0, list(range(16, 32)) + [0, 5, 99])
+    p1, gone1 = delete(f1, [1, 2, 3, 40, 79])
+    p2, gone2 = delete(f2, list(range(0, 80, 3)))
+    dv1, dv2 = uuid_dvs(d, "q7", [p1, p2])
+    v3 = commit_dvs(d, {f0: inline_dv(p0), f1: dv1, f2: dv2})
+    # v4: file 0 deleted again (its first DV's rows and more), by absolute path.
+    p0b, gone0b = delete(f0, p0 + [50, 51, 52, 98])
+    v4 = commit_dvs(d, {f0: path_dv(os.path.join(d, "dvs", "deletion_vector_by_path.bin"), p0b)})
+    DeltaTable(d).create_checkpoint()
+    write_deltalake(d, rows(range(1000, 1020)), mode="append", writer_properties=props)
+    # v6: file 2's DV replaced by an inline one, the add before the remove of the old one.
+    p2b, gone2b = delete(f2, p2 + [1, 4])
+    v6 = commit_dvs(d, {f2: inline_dv(p2b)}, remove_first=False)
+    assert (v3, v4, v6) == (3, 4, 6), (v3, v4, v6)
+    ck = json.load(open(os.path.join(d, "_delta_log", "_last_checkpoint")))["version"]
+    assert ck == 4, ck
+    all_ids = {0: set(range(100)), 1: set(range(180)), 2: set(range(260))}
+    all_ids[3] = all_ids[2] - gone0 - gone1 - gone2
+    all_ids[4] = all_ids[2] - gone0b - gone1 - gone2
+    all_ids[5] = all_ids[4] | set(range(1000, 1020))
+    all_ids[6] = all_ids[5] - gone2b
+    versions = {}
+    for v in range(7):
+        got = peer_ids(d, v)
+        # The peer applies the vectors: its rows are exactly what the bitmaps leave.
+        assert got == sorted(all_ids[v]), "delta-rs's reader does not apply the DVs at version %d" % v
+        versions[str(v)] = got
+    expected["delta_dv"] = versions
+    expected["delta_dv_protocol"] = sorted(DeltaTable(d).protocol().reader_features or [])
+    # Row groups (per file, in the reader's path order) and rows deleted from each, at v6.
+    groups = []
+    for path in sorted(live_adds(d)):
+        md = pq.ParquetFile(os.path.join(d, path)).metadata
+        gone = {f0: p0b, f1: p1, f2: p2b}.get(path, [])
+        start = 0
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            groups.append([n, sum(1 for p in gone if start <= p < start + n)])
+            start += n
+    expected["delta_dv_groups"] = groups
+
+    # Partitioned: DVs on files of three partitions (inline, and two in one DV file).
+    part = os.path.join(out, "delta_dv_part")
+    write_deltalake(part, rows(range(0, 60)), partition_by=["label"], configuration=cfg)
+    write_deltalake(part, rows(range(60, 90)), partition_by=["label"], mode="append")
+    adds = live_adds(part)
+    by_label = sorted((a["partitionValues"]["label"], p) for p, a in adds.items())
+    (_, fa), (_, fb), (_, fc) = by_label[0], by_label[3], by_label[7]
+    dvb, dvc = uuid_dvs(part, "", [[0, 1], [2]])
+    commit_dvs(part, {fa: inline_dv([1]), fb: dvb, fc: dvc})
+    t = QueryBuilder().register("t", DeltaTable(part)).execute("select id, label from t").read_all()
+    expected["delta_dv_part"] = sorted(zip(t.column("id").to_pylist(), t.column("label").to_pylist()))
+    gone = set(file_ids(part, fa)[1:2]) | set(file_ids(part, fb)[0:2]) | set(file_ids(part, fc)[2:3])
+    assert [i for i, _ in expected["delta_dv_part"]] == sorted(set(range(90)) - gone)
+
+    # Bad vectors: one file of 20 rows, a DV file deleting rows 3 and 7.
+    bad = os.path.join(out, "delta_dv_bad")
+    base = os.path.join(bad, "base")
+    write_deltalake(base, rows(range(20)), configuration=cfg)
+    (f,) = live_adds(base)
+    (dv,) = uuid_dvs(base, "", [[3, 7]])
+    commit_dvs(base, {f: dv})
+    assert peer_ids(base) == sorted(set(range(20)) - {3, 7})
+    dv_name = [n for n in os.listdir(base) if n.startswith("deletion_vector_")][0]
+    for case in ("missing", "truncated", "crc", "magic", "cardinality"):
+        shutil.copytree(base, os.path.join(bad, case))
+    os.remove(os.path.join(bad, "missing", dv_name))
+    raw = bytearray(open(os.path.join(base, dv_name), "rb").read())
+    open(os.path.join(bad, "truncated", dv_name), "wb").write(bytes(raw[:-10]))
+    crc = bytearray(raw)
+    crc[-6] ^= 0x40  # a byte of the bitmap: the checksum no longer matches
+    open(os.path.join(bad, "crc", dv_name), "wb").write(bytes(crc))
+    magic = bytearray(raw)
+    magic[5] ^= 0x01  # the magic number's first byte, then a checksum that matches again
+    body = bytes(magic[5:5 + dv["sizeInBytes"]])
+    magic[5 + dv["sizeInBytes"]:] = struct.pack(">I", zlib.crc32(body))
+    open(os.path.join(bad, "magic", dv_name), "wb").write(bytes(magic))
+    log1 = os.path.join(bad, "cardinality", "_delta_log", "%020d.json" % 1)
+    text = open(log1).read().replace('"cardinality": 2', '"cardinality": 3')
+    assert '"cardinality": 3' in text
+    open(log1, "w").write(text)
+    shutil.rmtree(base)
+
+    # v2Checkpoint: delta-rs adds the feature and then writes classic-named checkpoints in the
+    # V2 spec (a checkpointMetadata action; its add actions in the checkpoint, no sidecars).
+    v2 = os.path.join(out, "delta_v2ck")
+    write_deltalake(v2, rows(range(0, 30)), configuration=cfg)
+    DeltaTable(v2).alter.add_feature([TableFeatures.V2Checkpoint], allow_protocol_versions_increase=True)
+    write_deltalake(v2, rows(range(30, 60)), mode="append")
+    first = [p for p, a in live_adds(v2).items() if file_ids(v2, p)[0] == 0][0]
+    commit_dvs(v2, {first: inline_dv([0, 1, 2])})
+    DeltaTable(v2).create_checkpoint()
+    write_deltalake(v2, rows(range(60, 70)), mode="append")
+    ck = os.path.join(v2, "_delta_log", "%020d.checkpoint.parquet" % 3)
+    meta = pq.read_table(ck).column("checkpointMetadata")
+    assert meta.length() - meta.null_count == 1, "delta-rs wrote no V2-spec checkpoint"
+    assert "v2Checkpoint" in (DeltaTable(v2).protocol().reader_features or [])
+    expected["delta_v2ck"] = {str(v): peer_ids(v2, v) for v in range(DeltaTable(v2).version() + 1)}
+    assert expected["delta_v2ck"]["4"] == list(range(3, 70))
+    # The same with a sidecar action in its checkpoint (file actions dtrain would not see).
+    side = os.path.join(out, "delta_v2ck_sidecar")
+    shutil.copytree(v2, side)
+    ck = os.path.join(side, "_delta_log", "%020d.checkpoint.parquet" % 3)
+    t = pq.read_table(ck)
+    extra = {n: [None] for n in t.schema.names}
+    extra["sidecar"] = [{"path": "016ae953-37a9-438e-8683-9a9a4a79a395.parquet", "sizeInBytes": 1,
+                         "modificationTime": 1, "tags": None}]
+    pq.write_table(pa.concat_tables([t, pa.table(extra, schema=t.schema)]), ck)
+
+    # A variant column: the log's schema says variant (delta-rs writes the unshredded struct).
+    var = os.path.join(out, "delta_variant")
+    v = pa.StructArray.from_arrays([pa.array([b"\x0c\x01"] * 10, pa.binary()),
+                                    pa.array([b"\x01\x00\x00"] * 10, pa.binary())],
+                                   ["value", "metadata"])
+    write_deltalake(var, pa.table({"id": pa.array(range(10), pa.int64()), "v": v}), configuration=cfg)
+    log0 = os.path.join(var, "_delta_log", "%020d.json" % 0)
+    lines = [json.loads(line) for line in open(log0)]
+    for a in lines:
+        if "metaData" in a:
+            schema = json.loads(a["metaData"]["schemaString"])
+            schema["fields"][1]["type"] = "variant"
+            a["metaData"]["schemaString"] = json.dumps(schema)
+    open(log0, "w").write("".join(json.dumps(a) + "\n" for a in lines))
 
 
 def main(out):
@@ -108,6 +392,8 @@ def main(out):
     gap = os.path.join(out, "delta_gap")
     shutil.copytree(ddir, gap)
     os.remove(os.path.join(gap, "_delta_log", "%020d.json" % 2))
+
+    write_dv_tables(out, expected)
 
     # Every numeric type, as scalars and as lists.
     tdir = os.path.join(out, "types")
