@@ -38,7 +38,8 @@ const char* kUsage =
     "usage: dtrain deepspeed [-H HOSTFILE] [-i INCLUDE | -e EXCLUDE] [--num_nodes N]\n"
     "                        [--num_gpus N | --num_accelerators N] [--master_port P]\n"
     "                        [--master_addr A] [--no_ssh --node_rank K] [--launcher ssh|pdsh]\n"
-    "                        [--ssh_port P] [--module | --no_python] [--no_local_rank]\n"
+    "                        [--ssh_port P] [--ssh-identity FILE] [--ssh-arg ARG]...\n"
+    "                        [--module | --no_python] [--no_local_rank]\n"
     "                        [--save_pid] [--enable_each_rank_log DIR] [--bind_cores_to_rank]\n"
     "                        [--bind_core_list LIST] [--force_multi] [--no_ssh_check]\n"
     "                        [--log_level L] [-q] PROGRAM [ARGS...]\n"
@@ -231,7 +232,7 @@ std::vector<DsHost> ds_resource_filter(const std::vector<std::pair<std::string, 
       for (int s : slots) {
         if (std::find(d.slots.begin(), d.slots.end(), s) == d.slots.end())
           throw UsageError("No slot '" + std::to_string(s) + "' specified on host '" + host +
-                           "' (it has slots 0.." + std::to_string(d.slots.size()) + ")");
+                           "' (its slots: " + (d.slots.empty() ? "none" : join(d.slots)) + ")");
       }
       if (!include.empty()) {
         chosen[host].assign(slots.begin(), slots.end());
@@ -258,6 +259,8 @@ int deepspeed_main(const std::vector<std::string>& args) {
     std::string rank_log_dir, bind_core_list, launcher_args, venv_script, autotuning;
     bool hostfile_given = false, module = false, no_python = false, no_local_rank = false;
     bool no_ssh = false, force_multi = false, save_pid = false, bind_cores = false;
+    std::string ssh_identity;
+    std::vector<std::string> ssh_args;
     int num_nodes = -1, num_gpus = -1, master_port = 29500, node_rank = -1, ssh_port = -1;
     size_t i = 0;
     for (; i < args.size(); ++i) {
@@ -341,6 +344,10 @@ int deepspeed_main(const std::vector<std::string>& args) {
         bind_core_list = value();
       } else if (a == "--ssh_port") {
         ssh_port = parse_int(a, value());
+      } else if (a == "--ssh-identity") {  // dtrain's, as `dtrain run --ssh-identity`
+        ssh_identity = value();
+      } else if (a == "--ssh-arg") {  // dtrain's, as `dtrain run --ssh-arg` (repeatable)
+        ssh_args.push_back(value());
       } else if (a == "--venv_script") {
         venv_script = value();
       } else if (a == "--log_level") {
@@ -444,6 +451,12 @@ int deepspeed_main(const std::vector<std::string>& args) {
           "give --node_rank 0.." +
           std::to_string(active.size() - 1) + " (the hosts after filtering)");
     const bool multi_node = (force_multi || active.size() > 1) && !no_ssh;
+    // dtrain's ssh engine does not pass core binding on to the other hosts' agents yet.
+    if (multi_node && (bind_cores || !bind_core_list.empty()))
+      throw UsageError(
+          "--bind_cores_to_rank/--bind_core_list: not passed to the hosts started "
+          "over ssh; drop them, or start each node by hand with --no_ssh "
+          "--node_rank K");
 
     // What to run: python -u [-m] SCRIPT, or PROGRAM itself.
     LaunchOptions check;
@@ -503,6 +516,8 @@ int deepspeed_main(const std::vector<std::string>& args) {
     ra.bind_cores_to_rank = bind_cores;
     ra.bind_core_list = bind_core_list;
     if (ssh_port > 0) ra.ssh_port = std::to_string(ssh_port);
+    ra.ssh_identity = ssh_identity;
+    ra.ssh_args = ssh_args;
     // The workers' MASTER_PORT is DeepSpeed's (rank 0 hosts PyTorch's store there); the agents'
     // own store takes a free port on one node, MASTER_PORT+1 across nodes.
     std::string agents_port =
