@@ -1,7 +1,11 @@
 // A C++ worker for deepspeed_launcher_test: prints one JSON line with its argv, environment
-// and pid, as ds_show_env.py does, and exits 0. No libtorch.
+// and pid, as ds_show_env.py does (also to DS_TEST_OUT/rank<RANK>.json), and exits 0. No
+// libtorch.
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -21,5 +25,12 @@ int main(int argc, char** argv) {
   }
   out["pid"] = ::getpid();
   std::cout << out.dump() << std::endl;
+  // The same line in DS_TEST_OUT/rank<RANK>.json (see ds_show_env.py).
+  if (const char* dir = std::getenv("DS_TEST_OUT")) {
+    const char* rank = std::getenv("RANK");
+    const std::string path = std::string(dir) + "/rank" + (rank ? rank : "x") + ".json";
+    std::ofstream(path + ".tmp") << out.dump();
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
   return 0;
 }
