@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
                                         DTRAIN_BUILT_WITH_LIBTORCH + ")");
   app.footer(
       "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
-      "checkpoints.");
+      "checkpoints; 'dtrain deepspeed --help' and 'dtrain horovodrun --help' for DeepSpeed's and "
+      "Horovod's launchers.");
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;

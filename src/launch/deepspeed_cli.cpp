@@ -123,7 +123,10 @@ bool is_elf(const std::string& path) {
 
 std::string join(const std::vector<int>& v, const char* sep = ",") {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : sep) + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s += sep;
+    s += std::to_string(x);
+  }
   return s;
 }
 
@@ -361,7 +364,10 @@ int deepspeed_main(const std::vector<std::string>& args) {
         throw UsageError("unknown option '" + a + "'");
       }
     }
-    if (i >= args.size()) throw UsageError("missing PROGRAM (the training script or program)");
+    if (i >= args.size())
+      throw UsageError(
+          "missing PROGRAM: give the training script (or program) and its arguments after the "
+          "flags");
     const std::string program = args[i];
     const std::vector<std::string> user_args(args.begin() + static_cast<long>(i) + 1, args.end());
 
@@ -426,8 +432,8 @@ int deepspeed_main(const std::vector<std::string>& args) {
           "Cannot specify num_nodes/gpus with include/exclude: drop --num_nodes/--num_gpus or "
           "--include/--exclude");
     const bool local_pool = pool.empty();
+    std::string how;  // how this node's slots were counted, without a hostfile
     if (local_pool) {
-      std::string how;
       pool.emplace_back("localhost", local_device_count(&how));
       master_addr = "127.0.0.1";  // DeepSpeed's, whatever --master_addr said
       if (num_nodes > 1)
@@ -435,7 +441,14 @@ int deepspeed_main(const std::vector<std::string>& args) {
             "Num nodes is >1 but no extra nodes available via hostfile: give -H "
             "HOSTFILE or drop --num_nodes");
     }
-    std::vector<DsHost> active = ds_resource_filter(pool, include, exclude);
+    std::vector<DsHost> active;
+    try {
+      active = ds_resource_filter(pool, include, exclude);
+    } catch (const UsageError& e) {
+      if (!local_pool) throw;
+      throw UsageError(std::string(e.what()) + "; without a hostfile this node's slots are its " +
+                       how + ": list more in a hostfile ('localhost slots=N') or use --num_gpus N");
+    }
     if (num_nodes > 0 && static_cast<int>(active.size()) > num_nodes) active.resize(num_nodes);
     if (num_gpus > 0) {
       for (auto& h : active) {
@@ -480,7 +493,10 @@ int deepspeed_main(const std::vector<std::string>& args) {
     // The shim's command line: every node's slots in node order, and what DeepSpeed's
     // launch.py would do with the script.
     std::string world;
-    for (auto& h : active) world += (world.empty() ? "" : "/") + join(h.slots);
+    for (auto& h : active) {
+      if (!world.empty()) world += '/';
+      world += join(h.slots);
+    }
     std::vector<std::string> shim = {self_exe().path, "deepspeed-exec",           "--world", world,
                                      "--master_port", std::to_string(master_port)};
     if (no_local_rank) shim.push_back("--no_local_rank");
@@ -494,7 +510,9 @@ int deepspeed_main(const std::vector<std::string>& args) {
     for (const auto& n : torchrun_only_names()) {
       // OMP_NUM_THREADS: DeepSpeed sets it only when binding cores (as the agent then does).
       if (n == "OMP_NUM_THREADS" && bind_cores) continue;
-      if (!std::getenv(n.c_str())) drop += (drop.empty() ? "" : ",") + n;
+      if (std::getenv(n.c_str())) continue;
+      if (!drop.empty()) drop += ',';
+      drop += n;
     }
     shim.insert(shim.end(), {"--drop", drop});
     if (!rank_log_dir.empty()) {
@@ -524,8 +542,10 @@ int deepspeed_main(const std::vector<std::string>& args) {
         (multi_node || (no_ssh && active.size() > 1)) ? std::to_string(master_port + 1) : "0";
     if (multi_node) {
       std::string list;
-      for (auto& h : active)
-        list += (list.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots.size());
+      for (auto& h : active) {
+        if (!list.empty()) list += ',';
+        list += h.name + ":" + std::to_string(h.slots.size());
+      }
       ra.host_list = list;
       ra.master_addr = master_addr.empty() ? active.front().name : master_addr;
       // As DeepSpeed's pdsh runner: the launching shell's MLFLOW*, PYTHON*, MV2*, UCX* and

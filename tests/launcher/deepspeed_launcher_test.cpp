@@ -302,46 +302,68 @@ TEST_F(DeepSpeedLauncher, EachRankLogFilesAreNamedAsDeepSpeedNamesThem) {
 }
 
 // Two nodes started by hand (--no_ssh --node_rank K), both on loopback: one launcher per
-// "node", as a job script runs the same line on each host.
+// "node", as a job script runs the same line on each host. dtrain's two agents meet (their
+// store); DeepSpeed's launchers never talk to each other, so its node 1 alone gives what
+// DeepSpeed's workers there see (one DeepSpeed launch: two at once took 55 s on the busy
+// 2-core development VM, 2026-11-30).
 TEST_F(DeepSpeedLauncher, TwoNodesStartedByHandWithNoSshAndNodeRank) {
   RunOptions o = worker_env();
   const std::string hf = hostfile("localhost slots=2\n127.0.0.1 slots=1\n");
   const std::string port = std::to_string(free_port());
-  auto node = [&](const std::string& launcher_bin, bool dtrain_cmd, int rank,
-                  const RunOptions& options) {
-    Args argv = {launcher_bin};
-    if (dtrain_cmd) argv.push_back("deepspeed");
-    for (const std::string& a :
-         {std::string("-H"), hf, std::string("--no_ssh"), std::string("--node_rank"),
-          std::to_string(rank), std::string("--master_addr"), std::string("127.0.0.1"),
-          std::string("--master_port"), port, std::string("--no_python"), kCppWorker})
-      argv.push_back(a);
-    return Process::start(argv, options);
+  auto flags = [&](int rank) {
+    return Args{"-H",
+                hf,
+                "--no_ssh",
+                "--node_rank",
+                std::to_string(rank),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                port,
+                "--no_python",
+                kCppWorker};
   };
-  auto both = [&](const std::string& bin, bool dtrain_cmd) {
-    Launch l;
-    l.options = o;
-    const std::string dir = out_dir();
-    l.options.env.push_back("DS_TEST_OUT=" + dir);
-    Process n0 = node(bin, dtrain_cmd, 0, l.options), n1 = node(bin, dtrain_cmd, 1, l.options);
-    auto results = finish_all({&n0, &n1}, o.timeout);
-    for (auto& r : results) {
-      EXPECT_EQ(r.exit_code, 0) << r.err;
-      l.result.out += r.out;
-      l.result.err += r.err;
-    }
-    l.result.exit_code = results[0].exit_code | results[1].exit_code;
-    l.by_rank = read_workers(dir);
-    return l;
+  Launch ds = deepspeed(flags(1), o);
+  Launch dt;
+  dt.options = o;
+  const std::string dir = out_dir();
+  dt.options.env.push_back("DS_TEST_OUT=" + dir);
+  auto node = [&](int rank) {
+    Args argv = {kDtrain, "deepspeed"};
+    for (const auto& a : flags(rank)) argv.push_back(a);
+    return Process::start(argv, dt.options);
   };
-  Launch ds = both(deepspeed_bin(), false), dt = both(kDtrain, true);
-  expect_same_workers(ds, dt, 3);
+  Process n0 = node(0), n1 = node(1);
+  auto results = finish_all({&n0, &n1}, o.timeout);
+  for (auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    dt.result.out += r.out;
+    dt.result.err += r.err;
+  }
+  dt.result.exit_code = results[0].exit_code | results[1].exit_code;
+  dt.by_rank = read_workers(dir);
+  ASSERT_EQ(dt.by_rank.size(), 3u) << dt.result.out << dt.result.err;
+  // Node 1 (rank 2) against DeepSpeed's node 1.
+  Launch dt_node1 = dt;
+  dt_node1.by_rank = {{2, dt.by_rank.at(2)}};
+  expect_same_workers(ds, dt_node1, 1);
   const json& e = dt.by_rank.at(2)["env"];
   EXPECT_EQ(e.value("CROSS_RANK", ""), "1");
   EXPECT_EQ(e.value("CROSS_SIZE", ""), "2");
   EXPECT_EQ(e.value("LOCAL_SIZE", ""), "1");
   EXPECT_EQ(e.value("WORLD_SIZE", ""), "3");
   EXPECT_EQ(e.value("CUDA_VISIBLE_DEVICES", ""), "0");
+  // Node 0: ranks 0 and 1, as DeepSpeed's launch.py numbers them.
+  for (int r : {0, 1}) {
+    const json& n0e = dt.by_rank.at(r)["env"];
+    EXPECT_EQ(n0e.value("LOCAL_RANK", ""), std::to_string(r));
+    EXPECT_EQ(n0e.value("CROSS_RANK", ""), "0");
+    EXPECT_EQ(n0e.value("LOCAL_SIZE", ""), "2");
+    EXPECT_EQ(n0e.value("WORLD_SIZE", ""), "3");
+    EXPECT_EQ(n0e.value("CUDA_VISIBLE_DEVICES", ""), "0,1");
+    EXPECT_EQ(n0e.value("MASTER_PORT", ""), port);
+    EXPECT_EQ(dt.by_rank.at(r)["argv"][1], "--local_rank=" + std::to_string(r));
+  }
 }
 
 bool alive(int pid) { return ::kill(pid, 0) == 0; }
@@ -432,6 +454,18 @@ TEST_F(DeepSpeedLauncher, BadFlagsAreNamedWithExitTwoAndNothingStarted) {
     EXPECT_TRUE(contains(dt.result.err, "dtrain deepspeed: error: " + c.message)) << dt.result.err;
     EXPECT_TRUE(dt.by_rank.empty()) << dt.result.out;
   }
+  // Without a hostfile the slots are this node's devices (99 is none on any machine).
+  Launch local = dtrain({"--include", "localhost:99", script()}, o);
+  EXPECT_EQ(local.result.exit_code, 2);
+  EXPECT_TRUE(
+      contains(local.result.err, "No slot '99' specified on host 'localhost' (its slots: 0"))
+      << local.result.err;
+  EXPECT_TRUE(contains(local.result.err, "; without a hostfile this node's slots are its "))
+      << local.result.err;
+  Launch none = dtrain({"--num_gpus", "1"}, o);
+  EXPECT_EQ(none.result.exit_code, 2);
+  EXPECT_TRUE(contains(none.result.err, "dtrain deepspeed: error: missing PROGRAM: give the "))
+      << none.result.err;
   // PROGRAM that is not there.
   Launch dt = dtrain({"--num_gpus", "1", (dir_ / "nosuch.py").string()}, o);
   EXPECT_EQ(dt.result.exit_code, 2);
