@@ -31,5 +31,6 @@ add_executable(ds_env_worker launcher/ds_env_worker.cpp)
 target_link_libraries(ds_env_worker PRIVATE nlohmann_json::nlohmann_json)
 dtrain_test(deepspeed_launcher_test LABELS launcher
   SOURCES launcher/deepspeed_launcher_test.cpp launcher/subprocess.cpp)
-dtrain_test_programs(deepspeed_launcher_test DS_ENV_WORKER_BIN ds_env_worker)
+dtrain_test_programs(deepspeed_launcher_test DS_ENV_WORKER_BIN ds_env_worker
+  CLUSTER_WORKER_BIN cluster_worker)
 add_dependencies(deepspeed_launcher_test dtrain_cli)

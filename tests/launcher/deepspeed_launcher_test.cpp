@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +44,7 @@ using nlohmann::json;
 
 const std::string kDtrain = DTRAIN_BIN;
 const std::string kCppWorker = DS_ENV_WORKER_BIN;
+const std::string kTorchWorker = CLUSTER_WORKER_BIN;  // libtorch: init_process_group, all-reduce
 
 std::string script_dir() { return std::string(DTRAIN_SOURCE_DIR) + "/tests/launcher"; }
 std::string script() { return script_dir() + "/ds_show_env.py"; }
@@ -363,6 +366,49 @@ TEST_F(DeepSpeedLauncher, TwoNodesStartedByHandWithNoSshAndNodeRank) {
     EXPECT_EQ(n0e.value("CUDA_VISIBLE_DEVICES", ""), "0,1");
     EXPECT_EQ(n0e.value("MASTER_PORT", ""), port);
     EXPECT_EQ(dt.by_rank.at(r)["argv"][1], "--local_rank=" + std::to_string(r));
+  }
+}
+
+// The lines of `out` that start with `tag` once dtrain's "[defaultR]:" prefix is dropped, sorted.
+std::vector<std::string> tagged_lines(const std::string& out, const std::string& tag) {
+  std::vector<std::string> lines;
+  std::stringstream ss(out);
+  for (std::string line; std::getline(ss, line);) {
+    const auto at = line.find(tag);
+    if (at != std::string::npos) lines.push_back(line.substr(at));
+  }
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+// Real process groups: a PyTorch script joins a Gloo group with env:// (rank 0 hosts the store
+// at MASTER_PORT, as under DeepSpeed) and all-reduces, under both launchers; and a dtrain C++
+// worker does the same under `dtrain deepspeed`.
+TEST_F(DeepSpeedLauncher, PyTorchAndDtrainProcessGroupsFormOnDeepSpeedsEnvironment) {
+  RunOptions o = worker_env();
+  const std::string script_path = script_dir() + "/ds_allreduce.py";
+  Launch ds =
+      deepspeed({"--num_gpus", "2", "--master_port", std::to_string(free_port()), script_path}, o);
+  Launch dt =
+      dtrain({"--num_gpus", "2", "--master_port", std::to_string(free_port()), script_path}, o);
+  ASSERT_EQ(ds.result.exit_code, 0) << ds.result.err;
+  ASSERT_EQ(dt.result.exit_code, 0) << dt.result.err;
+  const std::vector<std::string> want = {
+      "ds_allreduce rank=0 world=2 local_rank=0 sum=3 expected=3",
+      "ds_allreduce rank=1 world=2 local_rank=1 sum=3 expected=3"};
+  EXPECT_EQ(tagged_lines(ds.result.out, "ds_allreduce "), want) << ds.result.out;
+  EXPECT_EQ(tagged_lines(dt.result.out, "ds_allreduce "), want) << dt.result.out;
+  Launch cpp = dtrain({"--num_gpus", "2", "--no_local_rank", "--master_port",
+                       std::to_string(free_port()), kTorchWorker},
+                      o);
+  ASSERT_EQ(cpp.result.exit_code, 0) << cpp.result.err;
+  auto lines = tagged_lines(cpp.result.out, "cluster_worker ");
+  ASSERT_EQ(lines.size(), 2u) << cpp.result.out;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(contains(lines[r], "rank=" + std::to_string(r) + " world=2 local_rank=" +
+                                       std::to_string(r) + " local_world=2"))
+        << lines[r];
+    EXPECT_TRUE(contains(lines[r], "sum=3 expected=3")) << lines[r];
   }
 }
 
