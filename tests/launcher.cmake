@@ -24,3 +24,13 @@ add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver dlopen_p
 # not link libtorch, so "auto" spawns it).
 gtest_discover_tests(launcher_test TEST_PREFIX "forkserver."
   PROPERTIES LABELS launcher ENVIRONMENT "DTRAIN_TEST_START_METHOD=forkserver" DISCOVERY_TIMEOUT 60)
+
+# `dtrain deepspeed` against the venv's real `deepspeed` launcher (DeepSpeed 0.19.8 on its CPU
+# accelerator), on the same Python and C++ workers, flag set by flag set.
+add_executable(ds_env_worker launcher/ds_env_worker.cpp)
+target_link_libraries(ds_env_worker PRIVATE nlohmann_json::nlohmann_json)
+dtrain_test(deepspeed_launcher_test LABELS launcher
+  SOURCES launcher/deepspeed_launcher_test.cpp launcher/subprocess.cpp)
+dtrain_test_programs(deepspeed_launcher_test DS_ENV_WORKER_BIN ds_env_worker
+  CLUSTER_WORKER_BIN cluster_worker)
+add_dependencies(deepspeed_launcher_test dtrain_cli)

@@ -19,6 +19,7 @@
 #include "dtrain/version.h"
 #include "dtrain/zero_config.h"
 #include "horovod/horovodrun.h"
+#include "launch/deepspeed_cli.h"
 #include "launch/failure.h"
 #include "launch/options_internal.h"
 #include "ray/ray_driver.h"
@@ -75,6 +76,12 @@ int main(int argc, char** argv) {
     return dtrain::hvd::horovodrun_main({argv + 2, argv + argc});
   if (argc >= 2 && std::string(argv[1]) == "horovod-exec")
     return dtrain::hvd::horovod_exec_main({argv + 2, argv + argc});
+  // `dtrain deepspeed ...` (DeepSpeed's launcher) and its worker shim
+  // (src/launch/deepspeed_cli.cpp).
+  if (argc >= 2 && std::string(argv[1]) == "deepspeed")
+    return dtrain::launch::deepspeed_main({argv + 2, argv + argc});
+  if (argc >= 2 && std::string(argv[1]) == "deepspeed-exec")
+    return dtrain::launch::deepspeed_exec_main({argv + 2, argv + argc});
   // A Tune search's warm fork server on this host, kept by its driver over ssh
   // (src/tune/warm_hosts.h).
   if (argc >= 2 && std::string(argv[1]) == "tune-warm-host")
@@ -117,7 +124,8 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "run") {
     std::cerr << "dtrain: error: unknown command '" << argv[1]
-              << "'; the commands are run, zero and horovodrun.\nRun 'dtrain --help' or 'dtrain "
+              << "'; the commands are run, zero, horovodrun and deepspeed.\nRun 'dtrain --help' or "
+                 "'dtrain "
                  "run --help'.\n";
     return 2;
   }
@@ -129,7 +137,8 @@ int main(int argc, char** argv) {
                                         DTRAIN_BUILT_WITH_LIBTORCH + ")");
   app.footer(
       "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
-      "checkpoints.");
+      "checkpoints; 'dtrain deepspeed --help' and 'dtrain horovodrun --help' for DeepSpeed's and "
+      "Horovod's launchers.");
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;

@@ -12,6 +12,8 @@
 # 7. Bad host files: exit 2 with the line named, nothing started.
 # 8. A master address that a node cannot reach: that node says so, and what to do.
 # 9. The launching dtrain SIGKILLed: the agents see their stdin close and stop everything.
+# 10. `dtrain deepspeed` with DeepSpeed's hostfile and --include "n1:1@n2": one agent per host
+#     over ssh, DeepSpeed's variables on each (CROSS_RANK, CUDA_VISIBLE_DEVICES, ...).
 source "$(dirname "$0")/lib.sh"
 B="$1" DTRAIN="$2" W="$3" TW="$4"
 for f in "$DTRAIN" "$W" "$TW"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -155,5 +157,34 @@ for h in n1 n2; do
   wait_gone "$h" "ssh -F" 30 || fail "SIGKILL of the launcher: ssh clients left on $h: $(leftovers "$h" "ssh -F")"
 done
 pass "the launching dtrain SIGKILLed: agents, workers and ssh clients on n1 and n2 all gone ($((SECONDS - t)) s)"
+
+# 10 ------------------------------------------------------------------------------------
+t=$SECONDS
+DSW="$B/tests/ds_env_worker"
+[[ -x "$DSW" ]] || fail "$DSW is not built: run scripts/setup.sh"
+printf '# DeepSpeed hostfile\nn1 slots=2\nn2 slots=2\n' >"$T/ds_hosts.txt"
+out="$(on n1 timeout 120 "$DTRAIN" deepspeed -H "$T/ds_hosts.txt" --include "n1:1@n2" \
+  --ssh_port "$SSH_PORT" --ssh-identity "$SSH_KEY" --ssh-arg=-F --ssh-arg="$SSH_CONFIG" \
+  --master_port 29611 --no_python "$DSW" x 2>&1)" || fail "dtrain deepspeed over ssh exited $?: $out"
+# Each worker's JSON line: rank, host-side variables and argv, checked in one place.
+python3 - "$out" <<'PY' || fail "dtrain deepspeed over ssh: $out"
+import json, sys
+seen = {}
+for line in sys.argv[1].splitlines():
+    if "{" in line:
+        j = json.loads(line[line.index("{"):])
+        e = j["env"]
+        seen[int(e["RANK"])] = (e["LOCAL_RANK"], e["LOCAL_SIZE"], e["CROSS_RANK"], e["CROSS_SIZE"],
+                                e["WORLD_SIZE"], e["CUDA_VISIBLE_DEVICES"], e["MASTER_ADDR"],
+                                e["MASTER_PORT"], j["argv"][1:],
+                                any(k.startswith("TORCHELASTIC") for k in e))
+want = {0: ("0", "1", "0", "2", "3", "1", "n1", "29611", ["--local_rank=0", "x"], False),
+        1: ("0", "2", "1", "2", "3", "0,1", "n1", "29611", ["--local_rank=0", "x"], False),
+        2: ("1", "2", "1", "2", "3", "0,1", "n1", "29611", ["--local_rank=1", "x"], False)}
+if seen != want:
+    sys.exit("got %s\nwant %s" % (seen, want))
+PY
+for h in n1 n2; do wait_gone "$h" "$DSW" 10 || fail "dtrain deepspeed: workers left on $h"; done
+pass "dtrain deepspeed -H (n1, n2) --include n1:1@n2 over ssh: 3 ranks with DeepSpeed's variables ($((SECONDS - t)) s)"
 
 echo "ssh tests passed in $((SECONDS - start)) s"

@@ -1647,7 +1647,7 @@ TEST(DtrainCommand, AnUnknownCommandIsNamedWithTheCommandsThereAre) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(contains(r.err,
                        "dtrain: error: unknown command 'frobnicate'; the commands are run, "
-                       "zero and horovodrun"))
+                       "zero, horovodrun and deepspeed"))
       << r.err;
   EXPECT_EQ(r.out, "");
 }

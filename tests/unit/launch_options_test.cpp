@@ -28,6 +28,7 @@
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
+#include "launch/deepspeed_cli.h"
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
@@ -1419,4 +1420,60 @@ TEST(GpuCount, VisibleDevicesLimitTheCount) {
   EXPECT_EQ(dtrain::launch::visible_limit("0,1,2,3,0", 4), 4);
   EXPECT_EQ(dtrain::launch::visible_limit("GPU-8f2c,1", 2), 2);
   EXPECT_EQ(dtrain::launch::visible_limit("0", 0), 0);
+}
+
+// `dtrain deepspeed`'s hostfile and --include/--exclude, as DeepSpeed 0.19.8's runner.py
+// parses them (the end-to-end comparison with the real launcher is
+// tests/launcher/deepspeed_launcher_test.cpp).
+std::string ds_usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const dtrain::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string ds_hosts(const std::vector<dtrain::launch::DsHost>& hosts) {
+  std::string s;
+  for (auto& h : hosts) {
+    s += h.name + ":";
+    for (int x : h.slots) s += std::to_string(x) + ",";
+    s += " ";
+  }
+  return s;
+}
+
+TEST(DeepSpeedHostfile, CommentsBlankLinesAndTrailingTextAsDeepSpeed) {
+  auto pool = dtrain::launch::parse_ds_hostfile(
+      {"# pool", "", "  worker-0 slots=4  # first", "worker-1\tslots=2 max_slots=8"});
+  ASSERT_EQ(pool.size(), 2u);
+  EXPECT_EQ(pool[0], (std::pair<std::string, int>{"worker-0", 4}));
+  EXPECT_EQ(pool[1], (std::pair<std::string, int>{"worker-1", 2}));
+  EXPECT_EQ(ds_usage_error([] {
+              dtrain::launch::parse_ds_hostfile({"a slots=1", "a slots=2"});
+            }),
+            "Hostfile contains multiple entries for a, unable to proceed with launching");
+  EXPECT_EQ(ds_usage_error([] {
+              dtrain::launch::parse_ds_hostfile({"# only", ""});
+            }),
+            "Hostfile is empty or not formatted correctly, unable to proceed with launching.");
+  EXPECT_NE(ds_usage_error([] {
+              dtrain::launch::parse_ds_hostfile({"a gpus=2"});
+            }).find("Hostfile contains a bad entry: a gpus=2, unable to proceed"),
+            std::string::npos);
+}
+
+TEST(DeepSpeedHostfile, IncludeAndExcludeFilterInHostfileOrder) {
+  using dtrain::launch::ds_resource_filter;
+  const std::vector<std::pair<std::string, int>> pool = {{"w0", 4}, {"w1", 2}, {"w2", 2}};
+  EXPECT_EQ(ds_hosts(ds_resource_filter(pool, "", "")), "w0:0,1,2,3, w1:0,1, w2:0,1, ");
+  // Hostfile order, not the filter's; a host named twice has its slots merged and sorted.
+  EXPECT_EQ(ds_hosts(ds_resource_filter(pool, "w2@w0:3,1@w0:1", "")), "w0:1,3, w2:0,1, ");
+  EXPECT_EQ(ds_hosts(ds_resource_filter(pool, "", "w1@w0:0")), "w0:1,2,3, w2:0,1, ");
+  EXPECT_EQ(ds_usage_error([&] { ds_resource_filter(pool, "w9:0", ""); }),
+            "Hostname 'w9' not found in hostfile (--include w9:0)");
+  EXPECT_EQ(ds_usage_error([&] { ds_resource_filter(pool, "", "w1:2"); }),
+            "No slot '2' specified on host 'w1' (its slots: 0,1)");
+  EXPECT_NE(ds_usage_error([&] { ds_resource_filter(pool, "w0", "w1"); }), "");
 }
