@@ -12,9 +12,10 @@
 namespace dtrain {
 
 struct WorkerEnv {
-  int rank = 0;                           // RANK: global rank
-  int local_rank = 0;                     // LOCAL_RANK: rank on this node
-  int world_size = 1;                     // WORLD_SIZE
+  int rank = 0;        // RANK: global rank
+  int local_rank = 0;  // LOCAL_RANK: rank on this node
+  int world_size = 1;  // WORLD_SIZE
+  // Read from torchrun's names, else DeepSpeed's launcher's (LOCAL_SIZE, CROSS_RANK, CROSS_SIZE).
   int local_world_size = 1;               // LOCAL_WORLD_SIZE: workers on this node
   int group_rank = 0;                     // GROUP_RANK: this node's rank (the agent's)
   int group_world_size = 1;               // GROUP_WORLD_SIZE: number of nodes

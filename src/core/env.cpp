@@ -59,9 +59,11 @@ std::optional<WorkerEnv> WorkerEnv::from_environ() {
   e.rank = get_int("RANK", 0);
   e.world_size = get_int("WORLD_SIZE", 1);
   e.local_rank = get_int("LOCAL_RANK", e.rank);
-  e.local_world_size = get_int("LOCAL_WORLD_SIZE", e.world_size);
-  e.group_rank = get_int("GROUP_RANK", 0);
-  e.group_world_size = get_int("GROUP_WORLD_SIZE", 1);
+  // torchrun's names first, then those DeepSpeed's launcher (launch.py) sets instead:
+  // LOCAL_SIZE, CROSS_RANK, CROSS_SIZE.
+  e.local_world_size = get_int("LOCAL_WORLD_SIZE", get_int("LOCAL_SIZE", e.world_size));
+  e.group_rank = get_int("GROUP_RANK", get_int("CROSS_RANK", 0));
+  e.group_world_size = get_int("GROUP_WORLD_SIZE", get_int("CROSS_SIZE", 1));
   e.role_rank = get_int("ROLE_RANK", e.rank);
   e.role_world_size = get_int("ROLE_WORLD_SIZE", e.world_size);
   e.role_name = get("ROLE_NAME").value_or("default");

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
 #include "dtrain/store.h"
@@ -1477,3 +1478,39 @@ TEST(DeepSpeedHostfile, IncludeAndExcludeFilterInHostfileOrder) {
             "No slot '2' specified on host 'w1' (its slots: 0,1)");
   EXPECT_NE(ds_usage_error([&] { ds_resource_filter(pool, "w0", "w1"); }), "");
 }
+
+namespace dtrain {
+
+// A worker under DeepSpeed's launcher (launch.py sets LOCAL_SIZE, CROSS_RANK and CROSS_SIZE, not
+// torchrun's LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE; deepspeed_launcher_test checks
+// that against the real one) reads its node's layout from DeepSpeed's names; torchrun's win
+// where both are set.
+TEST(WorkerEnvContract, DeepSpeedsLauncherVariablesGiveTheNodeLayout) {
+  test::ScopedEnv env;
+  for (const char* n : {"LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}) env.set(n, nullptr);
+  env.set("RANK", "3");
+  env.set("WORLD_SIZE", "4");
+  env.set("LOCAL_RANK", "1");
+  env.set("LOCAL_SIZE", "2");
+  env.set("CROSS_RANK", "1");
+  env.set("CROSS_SIZE", "2");
+  auto e = WorkerEnv::from_environ();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->local_rank, 1);
+  EXPECT_EQ(e->local_world_size, 2);
+  EXPECT_EQ(e->group_rank, 1);
+  EXPECT_EQ(e->group_world_size, 2);
+  env.set("LOCAL_WORLD_SIZE", "4");
+  env.set("GROUP_RANK", "0");
+  env.set("GROUP_WORLD_SIZE", "1");
+  e = WorkerEnv::from_environ();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->local_world_size, 4);
+  EXPECT_EQ(e->group_rank, 0);
+  EXPECT_EQ(e->group_world_size, 1);
+  env.set("LOCAL_WORLD_SIZE", nullptr);
+  env.set("LOCAL_SIZE", "two");
+  EXPECT_THROW(WorkerEnv::from_environ(), UsageError);
+}
+
+}  // namespace dtrain
