@@ -464,12 +464,6 @@ int deepspeed_main(const std::vector<std::string>& args) {
           "give --node_rank 0.." +
           std::to_string(active.size() - 1) + " (the hosts after filtering)");
     const bool multi_node = (force_multi || active.size() > 1) && !no_ssh;
-    // dtrain's ssh engine does not pass core binding on to the other hosts' agents yet.
-    if (multi_node && (bind_cores || !bind_core_list.empty()))
-      throw UsageError(
-          "--bind_cores_to_rank/--bind_core_list: not passed to the hosts started "
-          "over ssh; drop them, or start each node by hand with --no_ssh "
-          "--node_rank K");
 
     // What to run: python -u [-m] SCRIPT, or PROGRAM itself.
     LaunchOptions check;

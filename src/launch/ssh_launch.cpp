@@ -336,6 +336,14 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   if (!o.log_line_prefix_template.empty())
     a.push_back("--log-line-prefix-template=" + o.log_line_prefix_template);
   if (!o.ifname.empty()) a.insert(a.end(), {"--ifname", o.ifname});
+  // Core binding is each host's own: its agent binds its local ranks to its cores (the list,
+  // when given, names cores of every host alike, as DeepSpeed's --bind_core_list does).
+  if (o.bind_cores_to_rank) a.push_back("--bind-cores-to-rank");
+  if (!o.bind_core_list.empty()) {
+    std::string cores;
+    for (int c : o.bind_core_list) cores += (cores.empty() ? "" : ",") + std::to_string(c);
+    a.insert(a.end(), {"--bind-core-list", cores});
+  }
   if (o.module) a.push_back("--module");
   if (o.no_python) a.push_back("--no-python");
   if (o.malloc_hugepages) a.push_back("--malloc-hugepages");

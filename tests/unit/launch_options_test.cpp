@@ -1513,4 +1513,21 @@ TEST(WorkerEnvContract, DeepSpeedsLauncherVariablesGiveTheNodeLayout) {
   EXPECT_THROW(WorkerEnv::from_environ(), UsageError);
 }
 
+// A host-file job's agents get the core binding: each binds its own local ranks (it was dropped,
+// so remote workers ran unbound while `dtrain run` said nothing).
+TEST(SshAgentArgs, CoreBindingReachesEveryHostsAgent) {
+  LaunchOptions o =
+      parse({"--hosts", "h1:2,h2:2", "--bind-cores-to-rank", "--bind-core-list", "0-1,4"});
+  const auto a = agent_args(o, 1);
+  auto at = std::find(a.begin(), a.end(), "--bind-cores-to-rank");
+  EXPECT_NE(at, a.end()) << ::testing::PrintToString(a);
+  at = std::find(a.begin(), a.end(), "--bind-core-list");
+  ASSERT_NE(at, a.end()) << ::testing::PrintToString(a);
+  ASSERT_NE(at + 1, a.end());
+  EXPECT_EQ(*(at + 1), "0,1,4");
+  // Without the flag, neither is passed.
+  const auto plain = agent_args(parse({"--hosts", "h1:2,h2:2"}), 1);
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), "--bind-cores-to-rank"), plain.end());
+}
+
 }  // namespace dtrain

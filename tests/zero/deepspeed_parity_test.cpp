@@ -349,17 +349,20 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
   fs::remove_all(dir);
 }
 
+// The bounds of a bf16 case against the peer: the same bf16 operations in the same order on the
+// libtorch 2.x tree (losses and parameters equal up to float32 noise). libtorch 1.13's bf16
+// kernels round differently from the peer's torch 2.x (the forward and backward themselves):
+// there the loss bound is that of bf16's 8-bit mantissa, and the parameters may end a few steps
+// apart, 5 x lr (Adam's 0.01: 0.05; Adagrad's 0.05, whose first steps are lr each: 0.25).
+constexpr double kBf16LossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
+double bf16_param_bound(const json& config) {
+  return TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5 * config["optimizer"]["params"]["lr"].get<double>();
+}
+
 // bf16 with micro-batches at 2 ranks: DeepSpeed reduces the gradients in its communication dtype
 // (bf16 unless set) and accumulates them in grad_accum_dtype (bf16 unless set); dtrain rounds
 // its fp32 reductions to the same dtypes. Stages 0-3, 2 micro-batches per step, 10 micro-steps.
 TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
-  const double kLossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
-  // libtorch 1.13's bf16 kernels round differently from the peer's torch 2.x (the forward and
-  // backward themselves): there the parameters may end a few steps apart, 5 x lr (Adam's 0.01:
-  // 0.05; Adagrad's 0.05, whose first steps are lr each: 0.25).
-  auto param_bound = [](const json& config) {
-    return TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5 * config["optimizer"]["params"]["lr"].get<double>();
-  };
   const fs::path dir =
       fs::temp_directory_path() / ("dtrain-ds-parity16-" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -407,8 +410,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
     // here). libtorch 1.13's bf16 kernels round differently (the forward and backward
     // themselves): there the loss bound is that of bf16's 8-bit mantissa.
     Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(
-        expect_same_run(x, y, kLossBound, param_bound(c.at("config")), "micro-step", &gaps));
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kBf16LossBound, bf16_param_bound(c.at("config")),
+                                            "micro-step", &gaps));
     const double loss_diff = gaps.loss, param_diff = gaps.param;
     std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
                 loss_diff, param_diff);
@@ -421,11 +424,6 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
 // per parameter) and saves the wrapper's state_dict as the model file's "optimizer". Each side
 // resumes the other's step-5 checkpoint and ends where the uninterrupted run of the other ends.
 TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
-  // As TwoRanksBf16MicroBatchesAsDeepSpeed: bit for bit on 2.x, bf16 rounding apart on 1.13.
-  const double kLossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
-  auto param_bound = [](const json& config) {
-    return TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5 * config["optimizer"]["params"]["lr"].get<double>();
-  };
   const fs::path dir =
       fs::temp_directory_path() / ("dtrain-ds-parity16ck-" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -461,9 +459,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(a.contains(name) && b.contains(name));
     const json &x = a[name], &y = b[name];
-    const double bound = param_bound(c.at("config"));
+    const double bound = bf16_param_bound(c.at("config"));
     Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kLossBound, bound, "step", &gaps));
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kBf16LossBound, bound, "step", &gaps));
     // dtrain from DeepSpeed's checkpoint: the fp32 master and the optimizer state read from the
     // wrapper's keys (the 16-bit module alone would end elsewhere).
     ASSERT_TRUE(r.contains(name));
