@@ -24,6 +24,7 @@
 #include "dtrain/launch.h"
 #include "horovod/horovodrun_elastic.h"
 #include "launch/options_internal.h"
+#include "launch/worker_process.h"
 
 namespace dtrain::hvd {
 
@@ -304,13 +305,7 @@ int horovod_exec_main(const std::vector<std::string>& args) {
     argv = {param::kPython.get(), "-u"};
   }
   argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& s : argv) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
-  ::execvp(cargv[0], cargv.data());
-  std::cerr << "dtrain horovod-exec: cannot run '" << argv[0] << "': " << std::strerror(errno)
-            << "\n";
-  return 127;
+  return launch::exec_program(std::move(argv), "dtrain horovod-exec");
 }
 
 }  // namespace dtrain::hvd

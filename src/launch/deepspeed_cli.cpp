@@ -27,6 +27,7 @@
 #include "dtrain/launch.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
+#include "launch/worker_process.h"
 
 extern char** environ;
 
@@ -698,13 +699,7 @@ int deepspeed_exec_main(const std::vector<std::string>& args) {
     ::dup2(fd, STDERR_FILENO);
     ::close(fd);
   }
-  std::vector<char*> cargv;
-  for (auto& s : argv) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
-  ::execvp(cargv[0], cargv.data());
-  std::cerr << "dtrain deepspeed-exec: cannot run '" << argv[0] << "': " << std::strerror(errno)
-            << "\n";
-  return 127;
+  return exec_program(std::move(argv), "dtrain deepspeed-exec");
 }
 
 }  // namespace dtrain::launch

@@ -9,12 +9,22 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 
 #include "dtrain/error.h"
 
 extern char** environ;
 
 namespace dtrain::launch {
+
+int exec_program(std::vector<std::string> argv, const std::string& who) {
+  std::vector<char*> cargv;
+  for (auto& s : argv) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  ::execvp(cargv[0], cargv.data());
+  std::cerr << who << ": cannot run '" << argv[0] << "': " << std::strerror(errno) << "\n";
+  return 127;
+}
 
 std::vector<std::string> current_environment() {
   std::vector<std::string> out;

@@ -40,4 +40,9 @@ SpawnedProcess spawn_process(const SpawnSpec& spec);
 // The environment of this process as "KEY=VALUE" strings.
 std::vector<std::string> current_environment();
 
+// Replaces this process with argv (execvp: argv[0] looked up on PATH), for the launchers' worker
+// shims (`dtrain deepspeed-exec`, `dtrain horovod-exec`). Returns only when exec failed: after
+// "<who>: cannot run '<argv[0]>': <why>" on stderr, with 127, the shell's exit code for that.
+int exec_program(std::vector<std::string> argv, const std::string& who);
+
 }  // namespace dtrain::launch
