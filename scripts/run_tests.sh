@@ -15,6 +15,12 @@ set +e
 # tests whose subject does not depend on libtorch, each run once. Tests labelled manual (the
 # install routes, which build or install dtrain from nothing: tests/package) are left out; run
 # them with `ctest -L manual`.
+# A deterministic peer's output (DeepSpeed on inputs that do not depend on dtrain) is kept for
+# this run only, so the second build's tests compare with the peer's run of the first
+# (tests/support/peer_cache.h); nothing is kept between runs.
+DTRAIN_TEST_PEER_CACHE="$(mktemp -d "${TMPDIR:-/tmp}/dtrain-peer-cache-XXXXXX")"
+export DTRAIN_TEST_PEER_CACHE
+trap 'rm -rf "$DTRAIN_TEST_PEER_CACHE"' EXIT
 echo "=== tests against libtorch 2.x (PyPI's torch wheel): build-torch2/ ==="
 (cd "$here/build-torch2" && ctest --output-on-failure --timeout 900 -LE '^(cluster|torch1_only|manual)$' "$@")
 torch2=$?

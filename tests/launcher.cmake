@@ -20,10 +20,14 @@ dtrain_test_programs(launcher_test TEST_WORKER_BIN test_worker PRELOAD_PROBE_LIB
   FAKE_LIBCUDA_LIB fake_libcuda)
 # The tests execute these; building launcher_test must build them too.
 add_dependencies(launcher_test test_worker dtrain_cli dtrain_forkserver dlopen_probe fake_libcuda)
+# Nothing here links libtorch (the `dtrain` binary, test_worker, the fork server's preload): the
+# same programs on both builds, so once.
+dtrain_test_once(launcher_test torch2)
 # Every launcher test again with the workers forked from a fork server (test_worker does
 # not link libtorch, so "auto" spawns it).
-gtest_discover_tests(launcher_test TEST_PREFIX "forkserver."
+gtest_discover_tests(launcher_test TEST_PREFIX "forkserver." TEST_LIST launcher_test_forkserver_TESTS
   PROPERTIES LABELS launcher ENVIRONMENT "DTRAIN_TEST_START_METHOD=forkserver" DISCOVERY_TIMEOUT 60)
+dtrain_test_once(launcher_test torch2 LIST launcher_test_forkserver_TESTS)
 
 # `dtrain deepspeed` against the venv's real `deepspeed` launcher (DeepSpeed 0.19.8 on its CPU
 # accelerator), on the same Python and C++ workers, flag set by flag set.
@@ -34,3 +38,6 @@ dtrain_test(deepspeed_launcher_test LABELS launcher
 dtrain_test_programs(deepspeed_launcher_test DS_ENV_WORKER_BIN ds_env_worker
   CLUSTER_WORKER_BIN cluster_worker)
 add_dependencies(deepspeed_launcher_test dtrain_cli)
+# The launchers' behaviour does not depend on libtorch (DeepSpeed's side is the venv's either
+# way; ~100 s, most of it DeepSpeed's launcher starting), so once.
+dtrain_test_once(deepspeed_launcher_test torch2)

@@ -49,11 +49,12 @@ dtrain_test(zero_partitioned_init_test LABELS zero SOURCES zero/partitioned_init
 dtrain_test_programs(zero_partitioned_init_test PARTITIONED_WORKER_BIN partitioned_worker)
 add_dependencies(zero_partitioned_init_test partitioned_worker dtrain_cli)
 # Peak RSS per rank at dtrain's default settings (issue 28's bounds), measured by the benchmark's
-# worker; where the benchmarks are built (CI's tree is).
+# worker; where the benchmarks are built (CI's tree is). ~70 s; what it bounds is the engine's
+# partitioning, not libtorch's, so once, on the 2.x build.
 if(TARGET zero_bench)
   add_test(NAME zero.peak_rss_at_defaults
     COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/zero/peak_rss_test.py $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:zero_bench>)
-  set_tests_properties(zero.peak_rss_at_defaults PROPERTIES LABELS zero TIMEOUT 900)
+  set_tests_properties(zero.peak_rss_at_defaults PROPERTIES LABELS "zero;torch2_only" TIMEOUT 900)
 endif()
 # The progress output's pieces: the throughput timer on a test clock, get_mom() of client optimizers.
 dtrain_test(zero_progress_test LABELS zero SOURCES zero/progress_test.cpp TORCH)

@@ -6,15 +6,20 @@
 # unity build sees) fails here. The packages and the venv are command 2's, already installed.
 #   tests/package/main_build.sh SOURCE_DIR
 set -euo pipefail
-src="$1"
-# Inside the clone (ignored: /build*/), so that ccache, keyed relative to the clone, reuses the
-# last run's objects (a mktemp directory elsewhere made every run a cold build: ~5 minutes of
-# CI); a lock keeps two test trees of one clone from building there at once.
-base="$src/build-main-test"
+src="$(cd "$1" && pwd -P)"
+# The build runs from one fixed path for every clone: a link to this clone. CMake's unity
+# sources include their sources by absolute path, so from a clone's own path every new clone
+# (CI's) compiled the 4 unity sources cold (~2 min of CI); from the same path ccache reuses
+# them. One lock for the link, so that two clones' runs take turns.
+base="${TMPDIR:-/tmp}/dtrain-main-build"
 mkdir -p "$base"
 exec 9>"$base/lock"
 flock -w 900 9 || { echo "main_build: another main_build held $base/lock for 15 minutes" >&2; exit 1; }
-work="$base/run"
+ln -sfn "$src" "$base/src"
+src="$base/src"
+# Inside the clone (ignored: /build*/), so that ccache, keyed relative to the clone, reuses the
+# last run's objects of the sources compiled one by one.
+work="$src/build-main-test/run"
 rm -rf "$work"
 trap 'rm -rf "$work"' EXIT
 DTRAIN_LIBTORCH=pypi "$src/scripts/setup.sh" --main "$work/build"

@@ -26,6 +26,7 @@
 
 #include "dtrain/zero.h"
 #include "support/paths.h"
+#include "support/peer_cache.h"
 #include "support/thread_group.h"
 #include "zero/config_text.h"
 #include "zero/data_types.h"
@@ -1230,31 +1231,53 @@ json all_cases() {
   return c;
 }
 
-// Every case through one DeepSpeed process (importing DeepSpeed is the slow part).
+// CASES through one DeepSpeed process (importing DeepSpeed is the slow part), their results by
+// name into OUT, or OUT["failure"]. With `keep`, the cases' results depend on them and the
+// peer's script only, so the run is kept for the suite's second build (support/peer_cache.h).
+void run_peer(const json& cases, const std::string& tag, bool keep, json* out) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-ref-" + tag + "-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  { std::ofstream(dir / "cases.json") << cases.dump(); }
+  const std::string script =
+      std::string(DTRAIN_SOURCE_DIR) + "/tests/zero/deepspeed_reference_peer.py";
+  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + script + " " +
+                          (dir / "cases.json").string() + " " + (dir / "ds.json").string() + " 2>" +
+                          (dir / "peer.err").string();
+  int rc = 0;
+  const auto run = [&] {
+    rc = std::system(cmd.c_str());
+    if (rc != 0) fs::remove(dir / "ds.json");  // never kept
+  };
+  if (keep)
+    dtrain::test::cached_peer_run(cases.dump() + dtrain::test::file_text(script), dir, {"ds.json"},
+                                  run);
+  else
+    run();
+  if (rc != 0) {
+    std::ifstream e(dir / "peer.err");
+    (*out)["failure"] = "the DeepSpeed peer failed: " + cmd + "\n" +
+                        std::string(std::istreambuf_iterator<char>(e), {}) +
+                        "(is deepspeed installed in the venv? scripts/requirements.txt)";
+  } else {
+    std::ifstream in(dir / "ds.json");
+    const json ds = json::parse(in);
+    for (size_t i = 0; i < cases.size() && i < ds.size(); ++i)
+      (*out)[cases[i].at("name").get<std::string>()] = ds[i];
+  }
+  fs::remove_all(dir);
+}
+
+// Every case's DeepSpeed result by name. The scaler objects are read from files dtrain wrote (its
+// results depend on this build): a second process, never kept.
 const json& peer_results() {
   static const json results = [] {
-    const json cases = all_cases();
-    const fs::path dir =
-        fs::temp_directory_path() / ("dtrain-ds-ref-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    { std::ofstream(dir / "cases.json") << cases.dump(); }
-    const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + DTRAIN_SOURCE_DIR +
-                            "/tests/zero/deepspeed_reference_peer.py " +
-                            (dir / "cases.json").string() + " " + (dir / "ds.json").string() +
-                            " 2>" + (dir / "peer.err").string();
+    json fixed = json::array(), reads_dtrain = json::array();
+    for (const auto& c : all_cases())
+      (c.at("kind") == "scaler_object" ? reads_dtrain : fixed).push_back(c);
     json out = json::object();
-    if (std::system(cmd.c_str()) != 0) {
-      std::ifstream e(dir / "peer.err");
-      out["failure"] = "the DeepSpeed peer failed: " + cmd + "\n" +
-                       std::string(std::istreambuf_iterator<char>(e), {}) +
-                       "(is deepspeed installed in the venv? scripts/requirements.txt)";
-    } else {
-      std::ifstream in(dir / "ds.json");
-      const json ds = json::parse(in);
-      for (size_t i = 0; i < cases.size() && i < ds.size(); ++i)
-        out[cases[i].at("name").get<std::string>()] = ds[i];
-    }
-    fs::remove_all(dir);
+    run_peer(fixed, "fixed", /*keep=*/true, &out);
+    if (!out.contains("failure")) run_peer(reads_dtrain, "dtrain", /*keep=*/false, &out);
     return out;
   }();
   return results;
