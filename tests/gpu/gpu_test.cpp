@@ -2,9 +2,12 @@
 // see tests/gpu.cmake): NCCL at world size 1, 2-4 ranks sharing the one GPU (CUDA tensors
 // through shared memory), DDP, SyncBatchNorm, hvd and checkpoints on CUDA (tests/gpu/gpu_worker.cpp
 // checks its own results), the example on CUDA, an unchanged PyTorch NCCL script under
-// `dtrain run`, and the Distributor with use_gpu. This binary is also the Distributor's worker.
+// `dtrain run`, the Distributor with use_gpu, ZeRO's optimizers and fp16 overflow check on the
+// device against the CPU, Tune trials on their GPUs and `dtrain deepspeed` on the GPU node. This
+// binary is also the Distributor's and Tune's worker.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +18,7 @@
 #include <thread>
 
 #include "dtrain/dtrain.h"
+#include "dtrain/tune.h"
 #include "launcher/subprocess.h"
 #include "support/paths.h"
 #include "support/scoped_env.h"
@@ -149,6 +153,118 @@ TEST(Gpu, PytorchNcclScriptUnderDtrainRun) {
                   {.env = {std::string("DTRAIN_PYTHON=") + DTRAIN_NATIVE_PYTHON}, .timeout = 240s});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.out.find("nccl script rank 0 of 1 ok on cuda:0"), std::string::npos) << describe(r);
+}
+
+// ZeRO's optimizers on the GPU as on the CPU (gpu_worker optim): Lion at stage 0 (FusedLion's
+// update on CUDA tensors), CPU Lion offloaded, fp16 Adam with an infinite loss at one step (the
+// inf/NaN check on the device's gradients skips it and lowers the scale as on the CPU), bf16
+// offloaded; 2 ranks each.
+TEST(Gpu, ZeroOptimizersAndOverflowCheckOnTheGpuAsOnTheCpu) {
+  auto results = [&](const std::string& where) {
+    auto r = run_worker(2, {"optim", where});
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.out, m, std::regex("\\{\"optim\":.*\\}"))) << describe(r);
+    return m.empty() ? nlohmann::json() : nlohmann::json::parse(m[0].str())["optim"];
+  };
+  const auto gpu = results("cuda");
+  const auto cpu = results("cpu");
+  ASSERT_TRUE(gpu.is_object() && cpu.is_object() && gpu.size() == 4u) << gpu.dump();
+  for (const auto& [name, c] : cpu.items()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(gpu.contains(name));
+    const auto& g = gpu[name];
+    EXPECT_EQ(g["skipped"], c["skipped"]);
+    EXPECT_EQ(g["loss_scale"], c["loss_scale"]);
+    if (name.find("infinite") != std::string::npos) EXPECT_EQ(g["skipped"], 1);
+    // Lion's update is lr x sign: a gradient within rounding of 0 may take the other sign on
+    // the other device (2 x lr = 2e-4 apart); 16-bit parameters may round the other way (bf16
+    // ~4e-3, fp16 ~5e-4), and the losses follow.
+    const bool bf16 = name.find("bf16") != std::string::npos;
+    const bool fp16 = name.find("fp16") != std::string::npos;
+    const double loss_bound = bf16 ? 1e-2 : fp16 ? 2e-3 : 1e-3;
+    ASSERT_EQ(g["losses"].size(), c["losses"].size());
+    for (size_t i = 0; i < c["losses"].size(); ++i) {
+      const double a = g["losses"][i], b = c["losses"][i];
+      EXPECT_NEAR(a, b, loss_bound * std::abs(b) + 1e-6) << "step " << i + 1;
+    }
+    const double bound = bf16 ? 1e-2 : 1e-3;
+    ASSERT_EQ(g["params"].size(), c["params"].size());
+    double worst = 0;
+    for (size_t i = 0; i < c["params"].size(); ++i)
+      worst =
+          std::max(worst, std::abs(g["params"][i].get<double>() - c["params"][i].get<double>()));
+    EXPECT_LE(worst, bound);
+  }
+}
+
+// `dtrain deepspeed` on a GPU node, as DeepSpeed's launcher: one worker per visible GPU, each
+// with CUDA_VISIBLE_DEVICES = the node's list and LOCAL_RANK its index in it.
+TEST(Gpu, DeepspeedLauncherStartsOneWorkerPerGpu) {
+  const int n = dtrain::cuda_device_count();
+  std::string list;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+    list = v;
+  } else {
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + std::to_string(i);
+  }
+  auto r = run_command({DTRAIN_BIN, "deepspeed", "--no_local_rank", "/bin/sh", "-c",
+                        "echo ds-env $RANK $LOCAL_RANK $WORLD_SIZE $CUDA_VISIBLE_DEVICES"},
+                       {.timeout = 120s});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(count(r.out, "ds-env "), n) << describe(r);
+  for (int i = 0; i < n; ++i) {
+    const std::string line = "ds-env " + std::to_string(i) + " " + std::to_string(i) + " " +
+                             std::to_string(n) + " " + list;
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << describe(r);
+  }
+}
+
+// ---- Tune trials on their GPUs: this binary is the trials' worker ----------------------------
+
+// A trial: every process all-reduces on its device and reports what it saw.
+void tune_gpu_trial(dtrain::tune::Config) {
+  auto pg = dtrain::init_process_group();
+  auto dev = dtrain::local_device();
+  auto t = torch::full({4}, pg->rank() + 1.0, torch::TensorOptions().device(dev));
+  dtrain::all_reduce(t);
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  dtrain::tune::report({{"cvd", cvd ? cvd : "unset"},
+                        {"device", dev.str()},
+                        {"devices", dtrain::cuda_device_count()},
+                        {"sum", t[0].item<double>()}});
+}
+
+// GPUs per trial on a real GPU: half a GPU per trial of 2 processes, GPUs counted as Ray counts
+// them (TuneOptions::num_gpus unset): Ray packs both halves onto the first GPU, and each
+// trial's processes see only it, train on it and all-reduce there.
+TEST(Gpu, TuneTrialsSeeAndUseTheirGpu) {
+  namespace fs = std::filesystem;
+  using namespace dtrain::tune;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain_gpu_tune_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string first = "0";
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v)
+    first = std::string(v).substr(0, std::string(v).find(','));
+  Tuner tuner(tune_gpu_trial, Config{{"i", grid_search({0, 1})}},
+              {.metric = "sum",
+               .mode = "max",
+               .num_cpus = 4,
+               .trial_resources = {.processes = 2, .gpus = 0.5},
+               .storage_path = dir.string(),
+               .verbose = false});
+  const ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (const auto& t : grid.trials()) {
+    SCOPED_TRACE(t.id);
+    EXPECT_EQ(t.status, TrialStatus::Terminated) << t.error;
+    EXPECT_EQ(t.last_result.value("cvd", Config("")), first);
+    EXPECT_EQ(t.last_result.value("devices", Config(0)), 1);
+    EXPECT_EQ(t.last_result.value("device", Config("")), "cuda:0");
+    EXPECT_EQ(t.last_result.value("sum", Config(0.0)), 3.0);
+  }
+  fs::remove_all(dir);
 }
 
 // ---- the Distributor with use_gpu: this binary is its own worker ----------------------------

@@ -21,6 +21,14 @@
 //                                          Rank 0 prints the losses, samples/s and the peak
 //                                          GPU memory (JSON); the test compares cuda's with
 //                                          cpu's, the benchmark stage 3 with stage 0.
+//   gpu_worker optim cuda|cpu              ZeRO's optimizers and fp16 overflow handling on
+//                                          one device: Lion (FusedLion on CUDA) at stage 0,
+//                                          CPU Lion offloaded at stage 2, fp16 Adam with an
+//                                          infinite loss at one step (the inf/NaN check on the
+//                                          device's gradients), bf16 offloaded. Rank 0 prints
+//                                          each case's losses, parameters, skipped steps and
+//                                          loss scale (JSON); the test compares cuda's with
+//                                          cpu's.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -33,6 +41,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include <dlfcn.h>
@@ -453,6 +462,78 @@ int zero(const std::string& where, double limit_mb, int stage, int steps) {
   return failures ? 1 : 0;
 }
 
+// A Linear whose (16-bit, under fp16/bf16) weights compute in float32, the same arithmetic on
+// both devices (CPU matmuls have no float16 kernel in libtorch 1.13); the gradient flows back
+// into the 16-bit parameters.
+struct CastLinearImpl : torch::nn::Module {
+  torch::nn::Linear inner{nullptr};
+  CastLinearImpl(int in, int out) { inner = register_module("inner", torch::nn::Linear(in, out)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::nn::functional::linear(x.to(torch::kFloat32), inner->weight.to(torch::kFloat32),
+                                         inner->bias.to(torch::kFloat32));
+  }
+};
+TORCH_MODULE(CastLinear);
+
+int optim(const std::string& where) {
+  auto pg = dtrain::init_process_group();
+  const int rank = pg->rank();
+  const torch::Device dev = where == "cuda" ? dtrain::local_device() : torch::Device(torch::kCPU);
+  nlohmann::json out = nlohmann::json::object();
+  const nlohmann::json lion = {
+      {"type", "Lion"}, {"params", {{"lr", 1e-4}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.01}}}};
+  const nlohmann::json adam = {{"type", "Adam"}, {"params", {{"lr", 1e-3}}}};
+  const nlohmann::json offload = {{"device", "cpu"}};
+  // One case: 6 steps of a 16 -> 4 layer on this device; at `inf_step` the loss is infinite.
+  auto run = [&](const std::string& name, nlohmann::json config, int inf_step) {
+    config["train_micro_batch_size_per_gpu"] = 8;
+    torch::manual_seed(7);
+    CastLinear model(16, 4);
+    model->to(dev);
+    auto engine = dtrain::zero::initialize(model, config);
+    std::vector<double> losses;
+    for (int step = 0; step < 6; ++step) {
+      auto gen = at::detail::createCPUGenerator(100 + step * 10 + rank);
+      auto x = at::randn({8, 16}, gen).to(dev);
+      auto y = at::randn({8, 4}, gen).to(dev);
+      auto loss = torch::mse_loss(engine(x), y);
+      if (step == inf_step) loss = loss * std::numeric_limits<double>::infinity();
+      engine.backward(loss);
+      engine.step();
+      auto global = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
+      dtrain::all_reduce(global, with_op<dtrain::AllReduceOptions>(dtrain::ReduceOp::kAvg));
+      losses.push_back(step == inf_step ? -1.0 : global.item<double>());  // -1: the inf step
+    }
+    std::vector<double> params;
+    for (const auto& p : engine.module()->parameters()) {
+      auto flat = p.detach().to(torch::kCPU, torch::kDouble).reshape({-1}).contiguous();
+      params.insert(params.end(), flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+    }
+    out[name] = {{"losses", losses},
+                 {"params", params},
+                 {"skipped", engine.skipped_steps()},
+                 {"loss_scale", engine.loss_scale()}};
+  };
+  run("lion stage 0", {{"optimizer", lion}, {"zero_optimization", {{"stage", 0}}}}, -1);
+  run("lion stage 2 offload",
+      {{"optimizer", lion}, {"zero_optimization", {{"stage", 2}, {"offload_optimizer", offload}}}},
+      -1);
+  run("fp16 adam stage 2, an infinite loss at step 3",
+      {{"optimizer", adam},
+       {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
+       {"zero_optimization", {{"stage", 2}}}},
+      2);
+  run("bf16 adam stage 2 offload",
+      {{"optimizer", adam},
+       {"bf16", {{"enabled", true}}},
+       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", offload}}}},
+      -1);
+  if (rank == 0) std::printf("{\"optim\":%s}\n", out.dump().c_str());
+  pg->barrier();
+  dtrain::destroy_process_group();
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -464,7 +545,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "cpu_job") return cpu_job();  // before anything asks CUDA (which starts it)
     if (!torch::cuda::is_available() &&
-        !(mode == "zero" && argc > 2 && std::string(argv[2]) == "cpu")) {
+        !((mode == "zero" || mode == "optim") && argc > 2 && std::string(argv[2]) == "cpu")) {
       std::fprintf(stderr, "gpu_worker: no GPU is visible to this process\n");
       return 2;
     }
@@ -473,6 +554,7 @@ int main(int argc, char** argv) {
     if (mode == "syncbn") return syncbn();
     if (mode == "checkpoint") return checkpoint();
     if (mode == "hvd") return hvd();
+    if (mode == "optim" && argc > 2) return optim(argv[2]);
     if (mode == "zero" && argc > 3) {
       return zero(argv[2], std::stod(argv[3]), argc > 4 ? std::stoi(argv[4]) : 3,
                   argc > 5 ? std::stoi(argv[5]) : 4);
