@@ -217,9 +217,9 @@ TEST(LauncherInterop, LogDirAndFilteredLinesAsUnderTorchrun) {
 // stream --redirects or --tee names, and --log-dir alone writes none; the duplicate filters
 // copy only the teed streams of the ranks --local-ranks-filter shows; a teed stream reaches
 // the console even when it is also redirected. One launch per launcher covers the cases, one
-// local rank each: 0 both streams redirected, 1 stdout redirected and stderr teed over it...
-// (see `flags`). The console is compared line by line per stream with the prefixes dropped:
-// torchrun prefixes only teed lines (it tails them from their files), dtrain every line.
+// local rank each (listed above `flags`). The console is compared line by line per stream with
+// the prefixes dropped: torchrun prefixes only teed lines (it tails them from their files),
+// dtrain every line.
 TEST(LauncherInterop, LogDirWritesOnlyRedirectedAndTeedStreamsAsUnderTorchrun) {
   require_python_torch(DTRAIN_VENV_PYTHON);
   const std::string script = kInterop + "/log_lines.py";
@@ -233,7 +233,11 @@ TEST(LauncherInterop, LogDirWritesOnlyRedirectedAndTeedStreamsAsUnderTorchrun) {
   // (a file, and the console); 2: stdout teed and redirected (the console still gets it),
   // 3: nothing named (console only, no file); 4: stdout teed, but not shown by the filter
   // (a file only, and no filtered copy).
-  const std::vector<std::string> flags = {"--nproc-per-node",
+  // torchrun fails where its default port 29500 is taken (by another test's store).
+  const std::string port = std::to_string(dtrain::test::free_port());
+  const std::vector<std::string> flags = {"--master-port",
+                                          port,
+                                          "--nproc-per-node",
                                           "5",
                                           "--monitor-interval",
                                           "0.1",
@@ -427,8 +431,9 @@ TEST(LauncherInterop, ExitCodesBesideTorchrunsAsDocumented) {
           launcher == "torchrun" ? venv_torchrun() : std::vector<std::string>{DTRAIN_BIN, "run"};
       for (const std::string& a :
            {std::string("--nproc-per-node"), std::string("1"), std::string("--monitor-interval"),
-            std::string("0.1"), std::string("--no-python"), std::string(DTRAIN_VENV_PYTHON),
-            std::string("-c"), code, c.mode})
+            std::string("0.1"), std::string("--master-port"),
+            std::to_string(dtrain::test::free_port()), std::string("--no-python"),
+            std::string(DTRAIN_VENV_PYTHON), std::string("-c"), code, c.mode})
         argv.push_back(a);
       auto p = dtrain::test::Process::start(argv, {.timeout = 120s});
       if (c.mode == "sigterm") {
