@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
     // Errors here come from the flags and the Slurm step's variables, the same on every node
     // of a step: every agent fails alike, and nobody waits for anybody.
     dtrain::refuse_empty_values(flags);
+    dtrain::apply_empty_pet_variables(run_args, flags, getenv_);
     if (had_dashes) {
       // Before PROGRAM (rest empty) run_args_to_options skips it; after, it is an argument.
       rest.push_back("--");

@@ -71,16 +71,17 @@ struct LaunchOptions {
       100};  // poll tick (deaths are seen at once via SIGCHLD).
   std::chrono::milliseconds term_timeout{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL grace.
   std::string role = "default";  // ROLE_NAME, and the log prefix "[<role><rank>]:".
-  // If set: every worker's output in torchrun's layout,
-  // <log_dir>/<run_id>_<random>/attempt_K/<local rank>/{stdout,stderr}.log (and error.json, the
-  // worker's TORCHELASTIC_ERROR_FILE). Without it, redirected streams and filtered copies go
-  // to a kept $TMPDIR/dtrain-logs-XXXXXX that `dtrain run` names (torchrun keeps a
-  // torchelastic_ one), and the error files to a temporary directory removed at exit.
+  // If set: torchrun's layout, <log_dir>/<run_id>_<random>/attempt_K/<local rank>/ with
+  // error.json (the worker's TORCHELASTIC_ERROR_FILE) and, as torchrun, stdout.log and
+  // stderr.log of the streams `redirects` or `tee` names (tee = {{-1, 3}}: every rank's full
+  // output). Without it, those files and the filtered copies go to a kept
+  // $TMPDIR/dtrain-logs-XXXXXX that `dtrain run` names (torchrun keeps a torchelastic_ one),
+  // and the error files to a temporary directory removed at exit.
   std::string log_dir;
   // Per local rank (-1 = every rank) bit mask of streams: 1 stdout, 2 stderr.
   std::map<int, int> redirects;  // these streams go to the log files only (not the console).
-  std::map<int, int> tee;        // these streams go to both (the console always gets output
-                                 // unless redirected; accepted for torchrun compatibility).
+  std::map<int, int> tee;        // these streams go to both (the console gets every stream
+                                 // not redirected, and a teed one even when it is).
   // --local-ranks-filter: the console shows only these local ranks' output (empty: every
   // rank's); the others' still reach the log files.
   std::set<int> local_ranks_filter;

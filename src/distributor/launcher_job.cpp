@@ -233,8 +233,11 @@ Job make_job(const DistributorOptions& o, const engines::Placement& placement,
   }
   if (o.malloc_hugepages) job.argv.push_back("--malloc-hugepages");
   if (!o.log_dir.empty()) {
-    job.argv.push_back("--log-dir");
-    job.argv.push_back(o.log_dir);
+    // Every rank's full output (DistributorOptions::log_dir): `dtrain run`, as torchrun, writes
+    // only the streams --redirects or --tee names to the log files.
+    for (const std::string& a :
+         {std::string("--log-dir"), o.log_dir, std::string("--tee"), std::string("3")})
+      job.argv.push_back(a);
   }
   job.env = o.env;
   for (auto& [k, v] : prefix.env) job.env.emplace(k, v);

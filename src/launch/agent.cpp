@@ -327,10 +327,12 @@ std::vector<std::string> Agent::published_collectives(int round, int world_size)
 namespace {
 
 // Whether a job without --log-dir still has output only files can keep: streams redirected
-// off the console, or the duplicate filters' copies.
+// off the console or teed (torchrun writes both to its torchelastic_ directory), or the
+// duplicate filters' copies.
 bool keeps_output_in_files(const LaunchOptions& o) {
-  for (const auto& [rank, mask] : o.redirects)
-    if (mask != 0) return true;
+  for (const auto* spec : {&o.redirects, &o.tee})
+    for (const auto& [rank, mask] : *spec)
+      if (mask != 0) return true;
   return !o.duplicate_stdout_filters.empty() || !o.duplicate_stderr_filters.empty();
 }
 
@@ -372,8 +374,9 @@ void Agent::setup_run_dir() {
   if (!root.empty()) {
     run_dir_ = make_run_dir(root, o_.rdzv_id);
     if (o_.log_dir.empty())
-      launch::say("no --log-dir: the logs of the redirected streams and filtered lines are in " +
-                  run_dir_);
+      launch::say(
+          "no --log-dir: the logs of the redirected and teed streams and filtered lines are in " +
+          run_dir_);
     return;
   }
   // /tmp/dtrain-run-<pid>-XXXXXX: removed at exit; by the guard if this agent is SIGKILLed;

@@ -651,21 +651,26 @@ int deepspeed_exec_main(const std::vector<std::string>& args) {
   const char* group = std::getenv("GROUP_RANK");
   const char* local = std::getenv("LOCAL_RANK");
   if (!group || !local) return fail("GROUP_RANK/LOCAL_RANK are not set");
-  const int node = std::atoi(group), local_rank = std::atoi(local);
+  const int node = std::atoi(group), position = std::atoi(local);
   std::vector<std::vector<int>> nodes;
   std::stringstream ss(world);
   for (std::string n; std::getline(ss, n, '/');) nodes.push_back(parse_slots(world, n));
-  if (node < 0 || node >= static_cast<int>(nodes.size()) ||
-      local_rank >= static_cast<int>(nodes[static_cast<size_t>(node)].size()))
+  if (node < 0 || node >= static_cast<int>(nodes.size()) || position < 0 ||
+      position >= static_cast<int>(nodes[static_cast<size_t>(node)].size()))
     return fail("GROUP_RANK " + std::string(group) + " / LOCAL_RANK " + local +
                 " do not fit --world " + world);
   // DeepSpeed's numbering: ranks in node order, each node's slots in turn.
-  int rank = local_rank, world_size = 0;
+  int rank = position, world_size = 0;
   for (size_t n = 0; n < nodes.size(); ++n) {
     if (static_cast<int>(n) < node) rank += static_cast<int>(nodes[n].size());
     world_size += static_cast<int>(nodes[n].size());
   }
   const auto& mine = nodes[static_cast<size_t>(node)];
+  // As DeepSpeed's launch.py: RANK % LOCAL_SIZE, not the position on the host. The two differ
+  // where the hosts before this one hold a number of slots that is not a multiple of this
+  // host's (hosts of 2 and 3 slots: ranks 2,3,4 on the second get LOCAL_RANK 2,0,1). Each
+  // host's local ranks are still 0..LOCAL_SIZE-1, once each.
+  const int local_rank = rank % static_cast<int>(mine.size());
   std::stringstream dropped(drop);
   for (std::string n; std::getline(dropped, n, ',');)
     if (!n.empty()) ::unsetenv(n.c_str());

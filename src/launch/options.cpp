@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -36,13 +37,19 @@ namespace dtrain {
 
 namespace {
 
-// A random (version 4) UUID in its usual text form, as Python's str(uuid.uuid4()).
-std::string random_uuid4() {
+// The 16 bytes of a random (version 4) UUID.
+std::array<unsigned char, 16> random_uuid4_bytes() {
   std::random_device rd;
-  unsigned char b[16];
+  std::array<unsigned char, 16> b;
   for (auto& x : b) x = static_cast<unsigned char>(rd() & 0xff);
   b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
   b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return b;
+}
+
+// A random UUID in its usual text form, as Python's str(uuid.uuid4()).
+std::string random_uuid4() {
+  const auto b = random_uuid4_bytes();
   static const char* hex = "0123456789abcdef";
   std::string s;
   for (int i = 0; i < 16; ++i) {
@@ -50,6 +57,21 @@ std::string random_uuid4() {
     s += hex[b[i] >> 4];
     s += hex[b[i] & 0x0f];
   }
+  return s;
+}
+
+// A random UUID as a decimal integer, as Python's str(uuid.uuid4().int): the run id torchrun's
+// launcher takes when the one it was given is empty (torch/distributed/launcher/api.py).
+std::string random_uuid4_int() {
+  const auto b = random_uuid4_bytes();
+  unsigned __int128 n = 0;
+  for (unsigned char x : b) n = (n << 8) | x;
+  std::string s;
+  do {
+    s.push_back(static_cast<char>('0' + static_cast<int>(n % 10)));
+    n /= 10;
+  } while (n != 0);
+  std::reverse(s.begin(), s.end());
   return s;
 }
 
@@ -255,15 +277,17 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a) {
       ->capture_default_str();
   run.add_option(
       "--log-dir,--log_dir", a.log_dir,
-      "Write every rank's full output to "
-      "LOG_DIR/RUN_ID_<random>/attempt_K/LOCAL_RANK/{stdout,stderr}.log (torchrun's layout)");
+      "Keep the logs in LOG_DIR/RUN_ID_<random>/attempt_K/LOCAL_RANK/ (torchrun's layout): "
+      "the streams --redirects or --tee names, as {stdout,stderr}.log (--tee 3: every rank's "
+      "full output), and error.json");
   run.add_option("-r,--redirects", a.redirects,
                  "Streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or "
                  "per local rank '0:1,1:2'")
       ->capture_default_str();
   run.add_option("-t,--tee", a.tee,
                  "Streams sent to console and log files (the console gets every stream not "
-                 "redirected anyway); same form as --redirects")
+                 "redirected anyway; a teed stream also when redirected); same form as "
+                 "--redirects")
       ->capture_default_str();
   run.add_option("--role", a.role, "Worker role name (ROLE_NAME, log prefix)")
       ->capture_default_str();
@@ -597,7 +621,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
     o.master_addr = host;
     o.master_port = port;
   }
-  o.rdzv_id = a.rdzv_id;
+  // As torchrun's launcher: an empty run id (`--rdzv-id ''`, PET_RDZV_ID=) is a random one.
+  o.rdzv_id = a.rdzv_id.empty() ? random_uuid4_int() : a.rdzv_id;
   o.rdzv_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(parse_seconds("--rdzv-timeout", a.rdzv_timeout) * 1000));
   if (!a.rdzv_conf.empty()) {
@@ -743,6 +768,37 @@ void refuse_empty_values(const std::vector<std::string>& options) {
       throw UsageError(arg + ": an empty value; give one (" + arg + "VALUE) or leave the flag out");
 }
 
+namespace {
+
+// torchrun's PET_ variable for flag `name` (dashed, without "--"): "nproc-per-node" ->
+// PET_NPROC_PER_NODE.
+std::string pet_variable(const std::string& name) {
+  std::string var = "PET_";
+  for (char c : name)
+    var += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return var;
+}
+
+// Whether flag `name` (dashed, without "--") is among `args`, in any spelling torchrun takes.
+bool given_on_command_line(const std::string& name, const std::vector<std::string>& args) {
+  std::string underscored = name;
+  for (char& c : underscored)
+    if (c == '-') c = '_';
+  // torchrun's one-letter spellings of the flags that have them.
+  std::string short_flag;
+  if (name == "redirects") short_flag = "-r";
+  if (name == "tee") short_flag = "-t";
+  if (name == "module") short_flag = "-m";
+  for (const auto& a : args) {
+    for (const std::string& f : {"--" + name, "--" + underscored})
+      if (a == f || a.rfind(f + "=", 0) == 0) return true;
+    if (!short_flag.empty() && a.rfind(short_flag, 0) == 0) return true;  // -r3, -r 3
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string name_env_source(const std::string& what, const std::vector<std::string>& args,
                             const std::function<const char*(const char*)>& env) {
   const size_t at = what.find("--");
@@ -754,23 +810,56 @@ std::string name_env_source(const std::string& what, const std::vector<std::stri
     if (!std::islower(static_cast<unsigned char>(c)) && c != '-' && c != '_') break;
     name += c == '_' ? '-' : c;
   }
-  if (name.empty()) return what;
-  std::string underscored = name, var = "PET_";
-  for (char& c : underscored)
-    if (c == '-') c = '_';
-  for (char c : underscored) var += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  // torchrun's one-letter spellings of the flags that have them.
-  std::string short_flag;
-  if (name == "redirects") short_flag = "-r";
-  if (name == "tee") short_flag = "-t";
-  if (name == "module") short_flag = "-m";
-  for (const auto& a : args) {
-    for (const std::string& f : {"--" + name, "--" + underscored})
-      if (a == f || a.rfind(f + "=", 0) == 0) return what;  // given on the command line
-    if (!short_flag.empty() && a.rfind(short_flag, 0) == 0) return what;  // -r3, -r 3
-  }
+  if (name.empty() || given_on_command_line(name, args)) return what;
+  const std::string var = pet_variable(name);
   if (!env(var.c_str())) return what;
   return what + " (the value came from the environment variable " + var + ")";
+}
+
+void apply_empty_pet_variables(RunArgs& a, const std::vector<std::string>& args,
+                               const std::function<const char*(const char*)>& env) {
+  // What torchrun 2.11 does with PET_<NAME>= (its argparse `env` action takes the empty string
+  // as the value; ParseRunArgs.EmptyPetVariablesAsUnderTorchrun asks the venv's torchrun):
+  // where it stops, its error; nullptr where it runs as without the variable. (CLI11 skips an
+  // empty variable, so those need nothing here.)
+  static const std::pair<const char*, const char*> kStops[] = {
+      {"nnodes", "ValueError: invalid literal for int() with base 10: ''"},
+      {"nproc-per-node", "ValueError: Unsupported nproc_per_node value: ''"},
+      {"rdzv-backend", "ValueError: The rendezvous backend name must be a non-empty string."},
+      {"standalone", "ValueError: invalid literal for int() with base 10: ''"},
+      {"max-restarts", "argparse: invalid int value: ''"},
+      {"monitor-interval", "argparse: invalid float value: ''"},
+      {"event-log-handler", "KeyError: ''"},
+      {"module", "ValueError: invalid literal for int() with base 10: ''"},
+      {"no-python", "ValueError: invalid literal for int() with base 10: ''"},
+      {"run-path", "ValueError: invalid literal for int() with base 10: ''"},
+      {"redirects", "ValueError: '' does not match 0-3 or R:M,..."},
+      {"tee", "ValueError: '' does not match 0-3 or R:M,..."},
+      {"node-rank", "argparse: invalid int value: ''"},
+      {"master-addr", "ValueError: The hostname of the rendezvous endpoint ':29500' must be ..."},
+      {"master-port", "argparse: invalid int value: ''"},
+      {"virtual-local-rank", "ValueError: invalid literal for int() with base 10: ''"},
+  };
+  auto empty = [&](const std::string& name) {
+    const char* v = env(pet_variable(name).c_str());
+    return v != nullptr && *v == '\0' && !given_on_command_line(name, args);
+  };
+  for (const auto& [name, torchrun] : kStops) {
+    if (!empty(name)) continue;
+    const std::string var = pet_variable(name);
+    throw UsageError(var + " is set but empty; torchrun 2.11 stops on it too (" + torchrun +
+                     "): unset " + var + " or give it a value");
+  }
+  // torchrun runs with an empty role name (ROLE_NAME='', the console prefix "[0]:") and no
+  // signal to handle; dtrain needs both, as on its command line.
+  for (const char* name : {"role", "signals-to-handle"}) {
+    if (!empty(name)) continue;
+    const std::string var = pet_variable(name);
+    throw UsageError(var + " is set but empty; dtrain needs a value here (torchrun 2.11 runs " +
+                     "with an empty one): unset " + var + " or give it a value");
+  }
+  // torchrun's launcher draws a run id for an empty one (run_args_to_options does).
+  if (empty("rdzv-id")) a.rdzv_id.clear();
 }
 
 // torchrun 2.11's long option strings (`get_args_parser()`, --help aside): the flags argparse
@@ -890,7 +979,10 @@ LaunchOptions parse_run_args(const std::vector<std::string>& given) {
     throw UsageError(e.what());
   }
   const auto remaining = app.remaining();
-  refuse_empty_values({args.begin(), args.end() - static_cast<std::ptrdiff_t>(remaining.size())});
+  const std::vector<std::string> options(
+      args.begin(), args.end() - static_cast<std::ptrdiff_t>(remaining.size()));
+  refuse_empty_values(options);
+  apply_empty_pet_variables(a, options, [](const char* name) { return std::getenv(name); });
   return run_args_to_options(a, remaining);
 }
 

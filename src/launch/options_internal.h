@@ -91,6 +91,13 @@ void refuse_empty_values(const std::vector<std::string>& options);
 // value came from there (torchrun's PET_<NAME> fallback), so the user is told where to look.
 std::string name_env_source(const std::string& what, const std::vector<std::string>& args,
                             const std::function<const char*(const char*)>& env);
+// torchrun's answer to a PET_<NAME> variable that is set but empty, for the options not among
+// `args` (those before PROGRAM): a UsageError naming the variable where torchrun 2.11 stops on
+// it (PET_NNODES=, PET_MAX_RESTARTS=, PET_STANDALONE=, ...) and where dtrain needs a value
+// (PET_ROLE=, PET_SIGNALS_TO_HANDLE=); an empty run id in `a` for PET_RDZV_ID= (a random one,
+// as torchrun's); nothing where torchrun runs as without the variable (PET_LOG_DIR=, ...).
+void apply_empty_pet_variables(RunArgs& a, const std::vector<std::string>& args,
+                               const std::function<const char*(const char*)>& env);
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest);
 // The same, reading Slurm's variables through `env` (tests pass a map).
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest,

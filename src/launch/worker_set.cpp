@@ -304,11 +304,24 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
             : substitute_prefix(o_.log_line_prefix_template, {{"role_name", o_.role},
                                                               {"rank", std::to_string(w.rank)},
                                                               {"local_rank", std::to_string(lr)}});
+    // As torchrun's DefaultLogsSpecs: a stream has its file (stdout.log, stderr.log) only where
+    // --redirects or --tee names it; a rank the filter shows has it on the console unless it
+    // is redirected and not teed (torchrun tails a teed stream from its file, redirected or
+    // not); the duplicate filters copy what the console shows of the teed streams only.
     const bool shown = o_.local_ranks_filter.empty() || o_.local_ranks_filter.count(lr) > 0;
-    w.out.emplace(prefix, shown && !mask_has(o_.redirects, lr, 1) ? STDOUT_FILENO : -1,
-                  open_log("stdout.log"), 0, filtered_out);
-    w.err.emplace(prefix, shown && !mask_has(o_.redirects, lr, 2) ? STDERR_FILENO : -1,
-                  open_log("stderr.log"), o_.stderr_tail_lines, filtered_err);
+    auto console = [&](int bit, int fd) {
+      return shown && (mask_has(o_.tee, lr, bit) || !mask_has(o_.redirects, lr, bit)) ? fd : -1;
+    };
+    auto file = [&](int bit, const char* name) {
+      return mask_has(o_.redirects, lr, bit) || mask_has(o_.tee, lr, bit) ? open_log(name) : -1;
+    };
+    auto filtered = [&](int bit, const std::shared_ptr<FilteredLog>& log) {
+      return mask_has(o_.tee, lr, bit) ? log : nullptr;
+    };
+    w.out.emplace(prefix, console(1, STDOUT_FILENO), file(1, "stdout.log"), 0,
+                  filtered(1, filtered_out));
+    w.err.emplace(prefix, console(2, STDERR_FILENO), file(2, "stderr.log"), o_.stderr_tail_lines,
+                  filtered(2, filtered_err));
   }
   stop_signal_ = 0;
   if (!warm_socket_.empty()) {

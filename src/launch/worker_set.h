@@ -63,8 +63,9 @@ class WorkerSet {
   ~WorkerSet();
 
   // Starts attempt `rdzv`'s workers; `dir` (the attempt's directory) holds their error files
-  // in one directory per local rank, with their stdout.log and stderr.log when `write_logs`,
-  // and the filtered logs; master_addr/port is the store they reach.
+  // in one directory per local rank, with the stdout.log and stderr.log of the streams
+  // --redirects or --tee names when `write_logs`, and the filtered logs; master_addr/port is
+  // the store they reach.
   void spawn(const RendezvousResult& rdzv, const std::string& dir, bool write_logs,
              const std::string& master_addr, int master_port);
   const std::vector<Worker>& workers() const { return workers_; }

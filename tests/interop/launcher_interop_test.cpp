@@ -4,6 +4,7 @@
 // TCPStore client speaks its own protocol to the launcher's store); both are required
 // components: without them these tests fail.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -212,6 +213,83 @@ TEST(LauncherInterop, LogDirAndFilteredLinesAsUnderTorchrun) {
   EXPECT_EQ(files["torchrun"].size(), 6u);
 }
 
+// Which streams get files: torchrun 2.11 writes LOCAL_RANK/stdout.log (stderr.log) only for a
+// stream --redirects or --tee names, and --log-dir alone writes none; the duplicate filters
+// copy only the teed streams of the ranks --local-ranks-filter shows; a teed stream reaches
+// the console even when it is also redirected. One launch per launcher covers the cases, one
+// local rank each (listed above `flags`). The console is compared line by line per stream with
+// the prefixes dropped: torchrun prefixes only teed lines (it tails them from their files),
+// dtrain every line.
+TEST(LauncherInterop, LogDirWritesOnlyRedirectedAndTeedStreamsAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string script = kInterop + "/log_lines.py";
+  const std::string base = std::filesystem::temp_directory_path() /
+                           ("dtrain-interop-streams-" + std::to_string(::getpid()));
+  struct RemoveBase {  // also when an ASSERT below ends the test
+    std::string path;
+    ~RemoveBase() { std::filesystem::remove_all(path); }
+  } remove_base{base};
+  // Local rank 0: both streams redirected (files only); 1: stdout redirected, stderr teed
+  // (a file, and the console); 2: stdout teed and redirected (the console still gets it),
+  // 3: nothing named (console only, no file); 4: stdout teed, but not shown by the filter
+  // (a file only, and no filtered copy).
+  // torchrun fails where its default port 29500 is taken (by another test's store).
+  const std::string port = std::to_string(dtrain::test::free_port());
+  const std::vector<std::string> flags = {"--master-port",
+                                          port,
+                                          "--nproc-per-node",
+                                          "5",
+                                          "--monitor-interval",
+                                          "0.1",
+                                          "--rdzv-id",
+                                          "job6",
+                                          "--redirects",
+                                          "0:3,1:1,2:1",
+                                          "--tee",
+                                          "1:2,2:1,4:1",
+                                          "--local-ranks-filter",
+                                          "0,1,2,3",
+                                          "--duplicate-stdout-filters",
+                                          "line 1",
+                                          "--duplicate-stderr-filters",
+                                          "line 2"};
+  std::map<std::string, std::map<std::string, std::string>> files;
+  std::map<std::string, std::multiset<std::string>> out, err;
+  for (const std::string launcher : {"torchrun", "dtrain"}) {
+    SCOPED_TRACE(launcher);
+    const std::string dir = base + "/" + launcher;
+    std::vector<std::string> argv =
+        launcher == "torchrun" ? venv_torchrun() : std::vector<std::string>{DTRAIN_BIN, "run"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    for (const std::string& a : {std::string("--log-dir"), dir, std::string("--no-python"),
+                                 std::string(DTRAIN_VENV_PYTHON), script})
+      argv.push_back(a);
+    auto r = run_command(
+        argv, {.env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=<${rank}>"}, .timeout = 120s});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    files[launcher] = run_files(dir, "job6");
+    const std::regex line("^(<[0-9]>)?((out|err) [0-9] line [0-9])$");
+    for (auto [text, lines] : {std::pair{&r.out, &out[launcher]}, {&r.err, &err[launcher]}}) {
+      std::istringstream in(*text);
+      std::smatch m;
+      for (std::string l; std::getline(in, l);)
+        if (std::regex_match(l, m, line)) lines->insert(m[2]);
+    }
+  }
+  EXPECT_EQ(files["dtrain"], files["torchrun"]);
+  EXPECT_EQ(out["dtrain"], out["torchrun"]);
+  EXPECT_EQ(err["dtrain"], err["torchrun"]);
+  // What the comparison covered (8 files): rank 0's two files, rank 1's stdout and stderr, rank 2's
+  // stdout, rank 4's stdout, the filtered logs (rank 2's teed "line 1" and rank 1's teed
+  // "line 2"); on the console rank 1's stderr, rank 2's both, rank 3's both.
+  EXPECT_EQ(files["torchrun"].size(), 8u);
+  EXPECT_EQ(files["torchrun"]["attempt_0/filtered_stdout.log"], "<2>out 2 line 1\n");
+  EXPECT_EQ(files["torchrun"]["attempt_0/filtered_stderr.log"], "<1>err 1 line 2\n");
+  EXPECT_EQ(files["torchrun"].count("attempt_0/3/stdout.log"), 0u);
+  EXPECT_EQ(out["torchrun"].size(), 8u);
+  EXPECT_EQ(err["torchrun"].size(), 12u);
+}
+
 // The worker environment is torchrun's: under the venv's torchrun and `dtrain run` with the
 // same flags, every variable torchrun adds to what the launcher was given is there with the
 // same value (the port and the error file's path aside, which are each launcher's own; with
@@ -293,33 +371,84 @@ TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
 }
 
 // The launcher's own TORCHELASTIC_ERROR_FILE (a scheduler's): torchrun's @record main copies
-// the root cause's error.json there with its errorCode; so does `dtrain run`.
+// the root cause's error.json there with its errorCode; so does `dtrain run`. With --log-dir
+// alone both leave the same files there: the failed rank's error.json, no stdout.log or
+// stderr.log (no stream is redirected or teed).
 TEST(LauncherInterop, TheLaunchersErrorFileIsAsUnderTorchrun) {
   require_python_torch(DTRAIN_VENV_PYTHON);
   const std::string dir =
       ::testing::TempDir() + "launcher-error-file-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
+  std::map<std::string, std::set<std::string>> logs;  // the files under --log-dir
   auto error_file_of = [&](std::vector<std::string> launcher, const std::string& name) {
     const std::string path = dir + "/" + name + ".json";
     for (const char* a : {"--nproc-per-node", "2", "--monitor-interval", "0.1"})
       launcher.push_back(a);
+    launcher.insert(launcher.end(), {"--log-dir", dir + "/" + name + "-logs"});
     launcher.push_back(kInterop + "/record_fail.py");
     auto r = run_command(launcher, {.env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON),
                                             "TORCHELASTIC_ERROR_FILE=" + path},
                                     .timeout = 120s});
     EXPECT_NE(r.exit_code, 0) << r.err;
+    for (const auto& [file, text] : run_files(dir + "/" + name + "-logs", "none"))
+      logs[name].insert(file);
     std::ifstream in(path);
     EXPECT_TRUE(in.good()) << name << " wrote no " << path << "\n" << r.err;
     return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
   };
   const auto theirs = error_file_of(venv_torchrun(), "torchrun");
   const auto ours = error_file_of({DTRAIN_BIN, "run"}, "dtrain");
+  EXPECT_EQ(logs["torchrun"], std::set<std::string>{"attempt_0/1/error.json"});
+  EXPECT_EQ(logs["dtrain"], logs["torchrun"]);
   ASSERT_TRUE(theirs.contains("message")) << theirs.dump();
   ASSERT_TRUE(ours.contains("message")) << ours.dump();
   EXPECT_EQ(ours["message"]["message"], theirs["message"]["message"]);
   EXPECT_EQ(ours["message"]["errorCode"], theirs["message"]["errorCode"]);
   EXPECT_EQ(ours["message"]["extraInfo"].size(), theirs["message"]["extraInfo"].size());
   std::filesystem::remove_all(dir);
+}
+
+// torchrun 2.11 exits 1 whenever the job fails (its ChildFailedError, and the SignalException a
+// SIGTERM raises in it); `dtrain run` keeps the code that says what happened: the worker's, 128+N
+// for a worker killed by signal N, 128+N for the launcher's own signal. docs/launcher.md ("Exit
+// code") lists the same cases; each runs under both launchers here, one worker each.
+TEST(LauncherInterop, ExitCodesBesideTorchrunsAsDocumented) {
+  const std::string code =
+      "import os, signal, sys, time\n"
+      "if sys.argv[1] == 'exit3': sys.exit(3)\n"
+      "if sys.argv[1] == 'sigkill': os.kill(os.getpid(), signal.SIGKILL)\n"
+      "print('ready', flush=True)\n"
+      "time.sleep(60)\n";
+  struct Case {
+    std::string mode;
+    int torchrun, dtrain;
+  };
+  for (const auto& c : {Case{"exit3", 1, 3}, Case{"sigkill", 1, 128 + SIGKILL},
+                        Case{"sigterm", 1, 128 + SIGTERM}}) {
+    for (const std::string launcher : {"torchrun", "dtrain"}) {
+      SCOPED_TRACE(launcher + ", " + c.mode);
+      std::vector<std::string> argv =
+          launcher == "torchrun" ? venv_torchrun() : std::vector<std::string>{DTRAIN_BIN, "run"};
+      for (const std::string& a :
+           {std::string("--nproc-per-node"), std::string("1"), std::string("--monitor-interval"),
+            std::string("0.1"), std::string("--master-port"),
+            std::to_string(dtrain::test::free_port()), std::string("--no-python"),
+            std::string(DTRAIN_VENV_PYTHON), std::string("-c"), code, c.mode})
+        argv.push_back(a);
+      auto p = dtrain::test::Process::start(argv, {.timeout = 120s});
+      if (c.mode == "sigterm") {
+        // The launcher's SIGTERM once its worker runs (said "ready").
+        ASSERT_TRUE(
+            p.wait_for([](const std::string& out,
+                          const std::string&) { return out.find("ready") != std::string::npos; },
+                       120s))
+            << p.out() << p.err();
+        p.signal(SIGTERM);
+      }
+      const auto r = p.finish(120s);
+      EXPECT_EQ(r.exit_code, launcher == "torchrun" ? c.torchrun : c.dtrain) << r.err;
+    }
+  }
 }
 
 // When the launcher itself fails (here: a rendezvous no second node joins), torchrun's @record

@@ -308,10 +308,11 @@ TEST_F(DeepSpeedLauncher, EachRankLogFilesAreNamedAsDeepSpeedNamesThem) {
 // "node", as a job script runs the same line on each host. dtrain's two agents meet (their
 // store); DeepSpeed's launchers never talk to each other, so its node 1 alone gives what
 // DeepSpeed's workers there see (one DeepSpeed launch: two at once took 55 s on the busy
-// 2-core development VM, 2026-11-30).
+// 2-core development VM, 2026-11-30). The hosts hold 2 and 3 slots: DeepSpeed's LOCAL_RANK is
+// RANK % LOCAL_SIZE, so node 1's ranks 2,3,4 get LOCAL_RANK 2,0,1, not their place on the host.
 TEST_F(DeepSpeedLauncher, TwoNodesStartedByHandWithNoSshAndNodeRank) {
   RunOptions o = worker_env();
-  const std::string hf = hostfile("localhost slots=2\n127.0.0.1 slots=1\n");
+  const std::string hf = hostfile("localhost slots=2\n127.0.0.1 slots=3\n");
   const std::string port = std::to_string(free_port());
   auto flags = [&](int rank) {
     return Args{"-H",
@@ -345,24 +346,29 @@ TEST_F(DeepSpeedLauncher, TwoNodesStartedByHandWithNoSshAndNodeRank) {
   }
   dt.result.exit_code = results[0].exit_code | results[1].exit_code;
   dt.by_rank = read_workers(dir);
-  ASSERT_EQ(dt.by_rank.size(), 3u) << dt.result.out << dt.result.err;
-  // Node 1 (rank 2) against DeepSpeed's node 1.
+  ASSERT_EQ(dt.by_rank.size(), 5u) << dt.result.out << dt.result.err;
+  // Node 1 (ranks 2, 3, 4) against DeepSpeed's node 1.
   Launch dt_node1 = dt;
-  dt_node1.by_rank = {{2, dt.by_rank.at(2)}};
-  expect_same_workers(ds, dt_node1, 1);
-  const json& e = dt.by_rank.at(2)["env"];
-  EXPECT_EQ(e.value("CROSS_RANK", ""), "1");
-  EXPECT_EQ(e.value("CROSS_SIZE", ""), "2");
-  EXPECT_EQ(e.value("LOCAL_SIZE", ""), "1");
-  EXPECT_EQ(e.value("WORLD_SIZE", ""), "3");
-  EXPECT_EQ(e.value("CUDA_VISIBLE_DEVICES", ""), "0");
+  dt_node1.by_rank = {{2, dt.by_rank.at(2)}, {3, dt.by_rank.at(3)}, {4, dt.by_rank.at(4)}};
+  expect_same_workers(ds, dt_node1, 3);
+  for (int r : {2, 3, 4}) {
+    const json& e = dt.by_rank.at(r)["env"];
+    const std::string local = std::to_string(r % 3);
+    EXPECT_EQ(e.value("LOCAL_RANK", ""), local) << "rank " << r;
+    EXPECT_EQ(dt.by_rank.at(r)["argv"][1], "--local_rank=" + local) << "rank " << r;
+    EXPECT_EQ(e.value("CROSS_RANK", ""), "1");
+    EXPECT_EQ(e.value("CROSS_SIZE", ""), "2");
+    EXPECT_EQ(e.value("LOCAL_SIZE", ""), "3");
+    EXPECT_EQ(e.value("WORLD_SIZE", ""), "5");
+    EXPECT_EQ(e.value("CUDA_VISIBLE_DEVICES", ""), "0,1,2");
+  }
   // Node 0: ranks 0 and 1, as DeepSpeed's launch.py numbers them.
   for (int r : {0, 1}) {
     const json& n0e = dt.by_rank.at(r)["env"];
     EXPECT_EQ(n0e.value("LOCAL_RANK", ""), std::to_string(r));
     EXPECT_EQ(n0e.value("CROSS_RANK", ""), "0");
     EXPECT_EQ(n0e.value("LOCAL_SIZE", ""), "2");
-    EXPECT_EQ(n0e.value("WORLD_SIZE", ""), "3");
+    EXPECT_EQ(n0e.value("WORLD_SIZE", ""), "5");
     EXPECT_EQ(n0e.value("CUDA_VISIBLE_DEVICES", ""), "0,1");
     EXPECT_EQ(n0e.value("MASTER_PORT", ""), port);
     EXPECT_EQ(dt.by_rank.at(r)["argv"][1], "--local_rank=" + std::to_string(r));

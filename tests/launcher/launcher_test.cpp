@@ -470,8 +470,9 @@ std::vector<std::string> run_dirs(const std::string& log_dir, const std::string&
 
 TEST_F(LauncherTest, LogDirFilesAreUnprefixedAndComplete) {
   const std::string dir = path("logs");
-  RunResult r = run({"--log-dir", dir, "--rdzv-id", "logjob", "--nproc-per-node", "2", kWorker,
-                     "--lines", "100", "--no-newline", "tail without newline"});
+  // --tee 3: every stream to its file (--log-dir alone writes none, as torchrun).
+  RunResult r = run({"--log-dir", dir, "--tee", "3", "--rdzv-id", "logjob", "--nproc-per-node", "2",
+                     kWorker, "--lines", "100", "--no-newline", "tail without newline"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto runs = run_dirs(dir, "logjob");
   ASSERT_EQ(runs.size(), 1u);
@@ -482,7 +483,7 @@ TEST_F(LauncherTest, LogDirFilesAreUnprefixedAndComplete) {
               numbered_lines("out", rank, 100) + "tail without newline");
     EXPECT_EQ(read_file(rank_dir + "/stderr.log"), numbered_lines("err", rank, 100));
   }
-  // The console still gets everything (tee is implied without --redirects).
+  // The console still gets everything.
   EXPECT_EQ(rank_lines(r.out).size(), 2u * 101);
   EXPECT_EQ(rank_lines(r.err).size(), 2u * 100);
   // A second job in the same directory, with the same run id, gets a run directory of its own.
@@ -514,7 +515,7 @@ TEST_F(LauncherTest, RedirectsWithoutALogDirKeepTheOutputAndSayWhere) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
   const std::string said =
-      "dtrain: no --log-dir: the logs of the redirected streams and "
+      "dtrain: no --log-dir: the logs of the redirected and teed streams and "
       "filtered lines are in ";
   const auto at = r.err.find(said);
   ASSERT_NE(at, std::string::npos) << r.err;
@@ -536,7 +537,7 @@ TEST_F(LauncherTest, RedirectsWithoutALogDirKeepTheOutputAndSayWhere) {
 TEST_F(LauncherTest, FilteredLinesGoToTheAttemptsFilteredLogs) {
   const std::string dir = path("logs");
   RunResult r =
-      run({"--log-dir", dir, "--nproc-per-node", "2", "--local-ranks-filter", "1",
+      run({"--log-dir", dir, "--tee", "3", "--nproc-per-node", "2", "--local-ranks-filter", "1",
            "--duplicate-stdout-filters", "out 1 2,,x,out 1 4", "--duplicate-stderr-filters", "1 0",
            kWorker, "--lines", "5"},
           30s, {.env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=<$role_name|${rank}|$$>"}});
@@ -547,7 +548,8 @@ TEST_F(LauncherTest, FilteredLinesGoToTheAttemptsFilteredLogs) {
   EXPECT_EQ(r.out, shown);
   const auto runs = run_dirs(dir, "none");
   ASSERT_EQ(runs.size(), 1u);
-  // Only what reached the console (rank 1's), prefixed; "a,,b" is the filter "a,b".
+  // Only what reached the console of the teed streams (rank 1's), prefixed; "a,,b" is the
+  // filter "a,b".
   EXPECT_EQ(read_file(runs[0] + "/attempt_0/filtered_stdout.log"), "<default|1|$>out 1 4\n");
   EXPECT_EQ(read_file(runs[0] + "/attempt_0/filtered_stderr.log"), "<default|1|$>err 1 0\n");
   // Rank 0's output, kept off the console, is still in its files.

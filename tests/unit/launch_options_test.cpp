@@ -573,18 +573,79 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
           "        print(kind, 'PET_' + a.dest.upper(), a.option_strings[-1])\n"
           "os.environ['PET_DUPLICATE_STDOUT_FILTERS'] = sys.argv[1]\n"
           "args = get_args_parser().parse_args(['prog.py'])\n"
-          "print('filters', '|'.join(args.duplicate_stdout_filters))\n";
+          "print('filters', '|'.join(args.duplicate_stdout_filters))\n"
+          "del os.environ['PET_DUPLICATE_STDOUT_FILTERS']\n"
+          // Each variable set but empty, through what torchrun's main runs before it starts a
+          // worker (its parser, config_from_args, the rendezvous handler, the event log
+          // handler): "empty VAR ok" or "empty VAR error WHAT".
+          "import contextlib, io\n"
+          "from torch.distributed.run import parse_args, config_from_args\n"
+          "from torch.distributed.launcher.api import _get_addr_and_port\n"
+          "from torch.distributed.elastic.rendezvous import RendezvousParameters, registry\n"
+          "from torch.distributed.elastic.events.handlers import get_logging_handler\n"
+          "for a in get_args_parser()._actions:\n"
+          "    if not isinstance(a, (env, check_env)):\n"
+          "        continue\n"
+          "    var = 'PET_' + a.dest.upper()\n"
+          "    os.environ[var] = ''\n"
+          "    err = io.StringIO()\n"
+          "    try:\n"
+          "        with contextlib.redirect_stderr(err):\n"
+          "            args = parse_args(['--no-python', 'true'])\n"
+          "        c, _, _ = config_from_args(args)\n"
+          "        registry.get_rendezvous_handler(RendezvousParameters(\n"
+          "            backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
+          "            min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
+          "            **c.rdzv_configs))\n"
+          "        get_logging_handler(c.event_log_handler)\n"
+          "        print('empty', var, 'ok')\n"
+          "    except SystemExit:\n"
+          "        print('empty', var, 'error', err.getvalue().strip().splitlines()[-1])\n"
+          "    except Exception as e:\n"
+          "        print('empty', var, 'error', type(e).__name__, str(e).replace('\\n', ' '))\n"
+          "    del os.environ[var]\n";
   }
   const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "pet.py").string() + " '" +
                           samples.at("PET_DUPLICATE_STDOUT_FILTERS") + "' > " +
                           (dir / "pet.txt").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
   std::ifstream in(dir / "pet.txt");
-  int options = 0;
+  int options = 0, empties = 0, torchrun_stops = 0;
   for (std::string line; std::getline(in, line);) {
     std::istringstream words(line);
     std::string kind, var, flag;
     words >> kind >> var >> flag;
+    if (kind == "empty") {
+      // PET_<NAME>= (set, empty): where torchrun stops, dtrain stops too, naming the variable;
+      // where torchrun runs, dtrain runs as without the variable - but for an empty role or
+      // signal list, which dtrain refuses as on its command line (launcher.md), and an empty
+      // run id, a random one on both (torchrun's str(uuid4().int)).
+      SCOPED_TRACE(line);
+      ++empties;
+      test::ScopedEnv env;
+      env.set(var.c_str(), "");
+      const std::string torchrun = flag;  // "ok" or "error"
+      const bool refused_here = var == "PET_ROLE" || var == "PET_SIGNALS_TO_HANDLE";
+      if (torchrun == "error" || refused_here) {
+        const std::string msg = usage_error({"prog"});
+        EXPECT_EQ(msg.rfind(var + " is set but empty", 0), 0u) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+        if (torchrun == "error") ++torchrun_stops;
+      } else {
+        EXPECT_EQ(torchrun, "ok");
+        const LaunchOptions o = parse({});
+        if (var == "PET_RDZV_ID") {
+          EXPECT_GE(o.rdzv_id.size(), 30u) << o.rdzv_id;
+          EXPECT_EQ(o.rdzv_id.find_first_not_of("0123456789"), std::string::npos) << o.rdzv_id;
+          EXPECT_NE(parse({}).rdzv_id, o.rdzv_id) << "a fresh one per launch";
+        } else {
+          env.set(var.c_str(), nullptr);
+          const std::string unset = describe(parse({}));
+          EXPECT_EQ(describe(o), unset);
+        }
+      }
+      continue;
+    }
     if (kind == "filters") {
       std::string torchrun = line.substr(std::string("filters ").size()), ours;
       test::ScopedEnv env;
@@ -621,6 +682,8 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
     }
   }
   EXPECT_GE(options, 25) << "torchrun 2.11 reads ~27 options from PET_ variables";
+  EXPECT_EQ(empties, options);
+  EXPECT_GE(torchrun_stops, 14) << "torchrun 2.11 stops on 16 empty PET_ variables";
   std::filesystem::remove_all(dir);
 }
 
