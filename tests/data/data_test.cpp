@@ -910,8 +910,9 @@ TEST(DeltaDeletionVectors, RanksReadEveryRowLeftAndNoDeletedOne) {
 
 // A position records the data it counts: at another Delta version with the same row counts (a
 // deletion vector moved from row 3 to row 7, written as delta-rs reads it) it is refused, naming
-// both versions and time travel; at its own version it restores; one written before dtrain
-// recorded the data is checked by its counts only; renamed Parquet files are refused.
+// both versions and time travel; at its own version it restores, and at a version that changed
+// no file; one written before dtrain recorded the data is checked by its counts only; renamed
+// Parquet files are refused.
 TEST(DataReader, APositionRestoresOnlyOnTheDataItWasTakenOn) {
   const std::string dir = tables() + "/delta_dv_moved";
   const auto want = expected()["delta_dv_moved"];
@@ -947,6 +948,14 @@ TEST(DataReader, APositionRestoresOnlyOnTheDataItWasTakenOn) {
   auto rest = ids_of(again);
   read.insert(read.end(), rest.begin(), rest.end());
   EXPECT_EQ(sorted(read), want["1"].get<std::vector<int64_t>>());
+
+  // A commit that changed only the protocol (delta_v2ck's version 1 adds a reader feature)
+  // leaves the same files: the same data, restored.
+  Reader ck0(Table::open("delta:" + tables() + "/delta_v2ck", {.version = 0}), opts);
+  Reader ck1(Table::open("delta:" + tables() + "/delta_v2ck", {.version = 1}), opts);
+  ck0.next();
+  ck1.restore(ck0.position());
+  EXPECT_EQ(ids_of(ck1).size(), 25u);  // 30 rows, 5 read
 
   // Written before positions recorded the data: no "table", the counts alone are checked.
   auto old = nlohmann::json::parse(position);

@@ -281,6 +281,16 @@ def data_seeds(tables):
                     data = descriptor_head(dv, True) + open(dv_path(table, dv), "rb").read()
                 write("deletion_vector", "%s_%d" % (os.path.basename(table), n), data)
                 n += 1
+    # The tables' vectors are small (array containers): pyroaring's bitset and run containers
+    # too, framed as a DV file (a bitset container is 8 KiB: fuzz.sh lets this target's
+    # inputs be that long).
+    import pyroaring
+    import zlib
+    for name, rows in (("pyroaring_bitset", range(0, 10000, 2)), ("pyroaring_runs", range(70000, 200000))):
+        bitmap = struct.pack("<I", 1681511377) + pyroaring.BitMap64(rows).serialize()
+        framed = b"\x01" + struct.pack(">I", len(bitmap)) + bitmap + struct.pack(">I", zlib.crc32(bitmap))
+        dv = {"sizeInBytes": len(bitmap), "cardinality": len(rows), "offset": 1}
+        write("deletion_vector", name, descriptor_head(dv, True) + framed)
 
 
 if __name__ == "__main__":
