@@ -193,11 +193,18 @@ class Reader {
   int64_t step() const;
 
   // Elastic mode: the position after the steps taken so far (every rank gets the same string
-  // after the same steps): the epoch and the rows not yet read. UsageError in distributed mode.
+  // after the same steps): the epoch, the rows not yet read, and what identifies the data read
+  // (Delta: the version and the table's metaData id; both: a digest of the files - Delta: their
+  // paths and deletion vectors; Parquet: their paths, sizes and footers). UsageError in
+  // distributed mode.
   std::string position() const;
   // Elastic mode: continue from `position` (taken by a job of any world size over the same
-  // table): the rows it names are dealt to this job's ranks. DataError if it belongs to
-  // another table (row counts differ) or is malformed.
+  // data): the rows it names are dealt to this job's ranks. DataError if it was taken on other
+  // data - another table, another Delta version whose files or deletion vectors differ (the
+  // message names both versions: open the position's with TableOptions::version), Parquet
+  // files added, removed or rewritten since - or on row counts that differ, or is malformed.
+  // A position written before dtrain recorded the data (no "table" field) is checked by its
+  // row counts only.
   void restore(const std::string& position);
 
   const Table& table() const;

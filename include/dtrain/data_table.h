@@ -20,11 +20,12 @@
 // mapping (by name or by id) is read: columns keep the table's own names. Deletion vectors are
 // applied: the rows they delete are not in the table (RowGroup::rows, num_rows() and every
 // Reader count only the rows left), and a vector that is missing, truncated, fails its
-// checksum or is not a deletion vector is an error naming the file. Variant columns
-// (readerFeatures variantType) are tolerated; a Reader refuses to read one. A checkpoint whose
-// file actions are in sidecar files, and reader features dtrain does not implement
-// (catalogManaged, ...), are refused with the reason, never read wrongly. Partition columns
-// (metaData.partitionColumns) are columns of every row, with the value of the row's file.
+// checksum, is not a deletion vector or deletes more rows than its file has is an error naming
+// the file. Variant columns (readerFeatures variantType) are tolerated; a Reader refuses to
+// read one. A checkpoint whose file actions are in sidecar files, and reader features dtrain
+// does not implement (catalogManaged, ...), are refused with the reason, never read wrongly.
+// Partition columns (metaData.partitionColumns) are columns of every row, with the value of
+// the row's file.
 //
 // Every file's footer is read at open() (row groups, schema); data are read by the Reader.
 // Errors: dtrain::data::DataError (a UsageError) naming the file and what is wrong.

@@ -81,14 +81,36 @@ std::optional<std::vector<uint64_t>> parse_bitmap(const std::string& bytes, int6
       why = "bucket " + std::to_string(b) + " is not a serialized roaring bitmap";
       return std::nullopt;
     }
-    const uint64_t count = roaring_bitmap_get_cardinality(bitmap.get());
-    if (rows.size() + count > static_cast<uint64_t>(limit)) {
+    // The values one by one, never into an array sized by the bitmap's own count: CRoaring
+    // 0.2.66 (Debian 12) takes a bitset container's cardinality from its header unchecked, and
+    // roaring_bitmap_to_uint32_array writes every set bit - a header saying 4097 over 65536
+    // set bits wrote past the array (tests/fuzz/regressions/deletion_vector). Each value must
+    // ascend (containers with unsorted or overlapping values are not a valid bitmap either).
+    struct Walk {
+      std::vector<uint64_t>* rows;
+      uint64_t key, limit;
+      int64_t last = -1;
+      bool unordered = false, too_many = false;
+    } walk{&rows, key, static_cast<uint64_t>(limit)};
+    roaring_iterate(
+        bitmap.get(),
+        [](uint32_t low, void* param) {
+          auto& w = *static_cast<Walk*>(param);
+          if (static_cast<int64_t>(low) <= w.last) return !(w.unordered = true);
+          if (w.rows->size() >= w.limit) return !(w.too_many = true);
+          w.last = low;
+          w.rows->push_back((w.key << 32) | low);
+          return true;
+        },
+        &walk);
+    if (walk.unordered) {
+      why = "bucket " + std::to_string(b) + " holds values out of order or twice";
+      return std::nullopt;
+    }
+    if (walk.too_many) {
       why = "it deletes more rows than the log's cardinality " + std::to_string(limit);
       return std::nullopt;
     }
-    std::vector<uint32_t> low(count);
-    roaring_bitmap_to_uint32_array(bitmap.get(), low.data());
-    for (uint32_t v : low) rows.push_back((uint64_t{key} << 32) | v);
     p += size;
     left -= size;
   }
@@ -155,14 +177,37 @@ std::string deletion_vector_file(const std::string& root, const DeletionVectorRe
 }
 
 std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t version,
-                                           const std::string& data_file,
+                                           const std::string& data_file, int64_t file_rows,
                                            const DeletionVectorRef& dv) {
   const std::string of = "the deletion vector of " + data_file + " (Delta table " + root +
                          " at version " + std::to_string(version) + ")";
+  if (dv.storage_type != "u" && dv.storage_type != "p")
+    return decode_deletion_vector(dv, nullptr, 0, "", file_rows, of);
+  const std::string file = deletion_vector_file(root, dv);
+  std::ifstream in(file, std::ios::binary);
+  std::error_code ec;
+  const auto file_size = in ? fs::file_size(file, ec) : 0;
+  if (!in || ec) {
+    throw DataError("data: " + of + " is stored in " + file +
+                    ", which does not exist or cannot be read: the table was vacuumed past "
+                    "this version or copied without its deletion vector files; restore the "
+                    "file, or read another version");
+  }
+  return decode_deletion_vector(dv, &in, file_size, file, file_rows, of);
+}
+
+std::vector<uint64_t> decode_deletion_vector(const DeletionVectorRef& dv, std::istream* file,
+                                             uint64_t file_size, const std::string& file_name,
+                                             int64_t file_rows, const std::string& of) {
   if (dv.size_in_bytes < 0 || dv.cardinality < 0) {
     throw DataError("data: " + of + " has sizeInBytes " + std::to_string(dv.size_in_bytes) +
                     " and cardinality " + std::to_string(dv.cardinality) +
                     ": the log is damaged or was written by a broken writer");
+  }
+  if (dv.cardinality > file_rows) {
+    throw DataError("data: " + of + " deletes " + std::to_string(dv.cardinality) +
+                    " rows (its cardinality), but the file has " + std::to_string(file_rows) +
+                    ": the vector belongs to another file, or the log is damaged");
   }
   std::string bytes, stored_in;
   if (dv.storage_type == "i") {
@@ -175,15 +220,9 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
     }
     bytes = decoded->substr(0, static_cast<size_t>(dv.size_in_bytes));
   } else if (dv.storage_type == "u" || dv.storage_type == "p") {
-    const std::string file = deletion_vector_file(root, dv);
-    stored_in = "stored in " + file;
-    std::ifstream in(file, std::ios::binary);
-    if (!in) {
-      throw DataError("data: " + of + " is stored in " + file +
-                      ", which does not exist or cannot be read: the table was vacuumed past "
-                      "this version or copied without its deletion vector files; restore the "
-                      "file, or read another version");
-    }
+    DTRAIN_ASSERT(file != nullptr, "decode_deletion_vector: no DV file given for a stored vector");
+    stored_in = "stored in " + file_name;
+    std::istream& in = *file;
     const int64_t offset = dv.offset.value_or(1);
     std::string head(4, '\0');
     unsigned char version_byte = 0;
@@ -191,7 +230,7 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
     in.seekg(offset);
     in.read(head.data(), 4);
     if (!in || version_byte != 1) {
-      throw DataError("data: " + of + " is stored in " + file +
+      throw DataError("data: " + of + " is stored in " + file_name +
                       (!in ? ", which ends before the vector's offset " + std::to_string(offset)
                            : ", whose format version is " + std::to_string(version_byte) +
                                  " (dtrain::data reads version 1)") +
@@ -199,17 +238,15 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
     }
     const uint32_t size = big_endian32(reinterpret_cast<const unsigned char*>(head.data()));
     if (static_cast<int64_t>(size) != dv.size_in_bytes) {
-      throw DataError("data: " + of + " is stored in " + file + " at offset " +
+      throw DataError("data: " + of + " is stored in " + file_name + " at offset " +
                       std::to_string(offset) + " with the size " + std::to_string(size) +
                       ", but the log says " + std::to_string(dv.size_in_bytes) +
                       " bytes: the file or the log is damaged; restore it, or read another "
                       "version");
     }
     // Never allocate what the file cannot hold (a corrupt size field).
-    std::error_code ec;
-    const auto file_size = fs::file_size(file, ec);
     std::array<unsigned char, 4> crc{};
-    if (!ec && static_cast<uint64_t>(offset) + 8 + size <= file_size) {
+    if (static_cast<uint64_t>(offset) + 8 + size <= file_size) {
       bytes.resize(size);
       in.read(bytes.data(), static_cast<std::streamsize>(size));
       in.read(reinterpret_cast<char*>(crc.data()), 4);
@@ -217,7 +254,7 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
       in.setstate(std::ios::failbit);
     }
     if (!in) {
-      throw DataError("data: " + of + " is stored in " + file + ", which ends inside it (" +
+      throw DataError("data: " + of + " is stored in " + file_name + ", which ends inside it (" +
                       std::to_string(size) + " bytes and a checksum at offset " +
                       std::to_string(offset + 4) +
                       "): the file is truncated; restore it, or read another version");
@@ -225,7 +262,7 @@ std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t vers
     const auto computed = static_cast<uint32_t>(
         crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()), size));
     if (computed != big_endian32(crc.data())) {
-      throw DataError("data: " + of + " is stored in " + file + " with the CRC-32 " +
+      throw DataError("data: " + of + " is stored in " + file_name + " with the CRC-32 " +
                       std::to_string(big_endian32(crc.data())) + ", but its bytes have " +
                       std::to_string(computed) +
                       ": the file is corrupt; restore it, or read another version");

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,14 +43,23 @@ struct DeletionVectorRef {
 };
 
 // The rows `dv` deletes from `data_file` (sorted, distinct positions) of the Delta table at
-// `root` (version `version`, for messages). Reads the DV file ('u', 'p') or decodes the log's
-// text ('i'), and checks everything the format allows: the version byte, the size field
-// against sizeInBytes, the CRC-32, the magic number, the bitmap (CRoaring's checked reader),
-// the count against cardinality. Throws DataError naming the table, the data file, the DV file
-// and what to do: never a wrong set of rows.
+// `root` (version `version`, for messages), a file of `file_rows` rows. Reads the DV file
+// ('u', 'p') or decodes the log's text ('i') with decode_deletion_vector. Throws DataError
+// naming the table, the data file, the DV file and what to do: never a wrong set of rows.
 std::vector<uint64_t> read_deletion_vector(const std::string& root, int64_t version,
-                                           const std::string& data_file,
+                                           const std::string& data_file, int64_t file_rows,
                                            const DeletionVectorRef& dv);
+
+// What read_deletion_vector does once it has the bytes (no file system: the
+// deletion_vector fuzz target runs it alone). For 'u' and 'p', `file` holds the DV file's
+// `file_size` bytes (named `file_name` in messages); for 'i' it is unused (may be null).
+// Checks everything the format allows: the version byte, the size field against sizeInBytes,
+// the CRC-32, the magic number, the bitmap (CRoaring's checked reader), the count against
+// cardinality - and a cardinality above `file_rows` before anything is allocated for it.
+// `of` names the vector in messages ("the deletion vector of F (Delta table R at version V)").
+std::vector<uint64_t> decode_deletion_vector(const DeletionVectorRef& dv, std::istream* file,
+                                             uint64_t file_size, const std::string& file_name,
+                                             int64_t file_rows, const std::string& of);
 
 // Z85 (ZeroMQ RFC 32) text -> bytes; nullopt when it is not Z85 (a length that is not a
 // multiple of 5, a character outside the alphabet, a group above 2^32 - 1).

@@ -3,13 +3,21 @@
 // version, then the JSON commits after it, in order; add and remove actions keyed by the
 // logical file, (path, deletion vector uniqueId): a file re-added with a new deletion vector
 // and removed with its old one, in either order within a commit, keeps the new one.
+//
+// Two parts: read_delta_snapshot (delta_log.cpp) lists the log and reads its files - the
+// checkpoint's Parquet through Arrow, the commits line by line; LogReplay (delta_replay.cpp)
+// applies the actions and makes the snapshot, with no file system and no Arrow (so the
+// delta_log fuzz target runs it on its own: tests/fuzz/delta_log_fuzz.cpp).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data/deletion_vector.h"
@@ -31,6 +39,7 @@ struct MappedColumn {
 
 struct DeltaSnapshot {
   int64_t version = 0;
+  std::string table_id;  // metaData.id (a uuid; "" when the log gives none)
   // delta.columnMapping.mode: "none", "name" or "id"; the top-level columns when not "none"
   // (partition_values and partition_types are keyed by logical names already).
   std::string column_mapping = "none";
@@ -52,5 +61,30 @@ DeltaSnapshot read_delta_snapshot(const std::string& root, std::optional<int64_t
 
 // "a%20b/c.parquet" -> "a b/c.parquet"; a "file:" URI -> its path. DataError for other schemes.
 std::string delta_path(const std::string& root, const std::string& uri);
+
+// The replay of the table at `root` (for paths and messages): feed it the checkpoint's actions
+// (each as the one-key object a commit line holds), then each commit's lines in order; then
+// snapshot(). Every malformed action (a field of the wrong JSON type, a deletionVector without
+// its fields, a line that is not JSON) is a DataError naming `where`, never another exception.
+class LogReplay {
+ public:
+  explicit LogReplay(std::string root) : root_(std::move(root)) {}
+  // One action; objects other than add, remove, metaData and protocol are ignored, as the
+  // protocol asks (commitInfo, txn, domainMetadata, checkpointMetadata, ...).
+  void apply(const nlohmann::json& action, const std::string& where);
+  // Line `line_number` (from 1) of the commit `where`: one JSON action; blank lines skipped.
+  void apply_line(std::string_view line, const std::string& where, int64_t line_number);
+  // A whole commit file's text, line by line.
+  void apply_commit(std::string_view text, const std::string& where);
+  // The snapshot the actions so far make at `version`. DataError: no metaData, a reader
+  // feature dtrain does not implement, a bad schemaString or column mapping, a path live twice.
+  DeltaSnapshot snapshot(int64_t version) const;
+
+ private:
+  std::string root_;
+  // Logical files by (path, deletion vector uniqueId; "" without one), the protocol's key.
+  std::map<std::pair<std::string, std::string>, DeltaFile> files_;
+  nlohmann::json protocol_ = nlohmann::json::object(), metadata_ = nlohmann::json::object();
+};
 
 }  // namespace dtrain::data::detail

@@ -29,6 +29,61 @@ bool several_local_ranks() {
   return env && env->local_world_size > 1;
 }
 
+// What a position records of the rows it counts (TableState::digest): the data read, so that a
+// position is never restored on other rows that happen to have the same counts.
+nlohmann::json table_identity(const Table& table) {
+  const auto& state = table.state();
+  nlohmann::json id{{"format", state.format == TableFormat::kDelta ? "delta" : "parquet"},
+                    {"files", state.files.size()},
+                    {"digest", state.digest}};
+  if (state.version) id["version"] = *state.version;
+  if (!state.table_id.empty()) id["id"] = state.table_id;
+  return id;
+}
+
+// Throws DataError (caught by restore(), which adds the position) when `recorded` - a
+// position's "table" - is not the data `table` reads: what differs and what to do.
+void check_same_data(const nlohmann::json& recorded, const Table& table) {
+  const nlohmann::json now = table_identity(table);
+  const std::string format = recorded.at("format").get<std::string>();
+  auto at_version = [](const nlohmann::json& t) {
+    return t.contains("version") ? " at version " + std::to_string(t["version"].get<int64_t>())
+                                 : std::string();
+  };
+  if (format != now["format"]) {
+    throw DataError(
+        "it was taken on a " + std::string(format == "delta" ? "Delta table" : "Parquet") +
+        (format == "delta" ? "" : " table") + at_version(recorded) + ", and " + table.root() +
+        " is read as " + (now["format"] == "delta" ? "a Delta table" : "Parquet files") +
+        ": restore it on the table it was taken on");
+  }
+  if (recorded.contains("id") && now.contains("id") && recorded["id"] != now["id"]) {
+    throw DataError("it was taken on another Delta table (metaData id " +
+                    recorded["id"].get<std::string>() + "; " + table.root() + " has " +
+                    now["id"].get<std::string>() + "): restore it on the table it was taken on");
+  }
+  if (recorded.at("digest").get<std::string>() == now["digest"]) return;  // the same rows
+  if (format == "delta") {
+    if (!recorded.contains("version")) throw DataError("its Delta table has no version");
+    const int64_t then = recorded["version"].get<int64_t>();
+    throw DataError("it was taken at version " + std::to_string(then) + " of the Delta table " +
+                    table.root() + ", whose files or deletion vectors differ from version " +
+                    std::to_string(*table.version()) +
+                    " read here: open the table at the position's version to finish the epoch "
+                    "(Table::open(location, {.version = " +
+                    std::to_string(then) +
+                    "}), time travel), then go on at the newer version from the "
+                    "next epoch");
+  }
+  throw DataError("it was taken on " + std::to_string(recorded.at("files").get<int64_t>()) +
+                  " Parquet files (digest " + recorded["digest"].get<std::string>() +
+                  ") that differ from the " + std::to_string(now["files"].get<int64_t>()) +
+                  " files under " + table.root() + " now (digest " +
+                  now["digest"].get<std::string>() +
+                  "): a file was added, removed or rewritten since; restore it on the files it "
+                  "was taken on, or start the epoch anew (set_epoch)");
+}
+
 }  // namespace
 
 const torch::Tensor& Batch::at(const std::string& key) const {
@@ -209,11 +264,9 @@ std::string Reader::position() const {
   nlohmann::json pieces = nlohmann::json::array();
   for (const auto& p : detail::elastic_after(m.remaining, m.step, m.split))
     pieces.push_back({p.group, p.begin, p.end});
-  return nlohmann::json{{"format", kPositionFormat},
-                        {"epoch", m.epoch},
-                        {"row_groups", m.group_rows.size()},
-                        {"rows", m.table.num_rows()},
-                        {"remaining", pieces}}
+  return nlohmann::json{{"format", kPositionFormat},         {"epoch", m.epoch},
+                        {"row_groups", m.group_rows.size()}, {"rows", m.table.num_rows()},
+                        {"table", table_identity(m.table)},  {"remaining", pieces}}
       .dump();
 }
 
@@ -226,6 +279,8 @@ void Reader::restore(const std::string& position) {
     auto j = nlohmann::json::parse(position);
     if (j.at("format") != kPositionFormat)
       throw DataError("it is not a " + std::string(kPositionFormat));
+    // Positions written before dtrain recorded the table have no "table": not checked.
+    if (j.contains("table")) check_same_data(j.at("table"), m.table);
     if (j.at("row_groups").get<size_t>() != m.group_rows.size() ||
         j.at("rows").get<int64_t>() != m.table.num_rows()) {
       throw DataError("it was taken on a table of " + std::to_string(j.at("rows").get<int64_t>()) +

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/shared_files.h"
+#include "data/fnv.h"
 #include "dtrain/env.h"
 
 namespace dtrain::data::detail {
@@ -72,15 +73,6 @@ Layout layout_of(const std::vector<Column>& columns, int64_t rows) {
                   l.columns.size() * sizeof(ColumnHeader));
   l.size = at;
   return l;
-}
-
-// 64-bit FNV-1a.
-uint64_t fnv1a(const std::string& s, uint64_t h = 14695981039346656037ull) {
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 // What decides the decoded bytes: the table's files as they are now, and the columns.

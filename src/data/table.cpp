@@ -3,11 +3,13 @@
 #include <parquet/metadata.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
 #include "data/deletion_vector.h"
 #include "data/delta_log.h"
+#include "data/fnv.h"
 #include "data/parquet_file.h"
 #include "data/table_state.h"
 #include "dtrain/data_table.h"
@@ -109,6 +111,30 @@ std::vector<std::vector<int64_t>> split_deleted(const parquet::FileMetaData& met
   return out;
 }
 
+// TableState::digest. Paths relative to the root, so that a copy of the table elsewhere (or
+// mounted at another path on another host) has the same digest.
+std::string digest(const TableState& state) {
+  uint64_t h = detail::fnv1a(state.format == TableFormat::kDelta ? "delta" : "parquet");
+  for (size_t i = 0; i < state.files.size(); ++i) {
+    const fs::path path(state.paths[i]);
+    std::string rel = path.lexically_relative(state.root).string();
+    if (rel.empty() || rel == ".") rel = path.filename().string();  // "parquet:FILE"
+    h = detail::fnv1a(rel, detail::fnv1a(std::string_view("\0", 1), h));
+    const auto& file = state.files[i];
+    if (state.format == TableFormat::kDelta) {
+      h = detail::fnv1a(" dv " + file.deletion_vector_id, h);
+    } else {
+      std::error_code ec;
+      const auto size = fs::file_size(path, ec);
+      h = detail::fnv1a(" " + std::to_string(ec ? 0 : size) + " ", h);
+      h = detail::fnv1a(file.metadata->SerializeToString(), h);
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 }  // namespace
 
 Table Table::open(const std::string& location, TableOptions options) {
@@ -139,6 +165,7 @@ Table Table::open(const std::string& location, TableOptions options) {
   if (format == TableFormat::kDelta) {
     snap = detail::read_delta_snapshot(state->root, options.version);
     state->version = snap.version;
+    state->table_id = snap.table_id;
     state->partition_types = snap.partition_types;
     state->variant_columns = snap.variant_columns;
     for (auto& f : snap.files) {
@@ -163,10 +190,11 @@ Table Table::open(const std::string& location, TableOptions options) {
     file.partition_values = std::move(partitions[i]);
     if (const auto& dv = deletion_vectors[i]) {
       file.deletion_vector_id = dv->unique_id();
-      file.deleted = split_deleted(
-          *file.metadata,
-          detail::read_deletion_vector(state->root, *state->version, state->paths[i], *dv),
-          state->root, *state->version, state->paths[i]);
+      file.deleted =
+          split_deleted(*file.metadata,
+                        detail::read_deletion_vector(state->root, *state->version, state->paths[i],
+                                                     file.metadata->num_rows(), *dv),
+                        state->root, *state->version, state->paths[i]);
     }
     for (int g = 0; g < file.metadata->num_row_groups(); ++g) {
       RowGroup rg;
@@ -182,6 +210,7 @@ Table Table::open(const std::string& location, TableOptions options) {
     }
     state->files.push_back(std::move(file));
   }
+  state->digest = digest(*state);
   return Table(std::move(state));
 }
 

@@ -35,6 +35,11 @@ struct TableState {
   std::vector<RowGroup> row_groups;
   int64_t num_rows = 0;
   std::optional<int64_t> version;
+  std::string table_id;  // Delta: metaData.id ("" when the log gives none)
+  // What identifies the rows read, for elastic positions (Reader::position): a 64-bit FNV-1a
+  // in hex over each file's path relative to root and - Delta - its deletion vector's
+  // uniqueId (Delta's files are never rewritten in place) or - Parquet - its size and footer.
+  std::string digest;
   // Delta: partition columns and their Delta type names ("integer", "double", "string", ...).
   std::map<std::string, std::string> partition_types;
   // Delta: top-level columns that are or hold a variant (refused when asked for).

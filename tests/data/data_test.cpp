@@ -356,7 +356,9 @@ TEST(DataReader, ElasticRestartAtAnotherWorldSizeReadsEveryRowExactlyOnce) {
   EXPECT_EQ(sorted(read), want);
   // A position of another table is refused.
   Reader other(Table::open("parquet:" + tables() + "/parquet"), opts(1, 0));
-  EXPECT_NE(error_of([&] { other.restore(position); }).find("was taken on a table of"),
+  EXPECT_NE(error_of([&] {
+              other.restore(position);
+            }).find("it was taken on a Delta table at version " + std::to_string(*t.version())),
             std::string::npos);
   EXPECT_NE(error_of([&] { other.restore("{not json"); }).find("malformed"), std::string::npos);
 }
@@ -902,8 +904,80 @@ TEST(DeltaDeletionVectors, RanksReadEveryRowLeftAndNoDeletedOne) {
   // A position taken before the delete does not restore after it: other rows.
   Reader before(Table::open("delta:" + tables() + "/delta_dv", {.version = 2}), opts(1, 0));
   Reader after(t, opts(1, 0));
-  EXPECT_NE(error_of([&] { after.restore(before.position()); }).find("was taken on a table of"),
+  EXPECT_NE(error_of([&] { after.restore(before.position()); }).find("taken at version 2"),
             std::string::npos);
+}
+
+// A position records the data it counts: at another Delta version with the same row counts (a
+// deletion vector moved from row 3 to row 7, written as delta-rs reads it) it is refused, naming
+// both versions and time travel; at its own version it restores, and at a version that changed
+// no file; one written before dtrain recorded the data is checked by its counts only; renamed
+// Parquet files are refused.
+TEST(DataReader, APositionRestoresOnlyOnTheDataItWasTakenOn) {
+  const std::string dir = tables() + "/delta_dv_moved";
+  const auto want = expected()["delta_dv_moved"];
+  const ReaderOptions opts{.columns = id_column(),
+                           .batch_size = 5,
+                           .num_replicas = 1,
+                           .rank = 0,
+                           .shuffle = false,
+                           .elastic = true};
+  Reader v1(Table::open("delta:" + dir, {.version = 1}), opts);
+  auto first = v1.next()->at("id");
+  std::vector<int64_t> read(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + first.numel());
+  const std::string position = v1.position();
+  EXPECT_EQ(nlohmann::json::parse(position)["table"]["version"], 1);
+
+  Reader v2(Table::open("delta:" + dir), opts);
+  ASSERT_EQ(*v2.table().version(), 2);
+  ASSERT_EQ(v2.table().num_rows(), v1.table().num_rows());  // the counts cannot tell them apart
+  const std::string msg = error_of([&] { v2.restore(position); });
+  for (const std::string& part :
+       {"taken at version 1 of the Delta table " + dir, std::string("differ from version 2"),
+        std::string("Table::open(location, {.version = 1})")})
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  // An append (version 0 to 2: other counts too) names the versions as well.
+  Reader v0(Table::open("delta:" + dir, {.version = 0}), opts);
+  EXPECT_NE(error_of([&] { v2.restore(v0.position()); }).find("taken at version 0"),
+            std::string::npos);
+
+  // At its own version (time travel, the table being at 2 now): the rows version 1 left.
+  Reader again(Table::open("delta:" + dir, {.version = 1}), opts);
+  again.restore(position);
+  auto rest = ids_of(again);
+  read.insert(read.end(), rest.begin(), rest.end());
+  EXPECT_EQ(sorted(read), want["1"].get<std::vector<int64_t>>());
+
+  // A commit that changed only the protocol (delta_v2ck's version 1 adds a reader feature)
+  // leaves the same files: the same data, restored.
+  Reader ck0(Table::open("delta:" + tables() + "/delta_v2ck", {.version = 0}), opts);
+  Reader ck1(Table::open("delta:" + tables() + "/delta_v2ck", {.version = 1}), opts);
+  ck0.next();
+  ck1.restore(ck0.position());
+  EXPECT_EQ(ids_of(ck1).size(), 25u);  // 30 rows, 5 read
+
+  // Written before positions recorded the data: no "table", the counts alone are checked.
+  auto old = nlohmann::json::parse(position);
+  old.erase("table");
+  v2.restore(old.dump());
+  EXPECT_EQ(ids_of(v2).size(), 14u);
+
+  // Parquet: a file renamed (the same counts, other files) is refused; a copy of the
+  // directory elsewhere is the same data.
+  namespace fs = std::filesystem;
+  const fs::path copy = copy_of_parquet_table("position-digest");
+  const ReaderOptions popts{.columns = id_column(), .num_replicas = 1, .rank = 0, .elastic = true};
+  Reader p1(Table::open("parquet:" + tables() + "/parquet"), popts);
+  p1.next();
+  const std::string ppos = p1.position();
+  Reader(Table::open("parquet:" + copy.string()), popts).restore(ppos);
+  fs::rename(copy / "part-00002.parquet", copy / "part-00003.parquet");
+  Reader renamed(Table::open("parquet:" + copy.string()), popts);
+  const std::string pmsg = error_of([&] { renamed.restore(ppos); });
+  EXPECT_NE(pmsg.find("it was taken on 3 Parquet files"), std::string::npos) << pmsg;
+  EXPECT_NE(pmsg.find("a file was added, removed or rewritten since"), std::string::npos) << pmsg;
+  fs::remove_all(copy);
 }
 
 TEST(DeltaDeletionVectors, CachedAndSharedEpochsReadTheSameRows) {

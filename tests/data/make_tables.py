@@ -27,6 +27,8 @@ OUT/delta_dv_part/   partitioned by label (ids 0-89, two commits), DVs on three 
 OUT/delta_dv_bad/    copies of a one-file DV table: missing/ (its DV file removed), truncated/ (its
                      last 10 bytes cut), crc/ (a byte of the bitmap changed), magic/ (a wrong
                      magic number, checksum recomputed), cardinality/ (the log's one too high)
+OUT/delta_dv_moved/  one file of ids 0-19: v1 an inline DV deleting row 3, v2 one deleting row 7
+                     instead (the same row counts at v1 and v2, other rows)
 OUT/delta_v2ck/      the v2Checkpoint reader feature (delta-rs): v0 ids 0-29 (DVs enabled), v1 the
                      feature added, v2 append 30-59, v3 an inline DV on file 0 (ids 0-2), a
                      classic checkpoint in the V2 spec at 3 (delta-rs), v4 append 60-69
@@ -283,6 +285,16 @@ def write_dv_tables(out, expected):
     assert '"cardinality": 3' in text
     open(log1, "w").write(text)
     shutil.rmtree(base)
+
+    # The same row counts at two versions: v1 deletes row 3, v2 deletes row 7 instead (an
+    # elastic position of v1 must not restore at v2).
+    moved = os.path.join(out, "delta_dv_moved")
+    write_deltalake(moved, rows(range(20)), configuration=cfg)
+    (f,) = live_adds(moved)
+    commit_dvs(moved, {f: inline_dv([3])})
+    commit_dvs(moved, {f: inline_dv([7])})
+    expected["delta_dv_moved"] = {str(v): peer_ids(moved, v) for v in range(3)}
+    assert len(expected["delta_dv_moved"]["1"]) == len(expected["delta_dv_moved"]["2"]) == 19
 
     # v2Checkpoint: delta-rs adds the feature and then writes classic-named checkpoints in the
     # V2 spec (a checkpointMetadata action; its add actions in the checkpoint, no sidecars).

@@ -2,7 +2,11 @@
 """Writes the seed corpus of every fuzz target (tests/fuzz/corpus/TARGET/NAME): small valid
 inputs that take each parser down its main paths, so fuzzing starts from what real peers send.
 
-    python3 tests/fuzz/make_seeds.py      (the elastic commit seed needs `import torch`)
+    python3 tests/fuzz/make_seeds.py [--tables DIR]
+      (the elastic commit seed needs `import torch`; the deletion_vector and delta_log seeds
+      are taken from the data tests' tables, which tests/data/make_tables.py writes with
+      delta-rs and pyroaring - DIR, by default build-torch2/tests/data_tables, where the data
+      tests leave them)
 
 The files are committed; run this again only when a format changes.
 """
@@ -197,7 +201,105 @@ def elastic_seed():
     write("elastic_commit", "zero_commit", buf.getvalue())
 
 
+def delta_commits(table):
+    """The table's commits (version order) as lists of actions, without the per-file stats and
+    commitInfo (they are read by nobody here and make the seeds longer than fuzz.sh's
+    -max_len)."""
+    log = os.path.join(table, "_delta_log")
+    commits = []
+    for name in sorted(n for n in os.listdir(log) if n.endswith(".json")):
+        actions = []
+        for line in open(os.path.join(log, name)):
+            a = json.loads(line)
+            if "commitInfo" in a:
+                continue
+            for kind in ("add", "remove"):
+                if kind in a:
+                    a[kind].pop("stats", None)
+                    a[kind].pop("tags", None)
+            actions.append(a)
+        commits.append(actions)
+    return commits
+
+
+def commit_text(actions):
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+
+
+def data_seeds(tables):
+    """delta_log: real tables' logs, version 0 and one later commit at a time (whole logs run
+    past -max_len), those of 4096 bytes at most; deletion_vector: every vector of the DV tables, inline and in its file."""
+    if not os.path.isdir(os.path.join(tables, "delta_dv")):
+        print("make_seeds: no data tables in %s (run the data tests, or give --tables); the "
+              "deletion_vector and delta_log seeds are left as they are" % tables, file=sys.stderr)
+        return
+    for name in ("delta", "delta_part", "delta_mapped", "delta_mapped_id", "delta_dv",
+                 "delta_dv_part", "delta_dv_moved", "delta_v2ck", "delta_variant"):
+        commits = delta_commits(os.path.join(tables, name))
+        for v in range(len(commits)):
+            picked = [commits[0]] if v == 0 else [commits[0], commits[v]]
+            text = "\0".join(commit_text(c) for c in picked)
+            if len(text) <= 4096:  # libFuzzer cuts longer inputs at fuzz.sh's -max_len
+                write("delta_log", "%s_v%d" % (name, v), text)
+        whole = "\0".join(commit_text(c) for c in commits)
+        if len(whole) <= 4096:
+            write("delta_log", "%s_all" % name, whole)
+
+    def descriptor_head(dv, stored):
+        offset = dv.get("offset")
+        return (u8(1 if stored else 0) + u32(dv["sizeInBytes"]) + u32(dv["cardinality"]) +
+                u32(0xFFFFFFFF if offset is None else offset))
+
+    def dv_path(table, dv):
+        if dv["storageType"] == "p":
+            return dv["pathOrInlineDv"].replace("file://", "", 1)
+        text = dv["pathOrInlineDv"]
+        prefix, code = text[:-20], text[-20:]
+        raw = b""
+        Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+        for i in range(0, 20, 5):
+            v = 0
+            for ch in code[i:i + 5]:
+                v = v * 85 + Z85.index(ch)
+            raw += struct.pack(">I", v)
+        import uuid
+        return os.path.join(table, prefix, "deletion_vector_%s.bin" % uuid.UUID(bytes=raw))
+
+    n = 0
+    dirs = [os.path.join(tables, t) for t in ("delta_dv", "delta_dv_part", "delta_dv_moved")]
+    bad = os.path.join(tables, "delta_dv_bad")
+    dirs += [os.path.join(bad, c) for c in ("crc", "magic", "truncated", "cardinality")]
+    for table in dirs:
+        for actions in delta_commits(table):
+            for a in actions:
+                dv = (a.get("add") or {}).get("deletionVector")
+                if not dv:
+                    continue
+                if dv["storageType"] == "i":
+                    data = descriptor_head(dv, False) + dv["pathOrInlineDv"].encode()
+                else:
+                    data = descriptor_head(dv, True) + open(dv_path(table, dv), "rb").read()
+                write("deletion_vector", "%s_%d" % (os.path.basename(table), n), data)
+                n += 1
+    # The tables' vectors are small (array containers): pyroaring's bitset and run containers
+    # too, framed as a DV file (a bitset container is 8 KiB: fuzz.sh lets this target's
+    # inputs be that long).
+    import pyroaring
+    import zlib
+    for name, rows in (("pyroaring_bitset", range(0, 10000, 2)), ("pyroaring_runs", range(70000, 200000))):
+        bitmap = struct.pack("<I", 1681511377) + pyroaring.BitMap64(rows).serialize()
+        framed = b"\x01" + struct.pack(">I", len(bitmap)) + bitmap + struct.pack(">I", zlib.crc32(bitmap))
+        dv = {"sizeInBytes": len(bitmap), "cardinality": len(rows), "offset": 1}
+        write("deletion_vector", name, descriptor_head(dv, True) + framed)
+
+
 if __name__ == "__main__":
+    tables = os.path.join(HERE, "..", "..", "build-torch2", "tests", "data_tables")
+    if len(sys.argv) == 3 and sys.argv[1] == "--tables":
+        tables = sys.argv[2]
+    elif len(sys.argv) != 1:
+        sys.exit("usage: make_seeds.py [--tables DIR]")
+    data_seeds(os.path.abspath(tables))
     store_seeds()
     config_seeds()
     engine_seeds()
