@@ -13,6 +13,9 @@ dtrain_test_once(tune_best_result_test torch2)
 
 dtrain_test(tune_tuner_test LABELS tune SOURCES tune/tuner_test.cpp TORCH)
 add_dependencies(tune_tuner_test dtrain_cli)
+# Names, tags and the refused CheckpointConfig fields against a real Ray search
+# (tests/tune/ray_names_peer.py, one Ray start): driver logic, the same on both builds, so once.
+dtrain_test_once(tune_tuner_test torch2 MATCHING "NamedAsRays")
 # GPUs per trial against Ray 2.60 with GPUs declared (tests/tune/ray_gpus_peer.py, run beside
 # dtrain's searches; ~75 s on the 2-core development VM, 2026-11-30, Ray's side the longer): the
 # assignment is driver logic, the same on both builds, so once.
