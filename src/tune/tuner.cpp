@@ -68,7 +68,7 @@ bool better(double a, double b, const std::string& mode) { return mode == "max" 
 struct TrialRecord {
   Trial trial;
   std::vector<Result> history;
-  std::vector<std::int64_t> history_seq;  // global order of reports, to replay on resume
+  std::vector<std::int64_t> history_seq;  // global order of reports (the stopper, on resume)
   // Reports a restore dropped from the history (they come again after it), with their place
   // in the global order: Ray's metric_analysis, which best_result's scopes read, counts them.
   std::vector<Result> rewound;
@@ -152,18 +152,14 @@ class Context : public SchedulerContext {
     }
     throw InternalError("tune: a scheduler named a trial the Tuner does not have");
   }
-  std::string save_checkpoint(Trial& t) override {
-    return replay ? "replay" : record(t).latest_checkpoint;
-  }
+  std::string save_checkpoint(Trial& t) override { return record(t).latest_checkpoint; }
   void pause_trial(Trial& t) override {
-    if (replay) return;
     TrialRecord& r = record(t);
     if (t.status == TrialStatus::Running) r.pause_requested = true;
     t.status = TrialStatus::Paused;
   }
   void restore_trial(Trial& t, const Config& config, const std::string& checkpoint,
                      const std::string& from) override {
-    if (replay) return;
     TrialRecord& r = record(t);
     TrialRecord* donor = nullptr;
     for (auto& x : trials_) {
@@ -180,7 +176,6 @@ class Context : public SchedulerContext {
                    from.c_str(), checkpoint.c_str(), config.dump().c_str());
     }
   }
-  bool replay = false;  // on resume: rebuild scheduler state, change nothing
   bool verbose = true;
 
  private:
@@ -701,8 +696,13 @@ ResultGrid Tuner::fit() {
   for (auto& r : trials) sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
   for (auto& r : trials) make_trial_dir(*r);
   if (resumed) {
-    // Rebuild the scheduler's state: every saved report, in the order it arrived.
-    ctx.replay = true;
+    // The scheduler starts afresh, as Ray 2.60's Tuner.restore starts it: Ray saves no
+    // scheduler state (TuneController.__getstate__ leaves _scheduler_alg out; the scheduler
+    // comes back from tuner.pkl as it was before the search ran) and only adds every trial
+    // again (on_trial_add, above). So ASHA's rungs hold only what is reported after the resume,
+    // and PBT's quantiles and perturbation times start anew. The stopper sees the saved
+    // results again, in the order they came, so what it counts (iterations, plateaus) goes on
+    // from there; its decisions were taken already.
     std::vector<std::tuple<std::int64_t, TrialRecord*, std::size_t>> events;
     for (auto& r : trials) {
       for (std::size_t i = 0; i < r->history.size(); ++i)
@@ -710,22 +710,6 @@ ResultGrid Tuner::fit() {
     }
     std::sort(events.begin(), events.end(),
               [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-    for (auto& [s, r, i] : events) {
-      const TrialStatus keep = r->trial.status;
-      const Config config = r->trial.config;
-      r->trial.status = TrialStatus::Running;
-      sched.on_trial_result(ctx, r->trial, detail::flatten(r->history[i]));
-      r->trial.status = keep;
-      r->trial.config = config;
-    }
-    for (auto& r : trials) {
-      if (r->trial.status == TrialStatus::Terminated && !r->history.empty()) {
-        sched.on_trial_complete(ctx, r->trial, r->history.back());
-      }
-    }
-    ctx.replay = false;
-    // The stopper sees the saved results again, in the order they came, so what it counts
-    // (iterations, plateaus) goes on from there; its decisions were taken already.
     if (o.stopper) {
       for (auto& [s, r, i] : events) (*o.stopper)(r->trial.id, r->history[i]);
     }

@@ -886,6 +886,65 @@ TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
 // A NaN metric reaches the scheduler as a number, as in Ray: ASHA records it in its rung and
 // its cutoffs skip it (nanpercentile), so the diverged trial is neither stopped by it nor the
 // end of the search; it is never the best; result.json says NaN, as Ray's json.dumps does.
+// score = x * it for it = 1..4, no checkpoints.
+void scaled_trainable(Config config) {
+  const double x = config.at("x").get<double>();
+  for (int it = 1; it <= 4; ++it) report({{"score", x * it}});
+}
+
+// Ends the search (stop_all) once the trial of x = 2 has reported.
+class EndAfterXIsTwo : public Stopper {
+ public:
+  bool operator()(const std::string&, const Result& result) override {
+    if (result.at("config").at("x") == 2) ended_ = true;
+    return false;
+  }
+  bool stop_all() override { return ended_; }
+
+ private:
+  bool ended_ = false;
+};
+
+// A resumed search's scheduler starts afresh, as Ray 2.60's Tuner.restore starts it (Ray saves
+// no scheduler state; the same search in Ray: x = 1 runs 1 iteration uninterrupted and 4 after
+// a restore, docs/tune.md). ASHA (max_t 4, grace 1, rf 2), trials x = 3, 2, 1 one at a time:
+// uninterrupted, x = 2 and x = 1 meet rung 1 holding 3 (then 3 and 2) and stop at their first
+// result. Ended by a stopper after x = 2's result (x = 1 not made yet) and resumed, x = 1 meets
+// empty rungs and runs to max_t; replaying the saved results into ASHA would stop it at 1.
+TEST(TuneTuner, AResumedSearchStartsItsSchedulerAfreshAsRays) {
+  const auto dir = fresh_dir("asha-resume");
+  auto options = [&](const std::string& name, bool resume, std::shared_ptr<Stopper> stopper) {
+    return TuneOptions{.metric = "score",
+                       .mode = "max",
+                       .scheduler = std::make_shared<AshaScheduler>(
+                           AshaOptions{.max_t = 4, .grace_period = 1, .reduction_factor = 2}),
+                       .stopper = std::move(stopper),
+                       .max_concurrent_trials = 1,
+                       .num_cpus = 1,
+                       .storage_path = dir.string(),
+                       .name = name,
+                       .resume = resume,
+                       .verbose = false};
+  };
+  const Config space{{"x", grid_search({3, 2, 1})}};
+  auto iterations = [](const ResultGrid& grid) {
+    std::vector<std::size_t> out;
+    for (const auto& t : grid.trials()) out.push_back(t.history.size());
+    return out;
+  };
+  const ResultGrid whole = Tuner(scaled_trainable, space, options("whole", false, nullptr)).fit();
+  EXPECT_EQ(iterations(whole), (std::vector<std::size_t>{4, 1, 1}));
+  const ResultGrid first =
+      Tuner(scaled_trainable, space, options("parted", false, std::make_shared<EndAfterXIsTwo>()))
+          .fit();
+  EXPECT_EQ(iterations(first), (std::vector<std::size_t>{4, 1}));
+  const ResultGrid resumed = Tuner(scaled_trainable, space, options("parted", true, nullptr)).fit();
+  ASSERT_EQ(resumed.size(), 3u);
+  EXPECT_EQ(iterations(resumed), (std::vector<std::size_t>{4, 1, 4}));
+  for (const auto& t : resumed.trials()) EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id;
+  fs::remove_all(dir);
+}
+
 TEST(TuneTuner, ANaNMetricIsANumberForTheSchedulerAndNeverTheBest) {
   const auto dir = fresh_dir("nan");
   auto asha = std::make_shared<AshaScheduler>(
