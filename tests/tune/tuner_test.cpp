@@ -910,10 +910,12 @@ class EndAfterXIsTwo : public Stopper {
 // a restore, docs/tune.md). ASHA (max_t 4, grace 1, rf 2), trials x = 3, 2, 1 one at a time:
 // uninterrupted, x = 2 and x = 1 meet rung 1 holding 3 (then 3 and 2) and stop at their first
 // result. Ended by a stopper after x = 2's result (x = 1 not made yet) and resumed, x = 1 meets
-// empty rungs and runs to max_t; replaying the saved results into ASHA would stop it at 1.
+// empty rungs and runs to max_t; replaying the saved results into ASHA would stop it at 1. The
+// trials' names (trial_name_creator) survive the resume.
 TEST(TuneTuner, AResumedSearchStartsItsSchedulerAfreshAsRays) {
   const auto dir = fresh_dir("asha-resume");
-  auto options = [&](const std::string& name, bool resume, std::shared_ptr<Stopper> stopper) {
+  auto options = [&](const std::string& name, bool resume, std::shared_ptr<Stopper> stopper,
+                     const std::string& prefix = "") {
     return TuneOptions{.metric = "score",
                        .mode = "max",
                        .scheduler = std::make_shared<AshaScheduler>(
@@ -923,6 +925,8 @@ TEST(TuneTuner, AResumedSearchStartsItsSchedulerAfreshAsRays) {
                        .num_cpus = 1,
                        .storage_path = dir.string(),
                        .name = name,
+                       .trial_name_creator =
+                           [prefix](const Trial& t) { return prefix.empty() ? "" : prefix + t.id; },
                        .resume = resume,
                        .verbose = false};
   };
@@ -934,13 +938,19 @@ TEST(TuneTuner, AResumedSearchStartsItsSchedulerAfreshAsRays) {
   };
   const ResultGrid whole = Tuner(scaled_trainable, space, options("whole", false, nullptr)).fit();
   EXPECT_EQ(iterations(whole), (std::vector<std::size_t>{4, 1, 1}));
-  const ResultGrid first =
-      Tuner(scaled_trainable, space, options("parted", false, std::make_shared<EndAfterXIsTwo>()))
-          .fit();
+  const ResultGrid first = Tuner(scaled_trainable, space,
+                                 options("parted", false, std::make_shared<EndAfterXIsTwo>(), "a/"))
+                               .fit();
   EXPECT_EQ(iterations(first), (std::vector<std::size_t>{4, 1}));
-  const ResultGrid resumed = Tuner(scaled_trainable, space, options("parted", true, nullptr)).fit();
+  const ResultGrid resumed =
+      Tuner(scaled_trainable, space, options("parted", true, nullptr, "b/")).fit();
   ASSERT_EQ(resumed.size(), 3u);
   EXPECT_EQ(iterations(resumed), (std::vector<std::size_t>{4, 1, 4}));
+  // The names trial_name_creator gave are kept in the state (Ray keeps custom_trial_name in its
+  // trials' state); the trial made after the resume is named by the resumed Tuner's creator.
+  EXPECT_EQ(resumed[0].name, "a/" + resumed[0].id);
+  EXPECT_EQ(resumed[1].name, "a/" + resumed[1].id);
+  EXPECT_EQ(resumed[2].name, "b/" + resumed[2].id);
   for (const auto& t : resumed.trials()) EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id;
   fs::remove_all(dir);
 }
