@@ -13,8 +13,9 @@ dtrain_test_once(tune_best_result_test torch2)
 
 dtrain_test(tune_tuner_test LABELS tune SOURCES tune/tuner_test.cpp TORCH)
 add_dependencies(tune_tuner_test dtrain_cli)
-# The comparisons with searches run by real Ray (~70 s, most of it Ray's side) check the driver's
-# logic, the same on both builds: once. The rest run on both.
+# The comparisons with searches run by real Ray (~70 s, most of it Ray's side: names, tags, the
+# refused CheckpointConfig fields, stoppers, checkpoints kept) check the driver's logic, the same
+# on both builds: once. The rest run on both.
 dtrain_test_once(tune_tuner_test torch2 MATCHING "Ray")
 # GPUs per trial against Ray 2.60 with GPUs declared (tests/tune/ray_gpus_peer.py, run beside
 # dtrain's searches; ~75 s on the 2-core development VM, 2026-11-30, Ray's side the longer): the

@@ -145,10 +145,19 @@ struct TrialResources {
 // as the trial reports (Ray 2.60's _CheckpointManager, to its tie and NaN rules: a NaN scores
 // below every number, a result without the attribute counts as the most recent). A checkpoint
 // a PBT exploit is about to restore from is deleted only once no trial waits to start from it.
+//
+// checkpoint_frequency and checkpoint_at_end are Ray's too, and Ray 2.60 refuses them for a
+// function trainable (a ValueError from Tuner.fit: a function checkpoints by reporting one, every
+// so many iterations or at its end, itself). Every dtrain trainable is a function, so the
+// Tuner's constructor throws UsageError when checkpoint_frequency is not 0 (negative: Ray's
+// CheckpointConfig refuses that too) or checkpoint_at_end is true; their defaults (0, false)
+// are what Ray takes for a function.
 struct CheckpointConfig {
   int num_to_keep = 0;                     // 0: keep all (Ray's None)
   std::string checkpoint_score_attribute;  // a key of the results ("a/b" nested); "": recency
   std::string checkpoint_score_order = "max";
+  int checkpoint_frequency = 0;    // must stay 0: report a checkpoint every N iterations instead
+  bool checkpoint_at_end = false;  // must stay false: report a checkpoint with the last result
 };
 
 struct TuneOptions {
@@ -221,6 +230,17 @@ struct TuneOptions {
   // "<trainable>_<id>_<tag>_<date>" (docs/tune.md, "Names"). The name must be non-empty and
   // hold no "/" (fit() throws UsageError otherwise, as Ray's ValueError).
   std::function<std::string(const Trial&)> trial_dirname_creator;
+  // Ray's TuneConfig(trial_name_creator=...): the trial's name (Ray's str(trial)), from the trial
+  // (its id, config and experiment tag), called once when the trial is made, before
+  // trial_dirname_creator, and kept in tuner_state.json (a resumed search does not ask again).
+  // The name is used wherever Ray uses str(trial): the start of the trial's default directory
+  // name ("<name>_<tag>_<date>"), its MLflow run's name and "trial_name" tag,
+  // TrialResult::name and the verbose lines. "" returned: Ray's own name,
+  // "<trainable>[_<env>]_<id>", as Ray falls back on an empty (falsy) name; a name is used as
+  // given (a "/" stays in the run name and becomes "_" in the directory, as in Ray). Empty
+  // (default): Ray's own name. A creator that throws ends fit() with UsageError naming the trial
+  // (Ray's fit() raises the creator's exception).
+  std::function<std::string(const Trial&)> trial_name_creator;
   CheckpointConfig checkpoint_config;
   bool resume = false;     // continue the search saved there instead of starting anew
   std::uint64_t seed = 0;  // variants and the schedulers' random choices
@@ -243,9 +263,14 @@ struct TuneOptions {
 // One trial as fit() ended it.
 struct TrialResult {
   std::string id;
+  std::string name;  // Ray's str(trial): TuneOptions::trial_name_creator's, or Ray's own
   Config config;
   TrialStatus status = TrialStatus::Pending;
-  Result last_result;           // empty if it never reported
+  // Empty if it never reported. Ray's Result.metrics: the last report, with "experiment_tag"
+  // (the trial's tag as the search ended: PBT's "<tag>@perturbed[...]" after an exploit) added
+  // after its keys, as Ray's Trial.update_last_result adds it (result.json and `history` have no
+  // such key, as Ray's result.json has none).
+  Result last_result;
   Result best_result;           // the best report by metric/mode
   std::vector<Result> history;  // every report, in order (a restore replaces what it repeats)
   // Every result the driver took, in order: the history and, where a restore from an earlier

@@ -57,6 +57,26 @@ void check_checkpoint_config(const CheckpointConfig& c) {
         "\"min\", got \"" +
         c.checkpoint_score_order + "\"");
   }
+  // Ray 2.60 raises ValueError for both with a function trainable (Experiment.__init__), and
+  // CheckpointConfig itself refuses a negative frequency.
+  if (c.checkpoint_frequency < 0) {
+    throw UsageError("tune::Tuner: checkpoint_config.checkpoint_frequency must be >= 0, got " +
+                     std::to_string(c.checkpoint_frequency));
+  }
+  if (c.checkpoint_frequency != 0) {
+    throw UsageError(
+        "tune::Tuner: checkpoint_config.checkpoint_frequency cannot be set for a function "
+        "trainable (got " +
+        std::to_string(c.checkpoint_frequency) +
+        ", as Ray Tune refuses it); report a checkpoint every that many iterations with "
+        "tune::report(metrics, dir) in the trainable and leave it 0");
+  }
+  if (c.checkpoint_at_end) {
+    throw UsageError(
+        "tune::Tuner: checkpoint_config.checkpoint_at_end cannot be used with a function "
+        "trainable (as Ray Tune refuses it); report a checkpoint with the trainable's last "
+        "tune::report(metrics, dir) and leave it false");
+  }
 }
 
 std::pair<bool, double> CheckpointKeeper::score(const Result& metrics) const {

@@ -49,8 +49,9 @@ class CheckpointKeeper {
   std::string latest_;
 };
 
-// Checks a CheckpointConfig as Ray's CheckpointConfig and _CheckpointManager check theirs;
-// UsageError naming the field.
+// Checks a CheckpointConfig as Ray's CheckpointConfig and _CheckpointManager check theirs, and
+// refuses checkpoint_frequency / checkpoint_at_end as Ray refuses them for a function
+// trainable; UsageError naming the field.
 void check_checkpoint_config(const CheckpointConfig& config);
 
 // Ray's Result.get_best_checkpoint(metric, mode) over `best_checkpoints`.

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dtrain/error.h"
+#include "tune/trial_names.h"
 
 namespace dtrain::tune {
 
@@ -415,13 +416,8 @@ void PbtScheduler::exploit(SchedulerContext& ctx, Trial& trial, Trial& clone) {
   State& ts = state(trial);
   State& cs = state(clone);
   Config new_config = explore(clone.config, o_.hyperparam_mutations);
-  std::string tag = ts.orig_tag + "@perturbed[";
-  bool first = true;
-  for (auto it = o_.hyperparam_mutations.begin(); it != o_.hyperparam_mutations.end(); ++it) {
-    tag += (first ? "" : ",") + it.key() + "=" + new_config.at(it.key()).dump();
-    first = false;
-  }
-  tag += "]";
+  // Ray's _make_experiment_tag: the mutated keys' new values as format_vars writes them.
+  std::string tag = detail::perturbed_tag(ts.orig_tag, new_config, o_.hyperparam_mutations);
   if (trial.status != TrialStatus::Paused) ctx.pause_trial(trial);
   trial.experiment_tag = tag;
   ctx.restore_trial(trial, new_config, cs.last_checkpoint, clone.id);

@@ -2,8 +2,9 @@
 // json module writes and reads it, which is how Ray Tune 2.60 saves its experiment state
 // (TuneController.save_to_dir: json.dump, allow_nan left on). A NaN or infinite metric is
 // written as the bare token NaN, Infinity or -Infinity (strict JSON has none; nlohmann would
-// write null) and read back as that number, so a resumed search replays a diverged trial's NaN
-// as the NaN it reported, not as a missing value, as Ray's Tuner.restore does.
+// write null) and read back as that number, so a resumed search has a diverged trial's NaN (in
+// its history, best_result's scores, what the stopper is shown again) as the NaN it reported,
+// not as a missing value, as Ray's Tuner.restore has it.
 //
 //     std::string text = dump_state_json(state);            // one-space indent, as before
 //     Config again = parse_state_json(text, path.string());  // NaN stays NaN

@@ -206,11 +206,23 @@ std::string trial_name(const std::string& trainable, const std::string& id, cons
   return identifier;
 }
 
-std::string trial_dirname(const std::string& trainable, const std::string& id,
-                          const std::string& tag, const Config& config, const std::string& date,
+std::string perturbed_tag(const std::string& orig_tag, const Config& config,
+                          const Config& mutations) {
+  // Ray's format_vars over {("config", k): config[k]}: sorted by k (Python compares str by code
+  // point, as std::string's bytes compare UTF-8), each key and value cleaned.
+  std::vector<std::string> keys;
+  for (auto it = mutations.begin(); it != mutations.end(); ++it) keys.push_back(it.key());
+  std::sort(keys.begin(), keys.end());
+  std::string vars;
+  for (const std::string& k : keys) {
+    vars += (vars.empty() ? "" : ",") + clean_value(Config(k)) + "=" + clean_value(config.at(k));
+  }
+  return orig_tag + "@perturbed[" + vars + "]";
+}
+
+std::string trial_dirname(const std::string& name, const std::string& tag, const std::string& date,
                           std::size_t max_len) {
-  return sanitize_dirname(
-      first_code_points(trial_name(trainable, id, config) + "_" + tag, max_len) + "_" + date);
+  return sanitize_dirname(first_code_points(name + "_" + tag, max_len) + "_" + date);
 }
 
 std::string unique_dirname(const fs::path& root, const std::string& name) {

@@ -9,17 +9,22 @@
 //                    "<last key>=<value>", a float as "%.4f", anything else as Python's str()
 //                    with every run of characters outside [a-zA-Z0-9_-] made one "_" and "_"
 //                    stripped at both ends (variant_generator.py's format_vars, _clean_value).
-//   trial directory  "<trainable>[_<env>]_<id>_<tag>" cut to TUNE_MAX_LEN_IDENTIFIER (default
-//                    130) characters, then "_<date>" (%Y-%m-%d_%H-%M-%S, local time), every
-//                    character of /()<>:"\|?* made "_" (Trial._generate_dirname; "<env>" is
+//   trial name       Ray's str(trial): "<trainable>[_<env>]_<id>" ("<env>" is
 //                    str(config["env"]) when the config has that key, as Ray's
-//                    _trainable_name); "_" and 4 random hex characters appended when that
-//                    directory exists already (_create_unique_logdir_name).
+//                    _trainable_name), or what TuneOptions::trial_name_creator returned.
+//   perturbed tag    PBT's exploit: "<original tag>@perturbed[<format_vars of the mutated
+//                    keys' new values>]" (pbt.py's _make_experiment_tag).
+//   trial directory  "<name>_<tag>" cut to TUNE_MAX_LEN_IDENTIFIER (default 130) characters,
+//                    then "_<date>" (%Y-%m-%d_%H-%M-%S, local time), every character of
+//                    /()<>:"\|?* made "_" (Trial._generate_dirname); "_" and 4 random hex
+//                    characters appended when that directory exists already
+//                    (_create_unique_logdir_name).
 //   checkpoints      checkpoint_000000, checkpoint_000001, ... (StorageContext; session.cpp).
 //
 //     std::string id = trial_id(experiment_id, 3);                   // "4554a_00003"
 //     std::string tag = experiment_tag(3, space, config);             // "3_lr=0.0100,width=64"
-//     std::string dir = trial_dirname("train_fn", id, tag, config, date_str());
+//     std::string name = trial_name("train_fn", id, config);         // "train_fn_4554a_00003"
+//     std::string dir = trial_dirname(name, tag, date_str(), 130);
 //
 // Thread-safe; pure functions but for new_experiment_id, unique_dirname and date_str.
 #pragma once
@@ -50,10 +55,16 @@ std::string experiment_tag(std::size_t index, const Config& space, const Config&
 // the trial's MLflow run so (MLflowLoggerCallback's run_name and "trial_name" tag).
 std::string trial_name(const std::string& trainable, const std::string& id, const Config& config);
 
-// Ray's Trial._generate_dirname without a trial_dirname_creator. `max_len`: the identifier's
-// length in characters (Unicode code points, as Python slices a str).
-std::string trial_dirname(const std::string& trainable, const std::string& id,
-                          const std::string& tag, const Config& config, const std::string& date,
+// Ray's _make_experiment_tag: `orig_tag` + "@perturbed[" + format_vars of config[k] for every
+// top-level key k of `mutations` + "]" (sorted by key, each "<k>=<value>" as format_vars
+// writes it). REQUIRES: `config` holds every key of `mutations`.
+std::string perturbed_tag(const std::string& orig_tag, const Config& config,
+                          const Config& mutations);
+
+// Ray's Trial._generate_dirname without a trial_dirname_creator, for a trial named `name` (its
+// str(trial)). `max_len`: the identifier's length in characters (Unicode code points, as
+// Python slices a str).
+std::string trial_dirname(const std::string& name, const std::string& tag, const std::string& date,
                           std::size_t max_len);
 
 // The characters Ray replaces in every trial directory name (/()<>:"\|?*) made "_".

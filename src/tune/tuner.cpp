@@ -68,7 +68,7 @@ bool better(double a, double b, const std::string& mode) { return mode == "max" 
 struct TrialRecord {
   Trial trial;
   std::vector<Result> history;
-  std::vector<std::int64_t> history_seq;  // global order of reports, to replay on resume
+  std::vector<std::int64_t> history_seq;  // global order of reports (the stopper, on resume)
   // Reports a restore dropped from the history (they come again after it), with their place
   // in the global order: Ray's metric_analysis, which best_result's scopes read, counts them.
   std::vector<Result> rewound;
@@ -83,6 +83,7 @@ struct TrialRecord {
   int runs = 0;
   std::string error;
   std::string dir;
+  std::string name;  // Ray's str(trial): trial_name_creator's or Ray's own; set when it is made
   std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
   std::map<std::string, double> checkpoint_times;             // checkpoint dir -> time_total_s
   std::string mlflow_run_id;        // its MLflow child run, "" when not logged
@@ -151,18 +152,14 @@ class Context : public SchedulerContext {
     }
     throw InternalError("tune: a scheduler named a trial the Tuner does not have");
   }
-  std::string save_checkpoint(Trial& t) override {
-    return replay ? "replay" : record(t).latest_checkpoint;
-  }
+  std::string save_checkpoint(Trial& t) override { return record(t).latest_checkpoint; }
   void pause_trial(Trial& t) override {
-    if (replay) return;
     TrialRecord& r = record(t);
     if (t.status == TrialStatus::Running) r.pause_requested = true;
     t.status = TrialStatus::Paused;
   }
   void restore_trial(Trial& t, const Config& config, const std::string& checkpoint,
                      const std::string& from) override {
-    if (replay) return;
     TrialRecord& r = record(t);
     TrialRecord* donor = nullptr;
     for (auto& x : trials_) {
@@ -179,7 +176,6 @@ class Context : public SchedulerContext {
                    from.c_str(), checkpoint.c_str(), config.dump().c_str());
     }
   }
-  bool replay = false;  // on resume: rebuild scheduler state, change nothing
   bool verbose = true;
 
  private:
@@ -591,6 +587,7 @@ ResultGrid Tuner::fit() {
       r->runs = s.value("runs", 0);
       r->error = s.value("error", "");
       r->dir = s.at("dir");
+      r->name = s.value("name", "");  // a state saved before names: named again when made
       r->mlflow_run_id = s.value("mlflow_run_id", "");
       r->keeper = detail::CheckpointKeeper(o.checkpoint_config);
       r->keeper.from_json(s.value("checkpoints", Config::object()));
@@ -639,10 +636,23 @@ ResultGrid Tuner::fit() {
       uncreated.push_back(std::move(r));  // its directory is named when it is made
     }
   }
-  // A trial's directory, named when the trial is made (Ray's date is then too): Ray's name or
-  // trial_dirname_creator's, made unique. UsageError: the creator threw, or its name is empty or
-  // has "/"; TUNE_MAX_LEN_IDENTIFIER is not an integer >= 1.
+  // A trial's name and directory, given when the trial is made (Ray's date is then too), in
+  // Ray's order: the name (trial_name_creator's; Ray's own when there is none or it returned
+  // ""), then the directory (Ray's name, which starts with the trial's name, or
+  // trial_dirname_creator's), made unique. UsageError: a creator threw, the directory name is
+  // empty or has "/"; TUNE_MAX_LEN_IDENTIFIER is not an integer >= 1.
   auto make_trial_dir = [&](TrialRecord& r) {
+    if (r.name.empty()) {
+      if (o.trial_name_creator) {
+        try {
+          r.name = o.trial_name_creator(r.trial);
+        } catch (const std::exception& e) {
+          throw UsageError("tune: TuneOptions::trial_name_creator failed for trial " + r.trial.id +
+                           ": " + e.what());
+        }
+      }
+      if (r.name.empty()) r.name = detail::trial_name(trainable_name_, r.trial.id, r.trial.config);
+    }
     if (r.dir.empty()) {
       std::string name;
       if (o.trial_dirname_creator) {
@@ -660,8 +670,7 @@ ResultGrid Tuner::fit() {
         name = detail::sanitize_dirname(name);
       } else {
         const auto max_len = param::Int{"TUNE_MAX_LEN_IDENTIFIER", 130, 1}.get();
-        name = detail::trial_dirname(trainable_name_, r.trial.id, r.trial.experiment_tag,
-                                     r.trial.config, detail::date_str(),
+        name = detail::trial_dirname(r.name, r.trial.experiment_tag, detail::date_str(),
                                      static_cast<std::size_t>(max_len));
       }
       r.dir = (exp_dir / detail::unique_dirname(exp_dir, name)).string();
@@ -687,8 +696,13 @@ ResultGrid Tuner::fit() {
   for (auto& r : trials) sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
   for (auto& r : trials) make_trial_dir(*r);
   if (resumed) {
-    // Rebuild the scheduler's state: every saved report, in the order it arrived.
-    ctx.replay = true;
+    // The scheduler starts afresh, as Ray 2.60's Tuner.restore starts it: Ray saves no
+    // scheduler state (TuneController.__getstate__ leaves _scheduler_alg out; the scheduler
+    // comes back from tuner.pkl as it was before the search ran) and only adds every trial
+    // again (on_trial_add, above). So ASHA's rungs hold only what is reported after the resume,
+    // and PBT's quantiles and perturbation times start anew. The stopper sees the saved
+    // results again, in the order they came, so what it counts (iterations, plateaus) goes on
+    // from there; its decisions were taken already.
     std::vector<std::tuple<std::int64_t, TrialRecord*, std::size_t>> events;
     for (auto& r : trials) {
       for (std::size_t i = 0; i < r->history.size(); ++i)
@@ -696,22 +710,6 @@ ResultGrid Tuner::fit() {
     }
     std::sort(events.begin(), events.end(),
               [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-    for (auto& [s, r, i] : events) {
-      const TrialStatus keep = r->trial.status;
-      const Config config = r->trial.config;
-      r->trial.status = TrialStatus::Running;
-      sched.on_trial_result(ctx, r->trial, detail::flatten(r->history[i]));
-      r->trial.status = keep;
-      r->trial.config = config;
-    }
-    for (auto& r : trials) {
-      if (r->trial.status == TrialStatus::Terminated && !r->history.empty()) {
-        sched.on_trial_complete(ctx, r->trial, r->history.back());
-      }
-    }
-    ctx.replay = false;
-    // The stopper sees the saved results again, in the order they came, so what it counts
-    // (iterations, plateaus) goes on from there; its decisions were taken already.
     if (o.stopper) {
       for (auto& [s, r, i] : events) (*o.stopper)(r->trial.id, r->history[i]);
     }
@@ -753,6 +751,7 @@ ResultGrid Tuner::fit() {
                       {"runs", r->runs},
                       {"error", r->error},
                       {"dir", r->dir},
+                      {"name", r->name},
                       {"mlflow_run_id", r->mlflow_run_id},
                       {"checkpoint_iterations", cp},
                       {"checkpoint_times", times},
@@ -887,13 +886,12 @@ ResultGrid Tuner::fit() {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
       // its Distributor) open no runs of their own.
       d.env["MLFLOW_TRACKING_URI"] = "";
-      r.mlflow_run_id = mlflow.trial_started(
-          r.trial.id, detail::trial_name(trainable_name_, r.trial.id, r.trial.config),
-          r.trial.config, r.mlflow_run_id, r.runs == 1);
+      r.mlflow_run_id =
+          mlflow.trial_started(r.trial.id, r.name, r.trial.config, r.mlflow_run_id, r.runs == 1);
     }
     if (o.verbose) {
       std::fprintf(
-          stderr, "tune: %s starts (run %d%s%s) %s\n", r.trial.id.c_str(), r.runs,
+          stderr, "tune: %s starts (run %d%s%s) %s\n", r.name.c_str(), r.runs,
           r.restore_checkpoint.empty() ? "" : (", from " + r.restore_checkpoint).c_str(),
           r.gpus.empty() ? "" : (", CUDA_VISIBLE_DEVICES=" + d.env["CUDA_VISIBLE_DEVICES"]).c_str(),
           r.trial.config.dump().c_str());
@@ -1206,7 +1204,7 @@ ResultGrid Tuner::fit() {
       std::string m;
       if (!o.metric.empty() && last.contains(o.metric))
         m = ", " + o.metric + "=" + last.at(o.metric).dump();
-      std::fprintf(stderr, "tune: %s %s after %zu report(s)%s%s\n", r.trial.id.c_str(), how,
+      std::fprintf(stderr, "tune: %s %s after %zu report(s)%s%s\n", r.name.c_str(), how,
                    r.history.size(), m.c_str(),
                    r.failure.empty() || r.stop_requested || r.pause_requested ||
                            r.stopped_by_worker_exception || r.search_stopped
@@ -1289,11 +1287,16 @@ ResultGrid Tuner::fit() {
   for (auto& r : trials) {
     TrialResult t;
     t.id = r->trial.id;
+    t.name = r->name;
     t.config = r->trial.config;
     t.status = r->trial.status;
     t.history = r->history;
     t.reports = all_reports(*r);
     t.last_result = r->history.empty() ? Result::object() : r->history.back();
+    // Ray's Trial.update_last_result adds the trial's tag to its last result (not to what
+    // result.json logged); PBT's exploit changes the tag.
+    if (!t.last_result.empty() && !r->trial.experiment_tag.empty())
+      t.last_result["experiment_tag"] = r->trial.experiment_tag;
     t.best_result = Result::object();
     double best = 0;
     for (const auto& h : r->history) {

@@ -60,6 +60,11 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
        .max_concurrent_trials = 2,
        .storage_path = (dir / "search").string(),
        .name = "mlflow_search",
+       // Ray's trial_name_creator: x = 3 named "x3/<id>"; "" (the others) keeps Ray's name.
+       .trial_name_creator =
+           [](const dtrain::tune::Trial& t) {
+             return t.config.at("x") == 3.0 ? "x3/" + t.id : std::string();
+           },
        .verbose = false});
   ResultGrid grid = tuner.fit();
   std::cerr << "search done after " << since() << " s\n";
@@ -88,10 +93,13 @@ TEST(TuneMlflow, EveryTrialIsAChildRunOfTheSearchWithConfigParamsAndMetricHistor
     const nlohmann::json run = children[t.id];
     EXPECT_EQ(run["parent"], parent["run_id"]) << t.id;
     // Named as Ray's MLflowLoggerCallback names it: str(trial), "<trainable>_<trial id>" (the
-    // trainable without with_name is "train_fn"), also as the "trial_name" tag.
-    EXPECT_EQ(run["tags"]["mlflow.runName"], "train_fn_" + t.id);
-    EXPECT_EQ(run["tags"]["trial_name"], "train_fn_" + t.id);
+    // trainable without with_name is "train_fn") or trial_name_creator's name as it returned
+    // it, also as the "trial_name" tag.
     const double x = t.config.at("x").get<double>();
+    const std::string name = x == 3.0 ? "x3/" + t.id : "train_fn_" + t.id;
+    EXPECT_EQ(t.name, name);
+    EXPECT_EQ(run["tags"]["mlflow.runName"], name);
+    EXPECT_EQ(run["tags"]["trial_name"], name);
     // The config as params, nested keys joined by "/".
     EXPECT_EQ(run["params"]["x"], t.config.at("x").dump());
     EXPECT_EQ(run["params"]["model/width"], "8");

@@ -6,11 +6,9 @@
 // The search (tests/tune/nan_resume_program.cpp): x in [1, 2, 3] one trial at a time, ASHA
 // (max_t 4, grace 1, rf 2: rungs at 4, 2, 1), curves x=1: 10, NaN, 1, 1; x=2: 10, 1, 1, inf;
 // x=3: NaN, 5, 5, 5. The driver is SIGKILLed while x=3 runs its second iteration, after its
-// NaN at the first; the resumed driver replays the saved results into ASHA and runs x=3 on
-// from its checkpoint. Where the NaNs come back as NaN:
-//  - ASHA: x=3's NaN is recorded at rung 1, so its third result (5) meets no rung and it runs to
-//    max_t (4 results). Replayed as a missing value it would not be recorded, and that third
-//    result would be checked against rung 1's cutoff (10) and stopped (3 results).
+// NaN at the first; the resumed driver starts ASHA afresh, as Ray's Tuner.restore does (no
+// scheduler state is saved: x=3 meets empty rungs and runs to max_t, as it does uninterrupted),
+// and runs x=3 on from its checkpoint. Where the NaNs come back as NaN:
 //  - best trial, scope "all": Ray's running max of x=1 is max(NaN, 10) = NaN, then 1: so x=3 (5)
 //    is the best; with the NaN lost x=1's max would be 10. Scope "last": x=2's inf is never the
 //    best (Ray's filter_nan_and_inf), so x=3 again.

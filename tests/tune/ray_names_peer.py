@@ -9,10 +9,16 @@ space below (grid and random values, nested keys, a float, strings with characte
 a constant "env", which Ray puts into the trial's name, and a string long enough that Ray
 truncates the name) and num_samples=2: 4 trials. The trainable (named tree_trainable, as the
 test names dtrain's) reports 2 results, each with a checkpoint directory holding one file
-"state". Writes {"tree": every path under the experiment directory (relative, a directory
+"state". A trial_name_creator names the trials of width 32 "w32/<trial id>" and returns "" for
+the others (Ray's own name then); checkpoint_at_end=False is set (what Ray takes for a function
+trainable). Writes {"tree": every path under the experiment directory (relative, a directory
 with a trailing "/"), sorted; "trials": [{"trial_id", "dir": the trial directory's name,
-"config"}] in the order of the trials' ids; "format_vars": Ray's format_vars of each of
-CASES.json's "format_vars" cases, a list of [path, value] (the resolved variables)}.
+"config", "name": str(trial) when it started, "metrics_keys": Result.metrics' keys in order,
+"experiment_tag": Result.metrics["experiment_tag"]}] in the order of the trials' ids;
+"format_vars": Ray's format_vars of each of CASES.json's "format_vars" cases, a list of
+[path, value] (the resolved variables); "refused": for CheckpointConfig(checkpoint_frequency=2)
+and CheckpointConfig(checkpoint_at_end=True) on the same function trainable, the type of what
+Tuner.fit raised ("" if nothing)}.
 """
 import json
 import os
@@ -50,6 +56,19 @@ def tree_trainable(config):
         shutil.rmtree(d)  # Ray copied it into the trial's directory
 
 
+def name_creator(trial):
+    # str(trial) here is still Ray's own name; "" falls back to it.
+    return f"w32/{trial.trial_id}" if trial.config["model"]["width"] == 32 else ""
+
+
+class Names(tune.Callback):
+    def __init__(self):
+        self.names = {}
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.names[trial.trial_id] = str(trial)
+
+
 def main():
     with open(sys.argv[1]) as f:
         cases = json.load(f)
@@ -57,11 +76,14 @@ def main():
                            for case in cases["format_vars"]]}
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as d:
+        names = Names()
         grid = tune.Tuner(
             tree_trainable,
             param_space=space(),
-            tune_config=tune.TuneConfig(num_samples=2),
-            run_config=tune.RunConfig(storage_path=d, name="names", verbose=0),
+            tune_config=tune.TuneConfig(num_samples=2, trial_name_creator=name_creator),
+            run_config=tune.RunConfig(
+                storage_path=d, name="names", verbose=0, callbacks=[names],
+                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False)),
         ).fit()
         root = os.path.join(d, "names")
         tree = []
@@ -76,8 +98,21 @@ def main():
         for result in grid:
             trials.append({"trial_id": result.metrics["trial_id"],
                            "dir": os.path.basename(result.path.rstrip("/")),
-                           "config": result.config})
+                           "config": result.config,
+                           "name": names.names[result.metrics["trial_id"]],
+                           "metrics_keys": list(result.metrics.keys()),
+                           "experiment_tag": result.metrics["experiment_tag"]})
         out["trials"] = sorted(trials, key=lambda t: t["trial_id"])
+        out["refused"] = {}
+        for key, value in (("checkpoint_frequency", 2), ("checkpoint_at_end", True)):
+            try:
+                tune.Tuner(tree_trainable, param_space={"model": {"width": 16}},
+                           run_config=tune.RunConfig(
+                               storage_path=d, name="refused_" + key, verbose=0,
+                               checkpoint_config=tune.CheckpointConfig(**{key: value}))).fit()
+                out["refused"][key] = ""
+            except Exception as e:  # noqa: BLE001 - the type is what is compared
+                out["refused"][key] = type(e).__name__
     with open(sys.argv[2], "w") as f:
         json.dump(out, f, indent=1)
 

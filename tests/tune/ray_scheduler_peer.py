@@ -21,7 +21,8 @@ The simulated controller (identical on both sides):
     next event;
   - a "complete" event: on_trial_complete(result), TERMINATED;
   - events of a finished trial are skipped (recorded as "SKIPPED");
-  - saving a checkpoint returns the token "ckpt:<trial id>:<training_iteration>".
+  - saving a checkpoint returns the token "ckpt:<trial id>:<training_iteration>";
+  - a trial's experiment tag starts as its id and is recorded after every event.
 """
 import itertools
 import json
@@ -439,6 +440,7 @@ def run_case(case):
                 rec["restored"] = after.checkpoint
         rec["status"] = t.status
         rec["config"] = t.config
+        rec["tag"] = t.experiment_tag  # PBT's exploit: "<tag>@perturbed[...]"
         out.append(rec)
     return {"events": out, "draws_used": DRAWS.used}
 

@@ -145,6 +145,7 @@ Config run_case(const Config& c) {
     }
     rec["status"] = to_string(t->status);
     rec["config"] = t->config;
+    rec["tag"] = t->experiment_tag;  // PBT's exploit: "<tag>@perturbed[...]", as Ray's
     events.push_back(rec);
   }
   return Config{{"events", events}, {"draws_used", random->used()}};
@@ -618,7 +619,7 @@ TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
   std::ifstream in(dir / "ray.json");
   const Config ray = Config::parse(in);
   ASSERT_EQ(ray.size(), cases.size());
-  int stops = 0, exploits = 0, pauses = 0;
+  int stops = 0, exploits = 0, pauses = 0, perturbed_tags = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].at("name").get<std::string>());
     if (cases[i].contains("samples")) {
@@ -649,12 +650,15 @@ TEST(TuneParity, SchedulersAndVariantsMatchRayTune) {
         stops += e.at("decision") == "STOP";
         pauses += e.at("decision") == "PAUSE";
         exploits += e.contains("restored");
+        perturbed_tags += e.contains("tag") &&
+                          e.at("tag").get<std::string>().find("@perturbed[") != std::string::npos;
       }
     }
   }
   // The cases must exercise what they claim to compare.
   EXPECT_GT(stops, 10);
   EXPECT_GT(exploits, 5);
+  EXPECT_GT(perturbed_tags, 5);
   EXPECT_GT(pauses, 0);
   std::printf("parity: %zu cases, %d STOP, %d PAUSE, %d exploits, all equal to Ray Tune %s\n",
               cases.size(), stops, pauses, exploits, "2.60.0");

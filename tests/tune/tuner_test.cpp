@@ -533,14 +533,18 @@ std::vector<std::string> tree_of(const fs::path& root) {
 // The same search in Ray 2.60 (tests/tune/ray_names_peer.py, a local Ray of 1 CPU, run while
 // dtrain's runs) and in dtrain: grid and random values, nested keys, a float, strings with
 // characters Ray cleans, a constant "env" (Ray puts it in the name) and a long string Ray cuts,
-// num_samples = 2. The trial ids (form and order), the trial directories' names (the random hex,
-// the date and the two random values masked, each checked first against its own trial's config)
-// and what is in them, checkpoints included, must be the same. Left out of the comparison: what
-// only Ray writes (params.pkl, TensorBoard's events.out.tfevents.*, its experiment state:
-// experiment_state-*.json, basic-variant-state-*.json, tuner.pkl, .validate_storage_marker) and
-// what only dtrain writes (tuner_state.json, results.csv, a trial's logs/). Ray's format_vars
-// is also asked directly about values the search does not hold (booleans, None, lists, dicts,
-// NaN, list indices in the path, non-ASCII text).
+// num_samples = 2, a trial_name_creator that names the trials of width 32 "w32/<id>" and returns
+// "" for the others (Ray's own name then), checkpoint_at_end = false. The trial ids (form and
+// order), the trial names (Ray's str(trial)), the trial directories' names (the random hex, the
+// date and the two random values masked, each checked first against its own trial's config; a
+// custom name starts its directory's), the keys of the last result (Ray's Result.metrics, with
+// experiment_tag) and its tag, and what is in the directories, checkpoints included, must be the
+// same. checkpoint_frequency and checkpoint_at_end = true are refused on both sides. Left out of
+// the comparison: what only Ray writes (params.pkl, TensorBoard's events.out.tfevents.*, its
+// experiment state: experiment_state-*.json, basic-variant-state-*.json, tuner.pkl,
+// .validate_storage_marker) and what only dtrain writes (tuner_state.json, results.csv, a trial's
+// logs/). Ray's format_vars is also asked directly about values the search does not hold (booleans,
+// None, lists, dicts, NaN, list indices in the path, non-ASCII text).
 TEST(TuneTuner, TrialIdsDirectoriesAndCheckpointsAreNamedAsRays) {
   const auto dir = fresh_dir("names");
   // Ray's format_vars on [path, value] lists; dtrain's on a space with a grid at each path.
@@ -577,9 +581,16 @@ TEST(TuneTuner, TrialIdsDirectoriesAndCheckpointsAreNamedAsRays) {
                         {"kind", choice({"mlp"})},
                         {"text", grid_search({text})}};
   const fs::path storage = dir / "dtrain";
-  Tuner tuner(
-      with_name(tree_trainable, "tree_trainable"), space,
-      {.num_samples = 2, .storage_path = storage.string(), .name = "names", .verbose = false});
+  auto name_creator = [](const Trial& t) {
+    return t.config.at("model").at("width") == 32 ? "w32/" + t.id : std::string();
+  };
+  Tuner tuner(with_name(tree_trainable, "tree_trainable"), space,
+              {.num_samples = 2,
+               .storage_path = storage.string(),
+               .name = "names",
+               .trial_name_creator = name_creator,
+               .checkpoint_config = {.checkpoint_at_end = false},
+               .verbose = false});
   ResultGrid grid;
   try {
     grid = tuner.fit();
@@ -656,6 +667,47 @@ TEST(TuneTuner, TrialIdsDirectoriesAndCheckpointsAreNamedAsRays) {
   }
   EXPECT_EQ(our_names, their_names);
   EXPECT_THAT(their_names[0], testing::StartsWith("tree_trainable_ALE_Pong_v5_HEX_00000_0_"));
+  EXPECT_THAT(their_names[1], testing::StartsWith("w32_HEX_00001_1_"));
+
+  // The names (the creator's as given, "/" kept; Ray's own where it returned ""), the last
+  // result's keys and its experiment_tag (the random values masked).
+  auto mask = [](const std::string& s) {
+    std::string out = std::regex_replace(s, std::regex("[0-9a-f]{5}_(0000[0-9])"), "HEX_$1");
+    out = std::regex_replace(out, std::regex("seed=[0-9]+"), "seed=N");
+    return std::regex_replace(out, std::regex("dropout=[0-9.]+"), "dropout=F");
+  };
+  for (std::size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("trial " + std::to_string(i));
+    const Config& theirs = ray.at("trials").at(i);
+    EXPECT_EQ(mask(grid[i].name), mask(theirs.at("name").get<std::string>()));
+    std::vector<std::string> our_keys;
+    for (auto it = grid[i].last_result.begin(); it != grid[i].last_result.end(); ++it)
+      our_keys.push_back(it.key());
+    EXPECT_EQ(our_keys, theirs.at("metrics_keys").get<std::vector<std::string>>());
+    ASSERT_TRUE(grid[i].last_result.contains("experiment_tag"));
+    EXPECT_EQ(mask(grid[i].last_result.at("experiment_tag")),
+              mask(theirs.at("experiment_tag").get<std::string>()));
+  }
+  EXPECT_THAT(ray.at("trials").at(1).at("name").get<std::string>(), testing::StartsWith("w32/"));
+  EXPECT_EQ(grid[1].name, "w32/" + grid[1].id);
+  EXPECT_EQ(grid[0].name, "tree_trainable_ALE_Pong:v5_" + grid[0].id);
+
+  // CheckpointConfig's checkpoint_frequency and checkpoint_at_end: Ray's ValueError for a
+  // function trainable, dtrain's UsageError.
+  EXPECT_EQ(ray.at("refused"),
+            Config({{"checkpoint_frequency", "ValueError"}, {"checkpoint_at_end", "ValueError"}}));
+  for (const CheckpointConfig& refused :
+       {CheckpointConfig{.checkpoint_frequency = 2}, CheckpointConfig{.checkpoint_frequency = -1},
+        CheckpointConfig{.checkpoint_at_end = true}}) {
+    try {
+      Tuner(tree_trainable, space, {.checkpoint_config = refused, .verbose = false});
+      ADD_FAILURE() << "taken: " << refused.checkpoint_frequency << " "
+                    << refused.checkpoint_at_end;
+    } catch (const dtrain::UsageError& e) {
+      EXPECT_THAT(e.what(), testing::AnyOf(testing::HasSubstr("function trainable"),
+                                           testing::HasSubstr("must be >= 0")));
+    }
+  }
 
   // The trees, masked, without what only one side writes.
   auto comparable = [&](const std::vector<std::string>& tree) {
@@ -747,7 +799,8 @@ TEST(TuneTuner, ASearchSavedWithTheEarlierNamesResumesUnderThem) {
 
 // TuneOptions::trial_dirname_creator, as Ray's: its name with Ray's characters replaced, and
 // "_" and 4 hex characters more when the name is taken. A name with "/" (Ray's ValueError), an
-// empty one, and an empty or "/" trainable name are UsageErrors.
+// empty one, an empty or "/" trainable name, and a trial_name_creator that throws are
+// UsageErrors.
 TEST(TuneTuner, TrialDirnameCreatorNamesTheDirectoriesAsRays) {
   const auto dir = fresh_dir("dirname-creator");
   const Config space{{"x", grid_search({1, 2})}, {"fail", false}};
@@ -771,6 +824,21 @@ TEST(TuneTuner, TrialDirnameCreatorNamesTheDirectoriesAsRays) {
                    .trial_dirname_creator = [bad](const Trial&) { return bad; },
                    .verbose = false});
     EXPECT_THROW(refused.fit(), dtrain::UsageError) << bad;
+  }
+  // A trial_name_creator that throws ends fit() (Ray's fit() raises its exception), naming it.
+  Tuner throwing(flaky_trainable, space,
+                 {.storage_path = (dir / "bad").string(),
+                  .name = "throwing",
+                  .trial_name_creator = [](const Trial&) -> std::string {
+                    throw std::runtime_error("no name today");
+                  },
+                  .verbose = false});
+  try {
+    throwing.fit();
+    ADD_FAILURE() << "a throwing trial_name_creator was taken";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("trial_name_creator failed for trial"));
+    EXPECT_THAT(e.what(), testing::HasSubstr("no name today"));
   }
   for (const char* name : {"", "a/b"}) {
     EXPECT_THROW(Tuner(with_name(flaky_trainable, name), space, {.verbose = false}),
@@ -818,6 +886,75 @@ TEST(TuneTuner, AshaStopsPoorTrialsAtTheirRungs) {
 // A NaN metric reaches the scheduler as a number, as in Ray: ASHA records it in its rung and
 // its cutoffs skip it (nanpercentile), so the diverged trial is neither stopped by it nor the
 // end of the search; it is never the best; result.json says NaN, as Ray's json.dumps does.
+// score = x * it for it = 1..4, no checkpoints.
+void scaled_trainable(Config config) {
+  const double x = config.at("x").get<double>();
+  for (int it = 1; it <= 4; ++it) report({{"score", x * it}});
+}
+
+// Ends the search (stop_all) once the trial of x = 2 has reported.
+class EndAfterXIsTwo : public Stopper {
+ public:
+  bool operator()(const std::string&, const Result& result) override {
+    if (result.at("config").at("x") == 2) ended_ = true;
+    return false;
+  }
+  bool stop_all() override { return ended_; }
+
+ private:
+  bool ended_ = false;
+};
+
+// A resumed search's scheduler starts afresh, as Ray 2.60's Tuner.restore starts it (Ray saves
+// no scheduler state; the same search in Ray: x = 1 runs 1 iteration uninterrupted and 4 after
+// a restore, docs/tune.md). ASHA (max_t 4, grace 1, rf 2), trials x = 3, 2, 1 one at a time:
+// uninterrupted, x = 2 and x = 1 meet rung 1 holding 3 (then 3 and 2) and stop at their first
+// result. Ended by a stopper after x = 2's result (x = 1 not made yet) and resumed, x = 1 meets
+// empty rungs and runs to max_t; replaying the saved results into ASHA would stop it at 1. The
+// trials' names (trial_name_creator) survive the resume.
+TEST(TuneTuner, AResumedSearchStartsItsSchedulerAfreshAsRays) {
+  const auto dir = fresh_dir("asha-resume");
+  auto options = [&](const std::string& name, bool resume, std::shared_ptr<Stopper> stopper,
+                     const std::string& prefix = "") {
+    return TuneOptions{.metric = "score",
+                       .mode = "max",
+                       .scheduler = std::make_shared<AshaScheduler>(
+                           AshaOptions{.max_t = 4, .grace_period = 1, .reduction_factor = 2}),
+                       .stopper = std::move(stopper),
+                       .max_concurrent_trials = 1,
+                       .num_cpus = 1,
+                       .storage_path = dir.string(),
+                       .name = name,
+                       .trial_name_creator =
+                           [prefix](const Trial& t) { return prefix.empty() ? "" : prefix + t.id; },
+                       .resume = resume,
+                       .verbose = false};
+  };
+  const Config space{{"x", grid_search({3, 2, 1})}};
+  auto iterations = [](const ResultGrid& grid) {
+    std::vector<std::size_t> out;
+    for (const auto& t : grid.trials()) out.push_back(t.history.size());
+    return out;
+  };
+  const ResultGrid whole = Tuner(scaled_trainable, space, options("whole", false, nullptr)).fit();
+  EXPECT_EQ(iterations(whole), (std::vector<std::size_t>{4, 1, 1}));
+  const ResultGrid first = Tuner(scaled_trainable, space,
+                                 options("parted", false, std::make_shared<EndAfterXIsTwo>(), "a/"))
+                               .fit();
+  EXPECT_EQ(iterations(first), (std::vector<std::size_t>{4, 1}));
+  const ResultGrid resumed =
+      Tuner(scaled_trainable, space, options("parted", true, nullptr, "b/")).fit();
+  ASSERT_EQ(resumed.size(), 3u);
+  EXPECT_EQ(iterations(resumed), (std::vector<std::size_t>{4, 1, 4}));
+  // The names trial_name_creator gave are kept in the state (Ray keeps custom_trial_name in its
+  // trials' state); the trial made after the resume is named by the resumed Tuner's creator.
+  EXPECT_EQ(resumed[0].name, "a/" + resumed[0].id);
+  EXPECT_EQ(resumed[1].name, "a/" + resumed[1].id);
+  EXPECT_EQ(resumed[2].name, "b/" + resumed[2].id);
+  for (const auto& t : resumed.trials()) EXPECT_EQ(t.status, TrialStatus::Terminated) << t.id;
+  fs::remove_all(dir);
+}
+
 TEST(TuneTuner, ANaNMetricIsANumberForTheSchedulerAndNeverTheBest) {
   const auto dir = fresh_dir("nan");
   auto asha = std::make_shared<AshaScheduler>(
@@ -871,6 +1008,25 @@ TEST(TuneTuner, PbtExploitsAnotherTrialsCheckpoint) {
   }
   EXPECT_GT(pbt->num_perturbations(), 0);
   EXPECT_TRUE(some_restored) << "no trial started from another trial's checkpoint";
+  // Ray's experiment tag: "<index>_q=<q>", and after an exploit "@perturbed[lr=<new lr>]" as
+  // format_vars writes it (pbt.py's _make_experiment_tag), in the last result (Ray's
+  // Result.metrics) and the saved state; result.json logged none (as Ray's).
+  const Config state = Config::parse(std::ifstream(dir / "tune" / "tuner_state.json"));
+  int perturbed = 0;
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const TrialResult& t = grid[i];
+    // The original tag has the trial's own q; an exploit copies the donor's config, q too.
+    const char* q = i == 0 ? "0.1000" : i == 1 ? "0.9000" : "1.3000";
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "%.4f", t.config.at("lr").get<double>());
+    const std::string tag = t.last_result.at("experiment_tag");
+    const std::string orig = std::to_string(i) + "_q=" + q;
+    EXPECT_THAT(tag, testing::AnyOf(orig, orig + "@perturbed[lr=" + lr + "]")) << t.id;
+    perturbed += tag != orig;
+    EXPECT_EQ(state.at("trials").at(i).at("tag"), tag);
+    for (const auto& h : t.history) EXPECT_FALSE(h.contains("experiment_tag"));
+  }
+  EXPECT_GT(perturbed, 0);
   // Every run that started from a checkpoint (its own after a pause, another's after an
   // exploit) goes on from the time_total_s of the result that checkpoint came with, as Ray's
   // Trainable.restore: PBT's default time_attr then measures what the clone trained.
