@@ -178,9 +178,11 @@ for line in sys.argv[1].splitlines():
                                 e["WORLD_SIZE"], e["CUDA_VISIBLE_DEVICES"], e["MASTER_ADDR"],
                                 e["MASTER_PORT"], j["argv"][1:],
                                 any(k.startswith("TORCHELASTIC") for k in e))
+# LOCAL_RANK is RANK % LOCAL_SIZE, as DeepSpeed's launch.py computes it: n2's ranks 1 and 2 get
+# 1 and 0 (hosts of 1 and 2 slots).
 want = {0: ("0", "1", "0", "2", "3", "1", "n1", "29611", ["--local_rank=0", "x"], False),
-        1: ("0", "2", "1", "2", "3", "0,1", "n1", "29611", ["--local_rank=0", "x"], False),
-        2: ("1", "2", "1", "2", "3", "0,1", "n1", "29611", ["--local_rank=1", "x"], False)}
+        1: ("1", "2", "1", "2", "3", "0,1", "n1", "29611", ["--local_rank=1", "x"], False),
+        2: ("0", "2", "1", "2", "3", "0,1", "n1", "29611", ["--local_rank=0", "x"], False)}
 if seen != want:
     sys.exit("got %s\nwant %s" % (seen, want))
 PY
