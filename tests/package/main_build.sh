@@ -21,7 +21,8 @@ src="$base/src"
 # last run's objects of the sources compiled one by one.
 work="$src/build-main-test/run"
 rm -rf "$work"
-trap 'rm -rf "$work"' EXIT
+# The build and then the link go when the test ends (the lock is still held then).
+trap 'rm -rf "$work"; rm -f "$base/src"' EXIT
 DTRAIN_LIBTORCH=pypi "$src/scripts/setup.sh" --main "$work/build"
 ls "$work/build/CMakeFiles/dtrain_runtime.dir/Unity/"unity_*_cxx.cxx >/dev/null ||
   { echo "main_build: setup.sh --main did not make a unity build" >&2; exit 1; }
