@@ -20,7 +20,8 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
                peers in all and in the first barrier, futex sleeps, the hand-off to the
                backend's thread and back) and, at 2, 4 and 8, dtrain with other waits
-               (WAIT_VARIANTS below) beside the default
+               (WAIT_VARIANTS below) beside the default; and both sides again with Adam
+               fused (the example's --optimizer fused-adam, PyTorch's Adam(fused=True))
 
 --budget-s S keeps the whole run within S seconds (gpu_check.sh's 8 minutes): a benchmark, or a
 row of cpu_scaling, that would not fit in what is left is skipped and listed under "skipped"
@@ -321,6 +322,9 @@ def bench_cpu_scaling(a, out):
     peer = os.path.join(HERE, "pytorch_fashion_mnist.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     train = [example, "--epochs", "1", "--max-steps", str(a.cpu_steps), "--no-eval", "--log-every", "0"]
+    # Adam fused on both sides (dtrain::FusedAdam; PyTorch's Adam(fused=True)): on the CPU
+    # libtorch's Adam is most of this MLP's step, so the fused rows say what each side reaches.
+    fused = ["--optimizer", "fused-adam"]
 
     def apart(n):
         # The machine's own ceiling: n single-process trainings at once, no communication at all
@@ -353,6 +357,7 @@ def bench_cpu_scaling(a, out):
             continue
         row_start = time.monotonic()
         d, p, c, stats, timeline = [], [], [], None, None
+        df, pf = [], []
         var_runs = {name: [] for name in WAIT_VARIANTS}
         var_stats = {}
         # The one-process row is every efficiency's baseline, and one run of it moved by a quarter
@@ -366,6 +371,11 @@ def bench_cpu_scaling(a, out):
                         str(a.cpu_steps)], env)
             p.append(last_json(o)["samples_per_s"])
             c.append(apart(n))
+            o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train + fused, env)
+            df.append(last_json(o)["samples_per_s"])
+            o, _ = run([a.torchrun, "--nproc-per-node", str(n), "--monitor-interval", "0.1", peer, "--max-steps",
+                        str(a.cpu_steps)] + fused, env)
+            pf.append(last_json(o)["samples_per_s"])
             if n in (2, 4, 8):
                 for name, extra_env in WAIT_VARIANTS.items():
                     o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train,
@@ -380,7 +390,8 @@ def bench_cpu_scaling(a, out):
                 timeline = timeline_breakdown(path)
                 os.unlink(path)  # the device tool did not bring it back (2026-11-28); its split is kept
         rows[n] = {"dtrain": statistics.median(d), "pytorch": statistics.median(p), "apart": statistics.median(c),
-                   "rounds": {"dtrain": d, "pytorch": p, "apart": c}}
+                   "dtrain_fused": statistics.median(df), "pytorch_fused": statistics.median(pf),
+                   "rounds": {"dtrain": d, "pytorch": p, "apart": c, "dtrain_fused": df, "pytorch_fused": pf}}
         if any(var_runs.values()):
             rows[n]["variants"] = {name: {"samples_per_s": statistics.median(v), "env": WAIT_VARIANTS[name],
                                           "shm_rank0": var_stats.get(name)}
@@ -404,6 +415,12 @@ def bench_cpu_scaling(a, out):
         r["pytorch_efficiency"] = r["pytorch"] / (n * rows[1]["pytorch"])
         r["apart_efficiency"] = r["apart"] / (n * base)
         r["dtrain_of_apart"] = r["dtrain"] / r["apart"]
+        # Fused Adam: against PyTorch's default Adam (the peer) and its fused one, and the
+        # efficiency against the fused one-process runs (a faster step: its own baseline).
+        r["fused_ratio"] = r["dtrain_fused"] / r["pytorch"]
+        r["fused_ratio_vs_pytorch_fused"] = r["dtrain_fused"] / r["pytorch_fused"]
+        r["dtrain_fused_efficiency"] = r["dtrain_fused"] / (n * statistics.mean(rows[1]["rounds"]["dtrain_fused"]))
+        r["pytorch_fused_efficiency"] = r["pytorch_fused"] / (n * rows[1]["pytorch_fused"])
         extra = ""
         st = r.get("dtrain_shm_rank0")
         if st:
@@ -425,6 +442,10 @@ def bench_cpu_scaling(a, out):
               f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
               f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "
               f"dtrain is {r['dtrain_of_apart']:.2f} of the machine's ceiling", flush=True)
+        print(f"cpu {n:2d} procs, Adam fused on both sides: dtrain {r['dtrain_fused']:.0f} "
+              f"(eff {r['dtrain_fused_efficiency']:.2f}) vs PyTorch fused {r['pytorch_fused']:.0f} "
+              f"(eff {r['pytorch_fused_efficiency']:.2f}) -> {r['fused_ratio_vs_pytorch_fused']:.2f}x; "
+              f"vs PyTorch's default Adam {r['fused_ratio']:.2f}x", flush=True)
     out["cpu_scaling"] = {str(n): r for n, r in rows.items()}
 
 

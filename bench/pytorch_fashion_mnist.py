@@ -33,6 +33,9 @@ def parse(argv=None):
     # cuda: every rank on GPU LOCAL_RANK modulo the GPUs (several ranks may share one), DDP still
     # over gloo - PyTorch's way when NCCL cannot (ranks sharing a GPU).
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    # fused-adam: torch.optim.Adam(fused=True), PyTorch's own fused kernel (the example's
+    # --optimizer fused-adam is dtrain::FusedAdam, which calls the same kernel on libtorch 2.x).
+    p.add_argument("--optimizer", default="adam", choices=["adam", "fused-adam"])
     return p.parse_args(argv)
 
 
@@ -51,7 +54,7 @@ def train(a):
                           nn.Linear(256, 10)).to(dev)
     # As the C++ example: the gradients live in DDP's buckets (no copy back after the all-reduce).
     ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr, fused=(a.optimizer == "fused-adam") or None)
     sampler = DistributedSampler(range(len(y)), shuffle=True, seed=0)
     loss_fn = nn.CrossEntropyLoss()
     steps, seen, seconds = 0, 0, 0.0

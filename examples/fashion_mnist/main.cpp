@@ -46,6 +46,7 @@ struct Config {
   uint64_t seed = 0;
   bool no_eval = false;
   std::string schedule = "cosine";  // learning rate over the run: cosine decay to 0, or constant
+  std::string optimizer = "adam";   // adam (torch::optim::Adam) or fused-adam (dtrain::FusedAdam)
   std::string backend = "auto";     // init_process_group's backend
   std::string device = "cpu";       // cpu, cuda (this rank's GPU: LOCAL_RANK's), or auto
   int64_t crash_at_step = 0;        // failure drills: exit(3) after this step on crash_rank
@@ -119,6 +120,16 @@ double evaluate(torch::nn::Sequential& model, const fashion_mnist::Split& test, 
          static_cast<double>(counts[1].item<int64_t>());
 }
 
+// --optimizer: libtorch's Adam, or dtrain::FusedAdam - the same Adam and state (checkpoints of
+// one resume the other), its step one fused pass over each parameter (PyTorch's fused=True).
+std::unique_ptr<torch::optim::Adam> make_optimizer(const Config& cfg,
+                                                   std::vector<torch::Tensor> params) {
+  const auto options = torch::optim::AdamOptions(cfg.lr);
+  if (cfg.optimizer == "fused-adam")
+    return std::make_unique<dtrain::FusedAdam>(std::move(params), options);
+  return std::make_unique<torch::optim::Adam>(std::move(params), options);
+}
+
 int train(const Config& cfg, dtrain::mlflow::Run& run) {
   auto pg = dtrain::init_process_group({.backend = cfg.backend});
   const int rank = pg->rank(), world = pg->world_size();
@@ -130,6 +141,7 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
                   {"epochs", std::to_string(cfg.epochs)},
                   {"model", cfg.model},
                   {"schedule", cfg.schedule},
+                  {"optimizer", cfg.optimizer},
                   {"seed", std::to_string(cfg.seed)},
                   {"backend", pg->backend_name()}});
   const torch::Device device = pick_device(cfg.device);
@@ -145,7 +157,8 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
   model->to(device);
   // Gradients live in DDP's buckets: no copy back after the all-reduce (PyTorch's option).
   dtrain::DistributedDataParallel ddp(model, {.gradient_as_bucket_view = true});
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
+  auto optimizer_ptr = make_optimizer(cfg, model->parameters());
+  torch::optim::Adam& optimizer = *optimizer_ptr;
 
   dtrain::TrainingState state;
   if (cfg.resume && !cfg.checkpoint_dir.empty()) {
@@ -283,6 +296,7 @@ int train(const Config& cfg, dtrain::mlflow::Run& run) {
         {"batch_size", cfg.batch_size},
         {"lr", cfg.lr},
         {"schedule", cfg.schedule},
+        {"optimizer", cfg.optimizer},
         {"seconds", train_seconds},
         {"data_seconds", data_seconds},
         {"epoch_seconds", epoch_seconds},
@@ -319,7 +333,8 @@ int train_elastic(const Config& cfg) {
   torch::manual_seed(cfg.seed);
   auto model = make_model(cfg.model);
   dtrain::DistributedDataParallel ddp(model, {.gradient_as_bucket_view = true});
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(cfg.lr));
+  auto optimizer_ptr = make_optimizer(cfg, model->parameters());
+  torch::optim::Adam& optimizer = *optimizer_ptr;
   dtrain::ElasticState es(*model, &optimizer, train_set.labels.size(0),
                           {.checkpoint_dir = cfg.checkpoint_dir,
                            .batch_size = cfg.batch_size,
@@ -450,6 +465,11 @@ int main(int argc, char** argv) {
                  "Learning rate: 'cosine' (from --lr down to 0 over the epochs) or 'constant'")
       ->capture_default_str()
       ->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option("--optimizer", cfg.optimizer,
+                 "Adam as 'adam' (libtorch's torch::optim::Adam) or 'fused-adam' "
+                 "(dtrain::FusedAdam: the same updates and state, one fused pass per parameter)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adam", "fused-adam"}));
   app.add_option(
          "--backend", cfg.backend,
          "Process group backend: auto (shared memory when all ranks are local), shm or gloo")

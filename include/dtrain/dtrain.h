@@ -13,6 +13,7 @@
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/error_message.h"
+#include "dtrain/fused_adam.h"
 #include "dtrain/mlflow.h"
 #include "dtrain/mlflow_pytorch.h"
 #include "dtrain/process_group.h"

@@ -66,6 +66,15 @@ void check_same_data(const nlohmann::json& recorded, const Table& table) {
   if (format == "delta") {
     if (!recorded.contains("version")) throw DataError("its Delta table has no version");
     const int64_t then = recorded["version"].get<int64_t>();
+    if (table.version() && *table.version() == then) {
+      // The same version number with other files: the log was rewritten, or the table replaced
+      // by one with the same metaData id. Time travel cannot bring the old files back.
+      throw DataError("it was taken at version " + std::to_string(then) + " of the Delta table " +
+                      table.root() + ", and version " + std::to_string(then) +
+                      " there now lists other files or deletion vectors (its log was rewritten "
+                      "since): restore it on the table it was taken on, or start the epoch "
+                      "anew (set_epoch)");
+    }
     throw DataError("it was taken at version " + std::to_string(then) + " of the Delta table " +
                     table.root() + ", whose files or deletion vectors differ from version " +
                     std::to_string(*table.version()) +

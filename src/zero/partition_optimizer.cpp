@@ -10,6 +10,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/zero.h"
+#include "optim/state_key.h"
 #include "zero/cpu_optimizers.h"
 
 namespace dtrain::zero::detail {
@@ -303,19 +304,6 @@ class Lion final : public PartitionOptimizer {
   bool cpu_;
 };
 
-// The key torch::optim keeps a tensor's state under: its TensorImpl (libtorch 2.x), or that
-// pointer printed (1.13).
-template <class Map>
-typename Map::key_type state_key(const Map&, const torch::Tensor& t) {
-  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
-    std::ostringstream s;
-    s << t.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return t.unsafeGetTensorImpl();
-  }
-}
-
 // InitOptions::optimizer: its one group steps the partition, with the averaged gradient set
 // as the partition's .grad for the call.
 class Client final : public PartitionOptimizer {
@@ -333,7 +321,7 @@ class Client final : public PartitionOptimizer {
       state->sum(
           torch::full_like(param_, o.initial_accumulator_value(), at::MemoryFormat::Preserve));
       adagrad->state().clear();
-      adagrad->state()[state_key(adagrad->state(), param_)] = std::move(state);
+      adagrad->state()[dtrain::optim::state_key(adagrad->state(), param_)] = std::move(state);
     }
   }
   std::string type() const override { return kClientOptimizerType; }

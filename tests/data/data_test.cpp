@@ -942,6 +942,16 @@ TEST(DataReader, APositionRestoresOnlyOnTheDataItWasTakenOn) {
   EXPECT_NE(error_of([&] { v2.restore(v0.position()); }).find("taken at version 0"),
             std::string::npos);
 
+  // The same version number with other files (a log rewritten in place; here the position's
+  // record says version 2 with version 1's files): time travel cannot help, so it says so.
+  auto rewritten = nlohmann::json::parse(position);
+  rewritten["table"]["version"] = 2;
+  const std::string same = error_of([&] { v2.restore(rewritten.dump()); });
+  EXPECT_NE(same.find("version 2 there now lists other files or deletion vectors"),
+            std::string::npos)
+      << same;
+  EXPECT_EQ(same.find("differ from version 2"), std::string::npos) << same;
+
   // At its own version (time travel, the table being at 2 now): the rows version 1 left.
   Reader again(Table::open("delta:" + dir, {.version = 1}), opts);
   again.restore(position);

@@ -2,9 +2,9 @@
 // see tests/gpu.cmake): NCCL at world size 1, 2-4 ranks sharing the one GPU (CUDA tensors
 // through shared memory), DDP, SyncBatchNorm, hvd and checkpoints on CUDA (tests/gpu/gpu_worker.cpp
 // checks its own results), the example on CUDA, an unchanged PyTorch NCCL script under
-// `dtrain run`, the Distributor with use_gpu, ZeRO's optimizers and fp16 overflow check on the
-// device against the CPU, Tune trials on their GPUs and `dtrain deepspeed` on the GPU node. This
-// binary is also the Distributor's and Tune's worker.
+// `dtrain run`, FusedAdam on CUDA parameters, the Distributor with use_gpu, ZeRO's optimizers and
+// fp16 overflow check on the device against the CPU, Tune trials on their GPUs and `dtrain
+// deepspeed` on the GPU node. This binary is also the Distributor's and Tune's worker.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -144,6 +144,40 @@ TEST(Gpu, FashionMnistTrainsOnTheGpu) {
       << describe(r);
   EXPECT_GE(std::stod(m[1]), 0.84) << describe(r);
   EXPECT_NE(r.out.find("\"device\":\"cuda:0\""), std::string::npos) << describe(r);
+}
+
+// dtrain::FusedAdam on CUDA parameters (ATen's fused CUDA kernel, one launch per dtype) steps as
+// torch::optim::Adam does on the CPU, amsgrad and weight decay included.
+TEST(Gpu, FusedAdamOnCudaStepsAsTorchAdamOnTheCpu) {
+  for (bool amsgrad : {false, true}) {
+    torch::manual_seed(5);
+    torch::nn::Sequential cpu(torch::nn::Linear(32, 64), torch::nn::ReLU(),
+                              torch::nn::Linear(64, 8));
+    auto gpu = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(cpu->clone());
+    gpu->to(torch::kCUDA);
+    const auto o = torch::optim::AdamOptions(1e-2).weight_decay(0.01).amsgrad(amsgrad);
+    torch::optim::Adam cpu_opt(cpu->parameters(), o);
+    dtrain::FusedAdam gpu_opt(gpu->parameters(), o);
+    for (int s = 0; s < 20; ++s) {
+      auto x = torch::randn({16, 32});
+      auto y = torch::randint(0, 8, {16}, torch::kLong);
+      cpu_opt.zero_grad();
+      torch::nn::functional::cross_entropy(cpu->forward(x), y).backward();
+      // The same gradients on both sides: what differs is the optimizer alone (Adam's update
+      // of a gradient near zero would amplify the devices' rounding of their own backward).
+      auto cp = cpu->parameters(), gp = gpu->parameters();
+      for (size_t i = 0; i < cp.size(); ++i) gp[i].mutable_grad() = cp[i].grad().cuda();
+      cpu_opt.step();
+      gpu_opt.step();
+    }
+    auto a = cpu->parameters(), b = gpu->parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(b[i].is_cuda());
+      EXPECT_TRUE(torch::allclose(a[i], b[i].cpu(), 1e-4, 1e-6))
+          << "parameter " << i << (amsgrad ? " (amsgrad)" : "") << " differs by "
+          << (a[i] - b[i].cpu()).abs().max().item<double>();
+    }
+  }
 }
 
 TEST(Gpu, PytorchNcclScriptUnderDtrainRun) {
