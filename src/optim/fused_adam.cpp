@@ -61,7 +61,8 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     // ATen's kernel takes one device and dtype per call: the group's parameters by both.
     struct Lists {
-      std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+      std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
+      std::vector<float> steps;
     };
     std::map<std::pair<std::string, int>, Lists> by_kind;
     for (const auto& p : group.params()) {
@@ -99,11 +100,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
         l.exp_avgs.push_back(s.exp_avg());
         l.exp_avg_sqs.push_back(s.exp_avg_sq());
         if (o.amsgrad()) l.max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
-        // The kernel reads the step already counted (PyTorch adds 1 to its step tensors before
-        // the call), in float32 on the parameter's device.
-        l.steps.push_back(
-            torch::full({}, static_cast<double>(s.step()),
-                        torch::TensorOptions().dtype(torch::kFloat).device(p.device())));
+        l.steps.push_back(static_cast<float>(s.step()));
       } else {
         // torch's bias corrections folded into the step size and eps (m / (sqrt(v) / sqrt(bc2)
         // + eps) * lr / bc1 = m / (sqrt(v) + eps * sqrt(bc2)) * lr * sqrt(bc2) / bc1), so the
@@ -126,7 +123,13 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
     }
 #if TORCH_VERSION_MAJOR >= 2
     for (auto& [kind, l] : by_kind) {
-      at::_fused_adam_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps,
+      // The kernel reads each step already counted (PyTorch adds 1 to its step tensors before
+      // the call), as a float32 scalar on the parameters' device: one copy of them all there,
+      // a view per parameter.
+      const auto all = torch::tensor(l.steps).to(l.params.front().device());
+      std::vector<torch::Tensor> steps;
+      for (int64_t i = 0; i < all.numel(); ++i) steps.push_back(all[i]);
+      at::_fused_adam_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, steps,
                        o.lr(), beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
                        /*maximize=*/false);
     }
