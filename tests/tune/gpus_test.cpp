@@ -89,6 +89,7 @@ struct Case {
   int trials;
   int want;    // trials at once the resources allow
   bool exact;  // the ids the trials hold are determined (compare them as a multiset)
+  bool override_on_zero = false;  // RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1 for the search
 };
 
 const std::vector<Case>& cases() {
@@ -104,6 +105,8 @@ const std::vector<Case>& cases() {
       // The driver's own list: the ids name its entries; a 0-GPU trial keeps the whole list.
       {"mapped", 4, 2, "3,5", 1, 1, 2, 2, true},
       {"mapped_zero", 4, 2, "3,5", 1, 0, 2, 2, true},
+      // RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1: a 0-GPU trial gets "" instead (Ray before 2.47).
+      {"override_zero", 4, 2, "3,5", 1, 0, 2, 2, true, true},
   };
   return c;
 }
@@ -175,6 +178,7 @@ void run_dtrain(const Case& c, int processes, const fs::path& dir) {
   o.name = c.name;
   o.verbose = false;
   if (c.driver_devices) o.env["CUDA_VISIBLE_DEVICES"] = c.driver_devices;
+  if (c.override_on_zero) o.env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "1";
   Tuner tuner(gpu_trainable,
               {{"i", grid_search([&] {
                   std::vector<Config> v;
@@ -198,6 +202,7 @@ void run_dtrain(const Case& c, int processes, const fs::path& dir) {
 // trial saw the same list and no GPU held more than its capacity at once.
 TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
   const fs::path dir = fresh_dir("gpus");
+  ::unsetenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO");  // set per case, on both sides
   ::unsetenv(
       "CUDA_VISIBLE_DEVICES");  // the driver's list, where a case sets one, is TuneOptions::env
   Config spec = {{"sync", (dir / "ray").string()}, {"cases", Config::array()}};
@@ -209,6 +214,7 @@ TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
          {"cpus", c.cpus},
          {"gpus", c.gpus},
          {"driver_devices", c.driver_devices ? Config(c.driver_devices) : Config(nullptr)},
+         {"override_on_zero", c.override_on_zero},
          {"resources", resources},
          {"trials", c.trials},
          {"want", c.want}});
@@ -281,6 +287,12 @@ TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
           << what << ": the ids used";
       if (c.exact) {
         EXPECT_EQ(our_ids, their_ids) << what << ": the ids each trial held";
+      }
+      if (c.override_on_zero) {
+        for (int i = 0; i < c.trials; ++i) {
+          EXPECT_EQ(s.ranks[i][0].at("cvd"), "") << what << ": trial " << i;
+          EXPECT_EQ(theirs[i].at("cvd"), "") << c.name << ": Ray's trial " << i;
+        }
       }
       if (c.gpu_per_trial > 0) {
         EXPECT_LE(most_on_one_gpu(firsts, c.gpu_per_trial), 1.0 + 1e-9)
