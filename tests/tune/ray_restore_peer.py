@@ -89,9 +89,10 @@ def saw_lr(trial):
 def stopper_budget(state_dir):
     from ray.tune.utils.serialization import _loads_with_cloudpickle
 
-    # The restored run writes a file of its own beside the killed one's: the newest.
-    path = max(glob.glob(os.path.join(state_dir, "experiment_state-*.json")),
-               key=os.path.getmtime)
+    # The restored run writes a file of its own beside the killed one's, named by its start
+    # time: the newest is the greatest name, as Ray's _find_newest_experiment_checkpoint picks
+    # (not the latest mtime: the restored run's final sync rewrites the killed one's file too).
+    path = max(glob.glob(os.path.join(state_dir, "experiment_state-*.json")))
     with open(path) as f:
         state = _loads_with_cloudpickle(f.read())
     return state["runner_data"]["_stopper"]._stoppers[2]._budget
