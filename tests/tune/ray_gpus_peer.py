@@ -5,8 +5,9 @@ Usage: ray_gpus_peer.py CASES.json OUT.json
 
 CASES.json: {"cases": [{"name", "cpus": the node's (ray.init(num_cpus)), "gpus": its
 (ray.init(num_gpus)), "driver_devices": CUDA_VISIBLE_DEVICES when Ray starts (null: unset),
-"override_on_zero": RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1 when Ray starts (default false),
-"resources": tune.with_resources' dict, "trials": how many, "want": trials expected at once},
+"override_on_zero": RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO's value when Ray starts (null or absent:
+unset), "resources": tune.with_resources' dict, "trials": how many, "want": trials expected at
+once},
 ...], "sync": a directory}. Cases with the same node run in one local Ray instance, started
 anew for the next node. Each case is one Tuner.fit() of `trials` trials of gpu_trainable
 (a grid over "i"); every trial writes SYNC/NAME/seen-I-0.json: {"cvd": its
@@ -54,7 +55,7 @@ def main():
     out = {}
     node = None
     for case in spec["cases"]:
-        override = case.get("override_on_zero", False)
+        override = case.get("override_on_zero")
         this = (case["cpus"], case["gpus"], case["driver_devices"], override)
         if this != node:
             if node is not None:
@@ -64,8 +65,8 @@ def main():
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = case["driver_devices"]
             # Ray's workers read it from the environment they inherit (its raylet's).
-            if override:
-                os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "1"
+            if override is not None:
+                os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = override
             else:
                 os.environ.pop("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", None)
             ray.init(num_cpus=case["cpus"], num_gpus=case["gpus"], include_dashboard=False,
