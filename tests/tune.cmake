@@ -92,3 +92,16 @@ dtrain_test(tune_nan_resume_test LABELS tune SOURCES tune/nan_resume_test.cpp
 dtrain_test_programs(tune_nan_resume_test TUNE_NAN_RESUME_PROGRAM tune_nan_resume_program)
 add_dependencies(tune_nan_resume_test tune_nan_resume_program dtrain_cli)
 dtrain_test_once(tune_nan_resume_test torch2)  # driver logic and a Ray peer; ~40 s
+
+# A driver SIGKILLed mid-search and resumed, against Ray's Tuner.restore after the same
+# (tests/tune/ray_restore_peer.py): the order the trials come back in, the stopper going on where
+# it was, and the creators called before the scheduler's on_trial_add. Driver logic and a Ray
+# peer (~40 s, most of it Ray's), so once.
+add_executable(tune_restore_program tune/restore_program.cpp)
+target_link_libraries(tune_restore_program PRIVATE dtrain)
+dtrain_use_torch_pch(tune_restore_program)
+dtrain_test(tune_restore_test LABELS tune SOURCES tune/restore_test.cpp launcher/subprocess.cpp
+            TORCH)
+dtrain_test_programs(tune_restore_test TUNE_RESTORE_PROGRAM tune_restore_program)
+add_dependencies(tune_restore_test tune_restore_program dtrain_cli)
+dtrain_test_once(tune_restore_test torch2)

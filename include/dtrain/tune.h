@@ -225,17 +225,19 @@ struct TuneOptions {
   std::string name = "tune";
   // Ray's TuneConfig(trial_dirname_creator=...): the name of a trial's directory under
   // storage_path/name, from the trial (its id, config and experiment tag), called once when the
-  // trial is made. Ray's characters /()<>:"\|?* become "_"; a name taken already gets "_" and 4
-  // random hex characters, as Ray's. Empty (default): Ray's own name,
+  // trial is made, before the scheduler's on_trial_add (as Ray's Trial() calls it: a config PBT
+  // fills in there is not in it yet). Ray's characters /()<>:"\|?* become "_"; a name taken already
+  // gets "_" and 4 random hex characters, as Ray's. Empty (default): Ray's own name,
   // "<trainable>_<id>_<tag>_<date>" (docs/tune.md, "Names"). The name must be non-empty and
   // hold no "/" (fit() throws UsageError otherwise, as Ray's ValueError).
   std::function<std::string(const Trial&)> trial_dirname_creator;
   // Ray's TuneConfig(trial_name_creator=...): the trial's name (Ray's str(trial)), from the trial
   // (its id, config and experiment tag), called once when the trial is made, before
-  // trial_dirname_creator, and kept in tuner_state.json (a resumed search does not ask again).
-  // The name is used wherever Ray uses str(trial): the start of the trial's default directory
-  // name ("<name>_<tag>_<date>"), its MLflow run's name and "trial_name" tag,
-  // TrialResult::name and the verbose lines. "" returned: Ray's own name,
+  // trial_dirname_creator and the scheduler's on_trial_add (PBT's hyperparam_mutations keys the
+  // space lacks are not in its config yet, as in Ray), and kept in tuner_state.json (a resumed
+  // search does not ask again). The name is used wherever Ray uses str(trial): the start of the
+  // trial's default directory name ("<name>_<tag>_<date>"), its MLflow run's name and "trial_name"
+  // tag, TrialResult::name and the verbose lines. "" returned: Ray's own name,
   // "<trainable>[_<env>]_<id>", as Ray falls back on an empty (falsy) name; a name is used as
   // given (a "/" stays in the run name and becomes "_" in the directory, as in Ray). Empty
   // (default): Ray's own name. A creator that throws ends fit() with UsageError naming the trial

@@ -24,9 +24,13 @@
 //      stopper once more, as Ray's function trainable sends it again (__duplicate__); so an
 //      ExperimentPlateauStopper counts a finished trial's last value twice, as Ray's does.
 // What a stopper throws ends the search as a refused result does: fit() throws UsageError.
-// Stoppers are not thread-safe: the Tuner calls them from its one driver thread. On `resume`
-// the saved results are replayed into the stopper in the order they arrived, so counting and
-// plateau stoppers go on where they were; TimeoutStopper starts its budget again.
+// Stoppers are not thread-safe: the Tuner calls them from its one driver thread.
+// On `resume` the stopper goes on where it was, as Ray's (Tuner.restore takes back the stopper
+// its experiment state pickled): the saved results are replayed into it in the order they
+// arrived (the ones a trial reports again after a restore from its checkpoint included, and a
+// returned trial's last one twice), so counting and plateau stoppers count on from there; what
+// results do not give back is saved with the search (saved_state()): a TimeoutStopper's budget
+// goes on from what was left, as Ray's does.
 #pragma once
 
 #include <chrono>
@@ -48,6 +52,11 @@ class Stopper {
   virtual bool operator()(const std::string& trial_id, const Result& result) = 0;
   // True: the whole search is to end now.
   virtual bool stop_all() = 0;
+  // What the Tuner saves with the search for a resumed one to give back to restore_state(),
+  // beyond the results it replays (Ray pickles the whole stopper). Default: null, nothing.
+  virtual Config saved_state() const { return nullptr; }
+  // Takes back what saved_state() gave (never called with null). Default: nothing.
+  virtual void restore_state(const Config& state) { (void)state; }
 };
 
 // Ray's FunctionStopper, the form of `RunConfig(stop=callable)`: a trial ends when `fn`
@@ -148,6 +157,10 @@ class TimeoutStopper : public Stopper {
   explicit TimeoutStopper(std::chrono::duration<double> timeout);
   bool operator()(const std::string&, const Result&) override { return false; }
   bool stop_all() override;
+  // {"budget_s": what is left}. A resumed search goes on with it, its clock starting again at
+  // the next stop_all() (Ray's __setstate__ clears _last_check).
+  Config saved_state() const override;
+  void restore_state(const Config& state) override;
 
  private:
   double timeout_s_;
@@ -167,6 +180,10 @@ class CombinedStopper : public Stopper {
       : CombinedStopper(std::vector<std::shared_ptr<Stopper>>{std::move(stoppers)...}) {}
   bool operator()(const std::string& trial_id, const Result& result) override;
   bool stop_all() override;
+  // The stoppers' states in order (null when none has one); restored by position when the
+  // saved list is as long as this one's stoppers.
+  Config saved_state() const override;
+  void restore_state(const Config& state) override;
 
  private:
   std::vector<std::shared_ptr<Stopper>> stoppers_;

@@ -199,6 +199,15 @@ bool TimeoutStopper::stop_all() {
   return budget_s_ <= 0;
 }
 
+Config TimeoutStopper::saved_state() const { return {{"budget_s", budget_s_}}; }
+
+void TimeoutStopper::restore_state(const Config& state) {
+  const auto it = state.find("budget_s");
+  if (it == state.end() || !it->is_number()) return;  // another stopper's: keep this one's
+  budget_s_ = it->get<double>();
+  last_check_.reset();
+}
+
 // ---- CombinedStopper ----------------------------------------------------------------------
 
 CombinedStopper::CombinedStopper(std::vector<std::shared_ptr<Stopper>> stoppers)
@@ -223,6 +232,23 @@ bool CombinedStopper::stop_all() {
     if (s->stop_all()) return true;
   }
   return false;
+}
+
+Config CombinedStopper::saved_state() const {
+  Config out = Config::array();
+  bool any = false;
+  for (const auto& s : stoppers_) {
+    out.push_back(s->saved_state());
+    any = any || !out.back().is_null();
+  }
+  return any ? out : Config(nullptr);
+}
+
+void CombinedStopper::restore_state(const Config& state) {
+  if (!state.is_array() || state.size() != stoppers_.size()) return;  // another combination
+  for (std::size_t i = 0; i < stoppers_.size(); ++i) {
+    if (!state[i].is_null()) stoppers_[i]->restore_state(state[i]);
+  }
 }
 
 }  // namespace dtrain::tune

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -84,6 +85,7 @@ struct TrialRecord {
   std::string error;
   std::string dir;
   std::string name;  // Ray's str(trial): trial_name_creator's or Ray's own; set when it is made
+  std::string custom_dirname;  // trial_dirname_creator's, until its directory is made
   std::map<std::string, std::int64_t> checkpoint_iterations;  // checkpoint dir -> iteration
   std::map<std::string, double> checkpoint_times;             // checkpoint dir -> time_total_s
   std::string mlflow_run_id;        // its MLflow child run, "" when not logged
@@ -93,6 +95,9 @@ struct TrialRecord {
   std::thread thread;
   std::atomic<bool> finished{false};
   std::string failure;  // "" : returned normally
+  // Its trainable returned (not stopped, failed or paused): the stopper was given its last
+  // result twice (Ray's __duplicate__), and is again when a resumed search replays it.
+  bool returned = false;
   bool stopped_by_worker_exception = false;
   bool stop_requested = false;
   bool pause_requested = false;
@@ -120,6 +125,15 @@ void rewind_to_latest_checkpoint(TrialRecord& r) {
     r.history.pop_back();
     r.history_seq.pop_back();
   }
+}
+
+// When the driver took `r`'s last result (the global count of results taken), -1 without one:
+// Ray's run_metadata.last_result_time, which orders a restored search's trials.
+std::int64_t last_report_seq(const TrialRecord& r) {
+  std::int64_t last = -1;
+  for (std::int64_t s : r.history_seq) last = std::max(last, s);
+  for (std::int64_t s : r.rewound_seq) last = std::max(last, s);
+  return last;
 }
 
 // Every report of `r` in the order the driver took them: the history and the rewound ones.
@@ -510,6 +524,21 @@ ResultGrid Tuner::fit() {
   } else if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
     driver_devices = v;
   }
+  // Ray 2.60 leaves a 0-GPU worker's CUDA_VISIBLE_DEVICES alone unless its environment has
+  // RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO true (Ray's env_bool: "1" or "true", any case); then it
+  // sets "" (its behaviour before 2.47). Read from the trials' environment (TuneOptions::env),
+  // else the driver's, where Ray's workers inherit it from.
+  bool empty_devices_on_zero = false;
+  {
+    std::optional<std::string> v = param::kRayAccelEnvVarOverrideOnZero.get_if_set();
+    if (o.env.count("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"))
+      v = o.env.at("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO");
+    if (v) {
+      std::string lower = *v;
+      for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      empty_devices_on_zero = lower == "1" || lower == "true";
+    }
+  }
   if (o.local_mode && gpu_units > 0) {
     int declared = o.num_gpus;
     std::string how = "TuneOptions::num_gpus";
@@ -546,6 +575,7 @@ ResultGrid Tuner::fit() {
   std::vector<std::string> doomed;
   std::int64_t seq = 0;
   bool resumed = false;
+  Config saved_stopper_state;  // what the stopper's saved_state() gave, saved with the search
   // Ray's uuid_prefix: the 5 hex characters of every trial id of this search (trial_names.h).
   // Saved; a search saved before dtrain named trials as Ray has none, and keeps its trial_00000
   // ids and directories (every trial of a search is in its state, so none is named anew).
@@ -599,15 +629,24 @@ ResultGrid Tuner::fit() {
       for (auto it = times.begin(); it != times.end(); ++it) {
         r->checkpoint_times[it.key()] = it.value().get<double>();
       }
+      r->returned = s.value("returned", false);
       if (!r->trial.is_finished()) {
         // Interrupted: start again from its latest checkpoint (or a pending exploit's).
-        // Reports after that checkpoint will be made again; they leave the history.
+        // Reports after that checkpoint will be made again; they leave the history. Every trial
+        // not ended is PENDING again, paused or not, as Ray's Tuner.restore re-queues it
+        // (ResumeConfig's default RESUME for unfinished trials).
         if (r->trial.status == TrialStatus::Running) rewind_to_latest_checkpoint(*r);
-        r->trial.status =
-            r->history.empty() && r->runs == 0 ? TrialStatus::Pending : TrialStatus::Paused;
+        r->trial.status = TrialStatus::Pending;
       }
       trials.push_back(std::move(r));
     }
+    // Ray's _requeue_restored_trials adds the saved trials again sorted by their last result's
+    // time, the most recent first (those without a result last, in their order): the order a
+    // FIFO search starts the unfinished ones in when they do not all fit at once, and the
+    // order of the result grid. The driver's count of results taken stands for that time.
+    std::stable_sort(trials.begin(), trials.end(), [](const auto& a, const auto& b) {
+      return last_report_seq(*a) > last_report_seq(*b);
+    });
     for (const auto& s : state.value("uncreated", Config::array())) {
       auto r = std::make_unique<TrialRecord>();
       r->trial.id = s.at("id");
@@ -618,6 +657,7 @@ ResultGrid Tuner::fit() {
       uncreated.push_back(std::move(r));
     }
     doomed = state.value("doomed_checkpoints", std::vector<std::string>{});
+    saved_stopper_state = state.value("stopper_state", Config(nullptr));
     resumed = true;
   } else {
     if (!o.resume && fs::exists(state_path)) {
@@ -636,39 +676,46 @@ ResultGrid Tuner::fit() {
       uncreated.push_back(std::move(r));  // its directory is named when it is made
     }
   }
-  // A trial's name and directory, given when the trial is made (Ray's date is then too), in
-  // Ray's order: the name (trial_name_creator's; Ray's own when there is none or it returned
-  // ""), then the directory (Ray's name, which starts with the trial's name, or
-  // trial_dirname_creator's), made unique. UsageError: a creator threw, the directory name is
-  // empty or has "/"; TUNE_MAX_LEN_IDENTIFIER is not an integer >= 1.
-  auto make_trial_dir = [&](TrialRecord& r) {
-    if (r.name.empty()) {
-      if (o.trial_name_creator) {
-        try {
-          r.name = o.trial_name_creator(r.trial);
-        } catch (const std::exception& e) {
-          throw UsageError("tune: TuneOptions::trial_name_creator failed for trial " + r.trial.id +
-                           ": " + e.what());
-        }
+  // A trial's name and directory in Ray's order. Ray's Trial() calls trial_name_creator and
+  // trial_dirname_creator when the trial is made, before the scheduler's on_trial_add (which
+  // may fill its config: PBT's hyperparam_mutations), so a creator sees the config as the
+  // search made it; the default name (Ray's str(trial), which reads the config's "env") and the
+  // default directory name (<name>_<tag>_<date>, made when Ray schedules the trial) come after.
+  // name_trial: the creators (nothing written). UsageError: a creator threw, or the directory
+  // name is empty or has "/".
+  auto name_trial = [&](TrialRecord& r) {
+    if (r.name.empty() && o.trial_name_creator) {
+      try {
+        r.name = o.trial_name_creator(r.trial);
+      } catch (const std::exception& e) {
+        throw UsageError("tune: TuneOptions::trial_name_creator failed for trial " + r.trial.id +
+                         ": " + e.what());
       }
-      if (r.name.empty()) r.name = detail::trial_name(trainable_name_, r.trial.id, r.trial.config);
     }
-    if (r.dir.empty()) {
+    if (r.dir.empty() && o.trial_dirname_creator) {
       std::string name;
-      if (o.trial_dirname_creator) {
-        try {
-          name = o.trial_dirname_creator(r.trial);
-        } catch (const std::exception& e) {
-          throw UsageError("tune: TuneOptions::trial_dirname_creator failed for trial " +
-                           r.trial.id + ": " + e.what());
-        }
-        if (name.empty() || name.find('/') != std::string::npos) {
-          throw UsageError("tune: TuneOptions::trial_dirname_creator gave trial " + r.trial.id +
-                           " the directory name \"" + name +
-                           "\"; return a non-empty name without \"/\"");
-        }
-        name = detail::sanitize_dirname(name);
-      } else {
+      try {
+        name = o.trial_dirname_creator(r.trial);
+      } catch (const std::exception& e) {
+        throw UsageError("tune: TuneOptions::trial_dirname_creator failed for trial " + r.trial.id +
+                         ": " + e.what());
+      }
+      if (name.empty() || name.find('/') != std::string::npos) {
+        throw UsageError("tune: TuneOptions::trial_dirname_creator gave trial " + r.trial.id +
+                         " the directory name \"" + name +
+                         "\"; return a non-empty name without \"/\"");
+      }
+      r.custom_dirname = detail::sanitize_dirname(name);
+    }
+  };
+  // make_trial_dir, after on_trial_add: Ray's own name where no creator gave one (or it returned
+  // ""), the directory (the creator's, or Ray's name, which starts with the trial's name) made
+  // unique and created. UsageError: TUNE_MAX_LEN_IDENTIFIER is not an integer >= 1.
+  auto make_trial_dir = [&](TrialRecord& r) {
+    if (r.name.empty()) r.name = detail::trial_name(trainable_name_, r.trial.id, r.trial.config);
+    if (r.dir.empty()) {
+      std::string name = r.custom_dirname;
+      if (name.empty()) {
         const auto max_len = param::Int{"TUNE_MAX_LEN_IDENTIFIER", 130, 1}.get();
         name = detail::trial_dirname(r.name, r.trial.experiment_tag, detail::date_str(),
                                      static_cast<std::size_t>(max_len));
@@ -693,31 +740,47 @@ ResultGrid Tuner::fit() {
   Context ctx(trials);
   ctx.verbose = o.verbose;
   TrialScheduler& sched = *o.scheduler;
-  for (auto& r : trials) sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
+  for (auto& r : trials) {
+    name_trial(*r);
+    sched.on_trial_add(ctx, r->trial);  // UsageError: no metric/mode
+  }
   for (auto& r : trials) make_trial_dir(*r);
   if (resumed) {
     // The scheduler starts afresh, as Ray 2.60's Tuner.restore starts it: Ray saves no
     // scheduler state (TuneController.__getstate__ leaves _scheduler_alg out; the scheduler
     // comes back from tuner.pkl as it was before the search ran) and only adds every trial
     // again (on_trial_add, above). So ASHA's rungs hold only what is reported after the resume,
-    // and PBT's quantiles and perturbation times start anew. The stopper sees the saved
-    // results again, in the order they came, so what it counts (iterations, plateaus) goes on
-    // from there; its decisions were taken already.
-    std::vector<std::tuple<std::int64_t, TrialRecord*, std::size_t>> events;
+    // and PBT's quantiles and perturbation times start anew.
+    //
+    // The stopper goes on where it was, as Ray's does: Ray keeps it in its experiment state
+    // (TuneController.__getstate__ keeps _stopper, pickled) and Tuner.restore takes it back as
+    // it was at the last save. A C++ stopper cannot be pickled, so it is shown every result it
+    // was shown before, in the order the driver took them: the ones a restore from a
+    // checkpoint will bring again included (Ray's stopper counted them before the restore, and
+    // counts them again), and a returned trial's last result twice (Ray's __duplicate__).
+    // Its decisions were taken already; a TimeoutStopper's budget is restored below.
+    std::vector<std::tuple<std::int64_t, int, const TrialRecord*, Result>> events;
     for (auto& r : trials) {
       for (std::size_t i = 0; i < r->history.size(); ++i)
-        events.emplace_back(r->history_seq[i], r.get(), i);
+        events.emplace_back(r->history_seq[i], 0, r.get(), r->history[i]);
+      for (std::size_t i = 0; i < r->rewound.size(); ++i)
+        events.emplace_back(r->rewound_seq[i], 0, r.get(), r->rewound[i]);
+      if (r->returned && !r->history.empty())
+        events.emplace_back(r->history_seq.back(), 1, r.get(), r->history.back());
     }
-    std::sort(events.begin(), events.end(),
-              [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+    std::stable_sort(events.begin(), events.end(), [](const auto& a, const auto& b) {
+      return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+    });
     if (o.stopper) {
-      for (auto& [s, r, i] : events) (*o.stopper)(r->trial.id, r->history[i]);
+      for (auto& [s, dup, r, result] : events) (*o.stopper)(r->trial.id, result);
+      if (!saved_stopper_state.is_null()) o.stopper->restore_state(saved_stopper_state);
     }
   }
 
   fs::create_directories(exp_dir);
   detail::MlflowTrials mlflow(o.mlflow_tracking_uri, o.mlflow_experiment, o.name, mlflow_parent_id,
                               param_space_);
+  Clock::time_point last_save = Clock::now();
   auto save_state = [&] {
     Config state{{"version", kStateVersion},
                  {"experiment_id", experiment_id},
@@ -749,6 +812,7 @@ ResultGrid Tuner::fit() {
                       {"restore_time", r->restore_time},
                       {"num_failures", r->num_failures},
                       {"runs", r->runs},
+                      {"returned", r->returned},
                       {"error", r->error},
                       {"dir", r->dir},
                       {"name", r->name},
@@ -767,6 +831,9 @@ ResultGrid Tuner::fit() {
     }
     state["uncreated"] = later;
     state["doomed_checkpoints"] = doomed;
+    // Ray's experiment state holds the stopper itself; the results give back the rest.
+    state["stopper_state"] = o.stopper ? o.stopper->saved_state() : Config(nullptr);
+    last_save = Clock::now();
     const fs::path tmp = state_path.string() + ".tmp";
     {
       std::ofstream out(tmp);
@@ -881,6 +948,8 @@ ResultGrid Tuner::fit() {
     if (!r.gpus.empty()) {
       d.env["CUDA_VISIBLE_DEVICES"] =
           detail::GpuPool::visible_devices(detail::GpuPool::ids(r.gpus), driver_devices);
+    } else if (o.local_mode && empty_devices_on_zero) {
+      d.env["CUDA_VISIBLE_DEVICES"] = "";  // as Ray with RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO
     }
     if (mlflow.active()) {
       // The driver logs the trial's reports in its child run; the trial's own processes (and
@@ -1158,6 +1227,7 @@ ResultGrid Tuner::fit() {
       r.history.back()["done"] = true;
     // Ray's function trainable that returns sends its last result again (__duplicate__), done,
     // and the controller gives it to the stopper once more before it stops the trial.
+    r.returned = returned;
     if (returned) ask_stopper(r, r.history.back());
     const Result last = r.history.empty() ? Result::object() : detail::flatten(r.history.back());
     const char* how;
@@ -1221,11 +1291,14 @@ ResultGrid Tuner::fit() {
         if (r->thread.joinable()) r->stop_requested = true;
     }
     if (Clock::now() - last_stop_all >= std::chrono::milliseconds(100)) end_search_if_asked();
+    // A stopper's state may change without any event (a TimeoutStopper's budget): saved at
+    // least every 10 s, Ray's shortest period between automatic experiment state saves.
+    if (o.stopper && Clock::now() - last_save >= std::chrono::seconds(10)) save_state();
     // Make the next trials where max_concurrent_trials leaves room (a trial ended).
     bool created = false;
     while (fatal.empty() && !search_stopped && may_create()) {
       try {
-        make_trial_dir(*uncreated.front());
+        name_trial(*uncreated.front());
       } catch (const UsageError& e) {
         fatal = e.what();  // trials may be running: end the search as a refused result does
         break;
@@ -1233,6 +1306,12 @@ ResultGrid Tuner::fit() {
       TrialRecord& r = *trials.emplace_back(std::move(uncreated.front()));
       uncreated.pop_front();
       sched.on_trial_add(ctx, r.trial);
+      try {
+        make_trial_dir(r);
+      } catch (const UsageError& e) {
+        fatal = e.what();
+        break;
+      }
       created = true;
     }
     if (created) save_state();

@@ -89,6 +89,10 @@ struct Case {
   int trials;
   int want;    // trials at once the resources allow
   bool exact;  // the ids the trials hold are determined (compare them as a multiset)
+  // RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO for the search (nullptr: unset), and whether every
+  // trial is then to see "" (Ray's reading of the value decides, on both sides).
+  const char* override_on_zero = nullptr;
+  bool sees_empty = false;
 };
 
 const std::vector<Case>& cases() {
@@ -104,6 +108,12 @@ const std::vector<Case>& cases() {
       // The driver's own list: the ids name its entries; a 0-GPU trial keeps the whole list.
       {"mapped", 4, 2, "3,5", 1, 1, 2, 2, true},
       {"mapped_zero", 4, 2, "3,5", 1, 0, 2, 2, true},
+      // RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1: a 0-GPU trial gets "" instead (Ray before 2.47);
+      // on a node without GPUs too, any case of "true"; a value Ray's env_bool does not take
+      // ("yes") leaves the driver's list.
+      {"override_zero", 4, 2, "3,5", 1, 0, 2, 2, true, "1", true},
+      {"override_nogpu", 4, 0, "3,5", 1, 0, 2, 2, true, "True", true},
+      {"override_yes", 4, 0, "3,5", 1, 0, 2, 2, true, "yes", false},
   };
   return c;
 }
@@ -175,6 +185,7 @@ void run_dtrain(const Case& c, int processes, const fs::path& dir) {
   o.name = c.name;
   o.verbose = false;
   if (c.driver_devices) o.env["CUDA_VISIBLE_DEVICES"] = c.driver_devices;
+  if (c.override_on_zero) o.env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = c.override_on_zero;
   Tuner tuner(gpu_trainable,
               {{"i", grid_search([&] {
                   std::vector<Config> v;
@@ -198,6 +209,7 @@ void run_dtrain(const Case& c, int processes, const fs::path& dir) {
 // trial saw the same list and no GPU held more than its capacity at once.
 TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
   const fs::path dir = fresh_dir("gpus");
+  ::unsetenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO");  // set per case, on both sides
   ::unsetenv(
       "CUDA_VISIBLE_DEVICES");  // the driver's list, where a case sets one, is TuneOptions::env
   Config spec = {{"sync", (dir / "ray").string()}, {"cases", Config::array()}};
@@ -209,6 +221,7 @@ TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
          {"cpus", c.cpus},
          {"gpus", c.gpus},
          {"driver_devices", c.driver_devices ? Config(c.driver_devices) : Config(nullptr)},
+         {"override_on_zero", c.override_on_zero ? Config(c.override_on_zero) : Config(nullptr)},
          {"resources", resources},
          {"trials", c.trials},
          {"want", c.want}});
@@ -281,6 +294,12 @@ TEST(TuneGpus, TrialsSeeTheirGpusAsInRay) {
           << what << ": the ids used";
       if (c.exact) {
         EXPECT_EQ(our_ids, their_ids) << what << ": the ids each trial held";
+      }
+      if (c.sees_empty) {
+        for (int i = 0; i < c.trials; ++i) {
+          EXPECT_EQ(s.ranks[i][0].at("cvd"), "") << what << ": trial " << i;
+          EXPECT_EQ(theirs[i].at("cvd"), "") << c.name << ": Ray's trial " << i;
+        }
       }
       if (c.gpu_per_trial > 0) {
         EXPECT_LE(most_on_one_gpu(firsts, c.gpu_per_trial), 1.0 + 1e-9)

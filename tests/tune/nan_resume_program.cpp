@@ -6,8 +6,10 @@
 // at a time, ASHA(max_t 4, grace_period 1, reduction_factor 2) on "score" (max); a trial reports
 // its curve, a checkpoint at every iteration:
 //   x = 1: 10, NaN, 1, 1      x = 2: 10, 1, 1, Infinity      x = 3: NaN, 5, 5, 5
-// Prints one line of JSON: {"trials": [[index, status, iterations, [scores]]], "best_last": x,
+// Prints one line of JSON: {"trials": [[index, status, iterations, [scores]]] sorted by index (as
+// the peer sorts Ray's), "order": the indices in the result grid's order, "best_last": x,
 // "best_all": x}, a non-finite score as the string "nan" / "inf" / "-inf".
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 #include <iostream>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include "dtrain/tune.h"
 
@@ -72,14 +75,19 @@ int main(int argc, char** argv) {
   if (mode == "hold") o.env["NAN_RESUME_HOLD"] = "1";
   Tuner tuner(trainable, Config{{"x", grid_search({1, 2, 3})}}, o);
   const ResultGrid grid = tuner.fit();
-  Config trials = Config::array();
+  std::vector<Config> trials;
+  Config order = Config::array();
   for (const auto& t : grid.trials()) {
     Config scores = Config::array();
     for (const auto& h : t.history) scores.push_back(number(h.at("score")));
-    trials.push_back({std::stoi(t.id.substr(t.id.rfind('_') + 1)), to_string(t.status),
-                      t.history.size(), scores});
+    const int index = std::stoi(t.id.substr(t.id.rfind('_') + 1));
+    trials.push_back({index, to_string(t.status), t.history.size(), scores});
+    order.push_back(index);
   }
+  std::sort(trials.begin(), trials.end(),
+            [](const Config& a, const Config& b) { return a.at(0) < b.at(0); });
   std::cout << Config{{"trials", trials},
+                      {"order", order},
                       {"best_last", grid.best_result("score", "max", "last").config.at("x")},
                       {"best_all", grid.best_result("score", "max", "all").config.at("x")}}
                    .dump()

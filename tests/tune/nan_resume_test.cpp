@@ -136,21 +136,28 @@ TEST(TuneNanResume, NanAndInfinitySurviveAResumeAsRayTunesStateKeepsThem) {
   const Config expect = Config::parse(R"({"trials": [
       [0, "TERMINATED", 4, [10.0, "nan", 1.0, 1.0]],
       [1, "TERMINATED", 4, [10.0, 1.0, 1.0, "inf"]],
-      [2, "TERMINATED", 4, ["nan", 5.0, 5.0, 5.0]]], "best_last": 3, "best_all": 3})");
+      [2, "TERMINATED", 4, ["nan", 5.0, 5.0, 5.0]]], "order": [0, 1, 2], "best_last": 3,
+      "best_all": 3})");
   EXPECT_EQ(uninterrupted, expect);
-  EXPECT_EQ(after, uninterrupted);
+  for (const char* key : {"trials", "best_last", "best_all"})
+    EXPECT_EQ(after.at(key), uninterrupted.at(key)) << key;
+  // The resumed grid in the order Ray's Tuner.restore re-adds the trials: the most recent last
+  // result first (x=3's first, then x=2's and x=1's).
+  EXPECT_EQ(after.at("order"), Config::parse("[2, 1, 0]"));
   // x=3 ran twice: from scratch, then on from its checkpoint at iteration 1.
   const Config final_state = read_state(state);
   ASSERT_FALSE(final_state.is_null());
-  EXPECT_EQ(final_state.at("trials").at(2).at("runs"), 2);
+  const Config& x3 = final_state.at("trials").at(0);
+  EXPECT_TRUE(x3.at("id").get<std::string>().ends_with("_00002")) << x3.at("id");
+  EXPECT_EQ(x3.at("runs"), 2);
 
   // The resumed search's state read by Python's json, as Ray's Tuner.restore reads its own.
-  auto py = dtrain::test::run_command(
-      {dtrain::test::venv_python(), "-c",
-       "import json, sys; s = json.load(open(sys.argv[1])); "
-       "print(json.dumps([[repr(h['score']) for h in t['history']] for t in s['trials']]))",
-       state.string()},
-      {.timeout = std::chrono::seconds(60)});
+  auto py = dtrain::test::run_command({dtrain::test::venv_python(), "-c",
+                                       "import json, sys; s = json.load(open(sys.argv[1])); "
+                                       "print(json.dumps([[repr(h['score']) for h in t['history']] "
+                                       "for t in sorted(s['trials'], key=lambda t: t['id'])]))",
+                                       state.string()},
+                                      {.timeout = std::chrono::seconds(60)});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_EQ(last_line_json(py.out),
             Config::parse(R"([["10.0", "nan", "1.0", "1.0"], ["10.0", "1.0", "1.0", "inf"],

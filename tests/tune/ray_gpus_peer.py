@@ -5,7 +5,9 @@ Usage: ray_gpus_peer.py CASES.json OUT.json
 
 CASES.json: {"cases": [{"name", "cpus": the node's (ray.init(num_cpus)), "gpus": its
 (ray.init(num_gpus)), "driver_devices": CUDA_VISIBLE_DEVICES when Ray starts (null: unset),
-"resources": tune.with_resources' dict, "trials": how many, "want": trials expected at once},
+"override_on_zero": RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO's value when Ray starts (null or absent:
+unset), "resources": tune.with_resources' dict, "trials": how many, "want": trials expected at
+once},
 ...], "sync": a directory}. Cases with the same node run in one local Ray instance, started
 anew for the next node. Each case is one Tuner.fit() of `trials` trials of gpu_trainable
 (a grid over "i"); every trial writes SYNC/NAME/seen-I-0.json: {"cvd": its
@@ -53,7 +55,8 @@ def main():
     out = {}
     node = None
     for case in spec["cases"]:
-        this = (case["cpus"], case["gpus"], case["driver_devices"])
+        override = case.get("override_on_zero")
+        this = (case["cpus"], case["gpus"], case["driver_devices"], override)
         if this != node:
             if node is not None:
                 ray.shutdown()
@@ -61,6 +64,11 @@ def main():
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = case["driver_devices"]
+            # Ray's workers read it from the environment they inherit (its raylet's).
+            if override is not None:
+                os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = override
+            else:
+                os.environ.pop("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", None)
             ray.init(num_cpus=case["cpus"], num_gpus=case["gpus"], include_dashboard=False,
                      log_to_driver=False)
             node = this

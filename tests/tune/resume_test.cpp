@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -96,8 +99,27 @@ TEST(TuneResume, KilledDriverResumesWithoutRerunningFinishedTrials) {
   EXPECT_EQ(final_state["experiment_id"], experiment_id);
   ASSERT_EQ(experiment_id.size(), 5u);
   ASSERT_EQ(final_state["trials"].size(), 6u);
+  // The resumed search lists the killed one's trials as Ray's Tuner.restore re-adds them: the
+  // most recent last result first (the driver's sequence numbers), those without one after, in
+  // the search's order; the trials made after the resume follow.
+  auto last_seq = [](const nlohmann::json& t) {
+    std::int64_t last = -1;
+    for (const char* key : {"history_seq", "rewound_seq"})
+      for (const auto& s : t[key]) last = std::max(last, s.get<std::int64_t>());
+    return last;
+  };
+  std::vector<nlohmann::json> requeued(killed["trials"].begin(), killed["trials"].end());
+  std::stable_sort(requeued.begin(), requeued.end(),
+                   [&](const auto& a, const auto& b) { return last_seq(a) > last_seq(b); });
+  ASSERT_LE(requeued.size(), 6u);
+  for (std::size_t i = 0; i < requeued.size(); ++i)
+    EXPECT_EQ(final_state["trials"][i]["id"], requeued[i]["id"]) << "place " << i;
+  std::vector<nlohmann::json> by_id(final_state["trials"].begin(), final_state["trials"].end());
+  std::sort(by_id.begin(), by_id.end(), [](const auto& a, const auto& b) {
+    return a["id"].template get<std::string>() < b["id"].template get<std::string>();
+  });
   for (std::size_t i = 0; i < 6; ++i) {
-    const auto& t = final_state["trials"][i];
+    const auto& t = by_id[i];
     char id[32];
     std::snprintf(id, sizeof id, "%s_%05zu", experiment_id.c_str(), i);
     EXPECT_EQ(t["id"], id);

@@ -945,7 +945,11 @@ TEST(TuneTuner, AResumedSearchStartsItsSchedulerAfreshAsRays) {
   const ResultGrid resumed =
       Tuner(scaled_trainable, space, options("parted", true, nullptr, "b/")).fit();
   ASSERT_EQ(resumed.size(), 3u);
-  EXPECT_EQ(iterations(resumed), (std::vector<std::size_t>{4, 1, 4}));
+  // Ray's Tuner.restore re-adds the saved trials the most recent last result first: x = 2, then
+  // x = 3; x = 1, made after the resume, last.
+  EXPECT_EQ(resumed[0].config.at("x"), 2);
+  EXPECT_EQ(resumed[1].config.at("x"), 3);
+  EXPECT_EQ(iterations(resumed), (std::vector<std::size_t>{1, 4, 4}));
   // The names trial_name_creator gave are kept in the state (Ray keeps custom_trial_name in its
   // trials' state); the trial made after the resume is named by the resumed Tuner's creator.
   EXPECT_EQ(resumed[0].name, "a/" + resumed[0].id);
