@@ -278,7 +278,9 @@ int deepspeed_main(const std::vector<std::string>& args) {
     for (; i < args.size(); ++i) {
       std::string a = args[i], inline_value;
       bool has_inline = false;
-      if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      // `--flag=VALUE`, and as argparse also `-H=VALUE` (a short flag's value after "=").
+      const bool short_inline = a.size() >= 3 && a[0] == '-' && a[1] != '-' && a[2] == '=';
+      if ((a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) || short_inline) {
         inline_value = a.substr(a.find('=') + 1);
         a = a.substr(0, a.find('='));
         has_inline = true;

@@ -656,6 +656,52 @@ TEST_F(DeepSpeedLauncher, BadHostfilesAndFiltersGetDeepSpeedsMessages) {
   }
 }
 
+// `--FLAG=` (argparse's empty string) for every flag of DeepSpeed's runner: DeepSpeed's own
+// runner.main and launch.py main, run by ds_empty_values.py with a recording Popen (no worker
+// starts there), say whether it goes on and with which workers. dtrain deepspeed goes on with the
+// same workers (argv and variables) or, where DeepSpeed stops, exits 2 with one line naming the
+// flag, starting nothing. One node: the flags read only across nodes are checked as one node has
+// them (launcher.md's table names what dtrain does with them across nodes).
+TEST_F(DeepSpeedLauncher, EmptyFlagValuesAsDeepSpeedTakesThem) {
+  RunOptions o = worker_env();
+  o.timeout = 120s;
+  RunResult r =
+      Process::start({DTRAIN_VENV_PYTHON, script_dir() + "/ds_empty_values.py", kCppWorker, "a"}, o)
+          .finish(o.timeout);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int flags = 0, stops = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("empty ", 0) != 0) continue;
+    const size_t space = line.find(' ', 6);
+    const std::string flag = line.substr(6, space - 6);
+    const json want = json::parse(line.substr(space + 1), nullptr, false);
+    ASSERT_TRUE(want.is_object()) << line;
+    SCOPED_TRACE(flag + "=: DeepSpeed " + want.dump().substr(0, 300));
+    ++flags;
+    Launch dt = dtrain({flag + "=", "--num_gpus", "2", "--no_python", kCppWorker, "a"}, o);
+    if (want.contains("error")) {
+      ++stops;
+      EXPECT_EQ(dt.result.exit_code, 2) << dt.result.err;
+      const std::string first = dt.result.err.substr(0, dt.result.err.find('\n'));
+      EXPECT_TRUE(contains(first, "dtrain deepspeed: error: " + flag)) << dt.result.err;
+      EXPECT_TRUE(dt.by_rank.empty()) << dt.result.out;
+      continue;
+    }
+    Launch ds;  // what DeepSpeed's launch.py would have started
+    ds.options = o;
+    ds.result.exit_code = 0;
+    for (const auto& w : want["ok"]) {
+      json worker = {{"argv", w["argv"]}, {"env", w["env"]}};
+      ds.by_rank[std::stoi(w["env"].value("RANK", "-1"))] = worker;
+    }
+    expect_same_workers(ds, dt, 2);
+  }
+  // DeepSpeed 0.19.8's runner: 30 option strings besides -h/--help, 18 of which stop on "".
+  EXPECT_EQ(flags, 30) << r.out;
+  EXPECT_EQ(stops, 18) << r.out;
+}
+
 TEST_F(DeepSpeedLauncher, BadFlagsAreNamedWithExitTwoAndNothingStarted) {
   RunOptions o = worker_env();
   const std::string hf = hostfile("localhost slots=2\n# worker-1 slots=4\n");
