@@ -14,6 +14,18 @@ the worker program is started once, its shared libraries load and initialise onc
 workers are forked from it just before main(). "spawn" starts each worker afresh, as torchrun
 does; it shows what the fork server saves.
 
+and, with --deepspeed CMD (DeepSpeed's `deepspeed` launcher, e.g. the venv's bin/deepspeed),
+DeepSpeed's launcher against `dtrain deepspeed` on the same worker:
+
+  dtrain deepspeed --num_gpus N --master_port <free port> --no_python WORKER
+  dtrain deepspeed --start-method spawn ...                      (N >= 2; --no-spawn skips it)
+  CMD --num_gpus N --master_port <free port> --no_python WORKER
+
+`dtrain deepspeed` forks a libtorch program's workers from the fork server as `dtrain run`
+does (each gets its own --local_rank=N, which the worker ignores); with spawn each worker is
+started through dtrain's deepspeed-exec shim and loads its libraries itself, as under
+DeepSpeed (whose launcher also imports deepspeed and torch, twice, before any worker starts).
+
 plus the worker alone, without any launcher (RANK=0 WORLD_SIZE=1 LOCAL_RANK=0
 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port>, OMP_NUM_THREADS=1 as dtrain sets it).
 
@@ -130,6 +142,14 @@ class Config:
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                   "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
             env.pop(k, None)
+        if self.launcher in ("dtrain-ds", "dtrain-ds-spawn", "deepspeed"):
+            env.update(a.worker_env)  # DeepSpeed's launcher passes its environment on, as dtrain's
+            flags = ["--num_gpus", str(self.nproc), "--master_port", str(free_port()), "--no_python"]
+            if self.launcher == "deepspeed":
+                return shlex.split(a.deepspeed) + flags + [a.worker] + a.worker_args, env
+            if self.launcher == "dtrain-ds-spawn":
+                flags = ["--start-method", "spawn"] + flags
+            return [a.dtrain, "deepspeed"] + flags + [a.worker] + a.worker_args, env
         if self.launcher in ("dtrain", "dtrain-spawn"):
             extra = [f"--env={k}={v}" for k, v in a.worker_env.items()]
             if self.launcher == "dtrain-spawn":
@@ -232,6 +252,10 @@ def main() -> int:
     ap.add_argument("--no-spawn", action="store_true",
                     help="skip `dtrain run --start-method spawn` (each worker loads its libraries itself; "
                          "measured by default at N >= 2, where dtrain's default forks workers from a fork server)")
+    ap.add_argument("--deepspeed", metavar="CMD",
+                    help="DeepSpeed's launcher, shell-split (e.g. VENV/bin/deepspeed): also compare "
+                         "it with `dtrain deepspeed` (off by default; DeepSpeed's launcher imports "
+                         "torch, seconds per run)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run")
     a = ap.parse_args()
@@ -251,6 +275,11 @@ def main() -> int:
             configs.append(Config(f"dtrain spawn N={n}", "dtrain-spawn", n))
         if not a.no_torchrun:
             configs.append(Config(f"torchrun N={n}", "torchrun", n))
+        if a.deepspeed:
+            configs.append(Config(f"dtrain ds N={n}", "dtrain-ds", n))
+            if n > 1 and not a.no_spawn:
+                configs.append(Config(f"ds spawn N={n}", "dtrain-ds-spawn", n))
+            configs.append(Config(f"deepspeed N={n}", "deepspeed", n))
 
     load_before = loadavg()
     print(f"launch_bench: {len(configs)} configurations x {a.repeat} runs (+{a.warmup} warm-up), "
@@ -290,6 +319,24 @@ def main() -> int:
                   f"{times(sratio, '15.2f')}")
         print("(dtrain: the default start method - a fork server at N >= 2 for this libtorch worker; "
               "spawn: --start-method spawn)")
+    ds_ratios, ds_spawn_ratios = {}, {}
+    if a.deepspeed:
+        print(f"\n{'N':>3}{'dtrain ds':>11}{'ds spawn':>10}{'deepspeed':>11}{'deepspeed/dtrain':>18}"
+              f"{'deepspeed/spawn':>17}{'spawn/dtrain':>14}")
+        for n in nprocs:
+            d, t = median(by[("dtrain-ds", n)].times), median(by[("deepspeed", n)].times)
+            sp = median(by[("dtrain-ds-spawn", n)].times) if ("dtrain-ds-spawn", n) in by else None
+            ratio = t / d if d and t else None
+            ds_ratios[str(n)] = ratio
+            sratio = t / sp if sp and t else None
+            if sratio:
+                ds_spawn_ratios[str(n)] = sratio
+            gain = sp / d if sp and d else None
+            times = lambda x, spec: fmt(x, spec) + ("x" if x else " ")
+            print(f"{n:>3}{fmt(d, '11.3f')}{fmt(sp, '10.3f')}{fmt(t, '11.3f')}{times(ratio, '17.2f')}"
+                  f"{times(sratio, '16.2f')}{times(gain, '13.2f')}")
+        print("(dtrain ds: `dtrain deepspeed` - the fork server at N >= 2 for this libtorch worker; "
+              "ds spawn: with --start-method spawn;\n deepspeed: DeepSpeed's own launcher)")
     overhead = None
     alone, d1 = by[("alone", 1)], by.get(("dtrain", 1))
     if d1 and alone.times and d1.times:
@@ -307,6 +354,7 @@ def main() -> int:
             "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
                      "loadavg_before": load_before, "loadavg_after": load_after},
             "commands": {"dtrain": a.dtrain, "worker": a.worker, "torchrun": a.torchrun,
+                         "deepspeed": a.deepspeed,
                          "worker_env": a.worker_env},
             "repeat": a.repeat, "warmup": a.warmup, "wait_idle_s": a.wait_idle,
             "configs": [{"name": c.name, "launcher": c.launcher, "nproc": c.nproc,
@@ -315,6 +363,8 @@ def main() -> int:
                          "cpu_median_s": median(c.cpu), "failures": c.failures} for c in configs],
             "torchrun_over_dtrain": ratios,
             "torchrun_over_dtrain_spawn": spawn_ratios,
+            "deepspeed_over_dtrain_deepspeed": ds_ratios,
+            "deepspeed_over_dtrain_deepspeed_spawn": ds_spawn_ratios,
             "dtrain_overhead_n1": overhead,
         }
         with open(a.json, "w") as f:

@@ -37,7 +37,7 @@ dtrain_test(deepspeed_launcher_test LABELS launcher
   SOURCES launcher/deepspeed_launcher_test.cpp launcher/subprocess.cpp)
 dtrain_test_programs(deepspeed_launcher_test DS_ENV_WORKER_BIN ds_env_worker
   CLUSTER_WORKER_BIN cluster_worker)
-add_dependencies(deepspeed_launcher_test dtrain_cli)
+add_dependencies(deepspeed_launcher_test dtrain_cli dtrain_forkserver)
 # The launchers' behaviour does not depend on libtorch (DeepSpeed's side is the venv's either
 # way; ~100 s, most of it DeepSpeed's launcher starting), so once.
 dtrain_test_once(deepspeed_launcher_test torch2)

@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   // torchrun's abbreviated flags (`--nnode 2`), spelled out before anything reads the flags
   // (CLI11 knows no abbreviations).
   std::vector<std::string> spelled(argv, argv + argc);
+  std::vector<std::string> empty_flags;  // `--FLAG=` taken out, applied after parsing
   if (argc >= 2 && spelled[1] == "run") {
     auto dashes = std::find(spelled.begin() + 2, spelled.end(), "--");
     try {
@@ -102,7 +103,10 @@ int main(int argc, char** argv) {
                   "--ray-gpus", "--ray-placement-timeout", "--ray-python"})
               app.add_option(f, [](const std::vector<std::string>&) { return true; });
           });
-      std::copy(run_part.begin(), run_part.end(), spelled.begin() + 2);
+      // torchrun's `--FLAG=` (argparse's empty string): stops, or goes on meaning "".
+      empty_flags = dtrain::take_empty_values(run_part);
+      spelled.erase(spelled.begin() + 2, dashes);
+      spelled.insert(spelled.begin() + 2, run_part.begin(), run_part.end());
     } catch (const dtrain::UsageError& e) {
       std::cerr << "dtrain run: error: " << e.what()
                 << "\nRun 'dtrain run --help' for the flags.\n";
@@ -113,6 +117,7 @@ int main(int argc, char** argv) {
   for (auto& a : spelled) spelled_argv.push_back(a.data());
   spelled_argv.push_back(nullptr);
   argv = spelled_argv.data();
+  argc = static_cast<int>(spelled.size());  // less the `--FLAG=` taken out
   try {
     dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
     dtrain::ray::exec_cli_if_requested(argc, argv);    // `dtrain run --ray-address ADDR ...`
@@ -187,6 +192,7 @@ int main(int argc, char** argv) {
     // of a step: every agent fails alike, and nobody waits for anybody.
     dtrain::refuse_empty_values(flags);
     dtrain::apply_empty_pet_variables(run_args, flags, getenv_);
+    dtrain::apply_empty_values(run_args, empty_flags);
     if (had_dashes) {
       // Before PROGRAM (rest empty) run_args_to_options skips it; after, it is an argument.
       rest.push_back("--");

@@ -25,6 +25,8 @@
 #include "dtrain/env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "launch/cpu_binding.h"
+#include "launch/deepspeed_worker.h"
 #include "launch/gpus.h"
 #include "launch/options_internal.h"
 #include "launch/worker_process.h"
@@ -43,12 +45,15 @@ const char* kUsage =
     "                        [--module | --no_python] [--no_local_rank]\n"
     "                        [--save_pid] [--enable_each_rank_log DIR] [--bind_cores_to_rank]\n"
     "                        [--bind_core_list LIST] [--force_multi] [--no_ssh_check]\n"
-    "                        [--log_level L] [-q] PROGRAM [ARGS...]\n"
+    "                        [--log_level L] [-q] [--start-method auto|spawn|forkserver]\n"
+    "                        PROGRAM [ARGS...]\n"
     "  DeepSpeed's `deepspeed` launcher on dtrain's: workers get RANK, LOCAL_RANK, WORLD_SIZE,\n"
     "  LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and\n"
     "  --local_rank=N, as DeepSpeed gives them. PROGRAM runs under python unless --no_python\n"
     "  or it is a compiled executable. Hosts of a hostfile (default /job/hostfile) start over\n"
-    "  ssh. Details: docs/deepspeed_launcher.md.\n";
+    "  ssh. A libtorch program's workers are forked from one loaded copy, as under `dtrain run`\n"
+    "  (--start-method spawn: each loads its libraries itself). Details:\n"
+    "  docs/deepspeed_launcher.md.\n";
 
 constexpr const char* kDefaultHostfile = "/job/hostfile";  // DeepSpeed's DLTS_HOSTFILE
 
@@ -263,14 +268,19 @@ int deepspeed_main(const std::vector<std::string>& args) {
     std::string rank_log_dir, bind_core_list, launcher_args, venv_script, autotuning;
     bool hostfile_given = false, module = false, no_python = false, no_local_rank = false;
     bool no_ssh = false, force_multi = false, save_pid = false, bind_cores = false;
-    std::string ssh_identity;
+    std::string ssh_identity, start_method = "auto";
     std::vector<std::string> ssh_args;
+    // `--flag=` (argparse's empty string) for flags where DeepSpeed goes on with "" and what it
+    // means depends on the job: checked once the job is known.
+    bool empty_launcher = false, empty_venv_script = false, empty_bind_core_list = false;
     int num_nodes = -1, num_gpus = -1, master_port = 29500, node_rank = -1, ssh_port = -1;
     size_t i = 0;
     for (; i < args.size(); ++i) {
       std::string a = args[i], inline_value;
       bool has_inline = false;
-      if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      // `--flag=VALUE`, and as argparse also `-H=VALUE` (a short flag's value after "=").
+      const bool short_inline = a.size() >= 3 && a[0] == '-' && a[1] != '-' && a[2] == '=';
+      if ((a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) || short_inline) {
         inline_value = a.substr(a.find('=') + 1);
         a = a.substr(0, a.find('='));
         has_inline = true;
@@ -292,9 +302,16 @@ int deepspeed_main(const std::vector<std::string>& args) {
         break;
       }
       if (a.empty() || a[0] != '-') break;  // PROGRAM
+      // dtrain's own flags have no DeepSpeed to follow: an empty value is an error.
+      if (has_inline && inline_value.empty() &&
+          (a == "--start-method" || a == "--start_method" || a == "--ssh-identity" ||
+           a == "--ssh-arg"))
+        throw UsageError(a + "=: an empty value; give one (" + a + "=VALUE) or leave the flag out");
       if (a == "-H" || a == "--hostfile") {
         hostfile = value();
-        hostfile_given = true;
+        // DeepSpeed finds no file at "" and runs on this node's devices, as without -H.
+        hostfile_given = !hostfile.empty();
+        if (hostfile.empty()) hostfile = kDefaultHostfile;
       } else if (a == "-i" || a == "--include") {
         include = value();
       } else if (a == "-e" || a == "--exclude") {
@@ -314,6 +331,7 @@ int deepspeed_main(const std::vector<std::string>& args) {
         node_rank = parse_int(a, value());
       } else if (a == "--launcher") {
         launcher = value();
+        empty_launcher = launcher.empty();
       } else if (a == "--launcher_args") {
         launcher_args = value();
       } else if (a == "--module") {
@@ -341,19 +359,27 @@ int deepspeed_main(const std::vector<std::string>& args) {
         if (rank_log_dir == "None") rank_log_dir.clear();  // DeepSpeed's "off"
       } else if (a == "--autotuning") {
         autotuning = value();
+        if (autotuning.empty())  // argparse's choices: DeepSpeed stops on it too
+          throw UsageError(
+              "--autotuning=: an empty value; DeepSpeed takes tune or run (and "
+              "dtrain deepspeed neither: leave the flag out)");
       } else if (a == "--bind_cores_to_rank") {
         no_value();
         bind_cores = true;
       } else if (a == "--bind_core_list") {
         bind_core_list = value();
+        empty_bind_core_list = bind_core_list.empty();
       } else if (a == "--ssh_port") {
         ssh_port = parse_int(a, value());
+      } else if (a == "--start-method" || a == "--start_method") {  // dtrain's, as `dtrain run`'s
+        start_method = value();
       } else if (a == "--ssh-identity") {  // dtrain's, as `dtrain run --ssh-identity`
         ssh_identity = value();
       } else if (a == "--ssh-arg") {  // dtrain's, as `dtrain run --ssh-arg` (repeatable)
         ssh_args.push_back(value());
       } else if (a == "--venv_script") {
         venv_script = value();
+        empty_venv_script = venv_script.empty();
       } else if (a == "--log_level") {
         const std::string l = value();
         if (l != "debug" && l != "info" && l != "warning" && l != "error" && l != "critical")
@@ -379,7 +405,7 @@ int deepspeed_main(const std::vector<std::string>& args) {
                        "DeepSpeed's own launcher, then start the tuned config here");
     std::string l = launcher;
     std::transform(l.begin(), l.end(), l.begin(), ::tolower);
-    if (l != "pdsh" && l != "ssh")
+    if (l != "pdsh" && l != "ssh" && !empty_launcher)
       throw UsageError("--launcher " + launcher +
                        ": dtrain deepspeed starts other nodes over ssh only (pdsh and ssh mean "
                        "the same here); for Slurm or MPI run `srun/mpirun dtrain run` "
@@ -465,6 +491,39 @@ int deepspeed_main(const std::vector<std::string>& args) {
           "give --node_rank 0.." +
           std::to_string(active.size() - 1) + " (the hosts after filtering)");
     const bool multi_node = (force_multi || active.size() > 1) && !no_ssh;
+    // As DeepSpeed with `--flag=`: one node runs without a launcher or a venv script; across
+    // nodes its runner stops on an unknown launcher "" and pdsh on `source ;`.
+    if (multi_node && empty_launcher)
+      throw UsageError(
+          "--launcher=: an empty launcher name; give --launcher pdsh (or ssh) to start other "
+          "nodes, or leave the flag out");
+    if (multi_node && empty_venv_script)
+      throw UsageError(
+          "--venv_script=: an empty script to source on every node; leave the flag out");
+    if (bind_cores && empty_bind_core_list)
+      throw UsageError(
+          "--bind_core_list=: an empty core list (DeepSpeed: \"Bad range: '', range must be "
+          "either a number or two number separated by dash\"); give cores such as 0-7 or "
+          "leave the flag out");
+    if (bind_cores) {
+      // DeepSpeed's launch.py checks these on each node before it starts a worker.
+      if (std::getenv("KMP_AFFINITY"))
+        throw UsageError(
+            "Environment variable KMP_AFFINITY conflicts with numactl because it interfere with "
+            "how many CPU cores numactl can set. Unset KMP_AFFINITY before launching deepspeed "
+            "(--bind_cores_to_rank)");
+      // This node's ranks, when they run here (other hosts check their own as they start).
+      if (!multi_node) {
+        const auto& here = active[static_cast<size_t>(no_ssh ? node_rank : 0)].slots;
+        const auto numa = numa_node_cpus();
+        const int cores = physical_core_count();
+        for (size_t lr = 0; lr < here.size(); ++lr)
+          ds_numactl(bind_core_list, static_cast<int>(here.size()), static_cast<int>(lr), numa,
+                     cores);
+      } else if (!bind_core_list.empty()) {
+        parse_cpu_list("--bind_core_list", bind_core_list);
+      }
+    }
 
     // What to run: python -u [-m] SCRIPT, or PROGRAM itself.
     LaunchOptions check;
@@ -472,6 +531,7 @@ int deepspeed_main(const std::vector<std::string>& args) {
     check.module = module;
     check.no_python = no_python || (!module && is_elf(program));
     check.run_path = !check.no_python && !module;  // DeepSpeed runs any script with python
+    check.start_method = start_method == "fork" ? "forkserver" : start_method;
     validate_launch_options(check);
 
     if (!rank_log_dir.empty()) {
@@ -486,30 +546,18 @@ int deepspeed_main(const std::vector<std::string>& args) {
     }
 
     // The shim's command line: every node's slots in node order, and what DeepSpeed's
-    // launch.py would do with the script.
-    std::string world;
-    for (auto& h : active) {
-      if (!world.empty()) world += '/';
-      world += join(h.slots);
+    // launch.py would do with the script (launch/deepspeed_worker.h).
+    DsExec ds;
+    for (auto& h : active) ds.world.push_back(h.slots);
+    ds.master_port = std::to_string(master_port);
+    ds.no_local_rank = no_local_rank;
+    ds.no_python = check.no_python;
+    if (!check.no_python) {
+      ds.python = check.python;
+      ds.module = module;
     }
-    std::vector<std::string> shim = {self_exe().path, "deepspeed-exec",           "--world", world,
-                                     "--master_port", std::to_string(master_port)};
-    if (no_local_rank) shim.push_back("--no_local_rank");
-    if (check.no_python) {
-      shim.push_back("--no_python");
-    } else {
-      shim.insert(shim.end(), {"--python", check.python});
-      if (module) shim.push_back("--module");
-    }
-    std::string drop;
-    for (const auto& n : torchrun_only_names()) {
-      // OMP_NUM_THREADS: DeepSpeed sets it only when binding cores (as the agent then does).
-      if (n == "OMP_NUM_THREADS" && bind_cores) continue;
-      if (std::getenv(n.c_str())) continue;
-      if (!drop.empty()) drop += ',';
-      drop += n;
-    }
-    shim.insert(shim.end(), {"--drop", drop});
+    for (const auto& n : torchrun_only_names())
+      if (!std::getenv(n.c_str())) ds.drop.push_back(n);
     if (!rank_log_dir.empty()) {
       // One time stamp for every rank of the job: DeepSpeed's <YYYYmmddHHMMSS>_rank<R>.log.
       char stamp[32];
@@ -517,17 +565,20 @@ int deepspeed_main(const std::vector<std::string>& args) {
       std::tm tm{};
       ::localtime_r(&now, &tm);
       std::strftime(stamp, sizeof stamp, "%Y%m%d%H%M%S", &tm);
-      shim.insert(shim.end(),
-                  {"--rank_log", (std::filesystem::absolute(rank_log_dir) / stamp).string()});
+      ds.rank_log = (std::filesystem::absolute(rank_log_dir) / stamp).string();
     }
-    shim.push_back("--");
-    shim.push_back(program);  // as given: DeepSpeed's workers see it so in argv
-    shim.insert(shim.end(), user_args.begin(), user_args.end());
+    // Core binding is DeepSpeed's (numactl per LOCAL_RANK), done where each worker starts (the
+    // shim, or the fork server), not the agent's own --bind-cores-to-rank.
+    ds.bind_cores = bind_cores;
+    ds.bind_core_list = bind_core_list;
+    ds.program = program;  // as given: DeepSpeed's workers see it so in argv
+    ds.args = user_args;
+    std::vector<std::string> shim = {self_exe().path, "deepspeed-exec"};
+    for (auto& a : ds_exec_args(ds)) shim.push_back(a);
 
     RunArgs ra;
     ra.no_slurm = true;  // the hosts come from the hostfile or this node, as DeepSpeed's
-    ra.bind_cores_to_rank = bind_cores;
-    ra.bind_core_list = bind_core_list;
+    ra.start_method = start_method;
     if (ssh_port > 0) ra.ssh_port = std::to_string(ssh_port);
     ra.ssh_identity = ssh_identity;
     ra.ssh_args = ssh_args;
@@ -618,93 +669,39 @@ int deepspeed_exec_main(const std::vector<std::string>& args) {
     std::cerr << "dtrain deepspeed-exec: " << why << " (this is dtrain deepspeed's worker shim)\n";
     return 2;
   };
-  std::string world, master_port, python, drop, rank_log;
-  bool no_local_rank = false, module = false, no_python = false;
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
+  try {
+    const DsExec e = parse_ds_exec(args);
+    const char* group = std::getenv("GROUP_RANK");
+    const char* local = std::getenv("LOCAL_RANK");
+    if (!group || !local) return fail("GROUP_RANK/LOCAL_RANK are not set");
+    const int node = std::atoi(group);
+    const DsWorker w = ds_worker(e, node, std::atoi(local));
+    const std::vector<std::string> env = ds_worker_env(current_environment(), e, node, w);
+    ::clearenv();
+    for (const auto& kv : env) {
+      const auto eq = kv.find('=');
+      if (eq != std::string::npos) ::setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1);
     }
-    auto value = [&]() { return i + 1 < args.size() ? args[++i] : std::string(); };
-    if (a == "--world")
-      world = value();
-    else if (a == "--master_port")
-      master_port = value();
-    else if (a == "--python")
-      python = value();
-    else if (a == "--drop")
-      drop = value();
-    else if (a == "--rank_log")
-      rank_log = value();
-    else if (a == "--no_local_rank")
-      no_local_rank = true;
-    else if (a == "--module")
-      module = true;
-    else if (a == "--no_python")
-      no_python = true;
-    else
-      return fail("unknown option '" + a + "'");
+    if (w.binding && !apply_numactl(*w.binding)) {
+      std::string cmd;
+      for (const auto& c : w.binding->command()) cmd += (cmd.empty() ? "" : " ") + c;
+      return fail("cannot bind local rank " + std::to_string(w.local_rank) + " as `" + cmd +
+                  "` would: " + std::strerror(errno));
+    }
+    if (!w.log_path.empty()) {
+      // DeepSpeed's --enable_each_rank_log: stdout and stderr to one file per rank.
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(w.log_path).parent_path(), ec);
+      int fd = ::open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) return fail("cannot create " + w.log_path + ": " + std::strerror(errno));
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+      ::close(fd);
+    }
+    return exec_program(w.argv, "dtrain deepspeed-exec");
+  } catch (const UsageError& e) {
+    return fail(e.what());
   }
-  if (i >= args.size() || world.empty()) return fail("missing --world or PROGRAM");
-  const char* group = std::getenv("GROUP_RANK");
-  const char* local = std::getenv("LOCAL_RANK");
-  if (!group || !local) return fail("GROUP_RANK/LOCAL_RANK are not set");
-  const int node = std::atoi(group), position = std::atoi(local);
-  std::vector<std::vector<int>> nodes;
-  std::stringstream ss(world);
-  for (std::string n; std::getline(ss, n, '/');) nodes.push_back(parse_slots(world, n));
-  if (node < 0 || node >= static_cast<int>(nodes.size()) || position < 0 ||
-      position >= static_cast<int>(nodes[static_cast<size_t>(node)].size()))
-    return fail("GROUP_RANK " + std::string(group) + " / LOCAL_RANK " + local +
-                " do not fit --world " + world);
-  // DeepSpeed's numbering: ranks in node order, each node's slots in turn.
-  int rank = position, world_size = 0;
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    if (static_cast<int>(n) < node) rank += static_cast<int>(nodes[n].size());
-    world_size += static_cast<int>(nodes[n].size());
-  }
-  const auto& mine = nodes[static_cast<size_t>(node)];
-  // As DeepSpeed's launch.py: RANK % LOCAL_SIZE, not the position on the host. The two differ
-  // where the hosts before this one hold a number of slots that is not a multiple of this
-  // host's (hosts of 2 and 3 slots: ranks 2,3,4 on the second get LOCAL_RANK 2,0,1). Each
-  // host's local ranks are still 0..LOCAL_SIZE-1, once each.
-  const int local_rank = rank % static_cast<int>(mine.size());
-  std::stringstream dropped(drop);
-  for (std::string n; std::getline(dropped, n, ',');)
-    if (!n.empty()) ::unsetenv(n.c_str());
-  const std::pair<const char*, std::string> vars[] = {
-      {"CUDA_VISIBLE_DEVICES", join(mine)},
-      {"MASTER_PORT", master_port},
-      {"WORLD_SIZE", std::to_string(world_size)},
-      {"CROSS_RANK", std::to_string(node)},
-      {"CROSS_SIZE", std::to_string(nodes.size())},
-      {"LOCAL_SIZE", std::to_string(mine.size())},
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-  };
-  for (auto& [k, v] : vars) ::setenv(k, v.c_str(), 1);
-  std::vector<std::string> argv;
-  if (!no_python) {
-    argv = {python.empty() ? param::kPython.get() : python, "-u"};
-    if (module) argv.push_back("-m");
-  }
-  argv.push_back(args[i]);
-  if (!no_local_rank) argv.push_back("--local_rank=" + std::to_string(local_rank));
-  argv.insert(argv.end(), args.begin() + static_cast<long>(i) + 1, args.end());
-  if (!rank_log.empty()) {
-    // DeepSpeed's --enable_each_rank_log: stdout and stderr to one file per rank.
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(rank_log).parent_path(), ec);
-    const std::string path = rank_log + "_rank" + std::to_string(rank) + ".log";
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return fail("cannot create " + path + ": " + std::strerror(errno));
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::close(fd);
-  }
-  return exec_program(std::move(argv), "dtrain deepspeed-exec");
 }
 
 }  // namespace dtrain::launch

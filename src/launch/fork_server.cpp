@@ -143,20 +143,36 @@ std::string fork_server_library() {
 
 namespace {
 
-std::string spec_bytes(const std::vector<std::pair<int, int>>& write_ends,
-                       const std::vector<std::vector<std::string>>& envs) {
-  std::string spec;
-  put_u32(spec, dtrain_forkserver::kMagic);
-  put_u32(spec, static_cast<uint32_t>(envs.size()));
-  put_u32(spec, static_cast<uint32_t>(::getpid()));
-  for (size_t r = 0; r < envs.size(); ++r) {
-    put_u32(spec, static_cast<uint32_t>(write_ends[r].first));
-    put_u32(spec, static_cast<uint32_t>(write_ends[r].second));
-    put_u32(spec, static_cast<uint32_t>(envs[r].size()));
-    for (const auto& e : envs[r]) {
+// One worker's entry of a spec (protocol.h), after its two fds in a cold spec.
+void put_worker(std::string& spec, const ForkServerWorker& w) {
+  auto strings = [&](const std::vector<std::string>& v) {
+    put_u32(spec, static_cast<uint32_t>(v.size()));
+    for (const auto& e : v) {
       put_u32(spec, static_cast<uint32_t>(e.size()));
       spec += e;
     }
+  };
+  auto ints = [&](const std::vector<int>& v) {
+    put_u32(spec, static_cast<uint32_t>(v.size()));
+    for (int x : v) put_u32(spec, static_cast<uint32_t>(x));
+  };
+  strings(w.env);
+  strings(w.argv);
+  ints(w.cpus);
+  put_u32(spec, static_cast<uint32_t>(w.mem_policy));
+  ints(w.mem_nodes);
+}
+
+std::string spec_bytes(const std::vector<std::pair<int, int>>& write_ends,
+                       const std::vector<ForkServerWorker>& workers) {
+  std::string spec;
+  put_u32(spec, dtrain_forkserver::kMagic);
+  put_u32(spec, static_cast<uint32_t>(workers.size()));
+  put_u32(spec, static_cast<uint32_t>(::getpid()));
+  for (size_t r = 0; r < workers.size(); ++r) {
+    put_u32(spec, static_cast<uint32_t>(write_ends[r].first));
+    put_u32(spec, static_cast<uint32_t>(write_ends[r].second));
+    put_worker(spec, workers[r]);
   }
   return spec;
 }
@@ -223,10 +239,10 @@ ForkServer::ForkServer(const ForkServerLaunch& l, std::vector<int>& out_fds,
   launch(l, out_fds, err_fds, true);
 }
 
-void ForkServer::start(const std::vector<std::vector<std::string>>& envs) {
-  DTRAIN_ASSERT(go_fd_ >= 0 && envs.size() == write_ends_.size(),
+void ForkServer::start(const std::vector<ForkServerWorker>& workers) {
+  DTRAIN_ASSERT(go_fd_ >= 0 && workers.size() == write_ends_.size(),
                 "start() needs a waiting standby of this size");
-  const bool ok = write_fd(spec_fd_, spec_bytes(write_ends_, envs)) && write_fd(go_fd_, "g");
+  const bool ok = write_fd(spec_fd_, spec_bytes(write_ends_, workers)) && write_fd(go_fd_, "g");
   const int e = errno;
   ::close(spec_fd_);
   ::close(go_fd_);
@@ -238,7 +254,7 @@ void ForkServer::start(const std::vector<std::vector<std::string>>& envs) {
 
 void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds,
                         std::vector<int>& err_fds, bool standby) {
-  const size_t n = l.envs.size();
+  const size_t n = l.workers.size();
   DTRAIN_ASSERT(n >= 1, "a fork server needs a worker");
   if (!l.warm_socket.empty()) {
     start_warm(l, out_fds, err_fds);
@@ -277,7 +293,7 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds,
       fail("pipe");
     }
     ours.push_back(spec_fd_), ours.push_back(go[1]), theirs.push_back(go[0]);
-  } else if (!write_fd(spec_fd, spec_bytes(write_ends, l.envs))) {
+  } else if (!write_fd(spec_fd, spec_bytes(write_ends, l.workers))) {
     fail("writing the fork server's spec");
   }
 
@@ -323,7 +339,7 @@ void ForkServer::launch(const ForkServerLaunch& l, std::vector<int>& out_fds,
 
 void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds,
                             std::vector<int>& err_fds) {
-  const size_t n = l.envs.size();
+  const size_t n = l.workers.size();
   if (2 * n + 2 > 256) throw Error("the warm fork server takes at most 127 workers per launch");
   std::vector<int> ours, theirs;
   auto fail = [&](const std::string& what) {
@@ -351,13 +367,7 @@ void ForkServer::start_warm(const ForkServerLaunch& l, std::vector<int>& out_fds
     put_u32(spec, static_cast<uint32_t>(a.size()));
     spec += a;
   }
-  for (size_t r = 0; r < n; ++r) {
-    put_u32(spec, static_cast<uint32_t>(l.envs[r].size()));
-    for (const auto& e : l.envs[r]) {
-      put_u32(spec, static_cast<uint32_t>(e.size()));
-      spec += e;
-    }
-  }
+  for (const auto& w : l.workers) put_worker(spec, w);
   if (!write_fd(spec_fd, spec)) fail("writing the fork server's spec");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

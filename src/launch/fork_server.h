@@ -38,11 +38,20 @@ bool fork_server_pays_off(const ProgramInfo& info);
 // an install moved by --prefix works), else the install prefix's; "" when there is none.
 std::string fork_server_library();
 
+// One worker of a launch: what it runs with (the spec's entry, forkserver/protocol.h).
+struct ForkServerWorker {
+  std::vector<std::string> env;   // its whole environment
+  std::vector<std::string> argv;  // its own command line; empty: the launch's (argv below)
+  std::vector<int> cpus;          // the logical CPUs it runs on; empty: not bound
+  int mem_policy = 0;             // 0, or set_mempolicy's MPOL_BIND / MPOL_PREFERRED
+  std::vector<int> mem_nodes;     // the policy's NUMA nodes (numactl -m / -p)
+};
+
 struct ForkServerLaunch {
-  std::vector<std::string> argv;               // the program and its arguments
-  std::vector<std::string> common_env;         // what every worker has in common
-  std::vector<std::vector<std::string>> envs;  // each worker's whole environment
-  std::string library;                         // fork_server_library()
+  std::vector<std::string> argv;          // the program and its arguments (argv[0]: its path)
+  std::vector<std::string> common_env;    // what every worker has in common
+  std::vector<ForkServerWorker> workers;  // one per worker
+  std::string library;                    // fork_server_library()
   // Non-empty: a warm server's socket (DTRAIN_FORKSERVER_WARM_SOCKET, set by a Tuner that
   // keeps one server for all its trials). The workers are forked from that server's loaded
   // program instead of a new one; they stay the children of a launch server it forks for
@@ -64,15 +73,15 @@ class ForkServer {
   // the caller owns them). Throws dtrain::Error when the program cannot be executed.
   ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds);
   // A standby server for a later attempt: it loads the program's libraries now and then
-  // waits, before forking, until start() hands it the workers' environments (launch.envs
-  // gives only their number; their contents are ignored). Dropped unstarted, it exits 0
-  // without running any of the program's own code.
+  // waits, before forking, until start() hands it the workers (launch.workers gives only their
+  // number; their contents are ignored). Dropped unstarted, it exits 0 without running any of
+  // the program's own code.
   struct Standby {};
   ForkServer(const ForkServerLaunch& launch, std::vector<int>& out_fds, std::vector<int>& err_fds,
              Standby);
-  // A standby's go-ahead: the workers' whole environments, one per worker (as many as it was
-  // made for). Throws dtrain::Error when the server cannot be told (it is gone).
-  void start(const std::vector<std::vector<std::string>>& envs);
+  // A standby's go-ahead: the workers, as many as it was made for. Throws dtrain::Error when
+  // the server cannot be told (it is gone).
+  void start(const std::vector<ForkServerWorker>& workers);
   bool waiting() const { return go_fd_ >= 0; }  // a standby not started yet
   ~ForkServer();
   ForkServer(const ForkServer&) = delete;

@@ -28,6 +28,7 @@
 #include "dtrain/launch.h"
 #include "engines/engine.h"
 #include "launch/cpu_binding.h"
+#include "launch/deepspeed_worker.h"
 #include "launch/fork_server.h"
 #include "launch/gpus.h"
 #include "launch/guard.h"
@@ -502,7 +503,9 @@ void apply_torchrun2_args(LaunchOptions& o, const RunArgs& a) {
   static const std::set<std::string> known = {"SIGTERM", "SIGINT",  "SIGHUP",
                                               "SIGQUIT", "SIGUSR1", "SIGUSR2"};
   size_t pos = 0;
-  while (pos <= a.signals_to_handle.size()) {
+  // Empty (`--signals-to-handle=`): torchrun's agent handles none (it warns for the name "")
+  // and its workers get TORCHELASTIC_SIGNALS_TO_HANDLE=''.
+  while (!a.signals_to_handle.empty() && pos <= a.signals_to_handle.size()) {
     size_t comma = a.signals_to_handle.find(',', pos);
     const std::string sig = a.signals_to_handle.substr(
         pos, comma == std::string::npos ? std::string::npos : comma - pos);
@@ -685,7 +688,7 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   o.redirects = parse_stream_spec("--redirects", a.redirects);
   o.tee = parse_stream_spec("--tee", a.tee);
   o.role = a.role;
-  if (o.role.empty()) throw UsageError("--role: got an empty name, expected a role name");
+  // An empty role (`--role=`, as torchrun runs it): ROLE_NAME='' and the prefix "[0]:".
   o.malloc_hugepages = a.malloc_hugepages;
   o.bind_cores_to_rank = a.bind_cores_to_rank;
   if (!a.bind_core_list.empty()) {
@@ -760,6 +763,102 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   if (first == 0 && rest.size() > 1 && rest[1] == "--") args_from = 2;
   o.args.assign(rest.begin() + static_cast<long>(args_from), rest.end());
   return o;
+}
+
+namespace {
+
+// What torchrun 2.11 does with `--FLAG=` (argparse hands its type "" as the value), flag by flag;
+// ParseRunArgs.EmptyFlagValuesAsUnderTorchrun (tests/unit/launch_options_test.cpp) asks the
+// venv's torchrun for each flag and compares; LauncherTest.EmptyRoleAndSignalListRunAsUnderTorchrun
+// runs the two that keep "".
+enum class EmptyValue {
+  kAsAbsent,  // "" is the flag's default (or falsy where it is read): as without the flag
+  kEmpty,     // torchrun runs with "" itself (an empty role name, no signal to handle)
+  kRandomId,  // --rdzv-id=: the launcher draws a run id
+};
+struct EmptyFlag {
+  const char* name;    // dashed, without "--"
+  EmptyValue goes_on;  // where torchrun goes on
+  const char* stops;   // nullptr, or torchrun's error where it stops
+};
+constexpr EmptyFlag kEmptyFlags[] = {
+    {"nnodes", {}, "ValueError: invalid literal for int() with base 10: ''"},
+    {"nproc-per-node", {}, "ValueError: Unsupported nproc_per_node value: ''"},
+    {"rdzv-backend", {}, "ValueError: The rendezvous backend name must be a non-empty string."},
+    {"rdzv-endpoint", EmptyValue::kAsAbsent, nullptr},
+    {"rdzv-id", EmptyValue::kRandomId, nullptr},
+    {"rdzv-conf", EmptyValue::kAsAbsent, nullptr},
+    {"standalone", {}, "error: argument --standalone: ignored explicit argument ''"},
+    {"max-restarts", {}, "error: argument --max-restarts: invalid int value: ''"},
+    {"monitor-interval", {}, "error: argument --monitor-interval: invalid float value: ''"},
+    {"start-method", {}, "error: argument --start-method: invalid choice: ''"},
+    {"event-log-handler", {}, "KeyError: ''"},
+    {"role", EmptyValue::kEmpty, nullptr},
+    {"module", {}, "error: argument -m/--module: ignored explicit argument ''"},
+    {"no-python", {}, "error: argument --no-python: ignored explicit argument ''"},
+    {"run-path", {}, "error: argument --run-path: ignored explicit argument ''"},
+    {"log-dir", EmptyValue::kAsAbsent, nullptr},
+    {"redirects", {}, "ValueError: '' does not match 0-3 or R:M,..."},
+    {"tee", {}, "ValueError: '' does not match 0-3 or R:M,..."},
+    {"local-ranks-filter", EmptyValue::kAsAbsent, nullptr},
+    {"duplicate-stdout-filters", EmptyValue::kAsAbsent, nullptr},
+    {"duplicate-stderr-filters", EmptyValue::kAsAbsent, nullptr},
+    {"node-rank", {}, "error: argument --node-rank: invalid int value: ''"},
+    {"master-addr", {}, "ValueError: The hostname of the rendezvous endpoint ':PORT' must be ..."},
+    {"master-port", {}, "error: argument --master-port: invalid int value: ''"},
+    {"local-addr", EmptyValue::kAsAbsent, nullptr},
+    {"logs-specs", {}, "ValueError: Could not find entrypoint under 'torchrun.logs_specs[]' key"},
+    {"numa-binding", {}, "error: argument --numa-binding: invalid choice: ''"},
+    {"signals-to-handle", EmptyValue::kEmpty, nullptr},
+    {"virtual-local-rank",
+     {},
+     "error: argument --virtual-local-rank: ignored explicit argument ''"},
+};
+
+}  // namespace
+
+std::vector<std::string> take_empty_values(std::vector<std::string>& args) {
+  CLI::App app{"dtrain run"};
+  RunArgs scratch;
+  add_run_options(app, scratch);
+  std::vector<std::string> kept;  // the flags whose "" means something, dashed
+  for (size_t i = 0; i < args.size();) {
+    const std::string arg = args[i];
+    if (arg == "--" || arg.empty() || arg[0] != '-' || arg == "-") break;  // PROGRAM
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos) {
+      // A flag that takes its value from the next argument skips it.
+      const CLI::Option* opt = app.get_option_no_throw(arg);
+      i += (opt != nullptr && opt->get_items_expected_min() > 0) ? 2 : 1;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0 || eq != arg.size() - 1) {
+      ++i;
+      continue;
+    }
+    std::string name = arg.substr(2, eq - 2);
+    std::replace(name.begin(), name.end(), '_', '-');
+    const auto* flag = std::find_if(std::begin(kEmptyFlags), std::end(kEmptyFlags),
+                                    [&](const EmptyFlag& f) { return name == f.name; });
+    if (flag == std::end(kEmptyFlags)) {
+      // dtrain's own flags: no torchrun to follow; CLI11 would take the next argument.
+      throw UsageError(arg + ": an empty value; give one (" + arg + "VALUE) or leave the flag out");
+    }
+    if (flag->stops != nullptr)
+      throw UsageError(arg + ": an empty value; torchrun 2.11 stops on it too (" + flag->stops +
+                       "): give one (" + arg + "VALUE) or leave the flag out");
+    if (flag->goes_on != EmptyValue::kAsAbsent) kept.push_back(name);
+    args.erase(args.begin() + static_cast<long>(i));
+  }
+  return kept;
+}
+
+void apply_empty_values(RunArgs& a, const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    if (n == "role") a.role.clear();
+    if (n == "signals-to-handle") a.signals_to_handle.clear();
+    if (n == "rdzv-id") a.rdzv_id.clear();  // run_args_to_options draws one
+  }
 }
 
 void refuse_empty_values(const std::vector<std::string>& options) {
@@ -851,13 +950,9 @@ void apply_empty_pet_variables(RunArgs& a, const std::vector<std::string>& args,
                      "): unset " + var + " or give it a value");
   }
   // torchrun runs with an empty role name (ROLE_NAME='', the console prefix "[0]:") and no
-  // signal to handle; dtrain needs both, as on its command line.
-  for (const char* name : {"role", "signals-to-handle"}) {
-    if (!empty(name)) continue;
-    const std::string var = pet_variable(name);
-    throw UsageError(var + " is set but empty; dtrain needs a value here (torchrun 2.11 runs " +
-                     "with an empty one): unset " + var + " or give it a value");
-  }
+  // signal to handle; so does dtrain, as with `--role=` on its command line.
+  if (empty("role")) a.role.clear();
+  if (empty("signals-to-handle")) a.signals_to_handle.clear();
   // torchrun's launcher draws a run id for an empty one (run_args_to_options does).
   if (empty("rdzv-id")) a.rdzv_id.clear();
 }
@@ -968,7 +1063,8 @@ std::vector<std::string> spell_out_abbreviations(std::vector<std::string> args,
 }
 
 LaunchOptions parse_run_args(const std::vector<std::string>& given) {
-  const std::vector<std::string> args = spell_out_abbreviations(given);
+  std::vector<std::string> args = spell_out_abbreviations(given);
+  const auto empty = take_empty_values(args);
   CLI::App app{"dtrain run"};
   RunArgs a;
   add_run_options(app, a);
@@ -983,6 +1079,7 @@ LaunchOptions parse_run_args(const std::vector<std::string>& given) {
       args.begin(), args.end() - static_cast<std::ptrdiff_t>(remaining.size()));
   refuse_empty_values(options);
   apply_empty_pet_variables(a, options, [](const char* name) { return std::getenv(name); });
+  apply_empty_values(a, empty);
   return run_args_to_options(a, remaining);
 }
 
@@ -1126,9 +1223,19 @@ void validate_launch_options(LaunchOptions& o) {
   }
 }
 
+std::string fork_server_program(const LaunchOptions& o) {
+  // `dtrain deepspeed`'s workers: the shim's PROGRAM, which it would exec without python.
+  if (const auto ds = launch::deepspeed_shim_of(o)) {
+    if (!ds->no_python) return "";
+    return ds->program.find('/') != std::string::npos ? ds->program : find_in_path(ds->program);
+  }
+  return runs_with_python(o) ? "" : o.program;
+}
+
 bool uses_fork_server(const LaunchOptions& o) {
-  if (o.start_method == "spawn" || runs_with_python(o)) return false;
-  const auto info = launch::inspect_program(o.program);
+  const std::string program = fork_server_program(o);
+  if (o.start_method == "spawn" || program.empty()) return false;
+  const auto info = launch::inspect_program(program);
   if (!launch::fork_server_can_start(info)) return false;
   // One worker per node gains nothing from sharing a load - unless the job can restart: then
   // the agent keeps the next attempt's server loaded (a standby) and a restart skips the load.

@@ -83,6 +83,14 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a);
 // caller adds beside add_run_options' (dtrain's --mlflow-run-id).
 std::vector<std::string> spell_out_abbreviations(
     std::vector<std::string> args, const std::function<void(CLI::App&)>& more = nullptr);
+// torchrun 2.11's answer to `--FLAG=` (argparse takes "" as the value) among `args` (`dtrain
+// run`'s, up to PROGRAM or "--"): where torchrun stops, a UsageError naming the flag (with
+// torchrun's error); where it goes on, the argument is removed (CLI11 would take the next
+// argument as its value) and, where "" is not the flag's default, its name (dashed) returned for
+// apply_empty_values(): an empty role, no signal to handle, a random run id. dtrain's own flags
+// have no torchrun to follow: an empty value is a UsageError.
+std::vector<std::string> take_empty_values(std::vector<std::string>& args);
+void apply_empty_values(RunArgs& a, const std::vector<std::string>& names);
 // Throws UsageError for a `--flag=` with an empty value among `options` (the arguments before
 // PROGRAM): CLI11 would take the next argument as its value (`--role= true sh` ran sh).
 void refuse_empty_values(const std::vector<std::string>& options);
@@ -93,9 +101,10 @@ std::string name_env_source(const std::string& what, const std::vector<std::stri
                             const std::function<const char*(const char*)>& env);
 // torchrun's answer to a PET_<NAME> variable that is set but empty, for the options not among
 // `args` (those before PROGRAM): a UsageError naming the variable where torchrun 2.11 stops on
-// it (PET_NNODES=, PET_MAX_RESTARTS=, PET_STANDALONE=, ...) and where dtrain needs a value
-// (PET_ROLE=, PET_SIGNALS_TO_HANDLE=); an empty run id in `a` for PET_RDZV_ID= (a random one,
-// as torchrun's); nothing where torchrun runs as without the variable (PET_LOG_DIR=, ...).
+// it (PET_NNODES=, PET_MAX_RESTARTS=, PET_STANDALONE=, ...); an empty role, no signal to handle and
+// an empty run id in `a` for PET_ROLE=, PET_SIGNALS_TO_HANDLE= and PET_RDZV_ID= (torchrun runs so;
+// a random run id, as torchrun's); nothing where torchrun runs as without the variable
+// (PET_LOG_DIR=, ...).
 void apply_empty_pet_variables(RunArgs& a, const std::vector<std::string>& args,
                                const std::function<const char*(const char*)>& env);
 LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::string>& rest);
@@ -124,5 +133,9 @@ int print_plan(const LaunchOptions& o);
 std::map<int, int> parse_stream_spec(const std::string& flag, const std::string& value);
 std::pair<std::string, int> parse_endpoint(const std::string& flag, const std::string& value);
 bool runs_with_python(const LaunchOptions& o);
+// The program a fork server would start for `o`'s workers: PROGRAM, or for a `dtrain deepspeed`
+// job (launch/deepspeed_worker.h) the shim's PROGRAM (looked up on PATH as its exec would); ""
+// when the workers run in Python. uses_fork_server() decides on this program.
+std::string fork_server_program(const LaunchOptions& o);
 
 }  // namespace dtrain

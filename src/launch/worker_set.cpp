@@ -3,6 +3,7 @@
 #include "launch/forkserver/protocol.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 
 #include "dtrain/env.h"
 #include "dtrain/error.h"
+#include "launch/deepspeed_worker.h"
 #include "launch/options_internal.h"
 #include "launch/worker_process.h"
 
@@ -108,6 +110,8 @@ WorkerSet::WorkerSet(const LaunchOptions& options, Guard& guard, std::string for
       fork_server_lib_(std::move(fork_server_lib)),
       warm_socket_(std::move(warm_socket)) {
   if (o_.bind_cores_to_rank) binding_ = bind_cores(o_.nproc_per_node, o_.bind_core_list);
+  // `dtrain deepspeed`'s PROGRAM forked from a server: this agent does what its shim would.
+  if (!fork_server_lib_.empty()) deepspeed_ = deepspeed_shim_of(o_);
 }
 
 WorkerSet::~WorkerSet() { drop_standby(); }
@@ -202,12 +206,18 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
     }
   }
   argv.clear();
-  if (runs_with_python(o_)) {
+  if (deepspeed_) {
+    // The server runs PROGRAM itself (each worker gets DeepSpeed's argv in the spec).
+    argv.push_back(fork_server_program(o_));
+    argv.insert(argv.end(), deepspeed_->args.begin(), deepspeed_->args.end());
+  } else if (runs_with_python(o_)) {
     argv = {o_.python, "-u"};
     if (o_.module) argv.push_back("-m");
   }
-  argv.push_back(o_.program);
-  argv.insert(argv.end(), o_.args.begin(), o_.args.end());
+  if (!deepspeed_) {
+    argv.push_back(o_.program);
+    argv.insert(argv.end(), o_.args.begin(), o_.args.end());
+  }
 
   tail.clear();
   for (auto& [k, v] : extra_env) tail.push_back(k + "=" + v);
@@ -253,6 +263,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     filtered_err =
         std::make_shared<FilteredLog>(dir + "/filtered_stderr.log", o_.duplicate_stderr_filters);
   std::vector<std::vector<std::string>> envs(workers_.size());
+  std::vector<ForkServerWorker> started(workers_.size());  // what a fork server gets
   for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
     Worker& w = workers_[lr];
     w.local_rank = lr;
@@ -290,6 +301,25 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     // server's child); the program may read it.
     if (o_.bind_cores_to_rank)
       envs[lr].push_back("DTRAIN_BIND_CPUS=" + cpu_list_string(binding_.cpus[lr]));
+    ForkServerWorker& fs = started[static_cast<size_t>(lr)];
+    std::string own_log;  // dtrain deepspeed --enable_each_rank_log: the rank's file
+    if (deepspeed_) {
+      // What `dtrain deepspeed-exec` would make of this worker (launch/deepspeed_worker.h).
+      const DsWorker ds = ds_worker(*deepspeed_, env.group_rank, env.local_rank);
+      fs.env = ds_worker_env(envs[lr], *deepspeed_, env.group_rank, ds);
+      fs.argv = ds.argv;
+      if (ds.binding) {
+        fs.cpus = ds.binding->cpus;
+        if (ds.binding->mem_flag != 0) {
+          fs.mem_policy = ds.binding->mem_flag == 'p' ? MPOL_PREFERRED : MPOL_BIND;
+          fs.mem_nodes = ds.binding->mem_nodes;
+        }
+      }
+      own_log = ds.log_path;
+    } else {
+      fs.env = envs[lr];
+      if (o_.bind_cores_to_rank) fs.cpus = binding_.cpus[lr];
+    }
 
     auto open_log = [&](const char* name) {
       if (!write_logs) return -1;
@@ -318,10 +348,21 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     auto filtered = [&](int bit, const std::shared_ptr<FilteredLog>& log) {
       return mask_has(o_.tee, lr, bit) ? log : nullptr;
     };
-    w.out.emplace(prefix, console(1, STDOUT_FILENO), file(1, "stdout.log"), 0,
-                  filtered(1, filtered_out));
-    w.err.emplace(prefix, console(2, STDERR_FILENO), file(2, "stderr.log"), o_.stderr_tail_lines,
-                  filtered(2, filtered_err));
+    if (!own_log.empty()) {
+      // Both streams' bytes, as they come, to the rank's one file (as the shim's dup2 would);
+      // nothing on the console.
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(own_log).parent_path(), ec);
+      const int fd = ::open(own_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) throw Error("cannot create " + own_log + ": " + std::strerror(errno));
+      w.out.emplace(prefix, -1, fd, 0);
+      w.err.emplace(prefix, -1, ::fcntl(fd, F_DUPFD_CLOEXEC, 0), o_.stderr_tail_lines);
+    } else {
+      w.out.emplace(prefix, console(1, STDOUT_FILENO), file(1, "stdout.log"), 0,
+                    filtered(1, filtered_out));
+      w.err.emplace(prefix, console(2, STDERR_FILENO), file(2, "stderr.log"), o_.stderr_tail_lines,
+                    filtered(2, filtered_err));
+    }
   }
   stop_signal_ = 0;
   if (!warm_socket_.empty()) {
@@ -329,7 +370,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     // forks the workers; when it cannot be reached, the workers start as below.
     std::vector<int> outs, errs;
     try {
-      ForkServerLaunch launch{argv, common, envs, fork_server_lib_};
+      ForkServerLaunch launch{argv, common, started, fork_server_lib_};
       launch.warm_socket = warm_socket_;
       fork_server_ = std::make_unique<ForkServer>(launch, outs, errs);
       fork_server_pid_ = -1;  // its launch server's, once it says (read_fork_server)
@@ -356,7 +397,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     std::vector<int> outs, errs;
     if (standby_ && !standby_->reap(false)) {
       try {
-        standby_->start(envs);
+        standby_->start(started);
         fork_server_ = std::move(standby_);
         outs.swap(standby_out_);
         errs.swap(standby_err_);
@@ -366,7 +407,7 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     }
     drop_standby();  // one that ended on its own, or failed to start: a fresh server instead
     if (!fork_server_) {
-      ForkServerLaunch launch{argv, common, envs, fork_server_lib_};
+      ForkServerLaunch launch{argv, common, started, fork_server_lib_};
       launch.inherit_stdin = workers_read_stdin();
       fork_server_ = std::make_unique<ForkServer>(launch, outs, errs);
       guard_.watch(fork_server_->pid());
@@ -470,8 +511,7 @@ void WorkerSet::start_standby() {
   worker_command(argv, inherited, tail);
   inherited.insert(inherited.end(), tail.begin(), tail.end());
   try {
-    ForkServerLaunch launch{argv, inherited,
-                            std::vector<std::vector<std::string>>(o_.nproc_per_node),
+    ForkServerLaunch launch{argv, inherited, std::vector<ForkServerWorker>(o_.nproc_per_node),
                             fork_server_lib_};
     launch.inherit_stdin = workers_read_stdin();
     standby_ =

@@ -30,6 +30,7 @@
 
 #include "dtrain/launch.h"
 #include "launch/cpu_binding.h"
+#include "launch/deepspeed_worker.h"
 #include "launch/failure.h"
 #include "launch/fork_server.h"
 #include "launch/guard.h"
@@ -125,7 +126,10 @@ class WorkerSet {
   pid_t fork_server_pid_ = -1;               // this attempt's server (kept for failure reports)
   int fork_server_status_ = 0;               // its wait status, once it failed
   bool said_exec_mode_ = false;
-  CpuBinding binding_;                          // --bind-cores-to-rank: each local rank's CPUs
+  CpuBinding binding_;  // --bind-cores-to-rank: each local rank's CPUs
+  // A `dtrain deepspeed` job whose PROGRAM the fork server starts: the shim's flags, which this
+  // agent applies to each worker instead (argv, environment, binding, log file).
+  std::optional<DsExec> deepspeed_;
   std::unique_ptr<ForkServer> standby_;         // the next attempt's server, waiting
   std::vector<int> standby_out_, standby_err_;  // its workers' pipes (read ends)
   bool restart_possible_ = false;

@@ -144,14 +144,17 @@ def host_seeds():
 
 
 def spec_seeds():
-    kMagic, kMagicWarm = 0x31465444, 0x32465444
-    def envs(*e): return u32(len(e)) + b"".join(u32(len(x)) + x for x in e)
+    kMagic, kMagicWarm = 0x33465444, 0x34465444
+    def strs(*e): return u32(len(e)) + b"".join(u32(len(x)) + x for x in e)
+    def ints(*v): return u32(len(v)) + b"".join(u32(x) for x in v)
+    # Per worker: environment, own argv (none: the server's), CPUs, memory policy and nodes.
     cold = u32(kMagic) + u32(2) + u32(1234)
-    cold += u32(5) + u32(6) + envs(b"RANK=0", b"WORLD_SIZE=2")
-    cold += u32(7) + u32(8) + envs(b"RANK=1", b"WORLD_SIZE=2", b"")
+    cold += u32(5) + u32(6) + strs(b"RANK=0", b"WORLD_SIZE=2") + strs() + ints() + u32(0) + ints()
+    cold += u32(7) + u32(8) + strs(b"RANK=1", b"WORLD_SIZE=2", b"")
+    cold += strs(b"prog", b"--local_rank=1") + ints(2, 3) + u32(2) + ints(0)
     write("forkserver_spec", "cold_two_ranks", u8(0) + cold)
     warm = u32(kMagicWarm) + u32(1) + u32(99) + u32(2) + u32(4) + b"prog" + u32(3) + b"--x"
-    warm += envs(b"RANK=0")
+    warm += strs(b"RANK=0") + strs() + ints(1) + u32(0) + ints()
     write("forkserver_spec", "warm_one_rank", u8(1 | (2 << 1)) + warm)
 
 

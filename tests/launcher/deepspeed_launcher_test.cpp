@@ -29,6 +29,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtrain/error.h"
+#include "launch/cpu_binding.h"
+#include "launch/deepspeed_worker.h"
 #include "launcher/subprocess.h"
 #include "support/free_port.h"
 #include "support/paths.h"
@@ -220,6 +223,16 @@ TEST_F(DeepSpeedLauncher, CppWorkerWithNoPythonAndMasterPort) {
   Args bare = {"--num_gpus", "2", "--master_port", flags[4], kCppWorker, "a", "--beta=c"};
   Launch direct = dtrain(bare, o);
   expect_same_workers(ds, direct, 2);
+  // Forked from one loaded copy (what auto picks for a libtorch program; this worker does not
+  // link libtorch, so it is asked for): each worker still gets its own --local_rank=N and
+  // DeepSpeed's variables, as the shim gives them.
+  Args forked = {"--start-method", "forkserver"};
+  forked.insert(forked.end(), flags.begin(), flags.end());
+  Launch fs = dtrain(forked, o);
+  expect_same_workers(ds, fs, 2);
+  for (auto& [rank, j] : fs.by_rank) EXPECT_TRUE(j.value("from_fork_server", false)) << rank;
+  for (auto& [rank, j] : dt.by_rank) EXPECT_FALSE(j.value("from_fork_server", true)) << rank;
+  for (auto& [rank, j] : ds.by_rank) EXPECT_FALSE(j.value("from_fork_server", true)) << rank;
 }
 
 TEST_F(DeepSpeedLauncher, IncludeSlotsOfAHostfileNamingLocalhost) {
@@ -302,7 +315,22 @@ TEST_F(DeepSpeedLauncher, EachRankLogFilesAreNamedAsDeepSpeedNamesThem) {
   EXPECT_EQ(ds_ranks, ds.by_rank);
   EXPECT_EQ(dt_ranks, dt.by_rank);
   expect_same_workers(ds, dt, 2);
+  // A C++ program forked from the fork server: no shim runs, the agent writes each rank's
+  // bytes to the same files.
+  const std::string fs_dir = (dir_ / "fs").string();
+  Launch fs = dtrain({"--start-method", "forkserver", "--num_gpus", "2", "--enable_each_rank_log",
+                      fs_dir, "--no_python", kCppWorker},
+                     o);
+  ASSERT_EQ(fs.result.exit_code, 0) << fs.result.err;
+  auto [fs_names, fs_ranks] = names(fs_dir);
+  EXPECT_EQ(fs_names, ds_names);
+  EXPECT_FALSE(contains(fs.result.out, "\"argv\"")) << fs.result.out;
+  EXPECT_EQ(fs_ranks, fs.by_rank);
+  ASSERT_EQ(fs_ranks.size(), 2u);
+  for (auto& [rank, j] : fs_ranks) EXPECT_TRUE(j.value("from_fork_server", false)) << rank;
 }
+
+void expect_two_nodes(const Launch& ds, const Launch& dt, const std::string& port);
 
 // Two nodes started by hand (--no_ssh --node_rank K), both on loopback: one launcher per
 // "node", as a job script runs the same line on each host. dtrain's two agents meet (their
@@ -332,21 +360,35 @@ TEST_F(DeepSpeedLauncher, TwoNodesStartedByHandWithNoSshAndNodeRank) {
   dt.options = o;
   const std::string dir = out_dir();
   dt.options.env.push_back("DS_TEST_OUT=" + dir);
-  auto node = [&](int rank) {
-    Args argv = {kDtrain, "deepspeed"};
-    for (const auto& a : flags(rank)) argv.push_back(a);
-    return Process::start(argv, dt.options);
-  };
-  Process n0 = node(0), n1 = node(1);
-  auto results = finish_all({&n0, &n1}, o.timeout);
-  for (auto& r : results) {
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    dt.result.out += r.out;
-    dt.result.err += r.err;
+  // Both nodes once with each worker spawned through the shim, once forked from a fork server
+  // (the agent then gives each worker what the shim would).
+  for (const std::string method : {"spawn", "forkserver"}) {
+    SCOPED_TRACE("--start-method " + method);
+    auto node = [&](int rank) {
+      Args argv = {kDtrain, "deepspeed", "--start-method", method};
+      for (const auto& a : flags(rank)) argv.push_back(a);
+      return Process::start(argv, dt.options);
+    };
+    Process n0 = node(0), n1 = node(1);
+    auto results = finish_all({&n0, &n1}, o.timeout);
+    dt.result = {};
+    for (auto& r : results) {
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+      dt.result.out += r.out;
+      dt.result.err += r.err;
+    }
+    dt.result.exit_code = results[0].exit_code | results[1].exit_code;
+    dt.by_rank = read_workers(dir);
+    std::filesystem::create_directories(dir);  // for the next round
+    ASSERT_EQ(dt.by_rank.size(), 5u) << dt.result.out << dt.result.err;
+    for (auto& [rank, j] : dt.by_rank)
+      EXPECT_EQ(j.value("from_fork_server", false), method == "forkserver") << rank;
+    expect_two_nodes(ds, dt, port);
   }
-  dt.result.exit_code = results[0].exit_code | results[1].exit_code;
-  dt.by_rank = read_workers(dir);
-  ASSERT_EQ(dt.by_rank.size(), 5u) << dt.result.out << dt.result.err;
+  std::filesystem::remove_all(dir);
+}
+
+void expect_two_nodes(const Launch& ds, const Launch& dt, const std::string& port) {
   // Node 1 (ranks 2, 3, 4) against DeepSpeed's node 1.
   Launch dt_node1 = dt;
   dt_node1.by_rank = {{2, dt.by_rank.at(2)}, {3, dt.by_rank.at(3)}, {4, dt.by_rank.at(4)}};
@@ -418,6 +460,152 @@ TEST_F(DeepSpeedLauncher, PyTorchAndDtrainProcessGroupsFormOnDeepSpeedsEnvironme
   }
 }
 
+// DeepSpeed's own get_numactl_cmd (deepspeed/utils/numa.py in the venv, tests/launcher/
+// ds_numactl.py) for each case: [cores_per_rank, ["numactl", ...]] or {"error": ...}; plus its
+// count of physical cores and whether numactl is installed.
+json deepspeed_numactl(const json& cases) {
+  RunOptions o;
+  o.timeout = 60s;
+  RunResult r =
+      Process::start({DTRAIN_VENV_PYTHON, script_dir() + "/ds_numactl.py", cases.dump()}, o)
+          .finish(o.timeout);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out, nullptr, false);
+}
+
+json dtrain_numactl(const std::string& list, int procs, int local_rank,
+                    const std::vector<std::vector<int>>& numa) {
+  try {
+    const auto b = launch::ds_numactl(list, procs, local_rank, numa, launch::physical_core_count());
+    return json::array({b.cores_per_rank, b.command()});
+  } catch (const UsageError& e) {
+    return json{{"error", e.what()}};
+  }
+}
+
+// --bind_cores_to_rank: which cores each LOCAL_RANK gets and the memory node it is bound to, as
+// DeepSpeed's own function computes them, for this machine and for NUMA layouts DeepSpeed
+// reads from `numactl --hardware` (two sockets, fake NUMA, flat HBM; given to both).
+TEST_F(DeepSpeedLauncher, BindCoresToRankIsDeepSpeedsNumactlCommandPerLocalRank) {
+  using Layout = std::vector<std::vector<int>>;
+  const Layout machine = launch::numa_node_cpus();
+  const Layout two_sockets = {{0, 1, 2, 3}, {4, 5, 6, 7}};
+  const Layout fake = {{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}};
+  const Layout flat_hbm = {{0, 1, 2, 3}, {4, 5, 6, 7}, {}, {}};
+  struct Case {
+    std::string list;  // "" : none (DeepSpeed's None)
+    int procs, local_rank;
+    const Layout* numa;  // nullptr: this machine's
+  };
+  const int cores = launch::physical_core_count();
+  std::vector<Case> cases = {
+      {"", 1, 0, nullptr},
+      {"", cores, cores - 1, nullptr},
+      {"", cores + 1, 0, nullptr},
+      {"0-7", 2, 1, &two_sockets},
+      {"2-5", 2, 1, &two_sockets},
+      {"0-7", 4, 3, &fake},
+      {"0-7", 2, 0, &flat_hbm},
+      {"4-7", 2, 1, &flat_hbm},
+      {"0,2-3,5", 2, 1, &two_sockets},
+      {"0-3,6", 3, 2, &two_sockets},
+      {"3-1", 1, 0, &two_sockets},
+      {"0-1", 3, 0, &two_sockets},
+  };
+  json in = json::array();
+  for (const auto& c : cases) {
+    // numactl missing (as on the development VM): numa.py finds no node; it is given the one
+    // dtrain reads from sysfs, so both compute from the same layout.
+    in.push_back({{"list", c.list.empty() ? json(nullptr) : json(c.list)},
+                  {"procs", c.procs},
+                  {"local_rank", c.local_rank},
+                  {"numa", c.numa ? json(*c.numa) : json(machine)}});
+  }
+  const json ds = deepspeed_numactl(in);
+  ASSERT_TRUE(ds.is_object() && ds["cases"].size() == cases.size()) << ds.dump();
+  EXPECT_EQ(ds["physical_cores"].get<int>(), cores) << "psutil.cpu_count(logical=False)";
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    const json dt = dtrain_numactl(c.list, c.procs, c.local_rank, c.numa ? *c.numa : machine);
+    SCOPED_TRACE("case " + std::to_string(k) + ": list '" + c.list + "', " +
+                 std::to_string(c.procs) + " local ranks, local rank " +
+                 std::to_string(c.local_rank));
+    const json& want = ds["cases"][k];
+    if (want.is_object()) {  // DeepSpeed raises: dtrain refuses, with its words where it has them
+      ASSERT_TRUE(dt.is_object()) << "DeepSpeed: " << want.dump() << " dtrain: " << dt.dump();
+      if (contains(want["error"].get<std::string>(), "At least one core")) {
+        EXPECT_TRUE(contains(dt["error"].get<std::string>(), "At least one core")) << dt.dump();
+      }
+    } else {
+      EXPECT_EQ(dt, want);
+    }
+  }
+  // A host whose slots do not start at a multiple of its own count: node 1 of "0,1,2/0,1" holds
+  // ranks 3 and 4, LOCAL_RANK 1 and 0, so its first worker gets local rank 1's cores.
+  if (cores >= 2) {
+    launch::DsExec e;
+    e.world = {{0, 1, 2}, {0, 1}};
+    e.bind_cores = true;
+    e.no_python = true;
+    e.program = "prog";
+    const launch::DsWorker w = launch::ds_worker(e, 1, 0);
+    EXPECT_EQ(w.local_rank, 1);
+    ASSERT_TRUE(w.binding.has_value());
+    const json want = deepspeed_numactl(json::array(
+        {{{"list", nullptr}, {"procs", 2}, {"local_rank", 1}, {"numa", machine}}}))["cases"][0];
+    EXPECT_EQ(json::array({w.binding->cores_per_rank, w.binding->command()}), want);
+  }
+}
+
+// The workers run where DeepSpeed's numactl would put them - spawned through the shim and
+// forked from the fork server alike - with OMP_NUM_THREADS = cores per rank; the other
+// variables and argv are the same as without binding (numactl changes neither).
+TEST_F(DeepSpeedLauncher, BoundWorkersRunOnDeepSpeedsCoresSpawnedOrForked) {
+  const int procs = std::min(2, launch::physical_core_count());
+  ASSERT_GE(procs, 1);
+  json in = json::array();
+  for (int lr = 0; lr < procs; ++lr)
+    in.push_back({{"list", nullptr},
+                  {"procs", procs},
+                  {"local_rank", lr},
+                  {"numa", launch::numa_node_cpus()}});
+  const json ds = deepspeed_numactl(in);
+  ASSERT_TRUE(ds.is_object()) << ds.dump();
+  RunOptions o = worker_env();
+  for (const std::string method : {"spawn", "forkserver"}) {
+    SCOPED_TRACE("--start-method " + method);
+    Launch dt = dtrain({"--start-method", method, "--bind_cores_to_rank", "--num_gpus",
+                        std::to_string(procs), "--no_python", kCppWorker},
+                       o);
+    ASSERT_EQ(dt.result.exit_code, 0) << dt.result.err;
+    ASSERT_EQ(dt.by_rank.size(), static_cast<size_t>(procs)) << dt.result.out;
+    for (auto& [rank, j] : dt.by_rank) {
+      const int lr = std::stoi(j["env"].value("LOCAL_RANK", "-1"));
+      const json& want = ds["cases"][lr];  // [cores, ["numactl", ("-m", N,) "-C", LIST]]
+      const auto cmd = want[1].get<std::vector<std::string>>();
+      json cpus = json::array();
+      for (int c : launch::parse_cpu_list("-C", cmd.back())) cpus.push_back(c);
+      EXPECT_EQ(j["cpus"], cpus) << "rank " << rank;
+      EXPECT_EQ(j["env"].value("OMP_NUM_THREADS", ""), std::to_string(want[0].get<int>()));
+      const auto m = std::find(cmd.begin(), cmd.end(), "-m");
+      if (m != cmd.end()) {  // numactl -m N: MPOL_BIND (2) to node N
+        EXPECT_EQ(j["mem_policy"], 2) << "rank " << rank;
+        EXPECT_EQ(j["mem_nodes"], json::array({std::stoi(*(m + 1))})) << "rank " << rank;
+      } else {
+        EXPECT_EQ(j["mem_policy"], 0) << "rank " << rank;  // MPOL_DEFAULT
+      }
+      EXPECT_EQ(j.value("from_fork_server", false), method == "forkserver");
+    }
+  }
+  // DeepSpeed refuses KMP_AFFINITY with binding; so does dtrain, before anything starts.
+  Launch kmp = dtrain({"--bind_cores_to_rank", "--num_gpus", "1", "--no_python", kCppWorker},
+                      worker_env({"KMP_AFFINITY=compact"}));
+  EXPECT_EQ(kmp.result.exit_code, 2) << kmp.result.err;
+  EXPECT_TRUE(contains(kmp.result.err, "Environment variable KMP_AFFINITY conflicts with numactl"))
+      << kmp.result.err;
+  EXPECT_TRUE(kmp.by_rank.empty());
+}
+
 bool alive(int pid) { return ::kill(pid, 0) == 0; }
 
 TEST_F(DeepSpeedLauncher, AFailingWorkerEndsTheJobWithItsExitCodeAndNoOrphans) {
@@ -466,6 +654,52 @@ TEST_F(DeepSpeedLauncher, BadHostfilesAndFiltersGetDeepSpeedsMessages) {
     EXPECT_FALSE(contains(dt.result.err, "Traceback")) << dt.result.err;
     EXPECT_TRUE(dt.by_rank.empty()) << dt.result.out;
   }
+}
+
+// `--FLAG=` (argparse's empty string) for every flag of DeepSpeed's runner: DeepSpeed's own
+// runner.main and launch.py main, run by ds_empty_values.py with a recording Popen (no worker
+// starts there), say whether it goes on and with which workers. dtrain deepspeed goes on with the
+// same workers (argv and variables) or, where DeepSpeed stops, exits 2 with one line naming the
+// flag, starting nothing. One node: the flags read only across nodes are checked as one node has
+// them (launcher.md's table names what dtrain does with them across nodes).
+TEST_F(DeepSpeedLauncher, EmptyFlagValuesAsDeepSpeedTakesThem) {
+  RunOptions o = worker_env();
+  o.timeout = 120s;
+  RunResult r =
+      Process::start({DTRAIN_VENV_PYTHON, script_dir() + "/ds_empty_values.py", kCppWorker, "a"}, o)
+          .finish(o.timeout);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int flags = 0, stops = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("empty ", 0) != 0) continue;
+    const size_t space = line.find(' ', 6);
+    const std::string flag = line.substr(6, space - 6);
+    const json want = json::parse(line.substr(space + 1), nullptr, false);
+    ASSERT_TRUE(want.is_object()) << line;
+    SCOPED_TRACE(flag + "=: DeepSpeed " + want.dump().substr(0, 300));
+    ++flags;
+    Launch dt = dtrain({flag + "=", "--num_gpus", "2", "--no_python", kCppWorker, "a"}, o);
+    if (want.contains("error")) {
+      ++stops;
+      EXPECT_EQ(dt.result.exit_code, 2) << dt.result.err;
+      const std::string first = dt.result.err.substr(0, dt.result.err.find('\n'));
+      EXPECT_TRUE(contains(first, "dtrain deepspeed: error: " + flag)) << dt.result.err;
+      EXPECT_TRUE(dt.by_rank.empty()) << dt.result.out;
+      continue;
+    }
+    Launch ds;  // what DeepSpeed's launch.py would have started
+    ds.options = o;
+    ds.result.exit_code = 0;
+    for (const auto& w : want["ok"]) {
+      json worker = {{"argv", w["argv"]}, {"env", w["env"]}};
+      ds.by_rank[std::stoi(w["env"].value("RANK", "-1"))] = worker;
+    }
+    expect_same_workers(ds, dt, 2);
+  }
+  // DeepSpeed 0.19.8's runner: 30 option strings besides -h/--help, 18 of which stop on "".
+  EXPECT_EQ(flags, 30) << r.out;
+  EXPECT_EQ(stops, 18) << r.out;
 }
 
 TEST_F(DeepSpeedLauncher, BadFlagsAreNamedWithExitTwoAndNothingStarted) {

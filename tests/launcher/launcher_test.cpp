@@ -883,6 +883,20 @@ std::map<int, Start> starts(const std::string& out) {
   return m;
 }
 
+// `--role=` and `--signals-to-handle=`: torchrun 2.11 runs with the empty string (ROLE_NAME='',
+// lines prefixed "[0]:", TORCHELASTIC_SIGNALS_TO_HANDLE=''), and so does dtrain; the next
+// argument stays PROGRAM.
+TEST_F(LauncherTest, EmptyRoleAndSignalListRunAsUnderTorchrun) {
+  RunResult r = run({"--role=", "--signals-to-handle=", "--nproc-per-node", "2", kWorker,
+                     "--print-var", "ROLE_NAME", "--print-var", "TORCHELASTIC_SIGNALS_TO_HANDLE"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_EQ(count(r.out, std::string("[") + rank + "]:ROLE_NAME=\n"), 1u) << r.out;
+    EXPECT_EQ(count(r.out, std::string("[") + rank + "]:TORCHELASTIC_SIGNALS_TO_HANDLE=\n"), 1u)
+        << r.out;
+  }
+}
+
 TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
   RunResult r =
       run({"--start-method", "forkserver", "--nproc-per-node", "3", kWorker, "--print-start",
@@ -1587,8 +1601,14 @@ std::vector<BadInput> bad_inputs() {
       // CLI11 took the next argument as the value: the worker became the role and its first
       // argument the program.
       {"EmptyValueAfterEquals",
-       with_worker({"--role="}),
-       {run_error + "--role=: an empty value; give one (--role=VALUE) or leave the flag out"}},
+       with_worker({"--term-timeout="}),
+       {run_error +
+        "--term-timeout=: an empty value; give one (--term-timeout=VALUE) or leave the flag out"}},
+      // torchrun 2.11 stops on these too (ParseRunArgs.EmptyFlagValuesAsUnderTorchrun).
+      {"EmptyValueWhereTorchrunStops",
+       with_worker({"--nnodes="}),
+       {run_error + "--nnodes=: an empty value; torchrun 2.11 stops on it too (ValueError: "
+                    "invalid literal for int() with base 10: ''): give one (--nnodes=VALUE)"}},
       {"LogDirThatCannotBeMade",
        with_worker({"--log-dir", "{TMP}/data.txt/logs"}),
        {run_error + "--log-dir {TMP}/data.txt/logs: cannot create {TMP}/data.txt/logs/",

@@ -618,23 +618,26 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
     if (kind == "empty") {
       // PET_<NAME>= (set, empty): where torchrun stops, dtrain stops too, naming the variable;
       // where torchrun runs, dtrain runs as without the variable - but for an empty role or
-      // signal list, which dtrain refuses as on its command line (launcher.md), and an empty
-      // run id, a random one on both (torchrun's str(uuid4().int)).
+      // signal list, which both run with, and an empty run id, a random one on both
+      // (torchrun's str(uuid4().int)).
       SCOPED_TRACE(line);
       ++empties;
       test::ScopedEnv env;
       env.set(var.c_str(), "");
       const std::string torchrun = flag;  // "ok" or "error"
-      const bool refused_here = var == "PET_ROLE" || var == "PET_SIGNALS_TO_HANDLE";
-      if (torchrun == "error" || refused_here) {
+      if (torchrun == "error") {
         const std::string msg = usage_error({"prog"});
         EXPECT_EQ(msg.rfind(var + " is set but empty", 0), 0u) << msg;
         EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-        if (torchrun == "error") ++torchrun_stops;
+        ++torchrun_stops;
       } else {
         EXPECT_EQ(torchrun, "ok");
         const LaunchOptions o = parse({});
-        if (var == "PET_RDZV_ID") {
+        if (var == "PET_ROLE") {
+          EXPECT_EQ(o.role, "");
+        } else if (var == "PET_SIGNALS_TO_HANDLE") {
+          EXPECT_EQ(o.signals_to_handle, "");
+        } else if (var == "PET_RDZV_ID") {
           EXPECT_GE(o.rdzv_id.size(), 30u) << o.rdzv_id;
           EXPECT_EQ(o.rdzv_id.find_first_not_of("0123456789"), std::string::npos) << o.rdzv_id;
           EXPECT_NE(parse({}).rdzv_id, o.rdzv_id) << "a fresh one per launch";
@@ -684,6 +687,94 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
   EXPECT_GE(options, 25) << "torchrun 2.11 reads ~27 options from PET_ variables";
   EXPECT_EQ(empties, options);
   EXPECT_GE(torchrun_stops, 14) << "torchrun 2.11 stops on 16 empty PET_ variables";
+  std::filesystem::remove_all(dir);
+}
+
+// `--FLAG=` for every torchrun option: the venv's torchrun 2.11 parses it (argparse hands ""
+// to the option's type) and runs what its main runs before it starts a worker (config_from_args,
+// the rendezvous handler, the event log handler, the logs specs); `dtrain run` stops where it
+// stops (exit 2 from the CLI, one line naming the flag) and goes on where it goes on, with the
+// same meaning: the flag's default, an empty role name or signal list, a random run id.
+TEST(ParseRunArgs, EmptyFlagValuesAsUnderTorchrun) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("dtrain-torchrun-empty-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream py(dir / "empty.py");
+    py << "import contextlib, io\n"
+          "from torch.distributed.run import get_args_parser, parse_args, config_from_args\n"
+          "from torch.distributed.run import _get_logs_specs_class\n"
+          "from torch.distributed.elastic.rendezvous import RendezvousParameters, registry\n"
+          "from torch.distributed.elastic.events.handlers import get_logging_handler\n"
+          "for a in get_args_parser()._actions:\n"
+          "    longs = [o for o in a.option_strings if o.startswith('--') and o != '--help']\n"
+          "    if not longs:\n"
+          "        continue\n"
+          "    opt = longs[0]\n"
+          "    err = io.StringIO()\n"
+          "    try:\n"
+          "        with contextlib.redirect_stderr(err):\n"
+          "            args = parse_args([opt + '=', '--no-python', 'true'])\n"
+          "        c, _, _ = config_from_args(args)\n"
+          "        registry.get_rendezvous_handler(RendezvousParameters(\n"
+          "            backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
+          "            min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
+          "            **c.rdzv_configs))\n"
+          "        get_logging_handler(c.event_log_handler)\n"
+          "        _get_logs_specs_class(args.logs_specs)\n"
+          "        print('empty', opt, 'ok')\n"
+          "    except SystemExit:\n"
+          "        print('empty', opt, 'error', err.getvalue().strip().splitlines()[-1])\n"
+          "    except Exception as e:\n"
+          "        print('empty', opt, 'error', type(e).__name__, str(e).replace('\\n', ' '))\n";
+  }
+  const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "empty.py").string() +
+                          " > " + (dir / "empty.txt").string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
+  std::ifstream in(dir / "empty.txt");
+  int flags = 0, stops = 0;
+  std::set<std::string> torchruns;
+  const std::string unset = describe(parse({}));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string kind, opt, outcome;
+    words >> kind >> opt >> outcome;
+    if (kind != "empty") continue;
+    SCOPED_TRACE(line);
+    ++flags;
+    torchruns.insert(opt);
+    if (outcome == "error") {
+      ++stops;
+      const std::string msg = usage_error({opt + "=", "prog"});
+      EXPECT_EQ(msg.rfind(opt + "=: an empty value; torchrun 2.11 stops on it too (", 0), 0u)
+          << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      continue;
+    }
+    ASSERT_EQ(outcome, "ok");
+    // The next argument stays PROGRAM (CLI11 alone would take it as the value).
+    const LaunchOptions o = parse({opt + "="});
+    EXPECT_EQ(o.program.substr(o.program.rfind('/') + 1), "prog") << o.program;
+    if (opt == "--role") {
+      EXPECT_EQ(o.role, "");
+      EXPECT_EQ(parse({"--role", ""}).role, "") << "argparse takes `--role ''` alike";
+    } else if (opt == "--signals-to-handle") {
+      EXPECT_EQ(o.signals_to_handle, "");
+    } else if (opt == "--rdzv-id") {
+      EXPECT_GE(o.rdzv_id.size(), 30u) << o.rdzv_id;
+      EXPECT_NE(parse({opt + "="}).rdzv_id, o.rdzv_id) << "a fresh one per launch";
+    } else {
+      EXPECT_EQ(describe(o), unset);
+    }
+  }
+  EXPECT_GE(flags, 28) << "torchrun 2.11 has 29 options besides --help";
+  EXPECT_GE(stops, 18) << "torchrun 2.11 stops on 19 of them";
+  // dtrain's own flags (no torchrun to follow): an empty value is refused, naming the flag.
+  for (const char* own : {"--term-timeout", "--rdzv-timeout", "--hostfile", "--ifname",
+                          "--bind-core-list", "--failure-file", "--env"}) {
+    const std::string msg = usage_error({std::string(own) + "=", "prog"});
+    EXPECT_EQ(msg.rfind(std::string(own) + "=: an empty value; give one", 0), 0u) << msg;
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -857,8 +948,10 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--term-timeout", "1e16"}, "--term-timeout: got '1e16'"},
       {{"--rdzv-conf", "join_timeout=1e300"}, "--rdzv-conf join_timeout: got '1e300'"},
       {{"--node-rank", "-5"}, "--node-rank: got '-5', expected an integer in 0..nnodes-1"},
-      // Once the next argument became the value: the program was `sh`, not `true`.
-      {{"--role=", "true", "sh"}, "--role=: an empty value; give one (--role=VALUE)"},
+      // Once the next argument became the value: the program was `sh`, not `true`. dtrain's own
+      // flags have no torchrun to follow; torchrun's: EmptyFlagValuesAsUnderTorchrun.
+      {{"--term-timeout=", "true", "sh"},
+       "--term-timeout=: an empty value; give one (--term-timeout=VALUE)"},
       {{"--nproc-per-node", "100000"},
        "--nproc-per-node: got '100000', at most 8192 workers run on one node"},
       {{"--start-method", "threads"},
@@ -876,7 +969,6 @@ TEST(ParseRunArgs, UsageErrorsNameFlagValueAndForm) {
       {{"--monitor-interval", "fast"},
        "--monitor-interval: got 'fast', expected a non-negative number"},
       {{"--term-timeout", "-0.5"}, "--term-timeout: got '-0.5', expected a non-negative number"},
-      {{"--role", ""}, "--role: got an empty name"},
       {{"-m", "--no-python"}, "-m/--module and --no-python: choose one"},
   };
   for (const auto& c : cases) {

@@ -44,6 +44,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -211,6 +212,9 @@ int child_main(int argc, char** argv, char** envp) {
 
 // --- the spec ---------------------------------------------------------------
 
+constexpr int kBitsPerWord = 8 * sizeof(unsigned long);
+constexpr int kNodeMaskWords = 1024 / kBitsPerWord;  // NUMA nodes 0..1023
+
 using dtrain_forkserver::RankSpec;
 
 // Reads the spec from its memfd (spec.h parses it); returns the number of ranks, or -1. A
@@ -293,30 +297,31 @@ bool needs_exec_mode() {
   return threads != 1;
 }
 
-// Forks the n workers and reports them. Plain (warm == false): the server exits once every
-// worker is forked and the agent, a child subreaper, adopts them. Warm: this launch server
-// stays their parent, reports each one's wait status as it exits, and exits after the last.
-// `dtrain run --bind-cores-to-rank`: binds this process to the CPUs of DTRAIN_BIND_CPUS
-// ("0,1,8,9", launch/cpu_binding.h) in `envp`, before the program runs; its threads inherit it.
-// False when the binding fails (nothing to bind: true).
-bool bind_cpus(char** envp) {
-  static const char kName[] = "DTRAIN_BIND_CPUS=";
-  const char* list = nullptr;
-  for (char** e = envp; *e != nullptr; ++e) {
-    if (strncmp(*e, kName, sizeof kName - 1) == 0) list = *e + sizeof kName - 1;
+// Binds this process to a worker's CPUs and memory nodes (the spec's, protocol.h: `dtrain run
+// --bind-cores-to-rank`, `dtrain deepspeed --bind_cores_to_rank`'s numactl -C/-m/-p), before the
+// program runs; its threads inherit both. False when the kernel refuses (nothing to bind: true).
+bool bind_worker(const RankSpec& rank) {
+  if (rank.ncpus > 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < rank.ncpus; ++i) {
+      if (rank.cpus[i] < 0 || rank.cpus[i] >= CPU_SETSIZE) return false;
+      CPU_SET(rank.cpus[i], &set);
+    }
+    if (::sched_setaffinity(0, sizeof set, &set) != 0) return false;
   }
-  if (list == nullptr || *list == '\0') return true;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (const char* p = list; *p != '\0';) {
-    char* end = nullptr;
-    const long cpu = strtol(p, &end, 10);
-    if (end == p || cpu < 0 || cpu >= CPU_SETSIZE) return false;
-    CPU_SET(static_cast<int>(cpu), &set);
-    p = *end == ',' ? end + 1 : end;
-    if (*end != ',' && *end != '\0') return false;
+  if (rank.mem_policy != 0) {
+    unsigned long mask[kNodeMaskWords] = {};
+    for (int i = 0; i < rank.nnodes; ++i) {
+      const int node = rank.nodes[i];
+      if (node < 0 || node >= kNodeMaskWords * kBitsPerWord) return false;
+      mask[node / kBitsPerWord] |= 1UL << (node % kBitsPerWord);
+    }
+    if (::syscall(SYS_set_mempolicy, rank.mem_policy, mask,
+                  static_cast<unsigned long>(kNodeMaskWords * kBitsPerWord) + 1) != 0)
+      return false;
   }
-  return ::sched_setaffinity(0, sizeof set, &set) == 0;
+  return true;
 }
 
 // Whether CUDA's driver has been initialised in this process (cuInit): a child forked after that
@@ -341,6 +346,9 @@ int32_t start_mode() {
   return dtrain_forkserver::kModeFork;
 }
 
+// Forks the n workers and reports them. Plain (warm == false): the server exits once every
+// worker is forked and the agent, a child subreaper, adopts them. Warm: this launch server
+// stays their parent, reports each one's wait status as it exits, and exits after the last.
 [[noreturn]] void fork_workers(int n, RankSpec* ranks, int agent_pid, int reply_fd, int32_t mode,
                                bool warm, StartFn real, int argc, char** argv, void (*init)(),
                                void (*fini)(), void (*rtld_fini)(), void* stack_end) {
@@ -403,15 +411,19 @@ int32_t start_mode() {
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != agent_pid) ::_exit(127);  // the agent is gone
       }
-      if (!bind_cpus(ranks[r].envp)) {
+      if (!bind_worker(ranks[r])) {
         static const char msg[] =
-            "dtrain fork server: cannot bind a worker to its CPUs "
-            "(DTRAIN_BIND_CPUS, --bind-cores-to-rank)\n";
+            "dtrain fork server: cannot bind a worker to its CPUs or memory nodes "
+            "(--bind-cores-to-rank)\n";
         write_all(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe: threads may exist
         ::_exit(127);
       }
+      // The worker's own command line where the agent gave one (dtrain deepspeed's
+      // --local_rank=N), else the server's.
+      char** const wargv = ranks[r].argc > 0 ? ranks[r].argv : argv;
+      const int wargc = ranks[r].argc > 0 ? ranks[r].argc : argc;
       if (exec_mode) {
-        ::execve(self_path, argv, ranks[r].envp);
+        ::execve(self_path, wargv, ranks[r].envp);
         static const char msg[] = "dtrain fork server: cannot execute the program again\n";
         write_all(STDERR_FILENO, msg, sizeof msg - 1);  // async-signal-safe: threads exist
         ::_exit(127);
@@ -419,7 +431,7 @@ int32_t start_mode() {
       environ = ranks[r].envp;
       g_rtld_fini = rtld_fini;
       // Continues as the program: constructors, main(), exit().
-      ::_exit(real(child_main, argc, argv, init, fini, child_fini, stack_end));
+      ::_exit(real(child_main, wargc, wargv, init, fini, child_fini, stack_end));
     }
     // The session (and group) exists before the agent learns the pid, so -pid reaches the
     // worker. (A setpgid(pid, pid) here instead would make the child a group leader, and its

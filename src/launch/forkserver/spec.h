@@ -20,6 +20,13 @@ struct RankSpec {
   int out_fd;
   int err_fd;
   char** envp;  // null-terminated
+  int argc;     // 0: the server's own arguments
+  char** argv;  // null-terminated; nullptr when argc is 0
+  int ncpus;    // 0: not bound
+  int* cpus;
+  int mem_policy;  // 0: none; else MPOL_BIND or MPOL_PREFERRED
+  int nnodes;
+  int* nodes;
 };
 
 struct Spec {
@@ -60,6 +67,21 @@ inline char** take_strings(const char*& p, const char* end, uint32_t count) {
   return out;
 }
 
+// `count` u32s into a new int array (nullptr, true for none), or false.
+inline bool take_ints(const char*& p, const char* end, uint32_t count, int** out) {
+  *out = nullptr;
+  if (count == 0) return true;
+  if (count > static_cast<size_t>(end - p) / 4) return false;
+  *out = static_cast<int*>(::calloc(count, sizeof(int)));
+  if (*out == nullptr) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t v = 0;
+    take_u32(p, end, v);
+    (*out)[i] = static_cast<int>(v);
+  }
+  return true;
+}
+
 inline void free_strings(char** s) {
   if (s == nullptr) return;
   for (char** q = s; *q != nullptr; ++q) ::free(*q);
@@ -70,7 +92,12 @@ inline void free_strings(char** s) {
 
 inline void free_spec(Spec* s) {
   if (s->ranks != nullptr) {
-    for (int r = 0; r < s->n; ++r) spec_detail::free_strings(s->ranks[r].envp);
+    for (int r = 0; r < s->n; ++r) {
+      spec_detail::free_strings(s->ranks[r].envp);
+      spec_detail::free_strings(s->ranks[r].argv);
+      ::free(s->ranks[r].cpus);
+      ::free(s->ranks[r].nodes);
+    }
     ::free(s->ranks);
   }
   spec_detail::free_strings(s->argv);
@@ -91,8 +118,9 @@ inline bool parse_spec(const char* buf, size_t size, bool warm, const int* fds, 
       !take_u32(p, end, pid)) {
     return false;
   }
-  // A worker takes at least its env count (and two fd numbers in a cold spec).
-  const size_t per_rank = warm ? 4 : 12;
+  // A worker takes at least its four counts and its memory policy (and two fd numbers in a
+  // cold spec).
+  const size_t per_rank = warm ? 20 : 28;
   if (n == 0 || n > 65536 || n > static_cast<size_t>(end - p) / per_rank) return false;
   if (warm && (fds == nullptr || nfds != 2 * static_cast<int>(n))) return false;
   out->agent_pid = static_cast<int>(pid);
@@ -122,11 +150,23 @@ inline bool parse_spec(const char* buf, size_t size, bool warm, const int* fds, 
     }
     out->ranks[r].out_fd = static_cast<int>(out_fd);
     out->ranks[r].err_fd = static_cast<int>(err_fd);
+    RankSpec& rank = out->ranks[r];
+    uint32_t nargs = 0, ncpus = 0, policy = 0, nnodes = 0;
     if (!take_u32(p, end, nenv) ||
-        (out->ranks[r].envp = spec_detail::take_strings(p, end, nenv)) == nullptr) {
+        (rank.envp = spec_detail::take_strings(p, end, nenv)) == nullptr ||
+        !take_u32(p, end, nargs) ||
+        (nargs > 0 && (rank.argv = spec_detail::take_strings(p, end, nargs)) == nullptr) ||
+        !take_u32(p, end, ncpus) || ncpus > 65536 ||
+        !spec_detail::take_ints(p, end, ncpus, &rank.cpus) || !take_u32(p, end, policy) ||
+        policy > 3 || !take_u32(p, end, nnodes) || nnodes > 4096 ||
+        !spec_detail::take_ints(p, end, nnodes, &rank.nodes)) {
       free_spec(out);
       return false;
     }
+    rank.argc = static_cast<int>(nargs);
+    rank.ncpus = static_cast<int>(ncpus);
+    rank.mem_policy = static_cast<int>(policy);
+    rank.nnodes = static_cast<int>(nnodes);
   }
   return true;
 }
