@@ -21,7 +21,7 @@ namespace dtrain::launch {
 // "0-3,8" -> {0, 1, 2, 3, 8}. UsageError (naming `flag`) on bad syntax, descending or
 // overlapping ranges.
 std::vector<int> parse_cpu_list(const std::string& flag, const std::string& text);
-// {0, 1, 2, 3, 8} -> "0,1,2,3,8".
+// {0, 1, 2, 3, 8} -> "0,1,2,3,8" (any list of numbers in this form: CPUs, GPUs, slots).
 std::string cpu_list_string(const std::vector<int>& cpus);
 
 struct CpuBinding {

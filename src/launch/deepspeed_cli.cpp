@@ -127,15 +127,6 @@ bool is_elf(const std::string& path) {
                                          4) == 0;
 }
 
-std::string join(const std::vector<int>& v, const char* sep = ",") {
-  std::string s;
-  for (int x : v) {
-    if (!s.empty()) s += sep;
-    s += std::to_string(x);
-  }
-  return s;
-}
-
 // Variables the agent gives every worker that DeepSpeed's launch.py does not: the shim
 // removes those the user's own environment did not hold.
 const std::vector<std::string>& torchrun_only_names() {
@@ -240,8 +231,9 @@ std::vector<DsHost> ds_resource_filter(const std::vector<std::pair<std::string, 
     if (!slots.empty()) {
       for (int s : slots) {
         if (std::find(d.slots.begin(), d.slots.end(), s) == d.slots.end())
-          throw UsageError("No slot '" + std::to_string(s) + "' specified on host '" + host +
-                           "' (its slots: " + (d.slots.empty() ? "none" : join(d.slots)) + ")");
+          throw UsageError(
+              "No slot '" + std::to_string(s) + "' specified on host '" + host +
+              "' (its slots: " + (d.slots.empty() ? "none" : cpu_list_string(d.slots)) + ")");
       }
       if (!include.empty()) {
         chosen[host].assign(slots.begin(), slots.end());

@@ -26,15 +26,6 @@ namespace dtrain::launch {
 
 namespace {
 
-std::string join(const std::vector<int>& v, const char* sep = ",") {
-  std::string s;
-  for (int x : v) {
-    if (!s.empty()) s += sep;
-    s += std::to_string(x);
-  }
-  return s;
-}
-
 // "0,2" -> {0, 2}; UsageError naming `what` on anything else.
 std::vector<int> parse_ints(const std::string& text, const std::string& what) {
   std::vector<int> out;
@@ -83,7 +74,7 @@ std::vector<std::string> ds_exec_args(const DsExec& e) {
   std::string world;
   for (const auto& node : e.world) {
     if (!world.empty()) world += '/';
-    world += join(node);
+    world += cpu_list_string(node);
   }
   std::vector<std::string> a = {"--world", world, "--master_port", e.master_port};
   if (e.no_local_rank) a.push_back("--no_local_rank");
@@ -170,7 +161,7 @@ std::optional<DsExec> deepspeed_shim_of(const LaunchOptions& o) {
 
 std::vector<std::string> DsNumactl::command() const {
   std::vector<std::string> c = {"numactl"};
-  if (mem_flag != 0) c.insert(c.end(), {std::string("-") + mem_flag, join(mem_nodes)});
+  if (mem_flag != 0) c.insert(c.end(), {std::string("-") + mem_flag, cpu_list_string(mem_nodes)});
   // numa.py's -C list: runs of consecutive CPUs as FIRST-LAST.
   std::string list;
   for (size_t k = 0; k < cpus.size();) {
@@ -384,7 +375,7 @@ std::vector<std::string> ds_worker_env(const std::vector<std::string>& env, cons
   for (const auto& n : e.world) world_size += static_cast<int>(n.size());
   const auto& mine = e.world[static_cast<size_t>(node)];
   vars = {
-      {"CUDA_VISIBLE_DEVICES", join(mine)},
+      {"CUDA_VISIBLE_DEVICES", cpu_list_string(mine)},
       {"MASTER_PORT", e.master_port},
       {"WORLD_SIZE", std::to_string(world_size)},
       {"CROSS_RANK", std::to_string(node)},
