@@ -28,7 +28,10 @@ std::string python_float_repr(double value) {
   if (exp < -4 || exp >= 16) {
     char e[16];
     std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
-    return sign + digits.substr(0, 1) + (n > 1 ? "." + digits.substr(1) : "") + e;
+    std::string out = sign;
+    out += digits[0];
+    if (n > 1) out.append(".").append(digits, 1);
+    return out + e;
   }
   if (exp < 0) return sign + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
   if (n <= exp + 1)

@@ -126,7 +126,10 @@ std::string digest(const TableState& state) {
     } else {
       std::error_code ec;
       const auto size = fs::file_size(path, ec);
-      h = detail::fnv1a(" " + std::to_string(ec ? 0 : size) + " ", h);
+      std::string sized = " ";  // " SIZE " (appended, not "literal" + string: GCC 12 warns)
+      sized += std::to_string(ec ? 0 : size);
+      sized += ' ';
+      h = detail::fnv1a(sized, h);
       h = detail::fnv1a(file.metadata->SerializeToString(), h);
     }
   }

@@ -245,7 +245,7 @@ Job make_job(const DistributorOptions& o, const engines::Placement& placement,
   // single worker libtorch's default, but a Distributor's jobs (a search's trials) share the
   // host's cores as Ray Tune's trials share them.
   if (!job.env.count("OMP_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
-    job.env["OMP_NUM_THREADS"] = "1";
+    job.env.emplace("OMP_NUM_THREADS", "1");
   if (!cuda_visible_devices.empty()) job.env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices;
   job.unset.push_back(kTaskVariable);
   return job;

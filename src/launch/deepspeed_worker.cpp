@@ -169,7 +169,10 @@ std::vector<std::string> DsNumactl::command() const {
     while (end + 1 < cpus.size() && cpus[end + 1] == cpus[end] + 1) ++end;
     if (!list.empty()) list += ',';
     list += std::to_string(cpus[k]);
-    if (end > k) list += "-" + std::to_string(cpus[end]);
+    if (end > k) {
+      list += '-';
+      list += std::to_string(cpus[end]);
+    }
     k = end + 1;
   }
   c.insert(c.end(), {"-C", list});

@@ -32,6 +32,7 @@
 #include "dtrain/engine_env.h"
 #include "dtrain/error.h"
 #include "dtrain/launch.h"
+#include "launch/cpu_binding.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
 
@@ -314,9 +315,9 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   if (!o.store_token.empty()) a.insert(a.end(), {"--store-token", "-"});
   if (!o.log_dir.empty()) a.insert(a.end(), {"--log-dir", o.log_dir});
   if (!o.local_ranks_filter.empty()) {
-    std::string shown;
-    for (int r : o.local_ranks_filter) shown += (shown.empty() ? "" : ",") + std::to_string(r);
-    a.insert(a.end(), {"--local-ranks-filter", shown});
+    a.insert(a.end(),
+             {"--local-ranks-filter",
+              launch::cpu_list_string({o.local_ranks_filter.begin(), o.local_ranks_filter.end()})});
   }
   // torchrun's comma_separated_list back: a comma inside a filter is written ",,".
   auto filters = [](const std::vector<std::string>& items) {
@@ -340,9 +341,7 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   // when given, names cores of every host alike, as DeepSpeed's --bind_core_list does).
   if (o.bind_cores_to_rank) a.push_back("--bind-cores-to-rank");
   if (!o.bind_core_list.empty()) {
-    std::string cores;
-    for (int c : o.bind_core_list) cores += (cores.empty() ? "" : ",") + std::to_string(c);
-    a.insert(a.end(), {"--bind-core-list", cores});
+    a.insert(a.end(), {"--bind-core-list", launch::cpu_list_string(o.bind_core_list)});
   }
   if (o.module) a.push_back("--module");
   if (o.no_python) a.push_back("--no-python");

@@ -173,7 +173,10 @@ std::string format_vars(const Config& space, const Config& config) {
     const Config key = std::holds_alternative<std::string>(p.back())
                            ? Config(std::get<std::string>(p.back()))
                            : Config(std::get<std::int64_t>(p.back()));
-    out += (out.empty() ? "" : ",") + clean_value(key) + "=" + clean_value(*v);
+    if (!out.empty()) out += ',';
+    out += clean_value(key);
+    out += '=';
+    out += clean_value(*v);
   }
   return out;
 }
@@ -215,7 +218,10 @@ std::string perturbed_tag(const std::string& orig_tag, const Config& config,
   std::sort(keys.begin(), keys.end());
   std::string vars;
   for (const std::string& k : keys) {
-    vars += (vars.empty() ? "" : ",") + clean_value(Config(k)) + "=" + clean_value(config.at(k));
+    if (!vars.empty()) vars += ',';
+    vars += clean_value(Config(k));
+    vars += '=';
+    vars += clean_value(config.at(k));
   }
   return orig_tag + "@perturbed[" + vars + "]";
 }

@@ -59,7 +59,9 @@ TEST(ElasticSampler, ResplitsTheRemainderOverNewRanksExactlyOnce) {
       for (int64_t i : *b) ++count[i];
       ++n;
     }
-    if (steps >= 0) EXPECT_EQ(n, steps) << "every rank must take the same number of steps";
+    if (steps >= 0) {
+      EXPECT_EQ(n, steps) << "every rank must take the same number of steps";
+    }
     steps = n;
     EXPECT_TRUE(es.epoch_done());
   }

@@ -28,42 +28,17 @@
 #include "dtrain/error.h"
 #include "launcher/subprocess.h"
 #include "support/paths.h"
+#include "tune/state_files.h"
 #include "tune/state_json.h"
 
 namespace fs = std::filesystem;
+using dtrain::test::last_line_json;
 using dtrain::test::Process;
+using dtrain::test::read_state;
+using dtrain::test::read_text;
 using dtrain::tune::Config;
 
-namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The saved state, or null while there is none yet (or it is half replaced).
-Config read_state(const fs::path& p) {
-  const std::string text = read_text(p);
-  if (text.empty()) return nullptr;
-  try {
-    return dtrain::tune::detail::parse_state_json(text, p.string());
-  } catch (const std::exception&) {
-    return nullptr;
-  }
-}
-
-Config last_line_json(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  return Config::parse(last);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST(TuneNanResume, NanAndInfinitySurviveAResumeAsRayTunesStateKeepsThem) {
   const fs::path dir =

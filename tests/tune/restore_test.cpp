@@ -33,39 +33,17 @@
 #include "dtrain/tune.h"
 #include "launcher/subprocess.h"
 #include "support/paths.h"
+#include "tune/state_files.h"
 #include "tune/state_json.h"
 
 namespace fs = std::filesystem;
+using dtrain::test::last_line_json;
 using dtrain::test::Process;
+using dtrain::test::read_state;
+using dtrain::test::read_text;
 using dtrain::tune::Config;
 
 namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Config read_state(const fs::path& p) {
-  const std::string text = read_text(p);
-  if (text.empty()) return nullptr;
-  try {
-    return dtrain::tune::detail::parse_state_json(text, p.string());
-  } catch (const std::exception&) {
-    return nullptr;  // being replaced
-  }
-}
-
-Config last_line_json(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  return Config::parse(last);
-}
 
 struct Log {
   Config starts = Config::array();  // after the line "restore": [[X, FROM]] of the "start" lines

@@ -88,9 +88,9 @@ TEST(FusedAdam, StepsAsTorchAdamDoes) {
   for (auto dtype : {torch::kFloat, torch::kDouble}) {
     for (double wd : {0.0, 0.01}) {
       for (bool amsgrad : {false, true}) {
-        const std::string what = std::string(dtype == torch::kFloat ? "float32" : "float64") +
-                                 ", weight_decay " + std::to_string(wd) +
-                                 (amsgrad ? ", amsgrad" : "");
+        std::string what = dtype == torch::kFloat ? "float32" : "float64";
+        what += ", weight_decay " + std::to_string(wd);
+        if (amsgrad) what += ", amsgrad";
         const auto o = torch::optim::AdamOptions(1e-2).weight_decay(wd).amsgrad(amsgrad);
         Net ref = make_net(dtype), fused = make_net(dtype);
         torch::optim::Adam ref_opt(groups(ref, o));
