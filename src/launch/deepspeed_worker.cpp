@@ -317,6 +317,11 @@ int physical_core_count() {
   return total;
 }
 
+int DsNumactl::mem_policy() const {
+  if (mem_flag == 0) return 0;
+  return mem_flag == 'p' ? MPOL_PREFERRED : MPOL_BIND;
+}
+
 bool apply_numactl(const DsNumactl& b) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -338,8 +343,7 @@ bool apply_numactl(const DsNumactl& b) {
     }
     mask[n / kBits] |= 1UL << (n % kBits);
   }
-  const int mode = b.mem_flag == 'p' ? MPOL_PREFERRED : MPOL_BIND;
-  return ::syscall(SYS_set_mempolicy, mode, mask, 1024UL + 1) == 0;
+  return ::syscall(SYS_set_mempolicy, b.mem_policy(), mask, 1024UL + 1) == 0;
 }
 
 DsWorker ds_worker(const DsExec& e, int node, int position) {

@@ -60,6 +60,8 @@ struct DsNumactl {
   std::vector<int> cpus;   // numactl -C
   char mem_flag = 0;       // 0, 'm' or 'p'
   std::vector<int> mem_nodes;
+  // set_mempolicy's mode for mem_flag: MPOL_PREFERRED ('p'), MPOL_BIND ('m'); 0 for none.
+  int mem_policy() const;
   // DeepSpeed's command: {"numactl", ["-m"|"-p", NODES,] "-C", "0-3,8"}.
   std::vector<std::string> command() const;
 };

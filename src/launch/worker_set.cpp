@@ -3,7 +3,6 @@
 #include "launch/forkserver/protocol.h"
 
 #include <fcntl.h>
-#include <linux/mempolicy.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,11 +209,11 @@ void WorkerSet::worker_command(std::vector<std::string>& argv, std::vector<std::
     // The server runs PROGRAM itself (each worker gets DeepSpeed's argv in the spec).
     argv.push_back(fork_server_program(o_));
     argv.insert(argv.end(), deepspeed_->args.begin(), deepspeed_->args.end());
-  } else if (runs_with_python(o_)) {
-    argv = {o_.python, "-u"};
-    if (o_.module) argv.push_back("-m");
-  }
-  if (!deepspeed_) {
+  } else {
+    if (runs_with_python(o_)) {
+      argv = {o_.python, "-u"};
+      if (o_.module) argv.push_back("-m");
+    }
     argv.push_back(o_.program);
     argv.insert(argv.end(), o_.args.begin(), o_.args.end());
   }
@@ -310,10 +309,8 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
       fs.argv = ds.argv;
       if (ds.binding) {
         fs.cpus = ds.binding->cpus;
-        if (ds.binding->mem_flag != 0) {
-          fs.mem_policy = ds.binding->mem_flag == 'p' ? MPOL_PREFERRED : MPOL_BIND;
-          fs.mem_nodes = ds.binding->mem_nodes;
-        }
+        fs.mem_policy = ds.binding->mem_policy();
+        if (fs.mem_policy != 0) fs.mem_nodes = ds.binding->mem_nodes;
       }
       own_log = ds.log_path;
     } else {
