@@ -97,26 +97,6 @@ int local_device_count(std::string* how) {
   return std::max(numa, 1);
 }
 
-// The slot list of a NODE_SPEC, "0,2" -> {0, 2}.
-std::vector<int> parse_slots(const std::string& spec, const std::string& what) {
-  std::vector<int> out;
-  std::stringstream ss(what);
-  for (std::string s; std::getline(ss, s, ',');) {
-    try {
-      size_t used = 0;
-      int n = std::stoi(s, &used);
-      if (used == s.size()) {
-        out.push_back(n);
-        continue;
-      }
-    } catch (const std::exception&) {
-    }
-    throw UsageError("bad slot '" + s + "' in '" + spec +
-                     "': expected NAME[:SLOT[,SLOT...]][@NAME...] with integer slots");
-  }
-  return out;
-}
-
 bool is_elf(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
@@ -213,7 +193,11 @@ std::vector<DsHost> ds_resource_filter(const std::vector<std::pair<std::string, 
     if (colon == std::string::npos) {
       whole.insert(host);
     } else {
-      for (int s : parse_slots(spec, slot_list)) it->second.insert(s);
+      const auto slots = parse_slot_list(slot_list, [&](const std::string& bad) {
+        return "bad slot '" + bad + "' in '" + spec +
+               "': expected NAME[:SLOT[,SLOT...]][@NAME...] with integer slots";
+      });
+      it->second.insert(slots.begin(), slots.end());
     }
   }
   auto find_host = [&](const std::string& host) -> const DsHost& {

@@ -26,25 +26,6 @@ namespace dtrain::launch {
 
 namespace {
 
-// "0,2" -> {0, 2}; UsageError naming `what` on anything else.
-std::vector<int> parse_ints(const std::string& text, const std::string& what) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string s; std::getline(ss, s, ',');) {
-    try {
-      size_t used = 0;
-      const int n = std::stoi(s, &used);
-      if (used == s.size()) {
-        out.push_back(n);
-        continue;
-      }
-    } catch (const std::exception&) {
-    }
-    throw UsageError("bad number '" + s + "' in " + what);
-  }
-  return out;
-}
-
 std::string read_line(const std::string& path) {
   std::ifstream in(path);
   std::string line;
@@ -69,6 +50,25 @@ bool is_subset(const std::vector<int>& a, const std::vector<int>& b) {
 }
 
 }  // namespace
+
+std::vector<int> parse_slot_list(const std::string& text,
+                                 const std::function<std::string(const std::string&)>& bad) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  for (std::string s; std::getline(ss, s, ',');) {
+    try {
+      size_t used = 0;
+      const int n = std::stoi(s, &used);
+      if (used == s.size()) {
+        out.push_back(n);
+        continue;
+      }
+    } catch (const std::exception&) {
+    }
+    throw UsageError(bad(s));
+  }
+  return out;
+}
 
 std::vector<std::string> ds_exec_args(const DsExec& e) {
   std::string world;
@@ -138,7 +138,9 @@ DsExec parse_ds_exec(const std::vector<std::string>& args) {
   }
   if (i >= args.size() || world.empty()) throw UsageError("missing --world or PROGRAM");
   std::stringstream ss(world);
-  for (std::string n; std::getline(ss, n, '/');) e.world.push_back(parse_ints(n, world));
+  for (std::string n; std::getline(ss, n, '/');)
+    e.world.push_back(parse_slot_list(
+        n, [&](const std::string& s) { return "bad number '" + s + "' in " + world; }));
   e.program = args[i];
   e.args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
   return e;

@@ -13,6 +13,7 @@
 // No libtorch. Thread-safe (no state).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -40,6 +41,11 @@ struct DsExec {
   std::string program;         // as given: the workers see it so in argv
   std::vector<std::string> args;
 };
+
+// "0,2" -> {0, 2}: a hostfile's or --include's slot list, a node of the shim's --world.
+// UsageError(bad(item)) on an item that is not an integer.
+std::vector<int> parse_slot_list(const std::string& text,
+                                 const std::function<std::string(const std::string&)>& bad);
 
 // `dtrain deepspeed-exec ARGS` (after the subcommand) back and forth. parse_ds_exec throws
 // UsageError naming what is wrong.
