@@ -7,6 +7,7 @@
 // deepspeed` on the GPU node. This binary is also the Distributor's and Tune's worker.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -307,12 +308,19 @@ TEST(Gpu, TuneTrialsSeeAndUseTheirGpu) {
 // gpu_0_* under MLflow's names, the memory in use as nvidia-smi reports it around the run.
 TEST(Gpu, MlflowSystemMetricsReadTheGpu) {
   namespace fs = std::filesystem;
-  auto smi_used_mb = [] {  // nvidia-smi reports MiB
-    auto r = run_command(
-        {"nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "--id=0"},
-        {.timeout = 60s});
-    EXPECT_EQ(r.exit_code, 0) << describe(r);
-    return std::stod(r.out) * 1048576.0 / 1e6;
+  auto smi_used_mb = [] {
+    // MLflow's GPUMonitor reads pynvml's nvmlDeviceGetMemoryInfo (v1), whose "used" counts the
+    // driver's reserved memory; nvidia-smi's memory.used is v2's, without it. In MiB.
+    auto r = run_command({"/usr/bin/env", "nvidia-smi", "--query-gpu=memory.used,memory.reserved",
+                          "--format=csv,noheader,nounits", "--id=0"},
+                         {.timeout = 60s});
+    const auto comma = r.out.find(',');
+    if (r.exit_code != 0 || comma == std::string::npos) {
+      ADD_FAILURE() << "nvidia-smi: " << describe(r);
+      return std::nan("");
+    }
+    const double mib = std::stod(r.out.substr(0, comma)) + std::stod(r.out.substr(comma + 1));
+    return mib * 1048576.0 / 1e6;
   };
   const fs::path dir =
       fs::temp_directory_path() / ("dtrain_gpu_sysmetrics_" + std::to_string(::getpid()));
