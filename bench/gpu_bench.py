@@ -14,14 +14,15 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                GPU), 2 ranks on the one GPU, 8 x Linear(2048, 2048): samples/s and peak GPU
                memory (tests/gpu/gpu_worker.cpp's zero mode)
   launch       16 workers: dtrain run of a C++ worker vs torchrun of a Python no-op
-  cpu_scaling  the MLP at 1, 2, 4, 8, 16 processes on the CPU: dtrain (shared memory) vs
+  cpu_scaling  the MLP at 1, 8, 2, 4, 16 processes on the CPU (8, the target's row, right after
+               the baseline, so a tight budget skips others first): dtrain (shared memory) vs
                PyTorch DDP (gloo), samples/s and scaling efficiency, beside the machine's
                ceiling (as many single-process runs at once, no communication), rank 0's
                shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
                peers in all and in the first barrier, futex sleeps, the hand-off to the
-               backend's thread and back) and, at 2, 4 and 8, dtrain with other waits
-               (WAIT_VARIANTS below) beside the default; and both sides again with Adam
-               fused (the example's --optimizer fused-adam, PyTorch's Adam(fused=True))
+               backend's thread and back) and, with --cpu-wait-variants, at 2, 4 and 8,
+               dtrain with other waits (WAIT_VARIANTS below) beside the default; and both
+               sides again with Adam fused (the example's --optimizer fused-adam, PyTorch's Adam(fused=True))
 
 --budget-s S keeps the whole run within S seconds (gpu_check.sh's 8 minutes): a benchmark, or a
 row of cpu_scaling, that would not fit in what is left is skipped and listed under "skipped"
@@ -188,11 +189,12 @@ def bench_train(a, out):
     peer = os.path.join(HERE, "gpu_train_peer.py")
     rows = []
     # dtrain's C++: libtorch's Adam, ATen's fused Adam, and the fused step captured as a CUDA graph;
-    # PyTorch: eager (the target's peer) and its own whole-step CUDA graph (shown beside it, so the
-    # graph's gain is not mistaken for C++'s). A variant that fails is reported, not fatal.
+    # PyTorch: eager with its default Adam (the target's peer), eager with Adam(fused=True) (the
+    # peer of dtrain's fused step: fusing is not mistaken for C++'s gain), and its own whole-step
+    # CUDA graph (likewise for the graph). A variant that fails is reported, not fatal.
     variants = {"torch": [binary, "--optimizer", "torch"], "fused": [binary, "--optimizer", "fused"],
                 "graph": [binary, "--optimizer", "fused", "--graph"], "eager": [a.python, peer],
-                "py_graph": [a.python, peer, "--graph"]}
+                "py_fused": [a.python, peer, "--fused"], "py_graph": [a.python, peer, "--graph"]}
     configs = (("mlp", 64), ("mlp", 1024), ("cnn", 64), ("cnn", 1024))
     # The CNN at batch 1024 is bound by its kernels: both CUDA graphs gained nothing there
     # (1.04x and 0.99x on the H100, 2026-11-27); skipped to keep gpu_check within 8 minutes.
@@ -211,7 +213,7 @@ def bench_train(a, out):
                         r = json.loads(line)
                         got[(r["model"], r["batch"])][k].append(r["samples_per_s"])
             except RuntimeError as e:
-                if k not in ("graph", "py_graph"):
+                if k not in ("graph", "py_fused", "py_graph"):
                     raise
                 out.setdefault("errors", {})[f"train {k}"] = str(e)[-1500:]
                 print(f"train {k}: FAILED: {str(e)[-800:]}", file=sys.stderr, flush=True)
@@ -222,8 +224,9 @@ def bench_train(a, out):
             return med[k] / med[peer_key] if med[k] and med[peer_key] else None
 
         row = {"model": model, "batch": batch, "dtrain_torch_adam": med["torch"], "dtrain_fused_adam": med["fused"],
-               "dtrain_graph": med["graph"], "pytorch_eager": med["eager"], "pytorch_graph": med["py_graph"],
-               "ratio_torch_adam": ratio("torch"), "ratio_fused_adam": ratio("fused"),
+               "dtrain_graph": med["graph"], "pytorch_eager": med["eager"], "pytorch_fused_adam": med["py_fused"],
+               "pytorch_graph": med["py_graph"], "ratio_torch_adam": ratio("torch"), "ratio_fused_adam": ratio("fused"),
+               "ratio_fused_vs_pytorch_fused": ratio("fused", "py_fused"),
                "ratio_graph": ratio("graph"), "ratio_graph_vs_pytorch_graph": ratio("graph", "py_graph")}
         rows.append(row)
         fmt = lambda v: "-" if v is None else f"{v:.0f}"
@@ -231,7 +234,8 @@ def bench_train(a, out):
         print(f"train {model} b{batch}: dtrain {fmt(med['torch'])} (libtorch Adam) / {fmt(med['fused'])} (fused Adam) / "
               f"{fmt(med['graph'])} (fused, CUDA graph) vs PyTorch eager {fmt(med['eager'])} samples/s -> "
               f"{fx(row['ratio_torch_adam'])} / {fx(row['ratio_fused_adam'])} / {fx(row['ratio_graph'])}; "
-              f"PyTorch with its own CUDA graph {fmt(med['py_graph'])} (dtrain's graph {fx(row['ratio_graph_vs_pytorch_graph'])})",
+              f"PyTorch with Adam(fused=True) {fmt(med['py_fused'])} (dtrain's fused Adam "
+              f"{fx(row['ratio_fused_vs_pytorch_fused'])}); PyTorch with its own CUDA graph {fmt(med['py_graph'])} (dtrain's graph {fx(row['ratio_graph_vs_pytorch_graph'])})",
               flush=True)
     out["train"] = rows
 
@@ -347,13 +351,16 @@ def bench_cpu_scaling(a, out):
         return total
 
     rows = {}
-    last_row_s, last_n = 0.0, 0
+    last_round_s, last_n = 0.0, 0
     for n in map(int, a.cpu_procs.split(",")):
         left = time_left(a)
-        # A row takes at least as long as the one before (more processes on the same cores).
-        if left is not None and left < 1.2 * last_row_s:
-            skip(out, f"cpu_scaling {n} procs", f"{left:.0f} s left of the budget, the {last_n}-process row took "
-                 f"{last_row_s:.0f} s")
+        # A round of a row takes about as long as one of the row before, and longer with more
+        # processes on the same cores (8 after 1: 1.6x, H200 machine 2026-11-30).
+        rounds = max(3, a.repeat) if n == 1 else a.repeat
+        need = last_round_s * rounds * (1.6 if n > last_n else 1.0)
+        if left is not None and left < need:
+            skip(out, f"cpu_scaling {n} procs", f"{left:.0f} s left of the budget, a round of the {last_n}-process "
+                 f"row took {last_round_s:.0f} s")
             continue
         row_start = time.monotonic()
         d, p, c, stats, timeline = [], [], [], None, None
@@ -362,7 +369,7 @@ def bench_cpu_scaling(a, out):
         var_stats = {}
         # The one-process row is every efficiency's baseline, and one run of it moved by a quarter
         # between two runs of the same command (14.5k, 11.4k; H200 machine 2026-11-28): 3 rounds.
-        for _ in range(max(3, a.repeat) if n == 1 else a.repeat):
+        for _ in range(rounds):
             o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train, dict(env, DTRAIN_SHM_STATS="1"),
                        with_stderr=True)
             d.append(last_json(o)["samples_per_s"])
@@ -376,7 +383,7 @@ def bench_cpu_scaling(a, out):
             o, _ = run([a.torchrun, "--nproc-per-node", str(n), "--monitor-interval", "0.1", peer, "--max-steps",
                         str(a.cpu_steps)] + fused, env)
             pf.append(last_json(o)["samples_per_s"])
-            if n in (2, 4, 8):
+            if a.cpu_wait_variants and n in (2, 4, 8):
                 for name, extra_env in WAIT_VARIANTS.items():
                     o, _ = run([dtrain, "run", "--nproc-per-node", str(n)] + train,
                                dict(env, DTRAIN_SHM_STATS="1", **extra_env), with_stderr=True)
@@ -400,7 +407,7 @@ def bench_cpu_scaling(a, out):
             rows[n]["dtrain_shm_rank0"] = stats
         if timeline:
             rows[n]["timeline"] = timeline
-        last_row_s, last_n = time.monotonic() - row_start, n
+        last_round_s, last_n = (time.monotonic() - row_start) / rounds, n
     # The one-process baseline of dtrain's and the ceiling's efficiency: every run of the row's
     # two forms of the same command (one process, no communication), averaged - one run of ~0.7 s
     # moved by a third between two on the H100 machine (11.0k vs 17.5k samples/s, 2026-11-27).
@@ -409,6 +416,7 @@ def bench_cpu_scaling(a, out):
     out["cpu_one_process_baseline"] = {"runs": ones, "mean": base}
     print(f"cpu one-process baseline of the efficiencies: {base:.0f} samples/s (the one-process runs: "
           f"{', '.join(f'{v:.0f}' for v in ones)})", flush=True)
+    rows = dict(sorted(rows.items()))
     for n, r in rows.items():
         r["ratio"] = r["dtrain"] / r["pytorch"]
         r["dtrain_efficiency"] = r["dtrain"] / (n * base)
@@ -458,7 +466,9 @@ def main():
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--ddp-steps", type=int, default=400)
     p.add_argument("--cpu-steps", type=int, default=120)
-    p.add_argument("--cpu-procs", default="1,2,4,8,16", help="process counts of cpu_scaling (1 first)")
+    p.add_argument("--cpu-procs", default="1,8,2,4,16", help="process counts of cpu_scaling (1 first)")
+    p.add_argument("--cpu-wait-variants", action="store_true",
+                   help="cpu_scaling also runs dtrain with the shared-memory backend's other waits (WAIT_VARIANTS)")
     p.add_argument("--zero-steps", type=int, default=12)
     p.add_argument("--only", default="train,ddp_one_gpu,zero_offload,launch,cpu_scaling")
     p.add_argument("--budget-s", type=float, help="skip what would not fit in this many seconds (see above)")

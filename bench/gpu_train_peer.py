@@ -2,11 +2,13 @@
 in PyTorch eager mode on one GPU (torch.optim.Adam with its defaults: the foreach
 implementation on CUDA). Prints one JSON line.
 
+--fused: Adam(fused=True), PyTorch's one-kernel step (the peer of gpu_train_bench --optimizer fused).
+
 --graph: the whole step captured with torch.cuda.graph and replayed ("whole network capture" in
 PyTorch's CUDA-graph notes), Adam(fused=True, capturable=True) - the Python side of
 gpu_train_bench --graph.
 
-    python3 bench/gpu_train_peer.py --model mlp --batch 64 --steps 300 [--graph]
+    python3 bench/gpu_train_peer.py --model mlp --batch 64 --steps 300 [--fused | --graph]
     python3 bench/gpu_train_peer.py --runs mlp:64:300,cnn:1024:100 [--graph]   (in turn, one line each)
 """
 import argparse
@@ -26,7 +28,7 @@ def make(kind):
                          nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def run_one(kind, batch, steps, warmup, graph):
+def run_one(kind, batch, steps, warmup, graph, fused):
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     model = make(kind).to(dev)
@@ -35,7 +37,7 @@ def run_one(kind, batch, steps, warmup, graph):
     if graph:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused or None)
     loss_fn = nn.CrossEntropyLoss()
 
     def step():
@@ -65,7 +67,7 @@ def run_one(kind, batch, steps, warmup, graph):
         step()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
-    print(json.dumps({"side": "pytorch-eager", "model": kind, "batch": batch, "optimizer": "torch.optim.Adam" + ("(fused, capturable)" if graph else ""), "graph": graph,
+    print(json.dumps({"side": "pytorch-eager", "model": kind, "batch": batch, "optimizer": "torch.optim.Adam" + ("(fused, capturable)" if graph else "(fused)" if fused else ""), "graph": graph,
                       "steps": steps, "seconds": secs, "samples_per_s": batch * steps / secs}), flush=True)
 
 
@@ -76,7 +78,9 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--runs", help="MODEL:BATCH:STEPS,... run in turn in this process")
-    p.add_argument("--graph", action="store_true")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--graph", action="store_true")
+    mode.add_argument("--fused", action="store_true")
     a = p.parse_args()
     runs = [(a.model, a.batch, a.steps)]
     if a.runs:
@@ -85,7 +89,7 @@ def main():
         except ValueError:
             p.error(f"--runs {a.runs!r}: each entry is MODEL:BATCH:STEPS")
     for kind, batch, steps in runs:
-        run_one(kind, batch, steps, a.warmup, a.graph)
+        run_one(kind, batch, steps, a.warmup, a.graph, a.fused)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@
 # them (bench/gpu_bench.py --only); GPU_CHECK_BUDGET_S=S the whole run's seconds (default 480: a
 # benchmark or a CPU-scaling row that would not fit is skipped, and the summary says so); GPU_CHECK_TESTS=REGEX runs only the gpu tests it matches
 # (ctest -R; a short second call after a fix); GPU_CHECK_CPU_PROCS=LIST the process counts of the
-# CPU-scaling rows (default 1,2,4,8,16; 1 first); GPU_CHECK_JOBS=N build parallelism (default: all
+# CPU-scaling rows (default 1,8,2,4,16; 1 first); GPU_CHECK_JOBS=N build parallelism (default: all
 # cores).
 # Exit status: 0 when the build and every gpu test passed (benchmarks never fail it).
 set -uo pipefail
