@@ -393,18 +393,15 @@ std::vector<std::string> ds_worker_env(const std::vector<std::string>& env, cons
       {"RANK", std::to_string(w.rank)},
       {"LOCAL_RANK", std::to_string(w.local_rank)},
   };
+  // As launch.py with --bind_cores_to_rank: the share's size, over what the shell set.
+  if (w.binding) vars.emplace_back("OMP_NUM_THREADS", std::to_string(w.binding->cores_per_rank));
   std::vector<std::string> out;
-  bool has_omp = false;
   for (const auto& kv : env) {
     const std::string name = kv.substr(0, kv.find('='));
     if (drop.count(name)) continue;
     if (std::any_of(vars.begin(), vars.end(), [&](auto& v) { return v.first == name; })) continue;
-    if (name == "OMP_NUM_THREADS") has_omp = true;
     out.push_back(kv);
   }
-  // As launch.py with --bind_cores_to_rank, unless the launching shell set it.
-  if (w.binding && !has_omp)
-    vars.emplace_back("OMP_NUM_THREADS", std::to_string(w.binding->cores_per_rank));
   for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
   return out;
 }

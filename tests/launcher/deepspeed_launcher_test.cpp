@@ -606,6 +606,36 @@ TEST_F(DeepSpeedLauncher, BoundWorkersRunOnDeepSpeedsCoresSpawnedOrForked) {
   EXPECT_TRUE(kmp.by_rank.empty());
 }
 
+// The shell's OMP_NUM_THREADS gives way to the share's size with binding, as under DeepSpeed:
+// its own runner and launch.py, run by ds_record.py with a recording Popen (no worker starts
+// there), against what dtrain's workers get.
+TEST_F(DeepSpeedLauncher, BindingSetsOmpNumThreadsOverTheShellsAsDeepSpeedDoes) {
+  const std::string procs = std::to_string(std::min(2, launch::physical_core_count()));
+  RunOptions o = worker_env({"OMP_NUM_THREADS=7"});
+  o.unset = {"CUDA_VISIBLE_DEVICES"};
+  const Args flags = {"--bind_cores_to_rank", "--num_gpus", procs, "--no_python", kCppWorker};
+  Args argv = {DTRAIN_VENV_PYTHON, script_dir() + "/ds_record.py"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const RunResult r = Process::start(argv, o).finish(o.timeout);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.out.find("record ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const json ds = json::parse(r.out.substr(at + 7, r.out.find('\n', at) - at - 7), nullptr, false);
+  ASSERT_TRUE(ds.contains("ok")) << r.out;
+  ASSERT_EQ(ds["ok"].size(), static_cast<size_t>(std::stoi(procs))) << r.out;
+  Launch dt = dtrain(flags, o);
+  ASSERT_EQ(dt.result.exit_code, 0) << dt.result.err;
+  ASSERT_EQ(dt.by_rank.size(), ds["ok"].size()) << dt.result.out;
+  for (const auto& w : ds["ok"]) {
+    const int rank = std::stoi(w["env"].value("RANK", "-1"));
+    ASSERT_TRUE(dt.by_rank.count(rank)) << rank;
+    EXPECT_NE(w["env"].value("OMP_NUM_THREADS", ""), "7");
+    EXPECT_EQ(dt.by_rank[rank]["env"].value("OMP_NUM_THREADS", ""),
+              w["env"].value("OMP_NUM_THREADS", ""))
+        << "rank " << rank;
+  }
+}
+
 bool alive(int pid) { return ::kill(pid, 0) == 0; }
 
 TEST_F(DeepSpeedLauncher, AFailingWorkerEndsTheJobWithItsExitCodeAndNoOrphans) {
