@@ -767,7 +767,8 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 
 namespace {
 
-// What torchrun 2.11 does with `--FLAG=` (argparse hands its type "" as the value), flag by flag;
+// What torchrun 2.11 does with `--FLAG=` or `--FLAG ''` (argparse hands its type "" as the value),
+// flag by flag;
 // ParseRunArgs.EmptyFlagValuesAsUnderTorchrun (tests/unit/launch_options_test.cpp) asks the
 // venv's torchrun for each flag and compares; LauncherTest.EmptyRoleAndSignalListRunAsUnderTorchrun
 // runs the two that keep "".
@@ -827,9 +828,16 @@ std::vector<std::string> take_empty_values(std::vector<std::string>& args) {
     if (arg == "--" || arg.empty() || arg[0] != '-' || arg == "-") break;  // PROGRAM
     const size_t eq = arg.find('=');
     if (eq == std::string::npos) {
-      // A flag that takes its value from the next argument skips it.
       const CLI::Option* opt = app.get_option_no_throw(arg);
-      i += (opt != nullptr && opt->get_items_expected_min() > 0) ? 2 : 1;
+      const bool takes_value = opt != nullptr && opt->get_items_expected_min() > 0;
+      if (takes_value && i + 1 < args.size() && args[i + 1].empty() && !opt->get_lnames().empty()) {
+        // `--FLAG ''`: argparse hands the type "" as for `--FLAG=`; taken as that, next pass.
+        args[i] = "--" + opt->get_lnames().front() + "=";
+        args.erase(args.begin() + static_cast<long>(i) + 1);
+        continue;
+      }
+      // A flag that takes its value from the next argument skips it.
+      i += takes_value ? 2 : 1;
       continue;
     }
     if (arg.rfind("--", 0) != 0 || eq != arg.size() - 1) {

@@ -711,41 +711,49 @@ TEST(ParseRunArgs, EmptyFlagValuesAsUnderTorchrun) {
           "    if not longs:\n"
           "        continue\n"
           "    opt = longs[0]\n"
-          "    err = io.StringIO()\n"
-          "    try:\n"
-          "        with contextlib.redirect_stderr(err):\n"
-          "            args = parse_args([opt + '=', '--no-python', 'true'])\n"
-          "        c, _, _ = config_from_args(args)\n"
-          "        registry.get_rendezvous_handler(RendezvousParameters(\n"
-          "            backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
-          "            min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
-          "            **c.rdzv_configs))\n"
-          "        get_logging_handler(c.event_log_handler)\n"
-          "        _get_logs_specs_class(args.logs_specs)\n"
-          "        print('empty', opt, 'ok')\n"
-          "    except SystemExit:\n"
-          "        print('empty', opt, 'error', err.getvalue().strip().splitlines()[-1])\n"
-          "    except Exception as e:\n"
-          "        print('empty', opt, 'error', type(e).__name__, str(e).replace('\\n', ' '))\n";
+          "    spellings = [('empty', [opt + '='])]\n"
+          "    if a.nargs != 0:\n"
+          "        spellings.append(('space', [opt, '']))\n"
+          "    for kind, flag in spellings:\n"
+          "        err = io.StringIO()\n"
+          "        try:\n"
+          "            with contextlib.redirect_stderr(err):\n"
+          "                args = parse_args(flag + ['--no-python', 'true'])\n"
+          "            c, _, _ = config_from_args(args)\n"
+          "            registry.get_rendezvous_handler(RendezvousParameters(\n"
+          "                backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
+          "                min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
+          "                **c.rdzv_configs))\n"
+          "            get_logging_handler(c.event_log_handler)\n"
+          "            _get_logs_specs_class(args.logs_specs)\n"
+          "            print(kind, opt, 'ok')\n"
+          "        except SystemExit:\n"
+          "            print(kind, opt, 'error', err.getvalue().strip().splitlines()[-1])\n"
+          "        except Exception as e:\n"
+          "            print(kind, opt, 'error', type(e).__name__, str(e).replace('\\n', ' '))\n";
   }
   const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "empty.py").string() +
                           " > " + (dir / "empty.txt").string() + " 2>/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " (is torch in the venv?)";
   std::ifstream in(dir / "empty.txt");
-  int flags = 0, stops = 0;
+  int flags = 0, stops = 0, spaced = 0, spaced_stops = 0;
   std::set<std::string> torchruns;
   const std::string unset = describe(parse({}));
   for (std::string line; std::getline(in, line);) {
     std::istringstream words(line);
     std::string kind, opt, outcome;
     words >> kind >> opt >> outcome;
-    if (kind != "empty") continue;
+    // "empty": `--FLAG=`; "space": `--FLAG ''` (a flag that takes a value).
+    if (kind != "empty" && kind != "space") continue;
     SCOPED_TRACE(line);
-    ++flags;
+    const Args flag = kind == "empty" ? Args{opt + "="} : Args{opt, ""};
+    ++(kind == "empty" ? flags : spaced);
     torchruns.insert(opt);
     if (outcome == "error") {
-      ++stops;
-      const std::string msg = usage_error({opt + "=", "prog"});
+      ++(kind == "empty" ? stops : spaced_stops);
+      Args args = flag;
+      args.push_back("prog");
+      const std::string msg = usage_error(args);
       EXPECT_EQ(msg.rfind(opt + "=: an empty value; torchrun 2.11 stops on it too (", 0), 0u)
           << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -753,22 +761,24 @@ TEST(ParseRunArgs, EmptyFlagValuesAsUnderTorchrun) {
     }
     ASSERT_EQ(outcome, "ok");
     // The next argument stays PROGRAM (CLI11 alone would take it as the value).
-    const LaunchOptions o = parse({opt + "="});
+    const LaunchOptions o = parse(flag);
     EXPECT_EQ(o.program.substr(o.program.rfind('/') + 1), "prog") << o.program;
     if (opt == "--role") {
       EXPECT_EQ(o.role, "");
-      EXPECT_EQ(parse({"--role", ""}).role, "") << "argparse takes `--role ''` alike";
     } else if (opt == "--signals-to-handle") {
       EXPECT_EQ(o.signals_to_handle, "");
     } else if (opt == "--rdzv-id") {
       EXPECT_GE(o.rdzv_id.size(), 30u) << o.rdzv_id;
-      EXPECT_NE(parse({opt + "="}).rdzv_id, o.rdzv_id) << "a fresh one per launch";
+      EXPECT_NE(parse(flag).rdzv_id, o.rdzv_id) << "a fresh one per launch";
     } else {
       EXPECT_EQ(describe(o), unset);
     }
   }
   EXPECT_GE(flags, 28) << "torchrun 2.11 has 29 options besides --help";
   EXPECT_GE(stops, 18) << "torchrun 2.11 stops on 19 of them";
+  // The flags that take a value, spelt `--FLAG ''`: argparse's verdict is the `=` one's.
+  EXPECT_GE(spaced, 24) << "torchrun 2.11 has 24 options that take a value";
+  EXPECT_GE(spaced_stops, 14) << "torchrun 2.11 stops on 14 of them";
   // dtrain's own flags (no torchrun to follow): an empty value is refused, naming the flag.
   for (const char* own : {"--term-timeout", "--rdzv-timeout", "--hostfile", "--ifname",
                           "--bind-core-list", "--failure-file", "--env"}) {
