@@ -5,7 +5,11 @@ out.pow(2).mean(), Adam lr 1e-4, DeepSpeed's defaults for everything but the sta
 deepspeed.initialize each rank resets its high-water mark (`echo 5 > /proc/self/clear_refs`),
 trains STEPS steps and reads VmHWM. One stage per launch, so every figure is a fresh process:
 
-    torchrun --nproc-per-node 2 bench/zero_deepspeed_rss.py --stage 3 [--zero '{"...": 0}']
+    torchrun --nproc-per-node 2 bench/zero_deepspeed_rss.py --stage 3 [--zero '{"...": 0}'] [--save DIR]
+
+--save DIR: after the steps, DeepSpeed's save_checkpoint(DIR, tag "resume"), which
+`zero_bench rss-worker ... --resume DIR --load-only` then loads (the peak RSS of dtrain reading
+DeepSpeed's own files).
 
 Rank 0 prints one JSON line: {"bench": "zero_rss", "impl": "deepspeed-<version>", "world",
 "stage", "rss_before_model_bytes", "rss_after_init_bytes", "peak_rss_bytes": [per rank],
@@ -43,6 +47,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--zero", default="", help="JSON merged into zero_optimization")
+    ap.add_argument("--save", help="save DeepSpeed's checkpoint here (tag resume) after the steps")
     a = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -65,6 +70,8 @@ def main():
         engine.backward(loss)
         engine.step()
     peak = status_bytes("VmHWM")
+    if a.save:
+        engine.save_checkpoint(a.save, tag="resume")
     mine = torch.tensor([float(before_model), float(after_init), float(peak)], dtype=torch.float64)
     every = [torch.zeros_like(mine) for _ in range(world)]
     torch.distributed.all_gather(every, mine)

@@ -14,7 +14,9 @@
 // parameter order (stages 1-2: the padded partition, as DeepSpeed's); at stage 3 DeepSpeed's
 // per-parameter pieces (zero/stage3_layout.h). A load (at any world size) opens the files
 // without reading them whole and reads into each rank only the elements it holds now
-// (load_own_part); DeepSpeed's own files and a client optimizer's state are read whole.
+// (load_own_part). DeepSpeed's own files of stages 1-3 are read so too when they hold the
+// engine's parameters in its order and one parameter group (streams_deepspeed_files); the
+// others, stage 0's and a client optimizer's state are read whole.
 // DeepSpeed's own checkpoints of stages 1-3 are read too (consolidated_state_dict, and
 // load_checkpoint for the parameters, steps, scheduler and optimizer state).
 #include <fcntl.h>
@@ -541,11 +543,33 @@ void add_state(SavedPart& p, const PyValue& dict, int64_t n) {
   }
 }
 
-// Opens rank r's file of the layouts optim_dict writes (and rank_state reads): stage 0's
-// fp32_flat, stage 1-2's single_partition_of_fp32_groups (its state dtrain's "state" or the
-// base optimizer's one parameter), stage 3's fp32_flat_groups (its state dtrain's "state" or
-// the base optimizer's per sub-group).
-SavedPart open_saved_part(const fs::path& path) {
+// Where a saved rank's file sits among the others. DeepSpeed's own files say neither their
+// slice of the flat order nor the step (dtrain's say both); they follow from these, as
+// from_deepspeed reads them: stage 1-2's partitions are `P` elements each (the tensor's, the
+// last rank's padded), and the step is the base optimizer's first state's, else its first
+// param group's, else the steps DeepSpeed applied.
+struct SavedRank {
+  int rank = 0;
+  int64_t numel = 0;          // the flat order's
+  int64_t applied_steps = 0;  // the model file's global_steps - skipped_steps
+};
+
+int64_t base_optimizer_step(const detail::TorchFile& f, const PyValue* base, int64_t applied) {
+  const PyValue* state = base ? base->get("state") : nullptr;
+  const PyValue* s0 = state ? state->get("0") : nullptr;
+  const PyValue* step = s0 ? s0->get("step") : nullptr;
+  const PyValue* groups = base ? base->get("param_groups") : nullptr;
+  if (!step && groups && !groups->items.empty()) step = groups->items[0]->get("step");
+  if (!step) return applied;
+  return step->kind == PyValue::Kind::Tensor ? static_cast<int64_t>(f.load(*step).item<double>())
+                                             : step->as_int(f.path() + ": step");
+}
+
+// Opens rank r's file of the layouts optim_dict writes (and rank_state reads) and DeepSpeed's:
+// stage 0's fp32_flat, stage 1-2's single_partition_of_fp32_groups (its state dtrain's "state"
+// or the base optimizer's one parameter), stage 3's fp32_flat_groups (its state dtrain's
+// "state" or the base optimizer's per sub-group).
+SavedPart open_saved_part(const fs::path& path, const SavedRank& at) {
   if (!fs::exists(path))
     throw UsageError("zero checkpoint: cannot read " + path.string() +
                      " (no such checkpoint file)");
@@ -558,7 +582,12 @@ SavedPart open_saved_part(const fs::path& path) {
                                   ", not a checkpoint's dict");
   const PyValue& o = field(root, "optimizer_state_dict", path);
   if (const PyValue* t = o.get("type"); t && t->kind == PyValue::Kind::Str) p.type = t->s;
-  p.step = field(o, "step", path).as_int(path.string() + ": step");
+  if (const PyValue* step = o.get("step"))
+    p.step = step->as_int(path.string() + ": step");
+  else  // DeepSpeed's
+    p.step = base_optimizer_step(
+        *p.file, o.get(o.get("fp32_flat_groups") ? "optimizer_state_dict" : "base_optimizer_state"),
+        at.applied_steps);
   if (const PyValue* groups = o.get("fp32_flat_groups")) {
     p.per_parameter = true;
     for (const auto& t : groups->items) {
@@ -604,7 +633,12 @@ SavedPart open_saved_part(const fs::path& path) {
     throw detail::CheckpointError(path.string() +
                                   ": single_partition_of_fp32_groups holds no "
                                   "tensor");
-  p.length = field(o, "end", path).as_int("end") - field(o, "begin", path).as_int("begin");
+  if (o.get("begin")) {
+    p.length = field(o, "end", path).as_int("end") - field(o, "begin", path).as_int("begin");
+  } else {  // DeepSpeed's: partitions of P, the padding on the last
+    const int64_t P = groups.items[0]->tensor.numel();
+    p.length = std::min(at.numel, (at.rank + 1) * P) - std::min(at.numel, at.rank * P);
+  }
   p.master.parts.push_back({groups.items[0].get(), p.length});
   if (const PyValue* st = o.get("state")) {
     add_state(p, *st, p.length);
@@ -619,13 +653,15 @@ SavedPart open_saved_part(const fs::path& path) {
   return p;
 }
 
-// The saved ranks' optimizer files in rank order, one open at a time (a checkpoint of
-// thousands of ranks needs one file descriptor, not thousands): each is opened, where its
+// The saved ranks' optimizer files (`files`, in rank order), one open at a time (a checkpoint
+// of thousands of ranks needs one file descriptor, not thousands): each is opened, where its
 // elements lie in the flat order of `numels` (the engine's parameters) set and checked, and
 // handed to `fn`; at the end the files are checked to cover the flat order exactly, as
-// full_optim checks. Throws before `fn` sees a file found bad.
-void for_each_saved_part(const fs::path& ckpt, int world, const std::vector<int64_t>& numels,
-                         int64_t numel, const std::function<void(int, const SavedPart&)>& fn) {
+// full_optim checks. Throws before `fn` sees a file found bad. `applied_steps`: SavedRank's.
+void for_each_saved_part(const std::vector<fs::path>& files, const std::vector<int64_t>& numels,
+                         int64_t numel, int64_t applied_steps,
+                         const std::function<void(int, const SavedPart&)>& fn) {
+  const int world = static_cast<int>(files.size());
   auto check_length = [&](int r, const SavedPart& p, const Segments& v, int64_t need) {
     for (const auto& [t, used] : v.parts)
       if (used > t->tensor.numel())
@@ -643,7 +679,7 @@ void for_each_saved_part(const fs::path& ckpt, int world, const std::vector<int6
   bool per_parameter = false;
   fs::path first;
   for (int r = 0; r < world; ++r) {
-    SavedPart p = open_saved_part(ckpt / optim_file(r));
+    SavedPart p = open_saved_part(files[static_cast<size_t>(r)], {r, numel, applied_steps});
     if (r == 0) {
       per_parameter = p.per_parameter;
       first = p.path;
@@ -686,6 +722,20 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     const PyValue& ds_value, const fs::path& model_path, const std::vector<std::string>& names,
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer);
+
+// Whether DeepSpeed's checkpoint in `ckpt` (its model file `model`, at `model_path`) is read in
+// parts (load_own_part's `deepspeed`): optimizer files of stages 1-3, rank 0's of one parameter
+// group at stages 1-2, holding exactly the optimizer's `state_names`, and the engine's
+// parameters (`names`, `numels`) in the engine's order. Anything else from_deepspeed reads
+// whole (it also reorders by name, and reads stage 0 and the other layouts or says why not).
+bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
+                             const std::vector<std::string>& names,
+                             const std::vector<int64_t>& numels,
+                             const std::vector<std::string>& state_names);
+
+// The optimizer files of a checkpoint directory, in rank order (DeepSpeed names bf16 runs'
+// files bf16_zero_pp_rank_*).
+std::vector<fs::path> optim_files(const fs::path& ckpt, int world);
 
 // Whether the model file's module holds `name` as an empty tensor (a stage-3 file in
 // DeepSpeed's layout, whose parameters live in the optimizer files).
@@ -1275,8 +1325,10 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   const PyValue* version = model_file.value()->get("ds_version");
   const bool ours =
       version && version->kind == PyValue::Kind::Str && version->s.rfind("dtrain", 0) == 0;
-  if (ours && !optimizer_->opaque()) {
-    load_own_part(model_file, ckpt.string(), opts, model_path.string());
+  if (!optimizer_->opaque() &&
+      (ours || streams_deepspeed_files(ckpt, *model_file.value(), model_path, names_, numels_,
+                                       optimizer_->state_names()))) {
+    load_own_part(model_file, ckpt.string(), opts, model_path.string(), /*deepspeed=*/!ours);
     client_state_ = client_state_of(*model_file.value());
     return tag;
   }
@@ -1427,7 +1479,8 @@ void EngineImpl::load_buffers(const c10::impl::GenericDict& module_dict) {
 }
 
 void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
-                               const LoadCheckpointOptions& opts, const std::string& where) {
+                               const LoadCheckpointOptions& opts, const std::string& where,
+                               bool deepspeed) {
   torch::NoGradGuard ng;
   const fs::path ckpt(ckpt_s), model_path(where);
   const PyValue& d = *model.value();
@@ -1443,10 +1496,23 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
                              : module.get(names_[static_cast<size_t>(sized - numels_.begin())]);
   const bool empty_params =
       first && first->kind == PyValue::Kind::Tensor && first->tensor.numel() == 0;
+  // The parameters from the optimizer files' fp32 master: DeepSpeed's stage 3 (empty in the
+  // module), and DeepSpeed's files of any stage (the module may be 16-bit).
+  const bool from_master = empty_params || deepspeed;
+  std::vector<fs::path> files;
+  if (deepspeed)
+    files = optim_files(ckpt, saved_world);
+  else
+    for (int r = 0; r < saved_world; ++r) files.push_back(ckpt / optim_file(r));
+  const auto int_field = [&](const char* key) {
+    const PyValue* v = d.get(key);
+    return v && v->kind == PyValue::Kind::Int ? v->i : int64_t{0};
+  };
+  const int64_t applied = int_field("global_steps") - int_field("skipped_steps");
   // The module's parameters as a vector of the flat order (checked before anything is read).
   Segments module_v;
   std::vector<Span> module_spans;
-  if (!empty_params) {
+  if (!from_master) {
     int64_t at = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
       const PyValue* t = module.get(names_[i]);
@@ -1473,23 +1539,27 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     for (const auto& s : optimizer_->state())
       states.push_back(torch::zeros({s.numel()}, cpu.dtype(s.scalar_type())));
   // What the module holds (not at stage 3, whose parameters are the master's).
-  if (part.defined() && !empty_params) read_overlap(model, module_v, module_spans, own, part);
-  if (master.defined() && !optimizer && !empty_params)
+  if (part.defined() && !from_master) read_overlap(model, module_v, module_spans, own, part);
+  if (master.defined() && !optimizer && !from_master)
     read_overlap(model, module_v, module_spans, upd, master);
   // What the optimizer files hold: every saved rank's elements of this rank's parts (the
   // padding beyond the parameters stays zero).
   std::vector<std::string> names;
   int64_t step = 0;
-  if (optimizer || empty_params) {
-    for_each_saved_part(ckpt, saved_world, numels_, numel_, [&](int r, const SavedPart& p) {
+  if (optimizer || from_master) {
+    for_each_saved_part(files, numels_, numel_, applied, [&](int r, const SavedPart& p) {
       if (optimizer && r == 0) {
         if (p.type == kClientOptimizerType)
           load_opaque_state({}, p.type, saved_world, where);  // refuses: no client optimizer
-        for (const auto& e : p.state) names.push_back(e.first);
+        // DeepSpeed's files hold the state under the optimizer's names, in torch's order.
+        if (deepspeed)
+          names = optimizer_->state_names();
+        else
+          for (const auto& e : p.state) names.push_back(e.first);
         check_state_count(names, optimizer_->state_names());
       }
-      if (part.defined() && empty_params) read_overlap(*p.file, p.master, p.spans, own, part);
-      if (master.defined() && (optimizer || empty_params))
+      if (part.defined() && from_master) read_overlap(*p.file, p.master, p.spans, own, part);
+      if (master.defined() && (optimizer || from_master))
         read_overlap(*p.file, p.master, p.spans, upd, master);
       if (optimizer) {
         const auto ordered = p.state_in(names);
@@ -1507,8 +1577,8 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
   } else {
     const auto params = flat_params_.narrow(0, 0, numel_);
     flat_params_.narrow(0, numel_, padded_ - numel_).zero_();
-    if (empty_params)  // a stage-3 checkpoint into stages 0-2: the whole master
-      for_each_saved_part(ckpt, saved_world, numels_, numel_, [&](int, const SavedPart& p) {
+    if (from_master)  // a stage-3 or DeepSpeed checkpoint into stages 0-2: the whole master
+      for_each_saved_part(files, numels_, numel_, applied, [&](int, const SavedPart& p) {
         read_overlap(*p.file, p.master, p.spans, 0, params);
       });
     else
@@ -1630,8 +1700,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// The optimizer files of a checkpoint directory, in rank order (DeepSpeed names bf16 runs'
-// files bf16_zero_pp_rank_*).
 std::vector<fs::path> optim_files(const fs::path& ckpt, int world) {
   std::vector<fs::path> out;
   for (int r = 0; r < world; ++r) {
@@ -1991,6 +2059,56 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   file.insert("optimizer_state_dict", od);
   optims.push_back(file);
   return {model, optims};
+}
+
+bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
+                             const std::vector<std::string>& names,
+                             const std::vector<int64_t>& numels,
+                             const std::vector<std::string>& state_names) {
+  const PyValue* world = model.get("dp_world_size");
+  if (!world || world->kind != PyValue::Kind::Int || world->i < 1 || !model.get("param_shapes"))
+    return false;
+  if (!fs::exists(ckpt / optim_file(0)) && !fs::exists(ckpt / ("bf16_" + optim_file(0))))
+    return false;  // stage 0: no optimizer files
+  std::vector<std::string> saved_names;
+  std::vector<int64_t> saved_numels;
+  std::vector<fs::path> files;
+  try {  // from_deepspeed says what is wrong or missing
+    for (const auto& g : saved_parameters(model, model_path))
+      for (const auto& [name, shape] : g) {
+        saved_names.push_back(name);
+        saved_numels.push_back(numel_of(shape));
+      }
+    files = optim_files(ckpt, static_cast<int>(world->i));
+  } catch (const CheckpointError&) {
+    return false;
+  }
+  if (saved_names != names || saved_numels != numels) return false;
+  const detail::TorchFile first(files[0].string());
+  const PyValue* o = first.value()->get("optimizer_state_dict");
+  if (!o) return false;
+  const PyValue* base = nullptr;
+  if (o->get("fp32_flat_groups")) {
+    base = o->get("optimizer_state_dict");  // stage 3: a state per sub-group
+  } else {
+    const PyValue* groups = o->get("single_partition_of_fp32_groups");
+    if (!groups || groups->items.size() != 1 || groups->items[0]->kind != PyValue::Kind::Tensor)
+      return false;
+    base = o->get("base_optimizer_state");
+  }
+  const PyValue* state = base ? base->get("state") : nullptr;
+  const PyValue* s0 = state && state->kind == PyValue::Kind::Dict ? state->get("0") : nullptr;
+  if (!s0 || s0->kind != PyValue::Kind::Dict ||
+      (!o->get("fp32_flat_groups") && state->dict.size() != 1))
+    return false;
+  size_t tensors = 0;
+  for (const auto& [k, v] : s0->dict)
+    if (v->kind == PyValue::Kind::Tensor && k->s != "step") ++tensors;
+  for (const auto& n : state_names) {
+    const PyValue* t = s0->get(n);
+    if (!t || t->kind != PyValue::Kind::Tensor) return false;
+  }
+  return tensors == state_names.size();
 }
 
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(
