@@ -140,9 +140,9 @@ json flat_params(const torch::OrderedDict<std::string, torch::Tensor>& sd) {
   return out;
 }
 
-// dtrain's engine on 2 ranks (the worker under `dtrain run`) over every case of CASES.
-void run_dtrain(const fs::path& cases, const fs::path& out) {
-  auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", "2",
+// dtrain's engine on 2 ranks (`ranks`; the worker under `dtrain run`) over every case of CASES.
+void run_dtrain(const fs::path& cases, const fs::path& out, int ranks = 2) {
+  auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(ranks),
                                       DS_PARITY_WORKER_BIN, cases.string(), out.string()},
                                      {.timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -162,9 +162,11 @@ void run_deepspeed(const fs::path& cases, const fs::path& out) {
 }
 
 // Both sides over the same cases (written to dir/cases.json): dtrain's engine and DeepSpeed's,
-// and with `resume_deepspeeds` dtrain again from each case's DeepSpeed checkpoint ("save").
+// and with `resume_deepspeeds` dtrain again from each case's DeepSpeed checkpoint ("save"):
+// loaded at 2 ranks and trained on ("resumed"), and loaded at 1 and at 3 ranks, saved there,
+// and that checkpoint trained on at 2 ranks ("resumed_via", by world size).
 struct ParityRuns {
-  json ours, theirs, resumed;
+  json ours, theirs, resumed, resumed_via = json::object();
 };
 // DeepSpeed's side is kept for the suite's second build (support/peer_cache.h) unless a case has
 // DeepSpeed read or resume dtrain's files (its results then depend on this build's).
@@ -196,6 +198,26 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
   { std::ofstream(dir / "resume.json") << resume.dump(); }
   ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
   out->resumed = json::parse(std::ifstream(dir / "resumed.json"));
+  for (int w : {1, 3}) {
+    const std::string at = "_at" + std::to_string(w);
+    json convert = json::array(), again = json::array();
+    for (const auto& c : cases) {
+      const std::string to = c["save"].get<std::string>() + at;
+      convert.push_back({{"name", c["name"]},
+                         {"config", c["config"]},
+                         {"resume_from", c["save"]},
+                         {"convert_to", to}});
+      again.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", to}});
+    }
+    { std::ofstream(dir / ("convert" + at + ".json")) << convert.dump(); }
+    { std::ofstream(dir / ("again" + at + ".json")) << again.dump(); }
+    ASSERT_NO_FATAL_FAILURE(
+        run_dtrain(dir / ("convert" + at + ".json"), dir / ("converted" + at + ".json"), w));
+    ASSERT_NO_FATAL_FAILURE(
+        run_dtrain(dir / ("again" + at + ".json"), dir / ("resumed" + at + ".json")));
+    out->resumed_via[std::to_string(w)] =
+        json::parse(std::ifstream(dir / ("resumed" + at + ".json")));
+  }
 }
 
 // One case's run on both sides: the losses step by step within `loss_bound` (relative) and the
@@ -291,8 +313,17 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     ASSERT_TRUE(r.contains(name));
     EXPECT_EQ(r[name]["client_state"], c["client_state"])
         << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
-    const double resumed_diff = max_diff(r[name]["params"], y["params"]);
+    double resumed_diff = max_diff(r[name]["params"], y["params"]);
     EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    // DeepSpeed's checkpoint of 2 ranks loaded at 1 and at 3 (each rank reads its part of
+    // DeepSpeed's files), saved there and resumed at 2: the same end, optimizer state included.
+    for (const auto& [w, via] : runs.resumed_via.items()) {
+      ASSERT_TRUE(via.contains(name)) << w;
+      EXPECT_EQ(via[name]["client_state"], c["client_state"]) << "through " << w << " ranks";
+      const double d = max_diff(via[name]["params"], y["params"]);
+      EXPECT_LT(d, 1e-5) << "DeepSpeed's checkpoint loaded at " << w << " ranks ended elsewhere";
+      resumed_diff = std::max(resumed_diff, d);
+    }
     // DeepSpeed's engine resuming dtrain's step-5 checkpoint (its load_checkpoint, with the
     // optimizer state; saved with deepspeed_loss_scaler, which stage 3 needs), ending where
     // DeepSpeed's uninterrupted run ended.
@@ -571,8 +602,17 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
     EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"]);
     ASSERT_TRUE(r.contains(name));
     EXPECT_EQ(r[name]["client_state"], c["client_state"]);
-    const double resumed_diff = max_diff(r[name]["params"], y["params"]);
+    double resumed_diff = max_diff(r[name]["params"], y["params"]);
     EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    // DeepSpeed's checkpoint of 2 ranks loaded at 1 and at 3 (each rank reads its part of
+    // DeepSpeed's files), saved there and resumed at 2: the same end, optimizer state included.
+    for (const auto& [w, via] : runs.resumed_via.items()) {
+      ASSERT_TRUE(via.contains(name)) << w;
+      EXPECT_EQ(via[name]["client_state"], c["client_state"]) << "through " << w << " ranks";
+      const double d = max_diff(via[name]["params"], y["params"]);
+      EXPECT_LT(d, 1e-5) << "DeepSpeed's checkpoint loaded at " << w << " ranks ended elsewhere";
+      resumed_diff = std::max(resumed_diff, d);
+    }
     const json& back = y.value("resumed_dtrain", json::object());
     ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
     EXPECT_EQ(back["global_steps"], 5);

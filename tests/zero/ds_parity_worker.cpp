@@ -6,7 +6,9 @@
 // the case's "client_state"), "save_dtrain_mid": DIR after step 5; with "resume_from": DIR (a
 // DeepSpeed checkpoint saved after step 5) the case loads it and trains steps 6-10 only;
 // "client_state" in the output is what the engine read of the checkpoint's client_state; with
-// "save_16bit": DIR, save_16bit_model writes DIR/pytorch_model.bin after the last step.
+// "save_16bit": DIR, save_16bit_model writes DIR/pytorch_model.bin after the last step; with
+// "convert_to": DIR beside "resume_from", the loaded checkpoint is saved into DIR (at this run's
+// world size, its client_state kept) and no step is taken.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -61,6 +63,11 @@ int main(int argc, char** argv) {
     if (cs.contains("resume_from")) {
       engine.load_checkpoint(cs.at("resume_from").get<std::string>());
       first = kSteps / 2;
+      if (cs.contains("convert_to")) {
+        engine.save_checkpoint(cs.at("convert_to").get<std::string>(), "",
+                               {.client_state = engine.client_state()});
+        first = kSteps;
+      }
     }
     for (int step = first; step < kSteps; ++step) {
       if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
