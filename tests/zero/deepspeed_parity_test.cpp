@@ -220,6 +220,31 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
   }
 }
 
+// dtrain resuming each case's DeepSpeed checkpoint at 2 ranks (`runs.resumed`), and through
+// 1 and 3 ranks (`runs.resumed_via`: loaded there, each rank reading its part of DeepSpeed's
+// files, saved, and resumed at 2): each reads the checkpoint's client_state and ends where
+// DeepSpeed's uninterrupted run `y` ends (within `bound`), optimizer state included. Returns
+// the largest gap.
+double expect_resumed_as_deepspeed(const ParityRuns& runs, const std::string& name,
+                                   const json& client_state, const json& y, double bound = 1e-5) {
+  double gap = 0;
+  std::vector<std::pair<std::string, const json*>> resumes = {{"2", &runs.resumed}};
+  for (const auto& [w, via] : runs.resumed_via.items()) resumes.push_back({w, &via});
+  for (const auto& [w, run] : resumes) {
+    SCOPED_TRACE("DeepSpeed's checkpoint loaded at " + w + " ranks");
+    if (!run->contains(name)) {
+      ADD_FAILURE() << "no resumed run";
+      return INFINITY;
+    }
+    EXPECT_EQ((*run)[name]["client_state"], client_state)
+        << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
+    const double d = max_diff((*run)[name]["params"], y["params"]);
+    EXPECT_LT(d, bound) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    gap = std::max(gap, d);
+  }
+  return gap;
+}
+
 // One case's run on both sides: the losses step by step within `loss_bound` (relative) and the
 // final parameters within `param_bound`. Sets the largest gaps of each.
 struct Gaps {
@@ -264,7 +289,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
   }
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
-  const json &a = runs.ours, &b = runs.theirs, &r = runs.resumed;
+  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32",
               "final loss", "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed", "DS resumes",
               "16-bit");
@@ -310,20 +335,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
     EXPECT_LT(save16, 1e-5) << "save_16bit_model: dtrain's and DeepSpeed's apart";
     EXPECT_LT(max_diff(y.value("dtrain_16bit", json::object()), flat_params(ours16)), 1e-12)
         << "torch.load of dtrain's 16-bit file";
-    ASSERT_TRUE(r.contains(name));
-    EXPECT_EQ(r[name]["client_state"], c["client_state"])
-        << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
-    double resumed_diff = max_diff(r[name]["params"], y["params"]);
-    EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
-    // DeepSpeed's checkpoint of 2 ranks loaded at 1 and at 3 (each rank reads its part of
-    // DeepSpeed's files), saved there and resumed at 2: the same end, optimizer state included.
-    for (const auto& [w, via] : runs.resumed_via.items()) {
-      ASSERT_TRUE(via.contains(name)) << w;
-      EXPECT_EQ(via[name]["client_state"], c["client_state"]) << "through " << w << " ranks";
-      const double d = max_diff(via[name]["params"], y["params"]);
-      EXPECT_LT(d, 1e-5) << "DeepSpeed's checkpoint loaded at " << w << " ranks ended elsewhere";
-      resumed_diff = std::max(resumed_diff, d);
-    }
+    const double resumed_diff = expect_resumed_as_deepspeed(runs, name, c["client_state"], y);
     // DeepSpeed's engine resuming dtrain's step-5 checkpoint (its load_checkpoint, with the
     // optimizer state; saved with deepspeed_loss_scaler, which stage 3 needs), ending where
     // DeepSpeed's uninterrupted run ended.
@@ -500,7 +512,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
   }
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
-  const json &a = runs.ours, &b = runs.theirs, &r = runs.resumed;
+  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-62s %-11s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, bf16", "final loss", "|dloss|",
               "|dparam|", "resumed", "DS resumes");
   for (const auto& c : cs) {
@@ -513,10 +525,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
     ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kBf16LossBound, bound, "step", &gaps));
     // dtrain from DeepSpeed's checkpoint: the fp32 master and the optimizer state read from the
     // wrapper's keys (the 16-bit module alone would end elsewhere).
-    ASSERT_TRUE(r.contains(name));
-    EXPECT_EQ(r[name]["client_state"], c["client_state"]);
-    const double resumed_diff = max_diff(r[name]["params"], y["params"]);
-    EXPECT_LT(resumed_diff, bound) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    const double resumed_diff =
+        expect_resumed_as_deepspeed(runs, name, c["client_state"], y, bound);
     // DeepSpeed's own load_checkpoint of dtrain's (its wrapper's load_state_dict).
     const json& back = y.value("resumed_dtrain", json::object());
     ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
@@ -576,7 +586,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
   }
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
-  const json &a = runs.ours, &b = runs.theirs, &r = runs.resumed;
+  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
               "|dloss|", "|dparam|", "DS reads", "resumed", "DS resumes");
   for (const auto& c : cs) {
@@ -600,19 +610,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
       EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
     }
     EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"]);
-    ASSERT_TRUE(r.contains(name));
-    EXPECT_EQ(r[name]["client_state"], c["client_state"]);
-    double resumed_diff = max_diff(r[name]["params"], y["params"]);
-    EXPECT_LT(resumed_diff, 1e-5) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
-    // DeepSpeed's checkpoint of 2 ranks loaded at 1 and at 3 (each rank reads its part of
-    // DeepSpeed's files), saved there and resumed at 2: the same end, optimizer state included.
-    for (const auto& [w, via] : runs.resumed_via.items()) {
-      ASSERT_TRUE(via.contains(name)) << w;
-      EXPECT_EQ(via[name]["client_state"], c["client_state"]) << "through " << w << " ranks";
-      const double d = max_diff(via[name]["params"], y["params"]);
-      EXPECT_LT(d, 1e-5) << "DeepSpeed's checkpoint loaded at " << w << " ranks ended elsewhere";
-      resumed_diff = std::max(resumed_diff, d);
-    }
+    const double resumed_diff = expect_resumed_as_deepspeed(runs, name, c["client_state"], y);
     const json& back = y.value("resumed_dtrain", json::object());
     ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
     EXPECT_EQ(back["global_steps"], 5);
