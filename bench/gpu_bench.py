@@ -20,7 +20,9 @@ run, interleaved. scripts/gpu_check.sh runs it there; it needs a CUDA build of d
                ceiling (as many single-process runs at once, no communication), rank 0's
                shared-memory counters per collective (DTRAIN_SHM_STATS: time, waiting for
                peers in all and in the first barrier, futex sleeps, the hand-off to the
-               backend's thread and back) and, with --cpu-wait-variants, at 2, 4 and 8,
+               backend's thread and back); at 8, dtrain and the ceiling again with each
+               process bound to a CPU of its own (0-7, then 0, 2, ..., 14); with
+               --cpu-wait-variants, at 2, 4 and 8,
                dtrain with other waits (WAIT_VARIANTS below) beside the default; and both
                sides again with Adam fused (the example's --optimizer fused-adam, PyTorch's Adam(fused=True))
 
@@ -65,8 +67,12 @@ def machine():
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     topo = {k.strip(): v.strip() for k, v in (l.split(":", 1) for l in lscpu.splitlines() if ":" in l)
             if k.strip() in ("Thread(s) per core", "Core(s) per socket", "Socket(s)", "NUMA node(s)", "L3 cache")}
-    return {"gpu": gpu, "cpu": cpu, "cores": os.cpu_count(), "topology": topo, "host": platform.node(),
-            "load": os.getloadavg()[0]}
+    # Which logical CPUs share a core (the kernel's view; a VM may hide its host's threads).
+    siblings = sorted({open(f"/sys/devices/system/cpu/cpu{i}/topology/thread_siblings_list").read().strip()
+                       for i in range(os.cpu_count() or 0)
+                       if os.path.exists(f"/sys/devices/system/cpu/cpu{i}/topology/thread_siblings_list")})
+    return {"gpu": gpu, "cpu": cpu, "cores": os.cpu_count(), "topology": topo, "thread_siblings": siblings,
+            "host": platform.node(), "load": os.getloadavg()[0]}
 
 
 def run(cmd, env=None, timeout=600, with_stderr=False):
@@ -330,11 +336,13 @@ def bench_cpu_scaling(a, out):
     # libtorch's Adam is most of this MLP's step, so the fused rows say what each side reaches.
     fused = ["--optimizer", "fused-adam"]
 
-    def apart(n):
+    def apart(n, cpus=None):
         # The machine's own ceiling: n single-process trainings at once, no communication at all
-        # (what cores, caches and memory bandwidth allow n processes; sums their samples/s).
-        procs = [subprocess.Popen([dtrain, "run", "--nproc-per-node", "1", "--master-port", str(29700 + i)] + train,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        # (what cores, caches and memory bandwidth allow n processes; sums their samples/s);
+        # `cpus`: process i bound to CPU cpus[i].
+        pin = lambda i: [] if cpus is None else ["--bind-cores-to-rank", "--bind-core-list", str(cpus[i])]
+        procs = [subprocess.Popen([dtrain, "run", "--nproc-per-node", "1", "--master-port", str(29700 + i)] + pin(i)
+                                  + train, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
                  for i in range(n)]
         total = 0.0
         try:
@@ -363,7 +371,7 @@ def bench_cpu_scaling(a, out):
                  f"row took {last_round_s:.0f} s")
             continue
         row_start = time.monotonic()
-        d, p, c, stats, timeline = [], [], [], None, None
+        d, p, c, stats, timeline, pinned = [], [], [], None, None, {}
         df, pf = [], []
         var_runs = {name: [] for name in WAIT_VARIANTS}
         var_stats = {}
@@ -389,6 +397,15 @@ def bench_cpu_scaling(a, out):
                                dict(env, DTRAIN_SHM_STATS="1", **extra_env), with_stderr=True)
                     var_runs[name].append(last_json(o)["samples_per_s"])
                     var_stats[name] = shm_stats(o) or var_stats.get(name)
+            if n == 8 and not pinned and (os.cpu_count() or 0) >= 16:
+                # Where the 8 processes run: the ceiling at 8 was 0.70 of eight times one process
+                # where 4 reached 0.92 (H200 machine, 2026-11-30): each process bound to its own
+                # CPU, the first eight and every other one, dtrain and the ceiling alike (the VM
+                # shows no threads sharing a core; its host may).
+                for label, cpus in (("cpus 0-7", list(range(8))), ("even cpus 0-14", list(range(0, 16, 2)))):
+                    o, _ = run([dtrain, "run", "--nproc-per-node", "8", "--bind-cores-to-rank", "--bind-core-list",
+                                ",".join(map(str, cpus))] + train, env)
+                    pinned[label] = {"dtrain": last_json(o)["samples_per_s"], "apart": apart(8, cpus)}
             if n == 8 and a.json and not timeline:
                 # One more run with a trace of every rank's steps (slower: a diagnosis of where
                 # the waiting comes from, not a figure of speed).
@@ -407,6 +424,8 @@ def bench_cpu_scaling(a, out):
             rows[n]["dtrain_shm_rank0"] = stats
         if timeline:
             rows[n]["timeline"] = timeline
+        if pinned:
+            rows[n]["pinned"] = pinned
         last_round_s, last_n = (time.monotonic() - row_start) / rounds, n
     # The one-process baseline of dtrain's and the ceiling's efficiency: every run of the row's
     # two forms of the same command (one process, no communication), averaged - one run of ~0.7 s
@@ -450,6 +469,11 @@ def bench_cpu_scaling(a, out):
               f"{r['pytorch']:.0f} (eff {r['pytorch_efficiency']:.2f}) samples/s -> {r['ratio']:.2f}x; "
               f"{n} processes apart (no communication) {r['apart']:.0f} (eff {r['apart_efficiency']:.2f}): "
               f"dtrain is {r['dtrain_of_apart']:.2f} of the machine's ceiling", flush=True)
+        for label, v in r.get("pinned", {}).items():
+            v["dtrain_efficiency"], v["apart_efficiency"] = v["dtrain"] / (n * base), v["apart"] / (n * base)
+            print(f"cpu {n:2d} procs, one per CPU ({label}): dtrain {v['dtrain']:.0f} (eff {v['dtrain_efficiency']:.2f}, "
+                  f"{v['dtrain'] / r['pytorch']:.2f}x PyTorch), {n} apart {v['apart']:.0f} (eff "
+                  f"{v['apart_efficiency']:.2f})", flush=True)
         print(f"cpu {n:2d} procs, Adam fused on both sides: dtrain {r['dtrain_fused']:.0f} "
               f"(eff {r['dtrain_fused_efficiency']:.2f}) vs PyTorch fused {r['pytorch_fused']:.0f} "
               f"(eff {r['pytorch_fused_efficiency']:.2f}) -> {r['fused_ratio_vs_pytorch_fused']:.2f}x; "
