@@ -554,6 +554,15 @@ struct SavedRank {
   int64_t applied_steps = 0;  // the model file's global_steps - skipped_steps
 };
 
+// The name under which DeepSpeed's files hold optimizer state `name` of a `type` optimizer:
+// Adagrad's sum is "exp_avg_sq" under DeepSpeedCPUAdagrad (offload_optimizer), "sum" under
+// torch.optim.Adagrad; `has(n)` says whether the file holds n.
+template <typename Has>
+std::string deepspeed_state_name(const std::string& name, const std::string& type, Has has) {
+  if (has(name) || type != "Adagrad") return name;
+  return name == "sum" ? "exp_avg_sq" : name == "exp_avg_sq" ? "sum" : name;
+}
+
 int64_t base_optimizer_step(const detail::TorchFile& f, const PyValue* base, int64_t applied) {
   const PyValue* state = base ? base->get("state") : nullptr;
   const PyValue* s0 = state ? state->get("0") : nullptr;
@@ -731,7 +740,7 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
 bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
                              const std::vector<std::string>& names,
                              const std::vector<int64_t>& numels,
-                             const std::vector<std::string>& state_names);
+                             const std::vector<std::string>& state_names, const std::string& type);
 
 // The optimizer files of a checkpoint directory, in rank order (DeepSpeed names bf16 runs'
 // files bf16_zero_pp_rank_*).
@@ -1327,7 +1336,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
       version && version->kind == PyValue::Kind::Str && version->s.rfind("dtrain", 0) == 0;
   if (!optimizer_->opaque() &&
       (ours || streams_deepspeed_files(ckpt, *model_file.value(), model_path, names_, numels_,
-                                       optimizer_->state_names()))) {
+                                       optimizer_->state_names(), config_.optimizer.type))) {
     load_own_part(model_file, ckpt.string(), opts, model_path.string(), /*deepspeed=*/!ours);
     client_state_ = client_state_of(*model_file.value());
     return tag;
@@ -1551,9 +1560,15 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
       if (optimizer && r == 0) {
         if (p.type == kClientOptimizerType)
           load_opaque_state({}, p.type, saved_world, where);  // refuses: no client optimizer
-        // DeepSpeed's files hold the state under the optimizer's names, in torch's order.
+        // DeepSpeed's files hold the state under the optimizer's names (Adagrad's perhaps
+        // under DeepSpeedCPUAdagrad's), in torch's order.
         if (deepspeed)
-          names = optimizer_->state_names();
+          for (const auto& n : optimizer_->state_names())
+            names.push_back(
+                deepspeed_state_name(n, config_.optimizer.type, [&](const std::string& m) {
+                  return std::any_of(p.state.begin(), p.state.end(),
+                                     [&](const auto& e) { return e.first == m; });
+                }));
         else
           for (const auto& e : p.state) names.push_back(e.first);
         check_state_count(names, optimizer_->state_names());
@@ -1853,9 +1868,8 @@ int64_t deepspeed_step(const PyValue& s0, const PyValue& base, const c10::impl::
 
 const PyValue& deepspeed_state(const PyValue& group_state, const std::string& name,
                                const std::string& type, const fs::path& f) {
-  const PyValue* t = group_state.get(name);
-  if (!t && type == "Adagrad")  // saved with offload_optimizer or without: the same sum
-    t = group_state.get(name == "sum" ? "exp_avg_sq" : "sum");
+  const PyValue* t = group_state.get(deepspeed_state_name(
+      name, type, [&](const std::string& n) { return group_state.get(n) != nullptr; }));
   if (!t || t->kind != PyValue::Kind::Tensor)
     throw CheckpointError(f.string() + ": DeepSpeed's optimizer state has no '" + name +
                           "' for a " + type + " optimizer (another optimizer type?)");
@@ -2064,7 +2078,7 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
 bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
                              const std::vector<std::string>& names,
                              const std::vector<int64_t>& numels,
-                             const std::vector<std::string>& state_names) {
+                             const std::vector<std::string>& state_names, const std::string& type) {
   const PyValue* world = model.get("dp_world_size");
   if (!world || world->kind != PyValue::Kind::Int || world->i < 1 || !model.get("param_shapes"))
     return false;
@@ -2105,7 +2119,8 @@ bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const f
   for (const auto& [k, v] : s0->dict)
     if (v->kind == PyValue::Kind::Tensor && k->s != "step") ++tensors;
   for (const auto& n : state_names) {
-    const PyValue* t = s0->get(n);
+    const PyValue* t = s0->get(
+        deepspeed_state_name(n, type, [&](const std::string& m) { return s0->get(m) != nullptr; }));
     if (!t || t->kind != PyValue::Kind::Tensor) return false;
   }
   return tensors == state_names.size();
