@@ -65,6 +65,33 @@ std::string usage_error(const Args& args) {
 
 unsigned cpu_count() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+// Python for the venv's torchrun 2.11: verdict(argv) is what its main makes of `argv` before it
+// starts a worker (its parser, config_from_args, the rendezvous handler, the event log handler,
+// with logs_specs its logs-specs class): "ok", or "error WHAT" where it stops.
+constexpr const char* kTorchrunVerdict =
+    "import contextlib, io\n"
+    "from torch.distributed.run import parse_args, config_from_args, _get_logs_specs_class\n"
+    "from torch.distributed.elastic.rendezvous import RendezvousParameters, registry\n"
+    "from torch.distributed.elastic.events.handlers import get_logging_handler\n"
+    "def verdict(argv, logs_specs=False):\n"
+    "    err = io.StringIO()\n"
+    "    try:\n"
+    "        with contextlib.redirect_stderr(err):\n"
+    "            args = parse_args(argv + ['--no-python', 'true'])\n"
+    "        c, _, _ = config_from_args(args)\n"
+    "        registry.get_rendezvous_handler(RendezvousParameters(\n"
+    "            backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
+    "            min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
+    "            **c.rdzv_configs))\n"
+    "        get_logging_handler(c.event_log_handler)\n"
+    "        if logs_specs:\n"
+    "            _get_logs_specs_class(args.logs_specs)\n"
+    "        return 'ok'\n"
+    "    except SystemExit:\n"
+    "        return 'error ' + err.getvalue().strip().splitlines()[-1]\n"
+    "    except Exception as e:\n"
+    "        return 'error %s %s' % (type(e).__name__, str(e).replace('\\n', ' '))\n";
+
 // A scratch directory removed at the end of the test.
 class TempDir {
  public:
@@ -575,34 +602,16 @@ TEST(ParseRunArgs, PetVariablesStandInForOptionsAsUnderTorchrun) {
           "args = get_args_parser().parse_args(['prog.py'])\n"
           "print('filters', '|'.join(args.duplicate_stdout_filters))\n"
           "del os.environ['PET_DUPLICATE_STDOUT_FILTERS']\n"
-          // Each variable set but empty, through what torchrun's main runs before it starts a
-          // worker (its parser, config_from_args, the rendezvous handler, the event log
-          // handler): "empty VAR ok" or "empty VAR error WHAT".
-          "import contextlib, io\n"
-          "from torch.distributed.run import parse_args, config_from_args\n"
-          "from torch.distributed.launcher.api import _get_addr_and_port\n"
-          "from torch.distributed.elastic.rendezvous import RendezvousParameters, registry\n"
-          "from torch.distributed.elastic.events.handlers import get_logging_handler\n"
-          "for a in get_args_parser()._actions:\n"
+       // Each variable set but empty, through what torchrun's main runs before it starts a
+       // worker (its parser, config_from_args, the rendezvous handler, the event log
+       // handler): "empty VAR ok" or "empty VAR error WHAT".
+       << kTorchrunVerdict
+       << "for a in get_args_parser()._actions:\n"
           "    if not isinstance(a, (env, check_env)):\n"
           "        continue\n"
           "    var = 'PET_' + a.dest.upper()\n"
           "    os.environ[var] = ''\n"
-          "    err = io.StringIO()\n"
-          "    try:\n"
-          "        with contextlib.redirect_stderr(err):\n"
-          "            args = parse_args(['--no-python', 'true'])\n"
-          "        c, _, _ = config_from_args(args)\n"
-          "        registry.get_rendezvous_handler(RendezvousParameters(\n"
-          "            backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
-          "            min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
-          "            **c.rdzv_configs))\n"
-          "        get_logging_handler(c.event_log_handler)\n"
-          "        print('empty', var, 'ok')\n"
-          "    except SystemExit:\n"
-          "        print('empty', var, 'error', err.getvalue().strip().splitlines()[-1])\n"
-          "    except Exception as e:\n"
-          "        print('empty', var, 'error', type(e).__name__, str(e).replace('\\n', ' '))\n"
+          "    print('empty', var, verdict([]))\n"
           "    del os.environ[var]\n";
   }
   const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "pet.py").string() + " '" +
@@ -701,11 +710,8 @@ TEST(ParseRunArgs, EmptyFlagValuesAsUnderTorchrun) {
   std::filesystem::create_directories(dir);
   {
     std::ofstream py(dir / "empty.py");
-    py << "import contextlib, io\n"
-          "from torch.distributed.run import get_args_parser, parse_args, config_from_args\n"
-          "from torch.distributed.run import _get_logs_specs_class\n"
-          "from torch.distributed.elastic.rendezvous import RendezvousParameters, registry\n"
-          "from torch.distributed.elastic.events.handlers import get_logging_handler\n"
+    py << kTorchrunVerdict
+       << "from torch.distributed.run import get_args_parser\n"
           "for a in get_args_parser()._actions:\n"
           "    longs = [o for o in a.option_strings if o.startswith('--') and o != '--help']\n"
           "    if not longs:\n"
@@ -715,22 +721,7 @@ TEST(ParseRunArgs, EmptyFlagValuesAsUnderTorchrun) {
           "    if a.nargs != 0:\n"
           "        spellings.append(('space', [opt, '']))\n"
           "    for kind, flag in spellings:\n"
-          "        err = io.StringIO()\n"
-          "        try:\n"
-          "            with contextlib.redirect_stderr(err):\n"
-          "                args = parse_args(flag + ['--no-python', 'true'])\n"
-          "            c, _, _ = config_from_args(args)\n"
-          "            registry.get_rendezvous_handler(RendezvousParameters(\n"
-          "                backend=c.rdzv_backend, endpoint=c.rdzv_endpoint, run_id=c.run_id,\n"
-          "                min_nodes=c.min_nodes, max_nodes=c.max_nodes, local_addr=c.local_addr,\n"
-          "                **c.rdzv_configs))\n"
-          "            get_logging_handler(c.event_log_handler)\n"
-          "            _get_logs_specs_class(args.logs_specs)\n"
-          "            print(kind, opt, 'ok')\n"
-          "        except SystemExit:\n"
-          "            print(kind, opt, 'error', err.getvalue().strip().splitlines()[-1])\n"
-          "        except Exception as e:\n"
-          "            print(kind, opt, 'error', type(e).__name__, str(e).replace('\\n', ' '))\n";
+          "        print(kind, opt, verdict(flag, logs_specs=True))\n";
   }
   const std::string cmd = std::string(DTRAIN_VENV_PYTHON) + " " + (dir / "empty.py").string() +
                           " > " + (dir / "empty.txt").string() + " 2>/dev/null";
