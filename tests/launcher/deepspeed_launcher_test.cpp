@@ -699,19 +699,26 @@ TEST_F(DeepSpeedLauncher, EmptyFlagValuesAsDeepSpeedTakesThem) {
       Process::start({DTRAIN_VENV_PYTHON, script_dir() + "/ds_empty_values.py", kCppWorker, "a"}, o)
           .finish(o.timeout);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  int flags = 0, stops = 0;
+  int flags = 0, stops = 0, spaced = 0, spaced_stops = 0;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("empty ", 0) != 0) continue;
+    // "empty FLAG": `FLAG=`; "space FLAG": `FLAG ''` (a flag that takes a value).
+    const bool is_space = line.rfind("space ", 0) == 0;
+    if (line.rfind("empty ", 0) != 0 && !is_space) continue;
     const size_t space = line.find(' ', 6);
     const std::string flag = line.substr(6, space - 6);
     const json want = json::parse(line.substr(space + 1), nullptr, false);
     ASSERT_TRUE(want.is_object()) << line;
-    SCOPED_TRACE(flag + "=: DeepSpeed " + want.dump().substr(0, 300));
-    ++flags;
-    Launch dt = dtrain({flag + "=", "--num_gpus", "2", "--no_python", kCppWorker, "a"}, o);
+    SCOPED_TRACE(flag + (is_space ? " ''" : "=") + ": DeepSpeed " + want.dump().substr(0, 300));
+    ++(is_space ? spaced : flags);
+    Args args = {"--num_gpus", "2", "--no_python", kCppWorker, "a"};
+    if (is_space)
+      args.insert(args.begin(), {flag, ""});
+    else
+      args.insert(args.begin(), flag + "=");
+    Launch dt = dtrain(args, o);
     if (want.contains("error")) {
-      ++stops;
+      ++(is_space ? spaced_stops : stops);
       EXPECT_EQ(dt.result.exit_code, 2) << dt.result.err;
       const std::string first = dt.result.err.substr(0, dt.result.err.find('\n'));
       EXPECT_TRUE(contains(first, "dtrain deepspeed: error: " + flag)) << dt.result.err;
@@ -727,9 +734,12 @@ TEST_F(DeepSpeedLauncher, EmptyFlagValuesAsDeepSpeedTakesThem) {
     }
     expect_same_workers(ds, dt, 2);
   }
-  // DeepSpeed 0.19.8's runner: 30 option strings besides -h/--help, 18 of which stop on "".
+  // DeepSpeed 0.19.8's runner: 30 option strings besides -h/--help, 18 of which stop on "";
+  // 20 take a value, 8 of which stop on `FLAG ''`.
   EXPECT_EQ(flags, 30) << r.out;
   EXPECT_EQ(stops, 18) << r.out;
+  EXPECT_EQ(spaced, 20) << r.out;
+  EXPECT_EQ(spaced_stops, 8) << r.out;
 }
 
 TEST_F(DeepSpeedLauncher, BadFlagsAreNamedWithExitTwoAndNothingStarted) {

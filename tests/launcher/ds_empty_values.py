@@ -10,6 +10,8 @@ starts, and what each would have run is recorded. One line per flag on stdout:
 
     empty FLAG {"ok": [{"argv": [...], "env": {...}}, ...]}   (each worker, rank order)
     empty FLAG {"error": "MESSAGE"}                           (where DeepSpeed stops)
+    space FLAG ...                                            (the same for `FLAG ''`, a flag
+                                                               that takes a value)
 
 (deepspeed's own log lines go to stdout too; the test reads the lines that start with "empty ").
 Single node only: the flags that matter across nodes alone (--launcher, --launcher_args, --venv_script,
@@ -40,8 +42,10 @@ argparse.ArgumentParser.__init__ = original_init
 for action in parsers[0]._actions:
     for opt in action.option_strings:
         if opt not in ("-h", "--help"):
-            flags.append(opt)
+            flags.append((opt, action.nargs != 0))
 
 tail = ["--num_gpus", "2", "--no_python"] + sys.argv[1:]
-for flag in flags:
+for flag, takes_value in flags:
     print("empty " + flag + " " + json.dumps(record([flag + "="] + tail)), flush=True)
+    if takes_value:
+        print("space " + flag + " " + json.dumps(record([flag, ""] + tail)), flush=True)
