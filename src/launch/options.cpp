@@ -767,11 +767,10 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
 
 namespace {
 
-// What torchrun 2.11 does with `--FLAG=` or `--FLAG ''` (argparse hands its type "" as the value),
-// flag by flag;
-// ParseRunArgs.EmptyFlagValuesAsUnderTorchrun (tests/unit/launch_options_test.cpp) asks the
-// venv's torchrun for each flag and compares; LauncherTest.EmptyRoleAndSignalListRunAsUnderTorchrun
-// runs the two that keep "".
+// What torchrun 2.11 does with `--FLAG=` or `--FLAG ''` (argparse hands its type "" as the
+// value), flag by flag; ParseRunArgs.EmptyFlagValuesAsUnderTorchrun
+// (tests/unit/launch_options_test.cpp) asks the venv's torchrun for each flag and compares;
+// LauncherTest.EmptyRoleAndSignalListRunAsUnderTorchrun runs the two that keep "".
 enum class EmptyValue {
   kAsAbsent,  // "" is the flag's default (or falsy where it is read): as without the flag
   kEmpty,     // torchrun runs with "" itself (an empty role name, no signal to handle)

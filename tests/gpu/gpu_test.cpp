@@ -305,7 +305,8 @@ TEST(Gpu, TuneTrialsSeeAndUseTheirGpu) {
 // ---- the Distributor with use_gpu: this binary is its own worker ----------------------------
 
 // MLflow's system metrics read the GPU through NVML as MLflow's GPUMonitor does (pynvml):
-// gpu_0_* under MLflow's names, the memory in use as nvidia-smi reports it around the run.
+// gpu_0_* under MLflow's names, the memory in use as NVML v1 (nvidia-smi's used + reserved) has it
+// around the run.
 TEST(Gpu, MlflowSystemMetricsReadTheGpu) {
   namespace fs = std::filesystem;
   auto smi_used_mb = [] {
