@@ -15,7 +15,7 @@
 // per-parameter pieces (zero/stage3_layout.h). A load (at any world size) opens the files
 // without reading them whole and reads into each rank only the elements it holds now
 // (load_own_part). DeepSpeed's own files of stages 1-3 are read so too when they hold the
-// engine's parameters in its order and one parameter group (streams_deepspeed_files); the
+// engine's parameters in its order and one parameter group (why_not_streamed); the
 // others, stage 0's and a client optimizer's state are read whole.
 // DeepSpeed's own checkpoints of stages 1-3 are read too (consolidated_state_dict, and
 // load_checkpoint for the parameters, steps, scheduler and optimizer state).
@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <set>
@@ -732,12 +733,14 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     const std::vector<int64_t>& numels, const std::string& type,
     const std::vector<std::string>& state_names, bool optimizer);
 
-// Whether DeepSpeed's checkpoint in `ckpt` (its model file `model`, at `model_path`) is read in
-// parts (load_own_part's `deepspeed`): optimizer files of stages 1-3, rank 0's of one parameter
-// group at stages 1-2, holding exactly the optimizer's `state_names`, and the engine's
-// parameters (`names`, `numels`) in the engine's order. Anything else from_deepspeed reads
-// whole (it also reorders by name, and reads stage 0 and the other layouts or says why not).
-bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
+// Why DeepSpeed's checkpoint in `ckpt` (its model file `model`, at `model_path`) cannot be read
+// in parts (load_own_part's `deepspeed`); "" when it can: optimizer files of stages 1-3, rank
+// 0's of one parameter group at stages 1-2, holding exactly the optimizer's `state_names`, and
+// the engine's parameters (`names`, `numels`) in the engine's order. Anything else
+// from_deepspeed reads whole (it also reorders by name, and reads stage 0 and the other layouts
+// or says why not). kStageZero: the checkpoint has no optimizer files.
+constexpr const char* kStageZero = "stage 0";
+std::string why_not_streamed(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
                              const std::vector<std::string>& names,
                              const std::vector<int64_t>& numels,
                              const std::vector<std::string>& state_names, const std::string& type);
@@ -1334,13 +1337,22 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   const PyValue* version = model_file.value()->get("ds_version");
   const bool ours =
       version && version->kind == PyValue::Kind::Str && version->s.rfind("dtrain", 0) == 0;
-  if (!optimizer_->opaque() &&
-      (ours || streams_deepspeed_files(ckpt, *model_file.value(), model_path, names_, numels_,
-                                       optimizer_->state_names(), config_.optimizer.type))) {
+  std::string whole_because;  // why DeepSpeed's files are read whole; "": in parts
+  if (!ours)
+    whole_because = optimizer_->opaque()
+                        ? "the engine's optimizer is a client optimizer, whose state is read whole"
+                        : why_not_streamed(ckpt, *model_file.value(), model_path, names_, numels_,
+                                           optimizer_->state_names(), config_.optimizer.type);
+  if (!optimizer_->opaque() && (ours || whole_because.empty())) {
     load_own_part(model_file, ckpt.string(), opts, model_path.string(), /*deepspeed=*/!ours);
     client_state_ = client_state_of(*model_file.value());
     return tag;
   }
+  // At stages 1-3 that costs each rank the whole checkpoint's memory, where a rank's part was
+  // asked for: said once, from rank 0 (stage 0's files hold the whole state on every rank).
+  if (!ours && whole_because != kStageZero && rank_ == 0)
+    std::cerr << "dtrain zero: note: load_checkpoint: " << ckpt.string()
+              << " is read whole on every rank, not each rank its part: " << whole_because << "\n";
   // DeepSpeed's files, and a client optimizer's opaque state (kept whole per partition).
   const auto file = model_file.load_all();
   auto d = detail::to_ivalue(*file).toGenericDict();
@@ -2075,15 +2087,15 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   return {model, optims};
 }
 
-bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
+std::string why_not_streamed(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
                              const std::vector<std::string>& names,
                              const std::vector<int64_t>& numels,
                              const std::vector<std::string>& state_names, const std::string& type) {
   const PyValue* world = model.get("dp_world_size");
   if (!world || world->kind != PyValue::Kind::Int || world->i < 1 || !model.get("param_shapes"))
-    return false;
+    return "its model file has no dp_world_size or param_shapes";
   if (!fs::exists(ckpt / optim_file(0)) && !fs::exists(ckpt / ("bf16_" + optim_file(0))))
-    return false;  // stage 0: no optimizer files
+    return kStageZero;
   std::vector<std::string> saved_names;
   std::vector<int64_t> saved_numels;
   std::vector<fs::path> files;
@@ -2094,36 +2106,39 @@ bool streams_deepspeed_files(const fs::path& ckpt, const PyValue& model, const f
         saved_numels.push_back(numel_of(shape));
       }
     files = optim_files(ckpt, static_cast<int>(world->i));
-  } catch (const CheckpointError&) {
-    return false;
+  } catch (const CheckpointError& e) {
+    return e.what();
   }
-  if (saved_names != names || saved_numels != numels) return false;
+  if (saved_names != names || saved_numels != numels)
+    return "its parameters (param_shapes) are not this engine's in this engine's order";
   const detail::TorchFile first(files[0].string());
   const PyValue* o = first.value()->get("optimizer_state_dict");
-  if (!o) return false;
+  if (!o) return files[0].string() + " has no optimizer_state_dict";
   const PyValue* base = nullptr;
   if (o->get("fp32_flat_groups")) {
     base = o->get("optimizer_state_dict");  // stage 3: a state per sub-group
   } else {
     const PyValue* groups = o->get("single_partition_of_fp32_groups");
     if (!groups || groups->items.size() != 1 || groups->items[0]->kind != PyValue::Kind::Tensor)
-      return false;
+      return "it holds more than one parameter group";
     base = o->get("base_optimizer_state");
   }
   const PyValue* state = base ? base->get("state") : nullptr;
   const PyValue* s0 = state && state->kind == PyValue::Kind::Dict ? state->get("0") : nullptr;
+  const std::string not_the_optimizers =
+      "its optimizer state is not exactly this engine's " + type + "'s";
   if (!s0 || s0->kind != PyValue::Kind::Dict ||
       (!o->get("fp32_flat_groups") && state->dict.size() != 1))
-    return false;
+    return not_the_optimizers;
   size_t tensors = 0;
   for (const auto& [k, v] : s0->dict)
     if (v->kind == PyValue::Kind::Tensor && k->s != "step") ++tensors;
   for (const auto& n : state_names) {
     const PyValue* t = s0->get(
         deepspeed_state_name(n, type, [&](const std::string& m) { return s0->get(m) != nullptr; }));
-    if (!t || t->kind != PyValue::Kind::Tensor) return false;
+    if (!t || t->kind != PyValue::Kind::Tensor) return not_the_optimizers;
   }
-  return tensors == state_names.size();
+  return tensors == state_names.size() ? "" : not_the_optimizers;
 }
 
 std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deepspeed(

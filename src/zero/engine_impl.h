@@ -172,7 +172,7 @@ class EngineImpl final : public EngineCore {
   // rank's parts: O(own part) memory above what the engine holds (stages 0-2 read every
   // parameter, which every rank holds, in place). Bitwise what load_state gives.
   // `deepspeed`: DeepSpeed's own files of stages 1-3 in the engine's parameter order
-  // (streams_deepspeed_files), the parameters from their fp32 master as from_deepspeed takes
+  // (why_not_streamed), the parameters from their fp32 master as from_deepspeed takes
   // them.
   void load_own_part(TorchFile& model, const std::string& ckpt, const LoadCheckpointOptions& opts,
                      const std::string& where, bool deepspeed = false);

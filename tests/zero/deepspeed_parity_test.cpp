@@ -141,11 +141,15 @@ json flat_params(const torch::OrderedDict<std::string, torch::Tensor>& sd) {
 }
 
 // dtrain's engine on 2 ranks (`ranks`; the worker under `dtrain run`) over every case of CASES.
+// Every checkpoint it loads must be read in parts, each rank its own (as DeepSpeed's of stages
+// 1-3 are when they hold the engine's parameters in its order): the engine says so on stderr
+// when it reads one whole, which would give the same results with every rank holding the lot.
 void run_dtrain(const fs::path& cases, const fs::path& out, int ranks = 2) {
   auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(ranks),
                                       DS_PARITY_WORKER_BIN, cases.string(), out.string()},
                                      {.timeout = 300s});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err.find("is read whole on every rank"), std::string::npos) << r.err;
 }
 
 // DeepSpeed on 2 ranks over every case of CASES: the venv's torchrun on a port of its own
