@@ -244,6 +244,9 @@ class EngineCore {
   virtual ~EngineCore() = default;
 
   virtual void before_forward() = 0;
+  // torch_autocast: the device type and dtype the forward runs under torch.autocast in; false
+  // when it is off.
+  virtual bool forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const = 0;
   virtual void backward(const torch::Tensor& loss) = 0;
   virtual void step() = 0;
   virtual bool is_gradient_accumulation_boundary() const = 0;
@@ -303,6 +306,24 @@ class EngineCore {
   virtual void set_stage3_trace(std::function<void(const std::string&)> trace) = 0;
 };
 
+// torch.autocast around the engine's forward while it lives, as DeepSpeed's autocast_if_enabled
+// runs the engine's forward (torch.autocast's __enter__ and __exit__: the thread's autocast
+// state for the device set, its nesting counted, the cast cache cleared when the outermost
+// scope ends, the previous state restored); nothing when the engine's torch_autocast is off.
+class ForwardAutocast {
+ public:
+  explicit ForwardAutocast(const EngineCore& core);
+  ~ForwardAutocast();
+  ForwardAutocast(const ForwardAutocast&) = delete;
+  ForwardAutocast& operator=(const ForwardAutocast&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType device_ = c10::DeviceType::CPU;
+  bool was_enabled_ = false;
+  c10::ScalarType was_dtype_ = c10::ScalarType::Undefined;
+};
+
 // The engine over `module` (which must outlive it); throws UsageError for a config or module
 // it cannot train (naming what to change). COLLECTIVE: broadcasts rank 0's parameters.
 std::unique_ptr<EngineCore> make_engine_core(torch::nn::Module& module, Config config,
@@ -329,6 +350,7 @@ class Engine {
 
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
+    detail::ForwardAutocast autocast(*core_);  // torch_autocast
     if constexpr (std::is_same_v<ModuleType, torch::nn::Sequential>) {
       if (core_->fetches_units()) return forward_units(std::forward<Args>(args)...);
     }

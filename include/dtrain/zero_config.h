@@ -197,6 +197,20 @@ struct DataTypesConfig {
   std::string grad_accum_dtype;  // "": the model's dtype
 };
 
+// DeepSpeed's "torch_autocast" section: the engine's forward runs under torch.autocast (its
+// DeepSpeed's autocast_if_enabled) on the parameters' device, in `dtype`.
+struct TorchAutocastConfig {
+  bool enabled = false;
+  // DeepSpeed's canonical name ("bf16", "fp16"); "": torch's default for the device (CPU bf16,
+  // CUDA fp16). "fp32" and "int8" leave autocast off, as torch.autocast turns itself off for
+  // them (with a warning; here a note).
+  std::string dtype;
+  // The module classes whose parameters DeepSpeed marks with the autocast dtype for
+  // communication ("torch.nn.Linear", ...); it reads the marks at stage 3 only, which dtrain
+  // does not run with torch_autocast. Empty: not given (DeepSpeed's Linear and Conv1d-3d).
+  std::vector<std::string> lower_precision_safe_modules;
+};
+
 struct Config {
   int world_size = 1;
   int64_t train_batch_size = 0;
@@ -209,6 +223,7 @@ struct Config {
   double gradient_clipping = 1.0;  // DeepSpeed 0.19.8's default (GRADIENT_CLIPPING_DEFAULT); 0: off
   ZeroOptimizationConfig zero;
   DataTypesConfig data_types;
+  TorchAutocastConfig torch_autocast;
   // DeepSpeed 0.19.8's progress line ("[Rank 0] step=N, skipped=S, lr=[...], mom=[...]" on
   // stdout, rank 0) once when the engine is built (step=0) and every `steps_per_print` optimizer
   // steps, counting skipped ones: no more when unset (its default, None). A number other than 0

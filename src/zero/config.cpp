@@ -1077,6 +1077,93 @@ void parse_data_types(Section& root, Config& c) {
 // DeepSpeed 0.19.8's get_communication_data_type: "fp32", "fp16" or "bf16" in any case; null is
 // its default (the model's dtype); anything else it refuses. The engine reads it from the raw
 // config (communication_data_type()).
+// "torch_autocast": DeepSpeed 0.19.8 reads it with .get() (runtime/config.py) whether or not it
+// is enabled: a dtype its DtypeEnum does not know and modules that are not a list of strings
+// are refused; the engine then runs its forward under torch.autocast (torch_autocast.py,
+// autocast_if_enabled); at stages 1-3 it reduces the marked modules' gradients in the autocast
+// dtype (at stage 3 it all-gathers their parameters so too). With fp16 it scales the loss with
+// torch.amp.GradScaler: that, and stage 3, dtrain refuses, naming what runs instead.
+void parse_torch_autocast(Section& root, Config& c) {
+  if (!root.has("torch_autocast")) return;
+  const json* v = root.get("torch_autocast");
+  if (!v || !v->is_object())
+    root.fail("torch_autocast", std::string(v ? "a " + std::string(v->type_name()) : "null") +
+                                    " (DeepSpeed 0.19.8 fails on it too): give an object, e.g. "
+                                    "{\"enabled\": true, \"dtype\": \"bfloat16\"}");
+  Section s(*v, "torch_autocast", root.notes());
+  s.ignores_unknown_keys_like(root);
+  auto& a = c.torch_autocast;
+  s.boolean("enabled", a.enabled);
+  if (const json* d = s.get("dtype")) {
+    const auto name = deepspeed_dtype(*d);
+    if (!name)
+      s.fail("dtype", "unknown dtype " + d->dump() +
+                          " (allowed: bf16/bfloat16, fp16/float16/half, with or without a torch. "
+                          "prefix; DeepSpeed 0.19.8 refuses it too)");
+    a.dtype = *name;
+  }
+  if (s.has("lower_precision_safe_modules")) {
+    // DeepSpeed checks the type when it reads the config, and imports each "package.Class"
+    // when the engine starts with autocast enabled (a string is iterated, character by
+    // character, and fails there).
+    const json* m = s.get("lower_precision_safe_modules");
+    bool strings = m && (m->is_array() || m->is_string());
+    for (size_t i = 0; strings && m->is_array() && i < m->size(); ++i)
+      strings = (*m)[i].is_string();
+    if (!strings)
+      s.fail("lower_precision_safe_modules",
+             "must be a list of module class names (\"torch.nn.Linear\"), got " +
+                 (m ? m->dump() : std::string("null")) + " (DeepSpeed 0.19.8 refuses it too)");
+    if (a.enabled && m->is_string())
+      s.fail("lower_precision_safe_modules",
+             "a string, not a list: DeepSpeed 0.19.8 takes each of its characters as a module "
+             "name and fails when the engine starts; give a list, e.g. [" +
+                 m->dump() + "]");
+    for (size_t i = 0; m->is_array() && i < m->size(); ++i) {
+      const std::string name = (*m)[i].get<std::string>();
+      if (a.enabled && name.find('.') == std::string::npos)
+        s.fail("lower_precision_safe_modules",
+               "\"" + name +
+                   "\" has no package (DeepSpeed 0.19.8 fails to import it when the engine "
+                   "starts); give the class with its package, e.g. \"torch.nn.Linear\"");
+      a.lower_precision_safe_modules.push_back(name);
+    }
+  }
+  s.finish();
+  if (!a.enabled) return;
+  if (a.dtype == "int8")
+    s.fail("dtype",
+           "int8: torch.autocast turns itself off for it, and DeepSpeed 0.19.8 would reduce the "
+           "lower_precision_safe_modules' gradients in int8 at stages 1-3; give bf16");
+  if (a.dtype == "fp32")
+    s.note("dtype",
+           "\"fp32\": torch.autocast takes bf16 and fp16 only, and turns itself off for it "
+           "(with a warning): the forward runs in the parameters' dtype, in DeepSpeed and in "
+           "dtrain");
+  if (c.zero.stage == 3)
+    s.fail("enabled",
+           "torch_autocast at zero_optimization.stage 3 is not supported by dtrain: DeepSpeed "
+           "0.19.8 all-gathers the parameters of its lower_precision_safe_modules and reduces "
+           "their gradients in the autocast dtype there, which dtrain does not do; use stages "
+           "0-2 with torch_autocast, or bf16 at stage 3");
+  if (a.dtype == "fp16")
+    s.fail("dtype",
+           "fp16 torch_autocast is not supported by dtrain: DeepSpeed 0.19.8 scales the loss "
+           "for it with torch.amp.GradScaler (its engine at stage 0, its ZeRO optimizers at "
+           "stages 1-3), which dtrain does not have; use bf16, or the fp16 section (DeepSpeed's "
+           "own loss scaler)");
+  if (c.zero.stage == 0 && !a.lower_precision_safe_modules.empty())
+    s.note("lower_precision_safe_modules",
+           "read by DeepSpeed 0.19.8 at stages 1-3 only (the dtype it reduces those modules' "
+           "gradients in); at stage 0 it changes nothing");
+  if (c.zero.stage > 0 && root.has("communication_data_type"))
+    root.note("communication_data_type",
+              "not read under torch_autocast at stages 1-2: DeepSpeed 0.19.8 then reduces each "
+              "parameter's gradient in its own dtype (the autocast dtype for the "
+              "lower_precision_safe_modules' parameters, the parameter's dtype for the rest), "
+              "and so does dtrain");
+}
+
 void parse_communication_data_type(Section& root, const Config& c) {
   const json* v = root.get("communication_data_type");
   if (!v) return;
@@ -1445,6 +1532,7 @@ Config parse_config(const json& config, int world_size, const ParseOptions& opti
   parse_zero(root, c, unused);
   parse_data_types(root, c);
   parse_communication_data_type(root, c);
+  parse_torch_autocast(root, c);
   // DeepSpeed 0.19.8 keeps 16-bit masters only with ZeRO (DeepSpeedConfig refuses them at
   // stage 0).
   if (!master_16bit.empty() && c.zero.stage == 0)
@@ -1501,7 +1589,6 @@ Config parse_config(const json& config, int world_size, const ParseOptions& opti
        "atomically in DeepSpeed's layout, and always refuses ranks that save under different "
        "tags (tag_validation Fail)"},
       {"data_efficiency", "DeepSpeed's data sampling/routing; give dtrain the data in order"},
-      {"torch_autocast", "DeepSpeed's torch.autocast wrapper; use fp16 or bf16 instead"},
       {"compile", "DeepSpeed's torch.compile; not in libtorch's C++ frontend"},
       {"hybrid_engine", "DeepSpeed-Chat's inference engine; not in dtrain"},
       {"pipeline",
@@ -1625,6 +1712,11 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
           (z.offload_optimizer.enabled() ? " (optimizer offloaded to cpu)" : "") +
           (z.offload_param.enabled() && z.stage == 3 ? " (parameters offloaded to cpu)" : ""));
   row("precision", f.enabled ? "fp16" : c.bf16 ? "bf16" : "fp32");
+  if (c.torch_autocast.enabled)
+    row("torch_autocast", "the forward under torch.autocast in " +
+                              (c.torch_autocast.dtype.empty()
+                                   ? std::string("the device's default dtype (cpu bf16, cuda fp16)")
+                                   : c.torch_autocast.dtype));
   if (f.enabled) {
     if (f.loss_scale == 0)
       row("loss scaler", "dynamic: initial scale 2^" + std::to_string(f.initial_scale_power) +

@@ -12,6 +12,7 @@
 
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
+#include "zero/autocast.h"
 #include "zero/data_types.h"
 #include "zero/engine_impl.h"
 #include "zero/malloc_policy.h"
@@ -207,6 +208,28 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   }
   padded_ = padded_numel(numel_, world_);
   part_ = padded_ / world_;
+  if (config_.torch_autocast.enabled && config_.zero.stage > 0) {
+    // DeepSpeed's get_param_comm_dtype once torch_autocast is initialized: the parameter's
+    // mark, else its dtype (communication_data_type is not read); a mark only with a dtype
+    // given (None marks nothing that changes a dtype).
+    per_param_comm_ = true;
+    comm_dtype_ = model_dtype_;
+    if (!config_.torch_autocast.dtype.empty()) {
+      const auto& d = config_.torch_autocast.dtype;
+      autocast_comm_dtype_ = d == "fp16"   ? torch::kHalf
+                             : d == "fp32" ? torch::kFloat32
+                                           : torch::kBFloat16;
+      const auto marked = lower_precision_safe_parameters(
+          module_, config_.torch_autocast.lower_precision_safe_modules);
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!marked.count(params_[i].unsafeGetTensorImpl()) || numels_[i] == 0) continue;
+        if (!autocast_ranges_.empty() && autocast_ranges_.back().second == offsets_[i])
+          autocast_ranges_.back().second += numels_[i];
+        else
+          autocast_ranges_.emplace_back(offsets_[i], offsets_[i] + numels_[i]);
+      }
+    }
+  }
   if (shards && shards->partition.numel() != part_)
     throw InternalError("zero: the partitioned construction's shard has " +
                         std::to_string(shards->partition.numel()) + " elements, the layout " +
@@ -489,6 +512,17 @@ void EngineImpl::before_forward() {
   if (policy_.parameters() && !gathered_) gather_parameters();
 }
 
+bool EngineImpl::forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const {
+  const auto& a = config_.torch_autocast;
+  if (!a.enabled) return false;
+  *device = device_.type();
+  *dtype = a.dtype == "bf16"   ? c10::ScalarType::BFloat16
+           : a.dtype == "fp16" ? c10::ScalarType::Half
+           : a.dtype == "fp32" ? c10::ScalarType::Float  // torch.autocast turns itself off
+                               : c10::ScalarType::Undefined;
+  return true;
+}
+
 void EngineImpl::backward(const torch::Tensor& loss) {
   if (policy_.parameters() && !gathered_ && !fetch_) gather_parameters();
   if (!policy_.gradients()) {
@@ -553,7 +587,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
       int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
       if (lo >= hi) continue;
       auto seg = flat_grads_.narrow(0, lo, hi - lo);
-      prepare_to_reduce(seg, model_dtype_);
+      prepare_to_reduce(seg, model_dtype_, lo);
       ReduceOptions o;
       o.group = group_;
       o.dst = r;
@@ -592,7 +626,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
     }
     bucket_peak_bytes_ = std::max(bucket_peak_bytes_, nbytes(staging));
   }
-  prepare_to_reduce(staging, model_dtype_);
+  prepare_to_reduce(staging, model_dtype_, b.begin);
   for (int r = 0; r < world_; ++r) {
     int64_t lo = std::max(b.begin, r * part_), hi = std::min(b.end, (r + 1) * part_);
     if (lo >= hi) continue;
@@ -610,7 +644,7 @@ void EngineImpl::reduce_bucket(Bucket& b) {
         continue;
       }
       reduce(seg, o);
-      if (r == rank_) round_to_comm_dtype(seg);
+      if (r == rank_) round_to_comm_dtype(seg, lo);
     }
     if (r == rank_) grad_part_.narrow(0, lo - r * part_, hi - lo).add_(seg.to(grad_part_.device()));
   }
@@ -630,22 +664,32 @@ void EngineImpl::settle_in_flight(size_t newest) {
 void EngineImpl::fold(InFlight& f) {
   f.work.wait();
   if (!f.mine) return;
-  round_to_comm_dtype(f.segment);
+  round_to_comm_dtype(f.segment, rank_ * part_ + f.offset);
   grad_part_.narrow(0, f.offset, f.segment.numel()).add_(f.segment.to(grad_part_.device()));
 }
 
-void EngineImpl::round_to_comm_dtype(torch::Tensor& t) const {
-  if (t.scalar_type() == comm_dtype_ ||
-      c10::elementSize(comm_dtype_) > c10::elementSize(t.scalar_type()))
-    return;  // the same values, or a wider dtype that holds them
-  t.copy_(t.to(comm_dtype_));
+void EngineImpl::round_to_comm_dtype(torch::Tensor& t, int64_t at) const {
+  // Nothing to do for the same dtype, or a wider one that holds the values.
+  auto narrower = [&](torch::Dtype d) {
+    return t.scalar_type() != d && c10::elementSize(d) <= c10::elementSize(t.scalar_type());
+  };
+  if (narrower(comm_dtype_)) t.copy_(t.to(comm_dtype_));
+  if (!per_param_comm_ || autocast_ranges_.empty() || !narrower(autocast_comm_dtype_)) return;
+  if (at < 0) throw InternalError("zero: a gradient range without its flat offset");
+  const int64_t end = at + t.numel();
+  for (const auto& [lo, hi] : autocast_ranges_) {
+    const int64_t a = std::max(lo, at), b = std::min(hi, end);
+    if (a >= b) continue;
+    auto piece = t.narrow(0, a - at, b - a);
+    piece.copy_(piece.to(autocast_comm_dtype_));
+  }
 }
 
-void EngineImpl::prepare_to_reduce(torch::Tensor& t, torch::ScalarType source) const {
-  if (source != comm_dtype_) round_to_comm_dtype(t);
+void EngineImpl::prepare_to_reduce(torch::Tensor& t, torch::ScalarType source, int64_t at) const {
+  if (source != comm_dtype_ || per_param_comm_) round_to_comm_dtype(t, at);
   if (policy_.optimizer() && world_ > 1) {
     t.div_(static_cast<double>(world_));
-    round_to_comm_dtype(t);
+    round_to_comm_dtype(t, at);
   }
 }
 
@@ -706,12 +750,12 @@ torch::Tensor EngineImpl::averaged_gradient() {
       // already done when the boundary backward reduced its buckets (overlap_comm).
       auto full = grad_acc_.defined() ? grad_acc_ : flat_grads_.to(master_dtype_);
       if (!grads_reduced_) {
-        prepare_to_reduce(full, grad_acc_.defined() ? accum_dtype_ : model_dtype_);
+        prepare_to_reduce(full, grad_acc_.defined() ? accum_dtype_ : model_dtype_, 0);
         reduce_to_owners(full);
       }
       grads_reduced_ = false;
       g = own_slice(full);
-      if (world_ > 1) round_to_comm_dtype(g);
+      if (world_ > 1) round_to_comm_dtype(g, rank_ * part_);
       break;
     }
     case GradientPath::kPartition:

@@ -42,6 +42,7 @@ class EngineImpl final : public EngineCore {
   ~EngineImpl() override;
 
   void before_forward() override;
+  bool forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const override;
   void backward(const torch::Tensor& loss) override;
   void step() override;
   bool is_gradient_accumulation_boundary() const override;
@@ -111,12 +112,15 @@ class EngineImpl final : public EngineCore {
   void fold(InFlight& f);  // wait for f; this rank's segment into grad_part_
   // DeepSpeed reduces gradients in its communication dtype: what a rank sends, and the sum it
   // receives, are rounded to it here (the wire carries the wider dtype).
-  void round_to_comm_dtype(torch::Tensor& t) const;
+  // Rounds `t` (the flat gradient range that starts at flat index `at`, -1: not known, stage 0)
+  // to the dtype its gradients are communicated in: communication_data_type, or under
+  // torch_autocast at stages 1-2 each parameter's own (autocast_ranges_).
+  void round_to_comm_dtype(torch::Tensor& t, int64_t at = -1) const;
   // What a rank sends, as DeepSpeed prepares it: in the communication dtype (`source`: the
   // dtype t's values came from), and at stages 1-3 already divided by the world size there
   // (its ZeRO optimizers average before reducing, so a 16-bit sum cannot overflow where the
   // mean would not; its stage-0 engine divides after the reduction, as averaged_gradient does).
-  void prepare_to_reduce(torch::Tensor& t, torch::ScalarType source) const;
+  void prepare_to_reduce(torch::Tensor& t, torch::ScalarType source, int64_t at = -1) const;
   void finish_backward();
   // fp16's overflow into the loss scaler: DeepSpeed's ZeRO optimizers' rules at stages 1-3,
   // its FP16_Optimizer's at stage 0 (no hysteresis, scaler_config; no stop at the minimum).
@@ -211,6 +215,12 @@ class EngineImpl final : public EngineCore {
   int64_t numel_ = 0, padded_ = 0, part_ = 0;
   torch::Dtype model_dtype_, master_dtype_;
   torch::Dtype comm_dtype_, accum_dtype_;  // communication_data_type, data_types.grad_accum_dtype
+  // torch_autocast at stages 1-2: DeepSpeed reduces each parameter's gradient in its own comm
+  // dtype, the autocast dtype for the lower_precision_safe_modules' parameters (these flat
+  // ranges, merged) and the parameter's dtype for the rest (comm_dtype_ then).
+  bool per_param_comm_ = false;
+  std::vector<std::pair<int64_t, int64_t>> autocast_ranges_;
+  torch::Dtype autocast_comm_dtype_ = torch::kBFloat16;
   torch::Device device_{torch::kCPU};
   bool mixed_ = false, offload_opt_ = false, offload_param_ = false, gathered_ = false;
   torch::Tensor flat_params_;  // unless parameters are partitioned: the module's are views of it

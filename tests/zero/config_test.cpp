@@ -582,6 +582,69 @@ TEST(ZeroConfig, LionIsDeepSpeedsCpuLionWithOffloadAndFusedLionWithout) {
       << e;
 }
 
+// torch_autocast as DeepSpeed 0.19.8 reads it (runtime/config.py; its engine's behaviour is
+// zero_deepspeed_parity_test's TwoRanksTorchAutocastAsDeepSpeed): what it refuses too, and what
+// dtrain does not run (stage 3, fp16's GradScaler), each named.
+TEST(ZeroConfig, TorchAutocastAsDeepSpeedReadsIt) {
+  auto with = [](const json& autocast, int stage = 2) {
+    return json{{"train_batch_size", 8},
+                {"torch_autocast", autocast},
+                {"zero_optimization", {{"stage", stage}}}};
+  };
+  auto c = parse_config(with({{"enabled", true}, {"dtype", "torch.bfloat16"}}), 2);
+  EXPECT_TRUE(c.torch_autocast.enabled);
+  EXPECT_EQ(c.torch_autocast.dtype, "bf16");
+  EXPECT_NE(
+      dtrain::zero::describe(c, std::nullopt).find("the forward under torch.autocast in bf16"),
+      std::string::npos);
+  c = parse_config(with({{"enabled", true}}, 0), 2);
+  EXPECT_EQ(c.torch_autocast.dtype, "");
+  EXPECT_NE(dtrain::zero::describe(c, std::nullopt).find("the device's default dtype"),
+            std::string::npos);
+  c = parse_config(with({{"enabled", false}, {"lower_precision_safe_modules", "torch.nn.Linear"}}),
+                   2);
+  EXPECT_FALSE(c.torch_autocast.enabled);
+  c = parse_config(with({{"enabled", true}, {"dtype", "float"}}), 2);
+  EXPECT_NE(notes(c).find("torch_autocast.dtype: \"fp32\": torch.autocast takes bf16 and fp16 "
+                          "only"),
+            std::string::npos)
+      << notes(c);
+  json comm = with({{"enabled", true}, {"dtype", "bf16"}}, 1);
+  comm["communication_data_type"] = "fp16";
+  EXPECT_NE(notes(parse_config(comm, 2))
+                .find("communication_data_type: not read under "
+                      "torch_autocast at stages 1-2"),
+            std::string::npos);
+  const std::vector<std::pair<json, std::string>> refused = {
+      {nullptr, "torch_autocast: null (DeepSpeed 0.19.8 fails on it too)"},
+      {true, "torch_autocast: a boolean (DeepSpeed 0.19.8 fails on it too)"},
+      {{{"enabled", false}, {"dtype", "bf17"}},
+       "torch_autocast.dtype: unknown dtype \"bf17\" (allowed: bf16/bfloat16, fp16/float16/half"},
+      {{{"enabled", false}, {"lower_precision_safe_modules", {1}}},
+       "torch_autocast.lower_precision_safe_modules: must be a list of module class names"},
+      {{{"enabled", true}, {"lower_precision_safe_modules", "torch.nn.Linear"}},
+       "a string, not a list: DeepSpeed 0.19.8 takes each of its characters"},
+      {{{"enabled", true}, {"lower_precision_safe_modules", {"Linear"}}},
+       "\"Linear\" has no package"},
+      {{{"enabled", "yes"}}, "torch_autocast.enabled: expected true or false"},
+      {{{"enabled", true}, {"dtype", "int8"}}, "torch_autocast.dtype: int8"},
+      {{{"enabled", true}, {"dtype", "half"}},
+       "fp16 torch_autocast is not supported by dtrain: DeepSpeed 0.19.8 scales the loss for it "
+       "with torch.amp.GradScaler"},
+  };
+  for (const auto& [autocast, message] : refused) {
+    const std::string e = error_of(with(autocast), 2);
+    EXPECT_NE(e.find(message), std::string::npos) << autocast.dump() << "\n" << e;
+  }
+  const std::string e = error_of(with({{"enabled", true}}, 3), 2);
+  EXPECT_NE(e.find("torch_autocast at zero_optimization.stage 3 is not supported by dtrain"),
+            std::string::npos)
+      << e;
+  // Off, stage 3 and fp16 are DeepSpeed's alone: accepted.
+  EXPECT_FALSE(
+      parse_config(with({{"enabled", false}, {"dtype", "fp16"}}, 3), 2).torch_autocast.enabled);
+}
+
 TEST(ZeroConfig, ReadsDeepSpeedsSectionsAndDefaults) {
   auto c = parse_config(json::parse(R"({
     "train_batch_size": 16, "gradient_accumulation_steps": 2, "steps_per_print": 5, "wall_clock_breakdown": false,

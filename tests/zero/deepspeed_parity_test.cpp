@@ -484,6 +484,68 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
   fs::remove_all(dir);
 }
 
+// torch_autocast: DeepSpeed runs the engine's forward under torch.autocast in the section's dtype
+// (its autocast_if_enabled), the parameters and optimizer in fp32; at stages 1-2 it reduces the
+// gradients of the lower_precision_safe_modules' parameters (Linear and Conv unless listed) in
+// that dtype and the rest in their own, whatever communication_data_type says (with no dtype
+// given, every gradient in its own). Stages 0-2 in bf16, with offload_optimizer and
+// micro-batches, the module list, communication_data_type, and autocast off.
+TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-parity-autocast-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  json cs = json::array();
+  auto add = [&](const std::string& name, int stage, const json& autocast, const json& extra) {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"torch_autocast", autocast},
+                   {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                   {"zero_optimization", {{"stage", stage}}},
+                   {"steps_per_print", 1000}};
+    config.update(extra);
+    cs.push_back({{"name", name}, {"config", config}});
+  };
+  const json bf16 = {{"enabled", true}, {"dtype", "bfloat16"}};
+  for (int stage = 0; stage <= 2; ++stage)
+    add("autocast bf16, stage " + std::to_string(stage), stage, bf16, json::object());
+  add("autocast, no dtype (cpu: bf16), stage 2", 2, {{"enabled", true}}, json::object());
+  add("autocast bf16, stage 1, offload_optimizer", 1, bf16,
+      {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+  add("autocast bf16, stage 2, 2 micro-batches", 2, bf16, {{"gradient_accumulation_steps", 2}});
+  add("autocast bf16, stage 2, overlap_comm", 2, bf16,
+      {{"zero_optimization", {{"stage", 2}, {"overlap_comm", true}, {"reduce_bucket_size", 100}}}});
+  json conv_only = bf16;
+  conv_only["lower_precision_safe_modules"] = {"torch.nn.Conv2d"};
+  add("autocast bf16, stage 2, modules Conv2d only", 2, conv_only, json::object());
+  add("autocast bf16, stage 1, Conv2d only, communication bf16", 1, conv_only,
+      {{"communication_data_type", "bf16"}});
+  add("autocast off, dtype bf16, stage 2", 2, {{"enabled", false}, {"dtype", "bf16"}},
+      json::object());
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
+  const json &a = runs.ours, &b = runs.theirs;
+  std::printf("%-58s %-11s %-9s %s\n", "2 ranks, 10 steps", "final loss", "|dloss|", "|dparam|");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    // The same autocast casts and kernels against the peer's torch 2.x (fp32 parameters):
+    // equal up to float32 noise; libtorch 1.13's bf16 kernels round differently (see above).
+    const bool off = name.rfind("autocast off", 0) == 0;
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, off ? 1e-5 : kBf16LossBound,
+                                            off ? 1e-5 : bf16_param_bound(c.at("config")), "step",
+                                            &gaps));
+    std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
+                gaps.loss, gaps.param);
+  }
+  // Autocast changed the run: its losses are not the fp32 run's.
+  EXPECT_NE(a["autocast bf16, stage 2"]["losses"],
+            a["autocast off, dtype bf16, stage 2"]["losses"]);
+  fs::remove_all(dir);
+}
+
 // bf16 at stage 0: DeepSpeed wraps its basic optimizer (FusedAdam in FP16_Optimizer, one flat
 // fp32 group; its CPU optimizers under offload_optimizer in FP16_UnfusedOptimizer, fp32 copies
 // per parameter) and saves the wrapper's state_dict as the model file's "optimizer". Each side

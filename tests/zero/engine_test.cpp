@@ -904,4 +904,37 @@ TEST(ZeroEngine, BadSetupsAreClearErrors) {
   });
 }
 
+// torch_autocast: the engine's forward runs under torch.autocast (the output in bf16, the
+// thread's autocast state as it was after it), module.forward called directly does not, and the
+// module classes are libtorch's torch.nn classes by their Python names.
+TEST(ZeroEngine, TorchAutocastWrapsTheForwardOnly) {
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto m = make_model(torch::kFloat32);
+    const json autocast = {{"torch_autocast",
+                            {{"enabled", true},
+                             {"dtype", "bf16"},
+                             {"lower_precision_safe_modules",
+                              {"torch.nn.modules.linear.Linear", "torch.nn.Conv2d"}}}}};
+    auto e = dtrain::zero::initialize(m, config(2, 4, 1, autocast), {pg});
+    const auto x = make_data(4, torch::kFloat32).x;
+    EXPECT_EQ(e(x).scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(m->forward(x).scalar_type(), torch::kFloat32);
+    auto off = make_model(torch::kFloat32);
+    auto plain = dtrain::zero::initialize(off, config(2, 4), {pg});
+    EXPECT_EQ(plain(x).scalar_type(), torch::kFloat32);
+    json other = autocast;
+    other["torch_autocast"]["lower_precision_safe_modules"] = {"transformers.pytorch_utils.Conv1D"};
+    try {
+      dtrain::zero::initialize(make_model(torch::kFloat32), config(2, 4, 1, other), {pg});
+      ADD_FAILURE() << "no error";
+    } catch (const dtrain::UsageError& err) {
+      EXPECT_NE(std::string(err.what())
+                    .find("\"transformers.pytorch_utils.Conv1D\" is not a torch.nn class "
+                          "libtorch has"),
+                std::string::npos)
+          << err.what();
+    }
+  });
+}
+
 }  // namespace
