@@ -449,8 +449,11 @@ int deepspeed_main(const std::vector<std::string>& args) {
       active = ds_resource_filter(pool, include, exclude);
     } catch (const UsageError& e) {
       if (!local_pool) throw;
-      throw UsageError(std::string(e.what()) + "; without a hostfile this node's slots are its " +
-                       how + ": list more in a hostfile ('localhost slots=N') or use --num_gpus N");
+      throw UsageError(std::string(e.what()) +
+                       "; without a hostfile this node has one slot per device, as DeepSpeed "
+                       "counts them (here " +
+                       how +
+                       "): list more in a hostfile ('localhost slots=N') or use --num_gpus N");
     }
     if (num_nodes > 0 && static_cast<int>(active.size()) > num_nodes) active.resize(num_nodes);
     if (num_gpus > 0) {

@@ -15,8 +15,8 @@
 // per-parameter pieces (zero/stage3_layout.h). A load (at any world size) opens the files
 // without reading them whole and reads into each rank only the elements it holds now
 // (load_own_part). DeepSpeed's own files of stages 1-3 are read so too when they hold the
-// engine's parameters in its order and one parameter group (why_not_streamed); the
-// others, stage 0's and a client optimizer's state are read whole.
+// engine's parameters (in any order: each placed by name) and one parameter group
+// (why_not_streamed); the others, stage 0's and a client optimizer's state are read whole.
 // DeepSpeed's own checkpoints of stages 1-3 are read too (consolidated_state_dict, and
 // load_checkpoint for the parameters, steps, scheduler and optimizer state).
 #include <fcntl.h>
@@ -663,14 +663,22 @@ SavedPart open_saved_part(const fs::path& path, const SavedRank& at) {
   return p;
 }
 
+// The parameters as a checkpoint holds them, in its order: each one's elements and where they
+// lie in the engine's flat order (its offset there).
+struct SavedOrder {
+  std::vector<int64_t> numels, engine_offsets;
+};
+
 // The saved ranks' optimizer files (`files`, in rank order), one open at a time (a checkpoint
 // of thousands of ranks needs one file descriptor, not thousands): each is opened, where its
-// elements lie in the flat order of `numels` (the engine's parameters) set and checked, and
-// handed to `fn`; at the end the files are checked to cover the flat order exactly, as
-// full_optim checks. Throws before `fn` sees a file found bad. `applied_steps`: SavedRank's.
-void for_each_saved_part(const std::vector<fs::path>& files, const std::vector<int64_t>& numels,
-                         int64_t numel, int64_t applied_steps,
+// elements lie in the engine's flat order set (its parameters in the order `saved` lists them)
+// and checked, and handed to `fn`; at the end the files are checked to cover the flat order
+// exactly, as full_optim checks. Throws before `fn` sees a file found bad. `applied_steps`:
+// SavedRank's.
+void for_each_saved_part(const std::vector<fs::path>& files, const SavedOrder& saved, int64_t numel,
+                         int64_t applied_steps,
                          const std::function<void(int, const SavedPart&)>& fn) {
+  const auto& numels = saved.numels;
   const int world = static_cast<int>(files.size());
   auto check_length = [&](int r, const SavedPart& p, const Segments& v, int64_t need) {
     for (const auto& [t, used] : v.parts)
@@ -699,18 +707,37 @@ void for_each_saved_part(const std::vector<fs::path>& files, const std::vector<i
     }
     if (p.per_parameter) {
       // Rank r holds elements [r*q, min((r+1)*q, n)) of each parameter of n, q = ceil(n/world).
-      int64_t offset = 0, pos = 0;
-      for (int64_t n : numels) {
+      int64_t pos = 0;
+      for (size_t j = 0; j < numels.size(); ++j) {
+        const int64_t n = numels[j], offset = saved.engine_offsets[j];
         const int64_t q = detail::per_parameter_part(n, world);
         const int64_t lo = offset + std::min(n, r * q), hi = offset + std::min(n, (r + 1) * q);
         if (hi > lo) p.spans.push_back({lo, hi, pos});
-        offset += n;
         pos += q;
       }
       check_length(r, p, p.master, pos);
       for (const auto& s : p.state) check_length(r, p, s.second, pos);
     } else {
-      p.spans.push_back({at, at + p.length, 0});
+      // Its slice [at, at + length) of the saved flat order, parameter by parameter where they
+      // lie in the engine's (one span when the orders agree).
+      int64_t saved_offset = 0;
+      for (size_t j = 0; j < numels.size(); ++j) {
+        const int64_t a = std::max(at, saved_offset),
+                      b = std::min(at + p.length, saved_offset + numels[j]);
+        if (a < b) {
+          const int64_t begin = saved.engine_offsets[j] + (a - saved_offset);
+          if (!p.spans.empty() && p.spans.back().end == begin &&
+              p.spans.back().at + (p.spans.back().end - p.spans.back().begin) == a - at)
+            p.spans.back().end = begin + (b - a);
+          else
+            p.spans.push_back({begin, begin + (b - a), a - at});
+        }
+        saved_offset += numels[j];
+      }
+      if (at + p.length > saved_offset)  // the padding past the parameters
+        p.spans.push_back({numel + (std::max(at, saved_offset) - saved_offset),
+                           numel + (at + p.length - saved_offset),
+                           std::max(at, saved_offset) - at});
       at += p.length;
       check_length(r, p, p.master, -1);
       for (const auto& s : p.state) check_length(r, p, s.second, -1);
@@ -736,10 +763,21 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
 // Why DeepSpeed's checkpoint in `ckpt` (its model file `model`, at `model_path`) cannot be read
 // in parts (load_own_part's `deepspeed`); "" when it can: optimizer files of stages 1-3, rank
 // 0's of one parameter group at stages 1-2, holding exactly the optimizer's `state_names`, and
-// the engine's parameters (`names`, `numels`) in the engine's order. Anything else
-// from_deepspeed reads whole (it also reorders by name, and reads stage 0 and the other layouts
-// or says why not). kStageZero: the checkpoint has no optimizer files.
+// the engine's parameters (`names`, `numels`) in any order (saved_order places them). Anything
+// else from_deepspeed reads whole (it also reads stage 0 and the other layouts or says why
+// not). kStageZero: the checkpoint has no optimizer files.
 constexpr const char* kStageZero = "stage 0";
+// The parameters' names and shapes, per group: DeepSpeed's param_shapes (a list of
+// OrderedDicts name -> torch.Size), or dtrain's older param_names + param_shapes lists.
+using SavedGroups = std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>>;
+SavedGroups saved_parameters(const PyValue& model, const fs::path& model_path);
+// DeepSpeed's checkpoint's parameters (its model file `model`) in its order, placed by name in
+// the engine's flat order (`names`, `offsets`, `numels`); nullopt when they are not the
+// engine's parameters (another name, count or size).
+std::optional<SavedOrder> saved_order(const PyValue& model, const fs::path& model_path,
+                                      const std::vector<std::string>& names,
+                                      const std::vector<int64_t>& offsets,
+                                      const std::vector<int64_t>& numels);
 std::string why_not_streamed(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
                              const std::vector<std::string>& names,
                              const std::vector<int64_t>& numels,
@@ -1530,6 +1568,15 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     return v && v->kind == PyValue::Kind::Int ? v->i : int64_t{0};
   };
   const int64_t applied = int_field("global_steps") - int_field("skipped_steps");
+  // Where each saved parameter lies in the engine's flat order: DeepSpeed's files hold them in
+  // the order of the module that saved them (param_shapes), which may be another than this
+  // engine's (why_not_streamed checked they are the same parameters); dtrain's in its own.
+  SavedOrder saved{numels_, offsets_};
+  if (deepspeed) {
+    auto order = saved_order(d, model_path, names_, offsets_, numels_);
+    if (!order) throw InternalError("zero load_checkpoint: " + where + ": parameters not placed");
+    saved = std::move(*order);
+  }
   // The module's parameters as a vector of the flat order (checked before anything is read).
   Segments module_v;
   std::vector<Span> module_spans;
@@ -1568,7 +1615,7 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
   std::vector<std::string> names;
   int64_t step = 0;
   if (optimizer || from_master) {
-    for_each_saved_part(files, numels_, numel_, applied, [&](int r, const SavedPart& p) {
+    for_each_saved_part(files, saved, numel_, applied, [&](int r, const SavedPart& p) {
       if (optimizer && r == 0) {
         if (p.type == kClientOptimizerType)
           load_opaque_state({}, p.type, saved_world, where);  // refuses: no client optimizer
@@ -1605,7 +1652,7 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     const auto params = flat_params_.narrow(0, 0, numel_);
     flat_params_.narrow(0, numel_, padded_ - numel_).zero_();
     if (from_master)  // a stage-3 or DeepSpeed checkpoint into stages 0-2: the whole master
-      for_each_saved_part(files, numels_, numel_, applied, [&](int, const SavedPart& p) {
+      for_each_saved_part(files, saved, numel_, applied, [&](int, const SavedPart& p) {
         read_overlap(*p.file, p.master, p.spans, 0, params);
       });
     else
@@ -1688,9 +1735,6 @@ std::vector<int64_t> shape_of(const PyValue& v) {
   return out;
 }
 
-// The parameters' names and shapes, per group: DeepSpeed's param_shapes (a list of
-// OrderedDicts name -> torch.Size), or dtrain's older param_names + param_shapes lists.
-using SavedGroups = std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>>;
 SavedGroups saved_parameters(const PyValue& model, const fs::path& model_path) {
   SavedGroups groups;
   const PyValue& shapes = need(model, "param_shapes", model_path);
@@ -2022,20 +2066,31 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
     }
   }
   const auto params = module.toGenericDict();
-  std::vector<torch::Tensor> master;
-  std::vector<std::vector<torch::Tensor>> st(state_names.size());
+  // The optimizer holds the parameters in the saving module's order (its state dict's, the
+  // model file's "module"), which may be another than this engine's: each goes to its place.
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+  std::vector<size_t> order;  // engine indices, in the saved order
+  for (const auto& item : params) {
+    const auto it = index.find(item.key().toStringRef());
+    if (it != index.end()) order.push_back(it->second);
+  }
+  for (const auto& name : names)
+    if (params.find(name) == params.end())
+      throw CheckpointError(model_path.string() + ": has no parameter '" + name + "'");
+  std::vector<torch::Tensor> master(names.size());
+  std::vector<std::vector<torch::Tensor>> st(state_names.size(),
+                                             std::vector<torch::Tensor>(names.size()));
   int64_t step = 0;
-  int64_t at = 0;  // where parameter i starts in the flat group
+  int64_t at = 0;  // where saved parameter j starts in the flat group
   const PyValue* s0 = flat ? state->get("0") : nullptr;
   if (flat && !s0)
     throw CheckpointError(model_path.string() +
                           ": DeepSpeed's FP16_Optimizer state has no state of its flat group");
   if (s0) step = deepspeed_step(*s0, *o, ds, model_path);
-  for (size_t i = 0; i < names.size(); ++i) {
-    auto it = params.find(names[i]);
-    if (it == params.end())
-      throw CheckpointError(model_path.string() + ": has no parameter '" + names[i] + "'");
-    const int64_t n = it->value().toTensor().numel();
+  for (size_t j = 0; j < order.size(); ++j) {
+    const size_t i = order[j];
+    const int64_t n = params.at(names[i]).toTensor().numel();
     auto piece = [&](const torch::Tensor& t, const char* what) {
       const torch::Tensor f = t.reshape({-1});
       if (at + n > f.numel())
@@ -2045,30 +2100,30 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
       return f.narrow(0, at, n).to(torch::kFloat32);
     };
     if (flat) {
-      master.push_back(piece(flat->items[0]->tensor, "fp32_groups_flat"));
+      master[i] = piece(flat->items[0]->tensor, "fp32_groups_flat");
       for (size_t k = 0; k < state_names.size(); ++k)
-        st[k].push_back(piece(deepspeed_state(*s0, state_names[k], type, model_path).tensor,
-                              "flat optimizer state"));
+        st[k][i] = piece(deepspeed_state(*s0, state_names[k], type, model_path).tensor,
+                         "flat optimizer state");
       at += n;
       continue;
     }
     if (copies) {
       const auto& group = copies->items[0]->items;
-      if (i >= group.size() || group[i]->kind != PyValue::Kind::Tensor ||
-          group[i]->tensor.numel() != n)
+      if (j >= group.size() || group[j]->kind != PyValue::Kind::Tensor ||
+          group[j]->tensor.numel() != n)
         throw CheckpointError(model_path.string() + ": DeepSpeed's fp32_groups has no copy of '" +
                               names[i] + "' of its size");
-      master.push_back(group[i]->tensor.to(torch::kFloat32).reshape({-1}));
+      master[i] = group[j]->tensor.to(torch::kFloat32).reshape({-1});
     } else {
-      master.push_back(it->value().toTensor().to(torch::kFloat32).reshape({-1}));
+      master[i] = params.at(names[i]).toTensor().to(torch::kFloat32).reshape({-1});
     }
-    const torch::Tensor& p = master.back();
-    const PyValue* s = state->get(std::to_string(i));
+    const torch::Tensor& p = master[i];
+    const PyValue* s = state->get(std::to_string(j));
     for (size_t k = 0; k < state_names.size(); ++k)
-      st[k].push_back(s ? deepspeed_state(*s, state_names[k], type, model_path)
-                              .tensor.to(torch::kFloat32)
-                              .reshape({-1})
-                        : torch::zeros_like(p));  // a parameter never stepped
+      st[k][i] = s ? deepspeed_state(*s, state_names[k], type, model_path)
+                         .tensor.to(torch::kFloat32)
+                         .reshape({-1})
+                   : torch::zeros_like(p);  // a parameter never stepped
     // FusedLion advances only the last parameter's step: the largest is the optimizer's.
     if (s) step = std::max(step, deepspeed_step(*s, *o, ds, model_path));
   }
@@ -2087,6 +2142,31 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   return {model, optims};
 }
 
+std::optional<SavedOrder> saved_order(const PyValue& model, const fs::path& model_path,
+                                      const std::vector<std::string>& names,
+                                      const std::vector<int64_t>& offsets,
+                                      const std::vector<int64_t>& numels) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+  SavedOrder order;
+  std::vector<bool> seen(names.size(), false);
+  try {
+    for (const auto& g : saved_parameters(model, model_path))
+      for (const auto& [name, shape] : g) {
+        const auto it = index.find(name);
+        if (it == index.end() || seen[it->second] || numel_of(shape) != numels[it->second])
+          return std::nullopt;
+        seen[it->second] = true;
+        order.numels.push_back(numels[it->second]);
+        order.engine_offsets.push_back(offsets.empty() ? 0 : offsets[it->second]);
+      }
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+  if (order.numels.size() != names.size()) return std::nullopt;
+  return order;
+}
+
 std::string why_not_streamed(const fs::path& ckpt, const PyValue& model, const fs::path& model_path,
                              const std::vector<std::string>& names,
                              const std::vector<int64_t>& numels,
@@ -2096,21 +2176,15 @@ std::string why_not_streamed(const fs::path& ckpt, const PyValue& model, const f
     return "its model file has no dp_world_size or param_shapes";
   if (!fs::exists(ckpt / optim_file(0)) && !fs::exists(ckpt / ("bf16_" + optim_file(0))))
     return kStageZero;
-  std::vector<std::string> saved_names;
-  std::vector<int64_t> saved_numels;
   std::vector<fs::path> files;
   try {  // from_deepspeed says what is wrong or missing
-    for (const auto& g : saved_parameters(model, model_path))
-      for (const auto& [name, shape] : g) {
-        saved_names.push_back(name);
-        saved_numels.push_back(numel_of(shape));
-      }
     files = optim_files(ckpt, static_cast<int>(world->i));
   } catch (const CheckpointError& e) {
     return e.what();
   }
-  if (saved_names != names || saved_numels != numels)
-    return "its parameters (param_shapes) are not this engine's in this engine's order";
+  // In any order: each is read where the engine holds it (load_own_part).
+  if (!saved_order(model, model_path, names, {}, numels))
+    return "its parameters (param_shapes) are not this engine's (names and sizes)";
   const detail::TorchFile first(files[0].string());
   const PyValue* o = first.value()->get("optimizer_state_dict");
   if (!o) return files[0].string() + " has no optimizer_state_dict";

@@ -175,9 +175,9 @@ class EngineImpl final : public EngineCore {
   // opened, not read whole) only what this rank holds is read, from the files into this
   // rank's parts: O(own part) memory above what the engine holds (stages 0-2 read every
   // parameter, which every rank holds, in place). Bitwise what load_state gives.
-  // `deepspeed`: DeepSpeed's own files of stages 1-3 in the engine's parameter order
-  // (why_not_streamed), the parameters from their fp32 master as from_deepspeed takes
-  // them.
+  // `deepspeed`: DeepSpeed's own files of stages 1-3 (why_not_streamed), their parameters in
+  // the saved module's order placed by name, the parameters from their fp32 master as
+  // from_deepspeed takes them.
   void load_own_part(TorchFile& model, const std::string& ckpt, const LoadCheckpointOptions& opts,
                      const std::string& where, bool deepspeed = false);
   // A model file's scheduler position, loss scale and step counters; the gradients zeroed.

@@ -786,7 +786,9 @@ TEST_F(DeepSpeedLauncher, BadFlagsAreNamedWithExitTwoAndNothingStarted) {
   EXPECT_TRUE(
       contains(local.result.err, "No slot '99' specified on host 'localhost' (its slots: 0"))
       << local.result.err;
-  EXPECT_TRUE(contains(local.result.err, "; without a hostfile this node's slots are its "))
+  EXPECT_TRUE(contains(local.result.err,
+                       "; without a hostfile this node has one slot per device, as DeepSpeed "
+                       "counts them (here "))
       << local.result.err;
   Launch none = dtrain({"--num_gpus", "1"}, o);
   EXPECT_EQ(none.result.exit_code, 2);

@@ -142,7 +142,7 @@ json flat_params(const torch::OrderedDict<std::string, torch::Tensor>& sd) {
 
 // dtrain's engine on 2 ranks (`ranks`; the worker under `dtrain run`) over every case of CASES.
 // Every checkpoint it loads must be read in parts, each rank its own (as DeepSpeed's of stages
-// 1-3 are when they hold the engine's parameters in its order): the engine says so on stderr
+// 1-3 are when they hold the engine's parameters, in any order): the engine says so on stderr
 // when it reads one whole, which would give the same results with every rank holding the lot.
 void run_dtrain(const fs::path& cases, const fs::path& out, int ranks = 2) {
   auto r = dtrain::test::run_command({DTRAIN_BIN, "run", "--nproc-per-node", std::to_string(ranks),
@@ -167,10 +167,11 @@ void run_deepspeed(const fs::path& cases, const fs::path& out) {
 
 // Both sides over the same cases (written to dir/cases.json): dtrain's engine and DeepSpeed's,
 // and with `resume_deepspeeds` dtrain again from each case's DeepSpeed checkpoint ("save"):
-// loaded at 2 ranks and trained on ("resumed"), and loaded at 1 and at 3 ranks, saved there,
-// and that checkpoint trained on at 2 ranks ("resumed_via", by world size).
+// loaded at 2 ranks and trained on ("resumed"; and into a module whose parameters are
+// registered in another order, "resumed_reordered"), and loaded at 1 and at 3 ranks, saved
+// there, and that checkpoint trained on at 2 ranks ("resumed_via", by world size).
 struct ParityRuns {
-  json ours, theirs, resumed, resumed_via = json::object();
+  json ours, theirs, resumed, resumed_via = json::object(), resumed_reordered;
 };
 // DeepSpeed's side is kept for the suite's second build (support/peer_cache.h) unless a case has
 // DeepSpeed read or resume dtrain's files (its results then depend on this build's).
@@ -202,6 +203,13 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
   { std::ofstream(dir / "resume.json") << resume.dump(); }
   ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
   out->resumed = json::parse(std::ifstream(dir / "resumed.json"));
+  // The same parameters registered in another order (DeepSpeed's files hold them in the saved
+  // module's order): each rank still reads only its part, where the engine holds it.
+  for (auto& c : resume) c["reordered"] = true;
+  { std::ofstream(dir / "resume_reordered.json") << resume.dump(); }
+  ASSERT_NO_FATAL_FAILURE(
+      run_dtrain(dir / "resume_reordered.json", dir / "resumed_reordered.json"));
+  out->resumed_reordered = json::parse(std::ifstream(dir / "resumed_reordered.json"));
   for (int w : {1, 3}) {
     const std::string at = "_at" + std::to_string(w);
     json convert = json::array(), again = json::array();
@@ -232,10 +240,13 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
 double expect_resumed_as_deepspeed(const ParityRuns& runs, const std::string& name,
                                    const json& client_state, const json& y, double bound = 1e-5) {
   double gap = 0;
-  std::vector<std::pair<std::string, const json*>> resumes = {{"2", &runs.resumed}};
-  for (const auto& [w, via] : runs.resumed_via.items()) resumes.push_back({w, &via});
-  for (const auto& [w, run] : resumes) {
-    SCOPED_TRACE("DeepSpeed's checkpoint loaded at " + w + " ranks");
+  std::vector<std::pair<std::string, const json*>> resumes = {{"at 2 ranks", &runs.resumed}};
+  for (const auto& [w, via] : runs.resumed_via.items())
+    resumes.push_back({"at " + w + " ranks (saved there, resumed at 2)", &via});
+  resumes.push_back({"at 2 ranks into a module that registers its parameters in another order",
+                     &runs.resumed_reordered});
+  for (const auto& [how, run] : resumes) {
+    SCOPED_TRACE("DeepSpeed's checkpoint loaded " + how);
     if (!run->contains(name)) {
       ADD_FAILURE() << "no resumed run";
       return INFINITY;

@@ -2,13 +2,14 @@
 // formulas for the initial weights, the data and each rank's rows) for every case of CASES.json;
 // run under `dtrain run --nproc-per-node N`. Rank 0 writes
 // {name: {"losses": [mean over ranks per step], "params": {name: [...]}}} to OUT.json.
-// A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step (with
-// the case's "client_state"), "save_dtrain_mid": DIR after step 5; with "resume_from": DIR (a
-// DeepSpeed checkpoint saved after step 5) the case loads it and trains steps 6-10 only;
-// "client_state" in the output is what the engine read of the checkpoint's client_state; with
-// "save_16bit": DIR, save_16bit_model writes DIR/pytorch_model.bin after the last step; with
-// "convert_to": DIR beside "resume_from", the loaded checkpoint is saved into DIR (at this run's
-// world size, its client_state kept) and no step is taken.
+// A case with "reordered": true trains a module with model()'s values and names whose parameters
+// are registered in another order. A case with "save_dtrain": DIR saves the engine's checkpoint
+// there after the last step (with the case's "client_state"), "save_dtrain_mid": DIR after step 5;
+// with "resume_from": DIR (a DeepSpeed checkpoint saved after step 5) the case loads it and trains
+// steps 6-10 only; "client_state" in the output is what the engine read of the checkpoint's
+// client_state; with "save_16bit": DIR, save_16bit_model writes DIR/pytorch_model.bin after the
+// last step; with "convert_to": DIR beside "resume_from", the loaded checkpoint is saved into DIR
+// (at this run's world size, its client_state kept) and no step is taken.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -32,6 +33,21 @@ torch::nn::Sequential model() {
   return m;
 }
 
+// model()'s network and values with its parameters registered in another order ("2" before
+// "0": 2.weight, 2.bias, 0.weight, 0.bias), the names the same.
+struct ReorderedImpl : torch::nn::Module {
+  ReorderedImpl() {
+    second = register_module("2", torch::nn::Linear(22, 4));
+    first = register_module("0", torch::nn::Linear(16, 22));
+    torch::NoGradGuard ng;
+    auto values = model()->named_parameters();
+    for (auto& item : named_parameters()) item.value().copy_(values[item.key()]);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return second(torch::tanh(first(x))); }
+  torch::nn::Linear first{nullptr}, second{nullptr};
+};
+TORCH_MODULE(Reordered);
+
 std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int world) {
   const int first = (step * world + rank) * kMicro;
   std::vector<float> x;
@@ -46,6 +62,50 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int world) {
 
 }  // namespace
 
+// One case of CASES.json on the module `m` (its fresh values), into `out`.
+template <typename Module>
+void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nlohmann::json& out) {
+  auto engine = dtrain::zero::initialize(m, cs.at("config"));
+  std::vector<double> losses;
+  int first = 0;
+  if (cs.contains("resume_from")) {
+    engine.load_checkpoint(cs.at("resume_from").get<std::string>());
+    first = kSteps / 2;
+    if (cs.contains("convert_to")) {
+      engine.save_checkpoint(cs.at("convert_to").get<std::string>(), "",
+                             {.client_state = engine.client_state()});
+      first = kSteps;
+    }
+  }
+  for (int step = first; step < kSteps; ++step) {
+    if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
+      engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
+                             {.client_state = cs.value("client_state", nlohmann::json::object()),
+                              .deepspeed_loss_scaler = true});
+    auto [x, y] = batch(step, pg.rank(), pg.world_size());
+    x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
+    torch::Tensor loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
+    engine.backward(loss);
+    engine.step();
+    torch::Tensor t = loss.detach().clone().reshape({1});
+    dtrain::all_reduce(t);
+    losses.push_back(t.item<double>() / pg.world_size());
+  }
+  if (cs.contains("save_dtrain"))
+    engine.save_checkpoint(cs.at("save_dtrain").get<std::string>(), "",
+                           {.client_state = cs.value("client_state", nlohmann::json::object())});
+  if (cs.contains("save_16bit")) engine.save_16bit_model(cs.at("save_16bit").get<std::string>());
+  if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
+  nlohmann::json params = nlohmann::json::object();
+  for (auto& item : m->named_parameters()) {
+    torch::Tensor p = item.value().detach().contiguous().to(torch::kFloat64).reshape({-1});
+    params[item.key()] =
+        std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
+  }
+  out[cs.at("name").get<std::string>()] = {
+      {"losses", losses}, {"params", params}, {"client_state", engine.client_state()}};
+}
+
 int main(int argc, char** argv) {
   dtrain::init(argc, argv);
   if (argc != 3) {
@@ -56,46 +116,10 @@ int main(int argc, char** argv) {
   const auto cases = nlohmann::json::parse(std::ifstream(argv[1]));
   nlohmann::json out = nlohmann::json::object();
   for (const auto& cs : cases) {
-    auto m = model();
-    auto engine = dtrain::zero::initialize(m, cs.at("config"));
-    std::vector<double> losses;
-    int first = 0;
-    if (cs.contains("resume_from")) {
-      engine.load_checkpoint(cs.at("resume_from").get<std::string>());
-      first = kSteps / 2;
-      if (cs.contains("convert_to")) {
-        engine.save_checkpoint(cs.at("convert_to").get<std::string>(), "",
-                               {.client_state = engine.client_state()});
-        first = kSteps;
-      }
-    }
-    for (int step = first; step < kSteps; ++step) {
-      if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
-        engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
-                               {.client_state = cs.value("client_state", nlohmann::json::object()),
-                                .deepspeed_loss_scaler = true});
-      auto [x, y] = batch(step, pg->rank(), pg->world_size());
-      x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
-      auto loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
-      engine.backward(loss);
-      engine.step();
-      auto t = loss.detach().clone().reshape({1});
-      dtrain::all_reduce(t);
-      losses.push_back(t.item<double>() / pg->world_size());
-    }
-    if (cs.contains("save_dtrain"))
-      engine.save_checkpoint(cs.at("save_dtrain").get<std::string>(), "",
-                             {.client_state = cs.value("client_state", nlohmann::json::object())});
-    if (cs.contains("save_16bit")) engine.save_16bit_model(cs.at("save_16bit").get<std::string>());
-    if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
-    nlohmann::json params = nlohmann::json::object();
-    for (auto& item : m->named_parameters()) {
-      auto p = item.value().detach().contiguous().to(torch::kFloat64).reshape({-1});
-      params[item.key()] =
-          std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
-    }
-    out[cs.at("name").get<std::string>()] = {
-        {"losses", losses}, {"params", params}, {"client_state", engine.client_state()}};
+    if (cs.value("reordered", false))
+      run_case(cs, Reordered(), *pg, out);
+    else
+      run_case(cs, model(), *pg, out);
   }
   if (pg->rank() == 0) std::ofstream(argv[2]) << out.dump();
   return 0;
