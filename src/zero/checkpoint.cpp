@@ -1568,15 +1568,15 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     return v && v->kind == PyValue::Kind::Int ? v->i : int64_t{0};
   };
   const int64_t applied = int_field("global_steps") - int_field("skipped_steps");
-  // Where each saved parameter lies in the engine's flat order: DeepSpeed's files hold them in
-  // the order of the module that saved them (param_shapes), which may be another than this
-  // engine's (why_not_streamed checked they are the same parameters); dtrain's in its own.
+  // Where each saved parameter lies in the engine's flat order: the files hold them in the
+  // order of the module that saved them (param_shapes), which may be another than this
+  // engine's (for DeepSpeed's files why_not_streamed checked they are the same parameters; a
+  // file of dtrain's that is not is refused below by the same checks as before).
   SavedOrder saved{numels_, offsets_};
-  if (deepspeed) {
-    auto order = saved_order(d, model_path, names_, offsets_, numels_);
-    if (!order) throw InternalError("zero load_checkpoint: " + where + ": parameters not placed");
+  if (auto order = saved_order(d, model_path, names_, offsets_, numels_))
     saved = std::move(*order);
-  }
+  else if (deepspeed)
+    throw InternalError("zero load_checkpoint: " + where + ": parameters not placed");
   // The module's parameters as a vector of the flat order (checked before anything is read).
   Segments module_v;
   std::vector<Span> module_spans;
