@@ -140,6 +140,14 @@ json flat_params(const torch::OrderedDict<std::string, torch::Tensor>& sd) {
   return out;
 }
 
+// An empty directory of this test process's own under the temporary directory.
+fs::path fresh_dir(const std::string& prefix) {
+  const fs::path dir = fs::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 // dtrain's engine on 2 ranks (`ranks`; the worker under `dtrain run`) over every case of CASES.
 // Every checkpoint it loads must be read in parts, each rank its own (as DeepSpeed's of stages
 // 1-3 are when they hold the engine's parameters, in any order): the engine says so on stderr
@@ -282,10 +290,7 @@ void expect_same_run(const json& x, const json& y, double loss_bound, double par
 // `dtrain zero to-fp32` and resumed by dtrain's engine (stages 1-3: parameters, Adam/SGD/Adagrad
 // state, steps and scheduler), which then ends where DeepSpeed ended.
 TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("dtrain-ds-parity");
   json cs = cases();
   for (size_t i = 0; i < cs.size(); ++i) {
     // DeepSpeed's client_state, written by each side and read by the other.
@@ -381,10 +386,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
 // refuse the wrapper): RMSprop, and torch.optim.lr_scheduler's schedulers, over 10 steps at 2
 // ranks; the losses and final parameters agree within float32 noise.
 TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity-byname-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("dtrain-ds-parity-byname");
   json cs = json::array();
   auto add = [&](const std::string& name, const json& optimizer, const json& scheduler) {
     json config = {{"train_micro_batch_size_per_gpu", 4},
@@ -439,10 +441,7 @@ double bf16_param_bound(const json& config) {
 // (bf16 unless set) and accumulates them in grad_accum_dtype (bf16 unless set); dtrain rounds
 // its fp32 reductions to the same dtypes. Stages 0-3, 2 micro-batches per step, 10 micro-steps.
 TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity16-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("dtrain-ds-parity16");
   json cs = json::array();
   auto add = [&](const std::string& name, int stage, const json& extra) {
     json config = {{"train_micro_batch_size_per_gpu", 4},
@@ -502,10 +501,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
 // given, every gradient in its own). Stages 0-2 in bf16, with offload_optimizer and
 // micro-batches, the module list, communication_data_type, and autocast off.
 TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity-autocast-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("dtrain-ds-parity-autocast");
   json cs = json::array();
   auto add = [&](const std::string& name, int stage, const json& autocast, const json& extra) {
     json config = {{"train_micro_batch_size_per_gpu", 4},
@@ -562,10 +558,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
 // per parameter) and saves the wrapper's state_dict as the model file's "optimizer". Each side
 // resumes the other's step-5 checkpoint and ends where the uninterrupted run of the other ends.
 TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity16ck-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("dtrain-ds-parity16ck");
   json cs = json::array();
   auto add = [&](const std::string& name, const json& optimizer, bool offload) {
     json config = {{"train_micro_batch_size_per_gpu", 4},
@@ -623,10 +616,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
 // its place, reference_fused_lion) at stages 0-3. The same equality as the cases above, each
 // side resuming the other's step-5 checkpoint.
 TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dtrain-ds-parity0-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("dtrain-ds-parity0");
   const json offload = {{"device", "cpu"}};
   const json lion = {{"type", "Lion"},
                      {"params", {{"lr", 0.002}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.01}}}};
