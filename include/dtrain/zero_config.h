@@ -197,17 +197,17 @@ struct DataTypesConfig {
   std::string grad_accum_dtype;  // "": the model's dtype
 };
 
-// DeepSpeed's "torch_autocast" section: the engine's forward runs under torch.autocast (its
-// DeepSpeed's autocast_if_enabled) on the parameters' device, in `dtype`.
+// DeepSpeed's "torch_autocast" section: the engine's forward runs under torch.autocast (as
+// DeepSpeed's autocast_if_enabled runs it) on the parameters' device, in `dtype`.
 struct TorchAutocastConfig {
   bool enabled = false;
-  // DeepSpeed's canonical name ("bf16", "fp16"); "": torch's default for the device (CPU bf16,
-  // CUDA fp16). "fp32" and "int8" leave autocast off, as torch.autocast turns itself off for
-  // them (with a warning; here a note).
+  // DeepSpeed's canonical name ("bf16"; "fp16" and "int8" are refused); "": torch's default for
+  // the device (CPU bf16, CUDA fp16). "fp32" leaves autocast off, as torch.autocast turns itself
+  // off for it (with a warning; here a note).
   std::string dtype;
-  // The module classes whose parameters DeepSpeed marks with the autocast dtype for
-  // communication ("torch.nn.Linear", ...); it reads the marks at stage 3 only, which dtrain
-  // does not run with torch_autocast. Empty: not given (DeepSpeed's Linear and Conv1d-3d).
+  // The module classes whose parameters DeepSpeed marks with the autocast dtype: at stages 1-3
+  // their gradients are reduced in it ("torch.nn.Linear", ...). Empty: not given (DeepSpeed's
+  // Linear and Conv1d-3d).
   std::vector<std::string> lower_precision_safe_modules;
 };
 

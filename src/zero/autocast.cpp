@@ -107,6 +107,11 @@ std::unordered_set<const c10::TensorImpl*> lower_precision_safe_parameters(
   return marked;
 }
 
+std::optional<c10::ScalarType> autocast_dtype(c10::DeviceType device) {
+  if (!enabled(device)) return std::nullopt;
+  return dtype(device);
+}
+
 ForwardAutocast::ForwardAutocast(const EngineCore& core) {
   c10::ScalarType want = c10::ScalarType::Undefined;
   if (!core.forward_autocast(&device_, &want)) return;

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -15,5 +16,9 @@ namespace dtrain::zero::detail {
 // Linear and Conv1d-3d). UsageError: a name that is not a torch.nn class libtorch has.
 std::unordered_set<const c10::TensorImpl*> lower_precision_safe_parameters(
     torch::nn::Module& module, const std::vector<std::string>& classes);
+
+// The dtype ops on `device` are autocast to on this thread (torch.autocast on there), or
+// nullopt.
+std::optional<c10::ScalarType> autocast_dtype(c10::DeviceType device);
 
 }  // namespace dtrain::zero::detail

@@ -1081,8 +1081,9 @@ void parse_data_types(Section& root, Config& c) {
 // is enabled: a dtype its DtypeEnum does not know and modules that are not a list of strings
 // are refused; the engine then runs its forward under torch.autocast (torch_autocast.py,
 // autocast_if_enabled); at stages 1-3 it reduces the marked modules' gradients in the autocast
-// dtype (at stage 3 it all-gathers their parameters so too). With fp16 it scales the loss with
-// torch.amp.GradScaler: that, and stage 3, dtrain refuses, naming what runs instead.
+// dtype (at stage 3 it all-gathers their parameters so too, which changes nothing their
+// autocast ops compute). With fp16 it scales the loss with torch.amp.GradScaler: that dtrain
+// refuses, naming what runs instead.
 void parse_torch_autocast(Section& root, Config& c) {
   if (!root.has("torch_autocast")) return;
   const json* v = root.get("torch_autocast");
@@ -1140,12 +1141,6 @@ void parse_torch_autocast(Section& root, Config& c) {
            "\"fp32\": torch.autocast takes bf16 and fp16 only, and turns itself off for it "
            "(with a warning): the forward runs in the parameters' dtype, in DeepSpeed and in "
            "dtrain");
-  if (c.zero.stage == 3)
-    s.fail("enabled",
-           "torch_autocast at zero_optimization.stage 3 is not supported by dtrain: DeepSpeed "
-           "0.19.8 all-gathers the parameters of its lower_precision_safe_modules and reduces "
-           "their gradients in the autocast dtype there, which dtrain does not do; use stages "
-           "0-2 with torch_autocast, or bf16 at stage 3");
   if (a.dtype == "fp16")
     s.fail("dtype",
            "fp16 torch_autocast is not supported by dtrain: DeepSpeed 0.19.8 scales the loss "
@@ -1158,7 +1153,7 @@ void parse_torch_autocast(Section& root, Config& c) {
            "gradients in); at stage 0 it changes nothing");
   if (c.zero.stage > 0 && root.has("communication_data_type"))
     root.note("communication_data_type",
-              "not read under torch_autocast at stages 1-2: DeepSpeed 0.19.8 then reduces each "
+              "not read under torch_autocast at stages 1-3: DeepSpeed 0.19.8 then reduces each "
               "parameter's gradient in its own dtype (the autocast dtype for the "
               "lower_precision_safe_modules' parameters, the parameter's dtype for the rest), "
               "and so does dtrain");

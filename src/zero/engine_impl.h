@@ -114,7 +114,7 @@ class EngineImpl final : public EngineCore {
   // receives, are rounded to it here (the wire carries the wider dtype).
   // Rounds `t` (the flat gradient range that starts at flat index `at`, -1: not known, stage 0)
   // to the dtype its gradients are communicated in: communication_data_type, or under
-  // torch_autocast at stages 1-2 each parameter's own (autocast_ranges_).
+  // torch_autocast at stages 1-3 each parameter's own (autocast_ranges_).
   void round_to_comm_dtype(torch::Tensor& t, int64_t at = -1) const;
   // What a rank sends, as DeepSpeed prepares it: in the communication dtype (`source`: the
   // dtype t's values came from), and at stages 1-3 already divided by the world size there
@@ -215,7 +215,7 @@ class EngineImpl final : public EngineCore {
   int64_t numel_ = 0, padded_ = 0, part_ = 0;
   torch::Dtype model_dtype_, master_dtype_;
   torch::Dtype comm_dtype_, accum_dtype_;  // communication_data_type, data_types.grad_accum_dtype
-  // torch_autocast at stages 1-2: DeepSpeed reduces each parameter's gradient in its own comm
+  // torch_autocast at stages 1-3: DeepSpeed reduces each parameter's gradient in its own comm
   // dtype, the autocast dtype for the lower_precision_safe_modules' parameters (these flat
   // ranges, merged) and the parameter's dtype for the rest (comm_dtype_ then).
   bool per_param_comm_ = false;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "dtrain/error.h"
+#include "zero/autocast.h"
 #include "zero/engine_impl.h"
 
 namespace dtrain::zero::detail {
@@ -42,6 +43,15 @@ class Zero3Linear : public torch::autograd::Function<Zero3Linear> {
 }  // namespace
 
 torch::Tensor zero3_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  // Under torch.autocast (torch_autocast) as autocast runs at::linear: every floating input
+  // cast to its dtype first (the casts are in the graph, so the gradients come back in the
+  // parameters' dtype). A custom function's forward is not autocast by the dispatcher.
+  if (const auto dtype = autocast_dtype(x.device().type())) {
+    auto cast = [&](const torch::Tensor& t) {
+      return t.defined() && t.is_floating_point() && t.scalar_type() != *dtype ? t.to(*dtype) : t;
+    };
+    return Zero3Linear::apply(cast(x), cast(w), cast(b));
+  }
   return Zero3Linear::apply(x, w, b);
 }
 

@@ -495,11 +495,11 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
 }
 
 // torch_autocast: DeepSpeed runs the engine's forward under torch.autocast in the section's dtype
-// (its autocast_if_enabled), the parameters and optimizer in fp32; at stages 1-2 it reduces the
+// (its autocast_if_enabled), the parameters and optimizer in fp32; at stages 1-3 it reduces the
 // gradients of the lower_precision_safe_modules' parameters (Linear and Conv unless listed) in
 // that dtype and the rest in their own, whatever communication_data_type says (with no dtype
-// given, every gradient in its own). Stages 0-2 in bf16, with offload_optimizer and
-// micro-batches, the module list, communication_data_type, and autocast off.
+// given, every gradient in its own). Stages 0-3 in bf16 (stage 3's Sequential through
+// zero3_linear), with offload, micro-batches, the module list, communication_data_type, and off.
 TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
   const fs::path dir = fresh_dir("dtrain-ds-parity-autocast");
   json cs = json::array();
@@ -513,8 +513,13 @@ TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
     cs.push_back({{"name", name}, {"config", config}});
   };
   const json bf16 = {{"enabled", true}, {"dtype", "bfloat16"}};
-  for (int stage = 0; stage <= 2; ++stage)
+  for (int stage = 0; stage <= 3; ++stage)
     add("autocast bf16, stage " + std::to_string(stage), stage, bf16, json::object());
+  add("autocast bf16, stage 3, offload both", 3, bf16,
+      {{"zero_optimization",
+        {{"stage", 3},
+         {"offload_optimizer", {{"device", "cpu"}}},
+         {"offload_param", {{"device", "cpu"}}}}}});
   add("autocast, no dtype (cpu: bf16), stage 2", 2, {{"enabled", true}}, json::object());
   add("autocast bf16, stage 1, offload_optimizer", 1, bf16,
       {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}}}});
