@@ -99,11 +99,13 @@ std::unordered_set<const c10::TensorImpl*> lower_precision_safe_parameters(
                               : classes)
     types.push_back(class_named(name));
   std::unordered_set<const c10::TensorImpl*> marked;
-  for (const auto& m : module.modules(/*include_self=*/true)) {
-    // DeepSpeed compares module.__class__ exactly: a subclass is not marked.
-    if (std::find(types.begin(), types.end(), std::type_index(typeid(*m))) == types.end()) continue;
-    for (const auto& p : m->parameters(/*recurse=*/false)) marked.insert(p.unsafeGetTensorImpl());
-  }
+  // DeepSpeed compares module.__class__ exactly: a subclass is not marked.
+  auto mark = [&](const torch::nn::Module& m) {
+    if (std::find(types.begin(), types.end(), std::type_index(typeid(m))) == types.end()) return;
+    for (const auto& p : m.parameters(/*recurse=*/false)) marked.insert(p.unsafeGetTensorImpl());
+  };
+  mark(module);  // itself (modules(true) would need it held by a shared_ptr)
+  for (const auto& m : module.modules(/*include_self=*/false)) mark(*m);
   return marked;
 }
 
