@@ -1074,9 +1074,6 @@ void parse_data_types(Section& root, Config& c) {
   s.finish();
 }
 
-// DeepSpeed 0.19.8's get_communication_data_type: "fp32", "fp16" or "bf16" in any case; null is
-// its default (the model's dtype); anything else it refuses. The engine reads it from the raw
-// config (communication_data_type()).
 // "torch_autocast": DeepSpeed 0.19.8 reads it with .get() (runtime/config.py) whether or not it
 // is enabled: a dtype its DtypeEnum does not know and modules that are not a list of strings
 // are refused; the engine then runs its forward under torch.autocast (torch_autocast.py,
@@ -1159,6 +1156,9 @@ void parse_torch_autocast(Section& root, Config& c) {
               "and so does dtrain");
 }
 
+// DeepSpeed 0.19.8's get_communication_data_type: "fp32", "fp16" or "bf16" in any case; null is
+// its default (the model's dtype); anything else it refuses. The engine reads it from the raw
+// config (communication_data_type()).
 void parse_communication_data_type(Section& root, const Config& c) {
   const json* v = root.get("communication_data_type");
   if (!v) return;

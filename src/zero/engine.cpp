@@ -215,10 +215,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
     per_param_comm_ = true;
     comm_dtype_ = model_dtype_;
     if (!config_.torch_autocast.dtype.empty()) {
-      const auto& d = config_.torch_autocast.dtype;
-      autocast_comm_dtype_ = d == "fp16"   ? torch::kHalf
-                             : d == "fp32" ? torch::kFloat32
-                                           : torch::kBFloat16;
+      autocast_comm_dtype_ = dtype_named(config_.torch_autocast.dtype, torch::kBFloat16);
       const auto marked = lower_precision_safe_parameters(
           module_, config_.torch_autocast.lower_precision_safe_modules);
       for (size_t i = 0; i < params_.size(); ++i) {
@@ -516,10 +513,8 @@ bool EngineImpl::forward_autocast(c10::DeviceType* device, c10::ScalarType* dtyp
   const auto& a = config_.torch_autocast;
   if (!a.enabled) return false;
   *device = device_.type();
-  *dtype = a.dtype == "bf16"   ? c10::ScalarType::BFloat16
-           : a.dtype == "fp16" ? c10::ScalarType::Half
-           : a.dtype == "fp32" ? c10::ScalarType::Float  // torch.autocast turns itself off
-                               : c10::ScalarType::Undefined;
+  // "": the device's default (ForwardAutocast asks torch); "fp32" turns torch.autocast off.
+  *dtype = dtype_named(a.dtype, c10::ScalarType::Undefined);
   return true;
 }
 
