@@ -13,7 +13,7 @@ starts, and what each would have run is recorded. One line per flag on stdout:
     space FLAG ...                                            (the same for `FLAG ''`, a flag
                                                                that takes a value)
 
-(deepspeed's own log lines go to stdout too; the test reads the lines that start with "empty ").
+(deepspeed's own log lines go to stdout too; the test reads the lines that start with "empty " or "space ").
 Single node only: the flags that matter across nodes alone (--launcher, --launcher_args, --venv_script,
 --ssh_port) are run as on one node, where DeepSpeed does not read them.
 """
