@@ -56,5 +56,7 @@ if(TARGET zero_bench)
     COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/zero/peak_rss_test.py $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:zero_bench>)
   set_tests_properties(zero.peak_rss_at_defaults PROPERTIES LABELS "zero;torch2_only" TIMEOUT 900)
 endif()
+# The engine's GradScaler (fp16 torch_autocast) against torch.amp.GradScaler in the venv.
+dtrain_test(zero_grad_scaler_test LABELS zero SOURCES zero/grad_scaler_test.cpp launcher/subprocess.cpp TORCH)
 # The progress output's pieces: the throughput timer on a test clock, get_mom() of client optimizers.
 dtrain_test(zero_progress_test LABELS zero SOURCES zero/progress_test.cpp TORCH)

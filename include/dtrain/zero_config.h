@@ -201,9 +201,9 @@ struct DataTypesConfig {
 // DeepSpeed's autocast_if_enabled runs it) on the parameters' device, in `dtype`.
 struct TorchAutocastConfig {
   bool enabled = false;
-  // DeepSpeed's canonical name ("bf16"; "fp16" and "int8" are refused); "": torch's default for
-  // the device (CPU bf16, CUDA fp16). "fp32" leaves autocast off, as torch.autocast turns itself
-  // off for it (with a warning; here a note).
+  // DeepSpeed's canonical name ("bf16", "fp16": the loss scaled by torch.amp.GradScaler's rules;
+  // "int8" is refused); "": torch's default for the device (CPU bf16, CUDA fp16, unscaled). "fp32"
+  // leaves autocast off, as torch.autocast turns itself off for it (with a warning; here a note).
   std::string dtype;
   // The module classes whose parameters DeepSpeed marks with the autocast dtype: at stages 1-3
   // their gradients are reduced in it ("torch.nn.Linear", ...). Empty: not given (DeepSpeed's

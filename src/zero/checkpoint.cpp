@@ -1032,24 +1032,32 @@ void EngineImpl::add_deepspeed_optimizer_keys(const PyPtr& o, bool loss_scaler) 
   py_set(o, "ds_version", py_str(kDeepSpeedVersion));
 }
 
-// Stage 3: DeepSpeed cuts each rank's per-parameter pieces into sub-groups (stage3.py's
-// _create_fp16_sub_groups: parameters in order, a sub-group closed once its pieces reach
-// sub_group_size elements, and at the last parameter), keeps one fp32 flat tensor per sub-group
-// (fp32_flat_groups) and its base optimizer holds one parameter per sub-group. `o` holds the
-// master as one flat group and dtrain's "state" in the per-parameter layout (optim_dict(true));
-// both are cut the same way, and the state moves into the base optimizer's state_dict, which
-// dtrain's reader takes it from.
-void EngineImpl::add_deepspeed_stage3_keys(const PyPtr& o, bool loss_scaler) const {
-  std::vector<int64_t> cuts = {0};  // sub-group boundaries in the per-parameter flat group
-  int64_t acc = 0, at = 0;
+std::vector<size_t> EngineImpl::stage3_sub_groups() const {
+  std::vector<size_t> first = {0};
+  int64_t acc = 0;
   for (size_t i = 0; i < numels_.size(); ++i) {
-    const int64_t p = per_parameter_part(numels_[i], world_);
-    acc += p;
-    at += p;
+    acc += per_parameter_part(numels_[i], world_);
     if (acc >= config_.zero.sub_group_size || i + 1 == numels_.size()) {
-      cuts.push_back(at);
+      first.push_back(i + 1);
       acc = 0;
     }
+  }
+  return first;
+}
+
+// Stage 3: DeepSpeed cuts each rank's per-parameter pieces into sub-groups
+// (stage3_sub_groups), keeps one fp32 flat tensor per sub-group (fp32_flat_groups) and its
+// base optimizer holds one parameter per sub-group. `o` holds the master as one flat group and
+// dtrain's "state" in the per-parameter layout (optim_dict(true)); both are cut the same way,
+// and the state moves into the base optimizer's state_dict, which dtrain's reader takes it from.
+void EngineImpl::add_deepspeed_stage3_keys(const PyPtr& o, bool loss_scaler) const {
+  std::vector<int64_t> cuts = {0};  // sub-group boundaries in the per-parameter flat group
+  const std::vector<size_t> sub_groups = stage3_sub_groups();
+  for (size_t g = 1; g < sub_groups.size(); ++g) {
+    int64_t at = cuts.back();
+    for (size_t i = sub_groups[g - 1]; i < sub_groups[g]; ++i)
+      at += per_parameter_part(numels_[i], world_);
+    cuts.push_back(at);
   }
   auto cut = [&](const torch::Tensor& flat) {
     std::vector<torch::Tensor> out;

@@ -1079,8 +1079,8 @@ void parse_data_types(Section& root, Config& c) {
 // are refused; the engine then runs its forward under torch.autocast (torch_autocast.py,
 // autocast_if_enabled); at stages 1-3 it reduces the marked modules' gradients in the autocast
 // dtype (at stage 3 it all-gathers their parameters so too, which changes nothing their
-// autocast ops compute). With fp16 it scales the loss with torch.amp.GradScaler: that dtrain
-// refuses, naming what runs instead.
+// autocast ops compute). With fp16 it scales the loss with torch.amp.GradScaler (the engine's
+// AmpGradScaler); fp16 over 16-bit parameters is refused.
 void parse_torch_autocast(Section& root, Config& c) {
   if (!root.has("torch_autocast")) return;
   const json* v = root.get("torch_autocast");
@@ -1138,12 +1138,14 @@ void parse_torch_autocast(Section& root, Config& c) {
            "\"fp32\": torch.autocast takes bf16 and fp16 only, and turns itself off for it "
            "(with a warning): the forward runs in the parameters' dtype, in DeepSpeed and in "
            "dtrain");
-  if (a.dtype == "fp16")
+  if (a.dtype == "fp16" && (c.fp16.enabled || c.bf16))
     s.fail("dtype",
-           "fp16 torch_autocast is not supported by dtrain: DeepSpeed 0.19.8 scales the loss "
-           "for it with torch.amp.GradScaler (its engine at stage 0, its ZeRO optimizers at "
-           "stages 1-3), which dtrain does not have; use bf16, or the fp16 section (DeepSpeed's "
-           "own loss scaler)");
+           std::string("fp16 torch_autocast with the ") + (c.fp16.enabled ? "fp16" : "bf16") +
+               " section enabled is not supported by dtrain: DeepSpeed 0.19.8's GradScaler "
+               "for it steps fp32 parameters (over bf16 ones it fails: \"No inf checks were "
+               "recorded for this optimizer\"; over fp16 ones its loss scaler unscales the "
+               "gradients a second time); keep the parameters fp32 (disable that section) "
+               "under fp16 torch_autocast, or use that section without torch_autocast");
   if (c.zero.stage == 0 && !a.lower_precision_safe_modules.empty())
     s.note("lower_precision_safe_modules",
            "read by DeepSpeed 0.19.8 at stages 1-3 only (the dtype it reduces those modules' "
@@ -1712,6 +1714,10 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
                               (c.torch_autocast.dtype.empty()
                                    ? std::string("the device's default dtype (cpu bf16, cuda fp16)")
                                    : c.torch_autocast.dtype));
+  if (c.torch_autocast.enabled && c.torch_autocast.dtype == "fp16")
+    row("loss scaler",
+        "torch.amp.GradScaler: initial scale 2^16 = 65536, x2 after 2000 steps "
+        "without inf/NaN, x0.5 after one (the step skipped)");
   if (f.enabled) {
     if (f.loss_scale == 0)
       row("loss scaler", "dynamic: initial scale 2^" + std::to_string(f.initial_scale_power) +

@@ -227,6 +227,10 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
       }
     }
   }
+  // DeepSpeed 0.19.8 makes its GradScaler for a dtype given as fp16 only (left out, CUDA's
+  // default fp16 runs unscaled).
+  if (config_.torch_autocast.enabled && config_.torch_autocast.dtype == "fp16")
+    amp_scaler_ = std::make_unique<AmpGradScaler>();
   if (shards && shards->partition.numel() != part_)
     throw InternalError("zero: the partitioned construction's shard has " +
                         std::to_string(shards->partition.numel()) + " elements, the layout " +
@@ -534,13 +538,21 @@ void EngineImpl::backward(const torch::Tensor& loss) {
   // With grad_acc_ flat_grads_ holds one micro-batch's gradient (DeepSpeed's BF16_Optimizer
   // clears its 16-bit gradients as each backward starts): .grad shows the last micro-batch's.
   if (grad_acc_.defined()) flat_grads_.zero_();
-  double scale = scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
+  const int64_t gas = config_.gradient_accumulation_steps;
+  double scale = scaler_.scale() / static_cast<double>(gas);
+  // fp16 torch_autocast: DeepSpeed divides by the accumulation steps, then its GradScaler
+  // scales.
+  torch::Tensor scaled;
+  if (amp_scaler_) scaled = amp_scaler_->scale(gas == 1 ? loss : loss / gas);
   reduce_in_backward_ =
       policy_.gradients() ||
       (!buckets_.empty() && (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0);
   in_backward_ = true;
   try {
-    (scale == 1.0 ? loss : loss * scale).backward();
+    if (amp_scaler_)
+      scaled.backward();
+    else
+      (scale == 1.0 ? loss : loss * scale).backward();
   } catch (...) {
     in_backward_ = false;
     in_flight_.clear();  // a failed backward leaves the step unusable; do not wait on its
@@ -839,13 +851,70 @@ void EngineImpl::take_model_step() {
       return;
     }
   }
+  // fp16 torch_autocast: the GradScaler's unscale. DeepSpeed's stage-0 engine unscales before
+  // it clips; its ZeRO optimizers clip by the norm of the still-scaled gradients (their own loss
+  // scale is 1), then the GradScaler unscales in its step.
+  bool amp_unscaled = false, amp_found_inf = false;
+  auto amp_unscale = [&] {
+    amp_found_inf = amp_scaler_->unscale(g);
+    amp_unscaled = true;
+  };
   // 3. Clipping by the global norm over every rank's partition.
   if (clip) {
+    if (amp_scaler_ && config_.zero.stage == 0) amp_unscale();
     last_grad_norm_ = std::sqrt(global_sq_norm());
     double coef = config_.gradient_clipping / (last_grad_norm_ + 1e-6);
     if (coef < 1) g.mul_(coef);
   }
-  // 4. The update of this rank's partition.
+  const bool by_sub_group = amp_scaler_ && config_.zero.stage == 3;
+  if (by_sub_group)
+    amp_found_inf = amp_unscale_by_sub_group(g, policy_.update_offset(rank_, part_));
+  else if (amp_scaler_ && !amp_unscaled)
+    amp_unscale();
+  // 4. The update of this rank's partition; under the GradScaler not with an inf in this rank's
+  // gradients. Its found_inf covers what the optimizer holds, so at stages 1-2 (with
+  // compute_grad_norm false: no norm skipped the step) a rank skips alone, as in DeepSpeed;
+  // Lamb's norms take every rank, so there the ranks skip together. The scheduler steps either
+  // way, and the step is not counted as skipped (DeepSpeed's engine sees no overflow).
+  if (amp_scaler_ && optimizer_->type() == "Lamb") {
+    auto flag = torch::tensor({amp_found_inf ? 1.0f : 0.0f});
+    combine_step_scalar(flag, ReduceOp::kMax);
+    amp_found_inf = flag.item<float>() > 0;
+  }
+  if (!amp_found_inf) update_partition(g);
+  if (amp_scaler_ && !by_sub_group) amp_scaler_->update(amp_found_inf);
+  // 5. Everyone's updated partitions back into every rank's parameters.
+  if (policy_.gathers_after_step() && world_ > 1) all_gather_params();
+  if (flat_grads_.defined()) flat_grads_.zero_();
+  if (grad_acc_.defined()) grad_acc_.zero_();
+  if (grad_part_.defined()) grad_part_.zero_();
+  if (config_.fp16.enabled) scaler_.update(false);
+  scheduler_.step();
+  ++global_steps_;
+  report_progress();
+  bytes_last_step_ = bytes_this_step_;
+  bytes_this_step_ = 0;
+}
+
+bool EngineImpl::amp_unscale_by_sub_group(torch::Tensor& g, int64_t base) {
+  const std::vector<size_t> groups = stage3_sub_groups();
+  bool found_inf = false;
+  for (size_t k = 1; k < groups.size(); ++k) {
+    const int64_t lo = std::max(offsets_[groups[k - 1]], base);
+    const int64_t hi =
+        std::min(groups[k] < offsets_.size() ? offsets_[groups[k]] : numel_, base + g.numel());
+    bool inf = false;
+    if (lo < hi) {
+      auto piece = g.narrow(0, lo - base, hi - lo);
+      inf = amp_scaler_->unscale(piece);
+    }
+    found_inf = found_inf || inf;
+    amp_scaler_->update(inf);
+  }
+  return found_inf;
+}
+
+void EngineImpl::update_partition(const torch::Tensor& g) {
   ++opt_step_;
   PartitionOptimizer::StepArgs args;
   args.step = opt_step_;
@@ -862,17 +931,6 @@ void EngineImpl::take_model_step() {
   args.sum_over_ranks = [this](torch::Tensor& t) { combine_step_scalar(t, ReduceOp::kSum); };
   optimizer_->step(update_target(), g, args);
   if (master_.defined()) own_params().copy_(master_);
-  // 5. Everyone's updated partitions back into every rank's parameters.
-  if (policy_.gathers_after_step() && world_ > 1) all_gather_params();
-  if (flat_grads_.defined()) flat_grads_.zero_();
-  if (grad_acc_.defined()) grad_acc_.zero_();
-  if (grad_part_.defined()) grad_part_.zero_();
-  if (config_.fp16.enabled) scaler_.update(false);
-  scheduler_.step();
-  ++global_steps_;
-  report_progress();
-  bytes_last_step_ = bytes_this_step_;
-  bytes_this_step_ = 0;
 }
 
 void EngineImpl::report_progress() const {

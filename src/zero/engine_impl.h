@@ -16,6 +16,7 @@
 #include "dtrain/zero.h"
 #include "dtrain/zero_init.h"
 #include "parallel/grad_hooks.h"
+#include "zero/grad_scaler.h"
 #include "zero/partition_optimizer.h"
 #include "zero/partitioning.h"
 #include "zero/pickle.h"
@@ -49,7 +50,9 @@ class EngineImpl final : public EngineCore {
   int64_t global_steps() const override { return global_steps_; }
   int64_t skipped_steps() const override { return skipped_steps_; }
   int64_t micro_steps() const override { return micro_steps_; }
-  double loss_scale() const override { return scaler_.scale(); }
+  double loss_scale() const override {
+    return amp_scaler_ ? amp_scaler_->value() : scaler_.scale();
+  }
   double lr() const override;
   double last_grad_norm() const override { return last_grad_norm_; }
   MemoryUsage memory() const override;
@@ -130,11 +133,23 @@ class EngineImpl final : public EngineCore {
   void report_progress() const;
   // step() at an accumulation boundary: the optimizer step (or its skip) and the progress line.
   void take_model_step();
+  // Its step 4: the optimizer's update of this rank's partition (or the fp32 master) with its
+  // averaged gradient `g`.
+  void update_partition(const torch::Tensor& g);
   torch::Tensor averaged_gradient();                 // step 1: this rank's, where the master is
   void reduce_to_owners(const torch::Tensor& full);  // partition r's sum lands on rank r
   // The step's small tensors combined over the ranks when each holds part of the gradient.
   void combine_step_scalar(torch::Tensor& t, ReduceOp op);
   void all_gather_params();
+  // Stage 3: DeepSpeed's sub-groups (stage3.py's _create_fp16_sub_groups: parameters in order,
+  // a sub-group closed once a rank's pieces of them reach sub_group_size elements, and at the
+  // last parameter), as the index of each one's first parameter, then the number of parameters.
+  std::vector<size_t> stage3_sub_groups() const;
+  // fp16 torch_autocast at stage 3: DeepSpeed's optimizer steps each sub-group under the
+  // GradScaler, which unscales it and updates itself after it (so a scale that grows on the way
+  // unscales the later sub-groups by the new scale). The same for this rank's elements of each
+  // sub-group's parameters in `g` (the flat range from `base`); true when one held an inf.
+  bool amp_unscale_by_sub_group(torch::Tensor& g, int64_t base);
   // The module file's dict of model_state, built from the parameters as they are now (no
   // gather); without `parameters` they are empty tensors, as in DeepSpeed's stage-3 files of
   // ranks other than 0.
@@ -249,6 +264,9 @@ class EngineImpl final : public EngineCore {
   int64_t bucket_peak_bytes_ = 0;
   ::dtrain::detail::GradHooks hooks_;
   LossScaler scaler_;
+  // fp16 torch_autocast: DeepSpeed's torch.amp.GradScaler (its stage-0 engine's, its ZeRO
+  // optimizers' at stages 1-3); null otherwise. Not saved in checkpoints, as DeepSpeed's is not.
+  std::unique_ptr<AmpGradScaler> amp_scaler_;
   LRScheduler scheduler_;
   ThroughputTimer tput_{ThroughputTimer::Options{}};  // DeepSpeed's, set up in the constructor
   int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;

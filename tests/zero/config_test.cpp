@@ -583,8 +583,8 @@ TEST(ZeroConfig, LionIsDeepSpeedsCpuLionWithOffloadAndFusedLionWithout) {
 }
 
 // torch_autocast as DeepSpeed 0.19.8 reads it (runtime/config.py; its engine's behaviour is
-// zero_deepspeed_parity_test's TwoRanksTorchAutocastAsDeepSpeed): what it refuses too, and what
-// dtrain does not run (fp16's GradScaler), each named.
+// zero_deepspeed_parity_test's TwoRanks(Fp16)TorchAutocastAsDeepSpeed): what it refuses too, and
+// what dtrain does not run (fp16 over 16-bit parameters), each named.
 TEST(ZeroConfig, TorchAutocastAsDeepSpeedReadsIt) {
   auto with = [](const json& autocast, int stage = 2) {
     return json{{"train_batch_size", 8},
@@ -628,13 +628,26 @@ TEST(ZeroConfig, TorchAutocastAsDeepSpeedReadsIt) {
        "\"Linear\" has no package"},
       {{{"enabled", "yes"}}, "torch_autocast.enabled: expected true or false"},
       {{{"enabled", true}, {"dtype", "int8"}}, "torch_autocast.dtype: int8"},
-      {{{"enabled", true}, {"dtype", "half"}},
-       "fp16 torch_autocast is not supported by dtrain: DeepSpeed 0.19.8 scales the loss for it "
-       "with torch.amp.GradScaler"},
   };
   for (const auto& [autocast, message] : refused) {
     const std::string e = error_of(with(autocast), 2);
     EXPECT_NE(e.find(message), std::string::npos) << autocast.dump() << "\n" << e;
+  }
+  // fp16: the GradScaler over fp32 parameters; over 16-bit ones DeepSpeed fails (bf16) or
+  // unscales twice (fp16).
+  c = parse_config(with({{"enabled", true}, {"dtype", "half"}}), 2);
+  EXPECT_EQ(c.torch_autocast.dtype, "fp16");
+  EXPECT_NE(dtrain::zero::describe(c, std::nullopt)
+                .find("torch.amp.GradScaler: initial scale 2^16 = 65536, x2 after 2000 steps"),
+            std::string::npos);
+  for (const char* section : {"fp16", "bf16"}) {
+    json both = with({{"enabled", true}, {"dtype", "float16"}});
+    both[section] = {{"enabled", true}};
+    const std::string e = error_of(both, 2);
+    EXPECT_NE(e.find("torch_autocast.dtype: fp16 torch_autocast with the " + std::string(section) +
+                     " section enabled is not supported by dtrain"),
+              std::string::npos)
+        << e;
   }
   EXPECT_TRUE(parse_config(with({{"enabled", true}}, 3), 2).torch_autocast.enabled);
   // Off, fp16 is DeepSpeed's alone: accepted.

@@ -4,11 +4,12 @@ tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cp
     torchrun --nproc-per-node 2 deepspeed_parity_peer.py CASES.json OUT.json
 
 CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?,
-"client_state": {...}?}];
+"client_state": {...}?, "loss_mult": the loss times this into backward?}];
 every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
 (16 -> 22 -> 4, tanh: 466 parameters, which DeepSpeed pads to 468 on 2 ranks), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
-step], "params": {name: [...]}, "params_mid": the parameters after step 5}}. With "save",
+step], "params": {name: [...]}, "params_mid": the parameters after step 5, "skipped_steps",
+"amp_scale": its GradScaler's scale under fp16 torch_autocast}}. With "save",
 DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
 "read_dtrain", rank 0 reads the dtrain checkpoint in DIR with DeepSpeed's zero_to_fp32
 ("dtrain_fp32"), every file of it with torch.load(weights_only=True) ("weights_only": how many
@@ -137,13 +138,13 @@ def gathered(m, stage3):
         return {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
 
 
-def train(engine, steps, rank, world):
+def train(engine, steps, rank, world, loss_mult=None):
     losses = []
     for step in steps:
         x, y = batch(step, rank, world)
         x = x.to(next(engine.module.parameters()).dtype)  # bf16 cases: the module's dtype
         loss = torch.nn.functional.cross_entropy(engine(x).float(), y)
-        engine.backward(loss)
+        engine.backward(loss if loss_mult is None else loss * loss_mult)
         engine.step()
         t = loss.detach().clone()
         torch.distributed.all_reduce(t)
@@ -212,12 +213,15 @@ def main():
         engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
         result = {}
         stage3 = case["config"]["zero_optimization"]["stage"] == 3
-        losses = train(engine, range(STEPS // 2), rank, world)
+        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"))
         result["params_mid"] = gathered(m, stage3)
         if case.get("save"):
             engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
-        losses += train(engine, range(STEPS // 2, STEPS), rank, world)
-        result.update({"losses": losses, "params": gathered(m, stage3)})
+        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"))
+        result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps})
+        scaler = engine.torch_autocast_z0_gradscaler or getattr(engine.optimizer, "torch_autocast_gradscaler", None)
+        if scaler is not None:  # fp16 torch_autocast: the GradScaler's scale (rank 0's)
+            result["amp_scale"] = scaler.get_scale()
         if case.get("save_16bit_ds"):
             engine.save_16bit_model(case["save_16bit_ds"])
         if case.get("read_dtrain") and rank == 0:

@@ -433,6 +433,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
 // there the loss bound is that of bf16's 8-bit mantissa, and the parameters may end a few steps
 // apart, 5 x lr (Adam's 0.01: 0.05; Adagrad's 0.05, whose first steps are lr each: 0.25).
 constexpr double kBf16LossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
+constexpr double kFp16AutocastLossBound = TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2;
 double bf16_param_bound(const json& config) {
   return TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 5 * config["optimizer"]["params"]["lr"].get<double>();
 }
@@ -555,6 +556,94 @@ TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
   // Autocast changed the run: its losses are not the fp32 run's.
   EXPECT_NE(a["autocast bf16, stage 2"]["losses"],
             a["autocast off, dtype bf16, stage 2"]["losses"]);
+  fs::remove_all(dir);
+}
+
+// fp16 torch_autocast: DeepSpeed scales the loss with torch.amp.GradScaler (2^16 to start). Its
+// stage-0 engine all-reduces the scaled fp32 gradients, unscales them before it clips, and skips
+// the step after an inf with the scale halved (the scheduler steps, no step counted as skipped).
+// Its ZeRO optimizers (stages 1-3) reduce the marked gradients in fp16 still scaled, clip by the
+// scaled norm, skip a step whose norm is not finite (counted, and the scale left as it is), and
+// unscale in the GradScaler's step; without the norm (compute_grad_norm false) each rank checks
+// its own partition and skips alone. "loss_mult" 100 makes the scaled gradients overflow fp16 in
+// the autocast ops' backward (and in the reduction at stage 2).
+TEST(ZeroDeepSpeedParity, TwoRanksFp16TorchAutocastAsDeepSpeed) {
+  const fs::path dir = fresh_dir("dtrain-ds-parity-autocast16");
+  json cs = json::array();
+  auto add = [&](const std::string& name, int stage, const json& extra, const json& knobs = {}) {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"torch_autocast", {{"enabled", true}, {"dtype", "fp16"}}},
+                   {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                   {"zero_optimization", {{"stage", stage}}},
+                   {"gradient_clipping", 0.0},
+                   {"steps_per_print", 1000}};
+    config.update(extra);
+    json c = {{"name", name}, {"config", config}};
+    if (!knobs.is_null()) c.update(knobs);
+    cs.push_back(c);
+  };
+  for (int stage = 0; stage <= 3; ++stage)
+    add("autocast fp16, stage " + std::to_string(stage), stage, json::object());
+  for (int stage : {0, 2, 3})
+    add("autocast fp16, stage " + std::to_string(stage) + ", clipping 0.5", stage,
+        {{"gradient_clipping", 0.5}});
+  add("autocast fp16, stage 1, offload_optimizer", 1,
+      {{"zero_optimization", {{"stage", 1}, {"offload_optimizer", {{"device", "cpu"}}}}}});
+  add("autocast fp16, stage 3, offload both, 3 sub-groups", 3,
+      {{"zero_optimization",
+        {{"stage", 3},
+         {"sub_group_size", 150},
+         {"offload_optimizer", {{"device", "cpu"}}},
+         {"offload_param", {{"device", "cpu"}}}}}});
+  add("autocast fp16, stage 2, 3 micro-batches", 2, {{"gradient_accumulation_steps", 3}});
+  add("autocast fp16, stage 2, overlap_comm", 2,
+      {{"zero_optimization", {{"stage", 2}, {"overlap_comm", true}, {"reduce_bucket_size", 100}}}});
+  add("autocast fp16, stage 2, compute_grad_norm false", 2,
+      {{"zero_optimization", {{"stage", 2}, {"compute_grad_norm", false}}}});
+  add("autocast fp16, stage 2, loss x 100 (fp16 overflow: skipped)", 2, json::object(),
+      {{"loss_mult", 100}});
+  const std::string backs_off_name = "autocast fp16, stage 0, loss x 100 (the scale backs off)";
+#if TORCH_VERSION_MAJOR >= 2
+  add(backs_off_name, 0,
+      {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 4}}}}}},
+      {{"loss_mult", 100}});
+  add("autocast fp16, stage 2, no norm, loss x 100 (each rank checks its own partition)", 2,
+      {{"zero_optimization", {{"stage", 2}, {"compute_grad_norm", false}}}}, {{"loss_mult", 100}});
+#else
+  std::printf(
+      "libtorch 1.13: its CPU autocast has no fp16 (the forward runs in fp32), so the two cases "
+      "whose fp16 activations' gradients overflow run on the libtorch 2.x build only\n");
+#endif
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
+  const json &a = runs.ours, &b = runs.theirs;
+  std::printf("%-68s %-11s %-9s %-8s %-7s %s\n", "2 ranks, 10 steps", "final loss", "|dloss|",
+              "|dparam|", "skipped", "scale");
+  for (const auto& c : cs) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name) && b.contains(name));
+    const json &x = a[name], &y = b[name];
+    // libtorch 1.13's CPU autocast takes bf16 only (torch.autocast turns itself off for fp16):
+    // its forward runs in fp32 where the peer's torch 2.x runs fp16.
+    Gaps gaps;
+    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kFp16AutocastLossBound,
+                                            TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2, "step", &gaps));
+    EXPECT_EQ(x["skipped_steps"], y["skipped_steps"]);
+    EXPECT_EQ(x["amp_scale"], y["amp_scale"]);
+    std::printf("%-68s %-11.7f %-9.1e %-8.1e %-7d %g\n", name.c_str(),
+                y["losses"].back().get<double>(), gaps.loss, gaps.param,
+                y["skipped_steps"].get<int>(), y["amp_scale"].get<double>());
+  }
+  // The overflow cases did what they are there for.
+  if (TORCH_VERSION_MAJOR >= 2) {
+    const json& backs_off = b[backs_off_name];
+    EXPECT_LT(backs_off["amp_scale"], 65536.0);
+    EXPECT_LT(backs_off["losses"].back(), backs_off["losses"].front());  // and then it trains
+  }
+  EXPECT_EQ(b["autocast fp16, stage 2, loss x 100 (fp16 overflow: skipped)"]["skipped_steps"], 10);
+  EXPECT_NE(a["autocast fp16, stage 2"]["losses"],
+            a["autocast fp16, stage 2, clipping 0.5"]["losses"]);
   fs::remove_all(dir);
 }
 

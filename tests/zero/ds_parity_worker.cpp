@@ -1,7 +1,9 @@
 // dtrain's ZeRO engine training the model of tests/zero/deepspeed_parity_peer.py (the same
 // formulas for the initial weights, the data and each rank's rows) for every case of CASES.json;
 // run under `dtrain run --nproc-per-node N`. Rank 0 writes
-// {name: {"losses": [mean over ranks per step], "params": {name: [...]}}} to OUT.json.
+// {name: {"losses": [mean over ranks per step], "params": {name: [...]}, "skipped_steps",
+// "amp_scale" (fp16 torch_autocast: the GradScaler's scale)}} to OUT.json; "loss_mult": the loss
+// times this into backward.
 // A case with "reordered": true trains a module with model()'s values and names whose parameters
 // are registered in another order. A case with "save_dtrain": DIR saves the engine's checkpoint
 // there after the last step (with the case's "client_state"), "save_dtrain_mid": DIR after step 5;
@@ -85,7 +87,7 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     auto [x, y] = batch(step, pg.rank(), pg.world_size());
     x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
     torch::Tensor loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
-    engine.backward(loss);
+    engine.backward(cs.contains("loss_mult") ? loss * cs.at("loss_mult").get<double>() : loss);
     engine.step();
     torch::Tensor t = loss.detach().clone().reshape({1});
     dtrain::all_reduce(t);
@@ -102,8 +104,12 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     params[item.key()] =
         std::vector<double>(p.data_ptr<double>(), p.data_ptr<double>() + p.numel());
   }
-  out[cs.at("name").get<std::string>()] = {
-      {"losses", losses}, {"params", params}, {"client_state", engine.client_state()}};
+  out[cs.at("name").get<std::string>()] = {{"losses", losses},
+                                           {"params", params},
+                                           {"client_state", engine.client_state()},
+                                           {"skipped_steps", engine.skipped_steps()}};
+  if (engine.config().torch_autocast.enabled && engine.config().torch_autocast.dtype == "fp16")
+    out[cs.at("name").get<std::string>()]["amp_scale"] = engine.loss_scale();
 }
 
 int main(int argc, char** argv) {
