@@ -244,8 +244,8 @@ class EngineCore {
   virtual ~EngineCore() = default;
 
   virtual void before_forward() = 0;
-  // torch_autocast: the device type and dtype the forward runs under torch.autocast in; false
-  // when it is off.
+  // torch_autocast: the engine's device type, and the dtype the forward runs under
+  // torch.autocast in; false when the section is off.
   virtual bool forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const = 0;
   virtual void backward(const torch::Tensor& loss) = 0;
   virtual void step() = 0;
@@ -309,7 +309,9 @@ class EngineCore {
 // torch.autocast around the engine's forward while it lives, as DeepSpeed's autocast_if_enabled
 // runs the engine's forward (torch.autocast's __enter__ and __exit__: the thread's autocast
 // state for the device set, its nesting counted, the cast cache cleared when the outermost
-// scope ends, the previous state restored); nothing when the engine's torch_autocast is off.
+// scope ends, the previous state restored). With torch_autocast off, nothing - unless CUDA's
+// autocast is on outside (torch.is_autocast_enabled()): then, as DeepSpeed, autocast is turned
+// off on the engine's device for the forward (a note from rank 0, once).
 class ForwardAutocast {
  public:
   explicit ForwardAutocast(const EngineCore& core);

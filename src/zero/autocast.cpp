@@ -6,6 +6,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include <atomic>
+#include <iostream>
+#include <string>
 #include <typeindex>
 #include <utility>
 
@@ -88,6 +91,23 @@ std::type_index class_named(const std::string& name) {
                    "only");
 }
 
+// DeepSpeed's one message per process (rank 0) when torch.autocast is on outside the engine.
+void note_outer_autocast(int rank, bool configured, c10::DeviceType device) {
+  static std::atomic<bool> noted{false};
+  if (rank != 0 || noted.exchange(true)) return;
+  const std::string where = c10::DeviceTypeName(device, /*lower_case=*/true);
+  if (configured)
+    std::cerr << "dtrain zero: note: torch.autocast is on (cuda) outside the engine: its forward "
+                 "follows the config's torch_autocast section, as DeepSpeed 0.19.8's does\n";
+  else
+    std::cerr << "dtrain zero: note: torch.autocast is on (cuda) outside the engine, and the "
+                 "config's torch_autocast section is off: the engine's forward runs with "
+                 "autocast off on "
+              << where
+              << ", as DeepSpeed 0.19.8 runs it; enable torch_autocast in the config to "
+                 "autocast it\n";
+}
+
 }  // namespace
 
 std::unordered_set<const c10::TensorImpl*> lower_precision_safe_parameters(
@@ -116,13 +136,20 @@ std::optional<c10::ScalarType> autocast_dtype(c10::DeviceType device) {
 
 ForwardAutocast::ForwardAutocast(const EngineCore& core) {
   c10::ScalarType want = c10::ScalarType::Undefined;
-  if (!core.forward_autocast(&device_, &want)) return;
+  const bool configured = core.forward_autocast(&device_, &want);
+  // DeepSpeed asks torch.is_autocast_enabled(), which is CUDA's state whatever its accelerator:
+  // with it on, the engine's forward runs under torch.autocast even with the section off
+  // (enabled=False: autocast off there on the engine's device).
+  const bool outer = enabled(c10::DeviceType::CUDA);
+  if (!configured && !outer) return;
+  if (outer) note_outer_autocast(core.rank(), configured, device_);
   if (want == c10::ScalarType::Undefined) want = dtype(device_);  // torch's default for it
-  if (!supported(device_, want)) return;  // torch.autocast turns itself off (a warning)
+  // torch.autocast turns itself off (with a warning) for a dtype the device does not take.
+  const bool on = configured && supported(device_, want);
   was_enabled_ = enabled(device_);
   was_dtype_ = dtype(device_);
-  set_enabled(device_, true);
-  set_dtype(device_, want);
+  set_enabled(device_, on);
+  if (on) set_dtype(device_, want);
   at::autocast::increment_nesting();
   active_ = true;
 }

@@ -515,8 +515,8 @@ void EngineImpl::before_forward() {
 
 bool EngineImpl::forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const {
   const auto& a = config_.torch_autocast;
-  if (!a.enabled) return false;
   *device = device_.type();
+  if (!a.enabled) return false;
   // "": the device's default (ForwardAutocast asks torch); "fp32" turns torch.autocast off.
   *dtype = dtype_named(a.dtype, c10::ScalarType::Undefined);
   return true;

@@ -1,7 +1,9 @@
 // The ZeRO engine's rules, with ranks as threads (tests/support/thread_group.h): the loss scaler,
 // CPU Adam, fp16 overflow handling, clipping, accumulation, memory, bytes sent, checkpoints
 // (layout, bitwise resume, another world size, to-fp32), Lamb and SGD.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -956,6 +958,38 @@ TEST(ZeroEngine, BadSetupsAreClearErrors) {
 // torch_autocast: the engine's forward runs under torch.autocast (the output in bf16, the
 // thread's autocast state as it was after it), module.forward called directly does not, and the
 // module classes are libtorch's torch.nn classes by their Python names.
+// torch.autocast("cpu", bfloat16) around a scope, and CUDA's autocast flag too with `cuda` (the
+// flag is thread state; it needs no GPU), as the Python around a DeepSpeed engine sets them.
+class OuterAutocast {
+ public:
+  explicit OuterAutocast(bool cuda) : cuda_(cuda) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, true);
+    at::autocast::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
+    at::autocast::set_autocast_enabled(c10::DeviceType::CUDA, cuda_);
+#else
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    at::autocast::set_enabled(cuda_);
+#endif
+  }
+  ~OuterAutocast() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
+    at::autocast::set_autocast_enabled(c10::DeviceType::CUDA, false);
+#else
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_enabled(false);
+#endif
+    at::autocast::clear_cache();
+  }
+  OuterAutocast(const OuterAutocast&) = delete;
+  OuterAutocast& operator=(const OuterAutocast&) = delete;
+
+ private:
+  bool cuda_;
+};
+
 TEST(ZeroEngine, TorchAutocastWrapsTheForwardOnly) {
   run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
     auto m = make_model(torch::kFloat32);
@@ -982,6 +1016,31 @@ TEST(ZeroEngine, TorchAutocastWrapsTheForwardOnly) {
                           "libtorch has"),
                 std::string::npos)
           << err.what();
+    }
+  });
+}
+
+// DeepSpeed 0.19.8's autocast_if_enabled with torch.autocast already on outside the engine (it
+// asks torch.is_autocast_enabled(), CUDA's state): the forward follows the config's section,
+// and with the section off autocast is turned off on the engine's device for the forward. Seen
+// with DeepSpeed's CPU engine under torch.autocast("cpu", bfloat16) and CUDA's flag set: fp32
+// out with the section off, fp16 with {"enabled": true, "dtype": "fp16"}; bf16 without the flag.
+TEST(ZeroEngine, TorchAutocastOnOutsideTheEngineAsDeepSpeed) {
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    const auto x = make_data(4, torch::kFloat32).x;
+    auto m = make_model(torch::kFloat32);
+    auto plain = dtrain::zero::initialize(m, config(2, 4), {pg});
+    auto m16 = make_model(torch::kFloat32);
+    auto fp16 = dtrain::zero::initialize(
+        m16, config(2, 4, 1, {{"torch_autocast", {{"enabled", true}, {"dtype", "fp16"}}}}), {pg});
+    // fp16 on the CPU: libtorch 1.13's CPU autocast takes bf16 only and turns itself off.
+    const auto fp16_out = TORCH_VERSION_MAJOR >= 2 ? torch::kHalf : torch::kFloat32;
+    for (bool cuda_on : {false, true}) {
+      SCOPED_TRACE(cuda_on ? "cuda autocast on outside" : "cpu autocast only");
+      OuterAutocast outer(cuda_on);
+      EXPECT_EQ(plain(x).scalar_type(), cuda_on ? torch::kFloat32 : torch::kBFloat16);
+      EXPECT_EQ(fp16(x).scalar_type(), fp16_out);
+      EXPECT_EQ(m->forward(x).scalar_type(), torch::kBFloat16);  // the outer state is back
     }
   });
 }
