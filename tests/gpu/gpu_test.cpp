@@ -192,7 +192,9 @@ TEST(Gpu, PytorchNcclScriptUnderDtrainRun) {
 
 // ZeRO's optimizers on the GPU as on the CPU (gpu_worker optim): Lion at stage 0 (FusedLion's
 // update on CUDA tensors), CPU Lion offloaded, fp16 Adam with an infinite loss at one step (the
-// inf/NaN check on the device's gradients skips it and lowers the scale as on the CPU), bf16
+// inf/NaN check on the device's gradients skips it and lowers the scale as on the CPU), fp16
+// torch_autocast likewise (DeepSpeed's GradScaler: at stage 0 the update skipped, not counted,
+// the scale halved; at stage 2 the step skipped for its norm, counted, the scale kept), bf16
 // offloaded; 2 ranks each.
 TEST(Gpu, ZeroOptimizersAndOverflowCheckOnTheGpuAsOnTheCpu) {
   auto results = [&](const std::string& where) {
@@ -204,14 +206,20 @@ TEST(Gpu, ZeroOptimizersAndOverflowCheckOnTheGpuAsOnTheCpu) {
   };
   const auto gpu = results("cuda");
   const auto cpu = results("cpu");
-  ASSERT_TRUE(gpu.is_object() && cpu.is_object() && gpu.size() == 4u) << gpu.dump();
+  ASSERT_TRUE(gpu.is_object() && cpu.is_object() && gpu.size() == 6u) << gpu.dump();
   for (const auto& [name, c] : cpu.items()) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(gpu.contains(name));
     const auto& g = gpu[name];
     EXPECT_EQ(g["skipped"], c["skipped"]);
     EXPECT_EQ(g["loss_scale"], c["loss_scale"]);
-    if (name.find("infinite") != std::string::npos) EXPECT_EQ(g["skipped"], 1);
+    if (name.find("(GradScaler)") != std::string::npos) {
+      EXPECT_EQ(g["skipped"], 0);
+      EXPECT_EQ(g["loss_scale"], 32768.0);
+    } else if (name.find("infinite") != std::string::npos) {
+      EXPECT_EQ(g["skipped"], 1);
+    }
+    if (name.find("(the norm)") != std::string::npos) EXPECT_EQ(g["loss_scale"], 65536.0);
     // Lion's update is lr x sign: a gradient within rounding of 0 may take the other sign on
     // the other device (2 x lr = 2e-4 apart); 16-bit parameters may round the other way (bf16
     // ~4e-3, fp16 ~5e-4), and the losses follow.

@@ -496,7 +496,8 @@ int optim(const std::string& where) {
       auto gen = at::detail::createCPUGenerator(100 + step * 10 + rank);
       auto x = at::randn({8, 16}, gen).to(dev);
       auto y = at::randn({8, 4}, gen).to(dev);
-      auto loss = torch::mse_loss(engine(x), y);
+      // .to(kFloat32): under fp16 torch_autocast the linear comes out fp16.
+      auto loss = torch::mse_loss(engine(x).to(torch::kFloat32), y);
       if (step == inf_step) loss = loss * std::numeric_limits<double>::infinity();
       engine.backward(loss);
       engine.step();
@@ -522,6 +523,13 @@ int optim(const std::string& where) {
       {{"optimizer", adam},
        {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
        {"zero_optimization", {{"stage", 2}}}},
+      2);
+  const nlohmann::json autocast16 = {{"enabled", true}, {"dtype", "fp16"}};
+  run("autocast fp16 adam stage 0, an infinite loss at step 3 (GradScaler)",
+      {{"optimizer", adam}, {"torch_autocast", autocast16}, {"zero_optimization", {{"stage", 0}}}},
+      2);
+  run("autocast fp16 adam stage 2, an infinite loss at step 3 (the norm)",
+      {{"optimizer", adam}, {"torch_autocast", autocast16}, {"zero_optimization", {{"stage", 2}}}},
       2);
   run("bf16 adam stage 2 offload",
       {{"optimizer", adam},
