@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -255,7 +256,8 @@ class EngineCore {
   virtual int64_t micro_steps() const = 0;
   virtual double loss_scale() const = 0;
   virtual double lr() const = 0;
-  virtual double last_grad_norm() const = 0;
+  virtual std::optional<double> global_grad_norm() const = 0;
+  virtual bool step_applied() const = 0;
   virtual MemoryUsage memory() const = 0;
   // Bytes this rank sent in the engine's collectives during the last optimizer step (from the
   // first backward after the previous boundary through the parameter all-gather), counted
@@ -398,6 +400,19 @@ class Engine {
   MemoryUsage memory() const { return core_->memory(); }
   int64_t bytes_sent_last_step() const { return core_->bytes_sent_last_step(); }
   double loss_scale() const { return core_->loss_scale(); }
+  // DeepSpeed's engine.get_global_grad_norm(): the global 2-norm of the averaged gradients at the
+  // last optimizer step, before clipping, as DeepSpeed 0.19.8's optimizer for this config keeps
+  // it - inf after a skipped step; nullopt where DeepSpeed returns None (before the first step;
+  // fp32 at stage 0, its plain torch optimizer; compute_grad_norm false at stages 1-2). Under
+  // fp16 it is divided by the loss scale, except with DeepSpeed's FP16_UnfusedOptimizer (stage
+  // 0 with an optimizer other than FusedAdam: the scaled norm), and at stage 3 and with its
+  // FP16_Optimizer (stage 0, FusedAdam) by the scale after that step's update. Under fp16
+  // torch_autocast at stages 1-3, the norm of the GradScaler's scaled gradients.
+  std::optional<double> get_global_grad_norm() const { return core_->global_grad_norm(); }
+  // DeepSpeed's engine.was_step_applied(): whether the last step() was an optimizer step that
+  // was not skipped (false between accumulation boundaries and after an overflow; true after an
+  // update fp16 torch_autocast's GradScaler skipped, which DeepSpeed's engine does not see).
+  bool was_step_applied() const { return core_->step_applied(); }
   double get_lr() const { return core_->lr(); }
   const Config& config() const { return core_->config(); }
   void save_checkpoint(const std::string& dir, const std::string& tag = "",

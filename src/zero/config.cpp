@@ -937,6 +937,29 @@ bool skips_nonfinite_steps(const Config& c) {
   return flag(bf16 != c.raw.end() && !bf16->is_null() ? "bf16" : "bfloat16", "check_grad_overflow");
 }
 
+GradNormReport grad_norm_report(const Config& c) {
+  const int stage = c.zero.stage;
+  const bool mixed = c.fp16.enabled || c.bf16;
+  if (stage == 0) {
+    if (!mixed) return GradNormReport::kNone;
+    const auto& opt = c.optimizer;
+    const bool fused = (opt.type == "Adam" || opt.type == "AdamW") && !opt.torch_adam &&
+                       !c.zero.offload_optimizer.enabled();
+    return fused ? GradNormReport::kAfterUpdate : GradNormReport::kScaled;
+  }
+  if (stage >= 3) return GradNormReport::kAfterUpdate;
+  if (c.bf16 && stage == 1 && c.data_types.grad_accum_dtype == "fp32" &&
+      !c.zero.offload_optimizer.enabled())
+    return GradNormReport::kUnscaled;  // BF16_Optimizer
+  bool compute = true;
+  auto it = c.raw.find("zero_optimization");
+  if (it != c.raw.end() && it->is_object()) {
+    std::vector<std::string> scratch;
+    Section(*it, "zero_optimization", &scratch, true).boolean("compute_grad_norm", compute);
+  }
+  return compute ? GradNormReport::kUnscaled : GradNormReport::kNone;
+}
+
 std::string communication_data_type(const Config& c) {
   const auto it = c.raw.find("communication_data_type");
   if (it == c.raw.end() || !it->is_string()) return "";

@@ -195,6 +195,7 @@ EngineImpl::EngineImpl(torch::nn::Module& module, Config config, InitOptions opt
   accum_dtype_ = dtype_named(config_.data_types.grad_accum_dtype, model_dtype_);
   offload_opt_ = config_.zero.offload_optimizer.enabled();
   skips_nonfinite_ = skips_nonfinite_steps(config_);
+  grad_norm_report_ = grad_norm_report(config_);
   offload_param_ = config_.zero.offload_param.enabled();
   const auto& shards = options.partitioned;
   if (shards) check_partitioned(*shards);
@@ -798,6 +799,7 @@ void EngineImpl::step() {
   // (rank 0, at the log levels that show the progress line) follows the progress line.
   const bool boundary = is_gradient_accumulation_boundary() &&
                         micro_steps_ / config_.gradient_accumulation_steps > global_steps_;
+  step_applied_ = false;
   if (boundary) take_model_step();
   const std::string line = tput_.stop(boundary, rank_ == 0);
   if (!line.empty() && (config_.log_level == "info" || config_.log_level == "debug"))
@@ -828,7 +830,9 @@ void EngineImpl::take_model_step() {
   };
   if (skips_nonfinite_) {
     bool skip = false;
-    if (clip && !config_.fp16.enabled) {  // every rank takes the same path
+    // With the norm taken anyway (clipping, or DeepSpeed's get_global_grad_norm), it shows an
+    // inf or NaN: no collective of its own (every rank takes the same path).
+    if ((clip || grad_norm_report_ != GradNormReport::kNone) && !config_.fp16.enabled) {
       skip = !std::isfinite(global_sq_norm());
     } else {
       bool local = inject_overflow_ || !all_finite(g);
@@ -840,6 +844,7 @@ void EngineImpl::take_model_step() {
     if (skip) {
       if (config_.fp16.enabled) record_overflow();
       last_grad_norm_ = INFINITY;  // as DeepSpeed's global norm after an overflow
+      if (grad_norm_report_ != GradNormReport::kNone) global_grad_norm_ = INFINITY;
       ++skipped_steps_;
       ++global_steps_;
       report_progress();
@@ -850,6 +855,14 @@ void EngineImpl::take_model_step() {
       bytes_this_step_ = 0;
       return;
     }
+  }
+  // DeepSpeed's get_global_grad_norm(): the norm before clipping (g holds the gradients divided
+  // by fp16's loss scale; under fp16 torch_autocast at stages 1-3 still the GradScaler's).
+  const double scale_before = scaler_.scale();
+  std::optional<double> norm;
+  if (grad_norm_report_ != GradNormReport::kNone) {
+    norm = std::sqrt(global_sq_norm());
+    if (!std::isfinite(*norm)) norm = INFINITY;  // DeepSpeed's norms make NaN inf too
   }
   // fp16 torch_autocast: the GradScaler's unscale. DeepSpeed's stage-0 engine unscales before
   // it clips; its ZeRO optimizers clip by the norm of the still-scaled gradients (their own loss
@@ -889,6 +902,21 @@ void EngineImpl::take_model_step() {
   if (grad_acc_.defined()) grad_acc_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
   if (config_.fp16.enabled) scaler_.update(false);
+  step_applied_ = true;
+  switch (grad_norm_report_) {
+    case GradNormReport::kNone:
+      global_grad_norm_ = std::nullopt;
+      break;
+    case GradNormReport::kUnscaled:
+      global_grad_norm_ = norm;
+      break;
+    case GradNormReport::kScaled:
+      global_grad_norm_ = *norm * scale_before;
+      break;
+    case GradNormReport::kAfterUpdate:
+      global_grad_norm_ = *norm * scale_before / scaler_.scale();
+      break;
+  }
   scheduler_.step();
   ++global_steps_;
   report_progress();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "dtrain/zero_init.h"
 #include "parallel/grad_hooks.h"
 #include "zero/grad_scaler.h"
+#include "zero/overflow_rules.h"
 #include "zero/partition_optimizer.h"
 #include "zero/partitioning.h"
 #include "zero/pickle.h"
@@ -54,7 +56,8 @@ class EngineImpl final : public EngineCore {
     return amp_scaler_ ? amp_scaler_->value() : scaler_.scale();
   }
   double lr() const override;
-  double last_grad_norm() const override { return last_grad_norm_; }
+  std::optional<double> global_grad_norm() const override { return global_grad_norm_; }
+  bool step_applied() const override { return step_applied_; }
   MemoryUsage memory() const override;
   int64_t bytes_sent_last_step() const override { return bytes_last_step_; }
   const Config& config() const override { return config_; }
@@ -272,7 +275,10 @@ class EngineImpl final : public EngineCore {
   int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
   bool skips_nonfinite_ = false;  // skips_nonfinite_steps(config_)
   int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
-  double last_grad_norm_ = 0;
+  double last_grad_norm_ = 0;  // the clipping's global norm of the last step
+  GradNormReport grad_norm_report_ = GradNormReport::kNone;  // grad_norm_report(config_)
+  std::optional<double> global_grad_norm_;                   // DeepSpeed's get_global_grad_norm()
+  bool step_applied_ = false;                                // DeepSpeed's was_step_applied()
   bool inject_overflow_ = false;
   std::vector<std::shared_ptr<torch::nn::Module>> unit_modules_;
   std::unique_ptr<Stage3Fetch> fetch_;

@@ -16,4 +16,19 @@ namespace dtrain::zero {
 // as the parser read it (parse_config validated the values).
 bool skips_nonfinite_steps(const Config& c);
 
+// What DeepSpeed 0.19.8's engine.get_global_grad_norm() returns after a step for this config:
+// its optimizer's _global_grad_norm (inf after an overflow), or None where that optimizer has
+// none. The norm is the global 2-norm of the averaged gradients before clipping.
+enum class GradNormReport {
+  kNone,         // None: the plain torch optimizer (fp32 at stage 0), or compute_grad_norm false
+                 // at stages 1-2
+  kUnscaled,     // the norm: the ZeRO optimizer at stages 1-2 (divided by the loss scale before
+                 // its update), BF16_Optimizer
+  kScaled,       // times the loss scale before its update: FP16_UnfusedOptimizer (stage 0, an
+                 // optimizer other than FusedAdam)
+  kAfterUpdate,  // divided by the loss scale after its update (so halved at a step where the
+                 // scale doubles): FP16_Optimizer (stage 0, FusedAdam), stage 3
+};
+GradNormReport grad_norm_report(const Config& c);
+
 }  // namespace dtrain::zero

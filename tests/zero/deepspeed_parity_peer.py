@@ -9,6 +9,8 @@ every case runs in this one process per rank (importing DeepSpeed is the slow pa
 (16 -> 22 -> 4, tanh: 466 parameters, which DeepSpeed pads to 468 on 2 ranks), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
 step], "params": {name: [...]}, "params_mid": the parameters after step 5, "skipped_steps",
+"norms": get_global_grad_norm() after each step (null: None; "inf"), "applied":
+was_step_applied() after each step,
 "amp_scale": its GradScaler's scale under fp16 torch_autocast}}. With "save",
 DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
 "read_dtrain", rank 0 reads the dtrain checkpoint in DIR with DeepSpeed's zero_to_fp32
@@ -138,7 +140,14 @@ def gathered(m, stage3):
         return {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
 
 
-def train(engine, steps, rank, world, loss_mult=None):
+def grad_norm(engine):
+    """engine.get_global_grad_norm() as JSON: null for None, "inf"/"nan" as str() writes them."""
+    norm = engine.get_global_grad_norm()
+    norm = None if norm is None else float(norm)
+    return norm if norm is None or math.isfinite(norm) else str(norm)
+
+
+def train(engine, steps, rank, world, loss_mult=None, norms=None, applied=None):
     losses = []
     for step in steps:
         x, y = batch(step, rank, world)
@@ -146,6 +155,9 @@ def train(engine, steps, rank, world, loss_mult=None):
         loss = torch.nn.functional.cross_entropy(engine(x).float(), y)
         engine.backward(loss if loss_mult is None else loss * loss_mult)
         engine.step()
+        if norms is not None:
+            norms.append(grad_norm(engine))
+            applied.append(engine.was_step_applied())
         t = loss.detach().clone()
         torch.distributed.all_reduce(t)
         losses.append(t.item() / world)
@@ -213,12 +225,14 @@ def main():
         engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
         result = {}
         stage3 = case["config"]["zero_optimization"]["stage"] == 3
-        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"))
+        norms, applied = [], []
+        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), norms, applied)
         result["params_mid"] = gathered(m, stage3)
         if case.get("save"):
             engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
-        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"))
-        result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps})
+        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), norms, applied)
+        result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps,
+                       "norms": norms, "applied": applied})
         scaler = engine.torch_autocast_z0_gradscaler or getattr(engine.optimizer, "torch_autocast_gradscaler", None)
         if scaler is not None:  # fp16 torch_autocast: the GradScaler's scale (rank 0's)
             result["amp_scale"] = scaler.get_scale()

@@ -283,6 +283,21 @@ void expect_same_run(const json& x, const json& y, double loss_bound, double par
   }
   gaps->param = max_diff(x["params"], y["params"]);
   EXPECT_LT(gaps->param, param_bound) << "parameters apart";
+  // get_global_grad_norm() after each step: DeepSpeed's None (null) and inf ("inf") alike, the
+  // norms within the losses' bound (relative, at least 1e-5).
+  if (!x.contains("norms") || !y.contains("norms")) return;
+  EXPECT_EQ(x["applied"], y["applied"]) << "was_step_applied() after each " << step;
+  ASSERT_EQ(x["norms"].size(), y["norms"].size());
+  for (size_t k = 0; k < x["norms"].size(); ++k) {
+    const json &a = x["norms"][k], &b = y["norms"][k];
+    if (!a.is_number() || !b.is_number()) {
+      EXPECT_EQ(a.dump(), b.dump()) << "get_global_grad_norm() after " << step << " " << k + 1;
+      continue;
+    }
+    EXPECT_NEAR(a.get<double>(), b.get<double>(),
+                std::max(loss_bound, 1e-5) * std::fabs(b.get<double>()))
+        << "get_global_grad_norm() after " << step << " " << k + 1;
+  }
 }
 
 // Training, then checkpoints both ways: dtrain's read by DeepSpeed's zero_to_fp32 and by

@@ -215,7 +215,7 @@ def run_buffers(case):
     name = lambda dtype: str(dtype).replace("torch.", "")
     out = {"buffers": {n: name(b.dtype) for n, b in engine.module.named_buffers()},
            "parameters": sorted({name(p.dtype) for p in engine.module.parameters()}),
-           "losses": [], "norms": []}
+           "losses": [], "norms": [], "applied": []}
     try:
         for k in range(3 * micro):
             x = torch.randn(8, 4).to(next(engine.module.parameters()).dtype)
@@ -224,9 +224,12 @@ def run_buffers(case):
             loss = engine(x).float().pow(2).mean()
             engine.backward(loss)
             engine.step()
+            out["applied"].append(engine.was_step_applied())
             out["losses"].append(float(loss) if math.isfinite(float(loss)) else None)
-            if config.get("gradient_clipping", 0) > 0 and (k + 1) % micro == 0:
-                out["norms"].append(float(engine.get_global_grad_norm()))
+            if (k + 1) % micro == 0:  # get_global_grad_norm() after each optimizer step
+                norm = engine.get_global_grad_norm()
+                norm = None if norm is None else float(norm)
+                out["norms"].append(norm if norm is None or math.isfinite(norm) else str(norm))
         out["step"] = "ok"
     except Exception as e:
         out["step"] = error_text(e)

@@ -1,7 +1,9 @@
 // dtrain's ZeRO engine training the model of tests/zero/deepspeed_parity_peer.py (the same
 // formulas for the initial weights, the data and each rank's rows) for every case of CASES.json;
 // run under `dtrain run --nproc-per-node N`. Rank 0 writes
-// {name: {"losses": [mean over ranks per step], "params": {name: [...]}, "skipped_steps",
+// {name: {"losses": [mean over ranks per step], "params": {name: [...]}, "skipped_steps", "norms"
+// (get_global_grad_norm() after each step: null for nullopt, "inf"), "applied"
+// (was_step_applied() after each step),
 // "amp_scale" (fp16 torch_autocast: the GradScaler's scale)}} to OUT.json; "loss_mult": the loss
 // times this into backward.
 // A case with "reordered": true trains a module with model()'s values and names whose parameters
@@ -69,6 +71,7 @@ template <typename Module>
 void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nlohmann::json& out) {
   auto engine = dtrain::zero::initialize(m, cs.at("config"));
   std::vector<double> losses;
+  nlohmann::json norms = nlohmann::json::array(), applied = nlohmann::json::array();
   int first = 0;
   if (cs.contains("resume_from")) {
     engine.load_checkpoint(cs.at("resume_from").get<std::string>());
@@ -89,6 +92,11 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     torch::Tensor loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
     engine.backward(cs.contains("loss_mult") ? loss * cs.at("loss_mult").get<double>() : loss);
     engine.step();
+    applied.push_back(engine.was_step_applied());
+    const auto norm = engine.get_global_grad_norm();  // as the peer writes it
+    norms.push_back(!norm                  ? nlohmann::json(nullptr)
+                    : std::isfinite(*norm) ? nlohmann::json(*norm)
+                                           : nlohmann::json(std::isnan(*norm) ? "nan" : "inf"));
     torch::Tensor t = loss.detach().clone().reshape({1});
     dtrain::all_reduce(t);
     losses.push_back(t.item<double>() / pg.world_size());
@@ -107,7 +115,9 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
   out[cs.at("name").get<std::string>()] = {{"losses", losses},
                                            {"params", params},
                                            {"client_state", engine.client_state()},
-                                           {"skipped_steps", engine.skipped_steps()}};
+                                           {"skipped_steps", engine.skipped_steps()},
+                                           {"norms", norms},
+                                           {"applied", applied}};
   if (engine.config().torch_autocast.enabled && engine.config().torch_autocast.dtype == "fp16")
     out[cs.at("name").get<std::string>()]["amp_scale"] = engine.loss_scale();
 }
