@@ -284,7 +284,8 @@ void expect_same_run(const json& x, const json& y, double loss_bound, double par
   gaps->param = max_diff(x["params"], y["params"]);
   EXPECT_LT(gaps->param, param_bound) << "parameters apart";
   // get_global_grad_norm() after each step: DeepSpeed's None (null) and inf ("inf") alike, the
-  // norms within the losses' bound (relative, at least 1e-5).
+  // norms within the losses' bound (relative, at least 1e-5; on libtorch 1.13, whose bf16
+  // kernels leave the parameters further apart, 5 times it: the gradients follow them).
   if (!x.contains("norms") || !y.contains("norms")) return;
   EXPECT_EQ(x["applied"], y["applied"]) << "was_step_applied() after each " << step;
   ASSERT_EQ(x["norms"].size(), y["norms"].size());
@@ -294,8 +295,8 @@ void expect_same_run(const json& x, const json& y, double loss_bound, double par
       EXPECT_EQ(a.dump(), b.dump()) << "get_global_grad_norm() after " << step << " " << k + 1;
       continue;
     }
-    EXPECT_NEAR(a.get<double>(), b.get<double>(),
-                std::max(loss_bound, 1e-5) * std::fabs(b.get<double>()))
+    const double bound = std::max(TORCH_VERSION_MAJOR >= 2 ? loss_bound : 5 * loss_bound, 1e-5);
+    EXPECT_NEAR(a.get<double>(), b.get<double>(), bound * std::fabs(b.get<double>()))
         << "get_global_grad_norm() after " << step << " " << k + 1;
   }
 }

@@ -223,6 +223,62 @@ TEST(ZeroFp16, GradientsWhoseSumWouldOverflowAreAveragedBeforeTheReduction) {
   }
 }
 
+// get_global_grad_norm() under fp16, where DeepSpeed 0.19.8's optimizers each divide the loss
+// scale out their own way (its CPU engine refuses fp16, so this is its code read, not run): one
+// rank, the same model and steps at every stage, a scale of 2^8 that doubles at the second clean
+// step. After the first: stages 1-3 and stage 0 with FusedAdam (FP16_Optimizer) give the norm
+// n, stage 0 with SGD (FP16_UnfusedOptimizer: the scaled norm) 256 n. After the second, where
+// the scale doubles, stage 3 (divided by the scale after its update) gives half of stage 2's
+// (the scale before it). None before the first step, inf after an overflow, and
+// was_step_applied() false then.
+TEST(ZeroFp16, GlobalGradNormDividesTheScaleOutAsDeepSpeedsOptimizers) {
+  auto d = make_data(8, torch::kFloat32);
+  // The norms after each of `steps` steps and the scales around each.
+  struct Run {
+    std::vector<std::optional<double>> norms;
+    std::vector<double> scales;
+    bool applied = true, none_before = false;
+  };
+  auto run = [&](int stage, const char* optimizer, int steps, bool overflow) {
+    json cfg = {{"train_micro_batch_size_per_gpu", 4},
+                {"gradient_clipping", 0.0},
+                {"optimizer", {{"type", optimizer}, {"params", {{"lr", 1e-2}}}}},
+                {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"loss_scale_window", 1}}},
+                {"zero_optimization", {{"stage", stage}}}};
+    Run out;
+    run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+      torch::manual_seed(3);
+      auto e = dtrain::zero::initialize(HalfLinear(20, 3), cfg, {pg});
+      out.none_before = !e.get_global_grad_norm().has_value();
+      for (int k = 0; k < steps; ++k) {
+        if (overflow) e.core().inject_overflow();
+        out.scales.push_back(e.loss_scale());
+        e.backward(functional::cross_entropy(e(d.x.narrow(0, 4 * k, 4)), d.y.narrow(0, 4 * k, 4)));
+        e.step();
+        out.norms.push_back(e.get_global_grad_norm());
+        out.applied = e.was_step_applied();
+      }
+      out.scales.push_back(e.loss_scale());
+    });
+    EXPECT_TRUE(out.none_before);
+    EXPECT_EQ(out.applied, !overflow);
+    return out;
+  };
+  const auto stage2 = run(2, "Adam", 2, false);
+  const double n = stage2.norms[0].value();
+  EXPECT_GT(n, 0);
+  EXPECT_DOUBLE_EQ(run(1, "Adam", 1, false).norms[0].value(), n);
+  EXPECT_NEAR(run(0, "Adam", 1, false).norms[0].value(), n, 1e-6 * n);
+  EXPECT_NEAR(run(0, "SGD", 1, false).norms[0].value(), n * 256, 1e-6 * n * 256);
+  const auto stage3 = run(3, "Adam", 2, false);
+  EXPECT_NEAR(stage3.norms[0].value(), n, 1e-6 * n);
+  ASSERT_EQ(stage2.scales, (std::vector<double>{256, 256, 512}));  // doubled at the second
+  ASSERT_EQ(stage3.scales, stage2.scales);
+  const double n2 = stage2.norms[1].value();
+  EXPECT_NEAR(stage3.norms[1].value(), n2 / 2, 1e-6 * n2);
+  for (int stage : {0, 2, 3}) EXPECT_TRUE(std::isinf(run(stage, "Adam", 1, true).norms[0].value()));
+}
+
 TEST(ZeroFp16, OverflowSkipsTheStepAndTheSchedulerAndLowersTheScale) {
   auto d = make_data(64, torch::kFloat32);
   json cfg = {{"train_micro_batch_size_per_gpu", 4},
