@@ -399,6 +399,8 @@ class Engine {
   int64_t skipped_steps() const { return core_->skipped_steps(); }
   MemoryUsage memory() const { return core_->memory(); }
   int64_t bytes_sent_last_step() const { return core_->bytes_sent_last_step(); }
+  // The loss scale: fp16's loss scaler's, under fp16 torch_autocast its GradScaler's (torch's
+  // get_scale()), else 1.
   double loss_scale() const { return core_->loss_scale(); }
   // DeepSpeed's engine.get_global_grad_norm(): the global 2-norm of the averaged gradients at the
   // last optimizer step, before clipping, as DeepSpeed 0.19.8's optimizer for this config keeps
