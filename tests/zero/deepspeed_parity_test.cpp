@@ -273,6 +273,18 @@ double expect_resumed_as_deepspeed(const ParityRuns& runs, const std::string& na
 struct Gaps {
   double loss = 0, param = 0;
 };
+// fn(case, name, dtrain's results, DeepSpeed's) for each case, under its name as a trace; a
+// case either side did not write fails the test.
+template <class Fn>
+void for_each_case(const json& cases, const ParityRuns& runs, Fn&& fn) {
+  for (const auto& c : cases) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(runs.ours.contains(name) && runs.theirs.contains(name));
+    fn(c, name, runs.ours[name], runs.theirs[name]);
+  }
+}
+
 void expect_same_run(const json& x, const json& y, double loss_bound, double param_bound,
                      const char* step, Gaps* gaps) {
   ASSERT_EQ(x["losses"].size(), y["losses"].size());
@@ -325,75 +337,74 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
   }
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
-  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32",
               "final loss", "|dloss|", "|dparam|", "DS reads", "to-fp32", "resumed", "DS resumes",
               "16-bit");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
-    const double loss_diff = gaps.loss, param_diff = gaps.param;
-    // dtrain's checkpoint through DeepSpeed's zero_to_fp32, and every file of it through
-    // torch.load(weights_only=True): the model file (one per rank at stage 3, as DeepSpeed's)
-    // and 2 optimizer files.
-    const bool stage3 = c["config"]["zero_optimization"]["stage"] == 3;
-    EXPECT_EQ(y.value("weights_only", json("missing")), json(stage3 ? 4 : 3))
-        << "torch.load(weights_only=True) of dtrain's files: " << y.value("weights_only", json());
-    ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
-    EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"])
-        << "client_state in dtrain's model file, as DeepSpeed reads it";
-    // The module in rank 0's model file as DeepSpeed's: whole at stages 1-2, its parameters
-    // empty at stage 3 (they are in the optimizer files; nothing is gathered for a save).
-    EXPECT_EQ(y.value("dtrain_module_shapes", json()),
-              y.value("ds_module_shapes", json("missing")));
-    const double ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
-    EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
-    // DeepSpeed's checkpoint (after step 5) through `dtrain zero to-fp32`.
-    const std::string out = (fs::path(c["save"].get<std::string>()) / "fp32.pt").string();
-    auto conv = dtrain::test::run_command(
-        {DTRAIN_BIN, "zero", "to-fp32", c["save"].get<std::string>(), out}, {.timeout = 120s});
-    ASSERT_EQ(conv.exit_code, 0) << conv.out << conv.err;
-    const double to_fp32 =
-        max_diff(flat_params(dtrain::zero::load_state_dict_file(out)), y["params_mid"]);
-    EXPECT_LT(to_fp32, 1e-7) << "dtrain zero to-fp32 of DeepSpeed's checkpoint";
-    // save_16bit_model: dtrain's file next to DeepSpeed's (the same keys in the same order, the
-    // values of the same training), and torch.load(weights_only=True) of dtrain's.
-    const auto ours16 = dtrain::zero::load_state_dict_file(
-        (fs::path(c["save_16bit"].get<std::string>()) / "pytorch_model.bin").string());
-    const auto theirs16 = dtrain::zero::load_state_dict_file(
-        (fs::path(c["save_16bit_ds"].get<std::string>()) / "pytorch_model.bin").string());
-    EXPECT_EQ(ours16.keys(), theirs16.keys());
-    const double save16 = max_diff(flat_params(ours16), flat_params(theirs16));
-    EXPECT_LT(save16, 1e-5) << "save_16bit_model: dtrain's and DeepSpeed's apart";
-    EXPECT_LT(max_diff(y.value("dtrain_16bit", json::object()), flat_params(ours16)), 1e-12)
-        << "torch.load of dtrain's 16-bit file";
-    const double resumed_diff = expect_resumed_as_deepspeed(runs, name, c["client_state"], y);
-    // DeepSpeed's engine resuming dtrain's step-5 checkpoint (its load_checkpoint, with the
-    // optimizer state; saved with deepspeed_loss_scaler, which stage 3 needs), ending where
-    // DeepSpeed's uninterrupted run ended.
-    const json& back = y.value("resumed_dtrain", json::object());
-    ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
-    // DeepSpeed 0.19.8 at stage 3 with torch.optim.Adagrad loads no checkpoint into a fresh
-    // engine, its own neither (the peer's stage3_torch_adagrad says why): the same error for
-    // both, and the load once its param group is as a step leaves it.
-    if (back.contains("error") || back.contains("own_error")) {
-      EXPECT_EQ(back.value("error", ""), back.value("own_error", ""))
-          << "DeepSpeed refuses dtrain's checkpoint otherwise than its own";
-      std::printf("%-44s DeepSpeed's own stage-3 Adagrad checkpoint does not load either: %s\n", "",
-                  back.value("own_error", "").c_str());
-    }
-    EXPECT_EQ(back["global_steps"], 5);
-    EXPECT_EQ(back["client_state"], c["client_state"]) << "client_state as DeepSpeed returns it";
-    const double ds_resumed = max_diff(back["params"], y["params"]);
-    EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
-    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
-                y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, to_fp32,
-                resumed_diff, ds_resumed, save16);
-  }
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+        const double loss_diff = gaps.loss, param_diff = gaps.param;
+        // dtrain's checkpoint through DeepSpeed's zero_to_fp32, and every file of it through
+        // torch.load(weights_only=True): the model file (one per rank at stage 3, as DeepSpeed's)
+        // and 2 optimizer files.
+        const bool stage3 = c["config"]["zero_optimization"]["stage"] == 3;
+        EXPECT_EQ(y.value("weights_only", json("missing")), json(stage3 ? 4 : 3))
+            << "torch.load(weights_only=True) of dtrain's files: "
+            << y.value("weights_only", json());
+        ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
+        EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"])
+            << "client_state in dtrain's model file, as DeepSpeed reads it";
+        // The module in rank 0's model file as DeepSpeed's: whole at stages 1-2, its parameters
+        // empty at stage 3 (they are in the optimizer files; nothing is gathered for a save).
+        EXPECT_EQ(y.value("dtrain_module_shapes", json()),
+                  y.value("ds_module_shapes", json("missing")));
+        const double ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
+        EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
+        // DeepSpeed's checkpoint (after step 5) through `dtrain zero to-fp32`.
+        const std::string out = (fs::path(c["save"].get<std::string>()) / "fp32.pt").string();
+        auto conv = dtrain::test::run_command(
+            {DTRAIN_BIN, "zero", "to-fp32", c["save"].get<std::string>(), out}, {.timeout = 120s});
+        ASSERT_EQ(conv.exit_code, 0) << conv.out << conv.err;
+        const double to_fp32 =
+            max_diff(flat_params(dtrain::zero::load_state_dict_file(out)), y["params_mid"]);
+        EXPECT_LT(to_fp32, 1e-7) << "dtrain zero to-fp32 of DeepSpeed's checkpoint";
+        // save_16bit_model: dtrain's file next to DeepSpeed's (the same keys in the same order, the
+        // values of the same training), and torch.load(weights_only=True) of dtrain's.
+        const auto ours16 = dtrain::zero::load_state_dict_file(
+            (fs::path(c["save_16bit"].get<std::string>()) / "pytorch_model.bin").string());
+        const auto theirs16 = dtrain::zero::load_state_dict_file(
+            (fs::path(c["save_16bit_ds"].get<std::string>()) / "pytorch_model.bin").string());
+        EXPECT_EQ(ours16.keys(), theirs16.keys());
+        const double save16 = max_diff(flat_params(ours16), flat_params(theirs16));
+        EXPECT_LT(save16, 1e-5) << "save_16bit_model: dtrain's and DeepSpeed's apart";
+        EXPECT_LT(max_diff(y.value("dtrain_16bit", json::object()), flat_params(ours16)), 1e-12)
+            << "torch.load of dtrain's 16-bit file";
+        const double resumed_diff = expect_resumed_as_deepspeed(runs, name, c["client_state"], y);
+        // DeepSpeed's engine resuming dtrain's step-5 checkpoint (its load_checkpoint, with the
+        // optimizer state; saved with deepspeed_loss_scaler, which stage 3 needs), ending where
+        // DeepSpeed's uninterrupted run ended.
+        const json& back = y.value("resumed_dtrain", json::object());
+        ASSERT_TRUE(back.contains("global_steps"))
+            << "DeepSpeed did not resume dtrain's checkpoint";
+        // DeepSpeed 0.19.8 at stage 3 with torch.optim.Adagrad loads no checkpoint into a fresh
+        // engine, its own neither (the peer's stage3_torch_adagrad says why): the same error for
+        // both, and the load once its param group is as a step leaves it.
+        if (back.contains("error") || back.contains("own_error")) {
+          EXPECT_EQ(back.value("error", ""), back.value("own_error", ""))
+              << "DeepSpeed refuses dtrain's checkpoint otherwise than its own";
+          std::printf("%-44s DeepSpeed's own stage-3 Adagrad checkpoint does not load either: %s\n",
+                      "", back.value("own_error", "").c_str());
+        }
+        EXPECT_EQ(back["global_steps"], 5);
+        EXPECT_EQ(back["client_state"], c["client_state"])
+            << "client_state as DeepSpeed returns it";
+        const double ds_resumed = max_diff(back["params"], y["params"]);
+        EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
+        std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+                    y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, to_fp32,
+                    resumed_diff, ds_resumed, save16);
+      });
   fs::remove_all(dir);
 }
 
@@ -426,20 +437,16 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
        {"params", {{"max_lr", 0.01}, {"total_steps", 12}, {"three_phase", true}}}});
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
-  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-50s %-11s %-9s %s\n", "2 ranks, 10 steps, fp32, stage 0", "final loss", "|dloss|",
               "|dparam|");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
-    const double loss_diff = gaps.loss, param_diff = gaps.param;
-    std::printf("%-50s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
-                loss_diff, param_diff);
-  }
+  for_each_case(cs, runs,
+                [&](const json& c, const std::string& name, const json& x, const json& y) {
+                  Gaps gaps;
+                  ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+                  const double loss_diff = gaps.loss, param_diff = gaps.param;
+                  std::printf("%-50s %-11.7f %-9.1e %.1e\n", name.c_str(),
+                              y["losses"].back().get<double>(), loss_diff, param_diff);
+                });
   fs::remove_all(dir);
 }
 
@@ -489,25 +496,22 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
   add("bf16, stage 2, grad_accum_dtype and communication fp32", 2, fp32_comm);
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
-  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-58s %-11s %-9s %s\n", "2 ranks, 10 micro-steps of 2 per step", "final loss",
               "|dloss|", "|dparam|");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    // The same bf16 operations in the same order: losses equal up to float32 noise against the
-    // peer's torch 2.x, and the bf16 parameters equal (one bf16 rounding apart would be ~4e-3
-    // here). libtorch 1.13's bf16 kernels round differently (the forward and backward
-    // themselves): there the loss bound is that of bf16's 8-bit mantissa.
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kBf16LossBound, bf16_param_bound(c.at("config")),
-                                            "micro-step", &gaps));
-    const double loss_diff = gaps.loss, param_diff = gaps.param;
-    std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
-                loss_diff, param_diff);
-  }
+  for_each_case(cs, runs,
+                [&](const json& c, const std::string& name, const json& x, const json& y) {
+                  // The same bf16 operations in the same order: losses equal up to float32 noise
+                  // against the peer's torch 2.x, and the bf16 parameters equal (one bf16 rounding
+                  // apart would be ~4e-3 here). libtorch 1.13's bf16 kernels round differently (the
+                  // forward and backward themselves): there the loss bound is that of bf16's 8-bit
+                  // mantissa.
+                  Gaps gaps;
+                  ASSERT_NO_FATAL_FAILURE(expect_same_run(
+                      x, y, kBf16LossBound, bf16_param_bound(c.at("config")), "micro-step", &gaps));
+                  const double loss_diff = gaps.loss, param_diff = gaps.param;
+                  std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(),
+                              y["losses"].back().get<double>(), loss_diff, param_diff);
+                });
   fs::remove_all(dir);
 }
 
@@ -561,23 +565,20 @@ TEST(ZeroDeepSpeedParity, TwoRanksTorchAutocastAsDeepSpeed) {
       json::object());
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
-  const json &a = runs.ours, &b = runs.theirs;
+  const json& a = runs.ours;
   std::printf("%-58s %-11s %-9s %s\n", "2 ranks, 10 steps", "final loss", "|dloss|", "|dparam|");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    // The same autocast casts and kernels against the peer's torch 2.x (fp32 parameters):
-    // equal up to float32 noise; libtorch 1.13's bf16 kernels round differently (see above).
-    const bool off = name.rfind("autocast off", 0) == 0;
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, off ? 1e-5 : kBf16LossBound,
-                                            off ? 1e-5 : bf16_param_bound(c.at("config")), "step",
-                                            &gaps));
-    std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
-                gaps.loss, gaps.param);
-  }
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        // The same autocast casts and kernels against the peer's torch 2.x (fp32 parameters):
+        // equal up to float32 noise; libtorch 1.13's bf16 kernels round differently (see above).
+        const bool off = name.rfind("autocast off", 0) == 0;
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, off ? 1e-5 : kBf16LossBound,
+                                                off ? 1e-5 : bf16_param_bound(c.at("config")),
+                                                "step", &gaps));
+        std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(), y["losses"].back().get<double>(),
+                    gaps.loss, gaps.param);
+      });
   // Autocast changed the run: its losses are not the fp32 run's.
   EXPECT_NE(a["autocast bf16, stage 2"]["losses"],
             a["autocast off, dtype bf16, stage 2"]["losses"]);
@@ -652,22 +653,19 @@ TEST(ZeroDeepSpeedParity, TwoRanksFp16TorchAutocastAsDeepSpeed) {
   const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-68s %-11s %-9s %-8s %-7s %s\n", "2 ranks, 10 steps", "final loss", "|dloss|",
               "|dparam|", "skipped", "scale");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    // libtorch 1.13's CPU autocast takes bf16 only (torch.autocast turns itself off for fp16):
-    // its forward runs in fp32 where the peer's torch 2.x runs fp16.
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kFp16AutocastLossBound,
-                                            TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2, "step", &gaps));
-    EXPECT_EQ(x["skipped_steps"], y["skipped_steps"]);
-    EXPECT_EQ(x["amp_scale"], y["amp_scale"]);
-    std::printf("%-68s %-11.7f %-9.1e %-8.1e %-7d %g\n", name.c_str(),
-                y["losses"].back().get<double>(), gaps.loss, gaps.param,
-                y["skipped_steps"].get<int>(), y["amp_scale"].get<double>());
-  }
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        // libtorch 1.13's CPU autocast takes bf16 only (torch.autocast turns itself off for fp16):
+        // its forward runs in fp32 where the peer's torch 2.x runs fp16.
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(
+            x, y, kFp16AutocastLossBound, TORCH_VERSION_MAJOR >= 2 ? 1e-6 : 1e-2, "step", &gaps));
+        EXPECT_EQ(x["skipped_steps"], y["skipped_steps"]);
+        EXPECT_EQ(x["amp_scale"], y["amp_scale"]);
+        std::printf("%-68s %-11.7f %-9.1e %-8.1e %-7d %g\n", name.c_str(),
+                    y["losses"].back().get<double>(), gaps.loss, gaps.param,
+                    y["skipped_steps"].get<int>(), y["amp_scale"].get<double>());
+      });
   // The overflow cases did what they are there for.
   if (TORCH_VERSION_MAJOR >= 2) {
     const json& backs_off = b[backs_off_name];
@@ -709,30 +707,28 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
   }
   ParityRuns runs;
   ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
-  const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-62s %-11s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, bf16", "final loss", "|dloss|",
               "|dparam|", "resumed", "DS resumes");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    const double bound = bf16_param_bound(c.at("config"));
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kBf16LossBound, bound, "step", &gaps));
-    // dtrain from DeepSpeed's checkpoint: the fp32 master and the optimizer state read from the
-    // wrapper's keys (the 16-bit module alone would end elsewhere).
-    const double resumed_diff =
-        expect_resumed_as_deepspeed(runs, name, c["client_state"], y, bound);
-    // DeepSpeed's own load_checkpoint of dtrain's (its wrapper's load_state_dict).
-    const json& back = y.value("resumed_dtrain", json::object());
-    ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
-    EXPECT_EQ(back["global_steps"], 5);
-    const double ds_resumed = max_diff(back["params"], y["params"]);
-    EXPECT_LT(ds_resumed, bound) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
-    std::printf("%-62s %-11.7f %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
-                y["losses"].back().get<double>(), gaps.loss, gaps.param, resumed_diff, ds_resumed);
-  }
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        const double bound = bf16_param_bound(c.at("config"));
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, kBf16LossBound, bound, "step", &gaps));
+        // dtrain from DeepSpeed's checkpoint: the fp32 master and the optimizer state read from the
+        // wrapper's keys (the 16-bit module alone would end elsewhere).
+        const double resumed_diff =
+            expect_resumed_as_deepspeed(runs, name, c["client_state"], y, bound);
+        // DeepSpeed's own load_checkpoint of dtrain's (its wrapper's load_state_dict).
+        const json& back = y.value("resumed_dtrain", json::object());
+        ASSERT_TRUE(back.contains("global_steps"))
+            << "DeepSpeed did not resume dtrain's checkpoint";
+        EXPECT_EQ(back["global_steps"], 5);
+        const double ds_resumed = max_diff(back["params"], y["params"]);
+        EXPECT_LT(ds_resumed, bound) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
+        std::printf("%-62s %-11.7f %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+                    y["losses"].back().get<double>(), gaps.loss, gaps.param, resumed_diff,
+                    ds_resumed);
+      });
   fs::remove_all(dir);
 }
 
@@ -783,37 +779,36 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
   const json &a = runs.ours, &b = runs.theirs;
   std::printf("%-44s %-11s %-9s %-9s %-9s %-9s %s\n", "2 ranks, 10 steps, fp32", "final loss",
               "|dloss|", "|dparam|", "DS reads", "resumed", "DS resumes");
-  for (const auto& c : cs) {
-    const std::string name = c.at("name");
-    SCOPED_TRACE(name);
-    ASSERT_TRUE(a.contains(name) && b.contains(name));
-    const json &x = a[name], &y = b[name];
-    Gaps gaps;
-    ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
-    const double loss_diff = gaps.loss, param_diff = gaps.param;
-    const int stage = c["config"]["zero_optimization"]["stage"];
-    // Every file of dtrain's checkpoint through torch.load(weights_only=True) (stage 0: the
-    // model file, with DeepSpeed's "optimizer", and dtrain's 2 optimizer files); at stages 1-3
-    // the checkpoint through DeepSpeed's zero_to_fp32 too (which reads no stage-0 checkpoint).
-    EXPECT_EQ(y.value("weights_only", json("missing")), json(stage == 3 ? 4 : 3))
-        << "torch.load(weights_only=True) of dtrain's files: " << y.value("weights_only", json());
-    double ds_reads = 0;
-    if (stage > 0) {
-      ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
-      ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
-      EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
-    }
-    EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"]);
-    const double resumed_diff = expect_resumed_as_deepspeed(runs, name, c["client_state"], y);
-    const json& back = y.value("resumed_dtrain", json::object());
-    ASSERT_TRUE(back.contains("global_steps")) << "DeepSpeed did not resume dtrain's checkpoint";
-    EXPECT_EQ(back["global_steps"], 5);
-    const double ds_resumed = max_diff(back["params"], y["params"]);
-    EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
-    std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
-                y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, resumed_diff,
-                ds_resumed);
-  }
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+        const double loss_diff = gaps.loss, param_diff = gaps.param;
+        const int stage = c["config"]["zero_optimization"]["stage"];
+        // Every file of dtrain's checkpoint through torch.load(weights_only=True) (stage 0: the
+        // model file, with DeepSpeed's "optimizer", and dtrain's 2 optimizer files); at stages 1-3
+        // the checkpoint through DeepSpeed's zero_to_fp32 too (which reads no stage-0 checkpoint).
+        EXPECT_EQ(y.value("weights_only", json("missing")), json(stage == 3 ? 4 : 3))
+            << "torch.load(weights_only=True) of dtrain's files: "
+            << y.value("weights_only", json());
+        double ds_reads = 0;
+        if (stage > 0) {
+          ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
+          ds_reads = max_diff(y["dtrain_fp32"], x["params"]);
+          EXPECT_LT(ds_reads, 1e-7) << "zero_to_fp32 of dtrain's checkpoint";
+        }
+        EXPECT_EQ(y.value("dtrain_client", json()), c["client_state"]);
+        const double resumed_diff = expect_resumed_as_deepspeed(runs, name, c["client_state"], y);
+        const json& back = y.value("resumed_dtrain", json::object());
+        ASSERT_TRUE(back.contains("global_steps"))
+            << "DeepSpeed did not resume dtrain's checkpoint";
+        EXPECT_EQ(back["global_steps"], 5);
+        const double ds_resumed = max_diff(back["params"], y["params"]);
+        EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
+        std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
+                    y["losses"].back().get<double>(), loss_diff, param_diff, ds_reads, resumed_diff,
+                    ds_resumed);
+      });
   // FusedLion and DeepSpeedCPULion compute the same update but for rounding (the CPU Lion fuses
   // its multiply-adds) and the sign of an exactly-zero interpolation: over these 10 steps they
   // end together.
