@@ -65,9 +65,10 @@ int train_deepspeed(const DeepSpeedRun& run) {
           engine(train_set.images.index_select(0, idx).to(dtype)).to(torch::kFloat32),
           train_set.labels.index_select(0, idx));
       engine.backward(loss);
+      const bool boundary = engine.is_gradient_accumulation_boundary();  // this step() updates
       engine.step();
       samples += micro;
-      if (rank == 0 && run.log_every > 0 && engine.is_gradient_accumulation_boundary() &&
+      if (rank == 0 && run.log_every > 0 && boundary &&
           engine.global_steps() % run.log_every == 0) {
         std::printf("epoch %d step %lld loss %.4f lr %.3g\n", epoch + 1,
                     static_cast<long long>(engine.global_steps()), loss.item<double>(),

@@ -258,6 +258,10 @@ class EngineCore {
   virtual double lr() const = 0;
   virtual std::optional<double> global_grad_norm() const = 0;
   virtual bool step_applied() const = 0;
+  virtual int64_t global_samples() const = 0;
+  virtual nlohmann::json mom() const = 0;
+  virtual void set_gradient_accumulation_boundary(bool is_boundary) = 0;  // UsageError: unmanaged
+  virtual void set_no_sync(bool on) = 0;  // UsageError: stages 2-3, or entered twice
   virtual MemoryUsage memory() const = 0;
   // Bytes this rank sent in the engine's collectives during the last optimizer step (from the
   // first backward after the previous boundary through the parameter all-gather), counted
@@ -390,12 +394,49 @@ class Engine {
     return forward(std::forward<Args>(args)...);
   }
   void backward(const torch::Tensor& loss) { core_->backward(loss); }
+  // At a gradient accumulation boundary, the optimizer step. Then the micro-step counter moves
+  // on (every step() call is a micro-step, as in DeepSpeed: call backward() then step() for each
+  // micro-batch). UsageError inside no_sync().
   void step() { core_->step(); }
+  // DeepSpeed's: whether the current micro-batch (the one whose backward() and step() come
+  // next, or are running) ends an accumulation: micro-step + 1 a multiple of
+  // gradient_accumulation_steps; what set_gradient_accumulation_boundary() last set; with
+  // managed_gradient_accumulation false, true only while step() runs.
   bool is_gradient_accumulation_boundary() const {
     return core_->is_gradient_accumulation_boundary();
   }
+  // DeepSpeed's: overrides the micro-step counter's boundary from now on (set it before each
+  // micro-batch's backward; the last one's true, then one step() updates):
+  //   engine.set_gradient_accumulation_boundary(false);
+  //   for (...) engine.backward(loss_of(next_batch()));        // gradient_accumulation_steps - 1
+  //   engine.set_gradient_accumulation_boundary(true);
+  //   engine.backward(loss_of(next_batch()));
+  //   engine.step();
+  // UsageError with managed_gradient_accumulation false (the caller owns the boundary there).
+  void set_gradient_accumulation_boundary(bool is_boundary) {
+    core_->set_gradient_accumulation_boundary(is_boundary);
+  }
+  // DeepSpeed's engine.no_sync(): while the guard lives, backward() accumulates gradients
+  // locally, reducing nothing even at a boundary; the first backward after it at a boundary
+  // reduces the sum (stages 0-1; UsageError at stages 2-3, whose partitioned gradients are
+  // reduced in every backward, and for a second guard at once). step() inside is a UsageError.
+  class NoSync {
+   public:
+    explicit NoSync(detail::EngineCore& core) : core_(core) { core_.set_no_sync(true); }
+    ~NoSync() { core_.set_no_sync(false); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    detail::EngineCore& core_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*core_); }
   ModuleType& module() { return module_; }
   int64_t global_steps() const { return core_->global_steps(); }
+  // DeepSpeed's engine.global_samples: train_batch_size per optimizer step (skipped ones too);
+  // with managed_gradient_accumulation false, the micro-batches' samples each step() took.
+  // Saved in checkpoints and restored from them (DeepSpeed's or dtrain's).
+  int64_t global_samples() const { return core_->global_samples(); }
   int64_t skipped_steps() const { return core_->skipped_steps(); }
   MemoryUsage memory() const { return core_->memory(); }
   int64_t bytes_sent_last_step() const { return core_->bytes_sent_last_step(); }
@@ -416,6 +457,11 @@ class Engine {
   // update fp16 torch_autocast's GradScaler skipped, which DeepSpeed's engine does not see).
   bool was_step_applied() const { return core_->step_applied(); }
   double get_lr() const { return core_->lr(); }
+  // DeepSpeed's engine.get_mom(), per param group (dtrain's optimizer has one), as JSON:
+  // "momentum" for SGD and RMSprop ([0.9]), "betas" for any other optimizer ([[0.9, 0.999]]:
+  // Python's tuple as an array), 0.0 where the group has neither (Adagrad); an integer where
+  // DeepSpeed's value is the config's integer. OneCycle's cycled momentum included.
+  nlohmann::json get_mom() const { return core_->mom(); }
   const Config& config() const { return core_->config(); }
   void save_checkpoint(const std::string& dir, const std::string& tag = "",
                        const SaveCheckpointOptions& o = {}) {

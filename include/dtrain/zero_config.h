@@ -182,6 +182,9 @@ struct ZeroOptimizationConfig {
   int64_t stage3_max_reuse_distance = 0;
   bool stage3_gather_16bit_weights_on_model_save = false;
   int64_t sub_group_size = 1000000000;
+  // false (stages 1-2, no clipping): DeepSpeed's optimizer keeps no global norm
+  // (get_global_grad_norm() is nullopt) and, in fp32, skips no non-finite step.
+  bool compute_grad_norm = true;
   OffloadConfig offload_optimizer, offload_param;
 };
 
@@ -245,6 +248,13 @@ struct Config {
   bool wall_clock_breakdown = false;  // read, not acted on (a note says so)
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
+  // DeepSpeed 0.19.8's "managed_gradient_accumulation" (default true: the engine counts the
+  // micro-steps and steps the optimizer every gradient_accumulation_steps). false: the caller
+  // owns the boundary - backward() only accumulates (stages 0-1 reduce nothing in it) and every
+  // step() is an optimizer step over the micro-batches since the last one (each backward still
+  // divides its loss by gradient_accumulation_steps; global_samples() counts the micro-batches
+  // taken). Not with overlap_comm at stages 0-1, as in DeepSpeed.
+  bool managed_gradient_accumulation = true;
   nlohmann::json raw;  // the config as given (saved in checkpoints)
   // One line per key accepted but not acted on, or resolved from "auto" (see above).
   std::vector<std::string> notes;

@@ -833,7 +833,7 @@ IValue EngineImpl::model_dict(bool parameters) {
   d.insert("param_shapes", shapes);
   d.insert("global_steps", global_steps_);
   d.insert("skipped_steps", skipped_steps_);
-  d.insert("global_samples", global_steps_ * config_.train_batch_size);
+  d.insert("global_samples", global_samples_);
   if (config_.scheduler.is_torch()) {  // torch's lr_scheduler.state_dict(), as DeepSpeed saves it
     const auto* client = optimizer_->client();
     const bool betas = client ? dynamic_cast<const torch::optim::SGD*>(client) == nullptr &&
@@ -1715,7 +1715,10 @@ void EngineImpl::load_counters(const c10::impl::GenericDict& d, const LoadCheckp
     }
     global_steps_ = get(d, "global_steps", model_path).toInt();
     skipped_steps_ = get(d, "skipped_steps", model_path).toInt();
-    micro_steps_ = global_steps_ * config_.gradient_accumulation_steps;
+    // DeepSpeed's default for a file without it; the micro-step counter stays, as DeepSpeed's.
+    const bool samples = d.contains("global_samples") && d.at("global_samples").isInt();
+    global_samples_ =
+        samples ? d.at("global_samples").toInt() : global_steps_ * config_.train_batch_size;
   }
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (grad_acc_.defined()) grad_acc_.zero_();
@@ -2036,7 +2039,7 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   auto model = new_dict();
   const auto module = get(ds, "module", model_path);
   model.insert("module", module);
-  for (const char* k : {"global_steps", "skipped_steps", "lr_scheduler"})
+  for (const char* k : {"global_steps", "skipped_steps", "global_samples", "lr_scheduler"})
     if (ds.contains(k)) model.insert(k, ds.at(k));
   model.insert("dp_world_size", static_cast<int64_t>(1));
   std::vector<c10::impl::GenericDict> optims;
@@ -2235,7 +2238,7 @@ std::pair<c10::impl::GenericDict, std::vector<c10::impl::GenericDict>> from_deep
   for (auto& item : consolidated(ds_value, model_path, dir / tag))
     module.insert(item.key(), item.value());
   model.insert("module", module);
-  for (const char* k : {"global_steps", "skipped_steps", "lr_scheduler"})
+  for (const char* k : {"global_steps", "skipped_steps", "global_samples", "lr_scheduler"})
     if (ds.contains(k)) model.insert(k, ds.at(k));
   const int world = static_cast<int>(get(ds, "dp_world_size", model_path).toInt());
   model.insert("dp_world_size", static_cast<int64_t>(world));

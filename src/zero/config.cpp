@@ -842,17 +842,11 @@ void parse_zero(Section& root, Config& c, std::vector<std::string>& unused) {
        {"stage3_model_persistence_threshold", "stage3_module_granularity_threshold", "leaf_module"})
     if (zs.has(k)) unused.push_back(zs.where(k));
   zs.accept("leaf_module");
-  bool compute_grad_norm = true;
-  zs.boolean("compute_grad_norm", compute_grad_norm);
-  if (!compute_grad_norm) {
-    if (z.stage != 1 && z.stage != 2)
-      zs.fail("compute_grad_norm",
-              "false is supported only at stage 1 or 2 (DeepSpeed 0.19.8 refuses it at stage " +
-                  std::to_string(z.stage) + " too); remove it");
-    zs.note("compute_grad_norm",
-            "false: dtrain computes the gradient norm anyway (the result is the same without "
-            "clipping)");
-  }
+  zs.boolean("compute_grad_norm", z.compute_grad_norm);
+  if (!z.compute_grad_norm && z.stage != 1 && z.stage != 2)
+    zs.fail("compute_grad_norm",
+            "false is supported only at stage 1 or 2 (DeepSpeed 0.19.8 refuses it at stage " +
+                std::to_string(z.stage) + " too); remove it");
   bool elastic = false;
   zs.boolean("elastic_checkpoint", elastic);
   if (elastic)
@@ -920,21 +914,18 @@ bool skips_nonfinite_steps(const Config& c) {
   const int stage = c.zero.stage;
   if (stage == 0) return c.bf16;
   if (stage >= 3) return true;
-  // A boolean in a section of the config as parse_config read it (lax, already validated).
-  auto flag = [&](const char* section, const char* key) {
-    bool value = true;
-    auto it = c.raw.find(section);
-    if (it != c.raw.end() && it->is_object()) {
-      std::vector<std::string> scratch;
-      Section(*it, section, &scratch, true).boolean(key, value);
-    }
-    return value;
-  };
-  if (!c.bf16) return flag("zero_optimization", "compute_grad_norm");
+  if (!c.bf16) return c.zero.compute_grad_norm;
   if (stage == 1 && c.data_types.grad_accum_dtype == "fp32" && !c.zero.offload_optimizer.enabled())
     return true;  // BF16_Optimizer: whatever check_grad_overflow says
+  // bf16.check_grad_overflow as parse_config read it (lax, already validated).
+  bool check = true;
   const auto bf16 = c.raw.find("bf16");
-  return flag(bf16 != c.raw.end() && !bf16->is_null() ? "bf16" : "bfloat16", "check_grad_overflow");
+  const char* section = bf16 != c.raw.end() && !bf16->is_null() ? "bf16" : "bfloat16";
+  if (auto it = c.raw.find(section); it != c.raw.end() && it->is_object()) {
+    std::vector<std::string> scratch;
+    Section(*it, section, &scratch, true).boolean("check_grad_overflow", check);
+  }
+  return check;
 }
 
 GradNormReport grad_norm_report(const Config& c) {
@@ -951,13 +942,7 @@ GradNormReport grad_norm_report(const Config& c) {
   if (c.bf16 && stage == 1 && c.data_types.grad_accum_dtype == "fp32" &&
       !c.zero.offload_optimizer.enabled())
     return GradNormReport::kUnscaled;  // BF16_Optimizer
-  bool compute = true;
-  auto it = c.raw.find("zero_optimization");
-  if (it != c.raw.end() && it->is_object()) {
-    std::vector<std::string> scratch;
-    Section(*it, "zero_optimization", &scratch, true).boolean("compute_grad_norm", compute);
-  }
-  return compute ? GradNormReport::kUnscaled : GradNormReport::kNone;
+  return c.zero.compute_grad_norm ? GradNormReport::kUnscaled : GradNormReport::kNone;
 }
 
 std::string communication_data_type(const Config& c) {
@@ -1082,17 +1067,12 @@ void parse_data_types(Section& root, Config& c) {
       s.fail("grad_accum_dtype", mix +
                                      " is not supported by dtrain: it accumulates in fp32 "
                                      "or in the model's dtype");
-    const json& raw_zero = c.raw.value("zero_optimization", json::object());
     if (c.zero.stage == 1 && model == "bf16" && !c.zero.offload_optimizer.enabled() &&
-        raw_zero.is_object() && raw_zero.contains("compute_grad_norm")) {
-      bool compute = true;
-      Section(raw_zero, "zero_optimization", nullptr, true).boolean("compute_grad_norm", compute);
-      if (!compute)
-        s.fail("grad_accum_dtype",
-               "fp32 with bf16 at stage 1 needs the gradient norm: remove "
-               "zero_optimization.compute_grad_norm false (DeepSpeed 0.19.8 refuses the pair "
-               "too)");
-    }
+        !c.zero.compute_grad_norm)
+      s.fail("grad_accum_dtype",
+             "fp32 with bf16 at stage 1 needs the gradient norm: remove "
+             "zero_optimization.compute_grad_norm false (DeepSpeed 0.19.8 refuses the pair "
+             "too)");
   }
   s.finish();
 }
@@ -1203,16 +1183,14 @@ void check_engine_rules(Section& root, Config& c) {
                          ? &raw["zero_optimization"]
                          : nullptr;
   const bool offload = c.zero.offload_optimizer.enabled();
-  if (zero && zero->contains("compute_grad_norm")) {
-    bool compute = true;
+  if (zero && !c.zero.compute_grad_norm) {
     Section zs(*zero, "zero_optimization", nullptr, true);
-    zs.boolean("compute_grad_norm", compute);
-    if (!compute && c.gradient_clipping > 0)
+    if (c.gradient_clipping > 0)
       zs.fail("compute_grad_norm",
               "false needs \"gradient_clipping\": 0 (DeepSpeed 0.19.8 refuses it with clipping, "
               "whose default is 1.0); gradient_clipping is " +
                   json(c.gradient_clipping).dump());
-    if (!compute && offload)
+    if (offload)
       zs.fail("compute_grad_norm",
               "false does not go with offload_optimizer (DeepSpeed 0.19.8 refuses the pair too); "
               "remove one of them");
@@ -1566,6 +1544,14 @@ Config parse_config(const json& config, int world_size, const ParseOptions& opti
   root.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
   root.boolean("prescale_gradients", c.prescale_gradients);
   root.number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30);
+  root.boolean("managed_gradient_accumulation", c.managed_gradient_accumulation);
+  if (!c.managed_gradient_accumulation && c.zero.overlap_comm && c.zero.stage < 2)
+    root.fail("managed_gradient_accumulation",
+              "false does not go with zero_optimization.overlap_comm at stage " +
+                  std::to_string(c.zero.stage) +
+                  " (DeepSpeed 0.19.8 refuses the pair too: it reduces a caller-owned "
+                  "accumulation at step(), overlapping nothing); set overlap_comm false or use "
+                  "stage 2 or 3");
   // DeepSpeed 0.19.8 scales reductions' inputs and outputs by these; dtrain divides by the world
   // size once: before reducing at stages 1-3 (its ZeRO optimizers' default), after at stage 0.
   if (c.prescale_gradients)
@@ -1584,8 +1570,8 @@ Config parse_config(const json& config, int world_size, const ParseOptions& opti
   root.accept("zero_allow_untested_optimizer");  // acted on: silences the untested-ZeRO note
   for (const char* k :
        {"memory_breakdown", "dump_state", "disable_allgather", "disable_python_gc",
-        "zero_force_ds_cpu_optimizer", "dataloader_drop_last", "managed_gradient_accumulation",
-        "gradient_allreduce_op", "use_data_before_expert_parallelism", "vocabulary_size"})
+        "zero_force_ds_cpu_optimizer", "dataloader_drop_last", "gradient_allreduce_op",
+        "use_data_before_expert_parallelism", "vocabulary_size"})
     if (root.get(k)) unused.push_back(k);
   if (root.has("wall_clock_breakdown")) unused.push_back("wall_clock_breakdown");
   // Sections DeepSpeed acts on and dtrain does not: accepted with what dtrain does instead.

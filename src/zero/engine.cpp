@@ -9,6 +9,7 @@
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include "dtrain/collectives.h"
 #include "dtrain/zero.h"
@@ -540,27 +541,29 @@ void EngineImpl::backward(const torch::Tensor& loss) {
   // clears its 16-bit gradients as each backward starts): .grad shows the last micro-batch's.
   if (grad_acc_.defined()) flat_grads_.zero_();
   const int64_t gas = config_.gradient_accumulation_steps;
-  double scale = scaler_.scale() / static_cast<double>(gas);
-  // fp16 torch_autocast: DeepSpeed divides by the accumulation steps, then its GradScaler
-  // scales.
+  // The loss into backward: divided by the accumulation steps and times fp16's loss scale, or
+  // under fp16 torch_autocast divided, then scaled by DeepSpeed's GradScaler.
   torch::Tensor scaled;
-  if (amp_scaler_) scaled = amp_scaler_->scale(gas == 1 ? loss : loss / gas);
-  reduce_in_backward_ =
-      policy_.gradients() ||
-      (!buckets_.empty() && (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0);
+  if (amp_scaler_) {
+    scaled = amp_scaler_->scale(gas == 1 ? loss : loss / gas);
+  } else {
+    const double scale = scaler_.scale() / static_cast<double>(gas);
+    scaled = scale == 1.0 ? loss : loss * scale;
+  }
+  // Stages 0-1 reduce at an accumulation boundary (outside no_sync), in backward when buckets
+  // overlap it, else in the step.
+  reduce_in_backward_ = policy_.gradients() ||
+                        (!buckets_.empty() && !no_sync_ && is_gradient_accumulation_boundary());
+  if (!config_.managed_gradient_accumulation) ++unmanaged_backwards_;
   in_backward_ = true;
   try {
-    if (amp_scaler_)
-      scaled.backward();
-    else
-      (scale == 1.0 ? loss : loss * scale).backward();
+    scaled.backward();
   } catch (...) {
     in_backward_ = false;
     in_flight_.clear();  // a failed backward leaves the step unusable; do not wait on its
                          // reductions later
     throw;
   }
-  ++micro_steps_;
   if (grad_acc_.defined()) {  // this micro-batch's 16-bit gradient into the fp32 sum
     torch::NoGradGuard ng;
     grad_acc_.add_(flat_grads_);
@@ -716,7 +719,41 @@ void EngineImpl::finish_backward() {
 }
 
 bool EngineImpl::is_gradient_accumulation_boundary() const {
-  return micro_steps_ > 0 && micro_steps_ % config_.gradient_accumulation_steps == 0;
+  if (boundary_override_) return *boundary_override_;
+  if (!config_.managed_gradient_accumulation) return running_step_;
+  return (micro_steps_ + 1) % config_.gradient_accumulation_steps == 0;
+}
+
+void EngineImpl::set_gradient_accumulation_boundary(bool is_boundary) {
+  if (!config_.managed_gradient_accumulation)
+    throw UsageError(
+        "zero: set_gradient_accumulation_boundary() with \"managed_gradient_accumulation\": "
+        "false (DeepSpeed 0.19.8 refuses it too): the caller owns the boundary there, each "
+        "step() is one; drop the call or the key");
+  boundary_override_ = is_boundary;
+}
+
+void EngineImpl::set_no_sync(bool on) {
+  if (on && policy_.gradients())
+    throw UsageError("zero: no_sync() at stage " + std::to_string(config_.zero.stage) +
+                     ", whose partitioned gradients are reduced in every backward (DeepSpeed "
+                     "0.19.8 refuses it too); accumulate with gradient_accumulation_steps, or "
+                     "use stage 0 or 1");
+  if (on && no_sync_)
+    throw UsageError(
+        "zero: no_sync() while another no_sync() guard lives (DeepSpeed refuses re-entry too); "
+        "keep one guard");
+  no_sync_ = on;
+}
+
+nlohmann::json EngineImpl::mom() const {
+  // The progress line's list, Python's tuples as arrays.
+  std::string text = mom_list_text(config_, scheduler_, optimizer_->client());
+  for (char& ch : text) {
+    if (ch == '(') ch = '[';
+    if (ch == ')') ch = ']';
+  }
+  return nlohmann::json::parse(text);
 }
 
 double EngineImpl::lr() const {
@@ -795,15 +832,28 @@ void EngineImpl::record_overflow() {
 }
 
 void EngineImpl::step() {
-  // DeepSpeed's step(): the model step at a boundary, then its throughput timer, whose line
-  // (rank 0, at the log levels that show the progress line) follows the progress line.
-  const bool boundary = is_gradient_accumulation_boundary() &&
-                        micro_steps_ / config_.gradient_accumulation_steps > global_steps_;
+  if (no_sync_)
+    throw UsageError(
+        "zero: step() inside no_sync() (DeepSpeed refuses it too): end the guard's scope "
+        "first; the backward after it, at an accumulation boundary, reduces the gradients the "
+        "guarded ones accumulated");
+  // DeepSpeed's step(): the model step at a boundary (with managed_gradient_accumulation
+  // false, every step() is one), then its throughput timer, whose line (rank 0, at the log
+  // levels that show the progress line) follows the progress line; then the micro-step counter.
   step_applied_ = false;
-  if (boundary) take_model_step();
+  running_step_ = true;
+  const bool boundary = is_gradient_accumulation_boundary();
+  try {
+    if (boundary) take_model_step();
+  } catch (...) {
+    running_step_ = false;
+    throw;
+  }
+  running_step_ = false;
   const std::string line = tput_.stop(boundary, rank_ == 0);
   if (!line.empty() && (config_.log_level == "info" || config_.log_level == "debug"))
     std::cout << line << std::endl;
+  ++micro_steps_;
 }
 
 void EngineImpl::take_model_step() {
@@ -846,13 +896,7 @@ void EngineImpl::take_model_step() {
       last_grad_norm_ = INFINITY;  // as DeepSpeed's global norm after an overflow
       if (grad_norm_report_ != GradNormReport::kNone) global_grad_norm_ = INFINITY;
       ++skipped_steps_;
-      ++global_steps_;
-      report_progress();
-      if (flat_grads_.defined()) flat_grads_.zero_();
-      if (grad_acc_.defined()) grad_acc_.zero_();
-      if (grad_part_.defined()) grad_part_.zero_();
-      bytes_last_step_ = bytes_this_step_;
-      bytes_this_step_ = 0;
+      finish_model_step();
       return;
     }
   }
@@ -898,9 +942,6 @@ void EngineImpl::take_model_step() {
   if (amp_scaler_ && !by_sub_group) amp_scaler_->update(amp_found_inf);
   // 5. Everyone's updated partitions back into every rank's parameters.
   if (policy_.gathers_after_step() && world_ > 1) all_gather_params();
-  if (flat_grads_.defined()) flat_grads_.zero_();
-  if (grad_acc_.defined()) grad_acc_.zero_();
-  if (grad_part_.defined()) grad_part_.zero_();
   if (config_.fp16.enabled) scaler_.update(false);
   step_applied_ = true;
   switch (grad_norm_report_) {
@@ -918,7 +959,19 @@ void EngineImpl::take_model_step() {
       break;
   }
   scheduler_.step();
+  finish_model_step();
+}
+
+void EngineImpl::finish_model_step() {
+  if (flat_grads_.defined()) flat_grads_.zero_();
+  if (grad_acc_.defined()) grad_acc_.zero_();
+  if (grad_part_.defined()) grad_part_.zero_();
   ++global_steps_;
+  // DeepSpeed's: the train batch; a caller-owned boundary counts the micro-batches taken.
+  const int64_t micro_batches = config_.managed_gradient_accumulation
+                                    ? config_.gradient_accumulation_steps
+                                    : std::exchange(unmanaged_backwards_, 0);
+  global_samples_ += config_.train_batch_size / config_.gradient_accumulation_steps * micro_batches;
   report_progress();
   bytes_last_step_ = bytes_this_step_;
   bytes_this_step_ = 0;

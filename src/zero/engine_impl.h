@@ -58,6 +58,10 @@ class EngineImpl final : public EngineCore {
   double lr() const override;
   std::optional<double> global_grad_norm() const override { return global_grad_norm_; }
   bool step_applied() const override { return step_applied_; }
+  int64_t global_samples() const override { return global_samples_; }
+  nlohmann::json mom() const override;
+  void set_gradient_accumulation_boundary(bool is_boundary) override;
+  void set_no_sync(bool on) override;
   MemoryUsage memory() const override;
   int64_t bytes_sent_last_step() const override { return bytes_last_step_; }
   const Config& config() const override { return config_; }
@@ -136,6 +140,9 @@ class EngineImpl final : public EngineCore {
   void report_progress() const;
   // step() at an accumulation boundary: the optimizer step (or its skip) and the progress line.
   void take_model_step();
+  // Its end, taken or skipped: the gradients zeroed, the step and sample counters on, the
+  // progress line.
+  void finish_model_step();
   // Its step 4: the optimizer's update of this rank's partition (or the fp32 master) with its
   // averaged gradient `g`.
   void update_partition(const torch::Tensor& g);
@@ -272,8 +279,14 @@ class EngineImpl final : public EngineCore {
   std::unique_ptr<AmpGradScaler> amp_scaler_;
   LRScheduler scheduler_;
   ThroughputTimer tput_{ThroughputTimer::Options{}};  // DeepSpeed's, set up in the constructor
-  int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0;
-  bool skips_nonfinite_ = false;  // skips_nonfinite_steps(config_)
+  // DeepSpeed's counters: micro_steps_ moves at the end of every step(), global_samples_ with
+  // each optimizer step (global_samples()).
+  int64_t micro_steps_ = 0, global_steps_ = 0, skipped_steps_ = 0, global_samples_ = 0;
+  std::optional<bool> boundary_override_;  // set_gradient_accumulation_boundary()
+  bool no_sync_ = false;                   // inside Engine::no_sync()
+  bool running_step_ = false;              // inside step() (the unmanaged boundary)
+  int64_t unmanaged_backwards_ = 0;  // managed_gradient_accumulation false: backwards since step()
+  bool skips_nonfinite_ = false;     // skips_nonfinite_steps(config_)
   int64_t bytes_this_step_ = 0, bytes_last_step_ = 0;
   double last_grad_norm_ = 0;  // the clipping's global norm of the last step
   GradNormReport grad_norm_report_ = GradNormReport::kNone;  // grad_norm_report(config_)

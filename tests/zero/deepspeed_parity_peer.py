@@ -4,13 +4,16 @@ tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cp
     torchrun --nproc-per-node 2 deepspeed_parity_peer.py CASES.json OUT.json
 
 CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?,
-"client_state": {...}?, "loss_mult": the loss times this into backward?}];
+"client_state": {...}?, "loss_mult": the loss times this into backward?, "mode": how a step's
+micro-batches go (train()), "peer_config": the config DeepSpeed runs instead of "config", "probes": [calls whose refusal is checked after training, refusals()]}];
 every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
 (16 -> 22 -> 4, tanh: 466 parameters, which DeepSpeed pads to 468 on 2 ranks), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
 step], "params": {name: [...]}, "params_mid": the parameters after step 5, "skipped_steps",
 "norms": get_global_grad_norm() after each step (null: None; "inf"), "applied":
-was_step_applied() after each step,
+was_step_applied() after each step, "samples": global_samples after each step, "boundaries"
+(train()), "micro_steps", "mom": get_mom() at the end, "refused": {probe: bool}; or
+"init_refused": the AssertionError of a config DeepSpeed refuses},
 "amp_scale": its GradScaler's scale under fp16 torch_autocast}}. With "save",
 DeepSpeed saves its checkpoint after step 5 into DIR (with the case's client_state); with
 "read_dtrain", rank 0 reads the dtrain checkpoint in DIR with DeepSpeed's zero_to_fp32
@@ -147,21 +150,67 @@ def grad_norm(engine):
     return norm if norm is None or math.isfinite(norm) else str(norm)
 
 
-def train(engine, steps, rank, world, loss_mult=None, norms=None, applied=None):
+def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None):
+    """Steps `steps`: one micro-batch's backward and step() each, or with `mode` two micro-batches
+    before one step(): the first under no_sync() ("no_sync"), after
+    set_gradient_accumulation_boundary(False) and the second after (True) ("set_boundary"), or
+    plainly ("unmanaged": managed_gradient_accumulation false). `record` collects after each
+    step get_global_grad_norm() ("norms"), was_step_applied() ("applied"), global_samples
+    ("samples"), and is_gradient_accumulation_boundary() before each backward and after the step
+    ("boundaries")."""
     losses = []
-    for step in steps:
-        x, y = batch(step, rank, world)
+
+    def loss_of(micro):
+        x, y = batch(micro, rank, world)
         x = x.to(next(engine.module.parameters()).dtype)  # bf16 cases: the module's dtype
         loss = torch.nn.functional.cross_entropy(engine(x).float(), y)
+        if record is not None:
+            record["boundaries"].append(engine.is_gradient_accumulation_boundary())
         engine.backward(loss if loss_mult is None else loss * loss_mult)
+        return loss
+
+    for step in steps:
+        if mode == "no_sync":
+            with engine.no_sync():
+                loss_of(2 * step)
+        elif mode == "set_boundary":
+            engine.set_gradient_accumulation_boundary(False)
+            loss_of(2 * step)
+            engine.set_gradient_accumulation_boundary(True)
+        elif mode == "unmanaged":
+            loss_of(2 * step)
+        loss = loss_of(2 * step + 1 if mode else step)
         engine.step()
-        if norms is not None:
-            norms.append(grad_norm(engine))
-            applied.append(engine.was_step_applied())
+        if record is not None:
+            record["norms"].append(grad_norm(engine))
+            record["applied"].append(engine.was_step_applied())
+            record["samples"].append(engine.global_samples)
+            record["boundaries"].append(engine.is_gradient_accumulation_boundary())
         t = loss.detach().clone()
         torch.distributed.all_reduce(t)
         losses.append(t.item() / world)
     return losses
+
+
+def refusals(engine, probes):
+    """Whether DeepSpeed refuses each probe (an AssertionError): "no_sync" entering no_sync(),
+    "step_in_no_sync" step() inside it, "nested_no_sync" a second no_sync() inside one,
+    "set_boundary" set_gradient_accumulation_boundary(True)."""
+    def refused(fn):
+        try:
+            fn()
+            return False
+        except AssertionError:
+            return True
+
+    def enter(inner):
+        with engine.no_sync():
+            inner()
+
+    calls = {"no_sync": lambda: enter(lambda: None), "step_in_no_sync": lambda: enter(engine.step),
+             "nested_no_sync": lambda: enter(lambda: enter(lambda: None)),
+             "set_boundary": lambda: engine.set_gradient_accumulation_boundary(True)}
+    return {p: refused(calls[p]) for p in probes}
 
 
 def stage3_torch_adagrad(engine):
@@ -206,7 +255,7 @@ def resume_dtrain(case, rank, world):
             del own_engine
         engine.optimizer._clear_fp32_optimizer_param_groups()
     path, client = engine.load_checkpoint(case["resume_dtrain"])
-    out.update({"global_steps": engine.global_steps, "path": path,
+    out.update({"global_steps": engine.global_steps, "global_samples": engine.global_samples, "path": path,
                 "client_state": {k: client[k] for k in case.get("client_state", {}) if k in client}})
     out["losses"] = train(engine, range(STEPS // 2, STEPS), rank, world)
     out["params"] = gathered(m, stage3)
@@ -222,17 +271,25 @@ def main():
     out = {}
     for case in cases:
         m = model()
-        engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
+        config = case.get("peer_config", case["config"])  # where DeepSpeed fails on dtrain's
+        try:
+            engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=config)
+        except AssertionError as e:  # a config DeepSpeed refuses
+            out[case["name"]] = {"init_refused": error_text(e)}
+            continue
         result = {}
-        stage3 = case["config"]["zero_optimization"]["stage"] == 3
-        norms, applied = [], []
-        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), norms, applied)
+        stage3 = config["zero_optimization"]["stage"] == 3
+        record = {"norms": [], "applied": [], "samples": [], "boundaries": []}
+        mode = case.get("mode")
+        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), record, mode)
         result["params_mid"] = gathered(m, stage3)
         if case.get("save"):
             engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
-        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), norms, applied)
+        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), record, mode)
         result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps,
-                       "norms": norms, "applied": applied})
+                       "micro_steps": engine.micro_steps, "mom": engine.get_mom(), **record})
+        if case.get("probes"):
+            result["refused"] = refusals(engine, case["probes"])
         scaler = engine.torch_autocast_z0_gradscaler or getattr(engine.optimizer, "torch_autocast_gradscaler", None)
         if scaler is not None:  # fp16 torch_autocast: the GradScaler's scale (rank 0's)
             result["amp_scale"] = scaler.get_scale()

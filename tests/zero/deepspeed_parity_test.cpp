@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "dtrain/zero.h"
 #include "launcher/subprocess.h"
@@ -263,6 +264,9 @@ double expect_resumed_as_deepspeed(const ParityRuns& runs, const std::string& na
         << "client_state of DeepSpeed's checkpoint, as dtrain's engine read it";
     const double d = max_diff((*run)[name]["params"], y["params"]);
     EXPECT_LT(d, bound) << "resumed from DeepSpeed's checkpoint, ended elsewhere";
+    // global_samples read from DeepSpeed's file, then counted on as DeepSpeed counts it.
+    const json& samples = (*run)[name]["samples"];
+    EXPECT_EQ(samples, json(std::vector<json>(y["samples"].begin() + 5, y["samples"].end())));
     gap = std::max(gap, d);
   }
   return gap;
@@ -300,6 +304,14 @@ void expect_same_run(const json& x, const json& y, double loss_bound, double par
   // kernels leave the parameters further apart, 5 times it: the gradients follow them).
   if (!x.contains("norms") || !y.contains("norms")) return;
   EXPECT_EQ(x["applied"], y["applied"]) << "was_step_applied() after each " << step;
+  // The counters and calls DeepSpeed scripts read: global_samples after each step,
+  // is_gradient_accumulation_boundary() before each backward and after each step, the
+  // micro-step counter and get_mom() at the end (Python's ints and floats apart).
+  EXPECT_EQ(x["samples"], y["samples"]) << "global_samples after each " << step;
+  EXPECT_EQ(x["boundaries"], y["boundaries"]) << "is_gradient_accumulation_boundary()";
+  EXPECT_EQ(x["micro_steps"], y["micro_steps"]) << "micro_steps";
+  EXPECT_EQ(x["mom"].dump(), y["mom"].dump()) << "get_mom()";
+  EXPECT_EQ(x.value("refused", json()), y.value("refused", json())) << "refused calls";
   ASSERT_EQ(x["norms"].size(), y["norms"].size());
   for (size_t k = 0; k < x["norms"].size(); ++k) {
     const json &a = x["norms"][k], &b = y["norms"][k];
@@ -397,6 +409,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
                       "", back.value("own_error", "").c_str());
         }
         EXPECT_EQ(back["global_steps"], 5);
+        EXPECT_EQ(back["global_samples"], y["samples"][4]) << "global_samples of dtrain's file";
         EXPECT_EQ(back["client_state"], c["client_state"])
             << "client_state as DeepSpeed returns it";
         const double ds_resumed = max_diff(back["params"], y["params"]);
@@ -512,6 +525,85 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
                   std::printf("%-58s %-11.7f %-9.1e %.1e\n", name.c_str(),
                               y["losses"].back().get<double>(), loss_diff, param_diff);
                 });
+  fs::remove_all(dir);
+}
+
+// The calls that take the accumulation from DeepSpeed's micro-step counter, two micro-batches
+// per step on 2 ranks: no_sync() around the first (stages 0-1, DDP's gradient accumulation),
+// set_gradient_accumulation_boundary(false) then (true) (stages 0-3), and
+// "managed_gradient_accumulation": false, where each step() is the boundary (stages 0-3). The
+// losses, parameters, global_samples, is_gradient_accumulation_boundary() before each backward
+// and after each step, and which misuses both refuse (no_sync at stages 2-3, step() or a second
+// guard inside no_sync, the boundary set in unmanaged mode).
+TEST(ZeroDeepSpeedParity, TwoRanksAccumulationControlsAsDeepSpeed) {
+  const fs::path dir = fresh_dir("dtrain-ds-parity-accum");
+  json cs = json::array();
+  auto add = [&](const std::string& mode, int stage, int gas, const json& extra, const json& probes,
+                 const std::string& what = "") {
+    json config = {{"train_micro_batch_size_per_gpu", 4},
+                   {"gradient_accumulation_steps", gas},
+                   {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                   {"zero_optimization", {{"stage", stage}}},
+                   {"steps_per_print", 1000}};
+    config.merge_patch(extra);
+    if (mode == "unmanaged") config["managed_gradient_accumulation"] = false;
+    cs.push_back({{"name", mode + ", stage " + std::to_string(stage) + ", gas " +
+                               std::to_string(gas) + what},
+                  {"config", config},
+                  {"mode", mode},
+                  {"probes", probes}});
+  };
+  const json overlap = {{"zero_optimization", {{"overlap_comm", true}}}};
+  const json bf16 = {{"bf16", {{"enabled", true}}}};
+  const json in_guard = {"step_in_no_sync", "nested_no_sync"};
+  add("no_sync", 0, 1, json::object(), in_guard);
+  add("no_sync", 1, 1, json::object(), in_guard);
+  // DeepSpeed 0.19.8 fails at stage 1 with overlap_comm: its hooks reduce inside the guard, and
+  // the next backward asserts ("The parameter 2.bias has already been reduced"). dtrain's
+  // buckets reduce the sum once, ending where DeepSpeed ends without overlap_comm.
+  add("no_sync", 1, 1, overlap, in_guard, ", overlap_comm");
+  cs.back()["peer_config"] = cs[cs.size() - 2]["config"];
+  add("no_sync", 1, 2, json::object(), json::array());
+  add("no_sync", 1, 1, bf16, json::array(), ", bf16");
+  add("no_sync", 0, 2, bf16, json::array(), ", bf16");
+  for (int stage = 0; stage <= 3; ++stage)
+    add("set_boundary", stage, 2, json::object(), stage >= 2 ? json{"no_sync"} : json::array());
+  add("set_boundary", 2, 2, overlap, json::array(), ", overlap_comm");
+  add("set_boundary", 1, 2, bf16, json::array(), ", bf16");
+  for (int stage = 0; stage <= 3; ++stage)
+    add("unmanaged", stage, 2, json::object(), json{"set_boundary"});
+  add("unmanaged", 1, 1, json::object(), json::array());
+  add("unmanaged", 2, 2, overlap, json::array(), ", overlap_comm");
+  add("unmanaged", 1, 2, bf16, json::array(), ", bf16");
+  // Refused by both when the engine is built: overlap_comm in unmanaged mode below stage 2.
+  const std::set<std::string> refused = {"unmanaged, stage 0, gas 2, overlap_comm",
+                                         "unmanaged, stage 1, gas 2, overlap_comm"};
+  add("unmanaged", 0, 2, overlap, json::array(), ", overlap_comm");
+  add("unmanaged", 1, 2, overlap, json::array(), ", overlap_comm");
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/false, &runs));
+  std::printf("%-44s %-11s %-9s %-9s %s\n", "2 ranks, 10 steps of 2 micro-batches", "final loss",
+              "|dloss|", "|dparam|", "global_samples");
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        if (refused.count(name) || y.contains("init_refused")) {
+          EXPECT_TRUE(refused.count(name)) << y;
+          EXPECT_TRUE(y.contains("init_refused")) << "DeepSpeed built it";
+          ASSERT_TRUE(x.contains("init_refused")) << "dtrain built it";
+          EXPECT_NE(x["init_refused"].get<std::string>().find("overlap_comm"), std::string::npos);
+          std::printf("%-44s refused by both: %s\n", name.c_str(),
+                      y["init_refused"].get<std::string>().c_str());
+          return;
+        }
+        const bool is_bf16 = c["config"].contains("bf16");
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, is_bf16 ? kBf16LossBound : 1e-6,
+                                                is_bf16 ? bf16_param_bound(c.at("config")) : 1e-6,
+                                                "step", &gaps));
+        std::printf("%-44s %-11.7f %-9.1e %-9.1e %s\n", name.c_str(),
+                    y["losses"].back().get<double>(), gaps.loss, gaps.param,
+                    y["samples"].back().dump().c_str());
+      });
   fs::remove_all(dir);
 }
 
@@ -723,6 +815,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16StageZeroCheckpointsBothWaysAsDeepSpeed) {
         ASSERT_TRUE(back.contains("global_steps"))
             << "DeepSpeed did not resume dtrain's checkpoint";
         EXPECT_EQ(back["global_steps"], 5);
+        EXPECT_EQ(back["global_samples"], y["samples"][4]) << "global_samples of dtrain's file";
         const double ds_resumed = max_diff(back["params"], y["params"]);
         EXPECT_LT(ds_resumed, bound) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
         std::printf("%-62s %-11.7f %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),
@@ -803,6 +896,7 @@ TEST(ZeroDeepSpeedParity, TwoRanksStageZeroOffloadAndFusedLionAsDeepSpeed) {
         ASSERT_TRUE(back.contains("global_steps"))
             << "DeepSpeed did not resume dtrain's checkpoint";
         EXPECT_EQ(back["global_steps"], 5);
+        EXPECT_EQ(back["global_samples"], y["samples"][4]) << "global_samples of dtrain's file";
         const double ds_resumed = max_diff(back["params"], y["params"]);
         EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed resumed dtrain's checkpoint and ended elsewhere";
         std::printf("%-44s %-11.7f %-9.1e %-9.1e %-9.1e %-9.1e %.1e\n", name.c_str(),

@@ -4,8 +4,11 @@
 // {name: {"losses": [mean over ranks per step], "params": {name: [...]}, "skipped_steps", "norms"
 // (get_global_grad_norm() after each step: null for nullopt, "inf"), "applied"
 // (was_step_applied() after each step),
-// "amp_scale" (fp16 torch_autocast: the GradScaler's scale)}} to OUT.json; "loss_mult": the loss
-// times this into backward.
+// "amp_scale" (fp16 torch_autocast: the GradScaler's scale), "samples" (global_samples() after
+// each step), "boundaries" (is_gradient_accumulation_boundary() before each backward and after
+// each step), "micro_steps", "mom" (get_mom()), "refused" ({probe: refused?})}} to OUT.json;
+// "loss_mult": the loss times this into backward; "mode" and "probes" as the peer's; for a config
+// dtrain refuses {"init_refused": the ConfigError's text}.
 // A case with "reordered": true trains a module with model()'s values and names whose parameters
 // are registered in another order. A case with "save_dtrain": DIR saves the engine's checkpoint
 // there after the last step (with the case's "client_state"), "save_dtrain_mid": DIR after step 5;
@@ -66,12 +69,57 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int world) {
 
 }  // namespace
 
+// Whether the engine refuses each of the case's "probes" (a UsageError), as the peer's
+// refusals() asks DeepSpeed.
+template <typename E>
+nlohmann::json refusals(E& engine, const nlohmann::json& probes) {
+  auto refused = [](auto&& fn) {
+    try {
+      fn();
+      return false;
+    } catch (const dtrain::UsageError&) {
+      return true;
+    }
+  };
+  nlohmann::json out = nlohmann::json::object();
+  for (const std::string probe : probes) {
+    if (probe == "no_sync")
+      out[probe] = refused([&] { auto guard = engine.no_sync(); });
+    else if (probe == "step_in_no_sync")
+      out[probe] = refused([&] {
+        auto guard = engine.no_sync();
+        engine.step();
+      });
+    else if (probe == "nested_no_sync")
+      out[probe] = refused([&] {
+        auto guard = engine.no_sync();
+        auto inner = engine.no_sync();
+      });
+    else if (probe == "set_boundary")
+      out[probe] = refused([&] { engine.set_gradient_accumulation_boundary(true); });
+    else
+      throw std::runtime_error("unknown probe " + probe);
+  }
+  return out;
+}
+
 // One case of CASES.json on the module `m` (its fresh values), into `out`.
 template <typename Module>
 void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nlohmann::json& out) {
   auto engine = dtrain::zero::initialize(m, cs.at("config"));
   std::vector<double> losses;
-  nlohmann::json norms = nlohmann::json::array(), applied = nlohmann::json::array();
+  nlohmann::json norms = nlohmann::json::array(), applied = nlohmann::json::array(),
+                 samples = nlohmann::json::array(), boundaries = nlohmann::json::array();
+  const std::string mode = cs.value("mode", "");
+  // One micro-batch's forward and backward (the peer's train().loss_of).
+  auto loss_of = [&](int micro) {
+    auto [x, y] = batch(micro, pg.rank(), pg.world_size());
+    x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
+    torch::Tensor loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
+    boundaries.push_back(engine.is_gradient_accumulation_boundary());
+    engine.backward(cs.contains("loss_mult") ? loss * cs.at("loss_mult").get<double>() : loss);
+    return loss;
+  };
   int first = 0;
   if (cs.contains("resume_from")) {
     engine.load_checkpoint(cs.at("resume_from").get<std::string>());
@@ -87,12 +135,23 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
       engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
                              {.client_state = cs.value("client_state", nlohmann::json::object()),
                               .deepspeed_loss_scaler = true});
-    auto [x, y] = batch(step, pg.rank(), pg.world_size());
-    x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
-    torch::Tensor loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
-    engine.backward(cs.contains("loss_mult") ? loss * cs.at("loss_mult").get<double>() : loss);
+    if (mode == "no_sync") {
+      auto guard = engine.no_sync();
+      loss_of(2 * step);
+    } else if (mode == "set_boundary") {
+      engine.set_gradient_accumulation_boundary(false);
+      loss_of(2 * step);
+      engine.set_gradient_accumulation_boundary(true);
+    } else if (mode == "unmanaged") {
+      loss_of(2 * step);
+    } else if (!mode.empty()) {
+      throw std::runtime_error("unknown mode " + mode);
+    }
+    torch::Tensor loss = loss_of(mode.empty() ? step : 2 * step + 1);
     engine.step();
     applied.push_back(engine.was_step_applied());
+    samples.push_back(engine.global_samples());
+    boundaries.push_back(engine.is_gradient_accumulation_boundary());
     const auto norm = engine.get_global_grad_norm();  // as the peer writes it
     norms.push_back(!norm                  ? nlohmann::json(nullptr)
                     : std::isfinite(*norm) ? nlohmann::json(*norm)
@@ -117,7 +176,13 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
                                            {"client_state", engine.client_state()},
                                            {"skipped_steps", engine.skipped_steps()},
                                            {"norms", norms},
-                                           {"applied", applied}};
+                                           {"applied", applied},
+                                           {"samples", samples},
+                                           {"boundaries", boundaries},
+                                           {"micro_steps", engine.core().micro_steps()},
+                                           {"mom", engine.get_mom()}};
+  if (!cs.value("probes", nlohmann::json::array()).empty())
+    out[cs.at("name").get<std::string>()]["refused"] = refusals(engine, cs.at("probes"));
   if (engine.config().torch_autocast.enabled && engine.config().torch_autocast.dtype == "fp16")
     out[cs.at("name").get<std::string>()]["amp_scale"] = engine.loss_scale();
 }
@@ -132,6 +197,12 @@ int main(int argc, char** argv) {
   const auto cases = nlohmann::json::parse(std::ifstream(argv[1]));
   nlohmann::json out = nlohmann::json::object();
   for (const auto& cs : cases) {
+    try {
+      (void)dtrain::zero::parse_config(cs.at("config"), pg->world_size());
+    } catch (const dtrain::zero::ConfigError& e) {  // a config dtrain refuses
+      out[cs.at("name").get<std::string>()] = {{"init_refused", e.what()}};
+      continue;
+    }
     if (cs.value("reordered", false))
       run_case(cs, Reordered(), *pg, out);
     else
