@@ -262,6 +262,8 @@ class EngineCore {
   virtual nlohmann::json mom() const = 0;
   virtual void set_gradient_accumulation_boundary(bool is_boundary) = 0;  // UsageError: unmanaged
   virtual void set_no_sync(bool on) = 0;  // UsageError: stages 2-3, or entered twice
+  virtual void set_train_batch_size(int64_t train_batch_size) = 0;  // UsageError: indivisible
+  virtual void set_train_micro_batch_size(int64_t micro_batch_size) = 0;
   virtual MemoryUsage memory() const = 0;
   // Bytes this rank sent in the engine's collectives during the last optimizer step (from the
   // first backward after the previous boundary through the parameter all-gather), counted
@@ -463,6 +465,22 @@ class Engine {
   // DeepSpeed's value is the config's integer. OneCycle's cycled momentum included.
   nlohmann::json get_mom() const { return core_->mom(); }
   const Config& config() const { return core_->config(); }
+  // DeepSpeed's batch sizes (as resolved from the config, or as last set below).
+  int64_t train_batch_size() const { return config().train_batch_size; }
+  int64_t train_micro_batch_size_per_gpu() const { return config().train_micro_batch_size_per_gpu; }
+  int64_t gradient_accumulation_steps() const { return config().gradient_accumulation_steps; }
+  // DeepSpeed's engine.set_train_batch_size(n) (batch-size warm-up): the micro-batch stays, the
+  // accumulation steps become n / (micro-batch x ranks) - a UsageError unless that divides, as
+  // DeepSpeed raises ValueError - from the next micro-step's boundary on (the micro-step
+  // counter is not reset). The throughput line keeps the batch it started with, as DeepSpeed's.
+  void set_train_batch_size(int64_t train_batch_size) {
+    core_->set_train_batch_size(train_batch_size);
+  }
+  // DeepSpeed's set_train_micro_batch_size(n): the accumulation steps stay, the train batch
+  // becomes n x steps x ranks (what global_samples() counts).
+  void set_train_micro_batch_size(int64_t micro_batch_size) {
+    core_->set_train_micro_batch_size(micro_batch_size);
+  }
   void save_checkpoint(const std::string& dir, const std::string& tag = "",
                        const SaveCheckpointOptions& o = {}) {
     core_->save_checkpoint(dir, tag.empty() ? "global_step" + std::to_string(global_steps()) : tag,

@@ -746,6 +746,27 @@ void EngineImpl::set_no_sync(bool on) {
   no_sync_ = on;
 }
 
+void EngineImpl::set_train_batch_size(int64_t train_batch_size) {
+  const int64_t per_micro_step = config_.train_micro_batch_size_per_gpu * world_;
+  if (train_batch_size <= 0 || train_batch_size % per_micro_step != 0)
+    throw UsageError("zero: set_train_batch_size(" + std::to_string(train_batch_size) +
+                     "): not a positive multiple of the micro-batch times the data-parallel "
+                     "ranks (" +
+                     std::to_string(config_.train_micro_batch_size_per_gpu) + " x " +
+                     std::to_string(world_) + " = " + std::to_string(per_micro_step) +
+                     "), which the accumulation steps must fill (DeepSpeed raises ValueError)");
+  config_.train_batch_size = train_batch_size;
+  config_.gradient_accumulation_steps = train_batch_size / per_micro_step;
+}
+
+void EngineImpl::set_train_micro_batch_size(int64_t micro_batch_size) {
+  if (micro_batch_size <= 0)
+    throw UsageError("zero: set_train_micro_batch_size(" + std::to_string(micro_batch_size) +
+                     "): a micro-batch holds at least one sample");
+  config_.train_micro_batch_size_per_gpu = micro_batch_size;
+  config_.train_batch_size = micro_batch_size * config_.gradient_accumulation_steps * world_;
+}
+
 nlohmann::json EngineImpl::mom() const {
   // The progress line's list, Python's tuples as arrays.
   std::string text = mom_list_text(config_, scheduler_, optimizer_->client());

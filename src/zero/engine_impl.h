@@ -62,6 +62,8 @@ class EngineImpl final : public EngineCore {
   nlohmann::json mom() const override;
   void set_gradient_accumulation_boundary(bool is_boundary) override;
   void set_no_sync(bool on) override;
+  void set_train_batch_size(int64_t train_batch_size) override;
+  void set_train_micro_batch_size(int64_t micro_batch_size) override;
   MemoryUsage memory() const override;
   int64_t bytes_sent_last_step() const override { return bytes_last_step_; }
   const Config& config() const override { return config_; }

@@ -5,7 +5,7 @@ tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cp
 
 CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?,
 "client_state": {...}?, "loss_mult": the loss times this into backward?, "mode": how a step's
-micro-batches go (train()), "peer_config": the config DeepSpeed runs instead of "config", "probes": [calls whose refusal is checked after training, refusals()]}];
+micro-batches go (train()), "resize": batch sizes set on the way (train()), "peer_config": the config DeepSpeed runs instead of "config", "probes": [calls whose refusal is checked after training, refusals()]}];
 every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
 (16 -> 22 -> 4, tanh: 466 parameters, which DeepSpeed pads to 468 on 2 ranks), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
@@ -150,14 +150,15 @@ def grad_norm(engine):
     return norm if norm is None or math.isfinite(norm) else str(norm)
 
 
-def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None):
+def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, resize=None):
     """Steps `steps`: one micro-batch's backward and step() each, or with `mode` two micro-batches
     before one step(): the first under no_sync() ("no_sync"), after
     set_gradient_accumulation_boundary(False) and the second after (True) ("set_boundary"), or
     plainly ("unmanaged": managed_gradient_accumulation false). `record` collects after each
     step get_global_grad_norm() ("norms"), was_step_applied() ("applied"), global_samples
     ("samples"), and is_gradient_accumulation_boundary() before each backward and after the step
-    ("boundaries")."""
+    ("boundaries"). `resize`: {"at": step, "train_batch_size"?, "micro_batch_size"?} set before
+    that step's micro-batches."""
     losses = []
 
     def loss_of(micro):
@@ -170,6 +171,11 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None):
         return loss
 
     for step in steps:
+        for r in resize or []:
+            if r["at"] == step and "train_batch_size" in r:
+                engine.set_train_batch_size(r["train_batch_size"])
+            if r["at"] == step and "micro_batch_size" in r:
+                engine.set_train_micro_batch_size(r["micro_batch_size"])
         if mode == "no_sync":
             with engine.no_sync():
                 loss_of(2 * step)
@@ -195,12 +201,13 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None):
 def refusals(engine, probes):
     """Whether DeepSpeed refuses each probe (an AssertionError): "no_sync" entering no_sync(),
     "step_in_no_sync" step() inside it, "nested_no_sync" a second no_sync() inside one,
-    "set_boundary" set_gradient_accumulation_boundary(True)."""
+    "set_boundary" set_gradient_accumulation_boundary(True), "bad_train_batch_size"
+    set_train_batch_size(13) (a ValueError)."""
     def refused(fn):
         try:
             fn()
             return False
-        except AssertionError:
+        except (AssertionError, ValueError):
             return True
 
     def enter(inner):
@@ -209,7 +216,8 @@ def refusals(engine, probes):
 
     calls = {"no_sync": lambda: enter(lambda: None), "step_in_no_sync": lambda: enter(engine.step),
              "nested_no_sync": lambda: enter(lambda: enter(lambda: None)),
-             "set_boundary": lambda: engine.set_gradient_accumulation_boundary(True)}
+             "set_boundary": lambda: engine.set_gradient_accumulation_boundary(True),
+             "bad_train_batch_size": lambda: engine.set_train_batch_size(13)}
     return {p: refused(calls[p]) for p in probes}
 
 
@@ -281,11 +289,13 @@ def main():
         stage3 = config["zero_optimization"]["stage"] == 3
         record = {"norms": [], "applied": [], "samples": [], "boundaries": []}
         mode = case.get("mode")
-        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), record, mode)
+        resize = case.get("resize")
+        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), record, mode, resize)
         result["params_mid"] = gathered(m, stage3)
         if case.get("save"):
             engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
-        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), record, mode)
+        losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), record, mode,
+                        resize)
         result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps,
                        "micro_steps": engine.micro_steps, "mom": engine.get_mom(), **record})
         if case.get("probes"):

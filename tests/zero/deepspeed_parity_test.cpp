@@ -534,7 +534,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
 // "managed_gradient_accumulation": false, where each step() is the boundary (stages 0-3). The
 // losses, parameters, global_samples, is_gradient_accumulation_boundary() before each backward
 // and after each step, and which misuses both refuse (no_sync at stages 2-3, step() or a second
-// guard inside no_sync, the boundary set in unmanaged mode).
+// guard inside no_sync, the boundary set in unmanaged mode). And DeepSpeed's batch-size warm-up
+// (set_train_batch_size, set_train_micro_batch_size) in the usual one-micro-batch loop.
 TEST(ZeroDeepSpeedParity, TwoRanksAccumulationControlsAsDeepSpeed) {
   const fs::path dir = fresh_dir("dtrain-ds-parity-accum");
   json cs = json::array();
@@ -575,6 +576,14 @@ TEST(ZeroDeepSpeedParity, TwoRanksAccumulationControlsAsDeepSpeed) {
   add("unmanaged", 1, 1, json::object(), json::array());
   add("unmanaged", 2, 2, overlap, json::array(), ", overlap_comm");
   add("unmanaged", 1, 2, bf16, json::array(), ", bf16");
+  // Batch-size warm-up: set_train_batch_size(16) before step 3 (2 accumulation steps from
+  // there), set_train_micro_batch_size(2) before step 7 (global_samples counts 8 a step).
+  for (int stage = 0; stage <= 3; ++stage) {
+    add("resize", stage, 1, json::object(), json{"bad_train_batch_size"});
+    cs.back()["mode"] = "";
+    cs.back()["resize"] = {{{"at", 3}, {"train_batch_size", 16}},
+                           {{"at", 7}, {"micro_batch_size", 2}}};
+  }
   // Refused by both when the engine is built: overlap_comm in unmanaged mode below stage 2.
   const std::set<std::string> refused = {"unmanaged, stage 0, gas 2, overlap_comm",
                                          "unmanaged, stage 1, gas 2, overlap_comm"};

@@ -7,16 +7,16 @@
 // "amp_scale" (fp16 torch_autocast: the GradScaler's scale), "samples" (global_samples() after
 // each step), "boundaries" (is_gradient_accumulation_boundary() before each backward and after
 // each step), "micro_steps", "mom" (get_mom()), "refused" ({probe: refused?})}} to OUT.json;
-// "loss_mult": the loss times this into backward; "mode" and "probes" as the peer's; for a config
-// dtrain refuses {"init_refused": the ConfigError's text}.
-// A case with "reordered": true trains a module with model()'s values and names whose parameters
-// are registered in another order. A case with "save_dtrain": DIR saves the engine's checkpoint
-// there after the last step (with the case's "client_state"), "save_dtrain_mid": DIR after step 5;
-// with "resume_from": DIR (a DeepSpeed checkpoint saved after step 5) the case loads it and trains
-// steps 6-10 only; "client_state" in the output is what the engine read of the checkpoint's
-// client_state; with "save_16bit": DIR, save_16bit_model writes DIR/pytorch_model.bin after the
-// last step; with "convert_to": DIR beside "resume_from", the loaded checkpoint is saved into DIR
-// (at this run's world size, its client_state kept) and no step is taken.
+// "loss_mult": the loss times this into backward; "mode", "resize" and "probes" as the peer's; for
+// a config dtrain refuses {"init_refused": the ConfigError's text}. A case with "reordered": true
+// trains a module with model()'s values and names whose parameters are registered in another order.
+// A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step (with the
+// case's "client_state"), "save_dtrain_mid": DIR after step 5; with "resume_from": DIR (a DeepSpeed
+// checkpoint saved after step 5) the case loads it and trains steps 6-10 only; "client_state" in
+// the output is what the engine read of the checkpoint's client_state; with "save_16bit": DIR,
+// save_16bit_model writes DIR/pytorch_model.bin after the last step; with "convert_to": DIR beside
+// "resume_from", the loaded checkpoint is saved into DIR (at this run's world size, its
+// client_state kept) and no step is taken.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -97,6 +97,8 @@ nlohmann::json refusals(E& engine, const nlohmann::json& probes) {
       });
     else if (probe == "set_boundary")
       out[probe] = refused([&] { engine.set_gradient_accumulation_boundary(true); });
+    else if (probe == "bad_train_batch_size")
+      out[probe] = refused([&] { engine.set_train_batch_size(13); });
     else
       throw std::runtime_error("unknown probe " + probe);
   }
@@ -131,6 +133,12 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     }
   }
   for (int step = first; step < kSteps; ++step) {
+    for (const auto& r : cs.value("resize", nlohmann::json::array())) {
+      if (r.at("at") == step && r.contains("train_batch_size"))
+        engine.set_train_batch_size(r.at("train_batch_size").get<int64_t>());
+      if (r.at("at") == step && r.contains("micro_batch_size"))
+        engine.set_train_micro_batch_size(r.at("micro_batch_size").get<int64_t>());
+    }
     if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
       engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
                              {.client_state = cs.value("client_state", nlohmann::json::object()),
