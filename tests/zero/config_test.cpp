@@ -399,6 +399,17 @@ TEST(ZeroConfig, FollowsDeepSpeedsLessObviousRules) {
                       {"zero_optimization", {{"stage", 2}, {"compute_grad_norm", false}}}})
                 .find("false needs \"gradient_clipping\": 0"),
             std::string::npos);
+  // managed_gradient_accumulation: a boolean, false not with overlap_comm below stage 2.
+  EXPECT_FALSE(parse_config({{"train_batch_size", 8}, {"managed_gradient_accumulation", false}}, 2)
+                   .managed_gradient_accumulation);
+  EXPECT_NE(error_of({{"train_batch_size", 8}, {"managed_gradient_accumulation", "no"}})
+                .find("managed_gradient_accumulation"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"train_batch_size", 8},
+                      {"managed_gradient_accumulation", false},
+                      {"zero_optimization", {{"stage", 1}, {"overlap_comm", true}}}})
+                .find("false does not go with zero_optimization.overlap_comm at stage 1"),
+            std::string::npos);
   // Names: DeepSpeed's own optimizers in any case, torch's and the schedulers exactly.
   EXPECT_EQ(
       parse_config({{"train_batch_size", 8}, {"optimizer", {{"type", "ADAMW"}}}}, 2).optimizer.type,
