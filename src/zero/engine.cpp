@@ -527,12 +527,17 @@ bool EngineImpl::forward_autocast(c10::DeviceType* device, c10::ScalarType* dtyp
 void EngineImpl::backward(const torch::Tensor& loss) {
   if (policy_.parameters() && !gathered_ && !fetch_) gather_parameters();
   if (!policy_.gradients()) {
-    // A user's zero_grad() (set_to_none) detaches .grad from the flat buffer: re-point it.
+    // A user's zero_grad() (set_to_none) detaches .grad from the flat buffer: re-point it, the
+    // accumulated gradient dropped as PyTorch drops it (a .grad replaced: copied in).
+    torch::NoGradGuard ng;
     for (size_t i = 0; i < params_.size(); ++i) {
       auto view = flat_grads_.narrow(0, offsets_[i], numels_[i]).view(shapes_[i]);
       const auto& g = params_[i].grad();
       if (!g.defined() || g.data_ptr() != view.data_ptr()) {
-        if (g.defined()) view.copy_(g);
+        if (g.defined())
+          view.copy_(g);
+        else
+          view.zero_();
         params_[i].mutable_grad() = view;
       }
     }

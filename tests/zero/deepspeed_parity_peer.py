@@ -154,7 +154,8 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
     """Steps `steps`: one micro-batch's backward and step() each, or with `mode` two micro-batches
     before one step(): the first under no_sync() ("no_sync"), after
     set_gradient_accumulation_boundary(False) and the second after (True) ("set_boundary"), or
-    plainly ("unmanaged": managed_gradient_accumulation false). `record` collects after each
+    plainly ("unmanaged": managed_gradient_accumulation false), or with step() and the
+    module's zero_grad() between ("zero_grad"). `record` collects after each
     step get_global_grad_norm() ("norms"), was_step_applied() ("applied"), global_samples
     ("samples"), and is_gradient_accumulation_boundary() before each backward and after the step
     ("boundaries"). `resize`: {"at": step, "train_batch_size"?, "micro_batch_size"?} set before
@@ -185,6 +186,10 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
             engine.set_gradient_accumulation_boundary(True)
         elif mode == "unmanaged":
             loss_of(2 * step)
+        elif mode == "zero_grad":
+            loss_of(2 * step)
+            engine.step()
+            engine.module.zero_grad()
         loss = loss_of(2 * step + 1 if mode else step)
         engine.step()
         if record is not None:

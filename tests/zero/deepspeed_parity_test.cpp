@@ -535,7 +535,8 @@ TEST(ZeroDeepSpeedParity, TwoRanksBf16MicroBatchesAsDeepSpeed) {
 // losses, parameters, global_samples, is_gradient_accumulation_boundary() before each backward
 // and after each step, and which misuses both refuse (no_sync at stages 2-3, step() or a second
 // guard inside no_sync, the boundary set in unmanaged mode). And DeepSpeed's batch-size warm-up
-// (set_train_batch_size, set_train_micro_batch_size) in the usual one-micro-batch loop.
+// (set_train_batch_size, set_train_micro_batch_size) in the usual one-micro-batch loop, and the
+// module's zero_grad() between micro-batches.
 TEST(ZeroDeepSpeedParity, TwoRanksAccumulationControlsAsDeepSpeed) {
   const fs::path dir = fresh_dir("dtrain-ds-parity-accum");
   json cs = json::array();
@@ -576,6 +577,16 @@ TEST(ZeroDeepSpeedParity, TwoRanksAccumulationControlsAsDeepSpeed) {
   add("unmanaged", 1, 1, json::object(), json::array());
   add("unmanaged", 2, 2, overlap, json::array(), ", overlap_comm");
   add("unmanaged", 1, 2, bf16, json::array(), ", bf16");
+  // The module's zero_grad() after the first micro-batch's step(): stages 0-1 drop its gradient
+  // (it lives in .grad until the boundary; with bf16's fp32 accumulation it is added in already),
+  // stages 2-3 have reduced it in its backward.
+  for (int stage = 0; stage <= 3; ++stage)
+    add("zero_grad", stage, 2, json::object(), json::array());
+  add("zero_grad", 1, 2, bf16, json::array(), ", bf16");
+  add("zero_grad", 1, 2,
+      {{"bf16", {{"enabled", true}}}, {"data_types", {{"grad_accum_dtype", "fp32"}}}},
+      json::array(), ", bf16, grad_accum_dtype fp32");
+  add("zero_grad", 0, 2, bf16, json::array(), ", bf16");
   // Batch-size warm-up: set_train_batch_size(16) before step 3 (2 accumulation steps from
   // there), set_train_micro_batch_size(2) before step 7 (global_samples counts 8 a step).
   for (int stage = 0; stage <= 3; ++stage) {

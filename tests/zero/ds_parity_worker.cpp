@@ -152,6 +152,10 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
       engine.set_gradient_accumulation_boundary(true);
     } else if (mode == "unmanaged") {
       loss_of(2 * step);
+    } else if (mode == "zero_grad") {
+      loss_of(2 * step);
+      engine.step();
+      m->zero_grad();
     } else if (!mode.empty()) {
       throw std::runtime_error("unknown mode " + mode);
     }

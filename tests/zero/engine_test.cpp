@@ -369,6 +369,41 @@ TEST(ZeroEngine, AccumulationOfKMicroBatchesEqualsOneBatchKTimesLarger) {
   }
 }
 
+// The module's zero_grad() between micro-batches drops what was accumulated, as in PyTorch and
+// DeepSpeed's stages 0-1 (their gradients live in .grad until the boundary): equal to a run whose
+// first micro-batch added nothing (its loss times 0).
+TEST(ZeroEngine, ZeroGradOnTheModuleDropsTheAccumulatedGradients) {
+  auto d = make_data(2 * 2 * 4);
+  for (int stage : {0, 1}) {
+    for (bool set_to_none : {true, false}) {
+      Params dropped, zeroed;
+      std::mutex mu;
+      run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+        auto a = dtrain::zero::initialize(make_model(), config(stage, 2, 2), {pg});
+        auto b = dtrain::zero::initialize(make_model(), config(stage, 2, 2), {pg});
+        for (int s = 0; s < 2; ++s) {
+          for (int j = 0; j < 2; ++j) {
+            const int64_t row = s * 8 + pg->rank() * 4 + j * 2;
+            auto x = d.x.narrow(0, row, 2);
+            auto y = d.y.narrow(0, row, 2);
+            a.backward(functional::cross_entropy(a(x), y));
+            if (j == 0) a.module()->zero_grad(set_to_none);
+            a.step();
+            auto loss = functional::cross_entropy(b(x), y);
+            b.backward(j == 0 ? loss * 0 : loss);
+            b.step();
+          }
+        }
+        auto pa = params_of(a), pb = params_of(b);
+        std::lock_guard<std::mutex> lock(mu);
+        if (pg->rank() == 0) dropped = pa, zeroed = pb;
+      });
+      EXPECT_LE(max_rel(dropped, zeroed), 1e-12)
+          << "stage " << stage << ", zero_grad(set_to_none=" << set_to_none << ")";
+    }
+  }
+}
+
 TEST(ZeroEngine, ClippingUsesTheGlobalNormOfThePartitionedGradients) {
   auto d = make_data(2 * 4 * 8);
   for (int stage : {1, 2, 3}) {
