@@ -74,6 +74,12 @@ struct LoadCheckpointOptions {
   bool load_module_only = false;
 };
 
+// DeepSpeed's engine.backward(loss, retain_graph=False, scale_wrt_gas=True) arguments.
+struct BackwardOptions {
+  bool retain_graph = false;  // keep the graph for another backward through it
+  bool scale_wrt_gas = true;  // divide the loss by gradient_accumulation_steps first
+};
+
 struct SaveCheckpointOptions {
   // DeepSpeed's client_state: the caller's own values (step, epoch, data position, ...), written
   // at the top level of the model file as DeepSpeed writes them, so Python's
@@ -248,7 +254,7 @@ class EngineCore {
   // torch_autocast: the engine's device type, and the dtype the forward runs under
   // torch.autocast in; false when the section is off.
   virtual bool forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const = 0;
-  virtual void backward(const torch::Tensor& loss) = 0;
+  virtual torch::Tensor backward(const torch::Tensor& loss, const BackwardOptions& options) = 0;
   virtual void step() = 0;
   virtual bool is_gradient_accumulation_boundary() const = 0;
   virtual int64_t global_steps() const = 0;
@@ -395,7 +401,12 @@ class Engine {
   decltype(auto) operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
-  void backward(const torch::Tensor& loss) { core_->backward(loss); }
+  // Backward through `loss` (a scalar tensor: a UsageError otherwise) divided by the
+  // accumulation steps, times the fp16 loss scale; returns the divided loss, as DeepSpeed's
+  // engine.backward returns it. The gradients are reduced as the stage and boundary say.
+  torch::Tensor backward(const torch::Tensor& loss, const BackwardOptions& options = {}) {
+    return core_->backward(loss, options);
+  }
   // At a gradient accumulation boundary, the optimizer step. Then the micro-step counter moves
   // on (every step() call is a micro-step, as in DeepSpeed: call backward() then step() for each
   // micro-batch). UsageError inside no_sync().

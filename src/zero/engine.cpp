@@ -524,7 +524,16 @@ bool EngineImpl::forward_autocast(c10::DeviceType* device, c10::ScalarType* dtyp
   return true;
 }
 
-void EngineImpl::backward(const torch::Tensor& loss) {
+torch::Tensor EngineImpl::backward(const torch::Tensor& loss, const BackwardOptions& options) {
+  // DeepSpeed asserts the first; torch's own error for the second names no loss.
+  if (!loss.defined() || loss.numel() != 1)
+    throw UsageError("zero: backward(loss): the loss must be a tensor of one element (it has " +
+                     (loss.defined() ? "shape " + c10::str(loss.sizes()) : std::string("none")) +
+                     "); reduce it first (mean or sum), as DeepSpeed's engine requires");
+  if (!loss.requires_grad())
+    throw UsageError(
+        "zero: backward(loss): the loss does not require gradients (detached, or computed "
+        "under torch::NoGradGuard / InferenceMode?); compute it from the engine's forward");
   if (policy_.parameters() && !gathered_ && !fetch_) gather_parameters();
   if (!policy_.gradients()) {
     // A user's zero_grad() (set_to_none) detaches .grad from the flat buffer: re-point it, the
@@ -545,16 +554,15 @@ void EngineImpl::backward(const torch::Tensor& loss) {
   // With grad_acc_ flat_grads_ holds one micro-batch's gradient (DeepSpeed's BF16_Optimizer
   // clears its 16-bit gradients as each backward starts): .grad shows the last micro-batch's.
   if (grad_acc_.defined()) flat_grads_.zero_();
-  const int64_t gas = config_.gradient_accumulation_steps;
-  // The loss into backward: divided by the accumulation steps and times fp16's loss scale, or
-  // under fp16 torch_autocast divided, then scaled by DeepSpeed's GradScaler.
+  // The loss into backward as DeepSpeed computes it: divided by the accumulation steps (what
+  // backward returns), then times fp16's loss scale or through fp16 torch_autocast's GradScaler.
+  const int64_t gas = options.scale_wrt_gas ? config_.gradient_accumulation_steps : 1;
+  const torch::Tensor divided = gas == 1 ? loss : loss / gas;
   torch::Tensor scaled;
-  if (amp_scaler_) {
-    scaled = amp_scaler_->scale(gas == 1 ? loss : loss / gas);
-  } else {
-    const double scale = scaler_.scale() / static_cast<double>(gas);
-    scaled = scale == 1.0 ? loss : loss * scale;
-  }
+  if (amp_scaler_)
+    scaled = amp_scaler_->scale(divided);
+  else
+    scaled = scaler_.scale() == 1.0 ? divided : divided * scaler_.scale();
   // Stages 0-1 reduce at an accumulation boundary (outside no_sync), in backward when buckets
   // overlap it, else in the step.
   reduce_in_backward_ = policy_.gradients() ||
@@ -562,7 +570,7 @@ void EngineImpl::backward(const torch::Tensor& loss) {
   if (!config_.managed_gradient_accumulation) ++unmanaged_backwards_;
   in_backward_ = true;
   try {
-    scaled.backward();
+    scaled.backward({}, options.retain_graph);
   } catch (...) {
     in_backward_ = false;
     in_flight_.clear();  // a failed backward leaves the step unusable; do not wait on its
@@ -579,6 +587,7 @@ void EngineImpl::backward(const torch::Tensor& loss) {
     if (fetch_) fetch_->end_backward();
     if (gathered_) release_parameters();
   }
+  return divided;
 }
 
 void EngineImpl::on_grad_ready(size_t i) {

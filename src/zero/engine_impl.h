@@ -46,7 +46,7 @@ class EngineImpl final : public EngineCore {
 
   void before_forward() override;
   bool forward_autocast(c10::DeviceType* device, c10::ScalarType* dtype) const override;
-  void backward(const torch::Tensor& loss) override;
+  torch::Tensor backward(const torch::Tensor& loss, const BackwardOptions& options) override;
   void step() override;
   bool is_gradient_accumulation_boundary() const override;
   int64_t global_steps() const override { return global_steps_; }

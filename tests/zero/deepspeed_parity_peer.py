@@ -150,7 +150,7 @@ def grad_norm(engine):
     return norm if norm is None or math.isfinite(norm) else str(norm)
 
 
-def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, resize=None):
+def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, resize=None, scale_wrt_gas=True):
     """Steps `steps`: one micro-batch's backward and step() each, or with `mode` two micro-batches
     before one step(): the first under no_sync() ("no_sync"), after
     set_gradient_accumulation_boundary(False) and the second after (True) ("set_boundary"), or
@@ -158,7 +158,10 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
     module's zero_grad() between ("zero_grad"). `record` collects after each
     step get_global_grad_norm() ("norms"), was_step_applied() ("applied"), global_samples
     ("samples"), and is_gradient_accumulation_boundary() before each backward and after the step
-    ("boundaries"). `resize`: {"at": step, "train_batch_size"?, "micro_batch_size"?} set before
+    ("boundaries") and what each backward returned ("returned"). "retain_graph": the first
+    micro-batch's backward keeps its graph, step(), then a second backward through it (the
+    step's only other micro-batch).
+    `scale_wrt_gas`: engine.backward's argument. `resize`: {"at": step, "train_batch_size"?, "micro_batch_size"?} set before
     that step's micro-batches."""
     losses = []
 
@@ -168,7 +171,10 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
         loss = torch.nn.functional.cross_entropy(engine(x).float(), y)
         if record is not None:
             record["boundaries"].append(engine.is_gradient_accumulation_boundary())
-        engine.backward(loss if loss_mult is None else loss * loss_mult)
+        returned = engine.backward(loss if loss_mult is None else loss * loss_mult, retain_graph=mode == "retain_graph",
+                                   scale_wrt_gas=scale_wrt_gas)
+        if record is not None:
+            record["returned"].append(returned.item())
         return loss
 
     for step in steps:
@@ -186,11 +192,16 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
             engine.set_gradient_accumulation_boundary(True)
         elif mode == "unmanaged":
             loss_of(2 * step)
+        elif mode == "retain_graph":
+            loss = loss_of(2 * step)
+            engine.step()
+            record["returned"].append(engine.backward(loss, scale_wrt_gas=scale_wrt_gas).item())
         elif mode == "zero_grad":
             loss_of(2 * step)
             engine.step()
             engine.module.zero_grad()
-        loss = loss_of(2 * step + 1 if mode else step)
+        if mode != "retain_graph":
+            loss = loss_of(2 * step + 1 if mode else step)
         engine.step()
         if record is not None:
             record["norms"].append(grad_norm(engine))
@@ -292,15 +303,16 @@ def main():
             continue
         result = {}
         stage3 = config["zero_optimization"]["stage"] == 3
-        record = {"norms": [], "applied": [], "samples": [], "boundaries": []}
+        record = {"norms": [], "applied": [], "samples": [], "boundaries": [], "returned": []}
         mode = case.get("mode")
         resize = case.get("resize")
-        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), record, mode, resize)
+        gas_scale = case.get("scale_wrt_gas", True)
+        losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), record, mode, resize, gas_scale)
         result["params_mid"] = gathered(m, stage3)
         if case.get("save"):
             engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
         losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), record, mode,
-                        resize)
+                        resize, gas_scale)
         result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps,
                        "micro_steps": engine.micro_steps, "mom": engine.get_mom(), **record})
         if case.get("probes"):

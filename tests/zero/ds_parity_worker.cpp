@@ -7,7 +7,8 @@
 // "amp_scale" (fp16 torch_autocast: the GradScaler's scale), "samples" (global_samples() after
 // each step), "boundaries" (is_gradient_accumulation_boundary() before each backward and after
 // each step), "micro_steps", "mom" (get_mom()), "refused" ({probe: refused?})}} to OUT.json;
-// "loss_mult": the loss times this into backward; "mode", "resize" and "probes" as the peer's; for
+// "returned" (what each backward returned); "loss_mult": the loss times this into backward;
+// "mode", "resize", "scale_wrt_gas" and "probes" as the peer's; for
 // a config dtrain refuses {"init_refused": the ConfigError's text}. A case with "reordered": true
 // trains a module with model()'s values and names whose parameters are registered in another order.
 // A case with "save_dtrain": DIR saves the engine's checkpoint there after the last step (with the
@@ -111,7 +112,9 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
   auto engine = dtrain::zero::initialize(m, cs.at("config"));
   std::vector<double> losses;
   nlohmann::json norms = nlohmann::json::array(), applied = nlohmann::json::array(),
-                 samples = nlohmann::json::array(), boundaries = nlohmann::json::array();
+                 samples = nlohmann::json::array(), boundaries = nlohmann::json::array(),
+                 returned = nlohmann::json::array();
+  const dtrain::zero::BackwardOptions plain{.scale_wrt_gas = cs.value("scale_wrt_gas", true)};
   const std::string mode = cs.value("mode", "");
   // One micro-batch's forward and backward (the peer's train().loss_of).
   auto loss_of = [&](int micro) {
@@ -119,7 +122,13 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     x = x.to(m->parameters()[0].scalar_type());  // bf16 cases: the module's dtype
     torch::Tensor loss = torch::nn::functional::cross_entropy(engine(x).to(torch::kFloat), y);
     boundaries.push_back(engine.is_gradient_accumulation_boundary());
-    engine.backward(cs.contains("loss_mult") ? loss * cs.at("loss_mult").get<double>() : loss);
+    auto options = plain;
+    options.retain_graph = mode == "retain_graph";
+    returned.push_back(
+        engine
+            .backward(cs.contains("loss_mult") ? loss * cs.at("loss_mult").get<double>() : loss,
+                      options)
+            .template item<double>());
     return loss;
   };
   int first = 0;
@@ -152,6 +161,8 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
       engine.set_gradient_accumulation_boundary(true);
     } else if (mode == "unmanaged") {
       loss_of(2 * step);
+    } else if (mode == "retain_graph") {
+      // below: the second backward through the first's graph, not another micro-batch
     } else if (mode == "zero_grad") {
       loss_of(2 * step);
       engine.step();
@@ -159,7 +170,14 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     } else if (!mode.empty()) {
       throw std::runtime_error("unknown mode " + mode);
     }
-    torch::Tensor loss = loss_of(mode.empty() ? step : 2 * step + 1);
+    torch::Tensor loss;
+    if (mode == "retain_graph") {
+      loss = loss_of(2 * step);
+      engine.step();
+      returned.push_back(engine.backward(loss, plain).template item<double>());
+    } else {
+      loss = loss_of(mode.empty() ? step : 2 * step + 1);
+    }
     engine.step();
     applied.push_back(engine.was_step_applied());
     samples.push_back(engine.global_samples());
@@ -191,6 +209,7 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
                                            {"applied", applied},
                                            {"samples", samples},
                                            {"boundaries", boundaries},
+                                           {"returned", returned},
                                            {"micro_steps", engine.core().micro_steps()},
                                            {"mom", engine.get_mom()}};
   if (!cs.value("probes", nlohmann::json::array()).empty())

@@ -404,6 +404,31 @@ TEST(ZeroEngine, ZeroGradOnTheModuleDropsTheAccumulatedGradients) {
   }
 }
 
+// A loss backward cannot run through is refused by name before anything moves, as DeepSpeed
+// asserts a scalar loss; the engine trains on after it.
+TEST(ZeroEngine, BackwardRefusesALossThatIsNotAScalarWithGradients) {
+  auto d = make_data(8);
+  run_ranks(1, [&](std::shared_ptr<ProcessGroup> pg) {
+    auto e = dtrain::zero::initialize(make_model(), config(2, 4), {pg});
+    auto out = e(d.x.narrow(0, 0, 4));
+    auto message = [&](const torch::Tensor& loss) {
+      try {
+        e.backward(loss);
+      } catch (const dtrain::UsageError& err) {
+        return std::string(err.what());
+      }
+      return std::string("accepted");
+    };
+    EXPECT_NE(message(out).find("must be a tensor of one element (it has shape [4, 3])"),
+              std::string::npos);
+    EXPECT_NE(message(out.sum().detach()).find("does not require gradients"), std::string::npos);
+    auto loss = functional::cross_entropy(out, d.y.narrow(0, 0, 4));
+    EXPECT_NEAR(e.backward(loss).item<double>(), loss.item<double>(), 1e-12);  // gas 1
+    e.step();
+    EXPECT_EQ(e.global_steps(), 1);
+  });
+}
+
 TEST(ZeroEngine, ClippingUsesTheGlobalNormOfThePartitionedGradients) {
   auto d = make_data(2 * 4 * 8);
   for (int stage : {1, 2, 3}) {
