@@ -6,8 +6,8 @@
 // (was_step_applied() after each step),
 // "amp_scale" (fp16 torch_autocast: the GradScaler's scale), "samples" (global_samples() after
 // each step), "boundaries" (is_gradient_accumulation_boundary() before each backward and after
-// each step), "micro_steps", "mom" (get_mom()), "refused" ({probe: refused?})}} to OUT.json;
-// "returned" (what each backward returned); "loss_mult": the loss times this into backward;
+// each step), "returned" (what each backward returned), "micro_steps", "mom" (get_mom()),
+// "refused" ({probe: refused?})}} to OUT.json; "loss_mult": the loss times this into backward;
 // "mode", "resize", "scale_wrt_gas" and "probes" as the peer's; for
 // a config dtrain refuses {"init_refused": the ConfigError's text}. A case with "reordered": true
 // trains a module with model()'s values and names whose parameters are registered in another order.
@@ -152,6 +152,9 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
       engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
                              {.client_state = cs.value("client_state", nlohmann::json::object()),
                               .deepspeed_loss_scaler = true});
+    // The step's first micro-batch as the mode says, then its last (for retain_graph: a second
+    // backward through the first's graph).
+    torch::Tensor loss;
     if (mode == "no_sync") {
       auto guard = engine.no_sync();
       loss_of(2 * step);
@@ -161,23 +164,18 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
       engine.set_gradient_accumulation_boundary(true);
     } else if (mode == "unmanaged") {
       loss_of(2 * step);
-    } else if (mode == "retain_graph") {
-      // below: the second backward through the first's graph, not another micro-batch
     } else if (mode == "zero_grad") {
       loss_of(2 * step);
       engine.step();
       m->zero_grad();
-    } else if (!mode.empty()) {
-      throw std::runtime_error("unknown mode " + mode);
-    }
-    torch::Tensor loss;
-    if (mode == "retain_graph") {
+    } else if (mode == "retain_graph") {
       loss = loss_of(2 * step);
       engine.step();
       returned.push_back(engine.backward(loss, plain).template item<double>());
-    } else {
-      loss = loss_of(mode.empty() ? step : 2 * step + 1);
+    } else if (!mode.empty()) {
+      throw std::runtime_error("unknown mode " + mode);
     }
+    if (!loss.defined()) loss = loss_of(mode.empty() ? step : 2 * step + 1);
     engine.step();
     applied.push_back(engine.was_step_applied());
     samples.push_back(engine.global_samples());
