@@ -18,6 +18,8 @@ dtrain_use_torch_pch(ds_program)
 dtrain_test(deepspeed_distributor_test LABELS zero SOURCES zero/deepspeed_distributor_test.cpp launcher/subprocess.cpp TORCH)
 dtrain_test_programs(deepspeed_distributor_test DS_PROGRAM_BIN ds_program)
 add_dependencies(deepspeed_distributor_test ds_program dtrain_cli)
+# Against Spark's DeepspeedTorchDistributor (the venv's pyspark; the same launcher either way).
+dtrain_test_once(deepspeed_distributor_test torch2 MATCHING "AsSparks")
 # The Fashion-MNIST example with --deepspeed (real data, real processes).
 dtrain_test(zero_example_test LABELS zero SOURCES zero/example_test.cpp launcher/subprocess.cpp)
 dtrain_test_programs(zero_example_test FASHION_MNIST_BIN fashion_mnist)

@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
       rest.insert(rest.end(), after_dashes.begin(), after_dashes.end());
     }
     options = dtrain::run_args_to_options(run_args, rest);
+    options.expand_local_rank = true;  // torchrun's ${local_rank} in PROGRAM's arguments
     for (const auto& note : options.notes) std::cerr << "dtrain run: note: " << note << "\n";
   } catch (const dtrain::UsageError& e) {
     std::cerr << "dtrain run: error: " << dtrain::name_env_source(e.what(), flags, getenv_)

@@ -99,6 +99,12 @@ struct LaunchOptions {
   // (as torchrun does; dtrain's agent itself stops the workers on SIGTERM, SIGINT, SIGHUP and
   // SIGQUIT whatever it says).
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // torchrun's macro: `${local_rank}` (and `$local_rank`) in PROGRAM's arguments is each
+  // worker's local rank, and `$$` is `$` (Python's string.Template.safe_substitute, applied to
+  // everything after the executable, as torchrun does). parse_run_args and `dtrain run` set
+  // it; false (the default) passes the arguments as they are, as DeepSpeed's and Horovod's
+  // launchers do.
+  bool expand_local_rank = false;
   // torchrun's --virtual-local-rank: every worker gets LOCAL_RANK 0 and sees one GPU, its local
   // rank's (CUDA_VISIBLE_DEVICES: that entry of the agent's list, else the local rank).
   bool virtual_local_rank = false;

@@ -35,13 +35,31 @@ nlohmann::json resolve(const nlohmann::json& c) {
       "DeepSpeedDistributor: deepspeed_config must be a JSON object, a path or JSON text");
 }
 
+// No config: null, or an empty string (Spark's distributor then passes `--deepspeed` alone).
+bool no_config(const nlohmann::json& c) {
+  return c.is_null() || (c.is_string() && c.get<std::string>().empty());
+}
+
+// The file the workers get: a path given stays the user's, as Spark's distributor passes it on;
+// an object or JSON text is written to `dir`; no config, no file ("").
+std::string config_file(const nlohmann::json& c, const std::string& dir) {
+  if (no_config(c)) return "";
+  if (c.is_string()) {
+    const std::string s = c.get<std::string>();
+    const auto first = s.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos || s[first] != '{') return s;
+  }
+  return dir + "/ds_config.json";
+}
+
 }  // namespace
 
 std::string deepspeed_config_path() {
   auto p = param::kDeepSpeedConfig.get_if_set();
   if (!p)
     throw UsageError(std::string("deepspeed_config_path(): $") + kEnv +
-                     " is not set; call it in a function a DeepSpeedDistributor runs");
+                     " is not set; call it in a function a DeepSpeedDistributor runs, and give "
+                     "that distributor a deepspeed_config");
   return *p;
 }
 
@@ -63,17 +81,19 @@ DistributorOptions DeepSpeedDistributor::make_options(DeepSpeedDistributorOption
   d.local_mode = o.local_mode;
   d.use_gpu = o.use_gpu;
   if (!o.local_mode) d.cluster.nodes = o.nnodes;
-  d.env[kEnv] = path;
+  if (!path.empty()) d.env[kEnv] = path;
   return d;
 }
 
 DeepSpeedDistributor::DeepSpeedDistributor(DeepSpeedDistributorOptions o)
-    : config_(resolve(o.deepspeed_config)),
+    : config_(no_config(o.deepspeed_config) ? nlohmann::json() : resolve(o.deepspeed_config)),
       dir_(std::make_unique<detail::OwnedTempDir>(kTempDirStem)),
-      config_path_(dir_->path() + "/ds_config.json"),
+      config_path_(config_file(o.deepspeed_config, dir_->path())),
       distributor_(make_options(o, config_path_)) {
+  if (config_.is_null()) return;
   // Fails here, naming the key, rather than in every worker (a throw removes the directory).
   zero::parse_config(config_, o.num_gpus * o.nnodes);
+  if (config_path_.rfind(dir_->path() + "/", 0) != 0) return;  // the user's own file
   std::ofstream out(config_path_);
   out << config_.dump(2) << "\n";
   if (!out) throw Error("DeepSpeedDistributor: cannot write " + config_path_);
@@ -82,8 +102,11 @@ DeepSpeedDistributor::DeepSpeedDistributor(DeepSpeedDistributorOptions o)
 DeepSpeedDistributor::~DeepSpeedDistributor() = default;
 
 void DeepSpeedDistributor::run(const std::string& program, const std::vector<std::string>& args) {
-  std::vector<std::string> all{"--deepspeed", "--deepspeed_config", config_path_};
-  all.insert(all.end(), args.begin(), args.end());
+  // What Spark's DeepspeedTorchDistributor runs: the program's arguments, then `--deepspeed`
+  // and, with a config, `--deepspeed_config PATH`.
+  std::vector<std::string> all = args;
+  all.push_back("--deepspeed");
+  if (!config_path_.empty()) all.insert(all.end(), {"--deepspeed_config", config_path_});
   distributor_.run(program, all);
 }
 

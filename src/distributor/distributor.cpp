@@ -14,6 +14,7 @@
 #include "distributor/internal.h"
 #include "dtrain/distributor.h"
 #include "dtrain/store.h"
+#include "launch/string_template.h"
 
 namespace dtrain {
 
@@ -138,7 +139,10 @@ std::vector<std::string> Distributor::run_function(const void* fn, const void* t
                                   run_id, failure_file, cuda_visible_devices_, task);
   if (agents) job.argv.push_back("--no-python");
   job.argv.push_back(distributor::self_executable());
-  job.argv.insert(job.argv.end(), self_args.begin() + 1, self_args.end());
+  // `dtrain run` substitutes torchrun's ${local_rank} in a program's arguments; the workers
+  // re-execute this program with its own, as they are.
+  for (auto a = self_args.begin() + 1; a != self_args.end(); ++a)
+    job.argv.push_back(agents ? launch::escape_substitution(*a) : *a);
   job.env[kTaskVariable] = task;
   if (!options_.local_mode && agents) {
     // Before PROGRAM: the launcher's own flags, for the agents on the other hosts. The

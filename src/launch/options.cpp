@@ -1087,7 +1087,9 @@ LaunchOptions parse_run_args(const std::vector<std::string>& given) {
   refuse_empty_values(options);
   apply_empty_pet_variables(a, options, [](const char* name) { return std::getenv(name); });
   apply_empty_values(a, empty);
-  return run_args_to_options(a, remaining);
+  LaunchOptions o = run_args_to_options(a, remaining);
+  o.expand_local_rank = true;  // torchrun's ${local_rank} in PROGRAM's arguments
+  return o;
 }
 
 namespace {

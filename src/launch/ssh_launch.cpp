@@ -35,6 +35,7 @@
 #include "launch/cpu_binding.h"
 #include "launch/options_internal.h"
 #include "launch/output.h"
+#include "launch/string_template.h"
 
 extern char** environ;
 
@@ -356,8 +357,11 @@ std::vector<std::string> agent_args(const LaunchOptions& o, int node_rank) {
   for (const auto& [k, v] : o.extra_env) a.push_back("--env=" + k + "=" + v);
   // No "--" before PROGRAM: `dtrain run -- PROG` is rejected by CLI11 under a subcommand,
   // and validate_launch_options() made PROGRAM a path (or a module name), never "-...".
-  a.push_back(o.program);
-  a.insert(a.end(), o.args.begin(), o.args.end());
+  // The remote agent is `dtrain run`, which substitutes torchrun's ${local_rank} in what follows
+  // the executable; a launcher that does not (horovodrun -H) sends it escaped.
+  const bool escape = !o.expand_local_rank;
+  a.push_back(escape && runs_with_python(o) ? launch::escape_substitution(o.program) : o.program);
+  for (const auto& arg : o.args) a.push_back(escape ? launch::escape_substitution(arg) : arg);
   return a;
 }
 

@@ -9,7 +9,6 @@
 
 #include <dirent.h>
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +19,7 @@
 #include "dtrain/error.h"
 #include "launch/deepspeed_worker.h"
 #include "launch/options_internal.h"
+#include "launch/string_template.h"
 #include "launch/worker_process.h"
 
 namespace dtrain::launch {
@@ -55,40 +55,6 @@ void set_visible_device(std::vector<std::string>& env, int lr) {
     break;
   }
   env.push_back(key + device);
-}
-
-// Python's string.Template(t).safe_substitute(role_name=, rank=, local_rank=), as torchrun
-// builds its line prefixes: $$ is $, $name and ${name} are replaced when known, anything else
-// stays as written.
-std::string substitute_prefix(const std::string& t, const std::map<std::string, std::string>& v) {
-  auto ident_start = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)); };
-  auto ident_char = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)); };
-  std::string out;
-  size_t i = 0;
-  while (i < t.size()) {
-    if (t[i] != '$' || i + 1 >= t.size()) {
-      out += t[i++];
-      continue;
-    }
-    if (t[i + 1] == '$') {
-      out += '$';
-      i += 2;
-      continue;
-    }
-    const bool braced = t[i + 1] == '{';
-    size_t start = i + (braced ? 2 : 1), end = start;
-    if (end < t.size() && ident_start(t[end]))
-      while (end < t.size() && ident_char(t[end])) ++end;
-    const bool closed = braced && end < t.size() && t[end] == '}';
-    auto it = v.find(t.substr(start, end - start));
-    if (end > start && (!braced || closed) && it != v.end()) {
-      out += it->second;
-      i = end + (braced ? 1 : 0);
-    } else {
-      out += t[i++];  // unknown or malformed: kept as written
-    }
-  }
-  return out;
 }
 
 std::string read_file(const std::string& path, size_t limit = 64 * 1024) {
@@ -316,6 +282,12 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     } else {
       fs.env = envs[lr];
       if (o_.bind_cores_to_rank) fs.cpus = binding_.cpus[lr];
+      // torchrun's ${local_rank} in the arguments: the node's local rank (with
+      // --virtual-local-rank too, whose LOCAL_RANK is 0).
+      if (o_.expand_local_rank) {
+        auto own = substitute_local_rank(argv, shared_host ? o_.first_local_rank + lr : lr);
+        if (own != argv) fs.argv = std::move(own);
+      }
     }
 
     auto open_log = [&](const char* name) {
@@ -328,9 +300,9 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
     const std::string prefix =
         o_.log_line_prefix_template.empty()
             ? "[" + o_.role + std::to_string(w.rank) + "]:"
-            : substitute_prefix(o_.log_line_prefix_template, {{"role_name", o_.role},
-                                                              {"rank", std::to_string(w.rank)},
-                                                              {"local_rank", std::to_string(lr)}});
+            : safe_substitute(o_.log_line_prefix_template, {{"role_name", o_.role},
+                                                            {"rank", std::to_string(w.rank)},
+                                                            {"local_rank", std::to_string(lr)}});
     // As torchrun's DefaultLogsSpecs: a stream has its file (stdout.log, stderr.log) only where
     // --redirects or --tee names it; a rank the filter shows has it on the console unless it
     // is redirected and not teed (torchrun tails a teed stream from its file, redirected or
@@ -419,7 +391,10 @@ void WorkerSet::spawn(const RendezvousResult& rdzv, const std::string& dir, bool
   }
   for (size_t lr = 0; lr < workers_.size(); ++lr) {
     Worker& w = workers_[lr];
-    SpawnSpec spec{argv, envs[lr], {}};
+    // Its own arguments where ${local_rank} made them differ (DeepSpeed's workers run
+    // `argv`, which starts their own through the shim).
+    const auto& own = started[lr].argv;
+    SpawnSpec spec{own.empty() || deepspeed_ ? argv : own, envs[lr], {}};
     if (o_.bind_cores_to_rank) spec.cpus = binding_.cpus[lr];
     spec.inherit_stdin = workers_read_stdin();
     auto p = spawn_process(spec);

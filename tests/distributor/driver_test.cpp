@@ -24,6 +24,16 @@ TEST(DistributorDriver, ForgettingInitIsAClearErrorAndStartsNothing) {
   EXPECT_EQ(workers_alive(), 0);
 }
 
+// The workers re-execute the driver with its own arguments, as they are: `dtrain run`
+// substitutes torchrun's ${local_rank} (and makes `$$` one `$`) in a program's arguments, so
+// the Distributor escapes them.
+TEST(DistributorDriver, WorkersGetTheDriversArgumentsAsTheyAre) {
+  auto r = dtrain::test::run_command(
+      {DRIVER_PROGRAM, "--argv", "a$$b", "${local_rank}", "$local_rank", "$", "x$"},
+      {.timeout = 120s});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
 // The temporary directories of the driver `pid` (/tmp/dtrain-distributor-<pid>-XXXXXX).
 std::vector<std::string> driver_temp_dirs(pid_t pid) {
   const std::string stem = "dtrain-distributor-" + std::to_string(pid) + "-";

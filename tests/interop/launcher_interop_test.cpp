@@ -370,6 +370,83 @@ TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
   }
 }
 
+// torchrun's ${local_rank} macro (torch.distributed.elastic.utils.macros): each worker's
+// arguments after the executable go through string.Template.safe_substitute(local_rank=...),
+// so `${local_rank}` and `$local_rank` are its local rank, `$$` is `$`, and anything else stays.
+// The same arguments under the venv's torchrun and `dtrain run`, for a Python worker and a C++
+// one (spawned, and forked from a fork server, whose workers get their own arguments), with
+// and without --virtual-local-rank (LOCAL_RANK 0, the macro still the node's local rank).
+TEST(LauncherInterop, TheLocalRankMacroInArgumentsIsAsUnderTorchrun) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::vector<std::string> args = {"x${local_rank}",
+                                         "a$$b",
+                                         "$local_rank",
+                                         "${rank}",
+                                         "$",
+                                         "${local_rank",
+                                         "q$",
+                                         "$LOCAL_RANK",
+                                         "$$local_rank",
+                                         "$1",
+                                         "${local_rank}${local_rank}",
+                                         "--out=log_${local_rank}.txt",
+                                         "\xc3\xa9$local_rank\xc3\xbc",
+                                         "${ local_rank}",
+                                         "$local_rank_x"};
+  // Lines "[default<local rank>]:arg=VALUE" -> the values by local rank, in order.
+  auto by_rank = [](const std::string& out) {
+    std::map<int, std::vector<std::string>> seen;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      static const std::regex arg_line(R"(^\[default(\d+)\]:arg=(.*)$)");
+      std::smatch m;
+      if (std::regex_match(line, m, arg_line)) seen[std::stoi(m[1])].push_back(m[2]);
+    }
+    return seen;
+  };
+  const std::string python_script = kInterop + "/worker_args.py";
+  for (const std::string worker : {"python", "c++ spawn", "c++ forkserver"}) {
+    for (const bool virtual_local_rank : {false, true}) {
+      SCOPED_TRACE(worker + (virtual_local_rank ? ", --virtual-local-rank" : ""));
+      std::vector<std::string> torchrun = venv_torchrun(), dtrain = {DTRAIN_BIN, "run"};
+      for (auto* argv : {&torchrun, &dtrain}) {
+        // torchrun fails where its default port 29500 is taken (by another test's store).
+        const std::string port = std::to_string(dtrain::test::free_port());
+        for (const std::string a :
+             {"--master-port", port.c_str(), "--nproc-per-node", "2", "--monitor-interval", "0.1"})
+          argv->push_back(a);
+        if (virtual_local_rank) argv->push_back("--virtual-local-rank");
+      }
+      torchrun.insert(torchrun.end(), {"--tee", "3"});
+      if (worker != "python") {
+        dtrain.insert(dtrain.end(),
+                      {"--start-method", worker == "c++ spawn" ? "spawn" : "forkserver"});
+        for (auto* argv : {&torchrun, &dtrain})
+          argv->insert(argv->end(), {"--no-python", TEST_WORKER_BIN, "--print-args"});
+      } else {
+        for (auto* argv : {&torchrun, &dtrain}) argv->push_back(python_script);
+      }
+      for (auto* argv : {&torchrun, &dtrain}) argv->insert(argv->end(), args.begin(), args.end());
+      const RunOptions opts{.env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON),
+                                    "PYTHON_EXEC=" + std::string(DTRAIN_VENV_PYTHON)},
+                            .timeout = 120s};
+      auto t = run_command(torchrun, opts);
+      ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
+      auto d = run_command(dtrain, opts);
+      ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+      const auto theirs = by_rank(t.out), ours = by_rank(d.out);
+      ASSERT_EQ(theirs.size(), 2u) << t.out;
+      EXPECT_EQ(ours, theirs) << d.out;
+      // What the comparison covered: torchrun substituted (rank 1's first argument is "x1")
+      // and left `${rank}` alone.
+      ASSERT_EQ(theirs.at(1).size(), args.size());
+      EXPECT_EQ(theirs.at(1)[0], "x1");
+      EXPECT_EQ(theirs.at(1)[1], "a$b");
+      EXPECT_EQ(theirs.at(1)[3], "${rank}");
+    }
+  }
+}
+
 // The launcher's own TORCHELASTIC_ERROR_FILE (a scheduler's): torchrun's @record main copies
 // the root cause's error.json there with its errorCode; so does `dtrain run`. With --log-dir
 // alone both leave the same files there: the failed rank's error.json, no stdout.log or

@@ -27,6 +27,8 @@
 //   --dlopen PATH            dlopen the library PATH (kept open until exit)
 //   --unsynced-cout TEXT     std::ios::sync_with_stdio(false), then TEXT to std::cout, unflushed
 //   --read-stdin             read one line of stdin, print "stdin=LINE" ("stdin=<eof>" at EOF)
+//   --print-args ...         print "args=" and every argument after it, one per line, each
+//                            as "arg=VALUE"; then exit 0 (what follows is not read as flags)
 #include <dlfcn.h>
 #include <sched.h>
 #include <signal.h>
@@ -84,6 +86,12 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
+    if (a == "--print-args") {
+      std::printf("args=rank %d\n", rank);
+      for (int j = i + 1; j < argc; ++j) std::printf("arg=%s\n", argv[j]);
+      std::fflush(stdout);
+      return 0;
+    }
     if (a == "--print-env") {
       for (const char* k :
            {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",

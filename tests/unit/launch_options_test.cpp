@@ -35,6 +35,7 @@
 #include "launch/options_internal.h"
 #include "launch/output.h"
 #include "launch/rendezvous.h"
+#include "launch/string_template.h"
 #include "support/paths.h"
 #include "support/scoped_env.h"
 
@@ -1684,6 +1685,29 @@ TEST(SshAgentArgs, CoreBindingReachesEveryHostsAgent) {
   // Without the flag, neither is passed.
   const auto plain = agent_args(parse({"--hosts", "h1:2,h2:2"}), 1);
   EXPECT_EQ(std::find(plain.begin(), plain.end(), "--bind-cores-to-rank"), plain.end());
+}
+
+// torchrun's ${local_rank} macro: `dtrain run` substitutes it in the arguments (the remote
+// agents, `dtrain run` too, do it for their own workers, so the arguments go as given); a
+// launcher that does not substitute (horovodrun -H) sends them escaped, so they arrive as given.
+TEST(SshAgentArgs, ArgumentsReachTheRemoteAgentForItToSubstituteOrEscaped) {
+  LaunchOptions o = parse_run_args({"--hosts", "h1:2,h2:2", "prog", "a$$b", "${local_rank}"});
+  EXPECT_TRUE(o.expand_local_rank);
+  auto a = agent_args(o, 1);
+  ASSERT_GE(a.size(), 3u);
+  EXPECT_EQ(Args(a.end() - 3, a.end()), (Args{"prog", "a$$b", "${local_rank}"}));
+  o.expand_local_rank = false;
+  a = agent_args(o, 1);
+  EXPECT_EQ(Args(a.end() - 3, a.end()), (Args{"prog", "a$$$$b", "$${local_rank}"}));
+  EXPECT_EQ(launch::substitute_local_rank(Args(a.end() - 3, a.end()), 1),
+            (Args{"prog", "a$$b", "${local_rank}"}));
+  // Python's string.Template.safe_substitute, torchrun's: only local_rank is known.
+  EXPECT_EQ(
+      launch::substitute_local_rank({"python3", "-u", "t.py", "x${local_rank}", "$local_rank_",
+                                     "${rank}", "$", "${local_rank", "$$local_rank", "$9"},
+                                    3),
+      (Args{"python3", "-u", "t.py", "x3", "$local_rank_", "${rank}", "$", "${local_rank",
+            "$local_rank", "$9"}));
 }
 
 }  // namespace dtrain

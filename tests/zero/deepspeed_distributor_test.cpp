@@ -1,5 +1,6 @@
 // DeepSpeedDistributor end to end: this test binary is the driver and (re-executed by the
-// launcher) its own workers; a program gets --deepspeed --deepspeed_config PATH.
+// launcher) its own workers; a program gets --deepspeed --deepspeed_config PATH after its own
+// arguments, as under Spark's DeepspeedTorchDistributor.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -72,6 +73,75 @@ TEST(DeepSpeedDistributor, ProgramGetsDeepSpeedFlags) {
   std::getline(in, line);
   EXPECT_EQ(line, "deepspeed=1 stage=3 world=2 steps=10") << line;
   std::filesystem::remove(out);
+}
+
+// A program's arguments as Spark's DeepspeedTorchDistributor (the venv's pyspark, run here in
+// local mode) gives them, for a config given as an object, as a path and not at all: the
+// program's own arguments, then `--deepspeed` and `--deepspeed_config PATH` - the user's path
+// as given, or a file holding the object. torchrun's ${local_rank} is substituted on both.
+TEST(DeepSpeedDistributor, ProgramArgumentsAsSparksDeepspeedTorchDistributor) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / ("ds_argv_" + std::to_string(::getpid()));
+  struct RemoveBase {  // also when an ASSERT below ends the test
+    fs::path path;
+    ~RemoveBase() { fs::remove_all(path); }
+  } remove_base{base};
+  fs::create_directories(base);
+  const std::string config_path = (base / "ds.json").string();
+  std::ofstream(config_path) << ds_config(2).dump() << "\n";
+  const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/tests/zero/ds_argv.py";
+  const std::vector<std::string> args = {"--epochs", "1", "positional", "x${local_rank}"};
+  std::vector<std::string> peer = {
+      DTRAIN_VENV_PYTHON, std::string(DTRAIN_SOURCE_DIR) + "/tests/zero/ds_distributor_peer.py",
+      (base / "spark").string(), script, config_path};
+  peer.insert(peer.end(), args.begin(), args.end());
+  std::string spark_home =
+      dtrain::test::run_command({DTRAIN_VENV_PYTHON, "-c",
+                                 "import os, pyspark; print(os.path.dirname(pyspark.__file__))"},
+                                {.timeout = std::chrono::seconds(60)})
+          .out;
+  spark_home.erase(spark_home.find_last_not_of("\n") + 1);
+  auto r = dtrain::test::run_command(
+      peer,
+      {.env = {"SPARK_HOME=" + spark_home, "PYSPARK_PYTHON=" + std::string(DTRAIN_VENV_PYTHON),
+               "SPARK_LOCAL_IP=127.0.0.1"},
+       .timeout = std::chrono::seconds(300)});
+  ASSERT_EQ(r.exit_code, 0) << "Spark's DeepspeedTorchDistributor (needs java and the venv's "
+                               "pyspark: scripts/setup.sh)\n"
+                            << r.out << r.err;
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p);
+    return nlohmann::json::parse(in);
+  };
+  for (const std::string c : {"object", "path", "none"}) {
+    SCOPED_TRACE(c);
+    const fs::path dir = base / "dtrain" / c;
+    fs::create_directories(dir);
+    ::setenv("DS_ARGV_OUT", dir.c_str(), 1);
+    nlohmann::json config = c == "object" ? ds_config(2)
+                            : c == "path" ? nlohmann::json(config_path)
+                                          : nlohmann::json();
+    dtrain::DeepSpeedDistributor d({.num_gpus = 2, .deepspeed_config = config});
+    d.run(script, args);
+    ::unsetenv("DS_ARGV_OUT");
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto theirs = read(base / "spark" / c / (std::to_string(rank) + ".json"));
+      const auto ours = read(dir / (std::to_string(rank) + ".json"));
+      auto want = theirs.at("argv").get<std::vector<std::string>>();
+      auto got = ours.at("argv").get<std::vector<std::string>>();
+      ASSERT_EQ(got.size(), want.size()) << ours.dump() << " vs Spark's " << theirs.dump();
+      // The temporary file's name is each one's own; what it holds is compared below.
+      if (c == "object") got.back() = want.back();
+      EXPECT_EQ(got, want) << "rank " << rank;
+      EXPECT_EQ(ours.at("config"), theirs.at("config")) << "rank " << rank;
+      // What was compared: Spark's order, and ${local_rank} substituted.
+      EXPECT_EQ(want[3], "x" + std::to_string(rank));
+      EXPECT_EQ(want[4], "--deepspeed");
+      EXPECT_EQ(want.size(), c == "none" ? 5u : 7u);
+      if (c == "path") EXPECT_EQ(want.back(), config_path);
+      if (c != "none") EXPECT_EQ(theirs.at("config"), ds_config(2));
+    }
+  }
 }
 
 TEST(DeepSpeedDistributor, BadConfigFailsOnTheDriverNamingTheKey) {
