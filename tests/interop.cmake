@@ -5,4 +5,4 @@ dtrain_test_programs(launcher_interop_test HELLO_WORKER_BIN hello_worker TEST_WO
 add_dependencies(launcher_interop_test dtrain_cli hello_worker test_worker)
 # The venv-only scenarios (its torchrun, a PyTorch 2.x script restarted 20 times, ~100 s) run
 # in one build.
-dtrain_test_once(launcher_interop_test torch2 MATCHING "AsUnderTorchrun|RestartTwentyTimes|AsDocumented")
+dtrain_test_once(launcher_interop_test torch2 MATCHING "AsUnderTorchrun|AsTorchDistributedLaunch|RestartTwentyTimes|AsDocumented")

@@ -90,11 +90,17 @@ int main(int argc, char** argv) {
   // (CLI11 knows no abbreviations).
   std::vector<std::string> spelled(argv, argv + argc);
   std::vector<std::string> empty_flags;  // `--FLAG=` taken out, applied after parsing
+  // `dtrain launch`: `python -m torch.distributed.launch`, which is torchrun with --use-env
+  // (below); read as `dtrain run` with that flag.
+  const bool legacy_launch = argc >= 2 && spelled[1] == "launch";
+  if (legacy_launch) spelled[1] = "run";
+  const std::string command = legacy_launch ? "dtrain launch" : "dtrain run";
   if (argc >= 2 && spelled[1] == "run") {
     auto dashes = std::find(spelled.begin() + 2, spelled.end(), "--");
     try {
-      auto run_part =
-          dtrain::spell_out_abbreviations({spelled.begin() + 2, dashes}, [](CLI::App& app) {
+      auto run_part = dtrain::spell_out_abbreviations(
+          {spelled.begin() + 2, dashes},
+          [legacy_launch](CLI::App& app) {
             // The flags `dtrain run` takes beside add_run_options' (here and on the Spark and
             // Ray routes below), so that an abbreviation after them is spelled out too.
             for (const char* f :
@@ -102,14 +108,17 @@ int main(int argc, char** argv) {
                   "--spark-slot-timeout", "--ray-address", "--ray-strategy", "--ray-cpus",
                   "--ray-gpus", "--ray-placement-timeout", "--ray-python"})
               app.add_option(f, [](const std::vector<std::string>&) { return true; });
-          });
+            if (legacy_launch) app.add_flag("--use-env,--use_env");
+          },
+          legacy_launch ? std::vector<std::string>{"--use-env", "--use_env"}
+                        : std::vector<std::string>{});
       // torchrun's `--FLAG=` (argparse's empty string): stops, or goes on meaning "".
       empty_flags = dtrain::take_empty_values(run_part);
       spelled.erase(spelled.begin() + 2, dashes);
       spelled.insert(spelled.begin() + 2, run_part.begin(), run_part.end());
     } catch (const dtrain::UsageError& e) {
-      std::cerr << "dtrain run: error: " << e.what()
-                << "\nRun 'dtrain run --help' for the flags.\n";
+      std::cerr << command << ": error: " << e.what() << "\nRun '" << command
+                << " --help' for the flags.\n";
       return 2;
     }
   }
@@ -129,9 +138,8 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "run") {
     std::cerr << "dtrain: error: unknown command '" << argv[1]
-              << "'; the commands are run, zero, horovodrun and deepspeed.\nRun 'dtrain --help' or "
-                 "'dtrain "
-                 "run --help'.\n";
+              << "'; the commands are run, launch, zero, horovodrun and deepspeed.\nRun 'dtrain "
+                 "--help' or 'dtrain run --help'.\n";
     return 2;
   }
   CLI::App app{"dtrain: distributed training for libtorch C++ (and unchanged PyTorch scripts)"};
@@ -143,13 +151,20 @@ int main(int argc, char** argv) {
   app.footer(
       "Run 'dtrain run --help' for the launcher's flags; 'dtrain zero --help' for ZeRO configs and "
       "checkpoints; 'dtrain deepspeed --help' and 'dtrain horovodrun --help' for DeepSpeed's and "
-      "Horovod's launchers.");
+      "Horovod's launchers. 'dtrain launch' is torch.distributed.launch: `dtrain run` with its "
+      "--use-env, and without it each worker's --local-rank=N before PROGRAM's arguments.");
   dtrain::RunArgs run_args;
   bool had_dashes = false;
   std::vector<std::string> after_dashes;
   CLI::App* run =
       app.add_subcommand("run", "Launch PROGRAM on N worker processes (torchrun-compatible)");
   dtrain::add_run_options(*run, run_args);
+  bool use_env = false;
+  if (legacy_launch) {
+    run->add_flag("--use-env,--use_env", use_env,
+                  "dtrain launch (torch.distributed.launch): workers read LOCAL_RANK from the "
+                  "environment; without it each gets --local-rank=N before PROGRAM's arguments");
+  }
   std::string mlflow_run_id;
   run->add_option(
       "--mlflow-run-id", mlflow_run_id,
@@ -200,10 +215,19 @@ int main(int argc, char** argv) {
     }
     options = dtrain::run_args_to_options(run_args, rest);
     options.expand_local_rank = true;  // torchrun's ${local_rank} in PROGRAM's arguments
-    for (const auto& note : options.notes) std::cerr << "dtrain run: note: " << note << "\n";
+    if (legacy_launch) {
+      // torch.distributed.launch's legacy default, its words.
+      if (!use_env && options.no_python)
+        throw dtrain::UsageError(
+            "When using the '--no-python' flag, you must also set the '--use-env' flag.");
+      if (!use_env) options.args.insert(options.args.begin(), "--local-rank=${local_rank}");
+      std::cerr << "dtrain launch: note: torch.distributed.launch is deprecated in PyTorch; "
+                   "`dtrain run` (torchrun) sets LOCAL_RANK and passes no --local-rank\n";
+    }
+    for (const auto& note : options.notes) std::cerr << command << ": note: " << note << "\n";
   } catch (const dtrain::UsageError& e) {
-    std::cerr << "dtrain run: error: " << dtrain::name_env_source(e.what(), flags, getenv_)
-              << "\nRun 'dtrain run --help' for the flags.\n";
+    std::cerr << command << ": error: " << dtrain::name_env_source(e.what(), flags, getenv_)
+              << "\nRun '" << command << " --help' for the flags.\n";
     dtrain::launch::record_launcher_error(e);
     return 2;
   }
@@ -214,12 +238,13 @@ int main(int argc, char** argv) {
     outcome.report(rc);
     return rc;
   } catch (const dtrain::UsageError& e) {
-    std::cerr << "dtrain run: error: " << e.what() << "\nRun 'dtrain run --help' for the flags.\n";
+    std::cerr << command << ": error: " << e.what() << "\nRun '" << command
+              << " --help' for the flags.\n";
     dtrain::launch::record_launcher_error(e);
     cancel_slurm_step(run_args);
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "dtrain run: error: " << e.what() << "\n";
+    std::cerr << command << ": error: " << e.what() << "\n";
     dtrain::launch::record_launcher_error(e);
     cancel_slurm_step(run_args);
     return 1;

@@ -1021,7 +1021,8 @@ constexpr const char* kTorchrunFlags[] = {"--nnodes",
                                           "--virtual_local_rank"};
 
 std::vector<std::string> spell_out_abbreviations(std::vector<std::string> args,
-                                                 const std::function<void(CLI::App&)>& more) {
+                                                 const std::function<void(CLI::App&)>& more,
+                                                 const std::vector<std::string>& abbreviated) {
   // CLI11 knows where the options end: parse, spell out the first flag it did not know when
   // that abbreviates one, parse again.
   for (size_t rounds = 0; rounds <= args.size(); ++rounds) {
@@ -1047,6 +1048,8 @@ std::vector<std::string> spell_out_abbreviations(std::vector<std::string> args,
     std::vector<std::string> names;  // torchrun's flags it starts
     for (const char* name : kTorchrunFlags)
       if (std::string(name).rfind(given, 0) == 0) names.push_back(name);
+    for (const std::string& name : abbreviated)
+      if (name.rfind(given, 0) == 0) names.push_back(name);
     if (names.empty()) {
       std::vector<std::string> ours;  // dtrain's own flags it starts
       for (const CLI::Option* opt : app.get_options()) {

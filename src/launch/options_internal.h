@@ -80,9 +80,12 @@ CLI::App& add_run_options(CLI::App& run, RunArgs& a);
 // ("--nnode 2", "--nproc_per=2") spelled out. A prefix of several is a UsageError naming them,
 // as argparse's "ambiguous option"; a prefix of dtrain's own flags only is an unknown option
 // (they are not abbreviated). PROGRAM's own arguments are left alone. `more` declares flags the
-// caller adds beside add_run_options' (dtrain's --mlflow-run-id).
+// caller adds beside add_run_options' (dtrain's --mlflow-run-id); `abbreviated` names more
+// flags that abbreviate as torchrun's (`dtrain launch`'s --use-env and --use_env, as
+// torch.distributed.launch's parser takes them).
 std::vector<std::string> spell_out_abbreviations(
-    std::vector<std::string> args, const std::function<void(CLI::App&)>& more = nullptr);
+    std::vector<std::string> args, const std::function<void(CLI::App&)>& more = nullptr,
+    const std::vector<std::string>& abbreviated = {});
 // torchrun 2.11's answer to `--FLAG=` (argparse takes "" as the value) among `args` (`dtrain
 // run`'s, up to PROGRAM or "--"): where torchrun stops, a UsageError naming the flag (with
 // torchrun's error); where it goes on, the argument is removed (CLI11 would take the next

@@ -370,6 +370,19 @@ TEST(LauncherInterop, WorkerEnvironmentIsAsUnderTorchrun) {
   }
 }
 
+// Lines "[default<local rank>]:arg=VALUE" (tests/interop/worker_args.py, test_worker's
+// --print-args) -> the values by local rank, in order.
+std::map<int, std::vector<std::string>> args_by_rank(const std::string& out) {
+  std::map<int, std::vector<std::string>> seen;
+  std::istringstream in(out);
+  static const std::regex arg_line(R"(^\[default(\d+)\]:arg=(.*)$)");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, arg_line)) seen[std::stoi(m[1])].push_back(m[2]);
+  }
+  return seen;
+}
+
 // torchrun's ${local_rank} macro (torch.distributed.elastic.utils.macros): each worker's
 // arguments after the executable go through string.Template.safe_substitute(local_rank=...),
 // so `${local_rank}` and `$local_rank` are its local rank, `$$` is `$`, and anything else stays.
@@ -393,17 +406,7 @@ TEST(LauncherInterop, TheLocalRankMacroInArgumentsIsAsUnderTorchrun) {
                                          "\xc3\xa9$local_rank\xc3\xbc",
                                          "${ local_rank}",
                                          "$local_rank_x"};
-  // Lines "[default<local rank>]:arg=VALUE" -> the values by local rank, in order.
-  auto by_rank = [](const std::string& out) {
-    std::map<int, std::vector<std::string>> seen;
-    std::istringstream in(out);
-    for (std::string line; std::getline(in, line);) {
-      static const std::regex arg_line(R"(^\[default(\d+)\]:arg=(.*)$)");
-      std::smatch m;
-      if (std::regex_match(line, m, arg_line)) seen[std::stoi(m[1])].push_back(m[2]);
-    }
-    return seen;
-  };
+  const auto by_rank = args_by_rank;
   const std::string python_script = kInterop + "/worker_args.py";
   for (const std::string worker : {"python", "c++ spawn", "c++ forkserver"}) {
     for (const bool virtual_local_rank : {false, true}) {
@@ -444,6 +447,53 @@ TEST(LauncherInterop, TheLocalRankMacroInArgumentsIsAsUnderTorchrun) {
       EXPECT_EQ(theirs.at(1)[1], "a$b");
       EXPECT_EQ(theirs.at(1)[3], "${rank}");
     }
+  }
+}
+
+// `dtrain launch` against `python -m torch.distributed.launch` (the venv's): without --use-env
+// each worker gets --local-rank=N before its arguments (and LOCAL_RANK, as with it), a module
+// too; --no-python without --use-env is refused by both.
+TEST(LauncherInterop, LaunchIsAsTorchDistributedLaunch) {
+  require_python_torch(DTRAIN_VENV_PYTHON);
+  const std::string script = kInterop + "/worker_args.py";
+  const RunOptions opts{
+      .env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON), "PYTHONPATH=" + kInterop},
+      .timeout = 120s};
+  const std::vector<std::vector<std::string>> cases = {{script, "a", "--lr=1"},
+                                                       {"--use-env", script, "a"},
+                                                       {"--use_env", "-m", "worker_args", "b"},
+                                                       {"-m", "worker_args", "--", "c"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    const std::string port = std::to_string(dtrain::test::free_port());
+    std::vector<std::string> torch = {DTRAIN_VENV_PYTHON, "-m", "torch.distributed.launch"},
+                             dtrain = {DTRAIN_BIN, "launch"};
+    for (auto* argv : {&torch, &dtrain}) {
+      argv->insert(argv->end(),
+                   {"--master-port", port, "--nproc-per-node", "2", "--monitor-interval", "0.1"});
+    }
+    torch.insert(torch.end(), {"--tee", "3"});
+    for (auto* argv : {&torch, &dtrain}) argv->insert(argv->end(), c.begin(), c.end());
+    auto t = run_command(torch, opts);
+    ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
+    auto d = run_command(dtrain, opts);
+    ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+    const auto theirs = args_by_rank(t.out), ours = args_by_rank(d.out);
+    ASSERT_EQ(theirs.size(), 2u) << t.out;
+    EXPECT_EQ(ours, theirs) << d.out;
+    const bool use_env = c[0].starts_with("--use");
+    EXPECT_EQ(theirs.at(1).at(0) == "--local-rank=1", !use_env) << "what was compared";
+    EXPECT_NE(d.err.find("deprecated"), std::string::npos) << d.err;
+  }
+  for (auto argv : {std::vector<std::string>{DTRAIN_VENV_PYTHON, "-m", "torch.distributed.launch"},
+                    std::vector<std::string>{DTRAIN_BIN, "launch"}}) {
+    argv.insert(argv.end(), {"--no-python", "/bin/true"});
+    auto r = run_command(argv, opts);
+    EXPECT_NE(r.exit_code, 0) << argv[0];
+    EXPECT_NE(r.err.find("When using the '--no-python' flag, you must also set the '--use-env' "
+                         "flag."),
+              std::string::npos)
+        << r.err;
   }
 }
 

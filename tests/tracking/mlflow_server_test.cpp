@@ -719,9 +719,10 @@ TEST(MlflowServer, WorkerKilledBySignalIsFailedAndOnlyAStoppedLauncherIsKilled) 
   const std::string crashed = open_run("worker-sigkilled"), stopped = open_run("launcher-stopped");
   const std::vector<std::string> env{"MLFLOW_TRACKING_URI=" + g_env->server->url()};
   // A worker dies of SIGKILL (as the kernel's OOM killer would kill it): the launcher exits
-  // 137, and the run FAILED, with the signal in the root cause.
+  // 137, and the run FAILED, with the signal in the root cause. (`$$$$`: `dtrain run`, as
+  // torchrun, makes `$$` in an argument one `$`.)
   auto r = run_command({DTRAIN_BIN, "run", "--mlflow-run-id", crashed, "--nproc-per-node", "1",
-                        "/bin/sh", "-c", "kill -9 $$"},
+                        "/bin/sh", "-c", "kill -9 $$$$"},
                        {.env = env, .timeout = 60s});
   ASSERT_EQ(r.exit_code, 137) << r.err;
   // The launcher gets SIGTERM (the user or a scheduler stops the job): 143, and KILLED.
