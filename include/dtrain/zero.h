@@ -444,6 +444,12 @@ class Engine {
     detail::EngineCore& core_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*core_); }
+  // DeepSpeed's engine.zero_grad(): every parameter's gradient of the module to none, as the
+  // module's own zero_grad(set_to_none = true). Between the micro-batches of an accumulation it
+  // drops what stages 0-1 accumulated so far; stages 2-3 keep what they already reduced.
+  void zero_grad() {
+    for (auto& p : core_->module().parameters()) p.mutable_grad() = torch::Tensor();
+  }
   ModuleType& module() { return module_; }
   int64_t global_steps() const { return core_->global_steps(); }
   // DeepSpeed's engine.global_samples: train_batch_size per optimizer step (skipped ones too);

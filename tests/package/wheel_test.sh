@@ -2,9 +2,10 @@
 # pip wheel route: builds dtrain's wheel (pyproject.toml, scikit-build-core) in the project's
 # venv against its torch, installs it with the pinned torch into a fresh venv, and there runs
 # `dtrain --version`, an unchanged PyTorch 2.x DDP script under `python -m dtrain.run` (the
-# torchrun-compatible launcher), imports dtrain.spark, and builds a C++ program against the
-# wheel's library with find_package(dtrain) (CMAKE_PREFIX_PATH = dtrain.cmake_prefix_path) and
-# runs it under the wheel's `dtrain run`.
+# torchrun-compatible launcher), a script under `python -m dtrain.launch` (--local-rank=N),
+# imports dtrain.spark, and builds a C++ program against the wheel's library with
+# find_package(dtrain) (CMAKE_PREFIX_PATH = dtrain.cmake_prefix_path) and runs it under the
+# wheel's `dtrain run`.
 #   wheel_test.sh SOURCE_DIR [VENV_PYTHON]     (VENV_PYTHON: the project's venv, python_env.sh)
 # The wheel's build tree is SOURCE_DIR/build-wheel (incremental; ccache like scripts/setup.sh),
 # or $DTRAIN_WHEEL_BUILD_DIR.
@@ -53,6 +54,11 @@ digests="$(grep -o '"digest": "[0-9a-f]*"' <<<"$out" | sort -u | wc -l)"
 [[ "$(grep -c '"world_size": 2' <<<"$out")" -eq 2 && "$digests" -eq 1 ]] ||
   { echo "FAIL: python -m dtrain.run ddp_train.py: $out"; exit 1; }
 
+# PyTorch's legacy launcher's form: each worker gets --local-rank=N before its arguments.
+out="$(cd "$tmp" && python -m dtrain.launch --nproc-per-node 2 "$src/tests/interop/worker_args.py" x 2>/dev/null)"
+[[ "$(grep -c -- 'arg=--local-rank=[01]$' <<<"$out")" -eq 2 && "$(grep -c 'arg=x$' <<<"$out")" -eq 2 ]] ||
+  { echo "FAIL: python -m dtrain.launch worker_args.py: $out"; exit 1; }
+
 # A C++ user's project against the wheel's library.
 cmake -S "$src/tests/package" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; exit 1; }
@@ -60,5 +66,5 @@ cmake --build "$tmp/consumer" >"$tmp/build.log" 2>&1 || { tail -n 40 "$tmp/build
 out="$(dtrain run --nproc-per-node 2 "$tmp/consumer/consumer")"
 [[ "$(grep -c 'consumer: ok' <<<"$out")" -eq 2 ]] || { echo "FAIL: dtrain run consumer: $out"; exit 1; }
 echo "PASS: wheel dtrain $version ($torch_pin) in a fresh venv: dtrain --version, python -m dtrain.run" \
-     "(PyTorch DDP, 2 ranks), dtrain.spark, a find_package(dtrain) C++ program under dtrain run" \
+     "(PyTorch DDP, 2 ranks), python -m dtrain.launch, dtrain.spark, a find_package(dtrain) C++ program under dtrain run" \
      "($((SECONDS - start)) s)"

@@ -155,7 +155,7 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
     before one step(): the first under no_sync() ("no_sync"), after
     set_gradient_accumulation_boundary(False) and the second after (True) ("set_boundary"), or
     plainly ("unmanaged": managed_gradient_accumulation false), or with step() and the
-    module's zero_grad() between ("zero_grad"). `record` collects after each
+    module's zero_grad() between ("zero_grad"), or the engine's ("engine_zero_grad"). `record` collects after each
     step get_global_grad_norm() ("norms"), was_step_applied() ("applied"), global_samples
     ("samples"), and is_gradient_accumulation_boundary() before each backward and after the step
     ("boundaries") and what each backward returned ("returned"). "retain_graph": the first
@@ -200,6 +200,10 @@ def train(engine, steps, rank, world, loss_mult=None, record=None, mode=None, re
             loss_of(2 * step)
             engine.step()
             engine.module.zero_grad()
+        elif mode == "engine_zero_grad":
+            loss_of(2 * step)
+            engine.step()
+            engine.zero_grad()
         if mode != "retain_graph":
             loss = loss_of(2 * step + 1 if mode else step)
         engine.step()

@@ -598,6 +598,9 @@ TEST(ZeroDeepSpeedParity, TwoRanksAccumulationControlsAsDeepSpeed) {
   add("zero_grad", 1, 2, sgd_bf16, json::array(), ", bf16");
   add("zero_grad", 1, 2, sgd_bf16_fp32, json::array(), ", bf16, grad_accum_dtype fp32");
   add("zero_grad", 0, 2, sgd_bf16, json::array(), ", bf16");
+  // The engine's own zero_grad() there (every .grad to None, whatever the module's default).
+  for (int stage = 0; stage <= 3; ++stage) add("engine_zero_grad", stage, 2, sgd, json::array());
+  add("engine_zero_grad", 1, 2, sgd_bf16_fp32, json::array(), ", bf16, grad_accum_dtype fp32");
   // backward(loss, retain_graph=True), step(), and backward through the same graph again; and
   // backward(loss, scale_wrt_gas=False) (the loss not divided by the 2 accumulation steps).
   // DeepSpeed 0.19.8 fails at stage 3: the second backward meets its released parameters ("The

@@ -168,6 +168,10 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
       loss_of(2 * step);
       engine.step();
       m->zero_grad();
+    } else if (mode == "engine_zero_grad") {
+      loss_of(2 * step);
+      engine.step();
+      engine.zero_grad();
     } else if (mode == "retain_graph") {
       loss = loss_of(2 * step);
       engine.step();
