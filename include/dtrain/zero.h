@@ -72,6 +72,13 @@ struct LoadCheckpointOptions {
   // DeepSpeed's load_module_only: only the module's parameters and buffers (and the fp32
   // master from them); the optimizer state, scheduler, steps and loss scale stay as they are.
   bool load_module_only = false;
+  // DeepSpeed's load_module_strict (torch's load_state_dict(strict)): true refuses a checkpoint
+  // whose module lacks one of the model's parameters or holds a key the model has neither as a
+  // parameter nor as a buffer (UsageError naming them). false loads the parameters both have
+  // and leaves the others as they are (fine-tuning with a new head); where the keys differ that
+  // needs load_module_only (the optimizer state of other parameters has no place, and DeepSpeed
+  // fails there) and stages 0-2. A shape that differs is refused either way, as by torch.
+  bool load_module_strict = true;
 };
 
 // DeepSpeed's engine.backward(loss, retain_graph=False, scale_wrt_gas=True) arguments.

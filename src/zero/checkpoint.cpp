@@ -1380,6 +1380,44 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   if (model_file.value()->kind != PyValue::Kind::Dict)
     throw CheckpointError(model_path.string() + ": holds a " + model_file.value()->describe() +
                           ", not a checkpoint's dict");
+  // DeepSpeed's load_module_strict: the saved module's keys against the model's parameters
+  // (torch's load_state_dict: a missing buffer may be a non-persistent one, never saved).
+  if (const PyValue* module = model_file.value()->get("module");
+      module && module->kind == PyValue::Kind::Dict) {
+    // Every parameter, frozen ones (requires_grad false, not the engine's) too.
+    std::set<std::string> saved, known;
+    for (const auto& [k, v] : module->dict)
+      if (k->kind == PyValue::Kind::Str) saved.insert(k->s);
+    std::string missing, unexpected;
+    for (const auto& p : module_.named_parameters(true)) {
+      known.insert(p.key());
+      if (!saved.count(p.key())) missing += (missing.empty() ? "" : ", ") + p.key();
+    }
+    for (const auto& b : module_.named_buffers(true)) known.insert(b.key());
+    for (const auto& n : saved)
+      if (!known.count(n)) unexpected += (unexpected.empty() ? "" : ", ") + n;
+    if (!missing.empty() || !unexpected.empty()) {
+      const std::string differ =
+          model_path.string() + " does not hold the model's parameters (missing: " +
+          (missing.empty() ? "none" : missing) +
+          "; unexpected: " + (unexpected.empty() ? "none" : unexpected) + ")";
+      if (opts.load_module_strict)
+        throw UsageError("zero load_checkpoint: " + differ +
+                         "; to load the parameters both have, pass load_module_strict = false "
+                         "with load_module_only = true (DeepSpeed's load_module_strict=False)");
+      if (!opts.load_module_only)
+        throw UsageError("zero load_checkpoint: " + differ +
+                         ": its optimizer state has no place in this model's (DeepSpeed fails "
+                         "there too); pass load_module_only = true to load the module only");
+      if (policy_.parameters())
+        throw UsageError("zero load_checkpoint: " + differ +
+                         ": load_module_strict = false is for stages 0-2; at stage 3 load the "
+                         "module into a model of the same parameters");
+      load_module_subset(model_file, model_path.string());
+      client_state_ = client_state_of(*model_file.value());
+      return tag;
+    }
+  }
   const PyValue* version = model_file.value()->get("ds_version");
   const bool ours =
       version && version->kind == PyValue::Kind::Str && version->s.rfind("dtrain", 0) == 0;
@@ -1536,12 +1574,63 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
   load_counters(d, opts, where);
 }
 
+void EngineImpl::load_module_subset(TorchFile& model, const std::string& where) {
+  torch::NoGradGuard ng;
+  const PyValue& module = *model.value()->get("module");
+  // Checked whole before anything is written, so that a bad file leaves the engine as it was.
+  std::vector<std::pair<size_t, const PyValue*>> found;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    const PyValue* t = module.get(names_[i]);
+    if (!t) continue;
+    if (t->kind != PyValue::Kind::Tensor)
+      throw CheckpointError(where + ": '" + names_[i] + "' is a " + t->describe() +
+                            ", not a tensor");
+    if (t->tensor.sizes().vec() != shapes_[i])
+      throw UsageError("zero load_checkpoint: parameter '" + names_[i] + "' has another shape in " +
+                       where + " (torch's load_state_dict refuses it with strict=False too)");
+    found.emplace_back(i, t);
+  }
+  for (const auto& [i, t] : found)
+    flat_params_.narrow(0, offsets_[i], numels_[i]).copy_(model.load(*t).reshape({-1}));
+  load_buffers(model, module);
+  // DeepSpeed's refresh_fp32_params: the master from the (16-bit) parameters.
+  if (master_.defined()) master_.copy_(policy_.mine(flat_params_.to(master_dtype_), rank_, part_));
+  // As after any load: the steps and loss scale stay (load_module_only), the gradients go.
+  if (flat_grads_.defined()) flat_grads_.zero_();
+  if (grad_acc_.defined()) grad_acc_.zero_();
+  if (grad_part_.defined()) grad_part_.zero_();
+}
+
 void EngineImpl::load_buffers(const c10::impl::GenericDict& module_dict) {
   torch::NoGradGuard ng;
   for (auto& item : module_.named_buffers(true)) {
     auto it = module_dict.find(item.key());
     if (it != module_dict.end() && item.value().defined())
       item.value().detach().copy_(it->value().toTensor());
+  }
+  // Frozen parameters (not the engine's), as torch's load_state_dict loads them; not where the
+  // file holds an empty placeholder (DeepSpeed's stage-3 layout).
+  for (auto& item : module_.named_parameters(true)) {
+    if (item.value().requires_grad()) continue;
+    auto it = module_dict.find(item.key());
+    if (it == module_dict.end() || !it->value().isTensor()) continue;
+    const auto t = it->value().toTensor();
+    if (t.sizes() == item.value().sizes()) item.value().detach().copy_(t);
+  }
+}
+
+void EngineImpl::load_buffers(TorchFile& model, const PyValue& module) {
+  torch::NoGradGuard ng;
+  for (auto& item : module_.named_buffers(true)) {
+    const PyValue* t = module.get(item.key());
+    if (t && t->kind == PyValue::Kind::Tensor && item.value().defined())
+      item.value().detach().copy_(model.load(*t));
+  }
+  for (auto& item : module_.named_parameters(true)) {
+    if (item.value().requires_grad()) continue;
+    const PyValue* t = module.get(item.key());
+    if (t && t->kind == PyValue::Kind::Tensor && t->tensor.sizes() == item.value().sizes())
+      item.value().detach().copy_(model.load(*t));
   }
 }
 
@@ -1666,11 +1755,7 @@ void EngineImpl::load_own_part(TorchFile& model, const std::string& ckpt_s,
     else
       read_overlap(model, module_v, module_spans, 0, params);
   }
-  for (auto& item : module_.named_buffers(true)) {
-    const PyValue* t = module.get(item.key());
-    if (t && t->kind == PyValue::Kind::Tensor && item.value().defined())
-      item.value().detach().copy_(model.load(*t));
-  }
+  load_buffers(model, module);
   if (master_.defined()) master_.copy_(master);
   master = torch::Tensor();
   if (optimizer) {

@@ -207,11 +207,17 @@ class EngineImpl final : public EngineCore {
   // from_deepspeed takes them.
   void load_own_part(TorchFile& model, const std::string& ckpt, const LoadCheckpointOptions& opts,
                      const std::string& where, bool deepspeed = false);
+  // load_module_strict = false with load_module_only, for a checkpoint whose module keys are
+  // not the model's (torch's load_state_dict(strict=False)): the parameters both have from the
+  // module in `model` (at `where`), the others as they are, the fp32 master refreshed from them
+  // (DeepSpeed's refresh_fp32_params); the saved buffers the model has. Stages 0-2.
+  void load_module_subset(TorchFile& model, const std::string& where);
   // A model file's scheduler position, loss scale and step counters; the gradients zeroed.
   void load_counters(const c10::impl::GenericDict& model, const LoadCheckpointOptions& opts,
                      const std::string& where);
-  // The module file's buffers into the module.
+  // The module file's buffers and frozen parameters (requires_grad false) into the module.
   void load_buffers(const c10::impl::GenericDict& module_dict);
+  void load_buffers(TorchFile& model, const PyValue& module);  // a model file's, read lazily
   // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
   void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);

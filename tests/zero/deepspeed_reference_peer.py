@@ -42,6 +42,10 @@ _take_model_step does: optimizer.step(), then scheduler.step().
       -> {"json": the config DeepSpeed reads from a file holding TEXT (hjson.load with its
           duplicate-key hook), as json.dumps writes it (ints and floats apart)} or {"error": ...}
   {"kind": "progress", "config": {...}, "steps": S, "bad_steps": [k, ...], "client": {...}}
+  {"kind": "module_strict", "config": {...}, "widths": [...], "strict": B, "module_only": B}
+      a Linear chain 4-3-2 trains 2 steps and saves; a chain of `widths` loads that checkpoint
+      with load_module_strict / load_module_only, then trains 2 steps: whether the load passed
+      (or DeepSpeed's error), the losses, the parameters after
       -> {"lines": the progress lines DeepSpeed's logger emits over S training steps of one rank
           ("[Rank 0] step=..., skipped=..., lr=..., mom=...") and its throughput timer's lines
           ("epoch=0/micro_step=M/global_step=G, RunningAvgSamplesPerSec=..."), in order, "step":
@@ -237,6 +241,56 @@ def run_buffers(case):
         out["skipped"] = engine.skipped_steps
         out["lr"] = float(engine.get_lr()[0])
     return out
+
+
+def chain(widths):
+    """Linear layers widths[0] -> widths[1] -> ..., with values both sides compute."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])])
+    with torch.no_grad():
+        for k, p in enumerate(model.parameters()):
+            p.copy_((torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37 + k) * 0.5).view(p.shape))
+    return model
+
+
+def run_module_strict(case):
+    import shutil
+    import tempfile
+    import deepspeed
+    init_distributed()
+    config = dict(case["config"], train_micro_batch_size_per_gpu=8)
+
+    def train(engine, seed):
+        torch.manual_seed(seed)
+        dtype = next(engine.module.parameters()).dtype
+        losses = []
+        for _ in range(2):
+            loss = engine(torch.randn(8, 4).to(dtype)).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss))
+        return losses
+
+    first = chain([4, 3, 2])
+    saved, *_ = deepspeed.initialize(model=first, model_parameters=first.parameters(), config=config)
+    train(saved, 0)
+    d = tempfile.mkdtemp()
+    out = {}
+    try:
+        saved.save_checkpoint(d, tag="a")
+        model = chain(case["widths"])
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        try:
+            engine.load_checkpoint(d, tag="a", load_module_strict=case["strict"],
+                                   load_module_only=case["module_only"])
+        except Exception as e:
+            out["load"] = error_text(e)
+            return out
+        out["load"] = "ok"
+        out["losses"] = train(engine, 1)
+        out["params"] = [p.detach().float().flatten().tolist() for p in engine.module.parameters()]
+        return out
+    finally:
+        shutil.rmtree(d)
 
 
 def run_hjson(case):
@@ -491,7 +545,7 @@ def main():
                "optimizer": run_optimizer, "config": run_config,
                "loss_scaler": run_loss_scaler, "buffers": run_buffers,
                "scaler_object": run_scaler_object, "hjson": run_hjson,
-               "progress": run_progress}[case["kind"]]
+               "progress": run_progress, "module_strict": run_module_strict}[case["kind"]]
         results.append(run(case))
     with open(sys.argv[2], "w") as f:
         json.dump(results, f)

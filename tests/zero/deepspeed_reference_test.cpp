@@ -1213,8 +1213,43 @@ json progress_cases() {
   return c;
 }
 
+// load_checkpoint(load_module_strict, load_module_only) of a 4-3-2 chain's checkpoint into a
+// chain of other widths: one layer more (its own values stay), one fewer (the saved one is
+// left), the same; at stages 0-2 fp32, stage 1 bf16; and the refusals (strict with other keys,
+// not module-only with other keys, stage 3).
+json module_strict_cases() {
+  json c = json::array();
+  auto add = [&](const std::string& what, int stage, json widths, bool strict, bool module_only,
+                 bool bf16 = false) {
+    json config = {{"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                   {"zero_optimization", {{"stage", stage}}}};
+    if (bf16) config["bf16"] = {{"enabled", true}};
+    c.push_back({{"name", "module_strict: " + what + ", stage " + std::to_string(stage) +
+                              (bf16 ? ", bf16" : "") + (strict ? ", strict" : ", not strict") +
+                              (module_only ? ", module only" : "")},
+                 {"kind", "module_strict"},
+                 {"config", config},
+                 {"widths", widths},
+                 {"strict", strict},
+                 {"module_only", module_only}});
+  };
+  const json extra = {4, 3, 2, 2}, fewer = {4, 3}, same = {4, 3, 2};
+  for (int stage = 0; stage <= 2; ++stage) {
+    add("a layer more", stage, extra, false, true);
+    add("a layer fewer", stage, fewer, false, true);
+  }
+  add("a layer more", 1, extra, false, true, true);
+  add("the same layers", 1, same, false, false);
+  add("a layer more", 1, extra, true, true);
+  add("a layer fewer", 0, fewer, true, false);
+  add("a layer more", 1, extra, false, false);
+  add("a layer more", 3, extra, false, true);
+  return c;
+}
+
 json all_cases() {
   json c = build_cases();
+  for (const auto& cs : module_strict_cases()) c.push_back(cs);
   for (const auto& cs : hjson_cases()) c.push_back(cs);
   for (const auto& cs : progress_cases()) c.push_back(cs);
   for (const auto& cs : scaler_cases()) c.push_back(cs);
@@ -2147,6 +2182,122 @@ void check_progress(const json& peer) {
 }
 
 // One test, so that ctest (one process per test) imports DeepSpeed once for both checks.
+// dtrain's side of a module_strict case (the peer's run_module_strict).
+json run_module_strict(const json& cs) {
+  json out;
+  auto chain = [](const std::vector<int64_t>& widths) {
+    torch::nn::Sequential m;
+    for (size_t i = 0; i + 1 < widths.size(); ++i)
+      m->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    torch::NoGradGuard no_grad;  // the peer's values (libtorch's Linear initialises differently)
+    int k = 0;
+    for (auto& p : m->parameters())
+      p.copy_((torch::sin(torch::arange(p.numel(), torch::kFloat32) * 0.37 + k++) * 0.5)
+                  .view(p.sizes()));
+    return m;
+  };
+  json config = cs.at("config");
+  config["train_micro_batch_size_per_gpu"] = 8;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dtrain-ds-strict-" + std::to_string(::getpid()));
+  dtrain::test::run_ranks(1, [&](std::shared_ptr<dtrain::ProcessGroup> pg) {
+    auto train = [](auto& engine, torch::nn::Sequential& m, int seed) {
+      torch::manual_seed(seed);
+      json losses = json::array();
+      for (int k = 0; k < 2; ++k) {
+        auto loss = engine.forward(torch::randn({8, 4}).to(m->parameters()[0].scalar_type()))
+                        .to(torch::kFloat)
+                        .pow(2)
+                        .mean();
+        engine.backward(loss);
+        engine.step();
+        losses.push_back(loss.template item<double>());
+      }
+      return losses;
+    };
+    auto first = chain({4, 3, 2});
+    dtrain::zero::Engine<torch::nn::Sequential> saved(first, dtrain::zero::parse_config(config, 1),
+                                                      {pg});
+    train(saved, first, 0);
+    saved.save_checkpoint(dir.string(), "a");
+    auto model = chain(cs.at("widths").get<std::vector<int64_t>>());
+    dtrain::zero::Engine<torch::nn::Sequential> engine(model, dtrain::zero::parse_config(config, 1),
+                                                       {pg});
+    try {
+      engine.load_checkpoint(dir.string(), "a",
+                             {.load_module_only = cs.at("module_only").get<bool>(),
+                              .load_module_strict = cs.at("strict").get<bool>()});
+    } catch (const dtrain::UsageError& e) {
+      out["load"] = e.what();
+      return;
+    }
+    out["load"] = "ok";
+    out["losses"] = train(engine, model, 1);
+    json params = json::array();
+    for (const auto& p : model->parameters()) {
+      auto v = p.detach().to(torch::kFloat).flatten().contiguous();
+      params.push_back(std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel()));
+    }
+    out["params"] = params;
+  });
+  fs::remove_all(dir);
+  return out;
+}
+
+// DeepSpeed's load_module_strict: the load passes or is refused on both sides (dtrain's
+// refusal a UsageError naming the keys where DeepSpeed fails in torch or in its optimizer);
+// where it passes, 2 more steps give the same losses and parameters.
+TEST(ZeroDeepSpeedReference, LoadModuleStrictAsDeepSpeeds) {
+  const json& peer = peer_results();
+  ASSERT_FALSE(peer.contains("failure")) << peer.value("failure", "");
+  int passed = 0, refused = 0;
+  for (const auto& cs : module_strict_cases()) {
+    const std::string name = cs.at("name");
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(peer.contains(name));
+    const json& ds = peer.at(name);
+    const json ours = run_module_strict(cs);
+    const bool theirs_ok = ds.at("load") == "ok", ours_ok = ours.at("load") == "ok";
+    if (cs.at("config").at("zero_optimization").at("stage") == 3 && theirs_ok) {
+      // Refused at stage 3, where DeepSpeed loads none of the saved values (docs/deepspeed.md).
+      EXPECT_FALSE(ours_ok);
+      EXPECT_NE(ours.at("load").get<std::string>().find("stages 0-2"), std::string::npos)
+          << ours.at("load");
+      std::printf("  %-60s DeepSpeed loads; dtrain refuses: %s\n", name.c_str(),
+                  ours.at("load").get<std::string>().c_str());
+      continue;
+    }
+    ASSERT_EQ(ours_ok, theirs_ok) << "dtrain: " << ours.at("load")
+                                  << "\nDeepSpeed: " << ds.at("load");
+    if (!ours_ok) {
+      ++refused;
+      std::printf("  %-60s refused by both; dtrain: %s\n", name.c_str(),
+                  ours.at("load").get<std::string>().c_str());
+      continue;
+    }
+    ++passed;
+    double worst = 0;
+    for (size_t k = 0; k < 2; ++k) {
+      const double a = ours.at("losses")[k], b = ds.at("losses")[k];
+      worst = std::max(worst, std::fabs(a - b));
+      EXPECT_NEAR(a, b, 1e-6 * std::max(1.0, std::fabs(b))) << "step " << k + 1;
+    }
+    ASSERT_EQ(ours.at("params").size(), ds.at("params").size());
+    for (size_t i = 0; i < ours.at("params").size(); ++i) {
+      const auto a = ours.at("params")[i].get<std::vector<double>>();
+      const auto b = ds.at("params")[i].get<std::vector<double>>();
+      ASSERT_EQ(a.size(), b.size()) << "parameter " << i;
+      for (size_t j = 0; j < a.size(); ++j) {
+        worst = std::max(worst, std::fabs(a[j] - b[j]));
+        EXPECT_NEAR(a[j], b[j], 1e-6) << "parameter " << i << " element " << j;
+      }
+    }
+    std::printf("  %-60s loaded by both; losses and parameters within %.1e\n", name.c_str(), worst);
+  }
+  EXPECT_GE(passed, 7);
+  EXPECT_GE(refused, 3);
+}
+
 TEST(ZeroDeepSpeedReference, SchedulersOptimizersAndConfigsAsDeepSpeeds) {
   const json& peer = peer_results();
   ASSERT_FALSE(peer.contains("failure")) << peer.value("failure", "");
