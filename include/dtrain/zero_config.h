@@ -165,6 +165,8 @@ struct OffloadConfig {
 
 struct ZeroOptimizationConfig {
   int stage = 0;
+  // dtrain's default at every stage; DeepSpeed 0.19.8's is true at stage 3 (the same training;
+  // `dtrain zero check` says so where a stage-3 config leaves it out).
   bool overlap_comm = false;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;

@@ -88,6 +88,9 @@ class Section {
         const bool own = key == "stage3_prefetch_bucket_size" || key == "stage3_max_reuse_distance";
         note(key, own ? "\"auto\": dtrain's default (DeepSpeed drops \"auto\" in this section "
                         "and uses its own; the two differ for this key: docs/zero.md)"
+                  : key == "overlap_comm"
+                      ? "\"auto\": dtrain's default, false (DeepSpeed drops \"auto\" in this "
+                        "section and uses its own: true at stage 3, false below)"
                       : "\"auto\": DeepSpeed's default (DeepSpeed drops \"auto\" in this section)");
       }
       return nullptr;
@@ -1749,13 +1752,37 @@ std::string describe(const Config& c, std::optional<int64_t> params) {
         std::to_string(z.reduce_bucket_size) + " elements" +
             (z.stage >= 2 && z.reduce_bucket_size > 4000000 ? " (dtrain stages at most 4000000)"
                                                             : ""));
-    row("overlap_comm", z.overlap_comm ? "true" : "false");
   }
+  // Where dtrain's stage-3 default is not DeepSpeed's and the config leaves the key to it (absent,
+  // or "auto"): the row says so, with DeepSpeed's value (the training is the same either way).
+  const auto defaulted = [&](const char* key) {
+    if (z.stage != 3) return false;
+    if (!c.raw.is_object() || !c.raw.contains("zero_optimization")) return true;
+    const auto& section = c.raw.at("zero_optimization");
+    if (!section.is_object() || !section.contains(key)) return true;
+    const auto& v = section.at(key);
+    return v.is_string() && v.get<std::string>() == "auto";
+  };
+  const auto unlike_deepspeed = [&](const char* key, const std::string& theirs,
+                                    const std::string& why) {
+    return defaulted(key)
+               ? " (dtrain's default; DeepSpeed 0.19.8's at stage 3 is " + theirs + ": " + why + ")"
+               : std::string();
+  };
+  if (z.stage >= 1)
+    row("overlap_comm", std::string(z.overlap_comm ? "true" : "false") +
+                            unlike_deepspeed("overlap_comm", "true",
+                                             "set it for the reductions overlapped with backward"));
   if (z.stage == 3) {
-    row("stage3_prefetch_bucket_size", std::to_string(z.stage3_prefetch_bucket_size));
+    const std::string memory = "dtrain releases each layer after use; docs/zero.md";
+    row("stage3_prefetch_bucket_size",
+        std::to_string(z.stage3_prefetch_bucket_size) +
+            unlike_deepspeed("stage3_prefetch_bucket_size", "50000000", memory));
     row("stage3_param_persistence_threshold", std::to_string(z.stage3_param_persistence_threshold));
     row("stage3_max_live_parameters", std::to_string(z.stage3_max_live_parameters));
-    row("stage3_max_reuse_distance", std::to_string(z.stage3_max_reuse_distance));
+    row("stage3_max_reuse_distance",
+        std::to_string(z.stage3_max_reuse_distance) +
+            unlike_deepspeed("stage3_max_reuse_distance", "1000000000", memory));
     row("sub_group_size", std::to_string(z.sub_group_size));
   }
   if (z.offload_optimizer.enabled() || (z.offload_param.enabled() && z.stage == 3))

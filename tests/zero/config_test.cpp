@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <tuple>
 
 #include "core/python_repr.h"
 #include "dtrain/zero_config.h"
@@ -751,6 +753,43 @@ TEST(ZeroCheckCommand, PrintsTheResolvedValuesAndNotesOnStderr) {
   EXPECT_NE(r.err.find("dtrain zero: note: wall_clock_breakdown: read and type-checked"),
             std::string::npos)
       << r.err;
+}
+
+// The three stage-3 defaults dtrain sets apart from DeepSpeed's (overlap_comm,
+// stage3_prefetch_bucket_size, stage3_max_reuse_distance): `zero check` names DeepSpeed's value,
+// asked of the venv's DeepSpeed itself, where the config leaves the key out or says "auto", and
+// says nothing where it is given or at another stage.
+TEST(ZeroCheckCommand, Stage3RowsSayWhereDtrainsDefaultIsNotDeepSpeeds) {
+  auto ds = dtrain::test::run_command(
+      {DTRAIN_VENV_PYTHON, "-c",
+       "from deepspeed.runtime.zero.config import DeepSpeedZeroConfig as C\n"
+       "c = C(stage=3)\n"
+       "print(str(c.overlap_comm).lower(), c.prefetch_bucket_size, c.max_reuse_distance)"},
+      {.timeout = std::chrono::seconds(120)});
+  ASSERT_EQ(ds.exit_code, 0) << "DeepSpeed in the venv (scripts/setup.sh): " << ds.err;
+  std::istringstream in(ds.out.substr(ds.out.rfind('\n', ds.out.size() - 2) + 1));
+  std::string overlap, prefetch, reuse;
+  in >> overlap >> prefetch >> reuse;
+  auto check = [](const std::string& config) {
+    return dtrain::test::run_command({DTRAIN_BIN, "zero", "check", config, "--world-size", "2"});
+  };
+  auto r = check(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": "auto"}})");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& [key, ours, theirs] :
+       {std::tuple<std::string, std::string, std::string>{"overlap_comm", "false", overlap},
+        {"stage3_prefetch_bucket_size", "5000000", prefetch},
+        {"stage3_max_reuse_distance", "0", reuse}}) {
+    const std::string row = ours + " (dtrain's default; DeepSpeed 0.19.8's at stage 3 is " + theirs;
+    EXPECT_NE(r.out.find(row), std::string::npos) << key << ": " << row << "\n" << r.out;
+    EXPECT_NE(ours, theirs) << key << ": the defaults agree now; drop the note";
+  }
+  r = check(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": false,
+                "stage3_prefetch_bucket_size": 5000000, "stage3_max_reuse_distance": 0}})");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("dtrain's default"), std::string::npos) << r.out;
+  r = check(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})");
+  EXPECT_EQ(r.out.find("dtrain's default"), std::string::npos) << r.out;
 }
 
 TEST(ZeroCheckCommand, OutOfRangeCountsAndEndlessFilesAreRefused) {
