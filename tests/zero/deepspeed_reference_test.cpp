@@ -2276,11 +2276,16 @@ TEST(ZeroDeepSpeedReference, LoadModuleStrictAsDeepSpeeds) {
       continue;
     }
     ++passed;
+    // As the buffers cases: equal up to a few ulps against the peer's torch 2.x; libtorch 1.13's
+    // bf16 kernels round some steps differently (one bf16 ulp of a parameter, 1.2e-5 of the
+    // loss measured), so there the bound is bf16's 8-bit mantissa.
+    const bool bf16 = cs.at("config").contains("bf16");
+    const double tolerance = bf16 && TORCH_VERSION_MAJOR < 2 ? 1e-2 : 1e-6;
     double worst = 0;
     for (size_t k = 0; k < 2; ++k) {
       const double a = ours.at("losses")[k], b = ds.at("losses")[k];
       worst = std::max(worst, std::fabs(a - b));
-      EXPECT_NEAR(a, b, 1e-6 * std::max(1.0, std::fabs(b))) << "step " << k + 1;
+      EXPECT_NEAR(a, b, tolerance * std::max(1.0, std::fabs(b))) << "step " << k + 1;
     }
     ASSERT_EQ(ours.at("params").size(), ds.at("params").size());
     for (size_t i = 0; i < ours.at("params").size(); ++i) {
@@ -2289,7 +2294,7 @@ TEST(ZeroDeepSpeedReference, LoadModuleStrictAsDeepSpeeds) {
       ASSERT_EQ(a.size(), b.size()) << "parameter " << i;
       for (size_t j = 0; j < a.size(); ++j) {
         worst = std::max(worst, std::fabs(a[j] - b[j]));
-        EXPECT_NEAR(a[j], b[j], 1e-6) << "parameter " << i << " element " << j;
+        EXPECT_NEAR(a[j], b[j], tolerance) << "parameter " << i << " element " << j;
       }
     }
     std::printf("  %-60s loaded by both; losses and parameters within %.1e\n", name.c_str(), worst);
