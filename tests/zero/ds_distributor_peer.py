@@ -9,8 +9,13 @@ compares.
 import json
 import os
 import sys
+import tempfile
 
 out, script, config_path, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# Spark's distributor writes a dict config to a NamedTemporaryFile it never removes: under OUT,
+# which the test removes.
+os.makedirs(out, exist_ok=True)
+tempfile.tempdir = out
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor  # noqa: E402
