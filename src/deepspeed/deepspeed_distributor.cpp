@@ -17,14 +17,18 @@ constexpr const char* kEnv = param::kDeepSpeedConfig.name;
 // The config's directory: /tmp/dtrain-deepspeed-<pid>-XXXXXX.
 constexpr const char* kTempDirStem = "dtrain-deepspeed-";
 
+// A string config is JSON text when it opens with '{', else a path.
+bool is_json_text(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\r\n");
+  return first != std::string::npos && s[first] == '{';
+}
+
 nlohmann::json resolve(const nlohmann::json& c) {
   if (c.is_object()) return c;
   if (c.is_string()) {
     // A path or JSON text, read as DeepSpeed reads either (hjson); keep the JSON itself.
     const std::string s = c.get<std::string>();
-    auto first = s.find_first_not_of(" \t\r\n");
-    if (first != std::string::npos && s[first] == '{')
-      return zero::read_config_text(s, "deepspeed_config");
+    if (is_json_text(s)) return zero::read_config_text(s, "deepspeed_config");
     std::ifstream in(s, std::ios::binary);
     if (!in) throw zero::ConfigError(s + ": cannot read the DeepSpeed config file");
     std::ostringstream text;
@@ -40,16 +44,15 @@ bool no_config(const nlohmann::json& c) {
   return c.is_null() || (c.is_string() && c.get<std::string>().empty());
 }
 
+// Where an object or JSON text is written for the workers.
+std::string written_config(const std::string& dir) { return dir + "/ds_config.json"; }
+
 // The file the workers get: a path given stays the user's, as Spark's distributor passes it on;
 // an object or JSON text is written to `dir`; no config, no file ("").
 std::string config_file(const nlohmann::json& c, const std::string& dir) {
   if (no_config(c)) return "";
-  if (c.is_string()) {
-    const std::string s = c.get<std::string>();
-    const auto first = s.find_first_not_of(" \t\r\n");
-    if (first == std::string::npos || s[first] != '{') return s;
-  }
-  return dir + "/ds_config.json";
+  if (c.is_string() && !is_json_text(c.get<std::string>())) return c.get<std::string>();
+  return written_config(dir);
 }
 
 }  // namespace
@@ -93,7 +96,7 @@ DeepSpeedDistributor::DeepSpeedDistributor(DeepSpeedDistributorOptions o)
   if (config_.is_null()) return;
   // Fails here, naming the key, rather than in every worker (a throw removes the directory).
   zero::parse_config(config_, o.num_gpus * o.nnodes);
-  if (config_path_.rfind(dir_->path() + "/", 0) != 0) return;  // the user's own file
+  if (config_path_ != written_config(dir_->path())) return;  // the user's own file
   std::ofstream out(config_path_);
   out << config_.dump(2) << "\n";
   if (!out) throw Error("DeepSpeedDistributor: cannot write " + config_path_);

@@ -1380,43 +1380,25 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
   if (model_file.value()->kind != PyValue::Kind::Dict)
     throw CheckpointError(model_path.string() + ": holds a " + model_file.value()->describe() +
                           ", not a checkpoint's dict");
-  // DeepSpeed's load_module_strict: the saved module's keys against the model's parameters
-  // (torch's load_state_dict: a missing buffer may be a non-persistent one, never saved).
-  if (const PyValue* module = model_file.value()->get("module");
-      module && module->kind == PyValue::Kind::Dict) {
-    // Every parameter, frozen ones (requires_grad false, not the engine's) too.
-    std::set<std::string> saved, known;
-    for (const auto& [k, v] : module->dict)
-      if (k->kind == PyValue::Kind::Str) saved.insert(k->s);
-    std::string missing, unexpected;
-    for (const auto& p : module_.named_parameters(true)) {
-      known.insert(p.key());
-      if (!saved.count(p.key())) missing += (missing.empty() ? "" : ", ") + p.key();
-    }
-    for (const auto& b : module_.named_buffers(true)) known.insert(b.key());
-    for (const auto& n : saved)
-      if (!known.count(n)) unexpected += (unexpected.empty() ? "" : ", ") + n;
-    if (!missing.empty() || !unexpected.empty()) {
-      const std::string differ =
-          model_path.string() + " does not hold the model's parameters (missing: " +
-          (missing.empty() ? "none" : missing) +
-          "; unexpected: " + (unexpected.empty() ? "none" : unexpected) + ")";
-      if (opts.load_module_strict)
-        throw UsageError("zero load_checkpoint: " + differ +
-                         "; to load the parameters both have, pass load_module_strict = false "
-                         "with load_module_only = true (DeepSpeed's load_module_strict=False)");
-      if (!opts.load_module_only)
-        throw UsageError("zero load_checkpoint: " + differ +
-                         ": its optimizer state has no place in this model's (DeepSpeed fails "
-                         "there too); pass load_module_only = true to load the module only");
-      if (policy_.parameters())
-        throw UsageError("zero load_checkpoint: " + differ +
-                         ": load_module_strict = false is for stages 0-2; at stage 3 load the "
-                         "module into a model of the same parameters");
-      load_module_subset(model_file, model_path.string());
-      client_state_ = client_state_of(*model_file.value());
-      return tag;
-    }
+  // DeepSpeed's load_module_strict: the saved module's keys against the model's.
+  if (const std::string differ = module_keys_differ(*model_file.value()); !differ.empty()) {
+    const std::string what = "zero load_checkpoint: " + model_path.string() +
+                             " does not hold the model's parameters (" + differ + ")";
+    if (opts.load_module_strict)
+      throw UsageError(what +
+                       "; to load the parameters both have, pass load_module_strict = false "
+                       "with load_module_only = true (DeepSpeed's load_module_strict=False)");
+    if (!opts.load_module_only)
+      throw UsageError(what +
+                       ": its optimizer state has no place in this model's (DeepSpeed fails "
+                       "there too); pass load_module_only = true to load the module only");
+    if (policy_.parameters())
+      throw UsageError(what +
+                       ": load_module_strict = false is for stages 0-2; at stage 3 load the "
+                       "module into a model of the same parameters");
+    load_module_subset(model_file, model_path.string());
+    client_state_ = client_state_of(*model_file.value());
+    return tag;
   }
   const PyValue* version = model_file.value()->get("ds_version");
   const bool ours =
@@ -1574,6 +1556,27 @@ void EngineImpl::load_state(const c10::impl::GenericDict& d,
   load_counters(d, opts, where);
 }
 
+std::string EngineImpl::module_keys_differ(const PyValue& model) const {
+  const PyValue* module = model.get("module");
+  if (!module || module->kind != PyValue::Kind::Dict) return "";  // said where it is read
+  std::set<std::string> saved, known;
+  for (const auto& [k, v] : module->dict)
+    if (k->kind == PyValue::Kind::Str) saved.insert(k->s);
+  // Every parameter, frozen ones (requires_grad false, not the engine's) too; a missing buffer
+  // may be a non-persistent one, never saved (torch's load_state_dict).
+  std::string missing, unexpected;
+  for (const auto& p : module_.named_parameters(true)) {
+    known.insert(p.key());
+    if (!saved.count(p.key())) missing += (missing.empty() ? "" : ", ") + p.key();
+  }
+  for (const auto& b : module_.named_buffers(true)) known.insert(b.key());
+  for (const auto& n : saved)
+    if (!known.count(n)) unexpected += (unexpected.empty() ? "" : ", ") + n;
+  if (missing.empty() && unexpected.empty()) return "";
+  return "missing: " + (missing.empty() ? std::string("none") : missing) +
+         "; unexpected: " + (unexpected.empty() ? std::string("none") : unexpected);
+}
+
 void EngineImpl::load_module_subset(TorchFile& model, const std::string& where) {
   torch::NoGradGuard ng;
   const PyValue& module = *model.value()->get("module");
@@ -1596,6 +1599,10 @@ void EngineImpl::load_module_subset(TorchFile& model, const std::string& where) 
   // DeepSpeed's refresh_fp32_params: the master from the (16-bit) parameters.
   if (master_.defined()) master_.copy_(policy_.mine(flat_params_.to(master_dtype_), rank_, part_));
   // As after any load: the steps and loss scale stay (load_module_only), the gradients go.
+  clear_gradients();
+}
+
+void EngineImpl::clear_gradients() {
   if (flat_grads_.defined()) flat_grads_.zero_();
   if (grad_acc_.defined()) grad_acc_.zero_();
   if (grad_part_.defined()) grad_part_.zero_();
@@ -1805,9 +1812,7 @@ void EngineImpl::load_counters(const c10::impl::GenericDict& d, const LoadCheckp
     global_samples_ =
         samples ? d.at("global_samples").toInt() : global_steps_ * config_.train_batch_size;
   }
-  if (flat_grads_.defined()) flat_grads_.zero_();
-  if (grad_acc_.defined()) grad_acc_.zero_();
-  if (grad_part_.defined()) grad_part_.zero_();
+  clear_gradients();
 }
 
 }  // namespace detail

@@ -207,6 +207,11 @@ class EngineImpl final : public EngineCore {
   // from_deepspeed takes them.
   void load_own_part(TorchFile& model, const std::string& ckpt, const LoadCheckpointOptions& opts,
                      const std::string& where, bool deepspeed = false);
+  // The model file's module keys against the model's (load_module_strict): "missing: ...;
+  // unexpected: ..." where they differ, "" where they are the same.
+  std::string module_keys_differ(const PyValue& model) const;
+  // The gradients zeroed, as after any load.
+  void clear_gradients();
   // load_module_strict = false with load_module_only, for a checkpoint whose module keys are
   // not the model's (torch's load_state_dict(strict=False)): the parameters both have from the
   // module in `model` (at `where`), the others as they are, the fp32 master refreshed from them
