@@ -128,8 +128,14 @@ int main(int argc, char** argv) {
   argv = spelled_argv.data();
   argc = static_cast<int>(spelled.size());  // less the `--FLAG=` taken out
   try {
-    dtrain::spark::exec_cli_if_requested(argc, argv);  // `dtrain run --spark-master URL ...`
-    dtrain::ray::exec_cli_if_requested(argc, argv);    // `dtrain run --ray-address ADDR ...`
+    // `dtrain run --spark-master URL ...`, `dtrain run --ray-address ADDR ...`: the agents on the
+    // cluster run the same command, `dtrain launch` for `dtrain launch` (its --use-env and
+    // --local-rank=N are theirs to apply).
+    std::string launch_word = "launch";
+    std::vector<char*> routed_argv(argv, argv + argc);
+    if (legacy_launch) routed_argv[1] = launch_word.data();
+    dtrain::spark::exec_cli_if_requested(argc, routed_argv.data());
+    dtrain::ray::exec_cli_if_requested(argc, routed_argv.data());
   } catch (const dtrain::UsageError& e) {
     // Their messages may name the command already.
     const std::string what = e.what(), prefix = "dtrain run: ";

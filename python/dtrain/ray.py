@@ -202,9 +202,8 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=1
             log.close()
             return -1, 1, host, None, None
         master, master_port, agent_rank, node_rank, first, local_size, visible = words[1:]
-        i = argv.index("run") + 1
-        agent = (argv[:i] + ["--nnodes", str(bundles), "--node-rank", agent_rank, "--master-addr",
-                             master, "--master-port", master_port] + argv[i:])
+        agent = _cluster.with_agent_flags(argv, ["--nnodes", str(bundles), "--node-rank", agent_rank,
+                                                 "--master-addr", master, "--master-port", master_port])
         child_env = dict(os.environ)
         # Ray gives a task OMP_NUM_THREADS = its CPUs, which its processes share: each gets
         # its own part.
@@ -227,7 +226,7 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=1
         try:
             func, result = _cluster.function_files(work, payload)
             failure = os.path.join(work, "failure.json")
-            agent = (agent[:i] + ["--failure-file", failure] + agent[i:] +
+            agent = (_cluster.with_agent_flags(agent, ["--failure-file", failure]) +
                      _cluster.function_command(sys.executable, func, result, "ray.cloudpickle", record=True))
             rc = _cluster.run_agent(agent, child_env, log)
             return (int(agent_rank), rc, host, _cluster.read_result(result) if rc == 0 else None,
@@ -713,7 +712,7 @@ def main(argv):
         except ValueError:
             sys.stderr.write("dtrain.ray: %s needs a number, got '%s'\n" % (k, v))
             return 2
-    if o.get("--bundles", 0) < 1 or o.get("--per-bundle", 0) < 1 or "run" not in agent or \
+    if o.get("--bundles", 0) < 1 or o.get("--per-bundle", 0) < 1 or not _cluster.is_agent_command(agent) or \
             ("--address" in o) == ("--client" in o):
         sys.stderr.write(USAGE)
         return 2

@@ -90,10 +90,8 @@ def _task_fn(agent_argv, tasks, log_addr, env, split_omp=True, use_gpu=None, pay
                 s.bind(("", 0))
                 port = str(s.getsockname()[1])
         port = ctx.allGather(port)[0]
-        i = agent_argv.index("run") + 1
-        argv = (agent_argv[:i] + ["--nnodes", str(tasks), "--node-rank", str(part),
-                                  "--master-addr", master, "--master-port", port]
-                + agent_argv[i:])
+        argv = _cluster.with_agent_flags(agent_argv, ["--nnodes", str(tasks), "--node-rank", str(part),
+                                                      "--master-addr", master, "--master-port", port])
         child_env = dict(os.environ)
         # Spark sets OMP_NUM_THREADS to spark.task.cpus in every Python worker (unless
         # spark.executorEnv.OMP_NUM_THREADS is set): the task's cores, which its agent's
@@ -550,7 +548,7 @@ def main(argv):
             sys.stderr.write("dtrain.spark: unknown option %s\n" % opts[i])
             return 2
         i += 2
-    if tasks < 1 or "run" not in agent:
+    if tasks < 1 or not _cluster.is_agent_command(agent):
         sys.stderr.write("dtrain.spark: need --tasks T (>= 1) and a `dtrain run ...` command after --\n")
         return 2
     if sock is not None:

@@ -274,13 +274,15 @@ bool takes_value(const CLI::App& run, const std::string& arg) {
 
 std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<std::string>& flags,
                                        const std::string& trigger) {
-  if (argc < 2 || std::string(argv[1]) != "run") return std::nullopt;
+  if (argc < 2 || (std::string(argv[1]) != "run" && std::string(argv[1]) != "launch"))
+    return std::nullopt;
   // dtrain run's own options, to tell an option's value from PROGRAM: everything from PROGRAM
   // on is the program's (its own --ray-address is not ours).
   CLI::App run;
   RunArgs unused;
   add_run_options(run, unused);
   RunFlags r;
+  r.command = argv[1];  // the agents run the same command (`dtrain launch`'s --use-env)
   bool program = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];

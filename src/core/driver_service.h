@@ -93,6 +93,7 @@ std::string python_script(const std::string& name, const param::String& variable
 // arguments are never taken; nullopt when `trigger` (one of them) is not there. rest: every
 // other argument after "run", in order.
 struct RunFlags {
+  std::string command;  // "run", or "launch" (torch.distributed.launch's legacy arguments)
   std::map<std::string, std::vector<std::string>> given;  // flag -> its values
   std::vector<std::string> rest;
   // The last value of `flag`, else `def`.

@@ -240,7 +240,7 @@ void exec_cli_if_requested(int argc, char** argv) {
       real("--ray-placement-timeout", flags->value("--ray-placement-timeout"), 60)));
   std::vector<std::string> command = direct_command(p, d);
   command.push_back(detail::self_path());
-  command.insert(command.end(), {"run", "--nproc-per-node", std::to_string(per)});
+  command.insert(command.end(), {flags->command, "--nproc-per-node", std::to_string(per)});
   command.insert(command.end(), flags->rest.begin(), flags->rest.end());
   detail::exec_driver(command, {}, "dtrain run --ray-address");
 }

@@ -190,7 +190,7 @@ void exec_cli_if_requested(int argc, char** argv) {
   Plan p = plan(nnodes, false, 1, conf);
   Command c = submit_command(o, p);
   c.argv.push_back(detail::self_path());
-  c.argv.push_back("run");
+  c.argv.push_back(flags->command);
   c.argv.insert(c.argv.end(), flags->rest.begin(), flags->rest.end());
   detail::exec_driver(c.argv, c.env, "dtrain run --spark-master");
 }

@@ -135,6 +135,24 @@ grep -q "rank       : 2" "$CONF" && grep -q "exit code  : 7" "$CONF" ||
   { cat "$CONF" "$T/cli.err" >&2; fail "cli: the root cause does not name rank 2, exit code 7"; }
 pass "dtrain run --ray-address ray://$(host_addr n0):10001: 4 prefixed lines on the driver, rank 2's exit code 7 ($((SECONDS - t1)) s)"
 
+# 7b. `dtrain launch --ray-address ... --use-env` (torch.distributed.launch): the agents are
+#     `dtrain launch` too, so --use-env is theirs: LOCAL_RANK in the environment, the arguments as
+#     given.
+t1=$SECONDS
+cat >"$T/launch_args.py" <<'PY'
+import os, sys
+print("args %s LOCAL_RANK=%s" % (" ".join(sys.argv[1:]), os.environ["LOCAL_RANK"]), flush=True)
+PY
+on n0 "$DTRAIN" launch --ray-address "$RAY_GCS" --nnodes 2 --nproc-per-node 2 --use-env \
+  "$T/launch_args.py" a >"$T/launch.out" 2>"$T/launch.err"
+rc=$?
+[[ $rc -eq 0 ]] || { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --ray-address: exit $rc"; }
+for r in 0 1 2 3; do
+  grep -Eq "^\[default$r\]:args a LOCAL_RANK=$((r % 2))$" "$T/launch.out" ||
+    { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --ray-address --use-env: rank $r's arguments or LOCAL_RANK differ"; }
+done
+pass "dtrain launch --ray-address --use-env: 4 workers, LOCAL_RANK set, arguments as given ($((SECONDS - t1)) s)"
+
 # 9's peer, started now to run beside 8 and 9 (each uses one worker node at a time, the peer
 # the other): Ray Train's TorchTrainer, 2 workers STRICT_PACK, each writing its variables.
 mkdir -p "$T/rt"

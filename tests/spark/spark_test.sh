@@ -123,6 +123,23 @@ grep -q "node 0's agent prints the root cause" "$CONF" "$T/driver.err" ||
   { cat "$CONF" "$T/driver.err" >&2; fail "cli: node 1's agent did not say where the root cause is"; }
 pass "dtrain run --spark-master: 4 prefixed lines on the driver, rank 2's exit code 7 ($((SECONDS - t1)) s)"
 
+# 4b. `dtrain launch --spark-master` (torch.distributed.launch): the agents on the worker hosts
+#     are `dtrain launch` too, so each worker gets --local-rank=N before its arguments.
+t1=$SECONDS
+cat >"$T/launch_args.py" <<'PY'
+import os, sys
+print("args %s LOCAL_RANK=%s" % (" ".join(sys.argv[1:]), os.environ["LOCAL_RANK"]), flush=True)
+PY
+on n0 "$DTRAIN" launch --spark-master "$SPARK_MASTER_URL" --nnodes 2 --nproc-per-node 2 \
+  "$T/launch_args.py" a >"$T/launch.out" 2>"$T/launch.err"
+rc=$?
+[[ $rc -eq 0 ]] || { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --spark-master: exit $rc"; }
+for r in 0 1 2 3; do
+  grep -Eq "^\[default$r\]:args --local-rank=$((r % 2)) a LOCAL_RANK=$((r % 2))$" "$T/launch.out" ||
+    { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --spark-master: rank $r did not get --local-rank=$((r % 2)) before its argument"; }
+done
+pass "dtrain launch --spark-master: each of 4 workers got --local-rank=N before its arguments ($((SECONDS - t1)) s)"
+
 # 5. The Python module: TorchDistributor's shape, in a PySpark session, twice in one session:
 #    a success (None, as TorchDistributor's run() of a script) and a failure (RuntimeError
 #    with the failing rank's exit status), then local mode. tests/spark/distributor_test.sh
