@@ -77,7 +77,10 @@ struct LoadCheckpointOptions {
   // parameter nor as a buffer (UsageError naming them). false loads the parameters both have
   // and leaves the others as they are (fine-tuning with a new head); where the keys differ that
   // needs load_module_only (the optimizer state of other parameters has no place, and DeepSpeed
-  // fails there) and stages 0-2. A shape that differs is refused either way, as by torch.
+  // fails there) and stages 0-2. Where only frozen parameters differ (requires_grad false: a
+  // checkpoint saved with exclude_frozen_parameters) everything loads at every stage, the
+  // optimizer state too, and the frozen parameters the file lacks keep their values, as with
+  // DeepSpeed's. A shape that differs is refused either way, as by torch.
   bool load_module_strict = true;
 };
 
@@ -104,6 +107,12 @@ struct SaveCheckpointOptions {
   // DeepSpeed's own do; dtrain reads them either way. Default: false (every file loads with
   // torch.load's default, weights_only=True).
   bool deepspeed_loss_scaler = false;
+  // DeepSpeed's exclude_frozen_parameters: leave the frozen parameters (requires_grad false: a
+  // fine-tuning's base weights, which come from the pretrained model anyway) out of the
+  // module, and write no frozen_param_fragments. Load such a checkpoint with
+  // LoadCheckpointOptions::load_module_strict = false, as DeepSpeed's (Hugging Face's Trainer
+  // does so for PEFT models). Default: false.
+  bool exclude_frozen_parameters = false;
 };
 
 // Stage 3's per-submodule fetch, measured (EngineCore::stage3_stats()).
@@ -294,7 +303,8 @@ class EngineCore {
                                       const LoadCheckpointOptions& o) = 0;
   // The client_state of the checkpoint the last load_checkpoint read (Engine::client_state).
   virtual const nlohmann::json& client_state() const = 0;
-  virtual bool save_16bit_model(const std::string& dir, const std::string& filename) = 0;
+  virtual bool save_16bit_model(const std::string& dir, const std::string& filename,
+                                bool exclude_frozen_parameters) = 0;
   virtual int64_t num_parameters() const = 0;
 
   // The engine's whole state in save_checkpoint's layout, for dtrain::ElasticState (which
@@ -527,8 +537,10 @@ class Engine {
   // gathers the parameters) and returns once the file is there. At stage 3 only with
   // zero_optimization.stage3_gather_16bit_weights_on_model_save, as DeepSpeed: without it
   // nothing is saved, rank 0 says why on stderr, and it returns false.
-  bool save_16bit_model(const std::string& dir, const std::string& filename = "pytorch_model.bin") {
-    return core_->save_16bit_model(dir, filename);
+  // `exclude_frozen_parameters`: DeepSpeed's, the parameters with requires_grad false left out.
+  bool save_16bit_model(const std::string& dir, const std::string& filename = "pytorch_model.bin",
+                        bool exclude_frozen_parameters = false) {
+    return core_->save_16bit_model(dir, filename, exclude_frozen_parameters);
   }
   detail::EngineCore& core() { return *core_; }
 

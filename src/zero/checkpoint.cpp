@@ -130,27 +130,22 @@ void save_file(const fs::path& path, const detail::PyValue& v) {
 }
 
 // The model file's dict with the keys DeepSpeed's zero_to_fp32 reads: param_shapes as one
-// group's OrderedDict of name -> torch.Size, buffer_names, shared_params.
-detail::PyPtr deepspeed_model_file(const IValue& model) {
+// group's OrderedDict of name -> torch.Size, shared_params (buffer_names is model_dict's), and
+// `frozen`'s frozen_param_shapes and frozen_param_fragments (deepspeed_frozen_params).
+detail::PyPtr deepspeed_model_file(const IValue& model,
+                                   const std::pair<detail::PyPtr, detail::PyPtr>& frozen) {
   auto d = detail::from_ivalue(model);
   const auto dict = model.toGenericDict();
   const auto names = dict.at("param_names").toList();
   const auto shapes = dict.at("param_shapes").toList();
   auto group = detail::py_dict(/*ordered=*/true);
-  std::set<std::string> params;
-  for (size_t i = 0; i < names.size(); ++i) {
-    params.insert(names.get(i).toStringRef());
+  for (size_t i = 0; i < names.size(); ++i)
     detail::py_set(group, names.get(i).toStringRef(), detail::py_size(ints(shapes.get(i))));
-  }
-  std::vector<detail::PyPtr> buffers;
-  for (const auto& e : dict.at("module").toGenericDict())
-    if (!params.count(e.key().toStringRef()))
-      buffers.push_back(detail::py_str(e.key().toStringRef()));
   for (auto& [k, v] : d->dict)
     if (k->s == "param_shapes") v = detail::py_list({group});
-  detail::py_set(d, "buffer_names", detail::py_list(std::move(buffers)));
   detail::py_set(d, "shared_params", detail::py_dict());
-  detail::py_set(d, "frozen_param_shapes", detail::py_none());
+  detail::py_set(d, "frozen_param_shapes", frozen.first);
+  detail::py_set(d, "frozen_param_fragments", frozen.second);
   return d;
 }
 
@@ -796,6 +791,63 @@ bool module_parameter_is_empty(const c10::impl::GenericDict& d, const std::strin
   return it != module.end() && it->value().isTensor() && it->value().toTensor().numel() == 0;
 }
 
+// A checkpoint's frozen parameters as DeepSpeed's zero_to_fp32 puts them together
+// (_zero2_merge_frozen_params, _zero3_merge_frozen_params): name -> the whole parameter, in its
+// saved dtype, for the names in `wanted` (every one when empty). `model` is the model file at
+// `model_path`. A stage-3 checkpoint (`model_path` is rank 0's zero_pp_rank_0 file) holds each
+// as every saved rank's piece in that rank's model file, the pieces concatenated and cut to the
+// parameter's size; a stage-2 one whole in its one model file. Nothing where the file has no
+// frozen_param_shapes (stages 0-1, and dtrain's checkpoints before they were written).
+std::map<std::string, torch::Tensor> frozen_params(const PyValue& model, const fs::path& model_path,
+                                                   const std::set<std::string>& wanted) {
+  std::map<std::string, torch::Tensor> out;
+  const PyValue* shapes = model.get("frozen_param_shapes");
+  if (!shapes || shapes->kind != PyValue::Kind::Dict) return out;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> todo;
+  for (const auto& [k, v] : shapes->dict) {
+    if (!wanted.empty() && !wanted.count(k->s)) continue;
+    std::vector<int64_t> shape;
+    for (const auto& x : v->items) shape.push_back(x->i);
+    todo.emplace_back(k->s, std::move(shape));
+  }
+  if (todo.empty()) return out;
+  const bool stage3 = model_path.filename() == stage3_model_file(0);
+  const int world = stage3 ? static_cast<int>(field(model, "dp_world_size", model_path)
+                                                  .as_int(model_path.string() + ": dp_world_size"))
+                           : 1;
+  std::map<std::string, std::vector<torch::Tensor>> pieces;
+  for (int r = 0; r < world; ++r) {
+    const fs::path path = stage3 ? model_path.parent_path() / stage3_model_file(r) : model_path;
+    if (!fs::exists(path))
+      throw detail::CheckpointError(path.string() + " does not exist (the checkpoint of " +
+                                    std::to_string(world) + " ranks is incomplete)");
+    detail::TorchFile f(path.string());
+    const PyValue* fragments = f.value()->get("frozen_param_fragments");
+    if (!fragments || fragments->kind != PyValue::Kind::Dict)
+      throw detail::CheckpointError(path.string() +
+                                    ": has frozen_param_shapes but no frozen_param_fragments");
+    for (const auto& [name, shape] : todo) {
+      const PyValue* t = fragments->get(name);
+      if (!t || t->kind != PyValue::Kind::Tensor)
+        throw detail::CheckpointError(path.string() +
+                                      ": frozen_param_fragments has no tensor for '" + name + "'");
+      pieces[name].push_back(f.load(*t).reshape({-1}));
+    }
+  }
+  for (const auto& [name, shape] : todo) {
+    const auto flat = torch::cat(pieces[name]);
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    if (flat.numel() < n)
+      throw detail::CheckpointError(model_path.parent_path().string() + ": the frozen parameter '" +
+                                    name + "' has " + std::to_string(flat.numel()) +
+                                    " elements in frozen_param_fragments, its shape " +
+                                    std::to_string(n));
+    out[name] = flat.narrow(0, 0, n).view(shape).clone();
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace detail {
@@ -823,6 +875,12 @@ IValue EngineImpl::model_dict(bool parameters) {
   for (auto& item : module_.named_buffers(true))
     if (item.value().defined()) module_dict.insert(item.key(), item.value().detach().clone());
   d.insert("module", module_dict);
+  // DeepSpeed's buffer_names: the module's buffers (libtorch's are all persistent), which its
+  // zero_to_fp32 takes from the module as saved.
+  c10::List<std::string> buffer_names;
+  for (auto& item : module_.named_buffers(true))
+    if (item.value().defined()) buffer_names.push_back(item.key());
+  d.insert("buffer_names", buffer_names);
   c10::List<std::string> names;
   c10::List<c10::List<int64_t>> shapes;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -853,6 +911,48 @@ IValue EngineImpl::model_dict(bool parameters) {
   d.insert("ds_config", config_.raw.dump());
   d.insert("ds_version", std::string("dtrain-zero-2"));
   return d;
+}
+
+PyPtr EngineImpl::deepspeed_model_file_of(const IValue& model,
+                                          const SaveCheckpointOptions& opts) const {
+  if (!opts.exclude_frozen_parameters)
+    return with_client_state(deepspeed_model_file(model, deepspeed_frozen_params()),
+                             opts.client_state);
+  // DeepSpeed's exclude_frozen_parameters: no frozen parameter in the module, no fragments.
+  auto file =
+      with_client_state(deepspeed_model_file(model, {py_none(), py_none()}), opts.client_state);
+  std::set<std::string> frozen;
+  for (const auto& item : module_.named_parameters(true))
+    if (!item.value().requires_grad()) frozen.insert(item.key());
+  for (auto& [k, v] : file->dict) {
+    if (k->s != "module") continue;
+    auto& entries = v->dict;
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [&](const auto& e) { return frozen.count(e.first->s) > 0; }),
+                  entries.end());
+  }
+  return file;
+}
+
+std::pair<PyPtr, PyPtr> EngineImpl::deepspeed_frozen_params() const {
+  if (config_.zero.stage < 2) return {py_none(), py_none()};
+  const std::set<std::string> own(names_.begin(), names_.end());
+  auto shapes = py_dict(/*ordered=*/true), fragments = py_dict(/*ordered=*/true);
+  for (const auto& item : module_.named_parameters(true)) {
+    if (own.count(item.key())) continue;
+    const torch::Tensor p = item.value().detach();
+    py_set(shapes, item.key(), py_size(p.sizes().vec()));
+    if (!policy_.parameters()) {
+      py_set(fragments, item.key(), py_tensor(p.to(torch::kCPU).contiguous()));
+      continue;
+    }
+    const int64_t n = p.numel(), part = (n + world_ - 1) / world_;
+    const int64_t from = std::min<int64_t>(n, rank_ * part), len = std::min(part, n - from);
+    auto piece = torch::zeros({part}, p.options().device(torch::kCPU));
+    if (len > 0) piece.narrow(0, 0, len).copy_(p.reshape({-1}).narrow(0, from, len));
+    py_set(fragments, item.key(), py_tensor(piece));
+  }
+  return {shapes, fragments};
 }
 
 // The optimizer class DeepSpeed builds for this config keeps its param group with these keys
@@ -1271,8 +1371,7 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     // parameters are in the optimizer files' fp32 groups), the master in DeepSpeed's
     // per-parameter layout.
     const IValue model = model_dict(false);
-    save_file(tmp / stage3_model_file(rank_),
-              *with_client_state(deepspeed_model_file(model), opts.client_state));
+    save_file(tmp / stage3_model_file(rank_), *deepspeed_model_file_of(model, opts));
     auto optim = detail::from_ivalue(optim_dict(true));
     if (!optimizer_->opaque())
       for (auto& [key, value] : optim->dict)
@@ -1283,7 +1382,7 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
     // Rank 0: the module.
     const IValue model = model_state(rank_ == 0);
     if (rank_ == 0) {
-      auto file = with_client_state(deepspeed_model_file(model), opts.client_state);
+      auto file = deepspeed_model_file_of(model, opts);
       // Stage 0: DeepSpeed's own layout of the optimizer state as well (its engine's
       // load_checkpoint reads it; dtrain reads its optimizer files below): the basic
       // optimizer's state_dict in fp32, its fp16/bf16 wrapper's under mixed precision.
@@ -1320,7 +1419,8 @@ void EngineImpl::save_checkpoint(const std::string& dir_s, const std::string& ta
   group_->barrier();
 }
 
-bool EngineImpl::save_16bit_model(const std::string& dir_s, const std::string& filename) {
+bool EngineImpl::save_16bit_model(const std::string& dir_s, const std::string& filename,
+                                  bool exclude_frozen_parameters) {
   const fs::path dir(dir_s), path = dir / filename;
   if (filename.empty() || filename.find('/') != std::string::npos)
     throw UsageError("zero save_16bit_model: filename must be a name without '/', got '" +
@@ -1342,8 +1442,12 @@ bool EngineImpl::save_16bit_model(const std::string& dir_s, const std::string& f
   if (rank_ == 0) {
     // torch's state_dict order (dtrain::state_dict's), on the CPU.
     torch::OrderedDict<std::string, torch::Tensor> sd;
+    std::set<std::string> frozen;  // DeepSpeed's exclude_frozen_parameters: requires_grad false
+    if (exclude_frozen_parameters)
+      for (const auto& item : module_.named_parameters(true))
+        if (!item.value().requires_grad()) frozen.insert(item.key());
     for (const auto& item : dtrain::state_dict(module_))
-      sd.insert(item.key(), item.value().to(torch::kCPU));
+      if (!frozen.count(item.key())) sd.insert(item.key(), item.value().to(torch::kCPU));
     try {
       fs::create_directories(dir);
       save_state_dict(sd, path.string());
@@ -1381,7 +1485,11 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
     throw CheckpointError(model_path.string() + ": holds a " + model_file.value()->describe() +
                           ", not a checkpoint's dict");
   // DeepSpeed's load_module_strict: the saved module's keys against the model's.
-  if (const std::string differ = module_keys_differ(*model_file.value()); !differ.empty()) {
+  if (const std::string differ = module_keys_differ(*model_file.value());
+      !differ.empty() && (opts.load_module_strict ||
+                          !only_frozen_keys_differ(*model_file.value(), model_path.string()))) {
+    // (Where only frozen parameters differ and the load is not strict, it goes on below: the
+    // frozen parameters the file lacks keep their values, as under DeepSpeed's non-strict load.)
     const std::string what = "zero load_checkpoint: " + model_path.string() +
                              " does not hold the model's parameters (" + differ + ")";
     if (opts.load_module_strict)
@@ -1411,6 +1519,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
                                            optimizer_->state_names(), config_.optimizer.type);
   if (!optimizer_->opaque() && (ours || whole_because.empty())) {
     load_own_part(model_file, ckpt.string(), opts, model_path.string(), /*deepspeed=*/!ours);
+    load_frozen_fragments(*model_file.value(), model_path.string());
     client_state_ = client_state_of(*model_file.value());
     return tag;
   }
@@ -1428,6 +1537,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
         from_deepspeed(dir, tag, d, *file, model_path, names_, numels_, config_.optimizer.type,
                        optimizer_->state_names(), opts.load_optimizer_states);
     load_state(model, ds_optims, opts, model_path.string());
+    load_frozen_fragments(*file, model_path.string());
     client_state_ = client_state_of(*file);
     return tag;
   }
@@ -1457,6 +1567,7 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
     if (!opts.load_optimizer_states) optims.clear();
   }
   load_state(d, optims, opts, model_path.string());
+  load_frozen_fragments(*file, model_path.string());
   client_state_ = client_state_of(*file);
   return tag;
 }
@@ -1577,6 +1688,19 @@ std::string EngineImpl::module_keys_differ(const PyValue& model) const {
          "; unexpected: " + (unexpected.empty() ? std::string("none") : unexpected);
 }
 
+bool EngineImpl::only_frozen_keys_differ(const PyValue& model, const std::string& where) const {
+  const PyValue* module = model.get("module");
+  if (!module || module->kind != PyValue::Kind::Dict) return false;
+  std::set<std::string> saved_trainable;
+  for (const auto& g : saved_parameters(model, where))
+    for (const auto& [name, shape] : g) saved_trainable.insert(name);
+  const std::set<std::string> own(names_.begin(), names_.end());
+  if (saved_trainable != own) return false;
+  for (const auto& n : names_)
+    if (!module->get(n)) return false;
+  return true;
+}
+
 void EngineImpl::load_module_subset(TorchFile& model, const std::string& where) {
   torch::NoGradGuard ng;
   const PyValue& module = *model.value()->get("module");
@@ -1638,6 +1762,38 @@ void EngineImpl::load_buffers(TorchFile& model, const PyValue& module) {
     const PyValue* t = module.get(item.key());
     if (t && t->kind == PyValue::Kind::Tensor && t->tensor.sizes() == item.value().sizes())
       item.value().detach().copy_(model.load(*t));
+  }
+}
+
+void EngineImpl::load_frozen_fragments(const PyValue& model, const std::string& where) {
+  torch::NoGradGuard ng;
+  const PyValue* module = model.get("module");
+  if (!module || module->kind != PyValue::Kind::Dict) return;
+  const std::set<std::string> own(names_.begin(), names_.end());
+  std::set<std::string> placeholders;  // frozen parameters the module holds empty
+  for (const auto& item : module_.named_parameters(true)) {
+    if (own.count(item.key()) || item.value().numel() == 0) continue;
+    const PyValue* t = module->get(item.key());
+    if (t && t->kind == PyValue::Kind::Tensor && t->tensor.numel() == 0)
+      placeholders.insert(item.key());
+  }
+  if (placeholders.empty()) return;
+  const auto saved = frozen_params(model, where, placeholders);
+  for (auto& item : module_.named_parameters(true)) {
+    if (!placeholders.count(item.key())) continue;
+    const auto it = saved.find(item.key());
+    if (it == saved.end()) {
+      // dtrain's stage-3 checkpoints before 2026-12-01 kept no frozen values.
+      if (rank_ == 0)
+        std::cerr << "dtrain zero: note: load_checkpoint: " << where
+                  << " holds no values for the frozen parameter '" << item.key()
+                  << "' (no frozen_param_fragments); it keeps the model's\n";
+      continue;
+    }
+    if (it->second.sizes() != item.value().sizes())
+      throw UsageError("zero load_checkpoint: the frozen parameter '" + item.key() +
+                       "' has another shape in " + where);
+    item.value().detach().copy_(it->second);
   }
 }
 
@@ -1991,12 +2147,20 @@ torch::OrderedDict<std::string, torch::Tensor> consolidated(const PyValue& model
   std::set<std::string> buffers;
   if (const PyValue* b = model->get("buffer_names"))
     for (const auto& x : b->items) buffers.insert(x->s);
+  // Frozen parameters (not the optimizer's): from frozen_param_fragments, as DeepSpeed's
+  // zero_to_fp32 takes them (in their saved dtype); a stage-3 module holds them empty.
+  auto frozen = frozen_params(*model, model_path, {});
   for (const auto& [k, v] : module.dict) {
     auto it = params.find(k->s);
     if (it != params.end()) {
       out.insert(k->s, it->second);
       params.erase(it);
-    } else if (v->kind == PyValue::Kind::Tensor && (buffers.empty() || buffers.count(k->s))) {
+    } else if (auto f = frozen.find(k->s); f != frozen.end()) {
+      out.insert(k->s, f->second);
+    } else if (v->kind == PyValue::Kind::Tensor &&
+               (buffers.empty() || buffers.count(k->s) || v->tensor.numel() > 0)) {
+      // A buffer, or a frozen parameter saved whole (stages 0-1, where DeepSpeed's zero_to_fp32
+      // leaves them out); not a stage-3 placeholder.
       out.insert(k->s, v->tensor.clone());
     }
   }

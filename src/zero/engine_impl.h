@@ -74,7 +74,8 @@ class EngineImpl final : public EngineCore {
   std::string load_checkpoint(const std::string& dir, const std::string& tag,
                               const LoadCheckpointOptions& o) override;
   const nlohmann::json& client_state() const override { return client_state_; }
-  bool save_16bit_model(const std::string& dir, const std::string& filename) override;
+  bool save_16bit_model(const std::string& dir, const std::string& filename,
+                        bool exclude_frozen_parameters) override;
   int64_t num_parameters() const override { return numel_; }
   c10::IValue model_state(bool build) override;
   c10::IValue optim_state() override;
@@ -192,6 +193,17 @@ class EngineImpl final : public EngineCore {
       const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const;
   // DeepSpeed 0.19.8's loss scaler object for this engine's scaler.
   detail::PyPtr deepspeed_loss_scaler() const;
+  // DeepSpeed's frozen_param_shapes and frozen_param_fragments (its
+  // engine._common_checkpoint_state): the module's parameters that are not the engine's
+  // (requires_grad false) at stages 2-3, None at stages 0-1 (as DeepSpeed's
+  // zero_optimization_partition_gradients says). A fragment is the whole parameter at stage 2
+  // (rank 0's one model file) and this rank's piece of it at stage 3 (DeepSpeed's ds_tensor:
+  // ceil(numel / N) elements from rank x that on, the last padded with zeros).
+  std::pair<detail::PyPtr, detail::PyPtr> deepspeed_frozen_params() const;
+  // The model file as DeepSpeed writes it from model_dict's `model`: its keys, the frozen
+  // parameters' (left out with opts.exclude_frozen_parameters), the client_state.
+  detail::PyPtr deepspeed_model_file_of(const c10::IValue& model,
+                                        const SaveCheckpointOptions& opts) const;
   // The base optimizer's state_dict, and the loss-scale keys beside it in `o` (dtrain's own
   // "state" copy removed from `o`).
   detail::PyPtr deepspeed_base_optimizer(const detail::PyPtr& o, detail::PyPtr states,
@@ -210,6 +222,10 @@ class EngineImpl final : public EngineCore {
   // The model file's module keys against the model's (load_module_strict): "missing: ...;
   // unexpected: ..." where they differ, "" where they are the same.
   std::string module_keys_differ(const PyValue& model) const;
+  // Whether the model file's module and trainable parameters (param_shapes) hold every one of
+  // the engine's parameters and no other trainable one: where the keys differ, only in frozen
+  // parameters (a checkpoint saved with exclude_frozen_parameters).
+  bool only_frozen_keys_differ(const PyValue& model, const std::string& where) const;
   // The gradients zeroed, as after any load.
   void clear_gradients();
   // load_module_strict = false with load_module_only, for a checkpoint whose module keys are
@@ -223,6 +239,10 @@ class EngineImpl final : public EngineCore {
   // The module file's buffers and frozen parameters (requires_grad false) into the module.
   void load_buffers(const c10::impl::GenericDict& module_dict);
   void load_buffers(TorchFile& model, const PyValue& module);  // a model file's, read lazily
+  // The frozen parameters a stage-3 checkpoint holds as empty placeholders in its module, from
+  // its frozen_param_fragments (every saved rank's model file in `ckpt`, as DeepSpeed's load
+  // and zero_to_fp32 put them together). `model` is the model file at `model_path`.
+  void load_frozen_fragments(const PyValue& model, const std::string& model_path);
   // The optimizer's opaque state (the client optimizer's): only the same kind, world size.
   void load_opaque_state(const std::vector<c10::impl::GenericDict>& optims,
                          const std::string& saved_type, int saved_world, const std::string& where);

@@ -5,8 +5,10 @@ tests/zero/ds_parity_worker.cpp: the peer of tests/zero/deepspeed_parity_test.cp
 
 CASES.json: [{"name": ..., "config": {DeepSpeed config}, "save": DIR?, "read_dtrain": DIR?,
 "client_state": {...}?, "loss_mult": the loss times this into backward?, "mode": how a step's
-micro-batches go (train()), "resize": batch sizes set on the way (train()), "peer_config": the config DeepSpeed runs instead of "config", "probes": [calls whose refusal is checked after training, refusals()]}];
-every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
+micro-batches go (train()), "resize": batch sizes set on the way (train()), "peer_config": the config DeepSpeed runs instead of "config", "probes": [calls whose refusal is checked after training, refusals()],
+"freeze": [parameters set requires_grad False before the engine is built; a resume starts them
+1 away, freeze()], "exclude_frozen": saves with exclude_frozen_parameters, loads with
+load_module_strict=False, nothing moved away}]; every case runs in this one process per rank (importing DeepSpeed is the slow part). The model
 (16 -> 22 -> 4, tanh: 466 parameters, which DeepSpeed pads to 468 on 2 ranks), its initial weights, the data and each rank's rows are written out as
 formulas, identical in the C++ worker. Rank 0 writes {name: {"losses": [mean over ranks per
 step], "params": {name: [...]}, "params_mid": the parameters after step 5, "skipped_steps",
@@ -108,6 +110,18 @@ def batch(step, rank, world):
                      dtype=torch.float32)
     y = torch.tensor([(first + r) % 4 for r in range(MICRO)], dtype=torch.long)
     return x, y
+
+
+def freeze(m, case, away=False):
+    """The case's "freeze" parameters requires_grad False (not the optimizer's); `away`: 1 from
+    model()'s values, so that only a checkpoint's load brings them back."""
+    named = dict(m.named_parameters())
+    for name in case.get("freeze", []):
+        named[name].requires_grad_(False)
+        if away:
+            with torch.no_grad():
+                named[name].add_(1.0)
+    return m
 
 
 def read_dtrain(path, client_keys):
@@ -263,7 +277,8 @@ def resume_dtrain(case, rank, world):
     and training on to step 10. Where DeepSpeed cannot load it (stage3_torch_adagrad): the error,
     the error of a fresh engine loading DeepSpeed's own checkpoint ("save"), and the load with the
     param group emptied as a step leaves it."""
-    m = model()
+    exclude = case.get("exclude_frozen", False)
+    m = freeze(model(), case, away=not exclude)
     engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=case["config"])
     stage3 = case["config"]["zero_optimization"]["stage"] == 3
     out = {}
@@ -273,7 +288,7 @@ def resume_dtrain(case, rank, world):
         except ValueError as e:
             out["error"] = error_text(e)
         if case.get("save"):
-            own = model()
+            own = freeze(model(), case, away=True)
             own_engine, _, _, _ = deepspeed.initialize(model=own, model_parameters=own.parameters(),
                                                        config=case["config"])
             try:
@@ -282,7 +297,7 @@ def resume_dtrain(case, rank, world):
                 out["own_error"] = error_text(e)
             del own_engine
         engine.optimizer._clear_fp32_optimizer_param_groups()
-    path, client = engine.load_checkpoint(case["resume_dtrain"])
+    path, client = engine.load_checkpoint(case["resume_dtrain"], load_module_strict=not exclude)
     out.update({"global_steps": engine.global_steps, "global_samples": engine.global_samples, "path": path,
                 "client_state": {k: client[k] for k in case.get("client_state", {}) if k in client}})
     out["losses"] = train(engine, range(STEPS // 2, STEPS), rank, world)
@@ -298,7 +313,7 @@ def main():
     cases = json.load(open(sys.argv[1]))
     out = {}
     for case in cases:
-        m = model()
+        m = freeze(model(), case)
         config = case.get("peer_config", case["config"])  # where DeepSpeed fails on dtrain's
         try:
             engine, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=config)
@@ -314,7 +329,8 @@ def main():
         losses = train(engine, range(STEPS // 2), rank, world, case.get("loss_mult"), record, mode, resize, gas_scale)
         result["params_mid"] = gathered(m, stage3)
         if case.get("save"):
-            engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}))
+            engine.save_checkpoint(case["save"], client_state=case.get("client_state", {}),
+                                   exclude_frozen_parameters=case.get("exclude_frozen", False))
         losses += train(engine, range(STEPS // 2, STEPS), rank, world, case.get("loss_mult"), record, mode,
                         resize, gas_scale)
         result.update({"losses": losses, "params": gathered(m, stage3), "skipped_steps": engine.skipped_steps,
@@ -325,7 +341,8 @@ def main():
         if scaler is not None:  # fp16 torch_autocast: the GradScaler's scale (rank 0's)
             result["amp_scale"] = scaler.get_scale()
         if case.get("save_16bit_ds"):
-            engine.save_16bit_model(case["save_16bit_ds"])
+            engine.save_16bit_model(case["save_16bit_ds"],
+                                    exclude_frozen_parameters=case.get("exclude_frozen", False))
         if case.get("read_dtrain") and rank == 0:
             result.update(read_dtrain(case["read_dtrain"], case.get("client_state", {}).keys()))
             if case.get("save"):  # DeepSpeed's own (rank 0's) model file, beside dtrain's

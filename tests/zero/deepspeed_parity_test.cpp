@@ -207,8 +207,11 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
   out->theirs = json::parse(std::ifstream(dir / "ds.json"));
   if (!resume_deepspeeds) return;
   json resume = json::array();
-  for (const auto& c : cases)
+  for (const auto& c : cases) {
     resume.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", c["save"]}});
+    for (const char* key : {"freeze", "exclude_frozen"})
+      if (c.contains(key)) resume.back()[key] = c[key];
+  }
   { std::ofstream(dir / "resume.json") << resume.dump(); }
   ASSERT_NO_FATAL_FAILURE(run_dtrain(dir / "resume.json", dir / "resumed.json"));
   out->resumed = json::parse(std::ifstream(dir / "resumed.json"));
@@ -229,6 +232,8 @@ void run_both(const fs::path& dir, const json& cases, bool resume_deepspeeds, Pa
                          {"resume_from", c["save"]},
                          {"convert_to", to}});
       again.push_back({{"name", c["name"]}, {"config", c["config"]}, {"resume_from", to}});
+      for (const char* key : {"freeze", "exclude_frozen"})
+        if (c.contains(key)) convert.back()[key] = again.back()[key] = c[key];
     }
     { std::ofstream(dir / ("convert" + at + ".json")) << convert.dump(); }
     { std::ofstream(dir / ("again" + at + ".json")) << again.dump(); }
@@ -431,6 +436,97 @@ TEST(ZeroDeepSpeedParity, TwoRanksStagesOneToThreeTrainAndCheckpointAsDeepSpeed)
 // optimizer unwrapped only here: under ZeRO, fp16 or bf16 it wraps it, and torch's schedulers
 // refuse the wrapper): RMSprop, and torch.optim.lr_scheduler's schedulers, over 10 steps at 2
 // ranks; the losses and final parameters agree within float32 noise.
+// Frozen parameters (requires_grad false, a fine-tuning's base weights: here the first layer's
+// weight and the last layer's bias) in checkpoints of stages 2 and 3. DeepSpeed writes them as
+// frozen_param_shapes and frozen_param_fragments: whole at stage 2, each rank's piece at stage 3,
+// whose module holds empty placeholders. Both ways: DeepSpeed's zero_to_fp32 and its engine read
+// dtrain's files, `dtrain zero to-fp32` and dtrain's engine read DeepSpeed's (at 2 ranks, and
+// saved at 1 and 3 ranks, where 352 elements split 118/118/116). Every resuming side starts the
+// frozen parameters 1 away from the saved values, so that only the load brings them back. And
+// with DeepSpeed's exclude_frozen_parameters (Hugging Face's Trainer saves PEFT models so): the
+// same module keys as DeepSpeed's (no frozen parameter), no frozen parameter in either
+// zero_to_fp32, and each side resuming the other's with load_module_strict=False, optimizer
+// state included.
+TEST(ZeroDeepSpeedParity, TwoRanksFrozenParametersInCheckpointsAsDeepSpeed) {
+  const fs::path dir = fresh_dir("dtrain-ds-frozen");
+  json cs = json::array();
+  for (bool exclude : {false, true}) {
+    for (int stage : {2, 3}) {
+      json config = {{"train_micro_batch_size_per_gpu", 4},
+                     {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                     {"zero_optimization",
+                      {{"stage", stage}, {"stage3_gather_16bit_weights_on_model_save", true}}},
+                     {"steps_per_print", 1000}};
+      const std::string i = std::to_string(stage) + (exclude ? "x" : "");
+      cs.push_back(
+          {{"name", "stage " + std::to_string(stage) + ", Adam, 0.weight and 2.bias frozen" +
+                        (exclude ? ", excluded from saves" : "")},
+           {"config", config},
+           {"freeze", {"0.weight", "2.bias"}},
+           {"exclude_frozen", exclude},
+           {"save_dtrain", (dir / ("dtrain_" + i)).string()},
+           {"read_dtrain", (dir / ("dtrain_" + i)).string()},
+           {"save_dtrain_mid", (dir / ("dtrain_mid_" + i)).string()},
+           {"resume_dtrain", (dir / ("dtrain_mid_" + i)).string()},
+           {"save", (dir / ("ds_" + i)).string()},
+           {"save_16bit", (dir / ("dtrain16_" + i)).string()},
+           {"save_16bit_ds", (dir / ("ds16_" + i)).string()}});
+    }
+  }
+  ParityRuns runs;
+  ASSERT_NO_FATAL_FAILURE(run_both(dir, cs, /*resume_deepspeeds=*/true, &runs));
+  for_each_case(
+      cs, runs, [&](const json& c, const std::string& name, const json& x, const json& y) {
+        Gaps gaps;
+        ASSERT_NO_FATAL_FAILURE(expect_same_run(x, y, 1e-5, 1e-5, "step", &gaps));
+        // The frozen parameters did not move, on either side; excluded, they are in no file.
+        json trainable = x["params"], trainable_mid = y["params_mid"];
+        for (const auto& f : c["freeze"]) {
+          const std::string frozen = f;
+          EXPECT_EQ(y["params_mid"][frozen], y["params"][frozen]) << frozen;
+          EXPECT_EQ(x["params"][frozen], y["params"][frozen]) << frozen;
+          if (c["exclude_frozen"]) {
+            trainable.erase(frozen);
+            trainable_mid.erase(frozen);
+          }
+        }
+        const json& expected = c["exclude_frozen"] ? trainable : x["params"];
+        const json& expected_mid = c["exclude_frozen"] ? trainable_mid : y["params_mid"];
+        // The module in rank 0's model file: DeepSpeed's keys and shapes.
+        EXPECT_EQ(y.value("dtrain_module_shapes", json()),
+                  y.value("ds_module_shapes", json("missing")));
+        ASSERT_TRUE(y.contains("dtrain_fp32")) << y.value("dtrain_fp32_error", "");
+        EXPECT_EQ(y["dtrain_fp32"].size(), expected.size()) << y["dtrain_fp32"].dump();
+        EXPECT_LT(max_diff(y["dtrain_fp32"], expected), 1e-7)
+            << "DeepSpeed's zero_to_fp32 of dtrain's checkpoint";
+        const std::string out = (fs::path(c["save"].get<std::string>()) / "fp32.pt").string();
+        auto conv = dtrain::test::run_command(
+            {DTRAIN_BIN, "zero", "to-fp32", c["save"].get<std::string>(), out}, {.timeout = 120s});
+        ASSERT_EQ(conv.exit_code, 0) << conv.out << conv.err;
+        const json ours = flat_params(dtrain::zero::load_state_dict_file(out));
+        EXPECT_EQ(ours.size(), expected_mid.size()) << ours.dump();
+        EXPECT_LT(max_diff(ours, expected_mid), 1e-7)
+            << "dtrain zero to-fp32 of DeepSpeed's checkpoint";
+        // save_16bit_model: the same keys as DeepSpeed's (frozen parameters left out when excluded)
+        // and the same values.
+        const auto ours16 = flat_params(dtrain::zero::load_state_dict_file(
+            (fs::path(c["save_16bit"].get<std::string>()) / "pytorch_model.bin").string()));
+        const auto theirs16 = flat_params(dtrain::zero::load_state_dict_file(
+            (fs::path(c["save_16bit_ds"].get<std::string>()) / "pytorch_model.bin").string()));
+        EXPECT_EQ(ours16.size(), theirs16.size()) << ours16.dump();
+        EXPECT_EQ(theirs16.size(), expected.size()) << theirs16.dump();
+        EXPECT_LT(max_diff(ours16, theirs16), 1e-5) << "save_16bit_model";
+        const double resumed = expect_resumed_as_deepspeed(runs, name, json::object(), y);
+        const json& back = y.value("resumed_dtrain", json::object());
+        ASSERT_TRUE(back.contains("params")) << "DeepSpeed did not resume dtrain's checkpoint";
+        const double ds_resumed = max_diff(back["params"], y["params"]);
+        EXPECT_LT(ds_resumed, 1e-5) << "DeepSpeed's engine resuming dtrain's checkpoint";
+        std::printf("%-62s losses %.1e params %.1e; resumed by dtrain %.1e, by DeepSpeed %.1e\n",
+                    name.c_str(), gaps.loss, gaps.param, resumed, ds_resumed);
+      });
+  fs::remove_all(dir);
+}
+
 TEST(ZeroDeepSpeedParity, TwoRanksStageZeroTorchOptimizerAndSchedulersByName) {
   const fs::path dir = fresh_dir("dtrain-ds-parity-byname");
   json cs = json::array();

@@ -17,7 +17,11 @@
 // the output is what the engine read of the checkpoint's client_state; with "save_16bit": DIR,
 // save_16bit_model writes DIR/pytorch_model.bin after the last step; with "convert_to": DIR beside
 // "resume_from", the loaded checkpoint is saved into DIR (at this run's world size, its
-// client_state kept) and no step is taken.
+// client_state kept) and no step is taken. "freeze": names of parameters set requires_grad
+// false before the engine is built (not the engine's, as a fine-tuning's base weights); a case
+// that resumes starts them 1 away from model()'s values, so that only the load brings them back.
+// "exclude_frozen": every save with exclude_frozen_parameters, every load with
+// load_module_strict false, and no frozen parameter moved away.
 //   ds_parity_worker CASES.json OUT.json
 #include <cmath>
 #include <fstream>
@@ -109,6 +113,14 @@ nlohmann::json refusals(E& engine, const nlohmann::json& probes) {
 // One case of CASES.json on the module `m` (its fresh values), into `out`.
 template <typename Module>
 void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nlohmann::json& out) {
+  // "exclude_frozen": saved with DeepSpeed's exclude_frozen_parameters, loaded non-strict.
+  const bool exclude = cs.value("exclude_frozen", false);
+  for (const auto& name : cs.value("freeze", nlohmann::json::array())) {
+    torch::Tensor p = m->named_parameters()[name.get<std::string>()];
+    p.set_requires_grad(false);
+    torch::NoGradGuard ng;
+    if (cs.contains("resume_from") && !exclude) p.add_(1.0);
+  }
   auto engine = dtrain::zero::initialize(m, cs.at("config"));
   std::vector<double> losses;
   nlohmann::json norms = nlohmann::json::array(), applied = nlohmann::json::array(),
@@ -133,11 +145,13 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
   };
   int first = 0;
   if (cs.contains("resume_from")) {
-    engine.load_checkpoint(cs.at("resume_from").get<std::string>());
+    engine.load_checkpoint(cs.at("resume_from").get<std::string>(), "",
+                           {.load_module_strict = !exclude});
     first = kSteps / 2;
     if (cs.contains("convert_to")) {
-      engine.save_checkpoint(cs.at("convert_to").get<std::string>(), "",
-                             {.client_state = engine.client_state()});
+      engine.save_checkpoint(
+          cs.at("convert_to").get<std::string>(), "",
+          {.client_state = engine.client_state(), .exclude_frozen_parameters = exclude});
       first = kSteps;
     }
   }
@@ -151,7 +165,8 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
     if (step == kSteps / 2 && cs.contains("save_dtrain_mid"))
       engine.save_checkpoint(cs.at("save_dtrain_mid").get<std::string>(), "",
                              {.client_state = cs.value("client_state", nlohmann::json::object()),
-                              .deepspeed_loss_scaler = true});
+                              .deepspeed_loss_scaler = true,
+                              .exclude_frozen_parameters = exclude});
     // The step's first micro-batch as the mode says, then its last (for retain_graph: a second
     // backward through the first's graph).
     torch::Tensor loss;
@@ -194,8 +209,10 @@ void run_case(const nlohmann::json& cs, Module m, dtrain::ProcessGroup& pg, nloh
   }
   if (cs.contains("save_dtrain"))
     engine.save_checkpoint(cs.at("save_dtrain").get<std::string>(), "",
-                           {.client_state = cs.value("client_state", nlohmann::json::object())});
-  if (cs.contains("save_16bit")) engine.save_16bit_model(cs.at("save_16bit").get<std::string>());
+                           {.client_state = cs.value("client_state", nlohmann::json::object()),
+                            .exclude_frozen_parameters = exclude});
+  if (cs.contains("save_16bit"))
+    engine.save_16bit_model(cs.at("save_16bit").get<std::string>(), "pytorch_model.bin", exclude);
   if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
   nlohmann::json params = nlohmann::json::object();
   for (auto& item : m->named_parameters()) {
