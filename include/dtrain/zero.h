@@ -77,10 +77,11 @@ struct LoadCheckpointOptions {
   // parameter nor as a buffer (UsageError naming them). false loads the parameters both have
   // and leaves the others as they are (fine-tuning with a new head); where the keys differ that
   // needs load_module_only (the optimizer state of other parameters has no place, and DeepSpeed
-  // fails there) and stages 0-2. Where only frozen parameters differ (requires_grad false: a
-  // checkpoint saved with exclude_frozen_parameters) everything loads at every stage, the
-  // optimizer state too, and the frozen parameters the file lacks keep their values, as with
-  // DeepSpeed's. A shape that differs is refused either way, as by torch.
+  // fails there). At stage 3 the values come from the checkpoint's fp32 master, which every
+  // rank then reads whole (DeepSpeed 0.19.8 loads none of them there). Where only frozen parameters
+  // differ (requires_grad false: a checkpoint saved with exclude_frozen_parameters) everything
+  // loads at every stage, the optimizer state too, and the frozen parameters the file lacks keep
+  // their values, as with DeepSpeed's. A shape that differs is refused either way, as by torch.
   bool load_module_strict = true;
 };
 

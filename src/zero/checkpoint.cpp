@@ -766,6 +766,11 @@ constexpr const char* kStageZero = "stage 0";
 // OrderedDicts name -> torch.Size), or dtrain's older param_names + param_shapes lists.
 using SavedGroups = std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>>;
 SavedGroups saved_parameters(const PyValue& model, const fs::path& model_path);
+// The module of a model file (as read, at `model_path`) from the fp32 master of the optimizer
+// files beside it in `ckpt` (consolidated_state_dict's work, from a file read once).
+torch::OrderedDict<std::string, torch::Tensor> consolidated(const PyValue& model_file,
+                                                            const fs::path& model_path,
+                                                            const fs::path& ckpt);
 // DeepSpeed's checkpoint's parameters (its model file `model`) in its order, placed by name in
 // the engine's flat order (`names`, `offsets`, `numels`); nullopt when they are not the
 // engine's parameters (another name, count or size).
@@ -1500,11 +1505,8 @@ std::string EngineImpl::load_checkpoint(const std::string& dir_s, const std::str
       throw UsageError(what +
                        ": its optimizer state has no place in this model's (DeepSpeed fails "
                        "there too); pass load_module_only = true to load the module only");
-    if (policy_.parameters())
-      throw UsageError(what +
-                       ": load_module_strict = false is for stages 0-2; at stage 3 load the "
-                       "module into a model of the same parameters");
     load_module_subset(model_file, model_path.string());
+    load_frozen_fragments(*model_file.value(), model_path.string());
     client_state_ = client_state_of(*model_file.value());
     return tag;
   }
@@ -1704,24 +1706,67 @@ bool EngineImpl::only_frozen_keys_differ(const PyValue& model, const std::string
 void EngineImpl::load_module_subset(TorchFile& model, const std::string& where) {
   torch::NoGradGuard ng;
   const PyValue& module = *model.value()->get("module");
-  // Checked whole before anything is written, so that a bad file leaves the engine as it was.
-  std::vector<std::pair<size_t, const PyValue*>> found;
+  // A stage-3 checkpoint's module holds empty placeholders: the values then come from its fp32
+  // master, which every rank reads whole, as `dtrain zero to-fp32` does. (DeepSpeed 0.19.8
+  // loads none of them there.)
+  bool placeholders = false;
   for (size_t i = 0; i < names_.size(); ++i) {
     const PyValue* t = module.get(names_[i]);
-    if (!t) continue;
-    if (t->kind != PyValue::Kind::Tensor)
-      throw CheckpointError(where + ": '" + names_[i] + "' is a " + t->describe() +
-                            ", not a tensor");
-    if (t->tensor.sizes().vec() != shapes_[i])
+    placeholders = placeholders || (t && t->kind == PyValue::Kind::Tensor &&
+                                    t->tensor.numel() == 0 && numels_[i] > 0);
+  }
+  torch::OrderedDict<std::string, torch::Tensor> master;
+  if (placeholders) master = consolidated(*load_file(where), where, fs::path(where).parent_path());
+  // Checked whole before anything is written, so that a bad file leaves the engine as it was.
+  struct Found {
+    size_t i;
+    const PyValue* saved;  // in the module (read when written), or
+    torch::Tensor value;   // from the master
+  };
+  std::vector<Found> found;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    Found f{i, nullptr, {}};
+    if (placeholders) {
+      const torch::Tensor* t = master.find(names_[i]);
+      if (!t) continue;
+      f.value = *t;
+    } else {
+      f.saved = module.get(names_[i]);
+      if (!f.saved) continue;
+      if (f.saved->kind != PyValue::Kind::Tensor)
+        throw CheckpointError(where + ": '" + names_[i] + "' is a " + f.saved->describe() +
+                              ", not a tensor");
+    }
+    const auto sizes = f.saved ? f.saved->tensor.sizes().vec() : f.value.sizes().vec();
+    if (sizes != shapes_[i])
       throw UsageError("zero load_checkpoint: parameter '" + names_[i] + "' has another shape in " +
                        where + " (torch's load_state_dict refuses it with strict=False too)");
-    found.emplace_back(i, t);
+    found.push_back(std::move(f));
   }
-  for (const auto& [i, t] : found)
-    flat_params_.narrow(0, offsets_[i], numels_[i]).copy_(model.load(*t).reshape({-1}));
+  const int64_t first = rank_ * part_, last = first + part_;
+  for (auto& f : found) {
+    const torch::Tensor value = (f.saved ? model.load(*f.saved) : f.value).reshape({-1});
+    if (!policy_.parameters()) {
+      flat_params_.narrow(0, offsets_[f.i], numels_[f.i]).copy_(value);
+      continue;
+    }
+    // Stage 3: this rank's partition's part of the parameter.
+    const int64_t from = std::max(offsets_[f.i], first),
+                  to = std::min(offsets_[f.i] + numels_[f.i], last);
+    if (from < to)
+      param_part_.narrow(0, from - first, to - from)
+          .copy_(value.narrow(0, from - offsets_[f.i], to - from));
+  }
+  if (policy_.parameters()) {
+    if (gathered_) release_parameters();  // gathered copies of the old values are stale
+    if (fetch_) fetch_->release_all();
+  }
   load_buffers(model, module);
   // DeepSpeed's refresh_fp32_params: the master from the (16-bit) parameters.
-  if (master_.defined()) master_.copy_(policy_.mine(flat_params_.to(master_dtype_), rank_, part_));
+  if (master_.defined())
+    master_.copy_(policy_.parameters()
+                      ? param_part_
+                      : policy_.mine(flat_params_.to(master_dtype_), rank_, part_));
   // As after any load: the steps and loss scale stay (load_module_only), the gradients go.
   clear_gradients();
 }
@@ -2042,12 +2087,6 @@ std::vector<fs::path> optim_files(const fs::path& ckpt, int world) {
   }
   return out;
 }
-
-// The module of a model file (as read, at `model_path`) from the fp32 master of the optimizer
-// files beside it in `ckpt` (consolidated_state_dict's work, from a file read once).
-torch::OrderedDict<std::string, torch::Tensor> consolidated(const PyValue& model_file,
-                                                            const fs::path& model_path,
-                                                            const fs::path& ckpt);
 
 }  // namespace
 

@@ -231,7 +231,9 @@ class EngineImpl final : public EngineCore {
   // load_module_strict = false with load_module_only, for a checkpoint whose module keys are
   // not the model's (torch's load_state_dict(strict=False)): the parameters both have from the
   // module in `model` (at `where`), the others as they are, the fp32 master refreshed from them
-  // (DeepSpeed's refresh_fp32_params); the saved buffers the model has. Stages 0-2.
+  // (DeepSpeed's refresh_fp32_params); the saved buffers the model has. From a stage-3 file
+  // (placeholders in its module) the values come from its fp32 master, read whole; a stage-3
+  // engine keeps its partition's part of them.
   void load_module_subset(TorchFile& model, const std::string& where);
   // A model file's scheduler position, loss scale and step counters; the gradients zeroed.
   void load_counters(const c10::impl::GenericDict& model, const LoadCheckpointOptions& opts,

@@ -30,6 +30,7 @@
 # root, ray or the data is missing.
 #   ray_test.sh BUILD_DIR DTRAIN ENGINE_DRIVER TUNE_DRIVER PYTHON_DIR
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../support/launch_check.sh"
 BUILD="$(realpath "$1")" DTRAIN="$(realpath "$2")" DRIVER="$(realpath "$3")" TUNE="$(realpath "$4")" PYDIR="$(realpath "$5")"
 FM="$BUILD/examples/fashion_mnist"
 for f in "$DTRAIN" "$DRIVER" "$TUNE" "$FM"; do [[ -x "$f" ]] || fail "$f is not built: run scripts/setup.sh"; done
@@ -139,18 +140,7 @@ pass "dtrain run --ray-address ray://$(host_addr n0):10001: 4 prefixed lines on 
 #     `dtrain launch` too, so --use-env is theirs: LOCAL_RANK in the environment, the arguments as
 #     given.
 t1=$SECONDS
-cat >"$T/launch_args.py" <<'PY'
-import os, sys
-print("args %s LOCAL_RANK=%s" % (" ".join(sys.argv[1:]), os.environ["LOCAL_RANK"]), flush=True)
-PY
-on n0 "$DTRAIN" launch --ray-address "$RAY_GCS" --nnodes 2 --nproc-per-node 2 --use-env \
-  "$T/launch_args.py" a >"$T/launch.out" 2>"$T/launch.err"
-rc=$?
-[[ $rc -eq 0 ]] || { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --ray-address: exit $rc"; }
-for r in 0 1 2 3; do
-  grep -Eq "^\[default$r\]:args a LOCAL_RANK=$((r % 2))$" "$T/launch.out" ||
-    { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --ray-address --use-env: rank $r's arguments or LOCAL_RANK differ"; }
-done
+check_dtrain_launch "dtrain launch --ray-address --use-env" 0 --ray-address "$RAY_GCS" --nnodes 2 --nproc-per-node 2 --use-env
 pass "dtrain launch --ray-address --use-env: 4 workers, LOCAL_RANK set, arguments as given ($((SECONDS - t1)) s)"
 
 # 9's peer, started now to run beside 8 and 9 (each uses one worker node at a time, the peer

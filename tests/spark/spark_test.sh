@@ -10,6 +10,7 @@
 # down after. Fails (never skips) when root, Java, pyspark or the data is missing.
 #   spark_test.sh BUILD_DIR DTRAIN SPARK_DRIVER PYTHON_DIR
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../support/launch_check.sh"
 BUILD="$(realpath "$1")" DTRAIN="$(realpath "$2")" DRIVER="$(realpath "$3")" PYDIR="$(realpath "$4")"
 FM="$BUILD/examples/fashion_mnist"
 [[ -x "$FM" ]] || fail "$FM is not built: run scripts/setup.sh"
@@ -126,18 +127,7 @@ pass "dtrain run --spark-master: 4 prefixed lines on the driver, rank 2's exit c
 # 4b. `dtrain launch --spark-master` (torch.distributed.launch): the agents on the worker hosts
 #     are `dtrain launch` too, so each worker gets --local-rank=N before its arguments.
 t1=$SECONDS
-cat >"$T/launch_args.py" <<'PY'
-import os, sys
-print("args %s LOCAL_RANK=%s" % (" ".join(sys.argv[1:]), os.environ["LOCAL_RANK"]), flush=True)
-PY
-on n0 "$DTRAIN" launch --spark-master "$SPARK_MASTER_URL" --nnodes 2 --nproc-per-node 2 \
-  "$T/launch_args.py" a >"$T/launch.out" 2>"$T/launch.err"
-rc=$?
-[[ $rc -eq 0 ]] || { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --spark-master: exit $rc"; }
-for r in 0 1 2 3; do
-  grep -Eq "^\[default$r\]:args --local-rank=$((r % 2)) a LOCAL_RANK=$((r % 2))$" "$T/launch.out" ||
-    { cat "$T/launch.out" "$T/launch.err" >&2; fail "dtrain launch --spark-master: rank $r did not get --local-rank=$((r % 2)) before its argument"; }
-done
+check_dtrain_launch "dtrain launch --spark-master" 1 --spark-master "$SPARK_MASTER_URL" --nnodes 2 --nproc-per-node 2
 pass "dtrain launch --spark-master: each of 4 workers got --local-rank=N before its arguments ($((SECONDS - t1)) s)"
 
 # 5. The Python module: TorchDistributor's shape, in a PySpark session, twice in one session:

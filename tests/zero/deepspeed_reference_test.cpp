@@ -1244,6 +1244,7 @@ json module_strict_cases() {
   add("a layer fewer", 0, fewer, true, false);
   add("a layer more", 1, extra, false, false);
   add("a layer more", 3, extra, false, true);
+  add("a layer fewer", 3, fewer, false, true);
   return c;
 }
 
@@ -2233,6 +2234,7 @@ json run_module_strict(const json& cs) {
     }
     out["load"] = "ok";
     out["losses"] = train(engine, model, 1);
+    if (engine.config().zero.stage == 3) engine.core().before_forward();  // gathers the module
     json params = json::array();
     for (const auto& p : model->parameters()) {
       auto v = p.detach().to(torch::kFloat).flatten().contiguous();
@@ -2246,7 +2248,8 @@ json run_module_strict(const json& cs) {
 
 // DeepSpeed's load_module_strict: the load passes or is refused on both sides (dtrain's
 // refusal a UsageError naming the keys where DeepSpeed fails in torch or in its optimizer);
-// where it passes, 2 more steps give the same losses and parameters.
+// where it passes, 2 more steps give the same losses and parameters (at stage 3, where
+// DeepSpeed loads nothing, those of DeepSpeed's load at stage 2).
 TEST(ZeroDeepSpeedReference, LoadModuleStrictAsDeepSpeeds) {
   const json& peer = peer_results();
   ASSERT_FALSE(peer.contains("failure")) << peer.value("failure", "");
@@ -2255,18 +2258,17 @@ TEST(ZeroDeepSpeedReference, LoadModuleStrictAsDeepSpeeds) {
     const std::string name = cs.at("name");
     SCOPED_TRACE(name);
     ASSERT_TRUE(peer.contains(name));
-    const json& ds = peer.at(name);
     const json ours = run_module_strict(cs);
-    const bool theirs_ok = ds.at("load") == "ok", ours_ok = ours.at("load") == "ok";
-    if (cs.at("config").at("zero_optimization").at("stage") == 3 && theirs_ok) {
-      // Refused at stage 3, where DeepSpeed loads none of the saved values (docs/deepspeed.md).
-      EXPECT_FALSE(ours_ok);
-      EXPECT_NE(ours.at("load").get<std::string>().find("stages 0-2"), std::string::npos)
-          << ours.at("load");
-      std::printf("  %-60s DeepSpeed loads; dtrain refuses: %s\n", name.c_str(),
-                  ours.at("load").get<std::string>().c_str());
-      continue;
-    }
+    const bool stage3 = cs.at("config").at("zero_optimization").at("stage") == 3;
+    const bool theirs_ok = peer.at(name).at("load") == "ok", ours_ok = ours.at("load") == "ok";
+    // At stage 3 DeepSpeed 0.19.8 returns from the load having loaded none of the saved values
+    // (its module holds empty placeholders; docs/deepspeed.md), and its engine.module's
+    // parameters are placeholders too. dtrain loads them from the checkpoint's fp32 master: its
+    // run is DeepSpeed's run of the same case at stage 2.
+    std::string reference_name = name;
+    if (stage3) reference_name.replace(reference_name.find("stage 3"), 7, "stage 2");
+    ASSERT_TRUE(peer.contains(reference_name));
+    const json& ds = peer.at(reference_name);
     ASSERT_EQ(ours_ok, theirs_ok) << "dtrain: " << ours.at("load")
                                   << "\nDeepSpeed: " << ds.at("load");
     if (!ours_ok) {
@@ -2297,7 +2299,10 @@ TEST(ZeroDeepSpeedReference, LoadModuleStrictAsDeepSpeeds) {
         EXPECT_NEAR(a[j], b[j], tolerance) << "parameter " << i << " element " << j;
       }
     }
-    std::printf("  %-60s loaded by both; losses and parameters within %.1e\n", name.c_str(), worst);
+    std::printf(stage3 ? "  %-60s loaded by dtrain (DeepSpeed returns having loaded nothing); "
+                         "losses and parameters within %.1e of DeepSpeed's at stage 2\n"
+                       : "  %-60s loaded by both; losses and parameters within %.1e\n",
+                name.c_str(), worst);
   }
   EXPECT_GE(passed, 7);
   EXPECT_GE(refused, 3);

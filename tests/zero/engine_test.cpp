@@ -904,70 +904,77 @@ TEST(ZeroCheckpoint, ClientStateSaveLatestAndModuleOnlyAsDeepSpeeds) {
   }
 }
 
-// load_module_strict = false with load_module_only at 2 ranks, stage 2 (each rank's fp32 master
-// a part): the saved parameters where the model has them, the new layer's own values, and the
-// master refreshed from them (a step with lr 0 writes the master back unchanged). Strict, and
-// not module-only, refuse naming the keys.
+// load_module_strict = false with load_module_only at 2 ranks, stages 2 and 3 (each rank's fp32
+// master a part; at stage 3 the module file holds placeholders and each rank its partition): the
+// saved parameters where the model has them, the new layer's own values, and the master
+// refreshed from them (a step with lr 0 writes the master back unchanged). Strict, and not
+// module-only, refuse naming the keys.
 TEST(ZeroCheckpoint, LoadModuleStrictFalseLoadsTheParametersBothHave) {
   auto d = make_data(2 * 4 * 3);
-  auto dir = temp_dir("strict");
-  Params saved;
-  std::mutex mu;
-  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
-    auto e = dtrain::zero::initialize(make_model(), config(2, 4), {pg});
-    train(e, d, pg->rank(), 2, 4, 1, 0, 3);
-    e.save_checkpoint(dir.string(), "a");
-    std::lock_guard<std::mutex> lock(mu);
-    if (pg->rank() == 0) saved = params_of(e);
-  });
-  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
-    Sequential wider = make_model();
-    {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto dir = temp_dir("strict");
+    Params saved;
+    std::mutex mu;
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(make_model(), config(stage, 4), {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 3);
+      e.save_checkpoint(dir.string(), "a");
+      auto p = params_of(e);
       std::lock_guard<std::mutex> lock(mu);
-      torch::manual_seed(99);
-      wider->push_back(Linear(3, 3));
-      wider->to(torch::kFloat64);
-    }
-    const Params before = [&] {
-      Params p;
-      for (auto& t : wider->parameters()) p.push_back(t.detach().clone());
-      return p;
-    }();
-    auto e = dtrain::zero::initialize(
-        wider,
-        config(2, 4, 1,
-               {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.0}}}}},
-                {"zero_allow_untested_optimizer", true}}),
-        {pg});
-    for (const auto& opts : {dtrain::zero::LoadCheckpointOptions{.load_module_only = true},
-                             dtrain::zero::LoadCheckpointOptions{.load_module_strict = false}}) {
-      try {
-        e.load_checkpoint(dir.string(), "a", opts);
-        ADD_FAILURE() << "no error on rank " << pg->rank();
-      } catch (const dtrain::UsageError& err) {
-        EXPECT_NE(std::string(err.what()).find("missing: 3.weight, 3.bias; unexpected: none"),
-                  std::string::npos)
-            << err.what();
+      if (pg->rank() == 0) saved = p;
+    });
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      Sequential wider = make_model();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        torch::manual_seed(99);
+        wider->push_back(Linear(3, 3));
+        wider->to(torch::kFloat64);
       }
-    }
-    EXPECT_EQ(e.load_checkpoint(dir.string(), "a",
-                                {.load_module_only = true, .load_module_strict = false}),
-              "a");
-    EXPECT_EQ(e.global_steps(), 0);  // the module only
-    train(e, d, pg->rank(), 2, 4, 1, 0, 1);
-    auto p = params_of(e);
-    ASSERT_EQ(p.size(), 6u);
-    for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(torch::equal(p[i], saved[i])) << i;
-    for (size_t i = 4; i < 6; ++i) EXPECT_TRUE(torch::equal(p[i], before[i])) << i;
-  });
-  fs::remove_all(dir);
+      const Params before = [&] {
+        Params p;
+        for (auto& t : wider->parameters()) p.push_back(t.detach().clone());
+        return p;
+      }();
+      auto e = dtrain::zero::initialize(
+          wider,
+          config(stage, 4, 1,
+                 {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.0}}}}},
+                  {"zero_allow_untested_optimizer", true}}),
+          {pg});
+      for (const auto& opts : {dtrain::zero::LoadCheckpointOptions{.load_module_only = true},
+                               dtrain::zero::LoadCheckpointOptions{.load_module_strict = false}}) {
+        try {
+          e.load_checkpoint(dir.string(), "a", opts);
+          ADD_FAILURE() << "no error on rank " << pg->rank();
+        } catch (const dtrain::UsageError& err) {
+          EXPECT_NE(std::string(err.what()).find("missing: 3.weight, 3.bias; unexpected: none"),
+                    std::string::npos)
+              << err.what();
+        }
+      }
+      EXPECT_EQ(e.load_checkpoint(dir.string(), "a",
+                                  {.load_module_only = true, .load_module_strict = false}),
+                "a");
+      EXPECT_EQ(e.global_steps(), 0);  // the module only
+      // A step with lr 0: the parameters come from the (refreshed) master, so equal after it.
+      train(e, d, pg->rank(), 2, 4, 1, 0, 1);
+      auto p = params_of(e);
+      ASSERT_EQ(p.size(), 6u);
+      for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(torch::equal(p[i], saved[i])) << i;
+      for (size_t i = 4; i < 6; ++i) EXPECT_TRUE(torch::equal(p[i], before[i])) << i;
+    });
+    fs::remove_all(dir);
+  }
 }
 
-// A frozen parameter (requires_grad false: not the engine's) is saved in the module and loaded
-// back, as torch's load_state_dict (DeepSpeed's module load) does; stages 0-2.
+// A frozen parameter (requires_grad false: not the engine's) is saved and loaded back, as
+// torch's load_state_dict (DeepSpeed's module load) does: from the module at stages 1-2, from
+// every saved rank's frozen_param_fragments at stage 3 (3 elements saved as 2 + 1 and padding),
+// loaded at 1 and at 3 ranks.
 TEST(ZeroCheckpoint, FrozenParametersComeBackFromTheModule) {
   auto d = make_data(2 * 4 * 2);
-  auto dir = temp_dir("frozen");
   auto frozen_model = [](double value) {
     Sequential m = make_model();
     auto last = m->ptr(2)->as<Linear>();
@@ -976,20 +983,27 @@ TEST(ZeroCheckpoint, FrozenParametersComeBackFromTheModule) {
     last->bias.set_requires_grad(false);
     return m;
   };
-  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
-    auto e = dtrain::zero::initialize(frozen_model(0.25), config(1, 4), {pg});
-    train(e, d, pg->rank(), 2, 4, 1, 0, 2);
-    e.save_checkpoint(dir.string(), "a");
-  });
-  run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
-    Sequential m = frozen_model(-1.0);
-    auto e = dtrain::zero::initialize(m, config(1, 4), {pg});
-    e.load_checkpoint(dir.string(), "a");
-    const auto bias = m->ptr(2)->as<Linear>()->bias;
-    EXPECT_TRUE(torch::equal(bias, torch::full({3}, 0.25, bias.options()))) << bias;
-    EXPECT_EQ(e.global_steps(), 2);
-  });
-  fs::remove_all(dir);
+  for (int stage : {1, 2, 3}) {
+    auto dir = temp_dir("frozen");
+    run_ranks(2, [&](std::shared_ptr<ProcessGroup> pg) {
+      auto e = dtrain::zero::initialize(frozen_model(0.25), config(stage, 4), {pg});
+      train(e, d, pg->rank(), 2, 4, 1, 0, 2);
+      e.save_checkpoint(dir.string(), "a");
+    });
+    for (int world : {1, 3}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", loaded at " + std::to_string(world) +
+                   " ranks");
+      run_ranks(world, [&](std::shared_ptr<ProcessGroup> pg) {
+        Sequential m = frozen_model(-1.0);
+        auto e = dtrain::zero::initialize(m, config(stage, 4), {pg});
+        e.load_checkpoint(dir.string(), "a");
+        const auto bias = m->ptr(2)->as<Linear>()->bias;
+        EXPECT_TRUE(torch::equal(bias, torch::full({3}, 0.25, bias.options()))) << bias;
+        EXPECT_EQ(e.global_steps(), 2);
+      });
+    }
+    fs::remove_all(dir);
+  }
 }
 
 // Every rank refuses together, so none waits in the save's barriers for one that refused:
