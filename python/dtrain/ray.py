@@ -240,7 +240,7 @@ def _agent_task(index, bundles, per, cpus, argv, log_addr, env, answer_timeout=1
 def run_on_ray(agent_argv, bundles, per, cpus=1.0, gpus=0.0, strategy="PACK",
                placement_timeout=60.0, env=None, out=None, err=None, cancelled=None,
                term_timeout=5.0, driver_host=None, payload=None, outputs=None):
-    """Runs `agent_argv` (a `dtrain run ...` command line) as `bundles` agents of `per`
+    """Runs `agent_argv` (a `dtrain run|launch ...` command line) as `bundles` agents of `per`
     processes each on the connected Ray cluster; returns the exit status: 0, the first failing
     agent's, NO_RESOURCES, or 1 (cancelled, or Ray failed). out: the agents' output (bytes);
     err: dtrain's messages (text); cancelled: an Event that ends the job when set. payload:
@@ -680,7 +680,7 @@ def serve(sock_path, parent_pid, address, idle_timeout=600.0):
 
 
 USAGE = ("usage: ray.py (--address ADDR | --client SOCKET) --bundles B --per-bundle P [--cpus C] [--gpus G]\n"
-         "              [--strategy S] [--placement-timeout S] [--term-timeout S] [--driver-host H] -- dtrain run ...\n"
+         "              [--strategy S] [--placement-timeout S] [--term-timeout S] [--driver-host H] -- dtrain run|launch ...\n"
          "       ray.py --serve SOCKET --parent-pid PID --address ADDR [--idle-timeout S]\n")
 
 

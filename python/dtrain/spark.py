@@ -182,7 +182,7 @@ def task_slots(sc, tasks, wait, settle=3.0):
 
 def run_on_spark(sc, tasks, agent_argv, env=None, slot_timeout=60.0, out=None, err=None,
                  cancelled=None, use_gpu=None, payload=None, outputs=None):
-    """Runs `agent_argv` (a `dtrain run ...` command line) as T barrier tasks of `sc`; returns
+    """Runs `agent_argv` (a `dtrain run|launch ...` command line) as T barrier tasks of `sc`; returns
     the exit status: 0, the first failing agent's code, NO_SLOTS or REFUSED_RETRY. out: where
     the agents' output goes (bytes), err: dtrain's own messages (text); cancelled: an Event
     that, once set, ends the wait for slots (the caller cancels the stage itself). use_gpu,
@@ -533,7 +533,7 @@ def main(argv):
     if argv[:1] == ["--client"] and len(argv) > 1:
         sock, argv = argv[1], argv[2:]
     if "--" not in argv:
-        sys.stderr.write("usage: spark-submit dtrain/spark.py --tasks T [--slot-timeout S] -- dtrain run ...\n")
+        sys.stderr.write("usage: spark-submit dtrain/spark.py --tasks T [--slot-timeout S] -- dtrain run|launch ...\n")
         return 2
     cut = argv.index("--")
     opts, agent = argv[:cut], argv[cut + 1:]
@@ -549,7 +549,7 @@ def main(argv):
             return 2
         i += 2
     if tasks < 1 or not _cluster.is_agent_command(agent):
-        sys.stderr.write("dtrain.spark: need --tasks T (>= 1) and a `dtrain run ...` command after --\n")
+        sys.stderr.write("dtrain.spark: need --tasks T (>= 1) and a `dtrain run|launch ...` command after --\n")
         return 2
     if sock is not None:
         return _cluster.client(sock, {"tasks": tasks, "slot_timeout": slot_timeout, "argv": agent}, "spark")
