@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
     dtrain::ray::exec_cli_if_requested(argc, routed_argv.data());
   } catch (const dtrain::UsageError& e) {
     // Their messages may name the command already.
-    const std::string what = e.what(), prefix = "dtrain run: ";
-    std::cerr << (what.rfind(prefix, 0) == 0 ? "" : prefix) << what << "\n";
+    const std::string what = e.what();
+    std::cerr << (what.rfind("dtrain ", 0) == 0 ? "" : command + ": ") << what << "\n";
     return 2;
   }
   if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "run") {

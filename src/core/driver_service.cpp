@@ -309,6 +309,19 @@ std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<
       r.rest.push_back(argv[++i]);
   }
   if (!r.given.count(trigger)) return std::nullopt;
+  if (r.command == "launch") {
+    // torch.distributed.launch's own refusal, here before anything is submitted (the agents on
+    // the cluster would refuse it each): its flags are the ones before PROGRAM.
+    bool no_python = false, use_env = false;
+    for (const auto& a : r.rest) {
+      if (a == "--" || a.empty() || a[0] != '-') break;
+      no_python = no_python || a == "--no-python" || a == "--no_python";
+      use_env = use_env || a == "--use-env" || a == "--use_env";
+    }
+    if (no_python && !use_env)
+      throw UsageError(
+          "When using the '--no-python' flag, you must also set the '--use-env' flag.");
+  }
   return r;
 }
 

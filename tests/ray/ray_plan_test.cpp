@@ -134,4 +134,28 @@ TEST(RayCli, EngineFlagsAreReadUpToTheProgramOnly) {
                                                "--ray-address", "b:2"}));
 }
 
+// `dtrain launch` through a cluster engine: torch.distributed.launch's refusal of --no-python
+// without --use-env comes before anything is submitted; the agents run `dtrain launch`.
+TEST(RayCli, LaunchRefusesNoPythonWithoutUseEnvBeforeSubmitting) {
+  auto scan = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return dtrain::detail::scan_run_flags(static_cast<int>(argv.size()), argv.data(),
+                                          {"--ray-address"}, "--ray-address");
+  };
+  try {
+    scan({"dtrain", "launch", "--ray-address", "h:1", "--no-python", "/bin/true"});
+    ADD_FAILURE() << "no refusal";
+  } catch (const dtrain::UsageError& e) {
+    EXPECT_STREQ(e.what(),
+                 "When using the '--no-python' flag, you must also set the '--use-env' flag.");
+  }
+  const auto f = scan({"dtrain", "launch", "--ray-address", "h:1", "--no_python", "--use_env",
+                       "/bin/true", "--no-python"});
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->command, "launch");
+  // PROGRAM's own --no-python is its argument.
+  EXPECT_TRUE(scan({"dtrain", "launch", "--ray-address", "h:1", "prog.py", "--no-python"}));
+}
+
 }  // namespace
