@@ -61,17 +61,18 @@ def stop(proc, grace=5.0):
         proc.wait()
 
 
+def is_agent_command(argv):
+    """Whether `argv` is `DTRAIN run ...` or `DTRAIN launch ...`, an agent's command line."""
+    return len(argv) >= 2 and argv[1] in ("run", "launch")
+
+
 def with_agent_flags(argv, flags):
     """`DTRAIN run|launch ...` with `flags` right after the command word (the agent's
     --nnodes, --node-rank, --master-addr, --master-port); `dtrain launch` stays launch, its
     --local-rank=N being the agent's to add."""
-    if len(argv) < 2 or argv[1] not in ("run", "launch"):
+    if not is_agent_command(argv):
         raise ValueError("not a `dtrain run` or `dtrain launch` command: %r" % (argv,))
     return argv[:2] + list(flags) + argv[2:]
-
-
-def is_agent_command(argv):
-    return len(argv) >= 2 and argv[1] in ("run", "launch")
 
 
 def run_agent(argv, env, log):

@@ -840,15 +840,12 @@ std::map<std::string, torch::Tensor> frozen_params(const PyValue& model, const f
     }
   }
   for (const auto& [name, shape] : todo) {
-    const auto flat = torch::cat(pieces[name]);
     int64_t n = 1;
     for (const int64_t d : shape) n *= d;
-    if (flat.numel() < n)
-      throw detail::CheckpointError(model_path.parent_path().string() + ": the frozen parameter '" +
-                                    name + "' has " + std::to_string(flat.numel()) +
-                                    " elements in frozen_param_fragments, its shape " +
-                                    std::to_string(n));
-    out[name] = flat.narrow(0, 0, n).view(shape).clone();
+    out[name] = detail::from_per_parameter(pieces[name], {n},
+                                           model_path.parent_path().string() +
+                                               ": frozen_param_fragments of '" + name + "'")
+                    .view(shape);
   }
   return out;
 }
@@ -918,6 +915,14 @@ IValue EngineImpl::model_dict(bool parameters) {
   return d;
 }
 
+std::set<std::string> EngineImpl::frozen_names() const {
+  const std::set<std::string> own(names_.begin(), names_.end());
+  std::set<std::string> out;
+  for (const auto& item : module_.named_parameters(true))
+    if (!own.count(item.key())) out.insert(item.key());
+  return out;
+}
+
 PyPtr EngineImpl::deepspeed_model_file_of(const IValue& model,
                                           const SaveCheckpointOptions& opts) const {
   if (!opts.exclude_frozen_parameters)
@@ -926,9 +931,7 @@ PyPtr EngineImpl::deepspeed_model_file_of(const IValue& model,
   // DeepSpeed's exclude_frozen_parameters: no frozen parameter in the module, no fragments.
   auto file =
       with_client_state(deepspeed_model_file(model, {py_none(), py_none()}), opts.client_state);
-  std::set<std::string> frozen;
-  for (const auto& item : module_.named_parameters(true))
-    if (!item.value().requires_grad()) frozen.insert(item.key());
+  const auto frozen = frozen_names();
   for (auto& [k, v] : file->dict) {
     if (k->s != "module") continue;
     auto& entries = v->dict;
@@ -941,17 +944,17 @@ PyPtr EngineImpl::deepspeed_model_file_of(const IValue& model,
 
 std::pair<PyPtr, PyPtr> EngineImpl::deepspeed_frozen_params() const {
   if (config_.zero.stage < 2) return {py_none(), py_none()};
-  const std::set<std::string> own(names_.begin(), names_.end());
+  const auto frozen = frozen_names();
   auto shapes = py_dict(/*ordered=*/true), fragments = py_dict(/*ordered=*/true);
   for (const auto& item : module_.named_parameters(true)) {
-    if (own.count(item.key())) continue;
+    if (!frozen.count(item.key())) continue;
     const torch::Tensor p = item.value().detach();
     py_set(shapes, item.key(), py_size(p.sizes().vec()));
     if (!policy_.parameters()) {
       py_set(fragments, item.key(), py_tensor(p.to(torch::kCPU).contiguous()));
       continue;
     }
-    const int64_t n = p.numel(), part = (n + world_ - 1) / world_;
+    const int64_t n = p.numel(), part = per_parameter_part(n, world_);
     const int64_t from = std::min<int64_t>(n, rank_ * part), len = std::min(part, n - from);
     auto piece = torch::zeros({part}, p.options().device(torch::kCPU));
     if (len > 0) piece.narrow(0, 0, len).copy_(p.reshape({-1}).narrow(0, from, len));
@@ -1447,10 +1450,8 @@ bool EngineImpl::save_16bit_model(const std::string& dir_s, const std::string& f
   if (rank_ == 0) {
     // torch's state_dict order (dtrain::state_dict's), on the CPU.
     torch::OrderedDict<std::string, torch::Tensor> sd;
-    std::set<std::string> frozen;  // DeepSpeed's exclude_frozen_parameters: requires_grad false
-    if (exclude_frozen_parameters)
-      for (const auto& item : module_.named_parameters(true))
-        if (!item.value().requires_grad()) frozen.insert(item.key());
+    // DeepSpeed's exclude_frozen_parameters: requires_grad false.
+    const auto frozen = exclude_frozen_parameters ? frozen_names() : std::set<std::string>();
     for (const auto& item : dtrain::state_dict(module_))
       if (!frozen.count(item.key())) sd.insert(item.key(), item.value().to(torch::kCPU));
     try {
@@ -1814,10 +1815,10 @@ void EngineImpl::load_frozen_fragments(const PyValue& model, const std::string& 
   torch::NoGradGuard ng;
   const PyValue* module = model.get("module");
   if (!module || module->kind != PyValue::Kind::Dict) return;
-  const std::set<std::string> own(names_.begin(), names_.end());
+  const auto frozen = frozen_names();
   std::set<std::string> placeholders;  // frozen parameters the module holds empty
   for (const auto& item : module_.named_parameters(true)) {
-    if (own.count(item.key()) || item.value().numel() == 0) continue;
+    if (!frozen.count(item.key()) || item.value().numel() == 0) continue;
     const PyValue* t = module->get(item.key());
     if (t && t->kind == PyValue::Kind::Tensor && t->tensor.numel() == 0)
       placeholders.insert(item.key());

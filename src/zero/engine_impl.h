@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -200,6 +201,8 @@ class EngineImpl final : public EngineCore {
   // (rank 0's one model file) and this rank's piece of it at stage 3 (DeepSpeed's ds_tensor:
   // ceil(numel / N) elements from rank x that on, the last padded with zeros).
   std::pair<detail::PyPtr, detail::PyPtr> deepspeed_frozen_params() const;
+  // The module's parameters that are not the engine's: the frozen ones (requires_grad false).
+  std::set<std::string> frozen_names() const;
   // The model file as DeepSpeed writes it from model_dict's `model`: its keys, the frozen
   // parameters' (left out with opts.exclude_frozen_parameters), the client_state.
   detail::PyPtr deepspeed_model_file_of(const c10::IValue& model,
