@@ -284,6 +284,7 @@ std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<
   RunFlags r;
   r.command = argv[1];  // the agents run the same command (`dtrain launch`'s --use-env)
   bool program = false;
+  bool no_python = false, use_env = false;  // of the flags before PROGRAM (`dtrain launch`'s)
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (program || a == "--" || a.empty() || a[0] != '-') {
@@ -304,24 +305,17 @@ std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<
       if (taken) break;
     }
     if (taken) continue;
+    no_python = no_python || a == "--no-python" || a == "--no_python";
+    use_env = use_env || a == "--use-env" || a == "--use_env";
     r.rest.push_back(a);
     if (a.find('=') == std::string::npos && takes_value(run, a) && i + 1 < argc)
       r.rest.push_back(argv[++i]);
   }
   if (!r.given.count(trigger)) return std::nullopt;
-  if (r.command == "launch") {
-    // torch.distributed.launch's own refusal, here before anything is submitted (the agents on
-    // the cluster would refuse it each): its flags are the ones before PROGRAM.
-    bool no_python = false, use_env = false;
-    for (const auto& a : r.rest) {
-      if (a == "--" || a.empty() || a[0] != '-') break;
-      no_python = no_python || a == "--no-python" || a == "--no_python";
-      use_env = use_env || a == "--use-env" || a == "--use_env";
-    }
-    if (no_python && !use_env)
-      throw UsageError(
-          "When using the '--no-python' flag, you must also set the '--use-env' flag.");
-  }
+  // torch.distributed.launch's own refusal, here before anything is submitted (the agents on
+  // the cluster would refuse it each).
+  if (r.command == "launch" && no_python && !use_env)
+    throw UsageError("When using the '--no-python' flag, you must also set the '--use-env' flag.");
   return r;
 }
 

@@ -143,12 +143,19 @@ TEST(RayCli, LaunchRefusesNoPythonWithoutUseEnvBeforeSubmitting) {
     return dtrain::detail::scan_run_flags(static_cast<int>(argv.size()), argv.data(),
                                           {"--ray-address"}, "--ray-address");
   };
-  try {
-    scan({"dtrain", "launch", "--ray-address", "h:1", "--no-python", "/bin/true"});
-    ADD_FAILURE() << "no refusal";
-  } catch (const dtrain::UsageError& e) {
-    EXPECT_STREQ(e.what(),
-                 "When using the '--no-python' flag, you must also set the '--use-env' flag.");
+  // Also after a flag's value (--nproc-per-node 2), which is not PROGRAM.
+  for (const auto& args :
+       {std::vector<std::string>{"dtrain", "launch", "--ray-address", "h:1", "--no-python",
+                                 "/bin/true"},
+        std::vector<std::string>{"dtrain", "launch", "--ray-address", "h:1", "--nproc-per-node",
+                                 "2", "--no-python", "/bin/true"}}) {
+    try {
+      scan(args);
+      ADD_FAILURE() << "no refusal";
+    } catch (const dtrain::UsageError& e) {
+      EXPECT_STREQ(e.what(),
+                   "When using the '--no-python' flag, you must also set the '--use-env' flag.");
+    }
   }
   const auto f = scan({"dtrain", "launch", "--ray-address", "h:1", "--no_python", "--use_env",
                        "/bin/true", "--no-python"});
