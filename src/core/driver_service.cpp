@@ -295,7 +295,7 @@ std::optional<RunFlags> scan_run_flags(int argc, char** argv, const std::vector<
     bool taken = false;
     for (const auto& f : flags) {
       if (a == f) {
-        if (i + 1 >= argc) throw UsageError("dtrain run: " + f + " needs a value");
+        if (i + 1 >= argc) throw UsageError("dtrain " + r.command + ": " + f + " needs a value");
         r.given[f].push_back(argv[++i]);
         taken = true;
       } else if (a.rfind(f + "=", 0) == 0) {

@@ -194,13 +194,14 @@ void exec_cli_if_requested(int argc, char** argv) {
        "--ray-python", "--nnodes", "--nproc-per-node"},
       "--ray-address");
   if (!flags) return;
+  // The route as typed: `dtrain run --ray-address` or `dtrain launch --ray-address`.
+  const std::string route = "dtrain " + flags->command + " --ray-address";
   auto whole = [&](const char* flag, const std::string& text, int def) {
     if (text.empty()) return def;
     char* end = nullptr;
     const long n = std::strtol(text.c_str(), &end, 10);
     if (*end != '\0' || n < 1) {
-      throw UsageError(std::string("dtrain run --ray-address: ") + flag +
-                       " must be a whole number >= 1, got '" + text + "'");
+      throw UsageError(route + ": " + flag + " must be a whole number >= 1, got '" + text + "'");
     }
     return static_cast<int>(n);
   };
@@ -209,19 +210,18 @@ void exec_cli_if_requested(int argc, char** argv) {
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
     if (*end != '\0' || !(v >= 0)) {
-      throw UsageError(std::string("dtrain run --ray-address: ") + flag +
-                       " must be a number >= 0, got '" + text + "'");
+      throw UsageError(route + ": " + flag + " must be a number >= 0, got '" + text + "'");
     }
     return v;
   };
   // --nnodes N: N bundles (one agent each); --nproc-per-node P: P workers per bundle.
   const int nnodes = whole("--nnodes", flags->value("--nnodes"), 1);
   const int per = whole("--nproc-per-node", flags->value("--nproc-per-node"), 1);
+  const double cpus = real("--ray-cpus", flags->value("--ray-cpus"), 1);
+  const double gpus = real("--ray-gpus", flags->value("--ray-gpus"), 0);
   Plan p;
   try {
-    p = plan(nnodes * per, false, per, real("--ray-cpus", flags->value("--ray-cpus"), 1),
-             real("--ray-gpus", flags->value("--ray-gpus"), 0),
-             flags->value("--ray-strategy", "PACK"));
+    p = plan(nnodes * per, false, per, cpus, gpus, flags->value("--ray-strategy", "PACK"));
   } catch (const UsageError& e) {
     // The same checks; the message names the flags, not ClusterOptions' fields.
     std::string m = e.what();
@@ -231,7 +231,7 @@ void exec_cli_if_requested(int argc, char** argv) {
           {"num_gpus_per_process", "--ray-gpus"}}) {
       if (auto at = m.find(field); at != std::string::npos) m.replace(at, field.size(), flag);
     }
-    throw UsageError("--ray-address: " + m);
+    throw UsageError(route + ": " + m);
   }
   Driver d;
   d.address = address(flags->value("--ray-address"));
@@ -242,7 +242,7 @@ void exec_cli_if_requested(int argc, char** argv) {
   command.push_back(detail::self_path());
   command.insert(command.end(), {flags->command, "--nproc-per-node", std::to_string(per)});
   command.insert(command.end(), flags->rest.begin(), flags->rest.end());
-  detail::exec_driver(command, {}, "dtrain run --ray-address");
+  detail::exec_driver(command, {}, route);
 }
 
 }  // namespace dtrain::ray

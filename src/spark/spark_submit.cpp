@@ -179,10 +179,10 @@ void exec_cli_if_requested(int argc, char** argv) {
     char* end = nullptr;
     const long n = std::strtol(text.c_str(), &end, 10);
     if (*end != '\0' || n < 1) {
-      throw UsageError(
-          "dtrain run --spark-master: --nnodes must be a whole number >= 1 (the "
-          "Spark tasks, one agent each), got '" +
-          text + "'");
+      throw UsageError("dtrain " + flags->command +
+                       " --spark-master: --nnodes must be a whole number >= 1 (the "
+                       "Spark tasks, one agent each), got '" +
+                       text + "'");
     }
     nnodes = static_cast<int>(n);
   }
@@ -192,7 +192,7 @@ void exec_cli_if_requested(int argc, char** argv) {
   c.argv.push_back(detail::self_path());
   c.argv.push_back(flags->command);
   c.argv.insert(c.argv.end(), flags->rest.begin(), flags->rest.end());
-  detail::exec_driver(c.argv, c.env, "dtrain run --spark-master");
+  detail::exec_driver(c.argv, c.env, "dtrain " + flags->command + " --spark-master");
 }
 
 }  // namespace dtrain::spark

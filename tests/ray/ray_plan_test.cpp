@@ -165,4 +165,31 @@ TEST(RayCli, LaunchRefusesNoPythonWithoutUseEnvBeforeSubmitting) {
   EXPECT_TRUE(scan({"dtrain", "launch", "--ray-address", "h:1", "prog.py", "--no-python"}));
 }
 
+// The route's own value checks name the command typed: `dtrain launch --ray-address: ...` for
+// `dtrain launch`, and a flag without its value is the typed command's error too.
+TEST(RayCli, ValueErrorsNameTheCommandTyped) {
+  auto refusal = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    try {
+      ray::exec_cli_if_requested(static_cast<int>(argv.size()), argv.data());
+    } catch (const dtrain::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no refusal)");
+  };
+  for (const std::string command : {"run", "launch"}) {
+    EXPECT_EQ(
+        refusal({"dtrain", command, "--ray-address", "h:1", "--nnodes", "x", "prog"}),
+        "dtrain " + command + " --ray-address: --nnodes must be a whole number >= 1, got 'x'");
+    EXPECT_EQ(refusal({"dtrain", command, "--ray-address", "h:1", "--ray-cpus", "-1", "prog"}),
+              "dtrain " + command + " --ray-address: --ray-cpus must be a number >= 0, got '-1'");
+    EXPECT_EQ(refusal({"dtrain", command, "--ray-address", "h:1", "--ray-strategy", "BAD", "prog"})
+                  .rfind("dtrain " + command + " --ray-address: --ray-strategy is 'BAD'", 0),
+              0u);
+    EXPECT_EQ(refusal({"dtrain", command, "--ray-address"}),
+              "dtrain " + command + ": --ray-address needs a value");
+  }
+}
+
 }  // namespace

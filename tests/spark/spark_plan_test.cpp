@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "dtrain/error.h"
 #include "dtrain/spark.h"
@@ -122,6 +124,27 @@ TEST(SparkApp, BadSubmitIsAUsageErrorAndKeepsNothing) {
                dtrain::UsageError);
   EXPECT_EQ(dtrain::spark::app_id(), "");
   dtrain::spark::stop_app();  // nothing to stop: a no-op
+}
+
+// `dtrain launch --spark-master`'s own value check names the command typed.
+TEST(SparkCli, ValueErrorsNameTheCommandTyped) {
+  for (const std::string command : {"run", "launch"}) {
+    std::vector<std::string> args{"dtrain", command, "--spark-master", "local", "--nnodes",
+                                  "0",      "prog"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    try {
+      dtrain::spark::exec_cli_if_requested(static_cast<int>(argv.size()), argv.data());
+      ADD_FAILURE() << "no refusal";
+    } catch (const dtrain::UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("dtrain " + command +
+                                                " --spark-master: --nnodes must be a whole "
+                                                "number >= 1",
+                                            0),
+                0u)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace
