@@ -925,6 +925,29 @@ TEST_F(LauncherTest, ForkServerWorkersShareOneLoadAndGetTheirOwnEnvironment) {
   EXPECT_EQ(count(r.out, "]:DTRAIN_FORKSERVER=<unset>\n"), 3u) << r.out;
 }
 
+// ps, pgrep -f and /proc show a forked worker as they show a spawned one: its own command line,
+// `${local_rank}` substituted as torchrun does, and its own environment (RANK), not the fork
+// server's.
+TEST_F(LauncherTest, ForkedWorkersShowTheirOwnCommandLineAndEnvironmentInProc) {
+  for (const char* method : {"forkserver", "spawn"}) {
+    SCOPED_TRACE(method);
+    RunResult r = run({"--start-method", method, "--nproc-per-node", "2", kWorker, "--print-proc",
+                       "out_${local_rank}.txt", "--rank=$local_rank"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const std::string rank : {"0", "1"}) {
+      const std::string p = "[default" + rank + "]:";
+      EXPECT_EQ(count(r.out, p + "proc_cmdline=" + kWorker + "|--print-proc|out_" + rank +
+                                 ".txt|--rank=" + rank + "|\n"),
+                1u)
+          << r.out;
+      EXPECT_EQ(count(r.out, p + "proc_env_RANK=" + rank + "\n"), 1u) << r.out;
+      EXPECT_EQ(count(r.out, p + "proc_env_LOCAL_RANK=" + rank + "\n"), 1u) << r.out;
+      EXPECT_EQ(count(r.out, p + "proc_env_DTRAIN_FORKSERVER=<unset>\n"), 1u) << r.out;
+      EXPECT_EQ(count(r.out, p + "proc_env_LD_PRELOAD=<unset>\n"), 1u) << r.out;
+    }
+  }
+}
+
 TEST_F(LauncherTest, ForkServerKeepsTheUsersLdPreload) {
   RunOptions o;
   o.env = {std::string("LD_PRELOAD=") + PRELOAD_PROBE_LIB};

@@ -29,12 +29,16 @@
 //   --read-stdin             read one line of stdin, print "stdin=LINE" ("stdin=<eof>" at EOF)
 //   --print-args ...         print "args=" and every argument after it, one per line, each
 //                            as "arg=VALUE"; then exit 0 (what follows is not read as flags)
+//   --print-proc ...         print "proc_cmdline=A|B|..." (/proc/self/cmdline) and
+//                            "proc_env_K=V" for RANK, LOCAL_RANK, DTRAIN_FORKSERVER and
+//                            LD_PRELOAD (/proc/self/environ, as ps -e and tools read it); exit 0
 #include <dlfcn.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +93,35 @@ int main(int argc, char** argv) {
     if (a == "--print-args") {
       std::printf("args=rank %d\n", rank);
       for (int j = i + 1; j < argc; ++j) std::printf("arg=%s\n", argv[j]);
+      std::fflush(stdout);
+      return 0;
+    }
+    if (a == "--print-proc") {
+      // What ps and /proc show of this process: its command line ('|' between arguments) and
+      // a few variables of its /proc/self/environ.
+      auto read_all = [](const char* path) {
+        std::string text;
+        if (FILE* f = std::fopen(path, "rb")) {
+          char buf[4096];
+          for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+          std::fclose(f);
+        }
+        return text;
+      };
+      std::string line;
+      for (const char c : read_all("/proc/self/cmdline")) line += c == '\0' ? '|' : c;
+      std::printf("proc_cmdline=%s\n", line.c_str());
+      const std::string env = read_all("/proc/self/environ");
+      for (const std::string k : {"RANK", "LOCAL_RANK", "DTRAIN_FORKSERVER", "LD_PRELOAD"}) {
+        std::string v = "<unset>";
+        for (size_t at = 0; at < env.size();) {
+          const size_t end = std::min(env.find('\0', at), env.size());
+          if (env.compare(at, k.size() + 1, k + "=") == 0)
+            v = env.substr(at + k.size() + 1, end - at - k.size() - 1);
+          at = end + 1;
+        }
+        std::printf("proc_env_%s=%s\n", k.c_str(), v.c_str());
+      }
       std::fflush(stdout);
       return 0;
     }

@@ -53,6 +53,7 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "launch/forkserver/proc_identity.h"
 #include "launch/forkserver/protocol.h"
 #include "launch/forkserver/spec.h"
 
@@ -429,6 +430,8 @@ int32_t start_mode() {
         ::_exit(127);
       }
       environ = ranks[r].envp;
+      // ps and /proc/<pid>/{cmdline,environ} show the worker's, not the server's.
+      dtrain::forkserver::show_in_proc(wargc, wargv, environ);
       g_rtld_fini = rtld_fini;
       // Continues as the program: constructors, main(), exit().
       ::_exit(real(child_main, wargc, wargv, init, fini, child_fini, stack_end));
