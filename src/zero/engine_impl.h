@@ -1,7 +1,8 @@
 // The ZeRO engine's implementation of detail::EngineCore (include/dtrain/zero.h): the flat
 // buffers, their partitioning by stage (zero/partitioning.h), gradient buckets, the optimizer
 // on the partition (zero/partition_optimizer.h), and stage 3's fetch (zero/stage3_fetch.h).
-// engine.cpp holds the training path, checkpoint.cpp the state in and out.
+// engine.cpp holds the training path, checkpoint_save.cpp and checkpoint_load.cpp the state out
+// and in.
 #pragma once
 
 #include <torch/torch.h>
