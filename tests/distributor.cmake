@@ -5,6 +5,8 @@ dtrain_test(codec_test LABELS unit SOURCES distributor/codec_test.cpp TORCH)
 dtrain_test(distributor_test LABELS distributor SOURCES distributor/distributor_test.cpp TORCH)
 dtrain_test_programs(distributor_test TEST_WORKER_BIN test_worker)
 add_dependencies(distributor_test dtrain_cli test_worker)
+# Its constructor's pid tells a worker forked from the fork server (the server's) from a spawned one.
+target_link_libraries(distributor_test PRIVATE preload_probe)
 
 # Unsupported types and capturing lambdas fail to compile, with dtrain's message.
 foreach(case 1 2)

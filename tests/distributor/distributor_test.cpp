@@ -17,6 +17,8 @@
 #include "support/paths.h"
 #include "support/scoped_env.h"
 
+pid_t probe_constructor_pid();  // tests/launcher/preload_probe.cpp
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -46,15 +48,9 @@ double all_reduce_sum(double scale) {
   return t[0].item<double>();
 }
 
-// Whether this worker was forked from the launcher's fork server: /proc/self/environ is the
-// environment the process was exec'd with - the server's, which names the server - while
-// getenv() sees the worker's own.
-bool forked_from_a_fork_server() {
-  std::ifstream in("/proc/self/environ", std::ios::binary);
-  std::string env((std::istreambuf_iterator<char>(in)), {});
-  return env.find("DTRAIN_FORKSERVER=") != std::string::npos &&
-         std::getenv("DTRAIN_FORKSERVER") == nullptr;
-}
+// Whether this worker was forked from the launcher's fork server: the libraries it links were
+// initialised there, so preload_probe's constructor ran in another process (the server).
+bool forked_from_a_fork_server() { return probe_constructor_pid() != ::getpid(); }
 
 // A BLAS product big enough for OpenBLAS to use its threads.
 std::pair<bool, double> matmul_in_worker() {
