@@ -742,13 +742,15 @@ LaunchOptions run_args_to_options(const RunArgs& a, const std::vector<std::strin
   }
   apply_cluster_args(o, a, env);
   if (rest.empty()) {
-    throw UsageError("missing PROGRAM: usage is `dtrain run [options] PROGRAM [ARGS...]`");
+    throw UsageError(
+        "missing PROGRAM: give the program to run, and its arguments, after the options");
   }
   size_t first = 0;
   if (rest[0] == "--") first = 1;
   if (first >= rest.size()) {
     throw UsageError(
-        "missing PROGRAM after '--': usage is `dtrain run [options] PROGRAM [ARGS...]`");
+        "missing PROGRAM after '--': give the program to run, and its arguments, after the "
+        "options");
   }
   o.run_path = a.run_path;
   apply_torchrun2_args(o, a);

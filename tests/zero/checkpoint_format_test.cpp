@@ -171,6 +171,12 @@ TEST(ZeroCheckpointFormat, TruncatedCorruptAndForeignFilesAreOneLineNamingTheFil
   } catch (const dtrain::Error& e) {
     EXPECT_NE(std::string(e.what()).find(model.string()), std::string::npos) << e.what();
   }
+  // A directory without `latest` and no tag given: a usage error of the command typed.
+  fs::remove(dir / "latest");
+  r = to_fp32();
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "dtrain zero to-fp32: " + (dir / "latest").string() +
+                       " does not exist; give the tag (global_step<N>)\n");
   fs::remove_all(dir);
 }
 
