@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "../cli_checks.h"
 #include "../fashion_mnist/data.h"
 #include "dtrain/dtrain.h"
 
@@ -72,14 +73,22 @@ int main(int argc, char** argv) {
   double lr = 1e-3;
   uint64_t seed = 0;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  app.add_option("--nproc", nproc, "Worker processes")->capture_default_str();
-  app.add_option("--epochs", epochs, "Epochs")->capture_default_str();
-  app.add_option("--lr", lr, "Adam learning rate (cosine-decayed)")->capture_default_str();
-  app.add_option("--batch-size", batch_size, "Batch size per process")->capture_default_str();
+  app.add_option("--nproc", nproc, "Worker processes")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
+  app.add_option("--epochs", epochs, "Epochs")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
+  app.add_option("--lr", lr, "Adam learning rate (cosine-decayed)")
+      ->capture_default_str()
+      ->check(examples::positive());
+  app.add_option("--batch-size", batch_size, "Batch size per process")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--seed", seed, "Seed of the model and the sampler")->capture_default_str();
   app.add_option("--data-dir", data_dir, "Directory with the gzipped IDX files")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (auto code = examples::parse(app, argc, argv)) return *code;
 
   try {
     auto test = fashion_mnist::load_split(data_dir, /*train=*/false);  // fail early on bad data

@@ -23,6 +23,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "../cli_checks.h"
 #include "data.h"
 #include "deepspeed_train.h"
 #include "dtrain/dtrain.h"
@@ -416,13 +417,13 @@ int main(int argc, char** argv) {
   Config cfg;
   app.add_option("--epochs", cfg.epochs, "Epochs")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--batch-size,--batch_size", cfg.batch_size, "Batch size per rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--lr", cfg.lr, "Adam learning rate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive());
   app.add_option(
          "--model", cfg.model,
          "mlp (784-512-256-10), cnn (2 conv + SyncBatchNorm + pooling) or wide (784-4096-4096-10)")
@@ -447,12 +448,15 @@ int main(int argc, char** argv) {
                  "Save ckpt_<step>.pt here (rank 0)");
   app.add_flag("--resume", cfg.resume, "Resume from the newest checkpoint in --checkpoint-dir");
   app.add_option("--checkpoint-every", cfg.checkpoint_every, "Also checkpoint every N steps")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::non_negative_whole());
   app.add_option("--max-steps", cfg.max_steps,
                  "Stop after N optimizer steps in total (0: no limit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::non_negative_whole());
   app.add_option("--log-every", cfg.log_every, "Progress line every N steps (rank 0)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::non_negative_whole());
   app.add_option("--seed", cfg.seed, "Seed of the model init and the sampler")
       ->capture_default_str();
   app.add_flag("--no-eval", cfg.no_eval, "Skip test-set evaluation");
@@ -476,18 +480,16 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "shm", "gloo"}));
   app.add_option("--crash-at-step", cfg.crash_at_step,
-                 "Failure drill: exit with code 3 after step N on --crash-rank");
+                 "Failure drill: exit with code 3 after step N on --crash-rank")
+      ->check(examples::non_negative_whole());
   app.add_option("--crash-rank", cfg.crash_rank, "Rank that --crash-at-step crashes")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::non_negative_whole());
   app.add_flag("--elastic", cfg.elastic,
                "Train through dtrain::ElasticState: commits to --checkpoint-dir (every "
                "--checkpoint-every steps and at "
                "epoch ends) and, when restarted, resumes by itself at any world size");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (auto code = examples::parse(app, argc, argv)) return *code;
   dtrain::mlflow::Run run;
   try {
     if (app.count("--deepspeed") || !ds_config2.empty()) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "../cli_checks.h"
 #include "dtrain/collectives.h"
 #include "dtrain/error.h"
 #include "dtrain/error_message.h"
@@ -24,47 +25,50 @@ int main(int argc, char** argv) {
   gpt::Config cfg;
   int dp = 0, pp = 1, tp = 1, log_every = 5;
   std::string corpus_path = "/usr/share/common-licenses/GPL-3", schedule = "1f1b", backend = "auto";
-  app.add_option("--dp", dp, "Data-parallel size (default: world / (pp * tp))");
-  app.add_option("--pp", pp, "Pipeline stages")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--dp", dp, "Data-parallel size (default: world / (pp * tp))")
+      ->check(examples::non_negative_whole());
+  app.add_option("--pp", pp, "Pipeline stages")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--tp", tp, "Tensor-parallel size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--schedule", schedule, "gpipe, 1f1b or interleaved_1f1b")->capture_default_str();
   app.add_option("--micro-batches", cfg.micro_batches, "Micro-batches per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--virtual-stages", cfg.virtual_stages, "Stages per rank (interleaved_1f1b)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--steps", cfg.steps, "Optimizer steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--batch", cfg.batch, "Global batch (sequences per step)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--block", cfg.block, "Context length")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--d-model", cfg.d_model, "Model width")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--heads", cfg.n_heads, "Attention heads")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive_whole());
   app.add_option("--layers", cfg.n_layers, "Transformer blocks")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", cfg.lr, "Adam learning rate")->capture_default_str();
+      ->check(examples::positive_whole());
+  app.add_option("--lr", cfg.lr, "Adam learning rate")
+      ->capture_default_str()
+      ->check(examples::positive());
   app.add_option("--seed", cfg.seed, "Seed of the init and the batches")->capture_default_str();
   app.add_option("--corpus", corpus_path, "A text file")->capture_default_str();
   app.add_option("--log-every", log_every, "Loss line every N steps (rank 0; 0: none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::non_negative_whole());
   app.add_option("--backend", backend, "Process group backend: auto, shm or gloo")
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (auto code = examples::parse(app, argc, argv)) return *code;
   try {
     cfg.schedule = dtrain::parse_schedule(schedule);
     auto world = dtrain::init_process_group({.backend = backend});

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "../cli_checks.h"
 #include "../fashion_mnist/data.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/tune.h"
@@ -147,28 +148,44 @@ int main(int argc, char** argv) {
   std::vector<int> batch_sizes{64, 128, 256}, hiddens{32, 64, 256};
   double grace_period = 1, reduction_factor = 4;  // Ray's ASHAScheduler defaults
   int brackets = 1;
-  app.add_option("--mode", mode, "both | grid | asha")->capture_default_str();
-  app.add_option("--epochs", epochs, "Epochs per trial (ASHA's max_t)")->capture_default_str();
-  app.add_option("--nproc", nproc, "Processes per trial")->capture_default_str();
-  app.add_option("--concurrent", concurrent, "Trials at once")->capture_default_str();
-  app.add_option("--train-subset", train_subset, "Training images used")->capture_default_str();
+  app.add_option("--mode", mode, "both | grid | asha")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"both", "grid", "asha"}));
+  app.add_option("--epochs", epochs, "Epochs per trial (ASHA's max_t)")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
+  app.add_option("--nproc", nproc, "Processes per trial")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
+  app.add_option("--concurrent", concurrent, "Trials at once")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
+  app.add_option("--train-subset", train_subset, "Training images used")
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--val-subset", val_subset, "Test images used for validation")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--storage", storage, "storage_path of the searches")->capture_default_str();
   app.add_option("--data-dir", data_dir, "Directory with the gzipped IDX files")
       ->capture_default_str();
-  app.add_option("--lrs", lrs, "Learning rates of the grid")->delimiter(',')->capture_default_str();
+  app.add_option("--lrs", lrs, "Learning rates of the grid")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(examples::positive());
   app.add_option("--batch-sizes", batch_sizes, "Global batch sizes of the grid")
       ->delimiter(',')
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--hiddens", hiddens, "Hidden widths of the grid")
       ->delimiter(',')
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::positive_whole());
   app.add_option("--grace-period", grace_period, "ASHA's grace_period")->capture_default_str();
   app.add_option("--reduction-factor", reduction_factor, "ASHA's reduction_factor")
       ->capture_default_str();
   app.add_option("--brackets", brackets, "ASHA's brackets")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (auto code = examples::parse(app, argc, argv)) return *code;
 
   try {
     fashion_mnist::load_split(data_dir, /*train=*/false, 1);  // fail early on missing data

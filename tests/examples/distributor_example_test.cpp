@@ -4,6 +4,9 @@
 
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "launcher/subprocess.h"
 #include "support/paths.h"
@@ -40,6 +43,18 @@ TEST(DistributorExample, AWrongDataDirectoryIsAClearErrorFromTheDriver) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("dataset-fashion-mnist"), std::string::npos) << r.err;
+}
+
+// A bad flag value stops the driver before any worker starts: one line, exit code 2.
+TEST(DistributorExample, BadFlagValuesAreOneLineAndExitCode2) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--batch-size", "0"}, {"--lr", "-1"}, {"--epochs", "-1"}, {"--nproc", "0"}}) {
+    SCOPED_TRACE(flag + " " + value);
+    auto r = run_command({DISTRIBUTOR_EXAMPLE_BIN, flag, value}, {.timeout = 60s});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err.rfind(flag + ": expected a ", 0), 0u) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
 }
 
 }  // namespace

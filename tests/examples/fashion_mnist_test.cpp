@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "launcher/subprocess.h"
 #include "support/json_lines.h"
@@ -79,6 +81,26 @@ TEST(FashionMnist, AWrongDataPathIsAClearError) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("apt-get install dataset-fashion-mnist"), std::string::npos) << r.err;
+}
+
+// A bad flag value is one line naming the flag, what it takes and what it got, exit code 2,
+// before any training: under `dtrain run` (every rank says it; the job fails with it) and alone.
+TEST(FashionMnist, BadFlagValuesAreOneLineAndExitCode2) {
+  for (const auto& [flag, value, takes] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--epochs", "-1", "a whole number > 0"},
+           {"--batch-size", "0", "a whole number > 0"},
+           {"--lr", "abc", "a number > 0"},
+           {"--log-every", "-2", "a whole number >= 0"}}) {
+    SCOPED_TRACE(flag + " " + value);
+    const std::string line = flag + ": expected " + takes + ", got '" + value + "'\n";
+    auto alone = run_command({FASHION_MNIST_BIN, flag, value}, {.timeout = 60s});
+    EXPECT_EQ(alone.exit_code, 2);
+    EXPECT_EQ(alone.err.rfind(line, 0), 0u) << alone.err;
+    auto r = train({flag, value}, 1);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find(line), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace
