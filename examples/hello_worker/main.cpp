@@ -3,10 +3,11 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <exception>
 
 #include "dtrain/process_group.h"
 
-int main() {
+int main() try {
   auto pg = dtrain::init_process_group();
   std::vector<at::Tensor> t{torch::full({1}, static_cast<double>(pg->rank() + 1), torch::kFloat64)};
   pg->c10d()->allreduce(t)->wait();
@@ -16,4 +17,8 @@ int main() {
               t[0].item<double>(), expected);
   pg->barrier();
   return t[0].item<double>() == expected ? 0 : 1;
+} catch (const std::exception& e) {
+  // dtrain's errors say what was wrong and what to do (a bad RANK, an unreachable master).
+  std::fprintf(stderr, "hello_worker: error: %s\n", e.what());
+  return 1;
 }
