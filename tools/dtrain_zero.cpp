@@ -56,10 +56,10 @@ int main(int argc, char** argv) {
     std::cout << "wrote " << sd.size() << " tensors (" << n << " elements) to " << out << "\n";
     return 0;
   } catch (const dtrain::UsageError& e) {
-    // The library's messages say "zero to-fp32: ..." (consolidated_state_dict's); this
-    // command's own name the whole command.
+    // The library's messages name its part ("zero to-fp32: ...", "zero checkpoint: ..."); the
+    // command's own are whole ("dtrain zero to-fp32: ...", "usage: ...").
     const std::string what = e.what();
-    std::cerr << (what.rfind("dtrain ", 0) == 0 ? "" : "dtrain ") << what << "\n";
+    std::cerr << (what.rfind("zero ", 0) == 0 ? "dtrain " : "") << what << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "dtrain zero to-fp32: " << e.what() << "\n";

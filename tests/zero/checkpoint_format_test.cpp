@@ -177,6 +177,10 @@ TEST(ZeroCheckpointFormat, TruncatedCorruptAndForeignFilesAreOneLineNamingTheFil
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "dtrain zero to-fp32: " + (dir / "latest").string() +
                        " does not exist; give the tag (global_step<N>)\n");
+  // The command's own usage line stays as it is.
+  r = dtrain::test::run_command({DTRAIN_BIN, "zero", "to-fp32"}, {.timeout = 60s});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("usage: dtrain zero to-fp32 CHECKPOINT_DIR OUT", 0), 0u) << r.err;
   fs::remove_all(dir);
 }
 
