@@ -7,21 +7,15 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <map>
 #include <optional>
-#include <regex>
-#include <sstream>
+#include <string>
+#include <vector>
 
 #include "dtrain/zero_config.h"
 #include "zero/config_sections.h"
 #include "zero/config_text.h"
-#include "zero/data_types.h"
-#include "zero/overflow_rules.h"
-#include "zero/torch_scheduler_config.h"
 
 namespace dtrain::zero {
 
